@@ -1,0 +1,13 @@
+/* The subcommands of `fuseflow`. Each lives in cli/cmd_<name>.c, parses its own arguments,
+ * prints its own --help, and returns the process exit status (0 ok, 1 failed, 2 bad usage).
+ * Add a command: write the file, declare it here, add a row to the table in cli/main.c. */
+#ifndef FF_CLI_COMMANDS_H
+#define FF_CLI_COMMANDS_H
+
+typedef struct ff_command {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv[0] is the command name */
+    const char *summary;
+} ff_command;
+
+#endif

@@ -1,0 +1,35 @@
+/* `fuseflow`: dispatches to the subcommands of cli/commands.h. No command logic here. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "fuseflow/fuseflow.h"
+
+static const ff_command commands[] = {
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "fuseflow %s: an RLHF training runtime\n\n"
+            "usage: fuseflow COMMAND [options]   (fuseflow COMMAND --help for its options)\n\n"
+            "commands:\n",
+            FF_VERSION_STRING);
+    for (const ff_command *c = commands; c->name; c++) fprintf(out, "  %-10s %s\n", c->name, c->summary);
+    fprintf(out, "\n  --help     this text\n  --version  print the version\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("fuseflow %s\n", ff_version());
+        return 0;
+    }
+    for (const ff_command *c = commands; c->name; c++)
+        if (!strcmp(c->name, argv[1])) return c->run(argc - 1, argv + 1);
+    fprintf(stderr, "fuseflow: unknown command '%s' (run 'fuseflow --help' for the list)\n", argv[1]);
+    return 2;
+}

@@ -1,0 +1,27 @@
+/* fuseflow: reading JSON Lines files (one JSON object per line) with errors that name the
+ * file and line. Blank lines are skipped. Uses jansson; the objects returned are the
+ * caller's (json_decref them). */
+#ifndef FUSEFLOW_JSONL_H
+#define FUSEFLOW_JSONL_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ff_jsonl ff_jsonl;
+
+ff_jsonl *ff_jsonl_open(const char *path);          /* NULL + error */
+void ff_jsonl_close(ff_jsonl **r);
+/* Next object: 1 and *out set, 0 at the end, -1 + error ("data.jsonl:7: malformed JSON:
+ * ..." or "...: expected a JSON object"). */
+int ff_jsonl_next(ff_jsonl *r, json_t **out);
+int ff_jsonl_line(const ff_jsonl *r);               /* line of the last object returned */
+const char *ff_jsonl_path(const ff_jsonl *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,63 @@
+/* fuseflow: small shared utilities: clocks, logging, a seeded random generator, checked
+ * allocation. Nothing here knows about models, messages or graphs. */
+#ifndef FUSEFLOW_UTIL_H
+#define FUSEFLOW_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fuseflow/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- clocks ---------------------------------------------------------------------------- */
+/* Monotonic time in nanoseconds (CLOCK_MONOTONIC); only differences mean anything. */
+int64_t ff_now_ns(void);
+/* Wall-clock time in nanoseconds since the Unix epoch (CLOCK_REALTIME). */
+int64_t ff_wall_ns(void);
+
+/* ---- logging --------------------------------------------------------------------------- */
+/* Messages go to stderr, prefixed with the level. FF_LOG=debug|info|warn|error in the
+ * environment sets the threshold (default info). Thread-safe (one fprintf per message). */
+typedef enum { FF_LOG_DEBUG = 0, FF_LOG_INFO, FF_LOG_WARN, FF_LOG_ERROR, FF_LOG_OFF } ff_log_level;
+void ff_log(ff_log_level level, const char *fmt, ...) FF_PRINTF(2, 3);
+void ff_log_set_level(ff_log_level level);
+ff_log_level ff_log_get_level(void);
+#define ff_debug(...) ff_log(FF_LOG_DEBUG, __VA_ARGS__)
+#define ff_info(...) ff_log(FF_LOG_INFO, __VA_ARGS__)
+#define ff_warn(...) ff_log(FF_LOG_WARN, __VA_ARGS__)
+
+/* ---- random numbers -------------------------------------------------------------------- */
+/* xoshiro256** seeded through splitmix64: same seed, same stream, on every machine. */
+typedef struct ff_rng {
+    uint64_t s[4];
+} ff_rng;
+void ff_rng_seed(ff_rng *r, uint64_t seed);
+uint64_t ff_rng_u64(ff_rng *r);
+double ff_rng_uniform(ff_rng *r);           /* [0, 1), 53 random bits */
+double ff_rng_normal(ff_rng *r);            /* standard normal (Box-Muller, no cached pair) */
+uint64_t ff_rng_below(ff_rng *r, uint64_t n); /* uniform in [0, n), unbiased; n > 0 */
+
+/* ---- allocation ------------------------------------------------------------------------ */
+/* malloc/calloc/realloc that set an error message on failure (return NULL). */
+void *ff_malloc(size_t n);
+void *ff_calloc(size_t count, size_t size);
+void *ff_realloc(void *p, size_t n);
+char *ff_strdup(const char *s);
+
+/* ---- files ----------------------------------------------------------------------------- */
+/* Read a whole file into a NUL-terminated buffer (*len excludes the NUL). NULL + error. */
+char *ff_read_file(const char *path, size_t *len);
+/* Write a file atomically: to PATH.tmp.PID, fsync, rename over PATH. Nothing partial is ever
+ * visible under PATH. Returns 0 or -1 + error. */
+int ff_write_file_atomic(const char *path, const void *data, size_t len);
+/* mkdir -p. Returns 0 or -1 + error. */
+int ff_mkdirs(const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

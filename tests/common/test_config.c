@@ -1,0 +1,198 @@
+/* Config trees: parsing with lines, typed getters, dotted overrides, unknown-key detection
+ * with suggestions, and the error paths (syntax, wrong types, aliases). */
+#include <stdbool.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "fuseflow/config.h"
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+#include "tests/test_util.h"
+
+static const char *doc =
+    "model:\n"
+    "  path: /models/tiny\n"
+    "  layers: 4\n"
+    "optim:\n"
+    "  lr: 1.0e-5\n"
+    "  warmup: 1_000\n"
+    "  fused: yes\n"
+    "nodes:\n"
+    "  - name: gen\n"
+    "    role: actor\n"
+    "  - name: score\n"
+    "    role: reward\n"
+    "empty: ~\n"
+    "quoted: \"null\"\n";
+
+static void test_getters(void) {
+    ff_config *c = ff_config_parse(doc, strlen(doc), "run.yaml");
+    REQUIRE(c);
+    const char *s;
+    int64_t i;
+    double d;
+    bool b;
+    CHECK_EQ_INT(ff_config_get_str(c, "model.path", NULL, &s), 0);
+    CHECK(!strcmp(s, "/models/tiny"));
+    CHECK_EQ_INT(ff_config_get_int(c, "model.layers", 0, &i), 0);
+    CHECK_EQ_INT(i, 4);
+    CHECK_EQ_INT(ff_config_get_double(c, "optim.lr", 0, &d), 0);
+    CHECK_CLOSE(d, 1e-5, 0, 1e-12);
+    CHECK_EQ_INT(ff_config_get_int(c, "optim.warmup", 0, &i), 0);
+    CHECK_EQ_INT(i, 1000);
+    CHECK_EQ_INT(ff_config_get_bool(c, "optim.fused", false, &b), 0);
+    CHECK(b);
+    CHECK_EQ_INT(ff_config_get_int(c, "optim.absent", 7, &i), 1);
+    CHECK_EQ_INT(i, 7);
+    CHECK_EQ_INT(ff_config_get_str(c, "empty", "dflt", &s), 1);
+    CHECK(!strcmp(s, "dflt"));
+    CHECK_EQ_INT(ff_config_get_str(c, "quoted", NULL, &s), 0);
+    CHECK(!strcmp(s, "null"));
+    ff_cnode *nodes = ff_cnode_find(ff_config_root(c), "nodes");
+    REQUIRE(nodes);
+    CHECK_EQ_INT(ff_cnode_kind_of(nodes), FF_CNODE_SEQ);
+    CHECK_EQ_INT(ff_cnode_len(nodes), 2);
+    for (size_t k = 0; k < ff_cnode_len(nodes); k++) {
+        ff_cnode *n = ff_cnode_at(nodes, k);
+        CHECK_EQ_INT(ff_cnode_get_str(n, "name", NULL, &s), 0);
+        CHECK_EQ_INT(ff_cnode_get_str(n, "role", NULL, &s), 0);
+    }
+    static const char *const roles[] = {"actor", "critic", "ref", "reward"};
+    int r;
+    CHECK_EQ_INT(ff_config_get_enum(c, "nodes.1.role", roles, 4, 0, &r), 0);
+    CHECK_EQ_INT(r, 3);
+    char where[256];
+    CHECK(!strcmp(ff_cnode_where(ff_cnode_find(ff_config_root(c), "nodes.1.name"), where, sizeof where), "run.yaml:11"));
+    CHECK_EQ_INT(ff_config_check_unused(c), 0);
+    ff_config_destroy(&c);
+    CHECK(c == NULL);
+}
+
+static void test_bad_values(void) {
+    ff_config *c = ff_config_parse(doc, strlen(doc), "run.yaml");
+    REQUIRE(c);
+    int64_t i;
+    bool b;
+    CHECK_EQ_INT(ff_config_get_int(c, "model.path", 0, &i), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "run.yaml:2");
+    CHECK_STR_CONTAINS(ff_error_message(), "'model.path' must be an integer");
+    CHECK_EQ_INT(ff_config_get_bool(c, "model.layers", false, &b), -1);
+    CHECK_EQ_INT(ff_config_get_int(c, "model", 0, &i), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "not a map");
+    static const char *const roles[] = {"actor", "critic"};
+    int r;
+    CHECK_EQ_INT(ff_config_get_enum(c, "nodes.1.role", roles, 2, 0, &r), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "one of: actor, critic");
+    CHECK_STR_CONTAINS(ff_error_message(), "run.yaml:12");
+    ff_config_destroy(&c);
+}
+
+static void test_unknown_key(void) {
+    const char *t = "optim:\n  lr: 1\n  lr_sheduler: cosine\n";
+    ff_config *c = ff_config_parse(t, strlen(t), "x.yaml");
+    REQUIRE(c);
+    double d;
+    const char *s;
+    ff_config_get_double(c, "optim.lr", 0, &d);
+    ff_config_get_str(c, "optim.lr_scheduler", "constant", &s);
+    CHECK_EQ_INT(ff_config_check_unused(c), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "x.yaml:3: unknown key 'optim.lr_sheduler'");
+    CHECK_STR_CONTAINS(ff_error_message(), "did you mean 'optim.lr_scheduler'");
+    ff_config_destroy(&c);
+}
+
+static void test_overrides(void) {
+    ff_config *c = ff_config_parse(doc, strlen(doc), "run.yaml");
+    REQUIRE(c);
+    char *ov[] = {"model.path=/other", "optim.lr=3e-4", "trainer.steps=20", "nodes.0.role=critic", "model.extra=[1, 2, 3]"};
+    REQUIRE(ff_config_apply_overrides(c, 5, ov) == 0);
+    const char *s;
+    double d;
+    int64_t i;
+    CHECK_EQ_INT(ff_config_get_str(c, "model.path", NULL, &s), 0);
+    CHECK(!strcmp(s, "/other"));
+    CHECK_EQ_INT(ff_config_get_double(c, "optim.lr", 0, &d), 0);
+    CHECK_CLOSE(d, 3e-4, 0, 1e-12);
+    CHECK_EQ_INT(ff_config_get_int(c, "trainer.steps", 0, &i), 0);
+    CHECK_EQ_INT(i, 20);
+    CHECK_EQ_INT(ff_config_get_str(c, "nodes.0.role", NULL, &s), 0);
+    CHECK(!strcmp(s, "critic"));
+    ff_cnode *extra = ff_cnode_find(ff_config_root(c), "model.extra");
+    REQUIRE(extra);
+    CHECK_EQ_INT(ff_cnode_kind_of(extra), FF_CNODE_SEQ);
+    CHECK_EQ_INT(ff_cnode_len(extra), 3);
+    ff_cnode_mark_used(ff_config_root(c));
+    CHECK_EQ_INT(ff_config_check_unused(c), 0);
+    /* an override nobody reads is an unknown key, named as an override */
+    char *bad[] = {"model.pth=/x"};
+    REQUIRE(ff_config_apply_overrides(c, 1, bad) == 0);
+    CHECK_EQ_INT(ff_config_check_unused(c), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "override 'model.pth=/x': unknown key 'model.pth'");
+    CHECK_STR_CONTAINS(ff_error_message(), "did you mean 'model.path'");
+    /* malformed overrides */
+    CHECK_EQ_INT(ff_config_set(c, "novalue"), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "key.sub=value");
+    CHECK_EQ_INT(ff_config_set(c, "nodes.9.role=x"), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "not an index");
+    CHECK_EQ_INT(ff_config_set(c, "model.path.deeper=1"), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "below a plain value");
+    CHECK_EQ_INT(ff_config_set(c, "a.b=[1, 2"), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "YAML syntax error");
+    ff_config_destroy(&c);
+}
+
+static void test_syntax_errors(void) {
+    const char *t1 = "a: 1\nb: [1, 2\n";
+    CHECK(ff_config_parse(t1, strlen(t1), "bad.yaml") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "bad.yaml:");
+    CHECK_STR_CONTAINS(ff_error_message(), "YAML syntax error");
+    const char *t2 = "a: &x 1\nb: *x\n";
+    CHECK(ff_config_parse(t2, strlen(t2), "alias.yaml") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "not supported");
+    const char *t3 = "a: 1\na: 2\n";
+    CHECK(ff_config_parse(t3, strlen(t3), "dup.yaml") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "dup.yaml:2: duplicate key 'a'");
+    const char *t4 = "- 1\n- 2\n";
+    CHECK(ff_config_parse(t4, strlen(t4), "list.yaml") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "not a map");
+    CHECK(ff_config_load("/nonexistent/x.yaml") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "/nonexistent/x.yaml: cannot open");
+    ff_config *e = ff_config_parse("", 0, "empty.yaml");
+    REQUIRE(e);
+    CHECK_EQ_INT(ff_config_check_unused(e), 0);
+    ff_config_destroy(&e);
+}
+
+static void test_write_roundtrip(void) {
+    ff_config *c = ff_config_parse(doc, strlen(doc), "run.yaml");
+    REQUIRE(c);
+    char *ov[] = {"model.path=/with: colon"};
+    REQUIRE(ff_config_apply_overrides(c, 1, ov) == 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    REQUIRE(ff_config_write(c, f) == 0);
+    fclose(f);
+    ff_config *d = ff_config_parse(buf, len, "written.yaml");
+    REQUIRE(d);
+    const char *s;
+    CHECK_EQ_INT(ff_config_get_str(d, "model.path", NULL, &s), 0);
+    CHECK(!strcmp(s, "/with: colon"));
+    CHECK_EQ_INT(ff_config_get_str(d, "quoted", NULL, &s), 0);
+    CHECK(!strcmp(s, "null"));
+    CHECK_EQ_INT(ff_config_get_str(d, "nodes.1.name", NULL, &s), 0);
+    CHECK(!strcmp(s, "score"));
+    free(buf);
+    ff_config_destroy(&c);
+    ff_config_destroy(&d);
+}
+
+int main(void) {
+    test_getters();
+    test_bad_values();
+    test_unknown_key();
+    test_overrides();
+    test_syntax_errors();
+    test_write_roundtrip();
+    TEST_MAIN_END();
+}
