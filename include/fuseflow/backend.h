@@ -1,0 +1,105 @@
+/* fuseflow: the compute backend: device memory, streams and explicit host<->device copies,
+ * behind opaque handles, in the style of ggml's backends.
+ *
+ * Model code never dereferences device memory. It allocates ff_buffers, addresses them with
+ * ff_dptr (a buffer plus a byte offset), moves data with the explicit copies below and runs
+ * the kernels of include/fuseflow/kernels.h on a stream. A backend is a table of functions
+ * (kernels/backend_impl.h); the CPU backend (kernels/cpu/) implements it with host memory,
+ * OpenBLAS and OpenMP, and a CUDA backend (kernels/cuda/) can implement the same table.
+ *
+ * Numbers: the CPU backend computes everything in fp32. A CUDA backend is meant to keep
+ * parameters, gradients and optimizer state as fp32 masters in its buffers and compute
+ * activations in bf16 internally; the interface is the same (every ff_dptr a kernel takes
+ * names fp32 or int32 elements, as each kernel documents).
+ *
+ * Streams: work on one stream runs in order. Kernels and copies are enqueued; on the CPU
+ * backend they run before the call returns. ff_memcpy_d2h waits for the stream before it
+ * returns (the host data is then ready). Different streams may run concurrently on a
+ * device backend; the CPU backend runs everything on the calling thread (plus its OpenMP
+ * team), so one backend must not be used from two threads at once.
+ *
+ * Threads (CPU backend): every kernel runs on an OpenMP team of n_threads. OpenBLAS is held
+ * at one thread of its own: the matrix products are split across the same OpenMP team
+ * (each thread calls a single-threaded cblas_sgemm on a block), so OpenBLAS's pthreads and
+ * OpenMP's threads never compete for the cores (docs/model.md, "Threads").
+ */
+#ifndef FUSEFLOW_BACKEND_H
+#define FUSEFLOW_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ff_backend ff_backend; /* a device and its kernels */
+typedef struct ff_buffer ff_buffer;   /* one allocation in device memory */
+typedef struct ff_stream ff_stream;   /* an ordered queue of kernels and copies */
+
+/* An address in device memory: a buffer and a byte offset into it. Plain value; the
+ * buffer is not owned. {NULL, 0} is "no tensor" where a kernel accepts one. */
+typedef struct ff_dptr {
+    ff_buffer *buf;
+    size_t off; /* bytes */
+} ff_dptr;
+
+/* ---- backends -------------------------------------------------------------------------- */
+
+/* The CPU backend with n_threads OpenMP threads (0: the FF_NUM_THREADS environment
+ * variable, else OpenMP's default, i.e. the number of cores). NULL + error on failure. */
+ff_backend *ff_backend_cpu_new(int n_threads);
+/* A backend by name: "cpu", "cpu:N" (N threads), "cuda" or "cuda:N" (device N). NULL +
+ * error for an unknown name or a backend that is not built or has no device here. */
+ff_backend *ff_backend_new(const char *name);
+void ff_backend_destroy(ff_backend **be);
+
+const char *ff_backend_name(const ff_backend *be); /* "cpu", "cuda:0" */
+int ff_backend_threads(const ff_backend *be);      /* CPU threads the kernels use */
+/* The stream the backend was created with; valid until the backend is destroyed. */
+ff_stream *ff_backend_stream(ff_backend *be);
+
+/* ---- memory ---------------------------------------------------------------------------- */
+
+/* A zero-filled buffer of `bytes` bytes (bytes may be 0). NULL + error when out of memory.
+ * Buffers must be destroyed before their backend. */
+ff_buffer *ff_buffer_new(ff_backend *be, size_t bytes);
+void ff_buffer_destroy(ff_buffer **b);
+size_t ff_buffer_size(const ff_buffer *b);
+ff_backend *ff_buffer_backend(const ff_buffer *b);
+
+/* The address `byte_offset` bytes into b (asserts offset <= size). */
+static inline ff_dptr ff_dptr_of(ff_buffer *b, size_t byte_offset) {
+    ff_dptr p = {b, byte_offset};
+    return p;
+}
+/* p advanced by n elements of `elem_size` bytes. */
+static inline ff_dptr ff_dptr_add(ff_dptr p, size_t n, size_t elem_size) {
+    p.off += n * elem_size;
+    return p;
+}
+/* f32 / i32 element offsets, the common cases. */
+static inline ff_dptr ff_dptr_f32(ff_buffer *b, size_t elem_offset) { return ff_dptr_of(b, elem_offset * 4); }
+static inline bool ff_dptr_null(ff_dptr p) { return p.buf == NULL; }
+
+/* Copies. Ranges are checked against the buffer sizes (assert: a range outside a buffer is
+ * a programming error). h2d may return before the copy is done on a device backend only if
+ * it took its own copy of src, so src is reusable at once. d2h waits for the stream. */
+void ff_memcpy_h2d(ff_stream *s, ff_dptr dst, const void *src, size_t bytes);
+void ff_memcpy_d2h(ff_stream *s, void *dst, ff_dptr src, size_t bytes);
+void ff_memcpy_d2d(ff_stream *s, ff_dptr dst, ff_dptr src, size_t bytes);
+void ff_memset_zero(ff_stream *s, ff_dptr dst, size_t bytes);
+
+/* ---- streams --------------------------------------------------------------------------- */
+
+ff_stream *ff_stream_new(ff_backend *be); /* NULL + error */
+void ff_stream_destroy(ff_stream **s);
+ff_backend *ff_stream_backend(const ff_stream *s);
+/* Wait until all work on s is done. 0, or -1 + error if a kernel failed (device errors). */
+int ff_stream_sync(ff_stream *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

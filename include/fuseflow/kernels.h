@@ -1,0 +1,150 @@
+/* fuseflow: the kernels of a Llama-family transformer, forward and backward, on a backend
+ * stream (include/fuseflow/backend.h). Every backend implements all of them; the CPU one
+ * (kernels/cpu/) is the reference the others are tested against.
+ *
+ * Conventions:
+ * - Matrices are row-major. A "[T, N] ld" operand has T rows of N used elements, row r
+ *   starting at element r * ld (ld >= N), so a kernel can work on a column block of a wider
+ *   matrix (the q, k, v parts of a fused qkv activation).
+ * - Tensors are fp32 unless marked i32. Every pointer is an ff_dptr into device memory.
+ * - Gradient outputs marked "+=" accumulate (gradient accumulation across micro-batches and
+ *   the residual stream); outputs marked "=" are overwritten.
+ * - Kernels do not allocate and do not fail; misuse (bad sizes) asserts. Token ids are
+ *   checked by the model on the host before they reach a kernel.
+ * - Heads: query head h reads key/value head h / (n_heads / n_kv_heads), as Hugging Face's
+ *   repeat_kv does. The attention scale is 1/sqrt(head_dim).
+ */
+#ifndef FUSEFLOW_KERNELS_H
+#define FUSEFLOW_KERNELS_H
+
+#include <stdint.h>
+
+#include "fuseflow/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FF_NO_TRANS = 0, FF_TRANS = 1 } ff_trans;
+
+/* C[M, N] = alpha * op(A) @ op(B) + beta * C (cblas_sgemm semantics, row-major).
+ * op(A) is [M, K] (A stored [M, K] lda, or [K, M] lda when ta == FF_TRANS); op(B) is
+ * [K, N] (B stored [K, N] ldb, or [N, K] ldb when tb == FF_TRANS). beta == 0 ignores C's
+ * old contents (NaN-safe). */
+void ff_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
+             ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
+
+/* out[t, :] = table[tokens[t], :]. tokens i32 [T] (each in [0, V)), table [V, H],
+ * out [T, H]. */
+void ff_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
+/* dtable[tokens[t], :] += dout[t, :]. dout [T, H], dtable [V, H] +=. Deterministic (no
+ * atomics: threads own column blocks). */
+void ff_embedding_bwd(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dtable, int T, int H);
+
+/* RMSNorm (Llama): rstd[t] = 1 / sqrt(mean_j x[t, j]^2 + eps); out = x * rstd * w.
+ * x [T, H], w [H], out [T, H] (may not alias x), rstd [T] (saved for backward). */
+void ff_rmsnorm_fwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, int T, int H, float eps);
+/* Backward of ff_rmsnorm_fwd given dout [T, H]: dx [T, H] +=, dw [H] +=. */
+void ff_rmsnorm_bwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr rstd, ff_dptr dout, ff_dptr dx, ff_dptr dw, int T,
+                    int H);
+
+/* Rotary embedding in place, Hugging Face's rotate_half layout: for head vector x of
+ * head_dim D and i < D/2, with angle a = pos * inv_freq[i]:
+ *   x[i]       <- x[i] cos a - x[i + D/2] sin a
+ *   x[i + D/2] <- x[i + D/2] cos a + x[i] sin a
+ * x [T, n_heads * D] ld; pos i32 [T]; cos, sin [max_pos, D/2] (tables the model fills from
+ * rope_theta and rope scaling; every pos must be < max_pos). */
+void ff_rope_fwd(ff_stream *s, ff_dptr x, int ld, ff_dptr pos, ff_dptr cos_t, ff_dptr sin_t, int T, int n_heads,
+                 int D);
+/* Backward (the inverse rotation) in place on dx [T, n_heads * D] ld. */
+void ff_rope_bwd(ff_stream *s, ff_dptr dx, int ld, ff_dptr pos, ff_dptr cos_t, ff_dptr sin_t, int T, int n_heads,
+                 int D);
+
+/* x[t, :] += b for every row. x [T, N] ld, b [N]. */
+void ff_bias_add(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N);
+/* db[:] += sum_t dy[t, :]. dy [T, N] ld, db [N] +=. */
+void ff_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N);
+
+/* SwiGLU: h = silu(g) * u with silu(g) = g / (1 + exp(-g)). gu [T, 2I] holds g in columns
+ * [0, I) and u in [I, 2I) (the fused gate|up projection); h [T, I]. */
+void ff_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int I);
+/* Backward: dgu [T, 2I] = (dg | du) given dh [T, I]. dgu may alias gu (in place). */
+void ff_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int I);
+
+/* Causal grouped-query attention over packed variable-length sequences: token t of sequence
+ * s (seq_start[s] <= t < seq_start[s+1]) attends to tokens seq_start[s] .. t only, never
+ * across sequences.
+ *   qkv [T, (Hq + 2 Hkv) D] ld: q in columns [0, Hq D), k in [Hq D, (Hq + Hkv) D), v after
+ *   seq_start i32 [S + 1] (seq_start[0] = 0, seq_start[S] = T, non-decreasing)
+ *   out [T, Hq D] (row stride Hq D), lse [T, Hq] (log-sum-exp of the scaled scores; saved) */
+void ff_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
+                      ff_dptr out, ff_dptr lse);
+/* Backward of ff_attention_fwd given dout [T, Hq D]: dqkv [T, (Hq + 2 Hkv) D] ld (=, all
+ * three parts written). delta [T, Hq] is workspace. seq_start_host mirrors seq_start on the
+ * host ([S + 1]; kernels use it to schedule work, never to read tensors). */
+void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
+                      int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
+                      ff_dptr dqkv);
+
+/* Attention of T query tokens against a KV cache (inference; no backward). Query token t
+ * attends to cache rows kv_row0[t] .. kv_row0[t] + n_keys[t] - 1.
+ *   q [T, Hq D] ldq; kcache, vcache [rows, Hkv D]; kv_row0, n_keys i32 [T] (n_keys >= 1);
+ *   out [T, Hq D] */
+void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr kv_row0,
+                         ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out);
+/* Scatter rows: dst[rows[t], :] = src[t, :]. src [T, N] lds, dst [*, N], rows i32 [T]. */
+void ff_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N);
+/* Gather rows: dst[r, :] = src[rows[r], :]. src [*, N], rows i32 [R], dst [R, N]. */
+void ff_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N);
+
+/* Per-token log-probs and entropy of softmax(logits * inv_temp):
+ *   logits [T, V]; targets i32 [T] (-1: no target, logprob 0) or null;
+ *   logprob [T] = log p[targets[t]] (or null), entropy [T] = -sum_v p log p (or null),
+ *   lse [T] = logsumexp(logits * inv_temp) (saved for backward). */
+void ff_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr logprob,
+                    ff_dptr entropy, ff_dptr lse);
+/* Backward into the logits, in place: logits [T, V] becomes dlogits [T, V] given
+ * dlogprob [T] (or null) and dentropy [T] (or null; then entropy may be null too, else
+ * entropy [T] from the forward). Rows with target -1 get no logprob gradient. */
+void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                    ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
+
+/* Elementwise: y[i] += x[i] (n elements). */
+void ff_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n);
+/* x[i] *= alpha. */
+void ff_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha);
+/* sum_i x[i]^2 accumulated in double; waits for the stream (a host value). */
+double ff_sumsq(ff_stream *s, ff_dptr x, int64_t n);
+
+/* One AdamW update (PyTorch's torch.optim.AdamW, decoupled weight decay) of n parameters:
+ *   g = grad * grad_scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+ *   p -= lr * weight_decay * p
+ *   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps)        with bc1 = 1 - b1^t, bc2 = 1 - b2^t
+ * param, m, v [n] updated; grad [n] read. */
+void ff_adamw(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_dptr v, int64_t n, float lr, float b1,
+              float b2, float eps, float weight_decay, float bc1, float bc2, float grad_scale);
+
+/* Sampling, one row of logits [B, V] per sequence. Per row, params[b] (device memory):
+ * temperature 0 picks the argmax (lowest id on ties). Otherwise p = softmax(logits / temp),
+ * keep the top_k most likely tokens (top_k 0: all), then the smallest set of the most
+ * likely tokens whose probability sums to >= top_p (top_p >= 1: all; the most likely token
+ * always stays), renormalise, and pick by inverse CDF with `uniform` in [0, 1) over the
+ * kept tokens in order of decreasing probability (ties: lower id first).
+ * tokens i32 [B] = the pick; logprob [B] = its log-prob under the distribution that
+ * logprob_mode names (ff_logprob_mode in include/fuseflow/model.h). */
+typedef struct ff_sample_params {
+    float temperature;
+    float top_p;
+    int32_t top_k;
+    int32_t logprob_mode; /* 0 model (temperature 1), 1 temperature-scaled, 2 sampler */
+    float uniform;        /* the random draw, in [0, 1), from the caller's seeded RNG */
+} ff_sample_params;
+/* params: ff_sample_params [B]; workspace: B * V floats + B * V i32 (the CPU backend sorts
+ * there). */
+void ff_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
+               ff_dptr logprob);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

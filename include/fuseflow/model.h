@@ -1,0 +1,283 @@
+/* fuseflow: the Llama-family decoder (Llama 2/3, Qwen2/2.5, Mistral without sliding window)
+ * on a compute backend: forward over packed variable-length batches, backward into every
+ * parameter, AdamW, and batched generation with a KV cache.
+ *
+ * Host <-> model: weights come in and go out as named host fp32 tensor sets (Hugging Face
+ * names, include/fuseflow/model_config.h; checkpoint files are model/io's business). Batches
+ * are host arrays of token ids; per-token results (log-probs, entropy, values) come back as
+ * host arrays, and their gradients go in as host arrays: the RLHF losses are plain C on
+ * those (DESIGN.md). Everything else stays in backend buffers.
+ *
+ * Parameters live in one flat fp32 buffer of ff_model_param_count() floats, gradients in
+ * another of the same layout, so a data-parallel all-reduce or a weight sync is one call on
+ * one buffer. The layout is fixed by the config (two models of the same config share it),
+ * not by Hugging Face's tensor order; use the tensor-set functions for named access.
+ *
+ * Threads: a model (and its generators) is used by one thread at a time.
+ */
+#ifndef FUSEFLOW_MODEL_H
+#define FUSEFLOW_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fuseflow/backend.h"
+#include "fuseflow/model_config.h"
+#include "fuseflow/tensor_set.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ff_model ff_model;
+
+/* ---- configuration and weights ---------------------------------------------------------- */
+
+/* Check that a config describes a model this engine runs: positive sizes, heads divisible
+ * by kv heads, an even head_dim, rms_norm_eps > 0, rope_theta > 0, a supported rope scaling
+ * (none or llama3) with sane factors. 0, or -1 + error naming the field. `where` (e.g. the
+ * config.json path) prefixes the message; may be NULL. */
+int ff_model_config_check(const ff_model_config *cfg, const char *where);
+
+/* The names and shapes of every tensor the model expects, in a fixed order (embeddings,
+ * layers 0..L-1 as in model_config.h, final norm, lm_head unless tied, score when
+ * value_head). Fills `out` (an empty set) with zero tensors. 0 or -1 + error. */
+int ff_model_expected_tensors(const ff_model_config *cfg, ff_tensor_set *out);
+
+/* Random initialisation as Hugging Face's _init_weights: every linear and embedding weight
+ * ~ Normal(0, std = initializer_range) (0.02 when initializer_range <= 0), biases 0, norm
+ * weights 1, the embedding row of pad_token_id (when >= 0) zero. Deterministic for a seed
+ * (the draws come from ff_rng in the fixed tensor order above). Fills `out` (an empty set).
+ * 0 or -1 + error. */
+int ff_model_init_weights(const ff_model_config *cfg, uint64_t seed, double initializer_range, ff_tensor_set *out);
+
+/* A model on `be` with the given weights (copied; `weights` may be freed afterwards).
+ * Checks the config (ff_model_config_check) and every expected tensor: a missing name, a
+ * wrong shape or a non-finite value is an error naming the tensor. Tensors the model does
+ * not use are ignored, except lm_head.weight beside tie_word_embeddings, which is an error
+ * (the checkpoint and config disagree). When value_head is set and the weights have no
+ * lm_head.weight (and embeddings are not tied), the model is a critic without an LM head:
+ * it returns values, and asking it for log-probs, entropy or logits is an error.
+ * NULL + error. */
+ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights);
+void ff_model_destroy(ff_model **m);
+
+const ff_model_config *ff_model_config_of(const ff_model *m);
+ff_backend *ff_model_backend(const ff_model *m);
+bool ff_model_has_lm_head(const ff_model *m);
+/* Number of trainable fp32 parameters (tied embeddings counted once). */
+int64_t ff_model_param_count(const ff_model *m);
+
+/* Current weights into `out` (an empty set) under Hugging Face names, e.g. for a
+ * checkpoint. 0 or -1 + error. */
+int ff_model_export_weights(ff_model *m, ff_tensor_set *out);
+/* Replace the weights from a set (same checks as ff_model_new). 0 or -1 + error. */
+int ff_model_load_weights(ff_model *m, const ff_tensor_set *weights);
+
+/* The flat parameter and gradient buffers: ff_model_param_count() floats each, same
+ * layout. For all-reduce of gradients and weight sync between models of one config. */
+ff_buffer *ff_model_param_buffer(ff_model *m);
+ff_buffer *ff_model_grad_buffer(ff_model *m);
+/* Flat copies to and from host memory (n = ff_model_param_count() floats). */
+void ff_model_read_params(ff_model *m, float *host);
+void ff_model_write_params(ff_model *m, const float *host);
+void ff_model_read_grads(ff_model *m, float *host);
+void ff_model_write_grads(ff_model *m, const float *host);
+/* Copy all parameters from src into dst (same config; may be on different backends). 0 or
+ * -1 + error. */
+int ff_model_copy_params(ff_model *dst, ff_model *src);
+
+/* ---- forward and backward ---------------------------------------------------------------- */
+
+/* A packed batch of S variable-length sequences, T tokens in all. Sequence s is tokens
+ * [seq_start[s], seq_start[s+1]); positions restart at 0 for each sequence and no token
+ * attends across sequences, so a padded batch is a packed batch whose sequences have the
+ * padded lengths (or, better, the unpadded ones). */
+typedef struct ff_batch {
+    int32_t n_tokens;          /* T >= 1 */
+    int32_t n_seqs;            /* S >= 1 */
+    const int32_t *tokens;     /* [T] input ids, each in [0, vocab_size) */
+    const int32_t *seq_start;  /* [S + 1]: 0 = seq_start[0] <= ... <= seq_start[S] = T */
+    const int32_t *targets;    /* [T] or NULL: the token whose log-prob position t predicts
+                                  (normally tokens[t + 1] in the same sequence); -1 = none */
+} ff_batch;
+
+/* targets[t] = tokens[t + 1] inside each sequence, -1 at each sequence's last token. */
+void ff_batch_shift_targets(const int32_t *tokens, const int32_t *seq_start, int32_t n_seqs, int32_t *targets);
+
+typedef struct ff_forward_opts {
+    bool train;        /* keep activations for ff_model_backward */
+    float temperature; /* log-probs and entropy of softmax(logits / temperature); 0 means 1 */
+} ff_forward_opts;
+
+/* Host outputs; NULL fields are not computed. */
+typedef struct ff_forward_out {
+    float *logprobs; /* [T] log p(targets[t]) (0 where targets[t] == -1); needs targets */
+    float *entropy;  /* [T] entropy of the next-token distribution at t (nats) */
+    float *values;   /* [T] value head output at t (needs value_head) */
+    float *logits;   /* [T, V] raw logits (before temperature) */
+} ff_forward_out;
+
+/* Run the model over a batch. With opts->train the activations stay for one backward
+ * (ff_model_backward must then get gradients only for outputs computed here). The first
+ * batch with more tokens than any before grows the workspace (allocation); batches up to
+ * that size allocate nothing (see ff_model_reserve). 0, or -1 + error: bad batch (a token
+ * id out of range, offsets that do not cover [0, T), a sequence longer than
+ * max_position_embeddings), an output the model lacks (log-probs on a critic). */
+int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts, ff_forward_out *out);
+
+/* Backward through the last training forward. Inputs are d(loss)/d(output) per token, host
+ * arrays [T] or NULL (zero): d_logprobs, d_entropy, d_values. Parameter gradients are
+ * accumulated (+=) into the gradient buffer, so micro-batches accumulate until
+ * ff_model_zero_grad. 0 or -1 + error (no training forward before, a gradient for an
+ * output that forward did not compute). */
+int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entropy, const float *d_values);
+void ff_model_zero_grad(ff_model *m);
+
+/* Size the training workspace for batches of up to max_tokens tokens now (0 or -1 + error
+ * when out of memory), so that the first forward does not allocate. */
+int ff_model_reserve(ff_model *m, int32_t max_tokens);
+
+/* Supervised loss helper: loss = -sum_t mask[t] * logprobs[t] / max(1, sum_t mask[t]) over
+ * T tokens (token-mean cross-entropy), d_logprobs[t] = -mask[t] / max(1, sum mask) scaled by
+ * `scale` (e.g. 1 / number of micro-batches). mask NULL = all ones. Returns the loss. */
+double ff_sft_loss(const float *logprobs, const float *mask, int32_t T, float scale, float *d_logprobs);
+
+/* ---- optimizer ---------------------------------------------------------------------------- */
+
+/* AdamW with decoupled weight decay (torch.optim.AdamW semantics). Weight decay applies to
+ * the 2-D weights (projections, embeddings, lm_head, score) and not to biases and norm
+ * weights (Hugging Face Trainer's rule). The learning rate of update k (k = 1, 2, ...):
+ *   k <= warmup_steps:  lr * k / warmup_steps
+ *   otherwise, with total_steps > warmup_steps and progress = (k - warmup_steps) /
+ *   (total_steps - warmup_steps) clamped to [0, 1]:
+ *     lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + cos(pi * progress)))
+ *   total_steps <= warmup_steps: lr (constant after warmup). */
+typedef struct ff_adamw_config {
+    double lr;            /* peak learning rate */
+    double beta1, beta2;  /* 0.9, 0.999 */
+    double eps;           /* 1e-8 */
+    double weight_decay;  /* 0.01 */
+    double max_grad_norm; /* global L2 norm clip; <= 0: no clipping */
+    int64_t warmup_steps; /* 0 */
+    int64_t total_steps;  /* 0: no decay */
+    double min_lr_ratio;  /* 0 */
+} ff_adamw_config;
+
+void ff_adamw_config_default(ff_adamw_config *c); /* the values in the comments, lr 1e-5 */
+double ff_adamw_lr_at(const ff_adamw_config *c, int64_t k);
+
+typedef struct ff_optimizer ff_optimizer;
+typedef struct ff_optim_stats {
+    int64_t step;     /* the update just made, 1-based */
+    double lr;        /* the learning rate it used */
+    double grad_norm; /* the global gradient L2 norm before clipping */
+    bool clipped;
+} ff_optim_stats;
+
+/* An optimizer for m's parameters (state buffers on m's backend, zero). NULL + error. */
+ff_optimizer *ff_optimizer_new(ff_model *m, const ff_adamw_config *c);
+void ff_optimizer_destroy(ff_optimizer **o);
+/* Clip the gradients to max_grad_norm (global norm), update the parameters, count the step.
+ * Does not zero the gradients. A non-finite gradient norm skips the update and returns -1 +
+ * error (stats still filled). */
+int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats);
+int64_t ff_optimizer_steps_done(const ff_optimizer *o);
+/* State to and from a tensor set: "exp_avg.<param name>", "exp_avg_sq.<param name>" (the
+ * parameter's shape) and "step" ([1], the count of updates done). Import checks names and
+ * shapes. 0 or -1 + error. */
+int ff_optimizer_export_state(ff_optimizer *o, ff_tensor_set *out);
+int ff_optimizer_import_state(ff_optimizer *o, const ff_tensor_set *in);
+
+/* ---- generation ---------------------------------------------------------------------------- */
+
+/* Which log-prob a generated token reports:
+ *   FF_LOGPROB_MODEL:       log softmax(logits)[token], the policy at temperature 1, no
+ *                           top-k/top-p: what RLHF losses compare against (the default)
+ *   FF_LOGPROB_TEMPERATURE: log softmax(logits / temperature)[token] (matches a training
+ *                           forward with ff_forward_opts.temperature; greedy: as MODEL)
+ *   FF_LOGPROB_SAMPLER:     the log-prob under the distribution actually sampled from
+ *                           (temperature, top-k, top-p, renormalised; greedy: 0) */
+typedef enum { FF_LOGPROB_MODEL = 0, FF_LOGPROB_TEMPERATURE = 1, FF_LOGPROB_SAMPLER = 2 } ff_logprob_mode;
+
+typedef struct ff_sampling {
+    float temperature;        /* 0: greedy */
+    int32_t top_k;            /* 0: off */
+    float top_p;              /* 1: off; in (0, 1] */
+    int32_t max_new_tokens;   /* >= 1 */
+    const int32_t *stop_tokens; /* [n_stop]; a sampled stop token ends the sequence and is
+                                   included in the output. NULL/0: the config's eos ids */
+    int32_t n_stop;
+    ff_logprob_mode logprob_mode;
+} ff_sampling;
+void ff_sampling_default(ff_sampling *s); /* temperature 1, top_k 0, top_p 1, 64 tokens, eos */
+
+typedef struct ff_gen_request {
+    uint64_t id;            /* the caller's, returned with each output */
+    const int32_t *prompt;  /* [prompt_len], copied at submit */
+    int32_t prompt_len;     /* >= 1 */
+    int32_t n_samples;      /* responses to this prompt (>= 1), sharing one prefill */
+    ff_sampling sampling;
+    uint64_t seed;          /* sample j draws from its own ff_rng seeded by (seed, j), so
+                               results do not depend on what else is in the batch */
+} ff_gen_request;
+
+typedef enum { FF_FINISH_STOP = 0, FF_FINISH_LENGTH, FF_FINISH_ABORTED } ff_finish_reason;
+
+typedef struct ff_gen_output {
+    uint64_t id;        /* request id */
+    int32_t sample;     /* 0 .. n_samples-1 */
+    int32_t n_tokens;
+    int32_t *tokens;    /* [n_tokens] generated ids (stop token included), malloc'd */
+    float *logprobs;    /* [n_tokens] per ff_sampling.logprob_mode, malloc'd */
+    ff_finish_reason finish; /* LENGTH: max_new_tokens or the slot's capacity was reached */
+} ff_gen_output;
+void ff_gen_output_free(ff_gen_output *o); /* frees the arrays, zeroes *o */
+
+/* A continuous-batching generator: up to max_slots sequences decode together, each in its
+ * own KV-cache slot of max_seq_len positions (prompt + response). Requests wait in a FIFO;
+ * each step admits waiting requests while free slots remain (a request needs n_samples
+ * slots), prefills their prompts (packed, up to max_prefill_tokens tokens per step; one
+ * prefill per prompt, its KV copied into the n sample slots), then decodes one token for
+ * every running sequence. A finished sequence frees its slot at once for the next request.
+ * Sequences can also leave early (ff_generator_abort), e.g. to migrate them.
+ * Implemented: all of the above. Not implemented: paged KV (prefix blocks shared without
+ * copy), chunked prefill of a prompt longer than max_prefill_tokens (an error at submit). */
+typedef struct ff_generator_config {
+    int32_t max_slots;          /* concurrent sequences, >= 1 */
+    int32_t max_seq_len;        /* KV positions per slot; <= max_position_embeddings */
+    int32_t max_prefill_tokens; /* prompt tokens per step (0: max_seq_len) */
+} ff_generator_config;
+
+typedef struct ff_generator ff_generator;
+
+/* A generator on m (which must have an LM head and must outlive it). The KV cache and the
+ * workspaces are allocated here; steps do not allocate except for outputs. NULL + error. */
+ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *c);
+void ff_generator_destroy(ff_generator **g);
+/* Queue a request. Checks it (token ids in range, prompt_len + 1 <= max_seq_len,
+ * prompt_len <= max_prefill_tokens, n_samples <= max_slots, sampling values). 0 or -1 +
+ * error. */
+int ff_generator_submit(ff_generator *g, const ff_gen_request *r);
+/* Admit, prefill, and decode one token for every running sequence. 0 or -1 + error. */
+int ff_generator_step(ff_generator *g);
+/* Sequences waiting or running (0: nothing to do). */
+int32_t ff_generator_pending(const ff_generator *g);
+int32_t ff_generator_running(const ff_generator *g);
+/* Take one finished output (1), or 0 when none is ready. The caller owns out's arrays. */
+int ff_generator_pop(ff_generator *g, ff_gen_output *out);
+/* End every waiting and running sequence of request `id` now; running ones are returned
+ * by ff_generator_pop with what they have and FF_FINISH_ABORTED, waiting ones vanish.
+ * Returns the number of sequences ended. */
+int32_t ff_generator_abort(ff_generator *g, uint64_t id);
+
+/* Convenience: run requests to completion on a fresh generator. *outs (malloc'd, free each
+ * with ff_gen_output_free then free(*outs)) holds sum(n_samples) outputs ordered by request
+ * then sample. 0 or -1 + error. */
+int ff_model_generate(ff_model *m, const ff_generator_config *c, const ff_gen_request *reqs, int32_t n_reqs,
+                      ff_gen_output **outs, int32_t *n_outs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
