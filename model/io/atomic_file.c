@@ -1,5 +1,5 @@
-/* Atomic files and folders for checkpoints (see model/io/atomic_file.h). */
-#include "model/io/atomic_file.h"
+/* Atomic files and folders for checkpoints (see include/fuseflow/modelio.h). */
+#include "fuseflow/modelio.h"
 
 #include <errno.h>
 #include <fcntl.h>

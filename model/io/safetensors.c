@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "fuseflow/util.h"
-#include "model/io/atomic_file.h"
+#include "fuseflow/modelio.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors is little-endian; so must the host be");
 

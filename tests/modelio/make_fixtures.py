@@ -28,11 +28,158 @@ def safetensors_fixture():
         "u8": torch.arange(6, dtype=torch.uint8).reshape(2, 3),
         "bool": (torch.arange(6).reshape(2, 3) % 2).bool(),
     }
-    save_file(tensors, os.path.join(DATA, "hf_written.safetensors"), metadata={"format": "pt"})
+    path = os.path.join(DATA, "hf_written.safetensors")
+    save_file(tensors, path, metadata={"format": "pt"})
+    os.chmod(path, 0o644)
+
+
+# ---- tokenizers --------------------------------------------------------------------------
+
+GPT2_RE = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_RE = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_RE = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+            r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def training_text():
+    """A deterministic mixed corpus: prose, contractions, code, numbers, arithmetic, accents,
+    CJK, emoji, whitespace runs."""
+    import random
+    rng = random.Random(7)
+    prose = ("The quick brown fox jumps over the lazy dog. I'm sure you're right, they'll see; we'd "
+             "rather it's done. Don't stop believing! She said: \"it isn't over\". Café, naïve, "
+             "résumé, façade, jalapeño, Ångström, Straße. 日本語のテキストと中文文本。 Emoji 😀👍🏽 "
+             "and 👨‍👩‍👧 families. Numbers 3.14159, 2,000,000 and 1234567890. ")
+    code = ("def add(a, b):\n    return a + b\n\nfor i in range(10):\n\tprint(i)  # comment\n"
+            "if (x != y && z >= 0) { return -1; }\n")
+    lines = [prose, code]
+    for _ in range(400):
+        a, b = rng.randint(0, 99999), rng.randint(0, 99999)
+        lines.append(f"{a}+{b}={a + b}\n")
+    words = prose.split() + code.split()
+    for _ in range(300):
+        lines.append(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + rng.choice([" ", "\n", "  \n", "\t"]))
+    return lines * 3
+
+
+TRICKY = [
+    "", "x", "Hello world", "  leading spaces", "trailing   ", "tabs\tand\nnewlines\r\n\r\n",
+    "I'm, you're, they'll, we'd, she's, IT'S, I'M, Y'ALL", "don't stop", "12345678901234567890",
+    "3.14159 and 2,000,000", "café naïve résumé", "cafe\u0301 decomposed", "日本語のテキスト",
+    "emoji 😀👍🏽 family 👨\u200d👩\u200d👧", "<|endoftext|>hello<|endoftext|>", "a <|im_start|> b <|im_end|>",
+    "\u00a0non-breaking\u00a0space", "\u0085nel\u0085", "\u3000ideographic space", "mixed123abc456",
+    "    \n\n    ", "$$$!!!???", "line1\nline2\n\nline4", "ＦＵＬＬＷＩＤＴＨ", "ﬁ ligature", "a\u2028b",
+    "<|begin_of_text|>Hi<|eot_id|>", "x<|eot_id|>y", "<special>word", "the<special> x <special>y",
+    " [MASK] and [MASK]x and x[MASK] ", "  <|endoftext|>  ", "Ωmega ΣΙΓΜΑ σίγμα", "\x00nul\x01ctl\x7f",
+    "a" * 300, " " * 50 + "z", "9" * 40,
+]
+
+
+def random_strings(n, seed):
+    import random
+    rng = random.Random(seed)
+    alphabet = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") * 3 +
+                list(" \t\n\r.,;:'\"!?-_()[]{}<>/\\|@#$%^&*+=~`") * 2 +
+                list("éèêëàâäôöûüçñßÆØÅæøåΩΣσδ日本語中文한국어😀👍🏽\u00a0\u3000\u0085\u2028\u200d\u0301") +
+                ["'s", "'t", "'re", "'LL", "<|endoftext|>", "<|im_start|>", "<|eot_id|>", "[MASK]", "<special>", "   ", "\n\n"])
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+
+
+def train(pre_tokenizer, specials, normalizer=None, vocab_size=1200, ignore_merges=False):
+    from tokenizers import Tokenizer, decoders, models, trainers
+    from tokenizers import pre_tokenizers as pt
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pt.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(training_text(), trainer=trainer)
+    return tok
+
+
+def record(tok, name, strings):
+    import json
+    tok.save(os.path.join(DATA, f"tok_{name}.json"))
+    out = []
+    for s in strings:
+        e = tok.encode(s, add_special_tokens=False).ids
+        e_sp = tok.encode(s, add_special_tokens=True).ids
+        tok.encode_special_tokens = True
+        e_plain = tok.encode(s, add_special_tokens=False).ids
+        tok.encode_special_tokens = False
+        out.append({"text": s, "ids": e, "ids_add_special": e_sp, "ids_plain_special": e_plain,
+                    "decoded": tok.decode(e, skip_special_tokens=False),
+                    "decoded_skip": tok.decode(e, skip_special_tokens=True)})
+    with open(os.path.join(DATA, f"tok_{name}.expected.jsonl"), "w", encoding="utf-8") as f:
+        for o in out:
+            f.write(json.dumps(o, ensure_ascii=False) + "\n")
+
+
+def tokenizer_fixtures():
+    from tokenizers import AddedToken, Regex, normalizers, processors
+    from tokenizers import pre_tokenizers as pt
+    strings = TRICKY + random_strings(300, 11)
+
+    gpt2 = train(pt.ByteLevel(add_prefix_space=False, use_regex=True), ["<|endoftext|>"])
+    gpt2.post_processor = processors.ByteLevel(trim_offsets=False)
+    record(gpt2, "gpt2", strings)
+
+    llama3 = train(pt.Sequence([pt.Split(Regex(LLAMA3_RE), behavior="isolated", invert=False),
+                                pt.ByteLevel(add_prefix_space=False, use_regex=False)]),
+                   ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], ignore_merges=True)
+    llama3.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+        special_tokens=[("<|begin_of_text|>", llama3.token_to_id("<|begin_of_text|>"))])
+    record(llama3, "llama3", strings)
+
+    qwen2 = train(pt.Sequence([pt.Split(Regex(QWEN2_RE), behavior="isolated", invert=False),
+                               pt.ByteLevel(add_prefix_space=False, use_regex=False)]),
+                  ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], normalizer=normalizers.NFC())
+    record(qwen2, "qwen2", strings)
+
+    # the remaining features on one tokenizer: add_prefix_space, Digits, the other Split
+    # behaviours, NFKC, added tokens with lstrip / rstrip / single_word / normalized, and a
+    # template that appends as well as prepends
+    feat = train(pt.Sequence([pt.Digits(individual_digits=True),
+                              pt.Split(Regex(r"[,;]"), behavior="merged_with_previous"),
+                              pt.Split("--", behavior="removed"),
+                              pt.Split(Regex(r"[.!?]+"), behavior="merged_with_next"),
+                              pt.Split(Regex(r"[()]"), behavior="contiguous"),
+                              pt.Split(Regex(r"\p{Lu}"), behavior="isolated", invert=True),
+                              pt.ByteLevel(add_prefix_space=True, use_regex=True)]),
+                 ["<|endoftext|>"], normalizer=normalizers.Sequence([normalizers.NFKC()]))
+    feat.add_special_tokens([AddedToken("[MASK]", lstrip=True, rstrip=True, special=True),
+                             AddedToken("<special>", single_word=True, special=True)])
+    feat.add_tokens([AddedToken("Straße", normalized=True), AddedToken("ﬁ", normalized=True),
+                     AddedToken(" x ", normalized=False)])
+    feat.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A [MASK]", pair="$A $B",
+        special_tokens=[("<|endoftext|>", feat.token_to_id("<|endoftext|>")), ("[MASK]", feat.token_to_id("[MASK]"))])
+    record(feat, "features", strings + ["Straße strasse", "ﬁne ﬁ", "a -- b--c", "(((x))) ((y)", "ABC DeF gHI",
+                                         "end. Next! Why?? ok,then;done", "[MASK]", " x x  x "])
+
+
+def bytes_fixture():
+    """The byte-level tokenizer as fuseflow writes it must load in Hugging Face's library and
+    encode every string to its bytes."""
+    from tokenizers import Tokenizer
+    path = os.path.join(DATA, "tok_bytes.json")
+    if not os.path.exists(path):
+        return
+    tok = Tokenizer.from_file(path)
+    for s in TRICKY + random_strings(100, 5):
+        ids = tok.encode(s, add_special_tokens=False).ids
+        plain = s.replace("<|bos|>", "").replace("<|eos|>", "").replace("<|pad|>", "")
+        assert ids == list(s.encode("utf-8")), (s, ids)
+        assert tok.decode(ids) == s
+    assert tok.encode("a<|eos|>", add_special_tokens=False).ids == [97, 257]
+    print("tok_bytes.json: Hugging Face encodes every test string to its bytes")
 
 
 if __name__ == "__main__":
     os.makedirs(DATA, exist_ok=True)
     safetensors_fixture()
-    if len(sys.argv) > 1 and sys.argv[1] == "--safetensors-only":
-        sys.exit(0)
+    tokenizer_fixtures()
+    bytes_fixture()
