@@ -65,11 +65,11 @@ void ff_bias_add(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N);
 /* db[:] += sum_t dy[t, :]. dy [T, N] ld, db [N] +=. */
 void ff_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N);
 
-/* SwiGLU: h = silu(g) * u with silu(g) = g / (1 + exp(-g)). gu [T, 2I] holds g in columns
- * [0, I) and u in [I, 2I) (the fused gate|up projection); h [T, I]. */
-void ff_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int I);
-/* Backward: dgu [T, 2I] = (dg | du) given dh [T, I]. dgu may alias gu (in place). */
-void ff_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int I);
+/* SwiGLU: h = silu(g) * u with silu(g) = g / (1 + exp(-g)). gu [T, 2 inter] holds g in columns
+ * [0, inter) and u in [inter, 2 inter) (the fused gate|up projection); h [T, inter]. */
+void ff_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter);
+/* Backward: dgu [T, 2 inter] = (dg | du) given dh [T, inter]. dgu may alias gu (in place). */
+void ff_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter);
 
 /* Causal grouped-query attention over packed variable-length sequences: token t of sequence
  * s (seq_start[s] <= t < seq_start[s+1]) attends to tokens seq_start[s] .. t only, never
@@ -128,8 +128,9 @@ void ff_adamw(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_dptr v, i
  * temperature 0 picks the argmax (lowest id on ties). Otherwise p = softmax(logits / temp),
  * keep the top_k most likely tokens (top_k 0: all), then the smallest set of the most
  * likely tokens whose probability sums to >= top_p (top_p >= 1: all; the most likely token
- * always stays), renormalise, and pick by inverse CDF with `uniform` in [0, 1) over the
- * kept tokens in order of decreasing probability (ties: lower id first).
+ * always stays; ties in probability: lower id first), renormalise, and pick by inverse CDF
+ * with `uniform` in [0, 1) over the kept tokens in increasing id (so no sort is needed
+ * without top-k/top-p).
  * tokens i32 [B] = the pick; logprob [B] = its log-prob under the distribution that
  * logprob_mode names (ff_logprob_mode in include/fuseflow/model.h). */
 typedef struct ff_sample_params {

@@ -138,6 +138,11 @@ void ff_model_zero_grad(ff_model *m);
  * when out of memory), so that the first forward does not allocate. */
 int ff_model_reserve(ff_model *m, int32_t max_tokens);
 
+/* The LM head runs over chunks of at most max_tokens tokens, so the logits of a batch never
+ * take more than max_tokens * vocab_size floats; with more than one chunk the backward
+ * recomputes each chunk's logits. 0 (the default): chunks of 256 MiB of logits. */
+void ff_model_set_logits_chunk(ff_model *m, int32_t max_tokens);
+
 /* Supervised loss helper: loss = -sum_t mask[t] * logprobs[t] / max(1, sum_t mask[t]) over
  * T tokens (token-mean cross-entropy), d_logprobs[t] = -mask[t] / max(1, sum mask) scaled by
  * `scale` (e.g. 1 / number of micro-batches). mask NULL = all ones. Returns the loss. */

@@ -1,0 +1,333 @@
+/* The backend-independent half of include/fuseflow/backend.h and kernels.h: handles,
+ * backend selection by name, argument checks (asserts: a range outside its buffer is a
+ * bug in the caller), and dispatch through the function table. No arithmetic here. */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+#include "kernels/backend_impl.h"
+
+ff_backend *ff_backend_cpu_new_impl(int n_threads); /* kernels/cpu/cpu_backend.c */
+
+ff_backend *ff_backend_cpu_new(int n_threads) {
+    if (n_threads < 0) {
+        ff_error_set("cpu backend", "pass 0 for the default", "%d threads requested", n_threads);
+        return NULL;
+    }
+    ff_backend *be = ff_backend_cpu_new_impl(n_threads);
+    if (!be || ff_backend_finish_init(&be)) return NULL;
+    return be;
+}
+
+/* A weak stand-in until kernels/cuda/ provides the real constructor. */
+__attribute__((weak)) ff_backend *ff_backend_cuda_new(int device) {
+    ff_error_set("cuda backend", "use the cpu backend, or build on a machine with the CUDA toolkit",
+                 "device %d: fuseflow was built without the CUDA backend", device);
+    return NULL;
+}
+
+static int parse_suffix(const char *s, int *out) {
+    if (!*s) return 0;
+    if (*s != ':') return -1;
+    char *end = NULL;
+    long v = strtol(s + 1, &end, 10);
+    if (end == s + 1 || *end || v < 0 || v > 4096) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+ff_backend *ff_backend_new(const char *name) {
+    int n = 0;
+    if (name && !strncmp(name, "cpu", 3) && !parse_suffix(name + 3, &n)) return ff_backend_cpu_new(n);
+    if (name && !strncmp(name, "cuda", 4) && !parse_suffix(name + 4, &n)) return ff_backend_cuda_new(n);
+    ff_error_set("backend", "use cpu, cpu:THREADS, cuda or cuda:DEVICE", "unknown backend '%s'", name ? name : "(null)");
+    return NULL;
+}
+
+int ff_backend_finish_init(ff_backend **pbe) {
+    ff_backend *be = *pbe;
+    be->stream = ff_stream_new(be);
+    if (!be->stream) {
+        ff_backend_destroy(pbe);
+        return -1;
+    }
+    return 0;
+}
+
+void ff_backend_destroy(ff_backend **pbe) {
+    if (!pbe || !*pbe) return;
+    ff_backend *be = *pbe;
+    ff_stream_destroy(&be->stream);
+    be->ops->destroy(be); /* frees impl and be */
+    *pbe = NULL;
+}
+
+const char *ff_backend_name(const ff_backend *be) { return be->name; }
+int ff_backend_threads(const ff_backend *be) { return be->n_threads; }
+ff_stream *ff_backend_stream(ff_backend *be) { return be->stream; }
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+ff_buffer *ff_buffer_new(ff_backend *be, size_t bytes) {
+    ff_buffer *b = ff_calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->be = be;
+    b->size = bytes;
+    if (be->ops->alloc(be, bytes, &b->data)) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+void ff_buffer_destroy(ff_buffer **pb) {
+    if (!pb || !*pb) return;
+    (*pb)->be->ops->free((*pb)->be, (*pb)->data);
+    free(*pb);
+    *pb = NULL;
+}
+
+size_t ff_buffer_size(const ff_buffer *b) { return b->size; }
+ff_backend *ff_buffer_backend(const ff_buffer *b) { return b->be; }
+
+/* p must address `bytes` bytes inside its buffer, on the stream's backend. */
+static void need(const ff_stream *s, ff_dptr p, size_t bytes) {
+    (void)s;
+    (void)p;
+    (void)bytes;
+    assert(p.buf && p.buf->be == s->be);
+    assert(p.off <= p.buf->size && bytes <= p.buf->size - p.off);
+}
+/* A [rows, cols] ld float matrix at p. */
+static void need_mat(const ff_stream *s, ff_dptr p, int rows, int cols, int ld) {
+    assert(rows >= 0 && cols >= 0 && ld >= cols);
+    if (rows > 0 && cols > 0) need(s, p, (((size_t)rows - 1) * (size_t)ld + (size_t)cols) * 4);
+}
+static void need_opt(const ff_stream *s, ff_dptr p, size_t bytes) {
+    if (!ff_dptr_null(p)) need(s, p, bytes);
+}
+
+void ff_memcpy_h2d(ff_stream *s, ff_dptr dst, const void *src, size_t bytes) {
+    need(s, dst, bytes);
+    if (bytes) s->be->ops->h2d(s, dst, src, bytes);
+}
+void ff_memcpy_d2h(ff_stream *s, void *dst, ff_dptr src, size_t bytes) {
+    need(s, src, bytes);
+    if (bytes) s->be->ops->d2h(s, dst, src, bytes);
+}
+void ff_memcpy_d2d(ff_stream *s, ff_dptr dst, ff_dptr src, size_t bytes) {
+    need(s, dst, bytes);
+    need(s, src, bytes);
+    if (bytes) s->be->ops->d2d(s, dst, src, bytes);
+}
+void ff_memset_zero(ff_stream *s, ff_dptr dst, size_t bytes) {
+    need(s, dst, bytes);
+    if (bytes) s->be->ops->memset0(s, dst, bytes);
+}
+
+/* ---- streams ----------------------------------------------------------------------------- */
+
+ff_stream *ff_stream_new(ff_backend *be) {
+    ff_stream *s = ff_calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->be = be;
+    if (be->ops->stream_init(s)) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+void ff_stream_destroy(ff_stream **ps) {
+    if (!ps || !*ps) return;
+    (*ps)->be->ops->stream_fini(*ps);
+    free(*ps);
+    *ps = NULL;
+}
+ff_backend *ff_stream_backend(const ff_stream *s) { return s->be; }
+int ff_stream_sync(ff_stream *s) { return s->be->ops->stream_sync(s); }
+
+/* ---- kernels ----------------------------------------------------------------------------- */
+
+void ff_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda, ff_dptr B,
+             int ldb, float beta, ff_dptr C, int ldc) {
+    assert(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0) return;
+    if (K > 0) {
+        if (ta == FF_NO_TRANS) need_mat(s, A, M, K, lda);
+        else need_mat(s, A, K, M, lda);
+        if (tb == FF_NO_TRANS) need_mat(s, B, K, N, ldb);
+        else need_mat(s, B, N, K, ldb);
+    }
+    need_mat(s, C, M, N, ldc);
+    s->be->ops->gemm(s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void ff_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
+    need(s, tokens, (size_t)T * 4);
+    need_mat(s, out, T, H, H);
+    (void)table;
+    s->be->ops->embedding_fwd(s, tokens, table, out, T, H);
+}
+void ff_embedding_bwd(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dtable, int T, int H) {
+    need(s, tokens, (size_t)T * 4);
+    need_mat(s, dout, T, H, H);
+    (void)dtable;
+    s->be->ops->embedding_bwd(s, tokens, dout, dtable, T, H);
+}
+
+void ff_rmsnorm_fwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, int T, int H, float eps) {
+    need_mat(s, x, T, H, H);
+    need(s, w, (size_t)H * 4);
+    need_mat(s, out, T, H, H);
+    need(s, rstd, (size_t)T * 4);
+    s->be->ops->rmsnorm_fwd(s, x, w, out, rstd, T, H, eps);
+}
+void ff_rmsnorm_bwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr rstd, ff_dptr dout, ff_dptr dx, ff_dptr dw, int T,
+                    int H) {
+    need_mat(s, x, T, H, H);
+    need(s, w, (size_t)H * 4);
+    need(s, rstd, (size_t)T * 4);
+    need_mat(s, dout, T, H, H);
+    need_mat(s, dx, T, H, H);
+    need(s, dw, (size_t)H * 4);
+    s->be->ops->rmsnorm_bwd(s, x, w, rstd, dout, dx, dw, T, H);
+}
+
+void ff_rope_fwd(ff_stream *s, ff_dptr x, int ld, ff_dptr pos, ff_dptr cos_t, ff_dptr sin_t, int T, int n_heads,
+                 int D) {
+    assert(D % 2 == 0);
+    need_mat(s, x, T, n_heads * D, ld);
+    need(s, pos, (size_t)T * 4);
+    s->be->ops->rope(s, x, ld, pos, cos_t, sin_t, T, n_heads, D, 0);
+}
+void ff_rope_bwd(ff_stream *s, ff_dptr dx, int ld, ff_dptr pos, ff_dptr cos_t, ff_dptr sin_t, int T, int n_heads,
+                 int D) {
+    assert(D % 2 == 0);
+    need_mat(s, dx, T, n_heads * D, ld);
+    need(s, pos, (size_t)T * 4);
+    s->be->ops->rope(s, dx, ld, pos, cos_t, sin_t, T, n_heads, D, 1);
+}
+
+void ff_bias_add(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N) {
+    need_mat(s, x, T, N, ld);
+    need(s, b, (size_t)N * 4);
+    s->be->ops->bias_add(s, x, ld, b, T, N);
+}
+void ff_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N) {
+    need_mat(s, dy, T, N, ld);
+    need(s, db, (size_t)N * 4);
+    s->be->ops->bias_bwd(s, dy, ld, db, T, N);
+}
+
+void ff_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter) {
+    need_mat(s, gu, T, 2 * inter, 2 * inter);
+    need_mat(s, h, T, inter, inter);
+    s->be->ops->swiglu_fwd(s, gu, h, T, inter);
+}
+void ff_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter) {
+    need_mat(s, gu, T, 2 * inter, 2 * inter);
+    need_mat(s, dh, T, inter, inter);
+    need_mat(s, dgu, T, 2 * inter, 2 * inter);
+    s->be->ops->swiglu_bwd(s, gu, dh, dgu, T, inter);
+}
+
+void ff_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
+                      ff_dptr out, ff_dptr lse) {
+    assert(Hkv > 0 && Hq % Hkv == 0);
+    need_mat(s, qkv, T, (Hq + 2 * Hkv) * D, ld);
+    need(s, seq_start, ((size_t)S + 1) * 4);
+    need_mat(s, out, T, Hq * D, Hq * D);
+    need(s, lse, (size_t)T * (size_t)Hq * 4);
+    s->be->ops->attention_fwd(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse);
+}
+void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
+                      int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
+                      ff_dptr dqkv) {
+    assert(Hkv > 0 && Hq % Hkv == 0 && seq_start_host[0] == 0 && seq_start_host[S] == T);
+    need_mat(s, qkv, T, (Hq + 2 * Hkv) * D, ld);
+    need(s, seq_start, ((size_t)S + 1) * 4);
+    need_mat(s, out, T, Hq * D, Hq * D);
+    need(s, lse, (size_t)T * (size_t)Hq * 4);
+    need_mat(s, dout, T, Hq * D, Hq * D);
+    need(s, delta, (size_t)T * (size_t)Hq * 4);
+    need_mat(s, dqkv, T, (Hq + 2 * Hkv) * D, ld);
+    s->be->ops->attention_bwd(s, qkv, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv);
+}
+void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr kv_row0,
+                         ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out) {
+    assert(Hkv > 0 && Hq % Hkv == 0);
+    need_mat(s, q, T, Hq * D, ldq);
+    need(s, kv_row0, (size_t)T * 4);
+    need(s, n_keys, (size_t)T * 4);
+    need_mat(s, out, T, Hq * D, Hq * D);
+    (void)kcache;
+    (void)vcache;
+    s->be->ops->attention_cached(s, q, ldq, kcache, vcache, kv_row0, n_keys, T, Hq, Hkv, D, out);
+}
+void ff_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
+    need_mat(s, src, T, N, lds);
+    need(s, rows, (size_t)T * 4);
+    s->be->ops->scatter_rows(s, src, lds, dst, rows, T, N);
+}
+void ff_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N) {
+    need(s, rows, (size_t)R * 4);
+    need_mat(s, dst, R, N, N);
+    s->be->ops->gather_rows(s, src, rows, dst, R, N);
+}
+
+void ff_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr logprob,
+                    ff_dptr entropy, ff_dptr lse) {
+    need_mat(s, logits, T, V, V);
+    need_opt(s, targets, (size_t)T * 4);
+    need_opt(s, logprob, (size_t)T * 4);
+    need_opt(s, entropy, (size_t)T * 4);
+    need(s, lse, (size_t)T * 4);
+    assert(ff_dptr_null(logprob) || !ff_dptr_null(targets));
+    s->be->ops->logprob_fwd(s, logits, targets, inv_temp, T, V, logprob, entropy, lse);
+}
+void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                    ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
+    need_mat(s, logits, T, V, V);
+    need_opt(s, targets, (size_t)T * 4);
+    need(s, lse, (size_t)T * 4);
+    need_opt(s, dlogprob, (size_t)T * 4);
+    need_opt(s, dentropy, (size_t)T * 4);
+    assert(ff_dptr_null(dlogprob) || !ff_dptr_null(targets));
+    assert(ff_dptr_null(dentropy) || !ff_dptr_null(entropy));
+    need_opt(s, entropy, (size_t)T * 4);
+    s->be->ops->logprob_bwd(s, logits, targets, inv_temp, T, V, lse, dlogprob, dentropy, entropy);
+}
+
+void ff_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n) {
+    need(s, y, (size_t)n * 4);
+    need(s, x, (size_t)n * 4);
+    s->be->ops->add(s, y, x, n);
+}
+void ff_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha) {
+    need(s, x, (size_t)n * 4);
+    s->be->ops->scale(s, x, n, alpha);
+}
+double ff_sumsq(ff_stream *s, ff_dptr x, int64_t n) {
+    need(s, x, (size_t)n * 4);
+    return s->be->ops->sumsq(s, x, n);
+}
+void ff_adamw(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_dptr v, int64_t n, float lr, float b1,
+              float b2, float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
+    need(s, param, (size_t)n * 4);
+    need(s, grad, (size_t)n * 4);
+    need(s, m, (size_t)n * 4);
+    need(s, v, (size_t)n * 4);
+    s->be->ops->adamw(s, param, grad, m, v, n, lr, b1, b2, eps, weight_decay, bc1, bc2, grad_scale);
+}
+void ff_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
+               ff_dptr logprob) {
+    need_mat(s, logits, B, V, V);
+    need(s, params, (size_t)B * sizeof(ff_sample_params));
+    need(s, workspace, (size_t)B * (size_t)V * 8);
+    need(s, tokens, (size_t)B * 4);
+    need(s, logprob, (size_t)B * 4);
+    s->be->ops->sample(s, logits, B, V, params, workspace, tokens, logprob);
+}

@@ -1,0 +1,86 @@
+/* The backend function table: what a backend (kernels/cpu/, kernels/cuda/) implements. Only
+ * backends and kernels/backend.c include this; everything else uses the opaque handles of
+ * include/fuseflow/backend.h and the wrappers of include/fuseflow/kernels.h, which check
+ * arguments and dispatch here. */
+#ifndef FF_KERNELS_BACKEND_IMPL_H
+#define FF_KERNELS_BACKEND_IMPL_H
+
+#include "fuseflow/backend.h"
+#include "fuseflow/kernels.h"
+
+typedef struct ff_backend_ops {
+    /* memory: *data is the device address of `bytes` zeroed bytes */
+    int (*alloc)(ff_backend *be, size_t bytes, void **data);
+    void (*free)(ff_backend *be, void *data);
+    void (*h2d)(ff_stream *s, ff_dptr dst, const void *src, size_t bytes);
+    void (*d2h)(ff_stream *s, void *dst, ff_dptr src, size_t bytes);
+    void (*d2d)(ff_stream *s, ff_dptr dst, ff_dptr src, size_t bytes);
+    void (*memset0)(ff_stream *s, ff_dptr dst, size_t bytes);
+    int (*stream_init)(ff_stream *s);
+    void (*stream_fini)(ff_stream *s);
+    int (*stream_sync)(ff_stream *s);
+    void (*destroy)(ff_backend *be);
+
+    /* kernels: the signatures and contracts of include/fuseflow/kernels.h */
+    void (*gemm)(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
+                 ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
+    void (*embedding_fwd)(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
+    void (*embedding_bwd)(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dtable, int T, int H);
+    void (*rmsnorm_fwd)(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, int T, int H, float eps);
+    void (*rmsnorm_bwd)(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr rstd, ff_dptr dout, ff_dptr dx, ff_dptr dw,
+                        int T, int H);
+    void (*rope)(ff_stream *s, ff_dptr x, int ld, ff_dptr pos, ff_dptr cos_t, ff_dptr sin_t, int T, int n_heads,
+                 int D, int inverse);
+    void (*bias_add)(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N);
+    void (*bias_bwd)(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N);
+    void (*swiglu_fwd)(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter);
+    void (*swiglu_bwd)(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter);
+    void (*attention_fwd)(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
+                          int D, ff_dptr out, ff_dptr lse);
+    void (*attention_bwd)(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host,
+                          int S, int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout,
+                          ff_dptr delta, ff_dptr dqkv);
+    void (*attention_cached)(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr kv_row0,
+                             ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out);
+    void (*scatter_rows)(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N);
+    void (*gather_rows)(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N);
+    void (*logprob_fwd)(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V,
+                        ff_dptr logprob, ff_dptr entropy, ff_dptr lse);
+    void (*logprob_bwd)(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
+    void (*add)(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n);
+    void (*scale)(ff_stream *s, ff_dptr x, int64_t n, float alpha);
+    double (*sumsq)(ff_stream *s, ff_dptr x, int64_t n);
+    void (*adamw)(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_dptr v, int64_t n, float lr, float b1,
+                  float b2, float eps, float weight_decay, float bc1, float bc2, float grad_scale);
+    void (*sample)(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
+                   ff_dptr logprob);
+} ff_backend_ops;
+
+struct ff_backend {
+    const ff_backend_ops *ops;
+    char name[32];
+    int n_threads;
+    ff_stream *stream; /* the default stream */
+    void *impl;        /* the backend's own state */
+};
+
+struct ff_buffer {
+    ff_backend *be;
+    size_t size; /* bytes */
+    void *data;  /* device address */
+};
+
+struct ff_stream {
+    ff_backend *be;
+    void *impl;
+};
+
+/* Finish a backend whose ops, name, n_threads and impl are set: create its default
+ * stream. 0 or -1 + error (the backend is then destroyed and *pbe NULLed). */
+int ff_backend_finish_init(ff_backend **pbe);
+
+/* The CUDA backend's constructor (kernels/cuda/), or NULL + error where it is not built. */
+ff_backend *ff_backend_cuda_new(int device);
+
+#endif

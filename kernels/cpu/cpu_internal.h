@@ -1,0 +1,80 @@
+/* Shared inside the CPU backend: resolving device addresses (host memory here), the OpenMP
+ * team size, and a vectorisable exp. Not a public header. */
+#ifndef FF_KERNELS_CPU_INTERNAL_H
+#define FF_KERNELS_CPU_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/backend_impl.h"
+
+static inline float *F(ff_dptr p) { return p.buf ? (float *)(void *)((char *)p.buf->data + p.off) : NULL; }
+static inline int32_t *I32(ff_dptr p) { return p.buf ? (int32_t *)(void *)((char *)p.buf->data + p.off) : NULL; }
+static inline int NT(const ff_stream *s) { return s->be->n_threads; }
+
+/* Work below this many element-operations runs on the calling thread: an OpenMP fork/join
+ * costs a few microseconds, more than the work itself. */
+#define FF_PAR_MIN 16384
+
+/* exp(x) for x <= 0 or moderate x, in float, with no calls and no branches, so loops of it
+ * vectorise. Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-6 polynomial
+ * (Cephes' expf coefficients): relative error about 2e-7, like expf. Inputs below -87 give
+ * about 1e-38 rather than 0, which no softmax here can tell apart. */
+static inline float ff_fast_expf(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return p * scale;
+}
+
+/* The gemm entry (cpu_backend.c), also used by kernels that multiply small blocks. */
+void ff_cpu_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
+                 ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
+
+/* The kernels of the other files, entered in the ops table by cpu_backend.c. */
+void ff_cpu_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
+void ff_cpu_embedding_bwd(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dtable, int T, int H);
+void ff_cpu_rmsnorm_fwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, int T, int H, float eps);
+void ff_cpu_rmsnorm_bwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr rstd, ff_dptr dout, ff_dptr dx, ff_dptr dw,
+                        int T, int H);
+void ff_cpu_rope(ff_stream *s, ff_dptr x, int ld, ff_dptr pos, ff_dptr cos_t, ff_dptr sin_t, int T, int n_heads,
+                 int D, int inverse);
+void ff_cpu_bias_add(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N);
+void ff_cpu_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N);
+void ff_cpu_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter);
+void ff_cpu_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter);
+void ff_cpu_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
+                          int D, ff_dptr out, ff_dptr lse);
+void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host,
+                          int S, int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout,
+                          ff_dptr delta, ff_dptr dqkv);
+void ff_cpu_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr kv_row0,
+                             ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out);
+void ff_cpu_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N);
+void ff_cpu_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N);
+void ff_cpu_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V,
+                        ff_dptr logprob, ff_dptr entropy, ff_dptr lse);
+void ff_cpu_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
+void ff_cpu_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n);
+void ff_cpu_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha);
+double ff_cpu_sumsq(ff_stream *s, ff_dptr x, int64_t n);
+void ff_cpu_adamw(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_dptr v, int64_t n, float lr, float b1,
+                  float b2, float eps, float weight_decay, float bc1, float bc2, float grad_scale);
+void ff_cpu_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
+                   ff_dptr logprob);
+
+#endif

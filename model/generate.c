@@ -1,0 +1,590 @@
+/* Generation: a continuous-batching decoder with a slot-based KV cache.
+ *
+ * Each running sequence owns one KV-cache slot of max_seq_len rows per layer ([slots *
+ * max_seq_len, Hkv D] for K and for V). A step (1) admits waiting requests in FIFO order
+ * while enough slots are free, (2) prefills their prompts as one packed batch (each token
+ * writes its K/V row into its slot and attends to its slot's rows 0..pos), copies the prompt
+ * rows into the other sample slots of the request (one prefill for n samples) and samples
+ * each sequence's first token, then (3) feeds every running sequence's last token (one
+ * row each) and samples the next. Finished sequences free their slot immediately, so the
+ * next waiting request joins on the following step.
+ *
+ * Randomness: sequence j of a request draws from its own ff_rng seeded from (seed, j), one
+ * uniform per token, so the tokens do not depend on batch composition or slot order.
+ *
+ * Not here: paged KV / prefix sharing without copies, chunked prefill, speculative decoding,
+ * repetition penalties. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+#include "model/model_internal.h"
+
+typedef struct gen_req {
+    uint64_t id;
+    int32_t *prompt; /* [prompt_len] */
+    int32_t prompt_len;
+    int32_t n_samples;
+    ff_sampling sp;
+    int32_t *stop; /* [n_stop] */
+    int32_t n_stop;
+    uint64_t seed;
+    int32_t refs; /* sequences not yet finished (waiting ones included) */
+    struct gen_req *next;
+} gen_req;
+
+typedef struct gen_seq {
+    gen_req *req; /* NULL: the slot is free */
+    int32_t sample;
+    int32_t n_gen;
+    int32_t *tokens;  /* [max_new_tokens] */
+    float *logprobs;  /* [max_new_tokens] */
+    ff_rng rng;
+} gen_seq;
+
+struct ff_generator {
+    ff_model *m;
+    ff_generator_config c;
+    int32_t Tcap, Rcap; /* tokens per forward, logit rows per forward */
+    ff_buffer *kv;      /* per layer: K [slots * max_len, Hkv D], then V */
+    size_t kv_layer;    /* floats per layer (K and V) */
+    ff_buffer *ws;
+    size_t x, xn, qkv, att, gu, hm, rstd, xr, xrn, rstdr, logits, logits_rep, sws, sparams, stok, slp;
+    size_t i_tok, i_pos, i_wrow, i_row0, i_nkeys, i_rows, i_rowmap;
+    /* host mirrors */
+    int32_t *h_tok, *h_pos, *h_wrow, *h_row0, *h_nkeys, *h_rows, *h_rowmap; /* [Tcap] / [Rcap] */
+    ff_sample_params *h_sp;                                                /* [Rcap] */
+    int32_t *h_stok;
+    float *h_slp;
+    int32_t *batch; /* [Rcap] slots in the current batch */
+    gen_seq *seqs;  /* [max_slots] by slot */
+    int32_t n_running;
+    gen_req *q_head, *q_tail; /* waiting requests */
+    int32_t n_waiting;        /* sequences waiting */
+    ff_gen_output *done;      /* finished FIFO */
+    int32_t d_head, d_len, d_cap;
+};
+
+#define GW(g, f) ff_dptr_of((g)->ws, (g)->f)
+
+static size_t take(size_t *o, size_t bytes) {
+    size_t at = *o;
+    *o += (bytes + 63) & ~(size_t)63;
+    return at;
+}
+
+void ff_sampling_default(ff_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->temperature = 1.0f;
+    s->top_k = 0;
+    s->top_p = 1.0f;
+    s->max_new_tokens = 64;
+    s->logprob_mode = FF_LOGPROB_MODEL;
+}
+
+void ff_gen_output_free(ff_gen_output *o) {
+    if (!o) return;
+    free(o->tokens);
+    free(o->logprobs);
+    memset(o, 0, sizeof *o);
+}
+
+ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
+    if (!m->lm_head) {
+        ff_error_set("generator", "generate with an actor (a model with an LM head)", "the model has no LM head");
+        return NULL;
+    }
+    ff_generator_config c = *cin;
+    if (c.max_prefill_tokens <= 0) c.max_prefill_tokens = c.max_seq_len;
+    if (c.max_slots < 1 || c.max_slots > 1 << 20) {
+        ff_error_set("generator", NULL, "max_slots %d must be in [1, 1048576]", c.max_slots);
+        return NULL;
+    }
+    if (c.max_seq_len < 2 || c.max_seq_len > m->max_pos) {
+        ff_error_set("generator", "max_seq_len holds prompt + response",
+                     "max_seq_len %d must be in [2, max_position_embeddings = %d]", c.max_seq_len, m->max_pos);
+        return NULL;
+    }
+    ff_generator *g = ff_calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->m = m;
+    g->c = c;
+    g->Tcap = c.max_prefill_tokens > c.max_slots ? c.max_prefill_tokens : c.max_slots;
+    g->Rcap = c.max_slots;
+    const size_t f = 4, T = (size_t)g->Tcap, R = (size_t)g->Rcap, H = (size_t)m->H, V = (size_t)m->V;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)c.max_slots * (size_t)c.max_seq_len;
+    g->kv_layer = 2 * rows * KD;
+    g->kv = ff_buffer_new(m->be, g->kv_layer * (size_t)m->L * f);
+    size_t o = 0;
+    g->x = take(&o, T * H * f);
+    g->xn = take(&o, T * H * f);
+    g->qkv = take(&o, T * (size_t)m->QKV * f);
+    g->att = take(&o, T * (size_t)m->Hq * m->D * f);
+    g->gu = take(&o, T * 2 * (size_t)m->I * f);
+    g->hm = take(&o, T * (size_t)m->I * f);
+    g->rstd = take(&o, T * f);
+    g->xr = take(&o, R * H * f);
+    g->xrn = take(&o, R * H * f);
+    g->rstdr = take(&o, R * f);
+    g->logits = take(&o, R * V * f);
+    g->logits_rep = take(&o, R * V * f);
+    g->sws = take(&o, R * V * 8);
+    g->sparams = take(&o, R * sizeof(ff_sample_params));
+    g->stok = take(&o, R * 4);
+    g->slp = take(&o, R * 4);
+    g->i_tok = take(&o, T * 4);
+    g->i_pos = take(&o, T * 4);
+    g->i_wrow = take(&o, T * 4);
+    g->i_row0 = take(&o, T * 4);
+    g->i_nkeys = take(&o, T * 4);
+    g->i_rows = take(&o, R * 4);
+    g->i_rowmap = take(&o, R * 4);
+    g->ws = ff_buffer_new(m->be, o);
+    g->h_tok = ff_malloc(T * 4);
+    g->h_pos = ff_malloc(T * 4);
+    g->h_wrow = ff_malloc(T * 4);
+    g->h_row0 = ff_malloc(T * 4);
+    g->h_nkeys = ff_malloc(T * 4);
+    g->h_rows = ff_malloc(R * 4);
+    g->h_rowmap = ff_malloc(R * 4);
+    g->h_sp = ff_malloc(R * sizeof(ff_sample_params));
+    g->h_stok = ff_malloc(R * 4);
+    g->h_slp = ff_malloc(R * 4);
+    g->batch = ff_malloc(R * 4);
+    g->seqs = ff_calloc(R, sizeof(gen_seq));
+    if (!g->kv || !g->ws || !g->h_tok || !g->h_pos || !g->h_wrow || !g->h_row0 || !g->h_nkeys || !g->h_rows ||
+        !g->h_rowmap || !g->h_sp || !g->h_stok || !g->h_slp || !g->batch || !g->seqs) {
+        ff_error_wrap("generator with %d slots of %d positions", c.max_slots, c.max_seq_len);
+        ff_generator_destroy(&g);
+        return NULL;
+    }
+    return g;
+}
+
+static void req_release(gen_req *r) {
+    if (--r->refs > 0) return;
+    free(r->prompt);
+    free(r->stop);
+    free(r);
+}
+
+void ff_generator_destroy(ff_generator **pg) {
+    if (!pg || !*pg) return;
+    ff_generator *g = *pg;
+    if (g->seqs)
+        for (int32_t s = 0; s < g->c.max_slots; s++) {
+            gen_seq *q = &g->seqs[s];
+            if (!q->req) continue;
+            free(q->tokens);
+            free(q->logprobs);
+            req_release(q->req);
+        }
+    for (gen_req *r = g->q_head, *n; r; r = n) {
+        n = r->next;
+        free(r->prompt);
+        free(r->stop);
+        free(r);
+    }
+    for (int32_t i = 0; i < g->d_len; i++) ff_gen_output_free(&g->done[(g->d_head + i) % g->d_cap]);
+    free(g->done);
+    ff_buffer_destroy(&g->kv);
+    ff_buffer_destroy(&g->ws);
+    free(g->h_tok);
+    free(g->h_pos);
+    free(g->h_wrow);
+    free(g->h_row0);
+    free(g->h_nkeys);
+    free(g->h_rows);
+    free(g->h_rowmap);
+    free(g->h_sp);
+    free(g->h_stok);
+    free(g->h_slp);
+    free(g->batch);
+    free(g->seqs);
+    free(g);
+    *pg = NULL;
+}
+
+int32_t ff_generator_pending(const ff_generator *g) { return g->n_waiting + g->n_running; }
+int32_t ff_generator_running(const ff_generator *g) { return g->n_running; }
+
+static int check_sampling(const ff_model *m, const ff_sampling *s) {
+    const char *w = "sampling";
+    if (!(s->temperature >= 0 && isfinite(s->temperature)))
+        return ff_error_set(w, "use 0 for greedy", "temperature %g must be >= 0", (double)s->temperature);
+    if (s->top_k < 0) return ff_error_set(w, "use 0 to turn top-k off", "top_k %d must be >= 0", s->top_k);
+    if (!(s->top_p > 0 && s->top_p <= 1))
+        return ff_error_set(w, "use 1 to turn top-p off", "top_p %g must be in (0, 1]", (double)s->top_p);
+    if (s->max_new_tokens < 1) return ff_error_set(w, NULL, "max_new_tokens %d must be >= 1", s->max_new_tokens);
+    if (s->n_stop < 0 || (s->n_stop > 0 && !s->stop_tokens))
+        return ff_error_set(w, NULL, "%d stop tokens but no array", s->n_stop);
+    if (s->n_stop > 0 && ffm_check_tokens(m, s->stop_tokens, s->n_stop, "stop tokens", false)) return -1;
+    if ((int)s->logprob_mode < 0 || (int)s->logprob_mode > 2)
+        return ff_error_set(w, NULL, "unknown logprob_mode %d", (int)s->logprob_mode);
+    return 0;
+}
+
+int ff_generator_submit(ff_generator *g, const ff_gen_request *r) {
+    const ff_model *m = g->m;
+    if (!r->prompt || r->prompt_len < 1)
+        return ff_error_set("generate request", "give at least one prompt token (e.g. BOS)", "empty prompt");
+    if (r->prompt_len + 1 > g->c.max_seq_len)
+        return ff_error_set("generate request", "shorten the prompt or raise max_seq_len",
+                            "prompt of %d tokens leaves no room in max_seq_len = %d", r->prompt_len, g->c.max_seq_len);
+    if (r->prompt_len > g->c.max_prefill_tokens)
+        return ff_error_set("generate request", "raise max_prefill_tokens",
+                            "prompt of %d tokens is longer than max_prefill_tokens = %d", r->prompt_len,
+                            g->c.max_prefill_tokens);
+    if (r->n_samples < 1 || r->n_samples > g->c.max_slots)
+        return ff_error_set("generate request", "raise max_slots or lower n_samples",
+                            "n_samples %d must be in [1, max_slots = %d]", r->n_samples, g->c.max_slots);
+    if (ffm_check_tokens(m, r->prompt, r->prompt_len, "prompt", false)) return -1;
+    if (check_sampling(m, &r->sampling)) return -1;
+    gen_req *q = ff_calloc(1, sizeof *q);
+    if (!q) return -1;
+    q->id = r->id;
+    q->prompt_len = r->prompt_len;
+    q->n_samples = r->n_samples;
+    q->sp = r->sampling;
+    q->seed = r->seed;
+    q->refs = r->n_samples;
+    const int32_t *stop = r->sampling.stop_tokens;
+    int32_t n_stop = r->sampling.n_stop;
+    if (n_stop == 0) { /* the config's end-of-sequence ids */
+        stop = m->cfg.eos_token_ids;
+        n_stop = m->cfg.n_eos;
+        for (int32_t i = 0; i < n_stop; i++)
+            if (stop[i] < 0 || stop[i] >= m->V) n_stop = 0; /* a bad eos id in the config stops nothing */
+    }
+    q->prompt = ff_malloc((size_t)r->prompt_len * 4);
+    q->stop = ff_malloc((size_t)(n_stop > 0 ? n_stop : 1) * 4);
+    if (!q->prompt || !q->stop) {
+        free(q->prompt);
+        free(q->stop);
+        free(q);
+        return -1;
+    }
+    memcpy(q->prompt, r->prompt, (size_t)r->prompt_len * 4);
+    if (n_stop > 0) memcpy(q->stop, stop, (size_t)n_stop * 4);
+    q->n_stop = n_stop;
+    q->sp.stop_tokens = NULL;
+    if (g->q_tail) g->q_tail->next = q;
+    else g->q_head = q;
+    g->q_tail = q;
+    g->n_waiting += r->n_samples;
+    return 0;
+}
+
+/* Run the model over g->h_* inputs already uploaded for T tokens; logits of the R rows
+ * listed in i_rows land in g->logits [R, V]. */
+static void infer(ff_generator *g, int32_t T, int32_t R) {
+    ff_model *m = g->m;
+    ff_stream *st = m->st;
+    const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, KD = m->Hkv * m->D;
+    const float eps = (float)m->cfg.rms_norm_eps;
+    ff_dptr x = GW(g, x), xn = GW(g, xn), qkv = GW(g, qkv), att = GW(g, att), gu = GW(g, gu), hm = GW(g, hm);
+    ff_dptr cs = ff_dptr_of(m->rope_cos, 0), sn = ff_dptr_of(m->rope_sin, 0);
+    size_t rows = (size_t)g->c.max_slots * (size_t)g->c.max_seq_len;
+    ff_embedding_fwd(st, GW(g, i_tok), ffm_param(m, m->off_embed), x, T, H);
+    for (int l = 0; l < m->L; l++) {
+        const ff_layer_params *p = &m->layers[l];
+        ff_dptr kc = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer), vc = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer + rows * KD);
+        ff_rmsnorm_fwd(st, x, ffm_param(m, p->ln1), xn, GW(g, rstd), T, H, eps);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, QKV, H, 1.0f, xn, H, ffm_param(m, p->wqkv), H, 0.0f, qkv, QKV);
+        if (m->bias) ff_bias_add(st, qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
+        ff_rope_fwd(st, qkv, QKV, GW(g, i_pos), cs, sn, T, m->Hq, m->D);
+        ff_rope_fwd(st, ff_dptr_add(qkv, (size_t)HD, 4), QKV, GW(g, i_pos), cs, sn, T, m->Hkv, m->D);
+        ff_scatter_rows(st, ff_dptr_add(qkv, (size_t)HD, 4), QKV, kc, GW(g, i_wrow), T, KD);
+        ff_scatter_rows(st, ff_dptr_add(qkv, (size_t)HD + KD, 4), QKV, vc, GW(g, i_wrow), T, KD);
+        ff_attention_cached(st, qkv, QKV, kc, vc, GW(g, i_row0), GW(g, i_nkeys), T, m->Hq, m->Hkv, m->D, att);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, HD, 1.0f, att, HD, ffm_param(m, p->wo), HD, 1.0f, x, H);
+        ff_rmsnorm_fwd(st, x, ffm_param(m, p->ln2), xn, GW(g, rstd), T, H, eps);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 2 * I, H, 1.0f, xn, H, ffm_param(m, p->wgu), H, 0.0f, gu, 2 * I);
+        ff_swiglu_fwd(st, gu, hm, T, I);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, I, 1.0f, hm, I, ffm_param(m, p->wdown), I, 1.0f, x, H);
+    }
+    ff_gather_rows(st, x, GW(g, i_rows), GW(g, xr), R, H);
+    ff_rmsnorm_fwd(st, GW(g, xr), ffm_param(m, m->off_norm), GW(g, xrn), GW(g, rstdr), R, H, eps);
+    ff_gemm(st, FF_NO_TRANS, FF_TRANS, R, m->V, H, 1.0f, GW(g, xrn), H, ffm_param(m, m->off_lm), H, 0.0f,
+            GW(g, logits), m->V);
+}
+
+static void upload_tokens(ff_generator *g, int32_t T, int32_t R) {
+    ff_stream *st = g->m->st;
+    ff_memcpy_h2d(st, GW(g, i_tok), g->h_tok, (size_t)T * 4);
+    ff_memcpy_h2d(st, GW(g, i_pos), g->h_pos, (size_t)T * 4);
+    ff_memcpy_h2d(st, GW(g, i_wrow), g->h_wrow, (size_t)T * 4);
+    ff_memcpy_h2d(st, GW(g, i_row0), g->h_row0, (size_t)T * 4);
+    ff_memcpy_h2d(st, GW(g, i_nkeys), g->h_nkeys, (size_t)T * 4);
+    ff_memcpy_h2d(st, GW(g, i_rows), g->h_rows, (size_t)R * 4);
+}
+
+static float draw(ff_rng *r) { return (float)(ff_rng_u64(r) >> 40) * 0x1p-24f; } /* [0, 1) in float */
+
+static void fill_params(ff_generator *g, int32_t b, gen_seq *q) {
+    ff_sample_params *p = &g->h_sp[b];
+    p->temperature = q->req->sp.temperature;
+    p->top_k = q->req->sp.top_k;
+    p->top_p = q->req->sp.top_p;
+    p->logprob_mode = (int32_t)q->req->sp.logprob_mode;
+    p->uniform = draw(&q->rng);
+}
+
+static int push_done(ff_generator *g, ff_gen_output *o) {
+    if (g->d_len == g->d_cap) {
+        int32_t cap = g->d_cap ? g->d_cap * 2 : 16;
+        ff_gen_output *d = ff_malloc((size_t)cap * sizeof *d);
+        if (!d) return -1;
+        for (int32_t i = 0; i < g->d_len; i++) d[i] = g->done[(g->d_head + i) % g->d_cap];
+        free(g->done);
+        g->done = d;
+        g->d_head = 0;
+        g->d_cap = cap;
+    }
+    g->done[(g->d_head + g->d_len) % g->d_cap] = *o;
+    g->d_len++;
+    return 0;
+}
+
+static int finish(ff_generator *g, int32_t slot, ff_finish_reason why) {
+    gen_seq *q = &g->seqs[slot];
+    ff_gen_output o = {.id = q->req->id, .sample = q->sample, .n_tokens = q->n_gen, .tokens = q->tokens,
+                       .logprobs = q->logprobs, .finish = why};
+    req_release(q->req);
+    memset(q, 0, sizeof *q);
+    g->n_running--;
+    if (push_done(g, &o)) {
+        ff_gen_output_free(&o);
+        return -1;
+    }
+    return 0;
+}
+
+/* Append the sampled token of batch row b to its sequence; finish it when it should stop. */
+static int append(ff_generator *g, int32_t slot, int32_t tok, float lp) {
+    gen_seq *q = &g->seqs[slot];
+    const gen_req *r = q->req;
+    q->tokens[q->n_gen] = tok;
+    q->logprobs[q->n_gen] = lp;
+    q->n_gen++;
+    for (int32_t i = 0; i < r->n_stop; i++)
+        if (r->stop[i] == tok) return finish(g, slot, FF_FINISH_STOP);
+    if (q->n_gen >= r->sp.max_new_tokens || r->prompt_len + q->n_gen >= g->c.max_seq_len)
+        return finish(g, slot, FF_FINISH_LENGTH);
+    return 0;
+}
+
+static int sample_rows(ff_generator *g, ff_dptr logits, int32_t B) {
+    ff_stream *st = g->m->st;
+    ff_memcpy_h2d(st, GW(g, sparams), g->h_sp, (size_t)B * sizeof(ff_sample_params));
+    ff_sample(st, logits, B, g->m->V, GW(g, sparams), GW(g, sws), GW(g, stok), GW(g, slp));
+    ff_memcpy_d2h(st, g->h_stok, GW(g, stok), (size_t)B * 4);
+    ff_memcpy_d2h(st, g->h_slp, GW(g, slp), (size_t)B * 4);
+    return ff_stream_sync(st);
+}
+
+/* Admit waiting requests into free slots and prefill them. */
+static int admit(ff_generator *g) {
+    ff_model *m = g->m;
+    ff_stream *st = m->st;
+    const size_t KD = (size_t)m->Hkv * m->D, maxlen = (size_t)g->c.max_seq_len;
+    const size_t rows = (size_t)g->c.max_slots * maxlen;
+    int32_t free_slots = g->c.max_slots - g->n_running, budget = g->c.max_prefill_tokens;
+    int32_t T = 0, R = 0, B = 0;
+    while (g->q_head && g->q_head->n_samples <= free_slots && g->q_head->prompt_len <= budget) {
+        gen_req *r = g->q_head;
+        g->q_head = r->next;
+        if (!g->q_head) g->q_tail = NULL;
+        r->next = NULL;
+        int32_t first_slot = -1;
+        for (int32_t j = 0, s = 0; j < r->n_samples; j++) {
+            while (g->seqs[s].req) s++;
+            gen_seq *q = &g->seqs[s];
+            q->tokens = ff_malloc((size_t)r->sp.max_new_tokens * 4);
+            q->logprobs = ff_malloc((size_t)r->sp.max_new_tokens * 4);
+            if (!q->tokens || !q->logprobs) {
+                free(q->tokens);
+                free(q->logprobs);
+                q->tokens = NULL;
+                q->logprobs = NULL;
+                /* the request is lost with its unstarted samples; the error says so */
+                r->refs -= r->n_samples - j;
+                g->n_waiting -= r->n_samples - j;
+                if (r->refs == 0) {
+                    free(r->prompt);
+                    free(r->stop);
+                    free(r);
+                }
+                return ff_error_wrap("generator: request %llu", (unsigned long long)r->id);
+            }
+            q->req = r;
+            q->sample = j;
+            q->n_gen = 0;
+            ff_rng_seed(&q->rng, r->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(j + 1)));
+            g->n_running++;
+            g->n_waiting--;
+            free_slots--;
+            if (j == 0) first_slot = s;
+            g->batch[B] = s;
+            g->h_rowmap[B] = R;
+            B++;
+        }
+        for (int32_t i = 0; i < r->prompt_len; i++, T++) {
+            g->h_tok[T] = r->prompt[i];
+            g->h_pos[T] = i;
+            g->h_row0[T] = first_slot * (int32_t)maxlen;
+            g->h_wrow[T] = g->h_row0[T] + i;
+            g->h_nkeys[T] = i + 1;
+        }
+        g->h_rows[R++] = T - 1;
+        budget -= r->prompt_len;
+    }
+    if (B == 0) return 0;
+    upload_tokens(g, T, R);
+    infer(g, T, R);
+    /* copy each prompt's K/V rows from its first slot into its other sample slots */
+    for (int32_t b = 0; b < B; b++) {
+        gen_seq *q = &g->seqs[g->batch[b]];
+        if (q->sample == 0) continue;
+        int32_t src = g->batch[b - q->sample];
+        size_t n = (size_t)q->req->prompt_len * KD * 4;
+        for (int l = 0; l < m->L; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                size_t base = (size_t)l * g->kv_layer + (size_t)kv * rows * KD;
+                ff_memcpy_d2d(st, ff_dptr_f32(g->kv, base + (size_t)g->batch[b] * maxlen * KD),
+                              ff_dptr_f32(g->kv, base + (size_t)src * maxlen * KD), n);
+            }
+    }
+    ff_memcpy_h2d(st, GW(g, i_rowmap), g->h_rowmap, (size_t)B * 4);
+    ff_gather_rows(st, GW(g, logits), GW(g, i_rowmap), GW(g, logits_rep), B, m->V);
+    for (int32_t b = 0; b < B; b++) fill_params(g, b, &g->seqs[g->batch[b]]);
+    if (sample_rows(g, GW(g, logits_rep), B)) return -1;
+    for (int32_t b = 0; b < B; b++)
+        if (append(g, g->batch[b], g->h_stok[b], g->h_slp[b])) return -1;
+    return 0;
+}
+
+int ff_generator_step(ff_generator *g) {
+    if (admit(g)) return -1;
+    const int32_t maxlen = g->c.max_seq_len;
+    int32_t B = 0;
+    for (int32_t s = 0; s < g->c.max_slots; s++) {
+        gen_seq *q = &g->seqs[s];
+        if (!q->req) continue;
+        int32_t pos = q->req->prompt_len + q->n_gen - 1; /* where the last token goes */
+        g->batch[B] = s;
+        g->h_tok[B] = q->tokens[q->n_gen - 1];
+        g->h_pos[B] = pos;
+        g->h_row0[B] = s * maxlen;
+        g->h_wrow[B] = s * maxlen + pos;
+        g->h_nkeys[B] = pos + 1;
+        g->h_rows[B] = B;
+        fill_params(g, B, q);
+        B++;
+    }
+    if (B == 0) return 0;
+    upload_tokens(g, B, B);
+    infer(g, B, B);
+    if (sample_rows(g, GW(g, logits), B)) return -1;
+    for (int32_t b = 0; b < B; b++)
+        if (append(g, g->batch[b], g->h_stok[b], g->h_slp[b])) return -1;
+    return 0;
+}
+
+int ff_generator_pop(ff_generator *g, ff_gen_output *out) {
+    if (g->d_len == 0) return 0;
+    *out = g->done[g->d_head];
+    g->d_head = (g->d_head + 1) % g->d_cap;
+    g->d_len--;
+    return 1;
+}
+
+int32_t ff_generator_abort(ff_generator *g, uint64_t id) {
+    int32_t ended = 0;
+    for (gen_req **pp = &g->q_head; *pp;) {
+        gen_req *r = *pp;
+        if (r->id != id) {
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        g->n_waiting -= r->n_samples;
+        ended += r->n_samples;
+        free(r->prompt);
+        free(r->stop);
+        free(r);
+    }
+    g->q_tail = NULL;
+    for (gen_req *r = g->q_head; r; r = r->next) g->q_tail = r;
+    for (int32_t s = 0; s < g->c.max_slots; s++)
+        if (g->seqs[s].req && g->seqs[s].req->id == id) {
+            finish(g, s, FF_FINISH_ABORTED); /* on allocation failure the output is dropped */
+            ended++;
+        }
+    return ended;
+}
+
+int ff_model_generate(ff_model *m, const ff_generator_config *cin, const ff_gen_request *reqs, int32_t n_reqs,
+                      ff_gen_output **outs, int32_t *n_outs) {
+    *outs = NULL;
+    *n_outs = 0;
+    if (n_reqs < 1) return ff_error_set("generate", NULL, "no requests");
+    int32_t total = 0;
+    ff_generator_config c = {0};
+    if (cin) {
+        c = *cin;
+    } else {
+        int32_t longest = 0, longest_prompt = 0;
+        for (int32_t i = 0; i < n_reqs; i++) {
+            int64_t len = (int64_t)reqs[i].prompt_len + (reqs[i].sampling.max_new_tokens > 0 ? reqs[i].sampling.max_new_tokens : 1);
+            if (len > longest) longest = len > INT32_MAX ? INT32_MAX : (int32_t)len;
+            if (reqs[i].prompt_len > longest_prompt) longest_prompt = reqs[i].prompt_len;
+        }
+        for (int32_t i = 0; i < n_reqs; i++) total += reqs[i].n_samples > 0 ? reqs[i].n_samples : 1;
+        c.max_slots = total < 64 ? total : 64;
+        c.max_seq_len = longest < m->max_pos ? longest : m->max_pos;
+        if (c.max_seq_len < 2) c.max_seq_len = 2;
+        c.max_prefill_tokens = longest_prompt > c.max_seq_len ? longest_prompt : c.max_seq_len;
+    }
+    ff_generator *g = ff_generator_new(m, &c);
+    if (!g) return -1;
+    /* ids are request indices inside; the caller's ids are restored below */
+    int32_t *first = ff_malloc(((size_t)n_reqs + 1) * sizeof(int32_t));
+    int rc = first ? 0 : -1;
+    total = 0;
+    for (int32_t i = 0; i < n_reqs && !rc; i++) {
+        ff_gen_request r = reqs[i];
+        r.id = (uint64_t)i;
+        first[i] = total;
+        rc = ff_generator_submit(g, &r);
+        if (rc) ff_error_wrap("request %d", i);
+        total += r.n_samples;
+    }
+    ff_gen_output *res = rc ? NULL : ff_calloc((size_t)total, sizeof *res);
+    if (!res) rc = -1;
+    while (!rc && ff_generator_pending(g) > 0) rc = ff_generator_step(g);
+    ff_gen_output o;
+    while (ff_generator_pop(g, &o)) {
+        if (rc) {
+            ff_gen_output_free(&o);
+            continue;
+        }
+        size_t at = (size_t)first[o.id] + (size_t)o.sample;
+        o.id = reqs[o.id].id;
+        res[at] = o;
+    }
+    ff_generator_destroy(&g);
+    free(first);
+    if (rc) {
+        if (res)
+            for (int32_t i = 0; i < total; i++) ff_gen_output_free(&res[i]);
+        free(res);
+        return -1;
+    }
+    *outs = res;
+    *n_outs = total;
+    return 0;
+}

@@ -1,0 +1,717 @@
+/* The Llama-family decoder on a backend: config checks, the parameter layout, weights in and
+ * out (Hugging Face names), random initialisation, and the training forward and backward
+ * over packed variable-length batches. Generation is in generate.c, AdamW in optim.c.
+ *
+ * Parameter layout (one flat fp32 buffer, offsets in ff_model.tensors): first every tensor
+ * that gets weight decay (embeddings, lm_head, score, then per layer q|k|v, o, gate|up,
+ * down), then the rest (per layer q|k|v biases and the two norms, the final norm). q, k
+ * and v rows sit together so one matrix product computes all three (same for gate|up).
+ *
+ * Not here: sliding-window attention, MoE, rope scalings other than llama3 (errors), and
+ * dropout (RLHF and SFT of these models run without it). */
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+#include "model/model_internal.h"
+
+#define LOGITS_BUDGET_BYTES (256u << 20) /* automatic LM-head chunk: logits of at most this */
+
+/* ---- configuration ------------------------------------------------------------------------ */
+
+static int head_dim_of(const ff_model_config *c) {
+    if (c->head_dim > 0) return c->head_dim;
+    return c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
+}
+
+int ff_model_config_check(const ff_model_config *c, const char *where) {
+    const char *w = where ? where : "model config";
+#define REQ(cond, field, hint, ...) \
+    if (!(cond)) return ff_error_set(w, hint, field ": " __VA_ARGS__)
+    REQ(c->vocab_size >= 1, "vocab_size", NULL, "%d must be >= 1", c->vocab_size);
+    REQ(c->hidden_size >= 1, "hidden_size", NULL, "%d must be >= 1", c->hidden_size);
+    REQ(c->intermediate_size >= 1, "intermediate_size", NULL, "%d must be >= 1", c->intermediate_size);
+    REQ(c->num_hidden_layers >= 1, "num_hidden_layers", NULL, "%d must be >= 1", c->num_hidden_layers);
+    REQ(c->num_attention_heads >= 1, "num_attention_heads", NULL, "%d must be >= 1", c->num_attention_heads);
+    REQ(c->num_key_value_heads >= 1 && c->num_attention_heads % c->num_key_value_heads == 0, "num_key_value_heads",
+        "it must divide num_attention_heads", "%d does not divide num_attention_heads = %d", c->num_key_value_heads,
+        c->num_attention_heads);
+    REQ(c->num_attention_heads / c->num_key_value_heads <= 64, "num_key_value_heads", NULL,
+        "more than 64 query heads per key/value head are not supported");
+    int D = head_dim_of(c);
+    REQ(c->head_dim > 0 || c->hidden_size % c->num_attention_heads == 0, "head_dim", "set head_dim explicitly",
+        "hidden_size %d is not a multiple of num_attention_heads %d", c->hidden_size, c->num_attention_heads);
+    REQ(D >= 2 && D % 2 == 0 && D <= 256, "head_dim", NULL, "%d must be even and in [2, 256]", D);
+    REQ(c->max_position_embeddings >= 1 && c->max_position_embeddings <= (1 << 22), "max_position_embeddings", NULL,
+        "%d must be in [1, 4194304]", c->max_position_embeddings);
+    REQ(isfinite(c->rms_norm_eps) && c->rms_norm_eps > 0, "rms_norm_eps", NULL, "%g must be > 0", c->rms_norm_eps);
+    REQ(isfinite(c->rope_theta) && c->rope_theta > 0, "rope_theta", NULL, "%g must be > 0", c->rope_theta);
+    if (c->rope_scaling.kind == FF_ROPE_SCALING_LLAMA3) {
+        REQ(c->rope_scaling.factor >= 1, "rope_scaling.factor", NULL, "%g must be >= 1", c->rope_scaling.factor);
+        REQ(c->rope_scaling.low_freq_factor > 0 && c->rope_scaling.high_freq_factor > c->rope_scaling.low_freq_factor,
+            "rope_scaling", NULL, "need 0 < low_freq_factor (%g) < high_freq_factor (%g)",
+            c->rope_scaling.low_freq_factor, c->rope_scaling.high_freq_factor);
+        REQ(c->rope_scaling.original_max_position_embeddings >= 1, "rope_scaling.original_max_position_embeddings",
+            NULL, "%d must be >= 1", c->rope_scaling.original_max_position_embeddings);
+    } else {
+        REQ(c->rope_scaling.kind == FF_ROPE_SCALING_NONE, "rope_scaling", "use none or llama3",
+            "unsupported rope scaling kind %d", (int)c->rope_scaling.kind);
+    }
+#undef REQ
+    return 0;
+}
+
+/* ---- the tensor table ----------------------------------------------------------------------- */
+
+typedef struct table_builder {
+    ff_param_tensor *t;
+    int n, cap;
+    size_t next; /* element offset of the next region */
+} table_builder;
+
+static int tb_add(table_builder *b, const char *name, size_t off, int ndim, int64_t d0, int64_t d1) {
+    if (b->n == b->cap) {
+        int cap = b->cap ? b->cap * 2 : 64;
+        ff_param_tensor *t = ff_realloc(b->t, (size_t)cap * sizeof *t);
+        if (!t) return -1;
+        b->t = t;
+        b->cap = cap;
+    }
+    ff_param_tensor *p = &b->t[b->n++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->off = off;
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = ndim > 1 ? d1 : 0;
+    p->numel = ndim > 1 ? d0 * d1 : d0;
+    size_t len = strlen(name);
+    p->is_norm = len >= 11 && !strcmp(name + len - 11, "norm.weight");
+    p->is_bias = len >= 5 && !strcmp(name + len - 5, ".bias");
+    return 0;
+}
+
+/* Offsets of every region (decay first) and the table in Hugging Face order. */
+static int build_table(ff_model *m) {
+    const int H = m->H, D = m->D, I = m->I, V = m->V, L = m->L;
+    const size_t QKV = (size_t)m->QKV, qd = (size_t)m->Hq * D, kd = (size_t)m->Hkv * D;
+    m->layers = ff_calloc((size_t)L, sizeof *m->layers);
+    if (!m->layers) return -1;
+    size_t o = 0;
+    m->off_embed = o;
+    o += (size_t)V * H;
+    m->off_lm = m->off_embed;
+    if (m->lm_head && !m->tied) {
+        m->off_lm = o;
+        o += (size_t)V * H;
+    }
+    if (m->vhead) {
+        m->off_score = o;
+        o += (size_t)H;
+    }
+    for (int l = 0; l < L; l++) {
+        ff_layer_params *p = &m->layers[l];
+        p->wqkv = o, o += QKV * H;
+        p->wo = o, o += (size_t)H * qd;
+        p->wgu = o, o += 2 * (size_t)I * H;
+        p->wdown = o, o += (size_t)H * I;
+    }
+    m->n_decay = (int64_t)o;
+    for (int l = 0; l < L; l++) {
+        ff_layer_params *p = &m->layers[l];
+        if (m->bias) p->bqkv = o, o += QKV;
+        p->ln1 = o, o += (size_t)H;
+        p->ln2 = o, o += (size_t)H;
+    }
+    m->off_norm = o;
+    o += (size_t)H;
+    m->n_params = (int64_t)o;
+
+    table_builder b = {0};
+    char nm[96];
+    int rc = tb_add(&b, "model.embed_tokens.weight", m->off_embed, 2, V, H);
+    for (int l = 0; l < L && !rc; l++) {
+        const ff_layer_params *p = &m->layers[l];
+#define ADD(suffix, off, nd, a, c)                                        \
+    do {                                                                  \
+        snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);         \
+        if (!rc) rc = tb_add(&b, nm, off, nd, a, c);                      \
+    } while (0)
+        ADD("input_layernorm.weight", p->ln1, 1, H, 0);
+        ADD("self_attn.q_proj.weight", p->wqkv, 2, (int64_t)qd, H);
+        ADD("self_attn.k_proj.weight", p->wqkv + qd * H, 2, (int64_t)kd, H);
+        ADD("self_attn.v_proj.weight", p->wqkv + (qd + kd) * H, 2, (int64_t)kd, H);
+        if (m->bias) {
+            ADD("self_attn.q_proj.bias", p->bqkv, 1, (int64_t)qd, 0);
+            ADD("self_attn.k_proj.bias", p->bqkv + qd, 1, (int64_t)kd, 0);
+            ADD("self_attn.v_proj.bias", p->bqkv + qd + kd, 1, (int64_t)kd, 0);
+        }
+        ADD("self_attn.o_proj.weight", p->wo, 2, H, (int64_t)qd);
+        ADD("post_attention_layernorm.weight", p->ln2, 1, H, 0);
+        ADD("mlp.gate_proj.weight", p->wgu, 2, I, H);
+        ADD("mlp.up_proj.weight", p->wgu + (size_t)I * H, 2, I, H);
+        ADD("mlp.down_proj.weight", p->wdown, 2, H, I);
+#undef ADD
+    }
+    if (!rc) rc = tb_add(&b, "model.norm.weight", m->off_norm, 1, H, 0);
+    if (!rc && m->lm_head && !m->tied) rc = tb_add(&b, "lm_head.weight", m->off_lm, 2, V, H);
+    if (!rc && m->vhead) rc = tb_add(&b, "score.weight", m->off_score, 2, 1, H);
+    if (rc) {
+        free(b.t);
+        return -1;
+    }
+    m->tensors = b.t;
+    m->n_tensors = b.n;
+    return 0;
+}
+
+/* Fill the derived sizes of m from a checked config. */
+static void set_dims(ff_model *m, const ff_model_config *c, bool lm_head) {
+    m->cfg = *c;
+    m->H = c->hidden_size;
+    m->Hq = c->num_attention_heads;
+    m->Hkv = c->num_key_value_heads;
+    m->D = head_dim_of(c);
+    m->cfg.head_dim = m->D;
+    m->I = c->intermediate_size;
+    m->V = c->vocab_size;
+    m->L = c->num_hidden_layers;
+    m->QKV = (m->Hq + 2 * m->Hkv) * m->D;
+    m->tied = c->tie_word_embeddings;
+    m->bias = c->attention_bias;
+    m->vhead = c->value_head;
+    m->lm_head = lm_head || m->tied;
+}
+
+int ff_model_expected_tensors(const ff_model_config *cfg, ff_tensor_set *out) {
+    if (ff_model_config_check(cfg, NULL)) return -1;
+    ff_model tmp;
+    memset(&tmp, 0, sizeof tmp);
+    set_dims(&tmp, cfg, true);
+    if (build_table(&tmp)) return -1;
+    int rc = 0;
+    for (int i = 0; i < tmp.n_tensors && !rc; i++)
+        if (!ff_tensor_set_add(out, tmp.tensors[i].name, tmp.tensors[i].ndim, tmp.tensors[i].shape)) rc = -1;
+    free(tmp.tensors);
+    free(tmp.layers);
+    return rc;
+}
+
+int ff_model_init_weights(const ff_model_config *cfg, uint64_t seed, double initializer_range, ff_tensor_set *out) {
+    size_t first = out->n;
+    if (ff_model_expected_tensors(cfg, out)) return -1;
+    double std = initializer_range > 0 ? initializer_range : 0.02;
+    ff_rng rng;
+    ff_rng_seed(&rng, seed);
+    for (size_t i = first; i < out->n; i++) {
+        ff_host_tensor *t = &out->items[i];
+        int64_t n = ff_host_tensor_numel(t);
+        size_t len = strlen(t->name);
+        bool norm = len >= 11 && !strcmp(t->name + len - 11, "norm.weight");
+        bool bias = len >= 5 && !strcmp(t->name + len - 5, ".bias");
+        for (int64_t j = 0; j < n; j++) t->data[j] = norm ? 1.0f : bias ? 0.0f : (float)(std * ff_rng_normal(&rng));
+        if (!strcmp(t->name, "model.embed_tokens.weight") && cfg->pad_token_id >= 0 &&
+            cfg->pad_token_id < cfg->vocab_size)
+            memset(t->data + (size_t)cfg->pad_token_id * (size_t)cfg->hidden_size, 0,
+                   (size_t)cfg->hidden_size * sizeof(float));
+    }
+    return 0;
+}
+
+/* ---- rotary tables ----------------------------------------------------------------------- */
+
+/* inv_freq[i] = theta^(-2i/D), then Hugging Face's llama3 rescaling when configured. */
+static void rope_inv_freq(const ff_model_config *c, int D, float *inv) {
+    for (int i = 0; i < D / 2; i++) {
+        double f = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)D);
+        if (c->rope_scaling.kind == FF_ROPE_SCALING_LLAMA3) {
+            double factor = c->rope_scaling.factor, lo = c->rope_scaling.low_freq_factor;
+            double hi = c->rope_scaling.high_freq_factor;
+            double old = c->rope_scaling.original_max_position_embeddings;
+            double low_wavelen = old / lo, high_wavelen = old / hi;
+            double wavelen = 2.0 * M_PI / f;
+            if (wavelen > low_wavelen) {
+                f = f / factor;
+            } else if (wavelen >= high_wavelen) { /* between the two: interpolate */
+                double smooth = (old / wavelen - lo) / (hi - lo);
+                f = (1.0 - smooth) * f / factor + smooth * f;
+            }
+        }
+        inv[i] = (float)f;
+    }
+}
+
+static int make_rope(ff_model *m) {
+    int half = m->D / 2;
+    m->max_pos = m->cfg.max_position_embeddings;
+    size_t n = (size_t)m->max_pos * half;
+    float *cs = ff_malloc(n * sizeof(float)), *sn = ff_malloc(n * sizeof(float));
+    float inv[128];
+    int rc = -1;
+    if (!cs || !sn) goto done;
+    rope_inv_freq(&m->cfg, m->D, inv);
+    for (int p = 0; p < m->max_pos; p++)
+        for (int i = 0; i < half; i++) {
+            float a = (float)p * inv[i]; /* the fp32 product, as Hugging Face forms it */
+            cs[(size_t)p * half + i] = (float)cos((double)a);
+            sn[(size_t)p * half + i] = (float)sin((double)a);
+        }
+    m->rope_cos = ff_buffer_new(m->be, n * sizeof(float));
+    m->rope_sin = ff_buffer_new(m->be, n * sizeof(float));
+    if (!m->rope_cos || !m->rope_sin) goto done;
+    ff_memcpy_h2d(m->st, ff_dptr_of(m->rope_cos, 0), cs, n * sizeof(float));
+    ff_memcpy_h2d(m->st, ff_dptr_of(m->rope_sin, 0), sn, n * sizeof(float));
+    rc = 0;
+done:
+    free(cs);
+    free(sn);
+    return rc;
+}
+
+/* ---- creation, weights in and out ----------------------------------------------------------- */
+
+static int check_and_load(ff_model *m, const ff_tensor_set *w) {
+    if (m->tied && ff_tensor_set_find(w, "lm_head.weight")) {
+        return ff_error_set("lm_head.weight", "set tie_word_embeddings to false, or drop lm_head.weight",
+                            "the weights have an lm_head but the config ties the embeddings");
+    }
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ff_param_tensor *p = &m->tensors[i];
+        const ff_host_tensor *t = ff_tensor_set_find(w, p->name);
+        if (!t)
+            return ff_error_set(p->name, "check that the checkpoint matches config.json",
+                                "tensor is missing from the weights");
+        if (ff_host_tensor_expect(t, p->ndim, p->shape, p->name)) return -1;
+        for (int64_t j = 0; j < p->numel; j++)
+            if (!isfinite(t->data[j]))
+                return ff_error_set(p->name, "the checkpoint is damaged", "element %lld is %g", (long long)j,
+                                    (double)t->data[j]);
+    }
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ff_param_tensor *p = &m->tensors[i];
+        const ff_host_tensor *t = ff_tensor_set_find(w, p->name);
+        ff_memcpy_h2d(m->st, ffm_param(m, p->off), t->data, (size_t)p->numel * sizeof(float));
+    }
+    return 0;
+}
+
+ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights) {
+    if (ff_model_config_check(cfg, NULL)) return NULL;
+    ff_model *m = ff_calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->be = be;
+    m->st = ff_backend_stream(be);
+    bool lm = !cfg->value_head || cfg->tie_word_embeddings || ff_tensor_set_find(weights, "lm_head.weight");
+    set_dims(m, cfg, lm);
+    if (build_table(m) || make_rope(m)) goto fail;
+    m->params = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
+    m->grads = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
+    if (!m->params || !m->grads) goto fail;
+    if (check_and_load(m, weights)) goto fail;
+    return m;
+fail:
+    ff_model_destroy(&m);
+    return NULL;
+}
+
+static void free_ws(ff_model *m) {
+    ff_buffer_destroy(&m->ws.buf);
+    free(m->ws.pos_host);
+    free(m->ws.seq_start_host);
+    memset(&m->ws, 0, sizeof m->ws);
+}
+
+void ff_model_destroy(ff_model **pm) {
+    if (!pm || !*pm) return;
+    ff_model *m = *pm;
+    free_ws(m);
+    ff_buffer_destroy(&m->params);
+    ff_buffer_destroy(&m->grads);
+    ff_buffer_destroy(&m->rope_cos);
+    ff_buffer_destroy(&m->rope_sin);
+    free(m->tensors);
+    free(m->layers);
+    free(m);
+    *pm = NULL;
+}
+
+const ff_model_config *ff_model_config_of(const ff_model *m) { return &m->cfg; }
+ff_backend *ff_model_backend(const ff_model *m) { return m->be; }
+bool ff_model_has_lm_head(const ff_model *m) { return m->lm_head; }
+int64_t ff_model_param_count(const ff_model *m) { return m->n_params; }
+ff_buffer *ff_model_param_buffer(ff_model *m) { return m->params; }
+ff_buffer *ff_model_grad_buffer(ff_model *m) { return m->grads; }
+
+int ff_model_export_weights(ff_model *m, ff_tensor_set *out) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ff_param_tensor *p = &m->tensors[i];
+        ff_host_tensor *t = ff_tensor_set_add(out, p->name, p->ndim, p->shape);
+        if (!t) return -1;
+        ff_memcpy_d2h(m->st, t->data, ffm_param(m, p->off), (size_t)p->numel * sizeof(float));
+    }
+    return 0;
+}
+
+int ff_model_load_weights(ff_model *m, const ff_tensor_set *w) {
+    if (!m->tied && m->lm_head != (ff_tensor_set_find(w, "lm_head.weight") != NULL) && m->vhead)
+        return ff_error_set("lm_head.weight", "load a checkpoint of the same kind (with or without LM head)",
+                            "the model %s an LM head but the weights %s", m->lm_head ? "has" : "has no",
+                            m->lm_head ? "do not" : "do");
+    return check_and_load(m, w);
+}
+
+void ff_model_read_params(ff_model *m, float *host) {
+    ff_memcpy_d2h(m->st, host, ff_dptr_of(m->params, 0), (size_t)m->n_params * sizeof(float));
+}
+void ff_model_write_params(ff_model *m, const float *host) {
+    ff_memcpy_h2d(m->st, ff_dptr_of(m->params, 0), host, (size_t)m->n_params * sizeof(float));
+}
+void ff_model_read_grads(ff_model *m, float *host) {
+    ff_memcpy_d2h(m->st, host, ff_dptr_of(m->grads, 0), (size_t)m->n_params * sizeof(float));
+}
+void ff_model_write_grads(ff_model *m, const float *host) {
+    ff_memcpy_h2d(m->st, ff_dptr_of(m->grads, 0), host, (size_t)m->n_params * sizeof(float));
+}
+
+int ff_model_copy_params(ff_model *dst, ff_model *src) {
+    if (dst->n_params != src->n_params || dst->n_tensors != src->n_tensors)
+        return ff_error_set("copy params", "both models need the same config",
+                            "source has %lld parameters, destination %lld", (long long)src->n_params,
+                            (long long)dst->n_params);
+    size_t bytes = (size_t)src->n_params * sizeof(float);
+    if (dst->be == src->be) {
+        ff_memcpy_d2d(dst->st, ff_dptr_of(dst->params, 0), ff_dptr_of(src->params, 0), bytes);
+        return 0;
+    }
+    float *tmp = ff_malloc(bytes);
+    if (!tmp) return -1;
+    ff_model_read_params(src, tmp);
+    ff_model_write_params(dst, tmp);
+    free(tmp);
+    return 0;
+}
+
+void ff_model_zero_grad(ff_model *m) {
+    ff_memset_zero(m->st, ff_dptr_of(m->grads, 0), (size_t)m->n_params * sizeof(float));
+}
+
+void ff_model_set_logits_chunk(ff_model *m, int32_t max_tokens) {
+    m->logits_chunk = max_tokens > 0 ? max_tokens : 0;
+    free_ws(m); /* re-laid out on the next forward */
+    m->fwd_ready = false;
+}
+
+int ffm_check_tokens(const ff_model *m, const int32_t *tok, int64_t n, const char *what, bool allow_minus_one) {
+    for (int64_t i = 0; i < n; i++) {
+        if ((tok[i] >= 0 && tok[i] < m->V) || (allow_minus_one && tok[i] == -1)) continue;
+        return ff_error_set(what, "token ids must be in [0, vocab_size); check the tokenizer matches the model",
+                            "token %lld is %d, out of range for vocab_size %d", (long long)i, tok[i], m->V);
+    }
+    return 0;
+}
+
+/* ---- training workspace ------------------------------------------------------------------- */
+
+static int32_t chunk_for(const ff_model *m, int32_t T) {
+    int32_t c = m->logits_chunk;
+    if (c <= 0) {
+        size_t per = (size_t)m->V * sizeof(float);
+        size_t k = LOGITS_BUDGET_BYTES / per;
+        c = k < 1 ? 1 : k > INT32_MAX ? INT32_MAX : (int32_t)k;
+    }
+    return c < T ? c : T;
+}
+
+static size_t take(size_t *o, size_t bytes) {
+    size_t at = *o;
+    *o += (bytes + 63) & ~(size_t)63;
+    return at;
+}
+
+/* Lay out and allocate room for T tokens; train: every layer keeps its activations. */
+static int ensure_ws(ff_model *m, int32_t T, bool train) {
+    ff_train_ws *w = &m->ws;
+    if (w->buf && T <= w->cap_tokens && (!train || w->train_slots)) return 0;
+    int32_t cap = T > w->cap_tokens ? T : w->cap_tokens;
+    bool slots = train || w->train_slots;
+    free_ws(m);
+    const size_t f = sizeof(float), Tz = (size_t)cap, H = (size_t)m->H, HD = (size_t)m->Hq * m->D;
+    const size_t nl = slots ? (size_t)m->L : 1, nres = slots ? (size_t)m->L + 1 : 2;
+    size_t o = 0;
+    w->resid_stride = (Tz * H * f + 63) & ~(size_t)63;
+    w->resid = take(&o, w->resid_stride * nres);
+    size_t lo = 0; /* one layer's activations */
+    size_t xn1 = take(&lo, Tz * H * f), rstd1 = take(&lo, Tz * f), qkv = take(&lo, Tz * (size_t)m->QKV * f);
+    size_t att = take(&lo, Tz * HD * f), lse = take(&lo, Tz * (size_t)m->Hq * f), mid = take(&lo, Tz * H * f);
+    size_t xn2 = take(&lo, Tz * H * f), rstd2 = take(&lo, Tz * f), gu = take(&lo, Tz * 2 * (size_t)m->I * f);
+    size_t hm = take(&lo, Tz * (size_t)m->I * f);
+    w->layer_stride = lo;
+    size_t base = take(&o, lo * nl);
+    w->xn1 = base + xn1, w->rstd1 = base + rstd1, w->qkv = base + qkv, w->att = base + att, w->lse = base + lse;
+    w->mid = base + mid, w->xn2 = base + xn2, w->rstd2 = base + rstd2, w->gu = base + gu, w->hm = base + hm;
+    w->xf = take(&o, Tz * H * f);
+    w->rstdf = take(&o, Tz * f);
+    w->logits = take(&o, (size_t)chunk_for(m, cap) * (size_t)m->V * f);
+    w->tok_lse = take(&o, Tz * f);
+    w->logprob = take(&o, Tz * f);
+    w->entropy = take(&o, Tz * f);
+    w->values = take(&o, Tz * f);
+    w->dlogprob = take(&o, Tz * f);
+    w->dentropy = take(&o, Tz * f);
+    w->dvalues = take(&o, Tz * f);
+    if (slots) {
+        w->dres = take(&o, Tz * H * f);
+        w->dxn = take(&o, Tz * H * f);
+        w->dqkv = take(&o, Tz * (size_t)m->QKV * f);
+        w->datt = take(&o, Tz * HD * f);
+        w->delta = take(&o, Tz * (size_t)m->Hq * f);
+        w->dgu = take(&o, Tz * 2 * (size_t)m->I * f);
+        w->dh = take(&o, Tz * (size_t)m->I * f);
+    }
+    w->tokens = take(&o, Tz * 4);
+    w->targets = take(&o, Tz * 4);
+    w->pos = take(&o, Tz * 4);
+    w->seq_start = take(&o, (Tz + 1) * 4);
+    w->buf = ff_buffer_new(m->be, o);
+    w->pos_host = ff_malloc(Tz * sizeof(int32_t));
+    w->seq_start_host = ff_malloc((Tz + 1) * sizeof(int32_t));
+    if (!w->buf || !w->pos_host || !w->seq_start_host) {
+        free_ws(m);
+        return ff_error_wrap("workspace for %d tokens", cap);
+    }
+    w->cap_tokens = cap;
+    w->train_slots = slots;
+    return 0;
+}
+
+int ff_model_reserve(ff_model *m, int32_t max_tokens) {
+    if (max_tokens < 1) return ff_error_set("reserve", NULL, "max_tokens %d must be >= 1", max_tokens);
+    m->fwd_ready = false;
+    return ensure_ws(m, max_tokens, true);
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+#define WS(field) ff_dptr_of(m->ws.buf, m->ws.field)
+#define WSL(field, l) ff_dptr_of(m->ws.buf, m->ws.field + (size_t)(l) * m->ws.layer_stride)
+#define RESID(i) ff_dptr_of(m->ws.buf, m->ws.resid + (size_t)(i) * m->ws.resid_stride)
+
+void ff_batch_shift_targets(const int32_t *tokens, const int32_t *seq_start, int32_t n_seqs, int32_t *targets) {
+    for (int32_t s = 0; s < n_seqs; s++)
+        for (int32_t t = seq_start[s]; t < seq_start[s + 1]; t++)
+            targets[t] = t + 1 < seq_start[s + 1] ? tokens[t + 1] : -1;
+}
+
+static int check_batch(const ff_model *m, const ff_batch *b) {
+    if (!b || b->n_tokens < 1 || b->n_seqs < 1 || !b->tokens || !b->seq_start)
+        return ff_error_set("batch", "give at least one token and one sequence", "empty or incomplete batch");
+    if (b->n_seqs > b->n_tokens)
+        return ff_error_set("batch", "every sequence needs at least one token", "%d sequences for %d tokens",
+                            b->n_seqs, b->n_tokens);
+    if (b->seq_start[0] != 0 || b->seq_start[b->n_seqs] != b->n_tokens)
+        return ff_error_set("batch", "seq_start[0] must be 0 and seq_start[n_seqs] the token count",
+                            "sequence offsets cover [%d, %d), not [0, %d)", b->seq_start[0], b->seq_start[b->n_seqs],
+                            b->n_tokens);
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        int32_t n = b->seq_start[s + 1] - b->seq_start[s];
+        if (n < 1)
+            return ff_error_set("batch", "offsets must increase; drop empty sequences", "sequence %d has %d tokens", s, n);
+        if (n > m->max_pos)
+            return ff_error_set("batch", "split or truncate it",
+                                "sequence %d has %d tokens, more than max_position_embeddings = %d", s, n, m->max_pos);
+    }
+    if (ffm_check_tokens(m, b->tokens, b->n_tokens, "batch tokens", false)) return -1;
+    if (b->targets && ffm_check_tokens(m, b->targets, b->n_tokens, "batch targets", true)) return -1;
+    return 0;
+}
+
+/* Logits of tokens [c0, c0 + n) into the logits buffer. */
+static void lm_logits(ff_model *m, int32_t c0, int32_t n) {
+    ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, n, m->V, m->H, 1.0f, ff_dptr_add(WS(xf), (size_t)c0 * m->H, 4), m->H,
+            ffm_param(m, m->off_lm), m->H, 0.0f, WS(logits), m->V);
+}
+
+int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts, ff_forward_out *out_opt) {
+    const ff_forward_out none = {0};
+    const ff_forward_out *out = out_opt ? out_opt : &none;
+    bool train = opts && opts->train;
+    float temp = opts && opts->temperature > 0 ? opts->temperature : 1.0f;
+    m->fwd_ready = false;
+    if (check_batch(m, b)) return -1;
+    bool want_lm = out->logprobs || out->entropy || out->logits || (train && m->lm_head && b->targets);
+    if (out->logprobs && !b->targets)
+        return ff_error_set("forward", "set batch.targets (ff_batch_shift_targets)", "log-probs need target tokens");
+    if (want_lm && !m->lm_head)
+        return ff_error_set("forward", "this model is a critic: ask it for values only",
+                            "log-probs, entropy and logits need an LM head, and the weights have none");
+    if (out->values && !m->vhead)
+        return ff_error_set("forward", "set value_head in the config and give score.weight",
+                            "values need a value head, and this model has none");
+    if (!(temp > 0 && isfinite(temp))) return ff_error_set("forward", NULL, "temperature %g must be > 0", (double)temp);
+    const int32_t T = b->n_tokens, S = b->n_seqs;
+    if (ensure_ws(m, T, train)) return -1;
+    ff_stream *st = m->st;
+    const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, L = m->L;
+    const float eps = (float)m->cfg.rms_norm_eps;
+
+    /* inputs */
+    for (int32_t s = 0; s < S; s++)
+        for (int32_t t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) m->ws.pos_host[t] = t - b->seq_start[s];
+    memcpy(m->ws.seq_start_host, b->seq_start, ((size_t)S + 1) * sizeof(int32_t));
+    ff_memcpy_h2d(st, WS(tokens), b->tokens, (size_t)T * 4);
+    if (b->targets) ff_memcpy_h2d(st, WS(targets), b->targets, (size_t)T * 4);
+    ff_memcpy_h2d(st, WS(pos), m->ws.pos_host, (size_t)T * 4);
+    ff_memcpy_h2d(st, WS(seq_start), b->seq_start, ((size_t)S + 1) * 4);
+
+    ff_embedding_fwd(st, WS(tokens), ffm_param(m, m->off_embed), RESID(0), T, H);
+    for (int l = 0; l < L; l++) {
+        const ff_layer_params *p = &m->layers[l];
+        int a = train ? l : 0;                         /* activation slot */
+        ff_dptr x = RESID(train ? l : (l & 1));        /* [T, H] layer input */
+        ff_dptr y = RESID(train ? l + 1 : ((l + 1) & 1)); /* [T, H] layer output */
+        ff_dptr xn1 = WSL(xn1, a), qkv = WSL(qkv, a), att = WSL(att, a), mid = WSL(mid, a);
+        ff_dptr xn2 = WSL(xn2, a), gu = WSL(gu, a), hm = WSL(hm, a);
+        ff_rmsnorm_fwd(st, x, ffm_param(m, p->ln1), xn1, WSL(rstd1, a), T, H, eps);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, QKV, H, 1.0f, xn1, H, ffm_param(m, p->wqkv), H, 0.0f, qkv, QKV);
+        if (m->bias) ff_bias_add(st, qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
+        ff_rope_fwd(st, qkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq, m->D);
+        ff_rope_fwd(st, ff_dptr_add(qkv, (size_t)HD, 4), QKV, WS(pos), ff_dptr_of(m->rope_cos, 0),
+                    ff_dptr_of(m->rope_sin, 0), T, m->Hkv, m->D);
+        ff_attention_fwd(st, qkv, QKV, WS(seq_start), S, T, m->Hq, m->Hkv, m->D, att, WSL(lse, a));
+        ff_memcpy_d2d(st, mid, x, (size_t)T * H * 4);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, HD, 1.0f, att, HD, ffm_param(m, p->wo), HD, 1.0f, mid, H);
+        ff_rmsnorm_fwd(st, mid, ffm_param(m, p->ln2), xn2, WSL(rstd2, a), T, H, eps);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 2 * I, H, 1.0f, xn2, H, ffm_param(m, p->wgu), H, 0.0f, gu, 2 * I);
+        ff_swiglu_fwd(st, gu, hm, T, I);
+        ff_memcpy_d2d(st, y, mid, (size_t)T * H * 4);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, I, 1.0f, hm, I, ffm_param(m, p->wdown), I, 1.0f, y, H);
+    }
+    ff_dptr xL = RESID(train ? L : (L & 1));
+    ff_rmsnorm_fwd(st, xL, ffm_param(m, m->off_norm), WS(xf), WS(rstdf), T, H, eps);
+
+    bool values = m->vhead && (out->values || train);
+    if (values) {
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 1, H, 1.0f, WS(xf), H, ffm_param(m, m->off_score), H, 0.0f, WS(values), 1);
+        if (out->values) ff_memcpy_d2h(st, out->values, WS(values), (size_t)T * 4);
+    }
+    int32_t chunk = chunk_for(m, T);
+    bool entropy = out->entropy || (train && want_lm);
+    if (want_lm) {
+        ff_dptr tg = b->targets ? WS(targets) : (ff_dptr){0};
+        for (int32_t c0 = 0; c0 < T; c0 += chunk) {
+            int32_t n = T - c0 < chunk ? T - c0 : chunk;
+            lm_logits(m, c0, n);
+            ff_logprob_fwd(st, WS(logits), b->targets ? ff_dptr_add(tg, (size_t)c0, 4) : tg, 1.0f / temp, n, m->V,
+                           b->targets ? ff_dptr_add(WS(logprob), (size_t)c0, 4) : (ff_dptr){0},
+                           entropy ? ff_dptr_add(WS(entropy), (size_t)c0, 4) : (ff_dptr){0},
+                           ff_dptr_add(WS(tok_lse), (size_t)c0, 4));
+            if (out->logits)
+                ff_memcpy_d2h(st, out->logits + (size_t)c0 * m->V, WS(logits), (size_t)n * m->V * 4);
+        }
+        if (out->logprobs) ff_memcpy_d2h(st, out->logprobs, WS(logprob), (size_t)T * 4);
+        if (out->entropy) ff_memcpy_d2h(st, out->entropy, WS(entropy), (size_t)T * 4);
+    }
+    if (ff_stream_sync(st)) return -1;
+    if (train) {
+        m->fwd_ready = true;
+        m->fwd_T = T;
+        m->fwd_S = S;
+        m->fwd_lm = want_lm;
+        m->fwd_targets = b->targets != NULL;
+        m->fwd_entropy = entropy && want_lm;
+        m->fwd_values = values;
+        m->fwd_chunk = chunk;
+        m->fwd_inv_temp = 1.0f / temp;
+    }
+    return 0;
+}
+
+/* ---- backward ----------------------------------------------------------------------------- */
+
+int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entropy, const float *d_values) {
+    if (!m->fwd_ready)
+        return ff_error_set("backward", "run ff_model_forward with opts.train = true first (once per backward)",
+                            "no training forward to go back through");
+    if ((d_logprobs && !(m->fwd_lm && m->fwd_targets)) || (d_entropy && !m->fwd_entropy))
+        return ff_error_set("backward", "the forward needs an LM head and batch.targets",
+                            "gradient given for log-probs or entropy that the forward did not compute");
+    if (d_values && !m->fwd_values)
+        return ff_error_set("backward", "the model needs a value head", "gradient given for values that do not exist");
+    m->fwd_ready = false; /* the logits buffer becomes dlogits below */
+    ff_stream *st = m->st;
+    const int32_t T = m->fwd_T, S = m->fwd_S;
+    const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, L = m->L;
+    ff_dptr dres = WS(dres), dxn = WS(dxn), dqkv = WS(dqkv), datt = WS(datt), dgu = WS(dgu), dh = WS(dh);
+
+    /* gradient at the final norm's output: dxn [T, H] */
+    ff_memset_zero(st, dxn, (size_t)T * H * 4);
+    if (d_values) {
+        ff_memcpy_h2d(st, WS(dvalues), d_values, (size_t)T * 4);
+        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 1, 1.0f, WS(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f, dxn, H);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, 1, H, T, 1.0f, WS(dvalues), 1, WS(xf), H, 1.0f, ffm_grad(m, m->off_score), H);
+    }
+    if (d_logprobs || d_entropy) {
+        if (d_logprobs) ff_memcpy_h2d(st, WS(dlogprob), d_logprobs, (size_t)T * 4);
+        if (d_entropy) ff_memcpy_h2d(st, WS(dentropy), d_entropy, (size_t)T * 4);
+        int32_t chunk = m->fwd_chunk;
+        for (int32_t c0 = 0; c0 < T; c0 += chunk) {
+            int32_t n = T - c0 < chunk ? T - c0 : chunk;
+            if (chunk < T) lm_logits(m, c0, n); /* one chunk: the forward's logits are still there */
+            ff_logprob_bwd(st, WS(logits), m->fwd_targets ? ff_dptr_add(WS(targets), (size_t)c0, 4) : (ff_dptr){0},
+                           m->fwd_inv_temp, n, m->V, ff_dptr_add(WS(tok_lse), (size_t)c0, 4),
+                           d_logprobs ? ff_dptr_add(WS(dlogprob), (size_t)c0, 4) : (ff_dptr){0},
+                           d_entropy ? ff_dptr_add(WS(dentropy), (size_t)c0, 4) : (ff_dptr){0},
+                           d_entropy ? ff_dptr_add(WS(entropy), (size_t)c0, 4) : (ff_dptr){0});
+            /* dxf += dlogits [n, V] @ W [V, H];  dW += dlogits^T @ xf */
+            ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, n, H, m->V, 1.0f, WS(logits), m->V, ffm_param(m, m->off_lm), H, 1.0f,
+                    ff_dptr_add(dxn, (size_t)c0 * H, 4), H);
+            ff_gemm(st, FF_TRANS, FF_NO_TRANS, m->V, H, n, 1.0f, WS(logits), m->V, ff_dptr_add(WS(xf), (size_t)c0 * H, 4),
+                    H, 1.0f, ffm_grad(m, m->off_lm), H);
+        }
+    }
+    ff_memset_zero(st, dres, (size_t)T * H * 4);
+    ff_rmsnorm_bwd(st, RESID(L), ffm_param(m, m->off_norm), WS(rstdf), dxn, dres, ffm_grad(m, m->off_norm), T, H);
+
+    for (int l = L - 1; l >= 0; l--) {
+        const ff_layer_params *p = &m->layers[l];
+        ff_dptr xn1 = WSL(xn1, l), qkv = WSL(qkv, l), att = WSL(att, l), mid = WSL(mid, l);
+        ff_dptr xn2 = WSL(xn2, l), gu = WSL(gu, l), hm = WSL(hm, l);
+        /* y = mid + hm @ Wdown^T: dres is d y and, after the norm below, d mid */
+        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, I, H, 1.0f, dres, H, ffm_param(m, p->wdown), I, 0.0f, dh, I);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, I, T, 1.0f, dres, H, hm, I, 1.0f, ffm_grad(m, p->wdown), I);
+        ff_swiglu_bwd(st, gu, dh, dgu, T, I);
+        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 2 * I, 1.0f, dgu, 2 * I, ffm_param(m, p->wgu), H, 0.0f, dxn, H);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, 1.0f, dgu, 2 * I, xn2, H, 1.0f, ffm_grad(m, p->wgu), H);
+        ff_rmsnorm_bwd(st, mid, ffm_param(m, p->ln2), WSL(rstd2, l), dxn, dres, ffm_grad(m, p->ln2), T, H);
+        /* mid = x + att @ Wo^T */
+        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, 1.0f, dres, H, ffm_param(m, p->wo), HD, 0.0f, datt, HD);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, HD, T, 1.0f, dres, H, att, HD, 1.0f, ffm_grad(m, p->wo), HD);
+        ff_attention_bwd(st, qkv, QKV, WS(seq_start), m->ws.seq_start_host, S, T, m->Hq, m->Hkv, m->D, att,
+                         WSL(lse, l), datt, WS(delta), dqkv);
+        ff_rope_bwd(st, dqkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq, m->D);
+        ff_rope_bwd(st, ff_dptr_add(dqkv, (size_t)HD, 4), QKV, WS(pos), ff_dptr_of(m->rope_cos, 0),
+                    ff_dptr_of(m->rope_sin, 0), T, m->Hkv, m->D);
+        if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, QKV);
+        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, QKV, 1.0f, dqkv, QKV, ffm_param(m, p->wqkv), H, 0.0f, dxn, H);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
+        ff_rmsnorm_bwd(st, RESID(l), ffm_param(m, p->ln1), WSL(rstd1, l), dxn, dres, ffm_grad(m, p->ln1), T, H);
+    }
+    ff_embedding_bwd(st, WS(tokens), dres, ffm_grad(m, m->off_embed), T, H);
+    return ff_stream_sync(st);
+}
+
+double ff_sft_loss(const float *logprobs, const float *mask, int32_t T, float scale, float *d_logprobs) {
+    double n = 0.0, loss = 0.0;
+    for (int32_t t = 0; t < T; t++) n += mask ? mask[t] : 1.0;
+    double denom = n > 1.0 ? n : 1.0;
+    for (int32_t t = 0; t < T; t++) {
+        double w = mask ? mask[t] : 1.0;
+        loss -= w * logprobs[t];
+        if (d_logprobs) d_logprobs[t] = (float)(-w / denom * scale);
+    }
+    return loss / denom;
+}
