@@ -1,0 +1,167 @@
+/* Shared helpers of the collectives tests: run a function on n forked processes, one rank
+ * each, joined into one communicator, with a watchdog so a hang fails the test instead of
+ * stalling it. Each rank returns 0 (pass) or non-zero; ranks can publish results in a
+ * shared page for the parent to compare across ranks. */
+#ifndef FF_TESTS_COLL_TEST_H
+#define FF_TESTS_COLL_TEST_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fuseflow/coll.h"
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+#include "tests/test_util.h"
+
+/* 64 KiB shared between the parent and every rank (zeroed before each run). */
+static uint8_t *g_shared;
+
+/* fn runs in rank `rank`'s process with its communicator (NULL when make_comm is false:
+ * fn then joins by itself with the id). Returns 0 on success. */
+typedef int (*rank_fn)(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id *id, void *arg);
+
+typedef struct run_opts {
+    ff_coll_options comm_opt; /* for comm_init */
+    int no_comm;              /* fn joins by itself */
+    int id_by_parent;         /* the parent (not a rank) makes the id, as a controller would */
+    int watchdog_s;           /* kill everything after this long (default 60) */
+    int expect_killed_rank;   /* a rank that kills itself on purpose (-1: none) */
+} run_opts;
+
+static void shared_init(void) {
+    if (!g_shared) {
+        g_shared = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (g_shared == MAP_FAILED) {
+            perror("mmap");
+            exit(1);
+        }
+    }
+    memset(g_shared, 0, 1 << 16);
+}
+
+/* Fork n ranks; returns the number of ranks that failed (exited non-zero, crashed, or hung). */
+static int run_ranks(int n, const run_opts *ro, rank_fn fn, void *arg) {
+    shared_init();
+    fflush(stdout);
+    fflush(stderr);
+    ff_coll_id id;
+    memset(&id, 0, sizeof id);
+    int pipes[64][2];
+    if (n > 64) return n;
+    if (ro->id_by_parent) {
+        if (ff_coll_get_unique_id(&id, "cpu", &ro->comm_opt)) {
+            fprintf(stderr, "get_unique_id: %s\n", ff_error_message());
+            return n;
+        }
+    } else {
+        for (int r = 1; r < n; r++)
+            if (pipe(pipes[r])) return n;
+    }
+    pid_t pids[64];
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid < 0) return n;
+        if (pid == 0) {
+            if (!ro->id_by_parent) {
+                if (r == 0) {
+                    if (ff_coll_get_unique_id(&id, "cpu", &ro->comm_opt)) {
+                        fprintf(stderr, "rank 0: get_unique_id: %s\n", ff_error_message());
+                        exit(2);
+                    }
+                    for (int k = 1; k < n; k++) {
+                        if (write(pipes[k][1], &id, sizeof id) != (ssize_t)sizeof id) exit(2);
+                    }
+                } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
+                    exit(2);
+                }
+                for (int k = 1; k < n; k++) {
+                    close(pipes[k][0]);
+                    close(pipes[k][1]);
+                }
+            }
+            ff_coll_comm *comm = NULL;
+            if (!ro->no_comm && ff_coll_comm_init(&comm, n, &id, r, &ro->comm_opt)) {
+                fprintf(stderr, "rank %d: comm_init: %s\n", r, ff_error_message());
+                exit(3);
+            }
+            int rc = fn(comm, r, n, &id, arg);
+            ff_coll_comm_destroy(&comm);
+            fflush(stderr);
+            /* A parent-made id leaves the rendezvous thread's memory behind in this copy
+             * of the parent; exit without the leak check there. */
+            if (ro->id_by_parent) _exit(rc ? 1 : 0);
+            exit(rc ? 1 : 0);
+        }
+        pids[r] = pid;
+    }
+    if (!ro->id_by_parent)
+        for (int k = 1; k < n; k++) {
+            close(pipes[k][0]);
+            close(pipes[k][1]);
+        }
+    int failed = 0, left = n;
+    int64_t deadline = ff_now_ns() + (int64_t)(ro->watchdog_s ? ro->watchdog_s : 60) * 1000000000LL;
+    int done[64] = {0};
+    while (left > 0) {
+        int st;
+        pid_t p = waitpid(-1, &st, WNOHANG);
+        if (p == 0) {
+            if (ff_now_ns() > deadline) {
+                fprintf(stderr, "watchdog: ranks still running after %d s, killing them\n",
+                        ro->watchdog_s ? ro->watchdog_s : 60);
+                for (int r = 0; r < n; r++)
+                    if (!done[r]) kill(pids[r], SIGKILL);
+                deadline = INT64_MAX;
+                failed++;
+                continue;
+            }
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (p < 0) break;
+        int r = 0;
+        while (r < n && pids[r] != p) r++;
+        if (r == n) continue;
+        done[r] = 1;
+        left--;
+        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (r == ro->expect_killed_rank && !ok) ok = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+        if (!ok) {
+            failed++;
+            if (WIFSIGNALED(st))
+                fprintf(stderr, "rank %d (of %d) died with signal %d\n", r, n, WTERMSIG(st));
+            else
+                fprintf(stderr, "rank %d (of %d) failed (exit %d)\n", r, n, WEXITSTATUS(st));
+        }
+    }
+    return failed;
+}
+
+static run_opts default_run(void) {
+    run_opts ro;
+    memset(&ro, 0, sizeof ro);
+    ro.expect_killed_rank = -1;
+    return ro;
+}
+
+/* Within a rank: print and count a failure. */
+#define RCHECK(cond, ...)                                                       \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", rank, __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, "\n");                                              \
+            fails++;                                                            \
+        }                                                                       \
+    } while (0)
+
+#endif

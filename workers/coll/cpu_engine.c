@@ -1,0 +1,563 @@
+/* The cpu backend's progress engine: moves the frames of a set of channels over
+ * non-blocking sockets with one poll() loop, checks every received header against the
+ * call this rank is in, and watches every other connection of the communicators involved
+ * so that a peer's death, departure or abort ends the call at once with its name. Not
+ * here: which frames to send where (cpu_algos.c), connection setup (cpu_net.c). */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+#include "workers/coll/coll_internal.h"
+
+/* ---- headers -------------------------------------------------------------------------- */
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+void coll_hdr_encode(const coll_hdr *h, uint8_t out[COLL_HDR_BYTES]) {
+    put32(out + 0, h->magic);
+    out[4] = h->type;
+    out[5] = h->op;
+    out[6] = h->dtype;
+    out[7] = h->redop;
+    put32(out + 8, h->seq);
+    put32(out + 12, h->len);
+    put64(out + 16, h->count);
+    put32(out + 24, h->root);
+    put32(out + 28, h->frame);
+}
+
+void coll_hdr_decode(const uint8_t in[COLL_HDR_BYTES], coll_hdr *h) {
+    h->magic = get32(in + 0);
+    h->type = in[4];
+    h->op = in[5];
+    h->dtype = in[6];
+    h->redop = in[7];
+    h->seq = get32(in + 8);
+    h->len = get32(in + 12);
+    h->count = get64(in + 16);
+    h->root = get32(in + 24);
+    h->frame = get32(in + 28);
+}
+
+const char *coll_op_name(int op) {
+    static const char *names[OP_COUNT] = {
+        [OP_NONE] = "none",
+        [OP_ALL_REDUCE] = "all_reduce",
+        [OP_BROADCAST] = "broadcast",
+        [OP_ALL_GATHER] = "all_gather",
+        [OP_REDUCE_SCATTER] = "reduce_scatter",
+        [OP_ALL_GATHER_V] = "all_gather_v",
+        [OP_REDUCE_SCATTER_V] = "reduce_scatter_v",
+        [OP_SEND] = "send",
+        [OP_SPLIT] = "comm_split",
+    };
+    return op >= 0 && op < OP_COUNT && names[op] ? names[op] : "unknown call";
+}
+
+static const char *algo_name(int algo) {
+    return algo == FF_COLL_ALGO_RING ? "ring" : algo == FF_COLL_ALGO_DIRECT ? "direct" : "auto";
+}
+
+void coll_describe(char *buf, size_t cap, int op, int dtype, int redop_algo, uint64_t count, int root) {
+    int redop = redop_algo & 15, algo = redop_algo >> 4;
+    const char *dt = (unsigned)dtype < FF_DTYPE_COUNT ? ff_dtype_name((ff_dtype)dtype) : "?";
+    switch (op) {
+    case OP_ALL_REDUCE:
+    case OP_REDUCE_SCATTER:
+        snprintf(buf, cap, "%s(count=%llu, %s, %s, %s)", coll_op_name(op), (unsigned long long)count, dt,
+                 ff_coll_redop_name((ff_coll_redop)redop), algo_name(algo));
+        break;
+    case OP_REDUCE_SCATTER_V:
+        snprintf(buf, cap, "%s(counts hash=%016llx, %s, %s, %s)", coll_op_name(op), (unsigned long long)count, dt,
+                 ff_coll_redop_name((ff_coll_redop)redop), algo_name(algo));
+        break;
+    case OP_ALL_GATHER_V:
+        snprintf(buf, cap, "%s(counts hash=%016llx, %s, %s)", coll_op_name(op), (unsigned long long)count, dt,
+                 algo_name(algo));
+        break;
+    case OP_BROADCAST:
+        snprintf(buf, cap, "broadcast(count=%llu, %s, root=%d, %s)", (unsigned long long)count, dt, root,
+                 algo_name(algo));
+        break;
+    case OP_SEND:
+    case OP_SPLIT:
+        snprintf(buf, cap, "%s(count=%llu, %s)", coll_op_name(op), (unsigned long long)count, dt);
+        break;
+    default:
+        snprintf(buf, cap, "%s(count=%llu, %s, %s)", coll_op_name(op), (unsigned long long)count, dt, algo_name(algo));
+    }
+}
+
+/* This rank's side of a channel's call: a receive of OP_SEND is a "recv". */
+static void describe_local(char *buf, size_t cap, const coll_chan *ch) {
+    if (ch->h.op == OP_SEND)
+        snprintf(buf, cap, "%s(count=%llu, %s, peer=%d)", ch->tx ? "send" : "recv", (unsigned long long)ch->h.count,
+                 ff_dtype_name((ff_dtype)ch->h.dtype), ch->peer);
+    else
+        coll_describe(buf, cap, ch->h.op, ch->h.dtype, ch->h.redop, ch->h.count, (int)ch->h.root);
+}
+
+/* ---- simple channels ------------------------------------------------------------------- */
+
+static int simple_frame(void *ctx, coll_chan *ch, size_t k, uint8_t **ptr, size_t *len) {
+    (void)ctx;
+    size_t slice = ch->comm->cpu.slice;
+    size_t off = k * slice;
+    *ptr = ch->buf + off;
+    *len = ch->bytes - off < slice ? ch->bytes - off : slice;
+    return 1;
+}
+
+void coll_chan_simple(coll_chan *ch, ff_coll_comm *c, int peer, bool tx, const coll_hdr *h, void *buf,
+                      size_t bytes) {
+    memset(ch, 0, sizeof *ch);
+    ch->comm = c;
+    ch->peer = peer;
+    ch->tx = tx;
+    ch->h = *h;
+    ch->buf = buf;
+    ch->bytes = bytes;
+    size_t slice = c->cpu.slice;
+    ch->nframes = bytes ? (bytes + slice - 1) / slice : 1; /* an empty call still sends a header */
+    ch->frame = simple_frame;
+}
+
+/* ---- peers that go away ---------------------------------------------------------------- */
+
+/* Read n bytes within `ms` milliseconds (the rest of a frame already on its way). */
+static int read_soon(int fd, uint8_t *buf, size_t n, int ms) {
+    int64_t deadline = ff_now_ns() + (int64_t)ms * 1000000;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = recv(fd, buf + got, n - got, MSG_DONTWAIT);
+        if (r > 0) {
+            got += (size_t)r;
+            continue;
+        }
+        if (r == 0) return -1;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+        int64_t left = (deadline - ff_now_ns()) / 1000000;
+        if (left <= 0) return -1;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        poll(&p, 1, (int)left);
+    }
+    return 0;
+}
+
+/* The reason of the last ABORT this thread received: when this rank breaks in turn it
+ * forwards that root cause instead of wrapping it once more per hop. */
+static _Thread_local char g_forward[COLL_ABORT_MAX + 1];
+
+const char *coll_take_forward_reason(void) {
+    static _Thread_local char out[COLL_ABORT_MAX + 1];
+    memcpy(out, g_forward, sizeof out);
+    g_forward[0] = '\0';
+    return out[0] ? out : NULL;
+}
+
+/* The peer sent an ABORT header (already read): read its reason and set the error. */
+static int abort_error(coll_conn *cn, const coll_hdr *h, const char *call) {
+    char reason[COLL_ABORT_MAX + 1] = "(reason not received)";
+    size_t n = h->len < COLL_ABORT_MAX ? h->len : COLL_ABORT_MAX;
+    if (h->len <= COLL_ABORT_MAX && read_soon(cn->fd, (uint8_t *)reason, n, 1000) == 0) reason[n] = '\0';
+    memcpy(g_forward, reason, sizeof g_forward);
+    return ff_error_set(call, NULL, "rank %d aborted the communicator: %s", cn->peer, reason);
+}
+
+static int left_error(coll_conn *cn, const char *call) {
+    return ff_error_set(call, "every rank must make the same calls before destroying its communicator",
+                        "rank %d destroyed its communicator (left) while this rank still needs it", cn->peer);
+}
+
+static int died_error(coll_conn *cn, const char *call, const char *what) {
+    return ff_error_set(call, "look at that rank's log; the communicator is broken, rebuild the group",
+                        "rank %d died or lost its connection (%s)", cn->peer, what);
+}
+
+/* A watched (idle) connection signalled a hang-up or error. Returns -1 + error if the peer
+ * is gone for good (died, aborted), 0 if it left cleanly or closed with data still queued
+ * for a later call of ours (we find out when we get there). */
+static int classify_hangup(coll_conn *cn, const char *call) {
+    uint8_t hb[COLL_HDR_BYTES];
+    ssize_t r;
+    do r = recv(cn->fd, hb, sizeof hb, MSG_PEEK | MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    if (r == 0) return died_error(cn, call, "its connection closed without a goodbye");
+    if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0; /* spurious */
+        return died_error(cn, call, strerror(errno));
+    }
+    if (r < COLL_HDR_BYTES) {
+        cn->state = PEER_SENT_AHEAD;
+        return 0;
+    }
+    coll_hdr h;
+    coll_hdr_decode(hb, &h);
+    if (h.magic == COLL_FRAME_MAGIC && h.type == FRAME_BYE) {
+        (void)recv(cn->fd, hb, sizeof hb, MSG_DONTWAIT); /* consume it */
+        cn->state = PEER_LEFT;
+        return 0;
+    }
+    if (h.magic == COLL_FRAME_MAGIC && h.type == FRAME_ABORT) {
+        (void)recv(cn->fd, hb, sizeof hb, MSG_DONTWAIT);
+        return abort_error(cn, &h, call);
+    }
+    cn->state = PEER_SENT_AHEAD;
+    return 0;
+}
+
+/* A channel's socket failed or hit end of stream. */
+static int lost_error(coll_chan *ch, const char *call, int err) {
+    coll_conn *cn = &ch->comm->cpu.conns[ch->peer];
+    if (cn->state == PEER_LEFT) return left_error(cn, call);
+    if (ch->tx) {
+        /* The peer may have said why before closing: look at what it sent us. */
+        uint8_t hb[COLL_HDR_BYTES];
+        ssize_t r = recv(cn->fd, hb, sizeof hb, MSG_PEEK | MSG_DONTWAIT);
+        if (r == COLL_HDR_BYTES) {
+            coll_hdr h;
+            coll_hdr_decode(hb, &h);
+            if (h.magic == COLL_FRAME_MAGIC && h.type == FRAME_BYE) return left_error(cn, call);
+            if (h.magic == COLL_FRAME_MAGIC && h.type == FRAME_ABORT) {
+                (void)recv(cn->fd, hb, sizeof hb, MSG_DONTWAIT);
+                return abort_error(cn, &h, call);
+            }
+        }
+    }
+    return died_error(cn, call, err ? strerror(err) : "connection closed");
+}
+
+/* ---- moving frames ---------------------------------------------------------------------- */
+
+enum { STEP_DONE = 0, STEP_WAIT_IO, STEP_NOT_READY, STEP_ERROR };
+
+static int check_header(coll_chan *ch, const coll_hdr *h, const char *call) {
+    coll_conn *cn = &ch->comm->cpu.conns[ch->peer];
+    if (h->magic != COLL_FRAME_MAGIC)
+        return ff_error_set(call, "a process that is not this group's rank may have connected",
+                            "rank %d sent bytes that are not a fuseflow collectives frame (magic %08x)",
+                            ch->peer, h->magic);
+    if (h->type == FRAME_BYE) {
+        cn->state = PEER_LEFT;
+        return left_error(cn, call);
+    }
+    if (h->type == FRAME_ABORT) return abort_error(cn, h, call);
+    if (h->type != FRAME_DATA)
+        return ff_error_set(call, NULL, "rank %d sent a frame of unknown type %u", ch->peer, h->type);
+    if (h->op != ch->h.op || h->dtype != ch->h.dtype || h->redop != ch->h.redop || h->count != ch->h.count ||
+        h->root != ch->h.root || h->seq != ch->h.seq) {
+        char theirs[160];
+        coll_describe(theirs, sizeof theirs, h->op, h->dtype, h->redop, h->count, (int)h->root);
+        return ff_error_set(call,
+                            "every rank must make the same collective calls in the same order with the same "
+                            "count, dtype, op and root, and each send must match a recv of the same count",
+                            "mismatched calls: rank %d sent %s as its call #%u to this rank, but this rank "
+                            "(rank %d) expected call #%u here",
+                            ch->peer, theirs, h->seq, ch->comm->rank, ch->h.seq);
+    }
+    if (h->frame != ch->k)
+        return ff_error_set(call, NULL, "rank %d sent frame %u, expected frame %zu (corrupt stream)", ch->peer,
+                            h->frame, ch->k);
+    return 0;
+}
+
+/* Advance a channel as far as the socket allows. *moved is set when bytes moved. */
+static int step(coll_chan *ch, bool *moved, const char *call) {
+    coll_conn *cn = &ch->comm->cpu.conns[ch->peer];
+    if (!ch->started) {
+        ch->started = true;
+        ch->h.seq = ch->tx ? ++cn->tx_seq : ++cn->rx_seq;
+    }
+    while (ch->k < ch->nframes) {
+        if (ch->tx) {
+            if (ch->off == 0) {
+                if (!ch->frame(ch->ctx, ch, ch->k, &ch->ptr, &ch->len)) return STEP_NOT_READY;
+                coll_hdr h = ch->h;
+                h.magic = COLL_FRAME_MAGIC;
+                h.type = FRAME_DATA;
+                h.frame = (uint32_t)ch->k;
+                h.len = (uint32_t)ch->len;
+                coll_hdr_encode(&h, ch->hbuf);
+            }
+            struct iovec iov[2];
+            int niov = 0;
+            if (ch->off < COLL_HDR_BYTES) {
+                iov[niov++] = (struct iovec){ch->hbuf + ch->off, COLL_HDR_BYTES - ch->off};
+                if (ch->len) iov[niov++] = (struct iovec){ch->ptr, ch->len};
+            } else {
+                size_t p = ch->off - COLL_HDR_BYTES;
+                iov[niov++] = (struct iovec){ch->ptr + p, ch->len - p};
+            }
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+            ssize_t r = sendmsg(cn->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) return STEP_WAIT_IO;
+                lost_error(ch, call, errno);
+                return STEP_ERROR;
+            }
+            *moved = true;
+            ch->off += (size_t)r;
+            size_t total = COLL_HDR_BYTES + ch->len;
+            cn->tx_frame_left = (uint32_t)(total - ch->off);
+            if (ch->off == total) {
+                ch->k++;
+                ch->off = 0;
+            }
+        } else {
+            if (ch->off < COLL_HDR_BYTES) {
+                ssize_t r = recv(cn->fd, ch->hbuf + ch->off, COLL_HDR_BYTES - ch->off, MSG_DONTWAIT);
+                if (r == 0) {
+                    lost_error(ch, call, 0);
+                    return STEP_ERROR;
+                }
+                if (r < 0) {
+                    if (errno == EINTR) continue;
+                    if (errno == EAGAIN || errno == EWOULDBLOCK) return STEP_WAIT_IO;
+                    lost_error(ch, call, errno);
+                    return STEP_ERROR;
+                }
+                *moved = true;
+                ch->off += (size_t)r;
+                if (ch->off < COLL_HDR_BYTES) continue;
+                coll_hdr h;
+                coll_hdr_decode(ch->hbuf, &h);
+                if (check_header(ch, &h, call)) return STEP_ERROR;
+                ch->ptr = NULL;
+                ch->len = h.len; /* checked against the destination below */
+            }
+            if (!ch->ptr) {
+                size_t sent_len = ch->len;
+                if (!ch->frame(ch->ctx, ch, ch->k, &ch->ptr, &ch->len)) {
+                    ch->len = sent_len;
+                    ch->ptr = NULL;
+                    return STEP_NOT_READY;
+                }
+                if (sent_len != ch->len) {
+                    ff_error_set(call, "all ranks must use the same FF_COLL_SLICE_BYTES and options",
+                                 "rank %d sent frame %zu with %zu bytes, this rank expected %zu", ch->peer, ch->k,
+                                 sent_len, ch->len);
+                    return STEP_ERROR;
+                }
+            }
+            size_t p = ch->off - COLL_HDR_BYTES;
+            if (p < ch->len) {
+                ssize_t r = recv(cn->fd, ch->ptr + p, ch->len - p, MSG_DONTWAIT);
+                if (r == 0) {
+                    lost_error(ch, call, 0);
+                    return STEP_ERROR;
+                }
+                if (r < 0) {
+                    if (errno == EINTR) continue;
+                    if (errno == EAGAIN || errno == EWOULDBLOCK) return STEP_WAIT_IO;
+                    lost_error(ch, call, errno);
+                    return STEP_ERROR;
+                }
+                *moved = true;
+                ch->off += (size_t)r;
+            }
+            if (ch->off == COLL_HDR_BYTES + ch->len) {
+                if (ch->landed) ch->landed(ch->ctx, ch, ch->k);
+                ch->k++;
+                ch->off = 0;
+                ch->ptr = NULL;
+            }
+        }
+    }
+    return STEP_DONE;
+}
+
+/* ---- the loop ---------------------------------------------------------------------------- */
+
+static bool chan_done(const coll_chan *ch) { return ch->k >= ch->nframes; }
+
+/* Channels on one connection and direction run one after the other, in list order. */
+static bool eligible(const coll_chan *chans, size_t i) {
+    for (size_t j = 0; j < i; j++)
+        if (!chan_done(&chans[j]) && chans[j].comm == chans[i].comm && chans[j].peer == chans[i].peer &&
+            chans[j].tx == chans[i].tx)
+            return false;
+    return true;
+}
+
+#define MAX_COMMS 16
+
+static int timeout_error(coll_chan *chans, size_t n, double secs, const char *call) {
+    char list[1024] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < n && len < sizeof list - 80; i++) {
+        if (chan_done(&chans[i])) continue;
+        len += (size_t)snprintf(list + len, sizeof list - len, "%srank %d (%s frame %zu of %zu)", len ? ", " : "",
+                                chans[i].peer, chans[i].tx ? "send" : "receive", chans[i].k, chans[i].nframes);
+    }
+    return ff_error_set(call,
+                        "a rank may be hung or may have skipped this call; options.timeout_s or "
+                        "FF_COLL_TIMEOUT_S sets the timeout",
+                        "nothing moved for %.1f s; waiting for %s", secs, list);
+}
+
+int coll_engine_run(coll_chan *chans, size_t n) {
+    if (n == 0) return 0;
+    ff_coll_comm *comms[MAX_COMMS];
+    size_t ncomms = 0;
+    double timeout_s = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = 0;
+        while (j < ncomms && comms[j] != chans[i].comm) j++;
+        if (j == ncomms) {
+            if (ncomms == MAX_COMMS)
+                return ff_error_set("ff_coll_group_end", "split the group", "more than %d communicators in one group",
+                                    MAX_COMMS);
+            comms[ncomms++] = chans[i].comm;
+            if (timeout_s == 0 || chans[i].comm->timeout_s < timeout_s) timeout_s = chans[i].comm->timeout_s;
+        }
+    }
+    /* pollfd slots: one per channel plus one per watched connection */
+    size_t watch_cap = 0;
+    for (size_t j = 0; j < ncomms; j++) watch_cap += (size_t)comms[j]->nranks;
+    size_t cap = n + watch_cap;
+    struct pollfd stack_pfd[64];
+    int stack_who[64];
+    struct pollfd *pfd = stack_pfd;
+    int *who = stack_who; /* >= 0: channel index; < 0: -(watched index) - 1 */
+    coll_conn *stack_watched[64];
+    coll_conn **watched = stack_watched;
+    if (cap > 64) {
+        pfd = ff_malloc(cap * sizeof *pfd);
+        who = ff_malloc(cap * sizeof *who);
+        watched = ff_malloc(cap * sizeof *watched);
+        if (!pfd || !who || !watched) {
+            if (pfd != stack_pfd) free(pfd);
+            if (who != stack_who) free(who);
+            if (watched != stack_watched) free(watched);
+            return -1;
+        }
+    }
+    char call[200];
+    describe_local(call, sizeof call, &chans[0]);
+    int rc = 0;
+    int64_t last = ff_now_ns();
+    for (;;) {
+        bool moved = false, all_done = true, any_io = false;
+        for (size_t i = 0; i < n; i++) {
+            if (chan_done(&chans[i])) continue;
+            all_done = false;
+            if (!eligible(chans, i)) continue;
+            describe_local(call, sizeof call, &chans[i]);
+            if (step(&chans[i], &moved, call) == STEP_ERROR) {
+                rc = -1;
+                goto out;
+            }
+        }
+        if (all_done) break;
+        if (moved) {
+            last = ff_now_ns();
+            continue;
+        }
+        /* Nothing moved: sleep until a socket is ready, a watched peer hangs up, or the
+         * timeout. Channels waiting on another channel (NOT_READY) need no wake-up of their
+         * own: that channel's progress wakes the loop. */
+        size_t np = 0, nw = 0;
+        for (size_t i = 0; i < n; i++) {
+            coll_chan *ch = &chans[i];
+            if (chan_done(ch) || !eligible(chans, i)) continue;
+            if (ch->tx && ch->off == 0 && ch->started) {
+                uint8_t *p;
+                size_t l;
+                if (!ch->frame(ch->ctx, ch, ch->k, &p, &l)) continue; /* waits for a receive */
+            }
+            pfd[np] = (struct pollfd){.fd = ch->comm->cpu.conns[ch->peer].fd,
+                                      .events = (short)((ch->tx ? POLLOUT : POLLIN) | POLLRDHUP)};
+            who[np++] = (int)i;
+            any_io = true;
+        }
+        if (!any_io) {
+            rc = ff_error_set(call, "this is a bug in ff_coll; please report it",
+                              "internal error: no channel can make progress");
+            goto out;
+        }
+        for (size_t j = 0; j < ncomms; j++) {
+            ff_coll_comm *c = comms[j];
+            for (int r = 0; r < c->nranks; r++) {
+                coll_conn *cn = &c->cpu.conns[r];
+                if (cn->fd < 0 || cn->state != PEER_LIVE) continue;
+                bool busy = false;
+                for (size_t i = 0; i < n && !busy; i++)
+                    busy = !chan_done(&chans[i]) && chans[i].comm == c && chans[i].peer == r;
+                if (busy) continue;
+                watched[nw] = cn;
+                pfd[np] = (struct pollfd){.fd = cn->fd, .events = POLLRDHUP};
+                who[np++] = -(int)nw - 1;
+                nw++;
+            }
+        }
+        int64_t left_ms = (last + (int64_t)(timeout_s * 1e9) - ff_now_ns()) / 1000000;
+        if (left_ms <= 0) {
+            rc = timeout_error(chans, n, timeout_s, call);
+            goto out;
+        }
+        int pr = poll(pfd, (nfds_t)np, left_ms > 1000000 ? 1000000 : (int)left_ms);
+        if (pr < 0 && errno != EINTR) {
+            rc = ff_error_set(call, NULL, "poll failed: %s", strerror(errno));
+            goto out;
+        }
+        for (size_t p = 0; pr > 0 && p < np; p++) {
+            short ev = pfd[p].revents;
+            if (!ev) continue;
+            if (who[p] < 0) {
+                if (classify_hangup(watched[-who[p] - 1], call)) {
+                    rc = -1;
+                    goto out;
+                }
+                continue;
+            }
+            /* A send whose peer hung up and takes no more bytes would spin here: find out
+             * why, unless a receive on the same connection will read it anyway. */
+            coll_chan *ch = &chans[who[p]];
+            if (!ch->tx || (ev & POLLOUT) || !(ev & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+            bool reader = false;
+            for (size_t i = 0; i < n && !reader; i++)
+                reader = !chans[i].tx && !chan_done(&chans[i]) && chans[i].comm == ch->comm &&
+                         chans[i].peer == ch->peer && eligible(chans, i);
+            if (reader) continue;
+            describe_local(call, sizeof call, ch);
+            coll_conn *cn = &ch->comm->cpu.conns[ch->peer];
+            if (classify_hangup(cn, call) == 0) {
+                if (cn->state == PEER_LEFT)
+                    left_error(cn, call);
+                else
+                    died_error(cn, call, "it stopped reading and closed its side");
+            }
+            rc = -1;
+            goto out;
+        }
+    }
+out:
+    if (pfd != stack_pfd) free(pfd);
+    if (who != stack_who) free(who);
+    if (watched != stack_watched) free(watched);
+    return rc;
+}
