@@ -1,0 +1,247 @@
+/* Generation: KV-cache decoding gives the log-probs of a full forward over prompt +
+ * response (continuous batching with fewer slots than sequences, prompts of different
+ * lengths, n samples sharing a prefill), same seed => same output, batch composition does
+ * not change a sequence, greedy follows the argmax, top-k 1 is greedy, stop tokens, length
+ * limits, abort, and clear errors for bad requests. */
+#include "tests/model/model_test_util.h"
+
+static ff_backend *be;
+
+/* Full-forward log-probs of a response after its prompt (temperature temp). */
+static void full_logprobs(ff_model *m, const int32_t *prompt, int32_t np, const int32_t *resp, int32_t nr, float temp,
+                          float *out, float *logits_last_rows) {
+    int32_t T = np + nr, ss[2] = {0, T};
+    int32_t *tok = malloc((size_t)T * 4), *tg = malloc((size_t)T * 4);
+    memcpy(tok, prompt, (size_t)np * 4);
+    memcpy(tok + np, resp, (size_t)nr * 4);
+    ff_batch_shift_targets(tok, ss, 1, tg);
+    float *lp = malloc((size_t)T * 4);
+    int V = ff_model_config_of(m)->vocab_size;
+    float *lg = logits_last_rows ? malloc((size_t)T * V * 4) : NULL;
+    ff_batch b = {.n_tokens = T, .n_seqs = 1, .tokens = tok, .seq_start = ss, .targets = tg};
+    ff_forward_opts o = {.temperature = temp};
+    ff_forward_out fo = {.logprobs = lp, .logits = lg};
+    REQUIRE(ff_model_forward(m, &b, &o, &fo) == 0);
+    for (int32_t i = 0; i < nr; i++) out[i] = lp[np - 1 + i]; /* position np-1+i predicts resp[i] */
+    if (lg) memcpy(logits_last_rows, lg + (size_t)(np - 1) * V, (size_t)nr * V * 4);
+    free(tok), free(tg), free(lp), free(lg);
+}
+
+static int argmax(const float *z, int V) {
+    int a = 0;
+    for (int v = 1; v < V; v++)
+        if (z[v] > z[a]) a = v;
+    return a;
+}
+
+static ff_gen_request req(uint64_t id, const int32_t *prompt, int32_t n, int32_t samples, float temp, int32_t max_new,
+                          uint64_t seed) {
+    ff_gen_request r;
+    memset(&r, 0, sizeof r);
+    r.id = id;
+    r.prompt = prompt;
+    r.prompt_len = n;
+    r.n_samples = samples;
+    ff_sampling_default(&r.sampling);
+    r.sampling.temperature = temp;
+    r.sampling.max_new_tokens = max_new;
+    r.seed = seed;
+    return r;
+}
+
+static void free_outs(ff_gen_output *o, int32_t n) {
+    for (int32_t i = 0; i < n; i++) ff_gen_output_free(&o[i]);
+    free(o);
+}
+
+static void test_kv_matches_full(ff_model *m) {
+    int32_t p0[] = {1, 2, 3}, p1[] = {5}, p2[] = {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23};
+    ff_gen_request r[3] = {req(10, p0, 3, 2, 1.0f, 20, 1), req(11, p1, 1, 3, 1.0f, 15, 2), req(12, p2, 17, 1, 0.8f, 25, 3)};
+    r[2].sampling.logprob_mode = FF_LOGPROB_TEMPERATURE;
+    r[1].sampling.top_p = 0.9f;
+    r[1].sampling.top_k = 20;
+    ff_generator_config gc = {.max_slots = 3, .max_seq_len = 64, .max_prefill_tokens = 20};
+    ff_gen_output *o;
+    int32_t n;
+    REQUIRE(ff_model_generate(m, &gc, r, 3, &o, &n) == 0);
+    CHECK_EQ_INT(n, 6);
+    int idx = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < r[i].n_samples; j++, idx++) {
+            ff_gen_output *g = &o[idx];
+            CHECK(g->id == r[i].id);
+            CHECK_EQ_INT(g->sample, j);
+            CHECK_EQ_INT(g->n_tokens, r[i].sampling.max_new_tokens); /* no eos in this config */
+            CHECK(g->finish == FF_FINISH_LENGTH);
+            float *want = malloc((size_t)g->n_tokens * 4);
+            float temp = r[i].sampling.logprob_mode == FF_LOGPROB_TEMPERATURE ? r[i].sampling.temperature : 1.0f;
+            full_logprobs(m, r[i].prompt, r[i].prompt_len, g->tokens, g->n_tokens, temp, want, NULL);
+            char what[64];
+            snprintf(what, sizeof what, "request %d sample %d: cached vs full log-probs", i, j);
+            check_tensor_close(what, g->logprobs, want, g->n_tokens, 1e-4, 0);
+            free(want);
+        }
+    /* the samples of one prompt differ (own RNG streams) */
+    CHECK(memcmp(o[0].tokens, o[1].tokens, 20 * 4) != 0);
+    free_outs(o, n);
+}
+
+static void test_reproducible_and_independent(ff_model *m) {
+    int32_t p0[] = {4, 4, 2, 9}, p1[] = {3, 1};
+    ff_gen_request r[2] = {req(1, p0, 4, 2, 1.0f, 30, 77), req(2, p1, 2, 1, 1.2f, 30, 78)};
+    ff_gen_output *a, *b, *c;
+    int32_t na, nb, nc;
+    REQUIRE(ff_model_generate(m, NULL, r, 2, &a, &na) == 0);
+    REQUIRE(ff_model_generate(m, NULL, r, 2, &b, &nb) == 0);
+    REQUIRE(na == 3 && nb == 3);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(a[i].n_tokens, b[i].n_tokens);
+        CHECK(memcmp(a[i].tokens, b[i].tokens, (size_t)a[i].n_tokens * 4) == 0);
+        CHECK(memcmp(a[i].logprobs, b[i].logprobs, (size_t)a[i].n_tokens * 4) == 0);
+    }
+    /* the second request alone, one slot, still produces the same sequence */
+    ff_generator_config one = {.max_slots = 1, .max_seq_len = 40};
+    REQUIRE(ff_model_generate(m, &one, &r[1], 1, &c, &nc) == 0);
+    CHECK_EQ_INT(c[0].n_tokens, a[2].n_tokens);
+    CHECK(memcmp(c[0].tokens, a[2].tokens, (size_t)c[0].n_tokens * 4) == 0);
+    free_outs(c, nc);
+    /* sample 0 of an n-sample request equals the same request with one sample */
+    ff_gen_request single = r[0];
+    single.n_samples = 1;
+    REQUIRE(ff_model_generate(m, NULL, &single, 1, &c, &nc) == 0);
+    CHECK(memcmp(c[0].tokens, a[0].tokens, (size_t)c[0].n_tokens * 4) == 0);
+    free_outs(c, nc);
+    /* another seed, another sequence */
+    r[0].seed = 99;
+    REQUIRE(ff_model_generate(m, NULL, r, 1, &c, &nc) == 0);
+    CHECK(memcmp(c[0].tokens, a[0].tokens, (size_t)c[0].n_tokens * 4) != 0);
+    free_outs(c, nc);
+    free_outs(a, na);
+    free_outs(b, nb);
+}
+
+static void test_greedy_stop_length(ff_model *m) {
+    int V = ff_model_config_of(m)->vocab_size;
+    int32_t p[] = {2, 7, 1};
+    ff_gen_request r = req(5, p, 3, 1, 0.0f, 12, 0);
+    ff_gen_output *o, *k1;
+    int32_t n, nk;
+    REQUIRE(ff_model_generate(m, NULL, &r, 1, &o, &n) == 0);
+    REQUIRE(o[0].n_tokens == 12);
+    float *lg = malloc((size_t)12 * V * 4), *lp = malloc(12 * 4);
+    full_logprobs(m, p, 3, o[0].tokens, 12, 1.0f, lp, lg);
+    for (int i = 0; i < 12; i++) CHECK_EQ_INT(o[0].tokens[i], argmax(lg + (size_t)i * V, V));
+    check_tensor_close("greedy log-probs", o[0].logprobs, lp, 12, 1e-4, 0);
+    /* top-k 1 at any temperature is greedy */
+    ff_gen_request rk = req(6, p, 3, 1, 1.5f, 12, 1234);
+    rk.sampling.top_k = 1;
+    REQUIRE(ff_model_generate(m, NULL, &rk, 1, &k1, &nk) == 0);
+    CHECK(memcmp(k1[0].tokens, o[0].tokens, 12 * 4) == 0);
+    free_outs(k1, nk);
+    /* a stop token ends the sequence where it first appears, and is included */
+    int32_t stop = o[0].tokens[4];
+    int first = 0;
+    while (o[0].tokens[first] != stop) first++;
+    ff_gen_request rs = r;
+    rs.sampling.stop_tokens = &stop;
+    rs.sampling.n_stop = 1;
+    REQUIRE(ff_model_generate(m, NULL, &rs, 1, &k1, &nk) == 0);
+    CHECK(k1[0].finish == FF_FINISH_STOP);
+    CHECK_EQ_INT(k1[0].n_tokens, first + 1);
+    CHECK_EQ_INT(k1[0].tokens[first], stop);
+    free_outs(k1, nk);
+    /* the slot capacity ends a sequence at max_seq_len tokens in all */
+    ff_generator_config gc = {.max_slots = 2, .max_seq_len = 8};
+    REQUIRE(ff_model_generate(m, &gc, &r, 1, &k1, &nk) == 0);
+    CHECK(k1[0].finish == FF_FINISH_LENGTH);
+    CHECK_EQ_INT(k1[0].n_tokens, 8 - 3);
+    CHECK(memcmp(k1[0].tokens, o[0].tokens, 5 * 4) == 0);
+    free_outs(k1, nk);
+    free_outs(o, n);
+    free(lg), free(lp);
+}
+
+static void test_step_api_abort_errors(ff_model *m) {
+    ff_generator_config gc = {.max_slots = 2, .max_seq_len = 32, .max_prefill_tokens = 8};
+    ff_generator *g = ff_generator_new(m, &gc);
+    REQUIRE(g);
+    int32_t p[] = {1, 2, 3, 4}, big[9] = {0}, bad[] = {1, 999};
+    ff_gen_request a = req(1, p, 4, 1, 1.0f, 20, 1), b = req(2, p, 2, 2, 1.0f, 20, 2), c = req(3, p, 1, 1, 1.0f, 3, 3);
+    REQUIRE(ff_generator_submit(g, &a) == 0);
+    REQUIRE(ff_generator_submit(g, &b) == 0); /* needs 2 slots: waits behind a */
+    REQUIRE(ff_generator_submit(g, &c) == 0);
+    CHECK_EQ_INT(ff_generator_pending(g), 4);
+    REQUIRE(ff_generator_step(g) == 0);
+    CHECK_EQ_INT(ff_generator_running(g), 1); /* a runs; b (2 samples) waits for 2 free slots */
+    CHECK_EQ_INT(ff_generator_abort(g, 1), 1);
+    CHECK_EQ_INT(ff_generator_running(g), 0);
+    ff_gen_output o;
+    REQUIRE(ff_generator_pop(g, &o) == 1);
+    CHECK(o.id == 1 && o.finish == FF_FINISH_ABORTED && o.n_tokens == 2);
+    ff_gen_output_free(&o);
+    CHECK_EQ_INT(ff_generator_abort(g, 2), 2); /* waiting ones just vanish */
+    CHECK(ff_generator_pop(g, &o) == 0);
+    while (ff_generator_pending(g) > 0) REQUIRE(ff_generator_step(g) == 0);
+    REQUIRE(ff_generator_pop(g, &o) == 1);
+    CHECK(o.id == 3 && o.n_tokens == 3 && o.finish == FF_FINISH_LENGTH);
+    ff_gen_output_free(&o);
+
+    /* bad requests */
+    ff_gen_request e = req(9, p, 0, 1, 1.0f, 5, 0);
+    CHECK(ff_generator_submit(g, &e) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "empty prompt");
+    e = req(9, big, 9, 1, 1.0f, 5, 0);
+    CHECK(ff_generator_submit(g, &e) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "max_prefill_tokens");
+    e = req(9, bad, 2, 1, 1.0f, 5, 0);
+    CHECK(ff_generator_submit(g, &e) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "out of range");
+    e = req(9, p, 2, 3, 1.0f, 5, 0);
+    CHECK(ff_generator_submit(g, &e) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "n_samples");
+    e = req(9, p, 2, 1, -1.0f, 5, 0);
+    CHECK(ff_generator_submit(g, &e) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "temperature");
+    e = req(9, p, 2, 1, 1.0f, 5, 0);
+    e.sampling.top_p = 0;
+    CHECK(ff_generator_submit(g, &e) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "top_p");
+    e.sampling.top_p = 1;
+    e.sampling.max_new_tokens = 0;
+    CHECK(ff_generator_submit(g, &e) == -1);
+    CHECK_EQ_INT(ff_generator_pending(g), 0);
+    ff_generator_destroy(&g);
+    CHECK(g == NULL);
+    ff_generator_config badc = {.max_slots = 0, .max_seq_len = 8};
+    CHECK(ff_generator_new(m, &badc) == NULL);
+    badc.max_slots = 1;
+    badc.max_seq_len = 100000;
+    CHECK(ff_generator_new(m, &badc) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "max_position_embeddings");
+
+    /* destroying a generator with work in flight frees everything (ASan checks) */
+    g = ff_generator_new(m, &gc);
+    REQUIRE(g);
+    REQUIRE(ff_generator_submit(g, &a) == 0 && ff_generator_submit(g, &b) == 0 && ff_generator_submit(g, &c) == 0);
+    REQUIRE(ff_generator_step(g) == 0 && ff_generator_step(g) == 0);
+    ff_generator_destroy(&g);
+}
+
+int main(void) {
+    be = ff_backend_cpu_new(2);
+    REQUIRE(be);
+    ff_model_config c = tiny_config(40, 32, 64, 2, 4, 2, false, true, false);
+    ff_model *m = tiny_model(be, &c, 7, 0.3);
+    test_kv_matches_full(m);
+    test_reproducible_and_independent(m);
+    test_greedy_stop_length(m);
+    test_step_api_abort_errors(m);
+    ff_model_destroy(&m);
+    /* tied embeddings, no biases, MHA */
+    c = tiny_config(30, 24, 40, 1, 3, 3, true, false, false);
+    m = tiny_model(be, &c, 8, 0.3);
+    test_kv_matches_full(m);
+    ff_model_destroy(&m);
+    ff_backend_destroy(&be);
+    TEST_MAIN_END();
+}
