@@ -1,0 +1,438 @@
+/* Run configs: one YAML file holds the whole run (trainer, data, roles with their models and
+ * layouts, extra columns, the algorithm graph); dotted overrides change any key. Read with the
+ * typed getters of config.h, so every error names file:line and every key that nothing reads
+ * is an error with a suggestion. The schema is documented in docs/graphs.md.
+ *
+ * Not here: the graph's own checks (graph.c). */
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dataflow/internal.h"
+#include "fuseflow/config.h"
+#include "fuseflow/error.h"
+#include "fuseflow/graph.h"
+#include "fuseflow/util.h"
+
+static const char *const role_keys[FF_ROLE_COUNT] = {NULL, "actor", "critic", "ref", "reward"};
+
+static int where_of(ff_config *c, const char *path, char *buf, size_t cap) {
+    ff_cnode *n = ff_cnode_find(ff_config_root(c), path);
+    if (n)
+        ff_cnode_where(n, buf, cap);
+    else
+        snprintf(buf, cap, "%s", path);
+    return 0;
+}
+
+static int positive(ff_config *c, const char *path, int64_t v, int64_t lo) {
+    if (v >= lo) return 0;
+    char w[256];
+    where_of(c, path, w, sizeof w);
+    return ff_error_set(w, NULL, "'%s' must be >= %lld, got %lld", path, (long long)lo, (long long)v);
+}
+
+static int read_trainer(ff_run_config *run) {
+    ff_config *c = run->cfg;
+    ff_trainer_cfg *t = &run->trainer;
+    static const char *const sched[] = {"fused", "serial"};
+    int s;
+    if (ff_config_get_int(c, "trainer.steps", 100, &t->steps) < 0 || ff_config_get_int(c, "trainer.seed", 1, &t->seed) < 0 ||
+        ff_config_get_enum(c, "trainer.schedule", sched, 2, FF_SCHED_FUSED, &s) < 0 ||
+        ff_config_get_int(c, "trainer.save_freq", 0, &t->save_freq) < 0 ||
+        ff_config_get_int(c, "trainer.test_freq", 0, &t->test_freq) < 0 ||
+        ff_config_get_int(c, "trainer.max_gen_batches", 4, &t->max_gen_batches) < 0 ||
+        ff_config_get_str(c, "trainer.out_dir", "runs/latest", &t->out_dir) < 0)
+        return -1;
+    t->schedule = (ff_schedule)s;
+    if (positive(c, "trainer.steps", t->steps, 1) || positive(c, "trainer.save_freq", t->save_freq, 0) ||
+        positive(c, "trainer.test_freq", t->test_freq, 0) || positive(c, "trainer.max_gen_batches", t->max_gen_batches, 1))
+        return -1;
+    ff_cnode *pl = ff_cnode_find(ff_config_root(c), "trainer.plugins");
+    if (!pl) return 0;
+    char w[256];
+    if (ff_cnode_kind_of(pl) == FF_CNODE_SCALAR) {
+        if (!ff_cnode_scalar(pl)[0]) return 0; /* `plugins:` with nothing */
+        return ff_error_set(ff_cnode_where(pl, w, sizeof w), "write a list: plugins: [path/to/plugin.so]",
+                            "'trainer.plugins' must be a list");
+    }
+    if (ff_cnode_kind_of(pl) != FF_CNODE_SEQ)
+        return ff_error_set(ff_cnode_where(pl, w, sizeof w), "write a list: plugins: [path/to/plugin.so]",
+                            "'trainer.plugins' must be a list");
+    t->n_plugins = ff_cnode_len(pl);
+    t->plugins = ff_calloc(t->n_plugins ? t->n_plugins : 1, sizeof *t->plugins);
+    if (!t->plugins) return -1;
+    for (size_t i = 0; i < t->n_plugins; i++) {
+        ff_cnode *e = ff_cnode_at(pl, i);
+        if (!ff_cnode_scalar(e))
+            return ff_error_set(ff_cnode_where(e, w, sizeof w), NULL, "each plugin is a path to a shared library");
+        t->plugins[i] = ff_cnode_scalar(e);
+    }
+    return 0;
+}
+
+static int read_data(ff_run_config *run) {
+    ff_config *c = run->cfg;
+    ff_data_cfg *d = &run->data;
+    if (ff_config_get_str(c, "data.train_files", NULL, &d->train_files) < 0 ||
+        ff_config_get_str(c, "data.val_files", NULL, &d->val_files) < 0 ||
+        ff_config_get_str(c, "data.prompt_key", "prompt", &d->prompt_key) < 0 ||
+        ff_config_get_str(c, "data.answer_key", "answer", &d->answer_key) < 0 ||
+        ff_config_get_int(c, "data.train_batch_size", 8, &d->train_batch_size) < 0 ||
+        ff_config_get_int(c, "data.val_batch_size", 64, &d->val_batch_size) < 0 ||
+        ff_config_get_int(c, "data.max_prompt_length", 512, &d->max_prompt_length) < 0 ||
+        ff_config_get_int(c, "data.max_response_length", 512, &d->max_response_length) < 0 ||
+        ff_config_get_bool(c, "data.shuffle", true, &d->shuffle) < 0)
+        return -1;
+    if (!d->train_files) {
+        char w[256];
+        where_of(c, "data", w, sizeof w);
+        return ff_error_set(w, "add data.train_files: PATH.jsonl (fuseflow dataset arith writes one)", "no training data");
+    }
+    return positive(c, "data.train_batch_size", d->train_batch_size, 1) || positive(c, "data.val_batch_size", d->val_batch_size, 1) ||
+                   positive(c, "data.max_prompt_length", d->max_prompt_length, 1) ||
+                   positive(c, "data.max_response_length", d->max_response_length, 1)
+               ? -1
+               : 0;
+}
+
+static int read_layout(ff_cnode *base, const ff_layout *dflt, ff_layout *L, const char *what) {
+    char w[256];
+    if (ff_cnode_get_int(base, "dp", dflt ? dflt->dp : 0, &L->dp) < 0 || ff_cnode_get_int(base, "tp", dflt ? dflt->tp : 1, &L->tp) < 0 ||
+        ff_cnode_get_int(base, "pp", dflt ? dflt->pp : 1, &L->pp) < 0)
+        return -1;
+    if (L->tp < 1 || L->pp < 1 || L->dp < 0)
+        return ff_error_set(ff_cnode_where(base, w, sizeof w), NULL, "%s: dp, tp and pp must be >= 1", what);
+    if (L->dp == 0) L->dp = L->workers / (L->tp * L->pp);
+    if (L->dp < 1 || L->dp * L->tp * L->pp != L->workers)
+        return ff_error_set(ff_cnode_where(base, w, sizeof w), "workers must equal dp x tp x pp",
+                            "%s: dp %lld x tp %lld x pp %lld does not match %lld workers", what, (long long)L->dp, (long long)L->tp,
+                            (long long)L->pp, (long long)L->workers);
+    return 0;
+}
+
+static int read_role(ff_run_config *run, ff_role r) {
+    ff_role_cfg *rc = &run->roles[r];
+    char path[64];
+    snprintf(path, sizeof path, "roles.%s", role_keys[r]);
+    ff_cnode *base = ff_cnode_find(ff_config_root(run->cfg), path);
+    if (!base) return 0;
+    char w[256];
+    ff_cnode_where(base, rc->where, sizeof rc->where);
+    if (ff_cnode_kind_of(base) != FF_CNODE_MAP)
+        return ff_error_set(rc->where, "give the role a map: {model: PATH, workers: N}", "'%s' must be a map", path);
+    rc->present = true;
+    const char *colo;
+    static const char *const names[] = {"actor", "critic", "ref", "reward"};
+    int colo_i = -1;
+    if (ff_cnode_get_str(base, "model", NULL, &rc->model) < 0 ||
+        ff_cnode_get_enum(base, "colocate_with", names, 4, -1, &colo_i) < 0 || ff_cnode_get_str(base, "colocate_with", NULL, &colo) < 0)
+        return -1;
+    rc->colocate_with = colo_i < 0 ? FF_ROLE_NONE : (ff_role)(colo_i + 1);
+    if (rc->colocate_with == r)
+        return ff_error_set(rc->where, NULL, "role '%s' cannot be colocated with itself", role_keys[r]);
+    int64_t dflt_workers = 1;
+    if (rc->colocate_with) {
+        const ff_role_cfg *other = &run->roles[rc->colocate_with];
+        if (!other->present)
+            return ff_error_set(rc->where, "define that role (with its workers) too", "role '%s' is colocated with '%s', which is not defined",
+                                role_keys[r], names[colo_i]);
+        if (other->colocate_with)
+            return ff_error_set(rc->where, "colocate every role with the same one", "role '%s' is colocated with '%s', which is itself colocated",
+                                role_keys[r], names[colo_i]);
+        dflt_workers = other->layout.workers;
+    }
+    if (ff_cnode_get_int(base, "workers", dflt_workers, &rc->layout.workers) < 0) return -1;
+    if (rc->layout.workers < 1) return ff_error_set(rc->where, NULL, "%s.workers must be >= 1", path);
+    if (rc->colocate_with && rc->layout.workers != run->roles[rc->colocate_with].layout.workers)
+        return ff_error_set(rc->where, "colocated roles share their worker processes: give them the same number",
+                            "role '%s' has %lld workers but is colocated with '%s', which has %lld", role_keys[r],
+                            (long long)rc->layout.workers, names[colo_i], (long long)run->roles[rc->colocate_with].layout.workers);
+    if (read_layout(base, NULL, &rc->layout, path) < 0) return -1;
+    rc->rollout = rc->layout;
+    ff_cnode *ro = ff_cnode_find(base, "rollout");
+    if (ro) {
+        if (r != FF_ROLE_ACTOR)
+            return ff_error_set(ff_cnode_where(ro, w, sizeof w), "only the actor generates", "'%s.rollout' is only for the actor", path);
+        if (ff_cnode_kind_of(ro) != FF_CNODE_MAP)
+            return ff_error_set(ff_cnode_where(ro, w, sizeof w), "write rollout: {dp: N, tp: M}", "'%s.rollout' must be a map", path);
+        char what[80];
+        snprintf(what, sizeof what, "%s.rollout", path);
+        ff_layout d = rc->layout;
+        if (read_layout(ro, &d, &rc->rollout, what) < 0) return -1;
+    }
+    if (r == FF_ROLE_ACTOR || r == FF_ROLE_CRITIC) {
+        ff_optim_cfg *o = &rc->optim;
+        ff_cnode *ob = ff_cnode_find(base, "optim");
+        ff_cnode *opt = ob ? ob : base; /* absent: defaults (getters on a map without the keys) */
+        if (ob && ff_cnode_kind_of(ob) != FF_CNODE_MAP)
+            return ff_error_set(ff_cnode_where(ob, w, sizeof w), "write optim: {lr: 1e-5}", "'%s.optim' must be a map", path);
+        if (ob) {
+            if (ff_cnode_get_double(opt, "lr", 1e-6, &o->lr) < 0 || ff_cnode_get_double(opt, "weight_decay", 0.01, &o->weight_decay) < 0 ||
+                ff_cnode_get_double(opt, "eps", 1e-8, &o->eps) < 0 || ff_cnode_get_double(opt, "grad_clip", 1.0, &o->grad_clip) < 0 ||
+                ff_cnode_get_double(opt, "min_lr_ratio", 0.0, &o->min_lr_ratio) < 0 ||
+                ff_cnode_get_int(opt, "warmup_steps", 0, &o->warmup_steps) < 0)
+                return -1;
+            static const char *const sch[] = {"constant", "cosine"};
+            int s;
+            if (ff_cnode_get_enum(opt, "lr_schedule", sch, 2, 0, &s) < 0) return -1;
+            o->lr_schedule = sch[s];
+            o->beta1 = 0.9, o->beta2 = 0.999;
+            ff_cnode *betas = ff_cnode_find(opt, "betas");
+            if (betas) {
+                if (ff_cnode_kind_of(betas) != FF_CNODE_SEQ || ff_cnode_len(betas) != 2 ||
+                    ff_cnode_get_double(betas, "0", 0.9, &o->beta1) < 0 || ff_cnode_get_double(betas, "1", 0.999, &o->beta2) < 0)
+                    return ff_error_set(ff_cnode_where(betas, w, sizeof w), "write betas: [0.9, 0.999]", "'%s.optim.betas' must be two numbers",
+                                        path);
+            }
+        } else {
+            *o = (ff_optim_cfg){1e-6, 0.01, 0.9, 0.999, 1e-8, 1.0, 0.0, 0, "constant"};
+        }
+        if (o->lr <= 0 || o->lr > 1 || o->beta1 < 0 || o->beta1 >= 1 || o->beta2 < 0 || o->beta2 >= 1 || o->eps <= 0 ||
+            o->grad_clip < 0 || o->weight_decay < 0 || o->warmup_steps < 0 || o->min_lr_ratio < 0 || o->min_lr_ratio > 1)
+            return ff_error_set(ob ? ff_cnode_where(ob, w, sizeof w) : rc->where, "lr in (0, 1], betas in [0, 1), eps > 0, the rest >= 0",
+                                "'%s.optim' has a value out of range", path);
+    }
+    return 0;
+}
+
+static int read_columns(ff_run_config *run) {
+    ff_cnode *cols = ff_cnode_find(ff_config_root(run->cfg), "columns");
+    if (!cols) return 0;
+    char w[256];
+    if (ff_cnode_kind_of(cols) != FF_CNODE_MAP)
+        return ff_error_set(ff_cnode_where(cols, w, sizeof w), "write columns: {name: tokens|per_token|scalar|text}",
+                            "'columns' must be a map");
+    static const char *const kinds[] = {"tokens", "per_token", "scalar", "text"};
+    for (size_t i = 0; i < ff_cnode_len(cols); i++) {
+        ff_cnode *e = ff_cnode_at(cols, i);
+        int kind;
+        bool from_data = false;
+        if (ff_cnode_kind_of(e) == FF_CNODE_SCALAR) {
+            if (ff_cnode_get_enum(e, "", kinds, 4, -1, &kind) < 0) return -1;
+        } else if (ff_cnode_kind_of(e) == FF_CNODE_MAP) {
+            if (ff_cnode_get_enum(e, "kind", kinds, 4, -1, &kind) < 0 || ff_cnode_get_bool(e, "from_data", false, &from_data) < 0)
+                return -1;
+        } else {
+            kind = -1;
+        }
+        if (kind < 0)
+            return ff_error_set(ff_cnode_where(e, w, sizeof w), "give its kind: tokens, per_token, scalar or text",
+                                "column '%s' has no kind", ff_cnode_key(e));
+        if (ff_graph_add_column(run->graph, ff_cnode_key(e), (ff_col_kind)kind, from_data) < 0)
+            return ff_error_wrap("%s", ff_cnode_where(e, w, sizeof w));
+    }
+    return 0;
+}
+
+/* Bind with errors located at the entry's line rather than the node's. */
+static int bind_at(ff_graph *g, int node, bool output, const char *slot, const char *col, ff_cnode *entry) {
+    ff_node *n = ff_graph_node_mut(g, (size_t)node);
+    char saved[sizeof n->where];
+    memcpy(saved, n->where, sizeof saved);
+    ff_cnode_where(entry, n->where, sizeof n->where);
+    int rc = ff_graph_bind(g, node, output, slot, col);
+    memcpy(n->where, saved, sizeof saved);
+    return rc;
+}
+
+/* in:/out: as a list (positional, in the op's slot order) or a map (slot: column). */
+static int read_bindings(ff_run_config *run, int node, ff_cnode *nm, const char *key, bool output) {
+    ff_cnode *b = ff_cnode_find(nm, key);
+    if (!b) return 0;
+    ff_graph *g = run->graph;
+    const ff_node *n = ff_graph_node(g, (size_t)node);
+    char w[256];
+    ff_slot slots[8];
+    size_t ns = ff_op_slots(n->op, n->role, output, slots, NULL, 8);
+    if (ff_cnode_kind_of(b) == FF_CNODE_SCALAR && !ff_cnode_scalar(b)[0]) return 0; /* `out:` left empty */
+    if (ff_cnode_kind_of(b) == FF_CNODE_SEQ) {
+        if (ff_cnode_len(b) > ns)
+            return ff_error_set(ff_cnode_where(b, w, sizeof w), "use the map form {slot: column} to see which is which",
+                                "node '%s' (op %s) has %zu %s slots, but %s lists %zu columns", n->name, ff_op_name(n->op), ns,
+                                output ? "output" : "input", key, ff_cnode_len(b));
+        for (size_t i = 0; i < ff_cnode_len(b); i++) {
+            ff_cnode *e = ff_cnode_at(b, i);
+            const char *col = ff_cnode_scalar(e);
+            if (!col) return ff_error_set(ff_cnode_where(e, w, sizeof w), NULL, "a column name must be text");
+            if (bind_at(g, node, output, ff_slot_name(slots[i]), col, e) != 0) return -1;
+        }
+        return 0;
+    }
+    if (ff_cnode_kind_of(b) == FF_CNODE_MAP) {
+        for (size_t i = 0; i < ff_cnode_len(b); i++) {
+            ff_cnode *e = ff_cnode_at(b, i);
+            const char *col = ff_cnode_scalar(e);
+            if (!col) return ff_error_set(ff_cnode_where(e, w, sizeof w), NULL, "a column name must be text");
+            if (bind_at(g, node, output, ff_cnode_key(e), col, e) != 0) return -1;
+        }
+        return 0;
+    }
+    return ff_error_set(ff_cnode_where(b, w, sizeof w), "write a list [a, b] or a map {slot: column}",
+                        "node '%s': '%s' must be a list or a map", n->name, key);
+}
+
+static int read_graph(ff_run_config *run) {
+    ff_cnode *gr = ff_cnode_find(ff_config_root(run->cfg), "graph");
+    char w[256];
+    if (!gr || ff_cnode_kind_of(gr) != FF_CNODE_MAP || !ff_cnode_len(gr))
+        return ff_error_set(gr ? ff_cnode_where(gr, w, sizeof w) : run->path, "see examples/grpo.yaml",
+                            "the config has no graph: a map of nodes under 'graph:'");
+    static const char *const ops[] = {"generate", "logprob", "value", "score", "reward_fn",
+                                      "advantage", "train", "sync_weights", "filter"};
+    static const char *const roles[] = {"none", "actor", "critic", "ref", "reward"};
+    static const char *const grans[] = {"sample", "group", "micro_batch", "batch"};
+    for (size_t i = 0; i < ff_cnode_len(gr); i++) {
+        ff_cnode *nm = ff_cnode_at(gr, i);
+        ff_cnode_where(nm, w, sizeof w);
+        if (ff_cnode_kind_of(nm) != FF_CNODE_MAP)
+            return ff_error_set(w, "a node is a map: {op: ..., role: ..., in: [...], out: [...]}", "node '%s' is not a map", ff_cnode_key(nm));
+        int op, role, gran;
+        if (ff_cnode_get_enum(nm, "op", ops, FF_OP_COUNT, -1, &op) < 0 || ff_cnode_get_enum(nm, "role", roles, FF_ROLE_COUNT, 0, &role) < 0 ||
+            ff_cnode_get_enum(nm, "granularity", grans, FF_GRAN_COUNT, FF_GRAN_COUNT, &gran) < 0)
+            return -1;
+        if (op < 0) return ff_error_set(w, "add op: generate|logprob|value|score|reward_fn|advantage|train|sync_weights|filter",
+                                        "node '%s' has no op", ff_cnode_key(nm));
+        int k = ff_graph_add_node(run->graph, ff_cnode_key(nm), (ff_op)op, (ff_role)role, (ff_granularity)gran);
+        if (k < 0) return ff_error_wrap("%s", w);
+        ff_graph_node_attach(run->graph, k, nm, w);
+        if (read_bindings(run, k, nm, "in", false) || read_bindings(run, k, nm, "out", true)) return -1;
+        ff_cnode *after = ff_cnode_find(nm, "after");
+        if (after) {
+            size_t na = ff_cnode_kind_of(after) == FF_CNODE_SEQ ? ff_cnode_len(after) : 1;
+            for (size_t j = 0; j < na; j++) {
+                ff_cnode *e = ff_cnode_kind_of(after) == FF_CNODE_SEQ ? ff_cnode_at(after, j) : after;
+                char ew[256];
+                ff_cnode_where(e, ew, sizeof ew);
+                if (!ff_cnode_scalar(e)) return ff_error_set(ew, "write after: [node, ...]", "'after' lists node names");
+                /* the node may come later in the file: resolved below */
+            }
+        }
+    }
+    /* after: edges, now that every node exists */
+    for (size_t i = 0; i < ff_cnode_len(gr); i++) {
+        ff_cnode *nm = ff_cnode_at(gr, i);
+        ff_cnode *after = ff_cnode_find(nm, "after");
+        if (!after) continue;
+        size_t na = ff_cnode_kind_of(after) == FF_CNODE_SEQ ? ff_cnode_len(after) : 1;
+        for (size_t j = 0; j < na; j++) {
+            ff_cnode *e = ff_cnode_kind_of(after) == FF_CNODE_SEQ ? ff_cnode_at(after, j) : after;
+            char ew[256];
+            if (ff_graph_add_after(run->graph, (int)i, ff_cnode_scalar(e)) != 0)
+                return ff_error_wrap("%s", ff_cnode_where(e, ew, sizeof ew));
+        }
+    }
+    return 0;
+}
+
+/* A plugin path as written, or relative to the config file's folder when that exists. */
+static int load_plugins(ff_run_config *run, ff_registry *reg) {
+    for (size_t i = 0; i < run->trainer.n_plugins; i++) {
+        const char *p = run->trainer.plugins[i];
+        char buf[4096];
+        struct stat st;
+        if (p[0] != '/' && stat(p, &st) != 0 && run->path) {
+            char *copy = ff_strdup(run->path);
+            if (!copy) return -1;
+            snprintf(buf, sizeof buf, "%s/%s", dirname(copy), p);
+            free(copy);
+            if (stat(buf, &st) == 0) p = buf;
+        }
+        if (ff_registry_load_plugin(reg, p) != 0) {
+            char w[256];
+            ff_cnode *n = ff_cnode_at(ff_cnode_find(ff_config_root(run->cfg), "trainer.plugins"), i);
+            return ff_error_wrap("%s", ff_cnode_where(n, w, sizeof w));
+        }
+    }
+    return 0;
+}
+
+static ff_run_config *finish(ff_config *cfg, const char *name, int n_over, char *const *over, ff_registry *reg) {
+    if (!cfg) return NULL;
+    ff_run_config *run = ff_calloc(1, sizeof *run);
+    if (!run) {
+        ff_config_destroy(&cfg);
+        return NULL;
+    }
+    run->cfg = cfg;
+    run->path = ff_strdup(name ? name : "<string>");
+    run->graph = ff_graph_new();
+    if (!run->path || !run->graph || ff_config_apply_overrides(cfg, n_over, over) != 0 || read_trainer(run) || read_data(run) ||
+        load_plugins(run, reg)) {
+        ff_run_config_destroy(&run);
+        return NULL;
+    }
+    /* roles in an order where a colocation target comes first */
+    static const ff_role order[] = {FF_ROLE_ACTOR, FF_ROLE_CRITIC, FF_ROLE_REF, FF_ROLE_REWARD};
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < 4; i++) {
+            ff_role r = order[i];
+            char path[64];
+            snprintf(path, sizeof path, "roles.%s.colocate_with", role_keys[r]);
+            bool colo = ff_cnode_find(ff_config_root(cfg), path) != NULL;
+            if (colo != (pass == 1)) continue;
+            if (read_role(run, r) != 0) {
+                ff_run_config_destroy(&run);
+                return NULL;
+            }
+        }
+    ff_cnode *roles = ff_cnode_find(ff_config_root(cfg), "roles");
+    if (roles && ff_cnode_kind_of(roles) != FF_CNODE_MAP) {
+        char w[256];
+        ff_error_set(ff_cnode_where(roles, w, sizeof w), "write roles: {actor: {model: PATH}}", "'roles' must be a map");
+        ff_run_config_destroy(&run);
+        return NULL;
+    }
+    if (read_columns(run) || read_graph(run) || ff_graph_validate(run->graph, reg, run) || ff_config_check_unused(cfg)) {
+        ff_run_config_destroy(&run);
+        return NULL;
+    }
+    return run;
+}
+
+ff_run_config *ff_run_config_load(const char *path, int n_overrides, char *const *overrides, ff_registry *reg) {
+    return finish(ff_config_load(path), path, n_overrides, overrides, reg);
+}
+
+ff_run_config *ff_run_config_parse(const char *text, const char *name, int n_overrides, char *const *overrides,
+                                   ff_registry *reg) {
+    return finish(ff_config_parse(text, strlen(text), name), name, n_overrides, overrides, reg);
+}
+
+void ff_run_config_destroy(ff_run_config **pr) {
+    if (!pr || !*pr) return;
+    ff_run_config *r = *pr;
+    ff_graph_destroy(&r->graph); /* before the tree its nodes' params point into */
+    ff_config_destroy(&r->cfg);
+    free(r->trainer.plugins);
+    free(r->path);
+    free(r);
+    *pr = NULL;
+}
+
+int ff_run_config_check_files(const ff_run_config *run) {
+    struct stat st;
+    char w[256];
+    const char *files[2] = {run->data.train_files, run->data.val_files};
+    const char *keys[2] = {"data.train_files", "data.val_files"};
+    for (int i = 0; i < 2; i++) {
+        if (!files[i] || (stat(files[i], &st) == 0 && S_ISREG(st.st_mode))) continue;
+        where_of(run->cfg, keys[i], w, sizeof w);
+        return ff_error_set(w, "make it with `fuseflow dataset arith --out DIR`, or fix the path", "%s '%s' does not exist", keys[i],
+                            files[i]);
+    }
+    for (int r = 1; r < FF_ROLE_COUNT; r++) {
+        const ff_role_cfg *rc = &run->roles[r];
+        if (!rc->present || !rc->model) continue;
+        char cfgjson[4096];
+        snprintf(cfgjson, sizeof cfgjson, "%s/config.json", rc->model);
+        if (stat(cfgjson, &st) == 0) continue;
+        char key[64];
+        snprintf(key, sizeof key, "roles.%s.model", role_keys[r]);
+        where_of(run->cfg, key, w, sizeof w);
+        return ff_error_set(w, "point it at a Hugging Face model folder (fuseflow init writes one)",
+                            "%s '%s' has no config.json", key, rc->model);
+    }
+    return 0;
+}

@@ -1,0 +1,358 @@
+/* fuseflow: RLHF algorithms as dataflow graphs, the run config that holds one, and the
+ * scheduling view an executor drives.
+ *
+ * A graph is nodes and the columns between them (DESIGN.md "Dataflow"). A column is a named
+ * per-sample value (prompt tokens, response tokens, per-token log-probs, a scalar score, ...).
+ * A node has an op, a role (the model it runs on), the columns it reads and writes, bound to
+ * the op's slots, a granularity, and its parameters. Built with the C API below or read from
+ * YAML as part of a run config (docs/graphs.md has the schema and examples/ the algorithms).
+ *
+ * Validation happens before anything starts and names the line: an unknown op, role, slot
+ * or column, a column of the wrong kind, a column read that nothing writes, a column written
+ * twice, a cycle, a role without a model, a batch that does not divide the layout, an unknown
+ * estimator / loss / KL / reward name, parameters out of range or misspelled.
+ *
+ * Execution is not here. An executor (the controller) runs an iteration like this:
+ *
+ *     ff_sched *s = ff_sched_new(run->graph, run->data.train_batch_size, n, run->trainer.schedule);
+ *     while (!ff_sched_finished(s)) {
+ *         const ff_task *t;
+ *         while (ff_sched_next(s, &t) == 1) dispatch(t);     // to the node's role's workers
+ *         wait for a finished task t; ff_sched_complete(s, t->id);   // its outputs now exist
+ *         (a filter task: ff_sched_complete_filter(s, t->id, keep); then add
+ *          ff_sched_groups_wanted(s) more prompts with ff_sched_add_groups)
+ *     }
+ *
+ * and computes a node's math with ff_node_advantage / ff_node_actor_loss / ff_node_critic_loss
+ * / ff_node_reward (all plain host functions) on the columns the task names.
+ */
+#ifndef FUSEFLOW_GRAPH_H
+#define FUSEFLOW_GRAPH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "fuseflow/config.h"
+#include "fuseflow/registry.h"
+#include "fuseflow/rlhf.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- vocabulary ---------------------------------------------------------------------------- */
+
+typedef enum { FF_ROLE_NONE = 0, FF_ROLE_ACTOR, FF_ROLE_CRITIC, FF_ROLE_REF, FF_ROLE_REWARD, FF_ROLE_COUNT } ff_role;
+/* "none", "actor", "critic", "ref", "reward" */
+const char *ff_role_name(ff_role r);
+
+typedef enum {
+    FF_OP_GENERATE = 0, /* actor: prompt -> response (+ the sampler's log-probs) */
+    FF_OP_LOGPROB,      /* actor or ref: per-token log-probs of the response */
+    FF_OP_VALUE,        /* critic: per-token values */
+    FF_OP_SCORE,        /* reward (a reward model): a scalar score per response */
+    FF_OP_REWARD_FN,    /* no role: a registered reward function on decoded text */
+    FF_OP_ADVANTAGE,    /* no role: a registered advantage estimator (+ KL penalty) */
+    FF_OP_TRAIN,        /* actor or critic: mini-batch updates over the whole batch */
+    FF_OP_SYNC_WEIGHTS, /* actor: training weights -> generation weights */
+    FF_OP_FILTER,       /* no role: keep or drop whole groups (DAPO's dynamic sampling) */
+    FF_OP_COUNT
+} ff_op;
+/* "generate", "logprob", "value", "score", "reward_fn", "advantage", "train", "sync_weights",
+ * "filter" */
+const char *ff_op_name(ff_op op);
+
+typedef enum {
+    FF_COL_TOKENS = 0, /* token ids */
+    FF_COL_PER_TOKEN,  /* one float per response token */
+    FF_COL_SCALAR,     /* one float per sample */
+    FF_COL_TEXT,       /* text (a reference answer, metadata) */
+    FF_COL_KIND_COUNT
+} ff_col_kind;
+const char *ff_col_kind_name(ff_col_kind k); /* "tokens", "per_token", "scalar", "text" */
+
+/* Slots: the named inputs and outputs of ops. Each has a fixed column kind. */
+typedef enum {
+    FF_SLOT_PROMPT = 0,  /* tokens */
+    FF_SLOT_RESPONSE,    /* tokens */
+    FF_SLOT_ANSWER,      /* text */
+    FF_SLOT_LOGPROB,     /* per_token: what generate / logprob write */
+    FF_SLOT_OLD_LOGPROB, /* per_token: log-probs at sampling time */
+    FF_SLOT_REF_LOGPROB, /* per_token */
+    FF_SLOT_VALUES,      /* per_token */
+    FF_SLOT_SCORE,       /* scalar */
+    FF_SLOT_BASELINE,    /* scalar */
+    FF_SLOT_ADVANTAGES,  /* per_token */
+    FF_SLOT_RETURNS,     /* per_token */
+    FF_SLOT_COUNT
+} ff_slot;
+const char *ff_slot_name(ff_slot s);
+ff_col_kind ff_slot_kind(ff_slot s);
+
+/* The slots of an op (the role matters for train), in positional order. Returns the count;
+ * slots[i] and required[i] filled up to cap. */
+size_t ff_op_slots(ff_op op, ff_role role, bool output, ff_slot *slots, bool *required, size_t cap);
+
+typedef enum { FF_SCHED_FUSED = 0, FF_SCHED_SERIAL } ff_schedule;
+
+/* ---- graph ----------------------------------------------------------------------------------- */
+
+typedef struct ff_column {
+    char *name;
+    ff_col_kind kind;
+    bool from_data; /* present when a sample enters (the dataset provides it) */
+    int writer;     /* index of the node that writes it; -1 none (or from data) */
+} ff_column;
+
+/* Settings of a generate node. */
+typedef struct ff_gen_params {
+    int64_t n;          /* responses per prompt (the group size) */
+    double temperature; /* 1.0 */
+    double top_p;       /* 1.0 */
+    int64_t top_k;      /* 0 = off */
+    int64_t max_tokens; /* 0 = data.max_response_length */
+    bool greedy;        /* argmax decoding (ReMax's baseline) */
+} ff_gen_params;
+
+/* Settings of a train node. The optimizer is the role's (ff_role_cfg). */
+typedef struct ff_train_params {
+    int64_t mini_batch_size;  /* prompts per optimizer step (x n responses), verl ppo_mini_batch_size */
+    int64_t micro_batch_size; /* samples per forward/backward on one rank */
+    int64_t epochs;           /* passes over the batch (ppo_epochs) */
+    bool shuffle;             /* draw mini-batches at random from the whole batch */
+    double entropy_coeff;     /* actor: the loss gets -entropy_coeff * agg(entropy) */
+    /* actor */
+    ff_policy_loss *loss;     /* from `loss` (default vanilla) */
+    const ff_kl_def *kl_loss; /* KL as a loss term (`kl_loss: {type, coef}`), or NULL */
+    double kl_loss_coef;
+    /* critic */
+    ff_rlhf_value_cfg value; /* `cliprange_value`, `loss_agg_mode` */
+} ff_train_params;
+
+typedef struct ff_node {
+    char *name;
+    ff_op op;
+    ff_role role;
+    ff_granularity gran;
+    int in[FF_SLOT_COUNT];  /* column index bound to each input slot, -1 = unbound */
+    int out[FF_SLOT_COUNT]; /* column index bound to each output slot, -1 = unbound */
+    int *after;             /* nodes that must finish first (besides the column edges) */
+    int n_after;
+    ff_cnode *params; /* the node's map in the config (its parameters), or NULL */
+    char where[256];  /* "grpo.yaml:31", or "node 'adv'" for a graph built in C */
+    int stage;        /* topological level: 0 for nodes that read only data */
+    /* resolved by ff_graph_validate */
+    int64_t micro_batch_size; /* micro_batch granularity: samples per task (default 8) */
+    ff_gen_params gen;
+    ff_train_params train;
+    ff_advantage *adv;               /* advantage: the estimator */
+    const ff_kl_def *kl_penalty;     /* advantage: KL as a reward penalty (`kl_penalty: {type, coef, ...}`), or NULL */
+    ff_rlhf_kl_ctl kl_ctl;           /* its coefficient (adaptive ones change: ff_node_kl_ctl_update) */
+    ff_reward *reward;               /* reward_fn: the function */
+} ff_node;
+
+typedef struct ff_graph ff_graph;
+
+/* An empty graph with the built-in columns (prompt and answer from the data; response,
+ * old_logprob, ref_logprob, values, score, advantages, returns). NULL + error. */
+ff_graph *ff_graph_new(void);
+void ff_graph_destroy(ff_graph **g);
+
+/* Declare a column (an error if the name exists). Returns its index or -1. */
+int ff_graph_add_column(ff_graph *g, const char *name, ff_col_kind kind, bool from_data);
+/* Add a node; gran FF_GRAN_COUNT means the op's default. Returns its index or -1 + error. */
+int ff_graph_add_node(ff_graph *g, const char *name, ff_op op, ff_role role, ff_granularity gran);
+/* Bind a column to a named slot of a node ("response", "score", ...). -1 + error. */
+int ff_graph_bind(ff_graph *g, int node, bool output, const char *slot, const char *column);
+/* node runs after `other` has finished (for nodes with no column between them). */
+int ff_graph_add_after(ff_graph *g, int node, const char *other);
+/* A node parameter, in override form: "clip_ratio_high=0.28", "kl_loss.type=low_var_kl". */
+int ff_graph_set_param(ff_graph *g, int node, const char *assignment);
+
+size_t ff_graph_n_nodes(const ff_graph *g);
+const ff_node *ff_graph_node(const ff_graph *g, size_t i);
+ff_node *ff_graph_node_mut(ff_graph *g, size_t i);
+int ff_graph_find_node(const ff_graph *g, const char *name); /* index or -1 */
+size_t ff_graph_n_columns(const ff_graph *g);
+const ff_column *ff_graph_column(const ff_graph *g, size_t i);
+int ff_graph_find_column(const ff_graph *g, const char *name); /* index or -1 */
+/* The node indices in a topological order (valid after ff_graph_validate). */
+const int *ff_graph_order(const ff_graph *g);
+/* The group size: n of the (first) sample-level generate node; 1 if none. */
+int64_t ff_graph_group_size(const ff_graph *g);
+/* The main response column (written by the sample-level generate node): per-token columns
+ * are aligned with it. -1 before validation. */
+int ff_graph_response_column(const ff_graph *g);
+
+struct ff_run_config;
+/* Check the graph and resolve its nodes' parameters against the registry (which must outlive
+ * the graph). run, when not NULL, adds the checks against roles and layouts. 0, or -1 + an
+ * error naming the node's line. */
+int ff_graph_validate(ff_graph *g, const ff_registry *reg, const struct ff_run_config *run);
+
+/* Print the graph (nodes in order, their columns, granularity, stage) for `fuseflow graph`. */
+void ff_graph_print(const ff_graph *g, FILE *out);
+
+/* ---- run config ------------------------------------------------------------------------------ */
+
+typedef struct ff_layout {
+    int64_t workers; /* processes (one per device) */
+    int64_t dp, tp, pp;
+} ff_layout;
+
+typedef struct ff_optim_cfg {
+    double lr, weight_decay, beta1, beta2, eps, grad_clip, min_lr_ratio;
+    int64_t warmup_steps;
+    const char *lr_schedule; /* "constant" or "cosine" */
+} ff_optim_cfg;
+
+typedef struct ff_role_cfg {
+    bool present;
+    const char *model;    /* Hugging Face folder */
+    ff_layout layout;     /* training / inference layout */
+    ff_layout rollout;    /* actor: generation layout (defaults to layout) */
+    ff_role colocate_with; /* shares the worker processes of another role, or FF_ROLE_NONE */
+    ff_optim_cfg optim;   /* actor and critic */
+    char where[256];
+} ff_role_cfg;
+
+typedef struct ff_data_cfg {
+    const char *train_files, *val_files; /* JSONL */
+    const char *prompt_key, *answer_key;
+    int64_t train_batch_size; /* prompts per iteration */
+    int64_t val_batch_size;
+    int64_t max_prompt_length, max_response_length;
+    bool shuffle;
+} ff_data_cfg;
+
+typedef struct ff_trainer_cfg {
+    int64_t steps; /* iterations */
+    int64_t seed;
+    ff_schedule schedule;
+    int64_t save_freq, test_freq; /* every N steps; 0 = never */
+    int64_t max_gen_batches;      /* dynamic sampling: prompts drawn at most this many batches' worth */
+    const char *out_dir;
+    const char **plugins;
+    size_t n_plugins;
+} ff_trainer_cfg;
+
+typedef struct ff_run_config {
+    ff_config *cfg; /* the whole tree (owned); strings above point into it */
+    char *path;
+    ff_data_cfg data;
+    ff_trainer_cfg trainer;
+    ff_role_cfg roles[FF_ROLE_COUNT];
+    ff_graph *graph;
+} ff_run_config;
+
+/* Load a run config: YAML, then the dotted overrides (argv style, "graph.adv.estimator=rloo"),
+ * then the plugins it names (loaded into reg), then the graph, then every check, ending with
+ * unknown keys. NULL + error that names the file and line. */
+ff_run_config *ff_run_config_load(const char *path, int n_overrides, char *const *overrides, ff_registry *reg);
+/* The same from text (name is used in messages). */
+ff_run_config *ff_run_config_parse(const char *text, const char *name, int n_overrides, char *const *overrides,
+                                   ff_registry *reg);
+void ff_run_config_destroy(ff_run_config **run);
+/* Checks that need the file system: the data files and model folders exist. Separate so a
+ * config can be validated on a machine without them. 0, or -1 + error with the line. */
+int ff_run_config_check_files(const ff_run_config *run);
+
+/* ---- node math (for the executor; plain host functions) ------------------------------------ */
+
+/* Inputs of an advantage node for a set of samples (packed as in rlhf.h). */
+typedef struct ff_node_adv_in {
+    ff_rlhf_seqs seqs;      /* response tokens of the samples */
+    const float *scores;    /* [n_seq] the score column */
+    const float *values;    /* [T] or NULL */
+    const float *baseline;  /* [n_seq] or NULL */
+    const float *old_logp;  /* [T] or NULL (needed with a KL penalty) */
+    const float *ref_logp;  /* [T] or NULL (needed with a KL penalty) */
+    const int32_t *group;   /* [n_seq] group ids in [0, n_seq) */
+} ff_node_adv_in;
+
+/* token rewards = score on the last token - kl_ctl.coef * KL (when the node has a KL
+ * penalty), then the estimator. adv, ret [T]. *mean_kl (may be NULL) gets the token-mean KL
+ * for ff_node_kl_ctl_update. 0, or -1 + error. */
+int ff_node_advantage(ff_node *n, const ff_node_adv_in *in, float *adv, float *ret, double *mean_kl);
+/* Adaptive KL penalty: update the coefficient after an iteration. */
+void ff_node_kl_ctl_update(ff_node *n, double mean_kl, int64_t n_steps);
+
+typedef struct ff_actor_loss_in {
+    ff_rlhf_seqs seqs;
+    const float *logp, *old_logp, *adv;
+    const float *ref_logp; /* needed with kl_loss */
+    const float *entropy;  /* [T] or NULL: per-token entropy, when entropy_coeff != 0 */
+    double denom;          /* the mini-batch's normaliser: ff_node_loss_denom over the whole mini-batch */
+} ff_actor_loss_in;
+
+typedef struct ff_actor_loss_out {
+    double loss;              /* pg + kl_loss_coef * kl - entropy_coeff * entropy */
+    double pg_loss, kl_loss, entropy;
+    ff_rlhf_pg_stats stats;
+    float *dlogp;    /* [T] caller's: d loss / d logp */
+    float *dentropy; /* [T] caller's or NULL: d loss / d entropy (backprop it into the logits) */
+} ff_actor_loss_out;
+
+/* The normaliser of a mini-batch for this train node's aggregation: sum it over the
+ * micro-batches (and DP ranks) of the mini-batch and pass it as denom to each. */
+double ff_node_loss_denom(const ff_node *n, const ff_rlhf_seqs *s);
+int ff_node_actor_loss(ff_node *n, const ff_actor_loss_in *in, ff_actor_loss_out *out);
+
+typedef struct ff_critic_loss_in {
+    ff_rlhf_seqs seqs;
+    const float *values, *old_values, *returns;
+    double denom;
+} ff_critic_loss_in;
+/* 0.5 * agg(clipped squared error); dvalues [T]; *clipfrac may be NULL. */
+int ff_node_critic_loss(ff_node *n, const ff_critic_loss_in *in, double *loss, float *dvalues, double *clipfrac);
+
+int ff_node_reward(ff_node *n, const ff_reward_item *items, size_t count, float *scores);
+
+/* Filter node: keep a group? (`rule: nonzero_std` keeps groups whose scores differ, DAPO). */
+bool ff_node_filter_keep(const ff_node *n, const float *group_scores, size_t count);
+
+/* ---- scheduling view ------------------------------------------------------------------------- */
+
+typedef struct ff_task {
+    int64_t id;
+    int node;            /* index into the graph */
+    ff_granularity gran;
+    int64_t group;       /* the group of a group task, else -1 */
+    const int64_t *samples; /* the samples the task covers, ascending */
+    int64_t n_samples;
+} ff_task;
+
+typedef struct ff_sched ff_sched;
+
+/* One iteration over n_groups prompts with group_size responses each: samples 0..N-1,
+ * sample i in group i / group_size. Columns from data exist from the start. */
+ff_sched *ff_sched_new(const ff_graph *g, int64_t n_groups, int64_t group_size, ff_schedule schedule);
+void ff_sched_destroy(ff_sched **s);
+
+/* The next ready task: 1 and *t (valid until it is completed), 0 when nothing is ready now,
+ * -1 + error when nothing is ready, nothing is running and the iteration is not finished
+ * (the executor forgot to complete a task or to add groups). */
+int ff_sched_next(ff_sched *s, const ff_task **t);
+/* The task finished: its output columns exist for its (still live) samples. 0, or -1 + error
+ * for an unknown id. */
+int ff_sched_complete(ff_sched *s, int64_t task_id);
+/* A filter task finished: keep or drop its group. */
+int ff_sched_complete_filter(ff_sched *s, int64_t task_id, bool keep);
+/* Dynamic sampling: groups to add so the batch can fill (0 without filters). */
+int64_t ff_sched_groups_wanted(const ff_sched *s);
+/* Add k groups (new prompts); returns the first new group id, or -1 + error. */
+int64_t ff_sched_add_groups(ff_sched *s, int64_t k);
+/* No more prompts: barriers run with the groups kept so far. */
+void ff_sched_source_exhausted(ff_sched *s);
+bool ff_sched_finished(const ff_sched *s);
+bool ff_sched_sample_alive(const ff_sched *s, int64_t sample);
+int64_t ff_sched_n_samples(const ff_sched *s);
+/* Tasks dispatched and not completed. */
+int64_t ff_sched_in_flight(const ff_sched *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
