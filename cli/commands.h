@@ -10,4 +10,7 @@ typedef struct ff_command {
     const char *summary;
 } ff_command;
 
+/* the planner: memory, traffic, bubbles, iteration time; layout search (cli/cmd_plan.c) */
+int ff_cmd_plan(int argc, char **argv);
+
 #endif

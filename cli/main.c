@@ -6,6 +6,7 @@
 #include "fuseflow/fuseflow.h"
 
 static const ff_command commands[] = {
+    {"plan", ff_cmd_plan, "plan a parallel layout: memory, traffic, bubbles, iteration time; search layouts"},
     {NULL, NULL, NULL},
 };
 

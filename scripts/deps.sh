@@ -3,7 +3,7 @@
 # sudo available). `--bench` adds what the benchmarks compare against (PyTorch, numpy).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang libomp-dev
-      libopenblas-dev libzmq3-dev libmsgpack-dev libev-dev libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev
+      libopenblas-dev libzmq3-dev libmsgpack-dev libev-dev libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev libpng-dev
       python3 python3-zmq python3-msgpack iproute2 procps)
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(python3-torch python3-numpy)
