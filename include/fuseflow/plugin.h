@@ -24,6 +24,7 @@
 #define FUSEFLOW_PLUGIN_H
 
 #include "fuseflow/config.h"
+#include "fuseflow/error.h" /* FF_PRINTF only: a plugin calls api->error_set */
 #include "fuseflow/registry.h"
 #include "fuseflow/rlhf.h"
 
