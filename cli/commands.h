@@ -10,6 +10,13 @@ typedef struct ff_command {
     const char *summary;
 } ff_command;
 
+/* model files and the bundled task (cli/cmd_dataset.c, cmd_init.c, cmd_logprobs.c,
+ * cmd_generate.c, cmd_sft.c) */
+int ff_cmd_dataset(int argc, char **argv);
+int ff_cmd_init(int argc, char **argv);
+int ff_cmd_logprobs(int argc, char **argv);
+int ff_cmd_generate(int argc, char **argv);
+
 /* the planner: memory, traffic, bubbles, iteration time; layout search (cli/cmd_plan.c) */
 int ff_cmd_plan(int argc, char **argv);
 

@@ -137,7 +137,8 @@ enum { FLAG_SPECIAL = 1, FLAG_ADDED = 2 };
 struct ff_tokenizer {
     char *name;
     json_t *root;   /* tokenizer.json as loaded, written back unchanged */
-    json_t *config; /* tokenizer_config.json, or NULL */
+    json_t *config; /* tokenizer_config.json, or NULL (big integers read as reals) */
+    char *config_text; /* ... and its text, written back unchanged */
     int32_t n_ids;
     const char **tok_str; /* [n_ids] token strings (borrowed from root / added contents) */
     uint8_t *flags;       /* [n_ids] FLAG_* */
@@ -179,6 +180,7 @@ void ff_tokenizer_destroy(ff_tokenizer **pt) {
     free(t->merges.slots);
     json_decref(t->root);
     json_decref(t->config);
+    free(t->config_text);
     free(t->name);
     free(t);
     *pt = NULL;
@@ -1158,7 +1160,13 @@ ff_tokenizer *ff_tokenizer_load_dir(const char *dir) {
     if (f) {
         fclose(f);
         json_error_t err;
-        t->config = json_load_file(path, 0, &err);
+        size_t len;
+        /* model_max_length is often 1e30 written as an integer: read integers as reals */
+        if (!(t->config_text = ff_read_file(path, &len))) {
+            ff_tokenizer_destroy(&t);
+            return NULL;
+        }
+        t->config = json_loadb(t->config_text, len, JSON_DECODE_INT_AS_REAL, &err);
         if (!t->config || !json_is_object(t->config)) {
             ff_error_set(path, NULL, "malformed JSON at line %d: %s", err.line, t->config ? "not an object" : err.text);
             ff_tokenizer_destroy(&t);
@@ -1202,6 +1210,12 @@ ff_tokenizer *ff_tokenizer_new_bytes(void) {
     if (!t) return NULL;
     t->config = json_pack("{s:s, s:s, s:s, s:s, s:b, s:b}", "tokenizer_class", "PreTrainedTokenizerFast", "bos_token", "<|bos|>", "eos_token",
                           "<|eos|>", "pad_token", "<|pad|>", "add_bos_token", 0, "clean_up_tokenization_spaces", 0);
+    t->config_text = t->config ? json_dumps(t->config, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    if (!t->config_text) {
+        ff_error_set(NULL, NULL, "out of memory");
+        ff_tokenizer_destroy(&t);
+        return NULL;
+    }
     t->bos = FF_BYTES_BOS;
     t->eos = FF_BYTES_EOS;
     t->pad = FF_BYTES_PAD;
@@ -1279,7 +1293,7 @@ int ff_tokenizer_save_dir(const ff_tokenizer *t, const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (save_json(t->root, path, JSON_INDENT(2)) != 0) return -1;
-    if (!t->config) return 0;
+    if (!t->config_text) return 0;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    return save_json(t->config, path, JSON_INDENT(2));
+    return ff_write_file_atomic(path, t->config_text, strlen(t->config_text));
 }

@@ -1,0 +1,211 @@
+/* `fuseflow dataset arith`: the bundled task. Multi-digit arithmetic problems with a
+ * verifiable answer, as JSONL prompt/response pairs for SFT and prompts with answers for RL
+ * (docs/model-files.md, "The arithmetic task").
+ *
+ *   {"prompt": "12+345=", "response": "357", "answer": "357"}
+ *
+ * Each operand has a number of digits drawn uniformly from [min-digits, digits], then a value
+ * uniformly among the numbers of that many digits, so short problems (easy) and long ones
+ * (hard) are both common. The test set holds distinct problems and no training problem is in
+ * it. Same seed, same files, on every machine (ff_rng). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/io_util.h"
+#include "fuseflow/modelio.h"
+#include "fuseflow/util.h"
+
+static const char *CMD = "dataset";
+
+static void help(void) {
+    printf("usage: fuseflow dataset arith --out DIR [options]\n\n"
+           "Writes DIR/train.jsonl and DIR/test.jsonl: arithmetic problems with a checkable answer,\n"
+           "one JSON object per line: {\"prompt\": \"12+345=\", \"response\": \"357\", \"answer\": \"357\"}.\n"
+           "SFT trains on prompt -> response; an RL reward compares the integer at the start of a\n"
+           "generated response with \"answer\". Test problems are distinct and never in train.jsonl.\n\n"
+           "options:\n"
+           "  --out DIR          output folder (created)\n"
+           "  --digits N         most digits per operand, 1..9 (default 3)\n"
+           "  --min-digits N     fewest digits per operand (default 1)\n"
+           "  --ops OPS          operators to draw from, any of +-* (default +)\n"
+           "  --train N          training examples (default 5000)\n"
+           "  --test N           held-out examples (default 500)\n"
+           "  --seed S           random seed (default 1)\n\n"
+           "example:\n"
+           "  fuseflow dataset arith --digits 3 --train 5000 --test 500 --seed 1 --out data/arith\n");
+}
+
+typedef struct u64set {
+    uint64_t *v; /* 0 = empty, so keys are stored + 1 */
+    size_t cap, n;
+} u64set;
+
+static int set_add(u64set *s, uint64_t key) { /* 1 added, 0 present, -1 oom */
+    if (2 * (s->n + 1) > s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        uint64_t *v = ff_calloc(cap, sizeof *v);
+        if (!v) return -1;
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->v[i]) {
+                size_t j = (s->v[i] * 0x9e3779b97f4a7c15ULL) >> 20 & (cap - 1);
+                while (v[j]) j = (j + 1) & (cap - 1);
+                v[j] = s->v[i];
+            }
+        free(s->v);
+        s->v = v;
+        s->cap = cap;
+    }
+    key++;
+    size_t j = (key * 0x9e3779b97f4a7c15ULL) >> 20 & (s->cap - 1);
+    while (s->v[j]) {
+        if (s->v[j] == key) return 0;
+        j = (j + 1) & (s->cap - 1);
+    }
+    s->v[j] = key;
+    s->n++;
+    return 1;
+}
+
+static bool set_has(const u64set *s, uint64_t key) {
+    if (!s->cap) return false;
+    key++;
+    size_t j = (key * 0x9e3779b97f4a7c15ULL) >> 20 & (s->cap - 1);
+    while (s->v[j]) {
+        if (s->v[j] == key) return true;
+        j = (j + 1) & (s->cap - 1);
+    }
+    return false;
+}
+
+typedef struct arith {
+    int min_digits, max_digits;
+    char ops[4];
+    int n_ops;
+} arith;
+
+static int64_t pow10i(int d) {
+    int64_t p = 1;
+    while (d-- > 0) p *= 10;
+    return p;
+}
+
+static int64_t draw_operand(const arith *a, ff_rng *r) {
+    int d = a->min_digits + (int)ff_rng_below(r, (uint64_t)(a->max_digits - a->min_digits + 1));
+    int64_t lo = d == 1 ? 0 : pow10i(d - 1), hi = pow10i(d);
+    return lo + (int64_t)ff_rng_below(r, (uint64_t)(hi - lo));
+}
+
+/* one problem: its key (a, op, b) for the sets, and the line */
+static uint64_t draw(const arith *a, ff_rng *r, char *prompt, char *answer) {
+    int64_t x = draw_operand(a, r), y = draw_operand(a, r);
+    int k = (int)ff_rng_below(r, (uint64_t)a->n_ops);
+    char op = a->ops[k];
+    int64_t v = op == '+' ? x + y : op == '-' ? x - y : x * y;
+    snprintf(prompt, 64, "%lld%c%lld=", (long long)x, op, (long long)y);
+    snprintf(answer, 64, "%lld", (long long)v);
+    return ((uint64_t)x * 1000000000ULL + (uint64_t)y) * 4 + (uint64_t)k;
+}
+
+static int write_line(ff_atomic_file *f, const char *prompt, const char *answer) {
+    json_t *o = json_pack("{s:s, s:s, s:s}", "prompt", prompt, "response", answer, "answer", answer);
+    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(o);
+    if (!s) return ff_error_set(f->path, NULL, "cannot format a line");
+    int rc = ff_atomic_file_write(f, s, strlen(s));
+    if (rc == 0) rc = ff_atomic_file_write(f, "\n", 1);
+    free(s);
+    return rc;
+}
+
+static int run_arith(int argc, char **argv) {
+    const char *out = NULL, *ops = "+";
+    int64_t digits = 3, min_digits = 1, n_train = 5000, n_test = 500, seed = 1;
+    const ffio_opt opts[] = {
+        {"out", FFIO_STR, &out, 0, 0},
+        {"ops", FFIO_STR, &ops, 0, 0},
+        {"digits", FFIO_INT, &digits, 1, 9},
+        {"min-digits", FFIO_INT, &min_digits, 1, 9},
+        {"train", FFIO_INT, &n_train, 0, 1e8},
+        {"test", FFIO_INT, &n_test, 0, 1e8},
+        {"seed", FFIO_INT, &seed, 0, 9e18},
+    };
+    char *pos[1];
+    int n_pos;
+    int pr = ffio_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), pos, 0, &n_pos);
+    if (pr == 1) help();
+    if (pr) return pr == 1 ? 0 : pr;
+    if (!out) return ffio_usage(CMD, "--out DIR is required");
+    if (min_digits > digits) return ffio_usage(CMD, "--min-digits %lld is more than --digits %lld", (long long)min_digits, (long long)digits);
+    arith a = {(int)min_digits, (int)digits, {0}, 0};
+    for (const char *p = ops; *p; p++) {
+        if (!strchr("+-*", *p)) return ffio_usage(CMD, "--ops takes characters from '+-*', got '%c'", *p);
+        if (!memchr(a.ops, *p, (size_t)a.n_ops) && a.n_ops < 3) a.ops[a.n_ops++] = *p;
+    }
+    if (a.n_ops == 0) return ffio_usage(CMD, "--ops is empty");
+    /* distinct problems: (numbers with min..max digits)^2 per operator */
+    double operands = (double)pow10i((int)digits) - (min_digits > 1 ? (double)pow10i((int)min_digits - 1) : 0);
+    double distinct = operands * operands * a.n_ops;
+    if ((double)n_test > distinct / 2)
+        return ffio_usage(CMD, "only %.0f distinct problems exist with these digits and operators; --test %lld must be at most half of that", distinct,
+                          (long long)n_test);
+
+    if (ff_mkdirs(out) != 0) return ffio_fail(CMD);
+    ff_rng rng;
+    ff_rng_seed(&rng, (uint64_t)seed);
+    u64set test_keys = {0};
+    ff_atomic_file ft, fr;
+    char path[4096], prompt[64], answer[64];
+    int rc = 1;
+    snprintf(path, sizeof path, "%s/test.jsonl", out);
+    if (ff_atomic_file_begin(&ft, path) != 0) {
+        free(test_keys.v);
+        return ffio_fail(CMD);
+    }
+    snprintf(path, sizeof path, "%s/train.jsonl", out);
+    if (ff_atomic_file_begin(&fr, path) != 0) {
+        ff_atomic_file_abort(&ft);
+        free(test_keys.v);
+        return ffio_fail(CMD);
+    }
+    for (int64_t i = 0; i < n_test;) {
+        int added = set_add(&test_keys, draw(&a, &rng, prompt, answer));
+        if (added < 0 || (added && write_line(&ft, prompt, answer) != 0)) goto fail;
+        i += added;
+    }
+    for (int64_t i = 0; i < n_train;) {
+        if (set_has(&test_keys, draw(&a, &rng, prompt, answer))) continue;
+        if (write_line(&fr, prompt, answer) != 0) goto fail;
+        i++;
+    }
+    if (ff_atomic_file_commit(&ft) != 0) {
+        ff_atomic_file_abort(&fr);
+        free(test_keys.v);
+        return ffio_fail(CMD);
+    }
+    if (ff_atomic_file_commit(&fr) != 0) {
+        free(test_keys.v);
+        return ffio_fail(CMD);
+    }
+    printf("wrote %s/train.jsonl (%lld problems) and %s/test.jsonl (%lld problems): %d-%d digits, ops '%.*s', seed %lld\n", out,
+           (long long)n_train, out, (long long)n_test, (int)min_digits, (int)digits, a.n_ops, a.ops, (long long)seed);
+    free(test_keys.v);
+    return 0;
+fail:
+    rc = ffio_fail(CMD);
+    ff_atomic_file_abort(&ft);
+    ff_atomic_file_abort(&fr);
+    free(test_keys.v);
+    return rc;
+}
+
+int ff_cmd_dataset(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        help();
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "arith")) return run_arith(argc - 1, argv + 1);
+    return ffio_usage(CMD, "unknown dataset '%s' (available: arith)", argv[1]);
+}

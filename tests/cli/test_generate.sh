@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# `fuseflow generate`: greedy decoding equals transformers' on folders it wrote; sampling is
+# reproducible by seed; stop strings and counts work; bad input is refused.
+source "$(dirname "$0")/lib.sh"
+D="$SRC/tests/cli/data"
+
+expect_ok "help" "$FF_BIN" generate --help
+for m in llama_f32 qwen2_bf16 mistral_sharded; do
+  mapfile -t g < <(python3 -c "
+import json; g=json.load(open('$D/$m.greedy.json'))
+print(g['prompt']); print('' if g['add_special'] else '--raw'); print(g['max_new_tokens'])")
+  prompt=${g[0]} raw=${g[1]} n=${g[2]}
+  expect_ok "$m greedy" "$FF_BIN" generate --model "$D/$m" --prompt "$prompt" $raw --temperature 0 --max-new-tokens "$n" --json
+  python3 - "$D/$m.greedy.json" "$TMP/out" <<'PY' && ok "$m greedy tokens match transformers" || fail "$m greedy differs from transformers"
+import json, sys
+want = json.load(open(sys.argv[1]))["tokens"]
+got = json.loads(open(sys.argv[2]).readline())["tokens"]
+print("want", want, "\ngot ", got)
+sys.exit(got != want)
+PY
+done
+
+M="$D/llama_f32"
+expect_ok "sample seed 3" "$FF_BIN" generate --model "$M" --prompt "ab" --seed 3 --n 3 --json --max-new-tokens 16
+cp "$TMP/out" "$TMP/s3a"
+expect_ok "sample seed 3 again" "$FF_BIN" generate --model "$M" --prompt "ab" --seed 3 --n 3 --json --max-new-tokens 16
+cmp -s "$TMP/out" "$TMP/s3a" && ok "same seed, same samples" || fail "same seed gave different samples"
+expect_ok "sample seed 4" "$FF_BIN" generate --model "$M" --prompt "ab" --seed 4 --n 3 --json --max-new-tokens 16
+cmp -s "$TMP/out" "$TMP/s3a" && fail "seed ignored" || ok "seed changes samples"
+python3 - "$TMP/s3a" <<'PY' && ok "--n 3 gives 3 samples with logprobs" || fail "--n output"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert [l["sample"] for l in lines] == [0, 1, 2], lines
+for l in lines:
+    assert len(l["tokens"]) == len(l["logprobs"]) == 16 and l["finish"] == "length", l
+    assert all(p <= 0 for p in l["logprobs"])
+assert len({tuple(l["tokens"]) for l in lines}) > 1, "samples are all equal"
+PY
+expect_ok "top-k 1 is greedy" "$FF_BIN" generate --model "$M" --prompt "12+34=" --raw --top-k 1 --seed 9 --json --max-new-tokens 12
+python3 -c "
+import json,sys; a=json.loads(open('$TMP/out').readline())['tokens']; b=json.load(open('$D/llama_f32.greedy.json'))['tokens']; sys.exit(a!=b)" \
+  && ok "top-k 1 equals greedy" || fail "top-k 1 is not greedy"
+
+# stop strings: the greedy continuation of "12+34=" is known; stop at its first printable byte
+read -r stop_at stop < <(python3 -c "
+import json; t=json.load(open('$D/llama_f32.greedy.json'))['tokens']
+i=next(i for i,x in enumerate(t) if 33 <= x < 127); print(i + 1, chr(t[i]))")
+expect_ok "single-token stop" "$FF_BIN" generate --model "$M" --prompt "12+34=" --raw --temperature 0 --max-new-tokens 12 --json --stop "$stop"
+python3 -c "
+import json,sys; o=json.loads(open('$TMP/out').readline()); sys.exit(not (o['finish']=='stop' and len(o['tokens'])==$stop_at))" \
+  && ok "stops at the stop token" || fail "stop token: $(cat "$TMP/out")"
+expect_ok "plain text output" "$FF_BIN" generate --model "$M" --prompt "hi" --max-new-tokens 4 --n 2
+grep -q -- "--- sample 1" "$TMP/out" && ok "text output lists samples" || fail "text output"
+
+expect_error "prompt longer than the context" "the prompt has 300 tokens; the model's context is 256" \
+  "$FF_BIN" generate --model "$M" --prompt "$(printf 'x%.0s' {1..300})"
+expect_error "empty prompt" "the prompt encodes to no tokens" "$FF_BIN" generate --model "$M" --prompt "" --raw
+expect_error "bad top-p" "--top-p wants a number" "$FF_BIN" generate --model "$M" --prompt "a" --top-p 0
+expect_error "bad temperature" "--temperature wants a number" "$FF_BIN" generate --model "$M" --prompt "a" --temperature -1
+expect_error "missing prompt" "--model DIR and --prompt TEXT are required" "$FF_BIN" generate --model "$M"
+cp -r "$M" "$TMP/notok" && rm "$TMP/notok/tokenizer.json"
+expect_error "no tokenizer" "generate needs the model folder's tokenizer" "$FF_BIN" generate --model "$TMP/notok" --prompt "a"
+expect_error "prompt not UTF-8" "not valid UTF-8" "$FF_BIN" generate --model "$M" --prompt $'\xff\xfe'
+finish
