@@ -405,7 +405,7 @@ static int decode_header(ff_msg_decoder *d, ff_msg *m, int nframes, ff_reject *r
             get_i32(c, &f[4], "index", 0, INT32_MAX, &g->index) ||
             !(mem = expect_array(c, &f[5], "members", FF_MSG_MAX_MEMBERS, &n)) ||
             get_str(c, &f[6], "backend", g->backend, sizeof g->backend) ||
-            get_str(c, &f[8], "address", g->address, sizeof g->address))
+            get_u32(c, &f[8], "timeout_ms", &g->timeout_ms))
             return -1;
         if (!g->name[0]) REJECT(c, FF_REJECT_MALFORMED, "empty group name");
         if (n == 0) REJECT(c, FF_REJECT_MALFORMED, "group '%s' has no members", g->name);

@@ -506,7 +506,6 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
     case FF_MSG_GROUP_SETUP: {
         const ff_msg_group_setup *g = &m->u.group;
         if (check_name("group name", g->name) || check_name("group backend", g->backend)) return -1;
-        if (strnlen(g->address, sizeof g->address) >= sizeof g->address) return ff_error_set("group address", NULL, "too long");
         if (g->unique_id_len > FF_MSG_MAX_UNIQUE_ID)
             return ff_error_set("group setup", NULL, "unique id of %u bytes (at most %d)", g->unique_id_len,
                                 FF_MSG_MAX_UNIQUE_ID);
@@ -523,7 +522,7 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
         pack_str(&pk, g->backend);
         msgpack_pack_bin(&pk, g->unique_id_len);
         msgpack_pack_bin_body(&pk, g->unique_id, g->unique_id_len);
-        pack_str(&pk, g->address);
+        msgpack_pack_uint32(&pk, g->timeout_ms);
         break;
     }
     default: return ff_error_set("message", NULL, "cannot pack message type %d", (int)m->type);
@@ -535,25 +534,27 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
 }
 
 /* ---- sending ---------------------------------------------------------------------------- */
-int ff_msg_send_packed(void *sock, const void *peer, size_t peer_len, const void *hdr, size_t hdr_len, const ff_msg *m) {
+/* Sends header and frames; frames are shared (zmq_msg_copy), never consumed. An owned[i]
+ * (a realigned copy of a received frame) is sent instead of frames[i]. */
+static int send_parts(void *sock, const void *peer, size_t peer_len, const void *hdr, size_t hdr_len,
+                      zmq_msg_t *frames, void *const *owned, const ff_tensor *tensors, int n) {
     if (peer && zmq_send(sock, peer, peer_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
         return ff_error_set("send", NULL, "to peer: %s", zmq_strerror(errno));
-    int more = m->ntensors ? ZMQ_SNDMORE : 0;
-    if (zmq_send(sock, hdr, hdr_len, more | ZMQ_DONTWAIT) < 0)
+    if (zmq_send(sock, hdr, hdr_len, (n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
         return ff_error_set("send", NULL, "header: %s", zmq_strerror(errno));
-    for (int i = 0; i < m->ntensors; i++) {
+    for (int i = 0; i < n; i++) {
         zmq_msg_t f;
-        zmq_msg_init(&f);
-        if (m->owned[i]) {
-            /* a realigned received frame: send the aligned copy's bytes */
-            zmq_msg_close(&f);
-            if (zmq_msg_init_size(&f, m->tensors[i].nbytes) != 0) return ff_error_set("send", NULL, "out of memory");
-            memcpy(zmq_msg_data(&f), m->owned[i], m->tensors[i].nbytes);
-        } else if (zmq_msg_copy(&f, (zmq_msg_t *)&m->frames[i]) != 0) {
-            zmq_msg_close(&f);
-            return ff_error_set("send", NULL, "zmq_msg_copy: %s", zmq_strerror(errno));
+        if (owned && owned[i]) {
+            if (zmq_msg_init_size(&f, tensors[i].nbytes) != 0) return ff_error_set("send", NULL, "out of memory");
+            memcpy(zmq_msg_data(&f), owned[i], tensors[i].nbytes);
+        } else {
+            zmq_msg_init(&f);
+            if (zmq_msg_copy(&f, &frames[i]) != 0) {
+                zmq_msg_close(&f);
+                return ff_error_set("send", NULL, "zmq_msg_copy: %s", zmq_strerror(errno));
+            }
         }
-        if (zmq_msg_send(&f, sock, (i + 1 < m->ntensors ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_send(&f, sock, (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
             int e = errno;
             zmq_msg_close(&f);
             errno = e;
@@ -561,6 +562,15 @@ int ff_msg_send_packed(void *sock, const void *peer, size_t peer_len, const void
         }
     }
     return 0;
+}
+
+int ff_msg_send_packed(void *sock, const void *peer, size_t peer_len, const void *hdr, size_t hdr_len, const ff_msg *m) {
+    return send_parts(sock, peer, peer_len, hdr, hdr_len, m->frames, (void *const *)m->owned, m->tensors, m->ntensors);
+}
+
+int ff_msg_send_frames(void *sock, const void *peer, size_t peer_len, const void *hdr, size_t hdr_len,
+                       zmq_msg_t *frames, int nframes) {
+    return send_parts(sock, peer, peer_len, hdr, hdr_len, frames, NULL, NULL, nframes);
 }
 
 int ff_msg_send(void *sock, const void *peer, size_t peer_len, const ff_msg *m) {

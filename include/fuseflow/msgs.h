@@ -39,7 +39,7 @@ extern "C" {
 #define FF_MSG_ARG_KEY_MAX 32            /* argument key length (with NUL) */
 #define FF_MSG_MAX_CAPS 64               /* capability strings in a hello */
 #define FF_MSG_MAX_MEMBERS 4096          /* ranks in a group */
-#define FF_MSG_MAX_UNIQUE_ID 256         /* bytes of a collective backend's unique id */
+#define FF_MSG_MAX_UNIQUE_ID 512         /* bytes of a collective backend's unique id */
 #define FF_MSG_MAX_ROUTING_ID 255        /* ZeroMQ routing ids are at most 255 bytes */
 
 typedef enum ff_msg_type {
@@ -176,10 +176,10 @@ typedef struct ff_msg_group_setup {
     int32_t index;               /* this worker's position in members */
     int nmembers;
     int32_t *members;            /* ranks, in group order (points into the ff_msg) */
-    char backend[FF_MSG_NAME_MAX]; /* collective backend: "cpu", "nccl", "none" */
-    uint32_t unique_id_len;
+    char backend[FF_MSG_NAME_MAX]; /* collective backend: "cpu", "nccl", or "none" */
+    uint32_t unique_id_len;        /* the backend's unique id (fuseflow/coll.h: its text) */
     uint8_t unique_id[FF_MSG_MAX_UNIQUE_ID];
-    char address[FF_MSG_NAME_MAX * 4]; /* backend rendezvous address ("" = backend default) */
+    uint32_t timeout_ms;           /* collective timeout (0 = the backend's default) */
 } ff_msg_group_setup;
 
 /* A message, decoded or to be sent. The body in use is the one of `type`. Reuse one ff_msg
@@ -256,6 +256,9 @@ int ff_msg_send(void *sock, const void *peer, size_t peer_len, const ff_msg *m);
  * subtasks it may re-send). */
 int ff_msg_send_packed(void *sock, const void *peer, size_t peer_len, const void *hdr, size_t hdr_len,
                        const ff_msg *m);
+/* Send a pre-packed header and frames (shared, not consumed). */
+int ff_msg_send_frames(void *sock, const void *peer, size_t peer_len, const void *hdr, size_t hdr_len,
+                       zmq_msg_t *frames, int nframes);
 
 /* ---- decoding ----------------------------------------------------------------------- */
 /* Why messages were rejected, counted by the decoder. */

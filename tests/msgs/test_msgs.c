@@ -137,12 +137,12 @@ static void test_roundtrip_all_types(void) {
     snprintf(m.u.group.backend, sizeof m.u.group.backend, "nccl");
     m.u.group.unique_id_len = 128;
     for (int i = 0; i < 128; i++) m.u.group.unique_id[i] = (uint8_t)(i * 7);
-    snprintf(m.u.group.address, sizeof m.u.group.address, "tcp://10.0.0.1:7000");
+    m.u.group.timeout_ms = 7000;
     REQUIRE(roundtrip(d, &m, &o) == 0);
     CHECK(o.type == FF_MSG_GROUP_SETUP && o.u.group.id == 3 && !strcmp(o.u.group.name, "actor") &&
           o.u.group.index == 1 && o.u.group.nmembers == 3 && o.u.group.members[2] == 9 &&
           !strcmp(o.u.group.backend, "nccl") && o.u.group.unique_id_len == 128 && o.u.group.unique_id[5] == 35 &&
-          !strcmp(o.u.group.address, "tcp://10.0.0.1:7000"));
+          o.u.group.timeout_ms == 7000);
 
     const ff_msg_stats *st = ff_msg_decoder_stats(d);
     CHECK_EQ_INT(st->received, 9);
