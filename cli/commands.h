@@ -20,4 +20,7 @@ int ff_cmd_generate(int argc, char **argv);
 /* the planner: memory, traffic, bubbles, iteration time; layout search (cli/cmd_plan.c) */
 int ff_cmd_plan(int argc, char **argv);
 
+/* algorithm graphs and run configs: check, print, simulate the schedule (cli/cmd_graph.c) */
+int ff_cmd_graph(int argc, char **argv);
+
 #endif

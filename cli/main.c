@@ -11,6 +11,7 @@ static const ff_command commands[] = {
     {"generate", ff_cmd_generate, "sample text from a model folder (temperature, top-k, top-p, stop)"},
     {"dataset", ff_cmd_dataset, "generate the bundled arithmetic task (train/test JSONL)"},
     {"plan", ff_cmd_plan, "plan a parallel layout: memory, traffic, bubbles, iteration time; search layouts"},
+    {"graph", ff_cmd_graph, "check a run config and print its algorithm graph; --simulate its schedule; --list"},
     {NULL, NULL, NULL},
 };
 

@@ -6,7 +6,9 @@
  *   format             score if the response is well formed, 0 otherwise
  *
  * Extraction: with a `marker` (e.g. "####" or "Answer:") the answer is the number right after
- * its last occurrence; without one, the last number in the response. Well formed: the
+ * its last occurrence; without one, the first number in the response (`extract: first`, the
+ * default: the bundled task's answer starts the response, whatever the model generates after
+ * it) or the last (`extract: last`, for responses that reason first). Well formed: the
  * response, trimmed, is exactly one number (after the marker when there is one). Numbers are
  * compared as text after normalisation (sign, leading zeros, thousands commas, trailing
  * fractional zeros), so 20-digit integers compare exactly.
@@ -76,7 +78,7 @@ static const char *last_of(const char *s, const char *marker) {
     return hit;
 }
 
-int ff_reward_extract_answer(const char *response, const char *marker, char *out, size_t cap) {
+int ff_reward_extract_answer(const char *response, const char *marker, bool last, char *out, size_t cap) {
     const char *from = response;
     if (marker && marker[0]) {
         const char *m = last_of(response, marker);
@@ -96,6 +98,7 @@ int ff_reward_extract_answer(const char *response, const char *marker, char *out
             size_t n = scan_number(p);
             if (n) {
                 best = p, best_n = n;
+                if (!last) break;
                 p += n;
                 continue;
             }
@@ -125,6 +128,7 @@ bool ff_reward_well_formed(const char *response, const char *marker) {
 
 typedef struct rule_state {
     const char *marker; /* points into the config tree, which outlives the graph */
+    bool last;          /* extract the last number instead of the first */
     double score, format_score;
 } rule_state;
 
@@ -132,11 +136,15 @@ static int rule_create(ff_cnode *p, void **state, bool exact) {
     rule_state *s = ff_calloc(1, sizeof *s);
     if (!s) return -1;
     s->score = 1.0;
+    static const char *const pos[] = {"first", "last"};
+    int which = 0;
     if (p && (ff_cnode_get_str(p, "marker", NULL, &s->marker) < 0 || ff_cnode_get_double(p, "score", 1.0, &s->score) < 0 ||
-              (exact && ff_cnode_get_double(p, "format_score", 0.0, &s->format_score) < 0))) {
+              (exact && (ff_cnode_get_double(p, "format_score", 0.0, &s->format_score) < 0 ||
+                         ff_cnode_get_enum(p, "extract", pos, 2, 0, &which) < 0)))) {
         free(s);
         return -1;
     }
+    s->last = which == 1;
     *state = s;
     return 0;
 }
@@ -153,7 +161,7 @@ static int exact_score(void *state, const ff_reward_item *items, size_t n, float
         char want[300], got[300];
         if (ff_reward_normalize_number(items[i].answer, strlen(items[i].answer), want, sizeof want) != 0)
             snprintf(want, sizeof want, "%s", items[i].answer); /* not a number: compare as text */
-        int found = ff_reward_extract_answer(items[i].response ? items[i].response : "", s->marker, got, sizeof got);
+        int found = ff_reward_extract_answer(items[i].response ? items[i].response : "", s->marker, s->last, got, sizeof got);
         if (found && !strcmp(got, want))
             scores[i] = (float)s->score;
         else if (ff_reward_well_formed(items[i].response ? items[i].response : "", s->marker))
@@ -173,7 +181,7 @@ static int format_score(void *state, const ff_reward_item *items, size_t n, floa
 
 int ff_rewards_register(ff_registry *r) {
     const ff_reward_def defs[] = {
-        {"arith_exact_match", "score when the extracted number equals the answer, format_score when well formed (marker, score, format_score)",
+        {"arith_exact_match", "score when the extracted number equals the answer, format_score when well formed (extract, marker, score, format_score)",
          exact_create, exact_score, free},
         {"format", "score when the response is exactly one number, after the marker if any (marker, score)", format_create,
          format_score, free},

@@ -257,12 +257,15 @@ static bool batch_complete(const ff_sched *s) {
     return !s->n_filters || s->exhausted || s->n_passed_groups >= s->target_groups;
 }
 
+/* Done for every live sample so far. With dynamic sampling, added groups can make a node
+ * incomplete again (a serial schedule then goes back to it: generate, filter, generate more). */
 static bool node_complete(const ff_sched *s, int m) {
     if (unit(s, m) == FF_GRAN_BATCH) return s->batch_done[m];
-    return batch_complete(s) && s->n_done[m] == s->n_alive;
+    return s->n_done[m] == s->n_alive;
 }
 
 bool ff_sched_finished(const ff_sched *s) {
+    if (!batch_complete(s)) return false;
     for (int m = 0; m < s->N; m++)
         if (!node_complete(s, m)) return false;
     return true;

@@ -28,7 +28,8 @@ import sys
 import zmq
 
 PROTOCOL_VERSION = 1
-NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
+# a sign belongs to a number unless it follows a letter or digit ("7-3" is 7 and 3), as in C
+NUMBER = re.compile(r"(?<![0-9A-Za-z])[-+]?\d+(?:,\d+)*(?:\.\d+)?|\d+(?:,\d+)*(?:\.\d+)?")
 
 
 def normalize(text):
@@ -46,13 +47,14 @@ def normalize(text):
 
 
 def arith(item):
-    """1.0 when the last number in the response equals the reference answer."""
+    """1.0 when the first number in the response equals the reference answer (as fuseflow's
+    built-in arith_exact_match: the bundled task's answer starts the response)."""
     found = NUMBER.findall(item.get("response") or "")
     answer = item.get("answer")
     if answer is None or not found:
         return 0.0
     want = normalize(str(answer))
-    return 1.0 if want is not None and normalize(found[-1]) == want else 0.0
+    return 1.0 if want is not None and normalize(found[0]) == want else 0.0
 
 
 def length(item):

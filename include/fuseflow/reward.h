@@ -40,8 +40,8 @@ extern "C" {
  * is not a number or does not fit. */
 int ff_reward_normalize_number(const char *s, size_t len, char *out, size_t cap);
 /* The answer in a response, normalised: the number after the last `marker` (when marker is
- * non-empty), else the last number. 1 found, 0 not found. */
-int ff_reward_extract_answer(const char *response, const char *marker, char *out, size_t cap);
+ * non-empty), else the first number (or the last, when last). 1 found, 0 not found. */
+int ff_reward_extract_answer(const char *response, const char *marker, bool last, char *out, size_t cap);
 /* The response is exactly one number, preceded by the marker when there is one. */
 bool ff_reward_well_formed(const char *response, const char *marker);
 

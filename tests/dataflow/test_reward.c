@@ -21,16 +21,20 @@ static void test_rules(ff_registry *reg) {
     CHECK_EQ_INT(ff_reward_normalize_number("-000", 4, out, sizeof out), 0);
     CHECK(!strcmp(out, "0"));
     CHECK_EQ_INT(ff_reward_normalize_number("12a", 3, out, sizeof out), -1);
-    CHECK_EQ_INT(ff_reward_extract_answer("12 + 30 = 42", NULL, out, sizeof out), 1);
+    CHECK_EQ_INT(ff_reward_extract_answer("12 + 30 = 42", NULL, true, out, sizeof out), 1);
     CHECK(!strcmp(out, "42"));
-    CHECK_EQ_INT(ff_reward_extract_answer("so 7-3 is 4, not -5", NULL, out, sizeof out), 1);
+    CHECK_EQ_INT(ff_reward_extract_answer("357\n12+3=15", NULL, false, out, sizeof out), 1);
+    CHECK(!strcmp(out, "357")); /* the first number: what the bundled task's answer is */
+    CHECK_EQ_INT(ff_reward_extract_answer("so 7-3 is 4, not -5", NULL, true, out, sizeof out), 1);
     CHECK(!strcmp(out, "-5"));
-    CHECK_EQ_INT(ff_reward_extract_answer("98765432109876543210", NULL, out, sizeof out), 1);
+    CHECK_EQ_INT(ff_reward_extract_answer("-12 is it", NULL, false, out, sizeof out), 1);
+    CHECK(!strcmp(out, "-12"));
+    CHECK_EQ_INT(ff_reward_extract_answer("98765432109876543210", NULL, false, out, sizeof out), 1);
     CHECK(!strcmp(out, "98765432109876543210")); /* beyond double precision, compared as text */
-    CHECK_EQ_INT(ff_reward_extract_answer("no digits here", NULL, out, sizeof out), 0);
-    CHECK_EQ_INT(ff_reward_extract_answer("work 3 #### 1,234 then 5", "####", out, sizeof out), 1);
+    CHECK_EQ_INT(ff_reward_extract_answer("no digits here", NULL, false, out, sizeof out), 0);
+    CHECK_EQ_INT(ff_reward_extract_answer("work 3 #### 1,234 then 5", "####", false, out, sizeof out), 1);
     CHECK(!strcmp(out, "1234"));
-    CHECK_EQ_INT(ff_reward_extract_answer("42", "####", out, sizeof out), 0);
+    CHECK_EQ_INT(ff_reward_extract_answer("42", "####", false, out, sizeof out), 0);
     CHECK(ff_reward_well_formed(" 42 \n", NULL));
     CHECK(ff_reward_well_formed("#### -3", "####"));
     CHECK(!ff_reward_well_formed("42 apples", NULL));
@@ -41,11 +45,11 @@ static void test_rules(ff_registry *reg) {
     REQUIRE(c);
     ff_reward *w = ff_reward_new(reg, "arith_exact_match", ff_config_root(c));
     REQUIRE(w);
-    ff_reward_item items[4] = {{"1+2=", "3", "3", NULL}, {"1+2=", "4", "3", NULL}, {"1+2=", "it is 3", "3", NULL},
-                               {"1+2=", "what?", "3", NULL}};
-    float sc[4];
-    REQUIRE(ff_reward_score(w, items, 4, sc) == 0);
-    CHECK(sc[0] == 1.0f && sc[1] == 0.25f && sc[2] == 1.0f && sc[3] == 0.0f);
+    ff_reward_item items[5] = {{"1+2=", "3", "3", NULL}, {"1+2=", "4", "3", NULL}, {"1+2=", "it is 3", "3", NULL},
+                               {"1+2=", "what?", "3", NULL}, {"1+2=", "3\n4+4=8", "3", NULL}};
+    float sc[5];
+    REQUIRE(ff_reward_score(w, items, 5, sc) == 0);
+    CHECK(sc[0] == 1.0f && sc[1] == 0.25f && sc[2] == 1.0f && sc[3] == 0.0f && sc[4] == 1.0f);
     ff_reward_item no_answer = {"q", "3", NULL, NULL};
     CHECK_EQ_INT(ff_reward_score(w, &no_answer, 1, sc), -1);
     CHECK_STR_CONTAINS(ff_error_message(), "no reference answer");

@@ -268,6 +268,16 @@ static void test_dynamic_sampling(ff_registry *reg) {
     CHECK_EQ_INT(live, target * f->gsize);
     fake_destroy(f);
 
+    /* the same under the serial schedule: generate, filter, generate more, ... */
+    f = fake_new(run, target, FF_SCHED_SERIAL, 8);
+    REQUIRE(run_ok_limit(f, FF_SCHED_SERIAL, 10 * target));
+    check_coverage(f);
+    live = 0;
+    for (int64_t i = 0; i < ff_sched_n_samples(f->s); i++) live += ff_sched_sample_alive(f->s, i);
+    CHECK_EQ_INT(live, target * f->gsize);
+    CHECK_EQ_INT(f->total_tasks[tr], 1);
+    fake_destroy(f);
+
     /* prompts run out: the barrier runs with the groups kept so far */
     f = fake_new(run, target, FF_SCHED_FUSED, 6);
     REQUIRE(run_ok_limit(f, FF_SCHED_FUSED, 0));
