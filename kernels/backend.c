@@ -11,6 +11,7 @@
 #include "kernels/backend_impl.h"
 
 ff_backend *ff_backend_cpu_new_impl(int n_threads); /* kernels/cpu/cpu_backend.c */
+static void prof_print(const ff_backend *be);
 
 ff_backend *ff_backend_cpu_new(int n_threads) {
     if (n_threads < 0) {
@@ -49,6 +50,8 @@ ff_backend *ff_backend_new(const char *name) {
 
 int ff_backend_finish_init(ff_backend **pbe) {
     ff_backend *be = *pbe;
+    const char *prof = getenv("FF_PROFILE_KERNELS");
+    be->profile = prof && *prof && strcmp(prof, "0");
     be->stream = ff_stream_new(be);
     if (!be->stream) {
         ff_backend_destroy(pbe);
@@ -60,6 +63,7 @@ int ff_backend_finish_init(ff_backend **pbe) {
 void ff_backend_destroy(ff_backend **pbe) {
     if (!pbe || !*pbe) return;
     ff_backend *be = *pbe;
+    if (be->profile && be->n_prof) prof_print(be);
     ff_stream_destroy(&be->stream);
     be->ops->destroy(be); /* frees impl and be */
     *pbe = NULL;
@@ -151,6 +155,37 @@ int ff_stream_sync(ff_stream *s) { return s->be->ops->stream_sync(s); }
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 
+/* FF_PROFILE_KERNELS=1: wall time per kernel (after a stream sync), printed to stderr when
+ * the backend is destroyed. Off by default; then it costs one branch per kernel. */
+static void prof_add(ff_backend *be, const char *name, int64_t t0) {
+    ff_stream_sync(be->stream);
+    int64_t dt = ff_now_ns() - t0;
+    int i = 0;
+    while (i < be->n_prof && be->prof[i].name != name) i++;
+    if (i == be->n_prof) {
+        if (be->n_prof == (int)(sizeof be->prof / sizeof be->prof[0])) return;
+        be->prof[be->n_prof++].name = name;
+    }
+    be->prof[i].ns += dt;
+    be->prof[i].calls++;
+}
+
+#define PROF(op, ...)                                              \
+    do {                                                           \
+        int64_t t0_ = s->be->profile ? ff_now_ns() : 0;            \
+        s->be->ops->op(__VA_ARGS__);                               \
+        if (s->be->profile) prof_add(s->be, #op, t0_);             \
+    } while (0)
+
+static void prof_print(const ff_backend *be) {
+    int64_t total = 0;
+    for (int i = 0; i < be->n_prof; i++) total += be->prof[i].ns;
+    fprintf(stderr, "kernel profile (%s backend, %d threads): %.1f ms in kernels\n", be->name, be->n_threads, total * 1e-6);
+    for (int i = 0; i < be->n_prof; i++)
+        fprintf(stderr, "  %-18s %9lld calls %10.2f ms %5.1f%%\n", be->prof[i].name, (long long)be->prof[i].calls,
+                be->prof[i].ns * 1e-6, total ? 100.0 * (double)be->prof[i].ns / (double)total : 0.0);
+}
+
 void ff_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda, ff_dptr B,
              int ldb, float beta, ff_dptr C, int ldc) {
     assert(M >= 0 && N >= 0 && K >= 0);
@@ -162,20 +197,20 @@ void ff_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float 
         else need_mat(s, B, N, K, ldb);
     }
     need_mat(s, C, M, N, ldc);
-    s->be->ops->gemm(s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    PROF(gemm, s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void ff_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
     need(s, tokens, (size_t)T * 4);
     need_mat(s, out, T, H, H);
     (void)table;
-    s->be->ops->embedding_fwd(s, tokens, table, out, T, H);
+    PROF(embedding_fwd, s, tokens, table, out, T, H);
 }
 void ff_embedding_bwd(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dtable, int T, int H) {
     need(s, tokens, (size_t)T * 4);
     need_mat(s, dout, T, H, H);
     (void)dtable;
-    s->be->ops->embedding_bwd(s, tokens, dout, dtable, T, H);
+    PROF(embedding_bwd, s, tokens, dout, dtable, T, H);
 }
 
 void ff_rmsnorm_fwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, int T, int H, float eps) {
@@ -183,7 +218,7 @@ void ff_rmsnorm_fwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rst
     need(s, w, (size_t)H * 4);
     need_mat(s, out, T, H, H);
     need(s, rstd, (size_t)T * 4);
-    s->be->ops->rmsnorm_fwd(s, x, w, out, rstd, T, H, eps);
+    PROF(rmsnorm_fwd, s, x, w, out, rstd, T, H, eps);
 }
 void ff_rmsnorm_bwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr rstd, ff_dptr dout, ff_dptr dx, ff_dptr dw, int T,
                     int H) {
@@ -193,7 +228,7 @@ void ff_rmsnorm_bwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr rstd, ff_dptr do
     need_mat(s, dout, T, H, H);
     need_mat(s, dx, T, H, H);
     need(s, dw, (size_t)H * 4);
-    s->be->ops->rmsnorm_bwd(s, x, w, rstd, dout, dx, dw, T, H);
+    PROF(rmsnorm_bwd, s, x, w, rstd, dout, dx, dw, T, H);
 }
 
 void ff_rope_fwd(ff_stream *s, ff_dptr x, int ld, ff_dptr pos, ff_dptr cos_t, ff_dptr sin_t, int T, int n_heads,
@@ -201,37 +236,37 @@ void ff_rope_fwd(ff_stream *s, ff_dptr x, int ld, ff_dptr pos, ff_dptr cos_t, ff
     assert(D % 2 == 0);
     need_mat(s, x, T, n_heads * D, ld);
     need(s, pos, (size_t)T * 4);
-    s->be->ops->rope(s, x, ld, pos, cos_t, sin_t, T, n_heads, D, 0);
+    PROF(rope, s, x, ld, pos, cos_t, sin_t, T, n_heads, D, 0);
 }
 void ff_rope_bwd(ff_stream *s, ff_dptr dx, int ld, ff_dptr pos, ff_dptr cos_t, ff_dptr sin_t, int T, int n_heads,
                  int D) {
     assert(D % 2 == 0);
     need_mat(s, dx, T, n_heads * D, ld);
     need(s, pos, (size_t)T * 4);
-    s->be->ops->rope(s, dx, ld, pos, cos_t, sin_t, T, n_heads, D, 1);
+    PROF(rope, s, dx, ld, pos, cos_t, sin_t, T, n_heads, D, 1);
 }
 
 void ff_bias_add(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N) {
     need_mat(s, x, T, N, ld);
     need(s, b, (size_t)N * 4);
-    s->be->ops->bias_add(s, x, ld, b, T, N);
+    PROF(bias_add, s, x, ld, b, T, N);
 }
 void ff_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N) {
     need_mat(s, dy, T, N, ld);
     need(s, db, (size_t)N * 4);
-    s->be->ops->bias_bwd(s, dy, ld, db, T, N);
+    PROF(bias_bwd, s, dy, ld, db, T, N);
 }
 
 void ff_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter) {
     need_mat(s, gu, T, 2 * inter, 2 * inter);
     need_mat(s, h, T, inter, inter);
-    s->be->ops->swiglu_fwd(s, gu, h, T, inter);
+    PROF(swiglu_fwd, s, gu, h, T, inter);
 }
 void ff_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter) {
     need_mat(s, gu, T, 2 * inter, 2 * inter);
     need_mat(s, dh, T, inter, inter);
     need_mat(s, dgu, T, 2 * inter, 2 * inter);
-    s->be->ops->swiglu_bwd(s, gu, dh, dgu, T, inter);
+    PROF(swiglu_bwd, s, gu, dh, dgu, T, inter);
 }
 
 void ff_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
@@ -241,7 +276,7 @@ void ff_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int 
     need(s, seq_start, ((size_t)S + 1) * 4);
     need_mat(s, out, T, Hq * D, Hq * D);
     need(s, lse, (size_t)T * (size_t)Hq * 4);
-    s->be->ops->attention_fwd(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse);
+    PROF(attention_fwd, s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse);
 }
 void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
                       int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
@@ -254,7 +289,7 @@ void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, cons
     need_mat(s, dout, T, Hq * D, Hq * D);
     need(s, delta, (size_t)T * (size_t)Hq * 4);
     need_mat(s, dqkv, T, (Hq + 2 * Hkv) * D, ld);
-    s->be->ops->attention_bwd(s, qkv, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv);
+    PROF(attention_bwd, s, qkv, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv);
 }
 void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr kv_row0,
                          ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out) {
@@ -265,17 +300,17 @@ void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dp
     need_mat(s, out, T, Hq * D, Hq * D);
     (void)kcache;
     (void)vcache;
-    s->be->ops->attention_cached(s, q, ldq, kcache, vcache, kv_row0, n_keys, T, Hq, Hkv, D, out);
+    PROF(attention_cached, s, q, ldq, kcache, vcache, kv_row0, n_keys, T, Hq, Hkv, D, out);
 }
 void ff_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
     need_mat(s, src, T, N, lds);
     need(s, rows, (size_t)T * 4);
-    s->be->ops->scatter_rows(s, src, lds, dst, rows, T, N);
+    PROF(scatter_rows, s, src, lds, dst, rows, T, N);
 }
 void ff_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N) {
     need(s, rows, (size_t)R * 4);
     need_mat(s, dst, R, N, N);
-    s->be->ops->gather_rows(s, src, rows, dst, R, N);
+    PROF(gather_rows, s, src, rows, dst, R, N);
 }
 
 void ff_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr logprob,
@@ -286,7 +321,7 @@ void ff_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_tem
     need_opt(s, entropy, (size_t)T * 4);
     need(s, lse, (size_t)T * 4);
     assert(ff_dptr_null(logprob) || !ff_dptr_null(targets));
-    s->be->ops->logprob_fwd(s, logits, targets, inv_temp, T, V, logprob, entropy, lse);
+    PROF(logprob_fwd, s, logits, targets, inv_temp, T, V, logprob, entropy, lse);
 }
 void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
                     ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
@@ -298,21 +333,24 @@ void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_tem
     assert(ff_dptr_null(dlogprob) || !ff_dptr_null(targets));
     assert(ff_dptr_null(dentropy) || !ff_dptr_null(entropy));
     need_opt(s, entropy, (size_t)T * 4);
-    s->be->ops->logprob_bwd(s, logits, targets, inv_temp, T, V, lse, dlogprob, dentropy, entropy);
+    PROF(logprob_bwd, s, logits, targets, inv_temp, T, V, lse, dlogprob, dentropy, entropy);
 }
 
 void ff_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n) {
     need(s, y, (size_t)n * 4);
     need(s, x, (size_t)n * 4);
-    s->be->ops->add(s, y, x, n);
+    PROF(add, s, y, x, n);
 }
 void ff_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha) {
     need(s, x, (size_t)n * 4);
-    s->be->ops->scale(s, x, n, alpha);
+    PROF(scale, s, x, n, alpha);
 }
 double ff_sumsq(ff_stream *s, ff_dptr x, int64_t n) {
     need(s, x, (size_t)n * 4);
-    return s->be->ops->sumsq(s, x, n);
+    int64_t t0 = s->be->profile ? ff_now_ns() : 0;
+    double r = s->be->ops->sumsq(s, x, n);
+    if (s->be->profile) prof_add(s->be, "sumsq", t0);
+    return r;
 }
 void ff_adamw(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_dptr v, int64_t n, float lr, float b1,
               float b2, float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
@@ -320,7 +358,7 @@ void ff_adamw(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_dptr v, i
     need(s, grad, (size_t)n * 4);
     need(s, m, (size_t)n * 4);
     need(s, v, (size_t)n * 4);
-    s->be->ops->adamw(s, param, grad, m, v, n, lr, b1, b2, eps, weight_decay, bc1, bc2, grad_scale);
+    PROF(adamw, s, param, grad, m, v, n, lr, b1, b2, eps, weight_decay, bc1, bc2, grad_scale);
 }
 void ff_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
                ff_dptr logprob) {
@@ -329,5 +367,5 @@ void ff_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dp
     need(s, workspace, (size_t)B * (size_t)V * 8);
     need(s, tokens, (size_t)B * 4);
     need(s, logprob, (size_t)B * 4);
-    s->be->ops->sample(s, logits, B, V, params, workspace, tokens, logprob);
+    PROF(sample, s, logits, B, V, params, workspace, tokens, logprob);
 }

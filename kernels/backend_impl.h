@@ -63,6 +63,12 @@ struct ff_backend {
     int n_threads;
     ff_stream *stream; /* the default stream */
     void *impl;        /* the backend's own state */
+    bool profile;      /* FF_PROFILE_KERNELS: time every kernel (kernels/backend.c) */
+    int n_prof;
+    struct {
+        const char *name;
+        int64_t ns, calls;
+    } prof[40];
 };
 
 struct ff_buffer {

@@ -295,8 +295,7 @@ static void infer(ff_generator *g, int32_t T, int32_t R) {
         ff_rmsnorm_fwd(st, x, ffm_param(m, p->ln1), xn, GW(g, rstd), T, H, eps);
         ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, QKV, H, 1.0f, xn, H, ffm_param(m, p->wqkv), H, 0.0f, qkv, QKV);
         if (m->bias) ff_bias_add(st, qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
-        ff_rope_fwd(st, qkv, QKV, GW(g, i_pos), cs, sn, T, m->Hq, m->D);
-        ff_rope_fwd(st, ff_dptr_add(qkv, (size_t)HD, 4), QKV, GW(g, i_pos), cs, sn, T, m->Hkv, m->D);
+        ff_rope_fwd(st, qkv, QKV, GW(g, i_pos), cs, sn, T, m->Hq + m->Hkv, m->D); /* q and k heads */
         ff_scatter_rows(st, ff_dptr_add(qkv, (size_t)HD, 4), QKV, kc, GW(g, i_wrow), T, KD);
         ff_scatter_rows(st, ff_dptr_add(qkv, (size_t)HD + KD, 4), QKV, vc, GW(g, i_wrow), T, KD);
         ff_attention_cached(st, qkv, QKV, kc, vc, GW(g, i_row0), GW(g, i_nkeys), T, m->Hq, m->Hkv, m->D, att);

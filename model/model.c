@@ -578,9 +578,9 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
         ff_rmsnorm_fwd(st, x, ffm_param(m, p->ln1), xn1, WSL(rstd1, a), T, H, eps);
         ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, QKV, H, 1.0f, xn1, H, ffm_param(m, p->wqkv), H, 0.0f, qkv, QKV);
         if (m->bias) ff_bias_add(st, qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
-        ff_rope_fwd(st, qkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq, m->D);
-        ff_rope_fwd(st, ff_dptr_add(qkv, (size_t)HD, 4), QKV, WS(pos), ff_dptr_of(m->rope_cos, 0),
-                    ff_dptr_of(m->rope_sin, 0), T, m->Hkv, m->D);
+        /* q and k heads are adjacent columns of qkv: one rotation over Hq + Hkv heads */
+        ff_rope_fwd(st, qkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq + m->Hkv,
+                    m->D);
         ff_attention_fwd(st, qkv, QKV, WS(seq_start), S, T, m->Hq, m->Hkv, m->D, att, WSL(lse, a));
         ff_memcpy_d2d(st, mid, x, (size_t)T * H * 4);
         ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, HD, 1.0f, att, HD, ffm_param(m, p->wo), HD, 1.0f, mid, H);
@@ -692,9 +692,8 @@ int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entro
         ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, HD, T, 1.0f, dres, H, att, HD, 1.0f, ffm_grad(m, p->wo), HD);
         ff_attention_bwd(st, qkv, QKV, WS(seq_start), m->ws.seq_start_host, S, T, m->Hq, m->Hkv, m->D, att,
                          WSL(lse, l), datt, WS(delta), dqkv);
-        ff_rope_bwd(st, dqkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq, m->D);
-        ff_rope_bwd(st, ff_dptr_add(dqkv, (size_t)HD, 4), QKV, WS(pos), ff_dptr_of(m->rope_cos, 0),
-                    ff_dptr_of(m->rope_sin, 0), T, m->Hkv, m->D);
+        ff_rope_bwd(st, dqkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq + m->Hkv,
+                    m->D);
         if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, QKV);
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, QKV, 1.0f, dqkv, QKV, ffm_param(m, p->wqkv), H, 0.0f, dxn, H);
         ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);

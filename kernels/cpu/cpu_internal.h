@@ -3,6 +3,14 @@
 #ifndef FF_KERNELS_CPU_INTERNAL_H
 #define FF_KERNELS_CPU_INTERNAL_H
 
+/* GCC will not if-convert a float comparison (the clamps in ff_fast_expf, masks, maxima)
+ * into a vector blend while floating-point traps are assumed possible, so those loops stay
+ * scalar. Nothing here uses FP exceptions. First in every kernel file, so that all inline
+ * functions of the translation unit share the setting. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -30,7 +38,9 @@ static inline int NT(const ff_stream *s) { return s->be->n_threads; }
 static inline float ff_fast_expf(float x) {
     x = x < -87.0f ? -87.0f : x;
     x = x > 88.0f ? 88.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    /* round to nearest by adding and removing 1.5 * 2^23 (no floorf call, so it
+     * vectorises without -ffast-math) */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
