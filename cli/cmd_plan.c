@@ -64,6 +64,8 @@ static const flag flags[] = {
     {"nvlink", "cluster.nvlink", NULL},
     {"nic", "cluster.nic", NULL},
     {"flops", "cluster.flops", NULL},
+    {"nvlink-latency-us", "cluster.nvlink_latency_us", NULL},
+    {"nic-latency-us", "cluster.nic_latency_us", NULL},
     {"topology", "cluster.topology", NULL},
     {"oversubscription", "cluster.oversubscription", NULL},
     {"radix", "cluster.radix", NULL},
@@ -79,6 +81,7 @@ static const flag flags[] = {
     {"max-mbs", NULL, NULL},
     {"max-ep", NULL, NULL},
     {"zeros", NULL, NULL},
+    {"min-tokens", NULL, NULL},
     {"try-checkpoint", NULL, "1"},
     {"naive", NULL, "1"},
 };
@@ -123,6 +126,7 @@ static void usage(FILE *out) {
             "  --gpus N              cluster size (default: the product of the degrees)\n"
             "  --gpus-per-domain N   HB domain (server) size\n"
             "  --hbm 80GB  --nvlink 450GB/s  --nic 400Gb/s  --flops 400T   (per GPU; NVLink per direction)\n"
+            "  --nvlink-latency-us 1 --nic-latency-us 5   per collective step (0: bandwidth only)\n"
             "  --topology clos|rail-only, --oversubscription R, --radix K (switch ports)\n"
             "output\n"
             "  --json                one JSON object instead of the report\n"
@@ -133,6 +137,8 @@ static void usage(FILE *out) {
             "  --top N               layouts to show (10)\n"
             "  --max-tp --max-cp --max-pp --max-vpp --max-mbs --max-ep N   bounds\n"
             "  --zeros 0,1,2,3       ZeRO stages to try; --try-checkpoint also tries recomputation\n"
+            "  --min-tokens N        skip layouts with fewer tokens per GPU per micro-batch (b s / CP):\n"
+            "                        the model's FLOP/s does not drop for small GEMMs, real GPUs do\n"
             "\n"
             "examples\n"
             "  fuseflow plan --model llama3-405b --gpus 16384 --layout TP8-PP16-DP128 --seq 8192 --micro-batches 16\n"
@@ -187,7 +193,7 @@ static int bad_usage(const char *fmt, const char *arg) {
 typedef struct opts {
     bool json, naive, try_ckpt;
     const char *matrix;
-    int64_t matrix_limit, top, max_tp, max_cp, max_pp, max_vpp, max_mbs, max_ep;
+    int64_t matrix_limit, top, max_tp, max_cp, max_pp, max_vpp, max_mbs, max_ep, min_tokens;
     unsigned zeros;
 } opts;
 
@@ -215,6 +221,7 @@ static int local_option(const flag *f, const char *v, opts *o) {
     else if (!strcmp(f->name, "max-vpp")) return parse_int(f->name, v, &o->max_vpp);
     else if (!strcmp(f->name, "max-mbs")) return parse_int(f->name, v, &o->max_mbs);
     else if (!strcmp(f->name, "max-ep")) return parse_int(f->name, v, &o->max_ep);
+    else if (!strcmp(f->name, "min-tokens")) return parse_int(f->name, v, &o->min_tokens);
     else if (!strcmp(f->name, "zeros")) {
         o->zeros = 0;
         for (const char *p = v; *p; p++) {
@@ -361,7 +368,7 @@ int ff_cmd_plan(int argc, char **argv) {
         ff_plan_search_opts so = {0};
         so.global_batch = in.workload.global_batch;
         so.max_tp = o.max_tp, so.max_cp = o.max_cp, so.max_pp = o.max_pp, so.max_vpp = o.max_vpp;
-        so.max_mbs = o.max_mbs, so.max_ep = o.max_ep;
+        so.max_mbs = o.max_mbs, so.max_ep = o.max_ep, so.min_tokens = o.min_tokens;
         so.try_checkpoint = o.try_ckpt;
         so.zero_mask = o.zeros;
         so.top = o.top > 0 ? (size_t)o.top : 10;

@@ -230,6 +230,8 @@ int ff_plan_resolve(ff_plan_input *in) {
     if (!(c->hbm_bytes > 0) || !(c->nvlink_bps > 0) || !(c->nic_bps > 0) || !(c->flops > 0))
         return ff_error_set("cluster", NULL, "HBM, NVLink and NIC bandwidths and FLOP/s must be positive");
     if (!(c->oversubscription >= 1.0)) return ff_error_set("cluster", NULL, "the oversubscription ratio must be at least 1");
+    if (!(c->nvlink_latency_s >= 0) || !(c->nic_latency_s >= 0) || c->nvlink_latency_s > 1.0 || c->nic_latency_s > 1.0)
+        return ff_error_set("cluster", "latencies are per collective step, microseconds", "latency out of range");
     if (c->radix < 4 || c->radix % 2) return ff_error_set("cluster", NULL, "switch radix must be even and at least 4");
 
     if (l->tp < 1 || l->cp < 1 || l->pp < 1 || l->ep < 1 || l->dp < 0 || l->vpp < 1)
@@ -407,6 +409,8 @@ void prep_links(const ff_plan_input *in, const rankmap *m, bool exact, prep *p) 
         if (servers > down) rail = c->nic_bps / c->oversubscription;
     }
     p->cross_bw_rail = rail;
+    p->lat_hb = c->nvlink_latency_s > 0 ? c->nvlink_latency_s : 0.0;
+    p->lat_nic = c->nic_latency_s > 0 ? c->nic_latency_s : 0.0;
     if (c->topology == FF_PLAN_RAIL_ONLY) /* forwarded: an NVLink hop to the right rail, then the rail */
         p->cross_bw_other = 1.0 / (1.0 / c->nic_bps + 1.0 / c->nvlink_bps);
     else
@@ -423,12 +427,13 @@ double phase_time(const prep *p, const gstat *g, double shard, double b_hb, doub
          * rail first, then inside the domain */
         *nic = (double)(g->y - 1) * shard;
         *nv = (double)(g->a - 1) * (double)g->y * shard;
-        return *nic / p->cross_bw_rail + *nv / b_hb;
+        return *nic / p->cross_bw_rail + *nv / b_hb + (double)(g->y - 1) * p->lat_nic + (double)(g->a - 1) * p->lat_hb;
     }
     /* irregular groups: the member with the most partners outside its domain, even spread */
     *nic = (double)(g->n - g->min_count) * shard;
     *nv = (double)(g->min_count - 1) * shard;
-    return *nic / (g->rail ? p->cross_bw_rail : p->cross_bw_other) + *nv / b_hb;
+    return *nic / (g->rail ? p->cross_bw_rail : p->cross_bw_other) + *nv / b_hb + (double)(g->n - g->min_count) * p->lat_nic +
+           (double)(g->min_count - 1) * p->lat_hb;
 }
 
 /* All-to-all: payload P per GPU, P / n to each member. */
@@ -441,7 +446,8 @@ static double a2a_time(const prep *p, const gstat *g, double payload, double b_h
     int64_t cross_other = cross - cross_rail;
     *nv = (double)same * unit;
     *nic = (double)cross * unit;
-    double t = *nv / b_hb + (double)cross_rail * unit / p->cross_bw_rail;
+    /* the sends to all members go out together: one step of latency per kind of link */
+    double t = *nv / b_hb + (double)cross_rail * unit / p->cross_bw_rail + (same > 0 ? p->lat_hb : 0.0) + (cross > 0 ? p->lat_nic : 0.0);
     if (rail_only) {
         *nv += (double)cross_other * unit; /* forwarded to the GPU on the destination's rail */
         t += (double)cross_other * unit / p->cross_bw_other;
@@ -582,13 +588,15 @@ void plan_core(const ff_plan_input *in, const prep *pr, ff_plan_result *out, ff_
             double b = (double)(G * nfwd) * pp_msg, bw = B_hb;
             if (pl->next_cross) dnic[FF_PLAN_PP] += b, bw = pl->next_rail ? pr->cross_bw_rail : pr->cross_bw_other;
             else dnv[FF_PLAN_PP] += b;
-            if (pp_msg / bw > pp_fwd_t) pp_fwd_t = pp_msg / bw;
+            double tm = pp_msg / bw + (pl->next_cross ? pr->lat_nic : pr->lat_hb);
+            if (tm > pp_fwd_t) pp_fwd_t = tm;
         }
         if (nbwd) {
             double b = (double)(G * nbwd) * pp_msg, bw = B_hb;
             if (pl->prev_cross) dnic[FF_PLAN_PP] += b, bw = pl->prev_rail ? pr->cross_bw_rail : pr->cross_bw_other;
             else dnv[FF_PLAN_PP] += b;
-            if (pp_msg / bw > pp_bwd_t) pp_bwd_t = pp_msg / bw;
+            double tm = pp_msg / bw + (pl->prev_cross ? pr->lat_nic : pr->lat_hb);
+            if (tm > pp_bwd_t) pp_bwd_t = tm;
         }
 
         /* data parallel: dense weights over CP x DP, experts over CP x DP / EP */

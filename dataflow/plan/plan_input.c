@@ -253,6 +253,11 @@ static int read_cluster(ff_cnode *r, ff_plan_cluster *c) {
     if (get_quantity(r, "cluster.hbm", "GB", &c->hbm_bytes) || get_quantity(r, "cluster.nvlink", "GB/s", &c->nvlink_bps) ||
         get_quantity(r, "cluster.nic", "Gb/s", &c->nic_bps) || get_quantity(r, "cluster.flops", "TFLOP/s", &c->flops))
         return -1;
+    double us;
+    if (ff_cnode_get_double(r, "cluster.nvlink_latency_us", c->nvlink_latency_s * 1e6, &us) < 0) return -1;
+    c->nvlink_latency_s = us * 1e-6;
+    if (ff_cnode_get_double(r, "cluster.nic_latency_us", c->nic_latency_s * 1e6, &us) < 0) return -1;
+    c->nic_latency_s = us * 1e-6;
     static const char *const topo[] = {"clos", "rail-only"};
     int v;
     if (ff_cnode_get_enum(r, "cluster.topology", topo, 2, (int)c->topology, &v) < 0) return -1;

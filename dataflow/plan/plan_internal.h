@@ -66,6 +66,7 @@ typedef struct prep {
     pplink *pp;
     double cross_bw_rail;   /* bytes/s of cross-domain traffic between GPUs of one rail */
     double cross_bw_other;  /* bytes/s per byte of cross-domain traffic between rails (harmonic) */
+    double lat_hb, lat_nic; /* seconds per collective step inside the domain / over the network */
 } prep;
 
 /* Stage layer counts from the placement (layers, moe_layers must hold pp entries; scratch holds

@@ -214,7 +214,13 @@ void pp_links(const rankmap *m, bool exact, pplink *out) {
 
 /* ---- public: coordinates and flows ------------------------------------------------------ */
 
-void ff_plan_rank_coords(const ff_plan_input *in, int64_t rank, ff_plan_rank *out) {
+void ff_plan_rank_coords(const ff_plan_input *in_const, int64_t rank, ff_plan_rank *out) {
+    ff_plan_input in_copy = *in_const;
+    ff_plan_input *in = &in_copy;
+    ff_plan_layout *l = &in->layout;
+    if (l->dp <= 0 && l->tp > 0 && l->cp > 0 && l->pp > 0) l->dp = in->cluster.gpus / (l->tp * l->cp * l->pp); /* as resolving does */
+    if (l->ep < 1) l->ep = 1;
+    if (l->dp < 1) l->dp = 1;
     rankmap m;
     rankmap_build(in, &m);
     int64_t idx[F_N];
@@ -262,9 +268,12 @@ static void spread(const rankmap *m, int64_t src, unsigned kinds, const gstat *g
     }
 }
 
-int ff_plan_traffic_edges(const ff_plan_input *in, const ff_plan_result *r, ff_plan_edge_fn fn, void *ctx) {
-    if (!r->stages || r->n_stages != in->layout.pp)
-        return ff_error_set("plan", "evaluate the plan first", "no per-stage results to draw flows from");
+int ff_plan_traffic_edges(const ff_plan_input *in_const, const ff_plan_result *r, ff_plan_edge_fn fn, void *ctx) {
+    ff_plan_input in_copy = *in_const;
+    ff_plan_input *in = &in_copy;
+    if (ff_plan_resolve(in)) return -1;
+    if (!r->stages || r->n_stages != in->layout.pp || r->gpus != in->cluster.gpus)
+        return ff_error_set("plan", "evaluate the plan first", "no per-stage results of this layout to draw flows from");
     rankmap m;
     rankmap_build(in, &m);
     gstat g[G_N];

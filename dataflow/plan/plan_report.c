@@ -74,9 +74,11 @@ void ff_plan_report_write(const ff_plan_input *in_const, const ff_plan_result *r
     char s1[64], s2[64], s3[64], s4[64], s5[64], ord[64];
 
     fprintf(out, "fuseflow plan: %s on %lld GPUs\n\n", m->name, (long long)c->gpus);
-    fprintf(out, "cluster    %s: %lld GPUs per HB domain, %s HBM, NVLink %s/s per direction, NIC %s/s, %s FLOP/s achieved, %s\n",
+    fprintf(out, "cluster    %s: %lld GPUs per HB domain, %s HBM, NVLink %s/s per direction, NIC %s/s, %sFLOP/s achieved, "
+            "latency %.3g us (NVLink) / %.3g us (NIC) per step, %s\n",
             c->name[0] ? c->name : "custom", (long long)c->domain, bytes_str(c->hbm_bytes, s1, sizeof s1), bytes_str(c->nvlink_bps, s2, sizeof s2),
-            bytes_str(c->nic_bps, s3, sizeof s3), count_str(c->flops, s4, sizeof s4), topo_str(c, s5, sizeof s5));
+            bytes_str(c->nic_bps, s3, sizeof s3), count_str(c->flops, s4, sizeof s4), c->nvlink_latency_s * 1e6, c->nic_latency_s * 1e6,
+            topo_str(c, s5, sizeof s5));
     fprintf(out, "model      %s parameters (%s active): %lld layers, hidden %lld, %lld heads / %lld KV heads x %lld, FFN %lld, vocab %lld%s",
             count_str(r->params_total, s1, sizeof s1), count_str(r->params_active, s2, sizeof s2), (long long)m->layers,
             (long long)m->hidden, (long long)m->heads, (long long)m->kv_heads, (long long)m->head_dim, (long long)m->ffn,
@@ -223,10 +225,11 @@ char *ff_plan_report_json(const ff_plan_input *in_const, const ff_plan_result *r
     json_object_set_new(layout, "stage_layers", sl);
     json_object_set_new(root, "layout", layout);
     json_object_set_new(root, "cluster",
-                        json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:s, s:f, s:I}", "name", c->name, "gpus", (json_int_t)c->gpus,
+                        json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:s, s:f, s:I}", "name", c->name, "gpus", (json_int_t)c->gpus,
                                   "gpus_per_domain", (json_int_t)c->domain, "hbm_bytes", c->hbm_bytes, "nvlink_bps", c->nvlink_bps, "nic_bps",
-                                  c->nic_bps, "flops", c->flops, "topology", c->topology == FF_PLAN_RAIL_ONLY ? "rail-only" : "clos",
-                                  "oversubscription", c->oversubscription, "radix", (json_int_t)c->radix));
+                                  c->nic_bps, "flops", c->flops, "nvlink_latency_s", c->nvlink_latency_s, "nic_latency_s", c->nic_latency_s,
+                                  "topology", c->topology == FF_PLAN_RAIL_ONLY ? "rail-only" : "clos", "oversubscription", c->oversubscription,
+                                  "radix", (json_int_t)c->radix));
     json_t *stages = json_array();
     for (int64_t s = 0; s < r->n_stages; s++) {
         const ff_plan_stage *st = &r->stages[s];
@@ -267,14 +270,15 @@ void ff_plan_search_write(const ff_plan_input *base, const ff_plan_search_result
     char s1[32], s2[32], s3[32];
     fprintf(out, "fuseflow plan search: %s on %lld GPUs (%s HBM each), seq %lld\n", base->model.name, (long long)base->cluster.gpus,
             bytes_str(base->cluster.hbm_bytes, s1, sizeof s1), (long long)base->workload.seq);
-    fprintf(out, "%zu layouts evaluated in %s (%s per second), %zu fit in memory\n\n", r->evaluated, secs_str(r->elapsed_s, s1, sizeof s1),
-            count_str(r->elapsed_s > 0 ? (double)r->evaluated / r->elapsed_s : 0.0, s2, sizeof s2), r->fitting);
+    fprintf(out, "%zu layouts evaluated in %s (%s per second), %zu fit in memory; ranked by the estimated step time\n\n", r->evaluated,
+            secs_str(r->elapsed_s, s1, sizeof s1), count_str(r->elapsed_s > 0 ? (double)r->evaluated / r->elapsed_s : 0.0, s2, sizeof s2),
+            r->fitting);
     if (!r->n_best) {
-        fprintf(out, "no layout fits: use more GPUs, a shorter sequence, or allow checkpointing (--checkpoint)\n");
+        fprintf(out, "no layout fits: use more GPUs, a shorter sequence, or also try recomputation (--try-checkpoint)\n");
         return;
     }
-    fprintf(out, "  #  %-26s %-16s %3s %5s %-6s %-5s %9s %9s %7s %12s\n", "layout", "schedule", "b", "G", "ZeRO", "ckpt", "memory", "step", "bubble",
-            "tokens/s");
+    fprintf(out, "  #  %-26s %-16s %3s %5s %7s %-5s %-5s %9s %9s %7s %10s\n", "layout", "schedule", "b", "G", "tok/GPU", "ZeRO", "ckpt", "memory",
+            "step", "bubble", "tokens/s");
     for (size_t i = 0; i < r->n_best; i++) {
         const ff_plan_candidate *c = &r->best[i];
         char lay[64], sch[32];
@@ -282,9 +286,10 @@ void ff_plan_search_write(const ff_plan_input *base, const ff_plan_search_result
                  (long long)c->layout.dp, (long long)c->layout.ep);
         if (c->layout.schedule == FF_PLAN_INTERLEAVED) snprintf(sch, sizeof sch, "interleaved v=%lld", (long long)c->layout.vpp);
         else snprintf(sch, sizeof sch, "%s", ff_plan_schedule_name(c->layout.schedule));
-        fprintf(out, "%3zu  %-26s %-16s %3lld %5lld %-6d %-5s %9s %9s %6.1f%% %12s\n", i + 1, lay, sch, (long long)c->micro_batch,
-                (long long)c->micro_batches, c->layout.zero, c->layout.checkpoint ? "full" : "no", bytes_str(c->total_bytes, s1, sizeof s1),
-                secs_str(c->iteration_s, s2, sizeof s2), 100 * c->bubble_fraction, count_str(c->tokens_per_s, s3, sizeof s3));
+        fprintf(out, "%3zu  %-26s %-16s %3lld %5lld %7lld %-5d %-5s %9s %9s %6.1f%% %10s\n", i + 1, lay, sch, (long long)c->micro_batch,
+                (long long)c->micro_batches, (long long)(c->micro_batch * base->workload.seq / c->layout.cp), c->layout.zero,
+                c->layout.checkpoint ? "full" : "no", bytes_str(c->total_bytes, s1, sizeof s1), secs_str(c->iteration_s, s2, sizeof s2),
+                100 * c->bubble_fraction, count_str(c->tokens_per_s, s3, sizeof s3));
     }
 }
 

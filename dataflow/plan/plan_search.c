@@ -131,6 +131,7 @@ int ff_plan_search(const ff_plan_input *base, const ff_plan_search_opts *o, ff_p
                         int64_t b = mbs[ib];
                         if ((o->max_mbs && b > o->max_mbs) || (o->max_mbs == 0 && b > 8)) continue;
                         if (B % (b * d)) continue;
+                        if (o->min_tokens && b * S / c < o->min_tokens && b * S / c < S) continue; /* a whole sequence always passes */
                         int64_t G = B / (b * d);
                         in.workload.micro_batch = b, in.workload.micro_batches = G, in.workload.global_batch = B;
                         int64_t vmax = p > 1 ? (o->max_vpp ? o->max_vpp : 8) : 1;
@@ -148,6 +149,7 @@ int ff_plan_search(const ff_plan_input *base, const ff_plan_search_opts *o, ff_p
                                     in.layout.zero_schedule = FF_PLAN_ZS_DEFAULT;
                                     for (int ck = 0; ck <= (o->try_checkpoint ? 1 : 0); ck++) {
                                         in.layout.checkpoint = ck;
+                                        if (o->max_candidates && out->evaluated >= o->max_candidates) goto done;
                                         ff_plan_result r;
                                         if (o->naive) {
                                             if (ff_plan_evaluate(&in, &r)) continue;
@@ -166,6 +168,7 @@ int ff_plan_search(const ff_plan_input *base, const ff_plan_search_opts *o, ff_p
             }
         }
     }
+done:
     free(lay), free(pl);
     out->best = k.best;
     out->n_best = k.n;

@@ -119,6 +119,8 @@ typedef struct ff_plan_cluster {
     double nvlink_bps;         /* bytes/s per GPU per direction inside the HB domain */
     double nic_bps;            /* bytes/s per GPU to the scale-out network */
     double flops;              /* achieved FLOP/s per GPU (not peak) */
+    double nvlink_latency_s;   /* per step of a collective (or per send) inside the domain */
+    double nic_latency_s;      /* per step over the network */
     ff_plan_topology topology;
     double oversubscription;   /* Clos: 1 is non-blocking; r > 1 divides cross-domain bandwidth */
     int64_t radix;             /* switch ports, for the network count */
@@ -354,6 +356,8 @@ typedef struct ff_plan_search_opts {
     bool try_checkpoint;       /* also try full recomputation */
     unsigned zero_mask;        /* bit z: try ZeRO-z (0: stages 0..3) */
     size_t top;                /* how many to keep (default 10) */
+    int64_t min_tokens;        /* skip layouts whose GPUs hold fewer tokens per micro-batch (b s / CP) */
+    size_t max_candidates;     /* stop after this many (0: all), for benchmarks */
     bool naive;                /* evaluate each candidate from scratch (the benchmark's baseline) */
 } ff_plan_search_opts;
 
