@@ -12,6 +12,10 @@ static const ff_command commands[] = {
     {"dataset", ff_cmd_dataset, "generate the bundled arithmetic task (train/test JSONL)"},
     {"plan", ff_cmd_plan, "plan a parallel layout: memory, traffic, bubbles, iteration time; search layouts"},
     {"graph", ff_cmd_graph, "check a run config and print its algorithm graph; --simulate its schedule; --list"},
+    {"worker", ff_cmd_worker, "join a controller and run its subtasks (--connect ENDPOINT)"},
+    {"keygen", ff_cmd_keygen, "write CURVE keys for a controller and its remote workers"},
+    {"trace", ff_cmd_trace, "summarise a timeline: busy/idle per worker and group, longest chain"},
+    {"runtime-demo", ff_cmd_runtime_demo, "run generic subtasks on local/remote workers (throughput, latency, --trace)"},
     {NULL, NULL, NULL},
 };
 

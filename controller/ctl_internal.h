@@ -1,0 +1,242 @@
+/* The controller's internal state, shared by its files: controller.c (socket, workers,
+ * liveness, processes), sched.c (jobs, queues, dispatch, completion, groups), trace.c
+ * (timelines), zap.c (CURVE authentication). Not public API. */
+#ifndef FF_CTL_INTERNAL_H
+#define FF_CTL_INTERNAL_H
+
+#include <ev.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+
+#include "controller/rt_internal.h"
+#include "fuseflow/controller.h"
+#include "fuseflow/error.h"
+#include "fuseflow/msgs.h"
+
+/* ---- a u64 -> pointer map (open addressing, linear probing, tombstones) ------------------ */
+typedef struct u64map {
+    uint64_t *keys; /* 0 = empty, UINT64_MAX = deleted */
+    void **vals;
+    size_t cap, used, live;
+} u64map;
+
+void *u64map_get(const u64map *m, uint64_t key);
+int u64map_put(u64map *m, uint64_t key, void *val); /* key != 0, != UINT64_MAX */
+void u64map_del(u64map *m, uint64_t key);
+void u64map_free(u64map *m);
+
+/* ---- subtasks and jobs ------------------------------------------------------------------ */
+typedef enum sub_state { SUB_NEW = 0, SUB_PENDING, SUB_INFLIGHT, SUB_DONE } sub_state;
+
+typedef struct ctl_job ctl_job;
+typedef struct ctl_group ctl_group;
+
+typedef struct ctl_sub {
+    uint64_t id;
+    ctl_job *job;
+    int member;      /* index within the job */
+    int target_rank; /* fixed worker (RANK and group jobs), -1: any member of job->group */
+    int rank;        /* worker holding it while in flight (or last holder) */
+    sub_state state;
+    int attempts;
+    int status;
+    char err[FF_MSG_TEXT_MAX]; /* for results made up by the controller */
+    int64_t dispatch_ns, start_ns, end_ns, done_ns;
+    uint32_t queued;
+    int32_t send_ns; /* time the last send took (trace) */
+    ff_msg *res; /* the worker's result, kept until the whole job completes (group jobs) */
+    /* wire: packed header and tensor frames, kept for re-sending */
+    uint8_t *hdr;
+    uint32_t hdr_len, hdr_cap;
+    zmq_msg_t *frames;
+    int nframes, frames_cap;
+    struct ctl_sub *next, *prev; /* in a pending queue or a worker's in-flight list */
+    bool in_list;
+} ctl_sub;
+
+typedef struct sub_list {
+    ctl_sub *head, *tail;
+    int n;
+} sub_list;
+
+struct ctl_job {
+    uint64_t id;
+    ff_done_fn done;
+    void *ud;
+    ff_target target;
+    ctl_group *group; /* NULL for a rank job without group label */
+    bool idempotent, internal, setup;
+    int n, ndone;
+    ctl_sub **subs;
+    ctl_sub *one; /* subs points here when n == 1 */
+    int label;    /* trace string id */
+    int group_label;
+    size_t after_off;
+    int nafter;
+    struct ctl_job *next, *prev; /* in a group's queue of group jobs */
+    bool queued;
+    bool completed;
+};
+
+typedef struct job_list {
+    ctl_job *head, *tail;
+    int n;
+} job_list;
+
+/* ---- workers and groups ----------------------------------------------------------------- */
+#define CTL_CLOCK_SAMPLES 16
+
+typedef struct ctl_worker {
+    int rank;
+    ff_worker_state state;
+    bool local;
+    pid_t pid;
+    int pidfd;
+    ev_io pid_io;
+    bool reaped, disconnected;
+    int exit_status;
+    uint8_t peer[FF_MSG_MAX_ROUTING_ID];
+    size_t peer_len;
+    uint64_t peer_key; /* hash of peer, key in ctl->peers */
+    char host[FF_MSG_NAME_MAX], device[FF_MSG_NAME_MAX];
+    int ncaps;
+    char (*caps)[FF_MSG_NAME_MAX];
+    int inflight;
+    uint64_t completed;
+    int64_t last_rx_ns, joined_ns;
+    uint64_t ping_seq;
+    int64_t sample_off[CTL_CLOCK_SAMPLES], sample_rtt[CTL_CLOCK_SAMPLES];
+    int nsamples, next_sample;
+    int64_t offset_ns, best_rtt_ns;
+    uint32_t busy;
+    uint64_t errors;
+    sub_list rank_q;   /* waiting subtasks of RANK jobs */
+    sub_list inflight_l;
+    int *groups;       /* indices into ctl->groups */
+    int ngroups, gcursor;
+    char dead_reason[FF_MSG_TEXT_MAX];
+    struct ff_controller *c;
+} ctl_worker;
+
+typedef enum group_state { GROUP_SETUP = 0, GROUP_READY, GROUP_BROKEN } group_state;
+
+struct ctl_group {
+    char name[FF_MSG_NAME_MAX];
+    char backend[FF_MSG_NAME_MAX];
+    int n;
+    int *ranks;
+    int *dp_rank;
+    int dp_size;
+    double timeout_s;
+    group_state state;
+    char broken[FF_MSG_TEXT_MAX];
+    unsigned rr;      /* round-robin cursor of ANY dispatch */
+    sub_list any_q;   /* waiting subtasks of ANY jobs */
+    job_list job_q;   /* waiting group jobs */
+    int label;
+};
+
+/* ---- trace records ---------------------------------------------------------------------- */
+typedef struct trace_rec {
+    uint64_t id, job;
+    int rank, member, status, attempts, label, group_label;
+    uint32_t queued;
+    int64_t dispatch_ns, start_ns, end_ns, done_ns, send_ns;
+    size_t after_off;
+    int nafter;
+} trace_rec;
+
+typedef struct ctl_trace {
+    bool on;
+    trace_rec *recs;
+    size_t n, cap;
+    uint64_t *after;
+    size_t nafter, after_cap;
+    char **strings;
+    int nstrings, strings_cap;
+    int64_t origin_ns;
+} ctl_trace;
+
+int trace_intern(ctl_trace *t, const char *s); /* id of s, -1 on out of memory */
+int trace_add_after(ctl_trace *t, const uint64_t *after, int n, size_t *off);
+void trace_record(ctl_trace *t, const ctl_sub *s);
+void trace_free(ctl_trace *t);
+
+/* ---- the controller -------------------------------------------------------------------- */
+struct ff_controller {
+    ff_controller_opts o;
+    char endpoint[1024], bound[1024], ipc_path[1024];
+    char worker_bin[4096], worker_key[4096], worker_log[32], trace_path[4096];
+    void *ctx, *sock;
+    struct ev_loop *loop;
+    bool own_loop;
+    rt_zwatch zw;
+    ev_timer hb_timer;
+    ev_idle deferred_idle;
+    ev_timer wake_timer; /* run_until's deadline */
+    ff_msg_decoder *dec;
+    ff_msg *rx;          /* receive buffer (swapped out when a group job keeps a result) */
+    ff_msg *msg_pool[64];
+    int nmsg_pool;
+    ff_msg scratch;      /* building outgoing messages */
+    uint8_t *packbuf;    /* FF_MSG_MAX_HEADER bytes */
+
+    ctl_worker **workers; /* by rank */
+    int nworkers, workers_cap;
+    u64map peers;         /* hash(routing id) -> ctl_worker */
+    ctl_group **groups;
+    int ngroups, groups_cap;
+
+    u64map subs, jobs;
+    uint64_t next_id;
+    ctl_sub *sub_pool;
+    ctl_job *job_pool;
+    sub_list deferred;    /* made-up completions waiting for the loop */
+    int njobs, npending, ninflight;
+    int in_callback; /* a job callback is running: the loop must not be re-entered */
+    bool shutting_down, shut_down;
+    ff_controller_stats stats;
+    uint64_t rejected_logged;
+
+    /* CURVE */
+    bool curve;
+    void *zap_sock;
+    pthread_t zap_thread;
+    bool zap_started;
+    atomic_bool zap_stop;
+    atomic_ulong auth_rejected;
+    uint8_t client_key[32];
+
+    ctl_trace trace;
+};
+
+/* controller.c */
+ctl_worker *ctl_worker_get(ff_controller *c, int rank);
+/* Declare a worker dead: requeue or fail its subtasks, break its groups. Not from inside a
+ * dispatch loop (sched.c defers it through w->disconnected). */
+void ctl_worker_died(ff_controller *c, ctl_worker *w, const char *fmt, ...) FF_PRINTF(3, 4);
+int64_t ctl_map_clock(const ctl_worker *w, int64_t worker_ns);
+ff_msg *ctl_msg_get(ff_controller *c);
+void ctl_msg_put(ff_controller *c, ff_msg *m);
+void ctl_start_deferred(ff_controller *c);
+
+/* sched.c */
+int sched_send(ff_controller *c, ctl_worker *w, ctl_sub *s); /* 0, or -1 (worker disconnected) */
+void sched_pump(ff_controller *c, ctl_worker *w);
+void sched_pump_all(ff_controller *c);
+void sched_on_result(ff_controller *c, ctl_worker *w, ff_msg *rx);
+void sched_fail_sub(ff_controller *c, ctl_sub *s, int status, const char *fmt, ...) FF_PRINTF(4, 5);
+void sched_run_deferred(ff_controller *c);
+void sched_worker_lost(ff_controller *c, ctl_worker *w);
+void sched_shutdown_pending(ff_controller *c);
+void sched_shutdown_inflight(ff_controller *c);
+void sched_free(ff_controller *c);
+void list_remove(sub_list *l, ctl_sub *s);
+void list_push(sub_list *l, ctl_sub *s);
+
+/* zap.c */
+int zap_start(ff_controller *c);
+void zap_stop(ff_controller *c);
+
+#endif

@@ -1,0 +1,91 @@
+/* Helpers for the runtime tests. Each test program is also a worker: started with argv[1] ==
+ * "worker" it runs ff_worker_main, so the controller under test spawns copies of the test
+ * binary itself (built with the same sanitizers) and needs no other program. */
+#ifndef FF_RT_TEST_H
+#define FF_RT_TEST_H
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fuseflow/controller.h"
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+#include "fuseflow/worker.h"
+#include "tests/test_util.h"
+
+#define RT_WORKER_MAIN(argc, argv)                                                   \
+    do {                                                                             \
+        if ((argc) > 1 && !strcmp((argv)[1], "worker")) {                            \
+            ff_log_set_level(FF_LOG_ERROR);                                          \
+            return ff_worker_main((argc) - 1, (argv) + 1);                           \
+        }                                                                            \
+    } while (0)
+
+static char rt_self[4096];
+
+/* Options for fast tests: quick heartbeats, a short death timeout, this binary as worker. */
+static inline ff_controller_opts rt_opts(void) {
+    ff_controller_opts o;
+    ff_controller_opts_default(&o);
+    ssize_t n = readlink("/proc/self/exe", rt_self, sizeof rt_self - 1);
+    REQUIRE(n > 0);
+    rt_self[n] = 0;
+    o.worker_bin = rt_self;
+    o.heartbeat_s = 0.05;
+    o.timeout_s = 1.0;
+    o.worker_log = "error";
+    return o;
+}
+
+/* A controller with n local workers, all live, and a group "all" of them. */
+static inline ff_controller *rt_start(ff_controller_opts *o, int n) {
+    ff_controller *c = ff_controller_new(o);
+    if (!c) {
+        fprintf(stderr, "controller: %s\n", ff_error_message());
+        exit(1);
+    }
+    if (n > 0) {
+        REQUIRE(ff_controller_spawn(c, n) == 0);
+        if (ff_controller_wait_workers(c, n, 30) != 0) {
+            fprintf(stderr, "%s\n", ff_error_message());
+            exit(1);
+        }
+        int ranks[64];
+        for (int i = 0; i < n; i++) ranks[i] = i;
+        REQUIRE(ff_controller_group_create(c, "all", ranks, n, NULL) == 0);
+    }
+    return c;
+}
+
+static inline void rt_free(void *data, void *hint) {
+    (void)hint;
+    free(data);
+}
+
+/* A fresh F32 tensor [n] filled with v, handed over with rt_free. */
+static inline ff_input rt_f32(const char *name, const int64_t *shape1, float v) {
+    float *x = malloc(sizeof *x * (size_t)(shape1[0] ? shape1[0] : 1));
+    for (int64_t i = 0; i < shape1[0]; i++) x[i] = v;
+    return (ff_input){.name = name, .dtype = FF_DTYPE_F32, .ndim = 1, .shape = shape1, .data = x, .free_fn = rt_free};
+}
+
+typedef struct rt_counter {
+    int done, ok, failed;
+    int status[FF_STATUS_END];
+} rt_counter;
+
+static inline void rt_count(ff_controller *c, uint64_t job, const ff_result *r, int n, void *ud) {
+    (void)c;
+    (void)job;
+    rt_counter *k = ud;
+    k->done++;
+    for (int i = 0; i < n; i++) {
+        if (r[i].status == FF_STATUS_OK) k->ok++;
+        else k->failed++;
+        if (r[i].status >= 0 && r[i].status < FF_STATUS_END) k->status[r[i].status]++;
+    }
+}
+
+#endif
