@@ -35,9 +35,9 @@ static void list(const ff_registry *r) {
         printf("%ss:\n", ff_registry_kind_name((ff_registry_kind)k));
         for (size_t i = 0; i < n && i < 128; i++) {
             const char *origin = ff_registry_origin(r, (ff_registry_kind)k, names[i]);
-            printf("  %-20s %s%s%s\n", names[i], ff_registry_summary(r, (ff_registry_kind)k, names[i]), origin ? "  [plugin " : "",
-                   origin ? origin : "");
-            if (origin) printf("]\n");
+            printf("  %-20s %s", names[i], ff_registry_summary(r, (ff_registry_kind)k, names[i]));
+            if (origin) printf("  [plugin %s]", origin);
+            printf("\n");
         }
     }
 }

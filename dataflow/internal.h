@@ -13,7 +13,7 @@ int ff_reward_remote_register(ff_registry *r);
 /* graph.c: attach a YAML node's map (its parameters) and its location to a node. */
 #include "fuseflow/graph.h"
 void ff_graph_node_attach(ff_graph *g, int node, ff_cnode *params, const char *where);
-/* graph.c: the op's default granularity before validation (FF_GRAN_COUNT = not yet known). */
+/* graph.c: whether an op may run at a granularity (see the table in docs/graphs.md). */
 bool ff_op_allows_granularity(ff_op op, ff_granularity g);
 
 #endif
