@@ -36,7 +36,7 @@ static inline float dot(const float *a, const float *b, int n) {
 
 /* P = exp(S - m_row) in place on an [nq, nk] tile (ld BLK) where query row r (absolute
  * index i0 + r) may see key columns c with j0 + c <= i0 + r; the rest get 0. */
-static void tile_probs(float *S, int nq, int nk, int i0, int j0, const float *row_m) {
+FF_VEC static void tile_probs(float *S, int nq, int nk, int i0, int j0, const float *row_m) {
     for (int r = 0; r < nq; r++) {
         float *row = S + (size_t)r * BLK;
         int cmax = i0 + r - j0; /* last visible column */
@@ -44,6 +44,34 @@ static void tile_probs(float *S, int nq, int nk, int i0, int j0, const float *ro
         float m = row_m[r];
 #pragma omp simd
         for (int c = 0; c < nk; c++) row[c] = c <= cmax ? ff_fast_expf(row[c] - m) : 0.0f;
+    }
+}
+
+/* One key tile of the online softmax: new row maxima, P = exp(S - m) in place (masked),
+ * running sums l and accumulators acc [nq, D] rescaled to the new maxima. */
+FF_VEC static void online_softmax(float *Sb, int nq, int nk, int i0, int j0, float *m, float *l, float *acc, int D) {
+    float mnew[BLK] = {0};
+    for (int r = 0; r < nq; r++) {
+        const float *row = Sb + (size_t)r * BLK;
+        int cmax = i0 + r - j0 < nk - 1 ? i0 + r - j0 : nk - 1;
+        float bm = m[r];
+        for (int c = 0; c <= cmax; c++) bm = row[c] > bm ? row[c] : bm;
+        mnew[r] = bm;
+    }
+    tile_probs(Sb, nq, nk, i0, j0, mnew);
+    for (int r = 0; r < nq; r++) {
+        const float *row = Sb + (size_t)r * BLK;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < nk; c++) sum += row[c];
+        float alpha = ff_fast_expf(m[r] - mnew[r]);
+        if (alpha != 1.0f) {
+            float *a = acc + (size_t)r * D;
+#pragma omp simd
+            for (int d = 0; d < D; d++) a[d] *= alpha;
+        }
+        l[r] = l[r] * alpha + sum;
+        m[r] = mnew[r];
     }
 }
 
@@ -77,29 +105,7 @@ void ff_cpu_attention_fwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, int S
                         const float *K = qkv + (size_t)(base + j0) * ld + (size_t)(Hq + g) * D;
                         const float *V = qkv + (size_t)(base + j0) * ld + (size_t)(Hq + Hkv + g) * D;
                         mm(CblasNoTrans, CblasTrans, nq, nk, D, scale, Q, ld, K, ld, 0.0f, Sb, BLK);
-                        float mnew[BLK];
-                        for (int r = 0; r < nq; r++) {
-                            const float *row = Sb + (size_t)r * BLK;
-                            int cmax = i0 + r - j0 < nk - 1 ? i0 + r - j0 : nk - 1;
-                            float bm = m[r];
-                            for (int c = 0; c <= cmax; c++) bm = row[c] > bm ? row[c] : bm;
-                            mnew[r] = bm;
-                        }
-                        tile_probs(Sb, nq, nk, i0, j0, mnew);
-                        for (int r = 0; r < nq; r++) {
-                            const float *row = Sb + (size_t)r * BLK;
-                            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                            for (int c = 0; c < nk; c++) sum += row[c];
-                            float alpha = ff_fast_expf(m[r] - mnew[r]);
-                            if (alpha != 1.0f) {
-                                float *a = acc + (size_t)r * D;
-#pragma omp simd
-                                for (int d = 0; d < D; d++) a[d] *= alpha;
-                            }
-                            l[r] = l[r] * alpha + sum;
-                            m[r] = mnew[r];
-                        }
+                        online_softmax(Sb, nq, nk, i0, j0, m, l, acc, D);
                         mm(CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, Sb, BLK, V, ld, 1.0f, acc, D);
                     }
                     for (int r = 0; r < nq; r++) {
@@ -117,6 +123,17 @@ void ff_cpu_attention_fwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, int S
     }
 }
 
+/* dS = P * (dP - delta_row) in place on the dP tile. */
+FF_VEC static void ds_from_dp(const float *Pb, float *dSb, int nq, int nk, const float *delta_rows, int Hq) {
+    for (int r = 0; r < nq; r++) {
+        float dl = delta_rows[(size_t)r * Hq];
+        float *ds = dSb + (size_t)r * BLK;
+        const float *p = Pb + (size_t)r * BLK;
+#pragma omp simd
+        for (int c = 0; c < nk; c++) ds[c] = p[c] * (ds[c] - dl);
+    }
+}
+
 /* Probabilities of a tile from the saved lse, and dS = P * (dP - delta) where
  * dP = dO V^T; returns P in Pb and dS in dSb (both [nq, nk], ld BLK). */
 static void tile_grad(const float *Q, const float *K, const float *V, const float *dO, int ld, int HD, int nq, int nk,
@@ -127,13 +144,7 @@ static void tile_grad(const float *Q, const float *K, const float *V, const floa
     mm(CblasNoTrans, CblasTrans, nq, nk, D, scale, Q, ld, K, ld, 0.0f, Pb, BLK);
     tile_probs(Pb, nq, nk, i0, j0, mrow);
     mm(CblasNoTrans, CblasTrans, nq, nk, D, 1.0f, dO, HD, V, ld, 0.0f, dSb, BLK);
-    for (int r = 0; r < nq; r++) {
-        float dl = delta_rows[(size_t)r * Hq];
-        float *ds = dSb + (size_t)r * BLK;
-        const float *p = Pb + (size_t)r * BLK;
-#pragma omp simd
-        for (int c = 0; c < nk; c++) ds[c] = p[c] * (ds[c] - dl);
-    }
+    ds_from_dp(Pb, dSb, nq, nk, delta_rows, Hq);
 }
 
 void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const int32_t *ss_host, int S, int T,
@@ -222,6 +233,57 @@ void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const
     }
 }
 
+/* Query token t's rep heads of kv head g against its cache rows. */
+FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const float *vc, const int32_t *row0,
+                               const int32_t *nkeys, int t, int g, int rep, int D, int KD, int HD, float scale,
+                               float *out) {
+    float acc[MAX_REP * FF_ATT_MAX_D > 16384 ? 16384 : MAX_REP * FF_ATT_MAX_D];
+    float sc[MAX_REP][BLK], m[MAX_REP], l[MAX_REP];
+    assert((size_t)rep * D <= sizeof acc / sizeof acc[0]);
+    const float *Qg = q + (size_t)t * ldq + (size_t)g * rep * D; /* rep heads, contiguous */
+    memset(acc, 0, sizeof(float) * (size_t)rep * D);
+    for (int r = 0; r < rep; r++) m[r] = -FLT_MAX, l[r] = 0.0f;
+    int n = nkeys[t];
+    for (int j0 = 0; j0 < n; j0 += BLK) {
+        int nk = n - j0 < BLK ? n - j0 : BLK;
+        for (int c = 0; c < nk; c++) {
+            const float *K = kc + (size_t)(row0[t] + j0 + c) * KD + (size_t)g * D;
+            for (int r = 0; r < rep; r++) sc[r][c] = dot(Qg + (size_t)r * D, K, D) * scale;
+        }
+        for (int r = 0; r < rep; r++) {
+            float bm = m[r];
+            for (int c = 0; c < nk; c++) bm = sc[r][c] > bm ? sc[r][c] : bm;
+            float alpha = ff_fast_expf(m[r] - bm), sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int c = 0; c < nk; c++) {
+                sc[r][c] = ff_fast_expf(sc[r][c] - bm);
+                sum += sc[r][c];
+            }
+            float *a = acc + (size_t)r * D;
+            if (alpha != 1.0f) {
+#pragma omp simd
+                for (int d = 0; d < D; d++) a[d] *= alpha;
+            }
+            l[r] = l[r] * alpha + sum;
+            m[r] = bm;
+        }
+        for (int c = 0; c < nk; c++) {
+            const float *V = vc + (size_t)(row0[t] + j0 + c) * KD + (size_t)g * D;
+            for (int r = 0; r < rep; r++) {
+                float p = sc[r][c];
+                float *a = acc + (size_t)r * D;
+#pragma omp simd
+                for (int d = 0; d < D; d++) a[d] += p * V[d];
+            }
+        }
+    }
+    for (int r = 0; r < rep; r++) {
+        float *o = out + (size_t)t * HD + (size_t)(g * rep + r) * D;
+        float inv = 1.0f / l[r];
+        for (int d = 0; d < D; d++) o[d] = acc[(size_t)r * D + d] * inv;
+    }
+}
+
 void ff_cpu_attention_cached(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr row0p,
                              ff_dptr nkeysp, int T, int Hq, int Hkv, int D, ff_dptr outp) {
     const float *q = F(qp);                          /* [T, Hq D] ldq */
@@ -235,53 +297,6 @@ void ff_cpu_attention_cached(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_
     for (int t = 0; t < T; t++) work += (double)nkeys[t] * HD * 2;
     int nt = work < FF_PAR_MIN ? 1 : NT(s);
 #pragma omp parallel for collapse(2) num_threads(nt) schedule(dynamic, 1)
-    for (int t = 0; t < T; t++) {
-        for (int g = 0; g < Hkv; g++) {
-            float acc[MAX_REP * FF_ATT_MAX_D > 16384 ? 16384 : MAX_REP * FF_ATT_MAX_D];
-            float sc[MAX_REP][BLK], m[MAX_REP], l[MAX_REP];
-            assert((size_t)rep * D <= sizeof acc / sizeof acc[0]);
-            const float *Qg = q + (size_t)t * ldq + (size_t)g * rep * D; /* rep heads, contiguous */
-            memset(acc, 0, sizeof(float) * (size_t)rep * D);
-            for (int r = 0; r < rep; r++) m[r] = -FLT_MAX, l[r] = 0.0f;
-            int n = nkeys[t];
-            for (int j0 = 0; j0 < n; j0 += BLK) {
-                int nk = n - j0 < BLK ? n - j0 : BLK;
-                for (int c = 0; c < nk; c++) {
-                    const float *K = kc + (size_t)(row0[t] + j0 + c) * KD + (size_t)g * D;
-                    for (int r = 0; r < rep; r++) sc[r][c] = dot(Qg + (size_t)r * D, K, D) * scale;
-                }
-                for (int r = 0; r < rep; r++) {
-                    float bm = m[r];
-                    for (int c = 0; c < nk; c++) bm = sc[r][c] > bm ? sc[r][c] : bm;
-                    float alpha = ff_fast_expf(m[r] - bm), sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                    for (int c = 0; c < nk; c++) {
-                        sc[r][c] = ff_fast_expf(sc[r][c] - bm);
-                        sum += sc[r][c];
-                    }
-                    float *a = acc + (size_t)r * D;
-                    if (alpha != 1.0f) {
-#pragma omp simd
-                        for (int d = 0; d < D; d++) a[d] *= alpha;
-                    }
-                    l[r] = l[r] * alpha + sum;
-                    m[r] = bm;
-                }
-                for (int c = 0; c < nk; c++) {
-                    const float *V = vc + (size_t)(row0[t] + j0 + c) * KD + (size_t)g * D;
-                    for (int r = 0; r < rep; r++) {
-                        float p = sc[r][c];
-                        float *a = acc + (size_t)r * D;
-#pragma omp simd
-                        for (int d = 0; d < D; d++) a[d] += p * V[d];
-                    }
-                }
-            }
-            for (int r = 0; r < rep; r++) {
-                float *o = out + (size_t)t * HD + (size_t)(g * rep + r) * D;
-                float inv = 1.0f / l[r];
-                for (int d = 0; d < D; d++) o[d] = acc[(size_t)r * D + d] * inv;
-            }
-        }
-    }
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < Hkv; g++) cached_task(q, ldq, kc, vc, row0, nkeys, t, g, rep, D, KD, HD, scale, out);
 }

@@ -27,6 +27,14 @@ static inline float *F(ff_dptr p) { return p.buf ? (float *)(void *)((char *)p.b
 static inline int32_t *I32(ff_dptr p) { return p.buf ? (int32_t *)(void *)((char *)p.buf->data + p.off) : NULL; }
 static inline int NT(const ff_stream *s) { return s->be->n_threads; }
 
+/* Hot row loops are compiled for AVX-512 and AVX2 beside the baseline (x86-64-v2 is SSE4
+ * only) and picked at load time by the CPU (an ifunc), so one binary runs everywhere. */
+#if defined(__x86_64__) && defined(__ELF__) && !defined(FF_NO_TARGET_CLONES)
+#define FF_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FF_VEC
+#endif
+
 /* Work below this many element-operations runs on the calling thread: an OpenMP fork/join
  * costs a few microseconds, more than the work itself. */
 #define FF_PAR_MIN 16384

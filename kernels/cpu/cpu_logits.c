@@ -3,36 +3,43 @@
  * across the OpenMP team. Contracts in include/fuseflow/kernels.h. */
 #include <float.h>
 #include <math.h>
-#include <stdlib.h>
 
 #include "kernels/cpu/cpu_internal.h"
 
 static int team(const ff_stream *s, double work) { return work < FF_PAR_MIN ? 1 : NT(s); }
 
-static float row_max(const float *z, int V) {
+FF_VEC static float row_max(const float *z, int V) {
     float mx = -FLT_MAX;
 #pragma omp simd reduction(max : mx)
     for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
     return mx;
 }
 
+/* sum exp(z*it - mx) and sum exp(...)*(z*it - mx) */
+FF_VEC static void row_sums(const float *z, int V, float it, float mx, float *sum_out, float *wsum_out) {
+    float sum = 0.0f, wsum = 0.0f;
+#pragma omp simd reduction(+ : sum, wsum)
+    for (int v = 0; v < V; v++) {
+        float zs = z[v] * it - mx;
+        float e = ff_fast_expf(zs);
+        sum += e;
+        wsum += e * zs;
+    }
+    *sum_out = sum;
+    *wsum_out = wsum;
+}
+
 void ff_cpu_logprob_fwd(ff_stream *s, ff_dptr logitsp, ff_dptr targetsp, float inv_temp, int T, int V, ff_dptr lpp,
                         ff_dptr entp, ff_dptr lsep) {
-    const float *logits = F(logitsp);     /* [T, V] */
+    const float *logits = F(logitsp);       /* [T, V] */
     const int32_t *targets = I32(targetsp); /* [T] or NULL */
     float *lp = F(lpp), *ent = F(entp), *lse = F(lsep); /* [T] each; lp, ent may be NULL */
 #pragma omp parallel for num_threads(team(s, 4.0 * T * V)) schedule(static)
     for (int t = 0; t < T; t++) {
         const float *z = logits + (size_t)t * V;
         float mx = row_max(z, V) * inv_temp; /* inv_temp > 0 keeps the argmax */
-        float sum = 0.0f, wsum = 0.0f;
-#pragma omp simd reduction(+ : sum, wsum)
-        for (int v = 0; v < V; v++) {
-            float zs = z[v] * inv_temp - mx;
-            float e = ff_fast_expf(zs);
-            sum += e;
-            wsum += e * zs;
-        }
+        float sum, wsum;
+        row_sums(z, V, inv_temp, mx, &sum, &wsum);
         float l = logf(sum);
         lse[t] = mx + l;
         /* H = -sum p (zs - l) = l - sum p zs, with zs the shifted scaled logits */
@@ -41,6 +48,16 @@ void ff_cpu_logprob_fwd(ff_stream *s, ff_dptr logitsp, ff_dptr targetsp, float i
             int y = targets[t];
             lp[t] = y >= 0 ? z[y] * inv_temp - lse[t] : 0.0f;
         }
+    }
+}
+
+/* z <- (-a p - b p (log p + H)) * it, p = exp(z*it - L) */
+FF_VEC static void logprob_bwd_row(float *z, int V, float it, float L, float a, float b, float H) {
+#pragma omp simd
+    for (int v = 0; v < V; v++) {
+        float logp = z[v] * it - L;
+        float p = ff_fast_expf(logp);
+        z[v] = (-a * p - b * p * (logp + H)) * it;
     }
 }
 
@@ -60,25 +77,87 @@ void ff_cpu_logprob_bwd(ff_stream *s, ff_dptr logitsp, ff_dptr targetsp, float i
             a = dlp[t];
             y = targets[t];
         }
-        float b = dent ? dent[t] : 0.0f, H = dent ? ent[t] : 0.0f, L = lse[t];
-#pragma omp simd
-        for (int v = 0; v < V; v++) {
-            float logp = z[v] * inv_temp - L;
-            float p = ff_fast_expf(logp);
-            z[v] = (-a * p - b * p * (logp + H)) * inv_temp;
-        }
+        logprob_bwd_row(z, V, inv_temp, lse[t], a, dent ? dent[t] : 0.0f, dent ? ent[t] : 0.0f);
         if (y >= 0) z[y] += a * inv_temp;
     }
 }
 
 /* ---- sampling ------------------------------------------------------------------------------ */
 
-static int by_prob_desc(const void *a, const void *b, void *ctx) {
-    const float *p = ctx;
-    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    if (p[i] > p[j]) return -1;
-    if (p[i] < p[j]) return 1;
-    return i < j ? -1 : i > j;
+/* Heap order: more probable first, lower id first on ties. */
+static inline int ahead(const float *p, int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); }
+
+static void sift_down(int32_t *h, int n, int i, const float *p) {
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && ahead(p, h[c + 1], h[c])) c++;
+        if (!ahead(p, h[c], h[i])) return;
+        int32_t t = h[i];
+        h[i] = h[c];
+        h[c] = t;
+        i = c;
+    }
+}
+
+/* Keep the top_k most likely tokens, then the smallest prefix of them holding top_p of their
+ * mass; zero every other p. A max-heap pops tokens in order, so only the kept prefix is ever
+ * ordered: O(V + kept log V), no allocation (glibc's qsort would malloc). Returns the kept
+ * mass. */
+static float filter_top(float *p, int32_t *heap, int V, int top_k, float top_p, float total) {
+    for (int v = 0; v < V; v++) heap[v] = v;
+    for (int i = V / 2 - 1; i >= 0; i--) sift_down(heap, V, i, p);
+    int k = top_k > 0 && top_k < V ? top_k : V, n = V, popped = 0;
+    float mass = total;
+    if (k < V) { /* the k most likely go to heap[V-1], heap[V-2], ... */
+        mass = 0.0f;
+        while (popped < k) {
+            int32_t top = heap[0];
+            heap[0] = heap[--n];
+            heap[n] = top;
+            sift_down(heap, n, 0, p);
+            mass += p[top];
+            popped++;
+        }
+    }
+    int keep = k;
+    if (top_p < 1.0f) {
+        float target = top_p * mass, acc = 0.0f;
+        keep = 0;
+        while (keep < k) {
+            if (keep == popped) { /* pop the next one */
+                int32_t top = heap[0];
+                heap[0] = heap[--n];
+                heap[n] = top;
+                sift_down(heap, n, 0, p);
+                popped++;
+            }
+            acc += p[heap[V - 1 - keep]];
+            keep++;
+            if (acc >= target) break;
+        }
+    }
+    if (keep == V) return total;
+    /* mark the kept (negate), then zero the rest */
+    float kept = 0.0f;
+    for (int r = 0; r < keep; r++) {
+        int32_t id = heap[V - 1 - r];
+        kept += p[id];
+        p[id] = -p[id];
+    }
+    for (int v = 0; v < V; v++) p[v] = p[v] < 0.0f ? -p[v] : 0.0f;
+    return kept;
+}
+
+/* p[v] = exp((z[v] - mx) * it); returns the sum */
+FF_VEC static float probs_row(const float *z, int V, float mx, float it, float *p) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int v = 0; v < V; v++) {
+        p[v] = ff_fast_expf((z[v] - mx) * it);
+        sum += p[v];
+    }
+    return sum;
 }
 
 static void sample_row(const float *z, int V, const ff_sample_params *sp, float *p, int32_t *idx, int32_t *tok_out,
@@ -88,9 +167,8 @@ static void sample_row(const float *z, int V, const ff_sample_params *sp, float 
         if (z[v] > z[am]) am = v;
     float mx = z[am];
     /* log-sum-exp at temperature 1 (for FF_LOGPROB_MODEL) */
-    float s1 = 0.0f;
-#pragma omp simd reduction(+ : s1)
-    for (int v = 0; v < V; v++) s1 += ff_fast_expf(z[v] - mx);
+    float s1, unused;
+    row_sums(z, V, 1.0f, mx, &s1, &unused);
     float lse1 = mx + logf(s1);
     if (sp->temperature <= 0.0f) {
         *tok_out = am;
@@ -98,35 +176,10 @@ static void sample_row(const float *z, int V, const ff_sample_params *sp, float 
         return;
     }
     float it = 1.0f / sp->temperature;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < V; v++) {
-        p[v] = ff_fast_expf((z[v] - mx) * it);
-        sum += p[v];
-    }
+    float sum = probs_row(z, V, mx, it, p);
     float lseT = mx * it + logf(sum); /* log-sum-exp of z / temperature */
     float kept = sum;                 /* unnormalised mass of the kept tokens */
-    int filter = (sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1.0f;
-    if (filter) {
-        for (int v = 0; v < V; v++) idx[v] = v;
-        qsort_r(idx, (size_t)V, sizeof(int32_t), by_prob_desc, p);
-        int k = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
-        float mass = 0.0f;
-        for (int r = 0; r < k; r++) mass += p[idx[r]];
-        if (sp->top_p < 1.0f) {
-            float target = sp->top_p * mass, acc = 0.0f;
-            int r = 0;
-            while (r < k) {
-                acc += p[idx[r]];
-                r++;
-                if (acc >= target) break;
-            }
-            k = r;
-        }
-        kept = 0.0f;
-        for (int r = 0; r < k; r++) kept += p[idx[r]];
-        for (int r = k; r < V; r++) p[idx[r]] = 0.0f;
-    }
+    if ((sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1.0f) kept = filter_top(p, idx, V, sp->top_k, sp->top_p, sum);
     /* inverse CDF over the kept tokens in increasing id */
     float u = sp->uniform * kept, acc = 0.0f;
     int pick = -1, last = -1;

@@ -46,20 +46,40 @@ void ff_cpu_embedding_bwd(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dt
     }
 }
 
+FF_VEC static float rms_row(const float *xr, const float *w, float *o, int H, float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int j = 0; j < H; j++) ss += xr[j] * xr[j];
+    float r = 1.0f / sqrtf(ss / (float)H + eps);
+#pragma omp simd
+    for (int j = 0; j < H; j++) o[j] = xr[j] * r * w[j];
+    return r;
+}
+
 void ff_cpu_rmsnorm_fwd(ff_stream *s, ff_dptr xp, ff_dptr wp, ff_dptr outp, ff_dptr rstdp, int T, int H, float eps) {
     const float *x = F(xp), *w = F(wp); /* [T, H], [H] */
     float *out = F(outp), *rstd = F(rstdp); /* [T, H], [T] */
 #pragma omp parallel for num_threads(team(s, (double)T * H)) schedule(static)
-    for (int t = 0; t < T; t++) {
-        const float *xr = x + (size_t)t * H;
-        float *o = out + (size_t)t * H;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int j = 0; j < H; j++) ss += xr[j] * xr[j];
-        float r = 1.0f / sqrtf(ss / (float)H + eps);
-        rstd[t] = r;
+    for (int t = 0; t < T; t++) rstd[t] = rms_row(x + (size_t)t * H, w, out + (size_t)t * H, H, eps);
+}
+
+FF_VEC static void rms_bwd_row(const float *xr, const float *w, const float *gr, float *d, float r, int H) {
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j < H; j++) dot += w[j] * gr[j] * xr[j];
+    float c = dot * r * r / (float)H;
 #pragma omp simd
-        for (int j = 0; j < H; j++) o[j] = xr[j] * r * w[j];
+    for (int j = 0; j < H; j++) d[j] += r * (w[j] * gr[j] - xr[j] * c);
+}
+
+/* dw[c0:c1] += sum over rows of dout * x * rstd */
+FF_VEC static void rms_dw_cols(const float *x, const float *dout, const float *rstd, float *dw, int T, int H, int c0,
+                               int c1) {
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * H, *gr = dout + (size_t)t * H;
+        float r = rstd[t];
+#pragma omp simd
+        for (int j = c0; j < c1; j++) dw[j] += gr[j] * xr[j] * r;
     }
 }
 
@@ -71,47 +91,37 @@ void ff_cpu_rmsnorm_bwd(ff_stream *s, ff_dptr xp, ff_dptr wp, ff_dptr rstdp, ff_
 #pragma omp parallel num_threads(team(s, 2.0 * T * H))
     {
 #pragma omp for schedule(static)
-        for (int t = 0; t < T; t++) {
-            const float *xr = x + (size_t)t * H, *gr = dout + (size_t)t * H;
-            float *d = dx + (size_t)t * H;
-            float r = rstd[t], dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int j = 0; j < H; j++) dot += w[j] * gr[j] * xr[j];
-            float c = dot * r * r / (float)H;
-#pragma omp simd
-            for (int j = 0; j < H; j++) d[j] += r * (w[j] * gr[j] - xr[j] * c);
-        }
+        for (int t = 0; t < T; t++)
+            rms_bwd_row(x + (size_t)t * H, w, dout + (size_t)t * H, dx + (size_t)t * H, rstd[t], H);
         int c0, c1;
         col_block(H, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);
-        for (int t = 0; t < T; t++) {
-            const float *xr = x + (size_t)t * H, *gr = dout + (size_t)t * H;
-            float r = rstd[t];
+        rms_dw_cols(x, dout, rstd, dw, T, H, c0, c1);
+    }
+}
+
+FF_VEC static void rope_row(float *x, const float *c, const float *sr, int n_heads, int D, float sign) {
+    int half = D / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * D;
 #pragma omp simd
-            for (int j = c0; j < c1; j++) dw[j] += gr[j] * xr[j] * r;
+        for (int i = 0; i < half; i++) {
+            float a = v[i], b = v[i + half], si = sign * sr[i];
+            v[i] = a * c[i] - b * si;
+            v[i + half] = b * c[i] + a * si;
         }
     }
 }
 
 void ff_cpu_rope(ff_stream *s, ff_dptr xp, int ld, ff_dptr posp, ff_dptr cosp, ff_dptr sinp, int T, int n_heads, int D,
                  int inverse) {
-    float *x = F(xp);                           /* [T, n_heads * D] ld */
-    const int32_t *pos = I32(posp);             /* [T] */
-    const float *cs = F(cosp), *sn = F(sinp);   /* [max_pos, D/2] */
+    float *x = F(xp);                         /* [T, n_heads * D] ld */
+    const int32_t *pos = I32(posp);           /* [T] */
+    const float *cs = F(cosp), *sn = F(sinp); /* [max_pos, D/2] */
     int half = D / 2;
-    float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for num_threads(team(s, (double)T * n_heads * D)) schedule(static)
-    for (int t = 0; t < T; t++) {
-        const float *c = cs + (size_t)pos[t] * half, *sr = sn + (size_t)pos[t] * half;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + (size_t)t * ld + (size_t)h * D;
-#pragma omp simd
-            for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half], si = sign * sr[i];
-                v[i] = a * c[i] - b * si;
-                v[i + half] = b * c[i] + a * si;
-            }
-        }
-    }
+    for (int t = 0; t < T; t++)
+        rope_row(x + (size_t)t * ld, cs + (size_t)pos[t] * half, sn + (size_t)pos[t] * half, n_heads, D,
+                 inverse ? -1.0f : 1.0f);
 }
 
 void ff_cpu_bias_add(ff_stream *s, ff_dptr xp, int ld, ff_dptr bp, int T, int N) {
@@ -140,33 +150,40 @@ void ff_cpu_bias_bwd(ff_stream *s, ff_dptr dyp, int ld, ff_dptr dbp, int T, int 
     }
 }
 
+FF_VEC static void swiglu_row(const float *g, const float *u, float *o, int n) {
+#pragma omp simd
+    for (int j = 0; j < n; j++) o[j] = g[j] / (1.0f + ff_fast_expf(-g[j])) * u[j];
+}
+
+FF_VEC static void swiglu_bwd_row(const float *g, const float *u, const float *d, float *dg, float *du, int n) {
+#pragma omp simd
+    for (int j = 0; j < n; j++) {
+        float gj = g[j], uj = u[j];
+        float sg = 1.0f / (1.0f + ff_fast_expf(-gj));
+        float silu = gj * sg;
+        dg[j] = d[j] * uj * sg * (1.0f + gj * (1.0f - sg));
+        du[j] = d[j] * silu;
+    }
+}
+
 void ff_cpu_swiglu_fwd(ff_stream *s, ff_dptr gup, ff_dptr hp, int T, int inter) {
-    const float *gu = F(gup); /* [T, 2I] */
+    const float *gu = F(gup); /* [T, 2 inter] */
     float *h = F(hp);         /* [T, inter] */
 #pragma omp parallel for num_threads(team(s, 8.0 * T * inter)) schedule(static)
     for (int t = 0; t < T; t++) {
-        const float *g = gu + (size_t)t * 2 * inter, *u = g + inter;
-        float *o = h + (size_t)t * inter;
-#pragma omp simd
-        for (int j = 0; j < inter; j++) o[j] = g[j] / (1.0f + ff_fast_expf(-g[j])) * u[j];
+        const float *g = gu + (size_t)t * 2 * inter;
+        swiglu_row(g, g + inter, h + (size_t)t * inter, inter);
     }
 }
 
 void ff_cpu_swiglu_bwd(ff_stream *s, ff_dptr gup, ff_dptr dhp, ff_dptr dgup, int T, int inter) {
-    const float *gu = F(gup), *dh = F(dhp); /* [T, 2I], [T, inter] */
-    float *dgu = F(dgup);                   /* [T, 2I], may alias gu */
+    const float *gu = F(gup), *dh = F(dhp); /* [T, 2 inter], [T, inter] */
+    float *dgu = F(dgup);                   /* [T, 2 inter], may alias gu */
 #pragma omp parallel for num_threads(team(s, 10.0 * T * inter)) schedule(static)
     for (int t = 0; t < T; t++) {
-        const float *g = gu + (size_t)t * 2 * inter, *u = g + inter, *d = dh + (size_t)t * inter;
-        float *dg = dgu + (size_t)t * 2 * inter, *du = dg + inter;
-#pragma omp simd
-        for (int j = 0; j < inter; j++) {
-            float gj = g[j], uj = u[j];
-            float sg = 1.0f / (1.0f + ff_fast_expf(-gj));
-            float silu = gj * sg;
-            dg[j] = d[j] * uj * sg * (1.0f + gj * (1.0f - sg));
-            du[j] = d[j] * silu;
-        }
+        const float *g = gu + (size_t)t * 2 * inter;
+        float *dg = dgu + (size_t)t * 2 * inter;
+        swiglu_bwd_row(g, g + inter, dh + (size_t)t * inter, dg, dg + inter, inter);
     }
 }
 
@@ -218,16 +235,10 @@ double ff_cpu_sumsq(ff_stream *s, ff_dptr xp, int64_t n) {
     return total;
 }
 
-void ff_cpu_adamw(ff_stream *s, ff_dptr pp, ff_dptr gp, ff_dptr mp, ff_dptr vp, int64_t n, float lr, float b1, float b2,
-                  float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
-    float *p = F(pp), *m = F(mp), *v = F(vp); /* [n] each */
-    const float *g = F(gp);                   /* [n] */
-    /* The operation order of torch.optim.AdamW (single-tensor path, torch 1.13). */
-    float decay = 1.0f - lr * weight_decay;
-    float step_size = lr / bc1;
-    float bc2_sqrt = sqrtf(bc2);
-#pragma omp parallel for simd num_threads(team(s, 8.0 * n)) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
+FF_VEC static void adamw_range(float *p, const float *g, float *m, float *v, int64_t i0, int64_t i1, float decay,
+                               float b1, float b2, float step_size, float bc2_sqrt, float eps, float grad_scale) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
         float gi = g[i] * grad_scale;
         float pi = p[i] * decay;
         float mi = m[i] * b1 + (1.0f - b1) * gi;
@@ -236,4 +247,18 @@ void ff_cpu_adamw(ff_stream *s, ff_dptr pp, ff_dptr gp, ff_dptr mp, ff_dptr vp, 
         v[i] = vi;
         p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
     }
+}
+
+void ff_cpu_adamw(ff_stream *s, ff_dptr pp, ff_dptr gp, ff_dptr mp, ff_dptr vp, int64_t n, float lr, float b1, float b2,
+                  float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
+    float *p = F(pp), *m = F(mp), *v = F(vp); /* [n] each */
+    const float *g = F(gp);                   /* [n] */
+    /* The operation order of torch.optim.AdamW (single-tensor path, torch 1.13). */
+    float decay = 1.0f - lr * weight_decay, step_size = lr / bc1, bc2_sqrt = sqrtf(bc2);
+    enum { CHUNK = 16384 };
+    int64_t nb = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(team(s, 8.0 * n)) schedule(static)
+    for (int64_t b = 0; b < nb; b++)
+        adamw_range(p, g, m, v, b * CHUNK, b * CHUNK + CHUNK < n ? b * CHUNK + CHUNK : n, decay, b1, b2, step_size,
+                    bc2_sqrt, eps, grad_scale);
 }
