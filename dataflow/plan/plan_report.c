@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataflow/plan/plan_internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/plan.h"
 #include "fuseflow/util.h"
@@ -96,6 +97,22 @@ void ff_plan_report_write(const ff_plan_input *in_const, const ff_plan_result *r
     fprintf(out, ", SP %s, ZeRO-%d (%s), %s, rank order %s\n", l->sequence_parallel ? "on" : "off", l->zero,
             ff_plan_zero_schedule_name(ff_plan_zero_schedule_resolve(l->zero, l->zero_schedule, l->schedule)),
             l->checkpoint ? "full recomputation" : "no checkpointing", ord);
+    /* the rank formula of the chapter's figure 3.13, e.g. rank = tp + 8 pp + 128 dp */
+    rankmap rm;
+    rankmap_build(&in, &rm);
+    static const char *const fname[F_N] = {"tp", "cp", "pp", "ep", "dp"};
+    fprintf(out, "ranks      rank =");
+    int terms = 0;
+    for (int i = 0; i < rm.n; i++) {
+        if (rm.deg[i] == 1) continue;
+        const char *nm = rm.kind[i] == F_EDP && l->ep > 1 ? "dp/ep" : fname[rm.kind[i]];
+        if (rm.stride[i] == 1) fprintf(out, "%s %s", terms ? " +" : "", nm);
+        else fprintf(out, "%s %lld %s", terms ? " +" : "", (long long)rm.stride[i], nm);
+        terms++;
+    }
+    if (!terms) fprintf(out, " 0");
+    fprintf(out, "; server = rank / %lld, local rank = rail = rank mod %lld (each GPU: --matrix PREFIX, PREFIX.ranks.csv)\n",
+            (long long)c->domain, (long long)c->domain);
     fprintf(out, "placement  %lld layers on %lld stages:", (long long)m->layers, (long long)l->pp);
     for (int64_t s = 0; s < r->n_stages && s < 64; s++) fprintf(out, " %lld", (long long)r->stages[s].layers);
     if (r->n_stages > 64) fprintf(out, " ...");

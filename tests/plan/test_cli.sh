@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# `fuseflow plan` end to end: the report, the JSON keys the issue names (with the Llama 3 405B
+# figures), files with overrides, config.json, matrices, search, and bad input with its exit code
+# and message. Env: FF_BIN (the fuseflow binary), FF_SOURCE_DIR.
+set -uo pipefail
+FF_BIN=${FF_BIN:-}
+SRC=${FF_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+if [[ -z "$FF_BIN" || ! -x "$FF_BIN" ]]; then echo "SKIPPED: no fuseflow binary (FF_BIN)"; exit 77; fi
+PY=/usr/bin/python3
+[[ -x $PY ]] || PY=python3
+TMP=$(mktemp -d /tmp/ff_plan_cli_XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# expect RC PATTERN -- ARGS: run the command, check its exit code and that stdout+stderr match
+expect() {
+  local want_rc=$1 pattern=$2; shift 3
+  local out rc
+  out=$("$FF_BIN" plan "$@" 2>&1); rc=$?
+  [[ $rc == "$want_rc" ]] || fail "plan $* exited $rc, wanted $want_rc: $(echo "$out" | tail -3)"
+  grep -qE -- "$pattern" <<<"$out" || fail "plan $* did not print /$pattern/: $(echo "$out" | tail -3)"
+}
+
+expect 0 "usage: fuseflow plan" -- --help
+expect 0 "DOES NOT FIT: the largest is stage 2" -- --model llama3-405b --gpus 16384 --layout TP8-PP16-DP128 --seq 8192 --micro-batches 16
+expect 0 "rank = tp \+ 8 pp \+ 128 dp; server = rank / 8" -- --model llama3-405b --gpus 16384 --layout TP8-PP16-DP128 --seq 8192 --micro-batches 16
+expect 0 "126 layers on 16 stages: 7 8 8 8 8 8 8 8 8 8 8 8 8 8 8 7" -- --model llama3-405b --gpus 16384 --layout TP8-PP16-DP128 --seq 8192 --micro-batches 16
+expect 0 "stays on rails" -- "$SRC/examples/plan/gpt3-175b.yaml"
+
+# the JSON object and its figures (section 3.7 of the chapter)
+"$FF_BIN" plan "$SRC/examples/plan/llama3-405b-128k.yaml" --json > "$TMP/p.json" || fail "json run"
+$PY - "$TMP/p.json" <<'EOF' || fail "JSON keys or values"
+import json, sys
+d = json.load(open(sys.argv[1]))
+m, t, tm = d["memory"], d["traffic"], d["time"]
+for k in ("state_bytes", "activation_bytes", "total_bytes"): assert m[k] > 0, k
+for dim in ("tp", "cp", "pp", "dp", "ep"):
+    assert "bytes" in t[dim] and "link" in t[dim], dim
+assert t["tp"]["link"] == "nvlink" and t["cp"]["link"] == "nic" and t["dp"]["link"] == "nic" and t["ep"]["link"] == "none"
+assert abs(t["cp"]["bytes_mean"] / 24e9 - 1) < 0.01, t["cp"]["bytes_mean"]
+assert abs(t["dp"]["bytes_mean"] / 18.8e9 - 1) < 0.01
+assert abs(tm["bubble_fraction"] - 15 / 31) < 1e-9
+assert tm["iteration_s"] > 0 and abs(tm["iteration_s"] - tm["bubble_s"] - tm["last_s"] - tm["sync_s"]) < 1e-6 * tm["iteration_s"]
+assert d["layout"]["stage_layers"] == [7] + [8] * 14 + [7]
+assert d["network"]["cross_domain_on_rails"] is True
+EOF
+
+# overrides on top of a file, and flags with =
+out=$("$FF_BIN" plan "$SRC/examples/plan/llama3-405b-8k.yaml" layout.degrees=TP8-PP16-DP64 cluster.gpus=8192 workload.micro_batches=32 --json) || fail "overrides"
+$PY -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["layout"]["dp"]==64 and d["workload"]["global_batch"]==2048, d["layout"]' "$out" || fail "override values"
+expect 0 "TP4 CP1 PP2 DP1" -- --model llama3-8b --tp=4 --pp=2 --seq=2048
+
+# a config.json, a custom cluster, rail-only
+expect 0 "1.24 B parameters" -- --config "$SRC/examples/plan/tiny-config.json" --gpus 8 --seq 4096
+expect 0 "rail-only" -- "$SRC/examples/plan/custom-rail-only.yaml"
+expect 0 "crosses rails" -- "$SRC/examples/plan/mixtral-8x7b-ep.yaml" layout.order=tp,cp,pp,dp
+
+# matrices
+expect 0 "wrote .*gpt3.server.svg" -- "$SRC/examples/plan/gpt3-175b.yaml" --matrix "$TMP/gpt3"
+for f in gpu.csv server.csv ranks.csv gpu.svg server.svg; do [[ -s "$TMP/gpt3.$f" ]] || fail "missing $f"; done
+[[ $(wc -l < "$TMP/gpt3.ranks.csv") == 129 ]] || fail "ranks.csv lines"
+
+# search
+expect 0 "layouts evaluated in" -- search --model llama3-70b --gpus 256 --seq 8192 --global-batch 512 --top 3
+"$FF_BIN" plan search --model llama3-70b --gpus 256 --seq 8192 --global-batch 512 --json > "$TMP/s.json" || fail "search json"
+$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["candidates"]; assert len(c)==10 and all(c[i]["iteration_s"]<=c[i+1]["iteration_s"] for i in range(9))' "$TMP/s.json" || fail "search ranking"
+
+# bad input: exit 2 for bad usage, 1 for a layout that cannot run, and a message that says why
+expect 2 "unknown model preset" -- --model llama9
+expect 2 "unknown option '--tpp' \(hint: did you mean --tp\?\)" -- --model llama3-8b --tpp 2
+expect 2 "--tp needs a value" -- --model llama3-8b --tp
+expect 2 "unknown key|layout.tpp" -- --model llama3-8b layout.tpp=2
+expect 2 "wrong kind of unit" -- --model llama3-8b --hbm 450GB/s
+expect 2 "no_such.yaml" -- no_such.yaml
+expect 1 "TP 16 is larger than the 8 key-value heads allow" -- --model llama3-8b --tp 16
+expect 1 "but the cluster has 16 GPUs" -- --model llama3-8b --gpus 16 --layout TP8-DP4
+expect 1 "PP 64 has more stages than the 32 layers" -- --model llama3-8b --pp 64
+expect 1 "EP 8 without experts" -- --model llama3-8b --gpus 8 --ep 8
+printf '{"hidden_size": 64,\n "num_hidden_layers": oops}\n' > "$TMP/bad.json"
+expect 2 "bad.json:2:" -- --config "$TMP/bad.json"
+expect 2 "give the cluster size with --gpus" -- search --model llama3-8b --global-batch 64
+expect 1 "no global batch" -- search --model llama3-8b --gpus 8
+
+if (( fails )); then echo "$fails failure(s)"; exit 1; fi
+echo "ok"
