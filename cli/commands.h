@@ -16,6 +16,7 @@ int ff_cmd_dataset(int argc, char **argv);
 int ff_cmd_init(int argc, char **argv);
 int ff_cmd_logprobs(int argc, char **argv);
 int ff_cmd_generate(int argc, char **argv);
+int ff_cmd_sft(int argc, char **argv);
 
 /* the planner: memory, traffic, bubbles, iteration time; layout search (cli/cmd_plan.c) */
 int ff_cmd_plan(int argc, char **argv);

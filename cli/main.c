@@ -9,6 +9,7 @@ static const ff_command commands[] = {
     {"init", ff_cmd_init, "write a randomly initialised model folder (presets tiny, small)"},
     {"logprobs", ff_cmd_logprobs, "per-token log-probabilities of sequences (JSONL in, JSONL out)"},
     {"generate", ff_cmd_generate, "sample text from a model folder (temperature, top-k, top-p, stop)"},
+    {"sft", ff_cmd_sft, "supervised fine-tuning from JSONL prompt/response pairs (checkpoints, resume)"},
     {"dataset", ff_cmd_dataset, "generate the bundled arithmetic task (train/test JSONL)"},
     {"plan", ff_cmd_plan, "plan a parallel layout: memory, traffic, bubbles, iteration time; search layouts"},
     {"graph", ff_cmd_graph, "check a run config and print its algorithm graph; --simulate its schedule; --list"},

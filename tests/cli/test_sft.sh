@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# `fuseflow sft`: the loss falls, the prompt is masked, --resume reproduces an uninterrupted
+# run exactly (losses and final weights), Ctrl-C saves a checkpoint, bad configs and data are
+# refused with the file and line.
+source "$(dirname "$0")/lib.sh"
+cd "$TMP"
+
+# a very small model keeps this quick under ASan
+"$FF_BIN" init --preset tiny --out model hidden_size=32 intermediate_size=64 num_hidden_layers=2 \
+  num_attention_heads=2 num_key_value_heads=1 max_position_embeddings=64 >/dev/null || fail "init"
+"$FF_BIN" dataset arith --digits 2 --train 400 --test 40 --seed 3 --out data >/dev/null || fail "dataset"
+cat > run.yaml <<'Y'
+model: model
+out: run
+data:
+  train: data/train.jsonl
+  test: data/test.jsonl
+train:
+  steps: 40
+  batch_size: 16
+  seed: 5
+  log_every: 10
+  eval_every: 20
+  eval_samples: 20
+  save_every: 20
+optim:
+  lr: 5.0e-3
+  warmup_steps: 2
+Y
+expect_ok "help" "$FF_BIN" sft --help
+expect_ok "train 40 steps" "$FF_BIN" sft --config run.yaml
+grep -q "step     10/40 | loss" err && ok "progress lines" || fail "no progress line: $(head -c 300 err)"
+grep -q "ETA" err && grep -q "tok/s" err && ok "progress shows tokens/s and ETA" || fail "progress fields"
+grep -q "eval @ 20 | held-out loss" err && ok "held-out eval" || fail "no eval line"
+python3 - <<'PY' && ok "loss falls" || fail "loss did not fall"
+import json
+m = [json.loads(l) for l in open("run/metrics.jsonl")]
+tr = [x["loss"] for x in m if "loss" in x]
+ev = [x for x in m if "eval_loss" in x]
+print("loss", tr[0], "->", tr[-1], "| evals", [(e["step"], round(e["eval_loss"], 3), e["exact_match"]) for e in ev])
+assert len(tr) == 40 and len(ev) == 2
+assert tr[-1] < tr[0] - 1.5, (tr[0], tr[-1])
+PY
+[[ -f run/final/model.safetensors && -f run/final/tokenizer.json && -f run/checkpoints/step-00000040/optimizer.safetensors ]] \
+  && ok "final model and checkpoints" || fail "missing outputs: $(ls -R run | head -30)"
+expect_ok "the trained model generates" "$FF_BIN" generate --model run/final --prompt "12+34=" --temperature 0 --max-new-tokens 6
+
+# the prompt is masked: random prompts, a constant response; only the response is learned
+python3 - <<'PY'
+import json, random
+r = random.Random(1)
+with open("const.jsonl", "w") as f:
+    for _ in range(200):
+        p = "".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(12))
+        f.write(json.dumps({"prompt": p + ":", "response": "ok"}) + "\n")
+PY
+expect_ok "constant responses" "$FF_BIN" sft --config run.yaml out=const data.train=const.jsonl data.test=null train.steps=50 train.eval_every=0 optim.lr=1e-2 optim.min_lr_ratio=1
+python3 -c "
+import json; m=[json.loads(l) for l in open('const/metrics.jsonl')]; l=m[-1]['loss']; print('final loss', l)
+import sys; sys.exit(0 if l < 0.5 else 1)" && ok "loss covers the response only (with the random prompts in it, it could not fall below 2.6)" || fail "prompt not masked?"
+
+# resume: 3 + 3 steps equal 6 steps, to the last bit
+cat > r.yaml <<'Y'
+model: model
+out: full
+data:
+  train: data/train.jsonl
+train:
+  steps: 6
+  batch_size: 60
+  seed: 2
+  save_every: 3
+optim:
+  lr: 3.0e-3
+  warmup_steps: 2
+Y
+expect_ok "uninterrupted 6 steps" "$FF_BIN" sft --config r.yaml
+expect_ok "first half" "$FF_BIN" sft --config r.yaml out=split train.stop_after=3
+grep -q "stopped after step 3" err && ok "stop_after message" || fail "stop_after: $(cat err)"
+[[ -d split/checkpoints/step-00000003 && ! -d split/final ]] && ok "checkpoint at step 3, no final model yet" || fail "split state: $(ls -R split | head)"
+expect_ok "resume" "$FF_BIN" sft --config r.yaml out=split --resume
+grep -q "resuming from split/checkpoints/step-00000003" err && ok "resumed from step 3" || fail "resume message: $(cat err)"
+python3 - <<'PY' && ok "resumed losses equal the uninterrupted run" || fail "resumed run differs"
+import json
+a = [(x["step"], x["loss"]) for x in map(json.loads, open("full/metrics.jsonl")) if "loss" in x]
+b = [(x["step"], x["loss"]) for x in map(json.loads, open("split/metrics.jsonl")) if "loss" in x]
+print("full ", a); print("split", b)
+assert len(a) == 6 and a == b
+PY
+cmp -s full/final/model.safetensors split/final/model.safetensors && ok "final weights identical" || fail "final weights differ"
+[[ $(ls split/checkpoints) == $'step-00000003\nstep-00000006' ]] && ok "keep_checkpoints keeps the newest two" || fail "checkpoints: $(ls split/checkpoints)"
+expect_error "resume past the end" "the checkpoint is at step 6, train.steps is 6" "$FF_BIN" sft --config r.yaml out=split --resume
+expect_error "resume with another seed" "seed 2 on 400 examples; this run has seed 9" "$FF_BIN" sft --config r.yaml out=split --resume train.seed=9 train.steps=9
+expect_error "resume without checkpoints" "--resume: no checkpoint in nothing/checkpoints" "$FF_BIN" sft --config r.yaml out=nothing --resume
+
+# Ctrl-C: the step finishes, a checkpoint is saved, exit 130, --resume continues
+"$FF_BIN" sft --config r.yaml out=intr train.steps=100000 train.save_every=0 2>intr.err &
+pid=$!
+for _ in $(seq 1 600); do
+  [[ -s intr/metrics.jsonl ]] && break
+  sleep 0.1
+done
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+if ((rc == 130)) && grep -q "interrupted; saved" intr.err && ls intr/checkpoints/step-* >/dev/null 2>&1; then ok "Ctrl-C saves a checkpoint (exit 130)"; else fail "Ctrl-C: rc $rc, $(tail -c 300 intr.err)"; fi
+
+# bad configs and data: file and line named, nothing trained
+printf 'model: model\nout: bad\ndata:\n  train: data/train.jsonl\ntrain:\n  step: 5\n' > typo.yaml
+expect_error "misspelled key" "typo.yaml:6: unknown key 'train.step'.*did you mean 'train.steps'" "$FF_BIN" sft --config typo.yaml
+expect_error "misspelled override" "unknown key 'optim.learning_rate'" "$FF_BIN" sft --config r.yaml out=bad optim.learning_rate=1
+expect_error "bad value" "optim.lr' must be in \[0, 10\], got -1" "$FF_BIN" sft --config r.yaml out=bad optim.lr=-1
+expect_error "wrong type" "train.steps.*integer" "$FF_BIN" sft --config r.yaml out=bad train.steps=many
+expect_error "missing key" "the config has no 'data.train'" "$FF_BIN" sft --config r.yaml out=bad data.train=
+expect_error "missing config" "nope.yaml" "$FF_BIN" sft --config nope.yaml
+expect_error "missing data" "missing.jsonl: cannot open" "$FF_BIN" sft --config r.yaml out=bad data.train=missing.jsonl
+printf '{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2=", "response": 4}\n' > badfield.jsonl
+expect_error "non-string response" "badfield.jsonl:2: expected string fields" "$FF_BIN" sft --config r.yaml out=bad data.train=badfield.jsonl
+printf '{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2=", \n' > malformed.jsonl
+expect_error "malformed JSONL" "malformed.jsonl:2: malformed JSON" "$FF_BIN" sft --config r.yaml out=bad data.train=malformed.jsonl
+python3 -c "import json; print(json.dumps({'prompt': 'x' * 70, 'response': 'y'}))" > long.jsonl
+expect_error "example longer than the context" "long.jsonl:1: 72 tokens with eos, more than max_position_embeddings 64" "$FF_BIN" sft --config r.yaml out=bad data.train=long.jsonl
+expect_error "missing model" "nomodel/config.json: cannot open" "$FF_BIN" sft --config r.yaml out=bad model=nomodel
+expect_absent "nothing written for failed runs" "bad/final" "bad/checkpoints"
+finish
