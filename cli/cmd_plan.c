@@ -91,9 +91,11 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: fuseflow plan [FILE.yaml] [options] [key=value ...]\n"
             "       fuseflow plan search [FILE.yaml] --gpus N --global-batch SEQS [options]\n"
+            "       fuseflow plan network --gpus N [--gpus-per-domain X] [--radix K] [--json]\n"
             "\n"
             "Memory per GPU, traffic per parallel dimension and link, pipeline bubbles and the iteration\n"
-            "time of one training layout on a cluster; `search` ranks the layouts that fit. Formulas and\n"
+            "time of one training layout on a cluster; `search` ranks the layouts that fit; `network`\n"
+            "counts the switches and transceivers of a non-blocking Clos and of rail-only. Formulas and\n"
             "assumptions: docs/planner.md. A YAML file holds the sections model, workload, layout, cluster\n"
             "(examples/plan/); flags and key=value overrides (layout.tp=8) change it.\n"
             "\n"
@@ -144,7 +146,8 @@ static void usage(FILE *out) {
             "  fuseflow plan --model llama3-405b --gpus 16384 --layout TP8-PP16-DP128 --seq 8192 --micro-batches 16\n"
             "  fuseflow plan examples/plan/llama3-405b-128k.yaml --json\n"
             "  fuseflow plan --model gpt3-175b --layout TP8-PP4-DP4 --seq 2048 --micro-batches 16 --matrix /tmp/gpt3\n"
-            "  fuseflow plan search --model llama3-70b --gpus 1024 --seq 8192 --global-batch 512\n");
+            "  fuseflow plan search --model llama3-70b --gpus 1024 --seq 8192 --global-batch 512 --min-tokens 4096\n"
+            "  fuseflow plan network --gpus 32768 --gpus-per-domain 256\n");
 }
 
 static size_t edit_distance(const char *a, const char *b) {
@@ -252,7 +255,8 @@ static char *dir_of(const char *path) {
 
 int ff_cmd_plan(int argc, char **argv) {
     bool search = argc > 1 && !strcmp(argv[1], "search");
-    int first = search ? 2 : 1;
+    bool network = argc > 1 && !strcmp(argv[1], "network");
+    int first = search || network ? 2 : 1;
     const char *file = NULL;
     opts o = {0};
     o.matrix_limit = 1024;
@@ -360,6 +364,25 @@ int ff_cmd_plan(int argc, char **argv) {
     ff_config_destroy(&cfg);
     if (rc) return rc;
 
+    if (network) {
+        if (!gpus_given) {
+            fprintf(stderr, "fuseflow plan network: give the cluster size with --gpus N\n");
+            return 2;
+        }
+        if (o.json) {
+            char *s = ff_plan_network_json(&in.cluster);
+            if (!s) {
+                fprintf(stderr, "fuseflow plan network: %s\n", ff_error_message());
+                return 2;
+            }
+            puts(s);
+            free(s);
+        } else if (ff_plan_network_write(&in.cluster, stdout)) {
+            fprintf(stderr, "fuseflow plan network: %s\n", ff_error_message());
+            return 2;
+        }
+        return 0;
+    }
     if (search) {
         if (!gpus_given) {
             fprintf(stderr, "fuseflow plan search: give the cluster size with --gpus N\n");

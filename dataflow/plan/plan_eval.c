@@ -183,9 +183,8 @@ double ff_plan_layer_activation_bytes(double coeff, double tokens, int64_t h, in
 
 /* ---- resolving and checking an input ----------------------------------------------------- */
 
-static int bad(const char *hint, const char *fmt, long long a, long long b, long long c) {
-    return ff_error_set("layout", hint, fmt, a, b, c);
-}
+/* An impossible layout: the message names the constraint. */
+#define bad(hint, ...) ff_error_set("layout", hint, __VA_ARGS__)
 
 int ff_plan_resolve(ff_plan_input *in) {
     ff_plan_model *m = &in->model;
@@ -242,7 +241,7 @@ int ff_plan_resolve(ff_plan_input *in) {
     if (l->dp == 0) {
         if (c->gpus % tcp)
             return bad("choose degrees whose product divides the GPU count",
-                       "TP x CP x PP = %lld does not divide the %lld GPUs of the cluster%.0lld", (long long)tcp, (long long)c->gpus, 0);
+                       "TP x CP x PP = %lld does not divide the %lld GPUs of the cluster", (long long)tcp, (long long)c->gpus);
         l->dp = c->gpus / tcp;
     }
     if (tcp * l->dp != c->gpus)
@@ -254,25 +253,25 @@ int ff_plan_resolve(ff_plan_input *in) {
                             l->tp > m->kv_heads ? "TP %lld is larger than the %lld key-value heads allow" : "TP %lld does not divide the %lld key-value heads",
                             (long long)l->tp, (long long)m->kv_heads);
     if (m->ffn % l->tp || (m->experts > 0 && m->expert_ffn % l->tp))
-        return bad(NULL, "TP %lld does not divide the FFN size %lld%.0lld", (long long)l->tp, (long long)m->ffn, 0);
+        return bad(NULL, "TP %lld does not divide the FFN size %lld", (long long)l->tp, (long long)m->ffn);
     if (l->pp > m->layers)
-        return bad("use fewer stages", "PP %lld has more stages than the %lld layers%.0lld", (long long)l->pp, (long long)m->layers, 0);
+        return bad("use fewer stages", "PP %lld has more stages than the %lld layers", (long long)l->pp, (long long)m->layers);
     if (l->cp > 1 && w->seq % (2 * l->cp))
         return bad("Llama 3 splits a sequence into 2 x CP chunks to balance the causal mask",
                    "CP %lld needs the sequence length (%lld) to be a multiple of 2 x CP = %lld", (long long)l->cp, (long long)w->seq,
                    (long long)(2 * l->cp));
     if (l->sequence_parallel && l->tp > 1 && (w->seq / l->cp) % l->tp)
         return bad("turn sequence parallelism off or change the sequence length",
-                   "sequence parallelism splits the %lld tokens per GPU over TP %lld: they must divide%.0lld",
-                   (long long)(w->seq / l->cp), (long long)l->tp, 0);
+                   "sequence parallelism splits the %lld tokens per GPU over TP %lld: they must divide",
+                   (long long)(w->seq / l->cp), (long long)l->tp);
     if (l->ep > 1) {
         if (m->experts == 0)
-            return bad("EP needs a mixture-of-experts model", "EP %lld without experts: this model has none%.0lld%.0lld", (long long)l->ep, 0, 0);
+            return bad("EP needs a mixture-of-experts model", "EP %lld without experts: this model has none", (long long)l->ep);
         if (m->experts % l->ep)
-            return bad(NULL, "EP %lld does not divide the %lld experts%.0lld", (long long)l->ep, (long long)m->experts, 0);
+            return bad(NULL, "EP %lld does not divide the %lld experts", (long long)l->ep, (long long)m->experts);
         if (l->dp % l->ep)
-            return bad("expert parallelism splits the data-parallel ranks", "EP %lld must divide DP %lld%.0lld", (long long)l->ep,
-                       (long long)l->dp, 0);
+            return bad("expert parallelism splits the data-parallel ranks", "EP %lld must divide DP %lld", (long long)l->ep,
+                       (long long)l->dp);
     }
     /* rank order: TP, CP, PP, DP once each, EP at most once */
     int seen[FF_PLAN_NDIMS] = {0};
@@ -315,8 +314,8 @@ int ff_plan_resolve(ff_plan_input *in) {
                    (long long)w->micro_batch, (long long)l->dp);
     if (l->schedule == FF_PLAN_INTERLEAVED && w->micro_batches % l->pp)
         return bad("Megatron's interleaved order runs micro-batches in groups of PP",
-                   "the interleaved schedule needs the micro-batches (%lld) to be a multiple of PP (%lld)%.0lld",
-                   (long long)w->micro_batches, (long long)l->pp, 0);
+                   "the interleaved schedule needs the micro-batches (%lld) to be a multiple of PP (%lld)",
+                   (long long)w->micro_batches, (long long)l->pp);
 
     /* ZeRO */
     if (l->zero < 0 || l->zero > 3) return ff_error_set("layout", NULL, "ZeRO stage %d: use 0, 1, 2 or 3", l->zero);
@@ -341,7 +340,7 @@ int ff_plan_resolve(ff_plan_input *in) {
 
 int ff_plan_place_layers(const ff_plan_model *m, const ff_plan_layout *l, int64_t *out) {
     int64_t v = l->vpp > 0 ? l->vpp : 1, V = v * l->pp, L = m->layers;
-    if (V > L) return bad(NULL, "%lld virtual stages but %lld layers%.0lld", (long long)V, (long long)L, 0);
+    if (V > L) return bad(NULL, "%lld virtual stages but %lld layers", (long long)V, (long long)L);
     if (l->layers_first <= 0 && l->layers_last <= 0) {
         /* Balanced: the stages that get one layer fewer sit at both ends, first and last
          * alternately (the first stage holds the embedding and the most activations, the last
@@ -354,7 +353,7 @@ int ff_plan_place_layers(const ff_plan_model *m, const ff_plan_layout *l, int64_
         }
         return 0;
     }
-    if (V < 2) return bad("uneven first and last stages need at least two stages", "PP %lld x VPP %lld%.0lld", (long long)l->pp, (long long)v, 0);
+    if (V < 2) return bad("uneven first and last stages need at least two stages", "PP %lld x VPP %lld", (long long)l->pp, (long long)v);
     int64_t lf = l->layers_first, ll = l->layers_last, n_rest = V - (lf > 0) - (ll > 0), rest = L - (lf > 0 ? lf : 0) - (ll > 0 ? ll : 0);
     if (rest < n_rest || (n_rest > 0 && rest % n_rest) || (n_rest == 0 && rest != 0))
         return ff_error_set("layout", "Megatron's uneven option needs the remaining layers to divide evenly",

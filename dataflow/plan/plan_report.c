@@ -163,22 +163,27 @@ void ff_plan_report_write(const ff_plan_input *in_const, const ff_plan_result *r
             secs_str(tm->sync_s, s4, sizeof s4));
     fprintf(out, "  throughput %s tokens/s, %.0f%% of the step computing\n", count_str(tm->tokens_per_s, s1, sizeof s1), 100 * tm->compute_fraction);
 
-    ff_plan_network net;
-    if (!ff_plan_network_cost(c->gpus, c->domain, c->radix, &net)) {
-        fprintf(out, "\nnetwork for %lld GPUs in HB domains of %lld, radix-%lld switches\n", (long long)c->gpus, (long long)c->domain,
-                (long long)c->radix);
-        fprintf(out, "  non-blocking Clos  %d tier(s), %lld switches, %lld transceivers\n", net.clos.tiers, (long long)net.clos.switches,
-                (long long)net.clos.transceivers);
-        fprintf(out, "  rail-only          %lld rails, %d tier(s), %lld switches, %lld transceivers\n",
-                (long long)(c->gpus < c->domain ? c->gpus : c->domain), net.rail_only.tiers, (long long)net.rail_only.switches,
-                (long long)net.rail_only.transceivers);
-        long long ds = (long long)(net.clos.switches - net.rail_only.switches), dt = (long long)(net.clos.transceivers - net.rail_only.transceivers);
-        fprintf(out, "  difference         %lld switches (%.0f%%), %lld transceivers (%.0f%%) fewer with rail-only\n", ds,
-                net.clos.switches ? 100.0 * (double)ds / (double)net.clos.switches : 0.0, dt,
-                net.clos.transceivers ? 100.0 * (double)dt / (double)net.clos.transceivers : 0.0);
-    }
+    fprintf(out, "\n");
+    ff_plan_network_write(c, out);
     fprintf(out, "  this layout's cross-domain traffic %s\n",
             r->cross_domain_on_rails ? "stays on rails (it runs on a rail-only network)" : "crosses rails (rail-only must forward it over NVLink)");
+}
+
+int ff_plan_network_write(const ff_plan_cluster *c, FILE *out) {
+    ff_plan_network net;
+    if (ff_plan_network_cost(c->gpus, c->domain, c->radix, &net)) return -1;
+    fprintf(out, "network for %lld GPUs in HB domains of %lld, radix-%lld switches\n", (long long)c->gpus, (long long)c->domain,
+            (long long)c->radix);
+    fprintf(out, "  non-blocking Clos  %d tier(s), %lld switches, %lld transceivers\n", net.clos.tiers, (long long)net.clos.switches,
+            (long long)net.clos.transceivers);
+    fprintf(out, "  rail-only          %lld rails, %d tier(s), %lld switches, %lld transceivers\n",
+            (long long)(c->gpus < c->domain ? c->gpus : c->domain), net.rail_only.tiers, (long long)net.rail_only.switches,
+            (long long)net.rail_only.transceivers);
+    long long ds = (long long)(net.clos.switches - net.rail_only.switches), dt = (long long)(net.clos.transceivers - net.rail_only.transceivers);
+    fprintf(out, "  difference         %lld switches (%.0f%%), %lld transceivers (%.0f%%) fewer with rail-only\n", ds,
+            net.clos.switches ? 100.0 * (double)ds / (double)net.clos.switches : 0.0, dt,
+            net.clos.transceivers ? 100.0 * (double)dt / (double)net.clos.transceivers : 0.0);
+    return 0;
 }
 
 /* ---- JSON --------------------------------------------------------------------------------- */
@@ -308,6 +313,13 @@ void ff_plan_search_write(const ff_plan_input *base, const ff_plan_search_result
                 c->layout.checkpoint ? "full" : "no", bytes_str(c->total_bytes, s1, sizeof s1), secs_str(c->iteration_s, s2, sizeof s2),
                 100 * c->bubble_fraction, count_str(c->tokens_per_s, s3, sizeof s3));
     }
+}
+
+char *ff_plan_network_json(const ff_plan_cluster *c) {
+    ff_plan_network net;
+    if (ff_plan_network_cost(c->gpus, c->domain, c->radix, &net)) return NULL;
+    return dump(json_pack("{s:I, s:I, s:I, s:o, s:o}", "gpus", (json_int_t)c->gpus, "gpus_per_domain", (json_int_t)c->domain, "radix",
+                          (json_int_t)c->radix, "clos", fabric_json(&net.clos), "rail_only", fabric_json(&net.rail_only)));
 }
 
 char *ff_plan_search_json(const ff_plan_input *base, const ff_plan_search_result *r) {

@@ -84,13 +84,11 @@ int ff_plan_search(const ff_plan_input *base, const ff_plan_search_opts *o, ff_p
     keeper k = {ff_calloc(top, sizeof(ff_plan_candidate)), 0, top};
     int64_t *lay = ff_calloc((size_t)(3 * L + 3), sizeof(int64_t));
     pplink *pl = ff_calloc((size_t)L + 1, sizeof(pplink));
-    int64_t divs[512], dt[512], dc[512], de[512];
+    int64_t dt[512], dc[512], de[512];
     if (!k.best || !lay || !pl) {
         free(k.best), free(lay), free(pl);
         return -1;
     }
-    size_t nd = divisors(N, divs, 512);
-    (void)nd;
     static const int64_t mbs[] = {1, 2, 4, 8, 16};
     size_t ntp = divisors(N, dt, 512);
     for (size_t it = 0; it < ntp; it++) {

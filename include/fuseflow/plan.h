@@ -314,6 +314,9 @@ typedef struct ff_plan_network {
 } ff_plan_network;
 
 int ff_plan_network_cost(int64_t gpus, int64_t domain, int64_t radix, ff_plan_network *out);
+/* The network section of the report, and the same as JSON (malloc'd; NULL + error). */
+int ff_plan_network_write(const ff_plan_cluster *c, FILE *out);
+char *ff_plan_network_json(const ff_plan_cluster *c);
 int ff_plan_fabric_clos(int64_t endpoints, int64_t radix, ff_plan_fabric *out);
 
 /* ---- the chapter's formulas, in its symbols -------------------------------------------- */

@@ -65,6 +65,14 @@ expect 0 "layouts evaluated in" -- search --model llama3-70b --gpus 256 --seq 81
 "$FF_BIN" plan search --model llama3-70b --gpus 256 --seq 8192 --global-batch 512 --json > "$TMP/s.json" || fail "search json"
 $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["candidates"]; assert len(c)==10 and all(c[i]["iteration_s"]<=c[i+1]["iteration_s"] for i in range(9))' "$TMP/s.json" || fail "search ranking"
 
+# network at a cluster size: 16,384 GPUs on radix-64 switches
+expect 0 "non-blocking Clos  3 tier\(s\), 1280 switches, 98304 transceivers" -- network --gpus 16384
+expect 0 "rail-only          8 rails, 2 tier\(s\), 768 switches, 65536 transceivers" -- network --gpus 16384
+"$FF_BIN" plan network --gpus 32768 --gpus-per-domain 256 --json > "$TMP/n.json" || fail "network json"
+$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["rail_only"]["switches"] < d["clos"]["switches"]' "$TMP/n.json" || fail "network values"
+expect 2 "give the cluster size with --gpus" -- network
+expect 2 "radix" -- network --gpus 64 --radix 63
+
 # bad input: exit 2 for bad usage, 1 for a layout that cannot run, and a message that says why
 expect 2 "unknown model preset" -- --model llama9
 expect 2 "unknown option '--tpp' \(hint: did you mean --tp\?\)" -- --model llama3-8b --tpp 2
