@@ -257,6 +257,10 @@ int ff_cmd_plan(int argc, char **argv) {
     bool search = argc > 1 && !strcmp(argv[1], "search");
     bool network = argc > 1 && !strcmp(argv[1], "network");
     int first = search || network ? 2 : 1;
+    if (argc <= first) { /* nothing to plan: say how */
+        usage(stderr);
+        return 2;
+    }
     const char *file = NULL;
     opts o = {0};
     o.matrix_limit = 1024;

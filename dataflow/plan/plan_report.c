@@ -149,7 +149,7 @@ void ff_plan_report_write(const ff_plan_input *in_const, const ff_plan_result *r
 
     const ff_plan_time *tm = &r->time;
     fprintf(out, "\ntime per step\n");
-    fprintf(out, "  compute    %s on the busiest stage at %s FLOP/s; 6 x parameters x tokens per GPU = %sFLOP (%s)\n",
+    fprintf(out, "  compute    %s on the busiest stage at %sFLOP/s; 6 x parameters x tokens per GPU = %sFLOP (%s)\n",
             secs_str(tm->compute_s, s1, sizeof s1), count_str(c->flops, s2, sizeof s2), count_str(tm->flops_dense_mean, s3, sizeof s3),
             secs_str(tm->flops_dense_mean / c->flops, s4, sizeof s4));
     fprintf(out, "  wire       NVLink %s = %s, NIC %s = %s at full rate (busiest GPU)\n", bytes_str(tm->nvlink_bytes, s1, sizeof s1),
