@@ -257,7 +257,7 @@ int ff_cmd_plan(int argc, char **argv) {
     bool search = argc > 1 && !strcmp(argv[1], "search");
     bool network = argc > 1 && !strcmp(argv[1], "network");
     int first = search || network ? 2 : 1;
-    if (argc <= first) { /* nothing to plan: say how */
+    if (argc <= 1) { /* nothing to plan: say how */
         usage(stderr);
         return 2;
     }
