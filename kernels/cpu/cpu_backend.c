@@ -83,8 +83,11 @@ void ff_cpu_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, fl
     const float *A = F(Ap), *B = F(Bp);
     float *C = F(Cp);
     int nt = NT(s);
+    /* Below about 1M multiply-adds (~10 us on one core) a fork/join and the second thread's
+     * wake-up cost more than they save, and on a busy machine a barrier can wait for a
+     * descheduled thread far longer. Decode steps of small models stay on one thread. */
     double work = (double)M * N * (K > 0 ? K : 1);
-    if (nt <= 1 || work < 65536.0 * 4) {
+    if (nt <= 1 || work < 1048576.0) {
         sgemm_block(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }

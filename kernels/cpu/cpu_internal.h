@@ -37,7 +37,7 @@ static inline int NT(const ff_stream *s) { return s->be->n_threads; }
 
 /* Work below this many element-operations runs on the calling thread: an OpenMP fork/join
  * costs a few microseconds, more than the work itself. */
-#define FF_PAR_MIN 16384
+#define FF_PAR_MIN 32768
 
 /* exp(x) for x <= 0 or moderate x, in float, with no calls and no branches, so loops of it
  * vectorise. Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-6 polynomial
