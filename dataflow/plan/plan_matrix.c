@@ -225,7 +225,12 @@ static int write_heatmap(const char *path, const double *m, int64_t n, int64_t g
 
 /* ---- public ----------------------------------------------------------------------------------- */
 
-int ff_plan_write_matrices(const ff_plan_input *in_const, const ff_plan_result *r, const char *prefix, int64_t limit, FILE *logf) {
+int ff_plan_write_matrices(const ff_plan_input *in_const, const ff_plan_result *r, const char *prefix_arg, int64_t limit, FILE *logf) {
+    /* "--matrix out.csv" means the prefix "out" */
+    char prefix[3800];
+    snprintf(prefix, sizeof prefix, "%s", prefix_arg);
+    size_t pl = strlen(prefix);
+    if (pl > 4 && (!strcmp(prefix + pl - 4, ".csv") || !strcmp(prefix + pl - 4, ".svg"))) prefix[pl - 4] = '\0';
     ff_plan_input in = *in_const;
     if (ff_plan_resolve(&in)) return -1;
     if (limit < 1) return ff_error_set("--matrix-limit", NULL, "must be at least 1");

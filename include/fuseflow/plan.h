@@ -295,7 +295,8 @@ int ff_plan_traffic_edges(const ff_plan_input *in, const ff_plan_result *r, ff_p
 /* Write PREFIX.gpu.csv, PREFIX.server.csv (bytes per step, row sends to column), PREFIX.ranks.csv
  * (each GPU's server, local rank, rail, stage, coordinates) and the heatmaps PREFIX.gpu.svg and
  * PREFIX.server.svg. The GPU (server) matrix covers the first `limit` GPUs (servers) when there
- * are more. Prints each file it writes to `log` when not NULL. */
+ * are more. A prefix ending in .csv or .svg loses that ending. Prints each file it writes to `log`
+ * when not NULL. */
 int ff_plan_write_matrices(const ff_plan_input *in, const ff_plan_result *r, const char *prefix, int64_t limit,
                            FILE *log);
 

@@ -59,6 +59,7 @@ expect 0 "crosses rails" -- "$SRC/examples/plan/mixtral-8x7b-ep.yaml" layout.ord
 expect 0 "wrote .*gpt3.server.svg" -- "$SRC/examples/plan/gpt3-175b.yaml" --matrix "$TMP/gpt3"
 for f in gpu.csv server.csv ranks.csv gpu.svg server.svg; do [[ -s "$TMP/gpt3.$f" ]] || fail "missing $f"; done
 [[ $(wc -l < "$TMP/gpt3.ranks.csv") == 129 ]] || fail "ranks.csv lines"
+expect 0 "wrote .*/m.gpu.csv" -- "$SRC/examples/plan/gpt3-175b.yaml" --matrix "$TMP/m.csv" --matrix-limit 16
 
 # search
 expect 0 "layouts evaluated in" -- search --model llama3-70b --gpus 256 --seq 8192 --global-batch 512 --top 3
