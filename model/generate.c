@@ -40,8 +40,8 @@ typedef struct gen_seq {
     gen_req *req; /* NULL: the slot is free */
     int32_t sample;
     int32_t n_gen;
-    int32_t *tokens;  /* [max_new_tokens] */
-    float *logprobs;  /* [max_new_tokens] */
+    int32_t *tokens;  /* [max_seq_len], the slot's own, allocated with the generator */
+    float *logprobs;  /* [max_seq_len] */
     ff_rng rng;
 } gen_seq;
 
@@ -61,6 +61,8 @@ struct ff_generator {
     float *h_slp;
     int32_t *batch; /* [Rcap] slots in the current batch */
     gen_seq *seqs;  /* [max_slots] by slot */
+    int32_t *slot_tokens; /* [max_slots, max_seq_len] backing gen_seq.tokens */
+    float *slot_logprobs; /* [max_slots, max_seq_len] */
     int32_t n_running;
     gen_req *q_head, *q_tail; /* waiting requests */
     int32_t n_waiting;        /* sequences waiting */
@@ -155,8 +157,11 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->h_slp = ff_malloc(R * 4);
     g->batch = ff_malloc(R * 4);
     g->seqs = ff_calloc(R, sizeof(gen_seq));
+    g->slot_tokens = ff_malloc(R * (size_t)c.max_seq_len * 4);
+    g->slot_logprobs = ff_malloc(R * (size_t)c.max_seq_len * 4);
     if (!g->kv || !g->ws || !g->h_tok || !g->h_pos || !g->h_wrow || !g->h_row0 || !g->h_nkeys || !g->h_rows ||
-        !g->h_rowmap || !g->h_sp || !g->h_stok || !g->h_slp || !g->batch || !g->seqs) {
+        !g->h_rowmap || !g->h_sp || !g->h_stok || !g->h_slp || !g->batch || !g->seqs || !g->slot_tokens ||
+        !g->slot_logprobs) {
         ff_error_wrap("generator with %d slots of %d positions", c.max_slots, c.max_seq_len);
         ff_generator_destroy(&g);
         return NULL;
@@ -175,13 +180,8 @@ void ff_generator_destroy(ff_generator **pg) {
     if (!pg || !*pg) return;
     ff_generator *g = *pg;
     if (g->seqs)
-        for (int32_t s = 0; s < g->c.max_slots; s++) {
-            gen_seq *q = &g->seqs[s];
-            if (!q->req) continue;
-            free(q->tokens);
-            free(q->logprobs);
-            req_release(q->req);
-        }
+        for (int32_t s = 0; s < g->c.max_slots; s++)
+            if (g->seqs[s].req) req_release(g->seqs[s].req);
     for (gen_req *r = g->q_head, *n; r; r = n) {
         n = r->next;
         free(r->prompt);
@@ -204,6 +204,8 @@ void ff_generator_destroy(ff_generator **pg) {
     free(g->h_slp);
     free(g->batch);
     free(g->seqs);
+    free(g->slot_tokens);
+    free(g->slot_logprobs);
     free(g);
     *pg = NULL;
 }
@@ -348,18 +350,28 @@ static int push_done(ff_generator *g, ff_gen_output *o) {
     return 0;
 }
 
+/* The sequence in `slot` is done: its output (copied out of the slot) joins the finished
+ * FIFO and the slot is free. Out of memory loses this output, with an error. */
 static int finish(ff_generator *g, int32_t slot, ff_finish_reason why) {
     gen_seq *q = &g->seqs[slot];
-    ff_gen_output o = {.id = q->req->id, .sample = q->sample, .n_tokens = q->n_gen, .tokens = q->tokens,
-                       .logprobs = q->logprobs, .finish = why};
+    size_t n = (size_t)(q->n_gen > 0 ? q->n_gen : 1);
+    ff_gen_output o = {.id = q->req->id, .sample = q->sample, .n_tokens = q->n_gen, .finish = why};
+    o.tokens = ff_malloc(n * 4);
+    o.logprobs = ff_malloc(n * 4);
+    int rc = o.tokens && o.logprobs ? 0 : -1;
+    if (!rc) {
+        memcpy(o.tokens, q->tokens, (size_t)q->n_gen * 4);
+        memcpy(o.logprobs, q->logprobs, (size_t)q->n_gen * 4);
+        rc = push_done(g, &o);
+    }
+    if (rc) {
+        ff_gen_output_free(&o);
+        ff_error_wrap("generator: output of request %llu sample %d lost", (unsigned long long)q->req->id, q->sample);
+    }
     req_release(q->req);
     memset(q, 0, sizeof *q);
     g->n_running--;
-    if (push_done(g, &o)) {
-        ff_gen_output_free(&o);
-        return -1;
-    }
-    return 0;
+    return rc;
 }
 
 /* Append the sampled token of batch row b to its sequence; finish it when it should stop. */
@@ -402,23 +414,8 @@ static int admit(ff_generator *g) {
         for (int32_t j = 0, s = 0; j < r->n_samples; j++) {
             while (g->seqs[s].req) s++;
             gen_seq *q = &g->seqs[s];
-            q->tokens = ff_malloc((size_t)r->sp.max_new_tokens * 4);
-            q->logprobs = ff_malloc((size_t)r->sp.max_new_tokens * 4);
-            if (!q->tokens || !q->logprobs) {
-                free(q->tokens);
-                free(q->logprobs);
-                q->tokens = NULL;
-                q->logprobs = NULL;
-                /* the request is lost with its unstarted samples; the error says so */
-                r->refs -= r->n_samples - j;
-                g->n_waiting -= r->n_samples - j;
-                if (r->refs == 0) {
-                    free(r->prompt);
-                    free(r->stop);
-                    free(r);
-                }
-                return ff_error_wrap("generator: request %llu", (unsigned long long)r->id);
-            }
+            q->tokens = g->slot_tokens + (size_t)s * maxlen;
+            q->logprobs = g->slot_logprobs + (size_t)s * maxlen;
             q->req = r;
             q->sample = j;
             q->n_gen = 0;
