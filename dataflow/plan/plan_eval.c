@@ -447,13 +447,8 @@ static double a2a_time(const prep *p, const gstat *g, double payload, double b_h
     *nic = (double)cross * unit;
     /* the sends to all members go out together: one step of latency per kind of link */
     double t = *nv / b_hb + (double)cross_rail * unit / p->cross_bw_rail + (same > 0 ? p->lat_hb : 0.0) + (cross > 0 ? p->lat_nic : 0.0);
-    if (rail_only) {
-        *nv += (double)cross_other * unit; /* forwarded to the GPU on the destination's rail */
-        t += (double)cross_other * unit / p->cross_bw_other;
-    } else {
-        t += (double)cross_other * unit / p->cross_bw_other;
-    }
-    return t;
+    if (rail_only) *nv += (double)cross_other * unit; /* forwarded to the GPU on the destination's rail */
+    return t + (double)cross_other * unit / p->cross_bw_other;
 }
 
 static ff_plan_link link_of(double nv, double nic) {
@@ -466,10 +461,9 @@ static ff_plan_link link_of(double nv, double nic) {
 void stage_dp_bytes(const ff_plan_input *in, const ff_plan_stage *st, double *dense, double *expert) {
     const ff_plan_layout *l = &in->layout;
     int64_t D = l->cp * l->dp, De = l->cp * l->dp / l->ep;
-    *dense = ff_plan_dp_bytes(l->zero, l->zero_schedule, D, st->params - st->expert_params, in->workload.micro_batches,
-                              in->workload.grad_reduce_bytes);
-    *expert = ff_plan_dp_bytes(l->zero, l->zero_schedule, De, st->expert_params, in->workload.micro_batches,
-                               in->workload.grad_reduce_bytes);
+    ff_plan_zero_schedule zs = ff_plan_zero_schedule_resolve(l->zero, l->zero_schedule, l->schedule);
+    *dense = ff_plan_dp_bytes(l->zero, zs, D, st->params - st->expert_params, in->workload.micro_batches, in->workload.grad_reduce_bytes);
+    *expert = ff_plan_dp_bytes(l->zero, zs, De, st->expert_params, in->workload.micro_batches, in->workload.grad_reduce_bytes);
 }
 
 void plan_core(const ff_plan_input *in, const prep *pr, ff_plan_result *out, ff_plan_stage *stages) {

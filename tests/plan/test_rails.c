@@ -203,7 +203,8 @@ static void same_local_rank(void) {
                             else model_dense(&in.model);
                             in.cluster.gpus = n;
                             in.layout.tp = 8, in.layout.cp = c, in.layout.pp = p, in.layout.ep = e, in.layout.vpp = v;
-                            in.layout.zero = (int)((c + p) % 4);
+                            in.layout.zero = (int)((c + p + e) % 4);
+                            if (in.layout.zero == 2 && v == 1 && p > 1) in.layout.schedule = FF_PLAN_AFAB; /* one reduce-scatter */
                             in.workload.seq = 4096;
                             in.workload.micro_batches = 2 * p;
                             ff_plan_result r;
