@@ -142,6 +142,7 @@ static void usage(FILE *out) {
             "  --zeros 0,1,2,3       ZeRO stages to try; --try-checkpoint also tries recomputation\n"
             "  --min-tokens N        skip layouts with fewer tokens per GPU per micro-batch (b s / CP):\n"
             "                        the model's FLOP/s does not drop for small GEMMs, real GPUs do\n"
+            "  --naive               evaluate every candidate from scratch (the benchmark's baseline)\n"
             "\n"
             "examples\n"
             "  fuseflow plan --model llama3-405b --gpus 16384 --layout TP8-PP16-DP128 --seq 8192 --micro-batches 16\n"
