@@ -359,6 +359,15 @@ static void on_hello(ff_controller *c, ff_msg *m) {
         if (known->local && known->state == FF_WORKER_SPAWNED && known->pid != h->pid)
             ff_warn("controller: rank %d was started here as pid %d but pid %lld says hello", rank, (int)known->pid,
                     (long long)h->pid);
+        if (known->local && known->state != FF_WORKER_SPAWNED) {
+            /* a rank whose local process died, taken over by a process we did not start */
+            if (!reap(c, known, false)) {
+                kill(known->pid, SIGKILL);
+                reap(c, known, true);
+            }
+            stop_pid_watch(c, known);
+            known->local = false;
+        }
         if (!known->local) known->pid = (pid_t)h->pid;
         memcpy(known->peer, m->peer, m->peer_len);
         known->peer_len = m->peer_len;
@@ -417,7 +426,9 @@ static void on_pong(ff_controller *c, ctl_worker *w, const ff_msg_heartbeat *h, 
     for (int i = 1; i < w->nsamples; i++)
         if (w->sample_rtt[i] < w->sample_rtt[best]) best = i;
     w->offset_ns = w->sample_off[best];
-    if (rtt < w->best_rtt_ns) w->best_rtt_ns = rtt;
+    w->best_rtt_ns = w->sample_rtt[best]; /* the offset is within +-rtt/2 of the truth */
+    /* a few quick samples right after the join, so the first subtasks map well */
+    if (w->nsamples < 4) send_ping(c, w);
 }
 
 static void note_rejected(ff_controller *c, const ff_msg *m, ff_reject why) {
@@ -543,7 +554,7 @@ static int setup_socket(ff_controller *c) {
         c->curve = true;
     }
     if (c->o.endpoint) {
-        snprintf(c->endpoint, sizeof c->endpoint, "%s", c->o.endpoint);
+        /* copied into c->endpoint by ff_controller_new */
     } else {
         static atomic_int counter;
         const char *tmp = getenv("TMPDIR");
@@ -726,6 +737,9 @@ int ff_controller_worker_info(const ff_controller *c, int rank, ff_worker_info *
     out->busy = w->busy;
     out->errors = w->errors;
     snprintf(out->dead_reason, sizeof out->dead_reason, "%s", w->dead_reason);
+    out->exit_code = -1;
+    if (w->local && w->reaped)
+        out->exit_code = WIFSIGNALED(w->exit_status) ? 128 + WTERMSIG(w->exit_status) : WEXITSTATUS(w->exit_status);
     return 0;
 }
 
@@ -788,6 +802,14 @@ int ff_controller_shutdown(ff_controller *c, double timeout_s) {
     }
     sched_run_deferred(c);
     c->shut_down = true;
+    for (int r = 0; r < c->nworkers; r++) {
+        ctl_worker *w = c->workers[r];
+        if (w && w->local && w->reaped && w->state == FF_WORKER_STOPPED && w->exit_status != 0) {
+            char why[128];
+            describe_exit(w, why, sizeof why);
+            ff_warn("controller: worker %d stopped uncleanly: %s", r, why);
+        }
+    }
     return rc ? ff_error_set("controller", NULL, "some local workers had to be killed") : 0;
 }
 

@@ -43,6 +43,7 @@ typedef struct ctl_sub {
     int status;
     char err[FF_MSG_TEXT_MAX]; /* for results made up by the controller */
     int64_t dispatch_ns, start_ns, end_ns, done_ns;
+    int64_t worker_start_ns, worker_end_ns; /* as the worker reported them (its clock) */
     uint32_t queued;
     int32_t send_ns; /* time the last send took (trace) */
     ff_msg *res; /* the worker's result, kept until the whole job completes (group jobs) */
@@ -142,7 +143,9 @@ typedef struct trace_rec {
     uint64_t id, job;
     int rank, member, status, attempts, label, group_label;
     uint32_t queued;
-    int64_t dispatch_ns, start_ns, end_ns, done_ns, send_ns;
+    int64_t dispatch_ns, done_ns, send_ns;
+    int64_t worker_start_ns, worker_end_ns; /* worker clock: mapped when the trace is written,
+                                               with the best offset estimate by then */
     size_t after_off;
     int nafter;
 } trace_rec;

@@ -304,6 +304,8 @@ void sched_on_result(ff_controller *c, ctl_worker *w, ff_msg *rx) {
     s->done_ns = ff_now_ns();
     s->status = r->status;
     s->queued = r->queued;
+    s->worker_start_ns = r->start_ns;
+    s->worker_end_ns = r->end_ns;
     if (r->start_ns || r->end_ns) {
         int64_t st = ctl_map_clock(w, r->start_ns), en = ctl_map_clock(w, r->end_ns);
         /* the subtask ran between its dispatch and its result: keep the mapped times there */

@@ -68,8 +68,8 @@ void trace_record(ctl_trace *t, const ctl_sub *s) {
     r->group_label = j->group_label;
     r->queued = s->queued;
     r->dispatch_ns = s->dispatch_ns;
-    r->start_ns = s->start_ns;
-    r->end_ns = s->end_ns;
+    r->worker_start_ns = s->start_ns ? s->worker_start_ns : 0;
+    r->worker_end_ns = s->start_ns ? s->worker_end_ns : 0;
     r->done_ns = s->done_ns;
     r->send_ns = s->send_ns;
     r->after_off = j->after_off;
@@ -121,30 +121,47 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
     int *lane = ff_calloc(t->n ? t->n : 1, sizeof *lane);
     lane_ref *refs = ff_malloc(sizeof *refs * (t->n ? t->n : 1));
     int *max_lane = ff_calloc((size_t)(c->nworkers ? c->nworkers : 1), sizeof *max_lane);
-    if (!lane || !refs || !max_lane) {
+    int64_t *st = ff_calloc(t->n ? t->n : 1, sizeof *st), *en = ff_calloc(t->n ? t->n : 1, sizeof *en);
+    if (!lane || !refs || !max_lane || !st || !en) {
         fclose(f);
         free(buf);
         free(lane);
         free(refs);
         free(max_lane);
+        free(st);
+        free(en);
         return -1;
+    }
+    /* worker times onto our clock with the best offset estimate we have now (it improves as
+     * heartbeats come in), kept between the dispatch and the result, where they happened */
+    for (size_t i = 0; i < t->n; i++) {
+        const trace_rec *rec = &t->recs[i];
+        const ctl_worker *w = rec->rank >= 0 && rec->rank < c->nworkers ? c->workers[rec->rank] : NULL;
+        if (!w || (!rec->worker_start_ns && !rec->worker_end_ns)) continue;
+        int64_t a = ctl_map_clock(w, rec->worker_start_ns), b = ctl_map_clock(w, rec->worker_end_ns);
+        if (a < rec->dispatch_ns) a = rec->dispatch_ns;
+        if (a > rec->done_ns) a = rec->done_ns;
+        if (b < a) b = a;
+        if (b > rec->done_ns) b = rec->done_ns;
+        st[i] = a;
+        en[i] = b;
     }
     for (int r = 0; r < c->nworkers; r++) {
         size_t n = 0;
         for (size_t i = 0; i < t->n; i++)
-            if (t->recs[i].rank == r && t->recs[i].start_ns) refs[n++] = (lane_ref){i, t->recs[i].start_ns};
+            if (t->recs[i].rank == r && st[i]) refs[n++] = (lane_ref){i, st[i]};
         qsort(refs, n, sizeof *refs, cmp_lane_ref);
         int64_t ends[64];
         int nl = 0;
         for (size_t k = 0; k < n; k++) {
-            const trace_rec *rec = &t->recs[refs[k].rec];
+            size_t ri = refs[k].rec;
             int l = 0;
-            while (l < nl && ends[l] > rec->start_ns) l++;
+            while (l < nl && ends[l] > st[ri]) l++;
             if (l == nl) {
                 if (nl < 64) nl++;
                 else l = nl - 1; /* 64 overlapping lanes: let the last one take the excess */
             }
-            ends[l] = rec->end_ns;
+            ends[l] = en[ri];
             lane[refs[k].rec] = l;
         }
         max_lane[r] = nl;
@@ -172,7 +189,7 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
     for (size_t i = 0; i < t->n; i++) {
         const trace_rec *rec = &t->recs[i];
         const char *label = label_of(t, rec->label), *group = label_of(t, rec->group_label);
-        bool ran = rec->start_ns != 0 && rec->rank >= 0;
+        bool ran = st[i] != 0 && rec->rank >= 0;
         /* the dispatch on the controller */
         fprintf(f, ",\n{\"ph\":\"X\",\"cat\":\"dispatch\",\"name\":");
         json_str(f, label);
@@ -182,7 +199,7 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
         fprintf(f, ",\n{\"ph\":\"X\",\"cat\":\"subtask\",\"name\":");
         json_str(f, label);
         fprintf(f, ",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"id\":%llu,\"job\":%llu,\"group\":", rec->rank + 1,
-                lane[i] + 1, us(t, rec->start_ns), (rec->end_ns - rec->start_ns) / 1e3, (unsigned long long)rec->id,
+                lane[i] + 1, us(t, st[i]), (en[i] - st[i]) / 1e3, (unsigned long long)rec->id,
                 (unsigned long long)rec->job);
         json_str(f, group);
         fprintf(f, ",\"member\":%d,\"status\":\"%s\",\"attempts\":%d,\"queued\":%u,\"dispatch_us\":%.3f,\"result_us\":%.3f,"
@@ -197,13 +214,15 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
                 (unsigned long long)rec->id, us(t, rec->dispatch_ns));
         fprintf(f, ",\n{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"flow\",\"name\":\"dispatch\",\"id\":%llu,\"pid\":%d,\"tid\":%d,"
                    "\"ts\":%.3f}",
-                (unsigned long long)rec->id, rec->rank + 1, lane[i] + 1, us(t, rec->start_ns));
+                (unsigned long long)rec->id, rec->rank + 1, lane[i] + 1, us(t, st[i]));
     }
     fprintf(f, "\n]}\n");
     fclose(f);
     free(lane);
     free(refs);
     free(max_lane);
+    free(st);
+    free(en);
     int rc = ff_write_file_atomic(path, buf, len);
     free(buf);
     return rc;

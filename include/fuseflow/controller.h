@@ -116,11 +116,14 @@ typedef struct ff_worker_info {
     char caps[FF_MSG_MAX_CAPS][FF_MSG_NAME_MAX];
     int inflight;             /* subtasks in flight on it now */
     uint64_t completed;       /* results accepted from it */
-    double clock_offset_us;   /* its clock minus ours */
-    double rtt_us;            /* smallest heartbeat round trip seen */
+    double clock_offset_us;   /* its clock minus ours (estimate) */
+    double rtt_us;            /* round trip of the heartbeat the estimate comes from: the true
+                                 offset lies within clock_offset_us +- rtt_us / 2 (-1: none yet) */
     uint32_t busy;            /* subtasks it reported queued or running (last pong) */
     uint64_t errors;          /* messages it reported rejecting (last pong) */
     char dead_reason[FF_MSG_TEXT_MAX];
+    int exit_code;            /* local workers that exited: the status, 128 + signal if killed;
+                                 -1 while running (or not started here) */
 } ff_worker_info;
 
 /* Number of ranks ever seen (the highest rank + 1). */

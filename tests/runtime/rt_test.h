@@ -71,6 +71,24 @@ static inline ff_input rt_f32(const char *name, const int64_t *shape1, float v) 
     return (ff_input){.name = name, .dtype = FF_DTYPE_F32, .ndim = 1, .shape = shape1, .data = x, .free_fn = rt_free};
 }
 
+/* Shut down and check that every local worker that was still running exited with status 0
+ * (under the sanitizers a leak or an error in a worker shows up here). */
+static inline void rt_shutdown_clean(ff_controller *c) {
+    bool was_live[256] = {false};
+    int n = ff_controller_nranks(c);
+    for (int r = 0; r < n && r < 256; r++) {
+        ff_worker_info wi;
+        was_live[r] = ff_controller_worker_info(c, r, &wi) == 0 && wi.state == FF_WORKER_LIVE && wi.local;
+    }
+    REQUIRE(ff_controller_shutdown(c, 20) == 0);
+    for (int r = 0; r < n && r < 256; r++) {
+        ff_worker_info wi;
+        if (!was_live[r] || ff_controller_worker_info(c, r, &wi) != 0) continue;
+        if (wi.exit_code != 0) fprintf(stderr, "worker %d exited with %d\n", r, wi.exit_code);
+        CHECK_EQ_INT(wi.exit_code, 0);
+    }
+}
+
 typedef struct rt_counter {
     int done, ok, failed;
     int status[FF_STATUS_END];

@@ -159,6 +159,7 @@ static void test_backpressure(void) {
     CHECK_EQ_INT(b.failed, 0);
     CHECK(b.max_inflight <= 4);
     CHECK(b.max_queued <= 1); /* never more than 2 on a worker: itself and one other */
+    rt_shutdown_clean(c);
     ff_controller_destroy(&c);
 
     /* max_pending: submit refuses beyond it, and frees the refused inputs */
@@ -183,6 +184,7 @@ static void test_backpressure(void) {
     CHECK_EQ_INT(atomic_load(&frees), 2);
     REQUIRE(ff_controller_run(c, 30) == 0);
     CHECK_EQ_INT(k.ok, 4);
+    rt_shutdown_clean(c);
     ff_controller_destroy(&c);
     for (int i = 0; i < 500 && atomic_load(&frees) < 6; i++) usleep(1000);
     CHECK_EQ_INT(atomic_load(&frees), 6); /* every input freed exactly once */
@@ -246,6 +248,7 @@ static void test_cancel(void) {
     sleep_on(c, 0, 1, &after);
     REQUIRE(ff_controller_run(c, 10) == 0);
     CHECK(after.status == FF_STATUS_OK);
+    rt_shutdown_clean(c);
     ff_controller_destroy(&c);
 }
 
@@ -311,6 +314,7 @@ static void test_own_loop(void) {
     }
     ev_run(loop, 0); /* the program's own loop; on_owned breaks it */
     CHECK_EQ_INT(left, 0);
+    rt_shutdown_clean(c);
     ff_controller_destroy(&c);
     ev_loop_destroy(loop);
 }
@@ -332,6 +336,11 @@ static void test_shutdown(void) {
     CHECK_EQ_INT(k.status[FF_STATUS_SHUTDOWN], 4);  /* never dispatched */
     CHECK_EQ_INT(k.status[FF_STATUS_CANCELLED], 2); /* interrupted on the workers */
     CHECK_EQ_INT(ff_controller_count_workers(c, FF_WORKER_STOPPED), 2);
+    for (int r = 0; r < 2; r++) {
+        ff_worker_info wi;
+        ff_controller_worker_info(c, r, &wi);
+        CHECK_EQ_INT(wi.exit_code, 0);
+    }
     CHECK(kill((pid_t)w0.pid, 0) == -1); /* the process is gone (and reaped) */
     ff_subtask_spec s = {.kind = "echo", .target = FF_TARGET_RANK, .rank = 0};
     CHECK(ff_controller_submit(c, &s, rt_count, &k) == 0);
@@ -350,6 +359,7 @@ int main(int argc, char **argv) {
     ff_controller_stats_get(c, &st);
     CHECK_EQ_INT(st.duplicates, 0);
     CHECK_EQ_INT(st.wire.rejected, 0);
+    rt_shutdown_clean(c);
     ff_controller_destroy(&c);
     CHECK(c == NULL);
     test_backpressure();

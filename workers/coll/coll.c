@@ -53,13 +53,17 @@ void *coll_scratch(ff_coll_comm *c, size_t n) {
     return p;
 }
 
-int coll_break(ff_coll_comm *c) {
+int coll_break(ff_coll_comm *c) { return coll_break_with(c, NULL); }
+
+int coll_break_with(ff_coll_comm *c, const char *why) {
     if (!c->error) {
         c->error = strdup(ff_error_message());
         if (c->backend == COLL_BACKEND_CPU) {
             char reason[COLL_ABORT_MAX];
             const char *fwd = coll_take_forward_reason();
-            if (fwd)
+            if (why)
+                snprintf(reason, sizeof reason, "%s", why);
+            else if (fwd) /* pass the root cause on rather than wrapping it once per hop */
                 snprintf(reason, sizeof reason, "%s", fwd);
             else
                 snprintf(reason, sizeof reason, "rank %d failed: %s", c->rank, ff_error_message());
@@ -235,9 +239,9 @@ void ff_coll_comm_destroy(ff_coll_comm **comm) {
 
 void ff_coll_comm_abort(ff_coll_comm *comm, const char *reason) {
     if (!comm || comm->error) return;
-    ff_error_set("ff_coll_comm_abort", NULL, "aborted by rank %d: %s", comm->rank,
-                 reason && *reason ? reason : "no reason given");
-    coll_break(comm);
+    const char *why = reason && *reason ? reason : "no reason given";
+    ff_error_set("ff_coll_comm_abort", NULL, "this rank (rank %d) aborted the communicator: %s", comm->rank, why);
+    coll_break_with(comm, why);
 }
 
 int ff_coll_comm_rank(const ff_coll_comm *comm) { return comm->rank; }
@@ -401,12 +405,7 @@ static int dispatch(ff_coll_comm *c, coll_call *call, ff_coll_stream stream) {
     (void)stream;
     if (g_group.depth > 0) return enqueue(c, call);
     int rc = coll_cpu_run(c, call);
-    if (rc) {
-        if (call->op == OP_SEND)
-            ff_error_wrap("%s(count=%zu, %s, peer=%d)", call->is_recv ? "ff_coll_recv" : "ff_coll_send", call->count,
-                          ff_dtype_name(call->dtype), call->root);
-        coll_break(c);
-    }
+    if (rc) coll_break(c);
     return rc;
 }
 

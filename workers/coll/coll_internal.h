@@ -21,13 +21,13 @@ enum { COLL_BACKEND_CPU = 1, COLL_BACKEND_NCCL = 2 };
 
 /* ---- wire of the cpu backend -------------------------------------------------------- */
 
-/* Every byte between two ranks travels in frames: a 32-byte header, then `len` payload
+/* Every byte between two ranks travels in frames: a 40-byte header, then `len` payload
  * bytes. The header repeats the call (op, dtype, count, root) so the receiver checks
  * that both ranks are in the same call, and carries BYE (the peer destroyed its
  * communicator) and ABORT (the peer broke it; the payload is the reason). Fields are
  * little-endian on the wire. */
 #define COLL_FRAME_MAGIC 0x46434631u /* "1FCF" read as little-endian bytes: 'F','C','F','1' */
-#define COLL_HDR_BYTES 32
+#define COLL_HDR_BYTES 40
 #define COLL_ABORT_MAX 1024 /* bytes of an ABORT reason */
 
 enum { FRAME_DATA = 1, FRAME_BYE = 2, FRAME_ABORT = 3 };
@@ -56,6 +56,8 @@ typedef struct coll_hdr {
     uint64_t count;  /* elements of the call (v-variants: a hash of the counts array) */
     uint32_t root;   /* broadcast root, else 0 */
     uint32_t frame;  /* index of this frame within the call on this connection */
+    uint32_t coll;   /* collectives: the call's number on the communicator, from 1; p2p: 0 */
+    uint32_t reserved;
 } coll_hdr;
 
 void coll_hdr_encode(const coll_hdr *h, uint8_t out[COLL_HDR_BYTES]);
@@ -66,7 +68,9 @@ const char *coll_op_name(int op);
 
 /* ---- the cpu communicator ----------------------------------------------------------- */
 
-enum { PEER_LIVE = 0, PEER_LEFT, PEER_SENT_AHEAD };
+/* LEFT: its BYE arrived; SENT_AHEAD: it closed with data queued for a later call of ours;
+ * DEAD: its connection ended without a goodbye while we did not need it. */
+enum { PEER_LIVE = 0, PEER_LEFT, PEER_SENT_AHEAD, PEER_DEAD };
 
 typedef struct coll_conn {
     int fd;             /* -1 for this rank itself */
@@ -74,7 +78,7 @@ typedef struct coll_conn {
     uint32_t tx_seq;    /* calls that sent on this connection */
     uint32_t rx_seq;    /* calls that received on it */
     uint32_t tx_frame_left; /* bytes of a frame partly sent (a failed call); 0 at a boundary */
-    int state;          /* PEER_*: LEFT after its BYE; SENT_AHEAD: closed with data queued */
+    int state;          /* PEER_* */
 } coll_conn;
 
 /* Per-call work arrays, sized for the communicator once, so calls do not allocate. */
@@ -95,6 +99,7 @@ typedef struct coll_cpu {
     uint8_t *scratch;            /* grown on demand, reused by every call */
     size_t scratch_cap;
     size_t slice;                /* bytes per frame of a pipelined transfer */
+    uint32_t coll_seq;           /* collectives called so far (every rank counts the same) */
     coll_work w;
 } coll_cpu;
 
@@ -111,6 +116,8 @@ struct ff_coll_comm {
 /* Record the current ff_error_message() as the communicator's error (first one wins),
  * tell the peers (cpu), and return -1. */
 int coll_break(ff_coll_comm *c);
+/* The same, telling the peers `reason` instead of this rank's error message. */
+int coll_break_with(ff_coll_comm *c, const char *reason);
 /* A new communicator with defaults resolved from opt (NULL + error when memory runs out).
  * The backend fills in its part. */
 ff_coll_comm *coll_comm_alloc(int backend, int nranks, int rank, const ff_coll_options *opt);
@@ -174,6 +181,8 @@ const char *coll_take_forward_reason(void);
  * died, left, aborted, sent a mismatched call, or nothing moved for the timeout) returns -1
  * + error naming the peer and the call; the caller breaks the communicators involved. */
 int coll_engine_run(coll_chan *chans, size_t n);
+/* -1 + error if a peer of c is known dead (a collective needs every rank). */
+int coll_check_peers(ff_coll_comm *c, const char *call);
 
 /* A simple channel: one contiguous buffer, cut into slice-sized frames. */
 void coll_chan_simple(coll_chan *ch, ff_coll_comm *c, int peer, bool tx, const coll_hdr *h,

@@ -253,9 +253,10 @@ static int choose_algo(const ff_coll_comm *c, size_t bytes_each_rank_sends) {
     return bytes_each_rank_sends <= DIRECT_MAX_BYTES ? FF_COLL_ALGO_DIRECT : FF_COLL_ALGO_RING;
 }
 
-static coll_hdr make_hdr(const coll_call *call, int algo, uint64_t count, int root) {
+static coll_hdr make_hdr(const ff_coll_comm *c, const coll_call *call, int algo, uint64_t count, int root) {
     return (coll_hdr){.op = (uint8_t)call->op, .dtype = (uint8_t)call->dtype,
-                      .redop = (uint8_t)((call->redop & 15) | (algo << 4)), .count = count, .root = (uint32_t)root};
+                      .redop = (uint8_t)((call->redop & 15) | (algo << 4)), .count = count, .root = (uint32_t)root,
+                      .coll = c->cpu.coll_seq};
 }
 
 static int all_reduce(ff_coll_comm *c, const coll_call *call) {
@@ -267,7 +268,7 @@ static int all_reduce(ff_coll_comm *c, const coll_call *call) {
         return 0;
     }
     int algo = choose_algo(c, bytes * (size_t)(n - 1));
-    coll_hdr h = make_hdr(call, algo, call->count, 0);
+    coll_hdr h = make_hdr(c, call, algo, call->count, 0);
     /* the ring needs every chunk non-empty; fewer elements than ranks go direct */
     if (algo == FF_COLL_ALGO_RING && call->count >= (size_t)n) {
         chunks(w->off, n, call->count, NULL, true, es);
@@ -289,7 +290,7 @@ static int broadcast(ff_coll_comm *c, const coll_call *call) {
     if (r == root && recv != call->sendbuf) memmove(recv, call->sendbuf, bytes);
     if (n == 1) return 0;
     int algo = choose_algo(c, bytes * (size_t)(n - 1));
-    coll_hdr h = make_hdr(call, algo, call->count, root);
+    coll_hdr h = make_hdr(c, call, algo, call->count, root);
     if (algo == FF_COLL_ALGO_RING) { /* a pipelined chain root, root+1, ..., root-1 */
         int pos = mod(r - root, n);
         ring g = {.es = ff_dtype_size(call->dtype), .dtype = call->dtype, .redop = FF_COLL_SUM, .rx = w->segs};
@@ -324,7 +325,7 @@ static int all_gather(ff_coll_comm *c, const coll_call *call) {
     if (recv + off[r] != (const uint8_t *)call->sendbuf) memmove(recv + off[r], call->sendbuf, mine);
     if (n == 1) return 0;
     int algo = call->op == OP_SPLIT ? FF_COLL_ALGO_DIRECT : choose_algo(c, off[n] / (size_t)n * (size_t)(n - 1));
-    coll_hdr h = make_hdr(call, algo, hcount, 0);
+    coll_hdr h = make_hdr(c, call, algo, hcount, 0);
     if (algo == FF_COLL_ALGO_RING) {
         ring g = {.es = es, .dtype = call->dtype, .redop = FF_COLL_SUM, .rx = w->segs};
         g.nrx = (size_t)n - 1;
@@ -360,7 +361,7 @@ static int reduce_scatter(ff_coll_comm *c, const coll_call *call) {
         return 0;
     }
     int algo = choose_algo(c, total / (size_t)n * (size_t)(n - 1));
-    coll_hdr h = make_hdr(call, algo, hcount, 0);
+    coll_hdr h = make_hdr(c, call, algo, hcount, 0);
     if (algo == FF_COLL_ALGO_RING) {
         /* partial sums of the other ranks' chunks go to a scratch the size of the input,
          * after the one-slice staging area that ring_reduce takes from the same scratch */
@@ -405,6 +406,10 @@ void coll_work_free(ff_coll_comm *c) {
 }
 
 int coll_cpu_run(ff_coll_comm *c, const coll_call *call) {
+    if (call->op != OP_SEND) {
+        if (coll_check_peers(c, coll_op_name(call->op))) return -1;
+        c->cpu.coll_seq++; /* make_hdr stamps it into every frame of this call */
+    }
     switch (call->op) {
     case OP_ALL_REDUCE: return all_reduce(c, call);
     case OP_BROADCAST: return broadcast(c, call);

@@ -46,6 +46,8 @@ void coll_hdr_encode(const coll_hdr *h, uint8_t out[COLL_HDR_BYTES]) {
     put64(out + 16, h->count);
     put32(out + 24, h->root);
     put32(out + 28, h->frame);
+    put32(out + 32, h->coll);
+    put32(out + 36, h->reserved);
 }
 
 void coll_hdr_decode(const uint8_t in[COLL_HDR_BYTES], coll_hdr *h) {
@@ -59,6 +61,8 @@ void coll_hdr_decode(const uint8_t in[COLL_HDR_BYTES], coll_hdr *h) {
     h->count = get64(in + 16);
     h->root = get32(in + 24);
     h->frame = get32(in + 28);
+    h->coll = get32(in + 32);
+    h->reserved = get32(in + 36);
 }
 
 const char *coll_op_name(int op) {
@@ -198,18 +202,19 @@ static int died_error(coll_conn *cn, const char *call, const char *what) {
 }
 
 /* A watched (idle) connection signalled a hang-up or error. Returns -1 + error if the peer
- * is gone for good (died, aborted), 0 if it left cleanly or closed with data still queued
- * for a later call of ours (we find out when we get there). */
+ * aborted the communicator. A peer that died is only marked DEAD: this call may not need
+ * it (its part may be done), and the ranks that do need it fail and tell everyone. 0 also
+ * when it left cleanly or closed with data still queued for a later call of ours. */
 static int classify_hangup(coll_conn *cn, const char *call) {
     uint8_t hb[COLL_HDR_BYTES];
     ssize_t r;
     do r = recv(cn->fd, hb, sizeof hb, MSG_PEEK | MSG_DONTWAIT);
     while (r < 0 && errno == EINTR);
-    if (r == 0) return died_error(cn, call, "its connection closed without a goodbye");
-    if (r < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0; /* spurious */
-        return died_error(cn, call, strerror(errno));
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        cn->state = PEER_DEAD;
+        return 0;
     }
+    if (r < 0) return 0; /* spurious wake-up */
     if (r < COLL_HDR_BYTES) {
         cn->state = PEER_SENT_AHEAD;
         return 0;
@@ -229,14 +234,41 @@ static int classify_hangup(coll_conn *cn, const char *call) {
     return 0;
 }
 
+/* The channels of the engine run in progress on this thread (to find, when a send fails,
+ * how far the receive on the same connection is). */
+static _Thread_local coll_chan *g_run_chans;
+static _Thread_local size_t g_run_n;
+
+/* Bytes to skip on ch's connection to reach the next frame boundary of the incoming
+ * stream, or -1 if unknown (a header partly read). */
+static long bytes_to_boundary(const coll_chan *ch) {
+    for (size_t i = 0; i < g_run_n; i++) {
+        const coll_chan *o = &g_run_chans[i];
+        if (o->tx || o->comm != ch->comm || o->peer != ch->peer || !o->started || o->k >= o->nframes) continue;
+        if (o->off == 0) return 0;
+        if (o->off < COLL_HDR_BYTES) return -1;
+        return (long)(COLL_HDR_BYTES + o->len - o->off);
+    }
+    return 0;
+}
+
 /* A channel's socket failed or hit end of stream. */
 static int lost_error(coll_chan *ch, const char *call, int err) {
     coll_conn *cn = &ch->comm->cpu.conns[ch->peer];
     if (cn->state == PEER_LEFT) return left_error(cn, call);
+    if (cn->state == PEER_DEAD) return died_error(cn, call, "its connection closed without a goodbye");
     if (ch->tx) {
-        /* The peer may have said why before closing: look at what it sent us. */
+        /* The peer may have said why before closing: an ABORT follows the frame it was
+         * sending us (it pads that frame), and received bytes survive a reset. */
+        long skip = bytes_to_boundary(ch);
+        uint8_t sink[4096];
+        while (skip > 0) {
+            size_t k = (size_t)skip < sizeof sink ? (size_t)skip : sizeof sink;
+            if (read_soon(cn->fd, sink, k, 200)) break;
+            skip -= (long)k;
+        }
         uint8_t hb[COLL_HDR_BYTES];
-        ssize_t r = recv(cn->fd, hb, sizeof hb, MSG_PEEK | MSG_DONTWAIT);
+        ssize_t r = skip == 0 ? recv(cn->fd, hb, sizeof hb, MSG_PEEK | MSG_DONTWAIT) : -1;
         if (r == COLL_HDR_BYTES) {
             coll_hdr h;
             coll_hdr_decode(hb, &h);
@@ -248,6 +280,13 @@ static int lost_error(coll_chan *ch, const char *call, int err) {
         }
     }
     return died_error(cn, call, err ? strerror(err) : "connection closed");
+}
+
+int coll_check_peers(ff_coll_comm *c, const char *call) {
+    for (int r = 0; r < c->nranks; r++)
+        if (c->cpu.conns[r].state == PEER_DEAD)
+            return died_error(&c->cpu.conns[r], call, "its connection closed without a goodbye");
+    return 0;
 }
 
 /* ---- moving frames ---------------------------------------------------------------------- */
@@ -268,15 +307,17 @@ static int check_header(coll_chan *ch, const coll_hdr *h, const char *call) {
     if (h->type != FRAME_DATA)
         return ff_error_set(call, NULL, "rank %d sent a frame of unknown type %u", ch->peer, h->type);
     if (h->op != ch->h.op || h->dtype != ch->h.dtype || h->redop != ch->h.redop || h->count != ch->h.count ||
-        h->root != ch->h.root || h->seq != ch->h.seq) {
-        char theirs[160];
+        h->root != ch->h.root || h->seq != ch->h.seq || h->coll != ch->h.coll) {
+        char theirs[160], which[64];
         coll_describe(theirs, sizeof theirs, h->op, h->dtype, h->redop, h->count, (int)h->root);
+        if (h->coll || ch->h.coll)
+            snprintf(which, sizeof which, "collective #%u (this rank: #%u)", h->coll, ch->h.coll);
+        else
+            snprintf(which, sizeof which, "message #%u to this rank (this rank: #%u)", h->seq, ch->h.seq);
         return ff_error_set(call,
                             "every rank must make the same collective calls in the same order with the same "
                             "count, dtype, op and root, and each send must match a recv of the same count",
-                            "mismatched calls: rank %d sent %s as its call #%u to this rank, but this rank "
-                            "(rank %d) expected call #%u here",
-                            ch->peer, theirs, h->seq, ch->comm->rank, ch->h.seq);
+                            "mismatched calls: rank %d sent %s as its %s", ch->peer, theirs, which);
     }
     if (h->frame != ch->k)
         return ff_error_set(call, NULL, "rank %d sent frame %u, expected frame %zu (corrupt stream)", ch->peer,
@@ -459,6 +500,20 @@ int coll_engine_run(coll_chan *chans, size_t n) {
     char call[200];
     describe_local(call, sizeof call, &chans[0]);
     int rc = 0;
+    g_run_chans = chans;
+    g_run_n = n;
+    for (size_t i = 0; i < n; i++) {
+        coll_conn *cn = &chans[i].comm->cpu.conns[chans[i].peer];
+        if (cn->state == PEER_DEAD || (cn->state == PEER_LEFT && chans[i].tx)) {
+            describe_local(call, sizeof call, &chans[i]);
+            if (cn->state == PEER_DEAD)
+                died_error(cn, call, "its connection closed without a goodbye");
+            else
+                left_error(cn, call);
+            rc = -1;
+            goto out;
+        }
+    }
     int64_t last = ff_now_ns();
     for (;;) {
         bool moved = false, all_done = true, any_io = false;
@@ -549,13 +604,17 @@ int coll_engine_run(coll_chan *chans, size_t n) {
                 if (cn->state == PEER_LEFT)
                     left_error(cn, call);
                 else
-                    died_error(cn, call, "it stopped reading and closed its side");
+                    died_error(cn, call,
+                               cn->state == PEER_DEAD ? "its connection closed without a goodbye"
+                                                      : "it stopped reading and closed its side");
             }
             rc = -1;
             goto out;
         }
     }
 out:
+    g_run_chans = NULL;
+    g_run_n = 0;
     if (pfd != stack_pfd) free(pfd);
     if (who != stack_who) free(who);
     if (watched != stack_watched) free(watched);

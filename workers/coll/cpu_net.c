@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -275,7 +277,44 @@ typedef struct root_state {
     uint8_t token[COLL_TOKEN_BYTES];
     double timeout_s;
     char where[COLL_HOST_MAX + 32];
+    root_client *cl;
+    size_t ncl, cap;
+    int nranks, joined;
+    int *by_rank; /* [nranks] index into cl, -1 until joined */
+    struct pollfd *pf; /* the thread's poll set (here so a forked child frees its copy) */
+    size_t pf_cap;
+    struct root_state *next;
 } root_state;
+
+/* Live rendezvous of this process. A child forked while one runs inherits its sockets but
+ * not its thread: the child closes and frees its copies (so the parent's listener really
+ * closes when the parent is done, and late joiners get "connection refused" instead of
+ * hanging in a backlog nobody serves). The thread holds the lock except while it polls. */
+static pthread_mutex_t g_roots_mu = PTHREAD_MUTEX_INITIALIZER;
+static root_state *g_roots;
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+static void root_free(root_state *st) {
+    for (size_t i = 0; i < st->ncl; i++)
+        if (st->cl[i].fd >= 0) close(st->cl[i].fd);
+    if (st->lfd >= 0) close(st->lfd);
+    free(st->cl);
+    free(st->by_rank);
+    free(st->pf);
+    free(st);
+}
+
+static void atfork_prepare(void) { pthread_mutex_lock(&g_roots_mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&g_roots_mu); }
+static void atfork_child(void) {
+    while (g_roots) {
+        root_state *st = g_roots;
+        g_roots = st->next;
+        root_free(st);
+    }
+    pthread_mutex_unlock(&g_roots_mu);
+}
+static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
 static void reply(int fd, uint32_t status, const void *payload, size_t len, int64_t deadline) {
     uint8_t h[12];
@@ -285,157 +324,200 @@ static void reply(int fd, uint32_t status, const void *payload, size_t len, int6
     if (write_all(fd, h, sizeof h, deadline) == 0 && len) write_all(fd, payload, len, deadline);
 }
 
-static void reply_error(int fd, const char *msg) {
-    reply(fd, 1, msg, strlen(msg), ff_now_ns() + 1000000000);
+/* Answer with an error and close, reading what the client sent first so that the close
+ * does not reset the connection (which could destroy the answer before it is read). */
+static void reject(root_client *c, const char *msg) {
+    reply(c->fd, 1, msg, strlen(msg), ff_now_ns() + 1000000000);
+    shutdown(c->fd, SHUT_WR);
+    uint8_t sink[256];
+    int64_t dl = ff_now_ns() + 200000000;
+    while (wait_fd(c->fd, POLLIN, dl) > 0 && recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    }
+    close(c->fd);
+    c->fd = -1;
+}
+
+/* A complete hello from client i: 0 accepted (or rejected alone), -1 the rendezvous fails
+ * with msg. */
+static int root_hello(root_state *st, size_t i, char *msg, size_t cap) {
+    root_client *c = &st->cl[i];
+    const uint8_t *b = c->buf;
+    if (get32(b) != HELLO_MAGIC || get32(b + 4) != PROTO_VERSION) {
+        reject(c, "not a fuseflow collectives hello (wrong magic or protocol version)");
+        return 0;
+    }
+    if (memcmp(b + 8, st->token, COLL_TOKEN_BYTES) != 0) {
+        reject(c, "wrong token: this rendezvous belongs to another communicator (a stale or foreign unique "
+                  "id); use the id made for this group");
+        return 0;
+    }
+    int n = (int)get32(b + 24), rank = (int)get32(b + 28);
+    c->port = get32(b + 32);
+    c->pid = get32(b + 36);
+    memcpy(c->host, b + 40, COLL_HOST_MAX);
+    c->host[COLL_HOST_MAX - 1] = '\0';
+    if (n <= 0 || n > 65536) {
+        snprintf(msg, cap, "a rank (pid %u on %s) joined with nranks=%d", c->pid, c->host, n);
+        return -1;
+    }
+    if (st->nranks < 0) {
+        st->by_rank = malloc((size_t)n * sizeof *st->by_rank);
+        if (!st->by_rank) {
+            snprintf(msg, cap, "out of memory");
+            return -1;
+        }
+        for (int r = 0; r < n; r++) st->by_rank[r] = -1;
+        st->nranks = n;
+    } else if (n != st->nranks) {
+        snprintf(msg, cap, "ranks disagree on nranks: one joined with %d, another with %d", st->nranks, n);
+        return -1;
+    }
+    if (rank < 0 || rank >= st->nranks) {
+        snprintf(msg, cap, "a rank joined as rank %d but nranks is %d", rank, st->nranks);
+        return -1;
+    }
+    if (st->by_rank[rank] >= 0) {
+        const root_client *o = &st->cl[st->by_rank[rank]];
+        snprintf(msg, cap, "rank %d joined twice (pid %u on %s and pid %u on %s)", rank, o->pid, o->host, c->pid,
+                 c->host);
+        return -1;
+    }
+    c->rank = rank;
+    st->by_rank[rank] = (int)i;
+    st->joined++;
+    return 0;
 }
 
 static void *root_main(void *arg) {
     root_state *st = arg;
     int64_t deadline = ff_now_ns() + (int64_t)(st->timeout_s * 1e9);
-    root_client *cl = NULL;
-    size_t ncl = 0, cap = 0;
-    int nranks = -1, joined = 0;
-    root_client **by_rank = NULL;
     char msg[512] = "";
+    bool ok = false;
+    pthread_mutex_lock(&g_roots_mu);
     for (;;) {
-        if (nranks > 0 && joined == nranks) break;
+        if (st->nranks > 0 && st->joined == st->nranks) {
+            ok = true;
+            break;
+        }
         int ms = ms_left(deadline);
         if (ms == 0) {
-            if (nranks < 0) {
+            if (st->nranks < 0) {
                 snprintf(msg, sizeof msg, "no rank joined within %.0f s", st->timeout_s);
             } else {
                 size_t len = (size_t)snprintf(msg, sizeof msg, "timed out after %.0f s: rank(s) ", st->timeout_s);
                 int shown = 0;
-                for (int r = 0; r < nranks && len < sizeof msg - 64; r++)
-                    if (!by_rank[r]) len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%d", shown++ ? ", " : "", r);
-                snprintf(msg + len, sizeof msg - len, " of %d never joined", nranks);
+                for (int r = 0; r < st->nranks && len < sizeof msg - 64; r++)
+                    if (st->by_rank[r] < 0)
+                        len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%d", shown++ ? ", " : "", r);
+                snprintf(msg + len, sizeof msg - len, " of %d never joined", st->nranks);
             }
-            goto fail;
+            break;
         }
-        struct pollfd *pf = malloc((ncl + 1) * sizeof *pf);
-        if (!pf) {
-            snprintf(msg, sizeof msg, "out of memory");
-            goto fail;
+        if (st->pf_cap < st->ncl + 1) {
+            struct pollfd *np = realloc(st->pf, (st->ncl + 16) * sizeof *np);
+            if (!np) {
+                snprintf(msg, sizeof msg, "out of memory");
+                break;
+            }
+            st->pf = np;
+            st->pf_cap = st->ncl + 16;
         }
+        struct pollfd *pf = st->pf;
         pf[0] = (struct pollfd){.fd = st->lfd, .events = POLLIN};
-        for (size_t i = 0; i < ncl; i++) pf[i + 1] = (struct pollfd){.fd = cl[i].fd, .events = POLLIN};
-        int pr = poll(pf, ncl + 1, ms > 200 ? 200 : ms);
-        short lev = pf[0].revents;
-        for (size_t i = 0; pr > 0 && i < ncl; i++) {
-            if (!pf[i + 1].revents || cl[i].fd < 0 || cl[i].rank >= 0) continue;
-            ssize_t r = recv(cl[i].fd, cl[i].buf + cl[i].got, HELLO_BYTES - cl[i].got, MSG_DONTWAIT);
+        for (size_t i = 0; i < st->ncl; i++)
+            pf[i + 1] = (struct pollfd){.fd = st->cl[i].rank < 0 ? st->cl[i].fd : -1, .events = POLLIN};
+        size_t npf = st->ncl + 1;
+        pthread_mutex_unlock(&g_roots_mu);
+        int pr = poll(pf, npf, ms > 200 ? 200 : ms);
+        pthread_mutex_lock(&g_roots_mu);
+        bool failed = false;
+        for (size_t i = 0; pr > 0 && i + 1 < npf && !failed; i++) {
+            root_client *c = &st->cl[i];
+            if (!pf[i + 1].revents || c->fd < 0 || c->rank >= 0) continue;
+            ssize_t r = recv(c->fd, c->buf + c->got, HELLO_BYTES - c->got, MSG_DONTWAIT);
             if (r <= 0) {
                 if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-                close(cl[i].fd); /* went away before saying hello */
-                cl[i].fd = -1;
+                close(c->fd); /* went away before saying hello */
+                c->fd = -1;
                 continue;
             }
-            cl[i].got += (size_t)r;
-            if (cl[i].got < HELLO_BYTES) continue;
-            const uint8_t *b = cl[i].buf;
-            if (get32(b) != HELLO_MAGIC || get32(b + 4) != PROTO_VERSION) {
-                reply_error(cl[i].fd, "not a fuseflow collectives hello (wrong magic or protocol version)");
-                close(cl[i].fd);
-                cl[i].fd = -1;
-                continue;
-            }
-            if (memcmp(b + 8, st->token, COLL_TOKEN_BYTES) != 0) {
-                reply_error(cl[i].fd, "wrong token: this rendezvous belongs to another communicator (a stale or "
-                                      "foreign unique id); use the id made for this group");
-                close(cl[i].fd);
-                cl[i].fd = -1;
-                continue;
-            }
-            int n = (int)get32(b + 24), rank = (int)get32(b + 28);
-            cl[i].port = get32(b + 32);
-            cl[i].pid = get32(b + 36);
-            memcpy(cl[i].host, b + 40, COLL_HOST_MAX);
-            cl[i].host[COLL_HOST_MAX - 1] = '\0';
-            if (n <= 0 || n > 65536) {
-                snprintf(msg, sizeof msg, "a rank (pid %u on %s) joined with nranks=%d", cl[i].pid, cl[i].host, n);
-                free(pf);
-                goto fail;
-            }
-            if (nranks < 0) {
-                nranks = n;
-                by_rank = calloc((size_t)n, sizeof *by_rank);
-                if (!by_rank) {
-                    snprintf(msg, sizeof msg, "out of memory");
-                    free(pf);
-                    goto fail;
-                }
-            } else if (n != nranks) {
-                snprintf(msg, sizeof msg, "ranks disagree on nranks: one joined with %d, another with %d", nranks, n);
-                free(pf);
-                goto fail;
-            }
-            if (rank < 0 || rank >= nranks) {
-                snprintf(msg, sizeof msg, "a rank joined as rank %d but nranks is %d", rank, nranks);
-                free(pf);
-                goto fail;
-            }
-            if (by_rank[rank]) {
-                snprintf(msg, sizeof msg, "rank %d joined twice (pid %u on %s and pid %u on %s)", rank,
-                         by_rank[rank]->pid, by_rank[rank]->host, cl[i].pid, cl[i].host);
-                free(pf);
-                goto fail;
-            }
-            cl[i].rank = rank;
-            by_rank[rank] = &cl[i]; /* refreshed below: cl may move when it grows */
-            joined++;
+            c->got += (size_t)r;
+            if (c->got == HELLO_BYTES && root_hello(st, i, msg, sizeof msg)) failed = true;
         }
-        free(pf);
-        if (lev & POLLIN) {
+        if (failed) break;
+        if (pf[0].revents & POLLIN) {
             int fd = accept4(st->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
             if (fd >= 0) {
-                if (ncl == cap) {
-                    size_t nc = cap ? cap * 2 : 16;
-                    root_client *ncl_ = realloc(cl, nc * sizeof *cl);
-                    if (!ncl_) {
+                if (st->ncl == st->cap) {
+                    size_t nc = st->cap ? st->cap * 2 : 16;
+                    root_client *ncl = realloc(st->cl, nc * sizeof *ncl);
+                    if (!ncl) {
                         close(fd);
                         snprintf(msg, sizeof msg, "out of memory");
-                        goto fail;
+                        break;
                     }
-                    cl = ncl_;
-                    cap = nc;
+                    st->cl = ncl;
+                    st->cap = nc;
                 }
-                cl[ncl++] = (root_client){.fd = fd, .rank = -1};
+                st->cl[st->ncl++] = (root_client){.fd = fd, .rank = -1};
             }
         }
-        if (by_rank)
-            for (size_t i = 0; i < ncl; i++)
-                if (cl[i].rank >= 0) by_rank[cl[i].rank] = &cl[i];
     }
-    {
-        /* everyone is here: send each rank the table */
-        size_t plen = (size_t)nranks * ENTRY_BYTES;
-        uint8_t *table = calloc(1, plen);
-        if (!table) {
-            snprintf(msg, sizeof msg, "out of memory");
-            goto fail;
+    /* leave the registry first: from here on only this thread owns st */
+    for (root_state **pp = &g_roots; *pp; pp = &(*pp)->next)
+        if (*pp == st) {
+            *pp = st->next;
+            break;
         }
-        for (int r = 0; r < nranks; r++) {
-            uint8_t *e = table + (size_t)r * ENTRY_BYTES;
-            put32(e, by_rank[r]->port);
-            put32(e + 4, by_rank[r]->pid);
-            memcpy(e + 8, by_rank[r]->host, COLL_HOST_MAX);
+    pthread_mutex_unlock(&g_roots_mu);
+    /* connections waiting in the backlog get an answer too; later ones are refused */
+    for (;;) {
+        int fd = accept4(st->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;
+        if (st->ncl == st->cap) {
+            root_client *ncl = realloc(st->cl, (st->cap + 16) * sizeof *ncl);
+            if (!ncl) {
+                close(fd);
+                break;
+            }
+            st->cl = ncl;
+            st->cap += 16;
         }
-        int64_t dl = ff_now_ns() + (int64_t)(st->timeout_s * 1e9);
-        for (int r = 0; r < nranks; r++) reply(by_rank[r]->fd, 0, table, plen, dl);
-        free(table);
+        st->cl[st->ncl++] = (root_client){.fd = fd, .rank = -1};
     }
-    goto done;
-fail:
-    ff_warn("ff_coll rendezvous %s failed: %s", st->where, msg);
-    for (size_t i = 0; i < ncl; i++)
-        if (cl[i].fd >= 0 && cl[i].got == HELLO_BYTES) reply_error(cl[i].fd, msg);
-done:
-    for (size_t i = 0; i < ncl; i++)
-        if (cl[i].fd >= 0) close(cl[i].fd);
     close(st->lfd);
-    free(cl);
-    free(by_rank);
-    free(st);
+    st->lfd = -1;
+    if (ok) {
+        /* everyone is here: send each rank the table */
+        size_t plen = (size_t)st->nranks * ENTRY_BYTES;
+        uint8_t *table = calloc(1, plen);
+        if (table) {
+            for (int r = 0; r < st->nranks; r++) {
+                const root_client *c = &st->cl[st->by_rank[r]];
+                uint8_t *e = table + (size_t)r * ENTRY_BYTES;
+                put32(e, c->port);
+                put32(e + 4, c->pid);
+                memcpy(e + 8, c->host, COLL_HOST_MAX);
+            }
+            int64_t dl = ff_now_ns() + (int64_t)(st->timeout_s * 1e9);
+            for (int r = 0; r < st->nranks; r++) reply(st->cl[st->by_rank[r]].fd, 0, table, plen, dl);
+            free(table);
+        } else {
+            ok = false;
+            snprintf(msg, sizeof msg, "out of memory");
+        }
+    }
+    if (!ok) ff_warn("ff_coll rendezvous %s failed: %s", st->where, msg);
+    for (size_t i = 0; i < st->ncl; i++) {
+        root_client *c = &st->cl[i];
+        if (c->fd < 0) continue;
+        if (!ok)
+            reject(c, msg);
+        else if (c->rank < 0)
+            reject(c, "this rendezvous is complete: all ranks of its communicator have joined, and this process "
+                      "is not one of them (a stale id?)");
+    }
+    root_free(st);
     return NULL;
 }
 
@@ -444,6 +526,7 @@ int coll_cpu_make_id(ff_coll_id *id, const ff_coll_options *opt) {
     if (pick_host(opt, host)) return ff_error_wrap("ff_coll_get_unique_id");
     root_state *st = ff_calloc(1, sizeof *st);
     if (!st) return -1;
+    st->nranks = -1;
     if (getrandom(st->token, COLL_TOKEN_BYTES, 0) != COLL_TOKEN_BYTES) {
         free(st);
         return ff_error_set("ff_coll_get_unique_id", NULL, "getrandom failed: %s", strerror(errno));
@@ -459,6 +542,10 @@ int coll_cpu_make_id(ff_coll_id *id, const ff_coll_options *opt) {
     char tok[2 * COLL_TOKEN_BYTES + 1];
     coll_hex_encode(st->token, COLL_TOKEN_BYTES, tok);
     snprintf(id->text, sizeof id->text, COLL_ID_PREFIX "cpu/tcp/%s/%d/%s", host, port, tok);
+    pthread_once(&g_atfork_once, register_atfork);
+    pthread_mutex_lock(&g_roots_mu);
+    st->next = g_roots;
+    g_roots = st;
     pthread_t th;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -466,10 +553,12 @@ int coll_cpu_make_id(ff_coll_id *id, const ff_coll_options *opt) {
     int rc = pthread_create(&th, &attr, root_main, st);
     pthread_attr_destroy(&attr);
     if (rc) {
-        close(st->lfd);
-        free(st);
+        g_roots = st->next;
+        pthread_mutex_unlock(&g_roots_mu);
+        root_free(st);
         return ff_error_set("ff_coll_get_unique_id", NULL, "cannot start the rendezvous thread: %s", strerror(rc));
     }
+    pthread_mutex_unlock(&g_roots_mu);
     return 0;
 }
 
@@ -644,10 +733,12 @@ int coll_cpu_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
     peer_addr *addrs = NULL;
     char *payload = NULL;
     if (write_all(fd, hello, sizeof hello, deadline) || read_all(fd, rh, sizeof rh, deadline)) {
-        ff_error_set(where,
-                     errno == ETIMEDOUT ? "check that all nranks ranks call comm_init with this id" : NULL,
-                     "rendezvous at %s port %d: %s", host, port,
-                     errno == ETIMEDOUT ? "timed out waiting for the other ranks to join" : io_what(errno));
+        if (errno == ETIMEDOUT)
+            ff_error_set(where, "check that all nranks ranks call comm_init with this id",
+                         "rendezvous at %s port %d: timed out waiting for the other ranks to join", host, port);
+        else
+            ff_error_set(where, "it failed or finished without this rank: see the other ranks' errors",
+                         "the rendezvous at %s port %d closed the connection (%s)", host, port, io_what(errno));
         goto out;
     }
     uint32_t status = get32(rh + 4), plen = get32(rh + 8);
@@ -803,7 +894,7 @@ static void send_control(coll_conn *cn, int type, const char *text, int64_t dead
 
 void coll_cpu_notify_abort(ff_coll_comm *c, const char *reason) {
     if (!c->cpu.conns) return;
-    int64_t deadline = ff_now_ns() + 200000000; /* 0.2 s for everyone together */
+    int64_t deadline = ff_now_ns() + 1000000000; /* 1 s for everyone together */
     char text[COLL_ABORT_MAX];
     snprintf(text, sizeof text, "%s", reason && *reason ? reason : "no reason given");
     for (int j = 0; j < c->nranks; j++) {
@@ -827,9 +918,31 @@ void coll_cpu_notify_abort(ff_coll_comm *c, const char *reason) {
     }
 }
 
+/* A broken communicator's last words (ABORT notices) must leave before close(): closing
+ * with unread input resets the connection and drops whatever is still queued to send.
+ * Wait, within a bound, until every queue is empty, reading (and dropping) input. */
+static void flush_before_close(ff_coll_comm *c, int64_t deadline) {
+    uint8_t sink[4096];
+    for (;;) {
+        bool pending = false;
+        for (int j = 0; j < c->nranks; j++) {
+            coll_conn *cn = &c->cpu.conns[j];
+            if (cn->fd < 0) continue;
+            while (recv(cn->fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+            }
+            int q = 0;
+            if (ioctl(cn->fd, SIOCOUTQ, &q) == 0 && q > 0) pending = true;
+        }
+        if (!pending || ff_now_ns() > deadline) return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 void coll_cpu_comm_free(ff_coll_comm *c) {
     if (c->cpu.conns) {
-        int64_t deadline = ff_now_ns() + 200000000;
+        int64_t deadline = ff_now_ns() + 1000000000;
+        if (c->error) flush_before_close(c, deadline);
         for (int j = 0; j < c->nranks; j++) {
             coll_conn *cn = &c->cpu.conns[j];
             if (cn->fd < 0) continue;

@@ -1,0 +1,1 @@
+typedef int ff_roles_placeholder;
