@@ -121,7 +121,26 @@ static void test_group_jobs(ff_controller *c) {
      * on its I/O thread a moment after the last send completes) */
     for (int i = 0; i < 200 && atomic_load(&frees) == 0; i++) usleep(1000);
     CHECK_EQ_INT(atomic_load(&frees), 1);
-    /* split with explicit DP ranks: members 0 and 1 share DP rank 0 (a TP pair) */
+    /* explicit DP ranks: members 0 and 1 share DP rank 0 (a TP pair) and get the same rows */
+    int ranks[3] = {0, 1, 2}, dp[3] = {0, 0, 1};
+    ff_group_opts go = {.dp_rank = dp};
+    REQUIRE(ff_controller_group_create(c, "tp", ranks, 3, &go) == 0);
+    group_check t = {0};
+    float *r5 = malloc(sizeof *r5 * 5);
+    for (int i = 0; i < 5; i++) r5[i] = (float)i;
+    int64_t s5[1] = {5};
+    ff_input in5 = {.name = "x", .dtype = FF_DTYPE_F32, .ndim = 1, .shape = s5, .data = r5, .free_fn = rt_free,
+                    .split = true};
+    ff_subtask_spec st = {.kind = "echo", .target = FF_TARGET_GROUP_SPLIT, .group = "tp", .inputs = &in5, .ninputs = 1};
+    REQUIRE(ff_controller_submit(c, &st, on_group, &t) > 0);
+    REQUIRE(ff_controller_run(c, 30) == 0);
+    CHECK_EQ_INT(t.n, 3);
+    CHECK(t.rows[0] == 3 && t.rows[1] == 3 && t.rows[2] == 2);
+    CHECK(t.first[0] == 0.0f && t.first[1] == 0.0f && t.first[2] == 3.0f);
+    int bad_dp[3] = {0, 5, 1};
+    go.dp_rank = bad_dp;
+    CHECK(ff_controller_group_create(c, "tp2", ranks, 3, &go) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "dp rank 5");
 }
 
 typedef struct bp_check {

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The runtime's commands end to end: worker, keygen, runtime-demo (+ --trace), trace summary,
+# with their errors.
+set -u
+FF_BIN=${FF_BIN:?FF_BIN must point to the fuseflow binary}
+tmp=$(mktemp -d /tmp/ff-test-cli-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+check() { # check DESCRIPTION COMMAND... : the command must succeed
+    local what=$1; shift
+    if ! "$@" > "$tmp/out" 2> "$tmp/err"; then
+        echo "FAILED: $what"; cat "$tmp/out" "$tmp/err"; fail=1
+    fi
+}
+expect_rc() { # expect_rc RC PATTERN DESCRIPTION COMMAND...: exit status RC and PATTERN in stderr+stdout
+    local want=$1 pattern=$2 what=$3; shift 3
+    "$@" > "$tmp/out" 2> "$tmp/err"
+    local rc=$?
+    if [[ $rc -ne $want ]] || ! grep -q -- "$pattern" "$tmp/out" "$tmp/err"; then
+        echo "FAILED: $what (exit $rc, wanted $want and '$pattern')"; cat "$tmp/out" "$tmp/err"; fail=1
+    fi
+}
+
+check "worker --help" "$FF_BIN" worker --help
+grep -q -- "--connect ENDPOINT" "$tmp/out" || { echo "FAILED: worker --help text"; fail=1; }
+expect_rc 2 "required" "worker without --connect" "$FF_BIN" worker
+expect_rc 2 "unknown option" "worker with a bad option" "$FF_BIN" worker --connect ipc:///tmp/x --frobnicate 1
+expect_rc 2 "--rank wants" "worker with a bad rank" "$FF_BIN" worker --connect ipc:///tmp/x --rank minus
+expect_rc 1 "no welcome" "worker with nobody to talk to" \
+    "$FF_BIN" worker --connect "ipc://$tmp/nobody.sock" --connect-timeout 0.2
+expect_rc 1 "cannot connect" "worker with a bad endpoint" "$FF_BIN" worker --connect "nonsense://x"
+
+check "keygen" "$FF_BIN" keygen "$tmp/keys"
+[[ $(stat -c %a "$tmp/keys/controller.key") == 600 && $(stat -c %a "$tmp/keys/worker.key") == 600 ]] ||
+    { echo "FAILED: key files are not mode 600"; fail=1; }
+grep -q "role = worker" "$tmp/keys/worker.key" || { echo "FAILED: worker.key content"; fail=1; }
+expect_rc 2 "usage" "keygen without a directory" "$FF_BIN" keygen
+expect_rc 1 "this is a controller key file" "worker with the controller's key" \
+    "$FF_BIN" worker --connect "ipc://$tmp/x.sock" --curve "$tmp/keys/controller.key"
+
+check "runtime-demo with a trace" "$FF_BIN" runtime-demo --workers 3 --tasks 3000 --kind sum --trace "$tmp/t.json"
+grep -q "3000 sum subtasks" "$tmp/out" || { echo "FAILED: runtime-demo output"; cat "$tmp/out"; fail=1; }
+check "runtime-demo, a chain of sleeps" "$FF_BIN" runtime-demo --workers 2 --tasks 5 --kind sleep --sleep-ms 2 \
+    --chain --trace "$tmp/chain.json"
+check "runtime-demo, collectives" "$FF_BIN" runtime-demo --workers 3 --tasks 20 --kind collective
+check "runtime-demo, DP split" "$FF_BIN" runtime-demo --workers 3 --tasks 50 --kind axpy --mode split
+expect_rc 1 "first failure" "runtime-demo whose subtasks fail" "$FF_BIN" runtime-demo --workers 1 --tasks 2 --kind fail
+expect_rc 2 "--mode wants" "runtime-demo with a bad mode" "$FF_BIN" runtime-demo --mode sideways
+
+check "trace summary" "$FF_BIN" trace summary "$tmp/t.json"
+grep -q "worker 0 (" "$tmp/out" && grep -q "longest chain" "$tmp/out" || { echo "FAILED: summary text"; cat "$tmp/out"; fail=1; }
+check "trace summary --json" "$FF_BIN" trace summary "$tmp/chain.json" --json
+python3 - "$tmp/out" <<'PY' || fail=1
+import json, sys
+s = json.load(open(sys.argv[1]))
+chain = s["longest_chain"]
+assert chain["length"] == 5, chain            # the five dependent sleeps
+assert len(s["workers"]) == 2, s["workers"]
+assert all(w["busy_us"] + w["idle_us"] - s["span_us"] < 1e-6 for w in s["workers"])
+PY
+python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/t.json" || { echo "FAILED: trace is not JSON"; fail=1; }
+expect_rc 1 "no traceEvents" "summary of a non-trace" bash -c "echo '{}' > $tmp/x.json && '$FF_BIN' trace summary $tmp/x.json"
+expect_rc 1 "$tmp/missing.json" "summary of a missing file" "$FF_BIN" trace summary "$tmp/missing.json"
+expect_rc 2 "usage" "trace without a subcommand" "$FF_BIN" trace
+
+exit $fail
