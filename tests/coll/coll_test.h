@@ -31,9 +31,11 @@ typedef int (*rank_fn)(ff_coll_comm *comm, int rank, int nranks, const ff_coll_i
 typedef struct run_opts {
     ff_coll_options comm_opt; /* for comm_init */
     int no_comm;              /* fn joins by itself */
-    int id_by_parent;         /* the parent (not a rank) makes the id, as a controller would */
+    int id_by_parent;         /* a process that is not a rank makes the id, as a controller would */
     int watchdog_s;           /* kill everything after this long (default 60) */
     int expect_killed_rank;   /* a rank that kills itself on purpose (-1: none) */
+    const char *backend;      /* NULL: "cpu" */
+    int (*setup)(int rank);   /* runs first in each rank's process (e.g. cudaSetDevice) */
 } run_opts;
 
 static void shared_init(void) {
@@ -47,45 +49,56 @@ static void shared_init(void) {
     memset(g_shared, 0, 1 << 16);
 }
 
-/* Fork n ranks; returns the number of ranks that failed (exited non-zero, crashed, or hung). */
+/* Fork n ranks; returns the number of ranks that failed (exited non-zero, crashed, or hung).
+ * The id is made by rank 0, or (id_by_parent) by an extra non-rank process that stays alive
+ * until every rank is done. This process itself never makes an id before forking: a
+ * process must not fork while its rendezvous thread may be allocating (ASan's allocator,
+ * unlike glibc's, can then stay locked in the child). */
 static int run_ranks(int n, const run_opts *ro, rank_fn fn, void *arg) {
     shared_init();
     fflush(stdout);
     fflush(stderr);
     ff_coll_id id;
     memset(&id, 0, sizeof id);
-    int pipes[64][2];
-    if (n > 64) return n;
+    int pipes[64][2], done[2];
+    if (n > 63 || pipe(done)) return n;
+    for (int r = 0; r < n; r++)
+        if (pipe(pipes[r])) return n;
+    pid_t maker = -1;
     if (ro->id_by_parent) {
-        if (ff_coll_get_unique_id(&id, "cpu", &ro->comm_opt)) {
-            fprintf(stderr, "get_unique_id: %s\n", ff_error_message());
-            return n;
+        maker = fork();
+        if (maker == 0) {
+            close(done[1]);
+            int rc = ff_coll_get_unique_id(&id, ro->backend ? ro->backend : "cpu", &ro->comm_opt);
+            if (rc) fprintf(stderr, "id maker: get_unique_id: %s\n", ff_error_message());
+            for (int k = 0; k < n; k++)
+                if (write(pipes[k][1], &id, sizeof id) != (ssize_t)sizeof id) rc = -1;
+            char b;
+            while (read(done[0], &b, 1) > 0) { /* until every rank closed its end */
+            }
+            exit(rc ? 1 : 0);
         }
-    } else {
-        for (int r = 1; r < n; r++)
-            if (pipe(pipes[r])) return n;
     }
     pid_t pids[64];
     for (int r = 0; r < n; r++) {
         pid_t pid = fork();
         if (pid < 0) return n;
         if (pid == 0) {
-            if (!ro->id_by_parent) {
-                if (r == 0) {
-                    if (ff_coll_get_unique_id(&id, "cpu", &ro->comm_opt)) {
-                        fprintf(stderr, "rank 0: get_unique_id: %s\n", ff_error_message());
-                        exit(2);
-                    }
-                    for (int k = 1; k < n; k++) {
-                        if (write(pipes[k][1], &id, sizeof id) != (ssize_t)sizeof id) exit(2);
-                    }
-                } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
+            close(done[0]);
+            if (ro->setup && ro->setup(r)) exit(4);
+            if (!ro->id_by_parent && r == 0) {
+                if (ff_coll_get_unique_id(&id, ro->backend ? ro->backend : "cpu", &ro->comm_opt)) {
+                    fprintf(stderr, "rank 0: get_unique_id: %s\n", ff_error_message());
                     exit(2);
                 }
-                for (int k = 1; k < n; k++) {
-                    close(pipes[k][0]);
-                    close(pipes[k][1]);
-                }
+                for (int k = 1; k < n; k++)
+                    if (write(pipes[k][1], &id, sizeof id) != (ssize_t)sizeof id) exit(2);
+            } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
+                exit(2);
+            }
+            for (int k = 0; k < n; k++) {
+                close(pipes[k][0]);
+                close(pipes[k][1]);
             }
             ff_coll_comm *comm = NULL;
             if (!ro->no_comm && ff_coll_comm_init(&comm, n, &id, r, &ro->comm_opt)) {
@@ -95,21 +108,19 @@ static int run_ranks(int n, const run_opts *ro, rank_fn fn, void *arg) {
             int rc = fn(comm, r, n, &id, arg);
             ff_coll_comm_destroy(&comm);
             fflush(stderr);
-            /* A parent-made id leaves the rendezvous thread's memory behind in this copy
-             * of the parent; exit without the leak check there. */
-            if (ro->id_by_parent) _exit(rc ? 1 : 0);
             exit(rc ? 1 : 0);
         }
         pids[r] = pid;
     }
-    if (!ro->id_by_parent)
-        for (int k = 1; k < n; k++) {
-            close(pipes[k][0]);
-            close(pipes[k][1]);
-        }
+    for (int k = 0; k < n; k++) {
+        close(pipes[k][0]);
+        close(pipes[k][1]);
+    }
+    close(done[0]);
+    close(done[1]);
     int failed = 0, left = n;
     int64_t deadline = ff_now_ns() + (int64_t)(ro->watchdog_s ? ro->watchdog_s : 60) * 1000000000LL;
-    int done[64] = {0};
+    int finished[64] = {0};
     while (left > 0) {
         int st;
         pid_t p = waitpid(-1, &st, WNOHANG);
@@ -118,7 +129,8 @@ static int run_ranks(int n, const run_opts *ro, rank_fn fn, void *arg) {
                 fprintf(stderr, "watchdog: ranks still running after %d s, killing them\n",
                         ro->watchdog_s ? ro->watchdog_s : 60);
                 for (int r = 0; r < n; r++)
-                    if (!done[r]) kill(pids[r], SIGKILL);
+                    if (!finished[r]) kill(pids[r], SIGKILL);
+                if (maker > 0) kill(maker, SIGKILL);
                 deadline = INT64_MAX;
                 failed++;
                 continue;
@@ -128,10 +140,18 @@ static int run_ranks(int n, const run_opts *ro, rank_fn fn, void *arg) {
             continue;
         }
         if (p < 0) break;
+        if (p == maker) {
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                fprintf(stderr, "the id maker failed\n");
+                failed++;
+            }
+            maker = -1;
+            continue;
+        }
         int r = 0;
         while (r < n && pids[r] != p) r++;
         if (r == n) continue;
-        done[r] = 1;
+        finished[r] = 1;
         left--;
         bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
         if (r == ro->expect_killed_rank && !ok) ok = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
@@ -142,6 +162,11 @@ static int run_ranks(int n, const run_opts *ro, rank_fn fn, void *arg) {
             else
                 fprintf(stderr, "rank %d (of %d) failed (exit %d)\n", r, n, WEXITSTATUS(st));
         }
+    }
+    if (maker > 0) {
+        int st;
+        waitpid(maker, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
     }
     return failed;
 }

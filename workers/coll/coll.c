@@ -239,8 +239,10 @@ void ff_coll_comm_destroy(ff_coll_comm **comm) {
 
 void ff_coll_comm_abort(ff_coll_comm *comm, const char *reason) {
     if (!comm || comm->error) return;
-    const char *why = reason && *reason ? reason : "no reason given";
-    ff_error_set("ff_coll_comm_abort", NULL, "this rank (rank %d) aborted the communicator: %s", comm->rank, why);
+    char why[COLL_ABORT_MAX];
+    snprintf(why, sizeof why, "rank %d called ff_coll_comm_abort: %s", comm->rank,
+             reason && *reason ? reason : "no reason given");
+    ff_error_set("ff_coll_comm_abort", NULL, "%s", why);
     coll_break_with(comm, why);
 }
 

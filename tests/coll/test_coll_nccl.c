@@ -1,0 +1,156 @@
+/* The nccl backend: one process per visible GPU (up to 4), device buffers, every call
+ * checked against the serial result after ff_coll_synchronize. Skips, saying why, where
+ * fuseflow was built without NCCL or no CUDA device is visible. CUDA does not survive
+ * fork(), so the parent never touches CUDA: a probe child counts the devices. */
+#ifndef FF_COLL_HAVE_NCCL
+#include "tests/test_util.h"
+int main(void) {
+    (void)ff_test_failures;
+    SKIP("nccl backend: fuseflow was built without NCCL (no CUDA toolkit or NCCL at configure time)");
+}
+#else
+#include <cuda_runtime_api.h>
+
+#include "coll_test.h"
+
+#define COUNT 100003 /* not divisible by 2, 3 or 4 */
+
+static int set_device(int rank) { return cudaSetDevice(rank) == cudaSuccess ? 0 : -1; }
+
+static float v(int rank, size_t i) { return (float)((rank * 5 + (int)(i % 97)) % 11); }
+
+static int nccl_rank(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, void *arg) {
+    (void)id;
+    (void)arg;
+    int fails = 0;
+    RCHECK(strcmp(ff_coll_comm_backend(c), "nccl") == 0, "backend %s", ff_coll_comm_backend(c));
+    cudaStream_t st;
+    RCHECK(cudaStreamCreate(&st) == cudaSuccess, "stream");
+    size_t full = (size_t)COUNT * (size_t)n;
+    float *h = malloc(full * 4), *d = NULL, *d2 = NULL;
+    RCHECK(cudaMalloc((void **)&d, full * 4) == cudaSuccess && cudaMalloc((void **)&d2, full * 4) == cudaSuccess,
+           "cudaMalloc");
+    /* all_reduce sum and avg, in place */
+    for (size_t i = 0; i < COUNT; i++) h[i] = v(rank, i);
+    cudaMemcpy(d, h, COUNT * 4, cudaMemcpyHostToDevice);
+    RCHECK(ff_coll_all_reduce(d, d, COUNT, FF_DTYPE_F32, FF_COLL_SUM, c, st) == 0, "%s", ff_error_message());
+    RCHECK(ff_coll_synchronize(c, st) == 0, "%s", ff_error_message());
+    cudaMemcpy(h, d, COUNT * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < COUNT; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++) want += v(r, i);
+        if (h[i] != want) {
+            RCHECK(0, "all_reduce i=%zu got %g want %g", i, h[i], want);
+            break;
+        }
+    }
+    /* broadcast from the last rank */
+    for (size_t i = 0; i < COUNT; i++) h[i] = rank == n - 1 ? v(99, i) : -1;
+    cudaMemcpy(d, h, COUNT * 4, cudaMemcpyHostToDevice);
+    RCHECK(ff_coll_broadcast(d, d, COUNT, FF_DTYPE_F32, n - 1, c, st) == 0, "%s", ff_error_message());
+    RCHECK(ff_coll_synchronize(c, st) == 0, "%s", ff_error_message());
+    cudaMemcpy(h, d, COUNT * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < COUNT; i++)
+        if (h[i] != v(99, i)) {
+            RCHECK(0, "broadcast i=%zu", i);
+            break;
+        }
+    /* all_gather, then reduce_scatter of the gathered buffer */
+    for (size_t i = 0; i < COUNT; i++) h[i] = v(rank, i) + 1000.0f * (float)rank;
+    cudaMemcpy(d, h, COUNT * 4, cudaMemcpyHostToDevice);
+    RCHECK(ff_coll_all_gather(d, d2, COUNT, FF_DTYPE_F32, c, st) == 0, "%s", ff_error_message());
+    RCHECK(ff_coll_reduce_scatter(d2, d, COUNT, FF_DTYPE_F32, FF_COLL_SUM, c, st) == 0, "%s", ff_error_message());
+    RCHECK(ff_coll_synchronize(c, st) == 0, "%s", ff_error_message());
+    cudaMemcpy(h, d, COUNT * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < COUNT; i++) /* every rank contributed the same gathered buffer */
+        if (h[i] != (float)n * (v(rank, i) + 1000.0f * (float)rank)) {
+            RCHECK(0, "all_gather + reduce_scatter i=%zu got %g", i, h[i]);
+            break;
+        }
+    /* all_gather_v with uneven counts (rank 0 contributes nothing) */
+    size_t counts[8], off = 0;
+    for (int r = 0; r < n; r++) {
+        counts[r] = r == 0 ? 0 : (size_t)(1000 * r + 7);
+        off += counts[r];
+    }
+    for (size_t i = 0; i < counts[rank]; i++) h[i] = (float)rank * 3 + (float)(i % 5);
+    cudaMemcpy(d, h, counts[rank] * 4 + 4, cudaMemcpyHostToDevice);
+    RCHECK(ff_coll_all_gather_v(d, d2, counts, FF_DTYPE_F32, c, st) == 0, "%s", ff_error_message());
+    RCHECK(ff_coll_synchronize(c, st) == 0, "%s", ff_error_message());
+    cudaMemcpy(h, d2, off * 4, cudaMemcpyDeviceToHost);
+    size_t o = 0;
+    for (int r = 0; r < n; r++) {
+        for (size_t i = 0; i < counts[r]; i++)
+            if (h[o + i] != (float)r * 3 + (float)(i % 5)) {
+                RCHECK(0, "all_gather_v r=%d i=%zu", r, i);
+                break;
+            }
+        o += counts[r];
+    }
+    /* grouped ring of sends and receives */
+    if (n > 1) {
+        int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+        for (size_t i = 0; i < COUNT; i++) h[i] = v(rank, i);
+        cudaMemcpy(d, h, COUNT * 4, cudaMemcpyHostToDevice);
+        RCHECK(ff_coll_group_start() == 0, "start");
+        RCHECK(ff_coll_send(d, COUNT, FF_DTYPE_F32, next, c, st) == 0, "%s", ff_error_message());
+        RCHECK(ff_coll_recv(d2, COUNT, FF_DTYPE_F32, prev, c, st) == 0, "%s", ff_error_message());
+        RCHECK(ff_coll_group_end() == 0, "%s", ff_error_message());
+        RCHECK(ff_coll_synchronize(c, st) == 0, "%s", ff_error_message());
+        cudaMemcpy(h, d2, COUNT * 4, cudaMemcpyDeviceToHost);
+        for (size_t i = 0; i < COUNT; i++)
+            if (h[i] != v(prev, i)) {
+                RCHECK(0, "ring recv i=%zu", i);
+                break;
+            }
+    }
+    /* split: every rank alone (color = rank), then an all_reduce there is a copy */
+    ff_coll_comm *solo = NULL;
+    RCHECK(ff_coll_comm_split(c, rank, 0, &solo) == 0 && solo, "%s", ff_error_message());
+    if (solo) {
+        RCHECK(ff_coll_comm_size(solo) == 1 && ff_coll_comm_rank(solo) == 0, "split shape");
+        RCHECK(ff_coll_all_reduce(d, d2, 16, FF_DTYPE_F32, FF_COLL_SUM, solo, st) == 0, "%s", ff_error_message());
+        RCHECK(ff_coll_synchronize(solo, st) == 0, "%s", ff_error_message());
+        ff_coll_comm_destroy(&solo);
+    }
+    cudaFree(d);
+    cudaFree(d2);
+    cudaStreamDestroy(st);
+    free(h);
+    return fails;
+}
+
+int main(void) {
+    /* probe in a child: the parent must not initialise CUDA before forking the ranks */
+    int pfd[2];
+    REQUIRE(pipe(pfd) == 0);
+    pid_t p = fork();
+    if (p == 0) {
+        const char *why = NULL;
+        int n = 0;
+        char msg[256] = "";
+        if (ff_coll_backend_available("nccl", &why))
+            cudaGetDeviceCount(&n);
+        else
+            snprintf(msg, sizeof msg, "%s", why ? why : "unavailable");
+        if (write(pfd[1], msg, sizeof msg) < 0) _exit(255);
+        _exit(n > 8 ? 8 : n);
+    }
+    char msg[256] = "";
+    if (read(pfd[0], msg, sizeof msg) < 0) msg[0] = '\0';
+    int st = 0;
+    waitpid(p, &st, 0);
+    int ngpu = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+    if (ngpu == 0) SKIP("nccl backend unavailable here: %s", msg[0] ? msg : "no CUDA device");
+    int n = ngpu > 4 ? 4 : ngpu;
+    run_opts ro = default_run();
+    ro.backend = "nccl";
+    ro.setup = set_device;
+    ro.comm_opt.timeout_s = 60;
+    ro.watchdog_s = 120;
+    int f = run_ranks(n, &ro, nccl_rank, NULL);
+    printf("nccl: %d rank(s), one per GPU: %s\n", n, f ? "FAILED" : "ok");
+    CHECK_EQ_INT(f, 0);
+    TEST_MAIN_END();
+}
+#endif
