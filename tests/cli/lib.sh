@@ -2,6 +2,7 @@
 # Environment (set by ctest): FF_BIN (the fuseflow binary), FF_SOURCE_DIR.
 set -uo pipefail
 : "${FF_BIN:?FF_BIN must point at the fuseflow binary}"
+FF_BIN=$(realpath "$FF_BIN" 2>/dev/null || echo "$FF_BIN")
 [[ -x "$FF_BIN" ]] || { echo "FF_BIN=$FF_BIN is not an executable" >&2; exit 1; }
 SRC=${FF_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 TMP=$(mktemp -d /tmp/ff_cli_test.XXXXXX)

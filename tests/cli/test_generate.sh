@@ -61,4 +61,10 @@ expect_error "missing prompt" "--model DIR and --prompt TEXT are required" "$FF_
 cp -r "$M" "$TMP/notok" && rm "$TMP/notok/tokenizer.json"
 expect_error "no tokenizer" "generate needs the model folder's tokenizer" "$FF_BIN" generate --model "$TMP/notok" --prompt "a"
 expect_error "prompt not UTF-8" "not valid UTF-8" "$FF_BIN" generate --model "$M" --prompt $'\xff\xfe'
+# a damaged model folder is refused before anything runs
+cp -r "$M" "$TMP/cut" && python3 -c "import os; p='$TMP/cut/model.safetensors'; os.truncate(p, os.path.getsize(p) // 2)"
+expect_error "truncated safetensors" "cut/model.safetensors: tensor .* the file is truncated" "$FF_BIN" generate --model "$TMP/cut" --prompt "a"
+cp -r "$M" "$TMP/shape" && python3 -c "
+import json; p='$TMP/shape/config.json'; c=json.load(open(p)); c['intermediate_size']=48; json.dump(c, open(p,'w'))"
+expect_error "weights that do not match config.json" "has shape \[40, 16\], expected \[48, 16\]" "$FF_BIN" generate --model "$TMP/shape" --prompt "a"
 finish

@@ -121,5 +121,10 @@ expect_error "malformed JSONL" "malformed.jsonl:2: malformed JSON" "$FF_BIN" sft
 python3 -c "import json; print(json.dumps({'prompt': 'x' * 70, 'response': 'y'}))" > long.jsonl
 expect_error "example longer than the context" "long.jsonl:1: 72 tokens with eos, more than max_position_embeddings 64" "$FF_BIN" sft --config r.yaml out=bad data.train=long.jsonl
 expect_error "missing model" "nomodel/config.json: cannot open" "$FF_BIN" sft --config r.yaml out=bad model=nomodel
+cp -r model cut && python3 -c "import os; p='cut/model.safetensors'; os.truncate(p, os.path.getsize(p) - 8)"
+expect_error "truncated safetensors" "cut/model.safetensors: .*truncated" "$FF_BIN" sft --config r.yaml out=bad model=cut
+cp -r model arch && python3 -c "
+import json; p='arch/config.json'; c=json.load(open(p)); c['architectures']=['LlamaForTokenClassification']; json.dump(c, open(p,'w'))"
+expect_error "unsupported architecture" "arch/config.json: unsupported architecture 'LlamaForTokenClassification'" "$FF_BIN" sft --config r.yaml out=bad model=arch
 expect_absent "nothing written for failed runs" "bad/final" "bad/checkpoints"
 finish
