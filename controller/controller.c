@@ -293,8 +293,19 @@ int ff_controller_spawn(ff_controller *c, int n) {
             argv[k++] = c->worker_log;
         }
         argv[k] = NULL;
+        /* started with SIGTERM/SIGINT blocked: the worker unblocks them once it handles them,
+         * so a Ctrl-C or a stop during its start-up is not lost (nor fatal) */
+        posix_spawnattr_t attr;
+        posix_spawnattr_init(&attr);
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        posix_spawnattr_setsigmask(&attr, &mask);
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
         pid_t pid;
-        int rc = posix_spawn(&pid, c->worker_bin, NULL, NULL, argv, environ);
+        int rc = posix_spawn(&pid, c->worker_bin, NULL, &attr, argv, environ);
+        posix_spawnattr_destroy(&attr);
         if (rc != 0)
             return ff_error_set(c->worker_bin, "set opts.worker_bin or FF_BIN to the fuseflow binary",
                                 "cannot start a worker: %s", strerror(rc));

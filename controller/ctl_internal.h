@@ -158,6 +158,7 @@ typedef struct ctl_trace {
     size_t nafter, after_cap;
     char **strings;
     int nstrings, strings_cap;
+    u64map string_index; /* hash of a string -> its id + 1 */
     int64_t origin_ns;
 } ctl_trace;
 

@@ -17,9 +17,19 @@
 #include "fuseflow/util.h"
 
 /* ---- recording ------------------------------------------------------------------------------ */
+static uint64_t str_hash(const char *s) {
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h == 0 || h == UINT64_MAX ? 1 : h;
+}
+
 int trace_intern(ctl_trace *t, const char *s) {
-    for (int i = t->nstrings - 1; i >= 0; i--)
-        if (!strcmp(t->strings[i], s)) return i;
+    uint64_t h = str_hash(s);
+    intptr_t hit = (intptr_t)u64map_get(&t->string_index, h);
+    if (hit && !strcmp(t->strings[hit - 1], s)) return (int)(hit - 1);
+    if (hit) /* a hash collision: rare enough for a scan */
+        for (int i = t->nstrings - 1; i >= 0; i--)
+            if (!strcmp(t->strings[i], s)) return i;
     if (t->nstrings == t->strings_cap) {
         int cap = t->strings_cap ? 2 * t->strings_cap : 16;
         char **a = ff_realloc(t->strings, sizeof *a * (size_t)cap);
@@ -30,6 +40,7 @@ int trace_intern(ctl_trace *t, const char *s) {
     char *d = ff_strdup(s);
     if (!d) return -1;
     t->strings[t->nstrings] = d;
+    if (!hit) u64map_put(&t->string_index, h, (void *)(intptr_t)(t->nstrings + 1));
     return t->nstrings++;
 }
 
@@ -79,6 +90,7 @@ void trace_record(ctl_trace *t, const ctl_sub *s) {
 void trace_free(ctl_trace *t) {
     for (int i = 0; i < t->nstrings; i++) free(t->strings[i]);
     free(t->strings);
+    u64map_free(&t->string_index);
     free(t->recs);
     free(t->after);
     memset(t, 0, sizeof *t);

@@ -701,6 +701,9 @@ ff_worker *ff_worker_new(const ff_worker_opts *o) {
         ff_error_set("worker", NULL, "ev_loop_new failed");
         goto fail;
     }
+    ev_async_init(&w->wake, on_wake);
+    w->wake.data = w;
+    ev_async_start(w->loop, &w->wake);
     if (!o->no_builtin_kinds && rt_register_builtin_kinds(w) != 0) goto fail;
     return w;
 fail:
@@ -741,9 +744,6 @@ static void stop_compute(ff_worker *w) {
 }
 
 int ff_worker_run(ff_worker *w) {
-    ev_async_init(&w->wake, on_wake);
-    w->wake.data = w;
-    ev_async_start(w->loop, &w->wake);
     if (pthread_create(&w->thread, NULL, compute_main, w) != 0)
         return ff_error_set("worker", NULL, "cannot start the compute thread");
     w->thread_started = true;
@@ -760,6 +760,12 @@ int ff_worker_run(ff_worker *w) {
         w->sigterm.data = w->sigint.data = w;
         ev_signal_start(w->loop, &w->sigterm);
         ev_signal_start(w->loop, &w->sigint);
+        /* a parent may start us with them blocked, so none is lost before this point */
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, SIGTERM);
+        sigaddset(&s, SIGINT);
+        pthread_sigmask(SIG_UNBLOCK, &s, NULL);
     }
     w->started_ns = w->last_rx_ns = ff_now_ns();
     send_hello(w);
@@ -767,7 +773,6 @@ int ff_worker_run(ff_worker *w) {
     stop_compute(w);
     rt_zwatch_stop(&w->zw);
     ev_timer_stop(w->loop, &w->tick);
-    ev_async_stop(w->loop, &w->wake);
     if (w->handle_signals) {
         ev_signal_stop(w->loop, &w->sigterm);
         ev_signal_stop(w->loop, &w->sigint);
@@ -794,7 +799,10 @@ void ff_worker_destroy(ff_worker **pw) {
     }
     if (w->sock) zmq_close(w->sock);
     if (w->ctx) zmq_ctx_term(w->ctx);
-    if (w->loop) ev_loop_destroy(w->loop);
+    if (w->loop) {
+        ev_async_stop(w->loop, &w->wake);
+        ev_loop_destroy(w->loop);
+    }
     ff_msg_decoder_destroy(&w->dec);
     ff_msg_free(&w->ctl);
     pthread_mutex_destroy(&w->mu);
@@ -897,6 +905,13 @@ int ff_worker_main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    /* until the loop handles them, SIGTERM/SIGINT wait (threads started meanwhile inherit
+     * the mask, so the loop thread is the one that gets them) */
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGTERM);
+    sigaddset(&s, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &s, NULL);
     ff_worker *w = ff_worker_new(&o);
     if (!w) {
         fprintf(stderr, "fuseflow worker: %s\n", ff_error_message());

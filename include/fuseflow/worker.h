@@ -70,7 +70,8 @@ int ff_worker_register(ff_worker *w, const char *kind, ff_task_fn fn, void *ud, 
  * controller is gone, refuses us or never answers (returns -1 + error naming why). */
 int ff_worker_run(ff_worker *w);
 
-/* Ask a running worker to stop (thread-safe, async-signal-unsafe). */
+/* Ask a worker to stop: ff_worker_run returns 0 soon after (thread-safe; not from a signal
+ * handler). */
 void ff_worker_stop(ff_worker *w);
 
 /* Rank the controller assigned (-1 before the welcome). */

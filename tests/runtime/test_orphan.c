@@ -107,6 +107,25 @@ static void killed_controller(void) {
     }
 }
 
+/* SIGTERM (or SIGINT) stops a worker cleanly: exit status 0. */
+static void terminated(void) {
+    char *argv[] = {rt_self, "worker", "--connect", "ipc:///tmp/ff-test-nobody-here-2.sock", "--log", "off", NULL};
+    /* started as the controller starts workers: the signals blocked until handled */
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    posix_spawnattr_setsigmask(&attr, &mask);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+    pid_t pid;
+    REQUIRE(posix_spawn(&pid, rt_self, NULL, &attr, argv, environ) == 0);
+    posix_spawnattr_destroy(&attr);
+    kill(pid, SIGTERM); /* at once: it waits, pending, until the worker handles it */
+    int status = wait_exit(pid, 30);
+    CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(int argc, char **argv) {
     RT_WORKER_MAIN(argc, argv);
     rt_opts();
@@ -114,5 +133,6 @@ int main(int argc, char **argv) {
     silent_controller();
     no_controller();
     killed_controller();
+    terminated();
     TEST_MAIN_END();
 }

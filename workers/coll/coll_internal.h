@@ -99,6 +99,7 @@ typedef struct coll_cpu {
     uint8_t *scratch;            /* grown on demand, reused by every call */
     size_t scratch_cap;
     size_t slice;                /* bytes per frame of a pipelined transfer */
+    size_t direct_max;           /* auto: direct exchange while each rank sends <= this */
     uint32_t coll_seq;           /* collectives called so far (every rank counts the same) */
     coll_work w;
 } coll_cpu;

@@ -25,8 +25,6 @@
 #include "fuseflow/util.h"
 #include "workers/coll/coll_internal.h"
 
-/* Direct exchange while every rank would send at most this many bytes in total. */
-#define DIRECT_MAX_BYTES (256u * 1024u)
 
 static size_t nframes_of(size_t bytes, size_t slice) { return bytes ? (bytes + slice - 1) / slice : 1; }
 
@@ -250,7 +248,7 @@ static uint64_t counts_hash(const size_t *counts, int n) {
  * every rank must pick the same algorithm. */
 static int choose_algo(const ff_coll_comm *c, size_t bytes_each_rank_sends) {
     if (c->algo == FF_COLL_ALGO_RING || c->algo == FF_COLL_ALGO_DIRECT) return c->algo;
-    return bytes_each_rank_sends <= DIRECT_MAX_BYTES ? FF_COLL_ALGO_DIRECT : FF_COLL_ALGO_RING;
+    return bytes_each_rank_sends <= c->cpu.direct_max ? FF_COLL_ALGO_DIRECT : FF_COLL_ALGO_RING;
 }
 
 static coll_hdr make_hdr(const ff_coll_comm *c, const coll_call *call, int algo, uint64_t count, int root) {

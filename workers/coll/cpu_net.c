@@ -683,11 +683,17 @@ out:
     return rc;
 }
 
-static size_t default_slice(void) {
-    const char *s = getenv("FF_COLL_SLICE_BYTES");
-    long v = s ? strtol(s, NULL, 10) : 0;
-    if (v >= 4096 && v <= (64L << 20) && v % 64 == 0) return (size_t)v;
-    return 256 * 1024;
+/* Tuning knobs for experiments (docs/collectives.md); every rank must see the same values,
+ * and a difference shows up as a mismatched call. */
+static size_t env_size(const char *name, size_t lo, size_t hi, size_t dflt) {
+    const char *s = getenv(name);
+    long long v = s ? strtoll(s, NULL, 10) : -1;
+    return v >= (long long)lo && v <= (long long)hi && v % 64 == 0 ? (size_t)v : dflt;
+}
+
+static void set_tuning(coll_cpu *cpu) {
+    cpu->slice = env_size("FF_COLL_SLICE_BYTES", 4096, 64u << 20, 256u * 1024);
+    cpu->direct_max = env_size("FF_COLL_DIRECT_MAX", 0, (size_t)1 << 40, 256u * 1024);
 }
 
 int coll_cpu_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
@@ -695,7 +701,7 @@ int coll_cpu_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
     char host[COLL_HOST_MAX];
     int port;
     if (coll_cpu_parse_id(id->text, host, &port, c->cpu.token)) return ff_error_wrap("%s", where);
-    c->cpu.slice = default_slice();
+    set_tuning(&c->cpu);
     c->cpu.conns = ff_calloc((size_t)c->nranks, sizeof *c->cpu.conns);
     if (!c->cpu.conns || coll_work_alloc(c)) return -1;
     for (int j = 0; j < c->nranks; j++) c->cpu.conns[j] = (coll_conn){.fd = -1, .peer = j};
@@ -855,6 +861,7 @@ int coll_cpu_comm_split(ff_coll_comm *c, int color, int key, ff_coll_comm **out)
     memcpy(child->cpu.local_host, c->cpu.local_host, COLL_HOST_MAX);
     child->cpu.family = c->cpu.family;
     child->cpu.slice = c->cpu.slice;
+    child->cpu.direct_max = c->cpu.direct_max;
     child->cpu.conns = ff_calloc((size_t)m, sizeof *child->cpu.conns);
     if (!child->cpu.conns || coll_work_alloc(child)) {
         free(child->cpu.conns);

@@ -1,1 +1,0 @@
-typedef int ff_roles_placeholder;

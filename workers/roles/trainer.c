@@ -1,0 +1,344 @@
+/* The actor and critic trainers: one optimizer step per mini-batch, over micro-batches whose
+ * gradients accumulate; the losses are the registry's (policy loss by name, KL kind) plus
+ * the entropy bonus, or the clipped value loss; normalised by the mini-batch's global
+ * normaliser so that micro-batches and DP ranks add up exactly; a hook for the DP all-reduce
+ * between the last backward and the step.
+ *
+ * Per micro-batch: pack the samples (prompt + response), forward with activations kept,
+ * gather the per-response-token outputs, compute the loss and its derivative with respect to
+ * each token's log-prob / entropy / value on the host (plain C, rlhf.h), scatter them back to
+ * the packed positions, backward.
+ *
+ * Not here: advantages (computed before training, by the advantage node), mini-batch
+ * shuffling across ranks (the executor; ff_trainer_train_batch does it for one process). */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+#include "workers/roles/roles_internal.h"
+
+struct ff_trainer {
+    ff_model *m;
+    ff_trainer_config c;
+    ff_optimizer *opt;
+    rl_pack pack;
+};
+
+ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c) {
+    assert(m && c);
+    const ff_model_config *cfg = ff_model_config_of(m);
+    if (c->kind == FF_TRAIN_ACTOR) {
+        if (!ff_model_has_lm_head(m)) return ff_error_set("actor trainer", NULL, "the model has no LM head"), NULL;
+        if (!c->loss)
+            return ff_error_set("actor trainer", "create one with ff_policy_loss_new(registry, \"vanilla\", params)",
+                                "no policy loss"),
+                   NULL;
+        if (!(c->temperature >= 0 && isfinite(c->temperature)))
+            return ff_error_set("actor trainer", NULL, "temperature %g must be >= 0", (double)c->temperature), NULL;
+    } else if (c->kind == FF_TRAIN_CRITIC) {
+        if (!cfg->value_head)
+            return ff_error_set("critic trainer", "add a value head (ff_roles_add_value_head)", "the model has no value head"), NULL;
+        if ((int)c->value.agg < 0 || c->value.agg >= FF_RLHF_AGG_COUNT)
+            return ff_error_set("critic trainer", NULL, "unknown loss aggregation %d", (int)c->value.agg), NULL;
+    } else {
+        return ff_error_set("trainer", NULL, "unknown trainer kind %d", (int)c->kind), NULL;
+    }
+    ff_trainer *t = ff_calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->m = m;
+    t->c = *c;
+    t->opt = ff_optimizer_new(m, &c->optim);
+    if (!t->opt) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void ff_trainer_destroy(ff_trainer **pt) {
+    if (!pt || !*pt) return;
+    ff_trainer *t = *pt;
+    ff_optimizer_destroy(&t->opt);
+    rl_pack_free(&t->pack);
+    free(t);
+    *pt = NULL;
+}
+
+ff_model *ff_trainer_model(const ff_trainer *t) { return t->m; }
+ff_optimizer *ff_trainer_optimizer(const ff_trainer *t) { return t->opt; }
+
+ff_rlhf_agg_mode ff_trainer_agg(const ff_trainer *t) {
+    return t->c.kind == FF_TRAIN_ACTOR ? ff_policy_loss_agg(t->c.loss) : t->c.value.agg;
+}
+
+double ff_trainer_denom(const ff_trainer *t, const ff_rl_sample *samples, int32_t n) {
+    bool tokens = ff_trainer_agg(t) == FF_RLHF_AGG_TOKEN_MEAN;
+    double d = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const ff_rl_sample *s = &samples[i];
+        double counted = 0;
+        for (int32_t j = 0; j < s->response_len; j++) counted += s->mask ? s->mask[j] : 1.0f;
+        d += tokens ? counted : (counted > 0 ? 1 : 0);
+    }
+    return d;
+}
+
+/* Running sums of one step's micro-batches. */
+typedef struct acc {
+    double loss, pg, kl, ent_agg, vloss;
+    double w_clip, w_kl, w_ent, w_vclip, w_val, weight; /* token-weighted sums, and the weight */
+    double ratio_max;
+    int64_t micro, samples;
+} acc;
+
+static double masked_sum(const float *mask, const float *x, int32_t n, double *count) {
+    double s = 0, c = 0;
+    for (int32_t j = 0; j < n; j++) {
+        s += (double)mask[j] * x[j];
+        c += mask[j];
+    }
+    *count = c;
+    return s;
+}
+
+/* The actor's loss on one packed micro-batch; fills d(loss)/d(logp) and d(loss)/d(entropy) at
+ * the packed positions (t_da, t_db). */
+static int actor_micro(ff_trainer *t, const ff_rl_sample *s, int32_t k, double denom, acc *a, bool *need_dent) {
+    rl_pack *p = &t->pack;
+    const ff_trainer_config *c = &t->c;
+    float *logp = p->r[0], *ent = p->r[1], *mask = p->r[2], *old = p->r[3], *adv = p->r[4], *ref = p->r[5];
+    float *dlogp = p->r[6], *w = p->r[7], *kl = p->r[8], *dkl = p->r[9], *dent = p->r[10];
+    rl_pack_gather(p, p->t_a, logp);
+    rl_pack_gather(p, p->t_b, ent);
+    if (rl_pack_column(p, s, NULL, RL_COL_MASK, true, 1.0f, mask) ||
+        rl_pack_column(p, s, NULL, RL_COL_OLD_LOGPROB, false, 0, old) ||
+        rl_pack_column(p, s, NULL, RL_COL_ADVANTAGES, false, 0, adv) ||
+        (c->kl && rl_pack_column(p, s, NULL, RL_COL_REF_LOGPROB, false, 0, ref)))
+        return -1;
+    ff_rlhf_seqs seqs = {k, p->resp_off, mask};
+    ff_pg_batch pg = {seqs, logp, old, adv, c->kl ? ref : NULL, denom};
+    ff_rlhf_pg_stats st = {0};
+    double pl = 0;
+    if (ff_policy_loss_compute(c->loss, &pg, &pl, dlogp, &st)) return -1;
+    for (int32_t j = 0; j < p->Tr; j++)
+        if (!isfinite(dlogp[j])) return ff_error_set("policy loss", "check the advantages and log-probs", "non-finite gradient");
+    double loss = pl, klv = 0;
+    ff_rlhf_agg_mode agg = ff_policy_loss_agg(c->loss);
+    if (c->kl) {
+        c->kl->compute(p->Tr, logp, ref, kl, dkl);
+        klv = ff_rlhf_agg(agg, &seqs, kl, denom, w);
+        loss += c->kl_coef * klv;
+        for (int32_t j = 0; j < p->Tr; j++) dlogp[j] += (float)(c->kl_coef * w[j] * dkl[j]);
+    }
+    double ent_agg = ff_rlhf_agg(agg, &seqs, ent, denom, w);
+    *need_dent = c->entropy_coeff != 0;
+    if (*need_dent) {
+        loss -= c->entropy_coeff * ent_agg;
+        for (int32_t j = 0; j < p->Tr; j++) dent[j] = (float)(-c->entropy_coeff * w[j]);
+        rl_pack_scatter(p, dent, p->t_db);
+    }
+    rl_pack_scatter(p, dlogp, p->t_da);
+    double cnt;
+    double ent_sum = masked_sum(mask, ent, p->Tr, &cnt);
+    a->loss += loss;
+    a->pg += pl;
+    a->kl += klv;
+    a->ent_agg += ent_agg;
+    a->w_clip += st.clipfrac * cnt;
+    a->w_kl += st.approx_kl * cnt;
+    a->w_ent += ent_sum;
+    a->weight += cnt;
+    if (cnt > 0 && st.ratio_max > a->ratio_max) a->ratio_max = st.ratio_max;
+    return 0;
+}
+
+static int critic_micro(ff_trainer *t, const ff_rl_sample *s, int32_t k, double denom, acc *a) {
+    rl_pack *p = &t->pack;
+    float *v = p->r[0], *mask = p->r[2], *oldv = p->r[3], *ret = p->r[4], *dv = p->r[6];
+    rl_pack_gather(p, p->t_c, v);
+    if (rl_pack_column(p, s, NULL, RL_COL_MASK, true, 1.0f, mask) ||
+        rl_pack_column(p, s, NULL, RL_COL_OLD_VALUES, false, 0, oldv) ||
+        rl_pack_column(p, s, NULL, RL_COL_RETURNS, false, 0, ret))
+        return -1;
+    ff_rlhf_seqs seqs = {k, p->resp_off, mask};
+    ff_rlhf_value_cfg vc = t->c.value;
+    vc.denom = denom;
+    double clipfrac = 0;
+    double vl = ff_rlhf_value_loss(&vc, &seqs, v, oldv, ret, dv, &clipfrac);
+    for (int32_t j = 0; j < p->Tr; j++)
+        if (!isfinite(dv[j])) return ff_error_set("value loss", "check the returns", "non-finite gradient");
+    rl_pack_scatter(p, dv, p->t_dc);
+    double cnt;
+    double vsum = masked_sum(mask, v, p->Tr, &cnt);
+    a->loss += vl;
+    a->vloss += vl;
+    a->w_vclip += clipfrac * cnt;
+    a->w_val += vsum;
+    a->weight += cnt;
+    return 0;
+}
+
+int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const int32_t *mb_start, int32_t n_micro,
+                    double denom, ff_train_metrics *metrics) {
+    assert(t && (samples || n == 0) && n >= 0);
+    int64_t t0 = ff_now_ns();
+    const bool actor = t->c.kind == FF_TRAIN_ACTOR;
+    int32_t whole[2] = {0, n};
+    if (!mb_start) {
+        mb_start = whole;
+        n_micro = 1;
+    }
+    if (n_micro < 1 || mb_start[0] != 0 || mb_start[n_micro] != n)
+        return ff_error_set("trainer step", "micro-batch offsets must run from 0 to the number of samples",
+                            "offsets [%d .. %d] over %d micro-batches do not cover %d samples", mb_start[0], mb_start[n_micro],
+                            n_micro, n);
+    for (int32_t b = 0; b < n_micro; b++)
+        if (mb_start[b + 1] < mb_start[b]) return ff_error_set("trainer step", NULL, "micro-batch %d has a negative size", b);
+    if (denom <= 0) denom = ff_trainer_denom(t, samples, n);
+    if (metrics) memset(metrics, 0, sizeof *metrics);
+    acc a = {0};
+    ff_model_zero_grad(t->m);
+    ff_forward_opts fo = {.train = true, .temperature = actor ? t->c.temperature : 0};
+    for (int32_t b = 0; b < n_micro; b++) {
+        int32_t s0 = mb_start[b], k = mb_start[b + 1] - s0;
+        if (k == 0) continue;
+        const ff_rl_sample *s = samples + s0;
+        rl_pack *p = &t->pack;
+        if (rl_pack_build(p, s, NULL, k, actor)) goto fail;
+        ff_batch bt = rl_pack_batch(p);
+        ff_forward_out out = {0};
+        if (actor) {
+            out.logprobs = p->t_a;
+            out.entropy = p->t_b;
+        } else {
+            out.values = p->t_c;
+        }
+        if (ff_model_forward(t->m, &bt, &fo, &out)) goto fail;
+        bool need_dent = false;
+        if (actor ? actor_micro(t, s, k, denom, &a, &need_dent) : critic_micro(t, s, k, denom, &a)) goto fail;
+        int rc = actor ? ff_model_backward(t->m, p->t_da, need_dent ? p->t_db : NULL, NULL)
+                       : ff_model_backward(t->m, NULL, NULL, p->t_dc);
+        if (rc) goto fail;
+        a.micro++;
+        a.samples += k;
+    }
+    if (t->c.grad_hook) {
+        ff_model *m = t->m;
+        if (t->c.grad_hook(t->c.grad_hook_user, m, ff_model_grad_buffer(m), ff_model_param_count(m))) {
+            ff_error_wrap("gradient all-reduce hook");
+            goto fail;
+        }
+    }
+    ff_optim_stats os = {0};
+    int orc = ff_optimizer_step(t->opt, &os);
+    ff_model_zero_grad(t->m);
+    if (metrics) {
+        metrics->steps = orc == 0;
+        metrics->skipped = orc != 0;
+        metrics->micro_batches = a.micro;
+        metrics->samples = a.samples;
+        metrics->tokens = (int64_t)llround(a.weight);
+        metrics->loss = a.loss;
+        double wt = a.weight > 0 ? a.weight : 1;
+        if (actor) {
+            metrics->pg_loss = a.pg;
+            metrics->kl_loss = a.kl;
+            metrics->entropy = a.ent_agg;
+            metrics->clipfrac = a.w_clip / wt;
+            metrics->approx_kl = a.w_kl / wt;
+            metrics->entropy_mean = a.w_ent / wt;
+            metrics->ratio_max = a.ratio_max;
+        } else {
+            metrics->value_loss = a.vloss;
+            metrics->vf_clipfrac = a.w_vclip / wt;
+            metrics->value_mean = a.w_val / wt;
+        }
+        metrics->grad_norm = os.grad_norm;
+        metrics->lr = os.lr;
+        metrics->time_s = (double)(ff_now_ns() - t0) * 1e-9;
+    }
+    if (orc) return ff_error_wrap("%s trainer step", actor ? "actor" : "critic");
+    return 0;
+fail:
+    ff_model_zero_grad(t->m);
+    return ff_error_wrap("%s trainer step", actor ? "actor" : "critic");
+}
+
+/* ---- whole batches in one process -------------------------------------------------------------- */
+
+static void add_metrics(ff_train_metrics *sum, const ff_train_metrics *m) {
+    sum->steps += m->steps;
+    sum->skipped += m->skipped;
+    sum->micro_batches += m->micro_batches;
+    sum->tokens += m->tokens;
+    sum->samples += m->samples;
+    sum->loss += m->loss;
+    sum->pg_loss += m->pg_loss;
+    sum->kl_loss += m->kl_loss;
+    sum->entropy += m->entropy;
+    sum->clipfrac += m->clipfrac;
+    sum->approx_kl += m->approx_kl;
+    if (m->ratio_max > sum->ratio_max) sum->ratio_max = m->ratio_max;
+    sum->entropy_mean += m->entropy_mean;
+    sum->value_loss += m->value_loss;
+    sum->vf_clipfrac += m->vf_clipfrac;
+    sum->value_mean += m->value_mean;
+    sum->grad_norm += m->grad_norm;
+    sum->lr = m->lr;
+    sum->time_s += m->time_s;
+}
+
+int ff_trainer_train_batch(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const ff_train_batch_opts *o,
+                           ff_train_metrics *metrics) {
+    assert(t && o && (samples || n == 0));
+    if (metrics) memset(metrics, 0, sizeof *metrics);
+    if (n == 0) return 0;
+    int32_t epochs = o->epochs > 0 ? o->epochs : 1;
+    int32_t mbs = o->mini_batch_size > 0 && o->mini_batch_size < n ? o->mini_batch_size : n;
+    int32_t *order = ff_malloc((size_t)n * sizeof *order);
+    int64_t *tok = ff_malloc((size_t)n * sizeof *tok);
+    ff_rl_sample *mini = ff_malloc((size_t)mbs * sizeof *mini);
+    ff_train_metrics sum = {0}, one;
+    int rc = -1, steps = 0;
+    if (!order || !tok || !mini) goto out;
+    for (int32_t e = 0; e < epochs; e++) {
+        for (int32_t i = 0; i < n; i++) order[i] = i;
+        if (o->shuffle) {
+            ff_rng r;
+            ff_rng_seed(&r, ff_rollout_seed(o->seed, (uint64_t)e, 0x5348554646ULL));
+            for (int32_t i = n - 1; i > 0; i--) {
+                int32_t j = (int32_t)ff_rng_below(&r, (uint64_t)i + 1);
+                int32_t x = order[i];
+                order[i] = order[j];
+                order[j] = x;
+            }
+        }
+        for (int32_t s0 = 0; s0 < n; s0 += mbs) {
+            int32_t k = n - s0 < mbs ? n - s0 : mbs;
+            for (int32_t i = 0; i < k; i++) tok[i] = ff_rl_sample_tokens(&samples[order[s0 + i]]);
+            ff_mb_plan plan;
+            if (ff_mb_plan_make(tok, k, 1, o->micro_batch_size, o->micro_batch_tokens, &plan)) goto out;
+            for (int32_t i = 0; i < k; i++) mini[i] = samples[order[s0 + plan.items[i]]];
+            int src = ff_trainer_step(t, mini, k, plan.mb_start, plan.n_micro, 0, &one);
+            ff_mb_plan_free(&plan);
+            if (src) goto out;
+            add_metrics(&sum, &one);
+            steps++;
+        }
+    }
+    rc = 0;
+out:
+    if (metrics && steps > 0) {
+        double d = steps;
+        sum.loss /= d, sum.pg_loss /= d, sum.kl_loss /= d, sum.entropy /= d, sum.clipfrac /= d, sum.approx_kl /= d;
+        sum.entropy_mean /= d, sum.value_loss /= d, sum.vf_clipfrac /= d, sum.value_mean /= d, sum.grad_norm /= d;
+        *metrics = sum;
+    }
+    free(order);
+    free(tok);
+    free(mini);
+    return rc;
+}
