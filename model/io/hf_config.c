@@ -115,6 +115,7 @@ static int get_token_ids(json_t *o, ff_model_config *c, const char *name) {
     if ((v = json_object_get(o, "eos_token_id"))) {
         c->n_eos = 0;
         if (json_is_integer(v)) {
+            if (json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) return ff_error_set(name, NULL, "'eos_token_id' is out of range");
             c->eos_token_ids[c->n_eos++] = (int32_t)json_integer_value(v);
         } else if (json_is_array(v)) {
             if (json_array_size(v) > FF_MAX_EOS)
@@ -123,6 +124,7 @@ static int get_token_ids(json_t *o, ff_model_config *c, const char *name) {
             json_t *x;
             json_array_foreach(v, i, x) {
                 if (!json_is_integer(x)) return ff_error_set(name, NULL, "'eos_token_id' must be an integer or a list of integers");
+                if (json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) return ff_error_set(name, NULL, "'eos_token_id' is out of range");
                 c->eos_token_ids[c->n_eos++] = (int32_t)json_integer_value(x);
             }
         } else if (!json_is_null(v)) {
