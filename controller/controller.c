@@ -397,6 +397,7 @@ static void on_hello(ff_controller *c, ff_msg *m) {
             }
         }
         known->state = FF_WORKER_LIVE;
+        known->joined_live = true;
         known->disconnected = false;
         known->dead_reason[0] = 0;
         known->nsamples = known->next_sample = 0;
@@ -693,12 +694,21 @@ typedef struct wait_workers_arg {
 
 static bool enough_workers(void *ud) {
     wait_workers_arg *a = ud;
-    return ff_controller_count_workers(a->c, FF_WORKER_LIVE) >= a->n;
+    if (ff_controller_count_workers(a->c, FF_WORKER_LIVE) >= a->n) return true;
+    /* a local worker that died before its hello will not come: stop waiting (a wrong
+     * worker_bin, a crash at start-up) */
+    for (int r = 0; r < a->c->nworkers; r++) {
+        ctl_worker *w = a->c->workers[r];
+        if (w && w->local && w->state == FF_WORKER_DEAD && !w->joined_live) return true;
+    }
+    return false;
 }
 
 int ff_controller_wait_workers(ff_controller *c, int n, double timeout_s) {
     wait_workers_arg a = {c, n};
-    if (ff_controller_run_until(c, enough_workers, &a, timeout_s) == 0) return 0;
+    if (ff_controller_run_until(c, enough_workers, &a, timeout_s) == 0 &&
+        ff_controller_count_workers(c, FF_WORKER_LIVE) >= n)
+        return 0;
     char missing[512] = "";
     size_t off = 0;
     for (int r = 0; r < c->nworkers && off < sizeof missing - 64; r++) {
@@ -707,9 +717,9 @@ int ff_controller_wait_workers(ff_controller *c, int n, double timeout_s) {
         off += (size_t)snprintf(missing + off, sizeof missing - off, "%s rank %d %s%s%s", off ? ";" : "", r,
                                 ff_worker_state_name(w->state), w->dead_reason[0] ? ": " : "", w->dead_reason);
     }
-    return ff_error_set("controller", "check the workers' stderr, the endpoint and CURVE keys",
-                        "%d of %d workers live after %.1f s at %s%s%s", ff_controller_count_workers(c, FF_WORKER_LIVE),
-                        n, timeout_s, c->bound, missing[0] ? ";" : "", missing);
+    return ff_error_set("controller", "check the workers' stderr, the endpoint, worker_bin and CURVE keys",
+                        "%d of %d workers live at %s%s%s", ff_controller_count_workers(c, FF_WORKER_LIVE), n, c->bound,
+                        missing[0] ? ";" : "", missing);
 }
 
 /* ---- information -------------------------------------------------------------------------- */
@@ -720,9 +730,7 @@ int ff_controller_count_workers(const ff_controller *c, int state) {
     for (int r = 0; r < c->nworkers; r++) {
         ctl_worker *w = c->workers[r];
         if (!w) continue;
-        if (state < 0) {
-            if (w->state != FF_WORKER_DEAD || w->local || w->peer_len || w->joined_ns) n++;
-        } else if ((int)w->state == state) {
+        if (state < 0 || (int)w->state == state) {
             n++;
         }
     }

@@ -96,6 +96,7 @@ typedef struct ctl_worker {
     int pidfd;
     ev_io pid_io;
     bool reaped, disconnected;
+    bool joined_live; /* has said hello at least once */
     int exit_status;
     uint8_t peer[FF_MSG_MAX_ROUTING_ID];
     size_t peer_len;

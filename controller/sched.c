@@ -202,6 +202,7 @@ static void fill_result(const ctl_sub *s, const ff_msg *res, ff_result *r) {
         r->error = res->u.result.error;
         r->noutputs = res->ntensors;
         r->outputs = res->tensors;
+        r->msg = res;
     }
     r->dispatch_ns = s->dispatch_ns;
     r->start_ns = s->start_ns;

@@ -288,6 +288,41 @@ ff_tensor *ff_msg_add_tensor_ref(ff_msg *m, const ff_msg *src, int index, const 
     return t;
 }
 
+ff_tensor_ref *ff_tensor_ref_new(const ff_msg *m, int index) {
+    assert(index >= 0 && index < m->ntensors);
+    ff_tensor_ref *r = ff_calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->t = m->tensors[index];
+    zmq_msg_init(&r->frame);
+    if (m->owned[index]) {
+        /* a realigned copy: the frame itself is misaligned, keep our own aligned bytes */
+        r->owned = ff_malloc(r->t.nbytes ? r->t.nbytes : 1);
+        if (!r->owned) {
+            free(r);
+            return NULL;
+        }
+        memcpy(r->owned, m->owned[index], r->t.nbytes);
+        r->t.data = r->owned;
+    } else if (zmq_msg_copy(&r->frame, (zmq_msg_t *)&m->frames[index]) != 0) {
+        ff_error_set("tensor", NULL, "zmq_msg_copy: %s", zmq_strerror(errno));
+        zmq_msg_close(&r->frame);
+        free(r);
+        return NULL;
+    } else {
+        r->t.data = r->t.nbytes ? zmq_msg_data(&r->frame) : NULL;
+    }
+    return r;
+}
+
+void ff_tensor_ref_free(ff_tensor_ref **pr) {
+    ff_tensor_ref *r = *pr;
+    if (!r) return;
+    zmq_msg_close(&r->frame);
+    free(r->owned);
+    free(r);
+    *pr = NULL;
+}
+
 struct ff_shared_buf {
     atomic_int refs;
     void *data;

@@ -29,7 +29,9 @@
  * NTP-style, the sample with the smallest round trip wins) are kept and written as Chrome
  * Trace Event JSON (ff_controller_trace_write; docs/runtime.md describes it).
  *
- * Threading: every function must be called from the thread that runs the loop.
+ * Threading: every function must be called from the thread that runs the loop. Callbacks
+ * may submit and cancel; they must not run the loop (run, run_until, poll, wait_workers,
+ * group_create) nor destroy the controller.
  */
 #ifndef FUSEFLOW_CONTROLLER_H
 #define FUSEFLOW_CONTROLLER_H
@@ -92,8 +94,8 @@ void ff_controller_poll(ff_controller *c, bool block);
 /* Start n local worker processes (fork/exec of worker_bin) on the next free ranks. Returns
  * the first rank, or -1 + error. They join asynchronously: ff_controller_wait_workers. */
 int ff_controller_spawn(ff_controller *c, int n);
-/* Run the loop until at least n workers are live (0), or timeout (-1 + error that names
- * the ranks still missing and any spawned process that exited). */
+/* Run the loop until at least n workers are live (0), or until the timeout or a local
+ * worker exiting before its hello (-1 + error naming the ranks missing and why). */
 int ff_controller_wait_workers(ff_controller *c, int n, double timeout_s);
 
 typedef enum ff_worker_state {
@@ -128,7 +130,7 @@ typedef struct ff_worker_info {
 
 /* Number of ranks ever seen (the highest rank + 1). */
 int ff_controller_nranks(const ff_controller *c);
-/* Ranks in a state; state -1 counts all. */
+/* Ranks in a state (ff_worker_state); -1 counts every rank ever seen. */
 int ff_controller_count_workers(const ff_controller *c, int state);
 /* 0 and *out, or -1 + error for a rank never seen. */
 int ff_controller_worker_info(const ff_controller *c, int rank, ff_worker_info *out);
@@ -198,6 +200,9 @@ typedef struct ff_result {
     int64_t done_ns;          /* when the result arrived */
     int attempts;             /* dispatches */
     uint32_t queued;          /* subtasks the worker held (queued or running) when it arrived */
+    const ff_msg *msg;        /* the worker's result message (NULL for results made up here):
+                                 ff_tensor_ref_new(msg, i) keeps output i past the callback,
+                                 without a copy */
 } ff_result;
 
 typedef void (*ff_done_fn)(ff_controller *c, uint64_t job, const ff_result *results, int nresults, void *ud);

@@ -240,6 +240,17 @@ void ff_shared_buf_release(ff_shared_buf *b);
 /* Append a tensor whose bytes are data(b) + offset, taking a reference on b. */
 ff_tensor *ff_msg_add_tensor_shared(ff_msg *m, const char *name, ff_dtype dtype, int ndim, const int64_t *shape,
                                     ff_shared_buf *b, size_t offset);
+/* A tensor kept beyond the life of its message, sharing the frame (no copy): for results
+ * an embedding program stores (ff_result.msg). Thread-safe to free from any thread. */
+typedef struct ff_tensor_ref {
+    ff_tensor t; /* t.data stays valid until ff_tensor_ref_free */
+    /* private */
+    zmq_msg_t frame;
+    void *owned;
+} ff_tensor_ref;
+ff_tensor_ref *ff_tensor_ref_new(const ff_msg *m, int index); /* NULL + error */
+void ff_tensor_ref_free(ff_tensor_ref **r);
+
 /* Members of a group setup message (copied into m). */
 int ff_msg_set_members(ff_msg *m, const int32_t *ranks, int n);
 

@@ -405,6 +405,10 @@ static void test_sockets_zero_copy(void) {
     REQUIRE(ff_msg_add_tensor_ref(&m, &o2, 0, "y"));
     CHECK(m.tensors[0].data == big && !strcmp(m.tensors[0].name, "y"));
     REQUIRE(ff_msg_send(dealer, NULL, 0, &m) == 0);
+    /* keep one received tensor beyond its message: still the same bytes, no copy */
+    ff_tensor_ref *kept = ff_tensor_ref_new(&o3, 0);
+    REQUIRE(kept);
+    CHECK(kept->t.data == big && kept->t.nbytes == nf * sizeof(float) && !strcmp(kept->t.name, "x"));
     ff_msg_free(&o2);
     ff_msg_free(&o3);
     ff_msg_reset(&m);
@@ -413,6 +417,10 @@ static void test_sockets_zero_copy(void) {
     CHECK(o.type == FF_MSG_RESULT && o.tensors[0].data == big);
     CHECK_EQ_INT(atomic_load(&freed), 0);
     ff_msg_reset(&o);
+    CHECK_EQ_INT(atomic_load(&freed), 0); /* `kept` still holds it */
+    CHECK(((float *)kept->t.data)[777] == 777.0f);
+    ff_tensor_ref_free(&kept);
+    CHECK(kept == NULL);
     CHECK_EQ_INT(atomic_load(&freed), 1); /* the last reference is gone: freed exactly once */
 
     /* a frame delivered at an odd address is realigned, not read misaligned */
