@@ -69,6 +69,7 @@ struct ff_worker {
     int rank;
     bool welcomed;
     int64_t started_ns, last_rx_ns, last_hello_ns;
+    int64_t probe_ns; /* when we said hello to a silent controller (0: not probing) */
     double timeout_s;
     uint64_t errors; /* rejected or unexpected messages */
     ff_task *pool;
@@ -538,6 +539,7 @@ static void on_readable(rt_zwatch *zw) {
                 /* the controller forgot us (declared us dead, or restarted): say hello again */
                 ff_warn("worker %d: controller says: %s; saying hello again", w->rank, t->in.u.error.text);
                 w->welcomed = false;
+                w->o.rank = w->rank; /* ask for the same rank back */
                 send_hello(w);
             } else {
                 ff_warn("worker %d: controller reports: %s", w->rank, t->in.u.error.text);
@@ -630,9 +632,22 @@ static void on_tick(struct ev_loop *loop, ev_timer *tm, int revents) {
         return;
     }
     double silent = (now - w->last_rx_ns) / 1e9;
-    if (w->timeout_s > 0 && silent > w->timeout_s)
-        worker_exit(w, -1, "worker %d: nothing from the controller at %s for %.2f s (timeout %.2f s): it is gone, "
-                    "exiting", w->rank, w->connect, silent, w->timeout_s);
+    if (w->timeout_s <= 0 || silent <= w->timeout_s || rt_zsock_readable(w->sock)) {
+        w->probe_ns = 0;
+        return;
+    }
+    /* Silent past the timeout. We may have been stopped or starved rather than the
+     * controller gone: say hello once (a live controller answers; one that declared us
+     * dead takes us back under the same rank) and give it another timeout. */
+    if (!w->probe_ns) {
+        w->probe_ns = now;
+        w->o.rank = w->rank;
+        send_hello(w);
+        return;
+    }
+    if ((now - w->probe_ns) / 1e9 > w->timeout_s)
+        worker_exit(w, -1, "worker %d: nothing from the controller at %s for %.2f s (timeout %.2f s, and no answer "
+                    "to a hello): it is gone, exiting", w->rank, w->connect, silent, w->timeout_s);
 }
 
 /* ---- life cycle --------------------------------------------------------------------------- */

@@ -12,8 +12,10 @@
  * Long handlers poll ff_task_cancelled() and return -1 when it turns true.
  *
  * Liveness: the controller's welcome names its heartbeat period and timeout. A worker that
- * hears nothing from the controller for that timeout exits on its own (no orphans); one
- * that gets no welcome within connect_timeout_s exits too. SIGTERM and SIGINT, like a
+ * hears nothing from the controller for that timeout says hello once more (a controller that
+ * declared it dead takes it back under its rank) and, without an answer within another
+ * timeout, exits on its own (no orphans); one that gets no welcome within
+ * connect_timeout_s exits too. SIGTERM and SIGINT, like a
  * shutdown message, cancel queued work and exit cleanly.
  *
  * Groups: a group-setup message makes the worker join the group's communicator

@@ -146,9 +146,30 @@ int main(int argc, char **argv) {
     REQUIRE(ff_controller_submit(c, &s3, rt_count, &k) > 0);
     REQUIRE(ff_controller_run(c, 10) == 0);
     CHECK_EQ_INT(k.ok, 1);
+
+    /* a remote worker stopped past the timeout is declared dead (it cannot be killed from
+     * here); when it wakes up it says hello again (its stale messages are refused) and gets
+     * its rank back */
+    ff_controller_stats st0;
+    ff_controller_stats_get(c, &st0);
+    REQUIRE(kill(extra, SIGSTOP) == 0);
+    ws = (wait_state){c, 3, FF_WORKER_DEAD, 0};
+    REQUIRE(ff_controller_run_until(c, in_state, &ws, 30) == 0);
+    REQUIRE(kill(extra, SIGCONT) == 0);
+    ws.want = FF_WORKER_LIVE;
+    REQUIRE(ff_controller_run_until(c, in_state, &ws, 30) == 0);
+    ff_controller_worker_info(c, 3, &w3);
+    CHECK(w3.pid == extra);
+    CHECK_EQ_INT(ff_controller_nranks(c), 4); /* the same rank, not a new one */
+    ff_controller_stats st1;
+    ff_controller_stats_get(c, &st1);
+    CHECK_EQ_INT(st1.workers_joined, st0.workers_joined + 1);
+    REQUIRE(ff_controller_submit(c, &s3, rt_count, &k) > 0);
+    REQUIRE(ff_controller_run(c, 10) == 0);
+    CHECK_EQ_INT(k.ok, 2);
     ff_controller_stats st;
     ff_controller_stats_get(c, &st);
-    CHECK_EQ_INT(st.workers_died, 2);
+    CHECK_EQ_INT(st.workers_died, 3);
     CHECK_EQ_INT(st.duplicates, 0);
     rt_shutdown_clean(c);
     /* workers it did not start stop too (they are not its children: check they exit) */

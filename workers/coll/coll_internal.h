@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "fuseflow/coll.h"
 
@@ -30,7 +31,8 @@ enum { COLL_BACKEND_CPU = 1, COLL_BACKEND_NCCL = 2 };
 #define COLL_HDR_BYTES 40
 #define COLL_ABORT_MAX 1024 /* bytes of an ABORT reason */
 
-enum { FRAME_DATA = 1, FRAME_BYE = 2, FRAME_ABORT = 3 };
+/* KICK: a wake-up on the socket of a shared-memory connection (no payload). */
+enum { FRAME_DATA = 1, FRAME_BYE = 2, FRAME_ABORT = 3, FRAME_KICK = 4 };
 
 enum coll_op {
     OP_NONE = 0,
@@ -70,7 +72,9 @@ const char *coll_op_name(int op);
 
 /* LEFT: its BYE arrived; SENT_AHEAD: it closed with data queued for a later call of ours;
  * DEAD: its connection ended without a goodbye while we did not need it. */
-enum { PEER_LIVE = 0, PEER_LEFT, PEER_SENT_AHEAD, PEER_DEAD };
+enum { PEER_LIVE = 0, PEER_LEFT, PEER_SENT_AHEAD, PEER_DEAD, PEER_ABORTED };
+
+typedef struct coll_fifo coll_fifo; /* cpu_shm.c */
 
 typedef struct coll_conn {
     int fd;             /* -1 for this rank itself */
@@ -79,6 +83,14 @@ typedef struct coll_conn {
     uint32_t rx_seq;    /* calls that received on it */
     uint32_t tx_frame_left; /* bytes of a frame partly sent (a failed call); 0 at a boundary */
     int state;          /* PEER_* */
+    /* same-host fast path (cpu_shm.c): frames go through these FIFOs, the socket carries
+     * only control frames (KICK, BYE, ABORT). NULL: frames go through the socket. */
+    coll_fifo *tx_fifo, *rx_fifo;
+    void *shm;
+    size_t shm_len, fifo_cap;
+    uint8_t ctl[COLL_HDR_BYTES]; /* a control frame partly read */
+    size_t ctl_off;
+    char *abort_reason; /* ABORTED: the peer's reason, reported once its FIFO is read */
 } coll_conn;
 
 /* Per-call work arrays, sized for the communicator once, so calls do not allocate. */
@@ -100,6 +112,7 @@ typedef struct coll_cpu {
     size_t scratch_cap;
     size_t slice;                /* bytes per frame of a pipelined transfer */
     size_t direct_max;           /* auto: direct exchange while each rank sends <= this */
+    size_t star_max;             /* auto: all_reduce by the star up to this many bytes */
     uint32_t coll_seq;           /* collectives called so far (every rank counts the same) */
     coll_work w;
 } coll_cpu;
@@ -143,6 +156,18 @@ void coll_cpu_comm_free(ff_coll_comm *c);
 void coll_cpu_notify_abort(ff_coll_comm *c, const char *reason);
 int coll_hex_decode(const char *hex, size_t nhex, uint8_t *out);
 void coll_hex_encode(const uint8_t *in, size_t n, char *out); /* 2n chars + NUL */
+
+/* ---- shared memory between ranks of one host (cpu_shm.c) ----------------------------- */
+
+struct iovec;
+/* After the mesh: give every pair that can share memory a pair of FIFOs. A pair that
+ * cannot stays on TCP; -1 + error only when the exchange itself fails. */
+int coll_shm_setup(ff_coll_comm *c, int64_t deadline);
+void coll_shm_free(coll_conn *cn);
+/* Bytes moved (0: the FIFO is full / empty and the waiting flag is raised). */
+ssize_t coll_shm_write(coll_conn *cn, const struct iovec *iov, int niov);
+ssize_t coll_shm_read(coll_conn *cn, uint8_t *buf, size_t len);
+bool coll_shm_rx_empty(const coll_conn *cn);
 
 /* ---- the progress engine (cpu_engine.c) ---------------------------------------------- */
 

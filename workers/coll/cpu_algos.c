@@ -248,7 +248,32 @@ static uint64_t counts_hash(const size_t *counts, int n) {
  * every rank must pick the same algorithm. */
 static int choose_algo(const ff_coll_comm *c, size_t bytes_each_rank_sends) {
     if (c->algo == FF_COLL_ALGO_RING || c->algo == FF_COLL_ALGO_DIRECT) return c->algo;
+    if (c->algo == FF_COLL_ALGO_STAR) return FF_COLL_ALGO_DIRECT; /* star is all_reduce's alone */
     return bytes_each_rank_sends <= c->cpu.direct_max ? FF_COLL_ALGO_DIRECT : FF_COLL_ALGO_RING;
+}
+
+/* The star all-reduce: every rank sends its buffer to rank 0, which reduces the n of them
+ * in rank order (the same order, so the same bits, as the direct exchange) and sends the
+ * result back. Two steps and 2(n-1) messages: the fewest wake-ups, which is what small
+ * messages cost. */
+static int star_all_reduce(ff_coll_comm *c, const coll_call *call, const coll_hdr *h, size_t bytes) {
+    int n = c->nranks, r = c->rank;
+    coll_work *w = &c->cpu.w;
+    uint8_t *recv = call->recvbuf;
+    if (r != 0) {
+        coll_chan_simple(&w->chans[0], c, 0, true, h, (uint8_t *)call->sendbuf, bytes);
+        coll_chan_simple(&w->chans[1], c, 0, false, h, recv, bytes);
+        return coll_engine_run(w->chans, 2);
+    }
+    uint8_t *scr = coll_scratch(c, (size_t)n * bytes + 64);
+    if (!scr) return -1;
+    for (int p = 1; p < n; p++) coll_chan_simple(&w->chans[p - 1], c, p, false, h, scr + (size_t)p * bytes, bytes);
+    if (coll_engine_run(w->chans, (size_t)n - 1)) return -1;
+    w->slot[0] = call->sendbuf;
+    for (int p = 1; p < n; p++) w->slot[p] = scr + (size_t)p * bytes;
+    reduce_in_order(recv, w->slot, n, call->count, call->dtype, call->redop);
+    for (int p = 1; p < n; p++) coll_chan_simple(&w->chans[p - 1], c, p, true, h, recv, bytes);
+    return coll_engine_run(w->chans, (size_t)n - 1);
 }
 
 static coll_hdr make_hdr(const ff_coll_comm *c, const coll_call *call, int algo, uint64_t count, int root) {
@@ -265,8 +290,11 @@ static int all_reduce(ff_coll_comm *c, const coll_call *call) {
         if (call->recvbuf != call->sendbuf) memmove(call->recvbuf, call->sendbuf, bytes);
         return 0;
     }
-    int algo = choose_algo(c, bytes * (size_t)(n - 1));
+    int algo = c->algo == FF_COLL_ALGO_STAR                                   ? FF_COLL_ALGO_STAR
+               : c->algo == FF_COLL_ALGO_AUTO && bytes * (size_t)(n - 1) <= c->cpu.star_max ? FF_COLL_ALGO_STAR
+                                                                            : choose_algo(c, bytes * (size_t)(n - 1));
     coll_hdr h = make_hdr(c, call, algo, call->count, 0);
+    if (algo == FF_COLL_ALGO_STAR) return star_all_reduce(c, call, &h, bytes);
     /* the ring needs every chunk non-empty; fewer elements than ranks go direct */
     if (algo == FF_COLL_ALGO_RING && call->count >= (size_t)n) {
         chunks(w->off, n, call->count, NULL, true, es);

@@ -81,7 +81,10 @@ const char *coll_op_name(int op) {
 }
 
 static const char *algo_name(int algo) {
-    return algo == FF_COLL_ALGO_RING ? "ring" : algo == FF_COLL_ALGO_DIRECT ? "direct" : "auto";
+    return algo == FF_COLL_ALGO_RING     ? "ring"
+           : algo == FF_COLL_ALGO_DIRECT ? "direct"
+           : algo == FF_COLL_ALGO_STAR   ? "star"
+                                         : "auto";
 }
 
 void coll_describe(char *buf, size_t cap, int op, int dtype, int redop_algo, uint64_t count, int root) {
@@ -171,6 +174,26 @@ static int read_soon(int fd, uint8_t *buf, size_t n, int ms) {
     return 0;
 }
 
+/* The channels of the engine run in progress on this thread (to find, when a send fails,
+ * how far the receive on the same connection is). */
+static _Thread_local coll_chan *g_run_chans;
+static _Thread_local size_t g_run_n;
+
+static bool chan_done(const coll_chan *ch) { return ch->k >= ch->nframes; }
+
+/* "rank 2 (receive frame 0 of 1), rank 3 (send frame 4 of 9)": what this rank still waits
+ * for in the engine run in progress. */
+static void pending_list(char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < g_run_n && len + 80 < cap; i++) {
+        const coll_chan *ch = &g_run_chans[i];
+        if (chan_done(ch)) continue;
+        len += (size_t)snprintf(buf + len, cap - len, "%srank %d (%s frame %zu of %zu)", len ? ", " : "", ch->peer,
+                                ch->tx ? "send" : "receive", ch->k, ch->nframes);
+    }
+}
+
 /* The reason of the last ABORT this thread received: when this rank breaks in turn it
  * forwards that root cause instead of wrapping it once more per hop. */
 static _Thread_local char g_forward[COLL_ABORT_MAX + 1];
@@ -182,12 +205,36 @@ const char *coll_take_forward_reason(void) {
     return out[0] ? out : NULL;
 }
 
+static int report_abort(coll_conn *cn, const char *reason, const char *call);
+
 /* The peer sent an ABORT header (already read): read its reason and set the error. */
 static int abort_error(coll_conn *cn, const coll_hdr *h, const char *call) {
     char reason[COLL_ABORT_MAX + 1] = "(reason not received)";
     size_t n = h->len < COLL_ABORT_MAX ? h->len : COLL_ABORT_MAX;
     if (h->len <= COLL_ABORT_MAX && read_soon(cn->fd, (uint8_t *)reason, n, 1000) == 0) reason[n] = '\0';
-    memcpy(g_forward, reason, sizeof g_forward);
+    if (cn->rx_fifo && !coll_shm_rx_empty(cn)) {
+        /* the notice overtook frames still in the FIFO: a receive in progress reads them
+         * first (they may explain the abort), as it would over TCP */
+        for (size_t i = 0; i < g_run_n; i++) {
+            const coll_chan *o = &g_run_chans[i];
+            if (!o->tx && o->k < o->nframes && &o->comm->cpu.conns[o->peer] == cn) {
+                free(cn->abort_reason);
+                cn->abort_reason = strdup(reason);
+                cn->state = PEER_ABORTED;
+                return 0;
+            }
+        }
+    }
+    return report_abort(cn, reason, call);
+}
+
+static int report_abort(coll_conn *cn, const char *reason, const char *call) {
+    snprintf(g_forward, sizeof g_forward, "%s", reason);
+    char waits[512];
+    pending_list(waits, sizeof waits);
+    if (waits[0])
+        return ff_error_set(call, NULL, "rank %d aborted the communicator: %s; this rank was still waiting for %s",
+                            cn->peer, reason, waits);
     return ff_error_set(call, NULL, "rank %d aborted the communicator: %s", cn->peer, reason);
 }
 
@@ -234,10 +281,6 @@ static int classify_hangup(coll_conn *cn, const char *call) {
     return 0;
 }
 
-/* The channels of the engine run in progress on this thread (to find, when a send fails,
- * how far the receive on the same connection is). */
-static _Thread_local coll_chan *g_run_chans;
-static _Thread_local size_t g_run_n;
 
 /* Bytes to skip on ch's connection to reach the next frame boundary of the incoming
  * stream, or -1 if unknown (a header partly read). */
@@ -257,7 +300,8 @@ static int lost_error(coll_chan *ch, const char *call, int err) {
     coll_conn *cn = &ch->comm->cpu.conns[ch->peer];
     if (cn->state == PEER_LEFT) return left_error(cn, call);
     if (cn->state == PEER_DEAD) return died_error(cn, call, "its connection closed without a goodbye");
-    if (ch->tx) {
+    if (cn->state == PEER_ABORTED) return report_abort(cn, cn->abort_reason ? cn->abort_reason : "?", call);
+    if (ch->tx && !cn->tx_fifo) {
         /* The peer may have said why before closing: an ABORT follows the frame it was
          * sending us (it pads that frame), and received bytes survive a reset. */
         long skip = bytes_to_boundary(ch);
@@ -282,10 +326,79 @@ static int lost_error(coll_chan *ch, const char *call, int err) {
     return died_error(cn, call, err ? strerror(err) : "connection closed");
 }
 
+/* A shared-memory connection's socket is readable: consume its control frames. KICKs
+ * only wake us; BYE and end of stream mark the peer LEFT or DEAD (what it already put in
+ * the FIFO can still be read); ABORT fails the call. */
+static int drain_control(coll_conn *cn, const char *call) {
+    for (;;) {
+        ssize_t r = recv(cn->fd, cn->ctl + cn->ctl_off, COLL_HDR_BYTES - cn->ctl_off, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (r <= 0) {
+            if (cn->state == PEER_LIVE) cn->state = PEER_DEAD;
+            return 0;
+        }
+        cn->ctl_off += (size_t)r;
+        if (cn->ctl_off < COLL_HDR_BYTES) continue;
+        cn->ctl_off = 0;
+        coll_hdr h;
+        coll_hdr_decode(cn->ctl, &h);
+        if (h.magic != COLL_FRAME_MAGIC)
+            return ff_error_set(call, NULL, "rank %d sent a corrupt control frame", cn->peer);
+        if (h.type == FRAME_BYE) cn->state = PEER_LEFT;
+        if (h.type == FRAME_ABORT) return abort_error(cn, &h, call);
+    }
+}
+
+static bool gone(const coll_conn *cn) {
+    return cn->state == PEER_LEFT || cn->state == PEER_DEAD || cn->state == PEER_ABORTED;
+}
+
+/* Bytes moved; 0 would block; -1 + errno (0: end of stream). */
+static ssize_t xsend(coll_conn *cn, struct iovec *iov, int niov) {
+    if (cn->tx_fifo) {
+        if (gone(cn)) {
+            errno = EPIPE;
+            return -1;
+        }
+        return coll_shm_write(cn, iov, niov);
+    }
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+    for (;;) {
+        ssize_t r = sendmsg(cn->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r >= 0) return r;
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+    }
+}
+
+static ssize_t xrecv(coll_conn *cn, uint8_t *buf, size_t len) {
+    if (cn->rx_fifo) {
+        ssize_t r = coll_shm_read(cn, buf, len);
+        if (r == 0 && gone(cn) && coll_shm_rx_empty(cn)) {
+            errno = 0;
+            return -1;
+        }
+        return r;
+    }
+    for (;;) {
+        ssize_t r = recv(cn->fd, buf, len, MSG_DONTWAIT);
+        if (r > 0) return r;
+        if (r == 0) {
+            errno = 0;
+            return -1;
+        }
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+    }
+}
+
 int coll_check_peers(ff_coll_comm *c, const char *call) {
-    for (int r = 0; r < c->nranks; r++)
-        if (c->cpu.conns[r].state == PEER_DEAD)
-            return died_error(&c->cpu.conns[r], call, "its connection closed without a goodbye");
+    for (int r = 0; r < c->nranks; r++) {
+        coll_conn *cn = &c->cpu.conns[r];
+        if (cn->state == PEER_DEAD) return died_error(cn, call, "its connection closed without a goodbye");
+        if (cn->state == PEER_ABORTED) return report_abort(cn, cn->abort_reason ? cn->abort_reason : "?", call);
+    }
     return 0;
 }
 
@@ -352,32 +465,25 @@ static int step(coll_chan *ch, bool *moved, const char *call) {
                 size_t p = ch->off - COLL_HDR_BYTES;
                 iov[niov++] = (struct iovec){ch->ptr + p, ch->len - p};
             }
-            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-            ssize_t r = sendmsg(cn->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            ssize_t r = xsend(cn, iov, niov);
+            if (r == 0) return STEP_WAIT_IO;
             if (r < 0) {
-                if (errno == EINTR) continue;
-                if (errno == EAGAIN || errno == EWOULDBLOCK) return STEP_WAIT_IO;
                 lost_error(ch, call, errno);
                 return STEP_ERROR;
             }
             *moved = true;
             ch->off += (size_t)r;
             size_t total = COLL_HDR_BYTES + ch->len;
-            cn->tx_frame_left = (uint32_t)(total - ch->off);
+            if (!cn->tx_fifo) cn->tx_frame_left = (uint32_t)(total - ch->off); /* for an abort's padding */
             if (ch->off == total) {
                 ch->k++;
                 ch->off = 0;
             }
         } else {
             if (ch->off < COLL_HDR_BYTES) {
-                ssize_t r = recv(cn->fd, ch->hbuf + ch->off, COLL_HDR_BYTES - ch->off, MSG_DONTWAIT);
-                if (r == 0) {
-                    lost_error(ch, call, 0);
-                    return STEP_ERROR;
-                }
+                ssize_t r = xrecv(cn, ch->hbuf + ch->off, COLL_HDR_BYTES - ch->off);
+                if (r == 0) return STEP_WAIT_IO;
                 if (r < 0) {
-                    if (errno == EINTR) continue;
-                    if (errno == EAGAIN || errno == EWOULDBLOCK) return STEP_WAIT_IO;
                     lost_error(ch, call, errno);
                     return STEP_ERROR;
                 }
@@ -406,14 +512,9 @@ static int step(coll_chan *ch, bool *moved, const char *call) {
             }
             size_t p = ch->off - COLL_HDR_BYTES;
             if (p < ch->len) {
-                ssize_t r = recv(cn->fd, ch->ptr + p, ch->len - p, MSG_DONTWAIT);
-                if (r == 0) {
-                    lost_error(ch, call, 0);
-                    return STEP_ERROR;
-                }
+                ssize_t r = xrecv(cn, ch->ptr + p, ch->len - p);
+                if (r == 0) return STEP_WAIT_IO;
                 if (r < 0) {
-                    if (errno == EINTR) continue;
-                    if (errno == EAGAIN || errno == EWOULDBLOCK) return STEP_WAIT_IO;
                     lost_error(ch, call, errno);
                     return STEP_ERROR;
                 }
@@ -433,8 +534,6 @@ static int step(coll_chan *ch, bool *moved, const char *call) {
 
 /* ---- the loop ---------------------------------------------------------------------------- */
 
-static bool chan_done(const coll_chan *ch) { return ch->k >= ch->nframes; }
-
 /* Channels on one connection and direction run one after the other, in list order. */
 static bool eligible(const coll_chan *chans, size_t i) {
     for (size_t j = 0; j < i; j++)
@@ -446,14 +545,9 @@ static bool eligible(const coll_chan *chans, size_t i) {
 
 #define MAX_COMMS 16
 
-static int timeout_error(coll_chan *chans, size_t n, double secs, const char *call) {
-    char list[1024] = "";
-    size_t len = 0;
-    for (size_t i = 0; i < n && len < sizeof list - 80; i++) {
-        if (chan_done(&chans[i])) continue;
-        len += (size_t)snprintf(list + len, sizeof list - len, "%srank %d (%s frame %zu of %zu)", len ? ", " : "",
-                                chans[i].peer, chans[i].tx ? "send" : "receive", chans[i].k, chans[i].nframes);
-    }
+static int timeout_error(double secs, const char *call) {
+    char list[1024];
+    pending_list(list, sizeof list);
     return ff_error_set(call,
                         "a rank may be hung or may have skipped this call; options.timeout_s or "
                         "FF_COLL_TIMEOUT_S sets the timeout",
@@ -504,10 +598,12 @@ int coll_engine_run(coll_chan *chans, size_t n) {
     g_run_n = n;
     for (size_t i = 0; i < n; i++) {
         coll_conn *cn = &chans[i].comm->cpu.conns[chans[i].peer];
-        if (cn->state == PEER_DEAD || (cn->state == PEER_LEFT && chans[i].tx)) {
+        if (cn->state == PEER_DEAD || cn->state == PEER_ABORTED || (cn->state == PEER_LEFT && chans[i].tx)) {
             describe_local(call, sizeof call, &chans[i]);
             if (cn->state == PEER_DEAD)
                 died_error(cn, call, "its connection closed without a goodbye");
+            else if (cn->state == PEER_ABORTED)
+                report_abort(cn, cn->abort_reason ? cn->abort_reason : "?", call);
             else
                 left_error(cn, call);
             rc = -1;
@@ -544,8 +640,10 @@ int coll_engine_run(coll_chan *chans, size_t n) {
                 size_t l;
                 if (!ch->frame(ch->ctx, ch, ch->k, &p, &l)) continue; /* waits for a receive */
             }
-            pfd[np] = (struct pollfd){.fd = ch->comm->cpu.conns[ch->peer].fd,
-                                      .events = (short)((ch->tx ? POLLOUT : POLLIN) | POLLRDHUP)};
+            coll_conn *cn = &ch->comm->cpu.conns[ch->peer];
+            /* shared memory: sleep until a KICK (or a control frame) comes on the socket */
+            short ev = cn->tx_fifo ? POLLIN : ch->tx ? POLLOUT : POLLIN;
+            pfd[np] = (struct pollfd){.fd = cn->fd, .events = (short)(ev | POLLRDHUP)};
             who[np++] = (int)i;
             any_io = true;
         }
@@ -564,14 +662,14 @@ int coll_engine_run(coll_chan *chans, size_t n) {
                     busy = !chan_done(&chans[i]) && chans[i].comm == c && chans[i].peer == r;
                 if (busy) continue;
                 watched[nw] = cn;
-                pfd[np] = (struct pollfd){.fd = cn->fd, .events = POLLRDHUP};
+                pfd[np] = (struct pollfd){.fd = cn->fd, .events = (short)(cn->tx_fifo ? POLLIN | POLLRDHUP : POLLRDHUP)};
                 who[np++] = -(int)nw - 1;
                 nw++;
             }
         }
         int64_t left_ms = (last + (int64_t)(timeout_s * 1e9) - ff_now_ns()) / 1000000;
         if (left_ms <= 0) {
-            rc = timeout_error(chans, n, timeout_s, call);
+            rc = timeout_error(timeout_s, call);
             goto out;
         }
         int pr = poll(pfd, (nfds_t)np, left_ms > 1000000 ? 1000000 : (int)left_ms);
@@ -582,8 +680,16 @@ int coll_engine_run(coll_chan *chans, size_t n) {
         for (size_t p = 0; pr > 0 && p < np; p++) {
             short ev = pfd[p].revents;
             if (!ev) continue;
+            coll_conn *pc = who[p] < 0 ? watched[-who[p] - 1] : &chans[who[p]].comm->cpu.conns[chans[who[p]].peer];
+            if (pc->tx_fifo) { /* shared memory: the socket carries control frames only */
+                if (pc->state == PEER_LIVE && drain_control(pc, call)) {
+                    rc = -1;
+                    goto out;
+                }
+                continue;
+            }
             if (who[p] < 0) {
-                if (classify_hangup(watched[-who[p] - 1], call)) {
+                if (classify_hangup(pc, call)) {
                     rc = -1;
                     goto out;
                 }

@@ -671,15 +671,17 @@ static int build_mesh(ff_coll_comm *c, const peer_addr *addrs, int lfd, int64_t 
             goto out;
         }
     }
-    rc = 0;
+    rc = coll_shm_setup(c, deadline);
 out:
     close(lfd);
     if (rc)
-        for (int j = 0; j < n; j++)
+        for (int j = 0; j < n; j++) {
+            coll_shm_free(&c->cpu.conns[j]);
             if (c->cpu.conns[j].fd >= 0) {
                 close(c->cpu.conns[j].fd);
                 c->cpu.conns[j].fd = -1;
             }
+        }
     return rc;
 }
 
@@ -694,6 +696,7 @@ static size_t env_size(const char *name, size_t lo, size_t hi, size_t dflt) {
 static void set_tuning(coll_cpu *cpu) {
     cpu->slice = env_size("FF_COLL_SLICE_BYTES", 4096, 64u << 20, 256u * 1024);
     cpu->direct_max = env_size("FF_COLL_DIRECT_MAX", 0, (size_t)1 << 40, 256u * 1024);
+    cpu->star_max = env_size("FF_COLL_STAR_MAX", 0, (size_t)1 << 40, 256u * 1024);
 }
 
 int coll_cpu_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
@@ -862,6 +865,7 @@ int coll_cpu_comm_split(ff_coll_comm *c, int color, int key, ff_coll_comm **out)
     child->cpu.family = c->cpu.family;
     child->cpu.slice = c->cpu.slice;
     child->cpu.direct_max = c->cpu.direct_max;
+    child->cpu.star_max = c->cpu.star_max;
     child->cpu.conns = ff_calloc((size_t)m, sizeof *child->cpu.conns);
     if (!child->cpu.conns || coll_work_alloc(child)) {
         free(child->cpu.conns);
@@ -964,6 +968,9 @@ void coll_cpu_comm_free(ff_coll_comm *c) {
             }
             close(cn->fd);
             cn->fd = -1;
+            coll_shm_free(cn);
+            free(cn->abort_reason);
+            cn->abort_reason = NULL;
         }
         free(c->cpu.conns);
         c->cpu.conns = NULL;

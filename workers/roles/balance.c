@@ -204,7 +204,7 @@ int ff_mb_plan_make(const int64_t *tokens, int32_t n, int32_t n_ranks, int32_t m
     size_t nn = (size_t)(n > 0 ? n : 1);
     int32_t *rank_of = ff_malloc(nn * sizeof *rank_of), *rank_items = ff_malloc(nn * sizeof *rank_items);
     int32_t *rank_start = ff_calloc((size_t)n_ranks + 1, sizeof *rank_start);
-    int32_t *bin_of = ff_malloc(nn * sizeof *bin_of), *bin_n = ff_malloc(nn * sizeof *bin_n);
+    int32_t *bin_of = ff_malloc(nn * sizeof *bin_of), *bin_n = ff_malloc((nn + (size_t)n_ranks) * sizeof *bin_n);
     int64_t *scratch = ff_malloc(nn * sizeof *scratch), *bin_t = ff_malloc(nn * sizeof *bin_t);
     int32_t *m_rank = ff_calloc((size_t)n_ranks, sizeof *m_rank);
     int rc = -1;
@@ -224,8 +224,9 @@ int ff_mb_plan_make(const int64_t *tokens, int32_t n, int32_t n_ranks, int32_t m
     for (int32_t r = 0; r < n_ranks; r++) {
         int32_t nr = rank_start[r + 1] - rank_start[r];
         const int32_t *it = rank_items + rank_start[r];
-        int64_t tot = 0;
-        for (int32_t i = 0; i < nr; i++) tot += tokens[it[i]];
+        int64_t tot = 0; /* a lower bound: an oversized sample fills one micro-batch alone */
+        for (int32_t i = 0; i < nr; i++)
+            tot += micro_batch_tokens > 0 && tokens[it[i]] > micro_batch_tokens ? micro_batch_tokens : tokens[it[i]];
         int32_t m = 1;
         if (micro_batch_size > 0 && (nr + micro_batch_size - 1) / micro_batch_size > m) m = (nr + micro_batch_size - 1) / micro_batch_size;
         if (micro_batch_tokens > 0 && (tot + micro_batch_tokens - 1) / micro_batch_tokens > m)
