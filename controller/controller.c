@@ -504,9 +504,17 @@ static void on_heartbeat(struct ev_loop *loop, ev_timer *t, int revents) {
     (void)revents;
     ff_controller *c = t->data;
     int64_t now = ff_now_ns();
+    /* Silence is only evidence when we were listening: after a stall of our own (the loop
+     * blocked, the process descheduled) every worker looks silent, so forgive the gap; and
+     * messages still waiting in our socket are not silence either. */
+    int64_t gap = c->last_tick_ns ? now - c->last_tick_ns : 0;
+    c->last_tick_ns = now;
+    bool stalled = gap > (int64_t)(c->o.timeout_s * 0.5e9);
+    bool backlog = rt_zsock_readable(c->sock);
     for (int r = 0; r < c->nworkers; r++) {
         ctl_worker *w = c->workers[r];
         if (!w) continue;
+        if (stalled && w->state == FF_WORKER_LIVE && w->last_rx_ns < now - gap) w->last_rx_ns = now - gap;
         if (w->local && w->pidfd < 0 && !w->reaped && reap(c, w, false) &&
             (w->state == FF_WORKER_LIVE || w->state == FF_WORKER_SPAWNED)) {
             char why[128];
@@ -518,7 +526,7 @@ static void on_heartbeat(struct ev_loop *loop, ev_timer *t, int revents) {
         double silent = (now - w->last_rx_ns) / 1e9;
         if (w->disconnected) {
             ctl_worker_died(c, w, "its connection is gone (peer unreachable)");
-        } else if (silent > c->o.timeout_s) {
+        } else if (silent > c->o.timeout_s && !backlog) {
             ctl_worker_died(c, w, "silent for %.2f s (timeout %.2f s)", silent, c->o.timeout_s);
         } else {
             send_ping(c, w);

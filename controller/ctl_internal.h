@@ -178,6 +178,7 @@ struct ff_controller {
     bool own_loop;
     rt_zwatch zw;
     ev_timer hb_timer;
+    int64_t last_tick_ns;
     ev_idle deferred_idle;
     ev_timer wake_timer; /* run_until's deadline */
     ff_msg_decoder *dec;

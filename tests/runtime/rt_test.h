@@ -34,7 +34,7 @@ static inline ff_controller_opts rt_opts(void) {
     rt_self[n] = 0;
     o.worker_bin = rt_self;
     o.heartbeat_s = 0.05;
-    o.timeout_s = 1.0;
+    o.timeout_s = 3.0; /* deaths in these tests come from exits (seen at once) or set their own */
     o.worker_log = "error";
     return o;
 }

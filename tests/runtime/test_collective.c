@@ -111,7 +111,7 @@ static void test_ops(ff_controller *c) {
 int main(int argc, char **argv) {
     RT_WORKER_MAIN(argc, argv);
     ff_controller_opts o = rt_opts();
-    o.timeout_s = 2;
+    o.timeout_s = 3;
     ff_controller *c = ff_controller_new(&o);
     REQUIRE(c);
     REQUIRE(ff_controller_spawn(c, W) == 0);
