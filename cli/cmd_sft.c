@@ -603,6 +603,12 @@ int ff_cmd_sft(int argc, char **argv) {
     if (!(be = ff_backend_new(s.device)) || !(m = ff_model_new(be, &mc, w))) goto out;
     ff_tensor_set_destroy(&w);
     if (!(opt = ff_optimizer_new(m, &s.optim))) goto out;
+    {
+        /* size the training workspace once for the largest micro-batch */
+        int64_t bs = s.batch_size < train.n ? s.batch_size : train.n, most = bs * train.max_len;
+        if (s.micro_tokens > 0 && s.micro_tokens < most) most = s.micro_tokens > train.max_len ? s.micro_tokens : train.max_len;
+        if (most > INT32_MAX || ff_model_reserve(m, (int32_t)most) != 0) goto out;
+    }
     if (resume) {
         snprintf(path, sizeof path, "%s/optimizer.safetensors", ck);
         if (!(ostate = ff_tensor_set_new()) || ff_safetensors_load(path, ostate) != 0 || ff_optimizer_import_state(opt, ostate) != 0 ||
