@@ -60,6 +60,8 @@ struct ff_worker {
     ev_timer tick;   /* liveness, hello retries, handshake failures */
     ev_signal sigterm, sigint;
     bool handle_signals;
+    bool uses_curve;
+    int handshake_failures; /* without detail, before the welcome */
     ff_msg_decoder *dec;
     ff_msg ctl;      /* reused for control messages we send */
     handler kinds[MAX_KINDS];
@@ -602,7 +604,7 @@ static void check_monitor(ff_worker *w) {
             else more = zmq_msg_more(&a);
             zmq_msg_close(&a);
         }
-        const char *hint = w->o.curve_key_file
+        const char *hint = w->uses_curve
                                ? "check that worker.key comes from the same `fuseflow keygen` run as the "
                                  "controller's controller.key"
                                : "the controller uses CURVE: pass --curve worker.key from its `fuseflow keygen` run";
@@ -611,7 +613,15 @@ static void check_monitor(ff_worker *w) {
                         handshake_event_name(ev), value, hint);
             return;
         }
-        ff_warn("worker: %s: %s (code %u); retrying (hint: %s)", w->connect, handshake_event_name(ev), value, hint);
+        /* no detail: the server dropped our hello (CURVE keys of another keygen run, or not a
+         * fuseflow controller); a few in a row before any welcome is an answer */
+        if (!w->welcomed && ++w->handshake_failures >= 5) {
+            worker_exit(w, -1, "%s: the handshake failed %d times in a row (%s) (hint: %s)", w->connect,
+                        w->handshake_failures, zmq_strerror((int)value), hint);
+            return;
+        }
+        if (w->handshake_failures <= 1)
+            ff_warn("worker: %s: handshake failed (%s); retrying (hint: %s)", w->connect, zmq_strerror((int)value), hint);
     }
 }
 
@@ -663,8 +673,8 @@ ff_worker *ff_worker_new(const ff_worker_opts *o) {
     snprintf(w->device, sizeof w->device, "%s", o->device ? o->device : "cpu");
     w->o.connect = w->connect;
     w->o.device = w->device;
-    w->o.curve_key_file = NULL; /* not kept: only whether one was given */
-    if (o->curve_key_file) w->o.curve_key_file = "given";
+    w->o.curve_key_file = NULL; /* the path is not kept, only whether there was one */
+    w->uses_curve = o->curve_key_file != NULL;
     if (w->o.connect_timeout_s <= 0) w->o.connect_timeout_s = 30;
     w->timeout_s = o->orphan_timeout_s;
     w->rank = -1;

@@ -45,7 +45,7 @@ pids+=($ctl)
 # an intruder without keys is refused (the controller is up: it waits for two workers)...
 ip netns exec "$nsw" "$FF_BIN" worker --connect "tcp://$ctl_ip:$port" --connect-timeout 20 > "$tmp/bad.out" 2>&1
 rc=$?
-if [[ $rc -ne 1 ]] || ! grep -q "refused" "$tmp/bad.out"; then
+if [[ $rc -ne 1 ]] || ! grep -q -- "pass --curve worker.key" "$tmp/bad.out"; then
     echo "FAILED: a worker without keys was not refused (exit $rc)"; cat "$tmp/bad.out"; fail=1
 fi
 # ...then the two real workers join (they share the worker namespace; their cpu collectives
