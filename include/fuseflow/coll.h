@@ -89,9 +89,10 @@ typedef struct ff_coll_options {
 } ff_coll_options;
 
 enum {
-    FF_COLL_ALGO_AUTO = 0, /* direct exchange for small messages, pipelined ring for large */
+    FF_COLL_ALGO_AUTO = 0, /* by message size: star / direct for small, pipelined ring for large */
     FF_COLL_ALGO_RING,     /* always the pipelined ring (chain for broadcast) */
-    FF_COLL_ALGO_DIRECT,   /* always the one-step direct exchange */
+    FF_COLL_ALGO_DIRECT,   /* always the one-step direct exchange (every rank to every rank) */
+    FF_COLL_ALGO_STAR,     /* all_reduce: gather to rank 0, reduce, send back; others: direct */
 };
 
 /* Make a new unique id for `backend` ("cpu" or "nccl"). For "cpu", binds the rendezvous

@@ -285,12 +285,14 @@ static int ops_rank(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, void
 
 int main(void) {
     int nr[] = {1, 2, 3, 4, 5, 8};
-    int algos[] = {FF_COLL_ALGO_AUTO, FF_COLL_ALGO_RING, FF_COLL_ALGO_DIRECT};
+    int algos[] = {FF_COLL_ALGO_AUTO, FF_COLL_ALGO_RING, FF_COLL_ALGO_DIRECT, FF_COLL_ALGO_STAR};
     int failures = 0;
-    for (size_t a = 0; a < 3; a++)
+    for (size_t a = 0; a < 4; a++)
         for (size_t ni = 0; ni < sizeof nr / sizeof *nr; ni++) {
             int n = nr[ni];
-            cfg k = {.algo = algos[a], .big = algos[a] != FF_COLL_ALGO_DIRECT && (n == 2 || n == 3 || n == 8)};
+            cfg k = {.algo = algos[a],
+                     .big = (algos[a] == FF_COLL_ALGO_AUTO || algos[a] == FF_COLL_ALGO_RING) &&
+                            (n == 2 || n == 3 || n == 8)};
             run_opts ro = default_run();
             ro.comm_opt.algo = algos[a];
             ro.comm_opt.timeout_s = 30;
@@ -312,6 +314,21 @@ int main(void) {
                 CHECK(f == 0 && h[0] == first);
             }
         }
+    /* the same over TCP only (FF_COLL_SHM=0: no shared-memory fast path), as across hosts */
+    setenv("FF_COLL_SHM", "0", 1);
+    int tcp_n[] = {2, 3, 8};
+    for (size_t a = 0; a < 2; a++)
+        for (size_t ni = 0; ni < 3; ni++) {
+            int n = tcp_n[ni];
+            cfg k = {.algo = algos[a], .big = n == 3};
+            run_opts ro = default_run();
+            ro.comm_opt.algo = algos[a];
+            ro.comm_opt.timeout_s = 30;
+            int f = run_ranks(n, &ro, ops_rank, &k);
+            printf("ops over TCP: %d ranks, algo %d: %s\n", n, algos[a], f ? "FAILED" : "ok");
+            failures += f;
+        }
+    unsetenv("FF_COLL_SHM");
     CHECK_EQ_INT(failures, 0);
     TEST_MAIN_END();
 }
