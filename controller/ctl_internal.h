@@ -78,6 +78,7 @@ struct ctl_job {
     struct ctl_job *next, *prev; /* in a group's queue of group jobs */
     bool queued;
     bool completed;
+    bool cancelled; /* a cancel was asked: never dispatched again */
 };
 
 typedef struct job_list {

@@ -722,6 +722,7 @@ fail : {
 int ff_controller_cancel(ff_controller *c, uint64_t id) {
     ctl_job *j = u64map_get(&c->jobs, id);
     if (!j || j->completed) return ff_error_set("cancel", NULL, "no outstanding job %llu", (unsigned long long)id);
+    j->cancelled = true;
     if (j->queued) {
         jlist_remove(&j->group->job_q, j);
         fail_job_subs(c, j, FF_STATUS_CANCELLED, "cancelled before dispatch");
@@ -757,6 +758,8 @@ void sched_worker_lost(ff_controller *c, ctl_worker *w) {
         ctl_job *j = s->job;
         if (c->shutting_down) {
             sched_fail_sub(c, s, FF_STATUS_SHUTDOWN, "worker %d stopped before answering", w->rank);
+        } else if (j->cancelled) {
+            sched_fail_sub(c, s, FF_STATUS_CANCELLED, "cancelled (its worker %d died meanwhile)", w->rank);
         } else if (j->target == FF_TARGET_ANY && j->idempotent && s->attempts < c->o.max_attempts &&
                    group_may_serve(c, j->group)) {
             s->state = SUB_PENDING;

@@ -864,7 +864,9 @@ static int parse_double(const char *s, double *out) {
     return 0;
 }
 
-int ff_worker_main(int argc, char **argv) {
+int ff_worker_main(int argc, char **argv) { return ff_worker_main_ex(argc, argv, NULL, NULL); }
+
+int ff_worker_main_ex(int argc, char **argv, ff_worker_setup_fn setup, void *ud) {
     ff_worker_opts o;
     ff_worker_opts_default(&o);
     for (int i = 1; i < argc; i++) {
@@ -943,6 +945,11 @@ int ff_worker_main(int argc, char **argv) {
         return 1;
     }
     w->handle_signals = true;
+    if (setup && setup(w, ud) != 0) {
+        fprintf(stderr, "fuseflow worker: setup: %s\n", ff_error_message());
+        ff_worker_destroy(&w);
+        return 1;
+    }
     int rc = ff_worker_run(w);
     if (rc != 0) fprintf(stderr, "fuseflow worker: %s\n", ff_error_message());
     ff_worker_destroy(&w);

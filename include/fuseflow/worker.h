@@ -83,6 +83,11 @@ int ff_worker_rank(const ff_worker *w);
  * status (0 clean shutdown, 1 error, 2 bad usage). Programs that start workers by exec'ing
  * themselves (tests, benchmarks) call this from main when argv[1] is "worker". */
 int ff_worker_main(int argc, char **argv);
+/* The same, calling setup(w, ud) after the worker is made and before it runs: the place to
+ * register a program's own kinds (model handlers) next to the generic ones. A setup that
+ * returns -1 (+ error) ends it with status 1. ud stays the caller's. */
+typedef int (*ff_worker_setup_fn)(ff_worker *w, void *ud);
+int ff_worker_main_ex(int argc, char **argv, ff_worker_setup_fn setup, void *ud);
 
 /* ---- inside a handler --------------------------------------------------------------- */
 uint64_t ff_task_id(const ff_task *t);

@@ -403,13 +403,61 @@ static void test_shutdown(void) {
     ff_controller_destroy(&c);
 }
 
+/* A kind of the program's own, registered through ff_worker_main_ex (the docs' example). */
+static int kind_scale(ff_task *t, void *ud) {
+    (void)ud;
+    double k;
+    const ff_tensor *x = ff_task_input_named(t, "x");
+    if (!x || ff_msg_arg_float(ff_task_subtask(t), "k", &k) != 0)
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s", ff_error_message());
+    float *y = ff_task_output(t, "y", FF_DTYPE_F32, x->ndim, x->shape);
+    if (!y) return -1;
+    for (int64_t i = 0; i < ff_tensor_numel(x); i++) y[i] = (float)k * ((const float *)x->data)[i];
+    return 0;
+}
+
+static int setup_worker(ff_worker *w, void *ud) {
+    (void)ud;
+    return ff_worker_register(w, "scale", kind_scale, NULL, 0);
+}
+
+static void on_scale(ff_controller *c, uint64_t job, const ff_result *r, int n, void *ud) {
+    (void)c;
+    (void)job;
+    (void)n;
+    int *ok = ud;
+    *ok = r[0].status == FF_STATUS_OK && r[0].noutputs == 1 && !strcmp(r[0].outputs[0].name, "y") &&
+          ((const float *)r[0].outputs[0].data)[2] == 7.5f;
+}
+
+static void test_custom_kind(ff_controller *c) {
+    int ok = 0;
+    int64_t three = 3;
+    ff_input in = rt_f32("x", &three, 2.5f);
+    ff_arg k = ff_arg_float("k", 3);
+    ff_subtask_spec s = {.kind = "scale", .target = FF_TARGET_ANY, .group = "all", .args = &k, .nargs = 1,
+                         .inputs = &in, .ninputs = 1};
+    REQUIRE(ff_controller_submit(c, &s, on_scale, &ok) > 0);
+    REQUIRE(ff_controller_run(c, 30) == 0);
+    CHECK(ok);
+    ff_worker_info wi;
+    ff_controller_worker_info(c, 0, &wi);
+    bool has = false;
+    for (int i = 0; i < wi.ncaps; i++) has |= !strcmp(wi.caps[i], "scale");
+    CHECK(has); /* announced in the hello */
+}
+
 int main(int argc, char **argv) {
-    RT_WORKER_MAIN(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "worker")) {
+        ff_log_set_level(FF_LOG_ERROR);
+        return ff_worker_main_ex(argc - 1, argv + 1, setup_worker, NULL);
+    }
     ff_controller_opts o = rt_opts();
     ff_controller *c = rt_start(&o, 3);
     test_any_and_rank(c);
     test_group_jobs(c);
     test_keep_output(c);
+    test_custom_kind(c);
     test_failures_and_errors(c);
     ff_controller_stats st;
     ff_controller_stats_get(c, &st);

@@ -116,6 +116,31 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(ok + s.lost, 2000);
     ff_controller_stats_get(s.c, &st);
     CHECK_EQ_INT(st.duplicates, 0);
+
+    /* a cancelled subtask whose worker dies before answering is not sent elsewhere */
+    int pair[2] = {0, 3};
+    REQUIRE(ff_controller_group_create(s.c, "pair", pair, 2, NULL) == 0);
+    ff_arg a = ff_arg_float("ms", 600000);
+    ff_subtask_spec slp = {.kind = "sleep", .target = FF_TARGET_ANY, .group = "pair", .args = &a, .nargs = 1,
+                           .idempotent = true};
+    rt_counter k = {0};
+    uint64_t job = ff_controller_submit(s.c, &slp, rt_count, &k);
+    REQUIRE(job > 0);
+    int holder = -1;
+    for (int r = 0; r < 4; r++) {
+        ff_worker_info w;
+        if (ff_controller_worker_info(s.c, r, &w) == 0 && w.inflight == 1) holder = r;
+    }
+    REQUIRE(holder == 0 || holder == 3);
+    ff_controller_worker_info(s.c, holder, &wi);
+    REQUIRE(kill((pid_t)wi.pid, SIGSTOP) == 0); /* it cannot answer the cancel... */
+    REQUIRE(ff_controller_cancel(s.c, job) == 0);
+    REQUIRE(kill((pid_t)wi.pid, SIGKILL) == 0); /* ...and dies with it */
+    uint64_t before = st.redispatched;
+    REQUIRE(ff_controller_run(s.c, 30) == 0);
+    CHECK_EQ_INT(k.status[FF_STATUS_CANCELLED], 1);
+    ff_controller_stats_get(s.c, &st);
+    CHECK_EQ_INT(st.redispatched, before);
     rt_shutdown_clean(s.c);
     ff_controller_destroy(&s.c);
     TEST_MAIN_END();
