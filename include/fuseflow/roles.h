@@ -1,0 +1,311 @@
+/* fuseflow: the RL engines that run inside one worker: rollout (generation with continuous
+ * batching), scoring (log-probs, values, reward-model scores over micro-batches), micro-batch
+ * balancing, the actor and critic trainers, and weight sync. In-process and single-threaded:
+ * a worker calls them from its compute thread; the executor (controller side) decides what
+ * runs where and moves the columns. docs/roles.md has the whole story.
+ *
+ * Samples. Every engine reads samples as views of columns the caller owns (the executor's
+ * sample store, or a driver's arrays): a prompt, a response, and per-token columns aligned
+ * with the response. Position conventions (the same as verl's):
+ *
+ *     sequence = prompt[0..P) response[0..R)       P + R tokens, packed one after another
+ *     per-token column x[j], j in [0, R): about response token j, computed at the position
+ *     that predicts it (P - 1 + j): its log-prob, the entropy of the distribution it was
+ *     drawn from, the critic's value of the state before it.
+ *
+ * A reward model's score is its value head at the last token of the sequence (P + R - 1).
+ *
+ * Log-probs and temperature: the rollout returns, by default, log softmax(logits / T)[token]
+ * at the sampling temperature T (FF_LOGPROB_TEMPERATURE), and the trainer's forward uses the
+ * same T, so the rollout's log-probs are PPO's old_logprob without a recompute (they equal a
+ * fresh forward's up to float rounding; tests/roles checks it). top-k/top-p do not enter.
+ *
+ * Data parallelism. A mini-batch is split over the DP ranks and into micro-batches balanced
+ * by token count (ff_mb_plan_make, deterministic, computed once where the whole mini-batch is
+ * known). Each rank runs ff_trainer_step on its share with the mini-batch's GLOBAL loss
+ * normaliser (ff_trainer_denom summed over every rank's share); the gradients then add up,
+ * so the DP hook must SUM (not average) the gradient buffer across ranks. The hook runs after
+ * the last micro-batch's backward and before clipping and the optimizer step.
+ *
+ * Errors: -1 / NULL + ff_error message (bad sample, a model without the head asked for,
+ * allocation); misuse (NULL pointers, negative counts) asserts.
+ */
+#ifndef FUSEFLOW_ROLES_H
+#define FUSEFLOW_ROLES_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fuseflow/graph.h"
+#include "fuseflow/model.h"
+#include "fuseflow/registry.h"
+#include "fuseflow/rlhf.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- samples ------------------------------------------------------------------------------- */
+
+/* One sample as views of caller-owned columns. Per-token columns are [response_len] or NULL
+ * (not present; each engine says which it needs). */
+typedef struct ff_rl_sample {
+    const int32_t *prompt;
+    int32_t prompt_len;       /* >= 1 */
+    const int32_t *response;
+    int32_t response_len;     /* >= 0 (an empty response contributes nothing to a loss) */
+    const float *mask;        /* 1 = the token counts in losses, 0 = it does not; NULL = all */
+    const float *old_logprob; /* actor training: the rollout's log-probs */
+    const float *advantages;  /* actor training */
+    const float *ref_logprob; /* actor training with a KL loss */
+    const float *old_values;  /* critic training: values at rollout time */
+    const float *returns;     /* critic training */
+} ff_rl_sample;
+
+/* Tokens of the packed sequence: prompt_len + response_len. */
+static inline int32_t ff_rl_sample_tokens(const ff_rl_sample *s) { return s->prompt_len + s->response_len; }
+
+/* ---- rollout: continuous batching -------------------------------------------------------- */
+
+/* A queue of generation requests over one policy model. Each request is a prompt, n samples
+ * and sampling settings; its n samples share one prefill of the prompt (its K/V copied into n
+ * KV-cache slots). ff_rollout_step admits waiting requests while slots are free, prefills
+ * them, and decodes one token for every running sequence; a finished sequence leaves at once
+ * and its slot goes to the next waiting request. Sample j of a request draws from its own RNG
+ * stream seeded by (request seed, j), so a sample's tokens do not depend on what else is in
+ * the batch, on the order of requests, or on max_slots. Built on ff_generator (model.h). */
+typedef struct ff_rollout_config {
+    int32_t max_slots;          /* sequences decoding together (KV-cache slots), >= 1 */
+    int32_t max_seq_len;        /* prompt + response positions per slot */
+    int32_t max_prefill_tokens; /* prompt tokens prefilled per step (0: max_seq_len) */
+    ff_logprob_mode logprob_mode; /* applied to every request (FF_LOGPROB_TEMPERATURE: see top) */
+} ff_rollout_config;
+void ff_rollout_config_default(ff_rollout_config *c); /* 64 slots, 256 positions, TEMPERATURE */
+
+typedef struct ff_rollout_request {
+    uint64_t id;           /* the caller's, returned with each sample */
+    const int32_t *prompt; /* [prompt_len], copied */
+    int32_t prompt_len;
+    int32_t n;             /* samples, sharing one prefill */
+    ff_sampling sampling;  /* its logprob_mode is replaced by the config's */
+    uint64_t seed;
+} ff_rollout_request;
+
+/* A seed for one request from a run seed, an iteration and a prompt's index (splitmix-style
+ * mixing), so every request of a run has its own stream. */
+uint64_t ff_rollout_seed(uint64_t run_seed, uint64_t iteration, uint64_t prompt_index);
+
+typedef struct ff_rollout_stats {
+    int64_t steps;          /* ff_rollout_step calls that did work */
+    int64_t prefill_tokens; /* prompt tokens of the requests added (prefilled once each) */
+    int64_t decode_tokens;  /* tokens of the samples handed out */
+    int64_t samples_done;   /* samples handed out (ff_rollout_take, ff_rollout_run) */
+    int32_t max_running;    /* most sequences decoding together after a step */
+    double busy_s;          /* time inside ff_rollout_step */
+} ff_rollout_stats;
+
+typedef struct ff_rollout ff_rollout;
+
+/* A rollout engine on m (needs an LM head; must outlive the engine). NULL + error. */
+ff_rollout *ff_rollout_new(ff_model *m, const ff_rollout_config *c);
+void ff_rollout_destroy(ff_rollout **r);
+ff_model *ff_rollout_model(const ff_rollout *r);
+
+/* Queue a request (checked: tokens in range, prompt fits, n <= max_slots). 0 or -1 + error. */
+int ff_rollout_add(ff_rollout *r, const ff_rollout_request *q);
+/* One step (admit + prefill + one decode token per running sequence). Returns the number of
+ * samples that finished in this step (>= 0), or -1 + error. */
+int ff_rollout_step(ff_rollout *r);
+/* Samples waiting or running. 0: idle. */
+int32_t ff_rollout_pending(const ff_rollout *r);
+int32_t ff_rollout_running(const ff_rollout *r);
+/* Take one finished sample in finishing order: 1 and *out (the caller owns its arrays; free
+ * with ff_gen_output_free), or 0 when none is ready. out->id is the request id, out->sample
+ * its index in [0, n); out->logprobs are per the config's logprob_mode. */
+int ff_rollout_take(ff_rollout *r, ff_gen_output *out);
+/* End a request's samples now (running ones come out of ff_rollout_take as ABORTED with
+ * what they have; waiting ones vanish). Returns the number ended. */
+int32_t ff_rollout_abort(ff_rollout *r, uint64_t id);
+const ff_rollout_stats *ff_rollout_stats_of(const ff_rollout *r);
+void ff_rollout_stats_reset(ff_rollout *r);
+
+/* Run everything queued to completion. *outs (malloc'd; free each with ff_gen_output_free,
+ * then free(*outs)) gets every sample finished during the call, ordered by the order in
+ * which the requests were added, then by sample index; *n_outs their count. Samples finished
+ * before the call and not taken are included. 0 or -1 + error. */
+int ff_rollout_run(ff_rollout *r, ff_gen_output **outs, int32_t *n_outs);
+
+/* ---- weight sync ------------------------------------------------------------------------- */
+
+/* Trained actor -> generating actor in one process: one copy of the flat parameter buffer
+ * (ff_model_copy_params). Refused (-1 + error) while r has sequences in flight: they would
+ * continue under other weights. Across processes the same flat buffer of
+ * ff_model_param_count() fp32 values is what crosses (docs/roles.md). */
+int ff_rollout_sync_weights(ff_rollout *r, ff_model *trained);
+
+/* ---- scoring over micro-batches ---------------------------------------------------------- */
+
+/* Micro-batches of scoring calls: consecutive samples packed while both limits hold (a
+ * sample alone is always one micro-batch). 0 = no limit. */
+typedef struct ff_score_opts {
+    int32_t micro_batch_size;   /* samples per forward (0: no limit) */
+    int32_t micro_batch_tokens; /* tokens per forward (0: no limit; default 4096 when both 0) */
+    float temperature;          /* log-probs/entropy of softmax(logits / T); 0 means 1 */
+} ff_score_opts;
+
+/* Per-token log-probs (and entropy, when entropy != NULL) of each sample's response under m:
+ * logprobs[i] (and entropy[i]) are caller arrays of samples[i].response_len floats. Reads
+ * prompt and response only. 0 or -1 + error. */
+int ff_score_logprobs(ff_model *m, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, float *const *logprobs,
+                      float *const *entropy);
+/* Per-token values of each response under a critic (a model with a value head): values[i]
+ * is [samples[i].response_len]. */
+int ff_score_values(ff_model *critic, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, float *const *values);
+/* Reward-model scores: the value head at each sequence's last token. scores [n]. */
+int ff_score_reward_model(ff_model *rm, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, float *scores);
+
+/* ---- balancing ---------------------------------------------------------------------------- */
+
+/* Partition n items with weights w [n] into k bins with sums as equal as possible by the
+ * largest differencing method (Karmarkar-Karp, k-way). equal_count: every bin gets n/k or
+ * n/k + 1 items. Deterministic (ties broken by index). bin_of [n] gets each item's bin in
+ * [0, k); bins are numbered by decreasing sum. 0, or -1 + error (allocation; k < 1). */
+int ff_balance_kk(const int64_t *w, int32_t n, int32_t k, bool equal_count, int32_t *bin_of);
+
+/* A mini-batch split over DP ranks and into micro-batches. Sample indices of rank r's
+ * micro-batch b: items[mb_start[m] .. mb_start[m + 1]) with m in [rank_mb[r], rank_mb[r + 1]). */
+typedef struct ff_mb_plan {
+    int32_t n_ranks, n_micro; /* n_micro: micro-batches over all ranks */
+    int32_t *items;           /* [n] sample indices (into the caller's mini-batch) */
+    int32_t *mb_start;        /* [n_micro + 1] */
+    int32_t *rank_mb;         /* [n_ranks + 1] */
+    int64_t *mb_tokens;       /* [n_micro] tokens per micro-batch */
+} ff_mb_plan;
+
+/* Plan a mini-batch of n samples of tokens[i] tokens (ff_rl_sample_tokens) over n_ranks:
+ * each rank gets n/n_ranks (or one more) samples, balanced by tokens (equal-count KK); each
+ * rank's share is cut into micro-batches of at most micro_batch_size samples (0: no limit)
+ * and at most micro_batch_tokens tokens (0: no limit; a sample longer than that is a
+ * micro-batch alone), as few as the limits allow, balanced by tokens. Every rank gets the
+ * same number of micro-batches when the limits allow it (a rank may get an empty one),
+ * which keeps ranks in step. Within a micro-batch, indices ascend. 0 or -1 + error. */
+int ff_mb_plan_make(const int64_t *tokens, int32_t n, int32_t n_ranks, int32_t micro_batch_size, int32_t micro_batch_tokens,
+                    ff_mb_plan *out);
+void ff_mb_plan_free(ff_mb_plan *p);
+
+/* ---- trainers ------------------------------------------------------------------------------- */
+
+typedef enum { FF_TRAIN_ACTOR = 0, FF_TRAIN_CRITIC } ff_train_kind;
+
+/* Called once per optimizer step, after the last micro-batch's backward and before clipping
+ * and the update: all-reduce (SUM) the n floats of grads across the DP ranks (ff_coll). With
+ * the global normaliser (see top) the sum is the mini-batch's gradient. 0, or -1 + error
+ * (the step is abandoned, the gradients zeroed). */
+typedef int (*ff_grad_hook)(void *user, ff_model *m, ff_buffer *grads, int64_t n);
+
+typedef struct ff_trainer_config {
+    ff_train_kind kind;
+    ff_adamw_config optim;
+    /* actor */
+    ff_policy_loss *loss;   /* a registry instance (ff_policy_loss_new: "vanilla" = PPO clip,
+                               "gpg", plugins); borrowed, outlives the trainer */
+    const ff_kl_def *kl;    /* KL loss term against ref_logprob (registry KL kind), or NULL */
+    double kl_coef;
+    double entropy_coeff;   /* loss -= entropy_coeff * agg(entropy) */
+    float temperature;      /* of the forward (= the rollout's sampling temperature); 0 = 1 */
+    /* critic */
+    ff_rlhf_value_cfg value; /* clip (cliprange_value) and agg; its denom is ignored */
+    /* data parallelism (NULL: one rank) */
+    ff_grad_hook grad_hook;
+    void *grad_hook_user;
+} ff_trainer_config;
+
+/* Metrics of a step (or the mean over the steps of ff_trainer_train_batch). Loss values are
+ * this rank's contribution computed with the global normaliser (summed over ranks they give
+ * the mini-batch's loss; with one rank they are the loss); clipfrac, approx_kl, entropy mean,
+ * value mean are token means over this rank's counted tokens (combine ranks weighted by
+ * `tokens`); grad_norm and lr are the optimizer's (global after the hook). */
+typedef struct ff_train_metrics {
+    int64_t steps;         /* optimizer steps */
+    int64_t skipped;       /* steps skipped for a non-finite gradient */
+    int64_t micro_batches;
+    int64_t tokens;        /* counted response tokens */
+    int64_t samples;
+    double loss;           /* the total objective */
+    double pg_loss, kl_loss, entropy; /* actor: policy loss, KL term (before coef), agg entropy */
+    double clipfrac, approx_kl, ratio_max;
+    double entropy_mean;   /* actor: token mean of the entropy */
+    double value_loss, vf_clipfrac, value_mean; /* critic */
+    double grad_norm, lr;
+    double time_s;
+} ff_train_metrics;
+
+typedef struct ff_trainer ff_trainer;
+
+/* A trainer for m with its own AdamW state. An actor needs an LM head and config->loss; a
+ * critic needs a value head. NULL + error. */
+ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c);
+void ff_trainer_destroy(ff_trainer **t);
+ff_model *ff_trainer_model(const ff_trainer *t);
+ff_optimizer *ff_trainer_optimizer(const ff_trainer *t);
+/* The aggregation of this trainer's loss (the policy loss's, or the critic's value.agg). */
+ff_rlhf_agg_mode ff_trainer_agg(const ff_trainer *t);
+
+/* The loss normaliser of these samples for this trainer's aggregation: counted tokens
+ * (token-mean) or sequences with a counted token (seq-mean-*). Sum it over every rank's share
+ * of a mini-batch and pass the sum to ff_trainer_step. */
+double ff_trainer_denom(const ff_trainer *t, const ff_rl_sample *samples, int32_t n);
+
+/* One optimizer step on this rank's share of a mini-batch: samples [n] in micro-batches
+ * mb_start[0..n_micro] (offsets into samples; NULL = one micro-batch of all n), each one
+ * forward + backward accumulating gradients; then the DP hook; then clip + AdamW. Needs
+ * old_logprob and advantages (and ref_logprob with a KL loss) for an actor; old_values and
+ * returns for a critic. denom: the global normaliser (<= 0: this share's own, right for one
+ * rank). metrics (may be NULL) is overwritten. 0, or -1 + error (a missing column, a model
+ * error, a non-finite gradient: the update is skipped and counted in metrics->skipped). */
+int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const int32_t *mb_start, int32_t n_micro,
+                    double denom, ff_train_metrics *metrics);
+
+/* Whole-batch training in one process (one rank): `epochs` passes over samples [n], each
+ * shuffled (when shuffle; a function of seed and epoch) and cut into mini-batches of
+ * mini_batch_size samples (0: the whole batch; a last short mini-batch is kept), each planned
+ * into micro-batches (ff_mb_plan_make with one rank) and stepped. metrics (may be NULL) get
+ * the mean over the steps (sums for the counts). 0 or -1 + error. */
+typedef struct ff_train_batch_opts {
+    int32_t mini_batch_size;
+    int32_t micro_batch_size;
+    int32_t micro_batch_tokens;
+    int32_t epochs; /* 0 means 1 */
+    bool shuffle;
+    uint64_t seed;
+} ff_train_batch_opts;
+int ff_trainer_train_batch(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const ff_train_batch_opts *o,
+                           ff_train_metrics *metrics);
+
+/* ---- settings from a run config (graph.h) ------------------------------------------------ */
+
+/* Sampling of a generate node: temperature (0 with greedy: true), top_k, top_p,
+ * max_new_tokens (the node's max_tokens, else data.max_response_length), the model's eos as
+ * stop tokens, logprob mode TEMPERATURE. */
+void ff_roles_sampling_from_node(const ff_run_config *run, const ff_node *gen, ff_sampling *out);
+
+/* A trainer config for a validated train node: the kind from its role; AdamW from the role's
+ * optim (lr, betas, eps, weight_decay, grad_clip, warmup_steps, min_lr_ratio; lr_schedule
+ * cosine decays over total_updates optimizer steps, constant ignores it); loss, KL loss and
+ * entropy_coeff (actor) or the value loss settings (critic) from the node; the forward
+ * temperature from the graph's sample-level generate node. No DP hook. 0 or -1 + error. */
+int ff_roles_trainer_config_from_node(const ff_run_config *run, const ff_node *train, int64_t total_updates,
+                                      ff_trainer_config *out);
+
+/* ---- critics and reward models from a policy checkpoint ---------------------------------- */
+
+/* Turn an LM's config and weights into a critic's: value_head on, score.weight [1, hidden]
+ * added ~ Normal(0, std) from seed (std 0: zeros), lm_head.weight dropped (untied models;
+ * tied embeddings stay, and are then only an embedding since the critic is never asked for
+ * log-probs). Modifies cfg and weights in place. 0 or -1 + error. */
+int ff_roles_add_value_head(ff_model_config *cfg, ff_tensor_set *weights, double std, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
