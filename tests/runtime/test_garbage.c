@@ -276,6 +276,7 @@ static void test_worker(bad *b, int nb) {
     ff_msg_decoder_destroy(&d);
     zmq_close(router);
     zmq_ctx_term(ctx);
+    unlink(ep + strlen("ipc://"));
 }
 
 int main(int argc, char **argv) {

@@ -99,6 +99,11 @@ static void killed_controller(void) {
     REQUIRE(kill(ctl, SIGKILL) == 0);
     int status;
     REQUIRE(waitpid(ctl, &status, 0) == ctl);
+    /* its socket file stays behind (a killed process cleans nothing up) */
+    char sock[128];
+    snprintf(sock, sizeof sock, "%s/fuseflow-%d-0.sock", getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)ctl);
+    unlink(sock);
     /* the workers were the controller's children; as subreaper we inherit them */
     for (int i = 0; i < 2; i++) {
         int ws = wait_exit(workers[i], 30);
