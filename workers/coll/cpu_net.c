@@ -696,7 +696,7 @@ static size_t env_size(const char *name, size_t lo, size_t hi, size_t dflt) {
 static void set_tuning(coll_cpu *cpu) {
     cpu->slice = env_size("FF_COLL_SLICE_BYTES", 4096, 64u << 20, 256u * 1024);
     cpu->direct_max = env_size("FF_COLL_DIRECT_MAX", 0, (size_t)1 << 40, 256u * 1024);
-    cpu->star_max = env_size("FF_COLL_STAR_MAX", 0, (size_t)1 << 40, 256u * 1024);
+    cpu->star_max = env_size("FF_COLL_STAR_MAX", 0, (size_t)1 << 40, 1024u * 1024);
 }
 
 int coll_cpu_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
