@@ -28,6 +28,7 @@
 
 typedef struct result {
     double ff_s, tcp_s, naive_s; /* median seconds per call on rank 0 */
+    double split_s;              /* [0] only: ff_coll_comm_split into two halves, on rank 0 */
     int ok;
 } result;
 
@@ -90,6 +91,13 @@ static int rank_main(int n, int rank, const ff_coll_id *id_shm, const ff_coll_id
     double *d = malloc(3 * 200 * sizeof *d);
     if (!buf || (rank == 0 && !tmp) || !d) goto fail;
     for (size_t i = 0; i < maxb / 4; i++) buf[i] = (float)(i % 7);
+    /* a sub-group: how much a split costs (connections and shared memory for the halves) */
+    if (barrier(c)) goto fail;
+    double ts = now_s();
+    ff_coll_comm *half = NULL;
+    if (ff_coll_comm_split(c, rank < n / 2, rank, &half) || barrier(half)) goto fail;
+    double split_s = now_s() - ts;
+    ff_coll_comm_destroy(&half);
     for (int s = 0; s < nsizes; s++) {
         size_t count = sizes[s] / 4;
         int it = iters_for(sizes[s], quick);
@@ -118,7 +126,7 @@ static int rank_main(int n, int rank, const ff_coll_id *id_shm, const ff_coll_id
         }
         if (rank == 0)
             out[s] = (result){.ff_s = median(d, it), .tcp_s = median(d + 200, it), .naive_s = median(d + 400, it),
-                              .ok = 1};
+                              .split_s = split_s, .ok = 1};
     }
     ff_coll_comm_destroy(&c);
     ff_coll_comm_destroy(&t);
@@ -237,6 +245,8 @@ int main(int argc, char **argv) {
             return 1;
         }
         double f = 2.0 * (n - 1) / n;
+        printf("%5d ranks: ff_coll_comm_split into two halves (new connections and shared memory) %.2f ms\n", n,
+               res[0].split_s * 1e3);
         for (int s = 0; s < ns; s++) {
             double ff = (double)sizes[s] / res[s].ff_s / 1e9 * f, nv = (double)sizes[s] / res[s].naive_s / 1e9 * f;
             double tcp = (double)sizes[s] / res[s].tcp_s / 1e9 * f;

@@ -2,8 +2,9 @@
  * mirrors NCCL (ncclGetUniqueId, ncclCommInitRank, ncclAllReduce, ncclCommSplit, ...).
  *
  * Two backends, chosen when the unique id is made:
- *   "cpu"   host buffers; TCP between processes on one host or across hosts. Every call is
- *           synchronous: when it returns 0 the result is in the receive buffer.
+ *   "cpu"   host buffers; shared memory between processes of one host, TCP across hosts
+ *           (FF_COLL_SHM=0: TCP only). Every call is synchronous: when it returns 0 the
+ *           result is in the receive buffer.
  *   "nccl"  device buffers; calls are enqueued on a cudaStream_t and complete
  *           asynchronously (ff_coll_synchronize waits, with the timeout). Compiled only
  *           where the CUDA toolkit and NCCL were found; ff_coll_backend_available says.
@@ -83,8 +84,8 @@ typedef struct ff_coll_options {
      * IPv4 address that is up; else 127.0.0.1. Ranks listen for their peers on the local
      * address they reach the rendezvous from, so nothing else needs configuring. */
     const char *host;
-    /* cpu backend tuning, the same on every rank (a difference is detected as a mismatch):
-     * algorithm FF_COLL_ALGO_AUTO picks by message size (docs/collectives.md). */
+    /* cpu backend: the algorithm, the same on every rank (a difference is detected as a
+     * mismatch). FF_COLL_ALGO_AUTO picks by message size (docs/collectives.md). */
     int algo;
 } ff_coll_options;
 

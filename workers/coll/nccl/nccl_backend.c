@@ -198,8 +198,31 @@ static ncclRedOp_t map_op(ff_coll_redop op) {
     }
 }
 
+/* Communicators used inside the current group (this thread): non-blocking communicators
+ * finish a group asynchronously, and nothing may be issued on them until they settle. */
+#define GROUP_MAX 64
+static _Thread_local struct {
+    bool open;
+    int n;
+    ncclComm_t comm[GROUP_MAX];
+    double timeout_s[GROUP_MAX];
+} g_grp;
+
 int coll_nccl_run(ff_coll_comm *c, const coll_call *call, ff_coll_stream stream) {
     ncclComm_t comm = comm_of(c);
+    if (g_grp.open) {
+        int i = 0;
+        while (i < g_grp.n && g_grp.comm[i] != comm) i++;
+        if (i == g_grp.n) {
+            if (g_grp.n == GROUP_MAX)
+                return ff_error_set("ff_coll_group", "use fewer communicators per group",
+                                    "more than %d nccl communicators in one group", GROUP_MAX);
+            g_grp.comm[g_grp.n] = comm;
+            g_grp.timeout_s[g_grp.n++] = c->timeout_s;
+        }
+    } else if (wait_ready(comm, c->timeout_s, "nccl")) { /* a previous call may still settle */
+        return -1;
+    }
     cudaStream_t st = (cudaStream_t)stream;
     ncclDataType_t dt;
     size_t es = ff_dtype_size(call->dtype), scale = 1; /* elements of dt per element of ours */
@@ -259,14 +282,20 @@ int coll_nccl_run(ff_coll_comm *c, const coll_call *call, ff_coll_stream stream)
 
 int coll_nccl_group_start(void) {
     ncclResult_t r = ncclGroupStart();
-    return r == ncclSuccess ? 0 : nccl_error("ff_coll_group_start", r, NULL);
+    if (r != ncclSuccess) return nccl_error("ff_coll_group_start", r, NULL);
+    g_grp.open = true;
+    g_grp.n = 0;
+    return 0;
 }
 
 int coll_nccl_group_end(void) {
     ncclResult_t r = ncclGroupEnd();
-    /* non-blocking communicators finish the group asynchronously: ff_coll_synchronize
-     * (or the next call's settle) waits for them */
-    return r == ncclSuccess || r == ncclInProgress ? 0 : nccl_error("ff_coll_group_end", r, NULL);
+    g_grp.open = false;
+    int rc = r == ncclSuccess || r == ncclInProgress ? 0 : nccl_error("ff_coll_group_end", r, NULL);
+    /* the calls are enqueued once every communicator of the group has settled */
+    for (int i = 0; i < g_grp.n && rc == 0; i++) rc = wait_ready(g_grp.comm[i], g_grp.timeout_s[i], "ff_coll_group_end");
+    g_grp.n = 0;
+    return rc;
 }
 
 int coll_nccl_synchronize(ff_coll_comm *c, ff_coll_stream stream) {
