@@ -240,15 +240,16 @@ void ctl_worker_died(ff_controller *c, ctl_worker *w, const char *fmt, ...) {
     sched_worker_lost(c, w);
 }
 
+static void settle_workers(ff_controller *c);
+
 static void on_pidfd(struct ev_loop *loop, ev_io *io, int revents) {
     (void)loop;
     (void)revents;
     ctl_worker *w = io->data;
     ff_controller *c = w->c;
     if (!reap(c, w, false)) return;
-    char why[128];
-    describe_exit(w, why, sizeof why);
-    if (w->state == FF_WORKER_LIVE || w->state == FF_WORKER_SPAWNED) ctl_worker_died(c, w, "%s", why);
+    w->exited_ns = ff_now_ns();
+    settle_workers(c);
 }
 
 static int pidfd_open_compat(pid_t pid) {
@@ -398,6 +399,7 @@ static void on_hello(ff_controller *c, ff_msg *m) {
         }
         known->state = FF_WORKER_LIVE;
         known->joined_live = true;
+        known->exited_ns = 0;
         known->disconnected = false;
         known->dead_reason[0] = 0;
         known->nsamples = known->next_sample = 0;
@@ -451,9 +453,10 @@ static void note_rejected(ff_controller *c, const ff_msg *m, ff_reject why) {
     ff_msg_send_error(c->sock, m->peer, m->peer_len, FF_ERR_MALFORMED, 0, ff_error_message());
 }
 
-static void on_readable(rt_zwatch *zw) {
-    ff_controller *c = zw->ud;
-    for (int n = 0; n < RT_RECV_BATCH; n++) {
+/* Handle up to RT_RECV_BATCH messages; returns how many arrived. */
+static int read_batch(ff_controller *c) {
+    int n = 0;
+    for (; n < RT_RECV_BATCH; n++) {
         ff_msg *m = c->rx;
         ff_reject why;
         int rc = ff_msg_recv(c->dec, c->sock, true, m, &why);
@@ -490,12 +493,59 @@ static void on_readable(rt_zwatch *zw) {
             break;
         }
     }
-    /* workers whose connection vanished while we sent to them */
+    return n;
+}
+
+static void on_readable(rt_zwatch *zw) {
+    ff_controller *c = zw->ud;
+    read_batch(c);
+    settle_workers(c);
+}
+
+/* Deaths are declared only once everything the worker sent has been read: when the ROUTER
+ * has dropped its connection (a send to it fails), every message that came over it is
+ * already queued in our socket, so draining the socket first means no result in transit is
+ * mistaken for lost. A local process that exited is probed with a ping until its
+ * connection is gone (or timeout_s passed). */
+static void settle_workers(ff_controller *c) {
+    int64_t now = ff_now_ns();
+    bool waiting = false;
     for (int r = 0; r < c->nworkers; r++) {
         ctl_worker *w = c->workers[r];
-        if (w && w->disconnected && w->state == FF_WORKER_LIVE)
-            ctl_worker_died(c, w, "its connection is gone (the controller's send failed: peer unreachable)");
+        if (!w || (w->state != FF_WORKER_LIVE && w->state != FF_WORKER_SPAWNED)) continue;
+        bool exited = w->local && w->reaped;
+        if (exited && w->state == FF_WORKER_SPAWNED) { /* never connected: nothing to read */
+            char why[128];
+            describe_exit(w, why, sizeof why);
+            ctl_worker_died(c, w, "%s before saying hello", why);
+            continue;
+        }
+        if (w->state != FF_WORKER_LIVE || (!exited && !w->disconnected)) continue;
+        if (exited && !w->disconnected) send_ping(c, w); /* fails once the connection is gone */
+        if (!w->disconnected && (now - w->exited_ns) / 1e9 < c->o.timeout_s) {
+            waiting = true;
+            continue;
+        }
+        for (int k = 0; k < 1000 && rt_zsock_readable(c->sock) && read_batch(c) > 0; k++) {}
+        if (w->state != FF_WORKER_LIVE) continue; /* (a callback may have changed things) */
+        if (exited) {
+            char why[128];
+            describe_exit(w, why, sizeof why);
+            ctl_worker_died(c, w, "%s", why);
+        } else {
+            ctl_worker_died(c, w, "its connection is gone (peer unreachable)");
+        }
     }
+    if (waiting && !ev_is_active(&c->settle_timer)) {
+        ev_timer_set(&c->settle_timer, 0.002, 0);
+        ev_timer_start(c->loop, &c->settle_timer);
+    }
+}
+
+static void on_settle_timer(struct ev_loop *loop, ev_timer *t, int revents) {
+    (void)loop;
+    (void)revents;
+    settle_workers(t->data);
 }
 
 /* ---- heartbeats and timeouts ------------------------------------------------------------- */
@@ -515,23 +565,17 @@ static void on_heartbeat(struct ev_loop *loop, ev_timer *t, int revents) {
         ctl_worker *w = c->workers[r];
         if (!w) continue;
         if (stalled && w->state == FF_WORKER_LIVE && w->last_rx_ns < now - gap) w->last_rx_ns = now - gap;
-        if (w->local && w->pidfd < 0 && !w->reaped && reap(c, w, false) &&
-            (w->state == FF_WORKER_LIVE || w->state == FF_WORKER_SPAWNED)) {
-            char why[128];
-            describe_exit(w, why, sizeof why);
-            ctl_worker_died(c, w, "%s", why);
-            continue;
-        }
-        if (w->state != FF_WORKER_LIVE) continue;
+        if (w->local && w->pidfd < 0 && !w->reaped && reap(c, w, false)) w->exited_ns = now;
+        /* (while shutting down, workers told to stop go quiet: the shutdown's timeout rules) */
+        if (w->state != FF_WORKER_LIVE || w->disconnected || (w->local && w->reaped) || c->shutting_down) continue;
         double silent = (now - w->last_rx_ns) / 1e9;
-        if (w->disconnected) {
-            ctl_worker_died(c, w, "its connection is gone (peer unreachable)");
-        } else if (silent > c->o.timeout_s && !backlog) {
+        if (silent > c->o.timeout_s && !backlog) {
             ctl_worker_died(c, w, "silent for %.2f s (timeout %.2f s)", silent, c->o.timeout_s);
         } else {
             send_ping(c, w);
         }
     }
+    settle_workers(c);
 }
 
 void ctl_start_deferred(ff_controller *c) {
@@ -543,11 +587,7 @@ static void on_deferred(struct ev_loop *loop, ev_idle *w, int revents) {
     ff_controller *c = w->data;
     ev_idle_stop(loop, w);
     sched_run_deferred(c);
-    for (int r = 0; r < c->nworkers; r++) {
-        ctl_worker *wk = c->workers[r];
-        if (wk && wk->disconnected && wk->state == FF_WORKER_LIVE)
-            ctl_worker_died(c, wk, "its connection is gone (the controller's send failed: peer unreachable)");
-    }
+    settle_workers(c);
 }
 
 /* ---- life cycle --------------------------------------------------------------------------- */
@@ -645,6 +685,8 @@ ff_controller *ff_controller_new(const ff_controller_opts *o) {
     ev_timer_start(c->loop, &c->hb_timer);
     ev_idle_init(&c->deferred_idle, on_deferred);
     c->deferred_idle.data = c;
+    ev_timer_init(&c->settle_timer, on_settle_timer, 0.002, 0);
+    c->settle_timer.data = c;
     return c;
 fail:
     ff_controller_destroy(&c);
@@ -851,6 +893,7 @@ void ff_controller_destroy(ff_controller **pc) {
         ev_timer_stop(c->loop, &c->hb_timer);
         ev_idle_stop(c->loop, &c->deferred_idle);
         ev_timer_stop(c->loop, &c->wake_timer);
+        ev_timer_stop(c->loop, &c->settle_timer);
     }
     sched_free(c);
     for (int r = 0; r < c->nworkers; r++) {

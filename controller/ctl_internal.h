@@ -98,6 +98,7 @@ typedef struct ctl_worker {
     ev_io pid_io;
     bool reaped, disconnected;
     bool joined_live; /* has said hello at least once */
+    int64_t exited_ns; /* when its local process was seen to exit */
     int exit_status;
     uint8_t peer[FF_MSG_MAX_ROUTING_ID];
     size_t peer_len;
@@ -179,6 +180,7 @@ struct ff_controller {
     bool own_loop;
     rt_zwatch zw;
     ev_timer hb_timer;
+    ev_timer settle_timer; /* re-checks workers whose process exited (settle_workers) */
     int64_t last_tick_ns;
     ev_idle deferred_idle;
     ev_timer wake_timer; /* run_until's deadline */

@@ -182,12 +182,12 @@ static ctl_group *find_group(const ff_controller *c, const char *name) {
     return NULL;
 }
 
-static bool worker_usable(const ctl_worker *w) {
-    return w && w->state == FF_WORKER_LIVE && !w->disconnected;
-}
+static bool worker_gone(const ctl_worker *w) { return w->disconnected || (w->local && w->reaped); }
+
+static bool worker_usable(const ctl_worker *w) { return w && w->state == FF_WORKER_LIVE && !worker_gone(w); }
 
 static bool worker_may_come(const ctl_worker *w) {
-    return w && (w->state == FF_WORKER_LIVE || w->state == FF_WORKER_SPAWNED) && !w->disconnected;
+    return w && (w->state == FF_WORKER_LIVE || w->state == FF_WORKER_SPAWNED) && !worker_gone(w);
 }
 
 /* ---- completion ------------------------------------------------------------------------- */

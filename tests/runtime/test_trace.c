@@ -82,7 +82,8 @@ static void test_known_trace(void) {
     /* files that are not traces */
     CHECK(ff_trace_summary("/nonexistent/t.json", stdout, false) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "/nonexistent/t.json");
-    const char *tmp = "/tmp/ff-test-trace-bad.json";
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "/tmp/ff-test-trace-bad-%d.json", (int)getpid());
     ff_write_file_atomic(tmp, "{\"a\": 1}", 8);
     CHECK(ff_trace_summary(tmp, stdout, false) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "no traceEvents");
@@ -104,7 +105,7 @@ typedef struct chain {
 static void next_link(ff_controller *c, uint64_t job, const ff_result *r, int n, void *ud);
 
 static void submit_link(chain *ch, uint64_t after) {
-    ff_arg a = ff_arg_float("ms", 3);
+    ff_arg a = ff_arg_float("ms", 50); /* far longer than any other job here, even on a loaded machine */
     ff_subtask_spec s = {.kind = "sleep", .target = FF_TARGET_ANY, .group = "all", .args = &a, .nargs = 1,
                          .after = after ? &after : NULL, .nafter = after ? 1 : 0, .label = "step"};
     uint64_t id = ff_controller_submit(ch->c, &s, next_link, ch);
