@@ -38,7 +38,7 @@ typedef struct run_opts {
     int (*setup)(int rank);   /* runs first in each rank's process (e.g. cudaSetDevice) */
 } run_opts;
 
-static void shared_init(void) {
+static inline void shared_init(void) {
     if (!g_shared) {
         g_shared = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (g_shared == MAP_FAILED) {
@@ -54,7 +54,7 @@ static void shared_init(void) {
  * until every rank is done. This process itself never makes an id before forking: a
  * process must not fork while its rendezvous thread may be allocating (ASan's allocator,
  * unlike glibc's, can then stay locked in the child). */
-static int run_ranks(int n, const run_opts *ro, rank_fn fn, void *arg) {
+static inline int run_ranks(int n, const run_opts *ro, rank_fn fn, void *arg) {
     shared_init();
     fflush(stdout);
     fflush(stderr);
@@ -171,7 +171,7 @@ static int run_ranks(int n, const run_opts *ro, rank_fn fn, void *arg) {
     return failed;
 }
 
-static run_opts default_run(void) {
+static inline run_opts default_run(void) {
     run_opts ro;
     memset(&ro, 0, sizeof ro);
     ro.expect_killed_rank = -1;
