@@ -34,7 +34,7 @@
  * the peer rank and what to do. A peer that dies (its process exits or is killed) makes the
  * pending call of every other rank fail promptly, naming the dead rank; a peer that stops
  * making progress (hung, or never called) makes it fail after the communicator's timeout
- * (options.timeout_s, default FF_COLL_TIMEOUT_S or 300 s without progress). After a
+ * (options.timeout_s, default FF_COLL_TIMEOUT_S or 600 s without progress). After a
  * failure the communicator is broken: every later call fails at once with the first error;
  * destroy it and build a new one. Misuse (NULL communicator, negative rank) asserts.
  *
@@ -76,7 +76,8 @@ typedef struct ff_coll_id {
 typedef struct ff_coll_options {
     /* Seconds without any progress after which a pending call fails (and comm_init gives
      * up waiting for the other ranks; the rendezvous thread of get_unique_id waits this
-     * long for all ranks to join). 0: FF_COLL_TIMEOUT_S from the environment, else 300. */
+     * long for all ranks to join). 0: FF_COLL_TIMEOUT_S from the environment, else 600, as
+     * PyTorch's NCCL default: a rank may wait that long for a peer busy with a long step. */
     double timeout_s;
     /* get_unique_id (cpu): the address (IPv4, IPv6 or host name) the rendezvous listens
      * on, which every rank must be able to reach. NULL: FF_COLL_HOST from the environment;

@@ -17,7 +17,7 @@ enum { COLL_BACKEND_CPU = 1, COLL_BACKEND_NCCL = 2 };
 
 #define COLL_ID_PREFIX "ffcoll1/"
 #define COLL_TOKEN_BYTES 16
-#define COLL_DEFAULT_TIMEOUT_S 300.0
+#define COLL_DEFAULT_TIMEOUT_S 600.0
 #define COLL_HOST_MAX 64 /* numeric address text, NUL included (INET6_ADDRSTRLEN is 46) */
 
 /* ---- wire of the cpu backend -------------------------------------------------------- */
