@@ -136,7 +136,8 @@ int ff_coll_comm_split(ff_coll_comm *comm, int color, int key, ff_coll_comm **ou
 
 /* Free everything and NULL *comm. Tells the peers this rank left (they fail with "rank r
  * destroyed its communicator" if they still wait for it). Safe on a broken communicator
- * and on NULL. Does not wait for peers. */
+ * (then it waits at most 1 s for its abort notices to leave) and on NULL. Does not wait
+ * for peers. */
 void ff_coll_comm_destroy(ff_coll_comm **comm);
 
 /* Break the communicator on purpose (e.g. the controller reports a dead group member): the
