@@ -36,7 +36,9 @@
  * making progress (hung, or never called) makes it fail after the communicator's timeout
  * (options.timeout_s, default FF_COLL_TIMEOUT_S or 600 s without progress). After a
  * failure the communicator is broken: every later call fails at once with the first error;
- * destroy it and build a new one. Misuse (NULL communicator, negative rank) asserts.
+ * destroy it and build a new one. Bad arguments (a NULL buffer, a root out of range, a
+ * dtype that cannot be reduced) fail without breaking the communicator; the accessors
+ * (ff_coll_comm_rank, ...) assert on a NULL communicator.
  *
  * Determinism: for the same inputs, every rank gets bitwise the same all-reduce result, on
  * every run: the algorithm is a function of (count, dtype, nranks, options) only, and each

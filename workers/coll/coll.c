@@ -1,6 +1,7 @@
 /* ff_coll's public entry points (include/fuseflow/coll.h): argument checks, the unique
  * id's outer format, communicator life, grouped calls, and dispatch to the cpu backend
  * (cpu_*.c) or the nccl backend (nccl/). Not here: sockets, algorithms, CUDA. */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,12 +247,22 @@ void ff_coll_comm_abort(ff_coll_comm *comm, const char *reason) {
     coll_break_with(comm, why);
 }
 
-int ff_coll_comm_rank(const ff_coll_comm *comm) { return comm->rank; }
-int ff_coll_comm_size(const ff_coll_comm *comm) { return comm->nranks; }
+int ff_coll_comm_rank(const ff_coll_comm *comm) {
+    assert(comm);
+    return comm->rank;
+}
+int ff_coll_comm_size(const ff_coll_comm *comm) {
+    assert(comm);
+    return comm->nranks;
+}
 const char *ff_coll_comm_backend(const ff_coll_comm *comm) {
+    assert(comm);
     return comm->backend == COLL_BACKEND_NCCL ? "nccl" : "cpu";
 }
-const char *ff_coll_comm_error(const ff_coll_comm *comm) { return comm->error; }
+const char *ff_coll_comm_error(const ff_coll_comm *comm) {
+    assert(comm);
+    return comm->error;
+}
 
 /* ---- groups ---------------------------------------------------------------------------- */
 
