@@ -32,7 +32,20 @@ static uint64_t hash_bytes(const void *p, size_t n) {
 typedef struct cfg {
     int algo;
     int big;        /* include the 1000003-element cases */
+    int shm;        /* 0: default (every pair shares memory), 1: TCP only, 2: odd ranks TCP only */
 } cfg;
+
+/* shared-memory segments this process maps (each pair's segment shows once, deleted) */
+static int mapped_segments(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[512];
+    int k = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "/ffcoll-")) k++;
+    fclose(f);
+    return k;
+}
 
 static int check_all_reduce(ff_coll_comm *c, int rank, int n, size_t count) {
     int fails = 0;
@@ -270,6 +283,10 @@ static int ops_rank(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, void
     const cfg *k = arg;
     int fails = 0;
     RCHECK(ff_coll_comm_rank(c) == rank && ff_coll_comm_size(c) == n, "rank/size");
+    /* the transport really is what was asked for: a segment per peer sharing memory */
+    int want_seg = k->shm == 1 ? 0 : k->shm == 0 ? n - 1 : rank % 2 ? 0 : (n - 1) / 2;
+    RCHECK(mapped_segments() == want_seg, "%d shared-memory segments mapped, expected %d", mapped_segments(),
+           want_seg);
     size_t counts[] = {0, 1, 7, 4099, BIG};
     for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
         size_t count = counts[ci];
@@ -281,6 +298,11 @@ static int ops_rank(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, void
         fails += check_gather_scatter(c, rank, n, pc, count);
     }
     return fails;
+}
+
+static int odd_ranks_tcp(int rank) {
+    if (rank % 2) setenv("FF_COLL_SHM", "0", 1);
+    return 0;
 }
 
 int main(void) {
@@ -320,7 +342,7 @@ int main(void) {
     for (size_t a = 0; a < 2; a++)
         for (size_t ni = 0; ni < 3; ni++) {
             int n = tcp_n[ni];
-            cfg k = {.algo = algos[a], .big = n == 3};
+            cfg k = {.algo = algos[a], .big = n == 3, .shm = 1};
             run_opts ro = default_run();
             ro.comm_opt.algo = algos[a];
             ro.comm_opt.timeout_s = 30;
@@ -329,6 +351,18 @@ int main(void) {
             failures += f;
         }
     unsetenv("FF_COLL_SHM");
+    /* mixed: odd ranks refuse shared memory, so even-even pairs use it and every other pair
+     * falls back to TCP, inside one communicator */
+    for (size_t a = 0; a < 2; a++) {
+        cfg k = {.algo = algos[a], .big = 1, .shm = 2};
+        run_opts ro = default_run();
+        ro.comm_opt.algo = algos[a];
+        ro.comm_opt.timeout_s = 30;
+        ro.setup = odd_ranks_tcp;
+        int f = run_ranks(5, &ro, ops_rank, &k);
+        printf("ops, odd ranks without shared memory: 5 ranks, algo %d: %s\n", algos[a], f ? "FAILED" : "ok");
+        failures += f;
+    }
     CHECK_EQ_INT(failures, 0);
     TEST_MAIN_END();
 }
