@@ -303,7 +303,12 @@ int ff_controller_spawn(ff_controller *c, int n) {
         sigaddset(&mask, SIGTERM);
         sigaddset(&mask, SIGINT);
         posix_spawnattr_setsigmask(&attr, &mask);
-        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+        short flags = POSIX_SPAWN_SETSIGMASK;
+        if (c->o.worker_pgroup) { /* a terminal's Ctrl-C reaches the controller only */
+            posix_spawnattr_setpgroup(&attr, 0);
+            flags |= POSIX_SPAWN_SETPGROUP;
+        }
+        posix_spawnattr_setflags(&attr, flags);
         pid_t pid;
         int rc = posix_spawn(&pid, c->worker_bin, NULL, &attr, argv, environ);
         posix_spawnattr_destroy(&attr);

@@ -47,6 +47,7 @@ struct ff_task {
     int64_t start_ns, end_ns;
     uint32_t queued;
     atomic_bool cancelled;
+    bool deferred; /* the handler called ff_task_defer: the result waits for ff_task_complete */
     struct ff_task *next;
 };
 
@@ -88,6 +89,10 @@ struct ff_worker {
     pthread_cond_t cv;
     ff_task *q_head, *q_tail; /* waiting for the compute thread */
     ff_task *running;
+    ff_task *deferred_head; /* deferred tasks, waiting for ff_task_complete */
+    int ndeferred;
+    ff_worker_step_fn step_fn; /* runs while tasks are deferred and none waits */
+    void *step_ud;
     bool q_stop;
     ff_task *done_head, *done_tail; /* finished, waiting for the loop */
     rt_group groups[MAX_GROUPS];     /* compute thread only */
@@ -122,6 +127,7 @@ static ff_task *task_get(ff_worker *w) {
     t->status = FF_STATUS_OK;
     t->err[0] = 0;
     t->start_ns = t->end_ns = 0;
+    t->deferred = false;
     atomic_store_explicit(&t->cancelled, false, memory_order_relaxed);
     return t;
 }
@@ -313,16 +319,97 @@ static void run_task(ff_task *t) {
         ff_error_clear();
         rc = t->h->fn(t, t->h->ud);
     }
+    if (t->deferred && rc == 0) return; /* completed later by ff_task_complete */
+    t->deferred = false;
     t->end_ns = ff_now_ns();
     finish_result(t, rc);
+}
+
+/* ---- deferred tasks ------------------------------------------------------------------------ */
+int ff_task_defer(ff_task *t) {
+    if (current_inline == t || t->is_setup)
+        return ff_error_set(ff_task_kind(t), "register the kind without FF_TASK_INLINE",
+                            "only handlers on the compute thread can defer their task");
+    assert(t->w->running == t); /* from the task's own handler */
+    t->deferred = true;
+    return 0;
+}
+
+/* Under w->mu: unlink t from the deferred list and queue its result for the loop. */
+static void deferred_done_locked(ff_worker *w, ff_task *t) {
+    for (ff_task **pp = &w->deferred_head; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            w->ndeferred--;
+            break;
+        }
+    t->next = NULL;
+    t->deferred = false;
+    if (w->done_tail) w->done_tail->next = t;
+    else w->done_head = t;
+    w->done_tail = t;
+}
+
+void ff_task_complete(ff_task *t, int rc) {
+    ff_worker *w = t->w;
+    assert(t->deferred && w->running != t); /* a handler finishes its own task by returning */
+    t->end_ns = ff_now_ns();
+    finish_result(t, rc);
+    pthread_mutex_lock(&w->mu);
+    deferred_done_locked(w, t);
+    pthread_mutex_unlock(&w->mu);
+    ev_async_send(w->loop, &w->wake);
+}
+
+void ff_worker_set_step(ff_worker *w, ff_worker_step_fn fn, void *ud) {
+    w->step_fn = fn;
+    w->step_ud = ud;
+}
+
+int ff_worker_deferred(ff_worker *w) {
+    pthread_mutex_lock(&w->mu);
+    int n = w->ndeferred;
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
+/* Complete every deferred task that is still open as failed (a step hook failed with
+ * `why`, or the worker stops and the hook did not finish them). Under w->mu. */
+static void fail_deferred_locked(ff_worker *w, ff_status status, const char *why) {
+    while (w->deferred_head) {
+        ff_task *t = w->deferred_head;
+        t->end_ns = ff_now_ns();
+        ff_task_fail(t, status, "%s", why);
+        finish_result(t, -1);
+        deferred_done_locked(w, t);
+    }
+}
+
+/* One call of the step hook (w->mu not held). A failing hook fails every deferred task. */
+static void run_step(ff_worker *w) {
+    ff_error_clear();
+    if (w->step_fn(w, w->step_ud) == 0) return;
+    char why[FF_MSG_TEXT_MAX];
+    snprintf(why, sizeof why, "%s", ff_error_message());
+    ff_warn("worker %d: step hook failed: %s", w->rank, why);
+    pthread_mutex_lock(&w->mu);
+    fail_deferred_locked(w, FF_STATUS_FAILED, why);
+    pthread_mutex_unlock(&w->mu);
+    ev_async_send(w->loop, &w->wake);
 }
 
 static void *compute_main(void *arg) {
     ff_worker *w = arg;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (!w->q_head && !w->q_stop) pthread_cond_wait(&w->cv, &w->mu);
-        if (!w->q_head) break;
+        while (!w->q_head && !w->q_stop && !(w->deferred_head && w->step_fn)) pthread_cond_wait(&w->cv, &w->mu);
+        if (!w->q_head && w->q_stop) break;
+        if (!w->q_head) { /* deferred work and nothing new: one step */
+            pthread_mutex_unlock(&w->mu);
+            run_step(w);
+            pthread_mutex_lock(&w->mu);
+            continue;
+        }
         ff_task *t = w->q_head;
         w->q_head = t->next;
         if (!w->q_head) w->q_tail = NULL;
@@ -332,6 +419,12 @@ static void *compute_main(void *arg) {
         run_task(t);
         pthread_mutex_lock(&w->mu);
         w->running = NULL;
+        if (t->deferred) {
+            t->next = w->deferred_head;
+            w->deferred_head = t;
+            w->ndeferred++;
+            continue;
+        }
         if (w->done_tail) w->done_tail->next = t;
         else w->done_head = t;
         w->done_tail = t;
@@ -339,6 +432,17 @@ static void *compute_main(void *arg) {
         ev_async_send(w->loop, &w->wake);
         pthread_mutex_lock(&w->mu);
     }
+    /* Stopping: deferred tasks are cancelled; the step hook gets the chance to finish them
+     * (it must complete cancelled tasks), and whatever it leaves is failed here. */
+    for (int idle = 0; w->deferred_head && w->step_fn && idle < 100;) {
+        for (ff_task *t = w->deferred_head; t; t = t->next) atomic_store(&t->cancelled, true);
+        int before = w->ndeferred;
+        pthread_mutex_unlock(&w->mu);
+        run_step(w);
+        pthread_mutex_lock(&w->mu);
+        idle = w->ndeferred < before ? 0 : idle + 1;
+    }
+    fail_deferred_locked(w, FF_STATUS_CANCELLED, "worker shutting down");
     pthread_mutex_unlock(&w->mu);
     /* the compute thread owns the communicators: it tears them down */
     for (int i = 0; i < w->ngroups; i++) rt_group_leave(&w->groups[i]);
@@ -449,6 +553,8 @@ static void on_cancel(ff_worker *w, uint64_t id) {
     }
     if (!found && w->running && !w->running->is_setup && w->running->in.u.subtask.id == id)
         atomic_store(&w->running->cancelled, true);
+    for (ff_task *t = w->deferred_head; t && !found; t = t->next)
+        if (t->in.u.subtask.id == id) atomic_store(&t->cancelled, true);
     pthread_mutex_unlock(&w->mu);
     if (found) {
         found->next = NULL;

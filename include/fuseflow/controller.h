@@ -66,6 +66,9 @@ typedef struct ff_controller_opts {
     const char *worker_bin;     /* program exec'd for local workers, run as `BIN worker ...`;
                                    NULL: $FF_BIN, else this program (/proc/self/exe) */
     const char *worker_log;     /* --log level for spawned workers (NULL: they read FF_LOG) */
+    bool worker_pgroup;         /* start local workers in process groups of their own, so the
+                                   terminal's Ctrl-C (SIGINT to the foreground group) reaches the
+                                   controller only, which can then save and shut them down */
     bool trace;                 /* record subtask timelines (ff_controller_trace_write) */
     const char *trace_path;     /* implies trace; written by ff_controller_destroy */
 } ff_controller_opts;

@@ -116,6 +116,31 @@ int ff_task_fail(ff_task *t, ff_status status, const char *fmt, ...)
 #endif
     ;
 
+/* ---- deferred tasks: work that spans several subtasks ---------------------------------
+ * Continuous batching needs many subtasks in flight inside one engine (a generation batch
+ * that requests join and leave). A handler on the compute thread may defer its task: it
+ * calls ff_task_defer(t), keeps t (its inputs stay valid), and returns 0; no result goes
+ * out yet. The task is finished later, on the compute thread, by ff_task_complete(t, rc)
+ * (rc 0: OK with the outputs added by ff_task_output; -1: failed with the current error or
+ * ff_task_fail's status). While deferred tasks exist and no new subtask waits, the compute
+ * thread calls the worker's step hook again and again (ff_worker_set_step): the place to
+ * advance the engine one step and complete what finished. New subtasks run between steps,
+ * in arrival order, so requests join a running batch.
+ * Cancellation: ff_task_cancelled(t) turns true for a deferred task the controller cancels;
+ * the hook should complete it with -1 (status CANCELLED). When the worker stops, every
+ * deferred task is cancelled and the hook is called until none is left (after 100 calls
+ * that finish nothing, the rest fail as cancelled; never touch them afterwards). A hook that
+ * returns -1 fails every deferred task with its error (the hook must forget them all).
+ * Inline handlers cannot defer. */
+int ff_task_defer(ff_task *t);
+/* Finish a deferred task (compute thread; not from the task's own handler). */
+void ff_task_complete(ff_task *t, int rc);
+typedef int (*ff_worker_step_fn)(ff_worker *w, void *ud);
+/* Set the step hook (before ff_worker_run). ud stays the caller's. */
+void ff_worker_set_step(ff_worker *w, ff_worker_step_fn fn, void *ud);
+/* Deferred tasks not completed yet (any thread). */
+int ff_worker_deferred(ff_worker *w);
+
 /* The communicator of the subtask's group on this worker, or NULL (not a member, no group
  * set up, or called from an inline handler). */
 ff_coll_comm *ff_task_comm(const ff_task *t);
