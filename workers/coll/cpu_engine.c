@@ -229,6 +229,7 @@ static int abort_error(coll_conn *cn, const coll_hdr *h, const char *call) {
 }
 
 static int report_abort(coll_conn *cn, const char *reason, const char *call) {
+    cn->state = PEER_ABORTED; /* it reads no more: nothing to tell it, nothing to flush to it */
     snprintf(g_forward, sizeof g_forward, "%s", reason);
     char waits[512];
     pending_list(waits, sizeof waits);

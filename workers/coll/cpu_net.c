@@ -910,7 +910,7 @@ void coll_cpu_notify_abort(ff_coll_comm *c, const char *reason) {
     snprintf(text, sizeof text, "%s", reason && *reason ? reason : "no reason given");
     for (int j = 0; j < c->nranks; j++) {
         coll_conn *cn = &c->cpu.conns[j];
-        if (cn->fd < 0 || cn->state == PEER_LEFT) continue;
+        if (cn->fd < 0 || cn->state == PEER_LEFT || cn->state == PEER_DEAD || cn->state == PEER_ABORTED) continue;
         bool boundary = true;
         if (cn->tx_frame_left) { /* finish the frame we were sending, so the notice parses */
             static const uint8_t zeros[4096];
@@ -941,6 +941,11 @@ static void flush_before_close(ff_coll_comm *c, int64_t deadline) {
             if (cn->fd < 0) continue;
             while (recv(cn->fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
             }
+            if (cn->state != PEER_LIVE) continue; /* left, dead or aborted: nobody reads */
+            /* a reset connection keeps a stale SIOCOUTQ: only open ones can still deliver */
+            struct tcp_info ti;
+            socklen_t tl = sizeof ti;
+            if (getsockopt(cn->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == TCP_CLOSE) continue;
             int q = 0;
             if (ioctl(cn->fd, SIOCOUTQ, &q) == 0 && q > 0) pending = true;
         }
