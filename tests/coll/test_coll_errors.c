@@ -26,10 +26,15 @@ static int killed_before(ff_coll_comm *c, int rank, int n, const ff_coll_id *id,
     /* The warm-up may already fail where rank 2's last bytes were still in flight when it
      * died (its socket resets): either way the first failed call names it. */
     if (rc == 0) {
+        int64_t t0 = ff_now_ns();
         rc = ff_coll_all_reduce(buf, buf, N_BIG, FF_DTYPE_F32, FF_COLL_SUM, c, NULL);
         RCHECK(rc != 0, "all_reduce succeeded without rank 2");
+        char m[1024];
+        snprintf(m, sizeof m, "[failed after %.1f ms] %s", (ff_now_ns() - t0) / 1e6, ff_error_message());
+        save_msg(rank, m);
+    } else {
+        save_msg(rank, ff_error_message());
     }
-    save_msg(rank, ff_error_message());
     /* the communicator is broken now: the next call fails at once */
     RCHECK(ff_coll_all_reduce(buf, buf, 4, FF_DTYPE_F32, FF_COLL_SUM, c, NULL) != 0, "broken comm worked");
     CHECK_STR_CONTAINS(ff_error_message(), "broken by an earlier error");

@@ -228,6 +228,10 @@ int coll_shm_setup(ff_coll_comm *c, int64_t deadline) {
         if (!get32(a + 4)) coll_shm_free(cn); /* rank j cannot map it: TCP for this pair */
     }
     rc = 0;
+    int shared = 0;
+    for (int j = 0; j < n; j++) shared += c->cpu.conns[j].tx_fifo != NULL;
+    ff_debug("ff_coll: rank %d of %d listens on %s; %d peer(s) over shared memory (%zu-byte FIFOs), %d over TCP",
+             me, n, c->cpu.local_host, shared, cap, n - 1 - shared);
 out:
     if (rc)
         for (int j = me + 1; j < n; j++)
