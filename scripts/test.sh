@@ -26,7 +26,8 @@ export FF_SANITIZED=1
 if ls fuzz/fuzz_*.c > /dev/null 2>&1; then
   echo "== libFuzzer targets (${fuzz_seconds}s each)"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFF_FUZZ=ON -DFF_CUDA=OFF > /dev/null
-  cmake --build build-fuzz -j"$jobs"
+  targets=$(for f in fuzz/fuzz_*.c; do basename "$f" .c; done)
+  cmake --build build-fuzz -j"$jobs" --target $targets
   for f in build-fuzz/fuzz_*; do
     name=$(basename "$f")
     corpus=fuzz/corpus/${name#fuzz_}
