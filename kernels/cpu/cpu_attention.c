@@ -8,14 +8,13 @@
  * Tiles above the diagonal are skipped. The backward recomputes the probabilities from the
  * saved log-sum-exp; dk and dv are computed by key-tile tasks and dq by query-tile tasks,
  * so every output row has exactly one writer (no atomics, results independent of the
- * thread count). Tasks go round-robin to the OpenMP team.
+ * thread count). Tasks (a tile row of one head) go to the backend's thread pool.
  *
  * Not here: sliding windows, ALiBi, soft-capping, head_dim above FF_ATT_MAX_D. */
 #include <assert.h>
 #include <cblas.h>
 #include <float.h>
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
@@ -75,52 +74,86 @@ FF_VEC static void online_softmax(float *Sb, int nq, int nk, int i0, int j0, flo
     }
 }
 
+/* The tiles of a packed batch: block b (64 rows) of the whole batch is block b - cum[s] of
+ * sequence s, with cum[s] the blocks of the sequences before s. */
+typedef struct att_job {
+    const float *qkv, *out, *lse, *dout; /* see the kernels */
+    float *o, *l, *delta, *dqkv;
+    const int32_t *ss; /* [S + 1] */
+    const int64_t *cum; /* [S + 1] */
+    int S, ld, Hq, Hkv, D, rep;
+    float scale;
+} att_job;
+
+/* Fill cum (scratch) and return the number of 64-blocks. */
+static int64_t make_blocks(ff_stream *s, const int32_t *ss, int S, int64_t **cum_out) {
+    int64_t *cum = ff_cpu_scratch(s, ((size_t)S + 1) * sizeof(int64_t));
+    cum[0] = 0;
+    for (int q = 0; q < S; q++) cum[q + 1] = cum[q] + (ss[q + 1] - ss[q] + BLK - 1) / BLK;
+    *cum_out = cum;
+    return cum[S];
+}
+
+/* Sequence and first row (within it) of global block b. */
+static void block_of(const att_job *j, int64_t b, int *sq, int *i0) {
+    int lo = 0, hi = j->S - 1;
+    while (lo < hi) { /* last s with cum[s] <= b */
+        int mid = (lo + hi + 1) / 2;
+        if (j->cum[mid] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    *sq = lo;
+    *i0 = (int)(b - j->cum[lo]) * BLK;
+}
+
+/* Tasks one by one on this thread when the work is small, else on the pool. */
+static void run_tasks(ff_stream *s, int64_t n, double work, ff_pool_fn fn, void *ctx) {
+    if (NT(s) <= 1 || work < FF_PAR_MIN) {
+        for (int64_t i = 0; i < n; i++) fn(ctx, i);
+        return;
+    }
+    ff_pool_run(POOL(s), n, fn, ctx);
+}
+
+/* Task = (query block, head): online softmax over the key tiles up to the diagonal. */
+static void fwd_task(void *arg, int64_t task) {
+    const att_job *j = arg;
+    const int D = j->D, ld = j->ld, Hq = j->Hq, HD = Hq * D;
+    int h = (int)(task % Hq), sq, i0;
+    block_of(j, task / Hq, &sq, &i0);
+    int g = h / j->rep, base = j->ss[sq], n = j->ss[sq + 1] - base;
+    int nq = n - i0 < BLK ? n - i0 : BLK;
+    float Sb[BLK * BLK], acc[BLK * FF_ATT_MAX_D], m[BLK], l[BLK];
+    const float *Q = j->qkv + (size_t)(base + i0) * ld + (size_t)h * D;
+    memset(acc, 0, sizeof(float) * (size_t)nq * D);
+    for (int r = 0; r < nq; r++) m[r] = -FLT_MAX, l[r] = 0.0f;
+    for (int j0 = 0; j0 < i0 + nq; j0 += BLK) {
+        int nk = i0 + nq - j0 < BLK ? i0 + nq - j0 : BLK;
+        const float *K = j->qkv + (size_t)(base + j0) * ld + (size_t)(Hq + g) * D;
+        const float *V = j->qkv + (size_t)(base + j0) * ld + (size_t)(Hq + j->Hkv + g) * D;
+        mm(CblasNoTrans, CblasTrans, nq, nk, D, j->scale, Q, ld, K, ld, 0.0f, Sb, BLK);
+        online_softmax(Sb, nq, nk, i0, j0, m, l, acc, D);
+        mm(CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, Sb, BLK, V, ld, 1.0f, acc, D);
+    }
+    for (int r = 0; r < nq; r++) {
+        size_t t = (size_t)(base + i0 + r);
+        float inv = 1.0f / l[r];
+        float *o = j->o + t * HD + (size_t)h * D;
+        const float *a = acc + (size_t)r * D;
+        for (int d = 0; d < D; d++) o[d] = a[d] * inv;
+        j->l[t * Hq + h] = m[r] + logf(l[r]);
+    }
+}
+
 void ff_cpu_attention_fwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, int S, int T, int Hq, int Hkv, int D,
                           ff_dptr outp, ff_dptr lsep) {
-    const float *qkv = F(qkvp);        /* [T, (Hq + 2 Hkv) D] ld */
-    const int32_t *ss = I32(ssp);      /* [S + 1] */
-    float *out = F(outp), *lse = F(lsep); /* [T, Hq D], [T, Hq] */
     assert(D <= FF_ATT_MAX_D);
-    (void)T;
-    const int rep = Hq / Hkv, HD = Hq * D;
-    const float scale = 1.0f / sqrtf((float)D);
-    int nt = NT(s);
-#pragma omp parallel num_threads(nt)
-    {
-        int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-        float Sb[BLK * BLK], acc[BLK * FF_ATT_MAX_D], m[BLK], l[BLK];
-        int64_t task = 0;
-        for (int sq = 0; sq < S; sq++) {
-            int base = ss[sq], n = ss[sq + 1] - ss[sq];
-            for (int h = 0; h < Hq; h++) {
-                int g = h / rep;
-                for (int i0 = 0; i0 < n; i0 += BLK) {
-                    if (task++ % nth != tid) continue;
-                    int nq = n - i0 < BLK ? n - i0 : BLK;
-                    const float *Q = qkv + (size_t)(base + i0) * ld + (size_t)h * D;
-                    memset(acc, 0, sizeof(float) * (size_t)nq * D);
-                    for (int r = 0; r < nq; r++) m[r] = -FLT_MAX, l[r] = 0.0f;
-                    for (int j0 = 0; j0 < i0 + nq; j0 += BLK) {
-                        int nk = i0 + nq - j0 < BLK ? i0 + nq - j0 : BLK;
-                        const float *K = qkv + (size_t)(base + j0) * ld + (size_t)(Hq + g) * D;
-                        const float *V = qkv + (size_t)(base + j0) * ld + (size_t)(Hq + Hkv + g) * D;
-                        mm(CblasNoTrans, CblasTrans, nq, nk, D, scale, Q, ld, K, ld, 0.0f, Sb, BLK);
-                        online_softmax(Sb, nq, nk, i0, j0, m, l, acc, D);
-                        mm(CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, Sb, BLK, V, ld, 1.0f, acc, D);
-                    }
-                    for (int r = 0; r < nq; r++) {
-                        size_t t = (size_t)(base + i0 + r);
-                        float inv = 1.0f / l[r];
-                        float *o = out + t * HD + (size_t)h * D;
-                        const float *a = acc + (size_t)r * D;
-#pragma omp simd
-                        for (int d = 0; d < D; d++) o[d] = a[d] * inv;
-                        lse[t * Hq + h] = m[r] + logf(l[r]);
-                    }
-                }
-            }
-        }
-    }
+    att_job j = {.qkv = F(qkvp), .o = F(outp), .l = F(lsep), .ss = I32(ssp), .S = S, .ld = ld, .Hq = Hq, .Hkv = Hkv,
+                 .D = D, .rep = Hq / Hkv, .scale = 1.0f / sqrtf((float)D)};
+    int64_t *cum;
+    int64_t nb = make_blocks(s, j.ss, S, &cum);
+    j.cum = cum;
+    run_tasks(s, nb * Hq, 2.0 * T * BLK * Hq * D, fwd_task, &j);
 }
 
 /* dS = P * (dP - delta_row) in place on the dP tile. */
@@ -147,90 +180,86 @@ static void tile_grad(const float *Q, const float *K, const float *V, const floa
     ds_from_dp(Pb, dSb, nq, nk, delta_rows, Hq);
 }
 
+static void delta_rows(void *arg, int64_t t0, int64_t t1) {
+    const att_job *j = arg;
+    const int HD = j->Hq * j->D;
+    for (int64_t t = t0; t < t1; t++)
+        for (int h = 0; h < j->Hq; h++)
+            j->delta[(size_t)t * j->Hq + h] =
+                dot(j->dout + (size_t)t * HD + (size_t)h * j->D, j->out + (size_t)t * HD + (size_t)h * j->D, j->D);
+}
+
+/* dQ of (query block, head): recompute P and dS tile by tile up to the diagonal. */
+static void dq_task(void *arg, int64_t task) {
+    const att_job *j = arg;
+    const int D = j->D, ld = j->ld, Hq = j->Hq, HD = Hq * D;
+    int h = (int)(task % Hq), sq, i0;
+    block_of(j, task / Hq, &sq, &i0);
+    int g = h / j->rep, base = j->ss[sq], n = j->ss[sq + 1] - base;
+    int nq = n - i0 < BLK ? n - i0 : BLK;
+    float Pb[BLK * BLK], dSb[BLK * BLK], acc[BLK * FF_ATT_MAX_D];
+    size_t t0 = (size_t)(base + i0);
+    const float *Q = j->qkv + t0 * ld + (size_t)h * D, *dO = j->dout + t0 * HD + (size_t)h * D;
+    memset(acc, 0, sizeof(float) * (size_t)nq * D);
+    for (int j0 = 0; j0 < i0 + nq; j0 += BLK) {
+        int nk = i0 + nq - j0 < BLK ? i0 + nq - j0 : BLK;
+        const float *K = j->qkv + (size_t)(base + j0) * ld + (size_t)(Hq + g) * D;
+        const float *V = j->qkv + (size_t)(base + j0) * ld + (size_t)(Hq + j->Hkv + g) * D;
+        tile_grad(Q, K, V, dO, ld, HD, nq, nk, i0, j0, D, j->scale, j->lse + t0 * Hq + h, j->delta + t0 * Hq + h, Hq,
+                  Pb, dSb);
+        mm(CblasNoTrans, CblasNoTrans, nq, D, nk, j->scale, dSb, BLK, K, ld, 1.0f, acc, D);
+    }
+    for (int r = 0; r < nq; r++)
+        memcpy(j->dqkv + (t0 + (size_t)r) * ld + (size_t)h * D, acc + (size_t)r * D, sizeof(float) * (size_t)D);
+}
+
+/* dK, dV of (key block, kv head): every query head of the group, query tiles from the
+ * diagonal down. */
+static void dkv_task(void *arg, int64_t task) {
+    const att_job *j = arg;
+    const int D = j->D, ld = j->ld, Hq = j->Hq, Hkv = j->Hkv, HD = Hq * D;
+    int g = (int)(task % Hkv), sq, j0;
+    block_of(j, task / Hkv, &sq, &j0);
+    int base = j->ss[sq], n = j->ss[sq + 1] - base;
+    int nk = n - j0 < BLK ? n - j0 : BLK;
+    float Pb[BLK * BLK], dSb[BLK * BLK], dk[BLK * FF_ATT_MAX_D], dv[BLK * FF_ATT_MAX_D];
+    const float *K = j->qkv + (size_t)(base + j0) * ld + (size_t)(Hq + g) * D;
+    const float *V = j->qkv + (size_t)(base + j0) * ld + (size_t)(Hq + Hkv + g) * D;
+    memset(dk, 0, sizeof(float) * (size_t)nk * D);
+    memset(dv, 0, sizeof(float) * (size_t)nk * D);
+    for (int h = g * j->rep; h < (g + 1) * j->rep; h++) {
+        for (int i0 = j0; i0 < n; i0 += BLK) {
+            int nq = n - i0 < BLK ? n - i0 : BLK;
+            size_t t0 = (size_t)(base + i0);
+            const float *Q = j->qkv + t0 * ld + (size_t)h * D, *dO = j->dout + t0 * HD + (size_t)h * D;
+            tile_grad(Q, K, V, dO, ld, HD, nq, nk, i0, j0, D, j->scale, j->lse + t0 * Hq + h, j->delta + t0 * Hq + h,
+                      Hq, Pb, dSb);
+            mm(CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, Pb, BLK, dO, HD, 1.0f, dv, D);
+            mm(CblasTrans, CblasNoTrans, nk, D, nq, j->scale, dSb, BLK, Q, ld, 1.0f, dk, D);
+        }
+    }
+    for (int c = 0; c < nk; c++) {
+        float *row = j->dqkv + (size_t)(base + j0 + c) * ld;
+        memcpy(row + (size_t)(Hq + g) * D, dk + (size_t)c * D, sizeof(float) * (size_t)D);
+        memcpy(row + (size_t)(Hq + Hkv + g) * D, dv + (size_t)c * D, sizeof(float) * (size_t)D);
+    }
+}
+
 void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const int32_t *ss_host, int S, int T,
                           int Hq, int Hkv, int D, ff_dptr outp, ff_dptr lsep, ff_dptr doutp, ff_dptr deltap,
                           ff_dptr dqkvp) {
-    const float *qkv = F(qkvp);                       /* [T, (Hq + 2 Hkv) D] ld */
-    const float *out = F(outp), *lse = F(lsep);       /* [T, Hq D], [T, Hq] */
-    const float *dout = F(doutp);                     /* [T, Hq D] */
-    float *delta = F(deltap), *dqkv = F(dqkvp);       /* [T, Hq], [T, (Hq + 2 Hkv) D] ld */
-    const int32_t *ss = ss_host;
     (void)ssp;
     assert(D <= FF_ATT_MAX_D);
-    const int rep = Hq / Hkv, HD = Hq * D;
-    const float scale = 1.0f / sqrtf((float)D);
-    int nt = NT(s);
-#pragma omp parallel num_threads(nt)
-    {
-        int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-        float Pb[BLK * BLK], dSb[BLK * BLK], acc1[BLK * FF_ATT_MAX_D], acc2[BLK * FF_ATT_MAX_D];
-
-        /* delta[t, h] = dO[t, h] . O[t, h] */
-#pragma omp for schedule(static)
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < Hq; h++)
-                delta[(size_t)t * Hq + h] = dot(dout + (size_t)t * HD + (size_t)h * D, out + (size_t)t * HD + (size_t)h * D, D);
-        /* (implicit barrier) */
-
-        /* dQ: query-tile tasks */
-        int64_t task = 0;
-        for (int sq = 0; sq < S; sq++) {
-            int base = ss[sq], n = ss[sq + 1] - ss[sq];
-            for (int h = 0; h < Hq; h++) {
-                int g = h / rep;
-                for (int i0 = 0; i0 < n; i0 += BLK) {
-                    if (task++ % nth != tid) continue;
-                    int nq = n - i0 < BLK ? n - i0 : BLK;
-                    size_t t0 = (size_t)(base + i0);
-                    const float *Q = qkv + t0 * ld + (size_t)h * D;
-                    const float *dO = dout + t0 * HD + (size_t)h * D;
-                    memset(acc1, 0, sizeof(float) * (size_t)nq * D);
-                    for (int j0 = 0; j0 < i0 + nq; j0 += BLK) {
-                        int nk = i0 + nq - j0 < BLK ? i0 + nq - j0 : BLK;
-                        const float *K = qkv + (size_t)(base + j0) * ld + (size_t)(Hq + g) * D;
-                        const float *V = qkv + (size_t)(base + j0) * ld + (size_t)(Hq + Hkv + g) * D;
-                        tile_grad(Q, K, V, dO, ld, HD, nq, nk, i0, j0, D, scale, lse + t0 * Hq + h,
-                                  delta + t0 * Hq + h, Hq, Pb, dSb);
-                        mm(CblasNoTrans, CblasNoTrans, nq, D, nk, scale, dSb, BLK, K, ld, 1.0f, acc1, D);
-                    }
-                    for (int r = 0; r < nq; r++)
-                        memcpy(dqkv + (t0 + (size_t)r) * ld + (size_t)h * D, acc1 + (size_t)r * D, sizeof(float) * (size_t)D);
-                }
-            }
-        }
-        /* dK, dV: key-tile tasks over every query head of the group */
-        task = 0;
-        for (int sq = 0; sq < S; sq++) {
-            int base = ss[sq], n = ss[sq + 1] - ss[sq];
-            for (int g = 0; g < Hkv; g++) {
-                for (int j0 = 0; j0 < n; j0 += BLK) {
-                    if (task++ % nth != tid) continue;
-                    int nk = n - j0 < BLK ? n - j0 : BLK;
-                    const float *K = qkv + (size_t)(base + j0) * ld + (size_t)(Hq + g) * D;
-                    const float *V = qkv + (size_t)(base + j0) * ld + (size_t)(Hq + Hkv + g) * D;
-                    memset(acc1, 0, sizeof(float) * (size_t)nk * D); /* dK */
-                    memset(acc2, 0, sizeof(float) * (size_t)nk * D); /* dV */
-                    for (int h = g * rep; h < (g + 1) * rep; h++) {
-                        for (int i0 = j0; i0 < n; i0 += BLK) {
-                            int nq = n - i0 < BLK ? n - i0 : BLK;
-                            size_t t0 = (size_t)(base + i0);
-                            const float *Q = qkv + t0 * ld + (size_t)h * D;
-                            const float *dO = dout + t0 * HD + (size_t)h * D;
-                            tile_grad(Q, K, V, dO, ld, HD, nq, nk, i0, j0, D, scale, lse + t0 * Hq + h,
-                                      delta + t0 * Hq + h, Hq, Pb, dSb);
-                            mm(CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, Pb, BLK, dO, HD, 1.0f, acc2, D);
-                            mm(CblasTrans, CblasNoTrans, nk, D, nq, scale, dSb, BLK, Q, ld, 1.0f, acc1, D);
-                        }
-                    }
-                    for (int c = 0; c < nk; c++) {
-                        float *row = dqkv + (size_t)(base + j0 + c) * ld;
-                        memcpy(row + (size_t)(Hq + g) * D, acc1 + (size_t)c * D, sizeof(float) * (size_t)D);
-                        memcpy(row + (size_t)(Hq + Hkv + g) * D, acc2 + (size_t)c * D, sizeof(float) * (size_t)D);
-                    }
-                }
-            }
-        }
-    }
+    att_job j = {.qkv = F(qkvp), .out = F(outp), .lse = F(lsep), .dout = F(doutp), .delta = F(deltap),
+                 .dqkv = F(dqkvp), .ss = ss_host, .S = S, .ld = ld, .Hq = Hq, .Hkv = Hkv, .D = D, .rep = Hq / Hkv,
+                 .scale = 1.0f / sqrtf((float)D)};
+    int64_t *cum;
+    int64_t nb = make_blocks(s, ss_host, S, &cum);
+    j.cum = cum;
+    double work = 4.0 * T * BLK * Hq * D;
+    ff_cpu_for(s, T, 2.0 * Hq * D, delta_rows, &j);
+    run_tasks(s, nb * Hq, work, dq_task, &j);
+    run_tasks(s, nb * Hkv, work, dkv_task, &j);
 }
 
 /* Query token t's rep heads of kv head g against its cache rows. */
@@ -284,19 +313,28 @@ FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const f
     }
 }
 
+typedef struct cached_job {
+    const float *q, *kc, *vc;
+    const int32_t *row0, *nkeys;
+    float *out;
+    int ldq, Hkv, rep, D;
+    float scale;
+} cached_job;
+
+static void cached_part(void *arg, int64_t c0, int64_t c1) {
+    const cached_job *j = arg;
+    for (int64_t c = c0; c < c1; c++)
+        cached_task(j->q, j->ldq, j->kc, j->vc, j->row0, j->nkeys, (int)(c / j->Hkv), (int)(c % j->Hkv), j->rep, j->D,
+                    j->Hkv * j->D, j->Hkv * j->rep * j->D, j->scale, j->out);
+}
+
 void ff_cpu_attention_cached(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr row0p,
                              ff_dptr nkeysp, int T, int Hq, int Hkv, int D, ff_dptr outp) {
-    const float *q = F(qp);                          /* [T, Hq D] ldq */
-    const float *kc = F(kcp), *vc = F(vcp);          /* [rows, Hkv D] */
-    const int32_t *row0 = I32(row0p), *nkeys = I32(nkeysp); /* [T] */
-    float *out = F(outp);                            /* [T, Hq D] */
-    const int rep = Hq / Hkv, KD = Hkv * D, HD = Hq * D;
-    assert(D <= FF_ATT_MAX_D && rep <= MAX_REP);
-    const float scale = 1.0f / sqrtf((float)D);
-    double work = 0;
-    for (int t = 0; t < T; t++) work += (double)nkeys[t] * HD * 2;
-    int nt = work < FF_PAR_MIN ? 1 : NT(s);
-#pragma omp parallel for collapse(2) num_threads(nt) schedule(dynamic, 1)
-    for (int t = 0; t < T; t++)
-        for (int g = 0; g < Hkv; g++) cached_task(q, ldq, kc, vc, row0, nkeys, t, g, rep, D, KD, HD, scale, out);
+    assert(D <= FF_ATT_MAX_D && Hq / Hkv <= MAX_REP);
+    cached_job j = {F(qp), F(kcp), F(vcp), I32(row0p), I32(nkeysp), F(outp), ldq, Hkv, Hq / Hkv, D,
+                    1.0f / sqrtf((float)D)};
+    double keys = 0;
+    for (int t = 0; t < T; t++) keys += j.nkeys[t];
+    /* per (token, kv head): about 4 flops per key, head and dimension */
+    ff_cpu_for(s, (int64_t)T * Hkv, 4.0 * (keys / T) * j.rep * D, cached_part, &j);
 }

@@ -2,14 +2,15 @@
  * through OpenBLAS, the other kernels in the cpu_*.c files beside this one.
  *
  * Threads: OpenBLAS is set to one thread and every product is split into row or column
- * blocks across this backend's OpenMP team, one single-threaded cblas_sgemm per thread.
- * Debian's default OpenBLAS is the pthreads build; letting it run its own threads beside
- * OpenMP's makes both pools spin for the same 2 cores. One pool, ours, avoids that, and the
- * split costs nothing measurable at our shapes (bench/bench_model.c prints sgemm alone).
- * openblas_set_num_threads is process-wide: anything else in the process that calls
+ * blocks run by this backend's thread pool (cpu_pool.c), one single-threaded cblas_sgemm
+ * per block. Debian's default OpenBLAS is the pthreads build; letting it run its own
+ * threads beside ours makes two pools spin for the same cores. One pool, ours, avoids that,
+ * and the split costs nothing measurable at our shapes (bench/bench_model.c prints sgemm
+ * alone). openblas_set_num_threads is process-wide: anything else in the process that calls
  * OpenBLAS gets one thread too. */
 #include <cblas.h>
-#include <omp.h>
+#include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,56 @@ static int cpu_stream_sync(ff_stream *s) {
     (void)s;
     return 0;
 }
-static void cpu_destroy(ff_backend *be) { free(be); }
+static void cpu_destroy(ff_backend *be) {
+    cpu_impl *c = be->impl;
+    if (c) {
+        ff_pool_destroy(&c->pool);
+        free(c->scratch);
+        free(c);
+    }
+    free(be);
+}
+
+void *ff_cpu_scratch(ff_stream *s, size_t bytes) {
+    cpu_impl *c = s->be->impl;
+    if (bytes > c->scratch_cap) {
+        free(c->scratch);
+        c->scratch = malloc(bytes);
+        if (!c->scratch) {
+            fprintf(stderr, "fuseflow cpu backend: out of memory for %zu bytes of kernel scratch\n", bytes);
+            abort();
+        }
+        c->scratch_cap = bytes;
+    }
+    return c->scratch;
+}
+
+typedef struct range_job {
+    ff_range_fn fn;
+    void *ctx;
+    int64_t n, per;
+} range_job;
+
+static void range_chunk(void *arg, int64_t i) {
+    const range_job *j = arg;
+    int64_t i0 = i * j->per, i1 = i0 + j->per < j->n ? i0 + j->per : j->n;
+    j->fn(j->ctx, i0, i1);
+}
+
+void ff_cpu_for(ff_stream *s, int64_t n, double work_per_item, ff_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    int nt = NT(s);
+    if (nt <= 1 || (double)n * work_per_item < FF_PAR_MIN) {
+        fn(ctx, 0, n);
+        return;
+    }
+    int64_t per = (int64_t)ceil(FF_CHUNK_WORK / (work_per_item > 0 ? work_per_item : 1.0));
+    if (per < 1) per = 1;
+    int64_t most = 4 * (int64_t)nt;
+    if ((n + per - 1) / per > most) per = (n + most - 1) / most;
+    range_job j = {fn, ctx, n, per};
+    ff_pool_run(POOL(s), (n + per - 1) / per, range_chunk, &j);
+}
 
 /* ---- matrix products ----------------------------------------------------------------------- */
 
@@ -78,37 +128,49 @@ static void sgemm_block(ff_trans ta, ff_trans tb, int M, int N, int K, float alp
                 M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+typedef struct gemm_job {
+    ff_trans ta, tb;
+    int M, N, K, lda, ldb, ldc, split_m, blk;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+} gemm_job;
+
+static void gemm_chunk(void *arg, int64_t i) {
+    const gemm_job *g = arg;
+    if (g->split_m) {
+        int m0 = (int)i * g->blk, m1 = m0 + g->blk < g->M ? m0 + g->blk : g->M;
+        const float *Ab = g->ta == FF_NO_TRANS ? g->A + (size_t)m0 * g->lda : g->A + m0;
+        sgemm_block(g->ta, g->tb, m1 - m0, g->N, g->K, g->alpha, Ab, g->lda, g->B, g->ldb, g->beta,
+                    g->C + (size_t)m0 * g->ldc, g->ldc);
+    } else {
+        int n0 = (int)i * g->blk, n1 = n0 + g->blk < g->N ? n0 + g->blk : g->N;
+        const float *Bb = g->tb == FF_NO_TRANS ? g->B + n0 : g->B + (size_t)n0 * g->ldb;
+        sgemm_block(g->ta, g->tb, g->M, n1 - n0, g->K, g->alpha, g->A, g->lda, Bb, g->ldb, g->beta, g->C + n0, g->ldc);
+    }
+}
+
 void ff_cpu_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr Ap, int lda,
                  ff_dptr Bp, int ldb, float beta, ff_dptr Cp, int ldc) {
     const float *A = F(Ap), *B = F(Bp);
     float *C = F(Cp);
     int nt = NT(s);
-    /* Below about 1M multiply-adds (~10 us on one core) a fork/join and the second thread's
-     * wake-up cost more than they save, and on a busy machine a barrier can wait for a
-     * descheduled thread far longer. Decode steps of small models stay on one thread. */
+    /* Below about 1M multiply-adds (~10 us on one core) splitting costs more than it saves:
+     * decode steps of small models stay on one thread. */
     double work = (double)M * N * (K > 0 ? K : 1);
     if (nt <= 1 || work < 1048576.0) {
         sgemm_block(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    /* Split the larger side of C. Column blocks are multiples of 16 floats so that every
-     * block but the last stays aligned to OpenBLAS's register tiles. */
-    int split_m = M >= N;
-#pragma omp parallel num_threads(nt)
-    {
-        int id = omp_get_thread_num(), n = omp_get_num_threads();
-        if (split_m) {
-            int m0 = (int)((int64_t)M * id / n), m1 = (int)((int64_t)M * (id + 1) / n);
-            const float *Ab = ta == FF_NO_TRANS ? A + (size_t)m0 * lda : A + m0;
-            sgemm_block(ta, tb, m1 - m0, N, K, alpha, Ab, lda, B, ldb, beta, C + (size_t)m0 * ldc, ldc);
-        } else {
-            int blocks = (N + 15) / 16;
-            int n0 = (int)((int64_t)blocks * id / n) * 16, n1 = (int)((int64_t)blocks * (id + 1) / n) * 16;
-            if (n1 > N) n1 = N;
-            const float *Bb = tb == FF_NO_TRANS ? B + n0 : B + (size_t)n0 * ldb;
-            sgemm_block(ta, tb, M, n1 - n0, K, alpha, A, lda, Bb, ldb, beta, C + n0, ldc);
-        }
-    }
+    /* Split the larger side of C into up to 2 blocks per thread, claimed dynamically: rows
+     * in blocks of at least 16, columns in multiples of 16 floats (OpenBLAS's tiles). */
+    gemm_job g = {ta, tb, M, N, K, lda, ldb, ldc, M >= N, 0, alpha, beta, A, B, C};
+    int side = g.split_m ? M : N, nb = 2 * nt;
+    int blk = (side + nb - 1) / nb;
+    blk = (blk + 15) / 16 * 16;
+    if (blk < 16) blk = 16;
+    g.blk = blk;
+    ff_pool_run(POOL(s), (side + blk - 1) / blk, gemm_chunk, &g);
 }
 
 /* ---- the table ----------------------------------------------------------------------------- */
@@ -161,14 +223,26 @@ ff_backend *ff_backend_cpu_new_impl(int n_threads) {
             }
             n_threads = (int)v;
         } else {
-            n_threads = omp_get_max_threads();
+            cpu_set_t set;
+            n_threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
         }
     }
     ff_backend *be = ff_calloc(1, sizeof *be);
-    if (!be) return NULL;
+    cpu_impl *c = ff_calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return NULL;
+    }
     be->ops = &cpu_ops;
+    be->impl = c;
     be->n_threads = n_threads < 1 ? 1 : n_threads;
     snprintf(be->name, sizeof be->name, "cpu");
+    c->pool = ff_pool_new(be->n_threads);
+    if (!c->pool) {
+        cpu_destroy(be);
+        return NULL;
+    }
     openblas_set_num_threads(1);
     return be;
 }

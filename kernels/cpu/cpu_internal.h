@@ -23,9 +23,32 @@
 #pragma clang diagnostic ignored "-Wpass-failed"
 #endif
 
+#include "kernels/cpu/cpu_pool.h"
+
 static inline float *F(ff_dptr p) { return p.buf ? (float *)(void *)((char *)p.buf->data + p.off) : NULL; }
 static inline int32_t *I32(ff_dptr p) { return p.buf ? (int32_t *)(void *)((char *)p.buf->data + p.off) : NULL; }
 static inline int NT(const ff_stream *s) { return s->be->n_threads; }
+
+/* The CPU backend's state. */
+typedef struct cpu_impl {
+    ff_pool *pool;
+    void *scratch; /* host scratch for kernels' small tables, grown on demand */
+    size_t scratch_cap;
+} cpu_impl;
+
+static inline ff_pool *POOL(const ff_stream *s) { return ((cpu_impl *)s->be->impl)->pool; }
+
+/* At least `bytes` of scratch (valid until the next call; a kernel uses it for one call).
+ * Allocates only when it grows; aborts when memory runs out (kernels do not fail). */
+void *ff_cpu_scratch(ff_stream *s, size_t bytes);
+
+/* fn(ctx, i0, i1) over [0, n) split into chunks run by the pool. work_per_item estimates
+ * element-operations per item; below FF_PAR_MIN in all, one call on this thread. Chunks
+ * hold at least FF_CHUNK_WORK of work and there are up to 4 per thread (claimed
+ * dynamically); a kernel must give the same result whatever the chunking. */
+typedef void (*ff_range_fn)(void *ctx, int64_t i0, int64_t i1);
+void ff_cpu_for(ff_stream *s, int64_t n, double work_per_item, ff_range_fn fn, void *ctx);
+#define FF_CHUNK_WORK 8192.0
 
 /* Hot row loops are compiled for AVX-512 and AVX2 beside the baseline (x86-64-v2 is SSE4
  * only) and picked at load time by the CPU (an ifunc), so one binary runs everywhere. */

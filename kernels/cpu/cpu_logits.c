@@ -1,12 +1,10 @@
 /* CPU kernels on the logits: per-token log-probs and entropy (forward and backward into the
  * logits) and sampling (greedy, temperature, top-k, top-p). Rows are independent and split
- * across the OpenMP team. Contracts in include/fuseflow/kernels.h. */
+ * across the backend's thread pool. Contracts in include/fuseflow/kernels.h. */
 #include <float.h>
 #include <math.h>
 
 #include "kernels/cpu/cpu_internal.h"
-
-static int team(const ff_stream *s, double work) { return work < FF_PAR_MIN ? 1 : NT(s); }
 
 FF_VEC static float row_max(const float *z, int V) {
     float mx = -FLT_MAX;
@@ -29,26 +27,38 @@ FF_VEC static void row_sums(const float *z, int V, float it, float mx, float *su
     *wsum_out = wsum;
 }
 
-void ff_cpu_logprob_fwd(ff_stream *s, ff_dptr logitsp, ff_dptr targetsp, float inv_temp, int T, int V, ff_dptr lpp,
-                        ff_dptr entp, ff_dptr lsep) {
-    const float *logits = F(logitsp);       /* [T, V] */
-    const int32_t *targets = I32(targetsp); /* [T] or NULL */
-    float *lp = F(lpp), *ent = F(entp), *lse = F(lsep); /* [T] each; lp, ent may be NULL */
-#pragma omp parallel for num_threads(team(s, 4.0 * T * V)) schedule(static)
-    for (int t = 0; t < T; t++) {
-        const float *z = logits + (size_t)t * V;
-        float mx = row_max(z, V) * inv_temp; /* inv_temp > 0 keeps the argmax */
+typedef struct lp_job {
+    float *logits;          /* [T, V] (bwd: becomes dlogits) */
+    const int32_t *targets; /* [T] or NULL */
+    float it;               /* 1 / temperature */
+    int V;
+    float *lp, *ent, *lse;  /* [T] each; lp, ent may be NULL */
+    const float *dlp, *dent; /* [T] or NULL */
+} lp_job;
+
+static void lp_fwd_rows(void *arg, int64_t t0, int64_t t1) {
+    const lp_job *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *z = j->logits + (size_t)t * j->V;
+        float mx = row_max(z, j->V) * j->it; /* it > 0 keeps the argmax */
         float sum, wsum;
-        row_sums(z, V, inv_temp, mx, &sum, &wsum);
+        row_sums(z, j->V, j->it, mx, &sum, &wsum);
         float l = logf(sum);
-        lse[t] = mx + l;
+        j->lse[t] = mx + l;
         /* H = -sum p (zs - l) = l - sum p zs, with zs the shifted scaled logits */
-        if (ent) ent[t] = l - wsum / sum;
-        if (lp) {
-            int y = targets[t];
-            lp[t] = y >= 0 ? z[y] * inv_temp - lse[t] : 0.0f;
+        if (j->ent) j->ent[t] = l - wsum / sum;
+        if (j->lp) {
+            int y = j->targets[t];
+            j->lp[t] = y >= 0 ? z[y] * j->it - j->lse[t] : 0.0f;
         }
     }
+}
+
+void ff_cpu_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr logprob,
+                        ff_dptr entropy, ff_dptr lse) {
+    lp_job j = {.logits = F(logits), .targets = I32(targets), .it = inv_temp, .V = V, .lp = F(logprob),
+                .ent = F(entropy), .lse = F(lse)};
+    ff_cpu_for(s, T, 12.0 * V, lp_fwd_rows, &j);
 }
 
 /* z <- (-a p - b p (log p + H)) * it, p = exp(z*it - L) */
@@ -61,25 +71,28 @@ FF_VEC static void logprob_bwd_row(float *z, int V, float it, float L, float a, 
     }
 }
 
-void ff_cpu_logprob_bwd(ff_stream *s, ff_dptr logitsp, ff_dptr targetsp, float inv_temp, int T, int V, ff_dptr lsep,
-                        ff_dptr dlpp, ff_dptr dentp, ff_dptr entp) {
-    float *logits = F(logitsp);             /* [T, V] in: logits, out: dlogits */
-    const int32_t *targets = I32(targetsp); /* [T] or NULL */
-    const float *lse = F(lsep), *dlp = F(dlpp), *dent = F(dentp), *ent = F(entp); /* [T] */
-    /* zs = z * it; p = exp(zs - lse);
-     * d logp[y] / d zs_v = [v == y] - p_v;  d H / d zs_v = -p_v (log p_v + H) */
-#pragma omp parallel for num_threads(team(s, 4.0 * T * V)) schedule(static)
-    for (int t = 0; t < T; t++) {
-        float *z = logits + (size_t)t * V;
+/* zs = z * it; p = exp(zs - lse);
+ * d logp[y] / d zs_v = [v == y] - p_v;  d H / d zs_v = -p_v (log p_v + H) */
+static void lp_bwd_rows(void *arg, int64_t t0, int64_t t1) {
+    const lp_job *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        float *z = j->logits + (size_t)t * j->V;
         float a = 0.0f; /* dlogprob */
         int y = -1;
-        if (dlp && targets && targets[t] >= 0) {
-            a = dlp[t];
-            y = targets[t];
+        if (j->dlp && j->targets && j->targets[t] >= 0) {
+            a = j->dlp[t];
+            y = j->targets[t];
         }
-        logprob_bwd_row(z, V, inv_temp, lse[t], a, dent ? dent[t] : 0.0f, dent ? ent[t] : 0.0f);
-        if (y >= 0) z[y] += a * inv_temp;
+        logprob_bwd_row(z, j->V, j->it, j->lse[t], a, j->dent ? j->dent[t] : 0.0f, j->dent ? j->ent[t] : 0.0f);
+        if (y >= 0) z[y] += a * j->it;
     }
+}
+
+void ff_cpu_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
+    lp_job j = {.logits = F(logits), .targets = I32(targets), .it = inv_temp, .V = V, .lse = F(lse),
+                .dlp = F(dlogprob), .dent = F(dentropy), .ent = F(entropy)};
+    ff_cpu_for(s, T, 12.0 * V, lp_bwd_rows, &j);
 }
 
 /* ---- sampling ------------------------------------------------------------------------------ */
@@ -201,15 +214,27 @@ static void sample_row(const float *z, int V, const ff_sample_params *sp, float 
     }
 }
 
-void ff_cpu_sample(ff_stream *s, ff_dptr logitsp, int B, int V, ff_dptr paramsp, ff_dptr wsp, ff_dptr tokp,
-                   ff_dptr lpp) {
-    const float *logits = F(logitsp);                                            /* [B, V] */
-    const ff_sample_params *params = (const ff_sample_params *)(void *)I32(paramsp); /* [B] */
-    float *ws = F(wsp);                                                          /* [B, V] probs, then [B, V] ids */
-    int32_t *idx = (int32_t *)(void *)(ws + (size_t)B * V);
-    int32_t *tok = I32(tokp);
-    float *lp = F(lpp);
-#pragma omp parallel for num_threads(team(s, 8.0 * B * V)) schedule(dynamic, 1)
-    for (int b = 0; b < B; b++)
-        sample_row(logits + (size_t)b * V, V, &params[b], ws + (size_t)b * V, idx + (size_t)b * V, &tok[b], &lp[b]);
+typedef struct sample_job {
+    const float *logits;            /* [B, V] */
+    const ff_sample_params *params; /* [B] */
+    float *probs;                   /* [B, V] workspace */
+    int32_t *ids;                   /* [B, V] workspace */
+    int32_t *tok;                   /* [B] */
+    float *lp;                      /* [B] */
+    int V;
+} sample_job;
+
+static void sample_part(void *arg, int64_t b0, int64_t b1) {
+    const sample_job *j = arg;
+    for (int64_t b = b0; b < b1; b++)
+        sample_row(j->logits + (size_t)b * j->V, j->V, &j->params[b], j->probs + (size_t)b * j->V,
+                   j->ids + (size_t)b * j->V, &j->tok[b], &j->lp[b]);
+}
+
+void ff_cpu_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
+                   ff_dptr logprob) {
+    float *ws = F(workspace); /* [B, V] probs, then [B, V] ids */
+    sample_job j = {F(logits), (const ff_sample_params *)(void *)I32(params), ws, (int32_t *)(void *)(ws + (size_t)B * V),
+                    I32(tokens), F(logprob), V};
+    ff_cpu_for(s, B, 16.0 * V, sample_part, &j);
 }

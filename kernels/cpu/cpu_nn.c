@@ -1,264 +1,350 @@
 /* CPU kernels of the transformer's elementwise and row-wise layers: embedding, RMSNorm,
  * rotary embedding, bias, SwiGLU, row gather/scatter, and the optimizer's vector
- * operations (AdamW, scale, add, sum of squares). fp32, OpenMP. Contracts in
- * include/fuseflow/kernels.h. Reductions over rows (weight gradients) are split by column
- * blocks, so results do not depend on the thread count or on timing. */
+ * operations (AdamW, scale, add, sum of squares). fp32, run on the backend's thread pool
+ * (ff_cpu_for). Contracts in include/fuseflow/kernels.h. Reductions over rows (weight
+ * gradients) are split by column blocks of COLS, each summed over rows in order by one
+ * chunk, so results do not depend on the thread count, the chunking or timing. */
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
 
-/* Threads for `work` element-operations: one below FF_PAR_MIN. */
-static int team(const ff_stream *s, double work) { return work < FF_PAR_MIN ? 1 : NT(s); }
+enum { COLS = 64 }; /* column block of the row reductions */
 
-/* [c0, c1) of n columns for thread id of nt, in blocks of 16. */
-static void col_block(int n, int id, int nt, int *c0, int *c1) {
-    int blocks = (n + 15) / 16;
-    *c0 = (int)((int64_t)blocks * id / nt) * 16;
-    *c1 = (int)((int64_t)blocks * (id + 1) / nt) * 16;
-    if (*c1 > n) *c1 = n;
-    if (*c0 > n) *c0 = n;
+static int64_t col_blocks(int n) { return (n + COLS - 1) / COLS; }
+
+/* ---- embedding ---------------------------------------------------------------------------- */
+
+typedef struct emb_job {
+    const int32_t *tok; /* [T] */
+    const float *src;   /* fwd: table [V, H]; bwd: dout [T, H] */
+    float *dst;         /* fwd: out [T, H]; bwd: dtable [V, H] += */
+    int T, H;
+} emb_job;
+
+static void emb_fwd_rows(void *arg, int64_t t0, int64_t t1) {
+    const emb_job *j = arg;
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(j->dst + (size_t)t * j->H, j->src + (size_t)j->tok[t] * j->H, (size_t)j->H * sizeof(float));
 }
 
 void ff_cpu_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
-    const int32_t *tok = I32(tokens); /* [T] */
-    const float *tab = F(table);      /* [V, H] */
-    float *o = F(out);                /* [T, H] */
-#pragma omp parallel for num_threads(team(s, (double)T * H)) schedule(static)
-    for (int t = 0; t < T; t++) memcpy(o + (size_t)t * H, tab + (size_t)tok[t] * H, (size_t)H * sizeof(float));
+    emb_job j = {I32(tokens), F(table), F(out), T, H};
+    ff_cpu_for(s, T, H, emb_fwd_rows, &j);
+}
+
+FF_VEC static void emb_bwd_cols(void *arg, int64_t b0, int64_t b1) {
+    const emb_job *j = arg;
+    int c0 = (int)b0 * COLS, c1 = (int)b1 * COLS < j->H ? (int)b1 * COLS : j->H;
+    for (int t = 0; t < j->T; t++) {
+        float *row = j->dst + (size_t)j->tok[t] * j->H;
+        const float *g = j->src + (size_t)t * j->H;
+#pragma omp simd
+        for (int c = c0; c < c1; c++) row[c] += g[c];
+    }
 }
 
 void ff_cpu_embedding_bwd(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dtable, int T, int H) {
-    const int32_t *tok = I32(tokens); /* [T] */
-    const float *g = F(dout);         /* [T, H] */
-    float *dt = F(dtable);            /* [V, H] += */
-#pragma omp parallel num_threads(team(s, (double)T * H))
-    {
-        int c0, c1;
-        col_block(H, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);
-        for (int t = 0; t < T; t++) {
-            float *row = dt + (size_t)tok[t] * H;
-            const float *gr = g + (size_t)t * H;
-#pragma omp simd
-            for (int j = c0; j < c1; j++) row[j] += gr[j];
-        }
-    }
+    emb_job j = {I32(tokens), F(dout), F(dtable), T, H};
+    ff_cpu_for(s, col_blocks(H), (double)T * COLS, emb_bwd_cols, &j);
 }
 
-FF_VEC static float rms_row(const float *xr, const float *w, float *o, int H, float eps) {
-    float ss = 0.0f;
+/* ---- RMSNorm ------------------------------------------------------------------------------ */
+
+typedef struct rms_job {
+    const float *x, *w, *dout; /* [T, H], [H], [T, H] */
+    float *out, *rstd, *dx, *dw; /* [T, H], [T], [T, H] +=, [H] += */
+    int T, H;
+    float eps;
+} rms_job;
+
+FF_VEC static void rms_fwd_rows(void *arg, int64_t t0, int64_t t1) {
+    const rms_job *j = arg;
+    const int H = j->H;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *xr = j->x + (size_t)t * H;
+        float *o = j->out + (size_t)t * H;
+        float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
-    for (int j = 0; j < H; j++) ss += xr[j] * xr[j];
-    float r = 1.0f / sqrtf(ss / (float)H + eps);
+        for (int c = 0; c < H; c++) ss += xr[c] * xr[c];
+        float r = 1.0f / sqrtf(ss / (float)H + j->eps);
+        j->rstd[t] = r;
 #pragma omp simd
-    for (int j = 0; j < H; j++) o[j] = xr[j] * r * w[j];
-    return r;
+        for (int c = 0; c < H; c++) o[c] = xr[c] * r * j->w[c];
+    }
 }
 
-void ff_cpu_rmsnorm_fwd(ff_stream *s, ff_dptr xp, ff_dptr wp, ff_dptr outp, ff_dptr rstdp, int T, int H, float eps) {
-    const float *x = F(xp), *w = F(wp); /* [T, H], [H] */
-    float *out = F(outp), *rstd = F(rstdp); /* [T, H], [T] */
-#pragma omp parallel for num_threads(team(s, (double)T * H)) schedule(static)
-    for (int t = 0; t < T; t++) rstd[t] = rms_row(x + (size_t)t * H, w, out + (size_t)t * H, H, eps);
+void ff_cpu_rmsnorm_fwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, int T, int H, float eps) {
+    rms_job j = {.x = F(x), .w = F(w), .out = F(out), .rstd = F(rstd), .T = T, .H = H, .eps = eps};
+    ff_cpu_for(s, T, 2.0 * H, rms_fwd_rows, &j);
 }
 
-FF_VEC static void rms_bwd_row(const float *xr, const float *w, const float *gr, float *d, float r, int H) {
-    float dot = 0.0f;
+/* dx = rstd * (w*dout - xhat * mean(w*dout*xhat)), xhat = x*rstd */
+FF_VEC static void rms_bwd_rows(void *arg, int64_t t0, int64_t t1) {
+    const rms_job *j = arg;
+    const int H = j->H;
+    const float *w = j->w;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *xr = j->x + (size_t)t * H, *gr = j->dout + (size_t)t * H;
+        float *d = j->dx + (size_t)t * H;
+        float r = j->rstd[t], dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-    for (int j = 0; j < H; j++) dot += w[j] * gr[j] * xr[j];
-    float c = dot * r * r / (float)H;
+        for (int c = 0; c < H; c++) dot += w[c] * gr[c] * xr[c];
+        float k = dot * r * r / (float)H;
 #pragma omp simd
-    for (int j = 0; j < H; j++) d[j] += r * (w[j] * gr[j] - xr[j] * c);
-}
-
-/* dw[c0:c1] += sum over rows of dout * x * rstd */
-FF_VEC static void rms_dw_cols(const float *x, const float *dout, const float *rstd, float *dw, int T, int H, int c0,
-                               int c1) {
-    for (int t = 0; t < T; t++) {
-        const float *xr = x + (size_t)t * H, *gr = dout + (size_t)t * H;
-        float r = rstd[t];
-#pragma omp simd
-        for (int j = c0; j < c1; j++) dw[j] += gr[j] * xr[j] * r;
+        for (int c = 0; c < H; c++) d[c] += r * (w[c] * gr[c] - xr[c] * k);
     }
 }
 
-void ff_cpu_rmsnorm_bwd(ff_stream *s, ff_dptr xp, ff_dptr wp, ff_dptr rstdp, ff_dptr doutp, ff_dptr dxp, ff_dptr dwp,
-                        int T, int H) {
-    const float *x = F(xp), *w = F(wp), *rstd = F(rstdp), *dout = F(doutp); /* [T,H], [H], [T], [T,H] */
-    float *dx = F(dxp), *dw = F(dwp);                                       /* [T,H] +=, [H] += */
-    /* dx = rstd * (w*dout - xhat * mean(w*dout*xhat)), xhat = x*rstd; dw = sum_t dout*xhat */
-#pragma omp parallel num_threads(team(s, 2.0 * T * H))
-    {
-#pragma omp for schedule(static)
-        for (int t = 0; t < T; t++)
-            rms_bwd_row(x + (size_t)t * H, w, dout + (size_t)t * H, dx + (size_t)t * H, rstd[t], H);
-        int c0, c1;
-        col_block(H, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);
-        rms_dw_cols(x, dout, rstd, dw, T, H, c0, c1);
+/* dw[c] += sum over rows of dout * x * rstd, for the column blocks [b0, b1) */
+FF_VEC static void rms_dw_cols(void *arg, int64_t b0, int64_t b1) {
+    const rms_job *j = arg;
+    const int H = j->H;
+    int c0 = (int)b0 * COLS, c1 = (int)b1 * COLS < H ? (int)b1 * COLS : H;
+    for (int t = 0; t < j->T; t++) {
+        const float *xr = j->x + (size_t)t * H, *gr = j->dout + (size_t)t * H;
+        float r = j->rstd[t];
+#pragma omp simd
+        for (int c = c0; c < c1; c++) j->dw[c] += gr[c] * xr[c] * r;
     }
 }
 
-FF_VEC static void rope_row(float *x, const float *c, const float *sr, int n_heads, int D, float sign) {
-    int half = D / 2;
-    for (int h = 0; h < n_heads; h++) {
-        float *v = x + (size_t)h * D;
+void ff_cpu_rmsnorm_bwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr rstd, ff_dptr dout, ff_dptr dx, ff_dptr dw, int T,
+                        int H) {
+    rms_job j = {.x = F(x), .w = F(w), .dout = F(dout), .rstd = F(rstd), .dx = F(dx), .dw = F(dw), .T = T, .H = H};
+    ff_cpu_for(s, T, 3.0 * H, rms_bwd_rows, &j);
+    ff_cpu_for(s, col_blocks(H), 2.0 * T * COLS, rms_dw_cols, &j);
+}
+
+/* ---- rotary embedding --------------------------------------------------------------------- */
+
+typedef struct rope_job {
+    float *x; /* [T, n_heads * D] ld */
+    const int32_t *pos;
+    const float *cs, *sn; /* [max_pos, D/2] */
+    int ld, n_heads, D;
+    float sign;
+} rope_job;
+
+FF_VEC static void rope_rows(void *arg, int64_t t0, int64_t t1) {
+    const rope_job *j = arg;
+    const int half = j->D / 2;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *c = j->cs + (size_t)j->pos[t] * half, *sr = j->sn + (size_t)j->pos[t] * half;
+        for (int h = 0; h < j->n_heads; h++) {
+            float *v = j->x + (size_t)t * j->ld + (size_t)h * j->D;
 #pragma omp simd
-        for (int i = 0; i < half; i++) {
-            float a = v[i], b = v[i + half], si = sign * sr[i];
-            v[i] = a * c[i] - b * si;
-            v[i + half] = b * c[i] + a * si;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half], si = j->sign * sr[i];
+                v[i] = a * c[i] - b * si;
+                v[i + half] = b * c[i] + a * si;
+            }
         }
     }
 }
 
-void ff_cpu_rope(ff_stream *s, ff_dptr xp, int ld, ff_dptr posp, ff_dptr cosp, ff_dptr sinp, int T, int n_heads, int D,
+void ff_cpu_rope(ff_stream *s, ff_dptr x, int ld, ff_dptr pos, ff_dptr cos_t, ff_dptr sin_t, int T, int n_heads, int D,
                  int inverse) {
-    float *x = F(xp);                         /* [T, n_heads * D] ld */
-    const int32_t *pos = I32(posp);           /* [T] */
-    const float *cs = F(cosp), *sn = F(sinp); /* [max_pos, D/2] */
-    int half = D / 2;
-#pragma omp parallel for num_threads(team(s, (double)T * n_heads * D)) schedule(static)
-    for (int t = 0; t < T; t++)
-        rope_row(x + (size_t)t * ld, cs + (size_t)pos[t] * half, sn + (size_t)pos[t] * half, n_heads, D,
-                 inverse ? -1.0f : 1.0f);
+    rope_job j = {F(x), I32(pos), F(cos_t), F(sin_t), ld, n_heads, D, inverse ? -1.0f : 1.0f};
+    ff_cpu_for(s, T, 3.0 * n_heads * D, rope_rows, &j);
 }
 
-void ff_cpu_bias_add(ff_stream *s, ff_dptr xp, int ld, ff_dptr bp, int T, int N) {
-    float *x = F(xp);       /* [T, N] ld */
-    const float *b = F(bp); /* [N] */
-#pragma omp parallel for num_threads(team(s, (double)T * N)) schedule(static)
-    for (int t = 0; t < T; t++) {
-        float *r = x + (size_t)t * ld;
+/* ---- bias ---------------------------------------------------------------------------------- */
+
+typedef struct bias_job {
+    float *x;       /* add: [T, N] ld; bwd: db [N] += */
+    const float *y; /* add: b [N]; bwd: dy [T, N] ld */
+    int ld, T, N;
+} bias_job;
+
+FF_VEC static void bias_add_rows(void *arg, int64_t t0, int64_t t1) {
+    const bias_job *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        float *r = j->x + (size_t)t * j->ld;
 #pragma omp simd
-        for (int j = 0; j < N; j++) r[j] += b[j];
+        for (int c = 0; c < j->N; c++) r[c] += j->y[c];
     }
 }
 
-void ff_cpu_bias_bwd(ff_stream *s, ff_dptr dyp, int ld, ff_dptr dbp, int T, int N) {
-    const float *dy = F(dyp); /* [T, N] ld */
-    float *db = F(dbp);       /* [N] += */
-#pragma omp parallel num_threads(team(s, (double)T * N))
-    {
-        int c0, c1;
-        col_block(N, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);
-        for (int t = 0; t < T; t++) {
-            const float *r = dy + (size_t)t * ld;
+void ff_cpu_bias_add(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N) {
+    bias_job j = {F(x), F(b), ld, T, N};
+    ff_cpu_for(s, T, N, bias_add_rows, &j);
+}
+
+FF_VEC static void bias_bwd_cols(void *arg, int64_t b0, int64_t b1) {
+    const bias_job *j = arg;
+    int c0 = (int)b0 * COLS, c1 = (int)b1 * COLS < j->N ? (int)b1 * COLS : j->N;
+    for (int t = 0; t < j->T; t++) {
+        const float *r = j->y + (size_t)t * j->ld;
 #pragma omp simd
-            for (int j = c0; j < c1; j++) db[j] += r[j];
+        for (int c = c0; c < c1; c++) j->x[c] += r[c];
+    }
+}
+
+void ff_cpu_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N) {
+    bias_job j = {F(db), F(dy), ld, T, N};
+    ff_cpu_for(s, col_blocks(N), (double)T * COLS, bias_bwd_cols, &j);
+}
+
+/* ---- SwiGLU --------------------------------------------------------------------------------- */
+
+typedef struct swiglu_job {
+    const float *gu, *dh; /* [T, 2I] (g | u), [T, I] */
+    float *h, *dgu;       /* [T, I], [T, 2I] (may alias gu) */
+    int inter;
+} swiglu_job;
+
+FF_VEC static void swiglu_fwd_rows(void *arg, int64_t t0, int64_t t1) {
+    const swiglu_job *j = arg;
+    const int n = j->inter;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *g = j->gu + (size_t)t * 2 * n, *u = g + n;
+        float *o = j->h + (size_t)t * n;
+#pragma omp simd
+        for (int c = 0; c < n; c++) o[c] = g[c] / (1.0f + ff_fast_expf(-g[c])) * u[c];
+    }
+}
+
+void ff_cpu_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter) {
+    swiglu_job j = {.gu = F(gu), .h = F(h), .inter = inter};
+    ff_cpu_for(s, T, 12.0 * inter, swiglu_fwd_rows, &j);
+}
+
+FF_VEC static void swiglu_bwd_rows(void *arg, int64_t t0, int64_t t1) {
+    const swiglu_job *j = arg;
+    const int n = j->inter;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *g = j->gu + (size_t)t * 2 * n, *u = g + n, *d = j->dh + (size_t)t * n;
+        float *dg = j->dgu + (size_t)t * 2 * n, *du = dg + n;
+#pragma omp simd
+        for (int c = 0; c < n; c++) {
+            float gc = g[c], uc = u[c];
+            float sg = 1.0f / (1.0f + ff_fast_expf(-gc));
+            float silu = gc * sg;
+            dg[c] = d[c] * uc * sg * (1.0f + gc * (1.0f - sg));
+            du[c] = d[c] * silu;
         }
     }
 }
 
-FF_VEC static void swiglu_row(const float *g, const float *u, float *o, int n) {
+void ff_cpu_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter) {
+    swiglu_job j = {.gu = F(gu), .dh = F(dh), .dgu = F(dgu), .inter = inter};
+    ff_cpu_for(s, T, 16.0 * inter, swiglu_bwd_rows, &j);
+}
+
+/* ---- rows ------------------------------------------------------------------------------------ */
+
+typedef struct rows_job {
+    const float *src;
+    float *dst;
+    const int32_t *rows;
+    int lds, N;
+} rows_job;
+
+static void scatter_part(void *arg, int64_t t0, int64_t t1) {
+    const rows_job *j = arg;
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(j->dst + (size_t)j->rows[t] * j->N, j->src + (size_t)t * j->lds, (size_t)j->N * sizeof(float));
+}
+
+void ff_cpu_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
+    rows_job j = {F(src), F(dst), I32(rows), lds, N};
+    ff_cpu_for(s, T, N, scatter_part, &j);
+}
+
+static void gather_part(void *arg, int64_t r0, int64_t r1) {
+    const rows_job *j = arg;
+    for (int64_t r = r0; r < r1; r++)
+        memcpy(j->dst + (size_t)r * j->N, j->src + (size_t)j->rows[r] * j->N, (size_t)j->N * sizeof(float));
+}
+
+void ff_cpu_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N) {
+    rows_job j = {F(src), F(dst), I32(rows), N, N};
+    ff_cpu_for(s, R, N, gather_part, &j);
+}
+
+/* ---- vectors ------------------------------------------------------------------------------- */
+
+typedef struct vec_job {
+    float *y, *m, *v;
+    const float *x;
+    float alpha;
+    /* adamw */
+    float decay, b1, b2, step_size, bc2_sqrt, eps, grad_scale;
+} vec_job;
+
+FF_VEC static void add_part(void *arg, int64_t i0, int64_t i1) {
+    const vec_job *j = arg;
 #pragma omp simd
-    for (int j = 0; j < n; j++) o[j] = g[j] / (1.0f + ff_fast_expf(-g[j])) * u[j];
+    for (int64_t i = i0; i < i1; i++) j->y[i] += j->x[i];
 }
 
-FF_VEC static void swiglu_bwd_row(const float *g, const float *u, const float *d, float *dg, float *du, int n) {
+void ff_cpu_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n) {
+    vec_job j = {.y = F(y), .x = F(x)};
+    ff_cpu_for(s, n, 1.0, add_part, &j);
+}
+
+FF_VEC static void scale_part(void *arg, int64_t i0, int64_t i1) {
+    const vec_job *j = arg;
 #pragma omp simd
-    for (int j = 0; j < n; j++) {
-        float gj = g[j], uj = u[j];
-        float sg = 1.0f / (1.0f + ff_fast_expf(-gj));
-        float silu = gj * sg;
-        dg[j] = d[j] * uj * sg * (1.0f + gj * (1.0f - sg));
-        du[j] = d[j] * silu;
-    }
+    for (int64_t i = i0; i < i1; i++) j->y[i] *= j->alpha;
 }
 
-void ff_cpu_swiglu_fwd(ff_stream *s, ff_dptr gup, ff_dptr hp, int T, int inter) {
-    const float *gu = F(gup); /* [T, 2 inter] */
-    float *h = F(hp);         /* [T, inter] */
-#pragma omp parallel for num_threads(team(s, 8.0 * T * inter)) schedule(static)
-    for (int t = 0; t < T; t++) {
-        const float *g = gu + (size_t)t * 2 * inter;
-        swiglu_row(g, g + inter, h + (size_t)t * inter, inter);
-    }
+void ff_cpu_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha) {
+    vec_job j = {.y = F(x), .alpha = alpha};
+    ff_cpu_for(s, n, 1.0, scale_part, &j);
 }
 
-void ff_cpu_swiglu_bwd(ff_stream *s, ff_dptr gup, ff_dptr dhp, ff_dptr dgup, int T, int inter) {
-    const float *gu = F(gup), *dh = F(dhp); /* [T, 2 inter], [T, inter] */
-    float *dgu = F(dgup);                   /* [T, 2 inter], may alias gu */
-#pragma omp parallel for num_threads(team(s, 10.0 * T * inter)) schedule(static)
-    for (int t = 0; t < T; t++) {
-        const float *g = gu + (size_t)t * 2 * inter;
-        float *dg = dgu + (size_t)t * 2 * inter;
-        swiglu_bwd_row(g, g + inter, dh + (size_t)t * inter, dg, dg + inter, inter);
-    }
-}
+enum { SUMSQ_BLK = 4096 };
 
-void ff_cpu_scatter_rows(ff_stream *s, ff_dptr srcp, int lds, ff_dptr dstp, ff_dptr rowsp, int T, int N) {
-    const float *src = F(srcp); /* [T, N] lds */
-    float *dst = F(dstp);       /* [*, N] */
-    const int32_t *rows = I32(rowsp);
-#pragma omp parallel for num_threads(team(s, (double)T * N)) schedule(static)
-    for (int t = 0; t < T; t++) memcpy(dst + (size_t)rows[t] * N, src + (size_t)t * lds, (size_t)N * sizeof(float));
-}
+typedef struct sumsq_job {
+    const float *x;
+    int64_t n;
+    double *partial; /* [blocks] */
+} sumsq_job;
 
-void ff_cpu_gather_rows(ff_stream *s, ff_dptr srcp, ff_dptr rowsp, ff_dptr dstp, int R, int N) {
-    const float *src = F(srcp); /* [*, N] */
-    float *dst = F(dstp);       /* [R, N] */
-    const int32_t *rows = I32(rowsp);
-#pragma omp parallel for num_threads(team(s, (double)R * N)) schedule(static)
-    for (int r = 0; r < R; r++) memcpy(dst + (size_t)r * N, src + (size_t)rows[r] * N, (size_t)N * sizeof(float));
-}
-
-void ff_cpu_add(ff_stream *s, ff_dptr yp, ff_dptr xp, int64_t n) {
-    float *y = F(yp);
-    const float *x = F(xp);
-#pragma omp parallel for simd num_threads(team(s, (double)n)) schedule(static)
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
-}
-
-void ff_cpu_scale(ff_stream *s, ff_dptr xp, int64_t n, float alpha) {
-    float *x = F(xp);
-#pragma omp parallel for simd num_threads(team(s, (double)n)) schedule(static)
-    for (int64_t i = 0; i < n; i++) x[i] *= alpha;
-}
-
-double ff_cpu_sumsq(ff_stream *s, ff_dptr xp, int64_t n) {
-    const float *x = F(xp);
-    /* Fixed blocks summed in float, blocks summed in double in order: the result does not
-     * depend on the thread count. */
-    enum { BLK = 4096 };
-    int64_t nb = (n + BLK - 1) / BLK;
-    double total = 0.0;
-#pragma omp parallel for num_threads(team(s, (double)n)) schedule(static) ordered
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t i0 = b * BLK, i1 = i0 + BLK < n ? i0 + BLK : n;
+FF_VEC static void sumsq_part(void *arg, int64_t b0, int64_t b1) {
+    const sumsq_job *j = arg;
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t i0 = b * SUMSQ_BLK, i1 = i0 + SUMSQ_BLK < j->n ? i0 + SUMSQ_BLK : j->n;
         float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t i = i0; i < i1; i++) acc += x[i] * x[i];
-#pragma omp ordered
-        total += acc;
+        for (int64_t i = i0; i < i1; i++) acc += j->x[i] * j->x[i];
+        j->partial[b] = acc;
     }
+}
+
+/* Fixed blocks summed in float, then the blocks in order in double: the result does not
+ * depend on the thread count. */
+double ff_cpu_sumsq(ff_stream *s, ff_dptr x, int64_t n) {
+    int64_t nb = (n + SUMSQ_BLK - 1) / SUMSQ_BLK;
+    sumsq_job j = {F(x), n, ff_cpu_scratch(s, (size_t)(nb > 0 ? nb : 1) * sizeof(double))};
+    ff_cpu_for(s, nb, 2.0 * SUMSQ_BLK, sumsq_part, &j);
+    double total = 0.0;
+    for (int64_t b = 0; b < nb; b++) total += j.partial[b];
     return total;
 }
 
-FF_VEC static void adamw_range(float *p, const float *g, float *m, float *v, int64_t i0, int64_t i1, float decay,
-                               float b1, float b2, float step_size, float bc2_sqrt, float eps, float grad_scale) {
+FF_VEC static void adamw_part(void *arg, int64_t i0, int64_t i1) {
+    const vec_job *j = arg;
+    float *p = j->y, *m = j->m, *v = j->v;
+    const float *g = j->x;
 #pragma omp simd
     for (int64_t i = i0; i < i1; i++) {
-        float gi = g[i] * grad_scale;
-        float pi = p[i] * decay;
-        float mi = m[i] * b1 + (1.0f - b1) * gi;
-        float vi = v[i] * b2 + (1.0f - b2) * gi * gi;
+        float gi = g[i] * j->grad_scale;
+        float pi = p[i] * j->decay;
+        float mi = m[i] * j->b1 + (1.0f - j->b1) * gi;
+        float vi = v[i] * j->b2 + (1.0f - j->b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+        p[i] = pi - j->step_size * (mi / (sqrtf(vi) / j->bc2_sqrt + j->eps));
     }
 }
 
-void ff_cpu_adamw(ff_stream *s, ff_dptr pp, ff_dptr gp, ff_dptr mp, ff_dptr vp, int64_t n, float lr, float b1, float b2,
-                  float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
-    float *p = F(pp), *m = F(mp), *v = F(vp); /* [n] each */
-    const float *g = F(gp);                   /* [n] */
-    /* The operation order of torch.optim.AdamW (single-tensor path, torch 1.13). */
-    float decay = 1.0f - lr * weight_decay, step_size = lr / bc1, bc2_sqrt = sqrtf(bc2);
-    enum { CHUNK = 16384 };
-    int64_t nb = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for num_threads(team(s, 8.0 * n)) schedule(static)
-    for (int64_t b = 0; b < nb; b++)
-        adamw_range(p, g, m, v, b * CHUNK, b * CHUNK + CHUNK < n ? b * CHUNK + CHUNK : n, decay, b1, b2, step_size,
-                    bc2_sqrt, eps, grad_scale);
+/* The operation order of torch.optim.AdamW (single-tensor path, torch 1.13). */
+void ff_cpu_adamw(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_dptr v, int64_t n, float lr, float b1,
+                  float b2, float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
+    vec_job j = {.y = F(param), .x = F(grad), .m = F(m), .v = F(v), .decay = 1.0f - lr * weight_decay, .b1 = b1,
+                 .b2 = b2, .step_size = lr / bc1, .bc2_sqrt = sqrtf(bc2), .eps = eps, .grad_scale = grad_scale};
+    ff_cpu_for(s, n, 12.0, adamw_part, &j);
 }
