@@ -24,6 +24,9 @@ int ff_cmd_plan(int argc, char **argv);
 /* algorithm graphs and run configs: check, print, simulate the schedule (cli/cmd_graph.c) */
 int ff_cmd_graph(int argc, char **argv);
 
+/* RLHF runs: a run config's graph on local workers (cli/cmd_run.c) */
+int ff_cmd_run(int argc, char **argv);
+
 /* the runtime: workers, CURVE keys, timelines, a driver (cli/cmd_worker.c, cmd_keygen.c,
  * cmd_trace.c, cmd_runtime_demo.c) */
 int ff_cmd_worker(int argc, char **argv);

@@ -12,6 +12,7 @@ static const ff_command commands[] = {
     {"sft", ff_cmd_sft, "supervised fine-tuning from JSONL prompt/response pairs (checkpoints, resume)"},
     {"dataset", ff_cmd_dataset, "generate the bundled arithmetic task (train/test JSONL)"},
     {"plan", ff_cmd_plan, "plan a parallel layout: memory, traffic, bubbles, iteration time; search layouts"},
+    {"run", ff_cmd_run, "run an RLHF algorithm graph on local workers (PPO, GRPO, ...; checkpoints, --resume)"},
     {"graph", ff_cmd_graph, "check a run config and print its algorithm graph; --simulate its schedule; --list"},
     {"worker", ff_cmd_worker, "join a controller and run its subtasks (--connect ENDPOINT)"},
     {"keygen", ff_cmd_keygen, "write CURVE keys for a controller and its remote workers"},

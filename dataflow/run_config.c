@@ -160,6 +160,14 @@ static int read_role(ff_run_config *run, ff_role r) {
         char what[80];
         snprintf(what, sizeof what, "%s.rollout", path);
         ff_layout d = rc->layout;
+        int64_t rw = 0; /* a generation pool of its own (`fuseflow run` syncs weights by broadcast) */
+        if (ff_cnode_get_int(ro, "workers", 0, &rw) < 0) return -1;
+        if (rw < 0) return ff_error_set(ff_cnode_where(ro, w, sizeof w), NULL, "'%s.workers' must be >= 1", what);
+        if (rw > 0) {
+            rc->rollout_workers = rw;
+            rc->rollout.workers = d.workers = rw;
+            d.dp = 0;
+        }
         if (read_layout(ro, &d, &rc->rollout, what) < 0) return -1;
     }
     if (r == FF_ROLE_ACTOR || r == FF_ROLE_CRITIC) {

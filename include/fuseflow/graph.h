@@ -216,6 +216,8 @@ typedef struct ff_role_cfg {
     ff_role colocate_with; /* shares the worker processes of another role, or FF_ROLE_NONE */
     ff_optim_cfg optim;   /* actor and critic */
     char where[256];
+    int64_t rollout_workers; /* actor: `rollout: {workers: N}` puts generation on N workers of its
+                                own (0: on the training workers, colocated) */
 } ff_role_cfg;
 
 typedef struct ff_data_cfg {

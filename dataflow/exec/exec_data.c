@@ -1,0 +1,149 @@
+/* Datasets of a run (JSONL, one object per line: the prompt key, the answer key, anything
+ * else as metadata) with their prompts tokenized the way SFT encodes them, and the order in
+ * which training prompts are drawn: a permutation per epoch, a function of the seed and the
+ * epoch, so a checkpoint needs only (epoch, cursor) to continue the same order.
+ *
+ * Not here: what a sample becomes (exec_iter.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataflow/exec/exec_internal.h"
+#include "fuseflow/error.h"
+#include "fuseflow/jsonl.h"
+#include "fuseflow/util.h"
+
+int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, const ff_tokenizer *tok, bool need_answer) {
+    memset(d, 0, sizeof *d);
+    ff_jsonl *r = ff_jsonl_open(path);
+    if (!r) return -1;
+    const char *pk = run->data.prompt_key, *ak = run->data.answer_key;
+    int64_t cap = 0;
+    json_t *o;
+    int rc;
+    while ((rc = ff_jsonl_next(r, &o)) == 1) {
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%d", path, ff_jsonl_line(r));
+        json_t *p = json_object_get(o, pk), *a = json_object_get(o, ak);
+        if (!json_is_string(p)) {
+            json_decref(o);
+            ff_jsonl_close(&r);
+            return ff_error_set(where, "set data.prompt_key to the key that holds the prompt text",
+                                "no string '%s' (the prompt) in this line", pk);
+        }
+        if (a && !json_is_string(a)) {
+            json_decref(o);
+            ff_jsonl_close(&r);
+            return ff_error_set(where, NULL, "'%s' (the answer) must be a string", ak);
+        }
+        if (!a && need_answer) {
+            json_decref(o);
+            ff_jsonl_close(&r);
+            return ff_error_set(where, "the graph reads the answer column; set data.answer_key", "no '%s' (the answer) in this line",
+                                ak);
+        }
+        int32_t *ids = NULL, n = 0;
+        ff_encode_opts eo = {true, true}; /* as SFT encodes prompts: the template's BOS, if any */
+        if (ff_tokenizer_encode(tok, json_string_value(p), json_string_length(p), &eo, &ids, &n) != 0) {
+            json_decref(o);
+            ff_jsonl_close(&r);
+            return ff_error_wrap("%s", where);
+        }
+        if (n < 1 || n > run->data.max_prompt_length) {
+            free(ids);
+            json_decref(o);
+            d->skipped++;
+            continue;
+        }
+        if (d->n == cap) {
+            cap = cap ? 2 * cap : 1024;
+            json_t **rows = ff_realloc(d->rows, (size_t)cap * sizeof *rows);
+            if (rows) d->rows = rows;
+            const char **pr = rows ? ff_realloc(d->prompt, (size_t)cap * sizeof *pr) : NULL;
+            if (pr) d->prompt = pr;
+            const char **an = pr ? ff_realloc(d->answer, (size_t)cap * sizeof *an) : NULL;
+            if (an) d->answer = an;
+            char **me = an ? ff_realloc(d->meta, (size_t)cap * sizeof *me) : NULL;
+            if (me) d->meta = me;
+            int32_t **id = me ? ff_realloc(d->ids, (size_t)cap * sizeof *id) : NULL;
+            if (id) d->ids = id;
+            int32_t *ln = id ? ff_realloc(d->len, (size_t)cap * sizeof *ln) : NULL;
+            if (ln) d->len = ln;
+            if (!ln) {
+                free(ids);
+                json_decref(o);
+                ff_jsonl_close(&r);
+                return -1;
+            }
+        }
+        d->rows[d->n] = o;
+        d->prompt[d->n] = json_string_value(p);
+        d->answer[d->n] = a ? json_string_value(a) : NULL;
+        d->meta[d->n] = NULL;
+        d->ids[d->n] = ids;
+        d->len[d->n] = n;
+        d->n++;
+    }
+    ff_jsonl_close(&r);
+    if (rc < 0) return -1;
+    if (d->n == 0)
+        return ff_error_set(path, d->skipped ? "raise data.max_prompt_length" : "write one JSON object per line",
+                            d->skipped ? "every prompt is longer than data.max_prompt_length (%lld tokens)" : "no examples",
+                            (long long)run->data.max_prompt_length);
+    return 0;
+}
+
+void ex_dataset_free(ex_dataset *d) {
+    for (int64_t i = 0; i < d->n; i++) {
+        json_decref(d->rows[i]);
+        free(d->meta[i]);
+        free(d->ids[i]);
+    }
+    free(d->rows), free(d->prompt), free(d->answer), free(d->meta), free(d->ids), free(d->len);
+    memset(d, 0, sizeof *d);
+}
+
+const char *ex_dataset_meta(ex_dataset *d, int64_t row, const char *prompt_key, const char *answer_key) {
+    if (d->meta[row]) return d->meta[row];
+    json_t *copy = json_copy(d->rows[row]);
+    if (!copy) return NULL;
+    json_object_del(copy, prompt_key);
+    json_object_del(copy, answer_key);
+    d->meta[row] = json_dumps(copy, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(copy);
+    return d->meta[row];
+}
+
+/* ---- the order of training prompts ---------------------------------------------------------- */
+static void permute(ex_order *o) {
+    for (int64_t i = 0; i < o->n; i++) o->perm[i] = i;
+    if (!o->shuffle) return;
+    ff_rng r;
+    ff_rng_seed(&r, o->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)o->epoch);
+    for (int64_t i = o->n - 1; i > 0; i--) {
+        int64_t j = (int64_t)ff_rng_below(&r, (uint64_t)i + 1), t = o->perm[i];
+        o->perm[i] = o->perm[j];
+        o->perm[j] = t;
+    }
+}
+
+int ex_order_init(ex_order *o, int64_t n, uint64_t seed, bool shuffle, int64_t epoch, int64_t cursor) {
+    o->n = n, o->seed = seed, o->shuffle = shuffle, o->epoch = epoch, o->cursor = cursor;
+    o->perm = ff_malloc((size_t)n * sizeof *o->perm);
+    if (!o->perm) return -1;
+    permute(o);
+    return 0;
+}
+
+int64_t ex_order_next(ex_order *o) {
+    if (o->cursor >= o->n) {
+        o->epoch++;
+        o->cursor = 0;
+        permute(o);
+    }
+    return o->perm[o->cursor++];
+}
+
+void ex_order_free(ex_order *o) {
+    free(o->perm);
+    o->perm = NULL;
+}

@@ -1,0 +1,228 @@
+/* The executor's internals (include/fuseflow/executor.h is the public side).
+ *
+ *   exec_run.c    ff_exec_run: config, data, placement of roles on workers, the controller
+ *                 and its workers, the loop over iterations, evaluation, shutdown
+ *   exec_iter.c   one iteration: the sample store, the ff_sched loop, dispatch by op, results
+ *   exec_train.c  train nodes (mini-batches, DP shares, micro-batches) and weight sync
+ *   exec_data.c   datasets (JSONL, tokenized prompts) and the data order
+ *   exec_ckpt.c   checkpoints, resume, metrics.jsonl
+ *   exec_trace.c  the run's timeline: the runtime's trace plus stages and sample paths
+ */
+#ifndef FF_DATAFLOW_EXEC_INTERNAL_H
+#define FF_DATAFLOW_EXEC_INTERNAL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "fuseflow/controller.h"
+#include "fuseflow/error.h"
+#include "fuseflow/executor.h"
+#include "fuseflow/graph.h"
+#include "fuseflow/registry.h"
+#include "fuseflow/tokenizer.h"
+
+#define EX_MAX_RANKS 256
+#define EX_MAX_COLS 64
+#define EX_MAX_NODES 64
+
+/* Roles a worker hosts: the bits of workers/rl/rlw.h (rl.init's `roles`). */
+enum { EX_ACTOR = 1, EX_GEN = 2, EX_CRITIC = 4, EX_REF = 8, EX_REWARD = 16 };
+/* Pools of ranks, one worker group each. */
+enum { POOL_ACTOR = 0, POOL_GEN, POOL_CRITIC, POOL_REF, POOL_REWARD, POOL_COUNT };
+extern const char *const ex_pool_names[POOL_COUNT]; /* the group names: "actor", "gen", ... */
+
+/* Metrics of a train step, in rl.train's order (workers/rl/rlw.h RLW_M_*). */
+enum {
+    M_STEPS = 0, M_SKIPPED, M_MICRO, M_TOKENS, M_SAMPLES, M_LOSS, M_PG, M_KL, M_ENT_AGG, M_CLIP, M_APPROX_KL, M_RATIO_MAX,
+    M_ENT_MEAN, M_VLOSS, M_VCLIP, M_VMEAN, M_GNORM, M_LR, M_TIME, M_COUNT
+};
+
+/* ---- data ------------------------------------------------------------------------------------- */
+typedef struct ex_dataset {
+    int64_t n;
+    json_t **rows;         /* the JSONL objects */
+    const char **prompt;   /* [n] texts inside rows */
+    const char **answer;   /* [n] or NULL entries */
+    char **meta;           /* [n] JSON text of the other keys (made on first use) */
+    int32_t **ids;         /* [n] tokenized prompts */
+    int32_t *len;
+    int64_t skipped;       /* lines dropped: prompt too long */
+} ex_dataset;
+
+int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, const ff_tokenizer *tok, bool need_answer);
+void ex_dataset_free(ex_dataset *d);
+const char *ex_dataset_meta(ex_dataset *d, int64_t row, const char *prompt_key, const char *answer_key);
+
+/* Where the data order stands: a permutation per epoch (seeded by seed and epoch), a cursor. */
+typedef struct ex_order {
+    uint64_t seed;
+    bool shuffle;
+    int64_t n, epoch, cursor;
+    int64_t *perm;
+} ex_order;
+int ex_order_init(ex_order *o, int64_t n, uint64_t seed, bool shuffle, int64_t epoch, int64_t cursor);
+int64_t ex_order_next(ex_order *o);
+void ex_order_free(ex_order *o);
+
+/* ---- the sample store ---------------------------------------------------------------------- */
+/* One column value of one sample: tokens (int32 [len]), per-token (float [len]), scalar (v),
+ * text (char *). Data columns point into the dataset (not owned). */
+typedef struct ex_cell {
+    void *p;
+    int32_t len;
+    float v;
+    bool has, owned;
+} ex_cell;
+
+typedef struct ex_run ex_run;
+
+/* A job in flight: what its callback must do. */
+typedef enum { JOB_GEN = 0, JOB_SCORE, JOB_TRAIN, JOB_SYNC, JOB_EVAL, JOB_CTL } ex_job_kind;
+
+typedef struct ex_job {
+    ex_run *x;
+    ex_job_kind kind;
+    int node;
+    int64_t iteration;
+    int64_t *tasks, ntasks;     /* scheduler tasks it completes */
+    int64_t *samples, nsamples; /* samples it covers (generation: the group's, in order) */
+    int64_t group;
+    int minibatch, member;      /* train: which step, which DP rank */
+    uint64_t id;                /* controller job */
+    bool done;
+    struct ex_job *next;
+} ex_job;
+
+/* Per-node bookkeeping within an iteration. */
+typedef struct ex_node_stat {
+    int64_t dispatched, done;   /* samples */
+    int64_t t_first_ns, t_last_ns;
+    int64_t tokens;             /* generated or scored tokens */
+} ex_node_stat;
+
+/* Training of one train node within an iteration. */
+typedef struct ex_train {
+    int node;
+    int64_t task;        /* the scheduler's batch task */
+    int pool;
+    int n_steps, n_ranks, pending;
+    double (*m)[M_COUNT]; /* [n_steps * n_ranks] */
+    bool active;
+} ex_train;
+
+typedef struct ex_iter {
+    int64_t it;
+    ff_sched *s;
+    int64_t n_groups, cap_groups, cap_samples;
+    int64_t *group_row;                 /* dataset row of each group */
+    ex_cell *cells[EX_MAX_COLS];        /* [cap_samples] each */
+    char **resp_text[EX_MAX_COLS];      /* decoded tokens columns (reward inputs), lazily */
+    int64_t *pend_task[EX_MAX_NODES];   /* generate nodes: scheduler task of each sample */
+    int32_t *pend_count[EX_MAX_NODES];  /* generate nodes: tasks buffered per group */
+    uint64_t *gen_job;                  /* controller job generating each group (to cancel) */
+    ex_node_stat st[EX_MAX_NODES];
+    ex_train train[EX_MAX_NODES];
+    double kl_sum[EX_MAX_NODES], kl_w[EX_MAX_NODES]; /* advantage nodes' KL penalty means */
+    int64_t prompts_drawn;
+    bool training_started, synced;
+    int64_t t0_ns;
+    double gen_tokens;
+} ex_iter;
+
+/* ---- the run --------------------------------------------------------------------------------- */
+struct ex_run {
+    ff_exec_opts o;
+    ff_registry *reg;
+    ff_run_config *run;
+    char *config_text;
+    char *overrides_text;
+    ff_tokenizer *tok;
+    ex_dataset train, val;
+    ex_order order;
+    ff_reward *exact; /* arith_exact_match with defaults: accuracy */
+    FILE *out;
+    bool tty;
+
+    /* placement */
+    int nranks;
+    unsigned rank_roles[EX_MAX_RANKS];
+    int pool_ranks[POOL_COUNT][EX_MAX_RANKS];
+    int pool_n[POOL_COUNT];
+    bool gen_separate;
+    bool sync_group; /* a "sync" group (actor rank 0 + generation ranks) with a communicator */
+    int threads;
+
+    ff_controller *c;
+    int known_dead;
+
+    /* graph facts */
+    int n_nodes, n_cols;
+    int gen_node;        /* the sample-level generate node */
+    int resp_col, prompt_col, answer_col, score_col;
+    int64_t group_size, batch;
+    int logprob_col;     /* the column the generate node writes its log-probs into, or -1 */
+
+    /* state */
+    ex_iter *cur;
+    ex_job *jobs;        /* in flight (for cancel and cleanup) */
+    int64_t iteration;   /* last completed */
+    int64_t start_iteration;
+    char failed[1024];   /* first fatal error, "" while fine */
+    bool stop_now;
+    char last_ckpt[4096];
+    int64_t updates[2];  /* total optimizer steps of the run: actor, critic */
+    double eval_acc, eval_time_s;
+    int64_t t_start_ns;
+    double iter_time_avg;
+
+    /* metrics of the iteration being finished */
+    json_t *metrics;
+
+    /* trace: sample paths (job ids per sample) and controller-side slices */
+    bool trace;
+    struct ex_trace *tr;
+};
+
+/* exec_iter.c */
+int ex_iteration(ex_run *x, int64_t it);
+void ex_iter_free(ex_run *x, ex_iter **pi);
+void ex_fail(ex_run *x, const char *fmt, ...) FF_PRINTF(2, 3);
+ex_job *ex_job_new(ex_run *x, ex_job_kind kind, int node);
+void ex_job_release(ex_run *x, ex_job *j);
+/* Pack samples' prompt and response (column col) as the rl.* kinds want them (inputs[0..4)). */
+int ex_pack_samples(ex_run *x, ex_iter *I, const int64_t *samples, int64_t n, int resp_col, ff_input *in);
+void ex_free_buf(void *data, void *hint);
+/* Wait (running the loop) until every job of the list is done or the run failed. */
+int ex_wait_jobs(ex_run *x);
+void ex_progress(ex_run *x, bool force);
+void ex_check_workers(ex_run *x);
+
+/* exec_train.c */
+int ex_train_start(ex_run *x, ex_iter *I, const ff_task *t);
+int ex_sync_start(ex_run *x, ex_iter *I, const ff_task *t);
+void ex_train_metrics(ex_run *x, ex_iter *I, json_t *m);
+
+/* exec_ckpt.c */
+int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at);
+int ex_ckpt_find(const char *out_dir, char *dir, size_t cap, int64_t *iteration);
+int ex_ckpt_load_state(ex_run *x, const char *dir);
+int ex_metrics_truncate(const char *path, int64_t iteration);
+int ex_metrics_append(ex_run *x, json_t *m);
+
+/* exec_trace.c */
+typedef struct ex_trace ex_trace;
+ex_trace *ex_trace_new(void);
+void ex_trace_free(ex_trace **t);
+/* A job touched these samples (iteration-wide sample ids) at node. */
+void ex_trace_job(ex_trace *t, int64_t it, uint64_t job, const int64_t *samples, int64_t n);
+/* A controller-side computation, shown on the controller's track. */
+void ex_trace_local(ex_trace *t, int64_t it, const char *name, int64_t start_ns, int64_t end_ns, const int64_t *samples,
+                    int64_t n);
+void ex_trace_span(ex_trace *t, const char *track, const char *name, int64_t start_ns, int64_t end_ns);
+void ex_trace_dispatch(ex_trace *t, uint64_t subtask, int64_t dispatch_ns);
+void ex_trace_iteration_done(ex_trace *t, int64_t it);
+int ex_trace_write(ex_trace *t, ff_controller *c, const char *path);
+
+#endif

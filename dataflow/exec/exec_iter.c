@@ -1,0 +1,979 @@
+/* One iteration of a run: the sample store and the loop that drives the graph's scheduling
+ * view (graph.h, ff_sched_*), dispatching each ready task by its op:
+ *
+ *   generate           per prompt group: the group's sample tasks become one rl.generate
+ *                      subtask (n responses sharing one prefill) to any generation worker,
+ *                      idempotent, so a dead worker's groups run again elsewhere; a group-level
+ *                      generate node (ReMax's greedy baseline) makes one response per group
+ *   logprob/value/score  one subtask over the task's samples to any worker of the role
+ *   reward_fn, advantage, filter  on the controller (registry functions), reward tasks of a
+ *                      pass batched into one call (a remote reward server sees them together)
+ *   train, sync_weights  exec_train.c
+ *
+ * Results land in the sample store (a cell per column and sample) and complete the
+ * scheduler's tasks, which releases downstream tasks: with `schedule: fused` a finished
+ * group is scored while other groups still decode.
+ *
+ * Not here: the loop over iterations, evaluation (exec_run.c). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dataflow/exec/exec_internal.h"
+#include "fuseflow/error.h"
+#include "fuseflow/roles.h"
+#include "fuseflow/util.h"
+
+const char *const ex_pool_names[POOL_COUNT] = {"actor", "gen", "critic", "ref", "reward"};
+
+void ex_fail(ex_run *x, const char *fmt, ...) {
+    if (x->failed[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->failed, sizeof x->failed, fmt, ap);
+    va_end(ap);
+}
+
+void ex_free_buf(void *data, void *hint) {
+    (void)hint;
+    free(data);
+}
+
+/* ---- jobs ------------------------------------------------------------------------------------ */
+ex_job *ex_job_new(ex_run *x, ex_job_kind kind, int node) {
+    ex_job *j = ff_calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->x = x;
+    j->kind = kind;
+    j->node = node;
+    j->iteration = x->cur ? x->cur->it : x->iteration;
+    j->group = -1;
+    return j;
+}
+
+void ex_job_release(ex_run *x, ex_job *j) {
+    for (ex_job **pp = &x->jobs; *pp; pp = &(*pp)->next)
+        if (*pp == j) {
+            *pp = j->next;
+            break;
+        }
+    free(j->tasks);
+    free(j->samples);
+    free(j);
+}
+
+static const ff_tensor *out_named(const ff_result *r, const char *name) {
+    for (int i = 0; i < r->noutputs; i++)
+        if (!strcmp(r->outputs[i].name, name)) return &r->outputs[i];
+    return NULL;
+}
+
+void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n);
+void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n);
+void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n);
+static void gen_done(ex_run *x, ex_job *j, const ff_result *r);
+static void score_done(ex_run *x, ex_job *j, const ff_result *r);
+
+static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, void *ud) {
+    (void)c, (void)id;
+    ex_job *j = ud;
+    ex_run *x = j->x;
+    if (x->tr)
+        for (int i = 0; i < n; i++) ex_trace_dispatch(x->tr, r[i].id, r[i].dispatch_ns);
+    switch (j->kind) {
+    case JOB_GEN: gen_done(x, j, &r[0]); break;
+    case JOB_SCORE: score_done(x, j, &r[0]); break;
+    case JOB_TRAIN: ex_train_done(x, j, r, n); break;
+    case JOB_SYNC: ex_sync_done(x, j, r, n); break;
+    case JOB_EVAL: ex_eval_done(x, j, r, n); break;
+    case JOB_CTL:
+        for (int i = 0; i < n; i++)
+            if (r[i].status != FF_STATUS_OK)
+                ex_fail(x, "worker %d: %s: %s", r[i].rank, ff_status_name(r[i].status), r[i].error);
+        break;
+    }
+    j->done = true;
+    ex_job_release(x, j);
+}
+
+/* Submit a job; its callback releases it. 0, or -1 with the run failed. */
+uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec);
+uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec) {
+    uint64_t id = ff_controller_submit(x->c, spec, on_done, j);
+    if (!id) {
+        ex_fail(x, "submitting %s: %s", spec->kind, ff_error_message());
+        free(j->tasks), free(j->samples), free(j);
+        return 0;
+    }
+    j->id = id;
+    j->next = x->jobs;
+    x->jobs = j;
+    if (x->tr && j->nsamples && x->cur) ex_trace_job(x->tr, x->cur->it, id, j->samples, j->nsamples);
+    return id;
+}
+
+static void check_interrupt(ex_run *x) {
+    if (x->o.interrupt && *x->o.interrupt >= 2) ex_fail(x, "interrupted twice: stopped without a checkpoint");
+}
+
+int ex_wait_jobs(ex_run *x) {
+    while (x->jobs && !x->failed[0]) {
+        check_interrupt(x);
+        ff_controller_poll(x->c, true);
+        ex_check_workers(x);
+        ex_progress(x, false);
+    }
+    return x->failed[0] ? -1 : 0;
+}
+
+/* ---- the sample store ------------------------------------------------------------------------ */
+static const ff_node *node_of(const ex_run *x, int m) { return ff_graph_node(x->run->graph, (size_t)m); }
+
+static ex_cell *cell(ex_iter *I, int col, int64_t s) { return &I->cells[col][s]; }
+
+static void cell_clear(ex_cell *c) {
+    if (c->owned) free(c->p);
+    memset(c, 0, sizeof *c);
+}
+
+static int cell_set_copy(ex_cell *c, const void *src, int32_t len, size_t elem) {
+    cell_clear(c);
+    c->p = ff_malloc((size_t)(len > 0 ? len : 1) * elem);
+    if (!c->p) return -1;
+    if (len) memcpy(c->p, src, (size_t)len * elem);
+    c->len = len;
+    c->has = c->owned = true;
+    return 0;
+}
+
+static int grow(ex_run *x, ex_iter *I, int64_t groups) {
+    int64_t samples = groups * x->group_size;
+    if (groups > I->cap_groups) {
+        int64_t cap = I->cap_groups ? I->cap_groups : 16;
+        while (cap < groups) cap *= 2;
+        int64_t *gr = ff_realloc(I->group_row, (size_t)cap * sizeof *gr);
+        if (!gr) return -1;
+        I->group_row = gr;
+        uint64_t *gj = ff_realloc(I->gen_job, (size_t)cap * sizeof *gj);
+        if (!gj) return -1;
+        I->gen_job = gj;
+        for (int m = 0; m < x->n_nodes; m++) {
+            if (!I->pend_count[m]) continue;
+            int32_t *pc = ff_realloc(I->pend_count[m], (size_t)cap * sizeof *pc);
+            if (!pc) return -1;
+            memset(pc + I->cap_groups, 0, (size_t)(cap - I->cap_groups) * sizeof *pc);
+            I->pend_count[m] = pc;
+        }
+        memset(I->gen_job + I->cap_groups, 0, (size_t)(cap - I->cap_groups) * sizeof *gj);
+        I->cap_groups = cap;
+    }
+    if (samples > I->cap_samples) {
+        int64_t cap = I->cap_samples ? I->cap_samples : 64;
+        while (cap < samples) cap *= 2;
+        for (int c = 0; c < x->n_cols; c++) {
+            ex_cell *v = ff_realloc(I->cells[c], (size_t)cap * sizeof *v);
+            if (!v) return -1;
+            memset(v + I->cap_samples, 0, (size_t)(cap - I->cap_samples) * sizeof *v);
+            I->cells[c] = v;
+            if (I->resp_text[c]) {
+                char **t = ff_realloc(I->resp_text[c], (size_t)cap * sizeof *t);
+                if (!t) return -1;
+                memset(t + I->cap_samples, 0, (size_t)(cap - I->cap_samples) * sizeof *t);
+                I->resp_text[c] = t;
+            }
+        }
+        for (int m = 0; m < x->n_nodes; m++) {
+            if (!I->pend_task[m]) continue;
+            int64_t *pt = ff_realloc(I->pend_task[m], (size_t)cap * sizeof *pt);
+            if (!pt) return -1;
+            I->pend_task[m] = pt;
+        }
+        I->cap_samples = cap;
+    }
+    return 0;
+}
+
+/* Groups [g0, g1): draw their prompts and fill the data columns of their samples. */
+static int fill_groups(ex_run *x, ex_iter *I, int64_t g0, int64_t g1) {
+    if (grow(x, I, g1) != 0) return -1;
+    const ff_graph *g = x->run->graph;
+    for (int64_t grp = g0; grp < g1; grp++) {
+        int64_t row = ex_order_next(&x->order);
+        I->group_row[grp] = row;
+        I->gen_job[grp] = 0;
+        I->prompts_drawn++;
+        for (int64_t s = grp * x->group_size; s < (grp + 1) * x->group_size; s++) {
+            for (int c = 0; c < x->n_cols; c++) {
+                const ff_column *col = ff_graph_column(g, (size_t)c);
+                if (!col->from_data) continue;
+                ex_cell *e = cell(I, c, s);
+                cell_clear(e);
+                if (c == x->prompt_col) {
+                    e->p = x->train.ids[row];
+                    e->len = x->train.len[row];
+                } else if (c == x->answer_col) {
+                    e->p = (void *)x->train.answer[row];
+                } else {
+                    json_t *v = json_object_get(x->train.rows[row], col->name);
+                    e->p = (void *)(json_is_string(v) ? json_string_value(v) : NULL);
+                }
+                e->has = true;
+            }
+        }
+    }
+    I->n_groups = g1;
+    return 0;
+}
+
+static ex_iter *iter_new(ex_run *x, int64_t it) {
+    ex_iter *I = ff_calloc(1, sizeof *I);
+    if (!I) return NULL;
+    I->it = it;
+    I->t0_ns = ff_now_ns();
+    for (int m = 0; m < x->n_nodes; m++) {
+        const ff_node *n = node_of(x, m);
+        if (n->op == FF_OP_GENERATE && n->gran == FF_GRAN_SAMPLE) {
+            I->pend_task[m] = ff_calloc(1, sizeof(int64_t));
+            I->pend_count[m] = ff_calloc(1, sizeof(int32_t));
+            if (!I->pend_task[m] || !I->pend_count[m]) goto fail;
+        }
+        I->st[m].t_first_ns = I->st[m].t_last_ns = 0;
+    }
+    for (int c = 0; c < x->n_cols; c++)
+        if (ff_graph_column(x->run->graph, (size_t)c)->kind == FF_COL_TOKENS && !(I->resp_text[c] = ff_calloc(1, sizeof(char *))))
+            goto fail;
+    I->s = ff_sched_new(x->run->graph, x->batch, x->group_size, x->run->trainer.schedule);
+    if (!I->s || fill_groups(x, I, 0, x->batch) != 0) goto fail;
+    return I;
+fail:
+    ex_iter_free(x, &I);
+    return NULL;
+}
+
+void ex_iter_free(ex_run *x, ex_iter **pi) {
+    ex_iter *I = *pi;
+    if (!I) return;
+    for (int c = 0; c < EX_MAX_COLS; c++) {
+        if (I->cells[c])
+            for (int64_t s = 0; s < I->cap_samples; s++) cell_clear(&I->cells[c][s]);
+        free(I->cells[c]);
+        if (I->resp_text[c])
+            for (int64_t s = 0; s < I->cap_samples; s++) free(I->resp_text[c][s]);
+        free(I->resp_text[c]);
+    }
+    for (int m = 0; m < EX_MAX_NODES; m++) {
+        free(I->pend_task[m]);
+        free(I->pend_count[m]);
+        free(I->train[m].m);
+    }
+    free(I->group_row);
+    free(I->gen_job);
+    ff_sched_destroy(&I->s);
+    free(I);
+    *pi = NULL;
+    (void)x;
+}
+
+/* Decoded text of a tokens column (the reward functions' input). */
+static const char *text_of(ex_run *x, ex_iter *I, int col, int64_t s) {
+    if (I->resp_text[col][s]) return I->resp_text[col][s];
+    ex_cell *e = cell(I, col, s);
+    char *t = NULL;
+    size_t len;
+    if (ff_tokenizer_decode(x->tok, e->p, e->len, true, &t, &len) != 0) return NULL;
+    I->resp_text[col][s] = t;
+    return t;
+}
+
+/* ---- packing samples for workers ------------------------------------------------------------- */
+int ex_pack_samples(ex_run *x, ex_iter *I, const int64_t *samples, int64_t n, int resp_col, ff_input *in) {
+    int64_t P = 0, R = 0;
+    for (int64_t i = 0; i < n; i++) {
+        P += cell(I, x->prompt_col, samples[i])->len;
+        R += cell(I, resp_col, samples[i])->len;
+    }
+    int32_t *p = ff_malloc((size_t)(P ? P : 1) * 4), *pl = ff_malloc((size_t)(n ? n : 1) * 4);
+    int32_t *r = ff_malloc((size_t)(R ? R : 1) * 4), *rl = ff_malloc((size_t)(n ? n : 1) * 4);
+    if (!p || !pl || !r || !rl) {
+        free(p), free(pl), free(r), free(rl);
+        return -1;
+    }
+    int64_t po = 0, ro = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const ex_cell *pc = cell(I, x->prompt_col, samples[i]), *rc = cell(I, resp_col, samples[i]);
+        memcpy(p + po, pc->p, (size_t)pc->len * 4);
+        if (rc->len) memcpy(r + ro, rc->p, (size_t)rc->len * 4);
+        pl[i] = pc->len, rl[i] = rc->len;
+        po += pc->len, ro += rc->len;
+    }
+    in[0] = (ff_input){.name = "prompt", .dtype = FF_DTYPE_I32, .ndim = 1, .data = p, .free_fn = ex_free_buf};
+    in[1] = (ff_input){.name = "plen", .dtype = FF_DTYPE_I32, .ndim = 1, .data = pl, .free_fn = ex_free_buf};
+    in[2] = (ff_input){.name = "resp", .dtype = FF_DTYPE_I32, .ndim = 1, .data = r, .free_fn = ex_free_buf};
+    in[3] = (ff_input){.name = "rlen", .dtype = FF_DTYPE_I32, .ndim = 1, .data = rl, .free_fn = ex_free_buf};
+    return 0;
+}
+
+/* ---- generation -------------------------------------------------------------------------------- */
+static void label_samples(char *buf, size_t cap, const char *node, const int64_t *s, int64_t n) {
+    if (n == 1) snprintf(buf, cap, "%s s%" PRId64, node, s[0]);
+    else snprintf(buf, cap, "%s s%" PRId64 "-%" PRId64, node, s[0], s[n - 1]);
+}
+
+static int submit_gen(ex_run *x, ex_iter *I, int m, int64_t grp, const int64_t *tasks, int64_t ntasks) {
+    const ff_node *nd = node_of(x, m);
+    bool per_group = nd->gran == FF_GRAN_GROUP;
+    ex_job *j = ex_job_new(x, JOB_GEN, m);
+    if (!j) return -1;
+    j->group = grp;
+    j->ntasks = ntasks;
+    j->tasks = ff_malloc((size_t)ntasks * sizeof *j->tasks);
+    j->nsamples = x->group_size;
+    j->samples = ff_malloc((size_t)x->group_size * sizeof *j->samples);
+    int64_t row = I->group_row[grp];
+    int32_t *prompt = ff_malloc((size_t)x->train.len[row] * 4), *plen = ff_malloc(4);
+    int64_t *seed = ff_malloc(8);
+    if (!j->tasks || !j->samples || !prompt || !plen || !seed) {
+        free(prompt), free(plen), free(seed), free(j->tasks), free(j->samples), free(j);
+        return -1;
+    }
+    memcpy(j->tasks, tasks, (size_t)ntasks * sizeof *tasks);
+    for (int64_t k = 0; k < x->group_size; k++) j->samples[k] = grp * x->group_size + k;
+    memcpy(prompt, x->train.ids[row], (size_t)x->train.len[row] * 4);
+    plen[0] = x->train.len[row];
+    seed[0] = (int64_t)ff_rollout_seed((uint64_t)x->run->trainer.seed, (uint64_t)I->it, (uint64_t)grp);
+    int64_t shp_p = plen[0], shp_1 = 1;
+    ff_input in[3] = {
+        {.name = "prompt", .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp_p, .data = prompt, .free_fn = ex_free_buf},
+        {.name = "plen", .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp_1, .data = plen, .free_fn = ex_free_buf},
+        {.name = "seed", .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp_1, .data = seed, .free_fn = ex_free_buf},
+    };
+    ff_sampling sp;
+    ff_roles_sampling_from_node(x->run, nd, &sp);
+    ff_arg args[5] = {ff_arg_int("n", per_group ? 1 : x->group_size), ff_arg_float("temperature", sp.temperature),
+                      ff_arg_float("top_p", sp.top_p), ff_arg_int("top_k", sp.top_k), ff_arg_int("max_new", sp.max_new_tokens)};
+    char label[128];
+    snprintf(label, sizeof label, "%s g%" PRId64, nd->name, grp);
+    ff_subtask_spec spec = {.kind = "rl.generate", .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
+                            .nargs = 5, .inputs = in, .ninputs = 3, .idempotent = true, .label = label};
+    uint64_t id = ex_submit(x, j, &spec);
+    if (!id) return -1;
+    if (!per_group) I->gen_job[grp] = id;
+    if (!I->st[m].t_first_ns) I->st[m].t_first_ns = ff_now_ns();
+    I->st[m].dispatched += x->group_size;
+    return 0;
+}
+
+static bool group_alive(ex_run *x, ex_iter *I, int64_t grp) {
+    for (int64_t s = grp * x->group_size; s < (grp + 1) * x->group_size; s++)
+        if (ff_sched_sample_alive(I->s, s)) return true;
+    return false;
+}
+
+static void complete_tasks(ex_run *x, ex_iter *I, const ex_job *j) {
+    for (int64_t k = 0; k < j->ntasks; k++)
+        if (ff_sched_complete(I->s, j->tasks[k]) != 0) ex_fail(x, "scheduler: %s", ff_error_message());
+}
+
+static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
+    ex_iter *I = x->cur;
+    if (!I || j->iteration != I->it) return; /* a leftover of an abandoned iteration */
+    const ff_node *nd = node_of(x, j->node);
+    ex_node_stat *st = &I->st[j->node];
+    if (j->group >= 0 && I->gen_job[j->group] == j->id) I->gen_job[j->group] = 0;
+    if (r->status != FF_STATUS_OK) {
+        if (!group_alive(x, I, j->group) || r->status == FF_STATUS_SHUTDOWN) { /* dropped on purpose */
+            complete_tasks(x, I, j);
+            return;
+        }
+        ex_fail(x, "generating prompt group %" PRId64 " on worker %d: %s: %s", j->group, r->rank, ff_status_name(r->status),
+                r->error);
+        return;
+    }
+    const ff_tensor *rlen = out_named(r, "rlen"), *resp = out_named(r, "resp"), *lp = out_named(r, "logprob");
+    bool per_group = nd->gran == FF_GRAN_GROUP;
+    int64_t want = per_group ? 1 : x->group_size;
+    if (!rlen || !resp || !lp || rlen->shape[0] != want) {
+        ex_fail(x, "worker %d sent a generation result without the expected tensors", r->rank);
+        return;
+    }
+    const int32_t *rl = rlen->data, *tok = resp->data;
+    const float *lpv = lp->data;
+    int resp_col = nd->out[FF_SLOT_RESPONSE], lp_col = nd->out[FF_SLOT_LOGPROB];
+    int64_t off = 0;
+    for (int64_t k = 0; k < x->group_size; k++) {
+        int64_t s = j->samples[k], src = per_group ? 0 : k;
+        int64_t o = per_group ? 0 : off;
+        if (cell_set_copy(cell(I, resp_col, s), tok + o, rl[src], 4) != 0 ||
+            (lp_col >= 0 && cell_set_copy(cell(I, lp_col, s), lpv + o, rl[src], 4) != 0)) {
+            ex_fail(x, "out of memory");
+            return;
+        }
+        if (!per_group) off += rl[k];
+    }
+    int64_t total = 0;
+    for (int64_t k = 0; k < want; k++) total += rl[k];
+    st->tokens += total;
+    I->gen_tokens += (double)total;
+    st->done += x->group_size;
+    st->t_last_ns = ff_now_ns();
+    complete_tasks(x, I, j);
+    if (x->o.on_event && !per_group) {
+        int64_t groups_done = st->done / x->group_size;
+        ff_exec_event e = {"generated", I->it, groups_done, x->c};
+        x->o.on_event(x->o.event_ud, &e);
+    }
+}
+
+/* ---- scoring on workers ------------------------------------------------------------------------ */
+static int submit_score(ex_run *x, ex_iter *I, const ff_task *t) {
+    const ff_node *nd = node_of(x, t->node);
+    ex_job *j = ex_job_new(x, JOB_SCORE, t->node);
+    if (!j) return -1;
+    j->ntasks = 1;
+    j->tasks = ff_malloc(sizeof *j->tasks);
+    j->nsamples = t->n_samples;
+    j->samples = ff_malloc((size_t)(t->n_samples ? t->n_samples : 1) * sizeof *j->samples);
+    if (!j->tasks || !j->samples) {
+        free(j->tasks), free(j->samples), free(j);
+        return -1;
+    }
+    j->tasks[0] = t->id;
+    memcpy(j->samples, t->samples, (size_t)t->n_samples * sizeof *t->samples);
+    ff_input in[4];
+    int resp_col = nd->in[FF_SLOT_RESPONSE];
+    if (ex_pack_samples(x, I, t->samples, t->n_samples, resp_col, in) != 0) {
+        free(j->tasks), free(j->samples), free(j);
+        return -1;
+    }
+    int64_t P = 0, R = 0, n = t->n_samples;
+    for (int64_t i = 0; i < n; i++) P += ((int32_t *)in[1].data)[i], R += ((int32_t *)in[3].data)[i];
+    int64_t shapes[4] = {P, n, R, n};
+    for (int i = 0; i < 4; i++) in[i].shape = &shapes[i];
+    const char *kind = nd->op == FF_OP_LOGPROB ? "rl.logprob" : nd->op == FF_OP_VALUE ? "rl.value" : "rl.score";
+    int pool = nd->role == FF_ROLE_ACTOR ? POOL_ACTOR : nd->role == FF_ROLE_REF ? POOL_REF
+               : nd->role == FF_ROLE_CRITIC                                   ? POOL_CRITIC
+                                                                              : POOL_REWARD;
+    const char *role = nd->role == FF_ROLE_ACTOR ? "actor" : nd->role == FF_ROLE_REF ? "ref" : "";
+    ff_arg args[2] = {ff_arg_int("mb", nd->micro_batch_size), ff_arg_str("role", role)};
+    char label[128];
+    label_samples(label, sizeof label, nd->name, t->samples, t->n_samples);
+    ff_subtask_spec spec = {.kind = kind, .target = FF_TARGET_ANY, .group = ex_pool_names[pool], .args = args,
+                            .nargs = nd->op == FF_OP_LOGPROB ? 2 : 1, .inputs = in, .ninputs = 4, .idempotent = true,
+                            .label = label};
+    if (!ex_submit(x, j, &spec)) return -1;
+    if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = ff_now_ns();
+    I->st[t->node].dispatched += n;
+    return 0;
+}
+
+static void score_done(ex_run *x, ex_job *j, const ff_result *r) {
+    ex_iter *I = x->cur;
+    if (!I || j->iteration != I->it) return;
+    const ff_node *nd = node_of(x, j->node);
+    if (r->status != FF_STATUS_OK) {
+        bool any = false;
+        for (int64_t k = 0; k < j->nsamples; k++) any |= ff_sched_sample_alive(I->s, j->samples[k]);
+        if (!any || r->status == FF_STATUS_SHUTDOWN) {
+            complete_tasks(x, I, j);
+            return;
+        }
+        ex_fail(x, "node '%s' on worker %d: %s: %s", nd->name, r->rank, ff_status_name(r->status), r->error);
+        return;
+    }
+    const char *name = nd->op == FF_OP_LOGPROB ? "logprob" : nd->op == FF_OP_VALUE ? "values" : "score";
+    int slot = nd->op == FF_OP_LOGPROB ? FF_SLOT_LOGPROB : nd->op == FF_OP_VALUE ? FF_SLOT_VALUES : FF_SLOT_SCORE;
+    int col = nd->out[slot];
+    const ff_tensor *o = out_named(r, name);
+    const float *v = o ? o->data : NULL;
+    int64_t off = 0, need = 0;
+    int resp_col = nd->in[FF_SLOT_RESPONSE];
+    for (int64_t k = 0; k < j->nsamples; k++) need += nd->op == FF_OP_SCORE ? 1 : cell(I, resp_col, j->samples[k])->len;
+    if (!o || o->dtype != FF_DTYPE_F32 || ff_tensor_numel(o) != need) {
+        ex_fail(x, "node '%s': worker %d sent %s with the wrong size", nd->name, r->rank, name);
+        return;
+    }
+    for (int64_t k = 0; k < j->nsamples; k++) {
+        int64_t s = j->samples[k];
+        if (nd->op == FF_OP_SCORE) {
+            ex_cell *e = cell(I, col, s);
+            cell_clear(e);
+            e->v = v[k];
+            e->has = true;
+        } else {
+            int32_t len = cell(I, resp_col, s)->len;
+            if (cell_set_copy(cell(I, col, s), v + off, len, 4) != 0) {
+                ex_fail(x, "out of memory");
+                return;
+            }
+            off += len;
+        }
+    }
+    I->st[j->node].done += j->nsamples;
+    I->st[j->node].tokens += off;
+    I->st[j->node].t_last_ns = ff_now_ns();
+    complete_tasks(x, I, j);
+}
+
+/* ---- controller-side nodes ------------------------------------------------------------------- */
+/* The scheduler keeps handed-out tasks until they complete: look them up by id. */
+typedef struct local_task {
+    int64_t id;
+    int node;
+    int64_t group;
+    const int64_t *samples;
+    int64_t n;
+} local_task;
+
+static int run_reward(ex_run *x, ex_iter *I, int m, local_task *ts, int nts) {
+    ff_node *nd = ff_graph_node_mut(x->run->graph, (size_t)m);
+    int64_t total = 0;
+    for (int i = 0; i < nts; i++) total += ts[i].n;
+    ff_reward_item *items = ff_calloc((size_t)(total ? total : 1), sizeof *items);
+    float *scores = ff_calloc((size_t)(total ? total : 1), sizeof *scores);
+    int64_t *all = ff_malloc((size_t)(total ? total : 1) * sizeof *all);
+    int rc = -1;
+    if (!items || !scores || !all) goto out;
+    int resp_col = nd->in[FF_SLOT_RESPONSE], ans_col = nd->in[FF_SLOT_ANSWER];
+    int64_t k = 0;
+    for (int i = 0; i < nts; i++)
+        for (int64_t q = 0; q < ts[i].n; q++, k++) {
+            int64_t s = ts[i].samples[q], row = I->group_row[s / x->group_size];
+            all[k] = s;
+            items[k].prompt = x->train.prompt[row];
+            items[k].response = text_of(x, I, resp_col, s);
+            if (!items[k].response) goto out;
+            items[k].answer = ans_col >= 0 ? cell(I, ans_col, s)->p : NULL;
+            items[k].metadata = ex_dataset_meta(&x->train, row, x->run->data.prompt_key, x->run->data.answer_key);
+        }
+    int64_t t0 = ff_now_ns();
+    if (ff_node_reward(nd, items, (size_t)total, scores) != 0) goto out;
+    int64_t t1 = ff_now_ns();
+    int col = nd->out[FF_SLOT_SCORE];
+    for (int64_t q = 0; q < total; q++) {
+        ex_cell *e = cell(I, col, all[q]);
+        cell_clear(e);
+        e->v = scores[q];
+        e->has = true;
+    }
+    if (x->tr) ex_trace_local(x->tr, I->it, nd->name, t0, t1, all, total);
+    if (!I->st[m].t_first_ns) I->st[m].t_first_ns = t0;
+    I->st[m].t_last_ns = t1;
+    I->st[m].dispatched += total;
+    I->st[m].done += total;
+    rc = 0;
+out:
+    free(items), free(scores), free(all);
+    return rc;
+}
+
+static int run_advantage(ex_run *x, ex_iter *I, local_task *t) {
+    ff_node *nd = ff_graph_node_mut(x->run->graph, (size_t)t->node);
+    int64_t n = t->n;
+    int rc = -1;
+    int32_t *off = ff_malloc((size_t)(n + 1) * sizeof *off), *grp = ff_malloc((size_t)(n ? n : 1) * sizeof *grp);
+    float *scores = ff_malloc((size_t)(n ? n : 1) * sizeof *scores), *base = NULL;
+    float *cols[4] = {NULL, NULL, NULL, NULL}; /* values, old, ref, - */
+    float *adv = NULL, *ret = NULL;
+    if (!off || !grp || !scores) goto out;
+    off[0] = 0;
+    for (int64_t i = 0; i < n; i++) off[i + 1] = off[i] + cell(I, x->resp_col, t->samples[i])->len;
+    int64_t T = off[n];
+    /* group ids in [0, n): the first sample of each group's index */
+    for (int64_t i = 0; i < n; i++) {
+        int64_t g = t->samples[i] / x->group_size;
+        grp[i] = (int32_t)i;
+        for (int64_t q = 0; q < i; q++)
+            if (t->samples[q] / x->group_size == g) {
+                grp[i] = grp[q];
+                break;
+            }
+        scores[i] = cell(I, nd->in[FF_SLOT_SCORE], t->samples[i])->v;
+    }
+    if (nd->in[FF_SLOT_BASELINE] >= 0) {
+        if (!(base = ff_malloc((size_t)(n ? n : 1) * sizeof *base))) goto out;
+        for (int64_t i = 0; i < n; i++) base[i] = cell(I, nd->in[FF_SLOT_BASELINE], t->samples[i])->v;
+    }
+    const int slots[3] = {FF_SLOT_VALUES, FF_SLOT_OLD_LOGPROB, FF_SLOT_REF_LOGPROB};
+    for (int k = 0; k < 3; k++) {
+        int col = nd->in[slots[k]];
+        if (col < 0) continue;
+        if (!(cols[k] = ff_malloc((size_t)(T ? T : 1) * sizeof(float)))) goto out;
+        for (int64_t i = 0; i < n; i++) {
+            ex_cell *e = cell(I, col, t->samples[i]);
+            if (e->len != off[i + 1] - off[i]) {
+                ex_fail(x, "node '%s': column '%s' of sample %" PRId64 " has %d values for %d response tokens", nd->name,
+                        ff_graph_column(x->run->graph, (size_t)col)->name, t->samples[i], e->len, off[i + 1] - off[i]);
+                goto out;
+            }
+            if (e->len) memcpy(cols[k] + off[i], e->p, (size_t)e->len * sizeof(float));
+        }
+    }
+    adv = ff_malloc((size_t)(T ? T : 1) * sizeof *adv);
+    ret = ff_malloc((size_t)(T ? T : 1) * sizeof *ret);
+    if (!adv || !ret) goto out;
+    ff_node_adv_in ai = {.seqs = {(int32_t)n, off, NULL}, .scores = scores, .values = cols[0], .baseline = base,
+                         .old_logp = cols[1], .ref_logp = cols[2], .group = grp};
+    double mean_kl = 0;
+    int64_t t0 = ff_now_ns();
+    if (ff_node_advantage(nd, &ai, adv, ret, &mean_kl) != 0) goto out;
+    int64_t t1 = ff_now_ns();
+    if (nd->kl_penalty) {
+        I->kl_sum[t->node] += mean_kl * (double)T;
+        I->kl_w[t->node] += (double)T;
+    }
+    int ac = nd->out[FF_SLOT_ADVANTAGES], rcol = nd->out[FF_SLOT_RETURNS];
+    for (int64_t i = 0; i < n; i++) {
+        int32_t len = off[i + 1] - off[i];
+        if (cell_set_copy(cell(I, ac, t->samples[i]), adv + off[i], len, 4) != 0 ||
+            (rcol >= 0 && cell_set_copy(cell(I, rcol, t->samples[i]), ret + off[i], len, 4) != 0))
+            goto out;
+    }
+    if (x->tr) ex_trace_local(x->tr, I->it, nd->name, t0, t1, t->samples, n);
+    if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = t0;
+    I->st[t->node].t_last_ns = t1;
+    I->st[t->node].dispatched += n;
+    I->st[t->node].done += n;
+    rc = 0;
+out:
+    free(off), free(grp), free(scores), free(base), free(adv), free(ret);
+    for (int k = 0; k < 4; k++) free(cols[k]);
+    return rc;
+}
+
+static void cancel_dead_groups(ex_run *x, ex_iter *I) {
+    for (int64_t g = 0; g < I->n_groups; g++)
+        if (I->gen_job[g] && !group_alive(x, I, g)) {
+            ff_controller_cancel(x->c, I->gen_job[g]); /* its callback completes the tasks */
+            I->gen_job[g] = 0;
+        }
+}
+
+/* Run the controller-side tasks gathered in one pass: rewards batched per node. */
+static int run_local(ex_run *x, ex_iter *I, local_task *lt, int64_t n) {
+    for (int m = 0; m < x->n_nodes; m++) {
+        const ff_node *nd = node_of(x, m);
+        if (nd->op != FF_OP_REWARD_FN) continue;
+        local_task *sel = ff_malloc((size_t)n * sizeof *sel);
+        if (!sel) return -1;
+        int k = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (lt[i].node == m) sel[k++] = lt[i];
+        int rc = k ? run_reward(x, I, m, sel, k) : 0;
+        free(sel);
+        if (rc) {
+            ex_fail(x, "%s", ff_error_message());
+            return -1;
+        }
+        for (int64_t i = 0; i < n; i++)
+            if (lt[i].node == m && ff_sched_complete(I->s, lt[i].id) != 0) return -1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const ff_node *nd = node_of(x, lt[i].node);
+        if (nd->op == FF_OP_ADVANTAGE) {
+            if (run_advantage(x, I, &lt[i]) != 0) {
+                if (!x->failed[0]) ex_fail(x, "%s", ff_error_message());
+                return -1;
+            }
+            if (ff_sched_complete(I->s, lt[i].id) != 0) return -1;
+        } else if (nd->op == FF_OP_FILTER) {
+            float sc[4096];
+            int64_t k = 0;
+            for (int64_t q = 0; q < lt[i].n && k < 4096; q++) sc[k++] = cell(I, nd->in[FF_SLOT_SCORE], lt[i].samples[q])->v;
+            bool keep = ff_node_filter_keep(nd, sc, (size_t)k);
+            int64_t t0 = ff_now_ns();
+            if (ff_sched_complete_filter(I->s, lt[i].id, keep) != 0) return -1;
+            I->st[lt[i].node].done += lt[i].n;
+            I->st[lt[i].node].dispatched += lt[i].n;
+            if (!I->st[lt[i].node].t_first_ns) I->st[lt[i].node].t_first_ns = t0;
+            I->st[lt[i].node].t_last_ns = ff_now_ns();
+            cancel_dead_groups(x, I);
+        }
+    }
+    return 0;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------------ */
+static int dispatch(ex_run *x, ex_iter *I, const ff_task *t, local_task *lt, int64_t *nlt, int64_t cap) {
+    const ff_node *nd = node_of(x, t->node);
+    switch (nd->op) {
+    case FF_OP_GENERATE:
+        if (nd->gran == FF_GRAN_GROUP) return submit_gen(x, I, t->node, t->group, &t->id, 1);
+        {
+            int64_t s = t->samples[0], g = s / x->group_size;
+            I->pend_task[t->node][s] = t->id;
+            if (++I->pend_count[t->node][g] < x->group_size) return 0;
+            I->pend_count[t->node][g] = 0;
+            int64_t *tasks = ff_malloc((size_t)x->group_size * sizeof *tasks);
+            if (!tasks) return -1;
+            for (int64_t k = 0; k < x->group_size; k++) tasks[k] = I->pend_task[t->node][g * x->group_size + k];
+            int rc = submit_gen(x, I, t->node, g, tasks, x->group_size);
+            free(tasks);
+            return rc;
+        }
+    case FF_OP_LOGPROB:
+    case FF_OP_VALUE:
+    case FF_OP_SCORE: return submit_score(x, I, t);
+    case FF_OP_REWARD_FN:
+    case FF_OP_ADVANTAGE:
+    case FF_OP_FILTER:
+        if (*nlt == cap) return ff_error_set("executor", NULL, "too many controller-side tasks at once");
+        lt[(*nlt)++] = (local_task){t->id, t->node, t->group, t->samples, t->n_samples};
+        return 0;
+    case FF_OP_TRAIN: return ex_train_start(x, I, t);
+    case FF_OP_SYNC_WEIGHTS: return ex_sync_start(x, I, t);
+    default: return ff_error_set(nd->where, NULL, "node '%s': op %s is not executed", nd->name, ff_op_name(nd->op));
+    }
+}
+
+/* Dynamic sampling: draw more prompts while the scheduler wants groups and the budget
+ * (trainer.max_gen_batches x train_batch_size prompts per iteration) allows. */
+static int refill(ex_run *x, ex_iter *I) {
+    int64_t want = ff_sched_groups_wanted(I->s);
+    if (want <= 0) return 0;
+    int64_t budget = x->run->trainer.max_gen_batches * x->batch - I->prompts_drawn;
+    if (budget <= 0) {
+        ff_sched_source_exhausted(I->s);
+        return 1;
+    }
+    int64_t k = want < budget ? want : budget;
+    int64_t first = ff_sched_add_groups(I->s, k);
+    if (first < 0 || fill_groups(x, I, first, first + k) != 0) return -1;
+    return 1;
+}
+
+int ex_iteration(ex_run *x, int64_t it) {
+    ex_iter *I = iter_new(x, it);
+    if (!I) {
+        ex_fail(x, "iteration %" PRId64 ": %s", it, ff_error_message());
+        return -1;
+    }
+    x->cur = I;
+    int64_t cap = 4096;
+    local_task *lt = ff_malloc((size_t)cap * sizeof *lt);
+    if (!lt) {
+        ex_fail(x, "out of memory");
+        return -1;
+    }
+    int interrupted = 0;
+    while (!x->failed[0]) {
+        const ff_task *t;
+        int rc;
+        int64_t nlt = 0;
+        while ((rc = ff_sched_next(I->s, &t)) == 1)
+            if (dispatch(x, I, t, lt, &nlt, cap) != 0) {
+                ex_fail(x, "%s", ff_error_message());
+                break;
+            }
+        if (x->failed[0]) break;
+        if (nlt) {
+            if (run_local(x, I, lt, nlt) != 0 && !x->failed[0]) ex_fail(x, "%s", ff_error_message());
+            continue;
+        }
+        int r = refill(x, I); /* the scheduler may be stuck only for want of groups */
+        if (r < 0) {
+            ex_fail(x, "%s", ff_error_message());
+            break;
+        }
+        if (r > 0) continue;
+        if (rc < 0) {
+            ex_fail(x, "scheduler: %s", ff_error_message());
+            break;
+        }
+        if (ff_sched_finished(I->s)) break;
+        if (x->o.interrupt && *x->o.interrupt && !I->training_started) {
+            interrupted = 1; /* nothing trained yet: the weights are those of the last iteration */
+            break;
+        }
+        ff_controller_poll(x->c, true);
+        ex_check_workers(x);
+        check_interrupt(x);
+        ex_progress(x, false);
+    }
+    free(lt);
+    if (interrupted || x->failed[0]) {
+        /* abandon the iteration: cancel what runs and let the callbacks drain */
+        for (ex_job *j = x->jobs; j; j = j->next)
+            if (j->iteration == it) ff_controller_cancel(x->c, j->id);
+        x->cur = NULL;
+        while (x->jobs) {
+            ff_controller_poll(x->c, true);
+            if (ff_controller_jobs_outstanding(x->c) == 0) break;
+        }
+        ex_iter_free(x, &I);
+        return interrupted ? 1 : -1;
+    }
+    return 0;
+}
+
+/* ---- the iteration's metrics --------------------------------------------------------------------- */
+void ex_iter_metrics(ex_run *x, json_t *m);
+void ex_iter_metrics(ex_run *x, json_t *m) {
+    ex_iter *I = x->cur;
+    double rsum = 0, lsum = 0, acc = 0, klsum = 0, klw = 0, n = 0;
+    int old_col = x->logprob_col, ref_col = -1;
+    for (int k = 0; k < x->n_nodes; k++) {
+        const ff_node *nd = node_of(x, k);
+        if (nd->op == FF_OP_LOGPROB && nd->role == FF_ROLE_REF) ref_col = nd->out[FF_SLOT_LOGPROB];
+    }
+    int64_t N = I->n_groups * x->group_size;
+    ff_reward_item *items = ff_calloc((size_t)(N ? N : 1), sizeof *items);
+    float *hit = ff_calloc((size_t)(N ? N : 1), sizeof *hit);
+    int64_t ni = 0;
+    for (int64_t s = 0; s < N; s++) {
+        if (!ff_sched_sample_alive(I->s, s)) continue;
+        n++;
+        if (x->score_col >= 0) rsum += cell(I, x->score_col, s)->v;
+        ex_cell *r = cell(I, x->resp_col, s);
+        lsum += r->len;
+        if (old_col >= 0 && ref_col >= 0) {
+            const float *a = cell(I, old_col, s)->p, *b = cell(I, ref_col, s)->p;
+            for (int32_t q = 0; q < r->len; q++) klsum += (double)a[q] - (double)b[q];
+            klw += r->len;
+        }
+        int64_t row = I->group_row[s / x->group_size];
+        if (items && x->train.answer[row]) {
+            items[ni].prompt = x->train.prompt[row];
+            items[ni].response = text_of(x, I, x->resp_col, s);
+            items[ni].answer = x->train.answer[row];
+            if (items[ni].response) ni++;
+        }
+    }
+    if (items && hit && ni && ff_reward_score(x->exact, items, (size_t)ni, hit) == 0)
+        for (int64_t q = 0; q < ni; q++) acc += hit[q] > 0.5f;
+    free(items), free(hit);
+    json_object_set_new(m, "iteration", json_integer(I->it));
+    json_object_set_new(m, "samples", json_integer((json_int_t)n));
+    if (x->run->trainer.max_gen_batches > 0 && I->prompts_drawn != x->batch)
+        json_object_set_new(m, "prompts_drawn", json_integer(I->prompts_drawn));
+    if (x->score_col >= 0) json_object_set_new(m, "reward_mean", json_real(n ? rsum / n : 0));
+    if (ni) json_object_set_new(m, "acc", json_real(acc / (double)ni));
+    json_object_set_new(m, "response_length", json_real(n ? lsum / n : 0));
+    if (klw > 0) json_object_set_new(m, "kl", json_real(klsum / klw));
+    for (int k = 0; k < x->n_nodes; k++) {
+        ff_node *nd = ff_graph_node_mut(x->run->graph, (size_t)k);
+        if (nd->op == FF_OP_ADVANTAGE && nd->kl_penalty) {
+            json_object_set_new(m, "kl_penalty", json_real(I->kl_w[k] > 0 ? I->kl_sum[k] / I->kl_w[k] : 0));
+            json_object_set_new(m, "kl_coef", json_real(nd->kl_ctl.coef));
+        }
+    }
+    ex_train_metrics(x, I, m);
+}
+
+void ex_iter_finish(ex_run *x);
+void ex_iter_finish(ex_run *x) {
+    ex_iter *I = x->cur;
+    /* adaptive KL controllers move once per iteration, by the batch's mean KL */
+    for (int k = 0; k < x->n_nodes; k++) {
+        ff_node *nd = ff_graph_node_mut(x->run->graph, (size_t)k);
+        if (nd->op == FF_OP_ADVANTAGE && nd->kl_penalty && I->kl_w[k] > 0)
+            ff_node_kl_ctl_update(nd, I->kl_sum[k] / I->kl_w[k], I->n_groups * x->group_size);
+    }
+}
+
+/* The samples of the iteration, one JSON line each (--dump-samples). */
+void ex_dump_samples(ex_run *x, FILE *f);
+void ex_dump_samples(ex_run *x, FILE *f) {
+    ex_iter *I = x->cur;
+    for (int64_t s = 0; s < I->n_groups * x->group_size; s++) {
+        if (!ff_sched_sample_alive(I->s, s)) continue;
+        int64_t g = s / x->group_size, row = I->group_row[g];
+        json_t *o = json_object();
+        json_object_set_new(o, "iteration", json_integer(I->it));
+        json_object_set_new(o, "group", json_integer(g));
+        json_object_set_new(o, "sample", json_integer(s % x->group_size));
+        json_object_set_new(o, "row", json_integer(row));
+        json_object_set_new(o, "prompt", json_string(x->train.prompt[row]));
+        const char *t = text_of(x, I, x->resp_col, s);
+        size_t len = 0;
+        char *clean = t ? ff_utf8_lossy(t, strlen(t), &len) : NULL;
+        json_object_set_new(o, "response", json_string(clean ? clean : ""));
+        free(clean);
+        if (x->score_col >= 0) json_object_set_new(o, "score", json_real(cell(I, x->score_col, s)->v));
+        char *line = json_dumps(o, JSON_COMPACT);
+        if (line) fprintf(f, "%s\n", line);
+        free(line);
+        json_decref(o);
+    }
+}
+
+/* ---- progress ------------------------------------------------------------------------------------ */
+void ex_progress(ex_run *x, bool force) {
+    static int64_t last_ns;
+    if (!x->tty || x->o.progress == 0) return;
+    int64_t now = ff_now_ns();
+    if (!force && now - last_ns < 100000000LL) return;
+    last_ns = now;
+    char line[512];
+    int off = 0;
+    ex_iter *I = x->cur;
+    if (!I) return;
+    off += snprintf(line + off, sizeof line - (size_t)off, "\r\033[Kiter %" PRId64 "/%" PRId64, I->it, x->run->trainer.steps);
+    int64_t N = I->n_groups * x->group_size;
+    const int *order = ff_graph_order(x->run->graph);
+    int shown = 0;
+    for (int k = 0; k < x->n_nodes && shown < 3; k++) {
+        int m = order[k];
+        const ff_node *nd = node_of(x, m);
+        if (nd->op == FF_OP_SYNC_WEIGHTS) continue;
+        bool train = nd->op == FF_OP_TRAIN;
+        if (train ? (I->train[m].active && I->train[m].pending == 0) : I->st[m].done >= N) continue;
+        if (train && I->train[m].active)
+            off += snprintf(line + off, sizeof line - (size_t)off, " | %s %d/%d steps", nd->name,
+                            I->train[m].n_steps - I->train[m].pending / (I->train[m].n_ranks ? I->train[m].n_ranks : 1),
+                            I->train[m].n_steps);
+        else if (!train)
+            off += snprintf(line + off, sizeof line - (size_t)off, " | %s %" PRId64 "/%" PRId64, nd->name, I->st[m].done, N);
+        else
+            off += snprintf(line + off, sizeof line - (size_t)off, " | %s waiting", nd->name);
+        shown++;
+    }
+    if (x->iter_time_avg > 0) {
+        double left = x->iter_time_avg * (double)(x->run->trainer.steps - I->it + 1) - (double)(now - I->t0_ns) * 1e-9;
+        if (left < 0) left = 0;
+        off += snprintf(line + off, sizeof line - (size_t)off, " | ETA %dm%02ds", (int)(left / 60), (int)left % 60);
+    }
+    fputs(line, x->out);
+    fflush(x->out);
+}
+
+/* ---- workers that die ---------------------------------------------------------------------------- */
+void ex_check_workers(ex_run *x) {
+    int dead = ff_controller_count_workers(x->c, FF_WORKER_DEAD);
+    if (dead == x->known_dead) return;
+    x->known_dead = dead;
+    for (int r = 0; r < x->nranks; r++) {
+        ff_worker_info wi;
+        if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_DEAD) continue;
+        unsigned roles = x->rank_roles[r];
+        if (roles & (EX_ACTOR | EX_CRITIC)) {
+            char hint[4200];
+            if (x->last_ckpt[0])
+                snprintf(hint, sizeof hint, "resume from %s with `fuseflow run %s --resume` (same overrides)", x->last_ckpt,
+                         x->o.config);
+            else
+                snprintf(hint, sizeof hint, "no checkpoint was saved yet (trainer.save_freq); start again");
+            ex_fail(x, "worker %d (pid %lld) died (%s) holding the %s's training state; the run stops (hint: %s)", r,
+                    (long long)wi.pid, wi.dead_reason[0] ? wi.dead_reason : "gone", (roles & EX_ACTOR) ? "actor" : "critic",
+                    hint);
+            return;
+        }
+    }
+    /* a stateless worker: its idempotent subtasks go to the others of its group */
+    for (int p = 0; p < POOL_COUNT; p++) {
+        if (!x->pool_n[p]) continue;
+        int live = 0;
+        for (int i = 0; i < x->pool_n[p]; i++) {
+            ff_worker_info wi;
+            if (ff_controller_worker_info(x->c, x->pool_ranks[p][i], &wi) == 0 && wi.state == FF_WORKER_LIVE) live++;
+        }
+        if (!live) {
+            ex_fail(x, "no live worker is left for the %s (all %d died); the run stops", ex_pool_names[p], x->pool_n[p]);
+            return;
+        }
+    }
+    if (x->tty) fputs("\r\033[K", x->out);
+    fprintf(x->out, "run: a worker died; its subtasks go to the other workers of its group\n");
+}

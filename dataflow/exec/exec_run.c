@@ -1,0 +1,630 @@
+/* ff_exec_run: a whole run. The config (with overrides) is loaded and checked, data and the
+ * tokenizer read, roles placed on worker ranks, the controller started with its local
+ * workers and their groups, each worker told what to load (rl.init), then iterations run
+ * one after another (exec_iter.c) with metrics, held-out evaluation and checkpoints between
+ * them. A failure anywhere stops the run with one message; workers are always shut down.
+ *
+ * Placement (DP only for now; layouts with tp/pp are refused by the worker groups' shape):
+ *   actor      roles.actor.workers ranks, each with the trained actor (and, unless the
+ *              rollout has workers of its own, the generating copy: colocated, weights
+ *              synced by a local copy)
+ *   rollout    roles.actor.rollout.workers ranks of its own when given (a separate
+ *              generation pool; weights synced by a broadcast inside the "sync" group)
+ *   critic, ref, reward  their own ranks, or the ranks of the role they colocate with
+ * Each pool is a worker group ("actor", "gen", "critic", "ref", "reward"); trained pools with
+ * more than one rank get a communicator for the gradient all-reduce.
+ *
+ * Not here: the iteration (exec_iter.c), training (exec_train.c), checkpoints (exec_ckpt.c). */
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dataflow/exec/exec_internal.h"
+#include "fuseflow/error.h"
+#include "fuseflow/roles.h"
+#include "fuseflow/util.h"
+
+uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec);
+void ex_iter_metrics(ex_run *x, json_t *m);
+void ex_iter_finish(ex_run *x);
+void ex_dump_samples(ex_run *x, FILE *f);
+
+void ff_exec_opts_default(ff_exec_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->progress = -1;
+    o->worker_timeout_s = 10;
+}
+
+static const ff_node *node_of(const ex_run *x, int m) { return ff_graph_node(x->run->graph, (size_t)m); }
+
+static bool has_node(const ex_run *x, ff_op op, ff_role role) {
+    for (int m = 0; m < x->n_nodes; m++)
+        if (node_of(x, m)->op == op && (role == FF_ROLE_COUNT || node_of(x, m)->role == role)) return true;
+    return false;
+}
+
+static bool role_used(const ex_run *x, ff_role role) {
+    for (int m = 0; m < x->n_nodes; m++)
+        if (node_of(x, m)->role == role) return true;
+    return false;
+}
+
+/* ---- graph facts ------------------------------------------------------------------------------- */
+static int graph_facts(ex_run *x) {
+    const ff_graph *g = x->run->graph;
+    x->n_nodes = (int)ff_graph_n_nodes(g);
+    x->n_cols = (int)ff_graph_n_columns(g);
+    if (x->n_nodes > EX_MAX_NODES || x->n_cols > EX_MAX_COLS)
+        return ff_error_set(x->run->path, NULL, "at most %d nodes and %d columns", EX_MAX_NODES, EX_MAX_COLS);
+    x->resp_col = ff_graph_response_column(g);
+    x->prompt_col = ff_graph_find_column(g, "prompt");
+    x->answer_col = ff_graph_find_column(g, "answer");
+    x->gen_node = -1;
+    for (int m = 0; m < x->n_nodes; m++) {
+        const ff_node *n = node_of(x, m);
+        if (n->op == FF_OP_GENERATE && n->out[FF_SLOT_RESPONSE] == x->resp_col && n->gran == FF_GRAN_SAMPLE) x->gen_node = m;
+    }
+    if (x->gen_node < 0 || x->resp_col < 0 || x->prompt_col < 0)
+        return ff_error_set(x->run->path, "add a node with op: generate, role: actor, in: [prompt], out: [response, ...]",
+                            "the graph has no sample-level generate node writing the responses");
+    x->logprob_col = node_of(x, x->gen_node)->out[FF_SLOT_LOGPROB];
+    x->score_col = -1;
+    for (int m = 0; m < x->n_nodes && x->score_col < 0; m++)
+        if (node_of(x, m)->op == FF_OP_ADVANTAGE) x->score_col = node_of(x, m)->in[FF_SLOT_SCORE];
+    for (int m = 0; m < x->n_nodes && x->score_col < 0; m++)
+        if (node_of(x, m)->op == FF_OP_REWARD_FN || node_of(x, m)->op == FF_OP_SCORE) x->score_col = node_of(x, m)->out[FF_SLOT_SCORE];
+    x->group_size = ff_graph_group_size(g);
+    x->batch = x->run->data.train_batch_size;
+    /* optimizer steps of the run per trained role (cosine schedules decay over them) */
+    for (int m = 0; m < x->n_nodes; m++) {
+        const ff_node *n = node_of(x, m);
+        if (n->op != FF_OP_TRAIN) continue;
+        int64_t mb = n->train.mini_batch_size > 0 ? n->train.mini_batch_size : x->batch;
+        int64_t per = ((x->batch + mb - 1) / mb) * (n->train.epochs > 0 ? n->train.epochs : 1);
+        x->updates[n->role == FF_ROLE_CRITIC] = per * x->run->trainer.steps;
+    }
+    return 0;
+}
+
+/* ---- placement ------------------------------------------------------------------------------------- */
+static int add_ranks(ex_run *x, int pool, int n, unsigned roles) {
+    if (x->nranks + n > EX_MAX_RANKS) return ff_error_set("placement", NULL, "more than %d workers", EX_MAX_RANKS);
+    for (int i = 0; i < n; i++) {
+        x->pool_ranks[pool][x->pool_n[pool]++] = x->nranks;
+        x->rank_roles[x->nranks++] = roles;
+    }
+    return 0;
+}
+
+static void share_ranks(ex_run *x, int pool, int with, unsigned roles) {
+    for (int i = 0; i < x->pool_n[with]; i++) {
+        x->pool_ranks[pool][i] = x->pool_ranks[with][i];
+        x->rank_roles[x->pool_ranks[with][i]] |= roles;
+    }
+    x->pool_n[pool] = x->pool_n[with];
+}
+
+static int pool_of_role(ff_role r) {
+    switch (r) {
+    case FF_ROLE_ACTOR: return POOL_ACTOR;
+    case FF_ROLE_CRITIC: return POOL_CRITIC;
+    case FF_ROLE_REF: return POOL_REF;
+    case FF_ROLE_REWARD: return POOL_REWARD;
+    default: return -1;
+    }
+}
+
+static int place(ex_run *x) {
+    const ff_role_cfg *rc = x->run->roles;
+    for (int r = FF_ROLE_ACTOR; r < FF_ROLE_COUNT; r++) {
+        const ff_layout *L = &rc[r].layout;
+        if (rc[r].present && role_used(x, (ff_role)r) && (L->tp > 1 || L->pp > 1))
+            return ff_error_set(rc[r].where, "use dp only (tp: 1, pp: 1) for now",
+                                "tensor and pipeline parallel layouts are not executed yet");
+    }
+    unsigned actor_bits = has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR) || has_node(x, FF_OP_LOGPROB, FF_ROLE_ACTOR) ? EX_ACTOR : 0;
+    x->gen_separate = rc[FF_ROLE_ACTOR].rollout_workers > 0;
+    if (add_ranks(x, POOL_ACTOR, (int)rc[FF_ROLE_ACTOR].layout.workers, actor_bits | (x->gen_separate ? 0 : EX_GEN))) return -1;
+    if (x->gen_separate) {
+        if (!actor_bits)
+            return ff_error_set(rc[FF_ROLE_ACTOR].where, "drop roles.actor.rollout.workers", "a separate rollout pool needs a trained actor");
+        if (add_ranks(x, POOL_GEN, (int)rc[FF_ROLE_ACTOR].rollout_workers, EX_GEN)) return -1;
+        x->sync_group = true;
+    } else {
+        share_ranks(x, POOL_GEN, POOL_ACTOR, EX_GEN);
+    }
+    const struct {
+        ff_role role;
+        unsigned bit;
+    } others[] = {{FF_ROLE_CRITIC, EX_CRITIC}, {FF_ROLE_REF, EX_REF}, {FF_ROLE_REWARD, EX_REWARD}};
+    /* roles on their own ranks first, then the colocated ones (their target is placed) */
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < 3; k++) {
+            ff_role r = others[k].role;
+            if (!rc[r].present || !role_used(x, r)) continue;
+            bool colo = rc[r].colocate_with != FF_ROLE_NONE;
+            if (colo != (pass == 1)) continue;
+            int pool = pool_of_role(r);
+            if (colo) share_ranks(x, pool, pool_of_role(rc[r].colocate_with), others[k].bit);
+            else if (add_ranks(x, pool, (int)rc[r].layout.workers, others[k].bit)) return -1;
+        }
+    return 0;
+}
+
+/* ---- workers -------------------------------------------------------------------------------------- */
+static int make_groups(ex_run *x) {
+    for (int p = 0; p < POOL_COUNT; p++) {
+        if (!x->pool_n[p]) continue;
+        bool trained = (p == POOL_ACTOR && has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR)) ||
+                       (p == POOL_CRITIC && has_node(x, FF_OP_TRAIN, FF_ROLE_CRITIC));
+        ff_group_opts go = {.backend = trained && x->pool_n[p] > 1 ? "cpu" : "none", .timeout_s = 120};
+        if (ff_controller_group_create(x->c, ex_pool_names[p], x->pool_ranks[p], x->pool_n[p], &go) != 0)
+            return ff_error_wrap("worker group '%s'", ex_pool_names[p]);
+    }
+    return 0;
+}
+
+/* The "sync" group: the actor's rank 0 (the source) and the live generation ranks. */
+int ex_sync_group(ex_run *x);
+int ex_sync_group(ex_run *x) {
+    int ranks[EX_MAX_RANKS + 1], n = 0;
+    ranks[n++] = x->pool_ranks[POOL_ACTOR][0];
+    for (int i = 0; i < x->pool_n[POOL_GEN]; i++) {
+        ff_worker_info wi;
+        if (ff_controller_worker_info(x->c, x->pool_ranks[POOL_GEN][i], &wi) == 0 && wi.state == FF_WORKER_LIVE)
+            ranks[n++] = x->pool_ranks[POOL_GEN][i];
+    }
+    int cur_n = 0;
+    const int *cur = ff_controller_group_ranks(x->c, "sync", &cur_n);
+    if (!cur) ff_error_clear();
+    if (cur && cur_n == n && !memcmp(cur, ranks, (size_t)n * sizeof *ranks)) return 0;
+    ff_group_opts go = {.backend = "cpu", .timeout_s = 120};
+    if (ff_controller_group_create(x->c, "sync", ranks, n, &go) != 0) return ff_error_wrap("weight-sync group");
+    return 0;
+}
+
+static int init_workers(ex_run *x, const char *resume_dir) {
+    char backend[32];
+    snprintf(backend, sizeof backend, "cpu:%d", x->threads);
+    const ff_data_cfg *d = &x->run->data;
+    int64_t slots = x->batch * x->group_size / (x->pool_n[POOL_GEN] ? x->pool_n[POOL_GEN] : 1);
+    if (slots < x->group_size) slots = x->group_size;
+    if (slots < 16) slots = 16;
+    if (slots > 256) slots = 256;
+    if (slots < x->group_size) slots = x->group_size;
+    int64_t max_seq = d->max_prompt_length + d->max_response_length + 1;
+    size_t clen = strlen(x->config_text), olen = strlen(x->overrides_text);
+    for (int r = 0; r < x->nranks; r++) {
+        char *cfg = ff_malloc(clen + 1), *ov = ff_malloc(olen + 1);
+        if (!cfg || !ov) {
+            free(cfg), free(ov);
+            return -1;
+        }
+        memcpy(cfg, x->config_text, clen + 1);
+        memcpy(ov, x->overrides_text, olen + 1);
+        int64_t cl = (int64_t)clen, ol = (int64_t)olen;
+        ff_input in[2] = {{.name = "config", .dtype = FF_DTYPE_U8, .ndim = 1, .shape = &cl, .data = cfg, .free_fn = ex_free_buf},
+                          {.name = "overrides", .dtype = FF_DTYPE_U8, .ndim = 1, .shape = &ol, .data = ov, .free_fn = ex_free_buf}};
+        ff_arg args[9] = {ff_arg_int("roles", x->rank_roles[r]),     ff_arg_str("backend", backend),
+                          ff_arg_str("resume", resume_dir ? resume_dir : ""), ff_arg_int("updates_actor", x->updates[0]),
+                          ff_arg_int("updates_critic", x->updates[1]), ff_arg_int("slots", slots),
+                          ff_arg_int("max_seq", max_seq),            ff_arg_str("name", x->o.config)};
+        ex_job *j = ex_job_new(x, JOB_CTL, -1);
+        if (!j) return -1;
+        ff_subtask_spec spec = {.kind = "rl.init", .target = FF_TARGET_RANK, .rank = r, .args = args, .nargs = 8, .inputs = in,
+                                .ninputs = 2, .label = "load models"};
+        if (!ex_submit(x, j, &spec)) return -1;
+    }
+    return ex_wait_jobs(x);
+}
+
+/* ---- held-out evaluation ---------------------------------------------------------------------- */
+typedef struct eval_state {
+    int64_t hits, total;
+} eval_state;
+static eval_state g_eval;
+
+void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n);
+void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
+    (void)n;
+    if (r->status != FF_STATUS_OK) {
+        ex_fail(x, "evaluation on worker %d: %s: %s", r->rank, ff_status_name(r->status), r->error);
+        return;
+    }
+    const ff_tensor *rlen = NULL, *resp = NULL;
+    for (int i = 0; i < r->noutputs; i++) {
+        if (!strcmp(r->outputs[i].name, "rlen")) rlen = &r->outputs[i];
+        if (!strcmp(r->outputs[i].name, "resp")) resp = &r->outputs[i];
+    }
+    if (!rlen || !resp || rlen->shape[0] != j->nsamples) {
+        ex_fail(x, "evaluation: worker %d sent a malformed result", r->rank);
+        return;
+    }
+    const int32_t *rl = rlen->data, *tok = resp->data;
+    int64_t off = 0;
+    for (int64_t k = 0; k < j->nsamples; k++) {
+        int64_t row = j->samples[k];
+        char *text = NULL;
+        size_t len;
+        float hit = 0;
+        if (ff_tokenizer_decode(x->tok, tok + off, rl[k], true, &text, &len) == 0 && x->val.answer[row]) {
+            ff_reward_item it = {x->val.prompt[row], text, x->val.answer[row], NULL};
+            if (ff_reward_score(x->exact, &it, 1, &hit) != 0) hit = 0;
+        }
+        free(text);
+        g_eval.hits += hit > 0.5f;
+        g_eval.total++;
+        off += rl[k];
+    }
+}
+
+static int evaluate(ex_run *x, double *acc) {
+    int64_t n = x->val.n;
+    if (x->o.val_limit > 0 && x->o.val_limit < n) n = x->o.val_limit;
+    int64_t chunk = x->run->data.val_batch_size;
+    ff_sampling sp;
+    ff_roles_sampling_from_node(x->run, node_of(x, x->gen_node), &sp);
+    g_eval = (eval_state){0};
+    int64_t t0 = ff_now_ns();
+    for (int64_t a = 0; a < n; a += chunk) {
+        int64_t k = n - a < chunk ? n - a : chunk, P = 0;
+        for (int64_t i = 0; i < k; i++) P += x->val.len[a + i];
+        int32_t *p = ff_malloc((size_t)P * 4), *pl = ff_malloc((size_t)k * 4);
+        int64_t *sd = ff_calloc((size_t)k, 8);
+        ex_job *j = ex_job_new(x, JOB_EVAL, -1);
+        if (j) j->samples = ff_malloc((size_t)k * sizeof *j->samples);
+        if (!p || !pl || !sd || !j || !j->samples) {
+            free(p), free(pl), free(sd);
+            if (j) free(j->samples);
+            free(j);
+            return -1;
+        }
+        j->nsamples = k;
+        int64_t off = 0;
+        for (int64_t i = 0; i < k; i++) {
+            memcpy(p + off, x->val.ids[a + i], (size_t)x->val.len[a + i] * 4);
+            off += x->val.len[a + i];
+            pl[i] = x->val.len[a + i];
+            j->samples[i] = a + i;
+        }
+        int64_t shp[3] = {P, k, k};
+        ff_input in[3] = {{.name = "prompt", .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp[0], .data = p, .free_fn = ex_free_buf},
+                          {.name = "plen", .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp[1], .data = pl, .free_fn = ex_free_buf},
+                          {.name = "seed", .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp[2], .data = sd, .free_fn = ex_free_buf}};
+        ff_arg args[3] = {ff_arg_int("n", 1), ff_arg_float("temperature", 0.0), ff_arg_int("max_new", sp.max_new_tokens)};
+        char label[64];
+        snprintf(label, sizeof label, "eval %" PRId64 "-%" PRId64, a, a + k - 1);
+        ff_subtask_spec spec = {.kind = "rl.generate", .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
+                                .nargs = 3, .inputs = in, .ninputs = 3, .idempotent = true, .label = label};
+        if (!ex_submit(x, j, &spec)) return -1;
+    }
+    if (ex_wait_jobs(x) != 0) return -1;
+    x->eval_time_s = (double)(ff_now_ns() - t0) * 1e-9;
+    *acc = g_eval.total ? (double)g_eval.hits / (double)g_eval.total : 0;
+    return 0;
+}
+
+/* ---- console ------------------------------------------------------------------------------------- */
+static void clear_line(ex_run *x) {
+    if (x->tty && x->o.progress != 0) fputs("\r\033[K", x->out);
+}
+
+static double num(json_t *m, const char *k) { return json_number_value(json_object_get(m, k)); }
+
+static void print_metrics(ex_run *x, json_t *m) {
+    clear_line(x);
+    char line[1024];
+    int off = snprintf(line, sizeof line, "iter %" PRId64 "/%" PRId64, (int64_t)json_integer_value(json_object_get(m, "iteration")),
+                       x->run->trainer.steps);
+    static const struct {
+        const char *key, *label, *fmt;
+    } show[] = {{"reward_mean", "reward", "%.3f"}, {"acc", "acc", "%.3f"},        {"response_length", "len", "%.1f"},
+                {"kl", "kl", "%.4f"},              {"entropy", "ent", "%.3f"},    {"clipfrac", "clip", "%.3f"},
+                {"grad_norm", "gnorm", "%.3f"},    {"value_loss", "vloss", "%.4f"}, {"eval_acc", "EVAL acc", "%.3f"}};
+    for (size_t i = 0; i < sizeof show / sizeof *show; i++) {
+        json_t *v = json_object_get(m, show[i].key);
+        if (!v) continue;
+        off += snprintf(line + off, sizeof line - (size_t)off, " | %s ", show[i].label);
+        off += snprintf(line + off, sizeof line - (size_t)off, show[i].fmt, json_number_value(v));
+    }
+    json_t *t = json_object_get(m, "time");
+    off += snprintf(line + off, sizeof line - (size_t)off, " | %.2fs", num(t, "iteration"));
+    json_t *gt = json_object_get(t, "gen_tokens_per_s");
+    if (gt) snprintf(line + off, sizeof line - (size_t)off, " | %.0f tok/s", json_number_value(gt));
+    fprintf(x->out, "%s\n", line);
+    fflush(x->out);
+}
+
+static void event(ex_run *x, const char *what, int64_t it, int64_t count) {
+    if (!x->o.on_event) return;
+    ff_exec_event e = {what, it, count, x->c};
+    x->o.on_event(x->o.event_ud, &e);
+}
+
+/* Times of the iteration: per node (first dispatch to last result), tokens per second. */
+static void time_metrics(ex_run *x, json_t *m, int64_t t_end) {
+    ex_iter *I = x->cur;
+    json_t *t = json_object();
+    double total = (double)(t_end - I->t0_ns) * 1e-9;
+    json_object_set_new(t, "iteration", json_real(total));
+    int64_t all_tokens = 0;
+    for (int k = 0; k < x->n_nodes; k++) {
+        const ex_node_stat *s = &I->st[k];
+        if (!s->t_first_ns) continue;
+        double d = (double)((s->t_last_ns > s->t_first_ns ? s->t_last_ns : s->t_first_ns) - s->t_first_ns) * 1e-9;
+        json_object_set_new(t, node_of(x, k)->name, json_real(d));
+        if (k == x->gen_node && d > 0) json_object_set_new(t, "gen_tokens_per_s", json_real((double)s->tokens / d));
+        all_tokens += s->tokens;
+        if (x->tr) {
+            char name[128];
+            snprintf(name, sizeof name, "%s (iteration %" PRId64 ")", node_of(x, k)->name, I->it);
+            ex_trace_span(x->tr, node_of(x, k)->name, name, s->t_first_ns, s->t_last_ns);
+        }
+    }
+    if (total > 0) json_object_set_new(t, "tokens_per_s", json_real((double)all_tokens / total));
+    json_object_set_new(m, "time", t);
+    if (x->tr) {
+        char name[64];
+        snprintf(name, sizeof name, "iteration %" PRId64, I->it);
+        ex_trace_span(x->tr, "iterations", name, I->t0_ns, t_end);
+    }
+}
+
+/* ---- the run ------------------------------------------------------------------------------------ */
+static char *join_overrides(int n, char *const *v) {
+    size_t len = 1;
+    for (int i = 0; i < n; i++) len += strlen(v[i]) + 1;
+    char *s = ff_malloc(len), *p = s;
+    if (!s) return NULL;
+    for (int i = 0; i < n; i++) {
+        if (strchr(v[i], '\n')) {
+            free(s);
+            ff_error_set(v[i], NULL, "an override cannot span lines");
+            return NULL;
+        }
+        p += sprintf(p, "%s\n", v[i]);
+    }
+    *p = 0;
+    return s;
+}
+
+static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir, size_t rcap) {
+    const ff_exec_opts *o = &x->o;
+    if (!o->config) return ff_error_set("run", "fuseflow run CONFIG.yaml", "no run config");
+    int n_over = o->n_overrides;
+    char **over = ff_calloc((size_t)n_over + 2, sizeof *over);
+    if (!over) return -1;
+    for (int i = 0; i < o->n_overrides; i++) over[i] = o->overrides[i];
+    char wbuf[64];
+    if (o->workers > 0) {
+        snprintf(wbuf, sizeof wbuf, "roles.actor.workers=%d", o->workers);
+        over[n_over++] = wbuf;
+    }
+    *over_out = over;
+    *n_over_out = n_over;
+    size_t len;
+    if (!(x->config_text = ff_read_file(o->config, &len))) return -1;
+    if (!(x->overrides_text = join_overrides(n_over, over))) return -1;
+    if (!(x->reg = ff_registry_new())) return -1;
+    if (!(x->run = ff_run_config_load(o->config, n_over, over, x->reg))) return -1;
+    if (ff_run_config_check_files(x->run) != 0) return -1;
+    if (graph_facts(x) != 0) return -1;
+    const ff_role_cfg *actor = &x->run->roles[FF_ROLE_ACTOR];
+    if (!(x->tok = ff_tokenizer_load_dir(actor->model)))
+        return ff_error_wrap("roles.actor.model: the prompts are encoded with the actor's tokenizer");
+    bool need_answer = false;
+    for (int m = 0; m < x->n_nodes; m++) need_answer |= x->answer_col >= 0 && node_of(x, m)->in[FF_SLOT_ANSWER] == x->answer_col;
+    if (ex_dataset_load(&x->train, x->run->data.train_files, x->run, x->tok, need_answer) != 0) return -1;
+    if (x->run->data.val_files && x->run->trainer.test_freq > 0 &&
+        ex_dataset_load(&x->val, x->run->data.val_files, x->run, x->tok, true) != 0)
+        return -1;
+    if (!(x->exact = ff_reward_new(x->reg, "arith_exact_match", NULL))) return -1;
+    if (place(x) != 0) return -1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    x->threads = o->threads > 0 ? o->threads : (int)(cores / x->nranks > 0 ? cores / x->nranks : 1);
+    /* the output folder */
+    const char *out = x->run->trainer.out_dir;
+    if (ff_mkdirs(out) != 0) return -1;
+    int64_t ck_it = 0;
+    bool have_ckpt = ex_ckpt_find(out, resume_dir, rcap, &ck_it) == 0;
+    if (o->resume && !have_ckpt)
+        return ff_error_set(out, "run without --resume to start", "--resume: no checkpoint in %s/checkpoints", out);
+    if (!o->resume && have_ckpt)
+        return ff_error_set(out, "pass --resume to continue that run, or choose another trainer.out_dir (or delete it)",
+                            "the output folder holds checkpoints of an earlier run (%s)", resume_dir);
+    if (!o->resume) resume_dir[0] = 0;
+    if (o->resume) {
+        if (ex_ckpt_load_state(x, resume_dir) != 0) return -1;
+        if (x->iteration >= x->run->trainer.steps)
+            return ff_error_set(resume_dir, "raise trainer.steps to train further", "the checkpoint is at iteration %" PRId64
+                                ", trainer.steps is %" PRId64, x->iteration, x->run->trainer.steps);
+        snprintf(x->last_ckpt, sizeof x->last_ckpt, "%s", resume_dir);
+    } else if (ex_order_init(&x->order, x->train.n, (uint64_t)x->run->trainer.seed, x->run->data.shuffle, 0, 0) != 0) {
+        return -1;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    if (o->resume ? ex_metrics_truncate(path, x->iteration) != 0 : (unlink(path), 0)) return -1;
+    snprintf(path, sizeof path, "%s/config.yaml", out);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "# the run config as `fuseflow run` read it (with its overrides)\n");
+        ff_config_write(x->run->cfg, f);
+        fclose(f);
+    }
+    if (o->dump_samples) {
+        snprintf(path, sizeof path, "%s/samples.jsonl", out);
+        if (!o->resume) unlink(path);
+    }
+    return 0;
+}
+
+static int start_workers(ex_run *x, const char *resume_dir) {
+    ff_controller_opts co;
+    ff_controller_opts_default(&co);
+    co.worker_bin = x->o.worker_bin;
+    co.worker_pgroup = true; /* Ctrl-C reaches us only; we save, then stop the workers */
+    co.timeout_s = x->o.worker_timeout_s > 0 ? x->o.worker_timeout_s : 10;
+    co.trace = x->o.trace_path != NULL;
+    co.worker_log = ff_log_get_level() <= FF_LOG_DEBUG ? "debug" : "warn";
+    if (!(x->c = ff_controller_new(&co))) return -1;
+    if (ff_controller_spawn(x->c, x->nranks) < 0) return -1;
+    if (ff_controller_wait_workers(x->c, x->nranks, 60) != 0) return ff_error_wrap("starting %d workers", x->nranks);
+    if (make_groups(x) != 0) return -1;
+    if (x->sync_group && ex_sync_group(x) != 0) return -1;
+    if (init_workers(x, resume_dir[0] ? resume_dir : NULL) != 0) return -1;
+    return 0;
+}
+
+static void describe(ex_run *x, const char *resume_dir) {
+    fprintf(x->out, "run: %s: %d workers (%d threads each)", x->o.config, x->nranks, x->threads);
+    for (int p = 0; p < POOL_COUNT; p++) {
+        if (!x->pool_n[p] || (p == POOL_GEN && !x->gen_separate)) continue;
+        fprintf(x->out, "%s %s", p ? "," : ":", ex_pool_names[p]);
+        fprintf(x->out, " [");
+        for (int i = 0; i < x->pool_n[p]; i++) fprintf(x->out, "%s%d", i ? " " : "", x->pool_ranks[p][i]);
+        fprintf(x->out, "]");
+    }
+    fprintf(x->out, "; %" PRId64 " prompts x %" PRId64 " responses per iteration, %s schedule", x->batch, x->group_size,
+            x->run->trainer.schedule == FF_SCHED_SERIAL ? "serial" : "fused");
+    if (resume_dir[0]) fprintf(x->out, "; resuming from %s (iteration %" PRId64 ")", resume_dir, x->iteration);
+    fprintf(x->out, "\n");
+    if (x->train.skipped)
+        fprintf(x->out, "run: %" PRId64 " training prompts longer than data.max_prompt_length were skipped\n", x->train.skipped);
+    fflush(x->out);
+}
+
+static int loop(ex_run *x) {
+    const ff_trainer_cfg *tc = &x->run->trainer;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/samples.jsonl", tc->out_dir);
+    if (tc->test_freq > 0 && x->val.n && x->iteration == 0) {
+        double acc;
+        if (evaluate(x, &acc) != 0) return -1;
+        json_t *m = json_pack("{s:i, s:f, s:f}", "iteration", 0, "eval_acc", acc, "eval_time_s", x->eval_time_s);
+        clear_line(x);
+        fprintf(x->out, "iter 0 | EVAL acc %.3f (%" PRId64 " held-out prompts, greedy)\n", acc, g_eval.total);
+        fflush(x->out);
+        ex_metrics_append(x, m);
+        json_decref(m);
+    }
+    for (int64_t it = x->iteration + 1; it <= tc->steps; it++) {
+        ex_order at_start = x->order; /* the data position a checkpoint of iteration it - 1 records */
+        int rc = ex_iteration(x, it);
+        if (rc < 0) return -1;
+        if (rc == 1) { /* interrupted before anything trained: save the state of it - 1 */
+            clear_line(x);
+            x->order.epoch = at_start.epoch, x->order.cursor = at_start.cursor;
+            /* the permutation of that epoch: rebuild it */
+            ex_order o2;
+            if (ex_order_init(&o2, x->train.n, at_start.seed, at_start.shuffle, at_start.epoch, at_start.cursor) != 0) return -1;
+            ex_order_free(&x->order);
+            x->order = o2;
+            if (it - 1 > x->start_iteration || !x->last_ckpt[0]) {
+                if (ex_ckpt_save(x, it - 1, &x->order) != 0) return -1;
+            }
+            fprintf(x->out, "run: interrupted during iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
+            return FF_EXEC_INTERRUPTED;
+        }
+        int64_t t_end = ff_now_ns();
+        json_t *m = json_object();
+        ex_iter_metrics(x, m);
+        time_metrics(x, m, t_end);
+        ex_iter_finish(x);
+        if (x->o.dump_samples) {
+            FILE *f = fopen(path, "a");
+            if (f) {
+                ex_dump_samples(x, f);
+                fclose(f);
+            }
+        }
+        double it_time = (double)(t_end - x->cur->t0_ns) * 1e-9;
+        x->iter_time_avg = x->iter_time_avg > 0 ? 0.8 * x->iter_time_avg + 0.2 * it_time : it_time;
+        ex_iter_free(x, &x->cur);
+        x->iteration = it;
+        bool last = it == tc->steps || (x->o.stop_after > 0 && it >= x->o.stop_after);
+        bool interrupted = x->o.interrupt && *x->o.interrupt;
+        if (tc->test_freq > 0 && x->val.n && (it % tc->test_freq == 0 || it == tc->steps)) {
+            double acc;
+            if (evaluate(x, &acc) != 0) {
+                json_decref(m);
+                return -1;
+            }
+            json_object_set_new(m, "eval_acc", json_real(acc));
+            json_object_set_new(json_object_get(m, "time"), "eval", json_real(x->eval_time_s));
+        }
+        print_metrics(x, m);
+        ex_metrics_append(x, m);
+        json_decref(m);
+        event(x, "iteration", it, 0);
+        if ((tc->save_freq > 0 && it % tc->save_freq == 0) || last || interrupted) {
+            if (ex_ckpt_save(x, it, &x->order) != 0) return -1;
+            event(x, "checkpoint", it, 0);
+        }
+        if (interrupted) {
+            fprintf(x->out, "run: interrupted after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
+            return FF_EXEC_INTERRUPTED;
+        }
+        if (last) {
+            if (it < tc->steps)
+                fprintf(x->out, "run: stopped after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
+            return FF_EXEC_DONE;
+        }
+    }
+    return FF_EXEC_DONE;
+}
+
+int ff_exec_run(const ff_exec_opts *o) {
+    ex_run *x = ff_calloc(1, sizeof *x);
+    if (!x) return -1;
+    x->o = *o;
+    x->out = o->out ? o->out : stdout;
+    x->tty = o->progress == 1 || (o->progress < 0 && isatty(fileno(x->out)));
+    char **over = NULL;
+    int n_over = 0;
+    char resume_dir[4096] = "";
+    int rc = -1;
+    if (setup(x, &over, &n_over, resume_dir, sizeof resume_dir) != 0) goto out;
+    if (o->trace_path && !(x->tr = ex_trace_new())) goto out;
+    describe(x, resume_dir);
+    x->t_start_ns = ff_now_ns();
+    if (start_workers(x, resume_dir) != 0) {
+        if (x->failed[0]) ff_error_set("run", NULL, "%s", x->failed);
+        goto out;
+    }
+    event(x, "started", x->iteration, 0);
+    rc = loop(x);
+    if (rc < 0 && x->failed[0]) ff_error_set("run", NULL, "%s", x->failed);
+out:;
+    char err[2048];
+    snprintf(err, sizeof err, "%s", rc < 0 ? ff_error_message() : "");
+    clear_line(x);
+    if (x->cur) ex_iter_free(x, &x->cur);
+    if (x->c) {
+        if (ff_controller_shutdown(x->c, 20) != 0 && rc >= 0) fprintf(x->out, "run: %s\n", ff_error_message());
+        while (x->jobs) ex_job_release(x, x->jobs);
+        if (x->tr && o->trace_path) {
+            if (ex_trace_write(x->tr, x->c, o->trace_path) == 0) fprintf(x->out, "run: timeline written to %s\n", o->trace_path);
+            else fprintf(x->out, "run: the timeline was not written: %s\n", ff_error_message());
+        }
+        ff_controller_destroy(&x->c);
+    }
+    ex_trace_free(&x->tr);
+    ff_reward_destroy(&x->exact);
+    ex_dataset_free(&x->train);
+    ex_dataset_free(&x->val);
+    ex_order_free(&x->order);
+    ff_tokenizer_destroy(&x->tok);
+    ff_run_config_destroy(&x->run);
+    ff_registry_destroy(&x->reg);
+    free(x->config_text);
+    free(x->overrides_text);
+    free(over);
+    free(x);
+    if (rc < 0) ff_error_set(NULL, NULL, "%s", err);
+    return rc;
+}

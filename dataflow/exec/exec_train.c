@@ -1,0 +1,314 @@
+/* Training and weight sync within an iteration.
+ *
+ * A train node is one barrier task over the whole batch. Per epoch its samples are shuffled
+ * (a function of the run seed, the iteration, the node and the epoch) and cut into
+ * mini-batches of mini_batch_size prompts x n responses; each mini-batch is planned with
+ * ff_mb_plan_make: an equal share per DP rank balanced by token count (Karmarkar-Karp),
+ * each share cut into micro-batches of at most micro_batch_size samples. Every rank gets one
+ * rl.train subtask per mini-batch with its share, its micro-batch offsets and the
+ * mini-batch's global loss normaliser; the worker steps its optimizer after summing the
+ * gradients over the role's group (the subtask carries the group's name, so the handler
+ * finds the communicator). All steps are submitted at once: each worker runs them in order,
+ * and every rank sees the same order, which is what the all-reduces need.
+ *
+ * Weight sync: rl.sync on every actor rank (colocated generation: a local copy), or a
+ * broadcast from the actor's rank 0 inside the "sync" group (a generation pool of its own);
+ * the weights never pass through the controller.
+ *
+ * Not here: the iteration loop (exec_iter.c). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataflow/exec/exec_internal.h"
+#include "fuseflow/error.h"
+#include "fuseflow/roles.h"
+#include "fuseflow/util.h"
+
+uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec);
+
+static const ff_node *node_of(const ex_run *x, int m) { return ff_graph_node(x->run->graph, (size_t)m); }
+
+/* Per-token columns of a train subtask: tensor name and the node's slot. */
+typedef struct train_col {
+    const char *name;
+    int slot;
+    bool required;
+} train_col;
+
+static const train_col actor_cols[] = {
+    {"old_logprob", FF_SLOT_OLD_LOGPROB, true}, {"advantages", FF_SLOT_ADVANTAGES, true}, {"ref_logprob", FF_SLOT_REF_LOGPROB, false}};
+static const train_col critic_cols[] = {{"old_values", FF_SLOT_VALUES, true}, {"returns", FF_SLOT_RETURNS, true}};
+
+static int pack_column(ex_run *x, ex_iter *I, int col, const int64_t *samples, int64_t n, int64_t R, ff_input *in, const char *name) {
+    float *v = ff_malloc((size_t)(R ? R : 1) * sizeof *v);
+    if (!v) return -1;
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const ex_cell *e = &I->cells[col][samples[i]];
+        int32_t len = I->cells[x->resp_col][samples[i]].len;
+        if (!e->has || e->len != len) {
+            free(v);
+            return ff_error_set("train", "a node upstream must write it for every sample",
+                                "column '%s' of sample %" PRId64 " has %d values for %d response tokens",
+                                ff_graph_column(x->run->graph, (size_t)col)->name, samples[i], e->has ? e->len : -1, len);
+        }
+        if (len) memcpy(v + off, e->p, (size_t)len * sizeof *v);
+        off += len;
+    }
+    *in = (ff_input){.name = name, .dtype = FF_DTYPE_F32, .ndim = 1, .data = v, .free_fn = ex_free_buf};
+    return 0;
+}
+
+static void free_inputs(ff_input *in, int n) {
+    for (int i = 0; i < n; i++) free(in[i].data);
+}
+
+/* One rank's share of one mini-batch. */
+static int submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int rank_i, const int64_t *samples, int64_t n,
+                        const int32_t *mb, int32_t n_micro, double denom) {
+    const ff_node *nd = node_of(x, m);
+    bool actor = nd->role == FF_ROLE_ACTOR;
+    const train_col *cols = actor ? actor_cols : critic_cols;
+    int ncols = actor ? 3 : 2;
+    ff_input in[10];
+    int nin = 0;
+    if (ex_pack_samples(x, I, samples, n, nd->in[FF_SLOT_RESPONSE], in) != 0) return -1;
+    nin = 4;
+    int64_t P = 0, R = 0;
+    for (int64_t i = 0; i < n; i++) P += ((int32_t *)in[1].data)[i], R += ((int32_t *)in[3].data)[i];
+    int64_t shapes[10] = {P, n, R, n};
+    for (int c = 0; c < ncols; c++) {
+        int col = nd->in[cols[c].slot];
+        if (col < 0) continue;
+        if (pack_column(x, I, col, samples, n, R, &in[nin], cols[c].name) != 0) {
+            free_inputs(in, nin);
+            return -1;
+        }
+        shapes[nin++] = R;
+    }
+    int32_t *mbv = ff_malloc((size_t)(n_micro + 1) * sizeof *mbv);
+    if (!mbv) {
+        free_inputs(in, nin);
+        return -1;
+    }
+    memcpy(mbv, mb, (size_t)(n_micro + 1) * sizeof *mbv);
+    in[nin] = (ff_input){.name = "mb", .dtype = FF_DTYPE_I32, .ndim = 1, .data = mbv, .free_fn = ex_free_buf};
+    shapes[nin++] = n_micro + 1;
+    for (int i = 0; i < nin; i++) in[i].shape = &shapes[i];
+    ex_job *j = ex_job_new(x, JOB_TRAIN, m);
+    if (!j) {
+        free_inputs(in, nin);
+        return -1;
+    }
+    j->minibatch = step;
+    j->member = rank_i;
+    j->nsamples = n;
+    j->samples = ff_malloc((size_t)(n ? n : 1) * sizeof *j->samples);
+    if (!j->samples) {
+        free(j);
+        free_inputs(in, nin);
+        return -1;
+    }
+    if (n) memcpy(j->samples, samples, (size_t)n * sizeof *samples);
+    ff_arg args[2] = {ff_arg_str("role", actor ? "actor" : "critic"), ff_arg_float("denom", denom)};
+    char label[128];
+    snprintf(label, sizeof label, "%s step %d (dp %d, %" PRId64 " samples)", nd->name, step, rank_i, n);
+    ff_subtask_spec spec = {.kind = "rl.train", .target = FF_TARGET_RANK, .rank = x->pool_ranks[pool][rank_i],
+                            .group = ex_pool_names[pool], .args = args, .nargs = 2, .inputs = in, .ninputs = nin, .label = label};
+    return ex_submit(x, j, &spec) ? 0 : -1;
+}
+
+int ex_train_start(ex_run *x, ex_iter *I, const ff_task *t) {
+    const ff_node *nd = node_of(x, t->node);
+    int m = t->node, pool = nd->role == FF_ROLE_ACTOR ? POOL_ACTOR : POOL_CRITIC;
+    int dp = x->pool_n[pool];
+    int64_t n = t->n_samples;
+    I->training_started = true;
+    int64_t mbs = nd->train.mini_batch_size * x->group_size;
+    if (mbs <= 0 || mbs > n) mbs = n;
+    int epochs = nd->train.epochs > 0 ? (int)nd->train.epochs : 1;
+    int per_epoch = n ? (int)((n + mbs - 1) / mbs) : 0;
+    ex_train *tr = &I->train[m];
+    free(tr->m);
+    *tr = (ex_train){.node = m, .task = t->id, .pool = pool, .n_steps = epochs * per_epoch, .n_ranks = dp, .active = true};
+    tr->pending = tr->n_steps * dp;
+    tr->m = ff_calloc((size_t)(tr->pending ? tr->pending : 1), sizeof *tr->m);
+    int64_t *order = ff_malloc((size_t)(n ? n : 1) * sizeof *order), *mini = ff_malloc((size_t)(n ? n : 1) * sizeof *mini);
+    int64_t *share = ff_malloc((size_t)(n ? n : 1) * sizeof *share), *tok = ff_malloc((size_t)(n ? n : 1) * sizeof *tok);
+    int32_t *off = ff_malloc((size_t)(n + 1) * sizeof *off), *mb = ff_malloc((size_t)(n + 2) * sizeof *mb);
+    int rc = -1;
+    if (!tr->m || !order || !mini || !share || !tok || !off || !mb) goto out;
+    if (!I->st[m].t_first_ns) I->st[m].t_first_ns = ff_now_ns();
+    I->st[m].dispatched += n;
+    if (tr->pending == 0) { /* nothing to train on (every group filtered out) */
+        tr->active = false;
+        rc = ff_sched_complete(I->s, t->id);
+        goto out;
+    }
+    int step = 0;
+    for (int e = 0; e < epochs; e++) {
+        for (int64_t i = 0; i < n; i++) order[i] = t->samples[i];
+        if (nd->train.shuffle) {
+            ff_rng r;
+            ff_rng_seed(&r, ff_rollout_seed((uint64_t)x->run->trainer.seed, (uint64_t)I->it, 0x7472000000ULL + (uint64_t)m * 1024 + (uint64_t)e));
+            for (int64_t i = n - 1; i > 0; i--) {
+                int64_t j = (int64_t)ff_rng_below(&r, (uint64_t)i + 1), v = order[i];
+                order[i] = order[j];
+                order[j] = v;
+            }
+        }
+        for (int64_t s0 = 0; s0 < n; s0 += mbs, step++) {
+            int64_t k = n - s0 < mbs ? n - s0 : mbs;
+            off[0] = 0;
+            for (int64_t i = 0; i < k; i++) {
+                int64_t s = order[s0 + i];
+                int32_t rl = I->cells[x->resp_col][s].len;
+                tok[i] = I->cells[x->prompt_col][s].len + rl;
+                off[i + 1] = off[i] + rl;
+            }
+            ff_rlhf_seqs seqs = {(int32_t)k, off, NULL};
+            double denom = ff_node_loss_denom(nd, &seqs);
+            ff_mb_plan plan;
+            if (ff_mb_plan_make(tok, (int32_t)k, dp, (int32_t)nd->train.micro_batch_size, 0, &plan) != 0) goto out;
+            for (int r = 0; r < dp; r++) {
+                int64_t ns = 0;
+                int32_t nm = 0;
+                mb[0] = 0;
+                for (int32_t q = plan.rank_mb[r]; q < plan.rank_mb[r + 1]; q++) {
+                    for (int32_t u = plan.mb_start[q]; u < plan.mb_start[q + 1]; u++) share[ns++] = order[s0 + plan.items[u]];
+                    mb[++nm] = (int32_t)ns;
+                }
+                if (nm == 0) mb[++nm] = 0; /* a rank without samples still steps (the all-reduce) */
+                if (submit_share(x, I, m, pool, step, r, share, ns, mb, nm, denom) != 0) {
+                    ff_mb_plan_free(&plan);
+                    goto out;
+                }
+            }
+            ff_mb_plan_free(&plan);
+        }
+    }
+    rc = 0;
+out:
+    free(order), free(mini), free(share), free(tok), free(off), free(mb);
+    if (rc && !x->failed[0]) ex_fail(x, "node '%s': %s", nd->name, ff_error_message());
+    return rc;
+}
+
+void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
+    (void)n;
+    ex_iter *I = x->cur;
+    if (!I || j->iteration != I->it) return;
+    ex_train *tr = &I->train[j->node];
+    const ff_node *nd = node_of(x, j->node);
+    if (r[0].status != FF_STATUS_OK) {
+        if (r[0].status == FF_STATUS_WORKER_LOST) {
+            ex_check_workers(x); /* names the worker and the checkpoint */
+            if (x->failed[0]) return;
+        }
+        ex_fail(x, "node '%s', step %d on worker %d: %s: %s", nd->name, j->minibatch, r[0].rank, ff_status_name(r[0].status),
+                r[0].error);
+        return;
+    }
+    const ff_tensor *mt = NULL;
+    for (int i = 0; i < r[0].noutputs; i++)
+        if (!strcmp(r[0].outputs[i].name, "metrics")) mt = &r[0].outputs[i];
+    if (!mt || mt->dtype != FF_DTYPE_F64 || ff_tensor_numel(mt) < M_COUNT) {
+        ex_fail(x, "node '%s': worker %d sent no training metrics", nd->name, r[0].rank);
+        return;
+    }
+    memcpy(tr->m[j->minibatch * tr->n_ranks + j->member], mt->data, sizeof tr->m[0]);
+    I->st[j->node].tokens += (int64_t)((const double *)mt->data)[M_TOKENS];
+    if (--tr->pending == 0) {
+        I->st[j->node].done = I->st[j->node].dispatched;
+        I->st[j->node].t_last_ns = ff_now_ns();
+        if (ff_sched_complete(I->s, tr->task) != 0) ex_fail(x, "scheduler: %s", ff_error_message());
+    }
+}
+
+/* Metrics of the iteration's train nodes, combined over ranks (loss parts add up: each rank's
+ * uses the global normaliser) and steps (means), fractions weighted by counted tokens. */
+void ex_train_metrics(ex_run *x, ex_iter *I, json_t *out) {
+    for (int m = 0; m < x->n_nodes; m++) {
+        const ex_train *tr = &I->train[m];
+        if (!tr->m || !tr->n_steps) continue;
+        bool actor = node_of(x, m)->role == FF_ROLE_ACTOR;
+        double loss = 0, pg = 0, kl = 0, vl = 0, gn = 0, rmax = 0, lr = 0, steps = 0, skipped = 0;
+        double w = 0, clip = 0, akl = 0, ent = 0, vclip = 0, vmean = 0;
+        for (int s = 0; s < tr->n_steps; s++) {
+            for (int r = 0; r < tr->n_ranks; r++) {
+                const double *v = tr->m[s * tr->n_ranks + r];
+                loss += v[M_LOSS], pg += v[M_PG], kl += v[M_KL], vl += v[M_VLOSS];
+                double t = v[M_TOKENS];
+                w += t, clip += v[M_CLIP] * t, akl += v[M_APPROX_KL] * t, ent += v[M_ENT_MEAN] * t;
+                vclip += v[M_VCLIP] * t, vmean += v[M_VMEAN] * t;
+                if (v[M_RATIO_MAX] > rmax) rmax = v[M_RATIO_MAX];
+            }
+            const double *r0 = tr->m[s * tr->n_ranks];
+            gn += r0[M_GNORM], lr = r0[M_LR], steps += r0[M_STEPS], skipped += r0[M_SKIPPED];
+        }
+        double S = tr->n_steps, W = w > 0 ? w : 1;
+        if (actor) {
+            json_object_set_new(out, "actor_loss", json_real(loss / S));
+            json_object_set_new(out, "pg_loss", json_real(pg / S));
+            json_object_set_new(out, "kl_loss", json_real(kl / S));
+            json_object_set_new(out, "entropy", json_real(ent / W));
+            json_object_set_new(out, "clipfrac", json_real(clip / W));
+            json_object_set_new(out, "approx_kl", json_real(akl / W));
+            json_object_set_new(out, "ratio_max", json_real(rmax));
+            json_object_set_new(out, "grad_norm", json_real(gn / S));
+            json_object_set_new(out, "lr", json_real(lr));
+            json_object_set_new(out, "actor_steps", json_integer((json_int_t)steps));
+            if (skipped) json_object_set_new(out, "actor_steps_skipped", json_integer((json_int_t)skipped));
+        } else {
+            json_object_set_new(out, "value_loss", json_real(vl / S));
+            json_object_set_new(out, "vf_clipfrac", json_real(vclip / W));
+            json_object_set_new(out, "value_mean", json_real(vmean / W));
+            json_object_set_new(out, "critic_grad_norm", json_real(gn / S));
+            json_object_set_new(out, "critic_lr", json_real(lr));
+            json_object_set_new(out, "critic_steps", json_integer((json_int_t)steps));
+        }
+    }
+}
+
+/* ---- weight sync ---------------------------------------------------------------------------------- */
+int ex_sync_group(ex_run *x);
+
+int ex_sync_start(ex_run *x, ex_iter *I, const ff_task *t) {
+    if (x->gen_separate && ex_sync_group(x) != 0) return -1;
+    ex_job *j = ex_job_new(x, JOB_SYNC, t->node);
+    if (!j) return -1;
+    j->ntasks = 1;
+    j->tasks = ff_malloc(sizeof *j->tasks);
+    if (!j->tasks) {
+        free(j);
+        return -1;
+    }
+    j->tasks[0] = t->id;
+    ff_arg a = ff_arg_str("mode", x->gen_separate ? "bcast" : "local");
+    char label[128];
+    snprintf(label, sizeof label, "%s (%s)", node_of(x, t->node)->name, x->gen_separate ? "broadcast" : "local copy");
+    ff_subtask_spec spec = {.kind = "rl.sync", .target = FF_TARGET_GROUP,
+                            .group = x->gen_separate ? "sync" : ex_pool_names[POOL_ACTOR], .args = &a, .nargs = 1, .label = label};
+    if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = ff_now_ns();
+    return ex_submit(x, j, &spec) ? 0 : -1;
+}
+
+void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
+    ex_iter *I = x->cur;
+    if (!I || j->iteration != I->it) return;
+    for (int i = 0; i < n; i++)
+        if (r[i].status != FF_STATUS_OK) {
+            if (r[i].status == FF_STATUS_WORKER_LOST) {
+                ex_check_workers(x);
+                if (x->failed[0]) return;
+            }
+            ex_fail(x, "weight sync on worker %d: %s: %s", r[i].rank, ff_status_name(r[i].status), r[i].error);
+            return;
+        }
+    I->synced = true;
+    I->st[j->node].t_last_ns = ff_now_ns();
+    for (int64_t k = 0; k < j->ntasks; k++)
+        if (ff_sched_complete(I->s, j->tasks[k]) != 0) ex_fail(x, "scheduler: %s", ff_error_message());
+}

@@ -1,0 +1,100 @@
+/* fuseflow: the executor, `fuseflow run` as a library: a run config's algorithm graph
+ * executed on worker processes, iteration after iteration.
+ *
+ * Controller side (ff_exec_run): the run config is loaded and checked (docs/graphs.md),
+ * the roles are placed on worker ranks (colocated roles share processes; the actor's
+ * generation runs on the training ranks or, with roles.actor.rollout.workers, on a pool of
+ * its own), local workers are started, and each iteration runs the graph through the
+ * scheduling view of graph.h: sample-level nodes run per sample (generation per prompt
+ * group, n responses sharing one prefill) as soon as their inputs exist, group nodes per
+ * prompt group, batch nodes and training as barriers, or stage after stage with
+ * `schedule: serial`. Rewards, advantages and filters run on the controller (the
+ * registry's functions); generation, log-probs, values, reward models and training run on
+ * workers. Training draws mini-batches at random from the whole batch, splits each over the
+ * role's DP ranks and into micro-batches balanced by token count (roles.h), one optimizer
+ * step per mini-batch with gradients all-reduced inside the group; the actor's weights then
+ * go to the generating actor (a local copy when colocated, a broadcast inside a "sync"
+ * group otherwise; never through the controller). Metrics go to the console and
+ * OUT_DIR/metrics.jsonl, held-out exact match every trainer.test_freq iterations,
+ * checkpoints every trainer.save_freq iterations and on interruption; docs/run.md has the
+ * details (subtask kinds, checkpoint layout, failure rules).
+ *
+ * Worker side (ff_rlworker): the kinds rl.init, rl.generate (deferred: continuous batching
+ * across subtasks), rl.logprob, rl.value, rl.score, rl.train, rl.sync, rl.save, rl.digest.
+ * `fuseflow worker` registers them, so local workers spawned by `fuseflow run` serve them;
+ * an embedding program does the same with ff_rlworker_setup and ff_worker_main_ex.
+ */
+#ifndef FUSEFLOW_EXECUTOR_H
+#define FUSEFLOW_EXECUTOR_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- worker side ---------------------------------------------------------------------------- */
+typedef struct ff_worker ff_worker;
+typedef struct ff_rlworker ff_rlworker;
+
+ff_rlworker *ff_rlworker_new(void); /* NULL + error */
+/* Free the engines; after the worker that used it has been destroyed. */
+void ff_rlworker_destroy(ff_rlworker **r);
+/* Register the rl.* kinds and the generation step hook on w. 0 / -1 + error. */
+int ff_rlworker_register(ff_rlworker *r, ff_worker *w);
+/* The same as an ff_worker_setup_fn: ud is the ff_rlworker. */
+int ff_rlworker_setup(ff_worker *w, void *ud);
+
+/* ---- controller side -------------------------------------------------------------------------- */
+struct ff_controller;
+
+/* What a test or a tool can watch (opts.on_event). */
+typedef struct ff_exec_event {
+    const char *what;         /* "started" (workers ready), "generated" (a prompt group's responses
+                                 arrived), "iteration" (one finished), "checkpoint" */
+    int64_t iteration;
+    int64_t count;            /* "generated": groups done so far in this iteration */
+    struct ff_controller *controller;
+} ff_exec_event;
+
+typedef struct ff_exec_opts {
+    const char *config;        /* run config (YAML) */
+    int n_overrides;
+    char *const *overrides;    /* "key.sub=value", applied in order */
+    int workers;               /* > 0: data-parallel width of the actor (roles.actor.workers=N, and
+                                  of the roles colocated with it); 0: as the config says */
+    bool resume;               /* continue from the newest checkpoint in OUT_DIR/checkpoints */
+    const char *trace_path;    /* write the run's timeline here (Chrome JSON, Perfetto) */
+    const char *worker_bin;    /* program for local workers (NULL: $FF_BIN, else this one) */
+    int threads;               /* CPU threads per worker (0: cores / workers, at least 1) */
+    int64_t val_limit;         /* held-out prompts per evaluation (0: all) */
+    int64_t stop_after;        /* stop with a checkpoint after this iteration (0: run to the end) */
+    bool dump_samples;         /* OUT_DIR/samples.jsonl: every sample's prompt, response, score */
+    FILE *out;                 /* console: metrics lines and progress (NULL: stdout) */
+    int progress;              /* live progress line: 1 on, 0 off, -1 (default) when out is a terminal */
+    volatile sig_atomic_t *interrupt; /* set non-zero (Ctrl-C) to save a checkpoint and stop */
+    double worker_timeout_s;   /* a worker silent this long is dead (default 10) */
+    void (*on_event)(void *ud, const ff_exec_event *e);
+    void *event_ud;
+} ff_exec_opts;
+
+void ff_exec_opts_default(ff_exec_opts *o);
+
+/* Exit states of ff_exec_run. */
+enum {
+    FF_EXEC_DONE = 0,        /* every iteration ran (or stop_after was reached) */
+    FF_EXEC_INTERRUPTED = 1, /* stopped on request, with a checkpoint to resume from */
+};
+
+/* Run it. FF_EXEC_DONE or FF_EXEC_INTERRUPTED, or -1 + error (bad config, missing files, a
+ * worker that cannot load its model, a dead worker that held training state: the message
+ * names the problem and the checkpoint to resume from). Workers are shut down either way. */
+int ff_exec_run(const ff_exec_opts *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,555 @@
+/* The engines a worker of `fuseflow run` hosts (workers/rl/rlw.h): the models of the roles it
+ * serves, loaded from the run config the controller sends, and what they do: generation jobs
+ * on one rollout engine (continuous batching across jobs), scoring, training steps with the
+ * DP gradient all-reduce, weight sync, checkpoints.
+ *
+ * The run config is parsed here as on the controller (same text, same overrides, same
+ * plugins), so a loss or estimator from a plugin trains the same way on every worker.
+ *
+ * Not here: messages (rlw_kinds.c), what runs where (the executor). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "fuseflow/coll.h"
+#include "fuseflow/error.h"
+#include "fuseflow/graph.h"
+#include "fuseflow/model.h"
+#include "fuseflow/modelio.h"
+#include "fuseflow/registry.h"
+#include "fuseflow/roles.h"
+#include "fuseflow/safetensors.h"
+#include "fuseflow/tokenizer.h"
+#include "fuseflow/util.h"
+#include "workers/rl/rlw.h"
+
+const char *const rlw_col_names[RLW_NCOL] = {"old_logprob", "advantages", "ref_logprob", "old_values", "returns"};
+
+typedef struct gen_job {
+    void *owner;
+    uint64_t first_req; /* requests first_req .. first_req + k - 1 */
+    int32_t k, n, remaining;
+    ff_gen_output *outs; /* [k n] */
+} gen_job;
+
+struct rlw {
+    ff_registry *reg;
+    ff_run_config *run;
+    ff_backend *be;
+    ff_model *actor, *gen, *critic, *ref, *rm;
+    ff_trainer *t_actor, *t_critic;
+    ff_rollout *ro;
+    ff_tokenizer *tok; /* the actor's, written into checkpoints */
+    /* generation jobs */
+    gen_job *jobs;
+    int njobs, jobs_cap;
+    uint64_t next_req;
+    /* the DP all-reduce of the step in progress */
+    ff_coll_comm *comm;
+    float *gbuf;
+    int64_t gcap;
+};
+
+rlw *rlw_new(void) {
+    rlw *s = ff_calloc(1, sizeof *s);
+    if (s) s->next_req = 1;
+    return s;
+}
+
+static void job_free(gen_job *j) {
+    for (int32_t i = 0; i < j->k * j->n; i++) ff_gen_output_free(&j->outs[i]);
+    free(j->outs);
+    j->outs = NULL;
+}
+
+static void unload(rlw *s) {
+    for (int i = 0; i < s->njobs; i++) job_free(&s->jobs[i]);
+    s->njobs = 0;
+    ff_rollout_destroy(&s->ro);
+    ff_trainer_destroy(&s->t_actor);
+    ff_trainer_destroy(&s->t_critic);
+    ff_model_destroy(&s->actor);
+    ff_model_destroy(&s->gen);
+    ff_model_destroy(&s->critic);
+    ff_model_destroy(&s->ref);
+    ff_model_destroy(&s->rm);
+    ff_tokenizer_destroy(&s->tok);
+    ff_backend_destroy(&s->be);
+    ff_run_config_destroy(&s->run);
+    ff_registry_destroy(&s->reg);
+}
+
+void rlw_destroy(rlw **ps) {
+    if (!ps || !*ps) return;
+    rlw *s = *ps;
+    unload(s);
+    free(s->jobs);
+    free(s->gbuf);
+    free(s);
+    *ps = NULL;
+}
+
+/* ---- loading --------------------------------------------------------------------------------- */
+static ff_model *load_model(rlw *s, const char *dir, bool value_head, const char *role) {
+    ff_model_config cfg;
+    ff_tensor_set *w = NULL;
+    if (ff_model_dir_load(dir, &cfg, &w) != 0) {
+        ff_error_wrap("role %s", role);
+        return NULL;
+    }
+    if (value_head && !cfg.value_head && ff_roles_add_value_head(&cfg, w, 0.0, 7) != 0) {
+        ff_tensor_set_destroy(&w);
+        ff_error_wrap("role %s: %s", role, dir);
+        return NULL;
+    }
+    ff_model *m = ff_model_new(s->be, &cfg, w);
+    ff_tensor_set_destroy(&w);
+    if (!m) ff_error_wrap("role %s: %s", role, dir);
+    return m;
+}
+
+static const ff_node *train_node(const ff_run_config *run, ff_role role) {
+    for (size_t i = 0; i < ff_graph_n_nodes(run->graph); i++) {
+        const ff_node *n = ff_graph_node(run->graph, i);
+        if (n->op == FF_OP_TRAIN && n->role == role) return n;
+    }
+    return NULL;
+}
+
+/* The temperature of the sample-level generate node (the one that writes the response). */
+static float sampling_temperature(const ff_run_config *run) {
+    int resp = ff_graph_response_column(run->graph);
+    for (size_t i = 0; i < ff_graph_n_nodes(run->graph); i++) {
+        const ff_node *n = ff_graph_node(run->graph, i);
+        if (n->op == FF_OP_GENERATE && n->out[FF_SLOT_RESPONSE] == resp) return n->gen.greedy ? 1.0f : (float)n->gen.temperature;
+    }
+    return 1.0f;
+}
+
+static int grad_hook(void *user, ff_model *m, ff_buffer *grads, int64_t n) {
+    (void)grads;
+    rlw *s = user;
+    if (!s->comm || ff_coll_comm_size(s->comm) < 2) return 0;
+    if (n > s->gcap) {
+        float *b = ff_realloc(s->gbuf, (size_t)n * sizeof *b);
+        if (!b) return -1;
+        s->gbuf = b;
+        s->gcap = n;
+    }
+    ff_model_read_grads(m, s->gbuf);
+    /* SUM: every rank's loss already carries the mini-batch's global normaliser (roles.h) */
+    if (ff_coll_all_reduce(s->gbuf, s->gbuf, (size_t)n, FF_DTYPE_F32, FF_COLL_SUM, s->comm, NULL) != 0) return -1;
+    ff_model_write_grads(m, s->gbuf);
+    return 0;
+}
+
+static ff_trainer *make_trainer(rlw *s, ff_model *m, ff_role role, int64_t updates, const char *resume_dir, const char *name) {
+    const ff_node *n = train_node(s->run, role);
+    if (!n) return NULL; /* hosted but never trained: no optimizer */
+    ff_trainer_config tc;
+    if (ff_roles_trainer_config_from_node(s->run, n, updates, &tc) != 0) return NULL;
+    tc.grad_hook = grad_hook;
+    tc.grad_hook_user = s;
+    ff_trainer *t = ff_trainer_new(m, &tc);
+    if (!t) return NULL;
+    if (resume_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.optim.safetensors", resume_dir, name);
+        ff_tensor_set *st = ff_tensor_set_new();
+        int rc = st ? ff_safetensors_load(path, st) : -1;
+        if (rc == 0) rc = ff_optimizer_import_state(ff_trainer_optimizer(t), st);
+        ff_tensor_set_destroy(&st);
+        if (rc != 0) {
+            ff_trainer_destroy(&t);
+            ff_error_wrap("resuming the %s's optimizer", name);
+            return NULL;
+        }
+    }
+    return t;
+}
+
+static char **split_lines(const char *text, int *n) {
+    *n = 0;
+    if (!text || !*text) return NULL;
+    int cap = 1;
+    for (const char *p = text; *p; p++) cap += *p == '\n';
+    char **v = ff_calloc((size_t)cap, sizeof *v);
+    if (!v) return NULL;
+    for (const char *p = text; *p;) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len) {
+            v[*n] = ff_malloc(len + 1);
+            if (!v[*n]) break;
+            memcpy(v[*n], p, len);
+            v[(*n)++][len] = 0;
+        }
+        p += len + (e ? 1 : 0);
+    }
+    return v;
+}
+
+int rlw_init(rlw *s, const rlw_init_args *a) {
+    unload(s);
+    int n_over = 0;
+    char **over = split_lines(a->overrides, &n_over);
+    s->reg = ff_registry_new();
+    if (s->reg) s->run = ff_run_config_parse(a->config, a->config_name, n_over, over, s->reg);
+    for (int i = 0; i < n_over; i++) free(over[i]);
+    free(over);
+    if (!s->run) return ff_error_wrap("worker: the run config");
+    s->be = ff_backend_new(a->backend && a->backend[0] ? a->backend : "cpu");
+    if (!s->be) return ff_error_wrap("worker");
+    const ff_role_cfg *roles = s->run->roles;
+    char dir[4096];
+    const char *actor_dir = roles[FF_ROLE_ACTOR].model;
+    if (a->resume_dir) {
+        snprintf(dir, sizeof dir, "%s/actor", a->resume_dir);
+        actor_dir = dir;
+    }
+    if (a->roles & (RLW_ACTOR | RLW_GEN)) {
+        if (!actor_dir) return ff_error_set("worker", "add roles.actor.model", "the run has no actor model");
+        s->tok = ff_tokenizer_load_dir(actor_dir); /* optional: checkpoints carry it when present */
+        if (!s->tok) ff_error_clear();
+    }
+    if (a->roles & RLW_ACTOR) {
+        if (!(s->actor = load_model(s, actor_dir, false, "actor"))) return -1;
+        s->t_actor = make_trainer(s, s->actor, FF_ROLE_ACTOR, a->total_updates[0], a->resume_dir, "actor");
+        if (!s->t_actor && train_node(s->run, FF_ROLE_ACTOR)) return -1;
+    }
+    if (a->roles & RLW_GEN) {
+        if (!(s->gen = load_model(s, actor_dir, false, "actor (generation)"))) return -1;
+        ff_rollout_config rc;
+        ff_rollout_config_default(&rc);
+        rc.max_slots = a->slots > 0 ? a->slots : 64;
+        rc.max_seq_len = a->max_seq_len > 0 ? a->max_seq_len : 256;
+        if (!(s->ro = ff_rollout_new(s->gen, &rc))) return ff_error_wrap("worker");
+    }
+    if (a->roles & RLW_CRITIC) {
+        const char *cdir = roles[FF_ROLE_CRITIC].model;
+        char cbuf[4096];
+        if (a->resume_dir && train_node(s->run, FF_ROLE_CRITIC)) {
+            snprintf(cbuf, sizeof cbuf, "%s/critic", a->resume_dir);
+            cdir = cbuf;
+        }
+        if (!cdir) return ff_error_set("worker", "add roles.critic.model", "the run has no critic model");
+        if (!(s->critic = load_model(s, cdir, true, "critic"))) return -1;
+        s->t_critic = make_trainer(s, s->critic, FF_ROLE_CRITIC, a->total_updates[1], a->resume_dir, "critic");
+        if (!s->t_critic && train_node(s->run, FF_ROLE_CRITIC)) return -1;
+    }
+    if (a->roles & RLW_REF) {
+        if (!roles[FF_ROLE_REF].model) return ff_error_set("worker", "add roles.ref.model", "the run has no reference model");
+        if (!(s->ref = load_model(s, roles[FF_ROLE_REF].model, false, "ref"))) return -1;
+    }
+    if (a->roles & RLW_REWARD) {
+        if (!roles[FF_ROLE_REWARD].model) return ff_error_set("worker", "add roles.reward.model", "the run has no reward model");
+        if (!(s->rm = load_model(s, roles[FF_ROLE_REWARD].model, true, "reward"))) return -1;
+    }
+    return 0;
+}
+
+static ff_model *model_of(const rlw *s, unsigned role) {
+    switch (role) {
+    case RLW_ACTOR: return s->actor;
+    case RLW_GEN: return s->gen;
+    case RLW_CRITIC: return s->critic;
+    case RLW_REF: return s->ref;
+    case RLW_REWARD: return s->rm;
+    default: return NULL;
+    }
+}
+
+static const char *role_name(unsigned role) {
+    switch (role) {
+    case RLW_ACTOR: return "actor";
+    case RLW_GEN: return "actor (generation)";
+    case RLW_CRITIC: return "critic";
+    case RLW_REF: return "ref";
+    case RLW_REWARD: return "reward";
+    default: return "?";
+    }
+}
+
+int64_t rlw_param_count(const rlw *s, unsigned role) {
+    ff_model *m = model_of(s, role);
+    return m ? ff_model_param_count(m) : 0;
+}
+
+static int need(const rlw *s, unsigned role) {
+    if (model_of(s, role)) return 0;
+    return ff_error_set("worker", "the controller sends each role's subtasks to the workers that host it",
+                        "this worker does not host the %s", role_name(role));
+}
+
+/* ---- generation ------------------------------------------------------------------------------- */
+int rlw_gen_add(rlw *s, void *owner, const int32_t *prompts, const int32_t *plens, const int64_t *seeds, int32_t k, int32_t n,
+                const rlw_sampling *sp) {
+    if (need(s, RLW_GEN)) return -1;
+    if (k < 1 || n < 1) return ff_error_set("rl.generate", NULL, "%d prompts x %d samples", k, n);
+    if (s->njobs == s->jobs_cap) {
+        int cap = s->jobs_cap ? 2 * s->jobs_cap : 16;
+        gen_job *v = ff_realloc(s->jobs, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        s->jobs = v;
+        s->jobs_cap = cap;
+    }
+    gen_job *j = &s->jobs[s->njobs];
+    *j = (gen_job){owner, s->next_req, k, n, k * n, ff_calloc((size_t)(k * n), sizeof(ff_gen_output))};
+    if (!j->outs) return -1;
+    ff_sampling samp;
+    ff_sampling_default(&samp);
+    samp.temperature = sp->temperature;
+    samp.top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
+    samp.top_k = sp->top_k;
+    samp.max_new_tokens = sp->max_new > 0 ? sp->max_new : 1;
+    int64_t off = 0;
+    for (int32_t i = 0; i < k; i++) {
+        ff_rollout_request q = {.id = s->next_req + (uint64_t)i, .prompt = prompts + off, .prompt_len = plens[i], .n = n,
+                                .sampling = samp, .seed = (uint64_t)seeds[i]};
+        if (ff_rollout_add(s->ro, &q) != 0) {
+            for (int32_t b = 0; b < i; b++) ff_rollout_abort(s->ro, s->next_req + (uint64_t)b);
+            free(j->outs);
+            return -1;
+        }
+        off += plens[i];
+    }
+    s->next_req += (uint64_t)k;
+    s->njobs++;
+    return 0;
+}
+
+static int find_job(const rlw *s, uint64_t req) {
+    for (int i = 0; i < s->njobs; i++)
+        if (req >= s->jobs[i].first_req && req < s->jobs[i].first_req + (uint64_t)s->jobs[i].k) return i;
+    return -1;
+}
+
+static int deliver(rlw *s, int ji, rlw_gen_cb cb, void *ctx) {
+    gen_job *j = &s->jobs[ji];
+    int32_t kn = j->k * j->n;
+    int64_t total = 0;
+    for (int32_t i = 0; i < kn; i++) total += j->outs[i].n_tokens;
+    int32_t *rlen = ff_malloc((size_t)kn * sizeof *rlen), *fin = ff_malloc((size_t)kn * sizeof *fin);
+    int32_t *tok = ff_malloc((size_t)(total ? total : 1) * sizeof *tok);
+    float *lp = ff_malloc((size_t)(total ? total : 1) * sizeof *lp);
+    int rc = -1;
+    if (rlen && fin && tok && lp) {
+        int64_t off = 0;
+        for (int32_t i = 0; i < kn; i++) {
+            ff_gen_output *o = &j->outs[i];
+            rlen[i] = o->n_tokens;
+            fin[i] = (int32_t)o->finish;
+            if (o->n_tokens) {
+                memcpy(tok + off, o->tokens, (size_t)o->n_tokens * sizeof *tok);
+                memcpy(lp + off, o->logprobs, (size_t)o->n_tokens * sizeof *lp);
+            }
+            off += o->n_tokens;
+        }
+        rlw_gen_done d = {j->owner, j->k, j->n, rlen, fin, tok, lp, total};
+        cb(ctx, &d);
+        rc = 0;
+    }
+    free(rlen), free(fin), free(tok), free(lp);
+    job_free(j);
+    s->jobs[ji] = s->jobs[--s->njobs];
+    return rc;
+}
+
+int rlw_gen_step(rlw *s, rlw_gen_cb cb, void *ctx) {
+    if (!s->ro) return 0;
+    if (ff_rollout_pending(s->ro) > 0 && ff_rollout_step(s->ro) < 0) return ff_error_wrap("rl.generate");
+    ff_gen_output o;
+    while (ff_rollout_take(s->ro, &o) == 1) {
+        int ji = find_job(s, o.id);
+        if (ji < 0) { /* a dropped job's sequence */
+            ff_gen_output_free(&o);
+            continue;
+        }
+        gen_job *j = &s->jobs[ji];
+        int32_t slot = (int32_t)(o.id - j->first_req) * j->n + o.sample;
+        ff_gen_output_free(&j->outs[slot]); /* never filled twice, but be safe */
+        j->outs[slot] = o;
+        if (--j->remaining == 0 && deliver(s, ji, cb, ctx) != 0) return -1;
+    }
+    return 0;
+}
+
+void rlw_gen_abort(rlw *s, void *owner) {
+    for (int i = 0; i < s->njobs; i++) {
+        gen_job *j = &s->jobs[i];
+        if (j->owner != owner) continue;
+        for (int32_t p = 0; p < j->k; p++) ff_rollout_abort(s->ro, j->first_req + (uint64_t)p);
+        job_free(j);
+        s->jobs[i] = s->jobs[--s->njobs];
+        return;
+    }
+}
+
+void rlw_gen_clear(rlw *s) {
+    while (s->njobs) rlw_gen_abort(s, s->jobs[0].owner);
+}
+
+int rlw_gen_open(const rlw *s) { return s->njobs; }
+
+/* ---- scoring ----------------------------------------------------------------------------- */
+/* ff_rl_sample views of packed samples; per-sample output pointers into out [sum rlen]. */
+static ff_rl_sample *views(const rlw_samples *in, float *out, float ***outp, float *out2, float ***outp2) {
+    ff_rl_sample *v = ff_calloc((size_t)(in->n ? in->n : 1), sizeof *v);
+    float **p = out ? ff_calloc((size_t)(in->n ? in->n : 1), sizeof *p) : NULL;
+    float **p2 = out2 ? ff_calloc((size_t)(in->n ? in->n : 1), sizeof *p2) : NULL;
+    if (!v || (out && !p) || (out2 && !p2)) {
+        free(v), free(p), free(p2);
+        return NULL;
+    }
+    int64_t po = 0, ro = 0;
+    for (int32_t i = 0; i < in->n; i++) {
+        v[i].prompt = in->prompt + po;
+        v[i].prompt_len = in->plen[i];
+        v[i].response = in->resp + ro;
+        v[i].response_len = in->rlen[i];
+        const float *c[RLW_NCOL];
+        for (int k = 0; k < RLW_NCOL; k++) c[k] = in->col[k] ? in->col[k] + ro : NULL;
+        v[i].old_logprob = c[RLW_COL_OLD_LOGPROB];
+        v[i].advantages = c[RLW_COL_ADVANTAGES];
+        v[i].ref_logprob = c[RLW_COL_REF_LOGPROB];
+        v[i].old_values = c[RLW_COL_OLD_VALUES];
+        v[i].returns = c[RLW_COL_RETURNS];
+        if (p) p[i] = out + ro;
+        if (p2) p2[i] = out2 + ro;
+        po += in->plen[i];
+        ro += in->rlen[i];
+    }
+    if (outp) *outp = p;
+    if (outp2) *outp2 = p2;
+    return v;
+}
+
+int rlw_logprob(rlw *s, unsigned role, const rlw_samples *in, int32_t micro_batch, float *logp, float *ent) {
+    if (need(s, role)) return -1;
+    float **pl = NULL, **pe = NULL;
+    ff_rl_sample *v = views(in, logp, &pl, ent, &pe);
+    if (!v) return -1;
+    /* at the rollout's sampling temperature, as the rollout's own log-probs (verl does the same) */
+    ff_score_opts o = {.micro_batch_size = micro_batch, .temperature = sampling_temperature(s->run)};
+    int rc = ff_score_logprobs(model_of(s, role), v, in->n, &o, pl, pe);
+    free(v), free(pl), free(pe);
+    return rc ? ff_error_wrap("%s log-probs", role_name(role)) : 0;
+}
+
+int rlw_values(rlw *s, const rlw_samples *in, int32_t micro_batch, float *values) {
+    if (need(s, RLW_CRITIC)) return -1;
+    float **pv = NULL;
+    ff_rl_sample *v = views(in, values, &pv, NULL, NULL);
+    if (!v) return -1;
+    ff_score_opts o = {.micro_batch_size = micro_batch};
+    int rc = ff_score_values(s->critic, v, in->n, &o, pv);
+    free(v), free(pv);
+    return rc ? ff_error_wrap("critic values") : 0;
+}
+
+int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *scores) {
+    if (need(s, RLW_REWARD)) return -1;
+    ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
+    if (!v) return -1;
+    ff_score_opts o = {.micro_batch_size = micro_batch};
+    int rc = ff_score_reward_model(s->rm, v, in->n, &o, scores);
+    free(v);
+    return rc ? ff_error_wrap("reward model") : 0;
+}
+
+/* ---- training ------------------------------------------------------------------------------- */
+int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom, ff_coll_comm *comm,
+              double *m) {
+    ff_trainer *t = role == RLW_ACTOR ? s->t_actor : role == RLW_CRITIC ? s->t_critic : NULL;
+    if (!t)
+        return ff_error_set("rl.train", "the graph needs a train node for the role, and the worker must host it",
+                            "this worker has no %s trainer", role_name(role));
+    ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
+    if (!v) return -1;
+    ff_train_metrics tm;
+    s->comm = comm;
+    int rc = ff_trainer_step(t, v, in->n, mb, n_micro, denom, &tm);
+    s->comm = NULL;
+    free(v);
+    const double vals[RLW_NM] = {
+        [RLW_M_STEPS] = (double)tm.steps,     [RLW_M_SKIPPED] = (double)tm.skipped, [RLW_M_MICRO] = (double)tm.micro_batches,
+        [RLW_M_TOKENS] = (double)tm.tokens,   [RLW_M_SAMPLES] = (double)tm.samples, [RLW_M_LOSS] = tm.loss,
+        [RLW_M_PG] = tm.pg_loss,              [RLW_M_KL] = tm.kl_loss,              [RLW_M_ENT_AGG] = tm.entropy,
+        [RLW_M_CLIP] = tm.clipfrac,           [RLW_M_APPROX_KL] = tm.approx_kl,     [RLW_M_RATIO_MAX] = tm.ratio_max,
+        [RLW_M_ENT_MEAN] = tm.entropy_mean,   [RLW_M_VLOSS] = tm.value_loss,        [RLW_M_VCLIP] = tm.vf_clipfrac,
+        [RLW_M_VMEAN] = tm.value_mean,        [RLW_M_GNORM] = tm.grad_norm,         [RLW_M_LR] = tm.lr,
+        [RLW_M_TIME] = tm.time_s,
+    };
+    memcpy(m, vals, sizeof vals);
+    return rc;
+}
+
+/* ---- weight sync ------------------------------------------------------------------------------ */
+int rlw_sync_local(rlw *s) {
+    if (need(s, RLW_ACTOR) || need(s, RLW_GEN)) return -1;
+    if (ff_rollout_sync_weights(s->ro, s->actor) != 0) return ff_error_wrap("weight sync");
+    return 0;
+}
+
+int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
+    if (!comm) return ff_error_set("weight sync", "the executor makes a sync group with a communicator", "no communicator");
+    bool root = ff_coll_comm_rank(comm) == 0;
+    if (root && need(s, RLW_ACTOR)) return -1;
+    if (!root && need(s, RLW_GEN)) return -1;
+    ff_model *src = root ? s->actor : s->gen;
+    int64_t n = ff_model_param_count(src);
+    float *buf = ff_malloc((size_t)n * sizeof *buf);
+    if (!buf) return -1;
+    if (root) ff_model_read_params(s->actor, buf);
+    int rc = ff_coll_broadcast(buf, buf, (size_t)n, FF_DTYPE_F32, 0, comm, NULL);
+    if (rc == 0 && s->gen) {
+        if (ff_rollout_running(s->ro) > 0) rc = ff_error_set("weight sync", NULL, "sequences are still decoding");
+        else ff_model_write_params(s->gen, buf);
+    }
+    free(buf);
+    return rc ? ff_error_wrap("weight sync (broadcast of %" PRId64 " parameters)", n) : 0;
+}
+
+/* ---- checkpoints --------------------------------------------------------------------------- */
+int rlw_save(rlw *s, unsigned role, const char *dir) {
+    if (role != RLW_ACTOR && role != RLW_CRITIC) return ff_error_set("rl.save", NULL, "only trained roles are saved");
+    if (need(s, role)) return -1;
+    ff_model *m = model_of(s, role);
+    ff_trainer *t = role == RLW_ACTOR ? s->t_actor : s->t_critic;
+    const char *name = role == RLW_ACTOR ? "actor" : "critic";
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (ff_mkdirs(path) != 0) return -1;
+    ff_tensor_set *w = ff_tensor_set_new();
+    if (!w) return -1;
+    int rc = ff_model_export_weights(m, w);
+    if (rc == 0) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == RLW_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
+    ff_tensor_set_destroy(&w);
+    if (rc == 0 && t) {
+        ff_tensor_set *o = ff_tensor_set_new();
+        rc = o ? ff_optimizer_export_state(ff_trainer_optimizer(t), o) : -1;
+        snprintf(path, sizeof path, "%s/%s.optim.safetensors", dir, name);
+        if (rc == 0) rc = ff_safetensors_save(path, o, FF_DTYPE_F32, NULL);
+        ff_tensor_set_destroy(&o);
+    }
+    return rc ? ff_error_wrap("saving the %s into %s", name, dir) : 0;
+}
+
+int rlw_digest(rlw *s, unsigned role, uint64_t *hash, double *sum) {
+    if (need(s, role)) return -1;
+    ff_model *m = model_of(s, role);
+    int64_t n = ff_model_param_count(m);
+    float *buf = ff_malloc((size_t)n * sizeof *buf);
+    if (!buf) return -1;
+    ff_model_read_params(m, buf);
+    uint64_t h = 1469598103934665603ULL;
+    double acc = 0;
+    const unsigned char *b = (const unsigned char *)buf;
+    for (size_t i = 0; i < (size_t)n * sizeof *buf; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    for (int64_t i = 0; i < n; i++) acc += buf[i];
+    free(buf);
+    *hash = h;
+    *sum = acc;
+    return 0;
+}

@@ -1,0 +1,394 @@
+/* The subtask kinds of an RL worker (`fuseflow worker` serves them; `fuseflow run` sends
+ * them). Each handler checks the subtask's tensors and arguments, calls the engines of
+ * rlw_engine.c and writes its outputs. docs/run.md lists the kinds and their tensors.
+ *
+ *   rl.init      config, overrides (U8 text); roles, backend, resume, updates_actor,
+ *                updates_critic, slots, max_seq, name            -> params I64 [5]
+ *   rl.generate  prompt I32, plen I32 [k], seed I64 [k]; n, temperature, top_p, top_k,
+ *                max_new                 -> rlen, finish I32 [k n], resp I32, logprob F32
+ *                (deferred: the step hook decodes every open job together)
+ *   rl.logprob   samples; role (actor|gen|ref), mb, entropy     -> logprob [, entropy] F32
+ *   rl.value     samples; mb                                    -> values F32
+ *   rl.score     samples; mb                                    -> score F32 [n]
+ *   rl.train     samples + per-token columns + mb I32; role, denom -> metrics F64
+ *   rl.sync      mode (local|bcast)
+ *   rl.save      role, dir
+ *   rl.digest    role                                           -> hash I64 [1], sum F64 [1]
+ *
+ * "samples" are prompt I32 [sum plen], plen I32 [n], resp I32 [sum rlen], rlen I32 [n].
+ *
+ * Not here: the engines (rlw_engine.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/error.h"
+#include "fuseflow/executor.h"
+#include "fuseflow/util.h"
+#include "fuseflow/worker.h"
+#include "workers/rl/rlw.h"
+
+struct ff_rlworker {
+    rlw *eng;
+    ff_task **open; /* deferred rl.generate tasks */
+    int nopen, cap;
+};
+
+ff_rlworker *ff_rlworker_new(void) {
+    ff_rlworker *r = ff_calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->eng = rlw_new();
+    if (!r->eng) {
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void ff_rlworker_destroy(ff_rlworker **pr) {
+    if (!pr || !*pr) return;
+    rlw_destroy(&(*pr)->eng);
+    free((*pr)->open);
+    free(*pr);
+    *pr = NULL;
+}
+
+/* ---- tensors and arguments --------------------------------------------------------------- */
+static const ff_tensor *input(ff_task *t, const char *name, ff_dtype dt, bool optional) {
+    for (int i = 0; i < ff_task_ninputs(t); i++) {
+        const ff_tensor *x = ff_task_input(t, i);
+        if (strcmp(x->name, name)) continue;
+        if (x->dtype != dt || x->ndim != 1) {
+            ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: input '%s' must be a 1-D %s tensor", ff_task_kind(t), name,
+                         ff_dtype_name(dt));
+            return NULL;
+        }
+        return x;
+    }
+    if (!optional) ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: no input '%s'", ff_task_kind(t), name);
+    return NULL;
+}
+
+static bool arg_int(ff_task *t, const char *key, int64_t dflt, int64_t *out) {
+    if (!ff_msg_find_arg(ff_task_subtask(t), key)) {
+        *out = dflt;
+        return true;
+    }
+    if (ff_msg_arg_int(ff_task_subtask(t), key, out) == 0) return true;
+    ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: %s", ff_task_kind(t), ff_error_message());
+    return false;
+}
+
+static bool arg_float(ff_task *t, const char *key, double dflt, double *out) {
+    if (!ff_msg_find_arg(ff_task_subtask(t), key)) {
+        *out = dflt;
+        return true;
+    }
+    if (ff_msg_arg_float(ff_task_subtask(t), key, out) == 0) return true;
+    ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: %s", ff_task_kind(t), ff_error_message());
+    return false;
+}
+
+/* A string argument copied into buf (empty when absent). */
+static bool arg_str(ff_task *t, const char *key, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (!ff_msg_find_arg(ff_task_subtask(t), key)) return true;
+    const char *p;
+    size_t len;
+    if (ff_msg_arg_str(ff_task_subtask(t), key, &p, &len) != 0 || len >= cap) {
+        ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: argument '%s' must be a string under %zu bytes", ff_task_kind(t), key, cap);
+        return false;
+    }
+    memcpy(buf, p, len);
+    buf[len] = 0;
+    return true;
+}
+
+static bool role_arg(ff_task *t, unsigned allowed, unsigned *role) {
+    char name[32];
+    if (!arg_str(t, "role", name, sizeof name)) return false;
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } roles[] = {{"actor", RLW_ACTOR}, {"gen", RLW_GEN}, {"critic", RLW_CRITIC}, {"ref", RLW_REF}, {"reward", RLW_REWARD}};
+    for (size_t i = 0; i < sizeof roles / sizeof *roles; i++)
+        if (!strcmp(name, roles[i].name) && (allowed & roles[i].bit)) {
+            *role = roles[i].bit;
+            return true;
+        }
+    ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: role '%s' is not one this kind serves", ff_task_kind(t), name);
+    return false;
+}
+
+static int64_t sum_lens(const ff_tensor *x, bool *ok, int32_t min) {
+    int64_t s = 0;
+    const int32_t *v = x->data;
+    for (int64_t i = 0; i < x->shape[0]; i++) {
+        if (v[i] < min) *ok = false;
+        s += v[i];
+    }
+    return s;
+}
+
+/* The packed samples of a subtask, checked: lengths add up, prompts non-empty, every
+ * per-token column has one value per response token. */
+static bool read_samples(ff_task *t, rlw_samples *in) {
+    memset(in, 0, sizeof *in);
+    const ff_tensor *p = input(t, "prompt", FF_DTYPE_I32, false), *pl = input(t, "plen", FF_DTYPE_I32, false);
+    const ff_tensor *r = input(t, "resp", FF_DTYPE_I32, false), *rl = input(t, "rlen", FF_DTYPE_I32, false);
+    if (!p || !pl || !r || !rl) return false;
+    bool ok = pl->shape[0] == rl->shape[0];
+    int64_t P = sum_lens(pl, &ok, 1), R = sum_lens(rl, &ok, 0);
+    if (!ok || P != p->shape[0] || R != r->shape[0]) {
+        ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: sample lengths do not match the packed tokens", ff_task_kind(t));
+        return false;
+    }
+    in->n = (int32_t)pl->shape[0];
+    in->prompt = p->data, in->plen = pl->data, in->resp = r->data, in->rlen = rl->data;
+    for (int k = 0; k < RLW_NCOL; k++) {
+        bool present = false;
+        for (int i = 0; i < ff_task_ninputs(t); i++) present |= !strcmp(ff_task_input(t, i)->name, rlw_col_names[k]);
+        const ff_tensor *c = present ? input(t, rlw_col_names[k], FF_DTYPE_F32, false) : NULL;
+        if (present && !c) return false;
+        if (c && c->shape[0] != R) {
+            ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: column '%s' has %lld values for %lld response tokens", ff_task_kind(t),
+                         rlw_col_names[k], (long long)c->shape[0], (long long)R);
+            return false;
+        }
+        in->col[k] = c ? c->data : NULL;
+    }
+    return true;
+}
+
+static int64_t response_tokens(const rlw_samples *in) {
+    int64_t R = 0;
+    for (int32_t i = 0; i < in->n; i++) R += in->rlen[i];
+    return R;
+}
+
+/* ---- rl.init ------------------------------------------------------------------------------ */
+static char *text_of(const ff_tensor *x) {
+    char *s = ff_malloc(x ? x->nbytes + 1 : 1);
+    if (!s) return NULL;
+    if (x && x->nbytes) memcpy(s, x->data, x->nbytes);
+    s[x ? x->nbytes : 0] = 0;
+    return s;
+}
+
+static int k_init(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    if (r->nopen) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: generation jobs are still open");
+    const ff_tensor *cfg = input(t, "config", FF_DTYPE_U8, false), *ov = input(t, "overrides", FF_DTYPE_U8, true);
+    int64_t roles, ua, uc, slots, max_seq;
+    char backend[64], resume[4096], name[4096];
+    if (!cfg || !arg_int(t, "roles", 0, &roles) || !arg_int(t, "updates_actor", 0, &ua) || !arg_int(t, "updates_critic", 0, &uc) ||
+        !arg_int(t, "slots", 64, &slots) || !arg_int(t, "max_seq", 256, &max_seq) || !arg_str(t, "backend", backend, sizeof backend) ||
+        !arg_str(t, "resume", resume, sizeof resume) || !arg_str(t, "name", name, sizeof name))
+        return -1;
+    char *text = text_of(cfg), *over = text_of(ov);
+    int rc = -1;
+    if (text && over) {
+        rlw_init_args a = {.config = text,
+                           .config_name = name[0] ? name : "run config",
+                           .overrides = over,
+                           .roles = (unsigned)roles,
+                           .backend = backend,
+                           .resume_dir = resume[0] ? resume : NULL,
+                           .total_updates = {ua, uc},
+                           .slots = (int32_t)slots,
+                           .max_seq_len = (int32_t)max_seq};
+        rc = rlw_init(r->eng, &a);
+    }
+    free(text);
+    free(over);
+    if (rc) return -1;
+    int64_t *params = ff_task_output(t, "params", FF_DTYPE_I64, 1, (int64_t[]){5});
+    if (!params) return -1;
+    const unsigned bits[5] = {RLW_ACTOR, RLW_GEN, RLW_CRITIC, RLW_REF, RLW_REWARD};
+    for (int i = 0; i < 5; i++) params[i] = rlw_param_count(r->eng, bits[i]);
+    return 0;
+}
+
+/* ---- rl.generate (deferred) ----------------------------------------------------------------- */
+static void forget_open(ff_rlworker *r, ff_task *t) {
+    for (int i = 0; i < r->nopen; i++)
+        if (r->open[i] == t) {
+            r->open[i] = r->open[--r->nopen];
+            return;
+        }
+}
+
+static int k_generate(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    const ff_tensor *p = input(t, "prompt", FF_DTYPE_I32, false), *pl = input(t, "plen", FF_DTYPE_I32, false);
+    const ff_tensor *sd = input(t, "seed", FF_DTYPE_I64, false);
+    int64_t n, top_k, max_new;
+    double temp, top_p;
+    if (!p || !pl || !sd || !arg_int(t, "n", 1, &n) || !arg_int(t, "top_k", 0, &top_k) || !arg_int(t, "max_new", 16, &max_new) ||
+        !arg_float(t, "temperature", 1.0, &temp) || !arg_float(t, "top_p", 1.0, &top_p))
+        return -1;
+    bool ok = sd->shape[0] == pl->shape[0] && pl->shape[0] >= 1 && n >= 1 && n <= 1 << 20 && max_new >= 1;
+    if (!ok || sum_lens(pl, &ok, 1) != p->shape[0] || !ok)
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.generate: prompts, lengths and seeds do not match");
+    if (r->nopen == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 64;
+        ff_task **v = ff_realloc(r->open, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        r->open = v;
+        r->cap = cap;
+    }
+    rlw_sampling sp = {(float)temp, (float)top_p, (int32_t)top_k, (int32_t)max_new};
+    if (rlw_gen_add(r->eng, t, p->data, pl->data, sd->data, (int32_t)pl->shape[0], (int32_t)n, &sp) != 0) return -1;
+    if (ff_task_defer(t) != 0) {
+        rlw_gen_abort(r->eng, t);
+        return -1;
+    }
+    r->open[r->nopen++] = t;
+    return 0;
+}
+
+static void on_gen_done(void *ctx, const rlw_gen_done *d) {
+    ff_rlworker *r = ctx;
+    ff_task *t = d->owner;
+    int64_t kn = (int64_t)d->k * d->n;
+    int32_t *rlen = ff_task_output(t, "rlen", FF_DTYPE_I32, 1, &kn);
+    int32_t *fin = ff_task_output(t, "finish", FF_DTYPE_I32, 1, &kn);
+    int32_t *resp = ff_task_output(t, "resp", FF_DTYPE_I32, 1, &d->total);
+    float *lp = ff_task_output(t, "logprob", FF_DTYPE_F32, 1, &d->total);
+    int rc = -1;
+    if (rlen && fin && resp && lp) {
+        memcpy(rlen, d->rlen, (size_t)kn * sizeof *rlen);
+        memcpy(fin, d->finish, (size_t)kn * sizeof *fin);
+        if (d->total) {
+            memcpy(resp, d->tokens, (size_t)d->total * sizeof *resp);
+            memcpy(lp, d->logprobs, (size_t)d->total * sizeof *lp);
+        }
+        rc = 0;
+    }
+    forget_open(r, t);
+    ff_task_complete(t, rc);
+}
+
+static int step(ff_worker *w, void *ud) {
+    (void)w;
+    ff_rlworker *r = ud;
+    for (int i = 0; i < r->nopen;) {
+        ff_task *t = r->open[i];
+        if (!ff_task_cancelled(t)) {
+            i++;
+            continue;
+        }
+        rlw_gen_abort(r->eng, t);
+        r->open[i] = r->open[--r->nopen];
+        ff_task_fail(t, FF_STATUS_CANCELLED, "rl.generate: cancelled");
+        ff_task_complete(t, -1);
+    }
+    if (!r->nopen) return 0;
+    if (rlw_gen_step(r->eng, on_gen_done, r) != 0) {
+        rlw_gen_clear(r->eng); /* the worker fails every open job with this error */
+        r->nopen = 0;
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- scoring -------------------------------------------------------------------------------- */
+static int k_logprob(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    rlw_samples in;
+    unsigned role;
+    int64_t mb, want_ent;
+    if (!read_samples(t, &in) || !role_arg(t, RLW_ACTOR | RLW_GEN | RLW_REF, &role) || !arg_int(t, "mb", 0, &mb) ||
+        !arg_int(t, "entropy", 0, &want_ent))
+        return -1;
+    int64_t R = response_tokens(&in);
+    float *lp = ff_task_output(t, "logprob", FF_DTYPE_F32, 1, &R);
+    float *ent = want_ent ? ff_task_output(t, "entropy", FF_DTYPE_F32, 1, &R) : NULL;
+    if (!lp || (want_ent && !ent)) return -1;
+    return rlw_logprob(r->eng, role, &in, (int32_t)mb, lp, ent);
+}
+
+static int k_value(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    rlw_samples in;
+    int64_t mb;
+    if (!read_samples(t, &in) || !arg_int(t, "mb", 0, &mb)) return -1;
+    int64_t R = response_tokens(&in);
+    float *v = ff_task_output(t, "values", FF_DTYPE_F32, 1, &R);
+    if (!v) return -1;
+    return rlw_values(r->eng, &in, (int32_t)mb, v);
+}
+
+static int k_score(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    rlw_samples in;
+    int64_t mb;
+    if (!read_samples(t, &in) || !arg_int(t, "mb", 0, &mb)) return -1;
+    int64_t n = in.n;
+    float *s = ff_task_output(t, "score", FF_DTYPE_F32, 1, &n);
+    if (!s) return -1;
+    return rlw_reward_model(r->eng, &in, (int32_t)mb, s);
+}
+
+/* ---- training, sync, checkpoints ------------------------------------------------------------ */
+static int k_train(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    rlw_samples in;
+    unsigned role;
+    double denom;
+    const ff_tensor *mb = NULL;
+    if (!read_samples(t, &in) || !role_arg(t, RLW_ACTOR | RLW_CRITIC, &role) || !arg_float(t, "denom", 0, &denom) ||
+        !(mb = input(t, "mb", FF_DTYPE_I32, false)))
+        return -1;
+    if (mb->shape[0] < 2) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.train: 'mb' needs at least two offsets");
+    double *m = ff_task_output(t, "metrics", FF_DTYPE_F64, 1, (int64_t[]){RLW_NM});
+    if (!m) return -1;
+    return rlw_train(r->eng, role, &in, mb->data, (int32_t)mb->shape[0] - 1, denom, ff_task_comm(t), m);
+}
+
+static int k_sync(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    char mode[16];
+    if (!arg_str(t, "mode", mode, sizeof mode)) return -1;
+    if (!strcmp(mode, "local")) return rlw_sync_local(r->eng);
+    if (!strcmp(mode, "bcast")) return rlw_sync_bcast(r->eng, ff_task_comm(t));
+    return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.sync: mode '%s' (local or bcast)", mode);
+}
+
+static int k_save(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    unsigned role;
+    char dir[4096];
+    if (!role_arg(t, RLW_ACTOR | RLW_CRITIC, &role) || !arg_str(t, "dir", dir, sizeof dir)) return -1;
+    if (!dir[0]) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.save: no dir");
+    return rlw_save(r->eng, role, dir);
+}
+
+static int k_digest(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    unsigned role;
+    if (!role_arg(t, RLW_ACTOR | RLW_GEN | RLW_CRITIC | RLW_REF | RLW_REWARD, &role)) return -1;
+    uint64_t h;
+    double s;
+    if (rlw_digest(r->eng, role, &h, &s) != 0) return -1;
+    int64_t *ho = ff_task_output(t, "hash", FF_DTYPE_I64, 1, (int64_t[]){1});
+    double *so = ff_task_output(t, "sum", FF_DTYPE_F64, 1, (int64_t[]){1});
+    if (!ho || !so) return -1;
+    memcpy(ho, &h, sizeof h);
+    *so = s;
+    return 0;
+}
+
+int ff_rlworker_register(ff_rlworker *r, ff_worker *w) {
+    static const struct {
+        const char *kind;
+        ff_task_fn fn;
+    } kinds[] = {{"rl.init", k_init},       {"rl.generate", k_generate}, {"rl.logprob", k_logprob},
+                 {"rl.value", k_value},     {"rl.score", k_score},       {"rl.train", k_train},
+                 {"rl.sync", k_sync},       {"rl.save", k_save},         {"rl.digest", k_digest}};
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
+        if (ff_worker_register(w, kinds[i].kind, kinds[i].fn, r, 0) != 0) return -1;
+    ff_worker_set_step(w, step, r);
+    return 0;
+}
+
+int ff_rlworker_setup(ff_worker *w, void *ud) { return ff_rlworker_register(ud, w); }
