@@ -6,7 +6,7 @@
  *           clipping and AdamW (best of a few steps)
  *   decode  generated tokens/s of a batch of prompts, temperature sampling, KV cache
  *   sgemm   every matrix product of a training step (and of a decode step) at its shape,
- *           through the backend (split over our OpenMP team) and as one cblas_sgemm call
+ *           through the backend (split over its thread pool) and as one cblas_sgemm call
  *           with OpenBLAS's own threads; the ratio of the totals, time-weighted
  * and right after each size runs bench/torch_model.py on the same config (same thread
  * count, same run; once as installed and once with OPENBLAS_NUM_THREADS=1, PyTorch credited
@@ -322,7 +322,7 @@ int main(int argc, char **argv) {
     ff_backend *be = ff_backend_cpu_new(threads);
     if (!be) return die("backend");
     threads = ff_backend_threads(be);
-    printf("bench_model: %d threads (OpenMP team; OpenBLAS at 1 thread inside it)\n", threads);
+    printf("bench_model: %d threads (the backend's pool; OpenBLAS at 1 thread inside it)\n", threads);
     result res[2];
     memset(res, 0, sizeof res);
     for (int i = 0; i < 2; i++) {

@@ -5,7 +5,7 @@
  * ff_dptr (a buffer plus a byte offset), moves data with the explicit copies below and runs
  * the kernels of include/fuseflow/kernels.h on a stream. A backend is a table of functions
  * (kernels/backend_impl.h); the CPU backend (kernels/cpu/) implements it with host memory,
- * OpenBLAS and OpenMP, and a CUDA backend (kernels/cuda/) can implement the same table.
+ * OpenBLAS and a thread pool, and a CUDA backend (kernels/cuda/) can implement the same table.
  *
  * Numbers: the CPU backend computes everything in fp32. A CUDA backend is meant to keep
  * parameters, gradients and optimizer state as fp32 masters in its buffers and compute
@@ -15,13 +15,13 @@
  * Streams: work on one stream runs in order. Kernels and copies are enqueued; on the CPU
  * backend they run before the call returns. ff_memcpy_d2h waits for the stream before it
  * returns (the host data is then ready). Different streams may run concurrently on a
- * device backend; the CPU backend runs everything on the calling thread (plus its OpenMP
- * team), so one backend must not be used from two threads at once.
+ * device backend; the CPU backend runs everything on the calling thread (plus its pool's
+ * workers), so one backend must not be used from two threads at once.
  *
- * Threads (CPU backend): every kernel runs on an OpenMP team of n_threads. OpenBLAS is held
- * at one thread of its own: the matrix products are split across the same OpenMP team
- * (each thread calls a single-threaded cblas_sgemm on a block), so OpenBLAS's pthreads and
- * OpenMP's threads never compete for the cores (docs/model.md, "Threads").
+ * Threads (CPU backend): kernels run on the backend's pool of n_threads (the calling thread
+ * and n_threads - 1 workers). OpenBLAS is held at one thread of its own: the matrix products
+ * are split into blocks for the same pool (each block one single-threaded cblas_sgemm), so
+ * two thread pools never compete for the cores (docs/model.md, "Threads").
  */
 #ifndef FUSEFLOW_BACKEND_H
 #define FUSEFLOW_BACKEND_H
@@ -47,8 +47,8 @@ typedef struct ff_dptr {
 
 /* ---- backends -------------------------------------------------------------------------- */
 
-/* The CPU backend with n_threads OpenMP threads (0: the FF_NUM_THREADS environment
- * variable, else OpenMP's default, i.e. the number of cores). NULL + error on failure. */
+/* The CPU backend with n_threads threads (0: the FF_NUM_THREADS environment variable, else
+ * the number of cores this process may run on). NULL + error on failure. */
 ff_backend *ff_backend_cpu_new(int n_threads);
 /* A backend by name: "cpu", "cpu:N" (N threads), "cuda" or "cuda:N" (device N). NULL +
  * error for an unknown name or a backend that is not built or has no device here. */

@@ -1,4 +1,4 @@
-/* Shared inside the CPU backend: resolving device addresses (host memory here), the OpenMP
+/* Shared inside the CPU backend: resolving device addresses (host memory here), the thread
  * team size, and a vectorisable exp. Not a public header. */
 #ifndef FF_KERNELS_CPU_INTERNAL_H
 #define FF_KERNELS_CPU_INTERNAL_H
@@ -58,8 +58,8 @@ void ff_cpu_for(ff_stream *s, int64_t n, double work_per_item, ff_range_fn fn, v
 #define FF_VEC
 #endif
 
-/* Work below this many element-operations runs on the calling thread: an OpenMP fork/join
- * costs a few microseconds, more than the work itself. */
+/* Work below this many element-operations runs on the calling thread: handing chunks to
+ * the pool costs a few microseconds, more than the work itself. */
 #define FF_PAR_MIN 32768
 
 /* exp(x) for x <= 0 or moderate x, in float, with no calls and no branches, so loops of it
