@@ -132,6 +132,7 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at) {
     if (rc != 0) goto fail;
     if (ff_atomic_dir_commit(tmp, dir) != 0) return -1;
     snprintf(x->last_ckpt, sizeof x->last_ckpt, "%s", dir);
+    x->last_ckpt_iter = iteration;
     prune(abs_out, 2);
     return 0;
 fail:

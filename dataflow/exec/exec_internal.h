@@ -126,7 +126,7 @@ typedef struct ex_iter {
     ex_train train[EX_MAX_NODES];
     double kl_sum[EX_MAX_NODES], kl_w[EX_MAX_NODES]; /* advantage nodes' KL penalty means */
     int64_t prompts_drawn;
-    bool training_started, synced;
+    bool training_started, synced, announced;
     int64_t t0_ns;
     double gen_tokens;
 } ex_iter;
@@ -172,6 +172,7 @@ struct ex_run {
     char failed[1024];   /* first fatal error, "" while fine */
     bool stop_now;
     char last_ckpt[4096];
+    int64_t last_ckpt_iter; /* -1: none */
     int64_t updates[2];  /* total optimizer steps of the run: actor, critic */
     double eval_acc, eval_time_s;
     int64_t t_start_ns;

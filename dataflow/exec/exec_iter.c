@@ -768,6 +768,11 @@ int ex_iteration(ex_run *x, int64_t it) {
                 break;
             }
         if (x->failed[0]) break;
+        if (!I->announced && x->o.on_event) { /* the first wave is out: generation runs */
+            I->announced = true;
+            ff_exec_event e = {"generating", I->it, I->n_groups, x->c};
+            x->o.on_event(x->o.event_ud, &e);
+        }
         if (nlt) {
             if (run_local(x, I, lt, nlt) != 0 && !x->failed[0]) ex_fail(x, "%s", ff_error_message());
             continue;

@@ -443,6 +443,7 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
             return ff_error_set(resume_dir, "raise trainer.steps to train further", "the checkpoint is at iteration %" PRId64
                                 ", trainer.steps is %" PRId64, x->iteration, x->run->trainer.steps);
         snprintf(x->last_ckpt, sizeof x->last_ckpt, "%s", resume_dir);
+        x->last_ckpt_iter = x->iteration;
     } else if (ex_order_init(&x->order, x->train.n, (uint64_t)x->run->trainer.seed, x->run->data.shuffle, 0, 0) != 0) {
         return -1;
     }
@@ -524,9 +525,7 @@ static int loop(ex_run *x) {
             if (ex_order_init(&o2, x->train.n, at_start.seed, at_start.shuffle, at_start.epoch, at_start.cursor) != 0) return -1;
             ex_order_free(&x->order);
             x->order = o2;
-            if (it - 1 > x->start_iteration || !x->last_ckpt[0]) {
-                if (ex_ckpt_save(x, it - 1, &x->order) != 0) return -1;
-            }
+            if (x->last_ckpt_iter != it - 1 && ex_ckpt_save(x, it - 1, &x->order) != 0) return -1;
             fprintf(x->out, "run: interrupted during iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
             return FF_EXEC_INTERRUPTED;
         }
@@ -582,6 +581,7 @@ int ff_exec_run(const ff_exec_opts *o) {
     ex_run *x = ff_calloc(1, sizeof *x);
     if (!x) return -1;
     x->o = *o;
+    x->last_ckpt_iter = -1;
     x->out = o->out ? o->out : stdout;
     x->tty = o->progress == 1 || (o->progress < 0 && isatty(fileno(x->out)));
     char **over = NULL;
@@ -593,12 +593,12 @@ int ff_exec_run(const ff_exec_opts *o) {
     describe(x, resume_dir);
     x->t_start_ns = ff_now_ns();
     if (start_workers(x, resume_dir) != 0) {
-        if (x->failed[0]) ff_error_set("run", NULL, "%s", x->failed);
+        if (x->failed[0]) ff_error_set(NULL, NULL, "%s", x->failed);
         goto out;
     }
     event(x, "started", x->iteration, 0);
     rc = loop(x);
-    if (rc < 0 && x->failed[0]) ff_error_set("run", NULL, "%s", x->failed);
+    if (rc < 0 && x->failed[0]) ff_error_set(NULL, NULL, "%s", x->failed);
 out:;
     char err[2048];
     snprintf(err, sizeof err, "%s", rc < 0 ? ff_error_message() : "");

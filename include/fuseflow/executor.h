@@ -53,8 +53,9 @@ struct ff_controller;
 
 /* What a test or a tool can watch (opts.on_event). */
 typedef struct ff_exec_event {
-    const char *what;         /* "started" (workers ready), "generated" (a prompt group's responses
-                                 arrived), "iteration" (one finished), "checkpoint" */
+    const char *what;         /* "started" (workers ready), "generating" (an iteration's first
+                                 prompts went out), "generated" (a prompt group's responses
+                                 arrived), "iteration" (one finished), "checkpoint" (saved) */
     int64_t iteration;
     int64_t count;            /* "generated": groups done so far in this iteration */
     struct ff_controller *controller;

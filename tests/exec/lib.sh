@@ -1,0 +1,81 @@
+# Shared by the tests/exec shell tests: paths, failure reporting, and a cache of the inputs
+# every run needs (a small random model, the arithmetic data), made once per build folder
+# under a lock so tests running in parallel share it.
+set -euo pipefail
+bin=${FF_BIN:?FF_BIN is not set (run through ctest)}
+src=${FF_SOURCE_DIR:-.}
+build=${FF_BUILD_DIR:-build}
+bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+export FF_BIN=$bin
+src=$(cd "$src" && pwd)
+build=$(cd "$build" && pwd)
+cache=$build/exec_cache
+mkdir -p "$cache"
+work=$(mktemp -d /tmp/ff_exec_test.XXXXXX)
+cleanup() { [[ -n "${FF_KEEP_TEST:-}" ]] || rm -rf "$work"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+sanitized() { [[ "${FF_SANITIZED:-0}" == "1" ]]; }
+
+# cache: tiny (a random 2-layer model with the byte tokenizer) and arith (2-digit sums)
+prepare_inputs() {
+  (
+    flock 9
+    if [[ ! -f "$cache/tiny/config.json" ]]; then
+      "$bin" init --preset tiny --out "$cache/tiny" num_hidden_layers=2 hidden_size=64 intermediate_size=128 > /dev/null
+    fi
+    if [[ ! -f "$cache/arith/train.jsonl" ]]; then
+      "$bin" dataset arith --digits 2 --train 2000 --test 200 --seed 1 --out "$cache/arith" > /dev/null
+    fi
+  ) 9> "$cache/.lock"
+}
+
+# cache: sft_small (the small model fine-tuned briefly on the arithmetic task: it answers in
+# the right format, rarely correctly, so rewards carry signal)
+prepare_sft_small() {
+  prepare_inputs
+  (
+    flock 9
+    if [[ ! -f "$cache/sft_small/final/config.json" ]]; then
+      "$bin" sft --config "$src/examples/sft_arith.yaml" model="$cache/tiny" out="$cache/sft_small" \
+        data.train="$cache/arith/train.jsonl" data.test="$cache/arith/test.jsonl" train.steps=300 train.batch_size=64 \
+        train.eval_every=0 train.save_every=0 train.log_every=1000 > "$cache/sft_small.log" 2>&1 ||
+        { cat "$cache/sft_small.log" >&2; exit 1; }
+    fi
+  ) 9> "$cache/.lock" || fail "the SFT warm start failed"
+}
+
+# The overrides that point an example config at the cached inputs, small and quick.
+small_run() { # OUT_DIR
+  echo "trainer.out_dir=$1 data.train_files=$cache/arith/train.jsonl data.val_files=$cache/arith/test.jsonl" \
+       "data.max_prompt_length=16 data.max_response_length=6"
+}
+
+# The iteration lines of a metrics file (JSON lines with "samples").
+iterations() { grep -c '"samples"' "$1" || true; }
+
+# Compare two metrics.jsonl files without the times: the same lines and keys, integers equal,
+# floats within atol + rtol |b| (exact when both are 0).
+same_metrics() { # A B ATOL RTOL
+  python3 - "$@" <<'PY'
+import json, sys
+a, b, atol, rtol = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+def load(p):
+    out = []
+    for l in open(p):
+        o = json.loads(l); o.pop("time", None); o.pop("eval_time_s", None); out.append(o)
+    return out
+A, B = load(a), load(b)
+bad = []
+if len(A) != len(B): bad.append(f"{len(A)} lines against {len(B)}")
+for x, y in zip(A, B):
+    if set(x) != set(y): bad.append(f"iteration {x.get('iteration')}: keys {sorted(set(x) ^ set(y))}")
+    for k in x:
+        u, v = x[k], y.get(k)
+        if isinstance(u, float) or isinstance(v, float):
+            if v is None or abs(u - v) > atol + rtol * abs(v): bad.append(f"iteration {x.get('iteration')}: {k} {u!r} vs {v!r}")
+        elif u != v: bad.append(f"iteration {x.get('iteration')}: {k} {u!r} vs {v!r}")
+for m in bad[:20]: print(m, file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+}

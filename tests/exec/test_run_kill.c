@@ -1,0 +1,184 @@
+/* Failures during `fuseflow run` (ff_exec_run with an event hook, workers from FF_BIN):
+ *   1. a rollout worker (a generation pool of its own, two workers) is SIGKILLed while it
+ *      holds prompt groups: the controller sends them to the other one, every prompt of the
+ *      iteration gets its n responses exactly once (OUT/samples.jsonl), the run finishes;
+ *   2. a worker that holds the actor's training state dies: the run stops with a message
+ *      naming the checkpoint to resume from;
+ *   3. an interruption before anything trained in an iteration: the checkpoint is the
+ *      previous iteration's (weights and data position of its end).
+ */
+#include <jansson.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include "fuseflow/executor.h"
+#include "tests/runtime/rt_test.h"
+
+static const char *bin;
+static char dir[256];
+
+static void sh(const char *fmt, const char *a, const char *b) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, fmt, a, b);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "failed: %s\n", cmd);
+        exit(1);
+    }
+}
+
+typedef struct hook {
+    int mode; /* 1 kill a rollout worker, 2 kill the actor, 3 interrupt */
+    bool done;
+    int victim;
+    int64_t redispatched;
+    volatile sig_atomic_t *flag;
+} hook;
+
+static void on_event(void *ud, const ff_exec_event *e) {
+    hook *h = ud;
+    if (h->mode == 1 && !h->done && !strcmp(e->what, "generating") && e->iteration == 2) {
+        for (int r = 1; r <= 2; r++) { /* ranks 1 and 2 generate; take one that holds groups */
+            ff_worker_info wi;
+            if (ff_controller_worker_info(e->controller, r, &wi) == 0 && wi.state == FF_WORKER_LIVE && wi.inflight > 0) {
+                kill((pid_t)wi.pid, SIGKILL);
+                h->victim = r;
+                h->done = true;
+                return;
+            }
+        }
+    }
+    if (h->mode == 1 && !strcmp(e->what, "iteration") && e->iteration == 2) {
+        ff_controller_stats st;
+        ff_controller_stats_get(e->controller, &st);
+        h->redispatched = (int64_t)st.redispatched;
+    }
+    if (h->mode == 2 && !h->done && !strcmp(e->what, "checkpoint") && e->iteration == 1) {
+        ff_worker_info wi;
+        if (ff_controller_worker_info(e->controller, 0, &wi) == 0) kill((pid_t)wi.pid, SIGKILL);
+        h->done = true;
+    }
+    if (h->mode == 3 && !h->done && !strcmp(e->what, "generated") && e->iteration == 2) {
+        *h->flag = 1;
+        h->done = true;
+    }
+}
+
+static char cfg_path[512];
+
+static void write_config(const char *out, int gen_workers) {
+    char model[512], data[512];
+    snprintf(model, sizeof model, "%s/m", dir);
+    snprintf(data, sizeof data, "%s/a", dir);
+    FILE *f = fopen(cfg_path, "w");
+    REQUIRE(f);
+    fprintf(f,
+            "trainer: {steps: 3, seed: 5, save_freq: 1, out_dir: %s}\n"
+            "data: {train_files: %s/train.jsonl, train_batch_size: 8, max_prompt_length: 16, max_response_length: 24}\n"
+            "roles:\n  actor: {model: %s, workers: 1, optim: {lr: 1.0e-3}%s}\n"
+            "  ref: {model: %s, colocate_with: actor}\n"
+            "graph:\n"
+            "  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 4}\n"
+            "  ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob]}\n"
+            "  reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: arith_exact_match}\n"
+            "  adv: {op: advantage, in: [score], out: [advantages], estimator: grpo}\n"
+            "  train: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], mini_batch_size: 4, "
+            "micro_batch_size: 8}\n"
+            "  sync: {op: sync_weights, role: actor, after: [train]}\n",
+            out, data, model, gen_workers ? ", rollout: {workers: 2}" : "", model);
+    fclose(f);
+}
+
+static int run(hook *h, volatile sig_atomic_t *flag) {
+    ff_exec_opts o;
+    ff_exec_opts_default(&o);
+    o.config = cfg_path;
+    o.worker_bin = bin;
+    o.dump_samples = true;
+    o.progress = 0;
+    o.out = fopen("/dev/null", "w");
+    o.on_event = on_event;
+    o.event_ud = h;
+    o.interrupt = flag;
+    o.worker_timeout_s = 5;
+    int rc = ff_exec_run(&o);
+    fclose(o.out);
+    return rc;
+}
+
+int main(void) {
+    bin = getenv("FF_BIN");
+    if (!bin) SKIP("FF_BIN (the fuseflow binary) is not set; run through ctest");
+    ff_log_set_level(FF_LOG_ERROR);
+    snprintf(dir, sizeof dir, "/tmp/ff_run_kill_%d", (int)getpid());
+    sh("rm -rf %s && mkdir -p %s", dir, dir);
+    char model[512], data[512], out[512];
+    snprintf(model, sizeof model, "%s/m", dir);
+    snprintf(data, sizeof data, "%s/a", dir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/run.yaml", dir);
+    sh("%s init --preset tiny --out %s num_hidden_layers=2 hidden_size=64 intermediate_size=128 > /dev/null", bin, model);
+    sh("%s dataset arith --digits 2 --train 200 --test 10 --out %s > /dev/null", bin, data);
+
+    /* 1. a rollout worker dies with groups in flight */
+    snprintf(out, sizeof out, "%s/o1", dir);
+    write_config(out, 2);
+    hook h = {.mode = 1};
+    volatile sig_atomic_t flag = 0;
+    int rc = run(&h, &flag);
+    if (rc < 0) fprintf(stderr, "run: %s\n", ff_error_message());
+    CHECK_EQ_INT(rc, FF_EXEC_DONE);
+    CHECK(h.done);
+    CHECK(h.redispatched > 0); /* the victim held groups; they ran again elsewhere */
+    char path[600];
+    snprintf(path, sizeof path, "%s/samples.jsonl", out);
+    FILE *f = fopen(path, "r");
+    REQUIRE(f);
+    int count[4][8][4] = {{{0}}}, lines = 0;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        REQUIRE(o);
+        int it = (int)json_integer_value(json_object_get(o, "iteration")), g = (int)json_integer_value(json_object_get(o, "group"));
+        int s = (int)json_integer_value(json_object_get(o, "sample"));
+        REQUIRE(it >= 1 && it <= 3 && g >= 0 && g < 8 && s >= 0 && s < 4);
+        count[it][g][s]++;
+        lines++;
+        json_decref(o);
+    }
+    fclose(f);
+    CHECK_EQ_INT(lines, 3 * 8 * 4);
+    for (int it = 1; it <= 3; it++)
+        for (int g = 0; g < 8; g++)
+            for (int s = 0; s < 4; s++) CHECK_EQ_INT(count[it][g][s], 1);
+
+    /* 2. the actor's worker dies after the checkpoint of iteration 1 */
+    snprintf(out, sizeof out, "%s/o2", dir);
+    write_config(out, 0);
+    hook h2 = {.mode = 2};
+    rc = run(&h2, &flag);
+    CHECK_EQ_INT(rc, -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "holding the actor's training state");
+    CHECK_STR_CONTAINS(ff_error_message(), "step-00000001");
+
+    /* 3. interrupted while iteration 2 generates: the checkpoint of iteration 1 */
+    snprintf(out, sizeof out, "%s/o3", dir);
+    write_config(out, 0);
+    hook h3 = {.mode = 3, .flag = &flag};
+    flag = 0;
+    rc = run(&h3, &flag);
+    CHECK_EQ_INT(rc, FF_EXEC_INTERRUPTED);
+    snprintf(path, sizeof path, "%s/checkpoints/step-00000001/state.json", out);
+    json_error_t je;
+    json_t *st = json_load_file(path, 0, &je);
+    CHECK(st != NULL);
+    if (st) {
+        CHECK_EQ_INT(json_integer_value(json_object_get(st, "iteration")), 1);
+        CHECK_EQ_INT(json_integer_value(json_object_get(st, "cursor")), 8); /* one batch of prompts drawn */
+        json_decref(st);
+    }
+    snprintf(path, sizeof path, "%s/checkpoints/step-00000002", out);
+    struct stat sb;
+    CHECK(stat(path, &sb) != 0);
+    sh("rm -rf %s%s", dir, "");
+    TEST_MAIN_END();
+}
