@@ -392,6 +392,29 @@ static char *join_overrides(int n, char *const *v) {
     return s;
 }
 
+/* The overrides workers apply: the user's, and remote rewards not pinged from workers (the
+ * controller scores; workers only build the graph to train with its losses). */
+static char *worker_overrides(ex_run *x, int n, char *const *v) {
+    char **all = ff_calloc((size_t)n + EX_MAX_NODES + 1, sizeof *all);
+    char (*extra)[160] = ff_calloc(EX_MAX_NODES, sizeof *extra);
+    char *s = NULL;
+    if (all && extra) {
+        int k = 0;
+        for (int i = 0; i < n; i++) all[k++] = v[i];
+        for (size_t m = 0; m < ff_graph_n_nodes(x->run->graph) && m < EX_MAX_NODES; m++) {
+            const ff_node *nd = ff_graph_node(x->run->graph, m);
+            ff_cnode *fn = nd->op == FF_OP_REWARD_FN && nd->params ? ff_cnode_find(nd->params, "function") : NULL;
+            if (!fn || !ff_cnode_scalar(fn) || strcmp(ff_cnode_scalar(fn), "remote")) continue;
+            snprintf(extra[m], sizeof extra[m], "graph.%s.check_on_start=false", nd->name);
+            all[k++] = extra[m];
+        }
+        s = join_overrides(k, all);
+    }
+    free(all);
+    free(extra);
+    return s;
+}
+
 static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir, size_t rcap) {
     const ff_exec_opts *o = &x->o;
     if (!o->config) return ff_error_set("run", "fuseflow run CONFIG.yaml", "no run config");
@@ -408,9 +431,9 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
     *n_over_out = n_over;
     size_t len;
     if (!(x->config_text = ff_read_file(o->config, &len))) return -1;
-    if (!(x->overrides_text = join_overrides(n_over, over))) return -1;
     if (!(x->reg = ff_registry_new())) return -1;
     if (!(x->run = ff_run_config_load(o->config, n_over, over, x->reg))) return -1;
+    if (!(x->overrides_text = worker_overrides(x, n_over, over))) return -1;
     if (ff_run_config_check_files(x->run) != 0) return -1;
     if (graph_facts(x) != 0) return -1;
     const ff_role_cfg *actor = &x->run->roles[FF_ROLE_ACTOR];
