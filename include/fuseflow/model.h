@@ -276,9 +276,11 @@ int ff_generator_pop(ff_generator *g, ff_gen_output *out);
  * Returns the number of sequences ended. */
 int32_t ff_generator_abort(ff_generator *g, uint64_t id);
 
-/* Convenience: run requests to completion on a fresh generator. *outs (malloc'd, free each
- * with ff_gen_output_free then free(*outs)) holds sum(n_samples) outputs ordered by request
- * then sample. 0 or -1 + error. */
+/* Convenience: run requests to completion on a fresh generator of config c (NULL: sized
+ * from the requests: slots for all samples up to 64, max_seq_len the longest prompt +
+ * max_new_tokens within max_position_embeddings). *outs (malloc'd, free each with
+ * ff_gen_output_free then free(*outs)) holds sum(n_samples) outputs ordered by request then
+ * sample. 0 or -1 + error. */
 int ff_model_generate(ff_model *m, const ff_generator_config *c, const ff_gen_request *reqs, int32_t n_reqs,
                       ff_gen_output **outs, int32_t *n_outs);
 
