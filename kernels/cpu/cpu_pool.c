@@ -10,12 +10,16 @@
  *
  * Idle workers spin for SPIN_NS, then sleep on a condition variable. A publisher wakes them
  * only if some are asleep: store(counter) then load(sleepers), against the sleeper's
- * store(sleepers) then load(counter), both sequentially consistent, so no wake-up is lost. */
+ * store(sleepers) then load(counter), both sequentially consistent, so no wake-up is lost.
+ *
+ * Workers block all signals. Create pools after fork(): a child keeps the pool's memory
+ * but not its workers (jobs still complete, on the caller alone). */
 #include "kernels/cpu/cpu_pool.h"
 
 #include <assert.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -121,13 +125,24 @@ ff_pool *ff_pool_new(int n_threads) {
             ff_pool_destroy(&p);
             return NULL;
         }
-        for (int i = 0; i < p->n_threads - 1; i++) {
+        /* workers block every signal (they inherit the mask), so signals go to the
+         * application's threads, e.g. an event loop that handles Ctrl-C */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int failed = 0;
+        for (int i = 0; i < p->n_threads - 1 && !failed; i++) {
             if (pthread_create(&p->workers[i], NULL, worker_main, p)) {
                 ff_error_set("cpu backend", "use fewer threads", "cannot start worker thread %d", i + 1);
-                ff_pool_destroy(&p);
-                return NULL;
+                failed = 1;
+            } else {
+                p->n_started++;
             }
-            p->n_started++;
+        }
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (failed) {
+            ff_pool_destroy(&p);
+            return NULL;
         }
     }
     return p;
