@@ -175,6 +175,7 @@ struct ex_run {
     int64_t last_ckpt_iter; /* -1: none */
     int64_t updates[2];  /* total optimizer steps of the run: actor, critic */
     double eval_acc, eval_time_s;
+    int64_t eval_done, eval_total; /* progress of the evaluation running (total 0: none) */
     int64_t t_start_ns;
     double iter_time_avg;
 

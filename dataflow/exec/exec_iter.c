@@ -277,15 +277,19 @@ void ex_iter_free(ex_run *x, ex_iter **pi) {
     (void)x;
 }
 
-/* Decoded text of a tokens column (the reward functions' input). */
+/* Decoded text of a tokens column (the reward functions' input): valid UTF-8, with invalid
+ * byte sequences (a byte-level model can sample any byte) replaced by U+FFFD, so every
+ * reward, a remote one speaking JSON included, gets text. */
 static const char *text_of(ex_run *x, ex_iter *I, int col, int64_t s) {
     if (I->resp_text[col][s]) return I->resp_text[col][s];
     ex_cell *e = cell(I, col, s);
     char *t = NULL;
     size_t len;
     if (ff_tokenizer_decode(x->tok, e->p, e->len, true, &t, &len) != 0) return NULL;
-    I->resp_text[col][s] = t;
-    return t;
+    char *clean = ff_utf8_lossy(t, len, &len);
+    free(t);
+    I->resp_text[col][s] = clean;
+    return clean;
 }
 
 /* ---- packing samples for workers ------------------------------------------------------------- */
@@ -892,10 +896,7 @@ void ex_dump_samples(ex_run *x, FILE *f) {
         json_object_set_new(o, "row", json_integer(row));
         json_object_set_new(o, "prompt", json_string(x->train.prompt[row]));
         const char *t = text_of(x, I, x->resp_col, s);
-        size_t len = 0;
-        char *clean = t ? ff_utf8_lossy(t, strlen(t), &len) : NULL;
-        json_object_set_new(o, "response", json_string(clean ? clean : ""));
-        free(clean);
+        json_object_set_new(o, "response", json_string(t ? t : ""));
         if (x->score_col >= 0) json_object_set_new(o, "score", json_real(cell(I, x->score_col, s)->v));
         char *line = json_dumps(o, JSON_COMPACT);
         if (line) fprintf(f, "%s\n", line);
@@ -914,7 +915,15 @@ void ex_progress(ex_run *x, bool force) {
     char line[512];
     int off = 0;
     ex_iter *I = x->cur;
-    if (!I) return;
+    if (!I) {
+        if (x->eval_total > 0) {
+            snprintf(line, sizeof line, "\r\033[Kiter %" PRId64 " | eval %" PRId64 "/%" PRId64 " held-out prompts", x->iteration,
+                     x->eval_done, x->eval_total);
+            fputs(line, x->out);
+            fflush(x->out);
+        }
+        return;
+    }
     off += snprintf(line + off, sizeof line - (size_t)off, "\r\033[Kiter %" PRId64 "/%" PRId64, I->it, x->run->trainer.steps);
     int64_t N = I->n_groups * x->group_size;
     const int *order = ff_graph_order(x->run->graph);

@@ -258,6 +258,7 @@ void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
         free(text);
         g_eval.hits += hit > 0.5f;
         g_eval.total++;
+        x->eval_done++;
         off += rl[k];
     }
 }
@@ -269,6 +270,8 @@ static int evaluate(ex_run *x, double *acc) {
     ff_sampling sp;
     ff_roles_sampling_from_node(x->run, node_of(x, x->gen_node), &sp);
     g_eval = (eval_state){0};
+    x->eval_done = 0;
+    x->eval_total = n;
     int64_t t0 = ff_now_ns();
     for (int64_t a = 0; a < n; a += chunk) {
         int64_t k = n - a < chunk ? n - a : chunk, P = 0;
@@ -302,7 +305,9 @@ static int evaluate(ex_run *x, double *acc) {
                                 .nargs = 3, .inputs = in, .ninputs = 3, .idempotent = true, .label = label};
         if (!ex_submit(x, j, &spec)) return -1;
     }
-    if (ex_wait_jobs(x) != 0) return -1;
+    int rc = ex_wait_jobs(x);
+    x->eval_total = 0;
+    if (rc != 0) return -1;
     x->eval_time_s = (double)(ff_now_ns() - t0) * 1e-9;
     *acc = g_eval.total ? (double)g_eval.hits / (double)g_eval.total : 0;
     return 0;

@@ -44,7 +44,8 @@ grep -q '"prompts_drawn"' "$work/dapo/metrics.jsonl" || fail "dapo: dynamic samp
 "$bin" generate --model "$work/grpo/checkpoints/step-00000002/actor" --prompt '1+2=' --temperature 0 --max-new-tokens 4 > /dev/null ||
   fail "the checkpointed actor does not load in fuseflow generate"
 
-# two DP ranks, and a rollout pool of its own, give the same iterations as one worker
+# two DP ranks, a rollout pool of its own, and the serial schedule give the same iterations as
+# one worker with the fused schedule
 run_grpo() { # OUT EXTRA...
   local out=$1; shift
   "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=$steps trainer.test_freq=0 trainer.save_freq=0 \
@@ -54,6 +55,9 @@ run_grpo() { # OUT EXTRA...
 run_grpo "$work/dp1" roles.actor.workers=1
 run_grpo "$work/dp2" --workers 2 --trace "$work/trace.json"
 run_grpo "$work/sep" --workers 2 roles.actor.rollout.workers=2
+run_grpo "$work/serial" roles.actor.workers=1 trainer.schedule=serial
+grep -q "serial schedule" "$work/serial.log" || fail "trainer.schedule=serial was not used"
+same_metrics "$work/dp1/metrics.jsonl" "$work/serial/metrics.jsonl" 1e-6 1e-4 || fail "the serial schedule does not train like the fused one"
 grep -q "actor \[0 1\]" "$work/sep.log" && grep -q "gen \[2 3\]" "$work/sep.log" || fail "the rollout pool was not placed apart: $(head -1 "$work/sep.log")"
 # (equal up to float rounding: batches are composed differently on two workers)
 same_metrics "$work/dp1/metrics.jsonl" "$work/dp2/metrics.jsonl" 1e-6 1e-4 || fail "two DP ranks do not train like one"
@@ -85,7 +89,7 @@ roles:
 graph:
   rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 4}
   ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob]}
-  reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: short_answer, max_chars: 3}
+  reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: short_answer, max_chars: 12}
   advantage: {op: advantage, in: [score], out: [advantages], estimator: group_median, scale: 2.0}
   train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob],
                 loss: clipped_adv_pg, adv_clip: 1.0, kl_loss: {type: sq, coef: 0.01}, mini_batch_size: 2, micro_batch_size: 4}
