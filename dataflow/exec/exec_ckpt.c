@@ -164,7 +164,7 @@ int ex_ckpt_load_state(ex_run *x, const char *dir) {
         if (n->op == FF_OP_ADVANTAGE && n->kl_penalty && json_is_number(v)) n->kl_ctl.coef = json_number_value(v);
     }
     if (rc == 0) {
-        x->iteration = x->start_iteration = it;
+        x->iteration = it;
         ex_order_free(&x->order);
         rc = ex_order_init(&x->order, x->train.n, (uint64_t)x->run->trainer.seed, x->run->data.shuffle, epoch, cursor);
     }

@@ -126,9 +126,8 @@ typedef struct ex_iter {
     ex_train train[EX_MAX_NODES];
     double kl_sum[EX_MAX_NODES], kl_w[EX_MAX_NODES]; /* advantage nodes' KL penalty means */
     int64_t prompts_drawn;
-    bool training_started, synced, announced;
+    bool training_started, announced;
     int64_t t0_ns;
-    double gen_tokens;
 } ex_iter;
 
 /* ---- the run --------------------------------------------------------------------------------- */
@@ -168,15 +167,13 @@ struct ex_run {
     ex_iter *cur;
     ex_job *jobs;        /* in flight (for cancel and cleanup) */
     int64_t iteration;   /* last completed */
-    int64_t start_iteration;
     char failed[1024];   /* first fatal error, "" while fine */
     bool stop_now;
     char last_ckpt[4096];
     int64_t last_ckpt_iter; /* -1: none */
     int64_t updates[2];  /* total optimizer steps of the run: actor, critic */
-    double eval_acc, eval_time_s;
+    double eval_time_s;
     int64_t eval_done, eval_total; /* progress of the evaluation running (total 0: none) */
-    int64_t t_start_ns;
     double iter_time_avg;
 
     /* metrics of the iteration being finished */
@@ -224,7 +221,6 @@ void ex_trace_local(ex_trace *t, int64_t it, const char *name, int64_t start_ns,
                     int64_t n);
 void ex_trace_span(ex_trace *t, const char *track, const char *name, int64_t start_ns, int64_t end_ns);
 void ex_trace_dispatch(ex_trace *t, uint64_t subtask, int64_t dispatch_ns);
-void ex_trace_iteration_done(ex_trace *t, int64_t it);
 int ex_trace_write(ex_trace *t, ff_controller *c, const char *path);
 
 #endif

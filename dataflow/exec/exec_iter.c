@@ -420,7 +420,6 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
     int64_t total = 0;
     for (int64_t k = 0; k < want; k++) total += rl[k];
     st->tokens += total;
-    I->gen_tokens += (double)total;
     st->done += x->group_size;
     st->t_last_ns = ff_now_ns();
     complete_tasks(x, I, j);

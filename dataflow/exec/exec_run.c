@@ -619,7 +619,6 @@ int ff_exec_run(const ff_exec_opts *o) {
     if (setup(x, &over, &n_over, resume_dir, sizeof resume_dir) != 0) goto out;
     if (o->trace_path && !(x->tr = ex_trace_new())) goto out;
     describe(x, resume_dir);
-    x->t_start_ns = ff_now_ns();
     if (start_workers(x, resume_dir) != 0) {
         if (x->failed[0]) ff_error_set(NULL, NULL, "%s", x->failed);
         goto out;

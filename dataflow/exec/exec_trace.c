@@ -111,8 +111,6 @@ void ex_trace_dispatch(ex_trace *t, uint64_t subtask, int64_t dispatch_ns) {
     t->calib_ns = dispatch_ns;
 }
 
-void ex_trace_iteration_done(ex_trace *t, int64_t it) { (void)t, (void)it; }
-
 /* ---- writing ------------------------------------------------------------------------------------ */
 typedef struct slice_at {
     int pid, tid;

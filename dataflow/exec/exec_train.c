@@ -307,7 +307,6 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
             ex_fail(x, "weight sync on worker %d: %s: %s", r[i].rank, ff_status_name(r[i].status), r[i].error);
             return;
         }
-    I->synced = true;
     I->st[j->node].t_last_ns = ff_now_ns();
     for (int64_t k = 0; k < j->ntasks; k++)
         if (ff_sched_complete(I->s, j->tasks[k]) != 0) ex_fail(x, "scheduler: %s", ff_error_message());
