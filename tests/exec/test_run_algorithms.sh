@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # `fuseflow run` runs every example algorithm end to end on a small random model (two
-# iterations each): PPO (critic, GAE, KL penalty), GRPO (also with two DP ranks, and with a
-# rollout pool of its own synced by broadcast, giving the same metrics), RLOO, REINFORCE++,
-# ReMax (greedy baseline per group), DAPO (dynamic sampling), and a graph whose estimator,
-# policy loss, KL and reward all come from the example C plugin. Each writes metrics.jsonl
-# with the expected keys and a checkpoint that loads as a model folder; the GRPO run's
-# --trace has subtasks named by node and sample, stage tracks and sample-path arrows.
+# iterations each): PPO (critic, GAE, KL penalty), GRPO (also with two DP ranks, with a
+# rollout pool of its own synced by broadcast, and with the serial schedule, all giving the
+# same metrics), RLOO, REINFORCE++, ReMax (greedy baseline per group), DAPO (dynamic
+# sampling), a reward model on a worker of its own, and a graph whose estimator, policy
+# loss, KL and reward all come from the example C plugin. Each writes metrics.jsonl with the
+# expected keys and a checkpoint that loads as a model folder; the GRPO run's --trace has
+# subtasks named by node and sample, stage tracks and sample-path arrows.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_inputs
@@ -101,5 +102,27 @@ python3 - "$work/plugin/metrics.jsonl" <<'PY' || fail "the plugin's reward never
 import json, sys
 rs = [json.loads(l).get("reward_mean", 0) for l in open(sys.argv[1]) if '"samples"' in l]
 assert any(r > 0 for r in rs), rs
+PY
+# a reward model (op: score on role reward, a value head) on a worker of its own
+"$bin" init --preset tiny --out "$work/rm" num_hidden_layers=2 hidden_size=64 intermediate_size=128 value_head=true --seed 5 > /dev/null
+cat > "$work/rm.yaml" <<YAML
+trainer: {steps: $steps, seed: 2, out_dir: $work/rmrun}
+data: {train_files: $cache/arith/train.jsonl, train_batch_size: 4, max_prompt_length: 16, max_response_length: 6}
+roles:
+  actor: {model: $M, workers: 1, optim: {lr: 1.0e-3}}
+  reward: {model: $work/rm, workers: 1}
+graph:
+  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 4}
+  rm: {op: score, role: reward, in: [prompt, response], out: [score], micro_batch_size: 4}
+  advantage: {op: advantage, in: [score], out: [advantages], estimator: grpo}
+  train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages], mini_batch_size: 2, micro_batch_size: 4}
+  sync: {op: sync_weights, role: actor, after: [train_actor]}
+YAML
+"$bin" run "$work/rm.yaml" --no-progress --dump-samples > "$work/rm.log" 2>&1 || { cat "$work/rm.log" >&2; fail "the reward-model graph did not run"; }
+grep -q "reward \[1\]" "$work/rm.log" || fail "the reward model is not on a worker of its own: $(head -1 "$work/rm.log")"
+python3 - "$work/rmrun/samples.jsonl" <<'PY' || fail "the reward model's scores are not per sample"
+import json, sys
+s = [json.loads(l)["score"] for l in open(sys.argv[1])]
+assert len(s) == 2 * 4 * 4 and len(set(s)) > 4, s
 PY
 echo "ok"
