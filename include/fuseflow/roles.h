@@ -261,8 +261,10 @@ double ff_trainer_denom(const ff_trainer *t, const ff_rl_sample *samples, int32_
  * forward + backward accumulating gradients; then the DP hook; then clip + AdamW. Needs
  * old_logprob and advantages (and ref_logprob with a KL loss) for an actor; old_values and
  * returns for a critic. denom: the global normaliser (<= 0: this share's own, right for one
- * rank). metrics (may be NULL) is overwritten. 0, or -1 + error (a missing column, a model
- * error, a non-finite gradient: the update is skipped and counted in metrics->skipped). */
+ * rank). metrics (may be NULL) is overwritten. No samples and no hook: no step (with a hook,
+ * a rank without samples still joins the all-reduce and steps). 0, or -1 + error (a missing
+ * column, a model error, a non-finite gradient: the update is skipped and counted in
+ * metrics->skipped). */
 int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const int32_t *mb_start, int32_t n_micro,
                     double denom, ff_train_metrics *metrics);
 

@@ -329,6 +329,11 @@ static void test_errors(ff_backend *be, const ff_registry *reg) {
     int32_t bad_mb[3] = {0, 4, 7};
     CHECK(ff_trainer_step(tr, t.s, NS, bad_mb, 2, 0, NULL) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "micro-batch");
+    /* an empty share without a DP group makes no step */
+    ff_train_metrics em;
+    DIE_IF(ff_trainer_step(tr, t.s, 0, NULL, 0, 0, &em));
+    CHECK_EQ_INT(em.steps, 0);
+    CHECK_EQ_INT(ff_optimizer_steps_done(ff_trainer_optimizer(tr)), 0);
     /* a failed step leaves the weights alone */
     DIE_IF(ff_score_logprobs(m, t.s, 1, NULL, p0, NULL));
     CHECK_CLOSE(t.old[0][0], before, 1e-6, 1e-6);

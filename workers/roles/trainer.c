@@ -199,6 +199,9 @@ int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const
         if (mb_start[b + 1] < mb_start[b]) return ff_error_set("trainer step", NULL, "micro-batch %d has a negative size", b);
     if (denom <= 0) denom = ff_trainer_denom(t, samples, n);
     if (metrics) memset(metrics, 0, sizeof *metrics);
+    /* nothing to learn from and no other rank to join: an AdamW step on zero gradients would
+     * still move the weights (momentum), so there is none */
+    if (n == 0 && !t->c.grad_hook) return 0;
     acc a = {0};
     ff_model_zero_grad(t->m);
     ff_forward_opts fo = {.train = true, .temperature = actor ? t->c.temperature : 0};
