@@ -11,7 +11,6 @@
  * continues from the newest one and reproduces the losses of an uninterrupted run (the data
  * order is a function of (seed, epoch), the optimizer state is exact, weights are F32).
  * Ctrl-C finishes the step, saves a checkpoint and exits. */
-#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -436,40 +435,9 @@ out:
     return ff_atomic_dir_commit(tmp, dir);
 }
 
-/* Checkpoint steps in OUT/checkpoints, ascending; returns the count (list malloc'd). */
-static int list_checkpoints(const char *out, int64_t **steps) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/checkpoints", out);
-    *steps = NULL;
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long long st;
-        char tail;
-        if (sscanf(e->d_name, "step-%lld%c", &st, &tail) != 1) continue; /* skips step-N.tmp-PID */
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            int64_t *ns = realloc(*steps, (size_t)cap * sizeof *ns);
-            if (!ns) break;
-            *steps = ns;
-        }
-        (*steps)[n++] = st;
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* insertion sort: a handful of entries */
-        for (int k = i; k > 0 && (*steps)[k - 1] > (*steps)[k]; k--) {
-            int64_t t = (*steps)[k];
-            (*steps)[k] = (*steps)[k - 1];
-            (*steps)[k - 1] = t;
-        }
-    return n;
-}
-
 static void prune_checkpoints(const settings *s) {
     int64_t *steps;
-    int n = list_checkpoints(s->out, &steps);
+    int n = ff_checkpoint_steps(s->out, &steps);
     for (int i = 0; i + s->keep < n; i++) {
         char dir[4200];
         snprintf(dir, sizeof dir, "%s/checkpoints/step-%08lld", s->out, (long long)steps[i]);
@@ -580,7 +548,7 @@ int ff_cmd_sft(int argc, char **argv) {
     if (!y || ff_config_apply_overrides(y, n_over, overrides) != 0 || read_settings(y, &s) != 0) goto out;
     model_dir = s.model;
     if (resume) {
-        int n = list_checkpoints(s.out, &steps);
+        int n = ff_checkpoint_steps(s.out, &steps);
         if (n == 0) {
             ff_error_set(s.out, "run without --resume to start", "--resume: no checkpoint in %s/checkpoints", s.out);
             goto out;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -222,4 +223,38 @@ int ff_mkdirs(const char *path) {
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return ff_error_set(path, NULL, "exists and is not a directory");
     return 0;
+}
+
+int ff_checkpoint_steps(const char *out_dir, int64_t **steps) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/checkpoints", out_dir);
+    *steps = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long v;
+        char tail;
+        if (sscanf(e->d_name, "step-%lld%c", &v, &tail) != 1) continue; /* skips step-N.tmp-PID */
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *a = realloc(*steps, (size_t)cap * sizeof *a);
+            if (!a) break;
+            *steps = a;
+        }
+        (*steps)[n++] = v;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of entries */
+        for (int k = i; k > 0 && (*steps)[k - 1] > (*steps)[k]; k--) {
+            int64_t t = (*steps)[k];
+            (*steps)[k] = (*steps)[k - 1];
+            (*steps)[k - 1] = t;
+        }
+    if (n == 0) {
+        free(*steps);
+        *steps = NULL;
+    }
+    return n;
 }

@@ -13,7 +13,6 @@
  * mini-batch shuffles, the data order per epoch; so this is the whole state.
  *
  * Not here: when to save (exec_run.c). */
-#include <dirent.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -34,40 +33,9 @@ static bool has_train(const ex_run *x, ff_role role) {
     return false;
 }
 
-/* Checkpoint steps in OUT/checkpoints, ascending; returns the count (list malloc'd). */
-static int list_ckpts(const char *out_dir, int64_t **steps) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/checkpoints", out_dir);
-    *steps = NULL;
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long long v;
-        char tail;
-        if (sscanf(e->d_name, "step-%lld%c", &v, &tail) != 1) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 8;
-            int64_t *a = realloc(*steps, (size_t)cap * sizeof *a);
-            if (!a) break;
-            *steps = a;
-        }
-        (*steps)[n++] = v;
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* insertion sort: a handful of entries */
-        for (int k = i; k > 0 && (*steps)[k - 1] > (*steps)[k]; k--) {
-            int64_t t = (*steps)[k];
-            (*steps)[k] = (*steps)[k - 1];
-            (*steps)[k - 1] = t;
-        }
-    return n;
-}
-
 int ex_ckpt_find(const char *out_dir, char *dir, size_t cap, int64_t *iteration) {
     int64_t *steps;
-    int n = list_ckpts(out_dir, &steps);
+    int n = ff_checkpoint_steps(out_dir, &steps);
     if (n == 0) {
         free(steps);
         return -1;
@@ -80,7 +48,7 @@ int ex_ckpt_find(const char *out_dir, char *dir, size_t cap, int64_t *iteration)
 
 static void prune(const char *out_dir, int keep) {
     int64_t *steps;
-    int n = list_ckpts(out_dir, &steps);
+    int n = ff_checkpoint_steps(out_dir, &steps);
     for (int i = 0; i < n - keep; i++) {
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/checkpoints/step-%08" PRId64, out_dir, steps[i]);

@@ -56,6 +56,10 @@ char *ff_read_file(const char *path, size_t *len);
 int ff_write_file_atomic(const char *path, const void *data, size_t len);
 /* mkdir -p. Returns 0 or -1 + error. */
 int ff_mkdirs(const char *path);
+/* The steps of the checkpoints OUT_DIR/checkpoints/step-N (what `fuseflow sft` and
+ * `fuseflow run` write), ascending; half-written step-N.tmp-PID folders are skipped. Returns
+ * the count and a malloc'd list in *steps (the caller frees it; NULL when the count is 0). */
+int ff_checkpoint_steps(const char *out_dir, int64_t **steps);
 
 #ifdef __cplusplus
 }

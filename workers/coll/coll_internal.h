@@ -13,6 +13,24 @@
 
 #include "fuseflow/coll.h"
 
+/* Little-endian fields of the wire headers (hello, mesh, frame headers), whatever the host. */
+static inline void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static inline uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
 enum { COLL_BACKEND_CPU = 1, COLL_BACKEND_NCCL = 2 };
 
 #define COLL_ID_PREFIX "ffcoll1/"

@@ -18,23 +18,6 @@
 
 /* ---- headers -------------------------------------------------------------------------- */
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 void coll_hdr_encode(const coll_hdr *h, uint8_t out[COLL_HDR_BYTES]) {
     put32(out + 0, h->magic);
     out[4] = h->type;
@@ -281,7 +264,6 @@ static int classify_hangup(coll_conn *cn, const char *call) {
     cn->state = PEER_SENT_AHEAD;
     return 0;
 }
-
 
 /* Bytes to skip on ch's connection to reach the next frame boundary of the incoming
  * stream, or -1 if unknown (a header partly read). */

@@ -62,23 +62,6 @@ static coll_fifo *fifo_at(void *seg, size_t cap, int i) {
     return (coll_fifo *)((uint8_t *)seg + sizeof(shm_head) + (size_t)i * (sizeof(coll_fifo) + cap));
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 static int full_io(int fd, void *buf, size_t n, bool wr, int64_t deadline) {
     uint8_t *p = buf;
     while (n) {
