@@ -13,7 +13,8 @@
  * kl_penalty (kl), the train nodes' mini/micro batch sizes, epochs, clip ratios and value
  * clip, the roles' learning rates and gradient clip. The model is --model DIR, or a fresh
  * tiny model (`fuseflow init --preset tiny`'s architecture) written to a temporary folder.
- * Prompts are 2-digit additions drawn with a fixed seed.
+ * Prompts are 2-digit additions drawn with a fixed seed. A filter node (ppo_arith.yaml's
+ * dynamic sampling) is left out of the timed iteration: both sides train on every group.
  *
  * usage: bench_ppo_engines [--config FILE] [--model DIR] [--threads N] [--reps R] [--quick]
  *                          [--no-torch] [key=value overrides of the config ...]

@@ -13,6 +13,8 @@
  * time. Prompt order and sampling seeds follow trainer.seed.
  *
  * Needs the data and the SFT model the config names (examples/grpo_arith.yaml says how).
+ * Graphs with a filter node (dynamic sampling, as in examples/grpo_arith.yaml) are refused:
+ * `fuseflow run` executes those.
  *
  * usage: bench_rl_arith CONFIG [--minutes M] [--eval-n N] [--threads T] [--log FILE] [key=value ...]
  * Last line: rl_arith: <acc>% held-out exact match after <k> iterations in <min> min
@@ -171,6 +173,11 @@ int main(int argc, char **argv) {
     ff_node *adv = find_node(g, FF_OP_ADVANTAGE, FF_ROLE_NONE), *ta = find_node(g, FF_OP_TRAIN, FF_ROLE_ACTOR);
     ff_node *tc = find_node(g, FF_OP_TRAIN, FF_ROLE_CRITIC), *refn = find_node(g, FF_OP_LOGPROB, FF_ROLE_REF);
     ff_node *valn = find_node(g, FF_OP_VALUE, FF_ROLE_CRITIC);
+    if (find_node(g, FF_OP_FILTER, FF_ROLE_NONE)) { /* silently training on unfiltered groups would be another algorithm */
+        fprintf(stderr, "bench_rl_arith: %s: the graph filters groups (dynamic sampling), which this in-process driver does not "
+                        "implement; run it with `fuseflow run`, or remove the filter node to measure the plain algorithm\n", path);
+        return 2;
+    }
     if (!gen || !rew || !adv || !ta || gen->gen.greedy || (tc && !valn) || (valn && !tc)) {
         fprintf(stderr, "bench_rl_arith: %s: this driver runs graphs of generate -> reward_fn -> [ref logprob] -> [critic value] "
                         "-> advantage -> [train critic] -> train actor (PPO, GRPO, RLOO, REINFORCE++ style)\n", path);
