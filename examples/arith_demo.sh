@@ -5,7 +5,7 @@
 # after. The RL settings are examples/grpo_arith.yaml and examples/ppo_arith.yaml
 # (docs/rl-recipe.md explains them and has the measured curves).
 #
-#   bash examples/arith_demo.sh                 # everything under runs/demo (20-25 min on 2 cores)
+#   bash examples/arith_demo.sh                 # everything under runs/demo (about 10 min on 2 idle cores)
 #   OUT=/tmp/demo GRPO_STEPS=100 PPO_STEPS=100 bash examples/arith_demo.sh      # shorter
 #
 # The warm start: SFT learns carries abruptly around step 900-1100 of its 2000-step schedule
