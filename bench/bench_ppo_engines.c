@@ -8,13 +8,13 @@
  * KL penalty, GAE (whitened), critic then actor training over shuffled mini-batches and
  * micro-batches, weight sync into the generating model.
  *
- * Settings come from a run config (default examples/ppo_arith.yaml): data.train_batch_size,
+ * Settings come from a run config (default examples/ppo.yaml): data.train_batch_size,
  * the generate node's n / temperature / max tokens, the advantage node's gamma / lam /
  * kl_penalty (kl), the train nodes' mini/micro batch sizes, epochs, clip ratios and value
  * clip, the roles' learning rates and gradient clip. The model is --model DIR, or a fresh
  * tiny model (`fuseflow init --preset tiny`'s architecture) written to a temporary folder.
- * Prompts are 2-digit additions drawn with a fixed seed. A filter node (ppo_arith.yaml's
- * dynamic sampling) is left out of the timed iteration: both sides train on every group.
+ * Prompts are 2-digit additions drawn with a fixed seed. A filter node (dynamic sampling),
+ * if the config has one, is left out of the timed iteration: both sides train on every group.
  *
  * usage: bench_ppo_engines [--config FILE] [--model DIR] [--threads N] [--reps R] [--quick]
  *                          [--no-torch] [key=value overrides of the config ...]
@@ -239,7 +239,7 @@ static double run_torch(const char *env, const char *src, const char *model, con
 }
 
 int main(int argc, char **argv) {
-    const char *cfg_path = "examples/ppo_arith.yaml", *model_dir = NULL;
+    const char *cfg_path = "examples/ppo.yaml", *model_dir = NULL;
     int threads = 2, reps = 3;
     bool torch = true;
     char **over = ff_calloc((size_t)argc + 1, sizeof *over);
