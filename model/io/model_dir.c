@@ -35,7 +35,9 @@ static size_t expected(const ff_model_config *c, expect *out, size_t cap) {
         n++;                                                                   \
     } while (0)
     int64_t V = c->vocab_size, H = c->hidden_size, I = c->intermediate_size;
-    int64_t q = (int64_t)c->num_attention_heads * c->head_dim, kv = (int64_t)c->num_key_value_heads * c->head_dim;
+    /* head_dim 0 means hidden_size / num_attention_heads (model_config.h), as configs built in code leave it */
+    int64_t D = c->head_dim > 0 ? c->head_dim : (c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0);
+    int64_t q = (int64_t)c->num_attention_heads * D, kv = (int64_t)c->num_key_value_heads * D;
     ADD(false, 2, V, H, "model.embed_tokens.weight");
     for (int l = 0; l < c->num_hidden_layers; l++) {
         ADD(false, 1, H, 0, "model.layers.%d.input_layernorm.weight", l);

@@ -2,7 +2,9 @@
  * configs the engine does not run, weights with a wrong shape, a missing or non-finite
  * tensor, an lm_head beside tied embeddings, token ids out of range, bad sequence offsets,
  * outputs the model does not have, backward without forward, bad optimizer settings and
- * optimizer state of another model. */
+ * optimizer state of another model. Also: the engine's tensor list and the model-folder
+ * checker's (model/io, which validates files without the engine) agree. */
+#include "fuseflow/modelio.h"
 #include "tests/model/model_test_util.h"
 
 static ff_backend *be;
@@ -235,12 +237,37 @@ static void test_critic(void) {
     ff_tensor_set_destroy(&w2);
 }
 
+/* Two lists of the tensors a config implies exist (the engine's table and model/io's check of
+ * a folder); every variant must give the same names and shapes in both. */
+static void test_tensor_lists_agree(void) {
+    for (int v = 0; v < 8; v++) {
+        bool tied = v & 1, bias = v & 2, vhead = v & 4;
+        ff_model_config c = tiny_config(16, 16, 32, 2, 4, 2, tied, bias, vhead);
+        ff_tensor_set *engine = ff_tensor_set_new(), *io = ff_tensor_set_new();
+        REQUIRE(engine && io);
+        REQUIRE(ff_model_expected_tensors(&c, engine) == 0);
+        REQUIRE(ff_hf_expected_tensors(&c, io) == 0);
+        CHECK_EQ_INT(engine->n, io->n);
+        for (size_t i = 0; i < io->n; i++) {
+            const ff_host_tensor *a = &io->items[i], *b = ff_tensor_set_find(engine, a->name);
+            CHECK(b != NULL);
+            if (!b) continue;
+            CHECK_EQ_INT(a->ndim, b->ndim);
+            for (int d = 0; d < a->ndim && d < b->ndim; d++) CHECK_EQ_INT(a->shape[d], b->shape[d]);
+        }
+        CHECK(ff_hf_check_weights(&c, engine, "engine list") == 0);
+        ff_tensor_set_destroy(&engine);
+        ff_tensor_set_destroy(&io);
+    }
+}
+
 int main(void) {
     be = ff_backend_cpu_new(2);
     REQUIRE(be);
     test_config_errors();
     test_weight_errors();
     test_critic();
+    test_tensor_lists_agree();
     ff_backend_destroy(&be);
     TEST_MAIN_END();
 }
