@@ -2,6 +2,7 @@
  * path never allocates, so it works when allocation is what failed. */
 #include "fuseflow/error.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 static _Thread_local char g_msg[FF_ERROR_CAP];
 
 int ff_error_set(const char *where, const char *hint, const char *fmt, ...) {
+    int saved = errno; /* callers may still look at the errno of what failed */
     char what[FF_ERROR_CAP];
     va_list ap;
     va_start(ap, fmt);
@@ -23,10 +25,12 @@ int ff_error_set(const char *where, const char *hint, const char *fmt, ...) {
         n = snprintf(g_msg, sizeof g_msg, "%s", what);
     if (hint && *hint && n >= 0 && (size_t)n < sizeof g_msg)
         snprintf(g_msg + n, sizeof g_msg - (size_t)n, " (hint: %s)", hint);
+    errno = saved;
     return -1;
 }
 
 int ff_error_wrap(const char *fmt, ...) {
+    int saved = errno;
     char ctx[FF_ERROR_CAP];
     char old[FF_ERROR_CAP];
     va_list ap;
@@ -38,6 +42,7 @@ int ff_error_wrap(const char *fmt, ...) {
         snprintf(g_msg, sizeof g_msg, "%s: %s", ctx, old);
     else
         snprintf(g_msg, sizeof g_msg, "%s", ctx);
+    errno = saved;
     return -1;
 }
 

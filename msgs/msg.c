@@ -573,18 +573,11 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
  * (a realigned copy of a received frame) is sent instead of frames[i]. */
 static int send_parts(void *sock, const void *peer, size_t peer_len, const void *hdr, size_t hdr_len,
                       zmq_msg_t *frames, void *const *owned, const ff_tensor *tensors, int n) {
-    if (peer && zmq_send(sock, peer, peer_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
-        int e = errno; /* callers look at it: EHOSTUNREACH means the peer is gone */
-        ff_error_set("send", NULL, "to peer: %s", zmq_strerror(e));
-        errno = e;
-        return -1;
-    }
-    if (zmq_send(sock, hdr, hdr_len, (n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
-        int e = errno;
-        ff_error_set("send", NULL, "header: %s", zmq_strerror(e));
-        errno = e;
-        return -1;
-    }
+    /* (callers look at errno, which ff_error_set keeps: EHOSTUNREACH means the peer is gone) */
+    if (peer && zmq_send(sock, peer, peer_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return ff_error_set("send", NULL, "to peer: %s", zmq_strerror(errno));
+    if (zmq_send(sock, hdr, hdr_len, (n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
+        return ff_error_set("send", NULL, "header: %s", zmq_strerror(errno));
     for (int i = 0; i < n; i++) {
         zmq_msg_t f;
         if (owned && owned[i]) {
@@ -600,9 +593,8 @@ static int send_parts(void *sock, const void *peer, size_t peer_len, const void 
         if (zmq_msg_send(&f, sock, (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
             int e = errno;
             zmq_msg_close(&f);
-            ff_error_set("send", NULL, "tensor frame %d: %s", i, zmq_strerror(e));
             errno = e;
-            return -1;
+            return ff_error_set("send", NULL, "tensor frame %d: %s", i, zmq_strerror(e));
         }
     }
     return 0;

@@ -27,7 +27,8 @@ extern "C" {
 #endif
 
 /* Set the message: "WHERE: WHAT (hint: HINT)". where and hint may be NULL. Returns -1, so
- * `return ff_error_set(...)` reads naturally in functions that return a status. */
+ * `return ff_error_set(...)` reads naturally in functions that return a status. errno is
+ * left as it was (so is it by ff_error_wrap): callers may still test it. */
 int ff_error_set(const char *where, const char *hint, const char *fmt, ...) FF_PRINTF(3, 4);
 
 /* Prepend context to the current message: "CONTEXT: <old message>". Returns -1. */

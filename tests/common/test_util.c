@@ -1,7 +1,9 @@
 /* Errors, random numbers, atomic writes and the JSONL reader. */
+#include <errno.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #include "fuseflow/jsonl.h"
 #include "fuseflow/util.h"
@@ -16,6 +18,15 @@ static void test_errors(void) {
     CHECK(!strcmp(ff_error_message(), "loading model m: f.bin: truncated at 12 (hint: copy it again)"));
     ff_error_set(NULL, NULL, "plain");
     CHECK(!strcmp(ff_error_message(), "plain"));
+    /* errno survives both, even when formatting fails (an unencodable wide string makes
+     * vsnprintf set EILSEQ) */
+    const wchar_t bad[2] = {(wchar_t)0x7fffffff, 0};
+    errno = EHOSTUNREACH;
+    ff_error_set("send", NULL, "%ls", bad);
+    CHECK_EQ_INT(errno, EHOSTUNREACH);
+    errno = ECONNRESET;
+    ff_error_wrap("%ls", bad);
+    CHECK_EQ_INT(errno, ECONNRESET);
 }
 
 static void test_rng(void) {
