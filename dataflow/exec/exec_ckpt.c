@@ -23,23 +23,10 @@
 #include "fuseflow/modelio.h"
 #include "fuseflow/util.h"
 
-uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec);
-
-static bool has_train(const ex_run *x, ff_role role) {
-    for (int m = 0; m < x->n_nodes; m++) {
-        const ff_node *n = ff_graph_node(x->run->graph, (size_t)m);
-        if (n->op == FF_OP_TRAIN && n->role == role) return true;
-    }
-    return false;
-}
-
 int ex_ckpt_find(const char *out_dir, char *dir, size_t cap, int64_t *iteration) {
     int64_t *steps;
     int n = ff_checkpoint_steps(out_dir, &steps);
-    if (n == 0) {
-        free(steps);
-        return -1;
-    }
+    if (n == 0) return -1; /* steps is NULL */
     *iteration = steps[n - 1];
     snprintf(dir, cap, "%s/checkpoints/step-%08" PRId64, out_dir, steps[n - 1]);
     free(steps);
@@ -68,7 +55,7 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at) {
         const char *name;
     } parts[2] = {{FF_ROLE_ACTOR, POOL_ACTOR, "actor"}, {FF_ROLE_CRITIC, POOL_CRITIC, "critic"}};
     for (int i = 0; i < 2; i++) {
-        if (!has_train(x, parts[i].role) || !x->pool_n[parts[i].pool]) continue;
+        if (!ex_has_node(x, FF_OP_TRAIN, parts[i].role) || !x->pool_n[parts[i].pool]) continue;
         ex_job *j = ex_job_new(x, JOB_CTL, -1);
         if (!j) goto fail;
         ff_arg args[2] = {ff_arg_str("role", parts[i].name), ff_arg_str("dir", tmp)};

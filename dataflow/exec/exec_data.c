@@ -12,6 +12,29 @@
 #include "fuseflow/jsonl.h"
 #include "fuseflow/util.h"
 
+/* Room for cap rows in every per-row array (the arrays already grown stay valid on failure). */
+static int grow(ex_dataset *d, int64_t cap) {
+    json_t **rows = ff_realloc(d->rows, (size_t)cap * sizeof *rows);
+    if (!rows) return -1;
+    d->rows = rows;
+    const char **pr = ff_realloc(d->prompt, (size_t)cap * sizeof *pr);
+    if (!pr) return -1;
+    d->prompt = pr;
+    const char **an = ff_realloc(d->answer, (size_t)cap * sizeof *an);
+    if (!an) return -1;
+    d->answer = an;
+    char **me = ff_realloc(d->meta, (size_t)cap * sizeof *me);
+    if (!me) return -1;
+    d->meta = me;
+    int32_t **id = ff_realloc(d->ids, (size_t)cap * sizeof *id);
+    if (!id) return -1;
+    d->ids = id;
+    int32_t *ln = ff_realloc(d->len, (size_t)cap * sizeof *ln);
+    if (!ln) return -1;
+    d->len = ln;
+    return 0;
+}
+
 int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, const ff_tokenizer *tok, bool need_answer) {
     memset(d, 0, sizeof *d);
     ff_jsonl *r = ff_jsonl_open(path);
@@ -25,28 +48,23 @@ int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, c
         snprintf(where, sizeof where, "%s:%d", path, ff_jsonl_line(r));
         json_t *p = json_object_get(o, pk), *a = json_object_get(o, ak);
         if (!json_is_string(p)) {
-            json_decref(o);
-            ff_jsonl_close(&r);
-            return ff_error_set(where, "set data.prompt_key to the key that holds the prompt text",
-                                "no string '%s' (the prompt) in this line", pk);
+            ff_error_set(where, "set data.prompt_key to the key that holds the prompt text", "no string '%s' (the prompt) in this line",
+                         pk);
+            goto fail;
         }
         if (a && !json_is_string(a)) {
-            json_decref(o);
-            ff_jsonl_close(&r);
-            return ff_error_set(where, NULL, "'%s' (the answer) must be a string", ak);
+            ff_error_set(where, NULL, "'%s' (the answer) must be a string", ak);
+            goto fail;
         }
         if (!a && need_answer) {
-            json_decref(o);
-            ff_jsonl_close(&r);
-            return ff_error_set(where, "the graph reads the answer column; set data.answer_key", "no '%s' (the answer) in this line",
-                                ak);
+            ff_error_set(where, "the graph reads the answer column; set data.answer_key", "no '%s' (the answer) in this line", ak);
+            goto fail;
         }
         int32_t *ids = NULL, n = 0;
         ff_encode_opts eo = {true, true}; /* as SFT encodes prompts: the template's BOS, if any */
         if (ff_tokenizer_encode(tok, json_string_value(p), json_string_length(p), &eo, &ids, &n) != 0) {
-            json_decref(o);
-            ff_jsonl_close(&r);
-            return ff_error_wrap("%s", where);
+            ff_error_wrap("%s", where);
+            goto fail;
         }
         if (n < 1 || n > run->data.max_prompt_length) {
             free(ids);
@@ -56,23 +74,9 @@ int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, c
         }
         if (d->n == cap) {
             cap = cap ? 2 * cap : 1024;
-            json_t **rows = ff_realloc(d->rows, (size_t)cap * sizeof *rows);
-            if (rows) d->rows = rows;
-            const char **pr = rows ? ff_realloc(d->prompt, (size_t)cap * sizeof *pr) : NULL;
-            if (pr) d->prompt = pr;
-            const char **an = pr ? ff_realloc(d->answer, (size_t)cap * sizeof *an) : NULL;
-            if (an) d->answer = an;
-            char **me = an ? ff_realloc(d->meta, (size_t)cap * sizeof *me) : NULL;
-            if (me) d->meta = me;
-            int32_t **id = me ? ff_realloc(d->ids, (size_t)cap * sizeof *id) : NULL;
-            if (id) d->ids = id;
-            int32_t *ln = id ? ff_realloc(d->len, (size_t)cap * sizeof *ln) : NULL;
-            if (ln) d->len = ln;
-            if (!ln) {
+            if (grow(d, cap) != 0) {
                 free(ids);
-                json_decref(o);
-                ff_jsonl_close(&r);
-                return -1;
+                goto fail;
             }
         }
         d->rows[d->n] = o;
@@ -90,6 +94,10 @@ int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, c
                             d->skipped ? "every prompt is longer than data.max_prompt_length (%lld tokens)" : "no examples",
                             (long long)run->data.max_prompt_length);
     return 0;
+fail:
+    json_decref(o);
+    ff_jsonl_close(&r);
+    return -1;
 }
 
 void ex_dataset_free(ex_dataset *d) {

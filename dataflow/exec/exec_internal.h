@@ -174,6 +174,8 @@ struct ex_run {
     int64_t updates[2];  /* total optimizer steps of the run: actor, critic */
     double eval_time_s;
     int64_t eval_done, eval_total; /* progress of the evaluation running (total 0: none) */
+    int64_t eval_hits;             /* exact matches among eval_done */
+    int64_t progress_ns;           /* when the live line was last drawn */
     double iter_time_avg;
 
     /* metrics of the iteration being finished */
@@ -184,14 +186,27 @@ struct ex_run {
     struct ex_trace *tr;
 };
 
+/* exec_run.c */
+bool ex_has_node(const ex_run *x, ff_op op, ff_role role); /* role FF_ROLE_COUNT: any role */
+int ex_sync_group(ex_run *x);
+void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n);
+
 /* exec_iter.c */
 int ex_iteration(ex_run *x, int64_t it);
 void ex_iter_free(ex_run *x, ex_iter **pi);
+void ex_iter_metrics(ex_run *x, json_t *m);
+void ex_iter_finish(ex_run *x);
+void ex_dump_samples(ex_run *x, FILE *f);
 void ex_fail(ex_run *x, const char *fmt, ...) FF_PRINTF(2, 3);
 ex_job *ex_job_new(ex_run *x, ex_job_kind kind, int node);
 void ex_job_release(ex_run *x, ex_job *j);
-/* Pack samples' prompt and response (column col) as the rl.* kinds want them (inputs[0..4)). */
-int ex_pack_samples(ex_run *x, ex_iter *I, const int64_t *samples, int64_t n, int resp_col, ff_input *in);
+/* Submit a job; its callback releases it. The controller's job id, or 0 with the run failed
+ * (the job freed). */
+uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec);
+/* Pack samples' prompt and response (column col) as the rl.* kinds want them (inputs[0..4),
+ * their shapes in shapes[0..4): the callers' storage, alive until the submit). */
+int ex_pack_samples(ex_run *x, ex_iter *I, const int64_t *samples, int64_t n, int resp_col, ff_input *in, int64_t *shapes);
+const ff_tensor *ex_out_named(const ff_result *r, const char *name); /* NULL: no such output */
 void ex_free_buf(void *data, void *hint);
 /* Wait (running the loop) until every job of the list is done or the run failed. */
 int ex_wait_jobs(ex_run *x);
@@ -200,7 +215,9 @@ void ex_check_workers(ex_run *x);
 
 /* exec_train.c */
 int ex_train_start(ex_run *x, ex_iter *I, const ff_task *t);
+void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n);
 int ex_sync_start(ex_run *x, ex_iter *I, const ff_task *t);
+void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n);
 void ex_train_metrics(ex_run *x, ex_iter *I, json_t *m);
 
 /* exec_ckpt.c */

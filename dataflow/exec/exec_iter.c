@@ -65,15 +65,12 @@ void ex_job_release(ex_run *x, ex_job *j) {
     free(j);
 }
 
-static const ff_tensor *out_named(const ff_result *r, const char *name) {
+const ff_tensor *ex_out_named(const ff_result *r, const char *name) {
     for (int i = 0; i < r->noutputs; i++)
         if (!strcmp(r->outputs[i].name, name)) return &r->outputs[i];
     return NULL;
 }
 
-void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n);
-void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n);
-void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n);
 static void gen_done(ex_run *x, ex_job *j, const ff_result *r);
 static void score_done(ex_run *x, ex_job *j, const ff_result *r);
 
@@ -99,8 +96,6 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
     ex_job_release(x, j);
 }
 
-/* Submit a job; its callback releases it. 0, or -1 with the run failed. */
-uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec);
 uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec) {
     uint64_t id = ff_controller_submit(x->c, spec, on_done, j);
     if (!id) {
@@ -240,7 +235,6 @@ static ex_iter *iter_new(ex_run *x, int64_t it) {
             I->pend_count[m] = ff_calloc(1, sizeof(int32_t));
             if (!I->pend_task[m] || !I->pend_count[m]) goto fail;
         }
-        I->st[m].t_first_ns = I->st[m].t_last_ns = 0;
     }
     for (int c = 0; c < x->n_cols; c++)
         if (ff_graph_column(x->run->graph, (size_t)c)->kind == FF_COL_TOKENS && !(I->resp_text[c] = ff_calloc(1, sizeof(char *))))
@@ -293,7 +287,7 @@ static const char *text_of(ex_run *x, ex_iter *I, int col, int64_t s) {
 }
 
 /* ---- packing samples for workers ------------------------------------------------------------- */
-int ex_pack_samples(ex_run *x, ex_iter *I, const int64_t *samples, int64_t n, int resp_col, ff_input *in) {
+int ex_pack_samples(ex_run *x, ex_iter *I, const int64_t *samples, int64_t n, int resp_col, ff_input *in, int64_t *shapes) {
     int64_t P = 0, R = 0;
     for (int64_t i = 0; i < n; i++) {
         P += cell(I, x->prompt_col, samples[i])->len;
@@ -317,6 +311,8 @@ int ex_pack_samples(ex_run *x, ex_iter *I, const int64_t *samples, int64_t n, in
     in[1] = (ff_input){.name = "plen", .dtype = FF_DTYPE_I32, .ndim = 1, .data = pl, .free_fn = ex_free_buf};
     in[2] = (ff_input){.name = "resp", .dtype = FF_DTYPE_I32, .ndim = 1, .data = r, .free_fn = ex_free_buf};
     in[3] = (ff_input){.name = "rlen", .dtype = FF_DTYPE_I32, .ndim = 1, .data = rl, .free_fn = ex_free_buf};
+    shapes[0] = P, shapes[1] = n, shapes[2] = R, shapes[3] = n;
+    for (int i = 0; i < 4; i++) in[i].shape = &shapes[i];
     return 0;
 }
 
@@ -396,7 +392,7 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
                 r->error);
         return;
     }
-    const ff_tensor *rlen = out_named(r, "rlen"), *resp = out_named(r, "resp"), *lp = out_named(r, "logprob");
+    const ff_tensor *rlen = ex_out_named(r, "rlen"), *resp = ex_out_named(r, "resp"), *lp = ex_out_named(r, "logprob");
     bool per_group = nd->gran == FF_GRAN_GROUP;
     int64_t want = per_group ? 1 : x->group_size;
     if (!rlen || !resp || !lp || rlen->shape[0] != want) {
@@ -446,15 +442,11 @@ static int submit_score(ex_run *x, ex_iter *I, const ff_task *t) {
     j->tasks[0] = t->id;
     memcpy(j->samples, t->samples, (size_t)t->n_samples * sizeof *t->samples);
     ff_input in[4];
-    int resp_col = nd->in[FF_SLOT_RESPONSE];
-    if (ex_pack_samples(x, I, t->samples, t->n_samples, resp_col, in) != 0) {
+    int64_t shapes[4], n = t->n_samples;
+    if (ex_pack_samples(x, I, t->samples, n, nd->in[FF_SLOT_RESPONSE], in, shapes) != 0) {
         free(j->tasks), free(j->samples), free(j);
         return -1;
     }
-    int64_t P = 0, R = 0, n = t->n_samples;
-    for (int64_t i = 0; i < n; i++) P += ((int32_t *)in[1].data)[i], R += ((int32_t *)in[3].data)[i];
-    int64_t shapes[4] = {P, n, R, n};
-    for (int i = 0; i < 4; i++) in[i].shape = &shapes[i];
     const char *kind = nd->op == FF_OP_LOGPROB ? "rl.logprob" : nd->op == FF_OP_VALUE ? "rl.value" : "rl.score";
     int pool = nd->role == FF_ROLE_ACTOR ? POOL_ACTOR : nd->role == FF_ROLE_REF ? POOL_REF
                : nd->role == FF_ROLE_CRITIC                                   ? POOL_CRITIC
@@ -489,7 +481,7 @@ static void score_done(ex_run *x, ex_job *j, const ff_result *r) {
     const char *name = nd->op == FF_OP_LOGPROB ? "logprob" : nd->op == FF_OP_VALUE ? "values" : "score";
     int slot = nd->op == FF_OP_LOGPROB ? FF_SLOT_LOGPROB : nd->op == FF_OP_VALUE ? FF_SLOT_VALUES : FF_SLOT_SCORE;
     int col = nd->out[slot];
-    const ff_tensor *o = out_named(r, name);
+    const ff_tensor *o = ex_out_named(r, name);
     const float *v = o ? o->data : NULL;
     int64_t off = 0, need = 0;
     int resp_col = nd->in[FF_SLOT_RESPONSE];
@@ -682,10 +674,14 @@ static int run_local(ex_run *x, ex_iter *I, local_task *lt, int64_t n) {
             }
             if (ff_sched_complete(I->s, lt[i].id) != 0) return -1;
         } else if (nd->op == FF_OP_FILTER) {
-            float sc[4096];
-            int64_t k = 0;
-            for (int64_t q = 0; q < lt[i].n && k < 4096; q++) sc[k++] = cell(I, nd->in[FF_SLOT_SCORE], lt[i].samples[q])->v;
-            bool keep = ff_node_filter_keep(nd, sc, (size_t)k);
+            float stack[4096], *sc = lt[i].n <= 4096 ? stack : ff_malloc((size_t)lt[i].n * sizeof *sc); /* a group's scores */
+            if (!sc) {
+                ex_fail(x, "out of memory for the scores of a group of %" PRId64 " samples", lt[i].n);
+                return -1;
+            }
+            for (int64_t q = 0; q < lt[i].n; q++) sc[q] = cell(I, nd->in[FF_SLOT_SCORE], lt[i].samples[q])->v;
+            bool keep = ff_node_filter_keep(nd, sc, (size_t)lt[i].n);
+            if (sc != stack) free(sc);
             int64_t t0 = ff_now_ns();
             if (ff_sched_complete_filter(I->s, lt[i].id, keep) != 0) return -1;
             I->st[lt[i].node].done += lt[i].n;
@@ -817,7 +813,6 @@ int ex_iteration(ex_run *x, int64_t it) {
 }
 
 /* ---- the iteration's metrics --------------------------------------------------------------------- */
-void ex_iter_metrics(ex_run *x, json_t *m);
 void ex_iter_metrics(ex_run *x, json_t *m) {
     ex_iter *I = x->cur;
     double rsum = 0, lsum = 0, acc = 0, klsum = 0, klw = 0, n = 0;
@@ -870,7 +865,6 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
     ex_train_metrics(x, I, m);
 }
 
-void ex_iter_finish(ex_run *x);
 void ex_iter_finish(ex_run *x) {
     ex_iter *I = x->cur;
     /* adaptive KL controllers move once per iteration, by the batch's mean KL */
@@ -882,7 +876,6 @@ void ex_iter_finish(ex_run *x) {
 }
 
 /* The samples of the iteration, one JSON line each (--dump-samples). */
-void ex_dump_samples(ex_run *x, FILE *f);
 void ex_dump_samples(ex_run *x, FILE *f) {
     ex_iter *I = x->cur;
     for (int64_t s = 0; s < I->n_groups * x->group_size; s++) {
@@ -906,11 +899,10 @@ void ex_dump_samples(ex_run *x, FILE *f) {
 
 /* ---- progress ------------------------------------------------------------------------------------ */
 void ex_progress(ex_run *x, bool force) {
-    static int64_t last_ns;
     if (!x->tty || x->o.progress == 0) return;
     int64_t now = ff_now_ns();
-    if (!force && now - last_ns < 100000000LL) return;
-    last_ns = now;
+    if (!force && now - x->progress_ns < 100000000LL) return;
+    x->progress_ns = now;
     char line[512];
     int off = 0;
     ex_iter *I = x->cur;

@@ -28,11 +28,6 @@
 #include "fuseflow/roles.h"
 #include "fuseflow/util.h"
 
-uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec);
-void ex_iter_metrics(ex_run *x, json_t *m);
-void ex_iter_finish(ex_run *x);
-void ex_dump_samples(ex_run *x, FILE *f);
-
 void ff_exec_opts_default(ff_exec_opts *o) {
     memset(o, 0, sizeof *o);
     o->progress = -1;
@@ -41,7 +36,7 @@ void ff_exec_opts_default(ff_exec_opts *o) {
 
 static const ff_node *node_of(const ex_run *x, int m) { return ff_graph_node(x->run->graph, (size_t)m); }
 
-static bool has_node(const ex_run *x, ff_op op, ff_role role) {
+bool ex_has_node(const ex_run *x, ff_op op, ff_role role) {
     for (int m = 0; m < x->n_nodes; m++)
         if (node_of(x, m)->op == op && (role == FF_ROLE_COUNT || node_of(x, m)->role == role)) return true;
     return false;
@@ -126,7 +121,7 @@ static int place(ex_run *x) {
             return ff_error_set(rc[r].where, "use dp only (tp: 1, pp: 1) for now",
                                 "tensor and pipeline parallel layouts are not executed yet");
     }
-    unsigned actor_bits = has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR) || has_node(x, FF_OP_LOGPROB, FF_ROLE_ACTOR) ? EX_ACTOR : 0;
+    unsigned actor_bits = ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR) || ex_has_node(x, FF_OP_LOGPROB, FF_ROLE_ACTOR) ? EX_ACTOR : 0;
     x->gen_separate = rc[FF_ROLE_ACTOR].rollout_workers > 0;
     if (add_ranks(x, POOL_ACTOR, (int)rc[FF_ROLE_ACTOR].layout.workers, actor_bits | (x->gen_separate ? 0 : EX_GEN))) return -1;
     if (x->gen_separate) {
@@ -159,8 +154,8 @@ static int place(ex_run *x) {
 static int make_groups(ex_run *x) {
     for (int p = 0; p < POOL_COUNT; p++) {
         if (!x->pool_n[p]) continue;
-        bool trained = (p == POOL_ACTOR && has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR)) ||
-                       (p == POOL_CRITIC && has_node(x, FF_OP_TRAIN, FF_ROLE_CRITIC));
+        bool trained = (p == POOL_ACTOR && ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR)) ||
+                       (p == POOL_CRITIC && ex_has_node(x, FF_OP_TRAIN, FF_ROLE_CRITIC));
         ff_group_opts go = {.backend = trained && x->pool_n[p] > 1 ? "cpu" : "none", .timeout_s = 120};
         if (ff_controller_group_create(x->c, ex_pool_names[p], x->pool_ranks[p], x->pool_n[p], &go) != 0)
             return ff_error_wrap("worker group '%s'", ex_pool_names[p]);
@@ -169,7 +164,6 @@ static int make_groups(ex_run *x) {
 }
 
 /* The "sync" group: the actor's rank 0 (the source) and the live generation ranks. */
-int ex_sync_group(ex_run *x);
 int ex_sync_group(ex_run *x) {
     int ranks[EX_MAX_RANKS + 1], n = 0;
     ranks[n++] = x->pool_ranks[POOL_ACTOR][0];
@@ -192,30 +186,28 @@ static int init_workers(ex_run *x, const char *resume_dir) {
     snprintf(backend, sizeof backend, "cpu:%d", x->threads);
     const ff_data_cfg *d = &x->run->data;
     int64_t slots = x->batch * x->group_size / (x->pool_n[POOL_GEN] ? x->pool_n[POOL_GEN] : 1);
-    if (slots < x->group_size) slots = x->group_size;
     if (slots < 16) slots = 16;
     if (slots > 256) slots = 256;
     if (slots < x->group_size) slots = x->group_size;
     int64_t max_seq = d->max_prompt_length + d->max_response_length + 1;
     size_t clen = strlen(x->config_text), olen = strlen(x->overrides_text);
     for (int r = 0; r < x->nranks; r++) {
-        char *cfg = ff_malloc(clen + 1), *ov = ff_malloc(olen + 1);
+        char *cfg = ff_strdup(x->config_text), *ov = ff_strdup(x->overrides_text);
         if (!cfg || !ov) {
             free(cfg), free(ov);
             return -1;
         }
-        memcpy(cfg, x->config_text, clen + 1);
-        memcpy(ov, x->overrides_text, olen + 1);
         int64_t cl = (int64_t)clen, ol = (int64_t)olen;
         ff_input in[2] = {{.name = "config", .dtype = FF_DTYPE_U8, .ndim = 1, .shape = &cl, .data = cfg, .free_fn = ex_free_buf},
                           {.name = "overrides", .dtype = FF_DTYPE_U8, .ndim = 1, .shape = &ol, .data = ov, .free_fn = ex_free_buf}};
-        ff_arg args[9] = {ff_arg_int("roles", x->rank_roles[r]),     ff_arg_str("backend", backend),
+        ff_arg args[] = {ff_arg_int("roles", x->rank_roles[r]),     ff_arg_str("backend", backend),
                           ff_arg_str("resume", resume_dir ? resume_dir : ""), ff_arg_int("updates_actor", x->updates[0]),
                           ff_arg_int("updates_critic", x->updates[1]), ff_arg_int("slots", slots),
                           ff_arg_int("max_seq", max_seq),            ff_arg_str("name", x->o.config)};
         ex_job *j = ex_job_new(x, JOB_CTL, -1);
         if (!j) return -1;
-        ff_subtask_spec spec = {.kind = "rl.init", .target = FF_TARGET_RANK, .rank = r, .args = args, .nargs = 8, .inputs = in,
+        ff_subtask_spec spec = {.kind = "rl.init", .target = FF_TARGET_RANK, .rank = r, .args = args,
+                                .nargs = (int)(sizeof args / sizeof *args), .inputs = in,
                                 .ninputs = 2, .label = "load models"};
         if (!ex_submit(x, j, &spec)) return -1;
     }
@@ -223,23 +215,13 @@ static int init_workers(ex_run *x, const char *resume_dir) {
 }
 
 /* ---- held-out evaluation ---------------------------------------------------------------------- */
-typedef struct eval_state {
-    int64_t hits, total;
-} eval_state;
-static eval_state g_eval;
-
-void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n);
 void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
     (void)n;
     if (r->status != FF_STATUS_OK) {
         ex_fail(x, "evaluation on worker %d: %s: %s", r->rank, ff_status_name(r->status), r->error);
         return;
     }
-    const ff_tensor *rlen = NULL, *resp = NULL;
-    for (int i = 0; i < r->noutputs; i++) {
-        if (!strcmp(r->outputs[i].name, "rlen")) rlen = &r->outputs[i];
-        if (!strcmp(r->outputs[i].name, "resp")) resp = &r->outputs[i];
-    }
+    const ff_tensor *rlen = ex_out_named(r, "rlen"), *resp = ex_out_named(r, "resp");
     if (!rlen || !resp || rlen->shape[0] != j->nsamples) {
         ex_fail(x, "evaluation: worker %d sent a malformed result", r->rank);
         return;
@@ -256,8 +238,7 @@ void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
             if (ff_reward_score(x->exact, &it, 1, &hit) != 0) hit = 0;
         }
         free(text);
-        g_eval.hits += hit > 0.5f;
-        g_eval.total++;
+        x->eval_hits += hit > 0.5f;
         x->eval_done++;
         off += rl[k];
     }
@@ -269,8 +250,7 @@ static int evaluate(ex_run *x, double *acc) {
     int64_t chunk = x->run->data.val_batch_size;
     ff_sampling sp;
     ff_roles_sampling_from_node(x->run, node_of(x, x->gen_node), &sp);
-    g_eval = (eval_state){0};
-    x->eval_done = 0;
+    x->eval_hits = x->eval_done = 0;
     x->eval_total = n;
     int64_t t0 = ff_now_ns();
     for (int64_t a = 0; a < n; a += chunk) {
@@ -309,7 +289,7 @@ static int evaluate(ex_run *x, double *acc) {
     x->eval_total = 0;
     if (rc != 0) return -1;
     x->eval_time_s = (double)(ff_now_ns() - t0) * 1e-9;
-    *acc = g_eval.total ? (double)g_eval.hits / (double)g_eval.total : 0;
+    *acc = x->eval_done ? (double)x->eval_hits / (double)x->eval_done : 0;
     return 0;
 }
 
@@ -434,8 +414,7 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
     }
     *over_out = over;
     *n_over_out = n_over;
-    size_t len;
-    if (!(x->config_text = ff_read_file(o->config, &len))) return -1;
+    if (!(x->config_text = ff_read_file(o->config, NULL))) return -1;
     if (!(x->reg = ff_registry_new())) return -1;
     if (!(x->run = ff_run_config_load(o->config, n_over, over, x->reg))) return -1;
     if (!(x->overrides_text = worker_overrides(x, n_over, over))) return -1;
@@ -536,7 +515,7 @@ static int loop(ex_run *x) {
         if (evaluate(x, &acc) != 0) return -1;
         json_t *m = json_pack("{s:i, s:f, s:f}", "iteration", 0, "eval_acc", acc, "eval_time_s", x->eval_time_s);
         clear_line(x);
-        fprintf(x->out, "iter 0 | EVAL acc %.3f (%" PRId64 " held-out prompts, greedy)\n", acc, g_eval.total);
+        fprintf(x->out, "iter 0 | EVAL acc %.3f (%" PRId64 " held-out prompts, greedy)\n", acc, x->eval_done);
         fflush(x->out);
         ex_metrics_append(x, m);
         json_decref(m);
@@ -547,8 +526,8 @@ static int loop(ex_run *x) {
         if (rc < 0) return -1;
         if (rc == 1) { /* interrupted before anything trained: save the state of it - 1 */
             clear_line(x);
-            x->order.epoch = at_start.epoch, x->order.cursor = at_start.cursor;
-            /* the permutation of that epoch: rebuild it */
+            /* back to the data position of it - 1; the permutation of that epoch is rebuilt,
+             * as the shared perm buffer may have moved on to the next epoch */
             ex_order o2;
             if (ex_order_init(&o2, x->train.n, at_start.seed, at_start.shuffle, at_start.epoch, at_start.cursor) != 0) return -1;
             ex_order_free(&x->order);

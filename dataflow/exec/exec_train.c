@@ -26,8 +26,6 @@
 #include "fuseflow/roles.h"
 #include "fuseflow/util.h"
 
-uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec);
-
 static const ff_node *node_of(const ex_run *x, int m) { return ff_graph_node(x->run->graph, (size_t)m); }
 
 /* Per-token columns of a train subtask: tensor name and the node's slot. */
@@ -73,12 +71,10 @@ static int submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int ra
     const train_col *cols = actor ? actor_cols : critic_cols;
     int ncols = actor ? 3 : 2;
     ff_input in[10];
-    int nin = 0;
-    if (ex_pack_samples(x, I, samples, n, nd->in[FF_SLOT_RESPONSE], in) != 0) return -1;
-    nin = 4;
-    int64_t P = 0, R = 0;
-    for (int64_t i = 0; i < n; i++) P += ((int32_t *)in[1].data)[i], R += ((int32_t *)in[3].data)[i];
-    int64_t shapes[10] = {P, n, R, n};
+    int64_t shapes[10];
+    if (ex_pack_samples(x, I, samples, n, nd->in[FF_SLOT_RESPONSE], in, shapes) != 0) return -1;
+    int nin = 4;
+    int64_t R = shapes[2];
     for (int c = 0; c < ncols; c++) {
         int col = nd->in[cols[c].slot];
         if (col < 0) continue;
@@ -135,11 +131,11 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_task *t) {
     *tr = (ex_train){.node = m, .task = t->id, .pool = pool, .n_steps = epochs * per_epoch, .n_ranks = dp, .active = true};
     tr->pending = tr->n_steps * dp;
     tr->m = ff_calloc((size_t)(tr->pending ? tr->pending : 1), sizeof *tr->m);
-    int64_t *order = ff_malloc((size_t)(n ? n : 1) * sizeof *order), *mini = ff_malloc((size_t)(n ? n : 1) * sizeof *mini);
-    int64_t *share = ff_malloc((size_t)(n ? n : 1) * sizeof *share), *tok = ff_malloc((size_t)(n ? n : 1) * sizeof *tok);
+    int64_t *order = ff_malloc((size_t)(n ? n : 1) * sizeof *order), *share = ff_malloc((size_t)(n ? n : 1) * sizeof *share);
+    int64_t *tok = ff_malloc((size_t)(n ? n : 1) * sizeof *tok);
     int32_t *off = ff_malloc((size_t)(n + 1) * sizeof *off), *mb = ff_malloc((size_t)(n + 2) * sizeof *mb);
     int rc = -1;
-    if (!tr->m || !order || !mini || !share || !tok || !off || !mb) goto out;
+    if (!tr->m || !order || !share || !tok || !off || !mb) goto out;
     if (!I->st[m].t_first_ns) I->st[m].t_first_ns = ff_now_ns();
     I->st[m].dispatched += n;
     if (tr->pending == 0) { /* nothing to train on (every group filtered out) */
@@ -191,7 +187,7 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_task *t) {
     }
     rc = 0;
 out:
-    free(order), free(mini), free(share), free(tok), free(off), free(mb);
+    free(order), free(share), free(tok), free(off), free(mb);
     if (rc && !x->failed[0]) ex_fail(x, "node '%s': %s", nd->name, ff_error_message());
     return rc;
 }
@@ -211,9 +207,7 @@ void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
                 r[0].error);
         return;
     }
-    const ff_tensor *mt = NULL;
-    for (int i = 0; i < r[0].noutputs; i++)
-        if (!strcmp(r[0].outputs[i].name, "metrics")) mt = &r[0].outputs[i];
+    const ff_tensor *mt = ex_out_named(&r[0], "metrics");
     if (!mt || mt->dtype != FF_DTYPE_F64 || ff_tensor_numel(mt) < M_COUNT) {
         ex_fail(x, "node '%s': worker %d sent no training metrics", nd->name, r[0].rank);
         return;
@@ -273,7 +267,6 @@ void ex_train_metrics(ex_run *x, ex_iter *I, json_t *out) {
 }
 
 /* ---- weight sync ---------------------------------------------------------------------------------- */
-int ex_sync_group(ex_run *x);
 
 int ex_sync_start(ex_run *x, ex_iter *I, const ff_task *t) {
     if (x->gen_separate && ex_sync_group(x) != 0) return -1;
