@@ -20,15 +20,6 @@
 static const char *bin;
 static char dir[256];
 
-static void sh(const char *fmt, const char *a, const char *b) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, fmt, a, b);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "failed: %s\n", cmd);
-        exit(1);
-    }
-}
-
 typedef struct out {
     int calls, status;
     char error[256];
@@ -149,10 +140,10 @@ int main(int argc, char **argv) {
     bin = getenv("FF_BIN");
     if (!bin) SKIP("FF_BIN (the fuseflow binary) is not set; run through ctest");
     snprintf(dir, sizeof dir, "/tmp/ff_rlworker_%d", (int)getpid());
-    sh("rm -rf %s && mkdir -p %s", dir, dir);
+    rt_sh("rm -rf %s && mkdir -p %s", dir, dir);
     char model[512], cfg[4096];
     snprintf(model, sizeof model, "%s/m", dir);
-    sh("%s init --preset tiny --out %s num_hidden_layers=2 hidden_size=64 intermediate_size=128 > /dev/null", bin, model);
+    rt_sh("%s init --preset tiny --out %s num_hidden_layers=2 hidden_size=64 intermediate_size=128 > /dev/null", bin, model);
     snprintf(cfg, sizeof cfg,
              "trainer: {steps: 2, seed: 3}\n"
              "data: {train_files: none.jsonl, train_batch_size: 2, max_prompt_length: 8, max_response_length: 6}\n"
@@ -316,6 +307,6 @@ int main(int argc, char **argv) {
     }
     rt_shutdown_clean(C);
     ff_controller_destroy(&C);
-    sh("rm -rf %s%s", dir, "");
+    rt_sh("rm -rf %s%s", dir, "");
     TEST_MAIN_END();
 }

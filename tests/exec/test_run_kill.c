@@ -17,15 +17,6 @@
 static const char *bin;
 static char dir[256];
 
-static void sh(const char *fmt, const char *a, const char *b) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, fmt, a, b);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "failed: %s\n", cmd);
-        exit(1);
-    }
-}
-
 typedef struct hook {
     int mode; /* 1 kill a rollout worker, 2 kill the actor, 3 interrupt */
     bool done;
@@ -110,13 +101,13 @@ int main(void) {
     if (!bin) SKIP("FF_BIN (the fuseflow binary) is not set; run through ctest");
     ff_log_set_level(FF_LOG_ERROR);
     snprintf(dir, sizeof dir, "/tmp/ff_run_kill_%d", (int)getpid());
-    sh("rm -rf %s && mkdir -p %s", dir, dir);
+    rt_sh("rm -rf %s && mkdir -p %s", dir, dir);
     char model[512], data[512], out[512];
     snprintf(model, sizeof model, "%s/m", dir);
     snprintf(data, sizeof data, "%s/a", dir);
     snprintf(cfg_path, sizeof cfg_path, "%s/run.yaml", dir);
-    sh("%s init --preset tiny --out %s num_hidden_layers=2 hidden_size=64 intermediate_size=128 > /dev/null", bin, model);
-    sh("%s dataset arith --digits 2 --train 200 --test 10 --out %s > /dev/null", bin, data);
+    rt_sh("%s init --preset tiny --out %s num_hidden_layers=2 hidden_size=64 intermediate_size=128 > /dev/null", bin, model);
+    rt_sh("%s dataset arith --digits 2 --train 200 --test 10 --out %s > /dev/null", bin, data);
 
     /* 1. a rollout worker dies with groups in flight */
     snprintf(out, sizeof out, "%s/o1", dir);
@@ -179,6 +170,6 @@ int main(void) {
     snprintf(path, sizeof path, "%s/checkpoints/step-00000002", out);
     struct stat sb;
     CHECK(stat(path, &sb) != 0);
-    sh("rm -rf %s%s", dir, "");
+    rt_sh("rm -rf %s%s", dir, "");
     TEST_MAIN_END();
 }

@@ -89,6 +89,17 @@ static inline void rt_shutdown_clean(ff_controller *c) {
     }
 }
 
+/* Run a shell command built from fmt with two string arguments (setup steps: folders, the
+ * fuseflow binary); a failing one ends the test. */
+static inline void rt_sh(const char *fmt, const char *a, const char *b) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, fmt, a, b);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "failed: %s\n", cmd);
+        exit(1);
+    }
+}
+
 typedef struct rt_counter {
     int done, ok, failed;
     int status[FF_STATUS_END];

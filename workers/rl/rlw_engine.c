@@ -169,19 +169,33 @@ static ff_trainer *make_trainer(rlw *s, ff_model *m, ff_role role, int64_t updat
     return t;
 }
 
+static void free_lines(char **v, int n) {
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+/* The non-empty lines of text, or NULL with *n == -1 when out of memory (a run parsed
+ * without some of its overrides would silently differ from the controller's). */
 static char **split_lines(const char *text, int *n) {
     *n = 0;
     if (!text || !*text) return NULL;
     int cap = 1;
     for (const char *p = text; *p; p++) cap += *p == '\n';
     char **v = ff_calloc((size_t)cap, sizeof *v);
-    if (!v) return NULL;
+    if (!v) {
+        *n = -1;
+        return NULL;
+    }
     for (const char *p = text; *p;) {
         const char *e = strchr(p, '\n');
         size_t len = e ? (size_t)(e - p) : strlen(p);
         if (len) {
             v[*n] = ff_malloc(len + 1);
-            if (!v[*n]) break;
+            if (!v[*n]) {
+                free_lines(v, *n);
+                *n = -1;
+                return NULL;
+            }
             memcpy(v[*n], p, len);
             v[(*n)++][len] = 0;
         }
@@ -194,10 +208,10 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     unload(s);
     int n_over = 0;
     char **over = split_lines(a->overrides, &n_over);
+    if (n_over < 0) return ff_error_wrap("worker: the run config's overrides");
     s->reg = ff_registry_new();
     if (s->reg) s->run = ff_run_config_parse(a->config, a->config_name, n_over, over, s->reg);
-    for (int i = 0; i < n_over; i++) free(over[i]);
-    free(over);
+    free_lines(over, n_over);
     if (!s->run) return ff_error_wrap("worker: the run config");
     s->be = ff_backend_new(a->backend && a->backend[0] ? a->backend : "cpu");
     if (!s->be) return ff_error_wrap("worker");
@@ -467,7 +481,7 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
                             "this worker has no %s trainer", role_name(role));
     ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
     if (!v) return -1;
-    ff_train_metrics tm;
+    ff_train_metrics tm = {0}; /* a step that fails its checks leaves it untouched */
     s->comm = comm;
     int rc = ff_trainer_step(t, v, in->n, mb, n_micro, denom, &tm);
     s->comm = NULL;
@@ -517,7 +531,7 @@ int rlw_save(rlw *s, unsigned role, const char *dir) {
     if (need(s, role)) return -1;
     ff_model *m = model_of(s, role);
     ff_trainer *t = role == RLW_ACTOR ? s->t_actor : s->t_critic;
-    const char *name = role == RLW_ACTOR ? "actor" : "critic";
+    const char *name = role_name(role);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (ff_mkdirs(path) != 0) return -1;

@@ -130,8 +130,9 @@ static int64_t sum_lens(const ff_tensor *x, bool *ok, int32_t min) {
 }
 
 /* The packed samples of a subtask, checked: lengths add up, prompts non-empty, every
- * per-token column has one value per response token. */
-static bool read_samples(ff_task *t, rlw_samples *in) {
+ * per-token column has one value per response token. *ntok (NULL: not wanted) gets the
+ * number of response tokens. */
+static bool read_samples(ff_task *t, rlw_samples *in, int64_t *ntok) {
     memset(in, 0, sizeof *in);
     const ff_tensor *p = input(t, "prompt", FF_DTYPE_I32, false), *pl = input(t, "plen", FF_DTYPE_I32, false);
     const ff_tensor *r = input(t, "resp", FF_DTYPE_I32, false), *rl = input(t, "rlen", FF_DTYPE_I32, false);
@@ -156,13 +157,8 @@ static bool read_samples(ff_task *t, rlw_samples *in) {
         }
         in->col[k] = c ? c->data : NULL;
     }
+    if (ntok) *ntok = R;
     return true;
-}
-
-static int64_t response_tokens(const rlw_samples *in) {
-    int64_t R = 0;
-    for (int32_t i = 0; i < in->n; i++) R += in->rlen[i];
-    return R;
 }
 
 /* ---- rl.init ------------------------------------------------------------------------------ */
@@ -229,6 +225,9 @@ static int k_generate(ff_task *t, void *ud) {
     bool ok = sd->shape[0] == pl->shape[0] && pl->shape[0] >= 1 && n >= 1 && n <= 1 << 20 && max_new >= 1;
     if (!ok || sum_lens(pl, &ok, 1) != p->shape[0] || !ok)
         return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.generate: prompts, lengths and seeds do not match");
+    if (pl->shape[0] > INT32_MAX / n) /* the engine counts a job's k n samples in an int32 */
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.generate: %lld prompts x %lld samples are too many",
+                            (long long)pl->shape[0], (long long)n);
     if (r->nopen == r->cap) {
         int cap = r->cap ? 2 * r->cap : 64;
         ff_task **v = ff_realloc(r->open, (size_t)cap * sizeof *v);
@@ -296,11 +295,10 @@ static int k_logprob(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     rlw_samples in;
     unsigned role;
-    int64_t mb, want_ent;
-    if (!read_samples(t, &in) || !role_arg(t, RLW_ACTOR | RLW_GEN | RLW_REF, &role) || !arg_int(t, "mb", 0, &mb) ||
+    int64_t R, mb, want_ent;
+    if (!read_samples(t, &in, &R) || !role_arg(t, RLW_ACTOR | RLW_GEN | RLW_REF, &role) || !arg_int(t, "mb", 0, &mb) ||
         !arg_int(t, "entropy", 0, &want_ent))
         return -1;
-    int64_t R = response_tokens(&in);
     float *lp = ff_task_output(t, "logprob", FF_DTYPE_F32, 1, &R);
     float *ent = want_ent ? ff_task_output(t, "entropy", FF_DTYPE_F32, 1, &R) : NULL;
     if (!lp || (want_ent && !ent)) return -1;
@@ -310,9 +308,8 @@ static int k_logprob(ff_task *t, void *ud) {
 static int k_value(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     rlw_samples in;
-    int64_t mb;
-    if (!read_samples(t, &in) || !arg_int(t, "mb", 0, &mb)) return -1;
-    int64_t R = response_tokens(&in);
+    int64_t R, mb;
+    if (!read_samples(t, &in, &R) || !arg_int(t, "mb", 0, &mb)) return -1;
     float *v = ff_task_output(t, "values", FF_DTYPE_F32, 1, &R);
     if (!v) return -1;
     return rlw_values(r->eng, &in, (int32_t)mb, v);
@@ -322,7 +319,7 @@ static int k_score(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     rlw_samples in;
     int64_t mb;
-    if (!read_samples(t, &in) || !arg_int(t, "mb", 0, &mb)) return -1;
+    if (!read_samples(t, &in, NULL) || !arg_int(t, "mb", 0, &mb)) return -1;
     int64_t n = in.n;
     float *s = ff_task_output(t, "score", FF_DTYPE_F32, 1, &n);
     if (!s) return -1;
@@ -336,7 +333,7 @@ static int k_train(ff_task *t, void *ud) {
     unsigned role;
     double denom;
     const ff_tensor *mb = NULL;
-    if (!read_samples(t, &in) || !role_arg(t, RLW_ACTOR | RLW_CRITIC, &role) || !arg_float(t, "denom", 0, &denom) ||
+    if (!read_samples(t, &in, NULL) || !role_arg(t, RLW_ACTOR | RLW_CRITIC, &role) || !arg_float(t, "denom", 0, &denom) ||
         !(mb = input(t, "mb", FF_DTYPE_I32, false)))
         return -1;
     if (mb->shape[0] < 2) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.train: 'mb' needs at least two offsets");
