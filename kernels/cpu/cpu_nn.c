@@ -17,20 +17,14 @@ static int64_t col_blocks(int n) { return (n + COLS - 1) / COLS; }
 
 typedef struct emb_job {
     const int32_t *tok; /* [T] */
-    const float *src;   /* fwd: table [V, H]; bwd: dout [T, H] */
-    float *dst;         /* fwd: out [T, H]; bwd: dtable [V, H] += */
+    const float *src;   /* dout [T, H] */
+    float *dst;         /* dtable [V, H] += */
     int T, H;
 } emb_job;
 
-static void emb_fwd_rows(void *arg, int64_t t0, int64_t t1) {
-    const emb_job *j = arg;
-    for (int64_t t = t0; t < t1; t++)
-        memcpy(j->dst + (size_t)t * j->H, j->src + (size_t)j->tok[t] * j->H, (size_t)j->H * sizeof(float));
-}
-
+/* The forward is a row gather: out[t] = table[tokens[t]]. */
 void ff_cpu_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
-    emb_job j = {I32(tokens), F(table), F(out), T, H};
-    ff_cpu_for(s, T, H, emb_fwd_rows, &j);
+    ff_cpu_gather_rows(s, table, tokens, out, T, H);
 }
 
 FF_VEC static void emb_bwd_cols(void *arg, int64_t b0, int64_t b1) {

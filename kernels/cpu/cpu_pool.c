@@ -23,7 +23,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
@@ -56,12 +55,6 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Claim and run chunks of generation g until none are left. */
 static void work(ff_pool *p, uint64_t g) {
     for (;;) {
@@ -84,19 +77,19 @@ static void *worker_main(void *arg) {
     ff_pool *p = arg;
     uint64_t seen = atomic_load(&p->counter) >> 32;
     for (;;) {
-        int64_t t0 = mono_ns();
+        int64_t t0 = ff_now_ns();
         unsigned k = 0;
         uint64_t g;
         while ((g = atomic_load_explicit(&p->counter, memory_order_acquire) >> 32) == seen) {
             if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return NULL;
             cpu_relax();
-            if ((++k & 63) == 0 && mono_ns() - t0 > SPIN_NS) {
+            if ((++k & 63) == 0 && ff_now_ns() - t0 > SPIN_NS) {
                 pthread_mutex_lock(&p->mu);
                 atomic_fetch_add(&p->sleepers, 1);
                 while ((atomic_load(&p->counter) >> 32) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
                 atomic_fetch_sub(&p->sleepers, 1);
                 pthread_mutex_unlock(&p->mu);
-                t0 = mono_ns();
+                t0 = ff_now_ns();
             }
         }
         seen = g;

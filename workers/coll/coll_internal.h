@@ -172,6 +172,10 @@ int coll_cpu_comm_split(ff_coll_comm *c, int color, int key, ff_coll_comm **out)
 void coll_cpu_comm_free(ff_coll_comm *c);
 /* Tell every peer this rank broke the communicator (best effort, bounded time). */
 void coll_cpu_notify_abort(ff_coll_comm *c, const char *reason);
+/* All n bytes through a socket (blocking or not) by the deadline (ff_now_ns): 0, or -1
+ * with errno (ETIMEDOUT at the deadline, EPIPE when the peer closed, ECONNRESET, ...). */
+int coll_write_all(int fd, const void *buf, size_t n, int64_t deadline);
+int coll_read_all(int fd, void *buf, size_t n, int64_t deadline);
 int coll_hex_decode(const char *hex, size_t nhex, uint8_t *out);
 void coll_hex_encode(const uint8_t *in, size_t n, char *out); /* 2n chars + NUL */
 

@@ -85,8 +85,8 @@ static int wait_fd(int fd, short events, int64_t deadline) {
     }
 }
 
-/* 0, or -1 with errno (ETIMEDOUT at the deadline, EPIPE when the peer closed). */
-static int write_all(int fd, const void *buf, size_t n, int64_t deadline) {
+/* Contracts in coll_internal.h (the rendezvous, the mesh and cpu_shm.c use these). */
+int coll_write_all(int fd, const void *buf, size_t n, int64_t deadline) {
     const uint8_t *p = buf;
     while (n) {
         ssize_t r = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -104,8 +104,7 @@ static int write_all(int fd, const void *buf, size_t n, int64_t deadline) {
     return 0;
 }
 
-/* 0, or -1 with errno (ETIMEDOUT, ECONNRESET; EPIPE standing for end of stream). */
-static int read_all(int fd, void *buf, size_t n, int64_t deadline) {
+int coll_read_all(int fd, void *buf, size_t n, int64_t deadline) {
     uint8_t *p = buf;
     while (n) {
         ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
@@ -312,7 +311,7 @@ static void reply(int fd, uint32_t status, const void *payload, size_t len, int6
     put32(h, REPLY_MAGIC);
     put32(h + 4, status);
     put32(h + 8, (uint32_t)len);
-    if (write_all(fd, h, sizeof h, deadline) == 0 && len) write_all(fd, payload, len, deadline);
+    if (coll_write_all(fd, h, sizeof h, deadline) == 0 && len) coll_write_all(fd, payload, len, deadline);
 }
 
 /* Answer with an error and close, reading what the client sent first so that the close
@@ -607,7 +606,7 @@ static int build_mesh(ff_coll_comm *c, const peer_addr *addrs, int lfd, int64_t 
         put32(m + 20, (uint32_t)me);
         put32(m + 24, (uint32_t)j);
         put32(m + 28, (uint32_t)n);
-        if (write_all(fd, m, sizeof m, deadline)) {
+        if (coll_write_all(fd, m, sizeof m, deadline)) {
             ff_error_set(where, NULL, "cannot greet rank %d: %s", j, io_what(errno));
             goto out;
         }
@@ -627,7 +626,7 @@ static int build_mesh(ff_coll_comm *c, const peer_addr *addrs, int lfd, int64_t 
         if (fd < 0) continue;
         uint8_t m[MESH_BYTES];
         int64_t dl = ff_now_ns() + 5000000000LL < deadline ? ff_now_ns() + 5000000000LL : deadline;
-        if (read_all(fd, m, sizeof m, dl) || get32(m) != MESH_MAGIC ||
+        if (coll_read_all(fd, m, sizeof m, dl) || get32(m) != MESH_MAGIC ||
             memcmp(m + 4, c->cpu.token, COLL_TOKEN_BYTES) != 0 || get32(m + 24) != (uint32_t)me ||
             get32(m + 28) != (uint32_t)n) {
             ff_warn("ff_coll: rank %d refused a connection that is not from this communicator", me);
@@ -643,7 +642,7 @@ static int build_mesh(ff_coll_comm *c, const peer_addr *addrs, int lfd, int64_t 
         uint8_t ack[8];
         put32(ack, ACK_MAGIC);
         put32(ack + 4, (uint32_t)me);
-        if (write_all(fd, ack, sizeof ack, deadline)) {
+        if (coll_write_all(fd, ack, sizeof ack, deadline)) {
             close(fd);
             ff_error_set(where, NULL, "cannot answer rank %d: %s", from, io_what(errno));
             goto out;
@@ -655,7 +654,7 @@ static int build_mesh(ff_coll_comm *c, const peer_addr *addrs, int lfd, int64_t 
     }
     for (int j = 0; j < me; j++) {
         uint8_t ack[8];
-        if (read_all(c->cpu.conns[j].fd, ack, sizeof ack, deadline) || get32(ack) != ACK_MAGIC ||
+        if (coll_read_all(c->cpu.conns[j].fd, ack, sizeof ack, deadline) || get32(ack) != ACK_MAGIC ||
             get32(ack + 4) != (uint32_t)j) {
             ff_error_set(where, "that rank may have died or refused this rank's token", "no answer from rank %d: %s",
                          j, errno ? io_what(errno) : "bad answer");
@@ -732,7 +731,7 @@ int coll_cpu_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
     int rc = -1;
     peer_addr *addrs = NULL;
     char *payload = NULL;
-    if (write_all(fd, hello, sizeof hello, deadline) || read_all(fd, rh, sizeof rh, deadline)) {
+    if (coll_write_all(fd, hello, sizeof hello, deadline) || coll_read_all(fd, rh, sizeof rh, deadline)) {
         if (errno == ETIMEDOUT)
             ff_error_set(where, "check that all nranks ranks call comm_init with this id",
                          "rendezvous at %s port %d: timed out waiting for the other ranks to join", host, port);
@@ -749,7 +748,7 @@ int coll_cpu_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
     }
     payload = ff_malloc((size_t)plen + 1);
     if (!payload) goto out;
-    if (read_all(fd, payload, plen, deadline)) {
+    if (coll_read_all(fd, payload, plen, deadline)) {
         ff_error_set(where, NULL, "rendezvous at %s port %d: %s", host, port, io_what(errno));
         goto out;
     }
@@ -891,7 +890,7 @@ static void send_control(coll_conn *cn, int type, const char *text, int64_t dead
     uint8_t buf[COLL_HDR_BYTES + COLL_ABORT_MAX];
     coll_hdr_encode(&h, buf);
     if (tl) memcpy(buf + COLL_HDR_BYTES, text, tl);
-    write_all(cn->fd, buf, COLL_HDR_BYTES + tl, deadline);
+    coll_write_all(cn->fd, buf, COLL_HDR_BYTES + tl, deadline);
 }
 
 void coll_cpu_notify_abort(ff_coll_comm *c, const char *reason) {
@@ -908,7 +907,7 @@ void coll_cpu_notify_abort(ff_coll_comm *c, const char *reason) {
             size_t left = cn->tx_frame_left;
             while (left && boundary) {
                 size_t k = left < sizeof zeros ? left : sizeof zeros;
-                if (write_all(cn->fd, zeros, k, deadline))
+                if (coll_write_all(cn->fd, zeros, k, deadline))
                     boundary = false;
                 else
                     left -= k;

@@ -18,7 +18,6 @@
  * sees the other (no lost wake-up). The same for a writer waiting for room. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,32 +59,6 @@ typedef struct shm_head {
 static size_t seg_bytes(size_t cap) { return sizeof(shm_head) + 2 * (sizeof(coll_fifo) + cap); }
 static coll_fifo *fifo_at(void *seg, size_t cap, int i) {
     return (coll_fifo *)((uint8_t *)seg + sizeof(shm_head) + (size_t)i * (sizeof(coll_fifo) + cap));
-}
-
-static int full_io(int fd, void *buf, size_t n, bool wr, int64_t deadline) {
-    uint8_t *p = buf;
-    while (n) {
-        ssize_t r = wr ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-            continue;
-        }
-        if (r == 0) {
-            errno = EPIPE;
-            return -1;
-        }
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-        int64_t ms = (deadline - ff_now_ns()) / 1000000;
-        if (ms <= 0) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
-        struct pollfd pf = {.fd = fd, .events = wr ? POLLOUT : POLLIN};
-        poll(&pf, 1, ms > 1000000 ? 1000000 : (int)ms);
-    }
-    return 0;
 }
 
 static size_t fifo_cap(int nranks) {
@@ -173,7 +146,7 @@ int coll_shm_setup(ff_coll_comm *c, int64_t deadline) {
         put64(m + 16, nonce);
         memcpy(m + 24, names[j], strlen(names[j]));
         if (seg) attach(cn, seg, cap, true);
-        if (full_io(cn->fd, m, sizeof m, true, deadline)) {
+        if (coll_write_all(cn->fd, m, sizeof m, deadline)) {
             ff_error_set(where, NULL, "cannot send to rank %d: %s", j, strerror(errno));
             goto out;
         }
@@ -182,7 +155,7 @@ int coll_shm_setup(ff_coll_comm *c, int64_t deadline) {
     for (int j = 0; j < me; j++) {
         coll_conn *cn = &c->cpu.conns[j];
         uint8_t m[OFFER_BYTES], a[8];
-        if (full_io(cn->fd, m, sizeof m, false, deadline) || get32(m) != OFFER_MAGIC) {
+        if (coll_read_all(cn->fd, m, sizeof m, deadline) || get32(m) != OFFER_MAGIC) {
             ff_error_set(where, NULL, "no offer from rank %d: %s", j, errno ? strerror(errno) : "bad message");
             goto out;
         }
@@ -193,7 +166,7 @@ int coll_shm_setup(ff_coll_comm *c, int64_t deadline) {
         if (seg) attach(cn, seg, (size_t)get64(m + 8), false);
         put32(a, ANSWER_MAGIC);
         put32(a + 4, seg != NULL);
-        if (full_io(cn->fd, a, sizeof a, true, deadline)) {
+        if (coll_write_all(cn->fd, a, sizeof a, deadline)) {
             ff_error_set(where, NULL, "cannot answer rank %d: %s", j, strerror(errno));
             goto out;
         }
@@ -202,7 +175,7 @@ int coll_shm_setup(ff_coll_comm *c, int64_t deadline) {
     for (int j = me + 1; j < n; j++) {
         coll_conn *cn = &c->cpu.conns[j];
         uint8_t a[8];
-        int io = full_io(cn->fd, a, sizeof a, false, deadline);
+        int io = coll_read_all(cn->fd, a, sizeof a, deadline);
         if (names[j][0]) shm_unlink(names[j]);
         if (io || get32(a) != ANSWER_MAGIC) {
             ff_error_set(where, NULL, "no answer from rank %d: %s", j, errno ? strerror(errno) : "bad message");
@@ -237,7 +210,7 @@ static void kick(coll_conn *cn) {
     coll_hdr_encode(&h, b);
     ssize_t r = send(cn->fd, b, sizeof b, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r > 0 && r < (ssize_t)sizeof b) /* never leave half a frame on the socket */
-        full_io(cn->fd, b + r, sizeof b - (size_t)r, true, ff_now_ns() + 100000000);
+        coll_write_all(cn->fd, b + r, sizeof b - (size_t)r, ff_now_ns() + 100000000);
 }
 
 ssize_t coll_shm_write(coll_conn *cn, const struct iovec *iov, int niov) {
