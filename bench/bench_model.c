@@ -10,10 +10,10 @@
  *           with OpenBLAS's own threads; the ratio of the totals, time-weighted
  * and right after each size runs bench/torch_model.py on the same config (same thread
  * count, same run; once as installed and once with OPENBLAS_NUM_THREADS=1, PyTorch credited
- * with its better number), then prints the ratios. The last line is the headline: the worst of the four ratios
- * against PyTorch.
+ * with its better number), then prints the ratios. The last line is the headline: the worst
+ * of the four ratios against PyTorch.
  *
- * Usage: bench_model [--threads N] [--quick] [--no-torch]
+ * Usage: bench_model [--threads N] [--quick] [--no-torch] [--verbose]
  * Run from the source root, or set FF_SOURCE_DIR, so that bench/torch_model.py is found;
  * PyTorch is Debian's python3-torch (scripts/deps.sh --bench). */
 #include <cblas.h>
@@ -261,8 +261,6 @@ static void bench_gemms(ff_backend *be, const size_spec *s, int threads, bool ve
 
 /* ---- PyTorch ---------------------------------------------------------------------------------- */
 
-/* One run of the PyTorch script with an environment prefix; fills the results where it
- * beats what an earlier run found (PyTorch's best setting counts). */
 /* One run of the PyTorch script for one size with an environment prefix; keeps PyTorch's
  * better numbers (its best setting counts). */
 static int run_torch_once(const char *env, int i, int threads, bool quick, result *r) {

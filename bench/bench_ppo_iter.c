@@ -12,7 +12,7 @@
  * PyTorch's is ppo_torch.py's median of the same number of iterations after its warm-up.
  *
  * usage: bench_ppo_iter [--model DIR] [--reps R] [--threads N] [--batch B] [--quick]
- *                       [--fuseflow BIN] [--source DIR] [--python PY] [--no-torch]
+ *                       [--fuseflow BIN] [--source DIR] [--python PY] [--no-torch] [--show-config]
  *   --model DIR   a model folder (default: a fresh `fuseflow init --preset tiny`)
  *   --source DIR  the repository (for bench/ppo_torch.py; default: FF_SOURCE_DIR or .)
  * Last line: ppo_iteration_runtime: <ms> ms (target: faster than PyTorch; <ratio>x ...) */

@@ -321,8 +321,8 @@ int main(int argc, char **argv) {
         bool eval = last || (run->trainer.test_freq > 0 && it % run->trainer.test_freq == 0);
         if (eval) acc = evaluate(gen_m, tok, exact, val, eval_n, sp.max_new_tokens);
         if (eval)
-            printf("iter %lld: %.1f s, reward %.3f, held-out exact match %.1f%%, entropy %.3f, grad norm %.2f%s\n", (long long)it, wall,
-                   rsum / (double)S, 100 * acc, am.entropy_mean, am.grad_norm, trc ? "" : "");
+            printf("iter %lld: %.1f s, reward %.3f, held-out exact match %.1f%%, entropy %.3f, grad norm %.2f\n", (long long)it, wall,
+                   rsum / (double)S, 100 * acc, am.entropy_mean, am.grad_norm);
         if (lg) {
             fprintf(lg,
                     "{\"iter\": %lld, \"time_s\": %.2f, \"reward\": %.4f, \"response_len\": %.3f, \"entropy\": %.4f, "

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """One PPO iteration of the bundled arithmetic setting, written plainly in PyTorch: the side
-of bench/bench_ppo_engines.c that fuseflow's engines are compared with, in the same run.
+of bench/bench_ppo_engines.c and bench/bench_ppo_iter.c that fuseflow is compared with, in
+the same run.
 
 What one iteration does (the same stages and settings as the C side):
   1. generate: each of B prompts is prefilled once, its KV cache repeated for n samples, then

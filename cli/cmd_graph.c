@@ -32,7 +32,9 @@ static void list(const ff_registry *r) {
     for (int k = 0; k < FF_REG_KIND_COUNT; k++) {
         const char *names[128];
         size_t n = ff_registry_names(r, (ff_registry_kind)k, names, 128);
-        printf("%ss:\n", ff_registry_kind_name((ff_registry_kind)k));
+        const char *kind = ff_registry_kind_name((ff_registry_kind)k);
+        size_t len = strlen(kind);
+        printf("%s%s:\n", kind, len && kind[len - 1] == 's' ? "es" : "s"); /* policy loss -> losses */
         for (size_t i = 0; i < n && i < 128; i++) {
             const char *origin = ff_registry_origin(r, (ff_registry_kind)k, names[i]);
             printf("  %-20s %s", names[i], ff_registry_summary(r, (ff_registry_kind)k, names[i]));
