@@ -71,7 +71,7 @@ static int iteration(bench *b, int64_t first, uint64_t seed, stage_times *st, do
     for (int64_t i = 0; i < B; i++) {
         const prompt *p = &b->prompts[(first + i) % N_PROMPTS];
         ff_rollout_request q = {.id = (uint64_t)((first + i) % N_PROMPTS), .prompt = p->ids, .prompt_len = p->n,
-                                .n = (int32_t)N, .sampling = b->sp, .seed = ff_rollout_seed(seed, (uint64_t)first, (uint64_t)i)};
+                                .n = (int32_t)N, .sampling = b->sp, .seed = ff_seed_stream(seed, (uint64_t)first, (uint64_t)i)};
         if (ff_rollout_add(b->ro, &q)) return -1;
     }
     ff_gen_output *outs;

@@ -264,7 +264,7 @@ int main(int argc, char **argv) {
             pidx[b] = order[cursor++];
             const example *e = &train[pidx[b]];
             ff_rollout_request q = {.id = (uint64_t)b, .prompt = e->ids, .prompt_len = e->n, .n = (int32_t)N, .sampling = sp,
-                                    .seed = ff_rollout_seed(seed, (uint64_t)it, (uint64_t)b)};
+                                    .seed = ff_seed_stream(seed, (uint64_t)it, (uint64_t)b)};
             if (ff_rollout_add(ro, &q)) die("rollout request");
         }
         ff_gen_output *outs;
@@ -305,11 +305,11 @@ int main(int argc, char **argv) {
         ff_train_metrics cm = {0}, am = {0};
         if (trc) {
             ff_train_batch_opts o = {(int32_t)(tc->train.mini_batch_size * N), (int32_t)tc->train.micro_batch_size, 0,
-                                     (int32_t)tc->train.epochs, tc->train.shuffle, ff_rollout_seed(seed, (uint64_t)it, 1u << 30)};
+                                     (int32_t)tc->train.epochs, tc->train.shuffle, ff_seed_stream(seed, (uint64_t)it, 1u << 30)};
             if (ff_trainer_train_batch(trc, smp, (int32_t)S, &o, &cm)) die("critic training");
         }
         ff_train_batch_opts o = {(int32_t)(ta->train.mini_batch_size * N), (int32_t)ta->train.micro_batch_size, 0,
-                                 (int32_t)ta->train.epochs, ta->train.shuffle, ff_rollout_seed(seed, (uint64_t)it, 1u << 31)};
+                                 (int32_t)ta->train.epochs, ta->train.shuffle, ff_seed_stream(seed, (uint64_t)it, 1u << 31)};
         if (ff_trainer_train_batch(tra, smp, (int32_t)S, &o, &am)) die("actor training");
         if (ff_rollout_sync_weights(ro, actor)) die("weight sync");
         int64_t t3 = ff_now_ns();

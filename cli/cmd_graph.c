@@ -9,6 +9,7 @@
 #include "fuseflow/error.h"
 #include "fuseflow/graph.h"
 #include "fuseflow/registry.h"
+#include "fuseflow/reward_client.h"
 #include "fuseflow/util.h"
 
 static void usage(FILE *out) {
@@ -45,7 +46,7 @@ static void list(const ff_registry *r) {
 }
 
 typedef struct running {
-    const ff_task *t;
+    const ff_sched_task *t;
     double end;
 } running;
 
@@ -67,7 +68,7 @@ static double simulate(const ff_run_config *run, ff_schedule mode, uint64_t seed
     int rc = 0;
     for (;;) {
         if (ff_sched_groups_wanted(s) > 0) ff_sched_source_exhausted(s); /* no real scores: nothing is filtered */
-        const ff_task *t;
+        const ff_sched_task *t;
         while ((rc = ff_sched_next(s, &t)) == 1) {
             const ff_node *n = ff_graph_node(g, (size_t)t->node);
             double d = 1;
@@ -161,6 +162,7 @@ int ff_cmd_graph(int argc, char **argv) {
         goto out;
     }
     ff_registry *reg = ff_registry_new();
+    if (reg && ff_reward_remote_register(reg) != 0) ff_registry_destroy(&reg);
     if (!reg) {
         fprintf(stderr, "fuseflow graph: %s\n", ff_error_message());
         goto out;

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "fuseflow/controller.h"
+#include "fuseflow/msgs.h"
 #include "fuseflow/error.h"
 
 static void usage(FILE *out) {

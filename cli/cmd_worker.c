@@ -1,10 +1,10 @@
 /* `fuseflow worker`: join a controller and run its subtasks (workers/worker.c does it all),
- * including the RL kinds `fuseflow run` sends (workers/rl/, include/fuseflow/executor.h). */
+ * including the RL kinds `fuseflow run` sends (workers/rl/, include/fuseflow/rl_worker.h). */
 #include <stdio.h>
 
 #include "cli/commands.h"
 #include "fuseflow/error.h"
-#include "fuseflow/executor.h"
+#include "fuseflow/rl_worker.h"
 #include "fuseflow/worker.h"
 
 int ff_cmd_worker(int argc, char **argv) {

@@ -68,6 +68,12 @@ static uint64_t splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
+uint64_t ff_seed_stream(uint64_t seed, uint64_t a, uint64_t b) {
+    uint64_t x = seed + a;
+    x = splitmix64(&x) + b;
+    return splitmix64(&x);
+}
+
 void ff_rng_seed(ff_rng *r, uint64_t seed) {
     uint64_t x = seed;
     for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);

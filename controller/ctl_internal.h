@@ -9,7 +9,7 @@
 #include <stdatomic.h>
 #include <sys/types.h>
 
-#include "controller/rt_internal.h"
+#include "msgs/transport.h"
 #include "fuseflow/controller.h"
 #include "fuseflow/error.h"
 #include "fuseflow/msgs.h"

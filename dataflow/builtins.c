@@ -2,7 +2,8 @@
  * the registry's callbacks (registry.h) to the math of include/fuseflow/rlhf.h, with their
  * parameters read from the graph node (verl's names where verl has them).
  *
- * Not here: the math itself (kernels/rlhf/), rewards (reward.c, reward_remote.c). */
+ * Not here: the math itself (kernels/rlhf/), rewards (reward.c; the `remote` reward is the RL
+ * controller's, controller/rl/reward_remote.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -247,6 +248,5 @@ int ff_builtins_register(ff_registry *r) {
     };
     for (size_t i = 0; i < sizeof kls / sizeof *kls; i++)
         if (ff_registry_add_kl(r, &kls[i]) != 0) return -1;
-    if (ff_rewards_register(r) != 0) return -1;
-    return ff_reward_remote_register(r);
+    return ff_rewards_register(r);
 }

@@ -504,6 +504,10 @@ static int resolve_node(ff_graph *g, int idx, const ff_registry *reg) {
         if (!fn)
             return ff_error_set(n->where, "add function: arith_exact_match (or format, remote, a plugin's)",
                                 "node '%s' (reward_fn) names no function", n->name);
+        if (ff_registry_skips_rewards(reg)) { /* the function's keys are the scorer's to check */
+            if (n->params) ff_cnode_mark_used(n->params);
+            break;
+        }
         n->reward = ff_reward_new(reg, fn, n->params);
         if (!n->reward) return ff_error_wrap("node '%s'", n->name);
         break;

@@ -6,9 +6,8 @@
 
 /* builtins.c: advantage estimators, policy losses, KL estimators; then the rewards. */
 int ff_builtins_register(ff_registry *r);
-/* reward.c: rule-based rewards; reward_remote.c: the reward-server client. */
+/* reward.c: rule-based rewards. */
 int ff_rewards_register(ff_registry *r);
-int ff_reward_remote_register(ff_registry *r);
 
 /* graph.c: attach a YAML node's map (its parameters) and its location to a node. */
 #include "fuseflow/graph.h"

@@ -111,6 +111,14 @@ int ff_node_reward(ff_node *n, const ff_reward_item *items, size_t count, float 
     return 0;
 }
 
+void ff_node_sampling_of(const ff_run_config *run, const ff_node *gen, ff_node_sampling *out) {
+    out->temperature = gen->gen.greedy ? 0.0f : (float)gen->gen.temperature;
+    out->top_k = (int32_t)gen->gen.top_k;
+    out->top_p = (float)gen->gen.top_p;
+    int64_t mx = gen->gen.max_tokens > 0 ? gen->gen.max_tokens : run->data.max_response_length;
+    out->max_new = (int32_t)(mx > 0 ? mx : 1);
+}
+
 bool ff_node_filter_keep(const ff_node *n, const float *s, size_t count) {
     (void)n; /* one rule for now: nonzero_std */
     for (size_t i = 1; i < count; i++)

@@ -4,7 +4,7 @@
  * Entries and plugins are heap objects held by pointer, so the addresses handed out (a
  * definition, a plugin's api table) stay put while more are registered.
  *
- * Not here: the built-in definitions (builtins.c, reward.c, reward_remote.c). */
+ * Not here: the built-in definitions (builtins.c, reward.c). */
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +41,7 @@ struct ff_registry {
     plugin **plugins;
     size_t n_plugins;
     const char *loading; /* path of the plugin whose init is running, for origin */
+    bool skip_rewards;   /* graphs leave reward functions uninstantiated */
 };
 
 static const char *const kind_names[FF_REG_KIND_COUNT] = {"advantage estimator", "policy loss", "KL estimator",
@@ -62,6 +63,9 @@ ff_registry *ff_registry_new(void) {
     }
     return r;
 }
+
+void ff_registry_skip_rewards(ff_registry *r) { r->skip_rewards = true; }
+bool ff_registry_skips_rewards(const ff_registry *r) { return r->skip_rewards; }
 
 void ff_registry_destroy(ff_registry **pr) {
     if (!pr || !*pr) return;

@@ -13,7 +13,7 @@
  * compared as text after normalisation (sign, leading zeros, thousands commas, trailing
  * fractional zeros), so 20-digit integers compare exactly.
  *
- * Not here: the reward-server client (reward_remote.c). */
+ * Not here: the reward-server client (the RL controller's, controller/rl/reward_remote.c). */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>

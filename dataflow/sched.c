@@ -31,7 +31,7 @@ typedef struct queue {
 } queue;
 
 typedef struct task_rec {
-    ff_task t;
+    ff_sched_task t;
     int64_t *samples;
     bool active;
 } task_rec;
@@ -62,7 +62,7 @@ struct ff_sched {
     bool batch_disp[64], batch_done[64];
     queue q[64];
     /* tasks */
-    task_rec **tasks; /* each its own allocation: handed-out ff_task pointers stay put */
+    task_rec **tasks; /* each its own allocation: handed-out ff_sched_task pointers stay put */
     int64_t n_tasks, tcap, in_flight;
 };
 
@@ -276,7 +276,7 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static int make_task(ff_sched *s, int m, int64_t group, int64_t *samples, int64_t n, const ff_task **out) {
+static int make_task(ff_sched *s, int m, int64_t group, int64_t *samples, int64_t n, const ff_sched_task **out) {
     if (s->n_tasks == s->tcap) {
         int64_t cap = s->tcap ? s->tcap * 2 : 64;
         task_rec **t = ff_realloc(s->tasks, (size_t)cap * sizeof *t);
@@ -300,7 +300,7 @@ static int make_task(ff_sched *s, int m, int64_t group, int64_t *samples, int64_
     s->tasks[s->n_tasks] = r;
     r->samples = samples;
     r->active = true;
-    r->t = (ff_task){s->n_tasks, m, unit(s, m), group, samples, n};
+    r->t = (ff_sched_task){s->n_tasks, m, unit(s, m), group, samples, n};
     s->n_tasks++;
     s->in_flight++;
     *out = &r->t;
@@ -308,7 +308,7 @@ static int make_task(ff_sched *s, int m, int64_t group, int64_t *samples, int64_
 }
 
 /* The next task of node m, if one is ready: 1, 0, or -1. */
-static int next_of(ff_sched *s, int m, const ff_task **out) {
+static int next_of(ff_sched *s, int m, const ff_sched_task **out) {
     queue *q = &s->q[m];
     uint64_t bit = 1ull << m;
     switch (unit(s, m)) {
@@ -368,7 +368,7 @@ static int next_of(ff_sched *s, int m, const ff_task **out) {
     }
 }
 
-int ff_sched_next(ff_sched *s, const ff_task **out) {
+int ff_sched_next(ff_sched *s, const ff_sched_task **out) {
     const int *order = ff_graph_order(s->g);
     for (int k = 0; k < s->N; k++) {
         int m = order[k];

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuseflow/error.h"
+
 static int ff_test_failures = 0;
 
 #define CHECK(cond)                                                                   \
@@ -55,6 +57,15 @@ static int ff_test_failures = 0;
             fprintf(stderr, "%s:%d: expected \"%s\" to contain \"%s\"\n", __FILE__, __LINE__, h_ ? h_ : "(null)", n_); \
             ff_test_failures++;                                                                              \
         }                                                                                                    \
+    } while (0)
+
+/* A fuseflow call that must succeed: on failure, its error message and exit. */
+#define DIE_IF(cond)                                                                          \
+    do {                                                                                      \
+        if (cond) {                                                                           \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #cond, ff_error_message()); \
+            exit(1);                                                                          \
+        }                                                                                     \
     } while (0)
 
 #define SKIP(...)                              \

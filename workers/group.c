@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "controller/rt_internal.h"
+#include "msgs/transport.h"
+#include "workers/worker_internal.h"
 #include "fuseflow/coll.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"

@@ -4,7 +4,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "controller/rt_internal.h"
+#include "msgs/transport.h"
+#include "workers/worker_internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 #include "fuseflow/worker.h"

@@ -20,7 +20,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "controller/rt_internal.h"
+#include "msgs/transport.h"
+#include "workers/worker_internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 #include "fuseflow/worker.h"

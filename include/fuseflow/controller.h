@@ -254,11 +254,6 @@ int ff_controller_trace_write(const ff_controller *c, const char *path);
  * longest chain of dependent jobs, printed to out (as JSON with json=true). 0 / -1. */
 int ff_trace_summary(const char *path, FILE *out, bool json);
 
-/* ---- CURVE ---------------------------------------------------------------------------- */
-/* Write DIR/controller.key and DIR/worker.key (mode 0600): a server key pair for the
- * controller and a client key pair the controller accepts. 0 / -1 + error. */
-int ff_curve_keygen(const char *dir);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,5 @@
-/* fuseflow: the executor, `fuseflow run` as a library: a run config's algorithm graph
- * executed on worker processes, iteration after iteration.
+/* fuseflow: the executor (the RL controller), `fuseflow run` as a library: a run config's
+ * algorithm graph executed on worker processes, iteration after iteration.
  *
  * Controller side (ff_exec_run): the run config is loaded and checked (docs/graphs.md),
  * the roles are placed on worker ranks (colocated roles share processes; the actor's
@@ -19,10 +19,7 @@
  * checkpoints every trainer.save_freq iterations and on interruption; docs/run.md has the
  * details (subtask kinds, checkpoint layout, failure rules).
  *
- * Worker side (ff_rlworker): the kinds rl.init, rl.generate (deferred: continuous batching
- * across subtasks), rl.logprob, rl.value, rl.score, rl.train, rl.sync, rl.save, rl.digest.
- * `fuseflow worker` registers them, so local workers spawned by `fuseflow run` serve them;
- * an embedding program does the same with ff_rlworker_setup and ff_worker_main_ex.
+ * The workers serve the rl.* kinds of include/fuseflow/rl_protocol.h (include/fuseflow/rl_worker.h).
  */
 #ifndef FUSEFLOW_EXECUTOR_H
 #define FUSEFLOW_EXECUTOR_H
@@ -35,18 +32,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ---- worker side ---------------------------------------------------------------------------- */
-typedef struct ff_worker ff_worker;
-typedef struct ff_rlworker ff_rlworker;
-
-ff_rlworker *ff_rlworker_new(void); /* NULL + error */
-/* Free the engines; after the worker that used it has been destroyed. */
-void ff_rlworker_destroy(ff_rlworker **r);
-/* Register the rl.* kinds and the generation step hook on w. 0 / -1 + error. */
-int ff_rlworker_register(ff_rlworker *r, ff_worker *w);
-/* The same as an ff_worker_setup_fn: ud is the ff_rlworker. */
-int ff_rlworker_setup(ff_worker *w, void *ud);
 
 /* ---- controller side -------------------------------------------------------------------------- */
 struct ff_controller;

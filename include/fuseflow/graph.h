@@ -16,7 +16,7 @@
  *
  *     ff_sched *s = ff_sched_new(run->graph, run->data.train_batch_size, n, run->trainer.schedule);
  *     while (!ff_sched_finished(s)) {
- *         const ff_task *t;
+ *         const ff_sched_task *t;
  *         while (ff_sched_next(s, &t) == 1) dispatch(t);     // to the node's role's workers
  *         wait for a finished task t; ff_sched_complete(s, t->id);   // its outputs now exist
  *         (a filter task: ff_sched_complete_filter(s, t->id, keep); then add
@@ -312,19 +312,28 @@ int ff_node_critic_loss(ff_node *n, const ff_critic_loss_in *in, double *loss, f
 
 int ff_node_reward(ff_node *n, const ff_reward_item *items, size_t count, float *scores);
 
+/* Sampling of a generate node: temperature (0 with greedy: true), top_k, top_p, and the
+ * tokens to generate at most (the node's max_tokens, else data.max_response_length, at
+ * least 1). The engines turn it into their own settings (fuseflow/roles.h). */
+typedef struct ff_node_sampling {
+    float temperature, top_p;
+    int32_t top_k, max_new;
+} ff_node_sampling;
+void ff_node_sampling_of(const ff_run_config *run, const ff_node *gen, ff_node_sampling *out);
+
 /* Filter node: keep a group? (`rule: nonzero_std` keeps groups whose scores differ, DAPO). */
 bool ff_node_filter_keep(const ff_node *n, const float *group_scores, size_t count);
 
 /* ---- scheduling view ------------------------------------------------------------------------- */
 
-typedef struct ff_task {
+typedef struct ff_sched_task {
     int64_t id;
     int node;            /* index into the graph */
     ff_granularity gran;
     int64_t group;       /* the group of a group task, else -1 */
     const int64_t *samples; /* the samples the task covers, ascending */
     int64_t n_samples;
-} ff_task;
+} ff_sched_task;
 
 typedef struct ff_sched ff_sched;
 
@@ -336,7 +345,7 @@ void ff_sched_destroy(ff_sched **s);
 /* The next ready task: 1 and *t (valid until it is completed), 0 when nothing is ready now,
  * -1 + error when nothing is ready, nothing is running and the iteration is not finished
  * (the executor forgot to complete a task or to add groups). */
-int ff_sched_next(ff_sched *s, const ff_task **t);
+int ff_sched_next(ff_sched *s, const ff_sched_task **t);
 /* The task finished: its output columns exist for its (still live) samples. 0, or -1 + error
  * for an unknown id. */
 int ff_sched_complete(ff_sched *s, int64_t task_id);

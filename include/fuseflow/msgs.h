@@ -13,7 +13,8 @@
  * a header whose container counts exceed what its bytes could hold, so a five-byte header
  * cannot make it allocate gigabytes.
  *
- * This module does not know about workers, groups or scheduling: that is ff_runtime.
+ * This module does not know about workers, groups or scheduling: that is ff_controller and
+ * ff_worker. msgs/transport.h (not installed) has the socket plumbing both sides share.
  */
 #ifndef FUSEFLOW_MSGS_H
 #define FUSEFLOW_MSGS_H
@@ -325,6 +326,11 @@ const ff_arg *ff_msg_find_arg(const ff_msg_subtask *s, const char *key);
 int ff_msg_arg_int(const ff_msg_subtask *s, const char *key, int64_t *out);
 int ff_msg_arg_float(const ff_msg_subtask *s, const char *key, double *out);
 int ff_msg_arg_str(const ff_msg_subtask *s, const char *key, const char **p, size_t *len);
+
+/* ---- CURVE ---------------------------------------------------------------------------- */
+/* Write DIR/controller.key and DIR/worker.key (mode 0600): a server key pair for the
+ * controller and a client key pair the controller accepts. 0 / -1 + error. */
+int ff_curve_keygen(const char *dir);
 
 #ifdef __cplusplus
 }

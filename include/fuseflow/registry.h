@@ -136,6 +136,12 @@ const char *ff_registry_kind_name(ff_registry_kind k); /* "advantage estimator",
 ff_registry *ff_registry_new(void);
 /* Also unloads the plugins it loaded. */
 void ff_registry_destroy(ff_registry **r);
+/* Graphs built with this registry check their reward nodes' function names but do not
+ * instantiate them (ff_node.reward stays NULL): for processes that train with a graph's
+ * losses and never score rewards (the RL workers), so a `remote` reward opens no socket
+ * there and a function only the controller registers is no error. */
+void ff_registry_skip_rewards(ff_registry *r);
+bool ff_registry_skips_rewards(const ff_registry *r);
 
 /* Register a definition (copied). -1 + error for a duplicate name, an empty name or a
  * missing compute callback. */

@@ -1,25 +1,9 @@
-/* fuseflow: rewards: the rule-based helpers behind the built-in reward functions, and the
- * client of the external reward-server protocol.
+/* fuseflow: rewards: the rule-based helpers behind the built-in reward functions.
  *
  * Reward functions are used through the registry (registry.h: ff_reward_new(reg, name,
  * params) then ff_reward_score). Built-ins: `arith_exact_match`, `format` (rule-based, see
- * dataflow/reward.c) and `remote` (a reward server, below).
- *
- * ## The reward-server protocol (version 1)
- * ZeroMQ REQ (fuseflow) -> REP (the server), one JSON object per single-frame message, UTF-8:
- *
- *   request  {"version": 1, "id": 7, "function": "arith" | null,
- *             "items": [{"prompt": "...", "response": "...", "answer": "..." | null,
- *                        "metadata": {...} | null}, ...]}
- *   reply    {"version": 1, "id": 7, "scores": [1.0, 0.0, ...]}      one number per item
- *   or       {"version": 1, "id": 7, "error": "what went wrong"}
- *   ping     {"version": 1, "id": 8, "ping": true}  ->  {"version": 1, "id": 8, "pong": true}
- *
- * The client pings when it is created (so a server that is down stops the run before it
- * starts), waits timeout_ms for each reply, retries a timed-out request `retries` times on a
- * fresh socket, and rejects a reply that is not JSON, has another id or version, or has the
- * wrong number of scores or a non-finite one, with an error that names the endpoint.
- * examples/reward_server.py is a runnable server (pyzmq); docs/graphs.md documents it.
+ * dataflow/reward.c); the RL controller adds `remote`, a reward server
+ * (fuseflow/reward_client.h).
  */
 #ifndef FUSEFLOW_REWARD_H
 #define FUSEFLOW_REWARD_H
@@ -33,8 +17,6 @@
 extern "C" {
 #endif
 
-#define FF_REWARD_PROTOCOL_VERSION 1
-
 /* ---- rule-based helpers ------------------------------------------------------------------ */
 /* Normalise a number's text ("+0,012.50" -> "12.5", "-0" -> "0") into out. 0, or -1 when it
  * is not a number or does not fit. */
@@ -44,25 +26,6 @@ int ff_reward_normalize_number(const char *s, size_t len, char *out, size_t cap)
 int ff_reward_extract_answer(const char *response, const char *marker, bool last, char *out, size_t cap);
 /* The response is exactly one number, preceded by the marker when there is one. */
 bool ff_reward_well_formed(const char *response, const char *marker);
-
-/* ---- the reward-server client ------------------------------------------------------------ */
-typedef struct ff_reward_client ff_reward_client;
-
-typedef struct ff_reward_client_opts {
-    const char *endpoint; /* "tcp://127.0.0.1:5555", "ipc:///tmp/rw.sock" */
-    const char *function; /* passed to the server as "function", or NULL */
-    int timeout_ms;       /* per try; default 10000 when 0 */
-    int retries;          /* extra tries after a timeout (default 0 when negative) */
-    size_t batch_size;    /* items per request; 0 = all in one */
-} ff_reward_client_opts;
-
-/* Connects (ZeroMQ connects lazily; nothing is sent yet). NULL + error. */
-ff_reward_client *ff_reward_client_new(const ff_reward_client_opts *opts);
-void ff_reward_client_destroy(ff_reward_client **c);
-/* Round-trip a ping. 0, or -1 + error (timeout: is the server running?). */
-int ff_reward_client_ping(ff_reward_client *c);
-/* Score items into scores [n]. 0, or -1 + error; scores are untouched on error. */
-int ff_reward_client_score(ff_reward_client *c, const ff_reward_item *items, size_t n, float *scores);
 
 #ifdef __cplusplus
 }

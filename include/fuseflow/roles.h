@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "fuseflow/graph.h"
+#include "fuseflow/microbatch.h"
 #include "fuseflow/model.h"
 #include "fuseflow/registry.h"
 #include "fuseflow/rlhf.h"
@@ -90,10 +91,6 @@ typedef struct ff_rollout_request {
     ff_sampling sampling;  /* its logprob_mode is replaced by the config's */
     uint64_t seed;
 } ff_rollout_request;
-
-/* A seed for one request from a run seed, an iteration and a prompt's index (splitmix-style
- * mixing), so every request of a run has its own stream. */
-uint64_t ff_rollout_seed(uint64_t run_seed, uint64_t iteration, uint64_t prompt_index);
 
 typedef struct ff_rollout_stats {
     int64_t steps;          /* ff_rollout_step calls that did work */
@@ -163,35 +160,6 @@ int ff_score_logprobs(ff_model *m, const ff_rl_sample *samples, int32_t n, const
 int ff_score_values(ff_model *critic, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, float *const *values);
 /* Reward-model scores: the value head at each sequence's last token. scores [n]. */
 int ff_score_reward_model(ff_model *rm, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, float *scores);
-
-/* ---- balancing ---------------------------------------------------------------------------- */
-
-/* Partition n items with weights w [n] into k bins with sums as equal as possible by the
- * largest differencing method (Karmarkar-Karp, k-way). equal_count: every bin gets n/k or
- * n/k + 1 items. Deterministic (ties broken by index). bin_of [n] gets each item's bin in
- * [0, k); bins are numbered by decreasing sum. 0, or -1 + error (allocation; k < 1). */
-int ff_balance_kk(const int64_t *w, int32_t n, int32_t k, bool equal_count, int32_t *bin_of);
-
-/* A mini-batch split over DP ranks and into micro-batches. Sample indices of rank r's
- * micro-batch b: items[mb_start[m] .. mb_start[m + 1]) with m in [rank_mb[r], rank_mb[r + 1]). */
-typedef struct ff_mb_plan {
-    int32_t n_ranks, n_micro; /* n_micro: micro-batches over all ranks */
-    int32_t *items;           /* [n] sample indices (into the caller's mini-batch) */
-    int32_t *mb_start;        /* [n_micro + 1] */
-    int32_t *rank_mb;         /* [n_ranks + 1] */
-    int64_t *mb_tokens;       /* [n_micro] tokens per micro-batch */
-} ff_mb_plan;
-
-/* Plan a mini-batch of n samples of tokens[i] tokens (ff_rl_sample_tokens) over n_ranks:
- * each rank gets n/n_ranks (or one more) samples, balanced by tokens (equal-count KK); each
- * rank's share is cut into micro-batches of at most micro_batch_size samples (0: no limit)
- * and at most micro_batch_tokens tokens (0: no limit; a sample longer than that is a
- * micro-batch alone), as few as the limits allow, balanced by tokens. Every rank gets the
- * same number of micro-batches when the limits allow it (a rank may get an empty one),
- * which keeps ranks in step. Within a micro-batch, indices ascend. 0 or -1 + error. */
-int ff_mb_plan_make(const int64_t *tokens, int32_t n, int32_t n_ranks, int32_t micro_batch_size, int32_t micro_batch_tokens,
-                    ff_mb_plan *out);
-void ff_mb_plan_free(ff_mb_plan *p);
 
 /* ---- trainers ------------------------------------------------------------------------------- */
 

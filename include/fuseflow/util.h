@@ -40,6 +40,9 @@ uint64_t ff_rng_u64(ff_rng *r);
 double ff_rng_uniform(ff_rng *r);           /* [0, 1), 53 random bits */
 double ff_rng_normal(ff_rng *r);            /* standard normal (Box-Muller, no cached pair) */
 uint64_t ff_rng_below(ff_rng *r, uint64_t n); /* uniform in [0, n), unbiased; n > 0 */
+/* A seed of its own for every (a, b) under a run's seed (splitmix64 over a, then b): a
+ * request's sampling stream (iteration, prompt), a shuffle (iteration, a stream tag). */
+uint64_t ff_seed_stream(uint64_t seed, uint64_t a, uint64_t b);
 
 /* ---- allocation ------------------------------------------------------------------------ */
 /* malloc/calloc/realloc that set an error message on failure (return NULL). */

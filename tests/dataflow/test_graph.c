@@ -260,7 +260,35 @@ static void test_c_api(ff_registry *reg) {
     ff_graph_destroy(&g);
 }
 
+/* A registry that skips rewards (the workers'): reward nodes are not instantiated, so a
+ * function the controller alone registers (`remote`) and its keys are no error there,
+ * while the default registry refuses both. */
+static void test_skip_rewards(void) {
+    char *over[] = {"graph.reward.function=remote", "graph.reward.endpoint=ipc:///nonexistent/ff_test.sock"};
+    ff_registry *plain = ff_registry_new(), *skip = ff_registry_new();
+    REQUIRE(plain && skip);
+    ff_registry_skip_rewards(skip);
+    CHECK(!ff_registry_skips_rewards(plain) && ff_registry_skips_rewards(skip));
+    ff_run_config *run = load_text(plain, base, 2, over);
+    CHECK(run == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "remote");
+    ff_run_config_destroy(&run);
+    run = load_text(skip, base, 2, over);
+    if (!run) fprintf(stderr, "%s\n", ff_error_message());
+    REQUIRE(run);
+    const ff_node *rw = ff_graph_node(run->graph, (size_t)ff_graph_find_node(run->graph, "reward"));
+    CHECK(rw->reward == NULL);
+    ff_run_config_destroy(&run);
+    /* other sections' keys are still checked */
+    char *bad[] = {"graph.reward.function=remote", "graph.train.no_such_key=1"};
+    CHECK(load_text(skip, base, 2, bad) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "no_such_key");
+    ff_registry_destroy(&plain);
+    ff_registry_destroy(&skip);
+}
+
 int main(void) {
+    test_skip_rewards();
     ff_registry *reg = ff_registry_new();
     REQUIRE(reg);
     test_base_and_examples(reg);

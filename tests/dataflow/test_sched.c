@@ -23,7 +23,7 @@ typedef struct fake {
     int covered[64][4096];    /* times node m ran on sample i */
     int64_t done_tasks[64];   /* tasks of node m completed */
     int64_t total_tasks[64];
-    const ff_task *flight[4096];
+    const ff_sched_task *flight[4096];
     int n_flight;
     int overlap;              /* tasks dispatched while a generate task was still running */
     int serial_violations;    /* tasks dispatched before an earlier node finished */
@@ -64,7 +64,7 @@ static bool node_finished_for_all(fake *f, int m) {
     return true;
 }
 
-static void on_dispatch(fake *f, const ff_task *t, ff_schedule mode) {
+static void on_dispatch(fake *f, const ff_sched_task *t, ff_schedule mode) {
     const ff_node *n = ff_graph_node(f->g, (size_t)t->node);
     uint64_t need = need_mask(n);
     REQUIRE(t->n_samples > 0 || n->gran == FF_GRAN_BATCH);
@@ -105,7 +105,7 @@ static void on_dispatch(fake *f, const ff_task *t, ff_schedule mode) {
     f->total_tasks[t->node]++;
 }
 
-static void on_complete(fake *f, const ff_task *t) {
+static void on_complete(fake *f, const ff_sched_task *t) {
     const ff_node *n = ff_graph_node(f->g, (size_t)t->node);
     for (int64_t k = 0; k < t->n_samples; k++) {
         int64_t i = t->samples[k];
@@ -119,7 +119,7 @@ static void on_complete(fake *f, const ff_task *t) {
 /* Run one iteration; complete tasks in a random order. Returns 0 or -1 (scheduler error). */
 static int run(fake *f, ff_schedule mode, int64_t max_groups) {
     for (;;) {
-        const ff_task *t;
+        const ff_sched_task *t;
         int rc;
         /* dynamic sampling: draw more prompts as soon as the scheduler wants them */
         int64_t want = ff_sched_groups_wanted(f->s);
@@ -145,7 +145,7 @@ static int run(fake *f, ff_schedule mode, int64_t max_groups) {
         }
         REQUIRE(f->n_flight > 0);
         int k = (int)ff_rng_below(&f->rng, (uint64_t)f->n_flight);
-        const ff_task *done = f->flight[k];
+        const ff_sched_task *done = f->flight[k];
         f->flight[k] = f->flight[--f->n_flight];
         on_complete(f, done);
         const ff_node *n = ff_graph_node(f->g, (size_t)done->node);
@@ -289,12 +289,12 @@ static void test_dynamic_sampling(ff_registry *reg) {
 
     /* an executor that neither adds groups nor says the source is exhausted gets an error */
     f = fake_new(run, target, FF_SCHED_FUSED, 7);
-    const ff_task *t;
+    const ff_sched_task *t;
     int rc;
     for (;;) {
         while ((rc = ff_sched_next(f->s, &t)) == 1) f->flight[f->n_flight++] = t;
         if (rc < 0 || !f->n_flight) break;
-        const ff_task *d = f->flight[--f->n_flight];
+        const ff_sched_task *d = f->flight[--f->n_flight];
         const ff_node *n = ff_graph_node(f->g, (size_t)d->node);
         if (n->op == FF_OP_FILTER) {
             float sc[64];

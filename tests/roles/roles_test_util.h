@@ -13,14 +13,6 @@
 #include "fuseflow/util.h"
 #include "tests/test_util.h"
 
-#define DIE_IF(cond)                                                                          \
-    do {                                                                                      \
-        if (cond) {                                                                           \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #cond, ff_error_message()); \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
-
 /* vocab 40, hidden 32, 2 layers, GQA 4/2: a few thousand parameters. */
 static inline ff_model_config small_config(bool value_head, bool tied) {
     ff_model_config c;

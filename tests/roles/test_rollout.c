@@ -311,10 +311,10 @@ static void test_abort_sync_errors(ff_backend *be, ff_model *m) {
 }
 
 static void test_seed_mixing(void) {
-    CHECK(ff_rollout_seed(1, 2, 3) == ff_rollout_seed(1, 2, 3));
-    CHECK(ff_rollout_seed(1, 2, 3) != ff_rollout_seed(1, 3, 2));
-    CHECK(ff_rollout_seed(1, 2, 3) != ff_rollout_seed(2, 2, 3));
-    CHECK(ff_rollout_seed(0, 0, 1) != ff_rollout_seed(0, 1, 0));
+    CHECK(ff_seed_stream(1, 2, 3) == ff_seed_stream(1, 2, 3));
+    CHECK(ff_seed_stream(1, 2, 3) != ff_seed_stream(1, 3, 2));
+    CHECK(ff_seed_stream(1, 2, 3) != ff_seed_stream(2, 2, 3));
+    CHECK(ff_seed_stream(0, 0, 1) != ff_seed_stream(0, 1, 0));
 }
 
 int main(void) {

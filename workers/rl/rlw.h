@@ -19,36 +19,24 @@
 #include <stdint.h>
 
 #include "fuseflow/dtype.h"
+#include "fuseflow/rl_protocol.h"
 
 typedef struct ff_coll_comm ff_coll_comm;
 typedef struct rlw rlw;
-
-/* What a worker hosts (rl.init's `roles` argument, a bit mask). */
-enum {
-    RLW_ACTOR = 1,  /* the actor being trained (model + trainer + optimizer) */
-    RLW_GEN = 2,    /* the generating actor (model + rollout engine) */
-    RLW_CRITIC = 4, /* model with a value head + trainer */
-    RLW_REF = 8,    /* reference policy (log-probs) */
-    RLW_REWARD = 16 /* reward model (a value head's score at the last token) */
-};
-
-/* Per-token columns a train subtask carries, aligned with the responses. */
-enum { RLW_COL_OLD_LOGPROB = 0, RLW_COL_ADVANTAGES, RLW_COL_REF_LOGPROB, RLW_COL_OLD_VALUES, RLW_COL_RETURNS, RLW_NCOL };
-extern const char *const rlw_col_names[RLW_NCOL]; /* "old_logprob", ... (tensor names) */
 
 /* Packed samples, views of a subtask's tensors. */
 typedef struct rlw_samples {
     int32_t n;
     const int32_t *prompt, *plen; /* [sum plen], [n] */
     const int32_t *resp, *rlen;   /* [sum rlen], [n] */
-    const float *col[RLW_NCOL];   /* [sum rlen] or NULL */
+    const float *col[FF_RL_NCOL];   /* [sum rlen] or NULL */
 } rlw_samples;
 
 typedef struct rlw_init_args {
     const char *config;      /* the run config's text (YAML), as the controller read it */
     const char *config_name; /* its path: messages, plugins relative to it */
     const char *overrides;   /* the command line's key=value overrides, one per line */
-    unsigned roles;          /* RLW_* */
+    unsigned roles;          /* FF_RL_* bits */
     const char *backend;     /* "cpu:2", ... */
     const char *resume_dir;  /* a checkpoint folder to load trained roles from, or NULL */
     int64_t total_updates[2]; /* optimizer steps of the run: actor, critic (cosine schedules) */
@@ -60,7 +48,7 @@ rlw *rlw_new(void);
 void rlw_destroy(rlw **s);
 /* Load what `roles` asks for (again: a second init replaces everything). 0 / -1 + error. */
 int rlw_init(rlw *s, const rlw_init_args *a);
-/* Parameters of a hosted role's model (RLW_ACTOR, RLW_GEN, ...), 0 when not hosted. */
+/* Parameters of a hosted role's model (FF_RL_ACTOR, FF_RL_GEN, ...), 0 when not hosted. */
 int64_t rlw_param_count(const rlw *s, unsigned role);
 
 /* ---- generation (continuous batching) -------------------------------------------------- */
@@ -97,21 +85,15 @@ void rlw_gen_clear(rlw *s);
 int rlw_gen_open(const rlw *s); /* jobs not finished */
 
 /* ---- scoring ------------------------------------------------------------------------------ */
-/* role RLW_ACTOR (the trained actor), RLW_GEN or RLW_REF. logp [sum rlen]; ent NULL or [sum rlen]. */
+/* role FF_RL_ACTOR (the trained actor), FF_RL_GEN or FF_RL_REF. logp [sum rlen]; ent NULL or [sum rlen]. */
 int rlw_logprob(rlw *s, unsigned role, const rlw_samples *in, int32_t micro_batch, float *logp, float *ent);
 int rlw_values(rlw *s, const rlw_samples *in, int32_t micro_batch, float *values);
 int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *scores);
 
 /* ---- training ------------------------------------------------------------------------------ */
-/* Metrics of a train step, in this order (rl.train's "metrics" F64 output). */
-enum {
-    RLW_M_STEPS = 0, RLW_M_SKIPPED, RLW_M_MICRO, RLW_M_TOKENS, RLW_M_SAMPLES, RLW_M_LOSS, RLW_M_PG, RLW_M_KL, RLW_M_ENT_AGG,
-    RLW_M_CLIP, RLW_M_APPROX_KL, RLW_M_RATIO_MAX, RLW_M_ENT_MEAN, RLW_M_VLOSS, RLW_M_VCLIP, RLW_M_VMEAN, RLW_M_GNORM,
-    RLW_M_LR, RLW_M_TIME, RLW_NM
-};
-/* One optimizer step of role RLW_ACTOR or RLW_CRITIC on this rank's share (micro-batch
+/* rl.train: one optimizer step of role FF_RL_ACTOR or FF_RL_CRITIC on this rank's share (micro-batch
  * offsets mb [n_micro + 1]) with the mini-batch's global normaliser; gradients summed over
- * comm (NULL: one rank). m [RLW_NM]. 0 / -1 + error. */
+ * comm (NULL: one rank). m [FF_RL_NM]. 0 / -1 + error. */
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom,
               ff_coll_comm *comm, double *m);
 
@@ -119,12 +101,12 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
 /* The trained actor's weights into the generating actor of this process. */
 int rlw_sync_local(rlw *s);
 /* Across processes: rank 0 of comm (a trained actor) broadcasts its flat parameters; every
- * rank that hosts RLW_GEN takes them. */
+ * rank that hosts FF_RL_GEN takes them. */
 int rlw_sync_bcast(rlw *s, ff_coll_comm *comm);
 
 /* ---- checkpoints and checks -------------------------------------------------------------- */
 /* DIR/<role>/ (a model folder, with the tokenizer when the role's model had one) and
- * DIR/<role>.optim.safetensors for a trained role. role RLW_ACTOR or RLW_CRITIC. */
+ * DIR/<role>.optim.safetensors for a trained role. role FF_RL_ACTOR or FF_RL_CRITIC. */
 int rlw_save(rlw *s, unsigned role, const char *dir);
 /* A hash of a model's flat parameters (equal weights, equal hash) and their sum. */
 int rlw_digest(rlw *s, unsigned role, uint64_t *hash, double *sum);

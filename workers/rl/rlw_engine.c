@@ -24,7 +24,6 @@
 #include "fuseflow/util.h"
 #include "workers/rl/rlw.h"
 
-const char *const rlw_col_names[RLW_NCOL] = {"old_logprob", "advantages", "ref_logprob", "old_values", "returns"};
 
 typedef struct gen_job {
     void *owner;
@@ -210,6 +209,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     char **over = split_lines(a->overrides, &n_over);
     if (n_over < 0) return ff_error_wrap("worker: the run config's overrides");
     s->reg = ff_registry_new();
+    if (s->reg) ff_registry_skip_rewards(s->reg); /* the controller scores */
     if (s->reg) s->run = ff_run_config_parse(a->config, a->config_name, n_over, over, s->reg);
     free_lines(over, n_over);
     if (!s->run) return ff_error_wrap("worker: the run config");
@@ -222,17 +222,17 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         snprintf(dir, sizeof dir, "%s/actor", a->resume_dir);
         actor_dir = dir;
     }
-    if (a->roles & (RLW_ACTOR | RLW_GEN)) {
+    if (a->roles & (FF_RL_ACTOR | FF_RL_GEN)) {
         if (!actor_dir) return ff_error_set("worker", "add roles.actor.model", "the run has no actor model");
         s->tok = ff_tokenizer_load_dir(actor_dir); /* optional: checkpoints carry it when present */
         if (!s->tok) ff_error_clear();
     }
-    if (a->roles & RLW_ACTOR) {
+    if (a->roles & FF_RL_ACTOR) {
         if (!(s->actor = load_model(s, actor_dir, false, "actor"))) return -1;
         s->t_actor = make_trainer(s, s->actor, FF_ROLE_ACTOR, a->total_updates[0], a->resume_dir, "actor");
         if (!s->t_actor && train_node(s->run, FF_ROLE_ACTOR)) return -1;
     }
-    if (a->roles & RLW_GEN) {
+    if (a->roles & FF_RL_GEN) {
         if (!(s->gen = load_model(s, actor_dir, false, "actor (generation)"))) return -1;
         ff_rollout_config rc;
         ff_rollout_config_default(&rc);
@@ -240,7 +240,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         rc.max_seq_len = a->max_seq_len > 0 ? a->max_seq_len : 256;
         if (!(s->ro = ff_rollout_new(s->gen, &rc))) return ff_error_wrap("worker");
     }
-    if (a->roles & RLW_CRITIC) {
+    if (a->roles & FF_RL_CRITIC) {
         const char *cdir = roles[FF_ROLE_CRITIC].model;
         char cbuf[4096];
         if (a->resume_dir && train_node(s->run, FF_ROLE_CRITIC)) {
@@ -252,11 +252,11 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         s->t_critic = make_trainer(s, s->critic, FF_ROLE_CRITIC, a->total_updates[1], a->resume_dir, "critic");
         if (!s->t_critic && train_node(s->run, FF_ROLE_CRITIC)) return -1;
     }
-    if (a->roles & RLW_REF) {
+    if (a->roles & FF_RL_REF) {
         if (!roles[FF_ROLE_REF].model) return ff_error_set("worker", "add roles.ref.model", "the run has no reference model");
         if (!(s->ref = load_model(s, roles[FF_ROLE_REF].model, false, "ref"))) return -1;
     }
-    if (a->roles & RLW_REWARD) {
+    if (a->roles & FF_RL_REWARD) {
         if (!roles[FF_ROLE_REWARD].model) return ff_error_set("worker", "add roles.reward.model", "the run has no reward model");
         if (!(s->rm = load_model(s, roles[FF_ROLE_REWARD].model, true, "reward"))) return -1;
     }
@@ -265,22 +265,22 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
 
 static ff_model *model_of(const rlw *s, unsigned role) {
     switch (role) {
-    case RLW_ACTOR: return s->actor;
-    case RLW_GEN: return s->gen;
-    case RLW_CRITIC: return s->critic;
-    case RLW_REF: return s->ref;
-    case RLW_REWARD: return s->rm;
+    case FF_RL_ACTOR: return s->actor;
+    case FF_RL_GEN: return s->gen;
+    case FF_RL_CRITIC: return s->critic;
+    case FF_RL_REF: return s->ref;
+    case FF_RL_REWARD: return s->rm;
     default: return NULL;
     }
 }
 
 static const char *role_name(unsigned role) {
     switch (role) {
-    case RLW_ACTOR: return "actor";
-    case RLW_GEN: return "actor (generation)";
-    case RLW_CRITIC: return "critic";
-    case RLW_REF: return "ref";
-    case RLW_REWARD: return "reward";
+    case FF_RL_ACTOR: return "actor";
+    case FF_RL_GEN: return "actor (generation)";
+    case FF_RL_CRITIC: return "critic";
+    case FF_RL_REF: return "ref";
+    case FF_RL_REWARD: return "reward";
     default: return "?";
     }
 }
@@ -299,7 +299,7 @@ static int need(const rlw *s, unsigned role) {
 /* ---- generation ------------------------------------------------------------------------------- */
 int rlw_gen_add(rlw *s, void *owner, const int32_t *prompts, const int32_t *plens, const int64_t *seeds, int32_t k, int32_t n,
                 const rlw_sampling *sp) {
-    if (need(s, RLW_GEN)) return -1;
+    if (need(s, FF_RL_GEN)) return -1;
     if (k < 1 || n < 1) return ff_error_set("rl.generate", NULL, "%d prompts x %d samples", k, n);
     if (s->njobs == s->jobs_cap) {
         int cap = s->jobs_cap ? 2 * s->jobs_cap : 16;
@@ -422,13 +422,13 @@ static ff_rl_sample *views(const rlw_samples *in, float *out, float ***outp, flo
         v[i].prompt_len = in->plen[i];
         v[i].response = in->resp + ro;
         v[i].response_len = in->rlen[i];
-        const float *c[RLW_NCOL];
-        for (int k = 0; k < RLW_NCOL; k++) c[k] = in->col[k] ? in->col[k] + ro : NULL;
-        v[i].old_logprob = c[RLW_COL_OLD_LOGPROB];
-        v[i].advantages = c[RLW_COL_ADVANTAGES];
-        v[i].ref_logprob = c[RLW_COL_REF_LOGPROB];
-        v[i].old_values = c[RLW_COL_OLD_VALUES];
-        v[i].returns = c[RLW_COL_RETURNS];
+        const float *c[FF_RL_NCOL];
+        for (int k = 0; k < FF_RL_NCOL; k++) c[k] = in->col[k] ? in->col[k] + ro : NULL;
+        v[i].old_logprob = c[FF_RL_COL_OLD_LOGPROB];
+        v[i].advantages = c[FF_RL_COL_ADVANTAGES];
+        v[i].ref_logprob = c[FF_RL_COL_REF_LOGPROB];
+        v[i].old_values = c[FF_RL_COL_OLD_VALUES];
+        v[i].returns = c[FF_RL_COL_RETURNS];
         if (p) p[i] = out + ro;
         if (p2) p2[i] = out2 + ro;
         po += in->plen[i];
@@ -452,7 +452,7 @@ int rlw_logprob(rlw *s, unsigned role, const rlw_samples *in, int32_t micro_batc
 }
 
 int rlw_values(rlw *s, const rlw_samples *in, int32_t micro_batch, float *values) {
-    if (need(s, RLW_CRITIC)) return -1;
+    if (need(s, FF_RL_CRITIC)) return -1;
     float **pv = NULL;
     ff_rl_sample *v = views(in, values, &pv, NULL, NULL);
     if (!v) return -1;
@@ -463,7 +463,7 @@ int rlw_values(rlw *s, const rlw_samples *in, int32_t micro_batch, float *values
 }
 
 int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *scores) {
-    if (need(s, RLW_REWARD)) return -1;
+    if (need(s, FF_RL_REWARD)) return -1;
     ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
     if (!v) return -1;
     ff_score_opts o = {.micro_batch_size = micro_batch};
@@ -475,7 +475,7 @@ int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *
 /* ---- training ------------------------------------------------------------------------------- */
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom, ff_coll_comm *comm,
               double *m) {
-    ff_trainer *t = role == RLW_ACTOR ? s->t_actor : role == RLW_CRITIC ? s->t_critic : NULL;
+    ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : role == FF_RL_CRITIC ? s->t_critic : NULL;
     if (!t)
         return ff_error_set("rl.train", "the graph needs a train node for the role, and the worker must host it",
                             "this worker has no %s trainer", role_name(role));
@@ -486,14 +486,14 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
     int rc = ff_trainer_step(t, v, in->n, mb, n_micro, denom, &tm);
     s->comm = NULL;
     free(v);
-    const double vals[RLW_NM] = {
-        [RLW_M_STEPS] = (double)tm.steps,     [RLW_M_SKIPPED] = (double)tm.skipped, [RLW_M_MICRO] = (double)tm.micro_batches,
-        [RLW_M_TOKENS] = (double)tm.tokens,   [RLW_M_SAMPLES] = (double)tm.samples, [RLW_M_LOSS] = tm.loss,
-        [RLW_M_PG] = tm.pg_loss,              [RLW_M_KL] = tm.kl_loss,              [RLW_M_ENT_AGG] = tm.entropy,
-        [RLW_M_CLIP] = tm.clipfrac,           [RLW_M_APPROX_KL] = tm.approx_kl,     [RLW_M_RATIO_MAX] = tm.ratio_max,
-        [RLW_M_ENT_MEAN] = tm.entropy_mean,   [RLW_M_VLOSS] = tm.value_loss,        [RLW_M_VCLIP] = tm.vf_clipfrac,
-        [RLW_M_VMEAN] = tm.value_mean,        [RLW_M_GNORM] = tm.grad_norm,         [RLW_M_LR] = tm.lr,
-        [RLW_M_TIME] = tm.time_s,
+    const double vals[FF_RL_NM] = {
+        [FF_RL_M_STEPS] = (double)tm.steps,     [FF_RL_M_SKIPPED] = (double)tm.skipped, [FF_RL_M_MICRO] = (double)tm.micro_batches,
+        [FF_RL_M_TOKENS] = (double)tm.tokens,   [FF_RL_M_SAMPLES] = (double)tm.samples, [FF_RL_M_LOSS] = tm.loss,
+        [FF_RL_M_PG] = tm.pg_loss,              [FF_RL_M_KL] = tm.kl_loss,              [FF_RL_M_ENT_AGG] = tm.entropy,
+        [FF_RL_M_CLIP] = tm.clipfrac,           [FF_RL_M_APPROX_KL] = tm.approx_kl,     [FF_RL_M_RATIO_MAX] = tm.ratio_max,
+        [FF_RL_M_ENT_MEAN] = tm.entropy_mean,   [FF_RL_M_VLOSS] = tm.value_loss,        [FF_RL_M_VCLIP] = tm.vf_clipfrac,
+        [FF_RL_M_VMEAN] = tm.value_mean,        [FF_RL_M_GNORM] = tm.grad_norm,         [FF_RL_M_LR] = tm.lr,
+        [FF_RL_M_TIME] = tm.time_s,
     };
     memcpy(m, vals, sizeof vals);
     return rc;
@@ -501,7 +501,7 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
 
 /* ---- weight sync ------------------------------------------------------------------------------ */
 int rlw_sync_local(rlw *s) {
-    if (need(s, RLW_ACTOR) || need(s, RLW_GEN)) return -1;
+    if (need(s, FF_RL_ACTOR) || need(s, FF_RL_GEN)) return -1;
     if (ff_rollout_sync_weights(s->ro, s->actor) != 0) return ff_error_wrap("weight sync");
     return 0;
 }
@@ -509,8 +509,8 @@ int rlw_sync_local(rlw *s) {
 int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
     if (!comm) return ff_error_set("weight sync", "the executor makes a sync group with a communicator", "no communicator");
     bool root = ff_coll_comm_rank(comm) == 0;
-    if (root && need(s, RLW_ACTOR)) return -1;
-    if (!root && need(s, RLW_GEN)) return -1;
+    if (root && need(s, FF_RL_ACTOR)) return -1;
+    if (!root && need(s, FF_RL_GEN)) return -1;
     ff_model *src = root ? s->actor : s->gen;
     int64_t n = ff_model_param_count(src);
     float *buf = ff_malloc((size_t)n * sizeof *buf);
@@ -527,10 +527,10 @@ int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
 int rlw_save(rlw *s, unsigned role, const char *dir) {
-    if (role != RLW_ACTOR && role != RLW_CRITIC) return ff_error_set("rl.save", NULL, "only trained roles are saved");
+    if (role != FF_RL_ACTOR && role != FF_RL_CRITIC) return ff_error_set("rl.save", NULL, "only trained roles are saved");
     if (need(s, role)) return -1;
     ff_model *m = model_of(s, role);
-    ff_trainer *t = role == RLW_ACTOR ? s->t_actor : s->t_critic;
+    ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : s->t_critic;
     const char *name = role_name(role);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -538,7 +538,7 @@ int rlw_save(rlw *s, unsigned role, const char *dir) {
     ff_tensor_set *w = ff_tensor_set_new();
     if (!w) return -1;
     int rc = ff_model_export_weights(m, w);
-    if (rc == 0) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == RLW_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
+    if (rc == 0) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == FF_RL_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
     ff_tensor_set_destroy(&w);
     if (rc == 0 && t) {
         ff_tensor_set *o = ff_tensor_set_new();

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "fuseflow/error.h"
-#include "fuseflow/executor.h"
+#include "fuseflow/rl_worker.h"
 #include "fuseflow/util.h"
 #include "fuseflow/worker.h"
 #include "workers/rl/rlw.h"
@@ -109,7 +109,7 @@ static bool role_arg(ff_task *t, unsigned allowed, unsigned *role) {
     static const struct {
         const char *name;
         unsigned bit;
-    } roles[] = {{"actor", RLW_ACTOR}, {"gen", RLW_GEN}, {"critic", RLW_CRITIC}, {"ref", RLW_REF}, {"reward", RLW_REWARD}};
+    } roles[] = {{"actor", FF_RL_ACTOR}, {"gen", FF_RL_GEN}, {"critic", FF_RL_CRITIC}, {"ref", FF_RL_REF}, {"reward", FF_RL_REWARD}};
     for (size_t i = 0; i < sizeof roles / sizeof *roles; i++)
         if (!strcmp(name, roles[i].name) && (allowed & roles[i].bit)) {
             *role = roles[i].bit;
@@ -134,8 +134,8 @@ static int64_t sum_lens(const ff_tensor *x, bool *ok, int32_t min) {
  * number of response tokens. */
 static bool read_samples(ff_task *t, rlw_samples *in, int64_t *ntok) {
     memset(in, 0, sizeof *in);
-    const ff_tensor *p = input(t, "prompt", FF_DTYPE_I32, false), *pl = input(t, "plen", FF_DTYPE_I32, false);
-    const ff_tensor *r = input(t, "resp", FF_DTYPE_I32, false), *rl = input(t, "rlen", FF_DTYPE_I32, false);
+    const ff_tensor *p = input(t, FF_RL_T_PROMPT, FF_DTYPE_I32, false), *pl = input(t, FF_RL_T_PLEN, FF_DTYPE_I32, false);
+    const ff_tensor *r = input(t, FF_RL_T_RESP, FF_DTYPE_I32, false), *rl = input(t, FF_RL_T_RLEN, FF_DTYPE_I32, false);
     if (!p || !pl || !r || !rl) return false;
     bool ok = pl->shape[0] == rl->shape[0];
     int64_t P = sum_lens(pl, &ok, 1), R = sum_lens(rl, &ok, 0);
@@ -145,14 +145,14 @@ static bool read_samples(ff_task *t, rlw_samples *in, int64_t *ntok) {
     }
     in->n = (int32_t)pl->shape[0];
     in->prompt = p->data, in->plen = pl->data, in->resp = r->data, in->rlen = rl->data;
-    for (int k = 0; k < RLW_NCOL; k++) {
+    for (int k = 0; k < FF_RL_NCOL; k++) {
         bool present = false;
-        for (int i = 0; i < ff_task_ninputs(t); i++) present |= !strcmp(ff_task_input(t, i)->name, rlw_col_names[k]);
-        const ff_tensor *c = present ? input(t, rlw_col_names[k], FF_DTYPE_F32, false) : NULL;
+        for (int i = 0; i < ff_task_ninputs(t); i++) present |= !strcmp(ff_task_input(t, i)->name, ff_rl_col_names[k]);
+        const ff_tensor *c = present ? input(t, ff_rl_col_names[k], FF_DTYPE_F32, false) : NULL;
         if (present && !c) return false;
         if (c && c->shape[0] != R) {
             ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: column '%s' has %lld values for %lld response tokens", ff_task_kind(t),
-                         rlw_col_names[k], (long long)c->shape[0], (long long)R);
+                         ff_rl_col_names[k], (long long)c->shape[0], (long long)R);
             return false;
         }
         in->col[k] = c ? c->data : NULL;
@@ -199,7 +199,7 @@ static int k_init(ff_task *t, void *ud) {
     if (rc) return -1;
     int64_t *params = ff_task_output(t, "params", FF_DTYPE_I64, 1, (int64_t[]){5});
     if (!params) return -1;
-    const unsigned bits[5] = {RLW_ACTOR, RLW_GEN, RLW_CRITIC, RLW_REF, RLW_REWARD};
+    const unsigned bits[5] = {FF_RL_ACTOR, FF_RL_GEN, FF_RL_CRITIC, FF_RL_REF, FF_RL_REWARD};
     for (int i = 0; i < 5; i++) params[i] = rlw_param_count(r->eng, bits[i]);
     return 0;
 }
@@ -215,7 +215,7 @@ static void forget_open(ff_rlworker *r, ff_task *t) {
 
 static int k_generate(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
-    const ff_tensor *p = input(t, "prompt", FF_DTYPE_I32, false), *pl = input(t, "plen", FF_DTYPE_I32, false);
+    const ff_tensor *p = input(t, FF_RL_T_PROMPT, FF_DTYPE_I32, false), *pl = input(t, FF_RL_T_PLEN, FF_DTYPE_I32, false);
     const ff_tensor *sd = input(t, "seed", FF_DTYPE_I64, false);
     int64_t n, top_k, max_new;
     double temp, top_p;
@@ -249,10 +249,10 @@ static void on_gen_done(void *ctx, const rlw_gen_done *d) {
     ff_rlworker *r = ctx;
     ff_task *t = d->owner;
     int64_t kn = (int64_t)d->k * d->n;
-    int32_t *rlen = ff_task_output(t, "rlen", FF_DTYPE_I32, 1, &kn);
-    int32_t *fin = ff_task_output(t, "finish", FF_DTYPE_I32, 1, &kn);
-    int32_t *resp = ff_task_output(t, "resp", FF_DTYPE_I32, 1, &d->total);
-    float *lp = ff_task_output(t, "logprob", FF_DTYPE_F32, 1, &d->total);
+    int32_t *rlen = ff_task_output(t, FF_RL_T_RLEN, FF_DTYPE_I32, 1, &kn);
+    int32_t *fin = ff_task_output(t, FF_RL_T_FINISH, FF_DTYPE_I32, 1, &kn);
+    int32_t *resp = ff_task_output(t, FF_RL_T_RESP, FF_DTYPE_I32, 1, &d->total);
+    float *lp = ff_task_output(t, FF_RL_T_LOGPROB, FF_DTYPE_F32, 1, &d->total);
     int rc = -1;
     if (rlen && fin && resp && lp) {
         memcpy(rlen, d->rlen, (size_t)kn * sizeof *rlen);
@@ -296,11 +296,11 @@ static int k_logprob(ff_task *t, void *ud) {
     rlw_samples in;
     unsigned role;
     int64_t R, mb, want_ent;
-    if (!read_samples(t, &in, &R) || !role_arg(t, RLW_ACTOR | RLW_GEN | RLW_REF, &role) || !arg_int(t, "mb", 0, &mb) ||
-        !arg_int(t, "entropy", 0, &want_ent))
+    if (!read_samples(t, &in, &R) || !role_arg(t, FF_RL_ACTOR | FF_RL_GEN | FF_RL_REF, &role) || !arg_int(t, "mb", 0, &mb) ||
+        !arg_int(t, FF_RL_T_ENTROPY, 0, &want_ent))
         return -1;
-    float *lp = ff_task_output(t, "logprob", FF_DTYPE_F32, 1, &R);
-    float *ent = want_ent ? ff_task_output(t, "entropy", FF_DTYPE_F32, 1, &R) : NULL;
+    float *lp = ff_task_output(t, FF_RL_T_LOGPROB, FF_DTYPE_F32, 1, &R);
+    float *ent = want_ent ? ff_task_output(t, FF_RL_T_ENTROPY, FF_DTYPE_F32, 1, &R) : NULL;
     if (!lp || (want_ent && !ent)) return -1;
     return rlw_logprob(r->eng, role, &in, (int32_t)mb, lp, ent);
 }
@@ -310,7 +310,7 @@ static int k_value(ff_task *t, void *ud) {
     rlw_samples in;
     int64_t R, mb;
     if (!read_samples(t, &in, &R) || !arg_int(t, "mb", 0, &mb)) return -1;
-    float *v = ff_task_output(t, "values", FF_DTYPE_F32, 1, &R);
+    float *v = ff_task_output(t, FF_RL_T_VALUES, FF_DTYPE_F32, 1, &R);
     if (!v) return -1;
     return rlw_values(r->eng, &in, (int32_t)mb, v);
 }
@@ -321,7 +321,7 @@ static int k_score(ff_task *t, void *ud) {
     int64_t mb;
     if (!read_samples(t, &in, NULL) || !arg_int(t, "mb", 0, &mb)) return -1;
     int64_t n = in.n;
-    float *s = ff_task_output(t, "score", FF_DTYPE_F32, 1, &n);
+    float *s = ff_task_output(t, FF_RL_T_SCORE, FF_DTYPE_F32, 1, &n);
     if (!s) return -1;
     return rlw_reward_model(r->eng, &in, (int32_t)mb, s);
 }
@@ -333,11 +333,11 @@ static int k_train(ff_task *t, void *ud) {
     unsigned role;
     double denom;
     const ff_tensor *mb = NULL;
-    if (!read_samples(t, &in, NULL) || !role_arg(t, RLW_ACTOR | RLW_CRITIC, &role) || !arg_float(t, "denom", 0, &denom) ||
+    if (!read_samples(t, &in, NULL) || !role_arg(t, FF_RL_ACTOR | FF_RL_CRITIC, &role) || !arg_float(t, "denom", 0, &denom) ||
         !(mb = input(t, "mb", FF_DTYPE_I32, false)))
         return -1;
     if (mb->shape[0] < 2) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.train: 'mb' needs at least two offsets");
-    double *m = ff_task_output(t, "metrics", FF_DTYPE_F64, 1, (int64_t[]){RLW_NM});
+    double *m = ff_task_output(t, FF_RL_T_METRICS, FF_DTYPE_F64, 1, (int64_t[]){FF_RL_NM});
     if (!m) return -1;
     return rlw_train(r->eng, role, &in, mb->data, (int32_t)mb->shape[0] - 1, denom, ff_task_comm(t), m);
 }
@@ -355,7 +355,7 @@ static int k_save(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     unsigned role;
     char dir[4096];
-    if (!role_arg(t, RLW_ACTOR | RLW_CRITIC, &role) || !arg_str(t, "dir", dir, sizeof dir)) return -1;
+    if (!role_arg(t, FF_RL_ACTOR | FF_RL_CRITIC, &role) || !arg_str(t, "dir", dir, sizeof dir)) return -1;
     if (!dir[0]) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.save: no dir");
     return rlw_save(r->eng, role, dir);
 }
@@ -363,7 +363,7 @@ static int k_save(ff_task *t, void *ud) {
 static int k_digest(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     unsigned role;
-    if (!role_arg(t, RLW_ACTOR | RLW_GEN | RLW_CRITIC | RLW_REF | RLW_REWARD, &role)) return -1;
+    if (!role_arg(t, FF_RL_ACTOR | FF_RL_GEN | FF_RL_CRITIC | FF_RL_REF | FF_RL_REWARD, &role)) return -1;
     uint64_t h;
     double s;
     if (rlw_digest(r->eng, role, &h, &s) != 0) return -1;
@@ -379,9 +379,9 @@ int ff_rlworker_register(ff_rlworker *r, ff_worker *w) {
     static const struct {
         const char *kind;
         ff_task_fn fn;
-    } kinds[] = {{"rl.init", k_init},       {"rl.generate", k_generate}, {"rl.logprob", k_logprob},
-                 {"rl.value", k_value},     {"rl.score", k_score},       {"rl.train", k_train},
-                 {"rl.sync", k_sync},       {"rl.save", k_save},         {"rl.digest", k_digest}};
+    } kinds[] = {{FF_RL_INIT, k_init},       {FF_RL_GENERATE, k_generate}, {FF_RL_LOGPROB, k_logprob},
+                 {FF_RL_VALUE, k_value},     {FF_RL_SCORE, k_score},       {FF_RL_TRAIN, k_train},
+                 {FF_RL_SYNC, k_sync},       {FF_RL_SAVE, k_save},         {FF_RL_DIGEST, k_digest}};
     for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
         if (ff_worker_register(w, kinds[i].kind, kinds[i].fn, r, 0) != 0) return -1;
     ff_worker_set_step(w, step, r);

@@ -8,12 +8,13 @@
 #include "workers/roles/roles_internal.h"
 
 void ff_roles_sampling_from_node(const ff_run_config *run, const ff_node *gen, ff_sampling *out) {
+    ff_node_sampling ns;
+    ff_node_sampling_of(run, gen, &ns);
     ff_sampling_default(out);
-    out->temperature = gen->gen.greedy ? 0.0f : (float)gen->gen.temperature;
-    out->top_k = (int32_t)gen->gen.top_k;
-    out->top_p = (float)gen->gen.top_p;
-    int64_t mx = gen->gen.max_tokens > 0 ? gen->gen.max_tokens : run->data.max_response_length;
-    out->max_new_tokens = (int32_t)(mx > 0 ? mx : 1);
+    out->temperature = ns.temperature;
+    out->top_k = ns.top_k;
+    out->top_p = ns.top_p;
+    out->max_new_tokens = ns.max_new;
     out->logprob_mode = FF_LOGPROB_TEMPERATURE;
 }
 

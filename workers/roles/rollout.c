@@ -41,18 +41,6 @@ void ff_rollout_config_default(ff_rollout_config *c) {
     c->logprob_mode = FF_LOGPROB_TEMPERATURE;
 }
 
-uint64_t ff_rollout_seed(uint64_t run_seed, uint64_t iteration, uint64_t prompt_index) {
-    uint64_t z = run_seed;
-    const uint64_t parts[2] = {iteration, prompt_index};
-    for (int i = 0; i < 2; i++) { /* splitmix64 finaliser over each part in turn */
-        z += parts[i] + 0x9e3779b97f4a7c15ULL;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        z ^= z >> 31;
-    }
-    return z;
-}
-
 ff_rollout *ff_rollout_new(ff_model *m, const ff_rollout_config *cin) {
     assert(m);
     ff_rollout_config c;

@@ -17,7 +17,7 @@
 
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
-#include "workers/roles/roles_internal.h"
+#include "fuseflow/microbatch.h"
 
 typedef struct subset {
     int64_t sum;

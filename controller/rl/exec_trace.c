@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dataflow/exec/exec_internal.h"
+#include "controller/rl/exec_internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 

@@ -11,6 +11,7 @@
 #include "fuseflow/error.h"
 #include "fuseflow/registry.h"
 #include "fuseflow/reward.h"
+#include "fuseflow/reward_client.h"
 #include "tests/test_util.h"
 
 /* ---- the Python example server ---------------------------------------------------------------- */
@@ -76,7 +77,7 @@ static void test_python_server(ff_registry *reg) {
 
 int main(void) {
     ff_registry *reg = ff_registry_new();
-    REQUIRE(reg);
+    REQUIRE(reg && ff_reward_remote_register(reg) == 0);
     test_python_server(reg);
     ff_registry_destroy(&reg);
     TEST_MAIN_END();

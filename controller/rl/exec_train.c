@@ -21,9 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dataflow/exec/exec_internal.h"
+#include "controller/rl/exec_internal.h"
 #include "fuseflow/error.h"
-#include "fuseflow/roles.h"
+#include "fuseflow/microbatch.h"
 #include "fuseflow/util.h"
 
 static const ff_node *node_of(const ex_run *x, int m) { return ff_graph_node(x->run->graph, (size_t)m); }
@@ -111,12 +111,12 @@ static int submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int ra
     ff_arg args[2] = {ff_arg_str("role", actor ? "actor" : "critic"), ff_arg_float("denom", denom)};
     char label[128];
     snprintf(label, sizeof label, "%s step %d (dp %d, %" PRId64 " samples)", nd->name, step, rank_i, n);
-    ff_subtask_spec spec = {.kind = "rl.train", .target = FF_TARGET_RANK, .rank = x->pool_ranks[pool][rank_i],
+    ff_subtask_spec spec = {.kind = FF_RL_TRAIN, .target = FF_TARGET_RANK, .rank = x->pool_ranks[pool][rank_i],
                             .group = ex_pool_names[pool], .args = args, .nargs = 2, .inputs = in, .ninputs = nin, .label = label};
     return ex_submit(x, j, &spec) ? 0 : -1;
 }
 
-int ex_train_start(ex_run *x, ex_iter *I, const ff_task *t) {
+int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     const ff_node *nd = node_of(x, t->node);
     int m = t->node, pool = nd->role == FF_ROLE_ACTOR ? POOL_ACTOR : POOL_CRITIC;
     int dp = x->pool_n[pool];
@@ -148,7 +148,7 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_task *t) {
         for (int64_t i = 0; i < n; i++) order[i] = t->samples[i];
         if (nd->train.shuffle) {
             ff_rng r;
-            ff_rng_seed(&r, ff_rollout_seed((uint64_t)x->run->trainer.seed, (uint64_t)I->it, 0x7472000000ULL + (uint64_t)m * 1024 + (uint64_t)e));
+            ff_rng_seed(&r, ff_seed_stream((uint64_t)x->run->trainer.seed, (uint64_t)I->it, 0x7472000000ULL + (uint64_t)m * 1024 + (uint64_t)e));
             for (int64_t i = n - 1; i > 0; i--) {
                 int64_t j = (int64_t)ff_rng_below(&r, (uint64_t)i + 1), v = order[i];
                 order[i] = order[j];
@@ -207,13 +207,13 @@ void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
                 r[0].error);
         return;
     }
-    const ff_tensor *mt = ex_out_named(&r[0], "metrics");
-    if (!mt || mt->dtype != FF_DTYPE_F64 || ff_tensor_numel(mt) < M_COUNT) {
+    const ff_tensor *mt = ex_out_named(&r[0], FF_RL_T_METRICS);
+    if (!mt || mt->dtype != FF_DTYPE_F64 || ff_tensor_numel(mt) < FF_RL_NM) {
         ex_fail(x, "node '%s': worker %d sent no training metrics", nd->name, r[0].rank);
         return;
     }
     memcpy(tr->m[j->minibatch * tr->n_ranks + j->member], mt->data, sizeof tr->m[0]);
-    I->st[j->node].tokens += (int64_t)((const double *)mt->data)[M_TOKENS];
+    I->st[j->node].tokens += (int64_t)((const double *)mt->data)[FF_RL_M_TOKENS];
     if (--tr->pending == 0) {
         I->st[j->node].done = I->st[j->node].dispatched;
         I->st[j->node].t_last_ns = ff_now_ns();
@@ -233,14 +233,14 @@ void ex_train_metrics(ex_run *x, ex_iter *I, json_t *out) {
         for (int s = 0; s < tr->n_steps; s++) {
             for (int r = 0; r < tr->n_ranks; r++) {
                 const double *v = tr->m[s * tr->n_ranks + r];
-                loss += v[M_LOSS], pg += v[M_PG], kl += v[M_KL], vl += v[M_VLOSS];
-                double t = v[M_TOKENS];
-                w += t, clip += v[M_CLIP] * t, akl += v[M_APPROX_KL] * t, ent += v[M_ENT_MEAN] * t;
-                vclip += v[M_VCLIP] * t, vmean += v[M_VMEAN] * t;
-                if (v[M_RATIO_MAX] > rmax) rmax = v[M_RATIO_MAX];
+                loss += v[FF_RL_M_LOSS], pg += v[FF_RL_M_PG], kl += v[FF_RL_M_KL], vl += v[FF_RL_M_VLOSS];
+                double t = v[FF_RL_M_TOKENS];
+                w += t, clip += v[FF_RL_M_CLIP] * t, akl += v[FF_RL_M_APPROX_KL] * t, ent += v[FF_RL_M_ENT_MEAN] * t;
+                vclip += v[FF_RL_M_VCLIP] * t, vmean += v[FF_RL_M_VMEAN] * t;
+                if (v[FF_RL_M_RATIO_MAX] > rmax) rmax = v[FF_RL_M_RATIO_MAX];
             }
             const double *r0 = tr->m[s * tr->n_ranks];
-            gn += r0[M_GNORM], lr = r0[M_LR], steps += r0[M_STEPS], skipped += r0[M_SKIPPED];
+            gn += r0[FF_RL_M_GNORM], lr = r0[FF_RL_M_LR], steps += r0[FF_RL_M_STEPS], skipped += r0[FF_RL_M_SKIPPED];
         }
         double S = tr->n_steps, W = w > 0 ? w : 1;
         if (actor) {
@@ -268,7 +268,7 @@ void ex_train_metrics(ex_run *x, ex_iter *I, json_t *out) {
 
 /* ---- weight sync ---------------------------------------------------------------------------------- */
 
-int ex_sync_start(ex_run *x, ex_iter *I, const ff_task *t) {
+int ex_sync_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     if (x->gen_separate && ex_sync_group(x) != 0) return -1;
     ex_job *j = ex_job_new(x, JOB_SYNC, t->node);
     if (!j) return -1;
@@ -282,7 +282,7 @@ int ex_sync_start(ex_run *x, ex_iter *I, const ff_task *t) {
     ff_arg a = ff_arg_str("mode", x->gen_separate ? "bcast" : "local");
     char label[128];
     snprintf(label, sizeof label, "%s (%s)", node_of(x, t->node)->name, x->gen_separate ? "broadcast" : "local copy");
-    ff_subtask_spec spec = {.kind = "rl.sync", .target = FF_TARGET_GROUP,
+    ff_subtask_spec spec = {.kind = FF_RL_SYNC, .target = FF_TARGET_GROUP,
                             .group = x->gen_separate ? "sync" : ex_pool_names[POOL_ACTOR], .args = &a, .nargs = 1, .label = label};
     if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = ff_now_ns();
     return ex_submit(x, j, &spec) ? 0 : -1;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dataflow/exec/exec_internal.h"
+#include "controller/rl/exec_internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/jsonl.h"
 #include "fuseflow/util.h"

@@ -8,8 +8,8 @@
  *   exec_ckpt.c   checkpoints, resume, metrics.jsonl
  *   exec_trace.c  the run's timeline: the runtime's trace plus stages and sample paths
  */
-#ifndef FF_DATAFLOW_EXEC_INTERNAL_H
-#define FF_DATAFLOW_EXEC_INTERNAL_H
+#ifndef FF_CONTROLLER_RL_EXEC_INTERNAL_H
+#define FF_CONTROLLER_RL_EXEC_INTERNAL_H
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -21,23 +21,17 @@
 #include "fuseflow/executor.h"
 #include "fuseflow/graph.h"
 #include "fuseflow/registry.h"
+#include "fuseflow/rl_protocol.h"
 #include "fuseflow/tokenizer.h"
 
 #define EX_MAX_RANKS 256
 #define EX_MAX_COLS 64
 #define EX_MAX_NODES 64
 
-/* Roles a worker hosts: the bits of workers/rl/rlw.h (rl.init's `roles`). */
-enum { EX_ACTOR = 1, EX_GEN = 2, EX_CRITIC = 4, EX_REF = 8, EX_REWARD = 16 };
 /* Pools of ranks, one worker group each. */
 enum { POOL_ACTOR = 0, POOL_GEN, POOL_CRITIC, POOL_REF, POOL_REWARD, POOL_COUNT };
 extern const char *const ex_pool_names[POOL_COUNT]; /* the group names: "actor", "gen", ... */
 
-/* Metrics of a train step, in rl.train's order (workers/rl/rlw.h RLW_M_*). */
-enum {
-    M_STEPS = 0, M_SKIPPED, M_MICRO, M_TOKENS, M_SAMPLES, M_LOSS, M_PG, M_KL, M_ENT_AGG, M_CLIP, M_APPROX_KL, M_RATIO_MAX,
-    M_ENT_MEAN, M_VLOSS, M_VCLIP, M_VMEAN, M_GNORM, M_LR, M_TIME, M_COUNT
-};
 
 /* ---- data ------------------------------------------------------------------------------------- */
 typedef struct ex_dataset {
@@ -108,7 +102,7 @@ typedef struct ex_train {
     int64_t task;        /* the scheduler's batch task */
     int pool;
     int n_steps, n_ranks, pending;
-    double (*m)[M_COUNT]; /* [n_steps * n_ranks] */
+    double (*m)[FF_RL_NM]; /* [n_steps * n_ranks] */
     bool active;
 } ex_train;
 
@@ -214,9 +208,9 @@ void ex_progress(ex_run *x, bool force);
 void ex_check_workers(ex_run *x);
 
 /* exec_train.c */
-int ex_train_start(ex_run *x, ex_iter *I, const ff_task *t);
+int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t);
 void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n);
-int ex_sync_start(ex_run *x, ex_iter *I, const ff_task *t);
+int ex_sync_start(ex_run *x, ex_iter *I, const ff_sched_task *t);
 void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n);
 void ex_train_metrics(ex_run *x, ex_iter *I, json_t *m);
 

@@ -23,9 +23,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dataflow/exec/exec_internal.h"
+#include "controller/rl/exec_internal.h"
 #include "fuseflow/error.h"
-#include "fuseflow/roles.h"
+#include "fuseflow/reward_client.h"
 #include "fuseflow/util.h"
 
 void ff_exec_opts_default(ff_exec_opts *o) {
@@ -121,21 +121,21 @@ static int place(ex_run *x) {
             return ff_error_set(rc[r].where, "use dp only (tp: 1, pp: 1) for now",
                                 "tensor and pipeline parallel layouts are not executed yet");
     }
-    unsigned actor_bits = ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR) || ex_has_node(x, FF_OP_LOGPROB, FF_ROLE_ACTOR) ? EX_ACTOR : 0;
+    unsigned actor_bits = ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR) || ex_has_node(x, FF_OP_LOGPROB, FF_ROLE_ACTOR) ? FF_RL_ACTOR : 0;
     x->gen_separate = rc[FF_ROLE_ACTOR].rollout_workers > 0;
-    if (add_ranks(x, POOL_ACTOR, (int)rc[FF_ROLE_ACTOR].layout.workers, actor_bits | (x->gen_separate ? 0 : EX_GEN))) return -1;
+    if (add_ranks(x, POOL_ACTOR, (int)rc[FF_ROLE_ACTOR].layout.workers, actor_bits | (x->gen_separate ? 0 : FF_RL_GEN))) return -1;
     if (x->gen_separate) {
         if (!actor_bits)
             return ff_error_set(rc[FF_ROLE_ACTOR].where, "drop roles.actor.rollout.workers", "a separate rollout pool needs a trained actor");
-        if (add_ranks(x, POOL_GEN, (int)rc[FF_ROLE_ACTOR].rollout_workers, EX_GEN)) return -1;
+        if (add_ranks(x, POOL_GEN, (int)rc[FF_ROLE_ACTOR].rollout_workers, FF_RL_GEN)) return -1;
         x->sync_group = true;
     } else {
-        share_ranks(x, POOL_GEN, POOL_ACTOR, EX_GEN);
+        share_ranks(x, POOL_GEN, POOL_ACTOR, FF_RL_GEN);
     }
     const struct {
         ff_role role;
         unsigned bit;
-    } others[] = {{FF_ROLE_CRITIC, EX_CRITIC}, {FF_ROLE_REF, EX_REF}, {FF_ROLE_REWARD, EX_REWARD}};
+    } others[] = {{FF_ROLE_CRITIC, FF_RL_CRITIC}, {FF_ROLE_REF, FF_RL_REF}, {FF_ROLE_REWARD, FF_RL_REWARD}};
     /* roles on their own ranks first, then the colocated ones (their target is placed) */
     for (int pass = 0; pass < 2; pass++)
         for (int k = 0; k < 3; k++) {
@@ -206,7 +206,7 @@ static int init_workers(ex_run *x, const char *resume_dir) {
                           ff_arg_int("max_seq", max_seq),            ff_arg_str("name", x->o.config)};
         ex_job *j = ex_job_new(x, JOB_CTL, -1);
         if (!j) return -1;
-        ff_subtask_spec spec = {.kind = "rl.init", .target = FF_TARGET_RANK, .rank = r, .args = args,
+        ff_subtask_spec spec = {.kind = FF_RL_INIT, .target = FF_TARGET_RANK, .rank = r, .args = args,
                                 .nargs = (int)(sizeof args / sizeof *args), .inputs = in,
                                 .ninputs = 2, .label = "load models"};
         if (!ex_submit(x, j, &spec)) return -1;
@@ -221,7 +221,7 @@ void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
         ex_fail(x, "evaluation on worker %d: %s: %s", r->rank, ff_status_name(r->status), r->error);
         return;
     }
-    const ff_tensor *rlen = ex_out_named(r, "rlen"), *resp = ex_out_named(r, "resp");
+    const ff_tensor *rlen = ex_out_named(r, FF_RL_T_RLEN), *resp = ex_out_named(r, FF_RL_T_RESP);
     if (!rlen || !resp || rlen->shape[0] != j->nsamples) {
         ex_fail(x, "evaluation: worker %d sent a malformed result", r->rank);
         return;
@@ -248,8 +248,8 @@ static int evaluate(ex_run *x, double *acc) {
     int64_t n = x->val.n;
     if (x->o.val_limit > 0 && x->o.val_limit < n) n = x->o.val_limit;
     int64_t chunk = x->run->data.val_batch_size;
-    ff_sampling sp;
-    ff_roles_sampling_from_node(x->run, node_of(x, x->gen_node), &sp);
+    ff_node_sampling sp;
+    ff_node_sampling_of(x->run, node_of(x, x->gen_node), &sp);
     x->eval_hits = x->eval_done = 0;
     x->eval_total = n;
     int64_t t0 = ff_now_ns();
@@ -275,13 +275,13 @@ static int evaluate(ex_run *x, double *acc) {
             j->samples[i] = a + i;
         }
         int64_t shp[3] = {P, k, k};
-        ff_input in[3] = {{.name = "prompt", .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp[0], .data = p, .free_fn = ex_free_buf},
-                          {.name = "plen", .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp[1], .data = pl, .free_fn = ex_free_buf},
+        ff_input in[3] = {{.name = FF_RL_T_PROMPT, .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp[0], .data = p, .free_fn = ex_free_buf},
+                          {.name = FF_RL_T_PLEN, .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp[1], .data = pl, .free_fn = ex_free_buf},
                           {.name = "seed", .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp[2], .data = sd, .free_fn = ex_free_buf}};
-        ff_arg args[3] = {ff_arg_int("n", 1), ff_arg_float("temperature", 0.0), ff_arg_int("max_new", sp.max_new_tokens)};
+        ff_arg args[3] = {ff_arg_int("n", 1), ff_arg_float("temperature", 0.0), ff_arg_int("max_new", sp.max_new)};
         char label[64];
         snprintf(label, sizeof label, "eval %" PRId64 "-%" PRId64, a, a + k - 1);
-        ff_subtask_spec spec = {.kind = "rl.generate", .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
+        ff_subtask_spec spec = {.kind = FF_RL_GENERATE, .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
                                 .nargs = 3, .inputs = in, .ninputs = 3, .idempotent = true, .label = label};
         if (!ex_submit(x, j, &spec)) return -1;
     }
@@ -377,29 +377,6 @@ static char *join_overrides(int n, char *const *v) {
     return s;
 }
 
-/* The overrides workers apply: the user's, and remote rewards not pinged from workers (the
- * controller scores; workers only build the graph to train with its losses). */
-static char *worker_overrides(ex_run *x, int n, char *const *v) {
-    char **all = ff_calloc((size_t)n + EX_MAX_NODES + 1, sizeof *all);
-    char (*extra)[160] = ff_calloc(EX_MAX_NODES, sizeof *extra);
-    char *s = NULL;
-    if (all && extra) {
-        int k = 0;
-        for (int i = 0; i < n; i++) all[k++] = v[i];
-        for (size_t m = 0; m < ff_graph_n_nodes(x->run->graph) && m < EX_MAX_NODES; m++) {
-            const ff_node *nd = ff_graph_node(x->run->graph, m);
-            ff_cnode *fn = nd->op == FF_OP_REWARD_FN && nd->params ? ff_cnode_find(nd->params, "function") : NULL;
-            if (!fn || !ff_cnode_scalar(fn) || strcmp(ff_cnode_scalar(fn), "remote")) continue;
-            snprintf(extra[m], sizeof extra[m], "graph.%s.check_on_start=false", nd->name);
-            all[k++] = extra[m];
-        }
-        s = join_overrides(k, all);
-    }
-    free(all);
-    free(extra);
-    return s;
-}
-
 static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir, size_t rcap) {
     const ff_exec_opts *o = &x->o;
     if (!o->config) return ff_error_set("run", "fuseflow run CONFIG.yaml", "no run config");
@@ -415,9 +392,9 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
     *over_out = over;
     *n_over_out = n_over;
     if (!(x->config_text = ff_read_file(o->config, NULL))) return -1;
-    if (!(x->reg = ff_registry_new())) return -1;
+    if (!(x->reg = ff_registry_new()) || ff_reward_remote_register(x->reg) != 0) return -1;
     if (!(x->run = ff_run_config_load(o->config, n_over, over, x->reg))) return -1;
-    if (!(x->overrides_text = worker_overrides(x, n_over, over))) return -1;
+    if (!(x->overrides_text = join_overrides(n_over, over))) return -1;
     if (ff_run_config_check_files(x->run) != 0) return -1;
     if (graph_facts(x) != 0) return -1;
     const ff_role_cfg *actor = &x->run->roles[FF_ROLE_ACTOR];

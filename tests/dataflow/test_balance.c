@@ -1,7 +1,12 @@
 /* Balancing by token count: Karmarkar-Karp partitions (equal counts or not), and mini-batch
  * plans over DP ranks and micro-batches: every sample exactly once, the limits held, ranks
  * balanced, deterministic. */
-#include "tests/roles/roles_test_util.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "fuseflow/microbatch.h"
+#include "fuseflow/util.h"
+#include "tests/test_util.h"
 
 static void sums(const int64_t *w, const int32_t *bin, int32_t n, int32_t k, int64_t *s, int32_t *cnt) {
     for (int32_t b = 0; b < k; b++) s[b] = cnt[b] = 0;

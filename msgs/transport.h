@@ -1,13 +1,14 @@
-/* Internals shared by the controller and the worker (library ff_runtime): the libev pattern
- * for ZeroMQ's edge-triggered ZMQ_FD, CURVE key files, socket options. Not public API. */
-#ifndef FF_RT_INTERNAL_H
-#define FF_RT_INTERNAL_H
+/* The transport plumbing both sides of the wire share (library ff_msgs): the libev pattern
+ * for ZeroMQ's edge-triggered ZMQ_FD, CURVE key files, socket options. The controller
+ * (controller/) and the worker (workers/) include it; it is not installed and not part of
+ * the public API. Not here: messages themselves (fuseflow/msgs.h), who talks to whom. */
+#ifndef FF_MSGS_TRANSPORT_H
+#define FF_MSGS_TRANSPORT_H
 
 #include <ev.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "fuseflow/coll.h"
 #include "fuseflow/msgs.h"
 
 /* ---- ZeroMQ socket in a libev loop ----------------------------------------------------
@@ -49,25 +50,5 @@ int rt_curve_load(const char *path, bool want_controller, rt_curve_keys *out);
 /* Common socket options: no linger, no high-water marks (backpressure is ours), optional
  * inbound size cap. 0 or -1 + error. */
 int rt_socket_setup(void *sock, size_t max_msg_bytes);
-
-/* ---- workers: group communicators (workers/group.c) ------------------------------------- */
-typedef struct rt_group {
-    char name[FF_MSG_NAME_MAX];
-    int index, size;
-    int32_t *members;
-    ff_coll_comm *comm; /* NULL for backend "none" */
-} rt_group;
-
-/* Join (or rebuild) a group from a setup message; runs on the compute thread, blocks until
- * every member joined. 0 or -1 + error. */
-int rt_group_join(rt_group *g, const ff_msg_group_setup *s);
-void rt_group_leave(rt_group *g);
-/* Capability strings for the hello ("coll:cpu", "coll:nccl"): how many were written. */
-int rt_coll_caps(char (*caps)[FF_MSG_NAME_MAX], int room);
-
-/* Built-in generic kinds (workers/kinds.c). */
-typedef struct ff_worker ff_worker;
-int rt_register_builtin_kinds(ff_worker *w);
-int rt_register_group_kinds(ff_worker *w); /* group.c: "collective", "coll.unique_id" */
 
 #endif

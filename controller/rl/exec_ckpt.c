@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dataflow/exec/exec_internal.h"
+#include "controller/rl/exec_internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/modelio.h"
 #include "fuseflow/util.h"
@@ -61,7 +61,7 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at) {
         ff_arg args[2] = {ff_arg_str("role", parts[i].name), ff_arg_str("dir", tmp)};
         char label[64];
         snprintf(label, sizeof label, "save %s", parts[i].name);
-        ff_subtask_spec spec = {.kind = "rl.save", .target = FF_TARGET_RANK, .rank = x->pool_ranks[parts[i].pool][0],
+        ff_subtask_spec spec = {.kind = FF_RL_SAVE, .target = FF_TARGET_RANK, .rank = x->pool_ranks[parts[i].pool][0],
                                 .args = args, .nargs = 2, .label = label};
         if (!ex_submit(x, j, &spec)) goto fail;
     }

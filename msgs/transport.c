@@ -1,5 +1,6 @@
 /* Pieces the controller and the worker share: the libev/ZMQ_FD watcher, socket options,
- * CURVE key files (reading them here; `fuseflow keygen` writes them with ff_curve_keygen). */
+ * CURVE key files (reading them, and writing them for `fuseflow keygen`). Not here: the
+ * messages (msg.c, decode.c). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,8 +8,8 @@
 #include <sys/stat.h>
 #include <zmq.h>
 
-#include "controller/rt_internal.h"
-#include "fuseflow/controller.h"
+#include "fuseflow/msgs.h"
+#include "msgs/transport.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 

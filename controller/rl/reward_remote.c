@@ -1,4 +1,4 @@
-/* The reward-server client (protocol in include/fuseflow/reward.h) and the `remote` reward
+/* The reward-server client (protocol in include/fuseflow/reward_client.h) and the `remote` reward
  * function that uses it.
  *
  * REQ socket with the "lazy pirate" pattern: every request waits timeout_ms for its reply;
@@ -14,10 +14,10 @@
 #include <string.h>
 #include <zmq.h>
 
-#include "dataflow/internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/registry.h"
 #include "fuseflow/reward.h"
+#include "fuseflow/reward_client.h"
 #include "fuseflow/util.h"
 
 struct ff_reward_client {

@@ -22,9 +22,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dataflow/exec/exec_internal.h"
+#include "controller/rl/exec_internal.h"
 #include "fuseflow/error.h"
-#include "fuseflow/roles.h"
 #include "fuseflow/util.h"
 
 const char *const ex_pool_names[POOL_COUNT] = {"actor", "gen", "critic", "ref", "reward"};
@@ -307,10 +306,10 @@ int ex_pack_samples(ex_run *x, ex_iter *I, const int64_t *samples, int64_t n, in
         pl[i] = pc->len, rl[i] = rc->len;
         po += pc->len, ro += rc->len;
     }
-    in[0] = (ff_input){.name = "prompt", .dtype = FF_DTYPE_I32, .ndim = 1, .data = p, .free_fn = ex_free_buf};
-    in[1] = (ff_input){.name = "plen", .dtype = FF_DTYPE_I32, .ndim = 1, .data = pl, .free_fn = ex_free_buf};
-    in[2] = (ff_input){.name = "resp", .dtype = FF_DTYPE_I32, .ndim = 1, .data = r, .free_fn = ex_free_buf};
-    in[3] = (ff_input){.name = "rlen", .dtype = FF_DTYPE_I32, .ndim = 1, .data = rl, .free_fn = ex_free_buf};
+    in[0] = (ff_input){.name = FF_RL_T_PROMPT, .dtype = FF_DTYPE_I32, .ndim = 1, .data = p, .free_fn = ex_free_buf};
+    in[1] = (ff_input){.name = FF_RL_T_PLEN, .dtype = FF_DTYPE_I32, .ndim = 1, .data = pl, .free_fn = ex_free_buf};
+    in[2] = (ff_input){.name = FF_RL_T_RESP, .dtype = FF_DTYPE_I32, .ndim = 1, .data = r, .free_fn = ex_free_buf};
+    in[3] = (ff_input){.name = FF_RL_T_RLEN, .dtype = FF_DTYPE_I32, .ndim = 1, .data = rl, .free_fn = ex_free_buf};
     shapes[0] = P, shapes[1] = n, shapes[2] = R, shapes[3] = n;
     for (int i = 0; i < 4; i++) in[i].shape = &shapes[i];
     return 0;
@@ -343,20 +342,20 @@ static int submit_gen(ex_run *x, ex_iter *I, int m, int64_t grp, const int64_t *
     for (int64_t k = 0; k < x->group_size; k++) j->samples[k] = grp * x->group_size + k;
     memcpy(prompt, x->train.ids[row], (size_t)x->train.len[row] * 4);
     plen[0] = x->train.len[row];
-    seed[0] = (int64_t)ff_rollout_seed((uint64_t)x->run->trainer.seed, (uint64_t)I->it, (uint64_t)grp);
+    seed[0] = (int64_t)ff_seed_stream((uint64_t)x->run->trainer.seed, (uint64_t)I->it, (uint64_t)grp);
     int64_t shp_p = plen[0], shp_1 = 1;
     ff_input in[3] = {
-        {.name = "prompt", .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp_p, .data = prompt, .free_fn = ex_free_buf},
-        {.name = "plen", .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp_1, .data = plen, .free_fn = ex_free_buf},
+        {.name = FF_RL_T_PROMPT, .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp_p, .data = prompt, .free_fn = ex_free_buf},
+        {.name = FF_RL_T_PLEN, .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp_1, .data = plen, .free_fn = ex_free_buf},
         {.name = "seed", .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp_1, .data = seed, .free_fn = ex_free_buf},
     };
-    ff_sampling sp;
-    ff_roles_sampling_from_node(x->run, nd, &sp);
+    ff_node_sampling sp;
+    ff_node_sampling_of(x->run, nd, &sp);
     ff_arg args[5] = {ff_arg_int("n", per_group ? 1 : x->group_size), ff_arg_float("temperature", sp.temperature),
-                      ff_arg_float("top_p", sp.top_p), ff_arg_int("top_k", sp.top_k), ff_arg_int("max_new", sp.max_new_tokens)};
+                      ff_arg_float("top_p", sp.top_p), ff_arg_int("top_k", sp.top_k), ff_arg_int("max_new", sp.max_new)};
     char label[128];
     snprintf(label, sizeof label, "%s g%" PRId64, nd->name, grp);
-    ff_subtask_spec spec = {.kind = "rl.generate", .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
+    ff_subtask_spec spec = {.kind = FF_RL_GENERATE, .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
                             .nargs = 5, .inputs = in, .ninputs = 3, .idempotent = true, .label = label};
     uint64_t id = ex_submit(x, j, &spec);
     if (!id) return -1;
@@ -392,7 +391,7 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
                 r->error);
         return;
     }
-    const ff_tensor *rlen = ex_out_named(r, "rlen"), *resp = ex_out_named(r, "resp"), *lp = ex_out_named(r, "logprob");
+    const ff_tensor *rlen = ex_out_named(r, FF_RL_T_RLEN), *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB);
     bool per_group = nd->gran == FF_GRAN_GROUP;
     int64_t want = per_group ? 1 : x->group_size;
     if (!rlen || !resp || !lp || rlen->shape[0] != want) {
@@ -427,7 +426,7 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
 }
 
 /* ---- scoring on workers ------------------------------------------------------------------------ */
-static int submit_score(ex_run *x, ex_iter *I, const ff_task *t) {
+static int submit_score(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     const ff_node *nd = node_of(x, t->node);
     ex_job *j = ex_job_new(x, JOB_SCORE, t->node);
     if (!j) return -1;
@@ -447,7 +446,7 @@ static int submit_score(ex_run *x, ex_iter *I, const ff_task *t) {
         free(j->tasks), free(j->samples), free(j);
         return -1;
     }
-    const char *kind = nd->op == FF_OP_LOGPROB ? "rl.logprob" : nd->op == FF_OP_VALUE ? "rl.value" : "rl.score";
+    const char *kind = nd->op == FF_OP_LOGPROB ? FF_RL_LOGPROB : nd->op == FF_OP_VALUE ? FF_RL_VALUE : FF_RL_SCORE;
     int pool = nd->role == FF_ROLE_ACTOR ? POOL_ACTOR : nd->role == FF_ROLE_REF ? POOL_REF
                : nd->role == FF_ROLE_CRITIC                                   ? POOL_CRITIC
                                                                               : POOL_REWARD;
@@ -478,7 +477,7 @@ static void score_done(ex_run *x, ex_job *j, const ff_result *r) {
         ex_fail(x, "node '%s' on worker %d: %s: %s", nd->name, r->rank, ff_status_name(r->status), r->error);
         return;
     }
-    const char *name = nd->op == FF_OP_LOGPROB ? "logprob" : nd->op == FF_OP_VALUE ? "values" : "score";
+    const char *name = nd->op == FF_OP_LOGPROB ? FF_RL_T_LOGPROB : nd->op == FF_OP_VALUE ? FF_RL_T_VALUES : FF_RL_T_SCORE;
     int slot = nd->op == FF_OP_LOGPROB ? FF_SLOT_LOGPROB : nd->op == FF_OP_VALUE ? FF_SLOT_VALUES : FF_SLOT_SCORE;
     int col = nd->out[slot];
     const ff_tensor *o = ex_out_named(r, name);
@@ -695,7 +694,7 @@ static int run_local(ex_run *x, ex_iter *I, local_task *lt, int64_t n) {
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------------ */
-static int dispatch(ex_run *x, ex_iter *I, const ff_task *t, local_task *lt, int64_t *nlt, int64_t cap) {
+static int dispatch(ex_run *x, ex_iter *I, const ff_sched_task *t, local_task *lt, int64_t *nlt, int64_t cap) {
     const ff_node *nd = node_of(x, t->node);
     switch (nd->op) {
     case FF_OP_GENERATE:
@@ -758,7 +757,7 @@ int ex_iteration(ex_run *x, int64_t it) {
     }
     int interrupted = 0;
     while (!x->failed[0]) {
-        const ff_task *t;
+        const ff_sched_task *t;
         int rc;
         int64_t nlt = 0;
         while ((rc = ff_sched_next(I->s, &t)) == 1)
@@ -953,7 +952,7 @@ void ex_check_workers(ex_run *x) {
         ff_worker_info wi;
         if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_DEAD) continue;
         unsigned roles = x->rank_roles[r];
-        if (roles & (EX_ACTOR | EX_CRITIC)) {
+        if (roles & (FF_RL_ACTOR | FF_RL_CRITIC)) {
             char hint[4200];
             if (x->last_ckpt[0])
                 snprintf(hint, sizeof hint, "resume from %s with `fuseflow run %s --resume` (same overrides)", x->last_ckpt,
@@ -961,7 +960,7 @@ void ex_check_workers(ex_run *x) {
             else
                 snprintf(hint, sizeof hint, "no checkpoint was saved yet (trainer.save_freq); start again");
             ex_fail(x, "worker %d (pid %lld) died (%s) holding the %s's training state; the run stops (hint: %s)", r,
-                    (long long)wi.pid, wi.dead_reason[0] ? wi.dead_reason : "gone", (roles & EX_ACTOR) ? "actor" : "critic",
+                    (long long)wi.pid, wi.dead_reason[0] ? wi.dead_reason : "gone", (roles & FF_RL_ACTOR) ? "actor" : "critic",
                     hint);
             return;
         }

@@ -1,0 +1,95 @@
+/* fuseflow: the rl.* contract between the RL controller (controller/rl/, ff_exec_run) and
+ * the RL worker (workers/rl/, ff_rlworker): subtask kinds, the tensor names they carry, the
+ * role bits of rl.init and the order of rl.train's metrics. Both sides include this header
+ * and nothing else of each other, so a change here is a change of the protocol for both.
+ *
+ * Not here: what the kinds compute (include/fuseflow/executor.h and docs/run.md), the
+ * message framing (fuseflow/msgs.h). */
+#ifndef FUSEFLOW_RL_PROTOCOL_H
+#define FUSEFLOW_RL_PROTOCOL_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- subtask kinds and their arguments ---------------------------------------------------
+ * role: "actor", "gen", "critic", "ref" or "reward"; mb: micro-batch size in samples. */
+#define FF_RL_INIT "rl.init"         /* config (tensor, YAML text), roles, updates_actor, updates_critic,
+                                        slots, max_seq, backend, resume, name */
+#define FF_RL_GENERATE "rl.generate" /* prompts x n samples; n, temperature, top_p, top_k, max_new
+                                        (deferred: continuous batching across subtasks) */
+#define FF_RL_LOGPROB "rl.logprob"   /* per-token log-probs (entropy=1: and entropy); role, mb */
+#define FF_RL_VALUE "rl.value"       /* per-token values of the critic; mb */
+#define FF_RL_SCORE "rl.score"       /* a reward model's score per sample; mb */
+#define FF_RL_TRAIN "rl.train"       /* one optimizer step on this rank's share; role, denom,
+                                        tensor "mb" (micro-batch offsets) */
+#define FF_RL_SYNC "rl.sync"         /* trained actor -> generating actor; mode local | bcast */
+#define FF_RL_SAVE "rl.save"         /* a trained role's checkpoint; role, dir */
+#define FF_RL_DIGEST "rl.digest"     /* a hash of a role's weights; role */
+
+/* ---- what a worker hosts (rl.init's `roles`, a bit mask; also rl.*'s `role`) ----------- */
+enum {
+    FF_RL_ACTOR = 1,  /* the actor being trained (model + trainer + optimizer) */
+    FF_RL_GEN = 2,    /* the generating actor (model + rollout engine) */
+    FF_RL_CRITIC = 4, /* model with a value head + trainer */
+    FF_RL_REF = 8,    /* reference policy (log-probs) */
+    FF_RL_REWARD = 16 /* reward model (a value head's score at the last token) */
+};
+
+/* ---- tensors -------------------------------------------------------------------------- */
+/* Packed samples (I32): prompts [sum plen], their lengths [n], responses [sum rlen], theirs [n]. */
+#define FF_RL_T_PROMPT "prompt"
+#define FF_RL_T_PLEN "plen"
+#define FF_RL_T_RESP "resp"
+#define FF_RL_T_RLEN "rlen"
+/* Outputs: rl.generate "rlen", "resp" (as above), "finish" (I32 [k n], ff_finish_reason)
+ * and "logprob" (F32 [sum rlen]); rl.logprob "logprob" and, with entropy=1, "entropy";
+ * rl.value "values" (F32 [sum rlen]); rl.score "score" (F32 [n]); rl.train "metrics"
+ * (F64 [FF_RL_NM]). */
+#define FF_RL_T_FINISH "finish"
+#define FF_RL_T_LOGPROB "logprob"
+#define FF_RL_T_ENTROPY "entropy"
+#define FF_RL_T_VALUES "values"
+#define FF_RL_T_SCORE "score"
+#define FF_RL_T_METRICS "metrics"
+
+/* Per-token columns (F32 [sum rlen]) an rl.train subtask carries, aligned with "resp". */
+enum {
+    FF_RL_COL_OLD_LOGPROB = 0,
+    FF_RL_COL_ADVANTAGES,
+    FF_RL_COL_REF_LOGPROB,
+    FF_RL_COL_OLD_VALUES,
+    FF_RL_COL_RETURNS,
+    FF_RL_NCOL
+};
+/* Their tensor names, indexed by FF_RL_COL_*: "old_logprob", "advantages", ... */
+extern const char *const ff_rl_col_names[FF_RL_NCOL];
+
+/* ---- rl.train's metrics, in this order --------------------------------------------------- */
+enum {
+    FF_RL_M_STEPS = 0, /* optimizer steps taken (0 or 1) */
+    FF_RL_M_SKIPPED,   /* steps skipped (non-finite gradients) */
+    FF_RL_M_MICRO,     /* micro-batches */
+    FF_RL_M_TOKENS,    /* response tokens trained on */
+    FF_RL_M_SAMPLES,
+    FF_RL_M_LOSS,
+    FF_RL_M_PG,
+    FF_RL_M_KL,
+    FF_RL_M_ENT_AGG,
+    FF_RL_M_CLIP,
+    FF_RL_M_APPROX_KL,
+    FF_RL_M_RATIO_MAX,
+    FF_RL_M_ENT_MEAN,
+    FF_RL_M_VLOSS,
+    FF_RL_M_VCLIP,
+    FF_RL_M_VMEAN,
+    FF_RL_M_GNORM,
+    FF_RL_M_LR,
+    FF_RL_M_TIME, /* seconds */
+    FF_RL_NM
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif
