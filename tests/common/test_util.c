@@ -31,6 +31,15 @@ static void test_errors(void) {
 
 static void test_rng(void) {
     ff_rng a, b;
+    /* splitmix64's published first output from state 0 seeds the first word */
+    ff_rng_seed(&a, 0);
+    CHECK(a.s[0] == 0xe220a8397b1dcdafULL);
+    /* xoshiro256** from seed 42, by a Python transcription of Blackman and Vigna's reference;
+     * six draws, so that every word of the state (s[3] first shows in the fourth) is covered */
+    static const uint64_t want[6] = {0x15780b2e0c2ec716ULL, 0x6104d9866d113a7eULL, 0xae17533239e499a1ULL,
+                                     0xecb8ad4703b360a1ULL, 0xfde6dc7fe2ec5e64ULL, 0xc50da53101795238ULL};
+    ff_rng_seed(&a, 42);
+    for (int i = 0; i < 6; i++) CHECK(ff_rng_u64(&a) == want[i]);
     ff_rng_seed(&a, 42);
     ff_rng_seed(&b, 42);
     for (int i = 0; i < 100; i++) CHECK(ff_rng_u64(&a) == ff_rng_u64(&b));

@@ -39,9 +39,8 @@ grep -q "simulated iteration: fused" "$out/sim.txt" || fail "no summary line"
 for name in gae grpo rloo reinforce_plus_plus remax vanilla gpg low_var_kl arith_exact_match remote; do
   grep -q "^  $name " "$out/list.txt" || fail "--list misses $name"
 done
-if [[ -f "$build/example_plugin.so" ]]; then
-  "$bin" graph --list --plugin "$build/example_plugin.so" > "$out/list2.txt"
-  grep -q "group_median" "$out/list2.txt" || fail "--list --plugin misses the plugin's estimator"
-fi
+[[ -f "$build/example_plugin.so" ]] || fail "$build/example_plugin.so is not built (target ff_example_plugin)"
+"$bin" graph --list --plugin "$build/example_plugin.so" > "$out/list2.txt"
+grep -q "group_median" "$out/list2.txt" || fail "--list --plugin misses the plugin's estimator"
 "$bin" graph --help | grep -q "usage: fuseflow graph" || fail "no --help"
 echo "graph cli: ok"

@@ -66,12 +66,15 @@ prepare_sft_learn() {
   sft=$cache/learn_sft/checkpoints/step-00000700
 }
 
-# The held-out accuracy before training and at the end of a run, from its metrics.jsonl.
-eval_acc() { # METRICS first|last
+# The held-out accuracy of one iteration of a run (0: before training), from its
+# metrics.jsonl; fails when that iteration has none, so that a run which skipped an
+# evaluation cannot compare an accuracy with itself.
+eval_acc() { # METRICS ITERATION
   python3 -c '
 import json, sys
-v = [json.loads(l)["eval_acc"] for l in open(sys.argv[1]) if "eval_acc" in l]
-print(v[0] if sys.argv[2] == "first" else v[-1])' "$1" "$2"
+v = [o["eval_acc"] for o in map(json.loads, open(sys.argv[1])) if o.get("iteration") == int(sys.argv[2]) and "eval_acc" in o]
+if not v: sys.exit(f"{sys.argv[1]}: no eval_acc at iteration {sys.argv[2]}")
+print(v[-1])' "$1" "$2"
 }
 
 # The overrides that point an example config at the cached inputs, small and quick.

@@ -17,8 +17,8 @@ if sanitized; then steps=120; fi
   graph.train_actor.mini_batch_size=64 graph.train_actor.micro_batch_size=256 graph.train_critic.mini_batch_size=64 \
   graph.train_critic.micro_batch_size=256 graph.ref_logprob.micro_batch_size=128 graph.values.micro_batch_size=128 \
   --no-progress > "$work/ppo.log" 2>&1 || { cat "$work/ppo.log" >&2; fail "the PPO run failed"; }
-before=$(eval_acc "$work/ppo/metrics.jsonl" first)
-after=$(eval_acc "$work/ppo/metrics.jsonl" last)
+before=$(eval_acc "$work/ppo/metrics.jsonl" 0)
+after=$(eval_acc "$work/ppo/metrics.jsonl" $steps)
 echo "PPO: held-out exact match $before -> $after after $steps iterations"
 python3 -c "import sys; b, a, bar = map(float, sys.argv[1:]); sys.exit(0 if a >= b + bar else 1)" "$before" "$after" "$bar" ||
   { tail -5 "$work/ppo.log" >&2; fail "PPO did not raise held-out accuracy by $bar ($before -> $after)"; }
