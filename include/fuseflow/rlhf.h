@@ -155,8 +155,9 @@ void ff_rlhf_scores_to_tokens(const ff_rlhf_seqs *s, const float *scores, float 
 /* GAE (Schulman et al. 2016) per sequence, by the backward recursion:
  *   delta_t = r_t + gamma V_{t'} - V_t,  A_t = delta_t + gamma lam A_{t'}
  * where t' is the next counted token of the same sequence (V, A = 0 past the end). Tokens
- * with m_t = 0 are skipped (they carry A and V of the next counted token, as verl does for
- * observation tokens). ret = A + V. adv and ret are [T]; no whitening here. */
+ * with m_t = 0 are skipped by the recursion: they get the A of the next counted token, as
+ * verl does for observation tokens, and their own V in ret. ret_t = A_t + V_t for every
+ * token. adv and ret are [T]; no whitening here. */
 void ff_rlhf_gae(const ff_rlhf_seqs *s, const float *rewards, const float *values, double gamma, double lam, float *adv,
                  float *ret);
 
