@@ -3,8 +3,8 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "fuseflow/controller.h"
 #include "fuseflow/error.h"
+#include "fuseflow/trace_summary.h"
 
 static void usage(FILE *out) {
     fprintf(out,
