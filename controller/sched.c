@@ -694,8 +694,8 @@ uint64_t ff_controller_submit(ff_controller *c, const ff_subtask_spec *spec, ff_
         j->label = trace_intern(&c->trace, spec->label ? spec->label : spec->kind);
         j->group_label = trace_intern(&c->trace, spec->group ? spec->group : "");
         j->kind = trace_intern(&c->trace, spec->kind);
-        if (spec->nafter > 0 && spec->after) trace_add_after(&c->trace, spec->after, spec->nafter, &j->after_off);
-        j->nafter = spec->nafter > 0 && spec->after ? spec->nafter : 0;
+        if (spec->nafter > 0 && spec->after && trace_add_after(&c->trace, spec->after, spec->nafter, &j->after_off) == 0)
+            j->nafter = spec->nafter; /* out of memory: the trace lacks the edges, not the job */
     }
     for (int i = 0; i < n; i++) u64map_put(&c->subs, j->subs[i]->id, j->subs[i]);
     u64map_put(&c->jobs, j->id, j);
