@@ -1,17 +1,18 @@
-/* `fuseflow trace summary FILE`: busy/idle per worker and group, longest dependent chain. */
+/* `fuseflow trace summary FILE`: the command around ff_trace_summary (fuseflow/trace_summary.h). */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/commands.h"
-#include "fuseflow/controller.h"
 #include "fuseflow/error.h"
+#include "fuseflow/trace_summary.h"
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: fuseflow trace summary FILE.json [--json]\n\n"
             "Summarise a timeline written with --trace (Chrome Trace Event JSON; open the same file in\n"
             "https://ui.perfetto.dev to see it): subtasks, busy and idle time per worker and per group\n"
-            "over the span of the trace, and the longest chain of dependent jobs.\n\n"
+            "over the span of the trace, the controller-side work, and the longest chain of dependent\n"
+            "jobs (on a `fuseflow run` trace, the run's critical path), link by link and by kind.\n\n"
             "  --json   print the numbers as JSON\n");
 }
 

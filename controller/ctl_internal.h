@@ -71,8 +71,8 @@ struct ctl_job {
     int n, ndone;
     ctl_sub **subs;
     ctl_sub *one; /* subs points here when n == 1 */
-    int label;    /* trace string id */
-    int group_label;
+    int label;    /* trace string ids */
+    int group_label, kind;
     size_t after_off;
     int nafter;
     struct ctl_job *next, *prev; /* in a group's queue of group jobs */
@@ -144,7 +144,7 @@ struct ctl_group {
 /* ---- trace records ---------------------------------------------------------------------- */
 typedef struct trace_rec {
     uint64_t id, job;
-    int rank, member, status, attempts, label, group_label;
+    int rank, member, status, attempts, label, group_label, kind;
     uint32_t queued;
     int64_t dispatch_ns, done_ns, send_ns;
     int64_t worker_start_ns, worker_end_ns; /* worker clock: mapped when the trace is written,
@@ -153,12 +153,34 @@ typedef struct trace_rec {
     int nafter;
 } trace_rec;
 
+/* What a client added (ff_controller_trace_*): slices and instants on its tracks, arrows. */
+typedef enum trace_ev_type { TRACE_SLICE = 0, TRACE_INSTANT, TRACE_FLOW } trace_ev_type;
+
+typedef struct trace_ev {
+    uint64_t id;
+    trace_ev_type type;
+    bool job;
+    int track;                /* index into ctl_trace.tracks */
+    int name, cat, kind;      /* string ids */
+    int64_t start_ns, end_ns; /* controller clock */
+    uint64_t from, to;        /* TRACE_FLOW: the slices or jobs it joins */
+    size_t after_off, args_off;
+    int nafter;
+    uint32_t args_len; /* JSON members ("k":v,...) at args_off in ctl_trace.args */
+} trace_ev;
+
 typedef struct ctl_trace {
     bool on;
     trace_rec *recs;
     size_t n, cap;
+    trace_ev *evs;
+    size_t nev, ev_cap;
+    int *tracks; /* string id of each track's name */
+    int ntracks, tracks_cap;
     uint64_t *after;
     size_t nafter, after_cap;
+    char *args;
+    size_t nargs, args_cap;
     char **strings;
     int nstrings, strings_cap;
     u64map string_index; /* hash of a string -> its id + 1 */

@@ -693,8 +693,9 @@ uint64_t ff_controller_submit(ff_controller *c, const ff_subtask_spec *spec, ff_
     if (c->trace.on) {
         j->label = trace_intern(&c->trace, spec->label ? spec->label : spec->kind);
         j->group_label = trace_intern(&c->trace, spec->group ? spec->group : "");
-        if (spec->nafter > 0 && spec->after) trace_add_after(&c->trace, spec->after, spec->nafter, &j->after_off);
-        j->nafter = spec->nafter > 0 && spec->after ? spec->nafter : 0;
+        j->kind = trace_intern(&c->trace, spec->kind);
+        if (spec->nafter > 0 && spec->after && trace_add_after(&c->trace, spec->after, spec->nafter, &j->after_off) == 0)
+            j->nafter = spec->nafter; /* out of memory: the trace lacks the edges, not the job */
     }
     for (int i = 0; i < n; i++) u64map_put(&c->subs, j->subs[i]->id, j->subs[i]);
     u64map_put(&c->jobs, j->id, j);
@@ -1015,6 +1016,7 @@ int ff_controller_group_create(ff_controller *c, const char *name, const int *ra
     if (c->trace.on) {
         j->label = trace_intern(&c->trace, "group-setup");
         j->group_label = trace_intern(&c->trace, name);
+        j->kind = j->label;
     }
     for (int i = 0; i < n; i++) u64map_put(&c->subs, j->subs[i]->id, j->subs[i]);
     u64map_put(&c->jobs, j->id, j);

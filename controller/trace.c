@@ -1,14 +1,23 @@
-/* Timelines: recording subtasks as they complete, writing them as Chrome Trace Event JSON
- * (Perfetto, chrome://tracing), and summarising such a file (`fuseflow trace summary`).
+/* Timelines: recording subtasks as they complete, recording what a client adds (its own
+ * tracks, slices, instants, arrows and dependencies: ff_controller_trace_*), and writing it
+ * all as one Chrome Trace Event JSON file (Perfetto, chrome://tracing).
  *
- * The file: process 0 is the controller, with one thread ("dispatch") whose slices are the
- * sends of subtasks; process r+1 is worker r, with one thread per lane of execution: slices
- * that overlap in time (an inline handler next to a compute one, or clock-mapping jitter)
- * go to further lanes, so every track nests. A flow arrow (ph s/f, id = subtask id) links
- * each dispatch to its execution. Subtask slices carry cat "subtask" and args id, job,
- * group, status, attempts, queued, after (the jobs it depended on). Times are microseconds
- * since the controller started, on the controller's clock. */
-#include <jansson.h>
+ * The file: process 0 is the controller, with thread 0 ("dispatch") whose slices are the
+ * sends of subtasks, and one thread per client track; process r+1 is worker r, with one
+ * thread per lane of execution. Slices of one track that overlap in time (an inline handler
+ * next to a compute one, clock-mapping jitter, a client's overlapping slices) go to further
+ * lanes, so every thread's slices nest. A flow arrow (ph s/f, cat "flow", id = subtask id)
+ * links each dispatch to its execution; an arrow of cat "after" links each job to the jobs
+ * that depended on it (the `after` of submit specs and client slices; an edge implied by
+ * two others is not drawn). Subtask slices carry cat "subtask" and args id, job, kind,
+ * group, member, status, attempts, queued, dispatch_us, result_us, after; client slices
+ * that are jobs carry id, job, kind and after. Times are microseconds since the controller
+ * started, on the controller's clock.
+ *
+ * Not here: reading trace files back (controller/tracesum: `fuseflow trace summary`). */
+#include <assert.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,6 +86,7 @@ void trace_record(ctl_trace *t, const ctl_sub *s) {
     r->attempts = s->attempts;
     r->label = j->label;
     r->group_label = j->group_label;
+    r->kind = j->kind;
     r->queued = s->queued;
     r->dispatch_ns = s->dispatch_ns;
     r->worker_start_ns = s->start_ns ? s->worker_start_ns : 0;
@@ -92,8 +102,186 @@ void trace_free(ctl_trace *t) {
     free(t->strings);
     u64map_free(&t->string_index);
     free(t->recs);
+    free(t->evs);
+    free(t->tracks);
     free(t->after);
+    free(t->args);
     memset(t, 0, sizeof *t);
+}
+
+/* ---- what clients add ------------------------------------------------------------------------ */
+static int need_trace(const ff_controller *c, const char *what) {
+    return c->trace.on ? 0 : ff_error_set(what, "set opts.trace or opts.trace_path", "tracing is off");
+}
+
+int ff_controller_trace_track(ff_controller *c, const char *name) {
+    assert(name);
+    if (need_trace(c, "trace track") != 0) return -1;
+    ctl_trace *t = &c->trace;
+    int sid = trace_intern(t, name);
+    if (sid < 0) return -1;
+    for (int k = 0; k < t->ntracks; k++)
+        if (t->tracks[k] == sid) return k + 1;
+    if (t->ntracks == t->tracks_cap) {
+        int cap = t->tracks_cap ? 2 * t->tracks_cap : 8;
+        int *a = ff_realloc(t->tracks, sizeof *a * (size_t)cap);
+        if (!a) return -1;
+        t->tracks = a;
+        t->tracks_cap = cap;
+    }
+    t->tracks[t->ntracks++] = sid;
+    return t->ntracks;
+}
+
+static trace_ev *new_ev(ff_controller *c, trace_ev_type type) {
+    ctl_trace *t = &c->trace;
+    if (t->nev == t->ev_cap) {
+        size_t cap = t->ev_cap ? 2 * t->ev_cap : 256;
+        trace_ev *a = ff_realloc(t->evs, sizeof *a * cap);
+        if (!a) return NULL;
+        t->evs = a;
+        t->ev_cap = cap;
+    }
+    trace_ev *e = &t->evs[t->nev];
+    memset(e, 0, sizeof *e);
+    e->type = type;
+    e->id = c->next_id++; /* the jobs' and subtasks' counter: an id names one thing */
+    return e;
+}
+
+static int args_grow(ctl_trace *t, size_t more) {
+    if (t->nargs + more <= t->args_cap) return 0;
+    size_t cap = t->args_cap ? t->args_cap : 4096;
+    while (cap < t->nargs + more) cap *= 2;
+    char *a = ff_realloc(t->args, cap);
+    if (!a) return -1;
+    t->args = a;
+    t->args_cap = cap;
+    return 0;
+}
+
+static int args_printf(ctl_trace *t, const char *fmt, ...) FF_PRINTF(2, 3);
+static int args_printf(ctl_trace *t, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || args_grow(t, (size_t)n + 1) != 0) return -1;
+    va_start(ap, fmt);
+    vsnprintf(t->args + t->nargs, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    t->nargs += (size_t)n;
+    return 0;
+}
+
+/* s as a JSON string (len bytes; control characters escaped) */
+static int args_str(ctl_trace *t, const char *s, size_t len) {
+    if (args_grow(t, 6 * len + 2) != 0) return -1;
+    char *o = t->args + t->nargs;
+    *o++ = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') *o++ = '\\', *o++ = (char)ch;
+        else if (ch < 0x20) o += sprintf(o, "\\u%04x", ch);
+        else *o++ = (char)ch;
+    }
+    *o++ = '"';
+    t->nargs = (size_t)(o - t->args);
+    return 0;
+}
+
+/* The args as JSON members ("k":v,"k2":v2) in the arena. */
+static int put_args(ctl_trace *t, const ff_arg *args, int nargs, trace_ev *e) {
+    size_t start = t->nargs;
+    for (int i = 0; i < nargs; i++) {
+        const ff_arg *a = &args[i];
+        if ((i && args_printf(t, ",") != 0) || args_str(t, a->key, strnlen(a->key, sizeof a->key)) != 0 ||
+            args_printf(t, ":") != 0)
+            return -1;
+        int rc;
+        switch (a->type) {
+        case FF_ARG_INT: rc = args_printf(t, "%lld", (long long)a->v.i); break;
+        case FF_ARG_FLOAT: rc = isfinite(a->v.f) ? args_printf(t, "%.17g", a->v.f) : args_printf(t, "null"); break;
+        case FF_ARG_BOOL: rc = args_printf(t, "%s", a->v.b ? "true" : "false"); break;
+        case FF_ARG_STR: rc = args_str(t, a->v.s.p, a->v.s.len); break;
+        default: rc = ff_error_set("trace slice", NULL, "arg '%s' has an unknown type %d", a->key, (int)a->type);
+        }
+        if (rc != 0) return -1;
+    }
+    e->args_off = start;
+    e->args_len = (uint32_t)(t->nargs - start);
+    return 0;
+}
+
+uint64_t ff_controller_trace_slice(ff_controller *c, const ff_trace_slice *s) {
+    assert(s && s->name && s->nafter >= 0 && s->nargs >= 0 && (s->job || !s->nafter));
+    if (need_trace(c, "trace slice") != 0) return 0;
+    ctl_trace *t = &c->trace;
+    if (s->track < 1 || s->track > t->ntracks) {
+        ff_error_set("trace slice", "use an id from ff_controller_trace_track", "'%s': no track %d", s->name, s->track);
+        return 0;
+    }
+    if (s->end_ns < s->start_ns) {
+        ff_error_set("trace slice", "times are ff_now_ns() readings, the end after the start",
+                     "'%s' ends %lld ns before it starts", s->name, (long long)(s->start_ns - s->end_ns));
+        return 0;
+    }
+    size_t nev = t->nev, nafter = t->nafter, nargs = t->nargs;
+    trace_ev *e = new_ev(c, TRACE_SLICE);
+    if (!e) return 0;
+    const char *cat = s->cat ? s->cat : "client";
+    e->job = s->job;
+    e->track = s->track - 1;
+    e->name = trace_intern(t, s->name);
+    e->cat = trace_intern(t, cat);
+    e->kind = trace_intern(t, s->kind ? s->kind : cat);
+    e->start_ns = s->start_ns;
+    e->end_ns = s->end_ns;
+    if (e->name < 0 || e->cat < 0 || e->kind < 0 || (s->nafter && trace_add_after(t, s->after, s->nafter, &e->after_off) != 0) ||
+        put_args(t, s->args, s->nargs, e) != 0) {
+        t->nev = nev, t->nafter = nafter, t->nargs = nargs; /* as if never asked */
+        return 0;
+    }
+    e->nafter = s->nafter;
+    t->nev++;
+    return e->id;
+}
+
+uint64_t ff_controller_trace_instant(ff_controller *c, int track, const char *name, int64_t t_ns) {
+    assert(name);
+    if (need_trace(c, "trace instant") != 0) return 0;
+    ctl_trace *t = &c->trace;
+    if (track < 1 || track > t->ntracks) {
+        ff_error_set("trace instant", "use an id from ff_controller_trace_track", "'%s': no track %d", name, track);
+        return 0;
+    }
+    trace_ev *e = new_ev(c, TRACE_INSTANT);
+    if (!e) return 0;
+    e->track = track - 1;
+    e->name = trace_intern(t, name);
+    e->cat = trace_intern(t, "instant");
+    e->kind = e->cat;
+    e->start_ns = e->end_ns = t_ns;
+    if (e->name < 0 || e->cat < 0) return 0;
+    t->nev++;
+    return e->id;
+}
+
+int ff_controller_trace_flow(ff_controller *c, uint64_t from, uint64_t to, const char *name) {
+    assert(name);
+    if (need_trace(c, "trace flow") != 0) return -1;
+    if (!from || !to || from >= c->next_id || to >= c->next_id)
+        return ff_error_set("trace flow", "join ids of submitted jobs or recorded slices", "'%s': no job or slice %llu", name,
+                            (unsigned long long)(!from || from >= c->next_id ? from : to));
+    trace_ev *e = new_ev(c, TRACE_FLOW);
+    if (!e) return -1;
+    e->name = trace_intern(&c->trace, name);
+    e->cat = trace_intern(&c->trace, "flow");
+    e->from = from;
+    e->to = to;
+    if (e->name < 0 || e->cat < 0) return -1;
+    c->trace.nev++;
+    return 0;
 }
 
 /* ---- writing ------------------------------------------------------------------------------ */
@@ -108,9 +296,9 @@ static void json_str(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-static double us(const ctl_trace *t, int64_t ns) { return (ns - t->origin_ns) / 1e3; }
+static double us(const ctl_trace *t, int64_t ns) { return (double)(ns - t->origin_ns) / 1e3; }
 
-static const char *label_of(const ctl_trace *t, int id) { return id >= 0 && id < t->nstrings ? t->strings[id] : "?"; }
+static const char *str_of(const ctl_trace *t, int id) { return id >= 0 && id < t->nstrings ? t->strings[id] : "?"; }
 
 typedef struct lane_ref {
     size_t rec;
@@ -122,6 +310,79 @@ static int cmp_lane_ref(const void *a, const void *b) {
     return x->start < y->start ? -1 : x->start > y->start ? 1 : (x->rec > y->rec) - (x->rec < y->rec);
 }
 
+/* Lanes of one track so that a lane's slices never overlap: greedy by start time (sorts
+ * refs). lane[refs[k].rec] is set; returns the number of lanes. */
+static int assign_lanes(lane_ref *refs, size_t n, const int64_t *end, int *lane) {
+    qsort(refs, n, sizeof *refs, cmp_lane_ref);
+    int64_t ends[64];
+    int nl = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t ri = refs[k].rec;
+        int l = 0;
+        while (l < nl && ends[l] > refs[k].start) l++;
+        if (l == nl) {
+            if (nl < 64) nl++;
+            else l = nl - 1; /* 64 overlapping lanes: let the last one take the excess */
+        }
+        ends[l] = end[ri];
+        lane[ri] = l;
+    }
+    return nl;
+}
+
+/* Where a job or slice is drawn (arrows start at its end, end at its start), and what it
+ * depended on. */
+typedef struct node_at {
+    int pid, tid;
+    double ts, end; /* us */
+    size_t after_off;
+    int nafter;
+} node_at;
+
+/* An arrow: s just inside the end of a, f (bound to the enclosing slice) at the start of b. */
+static void arrow(FILE *f, const char *cat, const char *name, uint64_t id, const node_at *a, const node_at *b) {
+    double dur = a->end - a->ts, ts_out = a->end - (dur > 0.002 ? 0.001 : dur / 2);
+    fprintf(f, ",\n{\"ph\":\"s\",\"cat\":\"%s\",\"name\":", cat);
+    json_str(f, name);
+    fprintf(f, ",\"id\":%llu,\"pid\":%d,\"tid\":%d,\"ts\":%.3f}", (unsigned long long)id, a->pid, a->tid, ts_out);
+    fprintf(f, ",\n{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"%s\",\"name\":", cat);
+    json_str(f, name);
+    fprintf(f, ",\"id\":%llu,\"pid\":%d,\"tid\":%d,\"ts\":%.3f}", (unsigned long long)id, b->pid, b->tid, b->ts);
+}
+
+static void after_list(FILE *f, const ctl_trace *t, size_t off, int n) {
+    fprintf(f, "\"after\":[");
+    for (int k = 0; k < n; k++) fprintf(f, "%s%llu", k ? "," : "", (unsigned long long)t->after[off + (size_t)k]);
+    fprintf(f, "]");
+}
+
+/* One arrow per dependency, from each job a job depended on, except those implied by another
+ * of its dependencies (b in after(B) and a in after(b): a -> B is not drawn). */
+static void dependency_arrows(FILE *f, const ctl_trace *t, const node_at *nodes, size_t nn, const u64map *where) {
+    u64map implied = {0}, drawn = {0};
+    uint64_t flow = 1;
+    for (size_t k = 0; k < nn; k++) {
+        const node_at *B = &nodes[k];
+        if (!B->nafter) continue;
+        void *stamp = (void *)(intptr_t)(k + 1);
+        const uint64_t *after = t->after + B->after_off;
+        for (int i = 0; i < B->nafter; i++) {
+            intptr_t b = (intptr_t)u64map_get(where, after[i]);
+            if (!b) continue;
+            const node_at *nb = &nodes[b - 1];
+            for (int q = 0; q < nb->nafter; q++) u64map_put(&implied, t->after[nb->after_off + (size_t)q], stamp);
+        }
+        for (int i = 0; i < B->nafter; i++) {
+            intptr_t a = (intptr_t)u64map_get(where, after[i]);
+            if (!a || u64map_get(&implied, after[i]) == stamp || u64map_get(&drawn, after[i]) == stamp) continue;
+            u64map_put(&drawn, after[i], stamp);
+            arrow(f, "after", "after", flow++, &nodes[a - 1], B);
+        }
+    }
+    u64map_free(&implied);
+    u64map_free(&drawn);
+}
+
 int ff_controller_trace_write(const ff_controller *c, const char *path) {
     const ctl_trace *t = &c->trace;
     if (!t->on) return ff_error_set(path, "set opts.trace or opts.trace_path", "tracing is off");
@@ -129,21 +390,16 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) return ff_error_set(path, NULL, "out of memory");
-    /* lanes per worker: greedy by start time so each lane's slices never overlap */
-    int *lane = ff_calloc(t->n ? t->n : 1, sizeof *lane);
-    lane_ref *refs = ff_malloc(sizeof *refs * (t->n ? t->n : 1));
+    size_t nr = t->n ? t->n : 1, ne = t->nev ? t->nev : 1, nmax = nr > ne ? nr : ne;
+    int *lane = ff_calloc(nr, sizeof *lane), *ev_lane = ff_calloc(ne, sizeof *ev_lane);
+    lane_ref *refs = ff_malloc(sizeof *refs * nmax);
     int *max_lane = ff_calloc((size_t)(c->nworkers ? c->nworkers : 1), sizeof *max_lane);
-    int64_t *st = ff_calloc(t->n ? t->n : 1, sizeof *st), *en = ff_calloc(t->n ? t->n : 1, sizeof *en);
-    if (!lane || !refs || !max_lane || !st || !en) {
-        fclose(f);
-        free(buf);
-        free(lane);
-        free(refs);
-        free(max_lane);
-        free(st);
-        free(en);
-        return -1;
-    }
+    int *track_tid = ff_calloc((size_t)t->ntracks + 1, sizeof *track_tid); /* first tid of each track; [ntracks]: the end */
+    int64_t *st = ff_calloc(nr, sizeof *st), *en = ff_calloc(nr, sizeof *en), *ev_end = ff_calloc(ne, sizeof *ev_end);
+    node_at *nodes = ff_calloc(t->n + t->nev + 1, sizeof *nodes);
+    u64map where = {0}; /* job or slice id -> index in nodes + 1 */
+    int rc = -1;
+    if (!lane || !ev_lane || !refs || !max_lane || !track_tid || !st || !en || !ev_end || !nodes) goto out;
     /* worker times onto our clock with the best offset estimate we have now (it improves as
      * heartbeats come in), kept between the dispatch and the result, where they happened */
     for (size_t i = 0; i < t->n; i++) {
@@ -162,28 +418,36 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
         size_t n = 0;
         for (size_t i = 0; i < t->n; i++)
             if (t->recs[i].rank == r && st[i]) refs[n++] = (lane_ref){i, st[i]};
-        qsort(refs, n, sizeof *refs, cmp_lane_ref);
-        int64_t ends[64];
-        int nl = 0;
-        for (size_t k = 0; k < n; k++) {
-            size_t ri = refs[k].rec;
-            int l = 0;
-            while (l < nl && ends[l] > st[ri]) l++;
-            if (l == nl) {
-                if (nl < 64) nl++;
-                else l = nl - 1; /* 64 overlapping lanes: let the last one take the excess */
-            }
-            ends[l] = en[ri];
-            lane[refs[k].rec] = l;
-        }
-        max_lane[r] = nl;
+        max_lane[r] = assign_lanes(refs, n, en, lane);
     }
+    /* the client's tracks: threads 1, 2, ... of process 0, a track with overlapping slices
+     * taking several */
+    for (size_t i = 0; i < t->nev; i++) ev_end[i] = t->evs[i].end_ns;
+    track_tid[0] = 1;
+    for (int k = 0; k < t->ntracks; k++) {
+        size_t n = 0;
+        for (size_t i = 0; i < t->nev; i++)
+            if (t->evs[i].type == TRACE_SLICE && t->evs[i].track == k) refs[n++] = (lane_ref){i, t->evs[i].start_ns};
+        int nl = assign_lanes(refs, n, ev_end, ev_lane);
+        track_tid[k + 1] = track_tid[k] + (nl ? nl : 1);
+    }
+
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"generator\":\"fuseflow\",\"endpoint\":");
     json_str(f, c->bound);
     fprintf(f, "},\"traceEvents\":[\n");
     fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0,\"args\":{\"name\":\"controller\"}},\n");
     fprintf(f, "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":0,\"args\":{\"sort_index\":0}},\n");
     fprintf(f, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"dispatch\"}}");
+    for (int k = 0; k < t->ntracks; k++)
+        for (int tid = track_tid[k]; tid < track_tid[k + 1]; tid++) {
+            char name[512];
+            if (tid == track_tid[k]) snprintf(name, sizeof name, "%s", str_of(t, t->tracks[k]));
+            else snprintf(name, sizeof name, "%s (lane %d)", str_of(t, t->tracks[k]), tid - track_tid[k] + 1);
+            fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":", tid);
+            json_str(f, name);
+            fprintf(f, "}},\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":0,\"tid\":%d,\"args\":{\"sort_index\":%d}}", tid,
+                    tid);
+        }
     for (int r = 0; r < c->nworkers; r++) {
         const ctl_worker *w = c->workers[r];
         if (!w || !max_lane[r]) continue;
@@ -198,382 +462,79 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
             fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s%.0d\"}}",
                     r + 1, l + 1, l ? "lane " : "compute", l ? l + 1 : 0);
     }
+
+    /* subtasks: the dispatch, the execution, the arrow between them */
+    size_t nn = 0;
     for (size_t i = 0; i < t->n; i++) {
         const trace_rec *rec = &t->recs[i];
-        const char *label = label_of(t, rec->label), *group = label_of(t, rec->group_label);
+        const char *label = str_of(t, rec->label), *group = str_of(t, rec->group_label);
         bool ran = st[i] != 0 && rec->rank >= 0;
-        /* the dispatch on the controller */
         fprintf(f, ",\n{\"ph\":\"X\",\"cat\":\"dispatch\",\"name\":");
         json_str(f, label);
         fprintf(f, ",\"pid\":0,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"id\":%llu,\"rank\":%d}}",
                 us(t, rec->dispatch_ns), rec->send_ns / 1e3, (unsigned long long)rec->id, rec->rank);
         if (!ran) continue;
+        node_at at = {rec->rank + 1, lane[i] + 1, us(t, st[i]), us(t, en[i]), rec->after_off, rec->nafter};
+        if (!u64map_get(&where, rec->job)) { /* a group job is drawn at its first member that ran */
+            nodes[nn++] = at;
+            u64map_put(&where, rec->job, (void *)(intptr_t)nn);
+        }
         fprintf(f, ",\n{\"ph\":\"X\",\"cat\":\"subtask\",\"name\":");
         json_str(f, label);
-        fprintf(f, ",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"id\":%llu,\"job\":%llu,\"group\":", rec->rank + 1,
-                lane[i] + 1, us(t, st[i]), (en[i] - st[i]) / 1e3, (unsigned long long)rec->id,
-                (unsigned long long)rec->job);
+        fprintf(f, ",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"id\":%llu,\"job\":%llu,\"kind\":", at.pid,
+                at.tid, at.ts, (double)(en[i] - st[i]) / 1e3, (unsigned long long)rec->id, (unsigned long long)rec->job);
+        json_str(f, str_of(t, rec->kind));
+        fprintf(f, ",\"group\":");
         json_str(f, group);
-        fprintf(f, ",\"member\":%d,\"status\":\"%s\",\"attempts\":%d,\"queued\":%u,\"dispatch_us\":%.3f,\"result_us\":%.3f,"
-                   "\"after\":[",
+        fprintf(f, ",\"member\":%d,\"status\":\"%s\",\"attempts\":%d,\"queued\":%u,\"dispatch_us\":%.3f,\"result_us\":%.3f,",
                 rec->member, ff_status_name(rec->status), rec->attempts, rec->queued, us(t, rec->dispatch_ns),
                 us(t, rec->done_ns));
-        for (int k = 0; k < rec->nafter; k++)
-            fprintf(f, "%s%llu", k ? "," : "", (unsigned long long)t->after[rec->after_off + (size_t)k]);
-        fprintf(f, "]}}");
-        /* the arrow from dispatch to execution */
-        fprintf(f, ",\n{\"ph\":\"s\",\"cat\":\"flow\",\"name\":\"dispatch\",\"id\":%llu,\"pid\":0,\"tid\":0,\"ts\":%.3f}",
-                (unsigned long long)rec->id, us(t, rec->dispatch_ns));
-        fprintf(f, ",\n{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"flow\",\"name\":\"dispatch\",\"id\":%llu,\"pid\":%d,\"tid\":%d,"
-                   "\"ts\":%.3f}",
-                (unsigned long long)rec->id, rec->rank + 1, lane[i] + 1, us(t, st[i]));
+        after_list(f, t, rec->after_off, rec->nafter);
+        fprintf(f, "}}");
+        node_at d = {0, 0, us(t, rec->dispatch_ns), us(t, rec->dispatch_ns), 0, 0};
+        arrow(f, "flow", "dispatch", rec->id, &d, &at);
     }
+    /* the client's slices and instants */
+    for (size_t i = 0; i < t->nev; i++) {
+        const trace_ev *e = &t->evs[i];
+        if (e->type == TRACE_FLOW) continue;
+        node_at at = {0, track_tid[e->track] + (e->type == TRACE_SLICE ? ev_lane[i] : 0), us(t, e->start_ns), us(t, e->end_ns),
+                      e->after_off, e->job ? e->nafter : 0};
+        nodes[nn++] = at;
+        u64map_put(&where, e->id, (void *)(intptr_t)nn);
+        if (e->type == TRACE_INSTANT) fprintf(f, ",\n{\"ph\":\"i\",\"s\":\"t\",\"cat\":");
+        else fprintf(f, ",\n{\"ph\":\"X\",\"cat\":");
+        json_str(f, str_of(t, e->cat));
+        fprintf(f, ",\"name\":");
+        json_str(f, str_of(t, e->name));
+        fprintf(f, ",\"pid\":0,\"tid\":%d,\"ts\":%.3f", at.tid, at.ts);
+        if (e->type == TRACE_SLICE) fprintf(f, ",\"dur\":%.3f", (double)(e->end_ns - e->start_ns) / 1e3);
+        fprintf(f, ",\"args\":{\"id\":%llu", (unsigned long long)e->id);
+        if (e->job) {
+            fprintf(f, ",\"job\":%llu,\"kind\":", (unsigned long long)e->id);
+            json_str(f, str_of(t, e->kind));
+            fprintf(f, ",");
+            after_list(f, t, e->after_off, e->nafter);
+        }
+        if (e->args_len) fprintf(f, ",%.*s", (int)e->args_len, t->args + e->args_off);
+        fprintf(f, "}}");
+    }
+    /* arrows: the client's, then the dependencies */
+    for (size_t i = 0; i < t->nev; i++) {
+        const trace_ev *e = &t->evs[i];
+        if (e->type != TRACE_FLOW) continue;
+        intptr_t a = (intptr_t)u64map_get(&where, e->from), b = (intptr_t)u64map_get(&where, e->to);
+        if (a && b) arrow(f, "flow", str_of(t, e->name), e->id, &nodes[a - 1], &nodes[b - 1]);
+    }
+    dependency_arrows(f, t, nodes, nn, &where);
     fprintf(f, "\n]}\n");
+    rc = 0;
+out:
     fclose(f);
-    free(lane);
-    free(refs);
-    free(max_lane);
-    free(st);
-    free(en);
-    int rc = ff_write_file_atomic(path, buf, len);
+    if (rc == 0) rc = ff_write_file_atomic(path, buf, len);
     free(buf);
+    free(lane), free(ev_lane), free(refs), free(max_lane), free(track_tid);
+    free(st), free(en), free(ev_end), free(nodes);
+    u64map_free(&where);
     return rc;
-}
-
-/* ---- summary ------------------------------------------------------------------------------ */
-typedef struct ival {
-    double a, b;
-} ival;
-
-static int cmp_ival(const void *x, const void *y) {
-    const ival *p = x, *q = y;
-    return p->a < q->a ? -1 : p->a > q->a;
-}
-
-/* total length of the union of intervals (sorts them) */
-static double union_len(ival *v, size_t n) {
-    if (!n) return 0;
-    qsort(v, n, sizeof *v, cmp_ival);
-    double total = 0, a = v[0].a, b = v[0].b;
-    for (size_t i = 1; i < n; i++) {
-        if (v[i].a > b) {
-            total += b - a;
-            a = v[i].a;
-            b = v[i].b;
-        } else if (v[i].b > b) {
-            b = v[i].b;
-        }
-    }
-    return total + (b - a);
-}
-
-typedef struct ev_rec {
-    int pid;
-    const char *group;
-    uint64_t job;
-    double ts, end;
-    const char *name;
-    json_t *after;
-} ev_rec;
-
-typedef struct job_rec {
-    uint64_t id;
-    double start, end;
-    const char *name;
-    json_t *after;
-    int state; /* 0 new, 1 visiting, 2 done */
-    double best;
-    long next; /* index of the next job on its best chain (the one it depends on), -1 */
-    int count;
-} job_rec;
-
-static int cmp_job(const void *a, const void *b) {
-    const job_rec *x = a, *y = b;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-static long find_job(job_rec *jobs, size_t n, uint64_t id) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (jobs[mid].id < id) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < n && jobs[lo].id == id ? (long)lo : -1;
-}
-
-/* Longest chain ending at job i (by the sum of job durations), iterative DFS over `after`. */
-static void chain(job_rec *jobs, size_t n, size_t i) {
-    size_t cap = 64, top = 0;
-    size_t *stack = malloc(sizeof *stack * cap);
-    if (!stack) return;
-    stack[top++] = i;
-    while (top) {
-        size_t k = stack[top - 1];
-        job_rec *j = &jobs[k];
-        if (j->state == 2) {
-            top--;
-            continue;
-        }
-        if (j->state == 0) {
-            j->state = 1;
-            size_t na = json_is_array(j->after) ? json_array_size(j->after) : 0;
-            for (size_t a = 0; a < na; a++) {
-                long d = find_job(jobs, n, (uint64_t)json_integer_value(json_array_get(j->after, a)));
-                if (d >= 0 && jobs[d].state == 0) {
-                    if (top == cap) {
-                        size_t *s2 = realloc(stack, sizeof *stack * (cap *= 2));
-                        if (!s2) {
-                            free(stack);
-                            return;
-                        }
-                        stack = s2;
-                    }
-                    stack[top++] = (size_t)d;
-                }
-            }
-            continue;
-        }
-        /* state 1: its dependencies are done (a cycle's back edge counts as absent) */
-        double best = 0;
-        long next = -1;
-        int count = 0;
-        size_t na = json_is_array(j->after) ? json_array_size(j->after) : 0;
-        for (size_t a = 0; a < na; a++) {
-            long d = find_job(jobs, n, (uint64_t)json_integer_value(json_array_get(j->after, a)));
-            if (d >= 0 && jobs[d].state == 2 && jobs[d].best > best) {
-                best = jobs[d].best;
-                next = d;
-                count = jobs[d].count;
-            }
-        }
-        j->best = best + (j->end - j->start);
-        j->next = next;
-        j->count = count + 1;
-        j->state = 2;
-        top--;
-    }
-    free(stack);
-}
-
-int ff_trace_summary(const char *path, FILE *out, bool json) {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root)
-        return ff_error_set(path, "is it a trace written by fuseflow --trace?", "line %d: %s", jerr.line, jerr.text);
-    json_t *events = json_is_object(root) ? json_object_get(root, "traceEvents") : root;
-    if (!json_is_array(events)) {
-        json_decref(root);
-        return ff_error_set(path, NULL, "no traceEvents array");
-    }
-    size_t nev = json_array_size(events);
-    ev_rec *ev = ff_calloc(nev ? nev : 1, sizeof *ev);
-    const char **pname = NULL;
-    int npid = 0;
-    if (!ev) {
-        json_decref(root);
-        return -1;
-    }
-    size_t n = 0;
-    double t0 = 1e300, t1 = -1e300;
-    for (size_t i = 0; i < nev; i++) {
-        json_t *e = json_array_get(events, i);
-        const char *ph = json_string_value(json_object_get(e, "ph"));
-        json_t *pidj = json_object_get(e, "pid");
-        if (!ph || !json_is_integer(pidj)) continue;
-        int pid = (int)json_integer_value(pidj);
-        if (pid < 0 || pid > 1 << 20) continue;
-        if (!strcmp(ph, "M")) {
-            const char *nm = json_string_value(json_object_get(e, "name"));
-            if (nm && !strcmp(nm, "process_name")) {
-                if (pid >= npid) {
-                    const char **p2 = realloc(pname, sizeof *p2 * (size_t)(pid + 1));
-                    if (!p2) continue;
-                    for (int k = npid; k <= pid; k++) p2[k] = NULL;
-                    pname = p2;
-                    npid = pid + 1;
-                }
-                pname[pid] = json_string_value(json_object_get(json_object_get(e, "args"), "name"));
-            }
-            continue;
-        }
-        const char *cat = json_string_value(json_object_get(e, "cat"));
-        if (strcmp(ph, "X") != 0 || !cat || strcmp(cat, "subtask") != 0) continue;
-        json_t *args = json_object_get(e, "args");
-        ev_rec *r = &ev[n];
-        r->pid = pid;
-        r->ts = json_number_value(json_object_get(e, "ts"));
-        r->end = r->ts + json_number_value(json_object_get(e, "dur"));
-        r->name = json_string_value(json_object_get(e, "name"));
-        r->group = json_string_value(json_object_get(args, "group"));
-        r->job = (uint64_t)json_integer_value(json_object_get(args, "job"));
-        r->after = json_object_get(args, "after");
-        if (!r->name) r->name = "?";
-        if (!r->group) r->group = "";
-        if (r->ts < t0) t0 = r->ts;
-        if (r->end > t1) t1 = r->end;
-        n++;
-    }
-    if (n == 0) {
-        free(ev);
-        free(pname);
-        json_decref(root);
-        return ff_error_set(path, "record a run with --trace", "no subtask events (cat \"subtask\", ph \"X\")");
-    }
-    double span = t1 - t0;
-    ival *iv = ff_malloc(sizeof *iv * n);
-    job_rec *jobs = ff_calloc(n, sizeof *jobs);
-    if (!iv || !jobs) {
-        free(iv);
-        free(jobs);
-        free(ev);
-        free(pname);
-        json_decref(root);
-        return -1;
-    }
-    json_t *js = json_object();
-    json_t *jw = json_array(), *jg = json_array();
-    json_object_set_new(js, "file", json_string(path));
-    json_object_set_new(js, "subtasks", json_integer((json_int_t)n));
-    json_object_set_new(js, "span_us", json_real(span));
-    /* workers */
-    int maxpid = 0;
-    for (size_t i = 0; i < n; i++)
-        if (ev[i].pid > maxpid) maxpid = ev[i].pid;
-    for (int pid = 0; pid <= maxpid; pid++) {
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++)
-            if (ev[i].pid == pid) iv[k++] = (ival){ev[i].ts, ev[i].end};
-        if (!k) continue;
-        double busy = union_len(iv, k);
-        char fallback[32];
-        snprintf(fallback, sizeof fallback, "pid %d", pid);
-        const char *name = pid < npid && pname[pid] ? pname[pid] : fallback;
-        json_t *o = json_object();
-        json_object_set_new(o, "name", json_string(name));
-        json_object_set_new(o, "pid", json_integer(pid));
-        json_object_set_new(o, "subtasks", json_integer((json_int_t)k));
-        json_object_set_new(o, "busy_us", json_real(busy));
-        json_object_set_new(o, "idle_us", json_real(span - busy));
-        json_array_append_new(jw, o);
-    }
-    /* groups: busy is the sum over members of each member's busy time on the group's work */
-    for (size_t i = 0; i < n; i++) {
-        const char *g = ev[i].group;
-        if (!g[0]) continue;
-        bool seen = false;
-        for (size_t q = 0; q < json_array_size(jg) && !seen; q++)
-            seen = !strcmp(json_string_value(json_object_get(json_array_get(jg, q), "name")), g);
-        if (seen) continue;
-        double busy = 0;
-        int members = 0;
-        size_t count = 0;
-        for (int pid = 0; pid <= maxpid; pid++) {
-            size_t k = 0;
-            for (size_t e = 0; e < n; e++)
-                if (ev[e].pid == pid && !strcmp(ev[e].group, g)) iv[k++] = (ival){ev[e].ts, ev[e].end};
-            if (!k) continue;
-            members++;
-            count += k;
-            busy += union_len(iv, k);
-        }
-        json_t *o = json_object();
-        json_object_set_new(o, "name", json_string(g));
-        json_object_set_new(o, "members", json_integer(members));
-        json_object_set_new(o, "subtasks", json_integer((json_int_t)count));
-        json_object_set_new(o, "busy_us", json_real(busy));
-        json_object_set_new(o, "idle_us", json_real(members * span - busy));
-        json_array_append_new(jg, o);
-    }
-    /* jobs and the longest chain */
-    size_t nj = 0;
-    for (size_t i = 0; i < n; i++) {
-        long k = -1;
-        for (size_t q = nj; q-- > 0;)
-            if (jobs[q].id == ev[i].job) {
-                k = (long)q;
-                break;
-            }
-        if (k < 0) {
-            k = (long)nj++;
-            jobs[k] = (job_rec){.id = ev[i].job, .start = ev[i].ts, .end = ev[i].end, .name = ev[i].name,
-                                .after = ev[i].after, .next = -1};
-        }
-        if (ev[i].ts < jobs[k].start) jobs[k].start = ev[i].ts;
-        if (ev[i].end > jobs[k].end) jobs[k].end = ev[i].end;
-    }
-    qsort(jobs, nj, sizeof *jobs, cmp_job);
-    long best = -1;
-    for (size_t i = 0; i < nj; i++) {
-        chain(jobs, nj, i);
-        if (best < 0 || jobs[i].best > jobs[best].best) best = (long)i;
-    }
-    json_t *jc = json_object(), *jids = json_array(), *jnames = json_array();
-    double first = 0, last = 0;
-    if (best >= 0) {
-        last = jobs[best].end;
-        for (long k = best; k >= 0; k = jobs[k].next) {
-            json_array_insert_new(jids, 0, json_integer((json_int_t)jobs[k].id));
-            json_array_insert_new(jnames, 0, json_string(jobs[k].name));
-            first = jobs[k].start;
-        }
-        json_object_set_new(jc, "jobs", jids);
-        json_object_set_new(jc, "names", jnames);
-        json_object_set_new(jc, "length", json_integer(jobs[best].count));
-        json_object_set_new(jc, "busy_us", json_real(jobs[best].best));
-        json_object_set_new(jc, "elapsed_us", json_real(last - first));
-    } else {
-        json_decref(jids);
-        json_decref(jnames);
-    }
-    json_object_set_new(js, "workers", jw);
-    json_object_set_new(js, "groups", jg);
-    json_object_set_new(js, "longest_chain", jc);
-
-    if (json) {
-        char *s = json_dumps(js, JSON_INDENT(2) | JSON_REAL_PRECISION(12));
-        if (s) fprintf(out, "%s\n", s);
-        free(s);
-    } else {
-        fprintf(out, "trace %s: %zu subtasks, %zu jobs, span %.3f ms\n\n", path, n, nj, span / 1e3);
-        fprintf(out, "%-44s %9s %11s %11s %7s\n", "worker", "subtasks", "busy ms", "idle ms", "busy %");
-        for (size_t i = 0; i < json_array_size(jw); i++) {
-            json_t *o = json_array_get(jw, i);
-            double b = json_real_value(json_object_get(o, "busy_us"));
-            fprintf(out, "%-44.44s %9lld %11.3f %11.3f %6.1f%%\n", json_string_value(json_object_get(o, "name")),
-                    (long long)json_integer_value(json_object_get(o, "subtasks")), b / 1e3,
-                    json_real_value(json_object_get(o, "idle_us")) / 1e3, span > 0 ? 100 * b / span : 0);
-        }
-        if (json_array_size(jg)) {
-            fprintf(out, "\n%-32s %8s %9s %11s %11s %7s\n", "group", "members", "subtasks", "busy ms", "idle ms", "busy %");
-            for (size_t i = 0; i < json_array_size(jg); i++) {
-                json_t *o = json_array_get(jg, i);
-                double b = json_real_value(json_object_get(o, "busy_us"));
-                long long m = json_integer_value(json_object_get(o, "members"));
-                fprintf(out, "%-32.32s %8lld %9lld %11.3f %11.3f %6.1f%%\n", json_string_value(json_object_get(o, "name")),
-                        m, (long long)json_integer_value(json_object_get(o, "subtasks")), b / 1e3,
-                        json_real_value(json_object_get(o, "idle_us")) / 1e3, span > 0 && m ? 100 * b / (m * span) : 0);
-            }
-        }
-        if (best >= 0) {
-            fprintf(out, "\nlongest chain of dependent jobs: %d jobs, %.3f ms of work, %.3f ms from first start to last end\n",
-                    jobs[best].count, jobs[best].best / 1e3, (last - first) / 1e3);
-            size_t nids = json_array_size(jids);
-            for (size_t i = 0; i < nids; i++) {
-                if (nids > 12 && i == 5) {
-                    fprintf(out, "  ... %zu more ...\n", nids - 10);
-                    i = nids - 5;
-                }
-                fprintf(out, "  job %lld %s\n", (long long)json_integer_value(json_array_get(jids, i)),
-                        json_string_value(json_array_get(jnames, i)));
-            }
-        }
-    }
-    json_decref(js);
-    free(iv);
-    free(jobs);
-    free(ev);
-    free(pname);
-    json_decref(root);
-    return 0;
 }

@@ -61,8 +61,10 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at) {
         ff_arg args[2] = {ff_arg_str("role", parts[i].name), ff_arg_str("dir", tmp)};
         char label[64];
         snprintf(label, sizeof label, "save %s", parts[i].name);
+        int nafter;
+        const uint64_t *after = ex_trace_deps(x, -1, NULL, 0, parts[i].pool, NULL, 0, &nafter);
         ff_subtask_spec spec = {.kind = FF_RL_SAVE, .target = FF_TARGET_RANK, .rank = x->pool_ranks[parts[i].pool][0],
-                                .args = args, .nargs = 2, .label = label};
+                                .args = args, .nargs = 2, .after = after, .nafter = nafter, .label = label};
         if (!ex_submit(x, j, &spec)) goto fail;
     }
     if (ex_wait_jobs(x) != 0) goto fail;

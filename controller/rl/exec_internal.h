@@ -6,7 +6,8 @@
  *   exec_train.c  train nodes (mini-batches, DP shares, micro-batches) and weight sync
  *   exec_data.c   datasets (JSONL, tokenized prompts) and the data order
  *   exec_ckpt.c   checkpoints, resume, metrics.jsonl
- *   exec_trace.c  the run's timeline: the runtime's trace plus stages and sample paths
+ *   exec_trace.c  the run's timeline: stages, controller-side work and dependencies added to
+ *                 the runtime controller's trace
  */
 #ifndef FF_CONTROLLER_RL_EXEC_INTERNAL_H
 #define FF_CONTROLLER_RL_EXEC_INTERNAL_H
@@ -68,6 +69,8 @@ typedef struct ex_cell {
     int32_t len;
     float v;
     bool has, owned;
+    uint64_t job; /* the job (or controller-side job slice) that wrote it, 0 for data: the
+                     trace's dependencies */
 } ex_cell;
 
 typedef struct ex_run ex_run;
@@ -175,9 +178,7 @@ struct ex_run {
     /* metrics of the iteration being finished */
     json_t *metrics;
 
-    /* trace: sample paths (job ids per sample) and controller-side slices */
-    bool trace;
-    struct ex_trace *tr;
+    struct ex_trace *tr; /* --trace: what the executor adds to the controller's trace */
 };
 
 /* exec_run.c */
@@ -221,17 +222,24 @@ int ex_ckpt_load_state(ex_run *x, const char *dir);
 int ex_metrics_truncate(const char *path, int64_t iteration);
 int ex_metrics_append(ex_run *x, json_t *m);
 
-/* exec_trace.c */
+/* exec_trace.c: the run's additions to the controller's trace; every call is a no-op
+ * without --trace (x->tr NULL) */
 typedef struct ex_trace ex_trace;
-ex_trace *ex_trace_new(void);
+ex_trace *ex_trace_new(ff_controller *c);
 void ex_trace_free(ex_trace **t);
-/* A job touched these samples (iteration-wide sample ids) at node. */
-void ex_trace_job(ex_trace *t, int64_t it, uint64_t job, const int64_t *samples, int64_t n);
-/* A controller-side computation, shown on the controller's track. */
-void ex_trace_local(ex_trace *t, int64_t it, const char *name, int64_t start_ns, int64_t end_ns, const int64_t *samples,
-                    int64_t n);
-void ex_trace_span(ex_trace *t, const char *track, const char *name, int64_t start_ns, int64_t end_ns);
-void ex_trace_dispatch(ex_trace *t, uint64_t subtask, int64_t dispatch_ns);
-int ex_trace_write(ex_trace *t, ff_controller *c, const char *path);
+/* The jobs a job of `node` (-1: none) over these samples depends on: the writers of the
+ * node's input cells, the last jobs that changed pool's weights (-1: none), and extra
+ * (zeros skipped); sorted, each once, valid until the next call; *n set. */
+const uint64_t *ex_trace_deps(ex_run *x, int node, const int64_t *samples, int64_t n, int pool, const uint64_t *extra, int nextra,
+                              int *nout);
+/* These jobs changed the weights of pool (its ranks' load, train steps, sync). */
+void ex_trace_weights(ex_run *x, int pool, const uint64_t *jobs, int n);
+/* A controller-side node's work on the controller's track: its id (the job that wrote its
+ * output cells), 0 without a trace. */
+uint64_t ex_trace_local(ex_run *x, int node, int64_t start_ns, int64_t end_ns, const int64_t *samples, int64_t n);
+/* A node's span in an iteration on its stage track (node -1: the iterations track). */
+void ex_trace_span(ex_run *x, int node, const char *name, int64_t start_ns, int64_t end_ns);
+/* A worker was lost (an instant, once per rank). */
+void ex_trace_lost(ex_run *x, int rank, const char *why);
 
 #endif

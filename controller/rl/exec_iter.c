@@ -77,8 +77,6 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
     (void)c, (void)id;
     ex_job *j = ud;
     ex_run *x = j->x;
-    if (x->tr)
-        for (int i = 0; i < n; i++) ex_trace_dispatch(x->tr, r[i].id, r[i].dispatch_ns);
     switch (j->kind) {
     case JOB_GEN: gen_done(x, j, &r[0]); break;
     case JOB_SCORE: score_done(x, j, &r[0]); break;
@@ -105,7 +103,6 @@ uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec) {
     j->id = id;
     j->next = x->jobs;
     x->jobs = j;
-    if (x->tr && j->nsamples && x->cur) ex_trace_job(x->tr, x->cur->it, id, j->samples, j->nsamples);
     return id;
 }
 
@@ -355,8 +352,11 @@ static int submit_gen(ex_run *x, ex_iter *I, int m, int64_t grp, const int64_t *
                       ff_arg_float("top_p", sp.top_p), ff_arg_int("top_k", sp.top_k), ff_arg_int("max_new", sp.max_new)};
     char label[128];
     snprintf(label, sizeof label, "%s g%" PRId64, nd->name, grp);
+    int nafter;
+    const uint64_t *after = ex_trace_deps(x, m, j->samples, j->nsamples, POOL_GEN, NULL, 0, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_GENERATE, .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
-                            .nargs = 5, .inputs = in, .ninputs = 3, .idempotent = true, .label = label};
+                            .nargs = 5, .inputs = in, .ninputs = 3, .idempotent = true, .after = after, .nafter = nafter,
+                            .label = label};
     uint64_t id = ex_submit(x, j, &spec);
     if (!id) return -1;
     if (!per_group) I->gen_job[grp] = id;
@@ -410,6 +410,8 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
             ex_fail(x, "out of memory");
             return;
         }
+        cell(I, resp_col, s)->job = j->id;
+        if (lp_col >= 0) cell(I, lp_col, s)->job = j->id;
         if (!per_group) off += rl[k];
     }
     int64_t total = 0;
@@ -454,9 +456,11 @@ static int submit_score(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     ff_arg args[2] = {ff_arg_int("mb", nd->micro_batch_size), ff_arg_str("role", role)};
     char label[128];
     label_samples(label, sizeof label, nd->name, t->samples, t->n_samples);
+    int nafter;
+    const uint64_t *after = ex_trace_deps(x, t->node, t->samples, n, pool, NULL, 0, &nafter);
     ff_subtask_spec spec = {.kind = kind, .target = FF_TARGET_ANY, .group = ex_pool_names[pool], .args = args,
                             .nargs = nd->op == FF_OP_LOGPROB ? 2 : 1, .inputs = in, .ninputs = 4, .idempotent = true,
-                            .label = label};
+                            .after = after, .nafter = nafter, .label = label};
     if (!ex_submit(x, j, &spec)) return -1;
     if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = ff_now_ns();
     I->st[t->node].dispatched += n;
@@ -504,6 +508,7 @@ static void score_done(ex_run *x, ex_job *j, const ff_result *r) {
             }
             off += len;
         }
+        cell(I, col, s)->job = j->id;
     }
     I->st[j->node].done += j->nsamples;
     I->st[j->node].tokens += off;
@@ -545,14 +550,15 @@ static int run_reward(ex_run *x, ex_iter *I, int m, local_task *ts, int nts) {
     int64_t t0 = ff_now_ns();
     if (ff_node_reward(nd, items, (size_t)total, scores) != 0) goto out;
     int64_t t1 = ff_now_ns();
+    uint64_t job = ex_trace_local(x, m, t0, t1, all, total);
     int col = nd->out[FF_SLOT_SCORE];
     for (int64_t q = 0; q < total; q++) {
         ex_cell *e = cell(I, col, all[q]);
         cell_clear(e);
         e->v = scores[q];
         e->has = true;
+        e->job = job;
     }
-    if (x->tr) ex_trace_local(x->tr, I->it, nd->name, t0, t1, all, total);
     if (!I->st[m].t_first_ns) I->st[m].t_first_ns = t0;
     I->st[m].t_last_ns = t1;
     I->st[m].dispatched += total;
@@ -618,14 +624,16 @@ static int run_advantage(ex_run *x, ex_iter *I, local_task *t) {
         I->kl_sum[t->node] += mean_kl * (double)T;
         I->kl_w[t->node] += (double)T;
     }
+    uint64_t job = ex_trace_local(x, t->node, t0, t1, t->samples, n);
     int ac = nd->out[FF_SLOT_ADVANTAGES], rcol = nd->out[FF_SLOT_RETURNS];
     for (int64_t i = 0; i < n; i++) {
         int32_t len = off[i + 1] - off[i];
         if (cell_set_copy(cell(I, ac, t->samples[i]), adv + off[i], len, 4) != 0 ||
             (rcol >= 0 && cell_set_copy(cell(I, rcol, t->samples[i]), ret + off[i], len, 4) != 0))
             goto out;
+        cell(I, ac, t->samples[i])->job = job;
+        if (rcol >= 0) cell(I, rcol, t->samples[i])->job = job;
     }
-    if (x->tr) ex_trace_local(x->tr, I->it, nd->name, t0, t1, t->samples, n);
     if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = t0;
     I->st[t->node].t_last_ns = t1;
     I->st[t->node].dispatched += n;
@@ -951,6 +959,7 @@ void ex_check_workers(ex_run *x) {
     for (int r = 0; r < x->nranks; r++) {
         ff_worker_info wi;
         if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_DEAD) continue;
+        ex_trace_lost(x, r, wi.dead_reason[0] ? wi.dead_reason : "gone");
         unsigned roles = x->rank_roles[r];
         if (roles & (FF_RL_ACTOR | FF_RL_CRITIC)) {
             char hint[4200];

@@ -191,6 +191,7 @@ static int init_workers(ex_run *x, const char *resume_dir) {
     if (slots < x->group_size) slots = x->group_size;
     int64_t max_seq = d->max_prompt_length + d->max_response_length + 1;
     size_t clen = strlen(x->config_text), olen = strlen(x->overrides_text);
+    uint64_t load[EX_MAX_RANKS]; /* each rank's job: it loads the weights of every role there */
     for (int r = 0; r < x->nranks; r++) {
         char *cfg = ff_strdup(x->config_text), *ov = ff_strdup(x->overrides_text);
         if (!cfg || !ov) {
@@ -209,7 +210,12 @@ static int init_workers(ex_run *x, const char *resume_dir) {
         ff_subtask_spec spec = {.kind = FF_RL_INIT, .target = FF_TARGET_RANK, .rank = r, .args = args,
                                 .nargs = (int)(sizeof args / sizeof *args), .inputs = in,
                                 .ninputs = 2, .label = "load models"};
-        if (!ex_submit(x, j, &spec)) return -1;
+        if (!(load[r] = ex_submit(x, j, &spec))) return -1;
+    }
+    for (int p = 0; p < POOL_COUNT; p++) {
+        uint64_t w[EX_MAX_RANKS];
+        for (int i = 0; i < x->pool_n[p]; i++) w[i] = load[x->pool_ranks[p][i]];
+        ex_trace_weights(x, p, w, x->pool_n[p]);
     }
     return ex_wait_jobs(x);
 }
@@ -281,8 +287,11 @@ static int evaluate(ex_run *x, double *acc) {
         ff_arg args[3] = {ff_arg_int("n", 1), ff_arg_float("temperature", 0.0), ff_arg_int("max_new", sp.max_new)};
         char label[64];
         snprintf(label, sizeof label, "eval %" PRId64 "-%" PRId64, a, a + k - 1);
+        int nafter;
+        const uint64_t *after = ex_trace_deps(x, -1, NULL, 0, POOL_GEN, NULL, 0, &nafter);
         ff_subtask_spec spec = {.kind = FF_RL_GENERATE, .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
-                                .nargs = 3, .inputs = in, .ninputs = 3, .idempotent = true, .label = label};
+                                .nargs = 3, .inputs = in, .ninputs = 3, .idempotent = true, .after = after, .nafter = nafter,
+                                .label = label};
         if (!ex_submit(x, j, &spec)) return -1;
     }
     int rc = ex_wait_jobs(x);
@@ -347,7 +356,7 @@ static void time_metrics(ex_run *x, json_t *m, int64_t t_end) {
         if (x->tr) {
             char name[128];
             snprintf(name, sizeof name, "%s (iteration %" PRId64 ")", node_of(x, k)->name, I->it);
-            ex_trace_span(x->tr, node_of(x, k)->name, name, s->t_first_ns, s->t_last_ns);
+            ex_trace_span(x, k, name, s->t_first_ns, s->t_last_ns);
         }
     }
     if (total > 0) json_object_set_new(t, "tokens_per_s", json_real((double)all_tokens / total));
@@ -355,7 +364,7 @@ static void time_metrics(ex_run *x, json_t *m, int64_t t_end) {
     if (x->tr) {
         char name[64];
         snprintf(name, sizeof name, "iteration %" PRId64, I->it);
-        ex_trace_span(x->tr, "iterations", name, I->t0_ns, t_end);
+        ex_trace_span(x, -1, name, I->t0_ns, t_end);
     }
 }
 
@@ -457,6 +466,7 @@ static int start_workers(ex_run *x, const char *resume_dir) {
     co.trace = x->o.trace_path != NULL;
     co.worker_log = ff_log_get_level() <= FF_LOG_DEBUG ? "debug" : "warn";
     if (!(x->c = ff_controller_new(&co))) return -1;
+    if (co.trace && !(x->tr = ex_trace_new(x->c))) return -1;
     if (ff_controller_spawn(x->c, x->nranks) < 0) return -1;
     if (ff_controller_wait_workers(x->c, x->nranks, 60) != 0) return ff_error_wrap("starting %d workers", x->nranks);
     if (make_groups(x) != 0) return -1;
@@ -573,7 +583,6 @@ int ff_exec_run(const ff_exec_opts *o) {
     char resume_dir[4096] = "";
     int rc = -1;
     if (setup(x, &over, &n_over, resume_dir, sizeof resume_dir) != 0) goto out;
-    if (o->trace_path && !(x->tr = ex_trace_new())) goto out;
     describe(x, resume_dir);
     if (start_workers(x, resume_dir) != 0) {
         if (x->failed[0]) ff_error_set(NULL, NULL, "%s", x->failed);
@@ -590,8 +599,8 @@ out:;
     if (x->c) {
         if (ff_controller_shutdown(x->c, 20) != 0 && rc >= 0) fprintf(x->out, "run: %s\n", ff_error_message());
         while (x->jobs) ex_job_release(x, x->jobs);
-        if (x->tr && o->trace_path) {
-            if (ex_trace_write(x->tr, x->c, o->trace_path) == 0) fprintf(x->out, "run: timeline written to %s\n", o->trace_path);
+        if (x->tr) {
+            if (ff_controller_trace_write(x->c, o->trace_path) == 0) fprintf(x->out, "run: timeline written to %s\n", o->trace_path);
             else fprintf(x->out, "run: the timeline was not written: %s\n", ff_error_message());
         }
         ff_controller_destroy(&x->c);

@@ -63,16 +63,17 @@ static void free_inputs(ff_input *in, int n) {
     for (int i = 0; i < n; i++) free(in[i].data);
 }
 
-/* One rank's share of one mini-batch. */
-static int submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int rank_i, const int64_t *samples, int64_t n,
-                        const int32_t *mb, int32_t n_micro, double denom) {
+/* One rank's share of one mini-batch, after the rank's previous step (prev, 0 at the first
+ * step of the iteration: after whatever changed the pool's weights last). Its job id, or 0. */
+static uint64_t submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int rank_i, const int64_t *samples, int64_t n,
+                             const int32_t *mb, int32_t n_micro, double denom, uint64_t prev) {
     const ff_node *nd = node_of(x, m);
     bool actor = nd->role == FF_ROLE_ACTOR;
     const train_col *cols = actor ? actor_cols : critic_cols;
     int ncols = actor ? 3 : 2;
     ff_input in[10];
     int64_t shapes[10];
-    if (ex_pack_samples(x, I, samples, n, nd->in[FF_SLOT_RESPONSE], in, shapes) != 0) return -1;
+    if (ex_pack_samples(x, I, samples, n, nd->in[FF_SLOT_RESPONSE], in, shapes) != 0) return 0;
     int nin = 4;
     int64_t R = shapes[2];
     for (int c = 0; c < ncols; c++) {
@@ -80,14 +81,14 @@ static int submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int ra
         if (col < 0) continue;
         if (pack_column(x, I, col, samples, n, R, &in[nin], cols[c].name) != 0) {
             free_inputs(in, nin);
-            return -1;
+            return 0;
         }
         shapes[nin++] = R;
     }
     int32_t *mbv = ff_malloc((size_t)(n_micro + 1) * sizeof *mbv);
     if (!mbv) {
         free_inputs(in, nin);
-        return -1;
+        return 0;
     }
     memcpy(mbv, mb, (size_t)(n_micro + 1) * sizeof *mbv);
     in[nin] = (ff_input){.name = "mb", .dtype = FF_DTYPE_I32, .ndim = 1, .data = mbv, .free_fn = ex_free_buf};
@@ -96,7 +97,7 @@ static int submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int ra
     ex_job *j = ex_job_new(x, JOB_TRAIN, m);
     if (!j) {
         free_inputs(in, nin);
-        return -1;
+        return 0;
     }
     j->minibatch = step;
     j->member = rank_i;
@@ -105,15 +106,18 @@ static int submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int ra
     if (!j->samples) {
         free(j);
         free_inputs(in, nin);
-        return -1;
+        return 0;
     }
     if (n) memcpy(j->samples, samples, (size_t)n * sizeof *samples);
     ff_arg args[2] = {ff_arg_str("role", actor ? "actor" : "critic"), ff_arg_float("denom", denom)};
     char label[128];
     snprintf(label, sizeof label, "%s step %d (dp %d, %" PRId64 " samples)", nd->name, step, rank_i, n);
+    int nafter;
+    const uint64_t *after = ex_trace_deps(x, m, samples, n, prev ? -1 : pool, &prev, 1, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_TRAIN, .target = FF_TARGET_RANK, .rank = x->pool_ranks[pool][rank_i],
-                            .group = ex_pool_names[pool], .args = args, .nargs = 2, .inputs = in, .ninputs = nin, .label = label};
-    return ex_submit(x, j, &spec) ? 0 : -1;
+                            .group = ex_pool_names[pool], .args = args, .nargs = 2, .inputs = in, .ninputs = nin,
+                            .after = after, .nafter = nafter, .label = label};
+    return ex_submit(x, j, &spec);
 }
 
 int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
@@ -143,6 +147,7 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
         rc = ff_sched_complete(I->s, t->id);
         goto out;
     }
+    uint64_t prev[EX_MAX_RANKS] = {0}; /* each rank's last step */
     int step = 0;
     for (int e = 0; e < epochs; e++) {
         for (int64_t i = 0; i < n; i++) order[i] = t->samples[i];
@@ -177,7 +182,7 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
                     mb[++nm] = (int32_t)ns;
                 }
                 if (nm == 0) mb[++nm] = 0; /* a rank without samples still steps (the all-reduce) */
-                if (submit_share(x, I, m, pool, step, r, share, ns, mb, nm, denom) != 0) {
+                if (!(prev[r] = submit_share(x, I, m, pool, step, r, share, ns, mb, nm, denom, prev[r]))) {
                     ff_mb_plan_free(&plan);
                     goto out;
                 }
@@ -185,6 +190,7 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
             ff_mb_plan_free(&plan);
         }
     }
+    ex_trace_weights(x, pool, prev, dp);
     rc = 0;
 out:
     free(order), free(share), free(tok), free(off), free(mb);
@@ -282,10 +288,15 @@ int ex_sync_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     ff_arg a = ff_arg_str("mode", x->gen_separate ? "bcast" : "local");
     char label[128];
     snprintf(label, sizeof label, "%s (%s)", node_of(x, t->node)->name, x->gen_separate ? "broadcast" : "local copy");
+    int nafter;
+    const uint64_t *after = ex_trace_deps(x, t->node, NULL, 0, POOL_ACTOR, NULL, 0, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_SYNC, .target = FF_TARGET_GROUP,
-                            .group = x->gen_separate ? "sync" : ex_pool_names[POOL_ACTOR], .args = &a, .nargs = 1, .label = label};
+                            .group = x->gen_separate ? "sync" : ex_pool_names[POOL_ACTOR], .args = &a, .nargs = 1,
+                            .after = after, .nafter = nafter, .label = label};
     if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = ff_now_ns();
-    return ex_submit(x, j, &spec) ? 0 : -1;
+    uint64_t id = ex_submit(x, j, &spec);
+    ex_trace_weights(x, POOL_GEN, &id, 1); /* generation runs on the synced weights */
+    return id ? 0 : -1;
 }
 
 void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {

@@ -27,7 +27,9 @@
  * Timelines: with tracing on, every subtask's dispatch (controller clock), start and end
  * (worker clock, mapped onto the controller's with an offset estimated from heartbeats:
  * NTP-style, the sample with the smallest round trip wins) are kept and written as Chrome
- * Trace Event JSON (ff_controller_trace_write; docs/runtime.md describes it).
+ * Trace Event JSON (ff_controller_trace_write; docs/runtime.md describes it), with the
+ * events a client adds (its own tracks, slices, instants, arrows, and dependencies between
+ * jobs: ff_controller_trace_*). Reading such a file back is fuseflow/trace_summary.h.
  *
  * Threading: every function must be called from the thread that runs the loop. Callbacks
  * may submit and cancel; they must not run the loop (run, run_until, poll, wait_workers,
@@ -39,7 +41,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "fuseflow/dtype.h"
 #include "fuseflow/msgs.h"
@@ -185,7 +186,7 @@ typedef struct ff_subtask_spec {
     const ff_input *inputs;
     int ninputs;
     bool idempotent;       /* may run again elsewhere if its worker dies (FF_TARGET_ANY) */
-    const uint64_t *after; /* jobs this one depends on: recorded for the trace's chains */
+    const uint64_t *after; /* jobs (or job slices) it waited for: the trace's dependencies */
     int nafter;
     const char *label;     /* its name in the trace (default: kind) */
 } ff_subtask_spec;
@@ -247,12 +248,44 @@ typedef struct ff_controller_stats {
 void ff_controller_stats_get(const ff_controller *c, ff_controller_stats *out);
 
 /* ---- timelines -------------------------------------------------------------------------- */
-/* Write the recorded subtasks as Chrome Trace Event JSON (opens in Perfetto). 0 / -1. */
+/* Write the recorded subtasks and what clients added (below) as one Chrome Trace Event JSON
+ * file (opens in Perfetto; docs/runtime.md describes it). 0 / -1. */
 int ff_controller_trace_write(const ff_controller *c, const char *path);
 
-/* `fuseflow trace summary FILE`: busy and idle time per worker and per group, and the
- * longest chain of dependent jobs, printed to out (as JSON with json=true). 0 / -1. */
-int ff_trace_summary(const char *path, FILE *out, bool json);
+/* A client's own events in the same trace (an RL controller's controller-side work, its
+ * stages): on tracks of process 0 (the controller), at times on the controller's clock
+ * (ff_now_ns). Each call fails (-1 or 0 + error) when tracing is off.
+ *
+ * Dependencies: a job's `after` (ff_subtask_spec.after, ff_trace_slice.after) names the jobs
+ * it waited for, by id: a submitted job's, or a slice recorded with job set. The file shows
+ * each dependency as an arrow (cat "after") and keeps the lists in the slices' args, from
+ * which `fuseflow trace summary` finds the longest chain of dependent jobs. */
+
+/* The track called name: its id (>= 1; the same name gives the same track), -1 + error. */
+int ff_controller_trace_track(ff_controller *c, const char *name);
+
+typedef struct ff_trace_slice {
+    int track;                /* from ff_controller_trace_track */
+    const char *name;
+    const char *cat;          /* its category (NULL: "client") */
+    int64_t start_ns, end_ns; /* controller clock (ff_now_ns); end >= start */
+    bool job;                 /* a unit of work: it takes part in chains of dependent jobs, and
+                                 jobs submitted later may name its id in their after */
+    const char *kind;         /* a job's kind in the summary (NULL: cat) */
+    const uint64_t *after;    /* jobs only: the jobs (or job slices) it waited for */
+    int nafter;
+    const ff_arg *args;       /* shown with it (copied) */
+    int nargs;
+} ff_trace_slice;
+
+/* Record a slice: its id (> 0, an id no job or subtask has), or 0 + error. */
+uint64_t ff_controller_trace_slice(ff_controller *c, const ff_trace_slice *s);
+/* Record an instant event on a track: its id, or 0 + error. */
+uint64_t ff_controller_trace_instant(ff_controller *c, int track, const char *name, int64_t t_ns);
+/* An arrow from the end of `from` to the start of `to`, each a job (drawn at its first
+ * subtask that ran) or a recorded slice. Arrows to things that never ran are left out of
+ * the file. 0 / -1 + error (an id never given out). */
+int ff_controller_trace_flow(ff_controller *c, uint64_t from, uint64_t to, const char *name);
 
 #ifdef __cplusplus
 }

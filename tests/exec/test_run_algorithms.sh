@@ -6,7 +6,8 @@
 # sampling), a reward model on a worker of its own, and a graph whose estimator, policy
 # loss, KL and reward all come from the example C plugin. Each writes metrics.jsonl with the
 # expected keys and a checkpoint that loads as a model folder; the GRPO run's --trace has
-# subtasks named by node and sample, stage tracks and sample-path arrows.
+# subtasks named by node and sample, stage tracks and dependency arrows (test_run_trace.sh
+# checks the dependencies themselves on a PPO run).
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_inputs
@@ -74,8 +75,8 @@ assert any(n.startswith("ref_logprob s") for n in names), "no log-prob subtasks 
 assert any(n.startswith("train_actor step") for n in names), "no training steps"
 assert any(e.get("cat") == "local" and e["name"].startswith("reward s") for e in ev), "no controller-side reward slices"
 assert any(e.get("cat") == "stage" for e in ev), "no stage tracks"
-flows = [e for e in ev if e.get("cat") == "sample"]
-assert len(flows) > 10 and len([e for e in flows if e["ph"] == "s"]) == len([e for e in flows if e["ph"] == "f"]), "no sample paths"
+flows = [e for e in ev if e.get("cat") == "after"]
+assert len(flows) > 10 and len([e for e in flows if e["ph"] == "s"]) == len([e for e in flows if e["ph"] == "f"]), "no dependency arrows"
 PY
 
 # a graph built from the example plugin's estimator, loss, KL and reward

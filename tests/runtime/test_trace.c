@@ -1,10 +1,14 @@
 /* Timelines: a live run writes valid Chrome Trace Event JSON with the expected events (named
  * processes and threads, one slice per subtask, a dispatch->execution flow per slice, tracks
- * that nest), and `trace summary` gives the right numbers on a known trace and finds the
- * chain of dependent jobs in the live one. */
+ * that nest, an arrow per dependency); events a client adds through the recorder API
+ * (tracks, slices that are jobs and depend on jobs, instants, arrows) appear in the same
+ * file with their tracks, times, args and arrows, and chain with the subtasks; and
+ * `trace summary` gives the right numbers on a known trace and finds the chains of
+ * dependent jobs in the live ones. */
 #include <jansson.h>
 #include <math.h>
 
+#include "fuseflow/trace_summary.h"
 #include "tests/runtime/rt_test.h"
 
 static json_t *summary_json(const char *path) {
@@ -150,7 +154,7 @@ static void test_live_trace(void) {
     REQUIRE(root);
     json_t *ev = json_object_get(root, "traceEvents");
     REQUIRE(json_is_array(ev));
-    int nsub = 0, nproc = 0, nthread = 0;
+    int nsub = 0, nproc = 0, nthread = 0, nafter_arrows = 0;
     json_t *flows_s = json_object(), *flows_f = json_object();
     for (size_t i = 0; i < json_array_size(ev); i++) {
         json_t *x = json_array_get(ev, i);
@@ -172,6 +176,8 @@ static void test_live_trace(void) {
             CHECK(json_number_value(json_object_get(x, "dur")) >= 0);
             CHECK(json_number_value(json_object_get(x, "ts")) >= json_number_value(json_object_get(args, "dispatch_us")));
             CHECK(pid >= 1 && pid <= 3);
+        } else if ((!strcmp(ph, "s") || !strcmp(ph, "f")) && !strcmp(json_string_value(json_object_get(x, "cat")), "after")) {
+            nafter_arrows += !strcmp(ph, "s");
         } else if (!strcmp(ph, "s") || !strcmp(ph, "f")) {
             char key[32];
             snprintf(key, sizeof key, "%lld", (long long)json_integer_value(json_object_get(x, "id")));
@@ -181,6 +187,7 @@ static void test_live_trace(void) {
     CHECK_EQ_INT(nproc, 4);
     CHECK(nthread >= 4);
     CHECK_EQ_INT(nsub, 3 + 4 + 30 + 3); /* group setup, chain, echoes, group sum */
+    CHECK_EQ_INT(nafter_arrows, 3);     /* one per link of the chain of sleeps */
     /* every subtask slice has its arrow: s on the controller, f where the slice starts */
     CHECK_EQ_INT(json_object_size(flows_s), nsub);
     for (size_t i = 0; i < json_array_size(ev); i++) {
@@ -224,9 +231,240 @@ static void test_live_trace(void) {
     unlink(path);
 }
 
+static json_t *find_event(json_t *ev, const char *ph, const char *cat, const char *name) {
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *x = json_array_get(ev, i);
+        const char *p = json_string_value(json_object_get(x, "ph")), *c = json_string_value(json_object_get(x, "cat"));
+        const char *n = json_string_value(json_object_get(x, "name"));
+        if (p && !strcmp(p, ph) && (!cat || (c && !strcmp(c, cat))) && n && !strcmp(n, name)) return x;
+    }
+    return NULL;
+}
+
+static const char *thread_name(json_t *ev, int pid, int tid) {
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *x = json_array_get(ev, i);
+        if (!strcmp(json_string_value(json_object_get(x, "ph")), "M") &&
+            !strcmp(json_string_value(json_object_get(x, "name")), "thread_name") &&
+            json_integer_value(json_object_get(x, "pid")) == pid && json_integer_value(json_object_get(x, "tid")) == tid)
+            return json_string_value(json_object_get(json_object_get(x, "args"), "name"));
+    }
+    return NULL;
+}
+
+static int64_t arg_int(json_t *x, const char *k) { return json_integer_value(json_object_get(json_object_get(x, "args"), k)); }
+static double ts_of(json_t *x) { return num(x, "ts"); }
+static double end_of(json_t *x) { return num(x, "ts") + num(x, "dur"); }
+
+/* The s and f ends of the arrow (cat, name) whose s lies on (pid, tid), or NULLs. */
+static void find_arrow(json_t *ev, const char *cat, const char *name, int pid, int tid, json_t **s, json_t **f) {
+    *s = *f = NULL;
+    for (size_t i = 0; i < json_array_size(ev) && !*f; i++) {
+        json_t *x = json_array_get(ev, i);
+        if (strcmp(json_string_value(json_object_get(x, "ph")), "s") || strcmp(json_string_value(json_object_get(x, "cat")), cat) ||
+            strcmp(json_string_value(json_object_get(x, "name")), name) || json_integer_value(json_object_get(x, "pid")) != pid ||
+            json_integer_value(json_object_get(x, "tid")) != tid)
+            continue;
+        for (size_t j = 0; j < json_array_size(ev); j++) {
+            json_t *y = json_array_get(ev, j);
+            if (!strcmp(json_string_value(json_object_get(y, "ph")), "f") && !strcmp(json_string_value(json_object_get(y, "cat")), cat) &&
+                json_integer_value(json_object_get(y, "id")) == json_integer_value(json_object_get(x, "id"))) {
+                *s = x;
+                *f = y;
+                break;
+            }
+        }
+    }
+}
+
+typedef struct one_result {
+    bool done;
+    ff_result r;
+} one_result;
+
+static void keep_result(ff_controller *c, uint64_t job, const ff_result *r, int n, void *ud) {
+    (void)c, (void)job, (void)n;
+    one_result *o = ud;
+    o->done = true;
+    o->r = r[0];
+    o->r.outputs = NULL;
+    o->r.msg = NULL;
+    o->r.error = "";
+}
+
+static bool one_done(void *ud) { return ((one_result *)ud)->done; }
+
+static void sleep_ms(double ms) {
+    int64_t until = ff_now_ns() + (int64_t)(ms * 1e6);
+    while (ff_now_ns() < until) usleep(200);
+}
+
+static void test_client_events(void) {
+    /* with tracing off the API says so */
+    ff_controller_opts o = rt_opts();
+    ff_controller *c = rt_start(&o, 0);
+    CHECK(ff_controller_trace_track(c, "executor") == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "tracing is off");
+    ff_trace_slice none = {.track = 1, .name = "x"};
+    CHECK(ff_controller_trace_slice(c, &none) == 0);
+    ff_controller_destroy(&c);
+
+    o = rt_opts();
+    o.trace = true;
+    c = rt_start(&o, 2);
+    /* job A on worker 0, then controller-side work B that used its result, then job C on
+     * worker 1 that used B's */
+    ff_arg a20 = ff_arg_float("ms", 20), a10 = ff_arg_float("ms", 10);
+    one_result ra = {0}, rc = {0};
+    ff_subtask_spec sa = {.kind = "sleep", .target = FF_TARGET_RANK, .rank = 0, .args = &a20, .nargs = 1, .label = "gen A"};
+    uint64_t A = ff_controller_submit(c, &sa, keep_result, &ra);
+    REQUIRE(A > 0);
+    REQUIRE(ff_controller_run_until(c, one_done, &ra, 30) == 0);
+    int exec = ff_controller_trace_track(c, "executor"), stages = ff_controller_trace_track(c, "stages");
+    CHECK(exec >= 1 && stages >= 1 && exec != stages);
+    CHECK_EQ_INT(ff_controller_trace_track(c, "executor"), exec);
+    int64_t t0 = ff_now_ns();
+    sleep_ms(3);
+    int64_t t1 = ff_now_ns();
+    ff_arg args[4] = {ff_arg_int("samples", 4), ff_arg_str("node", "adv \"x\""), ff_arg_float("x", 0.5), ff_arg_bool("b", true)};
+    ff_trace_slice sb = {.track = exec, .name = "advantage s0-3", .cat = "local", .kind = "advantage", .start_ns = t0, .end_ns = t1,
+                         .job = true, .after = &A, .nafter = 1, .args = args, .nargs = 4};
+    uint64_t B = ff_controller_trace_slice(c, &sb);
+    REQUIRE(B > 0);
+    CHECK(B != A);
+    uint64_t I = ff_controller_trace_instant(c, stages, "checkpoint", t1);
+    CHECK(I > 0 && I != B);
+    /* two overlapping slices on one track: the second goes to a lane of its own */
+    ff_trace_slice s1 = {.track = stages, .name = "stage 1", .cat = "stage", .start_ns = t0, .end_ns = t1};
+    ff_trace_slice s2 = {.track = stages, .name = "stage 2", .cat = "stage", .start_ns = (t0 + t1) / 2, .end_ns = t1 + 1000000};
+    CHECK(ff_controller_trace_slice(c, &s1) > 0);
+    CHECK(ff_controller_trace_slice(c, &s2) > 0);
+    /* misuse: an unknown track, an end before the start, an arrow to an id never given out */
+    ff_trace_slice bad = {.track = 99, .name = "bad", .start_ns = t0, .end_ns = t1};
+    CHECK(ff_controller_trace_slice(c, &bad) == 0);
+    CHECK_STR_CONTAINS(ff_error_message(), "no track 99");
+    bad.track = exec, bad.end_ns = t0 - 5;
+    CHECK(ff_controller_trace_slice(c, &bad) == 0);
+    CHECK_STR_CONTAINS(ff_error_message(), "ends 5 ns before it starts");
+    CHECK(ff_controller_trace_flow(c, A, 1u << 30, "x") == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "no job or slice");
+    uint64_t after_c[2] = {B, A}; /* A -> C is implied by A -> B -> C: no arrow of its own */
+    ff_subtask_spec sc = {.kind = "sleep", .target = FF_TARGET_RANK, .rank = 1, .args = &a10, .nargs = 1, .label = "train C",
+                          .after = after_c, .nafter = 2};
+    uint64_t C = ff_controller_submit(c, &sc, keep_result, &rc);
+    REQUIRE(C > 0);
+    CHECK(ff_controller_trace_flow(c, A, C, "handoff") == 0);
+    REQUIRE(ff_controller_run_until(c, one_done, &rc, 30) == 0);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/ff-test-trace-client-%d.json", (int)getpid());
+    REQUIRE(ff_controller_trace_write(c, path) == 0);
+    rt_shutdown_clean(c);
+    ff_controller_destroy(&c);
+
+    json_error_t e;
+    json_t *root = json_load_file(path, 0, &e);
+    if (!root) fprintf(stderr, "%s: %s (line %d)\n", path, e.text, e.line);
+    REQUIRE(root);
+    json_t *ev = json_object_get(root, "traceEvents");
+    json_t *xa = find_event(ev, "X", "subtask", "gen A"), *xc = find_event(ev, "X", "subtask", "train C");
+    json_t *xb = find_event(ev, "X", "local", "advantage s0-3"), *xi = find_event(ev, "i", NULL, "checkpoint");
+    json_t *x1 = find_event(ev, "X", "stage", "stage 1"), *x2 = find_event(ev, "X", "stage", "stage 2");
+    REQUIRE(xa && xb && xc && xi && x1 && x2);
+    /* tracks: threads of the controller, named; the overlapping slice on a lane of its own */
+    int tb = (int)json_integer_value(json_object_get(xb, "tid")), t1d = (int)json_integer_value(json_object_get(x1, "tid"));
+    int t2d = (int)json_integer_value(json_object_get(x2, "tid"));
+    CHECK_EQ_INT(json_integer_value(json_object_get(xb, "pid")), 0);
+    CHECK(tb >= 1);
+    CHECK(thread_name(ev, 0, tb) && !strcmp(thread_name(ev, 0, tb), "executor"));
+    CHECK(thread_name(ev, 0, t1d) && !strcmp(thread_name(ev, 0, t1d), "stages"));
+    CHECK(t2d != t1d && t2d != tb && thread_name(ev, 0, t2d) && !strcmp(thread_name(ev, 0, t2d), "stages (lane 2)"));
+    CHECK_EQ_INT(json_integer_value(json_object_get(xi, "tid")), t1d);
+    CHECK(!strcmp(json_string_value(json_object_get(xi, "s")), "t"));
+    /* times on the controller's clock, in the same frame as the subtasks */
+    double disp_a = num(json_object_get(xa, "args"), "dispatch_us");
+    CHECK_CLOSE(ts_of(xb) - disp_a, (double)(t0 - ra.r.dispatch_ns) / 1e3, 0.002, 0);
+    CHECK_CLOSE(num(xb, "dur"), (double)(t1 - t0) / 1e3, 0.002, 0);
+    CHECK_CLOSE(ts_of(xi), end_of(xb), 0.002, 0);
+    CHECK(ts_of(xb) >= end_of(xa) && ts_of(xc) >= end_of(xb));
+    /* args: the job, its kind and dependencies, the client's own */
+    json_t *ab = json_object_get(xb, "args");
+    CHECK_EQ_INT(arg_int(xb, "id"), (int64_t)B);
+    CHECK_EQ_INT(arg_int(xb, "job"), (int64_t)B);
+    CHECK(!strcmp(json_string_value(json_object_get(ab, "kind")), "advantage"));
+    CHECK(json_array_size(json_object_get(ab, "after")) == 1 &&
+          json_integer_value(json_array_get(json_object_get(ab, "after"), 0)) == (json_int_t)A);
+    CHECK_EQ_INT(arg_int(xb, "samples"), 4);
+    CHECK(!strcmp(json_string_value(json_object_get(ab, "node")), "adv \"x\""));
+    CHECK_CLOSE(num(ab, "x"), 0.5, 0, 0);
+    CHECK(json_is_true(json_object_get(ab, "b")));
+    CHECK(!json_object_get(json_object_get(x1, "args"), "job")); /* not a job */
+    json_t *ac = json_object_get(json_object_get(xc, "args"), "after");
+    CHECK(json_array_size(ac) == 2 && json_integer_value(json_array_get(ac, 0)) == (json_int_t)B);
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(xc, "args"), "kind")), "sleep"));
+    /* arrows: A -> B and B -> C for the dependencies (none for the implied A -> C), and the
+     * client's own from A to C */
+    int pa = (int)json_integer_value(json_object_get(xa, "pid")), ta = (int)json_integer_value(json_object_get(xa, "tid"));
+    int pc = (int)json_integer_value(json_object_get(xc, "pid")), tc = (int)json_integer_value(json_object_get(xc, "tid"));
+    int n_after = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *x = json_array_get(ev, i);
+        n_after += !strcmp(json_string_value(json_object_get(x, "ph")), "s") && !strcmp(json_string_value(json_object_get(x, "cat")), "after");
+    }
+    CHECK_EQ_INT(n_after, 2);
+    json_t *s, *f;
+    find_arrow(ev, "after", "after", pa, ta, &s, &f);
+    REQUIRE(s && f);
+    CHECK(ts_of(s) > ts_of(xa) && ts_of(s) <= end_of(xa));
+    CHECK(json_integer_value(json_object_get(f, "pid")) == 0 && json_integer_value(json_object_get(f, "tid")) == tb);
+    CHECK_CLOSE(ts_of(f), ts_of(xb), 0, 0);
+    CHECK(!strcmp(json_string_value(json_object_get(f, "bp")), "e"));
+    find_arrow(ev, "after", "after", 0, tb, &s, &f);
+    REQUIRE(s && f);
+    CHECK(ts_of(s) > ts_of(xb) && ts_of(s) <= end_of(xb));
+    CHECK(json_integer_value(json_object_get(f, "pid")) == pc && json_integer_value(json_object_get(f, "tid")) == tc);
+    CHECK_CLOSE(ts_of(f), ts_of(xc), 0, 0);
+    find_arrow(ev, "flow", "handoff", pa, ta, &s, &f);
+    REQUIRE(s && f);
+    CHECK(json_integer_value(json_object_get(f, "pid")) == pc && json_integer_value(json_object_get(f, "tid")) == tc);
+    CHECK_CLOSE(ts_of(f), ts_of(xc), 0, 0);
+    json_decref(root);
+
+    /* the summary chains the subtasks through the controller-side job */
+    json_t *sm = summary_json(path);
+    REQUIRE(sm);
+    json_t *ch = json_object_get(sm, "longest_chain"), *links = json_object_get(ch, "links");
+    CHECK_EQ_INT(json_integer_value(json_object_get(ch, "length")), 3);
+    REQUIRE(json_array_size(links) == 3);
+    const char *kinds[3] = {"sleep", "advantage", "sleep"};
+    uint64_t ids[3] = {A, B, C};
+    for (size_t i = 0; i < 3; i++) {
+        json_t *l = json_array_get(links, i);
+        CHECK_EQ_INT(json_integer_value(json_object_get(l, "job")), (int64_t)ids[i]);
+        CHECK(!strcmp(json_string_value(json_object_get(l, "kind")), kinds[i]));
+        if (i) CHECK(num(l, "start_us") >= num(json_array_get(links, i - 1), "end_us"));
+    }
+    json_t *kk = json_object_get(ch, "kinds");
+    CHECK(json_array_size(kk) == 2 && json_integer_value(json_object_get(json_array_get(kk, 0), "jobs")) == 2);
+    json_t *ctl = find_named(json_object_get(sm, "controller"), "executor");
+    CHECK(ctl && json_integer_value(json_object_get(ctl, "jobs")) == 1);
+    CHECK_CLOSE(num(ctl, "busy_us"), (double)(t1 - t0) / 1e3, 0.002, 0);
+    json_decref(sm);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *tf = open_memstream(&buf, &len);
+    REQUIRE(ff_trace_summary(path, tf, false) == 0);
+    fclose(tf);
+    CHECK_STR_CONTAINS(buf, "longest chain of dependent jobs: 3 jobs");
+    CHECK_STR_CONTAINS(buf, "by kind: sleep 2 x");
+    CHECK_STR_CONTAINS(buf, "advantage s0-3 (advantage)");
+    free(buf);
+    unlink(path);
+}
+
 int main(int argc, char **argv) {
     RT_WORKER_MAIN(argc, argv);
     test_known_trace();
     test_live_trace();
+    test_client_events();
     TEST_MAIN_END();
 }
