@@ -8,7 +8,8 @@
 #   error, 4294967400 wrapped to 104 and ran), written as 3e9, or past a model's context
 #   (the actor's, or another role's);
 #   more local workers than the descriptor limit allows.
-# And a run at the limits still runs: prompt + response = the context, a batch = the set.
+# And a run at the limits still runs: prompt + response = the context, a batch = the set; a
+# generate node's max_tokens longer than data.max_response_length is not cut short.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_inputs
@@ -85,9 +86,9 @@ expect_refusal prompt_context "data.max_prompt_length 250 + data.max_response_le
   "$cfg" $(base "$work/o9") data.max_prompt_length=250 data.max_response_length=16
 # a role other than the actor: a reference model with a shorter context
 [[ -f "$work/short/config.json" ]] ||
-  "$bin" init --preset tiny --out "$work/short" num_hidden_layers=2 hidden_size=64 intermediate_size=128 max_position_embeddings=20 > /dev/null
-expect_refusal ref_context "do not fit the context of roles.ref.model (max_position_embeddings 20" \
-  "$cfg" $(base "$work/o10") roles.ref.model=$work/short roles.ref.colocate_with=null roles.ref.workers=1
+  "$bin" init --preset tiny --out "$work/short" num_hidden_layers=2 hidden_size=64 intermediate_size=128 max_position_embeddings=22 > /dev/null
+expect_refusal ref_context "data.max_prompt_length 16 + data.max_response_length 7 = 23 tokens do not fit the context of roles.ref.model (max_position_embeddings 22" \
+  "$cfg" $(base "$work/o10") roles.ref.model=$work/short roles.ref.colocate_with=null roles.ref.workers=1 data.max_response_length=7
 
 # item 12: local workers past the descriptor limit (2 per worker in the controller)
 pre=(bash -c 'ulimit -n 80 && exec "$@"' ulimit) # (80 - 64 kept for the controller) / 2 = 8 workers
@@ -96,12 +97,24 @@ expect_refusal workers_nofile "the run needs 10 local worker processes; this mac
   graph.train_actor.micro_batch_size=8
 pre=()
 
-# at the limits: prompt + response = the context; a batch of the whole training set
+# at the limits: prompt + response = the context (16 + 6 = 22); a batch of the whole training set
 "$bin" dataset arith --digits 2 --train 8 --test 2 --seed 1 --out "$work/eight" > /dev/null
 d=$work/edge
 mkdir -p "$d"
-(cd "$d" && "$bin" run "$cfg" $(base "$d/out") data.max_prompt_length=16 data.max_response_length=240 \
+(cd "$d" && "$bin" run "$cfg" $(base "$d/out") roles.actor.model=$work/short roles.ref.model=$work/short \
   data.train_files=$work/eight/train.jsonl data.train_batch_size=8 --no-progress > "$d/log" 2>&1) ||
   { cat "$d/log" >&2; fail "a run at the limits did not run"; }
 grep -q "^iter 1/1" "$d/log" || { cat "$d/log" >&2; fail "edge: no iteration"; }
+# a generate node's max_tokens past data.max_response_length sizes the rollout's slots (they
+# held prompt + data.max_response_length, and cut these responses at about 18 tokens)
+d=$work/long
+mkdir -p "$d"
+(cd "$d" && "$bin" run "$cfg" $(base "$d/out") graph.rollout.max_tokens=60 --no-progress > "$d/log" 2>&1) ||
+  { cat "$d/log" >&2; fail "max_tokens 60 did not run"; }
+python3 - "$d/out/metrics.jsonl" <<'PY' || fail "responses were cut short of graph.rollout.max_tokens"
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1]) if '"samples"' in l][-1]
+print("mean response length with max_tokens 60:", m["response_length"])
+sys.exit(0 if m["response_length"] > 30 else 1)
+PY
 echo ok
