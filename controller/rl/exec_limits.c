@@ -97,14 +97,16 @@ static int check_memory(ex_run *x) {
     uint64_t mem = ff_memory_limit(what, sizeof what), allowed = mem / 2;
     if (need <= (double)allowed) return 0;
     ff_fmt_bytes(need >= 1.8e19 ? UINT64_MAX : (uint64_t)need, b1, sizeof b1);
-    char hint[300];
-    snprintf(hint, sizeof hint, "lower data.train_batch_size or n%s, or the token lengths; at most about %" PRId64 " prompts fit",
-             filter ? " (or trainer.max_gen_batches)" : "",
-             (int64_t)((double)allowed / (double)per / (double)x->group_size / (filter ? (double)run->trainer.max_gen_batches : 1.0)));
-    return ff_error_set(where_key(x, "data.train_batch_size", w, sizeof w), hint,
-                        "%" PRId64 " prompts x n %" PRId64 " = %" PRId64 " samples per iteration need about %s in the controller "
+    char hint[300], drawn[160] = "";
+    snprintf(hint, sizeof hint, "lower data.train_batch_size or n%s, or the token lengths: about %" PRId64 " samples fit",
+             filter ? " (or trainer.max_gen_batches)" : "", (int64_t)(allowed / (uint64_t)per));
+    if (filter)
+        snprintf(drawn, sizeof drawn, " (data.train_batch_size %" PRId64 " x trainer.max_gen_batches %" PRId64 ": a filter draws more)",
+                 x->batch, run->trainer.max_gen_batches);
+    return ff_error_set(where_key(x, filter ? "trainer.max_gen_batches" : "data.train_batch_size", w, sizeof w), hint,
+                        "%" PRId64 " prompts%s x n %" PRId64 " = %" PRId64 " samples per iteration need about %s in the controller "
                         "(%" PRId64 " bytes each: %d columns of up to %" PRId64 " tokens, %d nodes), more than half of %s (%s)",
-                        prompts, x->group_size, samples, b1, per, x->n_cols, seq, x->n_nodes, what, ff_fmt_bytes(mem, b2, sizeof b2));
+                        prompts, drawn, x->group_size, samples, b1, per, x->n_cols, seq, x->n_nodes, what, ff_fmt_bytes(mem, b2, sizeof b2));
 }
 
 static int check_workers(ex_run *x) {

@@ -68,6 +68,8 @@ expect_refusal batch_1e8 "'data.train_batch_size=100000000': 100000000 prompts x
 grep -q "more than half of .* (hint: lower data.train_batch_size or n" "$work/batch_1e8/log" || fail "batch_1e8: no limit or hint"
 expect_refusal batch_n "1000000 prompts x n 64 = 64000000 samples per iteration need about" "$cfg" $(base "$work/o2") \
   data.train_batch_size=1000000 graph.rollout.n=64
+expect_refusal gen_batches "4000000 prompts (data.train_batch_size 4 x trainer.max_gen_batches 1000000: a filter draws more)" \
+  "$src/examples/dapo.yaml" $(base "$work/o12") trainer.max_gen_batches=1000000
 expect_refusal batch_dataset "data.train_batch_size 2001 is more than the 2000 prompts of $cache/arith/train.jsonl" \
   "$cfg" $(base "$work/o3") data.train_batch_size=2001 graph.train_actor.mini_batch_size=2001 graph.train_actor.micro_batch_size=1
 
