@@ -97,13 +97,7 @@ static int out_of_range(struct ff_config *c, const char *key, const char *range)
 }
 
 int ffio_cfg_int(struct ff_config *c, const char *key, int64_t dflt, int64_t lo, int64_t hi, int64_t *out) {
-    if (ff_config_get_int(c, key, dflt, out) < 0) return -1;
-    if (*out < lo || *out > hi) {
-        char r[96];
-        snprintf(r, sizeof r, "in [%lld, %lld], got %lld", (long long)lo, (long long)hi, (long long)*out);
-        return out_of_range(c, key, r);
-    }
-    return 0;
+    return ff_config_get_int_in(c, key, dflt, lo, hi, out) < 0 ? -1 : 0;
 }
 
 int ffio_cfg_double(struct ff_config *c, const char *key, double dflt, double lo, double hi, double *out) {

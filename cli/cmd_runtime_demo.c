@@ -3,6 +3,7 @@
  * results, print throughput and latency, optionally write a timeline (--trace). Used by the
  * runtime's shell tests (including the multi-host one) and by people trying it out. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +38,8 @@ static void usage(FILE *out) {
             "usage: fuseflow runtime-demo [options]\n\n"
             "Start a controller, start local workers and/or wait for remote ones, run generic subtasks,\n"
             "check their results and print throughput and latency.\n\n"
-            "  --workers N        local worker processes to start (default 4)\n"
+            "  --workers N        local worker processes to start (default 4; at most 16 per core, fewer when\n"
+            "                     ulimit -n, ulimit -u or memory allow less)\n"
             "  --remote N         also wait for N workers started elsewhere (fuseflow worker --connect ...)\n"
             "  --tasks M          subtasks to run (default 10000)\n"
             "  --kind K           echo, sum, axpy, sleep, fail or collective (default echo)\n"
@@ -219,6 +221,10 @@ int ff_cmd_runtime_demo(int argc, char **argv) {
         if (!strcmp(a, "--workers") || !strcmp(a, "--remote") || !strcmp(a, "--tasks") || !strcmp(a, "--floats") ||
             !strcmp(a, "--inflight")) {
             if (want_num(a, v, 0, &x) != 0) return 2;
+            if (x > INT32_MAX || x != (double)(int)x) { /* (int) of 1e12 would be undefined */
+                fprintf(stderr, "fuseflow runtime-demo: %s wants a whole number in [0, %d], got '%s'\n", a, INT32_MAX, v);
+                return 2;
+            }
             if (!strcmp(a, "--workers")) workers = (int)x;
             else if (!strcmp(a, "--remote")) remote = (int)x;
             else if (!strcmp(a, "--tasks")) d.tasks = (int)x;
@@ -258,6 +264,14 @@ int ff_cmd_runtime_demo(int argc, char **argv) {
     }
     if (workers + remote < 1) {
         fprintf(stderr, "fuseflow runtime-demo: no workers (--workers N and/or --remote N)\n");
+        return 2;
+    }
+    char why[200];
+    int most = ff_controller_local_worker_limit(NULL, why, sizeof why);
+    if (workers > most) {
+        fprintf(stderr, "fuseflow runtime-demo: --workers %d: this machine runs at most %d local workers next to the controller (%s) "
+                        "(hint: start fewer, or run more on other hosts with --remote N and `fuseflow worker --connect`)\n",
+                workers, most, why);
         return 2;
     }
     if (!strcmp(d.kind, "collective")) {

@@ -28,6 +28,8 @@ struct ff_cnode {
     size_t n, cap;
     char **asked;       /* keys that readers asked this map for and did not find */
     size_t n_asked;
+    char *wanted;       /* a plain value or list that a reader asked for this key of: a map was
+                           expected (reported by ff_config_check_unused) */
 };
 
 struct ff_config {
@@ -52,6 +54,7 @@ static void node_free(ff_cnode *n) {
     for (size_t i = 0; i < n->n; i++) node_free(n->items[i]);
     for (size_t i = 0; i < n->n_asked; i++) free(n->asked[i]);
     free(n->asked);
+    free(n->wanted);
     free(n->items);
     free(n->key);
     free(n->text);
@@ -119,6 +122,26 @@ static void node_path(const ff_cnode *n, char *buf, size_t cap) {
         if (w < 0 || (size_t)w >= cap - off) break;
         off += (size_t)w;
     }
+}
+
+static bool is_null(const ff_cnode *n) {
+    return n->kind == FF_CNODE_SCALAR && n->plain && (!strcmp(n->text, "null") || !strcmp(n->text, "~") || !n->text[0]);
+}
+
+/* "file:line: 'trainer' must be a map ..." for a section written as a plain value or a list. */
+static int not_a_map(const ff_cnode *n, const char *key, size_t klen) {
+    char w[512], full[512], hint[700];
+    ff_cnode_where(n, w, sizeof w);
+    node_path(n, full, sizeof full);
+    if (n->line > 0)
+        snprintf(hint, sizeof hint, "give it keys, e.g. %s: {%.*s: ...}, or indented on the lines below '%s:'", n->key ? n->key : full,
+                 (int)klen, key, n->key ? n->key : full);
+    else
+        snprintf(hint, sizeof hint, "an override sets one key of a section: %s.%.*s=VALUE", full, (int)klen, key);
+    if (n->kind == FF_CNODE_SCALAR)
+        return ff_error_set(w, hint, "'%s' is a section (a map of keys such as '%.*s'), not the plain value '%s'", full, (int)klen, key,
+                            n->text);
+    return ff_error_set(w, hint, "'%s' is a section (a map of keys such as '%.*s'), not a list", full, (int)klen, key);
 }
 
 /* ---- parsing --------------------------------------------------------------------------- */
@@ -409,10 +432,21 @@ int ff_config_set(ff_config *c, const char *assignment) {
                     return -1;
                 }
             }
+            if (is_null(child)) { /* `trainer:` left empty: the override starts the section */
+                free(child->text);
+                child->text = NULL;
+                child->kind = FF_CNODE_MAP;
+            }
             cur = child;
         } else {
             node_free(vroot);
-            return ff_error_set(src, NULL, "'%.*s' is below a plain value, not a map or list", (int)(end - assignment), assignment);
+            char w[512], full[512];
+            ff_cnode_where(cur, w, sizeof w);
+            node_path(cur, full, sizeof full);
+            char ow[600];
+            snprintf(ow, sizeof ow, "override '%s'", assignment);
+            return ff_error_set(ow, "check the key's spelling and level", "'%s' holds the plain value '%s' (%s), not a map, so it has no key '%.*s'",
+                                full, cur->text, w, (int)klen, p);
         }
         p = end + 1;
     }
@@ -495,20 +529,27 @@ static void record_asked(ff_cnode *map, const char *key, size_t len) {
     if (k) map->asked[map->n_asked++] = k;
 }
 
-ff_cnode *ff_cnode_find(ff_cnode *base, const char *path) {
+/* The node at path below base, marking the way as read; NULL when absent. A null on the way
+ * is an empty section (absent below it). A plain value or a list on the way, where the path
+ * asks it for a key, is not absence but a section of the wrong type: *blocked is that node
+ * and *key the key asked for (klen bytes). */
+static ff_cnode *walk(ff_cnode *base, const char *path, ff_cnode **blocked, const char **key, size_t *klen_out) {
     ff_cnode *cur = base;
     const char *p = path;
+    *blocked = NULL;
     cur->used = true;
     while (*p) {
         const char *dot = strchr(p, '.');
         size_t klen = dot ? (size_t)(dot - p) : strlen(p);
         ff_cnode *next = NULL;
+        size_t idx;
         if (cur->kind == FF_CNODE_MAP) {
             next = map_lookup(cur, p, klen);
             if (!next) record_asked(cur, p, klen);
-        } else if (cur->kind == FF_CNODE_SEQ) {
-            size_t idx;
-            if (parse_index(p, klen, &idx) && idx < cur->n) next = cur->items[idx];
+        } else if (cur->kind == FF_CNODE_SEQ && parse_index(p, klen, &idx)) {
+            if (idx < cur->n) next = cur->items[idx];
+        } else if (!is_null(cur)) {
+            *blocked = cur, *key = p, *klen_out = klen;
         }
         if (!next) return NULL;
         next->used = true;
@@ -517,6 +558,15 @@ ff_cnode *ff_cnode_find(ff_cnode *base, const char *path) {
         p = dot + 1;
     }
     return cur;
+}
+
+ff_cnode *ff_cnode_find(ff_cnode *base, const char *path) {
+    ff_cnode *blocked;
+    const char *key;
+    size_t klen;
+    ff_cnode *n = walk(base, path, &blocked, &key, &klen);
+    if (blocked && !blocked->wanted) blocked->wanted = strndup_checked((const unsigned char *)key, klen); /* NULL: the report is lost */
+    return n;
 }
 
 ff_cnode_kind ff_cnode_kind_of(const ff_cnode *n) { return n->kind; }
@@ -537,15 +587,19 @@ void ff_cnode_mark_used(ff_cnode *n) {
 
 /* ---- typed getters --------------------------------------------------------------------- */
 
-static bool is_null(const ff_cnode *n) {
-    return n->kind == FF_CNODE_SCALAR && n->plain && (!strcmp(n->text, "null") || !strcmp(n->text, "~") || !n->text[0]);
-}
-
-/* Find path for a typed getter: NULL when absent or null (a 1 return); sets *bad on a
- * non-scalar. */
+/* Find path for a typed getter: NULL when absent or null (a 1 return); sets *bad (with the
+ * error) on a non-scalar, or on a section of the wrong type on the way. */
 static ff_cnode *find_scalar(ff_cnode *base, const char *path, const char *expected, bool *bad) {
     *bad = false;
-    ff_cnode *n = ff_cnode_find(base, path);
+    ff_cnode *blocked;
+    const char *key;
+    size_t klen;
+    ff_cnode *n = walk(base, path, &blocked, &key, &klen);
+    if (blocked) {
+        not_a_map(blocked, key, klen);
+        *bad = true;
+        return NULL;
+    }
     if (!n || is_null(n)) return NULL;
     if (n->kind != FF_CNODE_SCALAR) {
         char w[512], full[512];
@@ -582,9 +636,35 @@ int ff_cnode_get_int(ff_cnode *base, const char *path, int64_t dflt, int64_t *ou
     char *end;
     errno = 0;
     long long v = strtoll(buf, &end, 10);
-    if (!buf[0] || *end || errno) return bad_value(n, "an integer");
+    if (buf[0] && !*end && errno == ERANGE) {
+        char w[512], full[512];
+        ff_cnode_where(n, w, sizeof w);
+        node_path(n, full, sizeof full);
+        return ff_error_set(w, NULL, "'%s' = %s is past the 64-bit integer range", full, n->text);
+    }
+    if (!buf[0] || *end || errno) {
+        double d = strtod(buf, &end); /* 3e9: a number, but not written as an integer */
+        if (buf[0] && !*end && isfinite(d) && d == floor(d) && fabs(d) < 9.2e18) {
+            char w[512], full[512], hint[128];
+            ff_cnode_where(n, w, sizeof w);
+            node_path(n, full, sizeof full);
+            snprintf(hint, sizeof hint, "write the digits: %.0f", d);
+            return ff_error_set(w, hint, "'%s' must be an integer, got '%s'", full, n->text);
+        }
+        return bad_value(n, "an integer");
+    }
     *out = v;
     return 0;
+}
+
+int ff_cnode_get_int_in(ff_cnode *base, const char *path, int64_t dflt, int64_t lo, int64_t hi, int64_t *out) {
+    int rc = ff_cnode_get_int(base, path, dflt, out);
+    if (rc != 0 || (*out >= lo && *out <= hi)) return rc;
+    ff_cnode *n = ff_cnode_find(base, path);
+    char w[512], full[512];
+    ff_cnode_where(n, w, sizeof w);
+    node_path(n, full, sizeof full);
+    return ff_error_set(w, NULL, "'%s' must be in [%lld, %lld], got %lld", full, (long long)lo, (long long)hi, (long long)*out);
 }
 
 int ff_cnode_get_double(ff_cnode *base, const char *path, double dflt, double *out) {
@@ -666,6 +746,9 @@ int ff_cnode_get_enum(ff_cnode *base, const char *path, const char *const *names
 }
 
 int ff_config_get_int(ff_config *c, const char *p, int64_t d, int64_t *o) { return ff_cnode_get_int(c->root, p, d, o); }
+int ff_config_get_int_in(ff_config *c, const char *p, int64_t d, int64_t lo, int64_t hi, int64_t *o) {
+    return ff_cnode_get_int_in(c->root, p, d, lo, hi, o);
+}
 int ff_config_get_double(ff_config *c, const char *p, double d, double *o) { return ff_cnode_get_double(c->root, p, d, o); }
 int ff_config_get_bool(ff_config *c, const char *p, bool d, bool *o) { return ff_cnode_get_bool(c->root, p, d, o); }
 int ff_config_get_str(ff_config *c, const char *p, const char *d, const char **o) { return ff_cnode_get_str(c->root, p, d, o); }
@@ -702,7 +785,18 @@ static const ff_cnode *first_unused(const ff_cnode *n) {
     return NULL;
 }
 
+static const ff_cnode *first_wanted(const ff_cnode *n) {
+    if (n->wanted) return n;
+    for (size_t i = 0; i < n->n; i++) {
+        const ff_cnode *w = first_wanted(n->items[i]);
+        if (w) return w;
+    }
+    return NULL;
+}
+
 int ff_config_check_unused(ff_config *c) {
+    const ff_cnode *wanted = first_wanted(c->root);
+    if (wanted) return not_a_map(wanted, wanted->wanted, strlen(wanted->wanted));
     const ff_cnode *u = first_unused(c->root);
     if (!u) return 0;
     char w[512], full[512], hint[600] = "";

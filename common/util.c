@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -263,4 +264,42 @@ int ff_checkpoint_steps(const char *out_dir, int64_t **steps) {
         *steps = NULL;
     }
     return n;
+}
+
+/* ---- the machine ----------------------------------------------------------------------- */
+uint64_t ff_memory_limit(char *what, size_t cap) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t lim = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : UINT64_MAX;
+    snprintf(what, cap, "physical memory");
+    /* cgroup v2, as a container sees its own group at the root of its namespace */
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        char buf[64];
+        if (fgets(buf, sizeof buf, f)) {
+            char *end;
+            unsigned long long v = strtoull(buf, &end, 10);
+            if (end != buf && v > 0 && v < lim) lim = v, snprintf(what, cap, "the cgroup's memory.max");
+        }
+        fclose(f);
+    }
+    static const struct {
+        int res;
+        const char *name;
+    } rl[] = {{RLIMIT_AS, "RLIMIT_AS (ulimit -v)"}, {RLIMIT_DATA, "RLIMIT_DATA (ulimit -d)"}};
+    for (size_t i = 0; i < sizeof rl / sizeof *rl; i++) {
+        struct rlimit r;
+        if (getrlimit(rl[i].res, &r) == 0 && r.rlim_cur != RLIM_INFINITY && (uint64_t)r.rlim_cur < lim)
+            lim = (uint64_t)r.rlim_cur, snprintf(what, cap, "%s", rl[i].name);
+    }
+    return lim;
+}
+
+const char *ff_fmt_bytes(uint64_t b, char *buf, size_t cap) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024 && u < 6) v /= 1024, u++;
+    if (u == 0) snprintf(buf, cap, "%llu B", (unsigned long long)b);
+    else snprintf(buf, cap, "%.*f %s", v < 10 ? 1 : 0, v, units[u]);
+    return buf;
 }

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -262,8 +263,54 @@ static int pidfd_open_compat(pid_t pid) {
 #endif
 }
 
+/* What one local worker costs, measured (docs/runtime.md, "Local workers"): the controller
+ * holds 2 descriptors for it (its connection and its pidfd), it runs about 6 threads (8
+ * counted: RLIMIT_NPROC counts threads), and it is about 12 MiB resident before it loads a
+ * model (32 MiB counted). Past 16 workers per core they only time-share the cores. */
+enum { FD_PER_WORKER = 2, FD_RESERVE = 64, THREADS_PER_WORKER = 8, WORKERS_PER_CORE = 16 };
+#define WORKER_MIN_BYTES (32ull << 20)
+
+int ff_controller_local_worker_limit(const ff_controller *c, char *why, size_t cap) {
+    int64_t lim = INT32_MAX;
+    char w[160] = "";
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && cores * WORKERS_PER_CORE < lim) {
+        lim = cores * WORKERS_PER_CORE;
+        snprintf(w, sizeof w, "%d per core on %ld cores", WORKERS_PER_CORE, cores);
+    }
+    struct rlimit r;
+    int known = c ? c->nworkers : 0; /* each already holds its connection */
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur != RLIM_INFINITY) {
+        int64_t by_fd = ((int64_t)r.rlim_cur - FD_RESERVE) / FD_PER_WORKER - known;
+        if (by_fd < lim) {
+            lim = by_fd;
+            snprintf(w, sizeof w, "RLIMIT_NOFILE (ulimit -n) %lld: the controller holds %d descriptors per worker", (long long)r.rlim_cur,
+                     FD_PER_WORKER);
+        }
+    }
+    if (getrlimit(RLIMIT_NPROC, &r) == 0 && r.rlim_cur != RLIM_INFINITY && (int64_t)(r.rlim_cur / THREADS_PER_WORKER) < lim) {
+        lim = (int64_t)(r.rlim_cur / THREADS_PER_WORKER);
+        snprintf(w, sizeof w, "RLIMIT_NPROC (ulimit -u) %lld: about %d threads per worker", (long long)r.rlim_cur, THREADS_PER_WORKER);
+    }
+    char what[64];
+    uint64_t mem = ff_memory_limit(what, sizeof what);
+    if (mem / WORKER_MIN_BYTES < (uint64_t)lim) {
+        lim = (int64_t)(mem / WORKER_MIN_BYTES);
+        char b[32];
+        snprintf(w, sizeof w, "%s %s: at least 32 MiB per worker", what, ff_fmt_bytes(mem, b, sizeof b));
+    }
+    if (lim < 0) lim = 0;
+    if (why && cap) snprintf(why, cap, "%s", w);
+    return (int)lim;
+}
+
 int ff_controller_spawn(ff_controller *c, int n) {
     if (n <= 0) return ff_error_set("spawn", NULL, "asked for %d workers", n);
+    char why[200];
+    int lim = ff_controller_local_worker_limit(c, why, sizeof why);
+    if (n > lim)
+        return ff_error_set("spawn", "start fewer local workers, or run workers on other hosts (fuseflow worker --connect)",
+                            "cannot start %d local workers: this machine runs at most %d next to the controller (%s)", n, lim, why);
     if (c->curve && !c->worker_key[0])
         return ff_error_set("spawn", "set opts.worker_key_file to worker.key", "the controller uses CURVE, so local "
                             "workers need the worker key file");

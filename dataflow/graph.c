@@ -495,7 +495,7 @@ static int resolve_node(ff_graph *g, int idx, const ff_registry *reg) {
     case FF_OP_GENERATE:
         if (get_i(n, "n", 1, 1, 1 << 16, &n->gen.n) || get_d(n, "temperature", 1.0, 0, 100, &n->gen.temperature) ||
             get_d(n, "top_p", 1.0, 1e-9, 1, &n->gen.top_p) || get_i(n, "top_k", 0, 0, 1 << 30, &n->gen.top_k) ||
-            get_i(n, "max_tokens", 0, 0, 1 << 30, &n->gen.max_tokens) || get_b(n, "greedy", false, &n->gen.greedy))
+            get_i(n, "max_tokens", 0, 0, FF_RUN_MAX_TOKENS, &n->gen.max_tokens) || get_b(n, "greedy", false, &n->gen.greedy))
             return -1;
         break;
     case FF_OP_REWARD_FN: {
@@ -648,6 +648,13 @@ static int topo_sort(ff_graph *g) {
 
 static int check_layout(ff_graph *g, const ff_run_config *run) {
     int64_t n = g->group_size, B = run->data.train_batch_size, total = B * n;
+    if (total > INT32_MAX) { /* sample indices and rl.* shapes are 32-bit on the workers */
+        char w[256];
+        ff_cnode *bn = ff_cnode_find(ff_config_root(run->cfg), "data.train_batch_size");
+        return ff_error_set(bn ? ff_cnode_where(bn, w, sizeof w) : "data.train_batch_size", "lower data.train_batch_size or n",
+                            "a batch of %lld samples (train_batch_size %lld x n %lld) is past %d", (long long)total, (long long)B,
+                            (long long)n, INT32_MAX);
+    }
     for (size_t i = 0; i < g->n_nodes; i++) {
         ff_node *nd = &g->nodes[i];
         if (nd->role == FF_ROLE_NONE) continue;

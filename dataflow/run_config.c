@@ -5,6 +5,7 @@
  *
  * Not here: the graph's own checks (graph.c). */
 #include <libgen.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -26,29 +27,19 @@ static int where_of(ff_config *c, const char *path, char *buf, size_t cap) {
     return 0;
 }
 
-static int positive(ff_config *c, const char *path, int64_t v, int64_t lo) {
-    if (v >= lo) return 0;
-    char w[256];
-    where_of(c, path, w, sizeof w);
-    return ff_error_set(w, NULL, "'%s' must be >= %lld, got %lld", path, (long long)lo, (long long)v);
-}
-
 static int read_trainer(ff_run_config *run) {
     ff_config *c = run->cfg;
     ff_trainer_cfg *t = &run->trainer;
     static const char *const sched[] = {"fused", "serial"};
     int s;
-    if (ff_config_get_int(c, "trainer.steps", 100, &t->steps) < 0 || ff_config_get_int(c, "trainer.seed", 1, &t->seed) < 0 ||
+    if (ff_config_get_int_in(c, "trainer.steps", 100, 1, INT64_MAX, &t->steps) < 0 || ff_config_get_int(c, "trainer.seed", 1, &t->seed) < 0 ||
         ff_config_get_enum(c, "trainer.schedule", sched, 2, FF_SCHED_FUSED, &s) < 0 ||
-        ff_config_get_int(c, "trainer.save_freq", 0, &t->save_freq) < 0 ||
-        ff_config_get_int(c, "trainer.test_freq", 0, &t->test_freq) < 0 ||
-        ff_config_get_int(c, "trainer.max_gen_batches", 4, &t->max_gen_batches) < 0 ||
+        ff_config_get_int_in(c, "trainer.save_freq", 0, 0, INT64_MAX, &t->save_freq) < 0 ||
+        ff_config_get_int_in(c, "trainer.test_freq", 0, 0, INT64_MAX, &t->test_freq) < 0 ||
+        ff_config_get_int_in(c, "trainer.max_gen_batches", 4, 1, FF_RUN_MAX_GEN_BATCHES, &t->max_gen_batches) < 0 ||
         ff_config_get_str(c, "trainer.out_dir", "runs/latest", &t->out_dir) < 0)
         return -1;
     t->schedule = (ff_schedule)s;
-    if (positive(c, "trainer.steps", t->steps, 1) || positive(c, "trainer.save_freq", t->save_freq, 0) ||
-        positive(c, "trainer.test_freq", t->test_freq, 0) || positive(c, "trainer.max_gen_batches", t->max_gen_batches, 1))
-        return -1;
     ff_cnode *pl = ff_cnode_find(ff_config_root(c), "trainer.plugins");
     if (!pl) return 0;
     char w[256];
@@ -72,6 +63,10 @@ static int read_trainer(ff_run_config *run) {
     return 0;
 }
 
+/* Sizes and counts that reach the workers are 32-bit there (tensor shapes, rl.* arguments):
+ * bounded here, where they are read, so a huge value is an error at its line rather than a
+ * wrapped one on a worker. Bounds against the model (its context) and the machine (memory
+ * for the batch) need the model folders and are checked by `fuseflow run` before it starts. */
 static int read_data(ff_run_config *run) {
     ff_config *c = run->cfg;
     ff_data_cfg *d = &run->data;
@@ -79,10 +74,10 @@ static int read_data(ff_run_config *run) {
         ff_config_get_str(c, "data.val_files", NULL, &d->val_files) < 0 ||
         ff_config_get_str(c, "data.prompt_key", "prompt", &d->prompt_key) < 0 ||
         ff_config_get_str(c, "data.answer_key", "answer", &d->answer_key) < 0 ||
-        ff_config_get_int(c, "data.train_batch_size", 8, &d->train_batch_size) < 0 ||
-        ff_config_get_int(c, "data.val_batch_size", 64, &d->val_batch_size) < 0 ||
-        ff_config_get_int(c, "data.max_prompt_length", 512, &d->max_prompt_length) < 0 ||
-        ff_config_get_int(c, "data.max_response_length", 512, &d->max_response_length) < 0 ||
+        ff_config_get_int_in(c, "data.train_batch_size", 8, 1, INT32_MAX, &d->train_batch_size) < 0 ||
+        ff_config_get_int_in(c, "data.val_batch_size", 64, 1, INT32_MAX, &d->val_batch_size) < 0 ||
+        ff_config_get_int_in(c, "data.max_prompt_length", 512, 1, FF_RUN_MAX_TOKENS, &d->max_prompt_length) < 0 ||
+        ff_config_get_int_in(c, "data.max_response_length", 512, 1, FF_RUN_MAX_TOKENS, &d->max_response_length) < 0 ||
         ff_config_get_bool(c, "data.shuffle", true, &d->shuffle) < 0)
         return -1;
     if (!d->train_files) {
@@ -90,22 +85,18 @@ static int read_data(ff_run_config *run) {
         where_of(c, "data", w, sizeof w);
         return ff_error_set(w, "add data.train_files: PATH.jsonl (fuseflow dataset arith writes one)", "no training data");
     }
-    return positive(c, "data.train_batch_size", d->train_batch_size, 1) || positive(c, "data.val_batch_size", d->val_batch_size, 1) ||
-                   positive(c, "data.max_prompt_length", d->max_prompt_length, 1) ||
-                   positive(c, "data.max_response_length", d->max_response_length, 1)
-               ? -1
-               : 0;
+    return 0;
 }
 
 static int read_layout(ff_cnode *base, const ff_layout *dflt, ff_layout *L, const char *what) {
     char w[256];
-    if (ff_cnode_get_int(base, "dp", dflt ? dflt->dp : 0, &L->dp) < 0 || ff_cnode_get_int(base, "tp", dflt ? dflt->tp : 1, &L->tp) < 0 ||
-        ff_cnode_get_int(base, "pp", dflt ? dflt->pp : 1, &L->pp) < 0)
+    if (ff_cnode_get_int_in(base, "dp", dflt ? dflt->dp : 0, 0, INT32_MAX, &L->dp) < 0 ||
+        ff_cnode_get_int_in(base, "tp", dflt ? dflt->tp : 1, 1, INT32_MAX, &L->tp) < 0 ||
+        ff_cnode_get_int_in(base, "pp", dflt ? dflt->pp : 1, 1, INT32_MAX, &L->pp) < 0)
         return -1;
-    if (L->tp < 1 || L->pp < 1 || L->dp < 0)
-        return ff_error_set(ff_cnode_where(base, w, sizeof w), NULL, "%s: dp, tp and pp must be >= 1", what);
     if (L->dp == 0) L->dp = L->workers / (L->tp * L->pp);
-    if (L->dp < 1 || L->dp * L->tp * L->pp != L->workers)
+    /* tp x pp <= workers first: then dp x tp x pp stays far inside int64 */
+    if (L->dp < 1 || L->tp * L->pp > L->workers || L->dp * L->tp * L->pp != L->workers)
         return ff_error_set(ff_cnode_where(base, w, sizeof w), "workers must equal dp x tp x pp",
                             "%s: dp %lld x tp %lld x pp %lld does not match %lld workers", what, (long long)L->dp, (long long)L->tp,
                             (long long)L->pp, (long long)L->workers);
@@ -143,8 +134,7 @@ static int read_role(ff_run_config *run, ff_role r) {
                                 role_keys[r], names[colo_i]);
         dflt_workers = other->layout.workers;
     }
-    if (ff_cnode_get_int(base, "workers", dflt_workers, &rc->layout.workers) < 0) return -1;
-    if (rc->layout.workers < 1) return ff_error_set(rc->where, NULL, "%s.workers must be >= 1", path);
+    if (ff_cnode_get_int_in(base, "workers", dflt_workers, 1, INT32_MAX, &rc->layout.workers) < 0) return -1;
     if (rc->colocate_with && rc->layout.workers != run->roles[rc->colocate_with].layout.workers)
         return ff_error_set(rc->where, "colocated roles share their worker processes: give them the same number",
                             "role '%s' has %lld workers but is colocated with '%s', which has %lld", role_keys[r],
@@ -161,8 +151,7 @@ static int read_role(ff_run_config *run, ff_role r) {
         snprintf(what, sizeof what, "%s.rollout", path);
         ff_layout d = rc->layout;
         int64_t rw = 0; /* a generation pool of its own (`fuseflow run` syncs weights by broadcast) */
-        if (ff_cnode_get_int(ro, "workers", 0, &rw) < 0) return -1;
-        if (rw < 0) return ff_error_set(ff_cnode_where(ro, w, sizeof w), NULL, "'%s.workers' must be >= 1", what);
+        if (ff_cnode_get_int_in(ro, "workers", 0, 0, INT32_MAX, &rw) < 0) return -1;
         if (rw > 0) {
             rc->rollout_workers = rw;
             rc->rollout.workers = d.workers = rw;
@@ -284,6 +273,11 @@ static int read_bindings(ff_run_config *run, int node, ff_cnode *nm, const char 
 static int read_graph(ff_run_config *run) {
     ff_cnode *gr = ff_cnode_find(ff_config_root(run->cfg), "graph");
     char w[256];
+    if (gr && ff_cnode_kind_of(gr) != FF_CNODE_MAP && ff_cnode_scalar(gr) && ff_cnode_scalar(gr)[0])
+        return ff_error_set(ff_cnode_where(gr, w, sizeof w), "see examples/grpo.yaml",
+                            "'graph' must be a map of nodes, not the plain value '%s'", ff_cnode_scalar(gr));
+    if (gr && ff_cnode_kind_of(gr) == FF_CNODE_SEQ)
+        return ff_error_set(ff_cnode_where(gr, w, sizeof w), "see examples/grpo.yaml", "'graph' must be a map of nodes, not a list");
     if (!gr || ff_cnode_kind_of(gr) != FF_CNODE_MAP || !ff_cnode_len(gr))
         return ff_error_set(gr ? ff_cnode_where(gr, w, sizeof w) : run->path, "see examples/grpo.yaml",
                             "the config has no graph: a map of nodes under 'graph:'");

@@ -64,6 +64,8 @@ struct ff_worker {
     bool handle_signals;
     bool uses_curve;
     int handshake_failures; /* without detail, before the welcome */
+    bool connected, ever_connected; /* the transport's state from the monitor, for messages */
+    int refusals;           /* connection attempts that failed (nothing listening) */
     ff_msg_decoder *dec;
     ff_msg ctl;      /* reused for control messages we send */
     handler kinds[MAX_KINDS];
@@ -711,24 +713,45 @@ static void check_monitor(ff_worker *w) {
             else more = zmq_msg_more(&a);
             zmq_msg_close(&a);
         }
-        const char *hint = w->uses_curve
-                               ? "check that worker.key comes from the same `fuseflow keygen` run as the "
-                                 "controller's controller.key"
-                               : "the controller uses CURVE: pass --curve worker.key from its `fuseflow keygen` run";
+        switch (ev) {
+        case ZMQ_EVENT_CONNECTED:
+            w->connected = w->ever_connected = true;
+            continue;
+        case ZMQ_EVENT_DISCONNECTED:
+            w->connected = false;
+            continue;
+        case ZMQ_EVENT_CONNECT_RETRIED:
+            w->connected = false;
+            w->refusals++;
+            continue;
+        default:
+            break;
+        }
+        /* Only a mechanism mismatch says that one side uses CURVE and the other does not; a
+         * connection dropped during the handshake may be CURVE keys of another keygen run,
+         * or a controller that ran out of descriptors, crashed or is not a fuseflow one. */
+        const char *hint;
+        if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            hint = w->uses_curve ? "the controller does not use CURVE: start this worker without --curve"
+                                 : "the controller uses CURVE: pass --curve worker.key from its `fuseflow keygen` run";
+        else if (w->uses_curve)
+            hint = "check that worker.key comes from the same `fuseflow keygen` run as the controller's controller.key";
+        else
+            hint = "check the controller's stderr: it may have run out of file descriptors (ulimit -n) or exited; "
+                   "or the endpoint is not a fuseflow controller";
         if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
             worker_exit(w, -1, "%s: the controller refused the connection (%s, code %u) (hint: %s)", w->connect,
                         handshake_event_name(ev), value, hint);
             return;
         }
-        /* no detail: the server dropped our hello (CURVE keys of another keygen run, or not a
-         * fuseflow controller); a few in a row before any welcome is an answer */
+        /* no detail: the server dropped our hello; a few in a row before any welcome is an answer */
         if (!w->welcomed && ++w->handshake_failures >= 5) {
-            worker_exit(w, -1, "%s: the handshake failed %d times in a row (%s) (hint: %s)", w->connect,
-                        w->handshake_failures, zmq_strerror((int)value), hint);
+            worker_exit(w, -1, "%s: the controller closed the connection during the handshake %d times in a row (%s) (hint: %s)",
+                        w->connect, w->handshake_failures, zmq_strerror((int)value), hint);
             return;
         }
         if (w->handshake_failures <= 1)
-            ff_warn("worker: %s: handshake failed (%s); retrying (hint: %s)", w->connect, zmq_strerror((int)value), hint);
+            ff_warn("worker: %s: the connection closed during the handshake (%s); retrying", w->connect, zmq_strerror((int)value));
     }
 }
 
@@ -741,8 +764,19 @@ static void on_tick(struct ev_loop *loop, ev_timer *tm, int revents) {
     int64_t now = ff_now_ns();
     if (!w->welcomed) {
         if ((now - w->started_ns) / 1e9 > w->o.connect_timeout_s) {
-            worker_exit(w, -1, "%s: no welcome from a controller within %.1f s (hint: check the endpoint, that "
-                        "the controller runs, and its CURVE keys)", w->connect, w->o.connect_timeout_s);
+            /* say what the transport saw: nothing listening, a connection that went away, or
+             * a controller that holds the connection but does not answer */
+            if (!w->ever_connected)
+                worker_exit(w, -1, "%s: no welcome within %.1f s: nothing accepted a connection (%d attempts) (hint: check the "
+                            "endpoint and that the controller runs)", w->connect, w->o.connect_timeout_s, w->refusals);
+            else if (!w->connected)
+                worker_exit(w, -1, "%s: no welcome within %.1f s: the controller closed the connection and accepted no new one "
+                            "(hint: check the controller's stderr: it may have exited, or run out of file descriptors (ulimit -n))",
+                            w->connect, w->o.connect_timeout_s);
+            else
+                worker_exit(w, -1, "%s: no welcome within %.1f s: connected, but the controller did not answer (hint: it may be "
+                            "overloaded, or the endpoint is not a fuseflow controller%s)", w->connect, w->o.connect_timeout_s,
+                            w->uses_curve ? "; check its CURVE keys" : "");
             return;
         }
         if ((now - w->last_hello_ns) / 1e9 > 1.0) send_hello(w);
@@ -814,7 +848,8 @@ ff_worker *ff_worker_new(const ff_worker_opts *o) {
     snprintf(mon, sizeof mon, "inproc://ff-worker-monitor-%p", (void *)w);
     if (zmq_socket_monitor(w->sock, mon,
                            ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED |
+                               ZMQ_EVENT_DISCONNECTED) == 0) {
         w->monitor = zmq_socket(w->ctx, ZMQ_PAIR);
         int zero = 0;
         if (w->monitor) zmq_setsockopt(w->monitor, ZMQ_LINGER, &zero, sizeof zero);

@@ -5,6 +5,7 @@
  *   exec_iter.c   one iteration: the sample store, the ff_sched loop, dispatch by op, results
  *   exec_train.c  train nodes (mini-batches, DP shares, micro-batches) and weight sync
  *   exec_data.c   datasets (JSONL, tokenized prompts) and the data order
+ *   exec_limits.c the run against the models' context, memory, the machine and the data
  *   exec_ckpt.c   checkpoints, resume, metrics.jsonl
  *   exec_trace.c  the run's timeline: stages, controller-side work and dependencies added to
  *                 the runtime controller's trace
@@ -158,6 +159,7 @@ struct ex_run {
     int gen_node;        /* the sample-level generate node */
     int resp_col, prompt_col, answer_col, score_col;
     int64_t group_size, batch;
+    int64_t max_seq;     /* positions of a rollout sequence slot: prompt + longest response + 1 */
     int logprob_col;     /* the column the generate node writes its log-probs into, or -1 */
 
     /* state */
@@ -183,8 +185,13 @@ struct ex_run {
 
 /* exec_run.c */
 bool ex_has_node(const ex_run *x, ff_op op, ff_role role); /* role FF_ROLE_COUNT: any role */
+bool ex_role_used(const ex_run *x, ff_role role);          /* some node runs on it */
 int ex_sync_group(ex_run *x);
 void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n);
+
+/* exec_limits.c: before any worker starts; -1 + error naming the key, the value and the limit */
+int ex_check_limits(ex_run *x);  /* context of the models, memory, local workers (after place) */
+int ex_check_dataset(ex_run *x); /* the batch against the training set (after the data is read) */
 
 /* exec_iter.c */
 int ex_iteration(ex_run *x, int64_t it);

@@ -42,7 +42,7 @@ bool ex_has_node(const ex_run *x, ff_op op, ff_role role) {
     return false;
 }
 
-static bool role_used(const ex_run *x, ff_role role) {
+bool ex_role_used(const ex_run *x, ff_role role) {
     for (int m = 0; m < x->n_nodes; m++)
         if (node_of(x, m)->role == role) return true;
     return false;
@@ -117,7 +117,7 @@ static int place(ex_run *x) {
     const ff_role_cfg *rc = x->run->roles;
     for (int r = FF_ROLE_ACTOR; r < FF_ROLE_COUNT; r++) {
         const ff_layout *L = &rc[r].layout;
-        if (rc[r].present && role_used(x, (ff_role)r) && (L->tp > 1 || L->pp > 1))
+        if (rc[r].present && ex_role_used(x, (ff_role)r) && (L->tp > 1 || L->pp > 1))
             return ff_error_set(rc[r].where, "use dp only (tp: 1, pp: 1) for now",
                                 "tensor and pipeline parallel layouts are not executed yet");
     }
@@ -140,7 +140,7 @@ static int place(ex_run *x) {
     for (int pass = 0; pass < 2; pass++)
         for (int k = 0; k < 3; k++) {
             ff_role r = others[k].role;
-            if (!rc[r].present || !role_used(x, r)) continue;
+            if (!rc[r].present || !ex_role_used(x, r)) continue;
             bool colo = rc[r].colocate_with != FF_ROLE_NONE;
             if (colo != (pass == 1)) continue;
             int pool = pool_of_role(r);
@@ -184,12 +184,10 @@ int ex_sync_group(ex_run *x) {
 static int init_workers(ex_run *x, const char *resume_dir) {
     char backend[32];
     snprintf(backend, sizeof backend, "cpu:%d", x->threads);
-    const ff_data_cfg *d = &x->run->data;
     int64_t slots = x->batch * x->group_size / (x->pool_n[POOL_GEN] ? x->pool_n[POOL_GEN] : 1);
     if (slots < 16) slots = 16;
     if (slots > 256) slots = 256;
     if (slots < x->group_size) slots = x->group_size;
-    int64_t max_seq = d->max_prompt_length + d->max_response_length + 1;
     size_t clen = strlen(x->config_text), olen = strlen(x->overrides_text);
     uint64_t load[EX_MAX_RANKS]; /* each rank's job: it loads the weights of every role there */
     for (int r = 0; r < x->nranks; r++) {
@@ -204,7 +202,7 @@ static int init_workers(ex_run *x, const char *resume_dir) {
         ff_arg args[] = {ff_arg_int("roles", x->rank_roles[r]),     ff_arg_str("backend", backend),
                           ff_arg_str("resume", resume_dir ? resume_dir : ""), ff_arg_int("updates_actor", x->updates[0]),
                           ff_arg_int("updates_critic", x->updates[1]), ff_arg_int("slots", slots),
-                          ff_arg_int("max_seq", max_seq),            ff_arg_str("name", x->o.config)};
+                          ff_arg_int("max_seq", x->max_seq),            ff_arg_str("name", x->o.config)};
         ex_job *j = ex_job_new(x, JOB_CTL, -1);
         if (!j) return -1;
         ff_subtask_spec spec = {.kind = FF_RL_INIT, .target = FF_TARGET_RANK, .rank = r, .args = args,
@@ -405,18 +403,17 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
     if (!(x->run = ff_run_config_load(o->config, n_over, over, x->reg))) return -1;
     if (!(x->overrides_text = join_overrides(n_over, over))) return -1;
     if (ff_run_config_check_files(x->run) != 0) return -1;
-    if (graph_facts(x) != 0) return -1;
+    if (graph_facts(x) != 0 || place(x) != 0 || ex_check_limits(x) != 0) return -1;
     const ff_role_cfg *actor = &x->run->roles[FF_ROLE_ACTOR];
     if (!(x->tok = ff_tokenizer_load_dir(actor->model)))
         return ff_error_wrap("roles.actor.model: the prompts are encoded with the actor's tokenizer");
     bool need_answer = false;
     for (int m = 0; m < x->n_nodes; m++) need_answer |= x->answer_col >= 0 && node_of(x, m)->in[FF_SLOT_ANSWER] == x->answer_col;
-    if (ex_dataset_load(&x->train, x->run->data.train_files, x->run, x->tok, need_answer) != 0) return -1;
+    if (ex_dataset_load(&x->train, x->run->data.train_files, x->run, x->tok, need_answer) != 0 || ex_check_dataset(x) != 0) return -1;
     if (x->run->data.val_files && x->run->trainer.test_freq > 0 &&
         ex_dataset_load(&x->val, x->run->data.val_files, x->run, x->tok, true) != 0)
         return -1;
     if (!(x->exact = ff_reward_new(x->reg, "arith_exact_match", NULL))) return -1;
-    if (place(x) != 0) return -1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     x->threads = o->threads > 0 ? o->threads : (int)(cores / x->nranks > 0 ? cores / x->nranks : 1);
     /* the output folder */

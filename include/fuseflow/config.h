@@ -59,8 +59,15 @@ void ff_cnode_mark_used(ff_cnode *n);                /* this node and everything
 
 /* Typed getters. Return 0 when the key is present and valid (*out set), 1 when it is absent
  * or null (*out = dflt), -1 when present with a bad value (error names file:line and the
- * expected form). Strings point into the tree and live as long as it. */
+ * expected form). Strings point into the tree and live as long as it.
+ *
+ * Sections are typed: a key on the path that holds a plain value or a list where the path
+ * asks it for a key ("trainer.steps" with `trainer: fast`, or an override `trainer=5`) is an
+ * error naming its line, not an absent key; a null section (`trainer:` alone) is empty.
+ * ff_cnode_find returns NULL there and leaves the error to ff_config_check_unused. */
 int ff_cnode_get_int(ff_cnode *base, const char *path, int64_t dflt, int64_t *out);
+/* An integer in [lo, hi]; outside it -1 + error naming the key, the value and the range. */
+int ff_cnode_get_int_in(ff_cnode *base, const char *path, int64_t dflt, int64_t lo, int64_t hi, int64_t *out);
 int ff_cnode_get_double(ff_cnode *base, const char *path, double dflt, double *out);
 int ff_cnode_get_bool(ff_cnode *base, const char *path, bool dflt, bool *out);
 int ff_cnode_get_str(ff_cnode *base, const char *path, const char *dflt, const char **out);
@@ -69,13 +76,15 @@ int ff_cnode_get_enum(ff_cnode *base, const char *path, const char *const *names
 
 /* The same, from the root. */
 int ff_config_get_int(ff_config *c, const char *path, int64_t dflt, int64_t *out);
+int ff_config_get_int_in(ff_config *c, const char *path, int64_t dflt, int64_t lo, int64_t hi, int64_t *out);
 int ff_config_get_double(ff_config *c, const char *path, double dflt, double *out);
 int ff_config_get_bool(ff_config *c, const char *path, bool dflt, bool *out);
 int ff_config_get_str(ff_config *c, const char *path, const char *dflt, const char **out);
 int ff_config_get_enum(ff_config *c, const char *path, const char *const *names, int n, int dflt, int *out);
 
-/* -1 + error for the first key that no getter read: "run.yaml:7: unknown key 'optim.lr_sheduler'
- * (hint: did you mean 'optim.lr_scheduler'?)". 0 when every key was read. */
+/* -1 + error for the first section that a reader asked for a key of but holds a plain value
+ * or a list (see above), else for the first key that no getter read: "run.yaml:7: unknown key
+ * 'optim.lr_sheduler' (hint: did you mean 'optim.lr_scheduler'?)". 0 when all is well. */
 int ff_config_check_unused(ff_config *c);
 
 #ifdef __cplusplus

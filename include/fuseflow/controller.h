@@ -96,8 +96,14 @@ void ff_controller_poll(ff_controller *c, bool block);
 
 /* ---- workers ---------------------------------------------------------------------------- */
 /* Start n local worker processes (fork/exec of worker_bin) on the next free ranks. Returns
- * the first rank, or -1 + error. They join asynchronously: ff_controller_wait_workers. */
+ * the first rank, or -1 + error. They join asynchronously: ff_controller_wait_workers.
+ * More than ff_controller_local_worker_limit are refused before any starts. */
 int ff_controller_spawn(ff_controller *c, int n);
+/* How many more local workers this machine can run next to the controller (c may be NULL:
+ * none started yet): the least of 16 per core, the descriptors RLIMIT_NOFILE leaves (2 per
+ * worker in the controller), RLIMIT_NPROC (8 threads per worker) and memory (32 MiB per
+ * worker before any model). why (cap bytes) names the bound that binds. */
+int ff_controller_local_worker_limit(const ff_controller *c, char *why, size_t cap);
 /* Run the loop until at least n workers are live (0), or until the timeout or a local
  * worker exiting before its hello (-1 + error naming the ranks missing and why). */
 int ff_controller_wait_workers(ff_controller *c, int n, double timeout_s);

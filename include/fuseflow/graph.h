@@ -220,6 +220,14 @@ typedef struct ff_role_cfg {
                                 own (0: on the training workers, colocated) */
 } ff_role_cfg;
 
+/* Bounds of sizes read from a run config. Token lengths (data.max_prompt_length,
+ * data.max_response_length, a generate node's max_tokens) travel to the workers as 32-bit
+ * integers and are added (prompt + response), so each is at most 2^30; counts (batch sizes,
+ * workers) at most INT32_MAX. The model's context and the machine's memory bound them more
+ * tightly; `fuseflow run` checks those before it starts. */
+#define FF_RUN_MAX_TOKENS (1 << 30)
+#define FF_RUN_MAX_GEN_BATCHES (1 << 20)
+
 typedef struct ff_data_cfg {
     const char *train_files, *val_files; /* JSONL */
     const char *prompt_key, *answer_key;

@@ -1,5 +1,5 @@
 /* fuseflow: small shared utilities: clocks, logging, a seeded random generator, checked
- * allocation. Nothing here knows about models, messages or graphs. */
+ * allocation, the machine's memory limit. Nothing here knows about models, messages or graphs. */
 #ifndef FUSEFLOW_UTIL_H
 #define FUSEFLOW_UTIL_H
 
@@ -50,6 +50,14 @@ void *ff_malloc(size_t n);
 void *ff_calloc(size_t count, size_t size);
 void *ff_realloc(void *p, size_t n);
 char *ff_strdup(const char *s);
+
+/* ---- the machine ----------------------------------------------------------------------- */
+/* The bytes of memory this process may use: the least of physical memory, the cgroup's
+ * memory.max (a container's limit) and RLIMIT_AS / RLIMIT_DATA when set. what (cap bytes)
+ * names the bound that binds, e.g. "physical memory" or "RLIMIT_AS (ulimit -v)". */
+uint64_t ff_memory_limit(char *what, size_t cap);
+/* "1.5 GiB", "300 MiB", "12 KiB", "17 B" (buf holds 32 bytes). */
+const char *ff_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
 
 /* ---- files ----------------------------------------------------------------------------- */
 /* Read a whole file into a NUL-terminated buffer (*len excludes the NUL). NULL + error. */

@@ -113,6 +113,18 @@ expect_error "bad value" "optim.lr' must be in \[0, 10\], got -1" "$FF_BIN" sft 
 expect_error "wrong type" "train.steps.*integer" "$FF_BIN" sft --config r.yaml out=bad train.steps=many
 expect_error "missing key" "the config has no 'data.train'" "$FF_BIN" sft --config r.yaml out=bad data.train=
 expect_error "missing config" "nope.yaml" "$FF_BIN" sft --config nope.yaml
+# sections are typed: a plain value or a list where a section (data, train, optim) belongs is
+# an error at its line or override, not a section of defaults
+printf 'model: model\nout: bad\ndata:\n  train: data/train.jsonl\ntrain: 7\n' > scalar.yaml
+expect_error "train: 7 in the file" "scalar.yaml:5: 'train' is a section \(a map of keys such as 'steps'\), not the plain value '7'" \
+  "$FF_BIN" sft --config scalar.yaml
+printf 'model: model\nout: bad\ndata:\n  train: data/train.jsonl\noptim: fast\n' > scalar2.yaml
+expect_error "optim: fast in the file" "scalar2.yaml:5: 'optim' is a section" "$FF_BIN" sft --config scalar2.yaml
+printf 'model: model\nout: bad\ndata: [data/train.jsonl]\n' > list.yaml
+expect_error "data as a list" "list.yaml:3: 'data' is a section \(a map of keys such as 'train'\), not a list" "$FF_BIN" sft --config list.yaml
+for o in train=5 optim=fast data=3 "optim=[1]" "train=[a]"; do
+  expect_error "override $o" "override '${o//[/\\[}': '${o%%=*}' is a section" "$FF_BIN" sft --config r.yaml out=bad "$o"
+done
 expect_error "missing data" "missing.jsonl: cannot open" "$FF_BIN" sft --config r.yaml out=bad data.train=missing.jsonl
 printf '{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2=", "response": 4}\n' > badfield.jsonl
 expect_error "non-string response" "badfield.jsonl:2: expected string fields" "$FF_BIN" sft --config r.yaml out=bad data.train=badfield.jsonl

@@ -135,7 +135,7 @@ static void test_overrides(void) {
     CHECK_EQ_INT(ff_config_set(c, "nodes.9.role=x"), -1);
     CHECK_STR_CONTAINS(ff_error_message(), "not an index");
     CHECK_EQ_INT(ff_config_set(c, "model.path.deeper=1"), -1);
-    CHECK_STR_CONTAINS(ff_error_message(), "below a plain value");
+    CHECK_STR_CONTAINS(ff_error_message(), "'model.path' holds the plain value '/other' (override 'model.path=/other'), not a map, so it has no key 'deeper'");
     CHECK_EQ_INT(ff_config_set(c, "a.b=[1, 2"), -1);
     CHECK_STR_CONTAINS(ff_error_message(), "YAML syntax error");
     ff_config_destroy(&c);
@@ -187,6 +187,86 @@ static void test_write_roundtrip(void) {
     ff_config_destroy(&d);
 }
 
+/* Sections are typed: a section written as a plain value or a list, in the file or by an
+ * override, is an error naming its line (it used to read as absent: every key a default). */
+static void test_typed_sections(void) {
+    static const char *text = "trainer: fast\n"
+                              "data:\n"
+                              "  - 1\n"
+                              "optim:\n"
+                              "list: [a, b]\n"
+                              "model:\n"
+                              "  path: /m\n";
+    ff_config *c = ff_config_parse(text, strlen(text), "run.yaml");
+    REQUIRE(c);
+    int64_t i;
+    const char *s;
+    CHECK_EQ_INT(ff_config_get_int(c, "trainer.steps", 100, &i), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "run.yaml:1: 'trainer' is a section (a map of keys such as 'steps'), not the plain value 'fast'");
+    CHECK_STR_CONTAINS(ff_error_message(), "hint: give it keys, e.g. trainer: {steps: ...}");
+    CHECK_EQ_INT(ff_config_get_str(c, "data.train_files", NULL, &s), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "run.yaml:2: 'data' is a section (a map of keys such as 'train_files'), not a list");
+    /* a null section is an empty one: defaults */
+    CHECK_EQ_INT(ff_config_get_int(c, "optim.warmup", 5, &i), 1);
+    CHECK_EQ_INT(i, 5);
+    /* lists take indexes, not keys */
+    CHECK_EQ_INT(ff_config_get_str(c, "list.1", NULL, &s), 0);
+    CHECK(!strcmp(s, "b"));
+    CHECK_EQ_INT(ff_config_get_str(c, "list.7", "none", &s), 1);
+    CHECK_EQ_INT(ff_config_get_str(c, "list.name", NULL, &s), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "run.yaml:5: 'list' is a section");
+    /* ff_cnode_find below a plain value finds nothing, and the unknown-key check names it
+     * (before any unknown key) */
+    char *over[] = {"model.pth=/x"};
+    REQUIRE(ff_config_apply_overrides(c, 1, over) == 0);
+    CHECK(ff_cnode_find(ff_config_root(c), "trainer.plugins") == NULL);
+    CHECK_EQ_INT(ff_config_get_str(c, "model.path", NULL, &s), 0);
+    CHECK_EQ_INT(ff_config_check_unused(c), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "run.yaml:1: 'trainer' is a section (a map of keys such as 'plugins')");
+    ff_config_destroy(&c);
+
+    /* overrides: a map replaced by a plain value or a list is refused by its reader, naming
+     * the override; an override into an empty section starts it */
+    c = ff_config_parse(text + 14, strlen(text + 14), "run.yaml"); /* from "data:" on */
+    REQUIRE(c);
+    char *o1[] = {"model=5"};
+    REQUIRE(ff_config_apply_overrides(c, 1, o1) == 0);
+    CHECK_EQ_INT(ff_config_get_str(c, "model.path", NULL, &s), -1);
+    CHECK_STR_CONTAINS(ff_error_message(),
+                       "override 'model=5': 'model' is a section (a map of keys such as 'path'), not the plain value '5' "
+                       "(hint: an override sets one key of a section: model.path=VALUE)");
+    char *o2[] = {"model=[1, 2]"};
+    REQUIRE(ff_config_apply_overrides(c, 1, o2) == 0);
+    CHECK_EQ_INT(ff_config_get_str(c, "model.path", NULL, &s), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "override 'model=[1, 2]': 'model' is a section (a map of keys such as 'path'), not a list");
+    char *o3[] = {"optim.warmup=7"};
+    REQUIRE(ff_config_apply_overrides(c, 1, o3) == 0);
+    CHECK_EQ_INT(ff_config_get_int(c, "optim.warmup", 5, &i), 0);
+    CHECK_EQ_INT(i, 7);
+    ff_config_destroy(&c);
+}
+
+/* Range-checked integers, and numbers that are not written as integers. */
+static void test_int_range(void) {
+    static const char *text = "data:\n  max_response_length: 3000000000\n  a: 3e9\n  b: 4294967400\n  c: 99999999999999999999\n  d: 16\n";
+    ff_config *c = ff_config_parse(text, strlen(text), "run.yaml");
+    REQUIRE(c);
+    int64_t i;
+    CHECK_EQ_INT(ff_config_get_int_in(c, "data.max_response_length", 512, 1, INT32_MAX, &i), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "run.yaml:2: 'data.max_response_length' must be in [1, 2147483647], got 3000000000");
+    CHECK_EQ_INT(ff_config_get_int_in(c, "data.b", 512, 1, INT32_MAX, &i), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "got 4294967400");
+    CHECK_EQ_INT(ff_config_get_int_in(c, "data.a", 512, 1, INT32_MAX, &i), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "run.yaml:3: 'data.a' must be an integer, got '3e9' (hint: write the digits: 3000000000)");
+    CHECK_EQ_INT(ff_config_get_int(c, "data.c", 0, &i), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "past the 64-bit integer range");
+    CHECK_EQ_INT(ff_config_get_int_in(c, "data.d", 512, 1, 16, &i), 0);
+    CHECK_EQ_INT(i, 16);
+    CHECK_EQ_INT(ff_config_get_int_in(c, "data.e", 512, 1, 16, &i), 1); /* absent: the default, unchecked */
+    CHECK_EQ_INT(i, 512);
+    ff_config_destroy(&c);
+}
+
 int main(void) {
     test_getters();
     test_bad_values();
@@ -194,5 +274,7 @@ int main(void) {
     test_overrides();
     test_syntax_errors();
     test_write_roundtrip();
+    test_typed_sections();
+    test_int_range();
     TEST_MAIN_END();
 }

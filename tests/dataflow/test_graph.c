@@ -287,6 +287,87 @@ static void test_skip_rewards(void) {
     ff_registry_destroy(&skip);
 }
 
+/* Every section of a run config is typed: written as a plain value or a list (in the file, or
+ * by an override replacing it) it is an error at its line, never a section of defaults. */
+static void test_typed_sections(ff_registry *reg) {
+    static const struct {
+        const char *from, *to, *where;
+    } file_cases[] = {
+        {"trainer:\n  steps: 2\n", "trainer: fast\n", "t.yaml:1: 'trainer' is a section"},
+        {"data:\n  train_files: data/train.jsonl\n  train_batch_size: 4\n", "data: 7\n", "t.yaml:3: 'data' is a section"},
+        {"data:\n  train_files: data/train.jsonl\n  train_batch_size: 4\n", "data: [1, 2]\n", "t.yaml:3: 'data' is a section"},
+        {"roles:\n  actor:\n    model: models/tiny\n    workers: 2\n  ref:\n    model: models/tiny\n    colocate_with: actor\n",
+         "roles: 5\n", "t.yaml:6: 'roles' must be a map"},
+        {"  actor:\n    model: models/tiny\n    workers: 2\n", "  actor: fast\n", "t.yaml:7: 'roles.actor' must be a map"},
+        {"  ref:\n    model: models/tiny\n    colocate_with: actor\n", "  ref: [1]\n", "t.yaml:10: 'roles.ref' must be a map"},
+        {"    workers: 2\n", "    workers: 2\n    optim: fast\n", "t.yaml:10: 'roles.actor.optim' must be a map"},
+        {"    workers: 2\n", "    workers: 2\n    rollout: [1]\n", "t.yaml:10: 'roles.actor.rollout' must be a map"},
+        {"  gen:\n    op: generate\n    role: actor\n    in: [prompt]\n    out: [response, old_logprob]\n    n: 4\n", "  gen: fast\n",
+         "t.yaml:14: node 'gen' is not a map"},
+        {"kl_loss: {type: low_var_kl, coef: 0.001}", "kl_loss: 5", "t.yaml:40: node 'train': 'kl_loss' must be a map"},
+        {"  steps: 2\n", "  steps: 2\n  plugins: {a: 1}\n", "t.yaml:3: 'trainer.plugins' must be a list"},
+        {"    after: [train]\n", "    after: [train]\ncolumns: 5\n", "t.yaml:45: 'columns' must be a map"},
+    };
+    for (size_t i = 0; i < sizeof file_cases / sizeof *file_cases; i++)
+        expect_edit_error(reg, file_cases[i].from, file_cases[i].to, file_cases[i].where, NULL);
+    /* the graph section itself */
+    char text[4096];
+    snprintf(text, sizeof text, "%.*sgraph: 5\n", (int)(strstr(base, "graph:\n") - base), base);
+    expect_error(reg, text, 0, NULL, "t.yaml:13: 'graph' must be a map of nodes, not the plain value '5'", NULL);
+
+    /* overrides that replace a section by a plain value or a list: every top-level section
+     * and the sections inside roles and graph nodes */
+    static const char *const sections[] = {"trainer",       "data",        "roles",     "roles.actor",         "roles.ref",
+                                           "roles.actor.optim", "roles.actor.rollout", "columns", "graph", "graph.gen",
+                                           "graph.train.kl_loss", "graph.adv.kl_penalty"};
+    for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
+        for (int list = 0; list < 2; list++) {
+            char over[128], where[160];
+            snprintf(over, sizeof over, "%s=%s", sections[i], list ? "[1]" : "5");
+            snprintf(where, sizeof where, "override '%s'", over);
+            char *ov[] = {over};
+            expect_error(reg, base, 1, ov, where, "map");
+        }
+    /* a null section is empty: its keys take their defaults, and overrides fill it */
+    char *t = edit("trainer:\n  steps: 2\n", "trainer:\n");
+    char *ov[] = {"trainer.steps=3"};
+    ff_run_config *run = load_text(reg, t, 1, ov);
+    CHECK(run != NULL);
+    if (run) CHECK_EQ_INT(run->trainer.steps, 3);
+    ff_run_config_destroy(&run);
+    free(t);
+}
+
+/* Sizes the workers receive are range-checked where they are read. */
+static void test_size_bounds(ff_registry *reg) {
+    static const struct {
+        const char *over, *needle;
+    } cases[] = {
+        {"data.max_response_length=3000000000", "'data.max_response_length' must be in [1, 1073741824], got 3000000000"},
+        {"data.max_response_length=4294967400", "'data.max_response_length' must be in [1, 1073741824], got 4294967400"},
+        {"data.max_response_length=3e9", "must be an integer, got '3e9' (hint: write the digits: 3000000000)"},
+        {"data.max_prompt_length=4294967297", "'data.max_prompt_length' must be in [1, 1073741824], got 4294967297"},
+        {"data.max_prompt_length=0", "'data.max_prompt_length' must be in [1, 1073741824], got 0"},
+        {"data.train_batch_size=4294967296", "'data.train_batch_size' must be in [1, 2147483647], got 4294967296"},
+        {"data.val_batch_size=-1", "'data.val_batch_size' must be in [1, 2147483647], got -1"},
+        {"trainer.max_gen_batches=1099511627776", "'trainer.max_gen_batches' must be in [1, 1048576]"},
+        {"roles.actor.workers=4294967298", "'roles.actor.workers' must be in [1, 2147483647], got 4294967298"},
+        {"roles.actor.tp=4294967296", "'roles.actor.tp' must be in [1, 2147483647]"},
+        {"graph.gen.max_tokens=4294967400", "'max_tokens' must be in [0, 1073741824], got 4294967400"},
+        {"graph.gen.n=3000000000", "'n' must be in [1, 65536], got 3000000000"},
+        {"graph.train.micro_batch_size=4294967300", "'micro_batch_size' must be in [1, 1048576]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *ov[] = {(char *)cases[i].over};
+        char where[160];
+        snprintf(where, sizeof where, "override '%s'", cases[i].over);
+        expect_error(reg, base, 1, ov, where, cases[i].needle);
+    }
+    /* samples per batch (prompts x n) index 32-bit arrays on the workers */
+    char *ov[] = {"data.train_batch_size=65536", "graph.gen.n=65536"};
+    expect_error(reg, base, 2, ov, "a batch of 4294967296 samples (train_batch_size 65536 x n 65536) is past 2147483647", NULL);
+}
+
 int main(void) {
     test_skip_rewards();
     ff_registry *reg = ff_registry_new();
@@ -294,6 +375,8 @@ int main(void) {
     test_base_and_examples(reg);
     test_errors(reg);
     test_c_api(reg);
+    test_typed_sections(reg);
+    test_size_bounds(reg);
     ff_registry_destroy(&reg);
     TEST_MAIN_END();
 }

@@ -30,6 +30,36 @@ expect_rc 1 "no welcome" "worker with nobody to talk to" \
     "$FF_BIN" worker --connect "ipc://$tmp/nobody.sock" --connect-timeout 0.2
 expect_rc 1 "cannot connect" "worker with a bad endpoint" "$FF_BIN" worker --connect "nonsense://x"
 
+# A controller that fails without CURVE in play: the worker names what it saw, not CURVE.
+# Stand-ins on a unix socket: one that drops every connection (out of descriptors looks like
+# this), one that accepts and never answers, one that exits after the first connection.
+cat > "$tmp/fake.py" <<'PY'
+import socket, sys, time
+mode, path = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path); s.listen(16); s.settimeout(0.05)
+held, end = [], time.time() + 5
+while time.time() < end:
+    try: c, _ = s.accept()
+    except socket.timeout: continue
+    if mode == "drop": c.close()
+    else: held.append(c)
+    if mode == "die": break
+PY
+fake_ctl() { # MODE PATTERN: a worker against the stand-in exits 1 with PATTERN and without CURVE
+  local sock=$tmp/$1.sock
+  python3 "$tmp/fake.py" "$1" "$sock" & local pid=$!
+  for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.02; done
+  expect_rc 1 "$2" "worker against a controller that does '$1'" "$FF_BIN" worker --connect "ipc://$sock" --connect-timeout 1.5
+  if grep -qi "curve" "$tmp/out" "$tmp/err"; then echo "FAILED: '$1': the worker blames CURVE"; cat "$tmp/err"; fail=1; fi
+  kill $pid 2>/dev/null; wait $pid 2>/dev/null
+}
+fake_ctl drop "closed the connection during the handshake 5 times in a row.*file descriptors"
+fake_ctl mute "connected, but the controller did not answer"
+fake_ctl die "the controller closed the connection and accepted no new one"
+expect_rc 1 "nothing accepted a connection" "worker with no controller at all" \
+    "$FF_BIN" worker --connect "ipc://$tmp/nobody2.sock" --connect-timeout 0.3
+
 check "keygen" "$FF_BIN" keygen "$tmp/keys"
 [[ $(stat -c %a "$tmp/keys/controller.key") == 600 && $(stat -c %a "$tmp/keys/worker.key") == 600 ]] ||
     { echo "FAILED: key files are not mode 600"; fail=1; }
@@ -46,6 +76,18 @@ check "runtime-demo, collectives" "$FF_BIN" runtime-demo --workers 3 --tasks 20 
 check "runtime-demo, DP split" "$FF_BIN" runtime-demo --workers 3 --tasks 50 --kind axpy --mode split
 expect_rc 1 "first failure" "runtime-demo whose subtasks fail" "$FF_BIN" runtime-demo --workers 1 --tasks 2 --kind fail
 expect_rc 2 "--mode wants" "runtime-demo with a bad mode" "$FF_BIN" runtime-demo --mode sideways
+
+# More local workers than the machine runs: refused at once, before any controller or worker
+t0=$(date +%s%N)
+expect_rc 2 "--workers 100000: this machine runs at most [0-9]* local workers" "runtime-demo --workers 100000" \
+    "$FF_BIN" runtime-demo --workers 100000 --tasks 1
+(( ($(date +%s%N) - t0) / 1000000 < 1000 )) || { echo "FAILED: --workers 100000 took over a second to refuse"; fail=1; }
+grep -q "controller at" "$tmp/out" && { echo "FAILED: --workers 100000 started a controller"; fail=1; }
+expect_rc 2 "wants a whole number" "runtime-demo --workers 1e12" "$FF_BIN" runtime-demo --workers 1e12
+# the descriptor limit binds: 2 per worker in the controller (it used to abort inside ZeroMQ)
+expect_rc 2 "RLIMIT_NOFILE (ulimit -n) 100" "runtime-demo past ulimit -n" \
+    bash -c "ulimit -n 100 && exec '$FF_BIN' runtime-demo --workers 30 --tasks 1"
+check "runtime-demo at the descriptor limit" bash -c "ulimit -n 100 && exec '$FF_BIN' runtime-demo --workers 18 --tasks 50"
 
 check "trace summary" "$FF_BIN" trace summary "$tmp/t.json"
 grep -q "worker 0 (" "$tmp/out" && grep -q "longest chain" "$tmp/out" || { echo "FAILED: summary text"; cat "$tmp/out"; fail=1; }

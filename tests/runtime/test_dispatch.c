@@ -454,6 +454,15 @@ int main(int argc, char **argv) {
     }
     ff_controller_opts o = rt_opts();
     ff_controller *c = rt_start(&o, 3);
+    /* past what the machine runs: refused before any process starts, the bound named */
+    char why[200];
+    int most = ff_controller_local_worker_limit(c, why, sizeof why);
+    CHECK(most >= 1 && most < 100000);
+    CHECK(why[0] != 0);
+    CHECK_EQ_INT(ff_controller_spawn(c, 100000), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "cannot start 100000 local workers: this machine runs at most");
+    CHECK_STR_CONTAINS(ff_error_message(), why);
+    CHECK_EQ_INT(ff_controller_nranks(c), 3);
     test_any_and_rank(c);
     test_group_jobs(c);
     test_keep_output(c);
