@@ -736,8 +736,9 @@ static void check_monitor(ff_worker *w) {
                                  : "the controller uses CURVE: pass --curve worker.key from its `fuseflow keygen` run";
         else if (w->uses_curve)
             hint = "check that worker.key comes from the same `fuseflow keygen` run as the controller's controller.key";
-        else
+        else /* a CURVE controller drops a plain worker this way too when the mismatch goes unreported */
             hint = "check the controller's stderr: it may have run out of file descriptors (ulimit -n) or exited; "
+                   "if it was started with --curve, pass --curve worker.key from its `fuseflow keygen` run; "
                    "or the endpoint is not a fuseflow controller";
         if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
             worker_exit(w, -1, "%s: the controller refused the connection (%s, code %u) (hint: %s)", w->connect,
