@@ -157,7 +157,7 @@ static int run_arith(int argc, char **argv) {
     ff_rng_seed(&rng, (uint64_t)seed);
     u64set test_keys = {0};
     ff_atomic_file ft, fr;
-    char path[4096], prompt[64], answer[64];
+    char path[FF_PATH_MAX], prompt[64], answer[64];
     int rc = 1;
     snprintf(path, sizeof path, "%s/test.jsonl", out);
     if (ff_atomic_file_begin(&ft, path) != 0) {

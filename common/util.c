@@ -181,7 +181,7 @@ char *ff_read_file(const char *path, size_t *len) {
 }
 
 int ff_write_file_atomic(const char *path, const void *data, size_t len) {
-    char tmp[4096];
+    char tmp[FF_PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return ff_error_set(tmp, "check that the folder exists and is writable", "cannot create: %s", strerror(errno));
@@ -213,7 +213,7 @@ int ff_write_file_atomic(const char *path, const void *data, size_t len) {
 }
 
 int ff_mkdirs(const char *path) {
-    char buf[4096];
+    char buf[FF_PATH_MAX];
     size_t n = strlen(path);
     if (n == 0 || n >= sizeof buf) return ff_error_set(path, NULL, "bad directory path");
     memcpy(buf, path, n + 1);
@@ -232,7 +232,7 @@ int ff_mkdirs(const char *path) {
 }
 
 int ff_checkpoint_steps(const char *out_dir, int64_t **steps) {
-    char dir[4096];
+    char dir[FF_PATH_MAX];
     snprintf(dir, sizeof dir, "%s/checkpoints", out_dir);
     *steps = NULL;
     DIR *d = opendir(dir);

@@ -44,7 +44,7 @@ int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, c
     json_t *o;
     int rc;
     while ((rc = ff_jsonl_next(r, &o)) == 1) {
-        char where[4200];
+        char where[FF_PATH_MAX];
         snprintf(where, sizeof where, "%s:%d", path, ff_jsonl_line(r));
         json_t *p = json_object_get(o, pk), *a = json_object_get(o, ak);
         if (!json_is_string(p)) {

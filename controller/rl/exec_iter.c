@@ -953,7 +953,7 @@ void ex_check_workers(ex_run *x) {
         if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_DEAD) continue;
         unsigned roles = x->rank_roles[r];
         if (roles & (FF_RL_ACTOR | FF_RL_CRITIC)) {
-            char hint[4200];
+            char hint[FF_PATH_MAX];
             if (x->last_ckpt[0])
                 snprintf(hint, sizeof hint, "resume from %s with `fuseflow run %s --resume` (same overrides)", x->last_ckpt,
                          x->o.config);

@@ -431,7 +431,7 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
     } else if (ex_order_init(&x->order, x->train.n, (uint64_t)x->run->trainer.seed, x->run->data.shuffle, 0, 0) != 0) {
         return -1;
     }
-    char path[4200];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/metrics.jsonl", out);
     if (o->resume ? ex_metrics_truncate(path, x->iteration) != 0 : (unlink(path), 0)) return -1;
     snprintf(path, sizeof path, "%s/config.yaml", out);
@@ -485,7 +485,7 @@ static void describe(ex_run *x, const char *resume_dir) {
 
 static int loop(ex_run *x) {
     const ff_trainer_cfg *tc = &x->run->trainer;
-    char path[4200];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/samples.jsonl", tc->out_dir);
     if (tc->test_freq > 0 && x->val.n && x->iteration == 0) {
         double acc;
@@ -570,7 +570,7 @@ int ff_exec_run(const ff_exec_opts *o) {
     x->tty = o->progress == 1 || (o->progress < 0 && isatty(fileno(x->out)));
     char **over = NULL;
     int n_over = 0;
-    char resume_dir[4096] = "";
+    char resume_dir[FF_PATH_MAX] = "";
     int rc = -1;
     if (setup(x, &over, &n_over, resume_dir, sizeof resume_dir) != 0) goto out;
     if (o->trace_path && !(x->tr = ex_trace_new())) goto out;

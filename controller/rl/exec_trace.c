@@ -139,7 +139,7 @@ static json_t *slice(const char *cat, const char *name, int pid, int tid, double
 }
 
 int ex_trace_write(ex_trace *t, ff_controller *c, const char *path) {
-    char tmp[4200];
+    char tmp[FF_PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.runtime.%d", path, (int)getpid());
     if (ff_controller_trace_write(c, tmp) != 0) return -1;
     json_error_t jerr;

@@ -25,6 +25,7 @@
 #include "fuseflow/dtype.h"
 #include "fuseflow/model_config.h"
 #include "fuseflow/tensor_set.h"
+#include "fuseflow/util.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,8 +77,8 @@ int ff_model_dir_save(const char *dir, const ff_model_config *cfg, const ff_tens
 
 typedef struct ff_atomic_file {
     int fd;
-    char path[4096];
-    char tmp[4096 + 32];
+    char path[FF_PATH_MAX];
+    char tmp[FF_PATH_MAX + 32];
 } ff_atomic_file;
 
 /* Create PATH.tmp.PID for writing. 0 or -1 + error. */

@@ -13,6 +13,12 @@
 extern "C" {
 #endif
 
+/* ---- sizes ----------------------------------------------------------------------------- */
+/* Bytes of a buffer that holds a file path, the NUL included: Linux's PATH_MAX, the longest
+ * path the kernel opens. Paths built from a path (DIR/step-N, PATH.tmp-PID, "PATH:LINE" for
+ * a message) use the same size: a longer one could not be opened anyway. */
+#define FF_PATH_MAX 4096
+
 /* ---- clocks ---------------------------------------------------------------------------- */
 /* Monotonic time in nanoseconds (CLOCK_MONOTONIC); only differences mean anything. */
 int64_t ff_now_ns(void);

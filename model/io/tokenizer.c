@@ -1151,7 +1151,7 @@ static int32_t role_id(const ff_tokenizer *t, json_t *cfg, const char *key) {
 }
 
 ff_tokenizer *ff_tokenizer_load_dir(const char *dir) {
-    char path[4096];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     ff_tokenizer *t = ff_tokenizer_load(path);
     if (!t) return NULL;
@@ -1290,7 +1290,7 @@ static int save_json(json_t *j, const char *path, size_t flags) {
 }
 
 int ff_tokenizer_save_dir(const ff_tokenizer *t, const char *dir) {
-    char path[4096];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (save_json(t->root, path, JSON_INDENT(2)) != 0) return -1;
     if (!t->config_text) return 0;

@@ -175,7 +175,7 @@ static int k_init(ff_task *t, void *ud) {
     if (r->nopen) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: generation jobs are still open");
     const ff_tensor *cfg = input(t, "config", FF_DTYPE_U8, false), *ov = input(t, "overrides", FF_DTYPE_U8, true);
     int64_t roles, ua, uc, slots, max_seq;
-    char backend[64], resume[4096], name[4096];
+    char backend[64], resume[FF_PATH_MAX], name[FF_PATH_MAX];
     if (!cfg || !arg_int(t, "roles", 0, &roles) || !arg_int(t, "updates_actor", 0, &ua) || !arg_int(t, "updates_critic", 0, &uc) ||
         !arg_int(t, "slots", 64, &slots) || !arg_int(t, "max_seq", 256, &max_seq) || !arg_str(t, "backend", backend, sizeof backend) ||
         !arg_str(t, "resume", resume, sizeof resume) || !arg_str(t, "name", name, sizeof name))
@@ -354,7 +354,7 @@ static int k_sync(ff_task *t, void *ud) {
 static int k_save(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     unsigned role;
-    char dir[4096];
+    char dir[FF_PATH_MAX];
     if (!role_arg(t, FF_RL_ACTOR | FF_RL_CRITIC, &role) || !arg_str(t, "dir", dir, sizeof dir)) return -1;
     if (!dir[0]) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.save: no dir");
     return rlw_save(r->eng, role, dir);
