@@ -226,7 +226,7 @@ out:
 /* Examples in a step: order[pos..] of the epoch's permutation, a function of (seed, epoch). */
 static void epoch_order(int64_t *order, int64_t n, uint64_t seed, int64_t epoch) {
     ff_rng r;
-    ff_rng_seed(&r, seed * 0x9e3779b97f4a7c15ULL + (uint64_t)epoch);
+    ff_rng_seed(&r, seed * FF_SPLITMIX64_GAMMA + (uint64_t)epoch);
     for (int64_t i = 0; i < n; i++) order[i] = i;
     for (int64_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
         int64_t j = (int64_t)ff_rng_below(&r, (uint64_t)(i + 1));

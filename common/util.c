@@ -62,10 +62,16 @@ void ff_log(ff_log_level level, const char *fmt, ...) {
 /* ---- random numbers -------------------------------------------------------------------- */
 
 static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    uint64_t z = (*x += FF_SPLITMIX64_GAMMA);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
+}
+
+uint64_t ff_hash_fnv1a(const void *p, size_t n, uint64_t h) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL; /* the 64-bit FNV prime */
+    return h;
 }
 
 uint64_t ff_seed_stream(uint64_t seed, uint64_t a, uint64_t b) {

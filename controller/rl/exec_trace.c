@@ -186,7 +186,7 @@ int ex_trace_write(ex_trace *t, ff_controller *c, const char *path) {
         return ff_error_set(path, NULL, "out of memory");
     }
     for (size_t q = 0; q < nj; q++) {
-        size_t h = (size_t)(jobs[q] * 0x9e3779b97f4a7c15ULL) % map_cap;
+        size_t h = (size_t)(ff_hash_fnv1a(&jobs[q], sizeof jobs[q], FF_HASH_FNV1A_INIT) % map_cap);
         bool dup = false;
         for (; map[h]; h = (h + 1) % map_cap) dup |= jobs[map[h] - 1] == jobs[q];
         if (!dup) map[h] = q + 1;
@@ -229,7 +229,7 @@ int ex_trace_write(ex_trace *t, ff_controller *c, const char *path) {
             const path_rec *r = w ? b : a;
             slice_at *s = w ? &sb : &sa;
             if (r->job) {
-                for (size_t h = (size_t)(r->job * 0x9e3779b97f4a7c15ULL) % map_cap; map[h]; h = (h + 1) % map_cap)
+                for (size_t h = (size_t)(ff_hash_fnv1a(&r->job, sizeof r->job, FF_HASH_FNV1A_INIT) % map_cap); map[h]; h = (h + 1) % map_cap)
                     if (jobs[map[h] - 1] == r->job) {
                         *s = at[map[h] - 1];
                         break;
@@ -243,7 +243,7 @@ int ex_trace_write(ex_trace *t, ff_controller *c, const char *path) {
         uint64_t key = (a->job ? a->job : (uint64_t)a->local + ((uint64_t)1 << 50)) * 1000003u ^
                        (b->job ? b->job : (uint64_t)b->local + ((uint64_t)1 << 50));
         if (!key) key = 1;
-        size_t h = (size_t)(key * 0x9e3779b97f4a7c15ULL) % seen_cap;
+        size_t h = (size_t)(ff_hash_fnv1a(&key, sizeof key, FF_HASH_FNV1A_INIT) % seen_cap);
         bool dup = false;
         while (seen[h]) {
             if (seen[h] == key) {

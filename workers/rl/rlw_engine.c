@@ -557,10 +557,8 @@ int rlw_digest(rlw *s, unsigned role, uint64_t *hash, double *sum) {
     float *buf = ff_malloc((size_t)n * sizeof *buf);
     if (!buf) return -1;
     ff_model_read_params(m, buf);
-    uint64_t h = 1469598103934665603ULL;
+    uint64_t h = ff_hash_fnv1a(buf, (size_t)n * sizeof *buf, FF_HASH_FNV1A_INIT);
     double acc = 0;
-    const unsigned char *b = (const unsigned char *)buf;
-    for (size_t i = 0; i < (size_t)n * sizeof *buf; i++) h = (h ^ b[i]) * 1099511628211ULL;
     for (int64_t i = 0; i < n; i++) acc += buf[i];
     free(buf);
     *hash = h;
