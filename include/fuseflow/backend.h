@@ -33,6 +33,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef struct ff_backend ff_backend; /* a device and its kernels */
 typedef struct ff_buffer ff_buffer;   /* one allocation in device memory */
@@ -99,6 +100,7 @@ ff_backend *ff_stream_backend(const ff_stream *s);
 /* Wait until all work on s is done. 0, or -1 + error if a kernel failed (device errors). */
 int ff_stream_sync(ff_stream *s);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -47,6 +47,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 struct ev_loop;
 typedef struct ff_controller ff_controller;
@@ -254,6 +255,7 @@ int ff_controller_trace_write(const ff_controller *c, const char *path);
  * longest chain of dependent jobs, printed to out (as JSON with json=true). 0 / -1. */
 int ff_trace_summary(const char *path, FILE *out, bool json);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -24,6 +24,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef enum { FF_NO_TRANS = 0, FF_TRANS = 1 } ff_trans;
 
@@ -145,6 +146,7 @@ typedef struct ff_sample_params {
 void ff_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
                ff_dptr logprob);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -30,6 +30,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 struct ff_tokenizer;
 
@@ -101,6 +102,7 @@ void ff_atomic_dir_abort(const char *tmp);
 /* rm -r PATH (symlinks are removed, not followed). 0 or -1 + error. */
 int ff_remove_tree(const char *path);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* ---- sizes ----------------------------------------------------------------------------- */
 /* Bytes of a buffer that holds a file path, the NUL included: Linux's PATH_MAX, the longest
@@ -89,6 +90,7 @@ int ff_mkdirs(const char *path);
  * the count and a malloc'd list in *steps (the caller frees it; NULL when the count is 0). */
 int ff_checkpoint_steps(const char *out_dir, int64_t **steps);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif
