@@ -97,7 +97,8 @@ void ff_memset_zero(ff_stream *s, ff_dptr dst, size_t bytes);
 ff_stream *ff_stream_new(ff_backend *be); /* NULL + error */
 void ff_stream_destroy(ff_stream **s);
 ff_backend *ff_stream_backend(const ff_stream *s);
-/* Wait until all work on s is done. 0, or -1 + error if a kernel failed (device errors). */
+/* Wait until all work on s is done. 0, or -1 + error if a kernel failed since the last sync
+ * (device errors; memory a kernel needed): kernels return nothing, the stream remembers. */
 int ff_stream_sync(ff_stream *s);
 
 #pragma GCC visibility pop

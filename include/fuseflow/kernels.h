@@ -114,7 +114,8 @@ void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_tem
 void ff_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n);
 /* x[i] *= alpha. */
 void ff_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha);
-/* sum_i x[i]^2 accumulated in double; waits for the stream (a host value). */
+/* sum_i x[i]^2 accumulated in double; waits for the stream (a host value). NaN when the
+ * kernel could not run (then ff_stream_sync says why). */
 double ff_sumsq(ff_stream *s, ff_dptr x, int64_t n);
 
 /* One AdamW update (PyTorch's torch.optim.AdamW, decoupled weight decay) of n parameters:
