@@ -29,6 +29,9 @@ import tempfile
 # What the linker defines in every executable or shared object: not the API's.
 LINKER_SYMBOLS = {"_init", "_fini", "_edata", "_end", "__bss_start", "_start", "_IO_stdin_used", "data_start",
                   "__data_start", "__dso_handle", "_DYNAMIC", "_GLOBAL_OFFSET_TABLE_"}
+# What the sanitizers' instrumentation adds to a sanitized build (ODR indicators of exported
+# variables, runtime flags): not the API's either.
+SANITIZER_PREFIXES = ("__asan", "__odr_asan", "__ubsan", "__lsan", "__sanitizer")
 
 problems = []
 
@@ -90,7 +93,8 @@ def exports(path, what):
     names = set()
     for line in r.stdout.splitlines():
         parts = line.split()
-        if len(parts) >= 3 and "@" not in parts[2] and parts[2] not in LINKER_SYMBOLS:
+        if (len(parts) >= 3 and "@" not in parts[2] and parts[2] not in LINKER_SYMBOLS and
+                not parts[2].startswith(SANITIZER_PREFIXES)):
             names.add(parts[2])  # name@VERSION: libc data copied into an executable
     return names
 

@@ -18,9 +18,9 @@ fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
 [[ -f "$LIB" ]] || { echo "no $LIB (build the fuseflow target)" >&2; exit 1; }
 CXX=()
 if command -v g++ > /dev/null; then CXX=(--cxx g++); else echo "note: no g++, the C++ half is not checked"; fi
-CFLAGS=(--cflags "")
+CFLAGS=(--cflags=)
 # a sanitized library needs its runtime in the program that links it
-[[ "${FF_SANITIZED:-0}" == "1" ]] && CFLAGS=(--cflags "-fsanitize=address,undefined")
+[[ "${FF_SANITIZED:-0}" == "1" ]] && CFLAGS=(--cflags=-fsanitize=address,undefined)
 
 "$PY" "$check" --include "$SRC/include" --lib "$LIB" --exe "$BIN" "${CXX[@]}" "${CFLAGS[@]}" --tmp "$TMP/real" > "$TMP/out" 2>&1
 rc=$?

@@ -6,9 +6,10 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "tests/model/model_test_util.h"
 
-/* Under ASan an absurd malloc must return NULL (as glibc's does), not stop the test. */
-const char *__asan_default_options(void);
-const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+/* Under ASan an absurd malloc must return NULL (as glibc's does), not stop the test. The
+ * runtime finds this hook in the dynamic symbol table, so it must not be hidden. */
+__attribute__((visibility("default"))) const char *__asan_default_options(void);
+__attribute__((visibility("default"))) const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
 #define OOM "out of memory for 4611686018427387904 bytes of kernel scratch"
 
