@@ -1,5 +1,6 @@
-/* fuseflow: small shared utilities: clocks, logging, a seeded random generator, checked
- * allocation. Nothing here knows about models, messages or graphs. */
+/* fuseflow: small shared utilities: path sizes, clocks, logging, a seeded random generator
+ * and seed streams, hashing, checked allocation, files. Nothing here knows about models,
+ * messages or graphs. */
 #ifndef FUSEFLOW_UTIL_H
 #define FUSEFLOW_UTIL_H
 
