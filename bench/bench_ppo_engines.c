@@ -286,7 +286,7 @@ int main(int argc, char **argv) {
 
     char tmp[] = "/tmp/ff_bench_ppo_XXXXXX";
     if (!mkdtemp(tmp)) return fprintf(stderr, "bench_ppo_engines: cannot make a temporary folder\n"), 1;
-    char model_tmp[4200], prompts_path[4200];
+    char model_tmp[FF_PATH_MAX], prompts_path[FF_PATH_MAX];
     snprintf(model_tmp, sizeof model_tmp, "%s/model", tmp);
     snprintf(prompts_path, sizeof prompts_path, "%s/prompts.jsonl", tmp);
     if (!model_dir) {
@@ -384,7 +384,7 @@ int main(int argc, char **argv) {
             printf("pytorch stages (median iteration): %s", torch_s == a ? stages : st2);
         }
     }
-    char rmcmd[4200];
+    char rmcmd[FF_PATH_MAX];
     snprintf(rmcmd, sizeof rmcmd, "rm -rf '%s'", tmp);
     if (system(rmcmd) != 0) fprintf(stderr, "bench_ppo_engines: could not remove %s\n", tmp);
     if (torch_s > 0)

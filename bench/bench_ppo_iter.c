@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_ppo_iter: --reps >= 1, --threads >= 1, --batch a multiple of 4\n");
         return 2;
     }
-    char self[4096], bin[4200];
+    char self[FF_PATH_MAX], bin[FF_PATH_MAX];
     if (!ffbin) { /* the fuseflow binary next to this one (both live in the build folder) */
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
         self[n > 0 ? n : 0] = 0;
@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     if (!srcdir) srcdir = ".";
     char dir[] = "/tmp/ff_bench_ppo_XXXXXX";
     if (!mkdtemp(dir)) return 1;
-    char cmd[16384], path[8192], mdir[4096];
+    char cmd[16384], path[8192], mdir[FF_PATH_MAX];
     if (!model) {
         snprintf(mdir, sizeof mdir, "%s/tiny", dir);
         snprintf(cmd, sizeof cmd, "%s init --preset tiny --out %s > /dev/null", ffbin, mdir);

@@ -34,6 +34,11 @@
 #include "fuseflow/tokenizer.h"
 #include "fuseflow/util.h"
 
+/* The ff_train_batch_opts seeds of the two trained roles (ff_seed_stream's b, a: iteration):
+ * their own streams, apart from the prompts' sampling seeds (b: the prompt's index). */
+#define SEED_TAG_CRITIC_TRAIN (1u << 30)
+#define SEED_TAG_ACTOR_TRAIN (1u << 31)
+
 static void die(const char *what) {
     fprintf(stderr, "bench_rl_arith: %s: %s\n", what, ff_error_message());
     exit(1);
@@ -305,11 +310,11 @@ int main(int argc, char **argv) {
         ff_train_metrics cm = {0}, am = {0};
         if (trc) {
             ff_train_batch_opts o = {(int32_t)(tc->train.mini_batch_size * N), (int32_t)tc->train.micro_batch_size, 0,
-                                     (int32_t)tc->train.epochs, tc->train.shuffle, ff_seed_stream(seed, (uint64_t)it, 1u << 30)};
+                                     (int32_t)tc->train.epochs, tc->train.shuffle, ff_seed_stream(seed, (uint64_t)it, SEED_TAG_CRITIC_TRAIN)};
             if (ff_trainer_train_batch(trc, smp, (int32_t)S, &o, &cm)) die("critic training");
         }
         ff_train_batch_opts o = {(int32_t)(ta->train.mini_batch_size * N), (int32_t)ta->train.micro_batch_size, 0,
-                                 (int32_t)ta->train.epochs, ta->train.shuffle, ff_seed_stream(seed, (uint64_t)it, 1u << 31)};
+                                 (int32_t)ta->train.epochs, ta->train.shuffle, ff_seed_stream(seed, (uint64_t)it, SEED_TAG_ACTOR_TRAIN)};
         if (ff_trainer_train_batch(tra, smp, (int32_t)S, &o, &am)) die("actor training");
         if (ff_rollout_sync_weights(ro, actor)) die("weight sync");
         int64_t t3 = ff_now_ns();

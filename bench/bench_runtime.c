@@ -26,7 +26,7 @@
 
 extern char **environ;
 
-static char self[4096];
+static char self[FF_PATH_MAX];
 
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;

@@ -42,7 +42,7 @@ static size_t make_doc(ff_rng *r, char *out, size_t cap) {
 
 int main(int argc, char **argv) {
     const char *src = getenv("FF_SOURCE_DIR");
-    char path[4096];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/tests/modelio/data/tok_llama3.json", src ? src : ".");
     const char *tok_path = path;
     double mb = 4;

@@ -50,7 +50,7 @@ static int set_add(u64set *s, uint64_t key) { /* 1 added, 0 present, -1 oom */
         if (!v) return -1;
         for (size_t i = 0; i < s->cap; i++)
             if (s->v[i]) {
-                size_t j = (s->v[i] * 0x9e3779b97f4a7c15ULL) >> 20 & (cap - 1);
+                size_t j = ff_hash_fnv1a(&s->v[i], sizeof s->v[i], FF_HASH_FNV1A_INIT) & (cap - 1);
                 while (v[j]) j = (j + 1) & (cap - 1);
                 v[j] = s->v[i];
             }
@@ -59,7 +59,7 @@ static int set_add(u64set *s, uint64_t key) { /* 1 added, 0 present, -1 oom */
         s->cap = cap;
     }
     key++;
-    size_t j = (key * 0x9e3779b97f4a7c15ULL) >> 20 & (s->cap - 1);
+    size_t j = ff_hash_fnv1a(&key, sizeof key, FF_HASH_FNV1A_INIT) & (s->cap - 1);
     while (s->v[j]) {
         if (s->v[j] == key) return 0;
         j = (j + 1) & (s->cap - 1);
@@ -72,7 +72,7 @@ static int set_add(u64set *s, uint64_t key) { /* 1 added, 0 present, -1 oom */
 static bool set_has(const u64set *s, uint64_t key) {
     if (!s->cap) return false;
     key++;
-    size_t j = (key * 0x9e3779b97f4a7c15ULL) >> 20 & (s->cap - 1);
+    size_t j = ff_hash_fnv1a(&key, sizeof key, FF_HASH_FNV1A_INIT) & (s->cap - 1);
     while (s->v[j]) {
         if (s->v[j] == key) return true;
         j = (j + 1) & (s->cap - 1);
@@ -157,7 +157,7 @@ static int run_arith(int argc, char **argv) {
     ff_rng_seed(&rng, (uint64_t)seed);
     u64set test_keys = {0};
     ff_atomic_file ft, fr;
-    char path[4096], prompt[64], answer[64];
+    char path[FF_PATH_MAX], prompt[64], answer[64];
     int rc = 1;
     snprintf(path, sizeof path, "%s/test.jsonl", out);
     if (ff_atomic_file_begin(&ft, path) != 0) {

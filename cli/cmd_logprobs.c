@@ -58,7 +58,7 @@ static seq *read_input(const char *path, const ff_model_config *cfg, const ff_to
     size_t n = 0, cap = 0;
     json_t *o = NULL;
     int got;
-    char where[4200];
+    char where[FF_PATH_MAX];
     while ((got = ff_jsonl_next(r, &o)) == 1) {
         snprintf(where, sizeof where, "%s:%d", path, ff_jsonl_line(r));
         if (n == cap) {
@@ -192,7 +192,7 @@ int ff_cmd_logprobs(int argc, char **argv) {
     int rc = 1;
 
     if (ff_model_dir_load(model_dir, &cfg, &w) != 0) goto out;
-    char tp[4096];
+    char tp[FF_PATH_MAX];
     snprintf(tp, sizeof tp, "%s/tokenizer.json", model_dir);
     FILE *tf = fopen(tp, "r");
     if (tf) {

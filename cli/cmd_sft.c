@@ -143,7 +143,7 @@ static int dataset_load(dataset *d, const char *path, const ff_tokenizer *tok, c
     size_t cap_ex = 0, cap_tok = 0, n_tok = 0;
     json_t *o = NULL;
     int got = 0, rc = -1;
-    char where[4200];
+    char where[FF_PATH_MAX];
     int32_t *p = NULL, *q = NULL;
     while (d->n < limit && (got = ff_jsonl_next(r, &o)) == 1) {
         snprintf(where, sizeof where, "%s:%d", path, ff_jsonl_line(r));
@@ -226,7 +226,7 @@ out:
 /* Examples in a step: order[pos..] of the epoch's permutation, a function of (seed, epoch). */
 static void epoch_order(int64_t *order, int64_t n, uint64_t seed, int64_t epoch) {
     ff_rng r;
-    ff_rng_seed(&r, seed * 0x9e3779b97f4a7c15ULL + (uint64_t)epoch);
+    ff_rng_seed(&r, seed * FF_SPLITMIX64_GAMMA + (uint64_t)epoch);
     for (int64_t i = 0; i < n; i++) order[i] = i;
     for (int64_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
         int64_t j = (int64_t)ff_rng_below(&r, (uint64_t)(i + 1));
@@ -407,7 +407,7 @@ typedef struct trainer_state {
 } trainer_state;
 
 static int save_checkpoint(const settings *s, ff_model *m, ff_optimizer *opt, const ff_tokenizer *tok, const trainer_state *ts, int64_t n_train) {
-    char dir[4096], tmp[4200], path[4300];
+    char dir[FF_PATH_MAX], tmp[FF_PATH_MAX], path[FF_PATH_MAX];
     snprintf(dir, sizeof dir, "%s/checkpoints/step-%08lld", s->out, (long long)ts->step);
     if (ff_atomic_dir_begin(dir, tmp, sizeof tmp) != 0) return -1;
     ff_tensor_set *w = ff_tensor_set_new(), *os = ff_tensor_set_new();
@@ -439,7 +439,7 @@ static void prune_checkpoints(const settings *s) {
     int64_t *steps;
     int n = ff_checkpoint_steps(s->out, &steps);
     for (int i = 0; i + s->keep < n; i++) {
-        char dir[4200];
+        char dir[FF_PATH_MAX];
         snprintf(dir, sizeof dir, "%s/checkpoints/step-%08lld", s->out, (long long)steps[i]);
         if (ff_remove_tree(dir) != 0) ff_warn("%s", ff_error_message());
     }
@@ -447,7 +447,7 @@ static void prune_checkpoints(const settings *s) {
 }
 
 static int load_trainer_state(const char *dir, trainer_state *ts, const settings *s, int64_t n_train) {
-    char path[4200];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     json_error_t err;
     json_t *j = json_load_file(path, 0, &err);
@@ -543,7 +543,7 @@ int ff_cmd_sft(int argc, char **argv) {
     int rc = 1;
     trainer_state ts = {0, 0, 0, 0};
     const char *model_dir;
-    char path[4200], ck[4200] = "";
+    char path[FF_PATH_MAX], ck[FF_PATH_MAX] = "";
 
     if (!y || ff_config_apply_overrides(y, n_over, overrides) != 0 || read_settings(y, &s) != 0) goto out;
     model_dir = s.model;

@@ -55,7 +55,7 @@ int ff_jsonl_next(ff_jsonl *r, json_t **out) {
         if ((ssize_t)skip == n) continue;
         json_error_t err;
         json_t *j = json_loadb(r->buf, (size_t)n, JSON_REJECT_DUPLICATES, &err);
-        char where[4200];
+        char where[FF_PATH_MAX];
         snprintf(where, sizeof where, "%s:%d", r->path, r->line);
         if (!j) return ff_error_set(where, "each line must be one complete JSON object", "malformed JSON at column %d: %s", err.column, err.text);
         if (!json_is_object(j)) {

@@ -63,10 +63,16 @@ void ff_log(ff_log_level level, const char *fmt, ...) {
 /* ---- random numbers -------------------------------------------------------------------- */
 
 static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    uint64_t z = (*x += FF_SPLITMIX64_GAMMA);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
+}
+
+uint64_t ff_hash_fnv1a(const void *p, size_t n, uint64_t h) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL; /* the 64-bit FNV prime */
+    return h;
 }
 
 uint64_t ff_seed_stream(uint64_t seed, uint64_t a, uint64_t b) {
@@ -182,7 +188,7 @@ char *ff_read_file(const char *path, size_t *len) {
 }
 
 int ff_write_file_atomic(const char *path, const void *data, size_t len) {
-    char tmp[4096];
+    char tmp[FF_PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return ff_error_set(tmp, "check that the folder exists and is writable", "cannot create: %s", strerror(errno));
@@ -214,7 +220,7 @@ int ff_write_file_atomic(const char *path, const void *data, size_t len) {
 }
 
 int ff_mkdirs(const char *path) {
-    char buf[4096];
+    char buf[FF_PATH_MAX];
     size_t n = strlen(path);
     if (n == 0 || n >= sizeof buf) return ff_error_set(path, NULL, "bad directory path");
     memcpy(buf, path, n + 1);
@@ -233,7 +239,7 @@ int ff_mkdirs(const char *path) {
 }
 
 int ff_checkpoint_steps(const char *out_dir, int64_t **steps) {
-    char dir[4096];
+    char dir[FF_PATH_MAX];
     snprintf(dir, sizeof dir, "%s/checkpoints", out_dir);
     *steps = NULL;
     DIR *d = opendir(dir);

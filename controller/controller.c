@@ -114,8 +114,7 @@ void u64map_free(u64map *m) {
 }
 
 static uint64_t peer_hash(const uint8_t *p, size_t n) {
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    uint64_t h = ff_hash_fnv1a(p, n, FF_HASH_FNV1A_INIT);
     if (h == MAP_EMPTY || h == MAP_DEAD) h = 1;
     return h;
 }

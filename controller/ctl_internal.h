@@ -13,6 +13,7 @@
 #include "fuseflow/controller.h"
 #include "fuseflow/error.h"
 #include "fuseflow/msgs.h"
+#include "fuseflow/util.h"
 
 /* ---- a u64 -> pointer map (open addressing, linear probing, tombstones) ------------------ */
 typedef struct u64map {
@@ -196,7 +197,7 @@ void trace_free(ctl_trace *t);
 struct ff_controller {
     ff_controller_opts o;
     char endpoint[1024], bound[1024], ipc_path[1024];
-    char worker_bin[4096], worker_key[4096], worker_log[32], trace_path[4096];
+    char worker_bin[FF_PATH_MAX], worker_key[FF_PATH_MAX], worker_log[32], trace_path[FF_PATH_MAX];
     void *ctx, *sock;
     struct ev_loop *loop;
     bool own_loop;

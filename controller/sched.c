@@ -893,11 +893,16 @@ static void group_unlink_members(ff_controller *c, ctl_group *g, int gi) {
     }
 }
 
+/* ff_group_opts.timeout_s's default: a group's setup connects every pair of members (TCP, shared
+ * memory) and a collective may wait on the slowest rank's compute, so this is generous; a
+ * hung member still fails the call instead of blocking it for good. */
+#define GROUP_TIMEOUT_DEFAULT_S 60
+
 int ff_controller_group_create(ff_controller *c, const char *name, const int *ranks, int n, const ff_group_opts *o) {
     ff_group_opts d = {0};
     if (!o) o = &d;
     const char *backend = o->backend && o->backend[0] ? o->backend : "none";
-    double timeout_s = o->timeout_s > 0 ? o->timeout_s : 60;
+    double timeout_s = o->timeout_s > 0 ? o->timeout_s : GROUP_TIMEOUT_DEFAULT_S;
     if (!name || !name[0] || strlen(name) >= FF_MSG_NAME_MAX)
         return ff_error_set("group", NULL, "names are 1 to %d bytes", FF_MSG_NAME_MAX - 1);
     if (strcmp(backend, "none") && strcmp(backend, "cpu") && strcmp(backend, "nccl"))

@@ -27,8 +27,7 @@
 
 /* ---- recording ------------------------------------------------------------------------------ */
 static uint64_t str_hash(const char *s) {
-    uint64_t h = 1469598103934665603ULL;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    uint64_t h = ff_hash_fnv1a(s, strlen(s), FF_HASH_FNV1A_INIT);
     return h == 0 || h == UINT64_MAX ? 1 : h;
 }
 

@@ -332,7 +332,7 @@ static int read_graph(ff_run_config *run) {
 static int load_plugins(ff_run_config *run, ff_registry *reg) {
     for (size_t i = 0; i < run->trainer.n_plugins; i++) {
         const char *p = run->trainer.plugins[i];
-        char buf[4096];
+        char buf[FF_PATH_MAX];
         struct stat st;
         if (p[0] != '/' && stat(p, &st) != 0 && run->path) {
             char *copy = ff_strdup(run->path);
@@ -427,7 +427,7 @@ int ff_run_config_check_files(const ff_run_config *run) {
     for (int r = 1; r < FF_ROLE_COUNT; r++) {
         const ff_role_cfg *rc = &run->roles[r];
         if (!rc->present || !rc->model) continue;
-        char cfgjson[4096];
+        char cfgjson[FF_PATH_MAX];
         snprintf(cfgjson, sizeof cfgjson, "%s/config.json", rc->model);
         if (stat(cfgjson, &st) == 0) continue;
         char key[64];

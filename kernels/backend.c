@@ -151,14 +151,23 @@ void ff_stream_destroy(ff_stream **ps) {
     *ps = NULL;
 }
 ff_backend *ff_stream_backend(const ff_stream *s) { return s->be; }
-int ff_stream_sync(ff_stream *s) { return s->be->ops->stream_sync(s); }
+int ff_stream_sync(ff_stream *s) {
+    int rc = s->be->ops->stream_sync(s);
+    if (!s->error[0]) return rc;
+    ff_error_set(NULL, NULL, "%s", s->error);
+    s->error[0] = '\0';
+    return -1;
+}
+void ff_stream_fail(ff_stream *s) {
+    if (!s->error[0]) snprintf(s->error, sizeof s->error, "%s", ff_error_message()); /* the first failure */
+}
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 
 /* FF_PROFILE_KERNELS=1: wall time per kernel (after a stream sync), printed to stderr when
  * the backend is destroyed. Off by default; then it costs one branch per kernel. */
 static void prof_add(ff_backend *be, const char *name, int64_t t0) {
-    ff_stream_sync(be->stream);
+    be->ops->stream_sync(be->stream); /* the wait alone: a kernel's failure stays for the caller's sync */
     int64_t dt = ff_now_ns() - t0;
     int i = 0;
     while (i < be->n_prof && be->prof[i].name != name) i++;

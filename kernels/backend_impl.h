@@ -80,7 +80,12 @@ struct ff_buffer {
 struct ff_stream {
     ff_backend *be;
     void *impl;
+    char error[512]; /* a kernel's failure (kernels return nothing): the next ff_stream_sync reports and clears it */
 };
+
+/* Keep the current error message (ff_error_message) as the stream's failure, for the next
+ * ff_stream_sync to return: how a kernel that cannot run (out of memory) fails. */
+void ff_stream_fail(ff_stream *s);
 
 /* Finish a backend whose ops, name, n_threads and impl are set: create its default
  * stream. 0 or -1 + error (the backend is then destroyed and *pbe NULLed). */

@@ -82,6 +82,7 @@ int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats) {
     ff_stream *st = m->st;
     int64_t n = m->n_params;
     double norm = sqrt(ff_sumsq(st, ff_dptr_of(m->grads, 0), n));
+    if (ff_stream_sync(st)) return -1; /* a failed kernel, not a NaN gradient */
     int64_t k = o->step + 1;
     double lr = ff_adamw_lr_at(&o->c, k);
     double coef = 1.0;

@@ -163,7 +163,7 @@ int ff_curve_keygen(const char *dir) {
         return ff_error_set("keygen", "install a libzmq built with libsodium", "zmq_curve_keypair: %s",
                             zmq_strerror(errno));
     if (ff_mkdirs(dir) != 0) return -1;
-    char path[4096], text[1024];
+    char path[FF_PATH_MAX], text[1024];
     snprintf(path, sizeof path, "%s/controller.key", dir);
     snprintf(text, sizeof text,
              "# fuseflow CURVE keys, controller side. Secret: keep it on the controller's host only.\n"

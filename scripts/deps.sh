@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
 # Installs what fuseflow builds and tests with, from Debian 12 packages. Run as root (or with
 # sudo available). `--bench` adds what the benchmarks compare against (PyTorch, numpy).
+# The package manager's output goes to a log (FF_DEPS_LOG, else a new /tmp/fuseflow-deps.*
+# file): here one line per step, and the log's last lines and its path when a step fails.
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 pkgs=(build-essential cmake pkg-config clang libomp-dev
       libopenblas-dev libzmq3-dev libmsgpack-dev libev-dev libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev libpng-dev
       python3 python3-zmq python3-msgpack iproute2 procps)
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(python3-torch python3-numpy)
 fi
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then SUDO=(sudo); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if (( ${#missing[@]} )); then
-  echo "deps: installing ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  echo "deps: all installed"
+if (( ${#missing[@]} == 0 )); then
+  echo "deps: all ${#pkgs[@]} packages installed"
+  exit 0
 fi
+log=${FF_DEPS_LOG:-$(mktemp -t fuseflow-deps.XXXXXX)}
+echo "deps: installing ${#missing[@]} of ${#pkgs[@]} packages (${missing[*]}); the output goes to $log"
+ff_step "$log" "deps: apt-get update" "${SUDO[@]}" apt-get update
+ff_step "$log" "deps: apt-get install" "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y --no-install-recommends "${missing[@]}"

@@ -5,12 +5,17 @@
 # PPO with `fuseflow run` lift it (to about 90% on the development machine). Last, the
 # greedy answers of the SFT start and of the two RL models to a few problems. Everything it
 # writes goes under runs/demo (ignored by git). Not here: SFT alone (README: "Models, data,
-# SFT, generation").
+# SFT, generation"). The installer's and the compiler's output go to logs (one line per step
+# here; a failed step shows the log's last lines and its path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 bash scripts/deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null
-cmake --build build -j"$(nproc)"
+mkdir -p build
+log=build/quickstart.log
+: > "$log"
+ff_step "$log" "build: configure" cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+ff_step "$log" "build: compile ($(nproc) jobs)" cmake --build build -j"$(nproc)"
 ff=./build/fuseflow
 
 OUT=runs/demo FF=$ff bash examples/arith_demo.sh

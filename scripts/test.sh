@@ -2,9 +2,11 @@
 # The test command: builds fuseflow twice (Release, and ASan+UBSan), runs the whole ctest
 # suite in each, then runs each libFuzzer target for a bounded time (FF_FUZZ_SECONDS, default
 # 60). Exits non-zero on the first failure. Skipped tests (no GPU, no network namespaces)
-# print why.
+# print why. First installs what is missing (scripts/deps.sh: one line per step, the installer's
+# output in a log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/deps.sh
 jobs=$(nproc)
 fuzz_seconds=${FF_FUZZ_SECONDS:-60}
 

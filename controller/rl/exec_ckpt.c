@@ -23,6 +23,8 @@
 #include "fuseflow/modelio.h"
 #include "fuseflow/util.h"
 
+_Static_assert(FF_PATH_MAX >= PATH_MAX, "realpath() writes up to PATH_MAX bytes");
+
 int ex_ckpt_find(const char *out_dir, char *dir, size_t cap, int64_t *iteration) {
     int64_t *steps;
     int n = ff_checkpoint_steps(out_dir, &steps);
@@ -37,7 +39,7 @@ static void prune(const char *out_dir, int keep) {
     int64_t *steps;
     int n = ff_checkpoint_steps(out_dir, &steps);
     for (int i = 0; i < n - keep; i++) {
-        char dir[4096];
+        char dir[FF_PATH_MAX];
         snprintf(dir, sizeof dir, "%s/checkpoints/step-%08" PRId64, out_dir, steps[i]);
         ff_remove_tree(dir);
     }
@@ -45,7 +47,7 @@ static void prune(const char *out_dir, int keep) {
 }
 
 int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at) {
-    char dir[4096], tmp[4200], abs_out[PATH_MAX];
+    char dir[FF_PATH_MAX], tmp[FF_PATH_MAX], abs_out[FF_PATH_MAX];
     if (!realpath(x->run->trainer.out_dir, abs_out)) return ff_error_set(x->run->trainer.out_dir, NULL, "the output folder is gone");
     snprintf(dir, sizeof dir, "%s/checkpoints/step-%08" PRId64, abs_out, iteration);
     if (ff_atomic_dir_begin(dir, tmp, sizeof tmp) != 0) return -1;
@@ -82,7 +84,7 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at) {
     json_object_set_new(st, "kl_coef", kl);
     char *text = json_dumps(st, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(st);
-    char path[4300];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/state.json", tmp);
     int rc = text ? ff_write_file_atomic(path, text, strlen(text)) : -1;
     free(text);
@@ -98,7 +100,7 @@ fail:
 }
 
 int ex_ckpt_load_state(ex_run *x, const char *dir) {
-    char path[4200];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/state.json", dir);
     json_error_t jerr;
     json_t *st = json_load_file(path, 0, &jerr);
@@ -162,7 +164,7 @@ int ex_metrics_truncate(const char *path, int64_t iteration) {
 }
 
 int ex_metrics_append(ex_run *x, json_t *m) {
-    char path[4200];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/metrics.jsonl", x->run->trainer.out_dir);
     FILE *f = fopen(path, "a");
     if (!f) return ff_error_set(path, NULL, "cannot append metrics");

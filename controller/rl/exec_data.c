@@ -44,7 +44,7 @@ int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, c
     json_t *o;
     int rc;
     while ((rc = ff_jsonl_next(r, &o)) == 1) {
-        char where[4200];
+        char where[FF_PATH_MAX];
         snprintf(where, sizeof where, "%s:%d", path, ff_jsonl_line(r));
         json_t *p = json_object_get(o, pk), *a = json_object_get(o, ak);
         if (!json_is_string(p)) {
@@ -126,7 +126,7 @@ static void permute(ex_order *o) {
     for (int64_t i = 0; i < o->n; i++) o->perm[i] = i;
     if (!o->shuffle) return;
     ff_rng r;
-    ff_rng_seed(&r, o->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)o->epoch);
+    ff_rng_seed(&r, o->seed * FF_SPLITMIX64_GAMMA + (uint64_t)o->epoch);
     for (int64_t i = o->n - 1; i > 0; i--) {
         int64_t j = (int64_t)ff_rng_below(&r, (uint64_t)i + 1), t = o->perm[i];
         o->perm[i] = o->perm[j];

@@ -25,6 +25,7 @@
 #include "fuseflow/registry.h"
 #include "fuseflow/rl_protocol.h"
 #include "fuseflow/tokenizer.h"
+#include "fuseflow/util.h"
 
 #define EX_MAX_RANKS 256
 #define EX_MAX_COLS 64
@@ -168,7 +169,7 @@ struct ex_run {
     int64_t iteration;   /* last completed */
     char failed[1024];   /* first fatal error, "" while fine */
     bool stop_now;
-    char last_ckpt[4096];
+    char last_ckpt[FF_PATH_MAX];
     int64_t last_ckpt_iter; /* -1: none */
     int64_t updates[2];  /* total optimizer steps of the run: actor, critic */
     double eval_time_s;

@@ -962,7 +962,7 @@ void ex_check_workers(ex_run *x) {
         ex_trace_lost(x, r, wi.dead_reason[0] ? wi.dead_reason : "gone");
         unsigned roles = x->rank_roles[r];
         if (roles & (FF_RL_ACTOR | FF_RL_CRITIC)) {
-            char hint[4200];
+            char hint[FF_PATH_MAX];
             if (x->last_ckpt[0])
                 snprintf(hint, sizeof hint, "resume from %s with `fuseflow run %s --resume` (same overrides)", x->last_ckpt,
                          x->o.config);

@@ -63,7 +63,7 @@ static int check_context(ex_run *x) {
     for (int r = FF_ROLE_ACTOR; r < FF_ROLE_COUNT; r++) {
         const ff_role_cfg *rc = &run->roles[r];
         if (!rc->present || !rc->model || !ex_role_used(x, (ff_role)r)) continue;
-        char path[4200], w[300];
+        char path[FF_PATH_MAX], w[300];
         snprintf(path, sizeof path, "%s/config.json", rc->model);
         ff_model_config mc;
         if (ff_hf_config_load(path, &mc) != 0) return ff_error_wrap("roles.%s.model", role_key[r]);

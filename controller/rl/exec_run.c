@@ -28,10 +28,26 @@
 #include "fuseflow/reward_client.h"
 #include "fuseflow/util.h"
 
+/* The run's waits on its workers, in seconds.
+ * WORKER_SILENT_S: a worker silent this long is dead (ff_exec_opts.worker_timeout_s's
+ *   default): twenty of the controller's 0.5 s heartbeats, so a worker starved for a moment
+ *   on a loaded machine is not taken for dead.
+ * WORKER_START_S: for the local workers to say hello. A worker execs the command and loads
+ *   nothing before it does, so this takes well under a second; the slack is for machines
+ *   busy with other jobs and for sanitized builds, without waiting forever on a broken start.
+ * WORKER_STOP_S: for the workers to exit before they are killed. A worker first finishes the
+ *   subtask it computes (a train step or a checkpoint of a large model takes seconds).
+ * GROUP_S: a group's setup and each of its collectives (the weight broadcast to the rollout
+ *   ranks moves a whole model). */
+#define WORKER_SILENT_S 10
+#define WORKER_START_S 60
+#define WORKER_STOP_S 20
+#define GROUP_S 120
+
 void ff_exec_opts_default(ff_exec_opts *o) {
     memset(o, 0, sizeof *o);
     o->progress = -1;
-    o->worker_timeout_s = 10;
+    o->worker_timeout_s = WORKER_SILENT_S;
 }
 
 static const ff_node *node_of(const ex_run *x, int m) { return ff_graph_node(x->run->graph, (size_t)m); }
@@ -156,7 +172,7 @@ static int make_groups(ex_run *x) {
         if (!x->pool_n[p]) continue;
         bool trained = (p == POOL_ACTOR && ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR)) ||
                        (p == POOL_CRITIC && ex_has_node(x, FF_OP_TRAIN, FF_ROLE_CRITIC));
-        ff_group_opts go = {.backend = trained && x->pool_n[p] > 1 ? "cpu" : "none", .timeout_s = 120};
+        ff_group_opts go = {.backend = trained && x->pool_n[p] > 1 ? "cpu" : "none", .timeout_s = GROUP_S};
         if (ff_controller_group_create(x->c, ex_pool_names[p], x->pool_ranks[p], x->pool_n[p], &go) != 0)
             return ff_error_wrap("worker group '%s'", ex_pool_names[p]);
     }
@@ -176,7 +192,7 @@ int ex_sync_group(ex_run *x) {
     const int *cur = ff_controller_group_ranks(x->c, "sync", &cur_n);
     if (!cur) ff_error_clear();
     if (cur && cur_n == n && !memcmp(cur, ranks, (size_t)n * sizeof *ranks)) return 0;
-    ff_group_opts go = {.backend = "cpu", .timeout_s = 120};
+    ff_group_opts go = {.backend = "cpu", .timeout_s = GROUP_S};
     if (ff_controller_group_create(x->c, "sync", ranks, n, &go) != 0) return ff_error_wrap("weight-sync group");
     return 0;
 }
@@ -437,7 +453,7 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
     } else if (ex_order_init(&x->order, x->train.n, (uint64_t)x->run->trainer.seed, x->run->data.shuffle, 0, 0) != 0) {
         return -1;
     }
-    char path[4200];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/metrics.jsonl", out);
     if (o->resume ? ex_metrics_truncate(path, x->iteration) != 0 : (unlink(path), 0)) return -1;
     snprintf(path, sizeof path, "%s/config.yaml", out);
@@ -459,13 +475,13 @@ static int start_workers(ex_run *x, const char *resume_dir) {
     ff_controller_opts_default(&co);
     co.worker_bin = x->o.worker_bin;
     co.worker_pgroup = true; /* Ctrl-C reaches us only; we save, then stop the workers */
-    co.timeout_s = x->o.worker_timeout_s > 0 ? x->o.worker_timeout_s : 10;
+    co.timeout_s = x->o.worker_timeout_s > 0 ? x->o.worker_timeout_s : WORKER_SILENT_S;
     co.trace = x->o.trace_path != NULL;
     co.worker_log = ff_log_get_level() <= FF_LOG_DEBUG ? "debug" : "warn";
     if (!(x->c = ff_controller_new(&co))) return -1;
     if (co.trace && !(x->tr = ex_trace_new(x->c))) return -1;
     if (ff_controller_spawn(x->c, x->nranks) < 0) return -1;
-    if (ff_controller_wait_workers(x->c, x->nranks, 60) != 0) return ff_error_wrap("starting %d workers", x->nranks);
+    if (ff_controller_wait_workers(x->c, x->nranks, WORKER_START_S) != 0) return ff_error_wrap("starting %d workers", x->nranks);
     if (make_groups(x) != 0) return -1;
     if (x->sync_group && ex_sync_group(x) != 0) return -1;
     if (init_workers(x, resume_dir[0] ? resume_dir : NULL) != 0) return -1;
@@ -492,7 +508,7 @@ static void describe(ex_run *x, const char *resume_dir) {
 
 static int loop(ex_run *x) {
     const ff_trainer_cfg *tc = &x->run->trainer;
-    char path[4200];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/samples.jsonl", tc->out_dir);
     if (tc->test_freq > 0 && x->val.n && x->iteration == 0) {
         double acc;
@@ -577,7 +593,7 @@ int ff_exec_run(const ff_exec_opts *o) {
     x->tty = o->progress == 1 || (o->progress < 0 && isatty(fileno(x->out)));
     char **over = NULL;
     int n_over = 0;
-    char resume_dir[4096] = "";
+    char resume_dir[FF_PATH_MAX] = "";
     int rc = -1;
     if (setup(x, &over, &n_over, resume_dir, sizeof resume_dir) != 0) goto out;
     describe(x, resume_dir);
@@ -594,7 +610,7 @@ out:;
     clear_line(x);
     if (x->cur) ex_iter_free(x, &x->cur);
     if (x->c) {
-        if (ff_controller_shutdown(x->c, 20) != 0 && rc >= 0) fprintf(x->out, "run: %s\n", ff_error_message());
+        if (ff_controller_shutdown(x->c, WORKER_STOP_S) != 0 && rc >= 0) fprintf(x->out, "run: %s\n", ff_error_message());
         while (x->jobs) ex_job_release(x, x->jobs);
         if (x->tr) {
             if (ff_controller_trace_write(x->c, o->trace_path) == 0) fprintf(x->out, "run: timeline written to %s\n", o->trace_path);

@@ -153,7 +153,7 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
         for (int64_t i = 0; i < n; i++) order[i] = t->samples[i];
         if (nd->train.shuffle) {
             ff_rng r;
-            ff_rng_seed(&r, ff_seed_stream((uint64_t)x->run->trainer.seed, (uint64_t)I->it, 0x7472000000ULL + (uint64_t)m * 1024 + (uint64_t)e));
+            ff_rng_seed(&r, ff_seed_stream((uint64_t)x->run->trainer.seed, (uint64_t)I->it, FF_SEED_TAG_TRAIN_ORDER + (uint64_t)m * 1024 + (uint64_t)e));
             for (int64_t i = n - 1; i > 0; i--) {
                 int64_t j = (int64_t)ff_rng_below(&r, (uint64_t)i + 1), v = order[i];
                 order[i] = order[j];

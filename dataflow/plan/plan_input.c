@@ -170,7 +170,7 @@ static int read_model(ff_cnode *r, const char *base_dir, ff_plan_model *m) {
     if (preset && config) return ff_error_set("model", "give one of them", "both a preset ('%s') and a config.json ('%s')", preset, config);
     if (preset && ff_plan_model_preset(preset, m)) return -1;
     if (config) {
-        char path[4096];
+        char path[FF_PATH_MAX];
         if (config[0] != '/' && base_dir && base_dir[0]) snprintf(path, sizeof path, "%s/%s", base_dir, config);
         else snprintf(path, sizeof path, "%s", config);
         if (ff_plan_model_from_hf_config(path, m)) return -1;

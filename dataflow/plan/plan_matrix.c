@@ -246,7 +246,7 @@ int ff_plan_write_matrices(const ff_plan_input *in_const, const ff_plan_result *
         return -1;
     }
     int rc = ff_plan_traffic_edges(&in, r, add_edge, &a);
-    char path[4096];
+    char path[FF_PATH_MAX];
     sbuf b = {0};
     if (!rc) {
         csv_matrix(&b, a.gpu, a.wg, "src\\dst");

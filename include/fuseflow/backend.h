@@ -33,6 +33,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef struct ff_backend ff_backend; /* a device and its kernels */
 typedef struct ff_buffer ff_buffer;   /* one allocation in device memory */
@@ -96,9 +97,11 @@ void ff_memset_zero(ff_stream *s, ff_dptr dst, size_t bytes);
 ff_stream *ff_stream_new(ff_backend *be); /* NULL + error */
 void ff_stream_destroy(ff_stream **s);
 ff_backend *ff_stream_backend(const ff_stream *s);
-/* Wait until all work on s is done. 0, or -1 + error if a kernel failed (device errors). */
+/* Wait until all work on s is done. 0, or -1 + error if a kernel failed since the last sync
+ * (device errors; memory a kernel needed): kernels return nothing, the stream remembers. */
 int ff_stream_sync(ff_stream *s);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -63,6 +63,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* ---- unique ids --------------------------------------------------------------------- */
 
@@ -230,6 +231,7 @@ int ff_coll_group_end(void);
  * are already complete; returns 0, or -1 if the communicator is broken. */
 int ff_coll_synchronize(ff_coll_comm *comm, ff_coll_stream stream);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef struct ff_config ff_config;
 typedef struct ff_cnode ff_cnode;
@@ -87,6 +88,7 @@ int ff_config_get_enum(ff_config *c, const char *path, const char *const *names,
  * 'optim.lr_sheduler' (hint: did you mean 'optim.lr_scheduler'?)". 0 when all is well. */
 int ff_config_check_unused(ff_config *c);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

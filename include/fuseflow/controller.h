@@ -48,6 +48,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 struct ev_loop;
 typedef struct ff_controller ff_controller;
@@ -293,6 +294,7 @@ uint64_t ff_controller_trace_instant(ff_controller *c, int track, const char *na
  * the file. 0 / -1 + error (an id never given out). */
 int ff_controller_trace_flow(ff_controller *c, uint64_t from, uint64_t to, const char *name);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef enum ff_dtype {
     FF_DTYPE_F32 = 0,
@@ -42,6 +43,7 @@ int ff_dtype_to_f32(ff_dtype from, const void *src, float *dst, size_t n);
 /* n f32 values to `to` (F32, F16 or BF16). Returns 0 or -1 for other types. */
 int ff_dtype_from_f32(ff_dtype to, const float *src, void *dst, size_t n);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 #if defined(__GNUC__)
 #define FF_PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -39,6 +40,7 @@ const char *ff_error_message(void);
 
 void ff_error_clear(void);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

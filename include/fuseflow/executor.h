@@ -32,6 +32,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* ---- controller side -------------------------------------------------------------------------- */
 struct ff_controller;
@@ -80,6 +81,7 @@ enum {
  * names the problem and the checkpoint to resume from). Workers are shut down either way. */
 int ff_exec_run(const ff_exec_opts *o);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -41,6 +41,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* ---- vocabulary ---------------------------------------------------------------------------- */
 
@@ -371,6 +372,7 @@ int64_t ff_sched_n_samples(const ff_sched *s);
 /* Tasks dispatched and not completed. */
 int64_t ff_sched_in_flight(const ff_sched *s);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef struct ff_jsonl ff_jsonl;
 
@@ -21,6 +22,7 @@ int ff_jsonl_next(ff_jsonl *r, json_t **out);
 int ff_jsonl_line(const ff_jsonl *r);               /* line of the last object returned */
 const char *ff_jsonl_path(const ff_jsonl *r);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -24,6 +24,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef enum { FF_NO_TRANS = 0, FF_TRANS = 1 } ff_trans;
 
@@ -113,7 +114,8 @@ void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_tem
 void ff_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n);
 /* x[i] *= alpha. */
 void ff_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha);
-/* sum_i x[i]^2 accumulated in double; waits for the stream (a host value). */
+/* sum_i x[i]^2 accumulated in double; waits for the stream (a host value). NaN when the
+ * kernel could not run (then ff_stream_sync says why). */
 double ff_sumsq(ff_stream *s, ff_dptr x, int64_t n);
 
 /* One AdamW update (PyTorch's torch.optim.AdamW, decoupled weight decay) of n parameters:
@@ -145,6 +147,7 @@ typedef struct ff_sample_params {
 void ff_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
                ff_dptr logprob);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

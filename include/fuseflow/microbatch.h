@@ -12,6 +12,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* Partition n items with weights w [n] into k bins with sums as equal as possible by the
  * largest differencing method (Karmarkar-Karp, k-way). equal_count: every bin gets n/k or
@@ -40,6 +41,7 @@ int ff_mb_plan_make(const int64_t *tokens, int32_t n, int32_t n_ranks, int32_t m
                     ff_mb_plan *out);
 void ff_mb_plan_free(ff_mb_plan *p);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -28,6 +28,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef struct ff_model ff_model;
 
@@ -284,6 +285,7 @@ int32_t ff_generator_abort(ff_generator *g, uint64_t id);
 int ff_model_generate(ff_model *m, const ff_generator_config *c, const ff_gen_request *reqs, int32_t n_reqs,
                       ff_gen_output **outs, int32_t *n_outs);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 #define FF_MAX_EOS 8
 
@@ -56,6 +57,7 @@ typedef struct ff_model_config {
     int n_eos;
 } ff_model_config;
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -25,10 +25,12 @@
 #include "fuseflow/dtype.h"
 #include "fuseflow/model_config.h"
 #include "fuseflow/tensor_set.h"
+#include "fuseflow/util.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 struct ff_tokenizer;
 
@@ -76,8 +78,8 @@ int ff_model_dir_save(const char *dir, const ff_model_config *cfg, const ff_tens
 
 typedef struct ff_atomic_file {
     int fd;
-    char path[4096];
-    char tmp[4096 + 32];
+    char path[FF_PATH_MAX];
+    char tmp[FF_PATH_MAX + 32];
 } ff_atomic_file;
 
 /* Create PATH.tmp.PID for writing. 0 or -1 + error. */
@@ -100,6 +102,7 @@ void ff_atomic_dir_abort(const char *tmp);
 /* rm -r PATH (symlinks are removed, not followed). 0 or -1 + error. */
 int ff_remove_tree(const char *path);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -29,6 +29,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 #define FF_PROTOCOL_VERSION 1
 #define FF_MSG_NAME_MAX 64               /* kind, group, tensor, host, device names (with NUL) */
@@ -332,6 +333,7 @@ int ff_msg_arg_str(const ff_msg_subtask *s, const char *key, const char **p, siz
  * controller and a client key pair the controller accepts. 0 / -1 + error. */
 int ff_curve_keygen(const char *dir);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

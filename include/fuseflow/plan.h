@@ -36,6 +36,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* ---- inputs ---------------------------------------------------------------------------- */
 
@@ -393,6 +394,7 @@ char *ff_plan_report_json(const ff_plan_input *in, const ff_plan_result *r);
 void ff_plan_search_write(const ff_plan_input *base, const ff_plan_search_result *r, FILE *out);
 char *ff_plan_search_json(const ff_plan_input *base, const ff_plan_search_result *r);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -31,6 +31,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 #define FF_PLUGIN_ABI_VERSION 1
 #define FF_PLUGIN_INIT_SYMBOL "ff_plugin_init"
@@ -62,6 +63,7 @@ typedef struct ff_plugin_api {
 
 typedef int (*ff_plugin_init_fn)(const ff_plugin_api *api);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

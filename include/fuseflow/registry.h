@@ -28,6 +28,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef struct ff_registry ff_registry;
 
@@ -192,6 +193,7 @@ ff_reward *ff_reward_new(const ff_registry *r, const char *name, ff_cnode *param
 void ff_reward_destroy(ff_reward **w);
 int ff_reward_score(ff_reward *w, const ff_reward_item *items, size_t n, float *scores);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

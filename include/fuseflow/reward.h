@@ -16,6 +16,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* ---- rule-based helpers ------------------------------------------------------------------ */
 /* Normalise a number's text ("+0,012.50" -> "12.5", "-0" -> "0") into out. 0, or -1 when it
@@ -27,6 +28,7 @@ int ff_reward_extract_answer(const char *response, const char *marker, bool last
 /* The response is exactly one number, preceded by the marker when there is one. */
 bool ff_reward_well_formed(const char *response, const char *marker);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

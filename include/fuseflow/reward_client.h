@@ -28,6 +28,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 #define FF_REWARD_PROTOCOL_VERSION 1
 
@@ -54,6 +55,7 @@ int ff_reward_client_score(ff_reward_client *c, const ff_reward_item *items, siz
  * batch_size, check_on_start) to a registry. 0 / -1 + error. */
 int ff_reward_remote_register(ff_registry *r);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -11,6 +11,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* ---- subtask kinds and their arguments ---------------------------------------------------
  * role: "actor", "gen", "critic", "ref" or "reward"; mb: micro-batch size in samples. */
@@ -89,6 +90,7 @@ enum {
     FF_RL_NM
 };
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

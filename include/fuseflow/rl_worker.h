@@ -12,6 +12,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 
 typedef struct ff_worker ff_worker;
@@ -25,6 +26,7 @@ int ff_rlworker_register(ff_rlworker *r, ff_worker *w);
 /* The same as an ff_worker_setup_fn: ud is the ff_rlworker. */
 int ff_rlworker_setup(ff_worker *w, void *ud);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -32,6 +32,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* A packed batch of sequences. Tokens of sequence s are [offsets[s], offsets[s+1]). */
 typedef struct ff_rlhf_seqs {
@@ -192,6 +193,7 @@ void ff_rlhf_reinforce_pp(const ff_rlhf_seqs *s, const float *token_rewards, dou
  * baseline_s) m_t, baseline [n_seq] = reward of the greedy response to the same prompt. */
 void ff_rlhf_remax(const ff_rlhf_seqs *s, const float *token_rewards, const float *baseline, float *adv, float *ret);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -45,6 +45,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* ---- samples ------------------------------------------------------------------------------- */
 
@@ -275,6 +276,7 @@ int ff_roles_trainer_config_from_node(const ff_run_config *run, const ff_node *t
  * log-probs). Modifies cfg and weights in place. 0 or -1 + error. */
 int ff_roles_add_value_head(ff_model_config *cfg, ff_tensor_set *weights, double std, uint64_t seed);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

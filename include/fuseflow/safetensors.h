@@ -31,6 +31,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* Headers larger than this are refused (Hugging Face's own limit is 100 MB). */
 #define FF_SAFETENSORS_MAX_HEADER (100u * 1024u * 1024u)
@@ -84,6 +85,7 @@ int ff_safetensors_save(const char *path, const ff_tensor_set *set, ff_dtype dty
  * Each file is written atomically; the index last. 0 or -1 + error. */
 int ff_safetensors_save_sharded(const char *dir, const ff_tensor_set *set, ff_dtype dtype, uint64_t max_shard_bytes);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

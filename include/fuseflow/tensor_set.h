@@ -12,6 +12,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 #define FF_MAX_DIMS 8
 
@@ -38,6 +39,7 @@ int64_t ff_host_tensor_numel(const ff_host_tensor *t);
  * 'x' has shape [4, 8], expected [8, 4]". */
 int ff_host_tensor_expect(const ff_host_tensor *t, int ndim, const int64_t *shape, const char *where);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

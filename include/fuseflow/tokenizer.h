@@ -28,6 +28,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 enum { FF_BYTES_BOS = 256, FF_BYTES_EOS = 257, FF_BYTES_PAD = 258, FF_BYTES_VOCAB = 259 };
 
@@ -81,6 +82,7 @@ int ff_tokenizer_decode(const ff_tokenizer *t, const int32_t *ids, int32_t n, bo
  * decoded text into JSON. malloc'd and NUL-terminated; NULL + error when out of memory. */
 char *ff_utf8_lossy(const char *s, size_t len, size_t *out_len);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

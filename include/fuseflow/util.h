@@ -1,5 +1,6 @@
-/* fuseflow: small shared utilities: clocks, logging, a seeded random generator, checked
- * allocation, the machine's memory limit. Nothing here knows about models, messages or graphs. */
+/* fuseflow: small shared utilities: path sizes, clocks, logging, a seeded random generator
+ * and seed streams, hashing, checked allocation, files, the machine's memory limit. Nothing
+ * here knows about models, messages or graphs. */
 #ifndef FUSEFLOW_UTIL_H
 #define FUSEFLOW_UTIL_H
 
@@ -12,6 +13,13 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
+
+/* ---- sizes ----------------------------------------------------------------------------- */
+/* Bytes of a buffer that holds a file path, the NUL included: Linux's PATH_MAX, the longest
+ * path the kernel opens. Paths built from a path (DIR/step-N, PATH.tmp-PID, "PATH:LINE" for
+ * a message) use the same size: a longer one could not be opened anyway. */
+#define FF_PATH_MAX 4096
 
 /* ---- clocks ---------------------------------------------------------------------------- */
 /* Monotonic time in nanoseconds (CLOCK_MONOTONIC); only differences mean anything. */
@@ -43,6 +51,25 @@ uint64_t ff_rng_below(ff_rng *r, uint64_t n); /* uniform in [0, n), unbiased; n 
 /* A seed of its own for every (a, b) under a run's seed (splitmix64 over a, then b): a
  * request's sampling stream (iteration, prompt), a shuffle (iteration, a stream tag). */
 uint64_t ff_seed_stream(uint64_t seed, uint64_t a, uint64_t b);
+/* The b of the streams that are no request's (a request's b is its prompt's index, far
+ * below these), one tag per stream so no two share a seed. The values are fixed: a run
+ * with the same seed shuffles the same way in every version. */
+#define FF_SEED_TAG_TRAIN_ORDER 0x7472000000ULL /* "tr": the RL controller's order of a train node's samples; + node * 1024 + epoch (a: iteration) */
+#define FF_SEED_TAG_TRAINER_SHUFFLE 0x5348554646ULL /* "SHUFF": ff_trainer_train_batch's order (seed: its opts' seed, a: epoch) */
+/* splitmix64's increment, 2^64 over the golden ratio (odd). Also what a shuffle's seed is
+ * multiplied by before its epoch is added (`fuseflow sft`, the RL controller's prompt order),
+ * so consecutive epochs start far apart. */
+#define FF_SPLITMIX64_GAMMA 0x9e3779b97f4a7c15ULL
+
+/* ---- hashing -------------------------------------------------------------------------- */
+/* 64-bit FNV-1a of N bytes at P, continuing from H: FF_HASH_FNV1A_INIT to start, or a
+ * previous result to hash pieces in turn (the same value as hashing them joined). For hash
+ * tables, string interning, weight digests and the collectives' wire checks.
+ * FF_HASH_FNV1A_INIT is not the published offset basis (14695981039346656037, one digit
+ * longer): fuseflow's first hashes started from this value, and the weight digests and the
+ * wire checks compare hashes across processes, so it stays (any basis spreads as well). */
+#define FF_HASH_FNV1A_INIT 1469598103934665603ULL
+uint64_t ff_hash_fnv1a(const void *p, size_t n, uint64_t h);
 
 /* ---- allocation ------------------------------------------------------------------------ */
 /* malloc/calloc/realloc that set an error message on failure (return NULL). */
@@ -72,6 +99,7 @@ int ff_mkdirs(const char *path);
  * the count and a malloc'd list in *steps (the caller frees it; NULL when the count is 0). */
 int ff_checkpoint_steps(const char *out_dir, int64_t **steps);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -39,6 +39,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 typedef struct ff_worker ff_worker;
 typedef struct ff_task ff_task;
@@ -148,6 +149,7 @@ ff_coll_comm *ff_task_comm(const ff_task *t);
 int ff_task_group_index(const ff_task *t);
 int ff_task_group_size(const ff_task *t);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

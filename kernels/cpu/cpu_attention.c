@@ -85,9 +85,11 @@ typedef struct att_job {
     float scale;
 } att_job;
 
-/* Fill cum (scratch) and return the number of 64-blocks. */
+/* Fill cum (scratch) and return the number of 64-blocks; -1 when the scratch cannot grow
+ * (the stream has failed). */
 static int64_t make_blocks(ff_stream *s, const int32_t *ss, int S, int64_t **cum_out) {
     int64_t *cum = ff_cpu_scratch(s, ((size_t)S + 1) * sizeof(int64_t));
+    if (!cum) return -1;
     cum[0] = 0;
     for (int q = 0; q < S; q++) cum[q + 1] = cum[q] + (ss[q + 1] - ss[q] + BLK - 1) / BLK;
     *cum_out = cum;
@@ -152,6 +154,7 @@ void ff_cpu_attention_fwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, int S
                  .D = D, .rep = Hq / Hkv, .scale = 1.0f / sqrtf((float)D)};
     int64_t *cum;
     int64_t nb = make_blocks(s, j.ss, S, &cum);
+    if (nb < 0) return;
     j.cum = cum;
     run_tasks(s, nb * Hq, 2.0 * T * BLK * Hq * D, fwd_task, &j);
 }
@@ -255,6 +258,7 @@ void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const
                  .scale = 1.0f / sqrtf((float)D)};
     int64_t *cum;
     int64_t nb = make_blocks(s, ss_host, S, &cum);
+    if (nb < 0) return;
     j.cum = cum;
     double work = 4.0 * T * BLK * Hq * D;
     ff_cpu_for(s, T, 2.0 * Hq * D, delta_rows, &j);

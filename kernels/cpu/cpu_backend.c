@@ -77,10 +77,13 @@ void *ff_cpu_scratch(ff_stream *s, size_t bytes) {
     cpu_impl *c = s->be->impl;
     if (bytes > c->scratch_cap) {
         free(c->scratch);
+        c->scratch_cap = 0;
         c->scratch = malloc(bytes);
         if (!c->scratch) {
-            fprintf(stderr, "fuseflow cpu backend: out of memory for %zu bytes of kernel scratch\n", bytes);
-            abort();
+            ff_error_set("cpu backend", "use smaller batches (fewer sequences or tokens)",
+                         "out of memory for %zu bytes of kernel scratch", bytes);
+            ff_stream_fail(s);
+            return NULL;
         }
         c->scratch_cap = bytes;
     }

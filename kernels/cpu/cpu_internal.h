@@ -39,7 +39,8 @@ typedef struct cpu_impl {
 static inline ff_pool *POOL(const ff_stream *s) { return ((cpu_impl *)s->be->impl)->pool; }
 
 /* At least `bytes` of scratch (valid until the next call; a kernel uses it for one call).
- * Allocates only when it grows; aborts when memory runs out (kernels do not fail). */
+ * Allocates only when it grows. NULL when memory runs out: the stream has failed (the next
+ * ff_stream_sync returns -1 with the message) and the kernel returns without computing. */
 void *ff_cpu_scratch(ff_stream *s, size_t bytes);
 
 /* fn(ctx, i0, i1) over [0, n) split into chunks run by the pool. work_per_item estimates

@@ -313,6 +313,7 @@ FF_VEC static void sumsq_part(void *arg, int64_t b0, int64_t b1) {
 double ff_cpu_sumsq(ff_stream *s, ff_dptr x, int64_t n) {
     int64_t nb = (n + SUMSQ_BLK - 1) / SUMSQ_BLK;
     sumsq_job j = {F(x), n, ff_cpu_scratch(s, (size_t)(nb > 0 ? nb : 1) * sizeof(double))};
+    if (!j.partial) return NAN; /* the stream has failed */
     ff_cpu_for(s, nb, 2.0 * SUMSQ_BLK, sumsq_part, &j);
     double total = 0.0;
     for (int64_t b = 0; b < nb; b++) total += j.partial[b];

@@ -13,7 +13,7 @@
 #include "fuseflow/util.h"
 
 static void fsync_parent(const char *path) {
-    char d[4096];
+    char d[FF_PATH_MAX];
     snprintf(d, sizeof d, "%s", path);
     char *slash = strrchr(d, '/');
     if (slash == d)
@@ -104,7 +104,7 @@ int ff_atomic_dir_begin(const char *dir, char *tmp, size_t cap) {
     if (n + 32 >= cap) return ff_error_set(dir, NULL, "path too long");
     snprintf(tmp, cap, "%.*s.tmp-%d", (int)n, dir, (int)getpid());
     if (ff_remove_tree(tmp) != 0) return -1;
-    char parent[4096];
+    char parent[FF_PATH_MAX];
     snprintf(parent, sizeof parent, "%.*s", (int)n, dir);
     char *slash = strrchr(parent, '/');
     if (slash && slash != parent) {
@@ -123,7 +123,7 @@ void ff_atomic_dir_abort(const char *tmp) {
 }
 
 int ff_atomic_dir_commit(const char *tmp, const char *dir_in) {
-    char dir[4096];
+    char dir[FF_PATH_MAX];
     size_t n = strlen(dir_in);
     while (n > 1 && dir_in[n - 1] == '/') n--;
     snprintf(dir, sizeof dir, "%.*s", (int)n, dir_in);
@@ -154,7 +154,7 @@ int ff_atomic_dir_commit(const char *tmp, const char *dir_in) {
     }
     /* filesystems without RENAME_EXCHANGE: move the old folder aside first. DIR is briefly
      * absent, but never half written. */
-    char old[4200];
+    char old[FF_PATH_MAX];
     snprintf(old, sizeof old, "%s.old-%d", dir, (int)getpid());
     ff_remove_tree(old);
     if (rename(dir, old) != 0) {

@@ -138,7 +138,7 @@ out:
 
 int ff_model_dir_load(const char *dir, ff_model_config *cfg, ff_tensor_set **weights) {
     *weights = NULL;
-    char path[4096];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (ff_hf_config_load(path, cfg) != 0) return -1;
     ff_tensor_set *w = ff_tensor_set_new();
@@ -170,7 +170,7 @@ static const char *torch_dtype_name(ff_dtype d) {
 }
 
 int ff_model_files_write(const char *dir, const ff_model_config *cfg, const ff_tensor_set *weights, const ff_tokenizer *tok, ff_dtype dtype) {
-    char path[4096];
+    char path[FF_PATH_MAX];
     char *text = ff_hf_config_dump(cfg, torch_dtype_name(dtype));
     if (!text) return -1;
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -183,7 +183,7 @@ int ff_model_files_write(const char *dir, const ff_model_config *cfg, const ff_t
 }
 
 int ff_model_dir_save(const char *dir, const ff_model_config *cfg, const ff_tensor_set *weights, const ff_tokenizer *tok, ff_dtype dtype) {
-    char tmp[4200];
+    char tmp[FF_PATH_MAX];
     if (ff_atomic_dir_begin(dir, tmp, sizeof tmp) != 0) return -1;
     if (ff_model_files_write(tmp, cfg, weights, tok, dtype) != 0) {
         ff_atomic_dir_abort(tmp);

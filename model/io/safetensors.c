@@ -323,7 +323,7 @@ int ff_safetensors_load_index(const char *index_path, ff_tensor_set *out) {
     json_object_foreach(wm, name, v) {
         if (ff_tensor_set_find(out, name)) continue;
         const char *file = json_string_value(v);
-        char path[4096];
+        char path[FF_PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", dir, file);
         if (!(shard = ff_safetensors_open(path))) {
             ff_error_wrap("%s (shard of tensor '%.200s')", index_path, name);
@@ -351,7 +351,7 @@ out:
 }
 
 int ff_safetensors_load_dir(const char *dir, ff_tensor_set *out) {
-    char path[4096];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (access(path, F_OK) == 0) return ff_safetensors_load(path, out);
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -464,7 +464,7 @@ int ff_safetensors_save_sharded(const char *dir, const ff_tensor_set *set, ff_dt
         shard_of[i] = n_shards - 1;
         filled += bytes;
     }
-    char path[4096], other[4096];
+    char path[FF_PATH_MAX], other[FF_PATH_MAX];
     int rc = 0;
     if (n_shards <= 1) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);

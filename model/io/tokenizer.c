@@ -29,12 +29,6 @@
 
 /* ---- hash maps ------------------------------------------------------------------------------ */
 
-static uint64_t hash_bytes(const char *s, size_t n) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ULL;
-    return h;
-}
-
 static size_t pow2_at_least(size_t n) {
     size_t c = 16;
     while (c < n) c <<= 1;
@@ -59,7 +53,7 @@ static int smap_init(smap *m, size_t n) {
 }
 
 static smap_slot *smap_slot_of(const smap *m, const char *key, size_t len) {
-    size_t i = hash_bytes(key, len) & (m->cap - 1);
+    size_t i = ff_hash_fnv1a(key, len, FF_HASH_FNV1A_INIT) & (m->cap - 1);
     while (m->slots[i].key && (m->slots[i].len != len || memcmp(m->slots[i].key, key, len) != 0)) i = (i + 1) & (m->cap - 1);
     return &m->slots[i];
 }
@@ -1151,7 +1145,7 @@ static int32_t role_id(const ff_tokenizer *t, json_t *cfg, const char *key) {
 }
 
 ff_tokenizer *ff_tokenizer_load_dir(const char *dir) {
-    char path[4096];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     ff_tokenizer *t = ff_tokenizer_load(path);
     if (!t) return NULL;
@@ -1290,7 +1284,7 @@ static int save_json(json_t *j, const char *path, size_t flags) {
 }
 
 int ff_tokenizer_save_dir(const ff_tokenizer *t, const char *dir) {
-    char path[4096];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (save_json(t->root, path, JSON_INDENT(2)) != 0) return -1;
     if (!t->config_text) return 0;

@@ -10,7 +10,7 @@
 #define BIG 1000003
 
 static uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
+    x += FF_SPLITMIX64_GAMMA;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
@@ -20,13 +20,6 @@ static uint64_t mix(uint64_t x) {
 static int ival(int rank, size_t i) { return (int)((rank * 7 + i * 13 + (i >> 7)) % 17) - 8; }
 static float rnd(int rank, size_t i, uint64_t salt) {
     return (float)((double)(mix(((uint64_t)rank << 40) ^ i ^ salt) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
-static uint64_t hash_bytes(const void *p, size_t n) {
-    const uint8_t *b = p;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
 }
 
 typedef struct cfg {
@@ -106,7 +99,7 @@ static int check_all_reduce(ff_coll_comm *c, int rank, int n, size_t count) {
         }
     if (count == BIG || count == 4099) {
         uint64_t *slot = (uint64_t *)g_shared + (count == BIG ? 0 : 64) + rank;
-        *slot = hash_bytes(recv, count * 4);
+        *slot = ff_hash_fnv1a(recv, count * 4, FF_HASH_FNV1A_INIT);
     }
     free(send);
     free(recv);

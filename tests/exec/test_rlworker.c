@@ -11,7 +11,8 @@
  *   - rl.sync copies the trained actor into the generating one (digests equal);
  *   - rl.save + rl.init with resume: another worker continues bit for bit (a further identical
  *     step gives equal digests: weights and optimizer state were restored exactly);
- *   - bad requests (a role not hosted, missing columns, mismatched lengths) are clear errors.
+ *   - bad requests (a role not hosted, missing columns, mismatched lengths, max_new or top_k
+ *     outside what the engine's int32 holds) are clear errors.
  */
 #include <sys/stat.h>
 
@@ -80,7 +81,10 @@ static const int32_t prompt[] = {49, 43, 50, 61}; /* "1+2=" in the byte tokenize
 static uint64_t generate_max(int rank, int64_t seed, int n, int max_new, out *o);
 static void generate(int rank, int64_t seed, int n, out *o) { generate_max(rank, seed, n, 6, o); }
 
-static uint64_t generate_max(int rank, int64_t seed, int n, int max_new, out *o) {
+static uint64_t generate_sampling(int rank, int64_t seed, int n, int64_t max_new, int64_t top_k, out *o);
+static uint64_t generate_max(int rank, int64_t seed, int n, int max_new, out *o) { return generate_sampling(rank, seed, n, max_new, 0, o); }
+
+static uint64_t generate_sampling(int rank, int64_t seed, int n, int64_t max_new, int64_t top_k, out *o) {
     static int64_t shp[3];
     int32_t pl = 4;
     ff_input in[3] = {i32("prompt", prompt, 4, &shp[0]), i32("plen", &pl, 1, &shp[1])};
@@ -88,8 +92,8 @@ static uint64_t generate_max(int rank, int64_t seed, int n, int max_new, out *o)
     *sd = seed;
     shp[2] = 1;
     in[2] = (ff_input){.name = "seed", .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp[2], .data = sd, .free_fn = rt_free};
-    ff_arg a[3] = {ff_arg_int("n", n), ff_arg_float("temperature", 1.0), ff_arg_int("max_new", max_new)};
-    return submit("rl.generate", rank, NULL, a, 3, in, 3, o);
+    ff_arg a[4] = {ff_arg_int("n", n), ff_arg_float("temperature", 1.0), ff_arg_int("max_new", max_new), ff_arg_int("top_k", top_k)};
+    return submit("rl.generate", rank, NULL, a, 4, in, 3, o);
 }
 
 static void run_all(void) { REQUIRE(ff_controller_run(C, 120) == 0); }
@@ -297,6 +301,23 @@ int main(int argc, char **argv) {
         run_all();
         CHECK_EQ_INT(bad.status, FF_STATUS_BAD_REQUEST);
         CHECK_STR_CONTAINS(bad.error, "lengths");
+    }
+    {
+        /* max_new and top_k past int32 once wrapped to 6 and 0 and ran; 0 and -1 are refused by
+         * name too, not as mismatched lengths */
+        const struct {
+            int64_t max_new, top_k;
+            const char *msg;
+        } cases[] = {{((int64_t)1 << 32) + 6, 0, "max_new = 4294967302 is outside [1, 2147483647]"},
+                     {0, 0, "max_new = 0 is outside [1, 2147483647]"},
+                     {6, (int64_t)1 << 32, "top_k = 4294967296 is outside [0, 2147483647]"},
+                     {6, -1, "top_k = -1 is outside [0, 2147483647]"}};
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            generate_sampling(0, 1, 1, cases[i].max_new, cases[i].top_k, &bad);
+            run_all();
+            CHECK_EQ_INT(bad.status, FF_STATUS_BAD_REQUEST);
+            CHECK_STR_CONTAINS(bad.error, cases[i].msg);
+        }
     }
     {
         ff_arg a = ff_arg_str("role", "reward");

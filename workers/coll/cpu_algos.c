@@ -235,12 +235,12 @@ static int direct_reduce(ff_coll_comm *c, const coll_call *call, const coll_hdr 
 /* ---- the collectives ----------------------------------------------------------------- */
 
 static uint64_t counts_hash(const size_t *counts, int n) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a over the counts as little-endian u64 */
-    for (int i = 0; i < n; i++)
-        for (int b = 0; b < 8; b++) {
-            h ^= (uint8_t)((uint64_t)counts[i] >> (8 * b));
-            h *= 1099511628211ull;
-        }
+    uint64_t h = FF_HASH_FNV1A_INIT; /* over the counts as little-endian u64: every rank agrees */
+    for (int i = 0; i < n; i++) {
+        uint8_t le[8];
+        for (int b = 0; b < 8; b++) le[b] = (uint8_t)((uint64_t)counts[i] >> (8 * b));
+        h = ff_hash_fnv1a(le, sizeof le, h);
+    }
     return h;
 }
 

@@ -38,6 +38,8 @@
 #define ANSWER_MAGIC 0x59434646u        /* "FFCY" */
 #define OFFER_BYTES 96
 #define NAME_MAX_ 64
+#define SHM_BYTES_MIN 4096LL        /* FF_COLL_SHM_BYTES: a page ... */
+#define SHM_BYTES_MAX (256LL << 20) /* ... to 256 MiB per FIFO (two per pair of ranks) */
 
 struct coll_fifo {
     _Atomic uint64_t head; /* bytes consumed */
@@ -61,15 +63,27 @@ static coll_fifo *fifo_at(void *seg, size_t cap, int i) {
     return (coll_fifo *)((uint8_t *)seg + sizeof(shm_head) + (size_t)i * (sizeof(coll_fifo) + cap));
 }
 
-static size_t fifo_cap(int nranks) {
+/* Each FIFO's bytes: FF_COLL_SHM_BYTES rounded up to pages, else the default. 0, or -1 +
+ * error for a value that is no byte count in range (a typo must not fall back silently). */
+static int fifo_cap(int nranks, size_t *out) {
     const char *e = getenv("FF_COLL_SHM_BYTES");
-    long long v = e ? strtoll(e, NULL, 10) : 0;
-    if (v >= 4096 && v <= (256LL << 20)) return ((size_t)v + 4095) & ~(size_t)4095;
+    if (e && *e) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(e, &end, 10);
+        if (errno || end == e || *end || v < SHM_BYTES_MIN || v > SHM_BYTES_MAX)
+            return ff_error_set("FF_COLL_SHM_BYTES", "unset it for the default (1 MiB, less above 16 ranks on a host)",
+                                "'%s' is not a byte count in [%lld, %lld]", e, (long long)SHM_BYTES_MIN,
+                                (long long)SHM_BYTES_MAX);
+        *out = ((size_t)v + 4095) & ~(size_t)4095;
+        return 0;
+    }
     /* 1 MiB per direction, less when many ranks share the host (16 MiB per process) */
     size_t cap = (16u << 20) / (size_t)(nranks > 1 ? nranks - 1 : 1);
     if (cap > (1u << 20)) cap = 1u << 20;
     if (cap < (64u << 10)) cap = 64u << 10;
-    return cap & ~(size_t)4095;
+    *out = cap & ~(size_t)4095;
+    return 0;
 }
 
 static bool shm_enabled(void) {
@@ -130,7 +144,8 @@ int coll_shm_setup(ff_coll_comm *c, int64_t deadline) {
     const char *where = "ff_coll_comm_init (shared memory)";
     int n = c->nranks, me = c->rank;
     bool on = shm_enabled();
-    size_t cap = fifo_cap(n);
+    size_t cap = 0;
+    if (fifo_cap(n, &cap) != 0) return ff_error_wrap("%s", where);
     char (*names)[NAME_MAX_] = ff_calloc((size_t)n, NAME_MAX_);
     if (!names) return -1;
     int rc = -1;

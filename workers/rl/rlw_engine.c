@@ -153,7 +153,7 @@ static ff_trainer *make_trainer(rlw *s, ff_model *m, ff_role role, int64_t updat
     ff_trainer *t = ff_trainer_new(m, &tc);
     if (!t) return NULL;
     if (resume_dir) {
-        char path[4096];
+        char path[FF_PATH_MAX];
         snprintf(path, sizeof path, "%s/%s.optim.safetensors", resume_dir, name);
         ff_tensor_set *st = ff_tensor_set_new();
         int rc = st ? ff_safetensors_load(path, st) : -1;
@@ -216,7 +216,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     s->be = ff_backend_new(a->backend && a->backend[0] ? a->backend : "cpu");
     if (!s->be) return ff_error_wrap("worker");
     const ff_role_cfg *roles = s->run->roles;
-    char dir[4096];
+    char dir[FF_PATH_MAX];
     const char *actor_dir = roles[FF_ROLE_ACTOR].model;
     if (a->resume_dir) {
         snprintf(dir, sizeof dir, "%s/actor", a->resume_dir);
@@ -242,7 +242,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     }
     if (a->roles & FF_RL_CRITIC) {
         const char *cdir = roles[FF_ROLE_CRITIC].model;
-        char cbuf[4096];
+        char cbuf[FF_PATH_MAX];
         if (a->resume_dir && train_node(s->run, FF_ROLE_CRITIC)) {
             snprintf(cbuf, sizeof cbuf, "%s/critic", a->resume_dir);
             cdir = cbuf;
@@ -532,7 +532,7 @@ int rlw_save(rlw *s, unsigned role, const char *dir) {
     ff_model *m = model_of(s, role);
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : s->t_critic;
     const char *name = role_name(role);
-    char path[4096];
+    char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (ff_mkdirs(path) != 0) return -1;
     ff_tensor_set *w = ff_tensor_set_new();
@@ -557,10 +557,8 @@ int rlw_digest(rlw *s, unsigned role, uint64_t *hash, double *sum) {
     float *buf = ff_malloc((size_t)n * sizeof *buf);
     if (!buf) return -1;
     ff_model_read_params(m, buf);
-    uint64_t h = 1469598103934665603ULL;
+    uint64_t h = ff_hash_fnv1a(buf, (size_t)n * sizeof *buf, FF_HASH_FNV1A_INIT);
     double acc = 0;
-    const unsigned char *b = (const unsigned char *)buf;
-    for (size_t i = 0; i < (size_t)n * sizeof *buf; i++) h = (h ^ b[i]) * 1099511628211ULL;
     for (int64_t i = 0; i < n; i++) acc += buf[i];
     free(buf);
     *hash = h;

@@ -175,7 +175,7 @@ static int k_init(ff_task *t, void *ud) {
     if (r->nopen) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: generation jobs are still open");
     const ff_tensor *cfg = input(t, "config", FF_DTYPE_U8, false), *ov = input(t, "overrides", FF_DTYPE_U8, true);
     int64_t roles, ua, uc, slots, max_seq;
-    char backend[64], resume[4096], name[4096];
+    char backend[64], resume[FF_PATH_MAX], name[FF_PATH_MAX];
     if (!cfg || !arg_int(t, "roles", 0, &roles) || !arg_int(t, "updates_actor", 0, &ua) || !arg_int(t, "updates_critic", 0, &uc) ||
         !arg_int(t, "slots", 64, &slots) || !arg_int(t, "max_seq", 256, &max_seq) || !arg_str(t, "backend", backend, sizeof backend) ||
         !arg_str(t, "resume", resume, sizeof resume) || !arg_str(t, "name", name, sizeof name))
@@ -222,7 +222,14 @@ static int k_generate(ff_task *t, void *ud) {
     if (!p || !pl || !sd || !arg_int(t, "n", 1, &n) || !arg_int(t, "top_k", 0, &top_k) || !arg_int(t, "max_new", 16, &max_new) ||
         !arg_float(t, "temperature", 1.0, &temp) || !arg_float(t, "top_p", 1.0, &top_p))
         return -1;
-    bool ok = sd->shape[0] == pl->shape[0] && pl->shape[0] >= 1 && n >= 1 && n <= 1 << 20 && max_new >= 1;
+    /* the engine holds both as int32: a larger value must not wrap into a small one */
+    if (max_new < 1 || max_new > INT32_MAX)
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.generate: max_new = %lld is outside [1, %d] (tokens per sample)",
+                            (long long)max_new, INT32_MAX);
+    if (top_k < 0 || top_k > INT32_MAX)
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.generate: top_k = %lld is outside [0, %d] (0 turns top-k off)",
+                            (long long)top_k, INT32_MAX);
+    bool ok = sd->shape[0] == pl->shape[0] && pl->shape[0] >= 1 && n >= 1 && n <= 1 << 20;
     if (!ok || sum_lens(pl, &ok, 1) != p->shape[0] || !ok)
         return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.generate: prompts, lengths and seeds do not match");
     if (pl->shape[0] > INT32_MAX / n) /* the engine counts a job's k n samples in an int32 */
@@ -354,7 +361,7 @@ static int k_sync(ff_task *t, void *ud) {
 static int k_save(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     unsigned role;
-    char dir[4096];
+    char dir[FF_PATH_MAX];
     if (!role_arg(t, FF_RL_ACTOR | FF_RL_CRITIC, &role) || !arg_str(t, "dir", dir, sizeof dir)) return -1;
     if (!dir[0]) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.save: no dir");
     return rlw_save(r->eng, role, dir);

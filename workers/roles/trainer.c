@@ -311,7 +311,7 @@ int ff_trainer_train_batch(ff_trainer *t, const ff_rl_sample *samples, int32_t n
         for (int32_t i = 0; i < n; i++) order[i] = i;
         if (o->shuffle) {
             ff_rng r;
-            ff_rng_seed(&r, ff_seed_stream(o->seed, (uint64_t)e, 0x5348554646ULL));
+            ff_rng_seed(&r, ff_seed_stream(o->seed, (uint64_t)e, FF_SEED_TAG_TRAINER_SHUFFLE));
             for (int32_t i = n - 1; i > 0; i--) {
                 int32_t j = (int32_t)ff_rng_below(&r, (uint64_t)i + 1);
                 int32_t x = order[i];
