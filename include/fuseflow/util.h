@@ -64,11 +64,10 @@ uint64_t ff_seed_stream(uint64_t seed, uint64_t a, uint64_t b);
 /* ---- hashing -------------------------------------------------------------------------- */
 /* 64-bit FNV-1a of N bytes at P, continuing from H: FF_HASH_FNV1A_INIT to start, or a
  * previous result to hash pieces in turn (the same value as hashing them joined). For hash
- * tables, string interning, weight digests and the collectives' wire checks.
- * FF_HASH_FNV1A_INIT is not the published offset basis (14695981039346656037, one digit
- * longer): fuseflow's first hashes started from this value, and the weight digests and the
- * wire checks compare hashes across processes, so it stays (any basis spreads as well). */
-#define FF_HASH_FNV1A_INIT 1469598103934665603ULL
+ * tables, string interning, weight digests and the collectives' wire checks (processes of one
+ * build compare them; no hash is stored in a file). FF_HASH_FNV1A_INIT is the published
+ * offset basis. */
+#define FF_HASH_FNV1A_INIT 0xcbf29ce484222325ULL
 uint64_t ff_hash_fnv1a(const void *p, size_t n, uint64_t h);
 
 /* ---- allocation ------------------------------------------------------------------------ */
