@@ -598,6 +598,7 @@ out:
             } else if (rc >= 0) { /* the run's result stands; the timeline asked for is lost */
                 snprintf(err, sizeof err, "--trace %s: the timeline was not written: %s", o->trace_path, ff_error_message());
                 rc = -1;
+                started = false; /* the training is not what failed: nothing to resume */
             } else {
                 fprintf(x->out, "run: the timeline was not written: %s\n", ff_error_message());
             }

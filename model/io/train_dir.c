@@ -122,11 +122,13 @@ static int check_path(const ff_train_dir_spec *s, const char *name, bool folder)
     char path[4300], hint[512];
     snprintf(path, sizeof path, "%s/%s", s->out, name);
     struct stat st;
-    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : ff_error_set(path, NULL, "cannot inspect: %s", strerror(errno));
+    if (stat(path, &st) != 0) return errno == ENOENT ? 0 : ff_error_set(path, NULL, "cannot inspect: %s", strerror(errno));
     snprintf(hint, sizeof hint, "remove it, or choose another %s", s->out_key);
     if (folder ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))
         return ff_error_set(path, hint, "`fuseflow %s` writes this %s, but it is %s", s->cmd, folder ? "folder" : "file",
-                            S_ISDIR(st.st_mode) ? "a folder" : S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file");
+                            S_ISDIR(st.st_mode)   ? "a folder"
+                            : S_ISREG(st.st_mode) ? "a file"
+                                                  : "neither a file nor a folder");
     if (access(path, W_OK) != 0) return ff_error_set(path, hint, "cannot be written: %s", strerror(errno));
     return 0;
 }
@@ -241,9 +243,10 @@ static bool harmless(const ff_train_dir_spec *s, const char *key) {
 static int append_line(const char *path, const char *text) {
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return ff_error_set(path, "check that the output folder is writable", "cannot open for appending: %s", strerror(errno));
+    struct stat st;
     size_t len = strlen(text), off = 0;
-    int e = 0;
-    while (off < len) {
+    int e = fstat(fd, &st) != 0 ? errno : 0;
+    while (!e && off < len) {
         ssize_t w = write(fd, text + off, len - off);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
@@ -252,6 +255,8 @@ static int append_line(const char *path, const char *text) {
         }
         off += (size_t)w;
     }
+    /* no half line left behind (a reader would skip it, but a resumed run appends after it) */
+    if (e && off > 0 && ftruncate(fd, st.st_size) != 0) ff_warn("%s: a partial line is left at the end", path);
     if (close(fd) != 0 && !e) e = errno;
     if (e) return ff_error_set(path, e == ENOSPC ? "the disk is full" : NULL, "cannot append: %s", strerror(e));
     return 0;
@@ -267,6 +272,7 @@ int ff_train_dir_check_config(ff_train_dir *d, const ff_config *now, bool accept
     if (!was && !accept_changes)
         return ff_error_set(d->checkpoint, "pass --resume-with-changes to resume anyway", "the checkpoint does not record its config, so --resume cannot check that this run is the same");
     ff_config_change *ch = NULL;
+    bool recorded = was != NULL;
     int n = was ? ff_config_diff(was, now, &ch) : 0;
     ff_config_destroy(&was);
     if (n < 0) return -1;
@@ -289,7 +295,7 @@ int ff_train_dir_check_config(ff_train_dir *d, const ff_config *now, bool accept
         return ff_error_set(d->checkpoint, hint, "--resume: this config changes the run: %s", list);
     }
     int rc = 0;
-    if (n > 0 || !was) {
+    if (n > 0 || !recorded) {
         json_t *arr = json_array(), *rec = json_pack("{s:I, s:s, s:o}", s->step_key, (json_int_t)d->checkpoint_step, "checkpoint", d->checkpoint,
                                                     "changes", arr);
         for (int i = 0; rec && i < n; i++) {
@@ -298,7 +304,7 @@ int ff_train_dir_check_config(ff_train_dir *d, const ff_config *now, bool accept
             ff_info("%s: resuming with %s changed%s: %s -> %s", s->cmd, ch[i].key, h ? " (harmless)" : "", ch[i].was ? ch[i].was : "(absent)",
                     ch[i].now ? ch[i].now : "(absent)");
         }
-        if (rec && !was) json_object_set_new(rec, "unrecorded", json_true());
+        if (rec && !recorded) json_object_set_new(rec, "unrecorded", json_true());
         free(d->pending);
         d->pending = rec ? json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         json_decref(rec);
