@@ -170,9 +170,11 @@ int ff_train_dir_open(ff_train_dir *d, const ff_train_dir_spec *spec) {
     char ck[4300], hint[512];
     snprintf(ck, sizeof ck, "%s/checkpoints", s->out);
     snprintf(hint, sizeof hint, "choose another %s", s->out_key);
+    struct stat st;
+    if (s->resume && stat(s->out, &st) != 0) /* nothing to resume: make no folder */
+        return ff_error_set(s->out, "run without --resume to start", "--resume: no checkpoint in %s/checkpoints", s->out);
     if (ff_mkdirs(s->out) != 0) return ff_error_wrap("the output folder (%s)", s->out_key);
     /* checkpoints/ is made by the first save; until then OUT's probe covers it */
-    struct stat st;
     if (probe_folder(s, s->out) != 0 || check_path(s, "checkpoints", true) != 0 || (stat(ck, &st) == 0 && probe_folder(s, ck) != 0)) return -1;
     for (const char *const *f = own_files; *f; f++)
         if (check_path(s, *f, false) != 0) return -1;
@@ -276,16 +278,22 @@ int ff_train_dir_check_config(ff_train_dir *d, const ff_config *now, bool accept
     int n = was ? ff_config_diff(was, now, &ch) : 0;
     ff_config_destroy(&was);
     if (n < 0) return -1;
-    char list[3000] = "";
+    /* the list stays short enough for the message to keep its hint (errors hold 2 KiB) */
+    char list[1400] = "";
     size_t off = 0;
-    int meaningful = 0;
+    int meaningful = 0, listed = 0;
     for (int i = 0; i < n; i++) {
         if (harmless(s, ch[i].key)) continue;
-        if (meaningful++ < 12 && off < sizeof list)
-            off += (size_t)snprintf(list + off, sizeof list - off, "%s%s: %s -> %s", off ? ", " : "", ch[i].key, ch[i].was ? ch[i].was : "(absent)",
-                                    ch[i].now ? ch[i].now : "(absent)");
+        meaningful++;
+        char one[600];
+        int w = snprintf(one, sizeof one, "%s%s: %s -> %s", off ? ", " : "", ch[i].key, ch[i].was ? ch[i].was : "(absent)", ch[i].now ? ch[i].now : "(absent)");
+        if (listed < 12 && w > 0 && off + (size_t)w < sizeof list - 32) {
+            memcpy(list + off, one, (size_t)w + 1);
+            off += (size_t)w;
+            listed++;
+        }
     }
-    if (meaningful > 12 && off < sizeof list) snprintf(list + off, sizeof list - off, " and %d more", meaningful - 12);
+    if (meaningful > listed) snprintf(list + off, sizeof list - off, " and %d more", meaningful - listed);
     if (meaningful && !accept_changes) {
         ff_config_changes_free(&ch, n);
         char hint[4600];

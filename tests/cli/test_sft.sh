@@ -97,6 +97,7 @@ expect_error "another seed is refused even with --resume-with-changes" "seed 2 o
 [[ $(wc -l < split/config_changes.jsonl) == 1 ]] && grep -q '"key":"train.stop_after","was":"3","now":null,"harmless":true' split/config_changes.jsonl \
   && ok "the resume records its harmless change (train.stop_after), failed ones nothing" || fail "split/config_changes.jsonl: $(cat split/config_changes.jsonl)"
 expect_error "resume without checkpoints" "--resume: no checkpoint in nothing/checkpoints" "$FF_BIN" sft --config r.yaml out=nothing --resume
+expect_absent "a resume with nothing to resume makes no folder" nothing
 
 # resume is honest: a config that changes the run (an override changed or missing, a longer
 # schedule) is refused with the differences; harmless keys pass; --resume-with-changes goes on;

@@ -140,6 +140,14 @@ static void test_folder(void) {
     ff_config *bad = yaml("trainer: {steps: 6, test_freq: 1}\nroles: {actor: {workers: 1, rollout: {workers: 2}}}\nextra: 1\n");
     CHECK_EQ_INT(ff_train_dir_check_config(&d, bad, false), -1);
     CHECK_STR_CONTAINS(ff_error_message(), "this config changes the run: extra: (absent) -> 1, roles.actor.rollout.workers: 1 -> 2, trainer.steps: 4 -> 6");
+    /* many differences: the first 12 listed, the rest counted, the hint kept */
+    char many[2000] = "";
+    for (int i = 0; i < 20; i++) snprintf(many + strlen(many), sizeof many - strlen(many), "key_number_%02d: a_longer_value_%d\n", i, i);
+    ff_config *lots = yaml(many);
+    CHECK_EQ_INT(ff_train_dir_check_config(&d, lots, false), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "key_number_00: (absent) -> a_longer_value_0");
+    CHECK_STR_CONTAINS(ff_error_message(), " more (hint: resume with the config and overrides of that run");
+    ff_config_destroy(&lots);
     CHECK_EQ_INT(ff_train_dir_check_config(&d, bad, true), 0);
     CHECK_EQ_INT(d.changes, 3);
     /* start: config.yaml kept, metrics cut to the checkpoint's iteration, changes recorded */
