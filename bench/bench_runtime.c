@@ -23,6 +23,7 @@
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 #include "fuseflow/worker.h"
+#include "tests/runtime/rt_worker.h"
 
 extern char **environ;
 
@@ -226,10 +227,7 @@ static double throughput(int workers, const char *kind, int total) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "worker")) {
-        ff_log_set_level(FF_LOG_ERROR);
-        return ff_worker_main(argc - 1, argv + 1);
-    }
+    if (argc > 1 && !strcmp(argv[1], "worker")) return rt_worker_main(argc - 1, argv + 1, NULL, NULL);
     if (argc > 2 && !strcmp(argv[1], "zmq-echo")) return zmq_echo_main(argv[2]);
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -100,7 +100,7 @@ static int read_config(ff_config *y, const ff_tokenizer *tok, ff_model_config *c
     const int64_t big = 1 << 30;
 #define INT_KEY(key, field, lo)                                          \
     do {                                                                 \
-        if (ffio_cfg_int(y, #key, c->field, lo, big, &v) != 0) return -1; \
+        if (ff_config_get_int_in(y, #key, c->field, lo, big, &v) < 0) return -1; \
         c->field = (int32_t)v;                                           \
     } while (0)
     c->vocab_size = ff_tokenizer_vocab_size(tok);
@@ -115,9 +115,9 @@ static int read_config(ff_config *y, const ff_tokenizer *tok, ff_model_config *c
     INT_KEY(head_dim, head_dim, 2);
     INT_KEY(max_position_embeddings, max_position_embeddings, 2);
 #undef INT_KEY
-    if (ffio_cfg_double(y, "rope_theta", c->rope_theta, 1e-6, 1e12, &c->rope_theta) != 0 ||
-        ffio_cfg_double(y, "rms_norm_eps", c->rms_norm_eps, 1e-12, 1.0, &c->rms_norm_eps) != 0 ||
-        ffio_cfg_double(y, "initializer_range", 0.02, 1e-6, 10.0, init_range) != 0 ||
+    if (ff_config_get_double_in(y, "rope_theta", c->rope_theta, 1e-6, 1e12, &c->rope_theta) < 0 ||
+        ff_config_get_double_in(y, "rms_norm_eps", c->rms_norm_eps, 1e-12, 1.0, &c->rms_norm_eps) < 0 ||
+        ff_config_get_double_in(y, "initializer_range", 0.02, 1e-6, 10.0, init_range) < 0 ||
         ff_config_get_bool(y, "tie_word_embeddings", false, &c->tie_word_embeddings) < 0 ||
         ff_config_get_bool(y, "value_head", false, &c->value_head) < 0)
         return -1;

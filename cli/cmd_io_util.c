@@ -89,27 +89,6 @@ int ffio_parse(const char *cmd, int argc, char **argv, const ffio_opt *opts, int
     return 0;
 }
 
-static int out_of_range(struct ff_config *c, const char *key, const char *range) {
-    char where[256] = "";
-    ff_cnode *n = ff_cnode_find(ff_config_root(c), key);
-    if (n) ff_cnode_where(n, where, sizeof where);
-    return ff_error_set(where, NULL, "'%s' must be %s", key, range);
-}
-
-int ffio_cfg_int(struct ff_config *c, const char *key, int64_t dflt, int64_t lo, int64_t hi, int64_t *out) {
-    return ff_config_get_int_in(c, key, dflt, lo, hi, out) < 0 ? -1 : 0;
-}
-
-int ffio_cfg_double(struct ff_config *c, const char *key, double dflt, double lo, double hi, double *out) {
-    if (ff_config_get_double(c, key, dflt, out) < 0) return -1;
-    if (!(*out >= lo && *out <= hi)) {
-        char r[96];
-        snprintf(r, sizeof r, "in [%g, %g], got %g", lo, hi, *out);
-        return out_of_range(c, key, r);
-    }
-    return 0;
-}
-
 void ffio_human(double v, char *buf, size_t cap) {
     if (v >= 1e9)
         snprintf(buf, cap, "%.2fG", v / 1e9);

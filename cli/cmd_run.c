@@ -27,18 +27,27 @@ static void help(void) {
            "and on Ctrl-C (a second Ctrl-C stops at once, without one).\n\n"
            "  key.sub=value      override any config key (graph.rollout.n=16, roles.actor.optim.lr=2e-6)\n"
            "  --resume           continue from the newest checkpoint in OUT/checkpoints (same config and\n"
-           "                     overrides: the metrics continue as in an uninterrupted run)\n"
+           "                     overrides: the metrics continue as in an uninterrupted run); refused when\n"
+           "                     the config differs from the checkpoint's in a key other than\n"
+           "                     trainer.test_freq, save_freq, out_dir, schedule, data.val_files,\n"
+           "                     val_batch_size, roles.*.workers, roles.*.colocate_with,\n"
+           "                     roles.actor.rollout.workers (the differences are listed)\n"
+           "  --resume-with-changes  resume anyway (e.g. a longer trainer.steps): the changes go to\n"
+           "                     OUT/config_changes.jsonl; OUT/config.yaml stays the original\n"
            "  --workers N        data-parallel width of the actor (and of roles colocated with it)\n"
            "  --threads N        CPU threads per worker (default: cores / workers)\n"
            "  --trace FILE       write the run's timeline (Chrome JSON: open in ui.perfetto.dev): every\n"
-           "                     subtask by node and sample, controller-side work, stages, and each\n"
-           "                     job's dependencies along the samples' paths (fuseflow trace summary)\n"
+            "                     subtask by node and sample, controller-side work, stages, and each\n"
+            "                     job's dependencies along the samples' paths (fuseflow trace summary);\n"
+            "                     checked before the run starts, and a failed write is an error\n"
            "  --val-limit N      held-out prompts per evaluation (default: all of data.val_files)\n"
            "  --stop-after N     stop after iteration N with a checkpoint (then --resume)\n"
            "  --dump-samples     write every sample (prompt, response, score) to OUT/samples.jsonl\n"
            "  --no-progress      no live progress line\n\n"
-           "Exit status: 0 done, 1 error (the message names the problem; a lost worker that held training\n"
-           "state names the checkpoint to resume from), 2 bad usage, 130 interrupted (checkpoint saved).\n");
+           "Everything the run writes (OUT and its files, --trace) is checked before it starts; leftovers\n"
+           "of killed runs there (staging folders, sockets of dead processes) are removed.\n\n"
+           "Exit status: 0 done, 1 error (the message names the problem and, once the run began, the\n"
+           "checkpoint to resume from), 2 bad usage, 130 interrupted (checkpoint saved).\n");
 }
 
 static volatile sig_atomic_t g_interrupt = 0;
@@ -54,13 +63,14 @@ static void on_signal(int sig) {
 
 int ff_cmd_run(int argc, char **argv) {
     const char *trace = NULL;
-    bool resume = false, dump = false, no_progress = false;
+    bool resume = false, with_changes = false, dump = false, no_progress = false;
     int64_t workers = 0, threads = 0, val_limit = 0, stop_after = 0;
     const ffio_opt opts[] = {
         {"trace", FFIO_STR, &trace, 0, 0},          {"resume", FFIO_FLAG, &resume, 0, 0},
         {"workers", FFIO_INT, &workers, 1, 256},    {"threads", FFIO_INT, &threads, 1, 1024},
         {"val-limit", FFIO_INT, &val_limit, 1, 1e12}, {"stop-after", FFIO_INT, &stop_after, 1, 1e12},
         {"dump-samples", FFIO_FLAG, &dump, 0, 0},   {"no-progress", FFIO_FLAG, &no_progress, 0, 0},
+        {"resume-with-changes", FFIO_FLAG, &with_changes, 0, 0},
     };
     char *pos[257];
     int n_pos;
@@ -76,7 +86,8 @@ int ff_cmd_run(int argc, char **argv) {
     o.overrides = pos + 1;
     o.n_overrides = n_pos - 1;
     o.trace_path = trace;
-    o.resume = resume;
+    o.resume = resume || with_changes;
+    o.resume_with_changes = with_changes;
     o.workers = (int)workers;
     o.threads = (int)threads;
     o.val_limit = val_limit;

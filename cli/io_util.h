@@ -30,12 +30,6 @@ typedef struct ffio_opt {
  * its help), or 2 after printing a usage error. */
 int ffio_parse(const char *cmd, int argc, char **argv, const ffio_opt *opts, int n_opts, char **pos, int max_pos, int *n_pos);
 
-/* Typed config getters with bounds: 0 (present or default), -1 + error naming the file:line
- * and the allowed range. */
-struct ff_config;
-int ffio_cfg_int(struct ff_config *c, const char *key, int64_t dflt, int64_t lo, int64_t hi, int64_t *out);
-int ffio_cfg_double(struct ff_config *c, const char *key, double dflt, double lo, double hi, double *out);
-
 /* "1.02M", "25.3M", "512k" */
 void ffio_human(double v, char *buf, size_t cap);
 /* "1h02m", "3m05s", "12s" */

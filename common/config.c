@@ -667,6 +667,16 @@ int ff_cnode_get_int_in(ff_cnode *base, const char *path, int64_t dflt, int64_t 
     return ff_error_set(w, NULL, "'%s' must be in [%lld, %lld], got %lld", full, (long long)lo, (long long)hi, (long long)*out);
 }
 
+int ff_cnode_get_double_in(ff_cnode *base, const char *path, double dflt, double lo, double hi, double *out) {
+    int rc = ff_cnode_get_double(base, path, dflt, out);
+    if (rc != 0 || (*out >= lo && *out <= hi)) return rc;
+    ff_cnode *n = ff_cnode_find(base, path);
+    char w[512], full[512];
+    ff_cnode_where(n, w, sizeof w);
+    node_path(n, full, sizeof full);
+    return ff_error_set(w, NULL, "'%s' must be in [%g, %g], got %g", full, lo, hi, *out);
+}
+
 int ff_cnode_get_double(ff_cnode *base, const char *path, double dflt, double *out) {
     bool bad;
     ff_cnode *n = find_scalar(base, path, "a number", &bad);
@@ -750,6 +760,9 @@ int ff_config_get_int_in(ff_config *c, const char *p, int64_t d, int64_t lo, int
     return ff_cnode_get_int_in(c->root, p, d, lo, hi, o);
 }
 int ff_config_get_double(ff_config *c, const char *p, double d, double *o) { return ff_cnode_get_double(c->root, p, d, o); }
+int ff_config_get_double_in(ff_config *c, const char *p, double d, double lo, double hi, double *o) {
+    return ff_cnode_get_double_in(c->root, p, d, lo, hi, o);
+}
 int ff_config_get_bool(ff_config *c, const char *p, bool d, bool *o) { return ff_cnode_get_bool(c->root, p, d, o); }
 int ff_config_get_str(ff_config *c, const char *p, const char *d, const char **o) { return ff_cnode_get_str(c->root, p, d, o); }
 int ff_config_get_enum(ff_config *c, const char *p, const char *const *names, int n, int d, int *o) {
@@ -827,4 +840,100 @@ int ff_config_check_unused(ff_config *c) {
         return ff_error_set(w, hint, "unknown key '%s'", full);
     }
     return ff_error_set(w, "remove it", "unexpected value at '%s' that nothing reads", full);
+}
+
+/* ---- comparing ------------------------------------------------------------------------- */
+
+typedef struct leaf {
+    char *key;
+    const char *text;
+} leaf;
+
+typedef struct leaves {
+    leaf *v;
+    size_t n, cap;
+} leaves;
+
+/* Every non-null scalar under n as (dotted path, text); prefix is n's path. */
+static int flatten(const ff_cnode *n, const char *prefix, leaves *out) {
+    if (n->kind == FF_CNODE_SCALAR) {
+        if (is_null(n)) return 0;
+        if (out->n == out->cap) {
+            size_t cap = out->cap ? 2 * out->cap : 64;
+            leaf *v = ff_realloc(out->v, cap * sizeof *v);
+            if (!v) return -1;
+            out->v = v;
+            out->cap = cap;
+        }
+        if (!(out->v[out->n].key = ff_strdup(prefix))) return -1;
+        out->v[out->n++].text = n->text;
+        return 0;
+    }
+    for (size_t i = 0; i < n->n; i++) {
+        const ff_cnode *c = n->items[i];
+        char path[1024];
+        if (n->kind == FF_CNODE_MAP) snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", c->key);
+        else snprintf(path, sizeof path, "%s%s%zu", prefix, prefix[0] ? "." : "", i);
+        if (flatten(c, path, out) != 0) return -1;
+    }
+    return 0;
+}
+
+static int leaf_cmp(const void *a, const void *b) { return strcmp(((const leaf *)a)->key, ((const leaf *)b)->key); }
+
+static bool same_value(const char *a, const char *b) {
+    if (!strcmp(a, b)) return true;
+    char *ea, *eb;
+    double x = strtod(a, &ea), y = strtod(b, &eb);
+    return ea != a && eb != b && !*ea && !*eb && x == y;
+}
+
+static void leaves_free(leaves *l) {
+    for (size_t i = 0; i < l->n; i++) free(l->v[i].key);
+    free(l->v);
+}
+
+void ff_config_changes_free(ff_config_change **changes, int n) {
+    if (!*changes) return;
+    for (int i = 0; i < n; i++) {
+        free((*changes)[i].key);
+        free((*changes)[i].was);
+        free((*changes)[i].now);
+    }
+    free(*changes);
+    *changes = NULL;
+}
+
+int ff_config_diff(const ff_config *a, const ff_config *b, ff_config_change **out) {
+    *out = NULL;
+    leaves la = {0}, lb = {0};
+    ff_config_change *ch = NULL;
+    int n = 0, rc = -1;
+    if (flatten(a->root, "", &la) != 0 || flatten(b->root, "", &lb) != 0) goto done;
+    qsort(la.v, la.n, sizeof *la.v, leaf_cmp);
+    qsort(lb.v, lb.n, sizeof *lb.v, leaf_cmp);
+    if (!(ch = ff_calloc(la.n + lb.n + 1, sizeof *ch))) goto done;
+    for (size_t i = 0, j = 0; i < la.n || j < lb.n;) {
+        int c = i == la.n ? 1 : j == lb.n ? -1 : strcmp(la.v[i].key, lb.v[j].key);
+        const leaf *x = c <= 0 ? &la.v[i] : NULL, *y = c >= 0 ? &lb.v[j] : NULL;
+        i += c <= 0;
+        j += c >= 0;
+        if (x && y && same_value(x->text, y->text)) continue;
+        ff_config_change *d = &ch[n++];
+        d->key = ff_strdup(x ? x->key : y->key);
+        d->was = x ? ff_strdup(x->text) : NULL;
+        d->now = y ? ff_strdup(y->text) : NULL;
+        if (!d->key || (x && !d->was) || (y && !d->now)) goto done;
+    }
+    rc = 0;
+done:
+    leaves_free(&la);
+    leaves_free(&lb);
+    if (rc != 0) {
+        ff_config_changes_free(&ch, n);
+        return -1;
+    }
+    if (n == 0) ff_config_changes_free(&ch, 0);
+    *out = ch;
+    return n;
 }

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -238,38 +237,21 @@ int ff_mkdirs(const char *path) {
     return 0;
 }
 
-int ff_checkpoint_steps(const char *out_dir, int64_t **steps) {
-    char dir[FF_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/checkpoints", out_dir);
-    *steps = NULL;
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long long v;
-        char tail;
-        if (sscanf(e->d_name, "step-%lld%c", &v, &tail) != 1) continue; /* skips step-N.tmp-PID */
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            int64_t *a = realloc(*steps, (size_t)cap * sizeof *a);
-            if (!a) break;
-            *steps = a;
-        }
-        (*steps)[n++] = v;
+int ff_check_writable(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return ff_error_set(path, "give a file name", "is a folder");
+    char tmp[FF_PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int e = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+        if (write(fd, "ok\n", 3) != 3 || fsync(fd) != 0) e = errno ? errno : EIO;
+        if (close(fd) != 0 && !e) e = errno;
+        unlink(tmp);
     }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* insertion sort: a handful of entries */
-        for (int k = i; k > 0 && (*steps)[k - 1] > (*steps)[k]; k--) {
-            int64_t t = (*steps)[k];
-            (*steps)[k] = (*steps)[k - 1];
-            (*steps)[k - 1] = t;
-        }
-    if (n == 0) {
-        free(*steps);
-        *steps = NULL;
-    }
-    return n;
+    if (!e) return 0;
+    return ff_error_set(path, e == ENOSPC ? "the disk is full" : "check that its folder exists and is writable", "cannot be written: %s",
+                        strerror(e));
 }
 
 /* ---- the machine ----------------------------------------------------------------------- */

@@ -9,6 +9,7 @@
  * its connection (a send fails with EHOSTUNREACH). A dead local worker that is still
  * running (hung) is killed, so it cannot come back with stale results. */
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -18,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -642,6 +645,30 @@ static void on_deferred(struct ev_loop *loop, ev_idle *w, int revents) {
 }
 
 /* ---- life cycle --------------------------------------------------------------------------- */
+
+/* The default sockets (DIR/fuseflow-PID-N.sock) of controllers that were killed and could not
+ * remove theirs: unlinked at the next start, and logged. A socket counts as stale only when
+ * its process is gone and nobody accepts on it (a live process in another PID namespace
+ * sharing the folder keeps its own). */
+static void remove_stale_sockets(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid, n, len = 0;
+        if (sscanf(e->d_name, "fuseflow-%d-%d.sock%n", &pid, &n, &len) != 2 || e->d_name[len] || pid <= 0 || pid == (int)getpid()) continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        if ((size_t)snprintf(a.sun_path, sizeof a.sun_path, "%s/%s", dir, e->d_name) >= sizeof a.sun_path) continue;
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) continue;
+        bool refused = connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno == ECONNREFUSED;
+        close(fd);
+        if (refused && unlink(a.sun_path) == 0) ff_info("controller: removed %s, the socket of process %d, which is gone", a.sun_path, pid);
+    }
+    closedir(d);
+}
+
 static int setup_socket(ff_controller *c) {
     c->ctx = zmq_ctx_new();
     if (!c->ctx) return ff_error_set("controller", NULL, "zmq_ctx_new: %s", zmq_strerror(errno));
@@ -669,6 +696,11 @@ static int setup_socket(ff_controller *c) {
     } else {
         static atomic_int counter;
         const char *tmp = getenv("TMPDIR");
+        static atomic_flag swept = ATOMIC_FLAG_INIT;
+        if (!atomic_flag_test_and_set(&swept)) {
+            remove_stale_sockets(tmp && *tmp ? tmp : "/tmp");
+            if (tmp && *tmp && strcmp(tmp, "/tmp")) remove_stale_sockets("/tmp"); /* the fallback for long paths */
+        }
         snprintf(c->ipc_path, sizeof c->ipc_path, "%s/fuseflow-%d-%d.sock", tmp && *tmp ? tmp : "/tmp", (int)getpid(),
                  atomic_fetch_add(&counter, 1));
         if (strlen(c->ipc_path) > 100)

@@ -1,20 +1,22 @@
-/* Checkpoints of a run and its metrics file.
+/* What a checkpoint of `fuseflow run` holds, and resuming from one.
  *
  * OUT/checkpoints/step-NNNNNNNN/ holds everything needed to continue exactly:
  *   actor/, critic/            model folders of the trained roles (loadable by every command)
  *   actor.optim.safetensors    AdamW state (moments and the step count), critic's likewise
  *   state.json                 iteration, seed, data order (epoch, cursor), adaptive KL
  *                              coefficients, the training set's size
+ *   config.yaml                the effective run config (what --resume compares with)
  * The folder is staged as step-N.tmp-PID (the trained roles' DP rank 0 workers write their
- * parts into it, the controller writes state.json) and swapped in whole (ff_atomic_dir), so
- * a crash never leaves half a checkpoint. The two newest are kept.
+ * parts into it, the controller writes state.json) and swapped in whole (ff_train_dir_commit,
+ * fuseflow/train_dir.h), so a crash never leaves half a checkpoint (and the next run in the
+ * folder removes the staging folder of a dead one). The two newest are kept.
  *
  * Everything else a run draws from is a function of (seed, iteration, ...): sampling seeds,
  * mini-batch shuffles, the data order per epoch; so this is the whole state.
  *
- * Not here: when to save (exec_run.c). */
+ * Not here: when to save (exec_run.c); the run folder, metrics.jsonl and the data order
+ * (fuseflow/train_dir.h, shared with `fuseflow sft`). */
 #include <inttypes.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,34 +25,9 @@
 #include "fuseflow/modelio.h"
 #include "fuseflow/util.h"
 
-_Static_assert(FF_PATH_MAX >= PATH_MAX, "realpath() writes up to PATH_MAX bytes");
-
-int ex_ckpt_find(const char *out_dir, char *dir, size_t cap, int64_t *iteration) {
-    int64_t *steps;
-    int n = ff_checkpoint_steps(out_dir, &steps);
-    if (n == 0) return -1; /* steps is NULL */
-    *iteration = steps[n - 1];
-    snprintf(dir, cap, "%s/checkpoints/step-%08" PRId64, out_dir, steps[n - 1]);
-    free(steps);
-    return 0;
-}
-
-static void prune(const char *out_dir, int keep) {
-    int64_t *steps;
-    int n = ff_checkpoint_steps(out_dir, &steps);
-    for (int i = 0; i < n - keep; i++) {
-        char dir[FF_PATH_MAX];
-        snprintf(dir, sizeof dir, "%s/checkpoints/step-%08" PRId64, out_dir, steps[i]);
-        ff_remove_tree(dir);
-    }
-    free(steps);
-}
-
-int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at) {
-    char dir[FF_PATH_MAX], tmp[FF_PATH_MAX], abs_out[FF_PATH_MAX];
-    if (!realpath(x->run->trainer.out_dir, abs_out)) return ff_error_set(x->run->trainer.out_dir, NULL, "the output folder is gone");
-    snprintf(dir, sizeof dir, "%s/checkpoints/step-%08" PRId64, abs_out, iteration);
-    if (ff_atomic_dir_begin(dir, tmp, sizeof tmp) != 0) return -1;
+int ex_ckpt_save(ex_run *x, int64_t iteration, const ff_data_order *order_at) {
+    char tmp[FF_PATH_MAX];
+    if (ff_train_dir_stage(&x->td, iteration, tmp, sizeof tmp) != 0) return -1;
     const struct {
         ff_role role;
         int pool;
@@ -89,14 +66,10 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at) {
     int rc = text ? ff_write_file_atomic(path, text, strlen(text)) : -1;
     free(text);
     if (rc != 0) goto fail;
-    if (ff_atomic_dir_commit(tmp, dir) != 0) return -1;
-    snprintf(x->last_ckpt, sizeof x->last_ckpt, "%s", dir);
-    x->last_ckpt_iter = iteration;
-    prune(abs_out, 2);
-    return 0;
+    return ff_train_dir_commit(&x->td, iteration, tmp, x->run->cfg, 2);
 fail:
     ff_atomic_dir_abort(tmp);
-    return ff_error_wrap("checkpoint %s", dir);
+    return ff_error_wrap("checkpoint of iteration %" PRId64, iteration);
 }
 
 int ex_ckpt_load_state(ex_run *x, const char *dir) {
@@ -124,53 +97,9 @@ int ex_ckpt_load_state(ex_run *x, const char *dir) {
     }
     if (rc == 0) {
         x->iteration = it;
-        ex_order_free(&x->order);
-        rc = ex_order_init(&x->order, x->train.n, (uint64_t)x->run->trainer.seed, x->run->data.shuffle, epoch, cursor);
+        ff_data_order_free(&x->order);
+        rc = ff_data_order_init(&x->order, x->train.n, (uint64_t)x->run->trainer.seed, x->run->data.shuffle, epoch, cursor);
     }
     json_decref(st);
     return rc;
-}
-
-/* ---- metrics.jsonl ------------------------------------------------------------------------------ */
-int ex_metrics_truncate(const char *path, int64_t iteration) {
-    size_t len;
-    char *text = ff_read_file(path, &len);
-    if (!text) {
-        ff_error_clear();
-        return 0;
-    }
-    char *keep = ff_malloc(len + 1);
-    if (!keep) {
-        free(text);
-        return -1;
-    }
-    size_t kn = 0;
-    for (char *line = text; *line;) {
-        char *end = strchr(line, '\n');
-        size_t n = end ? (size_t)(end - line + 1) : strlen(line);
-        json_error_t e;
-        json_t *o = json_loadb(line, n, 0, &e);
-        if (o && json_integer_value(json_object_get(o, "iteration")) <= iteration) {
-            memcpy(keep + kn, line, n);
-            kn += n;
-        }
-        json_decref(o);
-        line += n;
-    }
-    int rc = ff_write_file_atomic(path, keep, kn);
-    free(text);
-    free(keep);
-    return rc;
-}
-
-int ex_metrics_append(ex_run *x, json_t *m) {
-    char path[FF_PATH_MAX];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", x->run->trainer.out_dir);
-    FILE *f = fopen(path, "a");
-    if (!f) return ff_error_set(path, NULL, "cannot append metrics");
-    char *line = json_dumps(m, JSON_COMPACT | JSON_REAL_PRECISION(10));
-    if (line) fprintf(f, "%s\n", line);
-    free(line);
-    int rc = fclose(f);
-    return rc ? ff_error_set(path, NULL, "cannot write metrics") : 0;
 }

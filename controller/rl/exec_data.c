@@ -1,9 +1,8 @@
 /* Datasets of a run (JSONL, one object per line: the prompt key, the answer key, anything
- * else as metadata) with their prompts tokenized the way SFT encodes them, and the order in
- * which training prompts are drawn: a permutation per epoch, a function of the seed and the
- * epoch, so a checkpoint needs only (epoch, cursor) to continue the same order.
+ * else as metadata) with their prompts tokenized the way SFT encodes them.
  *
- * Not here: what a sample becomes (exec_iter.c). */
+ * Not here: what a sample becomes (exec_iter.c), the order in which training prompts are
+ * drawn (ff_data_order, fuseflow/train_dir.h: the same as `fuseflow sft`'s). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,39 +118,4 @@ const char *ex_dataset_meta(ex_dataset *d, int64_t row, const char *prompt_key, 
     d->meta[row] = json_dumps(copy, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(copy);
     return d->meta[row];
-}
-
-/* ---- the order of training prompts ---------------------------------------------------------- */
-static void permute(ex_order *o) {
-    for (int64_t i = 0; i < o->n; i++) o->perm[i] = i;
-    if (!o->shuffle) return;
-    ff_rng r;
-    ff_rng_seed(&r, o->seed * FF_SPLITMIX64_GAMMA + (uint64_t)o->epoch);
-    for (int64_t i = o->n - 1; i > 0; i--) {
-        int64_t j = (int64_t)ff_rng_below(&r, (uint64_t)i + 1), t = o->perm[i];
-        o->perm[i] = o->perm[j];
-        o->perm[j] = t;
-    }
-}
-
-int ex_order_init(ex_order *o, int64_t n, uint64_t seed, bool shuffle, int64_t epoch, int64_t cursor) {
-    o->n = n, o->seed = seed, o->shuffle = shuffle, o->epoch = epoch, o->cursor = cursor;
-    o->perm = ff_malloc((size_t)n * sizeof *o->perm);
-    if (!o->perm) return -1;
-    permute(o);
-    return 0;
-}
-
-int64_t ex_order_next(ex_order *o) {
-    if (o->cursor >= o->n) {
-        o->epoch++;
-        o->cursor = 0;
-        permute(o);
-    }
-    return o->perm[o->cursor++];
-}
-
-void ex_order_free(ex_order *o) {
-    free(o->perm);
-    o->perm = NULL;
 }

@@ -4,9 +4,10 @@
  *                 and its workers, the loop over iterations, evaluation, shutdown
  *   exec_iter.c   one iteration: the sample store, the ff_sched loop, dispatch by op, results
  *   exec_train.c  train nodes (mini-batches, DP shares, micro-batches) and weight sync
- *   exec_data.c   datasets (JSONL, tokenized prompts) and the data order
+ *   exec_data.c   datasets (JSONL, tokenized prompts)
  *   exec_limits.c the run against the models' context, memory, the machine and the data
- *   exec_ckpt.c   checkpoints, resume, metrics.jsonl
+ *   exec_ckpt.c   what a checkpoint holds, and resuming from one (the run folder, the data
+ *                 order and metrics.jsonl are fuseflow/train_dir.h's)
  *   exec_trace.c  the run's timeline: stages, controller-side work and dependencies added to
  *                 the runtime controller's trace
  */
@@ -25,6 +26,7 @@
 #include "fuseflow/registry.h"
 #include "fuseflow/rl_protocol.h"
 #include "fuseflow/tokenizer.h"
+#include "fuseflow/train_dir.h"
 #include "fuseflow/util.h"
 
 #define EX_MAX_RANKS 256
@@ -51,17 +53,6 @@ typedef struct ex_dataset {
 int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, const ff_tokenizer *tok, bool need_answer);
 void ex_dataset_free(ex_dataset *d);
 const char *ex_dataset_meta(ex_dataset *d, int64_t row, const char *prompt_key, const char *answer_key);
-
-/* Where the data order stands: a permutation per epoch (seeded by seed and epoch), a cursor. */
-typedef struct ex_order {
-    uint64_t seed;
-    bool shuffle;
-    int64_t n, epoch, cursor;
-    int64_t *perm;
-} ex_order;
-int ex_order_init(ex_order *o, int64_t n, uint64_t seed, bool shuffle, int64_t epoch, int64_t cursor);
-int64_t ex_order_next(ex_order *o);
-void ex_order_free(ex_order *o);
 
 /* ---- the sample store ---------------------------------------------------------------------- */
 /* One column value of one sample: tokens (int32 [len]), per-token (float [len]), scalar (v),
@@ -138,7 +129,8 @@ struct ex_run {
     char *overrides_text;
     ff_tokenizer *tok;
     ex_dataset train, val;
-    ex_order order;
+    ff_data_order order;
+    ff_train_dir td;  /* the run folder: checks, metrics, checkpoints (the newest in td.checkpoint) */
     ff_reward *exact; /* arith_exact_match with defaults: accuracy */
     FILE *out;
     bool tty;
@@ -169,8 +161,6 @@ struct ex_run {
     int64_t iteration;   /* last completed */
     char failed[1024];   /* first fatal error, "" while fine */
     bool stop_now;
-    char last_ckpt[FF_PATH_MAX];
-    int64_t last_ckpt_iter; /* -1: none */
     int64_t updates[2];  /* total optimizer steps of the run: actor, critic */
     double eval_time_s;
     int64_t eval_done, eval_total; /* progress of the evaluation running (total 0: none) */
@@ -224,11 +214,8 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n);
 void ex_train_metrics(ex_run *x, ex_iter *I, json_t *m);
 
 /* exec_ckpt.c */
-int ex_ckpt_save(ex_run *x, int64_t iteration, const ex_order *order_at);
-int ex_ckpt_find(const char *out_dir, char *dir, size_t cap, int64_t *iteration);
+int ex_ckpt_save(ex_run *x, int64_t iteration, const ff_data_order *order_at);
 int ex_ckpt_load_state(ex_run *x, const char *dir);
-int ex_metrics_truncate(const char *path, int64_t iteration);
-int ex_metrics_append(ex_run *x, json_t *m);
 
 /* exec_trace.c: the run's additions to the controller's trace; every call is a no-op
  * without --trace (x->tr NULL) */

@@ -192,7 +192,7 @@ static int fill_groups(ex_run *x, ex_iter *I, int64_t g0, int64_t g1) {
     if (grow(x, I, g1) != 0) return -1;
     const ff_graph *g = x->run->graph;
     for (int64_t grp = g0; grp < g1; grp++) {
-        int64_t row = ex_order_next(&x->order);
+        int64_t row = ff_data_order_next(&x->order);
         I->group_row[grp] = row;
         I->gen_job[grp] = 0;
         I->prompts_drawn++;
@@ -962,15 +962,9 @@ void ex_check_workers(ex_run *x) {
         ex_trace_lost(x, r, wi.dead_reason[0] ? wi.dead_reason : "gone");
         unsigned roles = x->rank_roles[r];
         if (roles & (FF_RL_ACTOR | FF_RL_CRITIC)) {
-            char hint[FF_PATH_MAX];
-            if (x->last_ckpt[0])
-                snprintf(hint, sizeof hint, "resume from %s with `fuseflow run %s --resume` (same overrides)", x->last_ckpt,
-                         x->o.config);
-            else
-                snprintf(hint, sizeof hint, "no checkpoint was saved yet (trainer.save_freq); start again");
-            ex_fail(x, "worker %d (pid %lld) died (%s) holding the %s's training state; the run stops (hint: %s)", r,
-                    (long long)wi.pid, wi.dead_reason[0] ? wi.dead_reason : "gone", (roles & FF_RL_ACTOR) ? "actor" : "critic",
-                    hint);
+            /* ff_exec_run adds the checkpoint to continue from */
+            ex_fail(x, "worker %d (pid %lld) died (%s) holding the %s's training state; the run stops", r, (long long)wi.pid,
+                    wi.dead_reason[0] ? wi.dead_reason : "gone", (roles & FF_RL_ACTOR) ? "actor" : "critic");
             return;
         }
     }

@@ -15,6 +15,7 @@
  * more than one rank get a communicator for the gradient all-reduce.
  *
  * Not here: the iteration (exec_iter.c), training (exec_train.c), checkpoints (exec_ckpt.c). */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -400,7 +401,15 @@ static char *join_overrides(int n, char *const *v) {
     return s;
 }
 
-static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir, size_t rcap) {
+/* Keys whose change on --resume keeps the run's meaning: when it evaluates and saves, where
+ * it writes, how its roles are spread over processes (the same samples; float metrics agree
+ * to rounding, docs/run.md "Determinism"). docs/run.md lists them. */
+static const char *const harmless_keys[] = {"trainer.test_freq", "trainer.save_freq", "trainer.out_dir", "trainer.schedule",
+                                            "data.val_files", "data.val_batch_size", "roles.*.workers", "roles.*.colocate_with",
+                                            "roles.actor.rollout.workers", NULL};
+static const char *const samples_file[] = {"samples.jsonl", NULL};
+
+static int setup(ex_run *x, char ***over_out, int *n_over_out) {
     const ff_exec_opts *o = &x->o;
     if (!o->config) return ff_error_set("run", "fuseflow run CONFIG.yaml", "no run config");
     int n_over = o->n_overrides;
@@ -420,6 +429,12 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
     if (!(x->overrides_text = join_overrides(n_over, over))) return -1;
     if (ff_run_config_check_files(x->run) != 0) return -1;
     if (graph_facts(x) != 0 || place(x) != 0 || ex_check_limits(x) != 0) return -1;
+    /* everything the run will write, before any work: the timeline, the output folder */
+    if (o->trace_path && ff_check_writable(o->trace_path) != 0) return ff_error_wrap("--trace");
+    ff_train_dir_spec spec = {.cmd = "run", .out = x->run->trainer.out_dir, .out_key = "trainer.out_dir", .step_key = "iteration",
+                              .resume = o->resume, .files = o->dump_samples ? samples_file : NULL, .harmless = harmless_keys};
+    if (ff_train_dir_open(&x->td, &spec) != 0) return -1;
+    if (o->resume && ff_train_dir_check_config(&x->td, x->run->cfg, o->resume_with_changes) != 0) return -1;
     const ff_role_cfg *actor = &x->run->roles[FF_ROLE_ACTOR];
     if (!(x->tok = ff_tokenizer_load_dir(actor->model)))
         return ff_error_wrap("roles.actor.model: the prompts are encoded with the actor's tokenizer");
@@ -432,41 +447,33 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
     if (!(x->exact = ff_reward_new(x->reg, "arith_exact_match", NULL))) return -1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     x->threads = o->threads > 0 ? o->threads : (int)(cores / x->nranks > 0 ? cores / x->nranks : 1);
-    /* the output folder */
-    const char *out = x->run->trainer.out_dir;
-    if (ff_mkdirs(out) != 0) return -1;
-    int64_t ck_it = 0;
-    bool have_ckpt = ex_ckpt_find(out, resume_dir, rcap, &ck_it) == 0;
-    if (o->resume && !have_ckpt)
-        return ff_error_set(out, "run without --resume to start", "--resume: no checkpoint in %s/checkpoints", out);
-    if (!o->resume && have_ckpt)
-        return ff_error_set(out, "pass --resume to continue that run, or choose another trainer.out_dir (or delete it)",
-                            "the output folder holds checkpoints of an earlier run (%s)", resume_dir);
-    if (!o->resume) resume_dir[0] = 0;
     if (o->resume) {
-        if (ex_ckpt_load_state(x, resume_dir) != 0) return -1;
+        if (ex_ckpt_load_state(x, x->td.checkpoint) != 0) return -1;
         if (x->iteration >= x->run->trainer.steps)
-            return ff_error_set(resume_dir, "raise trainer.steps to train further", "the checkpoint is at iteration %" PRId64
-                                ", trainer.steps is %" PRId64, x->iteration, x->run->trainer.steps);
-        snprintf(x->last_ckpt, sizeof x->last_ckpt, "%s", resume_dir);
-        x->last_ckpt_iter = x->iteration;
-    } else if (ex_order_init(&x->order, x->train.n, (uint64_t)x->run->trainer.seed, x->run->data.shuffle, 0, 0) != 0) {
+            return ff_error_set(x->td.checkpoint, "raise trainer.steps to train further (with --resume-with-changes)",
+                                "the checkpoint is at iteration %" PRId64 ", trainer.steps is %" PRId64, x->iteration,
+                                x->run->trainer.steps);
+    } else if (ff_data_order_init(&x->order, x->train.n, (uint64_t)x->run->trainer.seed, x->run->data.shuffle, 0, 0) != 0) {
         return -1;
     }
+    if (ff_train_dir_start(&x->td, x->run->cfg) != 0) return -1;
+    if (o->dump_samples && !o->resume) {
+        char path[FF_PATH_MAX];
+        snprintf(path, sizeof path, "%s/samples.jsonl", x->run->trainer.out_dir);
+        if (unlink(path) != 0 && errno != ENOENT) return ff_error_set(path, NULL, "cannot remove the earlier run's samples: %s", strerror(errno));
+    }
+    return 0;
+}
+
+/* Append the iteration's samples to OUT/samples.jsonl (--dump-samples). */
+static int dump_samples(ex_run *x) {
     char path[FF_PATH_MAX];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    if (o->resume ? ex_metrics_truncate(path, x->iteration) != 0 : (unlink(path), 0)) return -1;
-    snprintf(path, sizeof path, "%s/config.yaml", out);
-    FILE *f = fopen(path, "w");
-    if (f) {
-        fprintf(f, "# the run config as `fuseflow run` read it (with its overrides)\n");
-        ff_config_write(x->run->cfg, f);
-        fclose(f);
-    }
-    if (o->dump_samples) {
-        snprintf(path, sizeof path, "%s/samples.jsonl", out);
-        if (!o->resume) unlink(path);
-    }
+    snprintf(path, sizeof path, "%s/samples.jsonl", x->run->trainer.out_dir);
+    FILE *f = fopen(path, "a");
+    if (!f) return ff_error_set(path, NULL, "cannot open for appending: %s", strerror(errno));
+    ex_dump_samples(x, f);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) return ff_error_set(path, NULL, "cannot write the samples: %s", strerror(errno));
     return 0;
 }
 
@@ -508,8 +515,6 @@ static void describe(ex_run *x, const char *resume_dir) {
 
 static int loop(ex_run *x) {
     const ff_trainer_cfg *tc = &x->run->trainer;
-    char path[FF_PATH_MAX];
-    snprintf(path, sizeof path, "%s/samples.jsonl", tc->out_dir);
     if (tc->test_freq > 0 && x->val.n && x->iteration == 0) {
         double acc;
         if (evaluate(x, &acc) != 0) return -1;
@@ -517,23 +522,20 @@ static int loop(ex_run *x) {
         clear_line(x);
         fprintf(x->out, "iter 0 | EVAL acc %.3f (%" PRId64 " held-out prompts, greedy)\n", acc, x->eval_done);
         fflush(x->out);
-        ex_metrics_append(x, m);
+        int rc = ff_train_dir_metrics(&x->td, m);
         json_decref(m);
+        if (rc != 0) return -1;
     }
     for (int64_t it = x->iteration + 1; it <= tc->steps; it++) {
-        ex_order at_start = x->order; /* the data position a checkpoint of iteration it - 1 records */
+        /* the data position a checkpoint of iteration it - 1 records */
+        int64_t epoch0 = x->order.epoch, cursor0 = x->order.cursor;
         int rc = ex_iteration(x, it);
         if (rc < 0) return -1;
         if (rc == 1) { /* interrupted before anything trained: save the state of it - 1 */
             clear_line(x);
-            /* back to the data position of it - 1; the permutation of that epoch is rebuilt,
-             * as the shared perm buffer may have moved on to the next epoch */
-            ex_order o2;
-            if (ex_order_init(&o2, x->train.n, at_start.seed, at_start.shuffle, at_start.epoch, at_start.cursor) != 0) return -1;
-            ex_order_free(&x->order);
-            x->order = o2;
-            if (x->last_ckpt_iter != it - 1 && ex_ckpt_save(x, it - 1, &x->order) != 0) return -1;
-            fprintf(x->out, "run: interrupted during iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
+            ff_data_order_seek(&x->order, epoch0, cursor0);
+            if (x->td.checkpoint_step != it - 1 && ex_ckpt_save(x, it - 1, &x->order) != 0) return -1;
+            fprintf(x->out, "run: interrupted during iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->td.checkpoint);
             return FF_EXEC_INTERRUPTED;
         }
         int64_t t_end = ff_now_ns();
@@ -541,12 +543,9 @@ static int loop(ex_run *x) {
         ex_iter_metrics(x, m);
         time_metrics(x, m, t_end);
         ex_iter_finish(x);
-        if (x->o.dump_samples) {
-            FILE *f = fopen(path, "a");
-            if (f) {
-                ex_dump_samples(x, f);
-                fclose(f);
-            }
+        if (x->o.dump_samples && dump_samples(x) != 0) {
+            json_decref(m);
+            return -1;
         }
         double it_time = (double)(t_end - x->cur->t0_ns) * 1e-9;
         x->iter_time_avg = x->iter_time_avg > 0 ? 0.8 * x->iter_time_avg + 0.2 * it_time : it_time;
@@ -564,20 +563,21 @@ static int loop(ex_run *x) {
             json_object_set_new(json_object_get(m, "time"), "eval", json_real(x->eval_time_s));
         }
         print_metrics(x, m);
-        ex_metrics_append(x, m);
+        rc = ff_train_dir_metrics(&x->td, m);
         json_decref(m);
+        if (rc != 0) return -1;
         event(x, "iteration", it, 0);
         if ((tc->save_freq > 0 && it % tc->save_freq == 0) || last || interrupted) {
             if (ex_ckpt_save(x, it, &x->order) != 0) return -1;
             event(x, "checkpoint", it, 0);
         }
         if (interrupted) {
-            fprintf(x->out, "run: interrupted after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
+            fprintf(x->out, "run: interrupted after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->td.checkpoint);
             return FF_EXEC_INTERRUPTED;
         }
         if (last) {
             if (it < tc->steps)
-                fprintf(x->out, "run: stopped after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
+                fprintf(x->out, "run: stopped after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->td.checkpoint);
             return FF_EXEC_DONE;
         }
     }
@@ -588,14 +588,17 @@ int ff_exec_run(const ff_exec_opts *o) {
     ex_run *x = ff_calloc(1, sizeof *x);
     if (!x) return -1;
     x->o = *o;
-    x->last_ckpt_iter = -1;
+    x->td.checkpoint_step = -1;
     x->out = o->out ? o->out : stdout;
     x->tty = o->progress == 1 || (o->progress < 0 && isatty(fileno(x->out)));
     char **over = NULL;
     int n_over = 0;
-    char resume_dir[FF_PATH_MAX] = "";
+    char resume_dir[FF_PATH_MAX] = "", err[FF_PATH_MAX] = "", note[2 * FF_PATH_MAX];
+    bool started = false;
     int rc = -1;
-    if (setup(x, &over, &n_over, resume_dir, sizeof resume_dir) != 0) goto out;
+    if (setup(x, &over, &n_over) != 0) goto out;
+    started = true;
+    if (o->resume) snprintf(resume_dir, sizeof resume_dir, "%s", x->td.checkpoint);
     describe(x, resume_dir);
     if (start_workers(x, resume_dir) != 0) {
         if (x->failed[0]) ff_error_set(NULL, NULL, "%s", x->failed);
@@ -604,25 +607,34 @@ int ff_exec_run(const ff_exec_opts *o) {
     event(x, "started", x->iteration, 0);
     rc = loop(x);
     if (rc < 0 && x->failed[0]) ff_error_set(NULL, NULL, "%s", x->failed);
-out:;
-    char err[2048];
-    snprintf(err, sizeof err, "%s", rc < 0 ? ff_error_message() : "");
+out:
+    if (rc < 0) snprintf(err, sizeof err, "%s", ff_error_message());
     clear_line(x);
     if (x->cur) ex_iter_free(x, &x->cur);
     if (x->c) {
         if (ff_controller_shutdown(x->c, WORKER_STOP_S) != 0 && rc >= 0) fprintf(x->out, "run: %s\n", ff_error_message());
         while (x->jobs) ex_job_release(x, x->jobs);
-        if (x->tr) {
-            if (ff_controller_trace_write(x->c, o->trace_path) == 0) fprintf(x->out, "run: timeline written to %s\n", o->trace_path);
-            else fprintf(x->out, "run: the timeline was not written: %s\n", ff_error_message());
+        if (x->tr && o->trace_path) {
+            if (ff_controller_trace_write(x->c, o->trace_path) == 0) {
+                fprintf(x->out, "run: timeline written to %s\n", o->trace_path);
+            } else if (rc >= 0) { /* the run's result stands; the timeline asked for is lost */
+                snprintf(err, sizeof err, "--trace %s: the timeline was not written: %s", o->trace_path, ff_error_message());
+                rc = -1;
+                started = false; /* the training is not what failed: nothing to resume */
+            } else {
+                fprintf(x->out, "run: the timeline was not written: %s\n", ff_error_message());
+            }
         }
         ff_controller_destroy(&x->c);
     }
+    /* every way a run stops after it began names the checkpoint to continue from */
+    if (rc < 0 && started) snprintf(err + strlen(err), sizeof err - strlen(err), "; %s", ff_train_dir_resume_note(&x->td, note, sizeof note));
     ex_trace_free(&x->tr);
     ff_reward_destroy(&x->exact);
     ex_dataset_free(&x->train);
     ex_dataset_free(&x->val);
-    ex_order_free(&x->order);
+    ff_data_order_free(&x->order);
+    ff_train_dir_close(&x->td);
     ff_tokenizer_destroy(&x->tok);
     ff_run_config_destroy(&x->run);
     ff_registry_destroy(&x->reg);

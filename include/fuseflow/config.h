@@ -67,8 +67,11 @@ void ff_cnode_mark_used(ff_cnode *n);                /* this node and everything
  * error naming its line, not an absent key; a null section (`trainer:` alone) is empty.
  * ff_cnode_find returns NULL there and leaves the error to ff_config_check_unused. */
 int ff_cnode_get_int(ff_cnode *base, const char *path, int64_t dflt, int64_t *out);
-/* An integer in [lo, hi]; outside it -1 + error naming the key, the value and the range. */
+/* With bounds: a value outside [lo, hi] is -1 + error naming file:line, the key, the value
+ * and the range ("'optim.lr' must be in [0, 10], got -1"); an absent key is 1 with dflt,
+ * unchecked, as above. */
 int ff_cnode_get_int_in(ff_cnode *base, const char *path, int64_t dflt, int64_t lo, int64_t hi, int64_t *out);
+int ff_cnode_get_double_in(ff_cnode *base, const char *path, double dflt, double lo, double hi, double *out);
 int ff_cnode_get_double(ff_cnode *base, const char *path, double dflt, double *out);
 int ff_cnode_get_bool(ff_cnode *base, const char *path, bool dflt, bool *out);
 int ff_cnode_get_str(ff_cnode *base, const char *path, const char *dflt, const char **out);
@@ -79,9 +82,24 @@ int ff_cnode_get_enum(ff_cnode *base, const char *path, const char *const *names
 int ff_config_get_int(ff_config *c, const char *path, int64_t dflt, int64_t *out);
 int ff_config_get_int_in(ff_config *c, const char *path, int64_t dflt, int64_t lo, int64_t hi, int64_t *out);
 int ff_config_get_double(ff_config *c, const char *path, double dflt, double *out);
+int ff_config_get_double_in(ff_config *c, const char *path, double dflt, double lo, double hi, double *out);
 int ff_config_get_bool(ff_config *c, const char *path, bool dflt, bool *out);
 int ff_config_get_str(ff_config *c, const char *path, const char *dflt, const char **out);
 int ff_config_get_enum(ff_config *c, const char *path, const char *const *names, int n, int dflt, int *out);
+
+/* ---- comparing two configurations ------------------------------------------------------- */
+/* One leaf where two trees differ: its dotted path ("optim.lr", "nodes.2.name") and the
+ * scalar text on each side, NULL where the key is absent (or null). */
+typedef struct ff_config_change {
+    char *key;
+    char *was, *now;
+} ff_config_change;
+/* The leaves in which a and b differ, sorted by key. Scalars that both read as numbers are
+ * compared by value (1e-3 equals 0.001), others as text; a null value, an empty map or list
+ * and an absent key are the same. Marks nothing as read. Returns the count with the list in
+ * *out (free it with ff_config_changes_free; NULL when the count is 0), or -1 + error. */
+int ff_config_diff(const ff_config *a, const ff_config *b, ff_config_change **out);
+void ff_config_changes_free(ff_config_change **changes, int n);
 
 /* -1 + error for the first section that a reader asked for a key of but holds a plain value
  * or a list (see above), else for the first key that no getter read: "run.yaml:7: unknown key

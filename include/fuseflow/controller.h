@@ -65,8 +65,11 @@ typedef struct ff_controller_opts {
     int max_pending;            /* subtasks waiting in the controller; 0 = unlimited */
     int max_attempts;           /* dispatches of an idempotent subtask (default 3) */
     size_t max_frame_bytes;     /* largest tensor frame accepted (default 1 GiB) */
-    const char *worker_bin;     /* program exec'd for local workers, run as `BIN worker ...`;
-                                   NULL: $FF_BIN, else this program (/proc/self/exe) */
+    const char *worker_bin;     /* program exec'd for local workers, run as `BIN worker --connect
+                                   ENDPOINT --rank N --connect-timeout S [--curve FILE]
+                                   [--log LEVEL]` (what `fuseflow worker` parses, into
+                                   ff_worker_opts for ff_worker_serve); NULL: $FF_BIN, else
+                                   this program (/proc/self/exe) */
     const char *worker_log;     /* --log level for spawned workers (NULL: they read FF_LOG) */
     bool worker_pgroup;         /* start local workers in process groups of their own, so the
                                    terminal's Ctrl-C (SIGINT to the foreground group) reaches the

@@ -53,7 +53,9 @@ typedef struct ff_exec_opts {
     char *const *overrides;    /* "key.sub=value", applied in order */
     int workers;               /* > 0: data-parallel width of the actor (roles.actor.workers=N, and
                                   of the roles colocated with it); 0: as the config says */
-    bool resume;               /* continue from the newest checkpoint in OUT_DIR/checkpoints */
+    bool resume;               /* continue from the newest checkpoint in OUT_DIR/checkpoints (refused
+                                  when the config changes the run: fuseflow/train_dir.h) */
+    bool resume_with_changes;  /* with resume: continue even so (the changes are recorded) */
     const char *trace_path;    /* write the run's timeline here (Chrome JSON, Perfetto) */
     const char *worker_bin;    /* program for local workers (NULL: $FF_BIN, else this one) */
     int threads;               /* CPU threads per worker (0: cores / workers, at least 1) */
@@ -76,9 +78,12 @@ enum {
     FF_EXEC_INTERRUPTED = 1, /* stopped on request, with a checkpoint to resume from */
 };
 
-/* Run it. FF_EXEC_DONE or FF_EXEC_INTERRUPTED, or -1 + error (bad config, missing files, a
- * worker that cannot load its model, a dead worker that held training state: the message
- * names the problem and the checkpoint to resume from). Workers are shut down either way. */
+/* Run it. Everything it will write (OUT_DIR, its files, the trace) is checked before any
+ * work starts. FF_EXEC_DONE or FF_EXEC_INTERRUPTED, or -1 + error (bad config, missing
+ * files, an output that cannot be written, a resume whose config differs, a worker that
+ * cannot load its model, a dead worker that held training state, a failed write: the
+ * message names the problem and, once the run began, the checkpoint to resume from).
+ * Workers are shut down either way. */
 int ff_exec_run(const ff_exec_opts *o);
 
 #pragma GCC visibility pop

@@ -29,8 +29,11 @@
 #include "fuseflow/rlhf.h"
 #include "fuseflow/roles.h"
 #include "fuseflow/safetensors.h"
+#include "fuseflow/sft.h"
 #include "fuseflow/tensor_set.h"
 #include "fuseflow/tokenizer.h"
+#include "fuseflow/trace_summary.h"
+#include "fuseflow/train_dir.h"
 #include "fuseflow/util.h"
 #include "fuseflow/worker.h"
 

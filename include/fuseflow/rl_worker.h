@@ -3,7 +3,7 @@
  * rl.init, rl.generate (deferred: continuous batching across subtasks), rl.logprob,
  * rl.value, rl.score, rl.train, rl.sync, rl.save, rl.digest. `fuseflow worker` registers
  * them, so local workers spawned by `fuseflow run` serve them; an embedding program does
- * the same with ff_rlworker_setup and ff_worker_main_ex.
+ * the same with ff_rlworker_setup and ff_worker_serve.
  *
  * Not here: the worker process itself (fuseflow/worker.h), the algorithm (the controller). */
 #ifndef FUSEFLOW_RL_WORKER_H

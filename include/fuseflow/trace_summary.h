@@ -20,11 +20,13 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
 /* Summarise the trace at path onto out (as JSON with json=true). 0, or -1 + error (not a
  * file, not JSON, no traceEvents, no subtask slices). */
 int ff_trace_summary(const char *path, FILE *out, bool json);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -93,10 +93,11 @@ char *ff_read_file(const char *path, size_t *len);
 int ff_write_file_atomic(const char *path, const void *data, size_t len);
 /* mkdir -p. Returns 0 or -1 + error. */
 int ff_mkdirs(const char *path);
-/* The steps of the checkpoints OUT_DIR/checkpoints/step-N (what `fuseflow sft` and
- * `fuseflow run` write), ascending; half-written step-N.tmp-PID folders are skipped. Returns
- * the count and a malloc'd list in *steps (the caller frees it; NULL when the count is 0). */
-int ff_checkpoint_steps(const char *out_dir, int64_t **steps);
+/* Can PATH be written (created or replaced the way ff_write_file_atomic does)? A file
+ * PATH.tmp.PID is created beside it, written, synced and removed, which is what mkdir and
+ * stat cannot tell (a read-only filesystem, a full disk, permissions). PATH itself must not
+ * be a folder. 0 or -1 + error naming the path and the reason. */
+int ff_check_writable(const char *path);
 
 #pragma GCC visibility pop
 #ifdef __cplusplus

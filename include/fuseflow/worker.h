@@ -80,15 +80,14 @@ void ff_worker_stop(ff_worker *w);
 /* Rank the controller assigned (-1 before the welcome). */
 int ff_worker_rank(const ff_worker *w);
 
-/* `fuseflow worker ...`: parse arguments (argv[0] is "worker"), run, return the exit
- * status (0 clean shutdown, 1 error, 2 bad usage). Programs that start workers by exec'ing
- * themselves (tests, benchmarks) call this from main when argv[1] is "worker". */
-int ff_worker_main(int argc, char **argv);
-/* The same, calling setup(w, ud) after the worker is made and before it runs: the place to
- * register a program's own kinds (model handlers) next to the generic ones. A setup that
- * returns -1 (+ error) ends it with status 1. ud stays the caller's. */
+/* A whole worker process's life: make the worker, call setup(w, ud) (NULL: none; the place
+ * to register a program's own kinds next to the generic ones), run it with SIGTERM/SIGINT
+ * as "stop", destroy it. 0 after a shutdown request or a signal; -1 + error when the worker
+ * cannot start, setup fails ("setup: ...") or ff_worker_run fails. ud stays the caller's.
+ * Parsing a command line into the options is the program's: `fuseflow worker`
+ * (cli/cmd_worker.c) reads the one ff_controller_spawn passes (controller.h). */
 typedef int (*ff_worker_setup_fn)(ff_worker *w, void *ud);
-int ff_worker_main_ex(int argc, char **argv, ff_worker_setup_fn setup, void *ud);
+int ff_worker_serve(const ff_worker_opts *o, ff_worker_setup_fn setup, void *ud);
 
 /* ---- inside a handler --------------------------------------------------------------- */
 uint64_t ff_task_id(const ff_task *t);

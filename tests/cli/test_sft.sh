@@ -90,8 +90,75 @@ PY
 cmp -s full/final/model.safetensors split/final/model.safetensors && ok "final weights identical" || fail "final weights differ"
 [[ $(ls split/checkpoints) == $'step-00000003\nstep-00000006' ]] && ok "keep_checkpoints keeps the newest two" || fail "checkpoints: $(ls split/checkpoints)"
 expect_error "resume past the end" "the checkpoint is at step 6, train.steps is 6" "$FF_BIN" sft --config r.yaml out=split --resume
-expect_error "resume with another seed" "seed 2 on 400 examples; this run has seed 9" "$FF_BIN" sft --config r.yaml out=split --resume train.seed=9 train.steps=9
+expect_error "resume with another seed and schedule: refused, the changes listed" "this config changes the run: train.seed: 2 -> 9, train.steps: 6 -> 9" \
+  "$FF_BIN" sft --config r.yaml out=split --resume train.seed=9 train.steps=9
+expect_error "another seed is refused even with --resume-with-changes" "seed 2 on 400 examples; this run has seed 9" \
+  "$FF_BIN" sft --config r.yaml out=split --resume-with-changes train.seed=9 train.steps=9
+[[ $(wc -l < split/config_changes.jsonl) == 1 ]] && grep -q '"key":"train.stop_after","was":"3","now":null,"harmless":true' split/config_changes.jsonl \
+  && ok "the resume records its harmless change (train.stop_after), failed ones nothing" || fail "split/config_changes.jsonl: $(cat split/config_changes.jsonl)"
 expect_error "resume without checkpoints" "--resume: no checkpoint in nothing/checkpoints" "$FF_BIN" sft --config r.yaml out=nothing --resume
+expect_absent "a resume with nothing to resume makes no folder" nothing
+
+# resume is honest: a config that changes the run (an override changed or missing, a longer
+# schedule) is refused with the differences; harmless keys pass; --resume-with-changes goes on;
+# every difference is recorded; OUT/config.yaml stays the original, each checkpoint has its own
+expect_ok "a run to resume" "$FF_BIN" sft --config r.yaml out=hon train.stop_after=3 optim.warmup_steps=1
+[[ -f hon/checkpoints/step-00000003/config.yaml ]] && ok "the checkpoint records its config" || fail "no hon/checkpoints/step-00000003/config.yaml"
+cp hon/config.yaml hon.config.orig && cp hon/metrics.jsonl hon.metrics.orig
+expect_error "resume with a changed override" "this config changes the run: optim.lr: 3.0e-3 -> 1e-2" \
+  "$FF_BIN" sft --config r.yaml out=hon --resume optim.warmup_steps=1 optim.lr=1e-2
+grep -q -- "--resume-with-changes" err && ok "the refusal says how to go on" || fail "no hint: $(cat err)"
+expect_error "resume without an override" "this config changes the run: optim.warmup_steps: 1 -> 2" "$FF_BIN" sft --config r.yaml out=hon --resume
+expect_error "resume with a longer schedule" "train.steps: 6 -> 8" "$FF_BIN" sft --config r.yaml out=hon --resume optim.warmup_steps=1 train.steps=8
+cmp -s hon/config.yaml hon.config.orig && cmp -s hon/metrics.jsonl hon.metrics.orig && ok "refused resumes change nothing" || fail "a refused resume changed config.yaml or metrics.jsonl"
+expect_absent "refused resumes record nothing" hon/config_changes.jsonl
+expect_ok "harmless changes pass" "$FF_BIN" sft --config r.yaml out=hon --resume optim.warmup_steps=1 train.log_every=2 train.stop_after=4
+expect_ok "--resume-with-changes continues" "$FF_BIN" sft --config r.yaml out=hon --resume-with-changes optim.warmup_steps=1 train.steps=8
+grep -q "resuming with train.steps changed: 6 -> 8" err && ok "the accepted change is logged" || fail "no log line: $(cat err)"
+python3 - <<'PY' && ok "the changes are recorded in config_changes.jsonl" || fail "config_changes.jsonl"
+import json
+rec = [json.loads(l) for l in open("hon/config_changes.jsonl")]
+print(rec)
+assert [r["step"] for r in rec] == [3, 4] and not any("unrecorded" in r for r in rec), rec
+assert {c["key"]: c for c in rec[0]["changes"]} == {
+    "train.log_every": {"key": "train.log_every", "was": None, "now": "2", "harmless": True},
+    "train.stop_after": {"key": "train.stop_after", "was": "3", "now": "4", "harmless": True}}, rec[0]
+ch = {c["key"]: c for c in rec[1]["changes"]}
+assert ch["train.steps"] == {"key": "train.steps", "was": "6", "now": "8", "harmless": False}, rec[1]
+m = [json.loads(l) for l in open("hon/metrics.jsonl")]
+assert [x["step"] for x in m if "loss" in x] == list(range(1, 9)), m
+PY
+cmp -s hon/config.yaml hon.config.orig && ok "OUT/config.yaml stays the original run's" || fail "OUT/config.yaml was overwritten"
+grep -q "steps: 8" hon/checkpoints/step-00000008/config.yaml && ok "the new checkpoint records the changed config" || fail "step-8 config"
+# a checkpoint that does not record its config (made before the record existed)
+expect_ok "a run to resume" "$FF_BIN" sft --config r.yaml out=old train.stop_after=3
+rm old/checkpoints/step-00000003/config.yaml old/config.yaml
+expect_error "resume from a checkpoint without its config" "does not record its config" "$FF_BIN" sft --config r.yaml out=old --resume
+expect_ok "... with --resume-with-changes" "$FF_BIN" sft --config r.yaml out=old --resume-with-changes
+grep -q '"unrecorded":true' old/config_changes.jsonl && ok "the unchecked resume is recorded" || fail "old/config_changes.jsonl: $(cat old/config_changes.jsonl)"
+
+# every path sft writes is checked before it trains (each of these used to fail at the end)
+touch afile
+mkdir -p w1 w2 w3/metrics.jsonl && touch w1/final w2/checkpoints
+expect_error "final/ is a file" "w1/final: .* but it is a file" "$FF_BIN" sft --config r.yaml out=w1
+expect_error "checkpoints/ is a file" "w2/checkpoints: .* but it is a file" "$FF_BIN" sft --config r.yaml out=w2 train.save_every=0
+expect_error "metrics.jsonl is a folder" "w3/metrics.jsonl: .* but it is a folder" "$FF_BIN" sft --config r.yaml out=w3
+expect_error "out under a file" "afile/out: cannot create directory" "$FF_BIN" sft --config r.yaml out=afile/out
+expect_absent "nothing trained" w1/metrics.jsonl w2/metrics.jsonl w1/config.yaml w2/config.yaml
+
+# leftovers of dead runs are removed (and logged) at the next start; a live process's stay
+sleep 0 & dead=$!
+wait $dead
+mkdir -p "lo/checkpoints/step-00000003.tmp-$dead" "lo/final.tmp-$dead" "lo/final.old-$dead" "lo/checkpoints/step-00000002.tmp-$$"
+head -c 100000 /dev/zero > "lo/checkpoints/step-00000003.tmp-$dead/model.safetensors"
+echo x > "lo/metrics.jsonl.tmp.$dead" && echo x > "lo/config.yaml.tmp.$dead"
+expect_ok "a run where a dead one left its staging" "$FF_BIN" sft --config r.yaml out=lo train.steps=2
+gone=1
+for p in "checkpoints/step-00000003.tmp-$dead" "final.tmp-$dead" "final.old-$dead" "metrics.jsonl.tmp.$dead" "config.yaml.tmp.$dead"; do
+  [[ ! -e "lo/$p" ]] && grep -q "removed lo/$p, left by process $dead, which is gone" err || { gone=0; fail "leftover lo/$p: $(ls lo lo/checkpoints; cat err)"; }
+done
+((gone)) && ok "leftovers of a dead run removed, each logged"
+[[ -d "lo/checkpoints/step-00000002.tmp-$$" ]] && ok "a live process's staging folder stays" || fail "a live process's staging folder was removed"
 
 # Ctrl-C: the step finishes, a checkpoint is saved, exit 130, --resume continues
 "$FF_BIN" sft --config r.yaml out=intr train.steps=100000 train.save_every=0 2>intr.err &

@@ -267,7 +267,52 @@ static void test_int_range(void) {
     ff_config_destroy(&c);
 }
 
+/* ff_config_diff: leaves by dotted path, numbers by value, null = absent, lists by index. */
+static void test_diff(void) {
+    const char *a_text = "optim: {lr: 1.0e-3, beta: 0.9}\nsteps: 10\nname: run\ngone: 1\nnull_here: ~\nnodes: [{n: a}, {n: b}]\n";
+    const char *b_text = "optim: {lr: 0.001, beta: 0.95}\nsteps: 10\nname: \"10\"\nnew: {k: v}\nnodes: [{n: a}, {n: c}]\n";
+    ff_config *a = ff_config_parse(a_text, strlen(a_text), "a.yaml"), *b = ff_config_parse(b_text, strlen(b_text), "b.yaml");
+    REQUIRE(a && b);
+    ff_config_change *ch;
+    int n = ff_config_diff(a, b, &ch);
+    REQUIRE(n == 5);
+    const char *want[5][3] = {{"gone", "1", NULL}, {"name", "run", "10"}, {"new.k", NULL, "v"}, {"nodes.1.n", "b", "c"}, {"optim.beta", "0.9", "0.95"}};
+    for (int i = 0; i < n; i++) {
+        CHECK(!strcmp(ch[i].key, want[i][0]));
+        CHECK(want[i][1] ? ch[i].was && !strcmp(ch[i].was, want[i][1]) : ch[i].was == NULL);
+        CHECK(want[i][2] ? ch[i].now && !strcmp(ch[i].now, want[i][2]) : ch[i].now == NULL);
+    }
+    ff_config_changes_free(&ch, n);
+    CHECK(ch == NULL);
+    CHECK_EQ_INT(ff_config_diff(a, a, &ch), 0);
+    CHECK(ch == NULL);
+    /* the diff marks nothing as read: the unknown-key check still sees every key */
+    CHECK_EQ_INT(ff_config_check_unused(a), -1);
+    ff_config_destroy(&a);
+    ff_config_destroy(&b);
+}
+
+static void test_bounded(void) {
+    ff_config *c = ff_config_parse("n: 5\nx: 0.5\n", 11, "r.yaml");
+    REQUIRE(c);
+    int64_t i;
+    double d;
+    CHECK_EQ_INT(ff_config_get_int_in(c, "n", 1, 0, 10, &i), 0);
+    CHECK_EQ_INT(i, 5);
+    CHECK_EQ_INT(ff_config_get_int_in(c, "absent", 7, 0, 10, &i), 1); /* absent: the default */
+    CHECK_EQ_INT(i, 7);
+    CHECK_EQ_INT(ff_config_get_int_in(c, "n", 1, 6, 10, &i), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "r.yaml:1: 'n' must be in [6, 10], got 5");
+    CHECK_EQ_INT(ff_config_get_double_in(c, "x", 0, 0, 1, &d), 0);
+    CHECK_EQ_INT(ff_config_get_double_in(c, "x", 0, 0.75, 1, &d), -1);
+    CHECK_EQ_INT(ff_config_get_double_in(c, "absent", 0.25, 0.75, 1, &d), 1); /* the default, unchecked */
+    CHECK_STR_CONTAINS(ff_error_message(), "r.yaml:2: 'x' must be in [0.75, 1], got 0.5");
+    ff_config_destroy(&c);
+}
+
 int main(void) {
+    test_diff();
+    test_bounded();
     test_getters();
     test_bad_values();
     test_unknown_key();

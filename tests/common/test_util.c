@@ -102,6 +102,21 @@ static void test_files(void) {
     CHECK_EQ_INT(ff_jsonl_next(r, &j), 0);
     ff_jsonl_close(&r);
     CHECK(r == NULL);
+    /* ff_check_writable: leaves nothing behind; a folder, a path under a file, a missing folder fail */
+    snprintf(path, sizeof path, "%s/w.json", dir);
+    CHECK_EQ_INT(ff_check_writable(path), 0);
+    CHECK(access(path, F_OK) != 0);
+    char probe[340];
+    snprintf(probe, sizeof probe, "%s.tmp.%d", path, (int)getpid());
+    CHECK(access(probe, F_OK) != 0);
+    CHECK_EQ_INT(ff_check_writable(dir), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "is a folder");
+    snprintf(path, sizeof path, "%s/d.jsonl/x.json", dir);
+    CHECK_EQ_INT(ff_check_writable(path), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "cannot be written: Not a directory");
+    snprintf(path, sizeof path, "%s/no/x.json", dir);
+    CHECK_EQ_INT(ff_check_writable(path), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "No such file or directory");
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK_EQ_INT(system(cmd), 0);

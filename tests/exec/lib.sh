@@ -37,6 +37,7 @@ prepare_sft_small() {
   (
     flock 9
     if [[ ! -f "$cache/sft_small/final/config.json" ]]; then
+      rm -rf "$cache/sft_small" # a run cut short: sft refuses a folder with checkpoints
       "$bin" sft --config "$src/examples/sft_arith.yaml" model="$cache/tiny" out="$cache/sft_small" \
         data.train="$cache/arith/train.jsonl" data.test="$cache/arith/test.jsonl" train.steps=300 train.batch_size=64 \
         train.eval_every=0 train.save_every=0 train.log_every=1000 > "$cache/sft_small.log" 2>&1 ||

@@ -76,8 +76,9 @@ ck=$(ls -d "$d"/out/checkpoints/step-* | tail -1)
 sleep 0.3
 [[ $(left_in "$d") == 0 ]] || fail "Ctrl-C: worker processes were left behind"
 done_it=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["iteration"])' "$ck/state.json")
-(cd "$d" && "$bin" run "$cfg" $(base "$d/out") roles.actor.model=$M roles.ref.model=$M trainer.steps=$((done_it + 1)) --resume \
-  --no-progress > "$d/log2" 2>&1) || { cat "$d/log2" >&2; fail "--resume after Ctrl-C failed"; }
+# the same config (trainer.steps is part of the schedule), one more iteration with --stop-after
+(cd "$d" && "$bin" run "$cfg" $(base "$d/out") roles.actor.model=$M roles.ref.model=$M trainer.steps=500 --resume \
+  --stop-after $((done_it + 1)) --no-progress > "$d/log2" 2>&1) || { cat "$d/log2" >&2; fail "--resume after Ctrl-C failed"; }
 grep -q "resuming from .*step-0*$done_it" "$d/log2" || fail "--resume did not start from the checkpoint"
 [[ $(iterations "$d/out/metrics.jsonl") == $((done_it + 1)) ]] || fail "after --resume, metrics.jsonl has not one line per iteration"
 

@@ -103,10 +103,7 @@ static uint64_t submit_count(ff_controller *c, int rank, float x, int64_t steps,
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "worker")) {
-        ff_log_set_level(FF_LOG_ERROR);
-        return ff_worker_main_ex(argc - 1, argv + 1, setup, NULL);
-    }
+    if (argc > 1 && !strcmp(argv[1], "worker")) return rt_worker_main(argc - 1, argv + 1, setup, NULL);
     ff_controller_opts o = rt_opts();
     ff_controller *c = rt_start(&o, 2);
 

@@ -1,6 +1,7 @@
 /* Helpers for the runtime tests. Each test program is also a worker: started with argv[1] ==
- * "worker" it runs ff_worker_main, so the controller under test spawns copies of the test
- * binary itself (built with the same sanitizers) and needs no other program. */
+ * "worker" it runs rt_worker_main (tests/runtime/rt_worker.h), so the controller under test
+ * spawns copies of the test binary itself (built with the same sanitizers) and needs no
+ * other program. */
 #ifndef FF_RT_TEST_H
 #define FF_RT_TEST_H
 
@@ -13,14 +14,13 @@
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 #include "fuseflow/worker.h"
+#include "tests/runtime/rt_worker.h"
 #include "tests/test_util.h"
 
 #define RT_WORKER_MAIN(argc, argv)                                                   \
     do {                                                                             \
-        if ((argc) > 1 && !strcmp((argv)[1], "worker")) {                            \
-            ff_log_set_level(FF_LOG_ERROR);                                          \
-            return ff_worker_main((argc) - 1, (argv) + 1);                           \
-        }                                                                            \
+        if ((argc) > 1 && !strcmp((argv)[1], "worker"))                              \
+            return rt_worker_main((argc) - 1, (argv) + 1, NULL, NULL);               \
     } while (0)
 
 static char rt_self[4096];

@@ -403,7 +403,7 @@ static void test_shutdown(void) {
     ff_controller_destroy(&c);
 }
 
-/* A kind of the program's own, registered through ff_worker_main_ex (the docs' example). */
+/* A kind of the program's own, registered through ff_worker_serve's setup (the docs' example). */
 static int kind_scale(ff_task *t, void *ud) {
     (void)ud;
     double k;
@@ -448,10 +448,7 @@ static void test_custom_kind(ff_controller *c) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "worker")) {
-        ff_log_set_level(FF_LOG_ERROR);
-        return ff_worker_main_ex(argc - 1, argv + 1, setup_worker, NULL);
-    }
+    if (argc > 1 && !strcmp(argv[1], "worker")) return rt_worker_main(argc - 1, argv + 1, setup_worker, NULL);
     ff_controller_opts o = rt_opts();
     ff_controller *c = rt_start(&o, 3);
     /* past what the machine runs: refused before any process starts, the bound named */
