@@ -391,6 +391,7 @@ static void on_hello(ff_controller *c, ff_msg *m) {
         known->peer_key = key;
         u64map_put(&c->peers, key, known);
         snprintf(known->host, sizeof known->host, "%s", h->host);
+        known->max_frame = h->max_frame ? (size_t)h->max_frame : (size_t)1 << 30;
         snprintf(known->device, sizeof known->device, "%s", h->device);
         free(known->caps);
         known->caps = NULL;
@@ -421,6 +422,7 @@ static void on_hello(ff_controller *c, ff_msg *m) {
     out->u.welcome.heartbeat_ms = (uint32_t)(c->o.heartbeat_s * 1000 + 0.5);
     out->u.welcome.timeout_ms = (uint32_t)(c->o.timeout_s * 1000 + 0.5);
     out->u.welcome.max_inflight = (uint32_t)c->o.max_inflight;
+    out->u.welcome.max_frame = c->o.max_frame_bytes ? c->o.max_frame_bytes : (uint64_t)1 << 30;
     ff_msg_send(c->sock, known->peer, known->peer_len, out);
     send_ping(c, known); /* a first clock sample right away */
     sched_pump(c, known);
@@ -469,7 +471,15 @@ static int read_batch(ff_controller *c) {
         if (rc == -1) {
             note_rejected(c, m, why);
             ctl_worker *w = u64map_get(&c->peers, peer_hash(m->peer, m->peer_len));
-            if (w) w->last_rx_ns = ff_now_ns();
+            if (w && w->peer_len == m->peer_len && !memcmp(w->peer, m->peer, m->peer_len)) {
+                w->last_rx_ns = ff_now_ns();
+                if (m->rejected_type == FF_MSG_RESULT && m->rejected_id) {
+                    char text[2 * FF_MSG_TEXT_MAX]; /* sched_rejected cuts it to fit */
+                    snprintf(text, sizeof text, "the controller rejected the result of worker %d: %s", w->rank,
+                             ff_error_message());
+                    sched_rejected(c, w, m->rejected_id, text);
+                }
+            }
             continue;
         }
         if (m->type == FF_MSG_HELLO) {
@@ -489,7 +499,10 @@ static int read_batch(ff_controller *c) {
         case FF_MSG_RESULT: sched_on_result(c, w, m); break;
         case FF_MSG_HEARTBEAT: on_pong(c, w, &m->u.heartbeat, now); break;
         case FF_MSG_ERROR:
-            ff_warn("controller: worker %d reports: %s", w->rank, m->u.error.text);
+            /* a refused subtask (or group setup) fails now instead of waiting forever */
+            if (m->u.error.code != FF_ERR_MALFORMED || !m->u.error.ref ||
+                !sched_rejected(c, w, m->u.error.ref, m->u.error.text))
+                ff_warn("controller: worker %d reports: %s", w->rank, m->u.error.text);
             break;
         default:
             c->stats.unexpected++;

@@ -51,6 +51,12 @@ void *ff_calloc(size_t count, size_t size);
 void *ff_realloc(void *p, size_t n);
 char *ff_strdup(const char *s);
 
+/* ---- text ------------------------------------------------------------------------------ */
+/* Copy the text src into dst (cap bytes; dst may be src). A text that does not fit keeps its
+ * start and its end, joined by "...": error texts name the file first and the problem and
+ * hint last, and both must survive a deep path. */
+void ff_text_fit(char *dst, size_t cap, const char *src);
+
 /* ---- files ----------------------------------------------------------------------------- */
 /* Read a whole file into a NUL-terminated buffer (*len excludes the NUL). NULL + error. */
 char *ff_read_file(const char *path, size_t *len);
