@@ -319,6 +319,7 @@ int ff_controller_spawn(ff_controller *c, int n) {
         w->pid = pid;
         w->reaped = false;
         w->disconnected = false;
+        w->disconnected_ns = 0;
         w->state = FF_WORKER_SPAWNED;
         w->joined_ns = ff_now_ns();
         w->dead_reason[0] = 0;
@@ -407,6 +408,7 @@ static void on_hello(ff_controller *c, ff_msg *m) {
         known->joined_live = true;
         known->exited_ns = 0;
         known->disconnected = false;
+        known->disconnected_ns = 0;
         known->dead_reason[0] = 0;
         known->nsamples = known->next_sample = 0;
         known->offset_ns = 0;
@@ -435,6 +437,7 @@ static void on_pong(ff_controller *c, ctl_worker *w, const ff_msg_heartbeat *h, 
     }
     w->busy = h->busy;
     w->errors = h->errors;
+    if (h->seq > w->pong_seq) w->pong_seq = h->seq;
     int64_t rtt = (t3 - h->t0) - (h->t2 - h->t1);
     if (rtt < 0) rtt = 0;
     /* offset = worker clock - controller clock, at the middle of the exchange */
@@ -543,6 +546,16 @@ static void settle_workers(ff_controller *c) {
         if (!w->disconnected && (now - w->exited_ns) / 1e9 < c->o.timeout_s) {
             waiting = true;
             continue;
+        }
+        if (!exited && w->local) {
+            /* a local process whose connection went is most often exiting (killed, crashed):
+             * a moment for it to end, so its death says how */
+            if (!w->disconnected_ns) w->disconnected_ns = now;
+            exited = reap(c, w, false);
+            if (!exited && now - w->disconnected_ns < 200000000) {
+                waiting = true;
+                continue;
+            }
         }
         for (int k = 0; k < 1000 && rt_zsock_readable(c->sock) && read_batch(c) > 0; k++) {}
         if (w->state != FF_WORKER_LIVE) continue; /* (a callback may have changed things) */
@@ -788,6 +801,43 @@ int ff_controller_wait_workers(ff_controller *c, int n, double timeout_s) {
     return ff_error_set("controller", "check the workers' stderr, the endpoint, worker_bin and CURVE keys",
                         "%d of %d workers live at %s%s%s", ff_controller_count_workers(c, FF_WORKER_LIVE), n, c->bound,
                         missing[0] ? ";" : "", missing);
+}
+
+typedef struct confirm_arg {
+    ff_controller *c;
+    const int *ranks;
+    const uint64_t *want;
+    int n;
+} confirm_arg;
+
+static bool confirmed(void *ud) {
+    confirm_arg *a = ud;
+    for (int i = 0; i < a->n; i++) {
+        ctl_worker *w = ctl_worker_get(a->c, a->ranks[i]);
+        if (w && w->state == FF_WORKER_LIVE && w->pong_seq < a->want[i]) return false;
+    }
+    return true;
+}
+
+int ff_controller_confirm_live(ff_controller *c, const int *ranks, int n, double timeout_s) {
+    uint64_t want[FF_MSG_MAX_MEMBERS];
+    if (n < 0 || n > FF_MSG_MAX_MEMBERS) return ff_error_set("controller", NULL, "%d ranks to confirm", n);
+    for (int i = 0; i < n; i++) {
+        ctl_worker *w = ctl_worker_get(c, ranks[i]);
+        want[i] = 0;
+        if (!w || w->state != FF_WORKER_LIVE) continue;
+        send_ping(c, w);
+        want[i] = w->ping_seq;
+    }
+    settle_workers(c); /* a send that failed above marked its worker disconnected */
+    confirm_arg a = {c, ranks, want, n};
+    if (ff_controller_run_until(c, confirmed, &a, timeout_s) != 0) return -1;
+    int dead = 0;
+    for (int i = 0; i < n; i++) {
+        ctl_worker *w = ctl_worker_get(c, ranks[i]);
+        dead += !w || w->state == FF_WORKER_DEAD || w->state == FF_WORKER_STOPPED;
+    }
+    return dead;
 }
 
 /* ---- information -------------------------------------------------------------------------- */

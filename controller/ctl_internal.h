@@ -102,6 +102,7 @@ typedef struct ctl_worker {
     bool reaped, disconnected;
     bool joined_live; /* has said hello at least once */
     int64_t exited_ns; /* when its local process was seen to exit */
+    int64_t disconnected_ns; /* when its lost connection was first seen (local: waiting for the exit) */
     int exit_status;
     uint8_t peer[FF_MSG_MAX_ROUTING_ID];
     size_t peer_len;
@@ -113,7 +114,7 @@ typedef struct ctl_worker {
     int inflight;
     uint64_t completed;
     int64_t last_rx_ns, joined_ns;
-    uint64_t ping_seq;
+    uint64_t ping_seq, pong_seq; /* last ping sent, last pong seen */
     int64_t sample_off[CTL_CLOCK_SAMPLES], sample_rtt[CTL_CLOCK_SAMPLES];
     int nsamples, next_sample;
     int64_t offset_ns, best_rtt_ns;

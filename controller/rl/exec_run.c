@@ -218,7 +218,7 @@ static int init_workers(ex_run *x, const char *resume_dir) {
 void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
     (void)n;
     if (r->status != FF_STATUS_OK) {
-        ex_fail(x, "evaluation on worker %d: %s: %s", r->rank, ff_status_name(r->status), r->error);
+        ex_subtask_failed(x, "evaluation on worker %d: %s: %s", r->rank, ff_status_name(r->status), r->error);
         return;
     }
     const ff_tensor *rlen = ex_out_named(r, FF_RL_T_RLEN), *resp = ex_out_named(r, FF_RL_T_RESP);
@@ -483,9 +483,59 @@ static void describe(ex_run *x, const char *resume_dir) {
     fflush(x->out);
 }
 
+/* ---- where to continue ------------------------------------------------------------------------- */
+/* Append arg to buf (at *off, cap bytes), quoted when the shell would split or expand it. */
+static void shell_arg(char *buf, size_t cap, size_t *off, const char *arg) {
+    bool plain = arg[0] != 0;
+    for (const char *p = arg; *p && plain; p++)
+        plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || strchr("_-./=:,+@%", *p);
+    int n;
+    if (plain) {
+        n = snprintf(buf + *off, cap - *off, " %s", arg);
+    } else {
+        n = snprintf(buf + *off, cap - *off, " '");
+        for (const char *p = arg; *p && n >= 0 && *off + (size_t)n < cap; p++)
+            n += snprintf(buf + *off + n, cap - *off - (size_t)n, *p == '\'' ? "'\\''" : "%c", *p);
+        if (n >= 0 && *off + (size_t)n < cap) n += snprintf(buf + *off + n, cap - *off - (size_t)n, "'");
+    }
+    if (n > 0) *off = *off + (size_t)n < cap ? *off + (size_t)n : cap - 1;
+}
+
+/* The command that continues this run: the same config, overrides and --workers, and
+ * --resume (the newest checkpoint); without one saved, the command that starts it again. */
+static void continue_command(const ex_run *x, bool resume, char *buf, size_t cap) {
+    size_t off = (size_t)snprintf(buf, cap, "fuseflow run");
+    shell_arg(buf, cap, &off, x->o.config);
+    for (int i = 0; i < x->o.n_overrides; i++) shell_arg(buf, cap, &off, x->o.overrides[i]);
+    if (x->o.workers > 0) {
+        char w[32];
+        snprintf(w, sizeof w, "%d", x->o.workers);
+        shell_arg(buf, cap, &off, "--workers");
+        shell_arg(buf, cap, &off, w);
+    }
+    if (resume) shell_arg(buf, cap, &off, "--resume");
+}
+
+/* Every way a started run stops names where to continue: the newest checkpoint by path with
+ * the exact command (--resume takes the newest, which is that one). */
+static void add_resume_hint(ex_run *x) {
+    char msg[8192], cmd[8192], hint[12288];
+    snprintf(msg, sizeof msg, "%s", ff_error_message());
+    if (x->last_ckpt[0]) {
+        continue_command(x, true, cmd, sizeof cmd);
+        snprintf(hint, sizeof hint, "resume from the checkpoint %s (iteration %" PRId64 "): `%s`", x->last_ckpt,
+                 x->last_ckpt_iter, cmd);
+    } else {
+        continue_command(x, false, cmd, sizeof cmd);
+        snprintf(hint, sizeof hint, "no checkpoint was saved yet (trainer.save_freq %" PRId64 "): start again with `%s`",
+                 (int64_t)x->run->trainer.save_freq, cmd);
+    }
+    ff_error_set(NULL, hint, "%s; the run stopped", msg);
+}
+
 static int loop(ex_run *x) {
     const ff_trainer_cfg *tc = &x->run->trainer;
-    char path[4200];
+    char path[4200], cmd[8192];
     snprintf(path, sizeof path, "%s/samples.jsonl", tc->out_dir);
     if (tc->test_freq > 0 && x->val.n && x->iteration == 0) {
         double acc;
@@ -510,7 +560,8 @@ static int loop(ex_run *x) {
             ex_order_free(&x->order);
             x->order = o2;
             if (x->last_ckpt_iter != it - 1 && ex_ckpt_save(x, it - 1, &x->order) != 0) return -1;
-            fprintf(x->out, "run: interrupted during iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
+            continue_command(x, true, cmd, sizeof cmd);
+            fprintf(x->out, "run: interrupted during iteration %" PRId64 "; saved %s (continue with `%s`)\n", it, x->last_ckpt, cmd);
             return FF_EXEC_INTERRUPTED;
         }
         int64_t t_end = ff_now_ns();
@@ -549,12 +600,15 @@ static int loop(ex_run *x) {
             event(x, "checkpoint", it, 0);
         }
         if (interrupted) {
-            fprintf(x->out, "run: interrupted after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
+            continue_command(x, true, cmd, sizeof cmd);
+            fprintf(x->out, "run: interrupted after iteration %" PRId64 "; saved %s (continue with `%s`)\n", it, x->last_ckpt, cmd);
             return FF_EXEC_INTERRUPTED;
         }
         if (last) {
-            if (it < tc->steps)
-                fprintf(x->out, "run: stopped after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->last_ckpt);
+            if (it < tc->steps) {
+                continue_command(x, true, cmd, sizeof cmd);
+                fprintf(x->out, "run: stopped after iteration %" PRId64 "; saved %s (continue with `%s`)\n", it, x->last_ckpt, cmd);
+            }
             return FF_EXEC_DONE;
         }
     }
@@ -582,8 +636,9 @@ int ff_exec_run(const ff_exec_opts *o) {
     event(x, "started", x->iteration, 0);
     rc = loop(x);
     if (rc < 0 && x->failed[0]) ff_error_set(NULL, NULL, "%s", x->failed);
+    if (rc < 0) add_resume_hint(x);
 out:;
-    char err[2048];
+    char err[8192];
     snprintf(err, sizeof err, "%s", rc < 0 ? ff_error_message() : "");
     clear_line(x);
     if (x->cur) ex_iter_free(x, &x->cur);
