@@ -5,7 +5,8 @@
 #   suggestion), a model a worker cannot load (damaged safetensors), an output folder that
 #   holds another run's checkpoints, --resume with nothing to resume;
 #   Ctrl-C (SIGINT to the terminal's process group) during a stage: a checkpoint, exit 130,
-#   workers gone, and --resume continues from it.
+#   workers gone, and --resume continues from it; a damaged newest checkpoint (weights cut
+#   short, state.json garbled): the message names the checkpoint before it and how to resume.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_inputs
@@ -83,4 +84,27 @@ grep -q "resuming from .*step-0*$done_it" "$d/log2" || fail "--resume did not st
 
 # an output folder with another run's checkpoints
 expect_fail not_resumed "pass --resume" "$cfg" $(base "$d/out") roles.actor.model=$M roles.ref.model=$M
+
+# a damaged newest checkpoint: the message names the one before it and how to resume from
+# it (not "copy or download it again": there is no other copy); the weights cut short, then
+# state.json garbled; following the hint resumes from the one before
+r=$work/ck
+"$bin" run "$cfg" $(base "$r") roles.actor.model=$M roles.ref.model=$M trainer.steps=2 trainer.save_freq=1 \
+  --no-progress > "$work/ck.log" 2>&1 || { cat "$work/ck.log" >&2; fail "the run to damage failed"; }
+ck2=$r/checkpoints/step-00000002
+cp "$ck2/actor/model.safetensors" "$work/ck_weights"
+truncate -s 3000 "$ck2/actor/model.safetensors"
+expect_fail damaged_ckpt "the one before it is $r/checkpoints/step-00000001" "$cfg" $(base "$r") roles.actor.model=$M \
+  roles.ref.model=$M trainer.steps=3 --resume
+grep -q "mv $ck2 $ck2.damaged" "$work/damaged_ckpt/log" || fail "damaged_ckpt: no way to move it aside"
+grep -q "copy or download" "$work/damaged_ckpt/log" && fail "damaged_ckpt: the hint still says to copy or download it"
+cp "$work/ck_weights" "$ck2/actor/model.safetensors"
+echo '{"iteration": 2, "seed":' > "$ck2/state.json"
+expect_fail damaged_state "the one before it is $r/checkpoints/step-00000001" "$cfg" $(base "$r") roles.actor.model=$M \
+  roles.ref.model=$M trainer.steps=3 --resume
+mv "$ck2" "$ck2.damaged"
+"$bin" run "$cfg" $(base "$r") roles.actor.model=$M roles.ref.model=$M trainer.steps=3 --resume --no-progress \
+  > "$work/ck2.log" 2>&1 || { cat "$work/ck2.log" >&2; fail "resuming from the checkpoint before the damaged one failed"; }
+grep -q "resuming from .*step-00000001" "$work/ck2.log" || fail "the resume did not start from step-00000001"
+[[ $(iterations "$r/metrics.jsonl") == 3 ]] || fail "after resuming from step 1, metrics.jsonl has not 3 iterations"
 echo ok
