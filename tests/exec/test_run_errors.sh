@@ -45,12 +45,18 @@ expect_fail wrong_key "did you mean 'graph.train_actor.clip_ratio_high'" "$cfg" 
   roles.actor.model=$M roles.ref.model=$M graph.train_actor.clip_ratio_hihg=0.3
 grep -q "unknown key 'graph.train_actor.clip_ratio_hihg'" "$work/wrong_key/log" || fail "wrong_key: no unknown-key message"
 
-# a reference model whose weights are cut short: its worker cannot load it
-cp -r "$M" "$work/damaged"
-truncate -s 1000 "$work/damaged/model.safetensors"
-expect_fail damaged_model "damaged/model.safetensors" "$cfg" $(base "$work/o4") roles.actor.model=$M roles.ref.model=$work/damaged \
-  roles.ref.colocate_with=null roles.ref.workers=1
+# a reference model whose weights are cut short, in a deep folder (the worker's message is
+# longer than the 255 bytes the wire used to carry): its worker cannot load it, and the
+# message keeps the file name, the problem and the hint
+deep=$work/damaged/$(printf 'level-%02d-of-a-deep-folder/' $(seq 1 12))model
+mkdir -p "$(dirname "$deep")"
+cp -r "$M" "$deep"
+truncate -s 3000 "$deep/model.safetensors"
+expect_fail damaged_model "of-a-deep-folder/model/model.safetensors: tensor '" "$cfg" $(base "$work/o4") roles.actor.model=$M \
+  roles.ref.model=$deep roles.ref.colocate_with=null roles.ref.workers=1
 grep -q "role ref" "$work/damaged_model/log" || fail "damaged_model: the message does not name the role"
+grep -q "the data section has only .* bytes (hint: the file is truncated or damaged; copy or download it again)" \
+  "$work/damaged_model/log" || fail "damaged_model: the problem or the hint was cut off"
 
 expect_fail resume_nothing "no checkpoint" "$cfg" $(base "$work/o5") roles.actor.model=$M roles.ref.model=$M --resume
 
