@@ -402,10 +402,11 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out, char *resume_dir,
         return ff_error_wrap("roles.actor.model: the prompts are encoded with the actor's tokenizer");
     bool need_answer = false;
     for (int m = 0; m < x->n_nodes; m++) need_answer |= x->answer_col >= 0 && node_of(x, m)->in[FF_SLOT_ANSWER] == x->answer_col;
-    if (ex_dataset_load(&x->train, x->run->data.train_files, x->run, x->tok, need_answer) != 0) return -1;
+    if (ex_dataset_load(&x->train, x->run->data.train_files, x->run, x->tok, need_answer) != 0)
+        return ff_error_wrap("data.train_files");
     if (x->run->data.val_files && x->run->trainer.test_freq > 0 &&
         ex_dataset_load(&x->val, x->run->data.val_files, x->run, x->tok, true) != 0)
-        return -1;
+        return ff_error_wrap("data.val_files");
     if (!(x->exact = ff_reward_new(x->reg, "arith_exact_match", NULL))) return -1;
     if (place(x) != 0) return -1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);

@@ -59,6 +59,14 @@ grep -q "the data section has only .* bytes (hint: the file is truncated or dama
   "$work/damaged_model/log" || fail "damaged_model: the problem or the hint was cut off"
 
 expect_fail resume_nothing "no checkpoint" "$cfg" $(base "$work/o5") roles.actor.model=$M roles.ref.model=$M --resume
+# empty and blank data files: which one, what was wrong, what a line looks like
+: > "$work/nothing.jsonl"
+printf '\n  \n' > "$work/blank.jsonl"
+expect_fail empty_train "data.train_files: $work/nothing.jsonl: no examples: the file is empty or holds only blank lines" "$cfg" \
+  $(base "$work/o6") roles.actor.model=$M roles.ref.model=$M data.train_files=$work/nothing.jsonl
+grep -q '{"prompt": "12+34=", "answer": "46"}' "$work/empty_train/log" || fail "empty_train: no example line"
+expect_fail blank_val "data.val_files: $work/blank.jsonl: no examples" "$cfg" $(base "$work/o7") roles.actor.model=$M \
+  roles.ref.model=$M data.val_files=$work/blank.jsonl trainer.test_freq=1
 
 # Ctrl-C during a stage: the run is its own process group (as under a terminal) and the
 # whole group gets SIGINT; the workers are in groups of their own and stop after the save
