@@ -376,6 +376,7 @@ int sched_send(ff_controller *c, ctl_worker *w, ctl_sub *s) {
     for (int i = 0; i < s->nframes; i++) {
         size_t bytes = zmq_msg_size(&s->frames[i]);
         if (bytes > w->max_frame) { /* w would refuse it (or its socket drop the connection) */
+            s->dispatch_ns = ff_now_ns(); /* (the trace shows it as refused at once) */
             char why[256];
             snprintf(why, sizeof why, "subtask %llu: tensor frame %d has %zu bytes, over worker %d's limit of %zu (hint: "
                      "raise the worker's max_frame_bytes (fuseflow worker --max-frame BYTES) or send smaller tensors)",

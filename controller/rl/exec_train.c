@@ -205,7 +205,7 @@ void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
     if (r[0].status != FF_STATUS_OK) {
         /* (the gradient all-reduce fails on the survivors when a rank dies) */
         ex_subtask_failed(x, "node '%s', step %d on worker %d: %s: %s", nd->name, j->minibatch, r[0].rank,
-                   ff_status_name(r[0].status), r[0].error);
+                          ff_status_name(r[0].status), r[0].error);
         return;
     }
     const ff_tensor *mt = ex_out_named(&r[0], FF_RL_T_METRICS);
