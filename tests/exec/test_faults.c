@@ -164,7 +164,7 @@ static void on_event(void *ud, const ff_exec_event *e) {
         for (int k = 0; k < EV_KINDS; k++)
             if (!strcmp(e->what, ev_names[k])) {
                 ev_rec r = {e->iteration, k};
-                if (write(event_fd, &r, sizeof r) != (ssize_t)sizeof r) _exit(3);
+                if (write(event_fd, &r, sizeof r) != (ssize_t)sizeof r) { /* the parent stopped listening: it kills us */ }
             }
         return;
     }
@@ -287,11 +287,11 @@ static int run_killed(const char *out, int64_t it, int what, int delay_us, bool 
     ev_rec r;
     bool hit = false;
     while (!hit && read(fds[0], &r, sizeof r) == (ssize_t)sizeof r) hit = r.iteration == it && r.what == what;
-    close(fds[0]);
     if (hit) {
         usleep((useconds_t)delay_us);
         kill(pid, SIGKILL);
     }
+    close(fds[0]); /* (after the kill: the child must not meet a closed pipe first) */
     int status;
     REQUIRE(waitpid(pid, &status, 0) == pid);
     *killed = WIFSIGNALED(status);
