@@ -50,7 +50,7 @@ static void free_seqs(seq *s, size_t n) {
     free(s);
 }
 
-/* Read and check every line. NULL + error naming file:line. */
+/* Read and check every line (at least one). NULL + error naming file:line. */
 static seq *read_input(const char *path, const ff_model_config *cfg, const ff_tokenizer *tok, bool add_special, size_t *n_out) {
     ff_jsonl *r = ff_jsonl_open(path);
     if (!r) return NULL;
@@ -123,6 +123,11 @@ static seq *read_input(const char *path, const ff_model_config *cfg, const ff_to
         o = NULL;
     }
     if (got < 0) goto fail;
+    if (n == 0) {
+        ff_error_set(path, "write one JSON object per line: {\"tokens\": [256, 49, 50]} or {\"text\": \"12+34=\"}",
+                     "no input lines: the file is empty or holds only blank lines");
+        goto fail;
+    }
     ff_jsonl_close(&r);
     *n_out = n;
     return s;

@@ -30,7 +30,7 @@ struct demo {
     int64_t *submit_ns, *latency_ns;
     task_ctx *ctx;
     int group_size;
-    char first_error[512];
+    char first_error[FF_MSG_TEXT_MAX + 128];
 };
 
 static void usage(FILE *out) {

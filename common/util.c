@@ -145,6 +145,29 @@ char *ff_strdup(const char *s) {
     return p;
 }
 
+/* ---- text ------------------------------------------------------------------------------ */
+void ff_text_fit(char *dst, size_t cap, const char *src) {
+    if (!cap) return;
+    size_t n = strlen(src);
+    if (n < cap) {
+        memmove(dst, src, n + 1);
+        return;
+    }
+    static const char dots[] = "...";
+    if (cap < 2 * sizeof dots) { /* no room for both ends: the start */
+        memmove(dst, src, cap - 1);
+        dst[cap - 1] = 0;
+        return;
+    }
+    /* head + dots + tail + NUL = cap; in place, the tail is read from beyond what the head
+     * and the dots overwrite (n >= cap) */
+    size_t keep = cap - sizeof dots, head = keep / 2, tail = keep - head;
+    memmove(dst, src, head);
+    memcpy(dst + head, dots, sizeof dots - 1);
+    memmove(dst + head + sizeof dots - 1, src + n - tail, tail);
+    dst[cap - 1] = 0;
+}
+
 /* ---- files ----------------------------------------------------------------------------- */
 
 char *ff_read_file(const char *path, size_t *len) {
@@ -291,3 +314,4 @@ const char *ff_fmt_bytes(uint64_t b, char *buf, size_t cap) {
     else snprintf(buf, cap, "%.*f %s", v < 10 ? 1 : 0, v, units[u]);
     return buf;
 }
+

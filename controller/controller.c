@@ -368,6 +368,7 @@ int ff_controller_spawn(ff_controller *c, int n) {
         w->pid = pid;
         w->reaped = false;
         w->disconnected = false;
+        w->disconnected_ns = 0;
         w->state = FF_WORKER_SPAWNED;
         w->joined_ns = ff_now_ns();
         w->dead_reason[0] = 0;
@@ -440,6 +441,7 @@ static void on_hello(ff_controller *c, ff_msg *m) {
         known->peer_key = key;
         u64map_put(&c->peers, key, known);
         snprintf(known->host, sizeof known->host, "%s", h->host);
+        known->max_frame = h->max_frame ? (size_t)h->max_frame : (size_t)1 << 30;
         snprintf(known->device, sizeof known->device, "%s", h->device);
         free(known->caps);
         known->caps = NULL;
@@ -455,6 +457,7 @@ static void on_hello(ff_controller *c, ff_msg *m) {
         known->joined_live = true;
         known->exited_ns = 0;
         known->disconnected = false;
+        known->disconnected_ns = 0;
         known->dead_reason[0] = 0;
         known->nsamples = known->next_sample = 0;
         known->offset_ns = 0;
@@ -470,6 +473,7 @@ static void on_hello(ff_controller *c, ff_msg *m) {
     out->u.welcome.heartbeat_ms = (uint32_t)(c->o.heartbeat_s * 1000 + 0.5);
     out->u.welcome.timeout_ms = (uint32_t)(c->o.timeout_s * 1000 + 0.5);
     out->u.welcome.max_inflight = (uint32_t)c->o.max_inflight;
+    out->u.welcome.max_frame = c->o.max_frame_bytes ? c->o.max_frame_bytes : (uint64_t)1 << 30;
     ff_msg_send(c->sock, known->peer, known->peer_len, out);
     send_ping(c, known); /* a first clock sample right away */
     sched_pump(c, known);
@@ -482,6 +486,7 @@ static void on_pong(ff_controller *c, ctl_worker *w, const ff_msg_heartbeat *h, 
     }
     w->busy = h->busy;
     w->errors = h->errors;
+    if (h->seq > w->pong_seq) w->pong_seq = h->seq;
     int64_t rtt = (t3 - h->t0) - (h->t2 - h->t1);
     if (rtt < 0) rtt = 0;
     /* offset = worker clock - controller clock, at the middle of the exchange */
@@ -518,7 +523,15 @@ static int read_batch(ff_controller *c) {
         if (rc == -1) {
             note_rejected(c, m, why);
             ctl_worker *w = u64map_get(&c->peers, peer_hash(m->peer, m->peer_len));
-            if (w) w->last_rx_ns = ff_now_ns();
+            if (w && w->peer_len == m->peer_len && !memcmp(w->peer, m->peer, m->peer_len)) {
+                w->last_rx_ns = ff_now_ns();
+                if (m->rejected_type == FF_MSG_RESULT && m->rejected_id) {
+                    char text[2 * FF_MSG_TEXT_MAX]; /* sched_rejected cuts it to fit */
+                    snprintf(text, sizeof text, "the controller rejected the result of worker %d: %s", w->rank,
+                             ff_error_message());
+                    sched_rejected(c, w, m->rejected_id, text);
+                }
+            }
             continue;
         }
         if (m->type == FF_MSG_HELLO) {
@@ -538,7 +551,10 @@ static int read_batch(ff_controller *c) {
         case FF_MSG_RESULT: sched_on_result(c, w, m); break;
         case FF_MSG_HEARTBEAT: on_pong(c, w, &m->u.heartbeat, now); break;
         case FF_MSG_ERROR:
-            ff_warn("controller: worker %d reports: %s", w->rank, m->u.error.text);
+            /* a refused subtask (or group setup) fails now instead of waiting forever */
+            if (m->u.error.code != FF_ERR_MALFORMED || !m->u.error.ref ||
+                !sched_rejected(c, w, m->u.error.ref, m->u.error.text))
+                ff_warn("controller: worker %d reports: %s", w->rank, m->u.error.text);
             break;
         default:
             c->stats.unexpected++;
@@ -579,6 +595,16 @@ static void settle_workers(ff_controller *c) {
         if (!w->disconnected && (now - w->exited_ns) / 1e9 < c->o.timeout_s) {
             waiting = true;
             continue;
+        }
+        if (!exited && w->local) {
+            /* a local process whose connection went is most often exiting (killed, crashed):
+             * a moment for it to end, so its death says how */
+            if (!w->disconnected_ns) w->disconnected_ns = now;
+            exited = reap(c, w, false);
+            if (!exited && now - w->disconnected_ns < 200000000) {
+                waiting = true;
+                continue;
+            }
         }
         for (int k = 0; k < 1000 && rt_zsock_readable(c->sock) && read_batch(c) > 0; k++) {}
         if (w->state != FF_WORKER_LIVE) continue; /* (a callback may have changed things) */
@@ -853,6 +879,43 @@ int ff_controller_wait_workers(ff_controller *c, int n, double timeout_s) {
     return ff_error_set("controller", "check the workers' stderr, the endpoint, worker_bin and CURVE keys",
                         "%d of %d workers live at %s%s%s", ff_controller_count_workers(c, FF_WORKER_LIVE), n, c->bound,
                         missing[0] ? ";" : "", missing);
+}
+
+typedef struct confirm_arg {
+    ff_controller *c;
+    const int *ranks;
+    const uint64_t *want;
+    int n;
+} confirm_arg;
+
+static bool confirmed(void *ud) {
+    confirm_arg *a = ud;
+    for (int i = 0; i < a->n; i++) {
+        ctl_worker *w = ctl_worker_get(a->c, a->ranks[i]);
+        if (w && w->state == FF_WORKER_LIVE && w->pong_seq < a->want[i]) return false;
+    }
+    return true;
+}
+
+int ff_controller_confirm_live(ff_controller *c, const int *ranks, int n, double timeout_s) {
+    uint64_t want[FF_MSG_MAX_MEMBERS];
+    if (n < 0 || n > FF_MSG_MAX_MEMBERS) return ff_error_set("controller", NULL, "%d ranks to confirm", n);
+    for (int i = 0; i < n; i++) {
+        ctl_worker *w = ctl_worker_get(c, ranks[i]);
+        want[i] = 0;
+        if (!w || w->state != FF_WORKER_LIVE) continue;
+        send_ping(c, w);
+        want[i] = w->ping_seq;
+    }
+    settle_workers(c); /* a send that failed above marked its worker disconnected */
+    confirm_arg a = {c, ranks, want, n};
+    if (ff_controller_run_until(c, confirmed, &a, timeout_s) != 0) return -1;
+    int dead = 0;
+    for (int i = 0; i < n; i++) {
+        ctl_worker *w = ctl_worker_get(c, ranks[i]);
+        dead += !w || w->state == FF_WORKER_DEAD || w->state == FF_WORKER_STOPPED;
+    }
+    return dead;
 }
 
 /* ---- information -------------------------------------------------------------------------- */

@@ -41,8 +41,8 @@ typedef struct ctl_sub {
     int rank;        /* worker holding it while in flight (or last holder) */
     sub_state state;
     int attempts;
+    int avoid_rank;  /* a worker that refused its message: another member takes it, if any */
     int status;
-    char err[FF_MSG_TEXT_MAX]; /* for results made up by the controller */
     int64_t dispatch_ns, start_ns, end_ns, done_ns;
     int64_t worker_start_ns, worker_end_ns; /* as the worker reported them (its clock) */
     uint32_t queued;
@@ -53,6 +53,9 @@ typedef struct ctl_sub {
     uint32_t hdr_len, hdr_cap;
     zmq_msg_t *frames;
     int nframes, frames_cap;
+    /* the error text of results made up by the controller: FF_MSG_TEXT_MAX bytes, allocated
+     * on the first failure of this (pooled) record, so the hot path carries no 4 KiB */
+    char *err;
     struct ctl_sub *next, *prev; /* in a pending queue or a worker's in-flight list */
     bool in_list;
 } ctl_sub;
@@ -100,6 +103,7 @@ typedef struct ctl_worker {
     bool reaped, disconnected;
     bool joined_live; /* has said hello at least once */
     int64_t exited_ns; /* when its local process was seen to exit */
+    int64_t disconnected_ns; /* when its lost connection was first seen (local: waiting for the exit) */
     int exit_status;
     uint8_t peer[FF_MSG_MAX_ROUTING_ID];
     size_t peer_len;
@@ -107,10 +111,11 @@ typedef struct ctl_worker {
     char host[FF_MSG_NAME_MAX], device[FF_MSG_NAME_MAX];
     int ncaps;
     char (*caps)[FF_MSG_NAME_MAX];
+    size_t max_frame; /* the largest tensor frame it accepts (its hello) */
     int inflight;
     uint64_t completed;
     int64_t last_rx_ns, joined_ns;
-    uint64_t ping_seq;
+    uint64_t ping_seq, pong_seq; /* last ping sent, last pong seen */
     int64_t sample_off[CTL_CLOCK_SAMPLES], sample_rtt[CTL_CLOCK_SAMPLES];
     int nsamples, next_sample;
     int64_t offset_ns, best_rtt_ns;
@@ -227,6 +232,7 @@ struct ff_controller {
     sub_list deferred;    /* made-up completions waiting for the loop */
     int njobs, npending, ninflight;
     int in_callback; /* a job callback is running: the loop must not be re-entered */
+    bool repump;     /* a refused subtask went back to its group's queue: pump from the loop */
     bool shutting_down, shut_down;
     ff_controller_stats stats;
     uint64_t rejected_logged;
@@ -254,11 +260,18 @@ void ctl_msg_put(ff_controller *c, ff_msg *m);
 void ctl_start_deferred(ff_controller *c);
 
 /* sched.c */
-int sched_send(ff_controller *c, ctl_worker *w, ctl_sub *s); /* 0, or -1 (worker disconnected) */
+/* Put s in flight on w. 0 (sent, or refused at once: a frame over w's limit), or -1 (worker
+ * disconnected). */
+int sched_send(ff_controller *c, ctl_worker *w, ctl_sub *s);
 void sched_pump(ff_controller *c, ctl_worker *w);
 void sched_pump_all(ff_controller *c);
 void sched_on_result(ff_controller *c, ctl_worker *w, ff_msg *rx);
 void sched_fail_sub(ff_controller *c, ctl_sub *s, int status, const char *fmt, ...) FF_PRINTF(4, 5);
+/* The message of subtask `id` in flight on w was refused by the other side's decoder (w
+ * refused the subtask, or we refused w's result): no answer will come, so it completes as
+ * FF_STATUS_REJECTED with `why`, or, idempotent and of an ANY job, goes to another member.
+ * False when no such subtask is in flight on w (stale, or already answered). */
+bool sched_rejected(ff_controller *c, ctl_worker *w, uint64_t id, const char *why);
 void sched_run_deferred(ff_controller *c);
 void sched_worker_lost(ff_controller *c, ctl_worker *w);
 void sched_shutdown_pending(ff_controller *c);

@@ -103,9 +103,10 @@ static ctl_sub *sub_new(ff_controller *c) {
     s->frames = frames;
     s->frames_cap = frames_cap;
     s->nframes = 0;
+    if (s->err) s->err[0] = 0;
     s->next = s->prev = NULL;
     s->in_list = false;
-    s->rank = s->target_rank = -1;
+    s->rank = s->target_rank = s->avoid_rank = -1;
     return s;
 }
 
@@ -190,6 +191,13 @@ static bool worker_may_come(const ctl_worker *w) {
     return w && (w->state == FF_WORKER_LIVE || w->state == FF_WORKER_SPAWNED) && !worker_gone(w);
 }
 
+/* Another member of g than `rank` that may still take work. */
+static bool group_has_other(ff_controller *c, const ctl_group *g, int rank) {
+    for (int i = 0; i < g->n; i++)
+        if (g->ranks[i] != rank && worker_may_come(ctl_worker_get(c, g->ranks[i]))) return true;
+    return false;
+}
+
 /* ---- completion ------------------------------------------------------------------------- */
 static void fill_result(const ctl_sub *s, const ff_msg *res, ff_result *r) {
     memset(r, 0, sizeof *r);
@@ -197,7 +205,7 @@ static void fill_result(const ctl_sub *s, const ff_msg *res, ff_result *r) {
     r->rank = s->rank;
     r->member = s->job->target == FF_TARGET_GROUP || s->job->target == FF_TARGET_GROUP_SPLIT ? s->member : -1;
     r->status = (ff_status)s->status;
-    r->error = s->err;
+    r->error = s->err ? s->err : s->status == FF_STATUS_OK ? "" : "(no text: out of memory)";
     if (res) {
         r->error = res->u.result.error;
         r->noutputs = res->ntensors;
@@ -273,10 +281,15 @@ static void complete_sub(ff_controller *c, ctl_sub *s, ff_msg *res) {
 }
 
 void sched_fail_sub(ff_controller *c, ctl_sub *s, int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(s->err, sizeof s->err, fmt, ap);
-    va_end(ap);
+    if (!s->err) s->err = malloc(FF_MSG_TEXT_MAX);
+    if (s->err) {
+        char text[2 * FF_MSG_TEXT_MAX];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(text, sizeof text, fmt, ap);
+        va_end(ap);
+        ff_text_fit(s->err, FF_MSG_TEXT_MAX, text);
+    }
     s->status = status;
     s->state = SUB_DONE;
     s->done_ns = ff_now_ns();
@@ -287,6 +300,10 @@ void sched_fail_sub(ff_controller *c, ctl_sub *s, int status, const char *fmt, .
 void sched_run_deferred(ff_controller *c) {
     ctl_sub *s;
     while ((s = list_pop(&c->deferred))) complete_sub(c, s, NULL);
+    if (c->repump) {
+        c->repump = false;
+        sched_pump_all(c);
+    }
 }
 
 void sched_on_result(ff_controller *c, ctl_worker *w, ff_msg *rx) {
@@ -321,10 +338,53 @@ void sched_on_result(ff_controller *c, ctl_worker *w, ff_msg *rx) {
     sched_pump(c, w);
 }
 
+/* s, not in flight, will not be answered by w: w refused its message, or would (a frame
+ * over its limit). An idempotent subtask of an ANY job tries another member; the rest fail.
+ * No pumping here (we may be inside w's pump): the deferred pass pumps again. */
+static void refuse(ff_controller *c, ctl_worker *w, ctl_sub *s, const char *why) {
+    ctl_job *j = s->job;
+    if (!c->shutting_down && !j->cancelled && j->target == FF_TARGET_ANY && j->idempotent &&
+        s->attempts < c->o.max_attempts && group_has_other(c, j->group, w->rank)) {
+        ff_warn("controller: %s; trying another worker of group '%s'", why, j->group->name);
+        s->avoid_rank = w->rank;
+        s->state = SUB_PENDING;
+        c->npending++;
+        c->stats.redispatched++;
+        list_push_front(&j->group->any_q, s);
+        c->repump = true;
+        ctl_start_deferred(c);
+    } else {
+        sched_fail_sub(c, s, FF_STATUS_REJECTED, "%s", why);
+    }
+}
+
+bool sched_rejected(ff_controller *c, ctl_worker *w, uint64_t id, const char *why) {
+    ctl_sub *s = u64map_get(&c->subs, id);
+    if (!s || s->state != SUB_INFLIGHT || s->rank != w->rank) return false;
+    list_remove(&w->inflight_l, s);
+    w->inflight--;
+    c->ninflight--;
+    refuse(c, w, s, why);
+    sched_pump(c, w);
+    return true;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------------ */
 int sched_send(ff_controller *c, ctl_worker *w, ctl_sub *s) {
     s->rank = w->rank;
     s->attempts++;
+    for (int i = 0; i < s->nframes; i++) {
+        size_t bytes = zmq_msg_size(&s->frames[i]);
+        if (bytes > w->max_frame) { /* w would refuse it (or its socket drop the connection) */
+            s->dispatch_ns = ff_now_ns(); /* (the trace shows it as refused at once) */
+            char why[256];
+            snprintf(why, sizeof why, "subtask %llu: tensor frame %d has %zu bytes, over worker %d's limit of %zu (hint: "
+                     "raise the worker's max_frame_bytes (fuseflow worker --max-frame BYTES) or send smaller tensors)",
+                     (unsigned long long)s->id, i, bytes, w->rank, w->max_frame);
+            refuse(c, w, s, why);
+            return 0;
+        }
+    }
     s->state = SUB_INFLIGHT;
     list_push(&w->inflight_l, s);
     w->inflight++;
@@ -405,6 +465,17 @@ static bool pump_group_jobs(ff_controller *c, ctl_worker *w) {
     return hold;
 }
 
+/* The first waiting subtask of g that w may take: not one w refused while another member
+ * may take it (these are few: only refused messages set avoid_rank). */
+static ctl_sub *pop_any(ff_controller *c, ctl_group *g, ctl_worker *w) {
+    for (ctl_sub *s = g->any_q.head; s; s = s->next)
+        if (s->avoid_rank != w->rank || !group_has_other(c, g, w->rank)) {
+            list_remove(&g->any_q, s);
+            return s;
+        }
+    return NULL;
+}
+
 void sched_pump(ff_controller *c, ctl_worker *w) {
     if (!worker_usable(w)) return;
     while (w->inflight < c->o.max_inflight) {
@@ -414,7 +485,7 @@ void sched_pump(ff_controller *c, ctl_worker *w) {
         if (!s) {
             for (int k = 0; k < w->ngroups && !s; k++) {
                 int gi = w->groups[(w->gcursor + k) % w->ngroups];
-                s = list_pop(&c->groups[gi]->any_q);
+                s = pop_any(c, c->groups[gi], w);
                 if (s) w->gcursor = (w->gcursor + k + 1) % w->ngroups;
             }
         }
@@ -704,7 +775,7 @@ uint64_t ff_controller_submit(ff_controller *c, const ff_subtask_spec *spec, ff_
     job_start(c, j);
     return j->id;
 fail : {
-    char err[512];
+    char err[2 * FF_MSG_TEXT_MAX];
     snprintf(err, sizeof err, "%s", ff_error_message());
     ff_msg_reset(m);
     if (master) {
@@ -1063,6 +1134,7 @@ void sched_free(ff_controller *c) {
         c->sub_pool = s->next;
         free(s->hdr);
         free(s->frames);
+        free(s->err);
         free(s);
     }
     while (c->job_pool) {

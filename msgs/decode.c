@@ -326,7 +326,7 @@ static int decode_header(ff_msg_decoder *d, ff_msg *m, int nframes, ff_reject *r
     if (type <= 0 || type >= FF_MSG_TYPE_END) REJECT(c, FF_REJECT_UNKNOWN_TYPE, "unknown message type %lld", (long long)type);
     cx.type = ff_msg_type_name((int)type);
     static const uint32_t fields[FF_MSG_TYPE_END] = {
-        [FF_MSG_HELLO] = 7, [FF_MSG_WELCOME] = 6, [FF_MSG_HEARTBEAT] = 9, [FF_MSG_SUBTASK] = 7, [FF_MSG_RESULT] = 9,
+        [FF_MSG_HELLO] = 8, [FF_MSG_WELCOME] = 7, [FF_MSG_HEARTBEAT] = 9, [FF_MSG_SUBTASK] = 7, [FF_MSG_RESULT] = 9,
         [FF_MSG_ERROR] = 5, [FF_MSG_CANCEL] = 3, [FF_MSG_SHUTDOWN] = 3, [FF_MSG_GROUP_SETUP] = 9,
     };
     if (nf != fields[type]) REJECT(c, FF_REJECT_MALFORMED, "%u header fields, expected %u", nf, fields[type]);
@@ -342,7 +342,8 @@ static int decode_header(ff_msg_decoder *d, ff_msg *m, int nframes, ff_reject *r
             get_i64(c, &f[3], "pid", 0, INT64_MAX, &h->pid) ||
             get_str(c, &f[4], "host", h->host, sizeof h->host) ||
             get_str(c, &f[5], "device", h->device, sizeof h->device) ||
-            !(caps = expect_array(c, &f[6], "caps", FF_MSG_MAX_CAPS, &n)))
+            !(caps = expect_array(c, &f[6], "caps", FF_MSG_MAX_CAPS, &n)) ||
+            get_u64(c, &f[7], "max_frame", &h->max_frame))
             return -1;
         h->ncaps = (int)n;
         for (uint32_t i = 0; i < n; i++)
@@ -352,7 +353,8 @@ static int decode_header(ff_msg_decoder *d, ff_msg *m, int nframes, ff_reject *r
     case FF_MSG_WELCOME: {
         ff_msg_welcome *w = &m->u.welcome;
         if (get_i32(c, &f[2], "rank", 0, INT32_MAX, &w->rank) || get_u32(c, &f[3], "heartbeat_ms", &w->heartbeat_ms) ||
-            get_u32(c, &f[4], "timeout_ms", &w->timeout_ms) || get_u32(c, &f[5], "max_inflight", &w->max_inflight))
+            get_u32(c, &f[4], "timeout_ms", &w->timeout_ms) || get_u32(c, &f[5], "max_inflight", &w->max_inflight) ||
+            get_u64(c, &f[6], "max_frame", &w->max_frame))
             return -1;
         break;
     }
@@ -451,6 +453,63 @@ static int attach_tensors(ff_msg_decoder *d, ff_msg *m, int nframes) {
     return 0;
 }
 
+/* A msgpack integer at buf[*off] (any width, either sign); -1 when it is not one. */
+static int peek_int(const uint8_t *buf, size_t len, size_t *off, int64_t *v) {
+    if (*off >= len) return -1;
+    uint8_t b = buf[(*off)++];
+    if (b <= 0x7f) return *v = b, 0;
+    if (b >= 0xe0) return *v = (int8_t)b, 0;
+    static const int widths[8] = {1, 2, 4, 8, 1, 2, 4, 8}; /* 0xcc..0xcf unsigned, 0xd0..0xd3 signed */
+    if (b < 0xcc || b > 0xd3) return -1;
+    int n = widths[b - 0xcc];
+    if (len - *off < (size_t)n) return -1;
+    uint64_t u = be(buf + *off, n);
+    *off += (size_t)n;
+    if (b >= 0xd0 && n < 8 && (u >> (8 * n - 1))) u |= ~0ULL << (8 * n); /* sign-extend */
+    if (b == 0xcf && u > INT64_MAX) return -1;
+    *v = (int64_t)u;
+    return 0;
+}
+
+/* Type and id of a header that was refused, read without trusting the rest: [version, type,
+ * id, ...] for the types whose third item is an id. Both 0 when unreadable. */
+static void peek_rejected(const ff_msg *m, int *type, uint64_t *id) {
+    *type = 0;
+    *id = 0;
+    if (!m->has_header) return;
+    const uint8_t *buf = zmq_msg_data((zmq_msg_t *)&m->header);
+    size_t len = zmq_msg_size((zmq_msg_t *)&m->header), off = 0;
+    if (len < 1) return;
+    uint8_t b = buf[off++];
+    uint64_t items;
+    if (b >= 0x90 && b <= 0x9f) items = b & 0x0f;
+    else if (b == 0xdc && len >= 3) items = be(buf + 1, 2), off += 2;
+    else if (b == 0xdd && len >= 5) items = be(buf + 1, 4), off += 4;
+    else return;
+    int64_t version, t, v;
+    if (items < 3 || peek_int(buf, len, &off, &version) || peek_int(buf, len, &off, &t) ||
+        peek_int(buf, len, &off, &v) || v <= 0)
+        return;
+    if (t != FF_MSG_SUBTASK && t != FF_MSG_RESULT && t != FF_MSG_GROUP_SETUP && t != FF_MSG_CANCEL) return;
+    *type = (int)t;
+    *id = (uint64_t)v;
+}
+
+/* Forget a refused message's frames, keeping m->peer and what peek_rejected found. */
+static void reset_rejected(ff_msg *m) {
+    int type;
+    uint64_t id;
+    peek_rejected(m, &type, &id);
+    uint8_t peer[FF_MSG_MAX_ROUTING_ID];
+    size_t peer_len = m->peer_len;
+    memcpy(peer, m->peer, peer_len);
+    ff_msg_reset(m);
+    memcpy(m->peer, peer, peer_len);
+    m->peer_len = peer_len;
+    m->rejected_type = type;
+    m->rejected_id = id;
+}
+
 /* m holds the header and nframes frames; validate, keeping m->peer on failure. */
 static int finish(ff_msg_decoder *d, ff_msg *m, int nframes, ff_reject *reason) {
     ff_reject r = FF_REJECT_MALFORMED;
@@ -458,7 +517,8 @@ static int finish(ff_msg_decoder *d, ff_msg *m, int nframes, ff_reject *reason) 
     for (int i = 0; i < nframes; i++) {
         if (zmq_msg_size(&m->frames[i]) > d->max_frame_bytes) {
             r = FF_REJECT_OVERSIZED;
-            ff_error_set("message", "raise the frame limit or send smaller tensors",
+            ff_error_set("message", "raise the receiver's max_frame_bytes (fuseflow worker --max-frame BYTES) or send "
+                         "smaller tensors",
                          "tensor frame %d has %zu bytes (limit %zu)", i, zmq_msg_size(&m->frames[i]), d->max_frame_bytes);
             goto reject;
         }
@@ -474,13 +534,8 @@ reject:
     d->stats.rejected++;
     d->stats.by_reason[r]++;
     if (reason) *reason = r;
-    uint8_t peer[FF_MSG_MAX_ROUTING_ID];
-    size_t peer_len = m->peer_len;
-    memcpy(peer, m->peer, peer_len);
     m->ntensors = nframes;
-    ff_msg_reset(m);
-    memcpy(m->peer, peer, peer_len);
-    m->peer_len = peer_len;
+    reset_rejected(m);
     return -1;
 }
 
@@ -578,12 +633,7 @@ int ff_msg_recv(ff_msg_decoder *d, void *sock, bool router, ff_msg *m, ff_reject
         d->stats.by_reason[FF_REJECT_OVERSIZED]++;
         if (reason) *reason = FF_REJECT_OVERSIZED;
         m->ntensors = n;
-        uint8_t peer[FF_MSG_MAX_ROUTING_ID];
-        size_t pl = m->peer_len;
-        memcpy(peer, m->peer, pl);
-        ff_msg_reset(m);
-        memcpy(m->peer, peer, pl);
-        m->peer_len = pl;
+        reset_rejected(m);
         return ff_error_set("message", NULL, "more than %d tensor frames", FF_MSG_MAX_TENSORS);
     }
     return finish(d, m, n, reason) == 0 ? 1 : -1;

@@ -24,7 +24,7 @@ const char *ff_msg_type_name(int type) {
 }
 
 static const char *const status_names[FF_STATUS_END] = {
-    "ok", "failed", "cancelled", "unknown-kind", "bad-request", "worker-lost", "shutdown",
+    "ok", "failed", "cancelled", "unknown-kind", "bad-request", "worker-lost", "shutdown", "rejected",
 };
 
 const char *ff_status_name(int status) {
@@ -96,6 +96,8 @@ void ff_msg_reset(ff_msg *m) {
     m->ntensors = 0;
     m->type = 0;
     m->peer_len = 0;
+    m->rejected_type = 0;
+    m->rejected_id = 0;
 }
 
 /* Bytes of the body of a type (zeroing the whole union would cost a few KiB per message). */
@@ -423,7 +425,7 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
         const ff_msg_hello *h = &m->u.hello;
         if (check_name("hello host", h->host) || check_name("hello device", h->device)) return -1;
         if (h->ncaps < 0 || h->ncaps > FF_MSG_MAX_CAPS) return ff_error_set("hello", NULL, "%d capabilities", h->ncaps);
-        msgpack_pack_array(&pk, 7);
+        msgpack_pack_array(&pk, 8);
         msgpack_pack_int(&pk, FF_PROTOCOL_VERSION);
         msgpack_pack_int(&pk, m->type);
         msgpack_pack_int32(&pk, h->rank);
@@ -435,17 +437,19 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
             if (check_name("hello capability", h->caps[i])) return -1;
             pack_str(&pk, h->caps[i]);
         }
+        msgpack_pack_uint64(&pk, h->max_frame);
         break;
     }
     case FF_MSG_WELCOME: {
         const ff_msg_welcome *wl = &m->u.welcome;
-        msgpack_pack_array(&pk, 6);
+        msgpack_pack_array(&pk, 7);
         msgpack_pack_int(&pk, FF_PROTOCOL_VERSION);
         msgpack_pack_int(&pk, m->type);
         msgpack_pack_int32(&pk, wl->rank);
         msgpack_pack_uint32(&pk, wl->heartbeat_ms);
         msgpack_pack_uint32(&pk, wl->timeout_ms);
         msgpack_pack_uint32(&pk, wl->max_inflight);
+        msgpack_pack_uint64(&pk, wl->max_frame);
         break;
     }
     case FF_MSG_HEARTBEAT: {
@@ -622,8 +626,8 @@ void ff_msg_send_error(void *sock, const void *peer, size_t peer_len, int code, 
     m.type = FF_MSG_ERROR;
     m.u.error.code = code;
     m.u.error.ref = ref;
-    snprintf(m.u.error.text, sizeof m.u.error.text, "%s", text ? text : "");
-    char buf[512];
+    ff_text_fit(m.u.error.text, sizeof m.u.error.text, text ? text : "");
+    char buf[FF_MSG_TEXT_MAX + 64];
     long n = ff_msg_pack(&m, buf, sizeof buf);
     if (n > 0) (void)ff_msg_send_packed(sock, peer, peer_len, buf, (size_t)n, &m);
     ff_msg_free(&m);

@@ -78,6 +78,7 @@ struct ff_worker {
     int64_t probe_ns; /* when we said hello to a silent controller (0: not probing) */
     double timeout_s;
     uint64_t errors; /* rejected or unexpected messages */
+    size_t ctl_max_frame; /* the controller's frame limit (its welcome) */
     ff_task *pool;
     int exit_rc;
     char exit_error[512];
@@ -200,10 +201,12 @@ bool ff_task_cancelled(const ff_task *t) {
 }
 
 int ff_task_fail(ff_task *t, ff_status status, const char *fmt, ...) {
+    char text[2 * FF_MSG_TEXT_MAX]; /* formatted whole, then cut in the middle to fit */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(t->err, sizeof t->err, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    ff_text_fit(t->err, sizeof t->err, text);
     t->status = status;
     t->status_set = true;
     return -1;
@@ -268,11 +271,11 @@ static void finish_result(ff_task *t, int rc) {
                      : ff_task_cancelled(t) ? FF_STATUS_CANCELLED
                                             : FF_STATUS_FAILED;
         char err[FF_MSG_TEXT_MAX];
-        snprintf(err, sizeof err, "%s", t->status_set ? t->err : ff_error_message());
+        ff_text_fit(err, sizeof err, t->status_set ? t->err : ff_error_message());
         ff_msg_begin(&t->out, FF_MSG_RESULT); /* drop partial outputs */
         r = &t->out.u.result;
         r->status = status;
-        snprintf(r->error, sizeof r->error, "%s", err[0] ? err : ff_status_name(status));
+        ff_text_fit(r->error, sizeof r->error, err[0] ? err : ff_status_name(status));
     } else {
         r = &t->out.u.result;
         r->status = FF_STATUS_OK;
@@ -393,7 +396,7 @@ static void run_step(ff_worker *w) {
     ff_error_clear();
     if (w->step_fn(w, w->step_ud) == 0) return;
     char why[FF_MSG_TEXT_MAX];
-    snprintf(why, sizeof why, "%s", ff_error_message());
+    ff_text_fit(why, sizeof why, ff_error_message());
     ff_warn("worker %d: step hook failed: %s", w->rank, why);
     pthread_mutex_lock(&w->mu);
     fail_deferred_locked(w, FF_STATUS_FAILED, why);
@@ -454,7 +457,27 @@ static void *compute_main(void *arg) {
 }
 
 /* ---- loop thread ------------------------------------------------------------------------ */
+/* A result tensor the controller would refuse (its socket might even drop us) goes out as a
+ * REJECTED result naming it instead. */
+static void check_result_size(ff_worker *w, ff_task *t) {
+    for (int i = 0; i < t->out.ntensors; i++) {
+        const ff_tensor *o = &t->out.tensors[i];
+        if (o->nbytes <= w->ctl_max_frame) continue;
+        ff_msg_result keep = t->out.u.result;
+        char why[FF_MSG_TEXT_MAX];
+        snprintf(why, sizeof why, "worker %d: result tensor '%s' of %s has %zu bytes, over the controller's limit of %zu "
+                 "(hint: raise the controller's max_frame_bytes or return smaller tensors)", w->rank, o->name,
+                 t->is_setup ? "group-setup" : t->in.u.subtask.kind, o->nbytes, w->ctl_max_frame);
+        ff_msg_begin(&t->out, FF_MSG_RESULT);
+        t->out.u.result = keep;
+        t->out.u.result.status = FF_STATUS_REJECTED;
+        ff_text_fit(t->out.u.result.error, sizeof t->out.u.result.error, why);
+        return;
+    }
+}
+
 static void send_result(ff_worker *w, ff_task *t) {
+    check_result_size(w, t);
     if (ff_msg_send(w->sock, NULL, 0, &t->out) != 0)
         ff_warn("worker %d: result of %llu not sent: %s", w->rank, (unsigned long long)t->out.u.result.id,
                 ff_error_message());
@@ -486,6 +509,7 @@ static void send_hello(ff_worker *w) {
     for (int i = 0; i < w->nkinds && h->ncaps < FF_MSG_MAX_CAPS - 2; i++)
         snprintf(h->caps[h->ncaps++], FF_MSG_NAME_MAX, "%s", w->kinds[i].kind);
     h->ncaps += rt_coll_caps(h->caps + h->ncaps, FF_MSG_MAX_CAPS - h->ncaps);
+    h->max_frame = w->o.max_frame_bytes ? w->o.max_frame_bytes : (uint64_t)1 << 30;
     if (ff_msg_send(w->sock, NULL, 0, m) != 0) ff_warn("worker: hello not sent: %s", ff_error_message());
     w->last_hello_ns = ff_now_ns();
 }
@@ -597,9 +621,16 @@ static void on_readable(rt_zwatch *zw) {
         int64_t now = ff_now_ns();
         if (rc <= 0) {
             if (rc == -1) {
-                ff_warn("worker %d: rejected a message from the controller (%s): %s", w->rank, ff_reject_name(why),
-                        ff_error_message());
-                ff_msg_send_error(w->sock, NULL, 0, FF_ERR_MALFORMED, 0, ff_error_message());
+                /* naming the refused subtask (or group setup) lets the controller fail it
+                 * instead of waiting for a result that will never come */
+                int rt = t->in.rejected_type;
+                uint64_t ref = rt == FF_MSG_SUBTASK || rt == FF_MSG_GROUP_SETUP ? t->in.rejected_id : 0;
+                char text[FF_MSG_TEXT_MAX];
+                snprintf(text, sizeof text, "worker %d rejected %s %llu: %s", w->rank, ff_msg_type_name(rt),
+                         (unsigned long long)ref, ff_error_message());
+                if (!ref) snprintf(text, sizeof text, "worker %d rejected a message: %s", w->rank, ff_error_message());
+                ff_warn("%s", text);
+                ff_msg_send_error(w->sock, NULL, 0, FF_ERR_MALFORMED, ref, text);
                 w->last_rx_ns = now; /* the controller is alive, if confused */
             }
             task_put(w, t);
@@ -612,6 +643,7 @@ static void on_readable(rt_zwatch *zw) {
             if (!w->welcomed) {
                 w->rank = t->in.u.welcome.rank;
                 w->welcomed = true;
+                w->ctl_max_frame = t->in.u.welcome.max_frame ? (size_t)t->in.u.welcome.max_frame : (size_t)1 << 30;
                 if (w->o.orphan_timeout_s <= 0) w->timeout_s = t->in.u.welcome.timeout_ms / 1000.0;
                 ff_debug("worker %d: welcomed (heartbeat %u ms, timeout %u ms)", w->rank, t->in.u.welcome.heartbeat_ms,
                          t->in.u.welcome.timeout_ms);
@@ -811,6 +843,7 @@ ff_worker *ff_worker_new(const ff_worker_opts *o) {
     ff_worker *w = ff_calloc(1, sizeof *w);
     if (!w) return NULL;
     w->o = *o;
+    w->ctl_max_frame = (size_t)1 << 30; /* until the welcome says */
     snprintf(w->connect, sizeof w->connect, "%s", o->connect);
     snprintf(w->device, sizeof w->device, "%s", o->device ? o->device : "cpu");
     w->o.connect = w->connect;

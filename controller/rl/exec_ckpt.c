@@ -77,7 +77,10 @@ int ex_ckpt_load_state(ex_run *x, const char *dir) {
     snprintf(path, sizeof path, "%s/state.json", dir);
     json_error_t jerr;
     json_t *st = json_load_file(path, 0, &jerr);
-    if (!st) return ff_error_set(path, "the checkpoint is damaged: resume from an earlier one (delete this folder)", "%s", jerr.text);
+    if (!st) {
+        ff_error_set(path, NULL, "%s", jerr.text);
+        return ff_checkpoint_error(path); /* names the checkpoint before it */
+    }
     json_int_t it = json_integer_value(json_object_get(st, "iteration"));
     json_int_t seed = json_integer_value(json_object_get(st, "seed"));
     json_int_t size = json_integer_value(json_object_get(st, "train_size"));
@@ -87,8 +90,10 @@ int ex_ckpt_load_state(ex_run *x, const char *dir) {
         rc = ff_error_set(path, "resume with the same trainer.seed and data, or start a new trainer.out_dir",
                           "the checkpoint was made with seed %lld on %lld prompts; this run has seed %lld and %lld prompts",
                           (long long)seed, (long long)size, (long long)x->run->trainer.seed, (long long)x->train.n);
-    else if (it < 0 || epoch < 0 || cursor < 0 || cursor > size)
-        rc = ff_error_set(path, "the checkpoint is damaged", "bad iteration or data position");
+    else if (it < 0 || epoch < 0 || cursor < 0 || cursor > size) {
+        ff_error_set(path, NULL, "bad iteration or data position");
+        rc = ff_checkpoint_error(path);
+    }
     json_t *kl = json_object_get(st, "kl_coef");
     for (int m = 0; rc == 0 && m < x->n_nodes; m++) {
         ff_node *n = ff_graph_node_mut(x->run->graph, (size_t)m);

@@ -88,10 +88,13 @@ int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, c
     }
     ff_jsonl_close(&r);
     if (rc < 0) return -1;
-    if (d->n == 0)
-        return ff_error_set(path, d->skipped ? "raise data.max_prompt_length" : "write one JSON object per line",
-                            d->skipped ? "every prompt is longer than data.max_prompt_length (%lld tokens)" : "no examples",
+    if (d->n == 0 && d->skipped)
+        return ff_error_set(path, "raise data.max_prompt_length", "every prompt is longer than data.max_prompt_length (%lld tokens)",
                             (long long)run->data.max_prompt_length);
+    if (d->n == 0)
+        return ff_error_set(path, NULL, "no examples: the file is empty or holds only blank lines (hint: one JSON object per line, "
+                            "the prompt under '%s' (data.prompt_key) and the answer under '%s' (data.answer_key), e.g. "
+                            "{\"%s\": \"12+34=\", \"%s\": \"46\"}; `fuseflow dataset arith` writes such files)", pk, ak, pk, ak);
     return 0;
 fail:
     json_decref(o);

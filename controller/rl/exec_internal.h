@@ -159,7 +159,9 @@ struct ex_run {
     ex_iter *cur;
     ex_job *jobs;        /* in flight (for cancel and cleanup) */
     int64_t iteration;   /* last completed */
-    char failed[1024];   /* first fatal error, "" while fine */
+    char failed[8192];   /* first fatal error, "" while fine */
+    /* the first failure of a subtask, not yet blamed (ex_subtask_failed) */
+    char suspect[FF_MSG_TEXT_MAX + 256];
     bool stop_now;
     int64_t updates[2];  /* total optimizer steps of the run: actor, critic */
     double eval_time_s;
@@ -205,6 +207,13 @@ void ex_free_buf(void *data, void *hint);
 int ex_wait_jobs(ex_run *x);
 void ex_progress(ex_run *x, bool force);
 void ex_check_workers(ex_run *x);
+/* A subtask failed (the text says how): the run stops, unless a worker's death, found once
+ * the workers are confirmed, explains it, and then the death is what stops the run. A
+ * failure is often the echo of a death not declared yet: a collective whose peer was
+ * killed, a job refused because its group's worker just went. From callbacks. */
+void ex_subtask_failed(ex_run *x, const char *fmt, ...) FF_PRINTF(2, 3);
+/* Judge a failure held by ex_subtask_failed (outside callbacks: it runs the loop). */
+void ex_judge(ex_run *x);
 
 /* exec_train.c */
 int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t);

@@ -30,10 +30,32 @@ const char *const ex_pool_names[POOL_COUNT] = {"actor", "gen", "critic", "ref", 
 
 void ex_fail(ex_run *x, const char *fmt, ...) {
     if (x->failed[0]) return;
+    char text[2 * sizeof x->failed]; /* then cut in the middle: the hint at the end survives */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(x->failed, sizeof x->failed, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    ff_text_fit(x->failed, sizeof x->failed, text);
+}
+
+void ex_subtask_failed(ex_run *x, const char *fmt, ...) {
+    if (x->failed[0] || x->suspect[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->suspect, sizeof x->suspect, fmt, ap);
+    va_end(ap);
+}
+
+void ex_judge(ex_run *x) {
+    if (!x->suspect[0] || x->failed[0]) return;
+    /* a dead worker is declared within the controller's timeout (at once for a local process
+     * that exited); the failure waits for that */
+    int ranks[EX_MAX_RANKS];
+    for (int r = 0; r < x->nranks; r++) ranks[r] = r;
+    if (ff_controller_confirm_live(x->c, ranks, x->nranks, x->o.worker_timeout_s + 5) < 0)
+        ff_warn("run: could not confirm the workers: %s", ff_error_message());
+    ex_check_workers(x);
+    if (!x->failed[0]) ex_fail(x, "%s", x->suspect);
 }
 
 void ex_free_buf(void *data, void *hint) {
@@ -77,6 +99,13 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
     (void)c, (void)id;
     ex_job *j = ud;
     ex_run *x = j->x;
+    /* a subtask lost with its worker: the death is the news (it stops the run when the
+     * worker held training state), whatever the handler below makes of the loss */
+    for (int i = 0; i < n; i++)
+        if (r[i].status == FF_STATUS_WORKER_LOST) {
+            ex_check_workers(x);
+            break;
+        }
     switch (j->kind) {
     case JOB_GEN: gen_done(x, j, &r[0]); break;
     case JOB_SCORE: score_done(x, j, &r[0]); break;
@@ -86,7 +115,7 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
     case JOB_CTL:
         for (int i = 0; i < n; i++)
             if (r[i].status != FF_STATUS_OK)
-                ex_fail(x, "worker %d: %s: %s", r[i].rank, ff_status_name(r[i].status), r[i].error);
+                ex_subtask_failed(x, "worker %d: %s: %s", r[i].rank, ff_status_name(r[i].status), r[i].error);
         break;
     }
     j->done = true;
@@ -115,8 +144,10 @@ int ex_wait_jobs(ex_run *x) {
         check_interrupt(x);
         ff_controller_poll(x->c, true);
         ex_check_workers(x);
+        ex_judge(x);
         ex_progress(x, false);
     }
+    ex_judge(x); /* the last job may have failed */
     return x->failed[0] ? -1 : 0;
 }
 
@@ -387,8 +418,8 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
             complete_tasks(x, I, j);
             return;
         }
-        ex_fail(x, "generating prompt group %" PRId64 " on worker %d: %s: %s", j->group, r->rank, ff_status_name(r->status),
-                r->error);
+        ex_subtask_failed(x, "generating prompt group %" PRId64 " on worker %d: %s: %s", j->group, r->rank,
+                          ff_status_name(r->status), r->error);
         return;
     }
     const ff_tensor *rlen = ex_out_named(r, FF_RL_T_RLEN), *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB);
@@ -478,7 +509,7 @@ static void score_done(ex_run *x, ex_job *j, const ff_result *r) {
             complete_tasks(x, I, j);
             return;
         }
-        ex_fail(x, "node '%s' on worker %d: %s: %s", nd->name, r->rank, ff_status_name(r->status), r->error);
+        ex_subtask_failed(x, "node '%s' on worker %d: %s: %s", nd->name, r->rank, ff_status_name(r->status), r->error);
         return;
     }
     const char *name = nd->op == FF_OP_LOGPROB ? FF_RL_T_LOGPROB : nd->op == FF_OP_VALUE ? FF_RL_T_VALUES : FF_RL_T_SCORE;
@@ -800,9 +831,11 @@ int ex_iteration(ex_run *x, int64_t it) {
         }
         ff_controller_poll(x->c, true);
         ex_check_workers(x);
+        ex_judge(x);
         check_interrupt(x);
         ex_progress(x, false);
     }
+    ex_judge(x);
     free(lt);
     if (interrupted || x->failed[0]) {
         /* abandon the iteration: cancel what runs and let the callbacks drain */
@@ -961,9 +994,8 @@ void ex_check_workers(ex_run *x) {
         if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_DEAD) continue;
         ex_trace_lost(x, r, wi.dead_reason[0] ? wi.dead_reason : "gone");
         unsigned roles = x->rank_roles[r];
-        if (roles & (FF_RL_ACTOR | FF_RL_CRITIC)) {
-            /* ff_exec_run adds the checkpoint to continue from */
-            ex_fail(x, "worker %d (pid %lld) died (%s) holding the %s's training state; the run stops", r, (long long)wi.pid,
+        if (roles & (FF_RL_ACTOR | FF_RL_CRITIC)) { /* ff_exec_run adds where to resume from */
+            ex_fail(x, "worker %d (pid %lld) died (%s) holding the %s's training state", r, (long long)wi.pid,
                     wi.dead_reason[0] ? wi.dead_reason : "gone", (roles & FF_RL_ACTOR) ? "actor" : "critic");
             return;
         }
@@ -977,7 +1009,7 @@ void ex_check_workers(ex_run *x) {
             if (ff_controller_worker_info(x->c, x->pool_ranks[p][i], &wi) == 0 && wi.state == FF_WORKER_LIVE) live++;
         }
         if (!live) {
-            ex_fail(x, "no live worker is left for the %s (all %d died); the run stops", ex_pool_names[p], x->pool_n[p]);
+            ex_fail(x, "no live worker is left for the %s (all %d died)", ex_pool_names[p], x->pool_n[p]);
             return;
         }
     }

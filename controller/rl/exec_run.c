@@ -239,7 +239,7 @@ static int init_workers(ex_run *x, const char *resume_dir) {
 void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
     (void)n;
     if (r->status != FF_STATUS_OK) {
-        ex_fail(x, "evaluation on worker %d: %s: %s", r->rank, ff_status_name(r->status), r->error);
+        ex_subtask_failed(x, "evaluation on worker %d: %s: %s", r->rank, ff_status_name(r->status), r->error);
         return;
     }
     const ff_tensor *rlen = ex_out_named(r, FF_RL_T_RLEN), *resp = ex_out_named(r, FF_RL_T_RESP);
@@ -440,10 +440,12 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out) {
         return ff_error_wrap("roles.actor.model: the prompts are encoded with the actor's tokenizer");
     bool need_answer = false;
     for (int m = 0; m < x->n_nodes; m++) need_answer |= x->answer_col >= 0 && node_of(x, m)->in[FF_SLOT_ANSWER] == x->answer_col;
-    if (ex_dataset_load(&x->train, x->run->data.train_files, x->run, x->tok, need_answer) != 0 || ex_check_dataset(x) != 0) return -1;
+    if (ex_dataset_load(&x->train, x->run->data.train_files, x->run, x->tok, need_answer) != 0)
+        return ff_error_wrap("data.train_files");
+    if (ex_check_dataset(x) != 0) return -1;
     if (x->run->data.val_files && x->run->trainer.test_freq > 0 &&
         ex_dataset_load(&x->val, x->run->data.val_files, x->run, x->tok, true) != 0)
-        return -1;
+        return ff_error_wrap("data.val_files");
     if (!(x->exact = ff_reward_new(x->reg, "arith_exact_match", NULL))) return -1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     x->threads = o->threads > 0 ? o->threads : (int)(cores / x->nranks > 0 ? cores / x->nranks : 1);
@@ -513,8 +515,58 @@ static void describe(ex_run *x, const char *resume_dir) {
     fflush(x->out);
 }
 
+/* ---- where to continue ------------------------------------------------------------------------- */
+/* Append arg to buf (at *off, cap bytes), quoted when the shell would split or expand it. */
+static void shell_arg(char *buf, size_t cap, size_t *off, const char *arg) {
+    bool plain = arg[0] != 0;
+    for (const char *p = arg; *p && plain; p++)
+        plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || strchr("_-./=:,+@%", *p);
+    int n;
+    if (plain) {
+        n = snprintf(buf + *off, cap - *off, " %s", arg);
+    } else {
+        n = snprintf(buf + *off, cap - *off, " '");
+        for (const char *p = arg; *p && n >= 0 && *off + (size_t)n < cap; p++)
+            n += snprintf(buf + *off + n, cap - *off - (size_t)n, *p == '\'' ? "'\\''" : "%c", *p);
+        if (n >= 0 && *off + (size_t)n < cap) n += snprintf(buf + *off + n, cap - *off - (size_t)n, "'");
+    }
+    if (n > 0) *off = *off + (size_t)n < cap ? *off + (size_t)n : cap - 1;
+}
+
+/* The command that continues this run: the same config, overrides and --workers, and
+ * --resume (the newest checkpoint); without one saved, the command that starts it again. */
+static void continue_command(const ex_run *x, bool resume, char *buf, size_t cap) {
+    size_t off = (size_t)snprintf(buf, cap, "fuseflow run");
+    shell_arg(buf, cap, &off, x->o.config);
+    for (int i = 0; i < x->o.n_overrides; i++) shell_arg(buf, cap, &off, x->o.overrides[i]);
+    if (x->o.workers > 0) {
+        char w[32];
+        snprintf(w, sizeof w, "%d", x->o.workers);
+        shell_arg(buf, cap, &off, "--workers");
+        shell_arg(buf, cap, &off, w);
+    }
+    if (resume) shell_arg(buf, cap, &off, "--resume");
+}
+
+/* Every way a started run stops names where to continue: the newest checkpoint by path with
+ * the exact command (--resume takes the newest, which is that one), or the command that
+ * starts it again. */
+static void resume_hint(const ex_run *x, char *hint, size_t cap) {
+    char cmd[8192];
+    if (x->td.checkpoint[0]) {
+        continue_command(x, true, cmd, sizeof cmd);
+        snprintf(hint, cap, "resume from the checkpoint %s (iteration %" PRId64 "): `%s`", x->td.checkpoint,
+                 x->td.checkpoint_step, cmd);
+    } else {
+        continue_command(x, false, cmd, sizeof cmd);
+        snprintf(hint, cap, "no checkpoint was saved yet (trainer.save_freq %" PRId64 "): start again with `%s`",
+                 (int64_t)x->run->trainer.save_freq, cmd);
+    }
+}
+
 static int loop(ex_run *x) {
     const ff_trainer_cfg *tc = &x->run->trainer;
+    char cmd[8192];
     if (tc->test_freq > 0 && x->val.n && x->iteration == 0) {
         double acc;
         if (evaluate(x, &acc) != 0) return -1;
@@ -535,7 +587,8 @@ static int loop(ex_run *x) {
             clear_line(x);
             ff_data_order_seek(&x->order, epoch0, cursor0);
             if (x->td.checkpoint_step != it - 1 && ex_ckpt_save(x, it - 1, &x->order) != 0) return -1;
-            fprintf(x->out, "run: interrupted during iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->td.checkpoint);
+            continue_command(x, true, cmd, sizeof cmd);
+            fprintf(x->out, "run: interrupted during iteration %" PRId64 "; saved %s (continue with `%s`)\n", it, x->td.checkpoint, cmd);
             return FF_EXEC_INTERRUPTED;
         }
         int64_t t_end = ff_now_ns();
@@ -572,12 +625,15 @@ static int loop(ex_run *x) {
             event(x, "checkpoint", it, 0);
         }
         if (interrupted) {
-            fprintf(x->out, "run: interrupted after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->td.checkpoint);
+            continue_command(x, true, cmd, sizeof cmd);
+            fprintf(x->out, "run: interrupted after iteration %" PRId64 "; saved %s (continue with `%s`)\n", it, x->td.checkpoint, cmd);
             return FF_EXEC_INTERRUPTED;
         }
         if (last) {
-            if (it < tc->steps)
-                fprintf(x->out, "run: stopped after iteration %" PRId64 "; saved %s (continue with --resume)\n", it, x->td.checkpoint);
+            if (it < tc->steps) {
+                continue_command(x, true, cmd, sizeof cmd);
+                fprintf(x->out, "run: stopped after iteration %" PRId64 "; saved %s (continue with `%s`)\n", it, x->td.checkpoint, cmd);
+            }
             return FF_EXEC_DONE;
         }
     }
@@ -593,7 +649,7 @@ int ff_exec_run(const ff_exec_opts *o) {
     x->tty = o->progress == 1 || (o->progress < 0 && isatty(fileno(x->out)));
     char **over = NULL;
     int n_over = 0;
-    char resume_dir[FF_PATH_MAX] = "", err[FF_PATH_MAX] = "", note[2 * FF_PATH_MAX];
+    char resume_dir[FF_PATH_MAX] = "", err[8192] = "", hint[12288] = "";
     bool started = false;
     int rc = -1;
     if (setup(x, &over, &n_over) != 0) goto out;
@@ -627,8 +683,7 @@ out:
         }
         ff_controller_destroy(&x->c);
     }
-    /* every way a run stops after it began names the checkpoint to continue from */
-    if (rc < 0 && started) snprintf(err + strlen(err), sizeof err - strlen(err), "; %s", ff_train_dir_resume_note(&x->td, note, sizeof note));
+    if (rc < 0 && started) resume_hint(x, hint, sizeof hint);
     ex_trace_free(&x->tr);
     ff_reward_destroy(&x->exact);
     ex_dataset_free(&x->train);
@@ -642,6 +697,6 @@ out:
     free(x->overrides_text);
     free(over);
     free(x);
-    if (rc < 0) ff_error_set(NULL, NULL, "%s", err);
+    if (rc < 0) ff_error_set(NULL, hint[0] ? hint : NULL, "%s%s", err, hint[0] ? "; the run stopped" : "");
     return rc;
 }

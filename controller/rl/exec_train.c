@@ -191,6 +191,10 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
         }
     }
     ex_trace_weights(x, pool, prev, dp);
+    if (x->o.on_event) {
+        ff_exec_event e = {"training", I->it, tr->n_steps, x->c};
+        x->o.on_event(x->o.event_ud, &e);
+    }
     rc = 0;
 out:
     free(order), free(share), free(tok), free(off), free(mb);
@@ -205,12 +209,9 @@ void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
     ex_train *tr = &I->train[j->node];
     const ff_node *nd = node_of(x, j->node);
     if (r[0].status != FF_STATUS_OK) {
-        if (r[0].status == FF_STATUS_WORKER_LOST) {
-            ex_check_workers(x); /* names the worker and the checkpoint */
-            if (x->failed[0]) return;
-        }
-        ex_fail(x, "node '%s', step %d on worker %d: %s: %s", nd->name, j->minibatch, r[0].rank, ff_status_name(r[0].status),
-                r[0].error);
+        /* (the gradient all-reduce fails on the survivors when a rank dies) */
+        ex_subtask_failed(x, "node '%s', step %d on worker %d: %s: %s", nd->name, j->minibatch, r[0].rank,
+                          ff_status_name(r[0].status), r[0].error);
         return;
     }
     const ff_tensor *mt = ex_out_named(&r[0], FF_RL_T_METRICS);
@@ -304,11 +305,7 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
     if (!I || j->iteration != I->it) return;
     for (int i = 0; i < n; i++)
         if (r[i].status != FF_STATUS_OK) {
-            if (r[i].status == FF_STATUS_WORKER_LOST) {
-                ex_check_workers(x);
-                if (x->failed[0]) return;
-            }
-            ex_fail(x, "weight sync on worker %d: %s: %s", r[i].rank, ff_status_name(r[i].status), r[i].error);
+            ex_subtask_failed(x, "weight sync on worker %d: %s: %s", r[i].rank, ff_status_name(r[i].status), r[i].error);
             return;
         }
     I->st[j->node].t_last_ns = ff_now_ns();

@@ -111,6 +111,13 @@ int ff_controller_local_worker_limit(const ff_controller *c, char *why, size_t c
 /* Run the loop until at least n workers are live (0), or until the timeout or a local
  * worker exiting before its hello (-1 + error naming the ranks missing and why). */
 int ff_controller_wait_workers(ff_controller *c, int n, double timeout_s);
+/* Ping the live workers among ranks and run the loop until each has answered a ping sent
+ * now, or has been declared dead (a local worker that exited: once its connection is gone;
+ * a silent one: after opts.timeout_s), or timeout_s passed. Returns how many of ranks are
+ * dead or stopped, or -1 + error (timeout, or from inside a callback). A failure that one
+ * worker reports is often the echo of another's death not declared yet (a collective whose
+ * peer was killed): confirm the peers before blaming the living. */
+int ff_controller_confirm_live(ff_controller *c, const int *ranks, int n, double timeout_s);
 
 typedef enum ff_worker_state {
     FF_WORKER_SPAWNED = 0, /* started here, no hello yet */

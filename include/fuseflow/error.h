@@ -35,7 +35,8 @@ int ff_error_set(const char *where, const char *hint, const char *fmt, ...) FF_P
 /* Prepend context to the current message: "CONTEXT: <old message>". Returns -1. */
 int ff_error_wrap(const char *fmt, ...) FF_PRINTF(1, 2);
 
-/* The current message of this thread ("" when none). Valid until the next ff_error_*. */
+/* The current message of this thread ("" when none). Valid until the next ff_error_*.
+ * At most 8191 bytes: a longer one keeps its start and end, joined by "..." (ff_text_fit). */
 const char *ff_error_message(void);
 
 void ff_error_clear(void);

@@ -31,9 +31,11 @@ extern "C" {
 #endif
 #pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
-#define FF_PROTOCOL_VERSION 1
+#define FF_PROTOCOL_VERSION 2            /* 2: error texts up to 4 KiB, errors name the refused
+                                            id, hello and welcome carry frame limits */
 #define FF_MSG_NAME_MAX 64               /* kind, group, tensor, host, device names (with NUL) */
-#define FF_MSG_TEXT_MAX 256              /* error texts (with NUL); longer ones are cut */
+#define FF_MSG_TEXT_MAX 4096             /* error texts (with NUL); longer ones are cut in the
+                                            middle (ff_text_fit) */
 #define FF_MSG_MAX_HEADER (64 * 1024)    /* bytes of the msgpack header frame */
 #define FF_MSG_MAX_TENSORS 256           /* tensor frames per message */
 #define FF_MSG_MAX_DIMS 8
@@ -60,7 +62,8 @@ typedef enum ff_msg_type {
 const char *ff_msg_type_name(int type); /* "hello", ... or "unknown" */
 
 /* Status of a result. Workers send OK, FAILED, CANCELLED, UNKNOWN_KIND, BAD_REQUEST; the
- * controller adds the others for subtasks that never got an answer. */
+ * controller adds the others for subtasks that never got an answer, or whose message (the
+ * subtask, or its result) the other side's decoder refused. */
 typedef enum ff_status {
     FF_STATUS_OK = 0,
     FF_STATUS_FAILED = 1,       /* the handler reported an error (text in the result) */
@@ -69,6 +72,8 @@ typedef enum ff_status {
     FF_STATUS_BAD_REQUEST = 4,  /* the worker could not accept the subtask (bad args, no group) */
     FF_STATUS_WORKER_LOST = 5,  /* the worker died with the subtask in flight */
     FF_STATUS_SHUTDOWN = 6,     /* the controller shut down before an answer came */
+    FF_STATUS_REJECTED = 7,     /* the worker refused the subtask's message, or the controller
+                                   its result (a frame over the size limit...): text says why */
     FF_STATUS_END
 } ff_status;
 
@@ -124,6 +129,8 @@ typedef struct ff_msg_hello {
     char device[FF_MSG_NAME_MAX];
     int ncaps;
     char caps[FF_MSG_MAX_CAPS][FF_MSG_NAME_MAX]; /* subtask kinds and features */
+    uint64_t max_frame; /* largest tensor frame it accepts (bytes; 0: 1 GiB): the controller
+                           fails a subtask with a larger one instead of sending it */
 } ff_msg_hello;
 
 typedef struct ff_msg_welcome {
@@ -131,6 +138,8 @@ typedef struct ff_msg_welcome {
     uint32_t heartbeat_ms;     /* the controller pings this often */
     uint32_t timeout_ms;       /* silence longer than this means the other side is gone */
     uint32_t max_inflight;     /* subtasks the controller keeps in flight on this worker */
+    uint64_t max_frame;        /* largest tensor frame the controller accepts (0: 1 GiB): a
+                                  result with a larger one is sent as a failure instead */
 } ff_msg_welcome;
 
 typedef struct ff_msg_heartbeat {
@@ -160,7 +169,8 @@ typedef struct ff_msg_result {
 
 typedef struct ff_msg_error {
     int32_t code; /* ff_error_code */
-    uint64_t ref; /* the id the error is about, 0 if none */
+    uint64_t ref; /* the id the error is about, 0 if none: for FF_ERR_MALFORMED, the id of the
+                     rejected subtask, group setup or result (ff_msg.rejected_id) */
     char text[FF_MSG_TEXT_MAX];
 } ff_msg_error;
 
@@ -204,6 +214,11 @@ typedef struct ff_msg {
     /* The sender's ZeroMQ routing id (on a ROUTER). */
     uint8_t peer[FF_MSG_MAX_ROUTING_ID];
     size_t peer_len;
+    /* After a rejected receive (ff_msg_recv / ff_msg_decode returned -1): the type and id the
+     * header names, read as far as its first items are well formed (0 when not, or for types
+     * without an id), so the receiver can tell the sender which subtask it refused. */
+    int rejected_type;
+    uint64_t rejected_id;
     /* private: frames and storage */
     zmq_msg_t header;    /* the received header frame (args point into it) */
     bool has_header;
@@ -318,7 +333,8 @@ int ff_msg_decode(ff_msg_decoder *d, ff_msg *m, const ff_frame *frames, int nfra
  * *reason set when not NULL) or -2 (socket error, errno set). */
 int ff_msg_recv(ff_msg_decoder *d, void *sock, bool router, ff_msg *m, ff_reject *reason);
 
-/* Send an ERROR message (code, ref, text) to peer. Best effort: failures are ignored. */
+/* Send an ERROR message (code, ref, text) to peer; text longer than FF_MSG_TEXT_MAX - 1 is
+ * cut in the middle. Best effort: failures are ignored. */
 void ff_msg_send_error(void *sock, const void *peer, size_t peer_len, int code, uint64_t ref, const char *text);
 
 /* Arguments of a decoded subtask by key. Return 0 and *out, or -1 + error naming the key

@@ -63,6 +63,14 @@ void ff_data_order_free(ff_data_order *o);
  * skipped. Returns the count and a malloc'd list in *steps (the caller frees it; NULL when
  * the count is 0). */
 int ff_checkpoint_steps(const char *out_dir, int64_t **steps);
+/* For a file or folder inside OUT/checkpoints/step-N (path names it, or something in it): the
+ * hint for an error that shows that checkpoint damaged, naming the checkpoint before it and
+ * how to resume from it (move the damaged one aside; --resume takes the newest), or, with
+ * none before it, how to start again. 0 and the hint in buf, or -1 (not in a checkpoint). */
+int ff_checkpoint_hint(const char *path, char *buf, size_t cap);
+/* A failure reading path: when path lies in a checkpoint, the current error gets
+ * ff_checkpoint_hint's hint (once). Returns -1, for `return ff_checkpoint_error(path);`. */
+int ff_checkpoint_error(const char *path);
 /* "OUT_DIR/checkpoints/step-NNNNNNNN" into buf. */
 void ff_checkpoint_path(const char *out_dir, int64_t step, char *buf, size_t cap);
 

@@ -84,6 +84,11 @@ char *ff_strdup(const char *s);
 uint64_t ff_memory_limit(char *what, size_t cap);
 /* "1.5 GiB", "300 MiB", "12 KiB", "17 B" (buf holds 32 bytes). */
 const char *ff_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
+/* ---- text ------------------------------------------------------------------------------ */
+/* Copy the text src into dst (cap bytes; dst may be src). A text that does not fit keeps its
+ * start and its end, joined by "...": error texts name the file first and the problem and
+ * hint last, and both must survive a deep path. */
+void ff_text_fit(char *dst, size_t cap, const char *src);
 
 /* ---- files ----------------------------------------------------------------------------- */
 /* Read a whole file into a NUL-terminated buffer (*len excludes the NUL). NULL + error. */

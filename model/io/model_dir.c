@@ -8,6 +8,7 @@
 #include "fuseflow/modelio.h"
 #include "fuseflow/safetensors.h"
 #include "fuseflow/tokenizer.h"
+#include "fuseflow/train_dir.h"
 #include "fuseflow/util.h"
 
 /* Shard limit when writing: Hugging Face's save_pretrained default. */
@@ -140,12 +141,12 @@ int ff_model_dir_load(const char *dir, ff_model_config *cfg, ff_tensor_set **wei
     *weights = NULL;
     char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (ff_hf_config_load(path, cfg) != 0) return -1;
+    if (ff_hf_config_load(path, cfg) != 0) return ff_checkpoint_error(dir);
     ff_tensor_set *w = ff_tensor_set_new();
     if (!w) return -1;
     if (ff_safetensors_load_dir(dir, w) != 0 || ff_hf_check_weights(cfg, w, dir) != 0) {
         ff_tensor_set_destroy(&w);
-        return -1;
+        return ff_checkpoint_error(dir);
     }
     for (size_t i = 0; i < w->n; i++) {
         const ff_host_tensor *t = &w->items[i];
@@ -154,7 +155,7 @@ int ff_model_dir_load(const char *dir, ff_model_config *cfg, ff_tensor_set **wei
             if (!isfinite(t->data[k])) {
                 ff_error_set(dir, "the checkpoint is damaged (a diverged run?)", "tensor '%s' has a non-finite value at element %lld", t->name, (long long)k);
                 ff_tensor_set_destroy(&w);
-                return -1;
+                return ff_checkpoint_error(dir);
             }
     }
     *weights = w;

@@ -16,6 +16,7 @@
 
 #include "fuseflow/util.h"
 #include "fuseflow/modelio.h"
+#include "fuseflow/train_dir.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors is little-endian; so must the host be");
 
@@ -32,7 +33,13 @@ struct ff_safetensors {
     size_t n_meta;
 };
 
-static const char *k_hint_truncated = "the file is truncated or damaged; copy or download it again";
+/* The hint for a file whose bytes are wrong: inside a run's checkpoint folder, the
+ * checkpoint before it (a copy elsewhere does not exist); otherwise, to copy it again. */
+static const char *damaged_hint(const char *path, const char *otherwise) {
+    static _Thread_local char buf[16384];
+    return ff_checkpoint_hint(path, buf, sizeof buf) == 0 ? buf : otherwise;
+}
+static const char *k_copy_again = "the file is truncated or damaged; copy or download it again";
 
 void ff_safetensors_close(ff_safetensors **pf) {
     if (!pf || !*pf) return;
@@ -99,20 +106,20 @@ static int parse_entry(ff_safetensors *f, const char *name, json_t *v, ff_st_ent
             return ff_error_set(f->name, NULL, NAMEFMT ": shape entry %zu is not a non-negative integer", name, i);
         e->shape[i] = (int64_t)d;
         if (__builtin_mul_overflow(numel, d, &numel))
-            return ff_error_set(f->name, k_hint_truncated, NAMEFMT ": shape is too large (element count overflows)", name);
+            return ff_error_set(f->name, damaged_hint(f->name, k_copy_again), NAMEFMT ": shape is too large (element count overflows)", name);
     }
     if (!json_is_array(jo) || json_array_size(jo) != 2 || get_u64(json_array_get(jo, 0), &e->begin) != 0 ||
         get_u64(json_array_get(jo, 1), &e->end) != 0)
         return ff_error_set(f->name, NULL, NAMEFMT ": \"data_offsets\" must be [begin, end] with non-negative integers", name);
     if (e->end < e->begin)
-        return ff_error_set(f->name, k_hint_truncated, NAMEFMT ": data_offsets end %llu is before begin %llu", name, (unsigned long long)e->end,
+        return ff_error_set(f->name, damaged_hint(f->name, k_copy_again), NAMEFMT ": data_offsets end %llu is before begin %llu", name, (unsigned long long)e->end,
                             (unsigned long long)e->begin);
     if (e->end > f->data_len)
-        return ff_error_set(f->name, k_hint_truncated, NAMEFMT ": data ends at byte %llu but the data section has only %llu bytes", name,
+        return ff_error_set(f->name, damaged_hint(f->name, k_copy_again), NAMEFMT ": data ends at byte %llu but the data section has only %llu bytes", name,
                             (unsigned long long)e->end, (unsigned long long)f->data_len);
     uint64_t bytes;
     if (__builtin_mul_overflow(numel, (uint64_t)ff_dtype_size(e->dtype), &bytes) || bytes != e->end - e->begin)
-        return ff_error_set(f->name, k_hint_truncated, NAMEFMT ": data_offsets span %llu bytes but shape and dtype %s need %llu", name,
+        return ff_error_set(f->name, damaged_hint(f->name, k_copy_again), NAMEFMT ": data_offsets span %llu bytes but shape and dtype %s need %llu", name,
                             (unsigned long long)(e->end - e->begin), ff_dtype_name(e->dtype),
                             (unsigned long long)(numel * (uint64_t)ff_dtype_size(e->dtype)));
     e->name = ff_strdup(name);
@@ -120,7 +127,7 @@ static int parse_entry(ff_safetensors *f, const char *name, json_t *v, ff_st_ent
 }
 
 static int parse_header(ff_safetensors *f) {
-    const char *hint_notst = "is this a safetensors file? it may be truncated";
+    const char *hint_notst = damaged_hint(f->name, "is this a safetensors file? it may be truncated");
     if (f->map_len < 8)
         return ff_error_set(f->name, hint_notst, "file has %zu bytes, too short for the 8-byte header length", f->map_len);
     uint64_t hlen;
@@ -157,7 +164,7 @@ static int parse_header(ff_safetensors *f) {
     for (size_t i = 1; i < f->n; i++) {
         const ff_st_entry *a = &f->entries[i - 1], *b = &f->entries[i];
         if (b->begin < a->end) {
-            ff_error_set(f->name, k_hint_truncated, "tensors '%.200s' [%llu, %llu) and '%.200s' [%llu, %llu) overlap", a->name,
+            ff_error_set(f->name, damaged_hint(f->name, k_copy_again), "tensors '%.200s' [%llu, %llu) and '%.200s' [%llu, %llu) overlap", a->name,
                          (unsigned long long)a->begin, (unsigned long long)a->end, b->name, (unsigned long long)b->begin,
                          (unsigned long long)b->end);
             goto out;
@@ -269,11 +276,11 @@ int ff_safetensors_read(const ff_safetensors *f, const ff_st_entry *e, ff_tensor
 
 int ff_safetensors_load(const char *path, ff_tensor_set *out) {
     ff_safetensors *f = ff_safetensors_open(path);
-    if (!f) return -1;
+    if (!f) return ff_checkpoint_error(path);
     int rc = 0;
     for (size_t i = 0; i < f->n && rc == 0; i++) rc = ff_safetensors_read(f, &f->entries[i], out, NULL);
     ff_safetensors_close(&f);
-    return rc;
+    return rc ? ff_checkpoint_error(path) : 0;
 }
 
 /* ---- sharded checkpoints ---------------------------------------------------------------- */
@@ -335,7 +342,7 @@ int ff_safetensors_load_index(const char *index_path, ff_tensor_set *out) {
             if (strcmp(json_string_value(v2), file) != 0) continue;
             const ff_st_entry *e = ff_safetensors_find(shard, n2);
             if (!e) {
-                ff_error_set(path, k_hint_truncated, "tensor '%.200s' is listed in %s but not in this shard", n2, index_path);
+                ff_error_set(path, damaged_hint(path, k_copy_again), "tensor '%.200s' is listed in %s but not in this shard", n2, index_path);
                 goto out;
             }
             if (ff_safetensors_read(shard, e, out, NULL) != 0) goto out;

@@ -438,3 +438,52 @@ const char *ff_train_dir_resume_note(const ff_train_dir *d, char *buf, size_t ca
         snprintf(buf, cap, "no checkpoint was saved, so nothing can be resumed: the run starts over");
     return buf;
 }
+
+/* ---- damaged checkpoints ------------------------------------------------------------------ */
+/* The OUT/checkpoints/step-N prefix of path: its length, the step, and where OUT ends; -1
+ * when path is not inside one (the last such component counts). */
+static long checkpoint_prefix(const char *path, int64_t *step, size_t *out_len) {
+    long found = -1;
+    for (const char *p = path; (p = strstr(p, "checkpoints/step-")); p++) {
+        if (p != path && p[-1] != '/') continue;
+        const char *q = p + strlen("checkpoints/step-"), *d = q;
+        while (*d >= '0' && *d <= '9') d++;
+        if (d == q || (*d && *d != '/')) continue;
+        *step = strtoll(q, NULL, 10);
+        *out_len = p == path ? 0 : (size_t)(p - path - 1);
+        found = (long)(d - path);
+    }
+    return found;
+}
+
+int ff_checkpoint_hint(const char *path, char *buf, size_t cap) {
+    int64_t step = 0;
+    size_t out_len = 0;
+    long end = checkpoint_prefix(path, &step, &out_len);
+    if (end < 0) return -1;
+    char out[FF_PATH_MAX], ck[FF_PATH_MAX];
+    if (out_len) snprintf(out, sizeof out, "%.*s", (int)out_len, path);
+    else snprintf(out, sizeof out, ".");
+    snprintf(ck, sizeof ck, "%.*s", (int)end, path);
+    int64_t *steps, prev = -1;
+    int n = ff_checkpoint_steps(out, &steps);
+    for (int i = 0; i < n; i++)
+        if (steps[i] < step) prev = steps[i];
+    free(steps);
+    if (prev >= 0)
+        snprintf(buf, cap, "the checkpoint %s is damaged; the one before it is %s/checkpoints/step-%08lld: move the damaged "
+                 "one away (mv %s %s.damaged) and run the same command with --resume (it takes the newest)",
+                 ck, out, (long long)prev, ck, ck);
+    else
+        snprintf(buf, cap, "the checkpoint %s is damaged and %s/checkpoints holds none before it: move it away (mv %s "
+                 "%s.damaged) and start again without --resume", ck, out, ck, ck);
+    return 0;
+}
+
+int ff_checkpoint_error(const char *path) {
+    char hint[16384];
+    if (ff_checkpoint_hint(path, hint, sizeof hint) != 0 || strstr(ff_error_message(), hint)) return -1;
+    char msg[8192];
+    snprintf(msg, sizeof msg, "%s", ff_error_message());
+    return ff_error_set(NULL, hint, "%s", msg);
+}

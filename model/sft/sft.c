@@ -177,7 +177,8 @@ static int dataset_load(dataset *d, const char *path, const ff_tokenizer *tok, c
     }
     if (d->n < limit && got < 0) goto out;
     if (d->n == 0) {
-        ff_error_set(path, NULL, "no examples");
+        ff_error_set(path, "one JSON object per line: {\"prompt\": \"12+34=\", \"response\": \"46\"} (`fuseflow dataset arith` "
+                     "writes such files)", "no examples: the file is empty or holds only blank lines");
         goto out;
     }
     rc = 0;

@@ -197,6 +197,12 @@ printf '{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2=", "response": 4}\n
 expect_error "non-string response" "badfield.jsonl:2: expected string fields" "$FF_BIN" sft --config r.yaml out=bad data.train=badfield.jsonl
 printf '{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2=", \n' > malformed.jsonl
 expect_error "malformed JSONL" "malformed.jsonl:2: malformed JSON" "$FF_BIN" sft --config r.yaml out=bad data.train=malformed.jsonl
+: > nothing.jsonl
+printf '\n \n' > blank.jsonl
+expect_error "empty training data" "nothing.jsonl: no examples: the file is empty or holds only blank lines .hint: one JSON object per line: \{\"prompt\"" \
+  "$FF_BIN" sft --config r.yaml out=bad data.train=nothing.jsonl
+expect_error "blank test data" "blank.jsonl: no examples: the file is empty or holds only blank lines" "$FF_BIN" sft --config r.yaml \
+  out=bad data.test=blank.jsonl
 python3 -c "import json; print(json.dumps({'prompt': 'x' * 70, 'response': 'y'}))" > long.jsonl
 expect_error "example longer than the context" "long.jsonl:1: 72 tokens with eos, more than max_position_embeddings 64" "$FF_BIN" sft --config r.yaml out=bad data.train=long.jsonl
 expect_error "missing model" "nomodel/config.json: cannot open" "$FF_BIN" sft --config r.yaml out=bad model=nomodel

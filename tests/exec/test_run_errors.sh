@@ -5,7 +5,8 @@
 #   suggestion), a model a worker cannot load (damaged safetensors), an output folder that
 #   holds another run's checkpoints, --resume with nothing to resume;
 #   Ctrl-C (SIGINT to the terminal's process group) during a stage: a checkpoint, exit 130,
-#   workers gone, and --resume continues from it.
+#   workers gone, and --resume continues from it; a damaged newest checkpoint (weights cut
+#   short, state.json garbled): the message names the checkpoint before it and how to resume.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_inputs
@@ -44,14 +45,28 @@ expect_fail wrong_key "did you mean 'graph.train_actor.clip_ratio_high'" "$cfg" 
   roles.actor.model=$M roles.ref.model=$M graph.train_actor.clip_ratio_hihg=0.3
 grep -q "unknown key 'graph.train_actor.clip_ratio_hihg'" "$work/wrong_key/log" || fail "wrong_key: no unknown-key message"
 
-# a reference model whose weights are cut short: its worker cannot load it
-cp -r "$M" "$work/damaged"
-truncate -s 1000 "$work/damaged/model.safetensors"
-expect_fail damaged_model "damaged/model.safetensors" "$cfg" $(base "$work/o4") roles.actor.model=$M roles.ref.model=$work/damaged \
-  roles.ref.colocate_with=null roles.ref.workers=1
+# a reference model whose weights are cut short, in a deep folder (the worker's message is
+# longer than the 255 bytes the wire used to carry): its worker cannot load it, and the
+# message keeps the file name, the problem and the hint
+deep=$work/damaged/$(printf 'level-%02d-of-a-deep-folder/' $(seq 1 12))model
+mkdir -p "$(dirname "$deep")"
+cp -r "$M" "$deep"
+truncate -s 3000 "$deep/model.safetensors"
+expect_fail damaged_model "of-a-deep-folder/model/model.safetensors: tensor '" "$cfg" $(base "$work/o4") roles.actor.model=$M \
+  roles.ref.model=$deep roles.ref.colocate_with=null roles.ref.workers=1
 grep -q "role ref" "$work/damaged_model/log" || fail "damaged_model: the message does not name the role"
+grep -q "the data section has only .* bytes (hint: the file is truncated or damaged; copy or download it again)" \
+  "$work/damaged_model/log" || fail "damaged_model: the problem or the hint was cut off"
 
 expect_fail resume_nothing "no checkpoint" "$cfg" $(base "$work/o5") roles.actor.model=$M roles.ref.model=$M --resume
+# empty and blank data files: which one, what was wrong, what a line looks like
+: > "$work/nothing.jsonl"
+printf '\n  \n' > "$work/blank.jsonl"
+expect_fail empty_train "data.train_files: $work/nothing.jsonl: no examples: the file is empty or holds only blank lines" "$cfg" \
+  $(base "$work/o6") roles.actor.model=$M roles.ref.model=$M data.train_files=$work/nothing.jsonl
+grep -q '{"prompt": "12+34=", "answer": "46"}' "$work/empty_train/log" || fail "empty_train: no example line"
+expect_fail blank_val "data.val_files: $work/blank.jsonl: no examples" "$cfg" $(base "$work/o7") roles.actor.model=$M \
+  roles.ref.model=$M data.val_files=$work/blank.jsonl trainer.test_freq=1
 
 # Ctrl-C during a stage: the run is its own process group (as under a terminal) and the
 # whole group gets SIGINT; the workers are in groups of their own and stop after the save
@@ -84,4 +99,27 @@ grep -q "resuming from .*step-0*$done_it" "$d/log2" || fail "--resume did not st
 
 # an output folder with another run's checkpoints
 expect_fail not_resumed "pass --resume" "$cfg" $(base "$d/out") roles.actor.model=$M roles.ref.model=$M
+
+# a damaged newest checkpoint: the message names the one before it and how to resume from
+# it (not "copy or download it again": there is no other copy); the weights cut short, then
+# state.json garbled; following the hint resumes from the one before
+r=$work/ck
+"$bin" run "$cfg" $(base "$r") roles.actor.model=$M roles.ref.model=$M trainer.steps=3 trainer.save_freq=1 \
+  --stop-after 2 --no-progress > "$work/ck.log" 2>&1 || { cat "$work/ck.log" >&2; fail "the run to damage failed"; }
+ck2=$r/checkpoints/step-00000002
+cp "$ck2/actor/model.safetensors" "$work/ck_weights"
+truncate -s 3000 "$ck2/actor/model.safetensors"
+expect_fail damaged_ckpt "the one before it is $r/checkpoints/step-00000001" "$cfg" $(base "$r") roles.actor.model=$M \
+  roles.ref.model=$M trainer.steps=3 trainer.save_freq=1 --resume
+grep -q "mv $ck2 $ck2.damaged" "$work/damaged_ckpt/log" || fail "damaged_ckpt: no way to move it aside"
+grep -q "copy or download" "$work/damaged_ckpt/log" && fail "damaged_ckpt: the hint still says to copy or download it"
+cp "$work/ck_weights" "$ck2/actor/model.safetensors"
+echo '{"iteration": 2, "seed":' > "$ck2/state.json"
+expect_fail damaged_state "the one before it is $r/checkpoints/step-00000001" "$cfg" $(base "$r") roles.actor.model=$M \
+  roles.ref.model=$M trainer.steps=3 trainer.save_freq=1 --resume
+mv "$ck2" "$ck2.damaged"
+"$bin" run "$cfg" $(base "$r") roles.actor.model=$M roles.ref.model=$M trainer.steps=3 trainer.save_freq=1 --resume --no-progress \
+  > "$work/ck2.log" 2>&1 || { cat "$work/ck2.log" >&2; fail "resuming from the checkpoint before the damaged one failed"; }
+grep -q "resuming from .*step-00000001" "$work/ck2.log" || fail "the resume did not start from step-00000001"
+[[ $(iterations "$r/metrics.jsonl") == 3 ]] || fail "after resuming from step 1, metrics.jsonl has not 3 iterations"
 echo ok

@@ -5,8 +5,14 @@
  *   2. a worker that holds the actor's training state dies: the run stops with a message
  *      naming the checkpoint to resume from;
  *   3. an interruption before anything trained in an iteration: the checkpoint is the
- *      previous iteration's (weights and data position of its end).
+ *      previous iteration's (weights and data position of its end);
+ *   4. with 2 DP ranks, rank 1 is killed while rank 0 waits in the gradient all-reduce for
+ *      it (rank 1 stopped first, killed once rank 0 is idle): rank 0's collective fails at
+ *      once, and races the controller's death detection; the run must stop naming the dead
+ *      worker and the checkpoint with the exact --resume command, never with the
+ *      collective's error alone. Five times: the old code lost the race 3 times in 4.
  */
+#include <dirent.h>
 #include <jansson.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -17,8 +23,41 @@
 static const char *bin;
 static char dir[256];
 
+/* CPU time of a process, all its threads (ns, from schedstat: exact, unlike utime). */
+static int64_t cpu_ns(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int64_t sum = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char p2[128];
+        snprintf(p2, sizeof p2, "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
+        FILE *f = fopen(p2, "r");
+        long long ns = 0;
+        if (f && fscanf(f, "%lld", &ns) == 1) sum += ns;
+        if (f) fclose(f);
+    }
+    closedir(d);
+    return sum;
+}
+
+/* Until pid is idle (under 1 ms of CPU per 10 ms, five times running: it waits, in the
+ * all-reduce for the stopped peer; its loop and poll timers still tick), at most 5 s. */
+static void wait_idle(pid_t pid) {
+    int64_t last = cpu_ns(pid);
+    for (int i = 0, still = 0; i < 500 && still < 5; i++) {
+        usleep(10000);
+        int64_t now = cpu_ns(pid);
+        still = now - last < 1000000 ? still + 1 : 0;
+        last = now;
+    }
+}
+
 typedef struct hook {
-    int mode; /* 1 kill a rollout worker, 2 kill the actor, 3 interrupt */
+    int mode; /* 1 kill a rollout worker, 2 kill the actor, 3 interrupt, 4 kill DP rank 1 mid all-reduce */
     bool done;
     int victim;
     int64_t redispatched;
@@ -27,15 +66,29 @@ typedef struct hook {
 
 static void on_event(void *ud, const ff_exec_event *e) {
     hook *h = ud;
-    if (h->mode == 1 && !h->done && !strcmp(e->what, "generating") && e->iteration == 2) {
-        for (int r = 1; r <= 2; r++) { /* ranks 1 and 2 generate; take one that holds groups */
+    /* ranks 1 and 2 generate; both are stopped once iteration 1 is done, so the groups of
+     * iteration 2 they are sent cannot be answered before one of them is killed (a tiny model
+     * generates in well under a millisecond: a running victim may have answered already) */
+    if (h->mode == 1 && !strcmp(e->what, "iteration") && e->iteration == 1)
+        for (int r = 1; r <= 2; r++) {
             ff_worker_info wi;
-            if (ff_controller_worker_info(e->controller, r, &wi) == 0 && wi.state == FF_WORKER_LIVE && wi.inflight > 0) {
+            REQUIRE(ff_controller_worker_info(e->controller, r, &wi) == 0);
+            kill((pid_t)wi.pid, SIGSTOP);
+        }
+    if (h->mode == 1 && !h->done && !strcmp(e->what, "generating") && e->iteration == 2) {
+        for (int r = 1; r <= 2; r++) { /* take one that holds groups, let the other go on */
+            ff_worker_info wi;
+            REQUIRE(ff_controller_worker_info(e->controller, r, &wi) == 0);
+            if (!h->done && wi.inflight > 0) {
                 kill((pid_t)wi.pid, SIGKILL);
                 h->victim = r;
                 h->done = true;
-                return;
             }
+        }
+        for (int r = 1; r <= 2; r++) {
+            ff_worker_info wi;
+            REQUIRE(ff_controller_worker_info(e->controller, r, &wi) == 0);
+            if (r != h->victim) kill((pid_t)wi.pid, SIGCONT);
         }
     }
     if (h->mode == 1 && !strcmp(e->what, "iteration") && e->iteration == 2) {
@@ -48,6 +101,15 @@ static void on_event(void *ud, const ff_exec_event *e) {
         if (ff_controller_worker_info(e->controller, 0, &wi) == 0) kill((pid_t)wi.pid, SIGKILL);
         h->done = true;
     }
+    if (h->mode == 4 && !h->done && !strcmp(e->what, "training") && e->iteration == 2) {
+        ff_worker_info w0, w1;
+        REQUIRE(ff_controller_worker_info(e->controller, 0, &w0) == 0 && ff_controller_worker_info(e->controller, 1, &w1) == 0);
+        kill((pid_t)w1.pid, SIGSTOP); /* rank 0 computes its share, then waits for rank 1 */
+        wait_idle((pid_t)w0.pid);
+        kill((pid_t)w1.pid, SIGKILL);
+        h->victim = 1;
+        h->done = true;
+    }
     if (h->mode == 3 && !h->done && !strcmp(e->what, "generated") && e->iteration == 2) {
         *h->flag = 1;
         h->done = true;
@@ -56,7 +118,7 @@ static void on_event(void *ud, const ff_exec_event *e) {
 
 static char cfg_path[512];
 
-static void write_config(const char *out, int gen_workers) {
+static void write_config(const char *out, int gen_workers, int actor_workers) {
     char model[512], data[512];
     snprintf(model, sizeof model, "%s/m", dir);
     snprintf(data, sizeof data, "%s/a", dir);
@@ -65,7 +127,7 @@ static void write_config(const char *out, int gen_workers) {
     fprintf(f,
             "trainer: {steps: 3, seed: 5, save_freq: 1, out_dir: %s}\n"
             "data: {train_files: %s/train.jsonl, train_batch_size: 8, max_prompt_length: 16, max_response_length: 24}\n"
-            "roles:\n  actor: {model: %s, workers: 1, optim: {lr: 1.0e-3}%s}\n"
+            "roles:\n  actor: {model: %s, workers: %d, optim: {lr: 1.0e-3}%s}\n"
             "  ref: {model: %s, colocate_with: actor}\n"
             "graph:\n"
             "  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 4}\n"
@@ -75,7 +137,7 @@ static void write_config(const char *out, int gen_workers) {
             "  train: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], mini_batch_size: 4, "
             "micro_batch_size: 8}\n"
             "  sync: {op: sync_weights, role: actor, after: [train]}\n",
-            out, data, model, gen_workers ? ", rollout: {workers: 2}" : "", model);
+            out, data, model, actor_workers, gen_workers ? ", rollout: {workers: 2}" : "", model);
     fclose(f);
 }
 
@@ -111,7 +173,7 @@ int main(void) {
 
     /* 1. a rollout worker dies with groups in flight */
     snprintf(out, sizeof out, "%s/o1", dir);
-    write_config(out, 2);
+    write_config(out, 2, 1);
     hook h = {.mode = 1};
     volatile sig_atomic_t flag = 0;
     int rc = run(&h, &flag);
@@ -144,16 +206,36 @@ int main(void) {
 
     /* 2. the actor's worker dies after the checkpoint of iteration 1 */
     snprintf(out, sizeof out, "%s/o2", dir);
-    write_config(out, 0);
+    write_config(out, 0, 1);
     hook h2 = {.mode = 2};
     rc = run(&h2, &flag);
     CHECK_EQ_INT(rc, -1);
     CHECK_STR_CONTAINS(ff_error_message(), "holding the actor's training state");
     CHECK_STR_CONTAINS(ff_error_message(), "step-00000001");
+    CHECK_STR_CONTAINS(ff_error_message(), "`fuseflow run ");
+    CHECK_STR_CONTAINS(ff_error_message(), "run.yaml --resume`");
+
+    /* 4. DP rank 1 killed while rank 0 waits in the all-reduce, five times */
+    for (int cycle = 0; cycle < 5; cycle++) {
+        snprintf(out, sizeof out, "%s/o4_%d", dir, cycle);
+        write_config(out, 0, 2);
+        hook h4 = {.mode = 4};
+        rc = run(&h4, &flag);
+        const char *msg = ff_error_message();
+        if (rc != -1 || !strstr(msg, "worker 1 (pid")) fprintf(stderr, "cycle %d: rc %d: %s\n", cycle, rc, msg);
+        CHECK(h4.done);
+        CHECK_EQ_INT(rc, -1);
+        CHECK_STR_CONTAINS(msg, "worker 1 (pid");
+        CHECK_STR_CONTAINS(msg, "killed by signal 9");
+        CHECK_STR_CONTAINS(msg, "holding the actor's training state");
+        CHECK_STR_CONTAINS(msg, "checkpoints/step-00000001 (iteration 1)");
+        CHECK_STR_CONTAINS(msg, "run.yaml --resume`");
+        CHECK(!strstr(msg, "lost its connection")); /* the collective's echo of the death */
+    }
 
     /* 3. interrupted while iteration 2 generates: the checkpoint of iteration 1 */
     snprintf(out, sizeof out, "%s/o3", dir);
-    write_config(out, 0);
+    write_config(out, 0, 1);
     hook h3 = {.mode = 3, .flag = &flag};
     flag = 0;
     rc = run(&h3, &flag);

@@ -188,7 +188,49 @@ static void test_folder(void) {
     sh("rm -rf %s", dir);
 }
 
+/* The hint for a damaged checkpoint names the one before it (or says to start again), and
+ * nothing outside OUT/checkpoints/step-N gets it. */
+static void test_checkpoint_hint(void) {
+    char dir[128], cmd[400], hint[4096];
+    snprintf(dir, sizeof dir, "/tmp/ff_ckhint_%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/checkpoints/step-00000003/actor %s/checkpoints/step-00000007 "
+             "%s/checkpoints/step-00000009.tmp-5", dir, dir, dir, dir);
+    REQUIRE(system(cmd) == 0);
+    char path[256];
+    snprintf(path, sizeof path, "%s/checkpoints/step-00000007/actor/model.safetensors", dir);
+    CHECK_EQ_INT(ff_checkpoint_hint(path, hint, sizeof hint), 0);
+    char want[512];
+    snprintf(want, sizeof want, "the checkpoint %s/checkpoints/step-00000007 is damaged; the one before it is "
+             "%s/checkpoints/step-00000003: move the damaged one away (mv %s/checkpoints/step-00000007 "
+             "%s/checkpoints/step-00000007.damaged) and run the same command with --resume", dir, dir, dir, dir);
+    CHECK_STR_CONTAINS(hint, want);
+    snprintf(path, sizeof path, "%s/checkpoints/step-00000003/state.json", dir);
+    CHECK_EQ_INT(ff_checkpoint_hint(path, hint, sizeof hint), 0);
+    CHECK_STR_CONTAINS(hint, "holds none before it");
+    CHECK_STR_CONTAINS(hint, "start again without --resume");
+    /* a staging folder, a model folder, a relative checkpoint of the current folder */
+    snprintf(path, sizeof path, "%s/checkpoints/step-00000009.tmp-5/x", dir);
+    CHECK_EQ_INT(ff_checkpoint_hint(path, hint, sizeof hint), -1);
+    CHECK_EQ_INT(ff_checkpoint_hint("models/tiny/model.safetensors", hint, sizeof hint), -1);
+    CHECK_EQ_INT(ff_checkpoint_hint("checkpoints/step-12", hint, sizeof hint), 0);
+    CHECK_STR_CONTAINS(hint, "the checkpoint checkpoints/step-12 is damaged and ./checkpoints holds none before it");
+    /* ff_checkpoint_error adds it once, and leaves other errors alone */
+    snprintf(path, sizeof path, "%s/checkpoints/step-00000007/actor", dir);
+    ff_error_set("model.safetensors", NULL, "cut short");
+    CHECK_EQ_INT(ff_checkpoint_error(path), -1);
+    CHECK_EQ_INT(ff_checkpoint_error(path), -1);
+    const char *m = ff_error_message();
+    CHECK_STR_CONTAINS(m, "model.safetensors: cut short (hint: the checkpoint ");
+    CHECK(strstr(strstr(m, "(hint:") + 1, "(hint:") == NULL);
+    ff_error_set("x", NULL, "other");
+    ff_checkpoint_error("/models/x");
+    CHECK(!strcmp(ff_error_message(), "x: other"));
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 int main(void) {
+    test_checkpoint_hint();
     ff_log_set_level(FF_LOG_WARN);
     test_order();
     test_folder();

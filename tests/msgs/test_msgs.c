@@ -8,6 +8,7 @@
 
 #include "fuseflow/error.h"
 #include "fuseflow/msgs.h"
+#include "fuseflow/util.h"
 #include "tests/test_util.h"
 
 static char hdr[FF_MSG_MAX_HEADER];
@@ -260,11 +261,11 @@ static void test_rejections(void) {
     msgpack_pack_array(&r.pk, 3);
     msgpack_pack_int(&r.pk, FF_PROTOCOL_VERSION);
     msgpack_pack_int(&r.pk, FF_MSG_SHUTDOWN);
-    char big[1000];
+    char big[FF_MSG_TEXT_MAX + 4];
     memset(big, 'x', sizeof big);
     msgpack_pack_str(&r.pk, sizeof big);
     msgpack_pack_str_body(&r.pk, big, sizeof big);
-    EXPECT_REJECT(r.sb.data, r.sb.size, NULL, 0, FF_REJECT_OVERSIZED, "'reason' has 1000 bytes");
+    EXPECT_REJECT(r.sb.data, r.sb.size, NULL, 0, FF_REJECT_OVERSIZED, "'reason' has 4100 bytes (at most 4095)");
     msgpack_sbuffer_destroy(&r.sb);
 
     /* an oversized header */
@@ -289,12 +290,23 @@ static void test_rejections(void) {
     EXPECT_REJECT(hdr, (size_t)n, extra, 2, FF_REJECT_FRAMES, "describes 1 tensors but 2");
     EXPECT_REJECT(hdr, (size_t)n, NULL, 0, FF_REJECT_FRAMES, "describes 1 tensors but 0");
     EXPECT_REJECT(hdr, (size_t)n, &over, 1, FF_REJECT_OVERSIZED, "limit 1024");
+    CHECK(o.rejected_type == FF_MSG_SUBTASK && o.rejected_id == 1); /* so the sender can be told which */
+    m.u.subtask.id = 1ULL << 40;                                     /* a wider id */
+    long n40 = ff_msg_pack(&m, hdr, sizeof hdr);
+    EXPECT_REJECT(hdr, (size_t)n40, &over, 1, FF_REJECT_OVERSIZED, "limit 1024");
+    CHECK(o.rejected_type == FF_MSG_SUBTASK && o.rejected_id == 1ULL << 40);
+    m.u.subtask.id = 1;
+    n = ff_msg_pack(&m, hdr, sizeof hdr);
     free((void *)over.data);
-    /* every proper prefix of a valid header is rejected without a crash */
+    /* every proper prefix of a valid header is rejected without a crash (and names the id
+     * once the prefix holds it) */
     for (long cut = 1; cut < n; cut++) {
         ff_reject why;
         CHECK(decode_raw(d, &o, hdr, (size_t)cut, &good, 1, &why) == -1);
+        CHECK(o.rejected_id == 0 || (o.rejected_id == 1 && cut >= 4));
     }
+    EXPECT_REJECT("garbage!", 8, NULL, 0, FF_REJECT_MALFORMED, NULL);
+    CHECK(o.rejected_type == 0 && o.rejected_id == 0);
     /* frames after a message type that carries none */
     ff_msg_begin(&m, FF_MSG_CANCEL);
     m.u.cancel.id = 1;
@@ -499,7 +511,70 @@ static void test_sockets_zero_copy(void) {
     zmq_ctx_term(ctx);
 }
 
+/* Error texts up to FF_MSG_TEXT_MAX - 1 bytes travel whole; longer ones are cut in the
+ * middle, so the file named first and the problem told last both arrive. */
+static void test_long_texts(void) {
+    static char path[3000], text[8000];
+    memset(path, 'd', sizeof path);
+    for (size_t i = 0; i + 1 < sizeof path; i += 50) path[i] = '/';
+    path[sizeof path - 1] = 0;
+    snprintf(text, sizeof text, "%s/model.safetensors: tensor 'w' ends at byte 9 (hint: the file is damaged)", path);
+    ff_msg_decoder *d = ff_msg_decoder_new(0);
+    ff_msg m, o;
+    ff_msg_init(&m);
+    ff_msg_init(&o);
+    ff_msg_begin(&m, FF_MSG_RESULT);
+    m.u.result.id = 5;
+    m.u.result.status = FF_STATUS_FAILED;
+    ff_text_fit(m.u.result.error, sizeof m.u.result.error, text); /* 3 KB: fits */
+    CHECK(roundtrip(d, &m, &o) == 0 && !strcmp(o.u.result.error, text));
+    /* twice as long: the middle goes */
+    char twice[16000];
+    snprintf(twice, sizeof twice, "%s%s", path, text);
+    ff_text_fit(m.u.result.error, sizeof m.u.result.error, twice);
+    CHECK_EQ_INT(strlen(m.u.result.error), FF_MSG_TEXT_MAX - 1);
+    CHECK(roundtrip(d, &m, &o) == 0);
+    CHECK(!strncmp(o.u.result.error, "/ddd", 4));
+    CHECK_STR_CONTAINS(o.u.result.error, "...");
+    CHECK_STR_CONTAINS(o.u.result.error, "/model.safetensors: tensor 'w' ends at byte 9 (hint: the file is damaged)");
+    /* in place, and tiny buffers */
+    char small[16];
+    ff_text_fit(small, sizeof small, "0123456789abcdefghij");
+    CHECK(!strcmp(small, "012345...efghij"));
+    ff_text_fit(small, sizeof small, "short");
+    CHECK(!strcmp(small, "short"));
+    char tiny[4];
+    ff_text_fit(tiny, sizeof tiny, "abcdef");
+    CHECK(!strcmp(tiny, "abc"));
+    char inplace[32] = "0123456789abcdefghijklmnopqrstu";
+    ff_text_fit(inplace, 12, inplace);
+    CHECK(!strcmp(inplace, "0123...rstu"));
+    /* ff_msg_send_error packs 4 KB texts (it used a 512-byte buffer and sent nothing) */
+    void *ctx = zmq_ctx_new();
+    void *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
+    REQUIRE(zmq_bind(a, "inproc://texts") == 0 && zmq_connect(b, "inproc://texts") == 0);
+    ff_msg_send_error(a, NULL, 0, FF_ERR_MALFORMED, 77, twice);
+    int rc = 0;
+    for (int i = 0; i < 1000 && (rc = ff_msg_recv(d, b, false, &o, NULL)) == 0; i++) zmq_poll(NULL, 0, 1);
+    CHECK(rc == 1 && o.type == FF_MSG_ERROR && o.u.error.ref == 77);
+    CHECK_STR_CONTAINS(o.u.error.text, "(hint: the file is damaged)");
+    int zero = 0;
+    zmq_setsockopt(a, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(b, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+    /* the thread's error message (8 KiB) keeps the end of a message too long for it */
+    ff_error_set(twice, "resume from step-1", "%s", twice);
+    CHECK(!strncmp(ff_error_message(), "/ddd", 4));
+    CHECK_STR_CONTAINS(ff_error_message(), "(hint: resume from step-1)");
+    ff_msg_free(&m);
+    ff_msg_free(&o);
+    ff_msg_decoder_destroy(&d);
+}
+
 int main(void) {
+    test_long_texts();
     test_roundtrip_all_types();
     test_rejections();
     test_sockets_zero_copy();

@@ -79,6 +79,12 @@ check "runtime-demo, a chain of sleeps" "$FF_BIN" runtime-demo --workers 2 --tas
 check "runtime-demo, collectives" "$FF_BIN" runtime-demo --workers 3 --tasks 20 --kind collective
 check "runtime-demo, DP split" "$FF_BIN" runtime-demo --workers 3 --tasks 50 --kind axpy --mode split
 expect_rc 1 "first failure" "runtime-demo whose subtasks fail" "$FF_BIN" runtime-demo --workers 1 --tasks 2 --kind fail
+# a subtask over a worker's frame limit fails with the reason (it used to wait forever)
+"$FF_BIN" worker --connect "ipc://$tmp/limit.sock" --max-frame 1000 --log off &
+limited=$!
+expect_rc 1 "tensor frame 0 has 4000 bytes, over worker 0's limit of 1000" "runtime-demo over a worker's frame limit" \
+    timeout 60 "$FF_BIN" runtime-demo --workers 0 --remote 1 --listen "ipc://$tmp/limit.sock" --floats 1000 --tasks 3
+wait $limited || { echo "FAILED: the limited worker did not exit cleanly"; fail=1; }
 expect_rc 2 "--mode wants" "runtime-demo with a bad mode" "$FF_BIN" runtime-demo --mode sideways
 
 # More local workers than the machine runs: refused at once, before any controller or worker
