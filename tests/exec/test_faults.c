@@ -10,6 +10,9 @@
  *               groups came back (the run goes on with the other); the other is killed in
  *               the next iteration (no generation worker left: the run stops)
  *   reward      the reward server is killed after a random number of groups came back
+ *   readonly    the output folder (a tmpfs of its own) is remounted read-only once a random
+ *               iteration finished, so that iteration's checkpoint cannot be written; it is
+ *               made writable again before the resume (skipped where mount is not allowed)
  * After every cycle metrics.jsonl holds iterations 1..m exactly once each (no gap, no
  * duplicate), and a run that stopped named a checkpoint that exists with the --resume
  * command. At the end each kind's run equals the uninterrupted one: metrics computed from the
@@ -37,8 +40,8 @@
 
 extern char **environ;
 
-enum { STEPS = 6, GROUPS = 8, KIND_CONTROLLER = 0, KIND_TRAINER, KIND_GENERATION, KIND_REWARD, KINDS };
-static const char *kind_names[KINDS] = {"controller", "trainer", "generation", "reward"};
+enum { STEPS = 6, GROUPS = 8, KIND_CONTROLLER = 0, KIND_TRAINER, KIND_GENERATION, KIND_REWARD, KIND_READONLY, KINDS };
+static const char *kind_names[KINDS] = {"controller", "trainer", "generation", "reward", "readonly"};
 
 static const char *bin, *src;
 static char dir[256], endpoint[320], python[64];
@@ -169,7 +172,14 @@ static void on_event(void *ud, const ff_exec_event *e) {
             }
         return;
     }
-    if (!s || s->kills > 1 || (s->kind == KIND_TRAINER && s->kills) || (s->kind == KIND_REWARD && s->kills)) return;
+    if (!s || s->kills > 1 || (s->kind != KIND_GENERATION && s->kills)) return;
+    if (s->kind == KIND_READONLY && !strcmp(e->what, "iteration") && e->iteration == s->it) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "mount -o remount,ro %s/%s", dir, kind_names[KIND_READONLY]);
+        REQUIRE(system(cmd) == 0);
+        snprintf(s->what, sizeof s->what, "made the output folder read-only after iteration %lld", (long long)s->it);
+        s->kills++;
+    }
     if (s->kind == KIND_TRAINER && !strcmp(e->what, "training") && e->iteration == s->it) {
         ff_worker_info victim, other;
         REQUIRE(ff_controller_worker_info(e->controller, s->rank, &victim) == 0);
@@ -431,6 +441,11 @@ static void fault_kind(int kind, int cycles, const char *ref_out) {
         } else {
             rc = run_once(out, &s, err, sizeof err);
             if (reward_pid < 0) start_reward_server(); /* killed: a new one for what follows */
+            if (kind == KIND_READONLY && s.kills) {
+                char cmd[400];
+                snprintf(cmd, sizeof cmd, "mount -o remount,rw %s", out);
+                REQUIRE(system(cmd) == 0);
+            }
         }
         char when[400];
         snprintf(when, sizeof when, "%s cycle %d", kind_names[kind], c + 1);
@@ -449,8 +464,9 @@ static void fault_kind(int kind, int cycles, const char *ref_out) {
             }
             if (kind == KIND_REWARD) CHECK_STR_CONTAINS(err, "reward server did not answer");
             if (kind == KIND_GENERATION) CHECK_STR_CONTAINS(err, "no live worker is left for the gen");
+            if (kind == KIND_READONLY) CHECK_STR_CONTAINS(err, "Read-only file system");
         }
-        if (kind == KIND_TRAINER || kind == KIND_REWARD) CHECK(s.kills == 0 || rc < 0);
+        if (kind == KIND_TRAINER || kind == KIND_REWARD || kind == KIND_READONLY) CHECK(s.kills == 0 || rc < 0);
     }
     /* then on to the end, undisturbed */
     while (checkpoint_iteration(out) < STEPS) {
@@ -497,9 +513,19 @@ int main(void) {
     REQUIRE(rc == FF_EXEC_DONE);
     fprintf(stderr, "faults: uninterrupted run: %d iterations in %.2f s\n", STEPS, ref_s);
 
+    /* the read-only kind's output folder is a filesystem of its own */
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/%s && mount -t tmpfs -o size=512m tmpfs %s/%s 2> /dev/null", dir,
+             kind_names[KIND_READONLY], dir, kind_names[KIND_READONLY]);
+    bool can_mount = system(cmd) == 0;
+    if (!can_mount) fprintf(stderr, "faults: mount -t tmpfs is not allowed here: no read-only kind\n");
     for (int k = 0; k < KINDS; k++) {
         if (k == KIND_REWARD && !remote_reward) continue;
+        if (k == KIND_READONLY && !can_mount) continue;
         fault_kind(k, cycles, ref_out);
+    }
+    if (can_mount) {
+        snprintf(cmd, sizeof cmd, "umount %s/%s", dir, kind_names[KIND_READONLY]);
+        if (system(cmd) != 0) fprintf(stderr, "could not unmount %s/%s\n", dir, kind_names[KIND_READONLY]);
     }
     stop_reward_server();
     CHECK_EQ_INT(collect_orphans(), 0); /* nothing else was left running */
