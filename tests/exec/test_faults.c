@@ -36,6 +36,7 @@
 #include "fuseflow/safetensors.h"
 #include "fuseflow/tensor_set.h"
 #include "fuseflow/train_dir.h"
+#include "tests/exec/kill_util.h"
 #include "tests/runtime/rt_test.h"
 
 extern char **environ;
@@ -50,37 +51,6 @@ static pid_t reward_pid = -1;
 static ff_rng rng;
 
 /* ---- processes ---------------------------------------------------------------------------------- */
-static int64_t cpu_ns(pid_t pid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    if (!d) return -1;
-    int64_t sum = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char p2[128];
-        snprintf(p2, sizeof p2, "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
-        FILE *f = fopen(p2, "r");
-        long long ns = 0;
-        if (f && fscanf(f, "%lld", &ns) == 1) sum += ns;
-        if (f) fclose(f);
-    }
-    closedir(d);
-    return sum;
-}
-
-/* Until pid is idle (under 1 ms of CPU per 10 ms, five times running), at most 5 s. */
-static void wait_idle(pid_t pid) {
-    int64_t last = cpu_ns(pid);
-    for (int i = 0, still = 0; i < 500 && still < 5; i++) {
-        usleep(10000);
-        int64_t now = cpu_ns(pid);
-        still = now - last < 1000000 ? still + 1 : 0;
-        last = now;
-    }
-}
-
 /* Kill and reap the children of this process other than the reward server: the workers a
  * killed controller left (reparented here, the subreaper). Returns how many. */
 static int collect_orphans(void) {
