@@ -1,6 +1,7 @@
 /* The Llama-family decoder on a backend: config checks, the parameter layout, weights in and
  * out (Hugging Face names), random initialisation, and the training forward and backward
- * over packed variable-length batches. Generation is in generate.c, AdamW in optim.c.
+ * over packed variable-length batches. One decoder layer's forward is layer.c's (shared
+ * with generation, generate.c); AdamW is in optim.c.
  *
  * Parameter layout (one flat fp32 buffer, offsets in ff_model.tensors): first every tensor
  * that gets weight decay (embeddings, lm_head, score, then per layer q|k|v, o, gate|up,
