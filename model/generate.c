@@ -285,27 +285,21 @@ int ff_generator_submit(ff_generator *g, const ff_gen_request *r) {
 static void infer(ff_generator *g, int32_t T, int32_t R) {
     ff_model *m = g->m;
     ff_stream *st = m->st;
-    const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, KD = m->Hkv * m->D;
+    const int H = m->H;
     const float eps = (float)m->cfg.rms_norm_eps;
-    ff_dptr x = GW(g, x), xn = GW(g, xn), qkv = GW(g, qkv), att = GW(g, att), gu = GW(g, gu), hm = GW(g, hm);
-    ff_dptr cs = ff_dptr_of(m->rope_cos, 0), sn = ff_dptr_of(m->rope_sin, 0);
-    size_t rows = (size_t)g->c.max_slots * (size_t)g->c.max_seq_len;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->c.max_slots * (size_t)g->c.max_seq_len;
+    ff_dptr x = GW(g, x);
+    /* one set of activations for every layer, the residual x updated in place */
+    const ffm_layer_acts a = {.x = x, .xn1 = GW(g, xn), .rstd1 = GW(g, rstd), .qkv = GW(g, qkv), .att = GW(g, att),
+                              .mid = x, .xn2 = GW(g, xn), .rstd2 = GW(g, rstd), .gu = GW(g, gu), .hm = GW(g, hm),
+                              .y = x};
+    ffm_layer_tokens tk = {.T = T, .pos = GW(g, i_pos), .kv_wrow = GW(g, i_wrow), .kv_row0 = GW(g, i_row0),
+                           .kv_nkeys = GW(g, i_nkeys)};
     ff_embedding_fwd(st, GW(g, i_tok), ffm_param(m, m->off_embed), x, T, H);
     for (int l = 0; l < m->L; l++) {
-        const ff_layer_params *p = &m->layers[l];
-        ff_dptr kc = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer), vc = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer + rows * KD);
-        ff_rmsnorm_fwd(st, x, ffm_param(m, p->ln1), xn, GW(g, rstd), T, H, eps);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, QKV, H, 1.0f, xn, H, ffm_param(m, p->wqkv), H, 0.0f, qkv, QKV);
-        if (m->bias) ff_bias_add(st, qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
-        ff_rope_fwd(st, qkv, QKV, GW(g, i_pos), cs, sn, T, m->Hq + m->Hkv, m->D); /* q and k heads */
-        ff_scatter_rows(st, ff_dptr_add(qkv, (size_t)HD, 4), QKV, kc, GW(g, i_wrow), T, KD);
-        ff_scatter_rows(st, ff_dptr_add(qkv, (size_t)HD + KD, 4), QKV, vc, GW(g, i_wrow), T, KD);
-        ff_attention_cached(st, qkv, QKV, kc, vc, GW(g, i_row0), GW(g, i_nkeys), T, m->Hq, m->Hkv, m->D, att);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, HD, 1.0f, att, HD, ffm_param(m, p->wo), HD, 1.0f, x, H);
-        ff_rmsnorm_fwd(st, x, ffm_param(m, p->ln2), xn, GW(g, rstd), T, H, eps);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 2 * I, H, 1.0f, xn, H, ffm_param(m, p->wgu), H, 0.0f, gu, 2 * I);
-        ff_swiglu_fwd(st, gu, hm, T, I);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, I, 1.0f, hm, I, ffm_param(m, p->wdown), I, 1.0f, x, H);
+        tk.kv_k = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer);
+        tk.kv_v = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer + rows * KD);
+        ffm_layer_forward(m, l, &tk, &a);
     }
     ff_gather_rows(st, x, GW(g, i_rows), GW(g, xr), R, H);
     ff_rmsnorm_fwd(st, GW(g, xr), ffm_param(m, m->off_norm), GW(g, xrn), GW(g, rstdr), R, H, eps);

@@ -1,6 +1,7 @@
 /* The Llama-family decoder on a backend: config checks, the parameter layout, weights in and
  * out (Hugging Face names), random initialisation, and the training forward and backward
- * over packed variable-length batches. Generation is in generate.c, AdamW in optim.c.
+ * over packed variable-length batches. One decoder layer's forward is layer.c's (shared
+ * with generation, generate.c); AdamW is in optim.c.
  *
  * Parameter layout (one flat fp32 buffer, offsets in ff_model.tensors): first every tensor
  * that gets weight decay (embeddings, lm_head, score, then per layer q|k|v, o, gate|up,
@@ -440,7 +441,7 @@ static int ensure_ws(ff_model *m, int32_t T, bool train) {
     bool slots = train || w->train_slots;
     free_ws(m);
     const size_t f = sizeof(float), Tz = (size_t)cap, H = (size_t)m->H, HD = (size_t)m->Hq * m->D;
-    const size_t nl = slots ? (size_t)m->L : 1, nres = slots ? (size_t)m->L + 1 : 2;
+    const size_t nl = slots ? (size_t)m->L : 1, nres = slots ? (size_t)m->L + 1 : 1;
     size_t o = 0;
     w->resid_stride = (Tz * H * f + 63) & ~(size_t)63;
     w->resid = take(&o, w->resid_stride * nres);
@@ -500,6 +501,18 @@ int ff_model_reserve(ff_model *m, int32_t max_tokens) {
 #define WSL(field, l) ff_dptr_of(m->ws.buf, m->ws.field + (size_t)(l) * m->ws.layer_stride)
 #define RESID(i) ff_dptr_of(m->ws.buf, m->ws.resid + (size_t)(i) * m->ws.resid_stride)
 
+/* Where layer l's forward puts its activations. Training: layer l's own slot, kept for the
+ * backward, reading residual l and writing residual l + 1. Otherwise one slot for every
+ * layer, the residual updated in place. */
+static ffm_layer_acts layer_acts(ff_model *m, int l, bool train) {
+    int a = train ? l : 0;
+    ffm_layer_acts r = {.x = RESID(a), .xn1 = WSL(xn1, a), .rstd1 = WSL(rstd1, a), .qkv = WSL(qkv, a),
+                        .att = WSL(att, a), .lse = WSL(lse, a), .mid = train ? WSL(mid, a) : RESID(0),
+                        .xn2 = WSL(xn2, a), .rstd2 = WSL(rstd2, a), .gu = WSL(gu, a), .hm = WSL(hm, a),
+                        .y = RESID(train ? l + 1 : 0)};
+    return r;
+}
+
 void ff_batch_shift_targets(const int32_t *tokens, const int32_t *seq_start, int32_t n_seqs, int32_t *targets) {
     for (int32_t s = 0; s < n_seqs; s++)
         for (int32_t t = seq_start[s]; t < seq_start[s + 1]; t++)
@@ -555,7 +568,7 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
     const int32_t T = b->n_tokens, S = b->n_seqs;
     if (ensure_ws(m, T, train)) return -1;
     ff_stream *st = m->st;
-    const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, L = m->L;
+    const int H = m->H, L = m->L;
     const float eps = (float)m->cfg.rms_norm_eps;
 
     /* inputs */
@@ -568,29 +581,12 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
     ff_memcpy_h2d(st, WS(seq_start), b->seq_start, ((size_t)S + 1) * 4);
 
     ff_embedding_fwd(st, WS(tokens), ffm_param(m, m->off_embed), RESID(0), T, H);
+    const ffm_layer_tokens tk = {.T = T, .pos = WS(pos), .S = S, .seq_start = WS(seq_start)};
     for (int l = 0; l < L; l++) {
-        const ff_layer_params *p = &m->layers[l];
-        int a = train ? l : 0;                         /* activation slot */
-        ff_dptr x = RESID(train ? l : (l & 1));        /* [T, H] layer input */
-        ff_dptr y = RESID(train ? l + 1 : ((l + 1) & 1)); /* [T, H] layer output */
-        ff_dptr xn1 = WSL(xn1, a), qkv = WSL(qkv, a), att = WSL(att, a), mid = WSL(mid, a);
-        ff_dptr xn2 = WSL(xn2, a), gu = WSL(gu, a), hm = WSL(hm, a);
-        ff_rmsnorm_fwd(st, x, ffm_param(m, p->ln1), xn1, WSL(rstd1, a), T, H, eps);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, QKV, H, 1.0f, xn1, H, ffm_param(m, p->wqkv), H, 0.0f, qkv, QKV);
-        if (m->bias) ff_bias_add(st, qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
-        /* q and k heads are adjacent columns of qkv: one rotation over Hq + Hkv heads */
-        ff_rope_fwd(st, qkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq + m->Hkv,
-                    m->D);
-        ff_attention_fwd(st, qkv, QKV, WS(seq_start), S, T, m->Hq, m->Hkv, m->D, att, WSL(lse, a));
-        ff_memcpy_d2d(st, mid, x, (size_t)T * H * 4);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, HD, 1.0f, att, HD, ffm_param(m, p->wo), HD, 1.0f, mid, H);
-        ff_rmsnorm_fwd(st, mid, ffm_param(m, p->ln2), xn2, WSL(rstd2, a), T, H, eps);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 2 * I, H, 1.0f, xn2, H, ffm_param(m, p->wgu), H, 0.0f, gu, 2 * I);
-        ff_swiglu_fwd(st, gu, hm, T, I);
-        ff_memcpy_d2d(st, y, mid, (size_t)T * H * 4);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, I, 1.0f, hm, I, ffm_param(m, p->wdown), I, 1.0f, y, H);
+        ffm_layer_acts a = layer_acts(m, l, train);
+        ffm_layer_forward(m, l, &tk, &a);
     }
-    ff_dptr xL = RESID(train ? L : (L & 1));
+    ff_dptr xL = layer_acts(m, L - 1, train).y;
     ff_rmsnorm_fwd(st, xL, ffm_param(m, m->off_norm), WS(xf), WS(rstdf), T, H, eps);
 
     bool values = m->vhead && (out->values || train);
@@ -674,30 +670,29 @@ int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entro
         }
     }
     ff_memset_zero(st, dres, (size_t)T * H * 4);
-    ff_rmsnorm_bwd(st, RESID(L), ffm_param(m, m->off_norm), WS(rstdf), dxn, dres, ffm_grad(m, m->off_norm), T, H);
+    ff_rmsnorm_bwd(st, layer_acts(m, L - 1, true).y, ffm_param(m, m->off_norm), WS(rstdf), dxn, dres, ffm_grad(m, m->off_norm), T, H);
 
     for (int l = L - 1; l >= 0; l--) {
         const ff_layer_params *p = &m->layers[l];
-        ff_dptr xn1 = WSL(xn1, l), qkv = WSL(qkv, l), att = WSL(att, l), mid = WSL(mid, l);
-        ff_dptr xn2 = WSL(xn2, l), gu = WSL(gu, l), hm = WSL(hm, l);
+        const ffm_layer_acts a = layer_acts(m, l, true);
         /* y = mid + hm @ Wdown^T: dres is d y and, after the norm below, d mid */
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, I, H, 1.0f, dres, H, ffm_param(m, p->wdown), I, 0.0f, dh, I);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, I, T, 1.0f, dres, H, hm, I, 1.0f, ffm_grad(m, p->wdown), I);
-        ff_swiglu_bwd(st, gu, dh, dgu, T, I);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, I, T, 1.0f, dres, H, a.hm, I, 1.0f, ffm_grad(m, p->wdown), I);
+        ff_swiglu_bwd(st, a.gu, dh, dgu, T, I);
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 2 * I, 1.0f, dgu, 2 * I, ffm_param(m, p->wgu), H, 0.0f, dxn, H);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, 1.0f, dgu, 2 * I, xn2, H, 1.0f, ffm_grad(m, p->wgu), H);
-        ff_rmsnorm_bwd(st, mid, ffm_param(m, p->ln2), WSL(rstd2, l), dxn, dres, ffm_grad(m, p->ln2), T, H);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, 1.0f, dgu, 2 * I, a.xn2, H, 1.0f, ffm_grad(m, p->wgu), H);
+        ff_rmsnorm_bwd(st, a.mid, ffm_param(m, p->ln2), a.rstd2, dxn, dres, ffm_grad(m, p->ln2), T, H);
         /* mid = x + att @ Wo^T */
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, 1.0f, dres, H, ffm_param(m, p->wo), HD, 0.0f, datt, HD);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, HD, T, 1.0f, dres, H, att, HD, 1.0f, ffm_grad(m, p->wo), HD);
-        ff_attention_bwd(st, qkv, QKV, WS(seq_start), m->ws.seq_start_host, S, T, m->Hq, m->Hkv, m->D, att,
-                         WSL(lse, l), datt, WS(delta), dqkv);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, HD, T, 1.0f, dres, H, a.att, HD, 1.0f, ffm_grad(m, p->wo), HD);
+        ff_attention_bwd(st, a.qkv, QKV, WS(seq_start), m->ws.seq_start_host, S, T, m->Hq, m->Hkv, m->D, a.att,
+                         a.lse, datt, WS(delta), dqkv);
         ff_rope_bwd(st, dqkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq + m->Hkv,
                     m->D);
         if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, QKV);
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, QKV, 1.0f, dqkv, QKV, ffm_param(m, p->wqkv), H, 0.0f, dxn, H);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
-        ff_rmsnorm_bwd(st, RESID(l), ffm_param(m, p->ln1), WSL(rstd1, l), dxn, dres, ffm_grad(m, p->ln1), T, H);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, a.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
+        ff_rmsnorm_bwd(st, a.x, ffm_param(m, p->ln1), a.rstd1, dxn, dres, ffm_grad(m, p->ln1), T, H);
     }
     ff_embedding_bwd(st, WS(tokens), dres, ffm_grad(m, m->off_embed), T, H);
     return ff_stream_sync(st);

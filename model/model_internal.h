@@ -1,5 +1,6 @@
 /* Inside the model library (model/ except model/io/): the model struct, shared by the
- * forward/backward code (model.c), the optimizer (optim.c) and generation (generate.c). */
+ * forward/backward code (model.c), the optimizer (optim.c) and generation (generate.c),
+ * and the one decoder-layer forward both of them run (layer.c). */
 #ifndef FF_MODEL_INTERNAL_H
 #define FF_MODEL_INTERNAL_H
 
@@ -35,13 +36,14 @@ typedef struct ff_layer_params {
 } ff_layer_params;
 
 /* Training workspace: byte offsets into ws (activations kept for backward) for up to
- * cap_tokens tokens and n_act layer slots (L when training, else 1 with 2 residuals). */
+ * cap_tokens tokens and n_act layer slots (L when training, with L + 1 residuals; else 1
+ * slot and 1 residual that every layer updates in place). */
 typedef struct ff_train_ws {
     int32_t cap_tokens;
     bool train_slots;
     ff_buffer *buf;
     /* per layer slot (stride given) */
-    size_t resid, resid_stride; /* [T, H], L + 1 slots */
+    size_t resid, resid_stride; /* [T, H], L + 1 slots (1 without train_slots) */
     size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride;
     size_t xf, rstdf;                 /* [T, H], [T] */
     size_t logits;                    /* [chunk, V] */
@@ -81,6 +83,42 @@ struct ff_model {
     int32_t fwd_chunk;
     float fwd_inv_temp;
 };
+
+/* Where one decoder layer's forward reads and writes (ffm_layer_forward), for T tokens.
+ * The caller lays it out: training gives each layer its own activations, kept for the
+ * backward, and a residual stream x -> mid -> y of separate buffers; scoring and
+ * generation reuse one set for every layer and update the residual in place (mid == x,
+ * y == x; xn1 may equal xn2 and rstd1 rstd2). */
+typedef struct ffm_layer_acts {
+    ff_dptr x;     /* [T, H] the layer's input (residual stream), read */
+    ff_dptr xn1;   /* [T, H] input_layernorm(x) */
+    ff_dptr rstd1; /* [T] its 1/rms */
+    ff_dptr qkv;   /* [T, QKV] q|k|v (+ bias), q and k rotated */
+    ff_dptr att;   /* [T, Hq D] attention output, heads side by side */
+    ff_dptr lse;   /* [T, Hq] attention log-sum-exp (packed attention only; unused with a cache) */
+    ff_dptr mid;   /* [T, H] x + o_proj(att); may be x */
+    ff_dptr xn2;   /* [T, H] post_attention_layernorm(mid) */
+    ff_dptr rstd2; /* [T] */
+    ff_dptr gu;    /* [T, 2I] gate|up */
+    ff_dptr hm;    /* [T, I] silu(gate) * up */
+    ff_dptr y;     /* [T, H] mid + down_proj(hm), the layer's output; may be mid */
+} ffm_layer_acts;
+
+/* The tokens of one forward and where their attention finds keys and values: either the
+ * packed batch itself (causal within each of S sequences; kv_k null) or a KV cache, into
+ * which the tokens' own k/v rows are written first (generation: prefill and decode). */
+typedef struct ffm_layer_tokens {
+    int32_t T;
+    ff_dptr pos;       /* i32 [T] position of each token in its sequence (RoPE) */
+    int32_t S;         /* packed: sequences */
+    ff_dptr seq_start; /* packed: i32 [S + 1] */
+    ff_dptr kv_k, kv_v;         /* cache: this layer's K and V, [rows, Hkv D] each */
+    ff_dptr kv_wrow;            /* cache: i32 [T] the row each token's k/v is written to */
+    ff_dptr kv_row0, kv_nkeys;  /* cache: i32 [T] token t attends rows row0 .. row0 + nkeys - 1 */
+} ffm_layer_tokens;
+
+/* Layer l's forward: a->y = layer(a->x) (model/layer.c). Enqueues kernels on m->st. */
+void ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a);
 
 /* A pointer into the flat parameter or gradient buffer. */
 static inline ff_dptr ffm_param(ff_model *m, size_t off) { return ff_dptr_f32(m->params, off); }

@@ -1,8 +1,9 @@
 /* Training through the model API, independent of the PyTorch fixtures: whole-model
  * finite-difference gradients (every tensor, log-prob + entropy + value losses), packing
  * (a packed batch gives each sequence exactly what it gets alone, so nothing attends across
- * sequences), the learning-rate schedule, the weight-decay rule, optimizer state
- * export/import resuming bit-exactly, weight export/import and copy. */
+ * sequences), training and scoring forwards agreeing bit for bit, the learning-rate
+ * schedule, the weight-decay rule, optimizer state export/import resuming bit-exactly,
+ * weight export/import and copy. */
 #include "tests/model/model_test_util.h"
 
 static ff_backend *be;
@@ -109,6 +110,55 @@ static void test_packing(void) {
     for (int s = 0; s < 4; s++) CHECK(lp[ss[s + 1] - 1] == 0.0f);
     free(tok), free(tg), free(lp), free(ent), free(one);
     ff_model_destroy(&m);
+}
+
+/* Training and scoring run the same layer code with the activations in different places
+ * (a slot per layer and separate residuals, or one set updated in place): their outputs
+ * agree bit for bit, before and after the workspace is laid out for training, and the
+ * gradients of the same training forward do not depend on a scoring forward before it. A
+ * scoring forward after a training forward overwrites layer 0's kept activations, so the
+ * backward must then refuse. */
+static void test_train_and_score_agree(void) {
+    ff_model_config c = tiny_config(32, 32, 48, 3, 4, 2, false, true, true);
+    ff_model *m = tiny_model(be, &c, 21, 0.3), *m2 = tiny_model(be, &c, 21, 0.3);
+    int32_t len[3] = {67, 1, 12}, ss[4] = {0};
+    for (int s = 0; s < 3; s++) ss[s + 1] = ss[s] + len[s];
+    const int32_t T = ss[3];
+    int32_t tok[80], tg[80];
+    ff_rng r;
+    ff_rng_seed(&r, 8);
+    for (int t = 0; t < T; t++) tok[t] = (int32_t)ff_rng_below(&r, 32);
+    ff_batch_shift_targets(tok, ss, 3, tg);
+    ff_batch b = {.n_tokens = T, .n_seqs = 3, .tokens = tok, .seq_start = ss, .targets = tg};
+    float out[3][3][80], d[80]; /* [run][logprob, entropy, value][T] */
+    ff_forward_opts tr = {.train = true};
+    for (int run = 0; run < 3; run++) {
+        ff_forward_out o = {.logprobs = out[run][0], .entropy = out[run][1], .values = out[run][2]};
+        REQUIRE(ff_model_forward(m, &b, run == 1 ? &tr : NULL, &o) == 0); /* score, train, score */
+    }
+    for (int run = 1; run < 3; run++) CHECK(memcmp(out[0], out[run], sizeof out[0]) == 0);
+    for (int t = 0; t < T; t++) d[t] = (float)ff_rng_normal(&r);
+    CHECK(ff_model_backward(m, d, NULL, NULL) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "no training forward");
+    /* m scored before and after this training forward, m2 never scored: same gradients */
+    int64_t P = ff_model_param_count(m);
+    float *g = malloc((size_t)P * 4), *g2 = malloc((size_t)P * 4);
+    ff_model *ms[2] = {m, m2};
+    float *gs[2] = {g, g2};
+    for (int k = 0; k < 2; k++) {
+        ff_forward_out o = {.logprobs = out[2][0]};
+        REQUIRE(ff_model_forward(ms[k], &b, &tr, &o) == 0);
+        ff_model_zero_grad(ms[k]);
+        REQUIRE(ff_model_backward(ms[k], d, d, d) == 0);
+        ff_model_read_grads(ms[k], gs[k]);
+    }
+    CHECK(memcmp(g, g2, (size_t)P * 4) == 0);
+    double norm = 0;
+    for (int64_t i = 0; i < P; i++) norm += (double)g[i] * g[i];
+    CHECK(norm > 0);
+    free(g), free(g2);
+    ff_model_destroy(&m);
+    ff_model_destroy(&m2);
 }
 
 static void test_schedule(void) {
@@ -253,6 +303,7 @@ int main(void) {
     REQUIRE(be);
     test_finite_differences();
     test_packing();
+    test_train_and_score_agree();
     test_schedule();
     test_optimizer_resume_and_decay();
     test_learns();

@@ -1,0 +1,65 @@
+/* One decoder layer's forward, the only copy: the training and scoring forward (model.c)
+ * and generation's prefill and decode (generate.c) all run it. The caller says where the
+ * activations go (ffm_layer_acts: kept per layer for a backward, or one reused set) and
+ * where attention finds keys and values (ffm_layer_tokens: the packed batch, or a KV cache).
+ *
+ *   x ─ RMSNorm ─ q|k|v (+bias) ─ RoPE ─ attention ─ o_proj ─(+x)─ mid
+ *   mid ─ RMSNorm ─ gate|up ─ SwiGLU ─ down_proj ─(+mid)─ y
+ *
+ * Tensor parallelism (Megatron-style, not implemented): q|k|v and gate|up are the
+ * column-parallel products (a rank holds Hq/tp query heads, Hkv/tp key/value heads and I/tp
+ * intermediate rows, and everything between them and the next product is local to those
+ * heads or rows), o_proj and down_proj the row-parallel ones (each rank's product is a
+ * partial sum over its heads or rows). The two all-reduces go where the comments below say;
+ * the norms and the residual stream stay whole on every rank.
+ *
+ * Not here: the backward (model.c, which reads the activations this leaves), the
+ * embedding, the final norm and the heads. */
+#include "model/model_internal.h"
+
+static bool same(ff_dptr a, ff_dptr b) { return a.buf == b.buf && a.off == b.off; }
+
+void ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a) {
+    ff_stream *st = m->st;
+    const ff_layer_params *p = &m->layers[l];
+    const int T = tk->T, H = m->H, D = m->D, QKV = m->QKV;
+    const int Hq = m->Hq, Hkv = m->Hkv, I = m->I; /* under TP: this rank's share (/ tp) */
+    const int HD = Hq * D, KD = Hkv * D;
+    const float eps = (float)m->cfg.rms_norm_eps;
+
+    /* attention block: xn1 = norm(x) [T, H] (replicated under TP) */
+    ff_rmsnorm_fwd(st, a->x, ffm_param(m, p->ln1), a->xn1, a->rstd1, T, H, eps);
+
+    /* column-parallel: qkv [T, QKV] = xn1 @ Wqkv^T (+ b), Wqkv [QKV, H] = q|k|v rows */
+    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, QKV, H, 1.0f, a->xn1, H, ffm_param(m, p->wqkv), H, 0.0f, a->qkv, QKV);
+    if (m->bias) ff_bias_add(st, a->qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
+    /* q and k heads are adjacent columns of qkv: one rotation over Hq + Hkv heads */
+    ff_rope_fwd(st, a->qkv, QKV, tk->pos, ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, Hq + Hkv, D);
+
+    /* att [T, Hq D], per head: local to the rank's heads under TP */
+    if (ff_dptr_null(tk->kv_k)) {
+        ff_attention_fwd(st, a->qkv, QKV, tk->seq_start, tk->S, T, Hq, Hkv, D, a->att, a->lse);
+    } else {
+        ff_scatter_rows(st, ff_dptr_add(a->qkv, (size_t)HD, 4), QKV, tk->kv_k, tk->kv_wrow, T, KD);
+        ff_scatter_rows(st, ff_dptr_add(a->qkv, (size_t)(HD + KD), 4), QKV, tk->kv_v, tk->kv_wrow, T, KD);
+        ff_attention_cached(st, a->qkv, QKV, tk->kv_k, tk->kv_v, tk->kv_row0, tk->kv_nkeys, T, Hq, Hkv, D, a->att);
+    }
+
+    /* row-parallel: mid [T, H] = x + att @ Wo^T, Wo [H, Hq D].
+     * TP all-reduce #1: each rank's att @ Wo^T is a partial sum over its heads; compute it
+     * with beta 0, all-reduce (sum) over the TP group, then add x. */
+    if (!same(a->mid, a->x)) ff_memcpy_d2d(st, a->mid, a->x, (size_t)T * H * 4);
+    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, HD, 1.0f, a->att, HD, ffm_param(m, p->wo), HD, 1.0f, a->mid, H);
+
+    /* MLP block: xn2 = norm(mid) [T, H] (replicated under TP) */
+    ff_rmsnorm_fwd(st, a->mid, ffm_param(m, p->ln2), a->xn2, a->rstd2, T, H, eps);
+
+    /* column-parallel: gu [T, 2I] = xn2 @ Wgu^T, Wgu [2I, H] = gate|up rows; hm [T, I] */
+    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 2 * I, H, 1.0f, a->xn2, H, ffm_param(m, p->wgu), H, 0.0f, a->gu, 2 * I);
+    ff_swiglu_fwd(st, a->gu, a->hm, T, I);
+
+    /* row-parallel: y [T, H] = mid + hm @ Wdown^T, Wdown [H, I].
+     * TP all-reduce #2: as #1, over the rank's intermediate rows, before adding mid. */
+    if (!same(a->y, a->mid)) ff_memcpy_d2d(st, a->y, a->mid, (size_t)T * H * 4);
+    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, I, 1.0f, a->hm, I, ffm_param(m, p->wdown), I, 1.0f, a->y, H);
+}
