@@ -21,6 +21,9 @@ int ff_cmd_sft(int argc, char **argv);
 /* the planner: memory, traffic, bubbles, iteration time; layout search (cli/cmd_plan.c) */
 int ff_cmd_plan(int argc, char **argv);
 
+/* pipeline schedules: per-rank instruction streams, simulated (cli/cmd_schedule.c) */
+int ff_cmd_schedule(int argc, char **argv);
+
 /* algorithm graphs and run configs: check, print, simulate the schedule (cli/cmd_graph.c) */
 int ff_cmd_graph(int argc, char **argv);
 
