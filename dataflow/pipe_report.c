@@ -49,7 +49,7 @@ void ff_pipe_write_text(const ff_pipe_schedule *s, const ff_pipe_sim *sim, FILE 
         fprintf(out, "schedule: %s, pp %d, vpp %d, micro %d, %s\n", ff_pipe_kind_name(c->kind), (int)c->pp, (int)c->vpp, (int)c->micro,
                 c->forward_only ? "forward-only" : "training");
     else
-        fprintf(out, "schedule: custom, %d ranks, %d models\n", (int)s->n_ranks, (int)s->n_models);
+        fprintf(out, "schedule: custom, %d ranks, %d model%s\n", (int)s->n_ranks, (int)s->n_models, s->n_models > 1 ? "s" : "");
     for (int i = 0; i < s->n_models; i++) {
         const ff_pipe_model *m = &s->models[i];
         if (!m->stage_layers) continue;

@@ -360,8 +360,8 @@ static int report_deadlock(sim *x, ff_pipe_sim *out, const int64_t *pc) {
             else
                 snprintf(fq, sizeof fq, "the end");
             if (len < sizeof msg)
-                len += (size_t)snprintf(msg + len, sizeof msg - len, " %s (rank %d posts its partner at instruction %lld but waits at %lld, %s);", fa,
-                                        (int)q, (long long)(b - x->base[q]), (long long)pc[q], fq);
+                len += (size_t)snprintf(msg + len, sizeof msg - len, " %s (rank %d would post the matching %s at instruction %lld but waits at %lld, %s);",
+                                        fa, (int)q, is_send(st->instr[j].op) ? "receive" : "send", (long long)(b - x->base[q]), (long long)pc[q], fq);
         }
     }
     if (out->n_stuck > 6 && len < sizeof msg) snprintf(msg + len, sizeof msg - len, " and %d more", (int)(out->n_stuck - 6));

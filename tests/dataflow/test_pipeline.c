@@ -326,6 +326,7 @@ static void broken_streams(void) {
     s.streams[0].instr[i].peer = 2;
     CHECK(ff_pipe_simulate(&s, NULL, &r) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "peer 2, but virtual stage 1 is on rank 1");
+    ff_pipe_sim_clear(&r);
     s.streams[0].instr[i].peer = 1;
     st = &s.streams[2];
     i = find(&s, 2, FF_PIPE_BACKWARD, 2);
