@@ -207,6 +207,21 @@ int ff_model_expected_tensors(const ff_model_config *cfg, ff_tensor_set *out) {
     return rc;
 }
 
+int ffm_layout(ff_model *m, const ff_model_config *cfg, int r, int t) {
+    memset(m, 0, sizeof *m);
+    if (ff_model_config_check(cfg, NULL)) return -1;
+    set_dims(m, cfg, true);
+    if (ffm_tp_dims(m, r, t) || build_table(m)) return -1;
+    ffm_tp_shards(m);
+    return 0;
+}
+
+void ffm_layout_free(ff_model *m) {
+    free(m->tensors);
+    free(m->layers);
+    memset(m, 0, sizeof *m);
+}
+
 int ff_model_init_weights(const ff_model_config *cfg, uint64_t seed, double initializer_range, ff_tensor_set *out) {
     size_t first = out->n;
     if (ff_model_expected_tensors(cfg, out)) return -1;
@@ -291,7 +306,7 @@ static int check_and_load(ff_model *m, const ff_tensor_set *w) {
         if (!t)
             return ff_error_set(p->name, "check that the checkpoint matches config.json",
                                 "tensor is missing from the weights");
-        if (ff_host_tensor_expect(t, p->ndim, p->full, p->name)) return -1;
+        if (!ffm_tp_is_shard(p, t) && ff_host_tensor_expect(t, p->ndim, p->full, p->name)) return -1;
         for (int64_t j = 0; j < ff_host_tensor_numel(t); j++)
             if (!isfinite(t->data[j]))
                 return ff_error_set(p->name, "the checkpoint is damaged", "element %lld is %g", (long long)j,
@@ -299,7 +314,7 @@ static int check_and_load(ff_model *m, const ff_tensor_set *w) {
     }
     for (int i = 0; i < m->n_tensors; i++) {
         const ff_param_tensor *p = &m->tensors[i];
-        if (ffm_tp_load_slice(m, p, ff_tensor_set_find(w, p->name)->data, ffm_param(m, p->off))) return -1;
+        if (ffm_tp_load_slice(m, p, ff_tensor_set_find(w, p->name), ffm_param(m, p->off))) return -1;
     }
     return 0;
 }

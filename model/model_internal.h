@@ -149,6 +149,13 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
 /* Set m->tp and the per-rank shares of the dimensions (after set_dims; comm NULL: none),
  * then, after the table is built, each tensor's shard (ffm_tp_shards). 0 or -1 + error. */
 int ffm_tp_setup(ff_model *m, const ff_model_comm *comm);
+/* The per-rank shares for rank r of t (ffm_tp_setup without a communicator). 0 or -1. */
+int ffm_tp_dims(ff_model *m, int r, int t);
+/* m (zeroed first; not a working model): the config's dimensions, rank r of t's shares
+ * and the tensor table with its shards, for readers of checkpoints. 0 or -1 + error; free
+ * with ffm_layout_free (also after a failure). */
+int ffm_layout(ff_model *m, const ff_model_config *cfg, int r, int t);
+void ffm_layout_free(ff_model *m);
 void ffm_tp_shards(ff_model *m);
 /* Device scratch the TP backward needs (after the table). 0 or -1 + error. */
 int ffm_tp_alloc(ff_model *m);
@@ -172,8 +179,11 @@ int ffm_tp_vocab_combine(ff_model *m, ff_dptr lse, ff_dptr entropy, ff_dptr logp
 int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr xn1, int32_t T);
 /* Sum of squares of the whole model's gradients (each replicated element once). 0 or -1. */
 int ffm_tp_grad_sumsq(ff_model *m, double *out);
-/* Copy this rank's shard of whole tensor p (host, p->full) to dst [p->numel]. 0 or -1. */
-int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const float *whole, ff_dptr dst);
+/* Is t (shaped as p->shape, not p->full) already this rank's shard of sharded tensor p? */
+bool ffm_tp_is_shard(const ff_param_tensor *p, const ff_host_tensor *t);
+/* Copy this rank's shard of tensor p to dst [p->numel] from t: the whole tensor (p->full),
+ * or the shard itself (ffm_tp_is_shard). 0 or -1 + error. */
+int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t, ff_dptr dst);
 /* Tensor p from src [p->numel] (this rank's shard) into whole (host, p->full), gathered
  * from the group (a collective when p is sharded). 0 or -1 + error. */
 int ffm_tp_store_whole(ff_model *m, const ff_param_tensor *p, ff_dptr src, float *whole);

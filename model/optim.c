@@ -142,14 +142,14 @@ int ff_optimizer_import_state(ff_optimizer *o, const ff_tensor_set *in) {
             const ff_host_tensor *t = ff_tensor_set_find(in, name);
             if (!t)
                 return ff_error_set(name, "the optimizer state belongs to another model", "tensor is missing");
-            if (ff_host_tensor_expect(t, p->ndim, p->full, name)) return -1;
+            if (!ffm_tp_is_shard(p, t) && ff_host_tensor_expect(t, p->ndim, p->full, name)) return -1;
         }
     for (int pass = 0; pass < 2; pass++) {
         ff_buffer *b = pass ? o->vbuf : o->mbuf;
         for (int i = 0; i < m->n_tensors; i++) {
             const ff_param_tensor *p = &m->tensors[i];
             snprintf(name, sizeof name, "%s.%s", pass ? "exp_avg_sq" : "exp_avg", p->name);
-            if (ffm_tp_load_slice(m, p, ff_tensor_set_find(in, name)->data, ff_dptr_f32(b, p->off))) return -1;
+            if (ffm_tp_load_slice(m, p, ff_tensor_set_find(in, name), ff_dptr_f32(b, p->off))) return -1;
         }
     }
     o->step = (int64_t)st->data[0];

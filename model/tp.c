@@ -13,15 +13,19 @@
  * on every rank: their inputs and output gradients are the replicated residual stream, so
  * their gradients come out the same on every rank without a reduction.
  *
+ * Weights come in as whole tensors (the rank copies its slices) or as the rank's shards,
+ * which ff_model_tp_read_weights reads from a whole checkpoint's mapped files, touching only
+ * the shard's bytes; they go out whole (gathered).
+ *
  * Not here: sequence parallelism (the all-reduces would become reduce-scatter + all-gather),
- * collectives on device memory (a device backend with NCCL would want them), reading only a
- * rank's byte ranges of a checkpoint (the host loads whole tensors and the model slices). */
+ * collectives on device memory (a device backend with NCCL would want them). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fuseflow/error.h"
+#include "fuseflow/safetensors.h"
 #include "fuseflow/util.h"
 #include "model/model_internal.h"
 
@@ -44,22 +48,17 @@ int ff_model_tp_check(const ff_model_config *c, int t, const char *where) {
     return 0;
 }
 
-int ffm_tp_setup(ff_model *m, const ff_model_comm *comm) {
+int ffm_tp_dims(ff_model *m, int r, int t) {
     m->tp = 1;
     m->tp_rank = 0;
     m->kv_rep = 1;
-    if (!comm || comm->size == 1) return 0;
-    if (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size)
-        return ff_error_set("tensor parallelism", "give 0 <= rank < size", "rank %d of a group of %d", comm->rank,
-                            comm->size);
-    if (!comm->all_reduce_sum || !comm->all_reduce_max || !comm->all_reduce_sum_f64 || !comm->all_gather)
-        return ff_error_set("tensor parallelism", "the host must supply every collective of ff_model_comm",
-                            "a communicator function is NULL");
-    if (ff_model_tp_check(&m->cfg, comm->size, NULL)) return -1;
-    const int t = comm->size, r = comm->rank, Hkv = m->Hkv;
+    if (t < 1 || r < 0 || r >= t)
+        return ff_error_set("tensor parallelism", "give 0 <= rank < size", "rank %d of a group of %d", r, t);
+    if (t == 1) return 0;
+    if (ff_model_tp_check(&m->cfg, t, NULL)) return -1;
+    const int Hkv = m->Hkv;
     m->tp = t;
     m->tp_rank = r;
-    m->comm = *comm;
     m->Hq /= t;
     m->kv_rep = t > Hkv ? t / Hkv : 1;
     m->Hkv = t > Hkv ? 1 : Hkv / t;
@@ -71,6 +70,17 @@ int ffm_tp_setup(ff_model *m, const ff_model_comm *comm) {
      * (t > Hkv) or the next ones in order (t <= Hkv) */
     m->kv0 = m->q0 / (m->cfg.num_attention_heads / Hkv);
     m->v0 = r * m->V;
+    return 0;
+}
+
+int ffm_tp_setup(ff_model *m, const ff_model_comm *comm) {
+    if (!comm || comm->size == 1) return ffm_tp_dims(m, 0, 1);
+    if (comm->size > 1 &&
+        (!comm->all_reduce_sum || !comm->all_reduce_max || !comm->all_reduce_sum_f64 || !comm->all_gather))
+        return ff_error_set("tensor parallelism", "the host must supply every collective of ff_model_comm",
+                            "a communicator function is NULL");
+    if (ffm_tp_dims(m, comm->rank, comm->size)) return -1;
+    m->comm = *comm;
     return 0;
 }
 
@@ -240,9 +250,17 @@ int ffm_tp_grad_sumsq(ff_model *m, double *out) {
 /* rows and columns of a tensor seen as 2-D (a vector is one column) */
 static int64_t cols_of(const ff_param_tensor *p, const int64_t *shape) { return p->ndim > 1 ? shape[1] : 1; }
 
-int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const float *whole, ff_dptr dst) {
+bool ffm_tp_is_shard(const ff_param_tensor *p, const ff_host_tensor *t) {
+    if (p->split < 0 || t->ndim != p->ndim) return false;
+    for (int d = 0; d < p->ndim; d++)
+        if (t->shape[d] != p->shape[d]) return false;
+    return true;
+}
+
+int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t, ff_dptr dst) {
     const size_t bytes = (size_t)p->numel * sizeof(float);
-    if (p->split < 0) {
+    const float *whole = t->data;
+    if (p->split < 0 || ffm_tp_is_shard(p, t)) {
         ff_memcpy_h2d(m->st, dst, whole, bytes);
     } else if (p->split == 0) { /* rows: one contiguous range */
         ff_memcpy_h2d(m->st, dst, whole + (size_t)p->start * (size_t)cols_of(p, p->full), bytes);
@@ -290,4 +308,27 @@ int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *
         if (!t || ffm_tp_store_whole(m, p, ff_dptr_f32(b, p->off), t->data)) return -1;
     }
     return 0;
+}
+
+/* the block of a checkpoint tensor that is this rank's shard (a tensor the model does not
+ * know, or of another shape, stays whole: ff_model_new_tp then names the problem) */
+static void shard_block(void *ctx, const ff_st_entry *e, int64_t *r0, int64_t *nr, int64_t *c0, int64_t *nc) {
+    const ff_model *m = ctx;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ff_param_tensor *p = &m->tensors[i];
+        if (p->split < 0 || strcmp(p->name, e->name) || e->ndim != p->ndim || e->shape[0] != p->full[0] ||
+            (p->ndim > 1 && e->shape[1] != p->full[1]))
+            continue;
+        if (p->split == 0) *r0 = p->start, *nr = p->shape[0];
+        else *c0 = p->start, *nc = p->shape[1];
+        return;
+    }
+}
+
+int ff_model_tp_read_weights(const char *dir, const ff_model_config *cfg, int tp_rank, int tp_size, ff_tensor_set *out) {
+    ff_model layout;
+    if (ffm_layout(&layout, cfg, tp_rank, tp_size)) return -1;
+    int rc = ff_safetensors_load_dir_blocks(dir, shard_block, &layout, out);
+    ffm_layout_free(&layout);
+    return rc;
 }

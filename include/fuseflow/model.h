@@ -82,15 +82,27 @@ int ff_model_tp_check(const ff_model_config *cfg, int tp_size, const char *where
  * the key/value heads they read, the gate/up rows and down_proj columns of its slice of
  * intermediate_size, the o_proj columns of its heads, the embedding and LM head rows of its
  * vocabulary slice (tied too); norms and the value head whole. `weights` are the whole
- * Hugging Face tensors (checked as ff_model_new does); each rank copies its slices. Every
+ * Hugging Face tensors (checked as ff_model_new does), of which each rank copies its
+ * slices, or, tensor by tensor, already this rank's shards (ff_model_tp_read_weights). Every
  * rank of the group calls every model function that runs the model or moves weights in the
  * same order (forward, backward, optimizer step, export, generation): they run
  * collectives. Parameter and gradient buffers, ff_model_param_count and the read/write
  * functions are this rank's shard; the export functions give whole tensors. Not
  * available under TP: the logits output of ff_model_forward (the [T, V] logits are never
- * gathered). NULL + error. */
+ * gathered). A failure on one rank (a bad batch, out of memory) leaves the others waiting
+ * in their next collective: the host breaks the group (ff_coll_comm_abort). NULL + error. */
 ff_model *ff_model_new_tp(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights,
                           const ff_model_comm *comm);
+/* Read rank tp_rank of tp_size's shards of the whole-tensor checkpoint in dir
+ * (model.safetensors, or model.safetensors.index.json and its shards) into `out` (an empty
+ * set), as fp32 tensors of the shard's shape, which ff_model_new_tp and
+ * ff_model_load_weights take as they take whole ones. The files are mapped and only the
+ * shard's bytes are read: one range per tensor split by rows, one per row for o_proj and
+ * down_proj (split by columns; the pages around those ranges are read too). Tensors the
+ * model does not split (norms, score) and those it does not know come whole. 0 or -1 +
+ * error. */
+int ff_model_tp_read_weights(const char *dir, const ff_model_config *cfg, int tp_rank, int tp_size, ff_tensor_set *out);
+
 /* The TP degree and this rank (1 and 0 without TP). */
 int ff_model_tp_size(const ff_model *m);
 int ff_model_tp_rank(const ff_model *m);
@@ -232,14 +244,16 @@ typedef struct ff_optim_stats {
 /* An optimizer for m's parameters (state buffers on m's backend, zero). NULL + error. */
 ff_optimizer *ff_optimizer_new(ff_model *m, const ff_adamw_config *c);
 void ff_optimizer_destroy(ff_optimizer **o);
-/* Clip the gradients to max_grad_norm (global norm), update the parameters, count the step.
+/* Clip the gradients to max_grad_norm (global norm; under TP the whole model's, each
+ * replicated parameter counted once), update the parameters, count the step.
  * Does not zero the gradients. A non-finite gradient norm skips the update and returns -1 +
  * error (stats still filled). */
 int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats);
 int64_t ff_optimizer_steps_done(const ff_optimizer *o);
 /* State to and from a tensor set: "exp_avg.<param name>", "exp_avg_sq.<param name>" (the
  * parameter's shape) and "step" ([1], the count of updates done). Import checks names and
- * shapes. 0 or -1 + error. */
+ * shapes. Under TP the tensors are whole (export gathers; import takes whole tensors or this
+ * rank's shards, like the weights). 0 or -1 + error. */
 int ff_optimizer_export_state(ff_optimizer *o, ff_tensor_set *out);
 int ff_optimizer_import_state(ff_optimizer *o, const ff_tensor_set *in);
 

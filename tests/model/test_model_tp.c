@@ -15,6 +15,9 @@
  * compared with the planner's TP formula (ff_plan_tp_bytes); the ratio is printed. Bad TP
  * layouts and the gathered-logits request get clear errors. */
 #include <pthread.h>
+#include <unistd.h>
+
+#include "fuseflow/safetensors.h"
 
 #include "fuseflow/plan.h"
 #include "tests/model/model_test_util.h"
@@ -148,7 +151,8 @@ typedef struct result {
 
 typedef struct job {
     const ff_model_config *cfg;
-    const ff_tensor_set *w;
+    const ff_tensor_set *w;             /* whole tensors */
+    const ff_tensor_set *shards[MAXR];  /* or each rank's shards (ff_model_tp_read_weights) */
     const ff_batch *b;
     const float *a, *c, *d; /* loss = sum_t a lp + c ent + d val */
     bool lm;                /* the model has an LM head */
@@ -163,7 +167,8 @@ static void run_rank(job *j, int rank, const ff_model_comm *comm) {
     const ff_batch *b = j->b;
     ff_backend *be = ff_backend_new("cpu:1");
     REQUIRE(be);
-    ff_model *m = comm ? ff_model_new_tp(be, j->cfg, j->w, comm) : ff_model_new(be, j->cfg, j->w);
+    const ff_tensor_set *w = j->shards[rank] ? j->shards[rank] : j->w;
+    ff_model *m = comm ? ff_model_new_tp(be, j->cfg, w, comm) : ff_model_new(be, j->cfg, w);
     if (!m) fprintf(stderr, "%s\n", ff_error_message());
     REQUIRE(m);
     r->w0 = ff_tensor_set_new();
@@ -457,6 +462,56 @@ static void check_traffic(const char *cfg_name, int tp, const job *j) {
 
 /* ---- the cases ------------------------------------------------------------------------------ */
 
+/* Each rank reads only its shards of a whole checkpoint (sharded into several files), gets
+ * exactly the slices of the whole tensors, as many elements as its parameters, and a group
+ * built from them runs as one built from whole tensors. */
+static void test_read_shards(const char *name, const ff_model_config *cfg, const ff_tensor_set *w, job *j, const job *ref,
+                             int tp) {
+    char dir[] = "/tmp/ff_test_model_tp_XXXXXX", cmd[64];
+    REQUIRE(mkdtemp(dir));
+    REQUIRE(ff_safetensors_save_sharded(dir, w, FF_DTYPE_F32, 24 * 1024) == 0);
+    char index[128];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    CHECK(access(index, F_OK) == 0); /* more than one file */
+    ff_tensor_set *sh[MAXR] = {0};
+    for (int r = 0; r < tp; r++) {
+        sh[r] = ff_tensor_set_new();
+        if (ff_model_tp_read_weights(dir, cfg, r, tp, sh[r])) fprintf(stderr, "%s\n", ff_error_message());
+        REQUIRE(sh[r]->n == w->n);
+        int64_t elems = 0;
+        for (size_t i = 0; i < sh[r]->n; i++) elems += ff_host_tensor_numel(&sh[r]->items[i]);
+        ff_backend *be = ff_backend_new("cpu:1");
+        ff_model_comm solo = {.rank = r, .size = tp, .all_reduce_sum = c_sum, .all_reduce_max = c_max,
+                              .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather}; /* never called here */
+        ff_model *m = ff_model_new_tp(be, cfg, sh[r], &solo);
+        REQUIRE(m);
+        CHECK_EQ_INT(elems, ff_model_param_count(m)); /* nothing but the rank's own elements */
+        ff_model_destroy(&m);
+        ff_backend_destroy(&be);
+        /* the shard of embed_tokens is its rows [r V/tp, (r+1) V/tp); of down_proj its columns */
+        const ff_host_tensor *e = need_tensor(sh[r], "model.embed_tokens.weight"), *ew = need_tensor(w, "model.embed_tokens.weight");
+        const int64_t H = cfg->hidden_size, rows = cfg->vocab_size / tp;
+        CHECK_EQ_INT(e->shape[0], rows);
+        CHECK(memcmp(e->data, ew->data + (size_t)(r * rows * H), (size_t)(rows * H) * 4) == 0);
+        const ff_host_tensor *d = need_tensor(sh[r], "model.layers.2.mlp.down_proj.weight");
+        const ff_host_tensor *dw = need_tensor(w, "model.layers.2.mlp.down_proj.weight");
+        const int64_t c = cfg->intermediate_size / tp;
+        CHECK_EQ_INT(d->shape[1], c);
+        for (int64_t i = 0; i < H; i++)
+            CHECK(memcmp(d->data + (size_t)(i * c), dw->data + (size_t)(i * cfg->intermediate_size + r * c), (size_t)c * 4) == 0);
+    }
+    *j = (job){.cfg = cfg, .w = w, .b = ref->b, .a = ref->a, .c = ref->c, .d = ref->d, .lm = ref->lm};
+    for (int r = 0; r < tp; r++) j->shards[r] = sh[r];
+    run_group(j, tp);
+    char what[96];
+    snprintf(what, sizeof what, "%s from shards", name);
+    compare(what, tp, j, &ref->res[0]);
+    for (int r = 0; r < tp; r++) free_result(&j->res[r]), ff_tensor_set_destroy(&sh[r]);
+    free(j->g);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+}
+
 static void test_config(const char *name, ff_model_config cfg, bool critic, const int *tps, int n_tps) {
     ff_tensor_set *all = ff_tensor_set_new(), *w = ff_tensor_set_new();
     REQUIRE(ff_model_init_weights(&cfg, 21, 0.1, all) == 0); /* 0.3: chaotic, log-probs to -12 */
@@ -500,6 +555,7 @@ static void test_config(const char *name, ff_model_config cfg, bool critic, cons
         for (int r = 0; r < tps[i]; r++) free_result(&j->res[r]);
         free(j->g);
     }
+    test_read_shards(name, &cfg, w, j, ref, tps[n_tps - 1]);
     free_result(&ref->res[0]);
     free(ref);
     free(j);
@@ -541,6 +597,17 @@ static void test_errors(void) {
     CHECK(ff_model_new_tp(be, &c, w, &comm) == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "rank 2 of a group of 2");
     comm.rank = 1;
+    /* a tensor neither whole nor this rank's shard */
+    ff_tensor_set *bad = ff_tensor_set_new();
+    for (size_t i = 0; i < w->n; i++) {
+        const ff_host_tensor *t = &w->items[i];
+        int64_t shape[2] = {t->shape[0], t->shape[1]};
+        if (!strcmp(t->name, "model.layers.1.self_attn.o_proj.weight")) shape[1] = 3;
+        REQUIRE(ff_tensor_set_add(bad, t->name, t->ndim, shape));
+    }
+    CHECK(ff_model_new_tp(be, &c, bad, &comm) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "model.layers.1.self_attn.o_proj.weight");
+    ff_tensor_set_destroy(&bad);
     ff_model *m = ff_model_new_tp(be, &c, w, &comm);
     REQUIRE(m);
     CHECK_EQ_INT(ff_model_tp_size(m), 2);
