@@ -513,7 +513,8 @@ static int ensure_ws(ff_model *m, int32_t T, bool train) {
 int ff_model_reserve(ff_model *m, int32_t max_tokens) {
     if (max_tokens < 1) return ff_error_set("reserve", NULL, "max_tokens %d must be >= 1", max_tokens);
     m->fwd_ready = false;
-    return ensure_ws(m, max_tokens, true);
+    if (ensure_ws(m, max_tokens, true)) return -1;
+    return ffm_tp_reserve(m, max_tokens);
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */

@@ -163,6 +163,8 @@ void ffm_tp_free(ff_model *m);
 /* Host staging of at least n floats / n ids (grown, never shrunk). NULL + error. */
 float *ffm_tp_host(ff_model *m, size_t n);
 int32_t *ffm_tp_ids(ff_model *m, size_t n);
+/* Grow both to what a training step of T tokens needs (ff_model_reserve). 0 or -1. */
+int ffm_tp_reserve(ff_model *m, int32_t T);
 /* x [n] = sum over the TP group of x (device memory, staged through the host). 0 or -1. */
 int ffm_tp_sum(ff_model *m, ff_dptr x, size_t n);
 /* ids [n] (whole vocabulary, -1 = none) into this rank's rows: id - v0 inside its slice;

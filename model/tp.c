@@ -152,6 +152,15 @@ int32_t *ffm_tp_ids(ff_model *m, size_t n) {
     return m->tp_ids;
 }
 
+int ffm_tp_reserve(ff_model *m, int32_t T) {
+    if (m->tp == 1) return 0;
+    const size_t t = (size_t)T, kv = m->kv_rep > 1 ? (size_t)m->cfg.num_key_value_heads * 2 * m->D * ((size_t)m->H + 1) : 0;
+    size_t n = t * (size_t)m->H; /* a [T, H] all-reduce */
+    if (7 * t > n) n = 7 * t;    /* ffm_tp_vocab_combine */
+    if (kv > n) n = kv;          /* ffm_tp_kv_grads */
+    return ffm_tp_host(m, n) && ffm_tp_ids(m, 2 * t) ? 0 : -1;
+}
+
 static int comm_failed(const char *what, size_t n) {
     return ff_error_wrap("tensor parallelism: %s of %zu elements", what, n);
 }

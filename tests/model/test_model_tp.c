@@ -171,6 +171,7 @@ static void run_rank(job *j, int rank, const ff_model_comm *comm) {
     ff_model *m = comm ? ff_model_new_tp(be, j->cfg, w, comm) : ff_model_new(be, j->cfg, w);
     if (!m) fprintf(stderr, "%s\n", ff_error_message());
     REQUIRE(m);
+    REQUIRE(ff_model_reserve(m, NT) == 0);
     r->w0 = ff_tensor_set_new();
     REQUIRE(ff_model_export_weights(m, r->w0) == 0);
     ff_adamw_config ac;
