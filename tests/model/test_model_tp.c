@@ -470,12 +470,38 @@ static void check_traffic(const char *cfg_name, int tp, const job *j) {
         CHECK_EQ_INT(kv, tp > Hkv ? L : 0);
         CHECK_EQ_INT(other, 0);
     }
-    /* the planner: 4 L all-reduces of T h bf16 elements per micro-batch, ring bytes */
+    /* the planner's traffic.tp for this layout (TP t on t GPUs of one server, one micro-batch
+     * of one T-token sequence): 4 L all-reduces of T h bf16 elements, ring bytes */
+    ff_plan_input in;
+    ff_plan_input_defaults(&in);
+    in.model = (ff_plan_model){.layers = L, .hidden = H, .heads = c->num_attention_heads, .kv_heads = Hkv,
+                               .head_dim = D, .ffn = c->intermediate_size, .vocab = c->vocab_size,
+                               .tied_embeddings = c->tie_word_embeddings, .gated_mlp = true,
+                               .linear_bias = c->attention_bias};
+    snprintf(in.model.name, sizeof in.model.name, "test");
+    in.workload.seq = T;
+    in.workload.micro_batch = 1;
+    in.workload.micro_batches = 1;
+    in.workload.global_batch = 0;
+    in.layout.tp = tp;
+    in.layout.sequence_parallel = false; /* as here */
+    in.cluster.gpus = tp;
+    ff_plan_result pr;
     double plan = ff_plan_tp_bytes(L, 1, tp, T, H), got = j->g->tr[0].ring_bytes;
+    int rc = ff_plan_evaluate(&in, &pr);
+    if (tp <= Hkv) { /* the planner refuses replicated key/value heads, as Megatron-core does */
+        CHECK(rc == 0);
+        if (rc == 0) CHECK_CLOSE(pr.traffic[FF_PLAN_TP].bytes, plan, 0, 1e-12); /* its formula, for this layout */
+    } else {
+        CHECK(rc == -1);
+        CHECK_STR_CONTAINS(ff_error_message(), "key-value heads");
+    }
+    if (rc == 0) ff_plan_result_clear(&pr);
     double layers = 4.0 * L * 2.0 * (tp - 1) / tp * T * H * 4.0; /* the same all-reduces in fp32 */
-    printf("%s tp%d: one training step moves %.0f bytes per rank (ring), the planner's formula %.0f: ratio %.3f = 2 "
+    printf("%s tp%d: one training step moves %.0f bytes per rank (ring), %s %.0f: ratio %.3f = 2 "
            "(fp32 here, bf16 there) x %.3f (the embedding%s, the gradient norm%s, which the planner does not count)\n",
-           cfg_name, tp, got, plan, got / plan, got / layers,
+           cfg_name, tp, got, tp <= Hkv ? "the planner's traffic.tp" : "the planner's formula (it refuses this layout)",
+           plan, got / plan, got / layers,
            j->lm ? ", the LM head's input gradient, the vocabulary statistics" : "", tp > Hkv ? ", the k/v gradients" : "");
     CHECK(got > layers); /* the layer all-reduces and more */
 }
