@@ -12,6 +12,11 @@
  * Randomness: sequence j of a request draws from its own ff_rng seeded from (seed, j), one
  * uniform per token, so the tokens do not depend on batch composition or slot order.
  *
+ * Tensor parallelism: every rank of the group runs the same generator on the same requests.
+ * Its KV cache holds the rank's key/value heads only; the last positions' logits (this rank's
+ * vocabulary rows, [R, V/tp]) are all-gathered into [R, V] and every rank samples them with
+ * the same draws, so all ranks pick the same tokens, and the ones one rank alone would.
+ *
  * Not here: paged KV / prefix sharing without copies, chunked prefill, speculative decoding,
  * repetition penalties. */
 #include <math.h>
@@ -52,10 +57,13 @@ struct ff_generator {
     ff_buffer *kv;      /* per layer: K [slots * max_len, Hkv D], then V */
     size_t kv_layer;    /* floats per layer (K and V) */
     ff_buffer *ws;
-    size_t x, xn, qkv, att, gu, hm, rstd, xr, xrn, rstdr, logits, logits_rep, sws, sparams, stok, slp;
+    int32_t V; /* the whole vocabulary */
+    size_t x, xn, qkv, att, gu, hm, rstd, xr, xrn, rstdr, logits_loc, logits, logits_rep, sws, sparams, stok, slp;
     size_t i_tok, i_pos, i_wrow, i_row0, i_nkeys, i_rows, i_rowmap;
     /* host mirrors */
     int32_t *h_tok, *h_pos, *h_wrow, *h_row0, *h_nkeys, *h_rows, *h_rowmap; /* [Tcap] / [Rcap] */
+    int32_t *h_tok_tp; /* [Tcap] TP: token ids in this rank's vocabulary rows */
+    float *h_lg;       /* TP: [R, V/tp] this rank's logits, then [tp, R, V/tp] gathered, then [R, V] */
     ff_sample_params *h_sp;                                                /* [Rcap] */
     int32_t *h_stok;
     float *h_slp;
@@ -116,7 +124,8 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->c = c;
     g->Tcap = c.max_prefill_tokens > c.max_slots ? c.max_prefill_tokens : c.max_slots;
     g->Rcap = c.max_slots;
-    const size_t f = 4, T = (size_t)g->Tcap, R = (size_t)g->Rcap, H = (size_t)m->H, V = (size_t)m->V;
+    g->V = m->cfg.vocab_size;
+    const size_t f = 4, T = (size_t)g->Tcap, R = (size_t)g->Rcap, H = (size_t)m->H, V = (size_t)g->V;
     const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)c.max_slots * (size_t)c.max_seq_len;
     g->kv_layer = 2 * rows * KD;
     g->kv = ff_buffer_new(m->be, g->kv_layer * (size_t)m->L * f);
@@ -132,6 +141,7 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->xrn = take(&o, R * H * f);
     g->rstdr = take(&o, R * f);
     g->logits = take(&o, R * V * f);
+    g->logits_loc = m->tp > 1 ? take(&o, R * (size_t)m->V * f) : g->logits;
     g->logits_rep = take(&o, R * V * f);
     g->sws = take(&o, R * V * 8);
     g->sparams = take(&o, R * sizeof(ff_sample_params));
@@ -159,7 +169,13 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->seqs = ff_calloc(R, sizeof(gen_seq));
     g->slot_tokens = ff_malloc(R * (size_t)c.max_seq_len * 4);
     g->slot_logprobs = ff_malloc(R * (size_t)c.max_seq_len * 4);
-    if (!g->kv || !g->ws || !g->h_tok || !g->h_pos || !g->h_wrow || !g->h_row0 || !g->h_nkeys || !g->h_rows ||
+    bool tp_ok = true;
+    if (m->tp > 1) { /* host staging now, so that steps do not allocate */
+        g->h_tok_tp = ff_malloc(T * 4);
+        g->h_lg = ff_malloc((R * (size_t)m->V + 2 * R * V) * 4);
+        tp_ok = g->h_tok_tp && g->h_lg && ffm_tp_host(m, T * H);
+    }
+    if (!tp_ok || !g->kv || !g->ws || !g->h_tok || !g->h_pos || !g->h_wrow || !g->h_row0 || !g->h_nkeys || !g->h_rows ||
         !g->h_rowmap || !g->h_sp || !g->h_stok || !g->h_slp || !g->batch || !g->seqs || !g->slot_tokens ||
         !g->slot_logprobs) {
         ff_error_wrap("generator with %d slots of %d positions", c.max_slots, c.max_seq_len);
@@ -202,6 +218,8 @@ void ff_generator_destroy(ff_generator **pg) {
     free(g->h_sp);
     free(g->h_stok);
     free(g->h_slp);
+    free(g->h_tok_tp);
+    free(g->h_lg);
     free(g->batch);
     free(g->seqs);
     free(g->slot_tokens);
@@ -259,7 +277,7 @@ int ff_generator_submit(ff_generator *g, const ff_gen_request *r) {
         stop = m->cfg.eos_token_ids;
         n_stop = m->cfg.n_eos;
         for (int32_t i = 0; i < n_stop; i++)
-            if (stop[i] < 0 || stop[i] >= m->V) n_stop = 0; /* a bad eos id in the config stops nothing */
+            if (stop[i] < 0 || stop[i] >= m->cfg.vocab_size) n_stop = 0; /* a bad eos id in the config stops nothing */
     }
     q->prompt = ff_malloc((size_t)r->prompt_len * 4);
     q->stop = ff_malloc((size_t)(n_stop > 0 ? n_stop : 1) * 4);
@@ -280,9 +298,24 @@ int ff_generator_submit(ff_generator *g, const ff_gen_request *r) {
     return 0;
 }
 
+/* TP: this rank's logits [R, V/tp] into the whole [R, V] on every rank. */
+static int gather_logits(ff_generator *g, int32_t R) {
+    ff_model *m = g->m;
+    const size_t Vl = (size_t)m->V, n = (size_t)R * Vl, tp = (size_t)m->tp;
+    float *mine = g->h_lg, *all = mine + n, *whole = all + tp * n; /* [R, Vl], [tp, R, Vl], [R, V] */
+    ff_memcpy_d2h(m->st, mine, GW(g, logits_loc), n * 4);
+    if (m->comm.all_gather(m->comm.ctx, mine, all, n))
+        return ff_error_wrap("tensor parallelism: all-gather of %d rows of logits", R);
+    for (size_t r = 0; r < tp; r++)
+        for (int32_t b = 0; b < R; b++)
+            memcpy(whole + (size_t)b * (size_t)g->V + r * Vl, all + r * n + (size_t)b * Vl, Vl * 4);
+    ff_memcpy_h2d(m->st, GW(g, logits), whole, (size_t)R * (size_t)g->V * 4);
+    return 0;
+}
+
 /* Run the model over g->h_* inputs already uploaded for T tokens; logits of the R rows
- * listed in i_rows land in g->logits [R, V]. */
-static void infer(ff_generator *g, int32_t T, int32_t R) {
+ * listed in i_rows land in g->logits [R, V]. 0 or -1 + error (a failed collective). */
+static int infer(ff_generator *g, int32_t T, int32_t R) {
     ff_model *m = g->m;
     ff_stream *st = m->st;
     const int H = m->H;
@@ -296,20 +329,23 @@ static void infer(ff_generator *g, int32_t T, int32_t R) {
     ffm_layer_tokens tk = {.T = T, .pos = GW(g, i_pos), .kv_wrow = GW(g, i_wrow), .kv_row0 = GW(g, i_row0),
                            .kv_nkeys = GW(g, i_nkeys)};
     ff_embedding_fwd(st, GW(g, i_tok), ffm_param(m, m->off_embed), x, T, H);
+    if (m->tp > 1 && ffm_tp_sum(m, x, (size_t)T * H)) return -1; /* vocabulary-parallel embedding */
     for (int l = 0; l < m->L; l++) {
         tk.kv_k = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer);
         tk.kv_v = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer + rows * KD);
-        ffm_layer_forward(m, l, &tk, &a);
+        if (ffm_layer_forward(m, l, &tk, &a)) return -1;
     }
     ff_gather_rows(st, x, GW(g, i_rows), GW(g, xr), R, H);
     ff_rmsnorm_fwd(st, GW(g, xr), ffm_param(m, m->off_norm), GW(g, xrn), GW(g, rstdr), R, H, eps);
     ff_gemm(st, FF_NO_TRANS, FF_TRANS, R, m->V, H, 1.0f, GW(g, xrn), H, ffm_param(m, m->off_lm), H, 0.0f,
-            GW(g, logits), m->V);
+            GW(g, logits_loc), m->V);
+    return m->tp > 1 ? gather_logits(g, R) : 0;
 }
 
 static void upload_tokens(ff_generator *g, int32_t T, int32_t R) {
     ff_stream *st = g->m->st;
-    ff_memcpy_h2d(st, GW(g, i_tok), g->h_tok, (size_t)T * 4);
+    if (g->h_tok_tp) ffm_tp_local_ids(g->m, g->h_tok, g->h_tok_tp, T, false);
+    ff_memcpy_h2d(st, GW(g, i_tok), g->h_tok_tp ? g->h_tok_tp : g->h_tok, (size_t)T * 4);
     ff_memcpy_h2d(st, GW(g, i_pos), g->h_pos, (size_t)T * 4);
     ff_memcpy_h2d(st, GW(g, i_wrow), g->h_wrow, (size_t)T * 4);
     ff_memcpy_h2d(st, GW(g, i_row0), g->h_row0, (size_t)T * 4);
@@ -385,7 +421,7 @@ static int append(ff_generator *g, int32_t slot, int32_t tok, float lp) {
 static int sample_rows(ff_generator *g, ff_dptr logits, int32_t B) {
     ff_stream *st = g->m->st;
     ff_memcpy_h2d(st, GW(g, sparams), g->h_sp, (size_t)B * sizeof(ff_sample_params));
-    ff_sample(st, logits, B, g->m->V, GW(g, sparams), GW(g, sws), GW(g, stok), GW(g, slp));
+    ff_sample(st, logits, B, g->V, GW(g, sparams), GW(g, sws), GW(g, stok), GW(g, slp));
     ff_memcpy_d2h(st, g->h_stok, GW(g, stok), (size_t)B * 4);
     ff_memcpy_d2h(st, g->h_slp, GW(g, slp), (size_t)B * 4);
     return ff_stream_sync(st);
@@ -434,7 +470,7 @@ static int admit(ff_generator *g) {
     }
     if (B == 0) return 0;
     upload_tokens(g, T, R);
-    infer(g, T, R);
+    if (infer(g, T, R)) return -1;
     /* copy each prompt's K/V rows from its first slot into its other sample slots */
     for (int32_t b = 0; b < B; b++) {
         gen_seq *q = &g->seqs[g->batch[b]];
@@ -449,7 +485,7 @@ static int admit(ff_generator *g) {
             }
     }
     ff_memcpy_h2d(st, GW(g, i_rowmap), g->h_rowmap, (size_t)B * 4);
-    ff_gather_rows(st, GW(g, logits), GW(g, i_rowmap), GW(g, logits_rep), B, m->V);
+    ff_gather_rows(st, GW(g, logits), GW(g, i_rowmap), GW(g, logits_rep), B, g->V);
     for (int32_t b = 0; b < B; b++) fill_params(g, b, &g->seqs[g->batch[b]]);
     if (sample_rows(g, GW(g, logits_rep), B)) return -1;
     for (int32_t b = 0; b < B; b++)
@@ -477,7 +513,7 @@ int ff_generator_step(ff_generator *g) {
     }
     if (B == 0) return 0;
     upload_tokens(g, B, B);
-    infer(g, B, B);
+    if (infer(g, B, B)) return -1;
     if (sample_rows(g, GW(g, logits), B)) return -1;
     for (int32_t b = 0; b < B; b++)
         if (append(g, g->batch[b], g->h_stok[b], g->h_slp[b])) return -1;

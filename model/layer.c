@@ -6,12 +6,12 @@
  *   x ─ RMSNorm ─ q|k|v (+bias) ─ RoPE ─ attention ─ o_proj ─(+x)─ mid
  *   mid ─ RMSNorm ─ gate|up ─ SwiGLU ─ down_proj ─(+mid)─ y
  *
- * Tensor parallelism (Megatron-style, not implemented): q|k|v and gate|up are the
- * column-parallel products (a rank holds Hq/tp query heads, Hkv/tp key/value heads and I/tp
- * intermediate rows, and everything between them and the next product is local to those
- * heads or rows), o_proj and down_proj the row-parallel ones (each rank's product is a
- * partial sum over its heads or rows). The two all-reduces go where the comments below say;
- * the norms and the residual stream stay whole on every rank.
+ * Tensor parallelism (Megatron-style, model/tp.c): q|k|v and gate|up are the
+ * column-parallel products (a rank holds Hq/tp query heads, the key/value heads they read
+ * and I/tp intermediate rows, and everything between them and the next product is local to
+ * those heads or rows), o_proj and down_proj the row-parallel ones (each rank's product is a
+ * partial sum over its heads or rows, all-reduced before the residual add: row_parallel
+ * below). The norms and the residual stream stay whole on every rank.
  *
  * Not here: the backward (model.c, which reads the activations this leaves), the
  * embedding, the final norm and the heads. */
@@ -19,7 +19,25 @@
 
 static bool same(ff_dptr a, ff_dptr b) { return a.buf == b.buf && a.off == b.off; }
 
-void ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a) {
+/* out [T, H] = res + A [T, K] @ W^T (W [H, K]); out may be res. Under TP (the g operator)
+ * the product is a partial sum: computed alone (into out, or into scratch [T, H] when out is
+ * res), summed over the group, then added to res. */
+static int row_parallel(ff_model *m, int T, int K, ff_dptr A, ff_dptr W, ff_dptr res, ff_dptr out, ff_dptr scratch) {
+    ff_stream *st = m->st;
+    const int H = m->H;
+    if (m->tp == 1) {
+        if (!same(out, res)) ff_memcpy_d2d(st, out, res, (size_t)T * H * 4);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, K, 1.0f, A, K, W, K, 1.0f, out, H);
+        return 0;
+    }
+    ff_dptr part = same(out, res) ? scratch : out;
+    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, K, 1.0f, A, K, W, K, 0.0f, part, H);
+    if (ffm_tp_sum(m, part, (size_t)T * H)) return -1;
+    ff_add(st, out, same(part, out) ? res : part, (int64_t)T * H);
+    return 0;
+}
+
+int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a) {
     ff_stream *st = m->st;
     const ff_layer_params *p = &m->layers[l];
     const int T = tk->T, H = m->H, D = m->D, QKV = m->QKV;
@@ -45,11 +63,9 @@ void ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm
         ff_attention_cached(st, a->qkv, QKV, tk->kv_k, tk->kv_v, tk->kv_row0, tk->kv_nkeys, T, Hq, Hkv, D, a->att);
     }
 
-    /* row-parallel: mid [T, H] = x + att @ Wo^T, Wo [H, Hq D].
-     * TP all-reduce #1: each rank's att @ Wo^T is a partial sum over its heads; compute it
-     * with beta 0, all-reduce (sum) over the TP group, then add x. */
-    if (!same(a->mid, a->x)) ff_memcpy_d2d(st, a->mid, a->x, (size_t)T * H * 4);
-    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, HD, 1.0f, a->att, HD, ffm_param(m, p->wo), HD, 1.0f, a->mid, H);
+    /* row-parallel: mid [T, H] = x + att @ Wo^T, Wo [H, Hq D]. TP all-reduce #1, over the
+     * rank's heads (scratch: xn1, which in place of x is no longer needed) */
+    if (row_parallel(m, T, HD, a->att, ffm_param(m, p->wo), a->x, a->mid, a->xn1)) return -1;
 
     /* MLP block: xn2 = norm(mid) [T, H] (replicated under TP) */
     ff_rmsnorm_fwd(st, a->mid, ffm_param(m, p->ln2), a->xn2, a->rstd2, T, H, eps);
@@ -58,8 +74,7 @@ void ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm
     ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 2 * I, H, 1.0f, a->xn2, H, ffm_param(m, p->wgu), H, 0.0f, a->gu, 2 * I);
     ff_swiglu_fwd(st, a->gu, a->hm, T, I);
 
-    /* row-parallel: y [T, H] = mid + hm @ Wdown^T, Wdown [H, I].
-     * TP all-reduce #2: as #1, over the rank's intermediate rows, before adding mid. */
-    if (!same(a->y, a->mid)) ff_memcpy_d2d(st, a->y, a->mid, (size_t)T * H * 4);
-    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, I, 1.0f, a->hm, I, ffm_param(m, p->wdown), I, 1.0f, a->y, H);
+    /* row-parallel: y [T, H] = mid + hm @ Wdown^T, Wdown [H, I]. TP all-reduce #2, over the
+     * rank's intermediate rows (scratch: xn2, read by gate|up above) */
+    return row_parallel(m, T, I, a->hm, ffm_param(m, p->wdown), a->mid, a->y, a->xn2);
 }

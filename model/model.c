@@ -8,6 +8,9 @@
  * down), then the rest (per layer q|k|v biases and the two norms, the final norm). q, k
  * and v rows sit together so one matrix product computes all three (same for gate|up).
  *
+ * Under tensor parallelism (model/tp.c) the same code runs on this rank's shares of the
+ * dimensions, with the collectives tp.c provides where the comments say.
+ *
  * Not here: sliding-window attention, MoE, rope scalings other than llama3 (errors), and
  * dropout (RLHF and SFT of these models run without it). */
 #include <assert.h>
@@ -186,6 +189,8 @@ static void set_dims(ff_model *m, const ff_model_config *c, bool lm_head) {
     m->bias = c->attention_bias;
     m->vhead = c->value_head;
     m->lm_head = lm_head || m->tied;
+    m->tp = 1;
+    m->kv_rep = 1;
 }
 
 int ff_model_expected_tensors(const ff_model_config *cfg, ff_tensor_set *out) {
@@ -200,6 +205,21 @@ int ff_model_expected_tensors(const ff_model_config *cfg, ff_tensor_set *out) {
     free(tmp.tensors);
     free(tmp.layers);
     return rc;
+}
+
+int ffm_layout(ff_model *m, const ff_model_config *cfg, int r, int t) {
+    memset(m, 0, sizeof *m);
+    if (ff_model_config_check(cfg, NULL)) return -1;
+    set_dims(m, cfg, true);
+    if (ffm_tp_dims(m, r, t) || build_table(m)) return -1;
+    ffm_tp_shards(m);
+    return 0;
+}
+
+void ffm_layout_free(ff_model *m) {
+    free(m->tensors);
+    free(m->layers);
+    memset(m, 0, sizeof *m);
 }
 
 int ff_model_init_weights(const ff_model_config *cfg, uint64_t seed, double initializer_range, ff_tensor_set *out) {
@@ -286,21 +306,25 @@ static int check_and_load(ff_model *m, const ff_tensor_set *w) {
         if (!t)
             return ff_error_set(p->name, "check that the checkpoint matches config.json",
                                 "tensor is missing from the weights");
-        if (ff_host_tensor_expect(t, p->ndim, p->shape, p->name)) return -1;
-        for (int64_t j = 0; j < p->numel; j++)
+        if (!ffm_tp_is_shard(p, t) && ff_host_tensor_expect(t, p->ndim, p->full, p->name)) return -1;
+        for (int64_t j = 0; j < ff_host_tensor_numel(t); j++)
             if (!isfinite(t->data[j]))
                 return ff_error_set(p->name, "the checkpoint is damaged", "element %lld is %g", (long long)j,
                                     (double)t->data[j]);
     }
     for (int i = 0; i < m->n_tensors; i++) {
         const ff_param_tensor *p = &m->tensors[i];
-        const ff_host_tensor *t = ff_tensor_set_find(w, p->name);
-        ff_memcpy_h2d(m->st, ffm_param(m, p->off), t->data, (size_t)p->numel * sizeof(float));
+        if (ffm_tp_load_slice(m, p, ff_tensor_set_find(w, p->name), ffm_param(m, p->off))) return -1;
     }
     return 0;
 }
 
 ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights) {
+    return ff_model_new_tp(be, cfg, weights, NULL);
+}
+
+ff_model *ff_model_new_tp(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights,
+                          const ff_model_comm *comm) {
     if (ff_model_config_check(cfg, NULL)) return NULL;
     ff_model *m = ff_calloc(1, sizeof *m);
     if (!m) return NULL;
@@ -308,10 +332,11 @@ ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tens
     m->st = ff_backend_stream(be);
     bool lm = !cfg->value_head || cfg->tie_word_embeddings || ff_tensor_set_find(weights, "lm_head.weight");
     set_dims(m, cfg, lm);
-    if (build_table(m) || make_rope(m)) goto fail;
+    if (ffm_tp_setup(m, comm) || build_table(m) || make_rope(m)) goto fail;
+    ffm_tp_shards(m);
     m->params = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
     m->grads = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
-    if (!m->params || !m->grads) goto fail;
+    if (!m->params || !m->grads || ffm_tp_alloc(m)) goto fail;
     if (check_and_load(m, weights)) goto fail;
     return m;
 fail:
@@ -330,6 +355,7 @@ void ff_model_destroy(ff_model **pm) {
     if (!pm || !*pm) return;
     ff_model *m = *pm;
     free_ws(m);
+    ffm_tp_free(m);
     ff_buffer_destroy(&m->params);
     ff_buffer_destroy(&m->grads);
     ff_buffer_destroy(&m->rope_cos);
@@ -344,18 +370,13 @@ const ff_model_config *ff_model_config_of(const ff_model *m) { return &m->cfg; }
 ff_backend *ff_model_backend(const ff_model *m) { return m->be; }
 bool ff_model_has_lm_head(const ff_model *m) { return m->lm_head; }
 int64_t ff_model_param_count(const ff_model *m) { return m->n_params; }
+int ff_model_tp_size(const ff_model *m) { return m->tp; }
+int ff_model_tp_rank(const ff_model *m) { return m->tp_rank; }
 ff_buffer *ff_model_param_buffer(ff_model *m) { return m->params; }
 ff_buffer *ff_model_grad_buffer(ff_model *m) { return m->grads; }
 
-int ff_model_export_weights(ff_model *m, ff_tensor_set *out) {
-    for (int i = 0; i < m->n_tensors; i++) {
-        const ff_param_tensor *p = &m->tensors[i];
-        ff_host_tensor *t = ff_tensor_set_add(out, p->name, p->ndim, p->shape);
-        if (!t) return -1;
-        ff_memcpy_d2h(m->st, t->data, ffm_param(m, p->off), (size_t)p->numel * sizeof(float));
-    }
-    return 0;
-}
+int ff_model_export_weights(ff_model *m, ff_tensor_set *out) { return ffm_tp_export(m, m->params, "", out); }
+int ff_model_export_grads(ff_model *m, ff_tensor_set *out) { return ffm_tp_export(m, m->grads, "", out); }
 
 int ff_model_load_weights(ff_model *m, const ff_tensor_set *w) {
     if (!m->tied && m->lm_head != (ff_tensor_set_find(w, "lm_head.weight") != NULL) && m->vhead)
@@ -408,9 +429,9 @@ void ff_model_set_logits_chunk(ff_model *m, int32_t max_tokens) {
 
 int ffm_check_tokens(const ff_model *m, const int32_t *tok, int64_t n, const char *what, bool allow_minus_one) {
     for (int64_t i = 0; i < n; i++) {
-        if ((tok[i] >= 0 && tok[i] < m->V) || (allow_minus_one && tok[i] == -1)) continue;
+        if ((tok[i] >= 0 && tok[i] < m->cfg.vocab_size) || (allow_minus_one && tok[i] == -1)) continue;
         return ff_error_set(what, "token ids must be in [0, vocab_size); check the tokenizer matches the model",
-                            "token %lld is %d, out of range for vocab_size %d", (long long)i, tok[i], m->V);
+                            "token %lld is %d, out of range for vocab_size %d", (long long)i, tok[i], m->cfg.vocab_size);
     }
     return 0;
 }
@@ -492,7 +513,8 @@ static int ensure_ws(ff_model *m, int32_t T, bool train) {
 int ff_model_reserve(ff_model *m, int32_t max_tokens) {
     if (max_tokens < 1) return ff_error_set("reserve", NULL, "max_tokens %d must be >= 1", max_tokens);
     m->fwd_ready = false;
-    return ensure_ws(m, max_tokens, true);
+    if (ensure_ws(m, max_tokens, true)) return -1;
+    return ffm_tp_reserve(m, max_tokens);
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */
@@ -565,8 +587,13 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
         return ff_error_set("forward", "set value_head in the config and give score.weight",
                             "values need a value head, and this model has none");
     if (!(temp > 0 && isfinite(temp))) return ff_error_set("forward", NULL, "temperature %g must be > 0", (double)temp);
+    if (out->logits && m->tp > 1)
+        return ff_error_set("forward", "ask for log-probs and entropy, which are computed over the vocabulary shards",
+                            "the [T, V] logits are not gathered under tensor parallelism");
     const int32_t T = b->n_tokens, S = b->n_seqs;
     if (ensure_ws(m, T, train)) return -1;
+    int32_t *ids = m->tp > 1 ? ffm_tp_ids(m, 2 * (size_t)T) : NULL; /* [2, T] this rank's token, target ids */
+    if (m->tp > 1 && !ids) return -1;
     ff_stream *st = m->st;
     const int H = m->H, L = m->L;
     const float eps = (float)m->cfg.rms_norm_eps;
@@ -575,16 +602,23 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
     for (int32_t s = 0; s < S; s++)
         for (int32_t t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) m->ws.pos_host[t] = t - b->seq_start[s];
     memcpy(m->ws.seq_start_host, b->seq_start, ((size_t)S + 1) * sizeof(int32_t));
-    ff_memcpy_h2d(st, WS(tokens), b->tokens, (size_t)T * 4);
-    if (b->targets) ff_memcpy_h2d(st, WS(targets), b->targets, (size_t)T * 4);
+    if (ids) {
+        ffm_tp_local_ids(m, b->tokens, ids, T, false);
+        if (b->targets) ffm_tp_local_ids(m, b->targets, ids + T, T, true);
+    }
+    ff_memcpy_h2d(st, WS(tokens), ids ? ids : b->tokens, (size_t)T * 4);
+    if (b->targets) ff_memcpy_h2d(st, WS(targets), ids ? ids + T : b->targets, (size_t)T * 4);
     ff_memcpy_h2d(st, WS(pos), m->ws.pos_host, (size_t)T * 4);
     ff_memcpy_h2d(st, WS(seq_start), b->seq_start, ((size_t)S + 1) * 4);
 
+    /* vocabulary-parallel: a token outside this rank's rows embeds to zeros, and the sum
+     * over the group has every row */
     ff_embedding_fwd(st, WS(tokens), ffm_param(m, m->off_embed), RESID(0), T, H);
+    if (m->tp > 1 && ffm_tp_sum(m, RESID(0), (size_t)T * H)) return -1;
     const ffm_layer_tokens tk = {.T = T, .pos = WS(pos), .S = S, .seq_start = WS(seq_start)};
     for (int l = 0; l < L; l++) {
         ffm_layer_acts a = layer_acts(m, l, train);
-        ffm_layer_forward(m, l, &tk, &a);
+        if (ffm_layer_forward(m, l, &tk, &a)) return -1;
     }
     ff_dptr xL = layer_acts(m, L - 1, train).y;
     ff_rmsnorm_fwd(st, xL, ffm_param(m, m->off_norm), WS(xf), WS(rstdf), T, H, eps);
@@ -595,7 +629,7 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
         if (out->values) ff_memcpy_d2h(st, out->values, WS(values), (size_t)T * 4);
     }
     int32_t chunk = chunk_for(m, T);
-    bool entropy = out->entropy || (train && want_lm);
+    bool entropy = out->entropy || (train && want_lm) || m->tp > 1; /* TP: the shard's entropy combines */
     if (want_lm) {
         ff_dptr tg = b->targets ? WS(targets) : (ff_dptr){0};
         for (int32_t c0 = 0; c0 < T; c0 += chunk) {
@@ -608,6 +642,10 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
             if (out->logits)
                 ff_memcpy_d2h(st, out->logits + (size_t)c0 * m->V, WS(logits), (size_t)n * m->V * 4);
         }
+        /* vocabulary-parallel: this rank's statistics into the whole vocabulary's */
+        if (m->tp > 1 && ffm_tp_vocab_combine(m, WS(tok_lse), WS(entropy), b->targets ? WS(logprob) : (ff_dptr){0},
+                                              b->targets, T))
+            return -1;
         if (out->logprobs) ff_memcpy_d2h(st, out->logprobs, WS(logprob), (size_t)T * 4);
         if (out->entropy) ff_memcpy_d2h(st, out->entropy, WS(entropy), (size_t)T * 4);
     }
@@ -643,14 +681,20 @@ int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entro
     const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, L = m->L;
     ff_dptr dres = WS(dres), dxn = WS(dxn), dqkv = WS(dqkv), datt = WS(datt), dgu = WS(dgu), dh = WS(dh);
 
-    /* gradient at the final norm's output: dxn [T, H] */
+    /* gradient at the final norm's output: dxn [T, H]. Under TP the LM head's part is a
+     * partial sum over the vocabulary shards (all-reduced below, the f operator of a
+     * column-parallel product), and the value head's is whole on every rank: rank 0 alone
+     * adds it before that sum. */
+    const bool lm_grad = d_logprobs || d_entropy, reduce_dxn = m->tp > 1 && lm_grad;
     ff_memset_zero(st, dxn, (size_t)T * H * 4);
     if (d_values) {
         ff_memcpy_h2d(st, WS(dvalues), d_values, (size_t)T * 4);
-        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 1, 1.0f, WS(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f, dxn, H);
+        if (!reduce_dxn || m->tp_rank == 0)
+            ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 1, 1.0f, WS(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f,
+                    dxn, H);
         ff_gemm(st, FF_TRANS, FF_NO_TRANS, 1, H, T, 1.0f, WS(dvalues), 1, WS(xf), H, 1.0f, ffm_grad(m, m->off_score), H);
     }
-    if (d_logprobs || d_entropy) {
+    if (lm_grad) {
         if (d_logprobs) ff_memcpy_h2d(st, WS(dlogprob), d_logprobs, (size_t)T * 4);
         if (d_entropy) ff_memcpy_h2d(st, WS(dentropy), d_entropy, (size_t)T * 4);
         int32_t chunk = m->fwd_chunk;
@@ -669,6 +713,7 @@ int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entro
                     H, 1.0f, ffm_grad(m, m->off_lm), H);
         }
     }
+    if (reduce_dxn && ffm_tp_sum(m, dxn, (size_t)T * H)) return -1;
     ff_memset_zero(st, dres, (size_t)T * H * 4);
     ff_rmsnorm_bwd(st, layer_acts(m, L - 1, true).y, ffm_param(m, m->off_norm), WS(rstdf), dxn, dres, ffm_grad(m, m->off_norm), T, H);
 
@@ -681,6 +726,7 @@ int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entro
         ff_swiglu_bwd(st, a.gu, dh, dgu, T, I);
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 2 * I, 1.0f, dgu, 2 * I, ffm_param(m, p->wgu), H, 0.0f, dxn, H);
         ff_gemm(st, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, 1.0f, dgu, 2 * I, a.xn2, H, 1.0f, ffm_grad(m, p->wgu), H);
+        if (m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) return -1; /* f: gate|up is column-parallel */
         ff_rmsnorm_bwd(st, a.mid, ffm_param(m, p->ln2), a.rstd2, dxn, dres, ffm_grad(m, p->ln2), T, H);
         /* mid = x + att @ Wo^T */
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, 1.0f, dres, H, ffm_param(m, p->wo), HD, 0.0f, datt, HD);
@@ -689,9 +735,16 @@ int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entro
                          a.lse, datt, WS(delta), dqkv);
         ff_rope_bwd(st, dqkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq + m->Hkv,
                     m->D);
-        if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, QKV);
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, QKV, 1.0f, dqkv, QKV, ffm_param(m, p->wqkv), H, 0.0f, dxn, H);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, a.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
+        if (m->kv_rep > 1) { /* TP: q rows here; the k|v head is shared, its gradient summed over the sharers */
+            if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, HD);
+            ff_gemm(st, FF_TRANS, FF_NO_TRANS, HD, H, T, 1.0f, dqkv, QKV, a.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
+            if (ffm_tp_kv_grads(m, p, dqkv, a.xn1, T)) return -1;
+        } else {
+            if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, QKV);
+            ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, a.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
+        }
+        if (m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) return -1; /* f: q|k|v is column-parallel */
         ff_rmsnorm_bwd(st, a.x, ffm_param(m, p->ln1), a.rstd1, dxn, dres, ffm_grad(m, p->ln1), T, H);
     }
     ff_embedding_bwd(st, WS(tokens), dres, ffm_grad(m, m->off_embed), T, H);

@@ -21,6 +21,14 @@ typedef struct ff_param_tensor {
     int64_t numel;
     bool is_norm; /* initialised to 1 */
     bool is_bias; /* initialised to 0 */
+    /* tensor parallelism (model/tp.c): shape is this rank's shard of the Hugging Face tensor
+     * full, rows (split 0) or columns (split 1) [start, start + shape[split]) of it, or all of
+     * it (split -1). rep ranks hold the same shard: 1, tp for a whole tensor, tp / kv heads for
+     * a replicated key/value head. Without TP: split -1, full = shape, rep 1. */
+    int split;
+    int64_t full[2];
+    int64_t start;
+    int rep;
 } ff_param_tensor;
 
 /* Element offsets of one layer's parameters. q|k|v rows are contiguous (one fused
@@ -59,7 +67,10 @@ struct ff_model {
     ff_backend *be;
     ff_stream *st;
     ff_model_config cfg;
-    int H, Hq, Hkv, D, I, V, L, QKV; /* QKV = (Hq + 2 Hkv) D */
+    /* QKV = (Hq + 2 Hkv) D. Under tensor parallelism Hq, Hkv, I and V are this rank's share
+     * (cfg has the whole model's): its query heads, key/value heads, intermediate rows and
+     * vocabulary rows. */
+    int H, Hq, Hkv, D, I, V, L, QKV;
     bool tied, bias, vhead, lm_head;
 
     ff_param_tensor *tensors; /* Hugging Face tensors, in expected order */
@@ -69,6 +80,18 @@ struct ff_model {
     ff_buffer *params, *grads; /* [n_params] each */
     size_t off_embed, off_lm, off_norm, off_score;
     ff_layer_params *layers; /* [L] */
+
+    /* tensor parallelism (model/tp.c): tp ranks (1: none), this one tp_rank */
+    int tp, tp_rank;
+    ff_model_comm comm;
+    int kv_rep;       /* ranks sharing each key/value head: tp / num_key_value_heads when larger, else 1 */
+    int32_t q0, kv0;  /* this rank's first query head and key/value head */
+    int32_t v0;       /* its first vocabulary row */
+    float *tp_host;   /* [tp_host_cap] host staging of collectives, grown on demand */
+    size_t tp_host_cap;
+    int32_t *tp_ids;  /* [tp_ids_cap] token and target ids in this rank's vocabulary rows */
+    size_t tp_ids_cap;
+    ff_buffer *tp_dkv; /* [2 D H + 2 D] one layer's k|v weight and bias gradient (kv_rep > 1) */
 
     ff_buffer *rope_cos, *rope_sin; /* [max_pos, D/2] each */
     int32_t max_pos;
@@ -117,8 +140,57 @@ typedef struct ffm_layer_tokens {
     ff_dptr kv_row0, kv_nkeys;  /* cache: i32 [T] token t attends rows row0 .. row0 + nkeys - 1 */
 } ffm_layer_tokens;
 
-/* Layer l's forward: a->y = layer(a->x) (model/layer.c). Enqueues kernels on m->st. */
-void ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a);
+/* Layer l's forward: a->y = layer(a->x) (model/layer.c). Enqueues kernels on m->st; under
+ * tensor parallelism also runs its two all-reduces. 0, or -1 + error (a failed collective). */
+int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a);
+
+/* ---- tensor parallelism (model/tp.c) ---- */
+
+/* Set m->tp and the per-rank shares of the dimensions (after set_dims; comm NULL: none),
+ * then, after the table is built, each tensor's shard (ffm_tp_shards). 0 or -1 + error. */
+int ffm_tp_setup(ff_model *m, const ff_model_comm *comm);
+/* The per-rank shares for rank r of t (ffm_tp_setup without a communicator). 0 or -1. */
+int ffm_tp_dims(ff_model *m, int r, int t);
+/* m (zeroed first; not a working model): the config's dimensions, rank r of t's shares
+ * and the tensor table with its shards, for readers of checkpoints. 0 or -1 + error; free
+ * with ffm_layout_free (also after a failure). */
+int ffm_layout(ff_model *m, const ff_model_config *cfg, int r, int t);
+void ffm_layout_free(ff_model *m);
+void ffm_tp_shards(ff_model *m);
+/* Device scratch the TP backward needs (after the table). 0 or -1 + error. */
+int ffm_tp_alloc(ff_model *m);
+void ffm_tp_free(ff_model *m);
+/* Host staging of at least n floats / n ids (grown, never shrunk). NULL + error. */
+float *ffm_tp_host(ff_model *m, size_t n);
+int32_t *ffm_tp_ids(ff_model *m, size_t n);
+/* Grow both to what a training step of T tokens needs (ff_model_reserve). 0 or -1. */
+int ffm_tp_reserve(ff_model *m, int32_t T);
+/* x [n] = sum over the TP group of x (device memory, staged through the host). 0 or -1. */
+int ffm_tp_sum(ff_model *m, ff_dptr x, size_t n);
+/* ids [n] (whole vocabulary, -1 = none) into this rank's rows: id - v0 inside its slice;
+ * outside: -1 for tokens (embedding gives zeros), -2 for targets (ff_logprob_* contract),
+ * and -1 stays -1. */
+void ffm_tp_local_ids(const ff_model *m, const int32_t *ids, int32_t *out, int64_t n, bool targets);
+/* Per-token statistics of this rank's vocabulary shard (ff_logprob_fwd over it: lse, entropy,
+ * logprob with local targets) into those of the whole vocabulary, in place: lse [T],
+ * entropy [T], logprob [T] (null: no targets). targets [T] host, whole-vocabulary ids. Two
+ * all-reduces (max, then one sum of the packed sums). 0 or -1 + error. */
+int ffm_tp_vocab_combine(ff_model *m, ff_dptr lse, ff_dptr entropy, ff_dptr logprob, const int32_t *targets, int32_t T);
+/* Layer p's k|v weight (and bias) gradient of this backward, from dqkv [T, QKV] and xn1
+ * [T, H], summed over the kv_rep ranks sharing the head and added to the gradients. */
+int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr xn1, int32_t T);
+/* Sum of squares of the whole model's gradients (each replicated element once). 0 or -1. */
+int ffm_tp_grad_sumsq(ff_model *m, double *out);
+/* Is t (shaped as p->shape, not p->full) already this rank's shard of sharded tensor p? */
+bool ffm_tp_is_shard(const ff_param_tensor *p, const ff_host_tensor *t);
+/* Copy this rank's shard of tensor p to dst [p->numel] from t: the whole tensor (p->full),
+ * or the shard itself (ffm_tp_is_shard). 0 or -1 + error. */
+int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t, ff_dptr dst);
+/* Tensor p from src [p->numel] (this rank's shard) into whole (host, p->full), gathered
+ * from the group (a collective when p is sharded). 0 or -1 + error. */
+int ffm_tp_store_whole(ff_model *m, const ff_param_tensor *p, ff_dptr src, float *whole);
+/* Every tensor of b (a buffer in the parameter layout) as whole tensors "<prefix><name>". */
+int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *out);
 
 /* A pointer into the flat parameter or gradient buffer. */
 static inline ff_dptr ffm_param(ff_model *m, size_t off) { return ff_dptr_f32(m->params, off); }

@@ -1,7 +1,9 @@
 /* AdamW for a model's flat parameter buffer: global grad-norm clipping, warmup + cosine
  * learning rate, decoupled weight decay on the 2-D weights only, state export/import for
  * checkpoints. The arithmetic follows torch.optim.AdamW and
- * torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6)). */
+ * torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6)). Under tensor
+ * parallelism the update is elementwise on the rank's shard; the norm is the whole model's
+ * (model/tp.c) and the state goes in and out as whole tensors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,7 +83,13 @@ int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats) {
     ff_model *m = o->m;
     ff_stream *st = m->st;
     int64_t n = m->n_params;
-    double norm = sqrt(ff_sumsq(st, ff_dptr_of(m->grads, 0), n));
+    double ss;
+    if (m->tp > 1) {
+        if (ffm_tp_grad_sumsq(m, &ss)) return -1;
+    } else {
+        ss = ff_sumsq(st, ff_dptr_of(m->grads, 0), n);
+    }
+    double norm = sqrt(ss);
     if (ff_stream_sync(st)) return -1; /* a failed kernel, not a NaN gradient */
     int64_t k = o->step + 1;
     double lr = ff_adamw_lr_at(&o->c, k);
@@ -110,17 +118,7 @@ int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats) {
 
 int ff_optimizer_export_state(ff_optimizer *o, ff_tensor_set *out) {
     ff_model *m = o->m;
-    char name[128];
-    for (int pass = 0; pass < 2; pass++) {
-        ff_buffer *b = pass ? o->vbuf : o->mbuf;
-        for (int i = 0; i < m->n_tensors; i++) {
-            const ff_param_tensor *p = &m->tensors[i];
-            snprintf(name, sizeof name, "%s.%s", pass ? "exp_avg_sq" : "exp_avg", p->name);
-            ff_host_tensor *t = ff_tensor_set_add(out, name, p->ndim, p->shape);
-            if (!t) return -1;
-            ff_memcpy_d2h(m->st, t->data, ff_dptr_f32(b, p->off), (size_t)p->numel * sizeof(float));
-        }
-    }
+    if (ffm_tp_export(m, o->mbuf, "exp_avg.", out) || ffm_tp_export(m, o->vbuf, "exp_avg_sq.", out)) return -1;
     int64_t one = 1;
     ff_host_tensor *t = ff_tensor_set_add(out, "step", 1, &one);
     if (!t) return -1;
@@ -144,15 +142,14 @@ int ff_optimizer_import_state(ff_optimizer *o, const ff_tensor_set *in) {
             const ff_host_tensor *t = ff_tensor_set_find(in, name);
             if (!t)
                 return ff_error_set(name, "the optimizer state belongs to another model", "tensor is missing");
-            if (ff_host_tensor_expect(t, p->ndim, p->shape, name)) return -1;
+            if (!ffm_tp_is_shard(p, t) && ff_host_tensor_expect(t, p->ndim, p->full, name)) return -1;
         }
     for (int pass = 0; pass < 2; pass++) {
         ff_buffer *b = pass ? o->vbuf : o->mbuf;
         for (int i = 0; i < m->n_tensors; i++) {
             const ff_param_tensor *p = &m->tensors[i];
             snprintf(name, sizeof name, "%s.%s", pass ? "exp_avg_sq" : "exp_avg", p->name);
-            const ff_host_tensor *t = ff_tensor_set_find(in, name);
-            ff_memcpy_h2d(m->st, ff_dptr_f32(b, p->off), t->data, (size_t)p->numel * sizeof(float));
+            if (ffm_tp_load_slice(m, p, ff_tensor_set_find(in, name), ff_dptr_f32(b, p->off))) return -1;
         }
     }
     o->step = (int64_t)st->data[0];

@@ -35,11 +35,12 @@ typedef enum { FF_NO_TRANS = 0, FF_TRANS = 1 } ff_trans;
 void ff_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
              ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
 
-/* out[t, :] = table[tokens[t], :]. tokens i32 [T] (each in [0, V)), table [V, H],
- * out [T, H]. */
+/* out[t, :] = table[tokens[t], :]. tokens i32 [T] (each in [0, V), or -1: a token outside
+ * this table, e.g. another rank's vocabulary rows under tensor parallelism, gives a zero
+ * row), table [V, H], out [T, H]. */
 void ff_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
-/* dtable[tokens[t], :] += dout[t, :]. dout [T, H], dtable [V, H] +=. Deterministic (no
- * atomics: threads own column blocks). */
+/* dtable[tokens[t], :] += dout[t, :] (nothing for token -1). dout [T, H], dtable [V, H] +=.
+ * Deterministic (no atomics: threads own column blocks). */
 void ff_embedding_bwd(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dtable, int T, int H);
 
 /* RMSNorm (Llama): rstd[t] = 1 / sqrt(mean_j x[t, j]^2 + eps); out = x * rstd * w.
@@ -99,14 +100,18 @@ void ff_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr ro
 void ff_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N);
 
 /* Per-token log-probs and entropy of softmax(logits * inv_temp):
- *   logits [T, V]; targets i32 [T] (-1: no target, logprob 0) or null;
+ *   logits [T, V]; targets i32 [T] (-1: no target, logprob 0; -2: a target outside these V
+ *   columns, another rank's vocabulary shard under tensor parallelism, logprob 0) or null;
  *   logprob [T] = log p[targets[t]] (or null), entropy [T] = -sum_v p log p (or null),
  *   lse [T] = logsumexp(logits * inv_temp) (saved for backward). */
 void ff_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr logprob,
                     ff_dptr entropy, ff_dptr lse);
 /* Backward into the logits, in place: logits [T, V] becomes dlogits [T, V] given
  * dlogprob [T] (or null) and dentropy [T] (or null; then entropy may be null too, else
- * entropy [T] from the forward). Rows with target -1 get no logprob gradient. */
+ * entropy [T] from the forward). Rows with target -1 get no logprob gradient; rows with
+ * target -2 get its -p part without the one-hot term (the target is in another shard).
+ * lse and entropy may be those of a wider softmax than these V columns (the whole
+ * vocabulary under tensor parallelism): dlogits is then this shard's part of its gradient. */
 void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
                     ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
 

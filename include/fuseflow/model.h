@@ -52,6 +52,61 @@ int ff_model_expected_tensors(const ff_model_config *cfg, ff_tensor_set *out);
  * 0 or -1 + error. */
 int ff_model_init_weights(const ff_model_config *cfg, uint64_t seed, double initializer_range, ff_tensor_set *out);
 
+/* ---- tensor parallelism ------------------------------------------------------------------ */
+
+/* What a tensor-parallel model needs of its group, supplied by its host (a worker backs it
+ * with ff_coll, tests with threads): collectives on host memory, called by every rank of the
+ * group in the same order with the same n (SPMD). Each returns 0, or -1 + error (the group is
+ * broken; the model call that ran it fails). The model copies device data through the host
+ * around each call. The struct is copied; ctx must outlive the model. */
+typedef struct ff_model_comm {
+    int rank, size; /* this rank in the TP group, 0 <= rank < size */
+    void *ctx;      /* the host's, passed to every call */
+    /* in place: buf[i] = sum (max) over the group of buf[i], the same bits on every rank */
+    int (*all_reduce_sum)(void *ctx, float *buf, size_t n);
+    int (*all_reduce_max)(void *ctx, float *buf, size_t n);
+    int (*all_reduce_sum_f64)(void *ctx, double *buf, size_t n);
+    /* out[r * n + i] = in[i] of rank r; out holds size * n floats */
+    int (*all_gather)(void *ctx, const float *in, float *out, size_t n);
+} ff_model_comm;
+
+/* Can `cfg` be split over tp_size ranks (Megatron-style, docs/model.md "Tensor
+ * parallelism")? num_attention_heads, intermediate_size and vocab_size must be multiples of
+ * tp_size, and num_key_value_heads a multiple or a divisor of it (when tp_size is larger,
+ * each key/value head is replicated on tp_size / num_key_value_heads ranks). 0 or -1 + error
+ * naming the field. */
+int ff_model_tp_check(const ff_model_config *cfg, int tp_size, const char *where);
+
+/* Rank comm->rank of a tensor-parallel model of comm->size ranks (comm NULL or size 1: the
+ * same as ff_model_new). It holds only its shards: the q/k/v rows of its query heads and of
+ * the key/value heads they read, the gate/up rows and down_proj columns of its slice of
+ * intermediate_size, the o_proj columns of its heads, the embedding and LM head rows of its
+ * vocabulary slice (tied too); norms and the value head whole. `weights` are the whole
+ * Hugging Face tensors (checked as ff_model_new does), of which each rank copies its
+ * slices, or, tensor by tensor, already this rank's shards (ff_model_tp_read_weights). Every
+ * rank of the group calls every model function that runs the model or moves weights in the
+ * same order (forward, backward, optimizer step, export, generation): they run
+ * collectives. Parameter and gradient buffers, ff_model_param_count and the read/write
+ * functions are this rank's shard; the export functions give whole tensors. Not
+ * available under TP: the logits output of ff_model_forward (the [T, V] logits are never
+ * gathered). A failure on one rank (a bad batch, out of memory) leaves the others waiting
+ * in their next collective: the host breaks the group (ff_coll_comm_abort). NULL + error. */
+ff_model *ff_model_new_tp(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights,
+                          const ff_model_comm *comm);
+/* Read rank tp_rank of tp_size's shards of the whole-tensor checkpoint in dir
+ * (model.safetensors, or model.safetensors.index.json and its shards) into `out` (an empty
+ * set), as fp32 tensors of the shard's shape, which ff_model_new_tp and
+ * ff_model_load_weights take as they take whole ones. The files are mapped and only the
+ * shard's bytes are read: one range per tensor split by rows, one per row for o_proj and
+ * down_proj (split by columns; the pages around those ranges are read too). Tensors the
+ * model does not split (norms, score) and those it does not know come whole. 0 or -1 +
+ * error. */
+int ff_model_tp_read_weights(const char *dir, const ff_model_config *cfg, int tp_rank, int tp_size, ff_tensor_set *out);
+
+/* The TP degree and this rank (1 and 0 without TP). */
+int ff_model_tp_size(const ff_model *m);
+int ff_model_tp_rank(const ff_model *m);
+
 /* A model on `be` with the given weights (copied; `weights` may be freed afterwards).
  * Checks the config (ff_model_config_check) and every expected tensor: a missing name, a
  * wrong shape or a non-finite value is an error naming the tensor. Tensors the model does
@@ -66,13 +121,18 @@ void ff_model_destroy(ff_model **m);
 const ff_model_config *ff_model_config_of(const ff_model *m);
 ff_backend *ff_model_backend(const ff_model *m);
 bool ff_model_has_lm_head(const ff_model *m);
-/* Number of trainable fp32 parameters (tied embeddings counted once). */
+/* Number of trainable fp32 parameters (tied embeddings counted once; under TP this rank's,
+ * replicated tensors included). */
 int64_t ff_model_param_count(const ff_model *m);
 
 /* Current weights into `out` (an empty set) under Hugging Face names, e.g. for a
- * checkpoint. 0 or -1 + error. */
+ * checkpoint; whole tensors under TP too (gathered: every rank calls, every rank gets them).
+ * 0 or -1 + error. */
 int ff_model_export_weights(ff_model *m, ff_tensor_set *out);
-/* Replace the weights from a set (same checks as ff_model_new). 0 or -1 + error. */
+/* The gradient buffer the same way (names and shapes of the weights). 0 or -1 + error. */
+int ff_model_export_grads(ff_model *m, ff_tensor_set *out);
+/* Replace the weights from a set of whole tensors (same checks as ff_model_new; under TP
+ * each rank takes its slices). 0 or -1 + error. */
 int ff_model_load_weights(ff_model *m, const ff_tensor_set *weights);
 
 /* The flat parameter and gradient buffers: ff_model_param_count() floats each, same
@@ -184,14 +244,16 @@ typedef struct ff_optim_stats {
 /* An optimizer for m's parameters (state buffers on m's backend, zero). NULL + error. */
 ff_optimizer *ff_optimizer_new(ff_model *m, const ff_adamw_config *c);
 void ff_optimizer_destroy(ff_optimizer **o);
-/* Clip the gradients to max_grad_norm (global norm), update the parameters, count the step.
+/* Clip the gradients to max_grad_norm (global norm; under TP the whole model's, each
+ * replicated parameter counted once), update the parameters, count the step.
  * Does not zero the gradients. A non-finite gradient norm skips the update and returns -1 +
  * error (stats still filled). */
 int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats);
 int64_t ff_optimizer_steps_done(const ff_optimizer *o);
 /* State to and from a tensor set: "exp_avg.<param name>", "exp_avg_sq.<param name>" (the
  * parameter's shape) and "step" ([1], the count of updates done). Import checks names and
- * shapes. 0 or -1 + error. */
+ * shapes. Under TP the tensors are whole (export gathers; import takes whole tensors or this
+ * rank's shards, like the weights). 0 or -1 + error. */
 int ff_optimizer_export_state(ff_optimizer *o, ff_tensor_set *out);
 int ff_optimizer_import_state(ff_optimizer *o, const ff_tensor_set *in);
 

@@ -16,6 +16,10 @@
  * shard file) load through ff_safetensors_load_index(), and ff_safetensors_load_dir() picks
  * whichever of the two a model folder has.
  *
+ * A reader may take only a block of a tensor (ff_safetensors_read_block): since the file is
+ * mapped, only the pages of that block are read from disk, which is how a tensor-parallel
+ * rank loads its shard of a whole checkpoint (ff_model_tp_read_weights).
+ *
  * Not here: big-endian hosts (the format is little-endian; we assume the host is too), lazy
  * loading into device memory (the model copies host tensors to its backend).
  */
@@ -68,6 +72,18 @@ const char *ff_safetensors_metadata(const ff_safetensors *f, const char *key);
  * Integer and F64 tensors convert too; -1 + error for dtypes that do not (none today). */
 int ff_safetensors_read(const ff_safetensors *f, const ff_st_entry *e, ff_tensor_set *out, const char *as);
 
+/* Convert rows [r0, r0 + nr) x columns [c0, c0 + nc) of a tensor seen as 2-D (a vector is
+ * one column) to fp32 and add it to `out` under its name (or `as`) with the block's shape
+ * ([nr] for a vector). Reads only those bytes of the mapping: one range for whole rows, one
+ * per row otherwise. -1 + error for a block outside the tensor or a tensor of more than 2
+ * dimensions. */
+int ff_safetensors_read_block(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0,
+                              int64_t nc, ff_tensor_set *out, const char *as);
+
+/* Which block of tensor e a reader wants: *r0, *nr, *c0, *nc come preset to the whole tensor
+ * (as 2-D, a vector one column) and may be narrowed. Called for tensors of 1 or 2 dims. */
+typedef void (*ff_st_block_fn)(void *ctx, const ff_st_entry *e, int64_t *r0, int64_t *nr, int64_t *c0, int64_t *nc);
+
 /* Load every tensor of a file into `out` as fp32. 0 or -1 + error. */
 int ff_safetensors_load(const char *path, ff_tensor_set *out);
 /* Load a sharded checkpoint from its index file: every tensor of the weight map, from its
@@ -75,6 +91,8 @@ int ff_safetensors_load(const char *path, ff_tensor_set *out);
 int ff_safetensors_load_index(const char *index_path, ff_tensor_set *out);
 /* DIR/model.safetensors, else DIR/model.safetensors.index.json. 0 or -1 + error. */
 int ff_safetensors_load_dir(const char *dir, ff_tensor_set *out);
+/* The same, each tensor as the block fn chooses (NULL: whole). 0 or -1 + error. */
+int ff_safetensors_load_dir_blocks(const char *dir, ff_st_block_fn fn, void *ctx, ff_tensor_set *out);
 
 /* Write every tensor of `set` to PATH as `dtype` (F32, BF16 or F16), atomically. metadata is
  * NULL or a NULL-terminated list of key, value strings for "__metadata__". 0 or -1 + error. */

@@ -79,7 +79,7 @@ static void lp_bwd_rows(void *arg, int64_t t0, int64_t t1) {
         float *z = j->logits + (size_t)t * j->V;
         float a = 0.0f; /* dlogprob */
         int y = -1;
-        if (j->dlp && j->targets && j->targets[t] >= 0) {
+        if (j->dlp && j->targets && j->targets[t] != -1) { /* <= -2: the target is in another shard */
             a = j->dlp[t];
             y = j->targets[t];
         }

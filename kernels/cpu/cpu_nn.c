@@ -17,20 +17,32 @@ static int64_t col_blocks(int n) { return (n + COLS - 1) / COLS; }
 
 typedef struct emb_job {
     const int32_t *tok; /* [T] */
-    const float *src;   /* dout [T, H] */
-    float *dst;         /* dtable [V, H] += */
+    const float *src;   /* fwd: table [V, H]; bwd: dout [T, H] */
+    float *dst;         /* fwd: out [T, H]; bwd: dtable [V, H] += */
     int T, H;
 } emb_job;
 
-/* The forward is a row gather: out[t] = table[tokens[t]]. */
+/* The forward is a row gather, out[t] = table[tokens[t]], with zeros for token -1 (a token
+ * outside this rank's vocabulary rows under tensor parallelism). */
+static void emb_fwd_part(void *arg, int64_t t0, int64_t t1) {
+    const emb_job *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        float *o = j->dst + (size_t)t * j->H;
+        if (j->tok[t] < 0) memset(o, 0, (size_t)j->H * sizeof(float));
+        else memcpy(o, j->src + (size_t)j->tok[t] * j->H, (size_t)j->H * sizeof(float));
+    }
+}
+
 void ff_cpu_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
-    ff_cpu_gather_rows(s, table, tokens, out, T, H);
+    emb_job j = {I32(tokens), F(table), F(out), T, H};
+    ff_cpu_for(s, T, H, emb_fwd_part, &j);
 }
 
 FF_VEC static void emb_bwd_cols(void *arg, int64_t b0, int64_t b1) {
     const emb_job *j = arg;
     int c0 = (int)b0 * COLS, c1 = (int)b1 * COLS < j->H ? (int)b1 * COLS : j->H;
     for (int t = 0; t < j->T; t++) {
+        if (j->tok[t] < 0) continue;
         float *row = j->dst + (size_t)j->tok[t] * j->H;
         const float *g = j->src + (size_t)t * j->H;
 #pragma omp simd

@@ -274,14 +274,55 @@ int ff_safetensors_read(const ff_safetensors *f, const ff_st_entry *e, ff_tensor
     return 0;
 }
 
-int ff_safetensors_load(const char *path, ff_tensor_set *out) {
+int ff_safetensors_read_block(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0,
+                              int64_t nc, ff_tensor_set *out, const char *as) {
+    const char *name = as ? as : e->name;
+    if (e->ndim < 1 || e->ndim > 2)
+        return ff_error_set(f->name, "read the whole tensor", "tensor '%.200s' has %d dimensions; a block needs 1 or 2",
+                            e->name, e->ndim);
+    const int64_t rows = e->shape[0], cols = e->ndim > 1 ? e->shape[1] : 1;
+    if (r0 < 0 || nr < 0 || r0 > rows - nr || c0 < 0 || nc < 0 || c0 > cols - nc)
+        return ff_error_set(f->name, NULL, "block rows [%lld, +%lld) columns [%lld, +%lld) is outside tensor '%.200s' [%lld, %lld]",
+                            (long long)r0, (long long)nr, (long long)c0, (long long)nc, e->name, (long long)rows,
+                            (long long)cols);
+    int64_t shape[2] = {nr, nc};
+    ff_host_tensor *t = ff_tensor_set_add(out, name, e->ndim, shape);
+    if (!t) return ff_error_wrap("%s", f->name);
+    const size_t sz = ff_dtype_size(e->dtype);
+    const uint8_t *base = f->data + e->begin;
+    if (nc == cols) { /* whole rows: one range */
+        convert_to_f32(e->dtype, base + (size_t)(r0 * cols) * sz, t->data, (size_t)(nr * nc));
+    } else {
+        for (int64_t r = 0; r < nr; r++)
+            convert_to_f32(e->dtype, base + (size_t)((r0 + r) * cols + c0) * sz, t->data + (size_t)(r * nc), (size_t)nc);
+    }
+    return 0;
+}
+
+/* ff_safetensors_read, or the block a chooser wants (the whole tensor when it leaves the
+ * preset block alone) */
+typedef struct reader {
+    ff_st_block_fn fn;
+    void *ctx;
+} reader;
+
+static int read_as(const reader *rd, const ff_safetensors *f, const ff_st_entry *e, ff_tensor_set *out) {
+    if (!rd || !rd->fn || e->ndim < 1 || e->ndim > 2) return ff_safetensors_read(f, e, out, NULL);
+    int64_t r0 = 0, nr = e->shape[0], c0 = 0, nc = e->ndim > 1 ? e->shape[1] : 1;
+    rd->fn(rd->ctx, e, &r0, &nr, &c0, &nc);
+    return ff_safetensors_read_block(f, e, r0, nr, c0, nc, out, NULL);
+}
+
+static int load_file(const char *path, const reader *rd, ff_tensor_set *out) {
     ff_safetensors *f = ff_safetensors_open(path);
     if (!f) return ff_checkpoint_error(path);
     int rc = 0;
-    for (size_t i = 0; i < f->n && rc == 0; i++) rc = ff_safetensors_read(f, &f->entries[i], out, NULL);
+    for (size_t i = 0; i < f->n && rc == 0; i++) rc = read_as(rd, f, &f->entries[i], out);
     ff_safetensors_close(&f);
     return rc ? ff_checkpoint_error(path) : 0;
 }
+
+int ff_safetensors_load(const char *path, ff_tensor_set *out) { return load_file(path, NULL, out); }
 
 /* ---- sharded checkpoints ---------------------------------------------------------------- */
 
@@ -300,7 +341,7 @@ static char *dir_of(const char *path) {
     return d;
 }
 
-int ff_safetensors_load_index(const char *index_path, ff_tensor_set *out) {
+static int load_index(const char *index_path, const reader *rd, ff_tensor_set *out) {
     json_error_t jerr;
     json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -345,7 +386,7 @@ int ff_safetensors_load_index(const char *index_path, ff_tensor_set *out) {
                 ff_error_set(path, damaged_hint(path, k_copy_again), "tensor '%.200s' is listed in %s but not in this shard", n2, index_path);
                 goto out;
             }
-            if (ff_safetensors_read(shard, e, out, NULL) != 0) goto out;
+            if (read_as(rd, shard, e, out) != 0) goto out;
         }
         ff_safetensors_close(&shard);
     }
@@ -357,15 +398,20 @@ out:
     return rc;
 }
 
-int ff_safetensors_load_dir(const char *dir, ff_tensor_set *out) {
+int ff_safetensors_load_index(const char *index_path, ff_tensor_set *out) { return load_index(index_path, NULL, out); }
+
+int ff_safetensors_load_dir_blocks(const char *dir, ff_st_block_fn fn, void *ctx, ff_tensor_set *out) {
+    const reader rd = {fn, ctx};
     char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (access(path, F_OK) == 0) return ff_safetensors_load(path, out);
+    if (access(path, F_OK) == 0) return load_file(path, &rd, out);
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (access(path, F_OK) == 0) return ff_safetensors_load_index(path, out);
+    if (access(path, F_OK) == 0) return load_index(path, &rd, out);
     return ff_error_set(dir, "a model folder holds model.safetensors (or model.safetensors.index.json and its shards)",
                         "no model.safetensors or model.safetensors.index.json");
 }
+
+int ff_safetensors_load_dir(const char *dir, ff_tensor_set *out) { return ff_safetensors_load_dir_blocks(dir, NULL, NULL, out); }
 
 /* ---- writing ---------------------------------------------------------------------------- */
 

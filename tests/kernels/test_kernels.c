@@ -98,6 +98,7 @@ static void test_embedding_bias_rows(void) {
     int32_t tok[50];
     for (int t = 0; t < T; t++) tok[t] = (int32_t)ff_rng_below(&rng, (uint64_t)V);
     tok[3] = tok[4] = tok[5]; /* repeats accumulate */
+    tok[7] = tok[20] = -1;    /* outside the table (another vocabulary shard): zeros, no gradient */
     float *tab = frand((size_t)V * H, 1), *dout = frand((size_t)T * H, 1), *out = malloc((size_t)T * H * 4);
     float *dt = frand((size_t)V * H, 1), *dt0 = malloc((size_t)V * H * 4);
     memcpy(dt0, dt, (size_t)V * H * 4);
@@ -105,7 +106,8 @@ static void test_embedding_bias_rows(void) {
     ff_dptr dout_f = dev(NULL, (size_t)T * H * 4), ddt = dev(dt, (size_t)V * H * 4);
     ff_embedding_fwd(st, dtok, dtab, dout_f, T, H);
     get(out, dout_f, (size_t)T * H * 4);
-    for (int t = 0; t < T; t++) CHECK(memcmp(out + (size_t)t * H, tab + (size_t)tok[t] * H, (size_t)H * 4) == 0);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < H; j++) CHECK(out[(size_t)t * H + j] == (tok[t] < 0 ? 0.0f : tab[(size_t)tok[t] * H + j]));
     ff_embedding_bwd(st, dtok, dout_d, ddt, T, H);
     get(dt, ddt, (size_t)V * H * 4);
     for (int v = 0; v < V; v++)
@@ -488,6 +490,28 @@ static void test_logprob(void) {
         double sum = 0;
         for (int v = 0; v < V; v++) sum += g2[(size_t)t * V + v];
         CHECK_CLOSE(sum, 0.0, 1e-5, 0); /* d logp / d z sums to zero over the vocabulary */
+    }
+    /* vocabulary shards (tensor parallelism): the backward over columns [0, V1) and [V1, V)
+     * alone, with the whole row's lse and entropy and the targets of the other shard as -2,
+     * gives the whole row's gradient, element for element */
+    const int V1 = 120, Vs[2] = {V1, V - V1};
+    put(dz, z, n * 4);
+    lp_loss(dz, dtg, it, T, V, dlp, dent, dlse, a, b, tl, te);
+    for (int sh = 0; sh < 2; sh++) {
+        const int c0 = sh ? V1 : 0, W = Vs[sh];
+        float *zs = malloc((size_t)T * W * 4), *gs = malloc((size_t)T * W * 4);
+        int32_t tgs[6];
+        for (int t = 0; t < T; t++) {
+            memcpy(zs + (size_t)t * W, z + (size_t)t * V + c0, (size_t)W * 4);
+            tgs[t] = tg[t] < 0 ? -1 : tg[t] >= c0 && tg[t] < c0 + W ? tg[t] - c0 : -2;
+        }
+        ff_dptr dzs = dev(zs, (size_t)T * W * 4), dtgs = dev(tgs, sizeof tgs);
+        ff_logprob_bwd(st, dzs, dtgs, it, T, W, dlse, da, db, dent);
+        get(gs, dzs, (size_t)T * W * 4);
+        for (int t = 0; t < T; t++)
+            CHECK(memcmp(gs + (size_t)t * W, g + (size_t)t * V + c0, (size_t)W * 4) == 0);
+        dev_free(dzs), dev_free(dtgs);
+        free(zs), free(gs);
     }
     dev_free(dz), dev_free(dtg), dev_free(dlp), dev_free(dent), dev_free(dlse), dev_free(da), dev_free(db);
     free(z), free(a), free(b), free(tl), free(te), free(g), free(g2);

@@ -1,6 +1,7 @@
 /* safetensors: round trips in every writable dtype, sharded checkpoints, a file written by
- * Hugging Face's own library, and every way a header can lie (each must be refused with a
- * message naming the problem). */
+ * Hugging Face's own library, blocks of tensors (rows, columns, through a chooser over a
+ * sharded folder), and every way a header can lie (each must be refused with a message
+ * naming the problem). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,6 +157,58 @@ static void test_sharded(void) {
 }
 
 /* A file written by Hugging Face's safetensors library (tests/modelio/make_fixtures.py). */
+/* rows [1, 3) of the embedding, every other tensor whole: a chooser like a tensor-parallel
+ * rank's (ff_model_tp_read_weights) */
+static void rows_1_3(void *ctx, const ff_st_entry *e, int64_t *r0, int64_t *nr, int64_t *c0, int64_t *nc) {
+    (void)ctx, (void)c0, (void)nc;
+    if (!strcmp(e->name, "model.embed_tokens.weight")) *r0 = 1, *nr = 2;
+}
+
+static void test_blocks(void) {
+    ff_tensor_set *s = make_set();
+    const float *emb = ff_tensor_set_find(s, "model.embed_tokens.weight")->data; /* [3, 5] */
+    for (int k = 0; k < 2; k++) { /* f32, and bf16 converted per row */
+        ff_dtype dt = k ? FF_DTYPE_BF16 : FF_DTYPE_F32;
+        char path[512];
+        snprintf(path, sizeof path, "%s/blocks_%d.safetensors", g_dir, k);
+        REQUIRE(ff_safetensors_save(path, s, dt, NULL) == 0);
+        ff_safetensors *f = ff_safetensors_open(path);
+        REQUIRE(f);
+        const ff_st_entry *e = ff_safetensors_find(f, "model.embed_tokens.weight");
+        ff_tensor_set *t = ff_tensor_set_new();
+        REQUIRE(ff_safetensors_read_block(f, e, 1, 2, 0, 5, t, "rows") == 0);
+        REQUIRE(ff_safetensors_read_block(f, e, 0, 3, 2, 2, t, "cols") == 0);
+        const ff_host_tensor *r = ff_tensor_set_find(t, "rows"), *c = ff_tensor_set_find(t, "cols");
+        CHECK(r->shape[0] == 2 && r->shape[1] == 5 && c->shape[0] == 3 && c->shape[1] == 2);
+        CHECK(memcmp(r->data, emb + 5, 10 * 4) == 0); /* the values are exact in bf16 */
+        for (int i = 0; i < 3; i++) CHECK(c->data[2 * i] == emb[5 * i + 2] && c->data[2 * i + 1] == emb[5 * i + 3]);
+        const ff_st_entry *v = ff_safetensors_find(f, "model.norm.weight"); /* a vector: rows only */
+        REQUIRE(ff_safetensors_read_block(f, v, 4, 3, 0, 1, t, "tail") == 0);
+        CHECK(ff_tensor_set_find(t, "tail")->ndim == 1 && ff_tensor_set_find(t, "tail")->data[0] == 1.5f);
+        CHECK(ff_safetensors_read_block(f, e, 2, 2, 0, 5, t, "bad") == -1);
+        CHECK_STR_CONTAINS(ff_error_message(), "outside tensor 'model.embed_tokens.weight' [3, 5]");
+        CHECK(ff_safetensors_read_block(f, e, 0, 1, 4, 2, t, "bad") == -1);
+        CHECK(ff_safetensors_read_block(f, ff_safetensors_find(f, "x.scalarish"), 0, 1, 0, 1, t, "bad") == -1);
+        CHECK_STR_CONTAINS(ff_error_message(), "has 3 dimensions");
+        ff_safetensors_close(&f);
+        ff_tensor_set_destroy(&t);
+    }
+    /* through a chooser, over a sharded folder: the chosen block, every other tensor whole */
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/blocks_sharded", g_dir);
+    REQUIRE(ff_mkdirs(dir) == 0);
+    REQUIRE(ff_safetensors_save_sharded(dir, s, FF_DTYPE_F32, 40) == 0);
+    ff_tensor_set *t = ff_tensor_set_new();
+    REQUIRE(ff_safetensors_load_dir_blocks(dir, rows_1_3, NULL, t) == 0);
+    CHECK_EQ_INT(t->n, s->n);
+    const ff_host_tensor *r = ff_tensor_set_find(t, "model.embed_tokens.weight");
+    CHECK(r && r->shape[0] == 2 && memcmp(r->data, emb + 5, 10 * 4) == 0);
+    const ff_host_tensor *x = ff_tensor_set_find(t, "x.scalarish");
+    CHECK(x && x->ndim == 3 && x->data[3] == -3.0f);
+    ff_tensor_set_destroy(&t);
+    ff_tensor_set_destroy(&s);
+}
+
 static void test_hf_fixture(void) {
     ff_safetensors *f = ff_safetensors_open("tests/modelio/data/hf_written.safetensors");
     REQUIRE(f);
@@ -295,6 +348,7 @@ int main(void) {
     test_roundtrip();
     test_bf16_rounding();
     test_sharded();
+    test_blocks();
     test_hf_fixture();
     test_lying_headers();
     test_files();

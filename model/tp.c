@@ -1,0 +1,343 @@
+/* Tensor parallelism inside one model (Megatron-style): which shard of each Hugging Face
+ * tensor a rank holds, slicing whole tensors in and gathering them out, and the collectives
+ * of the forward, backward and optimizer (through the host's ff_model_comm, staged through
+ * host memory). The layer forward (layer.c), the model forward and backward (model.c) and
+ * generation (generate.c) call these where Megatron puts its f and g operators; this file
+ * knows no layer.
+ *
+ * Shards (docs/model.md, "Tensor parallelism"): rank r of t holds query heads
+ * [r Hq/t, (r+1) Hq/t) and the key/value heads they read (Hkv/t of them, or, when t > Hkv,
+ * the one head its query heads share with t/Hkv - 1 other ranks), rows [r I/t, (r+1) I/t)
+ * of gate and up and those columns of down, the o_proj columns of its heads, and vocabulary
+ * rows [r V/t, (r+1) V/t) of the embedding and LM head. Norms and the value head are whole
+ * on every rank: their inputs and output gradients are the replicated residual stream, so
+ * their gradients come out the same on every rank without a reduction.
+ *
+ * Weights come in as whole tensors (the rank copies its slices) or as the rank's shards,
+ * which ff_model_tp_read_weights reads from a whole checkpoint's mapped files, touching only
+ * the shard's bytes; they go out whole (gathered).
+ *
+ * Not here: sequence parallelism (the all-reduces would become reduce-scatter + all-gather),
+ * collectives on device memory (a device backend with NCCL would want them). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/error.h"
+#include "fuseflow/safetensors.h"
+#include "fuseflow/util.h"
+#include "model/model_internal.h"
+
+int ff_model_tp_check(const ff_model_config *c, int t, const char *where) {
+    const char *w = where ? where : "tensor parallelism";
+    if (t < 1) return ff_error_set(w, NULL, "tensor-parallel size %d must be >= 1", t);
+    if (t == 1) return 0;
+#define REQ(cond, field, value)                                                                     \
+    if (!(cond))                                                                                    \
+    return ff_error_set(w, "choose a tensor-parallel size that divides it",                        \
+                        field " %d is not a multiple of the tensor-parallel size %d", value, t)
+    REQ(c->num_attention_heads % t == 0, "num_attention_heads", c->num_attention_heads);
+    REQ(c->intermediate_size % t == 0, "intermediate_size", c->intermediate_size);
+    REQ(c->vocab_size % t == 0, "vocab_size", c->vocab_size);
+#undef REQ
+    int kv = c->num_key_value_heads;
+    if (kv % t != 0 && (kv <= 0 || t % kv != 0))
+        return ff_error_set(w, "use a tensor-parallel size that divides num_key_value_heads or is a multiple of it",
+                            "num_key_value_heads %d and the tensor-parallel size %d: neither divides the other", kv, t);
+    return 0;
+}
+
+int ffm_tp_dims(ff_model *m, int r, int t) {
+    m->tp = 1;
+    m->tp_rank = 0;
+    m->kv_rep = 1;
+    if (t < 1 || r < 0 || r >= t)
+        return ff_error_set("tensor parallelism", "give 0 <= rank < size", "rank %d of a group of %d", r, t);
+    if (t == 1) return 0;
+    if (ff_model_tp_check(&m->cfg, t, NULL)) return -1;
+    const int Hkv = m->Hkv;
+    m->tp = t;
+    m->tp_rank = r;
+    m->Hq /= t;
+    m->kv_rep = t > Hkv ? t / Hkv : 1;
+    m->Hkv = t > Hkv ? 1 : Hkv / t;
+    m->I /= t;
+    m->V /= t;
+    m->QKV = (m->Hq + 2 * m->Hkv) * m->D;
+    m->q0 = r * m->Hq;
+    /* the key/value head of this rank's first query head; its others read the same one
+     * (t > Hkv) or the next ones in order (t <= Hkv) */
+    m->kv0 = m->q0 / (m->cfg.num_attention_heads / Hkv);
+    m->v0 = r * m->V;
+    return 0;
+}
+
+int ffm_tp_setup(ff_model *m, const ff_model_comm *comm) {
+    if (!comm || comm->size == 1) return ffm_tp_dims(m, 0, 1);
+    if (comm->size > 1 &&
+        (!comm->all_reduce_sum || !comm->all_reduce_max || !comm->all_reduce_sum_f64 || !comm->all_gather))
+        return ff_error_set("tensor parallelism", "the host must supply every collective of ff_model_comm",
+                            "a communicator function is NULL");
+    if (ffm_tp_dims(m, comm->rank, comm->size)) return -1;
+    m->comm = *comm;
+    return 0;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+void ffm_tp_shards(ff_model *m) {
+    const int64_t D = m->D;
+    for (int i = 0; i < m->n_tensors; i++) {
+        ff_param_tensor *p = &m->tensors[i];
+        int split = -1, rep = 1;
+        int64_t start = 0;
+        if (m->tp > 1) {
+            const char *n = p->name;
+            if (!strcmp(n, "model.embed_tokens.weight") || !strcmp(n, "lm_head.weight")) split = 0, start = m->v0;
+            else if (ends_with(n, "q_proj.weight") || ends_with(n, "q_proj.bias")) split = 0, start = m->q0 * D;
+            else if (ends_with(n, "k_proj.weight") || ends_with(n, "k_proj.bias") || ends_with(n, "v_proj.weight") ||
+                     ends_with(n, "v_proj.bias"))
+                split = 0, start = m->kv0 * D, rep = m->kv_rep;
+            else if (ends_with(n, "o_proj.weight")) split = 1, start = m->q0 * D;
+            else if (ends_with(n, "gate_proj.weight") || ends_with(n, "up_proj.weight"))
+                split = 0, start = (int64_t)m->tp_rank * m->I;
+            else if (ends_with(n, "down_proj.weight")) split = 1, start = (int64_t)m->tp_rank * m->I;
+            else rep = m->tp; /* norms, score */
+        }
+        p->split = split;
+        p->start = start;
+        p->rep = rep;
+        p->full[0] = p->shape[0];
+        p->full[1] = p->shape[1];
+        if (split >= 0) p->full[split] *= m->tp / rep;
+    }
+}
+
+int ffm_tp_alloc(ff_model *m) {
+    if (m->kv_rep <= 1) return 0;
+    m->tp_dkv = ff_buffer_new(m->be, (size_t)(2 * m->D) * ((size_t)m->H + 1) * sizeof(float));
+    return m->tp_dkv ? 0 : -1;
+}
+
+void ffm_tp_free(ff_model *m) {
+    ff_buffer_destroy(&m->tp_dkv);
+    free(m->tp_host);
+    free(m->tp_ids);
+    m->tp_host = NULL;
+    m->tp_ids = NULL;
+    m->tp_host_cap = m->tp_ids_cap = 0;
+}
+
+float *ffm_tp_host(ff_model *m, size_t n) {
+    if (n > m->tp_host_cap) {
+        float *h = ff_realloc(m->tp_host, n * sizeof *h);
+        if (!h) return NULL;
+        m->tp_host = h;
+        m->tp_host_cap = n;
+    }
+    return m->tp_host;
+}
+
+int32_t *ffm_tp_ids(ff_model *m, size_t n) {
+    if (n > m->tp_ids_cap) {
+        int32_t *h = ff_realloc(m->tp_ids, n * sizeof *h);
+        if (!h) return NULL;
+        m->tp_ids = h;
+        m->tp_ids_cap = n;
+    }
+    return m->tp_ids;
+}
+
+int ffm_tp_reserve(ff_model *m, int32_t T) {
+    if (m->tp == 1) return 0;
+    const size_t t = (size_t)T, kv = m->kv_rep > 1 ? (size_t)m->cfg.num_key_value_heads * 2 * m->D * ((size_t)m->H + 1) : 0;
+    size_t n = t * (size_t)m->H; /* a [T, H] all-reduce */
+    if (7 * t > n) n = 7 * t;    /* ffm_tp_vocab_combine */
+    if (kv > n) n = kv;          /* ffm_tp_kv_grads */
+    return ffm_tp_host(m, n) && ffm_tp_ids(m, 2 * t) ? 0 : -1;
+}
+
+static int comm_failed(const char *what, size_t n) {
+    return ff_error_wrap("tensor parallelism: %s of %zu elements", what, n);
+}
+
+int ffm_tp_sum(ff_model *m, ff_dptr x, size_t n) {
+    float *h = ffm_tp_host(m, n);
+    if (!h) return -1;
+    ff_memcpy_d2h(m->st, h, x, n * sizeof(float));
+    if (m->comm.all_reduce_sum(m->comm.ctx, h, n)) return comm_failed("all-reduce (sum)", n);
+    ff_memcpy_h2d(m->st, x, h, n * sizeof(float));
+    return 0;
+}
+
+void ffm_tp_local_ids(const ff_model *m, const int32_t *ids, int32_t *out, int64_t n, bool targets) {
+    for (int64_t i = 0; i < n; i++) {
+        int32_t id = ids[i] - m->v0;
+        out[i] = ids[i] < 0 ? -1 : id >= 0 && id < m->V ? id : targets ? -2 : -1;
+    }
+}
+
+/* With lse_r, H_r the log-sum-exp and entropy over rank r's vocabulary rows and M the max of
+ * the lse_r: Z = sum_r e_r, e_r = exp(lse_r - M); lse = M + log Z; and since rank r's share
+ * of the probability is e_r / Z and its mean scaled logit lse_r - H_r,
+ *   H = lse - sum_r (e_r / Z) (lse_r - H_r) = log Z - sum_r (e_r / Z) (lse_r - M - H_r)
+ * (the second form keeps the terms small). The target's scaled logit comes from its owner
+ * (logprob_r + lse_r), 0 from the others. */
+int ffm_tp_vocab_combine(ff_model *m, ff_dptr lse, ff_dptr entropy, ff_dptr logprob, const int32_t *targets,
+                         int32_t T) {
+    const size_t n = (size_t)T, k = ff_dptr_null(logprob) ? 2 : 3;
+    float *h = ffm_tp_host(m, (4 + k) * n);
+    if (!h) return -1;
+    float *lr = h, *hr = h + n, *pr = h + 2 * n, *mx = h + 3 * n, *s = h + 4 * n; /* s [k, T]: packed sums */
+    ff_memcpy_d2h(m->st, lr, lse, n * 4);
+    ff_memcpy_d2h(m->st, hr, entropy, n * 4);
+    if (k == 3) ff_memcpy_d2h(m->st, pr, logprob, n * 4);
+    memcpy(mx, lr, n * 4);
+    if (m->comm.all_reduce_max(m->comm.ctx, mx, n)) return comm_failed("all-reduce (max) of log-sum-exp", n);
+    for (size_t t = 0; t < n; t++) {
+        float e = expf(lr[t] - mx[t]);
+        s[t] = e;
+        s[n + t] = e * (lr[t] - mx[t] - hr[t]);
+        if (k == 3) s[2 * n + t] = targets[t] >= m->v0 && targets[t] < m->v0 + m->V ? pr[t] + lr[t] : 0.0f;
+    }
+    if (m->comm.all_reduce_sum(m->comm.ctx, s, k * n)) return comm_failed("all-reduce (sum) of softmax sums", k * n);
+    for (size_t t = 0; t < n; t++) {
+        float logz = logf(s[t]);
+        lr[t] = mx[t] + logz;
+        hr[t] = logz - s[n + t] / s[t];
+        if (k == 3) pr[t] = targets[t] >= 0 ? s[2 * n + t] - lr[t] : 0.0f;
+    }
+    ff_memcpy_h2d(m->st, lse, lr, n * 4);
+    ff_memcpy_h2d(m->st, entropy, hr, n * 4);
+    if (k == 3) ff_memcpy_h2d(m->st, logprob, pr, n * 4);
+    return 0;
+}
+
+int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr xn1, int32_t T) {
+    ff_stream *st = m->st;
+    const int H = m->H, HD = m->Hq * m->D, KD2 = 2 * m->D; /* one k and one v head here */
+    const size_t nw = (size_t)KD2 * H, n = nw + (m->bias ? (size_t)KD2 : 0);
+    const size_t slots = (size_t)m->cfg.num_key_value_heads;
+    ff_dptr w = ff_dptr_f32(m->tp_dkv, 0), b = ff_dptr_f32(m->tp_dkv, nw);
+    ff_gemm(st, FF_TRANS, FF_NO_TRANS, KD2, H, T, 1.0f, ff_dptr_add(dqkv, (size_t)HD, 4), m->QKV, xn1, H, 0.0f, w, H);
+    if (m->bias) {
+        ff_memset_zero(st, b, (size_t)KD2 * 4);
+        ff_bias_bwd(st, ff_dptr_add(dqkv, (size_t)HD, 4), m->QKV, b, T, KD2);
+    }
+    /* the sharers of a head are a subgroup, and the communicator knows only the whole group:
+     * each rank puts its part in its head's slot of a zeroed [Hkv, n] buffer and the sum over
+     * the group fills every slot (Hkv / (t / Hkv) times the bytes a subgroup all-reduce of
+     * the sharers would move) */
+    float *h = ffm_tp_host(m, slots * n);
+    if (!h) return -1;
+    memset(h, 0, slots * n * sizeof *h);
+    float *mine = h + (size_t)m->kv0 * n;
+    ff_memcpy_d2h(st, mine, w, n * 4);
+    if (m->comm.all_reduce_sum(m->comm.ctx, h, slots * n)) return comm_failed("all-reduce (sum) of k/v gradients", slots * n);
+    ff_memcpy_h2d(st, w, mine, n * 4);
+    ff_add(st, ffm_grad(m, p->wqkv + (size_t)HD * H), w, (int64_t)nw);
+    if (m->bias) ff_add(st, ffm_grad(m, p->bqkv + (size_t)HD), b, KD2);
+    return 0;
+}
+
+int ffm_tp_grad_sumsq(ff_model *m, double *out) {
+    double ss = 0.0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ff_param_tensor *p = &m->tensors[i];
+        if (m->tp_rank % p->rep == 0) ss += ff_sumsq(m->st, ffm_grad(m, p->off), p->numel); /* one holder counts */
+    }
+    if (ff_stream_sync(m->st)) return -1;
+    if (m->comm.all_reduce_sum_f64(m->comm.ctx, &ss, 1)) return comm_failed("all-reduce (sum) of the gradient norm", 1);
+    *out = ss;
+    return 0;
+}
+
+/* rows and columns of a tensor seen as 2-D (a vector is one column) */
+static int64_t cols_of(const ff_param_tensor *p, const int64_t *shape) { return p->ndim > 1 ? shape[1] : 1; }
+
+bool ffm_tp_is_shard(const ff_param_tensor *p, const ff_host_tensor *t) {
+    if (p->split < 0 || t->ndim != p->ndim) return false;
+    for (int d = 0; d < p->ndim; d++)
+        if (t->shape[d] != p->shape[d]) return false;
+    return true;
+}
+
+int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t, ff_dptr dst) {
+    const size_t bytes = (size_t)p->numel * sizeof(float);
+    const float *whole = t->data;
+    if (p->split < 0 || ffm_tp_is_shard(p, t)) {
+        ff_memcpy_h2d(m->st, dst, whole, bytes);
+    } else if (p->split == 0) { /* rows: one contiguous range */
+        ff_memcpy_h2d(m->st, dst, whole + (size_t)p->start * (size_t)cols_of(p, p->full), bytes);
+    } else {
+        float *h = ffm_tp_host(m, (size_t)p->numel);
+        if (!h) return -1;
+        const size_t c = (size_t)p->shape[1], fc = (size_t)p->full[1];
+        for (int64_t i = 0; i < p->shape[0]; i++) memcpy(h + (size_t)i * c, whole + (size_t)i * fc + (size_t)p->start, c * 4);
+        ff_memcpy_h2d(m->st, dst, h, bytes);
+    }
+    return 0;
+}
+
+int ffm_tp_store_whole(ff_model *m, const ff_param_tensor *p, ff_dptr src, float *whole) {
+    const size_t n = (size_t)p->numel;
+    if (p->split < 0) {
+        ff_memcpy_d2h(m->st, whole, src, n * sizeof(float));
+        return 0;
+    }
+    float *h = ffm_tp_host(m, n * ((size_t)m->tp + 1));
+    if (!h) return -1;
+    float *all = h + n; /* [tp, n] every rank's shard */
+    ff_memcpy_d2h(m->st, h, src, n * sizeof(float));
+    if (m->comm.all_gather(m->comm.ctx, h, all, n)) return comm_failed("all-gather of a tensor", n);
+    /* piece k (rank k rep, the first holder of each distinct shard) goes at k shape[split] */
+    const int pieces = m->tp / p->rep;
+    const size_t c = (size_t)cols_of(p, p->shape), fc = (size_t)cols_of(p, p->full);
+    for (int k = 0; k < pieces; k++) {
+        const float *s = all + (size_t)k * (size_t)p->rep * n;
+        if (p->split == 0) {
+            memcpy(whole + (size_t)k * n, s, n * sizeof(float));
+        } else {
+            for (int64_t i = 0; i < p->shape[0]; i++) memcpy(whole + (size_t)i * fc + (size_t)k * c, s + (size_t)i * c, c * 4);
+        }
+    }
+    return 0;
+}
+
+int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *out) {
+    char name[160];
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ff_param_tensor *p = &m->tensors[i];
+        snprintf(name, sizeof name, "%s%s", prefix, p->name);
+        ff_host_tensor *t = ff_tensor_set_add(out, name, p->ndim, p->full);
+        if (!t || ffm_tp_store_whole(m, p, ff_dptr_f32(b, p->off), t->data)) return -1;
+    }
+    return 0;
+}
+
+/* the block of a checkpoint tensor that is this rank's shard (a tensor the model does not
+ * know, or of another shape, stays whole: ff_model_new_tp then names the problem) */
+static void shard_block(void *ctx, const ff_st_entry *e, int64_t *r0, int64_t *nr, int64_t *c0, int64_t *nc) {
+    const ff_model *m = ctx;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ff_param_tensor *p = &m->tensors[i];
+        if (p->split < 0 || strcmp(p->name, e->name) || e->ndim != p->ndim || e->shape[0] != p->full[0] ||
+            (p->ndim > 1 && e->shape[1] != p->full[1]))
+            continue;
+        if (p->split == 0) *r0 = p->start, *nr = p->shape[0];
+        else *c0 = p->start, *nc = p->shape[1];
+        return;
+    }
+}
+
+int ff_model_tp_read_weights(const char *dir, const ff_model_config *cfg, int tp_rank, int tp_size, ff_tensor_set *out) {
+    ff_model layout;
+    if (ffm_layout(&layout, cfg, tp_rank, tp_size)) return -1;
+    int rc = ff_safetensors_load_dir_blocks(dir, shard_block, &layout, out);
+    ffm_layout_free(&layout);
+    return rc;
+}
