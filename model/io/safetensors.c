@@ -267,10 +267,23 @@ static void convert_to_f32(ff_dtype dt, const uint8_t *src, float *dst, size_t n
     }
 }
 
+/* Drop the mapped pages of [p, p + n) from this process's resident memory. They are clean
+ * pages of a read-only file mapping: a later read maps them again from the page cache (or
+ * the file), so this changes nothing but the memory held while a whole checkpoint is
+ * converted one tensor after the other (the fp32 copies plus, without it, every page of the
+ * file read so far). */
+static void drop_pages(const ff_safetensors *f, const uint8_t *p, size_t n) {
+    if (!f->mapped || n == 0) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(page - 1), b = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 int ff_safetensors_read(const ff_safetensors *f, const ff_st_entry *e, ff_tensor_set *out, const char *as) {
     ff_host_tensor *t = ff_tensor_set_add(out, as ? as : e->name, e->ndim, e->shape);
     if (!t) return ff_error_wrap("%s", f->name);
     convert_to_f32(e->dtype, f->data + e->begin, t->data, (size_t)ff_host_tensor_numel(t));
+    drop_pages(f, f->data + e->begin, (size_t)(e->end - e->begin));
     return 0;
 }
 
