@@ -282,8 +282,16 @@ static void drop_pages(const ff_safetensors *f, const uint8_t *p, size_t n) {
 int ff_safetensors_read(const ff_safetensors *f, const ff_st_entry *e, ff_tensor_set *out, const char *as) {
     ff_host_tensor *t = ff_tensor_set_add(out, as ? as : e->name, e->ndim, e->shape);
     if (!t) return ff_error_wrap("%s", f->name);
-    convert_to_f32(e->dtype, f->data + e->begin, t->data, (size_t)ff_host_tensor_numel(t));
-    drop_pages(f, f->data + e->begin, (size_t)(e->end - e->begin));
+    /* in chunks, each chunk's pages dropped before the next: an embedding of a large
+     * vocabulary is hundreds of MiB on its own */
+    enum { CHUNK = 1 << 20 }; /* elements */
+    const size_t n = (size_t)ff_host_tensor_numel(t), sz = ff_dtype_size(e->dtype);
+    const uint8_t *src = f->data + e->begin;
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t m = n - i < CHUNK ? n - i : CHUNK;
+        convert_to_f32(e->dtype, src + i * sz, t->data + i, m);
+        drop_pages(f, src + i * sz, m * sz);
+    }
     return 0;
 }
 
