@@ -291,6 +291,18 @@ int64_t rlw_param_count(const rlw *s, unsigned role) {
     return m ? ff_model_param_count(m) : 0;
 }
 
+void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]) {
+    memset(out, 0, FF_RL_RB_N * sizeof *out);
+    ff_model *m = model_of(s, role);
+    if (!m) return;
+    ff_model_memory mm;
+    ff_model_memory_of(m, &mm);
+    out[FF_RL_RB_PARAMS] = mm.params;
+    out[FF_RL_RB_GRADS] = mm.grads;
+    ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : role == FF_RL_CRITIC ? s->t_critic : NULL;
+    if (t) out[FF_RL_RB_OPTIM] = ff_optimizer_state_bytes(ff_trainer_optimizer(t));
+}
+
 static int need(const rlw *s, unsigned role) {
     if (model_of(s, role)) return 0;
     return ff_error_set("worker", "the controller sends each role's subtasks to the workers that host it",
