@@ -156,8 +156,9 @@ static void loading_memory(void) {
     char b[3][32];
     printf("creating a model of %s: %s above its weights when it takes them, %s when it copies them\n",
            ff_fmt_bytes(w_bytes, b[0], sizeof b[0]), ff_fmt_bytes(took, b[1], sizeof b[1]), ff_fmt_bytes(copied, b[2], sizeof b[2]));
-    /* taken: a chunk in flight (8 MiB) and the rotary tables; copied: the weights again */
-    CHECK(took < w_bytes / 4);
+    /* taken: a chunk in flight (8 MiB), the rotary tables (and under ASan the parameters'
+     * shadow, W / 8); copied: the weights again */
+    CHECK(took < w_bytes / 3);
     CHECK(copied > w_bytes * 9 / 10);
 }
 
