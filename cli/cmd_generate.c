@@ -157,8 +157,8 @@ int ff_cmd_generate(int argc, char **argv) {
         if (ns == 1) stop_ids[n_stop_ids++] = sid[0];
         free(sid);
     }
-    if (!(be = ff_backend_new(device)) || !(m = ff_model_new(be, &cfg, w))) goto out;
-    ff_tensor_set_destroy(&w);
+    if (!(be = ff_backend_new(device)) || !(m = ff_model_new_from(be, &cfg, &w, &(ff_model_opts){.inference = true})))
+        goto out;
 
     ff_gen_request req = {0};
     req.id = 1;

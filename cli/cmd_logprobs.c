@@ -205,8 +205,8 @@ int ff_cmd_logprobs(int argc, char **argv) {
         if (!(tok = ff_tokenizer_load_dir(model_dir))) goto out;
     }
     if (!(seqs = read_input(input, &cfg, tok, add_special, &n_seqs))) goto out;
-    if (!(be = ff_backend_new(device)) || !(m = ff_model_new(be, &cfg, w))) goto out;
-    ff_tensor_set_destroy(&w);
+    if (!(be = ff_backend_new(device)) || !(m = ff_model_new_from(be, &cfg, &w, &(ff_model_opts){.inference = true})))
+        goto out;
     if (!ff_model_has_lm_head(m)) {
         ff_error_set(model_dir, "log-probs need a model with an LM head", "this is a value model without lm_head.weight");
         goto out;

@@ -305,6 +305,23 @@ uint64_t ff_memory_limit(char *what, size_t cap) {
     return lim;
 }
 
+ff_resident ff_resident_memory(void) {
+    ff_resident r = {0, 0};
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kib;
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "VmRSS: %llu kB", &kib) == 1) r.now = (uint64_t)kib * 1024;
+            else if (sscanf(line, "VmHWM: %llu kB", &kib) == 1) r.peak = (uint64_t)kib * 1024;
+        }
+        fclose(f);
+    }
+    struct rusage ru;
+    if (!r.peak && getrusage(RUSAGE_SELF, &ru) == 0) r.peak = (uint64_t)ru.ru_maxrss * 1024; /* Linux: KiB */
+    return r;
+}
+
 const char *ff_fmt_bytes(uint64_t b, char *buf, size_t cap) {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     double v = (double)b;

@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
@@ -295,7 +297,30 @@ done:
 
 /* ---- creation, weights in and out ----------------------------------------------------------- */
 
-static int check_and_load(ff_model *m, const ff_tensor_set *w) {
+/* The host memory of a tensor being copied onto the backend goes back chunk by chunk: the
+ * pages already copied become zero pages that cost nothing (madvise MADV_DONTNEED on private
+ * anonymous memory), so that loading a model never holds its weights twice. The data is
+ * freed right after and never read again. */
+#define GIVE_BACK_CHUNK ((size_t)2 << 20) /* floats: 8 MiB */
+
+static void copy_giving_back(ff_model *m, const ff_param_tensor *p, float *src) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t released = ((uintptr_t)src + page - 1) & ~(page - 1); /* whole pages only */
+    for (size_t done = 0; done < (size_t)p->numel;) {
+        size_t n = (size_t)p->numel - done < GIVE_BACK_CHUNK ? (size_t)p->numel - done : GIVE_BACK_CHUNK;
+        ff_memcpy_h2d(m->st, ffm_param(m, p->off + done), src + done, n * sizeof(float));
+        done += n;
+        uintptr_t end = (uintptr_t)(src + done) & ~(page - 1);
+        if (end > released && ff_stream_sync(m->st) == 0) { /* an async copy must have read it */
+            madvise((void *)released, end - released, MADV_DONTNEED);
+            released = end;
+        }
+    }
+}
+
+/* Check every tensor, then copy them in. own: the same set when it is the model's to consume
+ * (ff_model_new_from): each tensor's memory is given back as it is copied. */
+static int check_and_load(ff_model *m, const ff_tensor_set *w, ff_tensor_set *own) {
     if (m->tied && ff_tensor_set_find(w, "lm_head.weight")) {
         return ff_error_set("lm_head.weight", "set tie_word_embeddings to false, or drop lm_head.weight",
                             "the weights have an lm_head but the config ties the embeddings");
@@ -314,34 +339,58 @@ static int check_and_load(ff_model *m, const ff_tensor_set *w) {
     }
     for (int i = 0; i < m->n_tensors; i++) {
         const ff_param_tensor *p = &m->tensors[i];
-        if (ffm_tp_load_slice(m, p, ff_tensor_set_find(w, p->name), ffm_param(m, p->off))) return -1;
+        ff_host_tensor *o = own ? ff_tensor_set_find(own, p->name) : NULL;
+        const ff_host_tensor *t = o ? o : ff_tensor_set_find(w, p->name);
+        if (o && (p->split < 0 || ffm_tp_is_shard(p, t))) /* all of it is this rank's: give it back as it goes */
+            copy_giving_back(m, p, o->data);
+        else if (ffm_tp_load_slice(m, p, t, ffm_param(m, p->off)))
+            return -1;
+        if (o) {
+            if (ff_stream_sync(m->st)) return -1; /* an async copy must have read it */
+            free(o->data);
+            o->data = NULL;
+        }
     }
     return 0;
 }
 
-ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights) {
-    return ff_model_new_tp(be, cfg, weights, NULL);
-}
-
-ff_model *ff_model_new_tp(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights,
-                          const ff_model_comm *comm) {
+static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights, ff_tensor_set *own,
+                        const ff_model_opts *opts) {
+    const ff_model_comm *comm = opts ? opts->comm : NULL;
     if (ff_model_config_check(cfg, NULL)) return NULL;
     ff_model *m = ff_calloc(1, sizeof *m);
     if (!m) return NULL;
     m->be = be;
     m->st = ff_backend_stream(be);
+    m->inference = opts && opts->inference;
     bool lm = !cfg->value_head || cfg->tie_word_embeddings || ff_tensor_set_find(weights, "lm_head.weight");
     set_dims(m, cfg, lm);
     if (ffm_tp_setup(m, comm) || build_table(m) || make_rope(m)) goto fail;
     ffm_tp_shards(m);
     m->params = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
-    m->grads = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
-    if (!m->params || !m->grads || ffm_tp_alloc(m)) goto fail;
-    if (check_and_load(m, weights)) goto fail;
+    if (!m->params) goto fail;
+    if (!m->inference && (!(m->grads = ff_buffer_new(be, (size_t)m->n_params * sizeof(float))) || ffm_tp_alloc(m))) goto fail;
+    if (check_and_load(m, weights, own)) goto fail;
     return m;
 fail:
     ff_model_destroy(&m);
     return NULL;
+}
+
+ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights) {
+    return create(be, cfg, weights, NULL, NULL);
+}
+
+ff_model *ff_model_new_tp(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights,
+                          const ff_model_comm *comm) {
+    ff_model_opts o = {.comm = comm};
+    return create(be, cfg, weights, NULL, &o);
+}
+
+ff_model *ff_model_new_from(ff_backend *be, const ff_model_config *cfg, ff_tensor_set **weights, const ff_model_opts *opts) {
+    ff_model *m = create(be, cfg, *weights, *weights, opts);
+    ff_tensor_set_destroy(weights);
+    return m;
 }
 
 static void free_ws(ff_model *m) {
@@ -372,18 +421,32 @@ bool ff_model_has_lm_head(const ff_model *m) { return m->lm_head; }
 int64_t ff_model_param_count(const ff_model *m) { return m->n_params; }
 int ff_model_tp_size(const ff_model *m) { return m->tp; }
 int ff_model_tp_rank(const ff_model *m) { return m->tp_rank; }
+bool ff_model_is_inference(const ff_model *m) { return m->inference; }
 ff_buffer *ff_model_param_buffer(ff_model *m) { return m->params; }
 ff_buffer *ff_model_grad_buffer(ff_model *m) { return m->grads; }
 
+void ff_model_memory_of(const ff_model *m, ff_model_memory *out) {
+    out->params = m->n_params * (int64_t)sizeof(float);
+    out->grads = m->grads ? out->params : 0;
+    out->workspace = m->ws.buf ? (int64_t)ff_buffer_size(m->ws.buf) : 0;
+}
+
+int ffm_inference_only(const char *what) {
+    return ff_error_set(what, "create the model for training (ff_model_opts.inference = false)",
+                        "this model was created for inference only: it has no gradients");
+}
+
 int ff_model_export_weights(ff_model *m, ff_tensor_set *out) { return ffm_tp_export(m, m->params, "", out); }
-int ff_model_export_grads(ff_model *m, ff_tensor_set *out) { return ffm_tp_export(m, m->grads, "", out); }
+int ff_model_export_grads(ff_model *m, ff_tensor_set *out) {
+    return m->inference ? ffm_inference_only("ff_model_export_grads") : ffm_tp_export(m, m->grads, "", out);
+}
 
 int ff_model_load_weights(ff_model *m, const ff_tensor_set *w) {
     if (!m->tied && m->lm_head != (ff_tensor_set_find(w, "lm_head.weight") != NULL) && m->vhead)
         return ff_error_set("lm_head.weight", "load a checkpoint of the same kind (with or without LM head)",
                             "the model %s an LM head but the weights %s", m->lm_head ? "has" : "has no",
                             m->lm_head ? "do not" : "do");
-    return check_and_load(m, w);
+    return check_and_load(m, w, NULL);
 }
 
 void ff_model_read_params(ff_model *m, float *host) {
@@ -392,11 +455,15 @@ void ff_model_read_params(ff_model *m, float *host) {
 void ff_model_write_params(ff_model *m, const float *host) {
     ff_memcpy_h2d(m->st, ff_dptr_of(m->params, 0), host, (size_t)m->n_params * sizeof(float));
 }
-void ff_model_read_grads(ff_model *m, float *host) {
+int ff_model_read_grads(ff_model *m, float *host) {
+    if (m->inference) return ffm_inference_only("read gradients");
     ff_memcpy_d2h(m->st, host, ff_dptr_of(m->grads, 0), (size_t)m->n_params * sizeof(float));
+    return 0;
 }
-void ff_model_write_grads(ff_model *m, const float *host) {
+int ff_model_write_grads(ff_model *m, const float *host) {
+    if (m->inference) return ffm_inference_only("write gradients");
     ff_memcpy_h2d(m->st, ff_dptr_of(m->grads, 0), host, (size_t)m->n_params * sizeof(float));
+    return 0;
 }
 
 int ff_model_copy_params(ff_model *dst, ff_model *src) {
@@ -417,8 +484,10 @@ int ff_model_copy_params(ff_model *dst, ff_model *src) {
     return 0;
 }
 
-void ff_model_zero_grad(ff_model *m) {
+int ff_model_zero_grad(ff_model *m) {
+    if (m->inference) return ffm_inference_only("zero gradients");
     ff_memset_zero(m->st, ff_dptr_of(m->grads, 0), (size_t)m->n_params * sizeof(float));
+    return 0;
 }
 
 void ff_model_set_logits_chunk(ff_model *m, int32_t max_tokens) {
@@ -513,7 +582,7 @@ static int ensure_ws(ff_model *m, int32_t T, bool train) {
 int ff_model_reserve(ff_model *m, int32_t max_tokens) {
     if (max_tokens < 1) return ff_error_set("reserve", NULL, "max_tokens %d must be >= 1", max_tokens);
     m->fwd_ready = false;
-    if (ensure_ws(m, max_tokens, true)) return -1;
+    if (ensure_ws(m, max_tokens, !m->inference)) return -1;
     return ffm_tp_reserve(m, max_tokens);
 }
 
@@ -576,6 +645,7 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
     bool train = opts && opts->train;
     float temp = opts && opts->temperature > 0 ? opts->temperature : 1.0f;
     m->fwd_ready = false;
+    if (train && m->inference) return ffm_inference_only("training forward");
     if (check_batch(m, b)) return -1;
     bool want_lm = out->logprobs || out->entropy || out->logits || (train && m->lm_head && b->targets);
     if (out->logprobs && !b->targets)
@@ -667,6 +737,7 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
 /* ---- backward ----------------------------------------------------------------------------- */
 
 int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entropy, const float *d_values) {
+    if (m->inference) return ffm_inference_only("backward");
     if (!m->fwd_ready)
         return ff_error_set("backward", "run ff_model_forward with opts.train = true first (once per backward)",
                             "no training forward to go back through");

@@ -72,12 +72,13 @@ struct ff_model {
      * vocabulary rows. */
     int H, Hq, Hkv, D, I, V, L, QKV;
     bool tied, bias, vhead, lm_head;
+    bool inference; /* ff_model_opts.inference: grads is NULL, no training forward */
 
     ff_param_tensor *tensors; /* Hugging Face tensors, in expected order */
     int n_tensors;
     int64_t n_params;
     int64_t n_decay; /* parameters [0, n_decay) get weight decay, the rest (norms, biases) not */
-    ff_buffer *params, *grads; /* [n_params] each */
+    ff_buffer *params, *grads; /* [n_params] each (grads NULL for inference) */
     size_t off_embed, off_lm, off_norm, off_score;
     ff_layer_params *layers; /* [L] */
 
@@ -195,6 +196,9 @@ int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *
 /* A pointer into the flat parameter or gradient buffer. */
 static inline ff_dptr ffm_param(ff_model *m, size_t off) { return ff_dptr_f32(m->params, off); }
 static inline ff_dptr ffm_grad(ff_model *m, size_t off) { return ff_dptr_f32(m->grads, off); }
+
+/* The error of asking an inference model for what only training needs: -1 + error. */
+int ffm_inference_only(const char *what);
 
 /* Validate token ids (each in [0, V)) naming `what` in the message. 0 or -1 + error. */
 int ffm_check_tokens(const ff_model *m, const int32_t *tok, int64_t n, const char *what, bool allow_minus_one);

@@ -54,6 +54,10 @@ static int check_config(const ff_adamw_config *c) {
 }
 
 ff_optimizer *ff_optimizer_new(ff_model *m, const ff_adamw_config *c) {
+    if (m->inference) {
+        ffm_inference_only("optimizer");
+        return NULL;
+    }
     if (check_config(c)) return NULL;
     ff_optimizer *o = ff_calloc(1, sizeof *o);
     if (!o) return NULL;
@@ -78,6 +82,9 @@ void ff_optimizer_destroy(ff_optimizer **po) {
 }
 
 int64_t ff_optimizer_steps_done(const ff_optimizer *o) { return o->step; }
+int64_t ff_optimizer_state_bytes(const ff_optimizer *o) {
+    return (int64_t)(ff_buffer_size(o->mbuf) + ff_buffer_size(o->vbuf));
+}
 
 int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats) {
     ff_model *m = o->m;

@@ -69,7 +69,7 @@ typedef struct ex_cell {
 typedef struct ex_run ex_run;
 
 /* A job in flight: what its callback must do. */
-typedef enum { JOB_GEN = 0, JOB_SCORE, JOB_TRAIN, JOB_SYNC, JOB_EVAL, JOB_CTL } ex_job_kind;
+typedef enum { JOB_GEN = 0, JOB_SCORE, JOB_TRAIN, JOB_SYNC, JOB_EVAL, JOB_CTL, JOB_INIT } ex_job_kind;
 
 typedef struct ex_job {
     ex_run *x;
@@ -173,6 +173,15 @@ struct ex_run {
     /* metrics of the iteration being finished */
     json_t *metrics;
 
+    /* each rank's memory once its roles are loaded (rl.init's outputs, in bytes); the first
+     * metrics line after the workers start carries it */
+    struct {
+        bool has;
+        int64_t mem[FF_RL_MEM_N];
+        int64_t role[FF_RL_NROLES][FF_RL_RB_N];
+    } loaded[EX_MAX_RANKS];
+    bool memory_pending;
+
     struct ex_trace *tr; /* --trace: what the executor adds to the controller's trace */
 };
 
@@ -181,6 +190,7 @@ bool ex_has_node(const ex_run *x, ff_op op, ff_role role); /* role FF_ROLE_COUNT
 bool ex_role_used(const ex_run *x, ff_role role);          /* some node runs on it */
 int ex_sync_group(ex_run *x);
 void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n);
+void ex_init_done(ex_run *x, const ff_result *r); /* one rank's rl.init */
 
 /* exec_limits.c: before any worker starts; -1 + error naming the key, the value and the limit */
 int ex_check_limits(ex_run *x);  /* context of the models, memory, local workers (after place) */

@@ -112,6 +112,7 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
     case JOB_TRAIN: ex_train_done(x, j, r, n); break;
     case JOB_SYNC: ex_sync_done(x, j, r, n); break;
     case JOB_EVAL: ex_eval_done(x, j, r, n); break;
+    case JOB_INIT: ex_init_done(x, &r[0]); break;
     case JOB_CTL:
         for (int i = 0; i < n; i++)
             if (r[i].status != FF_STATUS_OK)

@@ -198,6 +198,82 @@ int ex_sync_group(ex_run *x) {
     return 0;
 }
 
+/* ---- memory after loading -------------------------------------------------------------------- */
+void ex_init_done(ex_run *x, const ff_result *r) {
+    if (r->status != FF_STATUS_OK) {
+        ex_subtask_failed(x, "worker %d: %s: %s", r->rank, ff_status_name(r->status), r->error);
+        return;
+    }
+    const ff_tensor *mem = ex_out_named(r, FF_RL_T_MEMORY), *rb = ex_out_named(r, FF_RL_T_ROLE_BYTES);
+    if (r->rank < 0 || r->rank >= x->nranks || !mem || mem->dtype != FF_DTYPE_I64 || mem->ndim != 1 ||
+        mem->shape[0] != FF_RL_MEM_N || !rb || rb->dtype != FF_DTYPE_I64 || rb->ndim != 2 || rb->shape[0] != FF_RL_NROLES ||
+        rb->shape[1] != FF_RL_RB_N) {
+        ex_fail(x, "rl.init: worker %d sent no memory report of the expected shape (%s [%d], %s [%d, %d])", r->rank,
+                FF_RL_T_MEMORY, FF_RL_MEM_N, FF_RL_T_ROLE_BYTES, FF_RL_NROLES, FF_RL_RB_N);
+        return;
+    }
+    x->loaded[r->rank].has = true;
+    memcpy(x->loaded[r->rank].mem, mem->data, sizeof x->loaded[r->rank].mem);
+    memcpy(x->loaded[r->rank].role, rb->data, sizeof x->loaded[r->rank].role);
+}
+
+/* One line per rank: what the process holds beside what its roles' shards need. */
+static void print_memory(ex_run *x) {
+    char b[4][32];
+    for (int r = 0; r < x->nranks; r++) {
+        if (!x->loaded[r].has) continue;
+        int64_t need = 0;
+        for (int i = 0; i < FF_RL_NROLES; i++)
+            for (int k = 0; k < FF_RL_RB_N; k++) need += x->loaded[r].role[i][k];
+        fprintf(x->out, "run: rank %d holds %s after loading (peak %s); its roles need %s:", r,
+                ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_RSS], b[0], sizeof b[0]),
+                ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_PEAK], b[1], sizeof b[1]),
+                ff_fmt_bytes((uint64_t)need, b[2], sizeof b[2]));
+        const char *sep = " ";
+        for (int i = 0; i < FF_RL_NROLES; i++) {
+            const int64_t *v = x->loaded[r].role[i];
+            if (!(x->rank_roles[r] & (1u << i))) continue;
+            fprintf(x->out, "%s%s %s weights", sep, ff_rl_role_names[i], ff_fmt_bytes((uint64_t)v[FF_RL_RB_PARAMS], b[0], sizeof b[0]));
+            if (v[FF_RL_RB_GRADS] || v[FF_RL_RB_OPTIM])
+                fprintf(x->out, " + %s gradients + %s optimizer", ff_fmt_bytes((uint64_t)v[FF_RL_RB_GRADS], b[1], sizeof b[1]),
+                        ff_fmt_bytes((uint64_t)v[FF_RL_RB_OPTIM], b[2], sizeof b[2]));
+            sep = ", ";
+        }
+        fprintf(x->out, "\n");
+    }
+    fflush(x->out);
+}
+
+/* "memory": [{"rank", "resident_bytes", "peak_bytes", "roles": {"actor": {"params_bytes",
+ * "grads_bytes", "optimizer_bytes"}, ...}}, ...] */
+static json_t *memory_json(const ex_run *x) {
+    json_t *a = json_array();
+    for (int r = 0; r < x->nranks && a; r++) {
+        if (!x->loaded[r].has) continue;
+        json_t *roles = json_object();
+        for (int i = 0; i < FF_RL_NROLES; i++) {
+            const int64_t *v = x->loaded[r].role[i];
+            if (x->rank_roles[r] & (1u << i))
+                json_object_set_new(roles, ff_rl_role_names[i],
+                                    json_pack("{s:I, s:I, s:I}", "params_bytes", (json_int_t)v[FF_RL_RB_PARAMS], "grads_bytes",
+                                              (json_int_t)v[FF_RL_RB_GRADS], "optimizer_bytes", (json_int_t)v[FF_RL_RB_OPTIM]));
+        }
+        json_array_append_new(a, json_pack("{s:i, s:I, s:I, s:o}", "rank", r, "resident_bytes",
+                                           (json_int_t)x->loaded[r].mem[FF_RL_MEM_RSS], "peak_bytes",
+                                           (json_int_t)x->loaded[r].mem[FF_RL_MEM_PEAK], "roles", roles));
+    }
+    return a;
+}
+
+/* Append a metrics line; the first one after the workers started carries their memory. */
+static int write_metrics(ex_run *x, json_t *m) {
+    if (x->memory_pending) {
+        json_object_set_new(m, "memory", memory_json(x));
+        x->memory_pending = false;
+    }
+    return ff_train_dir_metrics(&x->td, m);
+}
+
 static int init_workers(ex_run *x, const char *resume_dir) {
     char backend[32];
     snprintf(backend, sizeof backend, "cpu:%d", x->threads);
@@ -220,7 +296,7 @@ static int init_workers(ex_run *x, const char *resume_dir) {
                           ff_arg_str("resume", resume_dir ? resume_dir : ""), ff_arg_int("updates_actor", x->updates[0]),
                           ff_arg_int("updates_critic", x->updates[1]), ff_arg_int("slots", slots),
                           ff_arg_int("max_seq", x->max_seq),            ff_arg_str("name", x->o.config)};
-        ex_job *j = ex_job_new(x, JOB_CTL, -1);
+        ex_job *j = ex_job_new(x, JOB_INIT, -1);
         if (!j) return -1;
         ff_subtask_spec spec = {.kind = FF_RL_INIT, .target = FF_TARGET_RANK, .rank = r, .args = args,
                                 .nargs = (int)(sizeof args / sizeof *args), .inputs = in,
@@ -232,7 +308,10 @@ static int init_workers(ex_run *x, const char *resume_dir) {
         for (int i = 0; i < x->pool_n[p]; i++) w[i] = load[x->pool_ranks[p][i]];
         ex_trace_weights(x, p, w, x->pool_n[p]);
     }
-    return ex_wait_jobs(x);
+    if (ex_wait_jobs(x) != 0) return -1;
+    print_memory(x);
+    x->memory_pending = true;
+    return 0;
 }
 
 /* ---- held-out evaluation ---------------------------------------------------------------------- */
@@ -574,7 +653,7 @@ static int loop(ex_run *x) {
         clear_line(x);
         fprintf(x->out, "iter 0 | EVAL acc %.3f (%" PRId64 " held-out prompts, greedy)\n", acc, x->eval_done);
         fflush(x->out);
-        int rc = ff_train_dir_metrics(&x->td, m);
+        int rc = write_metrics(x, m);
         json_decref(m);
         if (rc != 0) return -1;
     }
@@ -616,7 +695,7 @@ static int loop(ex_run *x) {
             json_object_set_new(json_object_get(m, "time"), "eval", json_real(x->eval_time_s));
         }
         print_metrics(x, m);
-        rc = ff_train_dir_metrics(&x->td, m);
+        rc = write_metrics(x, m);
         json_decref(m);
         if (rc != 0) return -1;
         event(x, "iteration", it, 0);

@@ -8,9 +8,9 @@
  * host arrays, and their gradients go in as host arrays: the RLHF losses are plain C on
  * those (DESIGN.md). Everything else stays in backend buffers.
  *
- * Parameters live in one flat fp32 buffer of ff_model_param_count() floats, gradients in
- * another of the same layout, so a data-parallel all-reduce or a weight sync is one call on
- * one buffer. The layout is fixed by the config (two models of the same config share it),
+ * Parameters live in one flat fp32 buffer of ff_model_param_count() floats, gradients (of a
+ * trainable model; see ff_model_opts) in another of the same layout, so a data-parallel
+ * all-reduce or a weight sync is one call on one buffer. The layout is fixed by the config (two models of the same config share it),
  * not by Hugging Face's tensor order; use the tensor-set functions for named access.
  *
  * Threads: a model (and its generators) is used by one thread at a time.
@@ -116,6 +116,22 @@ int ff_model_tp_rank(const ff_model *m);
  * it returns values, and asking it for log-probs, entropy or logits is an error.
  * NULL + error. */
 ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights);
+
+/* What a model is made for. A model that only infers (a reference or reward model, the
+ * generating copy of an actor, `fuseflow generate` and `logprobs`) has no gradient buffer,
+ * keeps no activations for a backward, and costs its parameters' bytes and a forward
+ * workspace; asking it for a training forward, a backward, gradients or an optimizer is an
+ * error naming the mode. */
+typedef struct ff_model_opts {
+    bool inference;             /* false (the default, and ff_model_new's): trainable */
+    const ff_model_comm *comm;  /* a tensor-parallel group (as ff_model_new_tp), or NULL */
+} ff_model_opts;
+
+/* As ff_model_new, with options (NULL: trainable), taking the weights: *weights is destroyed
+ * and NULLed whatever the outcome, and each tensor's host memory is given back while it is
+ * copied onto the backend, so the host copy and the model's parameters never both exist
+ * whole (the peak of loading is the parameters and a few MiB, not twice the parameters). */
+ff_model *ff_model_new_from(ff_backend *be, const ff_model_config *cfg, ff_tensor_set **weights, const ff_model_opts *opts);
 void ff_model_destroy(ff_model **m);
 
 const ff_model_config *ff_model_config_of(const ff_model *m);
@@ -124,6 +140,16 @@ bool ff_model_has_lm_head(const ff_model *m);
 /* Number of trainable fp32 parameters (tied embeddings counted once; under TP this rank's,
  * replicated tensors included). */
 int64_t ff_model_param_count(const ff_model *m);
+/* Created with ff_model_opts.inference. */
+bool ff_model_is_inference(const ff_model *m);
+
+/* The bytes a model holds on its backend: parameters (ff_model_param_count() x 4),
+ * gradients (as many, 0 for an inference model) and the forward/backward workspace (grown
+ * by the largest batch so far; a training forward keeps every layer's activations there). */
+typedef struct ff_model_memory {
+    int64_t params, grads, workspace;
+} ff_model_memory;
+void ff_model_memory_of(const ff_model *m, ff_model_memory *out);
 
 /* Current weights into `out` (an empty set) under Hugging Face names, e.g. for a
  * checkpoint; whole tensors under TP too (gathered: every rank calls, every rank gets them).
@@ -136,14 +162,16 @@ int ff_model_export_grads(ff_model *m, ff_tensor_set *out);
 int ff_model_load_weights(ff_model *m, const ff_tensor_set *weights);
 
 /* The flat parameter and gradient buffers: ff_model_param_count() floats each, same
- * layout. For all-reduce of gradients and weight sync between models of one config. */
+ * layout. For all-reduce of gradients and weight sync between models of one config. An
+ * inference model has no gradient buffer (NULL). */
 ff_buffer *ff_model_param_buffer(ff_model *m);
 ff_buffer *ff_model_grad_buffer(ff_model *m);
-/* Flat copies to and from host memory (n = ff_model_param_count() floats). */
+/* Flat copies to and from host memory (n = ff_model_param_count() floats). The gradient
+ * copies return 0, or -1 + error on an inference model. */
 void ff_model_read_params(ff_model *m, float *host);
 void ff_model_write_params(ff_model *m, const float *host);
-void ff_model_read_grads(ff_model *m, float *host);
-void ff_model_write_grads(ff_model *m, const float *host);
+int ff_model_read_grads(ff_model *m, float *host);
+int ff_model_write_grads(ff_model *m, const float *host);
 /* Copy all parameters from src into dst (same config; may be on different backends). 0 or
  * -1 + error. */
 int ff_model_copy_params(ff_model *dst, ff_model *src);
@@ -180,7 +208,8 @@ typedef struct ff_forward_out {
 } ff_forward_out;
 
 /* Run the model over a batch. With opts->train the activations stay for one backward
- * (ff_model_backward must then get gradients only for outputs computed here). The first
+ * (ff_model_backward must then get gradients only for outputs computed here; an error on an
+ * inference model). Training or not, the forward computes the same numbers. The first
  * batch with more tokens than any before grows the workspace (allocation); batches up to
  * that size allocate nothing (see ff_model_reserve). 0, or -1 + error: bad batch (a token
  * id out of range, offsets that do not cover [0, T), a sequence longer than
@@ -190,13 +219,14 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
 /* Backward through the last training forward. Inputs are d(loss)/d(output) per token, host
  * arrays [T] or NULL (zero): d_logprobs, d_entropy, d_values. Parameter gradients are
  * accumulated (+=) into the gradient buffer, so micro-batches accumulate until
- * ff_model_zero_grad. 0 or -1 + error (no training forward before, a gradient for an
- * output that forward did not compute). */
+ * ff_model_zero_grad. 0 or -1 + error (an inference model, no training forward before, a
+ * gradient for an output that forward did not compute). */
 int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entropy, const float *d_values);
-void ff_model_zero_grad(ff_model *m);
+int ff_model_zero_grad(ff_model *m); /* 0, or -1 + error on an inference model */
 
-/* Size the training workspace for batches of up to max_tokens tokens now (0 or -1 + error
- * when out of memory), so that the first forward does not allocate. */
+/* Size the workspace for batches of up to max_tokens tokens now (0 or -1 + error when out
+ * of memory), so that the first forward does not allocate: a trainable model's for a
+ * training forward (every layer's activations), an inference model's for a forward. */
 int ff_model_reserve(ff_model *m, int32_t max_tokens);
 
 /* The LM head runs over chunks of at most max_tokens tokens, so the logits of a batch never
@@ -241,9 +271,12 @@ typedef struct ff_optim_stats {
     bool clipped;
 } ff_optim_stats;
 
-/* An optimizer for m's parameters (state buffers on m's backend, zero). NULL + error. */
+/* An optimizer for m's parameters (state buffers on m's backend, zero). NULL + error (an
+ * inference model has nothing to optimize). */
 ff_optimizer *ff_optimizer_new(ff_model *m, const ff_adamw_config *c);
 void ff_optimizer_destroy(ff_optimizer **o);
+/* The bytes of its state on the backend: exp_avg and exp_avg_sq, 2 x 4 bytes a parameter. */
+int64_t ff_optimizer_state_bytes(const ff_optimizer *o);
 /* Clip the gradients to max_grad_norm (global norm; under TP the whole model's, each
  * replicated parameter counted once), update the parameters, count the step.
  * Does not zero the gradients. A non-finite gradient norm skips the update and returns -1 +

@@ -37,6 +37,21 @@ enum {
     FF_RL_REWARD = 16 /* reward model (a value head's score at the last token) */
 };
 
+/* rl.init's outputs, with one row per role in the order of the bits above (actor, gen,
+ * critic, ref, reward), zero where the worker does not host it:
+ *   "params"     I64 [FF_RL_NROLES]: the role's parameter count
+ *   "memory"     I64 [FF_RL_MEM_N]: the worker's resident memory once loaded, in bytes
+ *   "role_bytes" I64 [FF_RL_NROLES, FF_RL_RB_N]: the bytes the role's parameters, gradients
+ *                and optimizer state need (0 gradients and optimizer: it only infers) */
+#define FF_RL_NROLES 5
+#define FF_RL_T_PARAMS "params"
+#define FF_RL_T_MEMORY "memory"
+#define FF_RL_T_ROLE_BYTES "role_bytes"
+enum { FF_RL_MEM_RSS = 0, FF_RL_MEM_PEAK, FF_RL_MEM_N };       /* VmRSS now, VmHWM (the peak so far) */
+enum { FF_RL_RB_PARAMS = 0, FF_RL_RB_GRADS, FF_RL_RB_OPTIM, FF_RL_RB_N };
+/* The roles' names, indexed by row ("actor", "gen", "critic", "ref", "reward"). */
+extern const char *const ff_rl_role_names[FF_RL_NROLES];
+
 /* ---- tensors -------------------------------------------------------------------------- */
 /* Packed samples (I32): prompts [sum plen], their lengths [n], responses [sum rlen], theirs [n]. */
 #define FF_RL_T_PROMPT "prompt"

@@ -69,7 +69,10 @@ const void *ff_safetensors_bytes(const ff_safetensors *f, const ff_st_entry *e);
 const char *ff_safetensors_metadata(const ff_safetensors *f, const char *key);
 
 /* Convert one tensor to fp32 and add it to `out` under its name (or `as` when not NULL).
- * Integer and F64 tensors convert too; -1 + error for dtypes that do not (none today). */
+ * Integer and F64 tensors convert too; -1 + error for dtypes that do not (none today). The
+ * tensor's mapped pages then leave this process's resident memory (read again, they are
+ * mapped again), so loading a checkpoint holds its fp32 copy and one tensor of the file,
+ * not the whole file as well. */
 int ff_safetensors_read(const ff_safetensors *f, const ff_st_entry *e, ff_tensor_set *out, const char *as);
 
 /* Convert rows [r0, r0 + nr) x columns [c0, c0 + nc) of a tensor seen as 2-D (a vector is

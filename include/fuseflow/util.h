@@ -82,6 +82,13 @@ char *ff_strdup(const char *s);
  * memory.max (a container's limit) and RLIMIT_AS / RLIMIT_DATA when set. what (cap bytes)
  * names the bound that binds, e.g. "physical memory" or "RLIMIT_AS (ulimit -v)". */
 uint64_t ff_memory_limit(char *what, size_t cap);
+/* This process's resident memory now and at its peak, in bytes (VmRSS and VmHWM of
+ * /proc/self/status; where that cannot be read, 0 now and getrusage's ru_maxrss as the
+ * peak). */
+typedef struct ff_resident {
+    uint64_t now, peak;
+} ff_resident;
+ff_resident ff_resident_memory(void);
 /* "1.5 GiB", "300 MiB", "12 KiB", "17 B" (buf holds 32 bytes). */
 const char *ff_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
 /* ---- text ------------------------------------------------------------------------------ */

@@ -11,6 +11,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,22 +21,29 @@
 
 /* ---- memory and streams -------------------------------------------------------------------- */
 
+/* Buffers are zeroed by calloc, not by a memset after posix_memalign: a large block comes
+ * from fresh mapped pages that the C library does not clear, so its pages become resident
+ * when first written. A KV cache sized for the longest sequence, workspaces and the
+ * parameters while they are copied in cost what they hold, not what they could. The data
+ * starts 64-byte aligned inside the block, which is found again through the pointer stored
+ * just before it. */
 static int cpu_alloc(ff_backend *be, size_t bytes, void **data) {
     (void)be;
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (rounded == 0) rounded = 64;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, rounded)) {
+    char *block = rounded <= SIZE_MAX - 64 ? calloc(1, rounded + 64) : NULL;
+    if (!block) {
         return ff_error_set("cpu backend", "use a smaller model or batch", "out of memory allocating %zu bytes",
                             bytes);
     }
-    memset(p, 0, rounded);
+    char *p = block + 64 - (uintptr_t)block % 64; /* >= block + 16: room for the pointer */
+    ((void **)p)[-1] = block;
     *data = p;
     return 0;
 }
 static void cpu_free(ff_backend *be, void *data) {
     (void)be;
-    free(data);
+    if (data) free(((void **)data)[-1]);
 }
 static char *addr(ff_dptr p) { return (char *)p.buf->data + p.off; }
 static void cpu_h2d(ff_stream *s, ff_dptr dst, const void *src, size_t n) {

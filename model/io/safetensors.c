@@ -267,10 +267,31 @@ static void convert_to_f32(ff_dtype dt, const uint8_t *src, float *dst, size_t n
     }
 }
 
+/* Drop the mapped pages of [p, p + n) from this process's resident memory. They are clean
+ * pages of a read-only file mapping: a later read maps them again from the page cache (or
+ * the file), so this changes nothing but the memory held while a whole checkpoint is
+ * converted one tensor after the other (the fp32 copies plus, without it, every page of the
+ * file read so far). */
+static void drop_pages(const ff_safetensors *f, const uint8_t *p, size_t n) {
+    if (!f->mapped || n == 0) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(page - 1), b = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 int ff_safetensors_read(const ff_safetensors *f, const ff_st_entry *e, ff_tensor_set *out, const char *as) {
     ff_host_tensor *t = ff_tensor_set_add(out, as ? as : e->name, e->ndim, e->shape);
     if (!t) return ff_error_wrap("%s", f->name);
-    convert_to_f32(e->dtype, f->data + e->begin, t->data, (size_t)ff_host_tensor_numel(t));
+    /* in chunks, each chunk's pages dropped before the next: an embedding of a large
+     * vocabulary is hundreds of MiB on its own */
+    enum { CHUNK = 1 << 20 }; /* elements */
+    const size_t n = (size_t)ff_host_tensor_numel(t), sz = ff_dtype_size(e->dtype);
+    const uint8_t *src = f->data + e->begin;
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t m = n - i < CHUNK ? n - i : CHUNK;
+        convert_to_f32(e->dtype, src + i * sz, t->data + i, m);
+        drop_pages(f, src + i * sz, m * sz);
+    }
     return 0;
 }
 

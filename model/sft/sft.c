@@ -475,8 +475,7 @@ static int setup(run *r) {
     }
     if (dataset_load(&r->train, s->train_path, r->tok, &r->mc, eos, INT64_MAX) != 0) goto out;
     if (s->test_path && dataset_load(&r->test, s->test_path, r->tok, &r->mc, eos, s->eval_samples) != 0) goto out;
-    if (!(r->be = ff_backend_new(s->device)) || !(r->m = ff_model_new(r->be, &r->mc, w))) goto out;
-    ff_tensor_set_destroy(&w);
+    if (!(r->be = ff_backend_new(s->device)) || !(r->m = ff_model_new_from(r->be, &r->mc, &w, NULL))) goto out;
     if (!(r->opt = ff_optimizer_new(r->m, &s->optim))) goto out;
     r->B = (int32_t)(s->batch_size < r->train.n ? s->batch_size : r->train.n);
     {

@@ -1,6 +1,8 @@
 /* The RL worker kinds (workers/rl/, what `fuseflow worker` serves to `fuseflow run`), driven
  * directly from a controller with two local workers (the fuseflow binary, FF_BIN):
- *   - rl.init loads the roles of a run config; a missing model folder is an error naming it;
+ *   - rl.init loads the roles of a run config and reports the worker's resident memory and
+ *     the bytes each role needs (the reference and the generating copy no gradients and no
+ *     optimizer state); a missing model folder is an error naming it;
  *   - rl.generate: n samples per prompt, tokens and log-probs; the same seed gives the same
  *     samples on either worker and alone or batched with other requests (continuous batching
  *     across subtasks, while other kinds run between steps); a cancelled one comes back
@@ -16,6 +18,7 @@
  */
 #include <sys/stat.h>
 
+#include "fuseflow/rl_protocol.h"
 #include "tests/runtime/rt_test.h"
 
 static const char *bin;
@@ -30,6 +33,7 @@ typedef struct out {
     uint64_t hash;
     double sum;
     double metrics[32];
+    int64_t params[FF_RL_NROLES], memory[FF_RL_MEM_N], role_bytes[FF_RL_NROLES][FF_RL_RB_N]; /* rl.init */
 } out;
 
 static void on_done(ff_controller *c, uint64_t job, const ff_result *r, int n, void *ud) {
@@ -48,6 +52,9 @@ static void on_done(ff_controller *c, uint64_t job, const ff_result *r, int n, v
         if (!strcmp(t->name, "hash")) memcpy(&o->hash, t->data, 8);
         if (!strcmp(t->name, "sum")) memcpy(&o->sum, t->data, 8);
         if (!strcmp(t->name, "metrics") && nb <= sizeof o->metrics) memcpy(o->metrics, t->data, nb);
+        if (!strcmp(t->name, FF_RL_T_PARAMS) && nb == sizeof o->params) memcpy(o->params, t->data, nb);
+        if (!strcmp(t->name, FF_RL_T_MEMORY) && nb == sizeof o->memory) memcpy(o->memory, t->data, nb);
+        if (!strcmp(t->name, FF_RL_T_ROLE_BYTES) && nb == sizeof o->role_bytes) memcpy(o->role_bytes, t->data, nb);
     }
 }
 
@@ -186,6 +193,17 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(r0.status, FF_STATUS_OK);
     CHECK_EQ_INT(r1.status, FF_STATUS_OK);
     if (r0.status) fprintf(stderr, "rl.init: %s\n", r0.error);
+    /* what each hosted role needs: the trained actor its parameters, gradients and two
+     * moments; the generating copy and the reference their parameters alone */
+    int64_t np = r0.params[0];
+    CHECK(np > 0);
+    CHECK(r0.params[1] == np && r0.params[2] == 0 && r0.params[3] == np && r0.params[4] == 0);
+    const int64_t want[FF_RL_NROLES][FF_RL_RB_N] = {{4 * np, 4 * np, 8 * np}, {4 * np, 0, 0}, {0, 0, 0}, {4 * np, 0, 0}, {0, 0, 0}};
+    CHECK(memcmp(r0.role_bytes, want, sizeof want) == 0);
+    CHECK(memcmp(r1.role_bytes, want, sizeof want) == 0);
+    /* resident memory: at least the three copies of the weights, the peak at least that */
+    CHECK(r0.memory[FF_RL_MEM_RSS] >= 12 * np && r0.memory[FF_RL_MEM_PEAK] >= r0.memory[FF_RL_MEM_RSS]);
+    CHECK(r1.memory[FF_RL_MEM_RSS] >= 12 * np && r1.memory[FF_RL_MEM_PEAK] >= r1.memory[FF_RL_MEM_RSS]);
 
     /* the same request on both workers, and batched with others on worker 0 */
     generate(0, 11, 4, &g0);

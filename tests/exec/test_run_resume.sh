@@ -34,4 +34,28 @@ bad = [(a["iteration"], k, a.get(k), b.get(k)) for a, b in zip(A, B) for k in ex
 assert len(A) == len(B) and not bad, bad
 PY
 same_metrics "$work/a/metrics.jsonl" "$work/b/metrics.jsonl" 1e-6 1e-4 || fail "the resumed run's metrics differ"
+# each start of the workers reports their memory once: in the run log, and in the first
+# metrics line it writes (the evaluation before training, the first iteration after a resume)
+for log in a b1 b2; do
+  grep -qE "^run: rank 0 holds [0-9.]+ [KMG]iB after loading \(peak [0-9.]+ [KMG]iB\); its roles need [0-9.]+ [KMG]iB: actor .* weights \+ .* gradients \+ .* optimizer, gen .* weights, critic .* weights \+ .* gradients \+ .* optimizer, ref .* weights$" \
+    "$work/$log.log" || { cat "$work/$log.log" >&2; fail "$log: no memory line for rank 0 after loading"; }
+done
+python3 - "$work/a/metrics.jsonl" "$work/b/metrics.jsonl" <<'PY' || fail "the memory reports in metrics.jsonl are wrong"
+import json, sys
+A, B = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert [i for i, o in enumerate(A) if "memory" in o] == [0], "a: memory only in the first line"
+assert [o["iteration"] for o in B if "memory" in o] == [0, 3], "b: memory in the first line of each start"
+for o in (A[0], B[0], B[3]):
+    (m,) = o["memory"]  # one rank, hosting every role but a reward model
+    r = m["roles"]
+    assert m["rank"] == 0 and sorted(r) == ["actor", "critic", "gen", "ref"], m
+    p = r["actor"]["params_bytes"]
+    assert p > 0 and r["gen"]["params_bytes"] == r["ref"]["params_bytes"] == p, m
+    for k in ("actor", "critic"):  # trained: gradients and two moments
+        assert r[k]["grads_bytes"] == r[k]["params_bytes"] and r[k]["optimizer_bytes"] == 2 * r[k]["params_bytes"], m
+    for k in ("gen", "ref"):  # inference only
+        assert r[k]["grads_bytes"] == 0 and r[k]["optimizer_bytes"] == 0, m
+    held = sum(v["params_bytes"] for v in r.values())
+    assert m["peak_bytes"] >= m["resident_bytes"] >= held, m
+PY
 echo ok

@@ -233,6 +233,22 @@ static void run_rank(job *j, int rank, const ff_model_comm *comm) {
         ff_forward_opts sc = {.temperature = 0.7f};
         ff_forward_out o = {.logprobs = r->lp07, .entropy = r->ent07};
         REQUIRE(ff_model_forward(m, b, &sc, &o) == 0);
+        if (comm) { /* the same rank as an inference-only model taking its weights: the same bits */
+            ff_tensor_set *mine = ff_tensor_set_new();
+            REQUIRE(mine && ff_model_export_weights(m, mine) == 0);
+            ff_model_opts io = {.inference = true, .comm = comm};
+            ff_model *inf = ff_model_new_from(be, j->cfg, &mine, &io);
+            REQUIRE(inf && mine == NULL && ff_model_is_inference(inf) && ff_model_tp_size(inf) == comm->size);
+            REQUIRE(ff_model_reserve(inf, NT) == 0);
+            float lpi[NT], enti[NT];
+            ff_forward_out oi = {.logprobs = lpi, .entropy = enti};
+            REQUIRE(ff_model_forward(inf, b, &sc, &oi) == 0);
+            CHECK(!memcmp(lpi, r->lp07, sizeof(float) * (size_t)b->n_tokens) && !memcmp(enti, r->ent07, sizeof(float) * (size_t)b->n_tokens));
+            ff_tensor_set *g = ff_tensor_set_new();
+            CHECK(ff_model_export_grads(inf, g) == -1); /* no gradients to gather */
+            ff_tensor_set_destroy(&g);
+            ff_model_destroy(&inf);
+        }
         ff_gen_request q[3];
         memset(q, 0, sizeof q);
         const int32_t *pr[3] = {prompt0, prompt1, prompt2};

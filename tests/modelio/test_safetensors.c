@@ -1,7 +1,8 @@
 /* safetensors: round trips in every writable dtype, sharded checkpoints, a file written by
  * Hugging Face's own library, blocks of tensors (rows, columns, through a chooser over a
- * sharded folder), and every way a header can lie (each must be refused with a message
- * naming the problem). */
+ * sharded folder), every way a header can lie (each must be refused with a message naming
+ * the problem), and reading that gives the mapped pages back. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -342,6 +343,52 @@ static void test_files(void) {
     ff_tensor_set_destroy(&t);
 }
 
+/* RssFile of /proc/self/status: the file-backed pages this process holds, in bytes. */
+static uint64_t rss_file(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    REQUIRE(f);
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "RssFile: %llu kB", &kib) == 1;
+    fclose(f);
+    REQUIRE(found);
+    return (uint64_t)kib * 1024;
+}
+
+/* Reading a tensor drops its mapped pages: converting a whole file holds the fp32 copies,
+ * not the file as well. Read again, the bytes come back unchanged. */
+static void test_pages_released(void) {
+    ff_tensor_set *s = ff_tensor_set_new();
+    int64_t shape[2] = {1024, 1024};
+    for (int k = 0; k < 4; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "t%d", k);
+        ff_host_tensor *t = ff_tensor_set_add(s, name, 2, shape);
+        REQUIRE(t);
+        for (int64_t i = 0; i < 1024 * 1024; i++) t->data[i] = (float)((i * 7 + k) % 251) - 125.0f;
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/pages.safetensors", g_dir);
+    REQUIRE(ff_safetensors_save(path, s, FF_DTYPE_BF16, NULL) == 0); /* 8 MiB of data */
+    ff_safetensors *f = ff_safetensors_open(path);
+    REQUIRE(f);
+    ff_tensor_set *a = ff_tensor_set_new(), *b = ff_tensor_set_new();
+    uint64_t before = rss_file();
+    for (size_t i = 0; i < ff_safetensors_count(f); i++) REQUIRE(ff_safetensors_read(f, ff_safetensors_entry(f, i), a, NULL) == 0);
+    uint64_t after = rss_file();
+    printf("reading 8 MiB of mapped tensors left %lld KiB of them resident\n",
+           (long long)((int64_t)after - (int64_t)before) / 1024);
+    CHECK(after < before + (1u << 20)); /* all 8 MiB without the drop */
+    CHECK(same_sets(s, a));
+    for (size_t i = 0; i < ff_safetensors_count(f); i++) REQUIRE(ff_safetensors_read(f, ff_safetensors_entry(f, i), b, NULL) == 0);
+    CHECK(same_sets(a, b));
+    ff_safetensors_close(&f);
+    ff_tensor_set_destroy(&a);
+    ff_tensor_set_destroy(&b);
+    ff_tensor_set_destroy(&s);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ff_test_st_%d", (int)getpid());
     REQUIRE(ff_mkdirs(g_dir) == 0);
@@ -352,6 +399,7 @@ int main(void) {
     test_hf_fixture();
     test_lying_headers();
     test_files();
+    test_pages_released();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

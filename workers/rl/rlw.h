@@ -50,6 +50,9 @@ void rlw_destroy(rlw **s);
 int rlw_init(rlw *s, const rlw_init_args *a);
 /* Parameters of a hosted role's model (FF_RL_ACTOR, FF_RL_GEN, ...), 0 when not hosted. */
 int64_t rlw_param_count(const rlw *s, unsigned role);
+/* The bytes a hosted role's parameters, gradients and optimizer state need, indexed by
+ * FF_RL_RB_*; zeros when not hosted, 0 gradients and optimizer for a role that only infers. */
+void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]);
 
 /* ---- generation (continuous batching) -------------------------------------------------- */
 typedef struct rlw_sampling {

@@ -89,8 +89,18 @@ void rlw_destroy(rlw **ps) {
     *ps = NULL;
 }
 
+static const ff_node *train_node(const ff_run_config *run, ff_role role) {
+    for (size_t i = 0; i < ff_graph_n_nodes(run->graph); i++) {
+        const ff_node *n = ff_graph_node(run->graph, i);
+        if (n->op == FF_OP_TRAIN && n->role == role) return n;
+    }
+    return NULL;
+}
+
 /* ---- loading --------------------------------------------------------------------------------- */
-static ff_model *load_model(rlw *s, const char *dir, bool value_head, const char *role) {
+/* A role's model; train: it gets gradients (a role with a train node), else it only infers
+ * and holds its parameters alone (ff_model_opts.inference). */
+static ff_model *load_model(rlw *s, const char *dir, bool value_head, bool train, const char *role) {
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
     if (ff_model_dir_load(dir, &cfg, &w) != 0) {
@@ -102,18 +112,9 @@ static ff_model *load_model(rlw *s, const char *dir, bool value_head, const char
         ff_error_wrap("role %s: %s", role, dir);
         return NULL;
     }
-    ff_model *m = ff_model_new(s->be, &cfg, w);
-    ff_tensor_set_destroy(&w);
+    ff_model *m = ff_model_new_from(s->be, &cfg, &w, &(ff_model_opts){.inference = !train});
     if (!m) ff_error_wrap("role %s: %s", role, dir);
     return m;
-}
-
-static const ff_node *train_node(const ff_run_config *run, ff_role role) {
-    for (size_t i = 0; i < ff_graph_n_nodes(run->graph); i++) {
-        const ff_node *n = ff_graph_node(run->graph, i);
-        if (n->op == FF_OP_TRAIN && n->role == role) return n;
-    }
-    return NULL;
 }
 
 /* The temperature of the sample-level generate node (the one that writes the response). */
@@ -228,12 +229,12 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         if (!s->tok) ff_error_clear();
     }
     if (a->roles & FF_RL_ACTOR) {
-        if (!(s->actor = load_model(s, actor_dir, false, "actor"))) return -1;
+        if (!(s->actor = load_model(s, actor_dir, false, train_node(s->run, FF_ROLE_ACTOR) != NULL, "actor"))) return -1;
         s->t_actor = make_trainer(s, s->actor, FF_ROLE_ACTOR, a->total_updates[0], a->resume_dir, "actor");
         if (!s->t_actor && train_node(s->run, FF_ROLE_ACTOR)) return -1;
     }
     if (a->roles & FF_RL_GEN) {
-        if (!(s->gen = load_model(s, actor_dir, false, "actor (generation)"))) return -1;
+        if (!(s->gen = load_model(s, actor_dir, false, false, "actor (generation)"))) return -1;
         ff_rollout_config rc;
         ff_rollout_config_default(&rc);
         rc.max_slots = a->slots > 0 ? a->slots : 64;
@@ -248,17 +249,17 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
             cdir = cbuf;
         }
         if (!cdir) return ff_error_set("worker", "add roles.critic.model", "the run has no critic model");
-        if (!(s->critic = load_model(s, cdir, true, "critic"))) return -1;
+        if (!(s->critic = load_model(s, cdir, true, train_node(s->run, FF_ROLE_CRITIC) != NULL, "critic"))) return -1;
         s->t_critic = make_trainer(s, s->critic, FF_ROLE_CRITIC, a->total_updates[1], a->resume_dir, "critic");
         if (!s->t_critic && train_node(s->run, FF_ROLE_CRITIC)) return -1;
     }
     if (a->roles & FF_RL_REF) {
         if (!roles[FF_ROLE_REF].model) return ff_error_set("worker", "add roles.ref.model", "the run has no reference model");
-        if (!(s->ref = load_model(s, roles[FF_ROLE_REF].model, false, "ref"))) return -1;
+        if (!(s->ref = load_model(s, roles[FF_ROLE_REF].model, false, false, "ref"))) return -1;
     }
     if (a->roles & FF_RL_REWARD) {
         if (!roles[FF_ROLE_REWARD].model) return ff_error_set("worker", "add roles.reward.model", "the run has no reward model");
-        if (!(s->rm = load_model(s, roles[FF_ROLE_REWARD].model, true, "reward"))) return -1;
+        if (!(s->rm = load_model(s, roles[FF_ROLE_REWARD].model, true, false, "reward"))) return -1;
     }
     return 0;
 }
@@ -288,6 +289,18 @@ static const char *role_name(unsigned role) {
 int64_t rlw_param_count(const rlw *s, unsigned role) {
     ff_model *m = model_of(s, role);
     return m ? ff_model_param_count(m) : 0;
+}
+
+void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]) {
+    memset(out, 0, FF_RL_RB_N * sizeof *out);
+    ff_model *m = model_of(s, role);
+    if (!m) return;
+    ff_model_memory mm;
+    ff_model_memory_of(m, &mm);
+    out[FF_RL_RB_PARAMS] = mm.params;
+    out[FF_RL_RB_GRADS] = mm.grads;
+    ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : role == FF_RL_CRITIC ? s->t_critic : NULL;
+    if (t) out[FF_RL_RB_OPTIM] = ff_optimizer_state_bytes(ff_trainer_optimizer(t));
 }
 
 static int need(const rlw *s, unsigned role) {

@@ -197,10 +197,19 @@ static int k_init(ff_task *t, void *ud) {
     free(text);
     free(over);
     if (rc) return -1;
-    int64_t *params = ff_task_output(t, "params", FF_DTYPE_I64, 1, (int64_t[]){5});
-    if (!params) return -1;
-    const unsigned bits[5] = {FF_RL_ACTOR, FF_RL_GEN, FF_RL_CRITIC, FF_RL_REF, FF_RL_REWARD};
-    for (int i = 0; i < 5; i++) params[i] = rlw_param_count(r->eng, bits[i]);
+    /* what the roles need beside what the process holds once they are loaded (the trained
+     * roles' gradients and optimizer state become resident with their first step) */
+    int64_t *params = ff_task_output(t, FF_RL_T_PARAMS, FF_DTYPE_I64, 1, (int64_t[]){FF_RL_NROLES});
+    int64_t *mem = ff_task_output(t, FF_RL_T_MEMORY, FF_DTYPE_I64, 1, (int64_t[]){FF_RL_MEM_N});
+    int64_t *rb = ff_task_output(t, FF_RL_T_ROLE_BYTES, FF_DTYPE_I64, 2, (int64_t[]){FF_RL_NROLES, FF_RL_RB_N});
+    if (!params || !mem || !rb) return -1;
+    for (int i = 0; i < FF_RL_NROLES; i++) {
+        params[i] = rlw_param_count(r->eng, 1u << i);
+        rlw_role_bytes(r->eng, 1u << i, rb + (size_t)i * FF_RL_RB_N);
+    }
+    ff_resident res = ff_resident_memory();
+    mem[FF_RL_MEM_RSS] = (int64_t)res.now;
+    mem[FF_RL_MEM_PEAK] = (int64_t)res.peak;
     return 0;
 }
 
