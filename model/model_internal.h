@@ -180,16 +180,26 @@ int ffm_tp_vocab_combine(ff_model *m, ff_dptr lse, ff_dptr entropy, ff_dptr logp
 /* Layer p's k|v weight (and bias) gradient of this backward, from dqkv [T, QKV] and xn1
  * [T, H], summed over the kv_rep ranks sharing the head and added to the gradients. */
 int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr xn1, int32_t T);
-/* Sum of squares of the whole model's gradients (each replicated element once). 0 or -1. */
-int ffm_tp_grad_sumsq(ff_model *m, double *out);
+/* This rank's part of the sum of squares of the gradients in [lo, hi) of the flat buffer:
+ * under TP each element replicated over TP ranks counted by one of them, so the sum over
+ * the TP group (ffm_tp_sum_f64) is the whole model's. Waits for the stream; NaN when a
+ * kernel failed. */
+double ffm_grad_sumsq_range(ff_model *m, int64_t lo, int64_t hi);
+/* *x = its sum over the TP group (no-op without TP). 0 or -1 + error. */
+int ffm_tp_sum_f64(ff_model *m, double *x);
 /* Is t (shaped as p->shape, not p->full) already this rank's shard of sharded tensor p? */
 bool ffm_tp_is_shard(const ff_param_tensor *p, const ff_host_tensor *t);
-/* Copy this rank's shard of tensor p to dst [p->numel] from t: the whole tensor (p->full),
- * or the shard itself (ffm_tp_is_shard). 0 or -1 + error. */
+/* This rank's shard of tensor p [p->numel] in host memory, from t: the whole tensor
+ * (p->full), or the shard itself (ffm_tp_is_shard). Points into t, or (a column split) into
+ * the TP host staging, valid until its next use. NULL + error when out of memory. */
+const float *ffm_tp_local_view(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t);
+/* Copy that shard to dst [p->numel]. 0 or -1 + error. */
 int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t, ff_dptr dst);
 /* Tensor p from src [p->numel] (this rank's shard) into whole (host, p->full), gathered
  * from the group (a collective when p is sharded). 0 or -1 + error. */
 int ffm_tp_store_whole(ff_model *m, const ff_param_tensor *p, ff_dptr src, float *whole);
+/* The same from host memory: mine [p->numel] (not in the TP host staging). */
+int ffm_tp_store_whole_host(ff_model *m, const ff_param_tensor *p, const float *mine, float *whole);
 /* Every tensor of b (a buffer in the parameter layout) as whole tensors "<prefix><name>". */
 int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *out);
 

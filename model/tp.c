@@ -244,15 +244,20 @@ int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr
     return 0;
 }
 
-int ffm_tp_grad_sumsq(ff_model *m, double *out) {
+double ffm_grad_sumsq_range(ff_model *m, int64_t lo, int64_t hi) {
+    if (m->tp == 1) return hi > lo ? ff_sumsq(m->st, ffm_grad(m, (size_t)lo), hi - lo) : 0.0;
     double ss = 0.0;
     for (int i = 0; i < m->n_tensors; i++) {
         const ff_param_tensor *p = &m->tensors[i];
-        if (m->tp_rank % p->rep == 0) ss += ff_sumsq(m->st, ffm_grad(m, p->off), p->numel); /* one holder counts */
+        int64_t a = (int64_t)p->off > lo ? (int64_t)p->off : lo, b = (int64_t)p->off + p->numel < hi ? (int64_t)p->off + p->numel : hi;
+        if (b > a && m->tp_rank % p->rep == 0) ss += ff_sumsq(m->st, ffm_grad(m, (size_t)a), b - a); /* one holder counts */
     }
-    if (ff_stream_sync(m->st)) return -1;
-    if (m->comm.all_reduce_sum_f64(m->comm.ctx, &ss, 1)) return comm_failed("all-reduce (sum) of the gradient norm", 1);
-    *out = ss;
+    return ss;
+}
+
+int ffm_tp_sum_f64(ff_model *m, double *x) {
+    if (m->tp == 1) return 0;
+    if (m->comm.all_reduce_sum_f64(m->comm.ctx, x, 1)) return comm_failed("all-reduce (sum) of the gradient norm", 1);
     return 0;
 }
 
@@ -266,34 +271,28 @@ bool ffm_tp_is_shard(const ff_param_tensor *p, const ff_host_tensor *t) {
     return true;
 }
 
-int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t, ff_dptr dst) {
-    const size_t bytes = (size_t)p->numel * sizeof(float);
+const float *ffm_tp_local_view(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t) {
     const float *whole = t->data;
-    if (p->split < 0 || ffm_tp_is_shard(p, t)) {
-        ff_memcpy_h2d(m->st, dst, whole, bytes);
-    } else if (p->split == 0) { /* rows: one contiguous range */
-        ff_memcpy_h2d(m->st, dst, whole + (size_t)p->start * (size_t)cols_of(p, p->full), bytes);
-    } else {
-        float *h = ffm_tp_host(m, (size_t)p->numel);
-        if (!h) return -1;
-        const size_t c = (size_t)p->shape[1], fc = (size_t)p->full[1];
-        for (int64_t i = 0; i < p->shape[0]; i++) memcpy(h + (size_t)i * c, whole + (size_t)i * fc + (size_t)p->start, c * 4);
-        ff_memcpy_h2d(m->st, dst, h, bytes);
-    }
+    if (p->split < 0 || ffm_tp_is_shard(p, t)) return whole;
+    if (p->split == 0) return whole + (size_t)p->start * (size_t)cols_of(p, p->full); /* rows: one contiguous range */
+    float *h = ffm_tp_host(m, (size_t)p->numel);
+    if (!h) return NULL;
+    const size_t c = (size_t)p->shape[1], fc = (size_t)p->full[1];
+    for (int64_t i = 0; i < p->shape[0]; i++) memcpy(h + (size_t)i * c, whole + (size_t)i * fc + (size_t)p->start, c * 4);
+    return h;
+}
+
+int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t, ff_dptr dst) {
+    const float *v = ffm_tp_local_view(m, p, t);
+    if (!v) return -1;
+    ff_memcpy_h2d(m->st, dst, v, (size_t)p->numel * sizeof(float));
     return 0;
 }
 
-int ffm_tp_store_whole(ff_model *m, const ff_param_tensor *p, ff_dptr src, float *whole) {
+/* whole (p->full) from this rank's shard `mine` [numel], with `all` [tp, numel] as scratch */
+static int gather_whole(ff_model *m, const ff_param_tensor *p, const float *mine, float *all, float *whole) {
     const size_t n = (size_t)p->numel;
-    if (p->split < 0) {
-        ff_memcpy_d2h(m->st, whole, src, n * sizeof(float));
-        return 0;
-    }
-    float *h = ffm_tp_host(m, n * ((size_t)m->tp + 1));
-    if (!h) return -1;
-    float *all = h + n; /* [tp, n] every rank's shard */
-    ff_memcpy_d2h(m->st, h, src, n * sizeof(float));
-    if (m->comm.all_gather(m->comm.ctx, h, all, n)) return comm_failed("all-gather of a tensor", n);
+    if (m->comm.all_gather(m->comm.ctx, mine, all, n)) return comm_failed("all-gather of a tensor", n);
     /* piece k (rank k rep, the first holder of each distinct shard) goes at k shape[split] */
     const int pieces = m->tp / p->rep;
     const size_t c = (size_t)cols_of(p, p->shape), fc = (size_t)cols_of(p, p->full);
@@ -306,6 +305,28 @@ int ffm_tp_store_whole(ff_model *m, const ff_param_tensor *p, ff_dptr src, float
         }
     }
     return 0;
+}
+
+int ffm_tp_store_whole(ff_model *m, const ff_param_tensor *p, ff_dptr src, float *whole) {
+    const size_t n = (size_t)p->numel;
+    if (p->split < 0) {
+        ff_memcpy_d2h(m->st, whole, src, n * sizeof(float));
+        return 0;
+    }
+    float *h = ffm_tp_host(m, n * ((size_t)m->tp + 1));
+    if (!h) return -1;
+    ff_memcpy_d2h(m->st, h, src, n * sizeof(float));
+    return gather_whole(m, p, h, h + n, whole);
+}
+
+int ffm_tp_store_whole_host(ff_model *m, const ff_param_tensor *p, const float *mine, float *whole) {
+    const size_t n = (size_t)p->numel;
+    if (p->split < 0) {
+        if (whole != mine) memcpy(whole, mine, n * sizeof(float));
+        return 0;
+    }
+    float *all = ffm_tp_host(m, n * (size_t)m->tp);
+    return all ? gather_whole(m, p, mine, all, whole) : -1;
 }
 
 int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *out) {

@@ -54,11 +54,12 @@ int ff_model_init_weights(const ff_model_config *cfg, uint64_t seed, double init
 
 /* ---- tensor parallelism ------------------------------------------------------------------ */
 
-/* What a tensor-parallel model needs of its group, supplied by its host (a worker backs it
- * with ff_coll, tests with threads): collectives on host memory, called by every rank of the
- * group in the same order with the same n (SPMD). Each returns 0, or -1 + error (the group is
- * broken; the model call that ran it fails). The model copies device data through the host
- * around each call. The struct is copied; ctx must outlive the model. */
+/* What a tensor-parallel model (or a sharded optimizer, ff_optimizer_opts) needs of its
+ * group, supplied by its host (a worker backs it with ff_coll, tests with threads):
+ * collectives on host memory, called by every rank of the group in the same order with the
+ * same n (SPMD). Each returns 0, or -1 + error (the group is broken; the model call that ran
+ * it fails). The model copies device data through the host around each call. The struct is
+ * copied; ctx must outlive the model (the optimizer). */
 typedef struct ff_model_comm {
     int rank, size; /* this rank in the TP group, 0 <= rank < size */
     void *ctx;      /* the host's, passed to every call */
@@ -68,6 +69,12 @@ typedef struct ff_model_comm {
     int (*all_reduce_sum_f64)(void *ctx, double *buf, size_t n);
     /* out[r * n + i] = in[i] of rank r; out holds size * n floats */
     int (*all_gather)(void *ctx, const float *in, float *out, size_t n);
+    /* The sharded optimizer's (tensor parallelism does not use them). counts [size], the
+     * same array on every rank; displ r = counts[0] + ... + counts[r - 1], N = the sum.
+     * reduce-scatter: out [counts[rank]] = sum over the group of in [displ rank ..], in
+     * holds N floats. all-gather: out [N] holds every rank's in [counts[r]] at displ r. */
+    int (*reduce_scatter_sum_v)(void *ctx, const float *in, float *out, const size_t *counts);
+    int (*all_gather_v)(void *ctx, const float *in, float *out, const size_t *counts);
 } ff_model_comm;
 
 /* Can `cfg` be split over tp_size ranks (Megatron-style, docs/model.md "Tensor
@@ -272,21 +279,54 @@ typedef struct ff_optim_stats {
 } ff_optim_stats;
 
 /* An optimizer for m's parameters (state buffers on m's backend, zero). NULL + error (an
- * inference model has nothing to optimize). */
+ * inference model has nothing to optimize). The same as ff_optimizer_new_opts with NULL. */
 ff_optimizer *ff_optimizer_new(ff_model *m, const ff_adamw_config *c);
+
+/* Sharded data parallelism (ZeRO, docs/model.md "ZeRO"). zero 0: the optimizer holds the
+ * state of every parameter and steps on gradients already summed over the data-parallel
+ * ranks (the trainer's hook all-reduces them). zero 1: rank r of the d ranks of dp owns one
+ * range of the flat parameter buffer (under TP: of this rank's TP-local buffer; the d ranks
+ * are the ones holding the same TP shard) and holds exp_avg and exp_avg_sq for it alone.
+ * The ranges are an equal split of ff_model_param_count() floats: ceil(n / d) rounded up to
+ * FF_ZERO_ALIGN floats each, the last ones shorter (or empty). Its step (every rank of dp
+ * calls it, with its own unreduced gradients): reduce-scatter (sum, fp32) the gradient
+ * buffer in buckets of `bucket` floats, so each rank gets the summed gradients of its range;
+ * the global norm from the sum of squares of each rank's range, all-reduced over dp (in
+ * double) and then over TP; clip; AdamW on the range; all-gather the updated range into
+ * every rank's full parameter buffer, bucket by bucket. The non-owned part of the gradient
+ * buffer is left unreduced. The result equals zero 0's (the sums of the reduction are the
+ * same; the norm's partial sums are associated differently, within double rounding). */
+#define FF_ZERO_ALIGN 4096           /* floats: a multiple of the CPU sum-of-squares block */
+#define FF_ZERO_BUCKET_DEFAULT 25000000 /* floats per collective (100 MB) */
+typedef struct ff_optimizer_opts {
+    int zero;                /* 0 or 1 (2 and 3 are not built: an error) */
+    const ff_model_comm *dp; /* zero 1: the data-parallel group (copied; NULL or size 1: one
+                                rank, which owns everything); needs all_reduce_sum_f64,
+                                reduce_scatter_sum_v and all_gather_v */
+    int64_t bucket;          /* floats per reduce-scatter / all-gather; 0: FF_ZERO_BUCKET_DEFAULT */
+} ff_optimizer_opts;
+ff_optimizer *ff_optimizer_new_opts(ff_model *m, const ff_adamw_config *c, const ff_optimizer_opts *o);
 void ff_optimizer_destroy(ff_optimizer **o);
-/* The bytes of its state on the backend: exp_avg and exp_avg_sq, 2 x 4 bytes a parameter. */
+/* The range [*lo, *hi) of the flat buffer whose state this rank holds ([0, n) at zero 0). */
+void ff_optimizer_shard(const ff_optimizer *o, int64_t *lo, int64_t *hi);
+/* The bytes of its state on the backend: exp_avg and exp_avg_sq, 2 x 4 bytes a parameter
+ * of its range (the sizes of the two allocations). */
 int64_t ff_optimizer_state_bytes(const ff_optimizer *o);
 /* Clip the gradients to max_grad_norm (global norm; under TP the whole model's, each
- * replicated parameter counted once), update the parameters, count the step.
- * Does not zero the gradients. A non-finite gradient norm skips the update and returns -1 +
- * error (stats still filled). */
+ * replicated parameter counted once), update the parameters, count the step. At zero 1 this
+ * is the whole sharded step above (a collective over dp). Does not zero the gradients. A
+ * non-finite gradient norm skips the update on every rank and returns -1 + error (stats
+ * still filled). A failed collective returns -1 + error with the parameters possibly half
+ * gathered: the group is broken and the run must stop (or resume from a checkpoint). */
 int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats);
 int64_t ff_optimizer_steps_done(const ff_optimizer *o);
 /* State to and from a tensor set: "exp_avg.<param name>", "exp_avg_sq.<param name>" (the
  * parameter's shape) and "step" ([1], the count of updates done). Import checks names and
- * shapes. Under TP the tensors are whole (export gathers; import takes whole tensors or this
- * rank's shards, like the weights). 0 or -1 + error. */
+ * shapes. The tensors are whole whatever the layout, so a state saved at one TP or ZeRO
+ * layout loads at another: under TP export gathers and import takes whole tensors or this
+ * rank's shards, like the weights; at zero 1 export gathers the ranges over dp (every rank
+ * of dp calls it and gets the whole state) and import takes this rank's range of each
+ * tensor (no communication). 0 or -1 + error. */
 int ff_optimizer_export_state(ff_optimizer *o, ff_tensor_set *out);
 int ff_optimizer_import_state(ff_optimizer *o, const ff_tensor_set *in);
 
