@@ -25,7 +25,9 @@
  * known). Each rank runs ff_trainer_step on its share with the mini-batch's GLOBAL loss
  * normaliser (ff_trainer_denom summed over every rank's share); the gradients then add up,
  * so the DP hook must SUM (not average) the gradient buffer across ranks. The hook runs after
- * the last micro-batch's backward and before clipping and the optimizer step.
+ * the last micro-batch's backward and before clipping and the optimizer step. With ZeRO-1
+ * (ff_trainer_config.zero) the optimizer does that sum itself, as a reduce-scatter, and
+ * holds the AdamW state of its share of the parameters only.
  *
  * Errors: -1 / NULL + ff_error message (bad sample, a model without the head asked for,
  * allocation); misuse (NULL pointers, negative counts) asserts.
@@ -184,9 +186,17 @@ typedef struct ff_trainer_config {
     float temperature;      /* of the forward (= the rollout's sampling temperature); 0 = 1 */
     /* critic */
     ff_rlhf_value_cfg value; /* clip (cliprange_value) and agg; its denom is ignored */
-    /* data parallelism (NULL: one rank) */
+    /* data parallelism. zero 0: grad_hook sums the whole gradient buffer over the DP ranks
+     * (NULL: one rank) and each rank keeps the whole AdamW state. zero 1 (ZeRO-1, model.h
+     * ff_optimizer_opts): no hook; the optimizer reduce-scatters the gradients over dp in
+     * buckets of zero_bucket floats (0: FF_ZERO_BUCKET_DEFAULT), steps the state of its 1/d
+     * range and all-gathers the parameters. dp's ctx is the host's (a worker passes its DP
+     * group's communicator through it, set for each step); dp.size 1 (or 0): one rank. */
     ff_grad_hook grad_hook;
     void *grad_hook_user;
+    int zero;
+    ff_model_comm dp;
+    int64_t zero_bucket;
 } ff_trainer_config;
 
 /* Metrics of a step (or the mean over the steps of ff_trainer_train_batch). Loss values are
@@ -211,8 +221,9 @@ typedef struct ff_train_metrics {
 
 typedef struct ff_trainer ff_trainer;
 
-/* A trainer for m with its own AdamW state. An actor needs an LM head and config->loss; a
- * critic needs a value head. NULL + error. */
+/* A trainer for m with its own AdamW state (at zero 1: of its range). An actor needs an LM
+ * head and config->loss; a critic needs a value head. zero 2 and 3 are refused (not built),
+ * and so is a grad_hook at zero 1. NULL + error. */
 ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c);
 void ff_trainer_destroy(ff_trainer **t);
 ff_model *ff_trainer_model(const ff_trainer *t);
@@ -231,7 +242,8 @@ double ff_trainer_denom(const ff_trainer *t, const ff_rl_sample *samples, int32_
  * old_logprob and advantages (and ref_logprob with a KL loss) for an actor; old_values and
  * returns for a critic. denom: the global normaliser (<= 0: this share's own, right for one
  * rank). metrics (may be NULL) is overwritten. No samples and no hook: no step (with a hook,
- * a rank without samples still joins the all-reduce and steps). 0, or -1 + error (a missing
+ * or at zero 1 over several ranks, a rank without samples still joins the collectives and
+ * steps). 0, or -1 + error (a missing
  * column, a model error, a non-finite gradient: the update is skipped and counted in
  * metrics->skipped). */
 int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const int32_t *mb_start, int32_t n_micro,

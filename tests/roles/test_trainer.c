@@ -1,10 +1,12 @@
 /* The trainers: the actor's loss is the registry's policy loss + KL loss - entropy bonus on the
  * right tokens; k micro-batches accumulate the gradient of one big batch; two DP ranks with
  * the global normaliser sum to the one-rank gradient, through the hook, called once with the
- * flat gradient buffer; training lowers the loss on a toy batch (actor and critic); settings
- * from a run config; bad input. */
+ * flat gradient buffer; ZeRO-1 over two DP ranks (threads) makes the same steps as the hook's
+ * all-reduce, bit for bit, a rank without samples included; training lowers the loss on a toy
+ * batch (actor and critic); settings from a run config; bad input. */
 #include "fuseflow/graph.h"
 #include "fuseflow/registry.h"
+#include "tests/model/thread_comm.h"
 #include "tests/roles/roles_test_util.h"
 
 enum { NS = 12, RMAX = 6 };
@@ -235,6 +237,122 @@ static void test_accumulation_and_dp(ff_backend *be, const ff_registry *reg, boo
     ff_config_destroy(&pcfg);
 }
 
+/* ZeRO-1 in the trainer: two DP ranks (threads with a communicator each) step three times
+ * on their shares of a toy batch, the third time with every sample on rank 0, once with
+ * the hook all-reducing the gradients (zero 0) and once with zero 1; the parameters after
+ * every step are the same bits, on both ranks, and so are the losses; the norms agree to
+ * 1e-12 (summed in another association); the state is split. */
+typedef struct zero_rank {
+    ff_model_config mc;
+    ff_policy_loss *pl;
+    const ff_kl_def *kl;
+    const ff_rl_sample *share[3]; /* per step */
+    int32_t n[3];
+    double denom[3];
+    tc_rank comm;
+    float *params[2][3]; /* [zero][step] */
+    ff_train_metrics m[2][3];
+    int64_t state_bytes[2];
+} zero_rank;
+
+static int allreduce_hook(void *user, ff_model *m, ff_buffer *grads, int64_t n) {
+    (void)grads;
+    float *g = malloc((size_t)n * sizeof *g);
+    REQUIRE(g && ff_model_read_grads(m, g) == 0);
+    int rc = tc_sum(user, g, (size_t)n);
+    ff_model_write_grads(m, g);
+    free(g);
+    return rc;
+}
+
+static void *zero_rank_main(void *p) {
+    zero_rank *z = p;
+    ff_backend *be = test_backend();
+    for (int zero = 0; zero < 2; zero++) {
+        ff_model *m = small_model(be, &z->mc, 11);
+        ff_trainer_config c = actor_cfg(z->pl, z->kl, 0.01);
+        c.optim.max_grad_norm = 0.1; /* every step clips */
+        c.optim.weight_decay = 0.1;
+        c.zero = zero;
+        if (zero) {
+            c.dp = tc_comm(&z->comm);
+            c.zero_bucket = 1000; /* many buckets */
+        } else {
+            c.grad_hook = allreduce_hook;
+            c.grad_hook_user = &z->comm;
+        }
+        ff_trainer *tr = ff_trainer_new(m, &c);
+        DIE_IF(!tr);
+        z->state_bytes[zero] = ff_optimizer_state_bytes(ff_trainer_optimizer(tr));
+        int64_t n = ff_model_param_count(m);
+        for (int s = 0; s < 3; s++) {
+            DIE_IF(ff_trainer_step(tr, z->share[s], z->n[s], NULL, 0, z->denom[s], &z->m[zero][s]));
+            z->params[zero][s] = malloc((size_t)n * sizeof(float));
+            REQUIRE(z->params[zero][s]);
+            ff_model_read_params(m, z->params[zero][s]);
+        }
+        ff_trainer_destroy(&tr);
+        ff_model_destroy(&m);
+    }
+    ff_backend_destroy(&be);
+    return NULL;
+}
+
+static void test_zero(ff_backend *be, const ff_registry *reg) {
+    zero_rank z[2];
+    memset(z, 0, sizeof z);
+    ff_model_config mc = small_config(false, true);
+    ff_model *m = small_model(be, &mc, 11);
+    toy t;
+    toy_make(&t, m, 4);
+    ff_policy_loss *pl = ff_policy_loss_new(reg, "vanilla", NULL);
+    REQUIRE(pl);
+    ff_trainer_config c = actor_cfg(pl, ff_registry_kl(reg, "k2"), 0.01);
+    ff_trainer *tr = ff_trainer_new(m, &c); /* for the normalisers */
+    DIE_IF(!tr);
+    tc_group g;
+    tc_group_init(&g, 2);
+    for (int r = 0; r < 2; r++) {
+        z[r] = (zero_rank){.mc = mc, .pl = pl, .kl = c.kl, .comm = {.g = &g, .rank = r}};
+        z[r].share[0] = z[r].share[1] = t.s + r * NS / 2;
+        z[r].n[0] = z[r].n[1] = NS / 2;
+        z[r].share[2] = t.s; /* step 3: rank 0 all, rank 1 nothing */
+        z[r].n[2] = r ? 0 : NS;
+    }
+    for (int s = 0; s < 3; s++) {
+        double d = ff_trainer_denom(tr, z[0].share[s], z[0].n[s]) + ff_trainer_denom(tr, z[1].share[s], z[1].n[s]);
+        z[0].denom[s] = z[1].denom[s] = d;
+    }
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) REQUIRE(pthread_create(&th[r], NULL, zero_rank_main, &z[r]) == 0);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    const int64_t n = ff_model_param_count(m);
+    for (int r = 0; r < 2; r++) {
+        for (int s = 0; s < 3; s++) {
+            CHECK(!memcmp(z[r].params[1][s], z[r].params[0][s], (size_t)n * 4));
+            CHECK(!memcmp(z[r].params[1][s], z[0].params[1][s], (size_t)n * 4));
+            const ff_train_metrics *a = &z[r].m[1][s], *b = &z[r].m[0][s];
+            CHECK_EQ_INT(a->steps, 1);
+            CHECK(a->loss == b->loss && a->samples == b->samples);
+            CHECK_CLOSE(a->grad_norm, b->grad_norm, 0, 1e-12);
+            CHECK(a->grad_norm > 0.1); /* clipped */
+        }
+        CHECK(memcmp(z[r].params[0][0], z[r].params[0][1], (size_t)n * 4)); /* the steps moved the weights */
+        CHECK_EQ_INT(z[r].state_bytes[0], 8 * n);
+    }
+    for (int r = 0; r < 2; r++) {
+        for (int zz = 0; zz < 2; zz++)
+            for (int s = 0; s < 3; s++) free(z[r].params[zz][s]);
+        tc_rank_free(&z[r].comm);
+    }
+    CHECK_EQ_INT(z[0].state_bytes[1] + z[1].state_bytes[1], 8 * n);
+    CHECK(z[0].state_bytes[1] < 8 * n * 3 / 4 && z[1].state_bytes[1] > 0);
+    tc_group_destroy(&g);
+    ff_trainer_destroy(&tr);
+    ff_policy_loss_destroy(&pl);
+    ff_model_destroy(&m);
+}
+
 /* Training on a toy batch lowers its loss: the actor (PPO, old log-probs refreshed each
  * iteration as in RL) raises the log-prob of positive-advantage responses and lowers the
  * others'; the critic fits its returns. Also through ff_trainer_train_batch. */
@@ -346,6 +464,14 @@ static void test_errors(ff_backend *be, const ff_registry *reg) {
     CHECK_STR_CONTAINS(ff_error_message(), "peer 3 is gone");
     CHECK_EQ_INT(ff_optimizer_steps_done(ff_trainer_optimizer(tr)), 0);
     ff_trainer_destroy(&tr);
+    /* ZeRO: 1 takes no hook (the optimizer reduces), 2 and 3 are not built */
+    c.zero = 1;
+    CHECK(ff_trainer_new(m, &c) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "a gradient hook and ZeRO-1");
+    c.grad_hook = NULL;
+    c.zero = 2;
+    CHECK(ff_trainer_new(m, &c) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "ZeRO-2/3 are not built");
     ff_policy_loss_destroy(&pl);
     ff_model_destroy(&m);
 }
@@ -411,6 +537,7 @@ int main(void) {
     test_accumulation_and_dp(be, reg, false, "seq-mean-token-mean");
     test_accumulation_and_dp(be, reg, true, "token-mean");
     test_accumulation_and_dp(be, reg, true, "seq-mean-token-sum");
+    test_zero(be, reg);
     test_learning(be, reg);
     test_errors(be, reg);
     test_from_config(reg);

@@ -2,7 +2,7 @@
  * gradients accumulate; the losses are the registry's (policy loss by name, KL kind) plus
  * the entropy bonus, or the clipped value loss; normalised by the mini-batch's global
  * normaliser so that micro-batches and DP ranks add up exactly; a hook for the DP all-reduce
- * between the last backward and the step.
+ * between the last backward and the step, or ZeRO-1 (the optimizer's own reduce-scatter).
  *
  * Per micro-batch: pack the samples (prompt + response), forward with activations kept,
  * gather the per-response-token outputs, compute the loss and its derivative with respect to
@@ -46,11 +46,16 @@ ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c) {
     } else {
         return ff_error_set("trainer", NULL, "unknown trainer kind %d", (int)c->kind), NULL;
     }
+    if (c->zero == 1 && c->grad_hook)
+        return ff_error_set("trainer", "leave grad_hook NULL: at zero 1 the optimizer reduce-scatters the gradients over dp",
+                            "a gradient hook and ZeRO-1"),
+               NULL;
     ff_trainer *t = ff_calloc(1, sizeof *t);
     if (!t) return NULL;
     t->m = m;
     t->c = *c;
-    t->opt = ff_optimizer_new(m, &c->optim);
+    ff_optimizer_opts oo = {.zero = c->zero, .dp = c->dp.size > 1 ? &c->dp : NULL, .bucket = c->zero_bucket};
+    t->opt = ff_optimizer_new_opts(m, &c->optim, &oo);
     if (!t->opt) {
         free(t);
         return NULL;
@@ -201,7 +206,7 @@ int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const
     if (metrics) memset(metrics, 0, sizeof *metrics);
     /* nothing to learn from and no other rank to join: an AdamW step on zero gradients would
      * still move the weights (momentum), so there is none */
-    if (n == 0 && !t->c.grad_hook) return 0;
+    if (n == 0 && !t->c.grad_hook && !(t->c.zero && t->c.dp.size > 1)) return 0;
     acc a = {0};
     ff_model_zero_grad(t->m);
     ff_forward_opts fo = {.train = true, .temperature = actor ? t->c.temperature : 0};
