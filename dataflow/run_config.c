@@ -103,6 +103,17 @@ static int read_layout(ff_cnode *base, const ff_layout *dflt, ff_layout *L, cons
     return 0;
 }
 
+/* roles.<role>.zero: the ZeRO stage of a trained role's layout (docs/run.md). */
+static int read_zero(ff_cnode *base, ff_layout *L, const char *path) {
+    char w[256];
+    if (ff_cnode_get_int_in(base, "zero", 0, 0, 3, &L->zero) < 0) return -1;
+    if (L->zero > 1)
+        return ff_error_set(ff_cnode_where(ff_cnode_find(base, "zero"), w, sizeof w),
+                            "use zero: 1 (the optimizer state sharded over the DP ranks) or 0", "%s.zero: ZeRO-2/3 are not built",
+                            path);
+    return 0;
+}
+
 static int read_role(ff_run_config *run, ff_role r) {
     ff_role_cfg *rc = &run->roles[r];
     char path[64];
@@ -160,6 +171,7 @@ static int read_role(ff_run_config *run, ff_role r) {
         if (read_layout(ro, &d, &rc->rollout, what) < 0) return -1;
     }
     if (r == FF_ROLE_ACTOR || r == FF_ROLE_CRITIC) {
+        if (read_zero(base, &rc->layout, path) < 0) return -1;
         ff_optim_cfg *o = &rc->optim;
         ff_cnode *ob = ff_cnode_find(base, "optim");
         ff_cnode *opt = ob ? ob : base; /* absent: defaults (getters on a map without the keys) */

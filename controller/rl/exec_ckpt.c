@@ -7,7 +7,8 @@
  *                              coefficients, the training set's size
  *   config.yaml                the effective run config (what --resume compares with)
  * The folder is staged as step-N.tmp-PID (the trained roles' DP rank 0 workers write their
- * parts into it, the controller writes state.json) and swapped in whole (ff_train_dir_commit,
+ * parts into it, after gathering a ZeRO-1 optimizer's state from every DP rank; the
+ * controller writes state.json) and swapped in whole (ff_train_dir_commit,
  * fuseflow/train_dir.h), so a crash never leaves half a checkpoint (and the next run in the
  * folder removes the staging folder of a dead one). The two newest are kept.
  *
@@ -34,17 +35,24 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ff_data_order *order_at) {
         const char *name;
     } parts[2] = {{FF_ROLE_ACTOR, POOL_ACTOR, "actor"}, {FF_ROLE_CRITIC, POOL_CRITIC, "critic"}};
     for (int i = 0; i < 2; i++) {
-        if (!ex_has_node(x, FF_OP_TRAIN, parts[i].role) || !x->pool_n[parts[i].pool]) continue;
-        ex_job *j = ex_job_new(x, JOB_CTL, -1);
-        if (!j) goto fail;
-        ff_arg args[2] = {ff_arg_str("role", parts[i].name), ff_arg_str("dir", tmp)};
-        char label[64];
-        snprintf(label, sizeof label, "save %s", parts[i].name);
-        int nafter;
-        const uint64_t *after = ex_trace_deps(x, -1, NULL, 0, parts[i].pool, NULL, 0, &nafter);
-        ff_subtask_spec spec = {.kind = FF_RL_SAVE, .target = FF_TARGET_RANK, .rank = x->pool_ranks[parts[i].pool][0],
-                                .args = args, .nargs = 2, .after = after, .nafter = nafter, .label = label};
-        if (!ex_submit(x, j, &spec)) goto fail;
+        const int pool = parts[i].pool;
+        if (!ex_has_node(x, FF_OP_TRAIN, parts[i].role) || !x->pool_n[pool]) continue;
+        /* a ZeRO-1 optimizer's state is in pieces on every DP rank: all of them gather it
+         * (over the pool's group) and DP rank 0 writes */
+        const int savers = x->run->roles[parts[i].role].layout.zero ? x->pool_n[pool] : 1;
+        for (int k = 0; k < savers; k++) {
+            ex_job *j = ex_job_new(x, JOB_CTL, -1);
+            if (!j) goto fail;
+            ff_arg args[2] = {ff_arg_str("role", parts[i].name), ff_arg_str("dir", tmp)};
+            char label[64];
+            snprintf(label, sizeof label, savers > 1 ? "save %s (dp %d)" : "save %s", parts[i].name, k);
+            int nafter;
+            const uint64_t *after = ex_trace_deps(x, -1, NULL, 0, pool, NULL, 0, &nafter);
+            ff_subtask_spec spec = {.kind = FF_RL_SAVE, .target = FF_TARGET_RANK, .rank = x->pool_ranks[pool][k],
+                                    .group = savers > 1 ? ex_pool_names[pool] : NULL, .args = args, .nargs = 2, .after = after,
+                                    .nafter = nafter, .label = label};
+            if (!ex_submit(x, j, &spec)) goto fail;
+        }
     }
     if (ex_wait_jobs(x) != 0) goto fail;
     json_t *st = json_object();

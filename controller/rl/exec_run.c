@@ -274,6 +274,13 @@ static int write_metrics(ex_run *x, json_t *m) {
     return ff_train_dir_metrics(&x->td, m);
 }
 
+/* Rank r's place in a trained pool (its DP group): its index, 0 when not a member. */
+static int64_t pool_index(const ex_run *x, int pool, int r) {
+    for (int i = 0; i < x->pool_n[pool]; i++)
+        if (x->pool_ranks[pool][i] == r) return i;
+    return 0;
+}
+
 static int init_workers(ex_run *x, const char *resume_dir) {
     char backend[32];
     snprintf(backend, sizeof backend, "cpu:%d", x->threads);
@@ -295,7 +302,11 @@ static int init_workers(ex_run *x, const char *resume_dir) {
         ff_arg args[] = {ff_arg_int("roles", x->rank_roles[r]),     ff_arg_str("backend", backend),
                           ff_arg_str("resume", resume_dir ? resume_dir : ""), ff_arg_int("updates_actor", x->updates[0]),
                           ff_arg_int("updates_critic", x->updates[1]), ff_arg_int("slots", slots),
-                          ff_arg_int("max_seq", x->max_seq),            ff_arg_str("name", x->o.config)};
+                          ff_arg_int("max_seq", x->max_seq),            ff_arg_str("name", x->o.config),
+                          ff_arg_int("dp_rank_actor", pool_index(x, POOL_ACTOR, r)),
+                          ff_arg_int("dp_size_actor", x->pool_n[POOL_ACTOR] ? x->pool_n[POOL_ACTOR] : 1),
+                          ff_arg_int("dp_rank_critic", pool_index(x, POOL_CRITIC, r)),
+                          ff_arg_int("dp_size_critic", x->pool_n[POOL_CRITIC] ? x->pool_n[POOL_CRITIC] : 1)};
         ex_job *j = ex_job_new(x, JOB_INIT, -1);
         if (!j) return -1;
         ff_subtask_spec spec = {.kind = FF_RL_INIT, .target = FF_TARGET_RANK, .rank = r, .args = args,
@@ -485,7 +496,7 @@ static char *join_overrides(int n, char *const *v) {
  * to rounding, docs/run.md "Determinism"). docs/run.md lists them. */
 static const char *const harmless_keys[] = {"trainer.test_freq", "trainer.save_freq", "trainer.out_dir", "trainer.schedule",
                                             "data.val_files", "data.val_batch_size", "roles.*.workers", "roles.*.colocate_with",
-                                            "roles.actor.rollout.workers", NULL};
+                                            "roles.actor.rollout.workers", "roles.*.zero", NULL};
 static const char *const samples_file[] = {"samples.jsonl", NULL};
 
 static int setup(ex_run *x, char ***over_out, int *n_over_out) {

@@ -201,6 +201,7 @@ void ff_graph_print(const ff_graph *g, FILE *out);
 typedef struct ff_layout {
     int64_t workers; /* processes (one per device) */
     int64_t dp, tp, pp;
+    int64_t zero;    /* a trained role's ZeRO stage: 0, or 1 (optimizer state sharded over dp) */
 } ff_layout;
 
 typedef struct ff_optim_cfg {

@@ -16,7 +16,10 @@ extern "C" {
 /* ---- subtask kinds and their arguments ---------------------------------------------------
  * role: "actor", "gen", "critic", "ref" or "reward"; mb: micro-batch size in samples. */
 #define FF_RL_INIT "rl.init"         /* config (tensor, YAML text), roles, updates_actor, updates_critic,
-                                        slots, max_seq, backend, resume, name */
+                                        slots, max_seq, backend, resume, name; dp_rank_actor,
+                                        dp_size_actor, dp_rank_critic, dp_size_critic (the
+                                        worker's place in the trained roles' DP groups:
+                                        ZeRO-1 shards the optimizer state by it) */
 #define FF_RL_GENERATE "rl.generate" /* prompts x n samples; n, temperature, top_p, top_k, max_new
                                         (deferred: continuous batching across subtasks) */
 #define FF_RL_LOGPROB "rl.logprob"   /* per-token log-probs (entropy=1: and entropy); role, mb */
@@ -25,7 +28,9 @@ extern "C" {
 #define FF_RL_TRAIN "rl.train"       /* one optimizer step on this rank's share; role, denom,
                                         tensor "mb" (micro-batch offsets) */
 #define FF_RL_SYNC "rl.sync"         /* trained actor -> generating actor; mode local | bcast */
-#define FF_RL_SAVE "rl.save"         /* a trained role's checkpoint; role, dir */
+#define FF_RL_SAVE "rl.save"         /* a trained role's checkpoint; role, dir (to DP rank 0, or at
+                                        ZeRO-1 to every DP rank of the role's group: they
+                                        gather the optimizer state, rank 0 writes) */
 #define FF_RL_DIGEST "rl.digest"     /* a hash of a role's weights; role */
 
 /* ---- what a worker hosts (rl.init's `roles`, a bit mask; also rl.*'s `role`) ----------- */

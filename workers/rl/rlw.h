@@ -42,6 +42,8 @@ typedef struct rlw_init_args {
     int64_t total_updates[2]; /* optimizer steps of the run: actor, critic (cosine schedules) */
     int32_t slots;           /* KV-cache slots of the rollout engine */
     int32_t max_seq_len;     /* prompt + response positions */
+    int32_t dp_rank[2], dp_size[2]; /* this worker in the actor's, the critic's DP group (a
+                                       ZeRO-1 optimizer holds the state of its rank's range) */
 } rlw_init_args;
 
 rlw *rlw_new(void);
@@ -109,8 +111,10 @@ int rlw_sync_bcast(rlw *s, ff_coll_comm *comm);
 
 /* ---- checkpoints and checks -------------------------------------------------------------- */
 /* DIR/<role>/ (a model folder, with the tokenizer when the role's model had one) and
- * DIR/<role>.optim.safetensors for a trained role. role FF_RL_ACTOR or FF_RL_CRITIC. */
-int rlw_save(rlw *s, unsigned role, const char *dir);
+ * DIR/<role>.optim.safetensors for a trained role. role FF_RL_ACTOR or FF_RL_CRITIC. At
+ * ZeRO-1 over several ranks every DP rank calls it with the role's group (comm): they gather
+ * the optimizer state, and DP rank 0 writes; otherwise comm may be NULL. */
+int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm);
 /* A hash of a model's flat parameters (equal weights, equal hash) and their sum. */
 int rlw_digest(rlw *s, unsigned role, uint64_t *hash, double *sum);
 

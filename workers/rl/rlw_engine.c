@@ -44,10 +44,16 @@ struct rlw {
     gen_job *jobs;
     int njobs, jobs_cap;
     uint64_t next_req;
-    /* the DP all-reduce of the step in progress */
+    /* the DP group of the step (or checkpoint) in progress: the hook's all-reduce, or the
+     * collectives of a ZeRO-1 optimizer */
     ff_coll_comm *comm;
     float *gbuf;
     int64_t gcap;
+    int32_t dp_rank[2], dp_size[2]; /* actor, critic (rl.init) */
+    struct dp_ctx {
+        rlw *s;
+        int size;
+    } dpc[2];
 };
 
 rlw *rlw_new(void) {
@@ -144,13 +150,53 @@ static int grad_hook(void *user, ff_model *m, ff_buffer *grads, int64_t n) {
     return 0;
 }
 
+/* ZeRO-1's collectives on the DP group of the step in progress (ff_model_comm, model.h). */
+static ff_coll_comm *dp_group(struct dp_ctx *c) {
+    ff_coll_comm *g = c->s->comm;
+    if (!g)
+        return ff_error_set("ZeRO-1", "the controller sends a trained role's steps and saves with its group",
+                            "no communicator for the data-parallel group"),
+               NULL;
+    if (ff_coll_comm_size(g) != c->size)
+        return ff_error_set("ZeRO-1", NULL, "the group has %d ranks, the optimizer was split over %d", ff_coll_comm_size(g),
+                            c->size),
+               NULL;
+    return g;
+}
+static int dp_sum64(void *ctx, double *buf, size_t n) {
+    ff_coll_comm *g = dp_group(ctx);
+    return g ? ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, g, NULL) : -1;
+}
+static int dp_reduce_scatter(void *ctx, const float *in, float *out, const size_t *counts) {
+    ff_coll_comm *g = dp_group(ctx);
+    return g ? ff_coll_reduce_scatter_v(in, out, counts, FF_DTYPE_F32, FF_COLL_SUM, g, NULL) : -1;
+}
+static int dp_all_gather(void *ctx, const float *in, float *out, const size_t *counts) {
+    ff_coll_comm *g = dp_group(ctx);
+    return g ? ff_coll_all_gather_v(in, out, counts, FF_DTYPE_F32, g, NULL) : -1;
+}
+
+/* How a trained role's gradients meet over DP: the hook's all-reduce (zero 0) or the
+ * optimizer's reduce-scatter (zero 1, the run config's roles.<role>.zero). */
+static void set_dp(rlw *s, ff_role role, ff_trainer_config *tc) {
+    const int k = role == FF_ROLE_ACTOR ? 0 : 1;
+    tc->zero = (int)s->run->roles[role].layout.zero;
+    if (!tc->zero) {
+        tc->grad_hook = grad_hook;
+        tc->grad_hook_user = s;
+        return;
+    }
+    s->dpc[k] = (struct dp_ctx){s, s->dp_size[k]};
+    tc->dp = (ff_model_comm){.rank = s->dp_rank[k], .size = s->dp_size[k], .ctx = &s->dpc[k], .all_reduce_sum_f64 = dp_sum64,
+                             .reduce_scatter_sum_v = dp_reduce_scatter, .all_gather_v = dp_all_gather};
+}
+
 static ff_trainer *make_trainer(rlw *s, ff_model *m, ff_role role, int64_t updates, const char *resume_dir, const char *name) {
     const ff_node *n = train_node(s->run, role);
     if (!n) return NULL; /* hosted but never trained: no optimizer */
     ff_trainer_config tc;
     if (ff_roles_trainer_config_from_node(s->run, n, updates, &tc) != 0) return NULL;
-    tc.grad_hook = grad_hook;
-    tc.grad_hook_user = s;
+    set_dp(s, role, &tc);
     ff_trainer *t = ff_trainer_new(m, &tc);
     if (!t) return NULL;
     if (resume_dir) {
@@ -206,6 +252,10 @@ static char **split_lines(const char *text, int *n) {
 
 int rlw_init(rlw *s, const rlw_init_args *a) {
     unload(s);
+    for (int k = 0; k < 2; k++) {
+        s->dp_rank[k] = a->dp_size[k] > 0 ? a->dp_rank[k] : 0;
+        s->dp_size[k] = a->dp_size[k] > 0 ? a->dp_size[k] : 1;
+    }
     int n_over = 0;
     char **over = split_lines(a->overrides, &n_over);
     if (n_over < 0) return ff_error_wrap("worker: the run config's overrides");
@@ -539,27 +589,35 @@ int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
-int rlw_save(rlw *s, unsigned role, const char *dir) {
+int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
     if (role != FF_RL_ACTOR && role != FF_RL_CRITIC) return ff_error_set("rl.save", NULL, "only trained roles are saved");
     if (need(s, role)) return -1;
     ff_model *m = model_of(s, role);
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : s->t_critic;
+    const int k = role == FF_RL_ACTOR ? 0 : 1;
     const char *name = role_name(role);
-    char path[FF_PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (ff_mkdirs(path) != 0) return -1;
-    ff_tensor_set *w = ff_tensor_set_new();
-    if (!w) return -1;
-    int rc = ff_model_export_weights(m, w);
-    if (rc == 0) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == FF_RL_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
-    ff_tensor_set_destroy(&w);
-    if (rc == 0 && t) {
-        ff_tensor_set *o = ff_tensor_set_new();
+    /* a sharded optimizer's state is gathered by every DP rank first (so that a failure of
+     * the writer cannot leave the others waiting in the gather), then DP rank 0 writes */
+    const bool sharded = t && s->run->roles[role == FF_RL_ACTOR ? FF_ROLE_ACTOR : FF_ROLE_CRITIC].layout.zero && s->dp_size[k] > 1;
+    ff_tensor_set *o = NULL;
+    int rc = 0;
+    if (t) {
+        o = ff_tensor_set_new();
+        s->comm = comm;
         rc = o ? ff_optimizer_export_state(ff_trainer_optimizer(t), o) : -1;
-        snprintf(path, sizeof path, "%s/%s.optim.safetensors", dir, name);
-        if (rc == 0) rc = ff_safetensors_save(path, o, FF_DTYPE_F32, NULL);
-        ff_tensor_set_destroy(&o);
+        s->comm = NULL;
     }
+    if (rc == 0 && (!sharded || s->dp_rank[k] == 0)) {
+        char path[FF_PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        ff_tensor_set *w = ff_mkdirs(path) == 0 ? ff_tensor_set_new() : NULL;
+        rc = w ? ff_model_export_weights(m, w) : -1;
+        if (rc == 0) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == FF_RL_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
+        ff_tensor_set_destroy(&w);
+        snprintf(path, sizeof path, "%s/%s.optim.safetensors", dir, name);
+        if (rc == 0 && o) rc = ff_safetensors_save(path, o, FF_DTYPE_F32, NULL);
+    }
+    ff_tensor_set_destroy(&o);
     return rc ? ff_error_wrap("saving the %s into %s", name, dir) : 0;
 }
 

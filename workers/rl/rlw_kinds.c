@@ -174,12 +174,18 @@ static int k_init(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     if (r->nopen) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: generation jobs are still open");
     const ff_tensor *cfg = input(t, "config", FF_DTYPE_U8, false), *ov = input(t, "overrides", FF_DTYPE_U8, true);
-    int64_t roles, ua, uc, slots, max_seq;
+    int64_t roles, ua, uc, slots, max_seq, dpr[2], dps[2];
     char backend[64], resume[FF_PATH_MAX], name[FF_PATH_MAX];
     if (!cfg || !arg_int(t, "roles", 0, &roles) || !arg_int(t, "updates_actor", 0, &ua) || !arg_int(t, "updates_critic", 0, &uc) ||
         !arg_int(t, "slots", 64, &slots) || !arg_int(t, "max_seq", 256, &max_seq) || !arg_str(t, "backend", backend, sizeof backend) ||
-        !arg_str(t, "resume", resume, sizeof resume) || !arg_str(t, "name", name, sizeof name))
+        !arg_str(t, "resume", resume, sizeof resume) || !arg_str(t, "name", name, sizeof name) ||
+        !arg_int(t, "dp_rank_actor", 0, &dpr[0]) || !arg_int(t, "dp_size_actor", 1, &dps[0]) ||
+        !arg_int(t, "dp_rank_critic", 0, &dpr[1]) || !arg_int(t, "dp_size_critic", 1, &dps[1]))
         return -1;
+    for (int k = 0; k < 2; k++)
+        if (dps[k] < 1 || dps[k] > INT32_MAX || dpr[k] < 0 || dpr[k] >= dps[k])
+            return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: DP rank %lld of %lld (%s) is not a place in a group",
+                                (long long)dpr[k], (long long)dps[k], k ? "critic" : "actor");
     char *text = text_of(cfg), *over = text_of(ov);
     int rc = -1;
     if (text && over) {
@@ -191,7 +197,9 @@ static int k_init(ff_task *t, void *ud) {
                            .resume_dir = resume[0] ? resume : NULL,
                            .total_updates = {ua, uc},
                            .slots = (int32_t)slots,
-                           .max_seq_len = (int32_t)max_seq};
+                           .max_seq_len = (int32_t)max_seq,
+                           .dp_rank = {(int32_t)dpr[0], (int32_t)dpr[1]},
+                           .dp_size = {(int32_t)dps[0], (int32_t)dps[1]}};
         rc = rlw_init(r->eng, &a);
     }
     free(text);
@@ -373,7 +381,7 @@ static int k_save(ff_task *t, void *ud) {
     char dir[FF_PATH_MAX];
     if (!role_arg(t, FF_RL_ACTOR | FF_RL_CRITIC, &role) || !arg_str(t, "dir", dir, sizeof dir)) return -1;
     if (!dir[0]) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.save: no dir");
-    return rlw_save(r->eng, role, dir);
+    return rlw_save(r->eng, role, dir, ff_task_comm(t));
 }
 
 static int k_digest(ff_task *t, void *ud) {
