@@ -113,6 +113,7 @@ static void test_base_and_examples(ff_registry *reg) {
     CHECK_CLOSE(tr->train.kl_loss_coef, 0.001, 0, 1e-12);
     CHECK_EQ_INT(run->roles[FF_ROLE_REF].layout.workers, 2); /* inherited from the colocation */
     CHECK_EQ_INT(run->roles[FF_ROLE_REF].colocate_with, FF_ROLE_ACTOR);
+    CHECK_EQ_INT(run->roles[FF_ROLE_ACTOR].layout.zero, 0); /* the default */
     /* topological order: gen first, sync last */
     const int *order = ff_graph_order(g);
     CHECK_EQ_INT(order[0], ff_graph_find_node(g, "gen"));
@@ -178,6 +179,10 @@ static void test_errors(ff_registry *reg) {
     expect_edit_error(reg, "train_batch_size: 4", "train_batch_size: 3", "cannot be dealt whole to rollout dp=2", "t.yaml:7");
     expect_edit_error(reg, "    micro_batch_size: 4\n", "    micro_batch_size: 3\n", "micro_batch_size 3 does not divide", "t.yaml:39");
     expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    dp: 3\n", "does not match 2 workers", "t.yaml:7");
+    /* ZeRO: 0 or 1 on a trained role */
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    zero: 2\n", "roles.actor.zero: ZeRO-2/3 are not built",
+                      "t.yaml:10");
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    zero: 4\n", "must be in [0, 3]", "zero");
     /* unknown registry names */
     expect_edit_error(reg, "estimator: grpo", "estimator: grpoo", "unknown advantage estimator 'grpoo'", "known: gae, grpo, rloo");
     expect_edit_error(reg, "    micro_batch_size: 4\n", "    micro_batch_size: 4\n    loss: ppo2\n", "unknown policy loss 'ppo2'",
