@@ -91,11 +91,7 @@ int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats) {
     ff_stream *st = m->st;
     int64_t n = m->n_params;
     double ss;
-    if (m->tp > 1) {
-        if (ffm_tp_grad_sumsq(m, &ss)) return -1;
-    } else {
-        ss = ff_sumsq(st, ff_dptr_of(m->grads, 0), n);
-    }
+    if (ffm_grad_sumsq(m, &ss)) return -1; /* over the TP and pipeline groups */
     double norm = sqrt(ss);
     if (ff_stream_sync(st)) return -1; /* a failed kernel, not a NaN gradient */
     int64_t k = o->step + 1;

@@ -248,7 +248,7 @@ int ffm_tp_grad_sumsq(ff_model *m, double *out) {
     double ss = 0.0;
     for (int i = 0; i < m->n_tensors; i++) {
         const ff_param_tensor *p = &m->tensors[i];
-        if (m->tp_rank % p->rep == 0) ss += ff_sumsq(m->st, ffm_grad(m, p->off), p->numel); /* one holder counts */
+        if (m->tp_rank % p->rep == 0 && !p->copy) ss += ff_sumsq(m->st, ffm_grad(m, p->off), p->numel); /* one holder counts */
     }
     if (ff_stream_sync(m->st)) return -1;
     if (m->comm.all_reduce_sum_f64(m->comm.ctx, &ss, 1)) return comm_failed("all-reduce (sum) of the gradient norm", 1);
@@ -312,6 +312,7 @@ int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *
     char name[160];
     for (int i = 0; i < m->n_tensors; i++) {
         const ff_param_tensor *p = &m->tensors[i];
+        if (p->copy) continue; /* a pipeline stage's copy of a tensor another stage owns and exports */
         snprintf(name, sizeof name, "%s%s", prefix, p->name);
         ff_host_tensor *t = ff_tensor_set_add(out, name, p->ndim, p->full);
         if (!t || ffm_tp_store_whole(m, p, ff_dptr_f32(b, p->off), t->data)) return -1;
