@@ -15,7 +15,9 @@ enum { PT_MAX_MICRO = 64, PT_STEPS = 3 };
 #define PT_TIED "model.embed_tokens.weight"
 #define PT_TEMP 0.8f
 
-/* A global batch: n micro-batches of 1 .. 3 sequences each. */
+/* A global batch: n micro-batches of 1 .. 3 sequences each, of 2 .. max_len tokens, or (equal
+ * > 0) each micro-batch two sequences of `equal` tokens (equal micro-batches: the bubble
+ * formula's assumption). */
 typedef struct pt_batch {
     int32_t n;
     ff_batch b[PT_MAX_MICRO];
@@ -24,15 +26,15 @@ typedef struct pt_batch {
     int64_t off[PT_MAX_MICRO + 1]; /* first token of each micro-batch */
 } pt_batch;
 
-static inline void pt_batch_make(pt_batch *g, int32_t n, int32_t vocab, int32_t max_len, uint64_t seed) {
+static inline void pt_batch_make(pt_batch *g, int32_t n, int32_t vocab, int32_t max_len, int32_t equal, uint64_t seed) {
     memset(g, 0, sizeof *g);
     REQUIRE(n >= 1 && n <= PT_MAX_MICRO);
     ff_rng r;
     ff_rng_seed(&r, seed);
     g->n = n;
     for (int32_t j = 0; j < n; j++) {
-        int32_t S = 1 + j % 3, len[3], T = 0;
-        for (int s = 0; s < S; s++) T += len[s] = 2 + (int32_t)ff_rng_below(&r, (uint64_t)max_len - 1);
+        int32_t S = equal > 0 ? 2 : 1 + j % 3, len[3], T = 0;
+        for (int s = 0; s < S; s++) T += len[s] = equal > 0 ? equal : 2 + (int32_t)ff_rng_below(&r, (uint64_t)max_len - 1);
         g->tok[j] = malloc(sizeof(int32_t) * (size_t)T);
         g->tg[j] = malloc(sizeof(int32_t) * (size_t)T);
         g->ss[j] = malloc(sizeof(int32_t) * (size_t)(S + 1));
@@ -329,6 +331,123 @@ static inline void pt_compare_sets(pt_err *e, const char *what, const ff_tensor_
         }
         pt_close(e, name, g->data, w->data, ff_host_tensor_numel(w), atol, rtol);
     }
+}
+
+/* fp32 tolerances, relative to each array's largest element (the measured worst errors are
+ * printed at the end): outputs and untied gradients are bit for bit; the tied embedding's
+ * gradient is two partial sums added instead of one running sum; after three clipped AdamW
+ * steps the clip coefficient differs in its last bits (the norm summed per stage), and Adam
+ * divides by each element's own gradient, so near-zero ones keep their relative rounding. */
+#define PT_TOL_GRAD_TIED 1e-5
+#define PT_TOL_AFTER 3e-5
+#define PT_ATOL_AFTER 1e-5
+static pt_err pt_err_out, pt_err_grad, pt_err_after, pt_err_infer;
+static double pt_bubble_worst; /* the largest |measured - simulated| */
+
+/* The p ranks' results of layout pc against the reference. */
+static inline void pt_compare(const char *name, const ff_model_config *cfg, const ff_pipe_config *pc, const pt_batch *g,
+                              pt_result *res, const pt_result *ref) {
+    const int p = pc->pp;
+    char what[160];
+    const pt_result *h = &res[p - 1]; /* the last virtual stage's rank (p v - 1 mod p) */
+    const int64_t N = g->off[g->n];
+    /* outputs of the first step and the loss: the same arithmetic, the same bits */
+    snprintf(what, sizeof what, "%s log-probs", name);
+    pt_close(&pt_err_out, what, h->lp, ref->lp, N, 0, 0);
+    snprintf(what, sizeof what, "%s entropy", name);
+    pt_close(&pt_err_out, what, h->ent, ref->ent, N, 0, 0);
+    if (cfg->value_head) {
+        snprintf(what, sizeof what, "%s values", name);
+        pt_close(&pt_err_out, what, h->val, ref->val, N, 0, 0);
+    }
+    for (int r = 0; r < p; r++) { /* every rank knows the loss and the norm */
+        CHECK(res[r].loss[0] == ref->loss[0]);
+        for (int s = 0; s < PT_STEPS; s++) CHECK_CLOSE(res[r].norm[s], ref->norm[s], 0, 1e-5);
+        CHECK(res[r].norm[0] == res[0].norm[0]);
+    }
+    /* gradients and weights, whole tensors, each exported by one stage */
+    ff_tensor_set *gs[PT_MAX_MICRO], *as[PT_MAX_MICRO], *os[PT_MAX_MICRO];
+    for (int r = 0; r < p; r++) gs[r] = res[r].grads, as[r] = res[r].after, os[r] = res[r].optim;
+    ff_tensor_set *grads = pt_merge(gs, p, NULL), *after = pt_merge(as, p, NULL), *optim = pt_merge(os, p, "step");
+    for (size_t i = 0; i < ref->grads->n; i++) {
+        const ff_host_tensor *want = &ref->grads->items[i], *got = ff_tensor_set_find(grads, want->name);
+        snprintf(what, sizeof what, "%s gradient %s", name, want->name);
+        if (!got) {
+            fprintf(stderr, "%s: no stage exported it\n", what);
+            ff_test_failures++;
+            continue;
+        }
+        const bool tied = cfg->tie_word_embeddings && !strcmp(want->name, PT_TIED) && p > 1;
+        pt_close(&pt_err_grad, what, got->data, want->data, ff_host_tensor_numel(want), 0, tied ? PT_TOL_GRAD_TIED : 0);
+    }
+    CHECK_EQ_INT(grads->n, ref->grads->n);
+    snprintf(what, sizeof what, "%s after %d steps", name, PT_STEPS);
+    pt_compare_sets(&pt_err_after, what, after, ref->after, PT_ATOL_AFTER, PT_TOL_AFTER);
+    snprintf(what, sizeof what, "%s AdamW state", name);
+    pt_compare_sets(&pt_err_after, what, optim, ref->optim, PT_ATOL_AFTER, PT_TOL_AFTER);
+    /* forward-only through the trained stages */
+    snprintf(what, sizeof what, "%s forward-only log-probs", name);
+    pt_close(&pt_err_infer, what, h->ilp, ref->ilp, N, 0, PT_TOL_AFTER);
+    snprintf(what, sizeof what, "%s forward-only entropy", name);
+    pt_close(&pt_err_infer, what, h->ient, ref->ient, N, 0, PT_TOL_AFTER);
+    if (cfg->value_head) {
+        snprintf(what, sizeof what, "%s forward-only values", name);
+        pt_close(&pt_err_infer, what, h->ival, ref->ival, N, 0, PT_TOL_AFTER);
+    }
+    /* the tied copies stayed equal */
+    int holders = 0;
+    for (int r = 0; r < p; r++)
+        if (res[r].tied) {
+            holders++;
+            CHECK(res[r].tied_n == res[0].tied_n && !memcmp(res[r].tied, res[0].tied, sizeof(float) * (size_t)res[0].tied_n));
+        }
+    CHECK_EQ_INT(holders, cfg->tie_word_embeddings && p > 1 ? 2 : 1);
+    /* times: each rank's instructions in order (a call's share its times), the same bubble on
+     * every rank, and the bubble again from the instruction times */
+    ff_pipe_schedule s;
+    REQUIRE(ff_pipe_generate(pc, &s) == 0);
+    double busy = 0, makespan = 0;
+    for (int r = 0; r < p; r++) {
+        const pt_result *q = &res[r];
+        const ff_pipe_exec_stats *st = &q->stats[PT_STEPS - 1];
+        CHECK_EQ_INT(q->n_instr, s.streams[r].n);
+        CHECK(st->compute_s > 0 && st->makespan_s >= st->compute_s && st->wall_s >= st->compute_s + st->step_s);
+        CHECK(st->bubble_fraction >= 0 && st->bubble_fraction < 1);
+        CHECK(st->bubble_fraction == res[0].stats[PT_STEPS - 1].bubble_fraction);
+        if (getenv("FF_TEST_VERBOSE")) printf("rank %d:", r);
+        for (int64_t i = 0; i < q->n_instr && i < s.streams[r].n; i++) {
+            const ff_pipe_instr *in = &s.streams[r].instr[i];
+            const double a = q->t_start[i], b = q->t_end[i];
+            CHECK(b >= a);
+            if (i) CHECK(a >= q->t_end[i - 1] || (a == q->t_start[i - 1] && in->call >= 0 && in->call == s.streams[r].instr[i - 1].call));
+            if (in->op == FF_PIPE_FORWARD || in->op == FF_PIPE_BACKWARD) busy += b - a, makespan = fmax(makespan, b);
+            if (getenv("FF_TEST_VERBOSE")) { /* the last step's timeline, ms */
+                char f[48];
+                ff_pipe_instr_format(&s, in, f, sizeof f);
+                printf(" %s@%.2f-%.2f", f, 1e3 * a, 1e3 * b);
+            }
+        }
+        if (getenv("FF_TEST_VERBOSE")) printf("\n");
+    }
+    const ff_pipe_exec_stats *st = &res[0].stats[PT_STEPS - 1];
+    CHECK_CLOSE(st->bubble_fraction, 1 - busy / (p * makespan), 1e-6, 0);
+    ff_pipe_schedule_clear(&s);
+    printf("%-34s bubble measured %.3f, simulated on the measured times %.3f, formula %.3f; step %.1f ms\n", name,
+           st->bubble_fraction, res[0].sim_bubble, res[0].formula, 1e3 * st->wall_s);
+    CHECK(res[0].sim_bubble > 0 && res[0].sim_bubble < 1);
+    CHECK(res[0].formula == ff_pipe_bubble_formula(pc));
+    if (fabs(st->bubble_fraction - res[0].sim_bubble) > pt_bubble_worst)
+        pt_bubble_worst = fabs(st->bubble_fraction - res[0].sim_bubble);
+    ff_tensor_set_destroy(&grads);
+    ff_tensor_set_destroy(&after);
+    ff_tensor_set_destroy(&optim);
+}
+
+static inline void pt_print_errors(void) {
+    printf("worst relative errors (bit for bit: %s / %s): outputs %.3g, gradients %.3g, after AdamW %.3g, forward-only %.3g;"
+           " |measured - simulated bubble| up to %.3f\n",
+           pt_err_out.differs ? "no" : "yes", pt_err_grad.differs ? "no (tied)" : "yes", pt_err_out.rel,
+           pt_err_grad.rel, pt_err_after.rel, pt_err_infer.rel, pt_bubble_worst);
 }
 
 #endif

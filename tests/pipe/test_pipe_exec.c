@@ -168,17 +168,6 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
-/* fp32 tolerances, relative to each array's largest element (the measured worst errors are
- * printed at the end): outputs and untied gradients are bit for bit; the tied embedding's
- * gradient is two partial sums added instead of one running sum; after three clipped AdamW
- * steps the clip coefficient differs in its last bits (the norm summed per stage), and Adam
- * divides by each element's own gradient, so near-zero ones keep their relative rounding. */
-#define TOL_GRAD_TIED 1e-5
-#define TOL_AFTER 3e-5
-#define ATOL_AFTER 1e-5
-static pt_err err_out, err_grad, err_after, err_infer;
-static double bubble_worst; /* the largest |measured - simulated| */
-
 static void run_layout(const char *name, const ff_model_config *cfg, const ff_pipe_config *pc, const ff_tensor_set *w,
                        const pt_batch *g, const pt_result *ref) {
     const int p = pc->pp;
@@ -194,83 +183,7 @@ static void run_layout(const char *name, const ff_model_config *cfg, const ff_pi
         REQUIRE(pthread_create(&th[r], NULL, rank_main, &args[r]) == 0);
     }
     for (int r = 0; r < p; r++) pthread_join(th[r], NULL);
-    char what[160];
-    const pt_result *h = &j->res[p - 1]; /* the last virtual stage's rank (p v - 1 mod p) */
-    const int64_t N = g->off[g->n];
-    /* outputs of the first step and the loss: the same arithmetic, the same bits */
-    snprintf(what, sizeof what, "%s log-probs", name);
-    pt_close(&err_out, what, h->lp, ref->lp, N, 0, 0);
-    snprintf(what, sizeof what, "%s entropy", name);
-    pt_close(&err_out, what, h->ent, ref->ent, N, 0, 0);
-    if (cfg->value_head) {
-        snprintf(what, sizeof what, "%s values", name);
-        pt_close(&err_out, what, h->val, ref->val, N, 0, 0);
-    }
-    for (int r = 0; r < p; r++) { /* every rank knows the loss and the norm */
-        CHECK(j->res[r].loss[0] == ref->loss[0]);
-        for (int s = 0; s < PT_STEPS; s++) CHECK_CLOSE(j->res[r].norm[s], ref->norm[s], 0, 1e-5);
-        CHECK(j->res[r].norm[0] == j->res[0].norm[0]);
-    }
-    /* gradients and weights, whole tensors, each exported by one stage */
-    ff_tensor_set *gs[MAXR], *as[MAXR], *os[MAXR];
-    for (int r = 0; r < p; r++) gs[r] = j->res[r].grads, as[r] = j->res[r].after, os[r] = j->res[r].optim;
-    ff_tensor_set *grads = pt_merge(gs, p, NULL), *after = pt_merge(as, p, NULL), *optim = pt_merge(os, p, "step");
-    for (size_t i = 0; i < ref->grads->n; i++) {
-        const ff_host_tensor *want = &ref->grads->items[i], *got = ff_tensor_set_find(grads, want->name);
-        snprintf(what, sizeof what, "%s gradient %s", name, want->name);
-        if (!got) {
-            fprintf(stderr, "%s: no stage exported it\n", what);
-            ff_test_failures++;
-            continue;
-        }
-        const bool tied = cfg->tie_word_embeddings && !strcmp(want->name, PT_TIED) && p > 1;
-        pt_close(&err_grad, what, got->data, want->data, ff_host_tensor_numel(want), 0, tied ? TOL_GRAD_TIED : 0);
-    }
-    CHECK_EQ_INT(grads->n, ref->grads->n);
-    snprintf(what, sizeof what, "%s after %d steps", name, PT_STEPS);
-    pt_compare_sets(&err_after, what, after, ref->after, ATOL_AFTER, TOL_AFTER);
-    snprintf(what, sizeof what, "%s AdamW state", name);
-    pt_compare_sets(&err_after, what, optim, ref->optim, ATOL_AFTER, TOL_AFTER);
-    /* forward-only through the trained stages */
-    snprintf(what, sizeof what, "%s forward-only log-probs", name);
-    pt_close(&err_infer, what, h->ilp, ref->ilp, N, 0, TOL_AFTER);
-    snprintf(what, sizeof what, "%s forward-only entropy", name);
-    pt_close(&err_infer, what, h->ient, ref->ient, N, 0, TOL_AFTER);
-    if (cfg->value_head) {
-        snprintf(what, sizeof what, "%s forward-only values", name);
-        pt_close(&err_infer, what, h->ival, ref->ival, N, 0, TOL_AFTER);
-    }
-    /* the tied copies stayed equal */
-    int holders = 0;
-    for (int r = 0; r < p; r++)
-        if (j->res[r].tied) {
-            holders++;
-            CHECK(j->res[r].tied_n == j->res[0].tied_n &&
-                  !memcmp(j->res[r].tied, j->res[0].tied, sizeof(float) * (size_t)j->res[0].tied_n));
-        }
-    CHECK_EQ_INT(holders, cfg->tie_word_embeddings && p > 1 ? 2 : 1);
-    /* times: each rank's instructions in order, the bubble beside the simulator and the formula */
-    for (int r = 0; r < p; r++) {
-        const pt_result *q = &j->res[r];
-        CHECK(q->n_instr > 0);
-        for (int64_t i = 0; i < q->n_instr; i++) {
-            CHECK(q->t_end[i] >= q->t_start[i]);
-            if (i) CHECK(q->t_start[i] >= q->t_end[i - 1] || q->t_start[i] == q->t_start[i - 1]);
-        }
-        const ff_pipe_exec_stats *st = &q->stats[PT_STEPS - 1];
-        CHECK(st->compute_s > 0 && st->makespan_s >= st->compute_s && st->wall_s >= st->compute_s + st->step_s);
-        CHECK(st->bubble_fraction >= 0 && st->bubble_fraction < 1);
-        CHECK(st->bubble_fraction == j->res[0].stats[PT_STEPS - 1].bubble_fraction);
-    }
-    const ff_pipe_exec_stats *st = &j->res[0].stats[PT_STEPS - 1];
-    printf("%-34s bubble measured %.3f, simulated on the measured times %.3f, formula %.3f; step %.1f ms\n", name,
-           st->bubble_fraction, j->res[0].sim_bubble, j->res[0].formula, 1e3 * st->wall_s);
-    CHECK(j->res[0].sim_bubble > 0 && j->res[0].sim_bubble < 1);
-    if (fabs(st->bubble_fraction - j->res[0].sim_bubble) > bubble_worst)
-        bubble_worst = fabs(st->bubble_fraction - j->res[0].sim_bubble);
-    ff_tensor_set_destroy(&grads);
-    ff_tensor_set_destroy(&after);
-    ff_tensor_set_destroy(&optim);
+    pt_compare(name, cfg, pc, g, j->res, ref);
     for (int r = 0; r < p; r++) {
         pt_result_free(&j->res[r]);
         free(j->ctx[r].tmp);
@@ -283,7 +196,7 @@ static void parity(const char *cfg_name, ff_model_config cfg, const ff_pipe_conf
     ff_tensor_set *w = ff_tensor_set_new();
     REQUIRE(w && ff_model_init_weights(&cfg, 5, 0.2, w) == 0);
     pt_batch g;
-    pt_batch_make(&g, NMICRO, cfg.vocab_size, 12, 17);
+    pt_batch_make(&g, NMICRO, cfg.vocab_size, 12, 0, 17);
     pt_result ref;
     pt_reference(&cfg, w, &g, &ref);
     for (int i = 0; i < n; i++) {
@@ -381,10 +294,7 @@ int main(void) {
     const ff_pipe_config l7[] = {{.pp = 4, .kind = FF_PIPE_1F1B}};
     parity("7 layers tied", tiny_config(64, 32, 48, 7, 4, 2, true, true, true), l7, 1);
     errors();
-    printf("worst relative errors (bit for bit: %s / %s): outputs %.3g, gradients %.3g, after AdamW %.3g, forward-only %.3g;"
-           " |measured - simulated bubble| up to %.3f\n",
-           err_out.differs ? "no" : "yes", err_grad.differs ? "no (tied)" : "yes", err_out.rel, err_grad.rel,
-           err_after.rel, err_infer.rel, bubble_worst);
+    pt_print_errors();
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);
     return ff_test_failures ? 1 : 0;
 }
