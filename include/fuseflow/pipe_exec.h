@@ -128,7 +128,9 @@ void ff_pipe_exec_destroy(ff_pipe_exec **e);
 
 typedef struct ff_pipe_run {
     const ff_batch *micro[FF_PIPE_MAX_MODELS]; /* model i's micro-batches [s->models[i].micro], the same on every rank */
-    ff_forward_out *outs[FF_PIPE_MAX_MODELS];  /* NULL, or [micro] the caller's arrays to fill on the last stage's rank */
+    /* NULL, or [micro]: the caller's arrays [T] for the outputs it wants (of those the model
+     * computes; a NULL field is kept inside), filled on the last virtual stage's rank */
+    ff_forward_out *outs[FF_PIPE_MAX_MODELS];
     bool measure;                              /* start with a barrier, so the ranks' clocks start together */
 } ff_pipe_run;
 

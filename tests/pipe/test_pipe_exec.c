@@ -213,6 +213,178 @@ static void parity(const char *cfg_name, ff_model_config cfg, const ff_pipe_conf
     ff_tensor_set_destroy(&w);
 }
 
+/* ---- two models in one schedule (RLHFuse's fused pipelines feed the executor so) ------------ */
+
+/* Model 0 runs 1F1B from rank 0 to rank 1, model 1 the other way; each rank runs its part of
+ * model 0 and then its part of model 1, in one stream (calls renumbered). */
+static void fused_schedule(ff_pipe_schedule *out, int32_t micro, int64_t layers) {
+    ff_pipe_config c = {.pp = 2, .micro = micro, .kind = FF_PIPE_1F1B, .layers = layers};
+    ff_pipe_schedule a;
+    REQUIRE(ff_pipe_generate(&c, &a) == 0);
+    REQUIRE(ff_pipe_schedule_init(out, 2, 2) == 0);
+    const int32_t fwd[2] = {0, 1}, back[2] = {1, 0};
+    REQUIRE(ff_pipe_model_set(out, 0, micro, 2, fwd, a.models[0].stage_layers, false) == 0);
+    REQUIRE(ff_pipe_model_set(out, 1, micro, 2, back, a.models[0].stage_layers, false) == 0);
+    for (int32_t r = 0; r < 2; r++) {
+        int32_t calls = 0;
+        for (int64_t i = 0; i < a.streams[r].n; i++) {
+            ff_pipe_instr in = a.streams[r].instr[i];
+            calls = in.call + 1 > calls ? in.call + 1 : calls;
+            REQUIRE(ff_pipe_push(out, r, in) == 0);
+        }
+        const ff_pipe_stream *b = &a.streams[1 - r]; /* model 1 on rank r is model 0's stage 1 - r */
+        for (int64_t i = 0; i < b->n; i++) {
+            ff_pipe_instr in = b->instr[i];
+            in.model = 1;
+            if (in.peer >= 0) in.peer = 1 - in.peer;
+            if (in.call >= 0) in.call += calls;
+            REQUIRE(ff_pipe_push(out, r, in) == 0);
+        }
+    }
+    ff_pipe_schedule_clear(&a);
+    ff_pipe_sim sim;
+    ff_pipe_sim_opts o = {.fwd_s = 1, .bwd_s = 2};
+    if (ff_pipe_simulate(out, &o, &sim)) fprintf(stderr, "%s\n", ff_error_message());
+    REQUIRE(sim.makespan_s > 0);
+    ff_pipe_sim_clear(&sim);
+}
+
+typedef struct fused_job {
+    const ff_pipe_schedule *s;
+    const ff_model_config *cfg[2];
+    const ff_tensor_set *w[2];
+    const pt_batch *g[2];
+    rank_ctx ctx[2];
+    float *lp[2][2], *val[2][2]; /* [rank][model] outputs of the first step */
+    ff_tensor_set *grads[2][2], *after[2][2];
+    double loss[2][2];
+} fused_job;
+
+typedef struct fused_arg {
+    fused_job *j;
+    int rank;
+} fused_arg;
+
+static void *fused_rank(void *p) {
+    fused_arg *a = p;
+    fused_job *j = a->j;
+    const int r = a->rank;
+    ff_pipe_transport t = transport_of(&j->ctx[r]);
+    ff_model_comm nc;
+    ff_pipe_model_comm(&t, &nc);
+    ff_backend *be = ff_backend_new("cpu:1");
+    REQUIRE(be);
+    ff_model *m[2];
+    ff_optimizer *o[2];
+    ff_pipe_exec_model em[2];
+    ff_forward_out outs[2][PT_MAX_MICRO];
+    ff_adamw_config ac;
+    pt_adamw(&ac);
+    for (int i = 0; i < 2; i++) {
+        int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
+        ff_model_stage st;
+        REQUIRE(ff_pipe_stage_layers(j->s, i, r, first, count, &st) == 0);
+        st.comm = &nc;
+        REQUIRE((m[i] = ff_model_new_opts(be, j->cfg[i], j->w[i], &(ff_model_opts){.stage = &st})));
+        REQUIRE((o[i] = ff_optimizer_new(m[i], &ac)));
+        em[i] = (ff_pipe_exec_model){.model = m[i], .opt = o[i], .temperature = PT_TEMP, .logprobs = true,
+                                     .entropy = true, .values = j->cfg[i]->value_head, .loss = pt_loss,
+                                     .loss_ctx = (void *)j->g[i]};
+        const int64_t N = j->g[i]->off[j->g[i]->n];
+        REQUIRE((j->lp[r][i] = calloc((size_t)N, 4)) && (j->val[r][i] = calloc((size_t)N, 4)));
+        float *ent = calloc((size_t)N, 4);
+        REQUIRE(ent);
+        pt_outs(j->g[i], j->cfg[i], j->lp[r][i], ent, j->val[r][i], outs[i]);
+        for (int32_t q = 0; q < j->g[i]->n; q++) outs[i][q].entropy = NULL; /* not kept: only asked for */
+        free(ent);
+    }
+    ff_pipe_exec *e = ff_pipe_exec_new(j->s, r, &t, em);
+    if (!e) fprintf(stderr, "%s\n", ff_error_message());
+    REQUIRE(e);
+    ff_pipe_run run = {.micro = {j->g[0]->b, j->g[1]->b}, .outs = {outs[0], outs[1]}};
+    for (int k = 0; k < PT_STEPS; k++) {
+        ff_pipe_exec_stats st;
+        if (ff_pipe_exec_run(e, &run, &st)) fprintf(stderr, "%s\n", ff_error_message());
+        REQUIRE(st.wall_s > 0);
+        run.outs[0] = run.outs[1] = NULL;
+        for (int i = 0; i < 2; i++) {
+            if (k == 0) {
+                j->loss[r][i] = st.loss[i];
+                j->grads[r][i] = ff_tensor_set_new();
+                REQUIRE(ff_model_export_grads(m[i], j->grads[r][i]) == 0);
+            }
+            CHECK(st.optim[i].step == k + 1);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        j->after[r][i] = ff_tensor_set_new();
+        REQUIRE(ff_model_export_weights(m[i], j->after[r][i]) == 0);
+        ff_optimizer_destroy(&o[i]);
+        ff_model_destroy(&m[i]);
+    }
+    ff_pipe_exec_destroy(&e);
+    ff_backend_destroy(&be);
+    return NULL;
+}
+
+static void fused(void) {
+    ff_model_config cfg[2] = {tiny_config(64, 32, 48, 4, 4, 2, false, false, false),
+                              tiny_config(64, 32, 48, 4, 4, 2, false, true, true)};
+    ff_tensor_set *w[2];
+    pt_batch g[2];
+    pt_result ref[2];
+    for (int i = 0; i < 2; i++) {
+        REQUIRE((w[i] = ff_tensor_set_new()) && ff_model_init_weights(&cfg[i], 11 + (uint64_t)i, 0.2, w[i]) == 0);
+        pt_batch_make(&g[i], NMICRO, 64, 10, 0, 23 + (uint64_t)i);
+        pt_reference(&cfg[i], w[i], &g[i], &ref[i]);
+    }
+    ff_pipe_schedule s;
+    fused_schedule(&s, NMICRO, 4);
+    fused_job *j = calloc(1, sizeof *j);
+    REQUIRE(j);
+    *j = (fused_job){.s = &s, .cfg = {&cfg[0], &cfg[1]}, .w = {w[0], w[1]}, .g = {&g[0], &g[1]}};
+    group *gr = group_new(2);
+    pthread_t th[2];
+    fused_arg args[2];
+    for (int r = 0; r < 2; r++) {
+        j->ctx[r] = (rank_ctx){.g = gr, .rank = r};
+        args[r] = (fused_arg){.j = j, .rank = r};
+        REQUIRE(pthread_create(&th[r], NULL, fused_rank, &args[r]) == 0);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (int i = 0; i < 2; i++) {
+        const int head = i == 0 ? 1 : 0, N = (int)g[i].off[g[i].n];
+        char what[96];
+        snprintf(what, sizeof what, "fused model %d log-probs", i);
+        pt_close(&pt_err_out, what, j->lp[head][i], ref[i].lp, N, 0, 0);
+        if (cfg[i].value_head) {
+            snprintf(what, sizeof what, "fused model %d values", i);
+            pt_close(&pt_err_out, what, j->val[head][i], ref[i].val, N, 0, 0);
+        }
+        CHECK(j->loss[0][i] == ref[i].loss[0] && j->loss[1][i] == ref[i].loss[0]);
+        ff_tensor_set *gs[2] = {j->grads[0][i], j->grads[1][i]}, *as[2] = {j->after[0][i], j->after[1][i]};
+        ff_tensor_set *grads = pt_merge(gs, 2, NULL), *after = pt_merge(as, 2, NULL);
+        snprintf(what, sizeof what, "fused model %d gradient", i);
+        pt_compare_sets(&pt_err_grad, what, grads, ref[i].grads, 0, 0);
+        snprintf(what, sizeof what, "fused model %d after %d steps", i, PT_STEPS);
+        pt_compare_sets(&pt_err_after, what, after, ref[i].after, PT_ATOL_AFTER, PT_TOL_AFTER);
+        ff_tensor_set_destroy(&grads);
+        ff_tensor_set_destroy(&after);
+        for (int r = 0; r < 2; r++) {
+            free(j->lp[r][i]), free(j->val[r][i]);
+            ff_tensor_set_destroy(&j->grads[r][i]);
+            ff_tensor_set_destroy(&j->after[r][i]);
+        }
+        pt_result_free(&ref[i]);
+        pt_batch_free(&g[i]);
+        ff_tensor_set_destroy(&w[i]);
+    }
+    for (int r = 0; r < 2; r++) free(j->ctx[r].tmp);
+    group_free(&gr);
+    free(j);
+    ff_pipe_schedule_clear(&s);
+}
+
 /* ---- bad setups ------------------------------------------------------------------------------ */
 
 static int no_call(void *ctx, const ff_pipe_xfer *x, int n) { (void)ctx, (void)x, (void)n; return 0; }
@@ -293,6 +465,7 @@ int main(void) {
     parity("5 layers", tiny_config(64, 32, 48, 5, 4, 2, false, true, true), l5, 2);
     const ff_pipe_config l7[] = {{.pp = 4, .kind = FF_PIPE_1F1B}};
     parity("7 layers tied", tiny_config(64, 32, 48, 7, 4, 2, true, true, true), l7, 1);
+    fused();
     errors();
     pt_print_errors();
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);

@@ -350,9 +350,9 @@ static int do_forward(ff_pipe_exec *e, int64_t i, const ff_pipe_run *r) {
     if (head) {
         const int64_t off = m->tok_off[j], tot = m->tok_off[m->micro];
         const ff_forward_out *given = r->outs[in->model] ? &r->outs[in->model][j] : NULL;
-        if (m->m.logprobs) o.logprobs = given ? given->logprobs : m->omem + off;
-        if (m->m.entropy) o.entropy = given ? given->entropy : m->omem + tot + off;
-        if (m->m.values) o.values = given ? given->values : m->omem + 2 * tot + off;
+        if (m->m.logprobs) o.logprobs = given && given->logprobs ? given->logprobs : m->omem + off;
+        if (m->m.entropy) o.entropy = given && given->entropy ? given->entropy : m->omem + tot + off;
+        if (m->m.values) o.values = given && given->values ? given->values : m->omem + 2 * tot + off;
     } else {
         if (*dst) return instr_error(e, i, "check the schedule with ff_pipe_simulate", "%s already there", buf_name[ACT_OUT]);
         if (!(*dst = pool_get(e))) return -1;
