@@ -114,6 +114,11 @@ typedef struct ff_pipe_exec_model {
     bool logprobs, entropy, values; /* the head's outputs to compute (for the loss and ff_pipe_run.outs) */
     ff_pipe_loss_fn loss; /* training, on the rank of the last virtual stage */
     void *loss_ctx;
+    /* Training, optional: called at OPTIMIZER_STEP once every backward of the step has run,
+     * before the tied embeddings' sum and the step: the data-parallel all-reduce of the
+     * stage's gradients (ff_model_grad_buffer) goes here. 0 or -1 + error. */
+    int (*before_step)(void *ctx, ff_model *model);
+    void *step_ctx;
 } ff_pipe_exec_model;
 
 typedef struct ff_pipe_exec ff_pipe_exec;

@@ -76,7 +76,7 @@ static int pipe_rank(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     ff_pipe_transport t;
     ff_pipe_transport_coll(comm, &t);
     pt_result r;
-    pt_rank(&l->pc, &l->cfg, w, &g, &t, "cpu:1", &r);
+    pt_rank(&l->pc, &l->cfg, w, &g, &t, "cpu:1", NULL, &r);
     char p[FF_PATH_MAX];
     int rc = 0;
     path_of(p, l, rank, "grads.safetensors");
@@ -119,7 +119,7 @@ static void run_layout(layout *l) {
         path_of(path, l, r, "raw");
         load_raw(path, &res[r], g.off[g.n]);
     }
-    if (!failed) pt_compare(l->name, &l->cfg, &l->pc, &g, res, &ref);
+    if (!failed) pt_compare(l->name, &l->cfg, &l->pc, &g, res, &ref, 1);
     for (int r = 0; r < p && !failed; r++) {
         const char *what[] = {"grads.safetensors", "after.safetensors", "optim.safetensors", "raw"};
         for (int k = 0; k < 4; k++) {

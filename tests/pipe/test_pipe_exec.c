@@ -148,6 +148,7 @@ static ff_pipe_transport transport_of(rank_ctx *c) {
 /* ---- one layout against the reference -------------------------------------------------------- */
 
 typedef struct job {
+    int (*before_step)(void *, ff_model *);
     const ff_pipe_config *pc;
     const ff_model_config *cfg;
     const ff_tensor_set *w;
@@ -164,16 +165,16 @@ typedef struct targ {
 static void *rank_main(void *p) {
     targ *a = p;
     ff_pipe_transport t = transport_of(&a->j->ctx[a->rank]);
-    pt_rank(a->j->pc, a->j->cfg, a->j->w, a->j->g, &t, "cpu:1", &a->j->res[a->rank]);
+    pt_rank(a->j->pc, a->j->cfg, a->j->w, a->j->g, &t, "cpu:1", a->j->before_step, &a->j->res[a->rank]);
     return NULL;
 }
 
 static void run_layout(const char *name, const ff_model_config *cfg, const ff_pipe_config *pc, const ff_tensor_set *w,
-                       const pt_batch *g, const pt_result *ref) {
+                       const pt_batch *g, const pt_result *ref, int (*before_step)(void *, ff_model *), double loss_scale) {
     const int p = pc->pp;
     job *j = calloc(1, sizeof *j);
     REQUIRE(j);
-    *j = (job){.pc = pc, .cfg = cfg, .w = w, .g = g};
+    *j = (job){.pc = pc, .cfg = cfg, .w = w, .g = g, .before_step = before_step};
     group *gr = group_new(p);
     pthread_t th[MAXR];
     targ args[MAXR];
@@ -183,7 +184,7 @@ static void run_layout(const char *name, const ff_model_config *cfg, const ff_pi
         REQUIRE(pthread_create(&th[r], NULL, rank_main, &args[r]) == 0);
     }
     for (int r = 0; r < p; r++) pthread_join(th[r], NULL);
-    pt_compare(name, cfg, pc, g, j->res, ref);
+    pt_compare(name, cfg, pc, g, j->res, ref, loss_scale);
     for (int r = 0; r < p; r++) {
         pt_result_free(&j->res[r]);
         free(j->ctx[r].tmp);
@@ -206,8 +207,43 @@ static void parity(const char *cfg_name, ff_model_config cfg, const ff_pipe_conf
         char name[128];
         snprintf(name, sizeof name, "%s pp%d %s%s", cfg_name, pc.pp, ff_pipe_kind_name(pc.kind),
                  pc.kind == FF_PIPE_INTERLEAVED ? " v2" : "");
-        run_layout(name, &cfg, &pc, w, &g, &ref);
+        run_layout(name, &cfg, &pc, w, &g, &ref, NULL, 1);
     }
+    pt_result_free(&ref);
+    pt_batch_free(&g);
+    ff_tensor_set_destroy(&w);
+}
+
+/* ---- the hook before the step: data parallelism ------------------------------------------- */
+
+/* Two data-parallel replicas of the same pipeline on the same micro-batches, each normalising
+ * by both replicas' tokens (half the coefficients): their all-reduce doubles the gradients. The
+ * hook does that at the step, and the run must equal the reference bit for bit where it does
+ * without the hook (a power of two scales exactly); a hook run before the last backward would
+ * miss gradients. */
+static int dp_sum(void *ctx, ff_model *m) {
+    (void)ctx;
+    const int64_t n = ff_model_param_count(m);
+    float *g = malloc(sizeof(float) * (size_t)n);
+    REQUIRE(g && ff_model_read_grads(m, g) == 0);
+    for (int64_t i = 0; i < n; i++) g[i] *= 2;
+    int rc = ff_model_write_grads(m, g);
+    free(g);
+    return rc;
+}
+
+static void data_parallel(void) {
+    ff_model_config cfg = tiny_config(64, 32, 48, 4, 4, 2, false, true, true);
+    ff_tensor_set *w = ff_tensor_set_new();
+    REQUIRE(w && ff_model_init_weights(&cfg, 5, 0.2, w) == 0);
+    pt_batch g;
+    pt_batch_make(&g, NMICRO, cfg.vocab_size, 12, 0, 17);
+    pt_result ref;
+    pt_reference(&cfg, w, &g, &ref);
+    for (int32_t j = 0; j < g.n; j++)
+        for (int32_t t = 0; t < g.b[j].n_tokens; t++) g.a[j][t] *= 0.5f, g.c[j][t] *= 0.5f, g.d[j][t] *= 0.5f;
+    ff_pipe_config pc = {.pp = 2, .micro = NMICRO, .kind = FF_PIPE_1F1B, .layers = 4};
+    run_layout("4 layers pp2 1f1b, a DP hook", &cfg, &pc, w, &g, &ref, dp_sum, 2);
     pt_result_free(&ref);
     pt_batch_free(&g);
     ff_tensor_set_destroy(&w);
@@ -465,6 +501,7 @@ int main(void) {
     parity("5 layers", tiny_config(64, 32, 48, 5, 4, 2, false, true, true), l5, 2);
     const ff_pipe_config l7[] = {{.pp = 4, .kind = FF_PIPE_1F1B}};
     parity("7 layers tied", tiny_config(64, 32, 48, 7, 4, 2, true, true, true), l7, 1);
+    data_parallel();
     fused();
     errors();
     pt_print_errors();

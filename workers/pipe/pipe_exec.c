@@ -423,6 +423,8 @@ static int do_call(ff_pipe_exec *e, int64_t i, int64_t end) {
 
 static int do_step(ff_pipe_exec *e, int64_t i) {
     exec_model *m = &e->em[e->st->instr[i].model];
+    if (m->m.before_step && m->m.before_step(m->m.step_ctx, m->m.model))
+        return ff_error_wrap("pipeline executor, rank %d: before the optimizer step", e->rank);
     if (m->tied_peer >= 0) {
         /* the two copies' gradients summed on both ranks: a + b there, b + a here, the same
          * bits, so both copies take the same update and stay equal */
