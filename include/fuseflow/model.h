@@ -144,7 +144,7 @@ const ff_model_config *ff_model_config_of(const ff_model *m);
 ff_backend *ff_model_backend(const ff_model *m);
 bool ff_model_has_lm_head(const ff_model *m);
 /* Number of trainable fp32 parameters (tied embeddings counted once; under TP this rank's,
- * replicated tensors included). */
+ * replicated tensors included; a pipeline stage's, its tied copy included). */
 int64_t ff_model_param_count(const ff_model *m);
 /* Created with ff_model_opts.inference. */
 bool ff_model_is_inference(const ff_model *m);
@@ -158,8 +158,8 @@ typedef struct ff_model_memory {
 void ff_model_memory_of(const ff_model *m, ff_model_memory *out);
 
 /* Current weights into `out` (an empty set) under Hugging Face names, e.g. for a
- * checkpoint; whole tensors under TP too (gathered: every rank calls, every rank gets them).
- * 0 or -1 + error. */
+ * checkpoint; whole tensors under TP too (gathered: every rank calls, every rank gets them);
+ * a pipeline stage's own tensors (not the last stage's tied copy). 0 or -1 + error. */
 int ff_model_export_weights(ff_model *m, ff_tensor_set *out);
 /* The gradient buffer the same way (names and shapes of the weights). 0 or -1 + error. */
 int ff_model_export_grads(ff_model *m, ff_tensor_set *out);
@@ -213,9 +213,10 @@ typedef struct ff_forward_out {
     float *logits;   /* [T, V] raw logits (before temperature) */
 } ff_forward_out;
 
-/* Run the model over a batch. With opts->train the activations stay for one backward
- * (ff_model_backward must then get gradients only for outputs computed here; an error on an
- * inference model). Training or not, the forward computes the same numbers. The first
+/* Run the (whole: ff_model_is_whole) model over a batch. With opts->train the activations
+ * stay for one backward (ff_model_backward must then get gradients only for outputs computed
+ * here; an error on an inference model); a later training forward replaces them, a forward
+ * without train leaves them. Training or not, the forward computes the same numbers. The first
  * batch with more tokens than any before grows the workspace (allocation); batches up to
  * that size allocate nothing (see ff_model_reserve). 0, or -1 + error: bad batch (a token
  * id out of range, offsets that do not cover [0, T), a sequence longer than
@@ -232,7 +233,8 @@ int ff_model_zero_grad(ff_model *m); /* 0, or -1 + error on an inference model *
 
 /* Size the workspace for batches of up to max_tokens tokens now (0 or -1 + error when out
  * of memory), so that the first forward does not allocate: a trainable model's for a
- * training forward (every layer's activations), an inference model's for a forward. */
+ * training forward (every layer's activations), an inference model's for a forward. (A
+ * scoring forward while a training forward waits for its backward takes room of its own.) */
 int ff_model_reserve(ff_model *m, int32_t max_tokens);
 
 /* The LM head runs over chunks of at most max_tokens tokens, so the logits of a batch never
@@ -362,7 +364,8 @@ void ff_optimizer_destroy(ff_optimizer **o);
 /* The bytes of its state on the backend: exp_avg and exp_avg_sq, 2 x 4 bytes a parameter. */
 int64_t ff_optimizer_state_bytes(const ff_optimizer *o);
 /* Clip the gradients to max_grad_norm (global norm; under TP the whole model's, each
- * replicated parameter counted once), update the parameters, count the step.
+ * replicated parameter counted once; a pipeline stage's summed over its pipeline group,
+ * ff_model_stage.comm, without the tied copy), update the parameters, count the step.
  * Does not zero the gradients. A non-finite gradient norm skips the update and returns -1 +
  * error (stats still filled). */
 int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats);
