@@ -156,6 +156,10 @@ typedef struct ff_pipe_exec_stats {
  * instruction. */
 int ff_pipe_exec_run(ff_pipe_exec *e, const ff_pipe_run *r, ff_pipe_exec_stats *stats);
 
+/* The most training forwards chunk `chunk` of model `model` holds at once in this rank's stream
+ * (what the executor reserves activation room for: 1F1B min(p - s, m) at stage s, GPipe m). */
+int32_t ff_pipe_exec_in_flight(const ff_pipe_exec *e, int model, int32_t chunk);
+
 /* When each instruction of this rank's stream began and ended in the last run, in seconds from
  * its start ([*n] each, owned by e; the instructions of a call share the call's times). */
 void ff_pipe_exec_times(const ff_pipe_exec *e, const double **start_s, const double **end_s, int64_t *n);

@@ -113,6 +113,9 @@ typedef struct pt_result {
     double sim_bubble, formula;
     int64_t n_instr;
     double *t_start, *t_end; /* the last training step's instruction times */
+    int32_t in_flight[FF_MODEL_MAX_CHUNKS]; /* the executor's count per chunk */
+    int32_t n_chunks;
+    int64_t workspace[PT_STEPS]; /* the stage's activation bytes after each step: reserved once */
 } pt_result;
 
 static inline void pt_result_alloc(pt_result *r, int64_t tokens) {
@@ -231,6 +234,9 @@ static inline void pt_rank(const ff_pipe_config *c, const ff_model_config *cfg, 
         if (ff_pipe_exec_run(e, &run, &r->stats[k])) fprintf(stderr, "%s\n", ff_error_message());
         REQUIRE(r->stats[k].wall_s > 0);
         r->loss[k] = r->stats[k].loss[0];
+        ff_model_memory mem;
+        ff_model_memory_of(m, &mem);
+        r->workspace[k] = mem.workspace;
         r->norm[k] = r->stats[k].optim[0].grad_norm;
         run.outs[0] = NULL; /* the first step's outputs are the ones compared */
         if (k == 0) {
@@ -238,6 +244,8 @@ static inline void pt_rank(const ff_pipe_config *c, const ff_model_config *cfg, 
             REQUIRE(ff_model_export_grads(m, r->grads) == 0);
         }
     }
+    r->n_chunks = st.n_chunks;
+    for (int32_t q = 0; q < st.n_chunks; q++) r->in_flight[q] = ff_pipe_exec_in_flight(e, 0, q);
     const double *ts, *te;
     ff_pipe_exec_times(e, &ts, &te, &r->n_instr);
     r->t_start = malloc(sizeof(double) * (size_t)r->n_instr + 1);
@@ -403,10 +411,24 @@ static inline void pt_compare(const char *name, const ff_model_config *cfg, cons
             CHECK(res[r].tied_n == res[0].tied_n && !memcmp(res[r].tied, res[0].tied, sizeof(float) * (size_t)res[0].tied_n));
         }
     CHECK_EQ_INT(holders, cfg->tie_word_embeddings && p > 1 ? 2 : 1);
-    /* times: each rank's instructions in order (a call's share its times), the same bubble on
-     * every rank, and the bubble again from the instruction times */
+    /* activations in flight: what the executor reserved is what the stream holds (1F1B
+     * min(p - s, m), GPipe m, interleaved at least the simulator's peak), and no step grew it */
     ff_pipe_schedule s;
     REQUIRE(ff_pipe_generate(pc, &s) == 0);
+    ff_pipe_sim ps;
+    ff_pipe_sim_opts po = {.fwd_s = 1, .bwd_s = 2};
+    REQUIRE(ff_pipe_simulate(&s, &po, &ps) == 0);
+    for (int r = 0; r < p; r++) {
+        int32_t sum = 0;
+        for (int32_t q = 0; q < res[r].n_chunks; q++) sum += res[r].in_flight[q];
+        if (pc->kind == FF_PIPE_1F1B) CHECK_EQ_INT(sum, p - r < pc->micro ? p - r : pc->micro);
+        else if (pc->kind == FF_PIPE_GPIPE) CHECK_EQ_INT(sum, pc->micro);
+        else CHECK(sum >= ps.ranks[r].peak_in_flight && sum <= pc->micro * res[r].n_chunks);
+        for (int k = 1; k < PT_STEPS; k++) CHECK(res[r].workspace[k] == res[r].workspace[0]);
+    }
+    ff_pipe_sim_clear(&ps);
+    /* times: each rank's instructions in order (a call's share its times), the same bubble on
+     * every rank, and the bubble again from the instruction times */
     double busy = 0, makespan = 0;
     for (int r = 0; r < p; r++) {
         const pt_result *q = &res[r];

@@ -34,6 +34,8 @@ static int save_raw(const char *path, const pt_result *r, int64_t N) {
     ok = ok && fwrite(&r->formula, sizeof(double), 1, f) == 1 && fwrite(&r->n_instr, sizeof(int64_t), 1, f) == 1;
     ok = ok && fwrite(r->t_start, sizeof(double), (size_t)r->n_instr, f) == (size_t)r->n_instr;
     ok = ok && fwrite(r->t_end, sizeof(double), (size_t)r->n_instr, f) == (size_t)r->n_instr;
+    ok = ok && fwrite(r->in_flight, sizeof r->in_flight, 1, f) == 1 && fwrite(&r->n_chunks, sizeof r->n_chunks, 1, f) == 1;
+    ok = ok && fwrite(r->workspace, sizeof r->workspace, 1, f) == 1;
     ok = ok && fwrite(&r->tied_n, sizeof(int64_t), 1, f) == 1;
     if (r->tied_n > 0) ok = ok && fwrite(r->tied, sizeof(float), (size_t)r->tied_n, f) == (size_t)r->tied_n;
     return fclose(f) == 0 && ok ? 0 : -1;
@@ -52,6 +54,8 @@ static void load_raw(const char *path, pt_result *r, int64_t N) {
     REQUIRE((r->t_start = malloc(sizeof(double) * (size_t)r->n_instr)) && (r->t_end = malloc(sizeof(double) * (size_t)r->n_instr)));
     ok = fread(r->t_start, sizeof(double), (size_t)r->n_instr, f) == (size_t)r->n_instr;
     ok = ok && fread(r->t_end, sizeof(double), (size_t)r->n_instr, f) == (size_t)r->n_instr;
+    ok = ok && fread(r->in_flight, sizeof r->in_flight, 1, f) == 1 && fread(&r->n_chunks, sizeof r->n_chunks, 1, f) == 1;
+    ok = ok && fread(r->workspace, sizeof r->workspace, 1, f) == 1;
     ok = ok && fread(&r->tied_n, sizeof(int64_t), 1, f) == 1;
     REQUIRE(ok && r->tied_n >= 0);
     if (r->tied_n > 0) {

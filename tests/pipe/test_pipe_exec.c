@@ -9,7 +9,10 @@
  * (exported by the stages, whole tensors, each by exactly one stage); the gradient norm of every
  * step (summed over the stages); the weights and AdamW state after three steps with clipping;
  * a forward-only pass through the trained stages (the forward-only schedule of the same layout)
- * against the trained single-rank model; the tied copies equal bit for bit after training.
+ * against the trained single-rank model, and a log-prob/value pipeline of inference-only stages
+ * made from the trained weights (the union of the stages' exports) likewise; the tied copies
+ * equal bit for bit after training; the activation room reserved per chunk is the stream's
+ * (1F1B min(p - s, m), GPipe m) and no step grows it.
  * The numbers agree bit for bit where the arithmetic is the same (outputs, loss, untied
  * gradients: a stage runs the same kernels on the same activations, and a parameter's
  * micro-batch gradients accumulate in the same order); the tied embedding's gradient (two
@@ -162,6 +165,84 @@ typedef struct targ {
     int rank;
 } targ;
 
+/* A log-prob and value pipeline: inference-only stage models made from the trained weights
+ * (the union of the stages' exports), the forward-only schedule of the same layout. */
+typedef struct infer_job {
+    const ff_pipe_config *pc;
+    const ff_model_config *cfg;
+    const ff_tensor_set *w;
+    const pt_batch *g;
+    rank_ctx *ctx;
+    float *lp, *ent, *val; /* [tokens] filled by the last stage's rank */
+} infer_job;
+
+typedef struct infer_arg {
+    infer_job *j;
+    int rank;
+} infer_arg;
+
+static void *infer_main(void *p) {
+    infer_arg *a = p;
+    const infer_job *j = a->j;
+    ff_pipe_transport t = transport_of(&j->ctx[a->rank]);
+    ff_pipe_config fc = *j->pc;
+    fc.forward_only = true;
+    ff_pipe_schedule s;
+    REQUIRE(ff_pipe_generate(&fc, &s) == 0);
+    int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
+    ff_model_stage st;
+    REQUIRE(ff_pipe_stage_layers(&s, 0, a->rank, first, count, &st) == 0);
+    ff_backend *be = ff_backend_new("cpu:1");
+    ff_model *m = ff_model_new_opts(be, j->cfg, j->w, &(ff_model_opts){.inference = true, .stage = &st});
+    if (!m) fprintf(stderr, "%s\n", ff_error_message());
+    REQUIRE(m);
+    ff_pipe_exec_model em = {.model = m, .temperature = PT_TEMP, .logprobs = true, .entropy = true,
+                             .values = j->cfg->value_head};
+    ff_pipe_exec *e = ff_pipe_exec_new(&s, a->rank, &t, &em);
+    REQUIRE(e);
+    ff_forward_out o[PT_MAX_MICRO];
+    pt_outs(j->g, j->cfg, j->lp, j->ent, j->val, o);
+    ff_pipe_run run = {.micro = {j->g->b}, .outs = {a->rank == j->pc->pp - 1 ? o : NULL}};
+    ff_pipe_exec_stats x;
+    if (ff_pipe_exec_run(e, &run, &x)) fprintf(stderr, "%s\n", ff_error_message());
+    CHECK(x.wall_s > 0 && x.compute_s > 0);
+    ff_pipe_exec_destroy(&e);
+    ff_model_destroy(&m);
+    ff_backend_destroy(&be);
+    ff_pipe_schedule_clear(&s);
+    return NULL;
+}
+
+static void infer_layout(const char *name, const ff_model_config *cfg, const ff_pipe_config *pc, const ff_tensor_set *w,
+                         const pt_batch *g, const pt_result *ref) {
+    const int p = pc->pp;
+    const int64_t N = g->off[g->n];
+    group *gr = group_new(p);
+    rank_ctx ctx[MAXR];
+    infer_job j = {.pc = pc, .cfg = cfg, .w = w, .g = g, .ctx = ctx};
+    REQUIRE((j.lp = calloc((size_t)N, 4)) && (j.ent = calloc((size_t)N, 4)) && (j.val = calloc((size_t)N, 4)));
+    pthread_t th[MAXR];
+    infer_arg args[MAXR];
+    for (int r = 0; r < p; r++) {
+        ctx[r] = (rank_ctx){.g = gr, .rank = r};
+        args[r] = (infer_arg){.j = &j, .rank = r};
+        REQUIRE(pthread_create(&th[r], NULL, infer_main, &args[r]) == 0);
+    }
+    for (int r = 0; r < p; r++) pthread_join(th[r], NULL);
+    char what[160];
+    snprintf(what, sizeof what, "%s inference stages log-probs", name);
+    pt_close(&pt_err_infer, what, j.lp, ref->ilp, N, 0, PT_TOL_AFTER);
+    snprintf(what, sizeof what, "%s inference stages entropy", name);
+    pt_close(&pt_err_infer, what, j.ent, ref->ient, N, 0, PT_TOL_AFTER);
+    if (cfg->value_head) {
+        snprintf(what, sizeof what, "%s inference stages values", name);
+        pt_close(&pt_err_infer, what, j.val, ref->ival, N, 0, PT_TOL_AFTER);
+    }
+    for (int r = 0; r < p; r++) free(ctx[r].tmp);
+    free(j.lp), free(j.ent), free(j.val);
+    group_free(&gr);
+}
+
 static void *rank_main(void *p) {
     targ *a = p;
     ff_pipe_transport t = transport_of(&a->j->ctx[a->rank]);
@@ -185,6 +266,11 @@ static void run_layout(const char *name, const ff_model_config *cfg, const ff_pi
     }
     for (int r = 0; r < p; r++) pthread_join(th[r], NULL);
     pt_compare(name, cfg, pc, g, j->res, ref, loss_scale);
+    ff_tensor_set *as[MAXR];
+    for (int r = 0; r < p; r++) as[r] = j->res[r].after;
+    ff_tensor_set *trained = pt_merge(as, p, NULL);
+    infer_layout(name, cfg, pc, trained, g, ref);
+    ff_tensor_set_destroy(&trained);
     for (int r = 0; r < p; r++) {
         pt_result_free(&j->res[r]);
         free(j->ctx[r].tmp);

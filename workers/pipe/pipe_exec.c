@@ -575,6 +575,12 @@ int ff_pipe_exec_run(ff_pipe_exec *e, const ff_pipe_run *r, ff_pipe_exec_stats *
     return 0;
 }
 
+int32_t ff_pipe_exec_in_flight(const ff_pipe_exec *e, int model, int32_t chunk) {
+    assert(model >= 0 && model < e->s->n_models);
+    const exec_model *m = &e->em[model];
+    return m->present && chunk >= 0 && chunk < m->n_chunks ? m->in_flight[chunk] : 0;
+}
+
 void ff_pipe_exec_times(const ff_pipe_exec *e, const double **start_s, const double **end_s, int64_t *n) {
     *start_s = e->t_start;
     *end_s = e->t_end;
