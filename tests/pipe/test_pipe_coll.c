@@ -80,7 +80,7 @@ static int pipe_rank(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     ff_pipe_transport t;
     ff_pipe_transport_coll(comm, &t);
     pt_result r;
-    pt_rank(&l->pc, &l->cfg, w, &g, &t, "cpu:1", NULL, &r);
+    pt_rank(&l->pc, &l->cfg, w, &g, &t, "cpu:1", NULL, NULL, &r);
     char p[FF_PATH_MAX];
     int rc = 0;
     path_of(p, l, rank, "grads.safetensors");
@@ -152,7 +152,7 @@ int main(void) {
         ls[i].pc.layers = ls[i].cfg.num_hidden_layers;
         run_layout(&ls[i]);
     }
-    pt_print_errors();
+    pt_print_errors("over ff_coll");
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);
     return ff_test_failures ? 1 : 0;
 }

@@ -6,20 +6,28 @@
  * gradients summed).
  *
  * Checked: the first step's log-probs, entropy, values and loss; every gradient after it
- * (exported by the stages, whole tensors, each by exactly one stage); the gradient norm of every
- * step (summed over the stages); the weights and AdamW state after three steps with clipping;
- * a forward-only pass through the trained stages (the forward-only schedule of the same layout)
- * against the trained single-rank model, and a log-prob/value pipeline of inference-only stages
- * made from the trained weights (the union of the stages' exports) likewise; the tied copies
- * equal bit for bit after training; the activation room reserved per chunk is the stream's
- * (1F1B min(p - s, m), GPipe m) and no step grows it.
+ * (exported by the stages, whole tensors, each by exactly one stage); the gradient norm of
+ * every step (summed over the stages); the weights and AdamW state after three steps with
+ * clipping; a forward-only pass through the trained stages (the forward-only schedule of the
+ * same layout), and a log-prob/value pipeline of inference-only stages made from the trained
+ * weights (the union of the stages' exports), against the trained single-rank model; the tied
+ * copies equal bit for bit after training; the activation room reserved per chunk is the
+ * stream's (1F1B min(p - s, m), GPipe m) and no step grows it; every rank's instruction times
+ * ordered, the bubble recomputed from them (printed beside the simulator's on the measured
+ * stage times and the planner's formula).
+ *
  * The numbers agree bit for bit where the arithmetic is the same (outputs, loss, untied
  * gradients: a stage runs the same kernels on the same activations, and a parameter's
  * micro-batch gradients accumulate in the same order); the tied embedding's gradient (two
  * partial sums added) and what follows the clipped step (the norm summed per stage) differ by
- * rounding, within the stated fp32 tolerances. Every rank's time per instruction is recorded
- * and ordered; the measured bubble is printed beside the simulator's on the measured stage
- * times and the planner's formula. Bad setups get errors naming the problem. */
+ * rounding, within the stated fp32 tolerances.
+ *
+ * Also: a before_step hook standing for the data-parallel all-reduce; two models in one
+ * schedule (pipelines in opposite directions, as RLHFuse fuses them); TP 2 x PP 2 (1F1B with
+ * tied embeddings, interleaved), each TP rank of a stage a stage model with a TP communicator
+ * of threads, within tests/model/test_model_tp.c's tolerances (the sums then run in another
+ * order), the TP ranks' whole tensors alike bit for bit; bad setups get errors naming the
+ * problem. */
 #include <pthread.h>
 
 #include "tests/pipe/pipe_test_util.h"
@@ -246,7 +254,7 @@ static void infer_layout(const char *name, const ff_model_config *cfg, const ff_
 static void *rank_main(void *p) {
     targ *a = p;
     ff_pipe_transport t = transport_of(&a->j->ctx[a->rank]);
-    pt_rank(a->j->pc, a->j->cfg, a->j->w, a->j->g, &t, "cpu:1", a->j->before_step, &a->j->res[a->rank]);
+    pt_rank(a->j->pc, a->j->cfg, a->j->w, a->j->g, &t, "cpu:1", a->j->before_step, NULL, &a->j->res[a->rank]);
     return NULL;
 }
 
@@ -507,6 +515,174 @@ static void fused(void) {
     ff_pipe_schedule_clear(&s);
 }
 
+/* ---- tensor parallelism inside the stages ----------------------------------------------- */
+
+/* A tensor-parallel group of threads: every rank posts its buffer, all read every rank's in
+ * rank order (the same bits everywhere), then each writes its own. */
+typedef struct tp_group {
+    int n;
+    pthread_barrier_t bar;
+    const void *src[MAXR];
+    size_t cnt[MAXR];
+} tp_group;
+
+typedef struct tp_ctx {
+    tp_group *g;
+    int rank;
+    char *tmp;
+    size_t cap;
+} tp_ctx;
+
+static char *tp_post(tp_ctx *c, const void *src, size_t n, size_t out_bytes) {
+    c->g->src[c->rank] = src;
+    c->g->cnt[c->rank] = n;
+    pthread_barrier_wait(&c->g->bar);
+    for (int r = 0; r < c->g->n; r++) REQUIRE(c->g->cnt[r] == n);
+    if (out_bytes > c->cap) {
+        REQUIRE((c->tmp = realloc(c->tmp, out_bytes)));
+        c->cap = out_bytes;
+    }
+    return c->tmp;
+}
+
+static int tp_sum(void *ctx, float *buf, size_t n) {
+    tp_ctx *c = ctx;
+    float *o = (float *)tp_post(c, buf, n, n * 4);
+    for (size_t i = 0; i < n; i++) {
+        float v = 0;
+        for (int r = 0; r < c->g->n; r++) v += ((const float *)c->g->src[r])[i];
+        o[i] = v;
+    }
+    pthread_barrier_wait(&c->g->bar);
+    memcpy(buf, o, n * 4);
+    return 0;
+}
+
+static int tp_max(void *ctx, float *buf, size_t n) {
+    tp_ctx *c = ctx;
+    float *o = (float *)tp_post(c, buf, n, n * 4);
+    for (size_t i = 0; i < n; i++) {
+        float v = ((const float *)c->g->src[0])[i];
+        for (int r = 1; r < c->g->n; r++) v = fmaxf(v, ((const float *)c->g->src[r])[i]);
+        o[i] = v;
+    }
+    pthread_barrier_wait(&c->g->bar);
+    memcpy(buf, o, n * 4);
+    return 0;
+}
+
+static int tp_sum64(void *ctx, double *buf, size_t n) {
+    tp_ctx *c = ctx;
+    double *o = (double *)tp_post(c, buf, n, n * 8);
+    for (size_t i = 0; i < n; i++) {
+        double v = 0;
+        for (int r = 0; r < c->g->n; r++) v += ((const double *)c->g->src[r])[i];
+        o[i] = v;
+    }
+    pthread_barrier_wait(&c->g->bar);
+    memcpy(buf, o, n * 8);
+    return 0;
+}
+
+static int tp_gather(void *ctx, const float *in, float *out, size_t n) {
+    tp_ctx *c = ctx;
+    tp_post(c, in, n, 0);
+    for (int r = 0; r < c->g->n; r++) memcpy(out + (size_t)r * n, c->g->src[r], n * 4);
+    pthread_barrier_wait(&c->g->bar);
+    return 0;
+}
+
+enum { TP = 2 };
+
+typedef struct grid {
+    const ff_pipe_config *pc;
+    const ff_model_config *cfg;
+    const ff_tensor_set *w;
+    const pt_batch *g;
+    rank_ctx pp[TP][MAXR]; /* pipeline group t: the stages of TP rank t */
+    tp_ctx tp[MAXR][TP];   /* TP group s: the TP ranks of stage s */
+    pt_result res[TP][MAXR];
+} grid;
+
+typedef struct grid_arg {
+    grid *j;
+    int t, s;
+} grid_arg;
+
+static void *grid_main(void *p) {
+    grid_arg *a = p;
+    grid *j = a->j;
+    ff_pipe_transport t = transport_of(&j->pp[a->t][a->s]);
+    ff_model_comm tc = {.rank = a->t, .size = TP, .ctx = &j->tp[a->s][a->t], .all_reduce_sum = tp_sum,
+                        .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather};
+    pt_rank(j->pc, j->cfg, j->w, j->g, &t, "cpu:1", NULL, &tc, &j->res[a->t][a->s]);
+    return NULL;
+}
+
+/* TP 2 x PP p: each TP rank of a stage is a stage model with a TP communicator; the TP ranks
+ * of a stage run the same stream, each in the pipeline of its TP rank. Against the single
+ * rank within the TP tolerances; the two TP ranks' whole tensors bit for bit alike. */
+static void tp_pp(const char *name, ff_model_config cfg, ff_pipe_config pc) {
+    ff_tensor_set *w = ff_tensor_set_new();
+    REQUIRE(w && ff_model_init_weights(&cfg, 5, 0.2, w) == 0);
+    pt_batch g;
+    pt_batch_make(&g, NMICRO, cfg.vocab_size, 12, 0, 17);
+    pt_result ref;
+    pt_reference(&cfg, w, &g, &ref);
+    pc.micro = NMICRO;
+    pc.layers = cfg.num_hidden_layers;
+    const int p = pc.pp;
+    grid *j = calloc(1, sizeof *j);
+    REQUIRE(j);
+    *j = (grid){.pc = &pc, .cfg = &cfg, .w = w, .g = &g};
+    group *pg[TP];
+    tp_group tg[MAXR];
+    for (int t = 0; t < TP; t++) {
+        pg[t] = group_new(p);
+        for (int s = 0; s < p; s++) j->pp[t][s] = (rank_ctx){.g = pg[t], .rank = s};
+    }
+    for (int s = 0; s < p; s++) {
+        tg[s] = (tp_group){.n = TP};
+        pthread_barrier_init(&tg[s].bar, NULL, TP);
+        for (int t = 0; t < TP; t++) j->tp[s][t] = (tp_ctx){.g = &tg[s], .rank = t};
+    }
+    pthread_t th[TP][MAXR];
+    grid_arg args[TP][MAXR];
+    for (int t = 0; t < TP; t++)
+        for (int s = 0; s < p; s++) {
+            args[t][s] = (grid_arg){.j = j, .t = t, .s = s};
+            REQUIRE(pthread_create(&th[t][s], NULL, grid_main, &args[t][s]) == 0);
+        }
+    for (int t = 0; t < TP; t++)
+        for (int s = 0; s < p; s++) pthread_join(th[t][s], NULL);
+    pt_tp = true;
+    pt_compare(name, &cfg, &pc, &g, j->res[0], &ref, 1);
+    pt_tp = false;
+    for (int s = 0; s < p; s++) { /* TP rank 1 gathered the same whole tensors */
+        pt_err same = {0};
+        char what[160];
+        snprintf(what, sizeof what, "%s TP rank 1 stage %d after", name, s);
+        pt_compare_sets(&same, what, j->res[1][s].after, j->res[0][s].after, 0, 0);
+        CHECK(!same.differs);
+        CHECK(j->res[1][s].norm[PT_STEPS - 1] == j->res[0][s].norm[PT_STEPS - 1]);
+    }
+    for (int t = 0; t < TP; t++) {
+        for (int s = 0; s < p; s++) {
+            pt_result_free(&j->res[t][s]);
+            free(j->pp[t][s].tmp);
+        }
+        group_free(&pg[t]);
+    }
+    for (int s = 0; s < p; s++) {
+        for (int t = 0; t < TP; t++) free(j->tp[s][t].tmp);
+        pthread_barrier_destroy(&tg[s].bar);
+    }
+    free(j);
+    pt_result_free(&ref);
+    pt_batch_free(&g);
+    ff_tensor_set_destroy(&w);
+}
+
 /* ---- bad setups ------------------------------------------------------------------------------ */
 
 static int no_call(void *ctx, const ff_pipe_xfer *x, int n) { (void)ctx, (void)x, (void)n; return 0; }
@@ -589,8 +765,13 @@ int main(void) {
     parity("7 layers tied", tiny_config(64, 32, 48, 7, 4, 2, true, true, true), l7, 1);
     data_parallel();
     fused();
+    pt_print_errors("pipelines (the tied embedding's gradient alone not bit for bit)");
+    tp_pp("tp2 x 4 layers tied pp2 1f1b", tiny_config(64, 32, 48, 4, 4, 2, true, true, true),
+          (ff_pipe_config){.pp = 2, .kind = FF_PIPE_1F1B});
+    tp_pp("tp2 x 8 layers pp2 interleaved v2", tiny_config(64, 32, 48, 8, 4, 2, false, false, true),
+          (ff_pipe_config){.pp = 2, .vpp = 2, .kind = FF_PIPE_INTERLEAVED});
+    pt_print_errors("TP 2 x PP 2");
     errors();
-    pt_print_errors();
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);
     return ff_test_failures ? 1 : 0;
 }
