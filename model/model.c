@@ -822,6 +822,10 @@ int32_t ff_model_stage_in_flight(const ff_model *m, int c) {
     return n;
 }
 
+void ff_model_stage_drop(ff_model *m) {
+    for (int i = 0; i < m->n_acts; i++) acts_release(m, m->acts[i]);
+}
+
 /* ---- forward ------------------------------------------------------------------------------ */
 
 #define AW(a, field) ff_dptr_of((a)->buf, (a)->field)

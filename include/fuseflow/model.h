@@ -316,6 +316,9 @@ int ff_model_stage_backward(ff_model *m, int chunk, int32_t micro, const float *
 int ff_model_stage_reserve(ff_model *m, int32_t max_tokens, const int32_t *in_flight);
 /* Training forwards of chunk c whose backward has not run. */
 int32_t ff_model_stage_in_flight(const ff_model *m, int chunk);
+/* Forget every training forward in flight (a pipeline step that failed half-way), keeping
+ * their room. */
+void ff_model_stage_drop(ff_model *m);
 
 /* One tensor by its Hugging Face name: elements this model holds (this rank's shard under
  * TP; 0 when it holds none), a copy of its parameters (grad false) or gradients into host

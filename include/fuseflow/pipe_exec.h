@@ -27,8 +27,9 @@
  * the executor keeps a pool of them sized by the largest micro-batch, so a step allocates
  * nothing once one step has run with micro-batches as large.
  *
- * Failure: a rank whose run fails (a bad batch, a broken transport) returns -1 + error and
- * leaves the others waiting in their next transfer; the host breaks the group
+ * Failure: a rank whose run fails (a bad batch, a broken transport) returns -1 + error naming
+ * the instruction, drops its stages' forwards in flight (a later run starts clean) and leaves
+ * the other ranks waiting in their next transfer; the host breaks the group
  * (ff_coll_comm_abort), as with any collective.
  *
  * Not here: choosing the layout (the planner, fuseflow/plan.h), data parallelism across

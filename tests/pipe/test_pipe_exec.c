@@ -26,8 +26,9 @@
  * schedule (pipelines in opposite directions, as RLHFuse fuses them); TP 2 x PP 2 (1F1B with
  * tied embeddings, interleaved), each TP rank of a stage a stage model with a TP communicator
  * of threads, within tests/model/test_model_tp.c's tolerances (the sums then run in another
- * order), the TP ranks' whole tensors alike bit for bit; bad setups get errors naming the
- * problem. */
+ * order), the TP ranks' whole tensors alike bit for bit; a run whose transport breaks fails
+ * naming the call and leaves nothing in flight, and the next run is the reference's; bad
+ * setups get errors naming the problem. */
 #include <pthread.h>
 
 #include "tests/pipe/pipe_test_util.h"
@@ -62,11 +63,16 @@ typedef struct rank_ctx {
     int rank;
     double *tmp;
     size_t cap;
+    bool fail_next; /* the next call fails before it posts anything */
 } rank_ctx;
 
 static int t_call(void *ctx, const ff_pipe_xfer *x, int n) {
     rank_ctx *c = ctx;
     group *g = c->g;
+    if (c->fail_next) {
+        c->fail_next = false;
+        return ff_error_set("test transport", NULL, "the group is broken (on purpose)");
+    }
     for (int i = 0; i < n; i++) { /* sends are buffered: post them all, then wait for the receives */
         if (x[i].kind != FF_PIPE_XFER_SEND) continue;
         REQUIRE(x[i].peer >= 0 && x[i].peer < g->n && x[i].peer != c->rank);
@@ -683,6 +689,93 @@ static void tp_pp(const char *name, ff_model_config cfg, ff_pipe_config pc) {
     ff_tensor_set_destroy(&w);
 }
 
+/* ---- a failed run, then a good one -------------------------------------------------------- */
+
+typedef struct retry_job {
+    const ff_model_config *cfg;
+    const ff_tensor_set *w;
+    const pt_batch *g;
+    const ff_pipe_schedule *s;
+    rank_ctx ctx[2];
+    double loss[2];
+    int rc[2];
+} retry_job;
+
+typedef struct retry_arg {
+    retry_job *j;
+    int rank;
+} retry_arg;
+
+static void *retry_main(void *p) {
+    retry_arg *a = p;
+    retry_job *j = a->j;
+    ff_pipe_transport t = transport_of(&j->ctx[a->rank]);
+    ff_model_comm nc;
+    ff_pipe_model_comm(&t, &nc);
+    int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
+    ff_model_stage st;
+    REQUIRE(ff_pipe_stage_layers(j->s, 0, a->rank, first, count, &st) == 0);
+    st.comm = &nc;
+    ff_backend *be = ff_backend_new("cpu:1");
+    ff_model *m = ff_model_new_opts(be, j->cfg, j->w, &(ff_model_opts){.stage = &st});
+    ff_adamw_config ac;
+    pt_adamw(&ac);
+    ff_optimizer *opt = ff_optimizer_new(m, &ac);
+    REQUIRE(m && opt);
+    ff_pipe_exec_model em = {.model = m, .opt = opt, .temperature = PT_TEMP, .logprobs = true, .entropy = true,
+                             .values = j->cfg->value_head, .loss = pt_loss, .loss_ctx = (void *)j->g};
+    ff_pipe_exec *e = ff_pipe_exec_new(j->s, a->rank, &t, &em);
+    REQUIRE(e);
+    ff_pipe_run run = {.micro = {j->g->b}};
+    ff_pipe_exec_stats x;
+    j->ctx[a->rank].fail_next = true; /* both ranks' first call: rank 0 after its first forward */
+    j->rc[a->rank] = ff_pipe_exec_run(e, &run, &x);
+    CHECK_STR_CONTAINS(ff_error_message(), "the group is broken (on purpose)");
+    CHECK_STR_CONTAINS(ff_error_message(), "call 0");
+    CHECK_EQ_INT(ff_model_stage_in_flight(m, 0), 0); /* the forward before the failure is dropped */
+    REQUIRE(ff_pipe_exec_run(e, &run, &x) == 0);
+    j->loss[a->rank] = x.loss[0];
+    CHECK(x.optim[0].step == 1); /* the failed run made no step */
+    ff_pipe_exec_destroy(&e);
+    ff_optimizer_destroy(&opt);
+    ff_model_destroy(&m);
+    ff_backend_destroy(&be);
+    return NULL;
+}
+
+static void retry(void) {
+    ff_model_config cfg = tiny_config(64, 32, 48, 4, 4, 2, false, true, true);
+    ff_tensor_set *w = ff_tensor_set_new();
+    REQUIRE(w && ff_model_init_weights(&cfg, 5, 0.2, w) == 0);
+    pt_batch g;
+    pt_batch_make(&g, NMICRO, cfg.vocab_size, 12, 0, 17);
+    pt_result ref;
+    pt_reference(&cfg, w, &g, &ref);
+    ff_pipe_config pc = {.pp = 2, .micro = NMICRO, .kind = FF_PIPE_1F1B, .layers = 4};
+    ff_pipe_schedule s;
+    REQUIRE(ff_pipe_generate(&pc, &s) == 0);
+    retry_job j = {.cfg = &cfg, .w = w, .g = &g, .s = &s};
+    group *gr = group_new(2);
+    pthread_t th[2];
+    retry_arg args[2];
+    for (int r = 0; r < 2; r++) {
+        j.ctx[r] = (rank_ctx){.g = gr, .rank = r};
+        args[r] = (retry_arg){.j = &j, .rank = r};
+        REQUIRE(pthread_create(&th[r], NULL, retry_main, &args[r]) == 0);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 2; r++) {
+        CHECK(j.rc[r] == -1);
+        CHECK(j.loss[r] == ref.loss[0]);
+        free(j.ctx[r].tmp);
+    }
+    group_free(&gr);
+    ff_pipe_schedule_clear(&s);
+    pt_result_free(&ref);
+    pt_batch_free(&g);
+    ff_tensor_set_destroy(&w);
+}
+
 /* ---- bad setups ------------------------------------------------------------------------------ */
 
 static int no_call(void *ctx, const ff_pipe_xfer *x, int n) { (void)ctx, (void)x, (void)n; return 0; }
@@ -771,6 +864,7 @@ int main(void) {
     tp_pp("tp2 x 8 layers pp2 interleaved v2", tiny_config(64, 32, 48, 8, 4, 2, false, false, true),
           (ff_pipe_config){.pp = 2, .vpp = 2, .kind = FF_PIPE_INTERLEAVED});
     pt_print_errors("TP 2 x PP 2");
+    retry();
     errors();
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);
     return ff_test_failures ? 1 : 0;

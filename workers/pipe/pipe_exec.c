@@ -508,8 +508,10 @@ int ff_pipe_exec_run(ff_pipe_exec *e, const ff_pipe_run *r, ff_pipe_exec_stats *
             while (next < st->n && st->instr[next].call == in->call && st->instr[next].call >= 0) next++;
             rc = do_call(e, i, next);
         }
-        if (rc) {
+        if (rc) { /* the group is broken; a later run starts clean */
             sweep(e);
+            for (int q = 0; q < e->s->n_models; q++)
+                if (e->em[q].present && e->em[q].train) ff_model_stage_drop(e->em[q].m.model);
             return -1;
         }
         const double b = (double)(ff_now_ns() - t0) * 1e-9;
