@@ -103,6 +103,11 @@ void ff_gen_output_free(ff_gen_output *o) {
 }
 
 ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
+    if (!ffm_whole(m)) {
+        ff_error_set("generator", "generate with the whole model (pipeline stages do not generate)",
+                     "the model is a pipeline stage");
+        return NULL;
+    }
     if (!m->lm_head) {
         ff_error_set("generator", "generate with an actor (a model with an LM head)", "the model has no LM head");
         return NULL;

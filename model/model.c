@@ -101,21 +101,23 @@ static int tb_add(table_builder *b, const char *name, size_t off, int ndim, int6
     return 0;
 }
 
-/* Offsets of every region (decay first) and the table in Hugging Face order. */
+/* Offsets of every region (decay first) and the table in Hugging Face order, for the layers,
+ * ends and heads this model holds (set_stage). */
 static int build_table(ff_model *m) {
     const int H = m->H, D = m->D, I = m->I, V = m->V, L = m->L;
     const size_t QKV = (size_t)m->QKV, qd = (size_t)m->Hq * D, kd = (size_t)m->Hkv * D;
+    const bool lm = m->has_final && m->lm_head, embed = m->has_embed || (lm && m->tied);
     m->layers = ff_calloc((size_t)L, sizeof *m->layers);
     if (!m->layers) return -1;
     size_t o = 0;
     m->off_embed = o;
-    o += (size_t)V * H;
+    if (embed) o += (size_t)V * H;
     m->off_lm = m->off_embed;
-    if (m->lm_head && !m->tied) {
+    if (lm && !m->tied) {
         m->off_lm = o;
         o += (size_t)V * H;
     }
-    if (m->vhead) {
+    if (m->has_final && m->vhead) {
         m->off_score = o;
         o += (size_t)H;
     }
@@ -134,17 +136,19 @@ static int build_table(ff_model *m) {
         p->ln2 = o, o += (size_t)H;
     }
     m->off_norm = o;
-    o += (size_t)H;
+    if (m->has_final) o += (size_t)H;
     m->n_params = (int64_t)o;
 
     table_builder b = {0};
     char nm[96];
-    int rc = tb_add(&b, "model.embed_tokens.weight", m->off_embed, 2, V, H);
+    int rc = embed ? tb_add(&b, "model.embed_tokens.weight", m->off_embed, 2, V, H) : 0;
+    if (embed && !rc) b.t[0].copy = !m->has_embed; /* the last stage's tied LM head */
     for (int l = 0; l < L && !rc; l++) {
         const ff_layer_params *p = &m->layers[l];
+        const int g = m->layer_global[l];
 #define ADD(suffix, off, nd, a, c)                                        \
     do {                                                                  \
-        snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);         \
+        snprintf(nm, sizeof nm, "model.layers.%d.%s", g, suffix);         \
         if (!rc) rc = tb_add(&b, nm, off, nd, a, c);                      \
     } while (0)
         ADD("input_layernorm.weight", p->ln1, 1, H, 0);
@@ -163,9 +167,9 @@ static int build_table(ff_model *m) {
         ADD("mlp.down_proj.weight", p->wdown, 2, H, I);
 #undef ADD
     }
-    if (!rc) rc = tb_add(&b, "model.norm.weight", m->off_norm, 1, H, 0);
-    if (!rc && m->lm_head && !m->tied) rc = tb_add(&b, "lm_head.weight", m->off_lm, 2, V, H);
-    if (!rc && m->vhead) rc = tb_add(&b, "score.weight", m->off_score, 2, 1, H);
+    if (!rc && m->has_final) rc = tb_add(&b, "model.norm.weight", m->off_norm, 1, H, 0);
+    if (!rc && lm && !m->tied) rc = tb_add(&b, "lm_head.weight", m->off_lm, 2, V, H);
+    if (!rc && m->has_final && m->vhead) rc = tb_add(&b, "score.weight", m->off_score, 2, 1, H);
     if (rc) {
         free(b.t);
         return -1;
@@ -195,17 +199,67 @@ static void set_dims(ff_model *m, const ff_model_config *c, bool lm_head) {
     m->kv_rep = 1;
 }
 
+/* The layers this model holds (after set_dims): the stage's chunks, or all of them as one
+ * chunk (st NULL). 0 or -1 + error naming the bad range. */
+static int set_stage(ff_model *m, const ff_model_stage *st) {
+    const int32_t L = m->cfg.num_hidden_layers, one_first = 0;
+    const int32_t *first = st ? st->first_layer : &one_first, *count = st ? st->n_layers : &L;
+    const int n = st ? st->n_chunks : 1;
+    const char *w = "pipeline stage";
+    if (n < 1 || n > FF_MODEL_MAX_CHUNKS || !first || !count)
+        return ff_error_set(w, "give 1 .. 64 chunks with their first layer and layer count", "%d chunks", n);
+    int32_t held = 0;
+    for (int c = 0; c < n; c++) {
+        int32_t lo = c ? first[c - 1] + count[c - 1] : 0;
+        if (count[c] < 1 || first[c] < lo || first[c] > L - count[c])
+            return ff_error_set(w, "chunks hold at least one layer each, in ascending order, within the model's layers",
+                                "chunk %d: layers [%d, %d) of %d (the previous chunk ends at %d)", c, first[c],
+                                first[c] + count[c], L, lo);
+        held += count[c];
+    }
+    m->chunk_l0 = ff_malloc(sizeof(int32_t) * (size_t)n);
+    m->chunk_nl = ff_malloc(sizeof(int32_t) * (size_t)n);
+    m->layer_global = ff_malloc(sizeof(int32_t) * (size_t)held);
+    if (!m->chunk_l0 || !m->chunk_nl || !m->layer_global) return -1;
+    int32_t k = 0;
+    for (int c = 0; c < n; c++) {
+        m->chunk_l0[c] = k;
+        m->chunk_nl[c] = count[c];
+        for (int32_t i = 0; i < count[c]; i++) m->layer_global[k++] = first[c] + i;
+    }
+    m->n_chunks = n;
+    m->L = held;
+    m->has_embed = first[0] == 0;
+    m->has_final = first[n - 1] + count[n - 1] == L;
+    m->embed_copy = m->has_final && !m->has_embed && m->tied && m->lm_head;
+    if (st && st->comm && st->comm->size > 1) {
+        if (!st->comm->all_reduce_sum_f64)
+            return ff_error_set(w, "give the pipeline group's all_reduce_sum_f64", "the gradient norm needs a sum over the stages");
+        m->pp = *st->comm;
+    }
+    return 0;
+}
+
+static void free_table(ff_model *m) {
+    free(m->tensors);
+    free(m->layers);
+    free(m->chunk_l0);
+    free(m->chunk_nl);
+    free(m->layer_global);
+    m->tensors = NULL;
+    m->layers = NULL;
+    m->chunk_l0 = m->chunk_nl = m->layer_global = NULL;
+}
+
 int ff_model_expected_tensors(const ff_model_config *cfg, ff_tensor_set *out) {
     if (ff_model_config_check(cfg, NULL)) return -1;
     ff_model tmp;
     memset(&tmp, 0, sizeof tmp);
     set_dims(&tmp, cfg, true);
-    if (build_table(&tmp)) return -1;
-    int rc = 0;
+    int rc = set_stage(&tmp, NULL) || build_table(&tmp) ? -1 : 0;
     for (int i = 0; i < tmp.n_tensors && !rc; i++)
         if (!ff_tensor_set_add(out, tmp.tensors[i].name, tmp.tensors[i].ndim, tmp.tensors[i].shape)) rc = -1;
-    free(tmp.tensors);
-    free(tmp.layers);
+    free_table(&tmp);
     return rc;
 }
 
@@ -213,14 +267,13 @@ int ffm_layout(ff_model *m, const ff_model_config *cfg, int r, int t) {
     memset(m, 0, sizeof *m);
     if (ff_model_config_check(cfg, NULL)) return -1;
     set_dims(m, cfg, true);
-    if (ffm_tp_dims(m, r, t) || build_table(m)) return -1;
+    if (set_stage(m, NULL) || ffm_tp_dims(m, r, t) || build_table(m)) return -1;
     ffm_tp_shards(m);
     return 0;
 }
 
 void ffm_layout_free(ff_model *m) {
-    free(m->tensors);
-    free(m->layers);
+    free_table(m);
     memset(m, 0, sizeof *m);
 }
 
@@ -365,7 +418,7 @@ static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_ten
     m->inference = opts && opts->inference;
     bool lm = !cfg->value_head || cfg->tie_word_embeddings || ff_tensor_set_find(weights, "lm_head.weight");
     set_dims(m, cfg, lm);
-    if (ffm_tp_setup(m, comm) || build_table(m) || make_rope(m)) goto fail;
+    if (set_stage(m, opts ? opts->stage : NULL) || ffm_tp_setup(m, comm) || build_table(m) || make_rope(m)) goto fail;
     ffm_tp_shards(m);
     m->params = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
     if (!m->params) goto fail;
@@ -381,6 +434,11 @@ ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tens
     return create(be, cfg, weights, NULL, NULL);
 }
 
+ff_model *ff_model_new_opts(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights,
+                            const ff_model_opts *opts) {
+    return create(be, cfg, weights, NULL, opts);
+}
+
 ff_model *ff_model_new_tp(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights,
                           const ff_model_comm *comm) {
     ff_model_opts o = {.comm = comm};
@@ -393,11 +451,25 @@ ff_model *ff_model_new_from(ff_backend *be, const ff_model_config *cfg, ff_tenso
     return m;
 }
 
+static void acts_free(ffm_acts *a) {
+    ff_buffer_destroy(&a->buf);
+    free(a->seq_start_host);
+    a->seq_start_host = NULL;
+    a->cap = 0;
+}
+
+/* Every activation set and the scratch (forwards in flight are lost). */
 static void free_ws(ff_model *m) {
-    ff_buffer_destroy(&m->ws.buf);
-    free(m->ws.pos_host);
-    free(m->ws.seq_start_host);
-    memset(&m->ws, 0, sizeof m->ws);
+    for (int i = 0; i < m->n_acts; i++) {
+        acts_free(m->acts[i]);
+        free(m->acts[i]);
+    }
+    free(m->acts);
+    m->acts = NULL;
+    m->n_acts = m->cap_acts = 0;
+    ff_buffer_destroy(&m->sc.buf);
+    free(m->sc.pos_host);
+    memset(&m->sc, 0, sizeof m->sc);
 }
 
 void ff_model_destroy(ff_model **pm) {
@@ -409,8 +481,7 @@ void ff_model_destroy(ff_model **pm) {
     ff_buffer_destroy(&m->grads);
     ff_buffer_destroy(&m->rope_cos);
     ff_buffer_destroy(&m->rope_sin);
-    free(m->tensors);
-    free(m->layers);
+    free_table(m);
     free(m);
     *pm = NULL;
 }
@@ -424,11 +495,23 @@ int ff_model_tp_rank(const ff_model *m) { return m->tp_rank; }
 bool ff_model_is_inference(const ff_model *m) { return m->inference; }
 ff_buffer *ff_model_param_buffer(ff_model *m) { return m->params; }
 ff_buffer *ff_model_grad_buffer(ff_model *m) { return m->grads; }
+int ff_model_n_chunks(const ff_model *m) { return m->n_chunks; }
+bool ff_model_is_whole(const ff_model *m) { return ffm_whole(m); }
+
+void ff_model_chunk_of(const ff_model *m, int c, ff_model_chunk_info *out) {
+    assert(c >= 0 && c < m->n_chunks);
+    out->first_layer = m->layer_global[m->chunk_l0[c]];
+    out->n_layers = m->chunk_nl[c];
+    out->embedding = c == 0 && m->has_embed;
+    out->head = c == m->n_chunks - 1 && m->has_final;
+}
 
 void ff_model_memory_of(const ff_model *m, ff_model_memory *out) {
     out->params = m->n_params * (int64_t)sizeof(float);
     out->grads = m->grads ? out->params : 0;
-    out->workspace = m->ws.buf ? (int64_t)ff_buffer_size(m->ws.buf) : 0;
+    out->workspace = m->sc.buf ? (int64_t)ff_buffer_size(m->sc.buf) : 0;
+    for (int i = 0; i < m->n_acts; i++)
+        if (m->acts[i]->buf) out->workspace += (int64_t)ff_buffer_size(m->acts[i]->buf);
 }
 
 int ffm_inference_only(const char *what) {
@@ -442,7 +525,7 @@ int ff_model_export_grads(ff_model *m, ff_tensor_set *out) {
 }
 
 int ff_model_load_weights(ff_model *m, const ff_tensor_set *w) {
-    if (!m->tied && m->lm_head != (ff_tensor_set_find(w, "lm_head.weight") != NULL) && m->vhead)
+    if (m->has_final && !m->tied && m->lm_head != (ff_tensor_set_find(w, "lm_head.weight") != NULL) && m->vhead)
         return ff_error_set("lm_head.weight", "load a checkpoint of the same kind (with or without LM head)",
                             "the model %s an LM head but the weights %s", m->lm_head ? "has" : "has no",
                             m->lm_head ? "do not" : "do");
@@ -464,6 +547,38 @@ int ff_model_write_grads(ff_model *m, const float *host) {
     if (m->inference) return ffm_inference_only("write gradients");
     ff_memcpy_h2d(m->st, ff_dptr_of(m->grads, 0), host, (size_t)m->n_params * sizeof(float));
     return 0;
+}
+
+static const ff_param_tensor *find_tensor(const ff_model *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
+    return NULL;
+}
+
+int64_t ff_model_tensor_numel(const ff_model *m, const char *name) {
+    const ff_param_tensor *p = find_tensor(m, name);
+    return p ? p->numel : 0;
+}
+
+static const ff_param_tensor *held(const ff_model *m, const char *name, bool grad) {
+    const ff_param_tensor *p = find_tensor(m, name);
+    if (!p) ff_error_set(name, "ask the stage that holds it (ff_model_tensor_numel says)", "this model does not hold the tensor");
+    else if (grad && m->inference) return ffm_inference_only(name), NULL;
+    return p;
+}
+
+int ff_model_read_tensor(ff_model *m, const char *name, bool grad, float *host) {
+    const ff_param_tensor *p = held(m, name, grad);
+    if (!p) return -1;
+    ff_memcpy_d2h(m->st, host, grad ? ffm_grad(m, p->off) : ffm_param(m, p->off), (size_t)p->numel * sizeof(float));
+    return 0;
+}
+
+int ff_model_write_tensor_grad(ff_model *m, const char *name, const float *host) {
+    const ff_param_tensor *p = held(m, name, true);
+    if (!p) return -1;
+    ff_memcpy_h2d(m->st, ffm_grad(m, p->off), host, (size_t)p->numel * sizeof(float));
+    return ff_stream_sync(m->st);
 }
 
 int ff_model_copy_params(ff_model *dst, ff_model *src) {
@@ -493,7 +608,6 @@ int ff_model_zero_grad(ff_model *m) {
 void ff_model_set_logits_chunk(ff_model *m, int32_t max_tokens) {
     m->logits_chunk = max_tokens > 0 ? max_tokens : 0;
     free_ws(m); /* re-laid out on the next forward */
-    m->fwd_ready = false;
 }
 
 int ffm_check_tokens(const ff_model *m, const int32_t *tok, int64_t n, const char *what, bool allow_minus_one) {
@@ -505,7 +619,7 @@ int ffm_check_tokens(const ff_model *m, const int32_t *tok, int64_t n, const cha
     return 0;
 }
 
-/* ---- training workspace ------------------------------------------------------------------- */
+/* ---- activations and scratch ---------------------------------------------------------------- */
 
 static int32_t chunk_for(const ff_model *m, int32_t T) {
     int32_t c = m->logits_chunk;
@@ -523,38 +637,122 @@ static size_t take(size_t *o, size_t bytes) {
     return at;
 }
 
-/* Lay out and allocate room for T tokens; train: every layer keeps its activations. */
-static int ensure_ws(ff_model *m, int32_t T, bool train) {
-    ff_train_ws *w = &m->ws;
-    if (w->buf && T <= w->cap_tokens && (!train || w->train_slots)) return 0;
-    int32_t cap = T > w->cap_tokens ? T : w->cap_tokens;
-    bool slots = train || w->train_slots;
-    free_ws(m);
+static bool head_chunk(const ff_model *m, int c) { return c == m->n_chunks - 1 && m->has_final; }
+static bool embed_chunk(const ff_model *m, int c) { return c == 0 && m->has_embed; }
+
+/* Lay out and allocate a's buffer for cap tokens, keeping its shape (n_slots, kept, head). */
+static int acts_alloc(ff_model *m, ffm_acts *a, int32_t cap) {
+    acts_free(a);
     const size_t f = sizeof(float), Tz = (size_t)cap, H = (size_t)m->H, HD = (size_t)m->Hq * m->D;
-    const size_t nl = slots ? (size_t)m->L : 1, nres = slots ? (size_t)m->L + 1 : 1;
     size_t o = 0;
-    w->resid_stride = (Tz * H * f + 63) & ~(size_t)63;
-    w->resid = take(&o, w->resid_stride * nres);
+    a->resid_stride = (Tz * H * f + 63) & ~(size_t)63;
+    a->resid = take(&o, a->resid_stride * (a->kept ? (size_t)a->n_slots + 1 : 1));
     size_t lo = 0; /* one layer's activations */
     size_t xn1 = take(&lo, Tz * H * f), rstd1 = take(&lo, Tz * f), qkv = take(&lo, Tz * (size_t)m->QKV * f);
     size_t att = take(&lo, Tz * HD * f), lse = take(&lo, Tz * (size_t)m->Hq * f), mid = take(&lo, Tz * H * f);
     size_t xn2 = take(&lo, Tz * H * f), rstd2 = take(&lo, Tz * f), gu = take(&lo, Tz * 2 * (size_t)m->I * f);
     size_t hm = take(&lo, Tz * (size_t)m->I * f);
-    w->layer_stride = lo;
-    size_t base = take(&o, lo * nl);
-    w->xn1 = base + xn1, w->rstd1 = base + rstd1, w->qkv = base + qkv, w->att = base + att, w->lse = base + lse;
-    w->mid = base + mid, w->xn2 = base + xn2, w->rstd2 = base + rstd2, w->gu = base + gu, w->hm = base + hm;
-    w->xf = take(&o, Tz * H * f);
-    w->rstdf = take(&o, Tz * f);
-    w->logits = take(&o, (size_t)chunk_for(m, cap) * (size_t)m->V * f);
-    w->tok_lse = take(&o, Tz * f);
-    w->logprob = take(&o, Tz * f);
-    w->entropy = take(&o, Tz * f);
-    w->values = take(&o, Tz * f);
+    a->layer_stride = lo;
+    size_t base = take(&o, lo * (size_t)a->n_slots);
+    a->xn1 = base + xn1, a->rstd1 = base + rstd1, a->qkv = base + qkv, a->att = base + att, a->lse = base + lse;
+    a->mid = base + mid, a->xn2 = base + xn2, a->rstd2 = base + rstd2, a->gu = base + gu, a->hm = base + hm;
+    if (a->head) {
+        a->xf = take(&o, Tz * H * f);
+        a->rstdf = take(&o, Tz * f);
+        a->tok_lse = take(&o, Tz * f);
+        a->logprob = take(&o, Tz * f);
+        a->entropy = take(&o, Tz * f);
+        a->values = take(&o, Tz * f);
+    }
+    a->tokens = take(&o, Tz * 4);
+    a->targets = take(&o, Tz * 4);
+    a->pos = take(&o, Tz * 4);
+    a->seq_start = take(&o, (Tz + 1) * 4);
+    a->buf = ff_buffer_new(m->be, o);
+    a->seq_start_host = ff_malloc((Tz + 1) * sizeof(int32_t));
+    if (!a->buf || !a->seq_start_host) {
+        acts_free(a);
+        return ff_error_wrap("activations for %d tokens", cap);
+    }
+    a->cap = cap;
+    return 0;
+}
+
+/* A new set of the given shape in the pool, for cap tokens. NULL + error. */
+static ffm_acts *acts_add(ff_model *m, int32_t n_slots, bool kept, bool head, int32_t cap) {
+    if (m->n_acts == m->cap_acts) {
+        int c = m->cap_acts ? 2 * m->cap_acts : 4;
+        ffm_acts **p = ff_realloc(m->acts, sizeof *p * (size_t)c);
+        if (!p) return NULL;
+        m->acts = p;
+        m->cap_acts = c;
+    }
+    ffm_acts *a = ff_calloc(1, sizeof *a);
+    if (!a) return NULL;
+    *a = (ffm_acts){.n_slots = n_slots, .kept = kept, .head = head, .micro = FFM_FREE};
+    if (acts_alloc(m, a, cap)) {
+        free(a);
+        return NULL;
+    }
+    m->acts[m->n_acts++] = a;
+    return a;
+}
+
+/* The shape a forward through chunk c needs: a kept set the chunk's layers, else one slot. */
+static void shape_for(const ff_model *m, int c, bool kept, int32_t *n_slots, bool *head) {
+    *n_slots = kept ? m->chunk_nl[c] : 1;
+    *head = kept ? head_chunk(m, c) : m->has_final; /* an unkept set serves every chunk */
+}
+
+/* A free set for a forward of T tokens through chunk c: one of the exact shape first, then
+ * any that fits; a fitting one too small is regrown, and only when none fits is one added. */
+static ffm_acts *acts_take(ff_model *m, int c, bool kept, int32_t T) {
+    int32_t ns;
+    bool hd;
+    shape_for(m, c, kept, &ns, &hd);
+    ffm_acts *grow = NULL;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < m->n_acts; i++) {
+            ffm_acts *a = m->acts[i];
+            if (a->micro != FFM_FREE || (kept && !a->kept) || a->n_slots < ns || (head_chunk(m, c) && !a->head)) continue;
+            if (pass == 0 && (a->n_slots != ns || a->head != hd || a->kept != kept)) continue;
+            if (a->cap >= T) return a;
+            if (!grow) grow = a;
+        }
+    if (grow) {
+        if (m->sc.logits_of == grow) m->sc.logits_of = NULL;
+        return acts_alloc(m, grow, T) ? NULL : grow;
+    }
+    return acts_add(m, ns, kept, hd, T);
+}
+
+static ffm_acts *acts_held(const ff_model *m, int c, int32_t micro) {
+    for (int i = 0; i < m->n_acts; i++)
+        if (m->acts[i]->micro == micro && m->acts[i]->chunk == c) return m->acts[i];
+    return NULL;
+}
+
+static void acts_release(ff_model *m, ffm_acts *a) {
+    if (m->sc.logits_of == a) m->sc.logits_of = NULL;
+    a->micro = FFM_FREE;
+}
+
+/* The scratch for T tokens (bwd: with the backward's gradients). */
+static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
+    ffm_scratch *w = &m->sc;
+    if (w->buf && T <= w->cap && (!bwd || w->bwd)) return 0;
+    int32_t cap = T > w->cap ? T : w->cap;
+    bwd = bwd || w->bwd;
+    ff_buffer_destroy(&w->buf);
+    free(w->pos_host);
+    memset(w, 0, sizeof *w);
+    const size_t f = sizeof(float), Tz = (size_t)cap, H = (size_t)m->H, HD = (size_t)m->Hq * m->D;
+    size_t o = 0;
+    w->logits = take(&o, m->has_final && m->lm_head ? (size_t)chunk_for(m, cap) * (size_t)m->V * f : 0);
     w->dlogprob = take(&o, Tz * f);
     w->dentropy = take(&o, Tz * f);
     w->dvalues = take(&o, Tz * f);
-    if (slots) {
+    if (bwd) {
         w->dres = take(&o, Tz * H * f);
         w->dxn = take(&o, Tz * H * f);
         w->dqkv = take(&o, Tz * (size_t)m->QKV * f);
@@ -563,44 +761,70 @@ static int ensure_ws(ff_model *m, int32_t T, bool train) {
         w->dgu = take(&o, Tz * 2 * (size_t)m->I * f);
         w->dh = take(&o, Tz * (size_t)m->I * f);
     }
-    w->tokens = take(&o, Tz * 4);
-    w->targets = take(&o, Tz * 4);
-    w->pos = take(&o, Tz * 4);
-    w->seq_start = take(&o, (Tz + 1) * 4);
-    w->buf = ff_buffer_new(m->be, o);
+    w->buf = ff_buffer_new(m->be, o ? o : 64);
     w->pos_host = ff_malloc(Tz * sizeof(int32_t));
-    w->seq_start_host = ff_malloc((Tz + 1) * sizeof(int32_t));
-    if (!w->buf || !w->pos_host || !w->seq_start_host) {
-        free_ws(m);
-        return ff_error_wrap("workspace for %d tokens", cap);
+    if (!w->buf || !w->pos_host) {
+        ff_buffer_destroy(&w->buf);
+        free(w->pos_host);
+        memset(w, 0, sizeof *w);
+        return ff_error_wrap("scratch for %d tokens", cap);
     }
-    w->cap_tokens = cap;
-    w->train_slots = slots;
+    w->cap = cap;
+    w->bwd = bwd;
     return 0;
 }
 
-int ff_model_reserve(ff_model *m, int32_t max_tokens) {
+int ff_model_stage_reserve(ff_model *m, int32_t max_tokens, const int32_t *in_flight) {
     if (max_tokens < 1) return ff_error_set("reserve", NULL, "max_tokens %d must be >= 1", max_tokens);
-    m->fwd_ready = false;
-    if (ensure_ws(m, max_tokens, !m->inference)) return -1;
+    if (m->inference) {
+        ffm_acts *a = acts_take(m, 0, false, max_tokens);
+        if (!a) return -1;
+    } else {
+        for (int c = 0; c < m->n_chunks; c++) {
+            int32_t want = in_flight ? in_flight[c] : 1, have = 0, ns;
+            bool hd;
+            shape_for(m, c, true, &ns, &hd);
+            for (int i = 0; i < m->n_acts; i++) {
+                ffm_acts *a = m->acts[i];
+                if (!a->kept || a->n_slots != ns || a->head != hd || have >= want) continue;
+                if (a->cap < max_tokens && a->micro == FFM_FREE && acts_alloc(m, a, max_tokens)) return -1;
+                have++;
+            }
+            for (; have < want; have++)
+                if (!acts_add(m, ns, true, hd, max_tokens)) return -1;
+        }
+    }
+    if (scratch_ensure(m, max_tokens, !m->inference)) return -1;
     return ffm_tp_reserve(m, max_tokens);
+}
+
+int ff_model_reserve(ff_model *m, int32_t max_tokens) { return ff_model_stage_reserve(m, max_tokens, NULL); }
+
+int32_t ff_model_stage_in_flight(const ff_model *m, int c) {
+    int32_t n = 0;
+    for (int i = 0; i < m->n_acts; i++) n += m->acts[i]->micro != FFM_FREE && m->acts[i]->chunk == c;
+    return n;
+}
+
+void ff_model_stage_drop(ff_model *m) {
+    for (int i = 0; i < m->n_acts; i++) acts_release(m, m->acts[i]);
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
-#define WS(field) ff_dptr_of(m->ws.buf, m->ws.field)
-#define WSL(field, l) ff_dptr_of(m->ws.buf, m->ws.field + (size_t)(l) * m->ws.layer_stride)
-#define RESID(i) ff_dptr_of(m->ws.buf, m->ws.resid + (size_t)(i) * m->ws.resid_stride)
+#define AW(a, field) ff_dptr_of((a)->buf, (a)->field)
+#define AWL(a, field, l) ff_dptr_of((a)->buf, (a)->field + (size_t)(l) * (a)->layer_stride)
+#define RESID(a, i) ff_dptr_of((a)->buf, (a)->resid + (size_t)(i) * (a)->resid_stride)
+#define SC(field) ff_dptr_of(m->sc.buf, m->sc.field)
 
-/* Where layer l's forward puts its activations. Training: layer l's own slot, kept for the
- * backward, reading residual l and writing residual l + 1. Otherwise one slot for every
- * layer, the residual updated in place. */
-static ffm_layer_acts layer_acts(ff_model *m, int l, bool train) {
-    int a = train ? l : 0;
-    ffm_layer_acts r = {.x = RESID(a), .xn1 = WSL(xn1, a), .rstd1 = WSL(rstd1, a), .qkv = WSL(qkv, a),
-                        .att = WSL(att, a), .lse = WSL(lse, a), .mid = train ? WSL(mid, a) : RESID(0),
-                        .xn2 = WSL(xn2, a), .rstd2 = WSL(rstd2, a), .gu = WSL(gu, a), .hm = WSL(hm, a),
-                        .y = RESID(train ? l + 1 : 0)};
+/* Where the i-th layer of a forward puts its activations. Kept: slot i, reading residual i
+ * and writing residual i + 1. Otherwise slot 0 for every layer, the residual in place. */
+static ffm_layer_acts layer_acts(const ffm_acts *w, int i, bool kept) {
+    int a = kept ? i : 0;
+    ffm_layer_acts r = {.x = RESID(w, a), .xn1 = AWL(w, xn1, a), .rstd1 = AWL(w, rstd1, a), .qkv = AWL(w, qkv, a),
+                        .att = AWL(w, att, a), .lse = AWL(w, lse, a), .mid = kept ? AWL(w, mid, a) : RESID(w, 0),
+                        .xn2 = AWL(w, xn2, a), .rstd2 = AWL(w, rstd2, a), .gu = AWL(w, gu, a), .hm = AWL(w, hm, a),
+                        .y = RESID(w, kept ? i + 1 : 0)};
     return r;
 }
 
@@ -633,193 +857,282 @@ static int check_batch(const ff_model *m, const ff_batch *b) {
     return 0;
 }
 
-/* Logits of tokens [c0, c0 + n) into the logits buffer. */
-static void lm_logits(ff_model *m, int32_t c0, int32_t n) {
-    ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, n, m->V, m->H, 1.0f, ff_dptr_add(WS(xf), (size_t)c0 * m->H, 4), m->H,
-            ffm_param(m, m->off_lm), m->H, 0.0f, WS(logits), m->V);
+/* Logits of tokens [c0, c0 + n) of a's final-norm output into the scratch's logits. */
+static void lm_logits(ff_model *m, const ffm_acts *a, int32_t c0, int32_t n) {
+    ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, n, m->V, m->H, 1.0f, ff_dptr_add(AW(a, xf), (size_t)c0 * m->H, 4), m->H,
+            ffm_param(m, m->off_lm), m->H, 0.0f, SC(logits), m->V);
 }
 
-int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts, ff_forward_out *out_opt) {
+/* One forward of b through chunk c: from token ids (the embedding chunk) or hidden_in [T, H],
+ * through the chunk's layers, to the heads' outputs (the head chunk) or hidden_out [T, H].
+ * Kept (train) under (c, micro) for its backward. */
+static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, const float *hidden_in,
+                       const ff_forward_opts *opts, const ff_forward_out *out_opt, float *hidden_out) {
     const ff_forward_out none = {0};
     const ff_forward_out *out = out_opt ? out_opt : &none;
-    bool train = opts && opts->train;
+    const bool train = opts && opts->train, embed = embed_chunk(m, c), head = head_chunk(m, c);
     float temp = opts && opts->temperature > 0 ? opts->temperature : 1.0f;
-    m->fwd_ready = false;
     if (train && m->inference) return ffm_inference_only("training forward");
     if (check_batch(m, b)) return -1;
-    bool want_lm = out->logprobs || out->entropy || out->logits || (train && m->lm_head && b->targets);
-    if (out->logprobs && !b->targets)
+    if (!embed && !hidden_in)
+        return ff_error_set("stage forward", "give the previous chunk's output hidden states [T, H]",
+                            "chunk %d starts at layer %d and needs its input", c, m->layer_global[m->chunk_l0[c]]);
+    if (!head && !hidden_out)
+        return ff_error_set("stage forward", "give room for the output hidden states [T, H]",
+                            "chunk %d ends before the last layer", c);
+    bool want_lm = head && (out->logprobs || out->entropy || out->logits || (train && m->lm_head && b->targets));
+    if (head && out->logprobs && !b->targets)
         return ff_error_set("forward", "set batch.targets (ff_batch_shift_targets)", "log-probs need target tokens");
     if (want_lm && !m->lm_head)
         return ff_error_set("forward", "this model is a critic: ask it for values only",
                             "log-probs, entropy and logits need an LM head, and the weights have none");
-    if (out->values && !m->vhead)
+    if (head && out->values && !m->vhead)
         return ff_error_set("forward", "set value_head in the config and give score.weight",
                             "values need a value head, and this model has none");
     if (!(temp > 0 && isfinite(temp))) return ff_error_set("forward", NULL, "temperature %g must be > 0", (double)temp);
-    if (out->logits && m->tp > 1)
+    if (head && out->logits && m->tp > 1)
         return ff_error_set("forward", "ask for log-probs and entropy, which are computed over the vocabulary shards",
                             "the [T, V] logits are not gathered under tensor parallelism");
+    if (train && micro != FFM_MAIN && acts_held(m, c, micro))
+        return ff_error_set("stage forward", "run its backward first (ff_model_stage_backward)",
+                            "micro-batch %d is already in flight through chunk %d", micro, c);
+    if (train && micro == FFM_MAIN) { /* a new training forward replaces the one before */
+        ffm_acts *old = acts_held(m, c, micro);
+        if (old) acts_release(m, old);
+    }
     const int32_t T = b->n_tokens, S = b->n_seqs;
-    if (ensure_ws(m, T, train)) return -1;
+    if (scratch_ensure(m, T, !m->inference)) return -1;
+    ffm_acts *a = acts_take(m, c, train, T);
+    if (!a) return -1;
     int32_t *ids = m->tp > 1 ? ffm_tp_ids(m, 2 * (size_t)T) : NULL; /* [2, T] this rank's token, target ids */
     if (m->tp > 1 && !ids) return -1;
     ff_stream *st = m->st;
-    const int H = m->H, L = m->L;
+    const int H = m->H, l0 = m->chunk_l0[c], nl = m->chunk_nl[c];
     const float eps = (float)m->cfg.rms_norm_eps;
+    a->chunk = c;
+    a->micro = micro; /* held while it runs; released below unless kept */
 
     /* inputs */
+    int32_t *pos = m->sc.pos_host;
     for (int32_t s = 0; s < S; s++)
-        for (int32_t t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) m->ws.pos_host[t] = t - b->seq_start[s];
-    memcpy(m->ws.seq_start_host, b->seq_start, ((size_t)S + 1) * sizeof(int32_t));
+        for (int32_t t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) pos[t] = t - b->seq_start[s];
+    memcpy(a->seq_start_host, b->seq_start, ((size_t)S + 1) * sizeof(int32_t));
+    const bool targets = head && b->targets;
     if (ids) {
-        ffm_tp_local_ids(m, b->tokens, ids, T, false);
-        if (b->targets) ffm_tp_local_ids(m, b->targets, ids + T, T, true);
+        if (embed) ffm_tp_local_ids(m, b->tokens, ids, T, false);
+        if (targets) ffm_tp_local_ids(m, b->targets, ids + T, T, true);
     }
-    ff_memcpy_h2d(st, WS(tokens), ids ? ids : b->tokens, (size_t)T * 4);
-    if (b->targets) ff_memcpy_h2d(st, WS(targets), ids ? ids + T : b->targets, (size_t)T * 4);
-    ff_memcpy_h2d(st, WS(pos), m->ws.pos_host, (size_t)T * 4);
-    ff_memcpy_h2d(st, WS(seq_start), b->seq_start, ((size_t)S + 1) * 4);
+    if (embed) ff_memcpy_h2d(st, AW(a, tokens), ids ? ids : b->tokens, (size_t)T * 4);
+    if (targets) ff_memcpy_h2d(st, AW(a, targets), ids ? ids + T : b->targets, (size_t)T * 4);
+    ff_memcpy_h2d(st, AW(a, pos), pos, (size_t)T * 4);
+    ff_memcpy_h2d(st, AW(a, seq_start), b->seq_start, ((size_t)S + 1) * 4);
 
-    /* vocabulary-parallel: a token outside this rank's rows embeds to zeros, and the sum
-     * over the group has every row */
-    ff_embedding_fwd(st, WS(tokens), ffm_param(m, m->off_embed), RESID(0), T, H);
-    if (m->tp > 1 && ffm_tp_sum(m, RESID(0), (size_t)T * H)) return -1;
-    const ffm_layer_tokens tk = {.T = T, .pos = WS(pos), .S = S, .seq_start = WS(seq_start)};
-    for (int l = 0; l < L; l++) {
-        ffm_layer_acts a = layer_acts(m, l, train);
-        if (ffm_layer_forward(m, l, &tk, &a)) return -1;
+    int rc = -1;
+    if (embed) {
+        /* vocabulary-parallel: a token outside this rank's rows embeds to zeros, and the sum
+         * over the group has every row */
+        ff_embedding_fwd(st, AW(a, tokens), ffm_param(m, m->off_embed), RESID(a, 0), T, H);
+        if (m->tp > 1 && ffm_tp_sum(m, RESID(a, 0), (size_t)T * H)) goto done;
+    } else {
+        ff_memcpy_h2d(st, RESID(a, 0), hidden_in, (size_t)T * H * 4);
     }
-    ff_dptr xL = layer_acts(m, L - 1, train).y;
-    ff_rmsnorm_fwd(st, xL, ffm_param(m, m->off_norm), WS(xf), WS(rstdf), T, H, eps);
-
-    bool values = m->vhead && (out->values || train);
-    if (values) {
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 1, H, 1.0f, WS(xf), H, ffm_param(m, m->off_score), H, 0.0f, WS(values), 1);
-        if (out->values) ff_memcpy_d2h(st, out->values, WS(values), (size_t)T * 4);
+    const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start)};
+    for (int i = 0; i < nl; i++) {
+        ffm_layer_acts la = layer_acts(a, i, train);
+        if (ffm_layer_forward(m, l0 + i, &tk, &la)) goto done;
     }
-    int32_t chunk = chunk_for(m, T);
-    bool entropy = out->entropy || (train && want_lm) || m->tp > 1; /* TP: the shard's entropy combines */
-    if (want_lm) {
-        ff_dptr tg = b->targets ? WS(targets) : (ff_dptr){0};
-        for (int32_t c0 = 0; c0 < T; c0 += chunk) {
-            int32_t n = T - c0 < chunk ? T - c0 : chunk;
-            lm_logits(m, c0, n);
-            ff_logprob_fwd(st, WS(logits), b->targets ? ff_dptr_add(tg, (size_t)c0, 4) : tg, 1.0f / temp, n, m->V,
-                           b->targets ? ff_dptr_add(WS(logprob), (size_t)c0, 4) : (ff_dptr){0},
-                           entropy ? ff_dptr_add(WS(entropy), (size_t)c0, 4) : (ff_dptr){0},
-                           ff_dptr_add(WS(tok_lse), (size_t)c0, 4));
-            if (out->logits)
-                ff_memcpy_d2h(st, out->logits + (size_t)c0 * m->V, WS(logits), (size_t)n * m->V * 4);
+    ff_dptr xL = RESID(a, train ? nl : 0);
+    bool values = false, entropy = false;
+    int32_t chunk = 0;
+    if (!head) {
+        ff_memcpy_d2h(st, hidden_out, xL, (size_t)T * H * 4);
+    } else {
+        ff_rmsnorm_fwd(st, xL, ffm_param(m, m->off_norm), AW(a, xf), AW(a, rstdf), T, H, eps);
+        values = m->vhead && (out->values || train);
+        if (values) {
+            ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 1, H, 1.0f, AW(a, xf), H, ffm_param(m, m->off_score), H, 0.0f,
+                    AW(a, values), 1);
+            if (out->values) ff_memcpy_d2h(st, out->values, AW(a, values), (size_t)T * 4);
         }
-        /* vocabulary-parallel: this rank's statistics into the whole vocabulary's */
-        if (m->tp > 1 && ffm_tp_vocab_combine(m, WS(tok_lse), WS(entropy), b->targets ? WS(logprob) : (ff_dptr){0},
-                                              b->targets, T))
-            return -1;
-        if (out->logprobs) ff_memcpy_d2h(st, out->logprobs, WS(logprob), (size_t)T * 4);
-        if (out->entropy) ff_memcpy_d2h(st, out->entropy, WS(entropy), (size_t)T * 4);
+        chunk = chunk_for(m, T);
+        entropy = out->entropy || (train && want_lm) || m->tp > 1; /* TP: the shard's entropy combines */
+        if (want_lm) {
+            ff_dptr tg = targets ? AW(a, targets) : (ff_dptr){0};
+            for (int32_t c0 = 0; c0 < T; c0 += chunk) {
+                int32_t n = T - c0 < chunk ? T - c0 : chunk;
+                lm_logits(m, a, c0, n);
+                ff_logprob_fwd(st, SC(logits), targets ? ff_dptr_add(tg, (size_t)c0, 4) : tg, 1.0f / temp, n, m->V,
+                               targets ? ff_dptr_add(AW(a, logprob), (size_t)c0, 4) : (ff_dptr){0},
+                               entropy ? ff_dptr_add(AW(a, entropy), (size_t)c0, 4) : (ff_dptr){0},
+                               ff_dptr_add(AW(a, tok_lse), (size_t)c0, 4));
+                if (out->logits)
+                    ff_memcpy_d2h(st, out->logits + (size_t)c0 * m->V, SC(logits), (size_t)n * m->V * 4);
+            }
+            /* the logits of a one-chunk forward stay for its backward until another writes them */
+            m->sc.logits_of = train && chunk == T ? a : NULL;
+            /* vocabulary-parallel: this rank's statistics into the whole vocabulary's */
+            if (m->tp > 1 && ffm_tp_vocab_combine(m, AW(a, tok_lse), AW(a, entropy),
+                                                  targets ? AW(a, logprob) : (ff_dptr){0}, b->targets, T))
+                goto done;
+            if (out->logprobs) ff_memcpy_d2h(st, out->logprobs, AW(a, logprob), (size_t)T * 4);
+            if (out->entropy) ff_memcpy_d2h(st, out->entropy, AW(a, entropy), (size_t)T * 4);
+        }
     }
-    if (ff_stream_sync(st)) return -1;
+    if (ff_stream_sync(st)) goto done;
+    rc = 0;
     if (train) {
-        m->fwd_ready = true;
-        m->fwd_T = T;
-        m->fwd_S = S;
-        m->fwd_lm = want_lm;
-        m->fwd_targets = b->targets != NULL;
-        m->fwd_entropy = entropy && want_lm;
-        m->fwd_values = values;
-        m->fwd_chunk = chunk;
-        m->fwd_inv_temp = 1.0f / temp;
+        a->T = T;
+        a->S = S;
+        a->lm = want_lm;
+        a->has_targets = targets;
+        a->has_entropy = entropy && want_lm;
+        a->has_values = values;
+        a->lm_chunk = chunk;
+        a->inv_temp = 1.0f / temp;
     }
-    return 0;
+done:
+    if (rc || !train) acts_release(m, a);
+    return rc;
+}
+
+int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts, ff_forward_out *out) {
+    if (!ffm_whole(m))
+        return ff_error_set("forward", "run a pipeline stage's chunks with ff_model_stage_forward",
+                            "this model is a pipeline stage, not the whole model");
+    return run_forward(m, 0, FFM_MAIN, b, NULL, opts, out, NULL);
+}
+
+int ff_model_stage_forward(ff_model *m, int chunk, int32_t micro, const ff_batch *b, const float *hidden_in,
+                           const ff_forward_opts *opts, ff_forward_out *out, float *hidden_out) {
+    if (chunk < 0 || chunk >= m->n_chunks)
+        return ff_error_set("stage forward", NULL, "chunk %d: the model has %d", chunk, m->n_chunks);
+    if (micro < 0) return ff_error_set("stage forward", NULL, "micro-batch %d must be >= 0", micro);
+    return run_forward(m, chunk, micro, b, hidden_in, opts, out, hidden_out);
 }
 
 /* ---- backward ----------------------------------------------------------------------------- */
 
-int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entropy, const float *d_values) {
-    if (m->inference) return ffm_inference_only("backward");
-    if (!m->fwd_ready)
-        return ff_error_set("backward", "run ff_model_forward with opts.train = true first (once per backward)",
-                            "no training forward to go back through");
-    if ((d_logprobs && !(m->fwd_lm && m->fwd_targets)) || (d_entropy && !m->fwd_entropy))
+/* The backward of a's training forward through chunk c: from d_hidden_out [T, H] or the heads'
+ * output gradients to d_hidden_in [T, H] or the embedding's gradient. Releases a. */
+static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, const float *d_logprobs,
+                        const float *d_entropy, const float *d_values, float *d_hidden_in) {
+    const int c = a->chunk;
+    const bool embed = embed_chunk(m, c), head = head_chunk(m, c);
+    if ((d_logprobs && !(a->lm && a->has_targets)) || (d_entropy && !a->has_entropy))
         return ff_error_set("backward", "the forward needs an LM head and batch.targets",
                             "gradient given for log-probs or entropy that the forward did not compute");
-    if (d_values && !m->fwd_values)
+    if (d_values && !a->has_values)
         return ff_error_set("backward", "the model needs a value head", "gradient given for values that do not exist");
-    m->fwd_ready = false; /* the logits buffer becomes dlogits below */
+    if (!head && !d_hidden_out)
+        return ff_error_set("stage backward", "give the gradient of the chunk's output [T, H]", "chunk %d has no heads", c);
+    if (!embed && !d_hidden_in)
+        return ff_error_set("stage backward", "give room for the gradient of the chunk's input [T, H]",
+                            "chunk %d has no embedding", c);
     ff_stream *st = m->st;
-    const int32_t T = m->fwd_T, S = m->fwd_S;
-    const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, L = m->L;
-    ff_dptr dres = WS(dres), dxn = WS(dxn), dqkv = WS(dqkv), datt = WS(datt), dgu = WS(dgu), dh = WS(dh);
+    const int32_t T = a->T, S = a->S;
+    const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, l0 = m->chunk_l0[c], nl = m->chunk_nl[c];
+    ff_dptr dres = SC(dres), dxn = SC(dxn), dqkv = SC(dqkv), datt = SC(datt), dgu = SC(dgu), dh = SC(dh);
+    int rc = -1;
 
-    /* gradient at the final norm's output: dxn [T, H]. Under TP the LM head's part is a
-     * partial sum over the vocabulary shards (all-reduced below, the f operator of a
-     * column-parallel product), and the value head's is whole on every rank: rank 0 alone
-     * adds it before that sum. */
-    const bool lm_grad = d_logprobs || d_entropy, reduce_dxn = m->tp > 1 && lm_grad;
-    ff_memset_zero(st, dxn, (size_t)T * H * 4);
-    if (d_values) {
-        ff_memcpy_h2d(st, WS(dvalues), d_values, (size_t)T * 4);
-        if (!reduce_dxn || m->tp_rank == 0)
-            ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 1, 1.0f, WS(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f,
-                    dxn, H);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, 1, H, T, 1.0f, WS(dvalues), 1, WS(xf), H, 1.0f, ffm_grad(m, m->off_score), H);
-    }
-    if (lm_grad) {
-        if (d_logprobs) ff_memcpy_h2d(st, WS(dlogprob), d_logprobs, (size_t)T * 4);
-        if (d_entropy) ff_memcpy_h2d(st, WS(dentropy), d_entropy, (size_t)T * 4);
-        int32_t chunk = m->fwd_chunk;
-        for (int32_t c0 = 0; c0 < T; c0 += chunk) {
-            int32_t n = T - c0 < chunk ? T - c0 : chunk;
-            if (chunk < T) lm_logits(m, c0, n); /* one chunk: the forward's logits are still there */
-            ff_logprob_bwd(st, WS(logits), m->fwd_targets ? ff_dptr_add(WS(targets), (size_t)c0, 4) : (ff_dptr){0},
-                           m->fwd_inv_temp, n, m->V, ff_dptr_add(WS(tok_lse), (size_t)c0, 4),
-                           d_logprobs ? ff_dptr_add(WS(dlogprob), (size_t)c0, 4) : (ff_dptr){0},
-                           d_entropy ? ff_dptr_add(WS(dentropy), (size_t)c0, 4) : (ff_dptr){0},
-                           d_entropy ? ff_dptr_add(WS(entropy), (size_t)c0, 4) : (ff_dptr){0});
-            /* dxf += dlogits [n, V] @ W [V, H];  dW += dlogits^T @ xf */
-            ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, n, H, m->V, 1.0f, WS(logits), m->V, ffm_param(m, m->off_lm), H, 1.0f,
-                    ff_dptr_add(dxn, (size_t)c0 * H, 4), H);
-            ff_gemm(st, FF_TRANS, FF_NO_TRANS, m->V, H, n, 1.0f, WS(logits), m->V, ff_dptr_add(WS(xf), (size_t)c0 * H, 4),
-                    H, 1.0f, ffm_grad(m, m->off_lm), H);
+    if (head) {
+        /* gradient at the final norm's output: dxn [T, H]. Under TP the LM head's part is a
+         * partial sum over the vocabulary shards (all-reduced below, the f operator of a
+         * column-parallel product), and the value head's is whole on every rank: rank 0 alone
+         * adds it before that sum. */
+        const bool lm_grad = d_logprobs || d_entropy, reduce_dxn = m->tp > 1 && lm_grad;
+        ff_memset_zero(st, dxn, (size_t)T * H * 4);
+        if (d_values) {
+            ff_memcpy_h2d(st, SC(dvalues), d_values, (size_t)T * 4);
+            if (!reduce_dxn || m->tp_rank == 0)
+                ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 1, 1.0f, SC(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f,
+                        dxn, H);
+            ff_gemm(st, FF_TRANS, FF_NO_TRANS, 1, H, T, 1.0f, SC(dvalues), 1, AW(a, xf), H, 1.0f,
+                    ffm_grad(m, m->off_score), H);
         }
+        if (lm_grad) {
+            if (d_logprobs) ff_memcpy_h2d(st, SC(dlogprob), d_logprobs, (size_t)T * 4);
+            if (d_entropy) ff_memcpy_h2d(st, SC(dentropy), d_entropy, (size_t)T * 4);
+            const int32_t chunk = a->lm_chunk;
+            const bool recompute = m->sc.logits_of != a; /* another forward wrote the logits since */
+            for (int32_t c0 = 0; c0 < T; c0 += chunk) {
+                int32_t n = T - c0 < chunk ? T - c0 : chunk;
+                if (recompute) lm_logits(m, a, c0, n);
+                ff_logprob_bwd(st, SC(logits), a->has_targets ? ff_dptr_add(AW(a, targets), (size_t)c0, 4) : (ff_dptr){0},
+                               a->inv_temp, n, m->V, ff_dptr_add(AW(a, tok_lse), (size_t)c0, 4),
+                               d_logprobs ? ff_dptr_add(SC(dlogprob), (size_t)c0, 4) : (ff_dptr){0},
+                               d_entropy ? ff_dptr_add(SC(dentropy), (size_t)c0, 4) : (ff_dptr){0},
+                               d_entropy ? ff_dptr_add(AW(a, entropy), (size_t)c0, 4) : (ff_dptr){0});
+                /* dxf += dlogits [n, V] @ W [V, H];  dW += dlogits^T @ xf */
+                ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, n, H, m->V, 1.0f, SC(logits), m->V, ffm_param(m, m->off_lm), H,
+                        1.0f, ff_dptr_add(dxn, (size_t)c0 * H, 4), H);
+                ff_gemm(st, FF_TRANS, FF_NO_TRANS, m->V, H, n, 1.0f, SC(logits), m->V,
+                        ff_dptr_add(AW(a, xf), (size_t)c0 * H, 4), H, 1.0f, ffm_grad(m, m->off_lm), H);
+            }
+            m->sc.logits_of = NULL; /* the logits buffer now holds dlogits */
+        }
+        if (reduce_dxn && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done;
+        ff_memset_zero(st, dres, (size_t)T * H * 4);
+        ff_rmsnorm_bwd(st, RESID(a, nl), ffm_param(m, m->off_norm), AW(a, rstdf), dxn, dres, ffm_grad(m, m->off_norm),
+                       T, H);
+    } else {
+        ff_memcpy_h2d(st, dres, d_hidden_out, (size_t)T * H * 4);
     }
-    if (reduce_dxn && ffm_tp_sum(m, dxn, (size_t)T * H)) return -1;
-    ff_memset_zero(st, dres, (size_t)T * H * 4);
-    ff_rmsnorm_bwd(st, layer_acts(m, L - 1, true).y, ffm_param(m, m->off_norm), WS(rstdf), dxn, dres, ffm_grad(m, m->off_norm), T, H);
 
-    for (int l = L - 1; l >= 0; l--) {
-        const ff_layer_params *p = &m->layers[l];
-        const ffm_layer_acts a = layer_acts(m, l, true);
+    for (int i = nl - 1; i >= 0; i--) {
+        const ff_layer_params *p = &m->layers[l0 + i];
+        const ffm_layer_acts la = layer_acts(a, i, true);
         /* y = mid + hm @ Wdown^T: dres is d y and, after the norm below, d mid */
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, I, H, 1.0f, dres, H, ffm_param(m, p->wdown), I, 0.0f, dh, I);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, I, T, 1.0f, dres, H, a.hm, I, 1.0f, ffm_grad(m, p->wdown), I);
-        ff_swiglu_bwd(st, a.gu, dh, dgu, T, I);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, I, T, 1.0f, dres, H, la.hm, I, 1.0f, ffm_grad(m, p->wdown), I);
+        ff_swiglu_bwd(st, la.gu, dh, dgu, T, I);
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 2 * I, 1.0f, dgu, 2 * I, ffm_param(m, p->wgu), H, 0.0f, dxn, H);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, 1.0f, dgu, 2 * I, a.xn2, H, 1.0f, ffm_grad(m, p->wgu), H);
-        if (m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) return -1; /* f: gate|up is column-parallel */
-        ff_rmsnorm_bwd(st, a.mid, ffm_param(m, p->ln2), a.rstd2, dxn, dres, ffm_grad(m, p->ln2), T, H);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, 1.0f, dgu, 2 * I, la.xn2, H, 1.0f, ffm_grad(m, p->wgu), H);
+        if (m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done; /* f: gate|up is column-parallel */
+        ff_rmsnorm_bwd(st, la.mid, ffm_param(m, p->ln2), la.rstd2, dxn, dres, ffm_grad(m, p->ln2), T, H);
         /* mid = x + att @ Wo^T */
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, 1.0f, dres, H, ffm_param(m, p->wo), HD, 0.0f, datt, HD);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, HD, T, 1.0f, dres, H, a.att, HD, 1.0f, ffm_grad(m, p->wo), HD);
-        ff_attention_bwd(st, a.qkv, QKV, WS(seq_start), m->ws.seq_start_host, S, T, m->Hq, m->Hkv, m->D, a.att,
-                         a.lse, datt, WS(delta), dqkv);
-        ff_rope_bwd(st, dqkv, QKV, WS(pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, m->Hq + m->Hkv,
-                    m->D);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, HD, T, 1.0f, dres, H, la.att, HD, 1.0f, ffm_grad(m, p->wo), HD);
+        ff_attention_bwd(st, la.qkv, QKV, AW(a, seq_start), a->seq_start_host, S, T, m->Hq, m->Hkv, m->D, la.att,
+                         la.lse, datt, SC(delta), dqkv);
+        ff_rope_bwd(st, dqkv, QKV, AW(a, pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T,
+                    m->Hq + m->Hkv, m->D);
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, QKV, 1.0f, dqkv, QKV, ffm_param(m, p->wqkv), H, 0.0f, dxn, H);
         if (m->kv_rep > 1) { /* TP: q rows here; the k|v head is shared, its gradient summed over the sharers */
             if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, HD);
-            ff_gemm(st, FF_TRANS, FF_NO_TRANS, HD, H, T, 1.0f, dqkv, QKV, a.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
-            if (ffm_tp_kv_grads(m, p, dqkv, a.xn1, T)) return -1;
+            ff_gemm(st, FF_TRANS, FF_NO_TRANS, HD, H, T, 1.0f, dqkv, QKV, la.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
+            if (ffm_tp_kv_grads(m, p, dqkv, la.xn1, T)) goto done;
         } else {
             if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, QKV);
-            ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, a.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
+            ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, la.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
         }
-        if (m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) return -1; /* f: q|k|v is column-parallel */
-        ff_rmsnorm_bwd(st, a.x, ffm_param(m, p->ln1), a.rstd1, dxn, dres, ffm_grad(m, p->ln1), T, H);
+        if (m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done; /* f: q|k|v is column-parallel */
+        ff_rmsnorm_bwd(st, la.x, ffm_param(m, p->ln1), la.rstd1, dxn, dres, ffm_grad(m, p->ln1), T, H);
     }
-    ff_embedding_bwd(st, WS(tokens), dres, ffm_grad(m, m->off_embed), T, H);
-    return ff_stream_sync(st);
+    if (embed) ff_embedding_bwd(st, AW(a, tokens), dres, ffm_grad(m, m->off_embed), T, H);
+    else ff_memcpy_d2h(st, d_hidden_in, dres, (size_t)T * H * 4);
+    rc = ff_stream_sync(st);
+done:
+    acts_release(m, a);
+    return rc;
+}
+
+int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entropy, const float *d_values) {
+    if (m->inference) return ffm_inference_only("backward");
+    ffm_acts *a = ffm_whole(m) ? acts_held(m, 0, FFM_MAIN) : NULL;
+    if (!a)
+        return ff_error_set("backward", "run ff_model_forward with opts.train = true first (once per backward)",
+                            "no training forward to go back through");
+    return run_backward(m, a, NULL, d_logprobs, d_entropy, d_values, NULL);
+}
+
+int ff_model_stage_backward(ff_model *m, int chunk, int32_t micro, const float *d_hidden_out, const float *d_logprobs,
+                            const float *d_entropy, const float *d_values, float *d_hidden_in) {
+    if (m->inference) return ffm_inference_only("backward");
+    ffm_acts *a = micro >= 0 && chunk >= 0 && chunk < m->n_chunks ? acts_held(m, chunk, micro) : NULL;
+    if (!a)
+        return ff_error_set("stage backward", "run its training forward first (ff_model_stage_forward, opts.train)",
+                            "micro-batch %d has no training forward in flight through chunk %d", micro, chunk);
+    return run_backward(m, a, d_hidden_out, d_logprobs, d_entropy, d_values, d_hidden_in);
 }
 
 double ff_sft_loss(const float *logprobs, const float *mask, int32_t T, float scale, float *d_logprobs) {

@@ -29,6 +29,9 @@ typedef struct ff_param_tensor {
     int64_t full[2];
     int64_t start;
     int rep;
+    /* pipeline: a copy of a tensor another stage owns (the last stage's tied LM head): out of
+     * the gradient norm and of exports */
+    bool copy;
 } ff_param_tensor;
 
 /* Element offsets of one layer's parameters. q|k|v rows are contiguous (one fused
@@ -43,25 +46,47 @@ typedef struct ff_layer_params {
     size_t ln2;   /* [H] */
 } ff_layer_params;
 
-/* Training workspace: byte offsets into ws (activations kept for backward) for up to
- * cap_tokens tokens and n_act layer slots (L when training, with L + 1 residuals; else 1
- * slot and 1 residual that every layer updates in place). */
-typedef struct ff_train_ws {
-    int32_t cap_tokens;
-    bool train_slots;
+/* What one forward keeps on its own buffer (byte offsets into buf), for up to cap tokens: the
+ * residual stream and n_slots layer slots. A kept set (a training forward's) has a slot per
+ * layer of its chunk and separate residuals x -> y (n_slots + 1 of them), read by the
+ * backward; otherwise one slot that every layer reuses and one residual updated in place.
+ * A kept set can also host a forward that is not kept (it then uses slot 0 in place). With
+ * head, room for the final norm and the heads' per-token statistics. Sets are pooled per
+ * model (ff_model.acts) and taken by (chunk, micro) for a forward. */
+#define FFM_FREE INT32_MIN /* micro of a set that holds no forward */
+#define FFM_MAIN (-1)      /* micro of ff_model_forward's training forward */
+typedef struct ffm_acts {
     ff_buffer *buf;
-    /* per layer slot (stride given) */
-    size_t resid, resid_stride; /* [T, H], L + 1 slots (1 without train_slots) */
-    size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride;
-    size_t xf, rstdf;                 /* [T, H], [T] */
-    size_t logits;                    /* [chunk, V] */
-    size_t tok_lse, logprob, entropy, values; /* [T] each */
+    int32_t cap;
+    int32_t n_slots;
+    bool kept, head;
+    int32_t chunk, micro; /* the forward it holds; micro FFM_FREE: none */
+    size_t resid, resid_stride;                                       /* [T, H] each */
+    size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot */
+    size_t xf, rstdf;                                                 /* head: [T, H], [T] */
+    size_t tok_lse, logprob, entropy, values;                         /* head: [T] each */
+    size_t tokens, targets, pos, seq_start;                           /* i32 [T], [T], [T], [T + 1] */
+    int32_t *seq_start_host;                                          /* [cap + 1] */
+    /* the training forward it holds (kept and micro != FFM_FREE) */
+    int32_t T, S;
+    bool lm, has_targets, has_entropy, has_values;
+    int32_t lm_chunk;
+    float inv_temp;
+} ffm_acts;
+
+/* The model's scratch, shared by its forwards and backwards, for up to cap tokens: the LM
+ * head's logits [chunk, V] (a forward's stay there for its backward when nothing else wrote
+ * them since: logits_of) and, for a trainable model, the backward's gradients. */
+typedef struct ffm_scratch {
+    ff_buffer *buf;
+    int32_t cap;
+    bool bwd;
+    size_t logits;                            /* [chunk, V] */
     size_t dlogprob, dentropy, dvalues;       /* [T] each */
-    size_t dres, dxn, dqkv, datt, delta, dgu, dh; /* backward scratch */
-    size_t tokens, targets, pos, seq_start;   /* i32 [T], [T], [T], [T + 1] */
+    size_t dres, dxn, dqkv, datt, delta, dgu, dh; /* backward */
     int32_t *pos_host;                        /* [cap] */
-    int32_t *seq_start_host;                  /* [cap + 1] */
-} ff_train_ws;
+    const ffm_acts *logits_of;
+} ffm_scratch;
 
 struct ff_model {
     ff_backend *be;
@@ -97,15 +122,19 @@ struct ff_model {
     ff_buffer *rope_cos, *rope_sin; /* [max_pos, D/2] each */
     int32_t max_pos;
 
-    ff_train_ws ws;
-    int32_t logits_chunk; /* 0: automatic */
+    /* pipeline stage (ff_model_stage; a whole model: one chunk of all layers with both ends).
+     * L above is the layers held; chunk c is local layers [chunk_l0[c], + chunk_nl[c]). */
+    int n_chunks;
+    int32_t *chunk_l0, *chunk_nl; /* [n_chunks] */
+    int32_t *layer_global;        /* [L] each held layer's index in the whole model */
+    bool has_embed, has_final;    /* the embedding (chunk 0), the final norm and heads (last chunk) */
+    bool embed_copy;              /* tied embeddings: this last stage's LM head copies the first's */
+    ff_model_comm pp;             /* the pipeline group (size 0 or 1: none) */
 
-    /* the last forward, for backward */
-    bool fwd_ready;
-    int32_t fwd_T, fwd_S;
-    bool fwd_lm, fwd_targets, fwd_entropy, fwd_values;
-    int32_t fwd_chunk;
-    float fwd_inv_temp;
+    ffm_acts **acts; /* [n_acts] the pool; pointers stay put when it grows */
+    int n_acts, cap_acts;
+    ffm_scratch sc;
+    int32_t logits_chunk; /* 0: automatic */
 };
 
 /* Where one decoder layer's forward reads and writes (ffm_layer_forward), for T tokens.
@@ -202,6 +231,9 @@ int ffm_tp_store_whole(ff_model *m, const ff_param_tensor *p, ff_dptr src, float
 int ffm_tp_store_whole_host(ff_model *m, const ff_param_tensor *p, const float *mine, float *whole);
 /* Every tensor of b (a buffer in the parameter layout) as whole tensors "<prefix><name>". */
 int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *out);
+
+/* Whole model: one chunk with every layer, the embedding and the heads. */
+static inline bool ffm_whole(const ff_model *m) { return m->n_chunks == 1 && m->has_embed && m->has_final; }
 
 /* A pointer into the flat parameter or gradient buffer. */
 static inline ff_dptr ffm_param(ff_model *m, size_t off) { return ff_dptr_f32(m->params, off); }

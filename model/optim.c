@@ -206,6 +206,8 @@ int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats) {
     if (dp && o->dp.all_reduce_sum_f64(o->dp.ctx, &ss, 1))
         return ff_error_wrap("ZeRO-1: all-reduce (sum) of the gradient norm over the data-parallel ranks");
     if (ffm_tp_sum_f64(m, &ss)) return -1;
+    if (m->pp.size > 1 && m->pp.all_reduce_sum_f64(m->pp.ctx, &ss, 1))
+        return ff_error_wrap("pipeline: all-reduce (sum) of the gradient norm over the stages");
     double norm = sqrt(ss);
     int64_t k = o->step + 1;
     double lr = ff_adamw_lr_at(&o->c, k);
@@ -272,6 +274,7 @@ int ff_optimizer_export_state(ff_optimizer *o, ff_tensor_set *out) {
     for (int pass = 0; pass < 2 && rc == 0; pass++)
         for (int i = 0; i < m->n_tensors && rc == 0; i++) {
             const ff_param_tensor *p = &m->tensors[i];
+            if (p->copy) continue; /* a pipeline stage's copy of a tensor another stage owns and exports */
             snprintf(name, sizeof name, "%s.%s", pass ? "exp_avg_sq" : "exp_avg", p->name);
             ff_host_tensor *t = ff_tensor_set_add(out, name, p->ndim, p->full);
             /* a tensor TP does not split is its own whole */

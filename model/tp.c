@@ -245,12 +245,15 @@ int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr
 }
 
 double ffm_grad_sumsq_range(ff_model *m, int64_t lo, int64_t hi) {
-    if (m->tp == 1) return hi > lo ? ff_sumsq(m->st, ffm_grad(m, (size_t)lo), hi - lo) : 0.0;
+    if (m->tp == 1) { /* the tied copy of a last stage, when there is one, is the first region (off_embed 0) */
+        if (m->embed_copy && lo < (int64_t)m->V * m->H) lo = (int64_t)m->V * m->H;
+        return hi > lo ? ff_sumsq(m->st, ffm_grad(m, (size_t)lo), hi - lo) : 0.0;
+    }
     double ss = 0.0;
     for (int i = 0; i < m->n_tensors; i++) {
         const ff_param_tensor *p = &m->tensors[i];
         int64_t a = (int64_t)p->off > lo ? (int64_t)p->off : lo, b = (int64_t)p->off + p->numel < hi ? (int64_t)p->off + p->numel : hi;
-        if (b > a && m->tp_rank % p->rep == 0) ss += ff_sumsq(m->st, ffm_grad(m, (size_t)a), b - a); /* one holder counts */
+        if (b > a && m->tp_rank % p->rep == 0 && !p->copy) ss += ff_sumsq(m->st, ffm_grad(m, (size_t)a), b - a); /* one holder counts */
     }
     return ss;
 }
@@ -333,6 +336,7 @@ int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *
     char name[160];
     for (int i = 0; i < m->n_tensors; i++) {
         const ff_param_tensor *p = &m->tensors[i];
+        if (p->copy) continue; /* a pipeline stage's copy of a tensor another stage owns and exports */
         snprintf(name, sizeof name, "%s%s", prefix, p->name);
         ff_host_tensor *t = ff_tensor_set_add(out, name, p->ndim, p->full);
         if (!t || ffm_tp_store_whole(m, p, ff_dptr_f32(b, p->off), t->data)) return -1;

@@ -19,6 +19,7 @@
 #include "fuseflow/model_config.h"
 #include "fuseflow/modelio.h"
 #include "fuseflow/msgs.h"
+#include "fuseflow/pipe_exec.h"
 #include "fuseflow/pipeline.h"
 #include "fuseflow/plan.h"
 #include "fuseflow/plugin.h"

@@ -129,10 +129,16 @@ ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tens
  * keeps no activations for a backward, and costs its parameters' bytes and a forward
  * workspace; asking it for a training forward, a backward, gradients or an optimizer is an
  * error naming the mode. */
+typedef struct ff_model_stage ff_model_stage; /* a pipeline stage: below */
 typedef struct ff_model_opts {
     bool inference;             /* false (the default, and ff_model_new's): trainable */
     const ff_model_comm *comm;  /* a tensor-parallel group (as ff_model_new_tp), or NULL */
+    const ff_model_stage *stage; /* a pipeline stage: some of the layers (below), or NULL: all */
 } ff_model_opts;
+
+/* As ff_model_new, with options (NULL: as ff_model_new). The weights are copied. */
+ff_model *ff_model_new_opts(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights,
+                            const ff_model_opts *opts);
 
 /* As ff_model_new, with options (NULL: trainable), taking the weights: *weights is destroyed
  * and NULLed whatever the outcome, and each tensor's host memory is given back while it is
@@ -145,7 +151,7 @@ const ff_model_config *ff_model_config_of(const ff_model *m);
 ff_backend *ff_model_backend(const ff_model *m);
 bool ff_model_has_lm_head(const ff_model *m);
 /* Number of trainable fp32 parameters (tied embeddings counted once; under TP this rank's,
- * replicated tensors included). */
+ * replicated tensors included; a pipeline stage's, its tied copy included). */
 int64_t ff_model_param_count(const ff_model *m);
 /* Created with ff_model_opts.inference. */
 bool ff_model_is_inference(const ff_model *m);
@@ -159,8 +165,8 @@ typedef struct ff_model_memory {
 void ff_model_memory_of(const ff_model *m, ff_model_memory *out);
 
 /* Current weights into `out` (an empty set) under Hugging Face names, e.g. for a
- * checkpoint; whole tensors under TP too (gathered: every rank calls, every rank gets them).
- * 0 or -1 + error. */
+ * checkpoint; whole tensors under TP too (gathered: every rank calls, every rank gets them);
+ * a pipeline stage's own tensors (not the last stage's tied copy). 0 or -1 + error. */
 int ff_model_export_weights(ff_model *m, ff_tensor_set *out);
 /* The gradient buffer the same way (names and shapes of the weights). 0 or -1 + error. */
 int ff_model_export_grads(ff_model *m, ff_tensor_set *out);
@@ -214,9 +220,10 @@ typedef struct ff_forward_out {
     float *logits;   /* [T, V] raw logits (before temperature) */
 } ff_forward_out;
 
-/* Run the model over a batch. With opts->train the activations stay for one backward
- * (ff_model_backward must then get gradients only for outputs computed here; an error on an
- * inference model). Training or not, the forward computes the same numbers. The first
+/* Run the (whole: ff_model_is_whole) model over a batch. With opts->train the activations
+ * stay for one backward (ff_model_backward must then get gradients only for outputs computed
+ * here; an error on an inference model); a later training forward replaces them, a forward
+ * without train leaves them. Training or not, the forward computes the same numbers. The first
  * batch with more tokens than any before grows the workspace (allocation); batches up to
  * that size allocate nothing (see ff_model_reserve). 0, or -1 + error: bad batch (a token
  * id out of range, offsets that do not cover [0, T), a sequence longer than
@@ -233,7 +240,8 @@ int ff_model_zero_grad(ff_model *m); /* 0, or -1 + error on an inference model *
 
 /* Size the workspace for batches of up to max_tokens tokens now (0 or -1 + error when out
  * of memory), so that the first forward does not allocate: a trainable model's for a
- * training forward (every layer's activations), an inference model's for a forward. */
+ * training forward (every layer's activations), an inference model's for a forward. (A
+ * scoring forward while a training forward waits for its backward takes room of its own.) */
 int ff_model_reserve(ff_model *m, int32_t max_tokens);
 
 /* The LM head runs over chunks of at most max_tokens tokens, so the logits of a batch never
@@ -245,6 +253,87 @@ void ff_model_set_logits_chunk(ff_model *m, int32_t max_tokens);
  * T tokens (token-mean cross-entropy), d_logprobs[t] = -mask[t] / max(1, sum mask) scaled by
  * `scale` (e.g. 1 / number of micro-batches). mask NULL = all ones. Returns the loss. */
 double ff_sft_loss(const float *logprobs, const float *mask, int32_t T, float scale, float *d_logprobs);
+
+/* ---- pipeline stages --------------------------------------------------------------------- */
+
+/* A pipeline-parallel stage (docs/model.md "Pipeline stages"): a model that holds some
+ * contiguous ranges of the decoder's layers, its chunks (one per virtual stage on this rank:
+ * several with interleaving), in ascending order. The chunk that starts at layer 0 also holds
+ * the embedding, the one that ends at the last layer the final norm, the LM head and the value
+ * head. With tied embeddings the last stage keeps a copy of model.embed_tokens.weight as its
+ * LM head (Megatron's way): the host sums the two copies' gradients before the optimizer step
+ * (ff_model_read_tensor / ff_model_write_tensor_grad; fuseflow/pipe_exec.h does it), so both
+ * take the same update; the copy's gradient is left out of the gradient norm, and the export
+ * functions leave the copy out (the first stage exports the tensor).
+ *
+ * Weights come in as whole Hugging Face tensors (any set holding at least the stage's: the
+ * stage copies its own and ignores the rest) and go out as the stage's own tensors, whole
+ * (the union over the stages is the model's set). Tensor parallelism composes: each TP rank
+ * of a stage is a stage model with ff_model_opts.comm as well.
+ *
+ * A chunk's forward takes a micro-batch's hidden states [T, H] from the previous chunk (or
+ * its token ids, on the chunk with the embedding) and gives its output hidden states (or
+ * log-probs, entropy, values, on the chunk with the heads); its backward takes the gradient
+ * of that output and gives the gradient of its input, accumulating the parameter gradients.
+ * Several micro-batches may be in flight through each chunk (1F1B holds up to p - s): a
+ * training forward keeps its activations under (chunk, micro) until that backward. */
+#define FF_MODEL_MAX_CHUNKS 64
+struct ff_model_stage {
+    int32_t n_chunks;            /* 1 .. FF_MODEL_MAX_CHUNKS */
+    const int32_t *first_layer;  /* [n_chunks] chunk c holds layers [first_layer[c], + n_layers[c]) */
+    const int32_t *n_layers;     /* [n_chunks] each >= 1; the ranges ascend and do not overlap */
+    /* The pipeline group, for the optimizer's gradient norm (the sum of squares of every
+     * stage's gradients: all_reduce_sum_f64 alone is used, the other functions may be NULL);
+     * NULL or of size 1: this stage is all of the model's parameters. Copied. */
+    const ff_model_comm *comm;
+};
+
+typedef struct ff_model_chunk_info {
+    int32_t first_layer, n_layers;
+    bool embedding;  /* holds the embedding: its forward takes token ids */
+    bool head;       /* holds the final norm and the heads: its forward gives log-probs, values */
+} ff_model_chunk_info;
+
+/* Chunks of a model (1 for a whole model, which is one chunk with the embedding and the head)
+ * and what chunk c holds. */
+int ff_model_n_chunks(const ff_model *m);
+void ff_model_chunk_of(const ff_model *m, int chunk, ff_model_chunk_info *out);
+/* Holds every layer, the embedding and the head in one chunk (ff_model_forward and generation
+ * run only such models). */
+bool ff_model_is_whole(const ff_model *m);
+
+/* Micro-batch `micro` (>= 0) through chunk `chunk`. b: the micro-batch (every stage needs its
+ * sequence offsets; tokens are embedded on the embedding chunk, targets read on the head
+ * chunk). hidden_in [T, H]: the previous chunk's output (NULL on the embedding chunk).
+ * hidden_out [T, H]: this chunk's output (ignored, may be NULL, on the head chunk, which fills
+ * `out` as ff_model_forward does). With opts->train the activations stay for
+ * ff_model_stage_backward of the same (chunk, micro), and a second training forward of a
+ * (chunk, micro) in flight is an error. 0 or -1 + error. */
+int ff_model_stage_forward(ff_model *m, int chunk, int32_t micro, const ff_batch *b, const float *hidden_in,
+                           const ff_forward_opts *opts, ff_forward_out *out, float *hidden_out);
+/* The backward of (chunk, micro)'s training forward: d_hidden_out [T, H] the gradient of its
+ * output (not on the head chunk, which takes d_logprobs, d_entropy, d_values as
+ * ff_model_backward), d_hidden_in [T, H] gets the gradient of its input (not on the embedding
+ * chunk: may be NULL). Parameter gradients accumulate (+=). 0 or -1 + error. */
+int ff_model_stage_backward(ff_model *m, int chunk, int32_t micro, const float *d_hidden_out, const float *d_logprobs,
+                            const float *d_entropy, const float *d_values, float *d_hidden_in);
+/* Room for in_flight[c] training forwards of up to max_tokens tokens through each chunk c
+ * (in_flight NULL: one each; an inference model: one forward), so that a step allocates
+ * nothing. 0 or -1 + error. */
+int ff_model_stage_reserve(ff_model *m, int32_t max_tokens, const int32_t *in_flight);
+/* Training forwards of chunk c whose backward has not run. */
+int32_t ff_model_stage_in_flight(const ff_model *m, int chunk);
+/* Forget every training forward in flight (a pipeline step that failed half-way), keeping
+ * their room. */
+void ff_model_stage_drop(ff_model *m);
+
+/* One tensor by its Hugging Face name: elements this model holds (this rank's shard under
+ * TP; 0 when it holds none), a copy of its parameters (grad false) or gradients into host
+ * [numel], and its gradient replaced from host [numel]. -1 + error for a tensor it does not
+ * hold or a gradient of an inference model. */
+int64_t ff_model_tensor_numel(const ff_model *m, const char *name);
+int ff_model_read_tensor(ff_model *m, const char *name, bool grad, float *host);
+int ff_model_write_tensor_grad(ff_model *m, const char *name, const float *host);
 
 /* ---- optimizer ---------------------------------------------------------------------------- */
 
@@ -313,11 +402,13 @@ void ff_optimizer_shard(const ff_optimizer *o, int64_t *lo, int64_t *hi);
  * of its range (the sizes of the two allocations). */
 int64_t ff_optimizer_state_bytes(const ff_optimizer *o);
 /* Clip the gradients to max_grad_norm (global norm; under TP the whole model's, each
- * replicated parameter counted once), update the parameters, count the step. At zero 1 this
- * is the whole sharded step above (a collective over dp). Does not zero the gradients. A
- * non-finite gradient norm skips the update on every rank and returns -1 + error (stats
- * still filled). A failed collective returns -1 + error with the parameters possibly half
- * gathered: the group is broken and the run must stop (or resume from a checkpoint). */
+ * replicated parameter counted once; a pipeline stage's summed over its pipeline group,
+ * ff_model_stage.comm, without the tied copy), update the parameters, count the step. At
+ * zero 1 this is the whole sharded step above (a collective over dp). Does not zero the
+ * gradients. A non-finite gradient norm skips the update on every rank and returns -1 +
+ * error (stats still filled). A failed collective returns -1 + error with the parameters
+ * possibly half gathered: the group is broken and the run must stop (or resume from a
+ * checkpoint). */
 int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats);
 int64_t ff_optimizer_steps_done(const ff_optimizer *o);
 /* State to and from a tensor set: "exp_avg.<param name>", "exp_avg_sq.<param name>" (the

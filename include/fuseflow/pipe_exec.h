@@ -1,0 +1,179 @@
+/* fuseflow: the pipeline executor. It follows one rank's instruction stream of a pipeline
+ * schedule (fuseflow/pipeline.h: GPipe, 1F1B, interleaved 1F1B, forward-only, or another
+ * generator's, such as RLHFuse's fused actor+critic pipeline) on that rank's stage models
+ * (fuseflow/model.h, ff_model_stage): forwards and backwards of micro-batches through its
+ * chunks, the activations and gradients sent and received through a transport one grouped call
+ * at a time, the sum of the tied embeddings' gradients between the first and the last stage,
+ * and the optimizer step, whose gradient norm the stage models sum over the group. It records
+ * when every instruction ran, and with that the bubble of the step.
+ *
+ * Use (every rank of the pipeline group, the same schedule and micro-batches everywhere):
+ *     ff_pipe_config c = {.pp = 2, .micro = 8, .kind = FF_PIPE_1F1B, .layers = cfg.num_hidden_layers};
+ *     ff_pipe_schedule s;        ff_pipe_generate(&c, &s);
+ *     ff_pipe_transport t;       ff_pipe_transport_coll(pp_comm, &t);  // or the host's own
+ *     int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
+ *     ff_model_comm norm;        ff_pipe_model_comm(&t, &norm);
+ *     ff_model_stage st;         ff_pipe_stage_layers(&s, 0, rank, first, count, &st);
+ *     st.comm = &norm;
+ *     ff_model *m = ff_model_new_opts(be, &cfg, whole_weights, &(ff_model_opts){.stage = &st});
+ *     ff_pipe_exec_model em = {.model = m, .opt = ff_optimizer_new(m, &adamw), .logprobs = true,
+ *                              .loss = my_loss, .loss_ctx = ...};
+ *     ff_pipe_exec *e = ff_pipe_exec_new(&s, rank, &t, &em);
+ *     ff_pipe_run r = {.micro = {batches}};     // [8] ff_batch, the same on every rank
+ *     ff_pipe_exec_stats stats;
+ *     ff_pipe_exec_run(e, &r, &stats);          // one training step
+ *
+ * Buffers: activations and gradients cross as host fp32 [T, H] per micro-batch (T its tokens);
+ * the executor keeps a pool of them sized by the largest micro-batch, so a step allocates
+ * nothing once one step has run with micro-batches as large.
+ *
+ * Failure: a rank whose run fails (a bad batch, a broken transport) returns -1 + error naming
+ * the instruction, drops its stages' forwards in flight (a later run starts clean) and leaves
+ * the other ranks waiting in their next transfer; the host breaks the group
+ * (ff_coll_comm_abort), as with any collective.
+ *
+ * Not here: choosing the layout (the planner, fuseflow/plan.h), data parallelism across
+ * pipelines (the trainer's all-reduce), overlapping transfers with compute, zero-bubble
+ * schedules. docs/pipeline.md ("Execution") has the whole story.
+ */
+#ifndef FUSEFLOW_PIPE_EXEC_H
+#define FUSEFLOW_PIPE_EXEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fuseflow/coll.h"
+#include "fuseflow/model.h"
+#include "fuseflow/pipeline.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
+
+/* ---- transport ------------------------------------------------------------------------- */
+
+typedef enum { FF_PIPE_XFER_SEND = 0, FF_PIPE_XFER_RECV } ff_pipe_xfer_kind;
+
+typedef struct ff_pipe_xfer {
+    ff_pipe_xfer_kind kind;
+    int32_t peer;   /* rank in the pipeline group */
+    float *buf;     /* [count]: read (send) or written (receive) */
+    size_t count;   /* floats */
+} ff_pipe_xfer;
+
+/* What the executor needs of the pipeline group (ranks are the schedule's ranks). Functions
+ * return 0, or -1 + error when the group is broken. The struct is copied; ctx must outlive the
+ * executor (and the stage models given ff_pipe_model_comm). */
+typedef struct ff_pipe_transport {
+    int32_t rank, size;
+    void *ctx;
+    /* One grouped call: every transfer posted together (ncclGroupStart ... End), returning when
+     * all are done. The k-th send from rank a to rank b carries the k-th receive of b from a. */
+    int (*call)(void *ctx, const ff_pipe_xfer *x, int n);
+    /* buf [n] = its sum over the group, in place, the same bits on every rank */
+    int (*all_reduce_sum_f64)(void *ctx, double *buf, size_t n);
+} ff_pipe_transport;
+
+/* A transport over comm, an ff_coll communicator of the pipeline group whose rank r is the
+ * schedule's rank r: a call is ff_coll_send / ff_coll_recv of F32 inside ff_coll_group_start /
+ * ff_coll_group_end. comm must outlive the transport's users. */
+void ff_pipe_transport_coll(ff_coll_comm *comm, ff_pipe_transport *out);
+
+/* The communicator a stage model takes for its gradient norm (ff_model_stage.comm): the
+ * transport's sum. */
+void ff_pipe_model_comm(const ff_pipe_transport *t, ff_model_comm *out);
+
+/* The stage rank `rank` holds of model `model` (a placed schedule: stage_layers set): its
+ * chunks' first layers and counts into first, count ([FF_MODEL_MAX_CHUNKS] each), and *out
+ * pointing at them (comm NULL: set it). 0 or -1 + error (no layer placement, a rank without
+ * that model, more chunks than a model takes). */
+int ff_pipe_stage_layers(const ff_pipe_schedule *s, int model, int32_t rank, int32_t *first, int32_t *count,
+                         ff_model_stage *out);
+
+/* ---- the executor ---------------------------------------------------------------------- */
+
+/* What the loss of a micro-batch returns: d(loss)/d(output) [T] into the arrays the executor
+ * gives (zeroed; one for each output the model computes: logprobs, entropy, values), and the
+ * micro-batch's term of the step's loss. Set a pointer to NULL to give no gradient for it. */
+typedef struct ff_pipe_loss_out {
+    float *d_logprobs, *d_entropy, *d_values;
+    double loss;
+} ff_pipe_loss_out;
+
+/* The loss on the rank of the last virtual stage, called after micro-batch `micro`'s forward
+ * with its outputs (the fields the model asks for, [T]). 0 or -1 + error. */
+typedef int (*ff_pipe_loss_fn)(void *ctx, int32_t micro, const ff_batch *b, const ff_forward_out *out,
+                               ff_pipe_loss_out *d);
+
+/* One model of the schedule on this rank. */
+typedef struct ff_pipe_exec_model {
+    ff_model *model;      /* the rank's stage: its chunks are the rank's chunks of the model, in order */
+    ff_optimizer *opt;    /* training: OPTIMIZER_STEP steps it; NULL for a forward-only model */
+    float temperature;    /* of log-probs and entropy (0: 1) */
+    bool logprobs, entropy, values; /* the head's outputs to compute (for the loss and ff_pipe_run.outs) */
+    ff_pipe_loss_fn loss; /* training, on the rank of the last virtual stage */
+    void *loss_ctx;
+    /* Training, optional: called at OPTIMIZER_STEP once every backward of the step has run,
+     * before the tied embeddings' sum and the step: the data-parallel all-reduce of the
+     * stage's gradients (ff_model_grad_buffer) goes here. 0 or -1 + error. */
+    int (*before_step)(void *ctx, ff_model *model);
+    void *step_ctx;
+} ff_pipe_exec_model;
+
+typedef struct ff_pipe_exec ff_pipe_exec;
+
+/* An executor of rank `rank`'s stream of s (which it borrows: s must outlive it) over t, for
+ * models [s->n_models] (borrowed too; a model without instructions on this rank may be left
+ * zero). Checks that each model's chunks hold the layers the schedule places on them, that
+ * training models have an optimizer and (on the last virtual stage) a loss. NULL + error. */
+ff_pipe_exec *ff_pipe_exec_new(const ff_pipe_schedule *s, int32_t rank, const ff_pipe_transport *t,
+                               const ff_pipe_exec_model *models);
+void ff_pipe_exec_destroy(ff_pipe_exec **e);
+
+typedef struct ff_pipe_run {
+    const ff_batch *micro[FF_PIPE_MAX_MODELS]; /* model i's micro-batches [s->models[i].micro], the same on every rank */
+    /* NULL, or [micro]: the caller's arrays [T] for the outputs it wants (of those the model
+     * computes; a NULL field is kept inside), filled on the last virtual stage's rank */
+    ff_forward_out *outs[FF_PIPE_MAX_MODELS];
+    bool measure;                              /* start with a barrier, so the ranks' clocks start together */
+} ff_pipe_run;
+
+typedef struct ff_pipe_exec_stats {
+    double loss[FF_PIPE_MAX_MODELS];          /* sum of the micro-batches' loss terms (every rank) */
+    ff_optim_stats optim[FF_PIPE_MAX_MODELS]; /* each training model's step (every rank that holds it) */
+    double wall_s;     /* this rank's run, up to the closing sum */
+    double compute_s;  /* its forwards and backwards */
+    double transfer_s; /* its calls, waiting included */
+    double step_s;     /* its optimizer steps, the tied gradients' exchange included */
+    /* over the group */
+    double makespan_s;      /* the latest end of any rank's last forward or backward, from the start */
+    double bubble_fraction; /* 1 - sum of compute_s / (ranks x makespan_s): the simulator's bubble */
+} ff_pipe_exec_stats;
+
+/* Run this rank's stream once: zero the training models' gradients, follow every instruction,
+ * then one sum over the group (the loss, the timings). 0 or -1 + error naming the rank and the
+ * instruction. */
+int ff_pipe_exec_run(ff_pipe_exec *e, const ff_pipe_run *r, ff_pipe_exec_stats *stats);
+
+/* The most training forwards chunk `chunk` of model `model` holds at once in this rank's stream
+ * (what the executor reserves activation room for: 1F1B min(p - s, m) at stage s, GPipe m). */
+int32_t ff_pipe_exec_in_flight(const ff_pipe_exec *e, int model, int32_t chunk);
+
+/* When each instruction of this rank's stream began and ended in the last run, in seconds from
+ * its start ([*n] each, owned by e; the instructions of a call share the call's times). */
+void ff_pipe_exec_times(const ff_pipe_exec *e, const double **start_s, const double **end_s, int64_t *n);
+/* Mean seconds of one micro-batch's forward and backward through each virtual stage of model
+ * `model` in the last run, over the group: fwd_s, bwd_s [n_stages] (bwd 0 when forward-only). */
+void ff_pipe_exec_stage_times(const ff_pipe_exec *e, int model, double *fwd_s, double *bwd_s);
+/* The simulator (ff_pipe_simulate) on the schedule with the last run's stage times, no transfer
+ * latency and no step time: the bubble the schedule has with the measured compute alone.
+ * 0 or -1 + error; clear *out either way. */
+int ff_pipe_exec_simulate(const ff_pipe_exec *e, ff_pipe_sim *out);
+
+#pragma GCC visibility pop
+#ifdef __cplusplus
+}
+#endif
+#endif
