@@ -7,7 +7,7 @@
  *                              coefficients, the training set's size
  *   config.yaml                the effective run config (what --resume compares with)
  * The folder is staged as step-N.tmp-PID (the trained roles' DP rank 0 workers write their
- * parts into it, the controller writes state.json) and swapped in whole (ff_train_dir_commit,
+ * parts into it, whole tensors, by TP rank 0 of the replica; the controller writes state.json) and swapped in whole (ff_train_dir_commit,
  * fuseflow/train_dir.h), so a crash never leaves half a checkpoint (and the next run in the
  * folder removes the staging folder of a dead one). The two newest are kept.
  *
@@ -42,8 +42,8 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ff_data_order *order_at) {
         snprintf(label, sizeof label, "save %s", parts[i].name);
         int nafter;
         const uint64_t *after = ex_trace_deps(x, -1, NULL, 0, parts[i].pool, NULL, 0, &nafter);
-        ff_subtask_spec spec = {.kind = FF_RL_SAVE, .target = FF_TARGET_RANK, .rank = x->pool_ranks[parts[i].pool][0],
-                                .args = args, .nargs = 2, .after = after, .nafter = nafter, .label = label};
+        ff_subtask_spec spec = {.kind = FF_RL_SAVE, .args = args, .nargs = 2, .after = after, .nafter = nafter, .label = label};
+        ex_target_replica(x, j, parts[i].pool, 0, &spec); /* its TP ranks gather, TP rank 0 writes */
         if (!ex_submit(x, j, &spec)) goto fail;
     }
     if (ex_wait_jobs(x) != 0) goto fail;

@@ -48,13 +48,52 @@ struct rlw {
     ff_coll_comm *comm;
     float *gbuf;
     int64_t gcap;
+    /* tensor parallelism (tp > 1): this rank's TP group, which every model here runs its
+     * collectives on (mcomm backs ff_model_comm with it), and its DP group (the ranks of the
+     * other replicas with the same TP rank) for the gradient all-reduce */
+    int tp, tp_rank;
+    ff_coll_comm *tp_comm, *dp_comm;
+    ff_model_comm mcomm;
 };
 
 rlw *rlw_new(void) {
     rlw *s = ff_calloc(1, sizeof *s);
-    if (s) s->next_req = 1;
+    if (s) s->next_req = 1, s->tp = 1;
     return s;
 }
+
+/* ---- ff_model_comm on ff_coll (the model may not use ff_coll itself) --------------------- */
+static int tp_sum(void *ctx, float *buf, size_t n) { return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_SUM, ctx, NULL); }
+static int tp_max(void *ctx, float *buf, size_t n) { return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_MAX, ctx, NULL); }
+static int tp_sum64(void *ctx, double *buf, size_t n) {
+    return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, ctx, NULL);
+}
+static int tp_gather(void *ctx, const float *in, float *out, size_t n) { return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, ctx, NULL); }
+
+/* Split the pool's communicator into this rank's TP group (ranks of its replica, by TP rank)
+ * and DP group (ranks of its TP rank, by replica): collectives every rank of the pool calls
+ * in this order. */
+static int tp_setup(rlw *s, const rlw_init_args *a) {
+    s->tp = 1, s->tp_rank = 0;
+    if (a->tp <= 1) return 0;
+    if (!a->group)
+        return ff_error_set("worker", "the executor sends rl.init with the pool's group", "tp %d without a group communicator", a->tp);
+    if (a->tp_rank < 0 || a->tp_rank >= a->tp || a->dp_rank < 0)
+        return ff_error_set("worker", NULL, "TP rank %d of %d, replica %d", a->tp_rank, a->tp, a->dp_rank);
+    if (ff_coll_comm_split(a->group, a->dp_rank, a->tp_rank, &s->tp_comm) != 0 ||
+        ff_coll_comm_split(a->group, a->tp_rank, a->dp_rank, &s->dp_comm) != 0)
+        return ff_error_wrap("worker: the TP and DP groups");
+    if (ff_coll_comm_size(s->tp_comm) != a->tp || ff_coll_comm_rank(s->tp_comm) != a->tp_rank)
+        return ff_error_set("worker", "every rank of a replica must have the same tp", "TP group of %d ranks (rank %d), expected %d (rank %d)",
+                            ff_coll_comm_size(s->tp_comm), ff_coll_comm_rank(s->tp_comm), a->tp, a->tp_rank);
+    s->tp = a->tp, s->tp_rank = a->tp_rank;
+    s->mcomm = (ff_model_comm){.rank = a->tp_rank, .size = a->tp, .ctx = s->tp_comm, .all_reduce_sum = tp_sum,
+                               .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather};
+    return 0;
+}
+
+int rlw_tp_size(const rlw *s) { return s->tp; }
+int rlw_tp_rank(const rlw *s) { return s->tp_rank; }
 
 static void job_free(gen_job *j) {
     for (int32_t i = 0; i < j->k * j->n; i++) ff_gen_output_free(&j->outs[i]);
@@ -74,6 +113,10 @@ static void unload(rlw *s) {
     ff_model_destroy(&s->ref);
     ff_model_destroy(&s->rm);
     ff_tokenizer_destroy(&s->tok);
+    /* after the models that ran their collectives on them */
+    ff_coll_comm_destroy(&s->tp_comm);
+    ff_coll_comm_destroy(&s->dp_comm);
+    s->tp = 1, s->tp_rank = 0;
     ff_backend_destroy(&s->be);
     ff_run_config_destroy(&s->run);
     ff_registry_destroy(&s->reg);
@@ -103,7 +146,16 @@ static const ff_node *train_node(const ff_run_config *run, ff_role role) {
 static ff_model *load_model(rlw *s, const char *dir, bool value_head, bool train, const char *role) {
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
-    if (ff_model_dir_load(dir, &cfg, &w) != 0) {
+    if (s->tp > 1) { /* this rank's shards only */
+        char path[FF_PATH_MAX];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        if (ff_hf_config_load(path, &cfg) != 0 || !(w = ff_tensor_set_new()) ||
+            ff_model_tp_read_weights(dir, &cfg, s->tp_rank, s->tp, w) != 0) {
+            ff_tensor_set_destroy(&w);
+            ff_error_wrap("role %s (TP rank %d of %d)", role, s->tp_rank, s->tp);
+            return NULL;
+        }
+    } else if (ff_model_dir_load(dir, &cfg, &w) != 0) {
         ff_error_wrap("role %s", role);
         return NULL;
     }
@@ -112,7 +164,7 @@ static ff_model *load_model(rlw *s, const char *dir, bool value_head, bool train
         ff_error_wrap("role %s: %s", role, dir);
         return NULL;
     }
-    ff_model *m = ff_model_new_from(s->be, &cfg, &w, &(ff_model_opts){.inference = !train});
+    ff_model *m = ff_model_new_from(s->be, &cfg, &w, &(ff_model_opts){.inference = !train, .comm = s->tp > 1 ? &s->mcomm : NULL});
     if (!m) ff_error_wrap("role %s: %s", role, dir);
     return m;
 }
@@ -216,6 +268,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     if (!s->run) return ff_error_wrap("worker: the run config");
     s->be = ff_backend_new(a->backend && a->backend[0] ? a->backend : "cpu");
     if (!s->be) return ff_error_wrap("worker");
+    if (tp_setup(s, a) != 0) return -1;
     const ff_role_cfg *roles = s->run->roles;
     char dir[FF_PATH_MAX];
     const char *actor_dir = roles[FF_ROLE_ACTOR].model;
@@ -343,6 +396,18 @@ int rlw_gen_add(rlw *s, void *owner, const int32_t *prompts, const int32_t *plen
     }
     s->next_req += (uint64_t)k;
     s->njobs++;
+    return 0;
+}
+
+int rlw_gen_run(rlw *s, void *owner, const int32_t *prompts, const int32_t *plens, const int64_t *seeds, int32_t k, int32_t n,
+                const rlw_sampling *sp, rlw_gen_cb cb, void *ctx) {
+    if (s->njobs) return ff_error_set("rl.generate", NULL, "%d generation jobs are open", s->njobs);
+    if (rlw_gen_add(s, owner, prompts, plens, seeds, k, n, sp) != 0) return -1;
+    while (s->njobs)
+        if (rlw_gen_step(s, cb, ctx) != 0) {
+            rlw_gen_clear(s);
+            return -1;
+        }
     return 0;
 }
 
@@ -495,7 +560,7 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
     ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
     if (!v) return -1;
     ff_train_metrics tm = {0}; /* a step that fails its checks leaves it untouched */
-    s->comm = comm;
+    s->comm = s->tp > 1 ? s->dp_comm : comm;
     int rc = ff_trainer_step(t, v, in->n, mb, n_micro, denom, &tm);
     s->comm = NULL;
     free(v);
@@ -521,21 +586,43 @@ int rlw_sync_local(rlw *s) {
 
 int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
     if (!comm) return ff_error_set("weight sync", "the executor makes a sync group with a communicator", "no communicator");
-    bool root = ff_coll_comm_rank(comm) == 0;
-    if (root && need(s, FF_RL_ACTOR)) return -1;
-    if (!root && need(s, FF_RL_GEN)) return -1;
-    ff_model *src = root ? s->actor : s->gen;
-    int64_t n = ff_model_param_count(src);
-    float *buf = ff_malloc((size_t)n * sizeof *buf);
-    if (!buf) return -1;
-    if (root) ff_model_read_params(s->actor, buf);
-    int rc = ff_coll_broadcast(buf, buf, (size_t)n, FF_DTYPE_F32, 0, comm, NULL);
-    if (rc == 0 && s->gen) {
-        if (ff_rollout_running(s->ro) > 0) rc = ff_error_set("weight sync", NULL, "sequences are still decoding");
-        else ff_model_write_params(s->gen, buf);
+    bool source = s->actor != NULL;
+    if (ff_coll_comm_rank(comm) == 0 && !source) return need(s, FF_RL_ACTOR);
+    if (!source && need(s, FF_RL_GEN)) return -1;
+    if (!source && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
+    /* whole tensors in the fixed order of the config (ff_model_expected_tensors): the sources
+     * gather theirs (a collective of the actor's TP group), the others receive into zeros */
+    ff_model *m = source ? s->actor : s->gen;
+    ff_tensor_set *order = ff_tensor_set_new(), *whole = source ? ff_tensor_set_new() : NULL;
+    int rc = order && (!source || whole) ? 0 : -1;
+    if (rc == 0) rc = ff_model_expected_tensors(ff_model_config_of(m), order);
+    if (rc == 0 && source) rc = ff_model_export_weights(m, whole);
+    int64_t total = 0;
+    for (size_t i = 0; rc == 0 && i < order->n; i++) {
+        ff_host_tensor *t = &order->items[i];
+        if (source) {
+            ff_host_tensor *e = ff_tensor_set_find(whole, t->name);
+            if (!e || ff_host_tensor_numel(e) != ff_host_tensor_numel(t)) {
+                rc = ff_error_set("weight sync", NULL, "the trained actor exported no tensor '%s' of the expected shape", t->name);
+                break;
+            }
+            memcpy(t->data, e->data, (size_t)ff_host_tensor_numel(t) * sizeof *t->data);
+        }
+        total += ff_host_tensor_numel(t);
     }
-    free(buf);
-    return rc ? ff_error_wrap("weight sync (broadcast of %" PRId64 " parameters)", n) : 0;
+    ff_tensor_set_destroy(&whole);
+    /* both sides must hold the same model: the element count first */
+    int64_t n = total;
+    if (rc == 0) rc = ff_coll_broadcast(&n, &n, 1, FF_DTYPE_I64, 0, comm, NULL);
+    if (rc == 0 && n != total)
+        rc = ff_error_set("weight sync", "the actor and its generation copy load the same model",
+                          "the actor has %" PRId64 " parameters in whole tensors, this rank's model %" PRId64, n, total);
+    for (size_t i = 0; rc == 0 && i < order->n; i++)
+        rc = ff_coll_broadcast(order->items[i].data, order->items[i].data, (size_t)ff_host_tensor_numel(&order->items[i]), FF_DTYPE_F32,
+                               0, comm, NULL);
+    if (rc == 0 && !source) rc = ff_model_load_weights(s->gen, order); /* its slices under TP */
+    ff_tensor_set_destroy(&order);
+    return rc ? ff_error_wrap("weight sync (broadcast of %" PRId64 " parameters in whole tensors)", total) : 0;
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
@@ -545,19 +632,20 @@ int rlw_save(rlw *s, unsigned role, const char *dir) {
     ff_model *m = model_of(s, role);
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : s->t_critic;
     const char *name = role_name(role);
+    bool writer = s->tp_rank == 0; /* the others take part in the gathers */
     char path[FF_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (ff_mkdirs(path) != 0) return -1;
+    if (writer && ff_mkdirs(path) != 0) return -1;
     ff_tensor_set *w = ff_tensor_set_new();
     if (!w) return -1;
     int rc = ff_model_export_weights(m, w);
-    if (rc == 0) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == FF_RL_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
+    if (rc == 0 && writer) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == FF_RL_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
     ff_tensor_set_destroy(&w);
     if (rc == 0 && t) {
         ff_tensor_set *o = ff_tensor_set_new();
         rc = o ? ff_optimizer_export_state(ff_trainer_optimizer(t), o) : -1;
         snprintf(path, sizeof path, "%s/%s.optim.safetensors", dir, name);
-        if (rc == 0) rc = ff_safetensors_save(path, o, FF_DTYPE_F32, NULL);
+        if (rc == 0 && writer) rc = ff_safetensors_save(path, o, FF_DTYPE_F32, NULL);
         ff_tensor_set_destroy(&o);
     }
     return rc ? ff_error_wrap("saving the %s into %s", name, dir) : 0;
