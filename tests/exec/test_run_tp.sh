@@ -3,8 +3,9 @@
 # tiny SFT model whose vocabulary (260) TP 2 divides:
 #   - PPO with the actor, critic and ref at TP 2 on 2 workers, and at TP 2 x DP 2 on 4, sample
 #     the same responses (so the same rewards) as on 1 worker for 3 iterations, with float
-#     metrics within 1e-6 + 2% (TP sums partial products in another order; measured worst:
-#     approx_kl 0.24%, pg_loss 0.17%, ratio_max 0.16%, grad_norm 0.03%, the rest below 0.01%);
+#     metrics within 1e-6 + 1% (TP sums partial products in another order; measured worst,
+#     relative: approx_kl 2.8e-4, pg_loss 1.3e-4, ratio_max 7e-5, kl 7e-5, the rest below;
+#     under the sanitizers grad_norm and approx_kl 5.6e-4);
 #   - a TP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
 #     tensors) and ends as the TP 1 run does; its checkpoint loads in `fuseflow generate`;
 #   - GRPO with generation at TP 2 on a pool of its own while training at TP 1 (weights synced
@@ -15,13 +16,18 @@ source "$here/lib.sh"
 prepare_tp
 S=$tp_sft
 steps=3
+# Adam's eps: with 1e-8, a weight whose gradient is at rounding level moves by +-lr, its sign
+# set by the rounding, so TP 1 and TP 2 would differ by lr-sized steps after one update and
+# sample otherwise soon (as two DP layouts would); 1e-5 keeps such weights still and leaves
+# real gradients' steps as they are (tests/model/test_model_tp.c does the same)
+eps="roles.actor.optim.eps=1e-5 roles.critic.optim.eps=1e-5"
 
 ppo() { # OUT EXTRA...
   local out=$1; shift
   "$bin" run "$src/examples/ppo.yaml" $(small_run "$out") trainer.steps=$steps trainer.test_freq=$steps trainer.save_freq=0 \
     data.train_batch_size=8 graph.rollout.n=4 roles.actor.model=$S roles.ref.model=$S roles.critic.model=$S \
     graph.train_actor.mini_batch_size=4 graph.train_actor.micro_batch_size=8 graph.train_critic.mini_batch_size=4 \
-    graph.train_critic.micro_batch_size=8 roles.actor.optim.lr=1e-3 roles.critic.optim.lr=1e-3 --val-limit 64 --no-progress \
+    graph.train_critic.micro_batch_size=8 roles.actor.optim.lr=1e-3 roles.critic.optim.lr=1e-3 $eps --val-limit 64 --no-progress \
     --dump-samples "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "ppo $* did not run"; }
 }
 same_samples() { # A B WHAT
@@ -38,13 +44,13 @@ grep -q "rank 1 holds .*actor 178 KiB weights" "$work/tp2.log" || fail "a TP ran
 [[ $(iterations "$work/tp1/metrics.jsonl") == "$steps" ]] || fail "tp1: expected $steps iterations"
 same_samples "$work/tp1" "$work/tp2" "TP 2"
 same_samples "$work/tp1" "$work/tp2dp2" "TP 2 x DP 2"
-same_metrics "$work/tp1/metrics.jsonl" "$work/tp2/metrics.jsonl" 1e-6 2e-2 || fail "TP 2 does not train like TP 1"
-same_metrics "$work/tp1/metrics.jsonl" "$work/tp2dp2/metrics.jsonl" 1e-6 2e-2 || fail "TP 2 x DP 2 does not train like TP 1"
+same_metrics "$work/tp1/metrics.jsonl" "$work/tp2/metrics.jsonl" 1e-6 1e-2 || fail "TP 2 does not train like TP 1"
+same_metrics "$work/tp1/metrics.jsonl" "$work/tp2dp2/metrics.jsonl" 1e-6 1e-2 || fail "TP 2 x DP 2 does not train like TP 1"
 
 # stopped at TP 2, resumed at TP 1
 ppo "$work/res" roles.actor.workers=2 roles.actor.layout.tp=2 --stop-after 2
 ppo "$work/res" roles.actor.workers=1 --resume
-same_metrics "$work/tp1/metrics.jsonl" "$work/res/metrics.jsonl" 1e-6 2e-2 || fail "a TP 2 checkpoint resumed at TP 1 does not go on as TP 1"
+same_metrics "$work/tp1/metrics.jsonl" "$work/res/metrics.jsonl" 1e-6 1e-2 || fail "a TP 2 checkpoint resumed at TP 1 does not go on as TP 1"
 [[ -f "$work/res/checkpoints/step-00000002/critic/model.safetensors" && -f "$work/res/checkpoints/step-00000002/critic.optim.safetensors" ]] ||
   fail "the TP 2 checkpoint has no critic"
 "$bin" generate --model "$work/res/checkpoints/step-00000002/actor" --prompt '1+2=' --temperature 0 --max-new-tokens 4 > /dev/null ||
@@ -55,7 +61,7 @@ grpo() { # OUT EXTRA...
   local out=$1; shift
   "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=$steps trainer.test_freq=$steps trainer.save_freq=0 \
     data.train_batch_size=8 graph.rollout.n=4 roles.actor.model=$S roles.ref.model=$S graph.train_actor.mini_batch_size=4 \
-    roles.actor.optim.lr=1e-3 --val-limit 64 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
+    roles.actor.optim.lr=1e-3 roles.actor.optim.eps=1e-5 --val-limit 64 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
     { cat "$out.log" >&2; fail "grpo $* did not run"; }
 }
 grpo "$work/g1" roles.actor.workers=1
@@ -64,8 +70,8 @@ grpo "$work/train_tp2" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor
 grep -q "actor \[0\], gen \[1 2\] tp 2 x dp 1" "$work/gen_tp2.log" || fail "generation is not at TP 2 apart: $(head -1 "$work/gen_tp2.log")"
 same_samples "$work/g1" "$work/gen_tp2" "generation at TP 2"
 same_samples "$work/g1" "$work/train_tp2" "training at TP 2"
-same_metrics "$work/g1/metrics.jsonl" "$work/gen_tp2/metrics.jsonl" 1e-6 2e-2 || fail "generation at TP 2 does not train like TP 1"
-same_metrics "$work/g1/metrics.jsonl" "$work/train_tp2/metrics.jsonl" 1e-6 2e-2 || fail "training at TP 2 does not train like TP 1"
+same_metrics "$work/g1/metrics.jsonl" "$work/gen_tp2/metrics.jsonl" 1e-6 1e-2 || fail "generation at TP 2 does not train like TP 1"
+same_metrics "$work/g1/metrics.jsonl" "$work/train_tp2/metrics.jsonl" 1e-6 1e-2 || fail "training at TP 2 does not train like TP 1"
 
 # refused before any worker starts (no output folder, no worker line), with the planner's words
 refused() { # NEEDLE EXTRA...
