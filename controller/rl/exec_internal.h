@@ -53,6 +53,9 @@ typedef struct ex_dataset {
 int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, const ff_tokenizer *tok, bool need_answer);
 void ex_dataset_free(ex_dataset *d);
 const char *ex_dataset_meta(ex_dataset *d, int64_t row, const char *prompt_key, const char *answer_key);
+/* Response ids to text (special tokens skipped); ids the tokenizer has no token for (a
+ * vocabulary padded past it) decode to nothing. 0 / -1 + error. */
+int ex_decode(const ff_tokenizer *tok, const int32_t *ids, int32_t n, char **text, size_t *len);
 
 /* ---- the sample store ---------------------------------------------------------------------- */
 /* One column value of one sample: tokens (int32 [len]), per-token (float [len]), scalar (v),

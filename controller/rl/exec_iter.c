@@ -324,7 +324,7 @@ static const char *text_of(ex_run *x, ex_iter *I, int col, int64_t s) {
     ex_cell *e = cell(I, col, s);
     char *t = NULL;
     size_t len;
-    if (ff_tokenizer_decode(x->tok, e->p, e->len, true, &t, &len) != 0) return NULL;
+    if (ex_decode(x->tok, e->p, e->len, &t, &len) != 0) return NULL;
     char *clean = ff_utf8_lossy(t, len, &len);
     free(t);
     I->resp_text[col][s] = clean;

@@ -461,7 +461,7 @@ void ex_eval_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
         char *text = NULL;
         size_t len;
         float hit = 0;
-        if (ff_tokenizer_decode(x->tok, tok + off, rl[k], true, &text, &len) == 0 && x->val.answer[row]) {
+        if (ex_decode(x->tok, tok + off, rl[k], &text, &len) == 0 && x->val.answer[row]) {
             ff_reward_item it = {x->val.prompt[row], text, x->val.answer[row], NULL};
             if (ff_reward_score(x->exact, &it, 1, &hit) != 0) hit = 0;
         }
