@@ -6,6 +6,11 @@
  * The run config is parsed here as on the controller (same text, same overrides, same
  * plugins), so a loss or estimator from a plugin trains the same way on every worker.
  *
+ * Tensor parallelism: every role of a worker shares one layout (the executor's rule), so a
+ * worker has one TP group, split from its pool's communicator at rl.init, which backs every
+ * model's ff_model_comm (ff_model may not use ff_coll itself), and one DP group of the ranks
+ * with its TP rank for the gradient all-reduce. Each model reads only its shards.
+ *
  * Not here: messages (rlw_kinds.c), what runs where (the executor). */
 #include <inttypes.h>
 #include <stdlib.h>
