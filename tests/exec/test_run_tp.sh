@@ -10,6 +10,7 @@
 #     tensors) and ends as the TP 1 run does; its checkpoint loads in `fuseflow generate`;
 #   - GRPO with generation at TP 2 on a pool of its own while training at TP 1 (weights synced
 #     across layouts), and the reverse, train like the colocated TP 1 run;
+#   - a reward model at TP 2 on workers of its own gives the TP 1 scores (within 1e-6 + 1e-4);
 #   - layouts that cannot run are refused before any worker starts, with the planner's words.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
@@ -72,6 +73,34 @@ same_samples "$work/g1" "$work/gen_tp2" "generation at TP 2"
 same_samples "$work/g1" "$work/train_tp2" "training at TP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/gen_tp2/metrics.jsonl" 1e-6 1e-2 || fail "generation at TP 2 does not train like TP 1"
 same_metrics "$work/g1/metrics.jsonl" "$work/train_tp2/metrics.jsonl" 1e-6 1e-2 || fail "training at TP 2 does not train like TP 1"
+
+# a reward model (op: score, a value head) at TP 2 on workers of its own scores as at TP 1
+"$bin" init --preset tiny --out "$work/rm" num_hidden_layers=2 hidden_size=64 intermediate_size=128 vocab_size=260 value_head=true \
+  --seed 5 > /dev/null
+for tp in 1 2; do
+  cat > "$work/rm$tp.yaml" <<YAML
+trainer: {steps: 2, seed: 2, out_dir: $work/rmrun$tp}
+data: {train_files: $cache/arith/train.jsonl, train_batch_size: 4, max_prompt_length: 16, max_response_length: 6}
+roles:
+  actor: {model: $S, workers: 1, optim: {lr: 1.0e-3, eps: 1.0e-5}}
+  reward: {model: $work/rm, workers: 2, layout: {tp: $tp}}
+graph:
+  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 4}
+  rm: {op: score, role: reward, in: [prompt, response], out: [score], micro_batch_size: 4}
+  advantage: {op: advantage, in: [score], out: [advantages], estimator: grpo}
+  train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages], mini_batch_size: 2, micro_batch_size: 4}
+  sync: {op: sync_weights, role: actor, after: [train_actor]}
+YAML
+  "$bin" run "$work/rm$tp.yaml" --no-progress --dump-samples > "$work/rm$tp.log" 2>&1 || { cat "$work/rm$tp.log" >&2; fail "the reward model at TP $tp did not run"; }
+done
+grep -q "reward \[1 2\] tp 2 x dp 1" "$work/rm2.log" || fail "the reward model is not at TP 2: $(head -1 "$work/rm2.log")"
+python3 - "$work/rmrun1/samples.jsonl" "$work/rmrun2/samples.jsonl" <<'PY' || fail "the reward model at TP 2 scores otherwise"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert len(a) == len(b) == 2 * 4 * 4 and len({o["score"] for o in a}) > 4, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x["response"] == y["response"] and abs(x["score"] - y["score"]) <= 1e-6 + 1e-4 * abs(x["score"]), (x, y)
+PY
 
 # refused before any worker starts (no output folder, no worker line), with the planner's words
 refused() { # NEEDLE EXTRA...
