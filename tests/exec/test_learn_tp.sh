@@ -2,14 +2,17 @@
 # PPO learns at TP 2 (label: learn) as it does at TP 1: from one SFT warm start (the tiny model
 # with a vocabulary of 260, which TP 2 divides, fine-tuned as test_learn_ppo.sh's), the run of
 # test_learn_ppo.sh with the actor, critic and ref at TP 2 on 2 workers and the same run on 1
-# worker each raise held-out greedy exact match on 1000 held-out sums by at least 6 points,
-# and end within 5 points of each other (TP changes rounding, which after a hundred updates
-# changes which responses are sampled; so the runs agree in what they learn, not bit for bit).
+# worker each raise held-out greedy exact match on 1000 held-out sums by at least 5 points in
+# 150 iterations, and end within 5 points of each other (TP changes rounding, and the one-worker
+# run batches its generation by arrival time, which after a hundred updates changes which
+# responses are sampled; so the runs agree in what they learn, not bit for bit). Measured:
+# 42.2% -> 50.2..51.8% on one worker (three runs), 42.2% -> 50.9% at TP 2 (every run: a TP
+# replica decodes its prompts as one batch, so its rounding does not depend on timing).
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_tp learn
 sft=$tp_learn_sft
-steps=150 bar=0.06 apart=0.05
+steps=150 bar=0.05 apart=0.05
 if sanitized; then steps=180; fi
 learn() { # OUT EXTRA...
   local out=$1; shift
