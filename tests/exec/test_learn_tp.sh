@@ -6,7 +6,7 @@
 # 150 iterations, and end within 5 points of each other (TP changes rounding, and the one-worker
 # run batches its generation by arrival time, which after a hundred updates changes which
 # responses are sampled; so the runs agree in what they learn, not bit for bit). Measured:
-# 42.2% -> 50.2..51.8% on one worker (three runs), 42.2% -> 50.9% at TP 2 (every run: a TP
+# 42.2% -> 50.2% and 51.8% on one worker (two runs), 42.2% -> 50.9% at TP 2 (both runs: a TP
 # replica decodes its prompts as one batch, so its rounding does not depend on timing).
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
