@@ -14,6 +14,7 @@
 #include "fuseflow/config.h"
 #include "fuseflow/error.h"
 #include "fuseflow/graph.h"
+#include "fuseflow/plan.h"
 #include "fuseflow/util.h"
 
 static const char *const role_keys[FF_ROLE_COUNT] = {NULL, "actor", "critic", "ref", "reward"};
@@ -88,29 +89,47 @@ static int read_data(ff_run_config *run) {
     return 0;
 }
 
+/* `layout: {dp, tp, pp, vpp, sp, zero, schedule}` under base (a role, or the actor's
+ * rollout), on top of dflt (NULL: dp inferred, the rest 1 / off / 0 / 1f1b). L->workers is set.
+ * The degrees are checked against the workers by the planner's rule (ff_plan_layout_fit), so
+ * a run and `fuseflow plan` refuse the same layouts with the same words; the checks against
+ * the model (heads, vocabulary, layers) need its config.json: ff_run_config_check_layouts. */
 static int read_layout(ff_cnode *base, const ff_layout *dflt, ff_layout *L, const char *what) {
     char w[256];
-    if (ff_cnode_get_int_in(base, "dp", dflt ? dflt->dp : 0, 0, INT32_MAX, &L->dp) < 0 ||
-        ff_cnode_get_int_in(base, "tp", dflt ? dflt->tp : 1, 1, INT32_MAX, &L->tp) < 0 ||
-        ff_cnode_get_int_in(base, "pp", dflt ? dflt->pp : 1, 1, INT32_MAX, &L->pp) < 0)
+    static const char *const moved[] = {"dp", "tp", "pp", "zero"};
+    for (int i = 0; i < 4; i++) {
+        ff_cnode *old = ff_cnode_find(base, moved[i]);
+        if (!old) continue;
+        char hint[160];
+        snprintf(hint, sizeof hint, "write %s.layout: {%s: %s}", what, moved[i], ff_cnode_scalar(old) ? ff_cnode_scalar(old) : "N");
+        return ff_error_set(ff_cnode_where(old, w, sizeof w), hint, "'%s.%s' moved into the role's layout", what, moved[i]);
+    }
+    ff_cnode *lay = ff_cnode_find(base, "layout");
+    if (lay && ff_cnode_kind_of(lay) != FF_CNODE_MAP)
+        return ff_error_set(ff_cnode_where(lay, w, sizeof w), "write layout: {dp: 1, tp: 2}", "'%s.layout' must be a map", what);
+    const char *sched[FF_PLAN_NSCHEDULES];
+    for (int i = 0; i < FF_PLAN_NSCHEDULES; i++) sched[i] = ff_plan_schedule_name((ff_plan_schedule)i);
+    int schedule;
+    if (ff_cnode_get_int_in(base, "layout.dp", 0, 0, INT32_MAX, &L->dp) < 0 ||
+        ff_cnode_get_int_in(base, "layout.tp", dflt ? dflt->tp : 1, 1, INT32_MAX, &L->tp) < 0 ||
+        ff_cnode_get_int_in(base, "layout.pp", dflt ? dflt->pp : 1, 1, INT32_MAX, &L->pp) < 0 ||
+        ff_cnode_get_int_in(base, "layout.vpp", dflt ? dflt->vpp : 1, 1, INT32_MAX, &L->vpp) < 0 ||
+        ff_cnode_get_int_in(base, "layout.zero", dflt ? dflt->zero : 0, 0, 3, &L->zero) < 0 ||
+        ff_cnode_get_bool(base, "layout.sp", dflt ? dflt->sp : false, &L->sp) < 0 ||
+        ff_cnode_get_enum(base, "layout.schedule", sched, FF_PLAN_NSCHEDULES, dflt ? dflt->schedule : FF_PLAN_1F1B, &schedule) < 0)
         return -1;
-    if (L->dp == 0) L->dp = L->workers / (L->tp * L->pp);
-    /* tp x pp <= workers first: then dp x tp x pp stays far inside int64 */
-    if (L->dp < 1 || L->tp * L->pp > L->workers || L->dp * L->tp * L->pp != L->workers)
-        return ff_error_set(ff_cnode_where(base, w, sizeof w), "workers must equal dp x tp x pp",
-                            "%s: dp %lld x tp %lld x pp %lld does not match %lld workers", what, (long long)L->dp, (long long)L->tp,
-                            (long long)L->pp, (long long)L->workers);
-    return 0;
-}
-
-/* roles.<role>.zero: the ZeRO stage of a trained role's layout (docs/run.md). */
-static int read_zero(ff_cnode *base, ff_layout *L, const char *path) {
-    char w[256];
-    if (ff_cnode_get_int_in(base, "zero", 0, 0, 3, &L->zero) < 0) return -1;
+    L->schedule = schedule;
     if (L->zero > 1)
-        return ff_error_set(ff_cnode_where(ff_cnode_find(base, "zero"), w, sizeof w),
-                            "use zero: 1 (the optimizer state sharded over the DP ranks) or 0", "%s.zero: ZeRO-2/3 are not built",
-                            path);
+        return ff_error_set(ff_cnode_where(ff_cnode_find(base, "layout.zero"), w, sizeof w),
+                            "use zero: 1 (the optimizer state sharded over the DP ranks) or 0", "%s.layout.zero: ZeRO-2/3 are not built",
+                            what);
+    ff_plan_input in;
+    ff_plan_input_defaults(&in);
+    in.layout.dp = L->dp, in.layout.tp = L->tp, in.layout.pp = L->pp;
+    if (ff_plan_layout_fit(&in.layout, L->workers) != 0)
+        return ff_error_wrap("%s: %s.layout with %lld workers (one per GPU)", ff_cnode_where(lay ? lay : base, w, sizeof w), what,
+                             (long long)L->workers);
+    L->dp = in.layout.dp;
     return 0;
 }
 
@@ -150,28 +169,29 @@ static int read_role(ff_run_config *run, ff_role r) {
         return ff_error_set(rc->where, "colocated roles share their worker processes: give them the same number",
                             "role '%s' has %lld workers but is colocated with '%s', which has %lld", role_keys[r],
                             (long long)rc->layout.workers, names[colo_i], (long long)run->roles[rc->colocate_with].layout.workers);
-    if (read_layout(base, NULL, &rc->layout, path) < 0) return -1;
+    /* a colocated role shares the processes of its target and, unless it says otherwise, its layout */
+    if (read_layout(base, rc->colocate_with ? &run->roles[rc->colocate_with].layout : NULL, &rc->layout, path) < 0) return -1;
     rc->rollout = rc->layout;
     ff_cnode *ro = ff_cnode_find(base, "rollout");
     if (ro) {
         if (r != FF_ROLE_ACTOR)
             return ff_error_set(ff_cnode_where(ro, w, sizeof w), "only the actor generates", "'%s.rollout' is only for the actor", path);
         if (ff_cnode_kind_of(ro) != FF_CNODE_MAP)
-            return ff_error_set(ff_cnode_where(ro, w, sizeof w), "write rollout: {dp: N, tp: M}", "'%s.rollout' must be a map", path);
+            return ff_error_set(ff_cnode_where(ro, w, sizeof w), "write rollout: {workers: N, layout: {tp: M}}",
+                                "'%s.rollout' must be a map", path);
         char what[80];
         snprintf(what, sizeof what, "%s.rollout", path);
         ff_layout d = rc->layout;
         int64_t rw = 0; /* a generation pool of its own (`fuseflow run` syncs weights by broadcast) */
         if (ff_cnode_get_int_in(ro, "workers", 0, 0, INT32_MAX, &rw) < 0) return -1;
-        if (rw > 0) {
+        if (rw > 0) { /* its own workers: data parallel over them unless its layout says otherwise */
             rc->rollout_workers = rw;
-            rc->rollout.workers = d.workers = rw;
-            d.dp = 0;
+            rc->rollout.workers = rw;
+            d = (ff_layout){.workers = rw, .tp = 1, .pp = 1, .vpp = 1, .schedule = FF_PLAN_1F1B};
         }
         if (read_layout(ro, &d, &rc->rollout, what) < 0) return -1;
     }
     if (r == FF_ROLE_ACTOR || r == FF_ROLE_CRITIC) {
-        if (read_zero(base, &rc->layout, path) < 0) return -1;
         ff_optim_cfg *o = &rc->optim;
         ff_cnode *ob = ff_cnode_find(base, "optim");
         ff_cnode *opt = ob ? ob : base; /* absent: defaults (getters on a map without the keys) */
@@ -447,6 +467,46 @@ int ff_run_config_check_files(const ff_run_config *run) {
         where_of(run->cfg, key, w, sizeof w);
         return ff_error_set(w, "point it at a Hugging Face model folder (fuseflow init writes one)",
                             "%s '%s' has no config.json", key, rc->model);
+    }
+    return 0;
+}
+
+/* ---- layouts against the models ---------------------------------------------------------- */
+int ff_run_config_plan_input(const ff_run_config *run, ff_role r, bool rollout, struct ff_plan_input *in) {
+    const ff_role_cfg *rc = &run->roles[r];
+    const ff_layout *L = rollout ? &rc->rollout : &rc->layout;
+    char key[64], w[256], path[FF_PATH_MAX];
+    snprintf(key, sizeof key, "roles.%s%s", role_keys[r], rollout ? ".rollout" : "");
+    ff_cnode *base = ff_cnode_find(ff_config_root(run->cfg), key);
+    ff_cnode *lay = base ? ff_cnode_find(base, "layout") : NULL;
+    if (lay || base) ff_cnode_where(lay ? lay : base, w, sizeof w);
+    else snprintf(w, sizeof w, "%s", run->path);
+    ff_plan_input_defaults(in);
+    snprintf(path, sizeof path, "%s/config.json", rc->model ? rc->model : ".");
+    if (!rc->model || ff_plan_model_from_hf_config(path, &in->model) != 0)
+        return ff_error_wrap("%s: %s.model", w, key);
+    in->model.vocab_unpadded = true; /* the model engine splits the vocabulary as it is */
+    in->workload.seq = run->data.max_prompt_length + run->data.max_response_length;
+    in->workload.micro_batch = 1;
+    in->workload.micro_batches = 1;
+    in->cluster.gpus = in->cluster.domain = L->workers;
+    ff_plan_layout *pl = &in->layout;
+    pl->tp = L->tp, pl->pp = L->pp, pl->dp = L->dp, pl->vpp = L->vpp;
+    pl->sequence_parallel = L->sp;
+    pl->zero = (int)L->zero;
+    pl->schedule = (ff_plan_schedule)L->schedule;
+    if (ff_plan_resolve(in) != 0)
+        return ff_error_wrap("%s: %s.layout (dp %lld, tp %lld, pp %lld on %lld workers) cannot run %s", w, key, (long long)L->dp,
+                             (long long)L->tp, (long long)L->pp, (long long)L->workers, path);
+    return 0;
+}
+
+int ff_run_config_check_layouts(const ff_run_config *run) {
+    for (int r = FF_ROLE_ACTOR; r < FF_ROLE_COUNT; r++) {
+        if (!run->roles[r].present || !run->roles[r].model) continue;
+        ff_plan_input in;
+        if (ff_run_config_plan_input(run, (ff_role)r, false, &in) != 0) return -1;
+        if (r == FF_ROLE_ACTOR && ff_run_config_plan_input(run, (ff_role)r, true, &in) != 0) return -1;
     }
     return 0;
 }

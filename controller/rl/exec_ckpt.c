@@ -7,8 +7,9 @@
  *                              coefficients, the training set's size
  *   config.yaml                the effective run config (what --resume compares with)
  * The folder is staged as step-N.tmp-PID (the trained roles' DP rank 0 workers write their
- * parts into it, after gathering a ZeRO-1 optimizer's state from every DP rank; the
- * controller writes state.json) and swapped in whole (ff_train_dir_commit,
+ * parts into it, whole tensors, by TP rank 0 of replica 0, after gathering a ZeRO-1
+ * optimizer's state from every DP replica; the controller writes state.json) and swapped in
+ * whole (ff_train_dir_commit,
  * fuseflow/train_dir.h), so a crash never leaves half a checkpoint (and the next run in the
  * folder removes the staging folder of a dead one). The two newest are kept.
  *
@@ -37,9 +38,9 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ff_data_order *order_at) {
     for (int i = 0; i < 2; i++) {
         const int pool = parts[i].pool;
         if (!ex_has_node(x, FF_OP_TRAIN, parts[i].role) || !x->pool_n[pool]) continue;
-        /* a ZeRO-1 optimizer's state is in pieces on every DP rank: all of them gather it
-         * (over the pool's group) and DP rank 0 writes */
-        const int savers = x->run->roles[parts[i].role].layout.zero ? x->pool_n[pool] : 1;
+        /* its TP ranks gather, TP rank 0 of replica 0 writes; a ZeRO-1 optimizer's state is in
+         * pieces on every DP replica: all of them gather it first */
+        const int savers = x->run->roles[parts[i].role].layout.zero ? x->lay[pool].dp : 1;
         for (int k = 0; k < savers; k++) {
             ex_job *j = ex_job_new(x, JOB_CTL, -1);
             if (!j) goto fail;
@@ -48,9 +49,8 @@ int ex_ckpt_save(ex_run *x, int64_t iteration, const ff_data_order *order_at) {
             snprintf(label, sizeof label, savers > 1 ? "save %s (dp %d)" : "save %s", parts[i].name, k);
             int nafter;
             const uint64_t *after = ex_trace_deps(x, -1, NULL, 0, pool, NULL, 0, &nafter);
-            ff_subtask_spec spec = {.kind = FF_RL_SAVE, .target = FF_TARGET_RANK, .rank = x->pool_ranks[pool][k],
-                                    .group = savers > 1 ? ex_pool_names[pool] : NULL, .args = args, .nargs = 2, .after = after,
-                                    .nafter = nafter, .label = label};
+            ff_subtask_spec spec = {.kind = FF_RL_SAVE, .args = args, .nargs = 2, .after = after, .nafter = nafter, .label = label};
+            ex_target_replica(x, j, pool, k, &spec);
             if (!ex_submit(x, j, &spec)) goto fail;
         }
     }

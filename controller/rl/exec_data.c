@@ -1,5 +1,6 @@
 /* Datasets of a run (JSONL, one object per line: the prompt key, the answer key, anything
- * else as metadata) with their prompts tokenized the way SFT encodes them.
+ * else as metadata) with their prompts tokenized the way SFT encodes them, and responses
+ * decoded back to text.
  *
  * Not here: what a sample becomes (exec_iter.c), the order in which training prompts are
  * drawn (ff_data_order, fuseflow/train_dir.h: the same as `fuseflow sft`'s). */
@@ -121,4 +122,17 @@ const char *ex_dataset_meta(ex_dataset *d, int64_t row, const char *prompt_key, 
     d->meta[row] = json_dumps(copy, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(copy);
     return d->meta[row];
+}
+
+/* A model's vocabulary is often larger than its tokenizer's (config.json's vocab_size padded
+ * to a multiple of 64 or 128, or so that tensor parallelism divides it), and it may sample
+ * the ids no token has: they decode to nothing, as Hugging Face's tokenizers decode them. */
+int ex_decode(const ff_tokenizer *tok, const int32_t *ids, int32_t n, char **text, size_t *len) {
+    int32_t *kept = ff_malloc((size_t)(n > 0 ? n : 1) * sizeof *kept), k = 0;
+    if (!kept) return -1;
+    for (int32_t i = 0; i < n; i++)
+        if (ff_tokenizer_token(tok, ids[i])) kept[k++] = ids[i];
+    int rc = ff_tokenizer_decode(tok, kept, k, true, text, len);
+    free(kept);
+    return rc;
 }

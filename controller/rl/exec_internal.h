@@ -53,6 +53,9 @@ typedef struct ex_dataset {
 int ex_dataset_load(ex_dataset *d, const char *path, const ff_run_config *run, const ff_tokenizer *tok, bool need_answer);
 void ex_dataset_free(ex_dataset *d);
 const char *ex_dataset_meta(ex_dataset *d, int64_t row, const char *prompt_key, const char *answer_key);
+/* Response ids to text (special tokens skipped); ids the tokenizer has no token for (a
+ * vocabulary padded past it) decode to nothing. 0 / -1 + error. */
+int ex_decode(const ff_tokenizer *tok, const int32_t *ids, int32_t n, char **text, size_t *len);
 
 /* ---- the sample store ---------------------------------------------------------------------- */
 /* One column value of one sample: tokens (int32 [len]), per-token (float [len]), scalar (v),
@@ -77,8 +80,11 @@ typedef struct ex_job {
     int node;
     int64_t iteration;
     int64_t *tasks, ntasks;     /* scheduler tasks it completes */
-    int64_t *samples, nsamples; /* samples it covers (generation: the group's, in order) */
-    int64_t group;
+    int64_t *samples, nsamples; /* samples it covers (generation: its groups', in order) */
+    int64_t group;              /* generation: its first group */
+    int64_t ngroups;            /* generation: groups group .. in groups */
+    int64_t *groups;            /* generation: [ngroups] (a TP replica gets several at once) */
+    int pool, replica;          /* a job addressed to a replica of a TP pool (its load), else -1 */
     int minibatch, member;      /* train: which step, which DP rank */
     uint64_t id;                /* controller job */
     bool done;
@@ -102,6 +108,12 @@ typedef struct ex_train {
     bool active;
 } ex_train;
 
+/* A prompt group ready to generate, waiting for the end of the dispatch pass (TP pools). */
+typedef struct ex_gen_pend {
+    int node;
+    int64_t group, task; /* task: a group-level node's, else -1 (the samples' are in pend_task) */
+} ex_gen_pend;
+
 typedef struct ex_iter {
     int64_t it;
     ff_sched *s;
@@ -112,6 +124,8 @@ typedef struct ex_iter {
     int64_t *pend_task[EX_MAX_NODES];   /* generate nodes: scheduler task of each sample */
     int32_t *pend_count[EX_MAX_NODES];  /* generate nodes: tasks buffered per group */
     uint64_t *gen_job;                  /* controller job generating each group (to cancel) */
+    ex_gen_pend *gen_pend;              /* TP generation: groups of this dispatch pass */
+    int64_t n_gen_pend, cap_gen_pend;
     ex_node_stat st[EX_MAX_NODES];
     ex_train train[EX_MAX_NODES];
     double kl_sum[EX_MAX_NODES], kl_w[EX_MAX_NODES]; /* advantage nodes' KL penalty means */
@@ -119,6 +133,20 @@ typedef struct ex_iter {
     bool training_started, announced;
     int64_t t0_ns;
 } ex_iter;
+
+/* A pool's layout: tp ranks per DP replica, dp replicas (pool_n = tp x dp; pp is 1), each
+ * member's coordinates by the planner's rank map (TP innermost, then PP, then DP), the ranks of
+ * each replica in TP order, and, with tp > 1, the worker group of each replica (its TP ranks:
+ * one subtask to it reaches all of them, in the same order as every other group job they
+ * share) and the jobs in flight on it. */
+typedef struct ex_layout {
+    int tp, dp;
+    int tp_idx[EX_MAX_RANKS], dp_idx[EX_MAX_RANKS]; /* by member */
+    int rep_ranks[EX_MAX_RANKS];                    /* replica r's ranks: rep_ranks[r * tp + t] */
+    char rep_group[EX_MAX_RANKS][FF_MSG_NAME_MAX];  /* "replica@RANK" (shared by colocated pools) */
+    int load[EX_MAX_RANKS];                         /* jobs in flight per replica */
+    unsigned rr;
+} ex_layout;
 
 /* ---- the run --------------------------------------------------------------------------------- */
 struct ex_run {
@@ -141,7 +169,9 @@ struct ex_run {
     int pool_ranks[POOL_COUNT][EX_MAX_RANKS];
     int pool_n[POOL_COUNT];
     bool gen_separate;
-    bool sync_group; /* a "sync" group (actor rank 0 + generation ranks) with a communicator */
+    bool sync_group; /* a "sync" group (the actor's replica 0 + generation ranks) with a communicator */
+    ex_layout lay[POOL_COUNT];
+    int rank_pool[EX_MAX_RANKS]; /* the pool that owns each rank (the others share it) */
     int threads;
 
     ff_controller *c;
@@ -187,6 +217,16 @@ struct ex_run {
 
 /* exec_run.c */
 bool ex_has_node(const ex_run *x, ff_op op, ff_role role); /* role FF_ROLE_COUNT: any role */
+/* Address spec to replica r of pool: its rank (tp 1: FF_TARGET_RANK, the pool's group named
+ * for its communicator), or all its TP ranks (a group job on the replica's group); j counts
+ * in the replica's load until released. */
+void ex_target_replica(ex_run *x, ex_job *j, int pool, int r, ff_subtask_spec *spec);
+/* The TP pool's replica with the fewest jobs in flight (round robin among equals). */
+int ex_pick_replica(ex_run *x, int pool);
+static inline bool ex_pool_tp(const ex_run *x, int pool) { return x->lay[pool].tp > 1; }
+/* A job's result: the first that failed, else member 0's (TP rank 0 of the replica, the one
+ * that returns per-sample outputs). */
+const ff_result *ex_result_of(const ff_result *r, int n);
 bool ex_role_used(const ex_run *x, ff_role role);          /* some node runs on it */
 int ex_sync_group(ex_run *x);
 void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n);

@@ -4,8 +4,11 @@
  *   generate           per prompt group: the group's sample tasks become one rl.generate
  *                      subtask (n responses sharing one prefill) to any generation worker,
  *                      idempotent, so a dead worker's groups run again elsewhere; a group-level
- *                      generate node (ReMax's greedy baseline) makes one response per group
- *   logprob/value/score  one subtask over the task's samples to any worker of the role
+ *                      generate node (ReMax's greedy baseline) makes one response per group.
+ *                      With TP the groups ready in one pass are dealt over the DP replicas,
+ *                      one subtask per replica (its TP ranks decode them together, to the end)
+ *   logprob/value/score  one subtask over the task's samples to any worker of the role (with
+ *                      TP: to all TP ranks of the least loaded replica; TP rank 0 answers)
  *   reward_fn, advantage, filter  on the controller (registry functions), reward tasks of a
  *                      pass batched into one call (a remote reward server sees them together)
  *   train, sync_weights  exec_train.c
@@ -72,7 +75,16 @@ ex_job *ex_job_new(ex_run *x, ex_job_kind kind, int node) {
     j->node = node;
     j->iteration = x->cur ? x->cur->it : x->iteration;
     j->group = -1;
+    j->pool = j->replica = -1;
     return j;
+}
+
+static void job_free(ex_run *x, ex_job *j) {
+    if (j->replica >= 0) x->lay[j->pool].load[j->replica]--;
+    free(j->tasks);
+    free(j->samples);
+    free(j->groups);
+    free(j);
 }
 
 void ex_job_release(ex_run *x, ex_job *j) {
@@ -81,9 +93,13 @@ void ex_job_release(ex_run *x, ex_job *j) {
             *pp = j->next;
             break;
         }
-    free(j->tasks);
-    free(j->samples);
-    free(j);
+    job_free(x, j);
+}
+
+const ff_result *ex_result_of(const ff_result *r, int n) {
+    for (int i = 0; i < n; i++)
+        if (r[i].status != FF_STATUS_OK) return &r[i];
+    return &r[0];
 }
 
 const ff_tensor *ex_out_named(const ff_result *r, const char *name) {
@@ -107,8 +123,8 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
             break;
         }
     switch (j->kind) {
-    case JOB_GEN: gen_done(x, j, &r[0]); break;
-    case JOB_SCORE: score_done(x, j, &r[0]); break;
+    case JOB_GEN: gen_done(x, j, ex_result_of(r, n)); break;
+    case JOB_SCORE: score_done(x, j, ex_result_of(r, n)); break;
     case JOB_TRAIN: ex_train_done(x, j, r, n); break;
     case JOB_SYNC: ex_sync_done(x, j, r, n); break;
     case JOB_EVAL: ex_eval_done(x, j, r, n); break;
@@ -127,7 +143,7 @@ uint64_t ex_submit(ex_run *x, ex_job *j, const ff_subtask_spec *spec) {
     uint64_t id = ff_controller_submit(x->c, spec, on_done, j);
     if (!id) {
         ex_fail(x, "submitting %s: %s", spec->kind, ff_error_message());
-        free(j->tasks), free(j->samples), free(j);
+        job_free(x, j);
         return 0;
     }
     j->id = id;
@@ -293,6 +309,7 @@ void ex_iter_free(ex_run *x, ex_iter **pi) {
     }
     free(I->group_row);
     free(I->gen_job);
+    free(I->gen_pend);
     ff_sched_destroy(&I->s);
     free(I);
     *pi = NULL;
@@ -307,7 +324,7 @@ static const char *text_of(ex_run *x, ex_iter *I, int col, int64_t s) {
     ex_cell *e = cell(I, col, s);
     char *t = NULL;
     size_t len;
-    if (ff_tokenizer_decode(x->tok, e->p, e->len, true, &t, &len) != 0) return NULL;
+    if (ex_decode(x->tok, e->p, e->len, &t, &len) != 0) return NULL;
     char *clean = ff_utf8_lossy(t, len, &len);
     free(t);
     I->resp_text[col][s] = clean;
@@ -350,50 +367,111 @@ static void label_samples(char *buf, size_t cap, const char *node, const int64_t
     else snprintf(buf, cap, "%s s%" PRId64 "-%" PRId64, node, s[0], s[n - 1]);
 }
 
-static int submit_gen(ex_run *x, ex_iter *I, int m, int64_t grp, const int64_t *tasks, int64_t ntasks) {
+/* One rl.generate subtask for k prompt groups of node m (their scheduler tasks): to any
+ * generation worker (replica < 0; one group), or to all TP ranks of a replica. */
+static int submit_gen(ex_run *x, ex_iter *I, int m, const int64_t *groups, int64_t k, const int64_t *tasks, int64_t ntasks,
+                      int replica) {
     const ff_node *nd = node_of(x, m);
     bool per_group = nd->gran == FF_GRAN_GROUP;
     ex_job *j = ex_job_new(x, JOB_GEN, m);
     if (!j) return -1;
-    j->group = grp;
+    j->group = groups[0];
+    j->ngroups = k;
+    j->groups = ff_malloc((size_t)k * sizeof *j->groups);
     j->ntasks = ntasks;
     j->tasks = ff_malloc((size_t)ntasks * sizeof *j->tasks);
-    j->nsamples = x->group_size;
-    j->samples = ff_malloc((size_t)x->group_size * sizeof *j->samples);
-    int64_t row = I->group_row[grp];
-    int32_t *prompt = ff_malloc((size_t)x->train.len[row] * 4), *plen = ff_malloc(4);
-    int64_t *seed = ff_malloc(8);
-    if (!j->tasks || !j->samples || !prompt || !plen || !seed) {
-        free(prompt), free(plen), free(seed), free(j->tasks), free(j->samples), free(j);
+    j->nsamples = k * x->group_size;
+    j->samples = ff_malloc((size_t)j->nsamples * sizeof *j->samples);
+    int64_t P = 0;
+    for (int64_t q = 0; q < k; q++) P += x->train.len[I->group_row[groups[q]]];
+    int32_t *prompt = ff_malloc((size_t)P * 4), *plen = ff_malloc((size_t)k * 4);
+    int64_t *seed = ff_malloc((size_t)k * 8);
+    if (!j->groups || !j->tasks || !j->samples || !prompt || !plen || !seed) {
+        free(prompt), free(plen), free(seed), free(j->groups), free(j->tasks), free(j->samples), free(j);
         return -1;
     }
+    memcpy(j->groups, groups, (size_t)k * sizeof *groups);
     memcpy(j->tasks, tasks, (size_t)ntasks * sizeof *tasks);
-    for (int64_t k = 0; k < x->group_size; k++) j->samples[k] = grp * x->group_size + k;
-    memcpy(prompt, x->train.ids[row], (size_t)x->train.len[row] * 4);
-    plen[0] = x->train.len[row];
-    seed[0] = (int64_t)ff_seed_stream((uint64_t)x->run->trainer.seed, (uint64_t)I->it, (uint64_t)grp);
-    int64_t shp_p = plen[0], shp_1 = 1;
+    for (int64_t q = 0, off = 0; q < k; q++) {
+        int64_t grp = groups[q], row = I->group_row[grp];
+        for (int64_t s = 0; s < x->group_size; s++) j->samples[q * x->group_size + s] = grp * x->group_size + s;
+        memcpy(prompt + off, x->train.ids[row], (size_t)x->train.len[row] * 4);
+        off += x->train.len[row];
+        plen[q] = x->train.len[row];
+        seed[q] = (int64_t)ff_seed_stream((uint64_t)x->run->trainer.seed, (uint64_t)I->it, (uint64_t)grp);
+    }
+    int64_t shp_p = P, shp_k = k;
     ff_input in[3] = {
         {.name = FF_RL_T_PROMPT, .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp_p, .data = prompt, .free_fn = ex_free_buf},
-        {.name = FF_RL_T_PLEN, .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp_1, .data = plen, .free_fn = ex_free_buf},
-        {.name = "seed", .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp_1, .data = seed, .free_fn = ex_free_buf},
+        {.name = FF_RL_T_PLEN, .dtype = FF_DTYPE_I32, .ndim = 1, .shape = &shp_k, .data = plen, .free_fn = ex_free_buf},
+        {.name = "seed", .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp_k, .data = seed, .free_fn = ex_free_buf},
     };
     ff_node_sampling sp;
     ff_node_sampling_of(x->run, nd, &sp);
     ff_arg args[5] = {ff_arg_int("n", per_group ? 1 : x->group_size), ff_arg_float("temperature", sp.temperature),
                       ff_arg_float("top_p", sp.top_p), ff_arg_int("top_k", sp.top_k), ff_arg_int("max_new", sp.max_new)};
     char label[128];
-    snprintf(label, sizeof label, "%s g%" PRId64, nd->name, grp);
+    if (k == 1) snprintf(label, sizeof label, "%s g%" PRId64, nd->name, groups[0]);
+    else snprintf(label, sizeof label, "%s g%" PRId64 " +%" PRId64 " groups", nd->name, groups[0], k - 1);
     int nafter;
     const uint64_t *after = ex_trace_deps(x, m, j->samples, j->nsamples, POOL_GEN, NULL, 0, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_GENERATE, .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
                             .nargs = 5, .inputs = in, .ninputs = 3, .idempotent = true, .after = after, .nafter = nafter,
                             .label = label};
+    if (replica >= 0) ex_target_replica(x, j, POOL_GEN, replica, &spec);
     uint64_t id = ex_submit(x, j, &spec);
     if (!id) return -1;
-    if (!per_group) I->gen_job[grp] = id;
+    if (!per_group && replica < 0) I->gen_job[groups[0]] = id; /* a TP replica's job runs to its end: never cancelled */
     if (!I->st[m].t_first_ns) I->st[m].t_first_ns = ff_now_ns();
-    I->st[m].dispatched += x->group_size;
+    I->st[m].dispatched += k * x->group_size;
+    return 0;
+}
+
+/* With a TP generation pool: the groups ready in this pass, dealt over the replicas (the
+ * least loaded first), one subtask each. */
+static int flush_gen(ex_run *x, ex_iter *I) {
+    for (int m = 0; m < x->n_nodes && I->n_gen_pend; m++) {
+        int64_t k = 0, nt = 0;
+        for (int64_t i = 0; i < I->n_gen_pend; i++) k += I->gen_pend[i].node == m;
+        if (!k) continue;
+        bool per_group = node_of(x, m)->gran == FF_GRAN_GROUP;
+        int64_t *groups = ff_malloc((size_t)k * sizeof *groups), *tasks = ff_malloc((size_t)(k * x->group_size) * sizeof *tasks);
+        if (!groups || !tasks) {
+            free(groups), free(tasks);
+            return -1;
+        }
+        int64_t q = 0;
+        for (int64_t i = 0; i < I->n_gen_pend; i++) {
+            if (I->gen_pend[i].node != m) continue;
+            int64_t g = I->gen_pend[i].group;
+            groups[q++] = g;
+            if (per_group) tasks[nt++] = I->gen_pend[i].task;
+            else
+                for (int64_t s = 0; s < x->group_size; s++) tasks[nt++] = I->pend_task[m][g * x->group_size + s];
+        }
+        int D = x->lay[POOL_GEN].dp, rc = 0;
+        int64_t per = per_group ? 1 : x->group_size;
+        for (int c = 0, g0 = 0; c < D && rc == 0; c++) {
+            int64_t n = k / D + (c < k % D);
+            if (n) rc = submit_gen(x, I, m, groups + g0, n, tasks + g0 * per, n * per, ex_pick_replica(x, POOL_GEN));
+            g0 += (int)n;
+        }
+        free(groups), free(tasks);
+        if (rc) return -1;
+    }
+    I->n_gen_pend = 0;
+    return 0;
+}
+
+static int pend_gen(ex_iter *I, int m, int64_t g, int64_t task) {
+    if (I->n_gen_pend == I->cap_gen_pend) {
+        int64_t cap = I->cap_gen_pend ? 2 * I->cap_gen_pend : 64;
+        ex_gen_pend *v = ff_realloc(I->gen_pend, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        I->gen_pend = v;
+        I->cap_gen_pend = cap;
+    }
+    I->gen_pend[I->n_gen_pend++] = (ex_gen_pend){m, g, task};
     return 0;
 }
 
@@ -408,48 +486,64 @@ static void complete_tasks(ex_run *x, ex_iter *I, const ex_job *j) {
         if (ff_sched_complete(I->s, j->tasks[k]) != 0) ex_fail(x, "scheduler: %s", ff_error_message());
 }
 
+static bool job_alive(ex_run *x, ex_iter *I, const ex_job *j) {
+    for (int64_t q = 0; q < j->ngroups; q++)
+        if (group_alive(x, I, j->groups[q])) return true;
+    return false;
+}
+
 static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
     ex_iter *I = x->cur;
     if (!I || j->iteration != I->it) return; /* a leftover of an abandoned iteration */
     const ff_node *nd = node_of(x, j->node);
     ex_node_stat *st = &I->st[j->node];
-    if (j->group >= 0 && I->gen_job[j->group] == j->id) I->gen_job[j->group] = 0;
+    if (j->ngroups == 1 && I->gen_job[j->group] == j->id) I->gen_job[j->group] = 0;
     if (r->status != FF_STATUS_OK) {
-        if (!group_alive(x, I, j->group) || r->status == FF_STATUS_SHUTDOWN) { /* dropped on purpose */
+        if (!job_alive(x, I, j) || r->status == FF_STATUS_SHUTDOWN) { /* dropped on purpose */
             complete_tasks(x, I, j);
             return;
         }
-        ex_subtask_failed(x, "generating prompt group %" PRId64 " on worker %d: %s: %s", j->group, r->rank,
-                          ff_status_name(r->status), r->error);
+        ex_subtask_failed(x, "generating prompt group %" PRId64 "%s on worker %d: %s: %s", j->group, j->ngroups > 1 ? " and others" : "",
+                          r->rank, ff_status_name(r->status), r->error);
         return;
     }
     const ff_tensor *rlen = ex_out_named(r, FF_RL_T_RLEN), *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB);
     bool per_group = nd->gran == FF_GRAN_GROUP;
-    int64_t want = per_group ? 1 : x->group_size;
-    if (!rlen || !resp || !lp || rlen->shape[0] != want) {
+    int64_t want = per_group ? 1 : x->group_size, nresp = want * j->ngroups; /* responses per group, in all */
+    if (!rlen || !resp || !lp || rlen->dtype != FF_DTYPE_I32 || rlen->shape[0] != nresp) {
         ex_fail(x, "worker %d sent a generation result without the expected tensors", r->rank);
         return;
     }
     const int32_t *rl = rlen->data, *tok = resp->data;
     const float *lpv = lp->data;
-    int resp_col = nd->out[FF_SLOT_RESPONSE], lp_col = nd->out[FF_SLOT_LOGPROB];
-    int64_t off = 0;
-    for (int64_t k = 0; k < x->group_size; k++) {
-        int64_t s = j->samples[k], src = per_group ? 0 : k;
-        int64_t o = per_group ? 0 : off;
-        if (cell_set_copy(cell(I, resp_col, s), tok + o, rl[src], 4) != 0 ||
-            (lp_col >= 0 && cell_set_copy(cell(I, lp_col, s), lpv + o, rl[src], 4) != 0)) {
-            ex_fail(x, "out of memory");
-            return;
-        }
-        cell(I, resp_col, s)->job = j->id;
-        if (lp_col >= 0) cell(I, lp_col, s)->job = j->id;
-        if (!per_group) off += rl[k];
+    int64_t *at = ff_malloc((size_t)(nresp + 1) * sizeof *at); /* where each response starts */
+    if (!at) {
+        ex_fail(x, "out of memory");
+        return;
     }
-    int64_t total = 0;
-    for (int64_t k = 0; k < want; k++) total += rl[k];
-    st->tokens += total;
-    st->done += x->group_size;
+    at[0] = 0;
+    for (int64_t i = 0; i < nresp; i++) at[i + 1] = at[i] + (rl[i] > 0 ? rl[i] : 0);
+    if (at[nresp] != ff_tensor_numel(resp) || at[nresp] != ff_tensor_numel(lp)) {
+        free(at);
+        ex_fail(x, "worker %d sent a generation result whose lengths do not add up", r->rank);
+        return;
+    }
+    int resp_col = nd->out[FF_SLOT_RESPONSE], lp_col = nd->out[FF_SLOT_LOGPROB];
+    for (int64_t q = 0; q < j->ngroups; q++)
+        for (int64_t k = 0; k < x->group_size; k++) {
+            int64_t s = j->samples[q * x->group_size + k], src = q * want + (per_group ? 0 : k);
+            if (cell_set_copy(cell(I, resp_col, s), tok + at[src], rl[src], 4) != 0 ||
+                (lp_col >= 0 && cell_set_copy(cell(I, lp_col, s), lpv + at[src], rl[src], 4) != 0)) {
+                free(at);
+                ex_fail(x, "out of memory");
+                return;
+            }
+            cell(I, resp_col, s)->job = j->id;
+            if (lp_col >= 0) cell(I, lp_col, s)->job = j->id;
+        }
+    st->tokens += at[nresp];
+    free(at);
+    st->done += j->nsamples;
     st->t_last_ns = ff_now_ns();
     complete_tasks(x, I, j);
     if (x->o.on_event && !per_group) {
@@ -493,6 +587,7 @@ static int submit_score(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     ff_subtask_spec spec = {.kind = kind, .target = FF_TARGET_ANY, .group = ex_pool_names[pool], .args = args,
                             .nargs = nd->op == FF_OP_LOGPROB ? 2 : 1, .inputs = in, .ninputs = 4, .idempotent = true,
                             .after = after, .nafter = nafter, .label = label};
+    if (ex_pool_tp(x, pool)) ex_target_replica(x, j, pool, ex_pick_replica(x, pool), &spec);
     if (!ex_submit(x, j, &spec)) return -1;
     if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = ff_now_ns();
     I->st[t->node].dispatched += n;
@@ -738,16 +833,18 @@ static int dispatch(ex_run *x, ex_iter *I, const ff_sched_task *t, local_task *l
     const ff_node *nd = node_of(x, t->node);
     switch (nd->op) {
     case FF_OP_GENERATE:
-        if (nd->gran == FF_GRAN_GROUP) return submit_gen(x, I, t->node, t->group, &t->id, 1);
+        if (nd->gran == FF_GRAN_GROUP)
+            return ex_pool_tp(x, POOL_GEN) ? pend_gen(I, t->node, t->group, t->id) : submit_gen(x, I, t->node, &t->group, 1, &t->id, 1, -1);
         {
             int64_t s = t->samples[0], g = s / x->group_size;
             I->pend_task[t->node][s] = t->id;
             if (++I->pend_count[t->node][g] < x->group_size) return 0;
             I->pend_count[t->node][g] = 0;
+            if (ex_pool_tp(x, POOL_GEN)) return pend_gen(I, t->node, g, -1); /* dealt over the replicas after the pass */
             int64_t *tasks = ff_malloc((size_t)x->group_size * sizeof *tasks);
             if (!tasks) return -1;
             for (int64_t k = 0; k < x->group_size; k++) tasks[k] = I->pend_task[t->node][g * x->group_size + k];
-            int rc = submit_gen(x, I, t->node, g, tasks, x->group_size);
+            int rc = submit_gen(x, I, t->node, &g, 1, tasks, x->group_size, -1);
             free(tasks);
             return rc;
         }
@@ -805,6 +902,7 @@ int ex_iteration(ex_run *x, int64_t it) {
                 ex_fail(x, "%s", ff_error_message());
                 break;
             }
+        if (!x->failed[0] && flush_gen(x, I) != 0) ex_fail(x, "%s", ff_error_message());
         if (x->failed[0]) break;
         if (!I->announced && x->o.on_event) { /* the first wave is out: generation runs */
             I->announced = true;
@@ -1000,6 +1098,14 @@ void ex_check_workers(ex_run *x) {
                     wi.dead_reason[0] ? wi.dead_reason : "gone", (roles & FF_RL_ACTOR) ? "actor" : "critic");
             return;
         }
+    }
+    /* a TP replica that lost a rank cannot run its model (rebuilding it is not done yet) */
+    for (int r = 0; r < x->nranks; r++) {
+        ff_worker_info wi;
+        if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_DEAD || !ex_pool_tp(x, x->rank_pool[r])) continue;
+        ex_fail(x, "worker %d (pid %lld) died (%s): it was a TP rank of the %s, whose replica cannot run without it", r, (long long)wi.pid,
+                wi.dead_reason[0] ? wi.dead_reason : "gone", ex_pool_names[x->rank_pool[r]]);
+        return;
     }
     /* a stateless worker: its idempotent subtasks go to the others of its group */
     for (int p = 0; p < POOL_COUNT; p++) {

@@ -4,7 +4,7 @@
  * one after another (exec_iter.c) with metrics, held-out evaluation and checkpoints between
  * them. A failure anywhere stops the run with one message; workers are always shut down.
  *
- * Placement (DP only for now; layouts with tp/pp are refused by the worker groups' shape):
+ * Placement:
  *   actor      roles.actor.workers ranks, each with the trained actor (and, unless the
  *              rollout has workers of its own, the generating copy: colocated, weights
  *              synced by a local copy)
@@ -13,6 +13,15 @@
  *   critic, ref, reward  their own ranks, or the ranks of the role they colocate with
  * Each pool is a worker group ("actor", "gen", "critic", "ref", "reward"); trained pools with
  * more than one rank get a communicator for the gradient all-reduce.
+ *
+ * Layouts (roles.<role>.layout, docs/run.md "Layouts"): the ranks of a pool are ordered as the
+ * planner orders them (ff_plan_rank_coords: TP innermost, then PP, then DP), checked against
+ * the models by the planner's rules before any worker starts (ff_run_config_check_layouts).
+ * Executed: dp and tp; pp, sp and zero are refused. A pool with tp > 1 has a group of its own
+ * for each DP replica (its TP ranks), and every subtask of its roles goes to a whole replica
+ * through that group; its group's communicator is split on the workers into TP and DP groups
+ * (rl.init). Roles that share workers share their layout (a generation copy on the actor's
+ * workers too: another layout there would need resharding).
  *
  * Not here: the iteration (exec_iter.c), training (exec_train.c), checkpoints (exec_ckpt.c). */
 #include <errno.h>
@@ -26,6 +35,7 @@
 
 #include "controller/rl/exec_internal.h"
 #include "fuseflow/error.h"
+#include "fuseflow/plan.h"
 #include "fuseflow/reward_client.h"
 #include "fuseflow/util.h"
 
@@ -107,6 +117,7 @@ static int add_ranks(ex_run *x, int pool, int n, unsigned roles) {
     if (x->nranks + n > EX_MAX_RANKS) return ff_error_set("placement", NULL, "more than %d workers", EX_MAX_RANKS);
     for (int i = 0; i < n; i++) {
         x->pool_ranks[pool][x->pool_n[pool]++] = x->nranks;
+        x->rank_pool[x->nranks] = pool;
         x->rank_roles[x->nranks++] = roles;
     }
     return 0;
@@ -130,13 +141,75 @@ static int pool_of_role(ff_role r) {
     }
 }
 
+static const char *const role_keys[FF_ROLE_COUNT] = {NULL, "actor", "critic", "ref", "reward"};
+
+/* file:line of a role's layout (rollout: the actor's generation layout), else of the role. */
+static const char *layout_where(const ex_run *x, ff_role r, bool rollout, char *buf, size_t cap) {
+    char key[64];
+    snprintf(key, sizeof key, "roles.%s%s.layout", role_keys[r], rollout ? ".rollout" : "");
+    ff_cnode *n = ff_cnode_find(ff_config_root(x->run->cfg), key);
+    if (!n) {
+        snprintf(key, sizeof key, "roles.%s", role_keys[r]);
+        n = ff_cnode_find(ff_config_root(x->run->cfg), key);
+    }
+    if (n) return ff_cnode_where(n, buf, cap);
+    snprintf(buf, cap, "%s", x->run->path);
+    return buf;
+}
+
+/* What this executor runs of a layout the planner accepts. */
+static int executable(const ex_run *x, ff_role r, bool rollout, const ff_layout *L) {
+    char w[300];
+    if (L->pp > 1)
+        return ff_error_set(layout_where(x, r, rollout, w, sizeof w), "use pp: 1",
+                            "pipeline parallelism is not executed yet (pp %lld)", (long long)L->pp);
+    if (L->sp && L->tp > 1)
+        return ff_error_set(layout_where(x, r, rollout, w, sizeof w), "use sp: false", "sequence parallelism is not executed yet");
+    return 0;
+}
+
+static bool same_layout(const ff_layout *a, const ff_layout *b) { return a->tp == b->tp && a->dp == b->dp && a->pp == b->pp; }
+
+/* A pool's layout: its members' coordinates by the planner's rank map, its replicas. */
+static int pool_layout(ex_run *x, int pool, ff_role role, bool rollout) {
+    ff_plan_input in;
+    if (ff_run_config_plan_input(x->run, role, rollout, &in) != 0) return -1;
+    ex_layout *L = &x->lay[pool];
+    L->tp = (int)in.layout.tp, L->dp = (int)in.layout.dp;
+    if (L->tp * L->dp != x->pool_n[pool])
+        return ff_error_set("placement", NULL, "pool '%s': tp %d x dp %d for %d ranks", ex_pool_names[pool], L->tp, L->dp, x->pool_n[pool]);
+    for (int k = 0; k < x->pool_n[pool]; k++) {
+        ff_plan_rank c;
+        ff_plan_rank_coords(&in, k, &c);
+        L->tp_idx[k] = (int)c.idx[FF_PLAN_TP], L->dp_idx[k] = (int)c.idx[FF_PLAN_DP];
+        L->rep_ranks[L->dp_idx[k] * L->tp + L->tp_idx[k]] = x->pool_ranks[pool][k];
+    }
+    for (int r = 0; r < L->dp; r++) snprintf(L->rep_group[r], sizeof L->rep_group[r], "replica@%d", L->rep_ranks[r * L->tp]);
+    return 0;
+}
+
 static int place(ex_run *x) {
     const ff_role_cfg *rc = x->run->roles;
     for (int r = FF_ROLE_ACTOR; r < FF_ROLE_COUNT; r++) {
-        const ff_layout *L = &rc[r].layout;
-        if (rc[r].present && ex_role_used(x, (ff_role)r) && (L->tp > 1 || L->pp > 1))
-            return ff_error_set(rc[r].where, "use dp only (tp: 1, pp: 1) for now",
-                                "tensor and pipeline parallel layouts are not executed yet");
+        if (!rc[r].present || !ex_role_used(x, (ff_role)r)) continue;
+        if (executable(x, (ff_role)r, false, &rc[r].layout) != 0) return -1;
+        if (r == FF_ROLE_ACTOR && executable(x, (ff_role)r, true, &rc[r].rollout) != 0) return -1;
+        char w[300];
+        ff_role t = rc[r].colocate_with;
+        if (t && !same_layout(&rc[r].layout, &rc[t].layout))
+            return ff_error_set(layout_where(x, (ff_role)r, false, w, sizeof w), "give both the same layout, or the role workers of its own",
+                                "role '%s' is colocated with '%s' but has layout dp %lld x tp %lld, the %s dp %lld x tp %lld: roles on the "
+                                "same workers share their layout", role_keys[r], role_keys[t], (long long)rc[r].layout.dp,
+                                (long long)rc[r].layout.tp, role_keys[t], (long long)rc[t].layout.dp, (long long)rc[t].layout.tp);
+    }
+    const ff_role_cfg *a = &rc[FF_ROLE_ACTOR];
+    if (!a->rollout_workers && !same_layout(&a->rollout, &a->layout)) {
+        char w[300];
+        return ff_error_set(layout_where(x, FF_ROLE_ACTOR, true, w, sizeof w),
+                            "give generation workers of its own (roles.actor.rollout.workers: N), or drop roles.actor.rollout.layout",
+                            "the generation layout (dp %lld x tp %lld) differs from the actor's (dp %lld x tp %lld) on the same workers: "
+                            "moving the weights between them would be resharding, not done yet",
+                            (long long)a->rollout.dp, (long long)a->rollout.tp, (long long)a->layout.dp, (long long)a->layout.tp);
     }
     unsigned actor_bits = ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR) || ex_has_node(x, FF_OP_LOGPROB, FF_ROLE_ACTOR) ? FF_RL_ACTOR : 0;
     x->gen_separate = rc[FF_ROLE_ACTOR].rollout_workers > 0;
@@ -164,26 +237,71 @@ static int place(ex_run *x) {
             if (colo) share_ranks(x, pool, pool_of_role(rc[r].colocate_with), others[k].bit);
             else if (add_ranks(x, pool, (int)rc[r].layout.workers, others[k].bit)) return -1;
         }
+    static const ff_role pool_role[POOL_COUNT] = {FF_ROLE_ACTOR, FF_ROLE_ACTOR, FF_ROLE_CRITIC, FF_ROLE_REF, FF_ROLE_REWARD};
+    for (int p = 0; p < POOL_COUNT; p++)
+        if (x->pool_n[p] && pool_layout(x, p, pool_role[p], p == POOL_GEN && x->gen_separate) != 0) return -1;
     return 0;
 }
 
+void ex_target_replica(ex_run *x, ex_job *j, int pool, int r, ff_subtask_spec *spec) {
+    const ex_layout *L = &x->lay[pool];
+    if (L->tp > 1) {
+        spec->target = FF_TARGET_GROUP;
+        spec->group = L->rep_group[r];
+        j->pool = pool, j->replica = r;
+        x->lay[pool].load[r]++;
+    } else {
+        spec->target = FF_TARGET_RANK;
+        spec->rank = L->rep_ranks[r];
+        spec->group = ex_pool_names[pool];
+    }
+}
+
+int ex_pick_replica(ex_run *x, int pool) {
+    ex_layout *L = &x->lay[pool];
+    int best = -1;
+    unsigned rr = L->rr++;
+    for (int k = 0; k < L->dp; k++) {
+        int r = (int)((k + rr) % (unsigned)L->dp);
+        if (best < 0 || L->load[r] < L->load[best]) best = r;
+    }
+    return best;
+}
+
 /* ---- workers -------------------------------------------------------------------------------------- */
+/* Each pool's group; a trained pool of several ranks gets a communicator for the gradient
+ * all-reduce, and so does a TP pool that owns its ranks (its workers split it into TP and DP
+ * groups); each replica of a TP pool gets a group of its TP ranks (shared by the pools on the
+ * same ranks), without a communicator: a job to it reaches all of them. */
 static int make_groups(ex_run *x) {
+    bool made[EX_MAX_RANKS] = {false}; /* replica groups, by their first rank */
     for (int p = 0; p < POOL_COUNT; p++) {
         if (!x->pool_n[p]) continue;
+        const ex_layout *L = &x->lay[p];
         bool trained = (p == POOL_ACTOR && ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR)) ||
                        (p == POOL_CRITIC && ex_has_node(x, FF_OP_TRAIN, FF_ROLE_CRITIC));
-        ff_group_opts go = {.backend = trained && x->pool_n[p] > 1 ? "cpu" : "none", .timeout_s = GROUP_S};
+        bool owner = x->rank_pool[x->pool_ranks[p][0]] == p;
+        bool comm = L->tp > 1 ? owner : trained && x->pool_n[p] > 1;
+        ff_group_opts go = {.backend = comm ? "cpu" : "none", .timeout_s = GROUP_S, .dp_rank = L->dp_idx};
         if (ff_controller_group_create(x->c, ex_pool_names[p], x->pool_ranks[p], x->pool_n[p], &go) != 0)
             return ff_error_wrap("worker group '%s'", ex_pool_names[p]);
+        for (int r = 0; L->tp > 1 && r < L->dp; r++) {
+            int first = L->rep_ranks[r * L->tp];
+            if (made[first]) continue;
+            made[first] = true;
+            ff_group_opts ro = {.backend = "none", .timeout_s = GROUP_S};
+            if (ff_controller_group_create(x->c, L->rep_group[r], &L->rep_ranks[r * L->tp], L->tp, &ro) != 0)
+                return ff_error_wrap("worker group '%s' (replica %d of the %s)", L->rep_group[r], r, ex_pool_names[p]);
+        }
     }
     return 0;
 }
 
-/* The "sync" group: the actor's rank 0 (the source) and the live generation ranks. */
+/* The "sync" group: the actor's replica 0 (its TP rank 0 is the source; all its TP ranks
+ * gather the whole tensors) and the live generation ranks. */
 int ex_sync_group(ex_run *x) {
     int ranks[EX_MAX_RANKS + 1], n = 0;
-    ranks[n++] = x->pool_ranks[POOL_ACTOR][0];
+    for (int t = 0; t < x->lay[POOL_ACTOR].tp; t++) ranks[n++] = x->lay[POOL_ACTOR].rep_ranks[t];
     for (int i = 0; i < x->pool_n[POOL_GEN]; i++) {
         ff_worker_info wi;
         if (ff_controller_worker_info(x->c, x->pool_ranks[POOL_GEN][i], &wi) == 0 && wi.state == FF_WORKER_LIVE)
@@ -274,17 +392,10 @@ static int write_metrics(ex_run *x, json_t *m) {
     return ff_train_dir_metrics(&x->td, m);
 }
 
-/* Rank r's place in a trained pool (its DP group): its index, 0 when not a member. */
-static int64_t pool_index(const ex_run *x, int pool, int r) {
-    for (int i = 0; i < x->pool_n[pool]; i++)
-        if (x->pool_ranks[pool][i] == r) return i;
-    return 0;
-}
-
 static int init_workers(ex_run *x, const char *resume_dir) {
     char backend[32];
     snprintf(backend, sizeof backend, "cpu:%d", x->threads);
-    int64_t slots = x->batch * x->group_size / (x->pool_n[POOL_GEN] ? x->pool_n[POOL_GEN] : 1);
+    int64_t slots = x->batch * x->group_size / (x->lay[POOL_GEN].dp ? x->lay[POOL_GEN].dp : 1); /* per replica */
     if (slots < 16) slots = 16;
     if (slots > 256) slots = 256;
     if (slots < x->group_size) slots = x->group_size;
@@ -299,17 +410,20 @@ static int init_workers(ex_run *x, const char *resume_dir) {
         int64_t cl = (int64_t)clen, ol = (int64_t)olen;
         ff_input in[2] = {{.name = "config", .dtype = FF_DTYPE_U8, .ndim = 1, .shape = &cl, .data = cfg, .free_fn = ex_free_buf},
                           {.name = "overrides", .dtype = FF_DTYPE_U8, .ndim = 1, .shape = &ol, .data = ov, .free_fn = ex_free_buf}};
+        /* its place in the layout of the pool that owns it (the roles sharing it share that) */
+        int pool = x->rank_pool[r], k = 0;
+        while (x->pool_ranks[pool][k] != r) k++;
+        const ex_layout *L = &x->lay[pool];
         ff_arg args[] = {ff_arg_int("roles", x->rank_roles[r]),     ff_arg_str("backend", backend),
                           ff_arg_str("resume", resume_dir ? resume_dir : ""), ff_arg_int("updates_actor", x->updates[0]),
                           ff_arg_int("updates_critic", x->updates[1]), ff_arg_int("slots", slots),
                           ff_arg_int("max_seq", x->max_seq),            ff_arg_str("name", x->o.config),
-                          ff_arg_int("dp_rank_actor", pool_index(x, POOL_ACTOR, r)),
-                          ff_arg_int("dp_size_actor", x->pool_n[POOL_ACTOR] ? x->pool_n[POOL_ACTOR] : 1),
-                          ff_arg_int("dp_rank_critic", pool_index(x, POOL_CRITIC, r)),
-                          ff_arg_int("dp_size_critic", x->pool_n[POOL_CRITIC] ? x->pool_n[POOL_CRITIC] : 1)};
+                          ff_arg_int("tp", L->tp),                      ff_arg_int("tp_rank", L->tp_idx[k]),
+                          ff_arg_int("dp_rank", L->dp_idx[k]),          ff_arg_int("dp", L->dp)};
         ex_job *j = ex_job_new(x, JOB_INIT, -1);
         if (!j) return -1;
-        ff_subtask_spec spec = {.kind = FF_RL_INIT, .target = FF_TARGET_RANK, .rank = r, .args = args,
+        /* the pool's group: with tp > 1 the worker splits its communicator into TP and DP groups */
+        ff_subtask_spec spec = {.kind = FF_RL_INIT, .target = FF_TARGET_RANK, .rank = r, .group = ex_pool_names[pool], .args = args,
                                 .nargs = (int)(sizeof args / sizeof *args), .inputs = in,
                                 .ninputs = 2, .label = "load models"};
         if (!(load[r] = ex_submit(x, j, &spec))) return -1;
@@ -326,8 +440,8 @@ static int init_workers(ex_run *x, const char *resume_dir) {
 }
 
 /* ---- held-out evaluation ---------------------------------------------------------------------- */
-void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
-    (void)n;
+void ex_eval_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
+    const ff_result *r = ex_result_of(rs, n);
     if (r->status != FF_STATUS_OK) {
         ex_subtask_failed(x, "evaluation on worker %d: %s: %s", r->rank, ff_status_name(r->status), r->error);
         return;
@@ -344,7 +458,7 @@ void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
         char *text = NULL;
         size_t len;
         float hit = 0;
-        if (ff_tokenizer_decode(x->tok, tok + off, rl[k], true, &text, &len) == 0 && x->val.answer[row]) {
+        if (ex_decode(x->tok, tok + off, rl[k], &text, &len) == 0 && x->val.answer[row]) {
             ff_reward_item it = {x->val.prompt[row], text, x->val.answer[row], NULL};
             if (ff_reward_score(x->exact, &it, 1, &hit) != 0) hit = 0;
         }
@@ -397,6 +511,7 @@ static int evaluate(ex_run *x, double *acc) {
         ff_subtask_spec spec = {.kind = FF_RL_GENERATE, .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
                                 .nargs = 3, .inputs = in, .ninputs = 3, .idempotent = true, .after = after, .nafter = nafter,
                                 .label = label};
+        if (ex_pool_tp(x, POOL_GEN)) ex_target_replica(x, j, POOL_GEN, ex_pick_replica(x, POOL_GEN), &spec);
         if (!ex_submit(x, j, &spec)) return -1;
     }
     int rc = ex_wait_jobs(x);
@@ -496,7 +611,7 @@ static char *join_overrides(int n, char *const *v) {
  * to rounding, docs/run.md "Determinism"). docs/run.md lists them. */
 static const char *const harmless_keys[] = {"trainer.test_freq", "trainer.save_freq", "trainer.out_dir", "trainer.schedule",
                                             "data.val_files", "data.val_batch_size", "roles.*.workers", "roles.*.colocate_with",
-                                            "roles.actor.rollout.workers", "roles.*.zero", NULL};
+                                            "roles.*.layout", "roles.actor.rollout.workers", "roles.actor.rollout.layout", NULL};
 static const char *const samples_file[] = {"samples.jsonl", NULL};
 
 static int setup(ex_run *x, char ***over_out, int *n_over_out) {
@@ -517,7 +632,7 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out) {
     if (!(x->reg = ff_registry_new()) || ff_reward_remote_register(x->reg) != 0) return -1;
     if (!(x->run = ff_run_config_load(o->config, n_over, over, x->reg))) return -1;
     if (!(x->overrides_text = join_overrides(n_over, over))) return -1;
-    if (ff_run_config_check_files(x->run) != 0) return -1;
+    if (ff_run_config_check_files(x->run) != 0 || ff_run_config_check_layouts(x->run) != 0) return -1;
     if (graph_facts(x) != 0 || place(x) != 0 || ex_check_limits(x) != 0) return -1;
     /* everything the run will write, before any work: the timeline, the output folder */
     if (o->trace_path && ff_check_writable(o->trace_path) != 0) return ff_error_wrap("--trace");
@@ -595,6 +710,7 @@ static void describe(ex_run *x, const char *resume_dir) {
         fprintf(x->out, " [");
         for (int i = 0; i < x->pool_n[p]; i++) fprintf(x->out, "%s%d", i ? " " : "", x->pool_ranks[p][i]);
         fprintf(x->out, "]");
+        if (x->lay[p].tp > 1) fprintf(x->out, " tp %d x dp %d", x->lay[p].tp, x->lay[p].dp);
     }
     fprintf(x->out, "; %" PRId64 " prompts x %" PRId64 " responses per iteration, %s schedule", x->batch, x->group_size,
             x->run->trainer.schedule == FF_SCHED_SERIAL ? "serial" : "fused");

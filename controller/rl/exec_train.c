@@ -4,12 +4,14 @@
  * (a function of the run seed, the iteration, the node and the epoch) and cut into
  * mini-batches of mini_batch_size prompts x n responses; each mini-batch is planned with
  * ff_mb_plan_make: an equal share per DP rank balanced by token count (Karmarkar-Karp),
- * each share cut into micro-batches of at most micro_batch_size samples. Every rank gets one
+ * each share cut into micro-batches of at most micro_batch_size samples. Every DP rank (a
+ * replica: with TP, all its TP ranks get the same share through the replica's group) gets one
  * rl.train subtask per mini-batch with its share, its micro-batch offsets and the
  * mini-batch's global loss normaliser; the worker steps its optimizer after summing the
  * gradients over the role's group (the subtask carries the group's name, so the handler
- * finds the communicator). All steps are submitted at once: each worker runs them in order,
- * and every rank sees the same order, which is what the all-reduces need.
+ * finds the communicator; under TP the workers' own DP group of their TP rank). All steps
+ * are submitted at once: each worker runs them in order, and every rank sees the same order,
+ * which is what the all-reduces need.
  *
  * Weight sync: rl.sync on every actor rank (colocated generation: a local copy), or a
  * broadcast from the actor's rank 0 inside the "sync" group (a generation pool of its own);
@@ -114,16 +116,16 @@ static uint64_t submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, i
     snprintf(label, sizeof label, "%s step %d (dp %d, %" PRId64 " samples)", nd->name, step, rank_i, n);
     int nafter;
     const uint64_t *after = ex_trace_deps(x, m, samples, n, prev ? -1 : pool, &prev, 1, &nafter);
-    ff_subtask_spec spec = {.kind = FF_RL_TRAIN, .target = FF_TARGET_RANK, .rank = x->pool_ranks[pool][rank_i],
-                            .group = ex_pool_names[pool], .args = args, .nargs = 2, .inputs = in, .ninputs = nin,
+    ff_subtask_spec spec = {.kind = FF_RL_TRAIN, .args = args, .nargs = 2, .inputs = in, .ninputs = nin,
                             .after = after, .nafter = nafter, .label = label};
+    ex_target_replica(x, j, pool, rank_i, &spec); /* the share goes to every TP rank of the replica */
     return ex_submit(x, j, &spec);
 }
 
 int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     const ff_node *nd = node_of(x, t->node);
     int m = t->node, pool = nd->role == FF_ROLE_ACTOR ? POOL_ACTOR : POOL_CRITIC;
-    int dp = x->pool_n[pool];
+    int dp = x->lay[pool].dp; /* the replicas (each share replicated to a replica's TP ranks) */
     int64_t n = t->n_samples;
     I->training_started = true;
     int64_t mbs = nd->train.mini_batch_size * x->group_size;
@@ -202,8 +204,8 @@ out:
     return rc;
 }
 
-void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
-    (void)n;
+void ex_train_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
+    const ff_result *r = ex_result_of(rs, n); /* TP ranks of a replica report the same metrics */
     ex_iter *I = x->cur;
     if (!I || j->iteration != I->it) return;
     ex_train *tr = &I->train[j->node];

@@ -186,6 +186,32 @@ double ff_plan_layer_activation_bytes(double coeff, double tokens, int64_t h, in
 /* An impossible layout: the message names the constraint. */
 #define bad(hint, ...) ff_error_set("layout", hint, __VA_ARGS__)
 
+int ff_plan_layout_fit(ff_plan_layout *l, int64_t gpus) {
+    if (l->tp < 1 || l->cp < 1 || l->pp < 1 || l->ep < 1 || l->dp < 0 || l->vpp < 1)
+        return ff_error_set("layout", NULL, "degrees must be positive (TP %lld, CP %lld, PP %lld, DP %lld, EP %lld, VPP %lld)",
+                            (long long)l->tp, (long long)l->cp, (long long)l->pp, (long long)l->dp, (long long)l->ep,
+                            (long long)l->vpp);
+    int64_t tcp, all;
+    /* products of large degrees would wrap */
+    bool wraps = __builtin_mul_overflow(l->tp, l->cp, &tcp) || __builtin_mul_overflow(tcp, l->pp, &tcp) ||
+                 __builtin_mul_overflow(tcp, l->dp, &all);
+    if (wraps)
+        return ff_error_set("layout", "choose degrees whose product is the GPU count",
+                            "TP x CP x PP x DP = %lld x %lld x %lld x %lld is far more than the %lld GPUs of the cluster",
+                            (long long)l->tp, (long long)l->cp, (long long)l->pp, (long long)l->dp, (long long)gpus);
+    if (l->dp == 0) {
+        if (gpus % tcp)
+            return bad("choose degrees whose product divides the GPU count",
+                       "TP x CP x PP = %lld does not divide the %lld GPUs of the cluster", (long long)tcp, (long long)gpus);
+        l->dp = gpus / tcp;
+    }
+    if (tcp * l->dp != gpus)
+        return ff_error_set("layout", "set --dp to GPUs / (TP x CP x PP), or leave it out to infer it",
+                            "TP x CP x PP x DP = %lld x %lld x %lld x %lld = %lld, but the cluster has %lld GPUs", (long long)l->tp,
+                            (long long)l->cp, (long long)l->pp, (long long)l->dp, (long long)(tcp * l->dp), (long long)gpus);
+    return 0;
+}
+
 int ff_plan_resolve(ff_plan_input *in) {
     ff_plan_model *m = &in->model;
     ff_plan_workload *w = &in->workload;
@@ -233,25 +259,15 @@ int ff_plan_resolve(ff_plan_input *in) {
         return ff_error_set("cluster", "latencies are per collective step, microseconds", "latency out of range");
     if (c->radix < 4 || c->radix % 2) return ff_error_set("cluster", NULL, "switch radix must be even and at least 4");
 
-    if (l->tp < 1 || l->cp < 1 || l->pp < 1 || l->ep < 1 || l->dp < 0 || l->vpp < 1)
-        return ff_error_set("layout", NULL, "degrees must be positive (TP %lld, CP %lld, PP %lld, DP %lld, EP %lld, VPP %lld)",
-                            (long long)l->tp, (long long)l->cp, (long long)l->pp, (long long)l->dp, (long long)l->ep,
-                            (long long)l->vpp);
-    int64_t tcp = l->tp * l->cp * l->pp;
-    if (l->dp == 0) {
-        if (c->gpus % tcp)
-            return bad("choose degrees whose product divides the GPU count",
-                       "TP x CP x PP = %lld does not divide the %lld GPUs of the cluster", (long long)tcp, (long long)c->gpus);
-        l->dp = c->gpus / tcp;
-    }
-    if (tcp * l->dp != c->gpus)
-        return ff_error_set("layout", "set --dp to GPUs / (TP x CP x PP), or leave it out to infer it",
-                            "TP x CP x PP x DP = %lld x %lld x %lld x %lld = %lld, but the cluster has %lld GPUs", (long long)l->tp,
-                            (long long)l->cp, (long long)l->pp, (long long)l->dp, (long long)(tcp * l->dp), (long long)c->gpus);
+    if (ff_plan_layout_fit(l, c->gpus) != 0) return -1;
     if (m->kv_heads % l->tp)
         return ff_error_set("layout", "Megatron splits key-value heads, never replicates them: choose TP dividing the KV heads",
                             l->tp > m->kv_heads ? "TP %lld is larger than the %lld key-value heads allow" : "TP %lld does not divide the %lld key-value heads",
                             (long long)l->tp, (long long)m->kv_heads);
+    if (m->vocab_unpadded && m->vocab % l->tp)
+        return bad("the vocabulary is split over TP as it is (not padded as Megatron pads it): choose TP dividing it, or pad "
+                   "vocab_size in config.json (and the embedding rows)",
+                   "TP %lld does not divide the vocabulary of %lld tokens", (long long)l->tp, (long long)m->vocab);
     if (m->ffn % l->tp || (m->experts > 0 && m->expert_ffn % l->tp))
         return bad(NULL, "TP %lld does not divide the FFN size %lld", (long long)l->tp, (long long)m->ffn);
     if (l->pp > m->layers)

@@ -18,11 +18,11 @@ typedef struct preset {
 /* Hyper-parameters from the models' published config.json files (GPT-3 from its paper, Table
  * 2.1: 96 layers, d_model 12288, 96 heads of 128, context 2048, GPT-2's tokenizer). */
 static const preset presets[] = {
-    {"llama3-8b", {"llama3-8b", 32, 4096, 32, 8, 128, 14336, 128256, false, true, false, false, 0, 0, 0, 0, 0}},
-    {"llama3-70b", {"llama3-70b", 80, 8192, 64, 8, 128, 28672, 128256, false, true, false, false, 0, 0, 0, 0, 0}},
-    {"llama3-405b", {"llama3-405b", 126, 16384, 128, 8, 128, 53248, 128256, false, true, false, false, 0, 0, 0, 0, 0}},
-    {"gpt3-175b", {"gpt3-175b", 96, 12288, 96, 96, 128, 49152, 50257, true, false, true, true, 2048, 0, 0, 0, 0}},
-    {"mixtral-8x7b", {"mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, false, true, false, false, 0, 8, 2, 32, 14336}},
+    {"llama3-8b", {"llama3-8b", 32, 4096, 32, 8, 128, 14336, 128256, false, true, false, false, 0, 0, 0, 0, 0, false}},
+    {"llama3-70b", {"llama3-70b", 80, 8192, 64, 8, 128, 28672, 128256, false, true, false, false, 0, 0, 0, 0, 0, false}},
+    {"llama3-405b", {"llama3-405b", 126, 16384, 128, 8, 128, 53248, 128256, false, true, false, false, 0, 0, 0, 0, 0, false}},
+    {"gpt3-175b", {"gpt3-175b", 96, 12288, 96, 96, 128, 49152, 50257, true, false, true, true, 2048, 0, 0, 0, 0, false}},
+    {"mixtral-8x7b", {"mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, false, true, false, false, 0, 8, 2, 32, 14336, false}},
 };
 #define NPRESETS (sizeof presets / sizeof presets[0])
 

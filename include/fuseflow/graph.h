@@ -198,10 +198,15 @@ void ff_graph_print(const ff_graph *g, FILE *out);
 
 /* ---- run config ------------------------------------------------------------------------------ */
 
+/* A role's parallel layout (`roles.<role>.layout`, docs/run.md "Layouts"): the planner's
+ * degrees (fuseflow/plan.h), ranks ordered TP innermost, then PP, then DP. */
 typedef struct ff_layout {
-    int64_t workers; /* processes (one per device) */
-    int64_t dp, tp, pp;
-    int64_t zero;    /* a trained role's ZeRO stage: 0, or 1 (optimizer state sharded over dp) */
+    int64_t workers;     /* processes (one per device) */
+    int64_t dp, tp, pp;  /* dp x tp x pp = workers */
+    int64_t vpp;         /* interleaved chunks per pipeline stage (1) */
+    bool sp;             /* sequence parallelism inside the TP group */
+    int64_t zero;        /* a trained role's ZeRO stage: 0, or 1 (optimizer state sharded over dp) */
+    int schedule;        /* the pipeline schedule, an ff_plan_schedule (1f1b) */
 } ff_layout;
 
 typedef struct ff_optim_cfg {
@@ -213,8 +218,9 @@ typedef struct ff_optim_cfg {
 typedef struct ff_role_cfg {
     bool present;
     const char *model;    /* Hugging Face folder */
-    ff_layout layout;     /* training / inference layout */
-    ff_layout rollout;    /* actor: generation layout (defaults to layout) */
+    ff_layout layout;     /* training / inference layout (a colocated role's defaults to its target's) */
+    ff_layout rollout;    /* actor: generation layout (`rollout.layout`; defaults to layout, or to
+                             data parallel over rollout_workers) */
     ff_role colocate_with; /* shares the worker processes of another role, or FF_ROLE_NONE */
     ff_optim_cfg optim;   /* actor and critic */
     char where[256];
@@ -270,6 +276,18 @@ void ff_run_config_destroy(ff_run_config **run);
 /* Checks that need the file system: the data files and model folders exist. Separate so a
  * config can be validated on a machine without them. 0, or -1 + error with the line. */
 int ff_run_config_check_files(const ff_run_config *run);
+/* Each role's layout (and the actor's generation layout) against its model's config.json, by
+ * the planner's rules (ff_plan_resolve, fuseflow/plan.h): TP divides the key-value heads
+ * (the planner, as Megatron, never replicates them; so the query heads too), the intermediate
+ * size and the vocabulary (split as it is); no more stages than layers; vpp, zero and the
+ * schedule consistent. Needs the model folders (after ff_run_config_check_files). 0, or -1 +
+ * error naming the layout's line, the model and the planner's constraint. */
+int ff_run_config_check_layouts(const ff_run_config *run);
+/* The planner's input for a role's layout on its model (rollout: the actor's generation
+ * layout), resolved; ff_plan_rank_coords gives each worker's coordinates (TP innermost, then
+ * PP, then DP). 0, or -1 + error as ff_run_config_check_layouts. */
+struct ff_plan_input;
+int ff_run_config_plan_input(const ff_run_config *run, ff_role role, bool rollout, struct ff_plan_input *out);
 
 /* ---- node math (for the executor; plain host functions) ------------------------------------ */
 

@@ -59,6 +59,9 @@ typedef struct ff_plan_model {
     int64_t experts_per_token; /* k of top-k */
     int64_t moe_layers;        /* L_e, spread evenly over the L layers */
     int64_t expert_ffn;        /* inner size of one expert (0: ffn) */
+    bool vocab_unpadded;       /* the vocabulary is split over TP as it is, so TP must divide it
+                                  (fuseflow's model engine); false: padded to a multiple of TP,
+                                  as Megatron does (its make-vocab-size-divisible-by) */
 } ff_plan_model;
 
 typedef struct ff_plan_workload {
@@ -261,6 +264,10 @@ ff_plan_zero_schedule ff_plan_zero_schedule_resolve(int zero, ff_plan_zero_sched
 /* Fill in derived values (dp from the GPU count, G from the global batch, ...) and check every
  * constraint; -1 + an error naming the one that fails. ff_plan_evaluate calls it on a copy. */
 int ff_plan_resolve(ff_plan_input *in);
+/* The degrees against a GPU count, the first checks of ff_plan_resolve (which calls it): all
+ * positive, dp (0: inferred) such that TP x CP x PP x DP = gpus. -1 + error naming the one
+ * that fails. */
+int ff_plan_layout_fit(ff_plan_layout *l, int64_t gpus);
 int ff_plan_evaluate(const ff_plan_input *in, ff_plan_result *out);
 void ff_plan_result_clear(ff_plan_result *r);
 

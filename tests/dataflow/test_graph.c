@@ -178,11 +178,23 @@ static void test_errors(ff_registry *reg) {
     /* the batch does not divide the layout */
     expect_edit_error(reg, "train_batch_size: 4", "train_batch_size: 3", "cannot be dealt whole to rollout dp=2", "t.yaml:7");
     expect_edit_error(reg, "    micro_batch_size: 4\n", "    micro_batch_size: 3\n", "micro_batch_size 3 does not divide", "t.yaml:39");
-    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    dp: 3\n", "does not match 2 workers", "t.yaml:7");
-    /* ZeRO: 0 or 1 on a trained role */
-    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    zero: 2\n", "roles.actor.zero: ZeRO-2/3 are not built",
+    /* layouts: the degrees against the workers by the planner's rule; the old keys name the new place */
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    layout: {dp: 3}\n", "= 3, but the cluster has 2 GPUs",
+                      "t.yaml:10: roles.actor.layout with 2 workers");
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    layout: {tp: 3}\n", "TP x CP x PP = 3 does not divide the 2 GPUs",
+                      "roles.actor.layout with 2 workers");
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    dp: 3\n", "'roles.actor.dp' moved into the role's layout",
+                      "write roles.actor.layout: {dp: 3}");
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    rollout: {tp: 2}\n", "'roles.actor.rollout.tp' moved",
+                      "write roles.actor.rollout.layout: {tp: 2}");
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    layout: {schedule: 2f2b}\n", "must be one of: 1f1b", "t.yaml:10");
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    layout: {zero: 4}\n", "'roles.actor.layout.zero' must be in [0, 3]",
                       "t.yaml:10");
-    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    zero: 4\n", "must be in [0, 3]", "zero");
+    /* ZeRO: 0 or 1 */
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    layout: {zero: 2}\n", "roles.actor.layout.zero: ZeRO-2/3 are not built",
+                      "t.yaml:10");
+    expect_edit_error(reg, "    workers: 2\n", "    workers: 2\n    zero: 1\n", "'roles.actor.zero' moved into the role's layout",
+                      "write roles.actor.layout: {zero: 1}");
     /* unknown registry names */
     expect_edit_error(reg, "estimator: grpo", "estimator: grpoo", "unknown advantage estimator 'grpoo'", "known: gae, grpo, rloo");
     expect_edit_error(reg, "    micro_batch_size: 4\n", "    micro_batch_size: 4\n    loss: ppo2\n", "unknown policy loss 'ppo2'",
@@ -357,7 +369,7 @@ static void test_size_bounds(ff_registry *reg) {
         {"data.val_batch_size=-1", "'data.val_batch_size' must be in [1, 2147483647], got -1"},
         {"trainer.max_gen_batches=1099511627776", "'trainer.max_gen_batches' must be in [1, 1048576]"},
         {"roles.actor.workers=4294967298", "'roles.actor.workers' must be in [1, 2147483647], got 4294967298"},
-        {"roles.actor.tp=4294967296", "'roles.actor.tp' must be in [1, 2147483647]"},
+        {"roles.actor.layout.tp=4294967296", "'roles.actor.layout.tp' must be in [1, 2147483647]"},
         {"graph.gen.max_tokens=4294967400", "'max_tokens' must be in [0, 1073741824], got 4294967400"},
         {"graph.gen.n=3000000000", "'n' must be in [1, 65536], got 3000000000"},
         {"graph.train.micro_batch_size=4294967300", "'micro_batch_size' must be in [1, 1048576]"},

@@ -67,6 +67,34 @@ prepare_sft_learn() {
   sft=$cache/learn_sft/checkpoints/step-00000700
 }
 
+# cache for tensor parallelism: tiny_v260 (tiny with vocab_size 260, so that TP 2 divides the
+# vocabulary: the byte tokenizer's 259 ids do not), sft_tp (it fine-tuned as sft_small is) and,
+# with learn=1, learn_sft_tp (as learn_sft); sets $tp_model, $tp_sft (and $tp_learn_sft)
+prepare_tp() { # [learn]
+  prepare_inputs
+  [[ "${1:-}" != learn ]] || prepare_sft_learn
+  (
+    flock 9
+    if [[ ! -f "$cache/tiny_v260/config.json" ]]; then
+      "$bin" init --preset tiny --out "$cache/tiny_v260" num_hidden_layers=2 hidden_size=64 intermediate_size=128 vocab_size=260 > /dev/null
+    fi
+    if [[ ! -f "$cache/sft_tp/final/config.json" ]]; then
+      rm -rf "$cache/sft_tp"
+      "$bin" sft --config "$src/examples/sft_arith.yaml" model="$cache/tiny_v260" out="$cache/sft_tp" \
+        data.train="$cache/arith/train.jsonl" data.test="$cache/arith/test.jsonl" train.steps=300 train.batch_size=64 \
+        train.eval_every=0 train.save_every=0 train.log_every=1000 > "$cache/sft_tp.log" 2>&1 || { cat "$cache/sft_tp.log" >&2; exit 1; }
+    fi
+    if [[ "${1:-}" == learn && ! -f "$cache/learn_sft_tp/checkpoints/step-00000700/config.json" ]]; then
+      rm -rf "$cache/learn_sft_tp"
+      "$bin" sft --config "$src/examples/sft_arith.yaml" model="$cache/tiny_v260" out="$cache/learn_sft_tp" \
+        data.train="$cache/learn/train.jsonl" data.test="$cache/learn/test.jsonl" train.steps=2000 train.stop_after=700 \
+        train.batch_size=128 train.eval_every=0 train.save_every=0 train.log_every=1000 train.keep_checkpoints=1 \
+        > "$cache/learn_sft_tp.log" 2>&1 || { cat "$cache/learn_sft_tp.log" >&2; exit 1; }
+    fi
+  ) 9> "$cache/.lock" || fail "the tensor-parallel inputs could not be made"
+  tp_model=$cache/tiny_v260 tp_sft=$cache/sft_tp/final tp_learn_sft=$cache/learn_sft_tp/checkpoints/step-00000700
+}
+
 # The held-out accuracy of one iteration of a run (0: before training), from its
 # metrics.jsonl; fails when that iteration has none, so that a run which skipped an
 # evaluation cannot compare an accuracy with itself.

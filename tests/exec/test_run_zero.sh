@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ZeRO-1 in `fuseflow run`: PPO (actor and critic colocated on 2 DP workers) from a briefly
-# fine-tuned model, 4 iterations at roles.*.zero: 0 and at zero: 1. Checked:
+# fine-tuned model, 4 iterations at roles.*.layout.zero: 0 and at 1. Checked:
 #   - the same run: sampled tokens, rewards, accuracy, lengths and counts exactly, float
 #     metrics within 1e-6 + 1e-4 relative, and the final checkpoints' weights and optimizer
 #     state within 1e-5. Not bit for bit: two zero 0 runs already differ in the last bits
@@ -12,8 +12,8 @@
 #   - each rank's optimizer bytes (the memory report) are its half of zero 0's, the two
 #     halves adding up to zero 0's 8 bytes per parameter;
 #   - resume across stages: zero 1 stopped after 2 iterations and resumed at zero 0, and
-#     zero 0 resumed at zero 1 (roles.*.zero is a harmless key), give the straight run;
-#   - roles.actor.zero: 2 is refused with "ZeRO-2/3 are not built".
+#     zero 0 resumed at zero 1 (roles.*.layout is a harmless key), give the straight run;
+#   - roles.actor.layout.zero: 2 is refused with "ZeRO-2/3 are not built".
 # The step times of both stages are printed (rl.train subtasks from --trace).
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
@@ -23,7 +23,7 @@ cfg=$src/examples/ppo.yaml
 args() { # OUT ZERO
   echo "$(small_run "$1") trainer.steps=4 trainer.test_freq=2 trainer.save_freq=2 data.train_batch_size=8" \
        "roles.actor.model=$M roles.ref.model=$M roles.critic.model=$M roles.actor.workers=2 roles.actor.optim.lr=1e-4" \
-       "roles.actor.zero=$2 roles.critic.zero=$2" \
+       "roles.actor.layout.zero=$2 roles.critic.layout.zero=$2" \
        "graph.train_actor.mini_batch_size=4 graph.train_actor.micro_batch_size=4 graph.train_critic.mini_batch_size=4" \
        "graph.train_critic.micro_batch_size=4 graph.rollout.n=2 --val-limit 40 --no-progress"
 }
@@ -37,7 +37,7 @@ run_ff r10a $(args "$work/r10" 1) --stop-after 2
 run_ff r10b $(args "$work/r10" 0) --resume
 run_ff r01a $(args "$work/r01" 0) --stop-after 2
 run_ff r01b $(args "$work/r01" 1) --resume
-grep -q "resuming with roles.actor.zero changed (harmless): 1 -> 0" "$work/r10b.log" || { cat "$work/r10b.log" >&2; fail "the change of stage is not logged"; }
+grep -q "resuming with roles.actor.layout.zero changed (harmless): 1 -> 0" "$work/r10b.log" || { cat "$work/r10b.log" >&2; fail "the change of stage is not logged"; }
 
 for b in z1 r10 r01; do
   [[ $(iterations "$work/$b/metrics.jsonl") == 4 ]] || fail "$b: metrics.jsonl does not hold 4 iterations"

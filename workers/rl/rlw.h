@@ -42,14 +42,23 @@ typedef struct rlw_init_args {
     int64_t total_updates[2]; /* optimizer steps of the run: actor, critic (cosine schedules) */
     int32_t slots;           /* KV-cache slots of the rollout engine */
     int32_t max_seq_len;     /* prompt + response positions */
-    int32_t dp_rank[2], dp_size[2]; /* this worker in the actor's, the critic's DP group (a
-                                       ZeRO-1 optimizer holds the state of its rank's range) */
+    /* This rank's place in its roles' layout (every role of a worker shares one: colocated
+     * roles have their target's): tp ranks per DP replica (1: no tensor parallelism), its TP
+     * rank, its replica. With tp > 1, group is the communicator of the rank's pool (every rank
+     * of the pool calls rlw_init together): it is split into the TP group the models run
+     * their collectives on (colour: the replica) and the DP group of the gradient all-reduce
+     * (colour: the TP rank). */
+    int32_t tp, tp_rank, dp_rank, dp; /* dp: replicas (a ZeRO-1 optimizer holds its replica's range) */
+    ff_coll_comm *group;
 } rlw_init_args;
 
 rlw *rlw_new(void);
 void rlw_destroy(rlw **s);
 /* Load what `roles` asks for (again: a second init replaces everything). 0 / -1 + error. */
 int rlw_init(rlw *s, const rlw_init_args *a);
+/* The TP degree of this worker's roles and its TP rank (1 and 0 without TP). */
+int rlw_tp_size(const rlw *s);
+int rlw_tp_rank(const rlw *s);
 /* Parameters of a hosted role's model (FF_RL_ACTOR, FF_RL_GEN, ...), 0 when not hosted. */
 int64_t rlw_param_count(const rlw *s, unsigned role);
 /* The bytes a hosted role's parameters, gradients and optimizer state need, indexed by
@@ -81,6 +90,12 @@ typedef void (*rlw_gen_cb)(void *ctx, const rlw_gen_done *d);
  * draws from the stream (seeds[i], j)). owner identifies the job. 0 / -1 + error. */
 int rlw_gen_add(rlw *s, void *owner, const int32_t *prompts, const int32_t *plens, const int64_t *seeds, int32_t k,
                 int32_t n, const rlw_sampling *sp);
+/* Under TP: generate k prompts x n samples to the end now, handing the job to cb (the TP ranks
+ * of a replica must decode the same batch step by step, which jobs joining between steps at
+ * each rank's own moment would break; so a TP replica runs its jobs one at a time, each
+ * batched in itself). Needs no other job open. 0 / -1 + error. */
+int rlw_gen_run(rlw *s, void *owner, const int32_t *prompts, const int32_t *plens, const int64_t *seeds, int32_t k, int32_t n,
+                const rlw_sampling *sp, rlw_gen_cb cb, void *ctx);
 /* One engine step; every job that finished in it is handed to cb and forgotten. 0 / -1. */
 int rlw_gen_step(rlw *s, rlw_gen_cb cb, void *ctx);
 /* Drop a job (its requests end, their samples are discarded). */
@@ -98,22 +113,27 @@ int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *
 /* ---- training ------------------------------------------------------------------------------ */
 /* rl.train: one optimizer step of role FF_RL_ACTOR or FF_RL_CRITIC on this rank's share (micro-batch
  * offsets mb [n_micro + 1]) with the mini-batch's global normaliser; gradients summed over
- * comm (NULL: one rank). m [FF_RL_NM]. 0 / -1 + error. */
+ * comm (NULL: one rank), or, under TP, over the ranks of the other replicas with this TP rank
+ * (comm is then ignored). m [FF_RL_NM]. 0 / -1 + error. */
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom,
               ff_coll_comm *comm, double *m);
 
 /* ---- weight sync ------------------------------------------------------------------------- */
 /* The trained actor's weights into the generating actor of this process. */
 int rlw_sync_local(rlw *s);
-/* Across processes: rank 0 of comm (a trained actor) broadcasts its flat parameters; every
- * rank that hosts FF_RL_GEN takes them. */
+/* Across processes and layouts: the ranks of comm that host the trained actor (its TP ranks
+ * of replica 0, comm's first ranks) gather its whole tensors, rank 0 of comm broadcasts them,
+ * and every rank that hosts FF_RL_GEN takes its slices of them (a full gather: each
+ * generation rank receives the whole model, whatever its layout). */
 int rlw_sync_bcast(rlw *s, ff_coll_comm *comm);
 
 /* ---- checkpoints and checks -------------------------------------------------------------- */
 /* DIR/<role>/ (a model folder, with the tokenizer when the role's model had one) and
- * DIR/<role>.optim.safetensors for a trained role. role FF_RL_ACTOR or FF_RL_CRITIC. At
- * ZeRO-1 over several ranks every DP rank calls it with the role's group (comm): they gather
- * the optimizer state, and DP rank 0 writes; otherwise comm may be NULL. */
+ * DIR/<role>.optim.safetensors for a trained role. role FF_RL_ACTOR or FF_RL_CRITIC. Under
+ * TP every TP rank of the replica calls it (the tensors are gathered whole) and TP rank 0
+ * writes; at ZeRO-1 over several replicas every rank of every replica calls it with its
+ * group (comm: the DP group when tp is 1): they gather the optimizer state, and replica 0
+ * writes. */
 int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm);
 /* A hash of a model's flat parameters (equal weights, equal hash) and their sum. */
 int rlw_digest(rlw *s, unsigned role, uint64_t *hash, double *sum);

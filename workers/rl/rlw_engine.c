@@ -6,6 +6,11 @@
  * The run config is parsed here as on the controller (same text, same overrides, same
  * plugins), so a loss or estimator from a plugin trains the same way on every worker.
  *
+ * Tensor parallelism: every role of a worker shares one layout (the executor's rule), so a
+ * worker has one TP group, split from its pool's communicator at rl.init, which backs every
+ * model's ff_model_comm (ff_model may not use ff_coll itself), and one DP group of the ranks
+ * with its TP rank for the gradient all-reduce. Each model reads only its shards.
+ *
  * Not here: messages (rlw_kinds.c), what runs where (the executor). */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -49,18 +54,57 @@ struct rlw {
     ff_coll_comm *comm;
     float *gbuf;
     int64_t gcap;
-    int32_t dp_rank[2], dp_size[2]; /* actor, critic (rl.init) */
+    /* tensor parallelism (tp > 1): this rank's TP group, which every model here runs its
+     * collectives on (mcomm backs ff_model_comm with it), and its DP group (the ranks of the
+     * other replicas with the same TP rank) for the gradient all-reduce */
+    int tp, tp_rank;
+    ff_coll_comm *tp_comm, *dp_comm;
+    ff_model_comm mcomm;
+    int32_t dp_rank, dp;      /* this rank's replica, the replicas (rl.init) */
     struct dp_ctx {
         rlw *s;
         int size;
-    } dpc[2];
+    } dpc;                    /* a ZeRO-1 optimizer's collectives (ff_model_comm) */
 };
 
 rlw *rlw_new(void) {
     rlw *s = ff_calloc(1, sizeof *s);
-    if (s) s->next_req = 1;
+    if (s) s->next_req = 1, s->tp = 1;
     return s;
 }
+
+/* ---- ff_model_comm on ff_coll (the model may not use ff_coll itself) --------------------- */
+static int tp_sum(void *ctx, float *buf, size_t n) { return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_SUM, ctx, NULL); }
+static int tp_max(void *ctx, float *buf, size_t n) { return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_MAX, ctx, NULL); }
+static int tp_sum64(void *ctx, double *buf, size_t n) {
+    return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, ctx, NULL);
+}
+static int tp_gather(void *ctx, const float *in, float *out, size_t n) { return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, ctx, NULL); }
+
+/* Split the pool's communicator into this rank's TP group (ranks of its replica, by TP rank)
+ * and DP group (ranks of its TP rank, by replica): collectives every rank of the pool calls
+ * in this order. */
+static int tp_setup(rlw *s, const rlw_init_args *a) {
+    s->tp = 1, s->tp_rank = 0;
+    if (a->tp <= 1) return 0;
+    if (!a->group)
+        return ff_error_set("worker", "the executor sends rl.init with the pool's group", "tp %d without a group communicator", a->tp);
+    if (a->tp_rank < 0 || a->tp_rank >= a->tp || a->dp_rank < 0)
+        return ff_error_set("worker", NULL, "TP rank %d of %d, replica %d", a->tp_rank, a->tp, a->dp_rank);
+    if (ff_coll_comm_split(a->group, a->dp_rank, a->tp_rank, &s->tp_comm) != 0 ||
+        ff_coll_comm_split(a->group, a->tp_rank, a->dp_rank, &s->dp_comm) != 0)
+        return ff_error_wrap("worker: the TP and DP groups");
+    if (ff_coll_comm_size(s->tp_comm) != a->tp || ff_coll_comm_rank(s->tp_comm) != a->tp_rank)
+        return ff_error_set("worker", "every rank of a replica must have the same tp", "TP group of %d ranks (rank %d), expected %d (rank %d)",
+                            ff_coll_comm_size(s->tp_comm), ff_coll_comm_rank(s->tp_comm), a->tp, a->tp_rank);
+    s->tp = a->tp, s->tp_rank = a->tp_rank;
+    s->mcomm = (ff_model_comm){.rank = a->tp_rank, .size = a->tp, .ctx = s->tp_comm, .all_reduce_sum = tp_sum,
+                               .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather};
+    return 0;
+}
+
+int rlw_tp_size(const rlw *s) { return s->tp; }
+int rlw_tp_rank(const rlw *s) { return s->tp_rank; }
 
 static void job_free(gen_job *j) {
     for (int32_t i = 0; i < j->k * j->n; i++) ff_gen_output_free(&j->outs[i]);
@@ -80,6 +124,10 @@ static void unload(rlw *s) {
     ff_model_destroy(&s->ref);
     ff_model_destroy(&s->rm);
     ff_tokenizer_destroy(&s->tok);
+    /* after the models that ran their collectives on them */
+    ff_coll_comm_destroy(&s->tp_comm);
+    ff_coll_comm_destroy(&s->dp_comm);
+    s->tp = 1, s->tp_rank = 0;
     ff_backend_destroy(&s->be);
     ff_run_config_destroy(&s->run);
     ff_registry_destroy(&s->reg);
@@ -109,7 +157,16 @@ static const ff_node *train_node(const ff_run_config *run, ff_role role) {
 static ff_model *load_model(rlw *s, const char *dir, bool value_head, bool train, const char *role) {
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
-    if (ff_model_dir_load(dir, &cfg, &w) != 0) {
+    if (s->tp > 1) { /* this rank's shards only */
+        char path[FF_PATH_MAX];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        if (ff_hf_config_load(path, &cfg) != 0 || !(w = ff_tensor_set_new()) ||
+            ff_model_tp_read_weights(dir, &cfg, s->tp_rank, s->tp, w) != 0) {
+            ff_tensor_set_destroy(&w);
+            ff_error_wrap("role %s (TP rank %d of %d)", role, s->tp_rank, s->tp);
+            return NULL;
+        }
+    } else if (ff_model_dir_load(dir, &cfg, &w) != 0) {
         ff_error_wrap("role %s", role);
         return NULL;
     }
@@ -118,7 +175,7 @@ static ff_model *load_model(rlw *s, const char *dir, bool value_head, bool train
         ff_error_wrap("role %s: %s", role, dir);
         return NULL;
     }
-    ff_model *m = ff_model_new_from(s->be, &cfg, &w, &(ff_model_opts){.inference = !train});
+    ff_model *m = ff_model_new_from(s->be, &cfg, &w, &(ff_model_opts){.inference = !train, .comm = s->tp > 1 ? &s->mcomm : NULL});
     if (!m) ff_error_wrap("role %s: %s", role, dir);
     return m;
 }
@@ -177,17 +234,17 @@ static int dp_all_gather(void *ctx, const float *in, float *out, const size_t *c
 }
 
 /* How a trained role's gradients meet over DP: the hook's all-reduce (zero 0) or the
- * optimizer's reduce-scatter (zero 1, the run config's roles.<role>.zero). */
+ * optimizer's reduce-scatter (zero 1, the run config's roles.<role>.layout.zero); over the
+ * DP group of the step in progress (s->comm: the pool's group, or dp_comm under TP). */
 static void set_dp(rlw *s, ff_role role, ff_trainer_config *tc) {
-    const int k = role == FF_ROLE_ACTOR ? 0 : 1;
     tc->zero = (int)s->run->roles[role].layout.zero;
     if (!tc->zero) {
         tc->grad_hook = grad_hook;
         tc->grad_hook_user = s;
         return;
     }
-    s->dpc[k] = (struct dp_ctx){s, s->dp_size[k]};
-    tc->dp = (ff_model_comm){.rank = s->dp_rank[k], .size = s->dp_size[k], .ctx = &s->dpc[k], .all_reduce_sum_f64 = dp_sum64,
+    s->dpc = (struct dp_ctx){s, s->dp};
+    tc->dp = (ff_model_comm){.rank = s->dp_rank, .size = s->dp, .ctx = &s->dpc, .all_reduce_sum_f64 = dp_sum64,
                              .reduce_scatter_sum_v = dp_reduce_scatter, .all_gather_v = dp_all_gather};
 }
 
@@ -252,10 +309,8 @@ static char **split_lines(const char *text, int *n) {
 
 int rlw_init(rlw *s, const rlw_init_args *a) {
     unload(s);
-    for (int k = 0; k < 2; k++) {
-        s->dp_rank[k] = a->dp_size[k] > 0 ? a->dp_rank[k] : 0;
-        s->dp_size[k] = a->dp_size[k] > 0 ? a->dp_size[k] : 1;
-    }
+    s->dp_rank = a->dp > 0 ? a->dp_rank : 0;
+    s->dp = a->dp > 0 ? a->dp : 1;
     int n_over = 0;
     char **over = split_lines(a->overrides, &n_over);
     if (n_over < 0) return ff_error_wrap("worker: the run config's overrides");
@@ -266,6 +321,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     if (!s->run) return ff_error_wrap("worker: the run config");
     s->be = ff_backend_new(a->backend && a->backend[0] ? a->backend : "cpu");
     if (!s->be) return ff_error_wrap("worker");
+    if (tp_setup(s, a) != 0) return -1;
     const ff_role_cfg *roles = s->run->roles;
     char dir[FF_PATH_MAX];
     const char *actor_dir = roles[FF_ROLE_ACTOR].model;
@@ -393,6 +449,18 @@ int rlw_gen_add(rlw *s, void *owner, const int32_t *prompts, const int32_t *plen
     }
     s->next_req += (uint64_t)k;
     s->njobs++;
+    return 0;
+}
+
+int rlw_gen_run(rlw *s, void *owner, const int32_t *prompts, const int32_t *plens, const int64_t *seeds, int32_t k, int32_t n,
+                const rlw_sampling *sp, rlw_gen_cb cb, void *ctx) {
+    if (s->njobs) return ff_error_set("rl.generate", NULL, "%d generation jobs are open", s->njobs);
+    if (rlw_gen_add(s, owner, prompts, plens, seeds, k, n, sp) != 0) return -1;
+    while (s->njobs)
+        if (rlw_gen_step(s, cb, ctx) != 0) {
+            rlw_gen_clear(s);
+            return -1;
+        }
     return 0;
 }
 
@@ -545,7 +613,7 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
     ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
     if (!v) return -1;
     ff_train_metrics tm = {0}; /* a step that fails its checks leaves it untouched */
-    s->comm = comm;
+    s->comm = s->tp > 1 ? s->dp_comm : comm;
     int rc = ff_trainer_step(t, v, in->n, mb, n_micro, denom, &tm);
     s->comm = NULL;
     free(v);
@@ -571,21 +639,43 @@ int rlw_sync_local(rlw *s) {
 
 int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
     if (!comm) return ff_error_set("weight sync", "the executor makes a sync group with a communicator", "no communicator");
-    bool root = ff_coll_comm_rank(comm) == 0;
-    if (root && need(s, FF_RL_ACTOR)) return -1;
-    if (!root && need(s, FF_RL_GEN)) return -1;
-    ff_model *src = root ? s->actor : s->gen;
-    int64_t n = ff_model_param_count(src);
-    float *buf = ff_malloc((size_t)n * sizeof *buf);
-    if (!buf) return -1;
-    if (root) ff_model_read_params(s->actor, buf);
-    int rc = ff_coll_broadcast(buf, buf, (size_t)n, FF_DTYPE_F32, 0, comm, NULL);
-    if (rc == 0 && s->gen) {
-        if (ff_rollout_running(s->ro) > 0) rc = ff_error_set("weight sync", NULL, "sequences are still decoding");
-        else ff_model_write_params(s->gen, buf);
+    bool source = s->actor != NULL;
+    if (ff_coll_comm_rank(comm) == 0 && !source) return need(s, FF_RL_ACTOR);
+    if (!source && need(s, FF_RL_GEN)) return -1;
+    if (!source && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
+    /* whole tensors in the fixed order of the config (ff_model_expected_tensors): the sources
+     * gather theirs (a collective of the actor's TP group), the others receive into zeros */
+    ff_model *m = source ? s->actor : s->gen;
+    ff_tensor_set *order = ff_tensor_set_new(), *whole = source ? ff_tensor_set_new() : NULL;
+    int rc = order && (!source || whole) ? 0 : -1;
+    if (rc == 0) rc = ff_model_expected_tensors(ff_model_config_of(m), order);
+    if (rc == 0 && source) rc = ff_model_export_weights(m, whole);
+    int64_t total = 0;
+    for (size_t i = 0; rc == 0 && i < order->n; i++) {
+        ff_host_tensor *t = &order->items[i];
+        if (source) {
+            ff_host_tensor *e = ff_tensor_set_find(whole, t->name);
+            if (!e || ff_host_tensor_numel(e) != ff_host_tensor_numel(t)) {
+                rc = ff_error_set("weight sync", NULL, "the trained actor exported no tensor '%s' of the expected shape", t->name);
+                break;
+            }
+            memcpy(t->data, e->data, (size_t)ff_host_tensor_numel(t) * sizeof *t->data);
+        }
+        total += ff_host_tensor_numel(t);
     }
-    free(buf);
-    return rc ? ff_error_wrap("weight sync (broadcast of %" PRId64 " parameters)", n) : 0;
+    ff_tensor_set_destroy(&whole);
+    /* both sides must hold the same model: the element count first */
+    int64_t n = total;
+    if (rc == 0) rc = ff_coll_broadcast(&n, &n, 1, FF_DTYPE_I64, 0, comm, NULL);
+    if (rc == 0 && n != total)
+        rc = ff_error_set("weight sync", "the actor and its generation copy load the same model",
+                          "the actor has %" PRId64 " parameters in whole tensors, this rank's model %" PRId64, n, total);
+    for (size_t i = 0; rc == 0 && i < order->n; i++)
+        rc = ff_coll_broadcast(order->items[i].data, order->items[i].data, (size_t)ff_host_tensor_numel(&order->items[i]), FF_DTYPE_F32,
+                               0, comm, NULL);
+    if (rc == 0 && !source) rc = ff_model_load_weights(s->gen, order); /* its slices under TP */
+    ff_tensor_set_destroy(&order);
+    return rc ? ff_error_wrap("weight sync (broadcast of %" PRId64 " parameters in whole tensors)", total) : 0;
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
@@ -594,28 +684,29 @@ int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
     if (need(s, role)) return -1;
     ff_model *m = model_of(s, role);
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : s->t_critic;
-    const int k = role == FF_RL_ACTOR ? 0 : 1;
     const char *name = role_name(role);
-    /* a sharded optimizer's state is gathered by every DP rank first (so that a failure of
-     * the writer cannot leave the others waiting in the gather), then DP rank 0 writes */
-    const bool sharded = t && s->run->roles[role == FF_RL_ACTOR ? FF_ROLE_ACTOR : FF_ROLE_CRITIC].layout.zero && s->dp_size[k] > 1;
+    /* a sharded optimizer's state is gathered by every replica first (so that a failure of
+     * the writer cannot leave the others waiting in the gather); the weights are gathered
+     * over the TP group of replica 0, whose TP rank 0 writes */
+    const bool sharded = t && s->run->roles[role == FF_RL_ACTOR ? FF_ROLE_ACTOR : FF_ROLE_CRITIC].layout.zero && s->dp > 1;
     ff_tensor_set *o = NULL;
     int rc = 0;
     if (t) {
         o = ff_tensor_set_new();
-        s->comm = comm;
+        s->comm = s->tp > 1 ? s->dp_comm : comm;
         rc = o ? ff_optimizer_export_state(ff_trainer_optimizer(t), o) : -1;
         s->comm = NULL;
     }
-    if (rc == 0 && (!sharded || s->dp_rank[k] == 0)) {
+    const bool writer = s->tp_rank == 0;
+    if (rc == 0 && (!sharded || s->dp_rank == 0)) {
         char path[FF_PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        ff_tensor_set *w = ff_mkdirs(path) == 0 ? ff_tensor_set_new() : NULL;
+        ff_tensor_set *w = !writer || ff_mkdirs(path) == 0 ? ff_tensor_set_new() : NULL;
         rc = w ? ff_model_export_weights(m, w) : -1;
-        if (rc == 0) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == FF_RL_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
+        if (rc == 0 && writer) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == FF_RL_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
         ff_tensor_set_destroy(&w);
         snprintf(path, sizeof path, "%s/%s.optim.safetensors", dir, name);
-        if (rc == 0 && o) rc = ff_safetensors_save(path, o, FF_DTYPE_F32, NULL);
+        if (rc == 0 && writer && o) rc = ff_safetensors_save(path, o, FF_DTYPE_F32, NULL);
     }
     ff_tensor_set_destroy(&o);
     return rc ? ff_error_wrap("saving the %s into %s", name, dir) : 0;

@@ -3,10 +3,13 @@
  * rlw_engine.c and writes its outputs. docs/run.md lists the kinds and their tensors.
  *
  *   rl.init      config, overrides (U8 text); roles, backend, resume, updates_actor,
- *                updates_critic, slots, max_seq, name            -> params I64 [5]
+ *                updates_critic, slots, max_seq, name, tp, tp_rank, dp_rank (the subtask
+ *                names the rank's pool group, whose communicator TP splits)
+ *                                                              -> params I64 [5], memory, role_bytes
  *   rl.generate  prompt I32, plen I32 [k], seed I64 [k]; n, temperature, top_p, top_k,
  *                max_new                 -> rlen, finish I32 [k n], resp I32, logprob F32
- *                (deferred: the step hook decodes every open job together)
+ *                (deferred: the step hook decodes every open job together; under TP each
+ *                job runs to its end in its handler, the same steps on every TP rank)
  *   rl.logprob   samples; role (actor|gen|ref), mb, entropy     -> logprob [, entropy] F32
  *   rl.value     samples; mb                                    -> values F32
  *   rl.score     samples; mb                                    -> score F32 [n]
@@ -16,6 +19,8 @@
  *   rl.digest    role                                           -> hash I64 [1], sum F64 [1]
  *
  * "samples" are prompt I32 [sum plen], plen I32 [n], resp I32 [sum rlen], rlen I32 [n].
+ * Under TP every TP rank of a replica gets the subtask and computes; only TP rank 0 returns
+ * the per-sample outputs (generate, logprob, value, score), the others none.
  *
  * Not here: the engines (rlw_engine.c). */
 #include <stdlib.h>
@@ -174,18 +179,17 @@ static int k_init(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     if (r->nopen) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: generation jobs are still open");
     const ff_tensor *cfg = input(t, "config", FF_DTYPE_U8, false), *ov = input(t, "overrides", FF_DTYPE_U8, true);
-    int64_t roles, ua, uc, slots, max_seq, dpr[2], dps[2];
+    int64_t roles, ua, uc, slots, max_seq, tp, tp_rank, dp_rank, dp;
     char backend[64], resume[FF_PATH_MAX], name[FF_PATH_MAX];
     if (!cfg || !arg_int(t, "roles", 0, &roles) || !arg_int(t, "updates_actor", 0, &ua) || !arg_int(t, "updates_critic", 0, &uc) ||
         !arg_int(t, "slots", 64, &slots) || !arg_int(t, "max_seq", 256, &max_seq) || !arg_str(t, "backend", backend, sizeof backend) ||
-        !arg_str(t, "resume", resume, sizeof resume) || !arg_str(t, "name", name, sizeof name) ||
-        !arg_int(t, "dp_rank_actor", 0, &dpr[0]) || !arg_int(t, "dp_size_actor", 1, &dps[0]) ||
-        !arg_int(t, "dp_rank_critic", 0, &dpr[1]) || !arg_int(t, "dp_size_critic", 1, &dps[1]))
+        !arg_str(t, "resume", resume, sizeof resume) || !arg_str(t, "name", name, sizeof name) || !arg_int(t, "tp", 1, &tp) ||
+        !arg_int(t, "tp_rank", 0, &tp_rank) || !arg_int(t, "dp_rank", 0, &dp_rank) || !arg_int(t, "dp", 1, &dp))
         return -1;
-    for (int k = 0; k < 2; k++)
-        if (dps[k] < 1 || dps[k] > INT32_MAX || dpr[k] < 0 || dpr[k] >= dps[k])
-            return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: DP rank %lld of %lld (%s) is not a place in a group",
-                                (long long)dpr[k], (long long)dps[k], k ? "critic" : "actor");
+    if (tp < 1 || tp > FF_MSG_MAX_MEMBERS || tp_rank < 0 || tp_rank >= tp || dp < 1 || dp > FF_MSG_MAX_MEMBERS || dp_rank < 0 ||
+        dp_rank >= dp)
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: TP rank %lld of %lld, replica %lld of %lld", (long long)tp_rank,
+                            (long long)tp, (long long)dp_rank, (long long)dp);
     char *text = text_of(cfg), *over = text_of(ov);
     int rc = -1;
     if (text && over) {
@@ -198,8 +202,11 @@ static int k_init(ff_task *t, void *ud) {
                            .total_updates = {ua, uc},
                            .slots = (int32_t)slots,
                            .max_seq_len = (int32_t)max_seq,
-                           .dp_rank = {(int32_t)dpr[0], (int32_t)dpr[1]},
-                           .dp_size = {(int32_t)dps[0], (int32_t)dps[1]}};
+                           .tp = (int32_t)tp,
+                           .tp_rank = (int32_t)tp_rank,
+                           .dp_rank = (int32_t)dp_rank,
+                           .dp = (int32_t)dp,
+                           .group = ff_task_comm(t)};
         rc = rlw_init(r->eng, &a);
     }
     free(text);
@@ -228,6 +235,41 @@ static void forget_open(ff_rlworker *r, ff_task *t) {
             r->open[i] = r->open[--r->nopen];
             return;
         }
+}
+
+static int gen_outputs(ff_task *t, const rlw_gen_done *d) {
+    int64_t kn = (int64_t)d->k * d->n;
+    int32_t *rlen = ff_task_output(t, FF_RL_T_RLEN, FF_DTYPE_I32, 1, &kn);
+    int32_t *fin = ff_task_output(t, FF_RL_T_FINISH, FF_DTYPE_I32, 1, &kn);
+    int32_t *resp = ff_task_output(t, FF_RL_T_RESP, FF_DTYPE_I32, 1, &d->total);
+    float *lp = ff_task_output(t, FF_RL_T_LOGPROB, FF_DTYPE_F32, 1, &d->total);
+    if (!rlen || !fin || !resp || !lp) return -1;
+    memcpy(rlen, d->rlen, (size_t)kn * sizeof *rlen);
+    memcpy(fin, d->finish, (size_t)kn * sizeof *fin);
+    if (d->total) {
+        memcpy(resp, d->tokens, (size_t)d->total * sizeof *resp);
+        memcpy(lp, d->logprobs, (size_t)d->total * sizeof *lp);
+    }
+    return 0;
+}
+
+static void on_gen_done(void *ctx, const rlw_gen_done *d) {
+    ff_rlworker *r = ctx;
+    ff_task *t = d->owner;
+    int rc = gen_outputs(t, d);
+    forget_open(r, t);
+    ff_task_complete(t, rc);
+}
+
+/* A TP job's end, inside its handler: TP rank 0 returns the samples. */
+typedef struct gen_run {
+    ff_rlworker *r;
+    int rc;
+} gen_run;
+
+static void on_gen_run(void *ctx, const rlw_gen_done *d) {
+    gen_run *g = ctx;
+    if (rlw_tp_rank(g->r->eng) == 0) g->rc = gen_outputs(d->owner, d);
 }
 
 static int k_generate(ff_task *t, void *ud) {
@@ -260,6 +302,11 @@ static int k_generate(ff_task *t, void *ud) {
         r->cap = cap;
     }
     rlw_sampling sp = {(float)temp, (float)top_p, (int32_t)top_k, (int32_t)max_new};
+    if (rlw_tp_size(r->eng) > 1) { /* in lockstep with the other TP ranks: to the end, here */
+        gen_run g = {r, 0};
+        if (rlw_gen_run(r->eng, t, p->data, pl->data, sd->data, (int32_t)pl->shape[0], (int32_t)n, &sp, on_gen_run, &g) != 0) return -1;
+        return g.rc;
+    }
     if (rlw_gen_add(r->eng, t, p->data, pl->data, sd->data, (int32_t)pl->shape[0], (int32_t)n, &sp) != 0) return -1;
     if (ff_task_defer(t) != 0) {
         rlw_gen_abort(r->eng, t);
@@ -267,28 +314,6 @@ static int k_generate(ff_task *t, void *ud) {
     }
     r->open[r->nopen++] = t;
     return 0;
-}
-
-static void on_gen_done(void *ctx, const rlw_gen_done *d) {
-    ff_rlworker *r = ctx;
-    ff_task *t = d->owner;
-    int64_t kn = (int64_t)d->k * d->n;
-    int32_t *rlen = ff_task_output(t, FF_RL_T_RLEN, FF_DTYPE_I32, 1, &kn);
-    int32_t *fin = ff_task_output(t, FF_RL_T_FINISH, FF_DTYPE_I32, 1, &kn);
-    int32_t *resp = ff_task_output(t, FF_RL_T_RESP, FF_DTYPE_I32, 1, &d->total);
-    float *lp = ff_task_output(t, FF_RL_T_LOGPROB, FF_DTYPE_F32, 1, &d->total);
-    int rc = -1;
-    if (rlen && fin && resp && lp) {
-        memcpy(rlen, d->rlen, (size_t)kn * sizeof *rlen);
-        memcpy(fin, d->finish, (size_t)kn * sizeof *fin);
-        if (d->total) {
-            memcpy(resp, d->tokens, (size_t)d->total * sizeof *resp);
-            memcpy(lp, d->logprobs, (size_t)d->total * sizeof *lp);
-        }
-        rc = 0;
-    }
-    forget_open(r, t);
-    ff_task_complete(t, rc);
 }
 
 static int step(ff_worker *w, void *ud) {
@@ -315,6 +340,14 @@ static int step(ff_worker *w, void *ud) {
 }
 
 /* ---- scoring -------------------------------------------------------------------------------- */
+/* A per-sample F32 output [n]: an output tensor on TP rank 0, a buffer of the caller's to
+ * free (*scratch) on the other TP ranks, which compute the same and return nothing. */
+static float *sample_output(ff_task *t, ff_rlworker *r, const char *name, int64_t n, float **scratch) {
+    if (rlw_tp_rank(r->eng) == 0) return ff_task_output(t, name, FF_DTYPE_F32, 1, &n);
+    *scratch = ff_malloc((size_t)(n ? n : 1) * sizeof **scratch);
+    return *scratch;
+}
+
 static int k_logprob(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     rlw_samples in;
@@ -323,10 +356,12 @@ static int k_logprob(ff_task *t, void *ud) {
     if (!read_samples(t, &in, &R) || !role_arg(t, FF_RL_ACTOR | FF_RL_GEN | FF_RL_REF, &role) || !arg_int(t, "mb", 0, &mb) ||
         !arg_int(t, FF_RL_T_ENTROPY, 0, &want_ent))
         return -1;
-    float *lp = ff_task_output(t, FF_RL_T_LOGPROB, FF_DTYPE_F32, 1, &R);
-    float *ent = want_ent ? ff_task_output(t, FF_RL_T_ENTROPY, FF_DTYPE_F32, 1, &R) : NULL;
-    if (!lp || (want_ent && !ent)) return -1;
-    return rlw_logprob(r->eng, role, &in, (int32_t)mb, lp, ent);
+    float *s1 = NULL, *s2 = NULL;
+    float *lp = sample_output(t, r, FF_RL_T_LOGPROB, R, &s1);
+    float *ent = want_ent ? sample_output(t, r, FF_RL_T_ENTROPY, R, &s2) : NULL;
+    int rc = !lp || (want_ent && !ent) ? -1 : rlw_logprob(r->eng, role, &in, (int32_t)mb, lp, ent);
+    free(s1), free(s2);
+    return rc;
 }
 
 static int k_value(ff_task *t, void *ud) {
@@ -334,9 +369,10 @@ static int k_value(ff_task *t, void *ud) {
     rlw_samples in;
     int64_t R, mb;
     if (!read_samples(t, &in, &R) || !arg_int(t, "mb", 0, &mb)) return -1;
-    float *v = ff_task_output(t, FF_RL_T_VALUES, FF_DTYPE_F32, 1, &R);
-    if (!v) return -1;
-    return rlw_values(r->eng, &in, (int32_t)mb, v);
+    float *scratch = NULL, *v = sample_output(t, r, FF_RL_T_VALUES, R, &scratch);
+    int rc = v ? rlw_values(r->eng, &in, (int32_t)mb, v) : -1;
+    free(scratch);
+    return rc;
 }
 
 static int k_score(ff_task *t, void *ud) {
@@ -344,10 +380,10 @@ static int k_score(ff_task *t, void *ud) {
     rlw_samples in;
     int64_t mb;
     if (!read_samples(t, &in, NULL) || !arg_int(t, "mb", 0, &mb)) return -1;
-    int64_t n = in.n;
-    float *s = ff_task_output(t, FF_RL_T_SCORE, FF_DTYPE_F32, 1, &n);
-    if (!s) return -1;
-    return rlw_reward_model(r->eng, &in, (int32_t)mb, s);
+    float *scratch = NULL, *s = sample_output(t, r, FF_RL_T_SCORE, in.n, &scratch);
+    int rc = s ? rlw_reward_model(r->eng, &in, (int32_t)mb, s) : -1;
+    free(scratch);
+    return rc;
 }
 
 /* ---- training, sync, checkpoints ------------------------------------------------------------ */
