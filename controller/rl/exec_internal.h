@@ -134,16 +134,16 @@ typedef struct ex_iter {
     int64_t t0_ns;
 } ex_iter;
 
-/* A pool's layout: tp ranks per DP replica, dp replicas (pool_n = tp x dp; pp is 1), each
- * member's coordinates by the planner's rank map (TP innermost, then PP, then DP), the ranks of
- * each replica in TP order, and, with tp > 1, the worker group of each replica (its TP ranks:
- * one subtask to it reaches all of them, in the same order as every other group job they
- * share) and the jobs in flight on it. */
+/* A pool's layout: tp x pp ranks per DP replica (mp, the model-parallel ranks), dp replicas
+ * (pool_n = tp x pp x dp), each member's coordinates by the planner's rank map (TP innermost,
+ * then PP, then DP), the ranks of each replica in that order, and, with mp > 1, the worker
+ * group of each replica (one subtask to it reaches all of them, in the same order as every
+ * other group job they share) and the jobs in flight on it. */
 typedef struct ex_layout {
-    int tp, dp;
-    int tp_idx[EX_MAX_RANKS], dp_idx[EX_MAX_RANKS]; /* by member */
-    int rep_ranks[EX_MAX_RANKS];                    /* replica r's ranks: rep_ranks[r * tp + t] */
-    char rep_group[EX_MAX_RANKS][FF_MSG_NAME_MAX];  /* "replica@RANK" (shared by colocated pools) */
+    int tp, pp, dp, mp;
+    int tp_idx[EX_MAX_RANKS], pp_idx[EX_MAX_RANKS], dp_idx[EX_MAX_RANKS]; /* by member */
+    int rep_ranks[EX_MAX_RANKS];                    /* replica r's ranks: rep_ranks[r * mp + pp_idx * tp + tp_idx] */
+    char rep_group[EX_MAX_RANKS][FF_MSG_NAME_MAX];  /* "replica@RANK" (shared by colocated pools of one layout) */
     int load[EX_MAX_RANKS];                         /* jobs in flight per replica */
     unsigned rr;
 } ex_layout;
@@ -169,6 +169,8 @@ struct ex_run {
     int pool_ranks[POOL_COUNT][EX_MAX_RANKS];
     int pool_n[POOL_COUNT];
     bool gen_separate;
+    bool gen_relaid; /* the generating copy on the actor's workers in a layout of its own (weights
+                        synced by broadcasts inside the actor's group) */
     bool sync_group; /* a "sync" group (the actor's replica 0 + generation ranks) with a communicator */
     ex_layout lay[POOL_COUNT];
     int rank_pool[EX_MAX_RANKS]; /* the pool that owns each rank (the others share it) */
@@ -223,7 +225,7 @@ bool ex_has_node(const ex_run *x, ff_op op, ff_role role); /* role FF_ROLE_COUNT
 void ex_target_replica(ex_run *x, ex_job *j, int pool, int r, ff_subtask_spec *spec);
 /* The TP pool's replica with the fewest jobs in flight (round robin among equals). */
 int ex_pick_replica(ex_run *x, int pool);
-static inline bool ex_pool_tp(const ex_run *x, int pool) { return x->lay[pool].tp > 1; }
+static inline bool ex_pool_grouped(const ex_run *x, int pool) { return x->lay[pool].mp > 1; }
 /* A job's result: the first that failed, else member 0's (TP rank 0 of the replica, the one
  * that returns per-sample outputs). */
 const ff_result *ex_result_of(const ff_result *r, int n);

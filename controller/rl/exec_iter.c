@@ -587,7 +587,7 @@ static int submit_score(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     ff_subtask_spec spec = {.kind = kind, .target = FF_TARGET_ANY, .group = ex_pool_names[pool], .args = args,
                             .nargs = nd->op == FF_OP_LOGPROB ? 2 : 1, .inputs = in, .ninputs = 4, .idempotent = true,
                             .after = after, .nafter = nafter, .label = label};
-    if (ex_pool_tp(x, pool)) ex_target_replica(x, j, pool, ex_pick_replica(x, pool), &spec);
+    if (ex_pool_grouped(x, pool)) ex_target_replica(x, j, pool, ex_pick_replica(x, pool), &spec);
     if (!ex_submit(x, j, &spec)) return -1;
     if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = ff_now_ns();
     I->st[t->node].dispatched += n;
@@ -834,13 +834,13 @@ static int dispatch(ex_run *x, ex_iter *I, const ff_sched_task *t, local_task *l
     switch (nd->op) {
     case FF_OP_GENERATE:
         if (nd->gran == FF_GRAN_GROUP)
-            return ex_pool_tp(x, POOL_GEN) ? pend_gen(I, t->node, t->group, t->id) : submit_gen(x, I, t->node, &t->group, 1, &t->id, 1, -1);
+            return ex_pool_grouped(x, POOL_GEN) ? pend_gen(I, t->node, t->group, t->id) : submit_gen(x, I, t->node, &t->group, 1, &t->id, 1, -1);
         {
             int64_t s = t->samples[0], g = s / x->group_size;
             I->pend_task[t->node][s] = t->id;
             if (++I->pend_count[t->node][g] < x->group_size) return 0;
             I->pend_count[t->node][g] = 0;
-            if (ex_pool_tp(x, POOL_GEN)) return pend_gen(I, t->node, g, -1); /* dealt over the replicas after the pass */
+            if (ex_pool_grouped(x, POOL_GEN)) return pend_gen(I, t->node, g, -1); /* dealt over the replicas after the pass */
             int64_t *tasks = ff_malloc((size_t)x->group_size * sizeof *tasks);
             if (!tasks) return -1;
             for (int64_t k = 0; k < x->group_size; k++) tasks[k] = I->pend_task[t->node][g * x->group_size + k];
@@ -1102,7 +1102,7 @@ void ex_check_workers(ex_run *x) {
     /* a TP replica that lost a rank cannot run its model (rebuilding it is not done yet) */
     for (int r = 0; r < x->nranks; r++) {
         ff_worker_info wi;
-        if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_DEAD || !ex_pool_tp(x, x->rank_pool[r])) continue;
+        if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_DEAD || !ex_pool_grouped(x, x->rank_pool[r])) continue;
         ex_fail(x, "worker %d (pid %lld) died (%s): it was a TP rank of the %s, whose replica cannot run without it", r, (long long)wi.pid,
                 wi.dead_reason[0] ? wi.dead_reason : "gone", ex_pool_names[x->rank_pool[r]]);
         return;

@@ -160,31 +160,41 @@ static const char *layout_where(const ex_run *x, ff_role r, bool rollout, char *
 /* What this executor runs of a layout the planner accepts. */
 static int executable(const ex_run *x, ff_role r, bool rollout, const ff_layout *L) {
     char w[300];
-    if (L->pp > 1)
-        return ff_error_set(layout_where(x, r, rollout, w, sizeof w), "use pp: 1",
-                            "pipeline parallelism is not executed yet (pp %lld)", (long long)L->pp);
+    if (rollout && L->pp > 1)
+        return ff_error_set(layout_where(x, r, rollout, w, sizeof w),
+                            "give roles.actor.rollout.layout with pp: 1 (for example tp: T, dp: W / T on the same workers)",
+                            "generation is not pipelined (pp %lld)", (long long)L->pp);
     if (L->sp && L->tp > 1)
         return ff_error_set(layout_where(x, r, rollout, w, sizeof w), "use sp: false", "sequence parallelism is not executed yet");
     return 0;
 }
 
-static bool same_layout(const ff_layout *a, const ff_layout *b) { return a->tp == b->tp && a->dp == b->dp && a->pp == b->pp; }
+static bool same_layout(const ff_layout *a, const ff_layout *b) {
+    return a->tp == b->tp && a->dp == b->dp && a->pp == b->pp && (a->pp == 1 || (a->vpp == b->vpp && a->schedule == b->schedule));
+}
 
-/* A pool's layout: its members' coordinates by the planner's rank map, its replicas. */
-static int pool_layout(ex_run *x, int pool, ff_role role, bool rollout) {
+/* A pool's layout: its members' coordinates by the planner's rank map, its replicas. A pool
+ * that shares another's ranks in the same layout shares its replica groups (named after the
+ * replica's first rank); in a layout of its own its groups carry its name. */
+static int pool_layout(ex_run *x, int pool, ff_role role, bool rollout, bool own_groups) {
     ff_plan_input in;
     if (ff_run_config_plan_input(x->run, role, rollout, &in) != 0) return -1;
     ex_layout *L = &x->lay[pool];
-    L->tp = (int)in.layout.tp, L->dp = (int)in.layout.dp;
-    if (L->tp * L->dp != x->pool_n[pool])
-        return ff_error_set("placement", NULL, "pool '%s': tp %d x dp %d for %d ranks", ex_pool_names[pool], L->tp, L->dp, x->pool_n[pool]);
+    L->tp = (int)in.layout.tp, L->pp = (int)in.layout.pp, L->dp = (int)in.layout.dp;
+    L->mp = L->tp * L->pp;
+    if (L->mp * L->dp != x->pool_n[pool])
+        return ff_error_set("placement", NULL, "pool '%s': tp %d x pp %d x dp %d for %d ranks", ex_pool_names[pool], L->tp, L->pp, L->dp,
+                            x->pool_n[pool]);
     for (int k = 0; k < x->pool_n[pool]; k++) {
         ff_plan_rank c;
         ff_plan_rank_coords(&in, k, &c);
-        L->tp_idx[k] = (int)c.idx[FF_PLAN_TP], L->dp_idx[k] = (int)c.idx[FF_PLAN_DP];
-        L->rep_ranks[L->dp_idx[k] * L->tp + L->tp_idx[k]] = x->pool_ranks[pool][k];
+        L->tp_idx[k] = (int)c.idx[FF_PLAN_TP], L->pp_idx[k] = (int)c.idx[FF_PLAN_PP], L->dp_idx[k] = (int)c.idx[FF_PLAN_DP];
+        L->rep_ranks[L->dp_idx[k] * L->mp + L->pp_idx[k] * L->tp + L->tp_idx[k]] = x->pool_ranks[pool][k];
     }
-    for (int r = 0; r < L->dp; r++) snprintf(L->rep_group[r], sizeof L->rep_group[r], "replica@%d", L->rep_ranks[r * L->tp]);
+    for (int r = 0; r < L->dp; r++) {
+        if (own_groups) snprintf(L->rep_group[r], sizeof L->rep_group[r], "%s-replica@%d", ex_pool_names[pool], L->rep_ranks[r * L->mp]);
+        else snprintf(L->rep_group[r], sizeof L->rep_group[r], "replica@%d", L->rep_ranks[r * L->mp]);
+    }
     return 0;
 }
 
@@ -203,14 +213,9 @@ static int place(ex_run *x) {
                                 (long long)rc[r].layout.tp, role_keys[t], (long long)rc[t].layout.dp, (long long)rc[t].layout.tp);
     }
     const ff_role_cfg *a = &rc[FF_ROLE_ACTOR];
-    if (!a->rollout_workers && !same_layout(&a->rollout, &a->layout)) {
-        char w[300];
-        return ff_error_set(layout_where(x, FF_ROLE_ACTOR, true, w, sizeof w),
-                            "give generation workers of its own (roles.actor.rollout.workers: N), or drop roles.actor.rollout.layout",
-                            "the generation layout (dp %lld x tp %lld) differs from the actor's (dp %lld x tp %lld) on the same workers: "
-                            "moving the weights between them would be resharding, not done yet",
-                            (long long)a->rollout.dp, (long long)a->rollout.tp, (long long)a->layout.dp, (long long)a->layout.tp);
-    }
+    /* a generating copy on the actor's workers in another layout: its own replica groups, the
+     * weights broadcast inside the actor's group (a full gather, not resharding) */
+    x->gen_relaid = !a->rollout_workers && !same_layout(&a->rollout, &a->layout);
     unsigned actor_bits = ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR) || ex_has_node(x, FF_OP_LOGPROB, FF_ROLE_ACTOR) ? FF_RL_ACTOR : 0;
     x->gen_separate = rc[FF_ROLE_ACTOR].rollout_workers > 0;
     if (add_ranks(x, POOL_ACTOR, (int)rc[FF_ROLE_ACTOR].layout.workers, actor_bits | (x->gen_separate ? 0 : FF_RL_GEN))) return -1;
@@ -239,13 +244,13 @@ static int place(ex_run *x) {
         }
     static const ff_role pool_role[POOL_COUNT] = {FF_ROLE_ACTOR, FF_ROLE_ACTOR, FF_ROLE_CRITIC, FF_ROLE_REF, FF_ROLE_REWARD};
     for (int p = 0; p < POOL_COUNT; p++)
-        if (x->pool_n[p] && pool_layout(x, p, pool_role[p], p == POOL_GEN && x->gen_separate) != 0) return -1;
+        if (x->pool_n[p] && pool_layout(x, p, pool_role[p], p == POOL_GEN, p == POOL_GEN && x->gen_relaid) != 0) return -1;
     return 0;
 }
 
 void ex_target_replica(ex_run *x, ex_job *j, int pool, int r, ff_subtask_spec *spec) {
     const ex_layout *L = &x->lay[pool];
-    if (L->tp > 1) {
+    if (L->mp > 1) {
         spec->target = FF_TARGET_GROUP;
         spec->group = L->rep_group[r];
         j->pool = pool, j->replica = r;
@@ -274,34 +279,36 @@ int ex_pick_replica(ex_run *x, int pool) {
  * groups); each replica of a TP pool gets a group of its TP ranks (shared by the pools on the
  * same ranks), without a communicator: a job to it reaches all of them. */
 static int make_groups(ex_run *x) {
-    bool made[EX_MAX_RANKS] = {false}; /* replica groups, by their first rank */
     for (int p = 0; p < POOL_COUNT; p++) {
         if (!x->pool_n[p]) continue;
         const ex_layout *L = &x->lay[p];
         bool trained = (p == POOL_ACTOR && ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR)) ||
                        (p == POOL_CRITIC && ex_has_node(x, FF_OP_TRAIN, FF_ROLE_CRITIC));
         bool owner = x->rank_pool[x->pool_ranks[p][0]] == p;
-        bool comm = L->tp > 1 ? owner : trained && x->pool_n[p] > 1;
+        /* the owner's communicator is split on the workers (model parallelism, a generation
+         * layout of its own) or carries the gradient all-reduce */
+        bool split = L->mp > 1 || (p == POOL_ACTOR && x->gen_relaid && x->lay[POOL_GEN].mp > 1);
+        bool comm = split || (p == POOL_ACTOR && x->gen_relaid) ? owner : trained && x->pool_n[p] > 1;
         ff_group_opts go = {.backend = comm ? "cpu" : "none", .timeout_s = GROUP_S, .dp_rank = L->dp_idx};
         if (ff_controller_group_create(x->c, ex_pool_names[p], x->pool_ranks[p], x->pool_n[p], &go) != 0)
             return ff_error_wrap("worker group '%s'", ex_pool_names[p]);
-        for (int r = 0; L->tp > 1 && r < L->dp; r++) {
-            int first = L->rep_ranks[r * L->tp];
-            if (made[first]) continue;
-            made[first] = true;
+        for (int r = 0; L->mp > 1 && r < L->dp; r++) {
+            int n = 0;
+            if (ff_controller_group_ranks(x->c, L->rep_group[r], &n)) continue; /* a pool before on the same ranks */
+            ff_error_clear();
             ff_group_opts ro = {.backend = "none", .timeout_s = GROUP_S};
-            if (ff_controller_group_create(x->c, L->rep_group[r], &L->rep_ranks[r * L->tp], L->tp, &ro) != 0)
+            if (ff_controller_group_create(x->c, L->rep_group[r], &L->rep_ranks[r * L->mp], L->mp, &ro) != 0)
                 return ff_error_wrap("worker group '%s' (replica %d of the %s)", L->rep_group[r], r, ex_pool_names[p]);
         }
     }
     return 0;
 }
 
-/* The "sync" group: the actor's replica 0 (its TP rank 0 is the source; all its TP ranks
- * gather the whole tensors) and the live generation ranks. */
+/* The "sync" group: the actor's replica 0 (every stage's TP rank 0 sends its tensors; all its
+ * TP ranks gather them whole) and the live generation ranks. */
 int ex_sync_group(ex_run *x) {
     int ranks[EX_MAX_RANKS + 1], n = 0;
-    for (int t = 0; t < x->lay[POOL_ACTOR].tp; t++) ranks[n++] = x->lay[POOL_ACTOR].rep_ranks[t];
+    for (int t = 0; t < x->lay[POOL_ACTOR].mp; t++) ranks[n++] = x->lay[POOL_ACTOR].rep_ranks[t];
     for (int i = 0; i < x->pool_n[POOL_GEN]; i++) {
         ff_worker_info wi;
         if (ff_controller_worker_info(x->c, x->pool_ranks[POOL_GEN][i], &wi) == 0 && wi.state == FF_WORKER_LIVE)
@@ -414,12 +421,20 @@ static int init_workers(ex_run *x, const char *resume_dir) {
         int pool = x->rank_pool[r], k = 0;
         while (x->pool_ranks[pool][k] != r) k++;
         const ex_layout *L = &x->lay[pool];
+        const ex_layout *G = x->gen_relaid && (x->rank_roles[r] & FF_RL_GEN) ? &x->lay[POOL_GEN] : NULL;
+        int gk = 0;
+        while (G && x->pool_ranks[POOL_GEN][gk] != r) gk++;
         ff_arg args[] = {ff_arg_int("roles", x->rank_roles[r]),     ff_arg_str("backend", backend),
                           ff_arg_str("resume", resume_dir ? resume_dir : ""), ff_arg_int("updates_actor", x->updates[0]),
                           ff_arg_int("updates_critic", x->updates[1]), ff_arg_int("slots", slots),
                           ff_arg_int("max_seq", x->max_seq),            ff_arg_str("name", x->o.config),
                           ff_arg_int("tp", L->tp),                      ff_arg_int("tp_rank", L->tp_idx[k]),
-                          ff_arg_int("dp_rank", L->dp_idx[k]),          ff_arg_int("dp", L->dp)};
+                          ff_arg_int("pp", L->pp),                      ff_arg_int("pp_rank", L->pp_idx[k]),
+                          ff_arg_int("dp", L->dp),                      ff_arg_int("dp_rank", L->dp_idx[k]),
+                          /* the generating copy's place when it has a layout of its own here */
+                          ff_arg_int("gen_tp", G ? G->tp : 0),          ff_arg_int("gen_tp_rank", G ? G->tp_idx[gk] : 0),
+                          ff_arg_int("gen_pp", G ? G->pp : 1),          ff_arg_int("gen_pp_rank", G ? G->pp_idx[gk] : 0),
+                          ff_arg_int("gen_dp", G ? G->dp : 1),          ff_arg_int("gen_dp_rank", G ? G->dp_idx[gk] : 0)};
         ex_job *j = ex_job_new(x, JOB_INIT, -1);
         if (!j) return -1;
         /* the pool's group: with tp > 1 the worker splits its communicator into TP and DP groups */
@@ -511,7 +526,7 @@ static int evaluate(ex_run *x, double *acc) {
         ff_subtask_spec spec = {.kind = FF_RL_GENERATE, .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
                                 .nargs = 3, .inputs = in, .ninputs = 3, .idempotent = true, .after = after, .nafter = nafter,
                                 .label = label};
-        if (ex_pool_tp(x, POOL_GEN)) ex_target_replica(x, j, POOL_GEN, ex_pick_replica(x, POOL_GEN), &spec);
+        if (ex_pool_grouped(x, POOL_GEN)) ex_target_replica(x, j, POOL_GEN, ex_pick_replica(x, POOL_GEN), &spec);
         if (!ex_submit(x, j, &spec)) return -1;
     }
     int rc = ex_wait_jobs(x);
@@ -705,12 +720,12 @@ static int start_workers(ex_run *x, const char *resume_dir) {
 static void describe(ex_run *x, const char *resume_dir) {
     fprintf(x->out, "run: %s: %d workers (%d threads each)", x->o.config, x->nranks, x->threads);
     for (int p = 0; p < POOL_COUNT; p++) {
-        if (!x->pool_n[p] || (p == POOL_GEN && !x->gen_separate)) continue;
+        if (!x->pool_n[p] || (p == POOL_GEN && !x->gen_separate && !x->gen_relaid)) continue;
         fprintf(x->out, "%s %s", p ? "," : ":", ex_pool_names[p]);
         fprintf(x->out, " [");
         for (int i = 0; i < x->pool_n[p]; i++) fprintf(x->out, "%s%d", i ? " " : "", x->pool_ranks[p][i]);
         fprintf(x->out, "]");
-        if (x->lay[p].tp > 1) fprintf(x->out, " tp %d x dp %d", x->lay[p].tp, x->lay[p].dp);
+        if (x->lay[p].mp > 1) fprintf(x->out, " tp %d x pp %d x dp %d", x->lay[p].tp, x->lay[p].pp, x->lay[p].dp);
     }
     fprintf(x->out, "; %" PRId64 " prompts x %" PRId64 " responses per iteration, %s schedule", x->batch, x->group_size,
             x->run->trainer.schedule == FF_SCHED_SERIAL ? "serial" : "fused");

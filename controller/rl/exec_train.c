@@ -13,9 +13,10 @@
  * are submitted at once: each worker runs them in order, and every rank sees the same order,
  * which is what the all-reduces need.
  *
- * Weight sync: rl.sync on every actor rank (colocated generation: a local copy), or a
- * broadcast from the actor's rank 0 inside the "sync" group (a generation pool of its own);
- * the weights never pass through the controller.
+ * Weight sync: rl.sync on every actor rank (colocated generation in the actor's layout: a local
+ * copy), or broadcasts from the actor's replica 0 (each stage's TP rank 0 sends its tensors)
+ * inside the "sync" group (a generation pool of its own) or the actor's group (a generation
+ * layout of its own on the actor's workers); the weights never pass through the controller.
  *
  * Not here: the iteration loop (exec_iter.c). */
 #include <inttypes.h>
@@ -288,9 +289,10 @@ int ex_sync_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
         return -1;
     }
     j->tasks[0] = t->id;
-    ff_arg a = ff_arg_str("mode", x->gen_separate ? "bcast" : "local");
+    const bool bcast = x->gen_separate || x->gen_relaid;
+    ff_arg a = ff_arg_str("mode", bcast ? "bcast" : "local");
     char label[128];
-    snprintf(label, sizeof label, "%s (%s)", node_of(x, t->node)->name, x->gen_separate ? "broadcast" : "local copy");
+    snprintf(label, sizeof label, "%s (%s)", node_of(x, t->node)->name, bcast ? "broadcast" : "local copy");
     int nafter;
     const uint64_t *after = ex_trace_deps(x, t->node, NULL, 0, POOL_ACTOR, NULL, 0, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_SYNC, .target = FF_TARGET_GROUP,

@@ -30,7 +30,7 @@ learn() { # OUT EXTRA...
 }
 t1=$(learn "$work/tp1" roles.actor.workers=1)
 t2=$(learn "$work/tp2" roles.actor.workers=2 roles.actor.layout.tp=2)
-grep -q "actor \[0 1\] tp 2 x dp 1, critic \[0 1\] tp 2 x dp 1, ref \[0 1\] tp 2 x dp 1" "$work/tp2.log" ||
+grep -q "actor \[0 1\] tp 2 x pp 1 x dp 1, critic \[0 1\] tp 2 x pp 1 x dp 1, ref \[0 1\] tp 2 x pp 1 x dp 1" "$work/tp2.log" ||
   fail "the roles are not at TP 2: $(head -1 "$work/tp2.log")"
 b1=$(eval_acc "$work/tp1/metrics.jsonl" 0) a1=$(eval_acc "$work/tp1/metrics.jsonl" $steps)
 b2=$(eval_acc "$work/tp2/metrics.jsonl" 0) a2=$(eval_acc "$work/tp2/metrics.jsonl" $steps)

@@ -32,6 +32,12 @@ typedef struct rlw_samples {
     const float *col[FF_RL_NCOL];   /* [sum rlen] or NULL */
 } rlw_samples;
 
+/* A rank's coordinates in a layout, as the planner numbers them (TP innermost, then PP, then
+ * DP): tp x pp ranks per DP replica, dp replicas (a ZeRO-1 optimizer holds its replica's range). */
+typedef struct rlw_place {
+    int32_t tp, tp_rank, pp, pp_rank, dp, dp_rank;
+} rlw_place;
+
 typedef struct rlw_init_args {
     const char *config;      /* the run config's text (YAML), as the controller read it */
     const char *config_name; /* its path: messages, plugins relative to it */
@@ -42,13 +48,15 @@ typedef struct rlw_init_args {
     int64_t total_updates[2]; /* optimizer steps of the run: actor, critic (cosine schedules) */
     int32_t slots;           /* KV-cache slots of the rollout engine */
     int32_t max_seq_len;     /* prompt + response positions */
-    /* This rank's place in its roles' layout (every role of a worker shares one: colocated
-     * roles have their target's): tp ranks per DP replica (1: no tensor parallelism), its TP
-     * rank, its replica. With tp > 1, group is the communicator of the rank's pool (every rank
-     * of the pool calls rlw_init together): it is split into the TP group the models run
-     * their collectives on (colour: the replica) and the DP group of the gradient all-reduce
-     * (colour: the TP rank). */
-    int32_t tp, tp_rank, dp_rank, dp; /* dp: replicas (a ZeRO-1 optimizer holds its replica's range) */
+    /* This rank's place in its roles' layout (every role of a worker but the generating copy
+     * shares one: colocated roles have their target's), and in the generation copy's layout
+     * (gen.tp 0: the same place; else the actor's generation layout on the same workers, which
+     * must have pp 1). With tp x pp > 1 in either, group is the communicator of the rank's pool
+     * (every rank of the pool calls rlw_init together): it is split into the TP group the
+     * models run their collectives on (colour: replica and stage), the pipeline group (colour:
+     * replica and TP rank) and the DP group of the gradient all-reduce (colour: stage and TP
+     * rank). */
+    rlw_place main, gen;
     ff_coll_comm *group;
 } rlw_init_args;
 
@@ -56,9 +64,11 @@ rlw *rlw_new(void);
 void rlw_destroy(rlw **s);
 /* Load what `roles` asks for (again: a second init replaces everything). 0 / -1 + error. */
 int rlw_init(rlw *s, const rlw_init_args *a);
-/* The TP degree of this worker's roles and its TP rank (1 and 0 without TP). */
-int rlw_tp_size(const rlw *s);
-int rlw_tp_rank(const rlw *s);
+/* Whether generation runs in lockstep with other ranks (the generation copy under TP: each job
+ * to its end in its handler), and whether this rank returns a role's per-sample outputs (TP
+ * rank 0 of the first stage of its replica: the pipeline hands the outputs to every stage). */
+bool rlw_gen_lockstep(const rlw *s);
+bool rlw_returns_outputs(const rlw *s, unsigned role);
 /* Parameters of a hosted role's model (FF_RL_ACTOR, FF_RL_GEN, ...), 0 when not hosted. */
 int64_t rlw_param_count(const rlw *s, unsigned role);
 /* The bytes a hosted role's parameters, gradients and optimizer state need, indexed by

@@ -22,6 +22,8 @@
 #include "fuseflow/graph.h"
 #include "fuseflow/model.h"
 #include "fuseflow/modelio.h"
+#include "fuseflow/pipe_exec.h"
+#include "fuseflow/plan.h"
 #include "fuseflow/registry.h"
 #include "fuseflow/roles.h"
 #include "fuseflow/safetensors.h"
@@ -36,6 +38,19 @@ typedef struct gen_job {
     int32_t k, n, remaining;
     ff_gen_output *outs; /* [k n] */
 } gen_job;
+
+/* One layout's groups on this worker: the place, the communicators split from the pool's
+ * (NULL where a dimension is 1; dp_comm only with tp x pp > 1, else the subtask's group is the
+ * DP group), what the models run their collectives on (mcomm: TP; pipe: PP, with the stage
+ * models' gradient-norm sum in norm). Lives inside struct rlw: the pointers into it stay. */
+typedef struct rlw_lay {
+    rlw_place at;
+    ff_coll_comm *tp_comm, *pp_comm, *dp_comm;
+    ff_model_comm mcomm;
+    ff_pipe_transport pt;
+    ff_roles_pipe pipe;
+    ff_model_comm norm;
+} rlw_lay;
 
 struct rlw {
     ff_registry *reg;
@@ -54,22 +69,24 @@ struct rlw {
     ff_coll_comm *comm;
     float *gbuf;
     int64_t gcap;
-    /* tensor parallelism (tp > 1): this rank's TP group, which every model here runs its
-     * collectives on (mcomm backs ff_model_comm with it), and its DP group (the ranks of the
-     * other replicas with the same TP rank) for the gradient all-reduce */
-    int tp, tp_rank;
-    ff_coll_comm *tp_comm, *dp_comm;
-    ff_model_comm mcomm;
-    int32_t dp_rank, dp;      /* this rank's replica, the replicas (rl.init) */
+    /* the layout of every role here but the generating copy's, and that copy's (glay: &lay,
+     * or &lay_gen when it differs) */
+    rlw_lay lay, lay_gen, *glay;
     struct dp_ctx {
         rlw *s;
         int size;
     } dpc;                    /* a ZeRO-1 optimizer's collectives (ff_model_comm) */
 };
 
+static void lay_clear(rlw_lay *y);
+
 rlw *rlw_new(void) {
     rlw *s = ff_calloc(1, sizeof *s);
-    if (s) s->next_req = 1, s->tp = 1;
+    if (!s) return NULL;
+    s->next_req = 1;
+    lay_clear(&s->lay);
+    lay_clear(&s->lay_gen);
+    s->glay = &s->lay;
     return s;
 }
 
@@ -81,30 +98,68 @@ static int tp_sum64(void *ctx, double *buf, size_t n) {
 }
 static int tp_gather(void *ctx, const float *in, float *out, size_t n) { return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, ctx, NULL); }
 
-/* Split the pool's communicator into this rank's TP group (ranks of its replica, by TP rank)
- * and DP group (ranks of its TP rank, by replica): collectives every rank of the pool calls
- * in this order. */
-static int tp_setup(rlw *s, const rlw_init_args *a) {
-    s->tp = 1, s->tp_rank = 0;
-    if (a->tp <= 1) return 0;
-    if (!a->group)
-        return ff_error_set("worker", "the executor sends rl.init with the pool's group", "tp %d without a group communicator", a->tp);
-    if (a->tp_rank < 0 || a->tp_rank >= a->tp || a->dp_rank < 0)
-        return ff_error_set("worker", NULL, "TP rank %d of %d, replica %d", a->tp_rank, a->tp, a->dp_rank);
-    if (ff_coll_comm_split(a->group, a->dp_rank, a->tp_rank, &s->tp_comm) != 0 ||
-        ff_coll_comm_split(a->group, a->tp_rank, a->dp_rank, &s->dp_comm) != 0)
-        return ff_error_wrap("worker: the TP and DP groups");
-    if (ff_coll_comm_size(s->tp_comm) != a->tp || ff_coll_comm_rank(s->tp_comm) != a->tp_rank)
-        return ff_error_set("worker", "every rank of a replica must have the same tp", "TP group of %d ranks (rank %d), expected %d (rank %d)",
-                            ff_coll_comm_size(s->tp_comm), ff_coll_comm_rank(s->tp_comm), a->tp, a->tp_rank);
-    s->tp = a->tp, s->tp_rank = a->tp_rank;
-    s->mcomm = (ff_model_comm){.rank = a->tp_rank, .size = a->tp, .ctx = s->tp_comm, .all_reduce_sum = tp_sum,
-                               .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather};
+static ff_pipe_kind pipe_kind(int plan_schedule) {
+    switch (plan_schedule) {
+    case FF_PLAN_GPIPE:
+    case FF_PLAN_AFAB: return FF_PIPE_GPIPE;
+    case FF_PLAN_INTERLEAVED: return FF_PIPE_INTERLEAVED;
+    default: return FF_PIPE_1F1B;
+    }
+}
+
+static int split(ff_coll_comm *group, int color, int key, int size, int rank, const char *what, ff_coll_comm **out) {
+    if (ff_coll_comm_split(group, color, key, out) != 0) return ff_error_wrap("worker: the %s group", what);
+    if (ff_coll_comm_size(*out) != size || ff_coll_comm_rank(*out) != rank)
+        return ff_error_set("worker", "every rank of a pool must have the same layout", "%s group of %d ranks (rank %d), expected %d (rank %d)",
+                            what, ff_coll_comm_size(*out), ff_coll_comm_rank(*out), size, rank);
     return 0;
 }
 
-int rlw_tp_size(const rlw *s) { return s->tp; }
-int rlw_tp_rank(const rlw *s) { return s->tp_rank; }
+/* Split the pool's communicator into this layout's TP, pipeline and DP groups: collectives
+ * every rank of the pool calls in this order (the same layouts everywhere). L: the config's
+ * layout of the role (the pipeline's schedule and chunks). */
+static int lay_setup(rlw_lay *y, const rlw_place *at, const ff_layout *L, ff_coll_comm *group) {
+    y->at = *at;
+    if (y->at.tp < 1) y->at.tp = 1;
+    if (y->at.pp < 1) y->at.pp = 1;
+    if (y->at.dp < 1) y->at.dp = 1;
+    const rlw_place *p = &y->at;
+    if (p->tp_rank < 0 || p->tp_rank >= p->tp || p->pp_rank < 0 || p->pp_rank >= p->pp || p->dp_rank < 0 || p->dp_rank >= p->dp)
+        return ff_error_set("worker", NULL, "TP rank %d of %d, stage %d of %d, replica %d of %d", p->tp_rank, p->tp, p->pp_rank, p->pp,
+                            p->dp_rank, p->dp);
+    if (p->tp * p->pp == 1) return 0;
+    if (!group)
+        return ff_error_set("worker", "the executor sends rl.init with the pool's group", "tp %d x pp %d without a group communicator",
+                            p->tp, p->pp);
+    if (p->tp > 1) {
+        if (split(group, p->dp_rank * p->pp + p->pp_rank, p->tp_rank, p->tp, p->tp_rank, "TP", &y->tp_comm) != 0) return -1;
+        y->mcomm = (ff_model_comm){.rank = p->tp_rank, .size = p->tp, .ctx = y->tp_comm, .all_reduce_sum = tp_sum,
+                                   .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather};
+    }
+    if (p->pp > 1) {
+        if (split(group, p->dp_rank * p->tp + p->tp_rank, p->pp_rank, p->pp, p->pp_rank, "pipeline", &y->pp_comm) != 0) return -1;
+        ff_pipe_transport_coll(y->pp_comm, &y->pt);
+        y->pipe = (ff_roles_pipe){.transport = &y->pt, .kind = pipe_kind(L->schedule), .vpp = L->vpp > 1 ? (int32_t)L->vpp : 1};
+    }
+    return split(group, p->pp_rank * p->tp + p->tp_rank, p->dp_rank, p->dp, p->dp_rank, "DP", &y->dp_comm);
+}
+
+static void lay_clear(rlw_lay *y) {
+    ff_coll_comm_destroy(&y->tp_comm);
+    ff_coll_comm_destroy(&y->pp_comm);
+    ff_coll_comm_destroy(&y->dp_comm);
+    memset(y, 0, sizeof *y);
+    y->at = (rlw_place){.tp = 1, .pp = 1, .dp = 1};
+}
+
+bool rlw_gen_lockstep(const rlw *s) { return s->glay->at.tp > 1; }
+
+static const rlw_lay *lay_of(const rlw *s, unsigned role) { return role == FF_RL_GEN ? s->glay : &s->lay; }
+
+bool rlw_returns_outputs(const rlw *s, unsigned role) {
+    const rlw_lay *y = lay_of(s, role);
+    return y->at.tp_rank == 0 && y->at.pp_rank == 0;
+}
 
 static void job_free(gen_job *j) {
     for (int32_t i = 0; i < j->k * j->n; i++) ff_gen_output_free(&j->outs[i]);
@@ -125,9 +180,9 @@ static void unload(rlw *s) {
     ff_model_destroy(&s->rm);
     ff_tokenizer_destroy(&s->tok);
     /* after the models that ran their collectives on them */
-    ff_coll_comm_destroy(&s->tp_comm);
-    ff_coll_comm_destroy(&s->dp_comm);
-    s->tp = 1, s->tp_rank = 0;
+    lay_clear(&s->lay);
+    lay_clear(&s->lay_gen);
+    s->glay = &s->lay;
     ff_backend_destroy(&s->be);
     ff_run_config_destroy(&s->run);
     ff_registry_destroy(&s->reg);
@@ -152,18 +207,20 @@ static const ff_node *train_node(const ff_run_config *run, ff_role role) {
 }
 
 /* ---- loading --------------------------------------------------------------------------------- */
-/* A role's model; train: it gets gradients (a role with a train node), else it only infers
- * and holds its parameters alone (ff_model_opts.inference). */
-static ff_model *load_model(rlw *s, const char *dir, bool value_head, bool train, const char *role) {
+/* A role's model in layout y; train: it gets gradients (a role with a train node), else it
+ * only infers and holds its parameters alone (ff_model_opts.inference). Under TP it reads only
+ * this rank's shards; a pipeline stage keeps only its layers of what it reads. */
+static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head, bool train, const char *role) {
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
-    if (s->tp > 1) { /* this rank's shards only */
+    const rlw_place *at = &y->at;
+    if (at->tp > 1) { /* this rank's shards only */
         char path[FF_PATH_MAX];
         snprintf(path, sizeof path, "%s/config.json", dir);
         if (ff_hf_config_load(path, &cfg) != 0 || !(w = ff_tensor_set_new()) ||
-            ff_model_tp_read_weights(dir, &cfg, s->tp_rank, s->tp, w) != 0) {
+            ff_model_tp_read_weights(dir, &cfg, at->tp_rank, at->tp, w) != 0) {
             ff_tensor_set_destroy(&w);
-            ff_error_wrap("role %s (TP rank %d of %d)", role, s->tp_rank, s->tp);
+            ff_error_wrap("role %s (TP rank %d of %d)", role, at->tp_rank, at->tp);
             return NULL;
         }
     } else if (ff_model_dir_load(dir, &cfg, &w) != 0) {
@@ -175,7 +232,19 @@ static ff_model *load_model(rlw *s, const char *dir, bool value_head, bool train
         ff_error_wrap("role %s: %s", role, dir);
         return NULL;
     }
-    ff_model *m = ff_model_new_from(s->be, &cfg, &w, &(ff_model_opts){.inference = !train, .comm = s->tp > 1 ? &s->mcomm : NULL});
+    ff_model_opts mo = {.inference = !train, .comm = at->tp > 1 ? &y->mcomm : NULL};
+    int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
+    ff_model_stage st;
+    if (at->pp > 1) {
+        /* the norm communicator is the layout's: every stage model of it shares the one group */
+        if (ff_roles_pipe_stage(&cfg, &y->pipe, at->pp_rank, first, count, &y->norm, &st) != 0) {
+            ff_tensor_set_destroy(&w);
+            ff_error_wrap("role %s (stage %d of %d)", role, at->pp_rank, at->pp);
+            return NULL;
+        }
+        mo.stage = &st;
+    }
+    ff_model *m = ff_model_new_from(s->be, &cfg, &w, &mo);
     if (!m) ff_error_wrap("role %s: %s", role, dir);
     return m;
 }
@@ -243,8 +312,8 @@ static void set_dp(rlw *s, ff_role role, ff_trainer_config *tc) {
         tc->grad_hook_user = s;
         return;
     }
-    s->dpc = (struct dp_ctx){s, s->dp};
-    tc->dp = (ff_model_comm){.rank = s->dp_rank, .size = s->dp, .ctx = &s->dpc, .all_reduce_sum_f64 = dp_sum64,
+    s->dpc = (struct dp_ctx){s, s->lay.at.dp};
+    tc->dp = (ff_model_comm){.rank = s->lay.at.dp_rank, .size = s->lay.at.dp, .ctx = &s->dpc, .all_reduce_sum_f64 = dp_sum64,
                              .reduce_scatter_sum_v = dp_reduce_scatter, .all_gather_v = dp_all_gather};
 }
 
@@ -254,6 +323,7 @@ static ff_trainer *make_trainer(rlw *s, ff_model *m, ff_role role, int64_t updat
     ff_trainer_config tc;
     if (ff_roles_trainer_config_from_node(s->run, n, updates, &tc) != 0) return NULL;
     set_dp(s, role, &tc);
+    if (s->lay.at.pp > 1) tc.pipe = s->lay.pipe;
     ff_trainer *t = ff_trainer_new(m, &tc);
     if (!t) return NULL;
     if (resume_dir) {
@@ -307,10 +377,30 @@ static char **split_lines(const char *text, int *n) {
     return v;
 }
 
+/* The config's layout of the roles this worker hosts (they share one; a generating copy of
+ * its own on these workers has the actor's generation layout), then the groups. */
+static const ff_layout *hosted_layout(const rlw *s, unsigned roles) {
+    const ff_role_cfg *rc = s->run->roles;
+    if (roles & FF_RL_ACTOR) return &rc[FF_ROLE_ACTOR].layout;
+    if (roles & FF_RL_GEN) return &rc[FF_ROLE_ACTOR].rollout;
+    if (roles & FF_RL_CRITIC) return &rc[FF_ROLE_CRITIC].layout;
+    if (roles & FF_RL_REF) return &rc[FF_ROLE_REF].layout;
+    return &rc[FF_ROLE_REWARD].layout;
+}
+
+static int layouts_setup(rlw *s, const rlw_init_args *a) {
+    if (lay_setup(&s->lay, &a->main, hosted_layout(s, a->roles), a->group) != 0) return -1;
+    s->glay = &s->lay;
+    if (a->gen.tp < 1 || !(a->roles & FF_RL_GEN)) return 0;
+    if (a->gen.pp > 1)
+        return ff_error_set("worker", "give roles.actor.rollout.layout pp: 1", "generation is not pipelined (pp %d)", a->gen.pp);
+    if (lay_setup(&s->lay_gen, &a->gen, &s->run->roles[FF_ROLE_ACTOR].rollout, a->group) != 0) return -1;
+    s->glay = &s->lay_gen;
+    return 0;
+}
+
 int rlw_init(rlw *s, const rlw_init_args *a) {
     unload(s);
-    s->dp_rank = a->dp > 0 ? a->dp_rank : 0;
-    s->dp = a->dp > 0 ? a->dp : 1;
     int n_over = 0;
     char **over = split_lines(a->overrides, &n_over);
     if (n_over < 0) return ff_error_wrap("worker: the run config's overrides");
@@ -321,8 +411,8 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     if (!s->run) return ff_error_wrap("worker: the run config");
     s->be = ff_backend_new(a->backend && a->backend[0] ? a->backend : "cpu");
     if (!s->be) return ff_error_wrap("worker");
-    if (tp_setup(s, a) != 0) return -1;
     const ff_role_cfg *roles = s->run->roles;
+    if (layouts_setup(s, a) != 0) return -1;
     char dir[FF_PATH_MAX];
     const char *actor_dir = roles[FF_ROLE_ACTOR].model;
     if (a->resume_dir) {
@@ -335,12 +425,12 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         if (!s->tok) ff_error_clear();
     }
     if (a->roles & FF_RL_ACTOR) {
-        if (!(s->actor = load_model(s, actor_dir, false, train_node(s->run, FF_ROLE_ACTOR) != NULL, "actor"))) return -1;
+        if (!(s->actor = load_model(s, &s->lay, actor_dir, false, train_node(s->run, FF_ROLE_ACTOR) != NULL, "actor"))) return -1;
         s->t_actor = make_trainer(s, s->actor, FF_ROLE_ACTOR, a->total_updates[0], a->resume_dir, "actor");
         if (!s->t_actor && train_node(s->run, FF_ROLE_ACTOR)) return -1;
     }
     if (a->roles & FF_RL_GEN) {
-        if (!(s->gen = load_model(s, actor_dir, false, false, "actor (generation)"))) return -1;
+        if (!(s->gen = load_model(s, s->glay, actor_dir, false, false, "actor (generation)"))) return -1;
         ff_rollout_config rc;
         ff_rollout_config_default(&rc);
         rc.max_slots = a->slots > 0 ? a->slots : 64;
@@ -355,17 +445,17 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
             cdir = cbuf;
         }
         if (!cdir) return ff_error_set("worker", "add roles.critic.model", "the run has no critic model");
-        if (!(s->critic = load_model(s, cdir, true, train_node(s->run, FF_ROLE_CRITIC) != NULL, "critic"))) return -1;
+        if (!(s->critic = load_model(s, &s->lay, cdir, true, train_node(s->run, FF_ROLE_CRITIC) != NULL, "critic"))) return -1;
         s->t_critic = make_trainer(s, s->critic, FF_ROLE_CRITIC, a->total_updates[1], a->resume_dir, "critic");
         if (!s->t_critic && train_node(s->run, FF_ROLE_CRITIC)) return -1;
     }
     if (a->roles & FF_RL_REF) {
         if (!roles[FF_ROLE_REF].model) return ff_error_set("worker", "add roles.ref.model", "the run has no reference model");
-        if (!(s->ref = load_model(s, roles[FF_ROLE_REF].model, false, false, "ref"))) return -1;
+        if (!(s->ref = load_model(s, &s->lay, roles[FF_ROLE_REF].model, false, false, "ref"))) return -1;
     }
     if (a->roles & FF_RL_REWARD) {
         if (!roles[FF_ROLE_REWARD].model) return ff_error_set("worker", "add roles.reward.model", "the run has no reward model");
-        if (!(s->rm = load_model(s, roles[FF_ROLE_REWARD].model, true, false, "reward"))) return -1;
+        if (!(s->rm = load_model(s, &s->lay, roles[FF_ROLE_REWARD].model, true, false, "reward"))) return -1;
     }
     return 0;
 }
@@ -570,13 +660,19 @@ static ff_rl_sample *views(const rlw_samples *in, float *out, float ***outp, flo
     return v;
 }
 
+/* The pipeline a role's scoring runs over (every stage of the replica gets the outputs), or NULL. */
+static const ff_roles_pipe *pipe_of(const rlw *s, unsigned role) {
+    const rlw_lay *y = lay_of(s, role);
+    return y->at.pp > 1 ? &y->pipe : NULL;
+}
+
 int rlw_logprob(rlw *s, unsigned role, const rlw_samples *in, int32_t micro_batch, float *logp, float *ent) {
     if (need(s, role)) return -1;
     float **pl = NULL, **pe = NULL;
     ff_rl_sample *v = views(in, logp, &pl, ent, &pe);
     if (!v) return -1;
     /* at the rollout's sampling temperature, as the rollout's own log-probs (verl does the same) */
-    ff_score_opts o = {.micro_batch_size = micro_batch, .temperature = sampling_temperature(s->run)};
+    ff_score_opts o = {.micro_batch_size = micro_batch, .temperature = sampling_temperature(s->run), .pipe = pipe_of(s, role)};
     int rc = ff_score_logprobs(model_of(s, role), v, in->n, &o, pl, pe);
     free(v), free(pl), free(pe);
     return rc ? ff_error_wrap("%s log-probs", role_name(role)) : 0;
@@ -587,7 +683,7 @@ int rlw_values(rlw *s, const rlw_samples *in, int32_t micro_batch, float *values
     float **pv = NULL;
     ff_rl_sample *v = views(in, values, &pv, NULL, NULL);
     if (!v) return -1;
-    ff_score_opts o = {.micro_batch_size = micro_batch};
+    ff_score_opts o = {.micro_batch_size = micro_batch, .pipe = pipe_of(s, FF_RL_CRITIC)};
     int rc = ff_score_values(s->critic, v, in->n, &o, pv);
     free(v), free(pv);
     return rc ? ff_error_wrap("critic values") : 0;
@@ -597,7 +693,7 @@ int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *
     if (need(s, FF_RL_REWARD)) return -1;
     ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
     if (!v) return -1;
-    ff_score_opts o = {.micro_batch_size = micro_batch};
+    ff_score_opts o = {.micro_batch_size = micro_batch, .pipe = pipe_of(s, FF_RL_REWARD)};
     int rc = ff_score_reward_model(s->rm, v, in->n, &o, scores);
     free(v);
     return rc ? ff_error_wrap("reward model") : 0;
@@ -613,7 +709,7 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
     ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
     if (!v) return -1;
     ff_train_metrics tm = {0}; /* a step that fails its checks leaves it untouched */
-    s->comm = s->tp > 1 ? s->dp_comm : comm;
+    s->comm = s->lay.dp_comm ? s->lay.dp_comm : comm;
     int rc = ff_trainer_step(t, v, in->n, mb, n_micro, denom, &tm);
     s->comm = NULL;
     free(v);
@@ -639,43 +735,102 @@ int rlw_sync_local(rlw *s) {
 
 int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
     if (!comm) return ff_error_set("weight sync", "the executor makes a sync group with a communicator", "no communicator");
-    bool source = s->actor != NULL;
-    if (ff_coll_comm_rank(comm) == 0 && !source) return need(s, FF_RL_ACTOR);
-    if (!source && need(s, FF_RL_GEN)) return -1;
-    if (!source && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
-    /* whole tensors in the fixed order of the config (ff_model_expected_tensors): the sources
-     * gather theirs (a collective of the actor's TP group), the others receive into zeros */
-    ff_model *m = source ? s->actor : s->gen;
+    /* the trained actor's replica 0 holds the weights (each stage its layers, its TP ranks
+     * gathering them whole); every rank hosting the generating copy takes its slices */
+    const bool source = s->actor != NULL && s->lay.at.dp_rank == 0, target = s->gen != NULL;
+    if (!source && !target) return need(s, FF_RL_GEN);
+    if (target && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
+    ff_model *m = s->actor ? s->actor : s->gen;
     ff_tensor_set *order = ff_tensor_set_new(), *whole = source ? ff_tensor_set_new() : NULL;
     int rc = order && (!source || whole) ? 0 : -1;
+    /* whole tensors in the fixed order of the config (ff_model_expected_tensors) */
     if (rc == 0) rc = ff_model_expected_tensors(ff_model_config_of(m), order);
-    if (rc == 0 && source) rc = ff_model_export_weights(m, whole);
+    if (rc == 0 && source) rc = ff_model_export_weights(m, whole); /* a collective of the TP group */
+    /* who sends each tensor: its stage's TP rank 0 (a sum over the group of rank + 1, one
+     * owner each) */
+    double *owner = rc == 0 ? ff_calloc(order->n ? order->n : 1, sizeof *owner) : NULL;
+    if (rc == 0 && !owner) rc = -1;
+    const int me = ff_coll_comm_rank(comm);
+    for (size_t i = 0; rc == 0 && source && s->lay.at.tp_rank == 0 && i < order->n; i++) {
+        ff_host_tensor *t = &order->items[i], *e = ff_tensor_set_find(whole, t->name);
+        if (!e) continue;
+        if (ff_host_tensor_numel(e) != ff_host_tensor_numel(t)) {
+            rc = ff_error_set("weight sync", "the actor and its generation copy load the same model",
+                              "the trained actor's '%s' has %" PRId64 " elements, the config's %" PRId64, t->name,
+                              ff_host_tensor_numel(e), ff_host_tensor_numel(t));
+            break;
+        }
+        memcpy(t->data, e->data, (size_t)ff_host_tensor_numel(t) * sizeof *t->data);
+        owner[i] = me + 1;
+    }
+    ff_tensor_set_destroy(&whole);
+    if (rc == 0) rc = ff_coll_all_reduce(owner, owner, order->n, FF_DTYPE_F64, FF_COLL_SUM, comm, NULL);
     int64_t total = 0;
     for (size_t i = 0; rc == 0 && i < order->n; i++) {
         ff_host_tensor *t = &order->items[i];
-        if (source) {
-            ff_host_tensor *e = ff_tensor_set_find(whole, t->name);
-            if (!e || ff_host_tensor_numel(e) != ff_host_tensor_numel(t)) {
-                rc = ff_error_set("weight sync", NULL, "the trained actor exported no tensor '%s' of the expected shape", t->name);
-                break;
-            }
-            memcpy(t->data, e->data, (size_t)ff_host_tensor_numel(t) * sizeof *t->data);
-        }
+        int root = (int)owner[i] - 1;
+        if (root < 0 || root >= ff_coll_comm_size(comm) || owner[i] != (double)(root + 1))
+            rc = ff_error_set("weight sync", "the sync group holds the actor's first replica, every stage of it",
+                              "tensor '%s' has %s in the group", t->name, root < 0 ? "no sender" : "several senders");
+        else
+            rc = ff_coll_broadcast(t->data, t->data, (size_t)ff_host_tensor_numel(t), FF_DTYPE_F32, root, comm, NULL);
         total += ff_host_tensor_numel(t);
     }
-    ff_tensor_set_destroy(&whole);
-    /* both sides must hold the same model: the element count first */
-    int64_t n = total;
-    if (rc == 0) rc = ff_coll_broadcast(&n, &n, 1, FF_DTYPE_I64, 0, comm, NULL);
-    if (rc == 0 && n != total)
-        rc = ff_error_set("weight sync", "the actor and its generation copy load the same model",
-                          "the actor has %" PRId64 " parameters in whole tensors, this rank's model %" PRId64, n, total);
-    for (size_t i = 0; rc == 0 && i < order->n; i++)
-        rc = ff_coll_broadcast(order->items[i].data, order->items[i].data, (size_t)ff_host_tensor_numel(&order->items[i]), FF_DTYPE_F32,
-                               0, comm, NULL);
-    if (rc == 0 && !source) rc = ff_model_load_weights(s->gen, order); /* its slices under TP */
+    free(owner);
+    if (rc == 0 && target) rc = ff_model_load_weights(s->gen, order); /* its slices under TP */
     ff_tensor_set_destroy(&order);
     return rc ? ff_error_wrap("weight sync (broadcast of %" PRId64 " parameters in whole tensors)", total) : 0;
+}
+
+/* The other stages' tensors into `set` on the pipeline's first stage (pp rank 0): each sends
+ * its count, then per tensor a header (name length, ndim, shape), the name and the data,
+ * in the order of its set; stage 0 takes them from stage 1, 2, ... in turn. */
+static int gather_stages(ff_coll_comm *pp, ff_tensor_set *set) {
+    enum { HDR = 2 + FF_MAX_DIMS };
+    const int me = ff_coll_comm_rank(pp), n = ff_coll_comm_size(pp);
+    char name[256];
+    if (me != 0) {
+        int64_t count = (int64_t)set->n;
+        if (ff_coll_send(&count, 1, FF_DTYPE_I64, 0, pp, NULL) != 0) return -1;
+        for (size_t i = 0; i < set->n; i++) {
+            const ff_host_tensor *t = &set->items[i];
+            int64_t h[HDR] = {(int64_t)strlen(t->name), t->ndim};
+            for (int d = 0; d < t->ndim; d++) h[2 + d] = t->shape[d];
+            if (ff_coll_send(h, HDR, FF_DTYPE_I64, 0, pp, NULL) != 0 ||
+                ff_coll_send(t->name, (size_t)h[0], FF_DTYPE_U8, 0, pp, NULL) != 0 ||
+                ff_coll_send(t->data, (size_t)ff_host_tensor_numel(t), FF_DTYPE_F32, 0, pp, NULL) != 0)
+                return -1;
+        }
+        return 0;
+    }
+    for (int r = 1; r < n; r++) {
+        int64_t count;
+        if (ff_coll_recv(&count, 1, FF_DTYPE_I64, r, pp, NULL) != 0) return -1;
+        for (int64_t i = 0; i < count; i++) {
+            int64_t h[HDR];
+            if (ff_coll_recv(h, HDR, FF_DTYPE_I64, r, pp, NULL) != 0) return -1;
+            if (h[0] < 1 || h[0] >= (int64_t)sizeof name || h[1] < 0 || h[1] > FF_MAX_DIMS)
+                return ff_error_set("checkpoint", NULL, "stage %d sent a tensor header of name length %" PRId64 ", %" PRId64 " dims", r,
+                                    h[0], h[1]);
+            if (ff_coll_recv(name, (size_t)h[0], FF_DTYPE_U8, r, pp, NULL) != 0) return -1;
+            name[h[0]] = 0;
+            /* a tensor every stage holds (the optimizer's step count): the first stage's stays */
+            const ff_host_tensor *have = ff_tensor_set_find(set, name);
+            ff_host_tensor *t = have ? NULL : ff_tensor_set_add(set, name, (int)h[1], h + 2);
+            if (!have && !t) return ff_error_wrap("checkpoint: stage %d's tensor", r);
+            int64_t numel = 1;
+            for (int d = 0; d < (int)h[1]; d++) numel *= h[2 + d];
+            if (have && ff_host_tensor_numel(have) != numel)
+                return ff_error_set("checkpoint", NULL, "stage %d's '%s' has %" PRId64 " elements, stage 0's %" PRId64, r, name, numel,
+                                    ff_host_tensor_numel(have));
+            float *dst = t ? t->data : ff_malloc((size_t)(numel ? numel : 1) * sizeof *dst);
+            if (!dst) return -1;
+            int rrc = ff_coll_recv(dst, (size_t)numel, FF_DTYPE_F32, r, pp, NULL);
+            if (!t) free(dst);
+            if (rrc != 0) return -1;
+        }
+    }
+    return 0;
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
@@ -687,22 +842,26 @@ int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
     const char *name = role_name(role);
     /* a sharded optimizer's state is gathered by every replica first (so that a failure of
      * the writer cannot leave the others waiting in the gather); the weights are gathered
-     * over the TP group of replica 0, whose TP rank 0 writes */
-    const bool sharded = t && s->run->roles[role == FF_RL_ACTOR ? FF_ROLE_ACTOR : FF_ROLE_CRITIC].layout.zero && s->dp > 1;
+     * over the TP groups of replica 0, whose stages hand theirs to the first stage, whose TP
+     * rank 0 writes */
+    const rlw_place *at = &s->lay.at;
+    const bool sharded = t && s->run->roles[role == FF_RL_ACTOR ? FF_ROLE_ACTOR : FF_ROLE_CRITIC].layout.zero && at->dp > 1;
     ff_tensor_set *o = NULL;
     int rc = 0;
     if (t) {
         o = ff_tensor_set_new();
-        s->comm = s->tp > 1 ? s->dp_comm : comm;
+        s->comm = s->lay.dp_comm ? s->lay.dp_comm : comm;
         rc = o ? ff_optimizer_export_state(ff_trainer_optimizer(t), o) : -1;
         s->comm = NULL;
     }
-    const bool writer = s->tp_rank == 0;
-    if (rc == 0 && (!sharded || s->dp_rank == 0)) {
+    const bool writer = at->tp_rank == 0 && at->pp_rank == 0;
+    if (rc == 0 && (!sharded || at->dp_rank == 0)) {
         char path[FF_PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", dir, name);
         ff_tensor_set *w = !writer || ff_mkdirs(path) == 0 ? ff_tensor_set_new() : NULL;
         rc = w ? ff_model_export_weights(m, w) : -1;
+        if (rc == 0 && at->pp > 1 && at->tp_rank == 0) rc = gather_stages(s->lay.pp_comm, w);
+        if (rc == 0 && o && at->pp > 1 && at->tp_rank == 0) rc = gather_stages(s->lay.pp_comm, o);
         if (rc == 0 && writer) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == FF_RL_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
         ff_tensor_set_destroy(&w);
         snprintf(path, sizeof path, "%s/%s.optim.safetensors", dir, name);

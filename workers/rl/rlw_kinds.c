@@ -3,7 +3,8 @@
  * rlw_engine.c and writes its outputs. docs/run.md lists the kinds and their tensors.
  *
  *   rl.init      config, overrides (U8 text); roles, backend, resume, updates_actor,
- *                updates_critic, slots, max_seq, name, tp, tp_rank, dp_rank (the subtask
+ *                updates_critic, slots, max_seq, name, tp, tp_rank, pp, pp_rank, dp, dp_rank and
+ *                gen_tp .. gen_dp_rank (a generation layout of its own on these workers; the subtask
  *                names the rank's pool group, whose communicator TP splits)
  *                                                              -> params I64 [5], memory, role_bytes
  *   rl.generate  prompt I32, plen I32 [k], seed I64 [k]; n, temperature, top_p, top_k,
@@ -175,21 +176,41 @@ static char *text_of(const ff_tensor *x) {
     return s;
 }
 
+/* A layout place: PREFIX tp, tp_rank, pp, pp_rank, dp, dp_rank (prefix "gen_": all absent
+ * means the generation copy shares the place, tp 0). */
+static bool place_arg(ff_task *t, const char *prefix, rlw_place *p) {
+    static const char *const keys[6] = {"tp", "tp_rank", "pp", "pp_rank", "dp", "dp_rank"};
+    const int64_t dflt[6] = {prefix[0] ? 0 : 1, 0, 1, 0, 1, 0};
+    int64_t v[6];
+    for (int i = 0; i < 6; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "%s%s", prefix, keys[i]);
+        if (!arg_int(t, key, dflt[i], &v[i])) return false;
+    }
+    *p = (rlw_place){(int32_t)v[0], (int32_t)v[1], (int32_t)v[2], (int32_t)v[3], (int32_t)v[4], (int32_t)v[5]};
+    if (prefix[0] && v[0] == 0) return true;
+    bool ok = true;
+    for (int i = 0; i < 6; i += 2)
+        ok = ok && v[i] >= 1 && v[i] <= FF_MSG_MAX_MEMBERS && v[i + 1] >= 0 && v[i + 1] < v[i];
+    if (ok && v[0] * v[2] * v[4] > FF_MSG_MAX_MEMBERS) ok = false;
+    if (!ok)
+        ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: %sTP rank %lld of %lld, stage %lld of %lld, replica %lld of %lld", prefix,
+                     (long long)v[1], (long long)v[0], (long long)v[3], (long long)v[2], (long long)v[5], (long long)v[4]);
+    return ok;
+}
+
 static int k_init(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     if (r->nopen) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: generation jobs are still open");
     const ff_tensor *cfg = input(t, "config", FF_DTYPE_U8, false), *ov = input(t, "overrides", FF_DTYPE_U8, true);
-    int64_t roles, ua, uc, slots, max_seq, tp, tp_rank, dp_rank, dp;
+    int64_t roles, ua, uc, slots, max_seq;
     char backend[64], resume[FF_PATH_MAX], name[FF_PATH_MAX];
     if (!cfg || !arg_int(t, "roles", 0, &roles) || !arg_int(t, "updates_actor", 0, &ua) || !arg_int(t, "updates_critic", 0, &uc) ||
         !arg_int(t, "slots", 64, &slots) || !arg_int(t, "max_seq", 256, &max_seq) || !arg_str(t, "backend", backend, sizeof backend) ||
-        !arg_str(t, "resume", resume, sizeof resume) || !arg_str(t, "name", name, sizeof name) || !arg_int(t, "tp", 1, &tp) ||
-        !arg_int(t, "tp_rank", 0, &tp_rank) || !arg_int(t, "dp_rank", 0, &dp_rank) || !arg_int(t, "dp", 1, &dp))
+        !arg_str(t, "resume", resume, sizeof resume) || !arg_str(t, "name", name, sizeof name))
         return -1;
-    if (tp < 1 || tp > FF_MSG_MAX_MEMBERS || tp_rank < 0 || tp_rank >= tp || dp < 1 || dp > FF_MSG_MAX_MEMBERS || dp_rank < 0 ||
-        dp_rank >= dp)
-        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.init: TP rank %lld of %lld, replica %lld of %lld", (long long)tp_rank,
-                            (long long)tp, (long long)dp_rank, (long long)dp);
+    rlw_place at[2];
+    if (!place_arg(t, "", &at[0]) || !place_arg(t, "gen_", &at[1])) return -1;
     char *text = text_of(cfg), *over = text_of(ov);
     int rc = -1;
     if (text && over) {
@@ -202,10 +223,8 @@ static int k_init(ff_task *t, void *ud) {
                            .total_updates = {ua, uc},
                            .slots = (int32_t)slots,
                            .max_seq_len = (int32_t)max_seq,
-                           .tp = (int32_t)tp,
-                           .tp_rank = (int32_t)tp_rank,
-                           .dp_rank = (int32_t)dp_rank,
-                           .dp = (int32_t)dp,
+                           .main = at[0],
+                           .gen = at[1],
                            .group = ff_task_comm(t)};
         rc = rlw_init(r->eng, &a);
     }
@@ -269,7 +288,7 @@ typedef struct gen_run {
 
 static void on_gen_run(void *ctx, const rlw_gen_done *d) {
     gen_run *g = ctx;
-    if (rlw_tp_rank(g->r->eng) == 0) g->rc = gen_outputs(d->owner, d);
+    if (rlw_returns_outputs(g->r->eng, FF_RL_GEN)) g->rc = gen_outputs(d->owner, d);
 }
 
 static int k_generate(ff_task *t, void *ud) {
@@ -302,7 +321,7 @@ static int k_generate(ff_task *t, void *ud) {
         r->cap = cap;
     }
     rlw_sampling sp = {(float)temp, (float)top_p, (int32_t)top_k, (int32_t)max_new};
-    if (rlw_tp_size(r->eng) > 1) { /* in lockstep with the other TP ranks: to the end, here */
+    if (rlw_gen_lockstep(r->eng)) { /* in lockstep with the other TP ranks: to the end, here */
         gen_run g = {r, 0};
         if (rlw_gen_run(r->eng, t, p->data, pl->data, sd->data, (int32_t)pl->shape[0], (int32_t)n, &sp, on_gen_run, &g) != 0) return -1;
         return g.rc;
@@ -342,8 +361,8 @@ static int step(ff_worker *w, void *ud) {
 /* ---- scoring -------------------------------------------------------------------------------- */
 /* A per-sample F32 output [n]: an output tensor on TP rank 0, a buffer of the caller's to
  * free (*scratch) on the other TP ranks, which compute the same and return nothing. */
-static float *sample_output(ff_task *t, ff_rlworker *r, const char *name, int64_t n, float **scratch) {
-    if (rlw_tp_rank(r->eng) == 0) return ff_task_output(t, name, FF_DTYPE_F32, 1, &n);
+static float *sample_output(ff_task *t, ff_rlworker *r, unsigned role, const char *name, int64_t n, float **scratch) {
+    if (rlw_returns_outputs(r->eng, role)) return ff_task_output(t, name, FF_DTYPE_F32, 1, &n);
     *scratch = ff_malloc((size_t)(n ? n : 1) * sizeof **scratch);
     return *scratch;
 }
@@ -357,8 +376,8 @@ static int k_logprob(ff_task *t, void *ud) {
         !arg_int(t, FF_RL_T_ENTROPY, 0, &want_ent))
         return -1;
     float *s1 = NULL, *s2 = NULL;
-    float *lp = sample_output(t, r, FF_RL_T_LOGPROB, R, &s1);
-    float *ent = want_ent ? sample_output(t, r, FF_RL_T_ENTROPY, R, &s2) : NULL;
+    float *lp = sample_output(t, r, role, FF_RL_T_LOGPROB, R, &s1);
+    float *ent = want_ent ? sample_output(t, r, role, FF_RL_T_ENTROPY, R, &s2) : NULL;
     int rc = !lp || (want_ent && !ent) ? -1 : rlw_logprob(r->eng, role, &in, (int32_t)mb, lp, ent);
     free(s1), free(s2);
     return rc;
@@ -369,7 +388,7 @@ static int k_value(ff_task *t, void *ud) {
     rlw_samples in;
     int64_t R, mb;
     if (!read_samples(t, &in, &R) || !arg_int(t, "mb", 0, &mb)) return -1;
-    float *scratch = NULL, *v = sample_output(t, r, FF_RL_T_VALUES, R, &scratch);
+    float *scratch = NULL, *v = sample_output(t, r, FF_RL_CRITIC, FF_RL_T_VALUES, R, &scratch);
     int rc = v ? rlw_values(r->eng, &in, (int32_t)mb, v) : -1;
     free(scratch);
     return rc;
@@ -380,7 +399,7 @@ static int k_score(ff_task *t, void *ud) {
     rlw_samples in;
     int64_t mb;
     if (!read_samples(t, &in, NULL) || !arg_int(t, "mb", 0, &mb)) return -1;
-    float *scratch = NULL, *s = sample_output(t, r, FF_RL_T_SCORE, in.n, &scratch);
+    float *scratch = NULL, *s = sample_output(t, r, FF_RL_REWARD, FF_RL_T_SCORE, in.n, &scratch);
     int rc = s ? rlw_reward_model(r->eng, &in, (int32_t)mb, s) : -1;
     free(scratch);
     return rc;

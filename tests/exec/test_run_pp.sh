@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Pipeline parallelism in `fuseflow run` (roles.<role>.layout.pp, docs/run.md "Layouts"), on the
+# tiny SFT model of test_run_tp.sh (2 layers, vocabulary 260):
+#   - PPO with the actor, critic and ref at PP 2 on 2 workers (1F1B over the micro-batches of
+#     each step, log-probs and values pipelined forward-only), generating in a layout of its own
+#     on the same workers (DP 2, the weights broadcast stage by stage after each update), and
+#     at TP 2 x PP 2 on 4 workers (generation at TP 2 x DP 2), and GPipe, sample the same
+#     responses as on 1 worker for 3 iterations with float metrics within 1e-6 + 1% (the
+#     stages sum the gradient norm and the tied embedding's two gradients in another order);
+#   - a PP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
+#     tensors, the stages' gathered by the first) and ends as the 1-worker run does; its
+#     checkpoint loads in `fuseflow generate`;
+#   - GRPO with the actor at PP 2 and generation on a pool of its own trains like 1 worker;
+#   - generation at PP > 1 is refused before any worker starts.
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+prepare_tp
+S=$tp_sft
+steps=3
+eps="roles.actor.optim.eps=1e-5 roles.critic.optim.eps=1e-5" # as test_run_tp.sh, for the same reason
+
+ppo() { # OUT EXTRA...
+  local out=$1; shift
+  "$bin" run "$src/examples/ppo.yaml" $(small_run "$out") trainer.steps=$steps trainer.test_freq=$steps trainer.save_freq=0 \
+    data.train_batch_size=8 graph.rollout.n=4 roles.actor.model=$S roles.ref.model=$S roles.critic.model=$S \
+    graph.train_actor.mini_batch_size=4 graph.train_actor.micro_batch_size=4 graph.train_critic.mini_batch_size=4 \
+    graph.train_critic.micro_batch_size=4 graph.ref_logprob.micro_batch_size=4 graph.values.micro_batch_size=4 \
+    roles.actor.optim.lr=1e-3 roles.critic.optim.lr=1e-3 $eps --val-limit 64 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
+    { cat "$out.log" >&2; fail "ppo $* did not run"; }
+}
+same_samples() { # A B WHAT
+  cmp -s "$1/samples.jsonl" "$2/samples.jsonl" || { diff "$1/samples.jsonl" "$2/samples.jsonl" | head -5 >&2; fail "$3: other samples"; }
+}
+
+ppo "$work/one" roles.actor.workers=1
+ppo "$work/pp2" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.dp=2
+ppo "$work/tp2pp2" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=2 \
+  roles.actor.rollout.layout.dp=2
+ppo "$work/gpipe" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.layout.schedule=gpipe roles.actor.rollout.layout.dp=2
+grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[0 1\], critic \[0 1\] tp 1 x pp 2 x dp 1, ref \[0 1\] tp 1 x pp 2 x dp 1" "$work/pp2.log" ||
+  fail "the roles are not at PP 2: $(head -1 "$work/pp2.log")"
+grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\] tp 2 x pp 1 x dp 2" "$work/tp2pp2.log" ||
+  fail "the actor is not at TP 2 x PP 2: $(head -1 "$work/tp2pp2.log")"
+[[ $(iterations "$work/one/metrics.jsonl") == "$steps" ]] || fail "one worker: expected $steps iterations"
+for r in pp2 tp2pp2 gpipe; do
+  same_samples "$work/one" "$work/$r" "$r"
+  same_metrics "$work/one/metrics.jsonl" "$work/$r/metrics.jsonl" 1e-6 1e-2 || fail "$r does not train like one worker"
+done
+
+# stopped at PP 2, resumed on one worker
+ppo "$work/res" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.dp=2 --stop-after 2
+ppo "$work/res" roles.actor.workers=1 --resume
+same_metrics "$work/one/metrics.jsonl" "$work/res/metrics.jsonl" 1e-6 1e-2 || fail "a PP 2 checkpoint resumed on one worker does not go on as one worker"
+ck=$work/res/checkpoints/step-00000002
+[[ -f "$ck/critic/model.safetensors" && -f "$ck/critic.optim.safetensors" && -f "$ck/actor.optim.safetensors" ]] ||
+  fail "the PP 2 checkpoint is not whole: $(ls "$ck")"
+"$bin" generate --model "$ck/actor" --prompt '1+2=' --temperature 0 --max-new-tokens 4 > /dev/null ||
+  fail "the actor checkpointed at PP 2 does not load in fuseflow generate"
+
+# the actor at PP 2, generation on a pool of its own (the "sync" group: both stages send)
+grpo() { # OUT EXTRA...
+  local out=$1; shift
+  "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=$steps trainer.test_freq=$steps trainer.save_freq=0 \
+    data.train_batch_size=8 graph.rollout.n=4 roles.actor.model=$S roles.ref.model=$S graph.train_actor.mini_batch_size=4 \
+    graph.train_actor.micro_batch_size=4 roles.actor.optim.lr=1e-3 roles.actor.optim.eps=1e-5 --val-limit 64 --no-progress \
+    --dump-samples "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "grpo $* did not run"; }
+}
+grpo "$work/g1" roles.actor.workers=1
+grpo "$work/gpp2" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.workers=1
+grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[2\]" "$work/gpp2.log" || fail "not at PP 2 with generation apart: $(head -1 "$work/gpp2.log")"
+same_samples "$work/g1" "$work/gpp2" "GRPO at PP 2"
+same_metrics "$work/g1/metrics.jsonl" "$work/gpp2/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at PP 2 does not train like one worker"
+
+# refused before any worker starts
+out=$work/bad
+if "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=1 data.train_batch_size=4 roles.actor.model=$S \
+     roles.ref.model=$S graph.train_actor.mini_batch_size=2 roles.actor.workers=2 roles.actor.layout.pp=2 --no-progress > "$work/bad.log" 2>&1; then
+  fail "generation at PP 2 was not refused"
+fi
+grep -qF "generation is not pipelined (pp 2)" "$work/bad.log" && grep -qF "roles.actor.rollout.layout with pp: 1" "$work/bad.log" ||
+  { cat "$work/bad.log" >&2; fail "the refusal of generation at PP 2 does not say why and what to do"; }
+[[ ! -e "$out" ]] || fail "workers started before the refusal"
+echo "ok"
