@@ -29,6 +29,13 @@
  * (ff_trainer_config.zero) the optimizer does that sum itself, as a reduce-scatter, and
  * holds the AdamW state of its share of the parameters only.
  *
+ * Pipeline parallelism (docs/roles.md "Pipeline parallelism"). A trainer or a scoring call
+ * given an ff_roles_pipe runs on a stage model (ff_roles_pipe_stage) through the pipeline
+ * executor (fuseflow/pipe_exec.h): every rank of the pipeline calls it with the same samples
+ * and micro-batches, and every rank gets the same results (metrics, scores). Data
+ * parallelism composes as above: each stage's DP hook (or ZeRO-1) sums its own gradients
+ * over the stage's DP group.
+ *
  * Errors: -1 / NULL + ff_error message (bad sample, a model without the head asked for,
  * allocation); misuse (NULL pointers, negative counts) asserts.
  */
@@ -41,6 +48,7 @@
 #include "fuseflow/graph.h"
 #include "fuseflow/microbatch.h"
 #include "fuseflow/model.h"
+#include "fuseflow/pipe_exec.h"
 #include "fuseflow/registry.h"
 #include "fuseflow/rlhf.h"
 
@@ -48,6 +56,27 @@
 extern "C" {
 #endif
 #pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
+
+/* ---- pipeline groups ---------------------------------------------------------------------- */
+
+/* The pipeline a trainer or a scoring call runs over. */
+typedef struct ff_roles_pipe {
+    const ff_pipe_transport *transport; /* the pipeline group, rank = stage rank; NULL or size 1: no
+                                           pipeline. Borrowed: it (and its ctx) outlives the users */
+    ff_pipe_kind kind; /* FF_PIPE_GPIPE, FF_PIPE_1F1B or FF_PIPE_INTERLEAVED (training; scoring always
+                          runs the forward-only schedule of the same placement) */
+    int32_t vpp;       /* virtual stages per rank (interleaved; 1 otherwise; 0 means 1) */
+} ff_roles_pipe;
+
+/* The layers rank `rank` of the pipeline holds for cfg under p, placed as the planner and
+ * ff_pipe_place_layers place them (virtual stage k on rank k mod pp, balanced): first, count
+ * [FF_MODEL_MAX_CHUNKS] each, *out pointing at them, out->comm set to a communicator made from
+ * p->transport (ff_pipe_model_comm) that lives in *norm (caller storage that must outlive the
+ * model). The caller builds its stage model with ff_model_opts.stage = out (TP composes via
+ * ff_model_opts.comm). 0 or -1 + error (no pipeline, more virtual stages than layers, vpp
+ * without the interleaved kind, a rank outside the group). */
+int ff_roles_pipe_stage(const ff_model_config *cfg, const ff_roles_pipe *p, int32_t rank, int32_t *first, int32_t *count,
+                        ff_model_comm *norm, ff_model_stage *out);
 
 /* ---- samples ------------------------------------------------------------------------------- */
 
@@ -151,6 +180,11 @@ typedef struct ff_score_opts {
     int32_t micro_batch_size;   /* samples per forward (0: no limit) */
     int32_t micro_batch_tokens; /* tokens per forward (0: no limit; default 4096 when both 0) */
     float temperature;          /* log-probs/entropy of softmax(logits / T); 0 means 1 */
+    /* NULL (or no pipeline): m is a whole model. Else m is this rank's stage (ff_roles_pipe_stage),
+     * every rank of the pipeline calls with the same samples and options, the micro-batches run
+     * the forward-only schedule of p's placement (padded with one-token micro-batches to a
+     * multiple of pp for the interleaved placement), and the results come out on every rank. */
+    const ff_roles_pipe *pipe;
 } ff_score_opts;
 
 /* Per-token log-probs (and entropy, when entropy != NULL) of each sample's response under m:
@@ -197,6 +231,10 @@ typedef struct ff_trainer_config {
     int zero;
     ff_model_comm dp;
     int64_t zero_bucket;
+    /* pipeline parallelism: zeroed = none (a whole model). With a transport of size > 1 the
+     * model is this rank's stage (ff_roles_pipe_stage of the same p) and ff_trainer_step runs
+     * the schedule of `kind` over the micro-batches (see ff_trainer_step). */
+    ff_roles_pipe pipe;
 } ff_trainer_config;
 
 /* Metrics of a step (or the mean over the steps of ff_trainer_train_batch). Loss values are
@@ -223,7 +261,9 @@ typedef struct ff_trainer ff_trainer;
 
 /* A trainer for m with its own AdamW state (at zero 1: of its range). An actor needs an LM
  * head and config->loss; a critic needs a value head. zero 2 and 3 are refused (not built),
- * and so is a grad_hook at zero 1. NULL + error. */
+ * and so is a grad_hook at zero 1. A stage model needs config->pipe, and its chunks must be
+ * the ones ff_roles_pipe_stage places on the transport's rank; a whole model takes no pipe.
+ * NULL + error. */
 ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c);
 void ff_trainer_destroy(ff_trainer **t);
 ff_model *ff_trainer_model(const ff_trainer *t);
@@ -245,7 +285,16 @@ double ff_trainer_denom(const ff_trainer *t, const ff_rl_sample *samples, int32_
  * or at zero 1 over several ranks, a rank without samples still joins the collectives and
  * steps). 0, or -1 + error (a missing
  * column, a model error, a non-finite gradient: the update is skipped and counted in
- * metrics->skipped). */
+ * metrics->skipped).
+ *
+ * With a pipeline (config->pipe): every rank of the pipeline calls it with THE SAME samples,
+ * offsets and denom. The non-empty micro-batches are packed up front and run by the
+ * executor under the schedule of pipe.kind (interleaved: their count must be a multiple of
+ * pp); the loss is computed on the last virtual stage's rank; the DP hook runs before the
+ * step (the executor's before_step), ZeRO-1 inside it. The metrics are summed over the
+ * pipeline, so every rank returns the same (the single-rank values up to the gradients'
+ * rounding); a skipped step's grad_norm is NaN. Packs, the schedule and the executor are
+ * cached per micro-batch count: a step allocates nothing once one as large has run. */
 int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const int32_t *mb_start, int32_t n_micro,
                     double denom, ff_train_metrics *metrics);
 

@@ -41,7 +41,7 @@ static void test_logprobs(ff_model *m) {
     float lp[NS][9], ent[NS][9];
     float *plp[NS], *pent[NS];
     for (int i = 0; i < NS; i++) plp[i] = lp[i], pent[i] = ent[i];
-    const ff_score_opts opts[] = {{0, 0, 0}, {1, 0, 0.7f}, {3, 0, 1.0f}, {0, 12, 1.3f}, {2, 9, 0}};
+    const ff_score_opts opts[] = {{0, 0, 0, NULL}, {1, 0, 0.7f, NULL}, {3, 0, 1.0f, NULL}, {0, 12, 1.3f, NULL}, {2, 9, 0, NULL}};
     for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
         memset(lp, 0, sizeof lp);
         DIE_IF(ff_score_logprobs(m, s, NS, &opts[k], plp, pent));
@@ -58,7 +58,7 @@ static void test_logprobs(ff_model *m) {
     float hot[NS][9];
     float *phot[NS];
     for (int i = 0; i < NS; i++) phot[i] = hot[i];
-    ff_score_opts h = {0, 0, 2.0f};
+    ff_score_opts h = {.temperature = 2.0f};
     DIE_IF(ff_score_logprobs(m, s, NS, &h, phot, NULL));
     DIE_IF(ff_score_logprobs(m, s, NS, NULL, plp, NULL));
     CHECK(fabsf(hot[0][0] - lp[0][0]) > 1e-3);
@@ -85,7 +85,7 @@ static void test_values(ff_backend *be) {
     float v[NS][9], scores[NS];
     float *pv[NS];
     for (int i = 0; i < NS; i++) pv[i] = v[i];
-    ff_score_opts o = {2, 0, 0};
+    ff_score_opts o = {.micro_batch_size = 2};
     DIE_IF(ff_score_values(critic, s, NS, &o, pv));
     DIE_IF(ff_score_reward_model(critic, s, NS, NULL, scores));
     for (int i = 0; i < NS; i++) {

@@ -102,7 +102,7 @@ static void test_actor_loss_value(ff_backend *be, const ff_registry *reg) {
     float lp[NS][RMAX], ent[NS][RMAX];
     float *plp[NS], *pent[NS];
     for (int i = 0; i < NS; i++) plp[i] = lp[i], pent[i] = ent[i];
-    ff_score_opts so = {0, 0, 0.8f};
+    ff_score_opts so = {.temperature = 0.8f};
     DIE_IF(ff_score_logprobs(m, t.s, NS, &so, plp, pent));
     int32_t off[NS + 1] = {0};
     float L[NS * RMAX], O[NS * RMAX], A[NS * RMAX], R[NS * RMAX], M[NS * RMAX], E[NS * RMAX], K[NS * RMAX];

@@ -39,4 +39,16 @@ const char *rl_col_name(rl_col c);
 int rl_pack_column(const rl_pack *p, const ff_rl_sample *samples, const int32_t *idx, rl_col c, bool allow_missing, float fill,
                    float *dst);
 
+/* ---- pipelines (pipe.c) ---- */
+
+/* p given, with a transport of more than one rank. */
+bool rl_pipe_on(const ff_roles_pipe *p);
+int32_t rl_pipe_vpp(const ff_roles_pipe *p); /* 0 means 1 */
+/* m against p: a stage model needs a pipeline and a whole model takes none; a stage's chunks
+ * are the layers ff_roles_pipe_stage places on the transport's rank. 0 or -1 + error naming
+ * `where` and the mismatch. */
+int rl_pipe_check(const ff_model *m, const ff_roles_pipe *p, const char *where);
+/* The schedule of p's placement for n_micro micro-batches of m (training or forward-only). */
+int rl_pipe_schedule(const ff_model *m, const ff_roles_pipe *p, int32_t n_micro, bool forward_only, ff_pipe_schedule *out);
+
 #endif

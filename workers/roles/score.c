@@ -1,6 +1,7 @@
 /* Scoring over micro-batches: per-token log-probs and entropy (actor, reference), per-token
- * values (critic), reward-model scores (value head at the last token); and the packing of
- * samples into model batches that the trainer shares.
+ * values (critic), reward-model scores (value head at the last token), on a whole model or
+ * over a pipeline (the forward-only schedule, the results sent to every rank); and the
+ * packing of samples into model batches that the trainer shares.
  *
  * Not here: which samples to score (the executor's scheduler), rewards from rules
  * (dataflow/reward.c). */
@@ -174,16 +175,27 @@ static int32_t micro_end(const ff_rl_sample *s, int32_t from, int32_t n, const f
 
 typedef enum { SCORE_LOGPROBS, SCORE_VALUES, SCORE_LAST_VALUE } score_kind;
 
-static int score(ff_model *m, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, score_kind kind,
-                 float *const *a, float *const *b, float *scores) {
-    assert(m && samples && n >= 0);
-    if (n == 0) return 0;
-    const ff_model_config *cfg = ff_model_config_of(m);
-    if (kind == SCORE_LOGPROBS && !ff_model_has_lm_head(m))
-        return ff_error_set("score", "use the actor or reference model", "log-probs need an LM head, and this model is a critic");
-    if (kind != SCORE_LOGPROBS && !cfg->value_head)
-        return ff_error_set("score", "load a critic or reward model (value_head in config.json, score.weight)",
-                            "values need a value head, and this model has none");
+/* The results of packed micro-batch p (samples s [p->S], the first the caller's sample i0)
+ * from the model's outputs lp, ent, val [T] (those the kind computes). */
+static void take_results(const rl_pack *p, const ff_rl_sample *s, int32_t i0, score_kind kind, const float *lp,
+                         const float *ent, const float *val, float *const *a, float *const *b, float *scores) {
+    for (int32_t k = 0; k < p->S; k++) {
+        const int32_t *pos = p->resp_pos + p->resp_off[k];
+        int32_t R = s[k].response_len;
+        if (kind == SCORE_LOGPROBS) {
+            for (int32_t j = 0; j < R; j++) a[i0 + k][j] = lp[pos[j]];
+            if (b)
+                for (int32_t j = 0; j < R; j++) b[i0 + k][j] = ent[pos[j]];
+        } else if (kind == SCORE_VALUES) {
+            for (int32_t j = 0; j < R; j++) a[i0 + k][j] = val[pos[j]];
+        } else {
+            scores[i0 + k] = val[p->starts[k + 1] - 1];
+        }
+    }
+}
+
+static int score_whole(ff_model *m, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, score_kind kind,
+                       float *const *a, float *const *b, float *scores) {
     rl_pack p = {0};
     int rc = 0;
     for (int32_t i = 0; i < n && rc == 0;) {
@@ -205,23 +217,111 @@ static int score(ff_model *m, const ff_rl_sample *samples, int32_t n, const ff_s
             rc = ff_error_wrap("score samples %d..%d", i, e - 1);
             break;
         }
-        for (int32_t k = 0; k < p.S; k++) {
-            const int32_t *pos = p.resp_pos + p.resp_off[k];
-            int32_t R = samples[i + k].response_len;
-            if (kind == SCORE_LOGPROBS) {
-                for (int32_t j = 0; j < R; j++) a[i + k][j] = p.t_a[pos[j]];
-                if (b)
-                    for (int32_t j = 0; j < R; j++) b[i + k][j] = p.t_b[pos[j]];
-            } else if (kind == SCORE_VALUES) {
-                for (int32_t j = 0; j < R; j++) a[i + k][j] = p.t_c[pos[j]];
-            } else {
-                scores[i + k] = p.t_c[p.starts[k + 1] - 1];
-            }
-        }
+        take_results(&p, samples + i, i, kind, p.t_a, p.t_b, p.t_c, a, b, scores);
         i = e;
     }
     rl_pack_free(&p);
     return rc;
+}
+
+/* Over a pipeline: every micro-batch packed, the forward-only schedule of the placement (the
+ * interleaved one padded with one-token micro-batches to a multiple of pp), the outputs of the
+ * last virtual stage's rank sent to the others in one grouped call, the results taken on
+ * every rank. */
+static int score_pipe(ff_model *m, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, score_kind kind,
+                      float *const *a, float *const *b, float *scores) {
+    const ff_roles_pipe *pp = o->pipe;
+    const ff_pipe_transport *tr = pp->transport;
+    const int32_t P = tr->size;
+    int32_t n_real = 0;
+    for (int32_t i = 0; i < n; i = micro_end(samples, i, n, o)) n_real++;
+    const int32_t n_micro = pp->kind == FF_PIPE_INTERLEAVED ? (n_real + P - 1) / P * P : n_real;
+    const int nout = kind == SCORE_LOGPROBS ? (b ? 2 : 1) : 1;
+    rl_pack *packs = ff_calloc((size_t)n_micro, sizeof *packs);
+    ff_batch *bt = ff_malloc(sizeof *bt * (size_t)n_micro);
+    ff_forward_out *outs = ff_calloc((size_t)n_micro, sizeof *outs);
+    int32_t *first = ff_malloc(sizeof *first * (size_t)n_micro);
+    ff_pipe_xfer *x = ff_malloc(sizeof *x * (size_t)P);
+    float *res = NULL;
+    ff_pipe_schedule s = {0};
+    ff_pipe_exec *e = NULL;
+    int rc = -1;
+    if (!packs || !bt || !outs || !first || !x) goto done;
+    const int32_t pad_token = 0;
+    const ff_rl_sample pad = {.prompt = &pad_token, .prompt_len = 1}; /* the smallest forward: its outputs are dropped */
+    int64_t T = 0;
+    for (int32_t j = 0, i = 0; j < n_micro; j++) {
+        const bool real = j < n_real;
+        const int32_t e_ = real ? micro_end(samples, i, n, o) : i;
+        if (rl_pack_build(&packs[j], real ? samples + i : &pad, NULL, real ? e_ - i : 1, kind == SCORE_LOGPROBS)) {
+            ff_error_wrap("samples %d..%d", i, e_ - 1);
+            goto done;
+        }
+        bt[j] = rl_pack_batch(&packs[j]);
+        first[j] = i;
+        if (real) T += packs[j].T;
+        i = e_;
+    }
+    if (!(res = ff_malloc(sizeof(float) * (size_t)(T > 0 ? T : 1) * (size_t)nout))) goto done;
+    for (int32_t j = 0, off = 0; j < n_real; j++) { /* [nout][T]: log-probs or values, then entropy */
+        if (kind == SCORE_LOGPROBS) {
+            outs[j].logprobs = res + off;
+            if (b) outs[j].entropy = res + T + off;
+        } else {
+            outs[j].values = res + off;
+        }
+        off += packs[j].T;
+    }
+    if (rl_pipe_schedule(m, pp, n_micro, true, &s)) goto done;
+    ff_pipe_exec_model em = {.model = m, .temperature = o->temperature, .logprobs = kind == SCORE_LOGPROBS,
+                             .entropy = kind == SCORE_LOGPROBS && b, .values = kind != SCORE_LOGPROBS};
+    if (!(e = ff_pipe_exec_new(&s, tr->rank, tr, &em))) goto done;
+    ff_pipe_run r = {.micro = {bt}, .outs = {outs}};
+    if (ff_pipe_exec_run(e, &r, NULL)) goto done;
+    const int32_t last = s.models[0].stage_rank[s.models[0].n_stages - 1];
+    int nx = 0;
+    const size_t count = (size_t)T * (size_t)nout;
+    if (tr->rank == last) {
+        for (int32_t q = 0; q < P; q++)
+            if (q != last) x[nx++] = (ff_pipe_xfer){.kind = FF_PIPE_XFER_SEND, .peer = q, .buf = res, .count = count};
+    } else {
+        x[nx++] = (ff_pipe_xfer){.kind = FF_PIPE_XFER_RECV, .peer = last, .buf = res, .count = count};
+    }
+    if (count > 0 && tr->call(tr->ctx, x, nx)) {
+        ff_error_wrap("score: the results from the last stage (rank %d)", last);
+        goto done;
+    }
+    for (int32_t j = 0; j < n_real; j++) {
+        const float *lp = outs[j].logprobs, *ent = outs[j].entropy, *val = outs[j].values;
+        take_results(&packs[j], samples + first[j], first[j], kind, lp, ent, val, a, b, scores);
+    }
+    rc = 0;
+done:
+    ff_pipe_exec_destroy(&e);
+    ff_pipe_schedule_clear(&s);
+    for (int32_t j = 0; packs && j < n_micro; j++) rl_pack_free(&packs[j]);
+    free(packs);
+    free(bt);
+    free(outs);
+    free(first);
+    free(x);
+    free(res);
+    return rc;
+}
+
+static int score(ff_model *m, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, score_kind kind,
+                 float *const *a, float *const *b, float *scores) {
+    assert(m && samples && n >= 0);
+    const ff_roles_pipe *pp = o ? o->pipe : NULL;
+    if (rl_pipe_check(m, pp, "score")) return -1;
+    if (n == 0) return 0;
+    const ff_model_config *cfg = ff_model_config_of(m);
+    if (kind == SCORE_LOGPROBS && !ff_model_has_lm_head(m))
+        return ff_error_set("score", "use the actor or reference model", "log-probs need an LM head, and this model is a critic");
+    if (kind != SCORE_LOGPROBS && !cfg->value_head)
+        return ff_error_set("score", "load a critic or reward model (value_head in config.json, score.weight)",
+                            "values need a value head, and this model has none");
+    return rl_pipe_on(pp) ? score_pipe(m, samples, n, o, kind, a, b, scores) : score_whole(m, samples, n, o, kind, a, b, scores);
 }
 
 int ff_score_logprobs(ff_model *m, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, float *const *logprobs,

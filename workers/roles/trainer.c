@@ -7,7 +7,10 @@
  * Per micro-batch: pack the samples (prompt + response), forward with activations kept,
  * gather the per-response-token outputs, compute the loss and its derivative with respect to
  * each token's log-prob / entropy / value on the host (plain C, rlhf.h), scatter them back to
- * the packed positions, backward.
+ * the packed positions, backward. On a pipeline stage (ff_trainer_config.pipe) every
+ * micro-batch is packed first and the executor (fuseflow/pipe_exec.h) runs them through the
+ * schedule, calling the same loss on the last virtual stage's rank; the metrics are then
+ * summed over the pipeline so every rank reports the same.
  *
  * Not here: advantages (computed before training, by the advantage node), mini-batch
  * shuffling across ranks (the executor; ff_trainer_train_batch does it for one process). */
@@ -20,12 +23,63 @@
 #include "fuseflow/util.h"
 #include "workers/roles/roles_internal.h"
 
+/* Running sums of one step's micro-batches. */
+typedef struct acc {
+    double loss, pg, kl, ent_agg, vloss;
+    double w_clip, w_kl, w_ent, w_vclip, w_val, weight; /* token-weighted sums, and the weight */
+    double ratio_max;
+} acc;
+
+/* A schedule and its executor for one micro-batch count (a pipeline stage's). */
+typedef struct pipe_slot {
+    int32_t micro; /* 0: empty */
+    uint64_t used; /* for replacing the least recently used */
+    ff_pipe_schedule s;
+    ff_pipe_exec *e;
+} pipe_slot;
+enum { PIPE_SLOTS = 4 };
+
 struct ff_trainer {
     ff_model *m;
     ff_trainer_config c;
     ff_optimizer *opt;
-    rl_pack pack;
+    rl_pack *packs;   /* [cap_packs]: micro-batch 0's alone without a pipeline, every one with */
+    ff_batch *batches; /* [cap_packs] their batches (pipeline) */
+    int32_t *mb_of;   /* [cap_packs] the caller's micro-batch of each scheduled one (pipeline) */
+    int32_t cap_packs;
+    bool piped;
+    pipe_slot slots[PIPE_SLOTS];
+    uint64_t clock;
+    /* the pipelined step in progress, for the executor's callbacks */
+    const ff_rl_sample *cur_samples;
+    const int32_t *cur_start;
+    double cur_denom;
+    acc cur;
+    bool reached_step;
 };
+
+static int reserve_packs(ff_trainer *t, int32_t n) {
+    if (n <= t->cap_packs) return 0;
+    const int32_t c = n + n / 2;
+    rl_pack *p = ff_realloc(t->packs, sizeof *p * (size_t)c);
+    if (!p) return -1;
+    t->packs = p;
+    memset(p + t->cap_packs, 0, sizeof *p * (size_t)(c - t->cap_packs)); /* packs beyond cap_packs hold nothing */
+    ff_batch *b = ff_realloc(t->batches, sizeof *b * (size_t)c);
+    if (!b) return -1;
+    t->batches = b;
+    int32_t *mb = ff_realloc(t->mb_of, sizeof *mb * (size_t)c);
+    if (!mb) return -1;
+    t->mb_of = mb;
+    t->cap_packs = c;
+    return 0;
+}
+
+static void slot_clear(pipe_slot *sl) {
+    ff_pipe_exec_destroy(&sl->e);
+    ff_pipe_schedule_clear(&sl->s);
+    sl->micro = 0;
+}
 
 ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c) {
     assert(m && c);
@@ -46,6 +100,7 @@ ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c) {
     } else {
         return ff_error_set("trainer", NULL, "unknown trainer kind %d", (int)c->kind), NULL;
     }
+    if (rl_pipe_check(m, &c->pipe, c->kind == FF_TRAIN_ACTOR ? "actor trainer" : "critic trainer")) return NULL;
     if (c->zero == 1 && c->grad_hook)
         return ff_error_set("trainer", "leave grad_hook NULL: at zero 1 the optimizer reduce-scatters the gradients over dp",
                             "a gradient hook and ZeRO-1"),
@@ -54,20 +109,26 @@ ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c) {
     if (!t) return NULL;
     t->m = m;
     t->c = *c;
-    ff_optimizer_opts oo = {.zero = c->zero, .dp = c->dp.size > 1 ? &c->dp : NULL, .bucket = c->zero_bucket};
-    t->opt = ff_optimizer_new_opts(m, &c->optim, &oo);
-    if (!t->opt) {
-        free(t);
+    t->piped = rl_pipe_on(&c->pipe);
+    if (reserve_packs(t, 1)) {
+        ff_trainer_destroy(&t);
         return NULL;
     }
+    ff_optimizer_opts oo = {.zero = c->zero, .dp = c->dp.size > 1 ? &c->dp : NULL, .bucket = c->zero_bucket};
+    t->opt = ff_optimizer_new_opts(m, &c->optim, &oo);
+    if (!t->opt) ff_trainer_destroy(&t);
     return t;
 }
 
 void ff_trainer_destroy(ff_trainer **pt) {
     if (!pt || !*pt) return;
     ff_trainer *t = *pt;
+    for (int i = 0; i < PIPE_SLOTS; i++) slot_clear(&t->slots[i]);
     ff_optimizer_destroy(&t->opt);
-    rl_pack_free(&t->pack);
+    for (int32_t i = 0; i < t->cap_packs; i++) rl_pack_free(&t->packs[i]);
+    free(t->packs);
+    free(t->batches);
+    free(t->mb_of);
     free(t);
     *pt = NULL;
 }
@@ -91,14 +152,6 @@ double ff_trainer_denom(const ff_trainer *t, const ff_rl_sample *samples, int32_
     return d;
 }
 
-/* Running sums of one step's micro-batches. */
-typedef struct acc {
-    double loss, pg, kl, ent_agg, vloss;
-    double w_clip, w_kl, w_ent, w_vclip, w_val, weight; /* token-weighted sums, and the weight */
-    double ratio_max;
-    int64_t micro, samples;
-} acc;
-
 static double masked_sum(const float *mask, const float *x, int32_t n, double *count) {
     double s = 0, c = 0;
     for (int32_t j = 0; j < n; j++) {
@@ -109,15 +162,16 @@ static double masked_sum(const float *mask, const float *x, int32_t n, double *c
     return s;
 }
 
-/* The actor's loss on one packed micro-batch; fills d(loss)/d(logp) and d(loss)/d(entropy) at
- * the packed positions (t_da, t_db). */
-static int actor_micro(ff_trainer *t, const ff_rl_sample *s, int32_t k, double denom, acc *a, bool *need_dent) {
-    rl_pack *p = &t->pack;
+/* The actor's loss on micro-batch p (samples s [k]) from the model's outputs out (logprobs,
+ * entropy [T]): d(loss)/d(logp) and d(loss)/d(entropy) into d's arrays [T] (d_entropy NULLed
+ * when the entropy has no coefficient), the micro-batch's loss term into d->loss. */
+static int actor_micro(const ff_trainer *t, rl_pack *p, const ff_rl_sample *s, int32_t k, double denom,
+                       const ff_forward_out *out, ff_pipe_loss_out *d, acc *a) {
     const ff_trainer_config *c = &t->c;
     float *logp = p->r[0], *ent = p->r[1], *mask = p->r[2], *old = p->r[3], *adv = p->r[4], *ref = p->r[5];
     float *dlogp = p->r[6], *w = p->r[7], *kl = p->r[8], *dkl = p->r[9], *dent = p->r[10];
-    rl_pack_gather(p, p->t_a, logp);
-    rl_pack_gather(p, p->t_b, ent);
+    rl_pack_gather(p, out->logprobs, logp);
+    rl_pack_gather(p, out->entropy, ent);
     if (rl_pack_column(p, s, NULL, RL_COL_MASK, true, 1.0f, mask) ||
         rl_pack_column(p, s, NULL, RL_COL_OLD_LOGPROB, false, 0, old) ||
         rl_pack_column(p, s, NULL, RL_COL_ADVANTAGES, false, 0, adv) ||
@@ -139,13 +193,16 @@ static int actor_micro(ff_trainer *t, const ff_rl_sample *s, int32_t k, double d
         for (int32_t j = 0; j < p->Tr; j++) dlogp[j] += (float)(c->kl_coef * w[j] * dkl[j]);
     }
     double ent_agg = ff_rlhf_agg(agg, &seqs, ent, denom, w);
-    *need_dent = c->entropy_coeff != 0;
-    if (*need_dent) {
+    if (c->entropy_coeff != 0) {
         loss -= c->entropy_coeff * ent_agg;
         for (int32_t j = 0; j < p->Tr; j++) dent[j] = (float)(-c->entropy_coeff * w[j]);
-        rl_pack_scatter(p, dent, p->t_db);
+        rl_pack_scatter(p, dent, d->d_entropy);
+    } else {
+        d->d_entropy = NULL;
     }
-    rl_pack_scatter(p, dlogp, p->t_da);
+    rl_pack_scatter(p, dlogp, d->d_logprobs);
+    d->d_values = NULL;
+    d->loss = loss;
     double cnt;
     double ent_sum = masked_sum(mask, ent, p->Tr, &cnt);
     a->loss += loss;
@@ -160,10 +217,11 @@ static int actor_micro(ff_trainer *t, const ff_rl_sample *s, int32_t k, double d
     return 0;
 }
 
-static int critic_micro(ff_trainer *t, const ff_rl_sample *s, int32_t k, double denom, acc *a) {
-    rl_pack *p = &t->pack;
+/* The critic's: d(loss)/d(value) into d->d_values [T]. */
+static int critic_micro(const ff_trainer *t, rl_pack *p, const ff_rl_sample *s, int32_t k, double denom,
+                        const ff_forward_out *out, ff_pipe_loss_out *d, acc *a) {
     float *v = p->r[0], *mask = p->r[2], *oldv = p->r[3], *ret = p->r[4], *dv = p->r[6];
-    rl_pack_gather(p, p->t_c, v);
+    rl_pack_gather(p, out->values, v);
     if (rl_pack_column(p, s, NULL, RL_COL_MASK, true, 1.0f, mask) ||
         rl_pack_column(p, s, NULL, RL_COL_OLD_VALUES, false, 0, oldv) ||
         rl_pack_column(p, s, NULL, RL_COL_RETURNS, false, 0, ret))
@@ -175,7 +233,9 @@ static int critic_micro(ff_trainer *t, const ff_rl_sample *s, int32_t k, double 
     double vl = ff_rlhf_value_loss(&vc, &seqs, v, oldv, ret, dv, &clipfrac);
     for (int32_t j = 0; j < p->Tr; j++)
         if (!isfinite(dv[j])) return ff_error_set("value loss", "check the returns", "non-finite gradient");
-    rl_pack_scatter(p, dv, p->t_dc);
+    rl_pack_scatter(p, dv, d->d_values);
+    d->d_logprobs = d->d_entropy = NULL;
+    d->loss = vl;
     double cnt;
     double vsum = masked_sum(mask, v, p->Tr, &cnt);
     a->loss += vl;
@@ -183,6 +243,133 @@ static int critic_micro(ff_trainer *t, const ff_rl_sample *s, int32_t k, double 
     a->w_vclip += clipfrac * cnt;
     a->w_val += vsum;
     a->weight += cnt;
+    return 0;
+}
+
+/* The loss of one micro-batch, the same code with and without a pipeline. */
+static int micro_loss(const ff_trainer *t, rl_pack *p, const ff_rl_sample *s, int32_t k, double denom,
+                      const ff_forward_out *out, ff_pipe_loss_out *d, acc *a) {
+    return t->c.kind == FF_TRAIN_ACTOR ? actor_micro(t, p, s, k, denom, out, d, a) : critic_micro(t, p, s, k, denom, out, d, a);
+}
+
+static int run_hook(ff_trainer *t) {
+    if (!t->c.grad_hook) return 0;
+    ff_model *m = t->m;
+    if (t->c.grad_hook(t->c.grad_hook_user, m, ff_model_grad_buffer(m), ff_model_param_count(m)))
+        return ff_error_wrap("gradient all-reduce hook");
+    return 0;
+}
+
+/* ---- without a pipeline ---- */
+
+static int plain_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const int32_t *mb_start, int32_t n_micro,
+                               double denom, acc *a) {
+    const bool actor = t->c.kind == FF_TRAIN_ACTOR;
+    ff_forward_opts fo = {.train = true, .temperature = actor ? t->c.temperature : 0};
+    rl_pack *p = &t->packs[0];
+    for (int32_t b = 0; b < n_micro; b++) {
+        int32_t s0 = mb_start[b], k = mb_start[b + 1] - s0;
+        if (k == 0) continue;
+        const ff_rl_sample *s = samples + s0;
+        if (rl_pack_build(p, s, NULL, k, actor)) return -1;
+        ff_batch bt = rl_pack_batch(p);
+        ff_forward_out out = {0};
+        if (actor) {
+            out.logprobs = p->t_a;
+            out.entropy = p->t_b;
+        } else {
+            out.values = p->t_c;
+        }
+        if (ff_model_forward(t->m, &bt, &fo, &out)) return -1;
+        ff_pipe_loss_out d = {.d_logprobs = p->t_da, .d_entropy = p->t_db, .d_values = p->t_dc};
+        if (micro_loss(t, p, s, k, denom, &out, &d, a)) return -1;
+        if (ff_model_backward(t->m, d.d_logprobs, d.d_entropy, d.d_values)) return -1;
+    }
+    return 0;
+}
+
+/* ---- over a pipeline ---- */
+
+static int pipe_loss(void *ctx, int32_t micro, const ff_batch *b, const ff_forward_out *out, ff_pipe_loss_out *d) {
+    (void)b;
+    ff_trainer *t = ctx;
+    const int32_t mb = t->mb_of[micro], s0 = t->cur_start[mb], k = t->cur_start[mb + 1] - s0;
+    return micro_loss(t, &t->packs[micro], t->cur_samples + s0, k, t->cur_denom, out, d, &t->cur);
+}
+
+static int pipe_before_step(void *ctx, ff_model *m) {
+    (void)m;
+    ff_trainer *t = ctx;
+    t->reached_step = true;
+    return run_hook(t);
+}
+
+/* The executor of n_micro micro-batches: cached, the least recently used replaced. */
+static ff_pipe_exec *pipe_exec_for(ff_trainer *t, int32_t n_micro) {
+    pipe_slot *sl = NULL;
+    for (int i = 0; i < PIPE_SLOTS && !sl; i++)
+        if (t->slots[i].micro == n_micro) sl = &t->slots[i];
+    if (!sl) {
+        sl = &t->slots[0];
+        for (int i = 1; i < PIPE_SLOTS; i++)
+            if (t->slots[i].used < sl->used) sl = &t->slots[i];
+        slot_clear(sl);
+        const bool actor = t->c.kind == FF_TRAIN_ACTOR;
+        if (rl_pipe_schedule(t->m, &t->c.pipe, n_micro, false, &sl->s)) return NULL;
+        ff_pipe_exec_model em = {.model = t->m, .opt = t->opt, .temperature = actor ? t->c.temperature : 0,
+                                 .logprobs = actor, .entropy = actor, .values = !actor, .loss = pipe_loss, .loss_ctx = t,
+                                 .before_step = pipe_before_step, .step_ctx = t};
+        if (!(sl->e = ff_pipe_exec_new(&sl->s, t->c.pipe.transport->rank, t->c.pipe.transport, &em))) {
+            slot_clear(sl);
+            return NULL;
+        }
+        sl->micro = n_micro;
+    }
+    sl->used = ++t->clock;
+    return sl->e;
+}
+
+/* The non-empty micro-batches through the schedule: the backwards, the hook and the
+ * optimizer step. *stepped: the run reached the step (a failure there is the optimizer's:
+ * a skipped update, on every rank alike). */
+static int pipe_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const int32_t *mb_start, int32_t n_micro,
+                              double denom, int32_t n_sched, ff_optim_stats *os, bool *stepped) {
+    const ff_roles_pipe *pp = &t->c.pipe;
+    const int32_t P = pp->transport->size;
+    if (pp->kind == FF_PIPE_INTERLEAVED && n_sched % P)
+        return ff_error_set("pipeline", "plan each share into a multiple of pp micro-batches (micro_batch_size, micro_batch_tokens), or use the 1f1b schedule",
+                            "the interleaved schedule runs micro-batches in groups of pp %d, and this step has %d non-empty micro-batches",
+                            P, n_sched);
+    if (reserve_packs(t, n_sched)) return -1;
+    const bool actor = t->c.kind == FF_TRAIN_ACTOR;
+    for (int32_t b = 0, j = 0; b < n_micro; b++) {
+        const int32_t s0 = mb_start[b], k = mb_start[b + 1] - s0;
+        if (k == 0) continue;
+        if (rl_pack_build(&t->packs[j], samples + s0, NULL, k, actor)) return ff_error_wrap("micro-batch %d", b);
+        t->batches[j] = rl_pack_batch(&t->packs[j]);
+        t->mb_of[j++] = b;
+    }
+    ff_pipe_exec *e = pipe_exec_for(t, n_sched);
+    if (!e) return -1;
+    t->cur_samples = samples;
+    t->cur_start = mb_start;
+    t->cur_denom = denom;
+    t->reached_step = false;
+    ff_pipe_run r = {.micro = {t->batches}};
+    ff_pipe_exec_stats st;
+    int rc = ff_pipe_exec_run(e, &r, &st);
+    *stepped = t->reached_step;
+    if (rc == 0) *os = st.optim[0];
+    return rc;
+}
+
+/* The sums over the pipeline: the loss terms come from the last virtual stage's rank and are
+ * zero on the others, so the sums are that rank's values, exactly (ratio_max too: x + 0). */
+static int pipe_sum_acc(ff_trainer *t, acc *a) {
+    double v[] = {a->loss, a->pg, a->kl, a->ent_agg, a->vloss, a->w_clip, a->w_kl, a->w_ent, a->w_vclip, a->w_val, a->weight, a->ratio_max};
+    const ff_pipe_transport *tr = t->c.pipe.transport;
+    if (tr->all_reduce_sum_f64(tr->ctx, v, sizeof v / sizeof v[0])) return ff_error_wrap("pipeline: the sum of the metrics");
+    *a = (acc){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
     return 0;
 }
 
@@ -207,47 +394,37 @@ int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const
     /* nothing to learn from and no other rank to join: an AdamW step on zero gradients would
      * still move the weights (momentum), so there is none */
     if (n == 0 && !t->c.grad_hook && !(t->c.zero && t->c.dp.size > 1)) return 0;
-    acc a = {0};
-    ff_model_zero_grad(t->m);
-    ff_forward_opts fo = {.train = true, .temperature = actor ? t->c.temperature : 0};
+    int64_t n_sched = 0, n_samples = 0; /* non-empty micro-batches, and their samples */
     for (int32_t b = 0; b < n_micro; b++) {
-        int32_t s0 = mb_start[b], k = mb_start[b + 1] - s0;
-        if (k == 0) continue;
-        const ff_rl_sample *s = samples + s0;
-        rl_pack *p = &t->pack;
-        if (rl_pack_build(p, s, NULL, k, actor)) goto fail;
-        ff_batch bt = rl_pack_batch(p);
-        ff_forward_out out = {0};
-        if (actor) {
-            out.logprobs = p->t_a;
-            out.entropy = p->t_b;
-        } else {
-            out.values = p->t_c;
-        }
-        if (ff_model_forward(t->m, &bt, &fo, &out)) goto fail;
-        bool need_dent = false;
-        if (actor ? actor_micro(t, s, k, denom, &a, &need_dent) : critic_micro(t, s, k, denom, &a)) goto fail;
-        int rc = actor ? ff_model_backward(t->m, p->t_da, need_dent ? p->t_db : NULL, NULL)
-                       : ff_model_backward(t->m, NULL, NULL, p->t_dc);
-        if (rc) goto fail;
-        a.micro++;
-        a.samples += k;
+        n_sched += mb_start[b + 1] > mb_start[b];
+        n_samples += mb_start[b + 1] - mb_start[b];
     }
-    if (t->c.grad_hook) {
-        ff_model *m = t->m;
-        if (t->c.grad_hook(t->c.grad_hook_user, m, ff_model_grad_buffer(m), ff_model_param_count(m))) {
-            ff_error_wrap("gradient all-reduce hook");
-            goto fail;
-        }
-    }
+    acc a = {0};
     ff_optim_stats os = {0};
-    int orc = ff_optimizer_step(t->opt, &os);
+    int orc = 0; /* the optimizer's: -1 for a skipped update */
     ff_model_zero_grad(t->m);
+    if (t->piped && n_sched > 0) {
+        t->cur = (acc){0};
+        bool stepped = false;
+        if (pipe_micro_batches(t, samples, mb_start, n_micro, denom, (int32_t)n_sched, &os, &stepped)) {
+            if (!stepped) goto fail;
+            orc = -1;
+            os.grad_norm = NAN; /* inside the executor: a non-finite norm, the same on every rank */
+            os.lr = ff_adamw_lr_at(&t->c.optim, ff_optimizer_steps_done(t->opt) + 1);
+        }
+        a = t->cur;
+    } else { /* also a pipeline's empty share: no schedule to run, the hook and the step joined alike */
+        if (plain_micro_batches(t, samples, mb_start, n_micro, denom, &a)) goto fail;
+        if (run_hook(t)) goto fail;
+        orc = ff_optimizer_step(t->opt, &os);
+    }
+    ff_model_zero_grad(t->m);
+    if (t->piped && pipe_sum_acc(t, &a)) return ff_error_wrap("%s trainer step", actor ? "actor" : "critic");
     if (metrics) {
         metrics->steps = orc == 0;
         metrics->skipped = orc != 0;
-        metrics->micro_batches = a.micro;
-        metrics->samples = a.samples;
+        metrics->micro_batches = n_sched;
+        metrics->samples = n_samples;
         metrics->tokens = (int64_t)llround(a.weight);
         metrics->loss = a.loss;
         double wt = a.weight > 0 ? a.weight : 1;
