@@ -171,7 +171,13 @@ static int read_role(ff_run_config *run, ff_role r) {
                             (long long)rc->layout.workers, names[colo_i], (long long)run->roles[rc->colocate_with].layout.workers);
     /* a colocated role shares the processes of its target and, unless it says otherwise, its layout */
     if (read_layout(base, rc->colocate_with ? &run->roles[rc->colocate_with].layout : NULL, &rc->layout, path) < 0) return -1;
+    /* generation is not pipelined: on the actor's workers its layout defaults to the actor's
+     * TP with the rest of the workers as DP replicas */
     rc->rollout = rc->layout;
+    if (rc->rollout.pp > 1) {
+        rc->rollout.pp = 1, rc->rollout.vpp = 1;
+        rc->rollout.dp = rc->rollout.workers / rc->rollout.tp;
+    }
     ff_cnode *ro = ff_cnode_find(base, "rollout");
     if (ro) {
         if (r != FF_ROLE_ACTOR)
@@ -181,7 +187,8 @@ static int read_role(ff_run_config *run, ff_role r) {
                                 "'%s.rollout' must be a map", path);
         char what[80];
         snprintf(what, sizeof what, "%s.rollout", path);
-        ff_layout d = rc->layout;
+        ff_layout d = rc->rollout;
+        d.dp = 0; /* inferred from the workers unless given */
         int64_t rw = 0; /* a generation pool of its own (`fuseflow run` syncs weights by broadcast) */
         if (ff_cnode_get_int_in(ro, "workers", 0, 0, INT32_MAX, &rw) < 0) return -1;
         if (rw > 0) { /* its own workers: data parallel over them unless its layout says otherwise */

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# PPO learns at TP 2 (label: learn) as it does at TP 1: from one SFT warm start (the tiny model
+# PPO learns at TP 2 and at TP 2 x PP 2 (label: learn) as it does at TP 1: from one SFT warm start (the tiny model
 # with a vocabulary of 260, which TP 2 divides, fine-tuned as test_learn_ppo.sh's), the run of
-# test_learn_ppo.sh with the actor, critic and ref at TP 2 on 2 workers and the same run on 1
-# worker each raise held-out greedy exact match on 1000 held-out sums by at least 5 points in
+# test_learn_ppo.sh with the actor, critic and ref at TP 2 on 2 workers, at TP 2 x PP 2 on 4
+# (generation at TP 2 x DP 2 on the same workers), and the same run on 1 worker each raise held-out greedy exact match on 1000 held-out sums by at least 5 points in
 # 150 iterations, and end within 5 points of each other (TP changes rounding, and the one-worker
 # run batches its generation by arrival time, which after a hundred updates changes which
 # responses are sampled; so the runs agree in what they learn, not bit for bit). Measured:
 # 42.2% -> 50.2% and 51.8% on one worker (two runs), 42.2% -> 50.9% at TP 2 (both runs: a TP
 # replica decodes its prompts as one batch, so its rounding does not depend on timing); under
-# the sanitizers (another SFT start) 29.0% -> 37.0% and 36.0% in 260 iterations.
+# the sanitizers (another SFT start) 29.0% -> 37.0% and 36.0% in 260 iterations. TP 2 x PP 2: 42.2% ->
+# 49.9% (this run: TP 1 51.1%, TP 2 50.9%).
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_tp learn
@@ -30,11 +31,15 @@ learn() { # OUT EXTRA...
 }
 t1=$(learn "$work/tp1" roles.actor.workers=1)
 t2=$(learn "$work/tp2" roles.actor.workers=2 roles.actor.layout.tp=2)
+t4=$(learn "$work/tp2pp2" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2)
+grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\] tp 2 x pp 1 x dp 2, critic \[0 1 2 3\] tp 2 x pp 2 x dp 1" "$work/tp2pp2.log" ||
+  fail "the roles are not at TP 2 x PP 2: $(head -1 "$work/tp2pp2.log")"
 grep -q "actor \[0 1\] tp 2 x pp 1 x dp 1, critic \[0 1\] tp 2 x pp 1 x dp 1, ref \[0 1\] tp 2 x pp 1 x dp 1" "$work/tp2.log" ||
   fail "the roles are not at TP 2: $(head -1 "$work/tp2.log")"
 b1=$(eval_acc "$work/tp1/metrics.jsonl" 0) a1=$(eval_acc "$work/tp1/metrics.jsonl" $steps)
 b2=$(eval_acc "$work/tp2/metrics.jsonl" 0) a2=$(eval_acc "$work/tp2/metrics.jsonl" $steps)
-echo "PPO: held-out exact match TP 1 $b1 -> $a1 (${t1}s), TP 2 $b2 -> $a2 (${t2}s) after $steps iterations"
+b4=$(eval_acc "$work/tp2pp2/metrics.jsonl" 0) a4=$(eval_acc "$work/tp2pp2/metrics.jsonl" $steps)
+echo "PPO: held-out exact match TP 1 $b1 -> $a1 (${t1}s), TP 2 $b2 -> $a2 (${t2}s), TP 2 x PP 2 $b4 -> $a4 (${t4}s) after $steps iterations"
 [[ "$b1" == "$b2" ]] || fail "the two runs start from different accuracies ($b1, $b2): the same model at TP 2 decodes otherwise"
 python3 -c "import sys; b, a, bar = map(float, sys.argv[1:]); sys.exit(0 if a >= b + bar else 1)" "$b1" "$a1" "$bar" ||
   { tail -5 "$work/tp1.log" >&2; fail "PPO at TP 1 did not raise held-out accuracy by $bar ($b1 -> $a1)"; }
@@ -42,3 +47,8 @@ python3 -c "import sys; b, a, bar = map(float, sys.argv[1:]); sys.exit(0 if a >=
   { tail -5 "$work/tp2.log" >&2; fail "PPO at TP 2 did not raise held-out accuracy by $bar ($b2 -> $a2)"; }
 python3 -c "import sys; x, y, d = map(float, sys.argv[1:]); sys.exit(0 if abs(x - y) <= d else 1)" "$a1" "$a2" "$apart" ||
   fail "PPO at TP 2 ended $a2, at TP 1 $a1: more than $apart apart"
+[[ "$b1" == "$b4" ]] || fail "TP 2 x PP 2 starts from another accuracy ($b4, TP 1 $b1)"
+python3 -c "import sys; b, a, bar = map(float, sys.argv[1:]); sys.exit(0 if a >= b + bar else 1)" "$b4" "$a4" "$bar" ||
+  { tail -5 "$work/tp2pp2.log" >&2; fail "PPO at TP 2 x PP 2 did not raise held-out accuracy by $bar ($b4 -> $a4)"; }
+python3 -c "import sys; x, y, d = map(float, sys.argv[1:]); sys.exit(0 if abs(x - y) <= d else 1)" "$a1" "$a4" "$apart" ||
+  fail "PPO at TP 2 x PP 2 ended $a4, at TP 1 $a1: more than $apart apart"

@@ -11,7 +11,8 @@
 #     tensors, the stages' gathered by the first) and ends as the 1-worker run does; its
 #     checkpoint loads in `fuseflow generate`;
 #   - GRPO with the actor at PP 2 and generation on a pool of its own trains like 1 worker;
-#   - generation at PP > 1 is refused before any worker starts.
+#   - generation's layout defaults to the actor's TP over the rest as DP (not pipelined), and
+#     generation at PP > 1, asked for, is refused before any worker starts.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_tp
@@ -36,7 +37,7 @@ ppo "$work/one" roles.actor.workers=1
 ppo "$work/pp2" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.dp=2
 ppo "$work/tp2pp2" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=2 \
   roles.actor.rollout.layout.dp=2
-ppo "$work/gpipe" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.layout.schedule=gpipe roles.actor.rollout.layout.dp=2
+ppo "$work/gpipe" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.layout.schedule=gpipe
 grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[0 1\], critic \[0 1\] tp 1 x pp 2 x dp 1, ref \[0 1\] tp 1 x pp 2 x dp 1" "$work/pp2.log" ||
   fail "the roles are not at PP 2: $(head -1 "$work/pp2.log")"
 grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\] tp 2 x pp 1 x dp 2" "$work/tp2pp2.log" ||
@@ -48,7 +49,7 @@ for r in pp2 tp2pp2 gpipe; do
 done
 
 # stopped at PP 2, resumed on one worker
-ppo "$work/res" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.dp=2 --stop-after 2
+ppo "$work/res" roles.actor.workers=2 roles.actor.layout.pp=2 --stop-after 2
 ppo "$work/res" roles.actor.workers=1 --resume
 same_metrics "$work/one/metrics.jsonl" "$work/res/metrics.jsonl" 1e-6 1e-2 || fail "a PP 2 checkpoint resumed on one worker does not go on as one worker"
 ck=$work/res/checkpoints/step-00000002
@@ -74,7 +75,7 @@ same_metrics "$work/g1/metrics.jsonl" "$work/gpp2/metrics.jsonl" 1e-6 1e-2 || fa
 # refused before any worker starts
 out=$work/bad
 if "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=1 data.train_batch_size=4 roles.actor.model=$S \
-     roles.ref.model=$S graph.train_actor.mini_batch_size=2 roles.actor.workers=2 roles.actor.layout.pp=2 --no-progress > "$work/bad.log" 2>&1; then
+     roles.ref.model=$S graph.train_actor.mini_batch_size=2 roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.pp=2 --no-progress > "$work/bad.log" 2>&1; then
   fail "generation at PP 2 was not refused"
 fi
 grep -qF "generation is not pipelined (pp 2)" "$work/bad.log" && grep -qF "roles.actor.rollout.layout with pp: 1" "$work/bad.log" ||
