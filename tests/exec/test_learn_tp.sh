@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# PPO learns at TP 2 and at TP 2 x PP 2 (label: learn) as it does at TP 1: from one SFT warm start (the tiny model
-# with a vocabulary of 260, which TP 2 divides, fine-tuned as test_learn_ppo.sh's), the run of
-# test_learn_ppo.sh with the actor, critic and ref at TP 2 on 2 workers, at TP 2 x PP 2 on 4
-# (generation at TP 2 x DP 2 on the same workers), and the same run on 1 worker each raise held-out greedy exact match on 1000 held-out sums by at least 5 points in
-# 150 iterations, and end within 5 points of each other (TP changes rounding, and the one-worker
-# run batches its generation by arrival time, which after a hundred updates changes which
-# responses are sampled; so the runs agree in what they learn, not bit for bit). Measured:
-# 42.2% -> 50.2% and 51.8% on one worker (two runs), 42.2% -> 50.9% at TP 2 (both runs: a TP
-# replica decodes its prompts as one batch, so its rounding does not depend on timing); under
-# the sanitizers (another SFT start) 29.0% -> 37.0% and 36.0% in 260 iterations. TP 2 x PP 2: 42.2% ->
-# 49.9% (this run: TP 1 51.1%, TP 2 50.9%).
+# PPO learns at TP 2 and at TP 2 x PP 2 (label: learn) as it does at TP 1: from one SFT warm
+# start (the tiny model with a vocabulary of 260, which TP 2 divides, fine-tuned as
+# test_learn_ppo.sh's), the run of test_learn_ppo.sh with the actor, critic and ref at TP 2 on 2
+# workers, at TP 2 x PP 2 on 4 (generation at TP 2 x DP 2 on the same workers), and the same run
+# on 1 worker each raise held-out greedy exact match on 1000 held-out sums by at least 5 points
+# in 150 iterations, and end within 5 points of each other (TP changes rounding, and the
+# one-worker run batches its generation by arrival time, which after a hundred updates changes
+# which responses are sampled; so the runs agree in what they learn, not bit for bit).
+# Measured: 42.2% -> 50.2% and 51.8% on one worker (two runs), 42.2% -> 50.9% at TP 2 (both
+# runs: a TP replica decodes its prompts as one batch, so its rounding does not depend on
+# timing), 42.2% -> 49.9% at TP 2 x PP 2 (beside 51.1% and 50.9%); under the sanitizers
+# (another SFT start) 29.0% -> 37.0% and 36.0% in 260 iterations.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_tp learn
