@@ -17,11 +17,13 @@
  * Layouts (roles.<role>.layout, docs/run.md "Layouts"): the ranks of a pool are ordered as the
  * planner orders them (ff_plan_rank_coords: TP innermost, then PP, then DP), checked against
  * the models by the planner's rules before any worker starts (ff_run_config_check_layouts).
- * Executed: dp and tp; pp, sp and zero are refused. A pool with tp > 1 has a group of its own
- * for each DP replica (its TP ranks), and every subtask of its roles goes to a whole replica
- * through that group; its group's communicator is split on the workers into TP and DP groups
- * (rl.init). Roles that share workers share their layout (a generation copy on the actor's
- * workers too: another layout there would need resharding).
+ * Executed: dp, tp, pp (with its schedule and vpp) and zero 1; sp and pipelined generation are
+ * refused. A pool with tp x pp > 1 has a group of its own for each DP replica (its ranks), and
+ * every subtask of its roles goes to a whole replica through that group; its group's
+ * communicator is split on the workers into TP, pipeline and DP groups (rl.init). Roles that
+ * share workers share their layout, but for the generation copy on the actor's workers, which
+ * may have a layout of its own (replica groups of its own, weights broadcast in the actor's
+ * group: a full gather, not resharding).
  *
  * Not here: the iteration (exec_iter.c), training (exec_train.c), checkpoints (exec_ckpt.c). */
 #include <errno.h>
