@@ -643,6 +643,110 @@ static void test_read_shards(const char *name, const ff_model_config *cfg, const
     CHECK(system(cmd) == 0);
 }
 
+/* Sequence parallelism on pipeline stages: every TP rank holds two stage models (layers
+ * [0, L/2) and [L/2, L)) with SP on the same group, and one training step runs through both:
+ * the hidden states and their gradient between the stages are whole [T, H] (gathered), the
+ * same bits on every rank, and the log-probs, entropy, values and every gradient (the union
+ * of the stages' exports) are the single-rank whole model's within the tolerances above. */
+typedef struct stage_result {
+    float lp[NT], ent[NT], val[NT];
+    float *hidden, *dhidden; /* [NT, H] between the stages */
+    ff_tensor_set *grads;
+} stage_result;
+
+typedef struct stage_job {
+    const job *j;
+    int tp;
+    group *g;
+    stage_result res[MAXR];
+} stage_job;
+
+typedef struct stage_arg {
+    stage_job *sj;
+    rank_ctx ctx;
+} stage_arg;
+
+static void *stage_rank(void *p) {
+    stage_arg *a = p;
+    const job *j = a->sj->j;
+    stage_result *r = &a->sj->res[a->ctx.rank];
+    const int L = j->cfg->num_hidden_layers, H = j->cfg->hidden_size, half = L / 2;
+    ff_model_comm comm = {.rank = a->ctx.rank, .size = a->ctx.g->n, .ctx = &a->ctx, .all_reduce_sum = c_sum,
+                          .all_reduce_max = c_max, .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather,
+                          .reduce_scatter_sum_v = c_rs_v, .all_gather_v = c_ag_v};
+    ff_backend *be = ff_backend_new("cpu:1");
+    REQUIRE(be);
+    const int32_t first[2] = {0, half}, count[2] = {half, L - half};
+    ff_model *m[2];
+    for (int s = 0; s < 2; s++) {
+        ff_model_stage st = {.n_chunks = 1, .first_layer = &first[s], .n_layers = &count[s]};
+        ff_model_opts o = {.comm = &comm, .stage = &st, .sequence_parallel = true};
+        m[s] = ff_model_new_opts(be, j->cfg, j->w, &o);
+        if (!m[s]) fprintf(stderr, "%s\n", ff_error_message());
+        REQUIRE(m[s] && ff_model_reserve(m[s], NT) == 0 && ff_model_zero_grad(m[s]) == 0);
+    }
+    r->hidden = calloc((size_t)NT * H, sizeof(float));
+    r->dhidden = calloc((size_t)NT * H, sizeof(float));
+    REQUIRE(r->hidden && r->dhidden);
+    const bool vh = j->cfg->value_head;
+    ff_forward_opts tr = {.train = true};
+    ff_forward_out o = {.logprobs = r->lp, .entropy = r->ent, .values = vh ? r->val : NULL};
+    REQUIRE(ff_model_stage_forward(m[0], 0, 0, j->b, NULL, &tr, NULL, r->hidden) == 0);
+    REQUIRE(ff_model_stage_forward(m[1], 0, 0, j->b, r->hidden, &tr, &o, NULL) == 0);
+    REQUIRE(ff_model_stage_backward(m[1], 0, 0, NULL, j->a, j->c, vh ? j->d : NULL, r->dhidden) == 0);
+    REQUIRE(ff_model_stage_backward(m[0], 0, 0, r->dhidden, NULL, NULL, NULL, NULL) == 0);
+    r->grads = ff_tensor_set_new();
+    for (int s = 0; s < 2; s++) {
+        REQUIRE(ff_model_export_grads(m[s], r->grads) == 0);
+        ff_model_destroy(&m[s]);
+    }
+    ff_backend_destroy(&be);
+    return NULL;
+}
+
+static void test_stages_sp(const char *name, const job *ref, int tp) {
+    stage_job *sj = calloc(1, sizeof *sj);
+    group *g = calloc(1, sizeof *g);
+    REQUIRE(sj && g);
+    *sj = (stage_job){.j = ref, .tp = tp, .g = g};
+    g->n = tp;
+    pthread_barrier_init(&g->bar, NULL, (unsigned)tp);
+    stage_arg args[MAXR];
+    pthread_t th[MAXR];
+    for (int r = 0; r < tp; r++) {
+        args[r] = (stage_arg){.sj = sj, .ctx = {.g = g, .rank = r}};
+        REQUIRE(pthread_create(&th[r], NULL, stage_rank, &args[r]) == 0);
+    }
+    for (int r = 0; r < tp; r++) pthread_join(th[r], NULL);
+    const result *want = &ref->res[0];
+    const size_t hb = (size_t)NT * (size_t)ref->cfg->hidden_size * sizeof(float);
+    char w[160];
+    snprintf(w, sizeof w, "%s tp%d SP on two stages", name, tp);
+    const stage_result *r = &sj->res[0];
+    close_k(K_OUT, w, r->lp, want->lp, NT, 0, TOL_OUT);
+    close_k(K_OUT, w, r->ent, want->ent, NT, 0, TOL_OUT);
+    if (ref->cfg->value_head) close_k(K_OUT, w, r->val, want->val, NT, 0, TOL_OUT);
+    compare_sets(K_GRAD, w, r->grads, want->grads, 0, TOL_GRAD);
+    double hmax = 0;
+    for (size_t i = 0; i < hb / 4; i++) hmax = fmax(hmax, fabs(r->hidden[i]) + fabs(r->dhidden[i]));
+    CHECK(hmax > 0); /* the boundary carries something */
+    for (int q = 1; q < tp; q++) {
+        snprintf(w, sizeof w, "%s tp%d SP on two stages, rank %d hidden states", name, tp, q);
+        same_bits(w, sj->res[q].hidden, r->hidden, hb);
+        same_bits(w, sj->res[q].dhidden, r->dhidden, hb);
+        same_bits(w, sj->res[q].lp, r->lp, sizeof r->lp);
+    }
+    for (int q = 0; q < tp; q++) {
+        free(args[q].ctx.tmp);
+        free(sj->res[q].hidden);
+        free(sj->res[q].dhidden);
+        ff_tensor_set_destroy(&sj->res[q].grads);
+    }
+    pthread_barrier_destroy(&g->bar);
+    free(g);
+    free(sj);
+}
+
 static void test_config(const char *name, ff_model_config cfg, bool critic, const int *tps, int n_tps) {
     ff_tensor_set *all = ff_tensor_set_new(), *w = ff_tensor_set_new();
     REQUIRE(ff_model_init_weights(&cfg, 21, 0.1, all) == 0); /* 0.3: chaotic, log-probs to -12 */
@@ -708,6 +812,9 @@ static void test_config(const char *name, ff_model_config cfg, bool critic, cons
         for (int r = 0; r < tps[i]; r++) free_result(&j->res[r]);
         free(j->g);
     }
+    if (lm && !cfg.tie_word_embeddings) /* a tied last stage's copy needs ff_pipe's sum: tests/pipe */
+        for (int i = 0; i < n_tps; i++)
+            if (tps[i] > 1) test_stages_sp(name, ref, tps[i]);
     test_read_shards(name, &cfg, w, j, ref, tps[n_tps - 1]);
     free_result(&ref->res[0]);
     free(ref);
