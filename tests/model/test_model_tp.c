@@ -16,7 +16,13 @@
  * (ff_model_tp_read_weights) run as ranks given whole tensors. The communicator counts what one training step moves per
  * rank: the calls and sizes must be exactly the design's (docs/model.md), and the bytes are
  * compared with the planner's TP formula (ff_plan_tp_bytes); the ratio is printed. Bad TP
- * layouts and the gathered-logits request get clear errors. */
+ * layouts and the gathered-logits request get clear errors.
+ *
+ * Sequence parallelism (ff_model_opts.sequence_parallel) at every TP size > 1: the same
+ * checks against TP 1 and against TP without SP (T = 30 does not divide by 4 and 8), its
+ * collectives counted (all-gathers and reduce-scatters instead of the [T, H] all-reduces,
+ * the bytes TP's plus its two extras), the workspace per rank smaller than TP's, two pipeline
+ * stages with SP against TP 1, and its errors (docs/model.md "Sequence parallelism"). */
 #include <pthread.h>
 #include <unistd.h>
 
@@ -826,6 +832,7 @@ static void test_config(const char *name, ff_model_config cfg, bool critic, cons
 static int never(void *ctx, float *b, size_t n) { (void)ctx, (void)b, (void)n; REQUIRE(!"called"); return -1; }
 static int never64(void *ctx, double *b, size_t n) { (void)ctx, (void)b, (void)n; REQUIRE(!"called"); return -1; }
 static int never_g(void *ctx, const float *i, float *o, size_t n) { (void)ctx, (void)i, (void)o, (void)n; REQUIRE(!"called"); return -1; }
+static int never_v(void *ctx, const float *i, float *o, const size_t *n) { (void)ctx, (void)i, (void)o, (void)n; REQUIRE(!"called"); return -1; }
 
 static void test_errors(void) {
     ff_model_config c = tiny_config(64, 32, 48, 2, 8, 4, false, false, false);
@@ -880,6 +887,19 @@ static void test_errors(void) {
     tok[1] = 64; /* the whole vocabulary's range is checked, not the shard's */
     CHECK(ff_model_forward(m, &b, NULL, NULL) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "out of range for vocab_size 64");
+    ff_model_destroy(&m);
+    /* sequence parallelism needs the _v collectives, and at least a token per rank */
+    ff_model_opts so = {.comm = &comm, .sequence_parallel = true};
+    CHECK(ff_model_new_opts(be, &c, w, &so) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "reduce_scatter_sum_v and all_gather_v");
+    comm.reduce_scatter_sum_v = never_v;
+    comm.all_gather_v = never_v;
+    m = ff_model_new_opts(be, &c, w, &so);
+    REQUIRE(m);
+    tok[1] = 40;
+    b = (ff_batch){.n_tokens = 1, .n_seqs = 1, .tokens = tok, .seq_start = (int32_t[]){0, 1}};
+    CHECK(ff_model_forward(m, &b, NULL, NULL) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "splits the batch's 1 tokens over 2 tensor-parallel ranks");
     ff_model_destroy(&m);
     ff_tensor_set_destroy(&w);
     ff_backend_destroy(&be);
