@@ -9,7 +9,8 @@
  * and v rows sit together so one matrix product computes all three (same for gate|up).
  *
  * Under tensor parallelism (model/tp.c) the same code runs on this rank's shares of the
- * dimensions, with the collectives tp.c provides where the comments say.
+ * dimensions, with the collectives tp.c provides where the comments say; with sequence
+ * parallelism the residual stream, the norms and the value head on its rows of the tokens.
  *
  * Not here: sliding-window attention, MoE, rope scalings other than llama3 (errors), and
  * dropout (RLHF and SFT of these models run without it). */
@@ -418,7 +419,8 @@ static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_ten
     m->inference = opts && opts->inference;
     bool lm = !cfg->value_head || cfg->tie_word_embeddings || ff_tensor_set_find(weights, "lm_head.weight");
     set_dims(m, cfg, lm);
-    if (set_stage(m, opts ? opts->stage : NULL) || ffm_tp_setup(m, comm, opts && opts->sequence_parallel) || build_table(m) || make_rope(m)) goto fail;
+    const bool sp = opts && opts->sequence_parallel;
+    if (set_stage(m, opts ? opts->stage : NULL) || ffm_tp_setup(m, comm, sp) || build_table(m) || make_rope(m)) goto fail;
     ffm_tp_shards(m);
     m->params = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
     if (!m->params) goto fail;
@@ -947,7 +949,8 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
     } else {
         ff_memcpy_h2d(st, RESID(a, 0), hidden_in + (size_t)r0 * H, (size_t)nr * H * 4);
     }
-    const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start), .sp = sp, .r0 = r0, .nr = nr};
+    const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start),
+                                 .sp = sp, .r0 = r0, .nr = nr};
     for (int i = 0; i < nl; i++) {
         ffm_layer_acts la = layer_acts(a, i, train);
         if (ffm_layer_forward(m, l0 + i, &tk, &la)) goto done;
@@ -965,7 +968,8 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
     } else {
         /* the final norm and the value head on the rank's rows; SP gathers the norm's output
          * for the LM head (the values, [T], for the caller) */
-        ff_dptr xf = AW(a, xf), xf_mine = ff_dptr_add(xf, (size_t)r0 * H, 4), v_mine = ff_dptr_add(AW(a, values), (size_t)r0, 4);
+        ff_dptr xf = AW(a, xf), xf_mine = ff_dptr_add(xf, (size_t)r0 * H, 4);
+        ff_dptr v_mine = ff_dptr_add(AW(a, values), (size_t)r0, 4);
         ff_rmsnorm_fwd(st, xL, ffm_param(m, m->off_norm), xf_mine, AW(a, rstdf), nr, H, eps);
         values = m->vhead && (out->values || train);
         if (values) {
@@ -1069,7 +1073,8 @@ static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, con
         /* gradient at the final norm's output: dxn [T, H]. Under TP the LM head's part is a
          * partial sum over the vocabulary shards (all-reduced below, the f operator of a
          * column-parallel product), and the value head's is whole on every rank: rank 0 alone
-         * adds it before that sum. */
+         * adds it before that sum. SP: the sum is a reduce-scatter to the rank's rows, and each
+         * rank adds the value head's part of its rows after it. */
         const bool lm_grad = d_logprobs || d_entropy, reduce_dxn = m->tp > 1 && lm_grad;
         ff_memset_zero(st, dxn, (size_t)T * H * 4);
         if (d_values && !sp) {
@@ -1108,7 +1113,8 @@ static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, con
                 ff_memcpy_h2d(st, SC(dvalues), d_values + r0, (size_t)nr * 4);
                 ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, nr, H, 1, 1.0f, SC(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f,
                         dxn, H);
-                ff_gemm(st, FF_TRANS, FF_NO_TRANS, 1, H, nr, 1.0f, SC(dvalues), 1, xf_mine, H, 1.0f, ffm_sp_dw(m, m->L, 1), H);
+                ff_gemm(st, FF_TRANS, FF_NO_TRANS, 1, H, nr, 1.0f, SC(dvalues), 1, xf_mine, H, 1.0f, ffm_sp_dw(m, m->L, 1),
+                        H);
             }
         } else if (reduce_dxn && ffm_tp_sum(m, dxn, (size_t)T * H)) {
             goto done;

@@ -61,8 +61,8 @@ typedef struct ffm_acts {
     int32_t n_slots;
     bool kept, head;
     int32_t chunk, micro; /* the forward it holds; micro FFM_FREE: none */
-    size_t resid, resid_stride;                                       /* [T, H] each */
-    size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot */
+    size_t resid, resid_stride;                                       /* [T, H] each (SP: [ceil(T/tp), H]) */
+    size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot (SP: mid as resid) */
     size_t part;                                                      /* SP: [T, H] row-parallel partial sums */
     size_t xf, rstdf;                                                 /* head: [T, H], [T] */
     size_t tok_lse, logprob, entropy, values;                         /* head: [T] each */

@@ -11,7 +11,8 @@
  * of gate and up and those columns of down, the o_proj columns of its heads, and vocabulary
  * rows [r V/t, (r+1) V/t) of the embedding and LM head. Norms and the value head are whole
  * on every rank: their inputs and output gradients are the replicated residual stream, so
- * their gradients come out the same on every rank without a reduction.
+ * their gradients come out the same on every rank without a reduction (with sequence
+ * parallelism they see a rank's rows, and their gradients are summed: ffm_sp_finish_grads).
  *
  * Weights come in as whole tensors (the rank copies its slices) or as the rank's shards,
  * which ff_model_tp_read_weights reads from a whole checkpoint's mapped files, touching only
