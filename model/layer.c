@@ -13,6 +13,11 @@
  * partial sum over its heads or rows, all-reduced before the residual add: row_parallel
  * below). The norms and the residual stream stay whole on every rank.
  *
+ * Sequence parallelism (tk->sp, Korthikanti et al. 2022): the residual stream and the norms
+ * hold this rank's rows of the tokens only; each norm's output is all-gathered into [T, H]
+ * before its column-parallel product, and each row-parallel product's partial sum is
+ * reduce-scattered to the rank's rows instead of all-reduced (the same bytes in a ring).
+ *
  * Not here: the backward (model.c, which reads the activations this leaves), the
  * embedding, the final norm and the heads. */
 #include "model/model_internal.h"
@@ -21,20 +26,42 @@ static bool same(ff_dptr a, ff_dptr b) { return a.buf == b.buf && a.off == b.off
 
 /* out [T, H] = res + A [T, K] @ W^T (W [H, K]); out may be res. Under TP (the g operator)
  * the product is a partial sum: computed alone (into out, or into scratch [T, H] when out is
- * res), summed over the group, then added to res. */
-static int row_parallel(ff_model *m, int T, int K, ff_dptr A, ff_dptr W, ff_dptr res, ff_dptr out, ff_dptr scratch) {
+ * res), summed over the group, then added to res. Under SP out and res are the rank's rows
+ * [nr, H]: the partial sum goes to part [T, H], and its reduce-scatter back into part's
+ * first rows. */
+static int row_parallel(ff_model *m, const ffm_layer_tokens *tk, int K, ff_dptr A, ff_dptr W, ff_dptr res, ff_dptr out,
+                        ff_dptr scratch, ff_dptr part) {
     ff_stream *st = m->st;
-    const int H = m->H;
+    const int H = m->H, T = tk->T;
+    if (tk->sp) {
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, K, 1.0f, A, K, W, K, 0.0f, part, H);
+        if (ffm_sp_scatter(m, part, part, T, H)) return -1;
+        if (!same(out, res)) ff_memcpy_d2d(st, out, res, (size_t)tk->nr * H * 4);
+        ff_add(st, out, part, (int64_t)tk->nr * H);
+        return 0;
+    }
     if (m->tp == 1) {
         if (!same(out, res)) ff_memcpy_d2d(st, out, res, (size_t)T * H * 4);
         ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, K, 1.0f, A, K, W, K, 1.0f, out, H);
         return 0;
     }
-    ff_dptr part = same(out, res) ? scratch : out;
-    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, K, 1.0f, A, K, W, K, 0.0f, part, H);
-    if (ffm_tp_sum(m, part, (size_t)T * H)) return -1;
-    ff_add(st, out, same(part, out) ? res : part, (int64_t)T * H);
+    ff_dptr p = same(out, res) ? scratch : out;
+    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, K, 1.0f, A, K, W, K, 0.0f, p, H);
+    if (ffm_tp_sum(m, p, (size_t)T * H)) return -1;
+    ff_add(st, out, same(p, out) ? res : p, (int64_t)T * H);
     return 0;
+}
+
+/* out [T, H] = RMSNorm(x) with rstd; under SP x is the rank's rows [nr, H], normed into its
+ * rows of out (rstd [nr]) and gathered (the all-gather before a column-parallel product). */
+static int norm_fwd(ff_model *m, const ffm_layer_tokens *tk, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, float eps) {
+    if (!tk->sp) {
+        ff_rmsnorm_fwd(m->st, x, w, out, rstd, tk->T, m->H, eps);
+        return 0;
+    }
+    ff_dptr mine = ff_dptr_add(out, (size_t)tk->r0 * (size_t)m->H, 4);
+    ff_rmsnorm_fwd(m->st, x, w, mine, rstd, tk->nr, m->H, eps);
+    return ffm_sp_gather(m, mine, out, tk->T, m->H);
 }
 
 int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a) {
@@ -45,8 +72,9 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
     const int HD = Hq * D, KD = Hkv * D;
     const float eps = (float)m->cfg.rms_norm_eps;
 
-    /* attention block: xn1 = norm(x) [T, H] (replicated under TP) */
-    ff_rmsnorm_fwd(st, a->x, ffm_param(m, p->ln1), a->xn1, a->rstd1, T, H, eps);
+    /* attention block: xn1 = norm(x) [T, H] (replicated under TP; SP: the rank's rows, then
+     * all-gathered) */
+    if (norm_fwd(m, tk, a->x, ffm_param(m, p->ln1), a->xn1, a->rstd1, eps)) return -1;
 
     /* column-parallel: qkv [T, QKV] = xn1 @ Wqkv^T (+ b), Wqkv [QKV, H] = q|k|v rows */
     ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, QKV, H, 1.0f, a->xn1, H, ffm_param(m, p->wqkv), H, 0.0f, a->qkv, QKV);
@@ -65,10 +93,10 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
 
     /* row-parallel: mid [T, H] = x + att @ Wo^T, Wo [H, Hq D]. TP all-reduce #1, over the
      * rank's heads (scratch: xn1, which in place of x is no longer needed) */
-    if (row_parallel(m, T, HD, a->att, ffm_param(m, p->wo), a->x, a->mid, a->xn1)) return -1;
+    if (row_parallel(m, tk, HD, a->att, ffm_param(m, p->wo), a->x, a->mid, a->xn1, a->part)) return -1;
 
-    /* MLP block: xn2 = norm(mid) [T, H] (replicated under TP) */
-    ff_rmsnorm_fwd(st, a->mid, ffm_param(m, p->ln2), a->xn2, a->rstd2, T, H, eps);
+    /* MLP block: xn2 = norm(mid) [T, H] (replicated under TP; SP: gathered) */
+    if (norm_fwd(m, tk, a->mid, ffm_param(m, p->ln2), a->xn2, a->rstd2, eps)) return -1;
 
     /* column-parallel: gu [T, 2I] = xn2 @ Wgu^T, Wgu [2I, H] = gate|up rows; hm [T, I] */
     ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 2 * I, H, 1.0f, a->xn2, H, ffm_param(m, p->wgu), H, 0.0f, a->gu, 2 * I);
@@ -76,5 +104,5 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
 
     /* row-parallel: y [T, H] = mid + hm @ Wdown^T, Wdown [H, I]. TP all-reduce #2, over the
      * rank's intermediate rows (scratch: xn2, read by gate|up above) */
-    return row_parallel(m, T, I, a->hm, ffm_param(m, p->wdown), a->mid, a->y, a->xn2);
+    return row_parallel(m, tk, I, a->hm, ffm_param(m, p->wdown), a->mid, a->y, a->xn2, a->part);
 }

@@ -9,7 +9,8 @@
  * and v rows sit together so one matrix product computes all three (same for gate|up).
  *
  * Under tensor parallelism (model/tp.c) the same code runs on this rank's shares of the
- * dimensions, with the collectives tp.c provides where the comments say.
+ * dimensions, with the collectives tp.c provides where the comments say; with sequence
+ * parallelism the residual stream, the norms and the value head on its rows of the tokens.
  *
  * Not here: sliding-window attention, MoE, rope scalings other than llama3 (errors), and
  * dropout (RLHF and SFT of these models run without it). */
@@ -418,7 +419,8 @@ static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_ten
     m->inference = opts && opts->inference;
     bool lm = !cfg->value_head || cfg->tie_word_embeddings || ff_tensor_set_find(weights, "lm_head.weight");
     set_dims(m, cfg, lm);
-    if (set_stage(m, opts ? opts->stage : NULL) || ffm_tp_setup(m, comm) || build_table(m) || make_rope(m)) goto fail;
+    const bool sp = opts && opts->sequence_parallel;
+    if (set_stage(m, opts ? opts->stage : NULL) || ffm_tp_setup(m, comm, sp) || build_table(m) || make_rope(m)) goto fail;
     ffm_tp_shards(m);
     m->params = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
     if (!m->params) goto fail;
@@ -644,18 +646,20 @@ static bool embed_chunk(const ff_model *m, int c) { return c == 0 && m->has_embe
 static int acts_alloc(ff_model *m, ffm_acts *a, int32_t cap) {
     acts_free(a);
     const size_t f = sizeof(float), Tz = (size_t)cap, H = (size_t)m->H, HD = (size_t)m->Hq * m->D;
+    const size_t Tl = m->sp ? (size_t)ffm_sp_max_rows(m, cap) : Tz; /* SP: a rank's rows of the residual stream */
     size_t o = 0;
-    a->resid_stride = (Tz * H * f + 63) & ~(size_t)63;
+    a->resid_stride = (Tl * H * f + 63) & ~(size_t)63;
     a->resid = take(&o, a->resid_stride * (a->kept ? (size_t)a->n_slots + 1 : 1));
     size_t lo = 0; /* one layer's activations */
     size_t xn1 = take(&lo, Tz * H * f), rstd1 = take(&lo, Tz * f), qkv = take(&lo, Tz * (size_t)m->QKV * f);
-    size_t att = take(&lo, Tz * HD * f), lse = take(&lo, Tz * (size_t)m->Hq * f), mid = take(&lo, Tz * H * f);
+    size_t att = take(&lo, Tz * HD * f), lse = take(&lo, Tz * (size_t)m->Hq * f), mid = take(&lo, Tl * H * f);
     size_t xn2 = take(&lo, Tz * H * f), rstd2 = take(&lo, Tz * f), gu = take(&lo, Tz * 2 * (size_t)m->I * f);
     size_t hm = take(&lo, Tz * (size_t)m->I * f);
     a->layer_stride = lo;
     size_t base = take(&o, lo * (size_t)a->n_slots);
     a->xn1 = base + xn1, a->rstd1 = base + rstd1, a->qkv = base + qkv, a->att = base + att, a->lse = base + lse;
     a->mid = base + mid, a->xn2 = base + xn2, a->rstd2 = base + rstd2, a->gu = base + gu, a->hm = base + hm;
+    a->part = take(&o, m->sp ? Tz * H * f : 0);
     if (a->head) {
         a->xf = take(&o, Tz * H * f);
         a->rstdf = take(&o, Tz * f);
@@ -753,7 +757,7 @@ static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
     w->dentropy = take(&o, Tz * f);
     w->dvalues = take(&o, Tz * f);
     if (bwd) {
-        w->dres = take(&o, Tz * H * f);
+        w->dres = take(&o, (m->sp ? (size_t)ffm_sp_max_rows(m, cap) : Tz) * H * f); /* SP: the rank's rows */
         w->dxn = take(&o, Tz * H * f);
         w->dqkv = take(&o, Tz * (size_t)m->QKV * f);
         w->datt = take(&o, Tz * HD * f);
@@ -824,7 +828,7 @@ static ffm_layer_acts layer_acts(const ffm_acts *w, int i, bool kept) {
     ffm_layer_acts r = {.x = RESID(w, a), .xn1 = AWL(w, xn1, a), .rstd1 = AWL(w, rstd1, a), .qkv = AWL(w, qkv, a),
                         .att = AWL(w, att, a), .lse = AWL(w, lse, a), .mid = kept ? AWL(w, mid, a) : RESID(w, 0),
                         .xn2 = AWL(w, xn2, a), .rstd2 = AWL(w, rstd2, a), .gu = AWL(w, gu, a), .hm = AWL(w, hm, a),
-                        .y = RESID(w, kept ? i + 1 : 0)};
+                        .y = RESID(w, kept ? i + 1 : 0), .part = AW(w, part)};
     return r;
 }
 
@@ -893,6 +897,10 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
     if (head && out->logits && m->tp > 1)
         return ff_error_set("forward", "ask for log-probs and entropy, which are computed over the vocabulary shards",
                             "the [T, V] logits are not gathered under tensor parallelism");
+    if (m->sp && b->n_tokens < m->tp)
+        return ff_error_set("forward", "give at least as many tokens as ranks, or turn sequence parallelism off",
+                            "sequence parallelism splits the batch's %d tokens over %d tensor-parallel ranks",
+                            b->n_tokens, m->tp);
     if (train && micro != FFM_MAIN && acts_held(m, c, micro))
         return ff_error_set("stage forward", "run its backward first (ff_model_stage_backward)",
                             "micro-batch %d is already in flight through chunk %d", micro, c);
@@ -928,15 +936,21 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
     ff_memcpy_h2d(st, AW(a, seq_start), b->seq_start, ((size_t)S + 1) * 4);
 
     int rc = -1;
+    /* SP: the residual stream is this rank's rows [r0, r0 + nr) of the tokens (else all) */
+    const bool sp = m->sp;
+    int32_t r0 = 0, nr = T;
+    if (sp) ffm_sp_rows(m, T, m->tp_rank, &r0, &nr);
     if (embed) {
         /* vocabulary-parallel: a token outside this rank's rows embeds to zeros, and the sum
-         * over the group has every row */
-        ff_embedding_fwd(st, AW(a, tokens), ffm_param(m, m->off_embed), RESID(a, 0), T, H);
-        if (m->tp > 1 && ffm_tp_sum(m, RESID(a, 0), (size_t)T * H)) goto done;
+         * over the group has every row (SP: the reduce-scatter of it, the rank's rows) */
+        ff_dptr e = sp ? AW(a, part) : RESID(a, 0);
+        ff_embedding_fwd(st, AW(a, tokens), ffm_param(m, m->off_embed), e, T, H);
+        if (sp ? ffm_sp_scatter(m, e, RESID(a, 0), T, H) : m->tp > 1 && ffm_tp_sum(m, e, (size_t)T * H)) goto done;
     } else {
-        ff_memcpy_h2d(st, RESID(a, 0), hidden_in, (size_t)T * H * 4);
+        ff_memcpy_h2d(st, RESID(a, 0), hidden_in + (size_t)r0 * H, (size_t)nr * H * 4);
     }
-    const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start)};
+    const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start),
+                                 .sp = sp, .r0 = r0, .nr = nr};
     for (int i = 0; i < nl; i++) {
         ffm_layer_acts la = layer_acts(a, i, train);
         if (ffm_layer_forward(m, l0 + i, &tk, &la)) goto done;
@@ -945,15 +959,25 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
     bool values = false, entropy = false;
     int32_t chunk = 0;
     if (!head) {
-        ff_memcpy_d2h(st, hidden_out, xL, (size_t)T * H * 4);
+        /* SP: the next stage gets the whole [T, H] (gathered), as without SP */
+        if (sp) {
+            if (ffm_sp_gather_host(m, xL, hidden_out, T, H)) goto done;
+        } else {
+            ff_memcpy_d2h(st, hidden_out, xL, (size_t)T * H * 4);
+        }
     } else {
-        ff_rmsnorm_fwd(st, xL, ffm_param(m, m->off_norm), AW(a, xf), AW(a, rstdf), T, H, eps);
+        /* the final norm and the value head on the rank's rows; SP gathers the norm's output
+         * for the LM head (the values, [T], for the caller) */
+        ff_dptr xf = AW(a, xf), xf_mine = ff_dptr_add(xf, (size_t)r0 * H, 4);
+        ff_dptr v_mine = ff_dptr_add(AW(a, values), (size_t)r0, 4);
+        ff_rmsnorm_fwd(st, xL, ffm_param(m, m->off_norm), xf_mine, AW(a, rstdf), nr, H, eps);
         values = m->vhead && (out->values || train);
         if (values) {
-            ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 1, H, 1.0f, AW(a, xf), H, ffm_param(m, m->off_score), H, 0.0f,
-                    AW(a, values), 1);
-            if (out->values) ff_memcpy_d2h(st, out->values, AW(a, values), (size_t)T * 4);
+            ff_gemm(st, FF_NO_TRANS, FF_TRANS, nr, 1, H, 1.0f, xf_mine, H, ffm_param(m, m->off_score), H, 0.0f, v_mine, 1);
+            if (out->values && sp && ffm_sp_gather_host(m, v_mine, out->values, T, 1)) goto done;
+            if (out->values && !sp) ff_memcpy_d2h(st, out->values, v_mine, (size_t)T * 4);
         }
+        if (want_lm && sp && ffm_sp_gather(m, xf_mine, xf, T, H)) goto done;
         chunk = chunk_for(m, T);
         entropy = out->entropy || (train && want_lm) || m->tp > 1; /* TP: the shard's entropy combines */
         if (want_lm) {
@@ -1033,15 +1057,27 @@ static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, con
     const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, l0 = m->chunk_l0[c], nl = m->chunk_nl[c];
     ff_dptr dres = SC(dres), dxn = SC(dxn), dqkv = SC(dqkv), datt = SC(datt), dgu = SC(dgu), dh = SC(dh);
     int rc = -1;
+    /* SP: dres and the norms' inputs and output gradients are the rank's rows [r0, r0 + nr)
+     * (dxn's first nr rows after a reduce-scatter), the products' output gradients dy [T, H]
+     * the all-gather of dres into dxn; the norms' and the value head's weight gradients are
+     * partial (m->sp_dw), summed over the group at the end */
+    const bool sp = m->sp;
+    int32_t r0 = 0, nr = T;
+    if (sp) {
+        ffm_sp_rows(m, T, m->tp_rank, &r0, &nr);
+        ffm_sp_zero_grads(m, l0, nl, head);
+    }
+#define NORM_DW(off, l, which) (sp ? ffm_sp_dw(m, (l), (which)) : ffm_grad(m, (off)))
 
     if (head) {
         /* gradient at the final norm's output: dxn [T, H]. Under TP the LM head's part is a
          * partial sum over the vocabulary shards (all-reduced below, the f operator of a
          * column-parallel product), and the value head's is whole on every rank: rank 0 alone
-         * adds it before that sum. */
+         * adds it before that sum. SP: the sum is a reduce-scatter to the rank's rows, and each
+         * rank adds the value head's part of its rows after it. */
         const bool lm_grad = d_logprobs || d_entropy, reduce_dxn = m->tp > 1 && lm_grad;
         ff_memset_zero(st, dxn, (size_t)T * H * 4);
-        if (d_values) {
+        if (d_values && !sp) {
             ff_memcpy_h2d(st, SC(dvalues), d_values, (size_t)T * 4);
             if (!reduce_dxn || m->tp_rank == 0)
                 ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 1, 1.0f, SC(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f,
@@ -1070,28 +1106,51 @@ static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, con
             }
             m->sc.logits_of = NULL; /* the logits buffer now holds dlogits */
         }
-        if (reduce_dxn && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done;
-        ff_memset_zero(st, dres, (size_t)T * H * 4);
-        ff_rmsnorm_bwd(st, RESID(a, nl), ffm_param(m, m->off_norm), AW(a, rstdf), dxn, dres, ffm_grad(m, m->off_norm),
-                       T, H);
+        if (sp) { /* the LM head's part reduce-scattered to the rank's rows, then the value head's */
+            if (lm_grad && ffm_sp_scatter(m, dxn, dxn, T, H)) goto done;
+            if (d_values) {
+                ff_dptr xf_mine = ff_dptr_add(AW(a, xf), (size_t)r0 * H, 4);
+                ff_memcpy_h2d(st, SC(dvalues), d_values + r0, (size_t)nr * 4);
+                ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, nr, H, 1, 1.0f, SC(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f,
+                        dxn, H);
+                ff_gemm(st, FF_TRANS, FF_NO_TRANS, 1, H, nr, 1.0f, SC(dvalues), 1, xf_mine, H, 1.0f, ffm_sp_dw(m, m->L, 1),
+                        H);
+            }
+        } else if (reduce_dxn && ffm_tp_sum(m, dxn, (size_t)T * H)) {
+            goto done;
+        }
+        ff_memset_zero(st, dres, (size_t)nr * H * 4);
+        ff_rmsnorm_bwd(st, RESID(a, nl), ffm_param(m, m->off_norm), AW(a, rstdf), dxn, dres,
+                       NORM_DW(m->off_norm, m->L, 0), nr, H);
     } else {
-        ff_memcpy_h2d(st, dres, d_hidden_out, (size_t)T * H * 4);
+        ff_memcpy_h2d(st, dres, d_hidden_out + (size_t)r0 * H, (size_t)nr * H * 4);
     }
 
     for (int i = nl - 1; i >= 0; i--) {
         const ff_layer_params *p = &m->layers[l0 + i];
         const ffm_layer_acts la = layer_acts(a, i, true);
         /* y = mid + hm @ Wdown^T: dres is d y and, after the norm below, d mid */
-        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, I, H, 1.0f, dres, H, ffm_param(m, p->wdown), I, 0.0f, dh, I);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, I, T, 1.0f, dres, H, la.hm, I, 1.0f, ffm_grad(m, p->wdown), I);
+        ff_dptr dy = dres;
+        if (sp) { /* the backward of the forward's reduce-scatter */
+            if (ffm_sp_gather(m, dres, dxn, T, H)) goto done;
+            dy = dxn;
+        }
+        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, I, H, 1.0f, dy, H, ffm_param(m, p->wdown), I, 0.0f, dh, I);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, I, T, 1.0f, dy, H, la.hm, I, 1.0f, ffm_grad(m, p->wdown), I);
         ff_swiglu_bwd(st, la.gu, dh, dgu, T, I);
         ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 2 * I, 1.0f, dgu, 2 * I, ffm_param(m, p->wgu), H, 0.0f, dxn, H);
         ff_gemm(st, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, 1.0f, dgu, 2 * I, la.xn2, H, 1.0f, ffm_grad(m, p->wgu), H);
-        if (m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done; /* f: gate|up is column-parallel */
-        ff_rmsnorm_bwd(st, la.mid, ffm_param(m, p->ln2), la.rstd2, dxn, dres, ffm_grad(m, p->ln2), T, H);
+        /* f: gate|up is column-parallel (SP: the backward of the all-gather) */
+        if (sp ? ffm_sp_scatter(m, dxn, dxn, T, H) : m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done;
+        ff_rmsnorm_bwd(st, la.mid, ffm_param(m, p->ln2), la.rstd2, dxn, dres, NORM_DW(p->ln2, l0 + i, 1), nr, H);
         /* mid = x + att @ Wo^T */
-        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, 1.0f, dres, H, ffm_param(m, p->wo), HD, 0.0f, datt, HD);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, HD, T, 1.0f, dres, H, la.att, HD, 1.0f, ffm_grad(m, p->wo), HD);
+        dy = dres;
+        if (sp) {
+            if (ffm_sp_gather(m, dres, dxn, T, H)) goto done;
+            dy = dxn;
+        }
+        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, 1.0f, dy, H, ffm_param(m, p->wo), HD, 0.0f, datt, HD);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, HD, T, 1.0f, dy, H, la.att, HD, 1.0f, ffm_grad(m, p->wo), HD);
         ff_attention_bwd(st, la.qkv, QKV, AW(a, seq_start), a->seq_start_host, S, T, m->Hq, m->Hkv, m->D, la.att,
                          la.lse, datt, SC(delta), dqkv);
         ff_rope_bwd(st, dqkv, QKV, AW(a, pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T,
@@ -1105,11 +1164,20 @@ static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, con
             if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, QKV);
             ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, la.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
         }
-        if (m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done; /* f: q|k|v is column-parallel */
-        ff_rmsnorm_bwd(st, la.x, ffm_param(m, p->ln1), la.rstd1, dxn, dres, ffm_grad(m, p->ln1), T, H);
+        /* f: q|k|v is column-parallel */
+        if (sp ? ffm_sp_scatter(m, dxn, dxn, T, H) : m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done;
+        ff_rmsnorm_bwd(st, la.x, ffm_param(m, p->ln1), la.rstd1, dxn, dres, NORM_DW(p->ln1, l0 + i, 0), nr, H);
     }
-    if (embed) ff_embedding_bwd(st, AW(a, tokens), dres, ffm_grad(m, m->off_embed), T, H);
-    else ff_memcpy_d2h(st, d_hidden_in, dres, (size_t)T * H * 4);
+#undef NORM_DW
+    if (embed) { /* SP: the vocabulary-parallel embedding sees every token's gradient (gathered) */
+        if (sp && ffm_sp_gather(m, dres, dxn, T, H)) goto done;
+        ff_embedding_bwd(st, AW(a, tokens), sp ? dxn : dres, ffm_grad(m, m->off_embed), T, H);
+    } else if (sp) { /* the previous stage gets the whole [T, H], as without SP */
+        if (ffm_sp_gather_host(m, dres, d_hidden_in, T, H)) goto done;
+    } else {
+        ff_memcpy_d2h(st, d_hidden_in, dres, (size_t)T * H * 4);
+    }
+    if (sp && ffm_sp_finish_grads(m, l0, nl, head)) goto done;
     rc = ff_stream_sync(st);
 done:
     acts_release(m, a);

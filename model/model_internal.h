@@ -61,8 +61,9 @@ typedef struct ffm_acts {
     int32_t n_slots;
     bool kept, head;
     int32_t chunk, micro; /* the forward it holds; micro FFM_FREE: none */
-    size_t resid, resid_stride;                                       /* [T, H] each */
-    size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot */
+    size_t resid, resid_stride;                                       /* [T, H] each (SP: [ceil(T/tp), H]) */
+    size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot (SP: mid as resid) */
+    size_t part;                                                      /* SP: [T, H] row-parallel partial sums */
     size_t xf, rstdf;                                                 /* head: [T, H], [T] */
     size_t tok_lse, logprob, entropy, values;                         /* head: [T] each */
     size_t tokens, targets, pos, seq_start;                           /* i32 [T], [T], [T], [T + 1] */
@@ -118,6 +119,14 @@ struct ff_model {
     int32_t *tp_ids;  /* [tp_ids_cap] token and target ids in this rank's vocabulary rows */
     size_t tp_ids_cap;
     ff_buffer *tp_dkv; /* [2 D H + 2 D] one layer's k|v weight and bias gradient (kv_rep > 1) */
+    /* sequence parallelism (ff_model_opts.sequence_parallel, tp > 1): the residual stream,
+     * the norms and the value head of a forward over T tokens hold this rank's rows of them
+     * (ffm_sp_rows) */
+    bool sp;
+    size_t *sp_counts; /* [tp] elements per rank of the last ffm_sp_counts */
+    /* [(2 L + 2) H] one backward's partial gradients of the sequence-parallel weights:
+     * per layer ln1 | ln2, then the final norm and score (trainable SP models) */
+    ff_buffer *sp_dw;
 
     ff_buffer *rope_cos, *rope_sin; /* [max_pos, D/2] each */
     int32_t max_pos;
@@ -155,6 +164,7 @@ typedef struct ffm_layer_acts {
     ff_dptr gu;    /* [T, 2I] gate|up */
     ff_dptr hm;    /* [T, I] silu(gate) * up */
     ff_dptr y;     /* [T, H] mid + down_proj(hm), the layer's output; may be mid */
+    ff_dptr part;  /* sequence parallelism: [T, H] scratch for the row-parallel partial sums */
 } ffm_layer_acts;
 
 /* The tokens of one forward and where their attention finds keys and values: either the
@@ -168,17 +178,23 @@ typedef struct ffm_layer_tokens {
     ff_dptr kv_k, kv_v;         /* cache: this layer's K and V, [rows, Hkv D] each */
     ff_dptr kv_wrow;            /* cache: i32 [T] the row each token's k/v is written to */
     ff_dptr kv_row0, kv_nkeys;  /* cache: i32 [T] token t attends rows row0 .. row0 + nkeys - 1 */
+    /* sequence parallelism (packed only): x, mid, y, rstd1 and rstd2 hold this rank's rows
+     * [r0, r0 + nr) of the T tokens only ([nr, H], [nr]); xn1 and xn2 are [T, H], gathered */
+    bool sp;
+    int32_t r0, nr;
 } ffm_layer_tokens;
 
 /* Layer l's forward: a->y = layer(a->x) (model/layer.c). Enqueues kernels on m->st; under
- * tensor parallelism also runs its two all-reduces. 0, or -1 + error (a failed collective). */
+ * tensor parallelism also runs its two all-reduces, or with tk->sp its two all-gathers and
+ * two reduce-scatters. 0, or -1 + error (a failed collective). */
 int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a);
 
 /* ---- tensor parallelism (model/tp.c) ---- */
 
-/* Set m->tp and the per-rank shares of the dimensions (after set_dims; comm NULL: none),
+/* Set m->tp and the per-rank shares of the dimensions (after set_dims; comm NULL: none) and
+ * m->sp (sp: sequence parallelism, when tp > 1),
  * then, after the table is built, each tensor's shard (ffm_tp_shards). 0 or -1 + error. */
-int ffm_tp_setup(ff_model *m, const ff_model_comm *comm);
+int ffm_tp_setup(ff_model *m, const ff_model_comm *comm, bool sp);
 /* The per-rank shares for rank r of t (ffm_tp_setup without a communicator). 0 or -1. */
 int ffm_tp_dims(ff_model *m, int r, int t);
 /* m (zeroed first; not a working model): the config's dimensions, rank r of t's shares
@@ -195,6 +211,30 @@ float *ffm_tp_host(ff_model *m, size_t n);
 int32_t *ffm_tp_ids(ff_model *m, size_t n);
 /* Grow both to what a training step of T tokens needs (ff_model_reserve). 0 or -1. */
 int ffm_tp_reserve(ff_model *m, int32_t T);
+/* Sequence parallelism: rank r's rows [*r0, *r0 + *nr) of T tokens, balanced (the first
+ * T % tp ranks one more); ffm_sp_max_rows the most any rank has (ceil(T / tp)). */
+void ffm_sp_rows(const ff_model *m, int32_t T, int r, int32_t *r0, int32_t *nr);
+static inline int32_t ffm_sp_max_rows(const ff_model *m, int32_t T) { return (T + m->tp - 1) / m->tp; }
+/* counts [tp] for ff_model_comm's _v collectives: each rank's rows of T times width. */
+const size_t *ffm_sp_counts(ff_model *m, int32_t T, size_t width);
+/* full [T, width] = every rank's mine [nr, width] at its rows (device; mine may be full's
+ * own rows): an all-gather. 0 or -1 + error. */
+int ffm_sp_gather(ff_model *m, ff_dptr mine, ff_dptr full, int32_t T, int width);
+/* The same into host memory: full [T, width] host from mine [nr, width] device. */
+int ffm_sp_gather_host(ff_model *m, ff_dptr mine, float *full, int32_t T, int width);
+/* mine [nr, width] = the sum over the group of full [T, width]'s rows of this rank (device;
+ * mine may point into full): a reduce-scatter. 0 or -1 + error. */
+int ffm_sp_scatter(ff_model *m, ff_dptr full, ff_dptr mine, int32_t T, int width);
+/* Where one backward's partial gradient of a sequence-parallel weight goes (m->sp_dw):
+ * layer l's ln1 (which 0) or ln2 (1), the final norm (l = L, which 0) or score (l = L, 1). */
+static inline ff_dptr ffm_sp_dw(ff_model *m, int l, int which) {
+    return ff_dptr_f32(m->sp_dw, ((size_t)2 * (size_t)l + (size_t)which) * (size_t)m->H);
+}
+/* A backward through layers [l0, l0 + nl) (and the head, with head) starts its partial
+ * gradients at zero, and at its end sums them over the group and adds them to the
+ * gradients (one all-reduce; 0 or -1 + error): the sum of the parts is the whole batch's. */
+void ffm_sp_zero_grads(ff_model *m, int l0, int nl, bool head);
+int ffm_sp_finish_grads(ff_model *m, int l0, int nl, bool head);
 /* x [n] = sum over the TP group of x (device memory, staged through the host). 0 or -1. */
 int ffm_tp_sum(ff_model *m, ff_dptr x, size_t n);
 /* ids [n] (whole vocabulary, -1 = none) into this rank's rows: id - v0 inside its slice;

@@ -11,14 +11,19 @@
  * of gate and up and those columns of down, the o_proj columns of its heads, and vocabulary
  * rows [r V/t, (r+1) V/t) of the embedding and LM head. Norms and the value head are whole
  * on every rank: their inputs and output gradients are the replicated residual stream, so
- * their gradients come out the same on every rank without a reduction.
+ * their gradients come out the same on every rank without a reduction (with sequence
+ * parallelism they see a rank's rows, and their gradients are summed: ffm_sp_finish_grads).
  *
  * Weights come in as whole tensors (the rank copies its slices) or as the rank's shards,
  * which ff_model_tp_read_weights reads from a whole checkpoint's mapped files, touching only
  * the shard's bytes; they go out whole (gathered).
  *
- * Not here: sequence parallelism (the all-reduces would become reduce-scatter + all-gather),
- * collectives on device memory (a device backend with NCCL would want them). */
+ * Sequence parallelism (ff_model_opts.sequence_parallel, docs/model.md): a forward's T tokens
+ * split into balanced row ranges (ffm_sp_rows), the all-gather and reduce-scatter over them,
+ * and the sum of the partial gradients of the weights that then see only a rank's rows
+ * (the norms, the value head).
+ *
+ * Not here: collectives on device memory (a device backend with NCCL would want them). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,14 +78,22 @@ int ffm_tp_dims(ff_model *m, int r, int t) {
     return 0;
 }
 
-int ffm_tp_setup(ff_model *m, const ff_model_comm *comm) {
+int ffm_tp_setup(ff_model *m, const ff_model_comm *comm, bool sp) {
     if (!comm || comm->size == 1) return ffm_tp_dims(m, 0, 1);
     if (comm->size > 1 &&
         (!comm->all_reduce_sum || !comm->all_reduce_max || !comm->all_reduce_sum_f64 || !comm->all_gather))
         return ff_error_set("tensor parallelism", "the host must supply every collective of ff_model_comm",
                             "a communicator function is NULL");
+    if (sp && (!comm->reduce_scatter_sum_v || !comm->all_gather_v))
+        return ff_error_set("sequence parallelism", "supply reduce_scatter_sum_v and all_gather_v in ff_model_comm",
+                            "a communicator function sequence parallelism needs is NULL");
     if (ffm_tp_dims(m, comm->rank, comm->size)) return -1;
     m->comm = *comm;
+    if (sp) {
+        m->sp_counts = ff_calloc((size_t)m->tp, sizeof *m->sp_counts);
+        if (!m->sp_counts) return -1;
+        m->sp = true;
+    }
     return 0;
 }
 
@@ -118,6 +131,7 @@ void ffm_tp_shards(ff_model *m) {
 }
 
 int ffm_tp_alloc(ff_model *m) {
+    if (m->sp && !(m->sp_dw = ff_buffer_new(m->be, (2 * (size_t)m->L + 2) * (size_t)m->H * sizeof(float)))) return -1;
     if (m->kv_rep <= 1) return 0;
     m->tp_dkv = ff_buffer_new(m->be, (size_t)(2 * m->D) * ((size_t)m->H + 1) * sizeof(float));
     return m->tp_dkv ? 0 : -1;
@@ -125,6 +139,9 @@ int ffm_tp_alloc(ff_model *m) {
 
 void ffm_tp_free(ff_model *m) {
     ff_buffer_destroy(&m->tp_dkv);
+    ff_buffer_destroy(&m->sp_dw);
+    free(m->sp_counts);
+    m->sp_counts = NULL;
     free(m->tp_host);
     free(m->tp_ids);
     m->tp_host = NULL;
@@ -156,6 +173,10 @@ int ffm_tp_reserve(ff_model *m, int32_t T) {
     if (m->tp == 1) return 0;
     const size_t t = (size_t)T, kv = m->kv_rep > 1 ? (size_t)m->cfg.num_key_value_heads * 2 * m->D * ((size_t)m->H + 1) : 0;
     size_t n = t * (size_t)m->H; /* a [T, H] all-reduce */
+    if (m->sp) {                 /* a [T, H] gather or scatter with the rank's rows; the SP gradients */
+        const size_t sp = (t + (size_t)ffm_sp_max_rows(m, T)) * (size_t)m->H, dw = (2 * (size_t)m->L + 2) * (size_t)m->H;
+        n = sp > dw ? sp : dw;
+    }
     if (7 * t > n) n = 7 * t;    /* ffm_tp_vocab_combine */
     if (kv > n) n = kv;          /* ffm_tp_kv_grads */
     return ffm_tp_host(m, n) && ffm_tp_ids(m, 2 * t) ? 0 : -1;
@@ -171,6 +192,82 @@ int ffm_tp_sum(ff_model *m, ff_dptr x, size_t n) {
     ff_memcpy_d2h(m->st, h, x, n * sizeof(float));
     if (m->comm.all_reduce_sum(m->comm.ctx, h, n)) return comm_failed("all-reduce (sum)", n);
     ff_memcpy_h2d(m->st, x, h, n * sizeof(float));
+    return 0;
+}
+
+void ffm_sp_rows(const ff_model *m, int32_t T, int r, int32_t *r0, int32_t *nr) {
+    const int32_t q = T / m->tp, extra = T % m->tp;
+    *r0 = r * q + (r < extra ? r : extra);
+    *nr = q + (r < extra ? 1 : 0);
+}
+
+const size_t *ffm_sp_counts(ff_model *m, int32_t T, size_t width) {
+    for (int r = 0; r < m->tp; r++) {
+        int32_t r0, nr;
+        ffm_sp_rows(m, T, r, &r0, &nr);
+        m->sp_counts[r] = (size_t)nr * width;
+    }
+    return m->sp_counts;
+}
+
+int ffm_sp_gather_host(ff_model *m, ff_dptr mine, float *full, int32_t T, int width) {
+    const size_t *counts = ffm_sp_counts(m, T, (size_t)width), n = counts[m->tp_rank];
+    float *h = ffm_tp_host(m, n ? n : 1);
+    if (!h) return -1;
+    ff_memcpy_d2h(m->st, h, mine, n * sizeof(float));
+    if (m->comm.all_gather_v(m->comm.ctx, h, full, counts)) return comm_failed("all-gather (sequence-parallel)", (size_t)T * width);
+    return 0;
+}
+
+int ffm_sp_gather(ff_model *m, ff_dptr mine, ff_dptr full, int32_t T, int width) {
+    const size_t N = (size_t)T * (size_t)width, n = (size_t)ffm_sp_max_rows(m, T) * (size_t)width;
+    float *h = ffm_tp_host(m, N + n), *in = h + N;
+    if (!h) return -1;
+    const size_t *counts = ffm_sp_counts(m, T, (size_t)width);
+    ff_memcpy_d2h(m->st, in, mine, counts[m->tp_rank] * sizeof(float));
+    if (m->comm.all_gather_v(m->comm.ctx, in, h, counts)) return comm_failed("all-gather (sequence-parallel)", N);
+    ff_memcpy_h2d(m->st, full, h, N * sizeof(float));
+    return 0;
+}
+
+int ffm_sp_scatter(ff_model *m, ff_dptr full, ff_dptr mine, int32_t T, int width) {
+    const size_t N = (size_t)T * (size_t)width, n = (size_t)ffm_sp_max_rows(m, T) * (size_t)width;
+    float *h = ffm_tp_host(m, N + n), *out = h + N;
+    if (!h) return -1;
+    const size_t *counts = ffm_sp_counts(m, T, (size_t)width);
+    ff_memcpy_d2h(m->st, h, full, N * sizeof(float));
+    if (m->comm.reduce_scatter_sum_v(m->comm.ctx, h, out, counts)) return comm_failed("reduce-scatter (sequence-parallel)", N);
+    ff_memcpy_h2d(m->st, mine, out, counts[m->tp_rank] * sizeof(float));
+    return 0;
+}
+
+/* The layers' slots of sp_dw are in layer order and the head's follow the last layer's, so a
+ * chunk's (the head chunk ends at the last layer) are one range [*lo, *hi) of it. */
+static void dw_range(const ff_model *m, int l0, int nl, bool head, size_t *lo, size_t *hi) {
+    const size_t H = (size_t)m->H;
+    *lo = 2 * (size_t)l0 * H;
+    *hi = head ? (2 * (size_t)m->L + (m->vhead ? 2 : 1)) * H : 2 * (size_t)(l0 + nl) * H;
+}
+
+void ffm_sp_zero_grads(ff_model *m, int l0, int nl, bool head) {
+    size_t lo, hi;
+    dw_range(m, l0, nl, head, &lo, &hi);
+    ff_memset_zero(m->st, ff_dptr_f32(m->sp_dw, lo), (hi - lo) * sizeof(float));
+}
+
+int ffm_sp_finish_grads(ff_model *m, int l0, int nl, bool head) {
+    const size_t H = (size_t)m->H;
+    size_t lo, hi;
+    dw_range(m, l0, nl, head, &lo, &hi);
+    if (ffm_tp_sum(m, ff_dptr_f32(m->sp_dw, lo), hi - lo)) return -1;
+    for (int l = l0; l < l0 + nl; l++) {
+        ff_add(m->st, ffm_grad(m, m->layers[l].ln1), ffm_sp_dw(m, l, 0), (int64_t)H);
+        ff_add(m->st, ffm_grad(m, m->layers[l].ln2), ffm_sp_dw(m, l, 1), (int64_t)H);
+    }
+    if (head) {
+        ff_add(m->st, ffm_grad(m, m->off_norm), ffm_sp_dw(m, m->L, 0), (int64_t)H);
+        if (m->vhead) ff_add(m->st, ffm_grad(m, m->off_score), ffm_sp_dw(m, m->L, 1), (int64_t)H);
+    }
     return 0;
 }
 

@@ -69,7 +69,7 @@ typedef struct ff_model_comm {
     int (*all_reduce_sum_f64)(void *ctx, double *buf, size_t n);
     /* out[r * n + i] = in[i] of rank r; out holds size * n floats */
     int (*all_gather)(void *ctx, const float *in, float *out, size_t n);
-    /* The sharded optimizer's (tensor parallelism does not use them). counts [size], the
+    /* The sharded optimizer's and sequence parallelism's. counts [size], the
      * same array on every rank; displ r = counts[0] + ... + counts[r - 1], N = the sum.
      * reduce-scatter: out [counts[rank]] = sum over the group of in [displ rank ..], in
      * holds N floats. all-gather: out [N] holds every rank's in [counts[r]] at displ r. */
@@ -134,6 +134,16 @@ typedef struct ff_model_opts {
     bool inference;             /* false (the default, and ff_model_new's): trainable */
     const ff_model_comm *comm;  /* a tensor-parallel group (as ff_model_new_tp), or NULL */
     const ff_model_stage *stage; /* a pipeline stage: some of the layers (below), or NULL: all */
+    /* Sequence parallelism inside the TP group (Megatron-style, docs/model.md "Sequence
+     * parallelism"; no effect without comm or at size 1): the training and scoring forward
+     * and backward keep the residual stream, the norms and the value head on this rank's
+     * rows of the batch's tokens (T split over the ranks, T % size need not be 0, but T >=
+     * size), an all-gather before each column-parallel block and a reduce-scatter after each
+     * row-parallel one instead of the all-reduces. The results (log-probs, entropy, values,
+     * gradients, a stage's hidden states [T, H] in and out) are the same as without it. comm
+     * must supply reduce_scatter_sum_v and all_gather_v. Generation (ff_generator, the KV
+     * cache) keeps the replicated path. */
+    bool sequence_parallel;
 } ff_model_opts;
 
 /* As ff_model_new, with options (NULL: as ff_model_new). The weights are copied. */

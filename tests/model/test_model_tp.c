@@ -16,7 +16,13 @@
  * (ff_model_tp_read_weights) run as ranks given whole tensors. The communicator counts what one training step moves per
  * rank: the calls and sizes must be exactly the design's (docs/model.md), and the bytes are
  * compared with the planner's TP formula (ff_plan_tp_bytes); the ratio is printed. Bad TP
- * layouts and the gathered-logits request get clear errors. */
+ * layouts and the gathered-logits request get clear errors.
+ *
+ * Sequence parallelism (ff_model_opts.sequence_parallel) at every TP size > 1: the same
+ * checks against TP 1 and against TP without SP (T = 30 does not divide by 4 and 8), its
+ * collectives counted (all-gathers and reduce-scatters instead of the [T, H] all-reduces,
+ * the bytes TP's plus its two extras), the workspace per rank smaller than TP's, two pipeline
+ * stages with SP against TP 1, and its errors (docs/model.md "Sequence parallelism"). */
 #include <pthread.h>
 #include <unistd.h>
 
@@ -29,8 +35,9 @@ enum { MAXR = 8, NT = 30, NSTEPS = 3, MAXSIZES = 16 };
 
 /* ---- an in-process communicator ------------------------------------------------------------- */
 
-typedef enum { OP_SUM, OP_MAX, OP_SUM64, OP_GATHER, OP_N } op_kind;
-static const char *op_name[OP_N] = {"all-reduce sum f32", "all-reduce max f32", "all-reduce sum f64", "all-gather f32"};
+typedef enum { OP_SUM, OP_MAX, OP_SUM64, OP_GATHER, OP_RS_V, OP_AG_V, OP_N } op_kind;
+static const char *op_name[OP_N] = {"all-reduce sum f32", "all-reduce max f32", "all-reduce sum f64", "all-gather f32",
+                                    "reduce-scatter-v f32", "all-gather-v f32"};
 
 typedef struct traffic {
     int n;                       /* distinct (op, count) pairs seen */
@@ -65,8 +72,10 @@ static void count(rank_ctx *c, int op, size_t n, size_t esize) {
     REQUIRE(i < MAXSIZES);
     if (i == t->n) t->op[i] = op, t->count[i] = n, t->calls[i] = 0, t->n++;
     t->calls[i]++;
+    /* n: the elements of each rank (all-gather), of the whole buffer (all-reduce) or of all
+     * ranks' parts together (the _v ones: a ring moves (k - 1) / k of them on average) */
     double k = c->g->n, bytes = (double)n * (double)esize;
-    t->ring_bytes += op == OP_GATHER ? (k - 1) * bytes : 2 * (k - 1) / k * bytes;
+    t->ring_bytes += op == OP_GATHER ? (k - 1) * bytes : op == OP_RS_V || op == OP_AG_V ? (k - 1) / k * bytes : 2 * (k - 1) / k * bytes;
 }
 
 /* Everyone posts its buffer; then every rank reads all of them (the same order on every
@@ -142,11 +151,48 @@ static int c_gather(void *ctx, const float *in, float *out, size_t n) {
     return 0;
 }
 
+static size_t sum_counts(const group *g, const size_t *counts) {
+    size_t s = 0;
+    for (int r = 0; r < g->n; r++) s += counts[r];
+    return s;
+}
+
+static int c_rs_v(void *ctx, const float *in, float *out, const size_t *counts) {
+    rank_ctx *c = ctx;
+    const size_t N = sum_counts(c->g, counts);
+    size_t d0 = 0;
+    post(c, OP_RS_V, in, N, 0);
+    for (int r = 0; r < c->rank; r++) d0 += counts[r];
+    for (size_t i = 0; i < counts[c->rank]; i++) { /* in rank order, as c_sum: the same bits as an all-reduce */
+        float s = ((const float *)c->g->src[0])[d0 + i];
+        for (int r = 1; r < c->g->n; r++) s += ((const float *)c->g->src[r])[d0 + i];
+        out[i] = s;
+    }
+    pthread_barrier_wait(&c->g->bar);
+    count(c, OP_RS_V, N, 4);
+    return 0;
+}
+
+static int c_ag_v(void *ctx, const float *in, float *out, const size_t *counts) {
+    rank_ctx *c = ctx;
+    const size_t N = sum_counts(c->g, counts);
+    size_t off = 0;
+    post(c, OP_AG_V, in, N, 0);
+    for (int r = 0; r < c->g->n; r++) {
+        memcpy(out + off, c->g->src[r], counts[r] * 4);
+        off += counts[r];
+    }
+    pthread_barrier_wait(&c->g->bar);
+    count(c, OP_AG_V, N, 4);
+    return 0;
+}
+
 /* ---- one rank's run --------------------------------------------------------------------- */
 
 typedef struct result {
     float lp[NT], ent[NT], val[NT], lp07[NT], ent07[NT];
     double loss, norms[NSTEPS];
+    int64_t workspace; /* ff_model_memory_of after the first training step, bytes */
     ff_tensor_set *w0, *grads, *after, *optim;
     ff_tensor_set *reload_w, *reload_o; /* the reference's after/optim loaded, then exported */
     ff_gen_output *gen;
@@ -161,6 +207,7 @@ typedef struct job {
     const float *a, *c, *d; /* loss = sum_t a lp + c ent + d val */
     const ff_tensor_set *reload_w, *reload_o; /* whole tensors to load at the end, or NULL */
     bool lm;                /* the model has an LM head */
+    bool sp;                /* sequence parallelism */
     group *g;
     result res[MAXR];
 } job;
@@ -173,7 +220,8 @@ static void run_rank(job *j, int rank, const ff_model_comm *comm) {
     ff_backend *be = ff_backend_new("cpu:1");
     REQUIRE(be);
     const ff_tensor_set *w = j->shards[rank] ? j->shards[rank] : j->w;
-    ff_model *m = comm ? ff_model_new_tp(be, j->cfg, w, comm) : ff_model_new(be, j->cfg, w);
+    ff_model_opts mo = {.comm = comm, .sequence_parallel = j->sp};
+    ff_model *m = comm ? ff_model_new_opts(be, j->cfg, w, &mo) : ff_model_new(be, j->cfg, w);
     if (!m) fprintf(stderr, "%s\n", ff_error_message());
     REQUIRE(m);
     REQUIRE(ff_model_reserve(m, NT) == 0);
@@ -214,6 +262,9 @@ static void run_rank(job *j, int rank, const ff_model_comm *comm) {
         r->norms[s] = st.grad_norm;
         if (comm) ((rank_ctx *)comm->ctx)->counting = false;
         if (s == 0) { /* the step reads the gradients and leaves them */
+            ff_model_memory mem;
+            ff_model_memory_of(m, &mem);
+            r->workspace = mem.workspace;
             r->grads = ff_tensor_set_new();
             REQUIRE(ff_model_export_grads(m, r->grads) == 0);
         }
@@ -236,7 +287,7 @@ static void run_rank(job *j, int rank, const ff_model_comm *comm) {
         if (comm) { /* the same rank as an inference-only model taking its weights: the same bits */
             ff_tensor_set *mine = ff_tensor_set_new();
             REQUIRE(mine && ff_model_export_weights(m, mine) == 0);
-            ff_model_opts io = {.inference = true, .comm = comm};
+            ff_model_opts io = {.inference = true, .comm = comm, .sequence_parallel = j->sp};
             ff_model *inf = ff_model_new_from(be, j->cfg, &mine, &io);
             REQUIRE(inf && mine == NULL && ff_model_is_inference(inf) && ff_model_tp_size(inf) == comm->size);
             REQUIRE(ff_model_reserve(inf, NT) == 0);
@@ -284,7 +335,8 @@ typedef struct thread_arg {
 static void *rank_main(void *p) {
     thread_arg *a = p;
     ff_model_comm comm = {.rank = a->ctx.rank, .size = a->ctx.g->n, .ctx = &a->ctx, .all_reduce_sum = c_sum,
-                          .all_reduce_max = c_max, .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather};
+                          .all_reduce_max = c_max, .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather,
+                          .reduce_scatter_sum_v = c_rs_v, .all_gather_v = c_ag_v};
     run_rank(a->j, a->ctx.rank, &comm);
     return NULL;
 }
@@ -458,17 +510,27 @@ static void compare(const char *cfg_name, int tp, const job *j, const result *re
  * layer two [T, H] sums forward and two backward, one for the embedding, one for the LM
  * head's input gradient, the vocabulary statistics (a max of [T], a sum of [3, T]), the
  * gradient norm (one double), and with replicated key/value heads one sum of
- * [Hkv, 2 D (H + bias)] per layer. */
-static void check_traffic(const char *cfg_name, int tp, const job *j) {
+ * [Hkv, 2 D (H + bias)] per layer. With sequence parallelism ("Sequence parallelism") each
+ * [T, H] sum is an all-gather and a reduce-scatter instead (per layer two of each forward,
+ * two of each backward; the embedding's reduce-scatter forward and all-gather backward; the
+ * LM head's input all-gather forward and reduce-scatter backward), plus the values'
+ * all-gather of [T] and one sum of the norms' and value head's gradients [(2 L + 1 + vh) H].
+ * tp_bytes: the same step's bytes without SP (SP), to which SP adds only those two. */
+static void check_traffic(const char *cfg_name, int tp, const job *j, double tp_bytes) {
     const ff_model_config *c = j->cfg;
     const int L = c->num_hidden_layers, H = c->hidden_size, T = j->b->n_tokens, Hkv = c->num_key_value_heads;
-    const int D = H / c->num_attention_heads;
+    const int D = H / c->num_attention_heads, vh = c->value_head ? 1 : 0;
+    const size_t sp_w = (size_t)(2 * L + 1 + vh) * (size_t)H;
     for (int q = 0; q < tp; q++) {
         const traffic *t = &j->g->tr[q];
-        int64_t th = 0, vmax = 0, vsum = 0, norm = 0, kv = 0, other = 0;
+        int64_t th = 0, vmax = 0, vsum = 0, norm = 0, kv = 0, other = 0, ag = 0, rs = 0, vag = 0, spg = 0;
         for (int i = 0; i < t->n; i++) {
             size_t n = t->count[i];
             if (t->op[i] == OP_SUM && n == (size_t)T * H) th += t->calls[i];
+            else if (t->op[i] == OP_AG_V && n == (size_t)T * H) ag += t->calls[i];
+            else if (t->op[i] == OP_RS_V && n == (size_t)T * H) rs += t->calls[i];
+            else if (t->op[i] == OP_AG_V && n == (size_t)T) vag += t->calls[i];
+            else if (t->op[i] == OP_SUM && n == sp_w && j->sp) spg += t->calls[i];
             else if (t->op[i] == OP_MAX && n == (size_t)T) vmax += t->calls[i];
             else if (t->op[i] == OP_SUM && n == 3 * (size_t)T) vsum += t->calls[i];
             else if (t->op[i] == OP_SUM64 && n == 1) norm += t->calls[i];
@@ -479,7 +541,11 @@ static void check_traffic(const char *cfg_name, int tp, const job *j) {
                 other++;
             }
         }
-        CHECK_EQ_INT(th, 4 * L + 1 + (j->lm ? 1 : 0));
+        CHECK_EQ_INT(th, j->sp ? 0 : 4 * L + 1 + (j->lm ? 1 : 0));
+        CHECK_EQ_INT(ag, j->sp ? 4 * L + 1 + (j->lm ? 1 : 0) : 0);
+        CHECK_EQ_INT(rs, j->sp ? 4 * L + 1 + (j->lm ? 1 : 0) : 0);
+        CHECK_EQ_INT(vag, j->sp ? vh : 0);
+        CHECK_EQ_INT(spg, j->sp ? 1 : 0);
         CHECK_EQ_INT(vmax, j->lm ? 1 : 0);
         CHECK_EQ_INT(vsum, j->lm ? 1 : 0);
         CHECK_EQ_INT(norm, 1);
@@ -500,26 +566,35 @@ static void check_traffic(const char *cfg_name, int tp, const job *j) {
     in.workload.micro_batches = 1;
     in.workload.global_batch = 0;
     in.layout.tp = tp;
-    in.layout.sequence_parallel = false; /* as here */
+    in.layout.sequence_parallel = j->sp; /* as here */
     in.cluster.gpus = tp;
     ff_plan_result pr;
     double plan = ff_plan_tp_bytes(L, 1, tp, T, H), got = j->g->tr[0].ring_bytes;
     int rc = ff_plan_evaluate(&in, &pr);
-    if (tp <= Hkv) { /* the planner refuses replicated key/value heads, as Megatron-core does */
+    /* the planner refuses replicated key/value heads, as Megatron-core does, and SP over
+     * tokens that TP does not divide (here T = 30 at TP 4: the engine splits them 8 8 7 7) */
+    const bool plannable = tp <= Hkv && !(j->sp && T % tp);
+    if (plannable) {
         CHECK(rc == 0);
         if (rc == 0) CHECK_CLOSE(pr.traffic[FF_PLAN_TP].bytes, plan, 0, 1e-12); /* its formula, for this layout */
+        if (rc == 0 && j->sp) CHECK_STR_CONTAINS(pr.traffic[FF_PLAN_TP].collective, "all-gather + reduce-scatter");
     } else {
         CHECK(rc == -1);
-        CHECK_STR_CONTAINS(ff_error_message(), "key-value heads");
+        CHECK_STR_CONTAINS(ff_error_message(), tp > Hkv ? "key-value heads" : "sequence parallelism splits");
     }
     if (rc == 0) ff_plan_result_clear(&pr);
     double layers = 4.0 * L * 2.0 * (tp - 1) / tp * T * H * 4.0; /* the same all-reduces in fp32 */
-    printf("%s tp%d: one training step moves %.0f bytes per rank (ring), %s %.0f: ratio %.3f = 2 "
-           "(fp32 here, bf16 there) x %.3f (the embedding%s, the gradient norm%s, which the planner does not count)\n",
-           cfg_name, tp, got, tp <= Hkv ? "the planner's traffic.tp" : "the planner's formula (it refuses this layout)",
+    printf("%s tp%d%s: one training step moves %.0f bytes per rank (ring), %s %.0f: ratio %.3f = 2 "
+           "(fp32 here, bf16 there) x %.3f (the embedding%s, the gradient norm%s%s, which the planner does not count)\n",
+           cfg_name, tp, j->sp ? " SP" : "", got, plannable ? "the planner's traffic.tp" : "the planner's formula (it refuses this layout)",
            plan, got / plan, got / layers,
-           j->lm ? ", the LM head's input gradient, the vocabulary statistics" : "", tp > Hkv ? ", the k/v gradients" : "");
+           j->lm ? ", the LM head's input gradient, the vocabulary statistics" : "", tp > Hkv ? ", the k/v gradients" : "",
+           j->sp ? ", SP's gradient sum and values gather" : "");
     CHECK(got > layers); /* the layer all-reduces and more */
+    if (j->sp) { /* an all-reduce's ring bytes are a reduce-scatter's and an all-gather's: SP moves TP's and its extras */
+        const double f = (double)(tp - 1) / tp, extra = f * T * 4.0 * vh + 2.0 * f * (double)sp_w * 4.0;
+        CHECK_CLOSE(got, tp_bytes + extra, 0, 1e-12);
+    }
 }
 
 /* ---- the cases ------------------------------------------------------------------------------ */
@@ -574,6 +649,110 @@ static void test_read_shards(const char *name, const ff_model_config *cfg, const
     CHECK(system(cmd) == 0);
 }
 
+/* Sequence parallelism on pipeline stages: every TP rank holds two stage models (layers
+ * [0, L/2) and [L/2, L)) with SP on the same group, and one training step runs through both:
+ * the hidden states and their gradient between the stages are whole [T, H] (gathered), the
+ * same bits on every rank, and the log-probs, entropy, values and every gradient (the union
+ * of the stages' exports) are the single-rank whole model's within the tolerances above. */
+typedef struct stage_result {
+    float lp[NT], ent[NT], val[NT];
+    float *hidden, *dhidden; /* [NT, H] between the stages */
+    ff_tensor_set *grads;
+} stage_result;
+
+typedef struct stage_job {
+    const job *j;
+    int tp;
+    group *g;
+    stage_result res[MAXR];
+} stage_job;
+
+typedef struct stage_arg {
+    stage_job *sj;
+    rank_ctx ctx;
+} stage_arg;
+
+static void *stage_rank(void *p) {
+    stage_arg *a = p;
+    const job *j = a->sj->j;
+    stage_result *r = &a->sj->res[a->ctx.rank];
+    const int L = j->cfg->num_hidden_layers, H = j->cfg->hidden_size, half = L / 2;
+    ff_model_comm comm = {.rank = a->ctx.rank, .size = a->ctx.g->n, .ctx = &a->ctx, .all_reduce_sum = c_sum,
+                          .all_reduce_max = c_max, .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather,
+                          .reduce_scatter_sum_v = c_rs_v, .all_gather_v = c_ag_v};
+    ff_backend *be = ff_backend_new("cpu:1");
+    REQUIRE(be);
+    const int32_t first[2] = {0, half}, count[2] = {half, L - half};
+    ff_model *m[2];
+    for (int s = 0; s < 2; s++) {
+        ff_model_stage st = {.n_chunks = 1, .first_layer = &first[s], .n_layers = &count[s]};
+        ff_model_opts o = {.comm = &comm, .stage = &st, .sequence_parallel = true};
+        m[s] = ff_model_new_opts(be, j->cfg, j->w, &o);
+        if (!m[s]) fprintf(stderr, "%s\n", ff_error_message());
+        REQUIRE(m[s] && ff_model_reserve(m[s], NT) == 0 && ff_model_zero_grad(m[s]) == 0);
+    }
+    r->hidden = calloc((size_t)NT * H, sizeof(float));
+    r->dhidden = calloc((size_t)NT * H, sizeof(float));
+    REQUIRE(r->hidden && r->dhidden);
+    const bool vh = j->cfg->value_head;
+    ff_forward_opts tr = {.train = true};
+    ff_forward_out o = {.logprobs = r->lp, .entropy = r->ent, .values = vh ? r->val : NULL};
+    REQUIRE(ff_model_stage_forward(m[0], 0, 0, j->b, NULL, &tr, NULL, r->hidden) == 0);
+    REQUIRE(ff_model_stage_forward(m[1], 0, 0, j->b, r->hidden, &tr, &o, NULL) == 0);
+    REQUIRE(ff_model_stage_backward(m[1], 0, 0, NULL, j->a, j->c, vh ? j->d : NULL, r->dhidden) == 0);
+    REQUIRE(ff_model_stage_backward(m[0], 0, 0, r->dhidden, NULL, NULL, NULL, NULL) == 0);
+    r->grads = ff_tensor_set_new();
+    for (int s = 0; s < 2; s++) {
+        REQUIRE(ff_model_export_grads(m[s], r->grads) == 0);
+        ff_model_destroy(&m[s]);
+    }
+    ff_backend_destroy(&be);
+    return NULL;
+}
+
+static void test_stages_sp(const char *name, const job *ref, int tp) {
+    stage_job *sj = calloc(1, sizeof *sj);
+    group *g = calloc(1, sizeof *g);
+    REQUIRE(sj && g);
+    *sj = (stage_job){.j = ref, .tp = tp, .g = g};
+    g->n = tp;
+    pthread_barrier_init(&g->bar, NULL, (unsigned)tp);
+    stage_arg args[MAXR];
+    pthread_t th[MAXR];
+    for (int r = 0; r < tp; r++) {
+        args[r] = (stage_arg){.sj = sj, .ctx = {.g = g, .rank = r}};
+        REQUIRE(pthread_create(&th[r], NULL, stage_rank, &args[r]) == 0);
+    }
+    for (int r = 0; r < tp; r++) pthread_join(th[r], NULL);
+    const result *want = &ref->res[0];
+    const size_t hb = (size_t)NT * (size_t)ref->cfg->hidden_size * sizeof(float);
+    char w[160];
+    snprintf(w, sizeof w, "%s tp%d SP on two stages", name, tp);
+    const stage_result *r = &sj->res[0];
+    close_k(K_OUT, w, r->lp, want->lp, NT, 0, TOL_OUT);
+    close_k(K_OUT, w, r->ent, want->ent, NT, 0, TOL_OUT);
+    if (ref->cfg->value_head) close_k(K_OUT, w, r->val, want->val, NT, 0, TOL_OUT);
+    compare_sets(K_GRAD, w, r->grads, want->grads, 0, TOL_GRAD);
+    double hmax = 0;
+    for (size_t i = 0; i < hb / 4; i++) hmax = fmax(hmax, fabs(r->hidden[i]) + fabs(r->dhidden[i]));
+    CHECK(hmax > 0); /* the boundary carries something */
+    for (int q = 1; q < tp; q++) {
+        snprintf(w, sizeof w, "%s tp%d SP on two stages, rank %d hidden states", name, tp, q);
+        same_bits(w, sj->res[q].hidden, r->hidden, hb);
+        same_bits(w, sj->res[q].dhidden, r->dhidden, hb);
+        same_bits(w, sj->res[q].lp, r->lp, sizeof r->lp);
+    }
+    for (int q = 0; q < tp; q++) {
+        free(args[q].ctx.tmp);
+        free(sj->res[q].hidden);
+        free(sj->res[q].dhidden);
+        ff_tensor_set_destroy(&sj->res[q].grads);
+    }
+    pthread_barrier_destroy(&g->bar);
+    free(g);
+    free(sj);
+}
+
 static void test_config(const char *name, ff_model_config cfg, bool critic, const int *tps, int n_tps) {
     ff_tensor_set *all = ff_tensor_set_new(), *w = ff_tensor_set_new();
     REQUIRE(ff_model_init_weights(&cfg, 21, 0.1, all) == 0); /* 0.3: chaotic, log-probs to -12 */
@@ -614,10 +793,34 @@ static void test_config(const char *name, ff_model_config cfg, bool critic, cons
                    .reload_o = rr->optim};
         run_group(j, tps[i]);
         compare(name, tps[i], j, rr);
-        if (tps[i] > 1) check_traffic(name, tps[i], j);
+        if (tps[i] > 1) check_traffic(name, tps[i], j, 0);
+        if (tps[i] > 1) { /* sequence parallelism: the same model again, against TP 1 and this TP */
+            job *s = calloc(1, sizeof *s);
+            REQUIRE(s);
+            *s = *j;
+            memset(s->res, 0, sizeof s->res);
+            s->sp = true;
+            run_group(s, tps[i]);
+            char sn[96];
+            snprintf(sn, sizeof sn, "%s SP", name);
+            compare(sn, tps[i], s, rr);
+            snprintf(sn, sizeof sn, "%s SP against TP", name);
+            compare(sn, tps[i], s, &j->res[0]);
+            check_traffic(name, tps[i], s, j->g->tr[0].ring_bytes);
+            printf("%s tp%d: workspace per rank after a training step of %d tokens: %lld bytes with SP, %lld without (%.3f)\n",
+                   name, tps[i], NT, (long long)s->res[0].workspace, (long long)j->res[0].workspace,
+                   (double)s->res[0].workspace / (double)j->res[0].workspace);
+            CHECK(s->res[0].workspace < j->res[0].workspace);
+            for (int r = 0; r < tps[i]; r++) free_result(&s->res[r]);
+            free(s->g);
+            free(s);
+        }
         for (int r = 0; r < tps[i]; r++) free_result(&j->res[r]);
         free(j->g);
     }
+    if (lm && !cfg.tie_word_embeddings) /* a tied last stage's copy needs ff_pipe's sum: tests/pipe */
+        for (int i = 0; i < n_tps; i++)
+            if (tps[i] > 1) test_stages_sp(name, ref, tps[i]);
     test_read_shards(name, &cfg, w, j, ref, tps[n_tps - 1]);
     free_result(&ref->res[0]);
     free(ref);
@@ -629,6 +832,7 @@ static void test_config(const char *name, ff_model_config cfg, bool critic, cons
 static int never(void *ctx, float *b, size_t n) { (void)ctx, (void)b, (void)n; REQUIRE(!"called"); return -1; }
 static int never64(void *ctx, double *b, size_t n) { (void)ctx, (void)b, (void)n; REQUIRE(!"called"); return -1; }
 static int never_g(void *ctx, const float *i, float *o, size_t n) { (void)ctx, (void)i, (void)o, (void)n; REQUIRE(!"called"); return -1; }
+static int never_v(void *ctx, const float *i, float *o, const size_t *n) { (void)ctx, (void)i, (void)o, (void)n; REQUIRE(!"called"); return -1; }
 
 static void test_errors(void) {
     ff_model_config c = tiny_config(64, 32, 48, 2, 8, 4, false, false, false);
@@ -683,6 +887,19 @@ static void test_errors(void) {
     tok[1] = 64; /* the whole vocabulary's range is checked, not the shard's */
     CHECK(ff_model_forward(m, &b, NULL, NULL) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "out of range for vocab_size 64");
+    ff_model_destroy(&m);
+    /* sequence parallelism needs the _v collectives, and at least a token per rank */
+    ff_model_opts so = {.comm = &comm, .sequence_parallel = true};
+    CHECK(ff_model_new_opts(be, &c, w, &so) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "reduce_scatter_sum_v and all_gather_v");
+    comm.reduce_scatter_sum_v = never_v;
+    comm.all_gather_v = never_v;
+    m = ff_model_new_opts(be, &c, w, &so);
+    REQUIRE(m);
+    tok[1] = 40;
+    b = (ff_batch){.n_tokens = 1, .n_seqs = 1, .tokens = tok, .seq_start = (int32_t[]){0, 1}};
+    CHECK(ff_model_forward(m, &b, NULL, NULL) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "splits the batch's 1 tokens over 2 tensor-parallel ranks");
     ff_model_destroy(&m);
     ff_tensor_set_destroy(&w);
     ff_backend_destroy(&be);

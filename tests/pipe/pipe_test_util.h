@@ -193,6 +193,8 @@ static inline void pt_reference(const ff_model_config *cfg, const ff_tensor_set 
     ff_backend_destroy(&be);
 }
 
+static bool pt_sp; /* pt_rank's stage models with sequence parallelism (inside their TP group) */
+
 /* One pipeline rank: its stage of the schedule c over transport t, the same steps, its exports,
  * and a forward-only pass of the same layout on the trained stages. */
 static inline void pt_rank(const ff_pipe_config *c, const ff_model_config *cfg, const ff_tensor_set *w, const pt_batch *g,
@@ -213,7 +215,7 @@ static inline void pt_rank(const ff_pipe_config *c, const ff_model_config *cfg, 
     ff_model_comm nc;
     ff_pipe_model_comm(t, &nc);
     st.comm = &nc;
-    ff_model_opts mo = {.stage = &st, .comm = tp};
+    ff_model_opts mo = {.stage = &st, .comm = tp, .sequence_parallel = pt_sp};
     ff_model *m = ff_model_new_opts(be, cfg, w, &mo);
     if (!m) fprintf(stderr, "%s\n", ff_error_message());
     REQUIRE(m);

@@ -26,7 +26,9 @@
  * schedule (pipelines in opposite directions, as RLHFuse fuses them); TP 2 x PP 2 (1F1B with
  * tied embeddings, interleaved), each TP rank of a stage a stage model with a TP communicator
  * of threads, within tests/model/test_model_tp.c's tolerances (the sums then run in another
- * order), the TP ranks' whole tensors alike bit for bit; a run whose transport breaks fails
+ * order), the TP ranks' whole tensors alike bit for bit, and the same two with sequence
+ * parallelism in the stage models (whole hidden states between the stages, micro-batches of
+ * odd token counts split unevenly); a run whose transport breaks fails
  * naming the call and leaves nothing in flight, and the next run is the reference's; bad
  * setups get errors naming the problem. */
 #include <pthread.h>
@@ -598,6 +600,35 @@ static int tp_gather(void *ctx, const float *in, float *out, size_t n) {
     return 0;
 }
 
+/* counts [n]: the parts of the ranks (sequence parallelism's row ranges) */
+static size_t tp_total(const tp_ctx *c, const size_t *counts) {
+    size_t N = 0;
+    for (int r = 0; r < c->g->n; r++) N += counts[r];
+    return N;
+}
+
+static int tp_rs_v(void *ctx, const float *in, float *out, const size_t *counts) {
+    tp_ctx *c = ctx;
+    tp_post(c, in, tp_total(c, counts), 0);
+    size_t d0 = 0;
+    for (int r = 0; r < c->rank; r++) d0 += counts[r];
+    for (size_t i = 0; i < counts[c->rank]; i++) {
+        float v = 0;
+        for (int r = 0; r < c->g->n; r++) v += ((const float *)c->g->src[r])[d0 + i];
+        out[i] = v;
+    }
+    pthread_barrier_wait(&c->g->bar);
+    return 0;
+}
+
+static int tp_ag_v(void *ctx, const float *in, float *out, const size_t *counts) {
+    tp_ctx *c = ctx;
+    tp_post(c, in, tp_total(c, counts), 0);
+    for (int r = 0, off = 0; r < c->g->n; off += (int)counts[r], r++) memcpy(out + off, c->g->src[r], counts[r] * 4);
+    pthread_barrier_wait(&c->g->bar);
+    return 0;
+}
+
 enum { TP = 2 };
 
 typedef struct grid {
@@ -620,7 +651,8 @@ static void *grid_main(void *p) {
     grid *j = a->j;
     ff_pipe_transport t = transport_of(&j->pp[a->t][a->s]);
     ff_model_comm tc = {.rank = a->t, .size = TP, .ctx = &j->tp[a->s][a->t], .all_reduce_sum = tp_sum,
-                        .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather};
+                        .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather,
+                        .reduce_scatter_sum_v = tp_rs_v, .all_gather_v = tp_ag_v};
     pt_rank(j->pc, j->cfg, j->w, j->g, &t, "cpu:1", NULL, &tc, &j->res[a->t][a->s]);
     return NULL;
 }
@@ -863,7 +895,13 @@ int main(void) {
           (ff_pipe_config){.pp = 2, .kind = FF_PIPE_1F1B});
     tp_pp("tp2 x 8 layers pp2 interleaved v2", tiny_config(64, 32, 48, 8, 4, 2, false, false, true),
           (ff_pipe_config){.pp = 2, .vpp = 2, .kind = FF_PIPE_INTERLEAVED});
-    pt_print_errors("TP 2 x PP 2");
+    pt_sp = true; /* the same with sequence parallelism: the stages exchange whole hidden states */
+    tp_pp("tp2 SP x 4 layers tied pp2 1f1b", tiny_config(64, 32, 48, 4, 4, 2, true, true, true),
+          (ff_pipe_config){.pp = 2, .kind = FF_PIPE_1F1B});
+    tp_pp("tp2 SP x 8 layers pp2 interleaved v2", tiny_config(64, 32, 48, 8, 4, 2, false, false, true),
+          (ff_pipe_config){.pp = 2, .vpp = 2, .kind = FF_PIPE_INTERLEAVED});
+    pt_sp = false;
+    pt_print_errors("TP 2 x PP 2, with and without SP");
     retry();
     errors();
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);
