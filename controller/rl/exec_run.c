@@ -17,7 +17,7 @@
  * Layouts (roles.<role>.layout, docs/run.md "Layouts"): the ranks of a pool are ordered as the
  * planner orders them (ff_plan_rank_coords: TP innermost, then PP, then DP), checked against
  * the models by the planner's rules before any worker starts (ff_run_config_check_layouts).
- * Executed: dp, tp, pp (with its schedule and vpp) and zero 1; sp and pipelined generation are
+ * Executed: dp, tp, sp, pp (with its schedule and vpp) and zero 1; pipelined generation is
  * refused. A pool with tp x pp > 1 has a group of its own for each DP replica (its ranks), and
  * every subtask of its roles goes to a whole replica through that group; its group's
  * communicator is split on the workers into TP, pipeline and DP groups (rl.init). Roles that
@@ -166,13 +166,12 @@ static int executable(const ex_run *x, ff_role r, bool rollout, const ff_layout 
         return ff_error_set(layout_where(x, r, rollout, w, sizeof w),
                             "give roles.actor.rollout.layout with pp: 1 (for example tp: T, dp: W / T on the same workers)",
                             "generation is not pipelined (pp %lld)", (long long)L->pp);
-    if (L->sp && L->tp > 1)
-        return ff_error_set(layout_where(x, r, rollout, w, sizeof w), "use sp: false", "sequence parallelism is not executed yet");
     return 0;
 }
 
 static bool same_layout(const ff_layout *a, const ff_layout *b) {
-    return a->tp == b->tp && a->dp == b->dp && a->pp == b->pp && (a->pp == 1 || (a->vpp == b->vpp && a->schedule == b->schedule));
+    return a->tp == b->tp && a->dp == b->dp && a->pp == b->pp && a->sp == b->sp &&
+           (a->pp == 1 || (a->vpp == b->vpp && a->schedule == b->schedule));
 }
 
 /* A pool's layout: its members' coordinates by the planner's rank map, its replicas. A pool

@@ -4,7 +4,8 @@
 #   - PPO with the actor, critic and ref at PP 2 on 2 workers (1F1B over the micro-batches of
 #     each step, log-probs and values pipelined forward-only), generating in a layout of its own
 #     on the same workers (DP 2, the weights broadcast stage by stage after each update), and
-#     at TP 2 x PP 2 on 4 workers (generation at TP 2 x DP 2), and GPipe, sample the same
+#     at TP 2 x PP 2 on 4 workers (generation at TP 2 x DP 2), also with sequence
+#     parallelism, and GPipe, sample the same
 #     responses as on 1 worker for 3 iterations with float metrics within 1e-6 + 1% (the
 #     stages sum the gradient norm and the tied embedding's two gradients in another order);
 #   - a PP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
@@ -38,12 +39,13 @@ ppo "$work/pp2" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollou
 ppo "$work/tp2pp2" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=2 \
   roles.actor.rollout.layout.dp=2
 ppo "$work/gpipe" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.layout.schedule=gpipe
+ppo "$work/tp2pp2sp" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.layout.sp=true
 grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[0 1\], critic \[0 1\] tp 1 x pp 2 x dp 1, ref \[0 1\] tp 1 x pp 2 x dp 1" "$work/pp2.log" ||
   fail "the roles are not at PP 2: $(head -1 "$work/pp2.log")"
 grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\] tp 2 x pp 1 x dp 2" "$work/tp2pp2.log" ||
   fail "the actor is not at TP 2 x PP 2: $(head -1 "$work/tp2pp2.log")"
 [[ $(iterations "$work/one/metrics.jsonl") == "$steps" ]] || fail "one worker: expected $steps iterations"
-for r in pp2 tp2pp2 gpipe; do
+for r in pp2 tp2pp2 gpipe tp2pp2sp; do
   same_samples "$work/one" "$work/$r" "$r"
   same_metrics "$work/one/metrics.jsonl" "$work/$r/metrics.jsonl" 1e-6 1e-2 || fail "$r does not train like one worker"
 done

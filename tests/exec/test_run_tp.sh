@@ -6,6 +6,7 @@
 #     metrics within 1e-6 + 1% (TP sums partial products in another order; measured worst,
 #     relative: approx_kl 2.8e-4, pg_loss 1.3e-4, ratio_max 7e-5, kl 7e-5, the rest below;
 #     under the sanitizers grad_norm and approx_kl 5.6e-4);
+#   - the same at TP 2 with sequence parallelism;
 #   - a TP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
 #     tensors) and ends as the TP 1 run does; its checkpoint loads in `fuseflow generate`;
 #   - GRPO with generation at TP 2 on a pool of its own while training at TP 1 (weights synced
@@ -48,6 +49,10 @@ same_samples "$work/tp1" "$work/tp2" "TP 2"
 same_samples "$work/tp1" "$work/tp2dp2" "TP 2 x DP 2"
 same_metrics "$work/tp1/metrics.jsonl" "$work/tp2/metrics.jsonl" 1e-6 1e-2 || fail "TP 2 does not train like TP 1"
 same_metrics "$work/tp1/metrics.jsonl" "$work/tp2dp2/metrics.jsonl" 1e-6 1e-2 || fail "TP 2 x DP 2 does not train like TP 1"
+# with sequence parallelism (norms on each rank's rows, all-gather / reduce-scatter around the blocks)
+ppo "$work/sp" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor.layout.sp=true
+same_samples "$work/tp1" "$work/sp" "TP 2 with SP"
+same_metrics "$work/tp1/metrics.jsonl" "$work/sp/metrics.jsonl" 1e-6 1e-2 || fail "TP 2 with SP does not train like TP 1"
 
 # TP 2 x DP 2 with the optimizer state sharded over the replicas (ZeRO-1): trains as TP 1,
 # and its checkpoint (saved by both replicas' gathers) resumes at ZeRO-0

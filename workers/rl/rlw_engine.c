@@ -50,6 +50,7 @@ typedef struct rlw_lay {
     ff_pipe_transport pt;
     ff_roles_pipe pipe;
     ff_model_comm norm;
+    bool sp; /* sequence parallelism in the TP group (training and scoring; generation decodes replicated) */
 } rlw_lay;
 
 struct rlw {
@@ -97,6 +98,13 @@ static int tp_sum64(void *ctx, double *buf, size_t n) {
     return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, ctx, NULL);
 }
 static int tp_gather(void *ctx, const float *in, float *out, size_t n) { return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, ctx, NULL); }
+/* sequence parallelism's: rows of [T, H] split over the TP group */
+static int tp_reduce_scatter_v(void *ctx, const float *in, float *out, const size_t *counts) {
+    return ff_coll_reduce_scatter_v(in, out, counts, FF_DTYPE_F32, FF_COLL_SUM, ctx, NULL);
+}
+static int tp_gather_v(void *ctx, const float *in, float *out, const size_t *counts) {
+    return ff_coll_all_gather_v(in, out, counts, FF_DTYPE_F32, ctx, NULL);
+}
 
 static ff_pipe_kind pipe_kind(int plan_schedule) {
     switch (plan_schedule) {
@@ -134,7 +142,9 @@ static int lay_setup(rlw_lay *y, const rlw_place *at, const ff_layout *L, ff_col
     if (p->tp > 1) {
         if (split(group, p->dp_rank * p->pp + p->pp_rank, p->tp_rank, p->tp, p->tp_rank, "TP", &y->tp_comm) != 0) return -1;
         y->mcomm = (ff_model_comm){.rank = p->tp_rank, .size = p->tp, .ctx = y->tp_comm, .all_reduce_sum = tp_sum,
-                                   .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather};
+                                   .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather,
+                                   .reduce_scatter_sum_v = tp_reduce_scatter_v, .all_gather_v = tp_gather_v};
+        y->sp = L->sp;
     }
     if (p->pp > 1) {
         if (split(group, p->dp_rank * p->tp + p->tp_rank, p->pp_rank, p->pp, p->pp_rank, "pipeline", &y->pp_comm) != 0) return -1;
@@ -232,7 +242,7 @@ static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head
         ff_error_wrap("role %s: %s", role, dir);
         return NULL;
     }
-    ff_model_opts mo = {.inference = !train, .comm = at->tp > 1 ? &y->mcomm : NULL};
+    ff_model_opts mo = {.inference = !train, .comm = at->tp > 1 ? &y->mcomm : NULL, .sequence_parallel = at->tp > 1 && y->sp};
     int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
     ff_model_stage st;
     if (at->pp > 1) {
