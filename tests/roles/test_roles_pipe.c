@@ -41,6 +41,7 @@ enum { NS = 16, RMAX = 6, STEPS = 3, NMB = 4, MAXP = 4, MAXT = 2, MAXD = 2, VOCA
 #define ATOL_AFTER 1e-6
 #define TOL_SCORE 1e-5
 #define TOL_TP 1e-4 /* TP's and DP's sums run in another order (tests/model/test_model_tp.c) */
+#define TOL_REORDER_AFTER 2e-4 /* the weights after with TP or DP (measured up to 7e-5 under the sanitizers) */
 
 typedef struct toy {
     int32_t prompt[NS][4], resp[NS][RMAX];
@@ -411,7 +412,7 @@ static void run_layout(const layout *l, const ff_registry *reg) {
             char what[160];
             snprintf(what, sizeof what, "%s (dp %d, tp %d) after", l->name, d, tt);
             pt_err e = {0};
-            pt_compare_sets(&e, what, u, ref->after, ATOL_AFTER, l->tp > 1 || l->dp > 1 ? TOL_TP : TOL_AFTER);
+            pt_compare_sets(&e, what, u, ref->after, ATOL_AFTER, l->tp > 1 || l->dp > 1 ? TOL_REORDER_AFTER : TOL_AFTER);
             err_after.rel = fmax(err_after.rel, e.rel);
             if (d == 0 && tt == 0)
                 fprintf(stderr, "%s: metrics within %.2e (first step) and %.2e (later), weights after within %.2e\n", l->name,
