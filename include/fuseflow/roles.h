@@ -205,7 +205,8 @@ typedef enum { FF_TRAIN_ACTOR = 0, FF_TRAIN_CRITIC } ff_train_kind;
 /* Called once per optimizer step, after the last micro-batch's backward and before clipping
  * and the update: all-reduce (SUM) the n floats of grads across the DP ranks (ff_coll). With
  * the global normaliser (see top) the sum is the mini-batch's gradient. 0, or -1 + error
- * (the step is abandoned, the gradients zeroed). */
+ * (the step is abandoned, the gradients zeroed). On a pipeline stage: the stage's buffer (its
+ * tied copy included), to be summed over the DP replicas of the same stage. */
 typedef int (*ff_grad_hook)(void *user, ff_model *m, ff_buffer *grads, int64_t n);
 
 typedef struct ff_trainer_config {

@@ -197,11 +197,20 @@ static void *rank_main(void *p) {
     ff_trainer *tn = ff_trainer_new(m, &c);
     if (!tn) fprintf(stderr, "%s\n", ff_error_message());
     REQUIRE(tn);
+    int64_t room = 0; /* the model's workspace after the first step: no later step of the same batches grows it */
     for (int k = 0; k < STEPS && r->rc == 0; k++) {
         const share *sh = &w->sh[a->d][k];
         if (ff_trainer_step(tn, sh->s, sh->n, sh->mb, sh->nm, sh->denom, &r->m[k])) {
             fprintf(stderr, "%s rank (%d, %d, %d) step %d: %s\n", l->name, a->d, a->t, a->s, k, ff_error_message());
             r->rc = -1;
+        }
+        ff_model_memory mem;
+        ff_model_memory_of(m, &mem);
+        if (k == 0) room = mem.workspace;
+        if (l->dp == 1 && mem.workspace != room) { /* the same micro-batches every step (with DP the third is larger) */
+            fprintf(stderr, "%s rank (%d, %d): step %d grew the workspace from %lld to %lld bytes\n", l->name, a->t, a->s, k,
+                    (long long)room, (long long)mem.workspace);
+            ff_test_failures++;
         }
     }
     r->after = ff_tensor_set_new();
