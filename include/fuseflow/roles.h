@@ -205,7 +205,8 @@ typedef enum { FF_TRAIN_ACTOR = 0, FF_TRAIN_CRITIC } ff_train_kind;
 /* Called once per optimizer step, after the last micro-batch's backward and before clipping
  * and the update: all-reduce (SUM) the n floats of grads across the DP ranks (ff_coll). With
  * the global normaliser (see top) the sum is the mini-batch's gradient. 0, or -1 + error
- * (the step is abandoned, the gradients zeroed). */
+ * (the step is abandoned, the gradients zeroed). On a pipeline stage: the stage's buffer (its
+ * tied copy included), to be summed over the DP replicas of the same stage. */
 typedef int (*ff_grad_hook)(void *user, ff_model *m, ff_buffer *grads, int64_t n);
 
 typedef struct ff_trainer_config {
@@ -291,9 +292,12 @@ double ff_trainer_denom(const ff_trainer *t, const ff_rl_sample *samples, int32_
  * offsets and denom. The non-empty micro-batches are packed up front and run by the
  * executor under the schedule of pipe.kind (interleaved: their count must be a multiple of
  * pp); the loss is computed on the last virtual stage's rank; the DP hook runs before the
- * step (the executor's before_step), ZeRO-1 inside it. The metrics are summed over the
- * pipeline, so every rank returns the same (the single-rank values up to the gradients'
- * rounding); a skipped step's grad_norm is NaN. Packs, the schedule and the executor are
+ * step (the executor's before_step), ZeRO-1 inside it. An empty share with a hook or ZeRO-1
+ * (every rank of the pipeline has it) runs filler micro-batches of one token and zero
+ * gradient, so the hook, the tied embeddings' sum and the step are the executor's as with
+ * samples. The metrics are summed over the pipeline, so every rank returns the same (time_s
+ * aside: this rank's), the single-rank values up to the gradients' rounding; a skipped
+ * step's grad_norm is NaN. Packs, the schedule and the executor are
  * cached per micro-batch count: a step allocates nothing once one as large has run. */
 int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const int32_t *mb_start, int32_t n_micro,
                     double denom, ff_train_metrics *metrics);

@@ -14,6 +14,12 @@ bool rl_pipe_on(const ff_roles_pipe *p) { return p && p->transport && p->transpo
 
 int32_t rl_pipe_vpp(const ff_roles_pipe *p) { return p->vpp > 0 ? p->vpp : 1; }
 
+const ff_rl_sample *rl_pipe_pad(void) {
+    static const int32_t token = 0;
+    static const ff_rl_sample pad = {.prompt = &token, .prompt_len = 1};
+    return &pad;
+}
+
 int ff_roles_pipe_stage(const ff_model_config *cfg, const ff_roles_pipe *p, int32_t rank, int32_t *first, int32_t *count,
                         ff_model_comm *norm, ff_model_stage *out) {
     const char *w = "pipeline stage";

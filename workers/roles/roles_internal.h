@@ -48,6 +48,9 @@ int32_t rl_pipe_vpp(const ff_roles_pipe *p); /* 0 means 1 */
  * are the layers ff_roles_pipe_stage places on the transport's rank. 0 or -1 + error naming
  * `where` and the mismatch. */
 int rl_pipe_check(const ff_model *m, const ff_roles_pipe *p, const char *where);
+/* A sample of one prompt token and no response: the micro-batch that fills a schedule (the
+ * smallest forward; its outputs are dropped, its gradients zero). */
+const ff_rl_sample *rl_pipe_pad(void);
 /* The schedule of p's placement for n_micro micro-batches of m (training or forward-only). */
 int rl_pipe_schedule(const ff_model *m, const ff_roles_pipe *p, int32_t n_micro, bool forward_only, ff_pipe_schedule *out);
 

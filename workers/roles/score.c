@@ -247,13 +247,11 @@ static int score_pipe(ff_model *m, const ff_rl_sample *samples, int32_t n, const
     ff_pipe_exec *e = NULL;
     int rc = -1;
     if (!packs || !bt || !outs || !first || !x) goto done;
-    const int32_t pad_token = 0;
-    const ff_rl_sample pad = {.prompt = &pad_token, .prompt_len = 1}; /* the smallest forward: its outputs are dropped */
     int64_t T = 0;
     for (int32_t j = 0, i = 0; j < n_micro; j++) {
         const bool real = j < n_real;
         const int32_t e_ = real ? micro_end(samples, i, n, o) : i;
-        if (rl_pack_build(&packs[j], real ? samples + i : &pad, NULL, real ? e_ - i : 1, kind == SCORE_LOGPROBS)) {
+        if (rl_pack_build(&packs[j], real ? samples + i : rl_pipe_pad(), NULL, real ? e_ - i : 1, kind == SCORE_LOGPROBS)) {
             ff_error_wrap("samples %d..%d", i, e_ - 1);
             goto done;
         }

@@ -293,7 +293,13 @@ static int plain_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const
 static int pipe_loss(void *ctx, int32_t micro, const ff_batch *b, const ff_forward_out *out, ff_pipe_loss_out *d) {
     (void)b;
     ff_trainer *t = ctx;
-    const int32_t mb = t->mb_of[micro], s0 = t->cur_start[mb], k = t->cur_start[mb + 1] - s0;
+    const int32_t mb = t->mb_of[micro];
+    if (mb < 0) { /* an empty share's filler: no loss, zero gradients (d's arrays come zeroed) */
+        d->d_entropy = NULL;
+        d->loss = 0;
+        return 0;
+    }
+    const int32_t s0 = t->cur_start[mb], k = t->cur_start[mb + 1] - s0;
     return micro_loss(t, &t->packs[micro], t->cur_samples + s0, k, t->cur_denom, out, d, &t->cur);
 }
 
@@ -330,12 +336,15 @@ static ff_pipe_exec *pipe_exec_for(ff_trainer *t, int32_t n_micro) {
 }
 
 /* The non-empty micro-batches through the schedule: the backwards, the hook and the
- * optimizer step. *stepped: the run reached the step (a failure there is the optimizer's:
- * a skipped update, on every rank alike). */
+ * optimizer step. An empty share (n_real 0) runs filler micro-batches (one, or pp for the
+ * interleaved schedule), so that the hook, the tied embeddings' sum and the step are the same
+ * code as with samples. *stepped: the run reached the step (a failure there is the
+ * optimizer's: a skipped update, on every rank alike). */
 static int pipe_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const int32_t *mb_start, int32_t n_micro,
-                              double denom, int32_t n_sched, ff_optim_stats *os, bool *stepped) {
+                              double denom, int32_t n_real, ff_optim_stats *os, bool *stepped) {
     const ff_roles_pipe *pp = &t->c.pipe;
     const int32_t P = pp->transport->size;
+    const int32_t n_sched = n_real > 0 ? n_real : pp->kind == FF_PIPE_INTERLEAVED ? P : 1;
     if (pp->kind == FF_PIPE_INTERLEAVED && n_sched % P)
         return ff_error_set("pipeline", "plan each share into a multiple of pp micro-batches (micro_batch_size, micro_batch_tokens), or use the 1f1b schedule",
                             "the interleaved schedule runs micro-batches in groups of pp %d, and this step has %d non-empty micro-batches",
@@ -348,6 +357,11 @@ static int pipe_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const 
         if (rl_pack_build(&t->packs[j], samples + s0, NULL, k, actor)) return ff_error_wrap("micro-batch %d", b);
         t->batches[j] = rl_pack_batch(&t->packs[j]);
         t->mb_of[j++] = b;
+    }
+    for (int32_t j = n_real; j < n_sched; j++) {
+        if (rl_pack_build(&t->packs[j], rl_pipe_pad(), NULL, 1, actor)) return -1;
+        t->batches[j] = rl_pack_batch(&t->packs[j]);
+        t->mb_of[j] = -1;
     }
     ff_pipe_exec *e = pipe_exec_for(t, n_sched);
     if (!e) return -1;
@@ -403,7 +417,7 @@ int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const
     ff_optim_stats os = {0};
     int orc = 0; /* the optimizer's: -1 for a skipped update */
     ff_model_zero_grad(t->m);
-    if (t->piped && n_sched > 0) {
+    if (t->piped) {
         t->cur = (acc){0};
         bool stepped = false;
         if (pipe_micro_batches(t, samples, mb_start, n_micro, denom, (int32_t)n_sched, &os, &stepped)) {
@@ -413,7 +427,7 @@ int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const
             os.lr = ff_adamw_lr_at(&t->c.optim, ff_optimizer_steps_done(t->opt) + 1);
         }
         a = t->cur;
-    } else { /* also a pipeline's empty share: no schedule to run, the hook and the step joined alike */
+    } else {
         if (plain_micro_batches(t, samples, mb_start, n_micro, denom, &a)) goto fail;
         if (run_hook(t)) goto fail;
         orc = ff_optimizer_step(t->opt, &os);

@@ -1,0 +1,148 @@
+/* An in-process pipeline transport for tests (fuseflow/pipe_exec.h's ff_pipe_transport): the
+ * ranks are threads, a call posts its sends into a mailbox per (from, to) and waits for its
+ * receives (sends are buffered, so a call never waits for its partner's to be posted), and
+ * the f64 sum meets at a barrier and adds in rank order (the same bits on every rank). Each
+ * rank counts its transfers and floats sent; fail_next breaks its next call on purpose.
+ *
+ * Not for: checking NCCL's rendezvous (tests/pipe/test_pipe_coll.c runs ff_coll). */
+#ifndef FF_TEST_PIPE_MAILBOX_H
+#define FF_TEST_PIPE_MAILBOX_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/error.h"
+#include "fuseflow/pipe_exec.h"
+#include "tests/test_util.h"
+
+enum { PM_MAXR = 8 };
+
+typedef struct msg {
+    struct msg *next;
+    size_t n;
+    float data[];
+} msg;
+
+typedef struct chan {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    msg *head, *tail;
+} chan;
+
+typedef struct group {
+    int n;
+    chan ch[PM_MAXR][PM_MAXR]; /* [from][to] */
+    pthread_barrier_t bar;
+    const double *src[PM_MAXR];
+    size_t cnt[PM_MAXR];
+    int64_t calls[PM_MAXR], floats[PM_MAXR]; /* per rank: transfers posted, floats sent */
+} group;
+
+typedef struct rank_ctx {
+    group *g;
+    int rank;
+    double *tmp;
+    size_t cap;
+    bool fail_next; /* the next call fails before it posts anything */
+} rank_ctx;
+
+static inline int t_call(void *ctx, const ff_pipe_xfer *x, int n) {
+    rank_ctx *c = ctx;
+    group *g = c->g;
+    if (c->fail_next) {
+        c->fail_next = false;
+        return ff_error_set("test transport", NULL, "the group is broken (on purpose)");
+    }
+    for (int i = 0; i < n; i++) { /* sends are buffered: post them all, then wait for the receives */
+        if (x[i].kind != FF_PIPE_XFER_SEND) continue;
+        REQUIRE(x[i].peer >= 0 && x[i].peer < g->n && x[i].peer != c->rank);
+        msg *m = malloc(sizeof *m + sizeof(float) * x[i].count);
+        REQUIRE(m);
+        m->next = NULL;
+        m->n = x[i].count;
+        memcpy(m->data, x[i].buf, sizeof(float) * x[i].count);
+        chan *ch = &g->ch[c->rank][x[i].peer];
+        pthread_mutex_lock(&ch->mu);
+        if (ch->tail) ch->tail->next = m;
+        else ch->head = m;
+        ch->tail = m;
+        pthread_cond_broadcast(&ch->cv);
+        pthread_mutex_unlock(&ch->mu);
+        g->floats[c->rank] += (int64_t)x[i].count;
+    }
+    for (int i = 0; i < n; i++) {
+        g->calls[c->rank]++;
+        if (x[i].kind != FF_PIPE_XFER_RECV) continue;
+        chan *ch = &g->ch[x[i].peer][c->rank];
+        pthread_mutex_lock(&ch->mu);
+        while (!ch->head) pthread_cond_wait(&ch->cv, &ch->mu);
+        msg *m = ch->head;
+        ch->head = m->next;
+        if (!ch->head) ch->tail = NULL;
+        pthread_mutex_unlock(&ch->mu);
+        if (m->n != x[i].count) {
+            fprintf(stderr, "rank %d: receive of %zu floats from rank %d met a send of %zu\n", c->rank, x[i].count,
+                    x[i].peer, m->n);
+            exit(1);
+        }
+        memcpy(x[i].buf, m->data, sizeof(float) * m->n);
+        free(m);
+    }
+    return 0;
+}
+
+static inline int t_sum64(void *ctx, double *buf, size_t n) {
+    rank_ctx *c = ctx;
+    group *g = c->g;
+    g->src[c->rank] = buf;
+    g->cnt[c->rank] = n;
+    pthread_barrier_wait(&g->bar);
+    for (int r = 0; r < g->n; r++) REQUIRE(g->cnt[r] == n);
+    if (n > c->cap) {
+        REQUIRE((c->tmp = realloc(c->tmp, sizeof(double) * n)));
+        c->cap = n;
+    }
+    for (size_t i = 0; i < n; i++) { /* rank order on every rank: the same bits */
+        double s = 0;
+        for (int r = 0; r < g->n; r++) s += g->src[r][i];
+        c->tmp[i] = s;
+    }
+    pthread_barrier_wait(&g->bar);
+    memcpy(buf, c->tmp, sizeof(double) * n);
+    return 0;
+}
+
+static inline group *group_new(int n) {
+    group *g = calloc(1, sizeof *g);
+    REQUIRE(g);
+    g->n = n;
+    pthread_barrier_init(&g->bar, NULL, (unsigned)n);
+    for (int a = 0; a < PM_MAXR; a++)
+        for (int b = 0; b < PM_MAXR; b++) {
+            pthread_mutex_init(&g->ch[a][b].mu, NULL);
+            pthread_cond_init(&g->ch[a][b].cv, NULL);
+        }
+    return g;
+}
+
+static inline void group_free(group **pg) {
+    group *g = *pg;
+    for (int a = 0; a < PM_MAXR; a++)
+        for (int b = 0; b < PM_MAXR; b++) {
+            CHECK(g->ch[a][b].head == NULL); /* every send was received */
+            pthread_mutex_destroy(&g->ch[a][b].mu);
+            pthread_cond_destroy(&g->ch[a][b].cv);
+        }
+    pthread_barrier_destroy(&g->bar);
+    free(g);
+    *pg = NULL;
+}
+
+static inline ff_pipe_transport transport_of(rank_ctx *c) {
+    return (ff_pipe_transport){.rank = c->rank, .size = c->g->n, .ctx = c, .call = t_call, .all_reduce_sum_f64 = t_sum64};
+}
+
+#endif
