@@ -295,6 +295,9 @@ void ex_trace_weights(ex_run *x, int pool, const uint64_t *jobs, int n);
 uint64_t ex_trace_local(ex_run *x, int node, int64_t start_ns, int64_t end_ns, const int64_t *samples, int64_t n);
 /* A node's span in an iteration on its stage track (node -1: the iterations track). */
 void ex_trace_span(ex_run *x, int node, const char *name, int64_t start_ns, int64_t end_ns);
+/* The pipeline instructions a train step's result carries (FF_RL_T_PIPE_TIMES), on the
+ * rank's "rank R: pipeline" track. */
+void ex_trace_pipeline(ex_run *x, const ff_result *r, const char *node);
 /* A worker was lost (an instant, once per rank). */
 void ex_trace_lost(ex_run *x, int rank, const char *why);
 

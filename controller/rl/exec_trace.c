@@ -6,6 +6,9 @@
  *   - a track per graph node with one slice per iteration (from its first dispatch to its
  *     last result: where stages overlap under the fused schedule), one for iterations, and
  *     an instant where a worker was lost;
+ *   - with a pipeline, a track per rank with each instruction of its train steps (forwards,
+ *     backwards, sends and receives, the optimizer step) as the rank timed it: the gaps
+ *     between its compute slices are its bubble;
  *   - dependencies: each job's `after` names the jobs whose outputs it read, that is the
  *     writers of its input cells (each cell of the sample store remembers the job that wrote
  *     it) and the last jobs that changed the weights it runs on (loading, train steps, the
@@ -21,6 +24,7 @@
 
 #include "controller/rl/exec_internal.h"
 #include "fuseflow/error.h"
+#include "fuseflow/pipeline.h"
 #include "fuseflow/util.h"
 
 struct ex_trace {
@@ -32,6 +36,7 @@ struct ex_trace {
     uint64_t weights[POOL_COUNT][EX_MAX_RANKS]; /* the jobs that last changed each pool's weights */
     int nweights[POOL_COUNT];
     bool lost[EX_MAX_RANKS]; /* workers whose loss is on the timeline */
+    int pipe_track[EX_MAX_RANKS]; /* "rank R: pipeline" (0: not made yet) */
 };
 
 ex_trace *ex_trace_new(ff_controller *c) {
@@ -133,6 +138,50 @@ void ex_trace_span(ex_run *x, int node, const char *name, int64_t start_ns, int6
     ff_trace_slice s = {.track = track, .name = name, .cat = "stage", .start_ns = start_ns,
                         .end_ns = end_ns > start_ns ? end_ns : start_ns};
     if (track > 0) ff_controller_trace_slice(t->c, &s);
+}
+
+void ex_trace_pipeline(ex_run *x, const ff_result *r, const char *node) {
+    ex_trace *t = x->tr;
+    const ff_tensor *pt = ex_out_named(r, FF_RL_T_PIPE_TIMES);
+    if (!t || !pt || r->rank < 0 || r->rank >= EX_MAX_RANKS || !r->start_ns) return;
+    if (pt->dtype != FF_DTYPE_F64 || pt->ndim != 2 || pt->shape[1] != 5) {
+        ex_fail(x, "node '%s': worker %d sent %s of another shape than [n, 5] F64", node, r->rank, FF_RL_T_PIPE_TIMES);
+        return;
+    }
+    if (!t->pipe_track[r->rank]) {
+        char tn[64];
+        snprintf(tn, sizeof tn, "rank %d: pipeline", r->rank);
+        t->pipe_track[r->rank] = ff_controller_trace_track(t->c, tn);
+        if (t->pipe_track[r->rank] <= 0) return;
+    }
+    /* forwards "F3", backwards "B3" (chunk .c with interleaving), transfers by their op's
+     * name; the gaps between the compute slices are the rank's bubble */
+    const double *v = pt->data;
+    double first = 1e300, last = -1e300;
+    for (int64_t i = 0; i < pt->shape[0]; i++, v += 5) {
+        int op = (int)v[0];
+        if (op < 0 || op >= FF_PIPE_NOPS || !(v[4] >= v[3])) continue;
+        if (v[3] < first) first = v[3];
+        if (v[4] > last) last = v[4];
+        char name[64];
+        if ((op == FF_PIPE_FORWARD || op == FF_PIPE_BACKWARD) && v[2] > 0)
+            snprintf(name, sizeof name, "%c%d.%d", op == FF_PIPE_FORWARD ? 'F' : 'B', (int)v[1], (int)v[2]);
+        else if (op == FF_PIPE_FORWARD || op == FF_PIPE_BACKWARD)
+            snprintf(name, sizeof name, "%c%d", op == FF_PIPE_FORWARD ? 'F' : 'B', (int)v[1]);
+        else if (op == FF_PIPE_OPTIMIZER_STEP)
+            snprintf(name, sizeof name, "optimizer step");
+        else
+            snprintf(name, sizeof name, "%s %d", ff_pipe_op_name((ff_pipe_op)op), (int)v[1]);
+        const bool compute = op == FF_PIPE_FORWARD || op == FF_PIPE_BACKWARD;
+        ff_trace_slice s = {.track = t->pipe_track[r->rank], .name = name, .cat = compute ? "pipe compute" : "pipe transfer",
+                            .start_ns = r->start_ns + (int64_t)(v[3] * 1e9), .end_ns = r->start_ns + (int64_t)(v[4] * 1e9)};
+        ff_controller_trace_slice(t->c, &s);
+    }
+    if (last < first) return;
+    /* the step on this rank, first instruction to last: its bubble is what compute leaves */
+    ff_trace_slice s = {.track = t->pipe_track[r->rank], .name = node, .cat = "pipe step",
+                        .start_ns = r->start_ns + (int64_t)(first * 1e9), .end_ns = r->start_ns + (int64_t)(last * 1e9)};
+    ff_controller_trace_slice(t->c, &s);
 }
 
 void ex_trace_lost(ex_run *x, int rank, const char *why) {

@@ -112,12 +112,13 @@ static uint64_t submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, i
         return 0;
     }
     if (n) memcpy(j->samples, samples, (size_t)n * sizeof *samples);
-    ff_arg args[2] = {ff_arg_str("role", actor ? "actor" : "critic"), ff_arg_float("denom", denom)};
+    ff_arg args[3] = {ff_arg_str("role", actor ? "actor" : "critic"), ff_arg_float("denom", denom),
+                      ff_arg_int("timeline", x->tr != NULL)};
     char label[128];
     snprintf(label, sizeof label, "%s step %d (dp %d, %" PRId64 " samples)", nd->name, step, rank_i, n);
     int nafter;
     const uint64_t *after = ex_trace_deps(x, m, samples, n, prev ? -1 : pool, &prev, 1, &nafter);
-    ff_subtask_spec spec = {.kind = FF_RL_TRAIN, .args = args, .nargs = 2, .inputs = in, .ninputs = nin,
+    ff_subtask_spec spec = {.kind = FF_RL_TRAIN, .args = args, .nargs = 3, .inputs = in, .ninputs = nin,
                             .after = after, .nafter = nafter, .label = label};
     ex_target_replica(x, j, pool, rank_i, &spec); /* the share goes to every TP rank of the replica */
     return ex_submit(x, j, &spec);
@@ -223,6 +224,7 @@ void ex_train_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
         return;
     }
     memcpy(tr->m[j->minibatch * tr->n_ranks + j->member], mt->data, sizeof tr->m[0]);
+    for (int i = 0; i < n; i++) ex_trace_pipeline(x, &rs[i], nd->name);
     I->st[j->node].tokens += (int64_t)((const double *)mt->data)[FF_RL_M_TOKENS];
     if (--tr->pending == 0) {
         I->st[j->node].done = I->st[j->node].dispatched;
@@ -238,7 +240,7 @@ void ex_train_metrics(ex_run *x, ex_iter *I, json_t *out) {
         const ex_train *tr = &I->train[m];
         if (!tr->m || !tr->n_steps) continue;
         bool actor = node_of(x, m)->role == FF_ROLE_ACTOR;
-        double loss = 0, pg = 0, kl = 0, vl = 0, gn = 0, rmax = 0, lr = 0, steps = 0, skipped = 0;
+        double loss = 0, pg = 0, kl = 0, vl = 0, gn = 0, rmax = 0, lr = 0, steps = 0, skipped = 0, bubble = 0;
         double w = 0, clip = 0, akl = 0, ent = 0, vclip = 0, vmean = 0;
         for (int s = 0; s < tr->n_steps; s++) {
             for (int r = 0; r < tr->n_ranks; r++) {
@@ -251,8 +253,11 @@ void ex_train_metrics(ex_run *x, ex_iter *I, json_t *out) {
             }
             const double *r0 = tr->m[s * tr->n_ranks];
             gn += r0[FF_RL_M_GNORM], lr = r0[FF_RL_M_LR], steps += r0[FF_RL_M_STEPS], skipped += r0[FF_RL_M_SKIPPED];
+            bubble += r0[FF_RL_M_BUBBLE];
         }
         double S = tr->n_steps, W = w > 0 ? w : 1;
+        /* over a pipeline: the mean of the steps' bubbles (replica 0's) */
+        if (x->lay[tr->pool].pp > 1) json_object_set_new(out, actor ? "actor_pipe_bubble" : "critic_pipe_bubble", json_real(bubble / S));
         if (actor) {
             json_object_set_new(out, "actor_loss", json_real(loss / S));
             json_object_set_new(out, "pg_loss", json_real(pg / S));

@@ -4,7 +4,8 @@
  *
  * It knows the file, not the controller: subtask slices (cat "subtask", args job, group),
  * job slices (any slice with an integer args.job: subtasks and a client's controller-side
- * work, with args kind and after), process and thread names. Not here: recording or
+ * work, with args kind and after), pipeline slices (cat "pipe compute" and "pipe step" on
+ * process 0's "rank R: pipeline" tracks), process and thread names. Not here: recording or
  * writing traces (controller/trace.c). */
 #include <jansson.h>
 #include <stdint.h>
@@ -155,12 +156,19 @@ typedef struct summary {
     job_rec *jobs;
     size_t nj;
     ival *iv;
+    struct pipe_rec {
+        int tid;
+        bool step; /* a rank's train step (else a forward or backward in it) */
+        double ts, end;
+    } *pipe;
+    size_t npipe;
 } summary;
 
 static int read_events(summary *S, json_t *events) {
     size_t nev = json_array_size(events);
     S->sl = ff_calloc(nev ? nev : 1, sizeof *S->sl);
-    if (!S->sl) return -1;
+    S->pipe = ff_calloc(nev ? nev : 1, sizeof *S->pipe);
+    if (!S->sl || !S->pipe) return -1;
     S->t0 = 1e300, S->t1 = -1e300;
     for (size_t i = 0; i < nev; i++) {
         json_t *e = json_array_get(events, i);
@@ -179,6 +187,11 @@ static int read_events(summary *S, json_t *events) {
         }
         if (strcmp(ph, "X") != 0) continue;
         const char *cat = json_string_value(json_object_get(e, "cat"));
+        if (cat && pid == 0 && (!strcmp(cat, "pipe compute") || !strcmp(cat, "pipe step"))) {
+            double ts = json_number_value(json_object_get(e, "ts"));
+            S->pipe[S->npipe++] = (struct pipe_rec){(int)tid, !strcmp(cat, "pipe step"), ts, ts + json_number_value(json_object_get(e, "dur"))};
+            continue;
+        }
         bool subtask = cat && !strcmp(cat, "subtask");
         json_t *job = json_object_get(args, "job");
         if (!subtask && !json_is_integer(job)) continue;
@@ -286,6 +299,41 @@ static json_t *controller_json(summary *S) {
         json_array_append_new(jc, o);
     }
     return jc;
+}
+
+/* Pipeline ranks (the RL executor's "rank R: pipeline" tracks, their lanes merged): each
+ * rank's compute inside its train steps against the steps' length, the rest its bubble. */
+static json_t *pipeline_json(summary *S) {
+    json_t *jp = json_array();
+    for (size_t i = 0; i < S->npipe; i++) {
+        const char *tn = S->pipe[i].tid < S->ntid ? S->tname[S->pipe[i].tid] : NULL;
+        if (!tn) continue;
+        size_t base = strcspn(tn, "(");
+        while (base > 0 && tn[base - 1] == ' ') base--;
+        bool seen = false;
+        for (size_t q = 0; q < json_array_size(jp) && !seen; q++) {
+            const char *nm = json_string_value(json_object_get(json_array_get(jp, q), "name"));
+            seen = strlen(nm) == base && !strncmp(nm, tn, base);
+        }
+        if (seen) continue;
+        double step = 0;
+        size_t k = 0, steps = 0;
+        for (size_t e = 0; e < S->npipe; e++) {
+            const char *te = S->pipe[e].tid < S->ntid ? S->tname[S->pipe[e].tid] : NULL;
+            if (!te || strncmp(te, tn, base) || (te[base] && te[base] != ' ')) continue;
+            if (S->pipe[e].step) step += S->pipe[e].end - S->pipe[e].ts, steps++;
+            else S->iv[k++] = (ival){S->pipe[e].ts, S->pipe[e].end};
+        }
+        double compute = union_len(S->iv, k);
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_stringn(tn, base));
+        json_object_set_new(o, "steps", json_integer((json_int_t)steps));
+        json_object_set_new(o, "compute_us", json_real(compute));
+        json_object_set_new(o, "step_us", json_real(step));
+        json_object_set_new(o, "bubble", json_real(step > 0 ? 1.0 - compute / step : 0));
+        json_array_append_new(jp, o);
+    }
+    return jp;
 }
 
 /* Jobs (a group job's subtasks merged: first start to last end) and the longest chain. */
@@ -396,6 +444,15 @@ static void print_text(FILE *out, const summary *S, json_t *js) {
                     span > 0 ? 100 * b / span : 0);
         }
     }
+    json_t *jp = json_object_get(js, "pipeline");
+    if (json_array_size(jp)) {
+        fprintf(out, "\n%-32s %8s %11s %11s %8s\n", "pipeline rank", "steps", "compute ms", "steps ms", "bubble");
+        for (size_t i = 0; i < json_array_size(jp); i++) {
+            json_t *o = json_array_get(jp, i);
+            fprintf(out, "%-32.32s %8lld %11.3f %11.3f %7.1f%%\n", str(o, "name"), integer(o, "steps"), num(o, "compute_us") / 1e3,
+                    num(o, "step_us") / 1e3, 100 * num(o, "bubble"));
+        }
+    }
     json_t *links = json_object_get(jc, "links");
     size_t nl = json_array_size(links);
     if (!nl) return;
@@ -438,7 +495,7 @@ int ff_trace_summary(const char *path, FILE *out, bool json) {
         ff_error_set(path, "record a run with --trace", "no subtask events (cat \"subtask\", ph \"X\")");
         goto out;
     }
-    S.iv = ff_malloc(sizeof *S.iv * S.n);
+    S.iv = ff_malloc(sizeof *S.iv * (S.n > S.npipe ? S.n : S.npipe)); /* the busy intervals of one track at a time */
     S.jobs = ff_calloc(S.n, sizeof *S.jobs);
     if (!S.iv || !S.jobs) goto out;
     double span = S.t1 - S.t0;
@@ -449,6 +506,7 @@ int ff_trace_summary(const char *path, FILE *out, bool json) {
     json_object_set_new(js, "workers", workers_json(&S, span));
     json_object_set_new(js, "groups", groups_json(&S, span));
     json_object_set_new(js, "controller", controller_json(&S));
+    json_object_set_new(js, "pipeline", pipeline_json(&S));
     json_t *jc = chain_json(&S);
     if (!jc) goto out;
     json_object_set_new(js, "jobs", json_integer((json_int_t)S.nj));
@@ -470,6 +528,7 @@ out:
     free(S.iv);
     free(S.jobs);
     free(S.sl);
+    free(S.pipe);
     free(S.pname);
     free(S.tname);
     json_decref(root);

@@ -73,6 +73,9 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
 #define FF_RL_T_VALUES "values"
 #define FF_RL_T_SCORE "score"
 #define FF_RL_T_METRICS "metrics"
+/* rl.train over a pipeline, from every rank: its instructions in the step, F64 [n, 5] rows of
+ * (ff_pipe_op, micro-batch, chunk, start, end), seconds after the handler began */
+#define FF_RL_T_PIPE_TIMES "pipe_times"
 
 /* Per-token columns (F32 [sum rlen]) an rl.train subtask carries, aligned with "resp". */
 enum {
@@ -107,6 +110,7 @@ enum {
     FF_RL_M_GNORM,
     FF_RL_M_LR,
     FF_RL_M_TIME, /* seconds */
+    FF_RL_M_BUBBLE, /* over a pipeline: the step's bubble fraction over its stages, else 0 */
     FF_RL_NM
 };
 

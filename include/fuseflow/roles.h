@@ -256,6 +256,7 @@ typedef struct ff_train_metrics {
     double value_loss, vf_clipfrac, value_mean; /* critic */
     double grad_norm, lr;
     double time_s;
+    double pipe_bubble;    /* over a pipeline: the step's bubble over the group (ff_pipe_exec_stats), else 0 */
 } ff_train_metrics;
 
 typedef struct ff_trainer ff_trainer;
@@ -269,6 +270,10 @@ ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c);
 void ff_trainer_destroy(ff_trainer **t);
 ff_model *ff_trainer_model(const ff_trainer *t);
 ff_optimizer *ff_trainer_optimizer(const ff_trainer *t);
+/* The last step over a pipeline on this rank, for timelines: its executor (ff_pipe_exec_times,
+ * the instructions of *s's stream of this rank), its schedule, and when the executor's run
+ * began in seconds after ff_trainer_step was called. NULL when the last step ran none. */
+const ff_pipe_exec *ff_trainer_last_pipe(const ff_trainer *t, const ff_pipe_schedule **s, double *t0_s);
 /* The aggregation of this trainer's loss (the policy loss's, or the critic's value.agg). */
 ff_rlhf_agg_mode ff_trainer_agg(const ff_trainer *t);
 

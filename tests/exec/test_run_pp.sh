@@ -8,6 +8,8 @@
 #     parallelism, and GPipe, sample the same
 #     responses as on 1 worker for 3 iterations with float metrics within 1e-6 + 1% (the
 #     stages sum the gradient norm and the tied embedding's two gradients in another order);
+#   - the timeline has every rank's forwards, backwards and transfers, and `fuseflow trace
+#     summary` its bubble; the metrics carry the executor's bubble per step;
 #   - a PP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
 #     tensors, the stages' gathered by the first) and ends as the 1-worker run does; its
 #     checkpoint loads in `fuseflow generate`;
@@ -37,7 +39,7 @@ same_samples() { # A B WHAT
 ppo "$work/one" roles.actor.workers=1
 ppo "$work/pp2" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.dp=2
 ppo "$work/tp2pp2" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=2 \
-  roles.actor.rollout.layout.dp=2
+  roles.actor.rollout.layout.dp=2 --trace "$work/tp2pp2.trace.json"
 ppo "$work/gpipe" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.layout.schedule=gpipe
 ppo "$work/tp2pp2sp" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.layout.sp=true
 grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[0 1\], critic \[0 1\] tp 1 x pp 2 x dp 1, ref \[0 1\] tp 1 x pp 2 x dp 1" "$work/pp2.log" ||
@@ -49,6 +51,33 @@ for r in pp2 tp2pp2 gpipe tp2pp2sp; do
   same_samples "$work/one" "$work/$r" "$r"
   same_metrics "$work/one/metrics.jsonl" "$work/$r/metrics.jsonl" 1e-6 1e-2 || fail "$r does not train like one worker"
 done
+
+# the timeline: every rank's forwards and backwards of every micro-batch of each step, its
+# bubble per rank in `fuseflow trace summary`, the executor's in the metrics
+"$bin" trace summary "$work/tp2pp2.trace.json" --json > "$work/summary.json" || fail "trace summary failed"
+python3 - "$work/tp2pp2.trace.json" "$work/summary.json" "$work/tp2pp2/metrics.jsonl" <<'PY' || fail "the TP 2 x PP 2 timeline lacks the pipeline"
+import json, re, sys
+from collections import Counter
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+names = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] == 0}
+fw, bw = Counter(), Counter()
+for e in ev:
+    if e.get("ph") == "X" and e.get("cat") == "pipe compute":
+        rank = names[e["tid"]].split(":")[0]
+        (fw if e["name"].startswith("F") else bw)[rank] += 1
+# 3 iterations x (actor + critic) x 2 mini-batches x micro-batches (4 samples each of 16): 4
+assert sorted(fw) == ["rank 0", "rank 1", "rank 2", "rank 3"], fw
+assert set(fw.values()) == {3 * 2 * 2 * 4} and fw == bw, (fw, bw)
+s = json.load(open(sys.argv[2]))
+p = {o["name"]: o for o in s["pipeline"]}
+assert sorted(p) == ["rank 0: pipeline", "rank 1: pipeline", "rank 2: pipeline", "rank 3: pipeline"], p
+for o in p.values():
+    assert o["steps"] == 3 * 2 * 2 and 0 < o["compute_us"] < o["step_us"] and 0 < o["bubble"] < 1, o
+m = [json.loads(l) for l in open(sys.argv[3]) if '"samples"' in l]
+assert all(0 < x["actor_pipe_bubble"] < 1 and 0 < x["critic_pipe_bubble"] < 1 for x in m), m
+print("bubble per rank:", {k: round(o["bubble"], 3) for k, o in p.items()}, "executor's:", [round(x["actor_pipe_bubble"], 3) for x in m])
+PY
 
 # stopped at PP 2, resumed on one worker
 ppo "$work/res" roles.actor.workers=2 roles.actor.layout.pp=2 --stop-after 2

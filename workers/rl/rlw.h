@@ -128,6 +128,10 @@ int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom,
               ff_coll_comm *comm, double *m);
 
+/* The instructions of this rank's last rl.train over a pipeline (FF_RL_T_PIPE_TIMES rows,
+ * owned by s, valid until the next rlw_train), or 0 rows. */
+int64_t rlw_train_timeline(const rlw *s, const double **rows);
+
 /* ---- weight sync ------------------------------------------------------------------------- */
 /* The trained actor's weights into the generating actor of this process. */
 int rlw_sync_local(rlw *s);

@@ -70,6 +70,8 @@ struct rlw {
     ff_coll_comm *comm;
     float *gbuf;
     int64_t gcap;
+    double *timeline; /* rlw_train_timeline: [ntimeline * 5] */
+    int64_t ntimeline, timeline_cap;
     /* the layout of every role here but the generating copy's, and that copy's (glay: &lay,
      * or &lay_gen when it differs) */
     rlw_lay lay, lay_gen, *glay;
@@ -204,6 +206,7 @@ void rlw_destroy(rlw **ps) {
     unload(s);
     free(s->jobs);
     free(s->gbuf);
+    free(s->timeline);
     free(s);
     *ps = NULL;
 }
@@ -710,8 +713,39 @@ int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *
 }
 
 /* ---- training ------------------------------------------------------------------------------- */
+/* The trainer's last pipelined step into s->timeline, its times shifted by `at` (when the
+ * step began after the handler did). */
+static int keep_timeline(rlw *s, const ff_trainer *t, double at) {
+    s->ntimeline = 0;
+    const ff_pipe_schedule *sc;
+    double t0;
+    const ff_pipe_exec *e = ff_trainer_last_pipe(t, &sc, &t0);
+    if (!e) return 0;
+    const double *st, *en;
+    int64_t n;
+    ff_pipe_exec_times(e, &st, &en, &n);
+    if (n > s->timeline_cap) {
+        double *b = ff_realloc(s->timeline, (size_t)n * 5 * sizeof *b);
+        if (!b) return -1;
+        s->timeline = b, s->timeline_cap = n;
+    }
+    const ff_pipe_instr *in = sc->streams[s->lay.at.pp_rank].instr;
+    for (int64_t i = 0; i < n; i++) {
+        double *r = s->timeline + i * 5;
+        r[0] = in[i].op, r[1] = in[i].micro, r[2] = in[i].chunk, r[3] = at + t0 + st[i], r[4] = at + t0 + en[i];
+    }
+    s->ntimeline = n;
+    return 0;
+}
+
+int64_t rlw_train_timeline(const rlw *s, const double **rows) {
+    *rows = s->timeline;
+    return s->ntimeline;
+}
+
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom, ff_coll_comm *comm,
               double *m) {
+    const int64_t entry_ns = ff_now_ns(); /* the handler calls this first */
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : role == FF_RL_CRITIC ? s->t_critic : NULL;
     if (!t)
         return ff_error_set("rl.train", "the graph needs a train node for the role, and the worker must host it",
@@ -720,9 +754,11 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
     if (!v) return -1;
     ff_train_metrics tm = {0}; /* a step that fails its checks leaves it untouched */
     s->comm = s->lay.dp_comm ? s->lay.dp_comm : comm;
+    int64_t t0 = ff_now_ns();
     int rc = ff_trainer_step(t, v, in->n, mb, n_micro, denom, &tm);
     s->comm = NULL;
     free(v);
+    if (keep_timeline(s, t, (double)(t0 - entry_ns) * 1e-9) != 0) rc = -1;
     const double vals[FF_RL_NM] = {
         [FF_RL_M_STEPS] = (double)tm.steps,     [FF_RL_M_SKIPPED] = (double)tm.skipped, [FF_RL_M_MICRO] = (double)tm.micro_batches,
         [FF_RL_M_TOKENS] = (double)tm.tokens,   [FF_RL_M_SAMPLES] = (double)tm.samples, [FF_RL_M_LOSS] = tm.loss,
@@ -730,7 +766,7 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
         [FF_RL_M_CLIP] = tm.clipfrac,           [FF_RL_M_APPROX_KL] = tm.approx_kl,     [FF_RL_M_RATIO_MAX] = tm.ratio_max,
         [FF_RL_M_ENT_MEAN] = tm.entropy_mean,   [FF_RL_M_VLOSS] = tm.value_loss,        [FF_RL_M_VCLIP] = tm.vf_clipfrac,
         [FF_RL_M_VMEAN] = tm.value_mean,        [FF_RL_M_GNORM] = tm.grad_norm,         [FF_RL_M_LR] = tm.lr,
-        [FF_RL_M_TIME] = tm.time_s,
+        [FF_RL_M_TIME] = tm.time_s,           [FF_RL_M_BUBBLE] = tm.pipe_bubble,
     };
     memcpy(m, vals, sizeof vals);
     return rc;

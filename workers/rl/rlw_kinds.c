@@ -14,7 +14,8 @@
  *   rl.logprob   samples; role (actor|gen|ref), mb, entropy     -> logprob [, entropy] F32
  *   rl.value     samples; mb                                    -> values F32
  *   rl.score     samples; mb                                    -> score F32 [n]
- *   rl.train     samples + per-token columns + mb I32; role, denom -> metrics F64
+ *   rl.train     samples + per-token columns + mb I32; role, denom, timeline
+ *                                          -> metrics F64 [, pipe_times F64 [n, 5] over a pipeline]
  *   rl.sync      mode (local|bcast)
  *   rl.save      role, dir
  *   rl.digest    role                                           -> hash I64 [1], sum F64 [1]
@@ -416,9 +417,19 @@ static int k_train(ff_task *t, void *ud) {
         !(mb = input(t, "mb", FF_DTYPE_I32, false)))
         return -1;
     if (mb->shape[0] < 2) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.train: 'mb' needs at least two offsets");
+    int64_t timeline;
+    if (!arg_int(t, "timeline", 0, &timeline)) return -1;
     double *m = ff_task_output(t, FF_RL_T_METRICS, FF_DTYPE_F64, 1, (int64_t[]){FF_RL_NM});
     if (!m) return -1;
-    return rlw_train(r->eng, role, &in, mb->data, (int32_t)mb->shape[0] - 1, denom, ff_task_comm(t), m);
+    if (rlw_train(r->eng, role, &in, mb->data, (int32_t)mb->shape[0] - 1, denom, ff_task_comm(t), m) != 0) return -1;
+    const double *rows;
+    int64_t n = timeline ? rlw_train_timeline(r->eng, &rows) : 0;
+    if (n > 0) { /* every rank's: the controller draws each rank's instructions */
+        double *o = ff_task_output(t, FF_RL_T_PIPE_TIMES, FF_DTYPE_F64, 2, (int64_t[]){n, 5});
+        if (!o) return -1;
+        memcpy(o, rows, (size_t)n * 5 * sizeof *o);
+    }
+    return 0;
 }
 
 static int k_sync(ff_task *t, void *ud) {

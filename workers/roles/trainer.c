@@ -56,6 +56,9 @@ struct ff_trainer {
     double cur_denom;
     acc cur;
     bool reached_step;
+    /* the last pipelined step (ff_trainer_last_pipe) */
+    const pipe_slot *last;
+    int64_t step_t0_ns, run_t0_ns;
 };
 
 static int reserve_packs(ff_trainer *t, int32_t n) {
@@ -341,7 +344,7 @@ static ff_pipe_exec *pipe_exec_for(ff_trainer *t, int32_t n_micro) {
  * code as with samples. *stepped: the run reached the step (a failure there is the
  * optimizer's: a skipped update, on every rank alike). */
 static int pipe_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const int32_t *mb_start, int32_t n_micro,
-                              double denom, int32_t n_real, ff_optim_stats *os, bool *stepped) {
+                              double denom, int32_t n_real, ff_optim_stats *os, double *bubble, bool *stepped) {
     const ff_roles_pipe *pp = &t->c.pipe;
     const int32_t P = pp->transport->size;
     const int32_t n_sched = n_real > 0 ? n_real : pp->kind == FF_PIPE_INTERLEAVED ? P : 1;
@@ -371,9 +374,12 @@ static int pipe_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const 
     t->reached_step = false;
     ff_pipe_run r = {.micro = {t->batches}};
     ff_pipe_exec_stats st;
+    t->run_t0_ns = ff_now_ns();
     int rc = ff_pipe_exec_run(e, &r, &st);
     *stepped = t->reached_step;
-    if (rc == 0) *os = st.optim[0];
+    for (int i = 0; i < PIPE_SLOTS; i++)
+        if (t->slots[i].e == e) t->last = &t->slots[i];
+    if (rc == 0) *os = st.optim[0], *bubble = st.bubble_fraction;
     return rc;
 }
 
@@ -392,6 +398,8 @@ int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const
     assert(t && (samples || n == 0) && n >= 0);
     int64_t t0 = ff_now_ns();
     const bool actor = t->c.kind == FF_TRAIN_ACTOR;
+    t->last = NULL;
+    t->step_t0_ns = t0;
     int32_t whole[2] = {0, n};
     if (!mb_start) {
         mb_start = whole;
@@ -415,12 +423,13 @@ int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const
     }
     acc a = {0};
     ff_optim_stats os = {0};
+    double bubble = 0;
     int orc = 0; /* the optimizer's: -1 for a skipped update */
     ff_model_zero_grad(t->m);
     if (t->piped) {
         t->cur = (acc){0};
         bool stepped = false;
-        if (pipe_micro_batches(t, samples, mb_start, n_micro, denom, (int32_t)n_sched, &os, &stepped)) {
+        if (pipe_micro_batches(t, samples, mb_start, n_micro, denom, (int32_t)n_sched, &os, &bubble, &stepped)) {
             if (!stepped) goto fail;
             orc = -1;
             os.grad_norm = NAN; /* inside the executor: a non-finite norm, the same on every rank */
@@ -458,12 +467,20 @@ int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const
         metrics->grad_norm = os.grad_norm;
         metrics->lr = os.lr;
         metrics->time_s = (double)(ff_now_ns() - t0) * 1e-9;
+        metrics->pipe_bubble = bubble;
     }
     if (orc) return ff_error_wrap("%s trainer step", actor ? "actor" : "critic");
     return 0;
 fail:
     ff_model_zero_grad(t->m);
     return ff_error_wrap("%s trainer step", actor ? "actor" : "critic");
+}
+
+const ff_pipe_exec *ff_trainer_last_pipe(const ff_trainer *t, const ff_pipe_schedule **s, double *t0_s) {
+    if (!t->last) return NULL;
+    if (s) *s = &t->last->s;
+    if (t0_s) *t0_s = (double)(t->run_t0_ns - t->step_t0_ns) * 1e-9;
+    return t->last->e;
 }
 
 /* ---- whole batches in one process -------------------------------------------------------------- */
