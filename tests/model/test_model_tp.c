@@ -14,8 +14,9 @@
  * every rank gets the same bits; TP 1 through ff_model_new_tp is bit-identical to
  * ff_model_new; ranks that read only their shards of a checkpoint folder
  * (ff_model_tp_read_weights) run as ranks given whole tensors. The communicator counts what one training step moves per
- * rank: the calls and sizes must be exactly the design's (docs/model.md), and the bytes are
- * compared with the planner's TP formula (ff_plan_tp_bytes); the ratio is printed. Bad TP
+ * rank: the calls and sizes must be exactly the design's (docs/model.md), and the bytes must be
+ * the planner's traffic.tp (replicated key/value heads included) by the exact relation the
+ * dtypes and the terms it does not model give; the ratio is printed. Bad TP
  * layouts and the gathered-logits request get clear errors. */
 #include <pthread.h>
 #include <unistd.h>
@@ -487,7 +488,8 @@ static void check_traffic(const char *cfg_name, int tp, const job *j) {
         CHECK_EQ_INT(other, 0);
     }
     /* the planner's traffic.tp for this layout (TP t on t GPUs of one server, one micro-batch
-     * of one T-token sequence): 4 L all-reduces of T h bf16 elements, ring bytes */
+     * of one T-token sequence, FP32 gradients on the wire): 4 L all-reduces of T h BF16
+     * elements, and with replicated key/value heads L of the K/V weight gradients, ring bytes */
     ff_plan_input in;
     ff_plan_input_defaults(&in);
     in.model = (ff_plan_model){.layers = L, .hidden = H, .heads = c->num_attention_heads, .kv_heads = Hkv,
@@ -499,27 +501,29 @@ static void check_traffic(const char *cfg_name, int tp, const job *j) {
     in.workload.micro_batch = 1;
     in.workload.micro_batches = 1;
     in.workload.global_batch = 0;
+    in.workload.grad_reduce_bytes = 4;
     in.layout.tp = tp;
     in.layout.sequence_parallel = false; /* as here */
     in.cluster.gpus = tp;
     ff_plan_result pr;
-    double plan = ff_plan_tp_bytes(L, 1, tp, T, H), got = j->g->tr[0].ring_bytes;
-    int rc = ff_plan_evaluate(&in, &pr);
-    if (tp <= Hkv) { /* the planner refuses replicated key/value heads, as Megatron-core does */
-        CHECK(rc == 0);
-        if (rc == 0) CHECK_CLOSE(pr.traffic[FF_PLAN_TP].bytes, plan, 0, 1e-12); /* its formula, for this layout */
-    } else {
-        CHECK(rc == -1);
-        CHECK_STR_CONTAINS(ff_error_message(), "key-value heads");
-    }
-    if (rc == 0) ff_plan_result_clear(&pr);
-    double layers = 4.0 * L * 2.0 * (tp - 1) / tp * T * H * 4.0; /* the same all-reduces in fp32 */
-    printf("%s tp%d: one training step moves %.0f bytes per rank (ring), %s %.0f: ratio %.3f = 2 "
-           "(fp32 here, bf16 there) x %.3f (the embedding%s, the gradient norm%s, which the planner does not count)\n",
-           cfg_name, tp, got, tp <= Hkv ? "the planner's traffic.tp" : "the planner's formula (it refuses this layout)",
-           plan, got / plan, got / layers,
-           j->lm ? ", the LM head's input gradient, the vocabulary statistics" : "", tp > Hkv ? ", the k/v gradients" : "");
-    CHECK(got > layers); /* the layer all-reduces and more */
+    REQUIRE(ff_plan_evaluate(&in, &pr) == 0); /* replicated key/value heads (tp > Hkv) too */
+    const double plan = pr.traffic[FF_PLAN_TP].bytes, got = j->g->tr[0].ring_bytes;
+    ff_plan_result_clear(&pr);
+    const double kvn = (double)Hkv * 2 * D * (H + (c->attention_bias ? 1 : 0)) * 4.0; /* bytes of one K/V gradient sum */
+    const double plan_kv = tp > Hkv ? L * ff_plan_ring_allreduce_bytes(tp, kvn) : 0.0;
+    CHECK_CLOSE(plan - plan_kv, ff_plan_tp_bytes(L, 1, tp, T, H), 0, 1e-12); /* its formula for the layers */
+    /* what the planner does not count: the embedding's sum, the LM head's input gradient, the
+     * vocabulary statistics ([T] max, [3, T] sum), the norm (one double); and its activations are
+     * BF16, ours FP32 */
+    const double extra = ff_plan_ring_allreduce_bytes(tp, 4.0 * T * H) * (1 + (j->lm ? 1 : 0)) +
+                         (j->lm ? ff_plan_ring_allreduce_bytes(tp, 4.0 * T) + ff_plan_ring_allreduce_bytes(tp, 12.0 * T) : 0.0) +
+                         ff_plan_ring_allreduce_bytes(tp, 8.0);
+    CHECK_CLOSE(got, 2.0 * (plan - plan_kv) + plan_kv + extra, 0, 1e-12);
+    printf("%s tp%d: one training step moves %.0f bytes per rank (ring), the planner's traffic.tp %.0f: ratio %.3f = "
+           "(2 x the layers' %.0f (fp32 here, bf16 there) + %.0f of k/v gradient sums (fp32 in both) + %.0f the planner does not count "
+           "(the embedding%s, the gradient norm)) / %.0f\n",
+           cfg_name, tp, got, plan, got / plan, plan - plan_kv, plan_kv, extra,
+           j->lm ? ", the LM head's input gradient, the vocabulary statistics" : "", plan);
 }
 
 /* ---- the cases ------------------------------------------------------------------------------ */
