@@ -178,7 +178,9 @@ static inline void *pg_rank_main(void *arg) {
         memset(&r->cur, 0, sizeof r->cur);
         if (ff_pipe_exec_run(e, &run, &x)) {
             fprintf(stderr, "rank %d: %s\n", r->rank, ff_error_message());
-            ok = false;
+            ok = false; /* break the groups, so the other ranks fail now rather than at the timeout */
+            ff_coll_comm_abort(r->tpc, "a rank failed"), ff_coll_comm_abort(r->ppc, "a rank failed");
+            ff_coll_comm_abort(r->dpc, "a rank failed"), ff_coll_comm_abort(r->world, "a rank failed");
             break;
         }
         if (k == 0) out->loss = x.loss[0];
