@@ -13,7 +13,9 @@
  * On a machine with fewer cores than ranks, TP and PP cannot be faster than the single rank on
  * the same cores: what is measured is their overhead (collectives and transfers staged through
  * host memory, the bubble, threads sharing cores). The target is the TP 2 x PP 2 step within
- * 1.5 x the single rank on 4 threads.
+ * 1.5 x the single rank on 4 threads. On a machine shared with other jobs the wall times follow
+ * the share of the cores each run's threads get (more threads, a larger share), so the CPU
+ * seconds of the process per step are printed too: the work each layout adds.
  *
  * Usage: bench_parallel [--steps N] [--micro M] [--len T] [--layers L] [--hidden H] [--vocab V] [--quick]
  * (defaults: 3 measured steps after one warm-up, 8 micro-batches of 2 x 128 tokens, 8 layers,
@@ -29,6 +31,7 @@
 typedef struct result {
     int tp, pp;
     double step, bubble, sim, formula, loss, single_n, single_1; /* s */
+    double cpu, cpu_n, cpu_1; /* CPU s per step: the grid's (all ranks), the single rank's */
     double bytes[PG_MAXR][PG_NDIMS]; /* per rank, the last step's */
     double plan[PG_MAXR][PG_NDIMS];  /* the planner's for the rank's stage */
 } result;
@@ -42,8 +45,9 @@ static void run_layout(const ff_model_config *cfg, int tp, int pp, int32_t micro
         exit(1);
     }
     const int n = tp * pp;
-    double wall[PG_MAX_STEPS], bub[PG_MAX_STEPS];
+    double wall[PG_MAX_STEPS], bub[PG_MAX_STEPS], cpu[PG_MAX_STEPS];
     for (int k = 0; k < steps; k++) {
+        cpu[k] = j->out[0].cpu[k];
         wall[k] = 0;
         for (int q = 0; q < n; q++) wall[k] = fmax(wall[k], j->out[q].stats[k].wall_s);
         bub[k] = j->out[0].stats[k].bubble_fraction;
@@ -52,6 +56,7 @@ static void run_layout(const ff_model_config *cfg, int tp, int pp, int32_t micro
     res->tp = tp, res->pp = pp;
     res->step = pg_median(wall, steps);
     res->bubble = pg_median(bub, steps);
+    res->cpu = pg_median(cpu, steps);
     res->sim = j->out[0].sim, res->formula = j->out[0].formula, res->loss = j->out[0].loss;
 
     ff_plan_input in;
@@ -127,13 +132,16 @@ int main(int argc, char **argv) {
         const int n = lay[i][0] * lay[i][1];
         char spec[16], name[32], a[24], b[24];
         snprintf(spec, sizeof spec, "cpu:%d", n);
-        const double t1 = pg_single(&cfg, micro, len, steps, "cpu:1", &l1), tn = pg_single(&cfg, micro, len, steps, spec, &ln);
+        double c1, cn;
+        const double t1 = pg_single(&cfg, micro, len, steps, "cpu:1", &l1, &c1), tn = pg_single(&cfg, micro, len, steps, spec, &ln, &cn);
         run_layout(&cfg, lay[i][0], lay[i][1], micro, len, steps, r);
-        r->single_n = tn, r->single_1 = t1;
+        r->single_n = tn, r->single_1 = t1, r->cpu_n = cn, r->cpu_1 = c1;
         snprintf(name, sizeof name, "TP %d x PP %d", r->tp, r->pp);
         printf("%-12s step %.1f ms = %.2f x the single rank on %d threads (%.1f ms), %.2f x on 1 (%.1f ms); loss %.9g (single rank "
                "%.9g, rel. %.1e)\n",
                name, 1e3 * r->step, r->step / tn, n, 1e3 * tn, r->step / t1, 1e3 * t1, r->loss, l1, fabs(r->loss - l1) / fabs(l1));
+        printf("%-12s CPU %.1f ms per step (all ranks) = %.2f x the single rank's on 1 thread (%.1f ms), %.2f x on %d (%.1f ms)\n", "",
+               1e3 * r->cpu, r->cpu / c1, 1e3 * c1, r->cpu / cn, n, 1e3 * cn);
         if (r->pp > 1)
             printf("%-12s bubble %.3f measured, %.3f simulated on the measured stage times, %.3f formula (p-1)/(m+p-1)\n", "", r->bubble,
                    r->sim, r->formula);
@@ -153,9 +161,9 @@ int main(int argc, char **argv) {
            "vocabulary statistics it does not model; PP sends the whole [T, H] from every TP rank, 2 t x: tests/pipe/test_traffic.c)\n");
     const result *g = &res[2];
     printf("bench_parallel: TP2xPP2 step %.1f ms = %.2f x the single rank on the same 4 threads (%.1f ms; %.2f x its 1-thread "
-           "step), TP2 %.2f x, PP2 %.2f x the 2-thread single rank; bubble %.3f measured, %.3f simulated, %.3f formula (target: "
-           "TP2xPP2 <= 1.5 x the 4-thread single rank)\n",
-           1e3 * g->step, g->step / g->single_n, 1e3 * g->single_n, g->step / g->single_1, res[0].step / res[0].single_n,
-           res[1].step / res[1].single_n, g->bubble, g->sim, g->formula);
+           "step), CPU per step %.2f x the 1-thread single rank's; TP2 %.2f x, PP2 %.2f x the 2-thread single rank; bubble %.3f "
+           "measured, %.3f simulated, %.3f formula (target: TP2xPP2 <= 1.5 x the 4-thread single rank)\n",
+           1e3 * g->step, g->step / g->single_n, 1e3 * g->single_n, g->step / g->single_1, g->cpu / g->cpu_1,
+           res[0].step / res[0].single_n, res[1].step / res[1].single_n, g->bubble, g->sim, g->formula);
     return 0;
 }

@@ -134,8 +134,8 @@ int main(int argc, char **argv) {
     }
     rank_out out[2];
     memcpy(out, g_shared, sizeof out);
-    double l1, l2, t1 = pg_single(&b.cfg, b.micro, b.len, b.steps, "cpu:1", &l1),
-                  tp = pg_single(&b.cfg, b.micro, b.len, b.steps, "cpu:2", &l2);
+    double l1, l2, t1 = pg_single(&b.cfg, b.micro, b.len, b.steps, "cpu:1", &l1, NULL),
+                  tp = pg_single(&b.cfg, b.micro, b.len, b.steps, "cpu:2", &l2, NULL);
     double wall[MAX_STEPS], bub[MAX_STEPS], xfer[MAX_STEPS];
     for (int k = 0; k < b.steps; k++) {
         wall[k] = fmax(out[0].wall[k], out[1].wall[k]);

@@ -773,7 +773,8 @@ void plan_core(const ff_plan_input *in, const prep *pr, ff_plan_result *out, ff_
     out->time.iteration_s = out->time.bubble_s + out->time.last_s + out->time.sync_s;
     out->time.tokens_per_s = out->time.iteration_s > 0 ? out->tokens_per_step / out->time.iteration_s : 0.0;
     out->time.compute_fraction = out->time.iteration_s > 0 ? max_compute / out->time.iteration_s : 0.0;
-    double matmul_active = (double)m->layers * ff_plan_params_attention(m) + /* the model's, not a rank's copies */ (double)(m->layers - m->moe_layers) * mlp +
+    /* the model's attention, not a rank's replicated key/value heads */
+    double matmul_active = (double)m->layers * ff_plan_params_attention(m) + (double)(m->layers - m->moe_layers) * mlp +
                            (double)m->moe_layers * ((double)m->experts_per_token * expert + router) + emb;
     out->time.flops_dense_mean = 6.0 * matmul_active * out->tokens_per_step / (double)c->gpus;
 }

@@ -17,6 +17,7 @@
 #define FF_TEST_PIPE_GRID_H
 
 #include <pthread.h>
+#include <time.h>
 
 #include "fuseflow/coll.h"
 #include "tests/pipe/pipe_test_util.h"
@@ -41,6 +42,7 @@ typedef struct pg_bytes {
 typedef struct pg_out {
     pg_bytes bytes;                          /* the last step's */
     ff_pipe_exec_stats stats[PG_MAX_STEPS]; /* the measured steps' */
+    double cpu[PG_MAX_STEPS];                /* rank 0: the process's CPU seconds over each measured step (every rank's) */
     double sim, formula;                     /* bubble: simulated on the measured stage times, (p-1)/(m+p-1) */
     double loss;                             /* the first step's */
     int64_t params;                          /* ff_model_param_count of the rank's stage */
@@ -124,6 +126,14 @@ static inline int pg_dp_step(void *ctx, ff_model *m) {
     return ff_model_write_grads(m, r->grads);
 }
 
+/* CPU seconds of the whole process: on a shared machine a step's wall time depends on how many
+ * threads compete for the cores, its CPU time much less */
+static inline double pg_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static inline void pg_inputs(const ff_model_config *cfg, int32_t micro, int32_t len, ff_tensor_set **w, pt_batch *g) {
     *w = ff_tensor_set_new();
     REQUIRE(*w && ff_model_init_weights(cfg, 1, 0.02, *w) == 0);
@@ -176,6 +186,7 @@ static inline void *pg_rank_main(void *arg) {
     for (int k = 0; k < j->steps + (j->warmup ? 1 : 0) && ok; k++) {
         ff_pipe_exec_stats x;
         memset(&r->cur, 0, sizeof r->cur);
+        const double c0 = pg_cpu_s(); /* the run starts with a barrier and ends with a sum: the ranks' steps lie between */
         if (ff_pipe_exec_run(e, &run, &x)) {
             fprintf(stderr, "rank %d: %s\n", r->rank, ff_error_message());
             ok = false; /* break the groups, so the other ranks fail now rather than at the timeout */
@@ -184,7 +195,7 @@ static inline void *pg_rank_main(void *arg) {
             break;
         }
         if (k == 0) out->loss = x.loss[0];
-        if (!j->warmup || k > 0) out->stats[k - (j->warmup ? 1 : 0)] = x;
+        if (!j->warmup || k > 0) out->stats[k - (j->warmup ? 1 : 0)] = x, out->cpu[k - (j->warmup ? 1 : 0)] = pg_cpu_s() - c0;
         out->bytes = r->cur;
     }
     ff_pipe_sim sim;
@@ -242,10 +253,10 @@ static inline double pg_median(double *v, int n) {
 }
 
 /* The single rank's training step on the same global batch (every micro-batch's forward and
- * backward, then AdamW) on `backend`: the median of `steps` after one warm-up, and the first
- * step's loss. */
+ * backward, then AdamW) on `backend`: the median wall seconds of `steps` after one warm-up, the
+ * first step's loss, and (cpu_s not NULL) the median CPU seconds of the process per step. */
 static inline double pg_single(const ff_model_config *cfg, int32_t micro, int32_t len, int steps, const char *backend,
-                               double *loss) {
+                               double *loss, double *cpu_s) {
     REQUIRE(steps >= 1 && steps <= PG_MAX_STEPS);
     ff_tensor_set *w;
     pt_batch g;
@@ -259,9 +270,10 @@ static inline double pg_single(const ff_model_config *cfg, int32_t micro, int32_
     REQUIRE(opt && ff_model_reserve(m, (int32_t)(g.off[1] - g.off[0])) == 0);
     float *buf = malloc(sizeof(float) * 4 * (size_t)g.off[1]);
     REQUIRE(buf);
-    double t[PG_MAX_STEPS];
+    double t[PG_MAX_STEPS], c[PG_MAX_STEPS];
     for (int k = 0; k <= steps; k++) {
-        int64_t t0 = ff_now_ns();
+        const int64_t t0 = ff_now_ns();
+        const double c0 = pg_cpu_s();
         double l = 0;
         ff_model_zero_grad(m);
         for (int32_t q = 0; q < g.n; q++) {
@@ -275,8 +287,9 @@ static inline double pg_single(const ff_model_config *cfg, int32_t micro, int32_
         ff_optim_stats st;
         REQUIRE(ff_optimizer_step(opt, &st) == 0);
         if (k == 0) *loss = l;
-        else t[k - 1] = (double)(ff_now_ns() - t0) * 1e-9;
+        else t[k - 1] = (double)(ff_now_ns() - t0) * 1e-9, c[k - 1] = pg_cpu_s() - c0;
     }
+    if (cpu_s) *cpu_s = pg_median(c, steps);
     free(buf);
     ff_optimizer_destroy(&opt);
     ff_model_destroy(&m);
