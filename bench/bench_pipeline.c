@@ -23,9 +23,9 @@
 
 #include "fuseflow/pipe_exec.h"
 #include "tests/coll/coll_test.h"
-#include "tests/pipe/pipe_test_util.h"
+#include "tests/pipe/pipe_grid.h"
 
-enum { MAX_STEPS = 32 };
+enum { MAX_STEPS = PG_MAX_STEPS };
 
 typedef struct bench {
     ff_model_config cfg;
@@ -39,29 +39,13 @@ typedef struct rank_out {
     int ok;
 } rank_out;
 
-static double median(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void inputs(const bench *b, ff_tensor_set **w, pt_batch *g) {
-    *w = ff_tensor_set_new();
-    REQUIRE(*w && ff_model_init_weights(&b->cfg, 1, 0.02, *w) == 0);
-    pt_batch_make(g, b->micro, b->cfg.vocab_size, 0, b->len, 7);
-}
-
 static int pp_rank(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id *id, void *arg) {
     (void)id;
     const bench *b = arg;
     rank_out *out = (rank_out *)g_shared + rank;
     ff_tensor_set *w;
     pt_batch g;
-    inputs(b, &w, &g);
+    pg_inputs(&b->cfg, b->micro, b->len, &w, &g);
     ff_pipe_config pc = {.pp = nranks, .micro = b->micro, .kind = FF_PIPE_1F1B, .layers = b->cfg.num_hidden_layers};
     ff_pipe_schedule s;
     REQUIRE(ff_pipe_generate(&pc, &s) == 0);
@@ -113,47 +97,6 @@ static int pp_rank(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id *i
     return 0;
 }
 
-/* The single rank's step (median of b->steps after one warm-up) and the first step's loss. */
-static double single(const bench *b, const char *backend, double *loss) {
-    ff_tensor_set *w;
-    pt_batch g;
-    inputs(b, &w, &g);
-    ff_backend *be = ff_backend_new(backend);
-    ff_model *m = ff_model_new(be, &b->cfg, w);
-    REQUIRE(m);
-    ff_adamw_config ac;
-    pt_adamw(&ac);
-    ff_optimizer *opt = ff_optimizer_new(m, &ac);
-    REQUIRE(opt && ff_model_reserve(m, (int32_t)(g.off[1] - g.off[0])) == 0);
-    float *buf = malloc(sizeof(float) * 4 * (size_t)g.off[1]);
-    REQUIRE(buf);
-    double t[MAX_STEPS];
-    for (int k = 0; k <= b->steps; k++) {
-        int64_t t0 = ff_now_ns();
-        double l = 0;
-        ff_model_zero_grad(m);
-        for (int32_t j = 0; j < g.n; j++) {
-            const int32_t T = g.b[j].n_tokens;
-            ff_forward_out o = {.logprobs = buf, .entropy = buf + T};
-            ff_forward_opts fo = {.train = true};
-            REQUIRE(ff_model_forward(m, &g.b[j], &fo, &o) == 0);
-            l += pt_loss_of(&g, j, &o, buf + 2 * T, buf + 3 * T, NULL);
-            REQUIRE(ff_model_backward(m, buf + 2 * T, buf + 3 * T, NULL) == 0);
-        }
-        ff_optim_stats st;
-        REQUIRE(ff_optimizer_step(opt, &st) == 0);
-        if (k == 0) *loss = l;
-        else t[k - 1] = (double)(ff_now_ns() - t0) * 1e-9;
-    }
-    free(buf);
-    ff_optimizer_destroy(&opt);
-    ff_model_destroy(&m);
-    ff_backend_destroy(&be);
-    pt_batch_free(&g);
-    ff_tensor_set_destroy(&w);
-    return median(t, b->steps);
-}
-
 int main(int argc, char **argv) {
     bench b = {.micro = 8, .len = 128, .steps = 3};
     int layers = 8, hidden = 256, vocab = 1024;
@@ -191,14 +134,15 @@ int main(int argc, char **argv) {
     }
     rank_out out[2];
     memcpy(out, g_shared, sizeof out);
-    double l1, l2, t1 = single(&b, "cpu:1", &l1), tp = single(&b, "cpu:2", &l2);
+    double l1, l2, t1 = pg_single(&b.cfg, b.micro, b.len, b.steps, "cpu:1", &l1, NULL),
+                  tp = pg_single(&b.cfg, b.micro, b.len, b.steps, "cpu:2", &l2, NULL);
     double wall[MAX_STEPS], bub[MAX_STEPS], xfer[MAX_STEPS];
     for (int k = 0; k < b.steps; k++) {
         wall[k] = fmax(out[0].wall[k], out[1].wall[k]);
         bub[k] = out[0].bubble[k];
         xfer[k] = 0.5 * (out[0].transfer[k] + out[1].transfer[k]);
     }
-    const double tpp = median(wall, b.steps), bubble = median(bub, b.steps), tx = median(xfer, b.steps);
+    const double tpp = pg_median(wall, b.steps), bubble = pg_median(bub, b.steps), tx = pg_median(xfer, b.steps);
     const double bound = (double)(b.micro + p - 1) / b.micro; /* the bubble's cost on the same cores */
     printf("single rank: %.1f ms on 1 thread, %.1f ms on %d threads (%.2fx)\n", 1e3 * t1, 1e3 * tp, p, t1 / tp);
     printf("PP %d:        %.1f ms, %.2f x the single rank on %d threads, %.2f x on 1; transfers (waits included) %.1f ms a rank\n",

@@ -159,8 +159,12 @@ double ff_plan_tp_bytes(double layers, int64_t g, int64_t t, double tokens, int6
     return 4.0 * layers * (double)g * ff_plan_ring_allreduce_bytes(t, tokens * (double)h * 2.0);
 }
 
+double ff_plan_kv_heads_per_rank(int64_t kv_heads, int64_t t) {
+    return t > kv_heads ? 1.0 : (double)kv_heads / (double)t; /* replicated above the heads */
+}
+
 double ff_plan_cp_bytes(double layers, int64_t g, int64_t c, int64_t seq, int64_t kv_heads, int64_t t, int64_t head_dim) {
-    double kv = (double)seq * 2.0 * ((double)kv_heads / (double)t) * (double)head_dim * 2.0;
+    double kv = (double)seq * 2.0 * ff_plan_kv_heads_per_rank(kv_heads, t) * (double)head_dim * 2.0;
     return 3.0 * layers * (double)g * ff_plan_ring_allgather_bytes(c, kv);
 }
 
@@ -260,10 +264,15 @@ int ff_plan_resolve(ff_plan_input *in) {
     if (c->radix < 4 || c->radix % 2) return ff_error_set("cluster", NULL, "switch radix must be even and at least 4");
 
     if (ff_plan_layout_fit(l, c->gpus) != 0) return -1;
-    if (m->kv_heads % l->tp)
-        return ff_error_set("layout", "Megatron splits key-value heads, never replicates them: choose TP dividing the KV heads",
-                            l->tp > m->kv_heads ? "TP %lld is larger than the %lld key-value heads allow" : "TP %lld does not divide the %lld key-value heads",
-                            (long long)l->tp, (long long)m->kv_heads);
+    /* TP above the KV heads replicates each head on TP / n_kv ranks (the model engine's way,
+     * model/tp.c; Megatron-core refuses it): it must then be a multiple of them */
+    if (m->kv_heads % l->tp && l->tp % m->kv_heads)
+        return ff_error_set("layout", "choose TP dividing the key-value heads, or a multiple of them (each head then replicated)",
+                            "TP %lld and the %lld key-value heads: neither divides the other", (long long)l->tp,
+                            (long long)m->kv_heads);
+    if (m->heads % l->tp)
+        return bad("choose TP dividing the query heads", "TP %lld does not divide the %lld query heads", (long long)l->tp,
+                   (long long)m->heads);
     if (m->vocab_unpadded && m->vocab % l->tp)
         return bad("the vocabulary is split over TP as it is (not padded as Megatron pads it): choose TP dividing it, or pad "
                    "vocab_size in config.json (and the embedding rows)",
@@ -498,10 +507,17 @@ void plan_core(const ff_plan_input *in, const prep *pr, ff_plan_result *out, ff_
     /* per layer, per GPU */
     double tokens = (double)w->micro_batch * (double)w->seq / (double)cp; /* held by one GPU per micro-batch */
     double h = (double)m->hidden;
-    double attn = ff_plan_params_attention(m), norms = 2.0 * h * (m->layernorm ? 2.0 : 1.0);
+    /* replicated key/value heads: each rank holds max(n_kv / t, 1) heads of W_K, W_V (and
+     * biases), the excess over its n_kv / t share counted t times so that the "/ T" below
+     * leaves it whole on every rank */
+    double kv_excess = ff_plan_kv_heads_per_rank(m->kv_heads, t) - (double)m->kv_heads / T; /* heads, 0 unless t > n_kv */
+    double attn = ff_plan_params_attention(m) + T * kv_excess * 2.0 * (h + (m->linear_bias ? 1.0 : 0.0)) * (double)m->head_dim;
+    double norms = 2.0 * h * (m->layernorm ? 2.0 : 1.0);
     double mlp = ff_plan_params_mlp(m), expert = m->experts > 0 ? ff_plan_params_expert(m) : 0.0;
     double router = h * (double)m->experts, emb = ff_plan_params_embedding(m);
-    double act_layer = ff_plan_layer_activation_bytes(w->act_coeff, tokens, m->hidden, t, l->sequence_parallel);
+    /* plus the K and V (BF16, [tokens, d] per head) of the replicated heads' excess */
+    double act_layer = ff_plan_layer_activation_bytes(w->act_coeff, tokens, m->hidden, t, l->sequence_parallel) +
+                       kv_excess * 2.0 * tokens * (double)m->head_dim * 2.0;
     double ckpt_layer = 2.0 * tokens * h / (l->sequence_parallel ? T : 1.0); /* each layer's input */
     double recompute = l->checkpoint ? 4.0 / 3.0 : 1.0;                     /* one more forward */
     double attn_flops_layer = 6.0 * tokens * (double)w->seq * (double)m->head_dim * ((double)m->heads / T); /* causal */
@@ -509,7 +525,13 @@ void plan_core(const ff_plan_input *in, const prep *pr, ff_plan_result *out, ff_
     /* messages and phases per micro-batch per layer */
     double tp_msg = tokens * h * 2.0;                   /* the activation an all-reduce combines */
     double tp_ar_layer = l->checkpoint ? 6.0 : 4.0;     /* all-reduces (or AG + RS pairs) per layer */
-    double kv_shard = tokens * 2.0 * ((double)m->kv_heads / T) * (double)m->head_dim * 2.0; /* K and V of my tokens */
+    double kv_shard = tokens * 2.0 * ff_plan_kv_heads_per_rank(m->kv_heads, t) * (double)m->head_dim * 2.0; /* K and V of my tokens */
+    /* Replicated key/value heads: each backward of a layer all-reduces their weight gradients
+     * over the TP group (model/tp.c ffm_tp_kv_grads: every rank's head in its slot of an
+     * [n_kv, 2 d (h + bias)] buffer, so the whole K/V projection, not a subgroup's share) */
+    double kv_grad_msg = t > m->kv_heads ? (double)m->kv_heads * 2.0 * (double)m->head_dim * (h + (m->linear_bias ? 1.0 : 0.0)) *
+                                               (double)w->grad_reduce_bytes
+                                         : 0.0;
     double cp_ph_layer = l->checkpoint ? 4.0 : 3.0;     /* AG forward, AG backward, RS of gradients */
     double ep_tokens = l->sequence_parallel ? tokens / T : tokens;
     double ep_payload = ep_tokens * (double)m->experts_per_token * h * 2.0;
@@ -519,6 +541,8 @@ void plan_core(const ff_plan_input *in, const prep *pr, ff_plan_result *out, ff_
     double nv, nic;
     double tp_ph_t = phase_time(pr, &pr->g[G_TP], tp_msg / T, B_hb, &nv, &nic);
     double tp_ph_nv = nv, tp_ph_nic = nic;
+    double kv_ph_t = phase_time(pr, &pr->g[G_TP], kv_grad_msg / T, B_hb, &nv, &nic);
+    double kv_ph_nv = nv, kv_ph_nic = nic;
     double cp_ph_t = phase_time(pr, &pr->g[G_CP], kv_shard, B_hb, &nv, &nic);
     double cp_ph_nv = nv, cp_ph_nic = nic;
     double ep_t = a2a_time(pr, &pr->g[G_EP], ep_payload, B_hb, rail_only, &nv, &nic);
@@ -582,8 +606,10 @@ void plan_core(const ff_plan_input *in, const prep *pr, ff_plan_result *out, ff_
         /* bytes per step on each link, per dimension */
         double dnv[FF_PLAN_NDIMS] = {0}, dnic[FF_PLAN_NDIMS] = {0};
         double tp_n = tp_ar_layer * (double)Ls, cp_n = cp_ph_layer * (double)Ls, ep_n = ep_a2a_layer * (double)Le;
-        double t_tp = tp_n * 2.0 * tp_ph_t, t_cp = cp_n * cp_ph_t, t_ep = ep_n * ep_t;
-        dnv[FF_PLAN_TP] = (double)G * tp_n * 2.0 * tp_ph_nv, dnic[FF_PLAN_TP] = (double)G * tp_n * 2.0 * tp_ph_nic;
+        double kv_n = kv_grad_msg > 0 ? (double)Ls : 0.0; /* one all-reduce per layer backward */
+        double t_tp = tp_n * 2.0 * tp_ph_t + kv_n * 2.0 * kv_ph_t, t_cp = cp_n * cp_ph_t, t_ep = ep_n * ep_t;
+        dnv[FF_PLAN_TP] = (double)G * 2.0 * (tp_n * tp_ph_nv + kv_n * kv_ph_nv);
+        dnic[FF_PLAN_TP] = (double)G * 2.0 * (tp_n * tp_ph_nic + kv_n * kv_ph_nic);
         dnv[FF_PLAN_CP] = (double)G * cp_n * cp_ph_nv, dnic[FF_PLAN_CP] = (double)G * cp_n * cp_ph_nic;
         dnv[FF_PLAN_EP] = (double)G * ep_n * ep_nv, dnic[FF_PLAN_EP] = (double)G * ep_n * ep_nic;
         st->traffic[FF_PLAN_TP] = dnv[FF_PLAN_TP] + dnic[FF_PLAN_TP];
@@ -663,7 +689,7 @@ void plan_core(const ff_plan_input *in, const prep *pr, ff_plan_result *out, ff_
         switch (d) {
         case FF_PLAN_TP:
             tr->collective = l->sequence_parallel && t > 1 ? "all-gather + reduce-scatter" : "all-reduce";
-            tr->messages = (double)G * tp_ar_layer * (double)Ls;
+            tr->messages = (double)G * (tp_ar_layer + (kv_grad_msg > 0 ? 1.0 : 0.0)) * (double)Ls;
             tr->message_bytes = tp_msg;
             tr->compute_waits = true;
             break;
@@ -747,7 +773,8 @@ void plan_core(const ff_plan_input *in, const prep *pr, ff_plan_result *out, ff_
     out->time.iteration_s = out->time.bubble_s + out->time.last_s + out->time.sync_s;
     out->time.tokens_per_s = out->time.iteration_s > 0 ? out->tokens_per_step / out->time.iteration_s : 0.0;
     out->time.compute_fraction = out->time.iteration_s > 0 ? max_compute / out->time.iteration_s : 0.0;
-    double matmul_active = (double)m->layers * attn + (double)(m->layers - m->moe_layers) * mlp +
+    /* the model's attention, not a rank's replicated key/value heads */
+    double matmul_active = (double)m->layers * ff_plan_params_attention(m) + (double)(m->layers - m->moe_layers) * mlp +
                            (double)m->moe_layers * ((double)m->experts_per_token * expert + router) + emb;
     out->time.flops_dense_mean = 6.0 * matmul_active * out->tokens_per_step / (double)c->gpus;
 }

@@ -119,6 +119,10 @@ void ff_plan_report_write(const ff_plan_input *in_const, const ff_plan_result *r
     if (l->layers_first > 0 || l->layers_last > 0) fprintf(out, " (uneven first/last stage as asked, the rest even)\n");
     else if (m->layers % (l->pp * l->vpp)) fprintf(out, " (balanced; the stages with one layer fewer sit first and last)\n");
     else fprintf(out, " (even)\n");
+    if (l->tp > m->kv_heads)
+        fprintf(out, "kv heads   TP %lld > %lld KV heads: each replicated on %lld GPUs (its K/V weights and activations on each), "
+                     "their weight gradients all-reduced over TP in every layer's backward\n",
+                (long long)l->tp, (long long)m->kv_heads, (long long)(l->tp / m->kv_heads));
 
     fprintf(out, "\nmemory per GPU\n  stage layers    params     state peak state in flight activations   buffers     total  fits %s\n",
             bytes_str(c->hbm_bytes, s1, sizeof s1));

@@ -93,7 +93,7 @@ int ff_plan_search(const ff_plan_input *base, const ff_plan_search_opts *o, ff_p
     size_t ntp = divisors(N, dt, 512);
     for (size_t it = 0; it < ntp; it++) {
         int64_t t = dt[it];
-        if ((o->max_tp && t > o->max_tp) || m->kv_heads % t || m->ffn % t || (m->experts && m->expert_ffn % t)) continue;
+        if ((o->max_tp && t > o->max_tp) || (m->kv_heads % t && t % m->kv_heads) || m->heads % t || m->ffn % t || (m->experts && m->expert_ffn % t)) continue;
         size_t ncp = divisors(N / t, dc, 512);
         for (size_t ic = 0; ic < ncp; ic++) {
             int64_t c = dc[ic];

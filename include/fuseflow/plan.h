@@ -353,6 +353,9 @@ double ff_plan_dp_bytes(int zero, ff_plan_zero_schedule z, int64_t d, double psi
 
 /* Per GPU per step, the chapter's section 3.7 (layers_per_stage may be fractional, L/p). */
 double ff_plan_tp_bytes(double layers_per_stage, int64_t g, int64_t t, double tokens, int64_t h);
+/* Key/value heads on one TP rank: n_kv / t, or 1 when t > n_kv (each head replicated on
+ * t / n_kv ranks, as fuseflow's model engine does; t must then be a multiple of n_kv). */
+double ff_plan_kv_heads_per_rank(int64_t kv_heads, int64_t t);
 double ff_plan_cp_bytes(double layers_per_stage, int64_t g, int64_t c, int64_t seq, int64_t kv_heads, int64_t t,
                         int64_t head_dim);
 double ff_plan_pp_bytes(int64_t v, int64_t g, double tokens, int64_t h, int64_t t); /* middle stage */

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tensor parallelism in `fuseflow run` (roles.<role>.layout, docs/run.md "Layouts"), on a
 # tiny SFT model whose vocabulary (260) TP 2 divides:
-#   - PPO with the actor, critic and ref at TP 2 on 2 workers, and at TP 2 x DP 2 on 4, sample
+#   - PPO with the actor, critic and ref at TP 2 on 2 workers, at TP 2 x DP 2 on 4, and at TP 4
+#     on 4 (above the 2 key-value heads: each replicated on 2 ranks), sample
 #     the same responses (so the same rewards) as on 1 worker for 3 iterations, with float
 #     metrics within 1e-6 + 1% (TP sums partial products in another order; measured worst,
 #     relative: approx_kl 2.8e-4, pg_loss 1.3e-4, ratio_max 7e-5, kl 7e-5, the rest below;
@@ -53,6 +54,13 @@ same_metrics "$work/tp1/metrics.jsonl" "$work/tp2dp2/metrics.jsonl" 1e-6 1e-2 ||
 ppo "$work/sp" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor.layout.sp=true
 same_samples "$work/tp1" "$work/sp" "TP 2 with SP"
 same_metrics "$work/tp1/metrics.jsonl" "$work/sp/metrics.jsonl" 1e-6 1e-2 || fail "TP 2 with SP does not train like TP 1"
+
+# TP 4 above the 2 key-value heads: each head replicated on 2 ranks (the planner accepts it,
+# docs/planner.md "Replicated key-value heads"), and it trains as TP 1
+ppo "$work/tp4" roles.actor.workers=4 roles.actor.layout.tp=4
+grep -q "actor \[0 1 2 3\] tp 4 x pp 1 x dp 1" "$work/tp4.log" || fail "the actor is not at TP 4: $(head -1 "$work/tp4.log")"
+same_samples "$work/tp1" "$work/tp4" "TP 4 (KV heads replicated)"
+same_metrics "$work/tp1/metrics.jsonl" "$work/tp4/metrics.jsonl" 1e-6 1e-2 || fail "TP 4 with replicated KV heads does not train like TP 1"
 
 # TP 2 x DP 2 with the optimizer state sharded over the replicas (ZeRO-1): trains as TP 1,
 # and its checkpoint (saved by both replicas' gathers) resumes at ZeRO-0
@@ -133,7 +141,7 @@ refused() { # NEEDLE EXTRA...
   ! grep -q "workers (.* threads each)\|holds .* after loading" "$work/bad.log" && [[ ! -e "$out" ]] ||
     fail "$*: workers started before the refusal"
 }
-refused "TP 4 is larger than the 2 key-value heads allow" roles.actor.model=$S roles.actor.workers=4 roles.actor.layout.tp=4
+refused "TP 3 and the 2 key-value heads: neither divides the other" roles.actor.model=$S roles.actor.workers=3 roles.actor.layout.tp=3
 refused "TP x CP x PP x DP = 2 x 1 x 1 x 2 = 4, but the cluster has 2 GPUs" roles.actor.model=$S roles.actor.workers=2 \
   roles.actor.layout.tp=2 roles.actor.layout.dp=2
 refused "TP x CP x PP = 2 does not divide the 3 GPUs" roles.actor.model=$S roles.actor.workers=3 roles.actor.layout.tp=2

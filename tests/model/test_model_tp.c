@@ -14,8 +14,9 @@
  * every rank gets the same bits; TP 1 through ff_model_new_tp is bit-identical to
  * ff_model_new; ranks that read only their shards of a checkpoint folder
  * (ff_model_tp_read_weights) run as ranks given whole tensors. The communicator counts what one training step moves per
- * rank: the calls and sizes must be exactly the design's (docs/model.md), and the bytes are
- * compared with the planner's TP formula (ff_plan_tp_bytes); the ratio is printed. Bad TP
+ * rank: the calls and sizes must be exactly the design's (docs/model.md), and the bytes must be
+ * the planner's traffic.tp (replicated key/value heads included) by the exact relation the
+ * dtypes and the terms it does not model give; the ratio is printed. Bad TP
  * layouts and the gathered-logits request get clear errors.
  *
  * Sequence parallelism (ff_model_opts.sequence_parallel) at every TP size > 1: the same
@@ -553,7 +554,9 @@ static void check_traffic(const char *cfg_name, int tp, const job *j, double tp_
         CHECK_EQ_INT(other, 0);
     }
     /* the planner's traffic.tp for this layout (TP t on t GPUs of one server, one micro-batch
-     * of one T-token sequence): 4 L all-reduces of T h bf16 elements, ring bytes */
+     * of one T-token sequence, FP32 gradients on the wire): 4 L all-reduces of T h BF16
+     * elements (with SP as many all-gathers and reduce-scatters: the same ring bytes), and with
+     * replicated key/value heads L of the K/V weight gradients */
     ff_plan_input in;
     ff_plan_input_defaults(&in);
     in.model = (ff_plan_model){.layers = L, .hidden = H, .heads = c->num_attention_heads, .kv_heads = Hkv,
@@ -565,36 +568,44 @@ static void check_traffic(const char *cfg_name, int tp, const job *j, double tp_
     in.workload.micro_batch = 1;
     in.workload.micro_batches = 1;
     in.workload.global_batch = 0;
+    in.workload.grad_reduce_bytes = 4;
     in.layout.tp = tp;
     in.layout.sequence_parallel = j->sp; /* as here */
     in.cluster.gpus = tp;
+    const double got = j->g->tr[0].ring_bytes, f = (double)(tp - 1) / tp;
+    /* SP's own extras: the values' gather, the sum of the norms' and value head's gradients */
+    const double sp_extra = j->sp ? f * T * 4.0 * vh + 2.0 * f * (double)sp_w * 4.0 : 0.0;
+    if (j->sp) CHECK_CLOSE(got, tp_bytes + sp_extra, 0, 1e-12); /* an all-reduce's ring bytes are a reduce-scatter's and an all-gather's */
     ff_plan_result pr;
-    double plan = ff_plan_tp_bytes(L, 1, tp, T, H), got = j->g->tr[0].ring_bytes;
     int rc = ff_plan_evaluate(&in, &pr);
-    /* the planner refuses replicated key/value heads, as Megatron-core does, and SP over
-     * tokens that TP does not divide (here T = 30 at TP 4: the engine splits them 8 8 7 7) */
-    const bool plannable = tp <= Hkv && !(j->sp && T % tp);
-    if (plannable) {
-        CHECK(rc == 0);
-        if (rc == 0) CHECK_CLOSE(pr.traffic[FF_PLAN_TP].bytes, plan, 0, 1e-12); /* its formula, for this layout */
-        if (rc == 0 && j->sp) CHECK_STR_CONTAINS(pr.traffic[FF_PLAN_TP].collective, "all-gather + reduce-scatter");
-    } else {
+    /* the planner refuses SP over tokens that TP does not divide (here T = 30 at TP 4: the
+     * engine splits them 8 8 7 7) */
+    if (j->sp && T % tp) {
         CHECK(rc == -1);
-        CHECK_STR_CONTAINS(ff_error_message(), tp > Hkv ? "key-value heads" : "sequence parallelism splits");
+        CHECK_STR_CONTAINS(ff_error_message(), "sequence parallelism splits");
+        printf("%s tp%d SP: one training step moves %.0f bytes per rank (ring): TP's and %.0f of SP's own (the planner refuses %d tokens over %d)\n",
+               cfg_name, tp, got, sp_extra, T, tp);
+        return;
     }
-    if (rc == 0) ff_plan_result_clear(&pr);
-    double layers = 4.0 * L * 2.0 * (tp - 1) / tp * T * H * 4.0; /* the same all-reduces in fp32 */
-    printf("%s tp%d%s: one training step moves %.0f bytes per rank (ring), %s %.0f: ratio %.3f = 2 "
-           "(fp32 here, bf16 there) x %.3f (the embedding%s, the gradient norm%s%s, which the planner does not count)\n",
-           cfg_name, tp, j->sp ? " SP" : "", got, plannable ? "the planner's traffic.tp" : "the planner's formula (it refuses this layout)",
-           plan, got / plan, got / layers,
-           j->lm ? ", the LM head's input gradient, the vocabulary statistics" : "", tp > Hkv ? ", the k/v gradients" : "",
-           j->sp ? ", SP's gradient sum and values gather" : "");
-    CHECK(got > layers); /* the layer all-reduces and more */
-    if (j->sp) { /* an all-reduce's ring bytes are a reduce-scatter's and an all-gather's: SP moves TP's and its extras */
-        const double f = (double)(tp - 1) / tp, extra = f * T * 4.0 * vh + 2.0 * f * (double)sp_w * 4.0;
-        CHECK_CLOSE(got, tp_bytes + extra, 0, 1e-12);
-    }
+    REQUIRE(rc == 0); /* replicated key/value heads (tp > Hkv) too */
+    const double plan = pr.traffic[FF_PLAN_TP].bytes;
+    if (j->sp) CHECK_STR_CONTAINS(pr.traffic[FF_PLAN_TP].collective, "all-gather + reduce-scatter");
+    ff_plan_result_clear(&pr);
+    const double kvn = (double)Hkv * 2 * D * (H + (c->attention_bias ? 1 : 0)) * 4.0; /* bytes of one K/V gradient sum */
+    const double plan_kv = tp > Hkv ? L * ff_plan_ring_allreduce_bytes(tp, kvn) : 0.0;
+    CHECK_CLOSE(plan - plan_kv, ff_plan_tp_bytes(L, 1, tp, T, H), 0, 1e-12); /* its formula for the layers */
+    /* what the planner does not count: the embedding's sum, the LM head's input gradient, the
+     * vocabulary statistics ([T] max, [3, T] sum), the norm (one double), SP's extras; and its
+     * activations are BF16, ours FP32 */
+    const double extra = ff_plan_ring_allreduce_bytes(tp, 4.0 * T * H) * (1 + (j->lm ? 1 : 0)) +
+                         (j->lm ? ff_plan_ring_allreduce_bytes(tp, 4.0 * T) + ff_plan_ring_allreduce_bytes(tp, 12.0 * T) : 0.0) +
+                         ff_plan_ring_allreduce_bytes(tp, 8.0) + sp_extra;
+    CHECK_CLOSE(got, 2.0 * (plan - plan_kv) + plan_kv + extra, 0, 1e-12);
+    printf("%s tp%d%s: one training step moves %.0f bytes per rank (ring), the planner's traffic.tp %.0f: ratio %.3f = "
+           "(2 x the layers' %.0f (fp32 here, bf16 there) + %.0f of k/v gradient sums (fp32 in both) + %.0f the planner does not count "
+           "(the embedding%s, the gradient norm%s)) / %.0f\n",
+           cfg_name, tp, j->sp ? " SP" : "", got, plan, got / plan, plan - plan_kv, plan_kv, extra,
+           j->lm ? ", the LM head's input gradient, the vocabulary statistics" : "", j->sp ? ", SP's gradient sum and values gather" : "", plan);
 }
 
 /* ---- the cases ------------------------------------------------------------------------------ */

@@ -81,7 +81,8 @@ expect 2 "--tp needs a value" -- --model llama3-8b --tp
 expect 2 "unknown key|layout.tpp" -- --model llama3-8b layout.tpp=2
 expect 2 "wrong kind of unit" -- --model llama3-8b --hbm 450GB/s
 expect 2 "no_such.yaml" -- no_such.yaml
-expect 1 "TP 16 is larger than the 8 key-value heads allow" -- --model llama3-8b --tp 16
+expect 0 "each replicated on 2 GPUs" -- --model llama3-8b --tp 16 --gpus 16
+expect 1 "TP 12 and the 8 key-value heads: neither divides the other" -- --model llama3-8b --tp 12 --gpus 24
 expect 1 "but the cluster has 16 GPUs" -- --model llama3-8b --gpus 16 --layout TP8-DP4
 expect 1 "PP 64 has more stages than the 32 layers" -- --model llama3-8b --pp 64
 expect 1 "EP 8 without experts" -- --model llama3-8b --gpus 8 --ep 8

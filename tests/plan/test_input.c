@@ -228,8 +228,9 @@ static void impossible(void) {
         const char *expect;
     } rows[] = {
         {"llama3-405b", 16384, 8, 1, 16, 64, 1, 1, 8192, 16, 1, FF_PLAN_1F1B, 0, "= 8192, but the cluster has 16384 GPUs"},
-        {"llama3-405b", 16384, 16, 1, 16, 64, 1, 1, 8192, 16, 1, FF_PLAN_1F1B, 0, "TP 16 is larger than the 8 key-value heads allow"},
-        {"gpt3-175b", 80, 5, 1, 1, 16, 1, 1, 2048, 1, 1, FF_PLAN_1F1B, 0, "TP 5 does not divide the 96 key-value heads"},
+        {"llama3-405b", 12288, 12, 1, 16, 64, 1, 1, 8192, 16, 1, FF_PLAN_1F1B, 0, "TP 12 and the 8 key-value heads: neither divides the other"},
+        {"gpt3-175b", 80, 5, 1, 1, 16, 1, 1, 2048, 1, 1, FF_PLAN_1F1B, 0, "TP 5 and the 96 key-value heads: neither divides the other"},
+        {"llama3-8b", 64, 64, 1, 1, 1, 1, 1, 8192, 1, 1, FF_PLAN_1F1B, 0, "TP 64 does not divide the 32 query heads"},
         {"llama3-8b", 64, 1, 1, 64, 1, 1, 1, 8192, 64, 1, FF_PLAN_1F1B, 0, "PP 64 has more stages than the 32 layers"},
         {"llama3-8b", 16, 1, 1, 8, 2, 1, 8, 8192, 8, 1, FF_PLAN_INTERLEAVED, 0, "virtual stages are more than the 32 layers"},
         {"llama3-8b", 64, 8, 1, 1, 8, 8, 1, 8192, 1, 1, FF_PLAN_1F1B, 0, "EP 8 without experts"},

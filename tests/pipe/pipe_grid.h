@@ -1,0 +1,302 @@
+/* A TP x PP x DP grid of training ranks as threads of one process, each with its own cpu:1
+ * backend and ff_coll CPU communicators (the world split into its TP, PP and DP groups), for
+ * tests/pipe/test_traffic.c and bench/bench_parallel.c. A rank is a stage model (ff_model_stage,
+ * with the TP communicator as ff_model_opts.comm) under the pipeline executor (1F1B over the PP
+ * group's ff_coll transport), and a before_step hook averages the gradients over DP (ZeRO-0,
+ * one fp32 all-reduce of the flat gradient buffer). Every callback is wrapped so each rank counts
+ * what it sends per dimension, as ring algorithms send it (all-reduce 2 (k-1)/k of the buffer,
+ * all-gather (k-1) x its part, a send its bytes), and the TP calls by (operation, count).
+ *
+ * Rank order as the planner's default (tp, cp, pp, dp innermost first): rank = t + TP (s + PP d).
+ * Every rank makes the same whole weights and the same micro-batches (so the DP replicas train
+ * alike; the traffic does not depend on the data).
+ *
+ * Also here, for the benches: the single-rank step on the same global batch, and a median.
+ * Not here: checks (the callers assert), ZeRO-1 (bench_zero), other schedules. */
+#ifndef FF_TEST_PIPE_GRID_H
+#define FF_TEST_PIPE_GRID_H
+
+#include <pthread.h>
+#include <time.h>
+
+#include "fuseflow/coll.h"
+#include "tests/pipe/pipe_test_util.h"
+
+enum { PG_MAXR = 16, PG_MAX_STEPS = 32, PG_MAX_TALLY = 16 };
+typedef enum { PG_SUM, PG_MAX, PG_SUM64, PG_GATHER, PG_NOPS } pg_op;
+static const char *const pg_op_name[PG_NOPS] = {"all-reduce sum f32", "all-reduce max f32", "all-reduce sum f64",
+                                                "all-gather f32"};
+typedef enum { PG_TP = 0, PG_PP, PG_DP, PG_NDIMS } pg_dim;
+
+/* What one rank sent in one step. */
+typedef struct pg_bytes {
+    double dim[PG_NDIMS]; /* TP collectives, PP sends, DP gradient all-reduce */
+    double pp_sums;       /* the PP group's f64 sums (gradient norm, the executor's closing loss and timings) */
+    int64_t pp_sends, dp_calls;
+    int tp_n; /* TP calls by (operation, count) */
+    int tp_op[PG_MAX_TALLY];
+    size_t tp_count[PG_MAX_TALLY];
+    int64_t tp_calls[PG_MAX_TALLY];
+} pg_bytes;
+
+typedef struct pg_out {
+    pg_bytes bytes;                          /* the last step's */
+    ff_pipe_exec_stats stats[PG_MAX_STEPS]; /* the measured steps' */
+    double cpu[PG_MAX_STEPS];                /* rank 0: the process's CPU seconds over each measured step (every rank's) */
+    double sim, formula;                     /* bubble: simulated on the measured stage times, (p-1)/(m+p-1) */
+    double loss;                             /* the first step's */
+    int64_t params;                          /* ff_model_param_count of the rank's stage */
+    int ok;
+} pg_out;
+
+typedef struct pg_job {
+    const ff_model_config *cfg;
+    int tp, pp, dp;
+    int32_t micro, len; /* micro-batches of 2 sequences of len tokens */
+    int steps;          /* measured steps, after one warm-up step when warmup */
+    bool warmup;
+    ff_coll_id id;
+    pg_out out[PG_MAXR];
+} pg_job;
+
+typedef struct pg_rank {
+    pg_job *j;
+    int rank, t, s, d;
+    ff_coll_comm *world, *tpc, *ppc, *dpc;
+    ff_pipe_transport inner; /* ff_pipe_transport_coll on ppc */
+    pg_bytes cur;
+    float *grads; /* [params]: the DP hook's staging, allocated once */
+} pg_rank;
+
+static inline void pg_ring(double *acc, int k, size_t n, size_t esize, bool gather) {
+    if (k > 1) *acc += gather ? (double)(k - 1) * (double)n * (double)esize : 2.0 * (k - 1) / k * (double)n * (double)esize;
+}
+
+static inline void pg_tally(pg_rank *r, int op, size_t n) {
+    pg_bytes *b = &r->cur;
+    int i = 0;
+    while (i < b->tp_n && !(b->tp_op[i] == op && b->tp_count[i] == n)) i++;
+    REQUIRE(i < PG_MAX_TALLY);
+    if (i == b->tp_n) b->tp_op[i] = op, b->tp_count[i] = n, b->tp_calls[i] = 0, b->tp_n++;
+    b->tp_calls[i]++;
+    pg_ring(&b->dim[PG_TP], ff_coll_comm_size(r->tpc), n, op == PG_SUM64 ? 8 : 4, op == PG_GATHER);
+}
+
+static inline int pg_tp_sum(void *ctx, float *buf, size_t n) {
+    pg_rank *r = ctx;
+    pg_tally(r, PG_SUM, n);
+    return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_SUM, r->tpc, NULL);
+}
+static inline int pg_tp_max(void *ctx, float *buf, size_t n) {
+    pg_rank *r = ctx;
+    pg_tally(r, PG_MAX, n);
+    return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_MAX, r->tpc, NULL);
+}
+static inline int pg_tp_sum64(void *ctx, double *buf, size_t n) {
+    pg_rank *r = ctx;
+    pg_tally(r, PG_SUM64, n);
+    return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, r->tpc, NULL);
+}
+static inline int pg_tp_gather(void *ctx, const float *in, float *out, size_t n) {
+    pg_rank *r = ctx;
+    pg_tally(r, PG_GATHER, n);
+    return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, r->tpc, NULL);
+}
+
+static inline int pg_pp_call(void *ctx, const ff_pipe_xfer *x, int n) {
+    pg_rank *r = ctx;
+    for (int i = 0; i < n; i++)
+        if (x[i].kind == FF_PIPE_XFER_SEND) r->cur.dim[PG_PP] += 4.0 * (double)x[i].count, r->cur.pp_sends++;
+    return r->inner.call(r->inner.ctx, x, n);
+}
+static inline int pg_pp_sum64(void *ctx, double *buf, size_t n) {
+    pg_rank *r = ctx;
+    pg_ring(&r->cur.pp_sums, r->inner.size, n, 8, false);
+    return r->inner.all_reduce_sum_f64(r->inner.ctx, buf, n);
+}
+
+/* ZeRO-0's data parallelism: the flat gradients averaged over the replicas */
+static inline int pg_dp_step(void *ctx, ff_model *m) {
+    pg_rank *r = ctx;
+    const size_t n = (size_t)ff_model_param_count(m);
+    if (ff_model_read_grads(m, r->grads)) return -1;
+    pg_ring(&r->cur.dim[PG_DP], ff_coll_comm_size(r->dpc), n, 4, false);
+    r->cur.dp_calls++;
+    if (ff_coll_all_reduce(r->grads, r->grads, n, FF_DTYPE_F32, FF_COLL_AVG, r->dpc, NULL)) return -1;
+    return ff_model_write_grads(m, r->grads);
+}
+
+/* CPU seconds of the whole process: on a shared machine a step's wall time depends on how many
+ * threads compete for the cores, its CPU time much less */
+static inline double pg_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline void pg_inputs(const ff_model_config *cfg, int32_t micro, int32_t len, ff_tensor_set **w, pt_batch *g) {
+    *w = ff_tensor_set_new();
+    REQUIRE(*w && ff_model_init_weights(cfg, 1, 0.02, *w) == 0);
+    pt_batch_make(g, micro, cfg->vocab_size, 0, len, 7);
+}
+
+static inline void *pg_rank_main(void *arg) {
+    pg_rank *r = arg;
+    pg_job *j = r->j;
+    pg_out *out = &j->out[r->rank];
+    const int n = j->tp * j->pp * j->dp;
+    ff_coll_options co = {.timeout_s = 600};
+    if (ff_coll_comm_init(&r->world, n, &j->id, r->rank, &co) || ff_coll_comm_split(r->world, r->s + j->pp * r->d, r->t, &r->tpc) ||
+        ff_coll_comm_split(r->world, r->t + j->tp * r->d, r->s, &r->ppc) ||
+        ff_coll_comm_split(r->world, r->t + j->tp * r->s, r->d, &r->dpc)) {
+        fprintf(stderr, "rank %d: communicators: %s\n", r->rank, ff_error_message());
+        return NULL;
+    }
+    ff_tensor_set *w;
+    pt_batch g;
+    pg_inputs(j->cfg, j->micro, j->len, &w, &g);
+    ff_pipe_config pc = {.pp = j->pp, .micro = j->micro, .kind = FF_PIPE_1F1B, .layers = j->cfg->num_hidden_layers};
+    ff_pipe_schedule s;
+    REQUIRE(ff_pipe_generate(&pc, &s) == 0);
+    ff_pipe_transport_coll(r->ppc, &r->inner);
+    ff_pipe_transport t = {.rank = r->inner.rank, .size = r->inner.size, .ctx = r, .call = pg_pp_call, .all_reduce_sum_f64 = pg_pp_sum64};
+    ff_model_comm nc, tc = {.rank = r->t, .size = j->tp, .ctx = r, .all_reduce_sum = pg_tp_sum, .all_reduce_max = pg_tp_max,
+                            .all_reduce_sum_f64 = pg_tp_sum64, .all_gather = pg_tp_gather};
+    ff_pipe_model_comm(&t, &nc);
+    int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
+    ff_model_stage st;
+    REQUIRE(ff_pipe_stage_layers(&s, 0, r->s, first, count, &st) == 0);
+    st.comm = &nc;
+    ff_backend *be = ff_backend_new("cpu:1");
+    ff_model *m = ff_model_new_opts(be, j->cfg, w, &(ff_model_opts){.stage = &st, .comm = j->tp > 1 ? &tc : NULL});
+    if (!m) fprintf(stderr, "rank %d: %s\n", r->rank, ff_error_message());
+    REQUIRE(m);
+    out->params = ff_model_param_count(m);
+    REQUIRE((r->grads = malloc(sizeof(float) * (size_t)out->params)));
+    ff_adamw_config ac;
+    pt_adamw(&ac);
+    ff_optimizer *opt = ff_optimizer_new(m, &ac);
+    ff_pipe_exec_model em = {.model = m, .opt = opt, .logprobs = true, .entropy = true, .loss = pt_loss, .loss_ctx = &g,
+                             .before_step = j->dp > 1 ? pg_dp_step : NULL, .step_ctx = r};
+    ff_pipe_exec *e = opt ? ff_pipe_exec_new(&s, r->s, &t, &em) : NULL;
+    if (!e) fprintf(stderr, "rank %d: %s\n", r->rank, ff_error_message());
+    REQUIRE(e);
+    ff_pipe_run run = {.micro = {g.b}, .measure = true};
+    bool ok = true;
+    for (int k = 0; k < j->steps + (j->warmup ? 1 : 0) && ok; k++) {
+        ff_pipe_exec_stats x;
+        memset(&r->cur, 0, sizeof r->cur);
+        const double c0 = pg_cpu_s(); /* the run starts with a barrier and ends with a sum: the ranks' steps lie between */
+        if (ff_pipe_exec_run(e, &run, &x)) {
+            fprintf(stderr, "rank %d: %s\n", r->rank, ff_error_message());
+            ok = false; /* break the groups, so the other ranks fail now rather than at the timeout */
+            ff_coll_comm_abort(r->tpc, "a rank failed"), ff_coll_comm_abort(r->ppc, "a rank failed");
+            ff_coll_comm_abort(r->dpc, "a rank failed"), ff_coll_comm_abort(r->world, "a rank failed");
+            break;
+        }
+        if (k == 0) out->loss = x.loss[0];
+        if (!j->warmup || k > 0) out->stats[k - (j->warmup ? 1 : 0)] = x, out->cpu[k - (j->warmup ? 1 : 0)] = pg_cpu_s() - c0;
+        out->bytes = r->cur;
+    }
+    ff_pipe_sim sim;
+    memset(&sim, 0, sizeof sim);
+    if (ok && ff_pipe_exec_simulate(e, &sim) == 0) out->sim = sim.bubble_fraction;
+    ff_pipe_sim_clear(&sim);
+    out->formula = ff_pipe_bubble_formula(&pc);
+    out->ok = ok;
+    ff_pipe_exec_destroy(&e);
+    ff_optimizer_destroy(&opt);
+    ff_model_destroy(&m);
+    ff_backend_destroy(&be);
+    ff_pipe_schedule_clear(&s);
+    pt_batch_free(&g);
+    ff_tensor_set_destroy(&w);
+    free(r->grads);
+    ff_coll_comm_destroy(&r->dpc);
+    ff_coll_comm_destroy(&r->ppc);
+    ff_coll_comm_destroy(&r->tpc);
+    ff_coll_comm_destroy(&r->world);
+    return NULL;
+}
+
+/* Run the grid; 0 when every rank ran every step. */
+static inline int pg_run(pg_job *j) {
+    const int n = j->tp * j->pp * j->dp;
+    REQUIRE(n >= 1 && n <= PG_MAXR && j->steps >= 1 && j->steps <= PG_MAX_STEPS);
+    memset(j->out, 0, sizeof j->out);
+    ff_coll_options co = {.timeout_s = 600};
+    REQUIRE(ff_coll_get_unique_id(&j->id, "cpu", &co) == 0);
+    pg_rank r[PG_MAXR];
+    pthread_t th[PG_MAXR];
+    for (int q = 0; q < n; q++) {
+        r[q] = (pg_rank){.j = j, .rank = q, .t = q % j->tp, .s = (q / j->tp) % j->pp, .d = q / (j->tp * j->pp)};
+        REQUIRE(pthread_create(&th[q], NULL, pg_rank_main, &r[q]) == 0);
+    }
+    int failed = 0;
+    for (int q = 0; q < n; q++) {
+        pthread_join(th[q], NULL);
+        failed += !j->out[q].ok;
+    }
+    return failed ? -1 : 0;
+}
+
+/* ---- for the benches ----------------------------------------------------------------------- */
+
+static inline double pg_median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int k = i; k > 0 && v[k] < v[k - 1]; k--) {
+            double x = v[k];
+            v[k] = v[k - 1];
+            v[k - 1] = x;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The single rank's training step on the same global batch (every micro-batch's forward and
+ * backward, then AdamW) on `backend`: the median wall seconds of `steps` after one warm-up, the
+ * first step's loss, and (cpu_s not NULL) the median CPU seconds of the process per step. */
+static inline double pg_single(const ff_model_config *cfg, int32_t micro, int32_t len, int steps, const char *backend,
+                               double *loss, double *cpu_s) {
+    REQUIRE(steps >= 1 && steps <= PG_MAX_STEPS);
+    ff_tensor_set *w;
+    pt_batch g;
+    pg_inputs(cfg, micro, len, &w, &g);
+    ff_backend *be = ff_backend_new(backend);
+    ff_model *m = be ? ff_model_new(be, cfg, w) : NULL;
+    REQUIRE(m);
+    ff_adamw_config ac;
+    pt_adamw(&ac);
+    ff_optimizer *opt = ff_optimizer_new(m, &ac);
+    REQUIRE(opt && ff_model_reserve(m, (int32_t)(g.off[1] - g.off[0])) == 0);
+    float *buf = malloc(sizeof(float) * 4 * (size_t)g.off[1]);
+    REQUIRE(buf);
+    double t[PG_MAX_STEPS], c[PG_MAX_STEPS];
+    for (int k = 0; k <= steps; k++) {
+        const int64_t t0 = ff_now_ns();
+        const double c0 = pg_cpu_s();
+        double l = 0;
+        ff_model_zero_grad(m);
+        for (int32_t q = 0; q < g.n; q++) {
+            const int32_t T = g.b[q].n_tokens;
+            ff_forward_out o = {.logprobs = buf, .entropy = buf + T};
+            ff_forward_opts fo = {.train = true};
+            REQUIRE(ff_model_forward(m, &g.b[q], &fo, &o) == 0);
+            l += pt_loss_of(&g, q, &o, buf + 2 * T, buf + 3 * T, NULL);
+            REQUIRE(ff_model_backward(m, buf + 2 * T, buf + 3 * T, NULL) == 0);
+        }
+        ff_optim_stats st;
+        REQUIRE(ff_optimizer_step(opt, &st) == 0);
+        if (k == 0) *loss = l;
+        else t[k - 1] = (double)(ff_now_ns() - t0) * 1e-9, c[k - 1] = pg_cpu_s() - c0;
+    }
+    if (cpu_s) *cpu_s = pg_median(c, steps);
+    free(buf);
+    ff_optimizer_destroy(&opt);
+    ff_model_destroy(&m);
+    ff_backend_destroy(&be);
+    pt_batch_free(&g);
+    ff_tensor_set_destroy(&w);
+    return pg_median(t, steps);
+}
+
+#endif
