@@ -443,8 +443,38 @@ int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *
 
 /* the block of a checkpoint tensor that is this rank's shard (a tensor the model does not
  * know, or of another shape, stays whole: ff_model_new_tp then names the problem) */
+/* What a rank reads: its TP shards (layout), of a stage's tensors only (stage NULL: all). */
+typedef struct shard_reader {
+    const ff_model *layout;
+    const ff_model_stage *stage;
+} shard_reader;
+
+/* Does the stage hold tensor `name`? Its layers' tensors, the embedding on the chunk with
+ * layer 0 (and, tied, on the one with the last layer: its LM head copy); the final norm and
+ * heads are read everywhere (small beside the layers, and whether a model has an LM head is
+ * told by its tensors). */
+static bool stage_holds(const ff_model_stage *st, int32_t layers, bool tied, const char *name) {
+    if (!st) return true;
+    bool first = false, last = false;
+    for (int c = 0; c < st->n_chunks; c++) {
+        first = first || st->first_layer[c] == 0;
+        last = last || st->first_layer[c] + st->n_layers[c] == layers;
+    }
+    if (!strcmp(name, "model.embed_tokens.weight")) return first || (tied && last);
+    int layer;
+    if (sscanf(name, "model.layers.%d.", &layer) != 1) return true;
+    for (int c = 0; c < st->n_chunks; c++)
+        if (layer >= st->first_layer[c] && layer < st->first_layer[c] + st->n_layers[c]) return true;
+    return false;
+}
+
 static void shard_block(void *ctx, const ff_st_entry *e, int64_t *r0, int64_t *nr, int64_t *c0, int64_t *nc) {
-    const ff_model *m = ctx;
+    const shard_reader *rd = ctx;
+    const ff_model *m = rd->layout;
+    if (!stage_holds(rd->stage, m->cfg.num_hidden_layers, m->cfg.tie_word_embeddings, e->name)) {
+        *nr = -1; /* not read */
+        return;
+    }
     for (int i = 0; i < m->n_tensors; i++) {
         const ff_param_tensor *p = &m->tensors[i];
         if (p->split < 0 || strcmp(p->name, e->name) || e->ndim != p->ndim || e->shape[0] != p->full[0] ||
@@ -456,10 +486,16 @@ static void shard_block(void *ctx, const ff_st_entry *e, int64_t *r0, int64_t *n
     }
 }
 
-int ff_model_tp_read_weights(const char *dir, const ff_model_config *cfg, int tp_rank, int tp_size, ff_tensor_set *out) {
+int ff_model_read_shards(const char *dir, const ff_model_config *cfg, int tp_rank, int tp_size, const ff_model_stage *stage,
+                         ff_tensor_set *out) {
     ff_model layout;
     if (ffm_layout(&layout, cfg, tp_rank, tp_size)) return -1;
-    int rc = ff_safetensors_load_dir_blocks(dir, shard_block, &layout, out);
+    shard_reader rd = {&layout, stage};
+    int rc = ff_safetensors_load_dir_blocks(dir, shard_block, &rd, out);
     ffm_layout_free(&layout);
     return rc;
+}
+
+int ff_model_tp_read_weights(const char *dir, const ff_model_config *cfg, int tp_rank, int tp_size, ff_tensor_set *out) {
+    return ff_model_read_shards(dir, cfg, tp_rank, tp_size, NULL, out);
 }

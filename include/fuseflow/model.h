@@ -100,6 +100,8 @@ int ff_model_tp_check(const ff_model_config *cfg, int tp_size, const char *where
  * in their next collective: the host breaks the group (ff_coll_comm_abort). NULL + error. */
 ff_model *ff_model_new_tp(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights,
                           const ff_model_comm *comm);
+typedef struct ff_model_stage ff_model_stage; /* a pipeline stage: below */
+
 /* Read rank tp_rank of tp_size's shards of the whole-tensor checkpoint in dir
  * (model.safetensors, or model.safetensors.index.json and its shards) into `out` (an empty
  * set), as fp32 tensors of the shard's shape, which ff_model_new_tp and
@@ -109,6 +111,12 @@ ff_model *ff_model_new_tp(ff_backend *be, const ff_model_config *cfg, const ff_t
  * model does not split (norms, score) and those it does not know come whole. 0 or -1 +
  * error. */
 int ff_model_tp_read_weights(const char *dir, const ff_model_config *cfg, int tp_rank, int tp_size, ff_tensor_set *out);
+/* The same for a pipeline stage (stage NULL: the whole model): only the tensors of its layers,
+ * and the embedding only on the stage with layer 0 (tied: also on the one with the last
+ * layer, its LM head's copy); the final norm and the heads come to every stage (what the
+ * stage does not hold it ignores, as with whole tensors). tp_size 1 reads whole tensors. */
+int ff_model_read_shards(const char *dir, const ff_model_config *cfg, int tp_rank, int tp_size, const ff_model_stage *stage,
+                         ff_tensor_set *out);
 
 /* The TP degree and this rank (1 and 0 without TP). */
 int ff_model_tp_size(const ff_model *m);
@@ -129,7 +137,6 @@ ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tens
  * keeps no activations for a backward, and costs its parameters' bytes and a forward
  * workspace; asking it for a training forward, a backward, gradients or an optimizer is an
  * error naming the mode. */
-typedef struct ff_model_stage ff_model_stage; /* a pipeline stage: below */
 typedef struct ff_model_opts {
     bool inference;             /* false (the default, and ff_model_new's): trainable */
     const ff_model_comm *comm;  /* a tensor-parallel group (as ff_model_new_tp), or NULL */

@@ -84,7 +84,8 @@ int ff_safetensors_read_block(const ff_safetensors *f, const ff_st_entry *e, int
                               int64_t nc, ff_tensor_set *out, const char *as);
 
 /* Which block of tensor e a reader wants: *r0, *nr, *c0, *nc come preset to the whole tensor
- * (as 2-D, a vector one column) and may be narrowed. Called for tensors of 1 or 2 dims. */
+ * (as 2-D, a vector one column) and may be narrowed; *nr -1: the tensor is not read at all.
+ * Called for tensors of 1 or 2 dims. */
 typedef void (*ff_st_block_fn)(void *ctx, const ff_st_entry *e, int64_t *r0, int64_t *nr, int64_t *c0, int64_t *nc);
 
 /* Load every tensor of a file into `out` as fp32. 0 or -1 + error. */

@@ -331,6 +331,7 @@ static int read_as(const reader *rd, const ff_safetensors *f, const ff_st_entry 
     if (!rd || !rd->fn || e->ndim < 1 || e->ndim > 2) return ff_safetensors_read(f, e, out, NULL);
     int64_t r0 = 0, nr = e->shape[0], c0 = 0, nc = e->ndim > 1 ? e->shape[1] : 1;
     rd->fn(rd->ctx, e, &r0, &nr, &c0, &nc);
+    if (nr < 0) return 0; /* not wanted: not read */
     return ff_safetensors_read_block(f, e, r0, nr, c0, nc, out, NULL);
 }
 
@@ -372,6 +373,7 @@ static int load_index(const char *index_path, const reader *rd, ff_tensor_set *o
     int rc = -1;
     char *dir = NULL;
     ff_safetensors *shard = NULL;
+    json_t *done = NULL; /* shard files read */
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm) || json_object_size(wm) == 0) {
         ff_error_set(index_path, NULL, "no \"weight_map\" object (name -> shard file)");
@@ -388,10 +390,12 @@ static int load_index(const char *index_path, const reader *rd, ff_tensor_set *o
     }
     if (!(dir = dir_of(index_path))) goto out;
     /* Open each shard once: walk the map, and for each shard not opened yet, load all of its
-     * tensors. Loaded tensors are in `out`, which tells us which shards are done. */
+     * tensors (those the reader wants) */
+    if (!(done = json_object())) goto out;
     json_object_foreach(wm, name, v) {
-        if (ff_tensor_set_find(out, name)) continue;
         const char *file = json_string_value(v);
+        if (json_object_get(done, file)) continue;
+        if (json_object_set_new(done, file, json_true()) != 0) goto out;
         char path[FF_PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", dir, file);
         if (!(shard = ff_safetensors_open(path))) {
@@ -415,6 +419,7 @@ static int load_index(const char *index_path, const reader *rd, ff_tensor_set *o
 out:
     ff_safetensors_close(&shard);
     free(dir);
+    json_decref(done);
     json_decref(root);
     return rc;
 }

@@ -648,6 +648,46 @@ static void test_read_shards(const char *name, const ff_model_config *cfg, const
         for (int64_t i = 0; i < H; i++)
             CHECK(memcmp(d->data + (size_t)(i * c), dw->data + (size_t)(i * cfg->intermediate_size + r * c), (size_t)c * 4) == 0);
     }
+    /* a pipeline stage's read (ff_model_read_shards): layers [0, L/2) and [L/2, L), each only its
+     * layers' tensors (the embedding on the first, and, tied, on the last too; the final norm
+     * and heads on both), and the stage model from them holds what one from whole tensors does */
+    const int32_t L = cfg->num_hidden_layers, half = L / 2;
+    for (int s = 0; s < 2; s++) {
+        const int32_t first = s ? half : 0, count = s ? L - half : half;
+        const ff_model_stage st = {.n_chunks = 1, .first_layer = &first, .n_layers = &count};
+        for (int r = 0; r < tp; r++) {
+            ff_tensor_set *part = ff_tensor_set_new();
+            REQUIRE(ff_model_read_shards(dir, cfg, r, tp, &st, part) == 0);
+            for (size_t i = 0; i < w->n; i++) {
+                const char *nm = w->items[i].name;
+                int layer = -1;
+                bool held = sscanf(nm, "model.layers.%d.", &layer) == 1 ? layer >= first && layer < first + count
+                            : !strcmp(nm, "model.embed_tokens.weight") ? s == 0 || cfg->tie_word_embeddings
+                                                                       : true;
+                if ((ff_tensor_set_find(part, nm) != NULL) != held) {
+                    fprintf(stderr, "%s stage %d tp rank %d: '%s' %s\n", name, s, r, nm, held ? "not read" : "read, not its own");
+                    ff_test_failures++;
+                }
+            }
+            ff_backend *be = ff_backend_new("cpu:1");
+            ff_model_comm solo = {.rank = r, .size = tp, .all_reduce_sum = c_sum, .all_reduce_max = c_max,
+                                  .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather}; /* never called here */
+            ff_model *a = ff_model_new_opts(be, cfg, part, &(ff_model_opts){.comm = &solo, .stage = &st});
+            ff_model *b = ff_model_new_opts(be, cfg, sh[r], &(ff_model_opts){.comm = &solo, .stage = &st});
+            REQUIRE(a && b);
+            REQUIRE(ff_model_param_count(a) == ff_model_param_count(b));
+            const int64_t n = ff_model_param_count(a);
+            float *pa = malloc((size_t)n * 4), *pb = malloc((size_t)n * 4);
+            ff_model_read_params(a, pa);
+            ff_model_read_params(b, pb);
+            CHECK(memcmp(pa, pb, (size_t)n * 4) == 0);
+            free(pa), free(pb);
+            ff_model_destroy(&a);
+            ff_model_destroy(&b);
+            ff_backend_destroy(&be);
+            ff_tensor_set_destroy(&part);
+        }
+    }
     *j = (job){.cfg = cfg, .w = w, .b = ref->b, .a = ref->a, .c = ref->c, .d = ref->d, .lm = ref->lm};
     for (int r = 0; r < tp; r++) j->shards[r] = sh[r];
     run_group(j, tp);

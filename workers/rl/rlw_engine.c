@@ -222,18 +222,23 @@ static const ff_node *train_node(const ff_run_config *run, ff_role role) {
 /* ---- loading --------------------------------------------------------------------------------- */
 /* A role's model in layout y; train: it gets gradients (a role with a train node), else it
  * only infers and holds its parameters alone (ff_model_opts.inference). Under TP it reads only
- * this rank's shards; a pipeline stage keeps only its layers of what it reads. */
+ * this rank's shards, and a pipeline stage only its layers' tensors (ff_model_read_shards). */
 static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head, bool train, const char *role) {
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
     const rlw_place *at = &y->at;
-    if (at->tp > 1) { /* this rank's shards only */
+    int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
+    ff_model_stage st;
+    if (at->tp > 1 || at->pp > 1) { /* this rank's shards of its stage's tensors only */
         char path[FF_PATH_MAX];
         snprintf(path, sizeof path, "%s/config.json", dir);
-        if (ff_hf_config_load(path, &cfg) != 0 || !(w = ff_tensor_set_new()) ||
-            ff_model_tp_read_weights(dir, &cfg, at->tp_rank, at->tp, w) != 0) {
+        /* the norm communicator is the layout's: every stage model of it shares the one group */
+        if (ff_hf_config_load(path, &cfg) != 0 ||
+            (at->pp > 1 && ff_roles_pipe_stage(&cfg, &y->pipe, at->pp_rank, first, count, &y->norm, &st) != 0) ||
+            !(w = ff_tensor_set_new()) ||
+            ff_model_read_shards(dir, &cfg, at->tp_rank, at->tp, at->pp > 1 ? &st : NULL, w) != 0) {
             ff_tensor_set_destroy(&w);
-            ff_error_wrap("role %s (TP rank %d of %d)", role, at->tp_rank, at->tp);
+            ff_error_wrap("role %s (TP rank %d of %d, stage %d of %d)", role, at->tp_rank, at->tp, at->pp_rank, at->pp);
             return NULL;
         }
     } else if (ff_model_dir_load(dir, &cfg, &w) != 0) {
@@ -245,18 +250,8 @@ static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head
         ff_error_wrap("role %s: %s", role, dir);
         return NULL;
     }
-    ff_model_opts mo = {.inference = !train, .comm = at->tp > 1 ? &y->mcomm : NULL, .sequence_parallel = at->tp > 1 && y->sp};
-    int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
-    ff_model_stage st;
-    if (at->pp > 1) {
-        /* the norm communicator is the layout's: every stage model of it shares the one group */
-        if (ff_roles_pipe_stage(&cfg, &y->pipe, at->pp_rank, first, count, &y->norm, &st) != 0) {
-            ff_tensor_set_destroy(&w);
-            ff_error_wrap("role %s (stage %d of %d)", role, at->pp_rank, at->pp);
-            return NULL;
-        }
-        mo.stage = &st;
-    }
+    ff_model_opts mo = {.inference = !train, .comm = at->tp > 1 ? &y->mcomm : NULL, .sequence_parallel = at->tp > 1 && y->sp,
+                        .stage = at->pp > 1 ? &st : NULL};
     ff_model *m = ff_model_new_from(s->be, &cfg, &w, &mo);
     if (!m) ff_error_wrap("role %s: %s", role, dir);
     return m;
