@@ -10,7 +10,8 @@
 # Measured: 42.2% -> 50.2% and 51.8% on one worker (two runs), 42.2% -> 50.9% at TP 2 (both
 # runs: a TP replica decodes its prompts as one batch, so its rounding does not depend on
 # timing), 42.2% -> 49.9% at TP 2 x PP 2 (beside 51.1% and 50.9%); under the sanitizers
-# (another SFT start) 29.0% -> 37.0% and 36.0% in 260 iterations.
+# (another SFT start, 260 iterations) 29.0% -> 37.0% and 36.0%, and in a later run 35.3% on one
+# worker, 36.0% at TP 2, 36.1% at TP 2 x PP 2.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_tp learn
