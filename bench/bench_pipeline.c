@@ -45,7 +45,7 @@ static int pp_rank(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id *i
     rank_out *out = (rank_out *)g_shared + rank;
     ff_tensor_set *w;
     pt_batch g;
-    pg_inputs(&b->cfg, b->micro, b->len, &w, &g);
+    pg_inputs(&b->cfg, b->micro, b->len, 0, 0, &w, &g);
     ff_pipe_config pc = {.pp = nranks, .micro = b->micro, .kind = FF_PIPE_1F1B, .layers = b->cfg.num_hidden_layers};
     ff_pipe_schedule s;
     REQUIRE(ff_pipe_generate(&pc, &s) == 0);

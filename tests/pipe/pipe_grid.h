@@ -1,18 +1,23 @@
 /* A TP x PP x DP grid of training ranks as threads of one process, each with its own cpu:1
  * backend and ff_coll CPU communicators (the world split into its TP, PP and DP groups), for
- * tests/pipe/test_traffic.c and bench/bench_parallel.c. A rank is a stage model (ff_model_stage,
- * with the TP communicator as ff_model_opts.comm) under the pipeline executor (1F1B over the PP
- * group's ff_coll transport), and a before_step hook averages the gradients over DP (ZeRO-0,
- * one fp32 all-reduce of the flat gradient buffer). Every callback is wrapped so each rank counts
- * what it sends per dimension, as ring algorithms send it (all-reduce 2 (k-1)/k of the buffer,
- * all-gather (k-1) x its part, a send its bytes), and the TP calls by (operation, count).
+ * tests/pipe/test_traffic.c, tests/pipe/test_grid_parity.c and bench/bench_parallel.c. A rank
+ * is a stage model (ff_model_stage, with the TP communicator as ff_model_opts.comm) under the
+ * pipeline executor (1F1B, or interleaved 1F1B with vpp chunks per stage, over the PP group's
+ * ff_coll transport). Data parallelism: at ZeRO-0 a before_step hook sums the gradients over DP
+ * (one fp32 all-reduce of the flat gradient buffer); at ZeRO-1 the optimizer does it
+ * (ff_optimizer_opts.dp over the DP group: reduce-scatter, its range's step, all-gather). Every
+ * callback is wrapped so each rank counts what it sends per dimension, as ring algorithms send
+ * it (all-reduce 2 (k-1)/k of the buffer, reduce-scatter and all-gather (k-1) x a part, a send
+ * its bytes), and the TP calls by (operation, count).
  *
  * Rank order as the planner's default (tp, cp, pp, dp innermost first): rank = t + TP (s + PP d).
- * Every rank makes the same whole weights and the same micro-batches (so the DP replicas train
- * alike; the traffic does not depend on the data).
+ * Every rank makes the same whole weights and the same global batch of micro x dp micro-batches,
+ * their loss coefficients normalised by the global batch's tokens; replica d runs micro-batches
+ * [d micro, (d + 1) micro), so the sum over the replicas is the single rank's step on the whole
+ * global batch. With keep, each rank exports what a parity test compares (pg_out below).
  *
  * Also here, for the benches: the single-rank step on the same global batch, and a median.
- * Not here: checks (the callers assert), ZeRO-1 (bench_zero), other schedules. */
+ * Not here: checks (the callers assert), GPipe. */
 #ifndef FF_TEST_PIPE_GRID_H
 #define FF_TEST_PIPE_GRID_H
 
@@ -22,7 +27,7 @@
 #include "fuseflow/coll.h"
 #include "tests/pipe/pipe_test_util.h"
 
-enum { PG_MAXR = 16, PG_MAX_STEPS = 32, PG_MAX_TALLY = 16 };
+enum { PG_MAXR = 16, PG_MAX_STEPS = 32, PG_MAX_TALLY = 64 };
 typedef enum { PG_SUM, PG_MAX, PG_SUM64, PG_GATHER, PG_NOPS } pg_op;
 static const char *const pg_op_name[PG_NOPS] = {"all-reduce sum f32", "all-reduce max f32", "all-reduce sum f64",
                                                 "all-gather f32"};
@@ -47,14 +52,26 @@ typedef struct pg_out {
     double loss;                             /* the first step's */
     int64_t params;                          /* ff_model_param_count of the rank's stage */
     int ok;
+    /* keep: whole tensors (gathered over TP) of the rank's stage; outputs [global tokens], at
+     * the offsets of the replica's micro-batches, filled on the last stage's ranks */
+    float *lp, *ent;              /* the first step's log-probs and entropy */
+    ff_tensor_set *grads;         /* after the first step (ZeRO-1: the owned range alone is summed) */
+    ff_tensor_set *after, *optim; /* weights and AdamW state after the last step */
+    int64_t state_bytes, lo, hi;  /* the optimizer's state bytes and its range of the flat buffer */
 } pg_out;
 
 typedef struct pg_job {
     const ff_model_config *cfg;
     int tp, pp, dp;
-    int32_t micro, len; /* micro-batches of 2 sequences of len tokens */
+    int vpp;            /* chunks per stage: 0 or 1 1F1B, more interleaved 1F1B */
+    int zero;           /* 0: the DP hook; 1: the ZeRO-1 optimizer over DP */
+    int32_t micro, len; /* micro-batches per replica of 2 sequences of len tokens */
+    int32_t max_len;    /* > 0: instead 1 .. 3 sequences of 2 .. max_len tokens each */
+    double init_std;    /* of the initial weights (0: 0.02) */
+    float temperature;  /* of log-probs and entropy (0: 1) */
     int steps;          /* measured steps, after one warm-up step when warmup */
     bool warmup;
+    bool keep;          /* export the pg_out tensors (pg_job_clear frees them) */
     ff_coll_id id;
     pg_out out[PG_MAXR];
 } pg_job;
@@ -62,6 +79,8 @@ typedef struct pg_job {
 typedef struct pg_rank {
     pg_job *j;
     int rank, t, s, d;
+    const pt_batch *g; /* the global batch; this replica's micro-batches from m0 */
+    int32_t m0;
     ff_coll_comm *world, *tpc, *ppc, *dpc;
     ff_pipe_transport inner; /* ff_pipe_transport_coll on ppc */
     pg_bytes cur;
@@ -115,15 +134,46 @@ static inline int pg_pp_sum64(void *ctx, double *buf, size_t n) {
     return r->inner.all_reduce_sum_f64(r->inner.ctx, buf, n);
 }
 
-/* ZeRO-0's data parallelism: the flat gradients averaged over the replicas */
+/* ZeRO-0's data parallelism: the flat gradients summed over the replicas (each normalised by
+ * the global batch's tokens) */
 static inline int pg_dp_step(void *ctx, ff_model *m) {
     pg_rank *r = ctx;
     const size_t n = (size_t)ff_model_param_count(m);
     if (ff_model_read_grads(m, r->grads)) return -1;
     pg_ring(&r->cur.dim[PG_DP], ff_coll_comm_size(r->dpc), n, 4, false);
     r->cur.dp_calls++;
-    if (ff_coll_all_reduce(r->grads, r->grads, n, FF_DTYPE_F32, FF_COLL_AVG, r->dpc, NULL)) return -1;
+    if (ff_coll_all_reduce(r->grads, r->grads, n, FF_DTYPE_F32, FF_COLL_SUM, r->dpc, NULL)) return -1;
     return ff_model_write_grads(m, r->grads);
+}
+
+/* ZeRO-1's DP group for the optimizer (counts [dp], as ff_model_comm says) */
+static inline size_t pg_total(const pg_rank *r, const size_t *counts) {
+    size_t N = 0;
+    for (int q = 0; q < r->j->dp; q++) N += counts[q];
+    return N;
+}
+static inline int pg_dp_sum64(void *ctx, double *buf, size_t n) {
+    pg_rank *r = ctx;
+    pg_ring(&r->cur.dim[PG_DP], r->j->dp, n, 8, false);
+    return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, r->dpc, NULL);
+}
+static inline int pg_dp_rs(void *ctx, const float *in, float *out, const size_t *counts) {
+    pg_rank *r = ctx;
+    r->cur.dim[PG_DP] += 4.0 * (double)(pg_total(r, counts) - counts[r->d]), r->cur.dp_calls++;
+    return ff_coll_reduce_scatter_v(in, out, counts, FF_DTYPE_F32, FF_COLL_SUM, r->dpc, NULL);
+}
+static inline int pg_dp_ag(void *ctx, const float *in, float *out, const size_t *counts) {
+    pg_rank *r = ctx;
+    r->cur.dim[PG_DP] += 4.0 * (double)(pg_total(r, counts) - counts[r->d]), r->cur.dp_calls++;
+    return ff_coll_all_gather_v(in, out, counts, FF_DTYPE_F32, r->dpc, NULL);
+}
+
+/* the replica's micro-batch `micro` is the global batch's m0 + micro */
+static inline int pg_loss(void *ctx, int32_t micro, const ff_batch *b, const ff_forward_out *out, ff_pipe_loss_out *d) {
+    const pg_rank *r = ctx;
+    (void)b;
+    d->loss = pt_loss_of(r->g, r->m0 + micro, out, d->d_logprobs, d->d_entropy, d->d_values);
+    return 0;
 }
 
 /* CPU seconds of the whole process: on a shared machine a step's wall time depends on how many
@@ -134,10 +184,23 @@ static inline double pg_cpu_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static inline void pg_inputs(const ff_model_config *cfg, int32_t micro, int32_t len, ff_tensor_set **w, pt_batch *g) {
+/* The whole weights and the global batch of n micro-batches (max_len > 0: of varied lengths) */
+static inline void pg_inputs(const ff_model_config *cfg, int32_t n, int32_t len, int32_t max_len, double std,
+                             ff_tensor_set **w, pt_batch *g) {
     *w = ff_tensor_set_new();
-    REQUIRE(*w && ff_model_init_weights(cfg, 1, 0.02, *w) == 0);
-    pt_batch_make(g, micro, cfg->vocab_size, 0, len, 7);
+    REQUIRE(*w && ff_model_init_weights(cfg, 1, std > 0 ? std : 0.02, *w) == 0);
+    pt_batch_make(g, n, cfg->vocab_size, max_len, max_len > 0 ? 0 : len, 7);
+}
+
+static inline void pg_job_clear(pg_job *j) {
+    for (int q = 0; q < PG_MAXR; q++) {
+        pg_out *o = &j->out[q];
+        free(o->lp), free(o->ent);
+        ff_tensor_set_destroy(&o->grads);
+        ff_tensor_set_destroy(&o->after);
+        ff_tensor_set_destroy(&o->optim);
+        o->lp = o->ent = NULL;
+    }
 }
 
 static inline void *pg_rank_main(void *arg) {
@@ -154,8 +217,10 @@ static inline void *pg_rank_main(void *arg) {
     }
     ff_tensor_set *w;
     pt_batch g;
-    pg_inputs(j->cfg, j->micro, j->len, &w, &g);
-    ff_pipe_config pc = {.pp = j->pp, .micro = j->micro, .kind = FF_PIPE_1F1B, .layers = j->cfg->num_hidden_layers};
+    pg_inputs(j->cfg, j->micro * j->dp, j->len, j->max_len, j->init_std, &w, &g);
+    r->g = &g, r->m0 = j->micro * r->d;
+    ff_pipe_config pc = {.pp = j->pp, .vpp = j->vpp > 1 ? j->vpp : 0, .micro = j->micro,
+                         .kind = j->vpp > 1 ? FF_PIPE_INTERLEAVED : FF_PIPE_1F1B, .layers = j->cfg->num_hidden_layers};
     ff_pipe_schedule s;
     REQUIRE(ff_pipe_generate(&pc, &s) == 0);
     ff_pipe_transport_coll(r->ppc, &r->inner);
@@ -175,13 +240,24 @@ static inline void *pg_rank_main(void *arg) {
     REQUIRE((r->grads = malloc(sizeof(float) * (size_t)out->params)));
     ff_adamw_config ac;
     pt_adamw(&ac);
-    ff_optimizer *opt = ff_optimizer_new(m, &ac);
-    ff_pipe_exec_model em = {.model = m, .opt = opt, .logprobs = true, .entropy = true, .loss = pt_loss, .loss_ctx = &g,
-                             .before_step = j->dp > 1 ? pg_dp_step : NULL, .step_ctx = r};
+    ff_model_comm dc = {.rank = r->d, .size = j->dp, .ctx = r, .all_reduce_sum_f64 = pg_dp_sum64,
+                        .reduce_scatter_sum_v = pg_dp_rs, .all_gather_v = pg_dp_ag};
+    ff_optimizer *opt = ff_optimizer_new_opts(m, &ac, &(ff_optimizer_opts){.zero = j->zero, .dp = j->zero ? &dc : NULL});
+    ff_pipe_exec_model em = {.model = m, .opt = opt, .temperature = j->temperature, .logprobs = true, .entropy = true,
+                             .loss = pg_loss, .loss_ctx = r, .before_step = j->dp > 1 && !j->zero ? pg_dp_step : NULL,
+                             .step_ctx = r};
     ff_pipe_exec *e = opt ? ff_pipe_exec_new(&s, r->s, &t, &em) : NULL;
     if (!e) fprintf(stderr, "rank %d: %s\n", r->rank, ff_error_message());
     REQUIRE(e);
-    ff_pipe_run run = {.micro = {g.b}, .measure = true};
+    ff_forward_out o[PT_MAX_MICRO];
+    if (j->keep) {
+        REQUIRE((out->lp = calloc((size_t)g.off[g.n], sizeof(float))) && (out->ent = calloc((size_t)g.off[g.n], sizeof(float))));
+        for (int32_t q = 0; q < j->micro; q++)
+            o[q] = (ff_forward_out){.logprobs = out->lp + g.off[r->m0 + q], .entropy = out->ent + g.off[r->m0 + q]};
+        out->state_bytes = ff_optimizer_state_bytes(opt);
+        ff_optimizer_shard(opt, &out->lo, &out->hi);
+    }
+    ff_pipe_run run = {.micro = {g.b + r->m0}, .outs = {j->keep ? o : NULL}, .measure = true};
     bool ok = true;
     for (int k = 0; k < j->steps + (j->warmup ? 1 : 0) && ok; k++) {
         ff_pipe_exec_stats x;
@@ -197,6 +273,14 @@ static inline void *pg_rank_main(void *arg) {
         if (k == 0) out->loss = x.loss[0];
         if (!j->warmup || k > 0) out->stats[k - (j->warmup ? 1 : 0)] = x, out->cpu[k - (j->warmup ? 1 : 0)] = pg_cpu_s() - c0;
         out->bytes = r->cur;
+        run.outs[0] = NULL; /* the first step's outputs are the ones kept */
+        if (j->keep && k == 0) {
+            REQUIRE((out->grads = ff_tensor_set_new()) && ff_model_export_grads(m, out->grads) == 0);
+        }
+    }
+    if (ok && j->keep) { /* every rank exports: under TP the exports gather, at ZeRO-1 the state's too */
+        REQUIRE((out->after = ff_tensor_set_new()) && ff_model_export_weights(m, out->after) == 0);
+        REQUIRE((out->optim = ff_tensor_set_new()) && ff_optimizer_export_state(opt, out->optim) == 0);
     }
     ff_pipe_sim sim;
     memset(&sim, 0, sizeof sim);
@@ -223,6 +307,7 @@ static inline void *pg_rank_main(void *arg) {
 static inline int pg_run(pg_job *j) {
     const int n = j->tp * j->pp * j->dp;
     REQUIRE(n >= 1 && n <= PG_MAXR && j->steps >= 1 && j->steps <= PG_MAX_STEPS);
+    pg_job_clear(j);
     memset(j->out, 0, sizeof j->out);
     ff_coll_options co = {.timeout_s = 600};
     REQUIRE(ff_coll_get_unique_id(&j->id, "cpu", &co) == 0);
@@ -260,7 +345,7 @@ static inline double pg_single(const ff_model_config *cfg, int32_t micro, int32_
     REQUIRE(steps >= 1 && steps <= PG_MAX_STEPS);
     ff_tensor_set *w;
     pt_batch g;
-    pg_inputs(cfg, micro, len, &w, &g);
+    pg_inputs(cfg, micro, len, 0, 0, &w, &g);
     ff_backend *be = ff_backend_new(backend);
     ff_model *m = be ? ff_model_new(be, cfg, w) : NULL;
     REQUIRE(m);

@@ -1,7 +1,7 @@
 /* The bytes a training step sends per rank and dimension against the planner's traffic
  * (ff_plan_evaluate's stages[s].traffic[TP, PP, DP]): ranks as threads over ff_coll CPU
  * communicators (tests/pipe/pipe_grid.h: TP inside each stage model, 1F1B over the PP group,
- * the DP gradient average in the executor's before_step), a model of 4 layers, 8 query heads, 4
+ * the DP gradient sum in the executor's before_step), a model of 4 layers, 8 query heads, 4
  * key/value heads, vocabulary 64, one step of 4 micro-batches of 2 x 8 tokens, at TP 2, PP 2,
  * DP 2 and TP 2 x PP 2 x DP 2 (8 ranks).
  *
