@@ -123,8 +123,9 @@ int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *
 /* ---- training ------------------------------------------------------------------------------ */
 /* rl.train: one optimizer step of role FF_RL_ACTOR or FF_RL_CRITIC on this rank's share (micro-batch
  * offsets mb [n_micro + 1]) with the mini-batch's global normaliser; gradients summed over
- * comm (NULL: one rank), or, under TP, over the ranks of the other replicas with this TP rank
- * (comm is then ignored). m [FF_RL_NM]. 0 / -1 + error. */
+ * comm (NULL: one rank), or, with tp x pp > 1, over the ranks of the other replicas at this
+ * stage and TP rank (comm is then ignored); with pp > 1 every stage of the replica calls it
+ * with the same share and runs the role's schedule. m [FF_RL_NM]. 0 / -1 + error. */
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom,
               ff_coll_comm *comm, double *m);
 
@@ -144,10 +145,11 @@ int rlw_sync_bcast(rlw *s, ff_coll_comm *comm);
 /* ---- checkpoints and checks -------------------------------------------------------------- */
 /* DIR/<role>/ (a model folder, with the tokenizer when the role's model had one) and
  * DIR/<role>.optim.safetensors for a trained role. role FF_RL_ACTOR or FF_RL_CRITIC. Under
- * TP every TP rank of the replica calls it (the tensors are gathered whole) and TP rank 0
- * writes; at ZeRO-1 over several replicas every rank of every replica calls it with its
- * group (comm: the DP group when tp is 1): they gather the optimizer state, and replica 0
- * writes. */
+ * TP and PP every rank of the replica calls it (each stage's tensors are gathered whole over
+ * its TP group, the stages hand theirs to the first stage) and TP rank 0 of the first stage
+ * writes one whole checkpoint; at ZeRO-1 over several replicas every rank of every replica
+ * calls it with its group (comm: the DP group when tp x pp is 1): they gather the optimizer
+ * state, and replica 0 writes. */
 int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm);
 /* A hash of a model's flat parameters (equal weights, equal hash) and their sum. */
 int rlw_digest(rlw *s, unsigned role, uint64_t *hash, double *sum);
