@@ -175,7 +175,7 @@ static int read_role(ff_run_config *run, ff_role r) {
      * TP with the rest of the workers as DP replicas */
     rc->rollout = rc->layout;
     if (rc->rollout.pp > 1) {
-        rc->rollout.pp = 1, rc->rollout.vpp = 1;
+        rc->rollout.pp = 1, rc->rollout.vpp = 1, rc->rollout.schedule = FF_PLAN_1F1B;
         rc->rollout.dp = rc->rollout.workers / rc->rollout.tp;
     }
     ff_cnode *ro = ff_cnode_find(base, "rollout");
@@ -493,9 +493,15 @@ int ff_run_config_plan_input(const ff_run_config *run, ff_role r, bool rollout, 
     if (!rc->model || ff_plan_model_from_hf_config(path, &in->model) != 0)
         return ff_error_wrap("%s: %s.model", w, key);
     in->model.vocab_unpadded = true; /* the model engine splits the vocabulary as it is */
-    in->workload.seq = run->data.max_prompt_length + run->data.max_response_length;
+    /* what the planner checks here is the layout against the model; the micro-batches of a step
+     * come from its token-balanced plan, which the trainer checks at each step (interleaved:
+     * a multiple of pp), so the planner sees the fewest that fit, and with sequence
+     * parallelism the sequence rounded up to a multiple of TP (the engine splits any count) */
+    int64_t seq = run->data.max_prompt_length + run->data.max_response_length;
+    if (L->sp && L->tp > 1) seq = (seq + L->tp - 1) / L->tp * L->tp;
+    in->workload.seq = seq;
     in->workload.micro_batch = 1;
-    in->workload.micro_batches = 1;
+    in->workload.micro_batches = L->schedule == FF_PLAN_INTERLEAVED && L->pp > 1 ? L->pp : 1;
     in->cluster.gpus = in->cluster.domain = L->workers;
     ff_plan_layout *pl = &in->layout;
     pl->tp = L->tp, pl->pp = L->pp, pl->dp = L->dp, pl->vpp = L->vpp;

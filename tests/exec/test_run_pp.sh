@@ -5,7 +5,7 @@
 #     each step, log-probs and values pipelined forward-only), generating in a layout of its own
 #     on the same workers (DP 2, the weights broadcast stage by stage after each update), and
 #     at TP 2 x PP 2 on 4 workers (generation at TP 2 x DP 2), also with sequence
-#     parallelism, and GPipe, sample the same
+#     parallelism, GPipe, and interleaved 1F1B (a 4-layer model), sample the same
 #     responses as on 1 worker for 3 iterations with float metrics within 1e-6 + 1% (the
 #     stages sum the gradient norm and the tied embedding's two gradients in another order);
 #   - the timeline has every rank's forwards, backwards and transfers, and `fuseflow trace
@@ -51,6 +51,22 @@ for r in pp2 tp2pp2 gpipe tp2pp2sp; do
   same_samples "$work/one" "$work/$r" "$r"
   same_metrics "$work/one/metrics.jsonl" "$work/$r/metrics.jsonl" 1e-6 1e-2 || fail "$r does not train like one worker"
 done
+
+# interleaved 1F1B (2 chunks per stage) needs 4 layers: a fresh 4-layer model, the same
+# samples and metrics as one worker
+"$bin" init --preset tiny --out "$work/tiny4" num_hidden_layers=4 vocab_size=260 > /dev/null
+il() { # OUT EXTRA...
+  local out=$1; shift
+  "$bin" run "$src/examples/ppo.yaml" $(small_run "$out") trainer.steps=$steps trainer.test_freq=$steps trainer.save_freq=0 \
+    data.train_batch_size=4 graph.rollout.n=4 roles.actor.model="$work/tiny4" roles.ref.model="$work/tiny4" \
+    roles.critic.model="$work/tiny4" graph.train_actor.mini_batch_size=4 graph.train_actor.micro_batch_size=4 \
+    graph.train_critic.mini_batch_size=4 graph.train_critic.micro_batch_size=4 $eps --val-limit 32 --no-progress --dump-samples \
+    "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "interleaved $* did not run"; }
+}
+il "$work/il1" roles.actor.workers=1
+il "$work/il" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.layout.vpp=2 roles.actor.layout.schedule=interleaved
+same_samples "$work/il1" "$work/il" "interleaved PP 2 x VPP 2"
+same_metrics "$work/il1/metrics.jsonl" "$work/il/metrics.jsonl" 1e-6 1e-2 || fail "interleaved PP 2 x VPP 2 does not train like one worker"
 
 # the timeline: every rank's forwards and backwards of every micro-batch of each step, its
 # bubble per rank in `fuseflow trace summary`, the executor's in the metrics

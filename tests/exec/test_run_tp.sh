@@ -61,6 +61,11 @@ ppo "$work/tp4" roles.actor.workers=4 roles.actor.layout.tp=4
 grep -q "actor \[0 1 2 3\] tp 4 x pp 1 x dp 1" "$work/tp4.log" || fail "the actor is not at TP 4: $(head -1 "$work/tp4.log")"
 same_samples "$work/tp1" "$work/tp4" "TP 4 (KV heads replicated)"
 same_metrics "$work/tp1/metrics.jsonl" "$work/tp4/metrics.jsonl" 1e-6 1e-2 || fail "TP 4 with replicated KV heads does not train like TP 1"
+# and with sequence parallelism: 22 positions per sequence over 4 ranks (the engine splits any
+# token count; the planner is given the sequence rounded up to a multiple of TP)
+ppo "$work/tp4sp" roles.actor.workers=4 roles.actor.layout.tp=4 roles.actor.layout.sp=true
+same_samples "$work/tp1" "$work/tp4sp" "TP 4 with SP"
+same_metrics "$work/tp1/metrics.jsonl" "$work/tp4sp/metrics.jsonl" 1e-6 1e-2 || fail "TP 4 with SP does not train like TP 1"
 
 # TP 2 x DP 2 with the optimizer state sharded over the replicas (ZeRO-1): trains as TP 1,
 # and its checkpoint (saved by both replicas' gathers) resumes at ZeRO-0
