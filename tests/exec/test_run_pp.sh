@@ -104,6 +104,20 @@ ck=$work/res/checkpoints/step-00000002
   fail "the PP 2 checkpoint is not whole: $(ls "$ck")"
 "$bin" generate --model "$ck/actor" --prompt '1+2=' --temperature 0 --max-new-tokens 4 > /dev/null ||
   fail "the actor checkpointed at PP 2 does not load in fuseflow generate"
+# the same Hugging Face tensors (names, shapes, dtype) as a one-worker checkpoint, and the
+# optimizer state's too
+python3 - "$ck" "$(ls -d "$work"/one/checkpoints/step-* | tail -1)" <<'PY' || fail "the PP 2 checkpoint holds other tensors than one worker's"
+import json, struct, sys
+def header(p):
+    with open(p, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+    h.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"]) for k, v in h.items()}
+for part in ["actor/model.safetensors", "critic/model.safetensors", "actor.optim.safetensors", "critic.optim.safetensors"]:
+    a, b = header(f"{sys.argv[1]}/{part}"), header(f"{sys.argv[2]}/{part}")
+    assert a == b, (part, sorted(set(a) ^ set(b)))
+PY
 
 # the actor at PP 2, generation on a pool of its own (the "sync" group: both stages send)
 grpo() { # OUT EXTRA...
