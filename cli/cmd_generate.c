@@ -174,7 +174,7 @@ int ff_cmd_generate(int argc, char **argv) {
     req.sampling.max_new_tokens = (int32_t)(max_new < room ? max_new : room);
     req.sampling.stop_tokens = n_stop_ids ? stop_ids : NULL;
     req.sampling.n_stop = n_stop_ids;
-    ff_generator_config gc = {(int32_t)n, n_ids + req.sampling.max_new_tokens, n_ids};
+    ff_generator_config gc = {.max_slots = (int32_t)n, .max_seq_len = n_ids + req.sampling.max_new_tokens, .max_prefill_tokens = n_ids};
     if (ff_model_generate(m, &gc, &req, 1, &outs, &n_outs) != 0) goto out;
 
     for (int32_t s = 0; s < n_outs; s++) {

@@ -17,6 +17,12 @@
  * vocabulary rows, [R, V/tp]) are all-gathered into [R, V] and every rank samples them with
  * the same draws, so all ranks pick the same tokens, and the ones one rank alone would.
  *
+ * Pipeline parallelism (ff_generator_config.pipe): every stage runs the same generator over
+ * its layers' KV cache; a forward receives the previous stage's hidden states [T, H] (the
+ * first stage embeds), sends its own to the next, and the last stage's logits [R, V] are
+ * broadcast to every stage, which samples them as above. One forward crosses the stages at a
+ * time: simple and exact, but each stage idles (p - 1) / p of a step.
+ *
  * Not here: paged KV / prefix sharing without copies, chunked prefill, speculative decoding,
  * repetition penalties. */
 #include <math.h>
@@ -64,6 +70,10 @@ struct ff_generator {
     int32_t *h_tok, *h_pos, *h_wrow, *h_row0, *h_nkeys, *h_rows, *h_rowmap; /* [Tcap] / [Rcap] */
     int32_t *h_tok_tp; /* [Tcap] TP: token ids in this rank's vocabulary rows */
     float *h_lg;       /* TP: [R, V/tp] this rank's logits, then [tp, R, V/tp] gathered, then [R, V] */
+    /* over a pipeline: the hidden states [Tcap, H] between the stages, the logits [Rcap, V] from the last */
+    bool piped;
+    ff_gen_pipe pipe;
+    float *h_px, *h_plg;
     ff_sample_params *h_sp;                                                /* [Rcap] */
     int32_t *h_stok;
     float *h_slp;
@@ -102,12 +112,27 @@ void ff_gen_output_free(ff_gen_output *o) {
     memset(o, 0, sizeof *o);
 }
 
-ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
-    if (!ffm_whole(m)) {
-        ff_error_set("generator", "generate with the whole model (pipeline stages do not generate)",
-                     "the model is a pipeline stage");
-        return NULL;
+/* A stage generates over a pipeline of stages in order: one chunk each, the embedding on the
+ * first, the head on the last. */
+static int check_pipe(const ff_model *m, const ff_gen_pipe *pp) {
+    const char *w = "generator";
+    if (!pp || pp->size <= 1) {
+        if (ffm_whole(m)) return 0;
+        return ff_error_set(w, "give the stage's pipeline (ff_generator_config.pipe), or generate with the whole model",
+                            "the model is a pipeline stage");
     }
+    if (pp->rank < 0 || pp->rank >= pp->size || !pp->send || !pp->recv || !pp->broadcast)
+        return ff_error_set(w, NULL, "pipeline rank %d of %d, or a missing send, receive or broadcast", pp->rank, pp->size);
+    if (m->n_chunks != 1)
+        return ff_error_set(w, "generate with one chunk per stage (vpp 1)", "the stage has %d chunks", m->n_chunks);
+    if (m->has_embed != (pp->rank == 0) || m->has_final != (pp->rank == pp->size - 1))
+        return ff_error_set(w, "rank r of the pipeline holds its r-th stage", "stage rank %d of %d %s the embedding and %s the head",
+                            pp->rank, pp->size, m->has_embed ? "holds" : "lacks", m->has_final ? "holds" : "lacks");
+    return 0;
+}
+
+ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
+    if (check_pipe(m, cin->pipe)) return NULL;
     if (!m->lm_head) {
         ff_error_set("generator", "generate with an actor (a model with an LM head)", "the model has no LM head");
         return NULL;
@@ -127,6 +152,9 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     if (!g) return NULL;
     g->m = m;
     g->c = c;
+    g->piped = c.pipe && c.pipe->size > 1;
+    if (g->piped) g->pipe = *c.pipe;
+    g->c.pipe = NULL; /* the copy above */
     g->Tcap = c.max_prefill_tokens > c.max_slots ? c.max_prefill_tokens : c.max_slots;
     g->Rcap = c.max_slots;
     g->V = m->cfg.vocab_size;
@@ -175,7 +203,12 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->slot_tokens = ff_malloc(R * (size_t)c.max_seq_len * 4);
     g->slot_logprobs = ff_malloc(R * (size_t)c.max_seq_len * 4);
     bool tp_ok = true;
-    if (m->tp > 1) { /* host staging now, so that steps do not allocate */
+    if (g->piped) {
+        g->h_px = ff_malloc(T * H * 4);
+        g->h_plg = ff_malloc(R * V * 4);
+        tp_ok = g->h_px && g->h_plg;
+    }
+    if (tp_ok && m->tp > 1) { /* host staging now, so that steps do not allocate */
         g->h_tok_tp = ff_malloc(T * 4);
         g->h_lg = ff_malloc((R * (size_t)m->V + 2 * R * V) * 4);
         tp_ok = g->h_tok_tp && g->h_lg && ffm_tp_host(m, T * H);
@@ -225,6 +258,8 @@ void ff_generator_destroy(ff_generator **pg) {
     free(g->h_slp);
     free(g->h_tok_tp);
     free(g->h_lg);
+    free(g->h_px);
+    free(g->h_plg);
     free(g->batch);
     free(g->seqs);
     free(g->slot_tokens);
@@ -333,18 +368,39 @@ static int infer(ff_generator *g, int32_t T, int32_t R) {
                               .y = x};
     ffm_layer_tokens tk = {.T = T, .pos = GW(g, i_pos), .kv_wrow = GW(g, i_wrow), .kv_row0 = GW(g, i_row0),
                            .kv_nkeys = GW(g, i_nkeys)};
-    ff_embedding_fwd(st, GW(g, i_tok), ffm_param(m, m->off_embed), x, T, H);
-    if (m->tp > 1 && ffm_tp_sum(m, x, (size_t)T * H)) return -1; /* vocabulary-parallel embedding */
+    const ff_gen_pipe *pp = g->piped ? &g->pipe : NULL;
+    const size_t TH = (size_t)T * H;
+    if (m->has_embed) {
+        ff_embedding_fwd(st, GW(g, i_tok), ffm_param(m, m->off_embed), x, T, H);
+        if (m->tp > 1 && ffm_tp_sum(m, x, TH)) return -1; /* vocabulary-parallel embedding */
+    } else { /* the previous stage's output */
+        if (pp->recv(pp->ctx, pp->rank - 1, g->h_px, TH)) return ff_error_wrap("pipeline: the hidden states of %d tokens from stage %d", T, pp->rank - 1);
+        ff_memcpy_h2d(st, x, g->h_px, TH * 4);
+    }
     for (int l = 0; l < m->L; l++) {
         tk.kv_k = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer);
         tk.kv_v = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer + rows * KD);
         if (ffm_layer_forward(m, l, &tk, &a)) return -1;
     }
-    ff_gather_rows(st, x, GW(g, i_rows), GW(g, xr), R, H);
-    ff_rmsnorm_fwd(st, GW(g, xr), ffm_param(m, m->off_norm), GW(g, xrn), GW(g, rstdr), R, H, eps);
-    ff_gemm(st, FF_NO_TRANS, FF_TRANS, R, m->V, H, 1.0f, GW(g, xrn), H, ffm_param(m, m->off_lm), H, 0.0f,
-            GW(g, logits_loc), m->V);
-    return m->tp > 1 ? gather_logits(g, R) : 0;
+    if (m->has_final) {
+        ff_gather_rows(st, x, GW(g, i_rows), GW(g, xr), R, H);
+        ff_rmsnorm_fwd(st, GW(g, xr), ffm_param(m, m->off_norm), GW(g, xrn), GW(g, rstdr), R, H, eps);
+        ff_gemm(st, FF_NO_TRANS, FF_TRANS, R, m->V, H, 1.0f, GW(g, xrn), H, ffm_param(m, m->off_lm), H, 0.0f,
+                GW(g, logits_loc), m->V);
+        if (m->tp > 1 && gather_logits(g, R)) return -1;
+    } else {
+        ff_memcpy_d2h(st, g->h_px, x, TH * 4);
+        if (ff_stream_sync(st) || pp->send(pp->ctx, pp->rank + 1, g->h_px, TH))
+            return ff_error_wrap("pipeline: the hidden states of %d tokens to stage %d", T, pp->rank + 1);
+    }
+    if (!pp) return 0;
+    /* the last stage's logits to every stage: all sample the same tokens */
+    const size_t RV = (size_t)R * (size_t)g->V;
+    if (m->has_final) ff_memcpy_d2h(st, g->h_plg, GW(g, logits), RV * 4);
+    if (ff_stream_sync(st) || pp->broadcast(pp->ctx, pp->size - 1, g->h_plg, RV))
+        return ff_error_wrap("pipeline: the logits of %d rows from the last stage", R);
+    if (!m->has_final) ff_memcpy_h2d(st, GW(g, logits), g->h_plg, RV * 4);
+    return 0;
 }
 
 static void upload_tokens(ff_generator *g, int32_t T, int32_t R) {

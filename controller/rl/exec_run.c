@@ -17,8 +17,7 @@
  * Layouts (roles.<role>.layout, docs/run.md "Layouts"): the ranks of a pool are ordered as the
  * planner orders them (ff_plan_rank_coords: TP innermost, then PP, then DP), checked against
  * the models by the planner's rules before any worker starts (ff_run_config_check_layouts).
- * Executed: dp, tp, sp, pp (with its schedule and vpp) and zero 1; pipelined generation is
- * refused. A pool with tp x pp > 1 has a group of its own for each DP replica (its ranks), and
+ * Executed: dp, tp, sp, pp (with its schedule and vpp; generation at vpp 1) and zero 1. A pool with tp x pp > 1 has a group of its own for each DP replica (its ranks), and
  * every subtask of its roles goes to a whole replica through that group; its group's
  * communicator is split on the workers into TP, pipeline and DP groups (rl.init). Roles that
  * share workers share their layout, but for the generation copy on the actor's workers, which
@@ -162,10 +161,9 @@ static const char *layout_where(const ex_run *x, ff_role r, bool rollout, char *
 /* What this executor runs of a layout the planner accepts. */
 static int executable(const ex_run *x, ff_role r, bool rollout, const ff_layout *L) {
     char w[300];
-    if (rollout && L->pp > 1)
-        return ff_error_set(layout_where(x, r, rollout, w, sizeof w),
-                            "give roles.actor.rollout.layout with pp: 1 (for example tp: T, dp: W / T on the same workers)",
-                            "generation is not pipelined (pp %lld)", (long long)L->pp);
+    if (rollout && L->pp > 1 && L->vpp > 1)
+        return ff_error_set(layout_where(x, r, rollout, w, sizeof w), "give roles.actor.rollout.layout vpp: 1",
+                            "generation runs one chunk per stage (vpp %lld)", (long long)L->vpp);
     return 0;
 }
 

@@ -492,15 +492,33 @@ void ff_gen_output_free(ff_gen_output *o); /* frees the arrays, zeroes *o */
  * Sequences can also leave early (ff_generator_abort), e.g. to migrate them.
  * Implemented: all of the above. Not implemented: paged KV (prefix blocks shared without
  * copy), chunked prefill of a prompt longer than max_prefill_tokens (an error at submit). */
+/* Generation over a pipeline: every stage of it runs a generator on its stage model (one
+ * chunk each: the stage of rank r holds the layers after rank r - 1's) with the same requests
+ * in the same order, and each forward passes the hidden states [T, H] down the stages; the
+ * last stage's logits [R, V] go to every stage, so every stage samples the same tokens
+ * (each sequence's own RNG stream) and keeps the same state. One forward at a time through
+ * the stages (no micro-batches in flight: a pipeline of p stages is busy 1/p of a step).
+ * Functions return 0, or -1 + error when the group is broken. */
+typedef struct ff_gen_pipe {
+    int rank, size; /* this stage, of size */
+    void *ctx;
+    int (*send)(void *ctx, int peer, const float *buf, size_t n);
+    int (*recv)(void *ctx, int peer, float *buf, size_t n);
+    int (*broadcast)(void *ctx, int root, float *buf, size_t n); /* root's buf to every rank's */
+} ff_gen_pipe;
+
 typedef struct ff_generator_config {
     int32_t max_slots;          /* concurrent sequences, >= 1 */
     int32_t max_seq_len;        /* KV positions per slot; <= max_position_embeddings */
     int32_t max_prefill_tokens; /* prompt tokens per step (0: max_seq_len) */
+    const ff_gen_pipe *pipe;    /* a pipeline stage's (copied; its ctx outlives the generator), or NULL */
 } ff_generator_config;
 
 typedef struct ff_generator ff_generator;
 
-/* A generator on m (which must have an LM head and must outlive it). The KV cache and the
+/* A generator on m (which must have an LM head and must outlive it; a pipeline stage of one
+ * chunk with c->pipe, whose rank is the stage's place: the embedding on rank 0, the head on
+ * the last). The KV cache and the
  * workspaces are allocated here; steps do not allocate except for outputs. NULL + error. */
 ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *c);
 void ff_generator_destroy(ff_generator **g);

@@ -112,6 +112,7 @@ typedef struct ff_rollout_config {
     int32_t max_seq_len;        /* prompt + response positions per slot */
     int32_t max_prefill_tokens; /* prompt tokens prefilled per step (0: max_seq_len) */
     ff_logprob_mode logprob_mode; /* applied to every request (FF_LOGPROB_TEMPERATURE: see top) */
+    const ff_gen_pipe *pipe;    /* the model is a pipeline stage: its stages' pipeline (model.h), or NULL */
 } ff_rollout_config;
 void ff_rollout_config_default(ff_rollout_config *c); /* 64 slots, 256 positions, TEMPERATURE */
 

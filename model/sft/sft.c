@@ -328,7 +328,7 @@ static int eval_exact(ff_model *m, const ff_tokenizer *tok, const dataset *d, in
         reqs[i].sampling.temperature = 0;
         reqs[i].sampling.max_new_tokens = max_new;
     }
-    ff_generator_config gc = {n < 64 ? (int32_t)n : 64, max_prompt + max_new, 0};
+    ff_generator_config gc = {.max_slots = n < 64 ? (int32_t)n : 64, .max_seq_len = max_prompt + max_new};
     ff_gen_output *outs = NULL;
     int32_t n_outs = 0;
     int rc = ff_model_generate(m, &gc, reqs, (int32_t)n, &outs, &n_outs);

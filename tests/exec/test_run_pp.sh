@@ -14,8 +14,9 @@
 #     tensors, the stages' gathered by the first) and ends as the 1-worker run does; its
 #     checkpoint loads in `fuseflow generate`;
 #   - GRPO with the actor at PP 2 and generation on a pool of its own trains like 1 worker;
-#   - generation's layout defaults to the actor's TP over the rest as DP (not pipelined), and
-#     generation at PP > 1, asked for, is refused before any worker starts.
+#   - generation pipelined too (in the actor's PP 2 and TP 2 x PP 2 layouts, and at PP 2 on a
+#     pool of its own) samples the same responses; its layout defaults to the actor's TP over
+#     the rest as DP, and generation over interleaved chunks is refused before any worker starts.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_tp
@@ -42,12 +43,17 @@ ppo "$work/tp2pp2" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 r
   roles.actor.rollout.layout.dp=2 --trace "$work/tp2pp2.trace.json"
 ppo "$work/gpipe" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.layout.schedule=gpipe
 ppo "$work/tp2pp2sp" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.layout.sp=true
+# generation pipelined too (rollout.layout.pp 2: the actor's layout, weights copied locally;
+# every stage decodes the same batch, the hidden states passed down, the logits broadcast)
+ppo "$work/genpp2" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.pp=2
+ppo "$work/gentp2pp2" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.pp=2
+grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, critic" "$work/genpp2.log" || fail "generation is not in the actor's PP 2 layout: $(head -1 "$work/genpp2.log")"
 grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[0 1\], critic \[0 1\] tp 1 x pp 2 x dp 1, ref \[0 1\] tp 1 x pp 2 x dp 1" "$work/pp2.log" ||
   fail "the roles are not at PP 2: $(head -1 "$work/pp2.log")"
 grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\] tp 2 x pp 1 x dp 2" "$work/tp2pp2.log" ||
   fail "the actor is not at TP 2 x PP 2: $(head -1 "$work/tp2pp2.log")"
 [[ $(iterations "$work/one/metrics.jsonl") == "$steps" ]] || fail "one worker: expected $steps iterations"
-for r in pp2 tp2pp2 gpipe tp2pp2sp; do
+for r in pp2 tp2pp2 gpipe tp2pp2sp genpp2 gentp2pp2; do
   same_samples "$work/one" "$work/$r" "$r"
   same_metrics "$work/one/metrics.jsonl" "$work/$r/metrics.jsonl" 1e-6 1e-2 || fail "$r does not train like one worker"
 done
@@ -132,14 +138,21 @@ grpo "$work/gpp2" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.roll
 grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[2\]" "$work/gpp2.log" || fail "not at PP 2 with generation apart: $(head -1 "$work/gpp2.log")"
 same_samples "$work/g1" "$work/gpp2" "GRPO at PP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/gpp2/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at PP 2 does not train like one worker"
+# and generation at PP 2 on a pool of its own (the weights broadcast into its stages)
+grpo "$work/ggen" roles.actor.workers=1 roles.actor.rollout.workers=2 roles.actor.rollout.layout.pp=2
+grep -q "actor \[0\], gen \[1 2\] tp 1 x pp 2 x dp 1" "$work/ggen.log" || fail "generation is not at PP 2 apart: $(head -1 "$work/ggen.log")"
+same_samples "$work/g1" "$work/ggen" "GRPO generating at PP 2"
+same_metrics "$work/g1/metrics.jsonl" "$work/ggen/metrics.jsonl" 1e-6 1e-2 || fail "GRPO generating at PP 2 does not train like one worker"
 
 # refused before any worker starts
 out=$work/bad
-if "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=1 data.train_batch_size=4 roles.actor.model=$S \
-     roles.ref.model=$S graph.train_actor.mini_batch_size=2 roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.pp=2 --no-progress > "$work/bad.log" 2>&1; then
-  fail "generation at PP 2 was not refused"
+if "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=1 data.train_batch_size=4 \
+     roles.ref.model=$work/tiny4 roles.actor.model=$work/tiny4 graph.train_actor.mini_batch_size=2 roles.actor.workers=2 \
+     roles.actor.layout.pp=2 roles.actor.rollout.layout.pp=2 roles.actor.rollout.layout.vpp=2 roles.actor.rollout.layout.schedule=interleaved \
+     --no-progress > "$work/bad.log" 2>&1; then
+  fail "generation at VPP 2 was not refused"
 fi
-grep -qF "generation is not pipelined (pp 2)" "$work/bad.log" && grep -qF "roles.actor.rollout.layout with pp: 1" "$work/bad.log" ||
-  { cat "$work/bad.log" >&2; fail "the refusal of generation at PP 2 does not say why and what to do"; }
+grep -qF "generation runs one chunk per stage (vpp 2)" "$work/bad.log" && grep -qF "roles.actor.rollout.layout vpp: 1" "$work/bad.log" ||
+  { cat "$work/bad.log" >&2; fail "the refusal of generation at VPP 2 does not say why and what to do"; }
 [[ ! -e "$out" ]] || fail "workers started before the refusal"
 echo "ok"

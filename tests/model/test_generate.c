@@ -2,7 +2,11 @@
  * response (continuous batching with fewer slots than sequences, prompts of different
  * lengths, n samples sharing a prefill), same seed => same output, batch composition does
  * not change a sequence, greedy follows the argmax, top-k 1 is greedy, stop tokens, length
- * limits, abort, and clear errors for bad requests. */
+ * limits, abort, and clear errors for bad requests. Over a pipeline (two stage models as
+ * threads, ff_generator_config.pipe): every stage returns the whole model's tokens and
+ * log-probs bit for bit (the stages run the same kernels on the same activations). */
+#include <pthread.h>
+
 #include "tests/model/model_test_util.h"
 
 static ff_backend *be;
@@ -227,6 +231,136 @@ static void test_step_api_abort_errors(ff_model *m) {
     ff_generator_destroy(&g);
 }
 
+/* ---- two stages as threads: a mailbox from stage 0 to 1, a broadcast through a barrier -------- */
+typedef struct two_stages {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    float *msg; /* stage 0's last send, until taken */
+    size_t n;
+    pthread_barrier_t bar;
+    float *shared;
+    size_t shared_n;
+} two_stages;
+
+static int ts_send(void *ctx, int peer, const float *buf, size_t n) {
+    two_stages *t = ctx;
+    if (peer != 1) return -1;
+    float *m = malloc(n * 4);
+    memcpy(m, buf, n * 4);
+    pthread_mutex_lock(&t->mu);
+    while (t->msg) pthread_cond_wait(&t->cv, &t->mu);
+    t->msg = m, t->n = n;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+static int ts_recv(void *ctx, int peer, float *buf, size_t n) {
+    two_stages *t = ctx;
+    if (peer != 0) return -1;
+    pthread_mutex_lock(&t->mu);
+    while (!t->msg) pthread_cond_wait(&t->cv, &t->mu);
+    int rc = t->n == n ? 0 : -1;
+    if (!rc) memcpy(buf, t->msg, n * 4);
+    free(t->msg);
+    t->msg = NULL;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+static int ts_bcast(void *ctx, int root, float *buf, size_t n, int rank) {
+    two_stages *t = ctx;
+    if (rank == root) t->shared = buf, t->shared_n = n;
+    pthread_barrier_wait(&t->bar);
+    int rc = t->shared_n == n ? 0 : -1;
+    if (rank != root && !rc) memcpy(buf, t->shared, n * 4);
+    pthread_barrier_wait(&t->bar);
+    return rc;
+}
+static int ts_bcast0(void *ctx, int root, float *buf, size_t n) { return ts_bcast(ctx, root, buf, n, 0); }
+static int ts_bcast1(void *ctx, int root, float *buf, size_t n) { return ts_bcast(ctx, root, buf, n, 1); }
+
+typedef struct stage_gen {
+    ff_model *m;
+    ff_gen_pipe pipe;
+    const ff_gen_request *r;
+    int32_t nr;
+    ff_gen_output *outs;
+    int32_t n_outs;
+    int rc;
+} stage_gen;
+
+static void *stage_main(void *arg) {
+    stage_gen *s = arg;
+    ff_generator_config c = {.max_slots = 3, .max_seq_len = 48, .max_prefill_tokens = 24, .pipe = &s->pipe};
+    s->rc = ff_model_generate(s->m, &c, s->r, s->nr, &s->outs, &s->n_outs);
+    if (s->rc) fprintf(stderr, "stage %d: %s\n", s->pipe.rank, ff_error_message());
+    return NULL;
+}
+
+static void test_pipeline(const ff_model_config *c, ff_model *whole) {
+    const int32_t L = c->num_hidden_layers, half = L / 2;
+    REQUIRE(L >= 2);
+    ff_tensor_set *w = ff_tensor_set_new();
+    REQUIRE(w && ff_model_export_weights(whole, w) == 0);
+    int32_t first[2] = {0, half}, count[2] = {half, L - half};
+    ff_model *st[2];
+    for (int s = 0; s < 2; s++) {
+        const ff_model_stage stage = {.n_chunks = 1, .first_layer = &first[s], .n_layers = &count[s]};
+        st[s] = ff_model_new_opts(be, c, w, &(ff_model_opts){.inference = true, .stage = &stage});
+        REQUIRE(st[s]);
+    }
+    int32_t p0[] = {1, 2, 3}, p1[] = {5}, p2[] = {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23};
+    ff_gen_request r[3] = {req(10, p0, 3, 2, 1.0f, 20, 1), req(11, p1, 1, 3, 1.0f, 15, 2), req(12, p2, 17, 1, 0.8f, 25, 3)};
+    r[1].sampling.top_k = 5;
+    ff_gen_output *ref = NULL;
+    int32_t n_ref = 0;
+    ff_generator_config c1 = {.max_slots = 3, .max_seq_len = 48, .max_prefill_tokens = 24};
+    REQUIRE(ff_model_generate(whole, &c1, r, 3, &ref, &n_ref) == 0);
+    two_stages t = {.msg = NULL};
+    pthread_mutex_init(&t.mu, NULL);
+    pthread_cond_init(&t.cv, NULL);
+    pthread_barrier_init(&t.bar, NULL, 2);
+    stage_gen sg[2];
+    pthread_t th[2];
+    for (int s = 0; s < 2; s++) {
+        sg[s] = (stage_gen){.m = st[s], .r = r, .nr = 3};
+        sg[s].pipe = (ff_gen_pipe){.rank = s, .size = 2, .ctx = &t, .send = ts_send, .recv = ts_recv, .broadcast = s ? ts_bcast1 : ts_bcast0};
+        REQUIRE(pthread_create(&th[s], NULL, stage_main, &sg[s]) == 0);
+    }
+    for (int s = 0; s < 2; s++) pthread_join(th[s], NULL);
+    int64_t tokens = 0;
+    for (int s = 0; s < 2; s++) {
+        CHECK_EQ_INT(sg[s].rc, 0);
+        CHECK_EQ_INT(sg[s].n_outs, n_ref);
+        for (int32_t i = 0; i < n_ref && i < sg[s].n_outs; i++) {
+            const ff_gen_output *a = &sg[s].outs[i], *b = &ref[i];
+            CHECK_EQ_INT(a->n_tokens, b->n_tokens);
+            CHECK_EQ_INT(a->finish, b->finish);
+            if (a->n_tokens == b->n_tokens) {
+                CHECK(memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * 4) == 0);
+                CHECK(memcmp(a->logprobs, b->logprobs, (size_t)a->n_tokens * 4) == 0);
+            }
+            tokens += a->n_tokens;
+        }
+        free_outs(sg[s].outs, sg[s].n_outs);
+    }
+    CHECK(tokens > 2 * 20); /* something was generated */
+    free_outs(ref, n_ref);
+    /* a stage without its pipeline, or in the wrong place, is refused */
+    ff_generator_config bad = {.max_slots = 2, .max_seq_len = 16};
+    CHECK(ff_generator_new(st[1], &bad) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "pipeline stage");
+    ff_gen_pipe wrong = {.rank = 0, .size = 2, .ctx = &t, .send = ts_send, .recv = ts_recv, .broadcast = ts_bcast0};
+    bad.pipe = &wrong;
+    CHECK(ff_generator_new(st[1], &bad) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "stage rank 0 of 2 lacks the embedding");
+    pthread_barrier_destroy(&t.bar);
+    pthread_cond_destroy(&t.cv);
+    pthread_mutex_destroy(&t.mu);
+    for (int s = 0; s < 2; s++) ff_model_destroy(&st[s]);
+    ff_tensor_set_destroy(&w);
+}
+
 int main(void) {
     be = ff_backend_cpu_new(2);
     REQUIRE(be);
@@ -236,6 +370,7 @@ int main(void) {
     test_reproducible_and_independent(m);
     test_greedy_stop_length(m);
     test_step_api_abort_errors(m);
+    test_pipeline(&c, m);
     ff_model_destroy(&m);
     /* tied embeddings, no biases, MHA */
     c = tiny_config(30, 24, 40, 1, 3, 3, true, false, false);

@@ -51,6 +51,7 @@ typedef struct rlw_lay {
     ff_roles_pipe pipe;
     ff_model_comm norm;
     bool sp; /* sequence parallelism in the TP group (training and scoring; generation decodes replicated) */
+    ff_gen_pipe gpipe; /* generation over the pipeline group (ff_rollout_config.pipe) */
 } rlw_lay;
 
 struct rlw {
@@ -108,6 +109,11 @@ static int tp_gather_v(void *ctx, const float *in, float *out, const size_t *cou
     return ff_coll_all_gather_v(in, out, counts, FF_DTYPE_F32, ctx, NULL);
 }
 
+/* generation's transfers on the pipeline group (ff_gen_pipe) */
+static int gp_send(void *ctx, int peer, const float *buf, size_t n) { return ff_coll_send(buf, n, FF_DTYPE_F32, peer, ctx, NULL); }
+static int gp_recv(void *ctx, int peer, float *buf, size_t n) { return ff_coll_recv(buf, n, FF_DTYPE_F32, peer, ctx, NULL); }
+static int gp_bcast(void *ctx, int root, float *buf, size_t n) { return ff_coll_broadcast(buf, buf, n, FF_DTYPE_F32, root, ctx, NULL); }
+
 static ff_pipe_kind pipe_kind(int plan_schedule) {
     switch (plan_schedule) {
     case FF_PLAN_GPIPE:
@@ -152,6 +158,7 @@ static int lay_setup(rlw_lay *y, const rlw_place *at, const ff_layout *L, ff_col
         if (split(group, p->dp_rank * p->tp + p->tp_rank, p->pp_rank, p->pp, p->pp_rank, "pipeline", &y->pp_comm) != 0) return -1;
         ff_pipe_transport_coll(y->pp_comm, &y->pt);
         y->pipe = (ff_roles_pipe){.transport = &y->pt, .kind = pipe_kind(L->schedule), .vpp = L->vpp > 1 ? (int32_t)L->vpp : 1};
+        y->gpipe = (ff_gen_pipe){.rank = p->pp_rank, .size = p->pp, .ctx = y->pp_comm, .send = gp_send, .recv = gp_recv, .broadcast = gp_bcast};
     }
     return split(group, p->pp_rank * p->tp + p->tp_rank, p->dp_rank, p->dp, p->dp_rank, "DP", &y->dp_comm);
 }
@@ -164,7 +171,7 @@ static void lay_clear(rlw_lay *y) {
     y->at = (rlw_place){.tp = 1, .pp = 1, .dp = 1};
 }
 
-bool rlw_gen_lockstep(const rlw *s) { return s->glay->at.tp > 1; }
+bool rlw_gen_lockstep(const rlw *s) { return s->glay->at.tp > 1 || s->glay->at.pp > 1; }
 
 static const rlw_lay *lay_of(const rlw *s, unsigned role) { return role == FF_RL_GEN ? s->glay : &s->lay; }
 
@@ -400,8 +407,6 @@ static int layouts_setup(rlw *s, const rlw_init_args *a) {
     if (lay_setup(&s->lay, &a->main, hosted_layout(s, a->roles), a->group) != 0) return -1;
     s->glay = &s->lay;
     if (a->gen.tp < 1 || !(a->roles & FF_RL_GEN)) return 0;
-    if (a->gen.pp > 1)
-        return ff_error_set("worker", "give roles.actor.rollout.layout pp: 1", "generation is not pipelined (pp %d)", a->gen.pp);
     if (lay_setup(&s->lay_gen, &a->gen, &s->run->roles[FF_ROLE_ACTOR].rollout, a->group) != 0) return -1;
     s->glay = &s->lay_gen;
     return 0;
@@ -443,6 +448,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         ff_rollout_config_default(&rc);
         rc.max_slots = a->slots > 0 ? a->slots : 64;
         rc.max_seq_len = a->max_seq_len > 0 ? a->max_seq_len : 256;
+        rc.pipe = s->glay->at.pp > 1 ? &s->glay->gpipe : NULL; /* every stage decodes the same batch */
         if (!(s->ro = ff_rollout_new(s->gen, &rc))) return ff_error_wrap("worker");
     }
     if (a->roles & FF_RL_CRITIC) {

@@ -58,7 +58,8 @@ ff_rollout *ff_rollout_new(ff_model *m, const ff_rollout_config *cin) {
     if (!r) return NULL;
     r->m = m;
     r->c = c;
-    ff_generator_config gc = {c.max_slots, c.max_seq_len, c.max_prefill_tokens > 0 ? c.max_prefill_tokens : c.max_seq_len};
+    ff_generator_config gc = {.max_slots = c.max_slots, .max_seq_len = c.max_seq_len,
+                              .max_prefill_tokens = c.max_prefill_tokens > 0 ? c.max_prefill_tokens : c.max_seq_len, .pipe = c.pipe};
     r->g = ff_generator_new(m, &gc);
     if (!r->g) {
         free(r);
