@@ -129,6 +129,8 @@ typedef struct ex_iter {
     ex_node_stat st[EX_MAX_NODES];
     ex_train train[EX_MAX_NODES];
     double kl_sum[EX_MAX_NODES], kl_w[EX_MAX_NODES]; /* advantage nodes' KL penalty means */
+    int64_t sync_bytes, sync_bytes_max; /* weights received by the sync's ranks: in all, the most by one */
+    int64_t sync_ns;                    /* the syncs' subtasks, first start to last end */
     int64_t prompts_drawn;
     bool training_started, announced;
     int64_t t0_ns;

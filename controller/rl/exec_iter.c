@@ -993,6 +993,15 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
     if (x->score_col >= 0) json_object_set_new(m, "reward_mean", json_real(n ? rsum / n : 0));
     if (ni) json_object_set_new(m, "acc", json_real(acc / (double)ni));
     json_object_set_new(m, "response_length", json_real(n ? lsum / n : 0));
+    /* the weight sync: bytes received over the ranks, the most one rank received, and the
+     * ranks' time together (a local copy moves none) */
+    if (ex_has_node(x, FF_OP_SYNC_WEIGHTS, FF_ROLE_COUNT)) {
+        json_t *ws = json_object();
+        json_object_set_new(ws, "bytes", json_integer((json_int_t)I->sync_bytes));
+        json_object_set_new(ws, "bytes_max_rank", json_integer((json_int_t)I->sync_bytes_max));
+        json_object_set_new(ws, "time_s", json_real((double)I->sync_ns * 1e-9));
+        json_object_set_new(m, "weight_sync", ws);
+    }
     if (klw > 0) json_object_set_new(m, "kl", json_real(klsum / klw));
     for (int k = 0; k < x->n_nodes; k++) {
         ff_node *nd = ff_graph_node_mut(x->run->graph, (size_t)k);

@@ -317,6 +317,21 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
             ex_subtask_failed(x, "weight sync on worker %d: %s: %s", r[i].rank, ff_status_name(r[i].status), r[i].error);
             return;
         }
+    /* what moved: the bytes each rank received, and how long the ranks took together */
+    int64_t t0 = 0, t1 = 0;
+    for (int i = 0; i < n; i++) {
+        const ff_tensor *g = ex_out_named(&r[i], FF_RL_T_RECEIVED);
+        if (!g || g->dtype != FF_DTYPE_I64 || ff_tensor_numel(g) != 1) {
+            ex_fail(x, "weight sync: worker %d sent no '%s' I64 [1]", r[i].rank, FF_RL_T_RECEIVED);
+            return;
+        }
+        int64_t b = *(const int64_t *)g->data;
+        I->sync_bytes += b;
+        if (b > I->sync_bytes_max) I->sync_bytes_max = b;
+        if (r[i].start_ns && (!t0 || r[i].start_ns < t0)) t0 = r[i].start_ns;
+        if (r[i].end_ns > t1) t1 = r[i].end_ns;
+    }
+    if (t0 && t1 > t0) I->sync_ns += t1 - t0;
     I->st[j->node].t_last_ns = ff_now_ns();
     for (int64_t k = 0; k < j->ntasks; k++)
         if (ff_sched_complete(I->s, j->tasks[k]) != 0) ex_fail(x, "scheduler: %s", ff_error_message());

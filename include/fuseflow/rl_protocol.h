@@ -76,6 +76,8 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
 /* rl.train over a pipeline, from every rank: its instructions in the step, F64 [n, 5] rows of
  * (ff_pipe_op, micro-batch, chunk, start, end), seconds after the handler began */
 #define FF_RL_T_PIPE_TIMES "pipe_times"
+/* rl.sync, from every rank: I64 [1], the bytes of weights it received from other ranks */
+#define FF_RL_T_RECEIVED "received"
 
 /* Per-token columns (F32 [sum rlen]) an rl.train subtask carries, aligned with "resp". */
 enum {

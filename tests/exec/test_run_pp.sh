@@ -144,6 +144,27 @@ grep -q "actor \[0\], gen \[1 2\] tp 1 x pp 2 x dp 1" "$work/ggen.log" || fail "
 same_samples "$work/g1" "$work/ggen" "GRPO generating at PP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/ggen/metrics.jsonl" 1e-6 1e-2 || fail "GRPO generating at PP 2 does not train like one worker"
 
+# the weight sync's bytes (metrics "weight_sync"): a local copy moves none; from PP 2 to
+# generation at DP 2 on the same 2 workers each tensor goes from its stage to the other rank
+# (M in all: the whole model's bytes, the generation copy's); to a generation pool of one
+# worker of its own each goes to the other stage and the generation rank (2 M, M at most)
+python3 - "$work" <<'PY' || fail "the weight sync's bytes are not the full gather's"
+import json, sys
+def lines(run): return [json.loads(l) for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl")]
+def whole(run):  # the generation copy's weights (a whole model at TP 1, PP 1)
+    mem = next(l["memory"] for l in lines(run) if "memory" in l)
+    return max(r["roles"]["gen"]["params_bytes"] for r in mem if "gen" in r["roles"])
+for run, total, most in [("one", lambda M: 0, lambda M: 0), ("pp2", lambda M: M, None), ("gpp2", lambda M: 2 * M, lambda M: M)]:
+    M = whole(run)
+    syncs = [l["weight_sync"] for l in lines(run) if "samples" in l]
+    assert len(syncs) == 3 and M > 0, (run, syncs, M)
+    for w in syncs:
+        assert w["bytes"] == total(M), (run, w, M)
+        assert (w["bytes_max_rank"] == most(M)) if most else (0 < w["bytes_max_rank"] < M), (run, w, M)
+        assert w["time_s"] > 0, (run, w)  # the ranks' subtasks, start to end
+print("weight sync bytes: PP 2 -> DP 2 on the same workers moves the whole model once per sync")
+PY
+
 # refused before any worker starts
 out=$work/bad
 if "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=1 data.train_batch_size=4 \

@@ -136,6 +136,9 @@ int64_t rlw_train_timeline(const rlw *s, const double **rows);
 /* ---- weight sync ------------------------------------------------------------------------- */
 /* The trained actor's weights into the generating actor of this process. */
 int rlw_sync_local(rlw *s);
+/* The bytes of weights this rank received from other ranks in its last sync (0 after a
+ * local copy): what the issue of resharding measures itself against. */
+int64_t rlw_sync_received(const rlw *s);
 /* Across processes and layouts: the ranks of comm that host the trained actor (its TP ranks
  * of replica 0, comm's first ranks) gather its whole tensors, rank 0 of comm broadcasts them,
  * and every rank that hosts FF_RL_GEN takes its slices of them (a full gather: each

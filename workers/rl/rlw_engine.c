@@ -71,6 +71,7 @@ struct rlw {
     ff_coll_comm *comm;
     float *gbuf;
     int64_t gcap;
+    int64_t sync_received; /* bytes the last weight sync brought from other ranks */
     double *timeline; /* rlw_train_timeline: [ntimeline * 5] */
     int64_t ntimeline, timeline_cap;
     /* the layout of every role here but the generating copy's, and that copy's (glay: &lay,
@@ -774,13 +775,17 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
 }
 
 /* ---- weight sync ------------------------------------------------------------------------------ */
+int64_t rlw_sync_received(const rlw *s) { return s->sync_received; }
+
 int rlw_sync_local(rlw *s) {
+    s->sync_received = 0;
     if (need(s, FF_RL_ACTOR) || need(s, FF_RL_GEN)) return -1;
     if (ff_rollout_sync_weights(s->ro, s->actor) != 0) return ff_error_wrap("weight sync");
     return 0;
 }
 
 int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
+    s->sync_received = 0;
     if (!comm) return ff_error_set("weight sync", "the executor makes a sync group with a communicator", "no communicator");
     /* the trained actor's replica 0 holds the weights (each stage its layers, its TP ranks
      * gathering them whole); every rank hosting the generating copy takes its slices */
@@ -821,6 +826,7 @@ int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
                               "tensor '%s' has %s in the group", t->name, root < 0 ? "no sender" : "several senders");
         else
             rc = ff_coll_broadcast(t->data, t->data, (size_t)ff_host_tensor_numel(t), FF_DTYPE_F32, root, comm, NULL);
+        if (rc == 0 && root != me) s->sync_received += ff_host_tensor_numel(t) * (int64_t)sizeof(float);
         total += ff_host_tensor_numel(t);
     }
     free(owner);

@@ -16,7 +16,7 @@
  *   rl.score     samples; mb                                    -> score F32 [n]
  *   rl.train     samples + per-token columns + mb I32; role, denom, timeline
  *                                          -> metrics F64 [, pipe_times F64 [n, 5] over a pipeline]
- *   rl.sync      mode (local|bcast)
+ *   rl.sync      mode (local|bcast)                              -> received I64 [1] (bytes from other ranks)
  *   rl.save      role, dir
  *   rl.digest    role                                           -> hash I64 [1], sum F64 [1]
  *
@@ -436,9 +436,15 @@ static int k_sync(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     char mode[16];
     if (!arg_str(t, "mode", mode, sizeof mode)) return -1;
-    if (!strcmp(mode, "local")) return rlw_sync_local(r->eng);
-    if (!strcmp(mode, "bcast")) return rlw_sync_bcast(r->eng, ff_task_comm(t));
-    return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.sync: mode '%s' (local or bcast)", mode);
+    int rc;
+    if (!strcmp(mode, "local")) rc = rlw_sync_local(r->eng);
+    else if (!strcmp(mode, "bcast")) rc = rlw_sync_bcast(r->eng, ff_task_comm(t));
+    else return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.sync: mode '%s' (local or bcast)", mode);
+    if (rc) return -1;
+    int64_t *got = ff_task_output(t, FF_RL_T_RECEIVED, FF_DTYPE_I64, 1, (int64_t[]){1});
+    if (!got) return -1;
+    *got = rlw_sync_received(r->eng);
+    return 0;
 }
 
 static int k_save(ff_task *t, void *ud) {
