@@ -196,6 +196,13 @@ struct ex_run {
     char failed[8192];   /* first fatal error, "" while fine */
     /* the first failure of a subtask, not yet blamed (ex_subtask_failed) */
     char suspect[FF_MSG_TEXT_MAX + 256];
+    /* a weight sync to a generation pool of its own that failed (a rank of its group may have
+     * died during it): run again in a group of the live ranks once the death is confirmed */
+    struct ex_sync_redo {
+        bool pending;
+        int node;
+        int64_t task, iteration;
+    } sync_redo;
     bool stop_now;
     int64_t updates[2];  /* total optimizer steps of the run: actor, critic */
     double eval_time_s;
@@ -274,6 +281,9 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t);
 void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n);
 int ex_sync_start(ex_run *x, ex_iter *I, const ff_sched_task *t);
 void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n);
+/* After a failure was judged: a failed sync whose group lost a generation rank runs again
+ * (true), else false. */
+bool ex_sync_redo(ex_run *x);
 void ex_train_metrics(ex_run *x, ex_iter *I, json_t *m);
 
 /* exec_ckpt.c */

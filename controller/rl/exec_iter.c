@@ -58,6 +58,10 @@ void ex_judge(ex_run *x) {
     if (ff_controller_confirm_live(x->c, ranks, x->nranks, x->o.worker_timeout_s + 5) < 0)
         ff_warn("run: could not confirm the workers: %s", ff_error_message());
     ex_check_workers(x);
+    if (!x->failed[0] && ex_sync_redo(x)) { /* a generation rank lost during a sync: synced again */
+        x->suspect[0] = 0;
+        return;
+    }
     if (!x->failed[0]) ex_fail(x, "%s", x->suspect);
 }
 
@@ -1112,7 +1116,7 @@ void ex_check_workers(ex_run *x) {
     for (int r = 0; r < x->nranks; r++) {
         ff_worker_info wi;
         if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_DEAD || !ex_pool_grouped(x, x->rank_pool[r])) continue;
-        ex_fail(x, "worker %d (pid %lld) died (%s): it was a TP rank of the %s, whose replica cannot run without it", r, (long long)wi.pid,
+        ex_fail(x, "worker %d (pid %lld) died (%s): it was a TP or PP rank of the %s, whose replica cannot run without it", r, (long long)wi.pid,
                 wi.dead_reason[0] ? wi.dead_reason : "gone", ex_pool_names[x->rank_pool[r]]);
         return;
     }

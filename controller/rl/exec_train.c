@@ -306,7 +306,34 @@ int ex_sync_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     if (!I->st[t->node].t_first_ns) I->st[t->node].t_first_ns = ff_now_ns();
     uint64_t id = ex_submit(x, j, &spec);
     ex_trace_weights(x, POOL_GEN, &id, 1); /* generation runs on the synced weights */
+    if (id && x->o.on_event) {
+        ff_exec_event e = {"syncing", I->it, 1, x->c};
+        x->o.on_event(x->o.event_ud, &e);
+    }
     return id ? 0 : -1;
+}
+
+bool ex_sync_redo(ex_run *x) {
+    if (!x->sync_redo.pending || x->failed[0] || !x->cur || x->cur->it != x->sync_redo.iteration) return false;
+    x->sync_redo.pending = false;
+    /* only a generation rank of the group lost during the sync (an actor rank's death fails the
+     * run in ex_check_workers) explains the failure */
+    int n = 0;
+    const int *ranks = ff_controller_group_ranks(x->c, "sync", &n);
+    bool lost = false;
+    for (int i = 0; ranks && i < n; i++) {
+        ff_worker_info wi;
+        lost = lost || (ff_controller_worker_info(x->c, ranks[i], &wi) == 0 && wi.state == FF_WORKER_DEAD);
+    }
+    if (!ranks) ff_error_clear();
+    if (!lost) return false;
+    fprintf(x->out, "run: a generation worker died during the weight sync; syncing again to the live ones\n");
+    ff_sched_task t = {.id = x->sync_redo.task, .node = x->sync_redo.node};
+    if (ex_sync_start(x, x->cur, &t) != 0) {
+        ex_fail(x, "weight sync: %s", ff_error_message());
+        return true;
+    }
+    return true;
 }
 
 void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
@@ -314,9 +341,12 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
     if (!I || j->iteration != I->it) return;
     for (int i = 0; i < n; i++)
         if (r[i].status != FF_STATUS_OK) {
+            if (x->gen_separate && !x->sync_redo.pending)
+                x->sync_redo = (struct ex_sync_redo){true, j->node, j->tasks[0], j->iteration};
             ex_subtask_failed(x, "weight sync on worker %d: %s: %s", r[i].rank, ff_status_name(r[i].status), r[i].error);
             return;
         }
+    x->sync_redo.pending = false;
     /* what moved: the bytes each rank received, and how long the ranks took together */
     int64_t t0 = 0, t1 = 0;
     for (int i = 0; i < n; i++) {

@@ -42,7 +42,8 @@ typedef struct ff_exec_event {
     const char *what;         /* "started" (workers ready), "generating" (an iteration's first
                                  prompts went out), "generated" (a prompt group's responses
                                  arrived), "training" (a train node's rl.train subtasks went
-                                 out), "iteration" (one finished), "checkpoint" (saved) */
+                                 out), "syncing" (a weight sync went out), "iteration" (one
+                                 finished), "checkpoint" (saved) */
     int64_t iteration;
     int64_t count;            /* "generated": groups done so far in this iteration;
                                  "training": optimizer steps of the node */

@@ -10,6 +10,8 @@
  *               groups came back (the run goes on with the other); the other is killed in
  *               the next iteration (no generation worker left: the run stops)
  *   reward      the reward server is killed after a random number of groups came back
+ *   sync        a rollout worker is killed as a random iteration's weight sync goes out to
+ *               the pool: the sync runs again to the live one and the run goes on to its end
  *   readonly    the output folder (a tmpfs of its own) is remounted read-only once a random
  *               iteration finished, so that iteration's checkpoint cannot be written; it is
  *               made writable again before the resume (skipped where mount is not allowed)
@@ -41,8 +43,8 @@
 
 extern char **environ;
 
-enum { STEPS = 6, GROUPS = 8, KIND_CONTROLLER = 0, KIND_TRAINER, KIND_GENERATION, KIND_REWARD, KIND_READONLY, KINDS };
-static const char *kind_names[KINDS] = {"controller", "trainer", "generation", "reward", "readonly"};
+enum { STEPS = 6, GROUPS = 8, KIND_CONTROLLER = 0, KIND_TRAINER, KIND_GENERATION, KIND_REWARD, KIND_READONLY, KIND_SYNC, KINDS };
+static const char *kind_names[KINDS] = {"controller", "trainer", "generation", "reward", "readonly", "sync"};
 
 static const char *bin, *src;
 static char dir[256], endpoint[320], python[64];
@@ -178,7 +180,17 @@ static void on_event(void *ud, const ff_exec_event *e) {
                  off ? "; " : "", pick, wi.inflight, (long long)e->iteration, (long long)e->count);
         s->kills++;
     }
-    if (s->kind == KIND_REWARD && !strcmp(e->what, "generated") && e->iteration == s->it && e->count >= s->after) {
+    if (s->kind == KIND_SYNC && !strcmp(e->what, "syncing") && e->iteration == s->it) {
+        /* a rollout rank dies while the weights go to the pool: the sync runs again to the other */
+        ff_worker_info wi;
+        REQUIRE(ff_controller_worker_info(e->controller, 2 + s->rank, &wi) == 0);
+        if (wi.state != FF_WORKER_LIVE) return;
+        kill((pid_t)wi.pid, SIGKILL);
+        snprintf(s->what, sizeof s->what, "killed rollout rank %d as iteration %lld's weight sync went out", 2 + s->rank,
+                 (long long)s->it);
+        s->kills++;
+    }
+        if (s->kind == KIND_REWARD && !strcmp(e->what, "generated") && e->iteration == s->it && e->count >= s->after) {
         stop_reward_server();
         snprintf(s->what, sizeof s->what, "killed the reward server in iteration %lld after %lld groups", (long long)s->it,
                  (long long)e->count);
@@ -437,6 +449,8 @@ static void fault_kind(int kind, int cycles, const char *ref_out) {
             if (kind == KIND_READONLY) CHECK_STR_CONTAINS(err, "Read-only file system");
         }
         if (kind == KIND_TRAINER || kind == KIND_REWARD || kind == KIND_READONLY) CHECK(s.kills == 0 || rc < 0);
+        /* one rollout rank lost during a sync: the run goes on with the other */
+        if (kind == KIND_SYNC) CHECK(s.kills == 1 && rc == FF_EXEC_DONE);
     }
     /* then on to the end, undisturbed */
     while (checkpoint_iteration(out) < STEPS) {

@@ -816,8 +816,9 @@ int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
         owner[i] = me + 1;
     }
     ff_tensor_set_destroy(&whole);
-    if (rc == 0) rc = ff_coll_all_reduce(owner, owner, order->n, FF_DTYPE_F64, FF_COLL_SUM, comm, NULL);
     int64_t total = 0;
+    for (size_t i = 0; order && i < order->n; i++) total += ff_host_tensor_numel(&order->items[i]);
+    if (rc == 0) rc = ff_coll_all_reduce(owner, owner, order->n, FF_DTYPE_F64, FF_COLL_SUM, comm, NULL);
     for (size_t i = 0; rc == 0 && i < order->n; i++) {
         ff_host_tensor *t = &order->items[i];
         int root = (int)owner[i] - 1;
@@ -827,7 +828,6 @@ int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
         else
             rc = ff_coll_broadcast(t->data, t->data, (size_t)ff_host_tensor_numel(t), FF_DTYPE_F32, root, comm, NULL);
         if (rc == 0 && root != me) s->sync_received += ff_host_tensor_numel(t) * (int64_t)sizeof(float);
-        total += ff_host_tensor_numel(t);
     }
     free(owner);
     if (rc == 0 && target) rc = ff_model_load_weights(s->gen, order); /* its slices under TP */
