@@ -92,10 +92,15 @@ static void usage(FILE *out) {
             "usage: fuseflow plan [FILE.yaml] [options] [key=value ...]\n"
             "       fuseflow plan search [FILE.yaml] --gpus N --global-batch SEQS [options]\n"
             "       fuseflow plan network --gpus N [--gpus-per-domain X] [--radix K] [--json]\n"
+            "       fuseflow plan reshard --model NAME --train TP8-PP4[-DP2] --gen TP4[-PP1] [--gpus N]\n"
+            "                             [--cluster NAME] [--dtype bf16|fp32] [--gen-workers N] [--json]\n"
             "\n"
             "Memory per GPU, traffic per parallel dimension and link, pipeline bubbles and the iteration\n"
             "time of one training layout on a cluster; `search` ranks the layouts that fit; `network`\n"
-            "counts the switches and transceivers of a non-blocking Clos and of rail-only. Formulas and\n"
+            "counts the switches and transceivers of a non-blocking Clos and of rail-only; `reshard` gives the\n"
+            "bytes per rank and the time of the actor's train -> generate transition (3D-HybridEngine beside\n"
+            "the naive full gather and a gather to rank 0 with broadcast; --gen-workers N: a separate\n"
+            "generation pool of N GPUs). Formulas and\n"
             "assumptions: docs/planner.md. A YAML file holds the sections model, workload, layout, cluster\n"
             "(examples/plan/); flags and key=value overrides (layout.tp=8) change it.\n"
             "\n"
@@ -149,7 +154,8 @@ static void usage(FILE *out) {
             "  fuseflow plan examples/plan/llama3-405b-128k.yaml --json\n"
             "  fuseflow plan --model gpt3-175b --layout TP8-PP4-DP4 --seq 2048 --micro-batches 16 --matrix /tmp/gpt3\n"
             "  fuseflow plan search --model llama3-70b --gpus 1024 --seq 8192 --global-batch 512 --min-tokens 4096\n"
-            "  fuseflow plan network --gpus 32768 --gpus-per-domain 256\n");
+            "  fuseflow plan network --gpus 32768 --gpus-per-domain 256\n"
+            "  fuseflow plan reshard --model llama3-70b --train TP8-PP4 --gen TP4 --cluster dgx-h100\n");
 }
 
 static size_t edit_distance(const char *a, const char *b) {
@@ -255,7 +261,97 @@ static char *dir_of(const char *path) {
     return d;
 }
 
+/* `fuseflow plan reshard`: its own few flags (no configuration tree: the transition has no
+ * workload or schedule). */
+static int plan_reshard(int argc, char **argv) {
+    ff_plan_reshard_input in;
+    ff_plan_reshard_input_defaults(&in);
+    const char *model = NULL, *config = NULL, *train = NULL, *gen = NULL, *cluster = "dgx-h100", *dtype = "bf16";
+    int64_t gpus = 0;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) {
+            json = true;
+            continue;
+        }
+        static const char *const valued[] = {"--model", "--config", "--train", "--gen", "--gpus", "--cluster", "--dtype",
+                                             "--gen-workers"};
+        int k = -1;
+        for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++)
+            if (!strcmp(a, valued[j])) k = j;
+        if (k < 0) {
+            fprintf(stderr, "fuseflow plan reshard: unknown option '%s' (takes --model, --config, --train, --gen, --gpus, "
+                            "--cluster, --dtype, --gen-workers, --json)\n", a);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "fuseflow plan reshard: %s needs a value (run 'fuseflow plan --help')\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        switch (k) {
+        case 0: model = v; break;
+        case 1: config = v; break;
+        case 2: train = v; break;
+        case 3: gen = v; break;
+        case 4: if (parse_int("gpus", v, &gpus)) return 2; break;
+        case 5: cluster = v; break;
+        case 6: dtype = v; break;
+        default: if (parse_int("gen-workers", v, &in.gen_workers)) return 2; break;
+        }
+    }
+    if (!train || !gen || (!model == !config)) {
+        fprintf(stderr, "fuseflow plan reshard: give --model NAME or --config config.json, --train TP8-PP4 and --gen TP4 "
+                        "(run 'fuseflow plan --help')\n");
+        return 2;
+    }
+    ff_plan_layout g = {0};
+    g.tp = g.pp = 1;
+    in.train.tp = in.train.pp = 1;
+    if ((model ? ff_plan_model_preset(model, &in.model) : ff_plan_model_from_hf_config(config, &in.model)) ||
+        ff_plan_cluster_preset(cluster, &in.cluster) || ff_plan_parse_layout(train, &in.train) ||
+        ff_plan_parse_layout(gen, &g)) {
+        fprintf(stderr, "fuseflow plan reshard: %s\n", ff_error_message());
+        return 2;
+    }
+    if (g.dp || g.cp || g.ep || g.vpp) {
+        fprintf(stderr, "fuseflow plan reshard: --gen '%s': generation's layout is TP and PP (its DP follows from the GPUs)\n", gen);
+        return 2;
+    }
+    in.gen_tp = g.tp, in.gen_pp = g.pp;
+    in.cluster.gpus = gpus;
+    if (!strcmp(dtype, "bf16")) in.dtype_bytes = 2;
+    else if (!strcmp(dtype, "fp32")) in.dtype_bytes = 4;
+    else {
+        fprintf(stderr, "fuseflow plan reshard: --dtype '%s': use bf16 or fp32\n", dtype);
+        return 2;
+    }
+    ff_plan_reshard r;
+    if (ff_plan_reshard_evaluate(&in, &r)) {
+        fprintf(stderr, "fuseflow plan reshard: %s\n", ff_error_message());
+        return 1;
+    }
+    if (json) {
+        char *s = ff_plan_reshard_json(&in, &r);
+        if (!s) {
+            fprintf(stderr, "fuseflow plan reshard: %s\n", ff_error_message());
+            return 1;
+        }
+        puts(s);
+        free(s);
+    } else {
+        ff_plan_reshard_write(&in, &r, stdout);
+    }
+    return 0;
+}
+
 int ff_cmd_plan(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "reshard")) return plan_reshard(argc - 1, argv + 1);
     bool search = argc > 1 && !strcmp(argv[1], "search");
     bool network = argc > 1 && !strcmp(argv[1], "network");
     int first = search || network ? 2 : 1;

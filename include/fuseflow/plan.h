@@ -395,6 +395,52 @@ typedef struct ff_plan_search_result {
 int ff_plan_search(const ff_plan_input *base, const ff_plan_search_opts *opts, ff_plan_search_result *out);
 void ff_plan_search_result_clear(ff_plan_search_result *r);
 
+/* ---- resharding (3D-HybridEngine) ----------------------------------------------------- */
+
+/* An actor that trains in layout (p, t, d) and generates in (pg, tg): on the same GPUs
+ * (gen_workers 0; tg must divide t and pg divide p, micro-DP dg = t p / (tg pg)) or on a separate
+ * pool of gen_workers GPUs. docs/planner.md, "Resharding (3D-HybridEngine)". */
+typedef struct ff_plan_reshard_input {
+    ff_plan_model model;
+    ff_plan_cluster cluster;   /* gpus 0: t p d */
+    ff_plan_layout train;      /* tp, pp, dp (0: from the GPUs) and the rank order; CP, EP, VPP 1 */
+    int64_t gen_tp, gen_pp;    /* tg, pg */
+    int dtype_bytes;           /* bytes per weight: 2 (bf16) or 4 (fp32) */
+    int64_t gen_workers;       /* 0: generate on the training GPUs; N: a separate pool of N GPUs */
+} ff_plan_reshard_input;
+
+/* One way of resharding, seen from its busiest rank. */
+typedef struct ff_plan_reshard_path {
+    double recv_bytes;         /* bytes one rank receives */
+    double nvlink_bytes, nic_bytes; /* of recv_bytes, inside the HB domain / over the NIC */
+    double peak_bytes;         /* weights resident on one rank at the peak */
+    double time_s;             /* those bytes at the links' rates (bandwidth only) */
+} ff_plan_reshard_path;
+
+typedef struct ff_plan_reshard {
+    int64_t gpus, train_dp;
+    double model_bytes;        /* M = parameters x dtype bytes */
+    double train_shard_bytes;  /* M / (t p) */
+    double gen_shard_bytes;    /* M / (tg pg) */
+    int64_t micro_dp;          /* dg (same GPUs) */
+    int64_t group_per_domain, group_domains; /* where the slowest micro-DP group sits */
+    ff_plan_reshard_path hybrid; /* 3D-HybridEngine: all-gather inside micro-DP groups */
+    ff_plan_reshard_path naive;  /* every rank gathers the whole model, then slices */
+    ff_plan_reshard_path rank0;  /* rank 0 gathers the model and broadcasts it */
+    ff_plan_reshard_path pool;   /* separate pool: each generation rank receives its shard */
+    int64_t pool_senders;      /* training ranks one generation rank receives from */
+    int64_t pool_replicas;     /* generation replicas, gen_workers / (tg pg) */
+    double pool_send_bytes;    /* bytes one training rank sends to the pool */
+} ff_plan_reshard;
+
+/* Defaults: bf16, TP1-PP1 generation, dp and gpus from each other, the dgx-h100 cluster. */
+void ff_plan_reshard_input_defaults(ff_plan_reshard_input *in);
+/* -1 + error naming the bad value: generation's TP x PP not dividing training's, a layout the
+ * model cannot take (heads, FFN, layers), a pool that is not whole replicas. */
+int ff_plan_reshard_evaluate(const ff_plan_reshard_input *in, ff_plan_reshard *out);
+void ff_plan_reshard_write(const ff_plan_reshard_input *in, const ff_plan_reshard *r, FILE *out);
+char *ff_plan_reshard_json(const ff_plan_reshard_input *in, const ff_plan_reshard *r); /* malloc'd; NULL + error */
+
 /* ---- reports --------------------------------------------------------------------------- */
 
 /* The readable report (memory per stage, traffic per dimension, time, network). */

@@ -91,5 +91,30 @@ expect 2 "bad.json:2:" -- --config "$TMP/bad.json"
 expect 2 "give the cluster size with --gpus" -- search --model llama3-8b --global-batch 64
 expect 1 "no global batch" -- search --model llama3-8b --gpus 8
 
+# reshard: the 70B case on four DGX H100, its JSON keys and numbers, a pool, bad layouts
+expect 0 "3D-HybridEngine +30.867 GB" -- reshard --model llama3-70b --train TP8-PP4 --gen TP4
+expect 0 "naive / 3D-HybridEngine: 1.77x the time" -- reshard --model llama3-70b --train TP8-PP4 --gen TP4 --cluster dgx-h100
+"$FF_BIN" plan reshard --model llama3-70b --train TP8-PP4 --gen TP4 --json > "$TMP/r.json" || fail "reshard json"
+$PY - "$TMP/r.json" <<'EOF2' || fail "reshard JSON keys or values"
+import json, sys
+d = json.load(open(sys.argv[1]))
+M = d["model_bytes"]
+assert d["gpus"] == 32 and d["micro_dp"] == 8 and d["group_per_domain"] == 2 and d["group_domains"] == 4, d
+for k in ("hybrid", "naive", "rank0"):
+    for f in ("recv_bytes", "nvlink_bytes", "nic_bytes", "peak_bytes", "time_s"): assert f in d[k], (k, f)
+assert abs(d["hybrid"]["recv_bytes"] + d["train"]["shard_bytes"] - d["gen"]["shard_bytes"]) < 1e-6 * M
+assert abs(d["hybrid"]["recv_bytes"] - (M / 4 - M / 32)) < 1e-6 * M
+assert abs(d["naive"]["recv_bytes"] - (M - M / 32)) < 1e-6 * M and d["naive"]["peak_bytes"] == M
+assert d["naive"]["time_s"] > d["hybrid"]["time_s"] and d["rank0"]["time_s"] > d["naive"]["time_s"]
+EOF2
+"$FF_BIN" plan reshard --model llama3-70b --train TP8-PP4 --gen TP4 --gen-workers 8 --json > "$TMP/rp.json" || fail "reshard pool json"
+$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["pool_senders"]==8 and abs(d["pool"]["recv_bytes"]-d["gen"]["shard_bytes"])<1 and "hybrid" not in d' "$TMP/rp.json" || fail "reshard pool values"
+expect 0 "fuseflow plan reshard --model llama3-70b --train TP8-PP4 --gen TP4" -- reshard --help
+expect 1 "generation TP 8 x PP 3 = 24 does not divide training TP 8 x PP 4 = 32" -- reshard --model llama3-70b --train TP8-PP4 --gen TP8-PP3
+expect 1 "TP 3 does not divide the 64 query heads" -- reshard --model llama3-70b --train TP8-PP4 --gen TP3
+expect 2 "unknown cluster preset" -- reshard --model llama3-70b --train TP8-PP4 --gen TP4 --cluster dgx-a100
+expect 2 "--dtype 'fp8': use bf16 or fp32" -- reshard --model llama3-70b --train TP8-PP4 --gen TP4 --dtype fp8
+expect 2 "give --model NAME or --config" -- reshard --train TP8-PP4 --gen TP4
+
 if (( fails )); then echo "$fails failure(s)"; exit 1; fi
 echo "ok"
