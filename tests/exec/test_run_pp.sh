@@ -138,6 +138,12 @@ grpo "$work/gpp2" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.roll
 grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[2\]" "$work/gpp2.log" || fail "not at PP 2 with generation apart: $(head -1 "$work/gpp2.log")"
 same_samples "$work/g1" "$work/gpp2" "GRPO at PP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/gpp2/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at PP 2 does not train like one worker"
+# training at TP 2 x PP 2, generating at TP 1 (DP 4) on the same 4 workers (HybridFlow's
+# case; the weights by the full gather, not yet zero-redundancy resharding)
+grpo "$work/ghy" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=1
+grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\], ref" "$work/ghy.log" || fail "not at TP 2 x PP 2 generating at DP 4: $(head -1 "$work/ghy.log")"
+same_samples "$work/g1" "$work/ghy" "GRPO at TP 2 x PP 2 generating at DP 4"
+same_metrics "$work/g1/metrics.jsonl" "$work/ghy/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at TP 2 x PP 2 generating at DP 4 does not train like one worker"
 # and generation at PP 2 on a pool of its own (the weights broadcast into its stages)
 grpo "$work/ggen" roles.actor.workers=1 roles.actor.rollout.workers=2 roles.actor.rollout.layout.pp=2
 grep -q "actor \[0\], gen \[1 2\] tp 1 x pp 2 x dp 1" "$work/ggen.log" || fail "generation is not at PP 2 apart: $(head -1 "$work/ggen.log")"
