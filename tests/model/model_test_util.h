@@ -136,4 +136,31 @@ static inline ff_model *tiny_model(ff_backend *be, const ff_model_config *c, uin
     return m;
 }
 
+/* Every tensor of want in got (the same count, each by name and shape, else a failure naming
+ * it), each pair handed to cmp with its name ("WHAT NAME") and its element count. */
+typedef void (*tensor_pair_fn)(void *ctx, const char *name, const float *got, const float *want, int64_t n);
+static inline void compare_tensor_sets(const char *what, const ff_tensor_set *got, const ff_tensor_set *want, tensor_pair_fn cmp,
+                                       void *ctx) {
+    CHECK_EQ_INT(got->n, want->n);
+    char name[256];
+    for (size_t i = 0; i < want->n; i++) {
+        const ff_host_tensor *w = &want->items[i], *g = ff_tensor_set_find(got, w->name);
+        snprintf(name, sizeof name, "%s %s", what, w->name);
+        if (!g || ff_host_tensor_expect(g, w->ndim, w->shape, name)) {
+            fprintf(stderr, "%s: missing or misshapen\n", name);
+            ff_test_failures++;
+            continue;
+        }
+        cmp(ctx, name, g->data, w->data, ff_host_tensor_numel(w));
+    }
+}
+
+/* A pair bit for bit (a failure naming it otherwise). */
+static inline void check_tensor_bits(const char *name, const float *got, const float *want, int64_t n) {
+    if (memcmp(got, want, (size_t)n * 4)) {
+        fprintf(stderr, "%s: not bit-identical\n", name);
+        ff_test_failures++;
+    }
+}
+
 #endif

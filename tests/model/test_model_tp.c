@@ -393,28 +393,18 @@ static void close_k(kind k, const char *what, const float *got, const float *wan
 
 /* every tensor of want, present in got with its shape, within atol + rtol max|want|
  * (rtol < 0: bit for bit) */
+typedef struct tol {
+    kind kd;
+    double atol, rtol;
+} tol;
+static void pair_close(void *ctx, const char *name, const float *got, const float *want, int64_t n) {
+    const tol *t = ctx;
+    if (t->rtol < 0) check_tensor_bits(name, got, want, n);
+    else close_k(t->kd, name, got, want, n, t->atol, t->rtol);
+}
 static void compare_sets(kind kd, const char *what, const ff_tensor_set *got, const ff_tensor_set *want, double atol,
                          double rtol) {
-    CHECK_EQ_INT(got->n, want->n);
-    char name[256];
-    for (size_t i = 0; i < want->n; i++) {
-        const ff_host_tensor *w = &want->items[i], *g = ff_tensor_set_find(got, w->name);
-        snprintf(name, sizeof name, "%s %s", what, w->name);
-        if (!g || ff_host_tensor_expect(g, w->ndim, w->shape, name)) {
-            fprintf(stderr, "%s: missing or misshapen\n", name);
-            ff_test_failures++;
-            continue;
-        }
-        int64_t n = ff_host_tensor_numel(w);
-        if (rtol < 0) {
-            if (memcmp(g->data, w->data, (size_t)n * 4)) {
-                fprintf(stderr, "%s: not bit-identical\n", name);
-                ff_test_failures++;
-            }
-        } else {
-            close_k(kd, name, g->data, w->data, n, atol, rtol);
-        }
-    }
+    compare_tensor_sets(what, got, want, pair_close, &(tol){kd, atol, rtol});
 }
 
 static void same_bits(const char *what, const void *a, const void *b, size_t bytes) {

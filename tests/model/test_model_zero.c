@@ -187,27 +187,16 @@ static void free_run(run *R) {
 }
 
 /* every tensor of want in got, bit for bit (rtol < 0) or within atol + rtol max|want| */
+typedef struct tol {
+    double atol, rtol;
+} tol;
+static void pair_close(void *ctx, const char *name, const float *got, const float *want, int64_t n) {
+    const tol *t = ctx;
+    if (t->rtol < 0) check_tensor_bits(name, got, want, n);
+    else check_tensor_close(name, got, want, n, t->atol, t->rtol);
+}
 static void compare_sets(const char *what, const ff_tensor_set *got, const ff_tensor_set *want, double atol, double rtol) {
-    CHECK_EQ_INT(got->n, want->n);
-    char name[256];
-    for (size_t i = 0; i < want->n; i++) {
-        const ff_host_tensor *w = &want->items[i], *g = ff_tensor_set_find(got, w->name);
-        snprintf(name, sizeof name, "%s %s", what, w->name);
-        if (!g || ff_host_tensor_expect(g, w->ndim, w->shape, name)) {
-            fprintf(stderr, "%s: missing or misshapen\n", name);
-            ff_test_failures++;
-            continue;
-        }
-        int64_t n = ff_host_tensor_numel(w);
-        if (rtol < 0) {
-            if (memcmp(g->data, w->data, (size_t)n * 4)) {
-                fprintf(stderr, "%s: not bit-identical\n", name);
-                ff_test_failures++;
-            }
-        } else {
-            check_tensor_close(name, g->data, w->data, n, atol, rtol);
-        }
-    }
+    compare_tensor_sets(what, got, want, pair_close, &(tol){atol, rtol});
 }
 
 /* the largest |a - b| over n floats */

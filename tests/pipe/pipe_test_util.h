@@ -328,20 +328,17 @@ static inline void pt_close(pt_err *e, const char *what, const float *got, const
     check_tensor_close(what, got, want, n, atol, rtol);
 }
 
+typedef struct pt_tol {
+    pt_err *e;
+    double atol, rtol;
+} pt_tol;
+static inline void pt_pair_close(void *ctx, const char *name, const float *got, const float *want, int64_t n) {
+    const pt_tol *t = ctx;
+    pt_close(t->e, name, got, want, n, t->atol, t->rtol);
+}
 static inline void pt_compare_sets(pt_err *e, const char *what, const ff_tensor_set *got, const ff_tensor_set *want,
                                    double atol, double rtol) {
-    CHECK_EQ_INT(got->n, want->n);
-    char name[256];
-    for (size_t i = 0; i < want->n; i++) {
-        const ff_host_tensor *w = &want->items[i], *g = ff_tensor_set_find(got, w->name);
-        snprintf(name, sizeof name, "%s %s", what, w->name);
-        if (!g || ff_host_tensor_expect(g, w->ndim, w->shape, name)) {
-            fprintf(stderr, "%s: missing or misshapen\n", name);
-            ff_test_failures++;
-            continue;
-        }
-        pt_close(e, name, g->data, w->data, ff_host_tensor_numel(w), atol, rtol);
-    }
+    compare_tensor_sets(what, got, want, pt_pair_close, &(pt_tol){e, atol, rtol});
 }
 
 /* fp32 tolerances, relative to each array's largest element (the measured worst errors are
