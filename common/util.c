@@ -332,3 +332,31 @@ const char *ff_fmt_bytes(uint64_t b, char *buf, size_t cap) {
     return buf;
 }
 
+
+/* ---- growing text --------------------------------------------------------------------- */
+void ff_strbuf_printf(ff_strbuf *b, const char *fmt, ...) {
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->len;
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+            return;
+        }
+        if (b->p && (size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + (size_t)n + 1) cap *= 2;
+        char *q = ff_realloc(b->p, cap);
+        if (!q) {
+            b->failed = true;
+            return;
+        }
+        b->p = q, b->cap = cap;
+    }
+}

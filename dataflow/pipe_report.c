@@ -168,39 +168,6 @@ char *ff_pipe_json(const ff_pipe_schedule *s, const ff_pipe_sim *sim) {
 
 /* ---- SVG --------------------------------------------------------------------------------- */
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool failed;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) FF_PRINTF(2, 3);
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->failed = true;
-            return;
-        }
-        if (b->p && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap <= b->n + (size_t)k) cap *= 2;
-        char *q = ff_realloc(b->p, cap);
-        if (!q) {
-            b->failed = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-}
 
 /* Forward, backward and step per model (Tableau's palette); later chunks lighter. */
 static void colour(const ff_pipe_instr *in, int32_t chunks, char *buf, size_t cap) {
@@ -222,23 +189,23 @@ int ff_pipe_write_svg(const ff_pipe_schedule *s, const ff_pipe_sim *sim, const c
     for (int i = 0; i < s->n_models; i++)
         for (int32_t k = 0; k < s->models[i].n_stages; k++)
             if (s->models[i].stage_chunk[k] + 1 > chunks) chunks = s->models[i].stage_chunk[k] + 1;
-    sbuf b = {0};
-    sb_printf(&b,
+    ff_strbuf b = {0};
+    ff_strbuf_printf(&b,
               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
               left + width + 20, height);
     const ff_pipe_config *c = &s->config;
     double formula = ff_pipe_bubble_formula(c);
     if (c->kind != FF_PIPE_CUSTOM)
-        sb_printf(&b, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">%s, pp %d, vpp %d, micro %d%s: makespan %.6g, bubble %.2f%% (formula %.2f%%)</text>\n", left,
+        ff_strbuf_printf(&b, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">%s, pp %d, vpp %d, micro %d%s: makespan %.6g, bubble %.2f%% (formula %.2f%%)</text>\n", left,
                   ff_pipe_kind_name(c->kind), (int)c->pp, (int)c->vpp, (int)c->micro, c->forward_only ? ", forward-only" : "", sim->makespan_s,
                   100 * sim->bubble_fraction, 100 * formula);
     else
-        sb_printf(&b, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">%d ranks, %d models: makespan %.6g, bubble %.2f%%</text>\n", left,
+        ff_strbuf_printf(&b, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">%d ranks, %d models: makespan %.6g, bubble %.2f%%</text>\n", left,
                   (int)s->n_ranks, (int)s->n_models, sim->makespan_s, 100 * sim->bubble_fraction);
     for (int32_t r = 0; r < s->n_ranks; r++) {
         double y = top + row * r;
-        sb_printf(&b, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" height=\"%.0f\" fill=\"#f2f2f2\"/>\n", y + bar * 0.7,
+        ff_strbuf_printf(&b, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" height=\"%.0f\" fill=\"#f2f2f2\"/>\n", y + bar * 0.7,
                   (int)r, left, y, width, bar);
         const ff_pipe_stream *st = &s->streams[r];
         for (int64_t i = 0; i < st->n; i++) {
@@ -248,21 +215,21 @@ int ff_pipe_write_svg(const ff_pipe_schedule *s, const ff_pipe_sim *sim, const c
             char fill[16], f[64];
             colour(in, chunks, fill, sizeof fill);
             ff_pipe_instr_format(s, in, f, sizeof f);
-            sb_printf(&b, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\"><title>rank %d %s: %.6g - %.6g</title></rect>\n",
+            ff_strbuf_printf(&b, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\"><title>rank %d %s: %.6g - %.6g</title></rect>\n",
                       x0, y, w, bar, fill, (int)r, f, sim->start_s[r][i], sim->end_s[r][i]);
             if (w >= 16 && in->op != FF_PIPE_OPTIMIZER_STEP)
-                sb_printf(&b, "<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"white\">%d</text>\n", x0 + w / 2, y + bar * 0.7, (int)in->micro);
+                ff_strbuf_printf(&b, "<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"white\">%d</text>\n", x0 + w / 2, y + bar * 0.7, (int)in->micro);
         }
     }
     double ya = top + row * s->n_ranks + 14;
     for (int t = 0; t <= 10; t++)
-        sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555\">%.4g</text>\n", left + width * t / 10, ya, span * t / 10);
+        ff_strbuf_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555\">%.4g</text>\n", left + width * t / 10, ya, span * t / 10);
     ff_pipe_instr fw = {.op = FF_PIPE_FORWARD}, bw = {.op = FF_PIPE_BACKWARD}, step = {.op = FF_PIPE_OPTIMIZER_STEP};
     char cf[16], cb[16], cs[16];
     colour(&fw, 1, cf, sizeof cf);
     colour(&bw, 1, cb, sizeof cb);
     colour(&step, 1, cs, sizeof cs);
-    sb_printf(&b,
+    ff_strbuf_printf(&b,
               "<g transform=\"translate(%.0f,%.1f)\"><rect width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"16\" y=\"10\">forward</text>"
               "<rect x=\"80\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"96\" y=\"10\">backward</text>"
               "<rect x=\"170\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"186\" y=\"10\">optimizer step</text>"
@@ -272,7 +239,7 @@ int ff_pipe_write_svg(const ff_pipe_schedule *s, const ff_pipe_sim *sim, const c
         free(b.p);
         return ff_error_set(path, NULL, "cannot build the picture (out of memory)");
     }
-    int rc = ff_write_file_atomic(path, b.p, b.n);
+    int rc = ff_write_file_atomic(path, b.p, b.len);
     free(b.p);
     return rc;
 }

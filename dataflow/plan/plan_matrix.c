@@ -15,41 +15,8 @@
 
 /* ---- a growing text buffer ---------------------------------------------------------------- */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool failed;
-} sbuf;
 
-static void sb_printf(sbuf *b, const char *fmt, ...) FF_PRINTF(2, 3);
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->len;
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->failed = true;
-            return;
-        }
-        if (b->p && (size_t)n < room) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *q = ff_realloc(b->p, cap);
-        if (!q) {
-            b->failed = true;
-            return;
-        }
-        b->p = q, b->cap = cap;
-    }
-}
-
-static int sb_write(sbuf *b, const char *path, FILE *logf, const char *what) {
+static int sb_write(ff_strbuf *b, const char *path, FILE *logf, const char *what) {
     int rc = b->failed ? ff_error_set(path, NULL, "out of memory while writing") : ff_write_file_atomic(path, b->p, b->len);
     if (!rc && logf) fprintf(logf, "wrote %s (%s)\n", path, what);
     free(b->p);
@@ -72,14 +39,14 @@ static void add_edge(int64_t src, int64_t dst, ff_plan_dim dim, double bytes, vo
     if (s < a->ws && d < a->ws) a->srv[s * a->ws + d] += bytes;
 }
 
-static void csv_matrix(sbuf *b, const double *m, int64_t n, const char *corner) {
-    sb_printf(b, "%s", corner);
-    for (int64_t j = 0; j < n; j++) sb_printf(b, ",%lld", (long long)j);
-    sb_printf(b, "\n");
+static void csv_matrix(ff_strbuf *b, const double *m, int64_t n, const char *corner) {
+    ff_strbuf_printf(b, "%s", corner);
+    for (int64_t j = 0; j < n; j++) ff_strbuf_printf(b, ",%lld", (long long)j);
+    ff_strbuf_printf(b, "\n");
     for (int64_t i = 0; i < n; i++) {
-        sb_printf(b, "%lld", (long long)i);
-        for (int64_t j = 0; j < n; j++) sb_printf(b, ",%.0f", m[i * n + j]);
-        sb_printf(b, "\n");
+        ff_strbuf_printf(b, "%lld", (long long)i);
+        for (int64_t j = 0; j < n; j++) ff_strbuf_printf(b, ",%.0f", m[i * n + j]);
+        ff_strbuf_printf(b, "\n");
     }
 }
 
@@ -99,14 +66,14 @@ static void colour(double t, unsigned char rgb[3]) {
 
 static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-static void sb_base64(sbuf *b, const unsigned char *p, size_t n) {
+static void sb_base64(ff_strbuf *b, const unsigned char *p, size_t n) {
     char out[5] = {0};
     for (size_t i = 0; i < n; i += 3) {
         unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
         out[0] = b64[v >> 18 & 63], out[1] = b64[v >> 12 & 63];
         out[2] = i + 1 < n ? b64[v >> 6 & 63] : '=';
         out[3] = i + 2 < n ? b64[v & 63] : '=';
-        sb_printf(b, "%s", out);
+        ff_strbuf_printf(b, "%s", out);
     }
 }
 
@@ -170,17 +137,17 @@ static int write_heatmap(const char *path, const double *m, int64_t n, int64_t g
     free(px);
 
     int64_t left = 80, top = 60, legend = 170, w = left + side + legend, h = top + side + 60;
-    sbuf b = {0};
-    sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%lld\" height=\"%lld\" font-family=\"sans-serif\" font-size=\"12\">\n",
+    ff_strbuf b = {0};
+    ff_strbuf_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%lld\" height=\"%lld\" font-family=\"sans-serif\" font-size=\"12\">\n",
               (long long)w, (long long)h);
-    sb_printf(&b, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    sb_printf(&b, "<text x=\"%lld\" y=\"24\" font-size=\"15\" font-weight=\"bold\">%s</text>\n", (long long)left, title);
-    sb_printf(&b, "<text x=\"%lld\" y=\"44\">row sends to column; bytes per optimizer step, log colour scale; white: none</text>\n",
+    ff_strbuf_printf(&b, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    ff_strbuf_printf(&b, "<text x=\"%lld\" y=\"24\" font-size=\"15\" font-weight=\"bold\">%s</text>\n", (long long)left, title);
+    ff_strbuf_printf(&b, "<text x=\"%lld\" y=\"44\">row sends to column; bytes per optimizer step, log colour scale; white: none</text>\n",
               (long long)left);
-    sb_printf(&b, "<image x=\"%lld\" y=\"%lld\" width=\"%lld\" height=\"%lld\" style=\"image-rendering:pixelated\" href=\"data:image/png;base64,",
+    ff_strbuf_printf(&b, "<image x=\"%lld\" y=\"%lld\" width=\"%lld\" height=\"%lld\" style=\"image-rendering:pixelated\" href=\"data:image/png;base64,",
               (long long)left, (long long)top, (long long)side, (long long)side);
     sb_base64(&b, png, size);
-    sb_printf(&b, "\"/>\n<rect x=\"%lld\" y=\"%lld\" width=\"%lld\" height=\"%lld\" fill=\"none\" stroke=\"#444\"/>\n", (long long)left,
+    ff_strbuf_printf(&b, "\"/>\n<rect x=\"%lld\" y=\"%lld\" width=\"%lld\" height=\"%lld\" fill=\"none\" stroke=\"#444\"/>\n", (long long)left,
               (long long)top, (long long)side, (long long)side);
     free(png);
     /* ticks: at most ~16 along each axis, on server boundaries when there are servers */
@@ -188,14 +155,14 @@ static int write_heatmap(const char *path, const double *m, int64_t n, int64_t g
     while (n / step > 16) step *= 2;
     for (int64_t k = 0; k < n; k += step) {
         double pos = (double)(k * cell) + 0.5 * (double)cell;
-        sb_printf(&b, "<text x=\"%.1f\" y=\"%lld\" text-anchor=\"middle\" font-size=\"10\">%lld</text>\n", (double)left + pos,
+        ff_strbuf_printf(&b, "<text x=\"%.1f\" y=\"%lld\" text-anchor=\"middle\" font-size=\"10\">%lld</text>\n", (double)left + pos,
                   (long long)(top + side + 14), (long long)k);
-        sb_printf(&b, "<text x=\"%lld\" y=\"%.1f\" text-anchor=\"end\" font-size=\"10\">%lld</text>\n", (long long)(left - 4),
+        ff_strbuf_printf(&b, "<text x=\"%lld\" y=\"%.1f\" text-anchor=\"end\" font-size=\"10\">%lld</text>\n", (long long)(left - 4),
                   (double)top + pos + 3.0, (long long)k);
     }
-    sb_printf(&b, "<text x=\"%.1f\" y=\"%lld\" text-anchor=\"middle\">receiving %s</text>\n", (double)left + 0.5 * (double)side,
+    ff_strbuf_printf(&b, "<text x=\"%.1f\" y=\"%lld\" text-anchor=\"middle\">receiving %s</text>\n", (double)left + 0.5 * (double)side,
               (long long)(top + side + 34), axis);
-    sb_printf(&b, "<text transform=\"translate(%lld,%.1f) rotate(-90)\" text-anchor=\"middle\">sending %s</text>\n", (long long)(left - 44),
+    ff_strbuf_printf(&b, "<text transform=\"translate(%lld,%.1f) rotate(-90)\" text-anchor=\"middle\">sending %s</text>\n", (long long)(left - 44),
               (double)top + 0.5 * (double)side, axis);
     /* legend */
     int64_t lx = left + side + 30, lh = side < 200 ? side : 200;
@@ -203,23 +170,23 @@ static int write_heatmap(const char *path, const double *m, int64_t n, int64_t g
         for (int k = 0; k < 64; k++) {
             unsigned char rgb[3];
             colour(1.0 - (k + 0.5) / 64.0, rgb);
-            sb_printf(&b, "<rect x=\"%lld\" y=\"%.2f\" width=\"18\" height=\"%.2f\" fill=\"rgb(%d,%d,%d)\"/>\n", (long long)lx,
+            ff_strbuf_printf(&b, "<rect x=\"%lld\" y=\"%.2f\" width=\"18\" height=\"%.2f\" fill=\"rgb(%d,%d,%d)\"/>\n", (long long)lx,
                       (double)top + (double)lh * k / 64.0, (double)lh / 64.0 + 0.3, rgb[0], rgb[1], rgb[2]);
         }
         for (int k = 0; k <= 4; k++) {
             double frac = k / 4.0, v = hi > lo ? lo * exp(span * (1.0 - frac)) : hi;
             char lab[32];
             human_bytes(v, lab, sizeof lab);
-            sb_printf(&b, "<text x=\"%lld\" y=\"%.1f\" font-size=\"10\">%s</text>\n", (long long)(lx + 24), (double)top + lh * frac + 4.0,
+            ff_strbuf_printf(&b, "<text x=\"%lld\" y=\"%.1f\" font-size=\"10\">%s</text>\n", (long long)(lx + 24), (double)top + lh * frac + 4.0,
                       lab);
             if (!(hi > lo)) break;
         }
     } else {
-        sb_printf(&b, "<text x=\"%lld\" y=\"%lld\">no traffic</text>\n", (long long)lx, (long long)(top + 12));
+        ff_strbuf_printf(&b, "<text x=\"%lld\" y=\"%lld\">no traffic</text>\n", (long long)lx, (long long)(top + 12));
     }
-    sb_printf(&b, "<rect x=\"%lld\" y=\"%lld\" width=\"18\" height=\"12\" fill=\"white\" stroke=\"#888\"/>\n", (long long)lx,
+    ff_strbuf_printf(&b, "<rect x=\"%lld\" y=\"%lld\" width=\"18\" height=\"12\" fill=\"white\" stroke=\"#888\"/>\n", (long long)lx,
               (long long)(top + lh + 14));
-    sb_printf(&b, "<text x=\"%lld\" y=\"%lld\" font-size=\"10\">0 B</text>\n</svg>\n", (long long)(lx + 24), (long long)(top + lh + 24));
+    ff_strbuf_printf(&b, "<text x=\"%lld\" y=\"%lld\" font-size=\"10\">0 B</text>\n</svg>\n", (long long)(lx + 24), (long long)(top + lh + 24));
     return sb_write(&b, path, logf, "heatmap");
 }
 
@@ -247,7 +214,7 @@ int ff_plan_write_matrices(const ff_plan_input *in_const, const ff_plan_result *
     }
     int rc = ff_plan_traffic_edges(&in, r, add_edge, &a);
     char path[FF_PATH_MAX];
-    sbuf b = {0};
+    ff_strbuf b = {0};
     if (!rc) {
         csv_matrix(&b, a.gpu, a.wg, "src\\dst");
         snprintf(path, sizeof path, "%s.gpu.csv", prefix);
@@ -259,11 +226,11 @@ int ff_plan_write_matrices(const ff_plan_input *in_const, const ff_plan_result *
         rc = sb_write(&b, path, logf, a.ws < servers ? "server matrix, the first servers only" : "server matrix; the diagonal is NVLink traffic");
     }
     if (!rc) {
-        sb_printf(&b, "rank,server,local_rank,rail,stage,tp,cp,pp,dp,ep\n");
+        ff_strbuf_printf(&b, "rank,server,local_rank,rail,stage,tp,cp,pp,dp,ep\n");
         for (int64_t i = 0; i < n; i++) {
             ff_plan_rank k;
             ff_plan_rank_coords(&in, i, &k);
-            sb_printf(&b, "%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld\n", (long long)k.rank, (long long)k.server,
+            ff_strbuf_printf(&b, "%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld\n", (long long)k.rank, (long long)k.server,
                       (long long)k.local_rank, (long long)k.rail, (long long)k.stage, (long long)k.idx[FF_PLAN_TP],
                       (long long)k.idx[FF_PLAN_CP], (long long)k.idx[FF_PLAN_PP], (long long)k.idx[FF_PLAN_DP], (long long)k.idx[FF_PLAN_EP]);
         }

@@ -27,6 +27,17 @@ int64_t ff_now_ns(void);
 /* Wall-clock time in nanoseconds since the Unix epoch (CLOCK_REALTIME). */
 int64_t ff_wall_ns(void);
 
+/* ---- growing text --------------------------------------------------------------------- */
+/* Text appended with printf formats into a buffer that grows (zero-initialise it; free p).
+ * Out of memory or a bad format sets failed and ignores what follows, so the caller checks
+ * once at the end. */
+typedef struct ff_strbuf {
+    char *p;    /* NUL-terminated once anything was written */
+    size_t len, cap;
+    bool failed;
+} ff_strbuf;
+void ff_strbuf_printf(ff_strbuf *b, const char *fmt, ...) FF_PRINTF(2, 3);
+
 /* ---- logging --------------------------------------------------------------------------- */
 /* Messages go to stderr, prefixed with the level. FF_LOG=debug|info|warn|error in the
  * environment sets the threshold (default info). Thread-safe (one fprintf per message). */

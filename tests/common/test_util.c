@@ -134,7 +134,26 @@ static void test_hash_and_streams(void) {
     CHECK(ff_seed_stream(42, 3, FF_SEED_TAG_TRAIN_ORDER + 1 * 1024 + 2) == 0xfd0704fd2d92e0d6ULL);
 }
 
+/* ff_strbuf: appends past the first 4096 bytes keep everything, in order, NUL-terminated */
+static void test_strbuf(void) {
+    ff_strbuf b = {0};
+    for (int i = 0; i < 2000; i++) ff_strbuf_printf(&b, "%d,", i);
+    REQUIRE(!b.failed && b.p);
+    CHECK_EQ_INT((int64_t)strlen(b.p), (int64_t)b.len);
+    CHECK(b.len > 4096 && b.cap > b.len);
+    int next = 0, ok = 1;
+    for (const char *q = b.p; *q; next++) {
+        char *e;
+        long v = strtol(q, &e, 10);
+        ok = ok && v == next && *e == ',';
+        q = e + 1;
+    }
+    CHECK(ok && next == 2000);
+    free(b.p);
+}
+
 int main(void) {
+    test_strbuf();
     test_errors();
     test_rng();
     test_hash_and_streams();
