@@ -1,0 +1,141 @@
+/* fuseflow: RLHFuse's intra-stage fusion as a scheduling problem. Several pipelines (the actor,
+ * and the critic as one or more data-parallel replicas laid out in the opposite direction) train
+ * on the same nodes at once; a schedule orders every node's forwards and backwards so that each
+ * model fills the others' bubbles. This header holds the problem (an instance), a schedule of
+ * it, the event simulator that scores a schedule (makespan, activation memory, deadlock), lower
+ * bounds, the serial baseline, the solver, and the translation of a schedule into the pipeline
+ * executor's instruction streams (fuseflow/pipeline.h) that the workers follow.
+ *
+ * The instance (JSON, docs/pipeline.md "Fused actor and critic"):
+ *     {"nodes": 4,
+ *      "models": [{"name": "actor", "stages": [0,1,2,3], "micro_batches": 8,
+ *                  "forward": 3, "backward": 6, "activation": 1.0}, ...]}
+ * Stage s of a model runs on node stages[s]; a micro-batch's forward runs through stages
+ * 0..S-1, its backward from S-1 back to 0; forward/backward are one micro-batch's time on one
+ * stage; activation is what a node's memory rises by at a forward of that model there and
+ * falls by at its backward. A node runs one task at a time, in the order of its list, and on a
+ * node the k-th forward (and the k-th backward) of a model is that model's micro-batch k.
+ *
+ * Not here: measuring the times (the executor, workers/pipe), running the schedule (the
+ * executor follows ff_fuse_to_pipe's streams), choosing fused against serial in a run. */
+#ifndef FUSEFLOW_FUSE_H
+#define FUSEFLOW_FUSE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fuseflow/pipeline.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
+
+#define FF_FUSE_MAX_MODELS FF_PIPE_MAX_MODELS
+#define FF_FUSE_MAX_NODES 64
+
+typedef struct ff_fuse_model {
+    char name[64];
+    int32_t n_stages;                  /* S >= 1 */
+    int32_t stages[FF_FUSE_MAX_NODES]; /* [S] node of each stage, all different */
+    int32_t micro;                     /* micro-batches m >= 1 */
+    double fwd, bwd;                   /* one micro-batch on one stage, > 0 (any unit; seconds when measured) */
+    double act;                        /* activation memory of one micro-batch on one stage, >= 0 */
+} ff_fuse_model;
+
+typedef struct ff_fuse_instance {
+    int32_t nodes;                     /* 1 .. FF_FUSE_MAX_NODES */
+    int32_t n_models;                  /* 1 .. FF_FUSE_MAX_MODELS */
+    ff_fuse_model models[FF_FUSE_MAX_MODELS];
+    double hop_latency;                /* added between a stage's end and the next stage's start (0: free) */
+} ff_fuse_instance;
+
+typedef struct ff_fuse_task {
+    uint8_t model;                     /* index into the instance's models */
+    uint8_t backward;                  /* 0: forward ("F"), 1: backward ("B") */
+} ff_fuse_task;
+
+/* Per node, the ordered tasks: node n runs tasks[n][0 .. n_tasks[n]-1]. A complete schedule
+ * has, on every node a model has a stage on, that model's m forwards and m backwards. */
+typedef struct ff_fuse_schedule {
+    int32_t nodes;
+    int64_t *n_tasks;                  /* [nodes], owned */
+    ff_fuse_task **tasks;              /* [nodes][n_tasks[n]], owned */
+} ff_fuse_schedule;
+
+
+/* ---- instances and schedules (dataflow/fuse.c) ---------------------------------------- */
+
+/* Parse an instance from JSON text (where: the file name for errors). Checks every field and
+ * range (unknown keys are errors naming the key). 0 or -1 + error. */
+int ff_fuse_instance_parse(const char *json, const char *where, ff_fuse_instance *out);
+int ff_fuse_instance_read(const char *path, ff_fuse_instance *out);
+
+int ff_fuse_schedule_init(ff_fuse_schedule *s, int32_t nodes); /* empty lists; 0 or -1 + error */
+void ff_fuse_schedule_free(ff_fuse_schedule *s);                  /* and zero it; safe on a zeroed one */
+int ff_fuse_schedule_push(ff_fuse_schedule *s, int32_t node, ff_fuse_task t);
+int ff_fuse_schedule_copy(const ff_fuse_schedule *src, ff_fuse_schedule *dst);
+/* {"schedule": [[[model, "F"|"B"], ...] per node]} (other keys ignored, so a `--json` answer
+ * reads back). 0 or -1 + error. */
+int ff_fuse_schedule_parse(const ff_fuse_instance *in, const char *json, const char *where, ff_fuse_schedule *out);
+
+/* ---- scoring ------------------------------------------------------------------------- */
+
+typedef struct ff_fuse_sim {
+    double makespan;                      /* end of the last task */
+    double peak_activation;               /* max over nodes of node_peak */
+    double node_peak[FF_FUSE_MAX_NODES];  /* the highest activation memory on each node */
+    double node_busy[FF_FUSE_MAX_NODES];  /* compute time on each node */
+} ff_fuse_sim;
+
+/* Simulate: every task starts when its node is free and its dependency (the same micro-batch's
+ * previous stage, plus hop_latency) is done. 0, or -1 + error naming the problem when the
+ * schedule is incomplete, has a task of a model on a node without its stage, or deadlocks
+ * (naming a node and the task it waits at). */
+int ff_fuse_simulate(const ff_fuse_instance *in, const ff_fuse_schedule *s, ff_fuse_sim *out);
+
+/* Lower bounds on the makespan and on the peak activation memory of any valid schedule. */
+void ff_fuse_lower_bounds(const ff_fuse_instance *in, double *makespan, double *peak_activation);
+
+/* The serial baseline: each model's 1F1B, one model after the other (in the instance's order;
+ * replicas of one family run side by side). 0 or -1 + error. */
+int ff_fuse_serial(const ff_fuse_instance *in, ff_fuse_schedule *out);
+
+/* ---- the solver (dataflow/fuse_solve.c) ---------------------------------------------- */
+
+typedef struct ff_fuse_solve_opts {
+    double seconds;   /* wall-clock budget (0: a default); the solver stops earlier at the lower bound */
+    uint64_t seed;
+    int threads;      /* 0: the machine's cores */
+} ff_fuse_solve_opts;
+
+typedef struct ff_fuse_solve_stats {
+    double seconds;          /* spent */
+    int64_t evaluations;     /* schedules simulated */
+    bool optimal;            /* makespan equals the lower bound */
+} ff_fuse_solve_stats;
+
+/* A valid schedule, makespan first, peak activation memory second, into *out (initialised
+ * here). Deterministic for a seed and a thread count when it stops at the bound. 0 or -1 + error. */
+int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fuse_schedule *out,
+                  ff_fuse_solve_stats *stats);
+
+/* An SVG of the per-node timeline (one row per node, one colour per model family). */
+int ff_fuse_write_svg(const ff_fuse_instance *in, const ff_fuse_schedule *s, const char *path);
+
+/* ---- execution (dataflow/fuse_pipe.c) ------------------------------------------------- */
+
+/* The executor's instruction streams for a valid schedule: one pipeline model per instance
+ * model (model i of the schedule is model i of the instance), ranks = nodes, each node's
+ * forwards and backwards in the schedule's order with the sends and receives between them in
+ * grouped calls that cannot deadlock, and one OPTIMIZER_STEP per model on each of its ranks
+ * after its last backward there. layers[i] (or NULL: none placed) splits model i's layers over
+ * its stages evenly. *out is initialised here. 0 or -1 + error. */
+int ff_fuse_to_pipe(const ff_fuse_instance *in, const ff_fuse_schedule *s, const int64_t *layers,
+                    ff_pipe_schedule *out);
+
+#pragma GCC visibility pop
+#ifdef __cplusplus
+}
+#endif
+#endif
