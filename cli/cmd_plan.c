@@ -2,6 +2,8 @@
  * cluster (the planner of dataflow/plan), and `fuseflow plan search` to rank layouts. Flags become
  * dotted overrides of one configuration tree (a YAML file when given), so a file and flags mean
  * the same keys. Not here: any of the model (include/fuseflow/plan.h). */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,18 +96,26 @@ static void usage(FILE *out) {
             "       fuseflow plan network --gpus N [--gpus-per-domain X] [--radix K] [--json]\n"
             "       fuseflow plan reshard --model NAME --train TP8-PP4[-DP2] --gen TP4[-PP1] [--gpus N]\n"
             "                             [--cluster NAME] [--dtype bf16|fp32] [--gen-workers N] [--json]\n"
+            "       fuseflow plan rollout --model NAME --gpus N [--gen-tp T] [--infer NAME,...] [--samples N]\n"
+            "                             [--prompt N] [--max-len N] [--median N --p99 R | --lengths FILE]\n"
+            "                             [--migrate off|auto|R_T] [--cluster NAME] [--hbm-bw 3.35TB/s] [--seed N] [--json]\n"
             "\n"
             "Memory per GPU, traffic per parallel dimension and link, pipeline bubbles and the iteration\n"
             "time of one training layout on a cluster; `search` ranks the layouts that fit; `network`\n"
             "counts the switches and transceivers of a non-blocking Clos and of rail-only; `reshard` gives the\n"
             "bytes per rank and the time of the actor's train -> generate transition (3D-HybridEngine beside\n"
             "the naive full gather and a gather to rank 0 with broadcast; --gen-workers N: a separate\n"
-            "generation pool of N GPUs). Formulas and\n"
+            "generation pool of N GPUs); `rollout` simulates one iteration's generation + inference stage\n"
+            "serial, overlapped per sample, and with RLHFuse's long-tail migration (--infer: the reference,\n"
+            "reward and critic models, presets or 'actor'; default actor,actor,actor; lengths log-normal with\n"
+            "that median and p99/median ratio, or one per line from FILE; --migrate R_t: move the tail once\n"
+            "at most that fraction of the samples still decode; auto: the best of a sweep). Formulas and\n"
             "assumptions: docs/planner.md. A YAML file holds the sections model, workload, layout, cluster\n"
             "(examples/plan/); flags and key=value overrides (layout.tp=8) change it.\n"
             "\n"
             "model\n"
-            "  --model NAME          llama3-8b, llama3-70b, llama3-405b, gpt3-175b, mixtral-8x7b\n"
+            "  --model NAME          llama3-8b, llama3-70b, llama3-405b, gpt3-175b, mixtral-8x7b,\n"
+            "                        llama-13b, llama-33b, llama-65b (LLaMA 1, RLHFuse's models)\n"
             "  --config PATH         a Hugging Face config.json instead\n"
             "  --layers --hidden --heads --kv-heads --head-dim --ffn --vocab N, --tied | --untied\n"
             "  --experts N --top-k K --moe-layers N --expert-ffn N   mixture of experts\n"
@@ -155,7 +165,8 @@ static void usage(FILE *out) {
             "  fuseflow plan --model gpt3-175b --layout TP8-PP4-DP4 --seq 2048 --micro-batches 16 --matrix /tmp/gpt3\n"
             "  fuseflow plan search --model llama3-70b --gpus 1024 --seq 8192 --global-batch 512 --min-tokens 4096\n"
             "  fuseflow plan network --gpus 32768 --gpus-per-domain 256\n"
-            "  fuseflow plan reshard --model llama3-70b --train TP8-PP4 --gen TP4 --cluster dgx-h100\n");
+            "  fuseflow plan reshard --model llama3-70b --train TP8-PP4 --gen TP4 --cluster dgx-h100\n"
+            "  fuseflow plan rollout --model llama-65b --infer llama-65b,llama-33b,llama-33b --gpus 64 --gen-tp 8 --max-len 1024\n");
 }
 
 static size_t edit_distance(const char *a, const char *b) {
@@ -350,7 +361,183 @@ static int plan_reshard(int argc, char **argv) {
     return 0;
 }
 
+static int parse_real(const char *name, const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x)) {
+        fprintf(stderr, "fuseflow plan rollout: --%s '%s' is not a number\n", name, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* Response lengths, one integer per line ('#' comments and blank lines skipped), into *out. */
+static int read_lengths(const char *path, int64_t **out, int64_t *n) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "fuseflow plan rollout: --lengths %s: %s (one response length per line)\n", path, strerror(errno));
+        return -1;
+    }
+    int64_t cap = 0, line = 0;
+    *n = 0;
+    char buf[128];
+    int rc = 0;
+    while (rc == 0 && fgets(buf, sizeof buf, f)) {
+        line++;
+        char *p = buf;
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p == '#' || *p == '\n' || *p == 0) continue;
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        while (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n') end++;
+        if (errno || end == p || *end) {
+            fprintf(stderr, "fuseflow plan rollout: %s:%lld: '%.*s' is not a length (one integer per line)\n", path, (long long)line,
+                    (int)strcspn(p, "\r\n"), p);
+            rc = -1;
+            break;
+        }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 1024;
+            int64_t *g = realloc(*out, (size_t)cap * sizeof **out);
+            if (!g) {
+                fprintf(stderr, "fuseflow plan rollout: out of memory reading %s\n", path);
+                rc = -1;
+                break;
+            }
+            *out = g;
+        }
+        (*out)[(*n)++] = v;
+    }
+    fclose(f);
+    if (rc == 0 && *n == 0) {
+        fprintf(stderr, "fuseflow plan rollout: %s holds no lengths\n", path);
+        rc = -1;
+    }
+    return rc;
+}
+
+/* `fuseflow plan rollout`: generation + inference serial, overlapped and with migration. */
+static int plan_rollout(int argc, char **argv) {
+    ff_plan_rollout_input in;
+    ff_plan_rollout_input_defaults(&in);
+    const char *model = NULL, *config = NULL, *infer = NULL, *cluster = "dgx-h100", *lengths = NULL, *migrate = "auto";
+    int64_t gpus = 0;
+    double hbm_bw = 0;
+    bool json = false;
+    static const char *const valued[] = {"--model", "--config", "--infer",  "--cluster", "--gpus",    "--gen-tp", "--samples",
+                                         "--prompt", "--max-len", "--median", "--p99",    "--lengths", "--migrate", "--seed",
+                                         "--hbm-bw"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) {
+            json = true;
+            continue;
+        }
+        int k = -1;
+        for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++)
+            if (!strcmp(a, valued[j])) k = j;
+        if (k < 0) {
+            fprintf(stderr, "fuseflow plan rollout: unknown option '%s' (takes --model, --config, --infer, --cluster, --gpus, --gen-tp, "
+                            "--samples, --prompt, --max-len, --median, --p99, --lengths, --migrate, --seed, --hbm-bw, --json)\n", a);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "fuseflow plan rollout: %s needs a value (run 'fuseflow plan --help')\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        int64_t seed = 0;
+        int bad = 0;
+        switch (k) {
+        case 0: model = v; break;
+        case 1: config = v; break;
+        case 2: infer = v; break;
+        case 3: cluster = v; break;
+        case 4: bad = parse_int("gpus", v, &gpus); break;
+        case 5: bad = parse_int("gen-tp", v, &in.gen_tp); break;
+        case 6: bad = parse_int("samples", v, &in.samples); break;
+        case 7: bad = parse_int("prompt", v, &in.prompt_len); break;
+        case 8: bad = parse_int("max-len", v, &in.max_len); break;
+        case 9: bad = parse_real("median", v, &in.median_len); break;
+        case 10: bad = parse_real("p99", v, &in.p99_ratio); break;
+        case 11: lengths = v; break;
+        case 12: migrate = v; break;
+        case 13: bad = parse_int("seed", v, &seed), in.seed = (uint64_t)seed; break;
+        default: bad = ff_plan_parse_quantity(v, "GB/s", &hbm_bw); break;
+        }
+        if (bad) {
+            if (k == 14) fprintf(stderr, "fuseflow plan rollout: --hbm-bw: %s\n", ff_error_message());
+            return 2;
+        }
+    }
+    if (!model == !config || gpus < 1) {
+        fprintf(stderr, "fuseflow plan rollout: give --model NAME (or --config config.json) and --gpus N (run 'fuseflow plan --help')\n");
+        return 2;
+    }
+    if ((model ? ff_plan_model_preset(model, &in.actor) : ff_plan_model_from_hf_config(config, &in.actor)) ||
+        ff_plan_cluster_preset(cluster, &in.cluster)) {
+        fprintf(stderr, "fuseflow plan rollout: %s\n", ff_error_message());
+        return 2;
+    }
+    in.cluster.gpus = gpus;
+    if (hbm_bw > 0) in.cluster.hbm_bps = hbm_bw;
+    /* the inference models: a list of presets, "actor" for the actor's own size */
+    char list[256];
+    snprintf(list, sizeof list, "%s", infer ? infer : "actor,actor,actor");
+    in.n_infer = 0;
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (in.n_infer == FF_PLAN_ROLLOUT_MAX_INFER) {
+            fprintf(stderr, "fuseflow plan rollout: --infer lists at most %d models (reference, reward, critic)\n", FF_PLAN_ROLLOUT_MAX_INFER);
+            return 2;
+        }
+        ff_plan_model *m = &in.infer[in.n_infer++];
+        if (!strcmp(t, "actor")) *m = in.actor;
+        else if (ff_plan_model_preset(t, m)) {
+            fprintf(stderr, "fuseflow plan rollout: --infer: %s\n", ff_error_message());
+            return 2;
+        }
+    }
+    if (!strcmp(migrate, "auto")) in.migrate = -1;
+    else if (!strcmp(migrate, "off")) in.migrate = 0;
+    else if (parse_real("migrate", migrate, &in.migrate) || !(in.migrate > 0 && in.migrate <= 1)) {
+        fprintf(stderr, "fuseflow plan rollout: --migrate '%s': use off, auto, or R_t, a fraction in (0, 1]\n", migrate);
+        return 2;
+    }
+    int64_t *lens = NULL, n = 0;
+    if (lengths) {
+        if (read_lengths(lengths, &lens, &n)) {
+            free(lens);
+            return 2;
+        }
+        in.lengths = lens;
+        in.samples = n;
+    }
+    ff_plan_rollout r;
+    int rc = 0;
+    if (ff_plan_rollout_simulate(&in, &r)) {
+        fprintf(stderr, "fuseflow plan rollout: %s\n", ff_error_message());
+        rc = 1;
+    } else if (json) {
+        char *s = ff_plan_rollout_json(&in, &r);
+        if (s) puts(s);
+        else fprintf(stderr, "fuseflow plan rollout: %s\n", ff_error_message()), rc = 1;
+        free(s);
+    } else {
+        ff_plan_rollout_write(&in, &r, stdout);
+    }
+    free(lens);
+    return rc;
+}
+
 int ff_cmd_plan(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "rollout")) return plan_rollout(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "reshard")) return plan_reshard(argc - 1, argv + 1);
     bool search = argc > 1 && !strcmp(argv[1], "search");
     bool network = argc > 1 && !strcmp(argv[1], "network");

@@ -14,17 +14,18 @@ typedef struct preset {
 /* DGX H100 and H200: 8 SXM GPUs per server on NVLink 4 (900 GB/s both directions, 450 GB/s each
  * way), one 400 Gb/s ConnectX-7 NIC per GPU (50 GB/s), 80 GB or 141 GB of HBM (decimal GB, as
  * the chapter counts). 400 TFLOP/s achieved per GPU is Llama 3's measured BF16 rate (Table 4);
- * the H200 has the same compute die, so the same rate is assumed. Switches: 64-port 400G.
+ * the H200 has the same compute die, so the same rate is assumed. HBM: 3.35 TB/s (H100 SXM) and
+ * 4.8 TB/s (H200), the data sheets' peaks. Switches: 64-port 400G.
  * Latency per collective step (not from the seeds, which count bandwidth only): about 1 us across
  * NVSwitch and 5 us across an RDMA NIC and a switch, the order of NCCL's own per-step estimates;
  * set them to 0 for the rail-only paper's pure bandwidth model. */
 #define LAT_HB 1e-6
 #define LAT_NIC 5e-6
 static const preset presets[] = {
-    {"dgx-h100", {"dgx-h100", 8, 8, 80e9, 450e9, 50e9, 400e12, LAT_HB, LAT_NIC, FF_PLAN_CLOS, 1.0, 64}},
-    {"dgx-h200", {"dgx-h200", 8, 8, 141e9, 450e9, 50e9, 400e12, LAT_HB, LAT_NIC, FF_PLAN_CLOS, 1.0, 64}},
-    {"dgx-h100-rail", {"dgx-h100-rail", 8, 8, 80e9, 450e9, 50e9, 400e12, LAT_HB, LAT_NIC, FF_PLAN_RAIL_ONLY, 1.0, 64}},
-    {"dgx-h200-rail", {"dgx-h200-rail", 8, 8, 141e9, 450e9, 50e9, 400e12, LAT_HB, LAT_NIC, FF_PLAN_RAIL_ONLY, 1.0, 64}},
+    {"dgx-h100", {"dgx-h100", 8, 8, 80e9, 450e9, 50e9, 400e12, LAT_HB, LAT_NIC, FF_PLAN_CLOS, 1.0, 64, 3.35e12}},
+    {"dgx-h200", {"dgx-h200", 8, 8, 141e9, 450e9, 50e9, 400e12, LAT_HB, LAT_NIC, FF_PLAN_CLOS, 1.0, 64, 4.8e12}},
+    {"dgx-h100-rail", {"dgx-h100-rail", 8, 8, 80e9, 450e9, 50e9, 400e12, LAT_HB, LAT_NIC, FF_PLAN_RAIL_ONLY, 1.0, 64, 3.35e12}},
+    {"dgx-h200-rail", {"dgx-h200-rail", 8, 8, 141e9, 450e9, 50e9, 400e12, LAT_HB, LAT_NIC, FF_PLAN_RAIL_ONLY, 1.0, 64, 4.8e12}},
 };
 #define NPRESETS (sizeof presets / sizeof presets[0])
 

@@ -23,10 +23,15 @@ static const preset presets[] = {
     {"llama3-405b", {"llama3-405b", 126, 16384, 128, 8, 128, 53248, 128256, false, true, false, false, 0, 0, 0, 0, 0, false}},
     {"gpt3-175b", {"gpt3-175b", 96, 12288, 96, 96, 128, 49152, 50257, true, false, true, true, 2048, 0, 0, 0, 0, false}},
     {"mixtral-8x7b", {"mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, false, true, false, false, 0, 8, 2, 32, 14336, false}},
+    /* LLaMA (1), RLHFuse's Table 2 models: 40/60/80 layers, 40/52/64 heads of 128, FFN 13824,
+     * 17920, 22016, vocabulary 32000 */
+    {"llama-13b", {"llama-13b", 40, 5120, 40, 40, 128, 13824, 32000, false, true, false, false, 0, 0, 0, 0, 0, false}},
+    {"llama-33b", {"llama-33b", 60, 6656, 52, 52, 128, 17920, 32000, false, true, false, false, 0, 0, 0, 0, 0, false}},
+    {"llama-65b", {"llama-65b", 80, 8192, 64, 64, 128, 22016, 32000, false, true, false, false, 0, 0, 0, 0, 0, false}},
 };
 #define NPRESETS (sizeof presets / sizeof presets[0])
 
-static const char *const preset_names[] = {"llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b", "mixtral-8x7b", NULL};
+static const char *const preset_names[] = {"llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b", "mixtral-8x7b", "llama-13b", "llama-33b", "llama-65b", NULL};
 
 const char *const *ff_plan_model_preset_names(void) { return preset_names; }
 

@@ -128,6 +128,8 @@ typedef struct ff_plan_cluster {
     ff_plan_topology topology;
     double oversubscription;   /* Clos: 1 is non-blocking; r > 1 divides cross-domain bandwidth */
     int64_t radix;             /* switch ports, for the network count */
+    double hbm_bps;            /* HBM bytes/s per GPU (decoding reads the weights and the KV cache
+                                  every step; 0: the rollout simulator refuses) */
 } ff_plan_cluster;
 
 typedef struct ff_plan_input {
@@ -440,6 +442,75 @@ void ff_plan_reshard_input_defaults(ff_plan_reshard_input *in);
 int ff_plan_reshard_evaluate(const ff_plan_reshard_input *in, ff_plan_reshard *out);
 void ff_plan_reshard_write(const ff_plan_reshard_input *in, const ff_plan_reshard *r, FILE *out);
 char *ff_plan_reshard_json(const ff_plan_reshard_input *in, const ff_plan_reshard *r); /* malloc'd; NULL + error */
+
+
+/* ---- generation + inference with long-tail migration (RLHFuse's inter-stage fusion) ----- */
+
+#define FF_PLAN_ROLLOUT_MAX_INFER 4
+#define FF_PLAN_ROLLOUT_SWEEP 12
+
+/* One iteration's generation and inference stage on `cluster.gpus` GPUs: the actor decodes
+ * `samples` responses on gpus / gen_tp instances (continuous batching), and every finished
+ * sample needs one forward of each inference model (reference, reward, critic) on its prompt
+ * and response. docs/planner.md, "Generation and inference (RLHFuse)", gives the model. */
+typedef struct ff_plan_rollout_input {
+    ff_plan_model actor;
+    ff_plan_model infer[FF_PLAN_ROLLOUT_MAX_INFER];
+    int n_infer;
+    ff_plan_cluster cluster;    /* gpus: the stage's GPUs; hbm_bps and flops are used */
+    int64_t gen_tp;             /* GPUs per generation instance */
+    int64_t samples;            /* responses per iteration */
+    int64_t prompt_len;         /* tokens per prompt */
+    int64_t max_len;            /* response cap, tokens */
+    double median_len;          /* response lengths: log-normal with this median (tokens) ... */
+    double p99_ratio;           /* ... and p99 / median (> 1), capped at max_len */
+    const int64_t *lengths;     /* or the lengths themselves [samples] (NULL: drawn) */
+    uint64_t seed;
+    double migrate;             /* R_t: migrate once at most migrate x samples still decode;
+                                   0: never; < 0: the best of a sweep (auto) */
+    double dtype_bytes;         /* weights and KV cache (2: bf16) */
+    /* Optional measured costs instead of the roofline (the runtime's, or a test's): seconds of
+     * one decode step of an instance at `batch` sequences holding `context` tokens of KV cache;
+     * GPU-seconds of all inference models' forwards over `tokens` tokens; seconds to move the KV
+     * cache of `tokens` tokens to another instance. All three or none. */
+    double (*step_s)(void *ctx, int64_t batch, int64_t context);
+    double (*infer_gpu_s)(void *ctx, int64_t tokens);
+    double (*move_s)(void *ctx, int64_t tokens);
+    void *cost_ctx;
+} ff_plan_rollout_input;
+
+typedef struct ff_plan_rollout_run {
+    double gen_s;               /* the last sample's end */
+    double total_s;             /* the last inference forward's end */
+    double rt;                  /* threshold (fraction of samples; 0: none) */
+    double migrate_at_s;        /* when the migration happened (0: never) */
+    int64_t moved;              /* samples moved */
+    int64_t survivors;          /* instances still generating after it */
+    double moved_tokens;        /* KV cache moved, tokens */
+    double move_s;              /* its transfer time (the slowest receiver) */
+} ff_plan_rollout_run;
+
+typedef struct ff_plan_rollout {
+    int64_t instances;
+    int64_t batch_cap;          /* sequences an instance's KV memory holds at prompt + max_len */
+    int64_t batch_saturation;   /* the largest decode batch whose step costs at most 1.25 x one sequence's */
+    double median_len, p99_len, longest; /* of the lengths simulated, tokens */
+    double infer_gpu_s;         /* all inference work, GPU-seconds */
+    double serial_s;            /* generation, then inference on every GPU */
+    ff_plan_rollout_run overlap; /* each instance starts inference when its own samples are done */
+    ff_plan_rollout_run migrate; /* and the long tail moves onto survivors at R_t */
+    int n_sweep;                /* auto: the thresholds tried and their totals */
+    double sweep_rt[FF_PLAN_ROLLOUT_SWEEP], sweep_s[FF_PLAN_ROLLOUT_SWEEP];
+} ff_plan_rollout;
+
+/* Defaults: dgx-h100, gen_tp 1, 512 samples, prompts of 512, max 1024, median 128, p99 10x,
+ * migrate auto, bf16. */
+void ff_plan_rollout_input_defaults(ff_plan_rollout_input *in);
+/* -1 + error naming the bad value (no GPUs, gen_tp not dividing them, a model TP cannot split,
+ * a batch that does not fit, lengths out of range). */
+int ff_plan_rollout_simulate(const ff_plan_rollout_input *in, ff_plan_rollout *out);
+void ff_plan_rollout_write(const ff_plan_rollout_input *in, const ff_plan_rollout *r, FILE *out);
+char *ff_plan_rollout_json(const ff_plan_rollout_input *in, const ff_plan_rollout *r); /* malloc'd; NULL + error */
 
 /* ---- reports --------------------------------------------------------------------------- */
 

@@ -116,5 +116,20 @@ expect 2 "unknown cluster preset" -- reshard --model llama3-70b --train TP8-PP4 
 expect 2 "--dtype 'fp8': use bf16 or fp32" -- reshard --model llama3-70b --train TP8-PP4 --gen TP4 --dtype fp8
 expect 2 "give --model NAME or --config" -- reshard --train TP8-PP4 --gen TP4
 
+# rollout: RLHFuse's 65B setting, JSON, a lengths file, bad input
+expect 0 "migration +[0-9.]+ s +1\.[0-9]+x serial" -- rollout --model llama-65b --infer llama-65b,llama-33b,llama-33b --gpus 64 --gen-tp 8 --max-len 1024
+"$FF_BIN" plan rollout --model llama-65b --gpus 64 --gen-tp 8 --migrate off --json > "$TMP/ro.json" || fail "rollout json"
+$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["instances"]==8 and d["overlap_s"]<=d["serial_s"] and d["migrate"]["moved"]==0 and d["sweep"]==[]' "$TMP/ro.json" || fail "rollout json values"
+printf '# lengths\n4\n4\n4\n400\n\n' > "$TMP/lens.txt"
+expect 0 "4 samples, prompt 512, responses median 4, p99 4, longest 400" -- rollout --model llama3-8b --gpus 2 --lengths "$TMP/lens.txt" --max-len 512
+printf '4\nfour\n' > "$TMP/badlens.txt"
+expect 2 "badlens.txt:2: 'four' is not a length" -- rollout --model llama3-8b --gpus 2 --lengths "$TMP/badlens.txt"
+expect 2 "--lengths /nonexistent: No such file" -- rollout --model llama3-8b --gpus 2 --lengths /nonexistent
+expect 1 "gen TP 3 does not divide 64 GPUs" -- rollout --model llama-65b --gpus 64 --gen-tp 3
+expect 1 "leaves no room for one sequence" -- rollout --model llama-65b --gpus 8
+expect 2 "--migrate '2': use off, auto, or R_t" -- rollout --model llama3-8b --gpus 8 --migrate 2
+expect 2 "unknown option '--bogus'" -- rollout --model llama3-8b --gpus 8 --bogus 1
+expect 2 "give --model NAME .* and --gpus N" -- rollout --model llama3-8b
+
 if (( fails )); then echo "$fails failure(s)"; exit 1; fi
 echo "ok"
