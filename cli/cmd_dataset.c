@@ -1,6 +1,8 @@
 /* `fuseflow dataset arith`: the bundled task. Multi-digit arithmetic problems with a
  * verifiable answer, as JSONL prompt/response pairs for SFT and prompts with answers for RL
- * (docs/model-files.md, "The arithmetic task").
+ * (docs/model-files.md, "The arithmetic task"). `fuseflow dataset repeat`: the long-tail
+ * workload, "17*q=" -> seventeen q's, whose response lengths follow a log-normal the user sets
+ * (docs/model-files.md, "The repeat task").
  *
  *   {"prompt": "12+345=", "response": "357", "answer": "357"}
  *
@@ -9,6 +11,7 @@
  * (hard) are both common. The test set holds distinct problems and no training problem is in
  * it. Same seed, same files, on every machine (ff_rng). */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +24,8 @@
 static const char *CMD = "dataset";
 
 static void help(void) {
-    printf("usage: fuseflow dataset arith --out DIR [options]\n\n"
+    printf("usage: fuseflow dataset arith --out DIR [options]\n"
+           "       fuseflow dataset repeat --out DIR [--median N] [--p99-ratio R] [--max N] [--train N] [--test N] [--seed S]\n\n"
            "Writes DIR/train.jsonl and DIR/test.jsonl: arithmetic problems with a checkable answer,\n"
            "one JSON object per line: {\"prompt\": \"12+345=\", \"response\": \"357\", \"answer\": \"357\"}.\n"
            "SFT trains on prompt -> response; the RL reward arith_exact_match compares the first number\n"
@@ -34,8 +38,17 @@ static void help(void) {
            "  --train N          training examples (default 5000)\n"
            "  --test N           held-out examples (default 500)\n"
            "  --seed S           random seed (default 1)\n\n"
-           "example:\n"
-           "  fuseflow dataset arith --digits 3 --train 5000 --test 500 --seed 1 --out data/arith\n");
+           "repeat: the long-tail workload. {\"prompt\": \"17*q=\", \"response\": \"qqqqqqqqqqqqqqqqq\", \"answer\": ...}: the\n"
+           "response is the letter repeated N times, N log-normal with the given median and p99/median\n"
+           "ratio, within 1..max (so response lengths are long-tailed by construction); the reward\n"
+           "repeat_match scores how close the response's run of the letter is to N. Test problems are\n"
+           "drawn from the same law and may repeat training ones (there are only 26 x max problems).\n"
+           "  --median N         median repeat count (default 8)\n"
+           "  --p99-ratio R      p99 / median of the count, >= 1 (default 10)\n"
+           "  --max N            largest count, 1..4096 (default 128)\n\n"
+           "examples:\n"
+           "  fuseflow dataset arith --digits 3 --train 5000 --test 500 --seed 1 --out data/arith\n"
+           "  fuseflow dataset repeat --median 8 --p99-ratio 10 --max 128 --out data/repeat\n");
 }
 
 typedef struct u64set {
@@ -201,11 +214,96 @@ fail:
     return rc;
 }
 
+/* ---- repeat: the long-tail workload -------------------------------------------------------- */
+
+static int write_repeat(ff_atomic_file *f, ff_rng *r, double median, double sigma, int64_t max, int64_t *count) {
+    double z = ff_rng_normal(r);
+    double v = floor(median * exp(sigma * z) + 0.5);
+    int64_t n = v < 1 ? 1 : v > (double)max ? max : (int64_t)v;
+    char c = (char)('a' + ff_rng_below(r, 26));
+    char prompt[32], *answer = malloc((size_t)n + 1);
+    if (!answer) return ff_error_set(f->path, NULL, "out of memory");
+    memset(answer, c, (size_t)n);
+    answer[n] = 0;
+    snprintf(prompt, sizeof prompt, "%lld*%c=", (long long)n, c);
+    int rc = write_line(f, prompt, answer);
+    free(answer);
+    *count = n;
+    return rc;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int run_repeat(int argc, char **argv) {
+    const char *out = NULL;
+    double median = 8, ratio = 10;
+    int64_t max = 128, n_train = 5000, n_test = 500, seed = 1;
+    const ffio_opt opts[] = {
+        {"out", FFIO_STR, &out, 0, 0},
+        {"median", FFIO_DOUBLE, &median, 1, 4096},
+        {"p99-ratio", FFIO_DOUBLE, &ratio, 1, 1000},
+        {"max", FFIO_INT, &max, 1, 4096},
+        {"train", FFIO_INT, &n_train, 0, 1e8},
+        {"test", FFIO_INT, &n_test, 0, 1e8},
+        {"seed", FFIO_INT, &seed, 0, 9e18},
+    };
+    char *pos[1];
+    int n_pos;
+    int pr = ffio_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), pos, 0, &n_pos);
+    if (pr == 1) help();
+    if (pr) return pr == 1 ? 0 : pr;
+    if (!out) return ffio_usage(CMD, "--out DIR is required");
+    if (median > (double)max) return ffio_usage(CMD, "--median %g is more than --max %lld", median, (long long)max);
+    if (ff_mkdirs(out) != 0) return ffio_fail(CMD);
+    const double sigma = log(ratio) / 2.3263478740408408; /* z of the 99th percentile */
+    ff_rng rng;
+    ff_rng_seed(&rng, (uint64_t)seed);
+    int64_t *counts = ff_calloc((size_t)(n_train > 0 ? n_train : 1), sizeof *counts);
+    if (!counts) return ffio_fail(CMD);
+    ff_atomic_file ft, fr;
+    char path[FF_PATH_MAX];
+    snprintf(path, sizeof path, "%s/test.jsonl", out);
+    if (ff_atomic_file_begin(&ft, path) != 0) {
+        free(counts);
+        return ffio_fail(CMD);
+    }
+    snprintf(path, sizeof path, "%s/train.jsonl", out);
+    if (ff_atomic_file_begin(&fr, path) != 0) {
+        ff_atomic_file_abort(&ft);
+        free(counts);
+        return ffio_fail(CMD);
+    }
+    int64_t n;
+    int rc = 0;
+    for (int64_t i = 0; rc == 0 && i < n_test; i++) rc = write_repeat(&ft, &rng, median, sigma, max, &n);
+    for (int64_t i = 0; rc == 0 && i < n_train; i++) rc = write_repeat(&fr, &rng, median, sigma, max, &counts[i]);
+    if (rc == 0) rc = ff_atomic_file_commit(&ft);
+    else ff_atomic_file_abort(&ft);
+    if (rc == 0) rc = ff_atomic_file_commit(&fr);
+    else ff_atomic_file_abort(&fr);
+    if (rc != 0) {
+        free(counts);
+        return ffio_fail(CMD);
+    }
+    qsort(counts, (size_t)n_train, sizeof *counts, cmp_i64);
+    printf("wrote %s/train.jsonl (%lld problems) and %s/test.jsonl (%lld problems): repeat counts median %lld, p99 %lld, "
+           "max %lld (law: median %g, p99 %gx, capped at %lld), seed %lld\n",
+           out, (long long)n_train, out, (long long)n_test, n_train ? (long long)counts[n_train / 2] : 0LL,
+           n_train ? (long long)counts[(int64_t)(0.99 * (double)(n_train - 1))] : 0LL, n_train ? (long long)counts[n_train - 1] : 0LL,
+           median, ratio, (long long)max, (long long)seed);
+    free(counts);
+    return 0;
+}
+
 int ff_cmd_dataset(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         help();
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "arith")) return run_arith(argc - 1, argv + 1);
-    return ffio_usage(CMD, "unknown dataset '%s' (available: arith)", argv[1]);
+    if (!strcmp(argv[1], "repeat")) return run_repeat(argc - 1, argv + 1);
+    return ffio_usage(CMD, "unknown dataset '%s' (available: arith, repeat)", argv[1]);
 }

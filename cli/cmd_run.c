@@ -29,7 +29,7 @@ static void help(void) {
            "  --resume           continue from the newest checkpoint in OUT/checkpoints (same config and\n"
            "                     overrides: the metrics continue as in an uninterrupted run); refused when\n"
            "                     the config differs from the checkpoint's in a key other than\n"
-           "                     trainer.test_freq, save_freq, out_dir, schedule, data.val_files,\n"
+           "                     trainer.test_freq, save_freq, out_dir, schedule, acc_reward, data.val_files,\n"
            "                     val_batch_size, roles.*.workers, roles.*.colocate_with,\n"
            "                     roles.actor.rollout.workers (the differences are listed)\n"
            "  --resume-with-changes  resume anyway (e.g. a longer trainer.steps): the changes go to\n"

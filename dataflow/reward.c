@@ -4,6 +4,10 @@
  *   arith_exact_match  score if the extracted answer equals the reference, format_score if the
  *                      response is well formed but wrong, 0 otherwise
  *   format             score if the response is well formed, 0 otherwise
+ *   repeat_match       the long-tail task's (`fuseflow dataset repeat`: the answer is one
+ *                      letter N times): score x max(0, 1 - (|k - N| + extra) / N), where k is
+ *                      the length of the response's leading run of that letter and extra the
+ *                      characters after it (trailing whitespace aside); score when exact
  *
  * Extraction: with a `marker` (e.g. "####" or "Answer:") the answer is the number right after
  * its last occurrence; without one, the first number in the response (`extract: first`, the
@@ -179,12 +183,38 @@ static int format_score(void *state, const ff_reward_item *items, size_t n, floa
     return 0;
 }
 
+/* The long-tail task's graded reward (top of file). */
+static int repeat_score(void *state, const ff_reward_item *items, size_t n, float *scores) {
+    rule_state *s = state;
+    for (size_t i = 0; i < n; i++) {
+        const char *want = items[i].answer;
+        if (!want || !want[0])
+            return ff_error_set("repeat_match", "the dataset lines need an \"answer\" field (fuseflow dataset repeat writes it)",
+                                "item %zu has no reference answer", i);
+        const size_t N = strlen(want);
+        for (size_t j = 1; j < N; j++)
+            if (want[j] != want[0])
+                return ff_error_set("repeat_match", "this reward scores `fuseflow dataset repeat` lines",
+                                    "item %zu's answer is not one character repeated", i);
+        const char *r = items[i].response ? items[i].response : "";
+        size_t len = strlen(r), k = 0;
+        while (len > 0 && isspace((unsigned char)r[len - 1])) len--;
+        while (k < len && r[k] == want[0]) k++;
+        double miss = (double)(k > N ? k - N : N - k) + (double)(len - k);
+        double v = 1.0 - miss / (double)N;
+        scores[i] = (float)(s->score * (v > 0 ? v : 0));
+    }
+    return 0;
+}
+
 int ff_rewards_register(ff_registry *r) {
     const ff_reward_def defs[] = {
         {"arith_exact_match", "score when the extracted number equals the answer, format_score when well formed (extract, marker, score, format_score)",
          exact_create, exact_score, free},
         {"format", "score when the response is exactly one number, after the marker if any (marker, score)", format_create,
          format_score, free},
+        {"repeat_match", "score x how close the response's run of the answer's letter is to its length, the long-tail task's (score)",
+         format_create, repeat_score, free},
     };
     for (size_t i = 0; i < sizeof defs / sizeof *defs; i++)
         if (ff_registry_add_reward(r, &defs[i]) != 0) return -1;

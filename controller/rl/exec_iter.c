@@ -988,7 +988,7 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         }
     }
     if (items && hit && ni && ff_reward_score(x->exact, items, (size_t)ni, hit) == 0)
-        for (int64_t q = 0; q < ni; q++) acc += hit[q] > 0.5f;
+        for (int64_t q = 0; q < ni; q++) acc += hit[q] >= 1.0f; /* a perfect answer (trainer.acc_reward) */
     free(items), free(hit);
     json_object_set_new(m, "iteration", json_integer(I->it));
     json_object_set_new(m, "samples", json_integer((json_int_t)n));

@@ -477,7 +477,7 @@ void ex_eval_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
             if (ff_reward_score(x->exact, &it, 1, &hit) != 0) hit = 0;
         }
         free(text);
-        x->eval_hits += hit > 0.5f;
+        x->eval_hits += hit >= 1.0f; /* a perfect answer */
         x->eval_done++;
         off += rl[k];
     }
@@ -623,7 +623,7 @@ static char *join_overrides(int n, char *const *v) {
 /* Keys whose change on --resume keeps the run's meaning: when it evaluates and saves, where
  * it writes, how its roles are spread over processes (the same samples; float metrics agree
  * to rounding, docs/run.md "Determinism"). docs/run.md lists them. */
-static const char *const harmless_keys[] = {"trainer.test_freq", "trainer.save_freq", "trainer.out_dir", "trainer.schedule",
+static const char *const harmless_keys[] = {"trainer.test_freq", "trainer.save_freq", "trainer.out_dir", "trainer.schedule", "trainer.acc_reward",
                                             "data.val_files", "data.val_batch_size", "roles.*.workers", "roles.*.colocate_with",
                                             "roles.*.layout", "roles.actor.rollout.workers", "roles.actor.rollout.layout", NULL};
 static const char *const samples_file[] = {"samples.jsonl", NULL};
@@ -665,7 +665,7 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out) {
     if (x->run->data.val_files && x->run->trainer.test_freq > 0 &&
         ex_dataset_load(&x->val, x->run->data.val_files, x->run, x->tok, true) != 0)
         return ff_error_wrap("data.val_files");
-    if (!(x->exact = ff_reward_new(x->reg, "arith_exact_match", NULL))) return -1;
+    if (!(x->exact = ff_reward_new(x->reg, x->run->trainer.acc_reward, NULL))) return ff_error_wrap("trainer.acc_reward");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     x->threads = o->threads > 0 ? o->threads : (int)(cores / x->nranks > 0 ? cores / x->nranks : 1);
     if (o->resume) {

@@ -252,6 +252,7 @@ typedef struct ff_trainer_cfg {
     int64_t save_freq, test_freq; /* every N steps; 0 = never */
     int64_t max_gen_batches;      /* dynamic sampling: prompts drawn at most this many batches' worth */
     const char *out_dir;
+    const char *acc_reward;       /* the reward function whose score 1 counts as a hit in acc and eval_acc */
     const char **plugins;
     size_t n_plugins;
 } ff_trainer_cfg;

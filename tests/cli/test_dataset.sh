@@ -54,4 +54,31 @@ expect_error "unknown dataset" "unknown dataset 'gsm8k'" "$FF_BIN" dataset gsm8k
 expect_absent "no output after errors" "$TMP/x/*.jsonl"
 touch "$TMP/file"
 expect_error "out is a file" "not a directory|cannot create" "$FF_BIN" dataset arith --out "$TMP/file/sub"
+
+# repeat: the long-tail workload's law (median and p99 of the counts), letters, seeds, bad options
+expect_ok "repeat" "$FF_BIN" dataset repeat --median 8 --p99-ratio 10 --max 128 --train 4000 --test 200 --seed 3 --out "$TMP/r"
+grep -q "median 8, p99" "$TMP/out" || fail "repeat does not report its counts"
+python3 - "$TMP/r" <<'PY' && ok "repeat counts follow the log-normal" || fail "repeat content"
+import json, re, sys
+d = sys.argv[1]
+train = [json.loads(l) for l in open(d + "/train.jsonl")]
+test = [json.loads(l) for l in open(d + "/test.jsonl")]
+assert len(train) == 4000 and len(test) == 200
+ns = []
+for e in train + test:
+    n, c = re.fullmatch(r"(\d+)\*([a-z])=", e["prompt"]).groups()
+    assert e["answer"] == e["response"] == c * int(n), e
+    ns.append(int(n))
+ns = sorted(ns[:4000])
+med, p99 = ns[2000], ns[int(0.99 * 3999)]
+assert 7 <= med <= 9, med
+assert 60 <= p99 <= 110, p99   # 10x the median, sampling noise at 40 samples above it
+assert max(ns) <= 128 and min(ns) >= 1
+PY
+expect_ok "repeat same seed" "$FF_BIN" dataset repeat --train 100 --test 10 --seed 3 --out "$TMP/r2"
+expect_ok "repeat same seed again" "$FF_BIN" dataset repeat --train 100 --test 10 --seed 3 --out "$TMP/r3"
+cmp -s "$TMP/r2/train.jsonl" "$TMP/r3/train.jsonl" && ok "repeat deterministic" || fail "repeat: same seed gave different files"
+expect_error "repeat median above max" "--median 200 is more than --max 100" "$FF_BIN" dataset repeat --median 200 --max 100 --out "$TMP/x"
+expect_error "repeat ratio below 1" "--p99-ratio" "$FF_BIN" dataset repeat --p99-ratio 0.5 --out "$TMP/x"
+expect_error "unknown dataset" "available: arith, repeat" "$FF_BIN" dataset nope --out "$TMP/x"
 finish

@@ -56,6 +56,21 @@ static void test_rules(ff_registry *reg) {
     REQUIRE(ff_reward_score(w, items, 4, sc) == 0);
     CHECK(sc[0] == 1 && sc[1] == 1 && sc[2] == 0 && sc[3] == 0);
     ff_reward_destroy(&w);
+
+    /* repeat_match: exact, short, long, trailing junk, the wrong letter, whitespace */
+    w = ff_reward_new(reg, "repeat_match", NULL);
+    REQUIRE(w);
+    ff_reward_item rep[6] = {{"4*q=", "qqqq", "qqqq", NULL}, {"4*q=", "qqq", "qqqq", NULL}, {"4*q=", "qqqqqq", "qqqq", NULL},
+                             {"4*q=", "qqqqab", "qqqq", NULL}, {"4*q=", "pppp", "qqqq", NULL}, {"4*q=", "qqqq \n", "qqqq", NULL}};
+    float rs[6];
+    REQUIRE(ff_reward_score(w, rep, 6, rs) == 0);
+    CHECK(rs[0] == 1.0f && rs[1] == 0.75f && rs[2] == 0.5f && rs[3] == 0.5f && rs[4] == 0.0f && rs[5] == 1.0f);
+    ff_reward_item mixed = {"2*q=", "qq", "qp", NULL};
+    CHECK_EQ_INT(ff_reward_score(w, &mixed, 1, rs), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "not one character repeated");
+    CHECK_EQ_INT(ff_reward_score(w, &no_answer, 1, rs), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "no reference answer");
+    ff_reward_destroy(&w);
 }
 
 int main(void) {

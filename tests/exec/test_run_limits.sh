@@ -91,6 +91,9 @@ expect_refusal prompt_context "data.max_prompt_length 250 + data.max_response_le
   "$bin" init --preset tiny --out "$work/short" num_hidden_layers=2 hidden_size=64 intermediate_size=128 max_position_embeddings=22 > /dev/null
 expect_refusal ref_context "data.max_prompt_length 16 + data.max_response_length 7 = 23 tokens do not fit the context of roles.ref.model (max_position_embeddings 22" \
   "$cfg" $(base "$work/o10") roles.ref.model=$work/short roles.ref.colocate_with=null roles.ref.workers=1 data.max_response_length=7
+# the accuracy rule names a reward function that does not exist
+expect_refusal acc_reward "trainer.acc_reward: unknown reward function 'nope' (hint: known: arith_exact_match, format, repeat_match" \
+  "$cfg" $(base "$work/o11") trainer.acc_reward=nope
 
 # item 12: local workers past the descriptor limit (2 per worker in the controller)
 pre=(bash -c 'ulimit -n 80 && exec "$@"' ulimit) # (80 - 64 kept for the controller) / 2 = 8 workers
