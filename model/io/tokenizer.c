@@ -26,6 +26,7 @@
 
 #include "fuseflow/modelio.h"
 #include "fuseflow/util.h"
+#include "model/io/tok_internal.h"
 
 /* ---- hash maps ------------------------------------------------------------------------------ */
 
@@ -151,6 +152,8 @@ struct ff_tokenizer {
     int n_pre;
     added_tok *added;
     int n_added;
+    ff_acmatch *match[2];  /* over the added tokens that are not / are "normalized" */
+    int *match_tok[2];     /* [patterns] the matcher's pattern -> index into added */
     int32_t tmpl_pre[8], tmpl_post[8];
     int n_tmpl_pre, n_tmpl_post;
     int32_t bos, eos, pad;
@@ -166,6 +169,10 @@ void ff_tokenizer_destroy(ff_tokenizer **pt) {
         free(t->pre[i].literal);
     }
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (int k = 0; k < 2; k++) {
+        ff_acmatch_destroy(&t->match[k]);
+        free(t->match_tok[k]);
+    }
     free(t->added);
     free(t->tok_str);
     free(t->flags);
@@ -362,19 +369,13 @@ static int push_seg(work *w, size_t s, size_t e, bool match) {
 static int split_added(const ff_tokenizer *t, work *w, piece p, bool normalized_set, bool parse_special, plist *out) {
     const char *s = w->buf + p.off;
     size_t n = p.len, start_offset = 0, i = 0;
-    while (i < n) {
-        int best = -1;
-        for (int k = 0; k < t->n_added; k++) {
-            const added_tok *a = &t->added[k];
-            if (a->normalized != normalized_set || a->len == 0 || a->len > n - i || (uint8_t)a->content[0] != (uint8_t)s[i]) continue;
-            if (memcmp(s + i, a->content, a->len) == 0 && (best < 0 || a->len > t->added[best].len)) best = k;
-        }
-        if (best < 0) {
-            i++;
-            continue;
-        }
-        const added_tok *a = &t->added[best];
-        size_t start = i, stop = i + a->len;
+    const ff_acmatch *am = t->match[normalized_set];
+    while (am && i < n) {
+        size_t start;
+        int k = ff_acmatch_find(am, s, n, i, &start);
+        if (k < 0) break;
+        const added_tok *a = &t->added[t->match_tok[normalized_set][k]];
+        size_t stop = start + a->len;
         i = stop;
         if (a->special && !parse_special) continue;
         if (a->single_word) {
@@ -1046,6 +1047,27 @@ static int parse_added(ff_tokenizer *t, json_t *list, int32_t *max_id) {
     return 0;
 }
 
+/* one matcher per kind of added token (raw text, normalized text) */
+static int build_matchers(ff_tokenizer *t) {
+    const char **pats = ff_malloc(((size_t)t->n_added + 1) * sizeof *pats);
+    size_t *lens = ff_malloc(((size_t)t->n_added + 1) * sizeof *lens);
+    int rc = pats && lens ? 0 : -1;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        int n = 0;
+        if (!(t->match_tok[k] = ff_malloc(((size_t)t->n_added + 1) * sizeof *t->match_tok[k]))) rc = -1;
+        for (int i = 0; rc == 0 && i < t->n_added; i++)
+            if (t->added[i].normalized == (k == 1) && t->added[i].len > 0) {
+                pats[n] = t->added[i].content;
+                lens[n] = t->added[i].len;
+                t->match_tok[k][n++] = i;
+            }
+        if (rc == 0 && n > 0 && !(t->match[k] = ff_acmatch_new(pats, lens, n))) rc = -1;
+    }
+    free(pats);
+    free(lens);
+    return rc;
+}
+
 static ff_tokenizer *from_json(json_t *root, const char *name) {
     ff_tokenizer *t = ff_calloc(1, sizeof *t);
     if (!t) {
@@ -1068,7 +1090,8 @@ static ff_tokenizer *from_json(json_t *root, const char *name) {
     }
     int32_t max_id = -1;
     if (parse_model(t, model, &max_id) != 0 || parse_normalizer(t, json_object_get(root, "normalizer")) != 0 ||
-        parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer")) != 0 || parse_added(t, json_object_get(root, "added_tokens"), &max_id) != 0)
+        parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer")) != 0 || parse_added(t, json_object_get(root, "added_tokens"), &max_id) != 0 ||
+        build_matchers(t) != 0)
         goto fail;
     if (t->n_pre == 0 || t->pre[t->n_pre - 1].kind != PRE_BYTELEVEL) {
         ff_error_set(name, "SentencePiece-style BPE (e.g. Llama 2) is not supported", "the pre-tokenizer has no ByteLevel step: not a byte-level BPE tokenizer");
