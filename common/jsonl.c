@@ -54,7 +54,8 @@ int ff_jsonl_next(ff_jsonl *r, json_t **out) {
         size_t skip = strspn(r->buf, " \t\r\n");
         if ((ssize_t)skip == n) continue;
         json_error_t err;
-        json_t *j = json_loadb(r->buf, (size_t)n, JSON_REJECT_DUPLICATES, &err);
+        /* "\u0000" is valid JSON: strings may hold NUL, so readers take json_string_length */
+        json_t *j = json_loadb(r->buf, (size_t)n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
         char where[FF_PATH_MAX];
         snprintf(where, sizeof where, "%s:%d", r->path, r->line);
         if (!j) return ff_error_set(where, "each line must be one complete JSON object", "malformed JSON at column %d: %s", err.column, err.text);

@@ -1,6 +1,7 @@
 /* fuseflow: reading JSON Lines files (one JSON object per line) with errors that name the
  * file and line. Blank lines are skipped. Uses jansson; the objects returned are the
- * caller's (json_decref them). */
+ * caller's (json_decref them). Strings may hold U+0000 ("\u0000" is valid JSON): take their
+ * length from json_string_length, not strlen. */
 #ifndef FUSEFLOW_JSONL_H
 #define FUSEFLOW_JSONL_H
 
