@@ -14,6 +14,7 @@ struct ff_jsonl {
     char *buf;
     size_t cap;
     int line;
+    bool own; /* close f with the reader */
 };
 
 ff_jsonl *ff_jsonl_open(const char *path) {
@@ -29,13 +30,24 @@ ff_jsonl *ff_jsonl_open(const char *path) {
         return NULL;
     }
     r->f = f;
+    r->own = true;
+    return r;
+}
+
+ff_jsonl *ff_jsonl_open_stream(FILE *f, const char *name) {
+    ff_jsonl *r = ff_calloc(1, sizeof *r);
+    if (!r || !(r->path = ff_strdup(name))) {
+        free(r);
+        return NULL;
+    }
+    r->f = f;
     return r;
 }
 
 void ff_jsonl_close(ff_jsonl **pr) {
     if (!pr || !*pr) return;
     ff_jsonl *r = *pr;
-    fclose(r->f);
+    if (r->own) fclose(r->f);
     free(r->buf);
     free(r->path);
     free(r);

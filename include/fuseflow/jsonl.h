@@ -16,6 +16,9 @@ extern "C" {
 typedef struct ff_jsonl ff_jsonl;
 
 ff_jsonl *ff_jsonl_open(const char *path);          /* NULL + error */
+/* Read an open stream (e.g. stdin), named `name` in messages; closing the reader leaves f
+ * open. NULL + error only when out of memory. */
+ff_jsonl *ff_jsonl_open_stream(FILE *f, const char *name);
 void ff_jsonl_close(ff_jsonl **r);
 /* Next object: 1 and *out set, 0 at the end, -1 + error ("data.jsonl:7: malformed JSON:
  * ..." or "...: expected a JSON object"). */

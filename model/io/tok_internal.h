@@ -43,4 +43,15 @@ static inline uint8_t ff_uc_class(uint32_t cp) {
     return ff_uc_stage2[((uint32_t)ff_uc_stage1[cp >> FF_UC_SHIFT] << FF_UC_SHIFT) | (cp & ((1u << FF_UC_SHIFT) - 1))];
 }
 
+/* ---- the pre-tokenizer patterns of GPT-2, Llama 3 and Qwen2 (tokenizer_scan.c) -------------
+ * Hand-written scanners over code points with the classes above, for the regexes these
+ * tokenizers name in tokenizer.json (exactly those strings; any other pattern goes to PCRE2).
+ * Every position starts a match of these patterns, so the matches tile the text. */
+typedef enum { FF_SCAN_NONE, FF_SCAN_GPT2, FF_SCAN_LLAMA3, FF_SCAN_QWEN2 } ff_scan_kind;
+
+extern const char ff_scan_gpt2_pattern[];
+ff_scan_kind ff_scan_kind_of(const char *pattern);
+/* The end of the pattern's match that starts at s[i] (i < n; s valid UTF-8): always > i. */
+size_t ff_scan_next(ff_scan_kind k, const char *s, size_t n, size_t i);
+
 #endif

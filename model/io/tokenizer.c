@@ -111,7 +111,8 @@ typedef enum { PRE_SPLIT, PRE_DIGITS, PRE_BYTELEVEL } pre_kind;
 
 typedef struct pre_step {
     pre_kind kind;
-    pcre2_code *re;   /* Split with a regex; ByteLevel with use_regex */
+    ff_scan_kind scan; /* GPT-2, Llama 3, Qwen2 patterns: the scanner, not PCRE2 */
+    pcre2_code *re;   /* any other Split regex */
     char *literal;    /* Split with a string */
     size_t literal_len;
     split_behavior behavior;
@@ -158,8 +159,6 @@ struct ff_tokenizer {
     int n_tmpl_pre, n_tmpl_post;
     int32_t bos, eos, pad;
 };
-
-static const char *k_gpt2_re = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 void ff_tokenizer_destroy(ff_tokenizer **pt) {
     if (!pt || !*pt) return;
@@ -229,22 +228,14 @@ static int normalize(const ff_tokenizer *t, const char *s, size_t n, char **out,
     return 0;
 }
 
-/* ---- character classes (Rust's char methods and regex \w, \s) ---------------------------- */
+/* ---- character classes (Rust's char methods and regex \w, \s), Unicode 16 ----------------- */
 
-static bool cp_is_whitespace(int32_t c) {
-    return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
-           c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
+static bool cp_is_whitespace(int32_t c) { return c >= 0 && (ff_uc_class((uint32_t)c) & FF_UC_SPACE); }
 
-static bool cp_is_numeric(int32_t c) {
-    utf8proc_category_t k = utf8proc_category(c);
-    return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
-}
+static bool cp_is_numeric(int32_t c) { return c >= 0 && (ff_uc_class((uint32_t)c) & FF_UC_N); }
 
 static bool cp_is_word(int32_t c) {
-    utf8proc_category_t k = utf8proc_category(c);
-    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || (k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME) ||
-           k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC || c == 0x200c || c == 0x200d;
+    return c >= 0 && ((ff_uc_class((uint32_t)c) & (FF_UC_L | FF_UC_M | FF_UC_ND_NL | FF_UC_PC)) || c == 0x200c || c == 0x200d);
 }
 
 /* the code point that ends at s[n) (text is valid UTF-8) */
@@ -428,6 +419,13 @@ static int find_matches(const pre_step *st, work *w, const char *s, size_t n) {
             }
             i += clen;
         }
+    } else if (st->scan) {
+        for (size_t i = 0; i < n;) {
+            size_t e = ff_scan_next(st->scan, s, n, i);
+            if (push_seg(w, i, e, true) != 0) return -1;
+            i = e;
+        }
+        prev = n;
     } else if (st->re) {
         size_t pos = 0, last_match_end = (size_t)-1;
         while (pos <= n) {
@@ -550,7 +548,7 @@ static int pre_step_apply(const pre_step *st, work *w, plist *in, plist *out) {
                 p.off = off;
                 p.len += 1;
             }
-            if (!st->re) {
+            if (!st->re && !st->scan) {
                 if (p.len > 0 && plist_push(out, p.off, p.len, -1) != 0) return -1;
                 continue;
             }
@@ -857,14 +855,15 @@ static int parse_pre_tokenizer(ff_tokenizer *t, json_t *p) {
         st->kind = PRE_BYTELEVEL;
         st->add_prefix_space = json_is_true(json_object_get(p, "add_prefix_space"));
         json_t *ur = json_object_get(p, "use_regex");
-        if ((!ur || json_is_true(ur)) && compile_re(t->name, k_gpt2_re, &st->re) != 0) return -1;
+        if (!ur || json_is_true(ur)) st->scan = FF_SCAN_GPT2;
     } else if (!strcmp(type, "Split")) {
         st->kind = PRE_SPLIT;
         json_t *pat = json_object_get(p, "pattern");
         const char *re = json_string_value(json_object_get(pat, "Regex"));
         const char *lit = json_string_value(json_object_get(pat, "String"));
         if (re) {
-            if (compile_re(t->name, re, &st->re) != 0) return -1;
+            st->scan = ff_scan_kind_of(re);
+            if (!st->scan && compile_re(t->name, re, &st->re) != 0) return -1;
         } else if (lit) {
             if (!(st->literal = ff_strdup(lit))) return -1;
             st->literal_len = strlen(lit);

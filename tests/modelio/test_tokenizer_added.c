@@ -142,17 +142,22 @@ static void test_many_tokens(void) {
         int n = pass ? N : 3;
         ff_acmatch *m = ff_acmatch_new(pats, lens, n);
         REQUIRE(m);
-        int64_t t0 = ff_now_ns();
         int found = 0;
-        size_t i = 0, st;
-        int k;
-        while ((k = ff_acmatch_find(m, text, len, i, &st)) >= 0) {
-            found++;
-            CHECK_EQ_INT(k, 17);
-            CHECK(st == len / 2);
-            i = st + lens[k];
+        sec[pass] = 1e30;
+        for (int rep = 0; rep < 5; rep++) { /* the best of 5: other processes share the cores */
+            int64_t t0 = ff_now_ns();
+            size_t i = 0, st;
+            int k;
+            found = 0;
+            while ((k = ff_acmatch_find(m, text, len, i, &st)) >= 0) {
+                found++;
+                CHECK_EQ_INT(k, 17);
+                CHECK(st == len / 2);
+                i = st + lens[k];
+            }
+            double dt = (double)(ff_now_ns() - t0) / 1e9;
+            if (dt < sec[pass]) sec[pass] = dt;
         }
-        sec[pass] = (double)(ff_now_ns() - t0) / 1e9;
         CHECK_EQ_INT(found, pass ? 1 : 0);
         ff_acmatch_destroy(&m);
     }
