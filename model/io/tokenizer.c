@@ -1,16 +1,20 @@
-/* Hugging Face tokenizer.json, byte-level BPE (see include/fuseflow/tokenizer.h).
+/* Hugging Face tokenizer.json with a BPE model (see include/fuseflow/tokenizer.h).
  *
  * Encoding follows the Rust `tokenizers` library step by step, because the point is to
  * produce the same ids:
  *   1. added tokens that are not "normalized" are cut out of the raw text (leftmost-longest,
- *      with lstrip / rstrip / single_word);
- *   2. each remaining piece is normalized (NFC, ...), then the "normalized" added tokens are
- *      cut out of it;
- *   3. each remaining piece goes through the pre-tokenizer steps (Split, Digits, ByteLevel),
- *      each turning a list of pieces into a finer list;
- *   4. each final piece (a "word") is mapped byte -> GPT-2 char and merged by BPE rank;
+ *      with lstrip / rstrip / single_word; the automaton is tokenizer_added.c);
+ *   2. each remaining piece is normalized (NFC, Prepend, Replace, ...), then the "normalized"
+ *      added tokens are cut out of it;
+ *   3. each remaining piece goes through the pre-tokenizer steps (Split, Digits, Metaspace,
+ *      ByteLevel), each turning a list of pieces into a finer list (GPT-2, Llama 3 and Qwen2
+ *      patterns by the scanners of tokenizer_scan.c, other regexes by PCRE2);
+ *   4. each final piece (a "word") is split into chars (bytes mapped to GPT-2's chars after
+ *      ByteLevel; <0xXX> tokens for chars the vocabulary lacks under byte_fallback) and merged
+ *      by BPE rank;
  *   5. the post-processor template adds special tokens around the sequence, if asked.
- * Decoding maps every token (added ones too) through the ByteLevel decoder.
+ * Decoding maps the tokens (added ones too) through the decoder chain (ByteLevel, Replace,
+ * ByteFallback, Fuse, Strip, Metaspace), each step as Hugging Face's decode_chain.
  *
  * Not here: offsets, truncation and padding (the callers handle lengths), pair templates.
  */
