@@ -32,7 +32,8 @@ pool = list("abcXYZ  \t\n\r'sStTdDmMlLrReEvV012345.,;!?()_-") + \
     ["ſ", "\u180e", "\u00a0", "\u2003", "\u3000", "\u0085", "\u200b", "\u2028", "\u1c89", "é", "日", "한", "😀", "١", "Ⅻ", "²",
      "\u0301", "\x00", "\x0b", "\x1c", "▁", "<s>", "</s>", "<|endoftext|>", "<|im_start|>", "[MASK]", "<special>"]
 texts = ["".join(rng.choice(new) if rng.random() < 0.2 else rng.choice(pool) for _ in range(rng.randint(0, 30))) for _ in range(N)]
-old_texts = ["".join(c for c in t if c not in set(new) | {"\u180e", "\u1c89"}) for t in texts]
+changed = set(new) | {"\u180e", "\u1c89"}
+old_texts = ["".join(c for c in t if c not in changed) for t in texts]
 
 
 def run(path, lines, extra):

@@ -5,8 +5,4 @@
 source "$(dirname "$0")/../cli/lib.sh"
 py=${FF_PYTHON:-$HOME/.cache/fuseflow/bench-venv/bin/python}
 [[ -x "$py" ]] || py=python3
-n=400
-[[ -n "${FF_SANITIZED:-}" ]] && n=100   # the sanitized binary is ~20x slower
-"$py" "$SRC/tests/modelio/compare_hf.py" "$FF_BIN" "$SRC" "$n"
-rc=$?
-exit $rc
+"$py" "$SRC/tests/modelio/compare_hf.py" "$FF_BIN" "$SRC" 400
