@@ -1,18 +1,24 @@
-/* bench_tokenizer: encoding speed of fuseflow's byte-level BPE beside Hugging Face's
- * `tokenizers` (Rust, the library a user would otherwise call), one thread each, same
- * documents, same run; the ids must agree (a checksum over every id).
+/* bench_tokenizer: encoding speed of fuseflow's byte-level BPE beside OpenAI's tiktoken
+ * encoder (Rust) and Hugging Face's `tokenizers` (Rust), one thread each, same documents,
+ * same vocabulary, same run (bench/bench_tokenizer_ref.py is the Python side). The ids must
+ * agree with Hugging Face's (the reference fuseflow follows) and are compared with tiktoken's
+ * (a checksum over every id).
  *
  * The documents are a seeded mix of English prose, code, numbers, arithmetic, accented words,
- * CJK and emoji, cut into ~1 KB pieces (prompt-sized). Tokenizer: the Llama 3 style fixture
- * (tests/modelio/data/tok_llama3.json) unless a path is given.
+ * CJK and emoji, cut into ~1 KB chat turns (<|im_start|>user ... <|im_end|>). Tokenizer: the
+ * Qwen2 style fixture (tests/modelio/data/tok_qwen2.json) with 205 more special tokens
+ * <|extra_N|>, as Qwen's 208, unless a path is given.
  *
  * usage: bench_tokenizer [TOKENIZER_JSON] [--mb N]   (run from the source root or set
- * FF_SOURCE_DIR; FF_PYTHON picks the interpreter that has `tokenizers`, default python3)
- * Last line: tokenizer_encode: <MB/s> MB/s (target: >= 1.0x Hugging Face tokenizers ...) */
+ * FF_SOURCE_DIR; FF_PYTHON picks the interpreter that has tiktoken and tokenizers, default
+ * the venv of scripts/deps.sh --bench, else python3)
+ * Last line: tokenizer: <x> M tokens/s, <r>x tiktoken (target: >= 1.0x tiktoken) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "fuseflow/tokenizer.h"
 #include "fuseflow/util.h"
@@ -23,8 +29,8 @@ static const char *k_words[] = {"the", "quick", "brown", "fox", "jumps", "over",
                                 "->", "==", "!=", "#", "//", "\"quoted\"", "'single'"};
 
 static size_t make_doc(ff_rng *r, char *out, size_t cap) {
-    size_t n = 0;
-    while (n + 64 < cap) {
+    size_t n = (size_t)snprintf(out, cap, "<|im_start|>user\n");
+    while (n + 80 < cap) {
         uint64_t k = ff_rng_below(r, 10);
         char piece[64];
         if (k < 6) {
@@ -37,20 +43,54 @@ static size_t make_doc(ff_rng *r, char *out, size_t cap) {
         }
         n += (size_t)snprintf(out + n, cap - n, "%s%s", piece, ff_rng_below(r, 12) == 0 ? "\n" : ff_rng_below(r, 20) == 0 ? "  " : " ");
     }
+    n += (size_t)snprintf(out + n, cap - n, "<|im_end|>\n");
     return n;
+}
+
+/* tok_qwen2.json with <|extra_0|> .. <|extra_204|> added, written to path */
+static int write_bench_tokenizer(const char *src_path, const char *path) {
+    json_error_t err;
+    json_t *root = json_load_file(src_path, 0, &err);
+    if (!root) {
+        fprintf(stderr, "bench_tokenizer: %s: %s\n", src_path, err.text);
+        return -1;
+    }
+    json_t *added = json_object_get(root, "added_tokens");
+    int32_t next = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(json_object_get(root, "model"), "vocab"), k, v) if (json_integer_value(v) >= next) next = (int32_t)json_integer_value(v) + 1;
+    size_t i;
+    json_array_foreach(added, i, v) if (json_integer_value(json_object_get(v, "id")) >= next) next = (int32_t)json_integer_value(json_object_get(v, "id")) + 1;
+    for (int e = 0; e < 205; e++) {
+        char name[32];
+        snprintf(name, sizeof name, "<|extra_%d|>", e);
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", next++, "content", name, "single_word", 0, "lstrip", 0,
+                                               "rstrip", 0, "normalized", 0, "special", 1));
+    }
+    int rc = json_dump_file(root, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return rc;
 }
 
 int main(int argc, char **argv) {
     const char *src = getenv("FF_SOURCE_DIR");
-    char path[FF_PATH_MAX];
-    snprintf(path, sizeof path, "%s/tests/modelio/data/tok_llama3.json", src ? src : ".");
-    const char *tok_path = path;
-    double mb = 4;
+    char src_path[FF_PATH_MAX], tmp_tok[] = "/tmp/ff_bench_tokenizer_json_XXXXXX";
+    snprintf(src_path, sizeof src_path, "%s/tests/modelio/data/tok_qwen2.json", src ? src : ".");
+    const char *tok_path = NULL;
+    double mb = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mb") && i + 1 < argc)
             mb = atof(argv[++i]);
         else
             tok_path = argv[i];
+    }
+    if (!tok_path) {
+        int tfd = mkstemp(tmp_tok);
+        if (tfd < 0) return 1;
+        close(tfd);
+        if (write_bench_tokenizer(src_path, tmp_tok) != 0) return 1;
+        tok_path = tmp_tok;
     }
     ff_tokenizer *t = ff_tokenizer_load(tok_path);
     if (!t) {
@@ -79,7 +119,7 @@ int main(int argc, char **argv) {
 
     double best = 1e30;
     uint64_t checksum = 0, n_tok = 0;
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < 5; rep++) {
         checksum = 0;
         n_tok = 0;
         int64_t t0 = ff_now_ns();
@@ -96,32 +136,50 @@ int main(int argc, char **argv) {
         double dt = (double)(ff_now_ns() - t0) / 1e9;
         if (dt < best) best = dt;
     }
-    double ours = (double)bytes / best / 1e6;
-    printf("fuseflow:  %.2f MB/s, %llu documents, %.1f MB, %llu tokens (%s)\n", ours, (unsigned long long)n_docs, (double)bytes / 1e6,
-           (unsigned long long)n_tok, tok_path);
+    double ours = (double)n_tok / best;
+    printf("fuseflow:      %6.2f M tokens/s (%.1f MB/s), %llu documents, %.1f MB, %llu tokens (%s)\n", ours / 1e6, (double)bytes / best / 1e6,
+           (unsigned long long)n_docs, (double)bytes / 1e6, (unsigned long long)n_tok, tok_path);
 
+    /* the reference side: one line per library, "NAME TOKENS_PER_S CHECKSUM NTOKENS" */
     const char *py = getenv("FF_PYTHON");
-    char cmd[8600];
-    snprintf(cmd, sizeof cmd, "%s %s/bench/bench_tokenizer_hf.py '%s' '%s' 3", py ? py : "python3", src ? src : ".", tok_path, corpus);
+    char venv_py[FF_PATH_MAX];
+    const char *home = getenv("HOME");
+    snprintf(venv_py, sizeof venv_py, "%s/.cache/fuseflow/bench-venv/bin/python", home ? home : "/root");
+    if (!py) py = access(venv_py, X_OK) == 0 ? venv_py : "python3";
+    char cmd[3 * FF_PATH_MAX];
+    snprintf(cmd, sizeof cmd, "%s %s/bench/bench_tokenizer_ref.py '%s' '%s' 3", py, src ? src : ".", tok_path, corpus);
     FILE *p = popen(cmd, "r");
-    char line[256] = "";
-    if (p) {
-        if (!fgets(line, sizeof line, p)) line[0] = '\0';
-        pclose(p);
+    char line[256];
+    double tt = 0;
+    bool hf_differs = false;
+    while (p && fgets(line, sizeof line, p)) {
+        char name[32];
+        double rate;
+        unsigned long long sum, n;
+        if (sscanf(line, "%31s %lf %llu %llu", name, &rate, &sum, &n) != 4) {
+            printf("%s", line);
+            continue;
+        }
+        bool same = sum == checksum && n == n_tok;
+        if (!strcmp(name, "tiktoken")) {
+            tt = rate;
+            printf("tiktoken:      %6.2f M tokens/s, %llu tokens; ids %s fuseflow's\n", rate / 1e6, n, same ? "identical to" : "DIFFER from");
+        } else {
+            hf_differs = !same;
+            printf("HF tokenizers: %6.2f M tokens/s, %llu tokens; ids %s fuseflow's\n", rate / 1e6, n, same ? "identical to" : "DIFFER from");
+        }
     }
+    if (p) pclose(p);
     unlink(corpus);
-    double hf = 0;
-    unsigned long long hf_sum = 0, hf_n = 0;
-    int ok = sscanf(line, "%lf %llu %llu", &hf, &hf_sum, &hf_n) == 3;
-    if (ok) {
-        printf("HF tokenizers: %.2f MB/s, %llu tokens; ids %s\n", hf, hf_n, hf_sum == checksum && hf_n == n_tok ? "identical" : "DIFFER");
-        printf("tokenizer_encode: %.2f MB/s (target: >= 1.0x Hugging Face tokenizers, one thread each; HF %.2f MB/s, %.2fx)\n", ours, hf, ours / hf);
-    } else {
-        printf("tokenizer_encode: %.2f MB/s (target: >= 1.0x Hugging Face tokenizers; not measured: pip install tokenizers, or set FF_PYTHON)\n", ours);
-    }
+    if (tok_path == tmp_tok) unlink(tmp_tok);
+    if (tt > 0)
+        printf("tokenizer: %.2f M tokens/s, %.2fx tiktoken (target: >= 1.0x tiktoken)\n", ours / 1e6, ours / tt);
+    else
+        printf("tokenizer: %.2f M tokens/s, tiktoken not measured (target: >= 1.0x tiktoken; scripts/deps.sh --bench installs it, or set FF_PYTHON)\n",
+               ours / 1e6);
     for (size_t i = 0; i < n_docs; i++) free(docs[i]);
     free(docs);
     free(lens);
     ff_tokenizer_destroy(&t);
-    return ok && (hf_sum != checksum || hf_n != n_tok) ? 1 : 0;
+    return hf_differs ? 1 : 0;
 }

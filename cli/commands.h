@@ -11,10 +11,11 @@ typedef struct ff_command {
 } ff_command;
 
 /* model files and the bundled task (cli/cmd_dataset.c, cmd_init.c, cmd_logprobs.c,
- * cmd_generate.c, cmd_sft.c) */
+ * cmd_generate.c, cmd_sft.c, cmd_tokenize.c) */
 int ff_cmd_dataset(int argc, char **argv);
 int ff_cmd_init(int argc, char **argv);
 int ff_cmd_logprobs(int argc, char **argv);
+int ff_cmd_tokenize(int argc, char **argv);
 int ff_cmd_generate(int argc, char **argv);
 int ff_cmd_sft(int argc, char **argv);
 

@@ -7,6 +7,7 @@
 
 static const ff_command commands[] = {
     {"init", ff_cmd_init, "write a randomly initialised model folder (presets tiny, small)"},
+    {"tokenize", ff_cmd_tokenize, "encode text or JSONL to token ids (and pieces) with a model's tokenizer, or --decode ids"},
     {"logprobs", ff_cmd_logprobs, "per-token log-probabilities of sequences (JSONL in, JSONL out)"},
     {"generate", ff_cmd_generate, "sample text from a model folder (temperature, top-k, top-p, stop)"},
     {"sft", ff_cmd_sft, "supervised fine-tuning from JSONL prompt/response pairs (checkpoints, resume)"},

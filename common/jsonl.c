@@ -14,6 +14,7 @@ struct ff_jsonl {
     char *buf;
     size_t cap;
     int line;
+    bool own; /* close f with the reader */
 };
 
 ff_jsonl *ff_jsonl_open(const char *path) {
@@ -29,13 +30,24 @@ ff_jsonl *ff_jsonl_open(const char *path) {
         return NULL;
     }
     r->f = f;
+    r->own = true;
+    return r;
+}
+
+ff_jsonl *ff_jsonl_open_stream(FILE *f, const char *name) {
+    ff_jsonl *r = ff_calloc(1, sizeof *r);
+    if (!r || !(r->path = ff_strdup(name))) {
+        free(r);
+        return NULL;
+    }
+    r->f = f;
     return r;
 }
 
 void ff_jsonl_close(ff_jsonl **pr) {
     if (!pr || !*pr) return;
     ff_jsonl *r = *pr;
-    fclose(r->f);
+    if (r->own) fclose(r->f);
     free(r->buf);
     free(r->path);
     free(r);
@@ -54,7 +66,8 @@ int ff_jsonl_next(ff_jsonl *r, json_t **out) {
         size_t skip = strspn(r->buf, " \t\r\n");
         if ((ssize_t)skip == n) continue;
         json_error_t err;
-        json_t *j = json_loadb(r->buf, (size_t)n, JSON_REJECT_DUPLICATES, &err);
+        /* "\u0000" is valid JSON: strings may hold NUL, so readers take json_string_length */
+        json_t *j = json_loadb(r->buf, (size_t)n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
         char where[FF_PATH_MAX];
         snprintf(where, sizeof where, "%s:%d", r->path, r->line);
         if (!j) return ff_error_set(where, "each line must be one complete JSON object", "malformed JSON at column %d: %s", err.column, err.text);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what fuseflow builds and tests with, from Debian 12 packages. Run as root (or with
-# sudo available). `--bench` adds what the benchmarks compare against (PyTorch, numpy).
+# sudo available). `--bench` adds what the benchmarks compare against (PyTorch, numpy), and
+# tiktoken and Hugging Face tokenizers from PyPI into a venv for bench_tokenizer only
+# (FF_BENCH_VENV, default ~/.cache/fuseflow/bench-venv, which the benchmark finds by itself).
 # The package manager's output goes to a log (FF_DEPS_LOG, else a new /tmp/fuseflow-deps.*
 # file): here one line per step, and the log's last lines and its path when a step fails.
 set -euo pipefail
@@ -9,7 +11,7 @@ pkgs=(build-essential cmake pkg-config clang libomp-dev
       libopenblas-dev libzmq3-dev libmsgpack-dev libev-dev libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev libpng-dev
       python3 python3-zmq python3-msgpack iproute2 procps)
 if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(python3-torch python3-numpy)
+  pkgs+=(python3-torch python3-numpy python3-venv)
 fi
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then SUDO=(sudo); fi
@@ -17,12 +19,21 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+log=${FF_DEPS_LOG:-$(mktemp -t fuseflow-deps.XXXXXX)}
 if (( ${#missing[@]} == 0 )); then
   echo "deps: all ${#pkgs[@]} packages installed"
-  exit 0
+else
+  echo "deps: installing ${#missing[@]} of ${#pkgs[@]} packages (${missing[*]}); the output goes to $log"
+  ff_step "$log" "deps: apt-get update" "${SUDO[@]}" apt-get update
+  ff_step "$log" "deps: apt-get install" "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y --no-install-recommends "${missing[@]}"
 fi
-log=${FF_DEPS_LOG:-$(mktemp -t fuseflow-deps.XXXXXX)}
-echo "deps: installing ${#missing[@]} of ${#pkgs[@]} packages (${missing[*]}); the output goes to $log"
-ff_step "$log" "deps: apt-get update" "${SUDO[@]}" apt-get update
-ff_step "$log" "deps: apt-get install" "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
-  apt-get install -y --no-install-recommends "${missing[@]}"
+if [[ "${1:-}" == "--bench" ]]; then
+  venv=${FF_BENCH_VENV:-$HOME/.cache/fuseflow/bench-venv}
+  if "$venv/bin/python" -c "import tiktoken, tokenizers" 2>/dev/null; then
+    echo "deps: tiktoken and tokenizers ready in $venv"
+  else
+    ff_step "$log" "deps: venv $venv" python3 -m venv "$venv"
+    ff_step "$log" "deps: pip install tiktoken tokenizers (bench only)" "$venv/bin/pip" install -q tiktoken tokenizers
+  fi
+fi

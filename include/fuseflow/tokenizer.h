@@ -1,20 +1,23 @@
-/* fuseflow: tokenizers. One implementation, Hugging Face's tokenizer.json with a byte-level
- * BPE model, covers both kinds fuseflow uses:
+/* fuseflow: tokenizers. One implementation, Hugging Face's tokenizer.json with a BPE model,
+ * covers every kind fuseflow uses, with Hugging Face's ids and decodings:
  *
  *  - the byte-level tokenizer of the bundled tasks (ff_tokenizer_new_bytes): ids 0..255 are
  *    the bytes themselves, then the special tokens <|bos|> = 256, <|eos|> = 257,
  *    <|pad|> = 258 (FF_BYTES_VOCAB = 259 ids). It is written out as an ordinary
  *    tokenizer.json (a BPE model without merges), so Hugging Face's libraries load it too.
- *  - GPT-2, Llama 3 and Qwen2 style tokenizers: normalizer (none, NFC/NFD/NFKC/NFKD,
- *    Prepend, Replace, Sequence), pre-tokenizer (ByteLevel with or without its regex, Split
- *    with a regex or string in any of its behaviours, Digits, Sequence), BPE merges (string
- *    or pair form, ignore_merges), added and special tokens (lstrip, rstrip, single_word,
- *    normalized), TemplateProcessing post-processor, ByteLevel decoder.
+ *  - byte-level BPE (GPT-2, Llama 3, Qwen2) and SentencePiece-style BPE (Llama 2, Mistral,
+ *    Gemma): normalizer (none, NFC/NFD/NFKC/NFKD, Prepend, Replace, Sequence), pre-tokenizer
+ *    (ByteLevel with or without its regex, Split with a regex or string in any of its
+ *    behaviours, Digits, Metaspace, Sequence), BPE merges (string or pair form,
+ *    ignore_merges, byte_fallback, unk/fuse_unk), added and special tokens (lstrip, rstrip,
+ *    single_word, normalized), TemplateProcessing post-processor, decoders (ByteLevel,
+ *    Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence).
  *
- * Split regexes run through PCRE2 with UTF and UCP (Unicode \p{L}, \s, ...), as the Rust
- * library runs them through Oniguruma; normalization uses utf8proc. Refused at load with a
- * message naming the component: other models (WordPiece, Unigram), SentencePiece-style BPE
- * without a ByteLevel step, BPE dropout, unknown normalizers or pre-tokenizers.
+ * The GPT-2, Llama 3 and Qwen2 pre-tokenizer regexes run as scanners over Unicode 16 classes
+ * (as Hugging Face's Oniguruma and tiktoken see them); other Split regexes run through the
+ * system's PCRE2 (UTF + UCP), whose Unicode may be older. Normalization uses utf8proc.
+ * Refused at load with a message naming the component: other models (WordPiece, Unigram),
+ * BPE dropout, unknown normalizers, pre-tokenizers, decoders or post-processors.
  *
  * A tokenizer is immutable after loading, so one may be shared by threads.
  */

@@ -1,16 +1,20 @@
-/* Hugging Face tokenizer.json, byte-level BPE (see include/fuseflow/tokenizer.h).
+/* Hugging Face tokenizer.json with a BPE model (see include/fuseflow/tokenizer.h).
  *
  * Encoding follows the Rust `tokenizers` library step by step, because the point is to
  * produce the same ids:
  *   1. added tokens that are not "normalized" are cut out of the raw text (leftmost-longest,
- *      with lstrip / rstrip / single_word);
- *   2. each remaining piece is normalized (NFC, ...), then the "normalized" added tokens are
- *      cut out of it;
- *   3. each remaining piece goes through the pre-tokenizer steps (Split, Digits, ByteLevel),
- *      each turning a list of pieces into a finer list;
- *   4. each final piece (a "word") is mapped byte -> GPT-2 char and merged by BPE rank;
+ *      with lstrip / rstrip / single_word; the automaton is tokenizer_added.c);
+ *   2. each remaining piece is normalized (NFC, Prepend, Replace, ...), then the "normalized"
+ *      added tokens are cut out of it;
+ *   3. each remaining piece goes through the pre-tokenizer steps (Split, Digits, Metaspace,
+ *      ByteLevel), each turning a list of pieces into a finer list (GPT-2, Llama 3 and Qwen2
+ *      patterns by the scanners of tokenizer_scan.c, other regexes by PCRE2);
+ *   4. each final piece (a "word") is split into chars (bytes mapped to GPT-2's chars after
+ *      ByteLevel; <0xXX> tokens for chars the vocabulary lacks under byte_fallback) and merged
+ *      by BPE rank;
  *   5. the post-processor template adds special tokens around the sequence, if asked.
- * Decoding maps every token (added ones too) through the ByteLevel decoder.
+ * Decoding maps the tokens (added ones too) through the decoder chain (ByteLevel, Replace,
+ * ByteFallback, Fuse, Strip, Metaspace), each step as Hugging Face's decode_chain.
  *
  * Not here: offsets, truncation and padding (the callers handle lengths), pair templates.
  */
@@ -26,6 +30,7 @@
 
 #include "fuseflow/modelio.h"
 #include "fuseflow/util.h"
+#include "model/io/tok_internal.h"
 
 /* ---- hash maps ------------------------------------------------------------------------------ */
 
@@ -104,19 +109,28 @@ static const pmap_slot *pmap_get(const pmap *m, int32_t a, int32_t b) {
 
 /* ---- the tokenizer ---------------------------------------------------------------------- */
 
-typedef enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD } norm_kind;
+typedef enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_PREPEND, NORM_REPLACE } norm_kind;
+typedef struct norm_step {
+    norm_kind kind;
+    char *a, *b; /* PREPEND: a; REPLACE: every a becomes b */
+    size_t la, lb;
+} norm_step;
 typedef enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS } split_behavior;
-typedef enum { PRE_SPLIT, PRE_DIGITS, PRE_BYTELEVEL } pre_kind;
+typedef enum { PRE_SPLIT, PRE_DIGITS, PRE_BYTELEVEL, PRE_METASPACE } pre_kind;
+typedef enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER } prepend_scheme;
 
 typedef struct pre_step {
     pre_kind kind;
-    pcre2_code *re;   /* Split with a regex; ByteLevel with use_regex */
-    char *literal;    /* Split with a string */
+    ff_scan_kind scan; /* GPT-2, Llama 3, Qwen2 patterns: the scanner, not PCRE2 */
+    pcre2_code *re;   /* any other Split regex */
+    char *literal;    /* Split with a string; Metaspace's replacement */
     size_t literal_len;
     split_behavior behavior;
     bool invert;
     bool individual_digits;
     bool add_prefix_space;
+    prepend_scheme prepend; /* Metaspace */
+    bool split;             /* Metaspace: split before each replacement */
 } pre_step;
 
 typedef struct added_tok {
@@ -125,6 +139,15 @@ typedef struct added_tok {
     size_t len;
     bool special, lstrip, rstrip, single_word, normalized;
 } added_tok;
+
+typedef enum { DEC_BYTELEVEL, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE } dec_kind;
+typedef struct dec_step {
+    dec_kind kind;
+    char *a, *b; /* REPLACE: every a becomes b; STRIP: a, the char stripped; METASPACE: a, the replacement */
+    size_t la, lb;
+    int start, stop;        /* STRIP: at most this many chars from the start, the end */
+    prepend_scheme prepend; /* METASPACE */
+} dec_step;
 
 enum { FLAG_SPECIAL = 1, FLAG_ADDED = 2 };
 
@@ -142,21 +165,27 @@ struct ff_tokenizer {
     bool ignore_merges;
     int32_t unk_id;
     bool fuse_unk;
+    bool byte_level;       /* the pre-tokenizer ends with ByteLevel: words are bytes mapped to chars */
+    bool byte_fallback;    /* a char missing from the vocabulary becomes its <0xXX> tokens */
     int32_t byte_sym[256]; /* id of byte b's char, -1 when the vocabulary lacks it */
+    int32_t byte_fb[256];  /* id of "<0xXX>", -1 */
     uint32_t byte_cp[256]; /* GPT-2 byte -> code point */
     int16_t cp_byte[324];  /* code point -> byte, -1 */
-    norm_kind norms[8];
+    norm_step norms[8];
     int n_norms;
     pre_step pre[16];
     int n_pre;
     added_tok *added;
     int n_added;
+    ff_acmatch *match[2];  /* over the added tokens that are not / are "normalized" */
+    int *match_tok[2];     /* [patterns] the matcher's pattern -> index into added */
+    dec_step decs[8];
+    int n_decs;
+    bool has_decoder; /* without one, Hugging Face joins the tokens with spaces */
     int32_t tmpl_pre[8], tmpl_post[8];
     int n_tmpl_pre, n_tmpl_post;
     int32_t bos, eos, pad;
 };
-
-static const char *k_gpt2_re = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 void ff_tokenizer_destroy(ff_tokenizer **pt) {
     if (!pt || !*pt) return;
@@ -166,6 +195,18 @@ void ff_tokenizer_destroy(ff_tokenizer **pt) {
         free(t->pre[i].literal);
     }
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (int i = 0; i < t->n_norms; i++) {
+        free(t->norms[i].a);
+        free(t->norms[i].b);
+    }
+    for (int i = 0; i < t->n_decs; i++) {
+        free(t->decs[i].a);
+        free(t->decs[i].b);
+    }
+    for (int k = 0; k < 2; k++) {
+        ff_acmatch_destroy(&t->match[k]);
+        free(t->match_tok[k]);
+    }
     free(t->added);
     free(t->tok_str);
     free(t->flags);
@@ -202,42 +243,76 @@ static size_t put_cp(uint32_t cp, char *out) { return (size_t)utf8proc_encode_ch
 static int normalize(const ff_tokenizer *t, const char *s, size_t n, char **out, size_t *out_len) {
     *out = NULL;
     *out_len = n;
+    if (t->n_norms == 0) return 0;
     char *cur = NULL;
     for (int i = 0; i < t->n_norms; i++) {
-        utf8proc_option_t opt = UTF8PROC_STABLE;
-        switch (t->norms[i]) {
-        case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-        case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-        case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-        case NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+        const norm_step *ns = &t->norms[i];
+        const char *in = cur ? cur : s;
+        size_t n_in = *out_len;
+        char *next = NULL;
+        size_t n_next = 0;
+        if (ns->kind == NORM_PREPEND) { /* Hugging Face prepends to non-empty text only */
+            if (n_in == 0) continue;
+            if (!(next = ff_malloc(ns->la + n_in + 1))) goto oom;
+            memcpy(next, ns->a, ns->la);
+            memcpy(next + ns->la, in, n_in);
+            n_next = ns->la + n_in;
+        } else if (ns->kind == NORM_REPLACE) {
+            size_t hits = 0;
+            for (const char *q = in; (q = memmem(q, n_in - (size_t)(q - in), ns->a, ns->la)); q += ns->la) hits++;
+            if (hits == 0) continue;
+            if (!(next = ff_malloc(n_in + hits * ns->lb + 1))) goto oom;
+            for (const char *q = in, *end = in + n_in;;) {
+                const char *h = memmem(q, (size_t)(end - q), ns->a, ns->la);
+                size_t keep = (size_t)((h ? h : end) - q);
+                memcpy(next + n_next, q, keep);
+                n_next += keep;
+                if (!h) break;
+                memcpy(next + n_next, ns->b, ns->lb);
+                n_next += ns->lb;
+                q = h + ns->la;
+            }
+        } else {
+            utf8proc_option_t opt = UTF8PROC_STABLE;
+            switch (ns->kind) {
+            case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+            case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+            case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+            default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+            }
+            utf8proc_uint8_t *dst = NULL;
+            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)n_in, &dst, opt);
+            if (r < 0) {
+                free(cur);
+                return ff_error_set(NULL, NULL, "cannot normalize the text: %s", utf8proc_errmsg(r));
+            }
+            next = (char *)dst;
+            n_next = (size_t)r;
         }
-        utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)(cur ? cur : s), (utf8proc_ssize_t)*out_len, &dst, opt);
         free(cur);
-        if (r < 0) return ff_error_set(NULL, NULL, "cannot normalize the text: %s", utf8proc_errmsg(r));
-        cur = (char *)dst;
-        *out_len = (size_t)r;
+        cur = next;
+        *out_len = n_next;
     }
+    if (!cur) { /* every step left the text as it was */
+        if (!(cur = ff_malloc(n + 1))) return -1;
+        memcpy(cur, s, n);
+    }
+    cur[*out_len] = '\0'; /* each buffer above has the room */
     *out = cur;
     return 0;
+oom:
+    free(cur);
+    return -1;
 }
 
-/* ---- character classes (Rust's char methods and regex \w, \s) ---------------------------- */
+/* ---- character classes (Rust's char methods and regex \w, \s), Unicode 16 ----------------- */
 
-static bool cp_is_whitespace(int32_t c) {
-    return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
-           c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
+static bool cp_is_whitespace(int32_t c) { return c >= 0 && (ff_uc_class((uint32_t)c) & FF_UC_SPACE); }
 
-static bool cp_is_numeric(int32_t c) {
-    utf8proc_category_t k = utf8proc_category(c);
-    return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
-}
+static bool cp_is_numeric(int32_t c) { return c >= 0 && (ff_uc_class((uint32_t)c) & FF_UC_N); }
 
 static bool cp_is_word(int32_t c) {
-    utf8proc_category_t k = utf8proc_category(c);
-    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || (k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME) ||
-           k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC || c == 0x200c || c == 0x200d;
+    return c >= 0 && ((ff_uc_class((uint32_t)c) & (FF_UC_L | FF_UC_M | FF_UC_ND_NL | FF_UC_PC)) || c == 0x200c || c == 0x200d);
 }
 
 /* the code point that ends at s[n) (text is valid UTF-8) */
@@ -262,6 +337,7 @@ static int32_t first_cp(const char *s, size_t n, size_t *clen) {
 typedef struct piece {
     size_t off, len; /* into work.buf */
     int32_t token;   /* >= 0: an added token, already an id */
+    bool at_start;   /* begins at offset 0 of the text (Metaspace's prepend_scheme "first") */
 } piece;
 
 typedef struct plist {
@@ -337,9 +413,9 @@ static size_t arena_put(work *w, const char *s, size_t n, const char *prefix, si
     return off;
 }
 
-static int plist_push(plist *l, size_t off, size_t len, int32_t token) {
+static int plist_push(plist *l, size_t off, size_t len, int32_t token, bool at_start) {
     if (grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v) != 0) return -1;
-    l->v[l->n++] = (piece){off, len, token};
+    l->v[l->n++] = (piece){off, len, token, at_start};
     return 0;
 }
 
@@ -362,19 +438,13 @@ static int push_seg(work *w, size_t s, size_t e, bool match) {
 static int split_added(const ff_tokenizer *t, work *w, piece p, bool normalized_set, bool parse_special, plist *out) {
     const char *s = w->buf + p.off;
     size_t n = p.len, start_offset = 0, i = 0;
-    while (i < n) {
-        int best = -1;
-        for (int k = 0; k < t->n_added; k++) {
-            const added_tok *a = &t->added[k];
-            if (a->normalized != normalized_set || a->len == 0 || a->len > n - i || (uint8_t)a->content[0] != (uint8_t)s[i]) continue;
-            if (memcmp(s + i, a->content, a->len) == 0 && (best < 0 || a->len > t->added[best].len)) best = k;
-        }
-        if (best < 0) {
-            i++;
-            continue;
-        }
-        const added_tok *a = &t->added[best];
-        size_t start = i, stop = i + a->len;
+    const ff_acmatch *am = t->match[normalized_set];
+    while (am && i < n) {
+        size_t start;
+        int k = ff_acmatch_find(am, s, n, i, &start);
+        if (k < 0) break;
+        const added_tok *a = &t->added[t->match_tok[normalized_set][k]];
+        size_t stop = start + a->len;
         i = stop;
         if (a->special && !parse_special) continue;
         if (a->single_word) {
@@ -402,11 +472,11 @@ static int split_added(const ff_tokenizer *t, work *w, piece p, bool normalized_
             }
             i = stop;
         }
-        if (start_offset < start && plist_push(out, p.off + start_offset, start - start_offset, -1) != 0) return -1;
-        if (plist_push(out, p.off + start, stop - start, a->id) != 0) return -1;
+        if (start_offset < start && plist_push(out, p.off + start_offset, start - start_offset, -1, p.at_start && start_offset == 0) != 0) return -1;
+        if (plist_push(out, p.off + start, stop - start, a->id, false) != 0) return -1;
         start_offset = stop;
     }
-    if (start_offset < n && plist_push(out, p.off + start_offset, n - start_offset, -1) != 0) return -1;
+    if (start_offset < n && plist_push(out, p.off + start_offset, n - start_offset, -1, p.at_start && start_offset == 0) != 0) return -1;
     return 0;
 }
 
@@ -427,6 +497,13 @@ static int find_matches(const pre_step *st, work *w, const char *s, size_t n) {
             }
             i += clen;
         }
+    } else if (st->scan) {
+        for (size_t i = 0; i < n;) {
+            size_t e = ff_scan_next(st->scan, s, n, i);
+            if (push_seg(w, i, e, true) != 0) return -1;
+            i = e;
+        }
+        prev = n;
     } else if (st->re) {
         size_t pos = 0, last_match_end = (size_t)-1;
         while (pos <= n) {
@@ -475,7 +552,7 @@ static int find_matches(const pre_step *st, work *w, const char *s, size_t n) {
 /* Turn the segments into pieces per the split behaviour (Hugging Face's
  * NormalizedString::split), appending non-empty kept ones to `out` (offsets relative to
  * base). */
-static int apply_behavior(work *w, split_behavior b, bool invert, size_t base, plist *out) {
+static int apply_behavior(work *w, split_behavior b, bool invert, size_t base, bool at_start, plist *out) {
     seg *g = w->segs;
     size_t n = w->n_segs;
     if (invert)
@@ -529,7 +606,39 @@ static int apply_behavior(work *w, split_behavior b, bool invert, size_t base, p
     }
     }
     for (size_t i = 0; i < m; i++)
-        if (!g[i].match && g[i].e > g[i].s && plist_push(out, base + g[i].s, g[i].e - g[i].s, -1) != 0) return -1;
+        if (!g[i].match && g[i].e > g[i].s && plist_push(out, base + g[i].s, g[i].e - g[i].s, -1, at_start && g[i].s == 0) != 0) return -1;
+    return 0;
+}
+
+/* Metaspace on one piece, rewritten in the arena: every ' ' becomes the replacement, which is
+ * also prepended (always, or to the piece that starts the text) unless the piece now starts
+ * with it, as Hugging Face's Metaspace pre-tokenizer does. */
+static int metaspace(const pre_step *st, work *w, piece *p) {
+    const char *r = st->literal;
+    size_t rl = st->literal_len, spaces = 0;
+    for (size_t i = 0; i < p->len; i++) spaces += w->buf[p->off + i] == ' ';
+    bool starts = p->len > 0 && (w->buf[p->off] == ' ' || (p->len >= rl && memcmp(w->buf + p->off, r, rl) == 0));
+    bool prepend = !starts && (st->prepend == PREPEND_ALWAYS || (st->prepend == PREPEND_FIRST && p->at_start));
+    size_t n = p->len + spaces * (rl - 1) + (prepend ? rl : 0);
+    if (grow((void **)&w->buf, &w->cap, w->len + n + 1, 1) != 0) return -1;
+    char *dst = w->buf + w->len;
+    const char *src = w->buf + p->off; /* after the grow: the arena may have moved */
+    size_t m = 0;
+    if (prepend) {
+        memcpy(dst, r, rl);
+        m = rl;
+    }
+    for (size_t i = 0; i < p->len; i++) {
+        if (src[i] == ' ') {
+            memcpy(dst + m, r, rl);
+            m += rl;
+        } else {
+            dst[m++] = src[i];
+        }
+    }
+    p->off = w->len;
+    p->len = m;
+    w->len += m;
     return 0;
 }
 
@@ -539,8 +648,15 @@ static int pre_step_apply(const pre_step *st, work *w, plist *in, plist *out) {
     for (size_t i = 0; i < in->n; i++) {
         piece p = in->v[i];
         if (p.token >= 0) {
-            if (plist_push(out, p.off, p.len, p.token) != 0) return -1;
+            if (plist_push(out, p.off, p.len, p.token, false) != 0) return -1;
             continue;
+        }
+        if (st->kind == PRE_METASPACE) {
+            if (metaspace(st, w, &p) != 0) return -1;
+            if (!st->split) {
+                if (p.len > 0 && plist_push(out, p.off, p.len, -1, p.at_start) != 0) return -1;
+                continue;
+            }
         }
         if (st->kind == PRE_BYTELEVEL) {
             if (st->add_prefix_space && (p.len == 0 || w->buf[p.off] != ' ')) {
@@ -549,16 +665,17 @@ static int pre_step_apply(const pre_step *st, work *w, plist *in, plist *out) {
                 p.off = off;
                 p.len += 1;
             }
-            if (!st->re) {
-                if (p.len > 0 && plist_push(out, p.off, p.len, -1) != 0) return -1;
+            if (!st->re && !st->scan) {
+                if (p.len > 0 && plist_push(out, p.off, p.len, -1, p.at_start) != 0) return -1;
                 continue;
             }
         }
         if (find_matches(st, w, w->buf + p.off, p.len) != 0) return -1;
-        split_behavior b = st->kind == PRE_SPLIT ? st->behavior
-                           : st->kind == PRE_DIGITS ? (st->individual_digits ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS)
-                                                    : SPLIT_ISOLATED;
-        if (apply_behavior(w, b, st->kind == PRE_SPLIT && st->invert, p.off, out) != 0) return -1;
+        split_behavior b = st->kind == PRE_SPLIT       ? st->behavior
+                           : st->kind == PRE_DIGITS    ? (st->individual_digits ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS)
+                           : st->kind == PRE_METASPACE ? SPLIT_MERGED_NEXT
+                                                       : SPLIT_ISOLATED;
+        if (apply_behavior(w, b, st->kind == PRE_SPLIT && st->invert, p.off, p.at_start, out) != 0) return -1;
     }
     return 0;
 }
@@ -604,10 +721,15 @@ static void push_pair(const ff_tokenizer *t, work *w, int32_t left) {
 /* BPE over one word (raw bytes s[0..n)), appending its ids to w->ids. */
 static int bpe_word(const ff_tokenizer *t, work *w, const char *s, size_t n) {
     if (t->ignore_merges) { /* a word that is itself a token is not merged (Llama 3) */
-        if (grow((void **)&w->mapped, &w->cap_mapped, 2 * n + 1, 1) != 0) return -1;
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++) m += put_cp(t->byte_cp[(uint8_t)s[i]], w->mapped + m);
-        int32_t id = smap_get(&t->vocab, w->mapped, m);
+        int32_t id;
+        if (t->byte_level) {
+            if (grow((void **)&w->mapped, &w->cap_mapped, 2 * n + 1, 1) != 0) return -1;
+            size_t m = 0;
+            for (size_t i = 0; i < n; i++) m += put_cp(t->byte_cp[(uint8_t)s[i]], w->mapped + m);
+            id = smap_get(&t->vocab, w->mapped, m);
+        } else {
+            id = smap_get(&t->vocab, s, n);
+        }
         if (id >= 0) return push_id(w, id);
     }
     if (n > w->cap_sym) { /* sym, prev and next share one capacity */
@@ -623,25 +745,47 @@ static int bpe_word(const ff_tokenizer *t, work *w, const char *s, size_t n) {
     }
     /* each merge pushes at most two pairs: 3n entries in all */
     if (grow((void **)&w->heap, &w->cap_heap, 3 * n + 1, sizeof *w->heap) != 0) return -1;
-    /* initial symbols: one per byte; bytes missing from the vocabulary become unk (fused
-     * when fuse_unk) or are dropped when there is no unk token, as in Hugging Face's BPE */
+    /* initial symbols: one per char of the word (per byte for byte-level BPE, whose chars are
+     * the bytes mapped). As Hugging Face's BPE::merge_word: a char missing from the
+     * vocabulary becomes its <0xXX> byte tokens under byte_fallback, else unk (pending, so
+     * that a run of them is fused when fuse_unk; dropped when there is no unk token). */
     int32_t m = 0;
-    bool last_unk = false;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = t->byte_sym[(uint8_t)s[i]];
-        if (id < 0) {
-            if (t->unk_id < 0) continue;
-            if (last_unk && t->fuse_unk) continue;
-            id = t->unk_id;
-            last_unk = true;
+    bool pending_unk = false;
+#define ADD_SYM(id_)                   \
+    do {                               \
+        w->sym[m] = (id_);             \
+        w->prev[m] = m - 1;            \
+        w->next[m] = m + 1;            \
+        m++;                           \
+    } while (0)
+    for (size_t i = 0; i < n;) {
+        size_t clen = 1;
+        int32_t id;
+        if (t->byte_level) {
+            id = t->byte_sym[(uint8_t)s[i]];
         } else {
-            last_unk = false;
+            uint8_t b = (uint8_t)s[i];
+            clen = b < 0x80 ? 1 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : 4;
+            id = smap_get(&t->vocab, s + i, clen);
         }
-        w->sym[m] = id;
-        w->prev[m] = m - 1;
-        w->next[m] = m + 1;
-        m++;
+        if (id >= 0) {
+            if (pending_unk) ADD_SYM(t->unk_id);
+            pending_unk = false;
+            ADD_SYM(id);
+        } else {
+            bool fallback = t->byte_fallback;
+            for (size_t k = 0; fallback && k < clen; k++) fallback = t->byte_fb[(uint8_t)s[i + k]] >= 0;
+            if (fallback) {
+                for (size_t k = 0; k < clen; k++) ADD_SYM(t->byte_fb[(uint8_t)s[i + k]]);
+            } else if (t->unk_id >= 0) {
+                if (pending_unk && !t->fuse_unk) ADD_SYM(t->unk_id);
+                pending_unk = true;
+            }
+        }
+        i += clen;
     }
+    if (pending_unk) ADD_SYM(t->unk_id);
+#undef ADD_SYM
     if (m == 0) return 0;
     w->next[m - 1] = -1;
     w->n_heap = 0;
@@ -688,13 +832,13 @@ int ff_tokenizer_encode(const ff_tokenizer *t, const char *text, size_t len, con
     if (off == (size_t)-1) goto out;
     /* 1. raw added tokens */
     w.a.n = 0;
-    if (split_added(t, &w, (piece){off, len, -1}, false, o.parse_special, &w.a) != 0) goto out;
+    if (split_added(t, &w, (piece){off, len, -1, true}, false, o.parse_special, &w.a) != 0) goto out;
     /* 2. normalize the text pieces, then cut normalized added tokens */
     w.b.n = 0;
     for (size_t i = 0; i < w.a.n; i++) {
         piece p = w.a.v[i];
         if (p.token >= 0) {
-            if (plist_push(&w.b, p.off, p.len, p.token) != 0) goto out;
+            if (plist_push(&w.b, p.off, p.len, p.token, false) != 0) goto out;
             continue;
         }
         if (t->n_norms) {
@@ -741,47 +885,207 @@ out:
     return rc;
 }
 
+/* a list of strings in one buffer, what the decoders pass along */
+typedef struct strlist {
+    char *buf;
+    size_t len, cap;
+    size_t *off, *n; /* [count] */
+    size_t count, cap_items;
+} strlist;
+
+static void sl_free(strlist *l) {
+    free(l->buf);
+    free(l->off);
+    free(l->n);
+}
+
+/* a new string s[0..n) at the end */
+static int sl_add(strlist *l, const char *s, size_t n) {
+    if (l->count == l->cap_items) {
+        size_t c = l->cap_items ? 2 * l->cap_items : 64;
+        size_t *o = ff_realloc(l->off, c * sizeof *o);
+        if (o) l->off = o;
+        size_t *k = o ? ff_realloc(l->n, c * sizeof *k) : NULL;
+        if (!k) return -1;
+        l->n = k;
+        l->cap_items = c;
+    }
+    if (grow((void **)&l->buf, &l->cap, l->len + n + 1, 1) != 0) return -1;
+    memcpy(l->buf + l->len, s, n);
+    l->off[l->count] = l->len;
+    l->n[l->count++] = n;
+    l->len += n;
+    return 0;
+}
+
+/* s[0..n) appended to the last string (which is the buffer's tail) */
+static int sl_extend(strlist *l, const char *s, size_t n) {
+    if (grow((void **)&l->buf, &l->cap, l->len + n + 1, 1) != 0) return -1;
+    memcpy(l->buf + l->len, s, n);
+    l->len += n;
+    l->n[l->count - 1] += n;
+    return 0;
+}
+
+/* "<0xAB>" -> 0xAB, else -1 (Rust's u8::from_str_radix, which takes a leading '+') */
+static int byte_token(const char *s, size_t n) {
+    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return -1;
+    int v = 0;
+    for (int i = s[3] == '+' ? 4 : 3; i < 5; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+static bool valid_utf8(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t c;
+        utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
+        if (r <= 0) return false;
+        i += (size_t)r;
+    }
+    return true;
+}
+
+/* One decoder over the strings of `in`, into `out` (Hugging Face's decode_chain). */
+static int decode_step(const ff_tokenizer *t, const dec_step *d, const strlist *in, strlist *out) {
+    out->len = out->count = 0;
+    switch (d->kind) {
+    case DEC_FUSE:
+        if (sl_add(out, "", 0) != 0) return -1;
+        for (size_t i = 0; i < in->count; i++)
+            if (sl_extend(out, in->buf + in->off[i], in->n[i]) != 0) return -1;
+        return 0;
+    case DEC_BYTELEVEL: /* one string: a token whose chars all come from the byte map becomes
+                           those bytes; any other token is copied as it is */
+        if (sl_add(out, "", 0) != 0) return -1;
+        for (size_t i = 0; i < in->count; i++) {
+            const char *s = in->buf + in->off[i];
+            size_t sl = in->n[i], k = 0;
+            if (grow((void **)&out->buf, &out->cap, out->len + sl + 1, 1) != 0) return -1;
+            char *o = out->buf + out->len;
+            size_t m = 0;
+            while (k < sl) {
+                utf8proc_int32_t c;
+                utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)s + k, (utf8proc_ssize_t)(sl - k), &c);
+                if (r <= 0 || c >= 324 || t->cp_byte[c] < 0) break;
+                o[m++] = (char)t->cp_byte[c];
+                k += (size_t)r;
+            }
+            if (k < sl) { /* not all mapped */
+                memcpy(o, s, sl);
+                m = sl;
+            }
+            out->len += m;
+            out->n[0] += m;
+        }
+        return 0;
+    case DEC_BYTEFALLBACK: { /* runs of <0xXX> become their bytes, or one U+FFFD per byte when
+                                those are not UTF-8 */
+        size_t i = 0;
+        while (i < in->count) {
+            size_t j = i;
+            while (j < in->count && byte_token(in->buf + in->off[j], in->n[j]) >= 0) j++;
+            if (j > i) {
+                char run[256];
+                size_t nb = 0;
+                bool ok = true;
+                if (sl_add(out, "", 0) != 0) return -1;
+                for (size_t k = i; k < j; k++) { /* in chunks: the validity is of the whole run */
+                    run[nb++] = (char)byte_token(in->buf + in->off[k], in->n[k]);
+                    if (nb == sizeof run || k + 1 == j) {
+                        if (sl_extend(out, run, nb) != 0) return -1;
+                        nb = 0;
+                    }
+                }
+                size_t at = out->off[out->count - 1];
+                ok = valid_utf8(out->buf + at, out->n[out->count - 1]);
+                if (!ok) {
+                    out->len = at;
+                    out->count--;
+                    for (size_t k = i; k < j; k++)
+                        if (sl_add(out, "\xef\xbf\xbd", 3) != 0) return -1;
+                }
+                i = j;
+                continue;
+            }
+            if (sl_add(out, in->buf + in->off[i], in->n[i]) != 0) return -1;
+            i++;
+        }
+        return 0;
+    }
+    case DEC_REPLACE:
+    case DEC_METASPACE:
+        for (size_t i = 0; i < in->count; i++) {
+            const char *s = in->buf + in->off[i], *end = s + in->n[i];
+            /* Metaspace: the replacement is a space, but in the first token it is dropped */
+            const char *to = d->kind == DEC_REPLACE ? d->b : " ";
+            size_t lt = d->kind == DEC_REPLACE ? d->lb : (i == 0 && d->prepend != PREPEND_NEVER) ? 0 : 1;
+            if (sl_add(out, "", 0) != 0) return -1;
+            for (;;) {
+                const char *h = memmem(s, (size_t)(end - s), d->a, d->la);
+                if (sl_extend(out, s, (size_t)((h ? h : end) - s)) != 0) return -1;
+                if (!h) break;
+                if (sl_extend(out, to, lt) != 0) return -1;
+                s = h + d->la;
+            }
+        }
+        return 0;
+    case DEC_STRIP:
+        for (size_t i = 0; i < in->count; i++) {
+            const char *s = in->buf + in->off[i];
+            size_t b = 0, e = in->n[i];
+            for (int k = 0; k < d->start && e - b >= d->la && memcmp(s + b, d->a, d->la) == 0; k++) b += d->la;
+            for (int k = 0; k < d->stop && e - b >= d->la && memcmp(s + e - d->la, d->a, d->la) == 0; k++) e -= d->la;
+            if (sl_add(out, s + b, e - b) != 0) return -1;
+        }
+        return 0;
+    }
+    return 0;
+}
+
 int ff_tokenizer_decode(const ff_tokenizer *t, const int32_t *ids, int32_t n, bool skip_special, char **text, size_t *len) {
     *text = NULL;
-    size_t cap = 64, m = 0;
-    char *out = ff_malloc(cap);
-    if (!out) return -1;
+    strlist a = {0}, b = {0};
+    int rc = -1;
     for (int32_t i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= t->n_ids || !t->tok_str[id]) {
-            free(out);
-            return ff_error_set(t->name, NULL, "token id %d at position %d is not in the vocabulary (%d ids)", id, i, t->n_ids);
+            ff_error_set(t->name, NULL, "token id %d at position %d is not in the vocabulary (%d ids)", id, i, t->n_ids);
+            goto out;
         }
         if (skip_special && (t->flags[id] & FLAG_SPECIAL)) continue;
-        const char *s = t->tok_str[id];
-        size_t sl = strlen(s);
-        if (grow((void **)&out, &cap, m + sl + 1, 1) != 0) {
-            free(out);
-            return -1;
-        }
-        /* ByteLevel decoder: a token whose chars all come from the byte map becomes those
-         * bytes; any other token is copied as it is */
-        size_t k = 0, start = m;
-        bool all_mapped = true;
-        while (k < sl) {
-            utf8proc_int32_t c;
-            utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)s + k, (utf8proc_ssize_t)(sl - k), &c);
-            if (r <= 0 || c >= 324 || t->cp_byte[c] < 0) {
-                all_mapped = false;
-                break;
-            }
-            out[m++] = (char)t->cp_byte[c];
-            k += (size_t)r;
-        }
-        if (!all_mapped) {
-            memcpy(out + start, s, sl);
-            m = start + sl;
-        }
+        if (sl_add(&a, t->tok_str[id], strlen(t->tok_str[id])) != 0) goto out;
+    }
+    strlist *cur = &a, *next = &b;
+    for (int k = 0; k < t->n_decs; k++) {
+        if (decode_step(t, &t->decs[k], cur, next) != 0) goto out;
+        strlist *tmp = cur;
+        cur = next;
+        next = tmp;
+    }
+    /* the strings joined: with nothing between them, or with spaces when there is no decoder */
+    size_t total = 0;
+    for (size_t i = 0; i < cur->count; i++) total += cur->n[i] + 1;
+    char *out = ff_malloc(total + 1);
+    if (!out) goto out;
+    size_t m = 0;
+    for (size_t i = 0; i < cur->count; i++) {
+        if (i > 0 && !t->has_decoder) out[m++] = ' ';
+        memcpy(out + m, cur->buf + cur->off[i], cur->n[i]);
+        m += cur->n[i];
     }
     out[m] = '\0';
     *text = out;
     if (len) *len = m;
-    return 0;
+    rc = 0;
+out:
+    sl_free(&a);
+    sl_free(&b);
+    return rc;
 }
 
 /* ---- loading -------------------------------------------------------------------------------- */
@@ -811,14 +1115,30 @@ static int parse_normalizer(ff_tokenizer *t, json_t *n) {
         json_array_foreach(list, i, x) if (parse_normalizer(t, x) != 0) return -1;
         return 0;
     }
-    static const char *names[4] = {"NFC", "NFD", "NFKC", "NFKD"};
-    for (int k = 0; k < 4; k++)
-        if (!strcmp(type, names[k])) {
-            if (t->n_norms == (int)(sizeof t->norms / sizeof t->norms[0])) return ff_error_set(t->name, NULL, "too many normalizers");
-            t->norms[t->n_norms++] = (norm_kind)k;
-            return 0;
+    static const char *names[6] = {"NFC", "NFD", "NFKC", "NFKD", "Prepend", "Replace"};
+    for (int k = 0; k < 6; k++) {
+        if (strcmp(type, names[k]) != 0) continue;
+        if (t->n_norms == (int)(sizeof t->norms / sizeof t->norms[0])) return ff_error_set(t->name, NULL, "too many normalizers");
+        norm_step *ns = &t->norms[t->n_norms++]; /* counted now, so destroy frees what it holds */
+        *ns = (norm_step){.kind = (norm_kind)k};
+        if (ns->kind == NORM_PREPEND) {
+            const char *pre = json_string_value(json_object_get(n, "prepend"));
+            if (!pre) return ff_error_set(t->name, NULL, "Prepend normalizer without a \"prepend\" string");
+            if (!(ns->a = ff_strdup(pre))) return -1;
+            ns->la = strlen(pre);
+        } else if (ns->kind == NORM_REPLACE) {
+            json_t *pat = json_object_get(n, "pattern");
+            const char *from = json_string_value(json_object_get(pat, "String")), *to = json_string_value(json_object_get(n, "content"));
+            if (json_object_get(pat, "Regex"))
+                return ff_error_set(t->name, "only {\"String\": ...} patterns are supported", "Replace normalizer with a Regex pattern");
+            if (!from || !*from || !to) return ff_error_set(t->name, NULL, "Replace normalizer needs a non-empty pattern {\"String\": ...} and a \"content\" string");
+            if (!(ns->a = ff_strdup(from)) || !(ns->b = ff_strdup(to))) return -1;
+            ns->la = strlen(from);
+            ns->lb = strlen(to);
         }
-    return ff_error_set(t->name, "supported normalizers: NFC, NFD, NFKC, NFKD, Sequence", "unsupported normalizer '%.64s'", type);
+        return 0;
+    }
+    return ff_error_set(t->name, "supported normalizers: NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence", "unsupported normalizer '%.64s'", type);
 }
 
 static int parse_behavior(const ff_tokenizer *t, const char *b, split_behavior *out) {
@@ -833,6 +1153,31 @@ static int parse_behavior(const ff_tokenizer *t, const char *b, split_behavior *
             return 0;
         }
     return ff_error_set(t->name, NULL, "Split pre-tokenizer with unknown behavior '%.64s'", b ? b : "(none)");
+}
+
+/* Metaspace's replacement and prepend_scheme (or, in older files, add_prefix_space) */
+static int parse_metaspace(const ff_tokenizer *t, json_t *p, char **rep, size_t *rep_len, prepend_scheme *scheme) {
+    const char *r = json_string_value(json_object_get(p, "replacement"));
+    size_t clen;
+    if (!r || first_cp(r, strlen(r), &clen) < 0 || clen != strlen(r))
+        return ff_error_set(t->name, NULL, "Metaspace needs a \"replacement\" of one character");
+    const char *ps = json_string_value(json_object_get(p, "prepend_scheme"));
+    if (ps) {
+        if (!strcmp(ps, "always"))
+            *scheme = PREPEND_ALWAYS;
+        else if (!strcmp(ps, "first"))
+            *scheme = PREPEND_FIRST;
+        else if (!strcmp(ps, "never"))
+            *scheme = PREPEND_NEVER;
+        else
+            return ff_error_set(t->name, "use always, first or never", "Metaspace with unknown prepend_scheme '%.32s'", ps);
+    } else {
+        json_t *aps = json_object_get(p, "add_prefix_space");
+        *scheme = !aps || json_is_true(aps) ? PREPEND_ALWAYS : PREPEND_NEVER;
+    }
+    if (!(*rep = ff_strdup(r))) return -1;
+    *rep_len = strlen(r);
+    return 0;
 }
 
 static int parse_pre_tokenizer(ff_tokenizer *t, json_t *p) {
@@ -856,14 +1201,15 @@ static int parse_pre_tokenizer(ff_tokenizer *t, json_t *p) {
         st->kind = PRE_BYTELEVEL;
         st->add_prefix_space = json_is_true(json_object_get(p, "add_prefix_space"));
         json_t *ur = json_object_get(p, "use_regex");
-        if ((!ur || json_is_true(ur)) && compile_re(t->name, k_gpt2_re, &st->re) != 0) return -1;
+        if (!ur || json_is_true(ur)) st->scan = FF_SCAN_GPT2;
     } else if (!strcmp(type, "Split")) {
         st->kind = PRE_SPLIT;
         json_t *pat = json_object_get(p, "pattern");
         const char *re = json_string_value(json_object_get(pat, "Regex"));
         const char *lit = json_string_value(json_object_get(pat, "String"));
         if (re) {
-            if (compile_re(t->name, re, &st->re) != 0) return -1;
+            st->scan = ff_scan_kind_of(re);
+            if (!st->scan && compile_re(t->name, re, &st->re) != 0) return -1;
         } else if (lit) {
             if (!(st->literal = ff_strdup(lit))) return -1;
             st->literal_len = strlen(lit);
@@ -875,15 +1221,21 @@ static int parse_pre_tokenizer(ff_tokenizer *t, json_t *p) {
     } else if (!strcmp(type, "Digits")) {
         st->kind = PRE_DIGITS;
         st->individual_digits = json_is_true(json_object_get(p, "individual_digits"));
+    } else if (!strcmp(type, "Metaspace")) {
+        st->kind = PRE_METASPACE;
+        if (parse_metaspace(t, p, &st->literal, &st->literal_len, &st->prepend) != 0) return -1;
+        json_t *split = json_object_get(p, "split");
+        st->split = !split || json_is_true(split); /* files older than the option always split */
     } else {
-        return ff_error_set(t->name, "supported pre-tokenizers: ByteLevel, Split, Digits, Sequence", "unsupported pre_tokenizer '%.64s'", type);
+        return ff_error_set(t->name, "supported pre-tokenizers: ByteLevel, Split, Digits, Metaspace, Sequence", "unsupported pre_tokenizer '%.64s'", type);
     }
     return 0;
 }
 
 static int parse_decoder(ff_tokenizer *t, json_t *d) {
+    if (!d || json_is_null(d)) return 0;
+    t->has_decoder = true;
     const char *type = json_string_value(json_object_get(d, "type"));
-    if (type && !strcmp(type, "ByteLevel")) return 0;
     if (type && !strcmp(type, "Sequence")) {
         json_t *list = json_object_get(d, "decoders");
         size_t i;
@@ -892,7 +1244,37 @@ static int parse_decoder(ff_tokenizer *t, json_t *d) {
         json_array_foreach(list, i, x) if (parse_decoder(t, x) != 0) return -1;
         return 0;
     }
-    return ff_error_set(t->name, "byte-level BPE tokenizers use the ByteLevel decoder", "unsupported decoder '%.64s'", type ? type : "none");
+    static const char *names[6] = {"ByteLevel", "Replace", "ByteFallback", "Fuse", "Strip", "Metaspace"};
+    for (int k = 0; type && k < 6; k++) {
+        if (strcmp(type, names[k]) != 0) continue;
+        if (t->n_decs == (int)(sizeof t->decs / sizeof t->decs[0])) return ff_error_set(t->name, NULL, "too many decoders");
+        dec_step *ds = &t->decs[t->n_decs++]; /* counted now, so destroy frees what it holds */
+        *ds = (dec_step){.kind = (dec_kind)k};
+        if (ds->kind == DEC_REPLACE) {
+            json_t *pat = json_object_get(d, "pattern");
+            const char *from = json_string_value(json_object_get(pat, "String")), *to = json_string_value(json_object_get(d, "content"));
+            if (!from || !*from || !to) return ff_error_set(t->name, "only {\"String\": ...} patterns are supported", "Replace decoder needs a non-empty pattern {\"String\": ...} and a \"content\" string");
+            if (!(ds->a = ff_strdup(from)) || !(ds->b = ff_strdup(to))) return -1;
+            ds->la = strlen(from);
+            ds->lb = strlen(to);
+        } else if (ds->kind == DEC_STRIP) {
+            const char *c = json_string_value(json_object_get(d, "content"));
+            json_t *st = json_object_get(d, "start"), *sp = json_object_get(d, "stop");
+            size_t clen;
+            if (!c || first_cp(c, strlen(c), &clen) < 0 || clen != strlen(c) || !json_is_integer(st) || !json_is_integer(sp) ||
+                json_integer_value(st) < 0 || json_integer_value(sp) < 0)
+                return ff_error_set(t->name, NULL, "Strip decoder needs a one-character \"content\" and counts \"start\", \"stop\"");
+            if (!(ds->a = ff_strdup(c))) return -1;
+            ds->la = clen;
+            ds->start = (int)(json_integer_value(st) < 1000 ? json_integer_value(st) : 1000);
+            ds->stop = (int)(json_integer_value(sp) < 1000 ? json_integer_value(sp) : 1000);
+        } else if (ds->kind == DEC_METASPACE) {
+            if (parse_metaspace(t, d, &ds->a, &ds->la, &ds->prepend) != 0) return -1;
+        }
+        return 0;
+    }
+    return ff_error_set(t->name, "supported decoders: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence", "unsupported decoder '%.64s'",
+                        type ? type : "(no type)");
 }
 
 static int parse_template(ff_tokenizer *t, json_t *pp) {
@@ -949,8 +1331,7 @@ static int parse_model(ff_tokenizer *t, json_t *m, int32_t *max_id) {
     json_t *dropout = json_object_get(m, "dropout");
     if (dropout && !json_is_null(dropout) && json_number_value(dropout) != 0.0)
         return ff_error_set(t->name, "set \"dropout\" to null", "BPE dropout is not supported (it is for training tokenizers)");
-    if (json_is_true(json_object_get(m, "byte_fallback")))
-        return ff_error_set(t->name, NULL, "byte_fallback BPE (SentencePiece style, e.g. Llama 2) is not supported; byte-level BPE is");
+    t->byte_fallback = json_is_true(json_object_get(m, "byte_fallback"));
     const char *cs = json_string_value(json_object_get(m, "continuing_subword_prefix"));
     const char *ew = json_string_value(json_object_get(m, "end_of_word_suffix"));
     if ((cs && *cs) || (ew && *ew)) return ff_error_set(t->name, NULL, "BPE with continuing_subword_prefix or end_of_word_suffix is not supported");
@@ -1046,6 +1427,27 @@ static int parse_added(ff_tokenizer *t, json_t *list, int32_t *max_id) {
     return 0;
 }
 
+/* one matcher per kind of added token (raw text, normalized text) */
+static int build_matchers(ff_tokenizer *t) {
+    const char **pats = ff_malloc(((size_t)t->n_added + 1) * sizeof *pats);
+    size_t *lens = ff_malloc(((size_t)t->n_added + 1) * sizeof *lens);
+    int rc = pats && lens ? 0 : -1;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        int n = 0;
+        if (!(t->match_tok[k] = ff_malloc(((size_t)t->n_added + 1) * sizeof *t->match_tok[k]))) rc = -1;
+        for (int i = 0; rc == 0 && i < t->n_added; i++)
+            if (t->added[i].normalized == (k == 1) && t->added[i].len > 0) {
+                pats[n] = t->added[i].content;
+                lens[n] = t->added[i].len;
+                t->match_tok[k][n++] = i;
+            }
+        if (rc == 0 && n > 0 && !(t->match[k] = ff_acmatch_new(pats, lens, n))) rc = -1;
+    }
+    free(pats);
+    free(lens);
+    return rc;
+}
+
 static ff_tokenizer *from_json(json_t *root, const char *name) {
     ff_tokenizer *t = ff_calloc(1, sizeof *t);
     if (!t) {
@@ -1068,12 +1470,10 @@ static ff_tokenizer *from_json(json_t *root, const char *name) {
     }
     int32_t max_id = -1;
     if (parse_model(t, model, &max_id) != 0 || parse_normalizer(t, json_object_get(root, "normalizer")) != 0 ||
-        parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer")) != 0 || parse_added(t, json_object_get(root, "added_tokens"), &max_id) != 0)
+        parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer")) != 0 || parse_added(t, json_object_get(root, "added_tokens"), &max_id) != 0 ||
+        build_matchers(t) != 0)
         goto fail;
-    if (t->n_pre == 0 || t->pre[t->n_pre - 1].kind != PRE_BYTELEVEL) {
-        ff_error_set(name, "SentencePiece-style BPE (e.g. Llama 2) is not supported", "the pre-tokenizer has no ByteLevel step: not a byte-level BPE tokenizer");
-        goto fail;
-    }
+    t->byte_level = t->n_pre > 0 && t->pre[t->n_pre - 1].kind == PRE_BYTELEVEL;
     if (parse_decoder(t, json_object_get(root, "decoder")) != 0 || parse_merges(t, model) != 0) goto fail;
     t->n_ids = max_id + 1;
     t->tok_str = ff_calloc((size_t)t->n_ids + 1, sizeof *t->tok_str);
@@ -1106,9 +1506,11 @@ static ff_tokenizer *from_json(json_t *root, const char *name) {
         }
     }
     for (int b = 0; b < 256; b++) {
-        char c[4];
+        char c[8];
         size_t l = put_cp(t->byte_cp[b], c);
         t->byte_sym[b] = smap_get(&t->vocab, c, l);
+        snprintf(c, sizeof c, "<0x%02X>", b);
+        t->byte_fb[b] = smap_get(&t->vocab, c, 6);
     }
     if (parse_template(t, json_object_get(root, "post_processor")) != 0) goto fail;
     return t;

@@ -84,7 +84,8 @@ static void test_files(void) {
     CHECK_STR_CONTAINS(ff_error_message(), "cannot create");
 
     snprintf(path, sizeof path, "%s/d.jsonl", dir);
-    const char *lines = "{\"a\":1}\n\n{\"a\":2}\n[1]\n{\"a\":\n";
+    /* line 3: a string holding U+0000 is valid JSON; it comes back with its length */
+    const char *lines = "{\"a\":1}\n\n{\"a\":2, \"text\": \"x\\u0000y\"}\n[1]\n{\"a\":\n";
     CHECK_EQ_INT(ff_write_file_atomic(path, lines, strlen(lines)), 0);
     ff_jsonl *r = ff_jsonl_open(path);
     REQUIRE(r);
@@ -94,6 +95,8 @@ static void test_files(void) {
     json_decref(j);
     CHECK_EQ_INT(ff_jsonl_next(r, &j), 1);
     CHECK_EQ_INT(ff_jsonl_line(r), 3);
+    CHECK_EQ_INT(json_string_length(json_object_get(j, "text")), 3);
+    CHECK(memcmp(json_string_value(json_object_get(j, "text")), "x\0y", 3) == 0);
     json_decref(j);
     CHECK_EQ_INT(ff_jsonl_next(r, &j), -1);
     CHECK_STR_CONTAINS(ff_error_message(), ":4: expected a JSON object");

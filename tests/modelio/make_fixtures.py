@@ -6,18 +6,18 @@ outputs are committed. Needs torch, safetensors and tokenizers, e.g.
     /usr/bin/python3 -m venv --system-site-packages /tmp/venv      # sees Debian's python3-torch
     /tmp/venv/bin/pip install safetensors tokenizers
     /tmp/venv/bin/python tests/modelio/make_fixtures.py
+    /tmp/venv/bin/python tests/modelio/make_fixtures.py sentencepiece   # those alone (tokenizers only)
 """
 import os
 import sys
-
-import torch
-from safetensors.torch import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
 
 
 def safetensors_fixture():
+    import torch
+    from safetensors.torch import save_file
     # arange(6) * 0.5 - 1 for the float dtypes, arange(6) - 2 for the signed integers,
     # arange(6) for u8, and alternating False/True for bool (test_safetensors.c checks these)
     f = torch.arange(6, dtype=torch.float64).reshape(2, 3) * 0.5 - 1
@@ -161,6 +161,57 @@ def tokenizer_fixtures():
                                          "end. Next! Why?? ok,then;done", "[MASK]", " x x  x "])
 
 
+def sp_train(normalizer, pre_tokenizer, decoder, specials, template, vocab_size=1000):
+    """A SentencePiece-style BPE (Llama 2, Mistral, Gemma): no byte-level mapping, words made
+    of characters, <0xXX> tokens for the bytes of characters the vocabulary lacks
+    (byte_fallback), unknowns fused. The alphabet is cut to the frequent characters so that
+    byte fallback happens; the <0xXX> tokens live in the vocabulary, not among the added
+    tokens, as in the real files."""
+    import json
+    from tokenizers import Tokenizer, models, processors, trainers
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoder
+    byte_tokens = ["<0x%02X>" % b for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials + byte_tokens, limit_alphabet=70,
+                                  show_progress=False)
+    tok.train_from_iterator(training_text(), trainer=trainer)
+    spec = json.loads(tok.to_str())
+    spec["added_tokens"] = [a for a in spec["added_tokens"] if a["content"] not in byte_tokens]
+    tok = Tokenizer.from_str(json.dumps(spec))
+    bos = template.split()[0]
+    tok.post_processor = processors.TemplateProcessing(single=template, pair=template + " $B",
+                                                       special_tokens=[(bos, tok.token_to_id(bos))])
+    return tok
+
+
+def sp_fixtures():
+    from tokenizers import AddedToken, decoders, normalizers
+    from tokenizers import pre_tokenizers as pt
+    strings = TRICKY + random_strings(300, 11) + ["<s>Hi</s>", "a <s> b", " <s>", "한국어 텍스트", "\u2581already", "x\u2581 y"]
+    sp_decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    # Llama 2 / Mistral v0.1: Prepend + Replace normalizer, no pre-tokenizer
+    llama2 = sp_train(normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]), None,
+                      sp_decoder, ["<unk>", "<s>", "</s>"], "<s> $A")
+    llama2.add_tokens([AddedToken("<extra>", normalized=True), AddedToken("[raw]", normalized=False)])
+    record(llama2, "llama2", strings + ["<extra> and<extra>", "[raw] x[raw]"])
+    # Gemma: Replace only (no prefix), no Strip
+    gemma = sp_train(normalizers.Replace(" ", "\u2581"), None,
+                     decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]),
+                     ["<pad>", "<eos>", "<bos>", "<unk>"], "<bos> $A")
+    record(gemma, "gemma", strings)
+    # Llama 2 / Mistral converted with legacy=False: a Metaspace pre-tokenizer prepending to
+    # the first piece only, and the Metaspace decoder
+    meta = sp_train(None, pt.Metaspace(replacement="\u2581", prepend_scheme="first", split=False),
+                    decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False), ["<unk>", "<s>", "</s>"], "<s> $A")
+    record(meta, "metaspace", strings)
+    # Metaspace splitting into words, prepending to every piece
+    metasplit = sp_train(None, pt.Metaspace(replacement="\u2581", prepend_scheme="always", split=True), sp_decoder,
+                         ["<unk>", "<s>", "</s>"], "<s> $A")
+    record(metasplit, "metaspace_split", strings)
+
+
 def bytes_fixture():
     """The byte-level tokenizer as fuseflow writes it must load in Hugging Face's library and
     encode every string to its bytes."""
@@ -180,6 +231,10 @@ def bytes_fixture():
 
 if __name__ == "__main__":
     os.makedirs(DATA, exist_ok=True)
+    if sys.argv[1:] == ["sentencepiece"]:
+        sp_fixtures()
+        sys.exit(0)
     safetensors_fixture()
     tokenizer_fixtures()
+    sp_fixtures()
     bytes_fixture()

@@ -195,10 +195,6 @@ static void test_errors(void) {
     expect_load_error("[]", "must be a JSON object");
     expect_load_error("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", "unsupported tokenizer model 'WordPiece'");
     expect_load_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", "unsupported tokenizer model 'Unigram'");
-    snprintf(buf, sizeof buf, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": null, \"decoder\": {\"type\": \"ByteLevel\"}}");
-    expect_load_error(buf, "no ByteLevel step");
-    snprintf(buf, sizeof buf, "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {\"a\": 0}}, %s}", bl);
-    expect_load_error(buf, "byte_fallback");
     snprintf(buf, sizeof buf, "{\"model\": {\"type\": \"BPE\", \"dropout\": 0.1, \"vocab\": {\"a\": 0}}, %s}", bl);
     expect_load_error(buf, "dropout");
     snprintf(buf, sizeof buf, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}, %s}", bl);
@@ -211,8 +207,16 @@ static void test_errors(void) {
     expect_load_error(buf, "bad id");
     snprintf(buf, sizeof buf, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"normalizer\": {\"type\": \"Lowercase\"}, %s}", bl);
     expect_load_error(buf, "unsupported normalizer 'Lowercase'");
+    expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"}}",
+                      "unsupported pre_tokenizer 'BertPreTokenizer'");
     expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": \"Metaspace\"}}",
-                      "unsupported pre_tokenizer 'Metaspace'");
+                      "Metaspace needs a \"replacement\" of one character");
+    expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": "
+                      "\"_\", \"prepend_scheme\": \"sometimes\"}}",
+                      "unknown prepend_scheme 'sometimes'");
+    expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": "
+                      "\" +\"}, \"content\": \"_\"}}",
+                      "Replace normalizer with a Regex pattern");
     expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": "
                       "\"(unclosed\"}, \"behavior\": \"Isolated\"}}",
                       "does not compile");
@@ -220,8 +224,8 @@ static void test_errors(void) {
                       "\"x\"}, \"behavior\": \"Sideways\"}}",
                       "unknown behavior 'Sideways'");
     snprintf(buf, sizeof buf, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": "
-                              "{\"type\": \"Metaspace\"}}");
-    expect_load_error(buf, "unsupported decoder 'Metaspace'");
+                              "{\"type\": \"WordPiece\"}}");
+    expect_load_error(buf, "unsupported decoder 'WordPiece'");
     snprintf(buf, sizeof buf, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, %s, \"post_processor\": {\"type\": \"BertProcessing\"}}", bl);
     expect_load_error(buf, "unsupported post_processor 'BertProcessing'");
     snprintf(buf, sizeof buf, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, %s, \"added_tokens\": [{\"id\": 1}]}", bl);
@@ -264,6 +268,10 @@ int main(void) {
     check_fixture("llama3");
     check_fixture("qwen2");
     check_fixture("features");
+    check_fixture("llama2");
+    check_fixture("gemma");
+    check_fixture("metaspace");
+    check_fixture("metaspace_split");
     test_bytes();
     test_lossy();
     test_errors();
