@@ -135,6 +135,8 @@ typedef struct ff_rollout_stats {
     int64_t exported;       /* sequences moved out (ff_rollout_export) */
     int64_t imported;       /* sequences moved in (ff_rollout_import) */
     int64_t recomputed_tokens; /* KV positions rebuilt by a prefill for imports without their rows */
+    double recompute_s;        /* time of those imports: with recomputed_tokens, the prefill rate that
+                                  migrate.h's cost model takes */
 } ff_rollout_stats;
 
 typedef struct ff_rollout ff_rollout;

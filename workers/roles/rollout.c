@@ -273,6 +273,7 @@ int ff_rollout_import(ff_rollout *r, const ff_rollout_seq_state *s) {
     if (slot < 0) return -1;
     ff_gen_seq_state inside = *s; /* the arrays are only read */
     inside.id = r->next_id;
+    int64_t t0 = ff_now_ns();
     if (ff_generator_import(r->g, &inside))
         return ff_error_wrap("rollout import of request %llu sample %d", (unsigned long long)s->id, s->sample);
     r->reqs[slot] = (req_info){s->id, r->samples_added, 1, s->sample};
@@ -280,7 +281,10 @@ int ff_rollout_import(ff_rollout *r, const ff_rollout_seq_state *s) {
     r->untaken++;
     r->next_id++;
     r->stats.imported++;
-    if (!s->kv.data) r->stats.recomputed_tokens += s->prompt_len + s->n_gen - 1;
+    if (!s->kv.data) {
+        r->stats.recomputed_tokens += s->prompt_len + s->n_gen - 1;
+        r->stats.recompute_s += (double)(ff_now_ns() - t0) * 1e-9;
+    }
     return 0;
 }
 
