@@ -23,8 +23,13 @@
  * broadcast to every stage, which samples them as above. One forward crosses the stages at a
  * time: simple and exact, but each stage idles (p - 1) / p of a step.
  *
- * Not here: paged KV / prefix sharing without copies, chunked prefill, speculative decoding,
- * repetition penalties. */
+ * Moving a sequence (ff_generator_export / ff_generator_import): a running sequence leaves
+ * with its tokens, log-probs, RNG state, sampling settings and, optionally, its slot's KV
+ * rows, and joins a free slot of another generator, its rows written or recomputed by
+ * prefills of its tokens; model/gen_seq.c turns the state into bytes and back.
+ *
+ * Not here: paged KV / prefix sharing without copies, chunked prefill of a prompt,
+ * speculative decoding, repetition penalties. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

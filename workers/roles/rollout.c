@@ -1,8 +1,10 @@
 /* The rollout engine: a queue of generation requests over a policy model, decoded with
  * continuous batching by ff_generator (model/generate.c does the slots, the shared prefill
  * and the per-sample RNG streams); this layer fixes the log-prob convention for RL, counts
- * what it did, hands finished samples out one by one or all at once in request order, and
- * guards weight sync against sequences in flight.
+ * what it did, hands finished samples out one by one or all at once in request order,
+ * guards weight sync against sequences in flight, and moves decoding samples out of and into
+ * the engine (ff_rollout_export / ff_rollout_import over the generator's, with the caller's
+ * request ids).
  *
  * Not here: where prompts come from or where samples go (the executor), chunked prefill and
  * paged KV (model.h lists what the generator does not do). */
