@@ -248,7 +248,15 @@ static void move_finishing(ff_model *ma, ff_model *mb, ff_rollout_request q, int
         DIE_IF(ff_rollout_import(b, &st));
         ff_gen_seq_state_free(&st);
         run_all(a, &got_a);
-        run_all(b, &got_b);
+        /* ff_rollout_run orders by arrival: B's own samples, then the one that came in */
+        ff_gen_output *ran;
+        int32_t n_ran;
+        DIE_IF(ff_rollout_run(b, &ran, &n_ran));
+        REQUIRE(n_ran >= 1 && got_b.n + n_ran <= MAXO);
+        CHECK(ran[n_ran - 1].id == q.id && ran[n_ran - 1].sample == tgt->sample);
+        for (int32_t i = 0; i < n_ran; i++) got_b.o[got_b.n++] = ran[i];
+        free(ran);
+        CHECK_EQ_INT(got_b.n, 4); /* B's three and the moved one */
         const ff_gen_output *moved = find(&got_b, q.id, tgt->sample);
         CHECK(bitwise(tgt, moved));
         CHECK(moved && moved->finish == want);
