@@ -96,7 +96,8 @@ size_t ff_gen_seq_state_write(const ff_gen_seq_state *s, void *buf, size_t cap) 
     p = put_i32(p, (int32_t)sp->logprob_mode);
     p = put_i32(p, kv->data ? 1 : 0);
     for (int i = 0; i < 4; i++) p = put_u64(p, s->rng.s[i]);
-    const int32_t dims[8] = {kv->layers, kv->kv_heads, kv->head_dim, kv->positions, kv->tp_rank, kv->tp_size, (int32_t)kv->dtype, 0};
+    const int32_t dims[8] = {kv->layers, kv->kv_heads, kv->head_dim, kv->positions, kv->tp_rank, kv->tp_size, (int32_t)kv->dtype,
+                             kv->first_layer};
     p = put(p, dims, sizeof dims);
     assert(p - b == HDR);
     p = put(p, s->tokens, ((size_t)s->prompt_len + (size_t)s->n_gen) * 4);
@@ -154,7 +155,7 @@ int ff_gen_seq_state_read(const void *buf, size_t n, ff_gen_seq_state *out) {
     s.sampling.n_stop = n_stop;
     s.sampling.logprob_mode = (ff_logprob_mode)mode;
     s.kv = (ff_gen_kv){.layers = dims[0], .kv_heads = dims[1], .head_dim = dims[2], .positions = dims[3],
-                       .tp_rank = dims[4], .tp_size = dims[5], .dtype = (ff_dtype)dims[6]};
+                       .tp_rank = dims[4], .tp_size = dims[5], .dtype = (ff_dtype)dims[6], .first_layer = dims[7]};
     /* the checksum held: what is wrong now was wrong when it was written */
     if (s.sample < 0 || s.prompt_len < 1 || s.n_gen < 1 || n_stop < 0 || n_stop > MAX_STOP || (has_kv != 0 && has_kv != 1) ||
         mode < 0 || mode > 2)
@@ -162,7 +163,7 @@ int ff_gen_seq_state_read(const void *buf, size_t n, ff_gen_seq_state *out) {
                             s.sample, s.prompt_len, s.n_gen, n_stop, has_kv, mode);
     if (has_kv) {
         const ff_gen_kv *kv = &s.kv;
-        if (kv->layers < 1 || kv->kv_heads < 1 || kv->head_dim < 1 || kv->tp_size < 1 || kv->tp_rank < 0 ||
+        if (kv->layers < 1 || kv->first_layer < 0 || kv->kv_heads < 1 || kv->head_dim < 1 || kv->tp_size < 1 || kv->tp_rank < 0 ||
             kv->tp_rank >= kv->tp_size || kv->dtype != FF_DTYPE_F32 || kv->positions != s.prompt_len + s.n_gen - 1)
             return ff_error_set(w, hint,
                                 "KV header out of range: %d layers x %d kv heads x head dim %d, %d positions for %d tokens, TP rank %d of %d, dtype %d",

@@ -732,7 +732,8 @@ int ff_generator_export(ff_generator *g, uint64_t id, int32_t sample, bool with_
     out->sampling.n_stop = r->n_stop;
     out->rng = q->rng;
     out->kv = (ff_gen_kv){.layers = m->L, .kv_heads = m->Hkv, .head_dim = m->D, .positions = positions,
-                          .tp_rank = m->tp_rank, .tp_size = m->tp, .dtype = FF_DTYPE_F32, .data = out->kv.data};
+                          .first_layer = m->layer_global[0], .tp_rank = m->tp_rank, .tp_size = m->tp,
+                          .dtype = FF_DTYPE_F32, .data = out->kv.data};
     if (with_kv)
         for (int l = 0; l < m->L; l++)
             for (int kv = 0; kv < 2; kv++)
@@ -769,6 +770,10 @@ static int check_import(const ff_generator *g, const ff_gen_seq_state *s) {
             return ff_error_set(w, "move sequences between engines of the same model (and the same pipeline stage)",
                                 "KV rows of %d layers x %d kv heads x head dim %d; this model holds %d x %d x %d",
                                 kv->layers, kv->kv_heads, kv->head_dim, m->L, m->Hkv, m->D);
+        if (kv->first_layer != m->layer_global[0])
+            return ff_error_set(w, "send each pipeline stage's rows to the same stage",
+                                "KV rows of layers %d..%d; this stage holds layers %d..%d", kv->first_layer,
+                                kv->first_layer + kv->layers - 1, m->layer_global[0], m->layer_global[0] + m->L - 1);
         if (kv->tp_rank != m->tp_rank || kv->tp_size != m->tp)
             return ff_error_set(w, "send each TP rank's rows to the same rank of a group of the same size",
                                 "KV rows of TP rank %d of %d; this model is rank %d of %d", kv->tp_rank, kv->tp_size,

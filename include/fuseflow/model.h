@@ -547,6 +547,7 @@ int32_t ff_generator_abort(ff_generator *g, uint64_t id);
  * under tensor parallelism. data [layers, 2 (K then V), positions, kv_heads * head_dim]. */
 typedef struct ff_gen_kv {
     int32_t layers, kv_heads, head_dim, positions;
+    int32_t first_layer;      /* the whole model's index of the first of them (a pipeline stage's place) */
     int32_t tp_rank, tp_size; /* the shard: written only into the same rank of the same TP size */
     ff_dtype dtype;           /* the cache's element type (FF_DTYPE_F32) */
     float *data;              /* malloc'd; NULL: no rows (the receiver recomputes them) */
@@ -585,8 +586,8 @@ int ff_generator_export(ff_generator *g, uint64_t id, int32_t sample, bool with_
  * generated, the last aside) in forwards of up to max_prefill_tokens tokens. The next
  * ff_generator_step decodes it with the others; its output comes out of ff_generator_pop with
  * s->id and s->sample, holding every token (those made before the move included). Checked:
- * a free slot, the shapes of s->kv against this model (layers, kv heads, head dim, TP shard,
- * dtype), its positions, room for its whole budget (prompt_len + max_new_tokens <=
+ * a free slot, the shapes of s->kv against this model (layers and the first one's index, kv
+ * heads, head dim, TP shard, dtype), its positions, room for its whole budget (prompt_len + max_new_tokens <=
  * max_seq_len), token ids, sampling values. Under tensor parallelism every rank imports the
  * same sequences in the same order (a recompute runs the group's collectives); over a
  * pipeline every stage does (a recompute's forward crosses the stages). The recompute's
