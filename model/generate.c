@@ -23,8 +23,13 @@
  * broadcast to every stage, which samples them as above. One forward crosses the stages at a
  * time: simple and exact, but each stage idles (p - 1) / p of a step.
  *
- * Not here: paged KV / prefix sharing without copies, chunked prefill, speculative decoding,
- * repetition penalties. */
+ * Moving a sequence (ff_generator_export / ff_generator_import): a running sequence leaves
+ * with its tokens, log-probs, RNG state, sampling settings and, optionally, its slot's KV
+ * rows, and joins a free slot of another generator, its rows written or recomputed by
+ * prefills of its tokens; model/gen_seq.c turns the state into bytes and back.
+ *
+ * Not here: paged KV / prefix sharing without copies, chunked prefill of a prompt,
+ * speculative decoding, repetition penalties. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -673,5 +678,196 @@ int ff_model_generate(ff_model *m, const ff_generator_config *cin, const ff_gen_
     }
     *outs = res;
     *n_outs = total;
+    return 0;
+}
+
+/* ---- moving a running sequence ----------------------------------------------------------- */
+
+static int32_t running_slot(const ff_generator *g, uint64_t id, int32_t sample) {
+    for (int32_t s = 0; s < g->c.max_slots; s++)
+        if (g->seqs[s].req && g->seqs[s].req->id == id && g->seqs[s].sample == sample) return s;
+    return -1;
+}
+
+/* Floats of layer l's K (kv 0) or V (kv 1) rows of `slot`, from its first position. */
+static ff_dptr slot_rows(ff_generator *g, int l, int kv, int32_t slot) {
+    const size_t KD = (size_t)g->m->Hkv * g->m->D, maxlen = (size_t)g->c.max_seq_len;
+    const size_t rows = (size_t)g->c.max_slots * maxlen;
+    return ff_dptr_f32(g->kv, (size_t)l * g->kv_layer + (size_t)kv * rows * KD + (size_t)slot * maxlen * KD);
+}
+
+int ff_generator_export(ff_generator *g, uint64_t id, int32_t sample, bool with_kv, ff_gen_seq_state *out) {
+    memset(out, 0, sizeof *out);
+    int32_t slot = running_slot(g, id, sample);
+    if (slot < 0)
+        return ff_error_set("generator export", "export a sequence while it decodes (not waiting, not finished)",
+                            "request %llu sample %d is not running here", (unsigned long long)id, sample);
+    const ff_model *m = g->m;
+    gen_seq *q = &g->seqs[slot];
+    gen_req *r = q->req;
+    const int32_t positions = r->prompt_len + q->n_gen - 1; /* the last token is not in the cache yet */
+    const size_t KD = (size_t)m->Hkv * m->D, per = (size_t)positions * KD; /* floats of one layer's K */
+    out->tokens = ff_malloc(((size_t)r->prompt_len + (size_t)q->n_gen) * 4);
+    out->logprobs = ff_malloc((size_t)q->n_gen * 4);
+    out->stop = ff_malloc((size_t)(r->n_stop > 0 ? r->n_stop : 1) * 4);
+    if (with_kv) out->kv.data = ff_malloc((size_t)m->L * 2 * per * 4);
+    if (!out->tokens || !out->logprobs || !out->stop || (with_kv && !out->kv.data)) {
+        ff_gen_seq_state_free(out);
+        return ff_error_wrap("generator export of request %llu sample %d", (unsigned long long)id, sample);
+    }
+    out->id = id;
+    out->sample = sample;
+    out->seed = r->seed;
+    out->prompt_len = r->prompt_len;
+    out->n_gen = q->n_gen;
+    memcpy(out->tokens, r->prompt, (size_t)r->prompt_len * 4);
+    memcpy(out->tokens + r->prompt_len, q->tokens, (size_t)q->n_gen * 4);
+    memcpy(out->logprobs, q->logprobs, (size_t)q->n_gen * 4);
+    memcpy(out->stop, r->stop, (size_t)r->n_stop * 4);
+    out->sampling = r->sp;
+    /* here it would stop at its slot's end too: that limit travels inside the budget */
+    int32_t room = g->c.max_seq_len - r->prompt_len;
+    if (out->sampling.max_new_tokens > room) out->sampling.max_new_tokens = room;
+    out->sampling.stop_tokens = out->stop;
+    out->sampling.n_stop = r->n_stop;
+    out->rng = q->rng;
+    out->kv = (ff_gen_kv){.layers = m->L, .kv_heads = m->Hkv, .head_dim = m->D, .positions = positions,
+                          .first_layer = m->layer_global[0], .tp_rank = m->tp_rank, .tp_size = m->tp,
+                          .dtype = FF_DTYPE_F32, .data = out->kv.data};
+    if (with_kv)
+        for (int l = 0; l < m->L; l++)
+            for (int kv = 0; kv < 2; kv++)
+                ff_memcpy_d2h(m->st, out->kv.data + ((size_t)l * 2 + (size_t)kv) * per, slot_rows(g, l, kv, slot), per * 4);
+    req_release(r);
+    memset(q, 0, sizeof *q);
+    g->n_running--;
+    return 0;
+}
+
+/* Everything about s this generator must agree with before it takes a slot. */
+static int check_import(const ff_generator *g, const ff_gen_seq_state *s) {
+    const char *w = "generator import";
+    const ff_model *m = g->m;
+    const ff_gen_kv *kv = &s->kv;
+    if (s->prompt_len < 1 || s->n_gen < 1 || !s->tokens || !s->logprobs || (s->sampling.n_stop > 0 && !s->stop))
+        return ff_error_set(w, "import a state that ff_generator_export or ff_gen_seq_state_read made",
+                            "prompt of %d tokens, %d generated, or a missing array", s->prompt_len, s->n_gen);
+    ff_sampling sp = s->sampling;
+    sp.stop_tokens = s->stop;
+    if (check_sampling(m, &sp)) return ff_error_wrap(w);
+    if (s->n_gen >= sp.max_new_tokens)
+        return ff_error_set(w, "a finished sequence is an output, not a state to move",
+                            "%d tokens generated of a budget of %d", s->n_gen, sp.max_new_tokens);
+    if ((int64_t)s->prompt_len + sp.max_new_tokens > g->c.max_seq_len)
+        return ff_error_set(w, "import into an engine whose slots hold the whole budget (raise max_seq_len)",
+                            "the sequence may grow to %lld positions (prompt %d + budget %d); the slots hold %d",
+                            (long long)s->prompt_len + sp.max_new_tokens, s->prompt_len, sp.max_new_tokens,
+                            g->c.max_seq_len);
+    if (ffm_check_tokens(m, s->tokens, (int64_t)s->prompt_len + s->n_gen, "a moved sequence's tokens", false))
+        return ff_error_wrap(w);
+    if (kv->data) {
+        if (kv->layers != m->L || kv->kv_heads != m->Hkv || kv->head_dim != m->D)
+            return ff_error_set(w, "move sequences between engines of the same model (and the same pipeline stage)",
+                                "KV rows of %d layers x %d kv heads x head dim %d; this model holds %d x %d x %d",
+                                kv->layers, kv->kv_heads, kv->head_dim, m->L, m->Hkv, m->D);
+        if (kv->first_layer != m->layer_global[0])
+            return ff_error_set(w, "send each pipeline stage's rows to the same stage",
+                                "KV rows of layers %d..%d; this stage holds layers %d..%d", kv->first_layer,
+                                kv->first_layer + kv->layers - 1, m->layer_global[0], m->layer_global[0] + m->L - 1);
+        if (kv->tp_rank != m->tp_rank || kv->tp_size != m->tp)
+            return ff_error_set(w, "send each TP rank's rows to the same rank of a group of the same size",
+                                "KV rows of TP rank %d of %d; this model is rank %d of %d", kv->tp_rank, kv->tp_size,
+                                m->tp_rank, m->tp);
+        if (kv->dtype != FF_DTYPE_F32)
+            return ff_error_set(w, NULL, "KV rows of type %s; the cache holds F32", ff_dtype_name(kv->dtype));
+        if (kv->positions != s->prompt_len + s->n_gen - 1)
+            return ff_error_set(w, NULL, "%d KV positions for a sequence of %d tokens (expected %d)", kv->positions,
+                                s->prompt_len + s->n_gen, s->prompt_len + s->n_gen - 1);
+    }
+    if (g->n_running >= g->c.max_slots)
+        return ff_error_set(w, "import into an engine with a free slot, or wait for one to finish",
+                            "no free slot: %d of %d slots are decoding", g->n_running, g->c.max_slots);
+    return 0;
+}
+
+/* The slot's rows 0..n-1 from its tokens, by prefills of up to max_prefill_tokens tokens
+ * each attending to the rows before it (the logits of one row are computed and unused). */
+static int recompute(ff_generator *g, int32_t slot, const int32_t *tokens, int32_t n) {
+    const int32_t row0 = slot * g->c.max_seq_len, chunk = g->c.max_prefill_tokens;
+    for (int32_t p0 = 0; p0 < n; p0 += chunk) {
+        int32_t T = n - p0 < chunk ? n - p0 : chunk;
+        for (int32_t i = 0; i < T; i++) {
+            g->h_tok[i] = tokens[p0 + i];
+            g->h_pos[i] = p0 + i;
+            g->h_row0[i] = row0;
+            g->h_wrow[i] = row0 + p0 + i;
+            g->h_nkeys[i] = p0 + i + 1;
+        }
+        g->h_rows[0] = T - 1;
+        upload_tokens(g, T, 1);
+        if (infer(g, T, 1)) return -1;
+    }
+    return 0;
+}
+
+int ff_generator_import(ff_generator *g, const ff_gen_seq_state *s) {
+    if (check_import(g, s)) return -1;
+    ff_model *m = g->m;
+    const int32_t n_stop = s->sampling.n_stop;
+    gen_req *r = ff_calloc(1, sizeof *r);
+    if (r) {
+        r->prompt = ff_malloc((size_t)s->prompt_len * 4);
+        r->stop = ff_malloc((size_t)(n_stop > 0 ? n_stop : 1) * 4);
+    }
+    if (!r || !r->prompt || !r->stop) {
+        if (r) {
+            free(r->prompt);
+            free(r->stop);
+        }
+        free(r);
+        return ff_error_wrap("generator import of request %llu sample %d", (unsigned long long)s->id, s->sample);
+    }
+    r->id = s->id;
+    r->prompt_len = s->prompt_len;
+    r->n_samples = 1;
+    r->sp = s->sampling;
+    r->sp.stop_tokens = NULL;
+    r->seed = s->seed;
+    r->refs = 1;
+    r->n_stop = n_stop;
+    memcpy(r->prompt, s->tokens, (size_t)s->prompt_len * 4);
+    memcpy(r->stop, s->stop, (size_t)n_stop * 4);
+    int32_t slot = 0;
+    while (g->seqs[slot].req) slot++;
+    const size_t maxlen = (size_t)g->c.max_seq_len;
+    gen_seq *q = &g->seqs[slot];
+    q->tokens = g->slot_tokens + (size_t)slot * maxlen;
+    q->logprobs = g->slot_logprobs + (size_t)slot * maxlen;
+    memcpy(q->tokens, s->tokens + s->prompt_len, (size_t)s->n_gen * 4);
+    memcpy(q->logprobs, s->logprobs, (size_t)s->n_gen * 4);
+    q->sample = s->sample;
+    q->n_gen = s->n_gen;
+    q->rng = s->rng;
+    const int32_t positions = s->prompt_len + s->n_gen - 1;
+    int rc;
+    if (s->kv.data) {
+        const size_t per = (size_t)positions * m->Hkv * m->D;
+        for (int l = 0; l < m->L; l++)
+            for (int kv = 0; kv < 2; kv++)
+                ff_memcpy_h2d(m->st, slot_rows(g, l, kv, slot), s->kv.data + ((size_t)l * 2 + (size_t)kv) * per, per * 4);
+        rc = ff_stream_sync(m->st); /* the caller may free s as soon as this returns */
+    } else {
+        rc = recompute(g, slot, s->tokens, positions);
+    }
+    if (rc) {
+        free(r->prompt);
+        free(r->stop);
+        free(r);
+        memset(q, 0, sizeof *q);
+        return ff_error_wrap("generator import of request %llu sample %d (%d positions %s)", (unsigned long long)s->id,
+                             s->sample, positions, s->kv.data ? "written" : "recomputed");
+    }
+    q->req = r;
+    g->n_running++;
     return 0;
 }

@@ -15,6 +15,7 @@
 #include "fuseflow/jsonl.h"
 #include "fuseflow/kernels.h"
 #include "fuseflow/microbatch.h"
+#include "fuseflow/migrate.h"
 #include "fuseflow/model.h"
 #include "fuseflow/model_config.h"
 #include "fuseflow/modelio.h"

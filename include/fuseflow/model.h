@@ -22,8 +22,10 @@
 #include <stdint.h>
 
 #include "fuseflow/backend.h"
+#include "fuseflow/dtype.h"
 #include "fuseflow/model_config.h"
 #include "fuseflow/tensor_set.h"
+#include "fuseflow/util.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -537,6 +539,74 @@ int ff_generator_pop(ff_generator *g, ff_gen_output *out);
  * by ff_generator_pop with what they have and FF_FINISH_ABORTED, waiting ones vanish.
  * Returns the number of sequences ended. */
 int32_t ff_generator_abort(ff_generator *g, uint64_t id);
+
+/* ---- moving a running sequence to another generator (docs/roles.md "Moving a sequence") --- */
+
+/* One sequence's KV-cache rows as a flat host buffer: its positions 0..positions-1 of every
+ * layer this model holds (a pipeline stage: its own layers), with this rank's key/value heads
+ * under tensor parallelism. data [layers, 2 (K then V), positions, kv_heads * head_dim]. */
+typedef struct ff_gen_kv {
+    int32_t layers, kv_heads, head_dim, positions;
+    int32_t first_layer;      /* the whole model's index of the first of them (a pipeline stage's place) */
+    int32_t tp_rank, tp_size; /* the shard: written only into the same rank of the same TP size */
+    ff_dtype dtype;           /* the cache's element type (FF_DTYPE_F32) */
+    float *data;              /* malloc'd; NULL: no rows (the receiver recomputes them) */
+} ff_gen_kv;
+
+/* Everything a running sequence needs to continue in another generator of the same model and
+ * produce exactly the tokens and log-probs it would have produced where it was. */
+typedef struct ff_gen_seq_state {
+    uint64_t id;            /* its request's id (the generator's caller's) */
+    int32_t sample;         /* its index in the request */
+    uint64_t seed;          /* the request's seed (a record: the stream continues from rng) */
+    int32_t prompt_len;     /* >= 1 */
+    int32_t n_gen;          /* tokens generated so far, >= 1 (the first comes with the prefill) */
+    int32_t *tokens;        /* [prompt_len + n_gen] the prompt, then the generated tokens */
+    float *logprobs;        /* [n_gen] per sampling.logprob_mode */
+    ff_sampling sampling;   /* its settings. max_new_tokens: the whole budget (n_gen of it spent),
+                               already capped by the source slot's capacity so that it stops
+                               where it would have; stop_tokens points at stop, n_stop its count
+                               (resolved: the model's eos when the request named none) */
+    int32_t *stop;          /* [n_stop], owned by the state */
+    ff_rng rng;             /* its stream's position: the next token's draw comes from here */
+    ff_gen_kv kv;           /* rows 0..prompt_len+n_gen-2 (the last token is fed by the next
+                               step), or kv.data NULL: the receiver recomputes them */
+} ff_gen_seq_state;
+void ff_gen_seq_state_free(ff_gen_seq_state *s); /* frees the arrays, zeroes *s */
+
+/* Take running sequence (id, sample) out of g: it stops decoding here, its slot is free, and
+ * no output of it comes out of ff_generator_pop. with_kv: its KV rows are copied into out->kv
+ * (2 layers kv_heads head_dim 4 bytes per position); else out->kv.data is NULL. Under tensor
+ * parallelism (and over a pipeline) every rank calls it for the same sequence and gets its own
+ * shard of the rows. 0, or -1 + error (no such running sequence: waiting, finished or
+ * unknown; out of memory, the sequence then stays). */
+int ff_generator_export(ff_generator *g, uint64_t id, int32_t sample, bool with_kv, ff_gen_seq_state *out);
+/* Continue s in a free slot of g (a generator of a model with the same config): its KV rows
+ * are written from s->kv, or, without them, recomputed by a prefill of its tokens (prompt and
+ * generated, the last aside) in forwards of up to max_prefill_tokens tokens. The next
+ * ff_generator_step decodes it with the others; its output comes out of ff_generator_pop with
+ * s->id and s->sample, holding every token (those made before the move included). Checked:
+ * a free slot, the shapes of s->kv against this model (layers and the first one's index, kv
+ * heads, head dim, TP shard, dtype), its positions, room for its whole budget (prompt_len + max_new_tokens <=
+ * max_seq_len), token ids, sampling values. Under tensor parallelism every rank imports the
+ * same sequences in the same order (a recompute runs the group's collectives); over a
+ * pipeline every stage does (a recompute's forward crosses the stages). The recompute's
+ * rows equal the sent ones up to float rounding (a prefill is a matrix product of more rows
+ * than a decode step's; docs/roles.md has the measured difference). 0 or -1 + error (g
+ * unchanged, except after a failed collective of a recompute). */
+int ff_generator_import(ff_generator *g, const ff_gen_seq_state *s);
+
+/* Bytes of s as ff_gen_seq_state_write writes them. */
+size_t ff_gen_seq_state_size(const ff_gen_seq_state *s);
+/* Serialise s into buf [cap >= ff_gen_seq_state_size(s)] (native byte order: the two ends are
+ * the same build; a magic, a version, the total length and a checksum of the rest lead).
+ * Returns the bytes written, or 0 + error when cap is short. */
+size_t ff_gen_seq_state_write(const ff_gen_seq_state *s, void *buf, size_t cap);
+/* Parse n bytes of ff_gen_seq_state_write into *out (arrays malloc'd; free with
+ * ff_gen_seq_state_free). Refuses, -1 + error naming the problem, a buffer that is short,
+ * truncated or longer than its header says, of another format or version, whose checksum
+ * does not match, or whose fields are out of range (counts, positions, dtype). */
+int ff_gen_seq_state_read(const void *buf, size_t n, ff_gen_seq_state *out);
 
 /* Convenience: run requests to completion on a fresh generator of config c (NULL: sized
  * from the requests: slots for all samples up to 64, max_seq_len the longest prompt +

@@ -132,6 +132,11 @@ typedef struct ff_rollout_stats {
     int64_t samples_done;   /* samples handed out (ff_rollout_take, ff_rollout_run) */
     int32_t max_running;    /* most sequences decoding together after a step */
     double busy_s;          /* time inside ff_rollout_step */
+    int64_t exported;       /* sequences moved out (ff_rollout_export) */
+    int64_t imported;       /* sequences moved in (ff_rollout_import) */
+    int64_t recomputed_tokens; /* KV positions rebuilt by a prefill for imports without their rows */
+    double recompute_s;        /* time of those imports: with recomputed_tokens, the prefill rate that
+                                  migrate.h's cost model takes */
 } ff_rollout_stats;
 
 typedef struct ff_rollout ff_rollout;
@@ -164,6 +169,32 @@ void ff_rollout_stats_reset(ff_rollout *r);
  * which the requests were added, then by sample index; *n_outs their count. Samples finished
  * before the call and not taken are included. 0 or -1 + error. */
 int ff_rollout_run(ff_rollout *r, ff_gen_output **outs, int32_t *n_outs);
+
+/* ---- moving a sequence between engines (docs/roles.md "Moving a sequence") --------------- */
+
+/* A sequence on its way from one engine to another (RLHFuse's long-tail migration): the
+ * generator's state (model.h ff_gen_seq_state: prompt and generated tokens, log-probs so far,
+ * RNG stream position, sampling settings with the remaining budget and stop rules, and the
+ * KV rows or none), with id the caller's request id. As bytes: ff_gen_seq_state_size,
+ * ff_gen_seq_state_write and ff_gen_seq_state_read (validated: a truncated or corrupt buffer
+ * is refused). Free with ff_gen_seq_state_free. */
+typedef ff_gen_seq_state ff_rollout_seq_state;
+
+/* Take sample `sample` of request `id` (decoding, not waiting or finished) out of r: it stops
+ * decoding here and will not come out of ff_rollout_take. with_kv: its KV rows come along
+ * (ff_gen_kv: 2 layers kv_heads head_dim 4 bytes per position); else the receiver recomputes
+ * them. 0 or -1 + error (no such sequence running). */
+int ff_rollout_export(ff_rollout *r, uint64_t id, int32_t sample, bool with_kv, ff_rollout_seq_state *out);
+/* Continue s in r (an engine over a model with the same config and weights, the same
+ * logprob_mode): it takes a slot of its own now (its rows written, or recomputed from its
+ * tokens), decodes from the next ff_rollout_step, and comes out of ff_rollout_take (or
+ * ff_rollout_run, after the requests added before it) with s->id and s->sample and every
+ * token and log-prob, those made before the move included: the ones it would have had
+ * without moving (bitwise with its rows; with a recompute up to the prefill's rounding,
+ * docs/roles.md). Refused, r unchanged, when no slot is free, when its budget does not fit
+ * r's slots, or when the state does not match r's model (ff_generator_import). 0 or -1 +
+ * error. */
+int ff_rollout_import(ff_rollout *r, const ff_rollout_seq_state *s);
 
 /* ---- weight sync ------------------------------------------------------------------------- */
 

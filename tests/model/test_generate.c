@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include "tests/model/model_test_util.h"
+#include "tests/model/two_stages.h"
 
 static ff_backend *be;
 
@@ -231,54 +232,6 @@ static void test_step_api_abort_errors(ff_model *m) {
     ff_generator_destroy(&g);
 }
 
-/* ---- two stages as threads: a mailbox from stage 0 to 1, a broadcast through a barrier -------- */
-typedef struct two_stages {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    float *msg; /* stage 0's last send, until taken */
-    size_t n;
-    pthread_barrier_t bar;
-    float *shared;
-    size_t shared_n;
-} two_stages;
-
-static int ts_send(void *ctx, int peer, const float *buf, size_t n) {
-    two_stages *t = ctx;
-    if (peer != 1) return -1;
-    float *m = malloc(n * 4);
-    memcpy(m, buf, n * 4);
-    pthread_mutex_lock(&t->mu);
-    while (t->msg) pthread_cond_wait(&t->cv, &t->mu);
-    t->msg = m, t->n = n;
-    pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-    return 0;
-}
-static int ts_recv(void *ctx, int peer, float *buf, size_t n) {
-    two_stages *t = ctx;
-    if (peer != 0) return -1;
-    pthread_mutex_lock(&t->mu);
-    while (!t->msg) pthread_cond_wait(&t->cv, &t->mu);
-    int rc = t->n == n ? 0 : -1;
-    if (!rc) memcpy(buf, t->msg, n * 4);
-    free(t->msg);
-    t->msg = NULL;
-    pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-    return rc;
-}
-static int ts_bcast(void *ctx, int root, float *buf, size_t n, int rank) {
-    two_stages *t = ctx;
-    if (rank == root) t->shared = buf, t->shared_n = n;
-    pthread_barrier_wait(&t->bar);
-    int rc = t->shared_n == n ? 0 : -1;
-    if (rank != root && !rc) memcpy(buf, t->shared, n * 4);
-    pthread_barrier_wait(&t->bar);
-    return rc;
-}
-static int ts_bcast0(void *ctx, int root, float *buf, size_t n) { return ts_bcast(ctx, root, buf, n, 0); }
-static int ts_bcast1(void *ctx, int root, float *buf, size_t n) { return ts_bcast(ctx, root, buf, n, 1); }
-
 typedef struct stage_gen {
     ff_model *m;
     ff_gen_pipe pipe;
@@ -316,15 +269,13 @@ static void test_pipeline(const ff_model_config *c, ff_model *whole) {
     int32_t n_ref = 0;
     ff_generator_config c1 = {.max_slots = 3, .max_seq_len = 48, .max_prefill_tokens = 24};
     REQUIRE(ff_model_generate(whole, &c1, r, 3, &ref, &n_ref) == 0);
-    two_stages t = {.msg = NULL};
-    pthread_mutex_init(&t.mu, NULL);
-    pthread_cond_init(&t.cv, NULL);
-    pthread_barrier_init(&t.bar, NULL, 2);
+    two_stages t;
+    ts_init(&t);
     stage_gen sg[2];
     pthread_t th[2];
     for (int s = 0; s < 2; s++) {
         sg[s] = (stage_gen){.m = st[s], .r = r, .nr = 3};
-        sg[s].pipe = (ff_gen_pipe){.rank = s, .size = 2, .ctx = &t, .send = ts_send, .recv = ts_recv, .broadcast = s ? ts_bcast1 : ts_bcast0};
+        sg[s].pipe = ts_pipe(&t, s);
         REQUIRE(pthread_create(&th[s], NULL, stage_main, &sg[s]) == 0);
     }
     for (int s = 0; s < 2; s++) pthread_join(th[s], NULL);
@@ -354,9 +305,7 @@ static void test_pipeline(const ff_model_config *c, ff_model *whole) {
     bad.pipe = &wrong;
     CHECK(ff_generator_new(st[1], &bad) == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "stage rank 0 of 2 lacks the embedding");
-    pthread_barrier_destroy(&t.bar);
-    pthread_cond_destroy(&t.cv);
-    pthread_mutex_destroy(&t.mu);
+    ts_destroy(&t);
     for (int s = 0; s < 2; s++) ff_model_destroy(&st[s]);
     ff_tensor_set_destroy(&w);
 }

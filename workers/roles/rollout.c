@@ -1,8 +1,10 @@
 /* The rollout engine: a queue of generation requests over a policy model, decoded with
  * continuous batching by ff_generator (model/generate.c does the slots, the shared prefill
  * and the per-sample RNG streams); this layer fixes the log-prob convention for RL, counts
- * what it did, hands finished samples out one by one or all at once in request order, and
- * guards weight sync against sequences in flight.
+ * what it did, hands finished samples out one by one or all at once in request order,
+ * guards weight sync against sequences in flight, and moves decoding samples out of and into
+ * the engine (ff_rollout_export / ff_rollout_import over the generator's, with the caller's
+ * request ids).
  *
  * Not here: where prompts come from or where samples go (the executor), chunked prefill and
  * paged KV (model.h lists what the generator does not do). */
@@ -18,8 +20,9 @@
  * can order by arrival even when callers reuse ids); the caller's id is mapped back. */
 typedef struct req_info {
     uint64_t user_id;
-    int64_t first; /* the position of its sample 0 in arrival order */
+    int64_t first;   /* the position of its sample `sample0` in arrival order */
     int32_t n;
+    int32_t sample0; /* its first sample's index: 0, or a moved-in sample's own */
 } req_info;
 
 struct ff_rollout {
@@ -81,8 +84,8 @@ void ff_rollout_destroy(ff_rollout **pr) {
 
 ff_model *ff_rollout_model(const ff_rollout *r) { return r->m; }
 
-int ff_rollout_add(ff_rollout *r, const ff_rollout_request *q) {
-    assert(r && q);
+/* Room in the request table for the next internal id; its index, or -1 (out of memory). */
+static int64_t reserve(ff_rollout *r) {
     size_t slot = (size_t)(r->next_id - r->base);
     if (slot >= r->cap) {
         size_t cap = r->cap ? 2 * r->cap : 64;
@@ -91,6 +94,13 @@ int ff_rollout_add(ff_rollout *r, const ff_rollout_request *q) {
         r->reqs = n;
         r->cap = cap;
     }
+    return (int64_t)slot;
+}
+
+int ff_rollout_add(ff_rollout *r, const ff_rollout_request *q) {
+    assert(r && q);
+    int64_t slot = reserve(r);
+    if (slot < 0) return -1;
     ff_gen_request g = {
         .id = r->next_id,
         .prompt = q->prompt,
@@ -101,7 +111,7 @@ int ff_rollout_add(ff_rollout *r, const ff_rollout_request *q) {
     };
     g.sampling.logprob_mode = r->c.logprob_mode;
     if (ff_generator_submit(r->g, &g)) return ff_error_wrap("rollout request %llu", (unsigned long long)q->id);
-    r->reqs[slot] = (req_info){q->id, r->samples_added, q->n};
+    r->reqs[slot] = (req_info){q->id, r->samples_added, q->n, 0};
     r->samples_added += q->n;
     r->untaken += q->n;
     r->stats.prefill_tokens += q->prompt_len;
@@ -165,6 +175,12 @@ int32_t ff_rollout_abort(ff_rollout *r, uint64_t id) {
 const ff_rollout_stats *ff_rollout_stats_of(const ff_rollout *r) { return &r->stats; }
 void ff_rollout_stats_reset(ff_rollout *r) { memset(&r->stats, 0, sizeof r->stats); }
 
+/* A finished sample's place in arrival order (o->id still the internal id). */
+static int64_t arrival(const ff_rollout *r, const ff_gen_output *o) {
+    const req_info *q = &r->reqs[o->id - r->base];
+    return q->first + (o->sample - q->sample0);
+}
+
 int ff_rollout_run(ff_rollout *r, ff_gen_output **outs, int32_t *n_outs) {
     *outs = NULL;
     *n_outs = 0;
@@ -199,7 +215,7 @@ int ff_rollout_run(ff_rollout *r, ff_gen_output **outs, int32_t *n_outs) {
     }
     /* order by arrival position (keys are distinct): a counting placement */
     for (size_t i = 0; i < count; i++) {
-        int64_t key = r->reqs[res[i].id - r->base].first + res[i].sample;
+        int64_t key = arrival(r, &res[i]);
         if (first < 0 || key < first) first = key;
         if (key > last) last = key;
     }
@@ -214,7 +230,7 @@ int ff_rollout_run(ff_rollout *r, ff_gen_output **outs, int32_t *n_outs) {
             return -1;
         }
         for (size_t k = 0; k < span; k++) at[k] = -1;
-        for (size_t i = 0; i < count; i++) at[r->reqs[res[i].id - r->base].first + res[i].sample - first] = (int32_t)i;
+        for (size_t i = 0; i < count; i++) at[arrival(r, &res[i]) - first] = (int32_t)i;
         size_t j = 0;
         for (size_t k = 0; k < span; k++)
             if (at[k] >= 0) sorted[j++] = res[at[k]];
@@ -226,6 +242,51 @@ int ff_rollout_run(ff_rollout *r, ff_gen_output **outs, int32_t *n_outs) {
     forget(r, (int64_t)count);
     *outs = res;
     *n_outs = (int32_t)count;
+    return 0;
+}
+
+int ff_rollout_export(ff_rollout *r, uint64_t id, int32_t sample, bool with_kv, ff_rollout_seq_state *out) {
+    assert(r && out);
+    memset(out, 0, sizeof *out);
+    bool known = false;
+    for (uint64_t k = r->base; k < r->next_id; k++) {
+        const req_info *q = &r->reqs[k - r->base];
+        if (q->user_id != id || sample < q->sample0 || sample >= q->sample0 + q->n) continue;
+        known = true;
+        if (ff_generator_export(r->g, k, sample, with_kv, out)) continue; /* a reused id: try the next */
+        out->id = id;
+        r->stats.exported++;
+        forget(r, 1);
+        return 0;
+    }
+    if (!known)
+        return ff_error_set("rollout export", "export a sample of a request added to this engine",
+                            "request %llu has no sample %d here", (unsigned long long)id, sample);
+    return ff_error_wrap("rollout export of request %llu sample %d", (unsigned long long)id, sample);
+}
+
+int ff_rollout_import(ff_rollout *r, const ff_rollout_seq_state *s) {
+    assert(r && s);
+    if (s->sampling.logprob_mode != r->c.logprob_mode)
+        return ff_error_set("rollout import", "move sequences between engines of the same logprob_mode",
+                            "the sequence's log-probs are of mode %d; this engine reports mode %d",
+                            (int)s->sampling.logprob_mode, (int)r->c.logprob_mode);
+    int64_t slot = reserve(r);
+    if (slot < 0) return -1;
+    ff_gen_seq_state inside = *s; /* the arrays are only read */
+    inside.id = r->next_id;
+    int64_t t0 = ff_now_ns();
+    if (ff_generator_import(r->g, &inside))
+        return ff_error_wrap("rollout import of request %llu sample %d", (unsigned long long)s->id, s->sample);
+    r->reqs[slot] = (req_info){s->id, r->samples_added, 1, s->sample};
+    r->samples_added++;
+    r->untaken++;
+    r->next_id++;
+    r->stats.imported++;
+    if (!s->kv.data) {
+        r->stats.recomputed_tokens += s->prompt_len + s->n_gen - 1;
+        r->stats.recompute_s += (double)(ff_now_ns() - t0) * 1e-9;
+    }
     return 0;
 }
 
