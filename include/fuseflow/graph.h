@@ -252,6 +252,7 @@ typedef struct ff_trainer_cfg {
     int64_t save_freq, test_freq; /* every N steps; 0 = never */
     int64_t max_gen_batches;      /* dynamic sampling: prompts drawn at most this many batches' worth */
     const char *out_dir;
+    unsigned loggers;             /* FF_LOGGER_* (config.h): trainer.logger */
     const char **plugins;
     size_t n_plugins;
 } ff_trainer_cfg;
