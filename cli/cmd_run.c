@@ -11,6 +11,7 @@
 #include "cli/io_util.h"
 #include "fuseflow/error.h"
 #include "fuseflow/executor.h"
+#include "fuseflow/util.h"
 
 #define CMD "run"
 
@@ -97,6 +98,8 @@ int ff_cmd_run(int argc, char **argv) {
     o.dump_samples = dump;
     o.progress = no_progress ? 0 : -1;
     o.interrupt = &g_interrupt;
+    char out_dir[FF_PATH_MAX] = "";
+    o.out_dir = out_dir;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -107,5 +110,6 @@ int ff_cmd_run(int argc, char **argv) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     if (rc < 0) return ffio_fail(CMD);
+    ffplot_after_run(CMD, out_dir);
     return rc == FF_EXEC_INTERRUPTED ? 130 : 0;
 }

@@ -123,6 +123,7 @@ int ff_cmd_sft(int argc, char **argv) {
     int rc = ff_sft_run(&o, &res);
     signal(SIGINT, SIG_DFL);
     if (rc < 0) return ffio_fail(CMD);
+    ffplot_after_run(CMD, res.out);
     if (rc == FF_SFT_STOPPED)
         fprintf(stderr, "%ssft: stopped after step %lld (train.stop_after); saved %s (continue with --resume)\n", clear(&con), (long long)res.step,
                 res.checkpoint);

@@ -6,7 +6,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 pkgs=(build-essential cmake pkg-config clang libomp-dev
-      libopenblas-dev libzmq3-dev libmsgpack-dev libev-dev libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev libpng-dev
+      libopenblas-dev libzmq3-dev libmsgpack-dev libev-dev libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev libpng-dev libcairo2-dev fonts-dejavu-core
       python3 python3-zmq python3-msgpack iproute2 procps)
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(python3-torch python3-numpy)
