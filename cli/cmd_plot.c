@@ -46,8 +46,8 @@ static const panel_spec specs[] = {
     {"Response length (tokens)", {"response_length"}},
     {"Time per stage (s)", {"time/"}},
     {"Throughput (tokens/s)", {"tokens_per_s:train", "time/tokens_per_s:all stages", "time/gen_tokens_per_s:generation"}},
-    {"Learning rate", {"lr:actor", "critic_lr:critic"}},
-    {"Grad norm", {"grad_norm:actor", "critic_grad_norm:critic"}},
+    {"Learning rate", {"lr", "critic_lr"}},
+    {"Grad norm", {"grad_norm", "critic_grad_norm"}},
 };
 #define N_SPECS (sizeof specs / sizeof *specs)
 #define MAX_SERIES 8
@@ -174,7 +174,8 @@ static double tick_step(double lo, double hi) {
  * < 1e-2, else as many decimals as the step needs. */
 static void fmt_tick(double v, double step, double largest, char *buf, size_t cap) {
     if (fabs(v) < step * 1e-6) v = 0;
-    if (largest >= 1e5 || largest < 1e-2) snprintf(buf, cap, "%.1e", v);
+    if (v == 0) snprintf(buf, cap, "0");
+    else if (largest >= 1e5 || largest < 1e-2) snprintf(buf, cap, "%.1e", v);
     else {
         int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
         snprintf(buf, cap, "%.*f", dec > 6 ? 6 : dec, v);
@@ -210,8 +211,9 @@ static void draw_panel(cairo_t *cr, const panel *p, double px, double py, const 
     }
     double pad = (y1 - y0) * 0.06;
     y0 -= pad, y1 += pad;
-    /* a legend gets a band of its own above the curves */
-    const double rh = 14, bh = rh * p->n + 6;
+    /* a legend gets a band of its own above the curves; more than 3 series, in 2 columns */
+    const int lcols = p->n > 3 ? 2 : 1, lrows = (p->n + lcols - 1) / lcols;
+    const double rh = 14, bh = rh * lrows + 6;
     if (p->n > 1) y1 += (y1 - y0) * (bh + 10) / (B - T - bh - 10);
     double xs = tick_step(x0, x1), ys = tick_step(y0, y1);
     if (xs < 1) xs = 1; /* steps are integers */
@@ -246,7 +248,10 @@ static void draw_panel(cairo_t *cr, const panel *p, double px, double py, const 
     text_at(cr, (L + R) / 2, B + 26, step_key, 0.5, 1);
     cairo_set_font_size(cr, 13);
     cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_BOLD);
-    text_at(cr, (L + R) / 2, py + 10, p->spec->title, 0.5, 1);
+    char title[300]; /* one series: its label in the title, where a legend would say it */
+    if (p->n == 1 && strcmp(p->s[0].label, p->s[0].key)) snprintf(title, sizeof title, "%s: %s", p->spec->title, p->s[0].label);
+    else snprintf(title, sizeof title, "%s", p->spec->title);
+    text_at(cr, (L + R) / 2, py + 10, title, 0.5, 1);
     cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
     /* the series, clipped to the frame */
     cairo_save(cr);
@@ -277,17 +282,17 @@ static void draw_panel(cairo_t *cr, const panel *p, double px, double py, const 
             cairo_text_extents(cr, p->s[i].label, &e);
             w = fmax(w, e.x_advance);
         }
-        double bw = w + 30, lx = L + 8, ly = T + 5;
+        double cw = w + 30, bw = cw * lcols, lx = L + 8, ly = T + 5;
         cairo_set_source_rgba(cr, 1, 1, 1, 0.85);
         cairo_rectangle(cr, lx, ly, bw, bh);
         cairo_fill(cr);
         for (int i = 0; i < p->n; i++) {
-            double y = ly + 3 + rh * i + rh / 2;
+            double x = lx + cw * (i / lrows), y = ly + 3 + rh * (i % lrows) + rh / 2;
             cairo_set_source_rgb(cr, palette[i][0], palette[i][1], palette[i][2]);
             cairo_set_line_width(cr, 2);
-            cairo_move_to(cr, lx + 4, y), cairo_line_to(cr, lx + 20, y), cairo_stroke(cr);
+            cairo_move_to(cr, x + 4, y), cairo_line_to(cr, x + 20, y), cairo_stroke(cr);
             cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
-            text_at(cr, lx + 24, y, p->s[i].label, 0, 0.5);
+            text_at(cr, x + 24, y, p->s[i].label, 0, 0.5);
         }
     }
 #undef MAPX
