@@ -2,10 +2,10 @@
 # TensorBoard event files of `fuseflow sft` (`train.logger`), read by TensorBoard's own reader
 # (EventAccumulator): every scalar of metrics.jsonl at its step with its value, and after a
 # resume that rewrites steps, each step once (the restart event makes TensorBoard drop the
-# steps written again). Also: a logger list without console prints no step lines, and a wrong
-# logger name is refused for `sft` and `run` with the choices. Skipped (after the checks
-# that need no TensorBoard) where the Python package tensorboard is not installed
-# (`pip install tensorboard`). The format itself: tests/modelio/test_tfevents.c.
+# steps written again). Also: a logger list without console prints no step lines, a wrong
+# logger name is refused for `sft` and `run` with the choices, a misspelled key with the
+# right one. Skipped (after the checks that need no TensorBoard) where the Python package
+# tensorboard is not installed (`pip install tensorboard`). The format itself: tests/modelio/test_tfevents.c.
 source "$(dirname "$0")/lib.sh"
 cd "$TMP"
 
@@ -22,6 +22,8 @@ expect_error "a wrong logger name (sft)" "'train.logger.1' must be one of: conso
   "$FF_BIN" sft --config sft.yaml "train.logger=[jsonl,wandb]"
 expect_error "a wrong logger name (run)" "'trainer.logger' must be one of: console, jsonl, tensorboard, got 'tb'" \
   "$FF_BIN" run "$SRC/examples/grpo_arith.yaml" trainer.logger=tb trainer.out_dir=rl
+expect_error "a misspelled logger key" "unknown key 'train.loggers' \(hint: did you mean 'train.logger'\?\)" \
+  "$FF_BIN" sft --config sft.yaml "train.loggers=[jsonl]"
 expect_ok "sft with jsonl and tensorboard" "$FF_BIN" sft --config sft.yaml
 grep -q "step .*| loss" err && fail "no console logger, yet step lines: $(grep -m1 'step' err)" || ok "no console logger: no step lines"
 n=$(ls run/events.out.tfevents.* 2>/dev/null | wc -l)
