@@ -5,7 +5,8 @@
 # steps written again). Also: a logger list without console prints no step lines, a wrong
 # logger name is refused for `sft` and `run` with the choices, a misspelled key with the
 # right one. Skipped (after the checks that need no TensorBoard) where the Python package
-# tensorboard is not installed (`pip install tensorboard`). The format itself: tests/modelio/test_tfevents.c.
+# tensorboard is not installed (`pip install tensorboard`). The format itself:
+# tests/modelio/test_tfevents.c.
 source "$(dirname "$0")/lib.sh"
 cd "$TMP"
 
