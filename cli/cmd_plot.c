@@ -321,14 +321,15 @@ static int draw(const char *png, const char *title, const panel *const *used, in
     *w_out = W, *h_out = H;
     return 0;
 }
+#else
+static int draw(const char *png, const char *title, const panel *const *used, int n, const char *step_key, int *w_out, int *h_out) {
+    (void)title, (void)used, (void)n, (void)step_key, (void)w_out, (void)h_out;
+    return ff_error_set(png, "install libcairo2-dev (bash scripts/deps.sh) and build again",
+                        "this fuseflow was built without cairo, so it draws no pictures");
+}
 #endif
 
 int ffplot_curves(const char *out_dir, const char *png, char *info, size_t cap) {
-#ifndef FF_HAVE_CAIRO
-    (void)png, (void)info, (void)cap;
-    return ff_error_set(out_dir, "install libcairo2-dev (bash scripts/deps.sh) and build again",
-                        "this fuseflow was built without cairo, so it draws no pictures");
-#else
     char path[FF_PATH_MAX], step_key[32];
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
     panel panels[N_SPECS];
@@ -358,7 +359,6 @@ int ffplot_curves(const char *out_dir, const char *png, char *info, size_t cap) 
 out:
     panels_free(panels);
     return rc;
-#endif
 }
 
 void ffplot_after_run(const char *cmd, const char *out_dir) {
