@@ -11,6 +11,7 @@
 #include "cli/io_util.h"
 #include "fuseflow/error.h"
 #include "fuseflow/executor.h"
+#include "fuseflow/util.h"
 
 #define CMD "run"
 
@@ -21,16 +22,18 @@ static void help(void) {
            "workers, and runs trainer.steps iterations of the graph (generation with continuous batching,\n"
            "scoring, rewards and advantages, training with data parallelism, weight sync). Each iteration\n"
            "prints a line of metrics (reward, accuracy, response length, KL, entropy, clip fraction, grad\n"
-           "norm, time, tokens/s), also appended to OUT/metrics.jsonl (OUT = trainer.out_dir); a live line\n"
-           "shows the stage in progress on a terminal. Held-out greedy exact match every trainer.test_freq\n"
+           "norm, time, tokens/s), also appended to OUT/metrics.jsonl (OUT = trainer.out_dir); with\n"
+           "trainer.logger: [console, jsonl, tensorboard] also as TensorBoard event files in OUT (the\n"
+           "default is [console, jsonl]); at the end OUT/curves.png shows the learning curves (fuseflow\n"
+           "plot). A live line shows the stage in progress on a terminal. Held-out greedy exact match every trainer.test_freq\n"
            "iterations (and before the first); checkpoints every trainer.save_freq iterations, at the end,\n"
            "and on Ctrl-C (a second Ctrl-C stops at once, without one).\n\n"
            "  key.sub=value      override any config key (graph.rollout.n=16, roles.actor.optim.lr=2e-6)\n"
            "  --resume           continue from the newest checkpoint in OUT/checkpoints (same config and\n"
            "                     overrides: the metrics continue as in an uninterrupted run); refused when\n"
            "                     the config differs from the checkpoint's in a key other than\n"
-           "                     trainer.test_freq, save_freq, out_dir, schedule, acc_reward, data.val_files,\n"
-           "                     val_batch_size, roles.*.workers, roles.*.colocate_with,\n"
+           "                     trainer.test_freq, save_freq, out_dir, logger, schedule, acc_reward,\n"
+           "                     data.val_files, val_batch_size, roles.*.workers, roles.*.colocate_with,\n"
            "                     roles.actor.rollout.workers (the differences are listed)\n"
            "  --resume-with-changes  resume anyway (e.g. a longer trainer.steps): the changes go to\n"
            "                     OUT/config_changes.jsonl; OUT/config.yaml stays the original\n"
@@ -95,6 +98,8 @@ int ff_cmd_run(int argc, char **argv) {
     o.dump_samples = dump;
     o.progress = no_progress ? 0 : -1;
     o.interrupt = &g_interrupt;
+    char out_dir[FF_PATH_MAX] = "";
+    o.out_dir = out_dir;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -105,5 +110,6 @@ int ff_cmd_run(int argc, char **argv) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     if (rc < 0) return ffio_fail(CMD);
+    ffplot_after_run(CMD, out_dir);
     return rc == FF_EXEC_INTERRUPTED ? 130 : 0;
 }

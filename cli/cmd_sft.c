@@ -23,14 +23,14 @@ static void help(void) {
            "  --config FILE      the run (keys below; examples/sft_arith.yaml is a full example)\n"
            "  --resume           continue from the newest checkpoint in OUT/checkpoints; refused when the\n"
            "                     config (with its overrides) changes the run, listing the keys; only out,\n"
-           "                     device, save_dtype, data.test, train.log_every, eval_every, eval_samples,\n"
-           "                     save_every, keep_checkpoints and stop_after may differ\n"
+           "                     device, save_dtype, data.test, train.logger, log_every, eval_every,\n"
+           "                     eval_samples, save_every, keep_checkpoints and stop_after may differ\n"
            "  --resume-with-changes  resume anyway (e.g. a longer train.steps); the changes go to\n"
            "                     OUT/config_changes.jsonl, OUT/config.yaml stays the original\n"
            "  key=value          override a key, e.g. train.steps=50 optim.lr=1e-3\n\n"
            "keys (defaults in brackets):\n"
            "  model              model folder to start from (config.json, weights, tokenizer)\n"
-           "  out                run folder: checkpoints/, final/, metrics.jsonl, config.yaml\n"
+           "  out                run folder: checkpoints/, final/, metrics.jsonl, config.yaml, curves.png\n"
            "  device             cpu, cpu:N, cuda, cuda:N [cpu]\n"
            "  save_dtype         dtype of OUT/final: f32, bf16, f16 [f32]\n"
            "  data.train         training JSONL\n"
@@ -40,6 +40,9 @@ static void help(void) {
            "  train.micro_batch_tokens  tokens per forward/backward, 0 = whole batch [0]\n"
            "  train.seed         data order seed [1]\n"
            "  train.log_every    a permanent progress line every N steps [1]\n"
+           "  train.logger       where the metrics go, any of: console (the step and eval lines),\n"
+           "                     jsonl (OUT/metrics.jsonl), tensorboard (OUT/events.out.tfevents.*)\n"
+           "                     [[console, jsonl]]; OUT/curves.png is drawn from metrics.jsonl\n"
            "  train.eval_every   held-out loss and exact match every N steps, 0 = off [0]\n"
            "  train.eval_samples held-out examples used for eval [200]\n"
            "  train.save_every   checkpoint every N steps, 0 = only at the end [0]\n"
@@ -81,12 +84,13 @@ static void on_event(void *ud, const ff_sft_event *e) {
         c->ema_step = c->ema_step == 0 ? e->step_s : 0.9 * c->ema_step + 0.1 * e->step_s;
         ffio_duration(c->ema_step * (double)(e->steps - e->step), a, sizeof a);
         ffio_human((double)e->tokens / (e->step_s > 0 ? e->step_s : 1e-9), b, sizeof b);
-        if (e->log_line || c->tty)
+        if (e->console && (e->log_line || c->tty))
             fprintf(stderr, "%sstep %6lld/%lld | loss %.4f | lr %.2e | grad %.3f | %s tok/s | ETA %s%s", clear(c), (long long)e->step,
                     (long long)e->steps, e->loss, e->lr, e->grad_norm, b, a, e->log_line ? "\n" : "");
         break;
     }
     case FF_SFT_EVAL:
+        if (!e->console) break;
         fprintf(stderr, "%seval @ %lld | held-out loss %.4f | exact match %.1f%% (%lld/%lld) | %.1fs\n", clear(c), (long long)e->step, e->eval_loss,
                 100.0 * (double)e->hits / (double)e->n_test, (long long)e->hits, (long long)e->n_test, e->eval_s);
         break;
@@ -119,6 +123,7 @@ int ff_cmd_sft(int argc, char **argv) {
     int rc = ff_sft_run(&o, &res);
     signal(SIGINT, SIG_DFL);
     if (rc < 0) return ffio_fail(CMD);
+    ffplot_after_run(CMD, res.out);
     if (rc == FF_SFT_STOPPED)
         fprintf(stderr, "%ssft: stopped after step %lld (train.stop_after); saved %s (continue with --resume)\n", clear(&con), (long long)res.step,
                 res.checkpoint);

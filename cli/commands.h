@@ -31,6 +31,28 @@ int ff_cmd_graph(int argc, char **argv);
 /* RLHF runs: a run config's graph on local workers (cli/cmd_run.c) */
 int ff_cmd_run(int argc, char **argv);
 
+/* learning curves of a run folder as a PNG drawn with cairo (cli/cmd_plot.c) */
+int ff_cmd_plot(int argc, char **argv);
+/* The picture's layout (pixels): panels FFPLOT_COLS to a row under a title band; inside a
+ * panel, the plot area is inset by the margins (title above, tick labels left and below). */
+enum {
+    FFPLOT_COLS = 3,
+    FFPLOT_PANEL_W = 420,
+    FFPLOT_PANEL_H = 290,
+    FFPLOT_HEADER_H = 40,
+    FFPLOT_MARGIN_L = 64,
+    FFPLOT_MARGIN_R = 16,
+    FFPLOT_MARGIN_T = 34,
+    FFPLOT_MARGIN_B = 46,
+};
+#include <stddef.h>
+/* OUT_DIR/metrics.jsonl drawn into png; info gets "WxH, N panels: titles". 0, or -1 + error
+ * (no metrics, nothing to draw, a failed write, built without cairo). */
+int ffplot_curves(const char *out_dir, const char *png, char *info, size_t cap);
+/* After a training command: OUT_DIR/curves.png, and one line on stderr saying where it is or
+ * why there is none (a missing picture does not fail the command). */
+void ffplot_after_run(const char *cmd, const char *out_dir);
+
 /* the runtime: workers, CURVE keys, timelines, a driver (cli/cmd_worker.c, cmd_keygen.c,
  * cmd_trace.c, cmd_runtime_demo.c) */
 int ff_cmd_worker(int argc, char **argv);

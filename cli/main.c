@@ -15,6 +15,7 @@ static const ff_command commands[] = {
     {"plan", ff_cmd_plan, "plan a parallel layout: memory, traffic, bubbles, iteration time; search layouts"},
     {"schedule", ff_cmd_schedule, "a pipeline schedule's instruction streams per rank, simulated (GPipe, 1F1B, interleaved)"},
     {"run", ff_cmd_run, "run an RLHF algorithm graph on local workers (PPO, GRPO, ...; checkpoints, --resume)"},
+    {"plot", ff_cmd_plot, "draw a run folder's learning curves (metrics.jsonl) as a PNG (cairo)"},
     {"graph", ff_cmd_graph, "check a run config and print its algorithm graph; --simulate its schedule; --list"},
     {"worker", ff_cmd_worker, "join a controller and run its subtasks (--connect ENDPOINT)"},
     {"keygen", ff_cmd_keygen, "write CURVE keys for a controller and its remote workers"},

@@ -5,6 +5,7 @@
  * file, non-scalar map keys. */
 #include "fuseflow/config.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -728,6 +729,17 @@ int ff_cnode_get_str(ff_cnode *base, const char *path, const char *dflt, const c
     return 0;
 }
 
+/* "one of: a, b, c" into buf. */
+static const char *choices_of(const char *const *names, int count, char *buf, size_t cap) {
+    size_t off = (size_t)snprintf(buf, cap, "one of: ");
+    for (int i = 0; i < count && off < cap; i++) {
+        int w = snprintf(buf + off, cap - off, "%s%s", i ? ", " : "", names[i]);
+        if (w < 0) break;
+        off += (size_t)w;
+    }
+    return buf;
+}
+
 int ff_cnode_get_enum(ff_cnode *base, const char *path, const char *const *names, int count, int dflt, int *out) {
     const char *s;
     int rc = ff_cnode_get_str(base, path, NULL, &s);
@@ -741,18 +753,51 @@ int ff_cnode_get_enum(ff_cnode *base, const char *path, const char *const *names
             *out = i;
             return 0;
         }
-    char choices[512];
-    size_t off = 0;
-    choices[0] = '\0';
-    for (int i = 0; i < count && off < sizeof choices; i++) {
-        int w = snprintf(choices + off, sizeof choices - off, "%s%s", i ? ", " : "", names[i]);
-        if (w < 0) break;
-        off += (size_t)w;
-    }
-    ff_cnode *n = ff_cnode_find(base, path);
     char expected[600];
-    snprintf(expected, sizeof expected, "one of: %s", choices);
-    return bad_value(n, expected);
+    return bad_value(ff_cnode_find(base, path), choices_of(names, count, expected, sizeof expected));
+}
+
+int ff_cnode_get_flags(ff_cnode *base, const char *path, const char *const *names, int count, unsigned dflt, unsigned *out) {
+    assert(count > 0 && count <= 32);
+    ff_cnode *blocked;
+    const char *key;
+    size_t klen;
+    ff_cnode *n = walk(base, path, &blocked, &key, &klen);
+    if (blocked) return not_a_map(blocked, key, klen);
+    if (!n || is_null(n)) {
+        if (n) n->used = true;
+        *out = dflt;
+        return 1;
+    }
+    ff_cnode_mark_used(n); /* read, right or wrong: its error is the one to show */
+    char expected[600], w[512], full[512];
+    choices_of(names, count, expected, sizeof expected);
+    if (n->kind == FF_CNODE_MAP) {
+        ff_cnode_where(n, w, sizeof w);
+        node_path(n, full, sizeof full);
+        return ff_error_set(w, "write a list: [a, b]", "'%s' must be a list of names (%s), not a map", full, expected);
+    }
+    size_t items = n->kind == FF_CNODE_SCALAR ? 1 : n->n;
+    unsigned mask = 0;
+    for (size_t k = 0; k < items; k++) {
+        ff_cnode *e = n->kind == FF_CNODE_SCALAR ? n : n->items[k];
+        if (e->kind != FF_CNODE_SCALAR) {
+            ff_cnode_where(e, w, sizeof w);
+            node_path(e, full, sizeof full);
+            return ff_error_set(w, NULL, "'%s' must be a name (%s), not a %s", full, expected, e->kind == FF_CNODE_MAP ? "map" : "list");
+        }
+        int i = 0;
+        while (i < count && strcmp(e->text, names[i])) i++;
+        if (i == count) return bad_value(e, expected);
+        mask |= 1u << i;
+    }
+    *out = mask;
+    return 0;
+}
+
+int ff_cnode_get_loggers(ff_cnode *base, const char *path, unsigned *out) {
+    static const char *const names[] = {"console", "jsonl", "tensorboard"};
+    return ff_cnode_get_flags(base, path, names, 3, FF_LOGGERS_DEFAULT, out);
 }
 
 int ff_config_get_int(ff_config *c, const char *p, int64_t d, int64_t *o) { return ff_cnode_get_int(c->root, p, d, o); }
@@ -768,6 +813,7 @@ int ff_config_get_str(ff_config *c, const char *p, const char *d, const char **o
 int ff_config_get_enum(ff_config *c, const char *p, const char *const *names, int n, int d, int *o) {
     return ff_cnode_get_enum(c->root, p, names, n, d, o);
 }
+int ff_config_get_loggers(ff_config *c, const char *p, unsigned *o) { return ff_cnode_get_loggers(c->root, p, o); }
 
 /* ---- unknown keys ---------------------------------------------------------------------- */
 

@@ -39,7 +39,8 @@ static int read_trainer(ff_run_config *run) {
         ff_config_get_int_in(c, "trainer.test_freq", 0, 0, INT64_MAX, &t->test_freq) < 0 ||
         ff_config_get_int_in(c, "trainer.max_gen_batches", 4, 1, FF_RUN_MAX_GEN_BATCHES, &t->max_gen_batches) < 0 ||
         ff_config_get_str(c, "trainer.out_dir", "runs/latest", &t->out_dir) < 0 ||
-        ff_config_get_str(c, "trainer.acc_reward", "arith_exact_match", &t->acc_reward) < 0)
+        ff_config_get_str(c, "trainer.acc_reward", "arith_exact_match", &t->acc_reward) < 0 ||
+        ff_config_get_loggers(c, "trainer.logger", &t->loggers) < 0)
         return -1;
     t->schedule = (ff_schedule)s;
     ff_cnode *pl = ff_cnode_find(ff_config_root(c), "trainer.plugins");

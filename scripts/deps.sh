@@ -7,14 +7,19 @@
 # file): here one line per step, and the log's last lines and its path when a step fails.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-pkgs=(build-essential cmake pkg-config clang libomp-dev
-      libopenblas-dev libzmq3-dev libmsgpack-dev libev-dev libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev libpng-dev
+# libclang-rt-14-dev: clang's libFuzzer and sanitizer runtimes (only recommended by clang, so
+# --no-install-recommends leaves them out and the fuzz build of scripts/test.sh fails).
+pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev
+      libopenblas-dev libzmq3-dev libmsgpack-dev libev-dev libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev libpng-dev libcairo2-dev fonts-dejavu-core
       python3 python3-zmq python3-msgpack iproute2 procps)
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(python3-torch python3-numpy python3-venv)
 fi
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then SUDO=(sudo); fi
+if [[ ${#SUDO[@]} -gt 0 ]] && ! command -v sudo > /dev/null; then
+  need_root=1
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,6 +28,10 @@ log=${FF_DEPS_LOG:-$(mktemp -t fuseflow-deps.XXXXXX)}
 if (( ${#missing[@]} == 0 )); then
   echo "deps: all ${#pkgs[@]} packages installed"
 else
+  if [[ -n "${need_root:-}" ]]; then
+    echo "deps: ${#missing[@]} of ${#pkgs[@]} packages are missing (${missing[*]}) and installing them needs root: run this as root, or install sudo" >&2
+    exit 1
+  fi
   echo "deps: installing ${#missing[@]} of ${#pkgs[@]} packages (${missing[*]}); the output goes to $log"
   ff_step "$log" "deps: apt-get update" "${SUDO[@]}" apt-get update
   ff_step "$log" "deps: apt-get install" "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \

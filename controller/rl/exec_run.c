@@ -623,10 +623,11 @@ static char *join_overrides(int n, char *const *v) {
 /* Keys whose change on --resume keeps the run's meaning: when it evaluates and saves, where
  * it writes, how its roles are spread over processes (the same samples; float metrics agree
  * to rounding, docs/run.md "Determinism"). docs/run.md lists them. */
-static const char *const harmless_keys[] = {"trainer.test_freq", "trainer.save_freq", "trainer.out_dir", "trainer.schedule", "trainer.acc_reward",
-                                            "data.val_files", "data.val_batch_size", "roles.*.workers", "roles.*.colocate_with",
+static const char *const harmless_keys[] = {"trainer.test_freq", "trainer.save_freq", "trainer.out_dir", "trainer.logger", "trainer.schedule",
+                                            "trainer.acc_reward", "data.val_files", "data.val_batch_size", "roles.*.workers", "roles.*.colocate_with",
                                             "roles.*.layout", "roles.actor.rollout.workers", "roles.actor.rollout.layout", NULL};
-static const char *const samples_file[] = {"samples.jsonl", NULL};
+/* curves.png: `fuseflow run` draws it (cli/cmd_plot.c) from metrics.jsonl at the end */
+static const char *const samples_file[] = {"samples.jsonl", "curves.png", NULL}, *const run_files[] = {"curves.png", NULL};
 
 static int setup(ex_run *x, char ***over_out, int *n_over_out) {
     const ff_exec_opts *o = &x->o;
@@ -651,7 +652,9 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out) {
     /* everything the run will write, before any work: the timeline, the output folder */
     if (o->trace_path && ff_check_writable(o->trace_path) != 0) return ff_error_wrap("--trace");
     ff_train_dir_spec spec = {.cmd = "run", .out = x->run->trainer.out_dir, .out_key = "trainer.out_dir", .step_key = "iteration",
-                              .resume = o->resume, .files = o->dump_samples ? samples_file : NULL, .harmless = harmless_keys};
+                              .resume = o->resume, .files = o->dump_samples ? samples_file : run_files, .harmless = harmless_keys,
+                              .loggers = x->run->trainer.loggers};
+    if (o->out_dir) snprintf(o->out_dir, FF_PATH_MAX, "%s", x->run->trainer.out_dir);
     if (ff_train_dir_open(&x->td, &spec) != 0) return -1;
     if (o->resume && ff_train_dir_check_config(&x->td, x->run->cfg, o->resume_with_changes) != 0) return -1;
     const ff_role_cfg *actor = &x->run->roles[FF_ROLE_ACTOR];
@@ -791,9 +794,11 @@ static int loop(ex_run *x) {
         double acc;
         if (evaluate(x, &acc) != 0) return -1;
         json_t *m = json_pack("{s:i, s:f, s:f}", "iteration", 0, "eval_acc", acc, "eval_time_s", x->eval_time_s);
-        clear_line(x);
-        fprintf(x->out, "iter 0 | EVAL acc %.3f (%" PRId64 " held-out prompts, greedy)\n", acc, x->eval_done);
-        fflush(x->out);
+        if (tc->loggers & FF_LOGGER_CONSOLE) {
+            clear_line(x);
+            fprintf(x->out, "iter 0 | EVAL acc %.3f (%" PRId64 " held-out prompts, greedy)\n", acc, x->eval_done);
+            fflush(x->out);
+        }
         int rc = write_metrics(x, m);
         json_decref(m);
         if (rc != 0) return -1;
@@ -835,7 +840,7 @@ static int loop(ex_run *x) {
             json_object_set_new(m, "eval_acc", json_real(acc));
             json_object_set_new(json_object_get(m, "time"), "eval", json_real(x->eval_time_s));
         }
-        print_metrics(x, m);
+        if (x->run->trainer.loggers & FF_LOGGER_CONSOLE) print_metrics(x, m);
         rc = write_metrics(x, m);
         json_decref(m);
         if (rc != 0) return -1;

@@ -77,6 +77,20 @@ int ff_cnode_get_bool(ff_cnode *base, const char *path, bool dflt, bool *out);
 int ff_cnode_get_str(ff_cnode *base, const char *path, const char *dflt, const char **out);
 /* One of names[0..n-1]; *out is its index. */
 int ff_cnode_get_enum(ff_cnode *base, const char *path, const char *const *names, int n, int dflt, int *out);
+/* A set of names[0..count-1] (count <= 32) as a bit mask (bit i: names[i]): a list of names
+ * (`[a, c]`), or one name alone (`a`, so an override `key=a` works); `[]` is the empty set.
+ * A name outside the list is -1 + error naming file:line and the choices. */
+int ff_cnode_get_flags(ff_cnode *base, const char *path, const char *const *names, int count, unsigned dflt, unsigned *out);
+
+/* Where the training commands send their metrics (`trainer.logger` of `fuseflow run`,
+ * `train.logger` of `fuseflow sft`): `[console, jsonl, tensorboard]` in any subset. */
+enum {
+    FF_LOGGER_CONSOLE = 1u << 0,     /* one line per step on the console */
+    FF_LOGGER_JSONL = 1u << 1,       /* OUT/metrics.jsonl (train_dir.h) */
+    FF_LOGGER_TENSORBOARD = 1u << 2, /* OUT/events.out.tfevents.* (tfevents.h) */
+};
+#define FF_LOGGERS_DEFAULT (FF_LOGGER_CONSOLE | FF_LOGGER_JSONL)
+int ff_cnode_get_loggers(ff_cnode *base, const char *path, unsigned *out);
 
 /* The same, from the root. */
 int ff_config_get_int(ff_config *c, const char *path, int64_t dflt, int64_t *out);
@@ -86,6 +100,7 @@ int ff_config_get_double_in(ff_config *c, const char *path, double dflt, double 
 int ff_config_get_bool(ff_config *c, const char *path, bool dflt, bool *out);
 int ff_config_get_str(ff_config *c, const char *path, const char *dflt, const char **out);
 int ff_config_get_enum(ff_config *c, const char *path, const char *const *names, int n, int dflt, int *out);
+int ff_config_get_loggers(ff_config *c, const char *path, unsigned *out);
 
 /* ---- comparing two configurations ------------------------------------------------------- */
 /* One leaf where two trees differ: its dotted path ("optim.lr", "nodes.2.name") and the

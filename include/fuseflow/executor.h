@@ -71,6 +71,8 @@ typedef struct ff_exec_opts {
     double worker_timeout_s;   /* a worker silent this long is dead (default 10) */
     void (*on_event)(void *ud, const ff_exec_event *e);
     void *event_ud;
+    char *out_dir;             /* non-NULL: receives trainer.out_dir (FF_PATH_MAX bytes, util.h) as
+                                  soon as the config is read, for what the caller writes there */
 } ff_exec_opts;
 
 void ff_exec_opts_default(ff_exec_opts *o);

@@ -34,6 +34,7 @@
 #include "fuseflow/safetensors.h"
 #include "fuseflow/sft.h"
 #include "fuseflow/tensor_set.h"
+#include "fuseflow/tfevents.h"
 #include "fuseflow/tokenizer.h"
 #include "fuseflow/trace_summary.h"
 #include "fuseflow/train_dir.h"

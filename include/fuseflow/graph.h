@@ -253,6 +253,7 @@ typedef struct ff_trainer_cfg {
     int64_t max_gen_batches;      /* dynamic sampling: prompts drawn at most this many batches' worth */
     const char *out_dir;
     const char *acc_reward;       /* the reward function whose score 1 counts as a hit in acc and eval_acc */
+    unsigned loggers;             /* FF_LOGGER_* (config.h): trainer.logger */
     const char **plugins;
     size_t n_plugins;
 } ff_trainer_cfg;

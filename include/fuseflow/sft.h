@@ -45,6 +45,7 @@ typedef enum {
 typedef struct ff_sft_event {
     ff_sft_event_kind kind;
     int64_t step, steps;       /* steps done, train.steps */
+    bool console;              /* train.logger has console: STEP and EVAL are for the console */
     /* START */
     const char *model, *test_path, *backend;
     const char *resumed_from;  /* the checkpoint, NULL on a fresh start */
@@ -82,6 +83,7 @@ enum {
 typedef struct ff_sft_result {
     int64_t step;
     char checkpoint[FF_PATH_MAX];
+    char out[FF_PATH_MAX]; /* the run folder (the config's `out`), "" before the config was read */
 } ff_sft_result;
 
 /* Train. FF_SFT_DONE, FF_SFT_STOPPED or FF_SFT_INTERRUPTED, or -1 + error (bad config or

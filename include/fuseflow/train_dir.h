@@ -7,6 +7,9 @@
  *   OUT/config_changes.jsonl       one line per resume whose config differed from the
  *                                  checkpoint's (each key, before and after)
  *   OUT/metrics.jsonl              one JSON object per line, keyed by step ("step", "iteration")
+ *                                  (logger jsonl, the default)
+ *   OUT/events.out.tfevents.*      the same lines as TensorBoard scalars (logger tensorboard,
+ *                                  fuseflow/tfevents.h), one file per start of the command
  *   OUT/checkpoints/step-NNNNNNNN/ what the command saves, plus config.yaml: the effective
  *                                  config at that step (what --resume compares with)
  * Checkpoints are staged as step-N.tmp-PID and swapped in whole (ff_atomic_dir, modelio.h).
@@ -88,6 +91,9 @@ typedef struct ff_train_dir_spec {
     const char *const *harmless;     /* config keys whose change keeps the run's meaning,
                                         NULL-terminated; "*" matches one level
                                         ("roles.*.workers"), a key covers what is below it */
+    unsigned loggers;                /* FF_LOGGER_* (config.h) of the `logger` key: which of
+                                        metrics.jsonl and the event files ff_train_dir_metrics
+                                        writes (console is the caller's); 0: FF_LOGGERS_DEFAULT */
 } ff_train_dir_spec;
 
 typedef struct ff_train_dir {
@@ -96,13 +102,14 @@ typedef struct ff_train_dir {
     int64_t checkpoint_step;         /* its step, -1 when none */
     int64_t changes;                 /* differences a resume accepted (check_config) */
     char *pending;                   /* the config_changes.jsonl line start writes (owned) */
+    struct ff_tfevents *tb;          /* the event file start opened (logger tensorboard; owned) */
 } ff_train_dir;
 
 /* Check and prepare OUT (above): created if missing; every path the command writes checked;
  * stale leftovers removed; the newest checkpoint found. With spec->resume one must exist;
  * without, none may. 0 or -1 + error naming the path and what to do. */
 int ff_train_dir_open(ff_train_dir *d, const ff_train_dir_spec *spec);
-/* Free what the folder state holds (not the folder). */
+/* Free what the folder state holds (not the folder); closes the event file. */
 void ff_train_dir_close(ff_train_dir *d);
 
 /* --resume: compare `now` (this run's effective config) with the checkpoint's recorded one
@@ -113,14 +120,18 @@ void ff_train_dir_close(ff_train_dir *d);
  * nothing). 0 or -1 + error. */
 int ff_train_dir_check_config(ff_train_dir *d, const ff_config *now, bool accept_changes);
 
-/* Begin writing: a fresh run writes OUT/config.yaml and starts OUT/metrics.jsonl empty; a
- * resumed one keeps config.yaml (writes it only when missing) and cuts metrics.jsonl to the
- * lines of steps up to the checkpoint's, and records the changes check_config accepted.
- * 0 or -1 + error. */
+/* Begin writing: a fresh run writes OUT/config.yaml and starts OUT/metrics.jsonl empty
+ * (whatever the loggers, so no earlier run's lines stay) and removes earlier runs' event
+ * files; a resumed one keeps config.yaml (writes it only when missing) and cuts metrics.jsonl
+ * to the lines of steps up to the checkpoint's, and records the changes check_config
+ * accepted. With the tensorboard logger a new event file is opened (a resumed run's starts
+ * with a restart at the step after the checkpoint's, so TensorBoard drops the steps written
+ * again). 0 or -1 + error. */
 int ff_train_dir_start(ff_train_dir *d, const ff_config *cfg);
 
-/* Append one line (compact JSON) to OUT/metrics.jsonl. Any failure (open, a short write, the
- * close) is -1 + error naming the file. */
+/* Append one line (compact JSON) to OUT/metrics.jsonl (logger jsonl) and as one event to
+ * the event file (logger tensorboard). Any failure (open, a short write, the close) is
+ * -1 + error naming the file. */
 int ff_train_dir_metrics(ff_train_dir *d, const json_t *line);
 
 /* Stage the checkpoint of `step`: its staging folder (OUT as an absolute path, so processes

@@ -18,6 +18,7 @@
 
 #include "fuseflow/error.h"
 #include "fuseflow/modelio.h"
+#include "fuseflow/tfevents.h"
 #include "fuseflow/util.h"
 
 /* ---- the data order ------------------------------------------------------------------------ */
@@ -326,6 +327,8 @@ int ff_train_dir_check_config(ff_train_dir *d, const ff_config *now, bool accept
 void ff_train_dir_close(ff_train_dir *d) {
     free(d->pending);
     d->pending = NULL;
+    /* every event was flushed when written: a failure here loses nothing */
+    if (ff_tfevents_close(&d->tb) != 0) ff_warn("%s: %s", d->spec.cmd, ff_error_message());
 }
 
 /* ---- writing ------------------------------------------------------------------------------------- */
@@ -378,6 +381,26 @@ static int append_record(const char *out, const char *name, const char *text) {
     return rc;
 }
 
+static unsigned loggers(const ff_train_dir *d) { return d->spec.loggers ? d->spec.loggers : FF_LOGGERS_DEFAULT; }
+
+/* A fresh run's event file is the only one: TensorBoard would show earlier runs' beside it. */
+static int remove_event_files(const ff_train_dir_spec *s) {
+    DIR *dir = opendir(s->out);
+    if (!dir) return ff_error_set(s->out, NULL, "cannot list: %s", strerror(errno));
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(dir)) && rc == 0) {
+        if (strncmp(e->d_name, "events.out.tfevents.", 20) != 0) continue;
+        char path[FF_PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", s->out, e->d_name);
+        if (unlink(path) != 0)
+            rc = ff_error_set(path, "remove it, or choose another folder", "cannot remove an earlier run's event file: %s", strerror(errno));
+        else ff_info("%s: removed %s, an earlier run's TensorBoard events", s->cmd, path);
+    }
+    closedir(dir);
+    return rc;
+}
+
 int ff_train_dir_start(ff_train_dir *d, const ff_config *cfg) {
     const ff_train_dir_spec *s = &d->spec;
     char path[FF_PATH_MAX];
@@ -385,11 +408,17 @@ int ff_train_dir_start(ff_train_dir *d, const ff_config *cfg) {
     if ((!s->resume || access(path, F_OK) != 0) && write_config(path, cfg, s->cmd) != 0) return -1;
     if (d->pending && append_record(s->out, "config_changes.jsonl", d->pending) != 0) return -1;
     snprintf(path, sizeof path, "%s/metrics.jsonl", s->out);
-    if (s->resume) return truncate_metrics(path, s->step_key, d->checkpoint_step);
-    return ff_write_file_atomic(path, "", 0);
+    if (s->resume ? truncate_metrics(path, s->step_key, d->checkpoint_step) != 0
+                  : ff_write_file_atomic(path, "", 0) != 0 || remove_event_files(s) != 0)
+        return -1;
+    if (!(loggers(d) & FF_LOGGER_TENSORBOARD)) return 0;
+    if (!(d->tb = ff_tfevents_open(s->out))) return -1;
+    return s->resume ? ff_tfevents_restart(d->tb, d->checkpoint_step + 1) : 0;
 }
 
 int ff_train_dir_metrics(ff_train_dir *d, const json_t *line) {
+    if (d->tb && ff_tfevents_json(d->tb, line, d->spec.step_key) != 0) return -1;
+    if (!(loggers(d) & FF_LOGGER_JSONL)) return 0;
     char *text = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     if (!text) return ff_error_set(d->spec.out, NULL, "metrics.jsonl: out of memory");
     int rc = append_record(d->spec.out, "metrics.jsonl", text);

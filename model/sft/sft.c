@@ -24,10 +24,11 @@
 
 /* Keys whose change on --resume keeps the run's meaning: where and when it logs, evaluates
  * and saves, where it runs, the stored dtype of the final model. docs/model-files.md. */
-static const char *const harmless_keys[] = {"out", "device", "save_dtype", "data.test", "train.log_every", "train.eval_every",
+static const char *const harmless_keys[] = {"out", "device", "save_dtype", "data.test", "train.logger", "train.log_every", "train.eval_every",
                                             "train.eval_samples", "train.save_every", "train.keep_checkpoints", "train.stop_after",
                                             NULL};
 static const char *const sft_folders[] = {"final", NULL};
+static const char *const sft_files[] = {"curves.png", NULL}; /* `fuseflow sft` draws it at the end (cli/cmd_plot.c) */
 
 /* ---- the run's settings ----------------------------------------------------------------- */
 
@@ -35,6 +36,7 @@ typedef struct settings {
     const char *model, *out, *device, *train_path, *test_path;
     ff_dtype save_dtype;
     int64_t steps, batch_size, micro_tokens, seed, log_every, eval_every, eval_samples, save_every, keep, stop_after;
+    unsigned loggers; /* FF_LOGGER_* (config.h): train.logger */
     ff_adamw_config optim;
 } settings;
 
@@ -63,7 +65,8 @@ static int read_settings(ff_config *c, settings *s) {
         ff_config_get_int_in(c, "train.eval_samples", 200, 1, big, &s->eval_samples) < 0 ||
         ff_config_get_int_in(c, "train.save_every", 0, 0, big, &s->save_every) < 0 ||
         ff_config_get_int_in(c, "train.keep_checkpoints", 2, 1, 1 << 20, &s->keep) < 0 ||
-        ff_config_get_int_in(c, "train.stop_after", 0, 0, big, &s->stop_after) < 0)
+        ff_config_get_int_in(c, "train.stop_after", 0, 0, big, &s->stop_after) < 0 ||
+        ff_config_get_loggers(c, "train.logger", &s->loggers) < 0)
         return -1;
     ff_adamw_config *o = &s->optim;
     ff_adamw_config_default(o);
@@ -438,6 +441,7 @@ typedef struct run {
 static void emit(run *r, ff_sft_event *e) {
     e->step = r->ts.step;
     e->steps = r->s.steps;
+    e->console = (r->s.loggers & FF_LOGGER_CONSOLE) != 0;
     if (r->o->on_event) r->o->on_event(r->o->event_ud, e);
 }
 
@@ -459,7 +463,7 @@ static int setup(run *r) {
         read_settings(r->y, s) != 0)
         return -1;
     ff_train_dir_spec spec = {.cmd = "sft", .out = s->out, .out_key = "out", .step_key = "step", .resume = o->resume,
-                              .folders = sft_folders, .harmless = harmless_keys};
+                              .files = sft_files, .folders = sft_folders, .harmless = harmless_keys, .loggers = s->loggers};
     if (ff_train_dir_open(&r->td, &spec) != 0) return -1;
     if (o->resume && ff_train_dir_check_config(&r->td, r->y, o->resume_with_changes) != 0) return -1;
     const char *model_dir = o->resume ? r->td.checkpoint : s->model;
@@ -604,6 +608,7 @@ int ff_sft_run(const ff_sft_opts *o, ff_sft_result *res) {
     r->o = o;
     r->td.checkpoint_step = -1;
     int rc = setup(r);
+    if (r->s.out) snprintf(res->out, sizeof res->out, "%s", r->s.out);
     if (rc == 0) {
         r->t_start = ff_now_ns();
         ff_sft_event e = {.kind = FF_SFT_START, .model = r->s.model, .test_path = r->test.n ? r->s.test_path : NULL,

@@ -310,7 +310,43 @@ static void test_bounded(void) {
     ff_config_destroy(&c);
 }
 
+/* The logger key: a list of names, one name alone, the empty list, the default; a wrong
+ * name, a map and a nested list are errors naming the line and the choices, and the key
+ * counts as read (no "unknown key" besides). */
+static void test_loggers(void) {
+    const char *t = "a: [console, tensorboard]\nb: jsonl\nc: []\nd: [console, wandb]\ne: {x: 1}\nf: [[console]]\n";
+    ff_config *c = ff_config_parse(t, strlen(t), "l.yaml");
+    REQUIRE(c);
+    unsigned m = 99;
+    CHECK_EQ_INT(ff_config_get_loggers(c, "a", &m), 0);
+    CHECK_EQ_INT(m, FF_LOGGER_CONSOLE | FF_LOGGER_TENSORBOARD);
+    CHECK_EQ_INT(ff_config_get_loggers(c, "b", &m), 0);
+    CHECK_EQ_INT(m, FF_LOGGER_JSONL);
+    CHECK_EQ_INT(ff_config_get_loggers(c, "c", &m), 0);
+    CHECK_EQ_INT(m, 0);
+    CHECK_EQ_INT(ff_config_get_loggers(c, "absent", &m), 1);
+    CHECK_EQ_INT(m, FF_LOGGERS_DEFAULT);
+    CHECK_EQ_INT(ff_config_get_loggers(c, "d", &m), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "l.yaml:4: 'd.1' must be one of: console, jsonl, tensorboard, got 'wandb'");
+    CHECK_EQ_INT(ff_config_get_loggers(c, "e", &m), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "'e' must be a list of names");
+    CHECK_EQ_INT(ff_config_get_loggers(c, "f", &m), -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "not a list");
+    CHECK_EQ_INT(ff_config_check_unused(c), 0);
+    ff_config_destroy(&c);
+    /* an override sets it too */
+    c = ff_config_parse("x: 1\n", 5, "o.yaml");
+    REQUIRE(c);
+    int64_t x;
+    CHECK_EQ_INT(ff_config_get_int(c, "x", 0, &x), 0);
+    DIE_IF(ff_config_set(c, "trainer.logger=[tensorboard,jsonl]") != 0);
+    CHECK_EQ_INT(ff_config_get_loggers(c, "trainer.logger", &m), 0);
+    CHECK_EQ_INT(m, FF_LOGGER_TENSORBOARD | FF_LOGGER_JSONL);
+    ff_config_destroy(&c);
+}
+
 int main(void) {
+    test_loggers();
     test_diff();
     test_bounded();
     test_getters();
