@@ -1,0 +1,492 @@
+/* The fused schedule's solver (fuseflow/fuse.h ff_fuse_solve): makespan first, then peak
+ * activation memory. Not here: the simulator and the bounds it stops at (fuse.c).
+ *
+ * A schedule is decoded from a point of a small search space by list scheduling: the nodes
+ * run in simulated time, and a node that falls free takes, of its tasks that can start, the
+ * one with the highest key, where a task's key is its tail (the least time from its end to the
+ * end of any schedule, fuse_heads_tails: the longest remaining path first, which is the rule
+ * behind the preemptive bound) plus a perturbation, and a model's forwards on a node wait
+ * while its cap of micro-batches is in flight there (cap = S - s everywhere is 1F1B's memory).
+ * Every decoded schedule is valid (a node never takes a task that cannot start, and each
+ * model's caps let it finish alone), and its times are the simulator's, so it needs no second
+ * run. The search: a few fixed points first (1F1B caps, loose caps, no caps), then simulated
+ * annealing over the caps and the perturbations in each thread, in rounds of a fixed number of
+ * decodes; after a round the threads compare, and all stop when the best makespan is the
+ * lower bound and its peak is the peak bound at that makespan (or the memory has not improved
+ * for a while), or the time is up. Rounds of fixed work make the result depend only on the
+ * seed and the thread count whenever it stops before the time. */
+#include "fuseflow/fuse.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dataflow/fuse_internal.h"
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+
+#define ROUND_DECODES 48      /* decodes of a thread between two comparisons */
+#define CYCLE_DECODES 1500    /* one annealing cycle (hot to cold), then back to the thread's best */
+#define STALE_ROUNDS 40       /* rounds without a better peak at the bound before stopping */
+#define MEM_WEIGHT 0.002      /* energy = makespan / LB + MEM_WEIGHT x peak / its bound */
+
+typedef struct problem {
+    const ff_fuse_instance *in;
+    int32_t on[FF_FUSE_MAX_NODES][FF_FUSE_MAX_MODELS]; /* models with a stage on each node */
+    int32_t non[FF_FUSE_MAX_NODES];
+    double *qf, *qb;        /* [items] tails (fuse_ctx offsets) */
+    double lb, peak_lb;     /* makespan bound; peak bound at it */
+    double scale;           /* typical task time: the perturbations' unit */
+    int64_t items;
+} problem;
+
+typedef struct point {
+    int32_t cap[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
+    double *nf, *nb;        /* [items] perturbations of the keys */
+} point;
+
+typedef struct decoder {
+    fuse_ctx ctx;
+    double tn[FF_FUSE_MAX_NODES];   /* when the node can start its choice (INFINITY: none) */
+    int8_t ch_model[FF_FUSE_MAX_NODES], ch_back[FF_FUSE_MAX_NODES];
+    double ch_ready[FF_FUSE_MAX_NODES];
+    int32_t fc[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES], bc[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
+    double free_at[FF_FUSE_MAX_NODES], mem[FF_FUSE_MAX_NODES];
+} decoder;
+
+static bool better(double mk, double pk, double bmk, double bpk) {
+    if (!isfinite(bmk)) return isfinite(mk);
+    double tol = 1e-9 * fmax(bmk, 1);
+    if (mk < bmk - tol) return true;
+    if (mk > bmk + tol) return false;
+    return pk < bpk - 1e-9 * fmax(bpk, 1);
+}
+
+static bool at_bound(const problem *p, double mk) { return mk <= p->lb * (1 + 1e-9) + 1e-12; }
+
+/* Node n's next task: among the forward (if under its cap) and the backward of each model
+ * that can start, the highest key among those ready when the node could start the first. */
+static void choose(const problem *p, const point *x, decoder *d, int32_t n) {
+    const ff_fuse_instance *in = p->in;
+    const fuse_ctx *c = &d->ctx;
+    double rel[2 * FF_FUSE_MAX_MODELS], key[2 * FF_FUSE_MAX_MODELS], first = INFINITY;
+    int nc = 0;
+    int8_t cm[2 * FF_FUSE_MAX_MODELS], cb[2 * FF_FUSE_MAX_MODELS];
+    for (int a = 0; a < p->non[n]; a++) {
+        int i = p->on[n][a];
+        const ff_fuse_model *m = &in->models[i];
+        int32_t st = c->stage_of[i][n], f = d->fc[i][n], b = d->bc[i][n];
+        int64_t base = c->off[i];
+        if (f < m->micro && f - b < x->cap[i][n]) {
+            double r = st == 0 ? 0 : c->f_end[base + (int64_t)(st - 1) * m->micro + f];
+            if (r >= 0) {
+                if (st > 0) r += in->hop_latency;
+                int64_t it = base + (int64_t)st * m->micro + f;
+                rel[nc] = r, key[nc] = p->qf[it] + x->nf[it], cm[nc] = (int8_t)i, cb[nc++] = 0;
+            }
+        }
+        if (b < f) {
+            double r = st == m->n_stages - 1 ? c->f_end[base + (int64_t)st * m->micro + b] : c->b_end[base + (int64_t)(st + 1) * m->micro + b];
+            if (r >= 0) {
+                if (st < m->n_stages - 1) r += in->hop_latency;
+                int64_t it = base + (int64_t)st * m->micro + b;
+                rel[nc] = r, key[nc] = p->qb[it] + x->nb[it], cm[nc] = (int8_t)i, cb[nc++] = 1;
+            }
+        }
+    }
+    for (int j = 0; j < nc; j++) first = fmin(first, rel[j]);
+    d->tn[n] = INFINITY;
+    if (!nc) return;
+    double t = fmax(first, d->free_at[n]);
+    int best = -1;
+    for (int j = 0; j < nc; j++)
+        if (rel[j] <= t && (best < 0 || key[j] > key[best] || (key[j] == key[best] && cb[j] > cb[best]))) best = j;
+    d->tn[n] = t;
+    d->ch_model[n] = cm[best];
+    d->ch_back[n] = cb[best];
+    d->ch_ready[n] = rel[best];
+}
+
+/* Decode x into out (its lists rewritten; room for every task already there). 0, or -1 when a
+ * node is left with nothing to start (caps below 1 cannot happen: it would be a bug). */
+static int decode(const problem *p, const point *x, decoder *d, ff_fuse_schedule *out, double *mk, double *pk) {
+    const ff_fuse_instance *in = p->in;
+    fuse_ctx *c = &d->ctx;
+    for (int64_t i = 0; i < p->items; i++) c->f_end[i] = c->b_end[i] = -1;
+    memset(d->fc, 0, sizeof d->fc);
+    memset(d->bc, 0, sizeof d->bc);
+    int64_t total = 0;
+    for (int32_t n = 0; n < in->nodes; n++) {
+        d->free_at[n] = d->mem[n] = 0;
+        out->n_tasks[n] = 0;
+        total += c->tasks[n];
+    }
+    for (int32_t n = 0; n < in->nodes; n++) choose(p, x, d, n);
+    double peak = 0;
+    for (int64_t step = 0; step < total; step++) {
+        int32_t n = -1;
+        for (int32_t q = 0; q < in->nodes; q++)
+            if (d->tn[q] < INFINITY && (n < 0 || d->tn[q] < d->tn[n])) n = q;
+        if (n < 0) return -1;
+        int i = d->ch_model[n];
+        const ff_fuse_model *m = &in->models[i];
+        int32_t st = c->stage_of[i][n], next = -1;
+        double t0 = fmax(d->free_at[n], d->ch_ready[n]);
+        if (!d->ch_back[n]) {
+            int32_t k = d->fc[i][n]++;
+            d->free_at[n] = t0 + m->fwd;
+            c->f_end[c->off[i] + (int64_t)st * m->micro + k] = d->free_at[n];
+            d->mem[n] += m->act;
+            peak = fmax(peak, d->mem[n]);
+            if (st + 1 < m->n_stages) next = m->stages[st + 1];
+        } else {
+            int32_t k = d->bc[i][n]++;
+            d->free_at[n] = t0 + m->bwd;
+            c->b_end[c->off[i] + (int64_t)st * m->micro + k] = d->free_at[n];
+            d->mem[n] -= m->act;
+            if (st > 0) next = m->stages[st - 1];
+        }
+        out->tasks[n][out->n_tasks[n]++] = (ff_fuse_task){.model = (uint8_t)i, .backward = (uint8_t)d->ch_back[n]};
+        choose(p, x, d, n);
+        if (next >= 0) choose(p, x, d, next);
+    }
+    double end = 0;
+    for (int32_t n = 0; n < in->nodes; n++) end = fmax(end, d->free_at[n]);
+    *mk = end;
+    *pk = peak;
+    return 0;
+}
+
+/* ---- one thread's search ---------------------------------------------------------------- */
+
+typedef struct shared shared;
+
+typedef struct worker {
+    const problem *p;
+    shared *sh;
+    int id;
+    ff_rng rng;
+    decoder d;
+    point cur, best;
+    ff_fuse_schedule sched, best_sched;
+    double cur_e, best_mk, best_pk;
+    int64_t decodes, in_cycle;
+    int failed;
+} worker;
+
+struct shared {
+    pthread_mutex_t gate;      /* threads start together, or leave when one could not start */
+    pthread_cond_t open;
+    int go;                    /* 0: wait, 1: run, -1: leave */
+    pthread_barrier_t barrier;
+    int64_t deadline_ns;
+    bool stop;
+    int stale;
+    double round_mk, round_pk; /* the best over all threads after the last round */
+    worker *w;
+    int n;
+};
+
+static double energy(const problem *p, double mk, double pk) { return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb; }
+
+static int point_init(point *x, int64_t items) {
+    x->nf = ff_calloc((size_t)items, sizeof *x->nf);
+    x->nb = ff_calloc((size_t)items, sizeof *x->nb);
+    return x->nf && x->nb ? 0 : -1;
+}
+
+static void point_free(point *x) {
+    free(x->nf);
+    free(x->nb);
+    x->nf = x->nb = NULL;
+}
+
+static void point_copy(point *dst, const point *src, int64_t items) {
+    memcpy(dst->cap, src->cap, sizeof dst->cap);
+    memcpy(dst->nf, src->nf, (size_t)items * sizeof *dst->nf);
+    memcpy(dst->nb, src->nb, (size_t)items * sizeof *dst->nb);
+}
+
+/* caps: S - s + extra (at least 1, at most m); no perturbation */
+static void point_plain(const problem *p, point *x, int extra) {
+    const ff_fuse_instance *in = p->in;
+    for (int i = 0; i < in->n_models; i++) {
+        const ff_fuse_model *m = &in->models[i];
+        for (int32_t s = 0; s < m->n_stages; s++) {
+            int64_t c = extra < 0 ? m->micro : (int64_t)m->n_stages - s + extra;
+            x->cap[i][m->stages[s]] = (int32_t)(c < 1 ? 1 : c > m->micro ? m->micro : c);
+        }
+    }
+    memset(x->nf, 0, (size_t)p->items * sizeof *x->nf);
+    memset(x->nb, 0, (size_t)p->items * sizeof *x->nb);
+}
+
+/* Decode x; keep it as the thread's best when it is. */
+static int try_point(worker *w, const point *x, double *e) {
+    double mk, pk;
+    if (decode(w->p, x, &w->d, &w->sched, &mk, &pk)) return ff_error_set("fuse solver", "this is a bug", "a decoded schedule got stuck");
+    w->decodes++;
+    *e = energy(w->p, mk, pk);
+    if (better(mk, pk, w->best_mk, w->best_pk)) {
+        w->best_mk = mk;
+        w->best_pk = pk;
+        point_copy(&w->best, x, w->p->items);
+        ff_fuse_task **t = w->sched.tasks; /* swap the lists: sched becomes scratch */
+        w->sched.tasks = w->best_sched.tasks;
+        w->best_sched.tasks = t;
+        memcpy(w->best_sched.n_tasks, w->sched.n_tasks, (size_t)w->p->in->nodes * sizeof *w->sched.n_tasks);
+    }
+    return 0;
+}
+
+/* One annealing step: change a cap by one, or redraw the perturbations of a few consecutive
+ * micro-batches of one stage; keep it by Metropolis at temperature temp. */
+static int anneal_step(worker *w, double temp) {
+    const problem *p = w->p;
+    const ff_fuse_instance *in = p->in;
+    point *x = &w->cur;
+    int i = (int)ff_rng_below(&w->rng, (uint64_t)in->n_models);
+    const ff_fuse_model *m = &in->models[i];
+    int32_t s = (int32_t)ff_rng_below(&w->rng, (uint64_t)m->n_stages), node = m->stages[s];
+    double saved[8];
+    int32_t old_cap = x->cap[i][node], k0 = 0, len = 0;
+    bool back = false;
+    if (ff_rng_below(&w->rng, 3) == 0) {
+        int32_t c = old_cap + (ff_rng_below(&w->rng, 2) ? 1 : -1);
+        if (c < 1 || c > m->micro) return 0;
+        x->cap[i][node] = c;
+    } else {
+        back = ff_rng_below(&w->rng, 2);
+        len = 1 + (int32_t)ff_rng_below(&w->rng, 4);
+        k0 = (int32_t)ff_rng_below(&w->rng, (uint64_t)m->micro);
+        if (k0 + len > m->micro) len = m->micro - k0;
+        double *v = (back ? x->nb : x->nf) + w->d.ctx.off[i] + (int64_t)s * m->micro;
+        double sigma = p->scale * (ff_rng_below(&w->rng, 2) ? 0.5 : 3.0);
+        for (int32_t k = 0; k < len; k++) {
+            saved[k] = v[k0 + k];
+            v[k0 + k] = sigma * ff_rng_normal(&w->rng);
+        }
+    }
+    double e;
+    if (try_point(w, x, &e)) return -1;
+    if (e <= w->cur_e || ff_rng_uniform(&w->rng) < exp((w->cur_e - e) / temp)) {
+        w->cur_e = e;
+        return 0;
+    }
+    if (len) { /* undo */
+        double *v = (back ? x->nb : x->nf) + w->d.ctx.off[i] + (int64_t)s * m->micro;
+        for (int32_t k = 0; k < len; k++) v[k0 + k] = saved[k];
+    } else {
+        x->cap[i][node] = old_cap;
+    }
+    return 0;
+}
+
+static int anneal_round(worker *w) {
+    for (int r = 0; r < ROUND_DECODES; r++) {
+        if (w->in_cycle == CYCLE_DECODES) { /* back to the best, hot again */
+            w->in_cycle = 0;
+            point_copy(&w->cur, &w->best, w->p->items);
+            w->cur_e = energy(w->p, w->best_mk, w->best_pk);
+        }
+        double f = (double)w->in_cycle++ / CYCLE_DECODES, temp = 0.01 * pow(1e-3, f);
+        if (anneal_step(w, temp)) return -1;
+    }
+    return 0;
+}
+
+static void round_end(shared *sh) {
+    const problem *p = sh->w[0].p;
+    double mk = INFINITY, pk = INFINITY;
+    for (int t = 0; t < sh->n; t++)
+        if (better(sh->w[t].best_mk, sh->w[t].best_pk, mk, pk)) mk = sh->w[t].best_mk, pk = sh->w[t].best_pk;
+    if (at_bound(p, mk)) {
+        double peak_lb = ff_fuse_peak_bound(p->in, mk);
+        sh->stale = better(mk, pk, sh->round_mk, sh->round_pk) ? 0 : sh->stale + 1;
+        if (pk <= peak_lb * (1 + 1e-9) || sh->stale >= STALE_ROUNDS) sh->stop = true;
+    }
+    sh->round_mk = mk;
+    sh->round_pk = pk;
+    for (int t = 0; t < sh->n; t++) sh->stop |= sh->w[t].failed != 0;
+    if (ff_now_ns() >= sh->deadline_ns) sh->stop = true;
+}
+
+static void *thread_main(void *arg) {
+    worker *w = arg;
+    shared *sh = w->sh;
+    if (w->id) {
+        pthread_mutex_lock(&sh->gate);
+        while (!sh->go) pthread_cond_wait(&sh->open, &sh->gate);
+        int go = sh->go;
+        pthread_mutex_unlock(&sh->gate);
+        if (go != 1) return NULL;
+    }
+    for (;;) {
+        if (!w->failed && anneal_round(w)) w->failed = -1;
+        if (pthread_barrier_wait(&sh->barrier) == PTHREAD_BARRIER_SERIAL_THREAD) round_end(sh);
+        pthread_barrier_wait(&sh->barrier);
+        if (sh->stop) break;
+    }
+    return NULL;
+}
+
+/* ---- the entry -------------------------------------------------------------------------- */
+
+static int schedule_room(const fuse_ctx *c, ff_fuse_schedule *s) {
+    if (ff_fuse_schedule_init(s, c->in->nodes)) return -1;
+    for (int32_t n = 0; n < c->in->nodes; n++) {
+        s->tasks[n] = ff_malloc(((size_t)c->tasks[n] + 1) * sizeof **s->tasks);
+        if (!s->tasks[n]) return -1;
+        s->cap[n] = c->tasks[n] + 1;
+    }
+    return 0;
+}
+
+static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t seed) {
+    memset(w, 0, sizeof *w);
+    w->p = p;
+    w->sh = sh;
+    w->id = id;
+    ff_rng_seed(&w->rng, ff_seed_stream(seed, 0x66757365, (uint64_t)id)); /* "fuse" */
+    w->best_mk = w->best_pk = INFINITY;
+    if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
+        schedule_room(&w->d.ctx, &w->best_sched))
+        return -1;
+    return 0;
+}
+
+static void worker_free(worker *w) {
+    fuse_ctx_free(&w->d.ctx);
+    point_free(&w->cur);
+    point_free(&w->best);
+    ff_fuse_schedule_free(&w->sched);
+    ff_fuse_schedule_free(&w->best_sched);
+}
+
+static int problem_init(problem *p, const ff_fuse_instance *in) {
+    memset(p, 0, sizeof *p);
+    p->in = in;
+    double work = 0;
+    int64_t ntask = 0;
+    for (int i = 0; i < in->n_models; i++) {
+        const ff_fuse_model *m = &in->models[i];
+        p->items += (int64_t)m->n_stages * m->micro;
+        work += (double)m->n_stages * m->micro * (m->fwd + m->bwd);
+        ntask += 2 * (int64_t)m->n_stages * m->micro;
+        for (int32_t s = 0; s < m->n_stages; s++) p->on[m->stages[s]][p->non[m->stages[s]]++] = i;
+    }
+    p->scale = work / (double)ntask;
+    p->qf = ff_malloc((size_t)p->items * sizeof *p->qf);
+    p->qb = ff_malloc((size_t)p->items * sizeof *p->qb);
+    double *ef = NULL, *eb = NULL;
+    if (!p->qf || !p->qb) return -1;
+    int64_t off = 0;
+    for (int i = 0; i < in->n_models; i++) {
+        size_t n = (size_t)in->models[i].n_stages * (size_t)in->models[i].micro;
+        ef = ff_malloc(n * sizeof *ef), eb = ff_malloc(n * sizeof *eb);
+        if (!ef || !eb) {
+            free(ef);
+            free(eb);
+            return -1;
+        }
+        fuse_heads_tails(in, i, ef, eb, p->qf + off, p->qb + off);
+        free(ef);
+        free(eb);
+        off += (int64_t)n;
+    }
+    ff_fuse_lower_bounds(in, &p->lb, &p->peak_lb);
+    return 0;
+}
+
+int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fuse_schedule *out, ff_fuse_solve_stats *stats) {
+    int64_t t0 = ff_now_ns();
+    memset(out, 0, sizeof *out);
+    ff_fuse_solve_stats st = {0};
+    double seconds = o && o->seconds > 0 ? o->seconds : 10;
+    int threads = o && o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1) threads = 1;
+    if (threads > 256) threads = 256;
+    uint64_t seed = o ? o->seed : 0;
+    problem p;
+    shared sh = {.gate = PTHREAD_MUTEX_INITIALIZER, .open = PTHREAD_COND_INITIALIZER};
+    worker *w = NULL;
+    int rc = -1, made = 0;
+    if (problem_init(&p, in)) goto done;
+    if (!(w = ff_calloc((size_t)threads, sizeof *w))) goto done;
+    for (; made < threads; made++)
+        if (worker_init(&w[made], &p, &sh, made, seed)) {
+            made++;
+            goto done;
+        }
+    /* The fixed points, in thread 0: 1F1B's caps, a little and much looser, none. */
+    static const int extras[] = {0, 1, 2, 4, -1};
+    for (size_t e = 0; e < sizeof extras / sizeof *extras; e++) {
+        double en;
+        point_plain(&p, &w[0].cur, extras[e]);
+        if (try_point(&w[0], &w[0].cur, &en)) goto done;
+    }
+    bool done_early = at_bound(&p, w[0].best_mk) && w[0].best_pk <= ff_fuse_peak_bound(in, w[0].best_mk) * (1 + 1e-9);
+    for (int t = 0; t < threads; t++) { /* every thread anneals from the best fixed point */
+        if (t) {
+            point_copy(&w[t].best, &w[0].best, p.items);
+            w[t].best_mk = w[0].best_mk, w[t].best_pk = w[0].best_pk;
+            memcpy(w[t].best_sched.n_tasks, w[0].best_sched.n_tasks, (size_t)in->nodes * sizeof *w[0].best_sched.n_tasks);
+            for (int32_t n = 0; n < in->nodes; n++)
+                memcpy(w[t].best_sched.tasks[n], w[0].best_sched.tasks[n], (size_t)w[0].best_sched.n_tasks[n] * sizeof **w[0].best_sched.tasks);
+        }
+        point_copy(&w[t].cur, &w[t].best, p.items);
+        w[t].cur_e = energy(&p, w[t].best_mk, w[t].best_pk);
+    }
+    if (!done_early) {
+        sh.deadline_ns = t0 + (int64_t)(seconds * 1e9);
+        sh.w = w;
+        sh.n = threads;
+        sh.round_mk = sh.round_pk = INFINITY;
+        if (pthread_barrier_init(&sh.barrier, NULL, (unsigned)threads)) {
+            ff_error_set("fuse solver", NULL, "cannot make a thread barrier");
+            goto done;
+        }
+        pthread_t *tid = ff_calloc((size_t)threads, sizeof *tid);
+        int started = 1;
+        if (tid) {
+            pthread_mutex_lock(&sh.gate);
+            for (; started < threads; started++)
+                if (pthread_create(&tid[started], NULL, thread_main, &w[started])) break;
+            sh.go = started == threads ? 1 : -1; /* a thread that cannot start: the others leave at once */
+            pthread_cond_broadcast(&sh.open);
+            pthread_mutex_unlock(&sh.gate);
+            if (sh.go == 1) thread_main(&w[0]);
+            for (int t = 1; t < started; t++) pthread_join(tid[t], NULL);
+        }
+        free(tid);
+        pthread_barrier_destroy(&sh.barrier);
+        if (!tid) goto done;
+        if (sh.go != 1) {
+            ff_error_set("fuse solver", "ask for fewer threads (--threads)", "cannot start thread %d of %d", started + 1, threads);
+            goto done;
+        }
+        for (int t = 0; t < threads; t++)
+            if (w[t].failed) {
+                ff_error_set("fuse solver", "this is a bug: please report the instance", "a decoded schedule got stuck in thread %d", t);
+                goto done;
+            }
+    }
+    int bi = 0;
+    for (int t = 1; t < threads; t++)
+        if (better(w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
+    if (ff_fuse_schedule_copy(&w[bi].best_sched, out)) goto done;
+    for (int t = 0; t < threads; t++) st.evaluations += w[t].decodes;
+    st.optimal = at_bound(&p, w[bi].best_mk);
+    rc = 0;
+done:
+    if (w)
+        for (int t = 0; t < made; t++) worker_free(&w[t]);
+    free(w);
+    free(p.qf);
+    free(p.qb);
+    st.seconds = (double)(ff_now_ns() - t0) * 1e-9;
+    if (stats) *stats = st;
+    return rc;
+}
