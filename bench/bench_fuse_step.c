@@ -6,9 +6,8 @@
  *
  * The fused problem is built from measurements (ff_pipe_fuse_instance on a warm-up of serial
  * steps: each model's mean stage forward and backward, its activation bytes); the fused
- * schedule is the best that the fused solver finds for it (until dataflow/fuse_solve.c is in
- * this branch: the best of the greedy and random schedules of tests/dataflow/fuse_test_util.h),
- * and the simulator's serial/fused makespan ratio on that instance is the prediction, printed
+ * schedule is the solver's for it (ff_fuse_solve), the serial one ff_fuse_serial's, and the
+ * fused simulator's serial/fused makespan ratio on that instance is the prediction, printed
  * beside the pipeline simulator's on the streams (whose transfers block) and the measured one.
  *
  * On a machine with fewer cores than ranks the measurement understates fusion: a rank idle in a
@@ -54,22 +53,12 @@ static double streams_makespan(const ff_fuse_instance *in, const ff_pipe_schedul
     return mk;
 }
 
-/* The best fused schedule found for `in` (by the fused simulator's makespan) into *out. */
+/* The fused schedule for `in`: the solver's (ff_fuse_solve, 2 s on the machine's cores). */
 static double solve(const ff_fuse_instance *in, ff_fuse_schedule *out) {
-    double best = -1;
-    ff_fuse_schedule s;
-    for (int q = 0; q < 2 * in->n_models + 400; q++) {
-        double mk;
-        if (q < 2 * in->n_models) mk = fz_greedy(in, q % 2, q / 2, &s);
-        else fz_random(in, (uint64_t)q, &s), mk = fz_makespan(in, &s);
-        if (best < 0 || mk < best) {
-            if (best >= 0) fz_free(out);
-            *out = s, best = mk;
-        } else {
-            fz_free(&s);
-        }
-    }
-    return best;
+    ff_fuse_solve_opts o = {.seconds = 2, .seed = 1};
+    ff_fuse_solve_stats st;
+    if (ff_fuse_solve(in, &o, out, &st)) fprintf(stderr, "%s\n", ff_error_message()), exit(1);
+    return fz_makespan(in, out);
 }
 
 int main(int argc, char **argv) {

@@ -13,16 +13,15 @@
  * and a rank waiting in a call at tau can only wait for a peer still short of tau: a cycle of
  * waits would need tau to fall all the way round, so there is none (the proof is in the doc).
  *
- * Not here: scoring or solving schedules (fuse.c, fuse_solve.c), running the streams (the
- * executor, workers/pipe). The timing below is the fused simulator's rule restated because the
- * streams need every task's start and end, which ff_fuse_sim does not carry. */
+ * Not here: scoring or solving schedules (fuse.c, fuse_solve.c: the timeline is fuse_run's),
+ * running the streams (the executor, workers/pipe). */
 #include "fuseflow/fuse.h"
 
 #include <assert.h>
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuse_internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 
@@ -46,19 +45,12 @@ typedef struct ctx {
     const ff_fuse_instance *in;
     const ff_fuse_schedule *s;
     int32_t stage_on[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]; /* stage of model i on node n, -1 */
-    /* [model][stage * micro + k]: start and end of forwards and backwards; index of the task on its node */
-    double *fs[FF_FUSE_MAX_MODELS], *fe[FF_FUSE_MAX_MODELS], *bs[FF_FUSE_MAX_MODELS], *be[FF_FUSE_MAX_MODELS];
-    int64_t *fi[FF_FUSE_MAX_MODELS], *bi[FF_FUSE_MAX_MODELS];
+    int64_t *fi[FF_FUSE_MAX_MODELS], *bi[FF_FUSE_MAX_MODELS]; /* [model][stage * micro + k]: the task's index on its node */
     double *ts[FF_FUSE_MAX_NODES], *te[FF_FUSE_MAX_NODES]; /* [n_tasks] each node's task times, ascending */
     int32_t *mk[FF_FUSE_MAX_NODES];                         /* [n_tasks] each task's micro-batch */
-    int32_t family[FF_FUSE_MAX_MODELS];                     /* index of the family's first model */
+    int32_t family[FF_FUSE_MAX_MODELS];                     /* the first model of its family */
     node_items items[FF_FUSE_MAX_NODES];
 } ctx;
-
-static const char *task_name(const ctx *c, ff_fuse_task t, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s %s", c->in->models[t.model].name, t.backward ? "B" : "F");
-    return buf;
-}
 
 /* ---- checks ------------------------------------------------------------------------------ */
 
@@ -89,40 +81,25 @@ static int check_instance(const ff_fuse_instance *in) {
     return 0;
 }
 
-/* The name without its trailing digits ("critic1" -> "critic"): data-parallel replicas. */
-static size_t family_len(const char *name) {
-    size_t n = strlen(name);
-    while (n > 0 && isdigit((unsigned char)name[n - 1])) n--;
-    return n;
-}
-
+/* Each task's micro-batch (the k-th forward of a model on a node is micro-batch k), the index
+ * of every (model, stage, micro-batch)'s forward and backward on its node, and the timeline. */
 static int setup(ctx *c) {
     const ff_fuse_instance *in = c->in;
     const ff_fuse_schedule *s = c->s;
-    if (s->nodes != in->nodes)
-        return ff_error_set(W, "score the schedule against its own instance", "the schedule has %d nodes, the instance %d",
-                            (int)s->nodes, (int)in->nodes);
     memset(c->stage_on, 0xff, sizeof c->stage_on);
     for (int i = 0; i < in->n_models; i++) {
         const ff_fuse_model *m = &in->models[i];
         for (int32_t k = 0; k < m->n_stages; k++) c->stage_on[i][m->stages[k]] = k;
         const size_t n = (size_t)m->n_stages * (size_t)m->micro;
-        c->fs[i] = ff_malloc(sizeof(double) * n), c->fe[i] = ff_malloc(sizeof(double) * n);
-        c->bs[i] = ff_malloc(sizeof(double) * n), c->be[i] = ff_malloc(sizeof(double) * n);
         c->fi[i] = ff_malloc(sizeof(int64_t) * n), c->bi[i] = ff_malloc(sizeof(int64_t) * n);
-        if (!c->fs[i] || !c->fe[i] || !c->bs[i] || !c->be[i] || !c->fi[i] || !c->bi[i]) return -1;
-        for (size_t q = 0; q < n; q++) c->fe[i][q] = c->be[i][q] = -1, c->fi[i][q] = c->bi[i][q] = -1;
+        if (!c->fi[i] || !c->bi[i]) return -1;
         c->family[i] = i;
-        const size_t fl = family_len(m->name);
-        for (int j = 0; j < i && fl > 0; j++)
-            if (family_len(in->models[j].name) == fl && !strncmp(in->models[j].name, m->name, fl)) {
+        for (int j = 0; j < i; j++)
+            if (!strcmp(in->models[j].family, m->family)) {
                 c->family[i] = c->family[j];
                 break;
             }
     }
-    /* every task's micro-batch (the k-th forward of a model on a node is micro-batch k) and
-     * the counts: m forwards and m backwards of each model on each of its nodes, no others */
-    char b[96];
     for (int32_t n = 0; n < s->nodes; n++) {
         int32_t cnt[FF_FUSE_MAX_MODELS][2] = {{0}};
         c->ts[n] = ff_malloc(sizeof(double) * ((size_t)s->n_tasks[n] + 1));
@@ -131,89 +108,30 @@ static int setup(ctx *c) {
         if (!c->ts[n] || !c->te[n] || !c->mk[n]) return -1;
         for (int64_t j = 0; j < s->n_tasks[n]; j++) {
             const ff_fuse_task t = s->tasks[n][j];
-            if (t.model >= in->n_models)
-                return ff_error_set(W, NULL, "node %d, task %lld: model %d, but the instance has %d", (int)n, (long long)j,
-                                    (int)t.model, (int)in->n_models);
-            const int32_t st = c->stage_on[t.model][n], m = in->models[t.model].micro;
-            if (st < 0)
-                return ff_error_set(W, "a node runs only the models with a stage on it", "node %d, task %lld (%s): %s has no stage on node %d",
-                                    (int)n, (long long)j, task_name(c, t, b, sizeof b), in->models[t.model].name, (int)n);
-            const int32_t k = cnt[t.model][t.backward ? 1 : 0]++;
-            if (k >= m)
-                return ff_error_set(W, NULL, "node %d, task %lld (%s): more than the model's %d micro-batches", (int)n, (long long)j,
-                                    task_name(c, t, b, sizeof b), (int)m);
-            (t.backward ? c->bi : c->fi)[t.model][(size_t)st * (size_t)m + (size_t)k] = j;
+            const int32_t st = c->stage_on[t.model][n], k = cnt[t.model][t.backward ? 1 : 0]++;
+            (t.backward ? c->bi : c->fi)[t.model][(size_t)st * (size_t)in->models[t.model].micro + (size_t)k] = j;
             c->mk[n][j] = k;
         }
-        for (int i = 0; i < in->n_models; i++)
-            if (c->stage_on[i][n] >= 0 && (cnt[i][0] != in->models[i].micro || cnt[i][1] != in->models[i].micro))
-                return ff_error_set(W, "list every forward and backward of each model on each of its nodes",
-                                    "node %d has %d forwards and %d backwards of %s, which has %d micro-batches", (int)n,
-                                    (int)cnt[i][0], (int)cnt[i][1], in->models[i].name, (int)in->models[i].micro);
     }
-    return 0;
+    fuse_ctx fc;
+    if (fuse_ctx_init(&fc, in)) return -1;
+    fuse_score r;
+    const int rc = fuse_run(&fc, s, &r, c->ts, c->te);
+    fuse_ctx_free(&fc);
+    assert(rc == 0 && "ff_fuse_simulate ran it");
+    return rc ? -1 : 0;
 }
-
-/* ---- the timeline (the fused simulator's rule) -------------------------------------------- */
 
 static int32_t micro_of(const ctx *c, int32_t n, int64_t j) { return c->mk[n][j]; }
 
-/* When task j of node n may start as far as its input goes: -1 while that input is not done. */
-static double ready_at(const ctx *c, int32_t n, int64_t j, int32_t k) {
-    const ff_fuse_task t = c->s->tasks[n][j];
-    const ff_fuse_model *m = &c->in->models[t.model];
-    const int32_t st = c->stage_on[t.model][n];
-    const size_t M = (size_t)m->micro;
-    double dep;
-    if (!t.backward) {
-        if (st == 0) return 0;
-        dep = c->fe[t.model][(size_t)(st - 1) * M + (size_t)k];
-    } else if (st == m->n_stages - 1) {
-        return c->fe[t.model][(size_t)st * M + (size_t)k]; /* on this node: no hop */
-    } else {
-        dep = c->be[t.model][(size_t)(st + 1) * M + (size_t)k];
-    }
-    return dep < 0 ? -1 : dep + c->in->hop_latency;
+/* Start and end of model i's forward (grad: backward) of micro-batch k at stage st. */
+static double t_start(const ctx *c, int i, int32_t st, int32_t k, bool back) {
+    const int64_t j = (back ? c->bi : c->fi)[i][(size_t)st * (size_t)c->in->models[i].micro + (size_t)k];
+    return c->ts[c->in->models[i].stages[st]][j];
 }
-
-static int timeline(ctx *c) {
-    const ff_fuse_schedule *s = c->s;
-    int64_t pos[FF_FUSE_MAX_NODES] = {0};
-    double free_at[FF_FUSE_MAX_NODES] = {0};
-    int32_t kof[FF_FUSE_MAX_NODES];
-    for (bool moved = true; moved;) {
-        moved = false;
-        for (int32_t n = 0; n < s->nodes; n++)
-            for (; pos[n] < s->n_tasks[n]; pos[n]++) {
-                const int64_t j = pos[n];
-                const int32_t k = kof[n] = micro_of(c, n, j);
-                const double r = ready_at(c, n, j, k);
-                if (r < 0) break;
-                const ff_fuse_task t = s->tasks[n][j];
-                const ff_fuse_model *m = &c->in->models[t.model];
-                const size_t q = (size_t)c->stage_on[t.model][n] * (size_t)m->micro + (size_t)k;
-                const double a = r > free_at[n] ? r : free_at[n], e = a + (t.backward ? m->bwd : m->fwd);
-                (t.backward ? c->bs : c->fs)[t.model][q] = a;
-                (t.backward ? c->be : c->fe)[t.model][q] = e;
-                c->ts[n][j] = a, c->te[n][j] = e;
-                free_at[n] = e;
-                moved = true;
-            }
-    }
-    for (int32_t n = 0; n < s->nodes; n++)
-        if (pos[n] < s->n_tasks[n]) {
-            char b[96], dep[96];
-            const ff_fuse_task t = s->tasks[n][pos[n]];
-            const ff_fuse_model *m = &c->in->models[t.model];
-            const int32_t st = c->stage_on[t.model][n];
-            if (!t.backward) snprintf(dep, sizeof dep, "the forward of stage %d on node %d", (int)st - 1, (int)m->stages[st - 1]);
-            else if (st == m->n_stages - 1) snprintf(dep, sizeof dep, "its own forward on this node");
-            else snprintf(dep, sizeof dep, "the backward of stage %d on node %d", (int)st + 1, (int)m->stages[st + 1]);
-            return ff_error_set(W, "reorder the node's list so that each task's input can come first",
-                                "the schedule deadlocks: node %d waits forever at its task %lld (%s of micro-batch %d) for %s",
-                                (int)n, (long long)pos[n], task_name(c, t, b, sizeof b), (int)kof[n], dep);
-        }
-    return 0;
+static double t_end(const ctx *c, int i, int32_t st, int32_t k, bool back) {
+    const int64_t j = (back ? c->bi : c->fi)[i][(size_t)st * (size_t)c->in->models[i].micro + (size_t)k];
+    return c->te[c->in->models[i].stages[st]][j];
 }
 
 /* ---- placing transfers and steps ---------------------------------------------------------- */
@@ -289,7 +207,7 @@ static int add_transfer(ctx *c, int i, int32_t from, int32_t to, int32_t k, bool
     const ff_fuse_model *m = &c->in->models[i];
     const size_t M = (size_t)m->micro, qf = (size_t)from * M + (size_t)k, qt = (size_t)to * M + (size_t)k;
     const int32_t a = m->stages[from], b = m->stages[to];
-    const double lo = grad ? c->be[i][qf] : c->fe[i][qf], hi = grad ? c->bs[i][qt] : c->fs[i][qt];
+    const double lo = t_end(c, i, from, k, grad), hi = t_start(c, i, to, k, grad);
     const int64_t ja = grad ? c->bi[i][qf] : c->fi[i][qf], jb = grad ? c->bi[i][qt] : c->fi[i][qt];
     const double tau = pick_tau(c, a, b, lo, hi);
     /* the sender after its compute, the receiver before its own (the gaps of tau, which only
@@ -310,10 +228,12 @@ static int add_transfer(ctx *c, int i, int32_t from, int32_t to, int32_t k, bool
 static int add_steps(ctx *c) {
     const ff_fuse_instance *in = c->in;
     double end[FF_FUSE_MAX_MODELS] = {0};
-    for (int i = 0; i < in->n_models; i++) {
-        const size_t n = (size_t)in->models[i].n_stages * (size_t)in->models[i].micro;
-        for (size_t q = 0; q < n; q++) end[c->family[i]] = c->be[i][q] > end[c->family[i]] ? c->be[i][q] : end[c->family[i]];
-    }
+    for (int i = 0; i < in->n_models; i++)
+        for (int32_t st = 0; st < in->models[i].n_stages; st++)
+            for (int32_t k = 0; k < in->models[i].micro; k++) {
+                const double e = t_end(c, i, st, k, true);
+                end[c->family[i]] = e > end[c->family[i]] ? e : end[c->family[i]];
+            }
     for (int i = 0; i < in->n_models; i++) {
         const ff_fuse_model *m = &in->models[i];
         const double tau = end[c->family[i]];
@@ -373,7 +293,6 @@ static int emit(ctx *c, int32_t n, ff_pipe_schedule *out) {
 
 static void ctx_free(ctx *c) {
     for (int i = 0; i < FF_FUSE_MAX_MODELS; i++) {
-        free(c->fs[i]), free(c->fe[i]), free(c->bs[i]), free(c->be[i]);
         free(c->fi[i]), free(c->bi[i]);
     }
     for (int n = 0; n < FF_FUSE_MAX_NODES; n++) {
@@ -390,7 +309,8 @@ int ff_fuse_to_pipe(const ff_fuse_instance *in, const ff_fuse_schedule *s, const
     c->in = in;
     c->s = s;
     int rc = -1;
-    if (setup(c) || timeline(c)) goto done;
+    ff_fuse_sim sim;
+    if (ff_fuse_simulate(in, s, &sim) || setup(c)) goto done; /* complete, and no deadlock */
     if (ff_pipe_schedule_init(out, in->nodes, in->n_models)) goto done;
     for (int i = 0; i < in->n_models; i++) {
         const ff_fuse_model *m = &in->models[i];

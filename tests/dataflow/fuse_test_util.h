@@ -1,18 +1,19 @@
 /* Fused schedules for the tests and benches of the fused actor+critic execution
  * (tests/dataflow/test_fuse_pipe.c, tests/pipe/test_fuse_exec.c, bench/bench_fuse_step.c):
- * instances of the layouts they run, and schedules made by hand: the serial baseline (each
- * model's 1F1B, one after the other), greedy list schedules (whichever ready task starts
- * first, by a priority, within 1F1B's activation limits), and random valid schedules (a random
- * order of the tasks that respects every dependency). Times are the fused simulator's rule (a
- * task starts when its node is free and its input is done).
+ * instances of the layouts they run, and schedules made by hand beside ff_fuse_serial's and
+ * ff_fuse_solve's: greedy list schedules (whichever ready task starts first, by a priority,
+ * within 1F1B's activation limits) and random valid schedules (a random order of the tasks that
+ * respects every dependency), timed by the fused simulator's rule as they are built (a task
+ * starts when its node is free and its input is done).
  *
- * Not the solver (dataflow/fuse_solve.c) and not a check of anything: the callers assert. */
+ * Not a check of anything: the callers assert. */
 #ifndef FF_TEST_FUSE_UTIL_H
 #define FF_TEST_FUSE_UTIL_H
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuseflow/error.h"
 #include "fuseflow/fuse.h"
 #include "fuseflow/util.h"
 #include "tests/test_util.h"
@@ -23,6 +24,9 @@ static inline ff_fuse_model fz_model(const char *name, int32_t n, const int32_t 
                                      double act) {
     ff_fuse_model m = {.n_stages = n, .micro = micro, .fwd = f, .bwd = b, .act = act};
     snprintf(m.name, sizeof m.name, "%s", name);
+    size_t fl = strlen(name); /* the parser's default family: the name less its trailing digits */
+    while (fl > 1 && name[fl - 1] >= '0' && name[fl - 1] <= '9') fl--;
+    snprintf(m.family, sizeof m.family, "%.*s", (int)fl, name);
     for (int32_t k = 0; k < n; k++) m.stages[k] = stages[k];
     return m;
 }
@@ -41,24 +45,7 @@ static inline ff_fuse_instance fz_layout(bool replicas, int32_t actor_micro, int
     return in;
 }
 
-static inline void fz_alloc(ff_fuse_schedule *s, int32_t nodes, int64_t cap) {
-    s->nodes = nodes;
-    REQUIRE((s->n_tasks = calloc((size_t)nodes, sizeof *s->n_tasks)) && (s->tasks = calloc((size_t)nodes, sizeof *s->tasks)));
-    for (int32_t n = 0; n < nodes; n++) REQUIRE((s->tasks[n] = malloc(sizeof(ff_fuse_task) * (size_t)(cap > 0 ? cap : 1))));
-}
-
-static inline void fz_free(ff_fuse_schedule *s) {
-    for (int32_t n = 0; s->tasks && n < s->nodes; n++) free(s->tasks[n]);
-    free(s->tasks);
-    free(s->n_tasks);
-    memset(s, 0, sizeof *s);
-}
-
-static inline int64_t fz_tasks_per_node(const ff_fuse_instance *in) {
-    int64_t c = 0;
-    for (int i = 0; i < in->n_models; i++) c += 2 * in->models[i].micro;
-    return c;
-}
+static inline void fz_free(ff_fuse_schedule *s) { ff_fuse_schedule_free(s); }
 
 static inline int32_t fz_stage_on(const ff_fuse_model *m, int32_t n) {
     for (int32_t k = 0; k < m->n_stages; k++)
@@ -66,25 +53,10 @@ static inline int32_t fz_stage_on(const ff_fuse_model *m, int32_t n) {
     return -1;
 }
 
-/* Serial: on every node each model's 1F1B (min(S - s - 1, m) warm-up forwards, then one
- * forward and one backward in turn, then the rest), the models in the instance's order. */
+/* The serial baseline (ff_fuse_serial), which must succeed. */
 static inline void fz_serial(const ff_fuse_instance *in, ff_fuse_schedule *s) {
-    fz_alloc(s, in->nodes, fz_tasks_per_node(in));
-    for (int32_t n = 0; n < in->nodes; n++)
-        for (int i = 0; i < in->n_models; i++) {
-            const ff_fuse_model *m = &in->models[i];
-            const int32_t st = fz_stage_on(m, n);
-            if (st < 0) continue;
-            int32_t w = m->n_stages - st - 1, f = 0, b = 0;
-            w = w < m->micro ? w : m->micro;
-            ff_fuse_task *t = s->tasks[n];
-            for (; f < w; f++) t[s->n_tasks[n]++] = (ff_fuse_task){(uint8_t)i, 0};
-            for (; f < m->micro; f++, b++) {
-                t[s->n_tasks[n]++] = (ff_fuse_task){(uint8_t)i, 0};
-                t[s->n_tasks[n]++] = (ff_fuse_task){(uint8_t)i, 1};
-            }
-            for (; b < m->micro; b++) t[s->n_tasks[n]++] = (ff_fuse_task){(uint8_t)i, 1};
-        }
+    if (ff_fuse_serial(in, s)) fprintf(stderr, "%s\n", ff_error_message());
+    REQUIRE(s->n_tasks);
 }
 
 /* The state of a schedule being built task by task, with the fused simulator's times. */
@@ -101,7 +73,7 @@ static inline void fz_build_init(fz_build *b, const ff_fuse_instance *in, ff_fus
     memset(b, 0, sizeof *b);
     b->in = in, b->s = s;
     for (int i = 0; i < in->n_models; i++) REQUIRE(in->models[i].micro <= FZ_MAXM);
-    fz_alloc(s, in->nodes, fz_tasks_per_node(in));
+    REQUIRE(ff_fuse_schedule_init(s, in->nodes) == 0);
 }
 
 /* When model i's next forward (back: backward) on stage st could start, or -1 when its input
@@ -127,7 +99,7 @@ static inline void fz_take(fz_build *b, int i, int32_t st, bool back, double sta
     else b->fe[i][st][b->nf[i][st]++] = e;
     b->free_at[n] = e;
     b->makespan = e > b->makespan ? e : b->makespan;
-    b->s->tasks[n][b->s->n_tasks[n]++] = (ff_fuse_task){(uint8_t)i, back};
+    REQUIRE(ff_fuse_schedule_push(b->s, n, (ff_fuse_task){(uint8_t)i, back}) == 0);
 }
 
 /* Greedy: the task that can start first, ties to backwards (prefer_forward: forwards) and then
@@ -187,32 +159,10 @@ static inline void fz_random(const ff_fuse_instance *in, uint64_t seed, ff_fuse_
     free(b);
 }
 
-/* The fused simulator's makespan of a complete valid schedule (a reference for the tests). */
+/* The fused simulator's makespan of a valid schedule (ff_fuse_simulate), -1 when it refuses it. */
 static inline double fz_makespan(const ff_fuse_instance *in, const ff_fuse_schedule *s) {
-    fz_build *b = calloc(1, sizeof *b);
-    REQUIRE(b);
-    ff_fuse_schedule scratch;
-    fz_build_init(b, in, &scratch);
-    int64_t pos[FF_FUSE_MAX_NODES] = {0};
-    for (bool moved = true; moved;) {
-        moved = false;
-        for (int32_t n = 0; n < s->nodes; n++)
-            while (pos[n] < s->n_tasks[n]) {
-                const ff_fuse_task t = s->tasks[n][pos[n]];
-                const int32_t st = fz_stage_on(&in->models[t.model], n);
-                const double at = fz_ready(b, t.model, st, t.backward);
-                if (at < 0) break;
-                fz_take(b, t.model, st, t.backward, at);
-                pos[n]++;
-                moved = true;
-            }
-    }
-    double mk = b->makespan;
-    for (int32_t n = 0; n < s->nodes; n++)
-        if (pos[n] < s->n_tasks[n]) mk = -1;
-    fz_free(&scratch);
-    free(b);
-    return mk;
+    ff_fuse_sim sim;
+    return ff_fuse_simulate(in, s, &sim) ? -1 : sim.makespan;
 }
 
 #endif

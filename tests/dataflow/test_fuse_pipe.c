@@ -1,8 +1,9 @@
 /* ff_fuse_to_pipe (fuseflow/fuse.h): a fused schedule as the executor's instruction streams.
  * For five instances (the issue's actor PP 4 with the critic as PP 2 x 2 replicas, actor PP 4
  * with the critic PP 4 reversed, two nodes with a hop latency, eight nodes with 4-stage critic
- * replicas, a one-stage model beside a three-stage one) and, for each, the serial baseline,
- * four greedy fused schedules and hundreds of random valid schedules: the streams pass the
+ * replicas, a one-stage model beside a three-stage one) and, for each, the serial baseline
+ * (ff_fuse_serial), greedy fused schedules, the solver's (ff_fuse_solve) and hundreds of random
+ * valid schedules: the streams pass the
  * pipeline simulator (no deadlock with blocking rendezvous calls, every channel's k-th send
  * meets its k-th receive with the same tensor, inputs before use, steps after the backwards),
  * each node runs the schedule's forwards and backwards in its order with the k-th of a model
@@ -10,7 +11,7 @@
  * simulated makespan of the streams is never below the fused timeline's (printed: what
  * blocking transfers cost). The same streams with each call split into single transfers, sends
  * first, deadlock (so the check sees a bad grouping). Bad schedules and instances are refused
- * with errors naming the node and task. */
+ * with errors naming the node and task (the fused simulator's, ff_fuse_simulate). */
 #include "tests/dataflow/fuse_test_util.h"
 
 #include "fuseflow/error.h"
@@ -136,14 +137,20 @@ static void instance(const char *name, const ff_fuse_instance *in, int n_random,
         if (best_fused < 0 || fused < best_fused) best_fused = fused, best = got;
         fz_free(&s);
     }
+    ff_fuse_solve_opts so = {.seconds = 0.3, .seed = 1, .threads = 1};
+    ff_fuse_solve_stats ss;
+    REQUIRE(ff_fuse_solve(in, &so, &s, &ss) == 0);
+    snprintf(what, sizeof what, "%s solver", name);
+    const double solved = fz_makespan(in, &s), solved_streams = check_streams(what, in, &s, layers);
+    fz_free(&s);
     for (int q = 0; q < n_random; q++) {
         fz_random(in, 1000 + (uint64_t)q, &s);
         snprintf(what, sizeof what, "%s random %d", name, q);
         check_streams(what, in, &s, q % 2 ? layers : NULL);
         fz_free(&s);
     }
-    printf("%-32s serial %7.2f (streams %7.2f), best greedy %7.2f (streams %7.2f), %d random schedules\n", name, serial_fused,
-           serial, best_fused, best, n_random);
+    printf("%-32s makespan (of the streams): serial %6.1f (%6.1f), best greedy %6.1f (%6.1f), solver %6.1f (%6.1f); %d random schedules\n",
+           name, serial_fused, serial, best_fused, best, solved, solved_streams, n_random);
 }
 
 /* Refusals: each names the problem. */
@@ -153,23 +160,23 @@ static void errors(void) {
     ff_pipe_schedule p;
     fz_serial(&in, &s);
     /* node 3 (the actor's last stage) runs its first backward before that micro-batch's forward:
-     * every node ends up waiting, the first is named */
+     * every node ends up waiting */
     ff_fuse_task *t3 = s.tasks[3];
     REQUIRE(t3[0].model == 0 && !t3[0].backward && t3[1].backward);
     t3[0].backward = 1, t3[1].backward = 0;
     CHECK(ff_fuse_to_pipe(&in, &s, NULL, &p) == -1);
-    CHECK_STR_CONTAINS(ff_error_message(), "deadlocks: node 0 waits forever at its task 4 (actor B of micro-batch 0) for the backward of stage 1 on node 1");
+    CHECK_STR_CONTAINS(ff_error_message(), "deadlock: node 0 waits at its task 4 (actor B of micro-batch 0, stage 0) for actor B of micro-batch 0 on node 1");
     CHECK(p.streams == NULL);
     t3[0].backward = 0, t3[1].backward = 1;
     /* a task of a model on a node without its stage */
     t3[0].model = 1;
     CHECK(ff_fuse_to_pipe(&in, &s, NULL, &p) == -1);
-    CHECK_STR_CONTAINS(ff_error_message(), "node 3, task 0 (critic0 F): critic0 has no stage on node 3");
+    CHECK_STR_CONTAINS(ff_error_message(), "node 3, task 0: critic0 has no stage on node 3");
     t3[0].model = 0;
     /* one task short (node 3's last: critic1's last backward) */
     s.n_tasks[3]--;
     CHECK(ff_fuse_to_pipe(&in, &s, NULL, &p) == -1);
-    CHECK_STR_CONTAINS(ff_error_message(), "node 3 has 2 forwards and 1 backwards of critic1, which has 2 micro-batches");
+    CHECK_STR_CONTAINS(ff_error_message(), "incomplete: node 3 has 1 backwards of critic1; it needs 2");
     s.n_tasks[3]++;
     /* too few layers for the stages; two stages on one node; the wrong node count */
     const int64_t few[3] = {3, 2, 2};
@@ -181,7 +188,7 @@ static void errors(void) {
     in.models[1].stages[1] = 0;
     in.nodes = 5;
     CHECK(ff_fuse_to_pipe(&in, &s, NULL, &p) == -1);
-    CHECK_STR_CONTAINS(ff_error_message(), "the schedule has 4 nodes, the instance 5");
+    CHECK_STR_CONTAINS(ff_error_message(), "it has 4 nodes; the instance has 5");
     in.nodes = 4;
     /* the good one still goes through */
     CHECK(ff_fuse_to_pipe(&in, &s, NULL, &p) == 0);

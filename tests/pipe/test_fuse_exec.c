@@ -4,7 +4,8 @@
  * replicas in the reverse direction (critic0 on nodes [1, 0], critic1 on [3, 2], each its own
  * half of the critic's micro-batches, their gradients summed over the replicas in the
  * before_step hook), and the critic as PP 4 reversed ([3, 2, 1, 0]). Schedules: the serial
- * baseline (the actor's 1F1B, then the critic's), greedy fused ones and random valid ones.
+ * baseline (ff_fuse_serial: the actor's 1F1B, then the critic's), greedy fused ones, the
+ * solver's (ff_fuse_solve) and random valid ones.
  *
  * Proved, after two training steps: every fused schedule's weights equal the serial schedule's
  * bit for bit (each stage runs the same arithmetic on the same micro-batches in the same order
@@ -79,6 +80,11 @@ static void layout(const char *name, bool replicas) {
         const double mk = fz_greedy(&in, q % 2, q / 2, &fs[n]);
         snprintf(label[n++], sizeof label[0], "greedy %d (makespan %.0f)", q, mk);
     }
+    ff_fuse_solve_opts so = {.seconds = 0.3, .seed = 1, .threads = 1};
+    ff_fuse_solve_stats ss;
+    REQUIRE(ff_fuse_solve(&in, &so, &fs[n], &ss) == 0);
+    snprintf(label[n], sizeof label[0], "solver (makespan %.0f)", fz_makespan(&in, &fs[n]));
+    n++;
     for (int q = 0; q < 3; q++) {
         fz_random(&in, 77 + (uint64_t)q, &fs[n]);
         snprintf(label[n], sizeof label[0], "random %d (makespan %.0f)", q, fz_makespan(&in, &fs[n]));
@@ -113,7 +119,7 @@ static void layout(const char *name, bool replicas) {
                 CHECK(loss == base_loss[i]);
                 ff_tensor_set_destroy(&after);
             }
-            if (q) printf("%-26s %-26s: the weights after %d steps equal the %s's bit for bit\n", name, label[q], STEPS, label[0]);
+            if (q) printf("%-26s %-26s: the weights after %d steps equal the serial schedule's bit for bit\n", name, label[q], STEPS);
         }
         fx_job_clear(j);
         free(j);
