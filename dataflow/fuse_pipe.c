@@ -3,15 +3,18 @@
  * backwards in the schedule's order, and the sends, receives and optimizer steps placed so that
  * blocking grouped calls cannot deadlock for any schedule that the fused simulator runs.
  *
- * How the transfers are placed (docs/pipeline.md, "Executing a fused schedule"): the schedule
- * is timed as the fused simulator times it (a task starts when its node is free and its input
- * is done), every transfer gets one time tau between its producer's end and its consumer's
- * start, chosen where both nodes are idle when possible, and every optimizer step the time its
- * family's last backward ends. Each node lists its transfers and steps by tau between the
+ * How the transfers are placed (docs/pipeline.md, "Executing a fused schedule"): on a timeline
+ * of the schedule (first the fused simulator's: a task starts when its node is free and its
+ * input is done), every transfer gets one time tau between its producer's end and its
+ * consumer's start, chosen where both nodes are idle when possible, and every optimizer step
+ * the time its family's last backward ends. Each node lists its transfers and steps by tau between the
  * computes whose starts surround tau; the transfers between two computes form one call. Both
  * ends of a transfer list it at the same tau, so every channel has one order on both sides,
  * and a rank waiting in a call at tau can only wait for a peer still short of tau: a cycle of
  * waits would need tau to fall all the way round, so there is none (the proof is in the doc).
+ * Any valid timeline of the node orders will do for that, so the placement is made again on
+ * the timeline the pipeline simulator gives the streams (where blocking calls wait), a few
+ * times, and the streams with the shortest simulated makespan are kept.
  *
  * Not here: scoring or solving schedules (fuse.c, fuse_solve.c: the timeline is fuse_run's),
  * running the streams (the executor, workers/pipe). */
@@ -301,6 +304,60 @@ static void ctx_free(ctx *c) {
     }
 }
 
+/* The streams for the timeline in c (ts, te) into *out (initialised here). */
+static int build(ctx *c, const int64_t *layers, ff_pipe_schedule *out) {
+    const ff_fuse_instance *in = c->in;
+    for (int32_t n = 0; n < in->nodes; n++) c->items[n].n = 0;
+    if (ff_pipe_schedule_init(out, in->nodes, in->n_models)) return -1;
+    for (int i = 0; i < in->n_models; i++) {
+        const ff_fuse_model *m = &in->models[i];
+        int64_t per[FF_FUSE_MAX_NODES];
+        if (layers && ff_pipe_place_layers(layers[i], m->n_stages, 1, 0, 0, per))
+            return ff_error_wrap(W ": the layers of %s", m->name);
+        if (ff_pipe_model_set(out, i, m->micro, m->n_stages, m->stages, layers ? per : NULL, false)) return -1;
+        for (int32_t k = 0; k < m->micro; k++)
+            for (int32_t st = 0; st + 1 < m->n_stages; st++)
+                if (add_transfer(c, i, st, st + 1, k, false) || add_transfer(c, i, st + 1, st, k, true)) return -1;
+    }
+    if (add_steps(c)) return -1;
+    for (int32_t n = 0; n < in->nodes; n++)
+        if (emit(c, n, out)) return -1;
+    return 0;
+}
+
+/* The streams' makespan in the pipeline simulator (transfers block until both ends are there),
+ * and its timeline of the computes into c (ts, te): a valid timeline of the same node orders. */
+static int streams_time(ctx *c, const ff_pipe_schedule *p, double *makespan) {
+    const ff_fuse_instance *in = c->in;
+    double *t = ff_malloc(sizeof(double) * 2 * FF_FUSE_MAX_NODES * (size_t)in->n_models);
+    if (!t) return -1;
+    ff_pipe_sim_opts o = {.hop_s = in->hop_latency};
+    for (int i = 0; i < in->n_models; i++) {
+        double *f = t + (size_t)i * 2 * FF_FUSE_MAX_NODES;
+        for (int32_t k = 0; k < in->models[i].n_stages; k++) f[k] = in->models[i].fwd, f[FF_FUSE_MAX_NODES + k] = in->models[i].bwd;
+        o.fwd_stage_s[i] = f, o.bwd_stage_s[i] = f + FF_FUSE_MAX_NODES;
+    }
+    ff_pipe_sim sim;
+    int rc = ff_pipe_simulate(p, &o, &sim);
+    free(t);
+    if (rc) { /* the construction's promise broken: a bug here, not the caller's */
+        ff_pipe_sim_clear(&sim);
+        return ff_error_wrap(W ": the streams made of a valid schedule fail the pipeline simulator");
+    }
+    *makespan = sim.makespan_s;
+    for (int32_t n = 0; n < in->nodes; n++)
+        for (int64_t q = 0, j = 0; q < p->streams[n].n; q++) {
+            const uint8_t op = p->streams[n].instr[q].op;
+            if (op != FF_PIPE_FORWARD && op != FF_PIPE_BACKWARD) continue;
+            c->ts[n][j] = sim.start_s[n][q], c->te[n][j] = sim.end_s[n][q];
+            j++;
+        }
+    ff_pipe_sim_clear(&sim);
+    return 0;
+}
+
+enum { REFINE = 4 }; /* placements tried on the timelines the streams themselves run */
+
 int ff_fuse_to_pipe(const ff_fuse_instance *in, const ff_fuse_schedule *s, const int64_t *layers, ff_pipe_schedule *out) {
     memset(out, 0, sizeof *out);
     if (check_instance(in)) return -1;
@@ -310,23 +367,26 @@ int ff_fuse_to_pipe(const ff_fuse_instance *in, const ff_fuse_schedule *s, const
     c->s = s;
     int rc = -1;
     ff_fuse_sim sim;
+    double best = 0;
     if (ff_fuse_simulate(in, s, &sim) || setup(c)) goto done; /* complete, and no deadlock */
-    if (ff_pipe_schedule_init(out, in->nodes, in->n_models)) goto done;
-    for (int i = 0; i < in->n_models; i++) {
-        const ff_fuse_model *m = &in->models[i];
-        int64_t per[FF_FUSE_MAX_NODES];
-        if (layers && ff_pipe_place_layers(layers[i], m->n_stages, 1, 0, 0, per)) {
-            ff_error_wrap(W ": the layers of %s", m->name);
+    /* Placed on the fused timeline, the transfers make some nodes wait for others (a call
+     * needs both ends); placed again on the timeline those streams run, they often wait less.
+     * Keep the best of a few rounds. */
+    if (build(c, layers, out) || streams_time(c, out, &best)) goto done;
+    for (int r = 1; r < REFINE; r++) {
+        ff_pipe_schedule cand;
+        double mk;
+        if (build(c, layers, &cand) || streams_time(c, &cand, &mk)) {
+            ff_pipe_schedule_clear(&cand);
             goto done;
         }
-        if (ff_pipe_model_set(out, i, m->micro, m->n_stages, m->stages, layers ? per : NULL, false)) goto done;
-        for (int32_t k = 0; k < m->micro; k++)
-            for (int32_t st = 0; st + 1 < m->n_stages; st++)
-                if (add_transfer(c, i, st, st + 1, k, false) || add_transfer(c, i, st + 1, st, k, true)) goto done;
+        if (mk < best) {
+            ff_pipe_schedule_clear(out);
+            *out = cand, best = mk;
+        } else {
+            ff_pipe_schedule_clear(&cand);
+        }
     }
-    if (add_steps(c)) goto done;
-    for (int32_t n = 0; n < in->nodes; n++)
-        if (emit(c, n, out)) goto done;
     rc = 0;
 done:
     if (rc) ff_pipe_schedule_clear(out);
