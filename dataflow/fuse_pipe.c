@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fuse_internal.h"
+#include "dataflow/fuse_internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 

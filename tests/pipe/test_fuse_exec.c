@@ -13,7 +13,9 @@
  * comes after all of them), the critic replicas' weights are equal bit for bit, every rank
  * reports the same losses, and the serial step equals the single-rank models (the whole actor
  * on its batch, the whole critic on the whole critic batch) within the pipeline tests' fp32
- * tolerances (the gradient norm summed per stage, clipping on). */
+ * tolerances (the gradient norm summed per stage, clipping on). The instance built from the
+ * serial run (ff_pipe_fuse_instance) has the layout, measured times and the stated activation
+ * bytes. */
 #include "tests/pipe/fuse_exec_util.h"
 
 enum { STEPS = 2, NMICRO = 8, MAXSCHED = 16 };
@@ -53,6 +55,32 @@ static ff_tensor_set *reference(const ff_model_config *cfg, const ff_tensor_set 
     ff_model_destroy(&m);
     ff_backend_destroy(&be);
     return after;
+}
+
+/* The instance ff_pipe_fuse_instance built from the serial run: the layout, measured times,
+ * and the activation bytes of its rule (layers of a stage x 34 x tokens x hidden). */
+static void check_measured(const ff_fuse_instance *in, const ff_fuse_instance *got, const ff_model_config *cfg, const pt_batch *g,
+                           const int64_t *layers) {
+    CHECK_EQ_INT(got->nodes, in->nodes);
+    CHECK_EQ_INT(got->n_models, in->n_models);
+    for (int i = 0; i < in->n_models && i < got->n_models; i++) {
+        const ff_fuse_model *a = &in->models[i], *b = &got->models[i];
+        CHECK(!strcmp(a->name, b->name));
+        CHECK_EQ_INT(b->n_stages, a->n_stages);
+        CHECK_EQ_INT(b->micro, a->micro);
+        for (int32_t k = 0; k < a->n_stages; k++) CHECK_EQ_INT(b->stages[k], a->stages[k]);
+        CHECK(b->fwd > 0 && b->bwd > 0 && b->fwd < 1 && b->bwd < 1); /* seconds of a tiny stage */
+        const pt_batch *gb = &g[i > 0];
+        const double tokens = (double)gb->off[gb->n] / gb->n;
+        CHECK_CLOSE(b->act, (double)layers[i] / a->n_stages * 34.0 * tokens * cfg[i > 0].hidden_size, 0, 1e-12);
+    }
+    /* it is an instance the fused simulator and solver take */
+    ff_fuse_schedule s;
+    REQUIRE(ff_fuse_serial(got, &s) == 0);
+    CHECK(fz_makespan(got, &s) > 0);
+    ff_fuse_schedule_free(&s);
+    printf("measured: actor forward %.3f ms, backward %.3f ms per stage; critic0 %.3f, %.3f ms\n", 1e3 * got->models[0].fwd,
+           1e3 * got->models[0].bwd, 1e3 * got->models[1].fwd, 1e3 * got->models[1].bwd);
 }
 
 static void layout(const char *name, bool replicas) {
@@ -99,9 +127,10 @@ static void layout(const char *name, bool replicas) {
         fx_job *j = calloc(1, sizeof *j);
         REQUIRE(j);
         *j = (fx_job){.in = &in, .sched = {&ps}, .n_sched = 1, .reps = STEPS, .cfg = {&cfg[0], &cfg[1]}, .w = {w[0], w[1]},
-                      .g = {&g[0], &g[1]}, .keep = true, .measure_from = -1};
+                      .g = {&g[0], &g[1]}, .keep = true, .measure_from = q == 0 ? 0 : -1};
         const int rc = fx_run(j);
         CHECK(rc == 0);
+        if (rc == 0 && q == 0) check_measured(&in, &j->measured, cfg, g, layers);
         char what[160];
         if (rc == 0) {
             for (int i = 0; i < in.n_models; i++) {
