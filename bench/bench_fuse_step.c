@@ -15,8 +15,12 @@
  * there, and fused steps, which keep more ranks busy at once, make each compute slower. The CPU
  * seconds per step (all threads) and the cores' lower bound (CPU / cores) are printed with it.
  *
- * Usage: bench_fuse_step [--reps N] [--pp4] [--micro M] [--len T] [--hidden H] [--layers L]
- *        [--critic-layers L] [--quick]
+ * The transport is the tests' mailbox in its rendezvous mode (a call returns once its sends are
+ * received, as blocking NCCL calls do: the pipeline simulator's model); --buffered lets sends
+ * return at once.
+ *
+ * Usage: bench_fuse_step [--reps N] [--pp4] [--buffered] [--micro M] [--len T] [--hidden H]
+ *        [--layers L] [--critic-layers L] [--quick]
  * (defaults: 5 repetitions after a warm-up; 8 actor micro-batches and as many critic ones (4 per
  * replica) of 2 sequences of 64 tokens; hidden 256, vocabulary 512; an actor of 8 layers and a
  * critic of 4). */
@@ -63,11 +67,12 @@ static double solve(const ff_fuse_instance *in, ff_fuse_schedule *out) {
 
 int main(int argc, char **argv) {
     int reps = 5;
-    bool pp4 = false;
+    bool pp4 = false, buffered = false;
     int32_t micro = 8, len = 64, hidden = 256, layers = 8, critic_layers = 4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--pp4")) pp4 = true;
+        else if (!strcmp(argv[i], "--buffered")) buffered = true;
         else if (!strcmp(argv[i], "--micro") && i + 1 < argc) micro = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--len") && i + 1 < argc) len = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) hidden = atoi(argv[++i]);
@@ -75,7 +80,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--critic-layers") && i + 1 < argc) critic_layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) reps = 2, len = 16, hidden = 64;
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--pp4] [--micro M] [--len T] [--hidden H] [--layers L] [--critic-layers L] [--quick]\n",
+            fprintf(stderr, "usage: %s [--reps N] [--pp4] [--buffered] [--micro M] [--len T] [--hidden H] [--layers L] [--critic-layers L] [--quick]\n",
                     argv[0]);
             return 2;
         }
@@ -106,7 +111,7 @@ int main(int argc, char **argv) {
     fx_job *j = calloc(1, sizeof *j);
     REQUIRE(j);
     *j = (fx_job){.in = &layout, .sched = {&ps}, .n_sched = 1, .reps = 2, .cfg = {&cfg[0], &cfg[1]}, .w = {w[0], w[1]},
-                  .g = {&g[0], &g[1]}, .measure_from = 0};
+                  .g = {&g[0], &g[1]}, .measure_from = 0, .rendezvous = !buffered};
     if (fx_run(j)) fprintf(stderr, "bench_fuse_step: the warm-up failed\n"), exit(1);
     const ff_fuse_instance in = j->measured;
     for (int i = 0; i < in.n_models; i++)
@@ -124,7 +129,7 @@ int main(int argc, char **argv) {
     const double st_serial = streams_makespan(&in, &pss), st_fused = streams_makespan(&in, &pf);
     /* serial and fused in turn on the same stage models */
     *j = (fx_job){.in = &layout, .sched = {&ps, &pf}, .n_sched = 2, .reps = reps + 1, .cfg = {&cfg[0], &cfg[1]}, .w = {w[0], w[1]},
-                  .g = {&g[0], &g[1]}, .measure_from = -1};
+                  .g = {&g[0], &g[1]}, .measure_from = -1, .rendezvous = !buffered};
     if (fx_run(j)) fprintf(stderr, "bench_fuse_step: a step failed\n"), exit(1);
     double wall[2][FX_MAXREPS], cpu[2][FX_MAXREPS], mk[2][FX_MAXREPS];
     for (int q = 0; q < 2; q++)
@@ -147,9 +152,9 @@ int main(int argc, char **argv) {
     printf("fused simulator on the measured instance: serial %.1f ms, fused %.1f ms (%.3f x; schedule found in %.2f s); "
            "pipeline simulator on the streams (blocking transfers): %.1f ms, %.1f ms (%.3f x)\n",
            1e3 * sim_serial, 1e3 * sim_fused, sim_serial / sim_fused, solve_s, 1e3 * st_serial, 1e3 * st_fused, st_serial / st_fused);
-    printf("note: %d rank threads on %ld cores (one backend thread each): ranks share cores, so the serial step's bubbles are "
-           "partly busy elsewhere and the fused step's computes slow each other down%s\n",
-           FX_RANKS, cores, cores >= FX_RANKS ? " (here each rank has a core)" : "");
+    printf("note: %s transfers; %d rank threads on %ld cores (one backend thread each): ranks share cores, so the serial step's "
+           "bubbles are partly busy elsewhere and the fused step's computes slow each other down%s\n",
+           buffered ? "buffered" : "rendezvous", FX_RANKS, cores, cores >= FX_RANKS ? " (here each rank has a core)" : "");
     printf("fuse_step: %.2f x faster than serial (predicted %.2f) (target: the simulator's prediction)\n", med[0] / med[1],
            sim_serial / sim_fused);
     free(j);

@@ -1,5 +1,5 @@
 /* An actor and a critic trained together on 4 ranks (threads, the mailbox transport of
- * pipe_mailbox.h) by following fused instruction streams (ff_fuse_to_pipe), for
+ * pipe_mailbox.h, buffered or rendezvous) by following fused instruction streams (ff_fuse_to_pipe), for
  * tests/pipe/test_fuse_exec.c and bench/bench_fuse_step.c.
  *
  * Model 0 of the instance is the actor (log-prob loss, pt_loss on its batch); the others are
@@ -86,6 +86,7 @@ typedef struct fx_job {
     const ff_tensor_set *w[2];
     const pt_batch *g[2];               /* the actor's batch, the critic's global batch */
     bool keep;
+    bool rendezvous;                    /* the transport's calls wait for their sends to be taken */
     /* measured (rank 0), after the last run of sched[measure_from]: the instance */
     int measure_from;
     ff_fuse_instance measured;
@@ -234,6 +235,7 @@ static inline int fx_run(fx_job *j) {
     REQUIRE(j->in->nodes == FX_RANKS && j->n_sched >= 1 && j->n_sched <= FX_MAXS && j->reps >= 1 && j->reps <= FX_MAXREPS);
     const int M = j->in->n_models, R = fx_replicas(j);
     j->mail = group_new(FX_RANKS);
+    j->mail->rendezvous = j->rendezvous;
     if (R > 1) {
         for (int i = 1; i < M; i++) {
             j->norm[i] = (fx_sub){.n = j->in->models[i].n_stages};

@@ -1,5 +1,7 @@
 /* RLHFuse's fused training step, executed: an actor (PP 4, log-prob loss) and a critic (value
- * head, value loss) train together on 4 ranks (threads, the mailbox transport) by following
+ * head, value loss) train together on 4 ranks (threads, the mailbox transport in its rendezvous
+ * mode: a call returns once its sends are received, as blocking NCCL calls do, so a placement
+ * that could deadlock would hang here; the steps' sums are barriers) by following
  * the streams ff_fuse_to_pipe makes of a fused schedule, in two layouts: the critic as PP 2 x 2
  * replicas in the reverse direction (critic0 on nodes [1, 0], critic1 on [3, 2], each its own
  * half of the critic's micro-batches, their gradients summed over the replicas in the
@@ -127,7 +129,7 @@ static void layout(const char *name, bool replicas) {
         fx_job *j = calloc(1, sizeof *j);
         REQUIRE(j);
         *j = (fx_job){.in = &in, .sched = {&ps}, .n_sched = 1, .reps = STEPS, .cfg = {&cfg[0], &cfg[1]}, .w = {w[0], w[1]},
-                      .g = {&g[0], &g[1]}, .keep = true, .measure_from = q == 0 ? 0 : -1};
+                      .g = {&g[0], &g[1]}, .keep = true, .rendezvous = true, .measure_from = q == 0 ? 0 : -1};
         const int rc = fx_run(j);
         CHECK(rc == 0);
         if (rc == 0 && q == 0) check_measured(&in, &j->measured, cfg, g, layers);
