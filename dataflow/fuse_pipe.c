@@ -121,11 +121,8 @@ static int setup(ctx *c) {
     fuse_score r;
     const int rc = fuse_run(&fc, s, &r, c->ts, c->te);
     fuse_ctx_free(&fc);
-    assert(rc == 0 && "ff_fuse_simulate ran it");
-    return rc ? -1 : 0;
+    return rc ? ff_error_set(W, NULL, "node %d does not finish, though ff_fuse_simulate ran the schedule", (int)r.stuck) : 0;
 }
-
-static int32_t micro_of(const ctx *c, int32_t n, int64_t j) { return c->mk[n][j]; }
 
 /* Start and end of model i's forward (grad: backward) of micro-batch k at stage st. */
 static double t_start(const ctx *c, int i, int32_t st, int32_t k, bool back) {
@@ -287,7 +284,7 @@ static int emit(ctx *c, int32_t n, ff_pipe_schedule *out) {
         if (j == c->s->n_tasks[n]) break;
         const ff_fuse_task t = c->s->tasks[n][j];
         ff_pipe_instr in = {.op = t.backward ? FF_PIPE_BACKWARD : FF_PIPE_FORWARD, .model = t.model,
-                            .micro = micro_of(c, n, j), .peer = -1, .call = -1};
+                            .micro = c->mk[n][j], .peer = -1, .call = -1};
         if (ff_pipe_push(out, n, in)) return -1;
     }
     assert(q == v->n);

@@ -190,6 +190,10 @@ static void errors(void) {
     CHECK(ff_fuse_to_pipe(&in, &s, NULL, &p) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "it has 4 nodes; the instance has 5");
     in.nodes = 4;
+    in.models[0].fwd = 0;
+    CHECK(ff_fuse_to_pipe(&in, &s, NULL, &p) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "model actor: forward 0 and backward 6 must be > 0");
+    in.models[0].fwd = 3;
     /* the good one still goes through */
     CHECK(ff_fuse_to_pipe(&in, &s, NULL, &p) == 0);
     ff_pipe_schedule_clear(&p);
