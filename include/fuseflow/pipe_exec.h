@@ -180,6 +180,7 @@ int ff_pipe_exec_simulate(const ff_pipe_exec *e, ff_pipe_sim *out);
 /* What ff_pipe_fuse_instance needs of model i of a schedule besides its measured times. */
 typedef struct ff_pipe_fuse_model {
     const char *name;            /* its name in the instance ("actor", "critic0", ...) */
+    const char *family;          /* replicas share one; NULL: the name less its trailing digits */
     const ff_model_config *cfg;  /* hidden size and layers, for the activation bytes */
     double tokens;               /* tokens of one micro-batch (their mean over the step) */
 } ff_pipe_fuse_model;

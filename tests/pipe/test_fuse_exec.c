@@ -67,7 +67,7 @@ static void check_measured(const ff_fuse_instance *in, const ff_fuse_instance *g
     CHECK_EQ_INT(got->n_models, in->n_models);
     for (int i = 0; i < in->n_models && i < got->n_models; i++) {
         const ff_fuse_model *a = &in->models[i], *b = &got->models[i];
-        CHECK(!strcmp(a->name, b->name));
+        CHECK(!strcmp(a->name, b->name) && !strcmp(a->family, b->family) && b->family[0]);
         CHECK_EQ_INT(b->n_stages, a->n_stages);
         CHECK_EQ_INT(b->micro, a->micro);
         for (int32_t k = 0; k < a->n_stages; k++) CHECK_EQ_INT(b->stages[k], a->stages[k]);

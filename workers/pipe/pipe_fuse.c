@@ -2,6 +2,7 @@
  * (ff_pipe_fuse_instance): the layout from the executor's schedule, the times from its stage
  * timings, the activation bytes from the model configs. Not here: solving (ff_dataflow),
  * running the fused streams (the executor runs them as any schedule). */
+#include <ctype.h>
 #include <string.h>
 
 #include "fuseflow/error.h"
@@ -28,6 +29,9 @@ int ff_pipe_fuse_instance(const ff_pipe_exec *e, const ff_pipe_fuse_model *model
             return ff_error_set(w, "give each model's config and tokens per micro-batch", "model %d (%s): %s", i,
                                 g->name ? g->name : "?", !g->cfg ? "no config" : "no tokens");
         snprintf(m->name, sizeof m->name, "%s", g->name ? g->name : "");
+        size_t fl = strlen(m->name); /* the JSON's default: critic0, critic1 -> critic */
+        while (!g->family && fl > 1 && isdigit((unsigned char)m->name[fl - 1])) fl--;
+        snprintf(m->family, sizeof m->family, "%.*s", (int)(g->family ? strlen(g->family) : fl), g->family ? g->family : m->name);
         m->n_stages = pm->n_stages;
         m->micro = pm->micro;
         double fwd[FF_FUSE_MAX_NODES], bwd[FF_FUSE_MAX_NODES], act = 0;
