@@ -7,6 +7,7 @@
  * as that one has ended; a node is looked at again when a task it waits for ends. */
 #include "fuseflow/fuse.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <jansson.h>
 #include <math.h>
@@ -402,35 +403,55 @@ static int check_complete(const fuse_ctx *c, const ff_fuse_schedule *s) {
     return 0;
 }
 
-/* Which task node n is stuck at and what it waits for, after a deadlock. */
-static int explain_deadlock(const fuse_ctx *c, const ff_fuse_schedule *s, int32_t n) {
+/* After a deadlock: the first task of node n's list that did not run (n_tasks when all
+ * did), and whether it is a backward placed before its own forward. */
+static int64_t stuck_at(const fuse_ctx *c, const ff_fuse_schedule *s, int32_t n, int64_t *micro, bool *early) {
     const ff_fuse_instance *in = c->in;
     int64_t fc[FF_FUSE_MAX_MODELS] = {0}, bc[FF_FUSE_MAX_MODELS] = {0}, j = 0;
-    /* replay the node's list up to the first task that did not run */
-    for (; j < s->n_tasks[n]; j++) {
+    *early = false;
+    *micro = 0;
+    for (; j < s->n_tasks[n]; j++) { /* replay the node's list */
         ff_fuse_task t = s->tasks[n][j];
         const ff_fuse_model *m = &in->models[t.model];
         int32_t st = c->stage_of[t.model][n];
         int64_t k = t.backward ? bc[t.model] : fc[t.model];
+        *micro = k;
         double e;
         if (!t.backward) e = st == 0 ? 0 : c->f_end[c->off[t.model] + (int64_t)(st - 1) * m->micro + k];
-        else if (k >= fc[t.model]) e = -1;
+        else if (k >= fc[t.model]) e = -1, *early = true;
         else e = st == m->n_stages - 1 ? 0 : c->b_end[c->off[t.model] + (int64_t)(st + 1) * m->micro + k];
         if (e < 0) break;
         (t.backward ? bc : fc)[t.model]++;
     }
-    ff_fuse_task t = s->tasks[n][j];
+    return j;
+}
+
+/* Name a node that is stuck and what it waits for: one with a backward before its forward if
+ * there is one (that one is wrong on its own), else the first unfinished node. */
+static int explain_deadlock(const fuse_ctx *c, const ff_fuse_schedule *s) {
+    const ff_fuse_instance *in = c->in;
+    int32_t node = -1;
+    int64_t at = 0, micro = 0;
+    for (int32_t n = 0; n < in->nodes; n++) {
+        int64_t k = 0;
+        bool early;
+        int64_t j = stuck_at(c, s, n, &k, &early);
+        if (j == s->n_tasks[n]) continue;
+        if (node < 0 || early) node = n, at = j, micro = k;
+        if (early) {
+            const ff_fuse_model *m = &in->models[s->tasks[n][j].model];
+            return ff_error_set("schedule", "on a node, a model's k-th backward comes after its k-th forward",
+                                "deadlock: node %d, task %lld (%s B of micro-batch %lld) comes before that micro-batch's forward on the node", (int)n,
+                                (long long)j, m->name, (long long)k);
+        }
+    }
+    assert(node >= 0);
+    ff_fuse_task t = s->tasks[node][at];
     const ff_fuse_model *m = &in->models[t.model];
-    int32_t st = c->stage_of[t.model][n];
-    int64_t k = t.backward ? bc[t.model] : fc[t.model];
-    if (t.backward && k >= fc[t.model])
-        return ff_error_set("schedule", "on a node, a model's k-th backward comes after its k-th forward",
-                            "deadlock: node %d, task %lld (%s B of micro-batch %lld) comes before that micro-batch's forward on the node", (int)n, (long long)j,
-                            m->name, (long long)k);
-    int32_t ws = t.backward ? st + 1 : st - 1;
+    int32_t st = c->stage_of[t.model][node], ws = t.backward ? st + 1 : st - 1;
     return ff_error_set("schedule", "reorder the node lists: each node waits for another in a cycle",
                         "deadlock: node %d waits at its task %lld (%s %c of micro-batch %lld, stage %d) for %s %c of micro-batch %lld on node %d (stage %d), which never runs",
-                        (int)n, (long long)j, m->name, t.backward ? 'B' : 'F', (long long)k, (int)st, m->name, t.backward ? 'B' : 'F', (long long)k,
+                        (int)node, (long long)at, m->name, t.backward ? 'B' : 'F', (long long)micro, (int)st, m->name, t.backward ? 'B' : 'F', (long long)micro,
                         (int)m->stages[ws], (int)ws);
 }
 
@@ -442,7 +463,7 @@ int ff_fuse_simulate(const ff_fuse_instance *in, const ff_fuse_schedule *s, ff_f
     if (!rc) {
         fuse_score r;
         if (fuse_run(&c, s, &r, NULL, NULL)) {
-            rc = explain_deadlock(&c, s, r.stuck);
+            rc = explain_deadlock(&c, s);
         } else {
             out->makespan = r.makespan;
             out->peak_activation = r.peak;
@@ -746,6 +767,23 @@ static double peak_bound(const ff_fuse_instance *in, const bounds_work *w, doubl
     return best;
 }
 
+int fuse_least_in_flight(const ff_fuse_instance *in, double T, int32_t out[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]) {
+    bounds_work w;
+    int32_t most = 1;
+    for (int i = 0; i < in->n_models; i++)
+        if (in->models[i].micro > most) most = in->models[i].micro;
+    double *a = ff_malloc((size_t)most * sizeof *a);
+    int rc = -1;
+    if (a && work_init(in, &w) == 0) {
+        for (int i = 0; i < in->n_models; i++)
+            for (int32_t s = 0; s < in->models[i].n_stages; s++) out[i][in->models[i].stages[s]] = least_in_flight(in, &w, i, s, T, a);
+        rc = 0;
+    }
+    work_free(&w);
+    free(a);
+    return rc;
+}
+
 void ff_fuse_lower_bounds(const ff_fuse_instance *in, double *makespan, double *peak_activation) {
     bounds_work w;
     double mk = makespan_fallback(in), pk = 0;
@@ -840,7 +878,7 @@ int ff_fuse_write_svg(const ff_fuse_instance *in, const ff_fuse_schedule *s, con
     }
     fuse_score r;
     if (fuse_run(&c, s, &r, start, end)) {
-        explain_deadlock(&c, s, r.stuck);
+        explain_deadlock(&c, s);
         goto done;
     }
     const double left = 70, width = 1100, top = 46, row = 28, bar = 22;

@@ -46,6 +46,7 @@ typedef struct problem {
 
 typedef struct point {
     int32_t cap[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
+    double budget;          /* a node starts no forward that would take its memory above this */
     double *nf, *nb;        /* [items] perturbations of the keys */
 } point;
 
@@ -82,7 +83,7 @@ static void choose(const problem *p, const point *x, decoder *d, int32_t n) {
         const ff_fuse_model *m = &in->models[i];
         int32_t st = c->stage_of[i][n], f = d->fc[i][n], b = d->bc[i][n];
         int64_t base = c->off[i];
-        if (f < m->micro && f - b < x->cap[i][n]) {
+        if (f < m->micro && f - b < x->cap[i][n] && d->mem[n] + m->act <= x->budget * (1 + 1e-12)) {
             double r = st == 0 ? 0 : c->f_end[base + (int64_t)(st - 1) * m->micro + f];
             if (r >= 0) {
                 if (st > 0) r += in->hop_latency;
@@ -112,8 +113,9 @@ static void choose(const problem *p, const point *x, decoder *d, int32_t n) {
     d->ch_ready[n] = rel[best];
 }
 
-/* Decode x into out (its lists rewritten; room for every task already there). 0, or -1 when a
- * node is left with nothing to start (caps below 1 cannot happen: it would be a bug). */
+/* Decode x into out (its lists rewritten; room for every task already there). 0, or 1 when the
+ * nodes are left with nothing they may start (a memory budget too tight: every node full of
+ * forwards whose backwards wait for forwards on full nodes; caps alone cannot do this). */
 static int decode(const problem *p, const point *x, decoder *d, ff_fuse_schedule *out, double *mk, double *pk) {
     const ff_fuse_instance *in = p->in;
     fuse_ctx *c = &d->ctx;
@@ -133,7 +135,7 @@ static int decode(const problem *p, const point *x, decoder *d, ff_fuse_schedule
         int32_t n = -1;
         for (int32_t q = 0; q < in->nodes; q++)
             if (d->tn[q] < INFINITY && (n < 0 || d->tn[q] < d->tn[n])) n = q;
-        if (n < 0) return -1;
+        if (n < 0) return 1;
         int i = d->ch_model[n];
         const ff_fuse_model *m = &in->models[i];
         int32_t st = c->stage_of[i][n], next = -1;
@@ -217,29 +219,32 @@ static void point_free(point *x) {
 
 static void point_copy(point *dst, const point *src, int64_t items) {
     memcpy(dst->cap, src->cap, sizeof dst->cap);
+    dst->budget = src->budget;
     memcpy(dst->nf, src->nf, (size_t)items * sizeof *dst->nf);
     memcpy(dst->nb, src->nb, (size_t)items * sizeof *dst->nb);
 }
 
-/* caps: S - s + extra (at least 1, at most m); no perturbation */
-static void point_plain(const problem *p, point *x, int extra) {
+/* caps: base (or S - s) + extra, at least 1, at most m; extra < 0: m; no perturbation */
+static void point_plain(const problem *p, point *x, int extra, int32_t base[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]) {
     const ff_fuse_instance *in = p->in;
     for (int i = 0; i < in->n_models; i++) {
         const ff_fuse_model *m = &in->models[i];
         for (int32_t s = 0; s < m->n_stages; s++) {
-            int64_t c = extra < 0 ? m->micro : (int64_t)m->n_stages - s + extra;
+            int64_t c = extra < 0 ? m->micro : (base ? base[i][m->stages[s]] : (int64_t)m->n_stages - s) + extra;
             x->cap[i][m->stages[s]] = (int32_t)(c < 1 ? 1 : c > m->micro ? m->micro : c);
         }
     }
+    x->budget = INFINITY;
     memset(x->nf, 0, (size_t)p->items * sizeof *x->nf);
     memset(x->nb, 0, (size_t)p->items * sizeof *x->nb);
 }
 
-/* Before the makespan reaches its bound, memory only breaks ties; after, it is what is left
- * to lower, and the mean node peak smooths the plateaus of the max. */
+/* Before the makespan reaches its bound, memory only breaks ties; after, the decoding search
+ * looks for the bound under a memory budget below the best peak (begin_cycle), and the order
+ * search weighs the memory more, with the mean node peak to smooth the plateaus of the max. */
 static double energy(const worker *w, double mk, double pk, const double *node_peak) {
     const problem *p = w->p;
-    if (!w->sh->memory_phase) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
+    if (!w->sh->memory_phase || w->mode == 0) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
     double mean = 0;
     for (int32_t n = 0; n < p->in->nodes; n++) mean += node_peak[n];
     mean /= p->in->nodes;
@@ -274,8 +279,11 @@ static void keep_if_best(worker *w, const ff_fuse_schedule *s, double mk, double
 /* Decode x; keep it as the thread's best point and schedule when it is. */
 static int try_point(worker *w, const point *x, double *e) {
     double mk, pk;
-    if (decode(w->p, x, &w->d, &w->sched, &mk, &pk)) return ff_error_set("fuse solver", "this is a bug", "a decoded schedule got stuck");
     w->decodes++;
+    if (decode(w->p, x, &w->d, &w->sched, &mk, &pk)) { /* over the budget: no schedule */
+        *e = INFINITY;
+        return 0;
+    }
     *e = energy(w, mk, pk, w->d.peak);
     if (better(mk, pk, w->pt_mk, w->pt_pk)) {
         w->pt_mk = mk;
@@ -293,6 +301,12 @@ static int begin_cycle(worker *w) {
     w->mode = (int)((w->cycles++ + w->id) % 2);
     if (w->mode == 0) {
         point_copy(&w->cur, &w->best_pt, w->p->items);
+        if (w->sh->memory_phase) { /* the bound under less memory than the best has */
+            double unit = INFINITY;
+            for (int i = 0; i < w->p->in->n_models; i++)
+                if (w->p->in->models[i].act > 0) unit = fmin(unit, w->p->in->models[i].act);
+            w->cur.budget = isfinite(unit) ? w->best_pk - 0.5 * unit : INFINITY;
+        }
         return try_point(w, &w->cur, &w->cur_e);
     }
     copy_lists(&w->osched, &w->best_sched);
@@ -346,7 +360,7 @@ static int step_decode(worker *w, double temp) {
     if (try_point(w, x, &e)) return -1;
     if (e <= w->cur_e || ff_rng_uniform(&w->rng) < exp((w->cur_e - e) / temp)) {
         w->cur_e = e;
-        tighten(w, x);
+        if (isfinite(e)) tighten(w, x);
         return 0;
     }
     if (len) { /* undo */
@@ -551,14 +565,18 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
             made++;
             goto done;
         }
-    /* The fixed points, in thread 0: 1F1B's caps, a little and much looser, none. */
+    /* The fixed points, in thread 0: the caps of the fewest micro-batches in flight that the
+     * makespan bound allows, and a little looser; 1F1B's, and looser; none. */
+    int32_t least[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
+    if (fuse_least_in_flight(in, p.lb, least)) goto done;
     static const int extras[] = {0, 1, 2, 4, -1};
-    for (size_t e = 0; e < sizeof extras / sizeof *extras; e++) {
-        double en;
-        point_plain(&p, &w[0].cur, extras[e]);
-        if (try_point(&w[0], &w[0].cur, &en)) goto done;
-        if (getenv("FF_FUSE_DEBUG")) fprintf(stderr, "fixed extra %d: e %g best %g %g\n", extras[e], en, w[0].best_mk, w[0].best_pk);
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t e = 0; e < sizeof extras / sizeof *extras; e++) {
+            double en;
+            if (pass == 0 && extras[e] < 0) continue;
+            point_plain(&p, &w[0].cur, extras[e], pass == 0 ? least : NULL);
+            if (try_point(&w[0], &w[0].cur, &en)) goto done;
+        }
     bool done_early = at_bound(&p, w[0].best_mk) && w[0].best_pk <= p.peak_lb * (1 + 1e-9);
     for (int t = 1; t < threads; t++) { /* every thread anneals from the best fixed point */
         point_copy(&w[t].best_pt, &w[0].best_pt, p.items);
