@@ -30,7 +30,7 @@
 
 #define ROUND_DECODES 48      /* decodes of a thread between two comparisons */
 #define CYCLE_DECODES 1500    /* one annealing cycle (hot to cold), then back to the thread's best */
-#define STALE_ROUNDS 400      /* rounds without a better peak at the bound before stopping */
+#define STALE_ROUNDS 2000      /* rounds without a better peak at the bound before stopping */
 #define MEM_WEIGHT 0.002      /* energy = makespan / LB + MEM_WEIGHT x peak / its bound */
 #define MEM_WEIGHT_AT_BOUND 0.05 /* the same once the makespan is at its bound */
 
@@ -380,13 +380,15 @@ static void move_task(ff_fuse_task *t, int64_t from, int64_t to) {
 }
 
 /* Orders (RLHFuse's move, the simulator as the judge): one task of a node moved up to 8 places
- * earlier or later (at the bound, half the time on the node with the highest peak); a move
+ * earlier or later (at the bound, half the time on the node with the highest peak: the forward
+ * that first reaches it moved later, or one of the next backwards moved before it); a move
  * that deadlocks is undone. */
 static int step_order(worker *w, double temp) {
     const ff_fuse_instance *in = w->p->in;
     ff_fuse_schedule *s = &w->osched;
     int32_t n = (int32_t)ff_rng_below(&w->rng, (uint64_t)in->nodes);
-    if (w->sh->memory_phase && ff_rng_below(&w->rng, 2)) {
+    bool at_peak = w->sh->memory_phase && ff_rng_below(&w->rng, 2);
+    if (at_peak) {
         n = 0;
         for (int32_t q = 1; q < in->nodes; q++)
             if (w->onode_peak[q] > w->onode_peak[n]) n = q;
@@ -395,6 +397,25 @@ static int step_order(worker *w, double temp) {
     if (len < 2) return 0;
     int64_t from = (int64_t)ff_rng_below(&w->rng, (uint64_t)len), d = 1 + (int64_t)ff_rng_below(&w->rng, 8);
     int64_t to = ff_rng_below(&w->rng, 2) ? from + d : from - d;
+    if (at_peak) { /* the forward that first reaches the node's peak later, or a backward after it earlier */
+        double mem = 0;
+        int64_t p = 0;
+        for (; p < len; p++) {
+            ff_fuse_task t = s->tasks[n][p];
+            mem += t.backward ? -in->models[t.model].act : in->models[t.model].act;
+            if (!t.backward && mem >= w->onode_peak[n] * (1 - 1e-12)) break;
+        }
+        if (p == len) return 0;
+        if (ff_rng_below(&w->rng, 2)) {
+            from = p, to = p + d;
+        } else {
+            int64_t q = p + 1;
+            for (int64_t skip = (int64_t)ff_rng_below(&w->rng, 3); q < len; q++)
+                if (s->tasks[n][q].backward && skip-- == 0) break;
+            if (q >= len) return 0;
+            from = q, to = p;
+        }
+    }
     if (to < 0) to = 0;
     if (to >= len) to = len - 1;
     if (to == from) return 0;
