@@ -1,24 +1,28 @@
 /* The fused schedule's solver (fuseflow/fuse.h ff_fuse_solve): makespan first, then peak
  * activation memory. Not here: the simulator and the bounds it stops at (fuse.c).
  *
- * A schedule is decoded from a point of a small search space by list scheduling: the nodes
- * run in simulated time, and a node that falls free takes, of its tasks that can start, the
- * one with the highest key, where a task's key is its tail (the least time from its end to the
- * end of any schedule, fuse_heads_tails: the longest remaining path first, which is the rule
- * behind the preemptive bound) plus a perturbation, and a model's forwards on a node wait
- * while its cap of micro-batches is in flight there (cap = S - s everywhere is 1F1B's memory).
- * Every decoded schedule is valid (a node never takes a task that cannot start, and each
- * model's caps let it finish alone), and its times are the simulator's, so it needs no second
- * run. The search: a few fixed points first (1F1B caps, loose caps, no caps), then simulated
- * annealing over the caps and the perturbations in each thread, in rounds of a fixed number of
- * decodes; after a round the threads compare, and all stop when the best makespan is the
- * lower bound and its peak is the peak bound at that makespan (or the memory has not improved
- * for a while), or the time is up. Rounds of fixed work make the result depend only on the
- * seed and the thread count whenever it stops before the time. */
+ * Two search spaces, the simulator's times in both:
+ * - Decoding: a point (per model and node a cap, per task a perturbation, a memory budget)
+ *   becomes a schedule by list scheduling. The nodes run in simulated time; a node that falls
+ *   free takes, of its tasks that can start, the one with the highest key: its tail (the least
+ *   time from its end to the end of any schedule, fuse_heads_tails: the longest remaining path
+ *   first, the rule behind the preemptive bound) plus the perturbation. A model's forwards on a
+ *   node wait while its cap of micro-batches is in flight there (S - s everywhere: 1F1B's
+ *   memory), or while the node's memory would pass the budget. Caps alone always decode to a
+ *   valid schedule (a node never takes a task that cannot start, and each model's caps let it
+ *   finish alone); a budget can leave every node waiting, and that point is worth nothing.
+ * - Orders: the node lists themselves, a task moved a few places (RLHFuse's move); a move that
+ *   deadlocks is undone.
+ * Fixed points first (caps at the fewest in flight the makespan bound allows, 1F1B's, looser,
+ * none), then simulated annealing in each thread, cycles alternating between the two spaces,
+ * in rounds of a fixed number of evaluations; after a round the threads compare. Once the best
+ * makespan is the bound, all go on from it to lower the peak. They stop at both bounds, after
+ * STALE_ROUNDS rounds without a lower peak at the makespan bound, or at the time. Rounds of
+ * fixed work make the result depend only on the seed and the thread count whenever it stops
+ * before the time. */
 #include "fuseflow/fuse.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,9 +32,9 @@
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 
-#define ROUND_DECODES 48      /* decodes of a thread between two comparisons */
-#define CYCLE_DECODES 1500    /* one annealing cycle (hot to cold), then back to the thread's best */
-#define STALE_ROUNDS 2000      /* rounds without a better peak at the bound before stopping */
+#define ROUND_DECODES 48      /* evaluations of a thread between two comparisons */
+#define CYCLE_DECODES 1500    /* evaluations of one annealing cycle (hot to cold), then back to the thread's best */
+#define STALE_ROUNDS 2000     /* rounds without a better peak at the bound before stopping */
 #define MEM_WEIGHT 0.002      /* energy = makespan / LB + MEM_WEIGHT x peak / its bound */
 #define MEM_WEIGHT_AT_BOUND 0.05 /* the same once the makespan is at its bound */
 
@@ -188,6 +192,8 @@ typedef struct worker {
     int mode;                  /* this cycle: 0 decoding, 1 orders */
     int64_t decodes, in_cycle, cycles;
     bool restart;              /* start a cycle from the best at the next round */
+    double mem_step;           /* a budget cycle aims this fraction of the way from the best peak to its bound */
+    double budget_from;        /* the best peak when the budget cycle now running began (0: none) */
     int failed;
 } worker;
 
@@ -298,6 +304,10 @@ static int try_point(worker *w, const point *x, double *e) {
  * the two in turn, threads out of step. */
 static int begin_cycle(worker *w) {
     w->in_cycle = 0;
+    if (w->budget_from > 0) { /* a budget cycle ended: bolder after a success, humbler after none */
+        w->mem_step = w->best_pk < w->budget_from ? fmin(0.5, 1.5 * w->mem_step) : 0.5 * w->mem_step;
+        w->budget_from = 0;
+    }
     w->mode = (int)((w->cycles++ + w->id) % 2);
     if (w->mode == 0) {
         point_copy(&w->cur, &w->best_pt, w->p->items);
@@ -305,7 +315,10 @@ static int begin_cycle(worker *w) {
             double unit = INFINITY;
             for (int i = 0; i < w->p->in->n_models; i++)
                 if (w->p->in->models[i].act > 0) unit = fmin(unit, w->p->in->models[i].act);
-            w->cur.budget = isfinite(unit) ? w->best_pk - 0.5 * unit : INFINITY;
+            if (isfinite(unit)) {
+                w->cur.budget = w->best_pk - fmax(0.5 * unit, w->mem_step * (w->best_pk - w->p->peak_lb));
+                w->budget_from = w->best_pk;
+            }
         }
         return try_point(w, &w->cur, &w->cur_e);
     }
@@ -516,6 +529,7 @@ static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t
     w->id = id;
     ff_rng_seed(&w->rng, ff_seed_stream(seed, 0x66757365, (uint64_t)id)); /* "fuse" */
     w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = INFINITY;
+    w->mem_step = 0.5;
     if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
         schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched))
         return -1;
