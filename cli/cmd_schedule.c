@@ -198,7 +198,7 @@ static int print_json(const ff_fuse_instance *in, const ff_fuse_schedule *s, con
     for (int i = 0; i < in->n_models; i++) json_array_append_new(names, json_string(in->models[i].name));
     json_object_set_new(root, "models", names);
     json_object_set_new(root, "schedule", sched);
-    char *text = json_dumps(root, JSON_COMPACT);
+    char *text = json_dumps(root, 0); /* one line */
     json_decref(root);
     if (!text) return ff_error_set("schedule", NULL, "cannot write the JSON (out of memory)");
     puts(text);
@@ -217,7 +217,7 @@ static int cmd_fused(int argc, char **argv) {
     const char *svg = NULL;
     const ffio_opt all[] = {
         {"json", FFIO_FLAG, &json, 0, 0},          {"svg", FFIO_STR, &svg, 0, 0},
-        {"seconds", FFIO_DOUBLE, &seconds, 0.001, 86400}, {"seed", FFIO_INT, &seed, 0, INT64_MAX},
+        {"seconds", FFIO_DOUBLE, &seconds, 0.001, 86400}, {"seed", FFIO_INT, &seed, 0, 9007199254740992.0},
         {"threads", FFIO_INT, &threads, 1, 256},
     };
     char *pos[2];

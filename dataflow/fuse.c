@@ -7,6 +7,7 @@
  * as that one has ended; a node is looked at again when a task it waits for ends. */
 #include "fuseflow/fuse.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <jansson.h>
 #include <math.h>
@@ -402,35 +403,55 @@ static int check_complete(const fuse_ctx *c, const ff_fuse_schedule *s) {
     return 0;
 }
 
-/* Which task node n is stuck at and what it waits for, after a deadlock. */
-static int explain_deadlock(const fuse_ctx *c, const ff_fuse_schedule *s, int32_t n) {
+/* After a deadlock: the first task of node n's list that did not run (n_tasks when all
+ * did), and whether it is a backward placed before its own forward. */
+static int64_t stuck_at(const fuse_ctx *c, const ff_fuse_schedule *s, int32_t n, int64_t *micro, bool *early) {
     const ff_fuse_instance *in = c->in;
     int64_t fc[FF_FUSE_MAX_MODELS] = {0}, bc[FF_FUSE_MAX_MODELS] = {0}, j = 0;
-    /* replay the node's list up to the first task that did not run */
-    for (; j < s->n_tasks[n]; j++) {
+    *early = false;
+    *micro = 0;
+    for (; j < s->n_tasks[n]; j++) { /* replay the node's list */
         ff_fuse_task t = s->tasks[n][j];
         const ff_fuse_model *m = &in->models[t.model];
         int32_t st = c->stage_of[t.model][n];
         int64_t k = t.backward ? bc[t.model] : fc[t.model];
+        *micro = k;
         double e;
         if (!t.backward) e = st == 0 ? 0 : c->f_end[c->off[t.model] + (int64_t)(st - 1) * m->micro + k];
-        else if (k >= fc[t.model]) e = -1;
+        else if (k >= fc[t.model]) e = -1, *early = true;
         else e = st == m->n_stages - 1 ? 0 : c->b_end[c->off[t.model] + (int64_t)(st + 1) * m->micro + k];
         if (e < 0) break;
         (t.backward ? bc : fc)[t.model]++;
     }
-    ff_fuse_task t = s->tasks[n][j];
+    return j;
+}
+
+/* Name a node that is stuck and what it waits for: one with a backward before its forward if
+ * there is one (that one is wrong on its own), else the first unfinished node. */
+static int explain_deadlock(const fuse_ctx *c, const ff_fuse_schedule *s) {
+    const ff_fuse_instance *in = c->in;
+    int32_t node = -1;
+    int64_t at = 0, micro = 0;
+    for (int32_t n = 0; n < in->nodes; n++) {
+        int64_t k = 0;
+        bool early;
+        int64_t j = stuck_at(c, s, n, &k, &early);
+        if (j == s->n_tasks[n]) continue;
+        if (node < 0 || early) node = n, at = j, micro = k;
+        if (early) {
+            const ff_fuse_model *m = &in->models[s->tasks[n][j].model];
+            return ff_error_set("schedule", "on a node, a model's k-th backward comes after its k-th forward",
+                                "deadlock: node %d, task %lld (%s B of micro-batch %lld) comes before that micro-batch's forward on the node", (int)n,
+                                (long long)j, m->name, (long long)k);
+        }
+    }
+    assert(node >= 0);
+    ff_fuse_task t = s->tasks[node][at];
     const ff_fuse_model *m = &in->models[t.model];
-    int32_t st = c->stage_of[t.model][n];
-    int64_t k = t.backward ? bc[t.model] : fc[t.model];
-    if (t.backward && k >= fc[t.model])
-        return ff_error_set("schedule", "on a node, a model's k-th backward comes after its k-th forward",
-                            "deadlock: node %d, task %lld (%s B of micro-batch %lld) comes before that micro-batch's forward on the node", (int)n, (long long)j,
-                            m->name, (long long)k);
-    int32_t ws = t.backward ? st + 1 : st - 1;
+    int32_t st = c->stage_of[t.model][node], ws = t.backward ? st + 1 : st - 1;
     return ff_error_set("schedule", "reorder the node lists: each node waits for another in a cycle",
                         "deadlock: node %d waits at its task %lld (%s %c of micro-batch %lld, stage %d) for %s %c of micro-batch %lld on node %d (stage %d), which never runs",
-                        (int)n, (long long)j, m->name, t.backward ? 'B' : 'F', (long long)k, (int)st, m->name, t.backward ? 'B' : 'F', (long long)k,
+                        (int)node, (long long)at, m->name, t.backward ? 'B' : 'F', (long long)micro, (int)st, m->name, t.backward ? 'B' : 'F', (long long)micro,
                         (int)m->stages[ws], (int)ws);
 }
 
@@ -442,7 +463,7 @@ int ff_fuse_simulate(const ff_fuse_instance *in, const ff_fuse_schedule *s, ff_f
     if (!rc) {
         fuse_score r;
         if (fuse_run(&c, s, &r, NULL, NULL)) {
-            rc = explain_deadlock(&c, s, r.stuck);
+            rc = explain_deadlock(&c, s);
         } else {
             out->makespan = r.makespan;
             out->peak_activation = r.peak;
@@ -614,46 +635,153 @@ static double makespan_bound(const ff_fuse_instance *in, const bounds_work *w) {
     return best;
 }
 
-/* On a node, at any time t of a schedule that ends by T: the forwards of model i whose tail
- * qf leaves them no later end than t (T - qf <= t) are done, and at most the backwards whose
- * earliest end (eb + b) is <= t are; the tasks done by t are a prefix of the node's list, so its
- * memory then is at least the sum over its models of act x (forwards done - backwards done).
- * Checked at every such deadline. */
-static double peak_bound(const ff_fuse_instance *in, const bounds_work *w, double T) {
-    double best = 0, eps = 1e-9 * fmax(T, 1);
-    for (int i = 0; i < in->n_models; i++) best = fmax(best, in->models[i].act);
-    for (int32_t n = 0; n < in->nodes; n++) {
-        int on[FF_FUSE_MAX_MODELS], st[FF_FUSE_MAX_MODELS], non = 0;
-        for (int i = 0; i < in->n_models; i++)
-            for (int32_t s = 0; s < in->models[i].n_stages; s++)
-                if (in->models[i].stages[s] == n) on[non] = i, st[non++] = s;
-        for (int a = 0; a < non; a++) {
-            const ff_fuse_model *ma = &in->models[on[a]];
-            for (int32_t k = 0; k < ma->micro; k++) {
-                double t = T - w->ht[on[a]][2][(int64_t)st[a] * ma->micro + k], mem = 0;
-                for (int c = 0; c < non; c++) {
-                    const ff_fuse_model *mc = &in->models[on[c]];
-                    const double *qf = w->ht[on[c]][2] + (int64_t)st[c] * mc->micro, *eb = w->ht[on[c]][1] + (int64_t)st[c] * mc->micro;
-                    /* T - qf ascends in k; count those <= t, i.e. qf >= T - t */
-                    int32_t lo = 0, hi = mc->micro;
-                    while (lo < hi) {
-                        int32_t mid = (lo + hi) / 2;
-                        if (T - qf[mid] <= t) lo = mid + 1;
-                        else hi = mid;
-                    }
-                    int64_t done_f = lo, lo_b = 0, hi_b = mc->micro;
-                    while (lo_b < hi_b) {
-                        int64_t mid = (lo_b + hi_b) / 2;
-                        if (eb[mid] + mc->bwd <= t + eps) lo_b = mid + 1;
-                        else hi_b = mid;
-                    }
-                    if (done_f > lo_b) mem += mc->act * (double)(done_f - lo_b);
-                }
-                best = fmax(best, mem);
-            }
+/* #{k < n : a[k] + add <= t} (strict: < t) of an ascending a */
+static int32_t count_upto(const double *a, int32_t n, double add, double t, bool strict) {
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = (lo + hi) / 2;
+        if (strict ? a[mid] + add < t : a[mid] + add <= t) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+typedef struct node_view {
+    int n_on;
+    const ff_fuse_model *m[FF_FUSE_MAX_MODELS];
+    const double *eb[FF_FUSE_MAX_MODELS], *qf[FF_FUSE_MAX_MODELS]; /* the model's stage on the node: [m] */
+    double work, q_min;        /* the node's total work; the least tail of any of its tasks */
+} node_view;
+
+/* The memory of node v at time t in any schedule that ends by T, from below. The tasks that
+ * started by t are a prefix of the node's list, so the memory then, sum over its models of
+ * act x (forwards started - backwards started), is at most the node's peak. What binds it:
+ * - a forward whose latest end T - qf is <= t has started (at least done_f of them);
+ * - at most u backwards can have started, those whose earliest start eb is <= t (< t when
+ *   strict: just before the next one may start);
+ * - the tasks not started by t must all run after t and end by T - (the least tail), so at
+ *   least R = work - (T - q_min - t) of the node's work has started.
+ * The least memory under these (forwards up to u of a model cost nothing, their backwards
+ * matching them; further work is bought by forwards, f work for act memory each, the best
+ * ratio first, as fractions) is a lower bound; so is, at the prefix done by t, act x (the
+ * forwards that must be done - the backwards that can be). */
+static double memory_at(const node_view *v, double T, double t, bool strict) {
+    double need = v->work - (T - v->q_min - t), mem = 0, done_mem = 0;
+    double F[FF_FUSE_MAX_MODELS], room[FF_FUSE_MAX_MODELS];
+    for (int a = 0; a < v->n_on; a++) {
+        const ff_fuse_model *m = v->m[a];
+        int32_t lo = 0, hi = m->micro;
+        while (lo < hi) { /* forwards with T - qf <= t (qf descends in k) */
+            int32_t mid = (lo + hi) / 2;
+            if (T - v->qf[a][mid] <= t) lo = mid + 1;
+            else hi = mid;
         }
+        double done_f = lo, u = count_upto(v->eb[a], m->micro, 0, t, strict);
+        /* the tasks done by t are a prefix too: forwards done - backwards that can be done */
+        done_mem += m->act * fmax(0, done_f - count_upto(v->eb[a], m->micro, m->bwd, t, false));
+        F[a] = fmax(done_f, u);
+        mem += m->act * (F[a] - u);
+        need -= m->fwd * F[a] + m->bwd * u;
+        room[a] = m->micro - F[a];
+    }
+    while (need > 0) { /* buy forwards, most work per memory first */
+        int best = -1;
+        for (int a = 0; a < v->n_on; a++)
+            if (room[a] > 0 && (best < 0 || v->m[a]->fwd * v->m[best]->act > v->m[best]->fwd * v->m[a]->act)) best = a;
+        if (best < 0) break; /* T is below the makespan bound: no schedule; what was bought stands */
+        double units = fmin(room[best], need / v->m[best]->fwd);
+        mem += units * v->m[best]->act;
+        need -= units * v->m[best]->fwd;
+        room[best] -= units;
+    }
+    return fmax(mem, done_mem);
+}
+
+/* Could model md's stage s keep at most c micro-batches in flight and still end by T? The
+ * forwards there start at a_0 < a_1 < ... with a_k in [ef_k, T - qf_k - f], a_k >= a_{k-1} + f,
+ * and micro-batch k's backward there can end no sooner than a_k + G (G: the round trip from
+ * the forward's start through the later stages and back, plus the backward itself); the
+ * micro-batches k .. k+c are all in flight when forward k+c starts unless a_{k+c} >= a_k + G.
+ * The earliest such starts (greedy) meet every deadline iff any do. a: [m] scratch. */
+static bool in_flight_feasible(const ff_fuse_model *md, const double *ef, const double *qf, double T, double G, int32_t c, double *a) {
+    double eps = 1e-9 * fmax(T, 1);
+    for (int32_t k = 0; k < md->micro; k++) {
+        double x = ef[k];
+        if (k > 0) x = fmax(x, a[k - 1] + md->fwd);
+        if (k >= c) x = fmax(x, a[k - c] + G);
+        if (x > T - qf[k] - md->fwd + eps) return false;
+        a[k] = x;
+    }
+    return true;
+}
+
+/* The fewest micro-batches of model i that must be in flight at some time on the node of its
+ * stage s in a schedule that ends by T (1F1B alone at its own makespan: S - s). */
+static int32_t least_in_flight(const ff_fuse_instance *in, const bounds_work *w, int i, int32_t s, double T, double *a) {
+    const ff_fuse_model *md = &in->models[i];
+    int64_t o = (int64_t)s * md->micro;
+    int32_t S = md->n_stages, lo = 1, hi = md->micro;
+    double G = (S - s) * md->fwd + (S - 1 - s) * (md->bwd + 2 * in->hop_latency) + md->bwd;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (in_flight_feasible(md, w->ht[i][0] + o, w->ht[i][2] + o, T, G, mid, a)) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* The peak bound at makespan T: the most, over the nodes and models, of act x the fewest
+ * micro-batches in flight (least_in_flight), and of memory_at over the times where it can be
+ * highest (where a backward may first start, from the left, and where a forward must have
+ * started). */
+static double peak_bound(const ff_fuse_instance *in, const bounds_work *w, double T) {
+    double best = 0;
+    int32_t most = 1;
+    for (int i = 0; i < in->n_models; i++) {
+        best = fmax(best, in->models[i].act);
+        if (in->models[i].micro > most) most = in->models[i].micro;
+    }
+    double *a = malloc((size_t)most * sizeof *a);
+    for (int i = 0; a && i < in->n_models; i++)
+        for (int32_t s = 0; s < in->models[i].n_stages; s++) best = fmax(best, in->models[i].act * least_in_flight(in, w, i, s, T, a));
+    free(a);
+    for (int32_t n = 0; n < in->nodes; n++) {
+        node_view v = {.q_min = INFINITY};
+        for (int i = 0; i < in->n_models; i++)
+            for (int32_t s = 0; s < in->models[i].n_stages; s++) {
+                if (in->models[i].stages[s] != n) continue;
+                const ff_fuse_model *m = &in->models[i];
+                int64_t o = (int64_t)s * m->micro;
+                v.m[v.n_on] = m;
+                v.eb[v.n_on] = w->ht[i][1] + o;
+                v.qf[v.n_on++] = w->ht[i][2] + o;
+                v.work += m->micro * (m->fwd + m->bwd);
+                for (int32_t k = 0; k < m->micro; k++) v.q_min = fmin(v.q_min, fmin(w->ht[i][2][o + k], w->ht[i][3][o + k]));
+            }
+        for (int a = 0; a < v.n_on; a++)
+            for (int32_t k = 0; k < v.m[a]->micro; k++) {
+                best = fmax(best, memory_at(&v, T, v.eb[a][k], true));
+                best = fmax(best, memory_at(&v, T, T - v.qf[a][k], false));
+            }
     }
     return best;
+}
+
+int fuse_least_in_flight(const ff_fuse_instance *in, double T, int32_t out[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]) {
+    bounds_work w;
+    int32_t most = 1;
+    for (int i = 0; i < in->n_models; i++)
+        if (in->models[i].micro > most) most = in->models[i].micro;
+    double *a = ff_malloc((size_t)most * sizeof *a);
+    int rc = -1;
+    if (a && work_init(in, &w) == 0) {
+        for (int i = 0; i < in->n_models; i++)
+            for (int32_t s = 0; s < in->models[i].n_stages; s++) out[i][in->models[i].stages[s]] = least_in_flight(in, &w, i, s, T, a);
+        rc = 0;
+    }
+    work_free(&w);
+    free(a);
+    return rc;
 }
 
 void ff_fuse_lower_bounds(const ff_fuse_instance *in, double *makespan, double *peak_activation) {
@@ -750,7 +878,7 @@ int ff_fuse_write_svg(const ff_fuse_instance *in, const ff_fuse_schedule *s, con
     }
     fuse_score r;
     if (fuse_run(&c, s, &r, start, end)) {
-        explain_deadlock(&c, s, r.stuck);
+        explain_deadlock(&c, s);
         goto done;
     }
     const double left = 70, width = 1100, top = 46, row = 28, bar = 22;

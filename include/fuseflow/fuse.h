@@ -117,19 +117,20 @@ int ff_fuse_serial(const ff_fuse_instance *in, ff_fuse_schedule *out);
 /* ---- the solver (dataflow/fuse_solve.c) ---------------------------------------------- */
 
 typedef struct ff_fuse_solve_opts {
-    double seconds;   /* wall-clock budget (0: a default); the solver stops earlier at the lower bound */
+    double seconds;   /* wall-clock budget (0: 10 s); it stops earlier at the bounds (dataflow/fuse_solve.c) */
     uint64_t seed;
     int threads;      /* 0: the machine's cores */
 } ff_fuse_solve_opts;
 
 typedef struct ff_fuse_solve_stats {
     double seconds;          /* spent */
-    int64_t evaluations;     /* schedules simulated */
+    int64_t evaluations;     /* schedules decoded or simulated */
     bool optimal;            /* makespan equals the lower bound */
 } ff_fuse_solve_stats;
 
 /* A valid schedule, makespan first, peak activation memory second, into *out (initialised
- * here). Deterministic for a seed and a thread count when it stops at the bound. 0 or -1 + error. */
+ * here). Deterministic for a seed and a thread count when it stops before the time: at both
+ * bounds, or when the peak at the makespan bound stopped improving. 0 or -1 + error. */
 int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fuse_schedule *out,
                   ff_fuse_solve_stats *stats);
 
