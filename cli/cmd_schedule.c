@@ -1,6 +1,9 @@
 /* `fuseflow schedule show`: a pipeline-parallel schedule's instruction streams, one per rank,
- * generated and simulated by fuseflow/pipeline.h; text, JSON, or an SVG timeline. Checks the
- * flags and names them in its errors; the schedules themselves are the library's. */
+ * generated and simulated by fuseflow/pipeline.h; text, JSON, or an SVG timeline.
+ * `fuseflow schedule fuse | 1f1b | check`: RLHFuse's fused actor+critic schedule of an
+ * instance file (fuseflow/fuse.h): solved, the serial baseline, or a given one scored. Checks
+ * the flags and names them in its errors; the schedules themselves are the library's. */
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/io_util.h"
 #include "fuseflow/error.h"
+#include "fuseflow/fuse.h"
 #include "fuseflow/pipeline.h"
 #include "fuseflow/util.h"
 
@@ -16,7 +20,8 @@ static const char *CMD = "schedule show";
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: fuseflow schedule show --pp P --micro M [--vpp V] [--kind gpipe|1f1b|interleaved] [options]\n\n"
+            "usage: fuseflow schedule show | fuse | 1f1b | check ...   (fuseflow schedule fuse --help: the fused ones)\n"
+            "       fuseflow schedule show --pp P --micro M [--vpp V] [--kind gpipe|1f1b|interleaved] [options]\n\n"
             "Generates the instruction stream of every rank of a pipeline-parallel schedule (Megatron's\n"
             "orders: forwards, backwards, sends and receives of activations and gradients in grouped\n"
             "calls, the optimizer step), runs the streams against each other and prints them with the\n"
@@ -38,13 +43,16 @@ static void usage(FILE *out) {
             "  --svg FILE         also write the timeline (one row per rank) as an SVG picture\n");
 }
 
+static int cmd_fused(int argc, char **argv);
+
 int ff_cmd_schedule(int argc, char **argv) {
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         usage(stdout);
         return 0;
     }
+    if (argc >= 2 && (!strcmp(argv[1], "fuse") || !strcmp(argv[1], "1f1b") || !strcmp(argv[1], "check"))) return cmd_fused(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "show") != 0) {
-        if (argc >= 2) fprintf(stderr, "fuseflow schedule: unknown subcommand '%s' (the one there is: show)\n", argv[1]);
+        if (argc >= 2) fprintf(stderr, "fuseflow schedule: unknown subcommand '%s' (they are: show, fuse, 1f1b, check)\n", argv[1]);
         usage(stderr);
         return 2;
     }
@@ -124,5 +132,170 @@ done:
     free(times);
     ff_pipe_sim_clear(&sim);
     ff_pipe_schedule_clear(&s);
+    return status;
+}
+
+/* ---- the fused actor+critic schedule ---------------------------------------------------- */
+
+static void usage_fused(FILE *out) {
+    fprintf(out,
+            "usage: fuseflow schedule fuse FILE.json [--seconds S] [--seed N] [--threads N] [--json] [--svg OUT.svg]\n"
+            "       fuseflow schedule 1f1b FILE.json [--json] [--svg OUT.svg]\n"
+            "       fuseflow schedule check FILE.json SCHEDULE.json [--json] [--svg OUT.svg]\n\n"
+            "RLHFuse's intra-stage fusion: the actor and the critic (its replicas laid out in the\n"
+            "opposite direction) train on the same nodes at once, each filling the other's pipeline\n"
+            "bubbles. FILE.json is the instance: {\"nodes\": N, \"models\": [{\"name\", \"stages\": [node of\n"
+            "each stage], \"micro_batches\", \"forward\", \"backward\", \"activation\", \"family\"}, ...],\n"
+            "\"hop_latency\"} (docs/pipeline.md \"Fused actor and critic\"; examples/fuse_actor_critic.json).\n\n"
+            "  fuse    solve: the shortest schedule found, then the least peak activation memory;\n"
+            "          it stops early when both reach their lower bounds\n"
+            "  1f1b    the serial baseline: each model's 1F1B one after the other (replicas of one\n"
+            "          family side by side)\n"
+            "  check   validate and score SCHEDULE.json ({\"schedule\": [[[model, \"F\"|\"B\"], ...] per\n"
+            "          node]}, e.g. the --json output of fuse or 1f1b)\n\n"
+            "Prints the makespan, the peak activation memory, their lower bounds (the peak's: the\n"
+            "least any schedule as fast as this one can have) and ratios, and the schedule per node.\n\n"
+            "  --seconds S   fuse: the time budget (default 10)\n"
+            "  --seed N      fuse: the search's seed (default 0); same seed and threads, same answer\n"
+            "                when it stops at the bounds\n"
+            "  --threads N   fuse: search threads (default: the machine's cores)\n"
+            "  --json        one JSON object: makespan, peak_activation, lower_bound {makespan,\n"
+            "                peak_activation}, schedule, and per node busy time and peak\n"
+            "  --svg FILE    also write the timeline (one row per node, one colour per family)\n");
+}
+
+static void print_schedule_text(const ff_fuse_instance *in, const ff_fuse_schedule *s) {
+    printf("schedule (model:F or B, then the micro-batch):\n");
+    for (int32_t n = 0; n < s->nodes; n++) {
+        int32_t cnt[FF_FUSE_MAX_MODELS][2] = {{0}};
+        printf("node %d:", (int)n);
+        for (int64_t j = 0; j < s->n_tasks[n]; j++) {
+            ff_fuse_task t = s->tasks[n][j];
+            printf(" %d:%c%d", t.model, t.backward ? 'B' : 'F', (int)cnt[t.model][t.backward]++);
+        }
+        putchar('\n');
+    }
+    for (int i = 0; i < in->n_models; i++) printf("%s model %d: %s", i ? "," : "models:", i, in->models[i].name);
+    putchar('\n');
+}
+
+static int print_json(const ff_fuse_instance *in, const ff_fuse_schedule *s, const ff_fuse_sim *sim, double lb_mk, double lb_pk, json_t *extra) {
+    json_t *root = json_object(), *sched = json_array(), *busy = json_array(), *peak = json_array();
+    json_object_set_new(root, "makespan", json_real(sim->makespan));
+    json_object_set_new(root, "peak_activation", json_real(sim->peak_activation));
+    json_object_set_new(root, "lower_bound", json_pack("{s:f, s:f}", "makespan", lb_mk, "peak_activation", lb_pk));
+    for (int32_t n = 0; n < s->nodes; n++) {
+        json_t *list = json_array();
+        for (int64_t j = 0; j < s->n_tasks[n]; j++) json_array_append_new(list, json_pack("[i, s]", s->tasks[n][j].model, s->tasks[n][j].backward ? "B" : "F"));
+        json_array_append_new(sched, list);
+        json_array_append_new(busy, json_real(sim->node_busy[n]));
+        json_array_append_new(peak, json_real(sim->node_peak[n]));
+    }
+    json_object_set_new(root, "node_busy", busy);
+    json_object_set_new(root, "node_peak", peak);
+    if (extra) json_object_update(root, extra);
+    json_t *names = json_array();
+    for (int i = 0; i < in->n_models; i++) json_array_append_new(names, json_string(in->models[i].name));
+    json_object_set_new(root, "models", names);
+    json_object_set_new(root, "schedule", sched);
+    char *text = json_dumps(root, 0); /* one line */
+    json_decref(root);
+    if (!text) return ff_error_set("schedule", NULL, "cannot write the JSON (out of memory)");
+    puts(text);
+    free(text);
+    return 0;
+}
+
+static int cmd_fused(int argc, char **argv) {
+    const char *sub = argv[0];
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "schedule %s", sub);
+    bool is_fuse = !strcmp(sub, "fuse"), is_check = !strcmp(sub, "check");
+    double seconds = 10;
+    int64_t seed = 0, threads = 0;
+    bool json = false;
+    const char *svg = NULL;
+    const ffio_opt all[] = {
+        {"json", FFIO_FLAG, &json, 0, 0},          {"svg", FFIO_STR, &svg, 0, 0},
+        {"seconds", FFIO_DOUBLE, &seconds, 0.001, 86400}, {"seed", FFIO_INT, &seed, 0, 9007199254740992.0},
+        {"threads", FFIO_INT, &threads, 1, 256},
+    };
+    char *pos[2];
+    int n_pos;
+    int rc = ffio_parse(cmd, argc, argv, all, is_fuse ? 5 : 2, pos, 2, &n_pos);
+    if (rc == 1) {
+        usage_fused(stdout);
+        return 0;
+    }
+    if (rc) return rc;
+    if (n_pos != (is_check ? 2 : 1))
+        return ffio_usage(cmd, is_check ? "give the instance and the schedule: fuseflow schedule check FILE.json SCHEDULE.json"
+                                        : "give one instance file: fuseflow %s FILE.json", cmd);
+    ff_fuse_instance in;
+    if (ff_fuse_instance_read(pos[0], &in)) return ffio_fail(cmd);
+    if (svg && ff_check_writable(svg) != 0) return ffio_fail(cmd);
+    ff_fuse_schedule s = {0};
+    ff_fuse_solve_stats st = {0};
+    ff_fuse_sim sim;
+    int status = 1;
+    if (is_fuse) {
+        ff_fuse_solve_opts o = {.seconds = seconds, .seed = (uint64_t)seed, .threads = (int)threads};
+        if (ff_fuse_solve(&in, &o, &s, &st)) goto done;
+    } else if (is_check) {
+        size_t len;
+        char *text = ff_read_file(pos[1], &len);
+        if (!text) goto done;
+        rc = ff_fuse_schedule_parse(&in, text, pos[1], &s);
+        free(text);
+        if (rc) goto done;
+    } else if (ff_fuse_serial(&in, &s)) {
+        goto done;
+    }
+    if (ff_fuse_simulate(&in, &s, &sim)) {
+        if (is_check) ff_error_wrap("%s", pos[1]);
+        goto done;
+    }
+    double lb_mk, lb_pk_opt;
+    ff_fuse_lower_bounds(&in, &lb_mk, &lb_pk_opt);
+    double lb_pk = ff_fuse_peak_bound(&in, sim.makespan);
+    double serial_mk = 0;
+    if (!strcmp(sub, "1f1b")) {
+        serial_mk = sim.makespan;
+    } else {
+        ff_fuse_schedule ser;
+        ff_fuse_sim ss;
+        if (ff_fuse_serial(&in, &ser)) goto done;
+        rc = ff_fuse_simulate(&in, &ser, &ss);
+        ff_fuse_schedule_free(&ser);
+        if (rc) goto done;
+        serial_mk = ss.makespan;
+    }
+    if (json) {
+        json_t *extra = json_pack("{s:f}", "serial_makespan", serial_mk);
+        if (is_fuse) {
+            json_object_set_new(extra, "seconds", json_real(st.seconds));
+            json_object_set_new(extra, "evaluations", json_integer(st.evaluations));
+            json_object_set_new(extra, "optimal", json_boolean(st.optimal));
+        }
+        rc = print_json(&in, &s, &sim, lb_mk, lb_pk, extra);
+        json_decref(extra);
+        if (rc) goto done;
+    } else {
+        printf("instance %s: %d nodes, %d models\n", pos[0], (int)in.nodes, (int)in.n_models);
+        printf("makespan %.6g, lower bound %.6g, ratio %.4f%s\n", sim.makespan, lb_mk, sim.makespan / lb_mk,
+               sim.makespan <= lb_mk * (1 + 1e-9) ? " (optimal)" : "");
+        printf("peak activation %.6g, lower bound at this makespan %.6g, ratio %.4f\n", sim.peak_activation, lb_pk, sim.peak_activation / lb_pk);
+        printf("serial (1F1B one model after the other) makespan %.6g: %s %.4fx\n", serial_mk, "this schedule's speed-up", serial_mk / sim.makespan);
+        if (is_fuse) printf("solve %.3f s, %lld schedules evaluated\n", st.seconds, (long long)st.evaluations);
+        print_schedule_text(&in, &s);
+    }
+    if (svg) {
+        if (ff_fuse_write_svg(&in, &s, svg)) goto done;
+        fprintf(json ? stderr : stdout, "wrote %s\n", svg);
+    }
+    status = 0;
+done:
+    if (status) ffio_fail(cmd);
+    ff_fuse_schedule_free(&s);
     return status;
 }

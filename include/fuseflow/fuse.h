@@ -33,9 +33,14 @@ extern "C" {
 
 #define FF_FUSE_MAX_MODELS FF_PIPE_MAX_MODELS
 #define FF_FUSE_MAX_NODES 64
+#define FF_FUSE_MAX_MICRO 4096         /* micro-batches of one model */
 
 typedef struct ff_fuse_model {
     char name[64];
+    /* Models of one family are replicas of one model (the critic's data-parallel copies): the
+     * serial baseline runs them side by side and the picture gives them one colour. The JSON
+     * key "family"; without it, the name less its trailing digits ("critic1" -> "critic"). */
+    char family[64];
     int32_t n_stages;                  /* S >= 1 */
     int32_t stages[FF_FUSE_MAX_NODES]; /* [S] node of each stage, all different */
     int32_t micro;                     /* micro-batches m >= 1 */
@@ -61,6 +66,7 @@ typedef struct ff_fuse_schedule {
     int32_t nodes;
     int64_t *n_tasks;                  /* [nodes], owned */
     ff_fuse_task **tasks;              /* [nodes][n_tasks[n]], owned */
+    int64_t *cap;                      /* [nodes] room in tasks[n], owned */
 } ff_fuse_schedule;
 
 
@@ -94,8 +100,15 @@ typedef struct ff_fuse_sim {
  * (naming a node and the task it waits at). */
 int ff_fuse_simulate(const ff_fuse_instance *in, const ff_fuse_schedule *s, ff_fuse_sim *out);
 
-/* Lower bounds on the makespan and on the peak activation memory of any valid schedule. */
+/* Lower bounds. makespan: of any valid schedule (per node, the preemptive one-machine bound
+ * over its tasks with the earliest start and the least remaining time each can have, which
+ * covers every model's own critical path). peak_activation: of any schedule that reaches
+ * that makespan (ff_fuse_peak_bound at it). docs/pipeline.md "Fused actor and critic". */
 void ff_fuse_lower_bounds(const ff_fuse_instance *in, double *makespan, double *peak_activation);
+/* The least peak activation memory of any valid schedule whose makespan is at most
+ * `makespan`: a faster schedule must keep more micro-batches in flight. At a makespan below
+ * the makespan bound (no schedule) it still returns the bound's formula. */
+double ff_fuse_peak_bound(const ff_fuse_instance *in, double makespan);
 
 /* The serial baseline: each model's 1F1B, one model after the other (in the instance's order;
  * replicas of one family run side by side). 0 or -1 + error. */
@@ -104,19 +117,20 @@ int ff_fuse_serial(const ff_fuse_instance *in, ff_fuse_schedule *out);
 /* ---- the solver (dataflow/fuse_solve.c) ---------------------------------------------- */
 
 typedef struct ff_fuse_solve_opts {
-    double seconds;   /* wall-clock budget (0: a default); the solver stops earlier at the lower bound */
+    double seconds;   /* wall-clock budget (0: 10 s); it stops earlier at the bounds (dataflow/fuse_solve.c) */
     uint64_t seed;
     int threads;      /* 0: the machine's cores */
 } ff_fuse_solve_opts;
 
 typedef struct ff_fuse_solve_stats {
     double seconds;          /* spent */
-    int64_t evaluations;     /* schedules simulated */
+    int64_t evaluations;     /* schedules decoded or simulated */
     bool optimal;            /* makespan equals the lower bound */
 } ff_fuse_solve_stats;
 
 /* A valid schedule, makespan first, peak activation memory second, into *out (initialised
- * here). Deterministic for a seed and a thread count when it stops at the bound. 0 or -1 + error. */
+ * here). Deterministic for a seed and a thread count when it stops before the time: at both
+ * bounds, or when the peak at the makespan bound stopped improving. 0 or -1 + error. */
 int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fuse_schedule *out,
                   ff_fuse_solve_stats *stats);
 

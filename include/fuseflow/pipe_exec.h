@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "fuseflow/coll.h"
+#include "fuseflow/fuse.h"
 #include "fuseflow/model.h"
 #include "fuseflow/pipeline.h"
 
@@ -167,10 +168,34 @@ void ff_pipe_exec_times(const ff_pipe_exec *e, const double **start_s, const dou
 /* Mean seconds of one micro-batch's forward and backward through each virtual stage of model
  * `model` in the last run, over the group: fwd_s, bwd_s [n_stages] (bwd 0 when forward-only). */
 void ff_pipe_exec_stage_times(const ff_pipe_exec *e, int model, double *fwd_s, double *bwd_s);
+/* The schedule the executor follows (the one given to ff_pipe_exec_new). */
+const ff_pipe_schedule *ff_pipe_exec_schedule(const ff_pipe_exec *e);
 /* The simulator (ff_pipe_simulate) on the schedule with the last run's stage times, no transfer
  * latency and no step time: the bubble the schedule has with the measured compute alone.
  * 0 or -1 + error; clear *out either way. */
 int ff_pipe_exec_simulate(const ff_pipe_exec *e, ff_pipe_sim *out);
+
+/* ---- RLHFuse's fused actor and critic (fuseflow/fuse.h) ---------------------------------- */
+
+/* What ff_pipe_fuse_instance needs of model i of a schedule besides its measured times. */
+typedef struct ff_pipe_fuse_model {
+    const char *name;            /* its name in the instance ("actor", "critic0", ...) */
+    const char *family;          /* replicas share one; NULL: the name less its trailing digits */
+    const ff_model_config *cfg;  /* hidden size and layers, for the activation bytes */
+    double tokens;               /* tokens of one micro-batch (their mean over the step) */
+} ff_pipe_fuse_model;
+
+/* The fused problem of the models of e's schedule, from e's last run (on any rank: the stage
+ * times are the group's): nodes = ranks; model i's stages on the ranks of its virtual stages
+ * (one per rank: no interleaving), its micro-batches; fwd and bwd the mean over its stages of
+ * one micro-batch's measured forward and backward seconds (ff_pipe_exec_stage_times); act the
+ * activation bytes one micro-batch keeps on a stage, its mean over the stages of layers x
+ * ff_plan_layer_activation_bytes(34, tokens, hidden): Megatron's count of a layer's saved
+ * 16-bit activations (34 bytes per token per hidden unit, no attention scores: a fused kernel),
+ * not fuseflow's fp32 workspace; what the solver weighs is the models' ratio. Layers come from
+ * the schedule's placement (or the config's layers over the stages). models [n_models]. 0 or
+ * -1 + error (a forward-only model, a model with two virtual stages on one rank, no run yet). */
+int ff_pipe_fuse_instance(const ff_pipe_exec *e, const ff_pipe_fuse_model *models, ff_fuse_instance *out);
 
 #pragma GCC visibility pop
 #ifdef __cplusplus

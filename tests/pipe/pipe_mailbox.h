@@ -1,10 +1,12 @@
 /* An in-process pipeline transport for tests (fuseflow/pipe_exec.h's ff_pipe_transport): the
  * ranks are threads, a call posts its sends into a mailbox per (from, to) and waits for its
- * receives (sends are buffered, so a call never waits for its partner's to be posted), and
+ * receives (sends are buffered, so a call never waits for its partner's to be posted; with the
+ * group's `rendezvous` set, a call also waits until its partners have taken every message it
+ * sent, as a blocking grouped call of NCCL sends completes only once they are received), and
  * the f64 sum meets at a barrier and adds in rank order (the same bits on every rank). Each
  * rank counts its transfers and floats sent; fail_next breaks its next call on purpose.
  *
- * Not for: checking NCCL's rendezvous (tests/pipe/test_pipe_coll.c runs ff_coll). */
+ * Not for: checking ff_coll's own transport (tests/pipe/test_pipe_coll.c runs it). */
 #ifndef FF_TEST_PIPE_MAILBOX_H
 #define FF_TEST_PIPE_MAILBOX_H
 
@@ -30,10 +32,12 @@ typedef struct chan {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     msg *head, *tail;
+    int64_t posted, taken; /* messages put in and taken out */
 } chan;
 
 typedef struct group {
     int n;
+    bool rendezvous; /* a call returns once its sends are taken too */
     chan ch[PM_MAXR][PM_MAXR]; /* [from][to] */
     pthread_barrier_t bar;
     const double *src[PM_MAXR];
@@ -69,6 +73,7 @@ static inline int t_call(void *ctx, const ff_pipe_xfer *x, int n) {
         if (ch->tail) ch->tail->next = m;
         else ch->head = m;
         ch->tail = m;
+        ch->posted++;
         pthread_cond_broadcast(&ch->cv);
         pthread_mutex_unlock(&ch->mu);
         g->floats[c->rank] += (int64_t)x[i].count;
@@ -82,6 +87,8 @@ static inline int t_call(void *ctx, const ff_pipe_xfer *x, int n) {
         msg *m = ch->head;
         ch->head = m->next;
         if (!ch->head) ch->tail = NULL;
+        ch->taken++;
+        pthread_cond_broadcast(&ch->cv);
         pthread_mutex_unlock(&ch->mu);
         if (m->n != x[i].count) {
             fprintf(stderr, "rank %d: receive of %zu floats from rank %d met a send of %zu\n", c->rank, x[i].count,
@@ -90,6 +97,13 @@ static inline int t_call(void *ctx, const ff_pipe_xfer *x, int n) {
         }
         memcpy(x[i].buf, m->data, sizeof(float) * m->n);
         free(m);
+    }
+    for (int i = 0; i < n && g->rendezvous; i++) { /* every channel sent on: until all of it is taken */
+        if (x[i].kind != FF_PIPE_XFER_SEND) continue;
+        chan *ch = &g->ch[c->rank][x[i].peer];
+        pthread_mutex_lock(&ch->mu);
+        while (ch->taken < ch->posted) pthread_cond_wait(&ch->cv, &ch->mu);
+        pthread_mutex_unlock(&ch->mu);
     }
     return 0;
 }

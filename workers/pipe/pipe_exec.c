@@ -599,6 +599,8 @@ void ff_pipe_exec_stage_times(const ff_pipe_exec *e, int model, double *fwd_s, d
     }
 }
 
+const ff_pipe_schedule *ff_pipe_exec_schedule(const ff_pipe_exec *e) { return e->s; }
+
 int ff_pipe_exec_simulate(const ff_pipe_exec *e, ff_pipe_sim *out) {
     memset(out, 0, sizeof *out);
     ff_pipe_sim_opts o = {0};

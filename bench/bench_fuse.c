@@ -1,0 +1,108 @@
+/* bench_fuse: the fused actor+critic solver (fuseflow/fuse.h) on the issue's family of
+ * instances, after RLHFuse's evaluation: 8 and 16 nodes; the actor on every node in order;
+ * the critic on every node in reverse, or as two replicas of nodes/2 stages each (each
+ * reversed over its half, with half the micro-batches and twice the layers per stage, so
+ * twice the time and activation per stage); 8 to 64 micro-batches; actor to critic forward
+ * times 5:4, 5:2, 2:2, 2:1 per layer, backward twice the forward; actor to critic activation
+ * per layer 1.6, 1.8 or 2.0. For each: the serial baseline's makespan (each model's 1F1B in
+ * turn), the fused makespan, the makespan lower bound and the ratio, the peak activation over
+ * its bound (at the fused makespan) and over the serial baseline's, and the solve time on the
+ * given threads.
+ *
+ * Not a test: it measures, and says how far from the targets it is (at the lower bound where
+ * it is reachable, within 1% elsewhere, at most 10 s per instance).
+ *
+ * Usage: bench_fuse [--seconds S per instance (default 4)] [--threads N (default 2)] [--quick]
+ * (--quick: 8 nodes and 8 and 32 micro-batches only). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/error.h"
+#include "fuseflow/fuse.h"
+
+static void make(ff_fuse_instance *in, int nodes, int replicas, int micro, double fa, double fc, double act_ratio) {
+    memset(in, 0, sizeof *in);
+    in->nodes = nodes;
+    in->n_models = 1 + replicas;
+    ff_fuse_model *a = &in->models[0];
+    snprintf(a->name, sizeof a->name, "actor");
+    snprintf(a->family, sizeof a->family, "actor");
+    a->n_stages = nodes;
+    for (int s = 0; s < nodes; s++) a->stages[s] = s;
+    a->micro = micro;
+    a->fwd = fa, a->bwd = 2 * fa, a->act = act_ratio;
+    int per = nodes / replicas;
+    for (int r = 0; r < replicas; r++) {
+        ff_fuse_model *c = &in->models[1 + r];
+        snprintf(c->name, sizeof c->name, "critic%d", r);
+        snprintf(c->family, sizeof c->family, "critic");
+        c->n_stages = per;
+        for (int s = 0; s < per; s++) c->stages[s] = r * per + per - 1 - s;
+        c->micro = micro / replicas;
+        c->fwd = fc * replicas, c->bwd = 2 * fc * replicas, c->act = 1.0 * replicas;
+    }
+}
+
+int main(int argc, char **argv) {
+    double seconds = 4;
+    int threads = 2;
+    bool quick = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = true;
+        else {
+            fprintf(stderr, "usage: bench_fuse [--seconds S] [--threads N] [--quick]\n");
+            return 2;
+        }
+    }
+    static const double ratios[][2] = {{5, 4}, {5, 2}, {2, 2}, {2, 1}};
+    static const double acts[] = {1.6, 1.8, 2.0};
+    static const int node_counts[] = {8, 16}, micros[] = {8, 16, 32, 64};
+    printf("%-5s %-8s %5s %6s %10s %10s %10s %8s %8s %8s %8s %8s\n", "nodes", "critic", "micro", "f a:c", "serial", "fused", "bound", "ratio", "speedup",
+           "peak/lb", "/serial", "seconds");
+    int count = 0, at_lb = 0, idx = 0;
+    double sum_ratio = 0, worst = 0, max_s = 0, worst_peak = 0, sum_speed = 0;
+    for (size_t ni = 0; ni < 2; ni++)
+        for (int replicas = 1; replicas <= 2; replicas++)
+            for (size_t mi = 0; mi < 4; mi++)
+                for (size_t ri = 0; ri < 4; ri++, idx++) {
+                    int nodes = node_counts[ni], micro = micros[mi];
+                    if (quick && (nodes != 8 || (micro != 8 && micro != 32))) continue;
+                    ff_fuse_instance in;
+                    make(&in, nodes, replicas, micro, ratios[ri][0], ratios[ri][1], acts[idx % 3]);
+                    ff_fuse_schedule ser, fused;
+                    ff_fuse_sim ss, fs;
+                    ff_fuse_solve_opts o = {.seconds = seconds, .seed = 1, .threads = threads};
+                    ff_fuse_solve_stats st;
+                    if (ff_fuse_serial(&in, &ser) || ff_fuse_simulate(&in, &ser, &ss) || ff_fuse_solve(&in, &o, &fused, &st) ||
+                        ff_fuse_simulate(&in, &fused, &fs)) {
+                        fprintf(stderr, "bench_fuse: %s\n", ff_error_message());
+                        return 1;
+                    }
+                    double lb, plb_opt;
+                    ff_fuse_lower_bounds(&in, &lb, &plb_opt);
+                    double plb = ff_fuse_peak_bound(&in, fs.makespan), ratio = fs.makespan / lb, peak = fs.peak_activation / plb;
+                    char layout[16], fr[16];
+                    snprintf(layout, sizeof layout, replicas == 1 ? "pp%d" : "pp%dx2", nodes / replicas);
+                    snprintf(fr, sizeof fr, "%g:%g", ratios[ri][0], ratios[ri][1]);
+                    printf("%-5d %-8s %5d %6s %10.6g %10.6g %10.6g %8.4f %8.3f %8.3f %8.3f %8.3f\n", nodes, layout, micro, fr, ss.makespan, fs.makespan, lb,
+                           ratio, ss.makespan / fs.makespan, peak, fs.peak_activation / ss.peak_activation, st.seconds);
+                    fflush(stdout);
+                    count++;
+                    at_lb += st.optimal;
+                    sum_ratio += ratio;
+                    sum_speed += ss.makespan / fs.makespan;
+                    worst = fmax(worst, ratio);
+                    worst_peak = fmax(worst_peak, peak);
+                    max_s = fmax(max_s, st.seconds);
+                    ff_fuse_schedule_free(&ser);
+                    ff_fuse_schedule_free(&fused);
+                }
+    printf("%d instances, %d at the lower bound; mean speed-up over serial %.3fx; worst peak activation %.3fx its bound\n", count, at_lb,
+           sum_speed / count, worst_peak);
+    printf("fuse_solver: %.4f x lower bound, %.4f worst, %.2f s max (target: 1.00 where reachable, <=1.01, <=10 s)\n", sum_ratio / count, worst, max_s);
+    return 0;
+}

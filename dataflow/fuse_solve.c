@@ -1,0 +1,673 @@
+/* The fused schedule's solver (fuseflow/fuse.h ff_fuse_solve): makespan first, then peak
+ * activation memory. Not here: the simulator and the bounds it stops at (fuse.c).
+ *
+ * Two search spaces, the simulator's times in both:
+ * - Decoding: a point (per model and node a cap, per task a perturbation, a memory budget)
+ *   becomes a schedule by list scheduling. The nodes run in simulated time; a node that falls
+ *   free takes, of its tasks that can start, the one with the highest key: its tail (the least
+ *   time from its end to the end of any schedule, fuse_heads_tails: the longest remaining path
+ *   first, the rule behind the preemptive bound) plus the perturbation. A model's forwards on a
+ *   node wait while its cap of micro-batches is in flight there (S - s everywhere: 1F1B's
+ *   memory), or while the node's memory would pass the budget. Caps alone always decode to a
+ *   valid schedule (a node never takes a task that cannot start, and each model's caps let it
+ *   finish alone); a budget can leave every node waiting, and that point is worth nothing.
+ * - Orders: the node lists themselves, a task moved a few places (RLHFuse's move); a move that
+ *   deadlocks is undone.
+ * Fixed points first (caps at the fewest in flight the makespan bound allows, 1F1B's, looser,
+ * none), then simulated annealing in each thread, cycles alternating between the two spaces,
+ * in rounds of a fixed number of evaluations; after a round the threads compare. Once the best
+ * makespan is the bound, all go on from it to lower the peak. They stop at both bounds, after
+ * STALE_ROUNDS rounds without a lower peak at the makespan bound, or at the time. Rounds of
+ * fixed work make the result depend only on the seed and the thread count whenever it stops
+ * before the time. */
+#include "fuseflow/fuse.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dataflow/fuse_internal.h"
+#include "fuseflow/error.h"
+#include "fuseflow/util.h"
+
+#define ROUND_DECODES 48      /* evaluations of a thread between two comparisons */
+#define CYCLE_DECODES 1500    /* evaluations of one annealing cycle (hot to cold), then back to the thread's best */
+#define STALE_ROUNDS 2000     /* rounds without a better peak at the bound before stopping */
+#define MEM_WEIGHT 0.002      /* energy = makespan / LB + MEM_WEIGHT x peak / its bound */
+#define MEM_WEIGHT_AT_BOUND 0.05 /* the same once the makespan is at its bound */
+
+typedef struct problem {
+    const ff_fuse_instance *in;
+    int32_t on[FF_FUSE_MAX_NODES][FF_FUSE_MAX_MODELS]; /* models with a stage on each node */
+    int32_t non[FF_FUSE_MAX_NODES];
+    double *qf, *qb;        /* [items] tails (fuse_ctx offsets) */
+    double lb, peak_lb;     /* makespan bound; peak bound at it */
+    double scale;           /* typical task time: the perturbations' unit */
+    int64_t items;
+} problem;
+
+typedef struct point {
+    int32_t cap[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
+    double budget;          /* a node starts no forward that would take its memory above this */
+    double *nf, *nb;        /* [items] perturbations of the keys */
+} point;
+
+typedef struct decoder {
+    fuse_ctx ctx;
+    double tn[FF_FUSE_MAX_NODES];   /* when the node can start its choice (INFINITY: none) */
+    int8_t ch_model[FF_FUSE_MAX_NODES], ch_back[FF_FUSE_MAX_NODES];
+    double ch_ready[FF_FUSE_MAX_NODES];
+    int32_t fc[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES], bc[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
+    double free_at[FF_FUSE_MAX_NODES], mem[FF_FUSE_MAX_NODES], peak[FF_FUSE_MAX_NODES];
+    int32_t in_flight[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]; /* the most micro-batches of a model in flight on a node */
+} decoder;
+
+static bool better(double mk, double pk, double bmk, double bpk) {
+    if (!isfinite(bmk)) return isfinite(mk);
+    double tol = 1e-9 * fmax(bmk, 1);
+    if (mk < bmk - tol) return true;
+    if (mk > bmk + tol) return false;
+    return pk < bpk - 1e-9 * fmax(bpk, 1);
+}
+
+static bool at_bound(const problem *p, double mk) { return mk <= p->lb * (1 + 1e-9) + 1e-12; }
+
+/* Node n's next task: among the forward (if under its cap) and the backward of each model
+ * that can start, the highest key among those ready when the node could start the first. */
+static void choose(const problem *p, const point *x, decoder *d, int32_t n) {
+    const ff_fuse_instance *in = p->in;
+    const fuse_ctx *c = &d->ctx;
+    double rel[2 * FF_FUSE_MAX_MODELS], key[2 * FF_FUSE_MAX_MODELS], first = INFINITY;
+    int nc = 0;
+    int8_t cm[2 * FF_FUSE_MAX_MODELS], cb[2 * FF_FUSE_MAX_MODELS];
+    for (int a = 0; a < p->non[n]; a++) {
+        int i = p->on[n][a];
+        const ff_fuse_model *m = &in->models[i];
+        int32_t st = c->stage_of[i][n], f = d->fc[i][n], b = d->bc[i][n];
+        int64_t base = c->off[i];
+        if (f < m->micro && f - b < x->cap[i][n] && d->mem[n] + m->act <= x->budget * (1 + 1e-12)) {
+            double r = st == 0 ? 0 : c->f_end[base + (int64_t)(st - 1) * m->micro + f];
+            if (r >= 0) {
+                if (st > 0) r += in->hop_latency;
+                int64_t it = base + (int64_t)st * m->micro + f;
+                rel[nc] = r, key[nc] = p->qf[it] + x->nf[it], cm[nc] = (int8_t)i, cb[nc++] = 0;
+            }
+        }
+        if (b < f) {
+            double r = st == m->n_stages - 1 ? c->f_end[base + (int64_t)st * m->micro + b] : c->b_end[base + (int64_t)(st + 1) * m->micro + b];
+            if (r >= 0) {
+                if (st < m->n_stages - 1) r += in->hop_latency;
+                int64_t it = base + (int64_t)st * m->micro + b;
+                rel[nc] = r, key[nc] = p->qb[it] + x->nb[it], cm[nc] = (int8_t)i, cb[nc++] = 1;
+            }
+        }
+    }
+    for (int j = 0; j < nc; j++) first = fmin(first, rel[j]);
+    d->tn[n] = INFINITY;
+    if (!nc) return;
+    double t = fmax(first, d->free_at[n]);
+    int best = -1;
+    for (int j = 0; j < nc; j++)
+        if (rel[j] <= t && (best < 0 || key[j] > key[best] || (key[j] == key[best] && cb[j] > cb[best]))) best = j;
+    d->tn[n] = t;
+    d->ch_model[n] = cm[best];
+    d->ch_back[n] = cb[best];
+    d->ch_ready[n] = rel[best];
+}
+
+/* Decode x into out (its lists rewritten; room for every task already there). 0, or 1 when the
+ * nodes are left with nothing they may start (a memory budget too tight: every node full of
+ * forwards whose backwards wait for forwards on full nodes; caps alone cannot do this). */
+static int decode(const problem *p, const point *x, decoder *d, ff_fuse_schedule *out, double *mk, double *pk) {
+    const ff_fuse_instance *in = p->in;
+    fuse_ctx *c = &d->ctx;
+    for (int64_t i = 0; i < p->items; i++) c->f_end[i] = c->b_end[i] = -1;
+    memset(d->fc, 0, sizeof d->fc);
+    memset(d->bc, 0, sizeof d->bc);
+    memset(d->in_flight, 0, sizeof d->in_flight);
+    int64_t total = 0;
+    for (int32_t n = 0; n < in->nodes; n++) {
+        d->free_at[n] = d->mem[n] = d->peak[n] = 0;
+        out->n_tasks[n] = 0;
+        total += c->tasks[n];
+    }
+    for (int32_t n = 0; n < in->nodes; n++) choose(p, x, d, n);
+    double peak = 0;
+    for (int64_t step = 0; step < total; step++) {
+        int32_t n = -1;
+        for (int32_t q = 0; q < in->nodes; q++)
+            if (d->tn[q] < INFINITY && (n < 0 || d->tn[q] < d->tn[n])) n = q;
+        if (n < 0) return 1;
+        int i = d->ch_model[n];
+        const ff_fuse_model *m = &in->models[i];
+        int32_t st = c->stage_of[i][n], next = -1;
+        double t0 = fmax(d->free_at[n], d->ch_ready[n]);
+        if (!d->ch_back[n]) {
+            int32_t k = d->fc[i][n]++;
+            d->free_at[n] = t0 + m->fwd;
+            c->f_end[c->off[i] + (int64_t)st * m->micro + k] = d->free_at[n];
+            d->mem[n] += m->act;
+            d->peak[n] = fmax(d->peak[n], d->mem[n]);
+            peak = fmax(peak, d->mem[n]);
+            if (d->fc[i][n] - d->bc[i][n] > d->in_flight[i][n]) d->in_flight[i][n] = d->fc[i][n] - d->bc[i][n];
+            if (st + 1 < m->n_stages) next = m->stages[st + 1];
+        } else {
+            int32_t k = d->bc[i][n]++;
+            d->free_at[n] = t0 + m->bwd;
+            c->b_end[c->off[i] + (int64_t)st * m->micro + k] = d->free_at[n];
+            d->mem[n] -= m->act;
+            if (st > 0) next = m->stages[st - 1];
+        }
+        out->tasks[n][out->n_tasks[n]++] = (ff_fuse_task){.model = (uint8_t)i, .backward = (uint8_t)d->ch_back[n]};
+        choose(p, x, d, n);
+        if (next >= 0) choose(p, x, d, next);
+    }
+    double end = 0;
+    for (int32_t n = 0; n < in->nodes; n++) end = fmax(end, d->free_at[n]);
+    *mk = end;
+    *pk = peak;
+    return 0;
+}
+
+/* ---- one thread's search ---------------------------------------------------------------- */
+
+typedef struct shared shared;
+
+typedef struct worker {
+    const problem *p;
+    shared *sh;
+    int id;
+    ff_rng rng;
+    decoder d;
+    point cur, best_pt;        /* the decoding search's point and its best */
+    double pt_mk, pt_pk;
+    ff_fuse_schedule sched;    /* what the last decode wrote */
+    ff_fuse_schedule osched;   /* the order search's schedule */
+    double onode_peak[FF_FUSE_MAX_NODES];
+    ff_fuse_schedule best_sched; /* the thread's best of either search */
+    double best_mk, best_pk;
+    double cur_e;
+    int mode;                  /* this cycle: 0 decoding, 1 orders */
+    int64_t decodes, in_cycle, cycles;
+    bool restart;              /* start a cycle from the best at the next round */
+    double mem_step;           /* a budget cycle aims this fraction of the way from the best peak to its bound */
+    double budget_from;        /* the best peak when the budget cycle now running began (0: none) */
+    int failed;
+} worker;
+
+struct shared {
+    pthread_mutex_t gate;      /* threads start together, or leave when one could not start */
+    pthread_cond_t open;
+    int go;                    /* 0: wait, 1: run, -1: leave */
+    pthread_barrier_t barrier;
+    int64_t deadline_ns;
+    bool stop;
+    bool memory_phase;         /* the best makespan is at its bound: lower the memory */
+    int stale;
+    double round_mk, round_pk; /* the best over all threads after the last round */
+    worker *w;
+    int n;
+};
+
+static int point_init(point *x, int64_t items) {
+    x->nf = ff_calloc((size_t)items, sizeof *x->nf);
+    x->nb = ff_calloc((size_t)items, sizeof *x->nb);
+    return x->nf && x->nb ? 0 : -1;
+}
+
+static void point_free(point *x) {
+    free(x->nf);
+    free(x->nb);
+    x->nf = x->nb = NULL;
+}
+
+static void point_copy(point *dst, const point *src, int64_t items) {
+    memcpy(dst->cap, src->cap, sizeof dst->cap);
+    dst->budget = src->budget;
+    memcpy(dst->nf, src->nf, (size_t)items * sizeof *dst->nf);
+    memcpy(dst->nb, src->nb, (size_t)items * sizeof *dst->nb);
+}
+
+/* caps: base (or S - s) + extra, at least 1, at most m; extra < 0: m; no perturbation */
+static void point_plain(const problem *p, point *x, int extra, int32_t base[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]) {
+    const ff_fuse_instance *in = p->in;
+    for (int i = 0; i < in->n_models; i++) {
+        const ff_fuse_model *m = &in->models[i];
+        for (int32_t s = 0; s < m->n_stages; s++) {
+            int64_t c = extra < 0 ? m->micro : (base ? base[i][m->stages[s]] : (int64_t)m->n_stages - s) + extra;
+            x->cap[i][m->stages[s]] = (int32_t)(c < 1 ? 1 : c > m->micro ? m->micro : c);
+        }
+    }
+    x->budget = INFINITY;
+    memset(x->nf, 0, (size_t)p->items * sizeof *x->nf);
+    memset(x->nb, 0, (size_t)p->items * sizeof *x->nb);
+}
+
+/* Before the makespan reaches its bound, memory only breaks ties; after, the decoding search
+ * looks for the bound under a memory budget below the best peak (begin_cycle), and the order
+ * search weighs the memory more, with the mean node peak to smooth the plateaus of the max. */
+static double energy(const worker *w, double mk, double pk, const double *node_peak) {
+    const problem *p = w->p;
+    if (!w->sh->memory_phase || w->mode == 0) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
+    double mean = 0;
+    for (int32_t n = 0; n < p->in->nodes; n++) mean += node_peak[n];
+    mean /= p->in->nodes;
+    return mk / p->lb + MEM_WEIGHT_AT_BOUND * (pk + 0.1 * mean) / p->peak_lb;
+}
+
+/* Caps down to what the decoded schedule used: it decodes to the same schedule (a cap that
+ * never bound changes no choice), and a cap move of -1 then always bites. */
+static void tighten(worker *w, point *x) {
+    const ff_fuse_instance *in = w->p->in;
+    for (int i = 0; i < in->n_models; i++)
+        for (int32_t s = 0; s < in->models[i].n_stages; s++) {
+            int32_t n = in->models[i].stages[s];
+            if (w->d.in_flight[i][n] < x->cap[i][n]) x->cap[i][n] = w->d.in_flight[i][n];
+        }
+}
+
+static void copy_lists(ff_fuse_schedule *dst, const ff_fuse_schedule *src) {
+    for (int32_t n = 0; n < src->nodes; n++) {
+        memcpy(dst->tasks[n], src->tasks[n], (size_t)src->n_tasks[n] * sizeof **src->tasks);
+        dst->n_tasks[n] = src->n_tasks[n];
+    }
+}
+
+static void keep_if_best(worker *w, const ff_fuse_schedule *s, double mk, double pk) {
+    if (!better(mk, pk, w->best_mk, w->best_pk)) return;
+    w->best_mk = mk;
+    w->best_pk = pk;
+    copy_lists(&w->best_sched, s);
+}
+
+/* Decode x; keep it as the thread's best point and schedule when it is. */
+static int try_point(worker *w, const point *x, double *e) {
+    double mk, pk;
+    w->decodes++;
+    if (decode(w->p, x, &w->d, &w->sched, &mk, &pk)) { /* over the budget: no schedule */
+        *e = INFINITY;
+        return 0;
+    }
+    *e = energy(w, mk, pk, w->d.peak);
+    if (better(mk, pk, w->pt_mk, w->pt_pk)) {
+        w->pt_mk = mk;
+        w->pt_pk = pk;
+        point_copy(&w->best_pt, x, w->p->items);
+    }
+    keep_if_best(w, &w->sched, mk, pk);
+    return 0;
+}
+
+/* A cycle starts from the thread's best: its best point (decoding) or best schedule (orders),
+ * the two in turn, threads out of step. */
+static int begin_cycle(worker *w) {
+    w->in_cycle = 0;
+    if (w->budget_from > 0) { /* a budget cycle ended: bolder after a success, humbler after none */
+        w->mem_step = w->best_pk < w->budget_from ? fmin(0.5, 1.5 * w->mem_step) : 0.5 * w->mem_step;
+        w->budget_from = 0;
+    }
+    w->mode = (int)((w->cycles++ + w->id) % 2);
+    if (w->mode == 0) {
+        point_copy(&w->cur, &w->best_pt, w->p->items);
+        if (w->sh->memory_phase) { /* the bound under less memory than the best has */
+            double unit = INFINITY;
+            for (int i = 0; i < w->p->in->n_models; i++)
+                if (w->p->in->models[i].act > 0) unit = fmin(unit, w->p->in->models[i].act);
+            if (isfinite(unit)) {
+                w->cur.budget = w->best_pk - fmax(0.5 * unit, w->mem_step * (w->best_pk - w->p->peak_lb));
+                w->budget_from = w->best_pk;
+            }
+        }
+        return try_point(w, &w->cur, &w->cur_e);
+    }
+    copy_lists(&w->osched, &w->best_sched);
+    fuse_score r;
+    if (fuse_run(&w->d.ctx, &w->osched, &r, NULL, NULL)) return ff_error_set("fuse solver", "this is a bug", "the best schedule deadlocks");
+    w->decodes++;
+    memcpy(w->onode_peak, r.node_peak, sizeof w->onode_peak);
+    w->cur_e = energy(w, r.makespan, r.peak, r.node_peak);
+    return 0;
+}
+
+/* Decoding: change a cap by one (at the bound, half the time: lower one on the node with the
+ * highest peak), or redraw the perturbations of a few consecutive micro-batches of one stage;
+ * kept by Metropolis at temperature temp. */
+static int step_decode(worker *w, double temp) {
+    const problem *p = w->p;
+    const ff_fuse_instance *in = p->in;
+    point *x = &w->cur;
+    int i = (int)ff_rng_below(&w->rng, (uint64_t)in->n_models);
+    int32_t s = (int32_t)ff_rng_below(&w->rng, (uint64_t)in->models[i].n_stages), node = in->models[i].stages[s];
+    int32_t dir = ff_rng_below(&w->rng, 2) ? 1 : -1, k0 = 0, len = 0;
+    bool cap_move = ff_rng_below(&w->rng, 3) == 0, back = false;
+    if (w->sh->memory_phase && ff_rng_below(&w->rng, 2)) {
+        node = 0;
+        for (int32_t n = 1; n < in->nodes; n++)
+            if (w->d.peak[n] > w->d.peak[node]) node = n;
+        i = p->on[node][ff_rng_below(&w->rng, (uint64_t)p->non[node])];
+        s = w->d.ctx.stage_of[i][node];
+        cap_move = true, dir = -1;
+    }
+    const ff_fuse_model *m = &in->models[i];
+    double saved[8];
+    int32_t old_cap = x->cap[i][node];
+    if (cap_move) {
+        int32_t c = old_cap + dir;
+        if (c < 1 || c > m->micro) return 0;
+        x->cap[i][node] = c;
+    } else {
+        back = ff_rng_below(&w->rng, 2);
+        len = 1 + (int32_t)ff_rng_below(&w->rng, 4);
+        k0 = (int32_t)ff_rng_below(&w->rng, (uint64_t)m->micro);
+        if (k0 + len > m->micro) len = m->micro - k0;
+        double *v = (back ? x->nb : x->nf) + w->d.ctx.off[i] + (int64_t)s * m->micro;
+        double sigma = p->scale * (ff_rng_below(&w->rng, 2) ? 0.5 : 3.0);
+        for (int32_t k = 0; k < len; k++) {
+            saved[k] = v[k0 + k];
+            v[k0 + k] = sigma * ff_rng_normal(&w->rng);
+        }
+    }
+    double e;
+    if (try_point(w, x, &e)) return -1;
+    if (e <= w->cur_e || ff_rng_uniform(&w->rng) < exp((w->cur_e - e) / temp)) {
+        w->cur_e = e;
+        if (isfinite(e)) tighten(w, x);
+        return 0;
+    }
+    if (len) { /* undo */
+        double *v = (back ? x->nb : x->nf) + w->d.ctx.off[i] + (int64_t)s * m->micro;
+        for (int32_t k = 0; k < len; k++) v[k0 + k] = saved[k];
+    } else {
+        x->cap[i][node] = old_cap;
+    }
+    return 0;
+}
+
+static void move_task(ff_fuse_task *t, int64_t from, int64_t to) {
+    ff_fuse_task x = t[from];
+    if (from < to) memmove(t + from, t + from + 1, (size_t)(to - from) * sizeof *t);
+    else memmove(t + to + 1, t + to, (size_t)(from - to) * sizeof *t);
+    t[to] = x;
+}
+
+/* Orders (RLHFuse's move, the simulator as the judge): one task of a node moved up to 8 places
+ * earlier or later (at the bound, half the time on the node with the highest peak: the forward
+ * that first reaches it moved later, or one of the next backwards moved before it); a move
+ * that deadlocks is undone. */
+static int step_order(worker *w, double temp) {
+    const ff_fuse_instance *in = w->p->in;
+    ff_fuse_schedule *s = &w->osched;
+    int32_t n = (int32_t)ff_rng_below(&w->rng, (uint64_t)in->nodes);
+    bool at_peak = w->sh->memory_phase && ff_rng_below(&w->rng, 2);
+    if (at_peak) {
+        n = 0;
+        for (int32_t q = 1; q < in->nodes; q++)
+            if (w->onode_peak[q] > w->onode_peak[n]) n = q;
+    }
+    int64_t len = s->n_tasks[n];
+    if (len < 2) return 0;
+    int64_t from = (int64_t)ff_rng_below(&w->rng, (uint64_t)len), d = 1 + (int64_t)ff_rng_below(&w->rng, 8);
+    int64_t to = ff_rng_below(&w->rng, 2) ? from + d : from - d;
+    if (at_peak) { /* the forward that first reaches the node's peak later, or a backward after it earlier */
+        double mem = 0;
+        int64_t p = 0;
+        for (; p < len; p++) {
+            ff_fuse_task t = s->tasks[n][p];
+            mem += t.backward ? -in->models[t.model].act : in->models[t.model].act;
+            if (!t.backward && mem >= w->onode_peak[n] * (1 - 1e-12)) break;
+        }
+        if (p == len) return 0;
+        if (ff_rng_below(&w->rng, 2)) {
+            from = p, to = p + d;
+        } else {
+            int64_t q = p + 1;
+            for (int64_t skip = (int64_t)ff_rng_below(&w->rng, 3); q < len; q++)
+                if (s->tasks[n][q].backward && skip-- == 0) break;
+            if (q >= len) return 0;
+            from = q, to = p;
+        }
+    }
+    if (to < 0) to = 0;
+    if (to >= len) to = len - 1;
+    if (to == from) return 0;
+    move_task(s->tasks[n], from, to);
+    fuse_score r;
+    w->decodes++;
+    if (!fuse_run(&w->d.ctx, s, &r, NULL, NULL)) {
+        double e = energy(w, r.makespan, r.peak, r.node_peak);
+        if (e <= w->cur_e || ff_rng_uniform(&w->rng) < exp((w->cur_e - e) / temp)) {
+            w->cur_e = e;
+            memcpy(w->onode_peak, r.node_peak, sizeof w->onode_peak);
+            keep_if_best(w, s, r.makespan, r.peak);
+            return 0;
+        }
+    }
+    move_task(s->tasks[n], to, from);
+    return 0;
+}
+
+static int anneal_round(worker *w) {
+    if (w->restart && begin_cycle(w)) return -1;
+    w->restart = false;
+    for (int r = 0; r < ROUND_DECODES; r++) {
+        if (w->in_cycle == CYCLE_DECODES && begin_cycle(w)) return -1; /* back to the best, hot again */
+        double f = (double)w->in_cycle++ / CYCLE_DECODES, temp = 0.01 * pow(1e-3, f);
+        if ((w->mode ? step_order : step_decode)(w, temp)) return -1;
+    }
+    return 0;
+}
+
+/* Between rounds, in one thread: the best so far; when its makespan first reaches the bound,
+ * every thread goes on from it to lower the memory; stop at both bounds, when the memory has
+ * not improved for STALE_ROUNDS rounds, or at the deadline. */
+static void round_end(shared *sh) {
+    const problem *p = sh->w[0].p;
+    int bi = 0;
+    for (int t = 1; t < sh->n; t++)
+        if (better(sh->w[t].best_mk, sh->w[t].best_pk, sh->w[bi].best_mk, sh->w[bi].best_pk)) bi = t;
+    double mk = sh->w[bi].best_mk, pk = sh->w[bi].best_pk;
+    if (at_bound(p, mk)) {
+        if (!sh->memory_phase) {
+            sh->memory_phase = true;
+            for (int t = 0; t < sh->n; t++) {
+                worker *w = &sh->w[t];
+                if (t != bi) {
+                    point_copy(&w->best_pt, &sh->w[bi].best_pt, p->items);
+                    w->pt_mk = sh->w[bi].pt_mk, w->pt_pk = sh->w[bi].pt_pk;
+                    w->best_mk = mk, w->best_pk = pk;
+                    copy_lists(&w->best_sched, &sh->w[bi].best_sched);
+                }
+                w->restart = true;
+            }
+        }
+        sh->stale = better(mk, pk, sh->round_mk, sh->round_pk) ? 0 : sh->stale + 1;
+        if (pk <= p->peak_lb * (1 + 1e-9) || sh->stale >= STALE_ROUNDS) sh->stop = true;
+    }
+    sh->round_mk = mk;
+    sh->round_pk = pk;
+    for (int t = 0; t < sh->n; t++) sh->stop |= sh->w[t].failed != 0;
+    if (ff_now_ns() >= sh->deadline_ns) sh->stop = true;
+}
+
+static void *thread_main(void *arg) {
+    worker *w = arg;
+    shared *sh = w->sh;
+    if (w->id) {
+        pthread_mutex_lock(&sh->gate);
+        while (!sh->go) pthread_cond_wait(&sh->open, &sh->gate);
+        int go = sh->go;
+        pthread_mutex_unlock(&sh->gate);
+        if (go != 1) return NULL;
+    }
+    for (;;) {
+        if (!w->failed && anneal_round(w)) w->failed = -1;
+        if (pthread_barrier_wait(&sh->barrier) == PTHREAD_BARRIER_SERIAL_THREAD) round_end(sh);
+        pthread_barrier_wait(&sh->barrier);
+        if (sh->stop) break;
+    }
+    return NULL;
+}
+
+/* ---- the entry -------------------------------------------------------------------------- */
+
+static int schedule_room(const fuse_ctx *c, ff_fuse_schedule *s) {
+    if (ff_fuse_schedule_init(s, c->in->nodes)) return -1;
+    for (int32_t n = 0; n < c->in->nodes; n++) {
+        s->tasks[n] = ff_malloc(((size_t)c->tasks[n] + 1) * sizeof **s->tasks);
+        if (!s->tasks[n]) return -1;
+        s->cap[n] = c->tasks[n] + 1;
+    }
+    return 0;
+}
+
+static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t seed) {
+    memset(w, 0, sizeof *w);
+    w->p = p;
+    w->sh = sh;
+    w->id = id;
+    ff_rng_seed(&w->rng, ff_seed_stream(seed, 0x66757365, (uint64_t)id)); /* "fuse" */
+    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = INFINITY;
+    w->mem_step = 0.5;
+    if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
+        schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched))
+        return -1;
+    return 0;
+}
+
+static void worker_free(worker *w) {
+    fuse_ctx_free(&w->d.ctx);
+    point_free(&w->cur);
+    point_free(&w->best_pt);
+    ff_fuse_schedule_free(&w->sched);
+    ff_fuse_schedule_free(&w->osched);
+    ff_fuse_schedule_free(&w->best_sched);
+}
+
+static int problem_init(problem *p, const ff_fuse_instance *in) {
+    memset(p, 0, sizeof *p);
+    p->in = in;
+    double work = 0;
+    int64_t ntask = 0;
+    for (int i = 0; i < in->n_models; i++) {
+        const ff_fuse_model *m = &in->models[i];
+        p->items += (int64_t)m->n_stages * m->micro;
+        work += (double)m->n_stages * m->micro * (m->fwd + m->bwd);
+        ntask += 2 * (int64_t)m->n_stages * m->micro;
+        for (int32_t s = 0; s < m->n_stages; s++) p->on[m->stages[s]][p->non[m->stages[s]]++] = i;
+    }
+    p->scale = work / (double)ntask;
+    p->qf = ff_malloc((size_t)p->items * sizeof *p->qf);
+    p->qb = ff_malloc((size_t)p->items * sizeof *p->qb);
+    double *ef = NULL, *eb = NULL;
+    if (!p->qf || !p->qb) return -1;
+    int64_t off = 0;
+    for (int i = 0; i < in->n_models; i++) {
+        size_t n = (size_t)in->models[i].n_stages * (size_t)in->models[i].micro;
+        ef = ff_malloc(n * sizeof *ef), eb = ff_malloc(n * sizeof *eb);
+        if (!ef || !eb) {
+            free(ef);
+            free(eb);
+            return -1;
+        }
+        fuse_heads_tails(in, i, ef, eb, p->qf + off, p->qb + off);
+        free(ef);
+        free(eb);
+        off += (int64_t)n;
+    }
+    ff_fuse_lower_bounds(in, &p->lb, &p->peak_lb);
+    return 0;
+}
+
+int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fuse_schedule *out, ff_fuse_solve_stats *stats) {
+    int64_t t0 = ff_now_ns();
+    memset(out, 0, sizeof *out);
+    ff_fuse_solve_stats st = {0};
+    double seconds = o && o->seconds > 0 ? o->seconds : 10;
+    int threads = o && o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1) threads = 1;
+    if (threads > 256) threads = 256;
+    uint64_t seed = o ? o->seed : 0;
+    problem p;
+    shared sh = {.gate = PTHREAD_MUTEX_INITIALIZER, .open = PTHREAD_COND_INITIALIZER};
+    worker *w = NULL;
+    int rc = -1, made = 0;
+    if (problem_init(&p, in)) goto done;
+    if (!(w = ff_calloc((size_t)threads, sizeof *w))) goto done;
+    for (; made < threads; made++)
+        if (worker_init(&w[made], &p, &sh, made, seed)) {
+            made++;
+            goto done;
+        }
+    /* The fixed points, in thread 0: the caps of the fewest micro-batches in flight that the
+     * makespan bound allows, and a little looser; 1F1B's, and looser; none. */
+    int32_t least[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
+    if (fuse_least_in_flight(in, p.lb, least)) goto done;
+    static const int extras[] = {0, 1, 2, 4, -1};
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t e = 0; e < sizeof extras / sizeof *extras; e++) {
+            double en;
+            if (pass == 0 && extras[e] < 0) continue;
+            point_plain(&p, &w[0].cur, extras[e], pass == 0 ? least : NULL);
+            if (try_point(&w[0], &w[0].cur, &en)) goto done;
+        }
+    bool done_early = at_bound(&p, w[0].best_mk) && w[0].best_pk <= p.peak_lb * (1 + 1e-9);
+    for (int t = 1; t < threads; t++) { /* every thread anneals from the best fixed point */
+        point_copy(&w[t].best_pt, &w[0].best_pt, p.items);
+        w[t].pt_mk = w[0].pt_mk, w[t].pt_pk = w[0].pt_pk;
+        w[t].best_mk = w[0].best_mk, w[t].best_pk = w[0].best_pk;
+        copy_lists(&w[t].best_sched, &w[0].best_sched);
+    }
+    for (int t = 0; t < threads; t++) w[t].restart = true;
+    if (!done_early) {
+        sh.deadline_ns = t0 + (int64_t)(seconds * 1e9);
+        sh.w = w;
+        sh.n = threads;
+        sh.round_mk = sh.round_pk = INFINITY;
+        if (pthread_barrier_init(&sh.barrier, NULL, (unsigned)threads)) {
+            ff_error_set("fuse solver", NULL, "cannot make a thread barrier");
+            goto done;
+        }
+        pthread_t *tid = ff_calloc((size_t)threads, sizeof *tid);
+        int started = 1;
+        if (tid) {
+            pthread_mutex_lock(&sh.gate);
+            for (; started < threads; started++)
+                if (pthread_create(&tid[started], NULL, thread_main, &w[started])) break;
+            sh.go = started == threads ? 1 : -1; /* a thread that cannot start: the others leave at once */
+            pthread_cond_broadcast(&sh.open);
+            pthread_mutex_unlock(&sh.gate);
+            if (sh.go == 1) thread_main(&w[0]);
+            for (int t = 1; t < started; t++) pthread_join(tid[t], NULL);
+        }
+        free(tid);
+        pthread_barrier_destroy(&sh.barrier);
+        if (!tid) goto done;
+        if (sh.go != 1) {
+            ff_error_set("fuse solver", "ask for fewer threads (--threads)", "cannot start thread %d of %d", started + 1, threads);
+            goto done;
+        }
+        for (int t = 0; t < threads; t++)
+            if (w[t].failed) {
+                ff_error_set("fuse solver", "this is a bug: please report the instance", "a decoded schedule got stuck in thread %d", t);
+                goto done;
+            }
+    }
+    int bi = 0;
+    for (int t = 1; t < threads; t++)
+        if (better(w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
+    if (ff_fuse_schedule_copy(&w[bi].best_sched, out)) goto done;
+    for (int t = 0; t < threads; t++) st.evaluations += w[t].decodes;
+    st.optimal = at_bound(&p, w[bi].best_mk);
+    rc = 0;
+done:
+    if (w)
+        for (int t = 0; t < made; t++) worker_free(&w[t]);
+    free(w);
+    free(p.qf);
+    free(p.qb);
+    st.seconds = (double)(ff_now_ns() - t0) * 1e-9;
+    if (stats) *stats = st;
+    return rc;
+}

@@ -1,0 +1,349 @@
+/* The fused actor+critic schedule (fuseflow/fuse.h): instance parsing and its errors, the
+ * simulator on hand-computed cases (times, memory, hop latency, deadlocks, incomplete
+ * schedules), the bounds (tight on 1F1B alone; never above any valid schedule's makespan or
+ * peak, over hundreds of random valid schedules), the serial baseline, the solver reaching the
+ * bound where a schedule shows it is reachable, its determinism, schedule JSON and the SVG. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fuseflow/fuse.h"
+#include "fuseflow/util.h"
+#include "tests/test_util.h"
+
+static ff_fuse_instance parse_ok(const char *json) {
+    ff_fuse_instance in;
+    DIE_IF(ff_fuse_instance_parse(json, "test.json", &in));
+    return in;
+}
+
+static void expect_parse_error(const char *json, const char *needle) {
+    ff_fuse_instance in;
+    int rc = ff_fuse_instance_parse(json, "test.json", &in);
+    CHECK(rc == -1);
+    if (rc == -1) CHECK_STR_CONTAINS(ff_error_message(), needle);
+}
+
+/* schedule from a compact text: per node "aF cB ..." where the letter is the model (a = 0) */
+static ff_fuse_schedule sched_of(int32_t nodes, const char *const *lists) {
+    ff_fuse_schedule s;
+    DIE_IF(ff_fuse_schedule_init(&s, nodes));
+    for (int32_t n = 0; n < nodes; n++)
+        for (const char *p = lists[n]; *p; p++) {
+            if (*p == ' ') continue;
+            ff_fuse_task t = {.model = (uint8_t)(p[0] - 'a'), .backward = p[1] == 'B'};
+            DIE_IF(ff_fuse_schedule_push(&s, n, t));
+            p++;
+        }
+    return s;
+}
+
+static const char *ISSUE = "{\"nodes\": 4, \"models\": ["
+                           "{\"name\": \"actor\", \"stages\": [0, 1, 2, 3], \"micro_batches\": 8, \"forward\": 3, \"backward\": 6, \"activation\": 1.0},"
+                           "{\"name\": \"critic0\", \"stages\": [1, 0], \"micro_batches\": 4, \"forward\": 2, \"backward\": 4, \"activation\": 1.0},"
+                           "{\"name\": \"critic1\", \"stages\": [3, 2], \"micro_batches\": 4, \"forward\": 2, \"backward\": 4, \"activation\": 1.0}]}";
+
+static void test_parse(void) {
+    ff_fuse_instance in = parse_ok(ISSUE);
+    CHECK_EQ_INT(in.nodes, 4);
+    CHECK_EQ_INT(in.n_models, 3);
+    CHECK_EQ_INT(in.models[1].n_stages, 2);
+    CHECK_EQ_INT(in.models[1].stages[0], 1);
+    CHECK_CLOSE(in.models[0].bwd, 6, 0, 0);
+    CHECK(!strcmp(in.models[1].family, "critic") && !strcmp(in.models[2].family, "critic") && !strcmp(in.models[0].family, "actor"));
+    ff_fuse_instance f = parse_ok("{\"nodes\": 2, \"hop_latency\": 0.5, \"models\": [{\"name\": \"x7\", \"family\": \"critic\", \"stages\": [1], "
+                                  "\"micro_batches\": 1, \"forward\": 1, \"backward\": 2}]}");
+    CHECK(!strcmp(f.models[0].family, "critic"));
+    CHECK_CLOSE(f.models[0].act, 1.0, 0, 0); /* the default */
+    CHECK_CLOSE(f.hop_latency, 0.5, 0, 0);
+
+    const char *m1 = "{\"name\": \"a\", \"stages\": [0, 1], \"micro_batches\": 2, \"forward\": 1, \"backward\": 2";
+    char buf[1024];
+    snprintf(buf, sizeof buf, "{\"nodes\": 2, \"modles\": []}");
+    expect_parse_error(buf, "unknown key 'modles'");
+    snprintf(buf, sizeof buf, "{\"nodes\": 2, \"models\": [%s, \"fwd\": 1}]}", m1);
+    expect_parse_error(buf, "unknown key 'fwd'");
+    expect_parse_error("{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [0], \"forward\": 1, \"backward\": 2}]}", "missing \"micro_batches\"");
+    expect_parse_error("{\"models\": []}", "missing \"nodes\"");
+    snprintf(buf, sizeof buf, "{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [0, 2], \"micro_batches\": 2, \"forward\": 1, \"backward\": 2}]}");
+    expect_parse_error(buf, "stage 1 is on node out of range");
+    expect_parse_error("{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [1, 1], \"micro_batches\": 2, \"forward\": 1, \"backward\": 2}]}",
+                       "node 1 holds two of its stages");
+    expect_parse_error("{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [0], \"micro_batches\": 2, \"forward\": 0, \"backward\": 2}]}",
+                       "\"forward\" is 0; it must be above 0");
+    expect_parse_error("{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [0], \"micro_batches\": 2, \"forward\": 1, \"backward\": -2}]}",
+                       "\"backward\" is -2");
+    expect_parse_error("{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [0], \"micro_batches\": 0, \"forward\": 1, \"backward\": 2}]}",
+                       "\"micro_batches\" is 0");
+    expect_parse_error("{\"nodes\": 65, \"models\": []}", "\"nodes\" is 65");
+    expect_parse_error("{\"nodes\": 0, \"models\": []}", "\"nodes\" is 0");
+    snprintf(buf, sizeof buf, "{\"nodes\": 2, \"models\": [%s}, %s}, %s}, %s}, %s}]}", m1, m1, m1, m1, m1);
+    expect_parse_error(buf, "list of 1 to 4 models");
+    snprintf(buf, sizeof buf, "{\"nodes\": 2, \"models\": [%s}, %s}]}", m1, m1);
+    expect_parse_error(buf, "both named 'a'");
+    expect_parse_error("{\"nodes\": 2, ", "line 1");
+    expect_parse_error("[1, 2]", "must be a JSON object");
+    expect_parse_error("{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [0], \"micro_batches\": 5000, \"forward\": 1, \"backward\": 2}]}",
+                       "must be in 1 .. 4096");
+}
+
+/* 1F1B on two stages, m = 2, f = 1, b = 2 (times worked by hand):
+ * node 0: F0 0-1, F1 1-2, B0 4-6 (after node 1's B0 2-4), B1 7-9 (after node 1's B1 5-7);
+ * node 1: F0 1-2, B0 2-4, F1 4-5, B1 5-7. Makespan 9 = (m + S - 1)(f + b). */
+static void test_simulate_by_hand(void) {
+    ff_fuse_instance in =
+        parse_ok("{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [0, 1], \"micro_batches\": 2, \"forward\": 1, \"backward\": 2, \"activation\": 1.5}]}");
+    const char *lists[] = {"aF aF aB aB", "aF aB aF aB"};
+    ff_fuse_schedule s = sched_of(2, lists);
+    ff_fuse_sim sim;
+    DIE_IF(ff_fuse_simulate(&in, &s, &sim));
+    CHECK_CLOSE(sim.makespan, 9, 1e-12, 0);
+    CHECK_CLOSE(sim.node_peak[0], 3.0, 1e-12, 0); /* two forwards before the first backward */
+    CHECK_CLOSE(sim.node_peak[1], 1.5, 1e-12, 0);
+    CHECK_CLOSE(sim.peak_activation, 3.0, 1e-12, 0);
+    CHECK_CLOSE(sim.node_busy[0], 6, 1e-12, 0);
+    CHECK_CLOSE(sim.node_busy[1], 6, 1e-12, 0);
+    /* with a hop of 0.5: node 1 F0 1.5-2.5, B0 2.5-4.5, F1 4.5-5.5, B1 5.5-7.5; node 0 B0 5-7, B1 8-10 */
+    in.hop_latency = 0.5;
+    DIE_IF(ff_fuse_simulate(&in, &s, &sim));
+    CHECK_CLOSE(sim.makespan, 10, 1e-12, 0);
+    /* the serial baseline of one model is this 1F1B */
+    ff_fuse_schedule ser;
+    DIE_IF(ff_fuse_serial(&in, &ser));
+    for (int32_t n = 0; n < 2; n++) {
+        CHECK_EQ_INT(ser.n_tasks[n], s.n_tasks[n]);
+        CHECK(ser.n_tasks[n] == s.n_tasks[n] && !memcmp(ser.tasks[n], s.tasks[n], (size_t)s.n_tasks[n] * sizeof *s.tasks[n]));
+    }
+    ff_fuse_schedule_free(&ser);
+    ff_fuse_schedule_free(&s);
+    CHECK(s.tasks == NULL && s.n_tasks == NULL); /* freed and zeroed */
+    ff_fuse_schedule_free(&s);                   /* safe again */
+}
+
+/* Two models in opposite directions, one micro-batch each: each fills the other's bubble.
+ * node 0: aF 0-1, cF 1-2, cB 2-3, aB 3-4; node 1: cF 0-1, aF 1-2, aB 2-3, cB 3-4. Each model
+ * alone needs 4 (two forwards and two backwards in a chain), so 4 is the bound and optimal. */
+static const char *TWO = "{\"nodes\": 2, \"models\": ["
+                         "{\"name\": \"actor\", \"stages\": [0, 1], \"micro_batches\": 1, \"forward\": 1, \"backward\": 1},"
+                         "{\"name\": \"critic\", \"stages\": [1, 0], \"micro_batches\": 1, \"forward\": 1, \"backward\": 1}]}";
+
+static void test_fused_by_hand(void) {
+    ff_fuse_instance in = parse_ok(TWO);
+    const char *lists[] = {"aF bF bB aB", "bF aF aB bB"};
+    ff_fuse_schedule s = sched_of(2, lists);
+    ff_fuse_sim sim;
+    DIE_IF(ff_fuse_simulate(&in, &s, &sim));
+    CHECK_CLOSE(sim.makespan, 4, 1e-12, 0);
+    CHECK_CLOSE(sim.peak_activation, 2, 1e-12, 0);
+    double lb, plb;
+    ff_fuse_lower_bounds(&in, &lb, &plb);
+    CHECK_CLOSE(lb, 4, 1e-12, 0);
+    CHECK(plb <= sim.peak_activation + 1e-12);
+    /* serial: the actor, then the critic: 4 + 4, less the overlap of node 1 starting the
+     * critic while node 0 does the actor's last backward (no barrier): 7 */
+    ff_fuse_schedule ser;
+    ff_fuse_sim ss;
+    DIE_IF(ff_fuse_serial(&in, &ser));
+    DIE_IF(ff_fuse_simulate(&in, &ser, &ss));
+    CHECK_CLOSE(ss.makespan, 7, 1e-12, 0);
+    ff_fuse_schedule_free(&ser);
+    ff_fuse_schedule_free(&s);
+}
+
+static void test_errors(void) {
+    ff_fuse_instance in = parse_ok(TWO);
+    ff_fuse_sim sim;
+    /* node 0 waits for the critic's forward on node 1, node 1 for the actor's on node 0 */
+    const char *cyc[] = {"bF aF bB aB", "aF bF aB bB"};
+    ff_fuse_schedule s = sched_of(2, cyc);
+    CHECK(ff_fuse_simulate(&in, &s, &sim) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "deadlock: node 0 waits at its task 0 (critic F of micro-batch 0, stage 1) for critic F of micro-batch 0 on node 1");
+    ff_fuse_schedule_free(&s);
+    const char *early[] = {"aF bF bB aB", "bF aB aF bB"}; /* node 1: the actor's backward before its forward */
+    s = sched_of(2, early);
+    CHECK(ff_fuse_simulate(&in, &s, &sim) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "node 1, task 1 (actor B of micro-batch 0) comes before that micro-batch's forward");
+    ff_fuse_schedule_free(&s);
+    const char *missing[] = {"aF bF bB aB", "bF aF aB"};
+    s = sched_of(2, missing);
+    CHECK(ff_fuse_simulate(&in, &s, &sim) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "incomplete: node 1 has 0 backwards of critic; it needs 1");
+    ff_fuse_schedule_free(&s);
+    ff_fuse_instance one = parse_ok("{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [0], \"micro_batches\": 1, \"forward\": 1, \"backward\": 1}]}");
+    const char *wrong[] = {"aF aB", "aF"};
+    s = sched_of(2, wrong);
+    CHECK(ff_fuse_simulate(&one, &s, &sim) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "node 1, task 0: a has no stage on node 1");
+    ff_fuse_schedule_free(&s);
+    CHECK(ff_fuse_schedule_init(&s, 0) == -1);
+    CHECK(ff_fuse_schedule_init(&s, 65) == -1);
+}
+
+static void test_schedule_json(void) {
+    ff_fuse_instance in = parse_ok(TWO);
+    ff_fuse_schedule s;
+    DIE_IF(ff_fuse_schedule_parse(&in, "{\"makespan\": 4, \"schedule\": [[[0, \"F\"], [1, \"F\"], [1, \"B\"], [0, \"B\"]], [[1, \"F\"], [0, \"F\"], [0, \"B\"], [1, \"B\"]]]}",
+                                  "s.json", &s));
+    ff_fuse_sim sim;
+    DIE_IF(ff_fuse_simulate(&in, &s, &sim));
+    CHECK_CLOSE(sim.makespan, 4, 1e-12, 0);
+    ff_fuse_schedule c;
+    DIE_IF(ff_fuse_schedule_copy(&s, &c));
+    CHECK(c.n_tasks[1] == 4 && c.tasks[1][1].model == 0 && c.tasks[1][1].backward == 0 && c.tasks[1][3].backward == 1);
+    ff_fuse_schedule_free(&c);
+    ff_fuse_schedule_free(&s);
+    ff_fuse_schedule bad;
+    CHECK(ff_fuse_schedule_parse(&in, "{\"schedule\": [[]]}", "s.json", &bad) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "has 1 node lists; the instance has 2 nodes");
+    CHECK(ff_fuse_schedule_parse(&in, "{\"schedule\": [[[2, \"F\"]], []]}", "s.json", &bad) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "model 2 is out of range");
+    CHECK(ff_fuse_schedule_parse(&in, "{\"schedule\": [[[0, \"X\"]], []]}", "s.json", &bad) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "schedule[0][0] must be [model index, \"F\" or \"B\"]");
+    CHECK(ff_fuse_schedule_parse(&in, "{\"plan\": 1}", "s.json", &bad) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "no \"schedule\" list");
+}
+
+/* One model alone: the makespan bound is 1F1B's (m + S - 1)(f + b), and at that makespan
+ * the peak bound is 1F1B's S micro-batches in flight on stage 0: both tight. */
+static void test_bounds_tight_on_1f1b(void) {
+    for (int S = 1; S <= 5; S++)
+        for (int m = S; m <= 9; m += 4) {
+            char buf[512], stages[64] = "";
+            for (int s = 0; s < S; s++) snprintf(stages + strlen(stages), sizeof stages - strlen(stages), "%s%d", s ? ", " : "", s);
+            snprintf(buf, sizeof buf, "{\"nodes\": %d, \"models\": [{\"name\": \"a\", \"stages\": [%s], \"micro_batches\": %d, \"forward\": 2, \"backward\": 3, \"activation\": 0.5}]}",
+                     S, stages, m);
+            ff_fuse_instance in = parse_ok(buf);
+            ff_fuse_schedule ser;
+            ff_fuse_sim sim;
+            DIE_IF(ff_fuse_serial(&in, &ser));
+            DIE_IF(ff_fuse_simulate(&in, &ser, &sim));
+            double lb, plb;
+            ff_fuse_lower_bounds(&in, &lb, &plb);
+            CHECK_CLOSE(sim.makespan, (m + S - 1) * 5.0, 1e-9, 0);
+            CHECK_CLOSE(lb, sim.makespan, 1e-9, 0);
+            CHECK_CLOSE(sim.peak_activation, 0.5 * S, 1e-12, 0);
+            CHECK_CLOSE(plb, 0.5 * S, 1e-12, 0);
+            /* more time allows fewer in flight: never more than at the bound */
+            CHECK(ff_fuse_peak_bound(&in, 3 * sim.makespan) <= plb);
+            ff_fuse_schedule_free(&ser);
+        }
+}
+
+/* Random valid schedules (the serial one, shuffled by moves the simulator accepts): the
+ * makespan bound is at most each one's makespan, the peak bound at its makespan at most its
+ * peak. */
+static void test_bounds_below_random_schedules(void) {
+    const char *insts[] = {
+        ISSUE,
+        TWO,
+        "{\"nodes\": 3, \"hop_latency\": 0.3, \"models\": ["
+        "{\"name\": \"actor\", \"stages\": [0, 1, 2], \"micro_batches\": 5, \"forward\": 2, \"backward\": 3.5, \"activation\": 1.7},"
+        "{\"name\": \"critic\", \"stages\": [2, 1, 0], \"micro_batches\": 4, \"forward\": 1, \"backward\": 2, \"activation\": 1}]}",
+    };
+    ff_rng r;
+    ff_rng_seed(&r, 7);
+    int checked = 0;
+    for (size_t q = 0; q < sizeof insts / sizeof *insts; q++) {
+        ff_fuse_instance in = parse_ok(insts[q]);
+        double lb, plb;
+        ff_fuse_lower_bounds(&in, &lb, &plb);
+        ff_fuse_schedule s;
+        DIE_IF(ff_fuse_serial(&in, &s));
+        for (int it = 0; it < 3000; it++) {
+            int32_t n = (int32_t)ff_rng_below(&r, (uint64_t)in.nodes);
+            if (s.n_tasks[n] < 2) continue;
+            int64_t j = (int64_t)ff_rng_below(&r, (uint64_t)s.n_tasks[n] - 1);
+            ff_fuse_task t = s.tasks[n][j];
+            s.tasks[n][j] = s.tasks[n][j + 1];
+            s.tasks[n][j + 1] = t;
+            ff_fuse_sim sim;
+            if (ff_fuse_simulate(&in, &s, &sim) != 0) { /* deadlock: undo */
+                s.tasks[n][j + 1] = s.tasks[n][j];
+                s.tasks[n][j] = t;
+                continue;
+            }
+            checked++;
+            CHECK(sim.makespan >= lb - 1e-9);
+            double pk = ff_fuse_peak_bound(&in, sim.makespan);
+            if (sim.peak_activation < pk - 1e-9) {
+                fprintf(stderr, "instance %zu: peak %g below its bound %g at makespan %g\n", q, sim.peak_activation, pk, sim.makespan);
+                ff_test_failures++;
+                break;
+            }
+        }
+        ff_fuse_schedule_free(&s);
+    }
+    CHECK(checked > 1000);
+}
+
+static void test_solver(void) {
+    /* the two-model case: 4 is reachable (test_fused_by_hand), so the solver must reach it */
+    ff_fuse_instance two = parse_ok(TWO);
+    ff_fuse_solve_opts o = {.seconds = 30, .seed = 3, .threads = 2};
+    ff_fuse_schedule s;
+    ff_fuse_solve_stats st;
+    DIE_IF(ff_fuse_solve(&two, &o, &s, &st));
+    ff_fuse_sim sim;
+    DIE_IF(ff_fuse_simulate(&two, &s, &sim));
+    CHECK_CLOSE(sim.makespan, 4, 1e-12, 0);
+    CHECK(st.optimal);
+    ff_fuse_schedule_free(&s);
+
+    /* the issue's instance: node 2's work (96) plus its unavoidable idle (2 before, 4 after)
+     * is 102, the bound; the solver reaches it, well below the serial baseline's */
+    ff_fuse_instance in = parse_ok(ISSUE);
+    double lb, plb;
+    ff_fuse_lower_bounds(&in, &lb, &plb);
+    CHECK_CLOSE(lb, 102, 1e-9, 0);
+    DIE_IF(ff_fuse_solve(&in, &o, &s, &st));
+    DIE_IF(ff_fuse_simulate(&in, &s, &sim));
+    CHECK_CLOSE(sim.makespan, 102, 1e-9, 0);
+    CHECK(st.optimal);
+    CHECK(st.evaluations > 0);
+    CHECK(sim.peak_activation >= ff_fuse_peak_bound(&in, sim.makespan) - 1e-12);
+    ff_fuse_schedule ser;
+    ff_fuse_sim ss;
+    DIE_IF(ff_fuse_serial(&in, &ser));
+    DIE_IF(ff_fuse_simulate(&in, &ser, &ss));
+    CHECK(ss.makespan > sim.makespan + 20); /* 127 */
+    ff_fuse_schedule_free(&ser);
+    /* same seed, same threads, stopped before the time: the same schedule */
+    ff_fuse_schedule again;
+    DIE_IF(ff_fuse_solve(&in, &o, &again, &st));
+    bool same = true;
+    for (int32_t n = 0; n < in.nodes; n++)
+        same &= again.n_tasks[n] == s.n_tasks[n] && !memcmp(again.tasks[n], s.tasks[n], (size_t)s.n_tasks[n] * sizeof *s.tasks[n]);
+    CHECK(same);
+    ff_fuse_schedule_free(&again);
+
+    /* the picture: one row per node, the families named */
+    char path[] = "/tmp/ff_test_fuse_XXXXXX";
+    int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    close(fd);
+    DIE_IF(ff_fuse_write_svg(&in, &s, path));
+    size_t len;
+    char *svg = ff_read_file(path, &len);
+    REQUIRE(svg);
+    CHECK_STR_CONTAINS(svg, "<svg");
+    CHECK_STR_CONTAINS(svg, "makespan 102");
+    CHECK_STR_CONTAINS(svg, ">node 3<");
+    CHECK_STR_CONTAINS(svg, ">critic<");
+    CHECK_STR_CONTAINS(svg, "node 2: critic1 B3");
+    free(svg);
+    unlink(path);
+    ff_fuse_schedule_free(&s);
+}
+
+int main(void) {
+    test_parse();
+    test_simulate_by_hand();
+    test_fused_by_hand();
+    test_errors();
+    test_schedule_json();
+    test_bounds_tight_on_1f1b();
+    test_bounds_below_random_schedules();
+    test_solver();
+    TEST_MAIN_END();
+}
