@@ -21,6 +21,8 @@
  * wait for their stream, as the interface says. h2d returns once CUDA has staged the
  * pageable source (cudaMemcpyAsync's rule for pageable memory), so the source is reusable.
  *
+ * cuBLAS is loaded at run time (dlopen, below), not linked.
+ *
  * Not here: cuBLASLt epilogues, CUDA graphs, bf16 storage of activations, a memory pool
  * (allocation happens when a model or its workspace grows, not per step). None of this file
  * has run on a GPU yet (docs/cuda.md). */
@@ -30,11 +32,78 @@
 #include <string.h>
 
 #include <cuda_bf16.h>
+#include <dlfcn.h>
+#include <pthread.h>
 
 #include "kernels/cuda/cuda_internal.h"
 
 extern "C" {
 #include "fuseflow/util.h"
+}
+
+/* ---- cuBLAS, loaded when the first CUDA backend is made ---------------------------------------- */
+
+/* cuBLAS is opened with dlopen rather than linked: its libraries are hundreds of MiB, and a
+ * linked copy is mapped (and partly paged in) by every fuseflow process, CPU-only runs too
+ * (tests/cli/test_memory.sh measures those). Only the six functions used here. */
+typedef struct blas_api {
+    cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*destroy)(cublasHandle_t);
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                              const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    const char *(*status_string)(cublasStatus_t);
+} blas_api;
+static blas_api blas;
+static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define FF_STR2(x) #x
+#define FF_STR(x) FF_STR2(x)
+#define CUBLAS_SONAME "libcublas.so." FF_STR(CUBLAS_VER_MAJOR)
+
+/* 0, or -1 + error naming the library and where it was looked for. */
+static int load_blas(void) {
+    pthread_mutex_lock(&blas_mu);
+    if (blas.gemm_ex) {
+        pthread_mutex_unlock(&blas_mu);
+        return 0;
+    }
+    /* the soname through the usual search, then beside libcudart, then the toolkit's folder */
+    char beside[4096] = "";
+    Dl_info di;
+    if (dladdr((const void *)cudaGetDeviceCount, &di) && di.dli_fname) {
+        snprintf(beside, sizeof beside, "%s", di.dli_fname);
+        char *slash = strrchr(beside, '/');
+        if (slash) snprintf(slash + 1, sizeof beside - (size_t)(slash + 1 - beside), "%s", CUBLAS_SONAME);
+        else beside[0] = '\0';
+    }
+    const char *tries[] = {CUBLAS_SONAME, beside, "/usr/local/cuda/lib64/" CUBLAS_SONAME, "libcublas.so"};
+    void *h = NULL;
+    for (size_t i = 0; i < sizeof tries / sizeof tries[0] && !h; i++)
+        if (tries[i][0]) h = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        pthread_mutex_unlock(&blas_mu);
+        return ff_error_set("cuda backend", "install cuBLAS (the CUDA toolkit's libcublas) or add its folder to LD_LIBRARY_PATH",
+                            "cannot load %s (also tried beside libcudart and /usr/local/cuda/lib64): %s", CUBLAS_SONAME,
+                            dlerror());
+    }
+    blas_api b;
+    *(void **)&b.create = dlsym(h, "cublasCreate_v2");
+    *(void **)&b.destroy = dlsym(h, "cublasDestroy_v2");
+    *(void **)&b.set_stream = dlsym(h, "cublasSetStream_v2");
+    *(void **)&b.set_math_mode = dlsym(h, "cublasSetMathMode");
+    *(void **)&b.gemm_ex = dlsym(h, "cublasGemmEx");
+    *(void **)&b.status_string = dlsym(h, "cublasGetStatusString");
+    if (!b.create || !b.destroy || !b.set_stream || !b.set_math_mode || !b.gemm_ex || !b.status_string) {
+        pthread_mutex_unlock(&blas_mu);
+        return ff_error_set("cuda backend", "install the cuBLAS of the CUDA toolkit fuseflow was built with",
+                            "%s lacks a function fuseflow uses (cublasCreate_v2, cublasGemmEx, ...)", CUBLAS_SONAME);
+    }
+    blas = b; /* gemm_ex last of all set: the check above under the lock */
+    pthread_mutex_unlock(&blas_mu);
+    return 0;
 }
 
 /* ---- errors, device, scratch ------------------------------------------------------------------ */
@@ -171,7 +240,7 @@ static void cuda_destroy(ff_backend *be) {
     cuda_impl *c = (cuda_impl *)be->impl;
     if (c) {
         use_device_of(be);
-        if (c->blas) cublasDestroy(c->blas);
+        if (c->blas) blas.destroy(c->blas);
         free(c);
     }
     free(be);
@@ -206,7 +275,7 @@ static __global__ void k_to_bf16(const float *src, int ld, __nv_bfloat16 *dst, i
 static void blas_check(ff_stream *s, cublasStatus_t st, int M, int N, int K) {
     if (st == CUBLAS_STATUS_SUCCESS) return;
     ff_error_set("cuda backend", "check the shapes and the device (nvidia-smi)", "cuBLAS gemm %dx%dx%d failed: %s", M, N,
-                 K, cublasGetStatusString(st));
+                 K, blas.status_string(st));
     ff_stream_fail(s);
 }
 
@@ -221,12 +290,12 @@ static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int 
         ff_cuda_check_launch(s, "gemm (K = 0)");
         return;
     }
-    cublasSetStream(c->blas, CS(s));
+    blas.set_stream(c->blas, CS(s));
     cublasOperation_t oa = ta == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (c->math != CUDA_MATH_BF16) {
         cublasComputeType_t ct = c->math == CUDA_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
         blas_check(s,
-                   cublasGemmEx(c->blas, ob, oa, N, M, K, &alpha, F(B), CUDA_R_32F, ldb, F(A), CUDA_R_32F, lda, &beta,
+                   blas.gemm_ex(c->blas, ob, oa, N, M, K, &alpha, F(B), CUDA_R_32F, ldb, F(A), CUDA_R_32F, lda, &beta,
                                 F(C), CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT),
                    M, N, K);
         return;
@@ -242,7 +311,7 @@ static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int 
     k_to_bf16<<<blocks_for((int64_t)nb, TPB), TPB, 0, CS(s)>>>(F(B), ldb, b16, br, bc);
     ff_cuda_check_launch(s, "gemm (bf16 conversion)");
     blas_check(s,
-               cublasGemmEx(c->blas, ob, oa, N, M, K, &alpha, b16, CUDA_R_16BF, bc, a16, CUDA_R_16BF, ac, &beta, F(C),
+               blas.gemm_ex(c->blas, ob, oa, N, M, K, &alpha, b16, CUDA_R_16BF, bc, a16, CUDA_R_16BF, ac, &beta, F(C),
                             CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                M, N, K);
 }
@@ -638,15 +707,19 @@ extern "C" ff_backend *ff_backend_cuda_new(int device) {
     c->device = device;
     c->math = math;
     cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device);
-    cublasStatus_t bs = cublasCreate(&c->blas);
-    if (bs != CUBLAS_STATUS_SUCCESS) {
-        c->blas = NULL;
-        ff_error_set("cuda backend", "check the CUDA installation (libcublas) and the device",
-                     "cublasCreate failed: %s", cublasGetStatusString(bs));
+    if (load_blas()) {
         cuda_destroy(be);
         return NULL;
     }
-    if (math == CUDA_MATH_TF32) cublasSetMathMode(c->blas, CUBLAS_TF32_TENSOR_OP_MATH);
+    cublasStatus_t bs = blas.create(&c->blas);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        c->blas = NULL;
+        ff_error_set("cuda backend", "check the CUDA installation (libcublas) and the device",
+                     "cublasCreate failed: %s", blas.status_string(bs));
+        cuda_destroy(be);
+        return NULL;
+    }
+    if (math == CUDA_MATH_TF32) blas.set_math_mode(c->blas, CUBLAS_TF32_TENSOR_OP_MATH);
     if (ff_cuda_attention_init()) {
         cuda_destroy(be);
         return NULL;
