@@ -126,9 +126,15 @@ if [[ "${GPU_CHECK_DEPS:-0}" == 1 ]] || ! pkg-config --exists libzmq msgpack jan
   echo "gpu-check: building against $DEPS (scripts/gpu-deps.sh)"
   LIB="$DEPS/usr/lib/x86_64-linux-gnu"
   export PKG_CONFIG_LIBDIR="$DEPS/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$DEPS"
-  # DT_RPATH (not RUNPATH) so that the libraries' own dependencies come from there too
+  if ! command -v pkg-config >/dev/null 2>&1; then
+    export PATH="$DEPS/bin:$PATH"
+    CM_ARGS+=("-DPKG_CONFIG_EXECUTABLE=$DEPS/bin/pkg-config")
+  fi
+  # -isystem: their headers are system headers (ev.h's macros warn under -Werror otherwise;
+  # GCC drops a -I of the same folder). DT_RPATH (not RUNPATH) so that the libraries' own
+  # dependencies come from there too.
   RP="-L$LIB -Wl,--disable-new-dtags,-rpath,$LIB"
-  CM_ARGS+=("-DCMAKE_PREFIX_PATH=$DEPS/usr" "-DCMAKE_C_FLAGS=-I$DEPS/usr/include" "-DCMAKE_EXE_LINKER_FLAGS=$RP"
+  CM_ARGS+=("-DCMAKE_PREFIX_PATH=$DEPS/usr" "-DCMAKE_C_FLAGS=-isystem $DEPS/usr/include" "-DCMAKE_EXE_LINKER_FLAGS=$RP"
     "-DCMAKE_SHARED_LINKER_FLAGS=$RP" "-DCMAKE_MODULE_LINKER_FLAGS=$RP")
 fi
 TARGETS=(kernels_test_cuda_backend kernels_test_backend model_test_model_cuda coll_test_coll_nccl fuseflow_cli bench_cuda)

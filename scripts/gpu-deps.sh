@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu-deps.sh [DIR]: pack what fuseflow builds on (ZeroMQ, msgpack-c, libev, OpenBLAS,
 # jansson, libyaml, PCRE2, utf8proc, libpng: headers, pkg-config files, shared libraries and
-# the libraries those load) from this machine into DIR (default .gpu-deps, which .gitignore
+# the libraries those load; pkg-config itself) from this machine into DIR (default .gpu-deps, which .gitignore
 # keeps out of git), for a GPU machine that has CUDA, CMake and PyTorch but none of these and
 # no package registry. scripts/gpu-check.sh finds DIR there and builds against it
 # (pkg-config with DIR as its sysroot, the binaries with DIR's libraries on their rpath).
@@ -74,4 +74,14 @@ copy_lib "$ob"
 obso=$(objdump -p "$ob" | awk '/SONAME/ {print $2}')
 ln -sf "../$obso" "$D/usr/lib/$ARCH/openblas-pthread/libopenblas.so"
 ln -sf "$obso" "$D/usr/lib/$ARCH/libopenblas.so"
+# pkg-config itself (pkgconf), for a machine without it, behind a wrapper that finds its library
+mkdir -p "$D/bin"
+cp -L "$(command -v pkgconf)" "$D/bin/pkgconf.real"
+copy_lib "$(ldd "$(command -v pkgconf)" | awk '/libpkgconf/ {print $3}')"
+cat >"$D/bin/pkg-config" <<'SH'
+#!/bin/sh
+d=$(cd "$(dirname "$0")/.." && pwd)
+LD_LIBRARY_PATH="$d/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/bin/pkgconf.real" "$@"
+SH
+chmod +x "$D/bin/pkg-config"
 echo "gpu-deps: $(du -sh "$D" | cut -f1) in $D ($(find "$D/usr/lib" -name '*.so*' | wc -l) libraries, $(find "$D/pkgconfig" -name '*.pc' | wc -l) pkg-config files)"
