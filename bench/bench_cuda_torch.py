@@ -150,8 +150,11 @@ def hf_model(c):
                   tie_word_embeddings=c["tied"], max_position_embeddings=4096, rms_norm_eps=1e-6)
     cfg = transformers.Qwen2Config(**common) if c["bias"] else transformers.LlamaConfig(**common)
     with torch.device("cuda"):
-        m = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
-    return m.eval()
+        try:  # transformers 5 names it dtype; 4.x torch_dtype
+            m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        except TypeError:
+            m = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+    return m.to(torch.bfloat16).eval()
 
 
 def bench_decode(m, c, B, prompt, n_new):
