@@ -22,8 +22,12 @@
  *   bench_cuda_decode MODEL batch B: X tok/s (target at batch 32: >= 3x HF generate)
  * bench/bench_cuda_torch.py prints the same lines for PyTorch; scripts/gpu-check.sh runs both.
  *
+ * Then, time left, the training step again with bf16 products (FF_CUDA_MATH=bf16):
+ *   bench_cuda_train_bf16 MODEL: X tok/s, MFU Y %
+ *
  * Usage: bench_cuda [--device cuda:0] [--models qwen0.5b,llama1b] [--seq 2048] [--steps 5]
  *                   [--batches 1,32,256] [--prompt 32] [--new 64] [--budget SECONDS]
+ *                   [--bf16-train 0|1]
  * --budget: stop starting new measurements once this much wall time has passed (default
  * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed. */
 #include <math.h>
@@ -98,6 +102,18 @@ static double flops_per_token(const ff_model_config *c, int seq) {
     double matrix = L * per_layer + H * (double)c->vocab_size; /* the LM head, tied or not */
     return 6.0 * matrix + 6.0 * L * c->num_attention_heads * D * seq; /* causal: half of 12 L H seq */
 }
+
+/* The headline lines, printed as soon as measured (a run stopped by a time limit keeps them)
+ * and again together at the end. */
+static void head_train(const char *tag, const char *name, double tok_s, double mfu, int seq, const char *note) {
+    printf("%s %s: %.0f tok/s, MFU %.1f %% of %.0f TFLOP/s (seq %d%s)\n", tag, name, tok_s, mfu, PEAK_TFLOPS, seq, note);
+    fflush(stdout);
+}
+static void head_decode(const char *name, int B, double tok_s) {
+    printf("bench_cuda_decode %s batch %d: %.0f tok/s (target at batch 32: >= 3x HF generate)\n", name, B, tok_s);
+    fflush(stdout);
+}
+#define TRAIN_NOTE "; target on llama1b: >= 40 %, >= PyTorch eager"
 
 static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double *tok_s, double *mfu) {
     ff_model *m = random_model(be, &s->cfg, false);
@@ -192,7 +208,7 @@ out:
 
 int main(int argc, char **argv) {
     const char *device = "cuda", *models = "qwen0.5b,llama1b", *batches = "1,32,256";
-    int seq = 2048, steps = 5, prompt = 32, n_new = 64;
+    int seq = 2048, steps = 5, prompt = 32, n_new = 64, bf16_train = 1;
     double budget = 240;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -208,6 +224,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--prompt")) prompt = atoi(v);
         else if (!strcmp(a, "--new")) n_new = atoi(v);
         else if (!strcmp(a, "--budget")) budget = atof(v);
+        else if (!strcmp(a, "--bf16-train")) bf16_train = atoi(v);
         else {
             fprintf(stderr, "bench_cuda: unknown option %s (see the usage at the top of bench/bench_cuda.c)\n", a);
             return 2;
@@ -249,8 +266,12 @@ int main(int argc, char **argv) {
             printf("  %s: skipped (budget of %.0f s spent)\n", specs[k].name, budget);
             continue;
         }
-        if (bench_train(be, &specs[k], seq, steps, &tr[k], &mfu[k]) == 0) ran_tr[k] = true;
-        else failures++;
+        if (bench_train(be, &specs[k], seq, steps, &tr[k], &mfu[k]) == 0) {
+            ran_tr[k] = true;
+            head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, TRAIN_NOTE);
+        } else {
+            failures++;
+        }
         ff_model *m = NULL;
         for (int j = 0; j < nb; j++) {
             if (OVER_BUDGET()) {
@@ -264,23 +285,44 @@ int main(int argc, char **argv) {
             }
             if (bench_decode(m, &specs[k], bs[j], prompt, n_new, &dec[k][j]) == 0) {
                 ran_dec[k][j] = true;
-                printf("  %s decode batch %d: %.0f tok/s\n", specs[k].name, bs[j], dec[k][j]);
-                fflush(stdout);
+                head_decode(specs[k].name, bs[j], dec[k][j]);
             } else {
                 failures++;
             }
         }
         ff_model_destroy(&m);
     }
+    /* The training step again with bf16 products (FF_CUDA_MATH=bf16: operands converted per
+     * call, fp32 accumulation), where the main run was not already that and time is left. */
+    double tr16[NSPEC] = {0}, mfu16[NSPEC] = {0};
+    bool ran16[NSPEC] = {0};
+    if (bf16_train && !(math && !strcmp(math, "bf16"))) {
+        setenv("FF_CUDA_MATH", "bf16", 1);
+        ff_backend *b16 = ff_backend_new(device);
+        if (math) setenv("FF_CUDA_MATH", math, 1);
+        else unsetenv("FF_CUDA_MATH");
+        for (int k = 0; b16 && k < NSPEC; k++) {
+            if (!strstr(models, specs[k].name)) continue;
+            if (OVER_BUDGET()) {
+                printf("  %s train with bf16 products: skipped (budget of %.0f s spent)\n", specs[k].name, budget);
+                continue;
+            }
+            printf("  %s train with bf16 products (FF_CUDA_MATH=bf16):\n", specs[k].name);
+            if (bench_train(b16, &specs[k], seq, steps, &tr16[k], &mfu16[k]) == 0) {
+                ran16[k] = true;
+                head_train("bench_cuda_train_bf16", specs[k].name, tr16[k], mfu16[k], seq, ", FF_CUDA_MATH=bf16");
+            } else {
+                failures++;
+            }
+        }
+        ff_backend_destroy(&b16);
+    }
+    printf("bench_cuda: headlines\n");
     for (int k = 0; k < NSPEC; k++) {
-        if (ran_tr[k])
-            printf("bench_cuda_train %s: %.0f tok/s, MFU %.1f %% of %.0f TFLOP/s (seq %d; target on llama1b: >= 40 %%, "
-                   ">= PyTorch eager)\n",
-                   specs[k].name, tr[k], mfu[k], PEAK_TFLOPS, seq);
+        if (ran_tr[k]) head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, TRAIN_NOTE);
+        if (ran16[k]) head_train("bench_cuda_train_bf16", specs[k].name, tr16[k], mfu16[k], seq, ", FF_CUDA_MATH=bf16");
         for (int j = 0; j < nb; j++)
-            if (ran_dec[k][j])
-                printf("bench_cuda_decode %s batch %d: %.0f tok/s (target at batch 32: >= 3x HF generate)\n",
-                       specs[k].name, bs[j], dec[k][j]);
+            if (ran_dec[k][j]) head_decode(specs[k].name, bs[j], dec[k][j]);
     }
     ff_backend_destroy(&be);
     return failures ? 1 : 0;

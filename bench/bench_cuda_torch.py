@@ -190,30 +190,44 @@ def main():
     except ImportError:
         have_hf = False
         print("bench_cuda_torch: no transformers: the HF generate comparison is skipped")
-    heads = []
+    heads, failures = [], 0
+
+    def head(line):  # at once (a run cut short keeps it) and again at the end
+        print(line, flush=True)
+        heads.append(line)
+
     for name in a.models.split(","):
         c = CONFIGS[name]
         if time.time() - start > a.budget:
             print(f"  {name}: skipped (budget of {a.budget:.0f} s spent)")
             continue
-        tok_s, mfu = bench_train(name, c, a.seq, a.steps)
-        heads.append(f"torch_train {name}: {tok_s:.0f} tok/s, MFU {mfu:.1f} % of {PEAK_TFLOPS:.0f} TFLOP/s "
-                     f"(seq {a.seq}, eager + autocast bf16 + SDPA)")
+        try:  # one failing part (an API change, memory) must not lose the others
+            tok_s, mfu = bench_train(name, c, a.seq, a.steps)
+            head(f"torch_train {name}: {tok_s:.0f} tok/s, MFU {mfu:.1f} % of {PEAK_TFLOPS:.0f} TFLOP/s "
+                 f"(seq {a.seq}, eager + autocast bf16 + SDPA)")
+        except Exception as e:  # noqa: BLE001
+            print(f"bench_cuda_torch: {name} train failed: {type(e).__name__}: {e}", flush=True)
+            failures += 1
         if not have_hf:
             continue
-        m = hf_model(c)
-        for B in [int(b) for b in a.batches.split(",")]:
-            if time.time() - start > a.budget:
-                print(f"  {name} hf decode batch {B}: skipped (budget of {a.budget:.0f} s spent)")
-                continue
-            r = bench_decode(m, c, B, a.prompt, a.new)
-            print(f"  {name} hf decode batch {B}: {r:.0f} tok/s", flush=True)
-            heads.append(f"hf_decode {name} batch {B}: {r:.0f} tok/s (HF generate, bf16, sampling)")
-        del m
+        try:
+            m = hf_model(c)
+            for B in [int(b) for b in a.batches.split(",")]:
+                if time.time() - start > a.budget:
+                    print(f"  {name} hf decode batch {B}: skipped (budget of {a.budget:.0f} s spent)")
+                    continue
+                r = bench_decode(m, c, B, a.prompt, a.new)
+                head(f"hf_decode {name} batch {B}: {r:.0f} tok/s (HF generate, bf16, sampling)")
+            del m
+        except Exception as e:  # noqa: BLE001
+            print(f"bench_cuda_torch: {name} HF generate failed: {type(e).__name__}: {e}", flush=True)
+            failures += 1
         torch.cuda.empty_cache()
+    print("bench_cuda_torch: headlines")
     for h in heads:
         print(h)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -114,6 +114,21 @@ echo "cpus: $(nproc)"
 export PATH="$PATH:/usr/local/cuda/bin"
 CM_ARGS=(-S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFF_CUDA=ON)
 command -v ninja >/dev/null 2>&1 && CM_ARGS+=(-G Ninja)
+C_FLAGS=""
+# NCCL: the toolkit's, else the one PyTorch's wheels bring (nvidia-nccl-*), else none (the
+# NCCL test then skips, saying fuseflow was built without NCCL)
+if ! compgen -G "/usr/local/cuda/lib64/libnccl.so*" >/dev/null && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so'; then
+  nv=$(python3 -c 'import nvidia, sys; print(list(nvidia.__path__)[0])' 2>/dev/null)
+  nccl_lib=$( [[ -n "$nv" ]] && find "$nv" -name 'libnccl.so*' 2>/dev/null | head -1)
+  nccl_h=$( [[ -n "$nv" ]] && find "$nv" -name nccl.h 2>/dev/null | head -1)
+  if [[ -n "$nccl_lib" && -n "$nccl_h" ]]; then
+    echo "gpu-check: NCCL from PyTorch's wheels: $nccl_lib"
+    CM_ARGS+=("-DNCCL_LIB=$nccl_lib")
+    C_FLAGS+=" -isystem $(dirname "$nccl_h")"
+  else
+    echo "gpu-check: no NCCL found (toolkit, ldconfig, python3's nvidia packages): the NCCL test will skip"
+  fi
+fi
 # GPU_CHECK_DEPS=1 uses .gpu-deps even where the libraries are installed (to try that path).
 if [[ "${GPU_CHECK_DEPS:-0}" == 1 ]] || ! pkg-config --exists libzmq msgpack jansson yaml-0.1 libpcre2-8 openblas 2>/dev/null; then
   DEPS="$SRC/.gpu-deps"
@@ -134,9 +149,11 @@ if [[ "${GPU_CHECK_DEPS:-0}" == 1 ]] || ! pkg-config --exists libzmq msgpack jan
   # GCC drops a -I of the same folder). DT_RPATH (not RUNPATH) so that the libraries' own
   # dependencies come from there too.
   RP="-L$LIB -Wl,--disable-new-dtags,-rpath,$LIB"
-  CM_ARGS+=("-DCMAKE_PREFIX_PATH=$DEPS/usr" "-DCMAKE_C_FLAGS=-isystem $DEPS/usr/include" "-DCMAKE_EXE_LINKER_FLAGS=$RP"
-    "-DCMAKE_SHARED_LINKER_FLAGS=$RP" "-DCMAKE_MODULE_LINKER_FLAGS=$RP")
+  C_FLAGS+=" -isystem $DEPS/usr/include"
+  CM_ARGS+=("-DCMAKE_PREFIX_PATH=$DEPS/usr" "-DCMAKE_EXE_LINKER_FLAGS=$RP" "-DCMAKE_SHARED_LINKER_FLAGS=$RP"
+    "-DCMAKE_MODULE_LINKER_FLAGS=$RP")
 fi
+CM_ARGS+=("-DCMAKE_C_FLAGS=$C_FLAGS")
 TARGETS=(kernels_test_cuda_backend kernels_test_backend model_test_model_cuda coll_test_coll_nccl fuseflow_cli bench_cuda)
 step build-configure 60 cmake "${CM_ARGS[@]}" || finish
 step build-compile 200 cmake --build "$BUILD" -j16 --target "${TARGETS[@]}" || finish
@@ -147,12 +164,13 @@ step tests 100 ctest --test-dir "$BUILD" -R 'cuda|nccl|kernels/test_backend' --o
 
 # ---- 4. the benchmark ------------------------------------------------------------------------
 step bench 110 "$BUILD/bench_cuda" --budget 75
-grep -E '^bench_cuda_(train|decode)' "$OUTDIR/bench.log" >>"$OUTDIR/results.txt" 2>/dev/null
+# headlines come as measured and again at the end: keep each once (a run cut short keeps some)
+grep -E '^bench_cuda_(train|decode)' "$OUTDIR/bench.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
 
 # ---- 5. PyTorch beside it --------------------------------------------------------------------
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   step torch 90 env PYTHONUNBUFFERED=1 python3 "$SRC/bench/bench_cuda_torch.py" --budget 55
-  grep -E '^(torch_train|hf_decode)' "$OUTDIR/torch.log" >>"$OUTDIR/results.txt" 2>/dev/null
+  grep -E '^(torch_train|hf_decode)' "$OUTDIR/torch.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
 else
   echo "== torch: skipped: python3 has no torch that sees the GPU"
   echo "torch skipped (no torch with CUDA)" >>"$SUMMARY"
