@@ -43,9 +43,10 @@ extern "C" {
 
 /* ---- cuBLAS, loaded when the first CUDA backend is made ---------------------------------------- */
 
-/* cuBLAS is opened with dlopen rather than linked: its libraries are hundreds of MiB, and a
- * linked copy is mapped (and partly paged in) by every fuseflow process, CPU-only runs too
- * (tests/cli/test_memory.sh measures those). Only the six functions used here. */
+/* cuBLAS is opened with dlopen rather than linked: its libraries are hundreds of MiB, and
+ * linked, every fuseflow process paged in part of them, CPU-only runs too (a CPU generate
+ * peaked at 259 MiB against tests/cli/test_memory.sh's 138 MiB). Only the six functions
+ * used here. */
 typedef struct blas_api {
     cublasStatus_t (*create)(cublasHandle_t *);
     cublasStatus_t (*destroy)(cublasHandle_t);
