@@ -23,12 +23,15 @@ ff_backend *ff_backend_cpu_new(int n_threads) {
     return be;
 }
 
-/* A weak stand-in until kernels/cuda/ provides the real constructor. */
-__attribute__((weak)) ff_backend *ff_backend_cuda_new(int device) {
+#ifndef FF_HAVE_CUDA
+/* The stand-in where kernels/cuda/ is not built (no CUDA toolkit at configure time, or
+ * FF_CUDA=OFF); with it, kernels/cuda/cuda_backend.cu defines the constructor. */
+ff_backend *ff_backend_cuda_new(int device) {
     ff_error_set("cuda backend", "use the cpu backend, or build on a machine with the CUDA toolkit",
                  "device %d: fuseflow was built without the CUDA backend", device);
     return NULL;
 }
+#endif
 
 static int parse_suffix(const char *s, int *out) {
     if (!*s) return 0;

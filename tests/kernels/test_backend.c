@@ -58,6 +58,16 @@ int main(void) {
 #ifndef FF_HAVE_CUDA
     CHECK(ff_backend_new("cuda") == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "without the CUDA backend");
+#else
+    /* built with CUDA: either a device answers, or the error says there is none and what to use */
+    ff_backend *g = ff_backend_new("cuda");
+    if (!g) {
+        CHECK_STR_CONTAINS(ff_error_message(), "no CUDA device: cudaGetDeviceCount says");
+        CHECK_STR_CONTAINS(ff_error_message(), "use the cpu backend");
+    } else {
+        CHECK(!strncmp(ff_backend_name(g), "cuda:", 5));
+        ff_backend_destroy(&g);
+    }
 #endif
 
     /* FF_NUM_THREADS sets the default; a bad value is an error */

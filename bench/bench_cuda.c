@@ -1,0 +1,329 @@
+/* bench_cuda: the model engine on the CUDA backend at real sizes, random weights.
+ *
+ * For a Qwen2.5-0.5B-shaped and a Llama-3.2-1B-shaped model (the published configs; random
+ * weights, std 0.02, norms 1, biases 0) it measures:
+ *   train   tokens/s of one SFT step on one sequence of --seq tokens (2048): training
+ *           forward, token-mean cross-entropy on the host, backward, grad-norm clipping,
+ *           AdamW; the median of --steps steps after two warm-up steps. Model FLOP
+ *           utilisation = flops per token x tokens/s / 989 TFLOP/s (the H200's dense bf16
+ *           peak; what the issue measures against), with flops per token = 6 x the matrix
+ *           parameters (every projection and the LM head, embeddings' gather excluded) +
+ *           6 x layers x hidden x seq / 2 x 2 (causal attention's QK^T and PV, fwd + bwd).
+ *   decode  generated tokens/s of a batch of B prompts (--prompt tokens each, B in
+ *           --batches, 1,32,256), temperature-1 sampling, --new tokens per sequence, KV cache
+ *           (ff_generator: continuous batching, one slot per sequence); the wall time from
+ *           submit to the last token, prefill included.
+ * Numbers: the backend keeps fp32 tensors (include/fuseflow/backend.h); ff_gemm multiplies
+ * by FF_CUDA_MATH (tf32 by default, bf16 converts operands per call). So "bf16 model" means
+ * the shapes of the bf16 checkpoints, not bf16 storage; say so beside any comparison.
+ *
+ * Each line is one measurement; the last lines are the headlines:
+ *   bench_cuda_train MODEL: X tok/s, MFU Y % (target on llama1b: >= 40 %, >= PyTorch eager)
+ *   bench_cuda_decode MODEL batch B: X tok/s (target at batch 32: >= 3x HF generate)
+ * bench/bench_cuda_torch.py prints the same lines for PyTorch; scripts/gpu-check.sh runs both.
+ *
+ * Then, time left, the training step again with bf16 products (FF_CUDA_MATH=bf16):
+ *   bench_cuda_train_bf16 MODEL: X tok/s, MFU Y %
+ *
+ * Usage: bench_cuda [--device cuda:0] [--models qwen0.5b,llama1b] [--seq 2048] [--steps 5]
+ *                   [--batches 1,32,256] [--prompt 32] [--new 64] [--budget SECONDS]
+ *                   [--bf16-train 0|1]
+ * --budget: stop starting new measurements once this much wall time has passed (default
+ * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/backend.h"
+#include "fuseflow/error.h"
+#include "fuseflow/model.h"
+#include "fuseflow/util.h"
+
+#define PEAK_TFLOPS 989.0 /* H200 (and H100 SXM) dense bf16 */
+
+typedef struct spec {
+    const char *name;
+    ff_model_config cfg;
+} spec;
+
+static ff_model_config base_cfg(int V, int H, int I, int L, int Hq, int Hkv, bool tied, bool bias, double theta) {
+    ff_model_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.model_type, sizeof c.model_type, bias ? "qwen2" : "llama");
+    c.vocab_size = V;
+    c.hidden_size = H;
+    c.intermediate_size = I;
+    c.num_hidden_layers = L;
+    c.num_attention_heads = Hq;
+    c.num_key_value_heads = Hkv;
+    c.head_dim = H / Hq;
+    c.max_position_embeddings = 32768;
+    c.rope_theta = theta;
+    c.rms_norm_eps = 1e-6;
+    c.tie_word_embeddings = tied;
+    c.attention_bias = bias;
+    c.bos_token_id = -1;
+    c.pad_token_id = -1;
+    c.n_eos = 0; /* random weights: never stop early, every sequence decodes --new tokens */
+    return c;
+}
+
+/* Fast random weights: ff_model_init_weights draws Box-Muller normals, about a minute for
+ * a billion parameters; uniform with the same std from an xorshift is seconds. */
+static ff_model *random_model(ff_backend *be, const ff_model_config *c, bool inference) {
+    ff_tensor_set *w = ff_tensor_set_new();
+    if (!w || ff_model_expected_tensors(c, w)) return NULL;
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    const float a = 0.02f * sqrtf(3.0f);
+    for (size_t i = 0; i < w->n; i++) {
+        ff_host_tensor *t = &w->items[i];
+        int64_t n = ff_host_tensor_numel(t);
+        bool norm = strstr(t->name, "norm") != NULL, bias = strstr(t->name, "bias") != NULL;
+        for (int64_t j = 0; j < n; j++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            t->data[j] = norm ? 1.0f : bias ? 0.0f : a * (float)((double)(x >> 11) * 0x1.0p-52 - 1.0);
+        }
+    }
+    ff_model_opts o = {.inference = inference};
+    return ff_model_new_from(be, c, &w, &o);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Matrix parameters per token, the FLOP model above. */
+static double flops_per_token(const ff_model_config *c, int seq) {
+    double H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, L = c->num_hidden_layers;
+    double per_layer = H * (c->num_attention_heads + 2.0 * c->num_key_value_heads) * D + c->num_attention_heads * D * H +
+                       3.0 * H * I;
+    double matrix = L * per_layer + H * (double)c->vocab_size; /* the LM head, tied or not */
+    return 6.0 * matrix + 6.0 * L * c->num_attention_heads * D * seq; /* causal: half of 12 L H seq */
+}
+
+/* The headline lines, printed as soon as measured (a run stopped by a time limit keeps them)
+ * and again together at the end. */
+static void head_train(const char *tag, const char *name, double tok_s, double mfu, int seq, const char *note) {
+    printf("%s %s: %.0f tok/s, MFU %.1f %% of %.0f TFLOP/s (seq %d%s)\n", tag, name, tok_s, mfu, PEAK_TFLOPS, seq, note);
+    fflush(stdout);
+}
+static void head_decode(const char *name, int B, double tok_s) {
+    printf("bench_cuda_decode %s batch %d: %.0f tok/s (target at batch 32: >= 3x HF generate)\n", name, B, tok_s);
+    fflush(stdout);
+}
+#define TRAIN_NOTE "; target on llama1b: >= 40 %, >= PyTorch eager"
+
+static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double *tok_s, double *mfu) {
+    ff_model *m = random_model(be, &s->cfg, false);
+    if (!m) return -1;
+    ff_adamw_config ac;
+    ff_adamw_config_default(&ac);
+    ac.max_grad_norm = 1.0;
+    ff_optimizer *o = ff_optimizer_new(m, &ac);
+    int32_t *tok = malloc((size_t)seq * 4), *tg = malloc((size_t)seq * 4), ss[2] = {0, seq};
+    float *lp = malloc((size_t)seq * 4), *dlp = malloc((size_t)seq * 4), *mask = malloc((size_t)seq * 4);
+    double *dt = malloc((size_t)(steps + 2) * sizeof(double));
+    int rc = -1;
+    if (!o || !tok || !tg || !lp || !dlp || !mask || !dt) goto out;
+    ff_rng rng;
+    ff_rng_seed(&rng, 1);
+    for (int t = 0; t < seq; t++) tok[t] = (int32_t)ff_rng_below(&rng, (uint64_t)s->cfg.vocab_size);
+    ff_batch_shift_targets(tok, ss, 1, tg);
+    for (int t = 0; t < seq; t++) mask[t] = tg[t] >= 0 ? 1.0f : 0.0f;
+    ff_batch b = {.n_tokens = seq, .n_seqs = 1, .tokens = tok, .seq_start = ss, .targets = tg};
+    ff_forward_opts fo = {.train = true};
+    double loss = 0;
+    for (int i = 0; i < steps + 2; i++) {
+        int64_t t0 = ff_now_ns();
+        ff_forward_out out = {.logprobs = lp};
+        if (ff_model_zero_grad(m) || ff_model_forward(m, &b, &fo, &out)) goto out;
+        loss = ff_sft_loss(lp, mask, seq, 1.0f / (float)(seq - 1), dlp);
+        ff_optim_stats st;
+        if (ff_model_backward(m, dlp, NULL, NULL) || ff_optimizer_step(o, &st)) goto out; /* the norm syncs */
+        dt[i] = (double)(ff_now_ns() - t0) * 1e-9;
+        printf("  %s train step %d: %.1f ms, loss %.4f, grad norm %.3f%s\n", s->name, i, dt[i] * 1e3, loss,
+               st.grad_norm, i < 2 ? " (warm-up)" : "");
+        fflush(stdout);
+    }
+    qsort(dt + 2, (size_t)steps, sizeof(double), cmp_double);
+    double med = dt[2 + steps / 2];
+    *tok_s = seq / med;
+    *mfu = 100.0 * flops_per_token(&s->cfg, seq) * *tok_s / (PEAK_TFLOPS * 1e12);
+    ff_model_memory mm;
+    ff_model_memory_of(m, &mm);
+    printf("  %s: %.0f M params, %.2f GFLOP/token, device memory: params %.2f GiB, grads %.2f GiB, workspace %.2f GiB, "
+           "AdamW %.2f GiB\n",
+           s->name, ff_model_param_count(m) * 1e-6, flops_per_token(&s->cfg, seq) * 1e-9, mm.params / 1073741824.0,
+           mm.grads / 1073741824.0, mm.workspace / 1073741824.0, ff_optimizer_state_bytes(o) / 1073741824.0);
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "bench_cuda: %s train: %s\n", s->name, ff_error_message());
+    ff_optimizer_destroy(&o);
+    ff_model_destroy(&m);
+    free(tok), free(tg), free(lp), free(dlp), free(mask), free(dt);
+    return rc;
+}
+
+static int bench_decode(ff_model *m, const spec *s, int B, int prompt, int n_new, double *tok_s) {
+    ff_generator_config gc = {.max_slots = B, .max_seq_len = prompt + n_new + 1,
+                              .max_prefill_tokens = B * prompt < 8192 ? B * prompt : 8192}; /* every prompt in one or a few steps */
+    ff_generator *g = ff_generator_new(m, &gc);
+    if (!g) return -1;
+    int32_t *p = malloc((size_t)B * prompt * 4);
+    ff_rng rng;
+    ff_rng_seed(&rng, 2);
+    for (int i = 0; i < B * prompt; i++) p[i] = (int32_t)ff_rng_below(&rng, (uint64_t)s->cfg.vocab_size);
+    int rc = -1;
+    int64_t t0 = ff_now_ns(), made = 0;
+    for (int i = 0; i < B; i++) {
+        ff_gen_request r;
+        memset(&r, 0, sizeof r);
+        r.id = (uint64_t)i;
+        r.prompt = p + (size_t)i * prompt;
+        r.prompt_len = prompt;
+        r.n_samples = 1;
+        ff_sampling_default(&r.sampling);
+        r.sampling.max_new_tokens = n_new;
+        r.seed = (uint64_t)i;
+        if (ff_generator_submit(g, &r)) goto out;
+    }
+    while (ff_generator_pending(g) > 0) {
+        if (ff_generator_step(g)) goto out;
+        ff_gen_output o;
+        while (ff_generator_pop(g, &o) == 1) {
+            made += o.n_tokens;
+            ff_gen_output_free(&o);
+        }
+    }
+    *tok_s = (double)made / ((double)(ff_now_ns() - t0) * 1e-9);
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "bench_cuda: %s decode batch %d: %s\n", s->name, B, ff_error_message());
+    ff_generator_destroy(&g);
+    free(p);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    const char *device = "cuda", *models = "qwen0.5b,llama1b", *batches = "1,32,256";
+    int seq = 2048, steps = 5, prompt = 32, n_new = 64, bf16_train = 1;
+    double budget = 240;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "bench_cuda: %s needs a value (see the usage at the top of bench/bench_cuda.c)\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--models")) models = v;
+        else if (!strcmp(a, "--batches")) batches = v;
+        else if (!strcmp(a, "--seq")) seq = atoi(v);
+        else if (!strcmp(a, "--steps")) steps = atoi(v);
+        else if (!strcmp(a, "--prompt")) prompt = atoi(v);
+        else if (!strcmp(a, "--new")) n_new = atoi(v);
+        else if (!strcmp(a, "--budget")) budget = atof(v);
+        else if (!strcmp(a, "--bf16-train")) bf16_train = atoi(v);
+        else {
+            fprintf(stderr, "bench_cuda: unknown option %s (see the usage at the top of bench/bench_cuda.c)\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (seq < 2 || steps < 1 || prompt < 1 || n_new < 1) {
+        fprintf(stderr, "bench_cuda: --seq >= 2, --steps, --prompt and --new >= 1\n");
+        return 2;
+    }
+    ff_backend *be = ff_backend_new(device);
+    if (!be) {
+        fprintf(stderr, "bench_cuda: %s\n", ff_error_message());
+        return 1;
+    }
+    const char *math = getenv("FF_CUDA_MATH");
+    printf("bench_cuda: %s, FF_CUDA_MATH=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens\n",
+           ff_backend_name(be), math && *math ? math : "tf32 (default)", seq, steps, prompt, n_new);
+    spec specs[] = {
+        {"qwen0.5b", base_cfg(151936, 896, 4864, 24, 14, 2, true, true, 1000000.0)},
+        {"llama1b", base_cfg(128256, 2048, 8192, 16, 32, 8, true, false, 500000.0)},
+    };
+    enum { NSPEC = 2, MAXB = 8 };
+    int bs[MAXB], nb = 0;
+    for (const char *c = batches; *c && nb < MAXB;) {
+        bs[nb++] = atoi(c);
+        c = strchr(c, ',');
+        if (!c) break;
+        c++;
+    }
+    double tr[NSPEC] = {0}, mfu[NSPEC] = {0}, dec[NSPEC][MAXB] = {{0}};
+    bool ran_tr[NSPEC] = {0}, ran_dec[NSPEC][MAXB] = {{0}};
+    int64_t start = ff_now_ns();
+    int failures = 0;
+#define OVER_BUDGET() ((double)(ff_now_ns() - start) * 1e-9 > budget)
+    for (int k = 0; k < NSPEC; k++) {
+        if (!strstr(models, specs[k].name)) continue;
+        if (OVER_BUDGET()) {
+            printf("  %s: skipped (budget of %.0f s spent)\n", specs[k].name, budget);
+            continue;
+        }
+        if (bench_train(be, &specs[k], seq, steps, &tr[k], &mfu[k]) == 0) {
+            ran_tr[k] = true;
+            head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, TRAIN_NOTE);
+        } else {
+            failures++;
+        }
+        ff_model *m = NULL;
+        for (int j = 0; j < nb; j++) {
+            if (OVER_BUDGET()) {
+                printf("  %s decode batch %d: skipped (budget of %.0f s spent)\n", specs[k].name, bs[j], budget);
+                continue;
+            }
+            if (!m && !(m = random_model(be, &specs[k].cfg, true))) {
+                fprintf(stderr, "bench_cuda: %s: %s\n", specs[k].name, ff_error_message());
+                failures++;
+                break;
+            }
+            if (bench_decode(m, &specs[k], bs[j], prompt, n_new, &dec[k][j]) == 0) {
+                ran_dec[k][j] = true;
+                head_decode(specs[k].name, bs[j], dec[k][j]);
+            } else {
+                failures++;
+            }
+        }
+        ff_model_destroy(&m);
+    }
+    /* The training step again with bf16 products (FF_CUDA_MATH=bf16: operands converted per
+     * call, fp32 accumulation), where the main run was not already that and time is left. */
+    double tr16[NSPEC] = {0}, mfu16[NSPEC] = {0};
+    bool ran16[NSPEC] = {0};
+    if (bf16_train && !(math && !strcmp(math, "bf16"))) {
+        setenv("FF_CUDA_MATH", "bf16", 1);
+        ff_backend *b16 = ff_backend_new(device);
+        if (math) setenv("FF_CUDA_MATH", math, 1);
+        else unsetenv("FF_CUDA_MATH");
+        for (int k = 0; b16 && k < NSPEC; k++) {
+            if (!strstr(models, specs[k].name)) continue;
+            if (OVER_BUDGET()) {
+                printf("  %s train with bf16 products: skipped (budget of %.0f s spent)\n", specs[k].name, budget);
+                continue;
+            }
+            printf("  %s train with bf16 products (FF_CUDA_MATH=bf16):\n", specs[k].name);
+            if (bench_train(b16, &specs[k], seq, steps, &tr16[k], &mfu16[k]) == 0) {
+                ran16[k] = true;
+                head_train("bench_cuda_train_bf16", specs[k].name, tr16[k], mfu16[k], seq, ", FF_CUDA_MATH=bf16");
+            } else {
+                failures++;
+            }
+        }
+        ff_backend_destroy(&b16);
+    }
+    printf("bench_cuda: headlines\n");
+    for (int k = 0; k < NSPEC; k++) {
+        if (ran_tr[k]) head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, TRAIN_NOTE);
+        if (ran16[k]) head_train("bench_cuda_train_bf16", specs[k].name, tr16[k], mfu16[k], seq, ", FF_CUDA_MATH=bf16");
+        for (int j = 0; j < nb; j++)
+            if (ran_dec[k][j]) head_decode(specs[k].name, bs[j], dec[k][j]);
+    }
+    ff_backend_destroy(&be);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,572 @@
+/* CUDA kernels of attention (training forward and backward over packed variable-length
+ * sequences, decoding against a KV cache), of the logits (per-token log-probs and entropy,
+ * forward and backward into the logits) and of sampling. fp32 throughout. Contracts in
+ * include/fuseflow/kernels.h; the CPU backend (kernels/cpu/cpu_attention.c, cpu_logits.c)
+ * is the reference these are tested against (tests/kernels/test_cuda_backend.c).
+ *
+ * Training attention is tiled with an online softmax, so no [T, T] score matrix exists: a
+ * block holds AW consecutive query rows of one head (one warp each) and walks tiles of KT
+ * keys of their kv head, staged in shared memory. In a tile, lane j scores key j against
+ * its warp's query (a dot over the head dimension from shared memory), the warp updates its
+ * running max and sum, and then accumulates P V with lane d owning output dimensions d,
+ * d + 32, ... The backward recomputes the probabilities from the saved log-sum-exp: dq by
+ * query-row warps over key tiles, dk and dv by key-row warps over query tiles of every head
+ * of the group, so each output row has one writer (no atomics). Memory is O(T) per head.
+ *
+ * This is the straightforward version: fp32 CUDA cores, no tensor cores, no pipelining of
+ * the tile loads. It is correct first; FlashAttention-class speed is not claimed (docs/cuda.md).
+ *
+ * Sampling: one block per row. Greedy is an argmax (lowest id on ties); top-k and top-p find
+ * their cut by a bitwise search over a 64-bit key (probability bits, then the inverted id,
+ * so the order is the CPU's: more probable first, lower id first on ties), counting or
+ * summing over the row per bit; the pick is the inverse CDF over the kept tokens in
+ * increasing id (a block-wide prefix sum), as the CPU's. */
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_internal.h"
+
+enum { AW = 8, KT = 32, MAXD = 256, DPL = MAXD / 32, LOGIT_TPB = 512, SAMPLE_TPB = 1024 };
+
+/* Shared memory (floats) of each attention kernel for head_dim D. */
+static size_t fwd_smem(int D) { return ((size_t)AW * D + 2 * (size_t)KT * (D + 1)) * sizeof(float); }
+static size_t dq_smem(int D) { return (2 * (size_t)AW * D + 2 * (size_t)KT * (D + 1)) * sizeof(float); }
+static size_t dkv_smem(int D) { return (2 * (size_t)AW * D + 2 * (size_t)KT * (D + 1) + 2 * KT) * sizeof(float); }
+static size_t cached_smem(int D) { return ((size_t)D + 2 * (size_t)KT * (D + 1)) * sizeof(float); }
+
+/* The sequence of token t: the last s in [0, S) with ss[s] <= t (empty sequences before it
+ * share its start). */
+static __device__ int seq_of(const int32_t *ss, int S, int t) {
+    int lo = 0, hi = S - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (ss[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+static __device__ __forceinline__ float dot_smem(const float *a, const float *b, int D) {
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* Stage rows [r0, r0 + n) of a [*, D] slice (row stride ld, starting at `col`) into sm
+ * [n, D + 1] (padded: lane j reading row j, column d hits bank (j (D+1) + d) % 32, distinct
+ * for the 32 lanes since D + 1 is odd). */
+static __device__ __forceinline__ void stage(float *sm, const float *src, int64_t ld, int64_t col, int r0, int n,
+                                             int D, int tid, int nthreads) {
+    for (int i = tid; i < n * D; i += nthreads) {
+        int j = i / D, d = i - j * D;
+        sm[j * (D + 1) + d] = src[(int64_t)(r0 + j) * ld + col + d];
+    }
+}
+
+/* ---- forward ---------------------------------------------------------------------------------- */
+
+static __global__ void k_att_fwd(const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
+                                 float scale, float *out, float *lse) {
+    extern __shared__ float sm[];
+    float *q_s = sm, *k_s = q_s + AW * D, *v_s = k_s + KT * (D + 1);
+    const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t0 = blockIdx.x * AW, t = t0 + warp;
+    const bool valid = t < T;
+    const int last = (t0 + AW < T ? t0 + AW : T) - 1;
+    const int kbeg = ss[seq_of(ss, S, t0)], kend = last + 1;
+    const int my0 = valid ? ss[seq_of(ss, S, t)] : 0;
+    if (valid)
+        for (int d = lane; d < D; d += 32) q_s[warp * D + d] = qkv[(int64_t)t * ld + (int64_t)h * D + d];
+    float m = -INFINITY, l = 0.0f, acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
+    for (int k0 = kbeg; k0 < kend; k0 += KT) {
+        int nk = kend - k0 < KT ? kend - k0 : KT;
+        __syncthreads(); /* the previous tile is consumed (and q_s written) */
+        stage(k_s, qkv, ld, (int64_t)(Hq + g) * D, k0, nk, D, threadIdx.x, blockDim.x);
+        stage(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, nk, D, threadIdx.x, blockDim.x);
+        __syncthreads();
+        if (!valid || k0 > t || k0 + nk <= my0) continue; /* warp-uniform: no key of this tile is visible */
+        int key = k0 + lane;
+        bool ok = lane < nk && key >= my0 && key <= t;
+        float sc = ok ? scale * dot_smem(q_s + warp * D, k_s + lane * (D + 1), D) : -INFINITY;
+        float mnew = fmaxf(m, warp_max(sc));
+        float p = ok ? expf(sc - mnew) : 0.0f, alpha = expf(m - mnew);
+        l = l * alpha + warp_sum(p);
+        m = mnew;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] *= alpha;
+        for (int jj = 0; jj < nk; jj++) {
+            float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                int d = lane + 32 * i;
+                if (d < D) acc[i] += pj * v_s[jj * (D + 1) + d];
+            }
+        }
+    }
+    if (!valid) return;
+    float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < D) out[(int64_t)t * Hq * D + (int64_t)h * D + d] = acc[i] * inv;
+    }
+    if (lane == 0) lse[(int64_t)t * Hq + h] = m + logf(l);
+}
+
+void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
+                           ff_dptr out, ff_dptr lse) {
+    if (T <= 0) return;
+    if (D > MAXD) {
+        ff_error_set("cuda attention", "use a model with head_dim <= 256", "head_dim %d is above %d", D, (int)MAXD);
+        ff_stream_fail(s);
+        return;
+    }
+    ff_cuda_use_device(s);
+    dim3 grid((T + AW - 1) / AW, Hq);
+    k_att_fwd<<<grid, AW * 32, fwd_smem(D), CS(s)>>>(F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
+                                                     1.0f / sqrtf((float)D), F(out), F(lse));
+    ff_cuda_check_launch(s, "attention_fwd");
+}
+
+/* ---- backward --------------------------------------------------------------------------------- */
+
+/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]), one warp per (t, h) */
+static __global__ void k_att_delta(const float *out, const float *dout, float *delta, int T, int Hq, int D) {
+    int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= (int64_t)T * Hq) return;
+    const float *o = out + w * D, *g = dout + w * D; /* [T, Hq, D] contiguous */
+    float sdot = 0.0f;
+    for (int d = lane; d < D; d += 32) sdot += o[d] * g[d];
+    sdot = warp_sum(sdot);
+    if (lane == 0) delta[w] = sdot;
+}
+
+static __global__ void k_att_dq(const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
+                                float scale, const float *lse, const float *dout, const float *delta, float *dqkv) {
+    extern __shared__ float sm[];
+    float *q_s = sm, *do_s = q_s + AW * D, *k_s = do_s + AW * D, *v_s = k_s + KT * (D + 1);
+    const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t0 = blockIdx.x * AW, t = t0 + warp;
+    const bool valid = t < T;
+    const int last = (t0 + AW < T ? t0 + AW : T) - 1;
+    const int kbeg = ss[seq_of(ss, S, t0)], kend = last + 1;
+    const int my0 = valid ? ss[seq_of(ss, S, t)] : 0;
+    const int64_t HD = (int64_t)Hq * D;
+    float lse_t = 0.0f, delta_t = 0.0f;
+    if (valid) {
+        for (int d = lane; d < D; d += 32) {
+            q_s[warp * D + d] = qkv[(int64_t)t * ld + (int64_t)h * D + d];
+            do_s[warp * D + d] = dout[(int64_t)t * HD + (int64_t)h * D + d];
+        }
+        lse_t = lse[(int64_t)t * Hq + h];
+        delta_t = delta[(int64_t)t * Hq + h];
+    }
+    float acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
+    for (int k0 = kbeg; k0 < kend; k0 += KT) {
+        int nk = kend - k0 < KT ? kend - k0 : KT;
+        __syncthreads();
+        stage(k_s, qkv, ld, (int64_t)(Hq + g) * D, k0, nk, D, threadIdx.x, blockDim.x);
+        stage(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, nk, D, threadIdx.x, blockDim.x);
+        __syncthreads();
+        if (!valid || k0 > t || k0 + nk <= my0) continue;
+        int key = k0 + lane;
+        bool ok = lane < nk && key >= my0 && key <= t;
+        float ds = 0.0f;
+        if (ok) {
+            float p = expf(scale * dot_smem(q_s + warp * D, k_s + lane * (D + 1), D) - lse_t);
+            float dp = dot_smem(do_s + warp * D, v_s + lane * (D + 1), D);
+            ds = p * (dp - delta_t);
+        }
+        for (int jj = 0; jj < nk; jj++) {
+            float dsj = __shfl_sync(0xffffffffu, ds, jj);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                int d = lane + 32 * i;
+                if (d < D) acc[i] += dsj * k_s[jj * (D + 1) + d];
+            }
+        }
+    }
+    if (!valid) return;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < D) dqkv[(int64_t)t * ld + (int64_t)h * D + d] = scale * acc[i];
+    }
+}
+
+/* Block = AW consecutive key rows of kv head g; every query head of the group, query tiles
+ * from the first key row to the end of the last key row's sequence. */
+static __global__ void k_att_dkv(const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
+                                 float scale, const float *lse, const float *dout, const float *delta, float *dqkv) {
+    extern __shared__ float sm[];
+    float *kr_s = sm, *vr_s = kr_s + AW * D, *q_s = vr_s + AW * D, *do_s = q_s + KT * (D + 1);
+    float *lse_s = do_s + KT * (D + 1), *dl_s = lse_s + KT;
+    const int g = blockIdx.y, rep = Hq / Hkv, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j0 = blockIdx.x * AW, j = j0 + warp;
+    const bool valid = j < T;
+    const int last = (j0 + AW < T ? j0 + AW : T) - 1;
+    const int qbeg = j0, qend = ss[seq_of(ss, S, last) + 1];
+    const int my_end = valid ? ss[seq_of(ss, S, j) + 1] : 0; /* queries j .. my_end - 1 see key j */
+    const int64_t HD = (int64_t)Hq * D;
+    if (valid)
+        for (int d = lane; d < D; d += 32) {
+            kr_s[warp * D + d] = qkv[(int64_t)j * ld + (int64_t)(Hq + g) * D + d];
+            vr_s[warp * D + d] = qkv[(int64_t)j * ld + (int64_t)(Hq + Hkv + g) * D + d];
+        }
+    float dk[DPL], dv[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) dk[i] = dv[i] = 0.0f;
+    for (int h = g * rep; h < (g + 1) * rep; h++) {
+        for (int q0 = qbeg; q0 < qend; q0 += KT) {
+            int nq = qend - q0 < KT ? qend - q0 : KT;
+            __syncthreads();
+            stage(q_s, qkv, ld, (int64_t)h * D, q0, nq, D, threadIdx.x, blockDim.x);
+            stage(do_s, dout, HD, (int64_t)h * D, q0, nq, D, threadIdx.x, blockDim.x);
+            for (int i = threadIdx.x; i < nq; i += blockDim.x) {
+                lse_s[i] = lse[(int64_t)(q0 + i) * Hq + h];
+                dl_s[i] = delta[(int64_t)(q0 + i) * Hq + h];
+            }
+            __syncthreads();
+            if (!valid || q0 + nq <= j || q0 >= my_end) continue;
+            int row = q0 + lane;
+            bool ok = lane < nq && row >= j && row < my_end;
+            float p = 0.0f, ds = 0.0f;
+            if (ok) {
+                p = expf(scale * dot_smem(q_s + lane * (D + 1), kr_s + warp * D, D) - lse_s[lane]);
+                float dp = dot_smem(do_s + lane * (D + 1), vr_s + warp * D, D);
+                ds = p * (dp - dl_s[lane]);
+            }
+            for (int ii = 0; ii < nq; ii++) {
+                float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    int d = lane + 32 * i;
+                    if (d < D) {
+                        dv[i] += pi * do_s[ii * (D + 1) + d];
+                        dk[i] += dsi * q_s[ii * (D + 1) + d];
+                    }
+                }
+            }
+        }
+    }
+    if (!valid) return;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < D) {
+            dqkv[(int64_t)j * ld + (int64_t)(Hq + g) * D + d] = scale * dk[i];
+            dqkv[(int64_t)j * ld + (int64_t)(Hq + Hkv + g) * D + d] = dv[i];
+        }
+    }
+}
+
+void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
+                           int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
+                           ff_dptr dqkv) {
+    (void)seq_start_host; /* the kernels find sequences on the device */
+    if (T <= 0) return;
+    if (D > MAXD) {
+        ff_error_set("cuda attention", "use a model with head_dim <= 256", "head_dim %d is above %d", D, (int)MAXD);
+        ff_stream_fail(s);
+        return;
+    }
+    ff_cuda_use_device(s);
+    float scale = 1.0f / sqrtf((float)D);
+    int64_t warps = (int64_t)T * Hq;
+    k_att_delta<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, CS(s)>>>(F(out), F(dout), F(delta), T, Hq, D);
+    k_att_dq<<<dim3((T + AW - 1) / AW, Hq), AW * 32, dq_smem(D), CS(s)>>>(F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
+                                                                          scale, F(lse), F(dout), F(delta), F(dqkv));
+    k_att_dkv<<<dim3((T + AW - 1) / AW, Hkv), AW * 32, dkv_smem(D), CS(s)>>>(
+        F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D, scale, F(lse), F(dout), F(delta), F(dqkv));
+    ff_cuda_check_launch(s, "attention_bwd");
+}
+
+/* ---- against a KV cache ----------------------------------------------------------------------- */
+
+/* One warp per (query token, head); the warp stages its tiles of cache rows itself. */
+static __global__ void k_att_cached(const float *q, int ldq, const float *kc, const float *vc, const int32_t *row0,
+                                    const int32_t *nkeys, int Hq, int Hkv, int D, float scale, float *out) {
+    extern __shared__ float sm[];
+    float *q_s = sm, *k_s = q_s + D, *v_s = k_s + KT * (D + 1);
+    const int t = blockIdx.x, h = blockIdx.y, g = h / (Hq / Hkv), lane = threadIdx.x;
+    const int64_t KD = (int64_t)Hkv * D;
+    const int r0 = row0[t], n = nkeys[t];
+    for (int d = lane; d < D; d += 32) q_s[d] = q[(int64_t)t * ldq + (int64_t)h * D + d];
+    float m = -INFINITY, l = 0.0f, acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
+    for (int k0 = 0; k0 < n; k0 += KT) {
+        int nk = n - k0 < KT ? n - k0 : KT;
+        __syncwarp();
+        stage(k_s, kc, KD, (int64_t)g * D, r0 + k0, nk, D, lane, 32);
+        stage(v_s, vc, KD, (int64_t)g * D, r0 + k0, nk, D, lane, 32);
+        __syncwarp();
+        bool ok = lane < nk;
+        float sc = ok ? scale * dot_smem(q_s, k_s + lane * (D + 1), D) : -INFINITY;
+        float mnew = fmaxf(m, warp_max(sc));
+        float p = ok ? expf(sc - mnew) : 0.0f, alpha = expf(m - mnew);
+        l = l * alpha + warp_sum(p);
+        m = mnew;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] *= alpha;
+        for (int jj = 0; jj < nk; jj++) {
+            float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                int d = lane + 32 * i;
+                if (d < D) acc[i] += pj * v_s[jj * (D + 1) + d];
+            }
+        }
+    }
+    float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < D) out[(int64_t)t * Hq * D + (int64_t)h * D + d] = acc[i] * inv;
+    }
+}
+
+void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr kv_row0,
+                              ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out) {
+    if (T <= 0) return;
+    if (D > MAXD) {
+        ff_error_set("cuda attention", "use a model with head_dim <= 256", "head_dim %d is above %d", D, (int)MAXD);
+        ff_stream_fail(s);
+        return;
+    }
+    ff_cuda_use_device(s);
+    k_att_cached<<<dim3(T, Hq), 32, cached_smem(D), CS(s)>>>(F(q), ldq, F(kcache), F(vcache), I32(kv_row0),
+                                                            I32(n_keys), Hq, Hkv, D, 1.0f / sqrtf((float)D), F(out));
+    ff_cuda_check_launch(s, "attention_cached");
+}
+
+int ff_cuda_attention_init(void) {
+    struct {
+        const void *fn;
+        size_t bytes;
+    } k[] = {{(const void *)k_att_fwd, fwd_smem(MAXD)},
+             {(const void *)k_att_dq, dq_smem(MAXD)},
+             {(const void *)k_att_dkv, dkv_smem(MAXD)},
+             {(const void *)k_att_cached, cached_smem(MAXD)}};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        cudaError_t e = cudaFuncSetAttribute(k[i].fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k[i].bytes);
+        if (e != cudaSuccess)
+            return ff_error_set("cuda backend", "the attention kernels need a GPU with >= 96 KiB of shared memory per block",
+                                "cudaFuncSetAttribute(%zu bytes): %s", k[i].bytes, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+/* ---- log-probs and entropy -------------------------------------------------------------------- */
+
+static __global__ void k_logprob_fwd(const float *logits, const int32_t *targets, float it, int V, float *lp, float *ent,
+                                     float *lse) {
+    __shared__ float red[32];
+    const int t = blockIdx.x;
+    const float *z = logits + (int64_t)t * V;
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, z[v]);
+    mx = block_max(mx, red) * it; /* it > 0 keeps the argmax */
+    float sum = 0.0f, wsum = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float zs = z[v] * it - mx, e = expf(zs);
+        sum += e;
+        wsum += e * zs;
+    }
+    sum = block_sum(sum, red);
+    wsum = block_sum(wsum, red);
+    if (threadIdx.x != 0) return;
+    float l = logf(sum), L = mx + l;
+    lse[t] = L;
+    if (ent) ent[t] = l - wsum / sum;
+    if (lp) {
+        int y = targets[t];
+        lp[t] = y >= 0 ? z[y] * it - L : 0.0f;
+    }
+}
+
+void ff_cuda_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr logprob,
+                         ff_dptr entropy, ff_dptr lse) {
+    if (T <= 0) return;
+    ff_cuda_use_device(s);
+    k_logprob_fwd<<<T, LOGIT_TPB, 0, CS(s)>>>(F(logits), I32(targets), inv_temp, V, F(logprob), F(entropy), F(lse));
+    ff_cuda_check_launch(s, "logprob_fwd");
+}
+
+/* z <- (-a p - b p (log p + H)) it, then z[y] += a it; see ff_cpu_logprob_bwd */
+static __global__ void k_logprob_bwd(float *logits, const int32_t *targets, float it, int V, const float *lse,
+                                     const float *dlp, const float *dent, const float *ent) {
+    const int t = blockIdx.x;
+    float *z = logits + (int64_t)t * V;
+    float a = 0.0f;
+    int y = -1;
+    if (dlp && targets && targets[t] != -1) { /* <= -2: the target is in another shard */
+        a = dlp[t];
+        y = targets[t];
+    }
+    const float L = lse[t], b = dent ? dent[t] : 0.0f, H = dent ? ent[t] : 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float logp = z[v] * it - L, p = expf(logp);
+        z[v] = (-a * p - b * p * (logp + H)) * it;
+    }
+    __syncthreads(); /* z[y] above was another thread's write */
+    if (threadIdx.x == 0 && y >= 0) z[y] += a * it;
+}
+
+void ff_cuda_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                         ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
+    if (T <= 0) return;
+    ff_cuda_use_device(s);
+    k_logprob_bwd<<<T, LOGIT_TPB, 0, CS(s)>>>(F(logits), I32(targets), inv_temp, V, F(lse), F(dlogprob), F(dentropy),
+                                              F(entropy));
+    ff_cuda_check_launch(s, "logprob_bwd");
+}
+
+/* ---- sampling ----------------------------------------------------------------------------------- */
+
+/* Order key: larger = kept first (more probable, then lower id). p >= 0, so its bits order
+ * as the values. */
+static __device__ __forceinline__ uint64_t order_key(float p, int v) {
+    return ((uint64_t)__float_as_uint(p) << 32) | (uint64_t)(0xffffffffu - (uint32_t)v);
+}
+
+/* Block sums over the row of p where key >= thr: count (as float, exact below 2^24) or mass. */
+static __device__ float kept_sum(const float *p, int V, uint64_t thr, bool mass, float *red) {
+    float acc = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x)
+        if (order_key(p[v], v) >= thr) acc += mass ? p[v] : 1.0f;
+    return block_sum(acc, red);
+}
+
+static __global__ void k_sample(const float *logits, int V, const ff_sample_params *params, float *probs,
+                                int32_t *tokens, float *logprob) {
+    __shared__ float red[32];
+    __shared__ float pre[SAMPLE_TPB];
+    __shared__ int best_v[32];
+    __shared__ float best_z[32];
+    __shared__ int pick_s, last_s;
+    const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+    const float *z = logits + (int64_t)b * V;
+    float *p = probs + (int64_t)b * V;
+    const ff_sample_params sp = params[b];
+
+    /* argmax, lowest id on ties */
+    float bz = -INFINITY;
+    int bv = V;
+    for (int v = tid; v < V; v += blockDim.x)
+        if (z[v] > bz) bz = z[v], bv = v; /* increasing v: the first of equal values stays */
+    for (int o = 16; o > 0; o >>= 1) {
+        float oz = __shfl_xor_sync(0xffffffffu, bz, o);
+        int ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        if (oz > bz || (oz == bz && ov < bv)) bz = oz, bv = ov;
+    }
+    if (lane == 0) best_z[w] = bz, best_v[w] = bv;
+    __syncthreads();
+    if (tid == 0) {
+        for (int i = 1; i < nw; i++)
+            if (best_z[i] > best_z[0] || (best_z[i] == best_z[0] && best_v[i] < best_v[0]))
+                best_z[0] = best_z[i], best_v[0] = best_v[i];
+        if (best_v[0] >= V) best_v[0] = 0; /* all -inf or NaN: the CPU's am stays 0 */
+    }
+    __syncthreads();
+    const int am = best_v[0];
+    const float mx = z[am];
+    float s1 = 0.0f;
+    for (int v = tid; v < V; v += blockDim.x) s1 += expf(z[v] - mx);
+    s1 = block_sum(s1, red);
+    const float lse1 = mx + logf(s1);
+    if (sp.temperature <= 0.0f) {
+        if (tid == 0) {
+            tokens[b] = am;
+            logprob[b] = sp.logprob_mode == 2 ? 0.0f : z[am] - lse1;
+        }
+        return;
+    }
+    const float it = 1.0f / sp.temperature;
+    float sum = 0.0f;
+    for (int v = tid; v < V; v += blockDim.x) {
+        p[v] = expf((z[v] - mx) * it);
+        sum += p[v];
+    }
+    sum = block_sum(sum, red); /* also orders the p writes before the reads below */
+    const float lseT = mx * it + logf(sum);
+    float kept = sum;
+    uint64_t thr = 0; /* keep the tokens with key >= thr */
+    if ((sp.top_k > 0 && sp.top_k < V) || sp.top_p < 1.0f) {
+        float mass = sum;
+        if (sp.top_k > 0 && sp.top_k < V) { /* the top_k-th key: the largest thr with count(key >= thr) >= k */
+            uint64_t ans = 0;
+            for (int bit = 63; bit >= 0; bit--) {
+                uint64_t cand = ans | ((uint64_t)1 << bit);
+                if (kept_sum(p, V, cand, false, red) >= (float)sp.top_k) ans = cand;
+            }
+            thr = ans;
+            mass = kept_sum(p, V, thr, true, red);
+        }
+        if (sp.top_p < 1.0f) { /* the largest thr whose kept mass still reaches top_p of the top-k mass */
+            float target = sp.top_p * mass;
+            uint64_t ans = 0;
+            for (int bit = 63; bit >= 0; bit--) {
+                uint64_t cand = ans | ((uint64_t)1 << bit);
+                uint64_t c = cand > thr ? cand : thr;
+                if (kept_sum(p, V, c, true, red) >= target) ans = cand;
+            }
+            thr = ans > thr ? ans : thr;
+        }
+        kept = kept_sum(p, V, thr, true, red);
+    }
+    /* inverse CDF over the kept tokens in increasing id: thread i owns ids [c0, c1) */
+    const float u = sp.uniform * kept;
+    const int per = (V + (int)blockDim.x - 1) / (int)blockDim.x, c0 = tid * per, c1 = c0 + per < V ? c0 + per : V;
+    float local = 0.0f;
+    int mylast = -1;
+    for (int v = c0; v < c1; v++) {
+        float pv = p[v];
+        if (pv > 0.0f && order_key(pv, v) >= thr) local += pv, mylast = v;
+    }
+    pre[tid] = local;
+    if (tid == 0) pick_s = V, last_s = -1;
+    __syncthreads();
+    for (int o = 1; o < (int)blockDim.x; o <<= 1) { /* inclusive scan (Hillis-Steele) */
+        float add = tid >= o ? pre[tid - o] : 0.0f;
+        __syncthreads();
+        pre[tid] += add;
+        __syncthreads();
+    }
+    if (mylast >= 0) atomicMax(&last_s, mylast);
+    float before = pre[tid] - local, acc = before;
+    if (before <= u && u < pre[tid]) {
+        for (int v = c0; v < c1; v++) {
+            float pv = p[v];
+            if (!(pv > 0.0f && order_key(pv, v) >= thr)) continue;
+            acc += pv;
+            if (acc > u) {
+                atomicMin(&pick_s, v);
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    if (tid != 0) return;
+    int pick = pick_s < V ? pick_s : last_s >= 0 ? last_s : am; /* rounding left u past the end */
+    tokens[b] = pick;
+    switch (sp.logprob_mode) {
+    case 1: logprob[b] = z[pick] * it - lseT; break;
+    case 2: logprob[b] = logf(p[pick] / kept); break;
+    default: logprob[b] = z[pick] - lse1; break;
+    }
+}
+
+void ff_cuda_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
+                    ff_dptr logprob) {
+    if (B <= 0) return;
+    ff_cuda_use_device(s);
+    k_sample<<<B, SAMPLE_TPB, 0, CS(s)>>>(F(logits), V, (const ff_sample_params *)(void *)I32(params), F(workspace),
+                                          I32(tokens), F(logprob));
+    ff_cuda_check_launch(s, "sample");
+}

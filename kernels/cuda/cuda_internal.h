@@ -1,0 +1,103 @@
+/* What the two files of the CUDA backend share (cuda_backend.cu: device, memory, streams,
+ * matrix products, the elementwise and row-wise kernels, the optimizer; cuda_attention.cu:
+ * attention, the logits kernels and sampling). Not a public header: only kernels/cuda/
+ * includes it. Device code only through the launch wrappers declared here. */
+#ifndef FF_KERNELS_CUDA_INTERNAL_H
+#define FF_KERNELS_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "fuseflow/error.h"
+#include "kernels/backend_impl.h"
+}
+
+/* The backend's state (ff_backend.impl). */
+typedef struct cuda_impl {
+    int device;
+    cublasHandle_t blas;
+    int math; /* CUDA_MATH_*: how ff_gemm multiplies (FF_CUDA_MATH) */
+    int sm_count;
+} cuda_impl;
+
+enum { CUDA_MATH_TF32 = 0, CUDA_MATH_FP32 = 1, CUDA_MATH_BF16 = 2 };
+
+/* A stream's state (ff_stream.impl): the CUDA stream and a scratch buffer on the device
+ * that kernels of this stream use (per stream, so streams running concurrently never share
+ * one). */
+typedef struct cuda_stream {
+    cudaStream_t st;
+    void *scratch; /* device */
+    size_t scratch_cap; /* bytes */
+} cuda_stream;
+
+static inline cudaStream_t CS(const ff_stream *s) { return ((cuda_stream *)s->impl)->st; }
+static inline cuda_impl *CI(const ff_stream *s) { return (cuda_impl *)s->be->impl; }
+static inline float *F(ff_dptr p) { return p.buf ? (float *)((char *)p.buf->data + p.off) : NULL; }
+static inline int32_t *I32(ff_dptr p) { return p.buf ? (int32_t *)((char *)p.buf->data + p.off) : NULL; }
+
+/* Make the backend's device the calling thread's (a backend may be created on one thread
+ * and used on another, e.g. a worker's compute thread). */
+void ff_cuda_use_device(const ff_stream *s);
+/* Device scratch of at least `bytes` for kernels on s (grown, never shrunk). NULL + the
+ * stream failed when out of memory. Growing waits for the stream (the old block may be in
+ * use by queued kernels). */
+void *ff_cuda_scratch(ff_stream *s, size_t bytes);
+/* After a launch: a launch error becomes the stream's failure (ff_stream_fail). */
+void ff_cuda_check_launch(ff_stream *s, const char *kernel);
+
+/* cuda_attention.cu */
+void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
+                           ff_dptr out, ff_dptr lse);
+void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
+                           int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
+                           ff_dptr dqkv);
+void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr kv_row0,
+                              ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out);
+void ff_cuda_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr logprob,
+                         ff_dptr entropy, ff_dptr lse);
+void ff_cuda_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                         ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
+void ff_cuda_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
+                    ff_dptr logprob);
+/* Raise the dynamic shared memory limit of the attention kernels (once, at backend creation).
+ * 0 or -1 + error. */
+int ff_cuda_attention_init(void);
+
+/* ---- device helpers (both files) ------------------------------------------------------------ */
+
+#ifdef __CUDACC__
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+ * `red` is __shared__ float[32]. Calls __syncthreads. */
+static __device__ __forceinline__ float block_sum(float v, float *red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* red may still be read from a previous call */
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(v);
+}
+static __device__ __forceinline__ float block_max(float v, float *red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : -INFINITY;
+    return warp_max(v);
+}
+#endif
+
+#endif

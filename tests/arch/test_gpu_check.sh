@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh, the one prepared run for a GPU machine, where there is none: bad
+# usage exits 2; without nvidia-smi, or with one that lists no GPU, it stops at once (exit 3)
+# saying so, with its log and summary in OUTDIR and nothing built. bench_cuda refuses clearly
+# without a device, the PyTorch side and the scripts parse, and shellcheck (where installed)
+# finds nothing in the scripts of the GPU path.
+source "$(dirname "$0")/../cli/lib.sh"
+G="$SRC/scripts/gpu-check.sh"
+
+expect_error "no OUTDIR" "usage: scripts/gpu-check.sh OUTDIR" bash "$G"
+expect_error "an option instead of OUTDIR" "usage" bash "$G" --help
+
+mkdir -p "$TMP/bin"
+# a PATH without nvidia-smi: the system folders only
+SYS_PATH=$(command -v timeout tee realpath date grep cat | xargs -n1 dirname | sort -u | tr '\n' ':')
+t0=$SECONDS
+PATH="$SYS_PATH" bash "$G" "$TMP/o1" >"$TMP/out" 2>&1
+rc=$?
+((rc == 3)) && ok "no nvidia-smi: exit 3" || fail "no nvidia-smi: exit $rc: $(head -c 400 "$TMP/out")"
+grep -q "no GPU here: nvidia-smi is not installed" "$TMP/out" && ok "says why" || fail "no reason given: $(cat "$TMP/out")"
+grep -q "no GPU" "$TMP/o1/summary.txt" && [[ -s "$TMP/o1/gpu-check.log" ]] && ok "log and summary written" || fail "no log or summary in $TMP/o1"
+((SECONDS - t0 < 10)) && ok "fails fast" || fail "took $((SECONDS - t0)) s to fail"
+[[ ! -e "$SRC/build-gpu/CMakeCache.txt" || "$SRC/build-gpu/CMakeCache.txt" -ot "$TMP/o1/gpu-check.log" ]] && ok "nothing built" || fail "build-gpu was configured"
+
+# an nvidia-smi that finds no device (a driver without a GPU)
+printf '#!/bin/sh\necho "No devices were found"\nexit 6\n' >"$TMP/bin/nvidia-smi"
+chmod +x "$TMP/bin/nvidia-smi"
+PATH="$TMP/bin:$SYS_PATH" bash "$G" "$TMP/o2" >"$TMP/out" 2>&1
+rc=$?
+((rc == 3)) && grep -q "No devices were found" "$TMP/out" && ok "nvidia-smi without a GPU: exit 3, its words quoted" ||
+  fail "nvidia-smi without a GPU: exit $rc: $(head -c 400 "$TMP/out")"
+
+# the benchmark without a device: a clear error, no crash
+if [[ -x "${FF_BUILD_DIR:-}/bench_cuda" ]]; then
+  expect_error "bench_cuda without a GPU" "no CUDA device|without the CUDA backend" "$FF_BUILD_DIR/bench_cuda" --steps 1
+  expect_error "bench_cuda bad option" "unknown option --nope" "$FF_BUILD_DIR/bench_cuda" --nope 1
+fi
+expect_ok "bench_cuda_torch.py compiles" python3 -m py_compile "$SRC/bench/bench_cuda_torch.py"
+expect_ok "gpu-deps.sh parses" bash -n "$SRC/scripts/gpu-deps.sh"
+if command -v shellcheck >/dev/null; then
+  expect_ok "shellcheck, the scripts" shellcheck "$G" "$SRC/scripts/gpu-deps.sh" "$SRC/tests/kernels/test_cuda_skip.sh"
+  expect_ok "shellcheck -S warning, the tests" shellcheck -S warning "$SRC/tests/arch/test_gpu_check.sh" \
+    "$SRC/tests/cli/test_generate_cuda.sh"
+else
+  ok "shellcheck not installed: skipped that check"
+fi
+finish

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `--device cuda` on the commands that take it: without a GPU (or without CUDA in the build)
+# a clear error that names what is missing and says to use the cpu backend; with one, greedy
+# decoding on the GPU gives the CPU's tokens and log-prob scoring agrees with the CPU's.
+source "$(dirname "$0")/lib.sh"
+M="$SRC/tests/cli/data/llama_f32"
+
+if "$FF_BIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 4 --device cuda >"$TMP/probe" 2>"$TMP/probe.err"; then
+  gpu=1
+else
+  gpu=0
+fi
+if ((gpu == 0)); then
+  expect_error "generate --device cuda without a GPU" "no CUDA device|built without the CUDA backend" \
+    "$FF_BIN" generate --model "$M" --prompt "ab" --device cuda
+  if grep -qE "cpu backend" "$TMP/err"; then ok "the error says to use the cpu backend"; else fail "no hint in: $(cat "$TMP/err")"; fi
+  expect_error "generate --device cuda:7 without a GPU" "no CUDA device|built without the CUDA backend|requested but" \
+    "$FF_BIN" generate --model "$M" --prompt "ab" --device cuda:7
+  finish
+fi
+
+expect_ok "greedy on cpu" "$FF_BIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 24 --json --device cpu
+cp "$TMP/out" "$TMP/cpu.json"
+expect_ok "greedy on cuda" env FF_CUDA_MATH=fp32 "$FF_BIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 24 --json --device cuda
+if python3 - "$TMP/cpu.json" "$TMP/out" <<'PY'; then
+import json, sys
+a = json.loads(open(sys.argv[1]).readline())["tokens"]
+b = json.loads(open(sys.argv[2]).readline())["tokens"]
+print("cpu ", a, "\ncuda", b)
+sys.exit(a != b)
+PY
+  ok "cuda greedy tokens equal the cpu's"
+else
+  fail "cuda greedy tokens differ from the cpu's"
+fi
+finish

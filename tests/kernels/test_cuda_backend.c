@@ -1,0 +1,435 @@
+/* The CUDA backend against the CPU backend: every entry of the backend table run on both
+ * with the same random inputs, outputs compared element by element (|cuda - cpu| <= atol +
+ * rtol * max|cpu| per tensor, the tolerances written at each check; "+=" outputs start from
+ * the same random contents on both sides, so accumulation is checked too). Forward and
+ * backward entries both (the backward ones with the forward's saved tensors), in-place
+ * aliasing where the interface allows it, leading dimensions wider than the rows, packed
+ * sequences with an empty one, GQA, head dims that are not multiples of 32. ff_gemm is
+ * checked in each FF_CUDA_MATH mode with its own tolerance (fp32 exact to rounding, TF32
+ * 10-bit and bf16 8-bit mantissas).
+ *
+ * Needs a GPU: without CUDA in the build, or with no device, it exits 77 (SKIPPED, saying
+ * which), and tests/kernels/test_cuda_skip.sh checks that it does exactly that here. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/backend.h"
+#include "fuseflow/error.h"
+#include "fuseflow/kernels.h"
+#include "fuseflow/util.h"
+#include "tests/test_util.h"
+
+#ifndef FF_HAVE_CUDA
+int main(void) {
+    (void)ff_test_failures;
+    SKIP("cuda backend: fuseflow was built without CUDA (no CUDA toolkit at configure time, or FF_CUDA=OFF)");
+}
+#else
+
+static ff_backend *cpu, *gpu;
+static ff_stream *cst, *gst;
+static ff_rng rng;
+static int side; /* 0: the cpu call, 1: the cuda call */
+#define S (side ? gst : cst)
+#define P(d) (side ? (d).g : (d).c)
+#define BOTH(call)                          \
+    for (side = 0; side < 2; side++) {      \
+        call;                               \
+    }
+
+/* The same bytes on both backends. */
+typedef struct dual {
+    ff_dptr c, g;
+    size_t bytes;
+} dual;
+
+static dual dual_new(const void *host, size_t bytes) {
+    dual d = {{0}, {0}, bytes};
+    ff_buffer *bc = ff_buffer_new(cpu, bytes ? bytes : 4), *bg = ff_buffer_new(gpu, bytes ? bytes : 4);
+    if (!bg) fprintf(stderr, "%s\n", ff_error_message());
+    REQUIRE(bc && bg);
+    d.c = ff_dptr_of(bc, 0);
+    d.g = ff_dptr_of(bg, 0);
+    if (host && bytes) {
+        ff_memcpy_h2d(cst, d.c, host, bytes);
+        ff_memcpy_h2d(gst, d.g, host, bytes);
+    }
+    return d;
+}
+static void dual_free(dual *d) {
+    ff_buffer_destroy(&d->c.buf);
+    ff_buffer_destroy(&d->g.buf);
+}
+static float urand(void) { return (float)(ff_rng_uniform(&rng) * 2.0 - 1.0); }
+static dual dual_rand(size_t n, float scale) {
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = urand() * scale;
+    dual d = dual_new(x, n * sizeof(float));
+    free(x);
+    return d;
+}
+static dual dual_i32(const int32_t *v, size_t n) { return dual_new(v, n * sizeof(int32_t)); }
+
+/* |cuda - cpu| <= atol + rtol * max|cpu| over n floats from element `first`. */
+static void cmp(const char *what, dual d, size_t first, size_t n, double atol, double rtol) {
+    float *a = malloc(n * 4), *b = malloc(n * 4);
+    ff_memcpy_d2h(cst, a, ff_dptr_add(d.c, first, 4), n * 4);
+    ff_memcpy_d2h(gst, b, ff_dptr_add(d.g, first, 4), n * 4);
+    if (ff_stream_sync(gst)) {
+        fprintf(stderr, "%s: the cuda stream failed: %s\n", what, ff_error_message());
+        ff_test_failures++;
+    }
+    double mx = 0, worst = -1;
+    size_t wi = 0;
+    for (size_t i = 0; i < n; i++) mx = fabs(a[i]) > mx ? fabs(a[i]) : mx;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - (double)b[i]);
+        if (isnan(e) || e > worst) {
+            worst = isnan(e) ? INFINITY : e;
+            wi = i;
+        }
+    }
+    double tol = atol + rtol * mx;
+    if (!(worst <= tol)) {
+        fprintf(stderr, "%s: max |cuda - cpu| %.3g at [%zu] (cuda %.9g, cpu %.9g), tolerance %.3g (max |cpu| %.3g)\n",
+                what, worst, wi, (double)b[wi], (double)a[wi], tol, mx);
+        ff_test_failures++;
+    } else if (getenv("FF_TEST_VERBOSE")) {
+        printf("%-44s max err %.3g (tol %.3g, max %.3g)\n", what, worst, tol, mx);
+    }
+    free(a);
+    free(b);
+}
+static void cmp_all(const char *what, dual d, double atol, double rtol) { cmp(what, d, 0, d.bytes / 4, atol, rtol); }
+
+/* ---- gemm, in each math mode ---------------------------------------------------------------------- */
+
+static void test_gemm_on(ff_backend *g, const char *mode, double rtol) {
+    ff_backend *keep = gpu;
+    ff_stream *keep_st = gst;
+    gpu = g;
+    gst = ff_backend_stream(g);
+    int shapes[][3] = {{3, 5, 7}, {67, 300, 33}, {300, 20, 64}, {8, 513, 129}, {256, 384, 512}, {5, 4, 0}};
+    char what[96];
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 5;
+                dual a = dual_rand((size_t)(ta ? K : M) * lda + 1, 1), b = dual_rand((size_t)(tb ? N : K) * ldb + 1, 1);
+                dual c = dual_rand((size_t)M * ldc, 1);
+                BOTH(ff_gemm(S, ta, tb, M, N, K, 0.5f, P(a), lda, P(b), ldb, 2.0f, P(c), ldc));
+                snprintf(what, sizeof what, "gemm %s %dx%dx%d ta=%d tb=%d", mode, M, N, K, ta, tb);
+                cmp_all(what, c, 1e-5, rtol); /* the ld padding too: untouched on both */
+                /* beta = 0 ignores NaN in C */
+                float *nan = malloc(c.bytes);
+                for (size_t i = 0; i < c.bytes / 4; i++) nan[i] = NAN;
+                ff_memcpy_h2d(gst, c.g, nan, c.bytes);
+                ff_memcpy_h2d(cst, c.c, nan, c.bytes);
+                BOTH(ff_gemm(S, ta, tb, M, N, K, 1.0f, P(a), lda, P(b), ldb, 0.0f, P(c), ldc));
+                float *got = malloc(c.bytes);
+                ff_memcpy_d2h(gst, got, c.g, c.bytes);
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++)
+                        if (isnan(got[(size_t)i * ldc + j])) {
+                            fprintf(stderr, "%s: beta 0 kept a NaN at [%d, %d]\n", what, i, j);
+                            ff_test_failures++;
+                            i = M;
+                            break;
+                        }
+                free(nan);
+                free(got);
+                dual_free(&a), dual_free(&b), dual_free(&c);
+            }
+    gpu = keep;
+    gst = keep_st;
+}
+
+/* ---- embedding, rmsnorm, rope, bias, swiglu, rows -------------------------------------------------- */
+
+static void test_rowwise(void) {
+    int V = 300, H = 200, T = 157;
+    int32_t tok[157];
+    for (int t = 0; t < T; t++) tok[t] = (int32_t)ff_rng_below(&rng, (uint64_t)V);
+    tok[3] = tok[4] = tok[5] = tok[90];
+    tok[7] = tok[20] = -1;
+    dual dtok = dual_i32(tok, (size_t)T), table = dual_rand((size_t)V * H, 1), out = dual_rand((size_t)T * H, 1);
+    BOTH(ff_embedding_fwd(S, P(dtok), P(table), P(out), T, H));
+    cmp_all("embedding_fwd", out, 0, 0); /* a copy: exact */
+    dual dtab = dual_rand((size_t)V * H, 1);
+    BOTH(ff_embedding_bwd(S, P(dtok), P(out), P(dtab), T, H));
+    cmp_all("embedding_bwd (+=)", dtab, 1e-6, 1e-6);
+
+    /* RMSNorm forward and backward */
+    dual x = dual_rand((size_t)T * H, 2), w = dual_rand((size_t)H, 1), y = dual_new(NULL, (size_t)T * H * 4);
+    dual rstd = dual_new(NULL, (size_t)T * 4);
+    BOTH(ff_rmsnorm_fwd(S, P(x), P(w), P(y), P(rstd), T, H, 1e-5f));
+    cmp_all("rmsnorm_fwd out", y, 1e-6, 1e-5);
+    cmp_all("rmsnorm_fwd rstd", rstd, 1e-6, 1e-5);
+    dual dy = dual_rand((size_t)T * H, 1), dx = dual_rand((size_t)T * H, 1), dw = dual_rand((size_t)H, 1);
+    BOTH(ff_rmsnorm_bwd(S, P(x), P(w), P(rstd), P(dy), P(dx), P(dw), T, H));
+    cmp_all("rmsnorm_bwd dx (+=)", dx, 1e-6, 1e-5);
+    cmp_all("rmsnorm_bwd dw (+=)", dw, 1e-5, 1e-5);
+
+    /* RoPE forward then backward on a column block (ld wider than the heads) */
+    int nh = 3, D = 24, ld = nh * D + 10, maxpos = 400;
+    int32_t pos[157];
+    for (int t = 0; t < T; t++) pos[t] = (int32_t)ff_rng_below(&rng, (uint64_t)maxpos);
+    float *cs = malloc((size_t)maxpos * D / 2 * 4), *sn = malloc((size_t)maxpos * D / 2 * 4);
+    for (int p = 0; p < maxpos; p++)
+        for (int i = 0; i < D / 2; i++) {
+            double a = p * pow(10000.0, -2.0 * i / D);
+            cs[p * D / 2 + i] = (float)cos(a);
+            sn[p * D / 2 + i] = (float)sin(a);
+        }
+    dual dpos = dual_i32(pos, (size_t)T), dcs = dual_new(cs, (size_t)maxpos * D / 2 * 4);
+    dual dsn = dual_new(sn, (size_t)maxpos * D / 2 * 4), xr = dual_rand((size_t)T * ld, 1);
+    BOTH(ff_rope_fwd(S, P(xr), ld, P(dpos), P(dcs), P(dsn), T, nh, D));
+    cmp_all("rope_fwd", xr, 1e-6, 1e-6);
+    dual dr = dual_rand((size_t)T * ld, 1);
+    BOTH(ff_rope_bwd(S, P(dr), ld, P(dpos), P(dcs), P(dsn), T, nh, D));
+    cmp_all("rope_bwd", dr, 1e-6, 1e-6);
+    free(cs);
+    free(sn);
+
+    /* bias on a column block */
+    int N = 77, ldb = 90;
+    dual xb = dual_rand((size_t)T * ldb, 1), bias = dual_rand((size_t)N, 1), db = dual_rand((size_t)N, 1);
+    BOTH(ff_bias_add(S, P(xb), ldb, P(bias), T, N));
+    cmp_all("bias_add", xb, 1e-6, 1e-6);
+    BOTH(ff_bias_bwd(S, P(xb), ldb, P(db), T, N));
+    cmp_all("bias_bwd (+=)", db, 1e-5, 1e-5);
+
+    /* SwiGLU, the backward both out of place and in place (dgu aliasing gu) */
+    int I = 150;
+    dual gu = dual_rand((size_t)T * 2 * I, 4), h = dual_new(NULL, (size_t)T * I * 4), dh = dual_rand((size_t)T * I, 1);
+    dual dgu = dual_new(NULL, (size_t)T * 2 * I * 4);
+    BOTH(ff_swiglu_fwd(S, P(gu), P(h), T, I));
+    cmp_all("swiglu_fwd", h, 1e-5, 1e-5); /* the CPU's fast exp: about 1e-6 relative */
+    BOTH(ff_swiglu_bwd(S, P(gu), P(dh), P(dgu), T, I));
+    cmp_all("swiglu_bwd", dgu, 1e-5, 1e-5);
+    BOTH(ff_swiglu_bwd(S, P(gu), P(dh), P(gu), T, I));
+    cmp_all("swiglu_bwd in place", gu, 1e-5, 1e-5);
+
+    /* rows */
+    int32_t rows[40];
+    for (int r = 0; r < 40; r++) rows[r] = (int32_t)((r * 7) % 50); /* distinct targets for scatter */
+    dual drows = dual_i32(rows, 40), src = dual_rand((size_t)40 * ldb, 1), dst = dual_rand((size_t)50 * N, 1);
+    BOTH(ff_scatter_rows(S, P(src), ldb, P(dst), P(drows), 40, N));
+    cmp_all("scatter_rows", dst, 0, 0);
+    dual g = dual_rand((size_t)40 * N, 1);
+    BOTH(ff_gather_rows(S, P(dst), P(drows), P(g), 40, N));
+    cmp_all("gather_rows", g, 0, 0);
+
+    dual *all[] = {&dtok, &table, &out, &dtab, &x, &w, &y, &rstd, &dy, &dx, &dw, &dpos, &dcs, &dsn, &xr, &dr,
+                   &xb, &bias, &db, &gu, &h, &dh, &dgu, &drows, &src, &dst, &g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
+}
+
+/* ---- attention ------------------------------------------------------------------------------------ */
+
+static void test_attention_case(const int32_t *lens, int S_, int Hq, int Hkv, int D) {
+    int32_t ss[16];
+    ss[0] = 0;
+    for (int s = 0; s < S_; s++) ss[s + 1] = ss[s] + lens[s];
+    int T = ss[S_], W = (Hq + 2 * Hkv) * D, ld = W + 6, HD = Hq * D;
+    char what[128];
+    dual qkv = dual_rand((size_t)T * ld, 1.5f), dss = dual_i32(ss, (size_t)S_ + 1);
+    dual out = dual_new(NULL, (size_t)T * HD * 4), lse = dual_new(NULL, (size_t)T * Hq * 4);
+    BOTH(ff_attention_fwd(S, P(qkv), ld, P(dss), S_, T, Hq, Hkv, D, P(out), P(lse)));
+    snprintf(what, sizeof what, "attention_fwd out T=%d Hq=%d Hkv=%d D=%d", T, Hq, Hkv, D);
+    cmp_all(what, out, 1e-5, 1e-4);
+    snprintf(what, sizeof what, "attention_fwd lse T=%d Hq=%d Hkv=%d D=%d", T, Hq, Hkv, D);
+    cmp_all(what, lse, 1e-5, 1e-5);
+    dual dout = dual_rand((size_t)T * HD, 1), delta = dual_new(NULL, (size_t)T * Hq * 4);
+    dual dqkv = dual_rand((size_t)T * ld, 1); /* the ld padding must stay as it is on both */
+    BOTH(ff_attention_bwd(S, P(qkv), ld, P(dss), ss, S_, T, Hq, Hkv, D, P(out), P(lse), P(dout), P(delta), P(dqkv)));
+    snprintf(what, sizeof what, "attention_bwd dqkv T=%d Hq=%d Hkv=%d D=%d", T, Hq, Hkv, D);
+    cmp_all(what, dqkv, 1e-5, 2e-4);
+    dual_free(&qkv), dual_free(&dss), dual_free(&out), dual_free(&lse), dual_free(&dout), dual_free(&delta);
+    dual_free(&dqkv);
+}
+
+static void test_attention(void) {
+    int32_t a[] = {37, 0, 70, 1, 100};
+    test_attention_case(a, 5, 4, 2, 16);
+    int32_t b[] = {130, 3};
+    test_attention_case(b, 2, 2, 1, 64);
+    int32_t c[] = {45, 64};
+    test_attention_case(c, 2, 3, 3, 80); /* head_dim not a multiple of 32 */
+    int32_t d[] = {33};
+    test_attention_case(d, 1, 2, 1, 128);
+
+    /* against a KV cache: rows of 3 slots of 60, queries at various lengths */
+    int Hq = 6, Hkv = 2, D = 40, rows = 180, T = 7;
+    int32_t row0[7] = {0, 0, 60, 60, 120, 120, 120}, nk[7] = {1, 17, 33, 60, 2, 32, 59};
+    dual q = dual_rand((size_t)T * (Hq * D + 8), 1), kc = dual_rand((size_t)rows * Hkv * D, 1);
+    dual vc = dual_rand((size_t)rows * Hkv * D, 1), dr0 = dual_i32(row0, 7), dnk = dual_i32(nk, 7);
+    dual o = dual_new(NULL, (size_t)T * Hq * D * 4);
+    BOTH(ff_attention_cached(S, P(q), Hq * D + 8, P(kc), P(vc), P(dr0), P(dnk), T, Hq, Hkv, D, P(o)));
+    cmp_all("attention_cached", o, 1e-5, 1e-4);
+    dual_free(&q), dual_free(&kc), dual_free(&vc), dual_free(&dr0), dual_free(&dnk), dual_free(&o);
+}
+
+/* ---- logits and sampling --------------------------------------------------------------------------- */
+
+static void test_logits(void) {
+    int T = 23, V = 5003;
+    int32_t tg[23];
+    for (int t = 0; t < T; t++) tg[t] = (int32_t)ff_rng_below(&rng, (uint64_t)V);
+    tg[2] = -1;
+    tg[9] = -2;
+    dual z = dual_rand((size_t)T * V, 6), dt = dual_i32(tg, (size_t)T);
+    dual lp = dual_new(NULL, (size_t)T * 4), ent = dual_new(NULL, (size_t)T * 4), lse = dual_new(NULL, (size_t)T * 4);
+    BOTH(ff_logprob_fwd(S, P(z), P(dt), 0.7f, T, V, P(lp), P(ent), P(lse)));
+    cmp_all("logprob_fwd logprob", lp, 1e-4, 1e-5);
+    cmp_all("logprob_fwd entropy", ent, 1e-4, 1e-5);
+    cmp_all("logprob_fwd lse", lse, 1e-4, 1e-5);
+    dual lse2 = dual_new(NULL, (size_t)T * 4);
+    ff_dptr none = {0};
+    BOTH(ff_logprob_fwd(S, P(z), none, 1.0f, T, V, none, none, P(lse2))); /* no targets, lse only */
+    cmp_all("logprob_fwd lse only", lse2, 1e-4, 1e-5);
+    dual dlp = dual_rand((size_t)T, 1), dent = dual_rand((size_t)T, 1);
+    BOTH(ff_logprob_bwd(S, P(z), P(dt), 0.7f, T, V, P(lse), P(dlp), P(dent), P(ent)));
+    cmp_all("logprob_bwd (logprob and entropy)", z, 1e-6, 1e-4);
+    dual z2 = dual_rand((size_t)T * V, 6);
+    BOTH(ff_logprob_fwd(S, P(z2), P(dt), 1.0f, T, V, P(lp), none, P(lse)));
+    BOTH(ff_logprob_bwd(S, P(z2), P(dt), 1.0f, T, V, P(lse), P(dlp), none, none));
+    cmp_all("logprob_bwd (logprob only)", z2, 1e-6, 1e-4);
+    dual_free(&z), dual_free(&dt), dual_free(&lp), dual_free(&ent), dual_free(&lse), dual_free(&lse2);
+    dual_free(&dlp), dual_free(&dent), dual_free(&z2);
+
+    /* sampling: greedy, plain temperature, top-k, top-p, both, each logprob mode */
+    enum { B = 12 };
+    int Vs = 3001;
+    ff_sample_params sp[B];
+    for (int b = 0; b < B; b++) {
+        sp[b] = (ff_sample_params){.temperature = 1.0f, .top_p = 1.0f, .top_k = 0, .logprob_mode = b % 3,
+                                   .uniform = (float)ff_rng_uniform(&rng)};
+        if (b < 2) sp[b].temperature = 0.0f;
+        if (b >= 4) sp[b].temperature = 0.8f;
+        if (b >= 5 && b < 7) sp[b].top_k = 7 + b;
+        if (b >= 7 && b < 9) sp[b].top_p = 0.6f;
+        if (b >= 9) sp[b].top_k = 50, sp[b].top_p = 0.9f;
+    }
+    dual logits = dual_rand((size_t)B * Vs, 4), params = dual_new(sp, sizeof sp);
+    dual ws = dual_new(NULL, (size_t)B * Vs * 8), tok = dual_new(NULL, B * 4), slp = dual_new(NULL, B * 4);
+    BOTH(ff_sample(S, P(logits), B, Vs, P(params), P(ws), P(tok), P(slp)));
+    int32_t tc[B], tgpu[B];
+    ff_memcpy_d2h(cst, tc, tok.c, sizeof tc);
+    ff_memcpy_d2h(gst, tgpu, tok.g, sizeof tgpu);
+    for (int b = 0; b < B; b++)
+        if (tc[b] != tgpu[b]) {
+            fprintf(stderr, "sample row %d (temp %g top_k %d top_p %g): cuda picked %d, cpu %d\n", b,
+                    (double)sp[b].temperature, sp[b].top_k, (double)sp[b].top_p, tgpu[b], tc[b]);
+            ff_test_failures++;
+        }
+    cmp_all("sample logprob", slp, 1e-4, 1e-5);
+    dual_free(&logits), dual_free(&params), dual_free(&ws), dual_free(&tok), dual_free(&slp);
+}
+
+/* ---- vectors, the optimizer, streams --------------------------------------------------------------- */
+
+static void test_vectors(void) {
+    int64_t n = 1000003;
+    dual y = dual_rand((size_t)n, 1), x = dual_rand((size_t)n, 1);
+    BOTH(ff_add(S, P(y), P(x), n));
+    cmp_all("add", y, 1e-7, 0);
+    BOTH(ff_scale(S, P(y), n, -0.37f));
+    cmp_all("scale", y, 1e-7, 0);
+    double sc = ff_sumsq(cst, y.c, n), sg = ff_sumsq(gst, y.g, n);
+    CHECK_CLOSE(sg, sc, 0, 1e-5); /* double partial sums on the GPU, float blocks of 4096 on the CPU */
+    CHECK(ff_sumsq(gst, y.g, 0) == 0.0);
+    dual p = dual_rand((size_t)n, 1), m = dual_rand((size_t)n, 0.01f), v = dual_rand((size_t)n, 0.01f);
+    BOTH(ff_scale(S, P(v), n, 0.0f)); /* v >= 0: zero, then one step makes it g^2-positive */
+    for (int step = 1; step <= 3; step++) {
+        float bc1 = 1.0f - powf(0.9f, (float)step), bc2 = 1.0f - powf(0.999f, (float)step);
+        BOTH(ff_adamw(S, P(p), P(x), P(m), P(v), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, bc1, bc2, 0.5f));
+    }
+    cmp_all("adamw param", p, 1e-6, 1e-6);
+    cmp_all("adamw exp_avg", m, 1e-7, 1e-6);
+    cmp_all("adamw exp_avg_sq", v, 1e-9, 1e-6);
+    dual_free(&y), dual_free(&x), dual_free(&p), dual_free(&m), dual_free(&v);
+
+    /* copies on the device: overlapping d2d has memmove semantics */
+    int32_t host[1000], back[1000];
+    for (int i = 0; i < 1000; i++) host[i] = i;
+    dual a = dual_i32(host, 1000);
+    BOTH(ff_memcpy_d2d(S, ff_dptr_add(P(a), 10, 4), P(a), 900 * 4));
+    BOTH(ff_memset_zero(S, ff_dptr_add(P(a), 950, 4), 50 * 4));
+    ff_memcpy_d2h(gst, back, a.g, sizeof back);
+    CHECK(back[9] == 9 && back[10] == 0 && back[909] == 899 && back[910] == 910 && back[949] == 949 && back[950] == 0);
+    cmp_all("d2d overlapping, memset", a, 0, 0);
+    dual_free(&a);
+
+    /* a second stream runs and syncs by itself */
+    ff_stream *s2 = ff_stream_new(gpu);
+    REQUIRE(s2 && ff_stream_backend(s2) == gpu);
+    ff_buffer *b = ff_buffer_new(gpu, 4096);
+    REQUIRE(b);
+    int32_t z[1024];
+    ff_memcpy_d2h(s2, z, ff_dptr_of(b, 0), sizeof z);
+    int zero = 1;
+    for (int i = 0; i < 1024; i++) zero &= z[i] == 0;
+    CHECK(zero); /* new buffers are zero-filled */
+    ff_memcpy_h2d(s2, ff_dptr_of(b, 0), host, 4000);
+    CHECK(ff_stream_sync(s2) == 0);
+    ff_memcpy_d2h(s2, z, ff_dptr_of(b, 0), 4000);
+    CHECK(memcmp(z, host, 4000) == 0);
+    ff_buffer_destroy(&b);
+    ff_stream_destroy(&s2);
+
+    /* out of memory is an error, not a crash */
+    CHECK(ff_buffer_new(gpu, (size_t)1 << 50) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "out of device memory");
+}
+
+int main(void) {
+    ff_backend *probe = ff_backend_new("cuda");
+    if (!probe) {
+        const char *msg = ff_error_message();
+        if (strstr(msg, "no CUDA device")) SKIP("no CUDA device (%s)", msg);
+        fprintf(stderr, "the cuda backend failed for another reason than a missing device: %s\n", msg);
+        return 1;
+    }
+    ff_backend_destroy(&probe);
+    ff_rng_seed(&rng, 7);
+    cpu = ff_backend_cpu_new(2);
+    setenv("FF_CUDA_MATH", "fp32", 1); /* the kernels other than gemm do not depend on it */
+    gpu = ff_backend_new("cuda:0");
+    REQUIRE(cpu && gpu);
+    CHECK(!strcmp(ff_backend_name(gpu), "cuda:0"));
+    cst = ff_backend_stream(cpu);
+    gst = ff_backend_stream(gpu);
+
+    test_gemm_on(gpu, "fp32", 1e-5);
+    setenv("FF_CUDA_MATH", "tf32", 1);
+    ff_backend *g_tf32 = ff_backend_new("cuda");
+    setenv("FF_CUDA_MATH", "bf16", 1);
+    ff_backend *g_bf16 = ff_backend_new("cuda");
+    unsetenv("FF_CUDA_MATH");
+    REQUIRE(g_tf32 && g_bf16);
+    test_gemm_on(g_tf32, "tf32", 5e-3);  /* 10-bit mantissa inputs, fp32 sums: ~1e-3 relative at K 512 */
+    test_gemm_on(g_bf16, "bf16", 2.5e-2); /* 8-bit mantissa inputs */
+    ff_backend_destroy(&g_tf32);
+    ff_backend_destroy(&g_bf16);
+    setenv("FF_CUDA_MATH", "int4", 1);
+    CHECK(ff_backend_new("cuda") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "FF_CUDA_MATH");
+    unsetenv("FF_CUDA_MATH");
+    CHECK(ff_backend_new("cuda:4095") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "requested but");
+
+    test_rowwise();
+    test_attention();
+    test_logits();
+    test_vectors();
+    CHECK(ff_stream_sync(gst) == 0);
+
+    ff_backend_destroy(&gpu);
+    ff_backend_destroy(&cpu);
+    TEST_MAIN_END();
+}
+#endif

@@ -1,0 +1,204 @@
+/* The model on the CUDA backend against the same model on the CPU backend (the reference):
+ * a tiny Llama-shaped model with biases, GQA and an untied head, the same random weights on
+ * both. Checks: a packed forward's log-probs and entropy (fp32 gemm: 2e-4; TF32, the
+ * default: 3e-2, 10-bit mantissa inputs), a critic's values, one SFT training step (loss,
+ * gradient norm, every gradient, the parameters after AdamW), and generation: KV-cache
+ * decoding's log-probs against a full forward over prompt + response on the GPU, and greedy
+ * tokens equal to the CPU's (fp32 gemm, where near-ties cannot flip).
+ *
+ * Needs a GPU: exits 77 (SKIPPED, saying why) without CUDA in the build or without a
+ * device; tests/kernels/test_cuda_skip.sh checks that path here. */
+#include "tests/model/model_test_util.h"
+
+#ifndef FF_HAVE_CUDA
+int main(void) {
+    (void)ff_test_failures;
+    SKIP("cuda model test: fuseflow was built without CUDA (no CUDA toolkit at configure time, or FF_CUDA=OFF)");
+}
+#else
+
+#include "fuseflow/error.h"
+
+/* A packed batch of three sequences (one of length 1), tokens from a fixed pattern. */
+enum { NS = 3, NT = 61 };
+static const int32_t seq_start[NS + 1] = {0, 27, 28, NT};
+static int32_t tokens[NT], targets[NT];
+
+static void forward_both(ff_model *mc, ff_model *mg, bool train, float temp, const char *what, double tol) {
+    float lpc[NT], lpg[NT], ec[NT], eg[NT];
+    ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
+    ff_forward_opts o = {.train = train, .temperature = temp};
+    ff_forward_out oc = {.logprobs = lpc, .entropy = ec}, og = {.logprobs = lpg, .entropy = eg};
+    REQUIRE(ff_model_forward(mc, &b, &o, &oc) == 0);
+    if (ff_model_forward(mg, &b, &o, &og)) {
+        fprintf(stderr, "%s: cuda forward failed: %s\n", what, ff_error_message());
+        ff_test_failures++;
+        return;
+    }
+    char w[128];
+    snprintf(w, sizeof w, "%s log-probs", what);
+    check_tensor_close(w, lpg, lpc, NT, tol, 0);
+    snprintf(w, sizeof w, "%s entropy", what);
+    check_tensor_close(w, eg, ec, NT, tol, 0);
+}
+
+/* One SFT step on both: loss, gradient norm, gradients, updated parameters. */
+static void train_step_both(ff_model *mc, ff_model *mg, double tol) {
+    float lpc[NT], lpg[NT], dc[NT], dg[NT], mask[NT];
+    for (int t = 0; t < NT; t++) mask[t] = targets[t] >= 0 ? 1.0f : 0.0f;
+    ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
+    ff_forward_opts o = {.train = true};
+    ff_forward_out oc = {.logprobs = lpc}, og = {.logprobs = lpg};
+    REQUIRE(ff_model_forward(mc, &b, &o, &oc) == 0 && ff_model_forward(mg, &b, &o, &og) == 0);
+    double lc = ff_sft_loss(lpc, mask, NT, 1.0f / NT, dc), lg = ff_sft_loss(lpg, mask, NT, 1.0f / NT, dg);
+    CHECK_CLOSE(lg, lc, tol, 0);
+    REQUIRE(ff_model_zero_grad(mc) == 0 && ff_model_zero_grad(mg) == 0);
+    REQUIRE(ff_model_backward(mc, dc, NULL, NULL) == 0);
+    if (ff_model_backward(mg, dg, NULL, NULL)) {
+        fprintf(stderr, "cuda backward failed: %s\n", ff_error_message());
+        ff_test_failures++;
+        return;
+    }
+    int64_t n = ff_model_param_count(mc);
+    float *gc = malloc((size_t)n * 4), *gg = malloc((size_t)n * 4);
+    REQUIRE(ff_model_read_grads(mc, gc) == 0 && ff_model_read_grads(mg, gg) == 0);
+    check_tensor_close("gradients (flat buffer)", gg, gc, n, tol * 1e-2, 20 * tol);
+    ff_adamw_config ac;
+    ff_adamw_config_default(&ac);
+    ac.lr = 1e-3;
+    ac.max_grad_norm = 0.5;
+    ff_optimizer *oc_ = ff_optimizer_new(mc, &ac), *og_ = ff_optimizer_new(mg, &ac);
+    REQUIRE(oc_ && og_);
+    ff_optim_stats sc, sg;
+    REQUIRE(ff_optimizer_step(oc_, &sc) == 0);
+    CHECK(ff_optimizer_step(og_, &sg) == 0);
+    CHECK_CLOSE(sg.grad_norm, sc.grad_norm, 0, 20 * tol);
+    CHECK(sg.clipped == sc.clipped);
+    ff_model_read_params(mc, gc);
+    ff_model_read_params(mg, gg);
+    check_tensor_close("parameters after one AdamW step", gg, gc, n, 1e-5 + tol * 1e-2, 0);
+    ff_optimizer_destroy(&oc_);
+    ff_optimizer_destroy(&og_);
+    free(gc);
+    free(gg);
+}
+
+static ff_gen_request req(uint64_t id, const int32_t *prompt, int32_t n, float temp, int32_t max_new, uint64_t seed) {
+    ff_gen_request r;
+    memset(&r, 0, sizeof r);
+    r.id = id;
+    r.prompt = prompt;
+    r.prompt_len = n;
+    r.n_samples = 2;
+    ff_sampling_default(&r.sampling);
+    r.sampling.temperature = temp;
+    r.sampling.max_new_tokens = max_new;
+    r.seed = seed;
+    return r;
+}
+
+/* KV-cache decoding on the GPU against a full GPU forward; greedy tokens against the CPU's. */
+static void test_generation(ff_model *mc, ff_model *mg) {
+    int32_t p0[] = {3, 1, 4, 1, 5}, p1[] = {9};
+    ff_gen_request r[2] = {req(1, p0, 5, 0.0f, 24, 1), req(2, p1, 1, 1.0f, 24, 2)};
+    r[1].sampling.top_k = 20;
+    r[1].sampling.top_p = 0.9f;
+    ff_generator_config gc = {.max_slots = 4, .max_seq_len = 64, .max_prefill_tokens = 16};
+    ff_gen_output *og = NULL, *oc = NULL;
+    int32_t ng = 0, nc = 0;
+    if (ff_model_generate(mg, &gc, r, 2, &og, &ng)) {
+        fprintf(stderr, "cuda generate failed: %s\n", ff_error_message());
+        ff_test_failures++;
+        return;
+    }
+    REQUIRE(ff_model_generate(mc, &gc, r, 2, &oc, &nc) == 0);
+    CHECK_EQ_INT(ng, 4);
+    for (int i = 0; i < ng && i < nc; i++) {
+        ff_gen_output *g = &og[i];
+        const ff_gen_request *rq = &r[i / 2];
+        int32_t T = rq->prompt_len + g->n_tokens, ss[2] = {0, T};
+        int32_t *tok = malloc((size_t)T * 4), *tg = malloc((size_t)T * 4);
+        float *lp = malloc((size_t)T * 4);
+        memcpy(tok, rq->prompt, (size_t)rq->prompt_len * 4);
+        memcpy(tok + rq->prompt_len, g->tokens, (size_t)g->n_tokens * 4);
+        ff_batch_shift_targets(tok, ss, 1, tg);
+        ff_batch b = {.n_tokens = T, .n_seqs = 1, .tokens = tok, .seq_start = ss, .targets = tg};
+        ff_forward_opts fo = {0};
+        ff_forward_out out = {.logprobs = lp};
+        REQUIRE(ff_model_forward(mg, &b, &fo, &out) == 0);
+        char what[96];
+        snprintf(what, sizeof what, "request %d sample %d: cached vs full log-probs (cuda)", i / 2, i % 2);
+        check_tensor_close(what, g->logprobs, lp + rq->prompt_len - 1, g->n_tokens, 2e-4, 0);
+        if (rq->sampling.temperature == 0.0f) {
+            CHECK_EQ_INT(g->n_tokens, oc[i].n_tokens);
+            CHECK(g->n_tokens == oc[i].n_tokens && !memcmp(g->tokens, oc[i].tokens, (size_t)g->n_tokens * 4));
+        }
+        free(tok), free(tg), free(lp);
+    }
+    for (int i = 0; i < ng; i++) ff_gen_output_free(&og[i]);
+    for (int i = 0; i < nc; i++) ff_gen_output_free(&oc[i]);
+    free(og);
+    free(oc);
+}
+
+int main(void) {
+    ff_backend *probe = ff_backend_new("cuda");
+    if (!probe) {
+        const char *msg = ff_error_message();
+        if (strstr(msg, "no CUDA device")) SKIP("no CUDA device (%s)", msg);
+        fprintf(stderr, "the cuda backend failed for another reason than a missing device: %s\n", msg);
+        return 1;
+    }
+    ff_backend_destroy(&probe);
+    for (int t = 0; t < NT; t++) tokens[t] = (int32_t)((t * 37 + 11) % 97);
+    ff_batch_shift_targets(tokens, seq_start, NS, targets);
+
+    ff_backend *cpu = ff_backend_cpu_new(2);
+    setenv("FF_CUDA_MATH", "fp32", 1);
+    ff_backend *g32 = ff_backend_new("cuda");
+    unsetenv("FF_CUDA_MATH");
+    ff_backend *gtf = ff_backend_new("cuda");
+    REQUIRE(cpu && g32 && gtf);
+
+    ff_model_config c = tiny_config(97, 64, 160, 2, 4, 2, false, true, false);
+    ff_model *mc = tiny_model(cpu, &c, 5, 0.1), *m32 = tiny_model(g32, &c, 5, 0.1), *mtf = tiny_model(gtf, &c, 5, 0.1);
+    forward_both(mc, m32, false, 1.0f, "forward fp32", 2e-4);
+    forward_both(mc, m32, false, 0.7f, "forward fp32 temperature 0.7", 2e-4);
+    forward_both(mc, mtf, false, 1.0f, "forward tf32", 3e-2);
+    train_step_both(mc, m32, 2e-4);
+    ff_model_destroy(&mc);
+    ff_model_destroy(&m32);
+    ff_model_destroy(&mtf);
+
+    /* generation on an inference model (no gradients, as `fuseflow generate` makes it) */
+    ff_tensor_set *w = ff_tensor_set_new();
+    REQUIRE(w && ff_model_init_weights(&c, 9, 0.2, w) == 0);
+    ff_model_opts inf = {.inference = true};
+    mc = ff_model_new_opts(cpu, &c, w, &inf);
+    ff_model *mg = ff_model_new_opts(g32, &c, w, &inf);
+    REQUIRE(mc && mg);
+    test_generation(mc, mg);
+    ff_model_destroy(&mc);
+    ff_model_destroy(&mg);
+    ff_tensor_set_destroy(&w);
+
+    /* a critic: values from the value head */
+    ff_model_config cv = tiny_config(97, 64, 160, 2, 4, 4, true, false, true);
+    mc = tiny_model(cpu, &cv, 6, 0.1);
+    mg = tiny_model(g32, &cv, 6, 0.1);
+    float vc[NT], vg[NT];
+    ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
+    ff_forward_opts fo = {0};
+    ff_forward_out oc = {.values = vc}, og = {.values = vg};
+    REQUIRE(ff_model_forward(mc, &b, &fo, &oc) == 0);
+    CHECK(ff_model_forward(mg, &b, &fo, &og) == 0);
+    check_tensor_close("critic values", vg, vc, NT, 1e-4, 1e-4);
+    ff_model_destroy(&mc);
+    ff_model_destroy(&mg);
+
+    ff_backend_destroy(&g32);
+    ff_backend_destroy(&gtf);
+    ff_backend_destroy(&cpu);
+    TEST_MAIN_END();
+}
+#endif
