@@ -172,7 +172,9 @@ struct ex_run {
     int pool_n[POOL_COUNT];
     bool gen_separate;
     bool gen_relaid; /* the generating copy on the actor's workers in a layout of its own (weights
-                        synced by broadcasts inside the actor's group) */
+                        resharded inside the actor's group) */
+    bool gen_hybrid; /* ... placed by HybridFlow's mapping (tg | t, pg | p): each rank's generation
+                        shard contains its training shard; the gather stays in micro-DP groups */
     bool sync_group; /* a "sync" group (the actor's replica 0 + generation ranks) with a communicator */
     ex_layout lay[POOL_COUNT];
     int rank_pool[EX_MAX_RANKS]; /* the pool that owns each rank (the others share it) */

@@ -14,9 +14,11 @@
  * which is what the all-reduces need.
  *
  * Weight sync: rl.sync on every actor rank (colocated generation in the actor's layout: a local
- * copy), or broadcasts from the actor's replica 0 (each stage's TP rank 0 sends its tensors)
- * inside the "sync" group (a generation pool of its own) or the actor's group (a generation
- * layout of its own on the actor's workers); the weights never pass through the controller.
+ * copy), or resharding (ff_reshard, fuseflow/reshard.h): each generation rank receives only
+ * the pieces of its shard it lacks, from training ranks that hold them, inside the actor's
+ * group (a generation layout of its own on the actor's workers: HybridFlow's micro-DP groups
+ * when the layouts nest) or the "sync" group (a generation pool of its own, fed by the
+ * actor's replica 0); the weights never pass through the controller.
  *
  * Not here: the iteration loop (exec_iter.c). */
 #include <inttypes.h>
@@ -294,10 +296,11 @@ int ex_sync_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
         return -1;
     }
     j->tasks[0] = t->id;
-    const bool bcast = x->gen_separate || x->gen_relaid;
-    ff_arg a = ff_arg_str("mode", bcast ? "bcast" : "local");
+    const bool reshard = x->gen_separate || x->gen_relaid;
+    ff_arg a = ff_arg_str("mode", reshard ? "reshard" : "local");
     char label[128];
-    snprintf(label, sizeof label, "%s (%s)", node_of(x, t->node)->name, bcast ? "broadcast" : "local copy");
+    snprintf(label, sizeof label, "%s (%s)", node_of(x, t->node)->name,
+             !reshard ? "local copy" : x->gen_hybrid ? "micro-DP gather" : x->gen_separate ? "to the generation pool" : "reshard");
     int nafter;
     const uint64_t *after = ex_trace_deps(x, t->node, NULL, 0, POOL_ACTOR, NULL, 0, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_SYNC, .target = FF_TARGET_GROUP,

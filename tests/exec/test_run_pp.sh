@@ -3,7 +3,7 @@
 # tiny SFT model of test_run_tp.sh (2 layers, vocabulary 260):
 #   - PPO with the actor, critic and ref at PP 2 on 2 workers (1F1B over the micro-batches of
 #     each step, log-probs and values pipelined forward-only), generating in a layout of its own
-#     on the same workers (DP 2, the weights broadcast stage by stage after each update), and
+#     on the same workers (DP 2, each rank receiving the other stage's layers after each update), and
 #     at TP 2 x PP 2 on 4 workers (generation at TP 2 x DP 2), also with sequence
 #     parallelism, GPipe, and interleaved 1F1B (a 4-layer model), sample the same
 #     responses as on 1 worker for 3 iterations with float metrics within 1e-6 + 1% (the
@@ -139,36 +139,36 @@ grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[2\]" "$work/gpp2.log" || fail "
 same_samples "$work/g1" "$work/gpp2" "GRPO at PP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/gpp2/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at PP 2 does not train like one worker"
 # training at TP 2 x PP 2, generating at TP 1 (DP 4) on the same 4 workers (HybridFlow's
-# case; the weights by the full gather, not yet zero-redundancy resharding)
+# case: each rank gathers the rest of the model inside its micro-DP group of all 4)
 grpo "$work/ghy" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=1
 grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\], ref" "$work/ghy.log" || fail "not at TP 2 x PP 2 generating at DP 4: $(head -1 "$work/ghy.log")"
 same_samples "$work/g1" "$work/ghy" "GRPO at TP 2 x PP 2 generating at DP 4"
 same_metrics "$work/g1/metrics.jsonl" "$work/ghy/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at TP 2 x PP 2 generating at DP 4 does not train like one worker"
-# and generation at PP 2 on a pool of its own (the weights broadcast into its stages)
+# and generation at PP 2 on a pool of its own (each stage receives its layers from the actor)
 grpo "$work/ggen" roles.actor.workers=1 roles.actor.rollout.workers=2 roles.actor.rollout.layout.pp=2
 grep -q "actor \[0\], gen \[1 2\] tp 1 x pp 2 x dp 1" "$work/ggen.log" || fail "generation is not at PP 2 apart: $(head -1 "$work/ggen.log")"
 same_samples "$work/g1" "$work/ggen" "GRPO generating at PP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/ggen/metrics.jsonl" 1e-6 1e-2 || fail "GRPO generating at PP 2 does not train like one worker"
 
-# the weight sync's bytes (metrics "weight_sync"): a local copy moves none; from PP 2 to
-# generation at DP 2 on the same 2 workers each tensor goes from its stage to the other rank
-# (M in all: the whole model's bytes, the generation copy's); to a generation pool of one
-# worker of its own each goes to the other stage and the generation rank (2 M, M at most)
-python3 - "$work" <<'PY' || fail "the weight sync's bytes are not the full gather's"
+# the weight sync's bytes (metrics "weight_sync") against the formula, per rank from the
+# memory report: a local copy moves none; a generation copy on the actor's workers receives its
+# shard minus the training shard it holds (gen - actor params bytes: TP 2 x PP 2 -> TP 1 and
+# -> TP 2 in HybridFlow's micro-DP groups, PP 2 -> DP 2), one on a pool of its own its whole
+# shard (gen params bytes), and no rank receives a byte it holds
+python3 - "$work" <<'PY' || fail "the weight sync's bytes are not the formula's"
 import json, sys
 def lines(run): return [json.loads(l) for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl")]
-def whole(run):  # the generation copy's weights (a whole model at TP 1, PP 1)
+for run in ["one", "pp2", "tp2pp2", "ghy", "gpp2", "ggen"]:
     mem = next(l["memory"] for l in lines(run) if "memory" in l)
-    return max(r["roles"]["gen"]["params_bytes"] for r in mem if "gen" in r["roles"])
-for run, total, most in [("one", lambda M: 0, lambda M: 0), ("pp2", lambda M: M, None), ("gpp2", lambda M: 2 * M, lambda M: M)]:
-    M = whole(run)
+    want = [r["roles"]["gen"]["params_bytes"] - r["roles"].get("actor", {"params_bytes": 0})["params_bytes"]
+            for r in mem if "gen" in r["roles"]]
+    if run == "one": want = [0]
     syncs = [l["weight_sync"] for l in lines(run) if "samples" in l]
-    assert len(syncs) == 3 and M > 0, (run, syncs, M)
+    assert len(syncs) == 3 and all(w > 0 for w in want) == (run != "one"), (run, syncs, want)
     for w in syncs:
-        assert w["bytes"] == total(M), (run, w, M)
-        assert (w["bytes_max_rank"] == most(M)) if most else (0 < w["bytes_max_rank"] < M), (run, w, M)
+        assert w["bytes"] == sum(want) and w["bytes_max_rank"] == max(want), (run, w, want)
         assert w["time_s"] > 0, (run, w)  # the ranks' subtasks, start to end
-print("weight sync bytes: PP 2 -> DP 2 on the same workers moves the whole model once per sync")
+    print(f"weight sync {run}: {syncs[0]['bytes']} B in all, {syncs[0]['bytes_max_rank']} B at most on a rank, formula per rank {want}")
 PY
 
 # refused before any worker starts
