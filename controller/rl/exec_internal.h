@@ -314,5 +314,8 @@ void ex_trace_span(ex_run *x, int node, const char *name, int64_t start_ns, int6
 void ex_trace_pipeline(ex_run *x, const ff_result *r, const char *node);
 /* A worker was lost (an instant, once per rank). */
 void ex_trace_lost(ex_run *x, int rank, const char *why);
+/* One weight sync on the "weight transitions" track: its ranks' span, the bytes they
+ * received in all and the most one received. */
+void ex_trace_transition(ex_run *x, const char *label, int64_t start_ns, int64_t end_ns, int64_t bytes, int64_t bytes_max);
 
 #endif

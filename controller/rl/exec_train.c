@@ -351,7 +351,7 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
         }
     x->sync_redo.pending = false;
     /* what moved: the bytes each rank received, and how long the ranks took together */
-    int64_t t0 = 0, t1 = 0;
+    int64_t t0 = 0, t1 = 0, bytes = 0, most = 0;
     for (int i = 0; i < n; i++) {
         const ff_tensor *g = ex_out_named(&r[i], FF_RL_T_RECEIVED);
         if (!g || g->dtype != FF_DTYPE_I64 || ff_tensor_numel(g) != 1) {
@@ -359,12 +359,18 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
             return;
         }
         int64_t b = *(const int64_t *)g->data;
-        I->sync_bytes += b;
-        if (b > I->sync_bytes_max) I->sync_bytes_max = b;
+        bytes += b;
+        if (b > most) most = b;
         if (r[i].start_ns && (!t0 || r[i].start_ns < t0)) t0 = r[i].start_ns;
         if (r[i].end_ns > t1) t1 = r[i].end_ns;
     }
+    I->sync_bytes += bytes;
+    if (most > I->sync_bytes_max) I->sync_bytes_max = most;
     if (t0 && t1 > t0) I->sync_ns += t1 - t0;
+    char label[96];
+    snprintf(label, sizeof label, "%s: %.2f MB received, %.2f MB at most on a rank", x->gen_hybrid ? "micro-DP gather" : "weight sync",
+             (double)bytes / 1e6, (double)most / 1e6);
+    ex_trace_transition(x, label, t0, t1, bytes, most);
     I->st[j->node].t_last_ns = ff_now_ns();
     for (int64_t k = 0; k < j->ntasks; k++)
         if (ff_sched_complete(I->s, j->tasks[k]) != 0) ex_fail(x, "scheduler: %s", ff_error_message());

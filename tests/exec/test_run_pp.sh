@@ -99,6 +99,11 @@ for o in p.values():
 m = [json.loads(l) for l in open(sys.argv[3]) if '"samples"' in l]
 assert all(0 < x["actor_pipe_bubble"] < 1 and 0 < x["critic_pipe_bubble"] < 1 for x in m), m
 print("bubble per rank:", {k: round(o["bubble"], 3) for k, o in p.items()}, "executor's:", [round(x["actor_pipe_bubble"], 3) for x in m])
+# the weight transitions: one slice per sync on their track, with the metrics' bytes
+tr = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "weight sync"]
+assert len(tr) == 3 and all(names[e["tid"]] == "weight transitions" and e["name"].startswith("micro-DP gather") for e in tr), tr
+assert [(e["args"]["bytes"], e["args"]["bytes_max_rank"]) for e in tr] == \
+    [(x["weight_sync"]["bytes"], x["weight_sync"]["bytes_max_rank"]) for x in m], (tr, m)
 PY
 
 # stopped at PP 2, resumed on one worker
