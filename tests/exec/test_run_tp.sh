@@ -99,7 +99,7 @@ same_samples "$work/g1" "$work/gen_tp2" "generation at TP 2"
 same_samples "$work/g1" "$work/train_tp2" "training at TP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/gen_tp2/metrics.jsonl" 1e-6 1e-2 || fail "generation at TP 2 does not train like TP 1"
 same_metrics "$work/g1/metrics.jsonl" "$work/train_tp2/metrics.jsonl" 1e-6 1e-2 || fail "training at TP 2 does not train like TP 1"
-# and on the same workers: training at TP 2, generation at DP 2 (the weights broadcast after each update)
+# and on the same workers: training at TP 2, generation at DP 2 (each rank receiving the other TP half after each update)
 grpo "$work/relaid" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor.rollout.layout.tp=1 roles.actor.rollout.layout.dp=2
 grep -q "actor \[0 1\] tp 2 x pp 1 x dp 1, gen \[0 1\]" "$work/relaid.log" || fail "generation is not at DP 2 beside TP 2: $(head -1 "$work/relaid.log")"
 same_samples "$work/g1" "$work/relaid" "generation at DP 2 on the TP 2 workers"
