@@ -149,6 +149,9 @@ grpo "$work/ghy" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 rol
 grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\], ref" "$work/ghy.log" || fail "not at TP 2 x PP 2 generating at DP 4: $(head -1 "$work/ghy.log")"
 same_samples "$work/g1" "$work/ghy" "GRPO at TP 2 x PP 2 generating at DP 4"
 same_metrics "$work/g1/metrics.jsonl" "$work/ghy/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at TP 2 x PP 2 generating at DP 4 does not train like one worker"
+# the same with bf16 on the wire: half the bytes (the generating copy holds rounded weights)
+grpo "$work/ghyb" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=1 \
+  roles.actor.rollout.sync_dtype=bf16
 # and generation at PP 2 on a pool of its own (each stage receives its layers from the actor)
 grpo "$work/ggen" roles.actor.workers=1 roles.actor.rollout.workers=2 roles.actor.rollout.layout.pp=2
 grep -q "actor \[0\], gen \[1 2\] tp 1 x pp 2 x dp 1" "$work/ggen.log" || fail "generation is not at PP 2 apart: $(head -1 "$work/ggen.log")"
@@ -158,14 +161,15 @@ same_metrics "$work/g1/metrics.jsonl" "$work/ggen/metrics.jsonl" 1e-6 1e-2 || fa
 # the weight sync's bytes (metrics "weight_sync") against the formula, per rank from the
 # memory report: a local copy moves none; a generation copy on the actor's workers receives its
 # shard minus the training shard it holds (gen - actor params bytes: TP 2 x PP 2 -> TP 1 and
-# -> TP 2 in HybridFlow's micro-DP groups, PP 2 -> DP 2), one on a pool of its own its whole
-# shard (gen params bytes), and no rank receives a byte it holds
+# -> TP 2 in HybridFlow's micro-DP groups, PP 2 -> DP 2; half of it in bf16), one on a pool of
+# its own its whole shard (gen params bytes), and no rank receives a byte it holds
 python3 - "$work" <<'PY' || fail "the weight sync's bytes are not the formula's"
 import json, sys
 def lines(run): return [json.loads(l) for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl")]
-for run in ["one", "pp2", "tp2pp2", "ghy", "gpp2", "ggen"]:
+for run in ["one", "pp2", "tp2pp2", "ghy", "ghyb", "gpp2", "ggen"]:
     mem = next(l["memory"] for l in lines(run) if "memory" in l)
-    want = [r["roles"]["gen"]["params_bytes"] - r["roles"].get("actor", {"params_bytes": 0})["params_bytes"]
+    wire = 2 if run == "ghyb" else 4  # bytes per parameter on the wire
+    want = [(r["roles"]["gen"]["params_bytes"] - r["roles"].get("actor", {"params_bytes": 0})["params_bytes"]) * wire // 4
             for r in mem if "gen" in r["roles"]]
     if run == "one": want = [0]
     syncs = [l["weight_sync"] for l in lines(run) if "samples" in l]
@@ -187,4 +191,11 @@ fi
 grep -qF "generation runs one chunk per stage (vpp 2)" "$work/bad.log" && grep -qF "roles.actor.rollout.layout vpp: 1" "$work/bad.log" ||
   { cat "$work/bad.log" >&2; fail "the refusal of generation at VPP 2 does not say why and what to do"; }
 [[ ! -e "$out" ]] || fail "workers started before the refusal"
+if "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=1 roles.ref.model=$S roles.actor.model=$S \
+     roles.actor.rollout.sync_dtype=fp16 --no-progress > "$work/bad2.log" 2>&1; then
+  fail "sync_dtype fp16 was not refused"
+fi
+grep -qF "sync_dtype" "$work/bad2.log" && grep -qF "bf16" "$work/bad2.log" ||
+  { cat "$work/bad2.log" >&2; fail "the refusal of sync_dtype fp16 does not name the key and its values"; }
+[[ ! -e "$out" ]] || fail "workers started before the refusal of sync_dtype"
 echo "ok"

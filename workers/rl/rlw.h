@@ -148,7 +148,8 @@ int64_t rlw_sync_received(const rlw *s);
  * (a generation layout of its own) inside the group split at rl.init (HybridFlow's micro-DP
  * group when the layouts nest, else the training replica), by a plan made at the first
  * sync; with a pool of its own inside comm (the sync group: the actor's replica 0, which
- * sends, and the generation ranks), planned at each sync (the group may have changed). */
+ * sends, and the generation ranks), planned again when the group changed. bf16 on the wire
+ * with roles.actor.rollout.sync_dtype: bf16. */
 int rlw_sync_reshard(rlw *s, ff_coll_comm *comm);
 
 /* ---- checkpoints and checks -------------------------------------------------------------- */

@@ -81,6 +81,12 @@ struct rlw {
     ff_rollout_config ro_cfg;
     ff_coll_comm *xfer;
     ff_reshard_plan *xplan;
+    /* a pool of its own: the plan of the last sync and the group it was made on (the group
+     * only ever loses dead ranks, so the same communicator of the same size has the same
+     * members) */
+    ff_reshard_plan *pplan;
+    const ff_coll_comm *pplan_comm;
+    int pplan_size;
     double *timeline; /* rlw_train_timeline: [ntimeline * 5] */
     int64_t ntimeline, timeline_cap;
     /* the layout of every role here but the generating copy's, and that copy's (glay: &lay,
@@ -210,6 +216,8 @@ static void unload(rlw *s) {
     ff_model_destroy(&s->rm);
     ff_tokenizer_destroy(&s->tok);
     ff_reshard_plan_destroy(&s->xplan);
+    ff_reshard_plan_destroy(&s->pplan);
+    s->pplan_comm = NULL;
     ff_coll_comm_destroy(&s->xfer);
     s->gen_transient = false;
     /* after the models that ran their collectives on them */
@@ -723,6 +731,9 @@ static const ff_roles_pipe *pipe_of(const rlw *s, unsigned role) {
 
 int rlw_logprob(rlw *s, unsigned role, const rlw_samples *in, int32_t micro_batch, float *logp, float *ent) {
     if (need(s, role)) return -1;
+    if (!ff_model_params_held(model_of(s, role)))
+        return ff_error_set("rl.logprob", "score with the generating copy after a weight sync, or with the actor",
+                            "the %s gave its weights back for the actor's training", role_name(role));
     float **pl = NULL, **pe = NULL;
     ff_rl_sample *v = views(in, logp, &pl, ent, &pe);
     if (!v) return -1;
@@ -848,7 +859,8 @@ int rlw_sync_local(rlw *s) {
 int rlw_sync_reshard(rlw *s, ff_coll_comm *comm) {
     s->sync_received = 0;
     /* colocated: the group split at rl.init and a plan made once; a pool of its own: the sync
-     * group (the actor's replica 0 and the live generation ranks, which may change) */
+     * group (the actor's replica 0 and the live generation ranks), planned again when it
+     * changed */
     const bool colocated = s->xfer != NULL;
     ff_coll_comm *group = colocated ? s->xfer : comm;
     if (!group) return ff_error_set("weight sync", "the executor makes a sync group with a communicator", "no communicator");
@@ -856,12 +868,16 @@ int rlw_sync_reshard(rlw *s, ff_coll_comm *comm) {
     if (!src && !dst) return need(s, FF_RL_GEN);
     if (dst && s->ro && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
     if (dst && gen_restore(s) != 0) return -1;
-    ff_reshard_plan *plan = colocated ? s->xplan : NULL;
-    if (!plan && !(plan = ff_reshard_plan_new(group, src, dst, false))) return ff_error_wrap("weight sync");
-    if (colocated) s->xplan = plan;
+    ff_reshard_plan **plan = colocated ? &s->xplan : &s->pplan;
+    if (!colocated && (s->pplan_comm != group || s->pplan_size != ff_coll_comm_size(group))) ff_reshard_plan_destroy(plan);
+    if (!*plan) {
+        if (!(*plan = ff_reshard_plan_new(group, src, dst, s->run->roles[FF_ROLE_ACTOR].rollout_bf16)))
+            return ff_error_wrap("weight sync");
+        if (!colocated) s->pplan_comm = group, s->pplan_size = ff_coll_comm_size(group);
+    }
     ff_reshard_stats st;
-    int rc = ff_reshard_run(plan, src, dst, &st);
-    if (!colocated) ff_reshard_plan_destroy(&plan);
+    int rc = ff_reshard_run(*plan, src, dst, &st);
+    if (rc) ff_reshard_plan_destroy(plan); /* a broken group: plan again on the next */
     if (rc) return ff_error_wrap("weight sync");
     s->sync_received = st.received;
     return dst ? gen_ready(s) : 0;
