@@ -75,7 +75,7 @@ grpo_learn() { # OUT EXTRA...
 }
 tg1=$(grpo_learn "$work/gdp4" roles.actor.workers=4)
 tg4=$(grpo_learn "$work/ghy" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=1)
-grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\] tp 1 x pp 1 x dp 4" "$work/ghy.log" ||
+grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\], ref" "$work/ghy.log" ||
   fail "GRPO is not at TP 2 x PP 2 generating at DP 4: $(head -1 "$work/ghy.log")"
 gb1=$(eval_acc "$work/gdp4/metrics.jsonl" 0) ga1=$(eval_acc "$work/gdp4/metrics.jsonl" $gsteps)
 gb4=$(eval_acc "$work/ghy/metrics.jsonl" 0) ga4=$(eval_acc "$work/ghy/metrics.jsonl" $gsteps)

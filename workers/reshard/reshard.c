@@ -50,6 +50,7 @@ struct ff_reshard_plan {
      * the packed pieces of one tensor's sends and receives */
     float *src_host, *dst_host;
     void *send_pack, *recv_pack;
+    int *src_at, *dst_at; /* [nslots] each slot's place in the models' tensor tables (-1: none) */
     int64_t src_cap, dst_cap, send_cap, recv_cap; /* elements */
 };
 
@@ -68,15 +69,24 @@ static void describe(const ff_model *m, bool need, int64_t *d, int nslots) {
     }
 }
 
-/* the model's tensor at a slot, or -1 */
-static int local_index(const ff_model *m, int slot) {
-    if (!m) return -1;
-    for (int i = 0; i < ff_model_n_tensors(m); i++) {
+/* where each slot sits in a model's tensor table (-1: not held) */
+static void index_slots(const ff_model *m, int *at, int nslots) {
+    for (int k = 0; k < nslots; k++) at[k] = -1;
+    for (int i = 0; m && i < ff_model_n_tensors(m); i++) {
         ff_model_tensor_info t;
         ff_model_tensor_info_of(m, i, &t);
-        if (t.index == slot) return i;
+        if (t.index >= 0 && t.index < nslots) at[t.index] = i;
     }
-    return -1;
+}
+
+/* the model's tensor at a slot by the plan's table, or -1 when the model is not of the plan's
+ * layout there */
+static int local_index(const ff_model *m, const int *at, int slot) {
+    const int i = at[slot];
+    if (!m || i < 0 || i >= ff_model_n_tensors(m)) return -1;
+    ff_model_tensor_info t;
+    ff_model_tensor_info_of(m, i, &t);
+    return t.index == slot ? i : -1;
 }
 
 /* The shape of a piece [lo, hi) inside a shard that holds [start, start + len) along axis:
@@ -114,6 +124,7 @@ void ff_reshard_plan_destroy(ff_reshard_plan **pp) {
     ff_reshard_plan *p = *pp;
     free(p->ops);
     free(p->src_host), free(p->dst_host), free(p->send_pack), free(p->recv_pack);
+    free(p->src_at), free(p->dst_at);
     free(p);
     *pp = NULL;
 }
@@ -170,7 +181,7 @@ static int size_staging(ff_reshard_plan *p, const ff_model *src, const ff_model 
     const size_t es = p->bf16 ? 2 : 4;
     for (int64_t i = 0; i < p->nops;) {
         const int s = p->ops[i].slot;
-        const int si = local_index(src, s), di = local_index(dst, s);
+        const int si = local_index(src, p->src_at, s), di = local_index(dst, p->dst_at, s);
         ff_model_tensor_info ts, td;
         if (si >= 0) ff_model_tensor_info_of(src, si, &ts);
         if (di >= 0) ff_model_tensor_info_of(dst, di, &td);
@@ -219,7 +230,10 @@ ff_reshard_plan *ff_reshard_plan_new(ff_coll_comm *comm, const ff_model *src, co
     int64_t key[2] = {p->nslots, cfg->hidden_size}, *keys = ff_malloc((size_t)p->size * sizeof key);
     const size_t nd = (size_t)p->nslots * DESC;
     int64_t *mine = ff_malloc(nd * sizeof *mine), *all = ff_malloc((size_t)p->size * nd * sizeof *all);
-    int rc = keys && mine && all ? 0 : -1;
+    p->src_at = ff_malloc((size_t)p->nslots * sizeof *p->src_at);
+    p->dst_at = ff_malloc((size_t)p->nslots * sizeof *p->dst_at);
+    int rc = keys && mine && all && p->src_at && p->dst_at ? 0 : -1;
+    if (rc == 0) index_slots(src, p->src_at, p->nslots), index_slots(dst, p->dst_at, p->nslots);
     if (rc == 0) rc = ff_coll_all_gather(key, keys, 2, FF_DTYPE_I64, comm, NULL);
     for (int r = 0; rc == 0 && r < p->size; r++)
         if (keys[2 * r] != key[0] || keys[2 * r + 1] != key[1])
@@ -296,7 +310,7 @@ int ff_reshard_run(ff_reshard_plan *p, ff_model *src, ff_model *dst, ff_reshard_
         const int slot = p->ops[i].slot;
         int64_t j = i;
         while (j < p->nops && p->ops[j].slot == slot) j++;
-        const int si = local_index(src, slot), di = local_index(dst, slot);
+        const int si = local_index(src, p->src_at, slot), di = local_index(dst, p->dst_at, slot);
         ff_model_tensor_info ts = {0}, td = {0};
         bool has_src = false, has_dst = false;
         for (int64_t k = i; k < j; k++) {
