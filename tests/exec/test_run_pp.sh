@@ -13,7 +13,10 @@
 #   - a PP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
 #     tensors, the stages' gathered by the first) and ends as the 1-worker run does; its
 #     checkpoint loads in `fuseflow generate`;
-#   - GRPO with the actor at PP 2 and generation on a pool of its own trains like 1 worker;
+#   - GRPO with the actor at PP 2 and generation on a pool of its own trains like 1 worker, and so
+#     do TP 2 x PP 2 generating at TP 1 on the same workers (HybridFlow's micro-DP gather) and at
+#     2 x TP 2 on 4 workers of its own; each weight sync's bytes per rank are the formula's
+#     (its generation shard minus the training shard it holds; half of it in bf16);
 #   - generation pipelined too (in the actor's PP 2 and TP 2 x PP 2 layouts, and at PP 2 on a
 #     pool of its own) samples the same responses; its layout defaults to the actor's TP over
 #     the rest as DP, and generation over interleaved chunks is refused before any worker starts.
@@ -149,6 +152,14 @@ grpo "$work/ghy" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 rol
 grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\], ref" "$work/ghy.log" || fail "not at TP 2 x PP 2 generating at DP 4: $(head -1 "$work/ghy.log")"
 same_samples "$work/g1" "$work/ghy" "GRPO at TP 2 x PP 2 generating at DP 4"
 same_metrics "$work/g1/metrics.jsonl" "$work/ghy/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at TP 2 x PP 2 generating at DP 4 does not train like one worker"
+# training at TP 2 x PP 2, generating at 2 x TP 2 on 4 workers of its own: each generation rank
+# receives exactly its shard from the actor's ranks that hold its pieces
+grpo "$work/gpool" roles.actor.workers=4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 \
+  roles.actor.rollout.workers=4 roles.actor.rollout.layout.tp=2
+grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[4 5 6 7\] tp 2 x pp 1 x dp 2" "$work/gpool.log" ||
+  fail "not at TP 2 x PP 2 generating at 2 x TP 2 apart: $(head -1 "$work/gpool.log")"
+same_samples "$work/g1" "$work/gpool" "GRPO at TP 2 x PP 2 generating at 2 x TP 2 apart"
+same_metrics "$work/g1/metrics.jsonl" "$work/gpool/metrics.jsonl" 1e-6 1e-2 || fail "GRPO generating at 2 x TP 2 apart does not train like one worker"
 # the same with bf16 on the wire: half the bytes (the generating copy holds rounded weights)
 grpo "$work/ghyb" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=1 \
   roles.actor.rollout.sync_dtype=bf16
@@ -166,7 +177,7 @@ same_metrics "$work/g1/metrics.jsonl" "$work/ggen/metrics.jsonl" 1e-6 1e-2 || fa
 python3 - "$work" <<'PY' || fail "the weight sync's bytes are not the formula's"
 import json, sys
 def lines(run): return [json.loads(l) for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl")]
-for run in ["one", "pp2", "tp2pp2", "ghy", "ghyb", "gpp2", "ggen"]:
+for run in ["one", "pp2", "tp2pp2", "ghy", "ghyb", "gpp2", "ggen", "gpool"]:
     mem = next(l["memory"] for l in lines(run) if "memory" in l)
     wire = 2 if run == "ghyb" else 4  # bytes per parameter on the wire
     want = [(r["roles"]["gen"]["params_bytes"] - r["roles"].get("actor", {"params_bytes": 0})["params_bytes"]) * wire // 4
