@@ -322,15 +322,13 @@ int ff_reshard_run(ff_reshard_plan *p, ff_model *src, ff_model *dst, ff_reshard_
                               "tensor %d is not held by this rank's %s model", slot, has_src && si < 0 ? "source" : "destination");
             break;
         }
-        if (has_src) {
-            ff_model_tensor_info_of(src, si, &ts);
-            if (shard_numel(&ts) > p->src_cap) rc = ff_error_set("reshard", "run the plan with the models it was made for", "%s: shard larger than planned", ts.name);
-            else rc = ff_model_read_tensor(src, ts.name, false, p->src_host);
-        }
-        if (rc == 0 && has_dst) {
-            ff_model_tensor_info_of(dst, di, &td);
-            if (shard_numel(&td) > p->dst_cap) rc = ff_error_set("reshard", "run the plan with the models it was made for", "%s: shard larger than planned", td.name);
-        }
+        if (has_src) ff_model_tensor_info_of(src, si, &ts);
+        if (has_dst) ff_model_tensor_info_of(dst, di, &td);
+        if ((has_src && shard_numel(&ts) > p->src_cap) || (has_dst && shard_numel(&td) > p->dst_cap))
+            rc = ff_error_set("reshard", "run the plan with the models it was made for", "%s: a shard larger than planned",
+                              has_src ? ts.name : td.name);
+        else if (has_src)
+            rc = ff_model_read_tensor(src, ts.name, false, p->src_host);
         if (rc) break;
         /* sends and receives of this tensor in one group; packed pieces laid out in order */
         int64_t so = 0, ro = 0;

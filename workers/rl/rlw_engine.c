@@ -443,7 +443,8 @@ static int layouts_setup(rlw *s, const rlw_init_args *a) {
      * TP index i / (t/tg), stage s / (p/pg), replica k dg + (i mod t/tg) + (t/tg)(s mod p/pg)),
      * else the training replica, which holds the whole model */
     if (!a->group)
-        return ff_error_set("worker", "the executor sends rl.init with the pool's group", "a generation layout of its own without a communicator");
+        return ff_error_set("worker", "the executor sends rl.init with the pool's group",
+                            "a generation layout of its own without a communicator");
     const rlw_place *t = &s->lay.at, *g = &s->lay_gen.at;
     int color = t->dp_rank, key = t->pp_rank * t->tp + t->tp_rank;
     if (t->tp % g->tp == 0 && t->pp % g->pp == 0) {
