@@ -171,8 +171,8 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
         ff_model_comm mc_dst;
         if (ff_coll_comm_split(world, rep * pg + sg, ig, &gtp) || ff_coll_comm_split(world, sg * tg + ig, rep, &mdp)) return 1;
         ff_model *dst = shard(be, &cfg, w, gtp, &mc_dst, sg, pg);
-        ff_reshard_plan *hy = dst ? ff_reshard_plan_new(mdp, src, dst, false) : NULL;
-        ff_reshard_plan *nv = hy ? ff_reshard_plan_new(world, src, whole, false) : NULL;
+        ff_reshard_plan *hy = dst ? ff_reshard_plan_new(mdp, src, dst, NULL) : NULL;
+        ff_reshard_plan *nv = hy ? ff_reshard_plan_new(world, src, whole, NULL) : NULL;
         if (!nv) {
             fprintf(stderr, "rank %d: %s\n", rank, ff_error_message());
             return 1;

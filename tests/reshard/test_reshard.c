@@ -13,7 +13,8 @@
  * key/value heads (t > num_key_value_heads), tied embeddings over stages, bf16 on the wire
  * (equal to rounding W1 to bf16), a generation pool on ranks of its own (each generation rank
  * receives all of its shard, no rank sends more than its shard per receiver), and a layout
- * pair that does not cover (refused, naming the tensor). Memory: the generation copy's
+ * pair that does not cover (refused, naming the tensor), and small buckets (several groups of
+ * sends and receives per run, each rank cutting its own). Memory: the generation copy's
  * parameters are released between syncs (0 bytes) and restored for the transition, so the
  * peak is the training shard + its gradients + optimizer state, or those + the generation
  * shard; never a whole model unless tg pg = 1. */
@@ -32,6 +33,7 @@ typedef struct tcase {
     int layers, kv;
     bool tied, bf16;
     bool bad;          /* a generation layout the training shards do not cover inside the groups */
+    int64_t bucket;    /* staging per bucket (0: the default, one bucket for these models) */
 } tcase;
 
 /* ff_model_comm on ff_coll */
@@ -119,7 +121,8 @@ static int rank_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     if (src) RCHECK(ff_model_release_params(src) != 0, "a trainable model gave its parameters back");
     ff_error_clear();
 
-    ff_reshard_plan *plan = ff_reshard_plan_new(group, src, dst, c->bf16);
+    const ff_reshard_opts ro = {.bf16 = c->bf16, .bucket_bytes = c->bucket};
+    ff_reshard_plan *plan = ff_reshard_plan_new(group, src, dst, &ro);
     if (c->bad) {
         /* a rank whose generation shard lies partly outside its group's training shards */
         RCHECK(!plan && strstr(ff_error_message(), "no rank of the group holds"), "a layout pair that does not cover: %s",
@@ -128,6 +131,9 @@ static int rank_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     }
     RCHECK(plan, "plan: %s", ff_error_message());
     if (!plan) goto done;
+    /* small buckets: each rank cuts its own (its shards differ), several per run */
+    if (c->bucket) RCHECK(ff_reshard_plan_buckets(plan) > 4, "%" PRId64 " buckets of %" PRId64 " bytes", ff_reshard_plan_buckets(plan), c->bucket);
+    else RCHECK(ff_reshard_plan_buckets(plan) == 1, "%" PRId64 " buckets of the default size", ff_reshard_plan_buckets(plan));
     ff_reshard_stats st;
     RCHECK(ff_reshard_run(plan, src, dst, &st) == 0, "run: %s", ff_error_message());
     /* bytes: the plan's and the run's, against the formula */
@@ -177,15 +183,17 @@ done:
 
 int main(void) {
     const tcase cases[] = {
-        {"TP2 PP2 -> TP1", 2, 2, 1, 1, 0, 4, 4, false, false, false},
-        {"TP4 -> TP2", 4, 1, 2, 1, 0, 4, 4, false, false, false},
-        {"TP2 PP2 -> TP2", 2, 2, 2, 1, 0, 4, 4, false, false, false},
-        {"TP2 PP2 -> TP1 PP2", 2, 2, 1, 2, 0, 4, 4, false, false, false},
-        {"TP4 -> TP1, replicated KV heads", 4, 1, 1, 1, 0, 2, 2, false, false, false},
-        {"TP2 PP2 -> TP1, tied embeddings", 2, 2, 1, 1, 0, 4, 4, true, false, false},
-        {"TP2 -> TP1, bf16 on the wire", 2, 1, 1, 1, 0, 2, 4, false, true, false},
-        {"TP2 PP2 -> 2 x TP2 on a pool of its own", 2, 2, 2, 1, 4, 4, 4, false, false, false},
-        {"TP4 -> TP2 in contiguous groups (not covered)", 4, 1, 2, 1, 0, 2, 4, false, false, true},
+        {"TP2 PP2 -> TP1", 2, 2, 1, 1, 0, 4, 4, false, false, false, 0},
+        {"TP2 PP2 -> TP1 in buckets of 8 KiB", 2, 2, 1, 1, 0, 4, 4, false, false, false, 8192},
+        {"TP2 PP2 -> 2 x TP2 on a pool of its own in buckets of 8 KiB", 2, 2, 2, 1, 4, 4, 4, false, false, false, 8192},
+        {"TP4 -> TP2", 4, 1, 2, 1, 0, 4, 4, false, false, false, 0},
+        {"TP2 PP2 -> TP2", 2, 2, 2, 1, 0, 4, 4, false, false, false, 0},
+        {"TP2 PP2 -> TP1 PP2", 2, 2, 1, 2, 0, 4, 4, false, false, false, 0},
+        {"TP4 -> TP1, replicated KV heads", 4, 1, 1, 1, 0, 2, 2, false, false, false, 0},
+        {"TP2 PP2 -> TP1, tied embeddings", 2, 2, 1, 1, 0, 4, 4, true, false, false, 0},
+        {"TP2 -> TP1, bf16 on the wire", 2, 1, 1, 1, 0, 2, 4, false, true, false, 0},
+        {"TP2 PP2 -> 2 x TP2 on a pool of its own", 2, 2, 2, 1, 4, 4, 4, false, false, false, 0},
+        {"TP4 -> TP2 in contiguous groups (not covered)", 4, 1, 2, 1, 0, 2, 4, false, false, true, 0},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         const tcase *c = &cases[k];

@@ -7,8 +7,11 @@
  * cut into pieces each held by one other rank (the holders of a piece taken in turn by the
  * receiver's rank). A rank keeps the operations it takes part in, in plan order, so that the
  * sends from one rank to another match the receives there one for one (ff_coll pairs them
- * in order). Runs go tensor by tensor: read the source shard to host, post the tensor's
- * sends and receives in one group, copy the local pieces, write the destination shard.
+ * in order). Runs go bucket by bucket (whole tensors, up to a staging size): read the source
+ * shards to host, post the bucket's sends and receives in one group, copy the local pieces,
+ * write the destination shards. Each rank cuts its own buckets: a group may end on one rank
+ * where the peer's goes on, which grouped calls allow (the pairs match in order, and each
+ * group posts the next run of them).
  *
  * A piece along rows (axis 0, or a whole tensor) is one contiguous range of both shards; a
  * piece along columns (axis 1: o_proj, down_proj) is a strided block, packed on the wire.
@@ -51,6 +54,13 @@ struct ff_reshard_plan {
     float *src_host, *dst_host;
     void *send_pack, *recv_pack;
     int *src_at, *dst_at; /* [nslots] each slot's place in the models' tensor tables (-1: none) */
+    /* buckets: runs of whole tensors moved in one group of sends and receives, their staging
+     * at most bucket_bytes (or one tensor); a tensor's shards sit at src_off / dst_off [slot]
+     * of the host buffers, its packed pieces in order after the bucket's earlier ones */
+    int64_t bucket_bytes;
+    int64_t *bucket_end; /* [nbuckets] the op index each ends before */
+    int64_t nbuckets;
+    int64_t *src_off, *dst_off; /* [nslots] elements */
     int64_t src_cap, dst_cap, send_cap, recv_cap; /* elements */
 };
 
@@ -124,7 +134,7 @@ void ff_reshard_plan_destroy(ff_reshard_plan **pp) {
     ff_reshard_plan *p = *pp;
     free(p->ops);
     free(p->src_host), free(p->dst_host), free(p->send_pack), free(p->recv_pack);
-    free(p->src_at), free(p->dst_at);
+    free(p->src_at), free(p->dst_at), free(p->bucket_end), free(p->src_off), free(p->dst_off);
     free(p);
     *pp = NULL;
 }
@@ -176,9 +186,11 @@ static int plan_pieces(ff_reshard_plan *p, const int64_t *d) {
     return rc;
 }
 
-/* Bytes per run and the staging each tensor needs. */
+/* Bytes per run, the buckets and their staging. */
 static int size_staging(ff_reshard_plan *p, const ff_model *src, const ff_model *dst) {
     const size_t es = p->bf16 ? 2 : 4;
+    int64_t bsrc = 0, bdst = 0, bspack = 0, brpack = 0; /* the open bucket's, elements */
+    int64_t cap = 0;
     for (int64_t i = 0; i < p->nops;) {
         const int s = p->ops[i].slot;
         const int si = local_index(src, p->src_at, s), di = local_index(dst, p->dst_at, s);
@@ -187,6 +199,7 @@ static int size_staging(ff_reshard_plan *p, const ff_model *src, const ff_model 
         if (di >= 0) ff_model_tensor_info_of(dst, di, &td);
         int64_t spack = 0, rpack = 0;
         bool need_src = false, need_dst = false;
+        const int64_t first = i;
         for (; i < p->nops && p->ops[i].slot == s; i++) {
             const op *o = &p->ops[i];
             if ((o->kind != OP_RECV && si < 0) || (o->kind != OP_SEND && di < 0))
@@ -205,10 +218,30 @@ static int size_staging(ff_reshard_plan *p, const ff_model *src, const ff_model 
                 need_src = need_dst = true;
             }
         }
-        if (need_src && shard_numel(&ts) > p->src_cap) p->src_cap = shard_numel(&ts);
-        if (need_dst && shard_numel(&td) > p->dst_cap) p->dst_cap = shard_numel(&td);
-        if (spack > p->send_cap) p->send_cap = spack;
-        if (rpack > p->recv_cap) p->recv_cap = rpack;
+        const int64_t ns = need_src ? shard_numel(&ts) : 0, nd = need_dst ? shard_numel(&td) : 0;
+        const int64_t bytes = (ns + nd) * 4 + (spack + rpack) * (int64_t)es;
+        const int64_t open = (bsrc + bdst) * 4 + (bspack + brpack) * (int64_t)es;
+        if (first > 0 && open > 0 && open + bytes > p->bucket_bytes) { /* close the open bucket */
+            if (p->nbuckets == cap) {
+                int64_t c = cap ? 2 * cap : 16, *v = ff_realloc(p->bucket_end, (size_t)c * sizeof *v);
+                if (!v) return -1;
+                p->bucket_end = v, cap = c;
+            }
+            p->bucket_end[p->nbuckets++] = first;
+            bsrc = bdst = bspack = brpack = 0;
+        }
+        p->src_off[s] = bsrc, p->dst_off[s] = bdst;
+        bsrc += ns, bdst += nd, bspack += spack, brpack += rpack;
+        if (bsrc > p->src_cap) p->src_cap = bsrc;
+        if (bdst > p->dst_cap) p->dst_cap = bdst;
+        if (bspack > p->send_cap) p->send_cap = bspack;
+        if (brpack > p->recv_cap) p->recv_cap = brpack;
+    }
+    if (p->nops > 0) {
+        int64_t *v = ff_realloc(p->bucket_end, (size_t)(p->nbuckets + 1) * sizeof *v);
+        if (!v) return -1;
+        p->bucket_end = v;
+        p->bucket_end[p->nbuckets++] = p->nops;
     }
     p->src_host = ff_malloc((size_t)(p->src_cap ? p->src_cap : 1) * sizeof(float));
     p->dst_host = ff_malloc((size_t)(p->dst_cap ? p->dst_cap : 1) * sizeof(float));
@@ -217,7 +250,7 @@ static int size_staging(ff_reshard_plan *p, const ff_model *src, const ff_model 
     return p->src_host && p->dst_host && p->send_pack && p->recv_pack ? 0 : -1;
 }
 
-ff_reshard_plan *ff_reshard_plan_new(ff_coll_comm *comm, const ff_model *src, const ff_model *dst, bool bf16) {
+ff_reshard_plan *ff_reshard_plan_new(ff_coll_comm *comm, const ff_model *src, const ff_model *dst, const ff_reshard_opts *opts) {
     if (!comm) return ff_error_set("reshard", "give the group's communicator", "no communicator"), NULL;
     if (!src && !dst) return ff_error_set("reshard", NULL, "a rank of the group with neither a source nor a destination model"), NULL;
     const ff_model_config *cfg = ff_model_config_of(src ? src : dst);
@@ -225,14 +258,17 @@ ff_reshard_plan *ff_reshard_plan_new(ff_coll_comm *comm, const ff_model *src, co
         return ff_error_set("reshard", "both models load the same checkpoint", "the source and destination configs differ"), NULL;
     ff_reshard_plan *p = ff_calloc(1, sizeof *p);
     if (!p) return NULL;
-    p->comm = comm, p->size = ff_coll_comm_size(comm), p->rank = ff_coll_comm_rank(comm), p->bf16 = bf16;
+    p->comm = comm, p->size = ff_coll_comm_size(comm), p->rank = ff_coll_comm_rank(comm), p->bf16 = opts && opts->bf16;
+    p->bucket_bytes = opts && opts->bucket_bytes > 0 ? opts->bucket_bytes : FF_RESHARD_BUCKET_BYTES;
     p->nslots = ff_model_tensor_slots(cfg);
     int64_t key[2] = {p->nslots, cfg->hidden_size}, *keys = ff_malloc((size_t)p->size * sizeof key);
     const size_t nd = (size_t)p->nslots * DESC;
     int64_t *mine = ff_malloc(nd * sizeof *mine), *all = ff_malloc((size_t)p->size * nd * sizeof *all);
     p->src_at = ff_malloc((size_t)p->nslots * sizeof *p->src_at);
     p->dst_at = ff_malloc((size_t)p->nslots * sizeof *p->dst_at);
-    int rc = keys && mine && all && p->src_at && p->dst_at ? 0 : -1;
+    p->src_off = ff_calloc((size_t)p->nslots, sizeof *p->src_off);
+    p->dst_off = ff_calloc((size_t)p->nslots, sizeof *p->dst_off);
+    int rc = keys && mine && all && p->src_at && p->dst_at && p->src_off && p->dst_off ? 0 : -1;
     if (rc == 0) index_slots(src, p->src_at, p->nslots), index_slots(dst, p->dst_at, p->nslots);
     if (rc == 0) rc = ff_coll_all_gather(key, keys, 2, FF_DTYPE_I64, comm, NULL);
     for (int r = 0; rc == 0 && r < p->size; r++)
@@ -300,84 +336,102 @@ static void copy_local(const float *from, const piece *ps, float *to, const piec
     }
 }
 
+/* The ops of the tensor that starts at op i: they end at *j; its shards' info (has_*: this
+ * rank reads the source shard, writes the destination shard). */
+static int tensor_at_op(const ff_reshard_plan *p, const ff_model *src, const ff_model *dst, int64_t i, int64_t *j, ff_model_tensor_info *ts,
+                        ff_model_tensor_info *td, bool *has_src, bool *has_dst) {
+    const int slot = p->ops[i].slot;
+    *j = i, *has_src = *has_dst = false;
+    for (; *j < p->nops && p->ops[*j].slot == slot; (*j)++) {
+        *has_src = *has_src || p->ops[*j].kind != OP_RECV;
+        *has_dst = *has_dst || p->ops[*j].kind != OP_SEND;
+    }
+    const int si = local_index(src, p->src_at, slot), di = local_index(dst, p->dst_at, slot);
+    if ((*has_src && si < 0) || (*has_dst && di < 0))
+        return ff_error_set("reshard", "run the plan with models of the layouts it was made for",
+                            "tensor %d is not held by this rank's %s model", slot, *has_src && si < 0 ? "source" : "destination");
+    if (*has_src) ff_model_tensor_info_of(src, si, ts);
+    if (*has_dst) ff_model_tensor_info_of(dst, di, td);
+    if ((*has_src && p->src_off[slot] + shard_numel(ts) > p->src_cap) || (*has_dst && p->dst_off[slot] + shard_numel(td) > p->dst_cap))
+        return ff_error_set("reshard", "run the plan with the models it was made for", "%s: a shard larger than planned",
+                            *has_src ? ts->name : td->name);
+    return 0;
+}
+
 int ff_reshard_run(ff_reshard_plan *p, ff_model *src, ff_model *dst, ff_reshard_stats *st) {
     const int64_t t0 = ff_now_ns();
     ff_reshard_stats s = {0};
     const ff_dtype wire = p->bf16 ? FF_DTYPE_BF16 : FF_DTYPE_F32;
     const size_t es = p->bf16 ? 2 : 4;
     int rc = 0;
-    for (int64_t i = 0; i < p->nops && rc == 0;) {
-        const int slot = p->ops[i].slot;
-        int64_t j = i;
-        while (j < p->nops && p->ops[j].slot == slot) j++;
-        const int si = local_index(src, p->src_at, slot), di = local_index(dst, p->dst_at, slot);
-        ff_model_tensor_info ts = {0}, td = {0};
-        bool has_src = false, has_dst = false;
-        for (int64_t k = i; k < j; k++) {
-            has_src = has_src || p->ops[k].kind != OP_RECV;
-            has_dst = has_dst || p->ops[k].kind != OP_SEND;
-        }
-        if ((has_src && si < 0) || (has_dst && di < 0)) {
-            rc = ff_error_set("reshard", "run the plan with models of the layouts it was made for",
-                              "tensor %d is not held by this rank's %s model", slot, has_src && si < 0 ? "source" : "destination");
-            break;
-        }
-        if (has_src) ff_model_tensor_info_of(src, si, &ts);
-        if (has_dst) ff_model_tensor_info_of(dst, di, &td);
-        if ((has_src && shard_numel(&ts) > p->src_cap) || (has_dst && shard_numel(&td) > p->dst_cap))
-            rc = ff_error_set("reshard", "run the plan with the models it was made for", "%s: a shard larger than planned",
-                              has_src ? ts.name : td.name);
-        else if (has_src)
-            rc = ff_model_read_tensor(src, ts.name, false, p->src_host);
+    ff_model_tensor_info ts = {0}, td = {0};
+    bool has_src, has_dst;
+    for (int64_t b = 0, i0 = 0; b < p->nbuckets && rc == 0; i0 = p->bucket_end[b++]) {
+        const int64_t i1 = p->bucket_end[b];
+        /* the bucket's source shards to host */
+        for (int64_t i = i0, j; i < i1 && rc == 0; i = j)
+            if ((rc = tensor_at_op(p, src, dst, i, &j, &ts, &td, &has_src, &has_dst)) == 0 && has_src)
+                rc = ff_model_read_tensor(src, ts.name, false, p->src_host + p->src_off[p->ops[i].slot]);
         if (rc) break;
-        /* sends and receives of this tensor in one group; packed pieces laid out in order */
+        /* its sends and receives in one group; packed pieces laid out in order */
         int64_t so = 0, ro = 0;
         rc = ff_coll_group_start();
-        for (int64_t k = i; k < j && rc == 0; k++) {
-            const op *o = &p->ops[k];
-            if (o->kind == OP_SEND) {
-                piece pc = piece_of(&ts, o->lo, o->hi);
-                const void *buf = p->src_host + pc.off;
-                if (p->bf16 || !contiguous(&pc)) {
-                    buf = (char *)p->send_pack + (size_t)so * es;
-                    pack(p->src_host, &pc, (char *)p->send_pack + (size_t)so * es, p->bf16);
-                    so += piece_numel(&pc);
+        for (int64_t i = i0, j; i < i1 && rc == 0; i = j) {
+            if ((rc = tensor_at_op(p, src, dst, i, &j, &ts, &td, &has_src, &has_dst)) != 0) break;
+            const float *sh = p->src_host + p->src_off[p->ops[i].slot];
+            float *dh = p->dst_host + p->dst_off[p->ops[i].slot];
+            for (int64_t k = i; k < j && rc == 0; k++) {
+                const op *o = &p->ops[k];
+                if (o->kind == OP_SEND) {
+                    piece pc = piece_of(&ts, o->lo, o->hi);
+                    const void *buf = sh + pc.off;
+                    if (p->bf16 || !contiguous(&pc)) {
+                        buf = (char *)p->send_pack + (size_t)so * es;
+                        pack(sh, &pc, (char *)p->send_pack + (size_t)so * es, p->bf16);
+                        so += piece_numel(&pc);
+                    }
+                    rc = ff_coll_send(buf, (size_t)piece_numel(&pc), wire, o->peer, p->comm, NULL);
+                    s.sent += piece_numel(&pc) * (int64_t)es;
+                } else if (o->kind == OP_RECV) {
+                    piece pc = piece_of(&td, o->lo, o->hi);
+                    void *buf = dh + pc.off;
+                    if (p->bf16 || !contiguous(&pc)) {
+                        buf = (char *)p->recv_pack + (size_t)ro * es;
+                        ro += piece_numel(&pc);
+                    }
+                    rc = ff_coll_recv(buf, (size_t)piece_numel(&pc), wire, o->peer, p->comm, NULL);
+                    s.received += piece_numel(&pc) * (int64_t)es;
+                    s.messages++;
                 }
-                rc = ff_coll_send(buf, (size_t)piece_numel(&pc), wire, o->peer, p->comm, NULL);
-                s.sent += piece_numel(&pc) * (int64_t)es;
-            } else if (o->kind == OP_RECV) {
-                piece pc = piece_of(&td, o->lo, o->hi);
-                void *buf = p->dst_host + pc.off;
-                if (p->bf16 || !contiguous(&pc)) {
-                    buf = (char *)p->recv_pack + (size_t)ro * es;
-                    ro += piece_numel(&pc);
-                }
-                rc = ff_coll_recv(buf, (size_t)piece_numel(&pc), wire, o->peer, p->comm, NULL);
-                s.received += piece_numel(&pc) * (int64_t)es;
-                s.messages++;
             }
         }
         if (ff_coll_group_end() != 0 && rc == 0) rc = -1;
-        if (rc) break;
+        /* unpack, the local pieces, the destination shards written */
         ro = 0;
-        for (int64_t k = i; k < j; k++) {
-            const op *o = &p->ops[k];
-            if (o->kind == OP_RECV) {
-                piece pc = piece_of(&td, o->lo, o->hi);
-                if (p->bf16 || !contiguous(&pc)) {
-                    unpack((char *)p->recv_pack + (size_t)ro * es, &pc, p->dst_host, p->bf16);
-                    ro += piece_numel(&pc);
+        for (int64_t i = i0, j; i < i1 && rc == 0; i = j) {
+            if ((rc = tensor_at_op(p, src, dst, i, &j, &ts, &td, &has_src, &has_dst)) != 0) break;
+            const float *sh = p->src_host + p->src_off[p->ops[i].slot];
+            float *dh = p->dst_host + p->dst_off[p->ops[i].slot];
+            for (int64_t k = i; k < j; k++) {
+                const op *o = &p->ops[k];
+                if (o->kind == OP_RECV) {
+                    piece pc = piece_of(&td, o->lo, o->hi);
+                    if (p->bf16 || !contiguous(&pc)) {
+                        unpack((char *)p->recv_pack + (size_t)ro * es, &pc, dh, p->bf16);
+                        ro += piece_numel(&pc);
+                    }
+                } else if (o->kind == OP_LOCAL) {
+                    piece ps = piece_of(&ts, o->lo, o->hi), pd = piece_of(&td, o->lo, o->hi);
+                    copy_local(sh, &ps, dh, &pd, p->bf16);
+                    s.local += piece_numel(&ps) * (int64_t)sizeof(float);
                 }
-            } else if (o->kind == OP_LOCAL) {
-                piece ps = piece_of(&ts, o->lo, o->hi), pd = piece_of(&td, o->lo, o->hi);
-                copy_local(p->src_host, &ps, p->dst_host, &pd, p->bf16);
-                s.local += piece_numel(&ps) * (int64_t)sizeof(float);
             }
+            if (has_dst) rc = ff_model_write_tensor(dst, td.name, dh);
         }
-        if (has_dst) rc = ff_model_write_tensor(dst, td.name, p->dst_host);
-        i = j;
     }
     s.time_s = (double)(ff_now_ns() - t0) * 1e-9;
     if (st) *st = s;
     return rc ? ff_error_wrap("resharding the weights (rank %d of %d)", p->rank, p->size) : 0;
 }
+
+int64_t ff_reshard_plan_buckets(const ff_reshard_plan *p) { return p->nbuckets; }

@@ -872,7 +872,8 @@ int rlw_sync_reshard(rlw *s, ff_coll_comm *comm) {
     ff_reshard_plan **plan = colocated ? &s->xplan : &s->pplan;
     if (!colocated && (s->pplan_comm != group || s->pplan_size != ff_coll_comm_size(group))) ff_reshard_plan_destroy(plan);
     if (!*plan) {
-        if (!(*plan = ff_reshard_plan_new(group, src, dst, s->run->roles[FF_ROLE_ACTOR].rollout_bf16)))
+        const ff_reshard_opts ro = {.bf16 = s->run->roles[FF_ROLE_ACTOR].rollout_bf16};
+        if (!(*plan = ff_reshard_plan_new(group, src, dst, &ro)))
             return ff_error_wrap("weight sync");
         if (!colocated) s->pplan_comm = group, s->pplan_size = ff_coll_comm_size(group);
     }
