@@ -191,7 +191,7 @@ static int read_role(ff_run_config *run, ff_role r) {
         snprintf(what, sizeof what, "%s.rollout", path);
         ff_layout d = rc->rollout;
         d.dp = 0; /* inferred from the workers unless given */
-        int64_t rw = 0; /* a generation pool of its own (`fuseflow run` syncs weights by broadcast) */
+        int64_t rw = 0; /* a generation pool of its own (`fuseflow run` reshards the weights into it) */
         if (ff_cnode_get_int_in(ro, "workers", 0, 0, INT32_MAX, &rw) < 0) return -1;
         if (rw > 0) { /* its own workers: data parallel over them unless its layout says otherwise */
             rc->rollout_workers = rw;
@@ -199,6 +199,10 @@ static int read_role(ff_run_config *run, ff_role r) {
             d = (ff_layout){.workers = rw, .tp = 1, .pp = 1, .vpp = 1, .schedule = FF_PLAN_1F1B};
         }
         if (read_layout(ro, &d, &rc->rollout, what) < 0) return -1;
+        static const char *const wire[] = {"fp32", "bf16"};
+        int dt;
+        if (ff_cnode_get_enum(ro, "sync_dtype", wire, 2, 0, &dt) < 0) return -1;
+        rc->rollout_bf16 = dt == 1;
     }
     if (r == FF_ROLE_ACTOR || r == FF_ROLE_CRITIC) {
         ff_optim_cfg *o = &rc->optim;

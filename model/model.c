@@ -142,15 +142,19 @@ static int build_table(ff_model *m) {
 
     table_builder b = {0};
     char nm[96];
+    /* the whole model's order: the embedding, K tensors per layer, the final norm and heads */
+    const int K = ffm_tensors_per_layer(m->bias);
     int rc = embed ? tb_add(&b, "model.embed_tokens.weight", m->off_embed, 2, V, H) : 0;
     if (embed && !rc) b.t[0].copy = !m->has_embed; /* the last stage's tied LM head */
     for (int l = 0; l < L && !rc; l++) {
         const ff_layer_params *p = &m->layers[l];
         const int g = m->layer_global[l];
+        int j = 1 + g * K;
 #define ADD(suffix, off, nd, a, c)                                        \
     do {                                                                  \
         snprintf(nm, sizeof nm, "model.layers.%d.%s", g, suffix);         \
         if (!rc) rc = tb_add(&b, nm, off, nd, a, c);                      \
+        if (!rc) b.t[b.n - 1].gidx = j++;                                 \
     } while (0)
         ADD("input_layernorm.weight", p->ln1, 1, H, 0);
         ADD("self_attn.q_proj.weight", p->wqkv, 2, (int64_t)qd, H);
@@ -168,9 +172,10 @@ static int build_table(ff_model *m) {
         ADD("mlp.down_proj.weight", p->wdown, 2, H, I);
 #undef ADD
     }
-    if (!rc && m->has_final) rc = tb_add(&b, "model.norm.weight", m->off_norm, 1, H, 0);
-    if (!rc && lm && !m->tied) rc = tb_add(&b, "lm_head.weight", m->off_lm, 2, V, H);
-    if (!rc && m->has_final && m->vhead) rc = tb_add(&b, "score.weight", m->off_score, 2, 1, H);
+    const int end = 1 + m->cfg.num_hidden_layers * K;
+    if (!rc && m->has_final && !(rc = tb_add(&b, "model.norm.weight", m->off_norm, 1, H, 0))) b.t[b.n - 1].gidx = end;
+    if (!rc && lm && !m->tied && !(rc = tb_add(&b, "lm_head.weight", m->off_lm, 2, V, H))) b.t[b.n - 1].gidx = end + 1;
+    if (!rc && m->has_final && m->vhead && !(rc = tb_add(&b, "score.weight", m->off_score, 2, 1, H))) b.t[b.n - 1].gidx = end + 2;
     if (rc) {
         free(b.t);
         return -1;
@@ -509,7 +514,7 @@ void ff_model_chunk_of(const ff_model *m, int c, ff_model_chunk_info *out) {
 }
 
 void ff_model_memory_of(const ff_model *m, ff_model_memory *out) {
-    out->params = m->n_params * (int64_t)sizeof(float);
+    out->params = m->params ? m->n_params * (int64_t)sizeof(float) : 0;
     out->grads = m->grads ? out->params : 0;
     out->workspace = m->sc.buf ? (int64_t)ff_buffer_size(m->sc.buf) : 0;
     for (int i = 0; i < m->n_acts; i++)
@@ -582,6 +587,46 @@ int ff_model_write_tensor_grad(ff_model *m, const char *name, const float *host)
     ff_memcpy_h2d(m->st, ffm_grad(m, p->off), host, (size_t)p->numel * sizeof(float));
     return ff_stream_sync(m->st);
 }
+
+int ff_model_write_tensor(ff_model *m, const char *name, const float *host) {
+    const ff_param_tensor *p = held(m, name, false);
+    if (!p) return -1;
+    ff_memcpy_h2d(m->st, ffm_param(m, p->off), host, (size_t)p->numel * sizeof(float));
+    return ff_stream_sync(m->st);
+}
+
+int ff_model_n_tensors(const ff_model *m) { return m->n_tensors; }
+
+void ff_model_tensor_info_of(const ff_model *m, int i, ff_model_tensor_info *out) {
+    assert(i >= 0 && i < m->n_tensors);
+    const ff_param_tensor *p = &m->tensors[i];
+    const int64_t shape[2] = {p->shape[0], p->ndim > 1 ? p->shape[1] : 1};
+    *out = (ff_model_tensor_info){.name = p->name, .index = p->gidx, .full = {p->full[0], p->ndim > 1 ? p->full[1] : 1},
+                                  .axis = p->axis, .start = p->axis >= 0 ? p->start : 0,
+                                  .len = p->axis >= 0 ? shape[p->axis] : 1, .copy = p->copy};
+}
+
+int ff_model_tensor_slots(const ff_model_config *cfg) {
+    return 1 + cfg->num_hidden_layers * ffm_tensors_per_layer(cfg->attention_bias) + 3;
+}
+
+int ff_model_release_params(ff_model *m) {
+    if (!m->inference)
+        return ff_error_set("release parameters", "only an inference model (a generating copy) gives its parameters back",
+                            "the model is trainable");
+    free_ws(m);
+    ff_buffer_destroy(&m->params);
+    return 0;
+}
+
+int ff_model_restore_params(ff_model *m) {
+    if (m->params) return 0;
+    if (!m->inference) return ff_model_release_params(m);
+    m->params = ff_buffer_new(m->be, (size_t)m->n_params * sizeof(float));
+    return m->params ? 0 : ff_error_wrap("restoring the parameters (%lld floats)", (long long)m->n_params);
+}
+
+bool ff_model_params_held(const ff_model *m) { return m->params != NULL; }
 
 int ff_model_copy_params(ff_model *dst, ff_model *src) {
     if (dst->n_params != src->n_params || dst->n_tensors != src->n_tensors)

@@ -4,6 +4,7 @@
 #ifndef FF_MODEL_INTERNAL_H
 #define FF_MODEL_INTERNAL_H
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +30,11 @@ typedef struct ff_param_tensor {
     int64_t full[2];
     int64_t start;
     int rep;
+    /* the dimension tensor parallelism splits (0 rows, 1 columns, -1 none), whatever this
+     * model's TP, and the tensor's place in the whole model's Hugging Face order
+     * (ff_model_tensor_info) */
+    int axis;
+    int gidx;
     /* pipeline: a copy of a tensor another stage owns (the last stage's tied LM head): out of
      * the gradient norm and of exports */
     bool copy;
@@ -276,7 +282,12 @@ int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *
 static inline bool ffm_whole(const ff_model *m) { return m->n_chunks == 1 && m->has_embed && m->has_final; }
 
 /* A pointer into the flat parameter or gradient buffer. */
-static inline ff_dptr ffm_param(ff_model *m, size_t off) { return ff_dptr_f32(m->params, off); }
+static inline ff_dptr ffm_param(ff_model *m, size_t off) {
+    assert(m->params); /* not between ff_model_release_params and ff_model_restore_params */
+    return ff_dptr_f32(m->params, off);
+}
+/* Tensors per decoder layer in the tensor table (q/k/v biases with attention_bias). */
+static inline int ffm_tensors_per_layer(bool bias) { return bias ? 12 : 9; }
 static inline ff_dptr ffm_grad(ff_model *m, size_t off) { return ff_dptr_f32(m->grads, off); }
 
 /* The error of asking an inference model for what only training needs: -1 + error. */

@@ -108,19 +108,18 @@ void ffm_tp_shards(ff_model *m) {
         ff_param_tensor *p = &m->tensors[i];
         int split = -1, rep = 1;
         int64_t start = 0;
-        if (m->tp > 1) {
-            const char *n = p->name;
-            if (!strcmp(n, "model.embed_tokens.weight") || !strcmp(n, "lm_head.weight")) split = 0, start = m->v0;
-            else if (ends_with(n, "q_proj.weight") || ends_with(n, "q_proj.bias")) split = 0, start = m->q0 * D;
-            else if (ends_with(n, "k_proj.weight") || ends_with(n, "k_proj.bias") || ends_with(n, "v_proj.weight") ||
-                     ends_with(n, "v_proj.bias"))
-                split = 0, start = m->kv0 * D, rep = m->kv_rep;
-            else if (ends_with(n, "o_proj.weight")) split = 1, start = m->q0 * D;
-            else if (ends_with(n, "gate_proj.weight") || ends_with(n, "up_proj.weight"))
-                split = 0, start = (int64_t)m->tp_rank * m->I;
-            else if (ends_with(n, "down_proj.weight")) split = 1, start = (int64_t)m->tp_rank * m->I;
-            else rep = m->tp; /* norms, score */
-        }
+        const char *n = p->name;
+        if (!strcmp(n, "model.embed_tokens.weight") || !strcmp(n, "lm_head.weight")) split = 0, start = m->v0;
+        else if (ends_with(n, "q_proj.weight") || ends_with(n, "q_proj.bias")) split = 0, start = m->q0 * D;
+        else if (ends_with(n, "k_proj.weight") || ends_with(n, "k_proj.bias") || ends_with(n, "v_proj.weight") ||
+                 ends_with(n, "v_proj.bias"))
+            split = 0, start = m->kv0 * D, rep = m->kv_rep;
+        else if (ends_with(n, "o_proj.weight")) split = 1, start = m->q0 * D;
+        else if (ends_with(n, "gate_proj.weight") || ends_with(n, "up_proj.weight")) split = 0, start = (int64_t)m->tp_rank * m->I;
+        else if (ends_with(n, "down_proj.weight")) split = 1, start = (int64_t)m->tp_rank * m->I;
+        else rep = m->tp; /* norms, score */
+        p->axis = split;
+        if (m->tp == 1) split = -1, start = 0, rep = 1;
         p->split = split;
         p->start = start;
         p->rep = rep;

@@ -172,7 +172,9 @@ struct ex_run {
     int pool_n[POOL_COUNT];
     bool gen_separate;
     bool gen_relaid; /* the generating copy on the actor's workers in a layout of its own (weights
-                        synced by broadcasts inside the actor's group) */
+                        resharded inside the actor's group) */
+    bool gen_hybrid; /* ... placed by HybridFlow's mapping (tg | t, pg | p): each rank's generation
+                        shard contains its training shard; the gather stays in micro-DP groups */
     bool sync_group; /* a "sync" group (the actor's replica 0 + generation ranks) with a communicator */
     ex_layout lay[POOL_COUNT];
     int rank_pool[EX_MAX_RANKS]; /* the pool that owns each rank (the others share it) */
@@ -312,5 +314,8 @@ void ex_trace_span(ex_run *x, int node, const char *name, int64_t start_ns, int6
 void ex_trace_pipeline(ex_run *x, const ff_result *r, const char *node);
 /* A worker was lost (an instant, once per rank). */
 void ex_trace_lost(ex_run *x, int rank, const char *why);
+/* One weight sync on the "weight transitions" track: its ranks' span, the bytes they
+ * received in all and the most one received. */
+void ex_trace_transition(ex_run *x, const char *label, int64_t start_ns, int64_t end_ns, int64_t bytes, int64_t bytes_max);
 
 #endif

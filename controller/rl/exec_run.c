@@ -7,9 +7,9 @@
  * Placement:
  *   actor      roles.actor.workers ranks, each with the trained actor (and, unless the
  *              rollout has workers of its own, the generating copy: colocated, weights
- *              synced by a local copy)
+ *              synced by a local copy, or resharded when it has a layout of its own)
  *   rollout    roles.actor.rollout.workers ranks of its own when given (a separate
- *              generation pool; weights synced by a broadcast inside the "sync" group)
+ *              generation pool; weights resharded inside the "sync" group)
  *   critic, ref, reward  their own ranks, or the ranks of the role they colocate with
  * Each pool is a worker group ("actor", "gen", "critic", "ref", "reward"); trained pools with
  * more than one rank get a communicator for the gradient all-reduce.
@@ -197,6 +197,29 @@ static int pool_layout(ex_run *x, int pool, ff_role role, bool rollout, bool own
     return 0;
 }
 
+/* A generation layout (pg, tg) on the actor's workers, trained at (p, t) with tg | t and
+ * pg | p, placed by HybridFlow's mapping (docs/planner.md "Resharding"): the rank at TP index
+ * i, stage s, replica k takes generation TP index i / (t/tg), stage s / (p/pg) and replica
+ * k dg + (i mod t/tg) + (t/tg)(s mod p/pg), dg = (t/tg)(p/pg): generation TP groups are
+ * strided and each micro-DP group (the dg ranks of one generation shard in one training
+ * replica) is t/tg neighbouring TP ranks x p/pg neighbouring stages, so every rank's
+ * generation shard contains its training shard. Other layouts keep the planner's rank order
+ * (the workers' transfer plan then takes pieces wherever the training replica holds them). */
+static void hybrid_layout(ex_run *x) {
+    const ex_layout *A = &x->lay[POOL_ACTOR];
+    ex_layout *G = &x->lay[POOL_GEN];
+    x->gen_hybrid = A->tp % G->tp == 0 && A->pp % G->pp == 0;
+    if (!x->gen_hybrid) return;
+    const int a = A->tp / G->tp, b = A->pp / G->pp, dg = a * b;
+    for (int k = 0; k < x->pool_n[POOL_GEN]; k++) {
+        const int i = A->tp_idx[k], s = A->pp_idx[k], r = A->dp_idx[k];
+        G->tp_idx[k] = i / a, G->pp_idx[k] = s / b, G->dp_idx[k] = r * dg + i % a + a * (s % b);
+        G->rep_ranks[G->dp_idx[k] * G->mp + G->pp_idx[k] * G->tp + G->tp_idx[k]] = x->pool_ranks[POOL_GEN][k];
+    }
+    for (int r = 0; r < G->dp; r++)
+        snprintf(G->rep_group[r], sizeof G->rep_group[r], "%s-replica@%d", ex_pool_names[POOL_GEN], G->rep_ranks[r * G->mp]);
+}
+
 static int place(ex_run *x) {
     const ff_role_cfg *rc = x->run->roles;
     for (int r = FF_ROLE_ACTOR; r < FF_ROLE_COUNT; r++) {
@@ -213,7 +236,7 @@ static int place(ex_run *x) {
     }
     const ff_role_cfg *a = &rc[FF_ROLE_ACTOR];
     /* a generating copy on the actor's workers in another layout: its own replica groups, the
-     * weights broadcast inside the actor's group (a full gather, not resharding) */
+     * weights resharded inside the actor's group (hybrid_layout) */
     x->gen_relaid = !a->rollout_workers && !same_layout(&a->rollout, &a->layout);
     unsigned actor_bits = ex_has_node(x, FF_OP_TRAIN, FF_ROLE_ACTOR) || ex_has_node(x, FF_OP_LOGPROB, FF_ROLE_ACTOR) ? FF_RL_ACTOR : 0;
     x->gen_separate = rc[FF_ROLE_ACTOR].rollout_workers > 0;
@@ -244,6 +267,7 @@ static int place(ex_run *x) {
     static const ff_role pool_role[POOL_COUNT] = {FF_ROLE_ACTOR, FF_ROLE_ACTOR, FF_ROLE_CRITIC, FF_ROLE_REF, FF_ROLE_REWARD};
     for (int p = 0; p < POOL_COUNT; p++)
         if (x->pool_n[p] && pool_layout(x, p, pool_role[p], p == POOL_GEN, p == POOL_GEN && x->gen_relaid) != 0) return -1;
+    if (x->gen_relaid) hybrid_layout(x);
     return 0;
 }
 
@@ -303,8 +327,8 @@ static int make_groups(ex_run *x) {
     return 0;
 }
 
-/* The "sync" group: the actor's replica 0 (every stage's TP rank 0 sends its tensors; all its
- * TP ranks gather them whole) and the live generation ranks. */
+/* The "sync" group: the actor's replica 0 (its ranks send the pieces of their shards that
+ * the generation ranks need) and the live generation ranks. */
 int ex_sync_group(ex_run *x) {
     int ranks[EX_MAX_RANKS + 1], n = 0;
     for (int t = 0; t < x->lay[POOL_ACTOR].mp; t++) ranks[n++] = x->lay[POOL_ACTOR].rep_ranks[t];

@@ -6,6 +6,8 @@
  *   - a track per graph node with one slice per iteration (from its first dispatch to its
  *     last result: where stages overlap under the fused schedule), one for iterations, and
  *     an instant where a worker was lost;
+ *   - a track of the weight transitions (train -> generate syncs): one slice per sync, its
+ *     ranks' first start to last end, with the bytes received in all and by the busiest rank;
  *   - with a pipeline, a track per rank with each instruction of its train steps (forwards,
  *     backwards, sends and receives, the optimizer step) as the rank timed it: the gaps
  *     between its compute slices are its bubble;
@@ -37,6 +39,7 @@ struct ex_trace {
     int nweights[POOL_COUNT];
     bool lost[EX_MAX_RANKS]; /* workers whose loss is on the timeline */
     int pipe_track[EX_MAX_RANKS]; /* "rank R: pipeline" (0: not made yet) */
+    int sync_track;               /* "weight transitions" (0: not made yet) */
 };
 
 ex_trace *ex_trace_new(ff_controller *c) {
@@ -181,6 +184,17 @@ void ex_trace_pipeline(ex_run *x, const ff_result *r, const char *node) {
     /* the step on this rank, first instruction to last: its bubble is what compute leaves */
     ff_trace_slice s = {.track = t->pipe_track[r->rank], .name = node, .cat = "pipe step",
                         .start_ns = r->start_ns + (int64_t)(first * 1e9), .end_ns = r->start_ns + (int64_t)(last * 1e9)};
+    ff_controller_trace_slice(t->c, &s);
+}
+
+void ex_trace_transition(ex_run *x, const char *label, int64_t start_ns, int64_t end_ns, int64_t bytes, int64_t bytes_max) {
+    ex_trace *t = x->tr;
+    if (!t || !start_ns || end_ns < start_ns) return;
+    if (!t->sync_track && (t->sync_track = ff_controller_trace_track(t->c, "weight transitions")) <= 0) return;
+    ff_arg args[3] = {ff_arg_int("iteration", x->cur ? x->cur->it : x->iteration), ff_arg_int("bytes", bytes),
+                      ff_arg_int("bytes_max_rank", bytes_max)};
+    ff_trace_slice s = {.track = t->sync_track, .name = label, .cat = "weight sync", .start_ns = start_ns, .end_ns = end_ns,
+                        .args = args, .nargs = 3};
     ff_controller_trace_slice(t->c, &s);
 }
 

@@ -14,9 +14,11 @@
  * which is what the all-reduces need.
  *
  * Weight sync: rl.sync on every actor rank (colocated generation in the actor's layout: a local
- * copy), or broadcasts from the actor's replica 0 (each stage's TP rank 0 sends its tensors)
- * inside the "sync" group (a generation pool of its own) or the actor's group (a generation
- * layout of its own on the actor's workers); the weights never pass through the controller.
+ * copy), or resharding (ff_reshard, fuseflow/reshard.h): each generation rank receives only
+ * the pieces of its shard it lacks, from training ranks that hold them, inside the actor's
+ * group (a generation layout of its own on the actor's workers: HybridFlow's micro-DP groups
+ * when the layouts nest) or the "sync" group (a generation pool of its own, fed by the
+ * actor's replica 0); the weights never pass through the controller.
  *
  * Not here: the iteration loop (exec_iter.c). */
 #include <inttypes.h>
@@ -294,10 +296,11 @@ int ex_sync_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
         return -1;
     }
     j->tasks[0] = t->id;
-    const bool bcast = x->gen_separate || x->gen_relaid;
-    ff_arg a = ff_arg_str("mode", bcast ? "bcast" : "local");
+    const bool reshard = x->gen_separate || x->gen_relaid;
+    ff_arg a = ff_arg_str("mode", reshard ? "reshard" : "local");
     char label[128];
-    snprintf(label, sizeof label, "%s (%s)", node_of(x, t->node)->name, bcast ? "broadcast" : "local copy");
+    snprintf(label, sizeof label, "%s (%s)", node_of(x, t->node)->name,
+             !reshard ? "local copy" : x->gen_hybrid ? "micro-DP gather" : x->gen_separate ? "to the generation pool" : "reshard");
     int nafter;
     const uint64_t *after = ex_trace_deps(x, t->node, NULL, 0, POOL_ACTOR, NULL, 0, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_SYNC, .target = FF_TARGET_GROUP,
@@ -348,7 +351,7 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
         }
     x->sync_redo.pending = false;
     /* what moved: the bytes each rank received, and how long the ranks took together */
-    int64_t t0 = 0, t1 = 0;
+    int64_t t0 = 0, t1 = 0, bytes = 0, most = 0;
     for (int i = 0; i < n; i++) {
         const ff_tensor *g = ex_out_named(&r[i], FF_RL_T_RECEIVED);
         if (!g || g->dtype != FF_DTYPE_I64 || ff_tensor_numel(g) != 1) {
@@ -356,12 +359,18 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
             return;
         }
         int64_t b = *(const int64_t *)g->data;
-        I->sync_bytes += b;
-        if (b > I->sync_bytes_max) I->sync_bytes_max = b;
+        bytes += b;
+        if (b > most) most = b;
         if (r[i].start_ns && (!t0 || r[i].start_ns < t0)) t0 = r[i].start_ns;
         if (r[i].end_ns > t1) t1 = r[i].end_ns;
     }
+    I->sync_bytes += bytes;
+    if (most > I->sync_bytes_max) I->sync_bytes_max = most;
     if (t0 && t1 > t0) I->sync_ns += t1 - t0;
+    char label[96];
+    snprintf(label, sizeof label, "%s: %.2f MB received, %.2f MB at most on a rank", x->gen_hybrid ? "micro-DP gather" : "weight sync",
+             (double)bytes / 1e6, (double)most / 1e6);
+    ex_trace_transition(x, label, t0, t1, bytes, most);
     I->st[j->node].t_last_ns = ff_now_ns();
     for (int64_t k = 0; k < j->ntasks; k++)
         if (ff_sched_complete(I->s, j->tasks[k]) != 0) ex_fail(x, "scheduler: %s", ff_error_message());

@@ -25,6 +25,7 @@
 #include "fuseflow/plan.h"
 #include "fuseflow/plugin.h"
 #include "fuseflow/registry.h"
+#include "fuseflow/reshard.h"
 #include "fuseflow/reward.h"
 #include "fuseflow/reward_client.h"
 #include "fuseflow/rl_protocol.h"

@@ -226,6 +226,9 @@ typedef struct ff_role_cfg {
     char where[256];
     int64_t rollout_workers; /* actor: `rollout: {workers: N}` puts generation on N workers of its
                                 own (0: on the training workers, colocated) */
+    bool rollout_bf16;       /* actor: `rollout: {sync_dtype: bf16}`: a weight sync that reshards
+                                sends bf16 (the generating copy holds the weights rounded to bf16;
+                                fp32, the default, moves them exactly; a local copy is exact) */
 } ff_role_cfg;
 
 /* Bounds of sizes read from a run config. Token lengths (data.max_prompt_length,

@@ -353,6 +353,39 @@ void ff_model_stage_drop(ff_model *m);
 int64_t ff_model_tensor_numel(const ff_model *m, const char *name);
 int ff_model_read_tensor(ff_model *m, const char *name, bool grad, float *host);
 int ff_model_write_tensor_grad(ff_model *m, const char *name, const float *host);
+/* Replace one tensor's parameters (this rank's shard) from host [numel]. No checks of the
+ * values (ff_model_load_weights checks). -1 + error for a tensor it does not hold. */
+int ff_model_write_tensor(ff_model *m, const char *name, const float *host);
+
+/* Where tensor i (0 <= i < ff_model_n_tensors) of this model sits in the Hugging Face tensor
+ * it is part of, for moving weights between layouts (workers/reshard): the whole tensor is
+ * full[0] x full[1] (a vector: full[1] = 1), row-major; tensor parallelism splits it along
+ * `axis` (0: rows, 1: columns, -1: never, whole on every rank: norms, score), and this model
+ * holds [start, start + len) along it (axis -1: all of it, start 0, len 1). index: its place
+ * in the whole model's order (the same on every rank and stage of one config, < the count
+ * ff_model_tensor_slots gives). copy: a pipeline stage's copy of a tensor another stage
+ * owns (the last stage's tied LM head; it takes the same update). */
+typedef struct ff_model_tensor_info {
+    const char *name; /* valid while the model lives */
+    int index;
+    int64_t full[2];
+    int axis;
+    int64_t start, len;
+    bool copy;
+} ff_model_tensor_info;
+int ff_model_n_tensors(const ff_model *m);
+void ff_model_tensor_info_of(const ff_model *m, int i, ff_model_tensor_info *out);
+int ff_model_tensor_slots(const ff_model_config *cfg);
+
+/* Give back the parameter buffer and the workspace of an inference model (a generating copy
+ * between its weight syncs), keeping its layout; ff_model_restore_params allocates the
+ * buffer again, its values undefined until written (ff_model_write_tensor). In between the
+ * model holds no parameter bytes (ff_model_memory_of) and must not run: running it asserts.
+ * Both 0 or -1 + error (a trainable model, which keeps its parameters with its gradients
+ * and optimizer; out of memory). */
+int ff_model_release_params(ff_model *m);
+int ff_model_restore_params(ff_model *m);
+bool ff_model_params_held(const ff_model *m);
 
 /* ---- optimizer ---------------------------------------------------------------------------- */
 

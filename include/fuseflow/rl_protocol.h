@@ -27,7 +27,7 @@ extern "C" {
 #define FF_RL_SCORE "rl.score"       /* a reward model's score per sample; mb */
 #define FF_RL_TRAIN "rl.train"       /* one optimizer step on this rank's share; role, denom,
                                         tensor "mb" (micro-batch offsets) */
-#define FF_RL_SYNC "rl.sync"         /* trained actor -> generating actor; mode local | bcast */
+#define FF_RL_SYNC "rl.sync"         /* trained actor -> generating actor; mode local | reshard */
 #define FF_RL_SAVE "rl.save"         /* a trained role's checkpoint; role, dir (to DP rank 0, or at
                                         ZeRO-1 to every DP rank of the role's group: they
                                         gather the optimizer state, rank 0 writes) */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `fuseflow run` runs every example algorithm end to end on a small random model (two
 # iterations each): PPO (critic, GAE, KL penalty), GRPO (also with two DP ranks, with a
-# rollout pool of its own synced by broadcast, and with the serial schedule, all giving the
+# rollout pool of its own synced by resharding, and with the serial schedule, all giving the
 # same metrics), RLOO, REINFORCE++, ReMax (greedy baseline per group), DAPO (dynamic
 # sampling), a reward model on a worker of its own, and a graph whose estimator, policy
 # loss, KL and reward all come from the example C plugin. Each writes metrics.jsonl with the

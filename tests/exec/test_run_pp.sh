@@ -3,7 +3,7 @@
 # tiny SFT model of test_run_tp.sh (2 layers, vocabulary 260):
 #   - PPO with the actor, critic and ref at PP 2 on 2 workers (1F1B over the micro-batches of
 #     each step, log-probs and values pipelined forward-only), generating in a layout of its own
-#     on the same workers (DP 2, the weights broadcast stage by stage after each update), and
+#     on the same workers (DP 2, each rank receiving the other stage's layers after each update), and
 #     at TP 2 x PP 2 on 4 workers (generation at TP 2 x DP 2), also with sequence
 #     parallelism, GPipe, and interleaved 1F1B (a 4-layer model), sample the same
 #     responses as on 1 worker for 3 iterations with float metrics within 1e-6 + 1% (the
@@ -13,7 +13,10 @@
 #   - a PP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
 #     tensors, the stages' gathered by the first) and ends as the 1-worker run does; its
 #     checkpoint loads in `fuseflow generate`;
-#   - GRPO with the actor at PP 2 and generation on a pool of its own trains like 1 worker;
+#   - GRPO with the actor at PP 2 and generation on a pool of its own trains like 1 worker, and so
+#     do TP 2 x PP 2 generating at TP 1 on the same workers (HybridFlow's micro-DP gather) and at
+#     2 x TP 2 on 4 workers of its own; each weight sync's bytes per rank are the formula's
+#     (its generation shard minus the training shard it holds; half of it in bf16);
 #   - generation pipelined too (in the actor's PP 2 and TP 2 x PP 2 layouts, and at PP 2 on a
 #     pool of its own) samples the same responses; its layout defaults to the actor's TP over
 #     the rest as DP, and generation over interleaved chunks is refused before any worker starts.
@@ -99,6 +102,11 @@ for o in p.values():
 m = [json.loads(l) for l in open(sys.argv[3]) if '"samples"' in l]
 assert all(0 < x["actor_pipe_bubble"] < 1 and 0 < x["critic_pipe_bubble"] < 1 for x in m), m
 print("bubble per rank:", {k: round(o["bubble"], 3) for k, o in p.items()}, "executor's:", [round(x["actor_pipe_bubble"], 3) for x in m])
+# the weight transitions: one slice per sync on their track, with the metrics' bytes
+tr = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "weight sync"]
+assert len(tr) == 3 and all(names[e["tid"]] == "weight transitions" and e["name"].startswith("micro-DP gather") for e in tr), tr
+assert [(e["args"]["bytes"], e["args"]["bytes_max_rank"]) for e in tr] == \
+    [(x["weight_sync"]["bytes"], x["weight_sync"]["bytes_max_rank"]) for x in m], (tr, m)
 PY
 
 # stopped at PP 2, resumed on one worker
@@ -139,36 +147,48 @@ grep -q "actor \[0 1\] tp 1 x pp 2 x dp 1, gen \[2\]" "$work/gpp2.log" || fail "
 same_samples "$work/g1" "$work/gpp2" "GRPO at PP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/gpp2/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at PP 2 does not train like one worker"
 # training at TP 2 x PP 2, generating at TP 1 (DP 4) on the same 4 workers (HybridFlow's
-# case; the weights by the full gather, not yet zero-redundancy resharding)
+# case: each rank gathers the rest of the model inside its micro-DP group of all 4)
 grpo "$work/ghy" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=1
 grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\], ref" "$work/ghy.log" || fail "not at TP 2 x PP 2 generating at DP 4: $(head -1 "$work/ghy.log")"
 same_samples "$work/g1" "$work/ghy" "GRPO at TP 2 x PP 2 generating at DP 4"
 same_metrics "$work/g1/metrics.jsonl" "$work/ghy/metrics.jsonl" 1e-6 1e-2 || fail "GRPO at TP 2 x PP 2 generating at DP 4 does not train like one worker"
-# and generation at PP 2 on a pool of its own (the weights broadcast into its stages)
+# training at TP 2 x PP 2, generating at 2 x TP 2 on 4 workers of its own: each generation rank
+# receives exactly its shard from the actor's ranks that hold its pieces
+grpo "$work/gpool" roles.actor.workers=4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 \
+  roles.actor.rollout.workers=4 roles.actor.rollout.layout.tp=2
+grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[4 5 6 7\] tp 2 x pp 1 x dp 2" "$work/gpool.log" ||
+  fail "not at TP 2 x PP 2 generating at 2 x TP 2 apart: $(head -1 "$work/gpool.log")"
+same_samples "$work/g1" "$work/gpool" "GRPO at TP 2 x PP 2 generating at 2 x TP 2 apart"
+same_metrics "$work/g1/metrics.jsonl" "$work/gpool/metrics.jsonl" 1e-6 1e-2 || fail "GRPO generating at 2 x TP 2 apart does not train like one worker"
+# the same with bf16 on the wire: half the bytes (the generating copy holds rounded weights)
+grpo "$work/ghyb" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=1 \
+  roles.actor.rollout.sync_dtype=bf16
+# and generation at PP 2 on a pool of its own (each stage receives its layers from the actor)
 grpo "$work/ggen" roles.actor.workers=1 roles.actor.rollout.workers=2 roles.actor.rollout.layout.pp=2
 grep -q "actor \[0\], gen \[1 2\] tp 1 x pp 2 x dp 1" "$work/ggen.log" || fail "generation is not at PP 2 apart: $(head -1 "$work/ggen.log")"
 same_samples "$work/g1" "$work/ggen" "GRPO generating at PP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/ggen/metrics.jsonl" 1e-6 1e-2 || fail "GRPO generating at PP 2 does not train like one worker"
 
-# the weight sync's bytes (metrics "weight_sync"): a local copy moves none; from PP 2 to
-# generation at DP 2 on the same 2 workers each tensor goes from its stage to the other rank
-# (M in all: the whole model's bytes, the generation copy's); to a generation pool of one
-# worker of its own each goes to the other stage and the generation rank (2 M, M at most)
-python3 - "$work" <<'PY' || fail "the weight sync's bytes are not the full gather's"
+# the weight sync's bytes (metrics "weight_sync") against the formula, per rank from the
+# memory report: a local copy moves none; a generation copy on the actor's workers receives its
+# shard minus the training shard it holds (gen - actor params bytes: TP 2 x PP 2 -> TP 1 and
+# -> TP 2 in HybridFlow's micro-DP groups, PP 2 -> DP 2; half of it in bf16), one on a pool of
+# its own its whole shard (gen params bytes), and no rank receives a byte it holds
+python3 - "$work" <<'PY' || fail "the weight sync's bytes are not the formula's"
 import json, sys
 def lines(run): return [json.loads(l) for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl")]
-def whole(run):  # the generation copy's weights (a whole model at TP 1, PP 1)
+for run in ["one", "pp2", "tp2pp2", "ghy", "ghyb", "gpp2", "ggen", "gpool"]:
     mem = next(l["memory"] for l in lines(run) if "memory" in l)
-    return max(r["roles"]["gen"]["params_bytes"] for r in mem if "gen" in r["roles"])
-for run, total, most in [("one", lambda M: 0, lambda M: 0), ("pp2", lambda M: M, None), ("gpp2", lambda M: 2 * M, lambda M: M)]:
-    M = whole(run)
+    wire = 2 if run == "ghyb" else 4  # bytes per parameter on the wire
+    want = [(r["roles"]["gen"]["params_bytes"] - r["roles"].get("actor", {"params_bytes": 0})["params_bytes"]) * wire // 4
+            for r in mem if "gen" in r["roles"]]
+    if run == "one": want = [0]
     syncs = [l["weight_sync"] for l in lines(run) if "samples" in l]
-    assert len(syncs) == 3 and M > 0, (run, syncs, M)
+    assert len(syncs) == 3 and all(w > 0 for w in want) == (run != "one"), (run, syncs, want)
     for w in syncs:
-        assert w["bytes"] == total(M), (run, w, M)
-        assert (w["bytes_max_rank"] == most(M)) if most else (0 < w["bytes_max_rank"] < M), (run, w, M)
+        assert w["bytes"] == sum(want) and w["bytes_max_rank"] == max(want), (run, w, want)
         assert w["time_s"] > 0, (run, w)  # the ranks' subtasks, start to end
-print("weight sync bytes: PP 2 -> DP 2 on the same workers moves the whole model once per sync")
+    print(f"weight sync {run}: {syncs[0]['bytes']} B in all, {syncs[0]['bytes_max_rank']} B at most on a rank, formula per rank {want}")
 PY
 
 # refused before any worker starts
@@ -182,4 +202,11 @@ fi
 grep -qF "generation runs one chunk per stage (vpp 2)" "$work/bad.log" && grep -qF "roles.actor.rollout.layout vpp: 1" "$work/bad.log" ||
   { cat "$work/bad.log" >&2; fail "the refusal of generation at VPP 2 does not say why and what to do"; }
 [[ ! -e "$out" ]] || fail "workers started before the refusal"
+if "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=1 roles.ref.model=$S roles.actor.model=$S \
+     roles.actor.rollout.sync_dtype=fp16 --no-progress > "$work/bad2.log" 2>&1; then
+  fail "sync_dtype fp16 was not refused"
+fi
+grep -qF "sync_dtype" "$work/bad2.log" && grep -qF "bf16" "$work/bad2.log" ||
+  { cat "$work/bad2.log" >&2; fail "the refusal of sync_dtype fp16 does not name the key and its values"; }
+[[ ! -e "$out" ]] || fail "workers started before the refusal of sync_dtype"
 echo "ok"

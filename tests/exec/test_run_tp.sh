@@ -99,11 +99,27 @@ same_samples "$work/g1" "$work/gen_tp2" "generation at TP 2"
 same_samples "$work/g1" "$work/train_tp2" "training at TP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/gen_tp2/metrics.jsonl" 1e-6 1e-2 || fail "generation at TP 2 does not train like TP 1"
 same_metrics "$work/g1/metrics.jsonl" "$work/train_tp2/metrics.jsonl" 1e-6 1e-2 || fail "training at TP 2 does not train like TP 1"
-# and on the same workers: training at TP 2, generation at DP 2 (the weights broadcast after each update)
+# and on the same workers: training at TP 2, generation at DP 2 (each rank receiving the other TP half after each update)
 grpo "$work/relaid" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor.rollout.layout.tp=1 roles.actor.rollout.layout.dp=2
 grep -q "actor \[0 1\] tp 2 x pp 1 x dp 1, gen \[0 1\]" "$work/relaid.log" || fail "generation is not at DP 2 beside TP 2: $(head -1 "$work/relaid.log")"
 same_samples "$work/g1" "$work/relaid" "generation at DP 2 on the TP 2 workers"
 same_metrics "$work/g1/metrics.jsonl" "$work/relaid/metrics.jsonl" 1e-6 1e-2 || fail "generation at DP 2 on the TP 2 workers does not train like TP 1"
+# HybridFlow's TP 4 -> TP 2 on the same 4 workers: generation TP groups {0 2} and {1 3}, each rank
+# gathering the other half of its generation shard from its micro-DP neighbour (replicated
+# key/value heads at TP 4: 2 of them), the bytes per rank its generation shard minus its own
+grpo "$work/tp4to2" --workers 4 roles.actor.layout.tp=4 roles.actor.rollout.layout.tp=2
+grep -q "actor \[0 1 2 3\] tp 4 x pp 1 x dp 1, gen \[0 1 2 3\] tp 2 x pp 1 x dp 2" "$work/tp4to2.log" ||
+  fail "not at TP 4 generating at TP 2: $(head -1 "$work/tp4to2.log")"
+same_samples "$work/g1" "$work/tp4to2" "TP 4 generating at TP 2"
+same_metrics "$work/g1/metrics.jsonl" "$work/tp4to2/metrics.jsonl" 1e-6 1e-2 || fail "TP 4 generating at TP 2 does not train like TP 1"
+python3 - "$work/tp4to2/metrics.jsonl" <<'PY' || fail "TP 4 -> TP 2: the weight sync's bytes are not the formula's"
+import json, sys
+L = [json.loads(l) for l in open(sys.argv[1])]
+mem = next(l["memory"] for l in L if "memory" in l)
+want = [r["roles"]["gen"]["params_bytes"] - r["roles"]["actor"]["params_bytes"] for r in mem]
+for w in [l["weight_sync"] for l in L if "samples" in l]:
+    assert w["bytes"] == sum(want) and w["bytes_max_rank"] == max(want) and min(want) > 0, (w, want)
+PY
 
 # a reward model (op: score, a value head) at TP 2 on workers of its own scores as at TP 1
 "$bin" init --preset tiny --out "$work/rm" num_hidden_layers=2 hidden_size=64 intermediate_size=128 vocab_size=260 value_head=true \

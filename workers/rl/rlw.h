@@ -134,16 +134,23 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
 int64_t rlw_train_timeline(const rlw *s, const double **rows);
 
 /* ---- weight sync ------------------------------------------------------------------------- */
-/* The trained actor's weights into the generating actor of this process. */
+/* The generating copy beside a trained actor on this worker holds its weights and its rollout
+ * (KV cache) only from a sync to the actor's next training step, which gives them back
+ * (ff_model_release_params): a rank's weights peak at the training shard + gradients +
+ * optimizer, or the training shard + the copy + its KV cache, not all of them at once. */
+/* The trained actor's weights into the generating actor of this process (the same layout). */
 int rlw_sync_local(rlw *s);
 /* The bytes of weights this rank received from other ranks in its last sync (0 after a
- * local copy): what the issue of resharding measures itself against. */
+ * local copy). */
 int64_t rlw_sync_received(const rlw *s);
-/* Across processes and layouts: the ranks of comm that host the trained actor (its TP ranks
- * of replica 0, comm's first ranks) gather its whole tensors, rank 0 of comm broadcasts them,
- * and every rank that hosts FF_RL_GEN takes its slices of them (a full gather: each
- * generation rank receives the whole model, whatever its layout). */
-int rlw_sync_bcast(rlw *s, ff_coll_comm *comm);
+/* Across layouts (ff_reshard): every rank hosting FF_RL_GEN receives exactly the pieces of
+ * its generation shard it does not hold, from ranks that hold them. On the actor's workers
+ * (a generation layout of its own) inside the group split at rl.init (HybridFlow's micro-DP
+ * group when the layouts nest, else the training replica), by a plan made at the first
+ * sync; with a pool of its own inside comm (the sync group: the actor's replica 0, which
+ * sends, and the generation ranks), planned again when the group changed. bf16 on the wire
+ * with roles.actor.rollout.sync_dtype: bf16. */
+int rlw_sync_reshard(rlw *s, ff_coll_comm *comm);
 
 /* ---- checkpoints and checks -------------------------------------------------------------- */
 /* DIR/<role>/ (a model folder, with the tokenizer when the role's model had one) and

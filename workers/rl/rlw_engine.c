@@ -25,6 +25,7 @@
 #include "fuseflow/pipe_exec.h"
 #include "fuseflow/plan.h"
 #include "fuseflow/registry.h"
+#include "fuseflow/reshard.h"
 #include "fuseflow/roles.h"
 #include "fuseflow/safetensors.h"
 #include "fuseflow/tokenizer.h"
@@ -72,6 +73,20 @@ struct rlw {
     float *gbuf;
     int64_t gcap;
     int64_t sync_received; /* bytes the last weight sync brought from other ranks */
+    /* the generating copy beside the trained actor on this worker: its parameters and its
+     * rollout (KV cache) exist only from a weight sync to the next actor step (gen_release);
+     * in a layout of its own its transition runs in xfer (the micro-DP group of HybridFlow's
+     * mapping, else the training replica) by a plan made once (xplan) */
+    bool gen_transient;
+    ff_rollout_config ro_cfg;
+    ff_coll_comm *xfer;
+    ff_reshard_plan *xplan;
+    /* a pool of its own: the plan of the last sync and the group it was made on (the group
+     * only ever loses dead ranks, so the same communicator of the same size has the same
+     * members) */
+    ff_reshard_plan *pplan;
+    const ff_coll_comm *pplan_comm;
+    int pplan_size;
     double *timeline; /* rlw_train_timeline: [ntimeline * 5] */
     int64_t ntimeline, timeline_cap;
     /* the layout of every role here but the generating copy's, and that copy's (glay: &lay,
@@ -84,6 +99,7 @@ struct rlw {
 };
 
 static void lay_clear(rlw_lay *y);
+static int gen_release(rlw *s);
 
 rlw *rlw_new(void) {
     rlw *s = ff_calloc(1, sizeof *s);
@@ -199,6 +215,11 @@ static void unload(rlw *s) {
     ff_model_destroy(&s->ref);
     ff_model_destroy(&s->rm);
     ff_tokenizer_destroy(&s->tok);
+    ff_reshard_plan_destroy(&s->xplan);
+    ff_reshard_plan_destroy(&s->pplan);
+    s->pplan_comm = NULL;
+    ff_coll_comm_destroy(&s->xfer);
+    s->gen_transient = false;
     /* after the models that ran their collectives on them */
     lay_clear(&s->lay);
     lay_clear(&s->lay_gen);
@@ -225,6 +246,12 @@ static const ff_node *train_node(const ff_run_config *run, ff_role role) {
         if (n->op == FF_OP_TRAIN && n->role == role) return n;
     }
     return NULL;
+}
+
+static bool sync_node(const ff_run_config *run) {
+    for (size_t i = 0; i < ff_graph_n_nodes(run->graph); i++)
+        if (ff_graph_node(run->graph, i)->op == FF_OP_SYNC_WEIGHTS) return true;
+    return false;
 }
 
 /* ---- loading --------------------------------------------------------------------------------- */
@@ -410,6 +437,22 @@ static int layouts_setup(rlw *s, const rlw_init_args *a) {
     if (a->gen.tp < 1 || !(a->roles & FF_RL_GEN)) return 0;
     if (lay_setup(&s->lay_gen, &a->gen, &s->run->roles[FF_ROLE_ACTOR].rollout, a->group) != 0) return -1;
     s->glay = &s->lay_gen;
+    if (!(a->roles & FF_RL_ACTOR)) return 0;
+    /* the transition's group, split from the pool's communicator by every rank of it: the
+     * micro-DP group when the controller placed the copy by HybridFlow's mapping (generation
+     * TP index i / (t/tg), stage s / (p/pg), replica k dg + (i mod t/tg) + (t/tg)(s mod p/pg)),
+     * else the training replica, which holds the whole model */
+    if (!a->group)
+        return ff_error_set("worker", "the executor sends rl.init with the pool's group",
+                            "a generation layout of its own without a communicator");
+    const rlw_place *t = &s->lay.at, *g = &s->lay_gen.at;
+    int color = t->dp_rank, key = t->pp_rank * t->tp + t->tp_rank;
+    if (t->tp % g->tp == 0 && t->pp % g->pp == 0) {
+        const int ta = t->tp / g->tp, pb = t->pp / g->pp, dg = ta * pb, md = t->tp_rank % ta + ta * (t->pp_rank % pb);
+        if (g->tp_rank == t->tp_rank / ta && g->pp_rank == t->pp_rank / pb && g->dp_rank == t->dp_rank * dg + md)
+            color = t->dp * (1 + g->pp_rank * g->tp + g->tp_rank) + t->dp_rank, key = md; /* apart from the replicas' colours */
+    }
+    if (ff_coll_comm_split(a->group, color, key, &s->xfer) != 0) return ff_error_wrap("worker: the weight transition's group");
     return 0;
 }
 
@@ -450,7 +493,10 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         rc.max_slots = a->slots > 0 ? a->slots : 64;
         rc.max_seq_len = a->max_seq_len > 0 ? a->max_seq_len : 256;
         rc.pipe = s->glay->at.pp > 1 ? &s->glay->gpipe : NULL; /* every stage decodes the same batch */
+        s->ro_cfg = rc;
         if (!(s->ro = ff_rollout_new(s->gen, &rc))) return ff_error_wrap("worker");
+        /* beside a trained actor whose weights a sync brings over */
+        s->gen_transient = s->t_actor && sync_node(s->run);
     }
     if (a->roles & FF_RL_CRITIC) {
         const char *cdir = roles[FF_ROLE_CRITIC].model;
@@ -524,6 +570,9 @@ static int need(const rlw *s, unsigned role) {
 int rlw_gen_add(rlw *s, void *owner, const int32_t *prompts, const int32_t *plens, const int64_t *seeds, int32_t k, int32_t n,
                 const rlw_sampling *sp) {
     if (need(s, FF_RL_GEN)) return -1;
+    if (!s->ro)
+        return ff_error_set("rl.generate", "the controller syncs the weights after training, before generating",
+                            "the generating copy gave its weights back for the actor's training");
     if (k < 1 || n < 1) return ff_error_set("rl.generate", NULL, "%d prompts x %d samples", k, n);
     if (s->njobs == s->jobs_cap) {
         int cap = s->jobs_cap ? 2 * s->jobs_cap : 16;
@@ -683,6 +732,9 @@ static const ff_roles_pipe *pipe_of(const rlw *s, unsigned role) {
 
 int rlw_logprob(rlw *s, unsigned role, const rlw_samples *in, int32_t micro_batch, float *logp, float *ent) {
     if (need(s, role)) return -1;
+    if (!ff_model_params_held(model_of(s, role)))
+        return ff_error_set("rl.logprob", "score with the generating copy after a weight sync, or with the actor",
+                            "the %s gave its weights back for the actor's training", role_name(role));
     float **pl = NULL, **pe = NULL;
     ff_rl_sample *v = views(in, logp, &pl, ent, &pe);
     if (!v) return -1;
@@ -752,6 +804,7 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
     if (!t)
         return ff_error_set("rl.train", "the graph needs a train node for the role, and the worker must host it",
                             "this worker has no %s trainer", role_name(role));
+    if (role == FF_RL_ACTOR && gen_release(s) != 0) return -1;
     ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
     if (!v) return -1;
     ff_train_metrics tm = {0}; /* a step that fails its checks leaves it untouched */
@@ -777,62 +830,59 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
 /* ---- weight sync ------------------------------------------------------------------------------ */
 int64_t rlw_sync_received(const rlw *s) { return s->sync_received; }
 
+/* generate -> train: the generating copy gives back its parameters and its rollout (the KV
+ * cache, the decode workspace) until the next sync; the trained shard never moved */
+static int gen_release(rlw *s) {
+    if (!s->gen_transient || !ff_model_params_held(s->gen)) return 0;
+    if (s->njobs || (s->ro && ff_rollout_running(s->ro) > 0))
+        return ff_error_set("rl.train", "the controller trains after generation ends", "%d generation jobs are open", s->njobs);
+    ff_rollout_destroy(&s->ro);
+    return ff_model_release_params(s->gen);
+}
+
+/* train -> generate, first half: the copy's parameter memory back (filled by the caller) */
+static int gen_restore(rlw *s) { return ff_model_restore_params(s->gen) ? ff_error_wrap("weight sync") : 0; }
+
+/* ... second half: its rollout again */
+static int gen_ready(rlw *s) {
+    if (s->ro) return 0;
+    return (s->ro = ff_rollout_new(s->gen, &s->ro_cfg)) ? 0 : ff_error_wrap("weight sync");
+}
+
 int rlw_sync_local(rlw *s) {
     s->sync_received = 0;
     if (need(s, FF_RL_ACTOR) || need(s, FF_RL_GEN)) return -1;
-    if (ff_rollout_sync_weights(s->ro, s->actor) != 0) return ff_error_wrap("weight sync");
-    return 0;
+    if (s->ro && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
+    if (gen_restore(s) != 0 || ff_model_copy_params(s->gen, s->actor) != 0) return ff_error_wrap("weight sync");
+    return gen_ready(s);
 }
 
-int rlw_sync_bcast(rlw *s, ff_coll_comm *comm) {
+int rlw_sync_reshard(rlw *s, ff_coll_comm *comm) {
     s->sync_received = 0;
-    if (!comm) return ff_error_set("weight sync", "the executor makes a sync group with a communicator", "no communicator");
-    /* the trained actor's replica 0 holds the weights (each stage its layers, its TP ranks
-     * gathering them whole); every rank hosting the generating copy takes its slices */
-    const bool source = s->actor != NULL && s->lay.at.dp_rank == 0, target = s->gen != NULL;
-    if (!source && !target) return need(s, FF_RL_GEN);
-    if (target && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
-    ff_model *m = s->actor ? s->actor : s->gen;
-    ff_tensor_set *order = ff_tensor_set_new(), *whole = source ? ff_tensor_set_new() : NULL;
-    int rc = order && (!source || whole) ? 0 : -1;
-    /* whole tensors in the fixed order of the config (ff_model_expected_tensors) */
-    if (rc == 0) rc = ff_model_expected_tensors(ff_model_config_of(m), order);
-    if (rc == 0 && source) rc = ff_model_export_weights(m, whole); /* a collective of the TP group */
-    /* who sends each tensor: its stage's TP rank 0 (a sum over the group of rank + 1, one
-     * owner each) */
-    double *owner = rc == 0 ? ff_calloc(order->n ? order->n : 1, sizeof *owner) : NULL;
-    if (rc == 0 && !owner) rc = -1;
-    const int me = ff_coll_comm_rank(comm);
-    for (size_t i = 0; rc == 0 && source && s->lay.at.tp_rank == 0 && i < order->n; i++) {
-        ff_host_tensor *t = &order->items[i], *e = ff_tensor_set_find(whole, t->name);
-        if (!e) continue;
-        if (ff_host_tensor_numel(e) != ff_host_tensor_numel(t)) {
-            rc = ff_error_set("weight sync", "the actor and its generation copy load the same model",
-                              "the trained actor's '%s' has %" PRId64 " elements, the config's %" PRId64, t->name,
-                              ff_host_tensor_numel(e), ff_host_tensor_numel(t));
-            break;
-        }
-        memcpy(t->data, e->data, (size_t)ff_host_tensor_numel(t) * sizeof *t->data);
-        owner[i] = me + 1;
+    /* colocated: the group split at rl.init and a plan made once; a pool of its own: the sync
+     * group (the actor's replica 0 and the live generation ranks), planned again when it
+     * changed */
+    const bool colocated = s->xfer != NULL;
+    ff_coll_comm *group = colocated ? s->xfer : comm;
+    if (!group) return ff_error_set("weight sync", "the executor makes a sync group with a communicator", "no communicator");
+    ff_model *src = s->actor && (colocated || s->lay.at.dp_rank == 0) ? s->actor : NULL, *dst = s->gen;
+    if (!src && !dst) return need(s, FF_RL_GEN);
+    if (dst && s->ro && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
+    if (dst && gen_restore(s) != 0) return -1;
+    ff_reshard_plan **plan = colocated ? &s->xplan : &s->pplan;
+    if (!colocated && (s->pplan_comm != group || s->pplan_size != ff_coll_comm_size(group))) ff_reshard_plan_destroy(plan);
+    if (!*plan) {
+        const ff_reshard_opts ro = {.bf16 = s->run->roles[FF_ROLE_ACTOR].rollout_bf16};
+        if (!(*plan = ff_reshard_plan_new(group, src, dst, &ro)))
+            return ff_error_wrap("weight sync");
+        if (!colocated) s->pplan_comm = group, s->pplan_size = ff_coll_comm_size(group);
     }
-    ff_tensor_set_destroy(&whole);
-    int64_t total = 0;
-    for (size_t i = 0; order && i < order->n; i++) total += ff_host_tensor_numel(&order->items[i]);
-    if (rc == 0) rc = ff_coll_all_reduce(owner, owner, order->n, FF_DTYPE_F64, FF_COLL_SUM, comm, NULL);
-    for (size_t i = 0; rc == 0 && i < order->n; i++) {
-        ff_host_tensor *t = &order->items[i];
-        int root = (int)owner[i] - 1;
-        if (root < 0 || root >= ff_coll_comm_size(comm) || owner[i] != (double)(root + 1))
-            rc = ff_error_set("weight sync", "the sync group holds the actor's first replica, every stage of it",
-                              "tensor '%s' has %s in the group", t->name, root < 0 ? "no sender" : "several senders");
-        else
-            rc = ff_coll_broadcast(t->data, t->data, (size_t)ff_host_tensor_numel(t), FF_DTYPE_F32, root, comm, NULL);
-        if (rc == 0 && root != me) s->sync_received += ff_host_tensor_numel(t) * (int64_t)sizeof(float);
-    }
-    free(owner);
-    if (rc == 0 && target) rc = ff_model_load_weights(s->gen, order); /* its slices under TP */
-    ff_tensor_set_destroy(&order);
-    return rc ? ff_error_wrap("weight sync (broadcast of %" PRId64 " parameters in whole tensors)", total) : 0;
+    ff_reshard_stats st;
+    int rc = ff_reshard_run(*plan, src, dst, &st);
+    if (rc) ff_reshard_plan_destroy(plan); /* a broken group: plan again on the next */
+    if (rc) return ff_error_wrap("weight sync");
+    s->sync_received = st.received;
+    return dst ? gen_ready(s) : 0;
 }
 
 /* The other stages' tensors into `set` on the pipeline's first stage (pp rank 0): each sends
@@ -927,6 +977,8 @@ int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
 int rlw_digest(rlw *s, unsigned role, uint64_t *hash, double *sum) {
     if (need(s, role)) return -1;
     ff_model *m = model_of(s, role);
+    if (!ff_model_params_held(m))
+        return ff_error_set("rl.digest", "ask after a weight sync", "the %s holds no weights between its syncs", role_name(role));
     int64_t n = ff_model_param_count(m);
     float *buf = ff_malloc((size_t)n * sizeof *buf);
     if (!buf) return -1;

@@ -438,8 +438,8 @@ static int k_sync(ff_task *t, void *ud) {
     if (!arg_str(t, "mode", mode, sizeof mode)) return -1;
     int rc;
     if (!strcmp(mode, "local")) rc = rlw_sync_local(r->eng);
-    else if (!strcmp(mode, "bcast")) rc = rlw_sync_bcast(r->eng, ff_task_comm(t));
-    else return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.sync: mode '%s' (local or bcast)", mode);
+    else if (!strcmp(mode, "reshard")) rc = rlw_sync_reshard(r->eng, ff_task_comm(t));
+    else return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.sync: mode '%s' (local or reshard)", mode);
     if (rc) return -1;
     int64_t *got = ff_task_output(t, FF_RL_T_RECEIVED, FF_DTYPE_I64, 1, (int64_t[]){1});
     if (!got) return -1;

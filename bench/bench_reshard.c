@@ -1,0 +1,309 @@
+/* The weight transition train -> generate of an actor on the same ranks (issue 11, the
+ * 3D-HybridEngine): 4 ranks, each a process with ff_coll's cpu backend over shared memory and
+ * a cpu:1 backend, one model of a few hundred MB fp32, trained at TP 2 x PP 2 and generating
+ * at TP 2 (micro-DP groups of 2) and at TP 1 (one group of 4). Three paths, the same models,
+ * the same run:
+ *   hybrid  ff_reshard inside the micro-DP groups of HybridFlow's mapping (the plan made once,
+ *           outside the timing): each rank receives its generation shard minus its own
+ *   naive   every rank gathers the whole model (ff_reshard into a whole copy: M - M/(t p)
+ *           received), then slices its generation shard out of it
+ *   bcast   the sync fuseflow had before: each stage's TP group gathers whole tensors
+ *           (ff_model_export_weights), each tensor is broadcast from its stage's TP rank 0 to
+ *           every rank, which loads its slices (ff_model_load_weights)
+ * and the formula's bytes per rank, M/(tg pg) - M/(t p), at the all-gather bandwidth measured
+ * in the same micro-DP groups (ff_coll_all_gather_v of a training shard each, all groups at
+ * once). Times are the slowest
+ * rank's, the median of --reps runs.
+ *
+ *   bench_reshard [--hidden 1024] [--layers 8] [--reps 3]
+ *
+ * Not here: a separate generation pool (tests/reshard), the run around it (fuseflow run). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fuseflow/backend.h"
+#include "fuseflow/coll.h"
+#include "fuseflow/error.h"
+#include "fuseflow/model.h"
+#include "fuseflow/reshard.h"
+#include "fuseflow/util.h"
+
+enum { RANKS = 4, MAXREPS = 16, NCASES = 2 };
+
+typedef struct opts {
+    int hidden, layers, reps;
+} opts;
+
+typedef struct result {
+    int ok;
+    int64_t params; /* the whole model's */
+    struct {
+        double hybrid_s, naive_s, bcast_s, gather_bw; /* bytes/s one rank receives in an all-gather */
+        int64_t hybrid_bytes, naive_bytes, bcast_bytes; /* the busiest rank's */
+        int64_t gen_bytes, train_bytes;                 /* a generation and a training shard (rank 0's) */
+        int64_t off_formula; /* the most a rank's received bytes differ from its shard difference */
+    } c[NCASES];
+} result;
+
+static const struct { int tg, pg; } cases[NCASES] = {{2, 1}, {1, 1}};
+enum { T = 2, P = 2 };
+
+static int c_sum(void *c, float *b, size_t n) { return ff_coll_all_reduce(b, b, n, FF_DTYPE_F32, FF_COLL_SUM, c, NULL); }
+static int c_max(void *c, float *b, size_t n) { return ff_coll_all_reduce(b, b, n, FF_DTYPE_F32, FF_COLL_MAX, c, NULL); }
+static int c_sum64(void *c, double *b, size_t n) { return ff_coll_all_reduce(b, b, n, FF_DTYPE_F64, FF_COLL_SUM, c, NULL); }
+static int c_gather(void *c, const float *in, float *out, size_t n) { return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, c, NULL); }
+
+static ff_model *shard(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *w, ff_coll_comm *tp, ff_model_comm *mc, int s,
+                       int pp) {
+    int32_t first = s * (cfg->num_hidden_layers / pp), count = cfg->num_hidden_layers / pp;
+    ff_model_stage st = {.n_chunks = 1, .first_layer = &first, .n_layers = &count};
+    *mc = (ff_model_comm){.rank = tp ? ff_coll_comm_rank(tp) : 0, .size = tp ? ff_coll_comm_size(tp) : 1, .ctx = tp,
+                          .all_reduce_sum = c_sum, .all_reduce_max = c_max, .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather};
+    ff_model_opts o = {.inference = true, .comm = mc->size > 1 ? mc : NULL, .stage = pp > 1 ? &st : NULL};
+    return ff_model_new_opts(be, cfg, w, &o);
+}
+
+static double slowest(ff_coll_comm *c, double t) {
+    ff_coll_all_reduce(&t, &t, 1, FF_DTYPE_F64, FF_COLL_MAX, c, NULL);
+    return t;
+}
+static int64_t most(ff_coll_comm *c, int64_t b) {
+    ff_coll_all_reduce(&b, &b, 1, FF_DTYPE_I64, FF_COLL_MAX, c, NULL);
+    return b;
+}
+static int barrier(ff_coll_comm *c) {
+    float x = 0;
+    return ff_coll_all_reduce(&x, &x, 1, FF_DTYPE_F32, FF_COLL_SUM, c, NULL);
+}
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return v[n / 2];
+}
+
+/* dst's shard of every tensor out of a whole model on this rank (host copies, no checks) */
+static int slice_from(ff_model *whole, ff_model *dst, float *full, float *part) {
+    for (int i = 0; i < ff_model_n_tensors(dst); i++) {
+        ff_model_tensor_info t;
+        ff_model_tensor_info_of(dst, i, &t);
+        if (ff_model_read_tensor(whole, t.name, false, full) != 0) return -1;
+        const float *from = full;
+        if (t.axis == 0) {
+            from = full + t.start * t.full[1];
+        } else if (t.axis == 1) {
+            for (int64_t r = 0; r < t.full[0]; r++) memcpy(part + r * t.len, full + r * t.full[1] + t.start, (size_t)t.len * 4);
+            from = part;
+        }
+        if (ff_model_write_tensor(dst, t.name, from) != 0) return -1;
+    }
+    return 0;
+}
+
+/* fuseflow's sync before resharding (rlw_sync_bcast): the stage's TP group exports whole
+ * tensors, each goes from its stage's TP rank 0 to every rank, which loads its slices */
+static int bcast_path(ff_coll_comm *world, ff_model *src, ff_model *dst, ff_tensor_set *order, int tp_rank, int64_t *got) {
+    ff_tensor_set *whole = ff_tensor_set_new();
+    int rc = whole ? ff_model_export_weights(src, whole) : -1;
+    const int me = ff_coll_comm_rank(world), n = ff_coll_comm_size(world);
+    double *owner = ff_calloc(order->n, sizeof *owner);
+    if (!owner) rc = -1;
+    for (size_t i = 0; rc == 0 && i < order->n; i++) {
+        ff_host_tensor *e = ff_tensor_set_find(whole, order->items[i].name);
+        if (e && tp_rank == 0) {
+            memcpy(order->items[i].data, e->data, (size_t)ff_host_tensor_numel(e) * sizeof(float));
+            owner[i] = me + 1;
+        }
+    }
+    ff_tensor_set_destroy(&whole);
+    if (rc == 0) rc = ff_coll_all_reduce(owner, owner, order->n, FF_DTYPE_F64, FF_COLL_SUM, world, NULL);
+    *got = 0;
+    for (size_t i = 0; rc == 0 && i < order->n; i++) {
+        const int root = (int)owner[i] - 1;
+        if (root < 0 || root >= n) rc = ff_error_set("bench", NULL, "tensor %s has no sender", order->items[i].name);
+        else rc = ff_coll_broadcast(order->items[i].data, order->items[i].data, (size_t)ff_host_tensor_numel(&order->items[i]),
+                                    FF_DTYPE_F32, root, world, NULL);
+        if (root != me) *got += ff_host_tensor_numel(&order->items[i]) * 4;
+    }
+    free(owner);
+    return rc == 0 ? ff_model_load_weights(dst, order) : -1;
+}
+
+static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out) {
+    ff_coll_options co = {.timeout_s = 600};
+    ff_coll_comm *world = NULL;
+    ff_backend *be = NULL;
+    if (ff_coll_comm_init(&world, RANKS, id, rank, &co) || !(be = ff_backend_new("cpu:1"))) return 1;
+    ff_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    snprintf(cfg.model_type, sizeof cfg.model_type, "llama");
+    cfg.vocab_size = 8192, cfg.hidden_size = o->hidden, cfg.intermediate_size = o->hidden * 11 / 4;
+    cfg.num_hidden_layers = o->layers, cfg.num_attention_heads = o->hidden / 64, cfg.num_key_value_heads = o->hidden / 128;
+    cfg.max_position_embeddings = 512, cfg.rope_theta = 10000.0, cfg.rms_norm_eps = 1e-5, cfg.bos_token_id = cfg.pad_token_id = -1;
+    ff_tensor_set *w = ff_tensor_set_new();
+    if (!w || ff_model_init_weights(&cfg, 1, 0.02, w)) return 1;
+    const int i = rank % T, s = rank / T;
+    ff_coll_comm *tp = NULL;
+    ff_model_comm mc_src;
+    if (ff_coll_comm_split(world, s, i, &tp)) return 1;
+    ff_model *src = shard(be, &cfg, w, tp, &mc_src, s, P);
+    ff_tensor_set *order = ff_tensor_set_new();
+    if (!src || !order || ff_model_expected_tensors(&cfg, order)) return 1;
+    ff_model_comm mc_whole;
+    ff_model *whole = shard(be, &cfg, w, NULL, &mc_whole, 0, 1);
+    if (!whole) return 1;
+    out->params = ff_model_param_count(whole);
+    int64_t maxn = 0;
+    for (size_t k = 0; k < order->n; k++)
+        if (ff_host_tensor_numel(&order->items[k]) > maxn) maxn = ff_host_tensor_numel(&order->items[k]);
+    float *full = ff_malloc((size_t)maxn * 4), *part = ff_malloc((size_t)maxn * 4);
+    if (!full || !part) return 1;
+    for (int c = 0; c < NCASES; c++) {
+        const int tg = cases[c].tg, pg = cases[c].pg, a = T / tg, b = P / pg;
+        const int ig = i / a, sg = s / b, rep = i % a + a * (s % b);
+        ff_coll_comm *gtp = NULL, *mdp = NULL;
+        ff_model_comm mc_dst;
+        if (ff_coll_comm_split(world, rep * pg + sg, ig, &gtp) || ff_coll_comm_split(world, sg * tg + ig, rep, &mdp)) return 1;
+        ff_model *dst = shard(be, &cfg, w, gtp, &mc_dst, sg, pg);
+        ff_reshard_plan *hy = dst ? ff_reshard_plan_new(mdp, src, dst, NULL) : NULL;
+        ff_reshard_plan *nv = hy ? ff_reshard_plan_new(world, src, whole, NULL) : NULL;
+        if (!nv) {
+            fprintf(stderr, "rank %d: %s\n", rank, ff_error_message());
+            return 1;
+        }
+        double th[MAXREPS], tn[MAXREPS], tb[MAXREPS];
+        ff_reshard_stats st;
+        int64_t got_b = 0, got_n = 0;
+        for (int r = 0; r < o->reps; r++) {
+            barrier(world);
+            int64_t t0 = ff_now_ns();
+            if (ff_reshard_run(hy, src, dst, &st)) return 1;
+            th[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+            out->c[c].hybrid_bytes = most(world, st.received);
+            barrier(world);
+            t0 = ff_now_ns();
+            if (ff_reshard_run(nv, src, whole, &st) || slice_from(whole, dst, full, part)) return 1;
+            tn[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+            got_n = st.received;
+            barrier(world);
+            t0 = ff_now_ns();
+            if (bcast_path(world, src, dst, order, i, &got_b)) return 1;
+            tb[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+        }
+        out->c[c].hybrid_s = median(th, o->reps), out->c[c].naive_s = median(tn, o->reps), out->c[c].bcast_s = median(tb, o->reps);
+        out->c[c].naive_bytes = most(world, got_n), out->c[c].bcast_bytes = most(world, got_b);
+        out->c[c].gen_bytes = ff_model_param_count(dst) * 4, out->c[c].train_bytes = ff_model_param_count(src) * 4;
+        /* bytes = formula on every rank: its generation shard minus its training shard */
+        if (ff_reshard_run(hy, src, dst, &st)) return 1;
+        int64_t off = st.received - 4 * (ff_model_param_count(dst) - ff_model_param_count(src));
+        out->c[c].off_formula = most(world, off < 0 ? -off : off);
+        /* the all-gather bandwidth in the micro-DP groups (all at once, as the transition):
+         * a training shard each, every group's ranks with the same count */
+        const int dg = ff_coll_comm_size(mdp);
+        const size_t D = (size_t)most(world, ff_model_param_count(src));
+        float *in = ff_malloc(D * 4), *ag = ff_malloc(D * 4 * (size_t)dg);
+        size_t counts[RANKS];
+        for (int k = 0; k < dg; k++) counts[k] = D;
+        if (!in || !ag) return 1;
+        memset(in, 0, D * 4);
+        double tg_s[MAXREPS];
+        for (int r = 0; r < o->reps; r++) {
+            barrier(world);
+            int64_t t0 = ff_now_ns();
+            if (ff_coll_all_gather_v(in, ag, counts, FF_DTYPE_F32, mdp, NULL)) return 1;
+            tg_s[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+        }
+        out->c[c].gather_bw = (double)((size_t)(dg - 1) * D * 4) / median(tg_s, o->reps);
+        free(in), free(ag);
+        ff_reshard_plan_destroy(&hy), ff_reshard_plan_destroy(&nv);
+        ff_model_destroy(&dst);
+        ff_coll_comm_destroy(&gtp), ff_coll_comm_destroy(&mdp);
+    }
+    free(full), free(part);
+    ff_model_destroy(&src), ff_model_destroy(&whole);
+    ff_tensor_set_destroy(&w), ff_tensor_set_destroy(&order);
+    ff_coll_comm_destroy(&tp);
+    ff_coll_comm_destroy(&world);
+    ff_backend_destroy(&be);
+    if (rank == 0) out->ok = 1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    opts o = {.hidden = 1024, .layers = 8, .reps = 3};
+    for (int k = 1; k < argc; k++) {
+        if (!strcmp(argv[k], "--hidden") && k + 1 < argc) o.hidden = atoi(argv[++k]);
+        else if (!strcmp(argv[k], "--layers") && k + 1 < argc) o.layers = atoi(argv[++k]);
+        else if (!strcmp(argv[k], "--reps") && k + 1 < argc) o.reps = atoi(argv[++k]);
+        else {
+            printf("usage: bench_reshard [--hidden 1024] [--layers 8] [--reps 3]\n");
+            return strcmp(argv[k], "--help") && strcmp(argv[k], "-h") ? 2 : 0;
+        }
+    }
+    if (o.hidden < 128 || o.hidden % 128 || o.layers < P || o.layers % P || o.reps < 1 || o.reps > MAXREPS) {
+        fprintf(stderr, "bench_reshard: need --hidden a multiple of 128, --layers a multiple of %d, 1 <= --reps <= %d\n", P, MAXREPS);
+        return 2;
+    }
+    result *res = mmap(NULL, sizeof *res, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (res == MAP_FAILED) return 1;
+    memset(res, 0, sizeof *res);
+    fflush(stdout);
+    int pfd[2];
+    if (pipe(pfd)) return 1;
+    pid_t pids[RANKS];
+    for (int r = 0; r < RANKS; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            ff_coll_id id;
+            if (r == 0) { /* rank 0 makes the id: this process makes none, it forks */
+                if (ff_coll_get_unique_id(&id, "cpu", NULL)) exit(1);
+                for (int k = 1; k < RANKS; k++)
+                    if (write(pfd[1], &id, sizeof id) != (ssize_t)sizeof id) exit(1);
+            } else if (read(pfd[0], &id, sizeof id) != (ssize_t)sizeof id) {
+                exit(1);
+            }
+            close(pfd[0]), close(pfd[1]);
+            int rc = rank_main(&o, r, &id, res);
+            if (rc) fprintf(stderr, "rank %d: %s\n", r, ff_error_message());
+            exit(rc);
+        }
+    }
+    close(pfd[0]), close(pfd[1]);
+    int bad = 0;
+    for (int r = 0; r < RANKS; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) bad = 1;
+    }
+    if (bad || !res->ok) {
+        fprintf(stderr, "bench_reshard: a rank failed\n");
+        return 1;
+    }
+    const double M = (double)res->params * 4, MB = 1e6;
+    printf("%d ranks (processes, ff_coll cpu over shared memory, cpu:1 each), %.1f M parameters = %.0f MB fp32, trained at "
+           "TP %d x PP %d, median of %d\n",
+           RANKS, (double)res->params / 1e6, M / MB, T, P, o.reps);
+    for (int c = 0; c < NCASES; c++) {
+        const int tg = cases[c].tg, pg = cases[c].pg;
+        const double f = M / (tg * pg) - M / (T * P), tf = f / res->c[c].gather_bw;
+        printf("-> TP %d x PP %d (micro-DP %d): hybrid %.1f ms (%.1f MB/rank), naive gather + slice %.1f ms (%.1f MB, %.2fx), "
+               "broadcast %.1f ms (%.1f MB, %.2fx); formula %.1f MB/rank, %.1f ms at the groups' all-gather's %.2f GB/s (hybrid %.2fx it)\n",
+               tg, pg, T * P / (tg * pg), res->c[c].hybrid_s * 1e3, (double)res->c[c].hybrid_bytes / MB, res->c[c].naive_s * 1e3,
+               (double)res->c[c].naive_bytes / MB, res->c[c].naive_s / res->c[c].hybrid_s, res->c[c].bcast_s * 1e3,
+               (double)res->c[c].bcast_bytes / MB, res->c[c].bcast_s / res->c[c].hybrid_s, f / MB, tf * 1e3,
+               res->c[c].gather_bw / 1e9, res->c[c].hybrid_s / tf);
+        printf("   exact: each rank received its generation shard minus its training shard (rank 0: %.2f MB - %.2f MB), "
+               "off by %lld bytes at most\n",
+               (double)res->c[c].gen_bytes / MB, (double)res->c[c].train_bytes / MB, (long long)res->c[c].off_formula);
+    }
+    const double f0 = M / (cases[0].tg * cases[0].pg) - M / (T * P);
+    printf("reshard: %.2fx faster than the full gather, %.1f MB/rank (formula %.1f MB) (target: bytes = formula)\n",
+           res->c[0].naive_s / res->c[0].hybrid_s, (double)res->c[0].hybrid_bytes / MB, f0 / MB);
+    return 0;
+}
