@@ -39,7 +39,7 @@ typedef struct panel_spec {
 
 static const panel_spec specs[] = {
     {"Reward (mean score)", {"reward_mean"}},
-    {"Accuracy", {"acc:train (first number)", "eval_acc:held-out greedy", "exact_match:held-out exact match"}},
+    {"Accuracy", {"acc:train (perfect answers)", "eval_acc:held-out greedy", "exact_match:held-out exact match"}},
     {"Loss", {"loss:train", "eval_loss:held-out", "value_loss:critic (value)"}},
     {"KL (old - ref, per token)", {"kl"}},
     {"Entropy (per token)", {"entropy"}},
