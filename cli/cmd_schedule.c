@@ -255,13 +255,11 @@ static int cmd_fused(int argc, char **argv) {
         if (is_check) ff_error_wrap("%s", pos[1]);
         goto done;
     }
-    double lb_mk, lb_pk_opt;
-    ff_fuse_lower_bounds(&in, &lb_mk, &lb_pk_opt);
-    double lb_pk = ff_fuse_peak_bound(&in, sim.makespan);
-    double serial_mk = 0;
-    if (!strcmp(sub, "1f1b")) {
-        serial_mk = sim.makespan;
-    } else {
+    double lb_mk;
+    ff_fuse_lower_bounds(&in, &lb_mk, NULL);
+    double lb_pk = ff_fuse_peak_bound(&in, sim.makespan); /* the least of any schedule as fast as this one */
+    double serial_mk = sim.makespan, serial_pk = sim.peak_activation;
+    if (strcmp(sub, "1f1b") != 0) {
         ff_fuse_schedule ser;
         ff_fuse_sim ss;
         if (ff_fuse_serial(&in, &ser)) goto done;
@@ -269,9 +267,10 @@ static int cmd_fused(int argc, char **argv) {
         ff_fuse_schedule_free(&ser);
         if (rc) goto done;
         serial_mk = ss.makespan;
+        serial_pk = ss.peak_activation;
     }
     if (json) {
-        json_t *extra = json_pack("{s:f}", "serial_makespan", serial_mk);
+        json_t *extra = json_pack("{s:f, s:f}", "serial_makespan", serial_mk, "serial_peak_activation", serial_pk);
         if (is_fuse) {
             json_object_set_new(extra, "seconds", json_real(st.seconds));
             json_object_set_new(extra, "evaluations", json_integer(st.evaluations));
@@ -285,7 +284,8 @@ static int cmd_fused(int argc, char **argv) {
         printf("makespan %.6g, lower bound %.6g, ratio %.4f%s\n", sim.makespan, lb_mk, sim.makespan / lb_mk,
                sim.makespan <= lb_mk * (1 + 1e-9) ? " (optimal)" : "");
         printf("peak activation %.6g, lower bound at this makespan %.6g, ratio %.4f\n", sim.peak_activation, lb_pk, sim.peak_activation / lb_pk);
-        printf("serial (1F1B one model after the other) makespan %.6g: %s %.4fx\n", serial_mk, "this schedule's speed-up", serial_mk / sim.makespan);
+        printf("serial (1F1B one model after the other) makespan %.6g, peak activation %.6g: this schedule's speed-up %.4fx\n", serial_mk, serial_pk,
+               serial_mk / sim.makespan);
         if (is_fuse) printf("solve %.3f s, %lld schedules evaluated\n", st.seconds, (long long)st.evaluations);
         print_schedule_text(&in, &s);
     }

@@ -22,7 +22,7 @@ int ff_cmd_sft(int argc, char **argv);
 /* the planner: memory, traffic, bubbles, iteration time; layout search (cli/cmd_plan.c) */
 int ff_cmd_plan(int argc, char **argv);
 
-/* pipeline schedules: per-rank instruction streams, simulated (cli/cmd_schedule.c) */
+/* pipeline schedules: per-rank instruction streams, simulated; the fused actor+critic schedule (cli/cmd_schedule.c) */
 int ff_cmd_schedule(int argc, char **argv);
 
 /* algorithm graphs and run configs: check, print, simulate the schedule (cli/cmd_graph.c) */

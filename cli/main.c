@@ -13,7 +13,7 @@ static const ff_command commands[] = {
     {"sft", ff_cmd_sft, "supervised fine-tuning from JSONL prompt/response pairs (checkpoints, resume)"},
     {"dataset", ff_cmd_dataset, "generate the bundled arithmetic task (train/test JSONL)"},
     {"plan", ff_cmd_plan, "plan a parallel layout: memory, traffic, bubbles, iteration time; search layouts"},
-    {"schedule", ff_cmd_schedule, "a pipeline schedule's instruction streams per rank, simulated (GPipe, 1F1B, interleaved)"},
+    {"schedule", ff_cmd_schedule, "a pipeline schedule's instruction streams per rank, simulated (GPipe, 1F1B, interleaved); the fused actor+critic schedule (fuse, 1f1b, check)"},
     {"run", ff_cmd_run, "run an RLHF algorithm graph on local workers (PPO, GRPO, ...; checkpoints, --resume)"},
     {"plot", ff_cmd_plot, "draw a run folder's learning curves (metrics.jsonl) as a PNG (cairo)"},
     {"graph", ff_cmd_graph, "check a run config and print its algorithm graph; --simulate its schedule; --list"},

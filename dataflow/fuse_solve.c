@@ -15,8 +15,10 @@
  *   deadlocks is undone.
  * Fixed points first (caps at the fewest in flight the makespan bound allows, 1F1B's, looser,
  * none), then simulated annealing in each thread, cycles alternating between the two spaces,
- * in rounds of a fixed number of evaluations; after a round the threads compare. Once the best
- * makespan is the bound, all go on from it to lower the peak. They stop at both bounds, after
+ * in rounds of a fixed number of evaluations; after a round the threads compare. A thread whose
+ * makespan has not improved for KICK_CYCLES decoding cycles starts its decoding afresh from a
+ * random fixed point with random perturbations (the search has basins it does not leave by
+ * small moves). Once the best makespan is the bound, all go on from it to lower the peak. They stop at both bounds, after
  * STALE_ROUNDS rounds without a lower peak at the makespan bound, or at the time. Rounds of
  * fixed work make the result depend only on the seed and the thread count whenever it stops
  * before the time. */
@@ -37,6 +39,7 @@
 #define STALE_ROUNDS 2000     /* rounds without a better peak at the bound before stopping */
 #define MEM_WEIGHT 0.002      /* energy = makespan / LB + MEM_WEIGHT x peak / its bound */
 #define MEM_WEIGHT_AT_BOUND 0.05 /* the same once the makespan is at its bound */
+#define KICK_CYCLES 3         /* decoding cycles without a shorter makespan before a thread starts afresh */
 
 typedef struct problem {
     const ff_fuse_instance *in;
@@ -45,6 +48,7 @@ typedef struct problem {
     double *qf, *qb;        /* [items] tails (fuse_ctx offsets) */
     double lb, peak_lb;     /* makespan bound; peak bound at it */
     double scale;           /* typical task time: the perturbations' unit */
+    int32_t least[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]; /* the fewest in flight at the makespan bound */
     int64_t items;
 } problem;
 
@@ -182,6 +186,9 @@ typedef struct worker {
     ff_rng rng;
     decoder d;
     point cur, best_pt;        /* the decoding search's point and its best */
+    point anchor;              /* where decoding cycles start: the best since the last fresh start */
+    double an_mk, an_pk, last_mk;
+    int stuck;                 /* decoding cycles since the thread's makespan last improved */
     double pt_mk, pt_pk;
     ff_fuse_schedule sched;    /* what the last decode wrote */
     ff_fuse_schedule osched;   /* the order search's schedule */
@@ -230,13 +237,14 @@ static void point_copy(point *dst, const point *src, int64_t items) {
     memcpy(dst->nb, src->nb, (size_t)items * sizeof *dst->nb);
 }
 
-/* caps: base (or S - s) + extra, at least 1, at most m; extra < 0: m; no perturbation */
-static void point_plain(const problem *p, point *x, int extra, int32_t base[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]) {
+/* caps: the fewest in flight at the bound (least) or S - s, + extra, at least 1, at most m;
+ * extra < 0: m; no perturbation */
+static void point_plain(const problem *p, point *x, int extra, bool least) {
     const ff_fuse_instance *in = p->in;
     for (int i = 0; i < in->n_models; i++) {
         const ff_fuse_model *m = &in->models[i];
         for (int32_t s = 0; s < m->n_stages; s++) {
-            int64_t c = extra < 0 ? m->micro : (base ? base[i][m->stages[s]] : (int64_t)m->n_stages - s) + extra;
+            int64_t c = extra < 0 ? m->micro : (least ? p->least[i][m->stages[s]] : (int64_t)m->n_stages - s) + extra;
             x->cap[i][m->stages[s]] = (int32_t)(c < 1 ? 1 : c > m->micro ? m->micro : c);
         }
     }
@@ -291,6 +299,11 @@ static int try_point(worker *w, const point *x, double *e) {
         return 0;
     }
     *e = energy(w, mk, pk, w->d.peak);
+    if (better(mk, pk, w->an_mk, w->an_pk)) {
+        w->an_mk = mk;
+        w->an_pk = pk;
+        point_copy(&w->anchor, x, w->p->items);
+    }
     if (better(mk, pk, w->pt_mk, w->pt_pk)) {
         w->pt_mk = mk;
         w->pt_pk = pk;
@@ -309,8 +322,22 @@ static int begin_cycle(worker *w) {
         w->budget_from = 0;
     }
     w->mode = (int)((w->cycles++ + w->id) % 2);
+    if (w->mode == 0 && !w->sh->memory_phase) { /* stuck in one basin: start afresh elsewhere */
+        w->stuck = w->best_mk < w->last_mk * (1 - 1e-9) ? 0 : w->stuck + 1;
+        w->last_mk = w->best_mk;
+        if (w->stuck >= KICK_CYCLES) {
+            static const int extras[] = {0, 1, 2, 4, -1};
+            point_plain(w->p, &w->anchor, extras[ff_rng_below(&w->rng, 5)], ff_rng_below(&w->rng, 2) != 0);
+            for (int64_t it = 0; it < w->p->items; it++) {
+                w->anchor.nf[it] = 2 * w->p->scale * ff_rng_normal(&w->rng);
+                w->anchor.nb[it] = 2 * w->p->scale * ff_rng_normal(&w->rng);
+            }
+            w->an_mk = w->an_pk = INFINITY;
+            w->stuck = 0;
+        }
+    }
     if (w->mode == 0) {
-        point_copy(&w->cur, &w->best_pt, w->p->items);
+        point_copy(&w->cur, w->sh->memory_phase ? &w->best_pt : &w->anchor, w->p->items);
         if (w->sh->memory_phase) { /* the bound under less memory than the best has */
             double unit = INFINITY;
             for (int i = 0; i < w->p->in->n_models; i++)
@@ -528,9 +555,9 @@ static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t
     w->sh = sh;
     w->id = id;
     ff_rng_seed(&w->rng, ff_seed_stream(seed, 0x66757365, (uint64_t)id)); /* "fuse" */
-    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = INFINITY;
+    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = INFINITY;
     w->mem_step = 0.5;
-    if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
+    if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || point_init(&w->anchor, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
         schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched))
         return -1;
     return 0;
@@ -540,6 +567,7 @@ static void worker_free(worker *w) {
     fuse_ctx_free(&w->d.ctx);
     point_free(&w->cur);
     point_free(&w->best_pt);
+    point_free(&w->anchor);
     ff_fuse_schedule_free(&w->sched);
     ff_fuse_schedule_free(&w->osched);
     ff_fuse_schedule_free(&w->best_sched);
@@ -602,14 +630,13 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
         }
     /* The fixed points, in thread 0: the caps of the fewest micro-batches in flight that the
      * makespan bound allows, and a little looser; 1F1B's, and looser; none. */
-    int32_t least[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
-    if (fuse_least_in_flight(in, p.lb, least)) goto done;
+    if (fuse_least_in_flight(in, p.lb, p.least)) goto done;
     static const int extras[] = {0, 1, 2, 4, -1};
     for (int pass = 0; pass < 2; pass++)
         for (size_t e = 0; e < sizeof extras / sizeof *extras; e++) {
             double en;
             if (pass == 0 && extras[e] < 0) continue;
-            point_plain(&p, &w[0].cur, extras[e], pass == 0 ? least : NULL);
+            point_plain(&p, &w[0].cur, extras[e], pass == 0);
             if (try_point(&w[0], &w[0].cur, &en)) goto done;
         }
     bool done_early = at_bound(&p, w[0].best_mk) && w[0].best_pk <= p.peak_lb * (1 + 1e-9);
@@ -618,6 +645,10 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
         w[t].pt_mk = w[0].pt_mk, w[t].pt_pk = w[0].pt_pk;
         w[t].best_mk = w[0].best_mk, w[t].best_pk = w[0].best_pk;
         copy_lists(&w[t].best_sched, &w[0].best_sched);
+    }
+    for (int t = 0; t < threads; t++) {
+        point_copy(&w[t].anchor, &w[0].best_pt, p.items);
+        w[t].an_mk = w[0].pt_mk, w[t].an_pk = w[0].pt_pk;
     }
     for (int t = 0; t < threads; t++) w[t].restart = true;
     if (!done_early) {

@@ -11,6 +11,7 @@
 #include "fuseflow/dtype.h"
 #include "fuseflow/error.h"
 #include "fuseflow/executor.h"
+#include "fuseflow/fuse.h"
 #include "fuseflow/graph.h"
 #include "fuseflow/jsonl.h"
 #include "fuseflow/kernels.h"

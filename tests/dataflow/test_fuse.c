@@ -280,7 +280,7 @@ static void test_bounds_below_random_schedules(void) {
 static void test_solver(void) {
     /* the two-model case: 4 is reachable (test_fused_by_hand), so the solver must reach it */
     ff_fuse_instance two = parse_ok(TWO);
-    ff_fuse_solve_opts o = {.seconds = 30, .seed = 3, .threads = 2};
+    ff_fuse_solve_opts o = {.seconds = 300, .seed = 3, .threads = 2}; /* it stops long before: at the bounds or stale */
     ff_fuse_schedule s;
     ff_fuse_solve_stats st;
     DIE_IF(ff_fuse_solve(&two, &o, &s, &st));

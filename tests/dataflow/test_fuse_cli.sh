@@ -8,7 +8,7 @@ EX="$SRC/examples/fuse_actor_critic.json"
 
 expect_ok "fuse solves the example" "$FF_BIN" schedule fuse "$EX" --seconds 20 --threads 2
 grep -q "^makespan 102, lower bound 102, ratio 1.0000 (optimal)" "$TMP/out" && ok "fuse reaches the bound 102" || fail "fuse output: $(head -5 "$TMP/out")"
-grep -q "^serial (1F1B one model after the other) makespan 127" "$TMP/out" && ok "serial makespan 127 beside it" || fail "no serial line"
+grep -q "^serial (1F1B one model after the other) makespan 127, peak activation 4" "$TMP/out" && ok "serial makespan 127 beside it" || fail "no serial line"
 grep -qE "^node 3: " "$TMP/out" && ok "the schedule per node" || fail "no schedule lines"
 
 expect_ok "fuse --json --svg" "$FF_BIN" schedule fuse "$EX" --seconds 20 --threads 2 --seed 5 --json --svg "$TMP/fused.svg"
