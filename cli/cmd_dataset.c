@@ -133,6 +133,37 @@ static int write_line(ff_atomic_file *f, const char *prompt, const char *answer)
     return rc;
 }
 
+/* A task's two files, written whole or not at all: OUT/test.jsonl and OUT/train.jsonl. */
+typedef struct split_files {
+    ff_atomic_file test, train;
+} split_files;
+
+static int split_begin(const char *out, split_files *f) { /* 0, or -1 + error with nothing left open */
+    char path[FF_PATH_MAX];
+    snprintf(path, sizeof path, "%s/test.jsonl", out);
+    if (ff_atomic_file_begin(&f->test, path) != 0) return -1;
+    snprintf(path, sizeof path, "%s/train.jsonl", out);
+    if (ff_atomic_file_begin(&f->train, path) != 0) {
+        ff_atomic_file_abort(&f->test);
+        return -1;
+    }
+    return 0;
+}
+
+/* Commit both when ok (a failed commit aborts the other), else abort both. 0 or -1 + error. */
+static int split_end(split_files *f, bool ok) {
+    if (!ok) {
+        ff_atomic_file_abort(&f->test);
+        ff_atomic_file_abort(&f->train);
+        return -1;
+    }
+    if (ff_atomic_file_commit(&f->test) != 0) {
+        ff_atomic_file_abort(&f->train);
+        return -1;
+    }
+    return ff_atomic_file_commit(&f->train);
+}
+
 static int run_arith(int argc, char **argv) {
     const char *out = NULL, *ops = "+";
     int64_t digits = 3, min_digits = 1, n_train = 5000, n_test = 500, seed = 1;
@@ -169,49 +200,25 @@ static int run_arith(int argc, char **argv) {
     ff_rng rng;
     ff_rng_seed(&rng, (uint64_t)seed);
     u64set test_keys = {0};
-    ff_atomic_file ft, fr;
-    char path[FF_PATH_MAX], prompt[64], answer[64];
-    int rc = 1;
-    snprintf(path, sizeof path, "%s/test.jsonl", out);
-    if (ff_atomic_file_begin(&ft, path) != 0) {
-        free(test_keys.v);
-        return ffio_fail(CMD);
-    }
-    snprintf(path, sizeof path, "%s/train.jsonl", out);
-    if (ff_atomic_file_begin(&fr, path) != 0) {
-        ff_atomic_file_abort(&ft);
-        free(test_keys.v);
-        return ffio_fail(CMD);
-    }
-    for (int64_t i = 0; i < n_test;) {
+    split_files f;
+    char prompt[64], answer[64];
+    if (split_begin(out, &f) != 0) return ffio_fail(CMD);
+    bool ok = true;
+    for (int64_t i = 0; ok && i < n_test;) {
         int added = set_add(&test_keys, draw(&a, &rng, prompt, answer));
-        if (added < 0 || (added && write_line(&ft, prompt, answer) != 0)) goto fail;
-        i += added;
+        ok = added >= 0 && (!added || write_line(&f.test, prompt, answer) == 0);
+        i += added > 0;
     }
-    for (int64_t i = 0; i < n_train;) {
+    for (int64_t i = 0; ok && i < n_train;) {
         if (set_has(&test_keys, draw(&a, &rng, prompt, answer))) continue;
-        if (write_line(&fr, prompt, answer) != 0) goto fail;
+        ok = write_line(&f.train, prompt, answer) == 0;
         i++;
     }
-    if (ff_atomic_file_commit(&ft) != 0) {
-        ff_atomic_file_abort(&fr);
-        free(test_keys.v);
-        return ffio_fail(CMD);
-    }
-    if (ff_atomic_file_commit(&fr) != 0) {
-        free(test_keys.v);
-        return ffio_fail(CMD);
-    }
+    free(test_keys.v);
+    if (split_end(&f, ok) != 0) return ffio_fail(CMD);
     printf("wrote %s/train.jsonl (%lld problems) and %s/test.jsonl (%lld problems): %d-%d digits, ops '%.*s', seed %lld\n", out,
            (long long)n_train, out, (long long)n_test, (int)min_digits, (int)digits, a.n_ops, a.ops, (long long)seed);
-    free(test_keys.v);
     return 0;
-fail:
-    rc = ffio_fail(CMD);
-    ff_atomic_file_abort(&ft);
-    ff_atomic_file_abort(&fr);
-    free(test_keys.v);
-    return rc;
 }
 
 /* ---- repeat: the long-tail workload -------------------------------------------------------- */
@@ -263,28 +270,16 @@ static int run_repeat(int argc, char **argv) {
     ff_rng_seed(&rng, (uint64_t)seed);
     int64_t *counts = ff_calloc((size_t)(n_train > 0 ? n_train : 1), sizeof *counts);
     if (!counts) return ffio_fail(CMD);
-    ff_atomic_file ft, fr;
-    char path[FF_PATH_MAX];
-    snprintf(path, sizeof path, "%s/test.jsonl", out);
-    if (ff_atomic_file_begin(&ft, path) != 0) {
-        free(counts);
-        return ffio_fail(CMD);
-    }
-    snprintf(path, sizeof path, "%s/train.jsonl", out);
-    if (ff_atomic_file_begin(&fr, path) != 0) {
-        ff_atomic_file_abort(&ft);
+    split_files f;
+    if (split_begin(out, &f) != 0) {
         free(counts);
         return ffio_fail(CMD);
     }
     int64_t n;
-    int rc = 0;
-    for (int64_t i = 0; rc == 0 && i < n_test; i++) rc = write_repeat(&ft, &rng, median, sigma, max, &n);
-    for (int64_t i = 0; rc == 0 && i < n_train; i++) rc = write_repeat(&fr, &rng, median, sigma, max, &counts[i]);
-    if (rc == 0) rc = ff_atomic_file_commit(&ft);
-    else ff_atomic_file_abort(&ft);
-    if (rc == 0) rc = ff_atomic_file_commit(&fr);
-    else ff_atomic_file_abort(&fr);
-    if (rc != 0) {
+    bool ok = true;
+    for (int64_t i = 0; ok && i < n_test; i++) ok = write_repeat(&f.test, &rng, median, sigma, max, &n) == 0;
+    for (int64_t i = 0; ok && i < n_train; i++) ok = write_repeat(&f.train, &rng, median, sigma, max, &counts[i]) == 0;
+    if (split_end(&f, ok) != 0) {
         free(counts);
         return ffio_fail(CMD);
     }

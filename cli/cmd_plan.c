@@ -272,6 +272,26 @@ static char *dir_of(const char *path) {
     return d;
 }
 
+/* The subcommands' own flags: argv[*i] among valued[n] (each taking the next argument, into
+ * *v, *i moved past it). Returns its index, or -1 after saying why (an unknown flag, listing
+ * the known ones and --json; a missing value). */
+static int valued_option(const char *cmd, int argc, char **argv, int *i, const char *const *valued, int n, const char **v) {
+    const char *a = argv[*i];
+    for (int j = 0; j < n; j++) {
+        if (strcmp(a, valued[j])) continue;
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "fuseflow plan %s: %s needs a value (run 'fuseflow plan --help')\n", cmd, a);
+            return -1;
+        }
+        *v = argv[++*i];
+        return j;
+    }
+    fprintf(stderr, "fuseflow plan %s: unknown option '%s' (takes", cmd, a);
+    for (int j = 0; j < n; j++) fprintf(stderr, " %s,", valued[j]);
+    fprintf(stderr, " --json)\n");
+    return -1;
+}
+
 /* `fuseflow plan reshard`: its own few flags (no configuration tree: the transition has no
  * workload or schedule). */
 static int plan_reshard(int argc, char **argv) {
@@ -292,19 +312,9 @@ static int plan_reshard(int argc, char **argv) {
         }
         static const char *const valued[] = {"--model", "--config", "--train", "--gen", "--gpus", "--cluster", "--dtype",
                                              "--gen-workers"};
-        int k = -1;
-        for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++)
-            if (!strcmp(a, valued[j])) k = j;
-        if (k < 0) {
-            fprintf(stderr, "fuseflow plan reshard: unknown option '%s' (takes --model, --config, --train, --gen, --gpus, "
-                            "--cluster, --dtype, --gen-workers, --json)\n", a);
-            return 2;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "fuseflow plan reshard: %s needs a value (run 'fuseflow plan --help')\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
+        const char *v;
+        int k = valued_option("reshard", argc, argv, &i, valued, (int)(sizeof valued / sizeof valued[0]), &v);
+        if (k < 0) return 2;
         switch (k) {
         case 0: model = v; break;
         case 1: config = v; break;
@@ -440,19 +450,9 @@ static int plan_rollout(int argc, char **argv) {
             json = true;
             continue;
         }
-        int k = -1;
-        for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++)
-            if (!strcmp(a, valued[j])) k = j;
-        if (k < 0) {
-            fprintf(stderr, "fuseflow plan rollout: unknown option '%s' (takes --model, --config, --infer, --cluster, --gpus, --gen-tp, "
-                            "--samples, --prompt, --max-len, --median, --p99, --lengths, --migrate, --seed, --hbm-bw, --json)\n", a);
-            return 2;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "fuseflow plan rollout: %s needs a value (run 'fuseflow plan --help')\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
+        const char *v;
+        int k = valued_option("rollout", argc, argv, &i, valued, (int)(sizeof valued / sizeof valued[0]), &v);
+        if (k < 0) return 2;
         int64_t seed = 0;
         int bad = 0;
         switch (k) {
