@@ -503,7 +503,8 @@ static void send_hello(ff_worker *w) {
     ff_msg_hello *h = &m->u.hello;
     h->rank = w->o.rank;
     h->pid = getpid();
-    if (gethostname(h->host, sizeof h->host) != 0) snprintf(h->host, sizeof h->host, "unknown");
+    if (w->o.host && w->o.host[0]) snprintf(h->host, sizeof h->host, "%s", w->o.host);
+    else if (gethostname(h->host, sizeof h->host) != 0) snprintf(h->host, sizeof h->host, "unknown");
     h->host[sizeof h->host - 1] = 0;
     snprintf(h->device, sizeof h->device, "%s", w->device);
     for (int i = 0; i < w->nkinds && h->ncaps < FF_MSG_MAX_CAPS - 2; i++)
