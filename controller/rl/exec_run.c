@@ -724,20 +724,20 @@ static void join_endpoint(const ex_run *x, char *buf, size_t cap) {
 static int join_workers(ex_run *x, int local) {
     int remote = x->nranks - local;
     double limit = x->o.expect_timeout_s > 0 ? x->o.expect_timeout_s : remote > 0 ? WORKER_JOIN_S : WORKER_START_S;
+    if (remote == 0) /* all local: the controller's error names the ranks missing and why */
+        return ff_controller_wait_workers(x->c, x->nranks, limit) == 0 ? 0 : ff_error_wrap("starting %d workers", x->nranks);
     char ep[512], cmd[1024];
     join_endpoint(x, ep, sizeof ep);
     snprintf(cmd, sizeof cmd, "fuseflow worker --connect %s%s", ep, x->o.curve_key_file ? " --curve worker.key" : "");
-    if (remote > 0) {
-        fprintf(x->out, "run: listening on %s for %d worker%s from other hosts (%d started here; waiting up to %.0f s): on each "
-                "host run `%s`\n", ff_controller_endpoint(x->c), remote, remote == 1 ? "" : "s", local, limit, cmd);
-        fflush(x->out);
-    }
+    fprintf(x->out, "run: listening on %s for %d worker%s from other hosts (%d started here; waiting up to %.0f s): on each host "
+            "run `%s`\n", ff_controller_endpoint(x->c), remote, remote == 1 ? "" : "s", local, limit, cmd);
+    fflush(x->out);
     bool shown[EX_MAX_RANKS] = {false};
     int nshown = 0;
     int64_t deadline = ff_now_ns() + (int64_t)(limit * 1e9);
     for (;;) {
         int live = ff_controller_count_workers(x->c, FF_WORKER_LIVE);
-        for (int r = 0; remote > 0 && r < ff_controller_nranks(x->c) && r < EX_MAX_RANKS; r++) {
+        for (int r = 0; r < ff_controller_nranks(x->c) && r < EX_MAX_RANKS; r++) {
             ff_worker_info wi;
             if (shown[r] || ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_LIVE) continue;
             shown[r] = true;
@@ -751,11 +751,8 @@ static int join_workers(ex_run *x, int local) {
         if (ff_now_ns() < deadline) return ff_error_wrap("starting %d workers", x->nranks); /* a local one exited */
         ff_error_clear();
         live = ff_controller_count_workers(x->c, FF_WORKER_LIVE);
-        if (remote > 0)
-            return ff_error_set(x->o.listen, NULL, "%d of the run's %d workers joined within %.0f s: %d missing (start each on its host "
-                                "with `%s`, or raise --expect-timeout)", live, x->nranks, limit, x->nranks - live, cmd);
-        return ff_error_set("workers", "the machine may be overloaded: start fewer workers (roles.*.workers)",
-                            "%d of the run's %d workers joined within %.0f s", live, x->nranks, limit);
+        return ff_error_set(x->o.listen, NULL, "%d of the run's %d workers joined within %.0f s: %d missing (start each on its host "
+                            "with `%s`, or raise --expect-timeout)", live, x->nranks, limit, x->nranks - live, cmd);
     }
 }
 
