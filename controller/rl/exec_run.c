@@ -798,6 +798,10 @@ static int place_by_host(ex_run *x) {
         const char *sep = "";
         for (int i = 0; i < FF_RL_NROLES; i++)
             if (x->rank_roles[r] & (1u << i)) fprintf(x->out, "%s%s", sep, ff_rl_role_names[i]), sep = " ";
+        int p = x->rank_pool[r], k = 0;
+        while (k < x->pool_n[p] && x->pool_ranks[p][k] != r) k++;
+        const ex_layout *L = &x->lay[p];
+        if (k < x->pool_n[p]) fprintf(x->out, "; %s dp %d tp %d pp %d", ex_pool_names[p], L->dp_idx[k], L->tp_idx[k], L->pp_idx[k]);
         fprintf(x->out, ")\n");
     }
     for (int p = 0; p < POOL_COUNT; p++) {

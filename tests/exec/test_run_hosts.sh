@@ -72,7 +72,7 @@ worker "$nsb" hostB $p1
 wait $ctl || { cat "$work/two.log" "$work"/host*-$p1.log >&2; fail "the run across hosts"; }
 for h in hostA hostB; do
     grep -q "^run: worker joined: rank [01] from $h (cpu)" "$work/two.log" || { cat "$work/two.log" >&2; fail "no join line for $h"; }
-    grep -q "^run: rank [01]: host $h (actor gen ref)" "$work/two.log" || { cat "$work/two.log" >&2; fail "no rank placed on $h"; }
+    grep -q "^run: rank [01]: host $h (actor gen ref; actor dp [01] tp 0 pp 0)" "$work/two.log" || { cat "$work/two.log" >&2; fail "no rank placed on $h"; }
 done
 grep -q "listening on tcp://$ctl_ip:$p1 for 2 workers" "$work/two.log" || fail "no listening line"
 # the same samples, so the same rewards; float metrics within the DP tests' 1e-6 + 1e-4 (the fused
