@@ -106,7 +106,7 @@ wait $ctl
 rc=$?
 took=$(($(date +%s) - t0))
 [[ $rc -eq 1 ]] || { cat "$work/cut.log" >&2; fail "the cut run exited $rc"; }
-[[ $took -le 60 ]] || fail "the cut run took $took s to stop"
+[[ $took -le 40 ]] || fail "the cut run took $took s to stop"
 bad=$(grep -o "^run: rank [01]: host hostB" "$work/cut.log" | grep -o "[01]")
 grep -q "worker $bad\b.*\(dead\|lost\|silent\)\|rank $bad\b.*\(dead\|lost\|silent\)" "$work/cut.log" ||
     { cat "$work/cut.log" >&2; fail "the error does not name the lost rank $bad"; }
