@@ -1,5 +1,6 @@
-/* `fuseflow run CONFIG [key=value ...]`: run an RLHF algorithm graph on local workers
- * (include/fuseflow/executor.h does the work; docs/run.md describes it). This file parses the
+/* `fuseflow run CONFIG [key=value ...]`: run an RLHF algorithm graph on local workers, or on
+ * workers from other hosts too (--listen) (include/fuseflow/executor.h does the work;
+ * docs/run.md describes it). This file parses the
  * command line and turns Ctrl-C into "save a checkpoint and stop". */
 #include <signal.h>
 #include <stdio.h>

@@ -13,6 +13,8 @@
  *   critic, ref, reward  their own ranks, or the ranks of the role they colocate with
  * Each pool is a worker group ("actor", "gen", "critic", "ref", "reward"); trained pools with
  * more than one rank get a communicator for the gradient all-reduce.
+ * With workers from other hosts (--listen: join_workers), the ranks in this order are then
+ * given to the workers sorted by host (place_by_host), so a replica's TP group sits on one.
  *
  * Layouts (roles.<role>.layout, docs/run.md "Layouts"): the ranks of a pool are ordered as the
  * planner orders them (ff_plan_rank_coords: TP innermost, then PP, then DP), checked against
