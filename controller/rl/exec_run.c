@@ -795,6 +795,18 @@ static int place_by_host(ex_run *x) {
         }
     }
     if (!x->o.listen) return 0;
+    /* threads per worker: this host's cores over the workers of the fullest host (hosts
+     * alike, as on a cluster), not over the whole run's */
+    int most = 0;
+    for (int h = 0; h < nhosts; h++) {
+        int on = 0;
+        for (int r = 0; r < n; r++) on += host_of[r] == h;
+        most = on > most ? on : most;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (x->o.threads <= 0) x->threads = cores / most > 0 ? (int)(cores / most) : 1;
+    fprintf(x->out, "run: %d worker%s on %d host%s, %d threads each (%s)\n", n, n == 1 ? "" : "s", nhosts, nhosts == 1 ? "" : "s",
+            x->threads, x->o.threads > 0 ? "--threads" : "this host's cores over the workers of the fullest host");
     for (int r = 0; r < n; r++) {
         fprintf(x->out, "run: rank %d: host %s (", r, hosts[host_of[r]]);
         const char *sep = "";
