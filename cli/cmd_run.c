@@ -1,5 +1,6 @@
-/* `fuseflow run CONFIG [key=value ...]`: run an RLHF algorithm graph on local workers
- * (include/fuseflow/executor.h does the work; docs/run.md describes it). This file parses the
+/* `fuseflow run CONFIG [key=value ...]`: run an RLHF algorithm graph on local workers, or on
+ * workers from other hosts too (--listen) (include/fuseflow/executor.h does the work;
+ * docs/run.md describes it). This file parses the
  * command line and turns Ctrl-C into "save a checkpoint and stop". */
 #include <signal.h>
 #include <stdio.h>
@@ -46,7 +47,14 @@ static void help(void) {
            "  --val-limit N      held-out prompts per evaluation (default: all of data.val_files)\n"
            "  --stop-after N     stop after iteration N with a checkpoint (then --resume)\n"
            "  --dump-samples     write every sample (prompt, response, score) to OUT/samples.jsonl\n"
-           "  --no-progress      no live progress line\n\n"
+           "  --no-progress      no live progress line\n"
+           "  --listen EP        bind the controller here (tcp://HOST:PORT) and take workers from other\n"
+           "                     hosts: each runs `fuseflow worker --connect EP --curve worker.key`; the\n"
+           "                     ranks are placed by host, a TP group on one host (docs/run.md \"Across hosts\")\n"
+           "  --curve FILE       controller.key from `fuseflow keygen`: CURVE on the endpoint (the local\n"
+           "                     workers use worker.key beside it, or --worker-key FILE)\n"
+           "  --local K          start K of the run's workers here (default: all; 0 with --listen)\n"
+           "  --expect-timeout S wait S seconds for the workers to join (default 60; 600 with --listen)\n\n"
            "Everything the run writes (OUT and its files, --trace) is checked before it starts; leftovers\n"
            "of killed runs there (staging folders, sockets of dead processes) are removed.\n\n"
            "Exit status: 0 done, 1 error (the message names the problem and, once the run began, the\n"
@@ -65,7 +73,9 @@ static void on_signal(int sig) {
 }
 
 int ff_cmd_run(int argc, char **argv) {
-    const char *trace = NULL;
+    const char *trace = NULL, *listen = NULL, *curve = NULL, *worker_key = NULL;
+    double expect_timeout = 0;
+    int64_t local = -1;
     bool resume = false, with_changes = false, dump = false, no_progress = false;
     int64_t workers = 0, threads = 0, val_limit = 0, stop_after = 0;
     const ffio_opt opts[] = {
@@ -74,6 +84,9 @@ int ff_cmd_run(int argc, char **argv) {
         {"val-limit", FFIO_INT, &val_limit, 1, 1e12}, {"stop-after", FFIO_INT, &stop_after, 1, 1e12},
         {"dump-samples", FFIO_FLAG, &dump, 0, 0},   {"no-progress", FFIO_FLAG, &no_progress, 0, 0},
         {"resume-with-changes", FFIO_FLAG, &with_changes, 0, 0},
+        {"listen", FFIO_STR, &listen, 0, 0},        {"curve", FFIO_STR, &curve, 0, 0},
+        {"worker-key", FFIO_STR, &worker_key, 0, 0}, {"local", FFIO_INT, &local, 0, 256},
+        {"expect-timeout", FFIO_DOUBLE, &expect_timeout, 0.1, 1e7},
     };
     char *pos[257];
     int n_pos;
@@ -98,6 +111,13 @@ int ff_cmd_run(int argc, char **argv) {
     o.dump_samples = dump;
     o.progress = no_progress ? 0 : -1;
     o.interrupt = &g_interrupt;
+    if (curve && !listen) return ffio_usage(CMD, "--curve needs --listen tcp://HOST:PORT (local workers need no keys)");
+    if (local >= 0 && !listen) return ffio_usage(CMD, "--local K needs --listen (without it every worker is local)");
+    o.listen = listen;
+    o.curve_key_file = curve;
+    o.worker_key_file = worker_key;
+    o.local_workers = (int)local;
+    o.expect_timeout_s = expect_timeout;
     char out_dir[FF_PATH_MAX] = "";
     o.out_dir = out_dir;
     struct sigaction sa;

@@ -22,6 +22,8 @@ static void usage(FILE *out) {
             "  --connect ENDPOINT   the controller: ipc:///path (one host) or tcp://HOST:PORT\n"
             "  --rank N             ask for rank N (default: the controller picks)\n"
             "  --device NAME        device this worker drives, reported to the controller (default cpu)\n"
+            "  --host NAME          host name reported to the controller, which places ranks by it\n"
+            "                       (default: this machine's host name)\n"
             "  --curve FILE         worker.key from `fuseflow keygen` (needed when the controller uses CURVE)\n"
             "  --connect-timeout S  exit if no controller answers within S seconds (default 30)\n"
             "  --orphan-timeout S   exit after S seconds without a word from the controller\n"
@@ -69,6 +71,12 @@ static int parse(int argc, char **argv, ff_worker_opts *o) {
             o->rank = (int)r;
         } else if (!strcmp(a, "--device")) {
             o->device = v;
+        } else if (!strcmp(a, "--host")) {
+            if (!v[0] || strlen(v) >= FF_MSG_NAME_MAX) {
+                fprintf(stderr, "fuseflow worker: --host wants a name of 1 to %d bytes, got '%s'\n", FF_MSG_NAME_MAX - 1, v);
+                return 2;
+            }
+            o->host = v;
         } else if (!strcmp(a, "--curve")) {
             o->curve_key_file = v;
         } else if (!strcmp(a, "--connect-timeout") || !strcmp(a, "--orphan-timeout")) {

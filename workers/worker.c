@@ -503,7 +503,8 @@ static void send_hello(ff_worker *w) {
     ff_msg_hello *h = &m->u.hello;
     h->rank = w->o.rank;
     h->pid = getpid();
-    if (gethostname(h->host, sizeof h->host) != 0) snprintf(h->host, sizeof h->host, "unknown");
+    if (w->o.host && w->o.host[0]) snprintf(h->host, sizeof h->host, "%s", w->o.host);
+    else if (gethostname(h->host, sizeof h->host) != 0) snprintf(h->host, sizeof h->host, "unknown");
     h->host[sizeof h->host - 1] = 0;
     snprintf(h->device, sizeof h->device, "%s", w->device);
     for (int i = 0; i < w->nkinds && h->ncaps < FF_MSG_MAX_CAPS - 2; i++)
@@ -620,6 +621,12 @@ static void on_readable(rt_zwatch *zw) {
         int rc = ff_msg_recv(w->dec, w->sock, false, &t->in, &why);
         int64_t now = ff_now_ns();
         if (rc <= 0) {
+            if (rc == -1 && why == FF_REJECT_VERSION && !w->welcomed) {
+                /* a controller of another fuseflow version: retrying the hello cannot help */
+                task_put(w, t);
+                worker_exit(w, -1, "the controller speaks another protocol: %s", ff_error_message());
+                break;
+            }
             if (rc == -1) {
                 /* naming the refused subtask (or group setup) lets the controller fail it
                  * instead of waiting for a result that will never come */

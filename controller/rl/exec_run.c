@@ -13,6 +13,8 @@
  *   critic, ref, reward  their own ranks, or the ranks of the role they colocate with
  * Each pool is a worker group ("actor", "gen", "critic", "ref", "reward"); trained pools with
  * more than one rank get a communicator for the gradient all-reduce.
+ * With workers from other hosts (--listen: join_workers), the ranks in this order are then
+ * given to the workers sorted by host (place_by_host), so a replica's TP group sits on one.
  *
  * Layouts (roles.<role>.layout, docs/run.md "Layouts"): the ranks of a pool are ordered as the
  * planner orders them (ff_plan_rank_coords: TP innermost, then PP, then DP), checked against
@@ -53,6 +55,7 @@
  *   ranks moves a whole model). */
 #define WORKER_SILENT_S 10
 #define WORKER_START_S 60
+#define WORKER_JOIN_S 600 /* for remote workers (--listen): someone starts them by hand, or Slurm */
 #define WORKER_STOP_S 20
 #define GROUP_S 120
 
@@ -60,6 +63,7 @@ void ff_exec_opts_default(ff_exec_opts *o) {
     memset(o, 0, sizeof *o);
     o->progress = -1;
     o->worker_timeout_s = WORKER_SILENT_S;
+    o->local_workers = -1;
 }
 
 static const ff_node *node_of(const ex_run *x, int m) { return ff_graph_node(x->run->graph, (size_t)m); }
@@ -725,6 +729,143 @@ static int dump_samples(ex_run *x) {
     return 0;
 }
 
+/* ---- workers from other hosts -------------------------------------------------------------- */
+/* The endpoint as a remote host must name it: a wildcard bind replaced by this host's name. */
+static void join_endpoint(const ex_run *x, char *buf, size_t cap) {
+    const char *ep = ff_controller_endpoint(x->c);
+    const char *wild = strstr(ep, "://0.0.0.0:") ? "0.0.0.0" : strstr(ep, "://*:") ? "*" : NULL;
+    char host[256];
+    if (!wild || gethostname(host, sizeof host) != 0) {
+        snprintf(buf, cap, "%s", ep);
+        return;
+    }
+    host[sizeof host - 1] = 0;
+    const char *at = strstr(ep, wild);
+    snprintf(buf, cap, "%.*s%s%s", (int)(at - ep), ep, host, at + strlen(wild));
+}
+
+/* Wait until the run's nranks workers are live: the local ones started, the rest joining
+ * from other hosts, a line each as they join. A timeout names how many are missing and the
+ * command that brings them. */
+static int join_workers(ex_run *x, int local) {
+    int remote = x->nranks - local;
+    double limit = x->o.expect_timeout_s > 0 ? x->o.expect_timeout_s : remote > 0 ? WORKER_JOIN_S : WORKER_START_S;
+    if (remote == 0) /* all local: the controller's error names the ranks missing and why */
+        return ff_controller_wait_workers(x->c, x->nranks, limit) == 0 ? 0 : ff_error_wrap("starting %d workers", x->nranks);
+    char ep[512], cmd[1024];
+    join_endpoint(x, ep, sizeof ep);
+    snprintf(cmd, sizeof cmd, "fuseflow worker --connect %s%s", ep, x->o.curve_key_file ? " --curve worker.key" : "");
+    fprintf(x->out, "run: listening on %s for %d worker%s from other hosts (%d started here; waiting up to %.0f s): on each host "
+            "run `%s`\n", ff_controller_endpoint(x->c), remote, remote == 1 ? "" : "s", local, limit, cmd);
+    fflush(x->out);
+    bool shown[EX_MAX_RANKS] = {false};
+    int nshown = 0;
+    int64_t deadline = ff_now_ns() + (int64_t)(limit * 1e9);
+    for (;;) {
+        int live = ff_controller_count_workers(x->c, FF_WORKER_LIVE);
+        for (int r = 0; r < ff_controller_nranks(x->c) && r < EX_MAX_RANKS; r++) {
+            ff_worker_info wi;
+            if (shown[r] || ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_LIVE) continue;
+            shown[r] = true;
+            fprintf(x->out, "run: worker joined: rank %d from %s (%s%s), %d of %d\n", r, wi.host, wi.device, wi.local ? ", local" : "",
+                    ++nshown, x->nranks);
+            fflush(x->out);
+        }
+        if (live >= x->nranks) return 0;
+        double left = (double)(deadline - ff_now_ns()) * 1e-9;
+        if (left > 0 && ff_controller_wait_workers(x->c, live + 1, left) == 0) continue;
+        if (ff_now_ns() < deadline) return ff_error_wrap("starting %d workers", x->nranks); /* a local one exited */
+        ff_error_clear();
+        live = ff_controller_count_workers(x->c, FF_WORKER_LIVE);
+        return ff_error_set(x->o.listen, NULL, "%d of the run's %d workers joined within %.0f s: %d missing (start each on its host "
+                            "with `%s`, or raise --expect-timeout)", live, x->nranks, limit, x->nranks - live, cmd);
+    }
+}
+
+/* Ranks by host: the run's ranks in the planner's order (each pool's TP ranks innermost, then
+ * PP, then DP) go to the workers sorted by host (hosts in the order of their lowest rank,
+ * the controller's own first), so that a host with a multiple of tp x pp workers holds whole
+ * replicas and only DP (and PP where a host holds less) crosses hosts. With every worker on
+ * one host this keeps the order as it is. */
+static int place_by_host(ex_run *x) {
+    int n = x->nranks, order[EX_MAX_RANKS], host_of[EX_MAX_RANKS], nhosts = 0;
+    char hosts[EX_MAX_RANKS][FF_MSG_NAME_MAX];
+    for (int r = 0; r < n; r++) {
+        ff_worker_info wi;
+        if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_LIVE)
+            return ff_error_set("workers", "start the run again", "rank %d is not live after %d workers joined (one left and another "
+                                "came back under a new rank)", r, n);
+        int h = 0;
+        while (h < nhosts && strcmp(hosts[h], wi.host)) h++;
+        if (h == nhosts) snprintf(hosts[nhosts++], sizeof hosts[0], "%s", wi.host);
+        host_of[r] = h;
+    }
+    int k = 0;
+    for (int h = 0; h < nhosts; h++)
+        for (int r = 0; r < n; r++)
+            if (host_of[r] == h) order[k++] = r;
+    /* logical rank l becomes worker order[l] */
+    unsigned roles[EX_MAX_RANKS];
+    int pool[EX_MAX_RANKS];
+    for (int l = 0; l < n; l++) roles[order[l]] = x->rank_roles[l], pool[order[l]] = x->rank_pool[l];
+    memcpy(x->rank_roles, roles, sizeof roles);
+    memcpy(x->rank_pool, pool, sizeof pool);
+    for (int p = 0; p < POOL_COUNT; p++) {
+        ex_layout *L = &x->lay[p];
+        for (int i = 0; i < x->pool_n[p]; i++) x->pool_ranks[p][i] = order[x->pool_ranks[p][i]], L->rep_ranks[i] = order[L->rep_ranks[i]];
+        for (int r = 0; x->pool_n[p] && r < L->dp; r++) {
+            char *at = strrchr(L->rep_group[r], '@');
+            if (at) snprintf(at + 1, sizeof L->rep_group[r] - (size_t)(at + 1 - L->rep_group[r]), "%d", L->rep_ranks[r * L->mp]);
+        }
+    }
+    if (!x->o.listen) return 0;
+    /* threads per worker: this host's cores over the workers of the fullest host (hosts
+     * alike, as on a cluster), not over the whole run's */
+    int most = 0;
+    for (int h = 0; h < nhosts; h++) {
+        int on = 0;
+        for (int r = 0; r < n; r++) on += host_of[r] == h;
+        most = on > most ? on : most;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (x->o.threads <= 0) x->threads = cores / most > 0 ? (int)(cores / most) : 1;
+    fprintf(x->out, "run: %d worker%s on %d host%s, %d threads each (%s)\n", n, n == 1 ? "" : "s", nhosts, nhosts == 1 ? "" : "s",
+            x->threads, x->o.threads > 0 ? "--threads" : "this host's cores over the workers of the fullest host");
+    for (int r = 0; r < n; r++) {
+        fprintf(x->out, "run: rank %d: host %s (", r, hosts[host_of[r]]);
+        const char *sep = "";
+        for (int i = 0; i < FF_RL_NROLES; i++)
+            if (x->rank_roles[r] & (1u << i)) fprintf(x->out, "%s%s", sep, ff_rl_role_names[i]), sep = " ";
+        int p = x->rank_pool[r], k = 0;
+        while (k < x->pool_n[p] && x->pool_ranks[p][k] != r) k++;
+        const ex_layout *L = &x->lay[p];
+        if (k < x->pool_n[p]) fprintf(x->out, "; %s dp %d tp %d pp %d", ex_pool_names[p], L->dp_idx[k], L->tp_idx[k], L->pp_idx[k]);
+        fprintf(x->out, ")\n");
+    }
+    for (int p = 0; p < POOL_COUNT; p++) {
+        const ex_layout *L = &x->lay[p];
+        for (int r = 0; x->pool_n[p] && L->mp > 1 && r < L->dp; r++)
+            for (int t = 1; t < L->mp; t++)
+                if (host_of[L->rep_ranks[r * L->mp + t]] != host_of[L->rep_ranks[r * L->mp]]) {
+                    fprintf(x->out, "run: warning: replica %d of the %s spans hosts %s and %s: its tensor- and pipeline-parallel "
+                            "traffic crosses the network (give each host a multiple of %d workers)\n", r, ex_pool_names[p],
+                            hosts[host_of[L->rep_ranks[r * L->mp]]], hosts[host_of[L->rep_ranks[r * L->mp + t]]], L->mp);
+                    break;
+                }
+    }
+    for (int h = 0; x->tr && h < nhosts; h++) { /* a track per host, its ranks at the start */
+        char name[FF_MSG_NAME_MAX + 16], what[256];
+        size_t off = (size_t)snprintf(what, sizeof what, "ranks");
+        for (int r = 0; r < n && off < sizeof what; r++)
+            if (host_of[r] == h) off += (size_t)snprintf(what + off, sizeof what - off, " %d", r);
+        snprintf(name, sizeof name, "host %s", hosts[h]);
+        int track = ff_controller_trace_track(x->c, name);
+        if (track < 0 || !ff_controller_trace_instant(x->c, track, what, ff_now_ns())) return -1;
+    }
+    fflush(x->out);
+    return 0;
+}
+
 static int start_workers(ex_run *x, const char *resume_dir) {
     ff_controller_opts co;
     ff_controller_opts_default(&co);
@@ -733,10 +874,21 @@ static int start_workers(ex_run *x, const char *resume_dir) {
     co.timeout_s = x->o.worker_timeout_s > 0 ? x->o.worker_timeout_s : WORKER_SILENT_S;
     co.trace = x->o.trace_path != NULL;
     co.worker_log = ff_log_get_level() <= FF_LOG_DEBUG ? "debug" : "warn";
+    co.endpoint = x->o.listen;
+    co.curve_key_file = x->o.curve_key_file;
+    int local = x->o.local_workers >= 0 ? x->o.local_workers : x->o.listen ? 0 : x->nranks;
+    if (local > x->nranks)
+        return ff_error_set("--local", "give at most the run's workers", "%d local workers, the run has %d", local, x->nranks);
+    char wkey[FF_PATH_MAX];
+    if (x->o.curve_key_file && local > 0) {
+        const char *slash = strrchr(x->o.curve_key_file, '/');
+        snprintf(wkey, sizeof wkey, "%.*sworker.key", slash ? (int)(slash + 1 - x->o.curve_key_file) : 0, x->o.curve_key_file);
+        co.worker_key_file = x->o.worker_key_file ? x->o.worker_key_file : wkey;
+    }
     if (!(x->c = ff_controller_new(&co))) return -1;
     if (co.trace && !(x->tr = ex_trace_new(x->c))) return -1;
-    if (ff_controller_spawn(x->c, x->nranks) < 0) return -1;
-    if (ff_controller_wait_workers(x->c, x->nranks, WORKER_START_S) != 0) return ff_error_wrap("starting %d workers", x->nranks);
+    if (local > 0 && ff_controller_spawn(x->c, local) < 0) return -1;
+    if (join_workers(x, local) != 0 || place_by_host(x) != 0) return -1;
     if (make_groups(x) != 0) return -1;
     if (x->sync_group && ex_sync_group(x) != 0) return -1;
     if (init_workers(x, resume_dir[0] ? resume_dir : NULL) != 0) return -1;
@@ -791,6 +943,15 @@ static void continue_command(const ex_run *x, bool resume, char *buf, size_t cap
         snprintf(w, sizeof w, "%d", x->o.workers);
         shell_arg(buf, cap, &off, "--workers");
         shell_arg(buf, cap, &off, w);
+    }
+    const char *keys[] = {"--listen", x->o.listen, "--curve", x->o.curve_key_file, "--worker-key", x->o.worker_key_file};
+    for (int i = 0; i < 6; i += 2)
+        if (keys[i + 1]) shell_arg(buf, cap, &off, keys[i]), shell_arg(buf, cap, &off, keys[i + 1]);
+    if (x->o.listen && x->o.local_workers > 0) {
+        char k[32];
+        snprintf(k, sizeof k, "%d", x->o.local_workers);
+        shell_arg(buf, cap, &off, "--local");
+        shell_arg(buf, cap, &off, k);
     }
     if (resume) shell_arg(buf, cap, &off, "--resume");
 }

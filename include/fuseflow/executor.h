@@ -73,6 +73,16 @@ typedef struct ff_exec_opts {
     void *event_ud;
     char *out_dir;             /* non-NULL: receives trainer.out_dir (FF_PATH_MAX bytes, util.h) as
                                   soon as the config is read, for what the caller writes there */
+    /* Across hosts (docs/run.md "Across hosts"): the controller binds listen (NULL: a fresh
+     * ipc:// socket, every worker local), starts local_workers of the run's workers here and
+     * waits up to expect_timeout_s for the rest to join (`fuseflow worker --connect LISTEN
+     * --curve worker.key`); the ranks are then placed by host, a TP group on one host. */
+    const char *listen;        /* tcp://HOST:PORT (or any endpoint ff_controller_opts takes) */
+    const char *curve_key_file;/* controller.key (`fuseflow keygen`): CURVE on the listen endpoint */
+    const char *worker_key_file;/* worker.key for the local workers (NULL: beside curve_key_file) */
+    int local_workers;         /* workers started here: -1 (default) all without listen, 0 with it */
+    double expect_timeout_s;   /* wait this long for the workers to join (0: 60 s locally, 600 s
+                                  with listen) */
 } ff_exec_opts;
 
 void ff_exec_opts_default(ff_exec_opts *o);

@@ -55,6 +55,8 @@ typedef struct ff_worker_opts {
                                    (0, the default: the timeout the welcome names) */
     size_t max_frame_bytes;     /* largest tensor frame accepted (0: 1 GiB) */
     bool no_builtin_kinds;      /* do not register the generic kinds (sleep, echo, ...) */
+    const char *host;           /* host name reported in the hello, by which `fuseflow run` places
+                                   ranks (NULL: gethostname; a Slurm job passes its node name) */
 } ff_worker_opts;
 
 void ff_worker_opts_default(ff_worker_opts *o);

@@ -5,7 +5,10 @@
  * an uneven ring all-reduce, an all_gather_v, a grouped send/recv ring and a split, and
  * checks the results. Run over TCP only (FF_COLL_SHM=0, as across real hosts) and with the
  * default transport; then, over TCP only, rank 3 (in B) is killed and the others' all-reduce
- * must fail naming it. Skipped (77) where network namespaces cannot be made (needs root).
+ * must fail naming it; then the link is cut under a live communicator (no reset ever comes, as
+ * when a host vanishes): A's next all-reduce must fail within 20 s, not at its 30 s timeout
+ * (the peer connections' keepalive and TCP_USER_TIMEOUT). Skipped (77) where network
+ * namespaces cannot be made (needs root).
  *
  * The same binary is the rank: test_coll_netns --rank R --nranks N --id-file F. */
 #include "coll_test.h"
@@ -72,6 +75,25 @@ static int rank_main(int rank, int n, const char *id_file) {
     }
     for (size_t i = 0; i < COUNT; i++) buf[i] = v(rank, i);
     RCHECK(ff_coll_all_reduce(buf, buf, COUNT, FF_DTYPE_F32, FF_COLL_SUM, c, NULL) == 0, "%s", ff_error_message());
+    if (getenv("FF_TEST_CUT")) { /* the cut link: say ready, B goes quiet, A reduces again once it is cut */
+        char f[600];
+        snprintf(f, sizeof f, "%s.ready%d", id_file, rank);
+        close(open(f, O_CREAT | O_WRONLY, 0600));
+        if (rank % 2) pause(); /* killed by the parent */
+        snprintf(f, sizeof f, "%s.cut", id_file);
+        while (access(f, F_OK) != 0) {
+            struct timespec ts = {0, 10000000};
+            nanosleep(&ts, NULL);
+        }
+        int64_t t0 = ff_now_ns();
+        int rc = ff_coll_all_reduce(buf, buf, COUNT, FF_DTYPE_F32, FF_COLL_SUM, c, NULL);
+        double took = (double)(ff_now_ns() - t0) * 1e-9;
+        RCHECK(rc != 0 && took < 20, "after the cut: %s in %.1f s", rc ? ff_error_message() : "success", took);
+        printf("  rank %d (namespace A): failed after %.1f s: %.120s\n", rank, took, ff_error_message());
+        ff_coll_comm_destroy(&c);
+        free(buf);
+        return fails ? 1 : 0;
+    }
     for (size_t i = 0; i < COUNT; i++) {
         float want = 0;
         for (int r = 0; r < n; r++) want += v(r, i);
@@ -143,8 +165,8 @@ int main(int argc, char **argv) {
     ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
     REQUIRE(k > 0);
     self[k] = '\0';
-    const char *modes[] = {"0", "1", "0"};
-    for (int m = 0; m < 3; m++) {
+    const char *modes[] = {"0", "1", "0", "0"};
+    for (int m = 0; m < 4; m++) {
         char id_file[256];
         snprintf(id_file, sizeof id_file, "/tmp/ff-coll-netns-%d-%d.id", id, m);
         unlink(id_file);
@@ -158,6 +180,7 @@ int main(int argc, char **argv) {
                 snprintf(ns, sizeof ns, "%d", n);
                 setenv("FF_COLL_SHM", modes[m], 1);
                 if (m == 2) setenv("FF_TEST_DIE_RANK", "3", 1);
+                if (m == 3) setenv("FF_TEST_CUT", "1", 1);
                 execlp("ip", "ip", "netns", "exec", r % 2 ? nsb : nsa, self, "--rank", rs, "--nranks", ns,
                        "--id-file", id_file, (char *)NULL);
                 _exit(127);
@@ -165,12 +188,29 @@ int main(int argc, char **argv) {
         }
         int bad = 0;
         int64_t deadline = ff_now_ns() + 60000000000LL;
+        if (m == 3) { /* every rank has a live communicator: cut the link, then let A go on */
+            char f[600];
+            for (int r = 0; r < n; r++) {
+                snprintf(f, sizeof f, "%s.ready%d", id_file, r);
+                while (access(f, F_OK) != 0 && ff_now_ns() < deadline) {
+                    struct timespec ts = {0, 10000000};
+                    nanosleep(&ts, NULL);
+                }
+                unlink(f);
+            }
+            snprintf(cmd, sizeof cmd, "ip -n %s link set %s down", nsa, va);
+            CHECK(sh(cmd) == 0);
+            snprintf(f, sizeof f, "%s.cut", id_file);
+            close(open(f, O_CREAT | O_WRONLY, 0600));
+        }
         for (int left = n; left > 0;) {
             int st;
             pid_t p = waitpid(-1, &st, WNOHANG);
             if (p > 0) {
                 left--;
                 bool killed = m == 2 && p == pids[3] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+                if (m == 3 && (p == pids[1] || p == pids[3])) continue; /* B, killed below */
+                if (m == 3 && p == pids[0]) kill(pids[1], SIGKILL), kill(pids[3], SIGKILL);
                 if (!killed && (!WIFEXITED(st) || WEXITSTATUS(st))) bad++;
                 /* `ip netns exec` may exit with the signal's status instead of dying of it */
                 if (m == 2 && p == pids[3] && WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGKILL) bad--;
@@ -186,8 +226,13 @@ int main(int argc, char **argv) {
             nanosleep(&ts, NULL);
         }
         unlink(id_file);
+        if (m == 3) {
+            char f[600];
+            snprintf(f, sizeof f, "%s.cut", id_file);
+            unlink(f);
+        }
         printf("4 ranks across two network namespaces (%s): %s\n",
-               m == 0 ? "TCP only, as across hosts" : m == 1 ? "default transport" : "TCP only, rank 3 killed",
+               m == 0 ? "TCP only, as across hosts" : m == 1 ? "default transport" : m == 2 ? "TCP only, rank 3 killed" : "TCP only, the link cut",
                bad ? "FAILED" : "ok");
         CHECK_EQ_INT(bad, 0);
     }

@@ -1,7 +1,9 @@
 /* Garbage, truncated, oversized and otherwise wrong messages sent to a live controller (while
  * it runs real work) and to a live worker: each is rejected, counted under its reason and
- * answered with an error; both keep serving. */
+ * answered with an error; both keep serving. A worker whose hello is answered in another
+ * protocol version stops at once, naming both versions. */
 #include <msgpack.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 
@@ -282,6 +284,53 @@ static void test_worker(bad *b, int nb) {
     unlink(ep + strlen("ipc://"));
 }
 
+/* A controller of another version answers the hello: the worker exits 1 at once (not after
+ * its 30 s connect timeout) and says which versions met. */
+static void test_worker_version(void) {
+    void *ctx = zmq_ctx_new();
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+    char ep[128], log[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/ff-test-garbage-v-%d.sock", (int)getpid());
+    snprintf(log, sizeof log, "/tmp/ff-test-garbage-v-%d.log", (int)getpid());
+    REQUIRE(zmq_bind(router, ep) == 0);
+    char *argv[] = {rt_self, "worker", "--connect", ep, "--connect-timeout", "30", NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    pid_t pid;
+    int64_t t0 = ff_now_ns();
+    REQUIRE(posix_spawn(&pid, rt_self, &fa, NULL, argv, environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ff_msg_decoder *d = ff_msg_decoder_new(0);
+    ff_msg m;
+    ff_msg_init(&m);
+    recv_msg(NULL, d, router, true, &m);
+    REQUIRE(m.type == FF_MSG_HELLO);
+    size_t len;
+    void *h = small_header(FF_PROTOCOL_VERSION + 1, FF_MSG_WELCOME, &len);
+    REQUIRE(zmq_send(router, m.peer, m.peer_len, ZMQ_SNDMORE) >= 0);
+    REQUIRE(zmq_send(router, h, len, 0) >= 0);
+    free(h);
+    int status;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+    CHECK((ff_now_ns() - t0) / 1000000000 < 10);
+    char *text = ff_read_file(log, NULL), want[128];
+    snprintf(want, sizeof want, "the controller speaks another protocol: message: protocol version %d, this side speaks %d",
+             FF_PROTOCOL_VERSION + 1, FF_PROTOCOL_VERSION);
+    CHECK(text && strstr(text, want));
+    if (text && !strstr(text, want)) fprintf(stderr, "worker said: %s\n", text);
+    free(text);
+    unlink(log);
+    ff_msg_free(&m);
+    ff_msg_decoder_destroy(&d);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    unlink(ep + strlen("ipc://"));
+}
+
 int main(int argc, char **argv) {
     RT_WORKER_MAIN(argc, argv);
     rt_opts(); /* sets rt_self */
@@ -289,6 +338,7 @@ int main(int argc, char **argv) {
     int nb = make_bad(b);
     test_controller(b, nb);
     test_worker(b, nb);
+    test_worker_version();
     free_bad(b, nb);
     TEST_MAIN_END();
 }

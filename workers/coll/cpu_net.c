@@ -161,6 +161,22 @@ static void addr_text(const struct sockaddr_storage *ss, char *host, int *port) 
     }
 }
 
+/* A peer connection's options: no Nagle delay, and a peer whose host vanished (its link cut,
+ * its machine off: no reset ever comes) noticed by the kernel within about PEER_LOST_S
+ * seconds, by keepalive probes on an idle connection and by TCP_USER_TIMEOUT on unacked
+ * data, so a collective blocked on it fails then instead of at its (long) timeout. */
+#define PEER_LOST_S 10
+static void peer_opts(int fd) {
+    int one = 1, idle = PEER_LOST_S / 2, intvl = 1, cnt = PEER_LOST_S / 2;
+    unsigned user_ms = PEER_LOST_S * 1000;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
+}
+
 /* Connect to host:port before the deadline; the socket is non-blocking. -1 + errno. */
 static int connect_to(const char *host, int port, int64_t deadline) {
     struct sockaddr_storage ss;
@@ -186,8 +202,7 @@ static int connect_to(const char *host, int port, int64_t deadline) {
             goto fail;
         }
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    peer_opts(fd);
     return fd;
 fail:;
     int e = errno;
@@ -647,8 +662,7 @@ static int build_mesh(ff_coll_comm *c, const peer_addr *addrs, int lfd, int64_t 
             ff_error_set(where, NULL, "cannot answer rank %d: %s", from, io_what(errno));
             goto out;
         }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        peer_opts(fd);
         c->cpu.conns[from].fd = fd;
         want--;
     }
