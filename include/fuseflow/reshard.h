@@ -51,7 +51,8 @@ typedef struct ff_reshard_stats {
     int64_t pieces_sparse, pieces_dense; /* how each piece travelled (a resend counts dense) */
     int64_t fallbacks;      /* pieces whose patched hash differed: resent dense */
     int64_t bytes_saved;    /* the dense sync's received bytes minus what was received
-                               (headers included: negative on a first run) */
+                               (headers and a sender's verdicts included: negative on a
+                               first run) */
 } ff_reshard_stats;
 
 /* A collective of every rank of comm: src is this rank's trained model (NULL: it holds

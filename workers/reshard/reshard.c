@@ -578,7 +578,7 @@ static int move_delta(ff_reshard_plan *p, ff_model *src, ff_model *dst, int64_t 
                     else if (bytes > 0 && snd) rc = ff_coll_send(pack_at, (size_t)bytes, FF_DTYPE_U8, o->peer, p->comm, NULL), s->sent += bytes;
                     else if (bytes > 0) rc = ff_coll_recv(pack_at, (size_t)bytes, FF_DTYPE_U8, o->peer, p->comm, NULL), s->received += bytes, s->messages++;
                 } else if (round == 2) { /* the receivers' verdicts */
-                    if (snd) rc = ff_coll_recv(p->verdict + k, 1, FF_DTYPE_I64, o->peer, p->comm, NULL), s->received += 8;
+                    if (snd) rc = ff_coll_recv(p->verdict + k, 1, FF_DTYPE_I64, o->peer, p->comm, NULL), s->received += 8, s->bytes_saved -= 8;
                     else rc = ff_coll_send(p->verdict + k, 1, FF_DTYPE_I64, o->peer, p->comm, NULL), s->sent += 8;
                 } else if (p->verdict[k]) { /* dense resends: the sender's kept copy is the new piece */
                     if (snd) rc = ff_coll_send(p->kept + p->kept_off[k], (size_t)dense, FF_DTYPE_U8, o->peer, p->comm, NULL), s->sent += dense;

@@ -143,6 +143,9 @@ int rlw_sync_local(rlw *s);
 /* The bytes of weights this rank received from other ranks in its last sync (0 after a
  * local copy). */
 int64_t rlw_sync_received(const rlw *s);
+/* A delta sync's (roles.actor.rollout.sync_delta, into a pool): elements compared, changed
+ * and bytes saved on this rank in the last sync; false when syncs here are not deltas. */
+bool rlw_sync_delta(const rlw *s, int64_t out[3]);
 /* Across layouts (ff_reshard): every rank hosting FF_RL_GEN receives exactly the pieces of
  * its generation shard it does not hold, from ranks that hold them. On the actor's workers
  * (a generation layout of its own) inside the group split at rl.init (HybridFlow's micro-DP
