@@ -152,7 +152,8 @@ bool rlw_sync_delta(const rlw *s, int64_t out[3]);
  * group when the layouts nest, else the training replica), by a plan made at the first
  * sync; with a pool of its own inside comm (the sync group: the actor's replica 0, which
  * sends, and the generation ranks), planned again when the group changed. bf16 on the wire
- * with roles.actor.rollout.sync_dtype: bf16. */
+ * with roles.actor.rollout.sync_dtype: bf16; into a pool, only the changed values with
+ * roles.actor.rollout.sync_delta (the colocated copy releases its weights: always dense). */
 int rlw_sync_reshard(rlw *s, ff_coll_comm *comm);
 
 /* ---- checkpoints and checks -------------------------------------------------------------- */
