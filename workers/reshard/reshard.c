@@ -454,8 +454,10 @@ static inline void packed_put(uint8_t *v, int64_t e, size_t es, uint32_t w) {
         memcpy(v + 4 * e, &w, 4);
     }
 }
-/* one element into a running 64-bit FNV-style hash of a piece's wire values (an element at a
- * time: a multiply each, not a byte loop) */
+/* one element into a running 64-bit FNV-style hash of a piece (an element at a time: a
+ * multiply each, not a byte loop). What is hashed is the fp32 bits the receiver holds (a bf16
+ * value w as w << 16, exactly its fp32): the receiver hashes its copy as it is, without
+ * rounding, so a change in any bit of it shows. */
 static inline uint64_t mix(uint64_t h, uint32_t w) { return (h ^ w) * 0x100000001b3ULL; }
 
 /* The sender's piece k: its new wire values against the kept ones; the header, the payload
@@ -473,7 +475,7 @@ static int64_t delta_encode(ff_reshard_plan *p, int64_t k, const float *sh, cons
         const float *row = sh + pc->off + r * pc->stride;
         for (int64_t c = 0; c < pc->width; c++, e++) {
             const uint32_t w = wire_bits(row[c], bf16);
-            h = mix(h, w);
+            h = mix(h, bf16 ? w << 16 : w);
             if (base) n += w != packed_at(kept, e, es);
         }
     }
@@ -530,7 +532,7 @@ static int delta_apply(const ff_reshard_plan *p, const int64_t *hd, const uint8_
     uint64_t h = FF_HASH_FNV1A_INIT;
     for (int64_t r = 0; r < pc->rows; r++) {
         const float *row = dh + pc->off + r * pc->stride;
-        for (int64_t c = 0; c < pc->width; c++) h = mix(h, wire_bits(row[c], bf16));
+        for (int64_t c = 0; c < pc->width; c++) h = mix(h, wire_bits(row[c], false));
     }
     return h != (uint64_t)hd[2];
 }
