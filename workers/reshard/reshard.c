@@ -489,7 +489,7 @@ static int64_t delta_encode(ff_reshard_plan *p, int64_t k, const float *sh, cons
         return numel * (int64_t)es;
     }
     uint8_t *vals = out + 4 * n;
-    for (int64_t r = 0, e = 0, j = 0; r < pc->rows; r++) {
+    for (int64_t r = 0, e = 0, j = 0; n > 0 && r < pc->rows; r++) {
         const float *row = sh + pc->off + r * pc->stride;
         for (int64_t c = 0; c < pc->width; c++, e++) {
             const uint32_t w = wire_bits(row[c], bf16);
