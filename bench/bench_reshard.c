@@ -15,6 +15,11 @@
  * once). Times are the slowest
  * rank's, the median of --reps runs.
  *
+ * Delta syncs (ff_reshard_opts.delta), where they apply: a generation pool keeping its copy,
+ * here TP 2 on ranks 0, 1 -> a whole copy on each of ranks 2, 3; per changed fraction (a part
+ * of the elements scaled by 1.01, which changes their bf16 value), a delta sync against a
+ * dense one of the same weights, bytes (the most one rank received) and time, bf16 and fp32.
+ *
  *   bench_reshard [--hidden 1024] [--layers 8] [--reps 3]
  *
  * Not here: a separate generation pool (tests/reshard), the run around it (fuseflow run). */
@@ -32,7 +37,7 @@
 #include "fuseflow/reshard.h"
 #include "fuseflow/util.h"
 
-enum { RANKS = 4, MAXREPS = 16, NCASES = 2 };
+enum { RANKS = 4, MAXREPS = 16, NCASES = 2, NDELTA = 7 };
 
 typedef struct opts {
     int hidden, layers, reps;
@@ -47,9 +52,14 @@ typedef struct result {
         int64_t gen_bytes, train_bytes;                 /* a generation and a training shard (rank 0's) */
         int64_t off_formula; /* the most a rank's received bytes differ from its shard difference */
     } c[NCASES];
+    struct {
+        double dense_s, delta_s, changed; /* changed: the share of compared elements */
+        int64_t dense_bytes, delta_bytes, kept_bytes;
+    } d[NDELTA];
 } result;
 
 static const struct { int tg, pg; } cases[NCASES] = {{2, 1}, {1, 1}};
+static const struct { bool bf16; double frac; } deltas[NDELTA] = {{true, 0}, {true, 0.001}, {true, 0.01}, {true, 0.1}, {true, 0.3}, {true, 1}, {false, 1}};
 enum { T = 2, P = 2 };
 
 static int c_sum(void *c, float *b, size_t n) { return ff_coll_all_reduce(b, b, n, FF_DTYPE_F32, FF_COLL_SUM, c, NULL); }
@@ -133,6 +143,64 @@ static int bcast_path(ff_coll_comm *world, ff_model *src, ff_model *dst, ff_tens
     }
     free(owner);
     return rc == 0 ? ff_model_load_weights(dst, order) : -1;
+}
+
+/* about frac of m's elements scaled by 1.01 (chosen by position and round) */
+static int perturb(ff_model *m, double frac, int round, float *buf) {
+    const uint64_t cut = (uint64_t)(frac * 1e6);
+    for (int i = 0; i < ff_model_n_tensors(m); i++) {
+        ff_model_tensor_info t;
+        ff_model_tensor_info_of(m, i, &t);
+        const int64_t n = t.axis < 0 ? t.full[0] * t.full[1] : t.axis == 0 ? t.len * t.full[1] : t.full[0] * t.len;
+        if (ff_model_read_tensor(m, t.name, false, buf)) return -1;
+        for (int64_t k = 0; k < n; k++) {
+            const uint64_t h = ((uint64_t)k * FF_SPLITMIX64_GAMMA + (uint64_t)round * 0xff51afd7ed558ccdULL + (uint64_t)i) * 0xc4ceb9fe1a85ec53ULL;
+            if ((h >> 20) % 1000000 < cut) buf[k] *= 1.01f;
+        }
+        if (ff_model_write_tensor(m, t.name, buf)) return -1;
+    }
+    return 0;
+}
+
+/* The delta section: TP 2 on ranks 0, 1 (src2) -> a whole copy on ranks 2, 3 (whole). */
+static int delta_section(const opts *o, ff_coll_comm *world, ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *w,
+                         ff_model *whole, float *buf, result *out) {
+    const int rank = ff_coll_comm_rank(world);
+    ff_coll_comm *tp = NULL;
+    ff_model_comm mc;
+    if (ff_coll_comm_split(world, rank < 2 ? 0 : FF_COLL_SPLIT_NOCOLOR, rank, &tp)) return -1;
+    ff_model *src = rank < 2 ? shard(be, cfg, w, tp, &mc, 0, 1) : NULL, *dst = rank < 2 ? NULL : whole;
+    if (rank < 2 && !src) return -1;
+    for (int c = 0; c < NDELTA; c++) {
+        const ff_reshard_opts od = {.bf16 = deltas[c].bf16, .delta = true}, on = {.bf16 = deltas[c].bf16};
+        ff_reshard_plan *pd = ff_reshard_plan_new(world, src, dst, &od), *pn = pd ? ff_reshard_plan_new(world, src, dst, &on) : NULL;
+        ff_reshard_stats st;
+        if (!pn || ff_reshard_run(pd, src, dst, &st)) return -1; /* the base: a first (dense) run */
+        double td[MAXREPS], tn[MAXREPS], ch = 0;
+        int64_t bd = 0, bn = 0;
+        for (int r = 0; r < o->reps; r++) {
+            if (src && perturb(src, deltas[c].frac, c * MAXREPS + r, buf)) return -1;
+            barrier(world);
+            int64_t t0 = ff_now_ns();
+            if (ff_reshard_run(pd, src, dst, &st)) return -1;
+            td[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+            bd = most(world, st.received);
+            double f[2] = {(double)st.delta_changed, (double)st.delta_elems};
+            ff_coll_all_reduce(f, f, 2, FF_DTYPE_F64, FF_COLL_SUM, world, NULL);
+            ch = f[1] > 0 ? f[0] / f[1] : 0;
+            barrier(world);
+            t0 = ff_now_ns();
+            if (ff_reshard_run(pn, src, dst, &st)) return -1;
+            tn[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+            bn = most(world, st.received);
+        }
+        out->d[c].delta_s = median(td, o->reps), out->d[c].dense_s = median(tn, o->reps), out->d[c].changed = ch;
+        out->d[c].delta_bytes = bd, out->d[c].dense_bytes = bn, out->d[c].kept_bytes = most(world, ff_reshard_plan_kept_bytes(pd));
+        ff_reshard_plan_destroy(&pd), ff_reshard_plan_destroy(&pn);
+    }
+    ff_model_destroy(&src);
+    ff_coll_comm_destroy(&tp);
+    return 0;
 }
 
 static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out) {
@@ -225,8 +293,13 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
         ff_model_destroy(&dst);
         ff_coll_comm_destroy(&gtp), ff_coll_comm_destroy(&mdp);
     }
+    ff_model_destroy(&src);
+    if (delta_section(o, world, be, &cfg, w, whole, full, out)) {
+        fprintf(stderr, "rank %d: delta: %s\n", rank, ff_error_message());
+        return 1;
+    }
     free(full), free(part);
-    ff_model_destroy(&src), ff_model_destroy(&whole);
+    ff_model_destroy(&whole);
     ff_tensor_set_destroy(&w), ff_tensor_set_destroy(&order);
     ff_coll_comm_destroy(&tp);
     ff_coll_comm_destroy(&world);
@@ -302,6 +375,17 @@ int main(int argc, char **argv) {
                "off by %lld bytes at most\n",
                (double)res->c[c].gen_bytes / MB, (double)res->c[c].train_bytes / MB, (long long)res->c[c].off_formula);
     }
+    printf("delta syncs, TP 2 -> 2 x TP 1 on a pool of its own (a whole copy per generation rank), the sender keeping %.1f MB "
+           "(bf16) of what it sent:\n", (double)res->d[0].kept_bytes / MB);
+    for (int c = 0; c < NDELTA; c++)
+        printf("   %s, %5.1f%% changed: delta %.1f ms (%.2f MB/rank), dense %.1f ms (%.2f MB/rank): %.2fx the time, %.1f%% of the bytes\n",
+               deltas[c].bf16 ? "bf16" : "fp32", res->d[c].changed * 100, res->d[c].delta_s * 1e3, (double)res->d[c].delta_bytes / MB,
+               res->d[c].dense_s * 1e3, (double)res->d[c].dense_bytes / MB, res->d[c].dense_s / res->d[c].delta_s,
+               100.0 * (double)res->d[c].delta_bytes / (double)res->d[c].dense_bytes);
+    printf("reshard delta: at %.1f%% of bf16 values changed %.2fx a dense sync's speed with %.1f%% of its bytes; all changed %.2fx "
+           "(target: bytes ~ the changed share; faster where the wire, not host staging, is the bottleneck)\n",
+           res->d[2].changed * 100, res->d[2].dense_s / res->d[2].delta_s, 100.0 * (double)res->d[2].delta_bytes / (double)res->d[2].dense_bytes,
+           res->d[5].dense_s / res->d[5].delta_s);
     const double f0 = M / (cases[0].tg * cases[0].pg) - M / (T * P);
     printf("reshard: %.2fx faster than the full gather, %.1f MB/rank (formula %.1f MB) (target: bytes = formula)\n",
            res->c[0].naive_s / res->c[0].hybrid_s, (double)res->c[0].hybrid_bytes / MB, f0 / MB);

@@ -203,6 +203,14 @@ static int read_role(ff_run_config *run, ff_role r) {
         int dt;
         if (ff_cnode_get_enum(ro, "sync_dtype", wire, 2, 0, &dt) < 0) return -1;
         rc->rollout_bf16 = dt == 1;
+        /* a delta patches the copy that the last sync wrote: only a pool keeps it (the
+         * colocated copy gives its weights back after each sync) */
+        if (ff_cnode_get_bool(ro, "sync_delta", false, &rc->rollout_delta) < 0) return -1;
+        if (rc->rollout_delta && rw == 0)
+            return ff_error_set(ff_cnode_where(ro, w, sizeof w), "give the generation a pool of its own (roles.actor.rollout.workers: N) or drop sync_delta",
+                                "'%s.rollout.sync_delta' needs generation workers of their own: the copy on the actor's workers "
+                                "releases its weights after each sync, so a delta has nothing to patch",
+                                path);
     }
     if (r == FF_ROLE_ACTOR || r == FF_ROLE_CRITIC) {
         ff_optim_cfg *o = &rc->optim;

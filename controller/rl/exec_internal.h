@@ -131,6 +131,8 @@ typedef struct ex_iter {
     double kl_sum[EX_MAX_NODES], kl_w[EX_MAX_NODES]; /* advantage nodes' KL penalty means */
     int64_t sync_bytes, sync_bytes_max; /* weights received by the sync's ranks: in all, the most by one */
     int64_t sync_ns;                    /* the syncs' subtasks, first start to last end */
+    int64_t sync_delta[3];              /* delta syncs: elements compared, changed, bytes saved (all ranks) */
+    bool sync_is_delta;
     int64_t prompts_drawn;
     bool training_started, announced;
     int64_t t0_ns;

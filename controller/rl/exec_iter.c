@@ -1004,6 +1004,12 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         json_object_set_new(ws, "bytes", json_integer((json_int_t)I->sync_bytes));
         json_object_set_new(ws, "bytes_max_rank", json_integer((json_int_t)I->sync_bytes_max));
         json_object_set_new(ws, "time_s", json_real((double)I->sync_ns * 1e-9));
+        if (I->sync_is_delta) { /* roles.actor.rollout.sync_delta: the share of compared elements that changed */
+            json_t *d = json_object();
+            json_object_set_new(d, "changed_fraction", json_real(I->sync_delta[0] ? (double)I->sync_delta[1] / (double)I->sync_delta[0] : 1.0));
+            json_object_set_new(d, "bytes_saved", json_integer((json_int_t)I->sync_delta[2]));
+            json_object_set_new(ws, "delta", d);
+        }
         json_object_set_new(m, "weight_sync", ws);
     }
     if (klw > 0) json_object_set_new(m, "kl", json_real(klsum / klw));

@@ -360,6 +360,11 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
         }
         int64_t b = *(const int64_t *)g->data;
         bytes += b;
+        const ff_tensor *d = ex_out_named(&r[i], FF_RL_T_SYNC_DELTA);
+        if (d && d->dtype == FF_DTYPE_I64 && ff_tensor_numel(d) == 3) {
+            for (int k = 0; k < 3; k++) I->sync_delta[k] += ((const int64_t *)d->data)[k];
+            I->sync_is_delta = true;
+        }
         if (b > most) most = b;
         if (r[i].start_ns && (!t0 || r[i].start_ns < t0)) t0 = r[i].start_ns;
         if (r[i].end_ns > t1) t1 = r[i].end_ns;

@@ -229,6 +229,8 @@ typedef struct ff_role_cfg {
     bool rollout_bf16;       /* actor: `rollout: {sync_dtype: bf16}`: a weight sync that reshards
                                 sends bf16 (the generating copy holds the weights rounded to bf16;
                                 fp32, the default, moves them exactly; a local copy is exact) */
+    bool rollout_delta;      /* actor: `rollout: {sync_delta: true}`: a pool's sync sends only the
+                                elements whose wire value changed (ff_reshard_opts.delta) */
 } ff_role_cfg;
 
 /* Bounds of sizes read from a run config. Token lengths (data.max_prompt_length,

@@ -9,6 +9,16 @@
  * so a rank receives exactly its destination shard minus what it held (never a whole tensor
  * unless its destination shard is one). Pieces move in buckets of whole tensors, each in one
  * group of sends and receives (ff_coll_group_start / end), fp32 or rounded to bf16 on the wire.
+ * Every rank cuts its buckets at the same tensors (the union of each rank's own cuts).
+ *
+ * Delta syncs (opts.delta): the sender keeps, per piece it sends, the last values that crossed
+ * the wire (in the wire dtype: ff_reshard_plan_kept_bytes), and the receiver's copy holds the
+ * same values; each run sends per piece a header (the count of elements whose wire value
+ * changed, and a 64-bit hash of the new piece), then either those elements (u32 index + value)
+ * or the dense piece when that is not larger. The receiver patches its copy, hashes the
+ * result and answers; a mismatch (the receiver's copy was not what the sender kept) is
+ * logged and the piece is resent dense in the same run. Only for a destination that keeps its
+ * weights between runs (a generation pool): a copy released between syncs has no base.
  *
  * Not here: which ranks form the group or where the layouts come from (the worker's, and the
  * controller's placement); the models' memory (ff_model_release_params). */
@@ -35,6 +45,14 @@ typedef struct ff_reshard_stats {
     int64_t local;          /* bytes copied from the source shard on this rank */
     int64_t messages;       /* receives posted */
     double time_s;
+    /* delta syncs (zero otherwise), over the pieces this rank received: */
+    int64_t delta_elems;    /* elements of the pieces compared against the previous run */
+    int64_t delta_changed;  /* ... of them, changed on the wire (dense first runs not counted) */
+    int64_t pieces_sparse, pieces_dense; /* how each piece travelled (a resend counts dense) */
+    int64_t fallbacks;      /* pieces whose patched hash differed: resent dense */
+    int64_t bytes_saved;    /* the dense sync's received bytes minus what was received
+                               (headers and a sender's verdicts included: negative on a
+                               first run) */
 } ff_reshard_stats;
 
 /* A collective of every rank of comm: src is this rank's trained model (NULL: it holds
@@ -50,6 +68,8 @@ typedef struct ff_reshard_opts {
     bool bf16;            /* round to bf16 on the wire */
     int64_t bucket_bytes; /* host staging per bucket of tensors (0: FF_RESHARD_BUCKET_BYTES;
                              a tensor larger than it is a bucket of its own) */
+    bool delta;           /* send only what changed since the last run (above); every rank of
+                             the group must give the same value */
 } ff_reshard_opts;
 #define FF_RESHARD_BUCKET_BYTES ((int64_t)64 << 20)
 ff_reshard_plan *ff_reshard_plan_new(ff_coll_comm *comm, const ff_model *src, const ff_model *dst, const ff_reshard_opts *opts);
@@ -58,6 +78,8 @@ void ff_reshard_plan_destroy(ff_reshard_plan **p);
 int64_t ff_reshard_plan_received(const ff_reshard_plan *p);
 int64_t ff_reshard_plan_sent(const ff_reshard_plan *p);
 int64_t ff_reshard_plan_buckets(const ff_reshard_plan *p);
+/* Delta syncs: the bytes this rank keeps of what it sent (its sent bytes; 0 without delta). */
+int64_t ff_reshard_plan_kept_bytes(const ff_reshard_plan *p);
 
 /* Move the weights: every rank of the plan's communicator calls it with models of the
  * layouts the plan was made for (dst's parameters held: ff_model_restore_params). st may be

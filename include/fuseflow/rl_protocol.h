@@ -78,6 +78,7 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
 #define FF_RL_T_PIPE_TIMES "pipe_times"
 /* rl.sync, from every rank: I64 [1], the bytes of weights it received from other ranks */
 #define FF_RL_T_RECEIVED "received"
+#define FF_RL_T_SYNC_DELTA "sync_delta" /* rl.sync with sync_delta: I64 [3] elements compared, changed, bytes saved */
 
 /* Per-token columns (F32 [sum rlen]) an rl.train subtask carries, aligned with "resp". */
 enum {

@@ -17,7 +17,14 @@
  * sends and receives per run, each rank cutting its own). Memory: the generation copy's
  * parameters are released between syncs (0 bytes) and restored for the transition, so the
  * peak is the training shard + its gradients + optimizer state, or those + the generation
- * shard; never a whole model unless tg pg = 1. */
+ * shard; never a whole model unless tg pg = 1.
+ *
+ * Delta syncs (opts.delta) into a pool of its own, TP 2 -> 2 x TP 1, fp32 and bf16 on the
+ * wire, in small buckets: over several syncs (the first, none changed, small updates of a few elements, all
+ * changed, a receiver's copy corrupted) the delta copy equals a dense sync's bit for bit;
+ * the stats show the first sync dense, an unchanged one sparse with nothing changed and the
+ * bytes saved, small updates sparse, a large one dense by choice, and the corrupted copy
+ * caught by the hash and resent dense (the next sync clean again). */
 #include <inttypes.h>
 
 #include "fuseflow/backend.h"
@@ -55,6 +62,11 @@ static ff_model *shard_model(ff_backend *be, const ff_model_config *cfg, const f
     ff_model_comm mc = mcomm(tp);
     ff_model_opts o = {.inference = inference, .comm = tp && ff_coll_comm_size(tp) > 1 ? &mc : NULL, .stage = pp > 1 ? &st : NULL};
     return ff_model_new_opts(be, cfg, w, &o);
+}
+
+static int64_t shard_numel_of(const ff_model_tensor_info *t) {
+    if (t->axis < 0) return t->full[0] * t->full[1];
+    return t->axis == 0 ? t->len * t->full[1] : t->full[0] * t->len;
 }
 
 /* parameters excluding a pipeline stage's tied copy (the bytes of the shard proper) */
@@ -181,6 +193,114 @@ done:
     return fails;
 }
 
+/* ---- delta syncs --------------------------------------------------------------------- */
+
+/* w -> w (1 + 1e-3) for about pct % of the elements, chosen by the value's bits and the sync
+ * (replicas of a tensor change alike); pct 100: w (1.5) everywhere */
+static void update(ff_model *m, int sync, int pct) {
+    for (int i = 0; i < ff_model_n_tensors(m); i++) {
+        ff_model_tensor_info t;
+        ff_model_tensor_info_of(m, i, &t);
+        const int64_t n = shard_numel_of(&t);
+        float *v = malloc((size_t)n * sizeof *v);
+        REQUIRE(v && ff_model_read_tensor(m, t.name, false, v) == 0);
+        for (int64_t k = 0; k < n; k++) {
+            uint32_t b;
+            memcpy(&b, &v[k], 4);
+            const uint64_t h = (b ^ (uint64_t)sync * 0x9e3779b97f4a7c15ULL) * 0xff51afd7ed558ccdULL;
+            if (pct >= 100) v[k] *= 1.5f;
+            else if ((int)((h >> 33) % 100) < pct) v[k] *= 1.001f;
+        }
+        REQUIRE(ff_model_write_tensor(m, t.name, v) == 0);
+        free(v);
+    }
+}
+
+static int delta_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id *id, void *arg) {
+    (void)id, (void)nranks;
+    const bool bf16 = *(const bool *)arg;
+    int fails = 0;
+    ff_model_config cfg = tiny_config(64, 32, 64, 2, 4, 4, false, false, false);
+    ff_backend *be = ff_backend_new("cpu:1");
+    ff_tensor_set *w1 = ff_tensor_set_new(), *w0 = ff_tensor_set_new();
+    REQUIRE(be && w1 && w0 && ff_model_init_weights(&cfg, 11, 0.2, w1) == 0 && ff_model_init_weights(&cfg, 12, 0.2, w0) == 0);
+    const bool trains = rank < 2; /* TP 2 on ranks 0, 1; generation replicas TP 1 on 2, 3 */
+    ff_coll_comm *tp = NULL;
+    REQUIRE(ff_coll_comm_split(comm, trains ? 0 : FF_COLL_SPLIT_NOCOLOR, rank, &tp) == 0);
+    ff_model *src = trains ? shard_model(be, &cfg, w1, tp, 0, 1, false) : NULL;
+    ff_model *dd = trains ? NULL : shard_model(be, &cfg, w0, NULL, 0, 1, true); /* delta-synced */
+    ff_model *dn = trains ? NULL : shard_model(be, &cfg, w0, NULL, 0, 1, true); /* dense-synced */
+    REQUIRE(trains ? src != NULL : dd && dn);
+    /* the delta plan in small buckets: senders (TP 2 shards) and receivers (whole tensors) cut
+     * their own at different tensors, the plan at the union, so each round pairs up */
+    ff_reshard_opts od = {.bf16 = bf16, .delta = true, .bucket_bytes = 4096}, on = {.bf16 = bf16};
+    ff_reshard_plan *pd = ff_reshard_plan_new(comm, src, dd, &od), *pn = ff_reshard_plan_new(comm, src, dn, &on);
+    REQUIRE(pd && pn);
+    RCHECK(ff_reshard_plan_buckets(pd) > 4, "%" PRId64 " buckets", ff_reshard_plan_buckets(pd));
+    const int64_t es = bf16 ? 2 : 4;
+    RCHECK(ff_reshard_plan_kept_bytes(pd) == ff_reshard_plan_sent(pd) && ff_reshard_plan_kept_bytes(pn) == 0,
+           "kept %" PRId64 " bytes, sent %" PRId64, ff_reshard_plan_kept_bytes(pd), ff_reshard_plan_sent(pd));
+    if (src) RCHECK(ff_reshard_plan_kept_bytes(pd) > 0, "a sender keeps nothing");
+    enum { FIRST, SAME, SMALL1, SMALL2, ALL, CORRUPT, AFTER, NSYNC };
+    const int pct[NSYNC] = {0, 0, 2, 2, 100, 2, 2};
+    const int64_t n = dd ? ff_model_param_count(dd) : 0;
+    float *a = malloc((size_t)(n ? n : 1) * sizeof *a), *b = malloc((size_t)(n ? n : 1) * sizeof *b);
+    REQUIRE(a && b);
+    for (int k = 0; k < NSYNC; k++) {
+        if (src && pct[k]) update(src, k, pct[k]);
+        if (dd && k == CORRUPT && rank == 2) { /* one element of the first tensor off */
+            ff_model_tensor_info t;
+            ff_model_tensor_info_of(dd, 0, &t);
+            float *v = malloc((size_t)shard_numel_of(&t) * sizeof *v);
+            REQUIRE(v && ff_model_read_tensor(dd, t.name, false, v) == 0);
+            v[0] += 1.0f;
+            REQUIRE(ff_model_write_tensor(dd, t.name, v) == 0);
+            free(v);
+        }
+        ff_reshard_stats sd, sn;
+        RCHECK(ff_reshard_run(pd, src, dd, &sd) == 0 && ff_reshard_run(pn, src, dn, &sn) == 0, "sync %d: %s", k, ff_error_message());
+        RCHECK(sd.bytes_saved == sn.received - sd.received, "sync %d: saved %" PRId64 ", dense %" PRId64 " - delta %" PRId64, k,
+               sd.bytes_saved, sn.received, sd.received);
+        if (!dd) continue;
+        ff_model_read_params(dd, a), ff_model_read_params(dn, b);
+        int64_t diff = 0;
+        for (int64_t e = 0; e < n; e++) diff += memcmp(&a[e], &b[e], 4) != 0;
+        RCHECK(diff == 0, "sync %d: %" PRId64 " of %" PRId64 " parameters differ from the dense sync's", k, diff, n);
+        const int64_t pieces = sd.pieces_sparse + sd.pieces_dense; /* a resent piece counts dense */
+        RCHECK(pieces == sn.messages && sn.received == es * n, "sync %d: %" PRId64 " pieces, dense %" PRId64 " messages", k, pieces,
+               sn.messages);
+        if (getenv("FF_TEST_VERBOSE"))
+            printf("%s rank %d sync %d: %" PRId64 " of %" PRId64 " changed, %" PRId64 " sparse, %" PRId64 " dense, %" PRId64
+                   " fallbacks, received %" PRId64 " B (dense %" PRId64 ")\n",
+                   bf16 ? "bf16" : "fp32", rank, k, sd.delta_changed, sd.delta_elems, sd.pieces_sparse, sd.pieces_dense, sd.fallbacks,
+                   sd.received, sn.received);
+        const bool corrupt = k == CORRUPT && rank == 2;
+        RCHECK(sd.fallbacks == (corrupt ? 1 : 0), "sync %d: %" PRId64 " fallbacks", k, sd.fallbacks);
+        if (k == FIRST)
+            RCHECK(sd.delta_elems == 0 && sd.pieces_sparse == 0 && sd.bytes_saved < 0, "the first sync: %" PRId64 " compared, %" PRId64 " sparse",
+                   sd.delta_elems, sd.pieces_sparse);
+        else
+            RCHECK(sd.delta_elems == n, "sync %d: %" PRId64 " of %" PRId64 " elements compared", k, sd.delta_elems, n);
+        if (k == SAME)
+            RCHECK(sd.delta_changed == 0 && sd.pieces_dense == 0 && sd.received < sn.received / 20,
+                   "nothing changed: %" PRId64 " changed, %" PRId64 " dense, %" PRId64 " B", sd.delta_changed, sd.pieces_dense, sd.received);
+        if (k == SMALL1 || k == SMALL2 || k == AFTER)
+            RCHECK(sd.delta_changed > 0 && sd.delta_changed < n / 10 && sd.pieces_sparse > 0 && sd.bytes_saved > sn.received / 2,
+                   "sync %d, small: %" PRId64 " changed, %" PRId64 " sparse, saved %" PRId64 " B", k, sd.delta_changed, sd.pieces_sparse,
+                   sd.bytes_saved);
+        if (k == ALL)
+            RCHECK(sd.delta_changed > n * 9 / 10 && sd.pieces_sparse == 0 && sd.received > sn.received,
+                   "all changed: %" PRId64 " changed, %" PRId64 " sparse", sd.delta_changed, sd.pieces_sparse);
+    }
+    free(a), free(b);
+    ff_reshard_plan_destroy(&pd), ff_reshard_plan_destroy(&pn);
+    ff_model_destroy(&src), ff_model_destroy(&dd), ff_model_destroy(&dn);
+    ff_coll_comm_destroy(&tp);
+    ff_tensor_set_destroy(&w1), ff_tensor_set_destroy(&w0);
+    ff_backend_destroy(&be);
+    return fails;
+}
+
 int main(void) {
     const tcase cases[] = {
         {"TP2 PP2 -> TP1", 2, 2, 1, 1, 0, 4, 4, false, false, false, 0},
@@ -202,6 +322,13 @@ int main(void) {
         int failed = run_ranks(n, &ro, rank_main, (void *)c);
         CHECK(failed == 0);
         if (failed) fprintf(stderr, "case '%s': %d of %d ranks failed\n", c->name, failed, n);
+    }
+    for (int k = 0; k < 2; k++) {
+        const bool bf16 = k == 1;
+        run_opts ro = default_run();
+        int failed = run_ranks(4, &ro, delta_main, (void *)&bf16);
+        CHECK(failed == 0);
+        if (failed) fprintf(stderr, "delta syncs (%s): %d of 4 ranks failed\n", bf16 ? "bf16" : "fp32", failed);
     }
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);
     return ff_test_failures ? 1 : 0;

@@ -143,13 +143,17 @@ int rlw_sync_local(rlw *s);
 /* The bytes of weights this rank received from other ranks in its last sync (0 after a
  * local copy). */
 int64_t rlw_sync_received(const rlw *s);
+/* A delta sync's (roles.actor.rollout.sync_delta, into a pool): elements compared, changed
+ * and bytes saved on this rank in the last sync; false when syncs here are not deltas. */
+bool rlw_sync_delta(const rlw *s, int64_t out[3]);
 /* Across layouts (ff_reshard): every rank hosting FF_RL_GEN receives exactly the pieces of
  * its generation shard it does not hold, from ranks that hold them. On the actor's workers
  * (a generation layout of its own) inside the group split at rl.init (HybridFlow's micro-DP
  * group when the layouts nest, else the training replica), by a plan made at the first
  * sync; with a pool of its own inside comm (the sync group: the actor's replica 0, which
  * sends, and the generation ranks), planned again when the group changed. bf16 on the wire
- * with roles.actor.rollout.sync_dtype: bf16. */
+ * with roles.actor.rollout.sync_dtype: bf16; into a pool, only the changed values with
+ * roles.actor.rollout.sync_delta (the colocated copy releases its weights: always dense). */
 int rlw_sync_reshard(rlw *s, ff_coll_comm *comm);
 
 /* ---- checkpoints and checks -------------------------------------------------------------- */

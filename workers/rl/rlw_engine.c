@@ -73,6 +73,7 @@ struct rlw {
     float *gbuf;
     int64_t gcap;
     int64_t sync_received; /* bytes the last weight sync brought from other ranks */
+    int64_t sync_delta[3];  /* ... a delta sync's elements compared, changed, bytes saved */
     /* the generating copy beside the trained actor on this worker: its parameters and its
      * rollout (KV cache) exist only from a weight sync to the next actor step (gen_release);
      * in a layout of its own its transition runs in xfer (the micro-DP group of HybridFlow's
@@ -829,6 +830,10 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
 
 /* ---- weight sync ------------------------------------------------------------------------------ */
 int64_t rlw_sync_received(const rlw *s) { return s->sync_received; }
+bool rlw_sync_delta(const rlw *s, int64_t out[3]) {
+    memcpy(out, s->sync_delta, sizeof s->sync_delta);
+    return s->run->roles[FF_ROLE_ACTOR].rollout_delta && !s->xfer;
+}
 
 /* generate -> train: the generating copy gives back its parameters and its rollout (the KV
  * cache, the decode workspace) until the next sync; the trained shard never moved */
@@ -872,7 +877,9 @@ int rlw_sync_reshard(rlw *s, ff_coll_comm *comm) {
     ff_reshard_plan **plan = colocated ? &s->xplan : &s->pplan;
     if (!colocated && (s->pplan_comm != group || s->pplan_size != ff_coll_comm_size(group))) ff_reshard_plan_destroy(plan);
     if (!*plan) {
-        const ff_reshard_opts ro = {.bf16 = s->run->roles[FF_ROLE_ACTOR].rollout_bf16};
+        /* a delta only into a pool (its copy keeps the weights between syncs) */
+        const ff_reshard_opts ro = {.bf16 = s->run->roles[FF_ROLE_ACTOR].rollout_bf16,
+                                    .delta = s->run->roles[FF_ROLE_ACTOR].rollout_delta && !colocated};
         if (!(*plan = ff_reshard_plan_new(group, src, dst, &ro)))
             return ff_error_wrap("weight sync");
         if (!colocated) s->pplan_comm = group, s->pplan_size = ff_coll_comm_size(group);
@@ -882,6 +889,7 @@ int rlw_sync_reshard(rlw *s, ff_coll_comm *comm) {
     if (rc) ff_reshard_plan_destroy(plan); /* a broken group: plan again on the next */
     if (rc) return ff_error_wrap("weight sync");
     s->sync_received = st.received;
+    s->sync_delta[0] = st.delta_elems, s->sync_delta[1] = st.delta_changed, s->sync_delta[2] = st.bytes_saved;
     return dst ? gen_ready(s) : 0;
 }
 

@@ -444,6 +444,12 @@ static int k_sync(ff_task *t, void *ud) {
     int64_t *got = ff_task_output(t, FF_RL_T_RECEIVED, FF_DTYPE_I64, 1, (int64_t[]){1});
     if (!got) return -1;
     *got = rlw_sync_received(r->eng);
+    int64_t d[3];
+    if (rlw_sync_delta(r->eng, d)) {
+        int64_t *o = ff_task_output(t, FF_RL_T_SYNC_DELTA, FF_DTYPE_I64, 1, (int64_t[]){3});
+        if (!o) return -1;
+        memcpy(o, d, sizeof d);
+    }
     return 0;
 }
 
