@@ -539,9 +539,10 @@ static int migrate_node(const ex_run *x) {
     return -1;
 }
 
-/* The survivor with the most free KV slots that holds nmig more sequences, else (migrate_to
- * too small) any live generation worker but `not` with room (the sources gave theirs up),
- * else `not` itself when it lives; -1 when none does. */
+/* The survivor with the fewest samples sent to it that has KV slots for nmig more, else (a
+ * survivor died, or migrate_to left too few) the live generation worker other than `not`
+ * with the fewest, else `not` itself when it lives (its imports then wait on the worker
+ * for free slots); -1 when none lives. */
 static int pick_survivor(ex_run *x, ex_iter *I, int not, int64_t nmig) {
     int best = -1;
     for (int i = 0; i < I->n_mig_to; i++)
@@ -549,7 +550,7 @@ static int pick_survivor(ex_run *x, ex_iter *I, int not, int64_t nmig) {
             (best < 0 || I->mig_load[i] < I->mig_load[best]))
             best = i;
     if (best >= 0) return best;
-    for (int pass = 0; pass < 2; pass++)
+    for (int pass = 0; pass < 2 && best < 0; pass++)
         for (int i = 0; i < x->pool_n[POOL_GEN]; i++) {
             int r = x->pool_ranks[POOL_GEN][i], k = 0;
             if ((pass == 0) == (r == not) || !rank_live(x, r)) continue;
@@ -558,9 +559,9 @@ static int pick_survivor(ex_run *x, ex_iter *I, int not, int64_t nmig) {
                 if (k == EX_MAX_RANKS) return -1;
                 I->mig_to[I->n_mig_to] = r, I->mig_load[I->n_mig_to++] = 0;
             }
-            if (x->gen_slots - I->mig_load[k] >= nmig) return k;
+            if (best < 0 || I->mig_load[k] < I->mig_load[best]) best = k;
         }
-    return -1;
+    return best;
 }
 
 /* A new rl.migrate_in job for job j's moved sequences (their states, bytes and responses,
@@ -602,6 +603,10 @@ static int hand_over(ex_run *x, ex_iter *I, ex_job *j, uint8_t **state, int64_t 
     uint64_t id = ex_submit(x, n, &spec);
     if (!id) return -1;
     I->mig_load[si] += (int)nmig;
+    if (x->o.on_event) {
+        ff_exec_event e = {"migrating", I->it, rank, x->c};
+        x->o.on_event(x->o.event_ud, &e);
+    }
     if (n->ngroups == 1 && node_of(x, n->node)->gran == FF_GRAN_SAMPLE) I->gen_job[n->group] = id; /* cancel_dead_groups' */
     if (x->tr && ff_controller_trace_flow(x->c, from, id, "migrate") != 0) ff_warn("run: trace: %s", ff_error_message());
     return 0;
@@ -662,7 +667,9 @@ static void maybe_migrate(ex_run *x, ex_iter *I) {
         if (nd->gen.migrate_to > 0 || room >= rest || S + 1 >= W) break;
         S++;
     }
-    if (S >= W) {
+    int64_t room = 0, rest = 0;
+    for (int i = 0; i < W; i++) *(i < S ? &room : &rest) += i < S ? x->gen_slots - open[live[i]] : open[live[i]];
+    if (S >= W || (nd->gen.migrate_to == 0 && room < rest)) { /* no survivors with room: nothing to free */
         I->mig_decided = true;
         return;
     }

@@ -120,6 +120,7 @@ void rlw_gen_abort(rlw *s, void *owner);
 void rlw_gen_clear(rlw *s);
 int rlw_gen_open(const rlw *s); /* jobs not finished */
 bool rlw_gen_waiting(const rlw *s); /* samples queued for a slot (no state to move yet) */
+int32_t rlw_gen_free_slots(const rlw *s); /* KV slots no sequence holds */
 /* Long-tail migration, between two steps when no sample waits for a slot (rlw_gen_waiting
  * false, else refused): hand every open job to cb as migrated (its finished samples and the
  * others' states, with their KV rows when with_kv) and forget it; the sequences leave the

@@ -699,6 +699,7 @@ void rlw_gen_clear(rlw *s) {
 
 int rlw_gen_open(const rlw *s) { return s->njobs; }
 bool rlw_gen_waiting(const rlw *s) { return s->ro && ff_rollout_pending(s->ro) != ff_rollout_running(s->ro); }
+int32_t rlw_gen_free_slots(const rlw *s) { return s->ro ? s->ro_cfg.max_slots - ff_rollout_running(s->ro) : 0; }
 
 /* ---- long-tail migration ------------------------------------------------------------------- */
 /* A job's unfinished samples' states into one buffer, [k n] lengths; NULL + error. */

@@ -419,11 +419,15 @@ static int k_migrate_in(ff_task *t, void *ud) {
     return 0;
 }
 
-/* The waiting rl.migrate_in tasks into the engine (the step hook, no sample waiting). */
+/* The waiting rl.migrate_in tasks into the engine, in order, each once the engine has the
+ * slots for it (the step hook, no sample waiting): a survivor that took other work (a dead
+ * worker's groups) takes the states as its sequences finish. */
 static void migrate_in_now(ff_rlworker *r) {
-    for (int i = 0; i < r->nmig_in; i++) {
+    int i = 0;
+    for (; i < r->nmig_in; i++) {
         ff_task *t = r->mig_in[i];
         const ff_tensor *st = input(t, FF_RL_T_STATE, FF_DTYPE_U8, false), *sl = input(t, FF_RL_T_STATE_LEN, FF_DTYPE_I64, false);
+        if (!ff_task_cancelled(t) && sl->shape[0] > rlw_gen_free_slots(r->eng) && r->nopen) break; /* after some finish */
         if (ff_task_cancelled(t)) {
             ff_task_fail(t, FF_STATUS_CANCELLED, "rl.migrate_in: cancelled");
             ff_task_complete(t, -1);
@@ -434,7 +438,8 @@ static void migrate_in_now(ff_rlworker *r) {
             r->open[r->nopen++] = t;
         }
     }
-    r->nmig_in = 0;
+    memmove(r->mig_in, r->mig_in + i, (size_t)(r->nmig_in - i) * sizeof *r->mig_in);
+    r->nmig_in -= i;
 }
 
 static int step(ff_worker *w, void *ud) {
