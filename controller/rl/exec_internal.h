@@ -142,8 +142,7 @@ typedef struct ex_iter {
     bool training_started, announced;
     int64_t t0_ns;
     /* long-tail migration (exec_iter.c): decided once per iteration; the survivors and the
-     * samples sent to each; what moved, and from the decision to the last moved sequence
-     * decoding again on its survivor */
+     * samples on each; what moved, the decision's time and the last rl.migrate_in's start */
     bool mig_decided;
     double mig_rt;
     int mig_to[EX_MAX_RANKS], mig_load[EX_MAX_RANKS], n_mig_to, mig_sources;

@@ -7,6 +7,9 @@
  *                      generate node (ReMax's greedy baseline) makes one response per group.
  *                      With TP the groups ready in one pass are dealt over the DP replicas,
  *                      one subtask per replica (its TP ranks decode them together, to the end)
+ *                      With `migrate` (DP workers): once the open jobs' samples fall to R_t,
+ *                      the workers with the fewest hand them over (rl.migrate_out), and each
+ *                      migrated job's states go on to a survivor as an rl.migrate_in job
  *   logprob/value/score  one subtask over the task's samples to any worker of the role (with
  *                      TP: to all TP ranks of the least loaded replica; TP rank 0 answers)
  *   reward_fn, advantage, filter  on the controller (registry functions), reward tasks of a
@@ -763,7 +766,7 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
     free(at);
     st->done += stored;
     st->t_last_ns = ff_now_ns();
-    if (j->mig_state && r->start_ns > I->mig_t1_ns) I->mig_t1_ns = r->start_ns; /* decoding again on its survivor */
+    if (j->mig_state && r->start_ns > I->mig_t1_ns) I->mig_t1_ns = r->start_ns; /* on its survivor */
     if (moved) {
         uint8_t *state = ff_malloc((size_t)moved_bytes);
         int64_t *lens = ff_malloc((size_t)moved * sizeof *lens), *src = ff_malloc((size_t)moved * sizeof *src);
@@ -1240,7 +1243,7 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         json_object_set_new(ws, "time_s", json_real((double)I->sync_ns * 1e-9));
         json_object_set_new(m, "weight_sync", ws);
     }
-    if (migrate_node(x) >= 0) { /* long-tail migration: what moved, from the decision to the last moved sample decoding again */
+    if (migrate_node(x) >= 0) { /* long-tail migration: what moved, from the decision to the last move's start */
         json_t *mg = json_object();
         json_object_set_new(mg, "moved", json_integer((json_int_t)I->mig_moved));
         json_object_set_new(mg, "bytes", json_integer((json_int_t)I->mig_bytes));

@@ -34,11 +34,11 @@ extern "C" {
 #define FF_RL_DIGEST "rl.digest"     /* a hash of a role's weights; role */
 /* Long-tail migration (docs/run.md "Migration"), DP generation workers only: */
 #define FF_RL_MIGRATE_OUT "rl.migrate_out" /* kv (1: with the KV rows, 0: the receiver recomputes):
-                                              every open rl.generate job of the worker whose
-                                              samples all run (none waiting) completes now with
-                                              its finished samples and the sequence states of
-                                              the others ("state", "state_len"); -> moved I64 [2]
-                                              (sequences, bytes) */
+                                              at the worker's next step boundary with no sample
+                                              waiting for a slot, every open rl.generate job
+                                              completes with its finished samples and the
+                                              sequence states of the others ("state",
+                                              "state_len"); -> moved I64 [2] (sequences, bytes) */
 #define FF_RL_MIGRATE_IN "rl.migrate_in"   /* "state" U8, "state_len" I64 [m]: continue the m
                                               sequences here (deferred, as rl.generate) -> rlen,
                                               finish I32 [m], resp I32, logprob F32 */

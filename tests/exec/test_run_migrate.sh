@@ -3,8 +3,9 @@
 # the repeat task (a random tiny model, generation on workers of its own) with migration forced
 # at several thresholds, the KV rows sent or recomputed, against the same run with migration off:
 #   - the same responses (samples.jsonl byte for byte) at every threshold, both ways;
-#   - with one sample per prompt (decode batches within the BLAS kernel that rounds each row
-#     alike) and the KV rows: the same metrics bit for bit (the log-probs feed the losses);
+#   - the same metrics within 1e-6 + 1e-4 (the log-probs feed the losses; not bit for bit: a
+#     prefill's rounding depends on which prompts share it, which is timing, with or without
+#     migration), also with one sample per prompt on 2 and 4 workers;
 #   - metrics.jsonl's migrate {moved, bytes, time_s} per iteration: moved > 0 when forced at
 #     once, the KV rows' bytes above the recompute's; the trace's "migrate" arrows;
 #   - bad values refused naming the key; a TP generation layout refused with the reason.
@@ -65,7 +66,8 @@ done
 kv=$(mig "$work/on_kv_1.0" bytes | head -1) rc=$(mig "$work/on_recompute_1.0" bytes | head -1)
 [[ $kv -gt $((2 * rc)) && $rc -gt 0 ]] || fail "the KV rows' states ($kv bytes) are not larger than the recompute's ($rc)"
 
-# 2. one sample per prompt, the KV rows: the same metrics bit for bit, on 2 workers and on 4
+# 2. one sample per prompt, the KV rows, on 2 workers and on 4 (bit for bit in quiet runs; a
+# loaded machine's timing changes prefill packing, so within the same tolerance)
 one="graph.rollout.n=1 graph.advantage.estimator=reinforce_plus_plus data.train_batch_size=4 graph.train_actor.mini_batch_size=4
      graph.train_actor.micro_batch_size=4"
 for w in 2 4; do
@@ -74,8 +76,8 @@ for w in 2 4; do
   # shellcheck disable=SC2086
   run "$work/on1_$w" $one roles.actor.rollout.workers=$w graph.rollout.migrate=1.0 --trace "$work/trace_$w.json"
   cmp -s "$work/on1_$w/samples.jsonl" "$work/off1_$w/samples.jsonl" || fail "n=1 on $w workers: other responses"
-  diff <(strip "$work/on1_$w/metrics.jsonl") <(strip "$work/off1_$w/metrics.jsonl") >&2 ||
-    fail "n=1 on $w workers: the metrics are not bitwise those without migration"
+  strip "$work/on1_$w/metrics.jsonl" > "$work/on1_$w.m" && strip "$work/off1_$w/metrics.jsonl" > "$work/off1_$w.m"
+  same_metrics "$work/on1_$w.m" "$work/off1_$w.m" 1e-6 1e-4 || fail "n=1 on $w workers: other metrics than without migration"
   for m in $(mig "$work/on1_$w" moved); do [[ $m -gt 0 ]] || fail "n=1 on $w workers: nothing moved"; done
   python3 - "$work/trace_$w.json" "$(mig "$work/on1_$w" moved | paste -sd+ | bc)" <<'PY' || fail "the trace has no migrate arrow per move"
 import json, sys
