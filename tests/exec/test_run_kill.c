@@ -82,7 +82,7 @@ static void on_event(void *ud, const ff_exec_event *e) {
         h->victim = 1;
         h->done = true;
     }
-    if (h->mode == 5 && !h->done && !strcmp(e->what, "migrating") && e->iteration == 1) {
+    if (h->mode == 5 && !h->done && !strcmp(e->what, "migrating")) { /* the first move of the run */
         ff_worker_info wi;
         REQUIRE(ff_controller_worker_info(e->controller, (int)e->count, &wi) == 0);
         kill((pid_t)wi.pid, SIGKILL);
