@@ -791,6 +791,12 @@ fail : {
 }
 
 /* ---- cancel ------------------------------------------------------------------------------- */
+int ff_controller_job_rank(const ff_controller *c, uint64_t id) {
+    ctl_job *j = u64map_get(&c->jobs, id);
+    if (!j || j->completed || j->queued || j->n != 1 || j->subs[0]->state != SUB_INFLIGHT) return -1;
+    return j->subs[0]->rank;
+}
+
 int ff_controller_cancel(ff_controller *c, uint64_t id) {
     ctl_job *j = u64map_get(&c->jobs, id);
     if (!j || j->completed) return ff_error_set("cancel", NULL, "no outstanding job %llu", (unsigned long long)id);

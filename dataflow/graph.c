@@ -425,6 +425,30 @@ static int get_s(ff_node *n, const char *key, const char *dflt, const char **out
     return n->params && ff_cnode_get_str(n->params, key, dflt, out) < 0 ? -1 : 0;
 }
 
+/* `migrate: off | auto | R_t` with `migrate_to: N` and `migrate_with: kv | recompute`. */
+static int read_migrate(ff_node *n) {
+    const char *m, *with;
+    if (get_s(n, "migrate", "off", &m) || get_i(n, "migrate_to", 0, 0, 1 << 16, &n->gen.migrate_to) ||
+        get_s(n, "migrate_with", "kv", &with))
+        return -1;
+    char *end = NULL;
+    double r = strtod(m, &end);
+    if (!strcmp(m, "off") || !strcmp(m, "false")) n->gen.migrate = 0;
+    else if (!strcmp(m, "auto")) n->gen.migrate = -1;
+    else if (end != m && !*end && r > 0 && r <= 1) n->gen.migrate = r;
+    else
+        return param_where_err(n, "migrate", "write migrate: off, auto or a fraction in (0, 1] (0.25: when a quarter of the samples still decode)",
+                               "'migrate' is neither off, auto nor a fraction in (0, 1]");
+    if (!strcmp(with, "kv")) n->gen.migrate_recompute = false;
+    else if (!strcmp(with, "recompute")) n->gen.migrate_recompute = true;
+    else
+        return param_where_err(n, "migrate_with", "write migrate_with: kv (send the KV rows) or recompute (prefill them again)",
+                               "'migrate_with' is neither kv nor recompute");
+    if (n->gen.migrate && n->gen.greedy)
+        return param_where_err(n, "migrate", "migrate the sample-level generate node", "a greedy (group-level) generate node does not migrate");
+    return 0;
+}
+
 /* A KL section (`kl_loss:` or `kl_penalty:`): type, coef, and for the penalty a controller. */
 static int read_kl(ff_node *n, const ff_registry *reg, const char *key, bool penalty) {
     ff_cnode *sec = n->params ? ff_cnode_find(n->params, key) : NULL;
@@ -495,7 +519,8 @@ static int resolve_node(ff_graph *g, int idx, const ff_registry *reg) {
     case FF_OP_GENERATE:
         if (get_i(n, "n", 1, 1, 1 << 16, &n->gen.n) || get_d(n, "temperature", 1.0, 0, 100, &n->gen.temperature) ||
             get_d(n, "top_p", 1.0, 1e-9, 1, &n->gen.top_p) || get_i(n, "top_k", 0, 0, 1 << 30, &n->gen.top_k) ||
-            get_i(n, "max_tokens", 0, 0, FF_RUN_MAX_TOKENS, &n->gen.max_tokens) || get_b(n, "greedy", false, &n->gen.greedy))
+            get_i(n, "max_tokens", 0, 0, FF_RUN_MAX_TOKENS, &n->gen.max_tokens) || get_b(n, "greedy", false, &n->gen.greedy) ||
+            read_migrate(n))
             return -1;
         break;
     case FF_OP_REWARD_FN: {

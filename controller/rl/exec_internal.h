@@ -72,7 +72,7 @@ typedef struct ex_cell {
 typedef struct ex_run ex_run;
 
 /* A job in flight: what its callback must do. */
-typedef enum { JOB_GEN = 0, JOB_SCORE, JOB_TRAIN, JOB_SYNC, JOB_EVAL, JOB_CTL, JOB_INIT } ex_job_kind;
+typedef enum { JOB_GEN = 0, JOB_SCORE, JOB_TRAIN, JOB_SYNC, JOB_EVAL, JOB_CTL, JOB_INIT, JOB_MIGRATE } ex_job_kind;
 
 typedef struct ex_job {
     ex_run *x;
@@ -88,6 +88,13 @@ typedef struct ex_job {
     int minibatch, member;      /* train: which step, which DP rank */
     uint64_t id;                /* controller job */
     bool done;
+    /* generation continued on another worker (rl.migrate_in): the moved sequences' states
+     * (kept until the job ends, so that a dead target's are sent again), each one's bytes
+     * and the response of the job (its index in the group's rl.generate [k n]) it stands for;
+     * the source job, for the trace's arrow */
+    uint8_t *mig_state;
+    int64_t mig_bytes, nmig, *mig_len, *mig_src;
+    uint64_t mig_from;
     struct ex_job *next;
 } ex_job;
 
@@ -136,6 +143,12 @@ typedef struct ex_iter {
     int64_t prompts_drawn;
     bool training_started, announced;
     int64_t t0_ns;
+    /* long-tail migration (exec_iter.c): decided once per iteration; the survivors and the
+     * samples on each; what moved, the decision's time and the last rl.migrate_in's start */
+    bool mig_decided;
+    double mig_rt;
+    int mig_to[EX_MAX_RANKS], mig_load[EX_MAX_RANKS], n_mig_to, mig_sources;
+    int64_t mig_moved, mig_bytes, mig_t0_ns, mig_t1_ns;
 } ex_iter;
 
 /* A pool's layout: tp x pp ranks per DP replica (mp, the model-parallel ranks), dp replicas
@@ -228,6 +241,7 @@ struct ex_run {
     bool memory_pending;
 
     struct ex_trace *tr; /* --trace: what the executor adds to the controller's trace */
+    int64_t gen_slots;   /* KV-cache slots of each generation engine (rl.init's slots) */
 };
 
 /* exec_run.c */

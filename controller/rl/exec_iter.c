@@ -7,6 +7,9 @@
  *                      generate node (ReMax's greedy baseline) makes one response per group.
  *                      With TP the groups ready in one pass are dealt over the DP replicas,
  *                      one subtask per replica (its TP ranks decode them together, to the end)
+ *                      With `migrate` (DP workers): once the open jobs' samples fall to R_t,
+ *                      the workers with the fewest hand them over (rl.migrate_out), and each
+ *                      migrated job's states go on to a survivor as an rl.migrate_in job
  *   logprob/value/score  one subtask over the task's samples to any worker of the role (with
  *                      TP: to all TP ranks of the least loaded replica; TP rank 0 answers)
  *   reward_fn, advantage, filter  on the controller (registry functions), reward tasks of a
@@ -88,6 +91,9 @@ static void job_free(ex_run *x, ex_job *j) {
     free(j->tasks);
     free(j->samples);
     free(j->groups);
+    free(j->mig_state);
+    free(j->mig_len);
+    free(j->mig_src);
     free(j);
 }
 
@@ -114,6 +120,7 @@ const ff_tensor *ex_out_named(const ff_result *r, const char *name) {
 
 static void gen_done(ex_run *x, ex_job *j, const ff_result *r);
 static void score_done(ex_run *x, ex_job *j, const ff_result *r);
+static void migrate_out_done(ex_run *x, const ff_result *r);
 
 static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, void *ud) {
     (void)c, (void)id;
@@ -133,6 +140,7 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
     case JOB_SYNC: ex_sync_done(x, j, r, n); break;
     case JOB_EVAL: ex_eval_done(x, j, r, n); break;
     case JOB_INIT: ex_init_done(x, &r[0]); break;
+    case JOB_MIGRATE: migrate_out_done(x, ex_result_of(r, n)); break;
     case JOB_CTL:
         for (int i = 0; i < n; i++)
             if (r[i].status != FF_STATUS_OK)
@@ -496,6 +504,207 @@ static bool job_alive(ex_run *x, ex_iter *I, const ex_job *j) {
     return false;
 }
 
+/* Response src of job j (its index in the job's rl.generate outputs: [k n], or [k] for a
+ * group-level node) into the cells of the samples it stands for. */
+static int store_response(ex_run *x, ex_iter *I, const ex_job *j, int64_t src, const int32_t *tok, const float *lp, int32_t len) {
+    const ff_node *nd = node_of(x, j->node);
+    const bool per_group = nd->gran == FF_GRAN_GROUP;
+    const int resp_col = nd->out[FF_SLOT_RESPONSE], lp_col = nd->out[FF_SLOT_LOGPROB];
+    const int64_t q = per_group ? src : src / x->group_size, k0 = per_group ? 0 : src % x->group_size;
+    const int64_t k1 = per_group ? x->group_size : k0 + 1;
+    for (int64_t k = k0; k < k1; k++) {
+        int64_t s = j->samples[q * x->group_size + k];
+        if (cell_set_copy(cell(I, resp_col, s), tok, len, 4) != 0 || (lp_col >= 0 && cell_set_copy(cell(I, lp_col, s), lp, len, 4) != 0))
+            return -1;
+        cell(I, resp_col, s)->job = j->id;
+        if (lp_col >= 0) cell(I, lp_col, s)->job = j->id;
+    }
+    return 0;
+}
+
+/* ---- long-tail migration (docs/run.md "Migration") ------------------------------------------------
+ * Once per iteration, when the samples of the open generation jobs fall to R_t of the
+ * iteration's, the generation workers with the fewest hand theirs (rl.migrate_out) to the
+ * migrate_to survivors with the most. A migrated job's rl.generate comes back with its
+ * finished samples and the others' sequence states, which travel through the controller to
+ * a survivor as one rl.migrate_in job that takes over the job's scheduler tasks; a dead
+ * survivor's states are sent to another worker. */
+static bool rank_live(const ex_run *x, int rank) {
+    ff_worker_info wi;
+    return ff_controller_worker_info(x->c, rank, &wi) == 0 && wi.state == FF_WORKER_LIVE;
+}
+
+static int migrate_node(const ex_run *x) {
+    for (int m = 0; m < x->n_nodes; m++) {
+        const ff_node *nd = node_of(x, m);
+        if (nd->op == FF_OP_GENERATE && nd->gran == FF_GRAN_SAMPLE && nd->gen.migrate != 0) return m;
+    }
+    return -1;
+}
+
+/* The survivor with the fewest samples sent to it that has KV slots for nmig more, else (a
+ * survivor died, or migrate_to left too few) the live generation worker other than `not`
+ * with the fewest, else `not` itself when it lives (its imports then wait on the worker
+ * for free slots); -1 when none lives. */
+static int pick_survivor(ex_run *x, ex_iter *I, int not, int64_t nmig) {
+    int best = -1;
+    for (int i = 0; i < I->n_mig_to; i++)
+        if (I->mig_to[i] != not && rank_live(x, I->mig_to[i]) && x->gen_slots - I->mig_load[i] >= nmig &&
+            (best < 0 || I->mig_load[i] < I->mig_load[best]))
+            best = i;
+    if (best >= 0) return best;
+    for (int pass = 0; pass < 2 && best < 0; pass++)
+        for (int i = 0; i < x->pool_n[POOL_GEN]; i++) {
+            int r = x->pool_ranks[POOL_GEN][i], k = 0;
+            if ((pass == 0) == (r == not) || !rank_live(x, r)) continue;
+            while (k < I->n_mig_to && I->mig_to[k] != r) k++;
+            if (k == I->n_mig_to) {
+                if (k == EX_MAX_RANKS) return -1;
+                I->mig_to[I->n_mig_to] = r, I->mig_load[I->n_mig_to++] = 0;
+            }
+            if (best < 0 || I->mig_load[k] < I->mig_load[best]) best = k;
+        }
+    return best;
+}
+
+/* A new rl.migrate_in job for job j's moved sequences (their states, bytes and responses,
+ * taken over: the caller's pointers are NULLed), with j's groups, samples and scheduler
+ * tasks (taken over too), to a survivor other than `not`. 0 / -1 (the run failed). */
+static int hand_over(ex_run *x, ex_iter *I, ex_job *j, uint8_t **state, int64_t bytes, int64_t **lens, int64_t **src, int64_t nmig,
+                     uint64_t from, int not) {
+    int si = pick_survivor(x, I, not, nmig);
+    if (si < 0) {
+        ex_fail(x, "no live generation worker is left to continue %" PRId64 " migrated samples", nmig);
+        return -1;
+    }
+    ex_job *n = ex_job_new(x, JOB_GEN, j->node);
+    uint8_t *st_copy = ff_malloc((size_t)(bytes ? bytes : 1));
+    int64_t *len_copy = ff_malloc((size_t)nmig * sizeof *len_copy);
+    if (!n || !st_copy || !len_copy) {
+        free(n), free(st_copy), free(len_copy);
+        ex_fail(x, "out of memory for %" PRId64 " migrated samples", nmig);
+        return -1;
+    }
+    n->iteration = j->iteration;
+    n->group = j->group, n->ngroups = j->ngroups, n->groups = j->groups, j->groups = NULL;
+    n->samples = j->samples, n->nsamples = j->nsamples, j->samples = NULL;
+    n->tasks = j->tasks, n->ntasks = j->ntasks, j->tasks = NULL, j->ntasks = 0;
+    n->mig_state = *state, n->mig_bytes = bytes, n->mig_len = *lens, n->mig_src = *src, n->nmig = nmig, n->mig_from = from;
+    *state = NULL, *lens = NULL, *src = NULL;
+    memcpy(st_copy, n->mig_state, (size_t)bytes);
+    memcpy(len_copy, n->mig_len, (size_t)nmig * sizeof *len_copy);
+    int64_t shp_b = bytes, shp_m = nmig;
+    ff_input in[2] = {
+        {.name = FF_RL_T_STATE, .dtype = FF_DTYPE_U8, .ndim = 1, .shape = &shp_b, .data = st_copy, .free_fn = ex_free_buf},
+        {.name = FF_RL_T_STATE_LEN, .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp_m, .data = len_copy, .free_fn = ex_free_buf},
+    };
+    char label[128];
+    snprintf(label, sizeof label, "%s g%" PRId64 " migrated (%" PRId64 ")", node_of(x, j->node)->name, n->group, nmig);
+    const int rank = I->mig_to[si];
+    ff_subtask_spec spec = {.kind = FF_RL_MIGRATE_IN, .target = FF_TARGET_RANK, .rank = rank, .group = ex_pool_names[POOL_GEN],
+                            .inputs = in, .ninputs = 2, .label = label};
+    uint64_t id = ex_submit(x, n, &spec);
+    if (!id) return -1;
+    I->mig_load[si] += (int)nmig;
+    if (x->o.on_event) {
+        ff_exec_event e = {"migrating", I->it, rank, x->c};
+        x->o.on_event(x->o.event_ud, &e);
+    }
+    if (n->ngroups == 1 && node_of(x, n->node)->gran == FF_GRAN_SAMPLE) I->gen_job[n->group] = id; /* cancel_dead_groups' */
+    if (x->tr && ff_controller_trace_flow(x->c, from, id, "migrate") != 0) ff_warn("run: trace: %s", ff_error_message());
+    return 0;
+}
+
+/* The decision, once per iteration, when every sample was dispatched and the open jobs' fall
+ * to R_t of them. */
+static void maybe_migrate(ex_run *x, ex_iter *I) {
+    if (I->mig_decided) return;
+    const int m = migrate_node(x);
+    if (m < 0) {
+        I->mig_decided = true;
+        return;
+    }
+    const ff_node *nd = node_of(x, m);
+    if (ex_pool_grouped(x, POOL_GEN)) {
+        I->mig_decided = true;
+        ex_fail(x, "%s: node '%s': migrate needs data-parallel generation workers (tp 1, pp 1): a TP or PP replica decodes in "
+                   "lockstep and does not move its samples; write migrate: off or give generation tp 1",
+                nd->where, nd->name);
+        return;
+    }
+    const int64_t N = I->n_groups * x->group_size;
+    if (I->st[m].dispatched < N) return;
+    int live[EX_MAX_RANKS], W = 0;
+    for (int i = 0; i < x->pool_n[POOL_GEN]; i++)
+        if (rank_live(x, x->pool_ranks[POOL_GEN][i])) live[W++] = x->pool_ranks[POOL_GEN][i];
+    const int S_min = nd->gen.migrate_to > 0 ? (int)nd->gen.migrate_to : 1;
+    if (W <= S_min) { /* nothing to free */
+        I->mig_decided = true;
+        return;
+    }
+    /* auto: when what is left fits S_min survivors at the batch each worker started with (N/W
+     * samples), so that their decode steps cost about what they did */
+    const double rt = nd->gen.migrate > 0 ? nd->gen.migrate : (double)S_min / W;
+    int64_t open[EX_MAX_RANKS] = {0}, total = 0;
+    for (ex_job *j = x->jobs; j; j = j->next) {
+        if (j->kind != JOB_GEN || j->iteration != I->it) continue;
+        int rk = ff_controller_job_rank(x->c, j->id);
+        if (rk < 0 || rk >= EX_MAX_RANKS) return; /* still waiting for a worker: not yet */
+        int64_t k = j->mig_state ? j->nmig : j->nsamples;
+        open[rk] += k, total += k;
+    }
+    if (total == 0 || (double)total > rt * (double)N) return;
+    I->mig_decided = true;
+    I->mig_rt = rt;
+    /* survivors: the live ranks with the most samples open (the fewest moves), as many as
+     * migrate_to asks or, without it, the fewest whose free KV slots hold the others' */
+    for (int a = 1; a < W; a++)
+        for (int b = a; b > 0 && open[live[b]] > open[live[b - 1]]; b--) {
+            int t = live[b];
+            live[b] = live[b - 1], live[b - 1] = t;
+        }
+    int S = S_min;
+    for (;;) {
+        int64_t room = 0, rest = 0;
+        for (int i = 0; i < W; i++) *(i < S ? &room : &rest) += i < S ? x->gen_slots - open[live[i]] : open[live[i]];
+        if (nd->gen.migrate_to > 0 || room >= rest || S + 1 >= W) break;
+        S++;
+    }
+    int64_t room = 0, rest = 0;
+    for (int i = 0; i < W; i++) *(i < S ? &room : &rest) += i < S ? x->gen_slots - open[live[i]] : open[live[i]];
+    if (S >= W || (nd->gen.migrate_to == 0 && room < rest)) { /* no survivors with room: nothing to free */
+        I->mig_decided = true;
+        return;
+    }
+    I->n_mig_to = 0;
+    for (int i = 0; i < S; i++) I->mig_to[I->n_mig_to] = live[i], I->mig_load[I->n_mig_to++] = (int)open[live[i]];
+    I->mig_t0_ns = ff_now_ns();
+    for (int i = S; i < W; i++) {
+        if (!open[live[i]]) continue;
+        ex_job *j = ex_job_new(x, JOB_MIGRATE, m);
+        if (!j) {
+            ex_fail(x, "out of memory");
+            return;
+        }
+        ff_arg args[1] = {ff_arg_int("kv", nd->gen.migrate_recompute ? 0 : 1)};
+        char label[64];
+        snprintf(label, sizeof label, "migrate out (%" PRId64 ")", open[live[i]]);
+        ff_subtask_spec spec = {.kind = FF_RL_MIGRATE_OUT, .target = FF_TARGET_RANK, .rank = live[i], .group = ex_pool_names[POOL_GEN],
+                                .args = args, .nargs = 1, .label = label};
+        if (!ex_submit(x, j, &spec)) return;
+        I->mig_sources++;
+    }
+}
+
+static void migrate_out_done(ex_run *x, const ff_result *r) {
+    /* a source that did not migrate keeps decoding its samples; a dead one's rl.generate jobs
+     * run again elsewhere (idempotent): either way no sample is lost */
+    if (r->status != FF_STATUS_OK && r->status != FF_STATUS_WORKER_LOST && r->status != FF_STATUS_CANCELLED &&
+        r->status != FF_STATUS_SHUTDOWN)
+        ff_warn("run: worker %d did not migrate its samples: %s: %s", r->rank, ff_status_name(r->status), r->error);
+    (void)x;
+}
+
 static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
     ex_iter *I = x->cur;
     if (!I || j->iteration != I->it) return; /* a leftover of an abandoned iteration */
@@ -507,18 +716,25 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
             complete_tasks(x, I, j);
             return;
         }
+        if (j->mig_state && r->status == FF_STATUS_WORKER_LOST) { /* its survivor died: to another one */
+            hand_over(x, I, j, &j->mig_state, j->mig_bytes, &j->mig_len, &j->mig_src, j->nmig, j->mig_from, r->rank);
+            return;
+        }
         ex_subtask_failed(x, "generating prompt group %" PRId64 "%s on worker %d: %s: %s", j->group, j->ngroups > 1 ? " and others" : "",
                           r->rank, ff_status_name(r->status), r->error);
         return;
     }
     const ff_tensor *rlen = ex_out_named(r, FF_RL_T_RLEN), *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB);
+    const ff_tensor *sl = ex_out_named(r, FF_RL_T_STATE_LEN), *stt = ex_out_named(r, FF_RL_T_STATE);
     bool per_group = nd->gran == FF_GRAN_GROUP;
-    int64_t want = per_group ? 1 : x->group_size, nresp = want * j->ngroups; /* responses per group, in all */
-    if (!rlen || !resp || !lp || rlen->dtype != FF_DTYPE_I32 || rlen->shape[0] != nresp) {
+    int64_t want = per_group ? 1 : x->group_size, nresp = j->mig_state ? j->nmig : want * j->ngroups; /* responses in all */
+    if (!rlen || !resp || !lp || rlen->dtype != FF_DTYPE_I32 || rlen->shape[0] != nresp || (!sl) != (!stt) ||
+        (sl && (j->mig_state || sl->dtype != FF_DTYPE_I64 || sl->shape[0] != nresp || stt->dtype != FF_DTYPE_U8))) {
         ex_fail(x, "worker %d sent a generation result without the expected tensors", r->rank);
         return;
     }
     const int32_t *rl = rlen->data, *tok = resp->data;
+    const int64_t *slv = sl ? sl->data : NULL;
     const float *lpv = lp->data;
     int64_t *at = ff_malloc((size_t)(nresp + 1) * sizeof *at); /* where each response starts */
     if (!at) {
@@ -526,29 +742,48 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
         return;
     }
     at[0] = 0;
-    for (int64_t i = 0; i < nresp; i++) at[i + 1] = at[i] + (rl[i] > 0 ? rl[i] : 0);
-    if (at[nresp] != ff_tensor_numel(resp) || at[nresp] != ff_tensor_numel(lp)) {
+    int64_t moved = 0, moved_bytes = 0;
+    for (int64_t i = 0; i < nresp; i++) {
+        at[i + 1] = at[i] + (rl[i] > 0 ? rl[i] : 0);
+        if (slv && slv[i] > 0) moved++, moved_bytes += slv[i];
+    }
+    if (at[nresp] != ff_tensor_numel(resp) || at[nresp] != ff_tensor_numel(lp) || (slv && moved_bytes != ff_tensor_numel(stt))) {
         free(at);
         ex_fail(x, "worker %d sent a generation result whose lengths do not add up", r->rank);
         return;
     }
-    int resp_col = nd->out[FF_SLOT_RESPONSE], lp_col = nd->out[FF_SLOT_LOGPROB];
-    for (int64_t q = 0; q < j->ngroups; q++)
-        for (int64_t k = 0; k < x->group_size; k++) {
-            int64_t s = j->samples[q * x->group_size + k], src = q * want + (per_group ? 0 : k);
-            if (cell_set_copy(cell(I, resp_col, s), tok + at[src], rl[src], 4) != 0 ||
-                (lp_col >= 0 && cell_set_copy(cell(I, lp_col, s), lpv + at[src], rl[src], 4) != 0)) {
-                free(at);
-                ex_fail(x, "out of memory");
-                return;
-            }
-            cell(I, resp_col, s)->job = j->id;
-            if (lp_col >= 0) cell(I, lp_col, s)->job = j->id;
+    int64_t stored = 0;
+    for (int64_t i = 0; i < nresp; i++) {
+        if (slv && slv[i] > 0) continue; /* moved on */
+        if (store_response(x, I, j, j->mig_state ? j->mig_src[i] : i, tok + at[i], lpv + at[i], rl[i]) != 0) {
+            free(at);
+            ex_fail(x, "out of memory");
+            return;
         }
+        stored += per_group ? x->group_size : 1;
+    }
     st->tokens += at[nresp];
     free(at);
-    st->done += j->nsamples;
+    st->done += stored;
     st->t_last_ns = ff_now_ns();
+    if (j->mig_state && r->start_ns > I->mig_t1_ns) I->mig_t1_ns = r->start_ns; /* on its survivor */
+    if (moved) {
+        uint8_t *state = ff_malloc((size_t)moved_bytes);
+        int64_t *lens = ff_malloc((size_t)moved * sizeof *lens), *src = ff_malloc((size_t)moved * sizeof *src);
+        if (!state || !lens || !src) {
+            free(state), free(lens), free(src);
+            ex_fail(x, "out of memory for %" PRId64 " migrated samples", moved);
+            return;
+        }
+        memcpy(state, stt->data, (size_t)moved_bytes);
+        for (int64_t i = 0, q = 0; i < nresp; i++)
+            if (slv[i] > 0) lens[q] = slv[i], src[q++] = i;
+        I->mig_moved += moved;
+        I->mig_bytes += moved_bytes;
+        hand_over(x, I, j, &state, moved_bytes, &lens, &src, moved, j->id, r->rank);
+        free(state), free(lens), free(src); /* NULL when handed over */
+        return;
+    }
     complete_tasks(x, I, j);
     if (x->o.on_event && !per_group) {
         int64_t groups_done = st->done / x->group_size;
@@ -932,6 +1167,8 @@ int ex_iteration(ex_run *x, int64_t it) {
             interrupted = 1; /* nothing trained yet: the weights are those of the last iteration */
             break;
         }
+        maybe_migrate(x, I);
+        if (x->failed[0]) break;
         ff_controller_poll(x->c, true);
         ex_check_workers(x);
         ex_judge(x);
@@ -1011,6 +1248,15 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
             json_object_set_new(ws, "delta", d);
         }
         json_object_set_new(m, "weight_sync", ws);
+    }
+    if (migrate_node(x) >= 0) { /* long-tail migration: what moved, from the decision to the last move's start */
+        json_t *mg = json_object();
+        json_object_set_new(mg, "moved", json_integer((json_int_t)I->mig_moved));
+        json_object_set_new(mg, "bytes", json_integer((json_int_t)I->mig_bytes));
+        json_object_set_new(mg, "time_s", json_real(I->mig_moved && I->mig_t1_ns > I->mig_t0_ns ? (double)(I->mig_t1_ns - I->mig_t0_ns) * 1e-9 : 0));
+        json_object_set_new(mg, "threshold", json_real(I->mig_rt));
+        json_object_set_new(mg, "sources", json_integer(I->mig_sources));
+        json_object_set_new(m, "migrate", mg);
     }
     if (klw > 0) json_object_set_new(m, "kl", json_real(klsum / klw));
     for (int k = 0; k < x->n_nodes; k++) {

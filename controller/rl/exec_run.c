@@ -433,6 +433,7 @@ static int init_workers(ex_run *x, const char *resume_dir) {
     if (slots < 16) slots = 16;
     if (slots > 256) slots = 256;
     if (slots < x->group_size) slots = x->group_size;
+    x->gen_slots = slots; /* what a survivor of a migration has room for */
     size_t clen = strlen(x->config_text), olen = strlen(x->overrides_text);
     uint64_t load[EX_MAX_RANKS]; /* each rank's job: it loads the weights of every role there */
     for (int r = 0; r < x->nranks; r++) {

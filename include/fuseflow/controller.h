@@ -238,6 +238,9 @@ uint64_t ff_controller_submit(ff_controller *c, const ff_subtask_spec *spec, ff_
 int ff_controller_cancel(ff_controller *c, uint64_t job);
 
 /* Jobs whose callback has not run yet; subtasks waiting; subtasks in flight. */
+/* The rank running a one-subtask job's subtask now, or -1 (waiting, done, unknown id, a
+ * group job): where an FF_TARGET_ANY job went. */
+int ff_controller_job_rank(const ff_controller *c, uint64_t job);
 int ff_controller_jobs_outstanding(const ff_controller *c);
 int ff_controller_pending(const ff_controller *c);
 int ff_controller_inflight(const ff_controller *c);

@@ -43,10 +43,12 @@ typedef struct ff_exec_event {
                                  prompts went out), "generated" (a prompt group's responses
                                  arrived), "training" (a train node's rl.train subtasks went
                                  out), "syncing" (a weight sync went out), "iteration" (one
-                                 finished), "checkpoint" (saved) */
+                                 finished), "checkpoint" (saved), "migrating" (a migrated
+                                 job's rl.migrate_in went out) */
     int64_t iteration;
     int64_t count;            /* "generated": groups done so far in this iteration;
-                                 "training": optimizer steps of the node */
+                                 "training": optimizer steps of the node; "migrating": the
+                                 rank it went to */
     struct ff_controller *controller;
 } ff_exec_event;
 

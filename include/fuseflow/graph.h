@@ -115,6 +115,13 @@ typedef struct ff_gen_params {
     int64_t top_k;      /* 0 = off */
     int64_t max_tokens; /* 0 = data.max_response_length */
     bool greedy;        /* argmax decoding (ReMax's baseline) */
+    /* long-tail migration (`migrate: off | auto | R_t`, docs/run.md): 0 off, -1 auto, else the
+     * fraction R_t in (0, 1] of the iteration's samples still decoding at which the workers
+     * with the fewest hand theirs to migrate_to survivors (0: 1); migrate_recompute: the
+     * survivors rebuild the KV rows by a prefill instead of receiving them */
+    double migrate;
+    int64_t migrate_to;
+    bool migrate_recompute;
 } ff_gen_params;
 
 /* Settings of a train node. The optimizer is the role's (ff_role_cfg). */

@@ -32,6 +32,16 @@ extern "C" {
                                         ZeRO-1 to every DP rank of the role's group: they
                                         gather the optimizer state, rank 0 writes) */
 #define FF_RL_DIGEST "rl.digest"     /* a hash of a role's weights; role */
+/* Long-tail migration (docs/run.md "Migration"), DP generation workers only: */
+#define FF_RL_MIGRATE_OUT "rl.migrate_out" /* kv (1: with the KV rows, 0: the receiver recomputes):
+                                              at the worker's next step boundary with no sample
+                                              waiting for a slot, every open rl.generate job
+                                              completes with its finished samples and the
+                                              sequence states of the others ("state",
+                                              "state_len"); -> moved I64 [2] (sequences, bytes) */
+#define FF_RL_MIGRATE_IN "rl.migrate_in"   /* "state" U8, "state_len" I64 [m]: continue the m
+                                              sequences here (deferred, as rl.generate) -> rlen,
+                                              finish I32 [m], resp I32, logprob F32 */
 
 /* ---- what a worker hosts (rl.init's `roles`, a bit mask; also rl.*'s `role`) ----------- */
 enum {
@@ -67,6 +77,12 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
  * and "logprob" (F32 [sum rlen]); rl.logprob "logprob" and, with entropy=1, "entropy";
  * rl.value "values" (F32 [sum rlen]); rl.score "score" (F32 [n]); rl.train "metrics"
  * (F64 [FF_RL_NM]). */
+/* A job migrated out adds "state" (U8 [bytes]: the moved sequences' ff_gen_seq_state bytes
+ * one after the other) and "state_len" (I64 [k n]: each sample's bytes, 0 where it finished;
+ * its rlen is then 0). */
+#define FF_RL_T_STATE "state"
+#define FF_RL_T_STATE_LEN "state_len"
+#define FF_RL_T_MOVED "moved"
 #define FF_RL_T_FINISH "finish"
 #define FF_RL_T_LOGPROB "logprob"
 #define FF_RL_T_ENTROPY "entropy"

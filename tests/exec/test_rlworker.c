@@ -14,7 +14,8 @@
  *   - rl.save + rl.init with resume: another worker continues bit for bit (a further identical
  *     step gives equal digests: weights and optimizer state were restored exactly);
  *   - bad requests (a role not hosted, missing columns, mismatched lengths, max_new or top_k
- *     outside what the engine's int32 holds) are clear errors.
+ *     outside what the engine's int32 holds, rl.migrate_in's state lengths that do not add up,
+ *     bytes that are no sequence state) are clear errors.
  */
 #include <sys/stat.h>
 
@@ -336,6 +337,26 @@ int main(int argc, char **argv) {
             CHECK_EQ_INT(bad.status, FF_STATUS_BAD_REQUEST);
             CHECK_STR_CONTAINS(bad.error, cases[i].msg);
         }
+    }
+    {
+        /* migration: state lengths that do not add up are refused; bytes that are no sequence
+         * state fail in the import, named, and leave the engine unchanged */
+        static int64_t shp[2];
+        for (int k = 0; k < 2; k++) {
+            uint8_t *st = calloc(64, 1);
+            int64_t *len = malloc(sizeof *len);
+            *len = k == 0 ? 65 : 64;
+            shp[0] = 64, shp[1] = 1;
+            ff_input in[2] = {{.name = "state", .dtype = FF_DTYPE_U8, .ndim = 1, .shape = &shp[0], .data = st, .free_fn = rt_free},
+                              {.name = "state_len", .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp[1], .data = len, .free_fn = rt_free}};
+            submit("rl.migrate_in", 0, NULL, NULL, 0, in, 2, &bad);
+            run_all();
+            CHECK_EQ_INT(bad.status, k == 0 ? FF_STATUS_BAD_REQUEST : FF_STATUS_FAILED);
+            CHECK_STR_CONTAINS(bad.error, k == 0 ? "do not add up" : "rl.migrate_in: sequence 0 of 1");
+        }
+        generate(0, 11, 2, &r0); /* the engine still generates */
+        run_all();
+        CHECK_EQ_INT(r0.status, FF_STATUS_OK);
     }
     {
         ff_arg a = ff_arg_str("role", "reward");

@@ -11,6 +11,10 @@
  *      once, and races the controller's death detection; the run must stop naming the dead
  *      worker and the checkpoint with the exact --resume command, never with the
  *      collective's error alone. Five times: the old code lost the race 3 times in 4.
+ *   5. long-tail migration forced at once (migrate: 1.0): the survivor that a migrated job's
+ *      sequence states go to is SIGKILLed as they go out: the states go to the other worker,
+ *      the dead one's own groups run again, every prompt gets its n responses exactly once,
+ *      the same responses as case 1 (the same seeds without migration).
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -25,7 +29,7 @@ static const char *bin;
 static char dir[256];
 
 typedef struct hook {
-    int mode; /* 1 kill a rollout worker, 2 kill the actor, 3 interrupt, 4 kill DP rank 1 mid all-reduce */
+    int mode; /* 1 kill a rollout worker, 2 kill the actor, 3 interrupt, 4 kill DP rank 1 mid all-reduce, 5 kill a migration's target */
     bool done;
     int victim;
     int64_t redispatched;
@@ -78,6 +82,13 @@ static void on_event(void *ud, const ff_exec_event *e) {
         h->victim = 1;
         h->done = true;
     }
+    if (h->mode == 5 && !h->done && !strcmp(e->what, "migrating")) { /* the first move of the run */
+        ff_worker_info wi;
+        REQUIRE(ff_controller_worker_info(e->controller, (int)e->count, &wi) == 0);
+        kill((pid_t)wi.pid, SIGKILL);
+        h->victim = (int)e->count;
+        h->done = true;
+    }
     if (h->mode == 3 && !h->done && !strcmp(e->what, "generated") && e->iteration == 2) {
         *h->flag = 1;
         h->done = true;
@@ -86,7 +97,40 @@ static void on_event(void *ud, const ff_exec_event *e) {
 
 static char cfg_path[512];
 
-static void write_config(const char *out, int gen_workers, int actor_workers) {
+/* OUT/samples.jsonl: each of the 3 iterations' groups x 4 samples exactly once; iteration
+ * 1's responses into resp, or (same) compared with resp. */
+static void check_samples(const char *out, int groups, char resp[8][4][256], bool same) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/samples.jsonl", out);
+    FILE *f = fopen(path, "r");
+    REQUIRE(f);
+    int count[4][8][4] = {{{0}}}, lines = 0;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        REQUIRE(o);
+        int it = (int)json_integer_value(json_object_get(o, "iteration")), g = (int)json_integer_value(json_object_get(o, "group"));
+        int s = (int)json_integer_value(json_object_get(o, "sample"));
+        REQUIRE(it >= 1 && it <= 3 && g >= 0 && g < groups && s >= 0 && s < 4);
+        count[it][g][s]++;
+        lines++;
+        const char *r = json_string_value(json_object_get(o, "response"));
+        if (it == 1 && same && strcmp(resp[g][s], r ? r : "")) {
+            fprintf(stderr, "iteration 1 group %d sample %d: '%s', without migration '%s'\n", g, s, r ? r : "", resp[g][s]);
+            CHECK(false);
+        }
+        else if (it == 1) snprintf(resp[g][s], 256, "%s", r ? r : "");
+        json_decref(o);
+    }
+    fclose(f);
+    CHECK_EQ_INT(lines, 3 * groups * 4);
+    for (int it = 1; it <= 3; it++)
+        for (int g = 0; g < groups; g++)
+            for (int s = 0; s < 4; s++) CHECK_EQ_INT(count[it][g][s], 1);
+}
+
+static void write_config(const char *out, int gen_workers, int actor_workers, int batch, const char *gen_extra) {
     char model[512], data[512];
     snprintf(model, sizeof model, "%s/m", dir);
     snprintf(data, sizeof data, "%s/a", dir);
@@ -94,18 +138,18 @@ static void write_config(const char *out, int gen_workers, int actor_workers) {
     REQUIRE(f);
     fprintf(f,
             "trainer: {steps: 3, seed: 5, save_freq: 1, out_dir: %s}\n"
-            "data: {train_files: %s/train.jsonl, train_batch_size: 8, max_prompt_length: 16, max_response_length: 24}\n"
+            "data: {train_files: %s/train.jsonl, train_batch_size: %d, max_prompt_length: 16, max_response_length: 24}\n"
             "roles:\n  actor: {model: %s, workers: %d, optim: {lr: 1.0e-3}%s}\n"
             "  ref: {model: %s, colocate_with: actor}\n"
             "graph:\n"
-            "  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 4}\n"
+            "  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 4%s}\n"
             "  ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob]}\n"
             "  reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: arith_exact_match}\n"
             "  adv: {op: advantage, in: [score], out: [advantages], estimator: grpo}\n"
             "  train: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], mini_batch_size: 4, "
             "micro_batch_size: 8}\n"
             "  sync: {op: sync_weights, role: actor, after: [train]}\n",
-            out, data, model, actor_workers, gen_workers ? ", rollout: {workers: 2}" : "", model);
+            out, data, batch, model, actor_workers, gen_workers ? ", rollout: {workers: 2}" : "", model, gen_extra);
     fclose(f);
 }
 
@@ -141,7 +185,7 @@ int main(void) {
 
     /* 1. a rollout worker dies with groups in flight */
     snprintf(out, sizeof out, "%s/o1", dir);
-    write_config(out, 2, 1);
+    write_config(out, 2, 1, 8, "");
     hook h = {.mode = 1};
     volatile sig_atomic_t flag = 0;
     int rc = run(&h, &flag);
@@ -150,31 +194,22 @@ int main(void) {
     CHECK(h.done);
     CHECK(h.redispatched > 0); /* the victim held groups; they ran again elsewhere */
     char path[600];
-    snprintf(path, sizeof path, "%s/samples.jsonl", out);
-    FILE *f = fopen(path, "r");
-    REQUIRE(f);
-    int count[4][8][4] = {{{0}}}, lines = 0;
-    char line[4096];
-    while (fgets(line, sizeof line, f)) {
-        json_error_t je;
-        json_t *o = json_loads(line, 0, &je);
-        REQUIRE(o);
-        int it = (int)json_integer_value(json_object_get(o, "iteration")), g = (int)json_integer_value(json_object_get(o, "group"));
-        int s = (int)json_integer_value(json_object_get(o, "sample"));
-        REQUIRE(it >= 1 && it <= 3 && g >= 0 && g < 8 && s >= 0 && s < 4);
-        count[it][g][s]++;
-        lines++;
-        json_decref(o);
-    }
-    fclose(f);
-    CHECK_EQ_INT(lines, 3 * 8 * 4);
-    for (int it = 1; it <= 3; it++)
-        for (int g = 0; g < 8; g++)
-            for (int s = 0; s < 4; s++) CHECK_EQ_INT(count[it][g][s], 1);
+    static char resp1[8][4][256];
+    check_samples(out, 8, resp1, false);
+
+    /* 5. a migration's target dies as the states go out */
+    snprintf(out, sizeof out, "%s/o5", dir);
+    write_config(out, 2, 1, 4, ", migrate: 1.0"); /* 8 samples a worker: a survivor has room */
+    hook h5 = {.mode = 5};
+    rc = run(&h5, &flag);
+    if (rc < 0) fprintf(stderr, "run: %s\n", ff_error_message());
+    CHECK_EQ_INT(rc, FF_EXEC_DONE);
+    CHECK(h5.done); /* a migration happened and its target was killed */
+    check_samples(out, 4, resp1, true);
 
     /* 2. the actor's worker dies after the checkpoint of iteration 1 */
     snprintf(out, sizeof out, "%s/o2", dir);
-    write_config(out, 0, 1);
+    write_config(out, 0, 1, 8, "");
     hook h2 = {.mode = 2};
     rc = run(&h2, &flag);
     CHECK_EQ_INT(rc, -1);
@@ -186,7 +221,7 @@ int main(void) {
     /* 4. DP rank 1 killed while rank 0 waits in the all-reduce, five times */
     for (int cycle = 0; cycle < 5; cycle++) {
         snprintf(out, sizeof out, "%s/o4_%d", dir, cycle);
-        write_config(out, 0, 2);
+        write_config(out, 0, 2, 8, "");
         hook h4 = {.mode = 4};
         rc = run(&h4, &flag);
         const char *msg = ff_error_message();
@@ -203,7 +238,7 @@ int main(void) {
 
     /* 3. interrupted while iteration 2 generates: the checkpoint of iteration 1 */
     snprintf(out, sizeof out, "%s/o3", dir);
-    write_config(out, 0, 1);
+    write_config(out, 0, 1, 8, "");
     hook h3 = {.mode = 3, .flag = &flag};
     flag = 0;
     rc = run(&h3, &flag);

@@ -93,6 +93,12 @@ typedef struct rlw_gen_done {
     const int32_t *tokens; /* [total] */
     const float *logprobs; /* [total] */
     int64_t total;
+    /* a job migrated out (rlw_gen_migrate_out), else NULL: the moved samples' sequence states
+     * one after the other (FF_RL_T_STATE), each sample's bytes [k n] (0: it finished, rlen 0
+     * otherwise) */
+    const uint8_t *states;
+    const int64_t *state_len;
+    int64_t state_bytes;
 } rlw_gen_done;
 typedef void (*rlw_gen_cb)(void *ctx, const rlw_gen_done *d);
 
@@ -113,6 +119,18 @@ void rlw_gen_abort(rlw *s, void *owner);
 /* Forget every job (after a failed step). */
 void rlw_gen_clear(rlw *s);
 int rlw_gen_open(const rlw *s); /* jobs not finished */
+bool rlw_gen_waiting(const rlw *s); /* samples queued for a slot (no state to move yet) */
+int32_t rlw_gen_free_slots(const rlw *s); /* KV slots no sequence holds */
+/* Long-tail migration, between two steps when no sample waits for a slot (rlw_gen_waiting
+ * false, else refused): hand every open job to cb as migrated (its finished samples and the
+ * others' states, with their KV rows when with_kv) and forget it; the sequences leave the
+ * rollout. *moved / *bytes: the
+ * sequences and state bytes handed over. Refused under TP. 0 / -1 + error. */
+int rlw_gen_migrate_out(rlw *s, bool with_kv, rlw_gen_cb cb, void *ctx, int64_t *moved, int64_t *bytes);
+/* Continue m sequence states (bytes one after the other, lens [m]) here as one job of owner,
+ * m prompts x 1 sample in their order; finished, it comes to cb as any job. 0 / -1 + error
+ * (nothing imported). */
+int rlw_gen_import(rlw *s, void *owner, const uint8_t *states, const int64_t *lens, int32_t m);
 
 /* ---- scoring ------------------------------------------------------------------------------ */
 /* role FF_RL_ACTOR (the trained actor), FF_RL_GEN or FF_RL_REF. logp [sum rlen]; ent NULL or [sum rlen]. */

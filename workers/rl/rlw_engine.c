@@ -38,6 +38,7 @@ typedef struct gen_job {
     uint64_t first_req; /* requests first_req .. first_req + k - 1 */
     int32_t k, n, remaining;
     ff_gen_output *outs; /* [k n] */
+    bool *filled;        /* [k n]: outs[i] came out of the rollout */
 } gen_job;
 
 /* One layout's groups on this worker: the place, the communicators split from the pool's
@@ -201,7 +202,9 @@ bool rlw_returns_outputs(const rlw *s, unsigned role) {
 static void job_free(gen_job *j) {
     for (int32_t i = 0; i < j->k * j->n; i++) ff_gen_output_free(&j->outs[i]);
     free(j->outs);
+    free(j->filled);
     j->outs = NULL;
+    j->filled = NULL;
 }
 
 static void unload(rlw *s) {
@@ -583,8 +586,12 @@ int rlw_gen_add(rlw *s, void *owner, const int32_t *prompts, const int32_t *plen
         s->jobs_cap = cap;
     }
     gen_job *j = &s->jobs[s->njobs];
-    *j = (gen_job){owner, s->next_req, k, n, k * n, ff_calloc((size_t)(k * n), sizeof(ff_gen_output))};
-    if (!j->outs) return -1;
+    *j = (gen_job){owner, s->next_req, k, n, k * n, ff_calloc((size_t)(k * n), sizeof(ff_gen_output)),
+                   ff_calloc((size_t)(k * n), sizeof(bool))};
+    if (!j->outs || !j->filled) {
+        job_free(j);
+        return -1;
+    }
     ff_sampling samp;
     ff_sampling_default(&samp);
     samp.temperature = sp->temperature;
@@ -597,7 +604,7 @@ int rlw_gen_add(rlw *s, void *owner, const int32_t *prompts, const int32_t *plen
                                 .sampling = samp, .seed = (uint64_t)seeds[i]};
         if (ff_rollout_add(s->ro, &q) != 0) {
             for (int32_t b = 0; b < i; b++) ff_rollout_abort(s->ro, s->next_req + (uint64_t)b);
-            free(j->outs);
+            job_free(j);
             return -1;
         }
         off += plens[i];
@@ -625,7 +632,7 @@ static int find_job(const rlw *s, uint64_t req) {
     return -1;
 }
 
-static int deliver(rlw *s, int ji, rlw_gen_cb cb, void *ctx) {
+static int deliver(rlw *s, int ji, rlw_gen_cb cb, void *ctx, const uint8_t *states, const int64_t *state_len, int64_t state_bytes) {
     gen_job *j = &s->jobs[ji];
     int32_t kn = j->k * j->n;
     int64_t total = 0;
@@ -646,7 +653,7 @@ static int deliver(rlw *s, int ji, rlw_gen_cb cb, void *ctx) {
             }
             off += o->n_tokens;
         }
-        rlw_gen_done d = {j->owner, j->k, j->n, rlen, fin, tok, lp, total};
+        rlw_gen_done d = {j->owner, j->k, j->n, rlen, fin, tok, lp, total, states, state_len, state_bytes};
         cb(ctx, &d);
         rc = 0;
     }
@@ -670,7 +677,8 @@ int rlw_gen_step(rlw *s, rlw_gen_cb cb, void *ctx) {
         int32_t slot = (int32_t)(o.id - j->first_req) * j->n + o.sample;
         ff_gen_output_free(&j->outs[slot]); /* never filled twice, but be safe */
         j->outs[slot] = o;
-        if (--j->remaining == 0 && deliver(s, ji, cb, ctx) != 0) return -1;
+        j->filled[slot] = true;
+        if (--j->remaining == 0 && deliver(s, ji, cb, ctx, NULL, NULL, 0) != 0) return -1;
     }
     return 0;
 }
@@ -691,6 +699,115 @@ void rlw_gen_clear(rlw *s) {
 }
 
 int rlw_gen_open(const rlw *s) { return s->njobs; }
+bool rlw_gen_waiting(const rlw *s) { return s->ro && ff_rollout_pending(s->ro) != ff_rollout_running(s->ro); }
+int32_t rlw_gen_free_slots(const rlw *s) { return s->ro ? s->ro_cfg.max_slots - ff_rollout_running(s->ro) : 0; }
+
+/* ---- long-tail migration ------------------------------------------------------------------- */
+/* A job's unfinished samples' states into one buffer, [k n] lengths; NULL + error. */
+static uint8_t *export_job(rlw *s, gen_job *j, bool with_kv, int64_t *lens, int64_t *bytes) {
+    uint8_t *buf = NULL;
+    size_t cap = 0, used = 0;
+    for (int32_t i = 0; i < j->k * j->n; i++) {
+        lens[i] = 0;
+        if (j->filled[i]) continue;
+        ff_rollout_seq_state st;
+        if (ff_rollout_export(s->ro, j->first_req + (uint64_t)(i / j->n), i % j->n, with_kv, &st) != 0) {
+            free(buf);
+            return NULL;
+        }
+        size_t need = ff_gen_seq_state_size(&st);
+        if (used + need > cap) {
+            size_t c = 2 * (used + need);
+            uint8_t *b = ff_realloc(buf, c);
+            if (!b) {
+                ff_gen_seq_state_free(&st);
+                free(buf);
+                return NULL;
+            }
+            buf = b, cap = c;
+        }
+        size_t w = ff_gen_seq_state_write(&st, buf + used, cap - used);
+        ff_gen_seq_state_free(&st);
+        if (!w) {
+            free(buf);
+            return NULL;
+        }
+        lens[i] = (int64_t)w;
+        used += w;
+    }
+    *bytes = (int64_t)used;
+    return buf ? buf : ff_malloc(1);
+}
+
+int rlw_gen_migrate_out(rlw *s, bool with_kv, rlw_gen_cb cb, void *ctx, int64_t *moved, int64_t *bytes) {
+    *moved = *bytes = 0;
+    if (rlw_gen_lockstep(s))
+        return ff_error_set("rl.migrate_out", "migrate with data-parallel generation workers (tp 1, pp 1)",
+                            "a TP or PP generation replica does not migrate its samples");
+    if (!s->ro) return 0;
+    if (rlw_gen_waiting(s)) return ff_error_set("rl.migrate_out", "migrate once every sample decodes", "samples wait for a slot");
+    for (int ji = 0; ji < s->njobs;) {
+        gen_job *j = &s->jobs[ji];
+        int64_t *lens = ff_malloc((size_t)(j->k * j->n) * sizeof *lens), nb = 0;
+        uint8_t *buf = lens ? export_job(s, j, with_kv, lens, &nb) : NULL;
+        if (!buf) {
+            free(lens);
+            return ff_error_wrap("rl.migrate_out");
+        }
+        *moved += j->remaining;
+        *bytes += nb;
+        int rc = deliver(s, ji, cb, ctx, buf, lens, nb); /* removes the job: ji is the next one */
+        free(buf), free(lens);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+int rlw_gen_import(rlw *s, void *owner, const uint8_t *states, const int64_t *lens, int32_t m) {
+    if (need(s, FF_RL_GEN)) return -1;
+    if (rlw_gen_lockstep(s))
+        return ff_error_set("rl.migrate_in", "migrate with data-parallel generation workers (tp 1, pp 1)",
+                            "a TP or PP generation replica does not take migrated samples");
+    if (!s->ro)
+        return ff_error_set("rl.migrate_in", "the controller syncs the weights after training, before generating",
+                            "the generating copy gave its weights back for the actor's training");
+    if (m < 1) return ff_error_set("rl.migrate_in", NULL, "no sequence states");
+    if (s->njobs == s->jobs_cap) {
+        int cap = s->jobs_cap ? 2 * s->jobs_cap : 16;
+        gen_job *v = ff_realloc(s->jobs, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        s->jobs = v;
+        s->jobs_cap = cap;
+    }
+    gen_job *j = &s->jobs[s->njobs];
+    *j = (gen_job){owner, s->next_req, m, 1, m, ff_calloc((size_t)m, sizeof(ff_gen_output)), ff_calloc((size_t)m, sizeof(bool))};
+    if (!j->outs || !j->filled) {
+        job_free(j);
+        return -1;
+    }
+    int64_t off = 0;
+    for (int32_t i = 0; i < m; i++) {
+        ff_rollout_seq_state st;
+        /* a request id of this engine's (the sender's would collide with ours), sample 0 of it */
+        int rc = lens[i] < 1 ? ff_error_set("rl.migrate_in", NULL, "state %d has %lld bytes", i, (long long)lens[i])
+                             : ff_gen_seq_state_read(states + off, (size_t)lens[i], &st);
+        if (rc == 0) {
+            st.id = s->next_req + (uint64_t)i;
+            st.sample = 0;
+            rc = ff_rollout_import(s->ro, &st);
+            ff_gen_seq_state_free(&st);
+        }
+        if (rc != 0) {
+            for (int32_t b = 0; b < i; b++) ff_rollout_abort(s->ro, s->next_req + (uint64_t)b);
+            job_free(j);
+            return ff_error_wrap("rl.migrate_in: sequence %d of %d", i, m);
+        }
+        off += lens[i];
+    }
+    s->next_req += (uint64_t)m;
+    s->njobs++;
+    return 0;
+}
 
 /* ---- scoring ----------------------------------------------------------------------------- */
 /* ff_rl_sample views of packed samples; per-sample output pointers into out [sum rlen]. */

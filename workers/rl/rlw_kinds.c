@@ -19,6 +19,10 @@
  *   rl.sync      mode (local|bcast)                              -> received I64 [1] (bytes from other ranks)
  *   rl.save      role, dir
  *   rl.digest    role                                           -> hash I64 [1], sum F64 [1]
+ *   rl.migrate_out kv: open jobs whose samples all decode complete now as migrated (their
+ *                finished samples, the others' "state" U8 and "state_len" I64 [k n])  -> moved I64 [2]
+ *   rl.migrate_in  state U8, state_len I64 [m]: the m sequences continue here (deferred)
+ *                                          -> rlen, finish I32 [m], resp I32, logprob F32
  *
  * "samples" are prompt I32 [sum plen], plen I32 [n], resp I32 [sum rlen], rlen I32 [n].
  * Under TP every TP rank of a replica gets the subtask and computes; only TP rank 0 returns
@@ -38,6 +42,15 @@ struct ff_rlworker {
     rlw *eng;
     ff_task **open; /* deferred rl.generate tasks */
     int nopen, cap;
+    /* a deferred rl.migrate_out: done by the step hook between two steps once no sample waits
+     * for a slot, so that the steps (and their batches) are those the worker would have run */
+    ff_task *mig_out;
+    bool mig_kv;
+    /* deferred rl.migrate_in tasks not imported yet: they join at a step without a prefill
+     * (none waiting), so that their rows never share a forward with a prompt's (a prefill
+     * rounds by its row count; decode rows round alike whatever the batch) */
+    ff_task **mig_in;
+    int nmig_in, mig_in_cap;
 };
 
 ff_rlworker *ff_rlworker_new(void) {
@@ -55,6 +68,7 @@ void ff_rlworker_destroy(ff_rlworker **pr) {
     if (!pr || !*pr) return;
     rlw_destroy(&(*pr)->eng);
     free((*pr)->open);
+    free((*pr)->mig_in);
     free(*pr);
     *pr = NULL;
 }
@@ -270,6 +284,12 @@ static int gen_outputs(ff_task *t, const rlw_gen_done *d) {
         memcpy(resp, d->tokens, (size_t)d->total * sizeof *resp);
         memcpy(lp, d->logprobs, (size_t)d->total * sizeof *lp);
     }
+    if (!d->states) return 0;
+    uint8_t *st = ff_task_output(t, FF_RL_T_STATE, FF_DTYPE_U8, 1, &d->state_bytes);
+    int64_t *sl = ff_task_output(t, FF_RL_T_STATE_LEN, FF_DTYPE_I64, 1, &kn);
+    if (!st || !sl) return -1;
+    if (d->state_bytes) memcpy(st, d->states, (size_t)d->state_bytes);
+    memcpy(sl, d->state_len, (size_t)kn * sizeof *sl);
     return 0;
 }
 
@@ -336,6 +356,92 @@ static int k_generate(ff_task *t, void *ud) {
     return 0;
 }
 
+/* ---- long-tail migration ------------------------------------------------------------------ */
+static void migrate_out_now(ff_rlworker *r) {
+    ff_task *t = r->mig_out;
+    r->mig_out = NULL;
+    int64_t moved = 0, bytes = 0;
+    int64_t *o = ff_task_output(t, FF_RL_T_MOVED, FF_DTYPE_I64, 1, (int64_t[]){2});
+    /* each migrated job's rl.generate completes inside, through on_gen_done */
+    int rc = o && rlw_gen_migrate_out(r->eng, r->mig_kv, on_gen_done, r, &moved, &bytes) == 0 ? 0 : -1;
+    if (rc) ff_task_fail(t, FF_STATUS_FAILED, "%s", ff_error_message());
+    else o[0] = moved, o[1] = bytes;
+    ff_task_complete(t, rc);
+}
+
+static int k_migrate_out(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    int64_t kv;
+    if (!arg_int(t, "kv", 1, &kv)) return -1;
+    if (r->mig_out) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_out: one is already waiting for the next step");
+    if (rlw_gen_lockstep(r->eng))
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_out: a TP or PP generation replica does not migrate its samples");
+    if (ff_task_defer(t) != 0) return -1;
+    r->mig_out = t, r->mig_kv = kv != 0;
+    return 0;
+}
+
+static bool grow_open(ff_rlworker *r) {
+    if (r->nopen < r->cap) return true;
+    int cap = r->cap ? 2 * r->cap : 64;
+    ff_task **v = ff_realloc(r->open, (size_t)cap * sizeof *v);
+    if (!v) return false;
+    r->open = v;
+    r->cap = cap;
+    return true;
+}
+
+static int k_migrate_in(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    const ff_tensor *st = input(t, FF_RL_T_STATE, FF_DTYPE_U8, false), *sl = input(t, FF_RL_T_STATE_LEN, FF_DTYPE_I64, false);
+    if (!st || !sl) return -1;
+    const int64_t *lens = sl->data;
+    int64_t sum = 0;
+    bool ok = sl->shape[0] >= 1 && sl->shape[0] <= INT32_MAX;
+    for (int64_t i = 0; ok && i < sl->shape[0]; i++) {
+        ok = lens[i] >= 1 && lens[i] <= st->shape[0];
+        sum += ok ? lens[i] : 0;
+    }
+    if (!ok || sum != st->shape[0])
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_in: %lld state lengths do not add up to the %lld bytes",
+                            (long long)sl->shape[0], (long long)st->shape[0]);
+    if (rlw_gen_lockstep(r->eng))
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_in: a TP or PP generation replica does not take migrated samples");
+    if (r->nmig_in == r->mig_in_cap) {
+        int cap = r->mig_in_cap ? 2 * r->mig_in_cap : 8;
+        ff_task **v = ff_realloc(r->mig_in, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        r->mig_in = v;
+        r->mig_in_cap = cap;
+    }
+    if (ff_task_defer(t) != 0) return -1;
+    r->mig_in[r->nmig_in++] = t;
+    return 0;
+}
+
+/* The waiting rl.migrate_in tasks into the engine, in order, each once the engine has the
+ * slots for it (the step hook, no sample waiting): a survivor that took other work (a dead
+ * worker's groups) takes the states as its sequences finish. */
+static void migrate_in_now(ff_rlworker *r) {
+    int i = 0;
+    for (; i < r->nmig_in; i++) {
+        ff_task *t = r->mig_in[i];
+        const ff_tensor *st = input(t, FF_RL_T_STATE, FF_DTYPE_U8, false), *sl = input(t, FF_RL_T_STATE_LEN, FF_DTYPE_I64, false);
+        if (!ff_task_cancelled(t) && sl->shape[0] > rlw_gen_free_slots(r->eng) && r->nopen) break; /* after some finish */
+        if (ff_task_cancelled(t)) {
+            ff_task_fail(t, FF_STATUS_CANCELLED, "rl.migrate_in: cancelled");
+            ff_task_complete(t, -1);
+        } else if (!grow_open(r) || rlw_gen_import(r->eng, t, st->data, sl->data, (int32_t)sl->shape[0]) != 0) {
+            ff_task_fail(t, FF_STATUS_FAILED, "%s", ff_error_message());
+            ff_task_complete(t, -1);
+        } else {
+            r->open[r->nopen++] = t;
+        }
+    }
+    memmove(r->mig_in, r->mig_in + i, (size_t)(r->nmig_in - i) * sizeof *r->mig_in);
+    r->nmig_in -= i;
+}
+
 static int step(ff_worker *w, void *ud) {
     (void)w;
     ff_rlworker *r = ud;
@@ -350,10 +456,19 @@ static int step(ff_worker *w, void *ud) {
         ff_task_fail(t, FF_STATUS_CANCELLED, "rl.generate: cancelled");
         ff_task_complete(t, -1);
     }
+    if (r->mig_out && ff_task_cancelled(r->mig_out)) {
+        ff_task_fail(r->mig_out, FF_STATUS_CANCELLED, "rl.migrate_out: cancelled");
+        ff_task_complete(r->mig_out, -1);
+        r->mig_out = NULL;
+    }
+    if (r->mig_out && !rlw_gen_waiting(r->eng)) migrate_out_now(r); /* between two steps */
+    if (r->nmig_in && !rlw_gen_waiting(r->eng)) migrate_in_now(r);
     if (!r->nopen) return 0;
     if (rlw_gen_step(r->eng, on_gen_done, r) != 0) {
         rlw_gen_clear(r->eng); /* the worker fails every open job with this error */
         r->nopen = 0;
+        r->mig_out = NULL;
+        r->nmig_in = 0;
         return -1;
     }
     return 0;
@@ -483,7 +598,8 @@ int ff_rlworker_register(ff_rlworker *r, ff_worker *w) {
         ff_task_fn fn;
     } kinds[] = {{FF_RL_INIT, k_init},       {FF_RL_GENERATE, k_generate}, {FF_RL_LOGPROB, k_logprob},
                  {FF_RL_VALUE, k_value},     {FF_RL_SCORE, k_score},       {FF_RL_TRAIN, k_train},
-                 {FF_RL_SYNC, k_sync},       {FF_RL_SAVE, k_save},         {FF_RL_DIGEST, k_digest}};
+                 {FF_RL_SYNC, k_sync},       {FF_RL_SAVE, k_save},         {FF_RL_DIGEST, k_digest},
+                 {FF_RL_MIGRATE_OUT, k_migrate_out}, {FF_RL_MIGRATE_IN, k_migrate_in}};
     for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
         if (ff_worker_register(w, kinds[i].kind, kinds[i].fn, r, 0) != 0) return -1;
     ff_worker_set_step(w, step, r);
