@@ -897,7 +897,10 @@ static int start_workers(ex_run *x, const char *resume_dir) {
 }
 
 static void describe(ex_run *x, const char *resume_dir) {
-    fprintf(x->out, "run: %s: %d workers (%d threads each)", x->o.config, x->nranks, x->threads);
+    if (x->o.listen && x->o.threads <= 0) /* the threads follow the hosts' cores, known once the workers join */
+        fprintf(x->out, "run: %s: %d workers (threads: once they join)", x->o.config, x->nranks);
+    else
+        fprintf(x->out, "run: %s: %d workers (%d threads each)", x->o.config, x->nranks, x->threads);
     for (int p = 0; p < POOL_COUNT; p++) {
         if (!x->pool_n[p] || (p == POOL_GEN && !x->gen_separate && !x->gen_relaid)) continue;
         fprintf(x->out, "%s %s", p ? "," : ":", ex_pool_names[p]);

@@ -78,6 +78,8 @@ grep -q "listening on tcp://$ctl_ip:$p1 for 2 workers" "$work/two.log" || fail "
 # one worker per host: each gets all of this host's cores, not half
 grep -q "^run: 2 workers on 2 hosts, $(nproc) threads each (this host's cores over the workers of the fullest host)" "$work/two.log" ||
     { grep threads "$work/two.log" >&2; fail "threads per worker not by host"; }
+grep -q "^run: .*: 2 workers (threads: once they join)" "$work/two.log" ||
+    { grep "^run: " "$work/two.log" >&2; fail "the first line states a thread count before the hosts are known"; }
 # the same samples, so the same rewards; float metrics within the DP tests' 1e-6 + 1e-4 (the fused
 # schedule spreads the samples over the replicas by load, which sums them in another order)
 same_metrics "$work/two/metrics.jsonl" "$work/one/metrics.jsonl" 1e-6 1e-4 || fail "metrics across hosts differ from one host's"
