@@ -210,7 +210,7 @@ int main(int argc, char **argv) {
     const char *device = "cuda", *models = "qwen0.5b,llama1b", *batches = "1,32,256";
     int seq = 2048, steps = 5, prompt = 32, n_new = 64, bf16_train = 1;
     double budget = 240;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "bench_cuda: %s needs a value (see the usage at the top of bench/bench_cuda.c)\n", a);
@@ -229,7 +229,6 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_cuda: unknown option %s (see the usage at the top of bench/bench_cuda.c)\n", a);
             return 2;
         }
-        i++;
     }
     if (seq < 2 || steps < 1 || prompt < 1 || n_new < 1) {
         fprintf(stderr, "bench_cuda: --seq >= 2, --steps, --prompt and --new >= 1\n");

@@ -182,7 +182,7 @@ int ff_gen_seq_state_read(const void *buf, size_t n, ff_gen_seq_state *out) {
     if (has_kv) s.kv.data = ff_malloc((size_t)kv_bytes);
     if (!s.tokens || !s.logprobs || !s.stop || (has_kv && !s.kv.data)) {
         ff_gen_seq_state_free(&s);
-        return ff_error_wrap(w);
+        return ff_error_wrap("%s", w);
     }
     p = get(p, s.tokens, nt * 4);
     p = get(p, s.logprobs, (size_t)s.n_gen * 4);

@@ -754,7 +754,7 @@ static int check_import(const ff_generator *g, const ff_gen_seq_state *s) {
                             "prompt of %d tokens, %d generated, or a missing array", s->prompt_len, s->n_gen);
     ff_sampling sp = s->sampling;
     sp.stop_tokens = s->stop;
-    if (check_sampling(m, &sp)) return ff_error_wrap(w);
+    if (check_sampling(m, &sp)) return ff_error_wrap("%s", w);
     if (s->n_gen >= sp.max_new_tokens)
         return ff_error_set(w, "a finished sequence is an output, not a state to move",
                             "%d tokens generated of a budget of %d", s->n_gen, sp.max_new_tokens);
@@ -764,7 +764,7 @@ static int check_import(const ff_generator *g, const ff_gen_seq_state *s) {
                             (long long)s->prompt_len + sp.max_new_tokens, s->prompt_len, sp.max_new_tokens,
                             g->c.max_seq_len);
     if (ffm_check_tokens(m, s->tokens, (int64_t)s->prompt_len + s->n_gen, "a moved sequence's tokens", false))
-        return ff_error_wrap(w);
+        return ff_error_wrap("%s", w);
     if (kv->data) {
         if (kv->layers != m->L || kv->kv_heads != m->Hkv || kv->head_dim != m->D)
             return ff_error_set(w, "move sequences between engines of the same model (and the same pipeline stage)",
