@@ -210,6 +210,7 @@ struct shared {
     int go;                    /* 0: wait, 1: run, -1: leave */
     pthread_barrier_t barrier;
     int64_t deadline_ns;
+    int64_t rounds, max_rounds; /* done so far; the budget (0: none) */
     bool stop;
     bool memory_phase;         /* the best makespan is at its bound: lower the memory */
     int stale;
@@ -516,6 +517,7 @@ static void round_end(shared *sh) {
     sh->round_pk = pk;
     for (int t = 0; t < sh->n; t++) sh->stop |= sh->w[t].failed != 0;
     if (ff_now_ns() >= sh->deadline_ns) sh->stop = true;
+    if (sh->max_rounds > 0 && ++sh->rounds >= sh->max_rounds) sh->stop = true;
 }
 
 static void *thread_main(void *arg) {
@@ -653,6 +655,7 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
     for (int t = 0; t < threads; t++) w[t].restart = true;
     if (!done_early) {
         sh.deadline_ns = t0 + (int64_t)(seconds * 1e9);
+        sh.max_rounds = o && o->max_rounds > 0 ? o->max_rounds : 0;
         sh.w = w;
         sh.n = threads;
         sh.round_mk = sh.round_pk = INFINITY;

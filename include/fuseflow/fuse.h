@@ -120,6 +120,9 @@ typedef struct ff_fuse_solve_opts {
     double seconds;   /* wall-clock budget (0: 10 s); it stops earlier at the bounds (dataflow/fuse_solve.c) */
     uint64_t seed;
     int threads;      /* 0: the machine's cores */
+    int64_t max_rounds; /* 0: none; else stop after this many rounds of the search (a round: a fixed
+                         * number of evaluations per thread), so that the schedule depends on the
+                         * instance, the seed and the threads only, never on the machine's load */
 } ff_fuse_solve_opts;
 
 typedef struct ff_fuse_solve_stats {
@@ -130,7 +133,8 @@ typedef struct ff_fuse_solve_stats {
 
 /* A valid schedule, makespan first, peak activation memory second, into *out (initialised
  * here). Deterministic for a seed and a thread count when it stops before the time: at both
- * bounds, or when the peak at the makespan bound stopped improving. 0 or -1 + error. */
+ * bounds, when the peak at the makespan bound stopped improving, or after max_rounds rounds.
+ * 0 or -1 + error. */
 int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fuse_schedule *out,
                   ff_fuse_solve_stats *stats);
 

@@ -316,6 +316,24 @@ static void test_solver(void) {
         same &= again.n_tasks[n] == s.n_tasks[n] && !memcmp(again.tasks[n], s.tasks[n], (size_t)s.n_tasks[n] * sizeof *s.tasks[n]);
     CHECK(same);
     ff_fuse_schedule_free(&again);
+    /* a round budget: the same schedule and the same count of evaluations however loaded the
+     * machine is (the time budget is far away) */
+    ff_fuse_instance heavy = in;
+    heavy.models[0].micro = 32; /* large enough not to stop at the bounds within 3 rounds */
+    ff_fuse_solve_opts ob = {.seconds = 300, .seed = 5, .threads = 2, .max_rounds = 3};
+    ff_fuse_schedule b1, b2;
+    ff_fuse_solve_stats s1, s2;
+    DIE_IF(ff_fuse_solve(&heavy, &ob, &b1, &s1));
+    DIE_IF(ff_fuse_solve(&heavy, &ob, &b2, &s2));
+    CHECK(s1.evaluations == s2.evaluations);
+    CHECK(s1.seconds < 60);
+    CHECK(s1.evaluations < 1000); /* 3 rounds of 48 per thread and the fixed points, not the ~250k of a free run */
+    same = true;
+    for (int32_t n = 0; n < heavy.nodes; n++)
+        same &= b1.n_tasks[n] == b2.n_tasks[n] && !memcmp(b1.tasks[n], b2.tasks[n], (size_t)b1.n_tasks[n] * sizeof *b1.tasks[n]);
+    CHECK(same);
+    ff_fuse_schedule_free(&b1);
+    ff_fuse_schedule_free(&b2);
 
     /* the picture: one row per node, the families named */
     char path[] = "/tmp/ff_test_fuse_XXXXXX";
