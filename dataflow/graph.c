@@ -15,6 +15,7 @@
 #include "dataflow/internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/graph.h"
+#include "fuseflow/plan.h"
 #include "fuseflow/util.h"
 
 /* ---- vocabulary ------------------------------------------------------------------------------ */
@@ -576,6 +577,11 @@ static int resolve_node(ff_graph *g, int idx, const ff_registry *reg) {
             t->loss = ff_policy_loss_new(reg, loss, n->params);
             if (!t->loss) return ff_error_wrap("%s: node '%s'", n->where, n->name);
             if (read_kl(n, reg, "kl_loss", false)) return -1;
+            static const char *const fuses[] = {"off", "on", "auto"};
+            int fuse = 0;
+            if (n->params && ff_cnode_get_enum(n->params, "fuse", fuses, 3, 0, &fuse) < 0) return -1;
+            t->fuse = (ff_fuse_mode)fuse;
+            t->fuse_partner = -1;
             if (t->kl_loss && n->in[FF_SLOT_REF_LOGPROB] < 0)
                 return ff_error_set(n->where, "bind ref_logprob (from a logprob node on role ref)",
                                     "node '%s': kl_loss needs the ref_logprob slot", n->name);
@@ -719,6 +725,82 @@ static int check_layout(ff_graph *g, const ff_run_config *run) {
     return 0;
 }
 
+/* Does node a read (through columns or `after`, transitively) what node b writes? */
+static bool depends_on(const ff_graph *g, int a, int b, int depth) {
+    if (depth > 64) return false;
+    const ff_node *n = &g->nodes[a];
+    for (int s = 0; s < FF_SLOT_COUNT; s++) {
+        const int c = n->in[s], w = c >= 0 ? g->cols[c].writer : -1;
+        if (w >= 0 && (w == b || depends_on(g, w, b, depth + 1))) return true;
+    }
+    for (int k = 0; k < n->n_after; k++)
+        if (n->after[k] == b || depends_on(g, n->after[k], b, depth + 1)) return true;
+    return false;
+}
+
+/* `fuse` of the actor's train node: the critic's train node beside it, both roles on the same
+ * workers in one pipeline layout, the same number of mini-batches. `on` refuses what breaks
+ * them (naming the key, and what to write instead); `auto` falls back to off with the reason
+ * in fuse_note. */
+static int check_fuse(ff_graph *g, const ff_run_config *run) {
+    for (size_t i = 0; i < g->n_nodes; i++) {
+        ff_node *nd = &g->nodes[i];
+        if (nd->op != FF_OP_TRAIN || nd->role != FF_ROLE_ACTOR || nd->train.fuse == FF_FUSE_OFF) continue;
+        ff_train_params *t = &nd->train;
+        const bool on = t->fuse == FF_FUSE_ON;
+        const char *hint = NULL;
+        char why[256] = "";
+        int partner = -1;
+        for (size_t j = 0; j < g->n_nodes; j++)
+            if (g->nodes[j].op == FF_OP_TRAIN && g->nodes[j].role == FF_ROLE_CRITIC && partner < 0) partner = (int)j;
+        const ff_role_cfg *ra = &run->roles[FF_ROLE_ACTOR], *rc = &run->roles[FF_ROLE_CRITIC];
+        const ff_layout *A = &ra->layout, *C = &rc->layout;
+        if (partner < 0) {
+            hint = "add a train node on role critic (PPO's train_critic), or set fuse: off";
+            snprintf(why, sizeof why, "fuse trains the critic with the actor, and the graph has no critic train node");
+        } else if (rc->colocate_with != FF_ROLE_ACTOR) {
+            hint = "set roles.critic.colocate_with: actor, or fuse: off";
+            snprintf(why, sizeof why, "fuse needs the critic on the actor's workers (roles.critic.colocate_with: actor)");
+        } else if (A->pp < 2 || C->pp != A->pp) {
+            hint = "give roles.actor.layout and roles.critic.layout the same pp >= 2, or set fuse: off";
+            snprintf(why, sizeof why, "fuse needs the actor and the critic pipelined at the same pp >= 2 (actor pp %lld, critic pp %lld)",
+                     (long long)A->pp, (long long)C->pp);
+        } else if (A->tp != 1 || C->tp != 1 || A->dp != C->dp) {
+            hint = "use tp 1 and the same dp for both roles, or set fuse: off";
+            snprintf(why, sizeof why, "fuse runs tp 1 stages with the same dp for both roles (actor tp %lld dp %lld, critic tp %lld dp %lld)",
+                     (long long)A->tp, (long long)A->dp, (long long)C->tp, (long long)C->dp);
+        } else if (A->vpp > 1 || C->vpp > 1 || A->schedule == FF_PLAN_INTERLEAVED || C->schedule == FF_PLAN_INTERLEAVED) {
+            hint = "use vpp 1 with the 1f1b schedule, or set fuse: off";
+            snprintf(why, sizeof why, "the fused schedule has one stage of each model per rank (no interleaved chunks, vpp %lld / %lld)",
+                     (long long)A->vpp, (long long)C->vpp);
+        } else if (A->zero || C->zero) {
+            hint = "set zero: 0 on both roles' layouts, or fuse: off";
+            snprintf(why, sizeof why, "the fused step does not shard the optimizer state (zero %lld / %lld)", (long long)A->zero,
+                     (long long)C->zero);
+        } else {
+            const ff_node *cn = &g->nodes[partner];
+            const ff_train_params *ct = &cn->train;
+            if (ct->mini_batch_size != t->mini_batch_size || ct->epochs != t->epochs) {
+                hint = "give both train nodes the same mini_batch_size and epochs (mini-batch k of the actor trains with mini-batch k of the critic), or set fuse: off";
+                snprintf(why, sizeof why, "node '%s' has mini_batch_size %lld x epochs %lld, node '%s' %lld x %lld", nd->name,
+                         (long long)t->mini_batch_size, (long long)t->epochs, cn->name, (long long)ct->mini_batch_size,
+                         (long long)ct->epochs);
+            } else if (depends_on(g, (int)i, partner, 0) || depends_on(g, partner, (int)i, 0)) {
+                hint = "let both train nodes read the same upstream columns (neither after the other), or set fuse: off";
+                snprintf(why, sizeof why, "nodes '%s' and '%s' depend on each other, so they cannot train in one step", nd->name, cn->name);
+            }
+        }
+        if (!why[0]) {
+            t->fuse_partner = partner;
+            continue;
+        }
+        if (on) return param_where_err(nd, "fuse", hint, why);
+        t->fuse = FF_FUSE_OFF;
+        snprintf(t->fuse_note, sizeof t->fuse_note, "%s", why);
+    }
+    return 0;
+}
+
 int ff_graph_validate(ff_graph *g, const ff_registry *reg, const ff_run_config *run) {
     if (!g->n_nodes) return ff_error_set("graph", "add nodes (see examples/grpo.yaml)", "the graph has no nodes");
     /* nodes are resolved in order, so group_size is known before the layout checks */
@@ -752,7 +834,7 @@ int ff_graph_validate(ff_graph *g, const ff_registry *reg, const ff_run_config *
         }
     }
     if (topo_sort(g) != 0) return -1;
-    if (run && check_layout(g, run) != 0) return -1;
+    if (run && (check_layout(g, run) != 0 || check_fuse(g, run) != 0)) return -1;
     /* nodes built in C keep their parameters in g->own; YAML ones are checked with the run config */
     bool any_c = false;
     for (size_t i = 0; i < g->n_nodes; i++) any_c |= !g->yaml[i];

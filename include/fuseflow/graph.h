@@ -124,6 +124,10 @@ typedef struct ff_gen_params {
     bool migrate_recompute;
 } ff_gen_params;
 
+/* RLHFuse's intra-stage fusion of the actor's and the critic's training (`fuse` of the actor's
+ * train node, docs/run.md "Fused actor and critic training"). */
+typedef enum { FF_FUSE_OFF = 0, FF_FUSE_ON, FF_FUSE_AUTO } ff_fuse_mode;
+
 /* Settings of a train node. The optimizer is the role's (ff_role_cfg). */
 typedef struct ff_train_params {
     int64_t mini_batch_size;  /* prompts per optimizer step (x n responses), verl ppo_mini_batch_size */
@@ -135,6 +139,13 @@ typedef struct ff_train_params {
     ff_policy_loss *loss;     /* from `loss` (default vanilla) */
     const ff_kl_def *kl_loss; /* KL as a loss term (`kl_loss: {type, coef}`), or NULL */
     double kl_loss_coef;
+    /* `fuse: off | on | auto` (actor; a critic's node refuses the key): train the critic in the
+     * same pipeline step, its stages in the reverse direction. After validation with a run
+     * config: off also where `auto` cannot fuse, with the reason in fuse_note; on and auto
+     * have a critic train node (fuse_partner, its index) that meets the constraints */
+    ff_fuse_mode fuse;
+    int fuse_partner;        /* -1: none */
+    char fuse_note[256];     /* auto that fell back to off: why (for the run's log line) */
     /* critic */
     ff_rlhf_value_cfg value; /* `cliprange_value`, `loss_agg_mode` */
 } ff_train_params;

@@ -27,6 +27,15 @@ extern "C" {
 #define FF_RL_SCORE "rl.score"       /* a reward model's score per sample; mb */
 #define FF_RL_TRAIN "rl.train"       /* one optimizer step on this rank's share; role, denom,
                                         tensor "mb" (micro-batch offsets) */
+/* RLHFuse's fused step (graph.<actor train>.fuse): the actor's and the critic's shares of
+ * their k-th mini-batches in one subtask to every rank of an actor pipeline replica; the
+ * samples and columns of rl.train twice, their names prefixed "actor." and "critic." (with
+ * "actor.mb", "critic.mb"); args denom_actor, denom_critic, timeline, fuse_instance (the
+ * instance's JSON, fuseflow/fuse.h) and stage_times; tensor "fuse_schedule" I32: per node,
+ * its task count c then c pairs (model, 0 forward | 1 backward). -> "metrics" F64 [2, FF_RL_NM]
+ * (the actor's row, the critic's) [, pipe_times]. */
+#define FF_RL_TRAIN_FUSED "rl.train_fused"
+#define FF_RL_T_FUSE_SCHEDULE "fuse_schedule"
 #define FF_RL_SYNC "rl.sync"         /* trained actor -> generating actor; mode local | reshard */
 #define FF_RL_SAVE "rl.save"         /* a trained role's checkpoint; role, dir (to DP rank 0, or at
                                         ZeRO-1 to every DP rank of the role's group: they

@@ -339,6 +339,31 @@ double ff_trainer_denom(const ff_trainer *t, const ff_rl_sample *samples, int32_
 int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const int32_t *mb_start, int32_t n_micro,
                     double denom, ff_train_metrics *metrics);
 
+/* RLHFuse's fused step (docs/run.md "Fused actor and critic training"): the actor's share and
+ * the critic's share of their k-th mini-batches train in ONE run of the pipeline executor,
+ * both models' forwards and backwards interleaved on every rank as a fused schedule orders
+ * them (fuseflow/fuse.h), each model's hook and optimizer step after its last backward there.
+ * Every rank of the actor's pipeline calls it with the same instance, schedule and shares. */
+typedef struct ff_trainer_share {
+    const ff_rl_sample *samples;
+    int32_t n;
+    const int32_t *mb_start; /* [n_micro + 1] offsets into samples, or NULL: one micro-batch */
+    int32_t n_micro;
+    double denom;            /* the mini-batch's global normaliser (<= 0: the share's own) */
+} ff_trainer_share;
+
+/* One optimizer step of each: a is an actor trainer and c a critic trainer, both pipelined at
+ * the same pp, one chunk per stage, without ZeRO; c's pipeline may be a's reversed (its stage
+ * k on a's rank pp-1-k: in->models[1].stages). in: nodes = a's ranks, model 0 the actor
+ * (stages 0..pp-1), model 1 the critic (stages[k] the actor rank of its stage k), micro =
+ * each share's non-empty micro-batches (1 for an empty share: a filler, as ff_trainer_step);
+ * sched: a valid schedule of in (ff_fuse_solve, ff_fuse_serial). The executor runs on a's
+ * transport; its streams and executor are cached in a per (instance, schedule). The metrics
+ * are each trainer's as ff_trainer_step gives them (pipe_bubble: the fused step's). 0 or -1 +
+ * error (a failure after a model's step is its skipped update, as in ff_trainer_step). */
+int ff_trainer_step_fused(ff_trainer *a, ff_trainer *c, const ff_fuse_instance *in, const ff_fuse_schedule *sched,
+                          const ff_trainer_share *as, const ff_trainer_share *cs, ff_train_metrics *am, ff_train_metrics *cm);
+
 /* Whole-batch training in one process (one rank): `epochs` passes over samples [n], each
  * shuffled (when shuffle; a function of seed and epoch) and cut into mini-batches of
  * mini_batch_size samples (0: the whole batch; a last short mini-batch is kept), each planned

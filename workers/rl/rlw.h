@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "fuseflow/dtype.h"
+#include "fuseflow/fuse.h"
 #include "fuseflow/rl_protocol.h"
 
 typedef struct ff_coll_comm ff_coll_comm;
@@ -146,6 +147,13 @@ int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *
  * with the same share and runs the role's schedule. m [FF_RL_NM]. 0 / -1 + error. */
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom,
               ff_coll_comm *comm, double *m);
+
+/* rl.train_fused: one optimizer step of the actor and one of the critic in one fused pipeline
+ * step (ff_trainer_step_fused) on the actor's pipeline: in[0] and mb[0] the actor's share, in[1]
+ * and mb[1] the critic's, denom[2], the instance and its schedule; gradients summed as
+ * rlw_train does. m [2 * FF_RL_NM]: the actor's metrics, then the critic's. 0 / -1 + error. */
+int rlw_train_fused(rlw *s, const rlw_samples in[2], const int32_t *const mb[2], const int32_t n_micro[2], const double denom[2],
+                    const ff_fuse_instance *inst, const ff_fuse_schedule *sched, ff_coll_comm *comm, double *m);
 
 /* The instructions of this rank's last rl.train over a pipeline (FF_RL_T_PIPE_TIMES rows,
  * owned by s, valid until the next rlw_train), or 0 rows. */

@@ -94,6 +94,11 @@ struct rlw {
     /* the layout of every role here but the generating copy's, and that copy's (glay: &lay,
      * or &lay_gen when it differs) */
     rlw_lay lay, lay_gen, *glay;
+    /* the critic's: &lay, or lay_critic when the actor's train node fuses (graph.h `fuse`):
+     * the critic's stage k on the actor's pipeline rank pp-1-k, RLHFuse's bidirectional
+     * layout, in a pipeline group of its own with its members in reverse order (the DP and
+     * TP groups hold the same ranks) */
+    rlw_lay lay_critic, *clay;
     struct dp_ctx {
         rlw *s;
         int size;
@@ -109,7 +114,8 @@ rlw *rlw_new(void) {
     s->next_req = 1;
     lay_clear(&s->lay);
     lay_clear(&s->lay_gen);
-    s->glay = &s->lay;
+    lay_clear(&s->lay_critic);
+    s->glay = s->clay = &s->lay;
     return s;
 }
 
@@ -192,10 +198,14 @@ static void lay_clear(rlw_lay *y) {
 
 bool rlw_gen_lockstep(const rlw *s) { return s->glay->at.tp > 1 || s->glay->at.pp > 1; }
 
-static const rlw_lay *lay_of(const rlw *s, unsigned role) { return role == FF_RL_GEN ? s->glay : &s->lay; }
+static const rlw_lay *lay_of(const rlw *s, unsigned role) {
+    return role == FF_RL_GEN ? s->glay : role == FF_RL_CRITIC ? s->clay : &s->lay;
+}
 
+/* The first rank of the replica in the controller's order (its pipeline rank 0 in the layout
+ * of the roles here: a reversed critic's scoring hands every stage the outputs alike). */
 bool rlw_returns_outputs(const rlw *s, unsigned role) {
-    const rlw_lay *y = lay_of(s, role);
+    const rlw_lay *y = role == FF_RL_GEN ? s->glay : &s->lay;
     return y->at.tp_rank == 0 && y->at.pp_rank == 0;
 }
 
@@ -225,9 +235,10 @@ static void unload(rlw *s) {
     ff_coll_comm_destroy(&s->xfer);
     s->gen_transient = false;
     /* after the models that ran their collectives on them */
+    lay_clear(&s->lay_critic);
     lay_clear(&s->lay);
     lay_clear(&s->lay_gen);
-    s->glay = &s->lay;
+    s->glay = s->clay = &s->lay;
     ff_backend_destroy(&s->be);
     ff_run_config_destroy(&s->run);
     ff_registry_destroy(&s->reg);
@@ -370,7 +381,8 @@ static ff_trainer *make_trainer(rlw *s, ff_model *m, ff_role role, int64_t updat
     ff_trainer_config tc;
     if (ff_roles_trainer_config_from_node(s->run, n, updates, &tc) != 0) return NULL;
     set_dp(s, role, &tc);
-    if (s->lay.at.pp > 1) tc.pipe = s->lay.pipe;
+    const rlw_lay *y = role == FF_ROLE_CRITIC ? s->clay : &s->lay;
+    if (y->at.pp > 1) tc.pipe = y->pipe;
     ff_trainer *t = ff_trainer_new(m, &tc);
     if (!t) return NULL;
     if (resume_dir) {
@@ -435,9 +447,22 @@ static const ff_layout *hosted_layout(const rlw *s, unsigned roles) {
     return &rc[FF_ROLE_REWARD].layout;
 }
 
+/* Does the actor's train node fuse the critic's training into its steps (validated: both
+ * roles on these workers in one pipeline layout)? */
+static bool critic_reversed(const ff_run_config *run) {
+    const ff_node *n = train_node(run, FF_ROLE_ACTOR);
+    return n && n->train.fuse != FF_FUSE_OFF;
+}
+
 static int layouts_setup(rlw *s, const rlw_init_args *a) {
     if (lay_setup(&s->lay, &a->main, hosted_layout(s, a->roles), a->group) != 0) return -1;
-    s->glay = &s->lay;
+    s->glay = s->clay = &s->lay;
+    if ((a->roles & FF_RL_CRITIC) && s->lay.at.pp > 1 && critic_reversed(s->run)) {
+        rlw_place rev = s->lay.at;
+        rev.pp_rank = rev.pp - 1 - rev.pp_rank;
+        if (lay_setup(&s->lay_critic, &rev, &s->run->roles[FF_ROLE_CRITIC].layout, a->group) != 0) return -1;
+        s->clay = &s->lay_critic;
+    }
     if (a->gen.tp < 1 || !(a->roles & FF_RL_GEN)) return 0;
     if (lay_setup(&s->lay_gen, &a->gen, &s->run->roles[FF_ROLE_ACTOR].rollout, a->group) != 0) return -1;
     s->glay = &s->lay_gen;
@@ -510,7 +535,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
             cdir = cbuf;
         }
         if (!cdir) return ff_error_set("worker", "add roles.critic.model", "the run has no critic model");
-        if (!(s->critic = load_model(s, &s->lay, cdir, true, train_node(s->run, FF_ROLE_CRITIC) != NULL, "critic"))) return -1;
+        if (!(s->critic = load_model(s, s->clay, cdir, true, train_node(s->run, FF_ROLE_CRITIC) != NULL, "critic"))) return -1;
         s->t_critic = make_trainer(s, s->critic, FF_ROLE_CRITIC, a->total_updates[1], a->resume_dir, "critic");
         if (!s->t_critic && train_node(s->run, FF_ROLE_CRITIC)) return -1;
     }
@@ -887,7 +912,7 @@ int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *
 /* ---- training ------------------------------------------------------------------------------- */
 /* The trainer's last pipelined step into s->timeline, its times shifted by `at` (when the
  * step began after the handler did). */
-static int keep_timeline(rlw *s, const ff_trainer *t, double at) {
+static int keep_timeline(rlw *s, const ff_trainer *t, int32_t pp_rank, double at) {
     s->ntimeline = 0;
     const ff_pipe_schedule *sc;
     double t0;
@@ -901,7 +926,7 @@ static int keep_timeline(rlw *s, const ff_trainer *t, double at) {
         if (!b) return -1;
         s->timeline = b, s->timeline_cap = n;
     }
-    const ff_pipe_instr *in = sc->streams[s->lay.at.pp_rank].instr;
+    const ff_pipe_instr *in = sc->streams[pp_rank].instr;
     for (int64_t i = 0; i < n; i++) {
         double *r = s->timeline + i * 5;
         r[0] = in[i].op, r[1] = in[i].micro, r[2] = in[i].chunk, r[3] = at + t0 + st[i], r[4] = at + t0 + en[i];
@@ -915,6 +940,19 @@ int64_t rlw_train_timeline(const rlw *s, const double **rows) {
     return s->ntimeline;
 }
 
+static void metrics_row(const ff_train_metrics *tm, double *m) {
+    const double vals[FF_RL_NM] = {
+        [FF_RL_M_STEPS] = (double)tm->steps,     [FF_RL_M_SKIPPED] = (double)tm->skipped, [FF_RL_M_MICRO] = (double)tm->micro_batches,
+        [FF_RL_M_TOKENS] = (double)tm->tokens,   [FF_RL_M_SAMPLES] = (double)tm->samples, [FF_RL_M_LOSS] = tm->loss,
+        [FF_RL_M_PG] = tm->pg_loss,              [FF_RL_M_KL] = tm->kl_loss,              [FF_RL_M_ENT_AGG] = tm->entropy,
+        [FF_RL_M_CLIP] = tm->clipfrac,           [FF_RL_M_APPROX_KL] = tm->approx_kl,     [FF_RL_M_RATIO_MAX] = tm->ratio_max,
+        [FF_RL_M_ENT_MEAN] = tm->entropy_mean,   [FF_RL_M_VLOSS] = tm->value_loss,        [FF_RL_M_VCLIP] = tm->vf_clipfrac,
+        [FF_RL_M_VMEAN] = tm->value_mean,        [FF_RL_M_GNORM] = tm->grad_norm,         [FF_RL_M_LR] = tm->lr,
+        [FF_RL_M_TIME] = tm->time_s,             [FF_RL_M_BUBBLE] = tm->pipe_bubble,
+    };
+    memcpy(m, vals, sizeof vals);
+}
+
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom, ff_coll_comm *comm,
               double *m) {
     const int64_t entry_ns = ff_now_ns(); /* the handler calls this first */
@@ -926,22 +964,41 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
     ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
     if (!v) return -1;
     ff_train_metrics tm = {0}; /* a step that fails its checks leaves it untouched */
-    s->comm = s->lay.dp_comm ? s->lay.dp_comm : comm;
+    const rlw_lay *y = lay_of(s, role);
+    s->comm = y->dp_comm ? y->dp_comm : comm;
     int64_t t0 = ff_now_ns();
     int rc = ff_trainer_step(t, v, in->n, mb, n_micro, denom, &tm);
     s->comm = NULL;
     free(v);
-    if (keep_timeline(s, t, (double)(t0 - entry_ns) * 1e-9) != 0) rc = -1;
-    const double vals[FF_RL_NM] = {
-        [FF_RL_M_STEPS] = (double)tm.steps,     [FF_RL_M_SKIPPED] = (double)tm.skipped, [FF_RL_M_MICRO] = (double)tm.micro_batches,
-        [FF_RL_M_TOKENS] = (double)tm.tokens,   [FF_RL_M_SAMPLES] = (double)tm.samples, [FF_RL_M_LOSS] = tm.loss,
-        [FF_RL_M_PG] = tm.pg_loss,              [FF_RL_M_KL] = tm.kl_loss,              [FF_RL_M_ENT_AGG] = tm.entropy,
-        [FF_RL_M_CLIP] = tm.clipfrac,           [FF_RL_M_APPROX_KL] = tm.approx_kl,     [FF_RL_M_RATIO_MAX] = tm.ratio_max,
-        [FF_RL_M_ENT_MEAN] = tm.entropy_mean,   [FF_RL_M_VLOSS] = tm.value_loss,        [FF_RL_M_VCLIP] = tm.vf_clipfrac,
-        [FF_RL_M_VMEAN] = tm.value_mean,        [FF_RL_M_GNORM] = tm.grad_norm,         [FF_RL_M_LR] = tm.lr,
-        [FF_RL_M_TIME] = tm.time_s,           [FF_RL_M_BUBBLE] = tm.pipe_bubble,
-    };
-    memcpy(m, vals, sizeof vals);
+    if (keep_timeline(s, t, y->at.pp_rank, (double)(t0 - entry_ns) * 1e-9) != 0) rc = -1;
+    metrics_row(&tm, m);
+    return rc;
+}
+
+int rlw_train_fused(rlw *s, const rlw_samples in[2], const int32_t *const mb[2], const int32_t n_micro[2], const double denom[2],
+                    const ff_fuse_instance *inst, const ff_fuse_schedule *sched, ff_coll_comm *comm, double *m) {
+    const int64_t entry_ns = ff_now_ns();
+    if (!s->t_actor || !s->t_critic)
+        return ff_error_set("rl.train_fused", "the graph needs train nodes for the actor and the critic, both hosted here",
+                            "this worker has no %s trainer", s->t_actor ? "critic" : "actor");
+    if (gen_release(s) != 0) return -1;
+    ff_rl_sample *va = views(&in[0], NULL, NULL, NULL, NULL), *vc = va ? views(&in[1], NULL, NULL, NULL, NULL) : NULL;
+    if (!vc) {
+        free(va);
+        return -1;
+    }
+    ff_train_metrics tm[2] = {{0}, {0}};
+    /* both models' DP sums on one group of the same ranks, in the order of the fused stream
+     * (the same on every replica) */
+    s->comm = s->lay.dp_comm ? s->lay.dp_comm : comm;
+    const ff_trainer_share sa = {va, in[0].n, mb[0], n_micro[0], denom[0]}, sc = {vc, in[1].n, mb[1], n_micro[1], denom[1]};
+    const int64_t t0 = ff_now_ns();
+    int rc = ff_trainer_step_fused(s->t_actor, s->t_critic, inst, sched, &sa, &sc, &tm[0], &tm[1]);
+    s->comm = NULL;
+    free(va), free(vc);
+    if (keep_timeline(s, s->t_actor, s->lay.at.pp_rank, (double)(t0 - entry_ns) * 1e-9) != 0) rc = -1;
+    metrics_row(&tm[0], m);
+    metrics_row(&tm[1], m + FF_RL_NM);
     return rc;
 }
 
@@ -1072,13 +1129,14 @@ int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
      * the writer cannot leave the others waiting in the gather); the weights are gathered
      * over the TP groups of replica 0, whose stages hand theirs to the first stage, whose TP
      * rank 0 writes */
-    const rlw_place *at = &s->lay.at;
+    const rlw_lay *y = lay_of(s, role);
+    const rlw_place *at = &y->at;
     const bool sharded = t && s->run->roles[role == FF_RL_ACTOR ? FF_ROLE_ACTOR : FF_ROLE_CRITIC].layout.zero && at->dp > 1;
     ff_tensor_set *o = NULL;
     int rc = 0;
     if (t) {
         o = ff_tensor_set_new();
-        s->comm = s->lay.dp_comm ? s->lay.dp_comm : comm;
+        s->comm = y->dp_comm ? y->dp_comm : comm;
         rc = o ? ff_optimizer_export_state(ff_trainer_optimizer(t), o) : -1;
         s->comm = NULL;
     }
@@ -1088,8 +1146,8 @@ int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
         snprintf(path, sizeof path, "%s/%s", dir, name);
         ff_tensor_set *w = !writer || ff_mkdirs(path) == 0 ? ff_tensor_set_new() : NULL;
         rc = w ? ff_model_export_weights(m, w) : -1;
-        if (rc == 0 && at->pp > 1 && at->tp_rank == 0) rc = gather_stages(s->lay.pp_comm, w);
-        if (rc == 0 && o && at->pp > 1 && at->tp_rank == 0) rc = gather_stages(s->lay.pp_comm, o);
+        if (rc == 0 && at->pp > 1 && at->tp_rank == 0) rc = gather_stages(y->pp_comm, w);
+        if (rc == 0 && o && at->pp > 1 && at->tp_rank == 0) rc = gather_stages(y->pp_comm, o);
         if (rc == 0 && writer) rc = ff_model_files_write(path, ff_model_config_of(m), w, role == FF_RL_ACTOR ? s->tok : NULL, FF_DTYPE_F32);
         ff_tensor_set_destroy(&w);
         snprintf(path, sizeof path, "%s/%s.optim.safetensors", dir, name);

@@ -16,6 +16,9 @@
  *   rl.score     samples; mb                                    -> score F32 [n]
  *   rl.train     samples + per-token columns + mb I32; role, denom, timeline
  *                                          -> metrics F64 [, pipe_times F64 [n, 5] over a pipeline]
+ *   rl.train_fused  the actor's and the critic's rl.train inputs, prefixed "actor." / "critic.";
+ *                denom_actor, denom_critic, timeline, fuse_instance (JSON); fuse_schedule I32
+ *                                          -> metrics F64 [2, FF_RL_NM] [, pipe_times]
  *   rl.sync      mode (local|bcast)                              -> received I64 [1] (bytes from other ranks)
  *   rl.save      role, dir
  *   rl.digest    role                                           -> hash I64 [1], sum F64 [1]
@@ -153,10 +156,16 @@ static int64_t sum_lens(const ff_tensor *x, bool *ok, int32_t min) {
 /* The packed samples of a subtask, checked: lengths add up, prompts non-empty, every
  * per-token column has one value per response token. *ntok (NULL: not wanted) gets the
  * number of response tokens. */
-static bool read_samples(ff_task *t, rlw_samples *in, int64_t *ntok) {
+/* The samples and columns of tensors named PREFIX + the protocol's names ("" for most kinds;
+ * "actor." and "critic." in rl.train_fused). */
+static bool read_samples_of(ff_task *t, const char *prefix, rlw_samples *in, int64_t *ntok) {
     memset(in, 0, sizeof *in);
-    const ff_tensor *p = input(t, FF_RL_T_PROMPT, FF_DTYPE_I32, false), *pl = input(t, FF_RL_T_PLEN, FF_DTYPE_I32, false);
-    const ff_tensor *r = input(t, FF_RL_T_RESP, FF_DTYPE_I32, false), *rl = input(t, FF_RL_T_RLEN, FF_DTYPE_I32, false);
+    char n[4][64], cn[FF_RL_NCOL][64];
+    const char *base[4] = {FF_RL_T_PROMPT, FF_RL_T_PLEN, FF_RL_T_RESP, FF_RL_T_RLEN};
+    for (int k = 0; k < 4; k++) snprintf(n[k], sizeof n[k], "%s%s", prefix, base[k]);
+    for (int k = 0; k < FF_RL_NCOL; k++) snprintf(cn[k], sizeof cn[k], "%s%s", prefix, ff_rl_col_names[k]);
+    const ff_tensor *p = input(t, n[0], FF_DTYPE_I32, false), *pl = p ? input(t, n[1], FF_DTYPE_I32, false) : NULL;
+    const ff_tensor *r = pl ? input(t, n[2], FF_DTYPE_I32, false) : NULL, *rl = r ? input(t, n[3], FF_DTYPE_I32, false) : NULL;
     if (!p || !pl || !r || !rl) return false;
     bool ok = pl->shape[0] == rl->shape[0];
     int64_t P = sum_lens(pl, &ok, 1), R = sum_lens(rl, &ok, 0);
@@ -168,12 +177,12 @@ static bool read_samples(ff_task *t, rlw_samples *in, int64_t *ntok) {
     in->prompt = p->data, in->plen = pl->data, in->resp = r->data, in->rlen = rl->data;
     for (int k = 0; k < FF_RL_NCOL; k++) {
         bool present = false;
-        for (int i = 0; i < ff_task_ninputs(t); i++) present |= !strcmp(ff_task_input(t, i)->name, ff_rl_col_names[k]);
-        const ff_tensor *c = present ? input(t, ff_rl_col_names[k], FF_DTYPE_F32, false) : NULL;
+        for (int i = 0; i < ff_task_ninputs(t); i++) present |= !strcmp(ff_task_input(t, i)->name, cn[k]);
+        const ff_tensor *c = present ? input(t, cn[k], FF_DTYPE_F32, false) : NULL;
         if (present && !c) return false;
         if (c && c->shape[0] != R) {
             ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: column '%s' has %lld values for %lld response tokens", ff_task_kind(t),
-                         ff_rl_col_names[k], (long long)c->shape[0], (long long)R);
+                         cn[k], (long long)c->shape[0], (long long)R);
             return false;
         }
         in->col[k] = c ? c->data : NULL;
@@ -181,6 +190,8 @@ static bool read_samples(ff_task *t, rlw_samples *in, int64_t *ntok) {
     if (ntok) *ntok = R;
     return true;
 }
+
+static bool read_samples(ff_task *t, rlw_samples *in, int64_t *ntok) { return read_samples_of(t, "", in, ntok); }
 
 /* ---- rl.init ------------------------------------------------------------------------------ */
 static char *text_of(const ff_tensor *x) {
@@ -547,6 +558,81 @@ static int k_train(ff_task *t, void *ud) {
     return 0;
 }
 
+/* The fused schedule tensor (rl_protocol.h) of an instance's nodes into *out. */
+static int read_schedule(ff_task *t, const ff_fuse_instance *inst, ff_fuse_schedule *out) {
+    const ff_tensor *x = input(t, FF_RL_T_FUSE_SCHEDULE, FF_DTYPE_I32, false);
+    if (!x) return -1;
+    const int32_t *v = x->data;
+    const int64_t n = x->shape[0];
+    if (ff_fuse_schedule_init(out, inst->nodes)) return -1;
+    int64_t at = 0;
+    for (int32_t node = 0; node < inst->nodes; node++) {
+        const int64_t c = at < n ? v[at++] : -1;
+        if (c < 0 || at + 2 * c > n) break;
+        for (int64_t k = 0; k < c; k++, at += 2) {
+            if (v[at] < 0 || v[at] >= inst->n_models || (v[at + 1] != 0 && v[at + 1] != 1)) {
+                at = -1;
+                break;
+            }
+            if (ff_fuse_schedule_push(out, node, (ff_fuse_task){(uint8_t)v[at], (uint8_t)v[at + 1]})) {
+                ff_fuse_schedule_free(out);
+                return -1;
+            }
+        }
+        if (at < 0) break;
+        if (node == inst->nodes - 1 && at == n) return 0;
+    }
+    ff_fuse_schedule_free(out);
+    return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.train_fused: '%s' is not %d nodes' task lists (count, then (model, 0|1) pairs)",
+                        FF_RL_T_FUSE_SCHEDULE, (int)inst->nodes);
+}
+
+static int k_train_fused(ff_task *t, void *ud) {
+    ff_rlworker *r = ud;
+    rlw_samples in[2];
+    const int32_t *mbv[2];
+    int32_t nm[2];
+    double denom[2];
+    static const char *const pre[2] = {"actor.", "critic."};
+    for (int i = 0; i < 2; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "%smb", pre[i]);
+        const ff_tensor *mb;
+        if (!read_samples_of(t, pre[i], &in[i], NULL) || !(mb = input(t, key, FF_DTYPE_I32, false))) return -1;
+        if (mb->shape[0] < 2) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.train_fused: '%s' needs at least two offsets", key);
+        mbv[i] = mb->data, nm[i] = (int32_t)mb->shape[0] - 1;
+        if (!arg_float(t, i ? "denom_critic" : "denom_actor", 0, &denom[i])) return -1;
+    }
+    int64_t timeline;
+    char *json = NULL;
+    const char *p;
+    size_t len;
+    if (!arg_int(t, "timeline", 0, &timeline)) return -1;
+    if (ff_msg_arg_str(ff_task_subtask(t), "fuse_instance", &p, &len) != 0)
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.train_fused: no 'fuse_instance' (the instance's JSON): %s", ff_error_message());
+    if (!(json = ff_malloc(len + 1))) return -1;
+    memcpy(json, p, len);
+    json[len] = 0;
+    ff_fuse_instance inst;
+    const int prc = ff_fuse_instance_parse(json, "rl.train_fused fuse_instance", &inst);
+    free(json);
+    if (prc) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s", ff_error_message());
+    ff_fuse_schedule sched;
+    if (read_schedule(t, &inst, &sched)) return -1;
+    double *m = ff_task_output(t, FF_RL_T_METRICS, FF_DTYPE_F64, 2, (int64_t[]){2, FF_RL_NM});
+    int rc = m ? rlw_train_fused(r->eng, in, mbv, nm, denom, &inst, &sched, ff_task_comm(t), m) : -1;
+    ff_fuse_schedule_free(&sched);
+    if (rc) return -1;
+    const double *rows;
+    int64_t n = timeline ? rlw_train_timeline(r->eng, &rows) : 0;
+    if (n > 0) {
+        double *o = ff_task_output(t, FF_RL_T_PIPE_TIMES, FF_DTYPE_F64, 2, (int64_t[]){n, 5});
+        if (!o) return -1;
+        memcpy(o, rows, (size_t)n * 5 * sizeof *o);
+    }
+    return 0;
+}
+
 static int k_sync(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     char mode[16];
@@ -597,7 +683,7 @@ int ff_rlworker_register(ff_rlworker *r, ff_worker *w) {
         const char *kind;
         ff_task_fn fn;
     } kinds[] = {{FF_RL_INIT, k_init},       {FF_RL_GENERATE, k_generate}, {FF_RL_LOGPROB, k_logprob},
-                 {FF_RL_VALUE, k_value},     {FF_RL_SCORE, k_score},       {FF_RL_TRAIN, k_train},
+                 {FF_RL_VALUE, k_value},     {FF_RL_SCORE, k_score},       {FF_RL_TRAIN, k_train}, {FF_RL_TRAIN_FUSED, k_train_fused},
                  {FF_RL_SYNC, k_sync},       {FF_RL_SAVE, k_save},         {FF_RL_DIGEST, k_digest},
                  {FF_RL_MIGRATE_OUT, k_migrate_out}, {FF_RL_MIGRATE_IN, k_migrate_in}};
     for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)

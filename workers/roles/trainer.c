@@ -39,6 +39,16 @@ typedef struct pipe_slot {
 } pipe_slot;
 enum { PIPE_SLOTS = 4 };
 
+/* A fused actor+critic schedule's streams and executor (the actor trainer's cache), keyed by
+ * the schedule and the instance it was made for. */
+typedef struct fused_slot {
+    uint64_t key; /* 0: empty */
+    uint64_t used;
+    const struct ff_trainer *critic; /* whose model and optimizer the executor borrows */
+    ff_pipe_schedule s;
+    ff_pipe_exec *e;
+} fused_slot;
+
 struct ff_trainer {
     ff_model *m;
     ff_trainer_config c;
@@ -49,6 +59,7 @@ struct ff_trainer {
     int32_t cap_packs;
     bool piped;
     pipe_slot slots[PIPE_SLOTS];
+    fused_slot fslots[PIPE_SLOTS];
     uint64_t clock;
     /* the pipelined step in progress, for the executor's callbacks */
     const ff_rl_sample *cur_samples;
@@ -56,8 +67,9 @@ struct ff_trainer {
     double cur_denom;
     acc cur;
     bool reached_step;
-    /* the last pipelined step (ff_trainer_last_pipe) */
-    const pipe_slot *last;
+    /* the last pipelined step (ff_trainer_last_pipe): its schedule and executor */
+    const ff_pipe_schedule *last_s;
+    const ff_pipe_exec *last_e;
     int64_t step_t0_ns, run_t0_ns;
 };
 
@@ -82,6 +94,13 @@ static void slot_clear(pipe_slot *sl) {
     ff_pipe_exec_destroy(&sl->e);
     ff_pipe_schedule_clear(&sl->s);
     sl->micro = 0;
+}
+
+static void fslot_clear(fused_slot *sl) {
+    ff_pipe_exec_destroy(&sl->e);
+    ff_pipe_schedule_clear(&sl->s);
+    sl->key = 0;
+    sl->critic = NULL;
 }
 
 ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c) {
@@ -126,7 +145,7 @@ ff_trainer *ff_trainer_new(ff_model *m, const ff_trainer_config *c) {
 void ff_trainer_destroy(ff_trainer **pt) {
     if (!pt || !*pt) return;
     ff_trainer *t = *pt;
-    for (int i = 0; i < PIPE_SLOTS; i++) slot_clear(&t->slots[i]);
+    for (int i = 0; i < PIPE_SLOTS; i++) slot_clear(&t->slots[i]), fslot_clear(&t->fslots[i]);
     ff_optimizer_destroy(&t->opt);
     for (int32_t i = 0; i < t->cap_packs; i++) rl_pack_free(&t->packs[i]);
     free(t->packs);
@@ -338,13 +357,12 @@ static ff_pipe_exec *pipe_exec_for(ff_trainer *t, int32_t n_micro) {
     return sl->e;
 }
 
-/* The non-empty micro-batches through the schedule: the backwards, the hook and the
- * optimizer step. An empty share (n_real 0) runs filler micro-batches (one, or pp for the
- * interleaved schedule), so that the hook, the tied embeddings' sum and the step are the same
- * code as with samples. *stepped: the run reached the step (a failure there is the
- * optimizer's: a skipped update, on every rank alike). */
-static int pipe_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const int32_t *mb_start, int32_t n_micro,
-                              double denom, int32_t n_real, ff_optim_stats *os, double *bubble, bool *stepped) {
+/* The non-empty micro-batches packed for the schedule (t->batches, t->mb_of), the step's
+ * samples and normaliser kept for the loss callbacks. An empty share (n_real 0) gets filler
+ * micro-batches (one, or pp for the interleaved schedule), so that the hook, the tied
+ * embeddings' sum and the step are the same code as with samples. *n_sched: how many. */
+static int pipe_pack(ff_trainer *t, const ff_rl_sample *samples, const int32_t *mb_start, int32_t n_micro, double denom,
+                     int32_t n_real, int32_t *n_sched_out) {
     const ff_roles_pipe *pp = &t->c.pipe;
     const int32_t P = pp->transport->size;
     const int32_t n_sched = n_real > 0 ? n_real : pp->kind == FF_PIPE_INTERLEAVED ? P : 1;
@@ -366,19 +384,31 @@ static int pipe_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const 
         t->batches[j] = rl_pack_batch(&t->packs[j]);
         t->mb_of[j] = -1;
     }
-    ff_pipe_exec *e = pipe_exec_for(t, n_sched);
-    if (!e) return -1;
     t->cur_samples = samples;
     t->cur_start = mb_start;
     t->cur_denom = denom;
     t->reached_step = false;
+    t->cur = (acc){0};
+    *n_sched_out = n_sched;
+    return 0;
+}
+
+/* The packed micro-batches through the schedule: the backwards, the hook and the optimizer
+ * step. *stepped: the run reached the step (a failure there is the optimizer's: a skipped
+ * update, on every rank alike). */
+static int pipe_micro_batches(ff_trainer *t, const ff_rl_sample *samples, const int32_t *mb_start, int32_t n_micro,
+                              double denom, int32_t n_real, ff_optim_stats *os, double *bubble, bool *stepped) {
+    int32_t n_sched;
+    if (pipe_pack(t, samples, mb_start, n_micro, denom, n_real, &n_sched)) return -1;
+    ff_pipe_exec *e = pipe_exec_for(t, n_sched);
+    if (!e) return -1;
     ff_pipe_run r = {.micro = {t->batches}};
     ff_pipe_exec_stats st;
     t->run_t0_ns = ff_now_ns();
     int rc = ff_pipe_exec_run(e, &r, &st);
     *stepped = t->reached_step;
-    for (int i = 0; i < PIPE_SLOTS; i++)
-        if (t->slots[i].e == e) t->last = &t->slots[i];
+    t->last_e = e;
+    t->last_s = ff_pipe_exec_schedule(e);
     if (rc == 0) *os = st.optim[0], *bubble = st.bubble_fraction;
     return rc;
 }
@@ -393,61 +423,51 @@ static int pipe_sum_acc(ff_trainer *t, acc *a) {
     return 0;
 }
 
-int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const int32_t *mb_start, int32_t n_micro,
-                    double denom, ff_train_metrics *metrics) {
-    assert(t && (samples || n == 0) && n >= 0);
-    int64_t t0 = ff_now_ns();
-    const bool actor = t->c.kind == FF_TRAIN_ACTOR;
-    t->last = NULL;
-    t->step_t0_ns = t0;
-    int32_t whole[2] = {0, n};
-    if (!mb_start) {
-        mb_start = whole;
-        n_micro = 1;
+/* A step's share, checked: offsets (NULL: one micro-batch of all n, in *whole), the
+ * normaliser (<= 0: the share's own), the non-empty micro-batches and their samples. */
+typedef struct share {
+    const ff_rl_sample *samples;
+    int32_t n, n_micro;
+    const int32_t *mb;
+    double denom;
+    int32_t whole[2];
+    int64_t n_sched, n_samples;
+} share;
+
+static int share_check(const ff_trainer *t, share *sh) {
+    if (!sh->mb) {
+        sh->whole[0] = 0, sh->whole[1] = sh->n;
+        sh->mb = sh->whole;
+        sh->n_micro = 1;
     }
-    if (n_micro < 1 || mb_start[0] != 0 || mb_start[n_micro] != n)
+    const int32_t *mb = sh->mb;
+    if (sh->n_micro < 1 || mb[0] != 0 || mb[sh->n_micro] != sh->n)
         return ff_error_set("trainer step", "micro-batch offsets must run from 0 to the number of samples",
-                            "offsets [%d .. %d] over %d micro-batches do not cover %d samples", mb_start[0], mb_start[n_micro],
-                            n_micro, n);
-    for (int32_t b = 0; b < n_micro; b++)
-        if (mb_start[b + 1] < mb_start[b]) return ff_error_set("trainer step", NULL, "micro-batch %d has a negative size", b);
-    if (denom <= 0) denom = ff_trainer_denom(t, samples, n);
-    if (metrics) memset(metrics, 0, sizeof *metrics);
-    /* nothing to learn from and no other rank to join: an AdamW step on zero gradients would
-     * still move the weights (momentum), so there is none */
-    if (n == 0 && !t->c.grad_hook && !(t->c.zero && t->c.dp.size > 1)) return 0;
-    int64_t n_sched = 0, n_samples = 0; /* non-empty micro-batches, and their samples */
-    for (int32_t b = 0; b < n_micro; b++) {
-        n_sched += mb_start[b + 1] > mb_start[b];
-        n_samples += mb_start[b + 1] - mb_start[b];
+                            "offsets [%d .. %d] over %d micro-batches do not cover %d samples", mb[0], mb[sh->n_micro], sh->n_micro,
+                            sh->n);
+    for (int32_t b = 0; b < sh->n_micro; b++)
+        if (mb[b + 1] < mb[b]) return ff_error_set("trainer step", NULL, "micro-batch %d has a negative size", b);
+    if (sh->denom <= 0) sh->denom = ff_trainer_denom(t, sh->samples, sh->n);
+    sh->n_sched = sh->n_samples = 0;
+    for (int32_t b = 0; b < sh->n_micro; b++) {
+        sh->n_sched += mb[b + 1] > mb[b];
+        sh->n_samples += mb[b + 1] - mb[b];
     }
-    acc a = {0};
-    ff_optim_stats os = {0};
-    double bubble = 0;
-    int orc = 0; /* the optimizer's: -1 for a skipped update */
-    ff_model_zero_grad(t->m);
-    if (t->piped) {
-        t->cur = (acc){0};
-        bool stepped = false;
-        if (pipe_micro_batches(t, samples, mb_start, n_micro, denom, (int32_t)n_sched, &os, &bubble, &stepped)) {
-            if (!stepped) goto fail;
-            orc = -1;
-            os.grad_norm = NAN; /* inside the executor: a non-finite norm, the same on every rank */
-            os.lr = ff_adamw_lr_at(&t->c.optim, ff_optimizer_steps_done(t->opt) + 1);
-        }
-        a = t->cur;
-    } else {
-        if (plain_micro_batches(t, samples, mb_start, n_micro, denom, &a)) goto fail;
-        if (run_hook(t)) goto fail;
-        orc = ff_optimizer_step(t->opt, &os);
-    }
+    return 0;
+}
+
+/* After the run: the sums over the pipeline, the metrics, the return code of the step. orc:
+ * the optimizer's (-1 for a skipped update). */
+static int step_finish(ff_trainer *t, const share *sh, acc a, int orc, const ff_optim_stats *os, double bubble, int64_t t0,
+                       ff_train_metrics *metrics) {
+    const bool actor = t->c.kind == FF_TRAIN_ACTOR;
     ff_model_zero_grad(t->m);
     if (t->piped && pipe_sum_acc(t, &a)) return ff_error_wrap("%s trainer step", actor ? "actor" : "critic");
     if (metrics) {
         metrics->steps = orc == 0;
         metrics->skipped = orc != 0;
-        metrics->micro_batches = n_sched;
-        metrics->samples = n_samples;
+        metrics->micro_batches = sh->n_sched;
+        metrics->samples = sh->n_samples;
         metrics->tokens = (int64_t)llround(a.weight);
         metrics->loss = a.loss;
         double wt = a.weight > 0 ? a.weight : 1;
@@ -464,23 +484,186 @@ int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const
             metrics->vf_clipfrac = a.w_vclip / wt;
             metrics->value_mean = a.w_val / wt;
         }
-        metrics->grad_norm = os.grad_norm;
-        metrics->lr = os.lr;
+        metrics->grad_norm = os->grad_norm;
+        metrics->lr = os->lr;
         metrics->time_s = (double)(ff_now_ns() - t0) * 1e-9;
         metrics->pipe_bubble = bubble;
     }
     if (orc) return ff_error_wrap("%s trainer step", actor ? "actor" : "critic");
     return 0;
+}
+
+/* A run that failed after reaching the step is the optimizer's failure: a skipped update
+ * (a non-finite norm inside the executor, the same on every rank). */
+static void skipped_step(const ff_trainer *t, ff_optim_stats *os) {
+    os->grad_norm = NAN;
+    os->lr = ff_adamw_lr_at(&t->c.optim, ff_optimizer_steps_done(t->opt) + 1);
+}
+
+int ff_trainer_step(ff_trainer *t, const ff_rl_sample *samples, int32_t n, const int32_t *mb_start, int32_t n_micro,
+                    double denom, ff_train_metrics *metrics) {
+    assert(t && (samples || n == 0) && n >= 0);
+    int64_t t0 = ff_now_ns();
+    const bool actor = t->c.kind == FF_TRAIN_ACTOR;
+    t->last_e = NULL;
+    t->last_s = NULL;
+    t->step_t0_ns = t0;
+    share sh = {.samples = samples, .n = n, .mb = mb_start, .n_micro = n_micro, .denom = denom};
+    if (share_check(t, &sh)) return -1;
+    if (metrics) memset(metrics, 0, sizeof *metrics);
+    /* nothing to learn from and no other rank to join: an AdamW step on zero gradients would
+     * still move the weights (momentum), so there is none */
+    if (n == 0 && !t->c.grad_hook && !(t->c.zero && t->c.dp.size > 1)) return 0;
+    acc a = {0};
+    ff_optim_stats os = {0};
+    double bubble = 0;
+    int orc = 0; /* the optimizer's: -1 for a skipped update */
+    ff_model_zero_grad(t->m);
+    if (t->piped) {
+        bool stepped = false;
+        if (pipe_micro_batches(t, samples, sh.mb, sh.n_micro, sh.denom, (int32_t)sh.n_sched, &os, &bubble, &stepped)) {
+            if (!stepped) goto fail;
+            orc = -1;
+            skipped_step(t, &os);
+        }
+        a = t->cur;
+    } else {
+        if (plain_micro_batches(t, samples, sh.mb, sh.n_micro, sh.denom, &a)) goto fail;
+        if (run_hook(t)) goto fail;
+        orc = ff_optimizer_step(t->opt, &os);
+    }
+    return step_finish(t, &sh, a, orc, &os, bubble, t0, metrics);
 fail:
     ff_model_zero_grad(t->m);
     return ff_error_wrap("%s trainer step", actor ? "actor" : "critic");
 }
 
+/* ---- the fused actor+critic step ------------------------------------------------------------ */
+
+static uint64_t fused_key(const ff_fuse_instance *in, const ff_fuse_schedule *sc) {
+    uint64_t h = FF_HASH_FNV1A_INIT;
+    h = ff_hash_fnv1a(&in->nodes, sizeof in->nodes, h);
+    h = ff_hash_fnv1a(&in->n_models, sizeof in->n_models, h);
+    for (int i = 0; i < in->n_models; i++) {
+        const ff_fuse_model *m = &in->models[i];
+        const double v[3] = {m->fwd, m->bwd, m->act};
+        h = ff_hash_fnv1a(&m->n_stages, sizeof m->n_stages, h);
+        h = ff_hash_fnv1a(m->stages, sizeof m->stages[0] * (size_t)m->n_stages, h);
+        h = ff_hash_fnv1a(&m->micro, sizeof m->micro, h);
+        h = ff_hash_fnv1a(v, sizeof v, h);
+    }
+    for (int32_t n = 0; n < sc->nodes; n++) {
+        h = ff_hash_fnv1a(&sc->n_tasks[n], sizeof sc->n_tasks[n], h);
+        h = ff_hash_fnv1a(sc->tasks[n], sizeof sc->tasks[n][0] * (size_t)sc->n_tasks[n], h);
+    }
+    return h ? h : 1;
+}
+
+/* The executor of a fused schedule on this rank: cached by (instance, schedule), the least
+ * recently used replaced. */
+static ff_pipe_exec *fused_exec_for(ff_trainer *a, const ff_trainer *c, const ff_fuse_instance *in, const ff_fuse_schedule *sc) {
+    const uint64_t key = fused_key(in, sc);
+    fused_slot *sl = NULL;
+    for (int i = 0; i < PIPE_SLOTS && !sl; i++)
+        if (a->fslots[i].key == key && a->fslots[i].critic == c) sl = &a->fslots[i];
+    if (!sl) {
+        sl = &a->fslots[0];
+        for (int i = 1; i < PIPE_SLOTS; i++)
+            if (a->fslots[i].used < sl->used) sl = &a->fslots[i];
+        fslot_clear(sl);
+        const int64_t layers[2] = {ff_model_config_of(a->m)->num_hidden_layers, ff_model_config_of(c->m)->num_hidden_layers};
+        if (ff_fuse_to_pipe(in, sc, layers, &sl->s)) return NULL;
+        ff_pipe_exec_model em[2] = {
+            {.model = a->m, .opt = a->opt, .temperature = a->c.temperature, .logprobs = true, .entropy = true, .loss = pipe_loss,
+             .loss_ctx = a, .before_step = pipe_before_step, .step_ctx = a},
+            {.model = c->m, .opt = c->opt, .values = true, .loss = pipe_loss, .loss_ctx = (void *)c,
+             .before_step = pipe_before_step, .step_ctx = (void *)c}};
+        if (!(sl->e = ff_pipe_exec_new(&sl->s, a->c.pipe.transport->rank, a->c.pipe.transport, em))) {
+            fslot_clear(sl);
+            return NULL;
+        }
+        sl->key = key;
+        sl->critic = c;
+    }
+    sl->used = ++a->clock;
+    return sl->e;
+}
+
+int ff_trainer_step_fused(ff_trainer *a, ff_trainer *c, const ff_fuse_instance *in, const ff_fuse_schedule *sched,
+                          const ff_trainer_share *as, const ff_trainer_share *cs, ff_train_metrics *am, ff_train_metrics *cm) {
+    assert(a && c && in && sched && as && cs);
+    const char *w = "fused actor+critic step";
+    const int64_t t0 = ff_now_ns();
+    a->last_e = c->last_e = NULL;
+    a->last_s = c->last_s = NULL;
+    a->step_t0_ns = c->step_t0_ns = t0;
+    if (a->c.kind != FF_TRAIN_ACTOR || c->c.kind != FF_TRAIN_CRITIC)
+        return ff_error_set(w, "give the actor's trainer first, then the critic's", "trainers of kinds %d and %d", (int)a->c.kind,
+                            (int)c->c.kind);
+    if (!a->piped || !c->piped || a->c.pipe.transport->size != c->c.pipe.transport->size || a->c.zero || c->c.zero ||
+        rl_pipe_vpp(&a->c.pipe) != 1 || rl_pipe_vpp(&c->c.pipe) != 1)
+        return ff_error_set(w, "fuse two pipelined trainers of the same pp, one chunk per stage, without ZeRO",
+                            "the trainers' pipelines do not fuse (pp %d and %d)", a->piped ? a->c.pipe.transport->size : 1,
+                            c->piped ? c->c.pipe.transport->size : 1);
+    const int32_t P = a->c.pipe.transport->size, r = a->c.pipe.transport->rank;
+    if (in->nodes != P || in->n_models != 2 || in->models[0].n_stages != P || in->models[1].n_stages != P)
+        return ff_error_set(w, "an instance of the actor and the critic, each with a stage on every rank", "instance of %d nodes, %d models",
+                            (int)in->nodes, (int)in->n_models);
+    /* the critic's stage on this rank must be the one the instance places here */
+    if (in->models[0].stages[r] != r || in->models[1].stages[c->c.pipe.transport->rank] != r)
+        return ff_error_set(w, "lay the actor's stage k on rank k and the critic's as its pipeline places it",
+                            "rank %d holds actor stage %d and critic stage %d, and the instance places other stages there", (int)r, (int)r,
+                            (int)c->c.pipe.transport->rank);
+    share sa = {.samples = as->samples, .n = as->n, .mb = as->mb_start, .n_micro = as->n_micro, .denom = as->denom};
+    share sc = {.samples = cs->samples, .n = cs->n, .mb = cs->mb_start, .n_micro = cs->n_micro, .denom = cs->denom};
+    if (share_check(a, &sa) || share_check(c, &sc)) return ff_error_wrap("%s", w);
+    if (am) memset(am, 0, sizeof *am);
+    if (cm) memset(cm, 0, sizeof *cm);
+    int32_t na, nc;
+    ff_model_zero_grad(a->m);
+    ff_model_zero_grad(c->m);
+    if (pipe_pack(a, sa.samples, sa.mb, sa.n_micro, sa.denom, (int32_t)sa.n_sched, &na) ||
+        pipe_pack(c, sc.samples, sc.mb, sc.n_micro, sc.denom, (int32_t)sc.n_sched, &nc))
+        return ff_error_wrap("%s", w);
+    if (in->models[0].micro != na || in->models[1].micro != nc)
+        return ff_error_set(w, "make the instance with the micro-batches the shares have (non-empty ones, or 1 for an empty share)",
+                            "the instance has %d actor and %d critic micro-batches, the shares %d and %d", (int)in->models[0].micro,
+                            (int)in->models[1].micro, (int)na, (int)nc);
+    ff_pipe_exec *e = fused_exec_for(a, c, in, sched);
+    if (!e) return ff_error_wrap("%s", w);
+    ff_pipe_run run = {.micro = {a->batches, c->batches}};
+    ff_pipe_exec_stats st;
+    a->run_t0_ns = c->run_t0_ns = ff_now_ns();
+    const int rc = ff_pipe_exec_run(e, &run, &st);
+    a->last_e = e;
+    a->last_s = ff_pipe_exec_schedule(e);
+    ff_optim_stats os[2] = {st.optim[0], st.optim[1]};
+    int orc[2] = {0, 0};
+    if (rc) {
+        /* a failure before a model's step fails the step; at or after it, it is that
+         * optimizer's skipped update (as ff_trainer_step) */
+        ff_trainer *t2[2] = {a, c};
+        for (int i = 0; i < 2; i++) {
+            if (!t2[i]->reached_step) {
+                ff_model_zero_grad(a->m);
+                ff_model_zero_grad(c->m);
+                return ff_error_wrap("%s", w);
+            }
+            orc[i] = -1;
+            skipped_step(t2[i], &os[i]);
+        }
+    }
+    const double bubble = rc ? 0 : st.bubble_fraction;
+    const int ra = step_finish(a, &sa, a->cur, orc[0], &os[0], bubble, t0, am);
+    const int rcr = step_finish(c, &sc, c->cur, orc[1], &os[1], bubble, t0, cm);
+    return ra || rcr ? -1 : 0;
+}
+
 const ff_pipe_exec *ff_trainer_last_pipe(const ff_trainer *t, const ff_pipe_schedule **s, double *t0_s) {
-    if (!t->last) return NULL;
-    if (s) *s = &t->last->s;
+    if (!t->last_e) return NULL;
+    if (s) *s = t->last_s;
     if (t0_s) *t0_s = (double)(t->run_t0_ns - t->step_t0_ns) * 1e-9;
-    return t->last->e;
+    return t->last_e;
 }
 
 /* ---- whole batches in one process -------------------------------------------------------------- */
