@@ -22,6 +22,7 @@
 #include "fuseflow/controller.h"
 #include "fuseflow/error.h"
 #include "fuseflow/executor.h"
+#include "fuseflow/fuse.h"
 #include "fuseflow/graph.h"
 #include "fuseflow/registry.h"
 #include "fuseflow/rl_protocol.h"
@@ -86,6 +87,7 @@ typedef struct ex_job {
     int64_t *groups;            /* generation: [ngroups] (a TP replica gets several at once) */
     int pool, replica;          /* a job addressed to a replica of a TP pool (its load), else -1 */
     int minibatch, member;      /* train: which step, which DP rank */
+    bool fused;                 /* train: rl.train_fused, node the actor's, x->fuse.critic the critic's */
     uint64_t id;                /* controller job */
     bool done;
     /* generation continued on another worker (rl.migrate_in): the moved sequences' states
@@ -115,6 +117,21 @@ typedef struct ex_train {
     bool active;
 } ex_train;
 
+/* One DP rank's share of one mini-batch of a train node: its samples, micro-batch offsets
+ * [nm + 1] and the mini-batch's loss normaliser. */
+typedef struct ex_share {
+    int64_t *samples, n;
+    int32_t *mb, nm;
+    double denom;
+} ex_share;
+
+/* A train node's shares in an iteration, kept until its partner's are planned (fusion). */
+typedef struct ex_shares {
+    ex_share *v; /* [n_steps * dp], step-major */
+    int n_steps, dp;
+    bool ready;
+} ex_shares;
+
 /* A prompt group ready to generate, waiting for the end of the dispatch pass (TP pools). */
 typedef struct ex_gen_pend {
     int node;
@@ -135,6 +152,9 @@ typedef struct ex_iter {
     int64_t n_gen_pend, cap_gen_pend;
     ex_node_stat st[EX_MAX_NODES];
     ex_train train[EX_MAX_NODES];
+    ex_shares fuse_sh[2];               /* fusion: the actor's and the critic's shares until both are planned */
+    bool fuse_used;                     /* this iteration's steps were fused */
+    double fuse_gain;                   /* their simulated gain over serial */
     double kl_sum[EX_MAX_NODES], kl_w[EX_MAX_NODES]; /* advantage nodes' KL penalty means */
     int64_t sync_bytes, sync_bytes_max; /* weights received by the sync's ranks: in all, the most by one */
     int64_t sync_ns;                    /* the syncs' subtasks, first start to last end */
@@ -164,6 +184,27 @@ typedef struct ex_layout {
     int load[EX_MAX_RANKS];                         /* jobs in flight per replica */
     unsigned rr;
 } ex_layout;
+
+/* A fused step's problem and schedule for one pair of micro-batch counts (exec_fuse.c). */
+typedef struct ex_fuse_plan {
+    int32_t ma, mc;        /* the actor's and the critic's micro-batches */
+    ff_fuse_instance in;
+    char *json;            /* the instance's JSON (rl.train_fused's fuse_instance) */
+    int32_t *sched;        /* its schedule as FF_RL_T_FUSE_SCHEDULE */
+    int64_t n_sched;
+    double serial, fused;  /* simulated makespans */
+    double gain;           /* 1 - fused / serial */
+    bool use;              /* fuse these steps (on; auto: gain >= 5%) */
+} ex_fuse_plan;
+
+enum { EX_FUSE_PLANS = 16 };
+typedef struct ex_fuse {
+    ff_fuse_mode mode;     /* the actor train node's, after validation (auto that cannot fuse: off) */
+    int actor, critic;     /* the two train nodes, or -1 */
+    char note[256];        /* auto that fell back to off: why */
+    ex_fuse_plan plans[EX_FUSE_PLANS];
+    int n_plans;
+} ex_fuse;
 
 /* ---- the run --------------------------------------------------------------------------------- */
 struct ex_run {
@@ -240,6 +281,7 @@ struct ex_run {
     } loaded[EX_MAX_RANKS];
     bool memory_pending;
 
+    ex_fuse fuse;        /* graph.<actor train>.fuse (exec_fuse.c) */
     struct ex_trace *tr; /* --trace: what the executor adds to the controller's trace */
     int64_t gen_slots;   /* KV-cache slots of each generation engine (rl.init's slots) */
 };
@@ -297,12 +339,21 @@ void ex_judge(ex_run *x);
 /* exec_train.c */
 int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t);
 void ex_train_done(ex_run *x, ex_job *j, const ff_result *r, int n);
+void ex_train_free(ex_iter *I); /* shares kept for fusion (ex_iter_free) */
 int ex_sync_start(ex_run *x, ex_iter *I, const ff_sched_task *t);
 void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n);
 /* After a failure was judged: a failed sync whose group lost a generation rank runs again
  * (true), else false. */
 bool ex_sync_redo(ex_run *x);
 void ex_train_metrics(ex_run *x, ex_iter *I, json_t *m);
+
+/* exec_fuse.c */
+void ex_fuse_init(ex_run *x);     /* after placement: the mode and the two nodes */
+void ex_fuse_describe(ex_run *x); /* the run's log lines about it */
+void ex_fuse_free(ex_run *x);
+/* The plan of a step with ma actor and mc critic micro-batches (solved once, then cached; its
+ * log line printed then). NULL + error. */
+const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, int32_t mc);
 
 /* exec_ckpt.c */
 int ex_ckpt_save(ex_run *x, int64_t iteration, const ff_data_order *order_at);

@@ -306,6 +306,7 @@ fail:
 void ex_iter_free(ex_run *x, ex_iter **pi) {
     ex_iter *I = *pi;
     if (!I) return;
+    ex_train_free(I);
     for (int c = 0; c < EX_MAX_COLS; c++) {
         if (I->cells[c])
             for (int64_t s = 0; s < I->cap_samples; s++) cell_clear(&I->cells[c][s]);

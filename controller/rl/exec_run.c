@@ -678,6 +678,7 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out) {
     if (!(x->overrides_text = join_overrides(n_over, over))) return -1;
     if (ff_run_config_check_files(x->run) != 0 || ff_run_config_check_layouts(x->run) != 0) return -1;
     if (graph_facts(x) != 0 || place(x) != 0 || ex_check_limits(x) != 0) return -1;
+    ex_fuse_init(x);
     /* everything the run will write, before any work: the timeline, the output folder */
     if (o->trace_path && ff_check_writable(o->trace_path) != 0) return ff_error_wrap("--trace");
     ff_train_dir_spec spec = {.cmd = "run", .out = x->run->trainer.out_dir, .out_key = "trainer.out_dir", .step_key = "iteration",
@@ -913,6 +914,7 @@ static void describe(ex_run *x, const char *resume_dir) {
             x->run->trainer.schedule == FF_SCHED_SERIAL ? "serial" : "fused");
     if (resume_dir[0]) fprintf(x->out, "; resuming from %s (iteration %" PRId64 ")", resume_dir, x->iteration);
     fprintf(x->out, "\n");
+    ex_fuse_describe(x);
     if (x->train.skipped)
         fprintf(x->out, "run: %" PRId64 " training prompts longer than data.max_prompt_length were skipped\n", x->train.skipped);
     fflush(x->out);
@@ -1107,6 +1109,7 @@ out:
     ff_tokenizer_destroy(&x->tok);
     ff_run_config_destroy(&x->run);
     ff_registry_destroy(&x->reg);
+    ex_fuse_free(x);
     free(x->config_text);
     free(x->overrides_text);
     free(over);

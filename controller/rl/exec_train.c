@@ -33,16 +33,22 @@
 
 static const ff_node *node_of(const ex_run *x, int m) { return ff_graph_node(x->run->graph, (size_t)m); }
 
-/* Per-token columns of a train subtask: tensor name and the node's slot. */
+/* Per-token columns of a train subtask: tensor name (and its name in rl.train_fused) and the
+ * node's slot. */
 typedef struct train_col {
-    const char *name;
+    const char *name, *fused_name;
     int slot;
     bool required;
 } train_col;
 
-static const train_col actor_cols[] = {
-    {"old_logprob", FF_SLOT_OLD_LOGPROB, true}, {"advantages", FF_SLOT_ADVANTAGES, true}, {"ref_logprob", FF_SLOT_REF_LOGPROB, false}};
-static const train_col critic_cols[] = {{"old_values", FF_SLOT_VALUES, true}, {"returns", FF_SLOT_RETURNS, true}};
+static const train_col actor_cols[] = {{"old_logprob", "actor.old_logprob", FF_SLOT_OLD_LOGPROB, true},
+                                       {"advantages", "actor.advantages", FF_SLOT_ADVANTAGES, true},
+                                       {"ref_logprob", "actor.ref_logprob", FF_SLOT_REF_LOGPROB, false}};
+static const train_col critic_cols[] = {{"old_values", "critic.old_values", FF_SLOT_VALUES, true},
+                                        {"returns", "critic.returns", FF_SLOT_RETURNS, true}};
+/* rl.train_fused's names of the samples' tensors and the offsets, the actor's and the critic's */
+static const char *const fused_names[2][5] = {{"actor.prompt", "actor.plen", "actor.resp", "actor.rlen", "actor.mb"},
+                                              {"critic.prompt", "critic.plen", "critic.resp", "critic.rlen", "critic.mb"}};
 
 static int pack_column(ex_run *x, ex_iter *I, int col, const int64_t *samples, int64_t n, int64_t R, ff_input *in, const char *name) {
     float *v = ff_malloc((size_t)(R ? R : 1) * sizeof *v);
@@ -68,65 +74,126 @@ static void free_inputs(ff_input *in, int n) {
     for (int i = 0; i < n; i++) free(in[i].data);
 }
 
+/* The tensors of node m's share sh appended at in[*nin] (shapes beside them): the samples,
+ * the node's columns and the offsets "mb", under rl.train_fused's names when fused (which: 0
+ * the actor, 1 the critic). 0 or -1 (in[0 .. *nin) still to free). */
+static int pack_share(ex_run *x, ex_iter *I, int m, const ex_share *sh, int which, ff_input *in, int64_t *shapes, int *nin) {
+    const ff_node *nd = node_of(x, m);
+    const bool actor = nd->role == FF_ROLE_ACTOR;
+    const train_col *cols = actor ? actor_cols : critic_cols;
+    const int ncols = actor ? 3 : 2, at = *nin;
+    if (ex_pack_samples(x, I, sh->samples, sh->n, nd->in[FF_SLOT_RESPONSE], in + at, shapes + at) != 0) return -1;
+    *nin += 4;
+    for (int k = 0; which >= 0 && k < 4; k++) in[at + k].name = fused_names[which][k];
+    const int64_t R = shapes[at + 2];
+    for (int c = 0; c < ncols; c++) {
+        const int col = nd->in[cols[c].slot];
+        if (col < 0) continue;
+        if (pack_column(x, I, col, sh->samples, sh->n, R, &in[*nin], which >= 0 ? cols[c].fused_name : cols[c].name) != 0) return -1;
+        shapes[(*nin)++] = R;
+    }
+    int32_t *mbv = ff_malloc((size_t)(sh->nm + 1) * sizeof *mbv);
+    if (!mbv) return -1;
+    memcpy(mbv, sh->mb, (size_t)(sh->nm + 1) * sizeof *mbv);
+    in[*nin] = (ff_input){.name = which >= 0 ? fused_names[which][4] : "mb", .dtype = FF_DTYPE_I32, .ndim = 1, .data = mbv,
+                          .free_fn = ex_free_buf};
+    shapes[(*nin)++] = sh->nm + 1;
+    return 0;
+}
+
+/* A train job of node m over n samples (copied), step `step` of DP rank `rank_i`. */
+static ex_job *train_job(ex_run *x, int m, int step, int rank_i, const int64_t *a, int64_t na, const int64_t *b, int64_t nb) {
+    ex_job *j = ex_job_new(x, JOB_TRAIN, m);
+    if (!j) return NULL;
+    j->minibatch = step;
+    j->member = rank_i;
+    j->nsamples = na + nb;
+    j->samples = ff_malloc((size_t)(na + nb ? na + nb : 1) * sizeof *j->samples);
+    if (!j->samples) {
+        free(j);
+        return NULL;
+    }
+    if (na) memcpy(j->samples, a, (size_t)na * sizeof *a);
+    if (nb) memcpy(j->samples + na, b, (size_t)nb * sizeof *b);
+    return j;
+}
+
 /* One rank's share of one mini-batch, after the rank's previous step (prev, 0 at the first
  * step of the iteration: after whatever changed the pool's weights last). Its job id, or 0. */
-static uint64_t submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int rank_i, const int64_t *samples, int64_t n,
-                             const int32_t *mb, int32_t n_micro, double denom, uint64_t prev) {
+static uint64_t submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, int rank_i, const ex_share *sh, uint64_t prev) {
     const ff_node *nd = node_of(x, m);
     bool actor = nd->role == FF_ROLE_ACTOR;
-    const train_col *cols = actor ? actor_cols : critic_cols;
-    int ncols = actor ? 3 : 2;
     ff_input in[10];
     int64_t shapes[10];
-    if (ex_pack_samples(x, I, samples, n, nd->in[FF_SLOT_RESPONSE], in, shapes) != 0) return 0;
-    int nin = 4;
-    int64_t R = shapes[2];
-    for (int c = 0; c < ncols; c++) {
-        int col = nd->in[cols[c].slot];
-        if (col < 0) continue;
-        if (pack_column(x, I, col, samples, n, R, &in[nin], cols[c].name) != 0) {
-            free_inputs(in, nin);
-            return 0;
-        }
-        shapes[nin++] = R;
-    }
-    int32_t *mbv = ff_malloc((size_t)(n_micro + 1) * sizeof *mbv);
-    if (!mbv) {
+    int nin = 0;
+    if (pack_share(x, I, m, sh, -1, in, shapes, &nin) != 0) {
         free_inputs(in, nin);
         return 0;
     }
-    memcpy(mbv, mb, (size_t)(n_micro + 1) * sizeof *mbv);
-    in[nin] = (ff_input){.name = "mb", .dtype = FF_DTYPE_I32, .ndim = 1, .data = mbv, .free_fn = ex_free_buf};
-    shapes[nin++] = n_micro + 1;
     for (int i = 0; i < nin; i++) in[i].shape = &shapes[i];
-    ex_job *j = ex_job_new(x, JOB_TRAIN, m);
+    ex_job *j = train_job(x, m, step, rank_i, sh->samples, sh->n, NULL, 0);
     if (!j) {
         free_inputs(in, nin);
         return 0;
     }
-    j->minibatch = step;
-    j->member = rank_i;
-    j->nsamples = n;
-    j->samples = ff_malloc((size_t)(n ? n : 1) * sizeof *j->samples);
-    if (!j->samples) {
-        free(j);
-        free_inputs(in, nin);
-        return 0;
-    }
-    if (n) memcpy(j->samples, samples, (size_t)n * sizeof *samples);
-    ff_arg args[3] = {ff_arg_str("role", actor ? "actor" : "critic"), ff_arg_float("denom", denom),
+    ff_arg args[3] = {ff_arg_str("role", actor ? "actor" : "critic"), ff_arg_float("denom", sh->denom),
                       ff_arg_int("timeline", x->tr != NULL)};
     char label[128];
-    snprintf(label, sizeof label, "%s step %d (dp %d, %" PRId64 " samples)", nd->name, step, rank_i, n);
+    snprintf(label, sizeof label, "%s step %d (dp %d, %" PRId64 " samples)", nd->name, step, rank_i, sh->n);
     int nafter;
-    const uint64_t *after = ex_trace_deps(x, m, samples, n, prev ? -1 : pool, &prev, 1, &nafter);
+    const uint64_t *after = ex_trace_deps(x, m, sh->samples, sh->n, prev ? -1 : pool, &prev, 1, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_TRAIN, .args = args, .nargs = 3, .inputs = in, .ninputs = nin,
                             .after = after, .nafter = nafter, .label = label};
     ex_target_replica(x, j, pool, rank_i, &spec); /* the share goes to every TP rank of the replica */
     return ex_submit(x, j, &spec);
 }
 
-int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
+/* The actor's share a and the critic's c of their mini-batches `step` in one rl.train_fused
+ * subtask to every rank of actor replica rank_i, with the plan's instance and schedule. */
+static uint64_t submit_fused(ex_run *x, ex_iter *I, int step, int rank_i, const ex_share *a, const ex_share *c,
+                             const ex_fuse_plan *p, uint64_t prev) {
+    const int ma = x->fuse.actor, mc = x->fuse.critic;
+    ff_input in[20];
+    int64_t shapes[20];
+    int nin = 0;
+    int32_t *sv = ff_malloc((size_t)p->n_sched * sizeof *sv);
+    if (!sv || pack_share(x, I, ma, a, 0, in, shapes, &nin) != 0 || pack_share(x, I, mc, c, 1, in, shapes, &nin) != 0) {
+        free(sv);
+        free_inputs(in, nin);
+        return 0;
+    }
+    memcpy(sv, p->sched, (size_t)p->n_sched * sizeof *sv);
+    in[nin] = (ff_input){.name = FF_RL_T_FUSE_SCHEDULE, .dtype = FF_DTYPE_I32, .ndim = 1, .data = sv, .free_fn = ex_free_buf};
+    shapes[nin++] = p->n_sched;
+    for (int i = 0; i < nin; i++) in[i].shape = &shapes[i];
+    ex_job *j = train_job(x, ma, step, rank_i, a->samples, a->n, c->samples, c->n);
+    if (!j) {
+        free_inputs(in, nin);
+        return 0;
+    }
+    j->fused = true;
+    ff_arg args[4] = {ff_arg_float("denom_actor", a->denom), ff_arg_float("denom_critic", c->denom),
+                      ff_arg_int("timeline", x->tr != NULL), ff_arg_str("fuse_instance", p->json)};
+    char label[160];
+    snprintf(label, sizeof label, "%s + %s step %d fused (dp %d, %" PRId64 " + %" PRId64 " samples)", node_of(x, ma)->name,
+             node_of(x, mc)->name, step, rank_i, a->n, c->n);
+    int nafter;
+    const uint64_t *after = ex_trace_deps(x, ma, j->samples, j->nsamples, prev ? -1 : POOL_ACTOR, &prev, 1, &nafter);
+    ff_subtask_spec spec = {.kind = FF_RL_TRAIN_FUSED, .args = args, .nargs = 4, .inputs = in, .ninputs = nin,
+                            .after = after, .nafter = nafter, .label = label};
+    ex_target_replica(x, j, POOL_ACTOR, rank_i, &spec);
+    return ex_submit(x, j, &spec);
+}
+
+static void shares_free(ex_shares *sh) {
+    for (int i = 0; sh->v && i < sh->n_steps * sh->dp; i++) free(sh->v[i].samples), free(sh->v[i].mb);
+    free(sh->v);
+    memset(sh, 0, sizeof *sh);
+}
+
+/* Node t->node's mini-batches of this iteration: its bookkeeping (I->train) and every DP
+ * rank's share of every step into *out (none: the node's task completes here). */
+static int plan_node(ex_run *x, ex_iter *I, const ff_sched_task *t, ex_shares *out) {
     const ff_node *nd = node_of(x, t->node);
     int m = t->node, pool = nd->role == FF_ROLE_ACTOR ? POOL_ACTOR : POOL_CRITIC;
     int dp = x->lay[pool].dp; /* the replicas (each share replicated to a replica's TP ranks) */
@@ -141,19 +208,21 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
     *tr = (ex_train){.node = m, .task = t->id, .pool = pool, .n_steps = epochs * per_epoch, .n_ranks = dp, .active = true};
     tr->pending = tr->n_steps * dp;
     tr->m = ff_calloc((size_t)(tr->pending ? tr->pending : 1), sizeof *tr->m);
-    int64_t *order = ff_malloc((size_t)(n ? n : 1) * sizeof *order), *share = ff_malloc((size_t)(n ? n : 1) * sizeof *share);
+    *out = (ex_shares){.n_steps = tr->n_steps, .dp = dp};
+    out->v = ff_calloc((size_t)(tr->pending ? tr->pending : 1), sizeof *out->v);
+    int64_t *order = ff_malloc((size_t)(n ? n : 1) * sizeof *order);
     int64_t *tok = ff_malloc((size_t)(n ? n : 1) * sizeof *tok);
-    int32_t *off = ff_malloc((size_t)(n + 1) * sizeof *off), *mb = ff_malloc((size_t)(n + 2) * sizeof *mb);
+    int32_t *off = ff_malloc((size_t)(n + 1) * sizeof *off);
     int rc = -1;
-    if (!tr->m || !order || !share || !tok || !off || !mb) goto out;
+    if (!tr->m || !out->v || !order || !tok || !off) goto out;
     if (!I->st[m].t_first_ns) I->st[m].t_first_ns = ff_now_ns();
     I->st[m].dispatched += n;
     if (tr->pending == 0) { /* nothing to train on (every group filtered out) */
         tr->active = false;
+        out->n_steps = 0;
         rc = ff_sched_complete(I->s, t->id);
         goto out;
     }
-    uint64_t prev[EX_MAX_RANKS] = {0}; /* each rank's last step */
     int step = 0;
     for (int e = 0; e < epochs; e++) {
         for (int64_t i = 0; i < n; i++) order[i] = t->samples[i];
@@ -180,64 +249,163 @@ int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
             ff_mb_plan plan;
             if (ff_mb_plan_make(tok, (int32_t)k, dp, (int32_t)nd->train.micro_batch_size, 0, &plan) != 0) goto out;
             for (int r = 0; r < dp; r++) {
-                int64_t ns = 0;
-                int32_t nm = 0;
-                mb[0] = 0;
-                for (int32_t q = plan.rank_mb[r]; q < plan.rank_mb[r + 1]; q++) {
-                    for (int32_t u = plan.mb_start[q]; u < plan.mb_start[q + 1]; u++) share[ns++] = order[s0 + plan.items[u]];
-                    mb[++nm] = (int32_t)ns;
-                }
-                if (nm == 0) mb[++nm] = 0; /* a rank without samples still steps (the all-reduce) */
-                if (!(prev[r] = submit_share(x, I, m, pool, step, r, share, ns, mb, nm, denom, prev[r]))) {
+                ex_share *sh = &out->v[step * dp + r];
+                const int32_t nmb = plan.rank_mb[r + 1] - plan.rank_mb[r];
+                sh->samples = ff_malloc((size_t)(k ? k : 1) * sizeof *sh->samples);
+                sh->mb = ff_malloc((size_t)(nmb + 2) * sizeof *sh->mb);
+                sh->denom = denom;
+                if (!sh->samples || !sh->mb) {
                     ff_mb_plan_free(&plan);
                     goto out;
                 }
+                sh->mb[0] = 0;
+                for (int32_t q = plan.rank_mb[r]; q < plan.rank_mb[r + 1]; q++) {
+                    for (int32_t u = plan.mb_start[q]; u < plan.mb_start[q + 1]; u++) sh->samples[sh->n++] = order[s0 + plan.items[u]];
+                    sh->mb[++sh->nm] = (int32_t)sh->n;
+                }
+                if (sh->nm == 0) sh->mb[++sh->nm] = 0; /* a rank without samples still steps (the all-reduce) */
             }
             ff_mb_plan_free(&plan);
         }
     }
-    ex_trace_weights(x, pool, prev, dp);
-    if (x->o.on_event) {
-        ff_exec_event e = {"training", I->it, tr->n_steps, x->c};
-        x->o.on_event(x->o.event_ud, &e);
-    }
     rc = 0;
 out:
-    free(order), free(share), free(tok), free(off), free(mb);
+    free(order), free(tok), free(off);
+    return rc;
+}
+
+static void announce(ex_run *x, ex_iter *I, int n_steps) {
+    if (x->o.on_event) {
+        ff_exec_event e = {"training", I->it, n_steps, x->c};
+        x->o.on_event(x->o.event_ud, &e);
+    }
+}
+
+/* Node m's shares as rl.train subtasks: each rank's steps in order. */
+static int submit_serial(ex_run *x, ex_iter *I, int m, const ex_shares *sh) {
+    const int pool = node_of(x, m)->role == FF_ROLE_ACTOR ? POOL_ACTOR : POOL_CRITIC;
+    uint64_t prev[EX_MAX_RANKS] = {0}; /* each rank's last step */
+    for (int step = 0; step < sh->n_steps; step++)
+        for (int r = 0; r < sh->dp; r++)
+            if (!(prev[r] = submit_share(x, I, m, pool, step, r, &sh->v[step * sh->dp + r], prev[r]))) return -1;
+    if (sh->n_steps) ex_trace_weights(x, pool, prev, sh->dp);
+    announce(x, I, sh->n_steps);
+    return 0;
+}
+
+/* The micro-batches a share runs in the pipeline: its non-empty ones, or one filler. */
+static int32_t scheduled_micro(const ex_share *s) {
+    int32_t k = 0;
+    for (int32_t b = 0; b < s->nm; b++) k += s->mb[b + 1] > s->mb[b];
+    return k ? k : 1;
+}
+
+/* Both nodes planned: fused subtasks where the plans say so (on; auto: enough gain) for every
+ * step, else the two nodes' serial subtasks. */
+static int submit_pair(ex_run *x, ex_iter *I) {
+    const ex_shares *A = &I->fuse_sh[0], *C = &I->fuse_sh[1];
+    bool fuse = A->n_steps > 0 && A->n_steps == C->n_steps && A->dp == C->dp;
+    if (!fuse && A->n_steps && C->n_steps)
+        fprintf(x->out, "run: fuse: iteration %" PRId64 " has %d actor and %d critic mini-batches: trained one after the other\n", I->it,
+                A->n_steps, C->n_steps);
+    double gain = 0;
+    for (int k = 0; fuse && k < A->n_steps * A->dp; k++) {
+        const ex_fuse_plan *p = ex_fuse_plan_for(x, scheduled_micro(&A->v[k]), scheduled_micro(&C->v[k]));
+        if (!p) return -1;
+        fuse = p->use;
+        gain += p->gain / (A->n_steps * A->dp);
+    }
+    I->fuse_used = fuse;
+    I->fuse_gain = gain;
+    if (!fuse) return submit_serial(x, I, x->fuse.actor, A) || submit_serial(x, I, x->fuse.critic, C) ? -1 : 0;
+    uint64_t prev[EX_MAX_RANKS] = {0};
+    for (int step = 0; step < A->n_steps; step++)
+        for (int r = 0; r < A->dp; r++) {
+            const int k = step * A->dp + r;
+            const ex_fuse_plan *p = ex_fuse_plan_for(x, scheduled_micro(&A->v[k]), scheduled_micro(&C->v[k]));
+            if (!p || !(prev[r] = submit_fused(x, I, step, r, &A->v[k], &C->v[k], p, prev[r]))) return -1;
+        }
+    ex_trace_weights(x, POOL_ACTOR, prev, A->dp);
+    ex_trace_weights(x, POOL_CRITIC, prev, A->dp);
+    announce(x, I, A->n_steps);
+    return 0;
+}
+
+int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t) {
+    const ff_node *nd = node_of(x, t->node);
+    const int which = x->fuse.mode == FF_FUSE_OFF ? -1 : t->node == x->fuse.actor ? 0 : t->node == x->fuse.critic ? 1 : -1;
+    ex_shares sh;
+    int rc = plan_node(x, I, t, &sh);
+    if (rc == 0 && which < 0) rc = submit_serial(x, I, t->node, &sh);
+    if (rc || which < 0) {
+        shares_free(&sh);
+    } else { /* fusion: wait for the partner's shares */
+        shares_free(&I->fuse_sh[which]);
+        I->fuse_sh[which] = sh;
+        I->fuse_sh[which].ready = true;
+        if (I->fuse_sh[1 - which].ready) {
+            rc = submit_pair(x, I);
+            shares_free(&I->fuse_sh[0]);
+            shares_free(&I->fuse_sh[1]);
+        }
+    }
     if (rc && !x->failed[0]) ex_fail(x, "node '%s': %s", nd->name, ff_error_message());
     return rc;
+}
+
+void ex_train_free(ex_iter *I) {
+    shares_free(&I->fuse_sh[0]);
+    shares_free(&I->fuse_sh[1]);
+}
+
+/* One train result's metrics row into node m's step (tokens counted; the node's task done
+ * with its last step). */
+static void train_row(ex_run *x, ex_iter *I, int m, const ex_job *j, const double *row) {
+    ex_train *tr = &I->train[m];
+    memcpy(tr->m[j->minibatch * tr->n_ranks + j->member], row, sizeof tr->m[0]);
+    I->st[m].tokens += (int64_t)row[FF_RL_M_TOKENS];
+    if (--tr->pending == 0) {
+        I->st[m].done = I->st[m].dispatched;
+        I->st[m].t_last_ns = ff_now_ns();
+        if (ff_sched_complete(I->s, tr->task) != 0) ex_fail(x, "scheduler: %s", ff_error_message());
+    }
 }
 
 void ex_train_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
     const ff_result *r = ex_result_of(rs, n); /* TP ranks of a replica report the same metrics */
     ex_iter *I = x->cur;
     if (!I || j->iteration != I->it) return;
-    ex_train *tr = &I->train[j->node];
     const ff_node *nd = node_of(x, j->node);
+    char name[160];
+    if (j->fused) snprintf(name, sizeof name, "%s + %s", nd->name, node_of(x, x->fuse.critic)->name);
+    else snprintf(name, sizeof name, "%s", nd->name);
     if (r[0].status != FF_STATUS_OK) {
         /* (the gradient all-reduce fails on the survivors when a rank dies) */
-        ex_subtask_failed(x, "node '%s', step %d on worker %d: %s: %s", nd->name, j->minibatch, r[0].rank,
+        ex_subtask_failed(x, "node '%s', step %d on worker %d: %s: %s", name, j->minibatch, r[0].rank,
                           ff_status_name(r[0].status), r[0].error);
         return;
     }
     const ff_tensor *mt = ex_out_named(&r[0], FF_RL_T_METRICS);
-    if (!mt || mt->dtype != FF_DTYPE_F64 || ff_tensor_numel(mt) < FF_RL_NM) {
-        ex_fail(x, "node '%s': worker %d sent no training metrics", nd->name, r[0].rank);
+    const int64_t want = j->fused ? 2 * FF_RL_NM : FF_RL_NM;
+    if (!mt || mt->dtype != FF_DTYPE_F64 || ff_tensor_numel(mt) < want) {
+        ex_fail(x, "node '%s': worker %d sent no training metrics", name, r[0].rank);
         return;
     }
-    memcpy(tr->m[j->minibatch * tr->n_ranks + j->member], mt->data, sizeof tr->m[0]);
-    for (int i = 0; i < n; i++) ex_trace_pipeline(x, &rs[i], nd->name);
-    I->st[j->node].tokens += (int64_t)((const double *)mt->data)[FF_RL_M_TOKENS];
-    if (--tr->pending == 0) {
-        I->st[j->node].done = I->st[j->node].dispatched;
-        I->st[j->node].t_last_ns = ff_now_ns();
-        if (ff_sched_complete(I->s, tr->task) != 0) ex_fail(x, "scheduler: %s", ff_error_message());
-    }
+    for (int i = 0; i < n; i++) ex_trace_pipeline(x, &rs[i], name);
+    const double *v = mt->data;
+    train_row(x, I, j->node, j, v);
+    if (j->fused) train_row(x, I, x->fuse.critic, j, v + FF_RL_NM);
 }
 
 /* Metrics of the iteration's train nodes, combined over ranks (loss parts add up: each rank's
  * uses the global normaliser) and steps (means), fractions weighted by counted tokens. */
 void ex_train_metrics(ex_run *x, ex_iter *I, json_t *out) {
+    if (x->fuse.mode != FF_FUSE_OFF) {
+        json_t *f = json_object();
+        json_object_set_new(f, "on", json_boolean(I->fuse_used));
+        json_object_set_new(f, "predicted_gain", json_real(I->fuse_gain));
+        json_object_set_new(out, "fuse", f);
+    }
     for (int m = 0; m < x->n_nodes; m++) {
         const ex_train *tr = &I->train[m];
         if (!tr->m || !tr->n_steps) continue;

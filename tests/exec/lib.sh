@@ -115,7 +115,7 @@ small_run() { # OUT_DIR
 # The iteration lines of a metrics file (JSON lines with "samples").
 iterations() { grep -c '"samples"' "$1" || true; }
 
-# Compare two metrics.jsonl files without the times, the workers' memory, the pipeline bubbles and
+# Compare two metrics.jsonl files without the times, the workers' memory, the pipeline bubbles, the fuse decision and
 # the weight sync's bytes (they depend on the layout): the same lines and keys, integers equal,
 # floats within atol + rtol |b| (exact when both are 0).
 same_metrics() { # A B ATOL RTOL
@@ -126,7 +126,8 @@ def load(p):
     out = []
     for l in open(p):
         o = json.loads(l); o.pop("time", None); o.pop("eval_time_s", None); o.pop("memory", None)
-        o.pop("actor_pipe_bubble", None); o.pop("critic_pipe_bubble", None); o.pop("weight_sync", None); out.append(o)
+        o.pop("actor_pipe_bubble", None); o.pop("critic_pipe_bubble", None); o.pop("weight_sync", None)
+        o.pop("fuse", None); out.append(o)  # whether the steps were fused (graph.<actor train>.fuse)
     return out
 A, B = load(a), load(b)
 bad = []

@@ -1,0 +1,157 @@
+/* RLHFuse's intra-stage fusion in `fuseflow run` (graph.<actor train>.fuse, docs/run.md "Fused
+ * actor and critic training"): whether the run fuses, the fused problem of a step and the
+ * schedule the workers follow.
+ *
+ * The instance of a step: nodes = the actor's pipeline ranks, the actor's stages on 0..pp-1,
+ * the critic's reversed (its stage k on rank pp-1-k: the workers lay it out so), each model's
+ * micro-batches those of its share (the non-empty ones; 1 for an empty share), one
+ * micro-batch's forward 1 and backward 2 on every stage and activation 1 (the executor's stage
+ * times are not fed back here yet). The solver runs once per pair of micro-batch counts, on one
+ * thread with a fixed seed and a round budget, so the schedule is the same for the same instance
+ * whatever the machine's load; `auto` fuses when the simulated makespan of the solver's schedule
+ * is at least 5% below the serial baseline's (the actor's 1F1B, then the critic's).
+ *
+ * Not here: planning the mini-batches and submitting the fused subtasks (exec_train.c), the
+ * fused step itself (the workers: ff_trainer_step_fused). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "controller/rl/exec_internal.h"
+#include "fuseflow/error.h"
+#include "fuseflow/fuse.h"
+#include "fuseflow/util.h"
+
+#define FUSE_MIN_GAIN 0.05   /* auto: the least simulated gain that fuses */
+#define FUSE_SEED 20240501u  /* the solver's seed: fixed, so every run solves alike */
+#define FUSE_ROUNDS 400      /* the solver's round budget (48 schedules per round) */
+#define FUSE_SECONDS 60.0    /* a bound far above what the rounds take */
+
+static const char *const mode_names[] = {"off", "on", "auto"};
+
+void ex_fuse_init(ex_run *x) {
+    ex_fuse *f = &x->fuse;
+    memset(f, 0, sizeof *f);
+    f->actor = f->critic = -1;
+    for (int m = 0; m < x->n_nodes; m++) {
+        const ff_node *n = ff_graph_node(x->run->graph, (size_t)m);
+        if (n->op != FF_OP_TRAIN || n->role != FF_ROLE_ACTOR) continue;
+        if (n->train.fuse_note[0]) snprintf(f->note, sizeof f->note, "%s", n->train.fuse_note);
+        if (n->train.fuse == FF_FUSE_OFF) continue;
+        f->mode = n->train.fuse;
+        f->actor = m;
+        f->critic = n->train.fuse_partner;
+    }
+}
+
+void ex_fuse_describe(ex_run *x) {
+    const ex_fuse *f = &x->fuse;
+    if (f->note[0])
+        fprintf(x->out, "run: fuse auto: the actor and the critic train one after the other (%s)\n", f->note);
+    if (f->mode == FF_FUSE_OFF) return;
+    fprintf(x->out, "run: fuse %s: the critic's stage k on pipeline rank %d-k of the actor's pipeline; %s\n", mode_names[f->mode],
+            x->lay[POOL_ACTOR].pp - 1,
+            f->mode == FF_FUSE_ON ? "each mini-batch of both trains in one fused step"
+                                  : "fused steps where the simulator gains at least 5%");
+}
+
+void ex_fuse_free(ex_run *x) {
+    ex_fuse *f = &x->fuse;
+    for (int i = 0; i < f->n_plans; i++) {
+        free(f->plans[i].json);
+        free(f->plans[i].sched);
+    }
+    f->n_plans = 0;
+}
+
+/* The instance's JSON (ff_fuse_instance_parse reads it back to the same numbers: %.17g). */
+static char *instance_json(const ff_fuse_instance *in) {
+    size_t cap = 4096, off = 0;
+    char *s = ff_malloc(cap);
+    if (!s) return NULL;
+    off += (size_t)snprintf(s + off, cap - off, "{\"nodes\": %d, \"models\": [", (int)in->nodes);
+    for (int i = 0; i < in->n_models && off < cap; i++) {
+        const ff_fuse_model *m = &in->models[i];
+        off += (size_t)snprintf(s + off, cap - off, "%s{\"name\": \"%s\", \"stages\": [", i ? ", " : "", m->name);
+        for (int32_t k = 0; k < m->n_stages && off < cap; k++)
+            off += (size_t)snprintf(s + off, cap - off, "%s%d", k ? ", " : "", (int)m->stages[k]);
+        if (off < cap)
+            off += (size_t)snprintf(s + off, cap - off,
+                                    "], \"micro_batches\": %d, \"forward\": %.17g, \"backward\": %.17g, \"activation\": %.17g}",
+                                    (int)m->micro, m->fwd, m->bwd, m->act);
+    }
+    if (off < cap) off += (size_t)snprintf(s + off, cap - off, "]}");
+    if (off >= cap) {
+        free(s);
+        return ff_error_set("fuse", NULL, "the instance's JSON is longer than %zu bytes", cap), NULL;
+    }
+    return s;
+}
+
+/* The schedule as rl.train_fused's tensor: per node, its count then (model, F 0 | B 1). */
+static int32_t *schedule_tensor(const ff_fuse_schedule *s, int64_t *n) {
+    int64_t len = s->nodes;
+    for (int32_t k = 0; k < s->nodes; k++) len += 2 * s->n_tasks[k];
+    int32_t *v = ff_malloc((size_t)len * sizeof *v);
+    if (!v) return NULL;
+    int64_t at = 0;
+    for (int32_t k = 0; k < s->nodes; k++) {
+        v[at++] = (int32_t)s->n_tasks[k];
+        for (int64_t i = 0; i < s->n_tasks[k]; i++) v[at++] = s->tasks[k][i].model, v[at++] = s->tasks[k][i].backward;
+    }
+    *n = len;
+    return v;
+}
+
+const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, int32_t mc) {
+    ex_fuse *f = &x->fuse;
+    for (int i = 0; i < f->n_plans; i++)
+        if (f->plans[i].ma == ma && f->plans[i].mc == mc) return &f->plans[i];
+    if (f->n_plans == EX_FUSE_PLANS)
+        return ff_error_set("fuse", "use micro_batch_size values that divide each rank's share evenly",
+                            "more than %d different micro-batch counts in one run", EX_FUSE_PLANS),
+               NULL;
+    const int32_t P = x->lay[POOL_ACTOR].pp;
+    ff_fuse_instance in = {.nodes = P, .n_models = 2};
+    const char *names[2] = {"actor", "critic"};
+    for (int i = 0; i < 2; i++) {
+        ff_fuse_model *m = &in.models[i];
+        snprintf(m->name, sizeof m->name, "%s", names[i]);
+        snprintf(m->family, sizeof m->family, "%s", names[i]);
+        m->n_stages = P;
+        for (int32_t k = 0; k < P; k++) m->stages[k] = i ? P - 1 - k : k;
+        m->micro = i ? mc : ma;
+        m->fwd = 1, m->bwd = 2, m->act = 1;
+    }
+    ff_fuse_schedule serial = {0}, fused = {0};
+    ff_fuse_sim ss, fs;
+    ff_fuse_solve_opts so = {.seconds = FUSE_SECONDS, .seed = FUSE_SEED, .threads = 1, .max_rounds = FUSE_ROUNDS};
+    ff_fuse_solve_stats st;
+    ex_fuse_plan p = {.ma = ma, .mc = mc, .in = in};
+    int rc = -1;
+    if (ff_fuse_serial(&in, &serial) || ff_fuse_simulate(&in, &serial, &ss) || ff_fuse_solve(&in, &so, &fused, &st) ||
+        ff_fuse_simulate(&in, &fused, &fs))
+        goto out;
+    p.serial = ss.makespan, p.fused = fs.makespan;
+    p.gain = ss.makespan > 0 ? 1 - fs.makespan / ss.makespan : 0;
+    p.use = f->mode == FF_FUSE_ON || p.gain >= FUSE_MIN_GAIN;
+    if (!(p.json = instance_json(&in)) || !(p.sched = schedule_tensor(&fused, &p.n_sched))) goto out;
+    fprintf(x->out,
+            "run: fuse %s: pp %d, actor %d micro-batches on stages 0..%d, critic %d on %d..0, forward 1 backward 2 activation 1 per "
+            "stage: simulated makespan serial %.0f, fused %.0f (lower bound %s, %.2f s to solve): gain %.1f%%, %s\n",
+            mode_names[f->mode], (int)P, (int)ma, (int)P - 1, (int)mc, (int)P - 1, p.serial, p.fused,
+            st.optimal ? "reached" : "not reached", st.seconds, 100 * p.gain,
+            p.use ? "fused steps" : "serial steps (under 5%)");
+    fflush(x->out);
+    f->plans[f->n_plans++] = p;
+    rc = 0;
+out:
+    ff_fuse_schedule_free(&serial);
+    ff_fuse_schedule_free(&fused);
+    if (rc) {
+        free(p.json);
+        free(p.sched);
+        return ff_error_wrap("fuse: the fused schedule of %d actor and %d critic micro-batches", (int)ma, (int)mc), NULL;
+    }
+    return &f->plans[f->n_plans - 1];
+}
