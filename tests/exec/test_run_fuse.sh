@@ -38,7 +38,7 @@ import json, sys
 m = [json.loads(l) for l in open(sys.argv[1]) if '"samples"' in l]
 want = sys.argv[2] == "true"
 assert m and all(x["fuse"]["on"] == want and x["fuse"]["predicted_gain"] > 0.05 for x in m), [x.get("fuse") for x in m]
-print("fuse per iteration:", [x["fuse"] for x in m], "actor train time", [round(x["time"]["train_actor"], 3) if isinstance(x.get("time"), dict) and "train_actor" in x["time"] else None for x in m])
+print("fuse per iteration:", [x["fuse"] for x in m])
 PY
 }
 
@@ -53,4 +53,85 @@ grep -q "run: fuse on: pp 4, actor 4 micro-batches .* simulated makespan serial 
 same_samples "$work/off4" "$work/on4" "fuse on at PP 4"
 same_metrics "$work/off4/metrics.jsonl" "$work/on4/metrics.jsonl" 1e-6 1e-2 || fail "fuse on at PP 4 does not train like fuse off"
 fused_in_metrics "$work/on4/metrics.jsonl" true "fuse on at PP 4"
+# the trace: every fused step is one subtask slice on each of the 4 ranks, named after both nodes
+python3 - "$work/on4.trace.json" <<'PY' || fail "the trace does not show the fused steps per rank"
+import json, sys
+from collections import Counter
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+fused = [e for e in ev if e.get("ph") == "X" and e.get("pid", 0) > 0 and "train_actor + train_critic" in e.get("name", "")]
+per = Counter(e["pid"] for e in fused)
+# 3 iterations x 2 mini-batches, on each worker
+assert sorted(per) == [1, 2, 3, 4] and set(per.values()) == {3 * 2}, per
+serial = [e for e in ev if e.get("ph") == "X" and e.get("pid", 0) > 0 and e.get("name", "").startswith("train_critic step")]
+assert not serial, serial[:2]
+PY
+# the train nodes' time, serial against fused (both nodes span the fused step)
+python3 - "$work/off4/metrics.jsonl" "$work/on4/metrics.jsonl" <<'PY'
+import json, sys
+def t(p): return [json.loads(l)["time"] for l in open(p) if '"samples"' in l]
+a, b = t(sys.argv[1]), t(sys.argv[2])
+print("train time per iteration, serial (actor + critic):", [round(x["train_actor"] + x["train_critic"], 3) for x in a],
+      "fused:", [round(max(x["train_actor"], x["train_critic"]), 3) for x in b])
+PY
+
+# PP 2 x DP 2 on 4 workers: two fused pipelines, each model's gradients summed over the replicas
+ppo "$work/off22" --workers 4 roles.actor.layout.pp=2
+ppo "$work/on22" --workers 4 roles.actor.layout.pp=2 graph.train_actor.fuse=on
+grep -q "actor \[0 1 2 3\] tp 1 x pp 2 x dp 2" "$work/on22.log" || fail "not at PP 2 x DP 2: $(head -1 "$work/on22.log")"
+same_samples "$work/off22" "$work/on22" "fuse on at PP 2 x DP 2"
+same_metrics "$work/off22/metrics.jsonl" "$work/on22/metrics.jsonl" 1e-6 1e-2 || fail "fuse on at PP 2 x DP 2 does not train like fuse off"
+fused_in_metrics "$work/on22/metrics.jsonl" true "fuse on at PP 2 x DP 2"
+
+# auto: the simulator's choice, logged with the makespans, and the same training
+ppo "$work/auto4" $pp4 graph.train_actor.fuse=auto
+grep -q "run: fuse auto: pp 4, actor 4 micro-batches .* simulated makespan serial [0-9]*, fused [0-9]* .*gain [0-9.]*%, fused steps" \
+  "$work/auto4.log" || { cat "$work/auto4.log" >&2; fail "fuse auto does not log its numbers and choice"; }
+same_samples "$work/off4" "$work/auto4" "fuse auto at PP 4"
+same_metrics "$work/off4/metrics.jsonl" "$work/auto4/metrics.jsonl" 1e-6 1e-2 || fail "fuse auto at PP 4 does not train like fuse off"
+fused_in_metrics "$work/auto4/metrics.jsonl" true "fuse auto at PP 4"
+# auto where it cannot fuse (pp 1): one line saying why, trained serially
+ppo "$work/auto1" roles.actor.workers=1 graph.train_actor.fuse=auto
+grep -q "run: fuse auto: the actor and the critic train one after the other (fuse needs the actor and the critic pipelined at the same pp >= 2" \
+  "$work/auto1.log" || { cat "$work/auto1.log" >&2; fail "fuse auto at pp 1 does not say why it trains serially"; }
+! grep -q '"fuse"' "$work/auto1/metrics.jsonl" || fail "fuse auto at pp 1 reports fused steps"
+
+# stopped after 2 fused iterations, resumed with fuse off: the critic's checkpoint (whole
+# tensors, gathered from its reversed stages) loads in the forward layout
+ppo "$work/res" $pp4 graph.train_actor.fuse=on --stop-after 2
+ppo "$work/res" $pp4 --resume
+grep -q "resuming from" "$work/res.log" || fail "the run did not resume: $(head -2 "$work/res.log")"
+same_metrics "$work/off4/metrics.jsonl" "$work/res/metrics.jsonl" 1e-6 1e-2 || fail "fused iterations resumed with fuse off do not go on as fuse off"
+
+# refused before any worker starts, with the key named
+refused() { # WHAT WANT OVERRIDES...
+  local what=$1 want=$2; shift 2
+  local out=$work/bad
+  if "$bin" run "$src/examples/ppo.yaml" $(small_run "$out") trainer.steps=1 data.train_batch_size=4 graph.rollout.n=4 \
+       roles.actor.model=$M roles.ref.model=$M roles.critic.model=$M graph.train_actor.mini_batch_size=2 \
+       graph.train_critic.mini_batch_size=2 graph.train_actor.micro_batch_size=2 graph.train_critic.micro_batch_size=2 \
+       --no-progress "$@" > "$work/bad.log" 2>&1; then
+    fail "$what was not refused"
+  fi
+  grep -qF "graph.train_actor.fuse" "$work/bad.log" || grep -qF "train_actor.fuse" "$work/bad.log" ||
+    { cat "$work/bad.log" >&2; fail "the refusal of $what does not name the key"; }
+  grep -qF -- "$want" "$work/bad.log" || { cat "$work/bad.log" >&2; fail "the refusal of $what does not say: $want"; }
+  [[ ! -e "$out" ]] || fail "workers started before the refusal of $what"
+}
+refused "fuse on at pp 1" "the same pp >= 2" roles.actor.workers=1 graph.train_actor.fuse=on
+refused "fuse on with other mini-batch sizes" "the same mini_batch_size and epochs" $pp4 graph.train_actor.fuse=on \
+  graph.train_critic.mini_batch_size=4
+refused "fuse on with interleaved stages" "vpp 1 with the 1f1b schedule" --workers 4 roles.actor.layout.pp=2 roles.actor.layout.vpp=2 \
+  roles.actor.layout.schedule=interleaved graph.train_actor.fuse=on
+refused "an unknown fuse value" "off, on, auto" $pp4 graph.train_actor.fuse=sometimes
+# without a critic train node: GRPO's graph has none
+out=$work/bad
+if "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=1 data.train_batch_size=4 roles.ref.model=$M \
+     roles.actor.model=$M graph.train_actor.mini_batch_size=2 --workers 4 roles.actor.layout.pp=4 graph.train_actor.fuse=on \
+     --no-progress > "$work/bad.log" 2>&1; then
+  fail "fuse on without a critic was not refused"
+fi
+grep -qF "train_actor.fuse" "$work/bad.log" && grep -qF "no critic train node" "$work/bad.log" ||
+  { cat "$work/bad.log" >&2; fail "the refusal of fuse without a critic does not name the key and the reason"; }
+[[ ! -e "$out" ]] || fail "workers started before the refusal of fuse without a critic"
 echo "ok"
