@@ -4,9 +4,13 @@
  *
  * The instance of a step: nodes = the actor's pipeline ranks, the actor's stages on 0..pp-1,
  * the critic's reversed (its stage k on rank pp-1-k: the workers lay it out so), each model's
- * micro-batches those of its share (the non-empty ones; 1 for an empty share), one
- * micro-batch's forward 1 and backward 2 on every stage and activation 1 (the executor's stage
- * times are not fed back here yet). The solver runs once per pair of micro-batch counts, on one
+ * micro-batches those of its share (the non-empty ones; 1 for an empty share). Times: `on`
+ * fuses from the first step, with one micro-batch's forward 1 and backward 2 on every stage
+ * and activation 1; `auto` trains its first iteration serially, the workers report each
+ * stage's measured forward and backward seconds (rl.train's stage_times), and from then on the
+ * instance has their means over the stages, steps and replicas, and each model's activation
+ * bytes per stage from its config and the measured tokens of a micro-batch
+ * (ff_fuse_stage_activation). The solver runs once per pair of micro-batch counts, on one
  * thread with a fixed seed and a round budget, so the schedule is the same for the same instance
  * whatever the machine's load; `auto` fuses when the simulated makespan of the solver's schedule
  * is at least 5% below the serial baseline's (the actor's 1F1B, then the critic's).
@@ -20,6 +24,7 @@
 #include "controller/rl/exec_internal.h"
 #include "fuseflow/error.h"
 #include "fuseflow/fuse.h"
+#include "fuseflow/modelio.h"
 #include "fuseflow/util.h"
 
 #define FUSE_MIN_GAIN 0.05   /* auto: the least simulated gain that fuses */
@@ -29,7 +34,7 @@
 
 static const char *const mode_names[] = {"off", "on", "auto"};
 
-void ex_fuse_init(ex_run *x) {
+int ex_fuse_init(ex_run *x) {
     ex_fuse *f = &x->fuse;
     memset(f, 0, sizeof *f);
     f->actor = f->critic = -1;
@@ -42,6 +47,39 @@ void ex_fuse_init(ex_run *x) {
         f->actor = m;
         f->critic = n->train.fuse_partner;
     }
+    if (f->mode != FF_FUSE_AUTO) return 0;
+    const ff_role roles[2] = {FF_ROLE_ACTOR, FF_ROLE_CRITIC};
+    for (int i = 0; i < 2; i++) {
+        char path[FF_PATH_MAX];
+        ff_model_config cfg;
+        snprintf(path, sizeof path, "%s/config.json", x->run->roles[roles[i]].model);
+        if (ff_hf_config_load(path, &cfg) != 0) return ff_error_wrap("fuse auto: the %s's config", i ? "critic" : "actor");
+        f->hidden[i] = cfg.hidden_size, f->layers[i] = cfg.num_hidden_layers;
+    }
+    return 0;
+}
+
+bool ex_fuse_measuring(const ex_run *x) {
+    const ex_fuse *f = &x->fuse;
+    return f->mode == FF_FUSE_AUTO && !(f->n_times[0] > 0 && f->n_times[1] > 0 && f->n_tok[0] > 0 && f->n_tok[1] > 0);
+}
+
+void ex_fuse_measured(ex_run *x, int node, const ff_tensor *times) {
+    ex_fuse *f = &x->fuse;
+    const int which = node == f->actor ? 0 : node == f->critic ? 1 : -1;
+    if (which < 0 || !times || times->dtype != FF_DTYPE_F64 || times->ndim != 2 || times->shape[0] != 2 || times->shape[1] < 1)
+        return;
+    const int64_t S = times->shape[1];
+    const double *v = times->data;
+    double fw = 0, bw = 0;
+    for (int64_t k = 0; k < S; k++) fw += v[k] / (double)S, bw += v[S + k] / (double)S;
+    if (!(fw > 0) || !(bw > 0)) return; /* an empty share's filler step measures nothing useful */
+    f->sum_fwd[which] += fw, f->sum_bwd[which] += bw, f->n_times[which] += 1;
+}
+
+void ex_fuse_tokens(ex_run *x, int which, double tokens_per_micro) {
+    x->fuse.sum_tok[which] += tokens_per_micro;
+    x->fuse.n_tok[which] += 1;
 }
 
 void ex_fuse_describe(ex_run *x) {
@@ -114,6 +152,7 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, int32_t mc) {
     const int32_t P = x->lay[POOL_ACTOR].pp;
     ff_fuse_instance in = {.nodes = P, .n_models = 2};
     const char *names[2] = {"actor", "critic"};
+    const bool measured = f->mode == FF_FUSE_AUTO && !ex_fuse_measuring(x);
     for (int i = 0; i < 2; i++) {
         ff_fuse_model *m = &in.models[i];
         snprintf(m->name, sizeof m->name, "%s", names[i]);
@@ -122,6 +161,10 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, int32_t mc) {
         for (int32_t k = 0; k < P; k++) m->stages[k] = i ? P - 1 - k : k;
         m->micro = i ? mc : ma;
         m->fwd = 1, m->bwd = 2, m->act = 1;
+        if (measured) {
+            m->fwd = f->sum_fwd[i] / f->n_times[i], m->bwd = f->sum_bwd[i] / f->n_times[i];
+            m->act = ff_fuse_stage_activation((double)f->layers[i] / P, f->sum_tok[i] / f->n_tok[i], f->hidden[i]);
+        }
     }
     ff_fuse_schedule serial = {0}, fused = {0};
     ff_fuse_sim ss, fs;
@@ -136,12 +179,17 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, int32_t mc) {
     p.gain = ss.makespan > 0 ? 1 - fs.makespan / ss.makespan : 0;
     p.use = f->mode == FF_FUSE_ON || p.gain >= FUSE_MIN_GAIN;
     if (!(p.json = instance_json(&in)) || !(p.sched = schedule_tensor(&fused, &p.n_sched))) goto out;
+    /* measured: seconds and bytes per stage; else the unit instance */
+    const double tu = measured ? 1e3 : 1, au = measured ? 1e-3 : 1;
+    const char *tn = measured ? " ms" : "", *an = measured ? " KB" : "";
     fprintf(x->out,
-            "run: fuse %s: pp %d, actor %d micro-batches on stages 0..%d, critic %d on %d..0, forward 1 backward 2 activation 1 per "
-            "stage: simulated makespan serial %.0f, fused %.0f (lower bound %s, %.2f s to solve): gain %.1f%%, %s\n",
-            mode_names[f->mode], (int)P, (int)ma, (int)P - 1, (int)mc, (int)P - 1, p.serial, p.fused,
-            st.optimal ? "reached" : "not reached", st.seconds, 100 * p.gain,
-            p.use ? "fused steps" : "serial steps (under 5%)");
+            "run: fuse %s: pp %d, actor %d micro-batches on stages 0..%d (forward %.4g%s, backward %.4g%s, activation %.4g%s per "
+            "stage%s), critic %d on %d..0 (%.4g%s, %.4g%s, %.4g%s): simulated makespan serial %.4g%s, fused %.4g%s (lower bound %s, "
+            "%.2f s to solve): gain %.1f%%, %s\n",
+            mode_names[f->mode], (int)P, (int)ma, (int)P - 1, in.models[0].fwd * tu, tn, in.models[0].bwd * tu, tn,
+            in.models[0].act * au, an, measured ? ", measured" : "", (int)mc, (int)P - 1, in.models[1].fwd * tu, tn,
+            in.models[1].bwd * tu, tn, in.models[1].act * au, an, p.serial * tu, tn, p.fused * tu, tn,
+            st.optimal ? "reached" : "not reached", st.seconds, 100 * p.gain, p.use ? "fused steps" : "serial steps (under 5%)");
     fflush(x->out);
     f->plans[f->n_plans++] = p;
     rc = 0;

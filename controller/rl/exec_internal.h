@@ -202,6 +202,10 @@ typedef struct ex_fuse {
     ff_fuse_mode mode;     /* the actor train node's, after validation (auto that cannot fuse: off) */
     int actor, critic;     /* the two train nodes, or -1 */
     char note[256];        /* auto that fell back to off: why */
+    /* auto: what the serial steps measured (the actor's [0], the critic's [1]): sums of the
+     * stages' mean forward and backward seconds, of one micro-batch's tokens, and counts */
+    double sum_fwd[2], sum_bwd[2], n_times[2], sum_tok[2], n_tok[2];
+    int64_t hidden[2], layers[2]; /* of the two models' configs */
     ex_fuse_plan plans[EX_FUSE_PLANS];
     int n_plans;
 } ex_fuse;
@@ -348,7 +352,13 @@ bool ex_sync_redo(ex_run *x);
 void ex_train_metrics(ex_run *x, ex_iter *I, json_t *m);
 
 /* exec_fuse.c */
-void ex_fuse_init(ex_run *x);     /* after placement: the mode and the two nodes */
+int ex_fuse_init(ex_run *x);      /* after placement: the mode, the two nodes (auto: the models' sizes); 0 or -1 + error */
+/* auto, before the first measurement: steps train serially and report their stage times */
+bool ex_fuse_measuring(const ex_run *x);
+/* A serial step's FF_RL_T_STAGE_TIMES of train node `node` (others ignored). */
+void ex_fuse_measured(ex_run *x, int node, const ff_tensor *times);
+/* One share's mean tokens per micro-batch of the actor (which 0) or the critic (1). */
+void ex_fuse_tokens(ex_run *x, int which, double tokens_per_micro);
 void ex_fuse_describe(ex_run *x); /* the run's log lines about it */
 void ex_fuse_free(ex_run *x);
 /* The plan of a step with ma actor and mc critic micro-batches (solved once, then cached; its

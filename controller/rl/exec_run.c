@@ -679,7 +679,7 @@ static int setup(ex_run *x, char ***over_out, int *n_over_out) {
     if (!(x->overrides_text = join_overrides(n_over, over))) return -1;
     if (ff_run_config_check_files(x->run) != 0 || ff_run_config_check_layouts(x->run) != 0) return -1;
     if (graph_facts(x) != 0 || place(x) != 0 || ex_check_limits(x) != 0) return -1;
-    ex_fuse_init(x);
+    if (ex_fuse_init(x) != 0) return -1;
     /* everything the run will write, before any work: the timeline, the output folder */
     if (o->trace_path && ff_check_writable(o->trace_path) != 0) return ff_error_wrap("--trace");
     ff_train_dir_spec spec = {.cmd = "run", .out = x->run->trainer.out_dir, .out_key = "trainer.out_dir", .step_key = "iteration",

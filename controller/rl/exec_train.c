@@ -136,13 +136,15 @@ static uint64_t submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, i
         free_inputs(in, nin);
         return 0;
     }
-    ff_arg args[3] = {ff_arg_str("role", actor ? "actor" : "critic"), ff_arg_float("denom", sh->denom),
-                      ff_arg_int("timeline", x->tr != NULL)};
+    /* fuse: auto measures the stages of its serial steps */
+    const bool times = ex_fuse_measuring(x) && (m == x->fuse.actor || m == x->fuse.critic);
+    ff_arg args[4] = {ff_arg_str("role", actor ? "actor" : "critic"), ff_arg_float("denom", sh->denom),
+                      ff_arg_int("timeline", x->tr != NULL), ff_arg_int("stage_times", times)};
     char label[128];
     snprintf(label, sizeof label, "%s step %d (dp %d, %" PRId64 " samples)", nd->name, step, rank_i, sh->n);
     int nafter;
     const uint64_t *after = ex_trace_deps(x, m, sh->samples, sh->n, prev ? -1 : pool, &prev, 1, &nafter);
-    ff_subtask_spec spec = {.kind = FF_RL_TRAIN, .args = args, .nargs = 3, .inputs = in, .ninputs = nin,
+    ff_subtask_spec spec = {.kind = FF_RL_TRAIN, .args = args, .nargs = 4, .inputs = in, .ninputs = nin,
                             .after = after, .nafter = nafter, .label = label};
     ex_target_replica(x, j, pool, rank_i, &spec); /* the share goes to every TP rank of the replica */
     return ex_submit(x, j, &spec);
@@ -301,10 +303,21 @@ static int32_t scheduled_micro(const ex_share *s) {
 }
 
 /* Both nodes planned: fused subtasks where the plans say so (on; auto: enough gain) for every
- * step, else the two nodes' serial subtasks. */
+ * step, else the two nodes' serial subtasks (auto's first iteration: measured). */
 static int submit_pair(ex_run *x, ex_iter *I) {
     const ex_shares *A = &I->fuse_sh[0], *C = &I->fuse_sh[1];
     bool fuse = A->n_steps > 0 && A->n_steps == C->n_steps && A->dp == C->dp;
+    if (fuse && ex_fuse_measuring(x)) {
+        for (int w = 0; w < 2; w++)
+            for (int k = 0; k < I->fuse_sh[w].n_steps * I->fuse_sh[w].dp; k++) {
+                const ex_share *sh = &I->fuse_sh[w].v[k];
+                double tok = 0;
+                for (int64_t i = 0; i < sh->n; i++)
+                    tok += I->cells[x->prompt_col][sh->samples[i]].len + I->cells[x->resp_col][sh->samples[i]].len;
+                if (sh->n) ex_fuse_tokens(x, w, tok / scheduled_micro(sh));
+            }
+        fuse = false;
+    }
     if (!fuse && A->n_steps && C->n_steps)
         fprintf(x->out, "run: fuse: iteration %" PRId64 " has %d actor and %d critic mini-batches: trained one after the other\n", I->it,
                 A->n_steps, C->n_steps);
@@ -393,6 +406,7 @@ void ex_train_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
     }
     for (int i = 0; i < n; i++) ex_trace_pipeline(x, &rs[i], name);
     const double *v = mt->data;
+    if (!j->fused) ex_fuse_measured(x, j->node, ex_out_named(&r[0], FF_RL_T_STAGE_TIMES));
     train_row(x, I, j->node, j, v);
     if (j->fused) train_row(x, I, x->fuse.critic, j, v + FF_RL_NM);
 }

@@ -152,6 +152,17 @@ int ff_fuse_write_svg(const ff_fuse_instance *in, const ff_fuse_schedule *s, con
 int ff_fuse_to_pipe(const ff_fuse_instance *in, const ff_fuse_schedule *s, const int64_t *layers,
                     ff_pipe_schedule *out);
 
+/* ---- activation memory of a stage (dataflow/fuse_act.c) ------------------------------------- */
+
+#define FF_FUSE_ACT_COEFF 34.0 /* bytes per token per hidden unit of one layer (the planner's default) */
+
+/* The activation bytes one micro-batch of `tokens` keeps on a stage of `layers` layers of
+ * hidden size `hidden`: layers x ff_plan_layer_activation_bytes(34, tokens, hidden), Megatron's
+ * count of a layer's saved 16-bit activations (no attention scores: a fused kernel), not
+ * fuseflow's fp32 workspace; what the solver weighs is the models' ratio. The instance's `act`
+ * wherever a run measures it (ff_pipe_fuse_instance, `fuseflow run`'s fuse: auto). */
+double ff_fuse_stage_activation(double layers, double tokens, int64_t hidden);
+
 #pragma GCC visibility pop
 #ifdef __cplusplus
 }

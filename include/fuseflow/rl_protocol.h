@@ -26,12 +26,13 @@ extern "C" {
 #define FF_RL_VALUE "rl.value"       /* per-token values of the critic; mb */
 #define FF_RL_SCORE "rl.score"       /* a reward model's score per sample; mb */
 #define FF_RL_TRAIN "rl.train"       /* one optimizer step on this rank's share; role, denom,
-                                        tensor "mb" (micro-batch offsets) */
+                                        tensor "mb" (micro-batch offsets); stage_times=1: the
+                                        step's stage times too */
 /* RLHFuse's fused step (graph.<actor train>.fuse): the actor's and the critic's shares of
  * their k-th mini-batches in one subtask to every rank of an actor pipeline replica; the
  * samples and columns of rl.train twice, their names prefixed "actor." and "critic." (with
  * "actor.mb", "critic.mb"); args denom_actor, denom_critic, timeline, fuse_instance (the
- * instance's JSON, fuseflow/fuse.h) and stage_times; tensor "fuse_schedule" I32: per node,
+ * instance's JSON, fuseflow/fuse.h); tensor "fuse_schedule" I32: per node,
  * its task count c then c pairs (model, 0 forward | 1 backward). -> "metrics" F64 [2, FF_RL_NM]
  * (the actor's row, the critic's) [, pipe_times]. */
 #define FF_RL_TRAIN_FUSED "rl.train_fused"
@@ -101,6 +102,10 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
 /* rl.train over a pipeline, from every rank: its instructions in the step, F64 [n, 5] rows of
  * (ff_pipe_op, micro-batch, chunk, start, end), seconds after the handler began */
 #define FF_RL_T_PIPE_TIMES "pipe_times"
+/* rl.train over a pipeline with stage_times=1: F64 [2, pp], the mean seconds of one
+ * micro-batch's forward (row 0) and backward (row 1) through each stage of the role's
+ * pipeline in the step (what fuse: auto measures) */
+#define FF_RL_T_STAGE_TIMES "stage_times"
 /* rl.sync, from every rank: I64 [1], the bytes of weights it received from other ranks */
 #define FF_RL_T_RECEIVED "received"
 #define FF_RL_T_SYNC_DELTA "sync_delta" /* rl.sync with sync_delta: I64 [3] elements compared, changed, bytes saved */

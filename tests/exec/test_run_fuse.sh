@@ -83,13 +83,23 @@ same_samples "$work/off22" "$work/on22" "fuse on at PP 2 x DP 2"
 same_metrics "$work/off22/metrics.jsonl" "$work/on22/metrics.jsonl" 1e-6 1e-2 || fail "fuse on at PP 2 x DP 2 does not train like fuse off"
 fused_in_metrics "$work/on22/metrics.jsonl" true "fuse on at PP 2 x DP 2"
 
-# auto: the simulator's choice, logged with the makespans, and the same training
+# auto: the first iteration serial, its stages' times measured; then the simulator's choice on
+# the measured instance, logged with its numbers, and the same training whichever it is
 ppo "$work/auto4" $pp4 graph.train_actor.fuse=auto
-grep -q "run: fuse auto: pp 4, actor 4 micro-batches .* simulated makespan serial [0-9]*, fused [0-9]* .*gain [0-9.]*%, fused steps" \
-  "$work/auto4.log" || { cat "$work/auto4.log" >&2; fail "fuse auto does not log its numbers and choice"; }
+grep -q "run: fuse auto: pp 4, actor 4 micro-batches on stages 0..3 (forward [0-9.e+-]* ms, backward [0-9.e+-]* ms, activation [0-9.e+-]* KB per stage, measured), critic 4 on 3..0 .* simulated makespan serial [0-9.e+-]* ms, fused [0-9.e+-]* ms .*gain -*[0-9.]*%, \(fused\|serial\) steps" \
+  "$work/auto4.log" || { cat "$work/auto4.log" >&2; fail "fuse auto does not log its measured instance, makespans and choice"; }
 same_samples "$work/off4" "$work/auto4" "fuse auto at PP 4"
 same_metrics "$work/off4/metrics.jsonl" "$work/auto4/metrics.jsonl" 1e-6 1e-2 || fail "fuse auto at PP 4 does not train like fuse off"
-fused_in_metrics "$work/auto4/metrics.jsonl" true "fuse auto at PP 4"
+python3 - "$work/auto4/metrics.jsonl" "$(grep -o 'gain -*[0-9.]*%, [a-z]* steps' "$work/auto4.log")" <<'PY' || fail "fuse auto's metrics do not follow its choice"
+import json, re, sys
+m = [json.loads(l)["fuse"] for l in open(sys.argv[1]) if '"samples"' in l]
+gain, choice = re.match(r"gain (-?[0-9.]+)%, (\w+) steps", sys.argv[2]).groups()
+assert m[0] == {"on": False, "predicted_gain": 0.0}, m  # the measured iteration
+assert all(x["on"] == (choice == "fused") and abs(100 * x["predicted_gain"] - float(gain)) < 0.06 for x in m[1:]), (m, gain, choice)
+assert (float(gain) >= 5) == (choice == "fused"), (gain, choice)
+print("fuse auto:", m, "choice", choice, "at a predicted gain of", gain, "%")
+PY
+grep "run: fuse auto: pp" "$work/auto4.log"
 # auto where it cannot fuse (pp 1): one line saying why, trained serially
 ppo "$work/auto1" roles.actor.workers=1 graph.train_actor.fuse=auto
 grep -q "run: fuse auto: the actor and the critic train one after the other (fuse needs the actor and the critic pipelined at the same pp >= 2" \

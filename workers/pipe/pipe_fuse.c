@@ -7,9 +7,6 @@
 
 #include "fuseflow/error.h"
 #include "fuseflow/pipe_exec.h"
-#include "fuseflow/plan.h"
-
-#define ACT_COEFF 34.0 /* bytes per token per hidden unit of one layer (the planner's default) */
 
 int ff_pipe_fuse_instance(const ff_pipe_exec *e, const ff_pipe_fuse_model *models, ff_fuse_instance *out) {
     const char *w = "fused instance";
@@ -47,7 +44,7 @@ int ff_pipe_fuse_instance(const ff_pipe_exec *e, const ff_pipe_fuse_model *model
             m->bwd += bwd[k] / pm->n_stages;
             const double layers = pm->stage_layers ? (double)pm->stage_layers[k]
                                                    : (double)g->cfg->num_hidden_layers / pm->n_stages;
-            act += layers * ff_plan_layer_activation_bytes(ACT_COEFF, g->tokens, g->cfg->hidden_size, 1, false);
+            act += ff_fuse_stage_activation(layers, g->tokens, g->cfg->hidden_size);
         }
         m->act = act / pm->n_stages;
         if (!(m->fwd > 0) || !(m->bwd > 0))

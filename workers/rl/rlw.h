@@ -155,6 +155,11 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
 int rlw_train_fused(rlw *s, const rlw_samples in[2], const int32_t *const mb[2], const int32_t n_micro[2], const double denom[2],
                     const ff_fuse_instance *inst, const ff_fuse_schedule *sched, ff_coll_comm *comm, double *m);
 
+/* The last rl.train's mean seconds of one micro-batch's forward and backward through each
+ * stage of the role's pipeline, over the pipeline (ff_pipe_exec_stage_times; the same on every
+ * rank): fwd, bwd [n] owned by s, n the stages, 0 without a pipeline. */
+int32_t rlw_train_stage_times(const rlw *s, const double **fwd, const double **bwd);
+
 /* The instructions of this rank's last rl.train over a pipeline (FF_RL_T_PIPE_TIMES rows,
  * owned by s, valid until the next rlw_train), or 0 rows. */
 int64_t rlw_train_timeline(const rlw *s, const double **rows);

@@ -90,6 +90,8 @@ struct rlw {
     const ff_coll_comm *pplan_comm;
     int pplan_size;
     double *timeline; /* rlw_train_timeline: [ntimeline * 5] */
+    double stage_fwd[FF_FUSE_MAX_NODES], stage_bwd[FF_FUSE_MAX_NODES]; /* rlw_train_stage_times */
+    int32_t n_stage_times;
     int64_t ntimeline, timeline_cap;
     /* the layout of every role here but the generating copy's, and that copy's (glay: &lay,
      * or &lay_gen when it differs) */
@@ -971,8 +973,16 @@ int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, i
     s->comm = NULL;
     free(v);
     if (keep_timeline(s, t, y->at.pp_rank, (double)(t0 - entry_ns) * 1e-9) != 0) rc = -1;
+    const ff_pipe_exec *e = ff_trainer_last_pipe(t, NULL, NULL);
+    s->n_stage_times = e && y->at.pp <= FF_FUSE_MAX_NODES ? y->at.pp : 0;
+    if (s->n_stage_times) ff_pipe_exec_stage_times(e, 0, s->stage_fwd, s->stage_bwd);
     metrics_row(&tm, m);
     return rc;
+}
+
+int32_t rlw_train_stage_times(const rlw *s, const double **fwd, const double **bwd) {
+    *fwd = s->stage_fwd, *bwd = s->stage_bwd;
+    return s->n_stage_times;
 }
 
 int rlw_train_fused(rlw *s, const rlw_samples in[2], const int32_t *const mb[2], const int32_t n_micro[2], const double denom[2],

@@ -14,8 +14,9 @@
  *   rl.logprob   samples; role (actor|gen|ref), mb, entropy     -> logprob [, entropy] F32
  *   rl.value     samples; mb                                    -> values F32
  *   rl.score     samples; mb                                    -> score F32 [n]
- *   rl.train     samples + per-token columns + mb I32; role, denom, timeline
+ *   rl.train     samples + per-token columns + mb I32; role, denom, timeline, stage_times
  *                                          -> metrics F64 [, pipe_times F64 [n, 5] over a pipeline]
+ *                                             [, stage_times F64 [2, pp] over a pipeline, when asked]
  *   rl.train_fused  the actor's and the critic's rl.train inputs, prefixed "actor." / "critic.";
  *                denom_actor, denom_critic, timeline, fuse_instance (JSON); fuse_schedule I32
  *                                          -> metrics F64 [2, FF_RL_NM] [, pipe_times]
@@ -543,11 +544,19 @@ static int k_train(ff_task *t, void *ud) {
         !(mb = input(t, "mb", FF_DTYPE_I32, false)))
         return -1;
     if (mb->shape[0] < 2) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.train: 'mb' needs at least two offsets");
-    int64_t timeline;
-    if (!arg_int(t, "timeline", 0, &timeline)) return -1;
+    int64_t timeline, want_times;
+    if (!arg_int(t, "timeline", 0, &timeline) || !arg_int(t, "stage_times", 0, &want_times)) return -1;
     double *m = ff_task_output(t, FF_RL_T_METRICS, FF_DTYPE_F64, 1, (int64_t[]){FF_RL_NM});
     if (!m) return -1;
     if (rlw_train(r->eng, role, &in, mb->data, (int32_t)mb->shape[0] - 1, denom, ff_task_comm(t), m) != 0) return -1;
+    const double *fwd, *bwd;
+    const int32_t ns = want_times ? rlw_train_stage_times(r->eng, &fwd, &bwd) : 0;
+    if (ns > 0) {
+        double *o = ff_task_output(t, FF_RL_T_STAGE_TIMES, FF_DTYPE_F64, 2, (int64_t[]){2, ns});
+        if (!o) return -1;
+        memcpy(o, fwd, (size_t)ns * sizeof *o);
+        memcpy(o + ns, bwd, (size_t)ns * sizeof *o);
+    }
     const double *rows;
     int64_t n = timeline ? rlw_train_timeline(r->eng, &rows) : 0;
     if (n > 0) { /* every rank's: the controller draws each rank's instructions */
