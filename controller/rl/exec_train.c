@@ -11,7 +11,9 @@
  * gradients over the role's group (the subtask carries the group's name, so the handler
  * finds the communicator; under TP the workers' own DP group of their TP rank). All steps
  * are submitted at once: each worker runs them in order, and every rank sees the same order,
- * which is what the all-reduces need.
+ * which is what the all-reduces need. With graph.<actor train>.fuse (exec_fuse.c) the actor's
+ * and the critic's nodes are planned alike, and once both are, each pair of k-th mini-batch
+ * shares of a DP replica goes out as one rl.train_fused subtask, which completes both.
  *
  * Weight sync: rl.sync on every actor rank (colocated generation in the actor's layout: a local
  * copy), or resharding (ff_reshard, fuseflow/reshard.h): each generation rank receives only

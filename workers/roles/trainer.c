@@ -10,7 +10,10 @@
  * the packed positions, backward. On a pipeline stage (ff_trainer_config.pipe) every
  * micro-batch is packed first and the executor (fuseflow/pipe_exec.h) runs them through the
  * schedule, calling the same loss on the last virtual stage's rank; the metrics are then
- * summed over the pipeline so every rank reports the same.
+ * summed over the pipeline so every rank reports the same. A fused step
+ * (ff_trainer_step_fused) packs the actor's and the critic's micro-batches the same way and runs
+ * them in one executor of both stages on a fused schedule's streams; each trainer's callbacks,
+ * hook and metrics are its own.
  *
  * Not here: advantages (computed before training, by the advantage node), mini-batch
  * shuffling across ranks (the executor; ff_trainer_train_batch does it for one process). */
