@@ -18,9 +18,12 @@
  *   only at tg = 1; the total is the larger phase's: training (shard + gradients + AdamW) or
  *   generation (the weights + KV cache, beside the gradients and AdamW state, which stay).
  * - the weights read back are byte-equal to the separate copy's (a model of the generation
- *   layout built from the same weights), and greedy generation gives the same tokens.
+ *   layout built from the same weights), greedy generation gives the same tokens, and a
+ *   scoring forward the same log-probs within 1e-5 (o_proj and down_proj sum their column
+ *   pieces in two products).
  * Also: bf16 on the wire into a view is refused at planning, naming the problem. */
 #include <inttypes.h>
+#include <math.h>
 
 #include "fuseflow/backend.h"
 #include "fuseflow/model.h"
@@ -153,6 +156,20 @@ static int rank_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     RCHECK(generate(dst, tv, &kv) == 0 && generate(ref, tr, &kv_ref) == 0, "generate: %s", ff_error_message());
     RCHECK(memcmp(tv, tr, sizeof tv) == 0, "the view generated other tokens than the separate copy (first %d, %d)", tv[0][0], tr[0][0]);
     RCHECK(tv[0][NEW - 1] >= 0 && tv[1][NEW - 1] >= 0, "responses shorter than %d tokens", NEW);
+    /* scoring on the view (rl.logprob of the generating copy): the copy's log-probs, within the
+     * rounding of o_proj and down_proj summed over their column pieces */
+    {
+        const int32_t toks[8] = {1, 7, 3, 9, 2, 5, 60, 11}, starts[3] = {0, 5, 8};
+        int32_t tg[8];
+        ff_batch_shift_targets(toks, starts, 2, tg);
+        const ff_batch b = {.n_tokens = 8, .n_seqs = 2, .tokens = toks, .seq_start = starts, .targets = tg};
+        float lv[8], lr[8];
+        ff_forward_out ov = {.logprobs = lv}, orf = {.logprobs = lr};
+        RCHECK(ff_model_forward(dst, &b, NULL, &ov) == 0 && ff_model_forward(ref, &b, NULL, &orf) == 0, "forward: %s", ff_error_message());
+        double worst = 0;
+        for (int k = 0; k < 8; k++) worst = fabs(lv[k] - lr[k]) > worst ? fabs(lv[k] - lr[k]) : worst;
+        RCHECK(worst <= 1e-5 && lv[0] < 0, "the view's log-probs differ from the copy's by %g", worst);
+    }
     ff_model_memory_of(src, &ms), ff_model_memory_of(dst, &md);
     const int64_t weights = ms.params + md.params;
     RCHECK(weights == 4 * P_gen, "weights held while generating %" PRId64 " B, the generation shard %" PRId64 " B", weights, 4 * P_gen);
