@@ -152,32 +152,33 @@ int ffm_w_embed(ff_model *m, const ff_param_tensor *p, const int32_t *ids, ff_dp
     return 0;
 }
 
-/* piece q of tensor p between device and host [p->numel] (the shard's row-major layout) */
-static void piece_copy(ff_model *m, const ff_param_tensor *p, const ffm_piece *q, float *host, bool to_host) {
+/* piece q of tensor p from device into host [p->numel] (the shard's row-major layout), or
+ * (from non-NULL) from host into device */
+static void piece_copy(ff_model *m, const ff_param_tensor *p, const ffm_piece *q, float *to, const float *from) {
     const ff_dptr d = ffm_piece_ptr(m, q);
     if (p->axis != 1) {
         const int64_t e0 = p->axis == 0 ? q->lo * row_width(p) : 0, n = piece_numel(p, q->lo, q->hi);
-        if (to_host) ff_memcpy_d2h(m->st, host + e0, d, (size_t)n * 4);
-        else ff_memcpy_h2d(m->st, d, host + e0, (size_t)n * 4);
+        if (from) ff_memcpy_h2d(m->st, d, from + e0, (size_t)n * 4);
+        else ff_memcpy_d2h(m->st, to + e0, d, (size_t)n * 4);
         return;
     }
     const int64_t w = q->hi - q->lo, ld = p->shape[1];
     for (int64_t r = 0; r < p->shape[0]; r++) { /* a column block: one row at a time */
         const ff_dptr dr = ff_dptr_add(d, (size_t)(r * q->ld), 4);
-        if (to_host) ff_memcpy_d2h(m->st, host + r * ld + q->lo, dr, (size_t)w * 4);
-        else ff_memcpy_h2d(m->st, dr, host + r * ld + q->lo, (size_t)w * 4);
+        if (from) ff_memcpy_h2d(m->st, dr, from + r * ld + q->lo, (size_t)w * 4);
+        else ff_memcpy_d2h(m->st, to + r * ld + q->lo, dr, (size_t)w * 4);
     }
 }
 
 int ffm_view_read(ff_model *m, const ff_param_tensor *p, float *host) {
     assert(p->npc);
-    for (int k = 0; k < p->npc; k++) piece_copy(m, p, &p->pc[k], host, true);
+    for (int k = 0; k < p->npc; k++) piece_copy(m, p, &p->pc[k], host, NULL);
     return 0;
 }
 
 int ffm_view_write(ff_model *m, const ff_param_tensor *p, const float *host) {
     assert(p->npc);
     for (int k = 0; k < p->npc; k++)
-        if (!p->pc[k].buf) piece_copy(m, p, &p->pc[k], (float *)host, false);
+        if (!p->pc[k].buf) piece_copy(m, p, &p->pc[k], NULL, host);
     return ff_stream_sync(m->st);
 }

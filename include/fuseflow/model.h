@@ -210,7 +210,8 @@ int ff_model_load_weights(ff_model *m, const ff_tensor_set *weights);
 
 /* The flat parameter and gradient buffers: ff_model_param_count() floats each, same
  * layout. For all-reduce of gradients and weight sync between models of one config. An
- * inference model has no gradient buffer (NULL). */
+ * inference model has no gradient buffer (NULL); a view model's parameter buffer holds its
+ * own pieces only (use ff_model_read_params for its flat layout). */
 ff_buffer *ff_model_param_buffer(ff_model *m);
 ff_buffer *ff_model_grad_buffer(ff_model *m);
 /* Flat copies to and from host memory (n = ff_model_param_count() floats). The gradient
