@@ -15,8 +15,9 @@
  *   (stats.in_place = 4 P_train);
  * - generating: the weights held are the generation shard exactly (training shard + gathered
  *   part = 4 P_gen: no byte twice; the separate copy held 4 (P_train + P_gen)), a whole model
- *   only at tg = 1; the total is the larger phase's: training (shard + gradients + AdamW) or
- *   generation (the weights + KV cache, beside the gradients and AdamW state, which stay).
+ *   only at tg = 1; over the phases the weights peak at the larger shard, never both. The KV
+ *   cache comes on top while generating, beside the gradients and AdamW state, which stay
+ *   allocated (printed per phase with FF_TEST_VERBOSE).
  * - the weights read back are byte-equal to the separate copy's (a model of the generation
  *   layout built from the same weights), greedy generation gives the same tokens, and a
  *   scoring forward the same log-probs within 1e-5 (o_proj and down_proj sum their column
@@ -121,6 +122,7 @@ static int rank_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     RCHECK(ff_model_release_params(dst) == 0, "release: %s", ff_error_message());
     ff_model_memory_of(src, &ms), ff_model_memory_of(dst, &md);
     const int64_t train_phase = ms.params + ms.grads + ff_optimizer_state_bytes(opt) + md.params;
+    int64_t peak_weights = ms.params + md.params; /* the most weight bytes held at any phase */
     RCHECK(md.params == 0 && md.viewed == 4 * P_train, "released view: %" PRId64 " own bytes, %" PRId64 " viewed (training shard %" PRId64 ")",
            md.params, md.viewed, 4 * P_train);
     RCHECK(ms.params == 4 * P_train && ms.grads == 4 * P_train, "training shard %" PRId64 " B, grads %" PRId64 " B", ms.params, ms.grads);
@@ -129,6 +131,7 @@ static int rank_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     /* the transition: gather the missing part */
     RCHECK(ff_model_restore_params(dst) == 0, "restore: %s", ff_error_message());
     ff_model_memory_of(dst, &md);
+    if (ms.params + md.params > peak_weights) peak_weights = ms.params + md.params;
     RCHECK(md.params == 4 * (P_gen - P_train), "the gathered part is %" PRId64 " B, the formula %" PRId64, md.params, 4 * (P_gen - P_train));
     ff_reshard_plan *plan = ff_reshard_plan_new(group, src, dst, NULL);
     RCHECK(plan, "plan: %s", ff_error_message());
@@ -173,6 +176,10 @@ static int rank_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     ff_model_memory_of(src, &ms), ff_model_memory_of(dst, &md);
     const int64_t weights = ms.params + md.params;
     RCHECK(weights == 4 * P_gen, "weights held while generating %" PRId64 " B, the generation shard %" PRId64 " B", weights, 4 * P_gen);
+    if (weights > peak_weights) peak_weights = weights;
+    /* over the phases: the larger shard, never both (the separate copy's 4 (P_train + P_gen)) */
+    RCHECK(peak_weights == 4 * (P_gen > P_train ? P_gen : P_train) && peak_weights < 4 * (P_gen + P_train),
+           "peak weights %" PRId64 " B: training shard %" PRId64 ", generation shard %" PRId64, peak_weights, 4 * P_train, 4 * P_gen);
     RCHECK(kv > 0 && kv == kv_ref, "KV cache %" PRId64 " B (the copy's %" PRId64 ")", kv, kv_ref);
     const int64_t gen_phase = ms.grads + ff_optimizer_state_bytes(opt) + weights + kv;
     const int64_t peak = train_phase > gen_phase ? train_phase : gen_phase;
