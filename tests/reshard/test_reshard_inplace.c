@@ -22,7 +22,8 @@
  *   layout built from the same weights), greedy generation gives the same tokens, and a
  *   scoring forward the same log-probs within 1e-5 (o_proj and down_proj sum their column
  *   pieces in two products).
- * Also: bf16 on the wire into a view is refused at planning, naming the problem. */
+ * Also refused, naming the problem: bf16 on the wire into a view (at planning), a view of a
+ * view, a trainable view, a view of another config, exporting a view's weights. */
 #include <inttypes.h>
 #include <math.h>
 
@@ -208,6 +209,40 @@ done:
     return fails;
 }
 
+/* Views that cannot be: refused, naming the problem. */
+static void refusals(void) {
+    ff_model_config cfg = tiny_config(64, 32, 64, 2, 4, 4, false, false, false), other = cfg;
+    other.intermediate_size = 128;
+    ff_backend *be = ff_backend_new("cpu:1");
+    ff_tensor_set *w = ff_tensor_set_new(), *wo = ff_tensor_set_new();
+    REQUIRE(be && w && wo && ff_model_init_weights(&cfg, 1, 0.2, w) == 0 && ff_model_init_weights(&other, 1, 0.2, wo) == 0);
+    ff_model *src = ff_model_new(be, &cfg, w);
+    REQUIRE(src);
+    const ff_model_opts ov = {.inference = true, .view_of = src}, ot = {.view_of = src};
+    ff_model *v = ff_model_new_opts(be, &cfg, w, &ov);
+    REQUIRE(v);
+    ff_model_memory mv;
+    ff_model_memory_of(v, &mv);
+    CHECK(mv.params == 0 && mv.viewed == 4 * ff_model_param_count(src)); /* the same layout: all of it in place */
+    const ff_model_opts ovv = {.inference = true, .view_of = v};
+    ff_model *bad = ff_model_new_opts(be, &cfg, w, &ovv);
+    CHECK(!bad && strstr(ff_error_message(), "the model to view is itself a view"));
+    ff_model_destroy(&bad);
+    bad = ff_model_new_opts(be, &cfg, w, &ot);
+    CHECK(!bad && strstr(ff_error_message(), "a trainable model cannot view another"));
+    ff_model_destroy(&bad);
+    bad = ff_model_new_opts(be, &other, wo, &ov);
+    CHECK(!bad && strstr(ff_error_message(), "the model to view has another config"));
+    ff_model_destroy(&bad);
+    ff_tensor_set *out = ff_tensor_set_new();
+    CHECK(out && ff_model_export_weights(v, out) != 0 && strstr(ff_error_message(), "reads part of its weights in place"));
+    ff_tensor_set_destroy(&out);
+    ff_error_clear();
+    ff_model_destroy(&v), ff_model_destroy(&src);
+    ff_tensor_set_destroy(&w), ff_tensor_set_destroy(&wo);
+    ff_backend_destroy(&be);
+}
+
 int main(void) {
     const tcase cases[] = {
         {"TP2 PP2 -> TP1", 2, 2, 1, 4, false, false},
@@ -223,6 +258,7 @@ int main(void) {
         CHECK(failed == 0);
         if (failed) fprintf(stderr, "case '%s': %d of %d ranks failed\n", c->name, failed, n);
     }
+    refusals(); /* after the forks: this process then uses a backend of its own */
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);
     return ff_test_failures ? 1 : 0;
 }
