@@ -10,6 +10,11 @@
  *   bcast   the sync fuseflow had before: each stage's TP group gathers whole tensors
  *           (ff_model_export_weights), each tensor is broadcast from its stage's TP rank 0 to
  *           every rank, which loads its slices (ff_model_load_weights)
+ *   in place the same transition into a view of the training shard (ff_model_opts.view_of):
+ *           its own buffer (given back and taken again before each run, as between syncs,
+ *           untimed) receives the missing part; the local part is not copied. Beside it the weight
+ *           bytes a rank holds while generating, measured (ff_model_memory_of): the separate
+ *           copy's training shard + generation shard against the view's generation shard
  * and the formula's bytes per rank, M/(tg pg) - M/(t p), at the all-gather bandwidth measured
  * in the same micro-DP groups (ff_coll_all_gather_v of a training shard each, all groups at
  * once). Times are the slowest
@@ -51,6 +56,11 @@ typedef struct result {
         int64_t hybrid_bytes, naive_bytes, bcast_bytes; /* the busiest rank's */
         int64_t gen_bytes, train_bytes;                 /* a generation and a training shard (rank 0's) */
         int64_t off_formula; /* the most a rank's received bytes differ from its shard difference */
+        /* in place: the generation shard as a view of the training shard (ff_model_opts.view_of) */
+        double inplace_s;
+        int64_t inplace_bytes;                  /* the busiest rank's received */
+        int64_t copy_weights, inplace_weights;  /* the most weight bytes a rank holds generating, measured */
+        int64_t inplace_off;                    /* the most a rank's own view bytes differ from its received */
     } c[NCASES];
     struct {
         double dense_s, delta_s, changed; /* changed: the share of compared elements */
@@ -68,12 +78,12 @@ static int c_sum64(void *c, double *b, size_t n) { return ff_coll_all_reduce(b, 
 static int c_gather(void *c, const float *in, float *out, size_t n) { return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, c, NULL); }
 
 static ff_model *shard(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *w, ff_coll_comm *tp, ff_model_comm *mc, int s,
-                       int pp) {
+                       int pp, const ff_model *view_of) {
     int32_t first = s * (cfg->num_hidden_layers / pp), count = cfg->num_hidden_layers / pp;
     ff_model_stage st = {.n_chunks = 1, .first_layer = &first, .n_layers = &count};
     *mc = (ff_model_comm){.rank = tp ? ff_coll_comm_rank(tp) : 0, .size = tp ? ff_coll_comm_size(tp) : 1, .ctx = tp,
                           .all_reduce_sum = c_sum, .all_reduce_max = c_max, .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather};
-    ff_model_opts o = {.inference = true, .comm = mc->size > 1 ? mc : NULL, .stage = pp > 1 ? &st : NULL};
+    ff_model_opts o = {.inference = true, .comm = mc->size > 1 ? mc : NULL, .stage = pp > 1 ? &st : NULL, .view_of = view_of};
     return ff_model_new_opts(be, cfg, w, &o);
 }
 
@@ -169,7 +179,7 @@ static int delta_section(const opts *o, ff_coll_comm *world, ff_backend *be, con
     ff_coll_comm *tp = NULL;
     ff_model_comm mc;
     if (ff_coll_comm_split(world, rank < 2 ? 0 : FF_COLL_SPLIT_NOCOLOR, rank, &tp)) return -1;
-    ff_model *src = rank < 2 ? shard(be, cfg, w, tp, &mc, 0, 1) : NULL, *dst = rank < 2 ? NULL : whole;
+    ff_model *src = rank < 2 ? shard(be, cfg, w, tp, &mc, 0, 1, NULL) : NULL, *dst = rank < 2 ? NULL : whole;
     if (rank < 2 && !src) return -1;
     for (int c = 0; c < NDELTA; c++) {
         const ff_reshard_opts od = {.bf16 = deltas[c].bf16, .delta = true}, on = {.bf16 = deltas[c].bf16};
@@ -220,11 +230,11 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
     ff_coll_comm *tp = NULL;
     ff_model_comm mc_src;
     if (ff_coll_comm_split(world, s, i, &tp)) return 1;
-    ff_model *src = shard(be, &cfg, w, tp, &mc_src, s, P);
+    ff_model *src = shard(be, &cfg, w, tp, &mc_src, s, P, NULL);
     ff_tensor_set *order = ff_tensor_set_new();
     if (!src || !order || ff_model_expected_tensors(&cfg, order)) return 1;
     ff_model_comm mc_whole;
-    ff_model *whole = shard(be, &cfg, w, NULL, &mc_whole, 0, 1);
+    ff_model *whole = shard(be, &cfg, w, NULL, &mc_whole, 0, 1, NULL);
     if (!whole) return 1;
     out->params = ff_model_param_count(whole);
     int64_t maxn = 0;
@@ -238,14 +248,16 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
         ff_coll_comm *gtp = NULL, *mdp = NULL;
         ff_model_comm mc_dst;
         if (ff_coll_comm_split(world, rep * pg + sg, ig, &gtp) || ff_coll_comm_split(world, sg * tg + ig, rep, &mdp)) return 1;
-        ff_model *dst = shard(be, &cfg, w, gtp, &mc_dst, sg, pg);
-        ff_reshard_plan *hy = dst ? ff_reshard_plan_new(mdp, src, dst, NULL) : NULL;
+        ff_model_comm mc_view;
+        ff_model *dst = shard(be, &cfg, w, gtp, &mc_dst, sg, pg, NULL), *view = dst ? shard(be, &cfg, w, gtp, &mc_view, sg, pg, src) : NULL;
+        ff_reshard_plan *hy = view ? ff_reshard_plan_new(mdp, src, dst, NULL) : NULL;
         ff_reshard_plan *nv = hy ? ff_reshard_plan_new(world, src, whole, NULL) : NULL;
-        if (!nv) {
+        ff_reshard_plan *ip = nv ? ff_reshard_plan_new(mdp, src, view, NULL) : NULL;
+        if (!ip) {
             fprintf(stderr, "rank %d: %s\n", rank, ff_error_message());
             return 1;
         }
-        double th[MAXREPS], tn[MAXREPS], tb[MAXREPS];
+        double th[MAXREPS], tn[MAXREPS], tb[MAXREPS], ti[MAXREPS];
         ff_reshard_stats st;
         int64_t got_b = 0, got_n = 0;
         for (int r = 0; r < o->reps; r++) {
@@ -263,6 +275,23 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
             t0 = ff_now_ns();
             if (bcast_path(world, src, dst, order, i, &got_b)) return 1;
             tb[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+            /* in place: gather the missing part into the view's own buffer (given back and
+             * taken again first, as between syncs; the copy's is not, so neither is timed) */
+            if (ff_model_release_params(view) || ff_model_restore_params(view)) return 1;
+            barrier(world);
+            t0 = ff_now_ns();
+            if (ff_reshard_run(ip, src, view, &st)) return 1;
+            ti[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+            out->c[c].inplace_bytes = most(world, st.received);
+        }
+        out->c[c].inplace_s = median(ti, o->reps);
+        {
+            ff_model_memory ms, md, mv;
+            ff_model_memory_of(src, &ms), ff_model_memory_of(dst, &md), ff_model_memory_of(view, &mv);
+            out->c[c].copy_weights = most(world, ms.params + md.params);
+            out->c[c].inplace_weights = most(world, ms.params + mv.params);
+            const int64_t d = mv.params - st.received;
+            out->c[c].inplace_off = most(world, d < 0 ? -d : d);
         }
         out->c[c].hybrid_s = median(th, o->reps), out->c[c].naive_s = median(tn, o->reps), out->c[c].bcast_s = median(tb, o->reps);
         out->c[c].naive_bytes = most(world, got_n), out->c[c].bcast_bytes = most(world, got_b);
@@ -289,8 +318,8 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
         }
         out->c[c].gather_bw = (double)((size_t)(dg - 1) * D * 4) / median(tg_s, o->reps);
         free(in), free(ag);
-        ff_reshard_plan_destroy(&hy), ff_reshard_plan_destroy(&nv);
-        ff_model_destroy(&dst);
+        ff_reshard_plan_destroy(&hy), ff_reshard_plan_destroy(&nv), ff_reshard_plan_destroy(&ip);
+        ff_model_destroy(&view), ff_model_destroy(&dst);
         ff_coll_comm_destroy(&gtp), ff_coll_comm_destroy(&mdp);
     }
     ff_model_destroy(&src);
@@ -374,6 +403,12 @@ int main(int argc, char **argv) {
         printf("   exact: each rank received its generation shard minus its training shard (rank 0: %.2f MB - %.2f MB), "
                "off by %lld bytes at most\n",
                (double)res->c[c].gen_bytes / MB, (double)res->c[c].train_bytes / MB, (long long)res->c[c].off_formula);
+        printf("   in place (a view of the training shard): %.1f ms (%.1f MB/rank, %.2fx the copy's time); weights while generating "
+               "%.1f MB/rank (the generation shard: formula %.1f MB) against the separate copy's %.1f MB (+ the training shard "
+               "%.1f MB); the view's own bytes = its received bytes, off by %lld\n",
+               res->c[c].inplace_s * 1e3, (double)res->c[c].inplace_bytes / MB, res->c[c].inplace_s / res->c[c].hybrid_s,
+               (double)res->c[c].inplace_weights / MB, M / (tg * pg) / MB, (double)res->c[c].copy_weights / MB, M / (T * P) / MB,
+               (long long)res->c[c].inplace_off);
     }
     printf("delta syncs, TP 2 -> 2 x TP 1 on a pool of its own (a whole copy per generation rank), the sender keeping %.1f MB "
            "(bf16) of what it sent:\n", (double)res->d[0].kept_bytes / MB);

@@ -275,6 +275,7 @@ void ff_generator_destroy(ff_generator **pg) {
 
 int32_t ff_generator_pending(const ff_generator *g) { return g->n_waiting + g->n_running; }
 int32_t ff_generator_running(const ff_generator *g) { return g->n_running; }
+int64_t ff_generator_kv_bytes(const ff_generator *g) { return (int64_t)ff_buffer_size(g->kv); }
 
 static int check_sampling(const ff_model *m, const ff_sampling *s) {
     const char *w = "sampling";
@@ -376,7 +377,7 @@ static int infer(ff_generator *g, int32_t T, int32_t R) {
     const ff_gen_pipe *pp = g->piped ? &g->pipe : NULL;
     const size_t TH = (size_t)T * H;
     if (m->has_embed) {
-        ff_embedding_fwd(st, GW(g, i_tok), ffm_param(m, m->off_embed), x, T, H);
+        if (ffm_w_embed(m, &m->tensors[m->t_embed], g->h_tok_tp ? g->h_tok_tp : g->h_tok, GW(g, i_tok), x, GW(g, xn), T)) return -1;
         if (m->tp > 1 && ffm_tp_sum(m, x, TH)) return -1; /* vocabulary-parallel embedding */
     } else { /* the previous stage's output */
         if (pp->recv(pp->ctx, pp->rank - 1, g->h_px, TH)) return ff_error_wrap("pipeline: the hidden states of %d tokens from stage %d", T, pp->rank - 1);
@@ -389,9 +390,8 @@ static int infer(ff_generator *g, int32_t T, int32_t R) {
     }
     if (m->has_final) {
         ff_gather_rows(st, x, GW(g, i_rows), GW(g, xr), R, H);
-        ff_rmsnorm_fwd(st, GW(g, xr), ffm_param(m, m->off_norm), GW(g, xrn), GW(g, rstdr), R, H, eps);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, R, m->V, H, 1.0f, GW(g, xrn), H, ffm_param(m, m->off_lm), H, 0.0f,
-                GW(g, logits_loc), m->V);
+        ff_rmsnorm_fwd(st, GW(g, xr), ffm_w_vec(m, &m->tensors[m->t_norm]), GW(g, xrn), GW(g, rstdr), R, H, eps);
+        ffm_w_out(m, &m->tensors[m->t_lm], R, GW(g, xrn), H, GW(g, logits_loc), m->V);
         if (m->tp > 1 && gather_logits(g, R)) return -1;
     } else {
         ff_memcpy_d2h(st, g->h_px, x, TH * 4);

@@ -18,6 +18,8 @@
  * before its column-parallel product, and each row-parallel product's partial sum is
  * reduce-scattered to the rank's rows instead of all-reduced (the same bytes in a ring).
  *
+ * A view model (model/view.c) reads its weights in pieces: the same products, one per piece.
+ *
  * Not here: the backward (model.c, which reads the activations this leaves), the
  * embedding, the final norm and the heads. */
 #include "model/model_internal.h"
@@ -29,12 +31,12 @@ static bool same(ff_dptr a, ff_dptr b) { return a.buf == b.buf && a.off == b.off
  * res), summed over the group, then added to res. Under SP out and res are the rank's rows
  * [nr, H]: the partial sum goes to part [T, H], and its reduce-scatter back into part's
  * first rows. */
-static int row_parallel(ff_model *m, const ffm_layer_tokens *tk, int K, ff_dptr A, ff_dptr W, ff_dptr res, ff_dptr out,
-                        ff_dptr scratch, ff_dptr part) {
+static int row_parallel(ff_model *m, const ffm_layer_tokens *tk, int K, ff_dptr A, const ff_param_tensor *W, ff_dptr res,
+                        ff_dptr out, ff_dptr scratch, ff_dptr part) {
     ff_stream *st = m->st;
     const int H = m->H, T = tk->T;
     if (tk->sp) {
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, K, 1.0f, A, K, W, K, 0.0f, part, H);
+        ffm_w_in(m, W, T, A, K, 0.0f, part, H);
         if (ffm_sp_scatter(m, part, part, T, H)) return -1;
         if (!same(out, res)) ff_memcpy_d2d(st, out, res, (size_t)tk->nr * H * 4);
         ff_add(st, out, part, (int64_t)tk->nr * H);
@@ -42,11 +44,11 @@ static int row_parallel(ff_model *m, const ffm_layer_tokens *tk, int K, ff_dptr 
     }
     if (m->tp == 1) {
         if (!same(out, res)) ff_memcpy_d2d(st, out, res, (size_t)T * H * 4);
-        ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, K, 1.0f, A, K, W, K, 1.0f, out, H);
+        ffm_w_in(m, W, T, A, K, 1.0f, out, H);
         return 0;
     }
     ff_dptr p = same(out, res) ? scratch : out;
-    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, H, K, 1.0f, A, K, W, K, 0.0f, p, H);
+    ffm_w_in(m, W, T, A, K, 0.0f, p, H);
     if (ffm_tp_sum(m, p, (size_t)T * H)) return -1;
     ff_add(st, out, same(p, out) ? res : p, (int64_t)T * H);
     return 0;
@@ -64,6 +66,18 @@ static int norm_fwd(ff_model *m, const ffm_layer_tokens *tk, ff_dptr x, ff_dptr 
     return ffm_sp_gather(m, mine, out, tk->T, m->H);
 }
 
+/* C [T, N] = A [T, K] @ W^T over n consecutive tensors of the table from `first`, whose rows
+ * side by side are W [N, K] (q|k|v, gate|up): one product on the fused rows at fused_off of an
+ * ordinary model's buffer; a view model's (model/view.c), per tensor into its columns of C. */
+static void col_parallel(ff_model *m, int first, int n, int T, int K, ff_dptr A, size_t fused_off, int N, ff_dptr C) {
+    if (!m->viewed) {
+        ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, 1.0f, A, K, ffm_param(m, fused_off), K, 0.0f, C, N);
+        return;
+    }
+    for (int i = 0, c0 = 0; i < n; c0 += (int)m->tensors[first + i].shape[0], i++)
+        ffm_w_out(m, &m->tensors[first + i], T, A, K, ff_dptr_add(C, (size_t)c0, 4), N);
+}
+
 int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a) {
     ff_stream *st = m->st;
     const ff_layer_params *p = &m->layers[l];
@@ -74,11 +88,14 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
 
     /* attention block: xn1 = norm(x) [T, H] (replicated under TP; SP: the rank's rows, then
      * all-gathered) */
-    if (norm_fwd(m, tk, a->x, ffm_param(m, p->ln1), a->xn1, a->rstd1, eps)) return -1;
+    const ff_param_tensor *tt = m->tensors;
+    if (norm_fwd(m, tk, a->x, ffm_w_vec(m, &tt[p->t_ln1]), a->xn1, a->rstd1, eps)) return -1;
 
     /* column-parallel: qkv [T, QKV] = xn1 @ Wqkv^T (+ b), Wqkv [QKV, H] = q|k|v rows */
-    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, QKV, H, 1.0f, a->xn1, H, ffm_param(m, p->wqkv), H, 0.0f, a->qkv, QKV);
-    if (m->bias) ff_bias_add(st, a->qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
+    col_parallel(m, p->t_q, 3, T, H, a->xn1, p->wqkv, QKV, a->qkv);
+    if (m->bias && !m->viewed) ff_bias_add(st, a->qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
+    for (int i = 0, c0 = 0; m->bias && m->viewed && i < 3; c0 += (int)tt[p->t_bq + i].numel, i++)
+        ffm_w_bias(m, &tt[p->t_bq + i], ff_dptr_add(a->qkv, (size_t)c0, 4), QKV, T);
     /* q and k heads are adjacent columns of qkv: one rotation over Hq + Hkv heads */
     ff_rope_fwd(st, a->qkv, QKV, tk->pos, ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, Hq + Hkv, D);
 
@@ -93,16 +110,16 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
 
     /* row-parallel: mid [T, H] = x + att @ Wo^T, Wo [H, Hq D]. TP all-reduce #1, over the
      * rank's heads (scratch: xn1, which in place of x is no longer needed) */
-    if (row_parallel(m, tk, HD, a->att, ffm_param(m, p->wo), a->x, a->mid, a->xn1, a->part)) return -1;
+    if (row_parallel(m, tk, HD, a->att, &tt[p->t_o], a->x, a->mid, a->xn1, a->part)) return -1;
 
     /* MLP block: xn2 = norm(mid) [T, H] (replicated under TP; SP: gathered) */
-    if (norm_fwd(m, tk, a->mid, ffm_param(m, p->ln2), a->xn2, a->rstd2, eps)) return -1;
+    if (norm_fwd(m, tk, a->mid, ffm_w_vec(m, &tt[p->t_ln2]), a->xn2, a->rstd2, eps)) return -1;
 
     /* column-parallel: gu [T, 2I] = xn2 @ Wgu^T, Wgu [2I, H] = gate|up rows; hm [T, I] */
-    ff_gemm(st, FF_NO_TRANS, FF_TRANS, T, 2 * I, H, 1.0f, a->xn2, H, ffm_param(m, p->wgu), H, 0.0f, a->gu, 2 * I);
+    col_parallel(m, p->t_gate, 2, T, H, a->xn2, p->wgu, 2 * I, a->gu);
     ff_swiglu_fwd(st, a->gu, a->hm, T, I);
 
     /* row-parallel: y [T, H] = mid + hm @ Wdown^T, Wdown [H, I]. TP all-reduce #2, over the
      * rank's intermediate rows (scratch: xn2, read by gate|up above) */
-    return row_parallel(m, tk, I, a->hm, ffm_param(m, p->wdown), a->mid, a->y, a->xn2, a->part);
+    return row_parallel(m, tk, I, a->hm, &tt[p->t_down], a->mid, a->y, a->xn2, a->part);
 }

@@ -139,15 +139,20 @@ static int build_table(ff_model *m) {
     m->off_norm = o;
     if (m->has_final) o += (size_t)H;
     m->n_params = (int64_t)o;
+    m->n_own = m->n_params;
 
     table_builder b = {0};
     char nm[96];
     /* the whole model's order: the embedding, K tensors per layer, the final norm and heads */
     const int K = ffm_tensors_per_layer(m->bias);
+    m->t_embed = m->t_lm = m->t_norm = m->t_score = -1;
     int rc = embed ? tb_add(&b, "model.embed_tokens.weight", m->off_embed, 2, V, H) : 0;
-    if (embed && !rc) b.t[0].copy = !m->has_embed; /* the last stage's tied LM head */
+    if (embed && !rc) b.t[0].copy = !m->has_embed, m->t_embed = 0; /* copy: the last stage's tied LM head */
+    if (lm && m->tied) m->t_lm = m->t_embed;
     for (int l = 0; l < L && !rc; l++) {
-        const ff_layer_params *p = &m->layers[l];
+        ff_layer_params *p = &m->layers[l];
+        p->t_ln1 = b.n, p->t_q = b.n + 1, p->t_bq = m->bias ? b.n + 4 : -1;
+        p->t_o = b.n + (m->bias ? 7 : 4), p->t_ln2 = p->t_o + 1, p->t_gate = p->t_o + 2, p->t_down = p->t_o + 4;
         const int g = m->layer_global[l];
         int j = 1 + g * K;
 #define ADD(suffix, off, nd, a, c)                                        \
@@ -173,9 +178,10 @@ static int build_table(ff_model *m) {
 #undef ADD
     }
     const int end = 1 + m->cfg.num_hidden_layers * K;
-    if (!rc && m->has_final && !(rc = tb_add(&b, "model.norm.weight", m->off_norm, 1, H, 0))) b.t[b.n - 1].gidx = end;
-    if (!rc && lm && !m->tied && !(rc = tb_add(&b, "lm_head.weight", m->off_lm, 2, V, H))) b.t[b.n - 1].gidx = end + 1;
-    if (!rc && m->has_final && m->vhead && !(rc = tb_add(&b, "score.weight", m->off_score, 2, 1, H))) b.t[b.n - 1].gidx = end + 2;
+    if (!rc && m->has_final && !(rc = tb_add(&b, "model.norm.weight", m->off_norm, 1, H, 0))) b.t[b.n - 1].gidx = end, m->t_norm = b.n - 1;
+    if (!rc && lm && !m->tied && !(rc = tb_add(&b, "lm_head.weight", m->off_lm, 2, V, H))) b.t[b.n - 1].gidx = end + 1, m->t_lm = b.n - 1;
+    if (!rc && m->has_final && m->vhead && !(rc = tb_add(&b, "score.weight", m->off_score, 2, 1, H)))
+        b.t[b.n - 1].gidx = end + 2, m->t_score = b.n - 1;
     if (rc) {
         free(b.t);
         return -1;
@@ -400,7 +406,10 @@ static int check_and_load(ff_model *m, const ff_tensor_set *w, ff_tensor_set *ow
         const ff_param_tensor *p = &m->tensors[i];
         ff_host_tensor *o = own ? ff_tensor_set_find(own, p->name) : NULL;
         const ff_host_tensor *t = o ? o : ff_tensor_set_find(w, p->name);
-        if (o && (p->split < 0 || ffm_tp_is_shard(p, t))) /* all of it is this rank's: give it back as it goes */
+        if (p->npc) { /* a view: its own pieces only */
+            const float *mine = ffm_tp_local_view(m, p, t);
+            if (!mine || ffm_view_write(m, p, mine)) return -1;
+        } else if (o && (p->split < 0 || ffm_tp_is_shard(p, t))) /* all of it is this rank's: give it back as it goes */
             copy_giving_back(m, p, o->data);
         else if (ffm_tp_load_slice(m, p, t, ffm_param(m, p->off)))
             return -1;
@@ -427,7 +436,15 @@ static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_ten
     const bool sp = opts && opts->sequence_parallel;
     if (set_stage(m, opts ? opts->stage : NULL) || ffm_tp_setup(m, comm, sp) || build_table(m) || make_rope(m)) goto fail;
     ffm_tp_shards(m);
-    m->params = ff_buffer_new(be, (size_t)m->n_params * sizeof(float));
+    if (opts && opts->view_of) {
+        if (!m->inference) {
+            ff_error_set("view model", "set ff_model_opts.inference: a view only infers", "a trainable model cannot view another");
+            goto fail;
+        }
+        if (ffm_view_setup(m, opts->view_of)) goto fail;
+    }
+    /* a view that holds nothing of its own keeps a buffer of one float (held, 0 bytes counted) */
+    m->params = ff_buffer_new(be, (size_t)(m->n_own ? m->n_own : 1) * sizeof(float));
     if (!m->params) goto fail;
     if (!m->inference && (!(m->grads = ff_buffer_new(be, (size_t)m->n_params * sizeof(float))) || ffm_tp_alloc(m))) goto fail;
     if (check_and_load(m, weights, own)) goto fail;
@@ -484,6 +501,7 @@ void ff_model_destroy(ff_model **pm) {
     ff_model *m = *pm;
     free_ws(m);
     ffm_tp_free(m);
+    free(m->view_ids);
     ff_buffer_destroy(&m->params);
     ff_buffer_destroy(&m->grads);
     ff_buffer_destroy(&m->rope_cos);
@@ -514,8 +532,9 @@ void ff_model_chunk_of(const ff_model *m, int c, ff_model_chunk_info *out) {
 }
 
 void ff_model_memory_of(const ff_model *m, ff_model_memory *out) {
-    out->params = m->params ? m->n_params * (int64_t)sizeof(float) : 0;
-    out->grads = m->grads ? out->params : 0;
+    out->params = m->params ? m->n_own * (int64_t)sizeof(float) : 0;
+    out->viewed = (m->n_params - m->n_own) * (int64_t)sizeof(float);
+    out->grads = m->grads ? m->n_params * (int64_t)sizeof(float) : 0;
     out->workspace = m->sc.buf ? (int64_t)ff_buffer_size(m->sc.buf) : 0;
     for (int i = 0; i < m->n_acts; i++)
         if (m->acts[i]->buf) out->workspace += (int64_t)ff_buffer_size(m->acts[i]->buf);
@@ -526,7 +545,15 @@ int ffm_inference_only(const char *what) {
                         "this model was created for inference only: it has no gradients");
 }
 
-int ff_model_export_weights(ff_model *m, ff_tensor_set *out) { return ffm_tp_export(m, m->params, "", out); }
+static int not_for_views(const ff_model *m, const char *what) {
+    if (!m->viewed) return 0;
+    return ff_error_set(what, "ask the model it views (its trained shard), or a model of its own",
+                        "a view model reads part of its weights in place from another model");
+}
+
+int ff_model_export_weights(ff_model *m, ff_tensor_set *out) {
+    return not_for_views(m, "export weights") ? -1 : ffm_tp_export(m, m->params, "", out);
+}
 int ff_model_export_grads(ff_model *m, ff_tensor_set *out) {
     return m->inference ? ffm_inference_only("ff_model_export_grads") : ffm_tp_export(m, m->grads, "", out);
 }
@@ -540,9 +567,17 @@ int ff_model_load_weights(ff_model *m, const ff_tensor_set *w) {
 }
 
 void ff_model_read_params(ff_model *m, float *host) {
+    if (m->viewed) {
+        for (int i = 0; i < m->n_tensors; i++) ffm_view_read(m, &m->tensors[i], host + m->tensors[i].off);
+        return;
+    }
     ff_memcpy_d2h(m->st, host, ff_dptr_of(m->params, 0), (size_t)m->n_params * sizeof(float));
 }
 void ff_model_write_params(ff_model *m, const float *host) {
+    if (m->viewed) {
+        for (int i = 0; i < m->n_tensors; i++) (void)ffm_view_write(m, &m->tensors[i], host + m->tensors[i].off);
+        return;
+    }
     ff_memcpy_h2d(m->st, ff_dptr_of(m->params, 0), host, (size_t)m->n_params * sizeof(float));
 }
 int ff_model_read_grads(ff_model *m, float *host) {
@@ -577,6 +612,7 @@ static const ff_param_tensor *held(const ff_model *m, const char *name, bool gra
 int ff_model_read_tensor(ff_model *m, const char *name, bool grad, float *host) {
     const ff_param_tensor *p = held(m, name, grad);
     if (!p) return -1;
+    if (p->npc && !grad) return ffm_view_read(m, p, host);
     ff_memcpy_d2h(m->st, host, grad ? ffm_grad(m, p->off) : ffm_param(m, p->off), (size_t)p->numel * sizeof(float));
     return 0;
 }
@@ -591,6 +627,7 @@ int ff_model_write_tensor_grad(ff_model *m, const char *name, const float *host)
 int ff_model_write_tensor(ff_model *m, const char *name, const float *host) {
     const ff_param_tensor *p = held(m, name, false);
     if (!p) return -1;
+    if (p->npc) return ffm_view_write(m, p, host);
     ff_memcpy_h2d(m->st, ffm_param(m, p->off), host, (size_t)p->numel * sizeof(float));
     return ff_stream_sync(m->st);
 }
@@ -604,7 +641,13 @@ void ff_model_tensor_info_of(const ff_model *m, int i, ff_model_tensor_info *out
     *out = (ff_model_tensor_info){.name = p->name, .index = p->gidx, .full = {p->full[0], p->ndim > 1 ? p->full[1] : 1},
                                   .axis = p->axis, .start = p->axis >= 0 ? p->start : 0,
                                   .len = p->axis >= 0 ? shape[p->axis] : 1, .copy = p->copy};
+    if (p->view_lo < p->view_hi) { /* in the whole tensor's coordinates, as start */
+        out->view_lo = out->start + p->view_lo;
+        out->view_hi = out->start + p->view_hi;
+    }
 }
+
+const ff_model *ff_model_viewed(const ff_model *m) { return m->viewed; }
 
 int ff_model_tensor_slots(const ff_model_config *cfg) {
     return 1 + cfg->num_hidden_layers * ffm_tensors_per_layer(cfg->attention_bias) + 3;
@@ -622,13 +665,14 @@ int ff_model_release_params(ff_model *m) {
 int ff_model_restore_params(ff_model *m) {
     if (m->params) return 0;
     if (!m->inference) return ff_model_release_params(m);
-    m->params = ff_buffer_new(m->be, (size_t)m->n_params * sizeof(float));
-    return m->params ? 0 : ff_error_wrap("restoring the parameters (%lld floats)", (long long)m->n_params);
+    m->params = ff_buffer_new(m->be, (size_t)(m->n_own ? m->n_own : 1) * sizeof(float));
+    return m->params ? 0 : ff_error_wrap("restoring the parameters (%lld floats)", (long long)m->n_own);
 }
 
 bool ff_model_params_held(const ff_model *m) { return m->params != NULL; }
 
 int ff_model_copy_params(ff_model *dst, ff_model *src) {
+    if (not_for_views(dst, "copy params") || not_for_views(src, "copy params")) return -1;
     if (dst->n_params != src->n_params || dst->n_tensors != src->n_tensors)
         return ff_error_set("copy params", "both models need the same config",
                             "source has %lld parameters, destination %lld", (long long)src->n_params,
@@ -908,8 +952,7 @@ static int check_batch(const ff_model *m, const ff_batch *b) {
 
 /* Logits of tokens [c0, c0 + n) of a's final-norm output into the scratch's logits. */
 static void lm_logits(ff_model *m, const ffm_acts *a, int32_t c0, int32_t n) {
-    ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, n, m->V, m->H, 1.0f, ff_dptr_add(AW(a, xf), (size_t)c0 * m->H, 4), m->H,
-            ffm_param(m, m->off_lm), m->H, 0.0f, SC(logits), m->V);
+    ffm_w_out(m, &m->tensors[m->t_lm], n, ff_dptr_add(AW(a, xf), (size_t)c0 * m->H, 4), m->H, SC(logits), m->V);
 }
 
 /* One forward of b through chunk c: from token ids (the embedding chunk) or hidden_in [T, H],
@@ -989,7 +1032,7 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
         /* vocabulary-parallel: a token outside this rank's rows embeds to zeros, and the sum
          * over the group has every row (SP: the reduce-scatter of it, the rank's rows) */
         ff_dptr e = sp ? AW(a, part) : RESID(a, 0);
-        ff_embedding_fwd(st, AW(a, tokens), ffm_param(m, m->off_embed), e, T, H);
+        if (ffm_w_embed(m, &m->tensors[m->t_embed], ids ? ids : b->tokens, AW(a, tokens), e, layer_acts(a, 0, train).xn1, T)) goto done;
         if (sp ? ffm_sp_scatter(m, e, RESID(a, 0), T, H) : m->tp > 1 && ffm_tp_sum(m, e, (size_t)T * H)) goto done;
     } else {
         ff_memcpy_h2d(st, RESID(a, 0), hidden_in + (size_t)r0 * H, (size_t)nr * H * 4);
@@ -1015,10 +1058,10 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
          * for the LM head (the values, [T], for the caller) */
         ff_dptr xf = AW(a, xf), xf_mine = ff_dptr_add(xf, (size_t)r0 * H, 4);
         ff_dptr v_mine = ff_dptr_add(AW(a, values), (size_t)r0, 4);
-        ff_rmsnorm_fwd(st, xL, ffm_param(m, m->off_norm), xf_mine, AW(a, rstdf), nr, H, eps);
+        ff_rmsnorm_fwd(st, xL, ffm_w_vec(m, &m->tensors[m->t_norm]), xf_mine, AW(a, rstdf), nr, H, eps);
         values = m->vhead && (out->values || train);
         if (values) {
-            ff_gemm(st, FF_NO_TRANS, FF_TRANS, nr, 1, H, 1.0f, xf_mine, H, ffm_param(m, m->off_score), H, 0.0f, v_mine, 1);
+            ffm_w_out(m, &m->tensors[m->t_score], nr, xf_mine, H, v_mine, 1);
             if (out->values && sp && ffm_sp_gather_host(m, v_mine, out->values, T, 1)) goto done;
             if (out->values && !sp) ff_memcpy_d2h(st, out->values, v_mine, (size_t)T * 4);
         }

@@ -13,6 +13,20 @@
 #include "fuseflow/kernels.h"
 #include "fuseflow/model.h"
 
+/* A view model's (ff_model_opts.view_of, model/view.c) piece of one tensor: units [lo, hi)
+ * of the tensor along its TP axis, in this model's coordinates (rows for axis 0, columns for
+ * axis 1, the whole tensor as the one unit of axis -1), stored row-major with row stride ld
+ * from element off of buf: the viewed model's parameter buffer (read in place), or NULL:
+ * this model's own buffer of gathered pieces (m->params), which comes and goes with
+ * ff_model_release_params / ff_model_restore_params. */
+typedef struct ffm_piece {
+    int64_t lo, hi;
+    ff_buffer *buf;
+    size_t off;
+    int64_t ld;
+} ffm_piece;
+#define FFM_MAX_PIECES 3 /* the viewed interval splits a tensor into at most three */
+
 /* One Hugging Face tensor inside the flat parameter buffer. */
 typedef struct ff_param_tensor {
     char name[96];
@@ -38,6 +52,12 @@ typedef struct ff_param_tensor {
     /* pipeline: a copy of a tensor another stage owns (the last stage's tied LM head): out of
      * the gradient norm and of exports */
     bool copy;
+    /* a view model: the tensor's pieces in ascending order, covering it (npc 0: an ordinary
+     * model, the tensor at off of m->params); off is then only its place in the flat layout
+     * that ff_model_read_params gives. view_lo/view_hi: the viewed units (equal: none). */
+    ffm_piece pc[FFM_MAX_PIECES];
+    int npc;
+    int64_t view_lo, view_hi;
 } ff_param_tensor;
 
 /* Element offsets of one layer's parameters. q|k|v rows are contiguous (one fused
@@ -50,6 +70,10 @@ typedef struct ff_layer_params {
     size_t bqkv;  /* [QKV] (attention_bias) */
     size_t ln1;   /* [H] */
     size_t ln2;   /* [H] */
+    /* the layer's tensors in ff_model.tensors: input_layernorm, q_proj (k and v follow), the
+     * q bias (k, v follow; -1 without attention_bias), o_proj, post_attention_layernorm,
+     * gate_proj (up follows), down_proj */
+    int t_ln1, t_q, t_bq, t_o, t_ln2, t_gate, t_down;
 } ff_layer_params;
 
 /* What one forward keeps on its own buffer (byte offsets into buf), for up to cap tokens: the
@@ -110,8 +134,16 @@ struct ff_model {
     int n_tensors;
     int64_t n_params;
     int64_t n_decay; /* parameters [0, n_decay) get weight decay, the rest (norms, biases) not */
-    ff_buffer *params, *grads; /* [n_params] each (grads NULL for inference) */
+    ff_buffer *params, *grads; /* [n_own] and [n_params] (grads NULL for inference) */
     size_t off_embed, off_lm, off_norm, off_score;
+    int t_embed, t_lm, t_norm, t_score; /* their places in tensors (-1: not held; tied: t_lm = t_embed) */
+    /* a view model (ff_model_opts.view_of, model/view.c): its tensors are pieces, some read in
+     * place from `viewed`'s parameter buffer, the rest (n_own floats) from its own params.
+     * An ordinary model: n_own = n_params, every npc 0. */
+    const ff_model *viewed;
+    int64_t n_own;
+    int32_t *view_ids; /* [view_ids_cap] host staging of one piece's embedding ids */
+    size_t view_ids_cap;
     ff_layer_params *layers; /* [L] */
 
     /* tensor parallelism (model/tp.c): tp ranks (1: none), this one tp_rank */
@@ -278,6 +310,31 @@ int ffm_tp_store_whole_host(ff_model *m, const ff_param_tensor *p, const float *
 /* Every tensor of b (a buffer in the parameter layout) as whole tensors "<prefix><name>". */
 int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *out);
 
+/* ---- view models (model/view.c) ---- */
+
+/* Lay out m's pieces against src (same config and backend; after the table and the shards):
+ * each tensor's units that src holds are read there, the rest are m's own; sets n_own. 0 or
+ * -1 + error (src of another config or backend, or itself a view). */
+int ffm_view_setup(ff_model *m, const ff_model *src);
+/* C [M, shape[0]] ldc = A [M, K] lda @ W^T for W = tensor p [shape[0], K] (axis 0 or -1: the
+ * output features are its rows); a view: one product per piece into its output columns. */
+void ffm_w_out(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda, ff_dptr C, int ldc);
+/* C [M, shape[0]] ldc = beta C + A [M, shape[1]] lda @ W^T for W = tensor p split by its input
+ * columns (axis 1); a view: one product per piece over its columns of A, accumulating. */
+void ffm_w_in(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda, float beta, ff_dptr C, int ldc);
+/* x [T, ld] columns [0, shape[0]) += bias tensor p, per piece. */
+void ffm_w_bias(ff_model *m, const ff_param_tensor *p, ff_dptr x, int ld, int T);
+/* A tensor that is one piece (norm weights; any tensor of an ordinary model). */
+ff_dptr ffm_w_vec(ff_model *m, const ff_param_tensor *p);
+/* out [T, H] = the embedding rows of ids [T] (host, this model's vocabulary rows, -1: none;
+ * dev_ids i32 [T] device, already holding them for an ordinary model); a view: each piece's
+ * rows from its own ids into scratch [T, H], added. 0 or -1 + error (out of memory). */
+int ffm_w_embed(ff_model *m, const ff_param_tensor *p, const int32_t *ids, ff_dptr dev_ids, ff_dptr out, ff_dptr scratch, int T);
+/* Tensor p to and from host [p->numel] (this model's shard of it): a view reads every piece
+ * and writes its own pieces only (the viewed ones are another model's memory). 0 or -1. */
+int ffm_view_read(ff_model *m, const ff_param_tensor *p, float *host);
+int ffm_view_write(ff_model *m, const ff_param_tensor *p, const float *host);
+
 /* Whole model: one chunk with every layer, the embedding and the heads. */
 static inline bool ffm_whole(const ff_model *m) { return m->n_chunks == 1 && m->has_embed && m->has_final; }
 
@@ -285,6 +342,10 @@ static inline bool ffm_whole(const ff_model *m) { return m->n_chunks == 1 && m->
 static inline ff_dptr ffm_param(ff_model *m, size_t off) {
     assert(m->params); /* not between ff_model_release_params and ff_model_restore_params */
     return ff_dptr_f32(m->params, off);
+}
+/* Where a view model's piece q starts. */
+static inline ff_dptr ffm_piece_ptr(ff_model *m, const ffm_piece *q) {
+    return q->buf ? ff_dptr_f32(q->buf, q->off) : ffm_param(m, q->off);
 }
 /* Tensors per decoder layer in the tensor table (q/k/v biases with attention_bias). */
 static inline int ffm_tensors_per_layer(bool bias) { return bias ? 12 : 9; }

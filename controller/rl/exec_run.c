@@ -376,7 +376,7 @@ static void print_memory(ex_run *x) {
         if (!x->loaded[r].has) continue;
         int64_t need = 0;
         for (int i = 0; i < FF_RL_NROLES; i++)
-            for (int k = 0; k < FF_RL_RB_N; k++) need += x->loaded[r].role[i][k];
+            for (int k = 0; k < FF_RL_RB_N; k++) need += k == FF_RL_RB_VIEWED ? -x->loaded[r].role[i][k] : x->loaded[r].role[i][k];
         fprintf(x->out, "run: rank %d holds %s after loading (peak %s); its roles need %s:", r,
                 ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_RSS], b[0], sizeof b[0]),
                 ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_PEAK], b[1], sizeof b[1]),
@@ -386,6 +386,7 @@ static void print_memory(ex_run *x) {
             const int64_t *v = x->loaded[r].role[i];
             if (!(x->rank_roles[r] & (1u << i))) continue;
             fprintf(x->out, "%s%s %s weights", sep, ff_rl_role_names[i], ff_fmt_bytes((uint64_t)v[FF_RL_RB_PARAMS], b[0], sizeof b[0]));
+            if (v[FF_RL_RB_VIEWED]) fprintf(x->out, " (%s of them the actor's, in place)", ff_fmt_bytes((uint64_t)v[FF_RL_RB_VIEWED], b[3], sizeof b[3]));
             if (v[FF_RL_RB_GRADS] || v[FF_RL_RB_OPTIM])
                 fprintf(x->out, " + %s gradients + %s optimizer", ff_fmt_bytes((uint64_t)v[FF_RL_RB_GRADS], b[1], sizeof b[1]),
                         ff_fmt_bytes((uint64_t)v[FF_RL_RB_OPTIM], b[2], sizeof b[2]));
@@ -397,7 +398,8 @@ static void print_memory(ex_run *x) {
 }
 
 /* "memory": [{"rank", "resident_bytes", "peak_bytes", "roles": {"actor": {"params_bytes",
- * "grads_bytes", "optimizer_bytes"}, ...}}, ...] */
+ * "grads_bytes", "optimizer_bytes"}, ...}}, ...]; a generating copy that reads the actor's
+ * training shard in place also "in_place_bytes" (of its params_bytes) */
 static json_t *memory_json(const ex_run *x) {
     json_t *a = json_array();
     for (int r = 0; r < x->nranks && a; r++) {
@@ -405,10 +407,11 @@ static json_t *memory_json(const ex_run *x) {
         json_t *roles = json_object();
         for (int i = 0; i < FF_RL_NROLES; i++) {
             const int64_t *v = x->loaded[r].role[i];
-            if (x->rank_roles[r] & (1u << i))
-                json_object_set_new(roles, ff_rl_role_names[i],
-                                    json_pack("{s:I, s:I, s:I}", "params_bytes", (json_int_t)v[FF_RL_RB_PARAMS], "grads_bytes",
-                                              (json_int_t)v[FF_RL_RB_GRADS], "optimizer_bytes", (json_int_t)v[FF_RL_RB_OPTIM]));
+            if (!(x->rank_roles[r] & (1u << i))) continue;
+            json_t *o = json_pack("{s:I, s:I, s:I}", "params_bytes", (json_int_t)v[FF_RL_RB_PARAMS], "grads_bytes",
+                                  (json_int_t)v[FF_RL_RB_GRADS], "optimizer_bytes", (json_int_t)v[FF_RL_RB_OPTIM]);
+            if (o && v[FF_RL_RB_VIEWED]) json_object_set_new(o, "in_place_bytes", json_integer((json_int_t)v[FF_RL_RB_VIEWED]));
+            json_object_set_new(roles, ff_rl_role_names[i], o);
         }
         json_array_append_new(a, json_pack("{s:i, s:I, s:I, s:o}", "rank", r, "resident_bytes",
                                            (json_int_t)x->loaded[r].mem[FF_RL_MEM_RSS], "peak_bytes",

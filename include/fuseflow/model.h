@@ -153,6 +153,18 @@ typedef struct ff_model_opts {
      * must supply reduce_scatter_sum_v and all_gather_v. Generation (ff_generator, the KV
      * cache) keeps the replicated path. */
     bool sequence_parallel;
+    /* A view model (docs/run.md "Memory of the colocated copy"): an inference model (needs
+     * inference) of the same config on the same backend whose tensors are made of pieces.
+     * Where view_of holds units of a tensor along its TP axis (rows, columns, or all of a
+     * whole tensor; ff_model_tensor_info), this model reads them in place from view_of's
+     * parameter buffer; only the rest is its own (ff_model_memory_of: params, those bytes;
+     * viewed, the others), so the generation shard over the training shard stores no weight
+     * twice. view_of must outlive this model and keep its parameter buffer (a trainable model
+     * does); its updates show here at once. ff_model_write_tensor, ff_model_write_params and
+     * the weights given at creation write the own pieces only (the viewed ones are
+     * view_of's); reading gives every piece. Not for a view: exporting weights and
+     * ff_model_copy_params (errors: use view_of, or a model of its own). */
+    const ff_model *view_of;
 } ff_model_opts;
 
 /* As ff_model_new, with options (NULL: as ff_model_new). The weights are copied. */
@@ -175,11 +187,14 @@ int64_t ff_model_param_count(const ff_model *m);
 /* Created with ff_model_opts.inference. */
 bool ff_model_is_inference(const ff_model *m);
 
-/* The bytes a model holds on its backend: parameters (ff_model_param_count() x 4),
- * gradients (as many, 0 for an inference model) and the forward/backward workspace (grown
- * by the largest batch so far; a training forward keeps every layer's activations there). */
+/* The bytes a model holds on its backend: parameters (ff_model_param_count() x 4; a view
+ * model's own pieces only), gradients (ff_model_param_count() x 4, 0 for an inference model)
+ * and the forward/backward workspace (grown by the largest batch so far; a training forward
+ * keeps every layer's activations there). viewed: a view model's parameter bytes read in
+ * place from the model it views (allocated there, not here; 0 for others). */
 typedef struct ff_model_memory {
     int64_t params, grads, workspace;
+    int64_t viewed;
 } ff_model_memory;
 void ff_model_memory_of(const ff_model *m, ff_model_memory *out);
 
@@ -195,7 +210,8 @@ int ff_model_load_weights(ff_model *m, const ff_tensor_set *weights);
 
 /* The flat parameter and gradient buffers: ff_model_param_count() floats each, same
  * layout. For all-reduce of gradients and weight sync between models of one config. An
- * inference model has no gradient buffer (NULL). */
+ * inference model has no gradient buffer (NULL); a view model's parameter buffer holds its
+ * own pieces only (use ff_model_read_params for its flat layout). */
 ff_buffer *ff_model_param_buffer(ff_model *m);
 ff_buffer *ff_model_grad_buffer(ff_model *m);
 /* Flat copies to and from host memory (n = ff_model_param_count() floats). The gradient
@@ -372,14 +388,21 @@ typedef struct ff_model_tensor_info {
     int axis;
     int64_t start, len;
     bool copy;
+    /* a view model (ff_model_opts.view_of): the units [view_lo, view_hi) along axis, in the
+     * whole tensor's coordinates as start (axis -1: [0, 1)), that it reads in place from the
+     * model it views; view_lo == view_hi: none */
+    int64_t view_lo, view_hi;
 } ff_model_tensor_info;
 int ff_model_n_tensors(const ff_model *m);
+/* The model a view model views (ff_model_opts.view_of), or NULL. */
+const ff_model *ff_model_viewed(const ff_model *m);
 void ff_model_tensor_info_of(const ff_model *m, int i, ff_model_tensor_info *out);
 int ff_model_tensor_slots(const ff_model_config *cfg);
 
 /* Give back the parameter buffer and the workspace of an inference model (a generating copy
  * between its weight syncs), keeping its layout; ff_model_restore_params allocates the
- * buffer again, its values undefined until written (ff_model_write_tensor). In between the
+ * buffer again, its values undefined until written (ff_model_write_tensor). A view model
+ * gives back and gets again its own pieces only (the gathered part of a generation shard). In between the
  * model holds no parameter bytes (ff_model_memory_of) and must not run: running it asserts.
  * Both 0 or -1 + error (a trainable model, which keeps its parameters with its gradients
  * and optimizer; out of memory). */
@@ -566,6 +589,9 @@ int ff_generator_step(ff_generator *g);
 /* Sequences waiting or running (0: nothing to do). */
 int32_t ff_generator_pending(const ff_generator *g);
 int32_t ff_generator_running(const ff_generator *g);
+/* The bytes of its KV cache (allocated at ff_generator_new: 2 x layers x max_slots x
+ * max_seq_len x kv_heads (this rank's) x head_dim x 4). */
+int64_t ff_generator_kv_bytes(const ff_generator *g);
 /* Take one finished output (1), or 0 when none is ready. The caller owns out's arrays. */
 int ff_generator_pop(ff_generator *g, ff_gen_output *out);
 /* End every waiting and running sequence of request `id` now; running ones are returned

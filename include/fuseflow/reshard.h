@@ -20,6 +20,12 @@
  * logged and the piece is resent dense in the same run. Only for a destination that keeps its
  * weights between runs (a generation pool): a copy released between syncs has no base.
  *
+ * In place (the 3D-HybridEngine's colocated transition): a destination that views this rank's
+ * source (ff_model_opts.view_of) holds the pieces of its shard that the source holds there
+ * already; a run leaves them where they are (stats.in_place) and writes the received pieces
+ * into the view's own buffer, which holds exactly the missing part (fp32 only: bf16 on the
+ * wire into a view is refused at planning).
+ *
  * Not here: which ranks form the group or where the layouts come from (the worker's, and the
  * controller's placement); the models' memory (ff_model_release_params). */
 #ifndef FUSEFLOW_RESHARD_H
@@ -43,6 +49,8 @@ typedef struct ff_reshard_plan ff_reshard_plan;
 typedef struct ff_reshard_stats {
     int64_t received, sent; /* bytes from and to other ranks */
     int64_t local;          /* bytes copied from the source shard on this rank */
+    int64_t in_place;       /* bytes of the destination shard that it reads in place from the
+                               source (a view, ff_model_opts.view_of): neither copied nor sent */
     int64_t messages;       /* receives posted */
     double time_s;
     /* delta syncs (zero otherwise), over the pieces this rank received: */
@@ -72,6 +80,7 @@ typedef struct ff_reshard_opts {
                              the group must give the same value */
 } ff_reshard_opts;
 #define FF_RESHARD_BUCKET_BYTES ((int64_t)64 << 20)
+/* NULL + error also: a view destination (ff_model_viewed) whose model is not src, or with bf16. */
 ff_reshard_plan *ff_reshard_plan_new(ff_coll_comm *comm, const ff_model *src, const ff_model *dst, const ff_reshard_opts *opts);
 void ff_reshard_plan_destroy(ff_reshard_plan **p);
 /* The bytes this rank will receive and send per run, by the plan, and its buckets. */

@@ -67,13 +67,16 @@ enum {
  *   "params"     I64 [FF_RL_NROLES]: the role's parameter count
  *   "memory"     I64 [FF_RL_MEM_N]: the worker's resident memory once loaded, in bytes
  *   "role_bytes" I64 [FF_RL_NROLES, FF_RL_RB_N]: the bytes the role's parameters, gradients
- *                and optimizer state need (0 gradients and optimizer: it only infers) */
+ *                and optimizer state need (0 gradients and optimizer: it only infers), and of
+ *                its parameters' those it reads in place from another role's memory on the
+ *                worker (the colocated generating copy's view of the actor's training shard:
+ *                counted in the actor's parameters, so not allocated twice) */
 #define FF_RL_NROLES 5
 #define FF_RL_T_PARAMS "params"
 #define FF_RL_T_MEMORY "memory"
 #define FF_RL_T_ROLE_BYTES "role_bytes"
 enum { FF_RL_MEM_RSS = 0, FF_RL_MEM_PEAK, FF_RL_MEM_N };       /* VmRSS now, VmHWM (the peak so far) */
-enum { FF_RL_RB_PARAMS = 0, FF_RL_RB_GRADS, FF_RL_RB_OPTIM, FF_RL_RB_N };
+enum { FF_RL_RB_PARAMS = 0, FF_RL_RB_GRADS, FF_RL_RB_OPTIM, FF_RL_RB_VIEWED, FF_RL_RB_N };
 /* The roles' names, indexed by row ("actor", "gen", "critic", "ref", "reward"). */
 extern const char *const ff_rl_role_names[FF_RL_NROLES];
 

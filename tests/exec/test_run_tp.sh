@@ -119,6 +119,8 @@ mem = next(l["memory"] for l in L if "memory" in l)
 want = [r["roles"]["gen"]["params_bytes"] - r["roles"]["actor"]["params_bytes"] for r in mem]
 for w in [l["weight_sync"] for l in L if "samples" in l]:
     assert w["bytes"] == sum(want) and w["bytes_max_rank"] == max(want) and min(want) > 0, (w, want)
+# in place: the copy reads the whole training shard where it is and allocates only what it receives
+assert all(r["roles"]["gen"]["in_place_bytes"] == r["roles"]["actor"]["params_bytes"] for r in mem), mem
 PY
 
 # a reward model (op: score, a value head) at TP 2 on workers of its own scores as at TP 1

@@ -22,6 +22,10 @@
  * sides. A delta piece goes as u32 element indices within the packed piece, then their
  * values, both in the packed piece's order.
  *
+ * A destination that views the source (ff_model_opts.view_of: the colocated generation shard
+ * over the training shard) takes its local pieces where they are: they are neither read nor
+ * copied, and ff_model_write_tensor writes only its own (the received) pieces.
+ *
  * Not here: which ranks form the group, the models' memory. */
 #include "fuseflow/reshard.h"
 
@@ -306,6 +310,14 @@ ff_reshard_plan *ff_reshard_plan_new(ff_coll_comm *comm, const ff_model *src, co
     const ff_model_config *cfg = ff_model_config_of(src ? src : dst);
     if (src && dst && ff_model_tensor_slots(ff_model_config_of(src)) != ff_model_tensor_slots(ff_model_config_of(dst)))
         return ff_error_set("reshard", "both models load the same checkpoint", "the source and destination configs differ"), NULL;
+    if (dst && ff_model_viewed(dst) && ff_model_viewed(dst) != src)
+        return ff_error_set("reshard", "give the model the destination views as this rank's source",
+                            "the destination reads part of its weights in place from a model that is not the source"),
+               NULL;
+    if (dst && ff_model_viewed(dst) && opts && opts->bf16)
+        return ff_error_set("reshard", "sync in fp32 into a view, or give the bf16 copy a model of its own",
+                            "bf16 on the wire into a destination that reads the fp32 source in place"),
+               NULL;
     ff_reshard_plan *p = ff_calloc(1, sizeof *p);
     if (!p) return NULL;
     p->comm = comm, p->size = ff_coll_comm_size(comm), p->rank = ff_coll_comm_rank(comm), p->bf16 = opts && opts->bf16;
@@ -419,6 +431,11 @@ static int tensor_at_op(const ff_reshard_plan *p, const ff_model *src, const ff_
         return ff_error_set("reshard", "run the plan with the models it was made for", "%s: a shard larger than planned",
                             *has_src ? ts->name : td->name);
     return 0;
+}
+
+/* a local piece that a view destination reads in place from the source (no copy) */
+static bool in_place(const ff_model_tensor_info *td, const op *o) {
+    return o->kind == OP_LOCAL && td->view_lo < td->view_hi && td->view_lo <= o->lo && o->hi <= td->view_hi;
 }
 
 /* ---- delta syncs ---------------------------------------------------------------------- */
@@ -689,17 +706,22 @@ static int move_dense(ff_reshard_plan *p, ff_model *src, ff_model *dst, int64_t 
 
 int ff_reshard_run(ff_reshard_plan *p, ff_model *src, ff_model *dst, ff_reshard_stats *st) {
     const int64_t t0 = ff_now_ns();
+    if (dst && ff_model_viewed(dst) && ff_model_viewed(dst) != src)
+        return ff_error_set("reshard", "give the model the destination views as this rank's source",
+                            "rank %d: the destination reads part of its weights in place from a model that is not the source", p->rank);
     ff_reshard_stats s = {0};
     int rc = 0;
     ff_model_tensor_info ts = {0}, td = {0};
     bool has_src, has_dst;
     for (int64_t b = 0, i0 = 0; b < p->nbuckets && rc == 0; i0 = p->bucket_end[b++]) {
         const int64_t i1 = p->bucket_end[b];
-        /* the bucket's source shards to host; a delta sync's destination shards too (the
-         * values the patches apply to) */
+        /* the bucket's source shards to host (unless only read in place here); a delta
+         * sync's destination shards too (the values the patches apply to) */
         for (int64_t i = i0, j; i < i1 && rc == 0; i = j) {
             if ((rc = tensor_at_op(p, src, dst, i, &j, &ts, &td, &has_src, &has_dst)) != 0) break;
-            if (has_src) rc = ff_model_read_tensor(src, ts.name, false, p->src_host + p->src_off[p->ops[i].slot]);
+            bool read = false;
+            for (int64_t k = i; k < j; k++) read = read || p->ops[k].kind == OP_SEND || (p->ops[k].kind == OP_LOCAL && !in_place(&td, &p->ops[k]));
+            if (has_src && read) rc = ff_model_read_tensor(src, ts.name, false, p->src_host + p->src_off[p->ops[i].slot]);
             if (rc == 0 && has_dst && p->delta) rc = ff_model_read_tensor(dst, td.name, false, p->dst_host + p->dst_off[p->ops[i].slot]);
         }
         if (rc == 0) rc = p->delta ? move_delta(p, src, dst, i0, i1, &s) : move_dense(p, src, dst, i0, i1, &s);
@@ -712,6 +734,10 @@ int ff_reshard_run(ff_reshard_plan *p, ff_model *src, ff_model *dst, ff_reshard_
                 const op *o = &p->ops[k];
                 if (o->kind != OP_LOCAL) continue;
                 piece ps = piece_of(&ts, o->lo, o->hi), pd = piece_of(&td, o->lo, o->hi);
+                if (in_place(&td, o)) { /* a view destination reads it where it is */
+                    s.in_place += piece_numel(&ps) * (int64_t)sizeof(float);
+                    continue;
+                }
                 copy_local(sh, &ps, dh, &pd, p->bf16);
                 s.local += piece_numel(&ps) * (int64_t)sizeof(float);
             }

@@ -168,7 +168,11 @@ int64_t rlw_train_timeline(const rlw *s, const double **rows);
 /* The generating copy beside a trained actor on this worker holds its weights and its rollout
  * (KV cache) only from a sync to the actor's next training step, which gives them back
  * (ff_model_release_params): a rank's weights peak at the training shard + gradients +
- * optimizer, or the training shard + the copy + its KV cache, not all of them at once. */
+ * optimizer, or the training shard + the copy + its KV cache, not all of them at once. In a
+ * layout of its own with fp32 syncs the copy is a view of the training shard
+ * (ff_model_opts.view_of): what it holds and gives back is only the part of its generation
+ * shard that the training shard lacks, so the weights while generating are the generation
+ * shard, no byte twice (docs/run.md "Memory of the colocated copy"). */
 /* The trained actor's weights into the generating actor of this process (the same layout). */
 int rlw_sync_local(rlw *s);
 /* The bytes of weights this rank received from other ranks in its last sync (0 after a

@@ -225,8 +225,8 @@ static void unload(rlw *s) {
     ff_rollout_destroy(&s->ro);
     ff_trainer_destroy(&s->t_actor);
     ff_trainer_destroy(&s->t_critic);
+    ff_model_destroy(&s->gen); /* before the actor it may view */
     ff_model_destroy(&s->actor);
-    ff_model_destroy(&s->gen);
     ff_model_destroy(&s->critic);
     ff_model_destroy(&s->ref);
     ff_model_destroy(&s->rm);
@@ -275,7 +275,8 @@ static bool sync_node(const ff_run_config *run) {
 /* A role's model in layout y; train: it gets gradients (a role with a train node), else it
  * only infers and holds its parameters alone (ff_model_opts.inference). Under TP it reads only
  * this rank's shards, and a pipeline stage only its layers' tensors (ff_model_read_shards). */
-static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head, bool train, const char *role) {
+static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head, bool train, const ff_model *view_of,
+                            const char *role) {
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
     const rlw_place *at = &y->at;
@@ -303,7 +304,7 @@ static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head
         return NULL;
     }
     ff_model_opts mo = {.inference = !train, .comm = at->tp > 1 ? &y->mcomm : NULL, .sequence_parallel = at->tp > 1 && y->sp,
-                        .stage = at->pp > 1 ? &st : NULL};
+                        .stage = at->pp > 1 ? &st : NULL, .view_of = view_of};
     ff_model *m = ff_model_new_from(s->be, &cfg, &w, &mo);
     if (!m) ff_error_wrap("role %s: %s", role, dir);
     return m;
@@ -513,12 +514,18 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         if (!s->tok) ff_error_clear();
     }
     if (a->roles & FF_RL_ACTOR) {
-        if (!(s->actor = load_model(s, &s->lay, actor_dir, false, train_node(s->run, FF_ROLE_ACTOR) != NULL, "actor"))) return -1;
+        if (!(s->actor = load_model(s, &s->lay, actor_dir, false, train_node(s->run, FF_ROLE_ACTOR) != NULL, NULL, "actor"))) return -1;
         s->t_actor = make_trainer(s, s->actor, FF_ROLE_ACTOR, a->total_updates[0], a->resume_dir, "actor");
         if (!s->t_actor && train_node(s->run, FF_ROLE_ACTOR)) return -1;
     }
     if (a->roles & FF_RL_GEN) {
-        if (!(s->gen = load_model(s, s->glay, actor_dir, false, false, "actor (generation)"))) return -1;
+        /* beside a trained actor whose weights a sync brings over */
+        s->gen_transient = s->t_actor && sync_node(s->run);
+        /* in a layout of its own and fp32 (HybridFlow's 3D-HybridEngine): a view of the training
+         * shard, whose own memory is only the part of the generation shard that the training
+         * shard lacks; a bf16 copy stays a copy of its own */
+        const ff_model *view_of = s->gen_transient && s->glay == &s->lay_gen && !roles[FF_ROLE_ACTOR].rollout_bf16 ? s->actor : NULL;
+        if (!(s->gen = load_model(s, s->glay, actor_dir, false, false, view_of, "actor (generation)"))) return -1;
         ff_rollout_config rc;
         ff_rollout_config_default(&rc);
         rc.max_slots = a->slots > 0 ? a->slots : 64;
@@ -526,8 +533,6 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         rc.pipe = s->glay->at.pp > 1 ? &s->glay->gpipe : NULL; /* every stage decodes the same batch */
         s->ro_cfg = rc;
         if (!(s->ro = ff_rollout_new(s->gen, &rc))) return ff_error_wrap("worker");
-        /* beside a trained actor whose weights a sync brings over */
-        s->gen_transient = s->t_actor && sync_node(s->run);
     }
     if (a->roles & FF_RL_CRITIC) {
         const char *cdir = roles[FF_ROLE_CRITIC].model;
@@ -537,17 +542,17 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
             cdir = cbuf;
         }
         if (!cdir) return ff_error_set("worker", "add roles.critic.model", "the run has no critic model");
-        if (!(s->critic = load_model(s, s->clay, cdir, true, train_node(s->run, FF_ROLE_CRITIC) != NULL, "critic"))) return -1;
+        if (!(s->critic = load_model(s, s->clay, cdir, true, train_node(s->run, FF_ROLE_CRITIC) != NULL, NULL, "critic"))) return -1;
         s->t_critic = make_trainer(s, s->critic, FF_ROLE_CRITIC, a->total_updates[1], a->resume_dir, "critic");
         if (!s->t_critic && train_node(s->run, FF_ROLE_CRITIC)) return -1;
     }
     if (a->roles & FF_RL_REF) {
         if (!roles[FF_ROLE_REF].model) return ff_error_set("worker", "add roles.ref.model", "the run has no reference model");
-        if (!(s->ref = load_model(s, &s->lay, roles[FF_ROLE_REF].model, false, false, "ref"))) return -1;
+        if (!(s->ref = load_model(s, &s->lay, roles[FF_ROLE_REF].model, false, false, NULL, "ref"))) return -1;
     }
     if (a->roles & FF_RL_REWARD) {
         if (!roles[FF_ROLE_REWARD].model) return ff_error_set("worker", "add roles.reward.model", "the run has no reward model");
-        if (!(s->rm = load_model(s, &s->lay, roles[FF_ROLE_REWARD].model, true, false, "reward"))) return -1;
+        if (!(s->rm = load_model(s, &s->lay, roles[FF_ROLE_REWARD].model, true, false, NULL, "reward"))) return -1;
     }
     return 0;
 }
@@ -585,7 +590,8 @@ void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]) {
     if (!m) return;
     ff_model_memory mm;
     ff_model_memory_of(m, &mm);
-    out[FF_RL_RB_PARAMS] = mm.params;
+    out[FF_RL_RB_PARAMS] = mm.params + mm.viewed; /* its shard, of which the viewed part is the actor's */
+    out[FF_RL_RB_VIEWED] = mm.viewed;
     out[FF_RL_RB_GRADS] = mm.grads;
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : role == FF_RL_CRITIC ? s->t_critic : NULL;
     if (t) out[FF_RL_RB_OPTIM] = ff_optimizer_state_bytes(ff_trainer_optimizer(t));
