@@ -255,10 +255,13 @@ int ex_rollout_plan_stage(ex_run *x, int workers, int64_t samples, int32_t max_l
     free(lens);
     if (rc != 0) return -1;
     p->valid = true;
-    p->rt = out.migrate.survivors ? out.migrate.rt : 0;
-    p->survivors = (int)out.migrate.survivors;
     p->serial_s = out.serial_s;
     p->fused_s = out.overlap.total_s;
+    /* auto migrates only for a simulated gain of at least 1% (the fit's own error is larger
+     * than a rounding's win) */
+    if (migrate < 0 && !(out.migrate.total_s < 0.99 * out.overlap.total_s)) out.migrate = out.overlap;
+    p->rt = out.migrate.survivors ? out.migrate.rt : 0;
+    p->survivors = (int)out.migrate.survivors;
     p->migrate_s = out.migrate.total_s;
     p->step_a = r->a, p->step_b = r->b, p->step_c = r->c, p->infer_per_tok = r->infer_per_tok;
     return 0;
