@@ -7,6 +7,7 @@
 #   fused    schedule fused, migrate off: a finished sample's inference starts at once
 #   migrate  schedule fused, migrate auto: R_t and survivors from the simulator on the run's
 #            measured costs (its first iteration measures, so it is left out of every mean)
+#   forced   schedule fused, migrate 0.1 (what a migration does here when auto declines one)
 # on 2 and on 4 generation workers at 1 thread each, with the simulator's prediction of each
 # (time.rollout_sim, from the costs the run measured before that iteration) beside it.
 #
@@ -17,7 +18,10 @@
 # and the reference log-probs; actor, critic and reference colocated on the generation
 # workers (the RLHFuse setting), 32 prompts x 8 responses per iteration.
 #
-# Usage: build/bench_rollout_fusion [--iterations N (default 8)] [--workers "2 4"]
+# The modes run in turn, twice (--rounds), so that a shared machine's load drifts over all of
+# them alike; each figure is the mean over the rounds' iterations 2..N.
+#
+# Usage: build/bench_rollout_fusion [--iterations N (default 6)] [--rounds R (default 2)] [--workers "2 4"]
 # (CMake writes build/bench_rollout_fusion, which runs this with the built fuseflow.)
 # The last line is the headline on 2 workers:
 #   rollout_fusion: <serial/migrate> x over serial, <fused/migrate> x over fused (target: 1.3x over serial)
@@ -25,13 +29,15 @@ set -euo pipefail
 bin=${FF_BIN:?FF_BIN: the fuseflow binary (build/bench_rollout_fusion sets it)}
 build=${FF_BUILD_DIR:-$(dirname "$bin")}
 src=${FF_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
-iters=8
+iters=6
+rounds=2
 workers="2 4"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --iterations) iters=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
-    *) echo "bench_rollout_fusion: unknown option $1 (--iterations N, --workers \"2 4\")" >&2; exit 2 ;;
+    *) echo "bench_rollout_fusion: unknown option $1 (--iterations N, --rounds R, --workers \"2 4\")" >&2; exit 2 ;;
   esac
 done
 [[ $iters -ge 2 ]] || { echo "bench_rollout_fusion: --iterations needs at least 2 (the first measures)" >&2; exit 2; }
@@ -74,43 +80,47 @@ graph:
 EOF
 
 echo "bench_rollout_fusion: PPO (critic values + reference log-probs) on the repeat task, 256 samples per iteration,"
-echo "  $iters iterations per run (means over iterations 2..$iters), 1 thread per worker, $(nproc) cores on this machine"
+echo "  $rounds rounds x $iters iterations per mode (means over iterations 2..$iters), 1 thread per worker, $(nproc) cores here"
+modes="serial fused migrate forced"
 for w in $workers; do
-  for mode in serial fused migrate; do
-    sched=fused mig=off
-    [[ $mode == serial ]] && sched=serial
-    [[ $mode == migrate ]] && mig=auto
-    "$bin" run "$work/ppo.yaml" trainer.out_dir="$work/${mode}_$w" roles.actor.workers="$w" trainer.schedule=$sched \
-      graph.rollout.migrate=$mig --threads 1 --no-progress --dump-samples > "$work/${mode}_$w.log" 2>&1 ||
-      { cat "$work/${mode}_$w.log" >&2; exit 1; }
+  for r in $(seq "$rounds"); do
+    for mode in $modes; do
+      sched=fused mig=off
+      [[ $mode == serial ]] && sched=serial
+      [[ $mode == migrate ]] && mig=auto
+      [[ $mode == forced ]] && mig=0.1
+      out=$work/${mode}_${w}_$r
+      "$bin" run "$work/ppo.yaml" trainer.out_dir="$out" roles.actor.workers="$w" trainer.schedule=$sched \
+        graph.rollout.migrate=$mig --threads 1 --no-progress --dump-samples > "$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
+      cmp -s "$out/samples.jsonl" "$work/serial_${w}_1/samples.jsonl" ||
+        echo "  note: $mode on $w workers (round $r) sampled other responses than serial (it should not)"
+    done
   done
-  cmp -s "$work/serial_$w/samples.jsonl" "$work/migrate_$w/samples.jsonl" && cmp -s "$work/fused_$w/samples.jsonl" "$work/migrate_$w/samples.jsonl" ||
-    echo "  note: the three runs on $w workers sampled different responses (they should not)"
 done
 
-python3 - "$work" "$workers" <<'PY'
+python3 - "$work" "$workers" "$rounds" <<'PY'
 import json, sys, statistics as st
-work, workers = sys.argv[1], sys.argv[2].split()
-key = {"serial": "serial_s", "fused": "fused_s", "migrate": "migrate_s"}
+work, workers, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+key = {"serial": "serial_s", "fused": "fused_s", "migrate": "migrate_s", "forced": "migrate_s"}
 head = None
 for w in workers:
     res = {}
-    for mode in ("serial", "fused", "migrate"):
-        rows = [json.loads(l) for l in open(f"{work}/{mode}_{w}/metrics.jsonl")][1:]
-        meas = st.mean(r["time"]["rollout_stage"] for r in rows)
+    for mode in ("serial", "fused", "migrate", "forced"):
+        rows = [json.loads(l) for r in range(1, rounds + 1) for l in list(open(f"{work}/{mode}_{w}_{r}/metrics.jsonl"))[1:]]
+        stage = [r["time"]["rollout_stage"] for r in rows]
         pred = [r["time"]["rollout_sim"][key[mode]] for r in rows if "rollout_sim" in r["time"]]
         mig = [r.get("migrate", {}) for r in rows]
-        res[mode] = meas
+        res[mode] = st.mean(stage)
         extra = ""
-        if mode == "migrate":
-            th = [m.get("threshold", 0) for m in mig]
-            extra = "  R_t %s, moved %s, saved_s (simulated) %s" % (
-                ",".join("%g" % t for t in th), ",".join(str(m.get("moved", 0)) for m in mig),
-                ",".join("%.3f" % (m.get("saved_s") or 0) for m in mig))
-        print("  %d workers  %-8s stage %7.3f s (sd %.3f)  simulated %7.3f s%s" % (
-            int(w), mode, meas, st.pstdev(r["time"]["rollout_stage"] for r in rows), st.mean(pred) if pred else float("nan"), extra))
-    s, f, m = res["serial"], res["fused"], res["migrate"]
-    print("  %d workers: fused %.2fx over serial, migrate %.2fx over serial, %.2fx over fused" % (int(w), s / f, s / m, f / m))
+        if mode in ("migrate", "forced"):
+            extra = "  migrated in %d of %d iterations (%d samples), simulated saving %.3f s per iteration" % (
+                sum(1 for m in mig if m.get("moved", 0) > 0), len(mig), sum(m.get("moved", 0) for m in mig),
+                st.mean(m.get("saved_s") or 0 for m in mig))
+        print("  %s workers  %-8s stage %6.3f s (sd %.3f)  simulated %6.3f s%s" % (
+            w, mode, res[mode], st.pstdev(stage), st.mean(pred) if pred else float("nan"), extra))
+    s, f, m, c = res["serial"], res["fused"], res["migrate"], res["forced"]
+    print("  %s workers: fused %.2fx over serial; auto migration %.2fx over serial, %.2fx over fused; forced R_t 0.1 %.2fx over fused" % (
+        w, s / f, s / m, f / m, f / c))
     if head is None:
         head = (s / m, f / m)
 print("rollout_fusion: %.2f x over serial, %.2f x over fused (target: 1.3x over serial)" % head)

@@ -28,12 +28,12 @@ if [[ ! -f $model/config.json ]]; then
   exit 2
 fi
 work=$(mktemp -d /tmp/bench_rollout_fusion_learn.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+trap '[[ -n "${FF_KEEP:-}" ]] || rm -rf "$work"' EXIT
 for mig in off auto; do
   t0=$(date +%s.%N)
   "$bin" run "$src/examples/grpo_repeat.yaml" trainer.out_dir="$work/$mig" trainer.steps="$iters" \
     data.train_files="$cache/repeat/train.jsonl" data.val_files="$cache/repeat/test.jsonl" \
-    roles.actor.model="$model" roles.ref.model="$model" roles.actor.workers=2 \
+    roles.actor.model="$model" roles.ref.model="$model" roles.actor.workers=2 graph.train_actor.micro_batch_size=128 \
     graph.rollout.migrate=$mig --threads 1 --no-progress > "$work/$mig.log" 2>&1 || { cat "$work/$mig.log" >&2; exit 1; }
   t1=$(date +%s.%N)
   echo "$t0 $t1" > "$work/$mig.wall"
@@ -41,7 +41,9 @@ done
 python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
-runs = {m: [json.loads(l) for l in open(f"{work}/{m}/metrics.jsonl")] for m in ("off", "auto")}
+lines = {m: [json.loads(l) for l in open(f"{work}/{m}/metrics.jsonl")] for m in ("off", "auto")}
+runs = {m: [o for o in v if "reward_mean" in o] for m, v in lines.items()}  # training iterations
+evals = {m: {o["iteration"]: o["eval_acc"] for o in v if "eval_acc" in o} for m, v in lines.items()}
 wall = {m: (lambda a, b: b - a)(*map(float, open(f"{work}/{m}.wall").read().split())) for m in runs}
 def g(r, k):
     v = r.get(k)
@@ -53,7 +55,8 @@ for a, b in zip(runs["off"], runs["auto"]):
     dr = max(dr, abs(a["reward_mean"] - b["reward_mean"]))
     da = max(da, abs(a.get("acc", 0) - b.get("acc", 0)))
     print("%4d | %s %s %s | %s %s %s | %6g %5d  %.3f / %.3f" % (
-        a["iteration"], g(a, "reward_mean"), g(a, "acc"), g(a, "eval_acc"), g(b, "reward_mean"), g(b, "acc"), g(b, "eval_acc"),
+        a["iteration"], g(a, "reward_mean"), g(a, "acc"), g({"e": evals["off"].get(a["iteration"])}, "e"),
+        g(b, "reward_mean"), g(b, "acc"), g({"e": evals["auto"].get(b["iteration"])}, "e"),
         m.get("threshold", 0), m.get("moved", 0), a["time"]["rollout_stage"], b["time"]["rollout_stage"]))
 mig = sum(1 for r in runs["auto"] if r.get("migrate", {}).get("moved", 0) > 0)
 so = sum(r["time"]["rollout_stage"] for r in runs["off"]); sa = sum(r["time"]["rollout_stage"] for r in runs["auto"])
