@@ -130,6 +130,7 @@ typedef struct ex_rollout_plan {
     double serial_s, fused_s, migrate_s; /* generation then inference; fused; fused with migration at rt */
     double step_a, step_b, step_c;       /* the decode step fit: a + b batch + c context tokens, seconds */
     double infer_per_tok;                /* the inference forwards, worker-seconds per token */
+    double move_latency_s, move_per_sample_s; /* a migration: t = latency + per sample x moved */
 } ex_rollout_plan;
 typedef struct ex_rollout ex_rollout;
 

@@ -1,8 +1,8 @@
 /* The generation + inference stage as the run measures it, for `migrate: auto` (docs/run.md
  * "Migration"): the controller fits each generation worker's decode step time as a function of
  * its batch and context from the rl.generate timings of iterations without a migration, the
- * inference forwards' seconds per token from the rl.logprob/value/score timings, a moved
- * sample's cost from past migrations, and keeps the last iteration's response lengths; at the
+ * inference forwards' seconds per token from the rl.logprob/value/score timings, a
+ * migration's latency and cost per moved sample from past migrations, and keeps the last iteration's response lengths; at the
  * start of an iteration it feeds those to the planner's simulator (plan.h,
  * ff_plan_rollout_simulate) on the live generation workers, which picks R_t and the survivors
  * and predicts the stage's time serial, fused and fused with migration.
@@ -50,13 +50,13 @@ struct ex_rollout {
     double xtx[3][3], xty[3];
     int64_t nobs;
     double infer_s[EX_MAX_NODES], infer_tok[EX_MAX_NODES]; /* per scoring node */
-    double move_s, moved;                                  /* past migrations: time, samples */
+    double mv[5];                                          /* past migrations: sums of 1, n, n^2, t, n t (n moved in t s) */
     /* the last finished iteration: its response lengths and mean prompt */
     int64_t *hist;
     int64_t nhist;
     double hist_plen;
     /* the fit the simulation uses: step = a + b batch + c context (seconds) */
-    double a, b, c, infer_per_tok, move_per_sample;
+    double a, b, c, infer_per_tok, move_latency, move_per_sample;
 };
 
 static int grow(void **p, int64_t *cap, int64_t need, size_t size) {
@@ -195,7 +195,17 @@ static void fit(ex_rollout *r) {
     r->infer_per_tok = 0;
     for (int k = 0; k < EX_MAX_NODES; k++)
         if (r->infer_tok[k] > 0) r->infer_per_tok += r->infer_s[k] / r->infer_tok[k];
-    r->move_per_sample = r->moved > 0 ? r->move_s / r->moved : 0;
+    /* a migration's time: t = latency + per sample x n, least squares (a round trip and step
+     * boundaries dominate; the bytes are small beside them) */
+    const double *v = r->mv, det = v[0] * v[2] - v[1] * v[1];
+    r->move_latency = r->move_per_sample = 0;
+    if (v[0] > 0) {
+        double per = det > 1e-12 * (v[0] * v[2] + 1e-300) ? (v[0] * v[4] - v[1] * v[3]) / det : 0;
+        double lat = (v[3] - per * v[1]) / v[0];
+        if (per < 0) per = 0, lat = v[3] / v[0];
+        if (lat < 0) lat = 0, per = v[2] > 0 ? v[4] / v[2] : 0;
+        r->move_latency = lat, r->move_per_sample = per;
+    }
 }
 
 void ex_rollout_finish(ex_run *x, const ex_iter *I) {
@@ -203,8 +213,8 @@ void ex_rollout_finish(ex_run *x, const ex_iter *I) {
     if (!r) return;
     if (I->mig_sources == 0) fold_steps(r); /* a migration's jobs end early: no lockstep to read */
     if (I->mig_moved > 0 && I->mig_t1_ns > I->mig_t0_ns) {
-        r->move_s += (double)(I->mig_t1_ns - I->mig_t0_ns) * 1e-9;
-        r->moved += (double)I->mig_moved;
+        const double n = (double)I->mig_moved, t = (double)(I->mig_t1_ns - I->mig_t0_ns) * 1e-9;
+        r->mv[0] += 1, r->mv[1] += n, r->mv[2] += n * n, r->mv[3] += t, r->mv[4] += n * t;
     }
     if (r->nfinal > 0) {
         int64_t *h = realloc(r->hist, (size_t)r->nfinal * sizeof *h);
@@ -250,6 +260,7 @@ int ex_rollout_plan_stage(ex_run *x, int workers, int64_t samples, int32_t max_l
     in.migrate = migrate;
     in.survivors = survivors < workers ? survivors : 0;
     in.step_s = step_cb, in.infer_gpu_s = infer_cb, in.move_s = move_cb, in.cost_ctx = r;
+    in.move_latency_s = r->move_latency;
     ff_plan_rollout out;
     int rc = ff_plan_rollout_simulate(&in, &out);
     free(lens);
@@ -264,5 +275,6 @@ int ex_rollout_plan_stage(ex_run *x, int workers, int64_t samples, int32_t max_l
     p->survivors = (int)out.migrate.survivors;
     p->migrate_s = out.migrate.total_s;
     p->step_a = r->a, p->step_b = r->b, p->step_c = r->c, p->infer_per_tok = r->infer_per_tok;
+    p->move_latency_s = r->move_latency, p->move_per_sample_s = r->move_per_sample;
     return 0;
 }

@@ -165,7 +165,7 @@ static void migrate(sim *m, double now, int64_t want, ff_plan_rollout_run *r) {
     double slowest = 0;
     for (int64_t j = k; j < holders; j++) {
         inst *from = &m->is[idx[j]];
-        double sent_s = 0, start = from->t > now ? from->t : now;
+        double sent_s = m->in->move_latency_s, start = from->t > now ? from->t : now;
         for (int64_t q = 0; q < from->n; q++) {
             int64_t id = from->q[q];
             sample *s = &m->s[id];

@@ -484,6 +484,8 @@ typedef struct ff_plan_rollout_input {
     double (*infer_gpu_s)(void *ctx, int64_t tokens);
     double (*move_s)(void *ctx, int64_t tokens);
     void *cost_ctx;
+    double move_latency_s;      /* a sending instance's fixed cost before its first sample arrives
+                                   (the runtime's round trip of the decision), seconds; 0: none */
 } ff_plan_rollout_input;
 
 typedef struct ff_plan_rollout_run {

@@ -8,7 +8,8 @@
  *   - with a fixed cost per step (decoding memory bound, as on a GPU) and a long tail, auto
  *     picks a threshold and survivors that the simulation says save time; with the step in
  *     proportion to the batch and no inference to take, it picks none (nothing to gain);
- *   - a fixed threshold gets the prediction at that threshold. */
+ *   - a fixed threshold gets the prediction at that threshold;
+ *   - a migration's cost is fitted as a latency plus a cost per moved sample. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +115,21 @@ int main(void) {
      * migration does not shorten it, and auto keeps to no migration unless it gains */
     REQUIRE(ex_rollout_plan_stage(x, 4, 256, 100, -1, -1, &q) == 0 && q.valid);
     CHECK(q.migrate_s <= q.fused_s && q.fused_s < p.fused_s && (q.rt == 0) == (q.survivors == 0));
+
+    /* migrations of 2 samples in 24 ms and of 7 in 28 ms: 22.4 ms + 0.8 ms a sample; the fit
+     * of the decode step is left as it was (those iterations migrated) */
+    const double a0 = p.step_a;
+    memset(&I, 0, sizeof I);
+    I.mig_sources = 1, I.mig_moved = 2, I.mig_t0_ns = 1000, I.mig_t1_ns = 1000 + 24000000;
+    iteration(x, 2, 1e-3, 1e-5, 2e-5, 4);
+    ex_rollout_finish(x, &I);
+    I.mig_moved = 7, I.mig_t1_ns = 1000 + 28000000;
+    ex_rollout_finish(x, &I);
+    REQUIRE(ex_rollout_plan_stage(x, 2, 256, 100, -1, -1, &q) == 0 && q.valid);
+    CHECK_CLOSE(q.move_latency_s, 0.0224, 1e-9, 1e-6);
+    CHECK_CLOSE(q.move_per_sample_s, 0.0008, 1e-9, 1e-6);
+    CHECK(q.step_a == a0);
+    memset(&I, 0, sizeof I);
     run_free(&x);
 
     /* 3. a step in proportion to its batch and no inference: consolidating saves nothing */

@@ -87,6 +87,10 @@ int main(void) {
     EXACT(r.migrate.move_s, 0.5);
     EXACT(r.migrate.gen_s, 11);
     EXACT(r.migrate.total_s, 11.25);
+    in.move_latency_s = 0.25; /* once per sender, before its first sample */
+    REQUIRE(ff_plan_rollout_simulate(&in, &r) == 0);
+    EXACT(r.migrate.move_s, 0.75);
+    in.move_latency_s = 0;
     in.migrate = -1;
     REQUIRE(ff_plan_rollout_simulate(&in, &r) == 0);
     EXACT(r.migrate.total_s, 10.5);
