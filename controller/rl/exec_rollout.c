@@ -14,6 +14,7 @@
  * measurement on the workers. */
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
