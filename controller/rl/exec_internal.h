@@ -138,6 +138,19 @@ typedef struct ex_gen_pend {
     int64_t group, task; /* task: a group-level node's, else -1 (the samples' are in pend_task) */
 } ex_gen_pend;
 
+/* The generation + inference stage simulated on the run's measured costs (exec_rollout.c):
+ * auto's R_t and survivors, and the stage's predicted seconds three ways. */
+typedef struct ex_rollout_plan {
+    bool valid;       /* something was measured: the simulation ran */
+    double rt;        /* the best threshold (fraction of the samples; 0: no migration pays) */
+    int survivors;    /* the simulation's survivors at rt */
+    double serial_s, fused_s, migrate_s; /* generation then inference; fused; fused with migration at rt */
+    double step_a, step_b, step_c;       /* the decode step fit: a + b batch + c context tokens, seconds */
+    double infer_per_tok;                /* the inference forwards, worker-seconds per token */
+    double move_latency_s, move_per_sample_s; /* a migration: t = latency + per sample x moved */
+} ex_rollout_plan;
+typedef struct ex_rollout ex_rollout;
+
 typedef struct ex_iter {
     int64_t it;
     ff_sched *s;
@@ -169,6 +182,10 @@ typedef struct ex_iter {
     double mig_rt;
     int mig_to[EX_MAX_RANKS], mig_load[EX_MAX_RANKS], n_mig_to, mig_sources;
     int64_t mig_moved, mig_bytes, mig_t0_ns, mig_t1_ns;
+    /* the stage simulated at the iteration's start (the fixed threshold's, or auto's best), and
+     * that simulation at the threshold used (predicted_s; 0: none) */
+    ex_rollout_plan plan;
+    double mig_predicted_s;
 } ex_iter;
 
 /* A pool's layout: tp x pp ranks per DP replica (mp, the model-parallel ranks), dp replicas
@@ -288,6 +305,7 @@ struct ex_run {
     ex_fuse fuse;        /* graph.<actor train>.fuse (exec_fuse.c) */
     struct ex_trace *tr; /* --trace: what the executor adds to the controller's trace */
     int64_t gen_slots;   /* KV-cache slots of each generation engine (rl.init's slots) */
+    ex_rollout *ro;      /* the stage's measured costs and last lengths (exec_rollout.c), lazily */
 };
 
 /* exec_run.c */
@@ -339,6 +357,23 @@ void ex_check_workers(ex_run *x);
 void ex_subtask_failed(ex_run *x, const char *fmt, ...) FF_PRINTF(2, 3);
 /* Judge a failure held by ex_subtask_failed (outside callbacks: it runs the loop). */
 void ex_judge(ex_run *x);
+
+/* exec_rollout.c: the stage's measurements (from the result callbacks; a record lost to memory
+ * is only a lost observation) and its simulation */
+void ex_rollout_free(ex_rollout **r);
+/* an rl.generate job that ran to its end on `rank`: its n response lengths, its prompts' mean */
+void ex_rollout_gen(ex_run *x, int rank, int64_t start_ns, int64_t end_ns, double plen, const int32_t *rl, int64_t n);
+/* final response lengths of n samples (every sample once per iteration) */
+void ex_rollout_final(ex_run *x, double plen, const int32_t *rl, int64_t n);
+/* an inference subtask of scoring node `node` over `tokens` tokens */
+void ex_rollout_infer(ex_run *x, int node, int rank, int64_t start_ns, int64_t end_ns, int64_t tokens);
+/* the iteration is over: fold its records into the fit, keep its lengths */
+void ex_rollout_finish(ex_run *x, const ex_iter *I);
+/* Simulate the stage on `workers` generation workers (migrate and survivors as plan.h's: < 0
+ * the best, else R_t and that many). 0 with p->valid false before anything was measured; -1 +
+ * error when the simulator refuses. */
+int ex_rollout_plan_stage(ex_run *x, int workers, int64_t samples, int32_t max_len, double migrate, int64_t survivors,
+                          ex_rollout_plan *p);
 
 /* exec_train.c */
 int ex_train_start(ex_run *x, ex_iter *I, const ff_sched_task *t);

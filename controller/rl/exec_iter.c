@@ -616,6 +616,40 @@ static int hand_over(ex_run *x, ex_iter *I, ex_job *j, uint8_t **state, int64_t 
     return 0;
 }
 
+/* The stage simulated at the iteration's start on the live generation workers, from the costs
+ * measured so far (exec_rollout.c): auto's R_t and survivors, the prediction at the threshold
+ * that applies, and the estimates without migration that the metrics carry. Logged at debug. */
+static void plan_stage(ex_run *x, ex_iter *I) {
+    if (x->gen_node < 0 || ex_pool_grouped(x, POOL_GEN)) return;
+    const int m = migrate_node(x);
+    const double mig = m >= 0 && node_of(x, m)->gen.migrate > 0 ? node_of(x, m)->gen.migrate : -1;
+    int W = 0;
+    for (int i = 0; i < x->pool_n[POOL_GEN]; i++) W += rank_live(x, x->pool_ranks[POOL_GEN][i]);
+    ff_node_sampling sp;
+    ff_node_sampling_of(x->run, node_of(x, x->gen_node), &sp);
+    ex_rollout_plan *p = &I->plan;
+    /* survivors: migrate_to, or at a fixed threshold the one the KV-room rule keeps when the
+     * tail fits it, or for auto the best count */
+    const int64_t to = m >= 0 ? node_of(x, m)->gen.migrate_to : 0;
+    if (ex_rollout_plan_stage(x, W, I->n_groups * x->group_size, sp.max_new, mig, to > 0 ? to : mig > 0 ? 1 : -1, p) != 0) {
+        ff_warn("run: iteration %" PRId64 ": the stage simulation failed: %s", I->it, ff_error_message());
+        memset(p, 0, sizeof *p);
+        return;
+    }
+    if (!p->valid) {
+        if (m >= 0) ff_debug("run: iteration %" PRId64 ": migrate: no costs measured yet: %s", I->it,
+                             mig > 0 ? "the fixed threshold, no prediction" : "auto does not migrate (this iteration measures)");
+        return;
+    }
+    I->mig_predicted_s = p->migrate_s;
+    I->mig_rt = mig > 0 ? mig : p->rt; /* the threshold the metrics report, whether or not it is reached */
+    if (m >= 0)
+        ff_debug("run: iteration %" PRId64 ": migrate %s: R_t %.3g onto %d of %d workers; simulated stage %.3f s against %.3f s "
+                 "without migration, %.3f s serial (decode step %.3g + %.3g batch + %.3g context ms, inference %.3g us/token)",
+                 I->it, mig > 0 ? "fixed" : "auto", p->rt, p->survivors, W, p->migrate_s, p->fused_s, p->serial_s,
+                 p->step_a * 1e3, p->step_b * 1e3, p->step_c * 1e3, p->infer_per_tok * 1e6);
+}
+
 /* The decision, once per iteration, when every sample was dispatched and the open jobs' fall
  * to R_t of them. */
 static void maybe_migrate(ex_run *x, ex_iter *I) {
@@ -635,17 +669,22 @@ static void maybe_migrate(ex_run *x, ex_iter *I) {
     }
     const int64_t N = I->n_groups * x->group_size;
     if (I->st[m].dispatched < N) return;
+    /* auto: the simulated best (plan_stage), none before anything was measured */
+    const double rt = nd->gen.migrate > 0 ? nd->gen.migrate : I->plan.valid ? I->plan.rt : 0;
+    if (rt <= 0) {
+        I->mig_decided = true;
+        return;
+    }
     int live[EX_MAX_RANKS], W = 0;
     for (int i = 0; i < x->pool_n[POOL_GEN]; i++)
         if (rank_live(x, x->pool_ranks[POOL_GEN][i])) live[W++] = x->pool_ranks[POOL_GEN][i];
-    const int S_min = nd->gen.migrate_to > 0 ? (int)nd->gen.migrate_to : 1;
+    const int S_min = nd->gen.migrate_to > 0 ? (int)nd->gen.migrate_to
+                      : nd->gen.migrate < 0 && I->plan.survivors > 0 ? I->plan.survivors
+                                                                      : 1;
     if (W <= S_min) { /* nothing to free */
         I->mig_decided = true;
         return;
     }
-    /* auto: when what is left fits S_min survivors at the batch each worker started with (N/W
-     * samples), so that their decode steps cost about what they did */
-    const double rt = nd->gen.migrate > 0 ? nd->gen.migrate : (double)S_min / W;
     int64_t open[EX_MAX_RANKS] = {0}, total = 0;
     for (ex_job *j = x->jobs; j; j = j->next) {
         if (j->kind != JOB_GEN || j->iteration != I->it) continue;
@@ -763,6 +802,14 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
         }
         stored += per_group ? x->group_size : 1;
     }
+    if (j->node == x->gen_node) { /* the stage's measurements (exec_rollout.c) */
+        double plen = 0;
+        for (int64_t q = 0; q < j->ngroups; q++) plen += (double)x->train.len[I->group_row[j->groups[q]]];
+        plen /= (double)(j->ngroups > 0 ? j->ngroups : 1);
+        for (int64_t i = 0; i < nresp; i++)
+            if (!(slv && slv[i] > 0)) ex_rollout_final(x, plen, rl + i, 1);
+        if (!j->mig_state && !moved) ex_rollout_gen(x, r->rank, r->start_ns, r->end_ns, plen, rl, nresp);
+    }
     st->tokens += at[nresp];
     free(at);
     st->done += stored;
@@ -877,6 +924,9 @@ static void score_done(ex_run *x, ex_job *j, const ff_result *r) {
         }
         cell(I, col, s)->job = j->id;
     }
+    int64_t tokens = off;
+    for (int64_t k = 0; k < j->nsamples; k++) tokens += x->train.len[I->group_row[j->samples[k] / x->group_size]];
+    ex_rollout_infer(x, j->node, r->rank, r->start_ns, r->end_ns, tokens);
     I->st[j->node].done += j->nsamples;
     I->st[j->node].tokens += off;
     I->st[j->node].t_last_ns = ff_now_ns();
@@ -1126,6 +1176,7 @@ int ex_iteration(ex_run *x, int64_t it) {
         return -1;
     }
     x->cur = I;
+    plan_stage(x, I);
     int64_t cap = 4096;
     local_task *lt = ff_malloc((size_t)cap * sizeof *lt);
     if (!lt) {
@@ -1256,6 +1307,10 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         json_object_set_new(mg, "bytes", json_integer((json_int_t)I->mig_bytes));
         json_object_set_new(mg, "time_s", json_real(I->mig_moved && I->mig_t1_ns > I->mig_t0_ns ? (double)(I->mig_t1_ns - I->mig_t0_ns) * 1e-9 : 0));
         json_object_set_new(mg, "threshold", json_real(I->mig_rt));
+        /* the simulated stage at the threshold used, and what it saves against the simulated
+         * stage without migration (null before anything was measured) */
+        json_object_set_new(mg, "predicted_s", I->plan.valid ? json_real(I->mig_predicted_s) : json_null());
+        json_object_set_new(mg, "saved_s", I->plan.valid ? json_real(I->plan.fused_s - I->mig_predicted_s) : json_null());
         json_object_set_new(mg, "sources", json_integer(I->mig_sources));
         json_object_set_new(m, "migrate", mg);
     }
@@ -1272,6 +1327,7 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
 
 void ex_iter_finish(ex_run *x) {
     ex_iter *I = x->cur;
+    ex_rollout_finish(x, I);
     /* adaptive KL controllers move once per iteration, by the batch's mean KL */
     for (int k = 0; k < x->n_nodes; k++) {
         ff_node *nd = ff_graph_node_mut(x->run->graph, (size_t)k);

@@ -626,6 +626,20 @@ static void time_metrics(ex_run *x, json_t *m, int64_t t_end) {
         }
     }
     if (total > 0) json_object_set_new(t, "tokens_per_s", json_real((double)all_tokens / total));
+    /* the generation + inference stage: the generation's first dispatch to the last inference
+     * result, beside the simulation of it from the costs measured before the iteration */
+    if (x->gen_node >= 0 && I->st[x->gen_node].t_first_ns) {
+        int64_t last = I->st[x->gen_node].t_last_ns;
+        for (int k = 0; k < x->n_nodes; k++) {
+            ff_op op = node_of(x, k)->op;
+            if ((op == FF_OP_LOGPROB || op == FF_OP_VALUE || op == FF_OP_SCORE) && I->st[k].t_last_ns > last) last = I->st[k].t_last_ns;
+        }
+        json_object_set_new(t, "rollout_stage", json_real((double)(last - I->st[x->gen_node].t_first_ns) * 1e-9));
+        const ex_rollout_plan *p = &I->plan;
+        if (p->valid)
+            json_object_set_new(t, "rollout_sim", json_pack("{s:f,s:f,s:f,s:f,s:i}", "serial_s", p->serial_s, "fused_s", p->fused_s,
+                                                            "migrate_s", p->migrate_s, "rt", p->rt, "survivors", p->survivors));
+    }
     json_object_set_new(m, "time", t);
     if (x->tr) {
         char name[64];
@@ -1105,6 +1119,7 @@ out:
     }
     if (rc < 0 && started) resume_hint(x, hint, sizeof hint);
     ex_trace_free(&x->tr);
+    ex_rollout_free(&x->ro);
     ff_reward_destroy(&x->exact);
     ex_dataset_free(&x->train);
     ex_dataset_free(&x->val);

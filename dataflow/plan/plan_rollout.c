@@ -142,10 +142,10 @@ static void sort_by_count(int64_t *idx, int64_t n, const inst *is) {
     }
 }
 
-/* Move every sample of the instances outside the fewest survivors whose batch stays within the
- * saturation size (those holding the most samples, so the fewest move) onto them. now: the
- * decision's time; a sender finishes its step in flight first. */
-static void migrate(sim *m, double now, ff_plan_rollout_run *r) {
+/* Move every sample of the instances outside the survivors (those holding the most samples, so
+ * the fewest move) onto them: `want` of them, or with want 0 the fewest whose batch stays within
+ * the saturation size. now: the decision's time; a sender finishes its step in flight first. */
+static void migrate(sim *m, double now, int64_t want, ff_plan_rollout_run *r) {
     int64_t remaining = 0, holders = 0;
     int64_t *idx = ff_calloc((size_t)m->ni, sizeof *idx);
     int64_t *load = ff_calloc((size_t)m->ni, sizeof *load);
@@ -155,7 +155,7 @@ static void migrate(sim *m, double now, ff_plan_rollout_run *r) {
         if (m->is[i].n) idx[holders++] = i;
     }
     int64_t per = m->sat < m->cap ? m->sat : m->cap;
-    int64_t k = (remaining + per - 1) / per;
+    int64_t k = want > 0 ? want : (remaining + per - 1) / per;
     if (k < 1) k = 1;
     if (k >= holders) goto out; /* nothing to consolidate */
     sort_by_count(idx, holders, m->is);
@@ -165,7 +165,7 @@ static void migrate(sim *m, double now, ff_plan_rollout_run *r) {
     double slowest = 0;
     for (int64_t j = k; j < holders; j++) {
         inst *from = &m->is[idx[j]];
-        double sent_s = 0, start = from->t > now ? from->t : now;
+        double sent_s = m->in->move_latency_s, start = from->t > now ? from->t : now;
         for (int64_t q = 0; q < from->n; q++) {
             int64_t id = from->q[q];
             sample *s = &m->s[id];
@@ -217,8 +217,9 @@ static double drain(event *ev, int64_t n) {
     return t + (gpus > 0 ? work / gpus : 0);
 }
 
-/* One run: rt 0 without migration. Fills r (gen_s, total_s, the migration); 0 or -1 + error. */
-static int simulate_run(sim *m, const int64_t *lens, double rt, ff_plan_rollout_run *r, double *serial_s) {
+/* One run: rt 0 without migration; survivors as migrate()'s want. Fills r (gen_s, total_s, the
+ * migration); 0 or -1 + error. */
+static int simulate_run(sim *m, const int64_t *lens, double rt, int64_t survivors, ff_plan_rollout_run *r, double *serial_s) {
     memset(r, 0, sizeof *r);
     const ff_plan_rollout_input *in = m->in;
     for (int64_t i = 0; i < m->ns; i++) m->s[i] = (sample){.len = lens[i]};
@@ -265,7 +266,7 @@ static int simulate_run(sim *m, const int64_t *lens, double rt, ff_plan_rollout_
         }
         if (!migrated && decoding > 0 && decoding <= threshold) {
             migrated = true;
-            migrate(m, x->t, r);
+            migrate(m, x->t, survivors, r);
             r->rt = r->survivors ? rt : 0; /* no survivors: nothing to consolidate, the run goes on as it is */
         }
     }
@@ -300,6 +301,9 @@ static int check_input(const ff_plan_rollout_input *in) {
         return ff_error_set(WHERE, "lengths are log-normal: median >= 1 and at most the maximum, p99 ratio >= 1",
                             "median %g, p99 ratio %g, maximum %lld", in->median_len, in->p99_ratio, (long long)in->max_len);
     if (in->migrate > 1) return ff_error_set(WHERE, "R_t is a fraction of the samples (0: off, < 0: auto)", "migrate %g", in->migrate);
+    if (in->survivors >= k->gpus / in->gen_tp && in->survivors > 0)
+        return ff_error_set(WHERE, "survivors are fewer than the instances (0: the saturation rule, < 0: the best count)",
+                            "%lld survivors of %lld instances", (long long)in->survivors, (long long)(k->gpus / in->gen_tp));
     bool measured = in->step_s || in->infer_gpu_s || in->move_s;
     if (measured && !(in->step_s && in->infer_gpu_s && in->move_s))
         return ff_error_set(WHERE, "give all three measured costs or none", "some of step_s, infer_gpu_s, move_s are missing");
@@ -389,18 +393,33 @@ int ff_plan_rollout_simulate(const ff_plan_rollout_input *in, ff_plan_rollout *o
         out->longest = (double)sorted[m.ns - 1];
         for (int64_t i = 0; i < m.ns; i++) out->infer_gpu_s += infer_cost(in, in->prompt_len + lens[i]);
     }
-    if (rc == 0) rc = simulate_run(&m, lens, 0, &out->overlap, &out->serial_s);
-    if (rc == 0 && in->migrate > 0) rc = simulate_run(&m, lens, in->migrate, &out->migrate, NULL);
-    if (rc == 0 && in->migrate < 0) {
+    /* the survivor counts to try: the one asked for, or the saturation rule and, with
+     * survivors < 0, every count up to FF_PLAN_ROLLOUT_MAX_SURVIVORS as well */
+    int64_t counts[FF_PLAN_ROLLOUT_MAX_SURVIVORS + 1], ncounts = 0;
+    counts[ncounts++] = in->survivors > 0 ? in->survivors : 0;
+    for (int64_t k = 1; in->survivors < 0 && k < m.ni && k <= FF_PLAN_ROLLOUT_MAX_SURVIVORS; k++) counts[ncounts++] = k;
+    if (rc == 0) rc = simulate_run(&m, lens, 0, 0, &out->overlap, &out->serial_s);
+    if (rc == 0 && in->migrate != 0) {
         static const double grid[FF_PLAN_ROLLOUT_SWEEP] = {0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5};
+        const int nrt = in->migrate > 0 ? 1 : FF_PLAN_ROLLOUT_SWEEP;
         out->migrate = out->overlap;
-        for (int i = 0; rc == 0 && i < FF_PLAN_ROLLOUT_SWEEP; i++) {
-            ff_plan_rollout_run r;
-            rc = simulate_run(&m, lens, grid[i], &r, NULL);
-            out->sweep_rt[i] = grid[i];
-            out->sweep_s[i] = r.total_s;
-            out->n_sweep = i + 1;
-            if (rc == 0 && r.total_s < out->migrate.total_s) out->migrate = r;
+        bool first = true;
+        for (int i = 0; rc == 0 && i < nrt; i++) {
+            const double rt = in->migrate > 0 ? in->migrate : grid[i];
+            double best = INFINITY;
+            for (int64_t q = 0; rc == 0 && q < ncounts; q++) {
+                ff_plan_rollout_run r;
+                rc = simulate_run(&m, lens, rt, counts[q], &r, NULL);
+                if (rc == 0 && r.total_s < best) best = r.total_s;
+                /* a fixed threshold reports its run even when it loses to the overlap */
+                if (rc == 0 && ((in->migrate > 0 && (first || r.total_s < out->migrate.total_s)) || r.total_s < out->migrate.total_s))
+                    out->migrate = r, first = false;
+            }
+            if (in->migrate < 0) {
+                out->sweep_rt[i] = rt;
+                out->sweep_s[i] = best;
+                out->n_sweep = i + 1;
+            }
         }
     }
     if (rc == 0 && in->migrate == 0) out->migrate = out->overlap;

@@ -448,6 +448,7 @@ char *ff_plan_reshard_json(const ff_plan_reshard_input *in, const ff_plan_reshar
 
 #define FF_PLAN_ROLLOUT_MAX_INFER 4
 #define FF_PLAN_ROLLOUT_SWEEP 12
+#define FF_PLAN_ROLLOUT_MAX_SURVIVORS 16
 
 /* One iteration's generation and inference stage on `cluster.gpus` GPUs: the actor decodes
  * `samples` responses on gpus / gen_tp instances (continuous batching), and every finished
@@ -468,6 +469,12 @@ typedef struct ff_plan_rollout_input {
     uint64_t seed;
     double migrate;             /* R_t: migrate once at most migrate x samples still decode;
                                    0: never; < 0: the best of a sweep (auto) */
+    int64_t survivors;          /* instances the tail moves onto: 0: the fewest whose decode batch
+                                   stays within the saturation size; > 0: that many (fewer than the
+                                   instances); < 0: the best of that rule and of 1 ..
+                                   FF_PLAN_ROLLOUT_MAX_SURVIVORS (the runtime's auto, where a step
+                                   costs in proportion to its batch and freeing an instance for
+                                   inference may pay even so) */
     double dtype_bytes;         /* weights and KV cache (2: bf16) */
     /* Optional measured costs instead of the roofline (the runtime's, or a test's): seconds of
      * one decode step of an instance at `batch` sequences holding `context` tokens of KV cache;
@@ -477,6 +484,8 @@ typedef struct ff_plan_rollout_input {
     double (*infer_gpu_s)(void *ctx, int64_t tokens);
     double (*move_s)(void *ctx, int64_t tokens);
     void *cost_ctx;
+    double move_latency_s;      /* a sending instance's fixed cost before its first sample arrives
+                                   (the runtime's round trip of the decision), seconds; 0: none */
 } ff_plan_rollout_input;
 
 typedef struct ff_plan_rollout_run {
@@ -499,7 +508,7 @@ typedef struct ff_plan_rollout {
     double serial_s;            /* generation, then inference on every GPU */
     ff_plan_rollout_run overlap; /* each instance starts inference when its own samples are done */
     ff_plan_rollout_run migrate; /* and the long tail moves onto survivors at R_t */
-    int n_sweep;                /* auto: the thresholds tried and their totals */
+    int n_sweep;                /* auto: the thresholds tried and their totals (the best survivor count's) */
     double sweep_rt[FF_PLAN_ROLLOUT_SWEEP], sweep_s[FF_PLAN_ROLLOUT_SWEEP];
 } ff_plan_rollout;
 

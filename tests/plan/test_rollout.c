@@ -35,6 +35,15 @@ static void measured(ff_plan_rollout_input *in, int64_t gpus, const int64_t *len
     in->step_s = step_1s, in->infer_gpu_s = infer_1s, in->move_s = move_half;
 }
 
+static double step_per_seq(void *ctx, int64_t batch, int64_t context) {
+    (void)ctx, (void)context;
+    return 1.0 + (double)batch;
+}
+static double infer_5s(void *ctx, int64_t tokens) {
+    (void)ctx, (void)tokens;
+    return 5.0;
+}
+
 #define EXACT(a, b) CHECK_CLOSE((a), (b), 1e-12, 0.0)
 
 int main(void) {
@@ -78,11 +87,36 @@ int main(void) {
     EXACT(r.migrate.move_s, 0.5);
     EXACT(r.migrate.gen_s, 11);
     EXACT(r.migrate.total_s, 11.25);
+    in.move_latency_s = 0.25; /* once per sender, before its first sample */
+    REQUIRE(ff_plan_rollout_simulate(&in, &r) == 0);
+    EXACT(r.migrate.move_s, 0.75);
+    in.move_latency_s = 0;
     in.migrate = -1;
     REQUIRE(ff_plan_rollout_simulate(&in, &r) == 0);
     EXACT(r.migrate.total_s, 10.5);
     CHECK_EQ_INT(r.migrate.moved, 0);
     CHECK(r.n_sweep == FF_PLAN_ROLLOUT_SWEEP);
+
+    /* Survivors: with a step costing 1 s + 1 s per sequence the saturation rule keeps every
+     * sample where it is (a batch of 2 costs 1.5 x one), yet one survivor frees the other
+     * instance for heavy inference (5 GPU-s a sample); auto with survivors < 0 finds that.
+     * Two instances each hold one 9-token tail behind three 1-token samples. */
+    const int64_t c[] = {9, 9, 1, 1, 1, 1, 1, 1};
+    measured(&in, 2, c, 8);
+    in.step_s = step_per_seq, in.infer_gpu_s = infer_5s;
+    in.migrate = -1;
+    REQUIRE(ff_plan_rollout_simulate(&in, &r) == 0);
+    CHECK_EQ_INT(r.migrate.moved, 0); /* survivors 0: the saturation rule, as before */
+    const double rule_s = r.migrate.total_s;
+    in.survivors = -1;
+    REQUIRE(ff_plan_rollout_simulate(&in, &r) == 0);
+    CHECK_EQ_INT(r.migrate.moved, 1);
+    CHECK_EQ_INT(r.migrate.survivors, 1);
+    CHECK(r.migrate.total_s < rule_s - 1);
+    CHECK(r.migrate.gen_s > r.overlap.gen_s); /* the tail itself is slower on one instance */
+    in.survivors = 2;
+    CHECK(ff_plan_rollout_simulate(&in, &r) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "2 survivors of 2 instances");
 
     /* The roofline on RLHFuse's largest setting: 65B actor at TP 8 on 64 H100s, reference 65B and
      * reward and critic 33B, responses up to 1024 with a long tail. */
