@@ -50,15 +50,7 @@ typedef struct problem {
     double scale;           /* typical task time: the perturbations' unit */
     int32_t least[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]; /* the fewest in flight at the makespan bound */
     int64_t items;
-    struct rung *ladder;    /* [n_rungs] cap profiles from escalate(), read-only once the threads run */
-    int n_rungs;
 } problem;
-
-/* A rung of the ladder: caps that decode (unperturbed) to makespan mk at peak pk. */
-typedef struct rung {
-    int32_t cap[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
-    double mk, pk;
-} rung;
 
 typedef struct point {
     int32_t cap[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
@@ -74,8 +66,6 @@ typedef struct decoder {
     int32_t fc[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES], bc[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
     double free_at[FF_FUSE_MAX_NODES], mem[FF_FUSE_MAX_NODES], peak[FF_FUSE_MAX_NODES];
     int32_t in_flight[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]; /* the most micro-batches of a model in flight on a node */
-    double cap_ready[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]; /* when the node's next forward of the model could start but for its cap (INFINITY: not capped) */
-    double blocked[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];   /* time the node stood idle while that forward waited for its cap */
 } decoder;
 
 static bool better(double mk, double pk, double bmk, double bpk) {
@@ -101,11 +91,6 @@ static void choose(const problem *p, const point *x, decoder *d, int32_t n) {
         const ff_fuse_model *m = &in->models[i];
         int32_t st = c->stage_of[i][n], f = d->fc[i][n], b = d->bc[i][n];
         int64_t base = c->off[i];
-        d->cap_ready[i][n] = INFINITY;
-        if (f < m->micro && f - b >= x->cap[i][n]) {
-            double r = st == 0 ? 0 : c->f_end[base + (int64_t)(st - 1) * m->micro + f];
-            if (r >= 0) d->cap_ready[i][n] = st > 0 ? r + in->hop_latency : r;
-        }
         if (f < m->micro && f - b < x->cap[i][n] && d->mem[n] + m->act <= x->budget * (1 + 1e-12)) {
             double r = st == 0 ? 0 : c->f_end[base + (int64_t)(st - 1) * m->micro + f];
             if (r >= 0) {
@@ -146,7 +131,6 @@ static int decode(const problem *p, const point *x, decoder *d, ff_fuse_schedule
     memset(d->fc, 0, sizeof d->fc);
     memset(d->bc, 0, sizeof d->bc);
     memset(d->in_flight, 0, sizeof d->in_flight);
-    memset(d->blocked, 0, sizeof d->blocked);
     int64_t total = 0;
     for (int32_t n = 0; n < in->nodes; n++) {
         d->free_at[n] = d->mem[n] = d->peak[n] = 0;
@@ -164,11 +148,6 @@ static int decode(const problem *p, const point *x, decoder *d, ff_fuse_schedule
         const ff_fuse_model *m = &in->models[i];
         int32_t st = c->stage_of[i][n], next = -1;
         double t0 = fmax(d->free_at[n], d->ch_ready[n]);
-        for (int a = 0; a < p->non[n]; a++) { /* the idle each cap cost: the forward it held back could have run from r */
-            int j = p->on[n][a];
-            double r = fmax(d->cap_ready[j][n], d->free_at[n]);
-            if (r < t0) d->blocked[j][n] += t0 - r;
-        }
         if (!d->ch_back[n]) {
             int32_t k = d->fc[i][n]++;
             d->free_at[n] = t0 + m->fwd;
@@ -222,8 +201,6 @@ typedef struct worker {
     bool restart;              /* start a cycle from the best at the next round */
     double mem_step;           /* a budget cycle aims this fraction of the way from the best peak to its bound */
     double budget_from;        /* the best peak when the budget cycle now running began (0: none) */
-    bool ladder_cycle;         /* this decoding cycle began at a rung of the ladder: caps go up where they cost idle */
-    double dec_mk, dec_pk;     /* what the last decode gave (INFINITY: stuck) */
     int failed;
 } worker;
 
@@ -289,19 +266,6 @@ static double energy(const worker *w, double mk, double pk, const double *node_p
     return mk / p->lb + MEM_WEIGHT_AT_BOUND * (pk + 0.1 * mean) / p->peak_lb;
 }
 
-/* The cap that cost the most idle in the last decode (and can still go up): 0, or -1 when no
- * cap held a node idle. */
-static int most_blocked(const worker *w, const point *x, int *model, int32_t *node) {
-    const ff_fuse_instance *in = w->p->in;
-    double most = 0;
-    for (int i = 0; i < in->n_models; i++)
-        for (int32_t s = 0; s < in->models[i].n_stages; s++) {
-            int32_t n = in->models[i].stages[s];
-            if (w->d.blocked[i][n] > most && x->cap[i][n] < in->models[i].micro) most = w->d.blocked[i][n], *model = i, *node = n;
-        }
-    return most > 0 ? 0 : -1;
-}
-
 /* Caps down to what the decoded schedule used: it decodes to the same schedule (a cap that
  * never bound changes no choice), and a cap move of -1 then always bites. */
 static void tighten(worker *w, point *x) {
@@ -332,10 +296,9 @@ static int try_point(worker *w, const point *x, double *e) {
     double mk, pk;
     w->decodes++;
     if (decode(w->p, x, &w->d, &w->sched, &mk, &pk)) { /* over the budget: no schedule */
-        *e = w->dec_mk = w->dec_pk = INFINITY;
+        *e = INFINITY;
         return 0;
     }
-    w->dec_mk = mk, w->dec_pk = pk;
     *e = energy(w, mk, pk, w->d.peak);
     if (better(mk, pk, w->an_mk, w->an_pk)) {
         w->an_mk = mk;
@@ -351,20 +314,6 @@ static int try_point(worker *w, const point *x, double *e) {
     return 0;
 }
 
-/* A decoding cycle from a random rung of the ladder whose peak is below `below` (unperturbed,
- * no budget): the makespan search again, from fewer micro-batches in flight than the best has.
- * false when no rung is that low. */
-static bool start_on_rung(worker *w, double below) {
-    const problem *p = w->p;
-    int n = 0;
-    while (n < p->n_rungs && p->ladder[n].pk < below * (1 - 1e-9)) n++; /* the ladder's peaks ascend */
-    if (!n) return false;
-    point_plain(p, &w->cur, -1, false);
-    memcpy(w->cur.cap, p->ladder[ff_rng_below(&w->rng, (uint64_t)n)].cap, sizeof w->cur.cap);
-    w->ladder_cycle = true;
-    return true;
-}
-
 /* A cycle starts from the thread's best: its best point (decoding) or best schedule (orders),
  * the two in turn, threads out of step. */
 static int begin_cycle(worker *w) {
@@ -374,16 +323,12 @@ static int begin_cycle(worker *w) {
         w->budget_from = 0;
     }
     w->mode = (int)((w->cycles++ + w->id) % 2);
-    w->ladder_cycle = false;
-    if (w->mode == 0 && w->sh->memory_phase && (w->cycles / 2) % 2 && start_on_rung(w, w->best_pk)) return try_point(w, &w->cur, &w->cur_e);
     if (w->mode == 0 && !w->sh->memory_phase) { /* stuck in one basin: start afresh elsewhere */
         w->stuck = w->best_mk < w->last_mk * (1 - 1e-9) ? 0 : w->stuck + 1;
         w->last_mk = w->best_mk;
         if (w->stuck >= KICK_CYCLES) {
             static const int extras[] = {0, 1, 2, 4, -1};
             point_plain(w->p, &w->anchor, extras[ff_rng_below(&w->rng, 5)], ff_rng_below(&w->rng, 2) != 0);
-            if (w->p->n_rungs && ff_rng_below(&w->rng, 2)) /* or a rung of the ladder: fewer in flight */
-                memcpy(w->anchor.cap, w->p->ladder[ff_rng_below(&w->rng, (uint64_t)w->p->n_rungs)].cap, sizeof w->anchor.cap);
             for (int64_t it = 0; it < w->p->items; it++) {
                 w->anchor.nf[it] = 2 * w->p->scale * ff_rng_normal(&w->rng);
                 w->anchor.nb[it] = 2 * w->p->scale * ff_rng_normal(&w->rng);
@@ -425,9 +370,7 @@ static int step_decode(worker *w, double temp) {
     int32_t s = (int32_t)ff_rng_below(&w->rng, (uint64_t)in->models[i].n_stages), node = in->models[i].stages[s];
     int32_t dir = ff_rng_below(&w->rng, 2) ? 1 : -1, k0 = 0, len = 0;
     bool cap_move = ff_rng_below(&w->rng, 3) == 0, back = false;
-    if (cap_move && dir > 0 && ff_rng_below(&w->rng, 2) && most_blocked(w, x, &i, &node) == 0) {
-        s = w->d.ctx.stage_of[i][node]; /* the cap that held its node idle longest */
-    } else if (w->sh->memory_phase && !w->ladder_cycle && ff_rng_below(&w->rng, 2)) {
+    if (w->sh->memory_phase && ff_rng_below(&w->rng, 2)) {
         node = 0;
         for (int32_t n = 1; n < in->nodes; n++)
             if (w->d.peak[n] > w->d.peak[node]) node = n;
@@ -596,44 +539,6 @@ static void *thread_main(void *arg) {
     return NULL;
 }
 
-/* ---- the ladder --------------------------------------------------------------------------- */
-
-static int by_peak(const void *a, const void *b) {
-    const rung *x = a, *y = b;
-    return x->pk < y->pk ? -1 : x->pk > y->pk ? 1 : x->mk < y->mk ? -1 : x->mk > y->mk;
-}
-
-/* The ladder, in thread 0 before the others start: from caps of few micro-batches in flight
- * (the fewest the makespan bound allows; 1F1B's), raise one cap at a time, the one whose
- * forward held its node idle longest in the last decode, until the makespan is at its bound or
- * no cap costs idle. Each rung's caps trade a little memory for a shorter makespan where the
- * caps cost it (a uniform cap does not: the pipelines' ends need more in flight than their
- * middles), and every rung is tried as a point. Sorted by peak. 0 or -1 + error. */
-static int build_ladder(problem *p, worker *w) {
-    const ff_fuse_instance *in = p->in;
-    int pairs = 0;
-    for (int i = 0; i < in->n_models; i++) pairs += in->models[i].n_stages;
-    int most = 2 * 3 * pairs;
-    if (!(p->ladder = ff_malloc((size_t)most * sizeof *p->ladder))) return -1;
-    for (int start = 0; start < 2; start++) {
-        point_plain(p, &w->cur, 0, start == 0);
-        for (int step = 0; step < 3 * pairs; step++) {
-            double e;
-            if (try_point(w, &w->cur, &e)) return -1;
-            if (!isfinite(w->dec_mk)) break;
-            rung *r = &p->ladder[p->n_rungs++];
-            memcpy(r->cap, w->cur.cap, sizeof r->cap);
-            r->mk = w->dec_mk, r->pk = w->dec_pk;
-            int i = 0;
-            int32_t n = 0;
-            if (at_bound(p, w->dec_mk) || most_blocked(w, &w->cur, &i, &n)) break;
-            w->cur.cap[i][n]++;
-        }
-    }
-    qsort(p->ladder, (size_t)p->n_rungs, sizeof *p->ladder, by_peak);
-    return 0;
-}
-
 /* ---- the entry -------------------------------------------------------------------------- */
 
 static int schedule_room(const fuse_ctx *c, ff_fuse_schedule *s) {
@@ -736,7 +641,6 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
             point_plain(&p, &w[0].cur, extras[e], pass == 0);
             if (try_point(&w[0], &w[0].cur, &en)) goto done;
         }
-    if (build_ladder(&p, &w[0])) goto done;
     bool done_early = at_bound(&p, w[0].best_mk) && w[0].best_pk <= p.peak_lb * (1 + 1e-9);
     for (int t = 1; t < threads; t++) { /* every thread anneals from the best fixed point */
         point_copy(&w[t].best_pt, &w[0].best_pt, p.items);
@@ -797,7 +701,6 @@ done:
     free(w);
     free(p.qf);
     free(p.qb);
-    free(p.ladder);
     st.seconds = (double)(ff_now_ns() - t0) * 1e-9;
     if (stats) *stats = st;
     return rc;
