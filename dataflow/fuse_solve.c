@@ -19,9 +19,13 @@
  * makespan has not improved for KICK_CYCLES decoding cycles starts its decoding afresh from a
  * random fixed point with random perturbations (the search has basins it does not leave by
  * small moves). Once the best makespan is the bound, all go on from it to lower the peak. They stop at both bounds, after
- * STALE_ROUNDS rounds without a lower peak at the makespan bound, or at the time. Rounds of
+ * STALE_ROUNDS rounds without a lower peak at the makespan bound, or when the search's share of
+ * the time (1 - POLISH_SHARE) is spent. Rounds of
  * fixed work make the result depend only on the seed and the thread count whenever it stops
- * before the time. */
+ * before the time. Last, what runs: the executor's streams (ff_fuse_to_pipe) block in their
+ * transfers, which the fused simulator does not model, so the best schedule's tasks are moved a
+ * little (polish) while the fused makespan and peak stay and the streams' simulated makespan does
+ * not rise; that step has POLISH_SHARE of the time and at most POLISH_TRIES moves. */
 #include "fuseflow/fuse.h"
 
 #include <math.h>
