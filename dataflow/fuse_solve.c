@@ -208,6 +208,8 @@ typedef struct worker {
     double mem_step;           /* a budget cycle aims this fraction of the way from the best peak to its bound */
     double budget_from;        /* the best peak when the budget cycle now running began (0: none) */
     int failed;
+    uint64_t polish_seed;
+    double streams_mk;         /* after polish: the streams' makespan of best_sched */
 } worker;
 
 struct shared {
@@ -565,28 +567,34 @@ static double streams_makespan(const ff_fuse_instance *in, const ff_fuse_schedul
     return mk;
 }
 
-/* After the search. The executor's transfers are calls that block until both ends are there,
- * which the fused simulator (free transfers) does not see: a schedule's streams run 0-25%
- * longer than its makespan (bench_fuse), more or less by the order of the tasks. Of the
- * schedules that tie s on the fused objective (the makespan, then the peak: the contract and
- * its bounds), this keeps one whose streams run faster: a task moved up to 4 places, kept when
- * the fused makespan and peak do not rise and the streams do not slow down; at most
- * POLISH_TRIES moves, until the deadline. s changes in place. */
-static void polish(fuse_ctx *c, ff_fuse_schedule *s, uint64_t seed, int64_t deadline_ns, int64_t *evals) {
+/* After the search, in every thread on its own copy. The executor's transfers are calls that
+ * block until both ends are there, which the fused simulator (free transfers) does not see: a
+ * schedule's streams run 0-25% longer than its makespan (bench_fuse), more or less by the order
+ * of the tasks. Of the schedules that tie the thread's best on the fused objective (the
+ * makespan, then the peak: the contract and its bounds), this keeps one whose streams run
+ * faster: a task moved up to 4 places, kept when the fused makespan and peak do not rise and the
+ * streams do not slow down; at most POLISH_TRIES moves, until the deadline. w->best_sched
+ * changes in place; w->streams_mk is its streams' makespan (INFINITY: none). */
+static void *polish(void *arg) {
+    worker *w = arg;
+    fuse_ctx *c = &w->d.ctx;
+    ff_fuse_schedule *s = &w->best_sched;
     const ff_fuse_instance *in = c->in;
     fuse_score r0, r;
-    if (fuse_run(c, s, &r0, NULL, NULL)) return;
+    w->streams_mk = INFINITY;
+    if (fuse_run(c, s, &r0, NULL, NULL)) return NULL;
     double cur = streams_makespan(in, s);
-    if (cur < 0) return; /* no streams: nothing to compare (the executor's own checks will say why) */
+    if (cur < 0) return NULL; /* no streams: nothing to compare (the executor's own checks will say why) */
     ff_rng rng;
-    ff_rng_seed(&rng, ff_seed_stream(seed, 0x706f6c69, 0)); /* "poli" */
+    ff_rng_seed(&rng, ff_seed_stream(w->polish_seed, 0x706f6c69, (uint64_t)w->id)); /* "poli" */
+    int64_t deadline_ns = w->sh->deadline_ns;
     for (int t = 0; t < POLISH_TRIES && ff_now_ns() < deadline_ns; t++) {
         int32_t n = (int32_t)ff_rng_below(&rng, (uint64_t)in->nodes);
         int64_t len = s->n_tasks[n], from = len ? (int64_t)ff_rng_below(&rng, (uint64_t)len) : 0, d = 1 + (int64_t)ff_rng_below(&rng, 4);
         int64_t to = ff_rng_below(&rng, 2) ? from + d : from - d;
         if (len < 2 || to < 0 || to >= len) continue;
         move_task(s->tasks[n], from, to);
-        (*evals)++;
+        w->decodes++;
         if (!fuse_run(c, s, &r, NULL, NULL) && !better(r0.makespan, r0.peak, r.makespan, r.peak)) {
             double mk = streams_makespan(in, s);
             if (mk >= 0 && mk <= cur) {
@@ -597,6 +605,8 @@ static void polish(fuse_ctx *c, ff_fuse_schedule *s, uint64_t seed, int64_t dead
         }
         move_task(s->tasks[n], to, from);
     }
+    w->streams_mk = cur;
+    return NULL;
 }
 
 /* ---- the entry -------------------------------------------------------------------------- */
@@ -751,7 +761,30 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
     int bi = 0;
     for (int t = 1; t < threads; t++)
         if (better(w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
-    polish(&w[bi].d.ctx, &w[bi].best_sched, seed, t0 + (int64_t)(seconds * 1e9), &w[bi].decodes);
+    /* every thread polishes the best (its own where it ties it), in parallel; the fastest streams win */
+    sh.deadline_ns = t0 + (int64_t)(seconds * 1e9);
+    for (int t = 0; t < threads; t++) {
+        w[t].sh = &sh;
+        w[t].polish_seed = seed;
+        if (t != bi && better(w[bi].best_mk, w[bi].best_pk, w[t].best_mk, w[t].best_pk)) {
+            copy_lists(&w[t].best_sched, &w[bi].best_sched);
+            w[t].best_mk = w[bi].best_mk, w[t].best_pk = w[bi].best_pk;
+        }
+    }
+    {
+        pthread_t *ptid = ff_calloc((size_t)threads, sizeof *ptid);
+        bool *run = ff_calloc((size_t)threads, sizeof *run);
+        for (int t = 1; ptid && run && t < threads; t++) run[t] = pthread_create(&ptid[t], NULL, polish, &w[t]) == 0;
+        polish(&w[0]);
+        for (int t = 1; t < threads; t++) {
+            if (run && run[t]) pthread_join(ptid[t], NULL);
+            else polish(&w[t]); /* no thread for it: here, after the others */
+        }
+        free(ptid);
+        free(run);
+    }
+    for (int t = 0; t < threads; t++)
+        if (w[t].streams_mk < w[bi].streams_mk) bi = t;
     if (ff_fuse_schedule_copy(&w[bi].best_sched, out)) goto done;
     for (int t = 0; t < threads; t++) st.evaluations += w[t].decodes;
     st.optimal = at_bound(&p, w[bi].best_mk);
