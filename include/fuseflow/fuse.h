@@ -132,9 +132,10 @@ typedef struct ff_fuse_solve_stats {
 } ff_fuse_solve_stats;
 
 /* A valid schedule, makespan first, peak activation memory second, into *out (initialised
- * here). Deterministic for a seed and a thread count when it stops before the time: at both
- * bounds, when the peak at the makespan bound stopped improving, or after max_rounds rounds.
- * 0 or -1 + error. */
+ * here); of the schedules tied on both it looks for one whose executor streams (ff_fuse_to_pipe,
+ * whose transfers block) run fastest. Deterministic for a seed and a thread count when it stops
+ * before the time: at both bounds, when the peak at the makespan bound stopped improving, or
+ * after max_rounds rounds. 0 or -1 + error. */
 int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fuse_schedule *out,
                   ff_fuse_solve_stats *stats);
 
