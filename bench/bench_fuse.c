@@ -50,23 +50,6 @@ static void make(ff_fuse_instance *in, int nodes, int replicas, int micro, doubl
     }
 }
 
-/* The makespan of the executor's streams for s (ff_fuse_to_pipe), simulated with the instance's
- * times: what runs, against what the fused simulator scored. -1 + error. */
-static double streams_makespan(const ff_fuse_instance *in, const ff_fuse_schedule *s) {
-    ff_pipe_schedule p;
-    if (ff_fuse_to_pipe(in, s, NULL, &p)) return -1;
-    double f[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES], b[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
-    ff_pipe_sim_opts o = {.hop_s = in->hop_latency};
-    for (int i = 0; i < in->n_models; i++) {
-        for (int32_t k = 0; k < in->models[i].n_stages; k++) f[i][k] = in->models[i].fwd, b[i][k] = in->models[i].bwd;
-        o.fwd_stage_s[i] = f[i], o.bwd_stage_s[i] = b[i];
-    }
-    ff_pipe_sim sim;
-    double mk = ff_pipe_simulate(&p, &o, &sim) ? -1 : sim.makespan_s;
-    ff_pipe_sim_clear(&sim);
-    ff_pipe_schedule_clear(&p);
-    return mk;
-}
 
 int main(int argc, char **argv) {
     double seconds = 4;
@@ -111,7 +94,7 @@ int main(int argc, char **argv) {
                     char layout[16], fr[16];
                     snprintf(layout, sizeof layout, replicas == 1 ? "pp%d" : "pp%dx2", nodes / replicas);
                     snprintf(fr, sizeof fr, "%g:%g", ratios[ri][0], ratios[ri][1]);
-                    double smk = streams_makespan(&in, &fused), ser_smk = streams_makespan(&in, &ser);
+                    double smk = ff_fuse_streams_makespan(&in, &fused), ser_smk = ff_fuse_streams_makespan(&in, &ser);
                     if (smk < 0 || ser_smk < 0) {
                         fprintf(stderr, "bench_fuse: the streams: %s\n", ff_error_message());
                         return 1;

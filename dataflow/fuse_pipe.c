@@ -391,3 +391,21 @@ done:
     free(c);
     return rc;
 }
+
+/* ---- what runs ----------------------------------------------------------------------------- */
+
+double ff_fuse_streams_makespan(const ff_fuse_instance *in, const ff_fuse_schedule *s) {
+    ff_pipe_schedule p;
+    if (ff_fuse_to_pipe(in, s, NULL, &p)) return -1;
+    double f[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES], b[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
+    ff_pipe_sim_opts o = {.hop_s = in->hop_latency};
+    for (int i = 0; i < in->n_models; i++) {
+        for (int32_t k = 0; k < in->models[i].n_stages; k++) f[i][k] = in->models[i].fwd, b[i][k] = in->models[i].bwd;
+        o.fwd_stage_s[i] = f[i], o.bwd_stage_s[i] = b[i];
+    }
+    ff_pipe_sim sim;
+    double mk = ff_pipe_simulate(&p, &o, &sim) ? -1 : sim.makespan_s;
+    ff_pipe_sim_clear(&sim);
+    ff_pipe_schedule_clear(&p);
+    return mk;
+}

@@ -549,23 +549,6 @@ static void *thread_main(void *arg) {
 
 /* ---- what runs ----------------------------------------------------------------------------- */
 
-/* The makespan of the executor's streams for s (ff_fuse_to_pipe), in the pipeline simulator
- * with the instance's times: what runs. -1 + error. */
-static double streams_makespan(const ff_fuse_instance *in, const ff_fuse_schedule *s) {
-    ff_pipe_schedule p;
-    if (ff_fuse_to_pipe(in, s, NULL, &p)) return -1;
-    double f[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES], b[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
-    ff_pipe_sim_opts o = {.hop_s = in->hop_latency};
-    for (int i = 0; i < in->n_models; i++) {
-        for (int32_t k = 0; k < in->models[i].n_stages; k++) f[i][k] = in->models[i].fwd, b[i][k] = in->models[i].bwd;
-        o.fwd_stage_s[i] = f[i], o.bwd_stage_s[i] = b[i];
-    }
-    ff_pipe_sim sim;
-    double mk = ff_pipe_simulate(&p, &o, &sim) ? -1 : sim.makespan_s;
-    ff_pipe_sim_clear(&sim);
-    ff_pipe_schedule_clear(&p);
-    return mk;
-}
 
 /* After the search, in every thread on its own copy. The executor's transfers are calls that
  * block until both ends are there, which the fused simulator (free transfers) does not see: a
@@ -583,7 +566,7 @@ static void *polish(void *arg) {
     fuse_score r0, r;
     w->streams_mk = INFINITY;
     if (fuse_run(c, s, &r0, NULL, NULL)) return NULL;
-    double cur = streams_makespan(in, s);
+    double cur = ff_fuse_streams_makespan(in, s);
     if (cur < 0) return NULL; /* no streams: nothing to compare (the executor's own checks will say why) */
     ff_rng rng;
     ff_rng_seed(&rng, ff_seed_stream(w->polish_seed, 0x706f6c69, (uint64_t)w->id)); /* "poli" */
@@ -596,7 +579,7 @@ static void *polish(void *arg) {
         move_task(s->tasks[n], from, to);
         w->decodes++;
         if (!fuse_run(c, s, &r, NULL, NULL) && !better(r0.makespan, r0.peak, r.makespan, r.peak)) {
-            double mk = streams_makespan(in, s);
+            double mk = ff_fuse_streams_makespan(in, s);
             if (mk >= 0 && mk <= cur) {
                 cur = mk;
                 r0 = r; /* it may even be better on the fused objective */

@@ -153,6 +153,12 @@ int ff_fuse_write_svg(const ff_fuse_instance *in, const ff_fuse_schedule *s, con
 int ff_fuse_to_pipe(const ff_fuse_instance *in, const ff_fuse_schedule *s, const int64_t *layers,
                     ff_pipe_schedule *out);
 
+/* What runs: the makespan of s's executor streams (ff_fuse_to_pipe) in the pipeline simulator
+ * (ff_pipe_simulate) with the instance's times and hop latency. Its transfers block until both
+ * ends are there, which ff_fuse_simulate (free transfers) does not see, so this is the figure to
+ * compare fused against serial with. -1 + error. */
+double ff_fuse_streams_makespan(const ff_fuse_instance *in, const ff_fuse_schedule *s);
+
 /* ---- activation memory of a stage (dataflow/fuse_act.c) ------------------------------------- */
 
 #define FF_FUSE_ACT_COEFF 34.0 /* bytes per token per hidden unit of one layer (the planner's default) */

@@ -48,7 +48,7 @@ ppo "$work/on4" $pp4 graph.train_actor.fuse=on --trace "$work/on4.trace.json"
 grep -q "actor \[0 1 2 3\] tp 1 x pp 4 x dp 1, gen \[0 1 2 3\], critic \[0 1 2 3\] tp 1 x pp 4 x dp 1" "$work/on4.log" ||
   fail "the roles are not at PP 4: $(head -1 "$work/on4.log")"
 grep -q "run: fuse on: the critic's stage k on pipeline rank 3-k" "$work/on4.log" || { cat "$work/on4.log" >&2; fail "fuse on does not say the critic is reversed"; }
-grep -q "run: fuse on: pp 4, actor 4 micro-batches .* simulated makespan serial [0-9]*, fused [0-9]* .*fused steps" "$work/on4.log" ||
+grep -q "run: fuse on: pp 4, actor 4 micro-batches .* simulated streams' makespan serial [0-9]*, fused [0-9]* .*fused steps" "$work/on4.log" ||
   { cat "$work/on4.log" >&2; fail "fuse on does not log its instance and makespans"; }
 same_samples "$work/off4" "$work/on4" "fuse on at PP 4"
 same_metrics "$work/off4/metrics.jsonl" "$work/on4/metrics.jsonl" 1e-6 1e-2 || fail "fuse on at PP 4 does not train like fuse off"
@@ -84,7 +84,7 @@ fused_in_metrics "$work/on22/metrics.jsonl" true "fuse on at PP 2 x DP 2"
 # auto: the first iteration serial, its stages' times measured; then the simulator's choice on
 # the measured instance, logged with its numbers, and the same training whichever it is
 ppo "$work/auto4" $pp4 graph.train_actor.fuse=auto
-grep -q "run: fuse auto: pp 4, actor 4 micro-batches on stages 0..3 (forward [0-9.e+-]* ms, backward [0-9.e+-]* ms, activation [0-9.e+-]* KB per stage, measured), critic 4 on 3..0 .* simulated makespan serial [0-9.e+-]* ms, fused [0-9.e+-]* ms .*gain -*[0-9.]*%, \(fused\|serial\) steps" \
+grep -q "run: fuse auto: pp 4, actor 4 micro-batches on stages 0..3 (forward [0-9.e+-]* ms, backward [0-9.e+-]* ms, activation [0-9.e+-]* KB per stage, measured), critic 4 on 3..0 .* simulated streams' makespan serial [0-9.e+-]* ms, fused [0-9.e+-]* ms .*gain -*[0-9.]*%, \(fused\|serial\) steps" \
   "$work/auto4.log" || { cat "$work/auto4.log" >&2; fail "fuse auto does not log its measured instance, makespans and choice"; }
 same_samples "$work/off4" "$work/auto4" "fuse auto at PP 4"
 same_metrics "$work/off4/metrics.jsonl" "$work/auto4/metrics.jsonl" 1e-6 1e-2 || fail "fuse auto at PP 4 does not train like fuse off"
