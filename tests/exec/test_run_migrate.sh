@@ -102,7 +102,7 @@ refused() { # WHAT EXPECTED overrides...
 }
 refused "a fraction over 1" "'migrate' is neither off, auto nor a fraction" graph.rollout.migrate=2
 refused "a word" "'migrate' is neither off, auto nor a fraction" graph.rollout.migrate=sometimes
-refused "migrate_with" "'migrate_with' is neither kv nor recompute" graph.rollout.migrate=auto graph.rollout.migrate_with=rows
+refused "migrate_with" "'migrate_with' is neither auto, kv nor recompute" graph.rollout.migrate=auto graph.rollout.migrate_with=rows
 "$bin" init --preset tiny --out "$work/v260" num_hidden_layers=2 hidden_size=64 intermediate_size=128 vocab_size=260 > /dev/null
 refused "TP generation" "migrate needs data-parallel generation workers" graph.rollout.migrate=auto \
   roles.actor.model="$work/v260" roles.ref.model="$work/v260" "roles.actor.rollout={workers: 2, layout: {tp: 2}}"
