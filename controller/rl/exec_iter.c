@@ -830,7 +830,8 @@ static void migrate_in_done(ex_run *x, ex_job *j, const ff_result *r) {
         return;
     }
     const ff_tensor *tag = ex_out_named(r, FF_RL_T_TAG), *xf = ex_out_named(r, FF_RL_T_XFER), *rlen = ex_out_named(r, FF_RL_T_RLEN);
-    const ff_tensor *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB);
+    const ff_tensor *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB), *stt = ex_out_named(r, FF_RL_T_STATE);
+    if (stt) I->mig_via_ctl += (int64_t)stt->nbytes;
     int64_t m = tag && tag->ndim == 2 ? tag->shape[0] : -1, total = 0;
     bool ok = m >= 0 && tag->dtype == FF_DTYPE_I64 && xf && xf->dtype == FF_DTYPE_F64 && ff_tensor_numel(xf) == 3 && rlen &&
               rlen->dtype == FF_DTYPE_I32 && ff_tensor_numel(rlen) == m && resp && resp->dtype == FF_DTYPE_I32 && lp &&
@@ -866,7 +867,7 @@ static int hold_moved(ex_run *x, ex_iter *I, ex_job *j, const ff_result *r, cons
                       int64_t tokens) {
     int pi = -1;
     for (int i = 0; i < I->n_mig_pair; i++)
-        if (I->mig_pair[i].src == r->rank && !I->mig_pair[i].finished) pi = i;
+        if (I->mig_pair[i].src == r->rank) pi = i;
     ex_job *h = ex_job_new(x, JOB_GEN, j->node);
     int64_t *src = ff_malloc((size_t)moved * sizeof *src);
     if (pi < 0 || !h || !src || (I->n_mig_hold == I->cap_mig_hold && !(I->mig_hold = ff_realloc(I->mig_hold, (size_t)(I->cap_mig_hold = 2 * I->cap_mig_hold + 8) * sizeof *I->mig_hold)))) {
@@ -883,8 +884,13 @@ static int hold_moved(ex_run *x, ex_iter *I, ex_job *j, const ff_result *r, cons
         if (marks[i] > 0) src[q++] = i;
     h->mig_src = src, h->nmig = moved, h->mig_from = j->id, h->mig_tokens = tokens, h->pair = pi;
     I->mig_hold[I->n_mig_hold++] = h;
+    if (x->o.on_event) {
+        ff_exec_event e = {"migrated", I->it, I->mig_pair[pi].dst, x->c};
+        x->o.on_event(x->o.event_ud, &e);
+    }
     if (x->tr && ff_controller_trace_flow(x->c, j->id, I->mig_pair[pi].in_id, "migrate") != 0) ff_warn("run: trace: %s", ff_error_message());
-    finish_pair(x, I, pi); /* the survivor may have answered first */
+    if (I->mig_pair[pi].finished) redo_holders(x, I, pi); /* its move was given up already */
+    else finish_pair(x, I, pi);                          /* the survivor may have answered first */
     return 0;
 }
 
@@ -1428,6 +1434,11 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         json_object_set_new(mg, "time_s", json_real(I->mig_moved && I->mig_t1_ns > I->mig_t0_ns ? (double)(I->mig_t1_ns - I->mig_t0_ns) * 1e-9 : 0));
         json_object_set_new(mg, "threshold", json_real(I->mig_rt));
         json_object_set_new(mg, "sources", json_integer(I->mig_sources));
+        /* how each move went (migrate_with, auto: the cost model's pick), and the state bytes
+         * that reached the controller (0: they went from worker to worker) */
+        json_object_set_new(mg, "kv", json_integer((json_int_t)I->mig_kv));
+        json_object_set_new(mg, "recompute", json_integer((json_int_t)I->mig_recompute));
+        json_object_set_new(mg, "via_controller", json_integer((json_int_t)I->mig_via_ctl));
         json_object_set_new(m, "migrate", mg);
     }
     if (klw > 0) json_object_set_new(m, "kl", json_real(klsum / klw));
