@@ -55,6 +55,10 @@ static void on_done(ff_controller *c, uint64_t job, const ff_result *r, int n, v
     for (int i = 0; i < r[0].noutputs; i++) {
         const ff_tensor *t = &r[0].outputs[i];
         size_t nb = t->nbytes;
+        if (!nb) { /* an empty tensor (a job whose samples all moved) may have no data */
+            if (!strcmp(t->name, "resp")) o->nresp = 0;
+            continue;
+        }
         if (!strcmp(t->name, "rlen") && nb <= sizeof o->rlen) memcpy(o->rlen, t->data, nb);
         if (!strcmp(t->name, "finish") && nb <= sizeof o->finish) memcpy(o->finish, t->data, nb);
         if (!strcmp(t->name, "resp") && nb <= sizeof o->resp) memcpy(o->resp, t->data, nb), o->nresp = (int64_t)(nb / 4);
