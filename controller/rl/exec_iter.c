@@ -868,12 +868,24 @@ static int hold_moved(ex_run *x, ex_iter *I, ex_job *j, const ff_result *r, cons
     int pi = -1;
     for (int i = 0; i < I->n_mig_pair; i++)
         if (I->mig_pair[i].src == r->rank) pi = i;
+    if (pi < 0) {
+        ex_fail(x, "worker %d migrated samples of prompt group %" PRId64 " without a move to a survivor", r->rank, j->group);
+        return -1;
+    }
+    if (I->n_mig_hold == I->cap_mig_hold) {
+        int cap = 2 * I->cap_mig_hold + 8;
+        ex_job **v = ff_realloc(I->mig_hold, (size_t)cap * sizeof *v);
+        if (!v) {
+            ex_fail(x, "out of memory");
+            return -1;
+        }
+        I->mig_hold = v, I->cap_mig_hold = cap;
+    }
     ex_job *h = ex_job_new(x, JOB_GEN, j->node);
     int64_t *src = ff_malloc((size_t)moved * sizeof *src);
-    if (pi < 0 || !h || !src || (I->n_mig_hold == I->cap_mig_hold && !(I->mig_hold = ff_realloc(I->mig_hold, (size_t)(I->cap_mig_hold = 2 * I->cap_mig_hold + 8) * sizeof *I->mig_hold)))) {
+    if (!h || !src) {
         free(h), free(src);
-        if (pi < 0) ex_fail(x, "worker %d migrated samples of prompt group %" PRId64 " without a move to a survivor", r->rank, j->group);
-        else ex_fail(x, "out of memory");
+        ex_fail(x, "out of memory");
         return -1;
     }
     h->iteration = j->iteration;

@@ -299,8 +299,10 @@ static int gen_outputs(ff_task *t, const rlw *eng, const rlw_gen_done *d) {
     float *lp = ff_task_output(t, FF_RL_T_LOGPROB, FF_DTYPE_F32, 1, &d->total);
     double *pf = ff_task_output(t, FF_RL_T_PREFILL, FF_DTYPE_F64, 1, (int64_t[]){2});
     if (!rlen || !fin || !resp || !lp || !pf) return -1;
-    memcpy(rlen, d->rlen, (size_t)kn * sizeof *rlen);
-    memcpy(fin, d->finish, (size_t)kn * sizeof *fin);
+    if (kn) { /* none: an rl.migrate_in whose source had nothing left */
+        memcpy(rlen, d->rlen, (size_t)kn * sizeof *rlen);
+        memcpy(fin, d->finish, (size_t)kn * sizeof *fin);
+    }
     if (d->total) {
         memcpy(resp, d->tokens, (size_t)d->total * sizeof *resp);
         memcpy(lp, d->logprobs, (size_t)d->total * sizeof *lp);
