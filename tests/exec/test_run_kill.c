@@ -12,10 +12,12 @@
  *      worker and the checkpoint with the exact --resume command, never with the
  *      collective's error alone. Five times: the old code lost the race 3 times in 4.
  *   5. long-tail migration forced at once (migrate: 1.0): the survivor a move's sequence
- *      states are for is SIGKILLed as the move goes out, before they left: the source's send
- *      fails at once (the peer's connection closed), it keeps the states and decodes them
- *      itself, the dead one's own groups run again, every prompt gets its n responses exactly
- *      once, the same responses as case 1 (the same seeds without migration);
+ *      states are for is SIGKILLed as the move goes out: the source's send fails (it keeps
+ *      the states and decodes them itself) or completes into the transport's buffers before
+ *      the death shows (the states are lost and the controller generates the moved groups
+ *      again; on a local run this is what usually happens), the dead one's own groups run
+ *      again, every prompt gets its n responses exactly once, the same responses as case 1
+ *      (the same seeds without migration);
  *   6. the same, the survivor stopped as the move goes out and SIGKILLed once the states left
  *      (the source's rl.generate came back migrated): the states are lost with it, and the
  *      controller generates the moved groups again from their seeds: the same check.
