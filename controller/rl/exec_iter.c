@@ -853,10 +853,14 @@ static void migrate_in_done(ex_run *x, ex_job *j, const ff_result *r) {
         ex_fail(x, "out of memory");
         return;
     }
-    memcpy(p->tag, tag->data, (size_t)(2 * m) * sizeof *p->tag);
-    memcpy(p->rlen, rlen->data, (size_t)m * sizeof *p->rlen);
-    memcpy(p->tok, resp->data, (size_t)total * sizeof *p->tok);
-    memcpy(p->lp, lp->data, (size_t)total * sizeof *p->lp);
+    if (m) { /* none: everything had finished on the source (its tensors may have no data) */
+        memcpy(p->tag, tag->data, (size_t)(2 * m) * sizeof *p->tag);
+        memcpy(p->rlen, rlen->data, (size_t)m * sizeof *p->rlen);
+    }
+    if (total) {
+        memcpy(p->tok, resp->data, (size_t)total * sizeof *p->tok);
+        memcpy(p->lp, lp->data, (size_t)total * sizeof *p->lp);
+    }
     p->in_ok = true;
     finish_pair(x, I, j->pair);
 }

@@ -86,7 +86,7 @@ for how in kv recompute auto; do
   for t in $(mig "$work/on_${how}_1.0" time_s); do python3 -c "import sys; sys.exit(not 0 < $t < 10)" || fail "$how: time_s $t"; done
 done
 [[ $(msum "$work/on_kv_1.0" kv) -gt 0 && $(msum "$work/on_recompute_1.0" recompute) -gt 0 ]] || fail "forced moves not counted"
-kv=$(mig "$work/on_kv_1.0" bytes | head -1) rc=$(mig "$work/on_recompute_1.0" bytes | head -1)
+kv=$(mig "$work/on_kv_1.0" bytes | sed -n 1p) rc=$(mig "$work/on_recompute_1.0" bytes | sed -n 1p)
 [[ $kv -gt $((2 * rc)) && $rc -gt 0 ]] || fail "the KV rows' states ($kv bytes) are not larger than the recompute's ($rc)"
 
 # 2. 4 samples per prompt on 4 workers (every move from a source of its own), each way
