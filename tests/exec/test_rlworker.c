@@ -267,7 +267,12 @@ int main(int argc, char **argv) {
         generate_max(1, 300, 4, 40, &ref); /* where the moved samples end up, never moved */
         run_all();
         REQUIRE(ref.status == FF_STATUS_OK);
+        static out slept;
+        ff_arg nap = ff_arg_float("ms", 200);
         for (int how = 0; how < 2; how++) {
+            /* rank 0 sleeps first, so that the job and the move wait there together: the move
+             * takes the job at its first step boundary, not after a loaded machine let it finish */
+            submit("sleep", 0, NULL, &nap, 1, NULL, 0, &slept);
             uint64_t job = generate_max(0, 300, 4, 40, &gm);
             ff_arg ia = ff_arg_int("peer", 0), oa[2] = {ff_arg_int("peer", 1), ff_arg_int("how", how)};
             submit(FF_RL_MIGRATE_IN, 1, "mig", &ia, 1, NULL, 0, &mi);
@@ -307,6 +312,7 @@ int main(int argc, char **argv) {
         /* a survivor that never receives: the send cannot finish (a FIFO of a page, the
          * group's 2 s), the sequences stay on rank 0 and finish there bit for bit */
         REQUIRE(ff_controller_group_create(C, "migslow", (int[]){0, 1}, 2, &(ff_group_opts){.backend = "cpu", .timeout_s = 2}) == 0);
+        submit("sleep", 0, NULL, &nap, 1, NULL, 0, &slept);
         generate_max(0, 300, 4, 40, &gm);
         ff_arg oa[2] = {ff_arg_int("peer", 1), ff_arg_int("how", 0)};
         submit(FF_RL_MIGRATE_OUT, 0, "migslow", oa, 2, NULL, 0, &mo);
