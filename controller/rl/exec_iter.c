@@ -553,28 +553,18 @@ static int migrate_node(const ex_run *x) {
     return -1;
 }
 
-/* The survivor with the fewest samples sent to it that has KV slots for nmig more, else (a
- * survivor died, or migrate_to left too few) the live generation worker other than `not`
- * with the fewest, else `not` itself when it lives (its imports then wait on the worker
- * for free slots); -1 when none lives. */
+/* The survivor for a source's nmig samples: of the decision's survivors (never a source: a
+ * survivor waits in its receive for its source's step boundary, so a source that also
+ * received could wait on a peer that waits on it), the one with the fewest samples that has
+ * KV slots for them, else the one with the fewest (its import then waits for free slots);
+ * -1 when none lives. */
 static int pick_survivor(ex_run *x, ex_iter *I, int not, int64_t nmig) {
     int best = -1;
-    for (int i = 0; i < I->n_mig_to; i++)
-        if (I->mig_to[i] != not && rank_live(x, I->mig_to[i]) && x->gen_slots - I->mig_load[i] >= nmig &&
-            (best < 0 || I->mig_load[i] < I->mig_load[best]))
-            best = i;
-    if (best >= 0) return best;
     for (int pass = 0; pass < 2 && best < 0; pass++)
-        for (int i = 0; i < x->pool_n[POOL_GEN]; i++) {
-            int r = x->pool_ranks[POOL_GEN][i], k = 0;
-            if ((pass == 0) == (r == not) || !rank_live(x, r)) continue;
-            while (k < I->n_mig_to && I->mig_to[k] != r) k++;
-            if (k == I->n_mig_to) {
-                if (k == EX_MAX_RANKS) return -1;
-                I->mig_to[I->n_mig_to] = r, I->mig_load[I->n_mig_to++] = 0;
-            }
-            if (best < 0 || I->mig_load[k] < I->mig_load[best]) best = k;
-        }
+        for (int i = 0; i < I->n_mig_to; i++)
+            if (I->mig_to[i] != not && rank_live(x, I->mig_to[i]) && (pass == 1 || x->gen_slots - I->mig_load[i] >= nmig) &&
+                (best < 0 || I->mig_load[i] < I->mig_load[best]))
+                best = i;
     return best;
 }
 
