@@ -426,11 +426,11 @@ static int get_s(ff_node *n, const char *key, const char *dflt, const char **out
     return n->params && ff_cnode_get_str(n->params, key, dflt, out) < 0 ? -1 : 0;
 }
 
-/* `migrate: off | auto | R_t` with `migrate_to: N` and `migrate_with: kv | recompute`. */
+/* `migrate: off | auto | R_t` with `migrate_to: N` and `migrate_with: auto | kv | recompute`. */
 static int read_migrate(ff_node *n) {
     const char *m, *with;
     if (get_s(n, "migrate", "off", &m) || get_i(n, "migrate_to", 0, 0, 1 << 16, &n->gen.migrate_to) ||
-        get_s(n, "migrate_with", "kv", &with))
+        get_s(n, "migrate_with", "auto", &with))
         return -1;
     char *end = NULL;
     double r = strtod(m, &end);
@@ -440,11 +440,13 @@ static int read_migrate(ff_node *n) {
     else
         return param_where_err(n, "migrate", "write migrate: off, auto or a fraction in (0, 1] (0.25: when a quarter of the samples still decode)",
                                "'migrate' is neither off, auto nor a fraction in (0, 1]");
-    if (!strcmp(with, "kv")) n->gen.migrate_recompute = false;
-    else if (!strcmp(with, "recompute")) n->gen.migrate_recompute = true;
+    if (!strcmp(with, "auto")) n->gen.migrate_with = FF_MIGRATE_WITH_AUTO;
+    else if (!strcmp(with, "kv")) n->gen.migrate_with = FF_MIGRATE_WITH_KV;
+    else if (!strcmp(with, "recompute")) n->gen.migrate_with = FF_MIGRATE_WITH_RECOMPUTE;
     else
-        return param_where_err(n, "migrate_with", "write migrate_with: kv (send the KV rows) or recompute (prefill them again)",
-                               "'migrate_with' is neither kv nor recompute");
+        return param_where_err(n, "migrate_with",
+                               "write migrate_with: auto (the cost model picks per move), kv (send the KV rows) or recompute (prefill them again)",
+                               "'migrate_with' is neither auto, kv nor recompute");
     if (n->gen.migrate && n->gen.greedy)
         return param_where_err(n, "migrate", "migrate the sample-level generate node", "a greedy (group-level) generate node does not migrate");
     return 0;

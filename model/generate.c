@@ -91,6 +91,8 @@ struct ff_generator {
     int32_t n_waiting;        /* sequences waiting */
     ff_gen_output *done;      /* finished FIFO */
     int32_t d_head, d_len, d_cap;
+    int64_t prefill_tokens;   /* prompt tokens prefilled by admit, and the time of those forwards */
+    double prefill_s;
 };
 
 #define GW(g, f) ff_dptr_of((g)->ws, (g)->f)
@@ -535,6 +537,7 @@ static int admit(ff_generator *g) {
         budget -= r->prompt_len;
     }
     if (B == 0) return 0;
+    const int64_t t0 = ff_now_ns();
     upload_tokens(g, T, R);
     if (infer(g, T, R)) return -1;
     /* copy each prompt's K/V rows from its first slot into its other sample slots */
@@ -553,10 +556,17 @@ static int admit(ff_generator *g) {
     ff_memcpy_h2d(st, GW(g, i_rowmap), g->h_rowmap, (size_t)B * 4);
     ff_gather_rows(st, GW(g, logits), GW(g, i_rowmap), GW(g, logits_rep), B, g->V);
     for (int32_t b = 0; b < B; b++) fill_params(g, b, &g->seqs[g->batch[b]]);
-    if (sample_rows(g, GW(g, logits_rep), B)) return -1;
+    if (sample_rows(g, GW(g, logits_rep), B)) return -1; /* the sampled tokens are on the host: the forward is done */
+    g->prefill_tokens += T;
+    g->prefill_s += (double)(ff_now_ns() - t0) * 1e-9;
     for (int32_t b = 0; b < B; b++)
         if (append(g, g->batch[b], g->h_stok[b], g->h_slp[b])) return -1;
     return 0;
+}
+
+void ff_generator_prefill_stats(const ff_generator *g, int64_t *tokens, double *seconds) {
+    *tokens = g->prefill_tokens;
+    *seconds = g->prefill_s;
 }
 
 int ff_generator_step(ff_generator *g) {

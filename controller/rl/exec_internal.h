@@ -73,7 +73,7 @@ typedef struct ex_cell {
 typedef struct ex_run ex_run;
 
 /* A job in flight: what its callback must do. */
-typedef enum { JOB_GEN = 0, JOB_SCORE, JOB_TRAIN, JOB_SYNC, JOB_EVAL, JOB_CTL, JOB_INIT, JOB_MIGRATE } ex_job_kind;
+typedef enum { JOB_GEN = 0, JOB_SCORE, JOB_TRAIN, JOB_SYNC, JOB_EVAL, JOB_CTL, JOB_INIT, JOB_MIGRATE, JOB_MIGRATE_IN } ex_job_kind;
 
 typedef struct ex_job {
     ex_run *x;
@@ -90,12 +90,13 @@ typedef struct ex_job {
     bool fused;                 /* train: rl.train_fused, node the actor's, x->fuse.critic the critic's */
     uint64_t id;                /* controller job */
     bool done;
-    /* generation continued on another worker (rl.migrate_in): the moved sequences' states
-     * (kept until the job ends, so that a dead target's are sent again), each one's bytes
-     * and the response of the job (its index in the group's rl.generate [k n]) it stands for;
-     * the source job, for the trace's arrow */
-    uint8_t *mig_state;
-    int64_t mig_bytes, nmig, *mig_len, *mig_src;
+    /* long-tail migration: the pair (ex_iter.mig_pair) of an rl.migrate_out / rl.migrate_in
+     * job, else -1; a migrated rl.generate's holder (never submitted: its sequences continue
+     * in its pair's rl.migrate_in) keeps the job's groups, samples and tasks, the responses
+     * moved (their index in the job's [k n] outputs), the source job's id (the tags the
+     * survivor returns name it) and the tokens its finished samples added */
+    int pair;
+    int64_t nmig, *mig_src, mig_tokens;
     uint64_t mig_from;
     struct ex_job *next;
 } ex_job;
@@ -150,6 +151,18 @@ typedef struct ex_rollout_plan {
     double move_latency_s, move_per_sample_s; /* a migration: t = latency + per sample x moved */
 } ex_rollout_plan;
 typedef struct ex_rollout ex_rollout;
+/* A move of long-tail migration (exec_iter.c): the source's rl.migrate_out and the
+ * survivor's rl.migrate_in, and what the survivor returned (its sequences' tags, lengths,
+ * tokens and log-probs, copied out of its result). */
+typedef struct ex_mig_pair {
+    int src, dst;             /* ranks */
+    uint64_t in_id;           /* the rl.migrate_in job (the trace's arrows end there) */
+    bool out_done, in_done, in_ok, finished;
+    int64_t m, total;         /* sequences the survivor continued, their tokens */
+    int64_t *tag;             /* [m, 2]: the source's rl.generate job id, the response in it */
+    int32_t *rlen, *tok;      /* [m], [total] */
+    float *lp;                /* [total] */
+} ex_mig_pair;
 
 typedef struct ex_iter {
     int64_t it;
@@ -186,6 +199,15 @@ typedef struct ex_iter {
      * that simulation at the threshold used (predicted_s; 0: none) */
     ex_rollout_plan plan;
     double mig_predicted_s;
+    /* each source -> survivor move: its two jobs' outcomes and the survivor's result (kept
+     * until the source's results are in); the holders of the migrated jobs; the moves that
+     * sent the KV rows / a recompute; state bytes seen in results at the controller (0: they
+     * went between the workers) */
+    ex_mig_pair mig_pair[EX_MAX_RANKS];
+    int n_mig_pair;
+    ex_job **mig_hold;
+    int n_mig_hold, cap_mig_hold;
+    int64_t mig_kv, mig_recompute, mig_via_ctl;
 } ex_iter;
 
 /* A pool's layout: tp x pp ranks per DP replica (mp, the model-parallel ranks), dp replicas
@@ -306,6 +328,13 @@ struct ex_run {
     struct ex_trace *tr; /* --trace: what the executor adds to the controller's trace */
     int64_t gen_slots;   /* KV-cache slots of each generation engine (rl.init's slots) */
     ex_rollout *ro;      /* the stage's measured costs and last lengths (exec_rollout.c), lazily */
+    /* long-tail migration: the "migrate" group (a communicator over the generation ranks) is
+     * rebuilt before the next move after a failed one; the link bandwidth measured by the last
+     * move (bytes/s, 0 before any) and each generation rank's prefill rate (tokens/s, from its
+     * results), the cost model's inputs for migrate_with: auto */
+    bool mig_group, mig_rebuild;
+    double mig_link_bps;
+    double prefill_tps[EX_MAX_RANKS];
 };
 
 /* exec_run.c */
@@ -322,6 +351,9 @@ static inline bool ex_pool_grouped(const ex_run *x, int pool) { return x->lay[po
 const ff_result *ex_result_of(const ff_result *r, int n);
 bool ex_role_used(const ex_run *x, ff_role role);          /* some node runs on it */
 int ex_sync_group(ex_run *x);
+/* The "migrate" group over the live generation ranks (exec_iter.c), made at start when a
+ * generate node migrates on DP generation workers; made again after a failed move. 0 / -1. */
+int ex_migrate_group(ex_run *x);
 void ex_eval_done(ex_run *x, ex_job *j, const ff_result *r, int n);
 void ex_init_done(ex_run *x, const ff_result *r); /* one rank's rl.init */
 

@@ -83,6 +83,7 @@ ex_job *ex_job_new(ex_run *x, ex_job_kind kind, int node) {
     j->iteration = x->cur ? x->cur->it : x->iteration;
     j->group = -1;
     j->pool = j->replica = -1;
+    j->pair = -1;
     return j;
 }
 
@@ -91,8 +92,6 @@ static void job_free(ex_run *x, ex_job *j) {
     free(j->tasks);
     free(j->samples);
     free(j->groups);
-    free(j->mig_state);
-    free(j->mig_len);
     free(j->mig_src);
     free(j);
 }
@@ -120,7 +119,8 @@ const ff_tensor *ex_out_named(const ff_result *r, const char *name) {
 
 static void gen_done(ex_run *x, ex_job *j, const ff_result *r);
 static void score_done(ex_run *x, ex_job *j, const ff_result *r);
-static void migrate_out_done(ex_run *x, const ff_result *r);
+static void migrate_out_done(ex_run *x, ex_job *j, const ff_result *r);
+static void migrate_in_done(ex_run *x, ex_job *j, const ff_result *r);
 
 static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, void *ud) {
     (void)c, (void)id;
@@ -140,7 +140,8 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
     case JOB_SYNC: ex_sync_done(x, j, r, n); break;
     case JOB_EVAL: ex_eval_done(x, j, r, n); break;
     case JOB_INIT: ex_init_done(x, &r[0]); break;
-    case JOB_MIGRATE: migrate_out_done(x, ex_result_of(r, n)); break;
+    case JOB_MIGRATE: migrate_out_done(x, j, ex_result_of(r, n)); break;
+    case JOB_MIGRATE_IN: migrate_in_done(x, j, ex_result_of(r, n)); break;
     case JOB_CTL:
         for (int i = 0; i < n; i++)
             if (r[i].status != FF_STATUS_OK)
@@ -323,6 +324,12 @@ void ex_iter_free(ex_run *x, ex_iter **pi) {
     free(I->group_row);
     free(I->gen_job);
     free(I->gen_pend);
+    for (int i = 0; i < I->n_mig_hold; i++) job_free(x, I->mig_hold[i]);
+    free(I->mig_hold);
+    for (int i = 0; i < I->n_mig_pair; i++) {
+        ex_mig_pair *p = &I->mig_pair[i];
+        free(p->tag), free(p->rlen), free(p->tok), free(p->lp);
+    }
     ff_sched_destroy(&I->s);
     free(I);
     *pi = NULL;
@@ -525,11 +532,15 @@ static int store_response(ex_run *x, ex_iter *I, const ex_job *j, int64_t src, c
 
 /* ---- long-tail migration (docs/run.md "Migration") ------------------------------------------------
  * Once per iteration, when the samples of the open generation jobs fall to R_t of the
- * iteration's, the generation workers with the fewest hand theirs (rl.migrate_out) to the
- * migrate_to survivors with the most. A migrated job's rl.generate comes back with its
- * finished samples and the others' sequence states, which travel through the controller to
- * a survivor as one rl.migrate_in job that takes over the job's scheduler tasks; a dead
- * survivor's states are sent to another worker. */
+ * iteration's, the generation workers with the fewest hand theirs to the migrate_to
+ * survivors with the most: per source one move, an rl.migrate_out to it and an rl.migrate_in
+ * to its survivor, both on the "migrate" group, whose communicator carries the sequence
+ * states from one to the other (never through the controller). A migrated rl.generate comes
+ * back with its finished samples and marks for the moved ones; a holder keeps its groups'
+ * scheduler tasks until the survivor's result, whose tags name the job and response of each
+ * sequence it continued. A move that fails before the states left changes nothing (the source
+ * keeps them); a survivor lost after they left loses them, and its holders' groups are
+ * generated again from their seeds (idempotent), as a dead source's rl.generate jobs are. */
 static bool rank_live(const ex_run *x, int rank) {
     ff_worker_info wi;
     return ff_controller_worker_info(x->c, rank, &wi) == 0 && wi.state == FF_WORKER_LIVE;
@@ -543,76 +554,83 @@ static int migrate_node(const ex_run *x) {
     return -1;
 }
 
-/* The survivor with the fewest samples sent to it that has KV slots for nmig more, else (a
- * survivor died, or migrate_to left too few) the live generation worker other than `not`
- * with the fewest, else `not` itself when it lives (its imports then wait on the worker
- * for free slots); -1 when none lives. */
+/* The survivor for a source's nmig samples: of the decision's survivors (never a source: a
+ * survivor waits in its receive for its source's step boundary, so a source that also
+ * received could wait on a peer that waits on it), the one with the fewest samples that has
+ * KV slots for them, else the one with the fewest (its import then waits for free slots);
+ * -1 when none lives. */
 static int pick_survivor(ex_run *x, ex_iter *I, int not, int64_t nmig) {
     int best = -1;
-    for (int i = 0; i < I->n_mig_to; i++)
-        if (I->mig_to[i] != not && rank_live(x, I->mig_to[i]) && x->gen_slots - I->mig_load[i] >= nmig &&
-            (best < 0 || I->mig_load[i] < I->mig_load[best]))
-            best = i;
-    if (best >= 0) return best;
     for (int pass = 0; pass < 2 && best < 0; pass++)
-        for (int i = 0; i < x->pool_n[POOL_GEN]; i++) {
-            int r = x->pool_ranks[POOL_GEN][i], k = 0;
-            if ((pass == 0) == (r == not) || !rank_live(x, r)) continue;
-            while (k < I->n_mig_to && I->mig_to[k] != r) k++;
-            if (k == I->n_mig_to) {
-                if (k == EX_MAX_RANKS) return -1;
-                I->mig_to[I->n_mig_to] = r, I->mig_load[I->n_mig_to++] = 0;
-            }
-            if (best < 0 || I->mig_load[k] < I->mig_load[best]) best = k;
-        }
+        for (int i = 0; i < I->n_mig_to; i++)
+            if (I->mig_to[i] != not && rank_live(x, I->mig_to[i]) && (pass == 1 || x->gen_slots - I->mig_load[i] >= nmig) &&
+                (best < 0 || I->mig_load[i] < I->mig_load[best]))
+                best = i;
     return best;
 }
 
-/* A new rl.migrate_in job for job j's moved sequences (their states, bytes and responses,
- * taken over: the caller's pointers are NULLed), with j's groups, samples and scheduler
- * tasks (taken over too), to a survivor other than `not`. 0 / -1 (the run failed). */
-static int hand_over(ex_run *x, ex_iter *I, ex_job *j, uint8_t **state, int64_t bytes, int64_t **lens, int64_t **src, int64_t nmig,
-                     uint64_t from, int not) {
-    int si = pick_survivor(x, I, not, nmig);
-    if (si < 0) {
-        ex_fail(x, "no live generation worker is left to continue %" PRId64 " migrated samples", nmig);
+int ex_migrate_group(ex_run *x) {
+    x->mig_group = false;
+    if (migrate_node(x) < 0 || ex_pool_grouped(x, POOL_GEN)) return 0; /* a TP or PP replica is refused at the first iteration */
+    int ranks[EX_MAX_RANKS], n = 0;
+    for (int i = 0; i < x->pool_n[POOL_GEN]; i++)
+        if (rank_live(x, x->pool_ranks[POOL_GEN][i])) ranks[n++] = x->pool_ranks[POOL_GEN][i];
+    if (n < 2) return 0; /* nothing can move */
+    /* a move waits for the source's next step boundary; a dead or silent peer fails it within this */
+    ff_group_opts go = {.backend = "cpu", .timeout_s = 30};
+    if (ff_controller_group_create(x->c, "migrate", ranks, n, &go) != 0) return ff_error_wrap("migration group");
+    x->mig_group = true;
+    x->mig_rebuild = false;
+    return 0;
+}
+
+static int member_of(const ex_run *x, int rank) {
+    int n = 0;
+    const int *r = ff_controller_group_ranks(x->c, "migrate", &n);
+    for (int i = 0; r && i < n; i++)
+        if (r[i] == rank) return i;
+    return -1;
+}
+
+/* One move: rl.migrate_in to the survivor (it receives at once, between two of its steps),
+ * rl.migrate_out to the source (it sends at its next step boundary). 0 / -1 (the run failed). */
+static int submit_move(ex_run *x, ex_iter *I, int m, int src, int dst, int64_t open) {
+    const ff_node *nd = node_of(x, m);
+    const int ms = member_of(x, src), md = member_of(x, dst);
+    if (ms < 0 || md < 0 || I->n_mig_pair == EX_MAX_RANKS) return 0; /* not in the group (it came back later): no move */
+    const int pi = I->n_mig_pair++;
+    ex_mig_pair *p = &I->mig_pair[pi];
+    memset(p, 0, sizeof *p);
+    p->src = src, p->dst = dst;
+    ex_job *in = ex_job_new(x, JOB_MIGRATE_IN, m), *out = ex_job_new(x, JOB_MIGRATE, m);
+    if (!in || !out) {
+        free(in), free(out);
+        ex_fail(x, "out of memory");
         return -1;
     }
-    ex_job *n = ex_job_new(x, JOB_GEN, j->node);
-    uint8_t *st_copy = ff_malloc((size_t)(bytes ? bytes : 1));
-    int64_t *len_copy = ff_malloc((size_t)nmig * sizeof *len_copy);
-    if (!n || !st_copy || !len_copy) {
-        free(n), free(st_copy), free(len_copy);
-        ex_fail(x, "out of memory for %" PRId64 " migrated samples", nmig);
+    in->pair = out->pair = pi;
+    char label[96];
+    snprintf(label, sizeof label, "%s migrated from %d (%" PRId64 ")", nd->name, src, open);
+    ff_arg ia[1] = {ff_arg_int("peer", ms)};
+    ff_subtask_spec si = {.kind = FF_RL_MIGRATE_IN, .target = FF_TARGET_RANK, .rank = dst, .group = "migrate", .args = ia, .nargs = 1,
+                          .label = label};
+    if (!(p->in_id = ex_submit(x, in, &si))) {
+        free(out);
         return -1;
     }
-    n->iteration = j->iteration;
-    n->group = j->group, n->ngroups = j->ngroups, n->groups = j->groups, j->groups = NULL;
-    n->samples = j->samples, n->nsamples = j->nsamples, j->samples = NULL;
-    n->tasks = j->tasks, n->ntasks = j->ntasks, j->tasks = NULL, j->ntasks = 0;
-    n->mig_state = *state, n->mig_bytes = bytes, n->mig_len = *lens, n->mig_src = *src, n->nmig = nmig, n->mig_from = from;
-    *state = NULL, *lens = NULL, *src = NULL;
-    memcpy(st_copy, n->mig_state, (size_t)bytes);
-    memcpy(len_copy, n->mig_len, (size_t)nmig * sizeof *len_copy);
-    int64_t shp_b = bytes, shp_m = nmig;
-    ff_input in[2] = {
-        {.name = FF_RL_T_STATE, .dtype = FF_DTYPE_U8, .ndim = 1, .shape = &shp_b, .data = st_copy, .free_fn = ex_free_buf},
-        {.name = FF_RL_T_STATE_LEN, .dtype = FF_DTYPE_I64, .ndim = 1, .shape = &shp_m, .data = len_copy, .free_fn = ex_free_buf},
-    };
-    char label[128];
-    snprintf(label, sizeof label, "%s g%" PRId64 " migrated (%" PRId64 ")", node_of(x, j->node)->name, n->group, nmig);
-    const int rank = I->mig_to[si];
-    ff_subtask_spec spec = {.kind = FF_RL_MIGRATE_IN, .target = FF_TARGET_RANK, .rank = rank, .group = ex_pool_names[POOL_GEN],
-                            .inputs = in, .ninputs = 2, .label = label};
-    uint64_t id = ex_submit(x, n, &spec);
-    if (!id) return -1;
-    I->mig_load[si] += (int)nmig;
+    const int how = nd->gen.migrate_with == FF_MIGRATE_WITH_KV ? 0 : nd->gen.migrate_with == FF_MIGRATE_WITH_RECOMPUTE ? 1 : 2;
+    ff_arg oa[4] = {ff_arg_int("peer", md), ff_arg_int("how", how), ff_arg_float("link_bps", x->mig_link_bps),
+                    ff_arg_float("prefill_tps", x->prefill_tps[dst])};
+    char olabel[64];
+    snprintf(olabel, sizeof olabel, "migrate out to %d (%" PRId64 ")", dst, open);
+    ff_subtask_spec so = {.kind = FF_RL_MIGRATE_OUT, .target = FF_TARGET_RANK, .rank = src, .group = "migrate", .args = oa, .nargs = 4,
+                          .label = olabel};
+    if (!ex_submit(x, out, &so)) return -1;
+    I->mig_sources++;
     if (x->o.on_event) {
-        ff_exec_event e = {"migrating", I->it, rank, x->c};
+        ff_exec_event e = {"migrating", I->it, dst, x->c};
         x->o.on_event(x->o.event_ud, &e);
     }
-    if (n->ngroups == 1 && node_of(x, n->node)->gran == FF_GRAN_SAMPLE) I->gen_job[n->group] = id; /* cancel_dead_groups' */
-    if (x->tr && ff_controller_trace_flow(x->c, from, id, "migrate") != 0) ff_warn("run: trace: %s", ff_error_message());
     return 0;
 }
 
@@ -690,7 +708,7 @@ static void maybe_migrate(ex_run *x, ex_iter *I) {
         if (j->kind != JOB_GEN || j->iteration != I->it) continue;
         int rk = ff_controller_job_rank(x->c, j->id);
         if (rk < 0 || rk >= EX_MAX_RANKS) return; /* still waiting for a worker: not yet */
-        int64_t k = j->mig_state ? j->nmig : j->nsamples;
+        int64_t k = j->nsamples;
         open[rk] += k, total += k;
     }
     if (total == 0 || (double)total > rt * (double)N) return;
@@ -718,31 +736,208 @@ static void maybe_migrate(ex_run *x, ex_iter *I) {
     }
     I->n_mig_to = 0;
     for (int i = 0; i < S; i++) I->mig_to[I->n_mig_to] = live[i], I->mig_load[I->n_mig_to++] = (int)open[live[i]];
+    if (x->mig_rebuild && ex_migrate_group(x) != 0) { /* a failed move broke the communicator */
+        ff_warn("run: no migration this iteration: %s", ff_error_message());
+        return;
+    }
+    if (!x->mig_group) return;
     I->mig_t0_ns = ff_now_ns();
     for (int i = S; i < W; i++) {
         if (!open[live[i]]) continue;
-        ex_job *j = ex_job_new(x, JOB_MIGRATE, m);
-        if (!j) {
-            ex_fail(x, "out of memory");
-            return;
-        }
-        ff_arg args[1] = {ff_arg_int("kv", nd->gen.migrate_recompute ? 0 : 1)};
-        char label[64];
-        snprintf(label, sizeof label, "migrate out (%" PRId64 ")", open[live[i]]);
-        ff_subtask_spec spec = {.kind = FF_RL_MIGRATE_OUT, .target = FF_TARGET_RANK, .rank = live[i], .group = ex_pool_names[POOL_GEN],
-                                .args = args, .nargs = 1, .label = label};
-        if (!ex_submit(x, j, &spec)) return;
-        I->mig_sources++;
+        int si = pick_survivor(x, I, live[i], open[live[i]]);
+        if (si < 0 || I->mig_to[si] == live[i]) continue; /* nowhere to go: it keeps them */
+        if (submit_move(x, I, m, live[i], I->mig_to[si], open[live[i]]) != 0) return;
+        I->mig_load[si] += (int)open[live[i]];
     }
 }
 
-static void migrate_out_done(ex_run *x, const ff_result *r) {
+/* Holders of pair pi whose sequences will not come: their groups again from their seeds,
+ * every sample (the finished ones come out the same), the holder's tasks handed over. */
+static void redo_holders(ex_run *x, ex_iter *I, int pi) {
+    for (int i = 0; i < I->n_mig_hold;) {
+        ex_job *h = I->mig_hold[i];
+        if (h->pair != pi) {
+            i++;
+            continue;
+        }
+        I->mig_hold[i] = I->mig_hold[--I->n_mig_hold];
+        ex_node_stat *st = &I->st[h->node];
+        st->done -= h->nsamples - h->nmig; /* counted again when they come */
+        st->tokens -= h->mig_tokens;
+        ff_warn("run: the survivor of %" PRId64 " migrated samples of prompt group %" PRId64 " is lost: generating the group again",
+                h->nmig, h->group);
+        if (submit_gen(x, I, h->node, h->groups, h->ngroups, h->tasks, h->ntasks, -1) != 0) ex_fail(x, "resubmitting generation: %s", ff_error_message());
+        st->dispatched -= h->ngroups * x->group_size; /* dispatched once */
+        job_free(x, h);
+    }
+}
+
+/* A move whose two results are in: the survivor's sequences into the cells of the holders'
+ * samples, each holder done once all of its moved responses came; without them (the survivor
+ * failed or was lost) the holders' groups run again. Tags of no holder (a source whose
+ * rl.generate ran again elsewhere, or that kept them after a failed send) are dropped. */
+static void finish_pair(ex_run *x, ex_iter *I, int pi) {
+    ex_mig_pair *p = &I->mig_pair[pi];
+    if (p->finished || !p->out_done || !p->in_done) return;
+    p->finished = true;
+    if (p->in_ok) {
+        int64_t at = 0;
+        for (int64_t i = 0; i < p->m; i++) {
+            const int32_t len = p->rlen[i];
+            for (int k = 0; k < I->n_mig_hold; k++) {
+                ex_job *h = I->mig_hold[k];
+                if (h->pair != pi || h->mig_from != (uint64_t)p->tag[2 * i]) continue;
+                for (int64_t q = 0; q < h->nmig; q++)
+                    if (h->mig_src[q] == p->tag[2 * i + 1] && h->mig_src[q] >= 0) {
+                        if (store_response(x, I, h, h->mig_src[q], p->tok + at, p->lp + at, len) != 0) ex_fail(x, "out of memory");
+                        h->mig_src[q] = -1 - h->mig_src[q]; /* came */
+                        break;
+                    }
+                break;
+            }
+            at += len;
+        }
+        const int mn = migrate_node(x);
+        if (mn >= 0) I->st[mn].tokens += at;
+    }
+    for (int i = 0; i < I->n_mig_hold;) {
+        ex_job *h = I->mig_hold[i];
+        bool all = h->pair == pi && p->in_ok;
+        for (int64_t q = 0; all && q < h->nmig; q++) all = h->mig_src[q] < 0;
+        if (!all) {
+            i++;
+            continue;
+        }
+        I->mig_hold[i] = I->mig_hold[--I->n_mig_hold];
+        ex_node_stat *st = &I->st[h->node];
+        st->done += h->nmig;
+        st->t_last_ns = ff_now_ns();
+        complete_tasks(x, I, h);
+        if (x->o.on_event) {
+            ff_exec_event e = {"generated", I->it, st->done / x->group_size, x->c};
+            x->o.on_event(x->o.event_ud, &e);
+        }
+        job_free(x, h);
+    }
+    redo_holders(x, I, pi); /* what did not come */
+}
+
+static void migrate_out_done(ex_run *x, ex_job *j, const ff_result *r) {
+    ex_iter *I = x->cur;
+    if (!I || j->iteration != I->it || j->pair < 0) return;
+    ex_mig_pair *p = &I->mig_pair[j->pair];
     /* a source that did not migrate keeps decoding its samples; a dead one's rl.generate jobs
      * run again elsewhere (idempotent): either way no sample is lost */
-    if (r->status != FF_STATUS_OK && r->status != FF_STATUS_WORKER_LOST && r->status != FF_STATUS_CANCELLED &&
-        r->status != FF_STATUS_SHUTDOWN)
-        ff_warn("run: worker %d did not migrate its samples: %s: %s", r->rank, ff_status_name(r->status), r->error);
-    (void)x;
+    const ff_tensor *mv = r->status == FF_STATUS_OK ? ex_out_named(r, FF_RL_T_MOVED) : NULL;
+    if (mv && mv->dtype == FF_DTYPE_I64 && ff_tensor_numel(mv) == 4) {
+        const int64_t *v = mv->data;
+        if (v[0] > 0) {
+            *(v[3] == 1 ? &I->mig_recompute : &I->mig_kv) += 1;
+            ff_info("run: iteration %" PRId64 ": worker %d -> %d: %" PRId64 " sequences, %" PRId64 " bytes, %" PRId64
+                    " positions, %s (link %.3g MB/s, prefill %.3g tokens/s)",
+                    I->it, p->src, p->dst, v[0], v[1], v[2], v[3] == 1 ? "recompute" : "kv rows", x->mig_link_bps * 1e-6, x->prefill_tps[p->dst]);
+        }
+    } else if (r->status != FF_STATUS_OK && r->status != FF_STATUS_CANCELLED && r->status != FF_STATUS_SHUTDOWN) {
+        if (r->status != FF_STATUS_WORKER_LOST) ff_warn("run: worker %d did not migrate its samples: %s: %s", r->rank, ff_status_name(r->status), r->error);
+        x->mig_rebuild = true;
+    }
+    p->out_done = true;
+    finish_pair(x, I, j->pair);
+}
+
+static void migrate_in_done(ex_run *x, ex_job *j, const ff_result *r) {
+    ex_iter *I = x->cur;
+    if (!I || j->iteration != I->it || j->pair < 0) return;
+    ex_mig_pair *p = &I->mig_pair[j->pair];
+    p->in_done = true;
+    if (r->status != FF_STATUS_OK) {
+        if (r->status != FF_STATUS_CANCELLED && r->status != FF_STATUS_SHUTDOWN) {
+            if (r->status != FF_STATUS_WORKER_LOST)
+                ff_warn("run: worker %d did not take the samples of worker %d: %s: %s", r->rank, p->src, ff_status_name(r->status), r->error);
+            x->mig_rebuild = true;
+        }
+        finish_pair(x, I, j->pair);
+        return;
+    }
+    const ff_tensor *tag = ex_out_named(r, FF_RL_T_TAG), *xf = ex_out_named(r, FF_RL_T_XFER), *rlen = ex_out_named(r, FF_RL_T_RLEN);
+    const ff_tensor *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB), *stt = ex_out_named(r, FF_RL_T_STATE);
+    if (stt) I->mig_via_ctl += (int64_t)stt->nbytes;
+    int64_t m = tag && tag->ndim == 2 ? tag->shape[0] : -1, total = 0;
+    bool ok = m >= 0 && tag->dtype == FF_DTYPE_I64 && xf && xf->dtype == FF_DTYPE_F64 && ff_tensor_numel(xf) == 3 && rlen &&
+              rlen->dtype == FF_DTYPE_I32 && ff_tensor_numel(rlen) == m && resp && resp->dtype == FF_DTYPE_I32 && lp &&
+              lp->dtype == FF_DTYPE_F32;
+    for (int64_t i = 0; ok && i < m; i++) total += ((const int32_t *)rlen->data)[i] > 0 ? ((const int32_t *)rlen->data)[i] : 0;
+    if (!ok || total != ff_tensor_numel(resp) || total != ff_tensor_numel(lp)) {
+        ex_fail(x, "worker %d sent a migrated generation result without the expected tensors", r->rank);
+        return;
+    }
+    const double *xv = xf->data; /* the link as the survivor measured it: bytes over the receive's seconds */
+    if (xv[0] > 0 && xv[1] > 0) x->mig_link_bps = xv[0] / xv[1];
+    if (r->start_ns > I->mig_t1_ns) I->mig_t1_ns = r->start_ns;
+    p->m = m, p->total = total;
+    p->tag = ff_malloc((size_t)(2 * m + 1) * sizeof *p->tag);
+    p->rlen = ff_malloc((size_t)(m + 1) * sizeof *p->rlen);
+    p->tok = ff_malloc((size_t)(total + 1) * sizeof *p->tok);
+    p->lp = ff_malloc((size_t)(total + 1) * sizeof *p->lp);
+    if (!p->tag || !p->rlen || !p->tok || !p->lp) {
+        ex_fail(x, "out of memory");
+        return;
+    }
+    if (m) { /* none: everything had finished on the source (its tensors may have no data) */
+        memcpy(p->tag, tag->data, (size_t)(2 * m) * sizeof *p->tag);
+        memcpy(p->rlen, rlen->data, (size_t)m * sizeof *p->rlen);
+    }
+    if (total) {
+        memcpy(p->tok, resp->data, (size_t)total * sizeof *p->tok);
+        memcpy(p->lp, lp->data, (size_t)total * sizeof *p->lp);
+    }
+    p->in_ok = true;
+    finish_pair(x, I, j->pair);
+}
+
+/* A migrated rl.generate's moved samples (marks > 0 in state_len): a holder takes the job's
+ * groups, samples and tasks until its move's survivor returns them. 0 / -1 (the run failed). */
+static int hold_moved(ex_run *x, ex_iter *I, ex_job *j, const ff_result *r, const int64_t *marks, int64_t nresp, int64_t moved,
+                      int64_t tokens) {
+    int pi = -1;
+    for (int i = 0; i < I->n_mig_pair; i++)
+        if (I->mig_pair[i].src == r->rank) pi = i;
+    if (pi < 0) {
+        ex_fail(x, "worker %d migrated samples of prompt group %" PRId64 " without a move to a survivor", r->rank, j->group);
+        return -1;
+    }
+    if (I->n_mig_hold == I->cap_mig_hold) {
+        int cap = 2 * I->cap_mig_hold + 8;
+        ex_job **v = ff_realloc(I->mig_hold, (size_t)cap * sizeof *v);
+        if (!v) {
+            ex_fail(x, "out of memory");
+            return -1;
+        }
+        I->mig_hold = v, I->cap_mig_hold = cap;
+    }
+    ex_job *h = ex_job_new(x, JOB_GEN, j->node);
+    int64_t *src = ff_malloc((size_t)moved * sizeof *src);
+    if (!h || !src) {
+        free(h), free(src);
+        ex_fail(x, "out of memory");
+        return -1;
+    }
+    h->iteration = j->iteration;
+    h->group = j->group, h->ngroups = j->ngroups, h->groups = j->groups, j->groups = NULL;
+    h->samples = j->samples, h->nsamples = j->nsamples, j->samples = NULL;
+    h->tasks = j->tasks, h->ntasks = j->ntasks, j->tasks = NULL, j->ntasks = 0;
+    for (int64_t i = 0, q = 0; i < nresp; i++)
+        if (marks[i] > 0) src[q++] = i;
+    h->mig_src = src, h->nmig = moved, h->mig_from = j->id, h->mig_tokens = tokens, h->pair = pi;
+    I->mig_hold[I->n_mig_hold++] = h;
+    if (x->o.on_event) {
+        ff_exec_event e = {"migrated", I->it, I->mig_pair[pi].dst, x->c};
+        x->o.on_event(x->o.event_ud, &e);
+    }
+    if (x->tr && ff_controller_trace_flow(x->c, j->id, I->mig_pair[pi].in_id, "migrate") != 0) ff_warn("run: trace: %s", ff_error_message());
+    if (I->mig_pair[pi].finished) redo_holders(x, I, pi); /* its move was given up already */
+    else finish_pair(x, I, pi);                          /* the survivor may have answered first */
+    return 0;
 }
 
 static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
@@ -756,20 +951,20 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
             complete_tasks(x, I, j);
             return;
         }
-        if (j->mig_state && r->status == FF_STATUS_WORKER_LOST) { /* its survivor died: to another one */
-            hand_over(x, I, j, &j->mig_state, j->mig_bytes, &j->mig_len, &j->mig_src, j->nmig, j->mig_from, r->rank);
-            return;
-        }
         ex_subtask_failed(x, "generating prompt group %" PRId64 "%s on worker %d: %s: %s", j->group, j->ngroups > 1 ? " and others" : "",
                           r->rank, ff_status_name(r->status), r->error);
         return;
     }
     const ff_tensor *rlen = ex_out_named(r, FF_RL_T_RLEN), *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB);
-    const ff_tensor *sl = ex_out_named(r, FF_RL_T_STATE_LEN), *stt = ex_out_named(r, FF_RL_T_STATE);
+    const ff_tensor *sl = ex_out_named(r, FF_RL_T_STATE_LEN), *stt = ex_out_named(r, FF_RL_T_STATE), *pf = ex_out_named(r, FF_RL_T_PREFILL);
+    if (stt) I->mig_via_ctl += (int64_t)stt->nbytes; /* states through the controller: none should come */
+    if (pf && pf->dtype == FF_DTYPE_F64 && ff_tensor_numel(pf) == 2 && r->rank >= 0 && r->rank < EX_MAX_RANKS &&
+        ((const double *)pf->data)[1] > 0)
+        x->prefill_tps[r->rank] = ((const double *)pf->data)[0] / ((const double *)pf->data)[1];
     bool per_group = nd->gran == FF_GRAN_GROUP;
-    int64_t want = per_group ? 1 : x->group_size, nresp = j->mig_state ? j->nmig : want * j->ngroups; /* responses in all */
-    if (!rlen || !resp || !lp || rlen->dtype != FF_DTYPE_I32 || rlen->shape[0] != nresp || (!sl) != (!stt) ||
-        (sl && (j->mig_state || sl->dtype != FF_DTYPE_I64 || sl->shape[0] != nresp || stt->dtype != FF_DTYPE_U8))) {
+    int64_t want = per_group ? 1 : x->group_size, nresp = want * j->ngroups; /* responses in all */
+    if (!rlen || !resp || !lp || rlen->dtype != FF_DTYPE_I32 || rlen->shape[0] != nresp ||
+        (sl && (sl->dtype != FF_DTYPE_I64 || sl->shape[0] != nresp))) {
         ex_fail(x, "worker %d sent a generation result without the expected tensors", r->rank);
         return;
     }
@@ -787,7 +982,7 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
         at[i + 1] = at[i] + (rl[i] > 0 ? rl[i] : 0);
         if (slv && slv[i] > 0) moved++, moved_bytes += slv[i];
     }
-    if (at[nresp] != ff_tensor_numel(resp) || at[nresp] != ff_tensor_numel(lp) || (slv && moved_bytes != ff_tensor_numel(stt))) {
+    if (at[nresp] != ff_tensor_numel(resp) || at[nresp] != ff_tensor_numel(lp)) {
         free(at);
         ex_fail(x, "worker %d sent a generation result whose lengths do not add up", r->rank);
         return;
@@ -795,7 +990,7 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
     int64_t stored = 0;
     for (int64_t i = 0; i < nresp; i++) {
         if (slv && slv[i] > 0) continue; /* moved on */
-        if (store_response(x, I, j, j->mig_state ? j->mig_src[i] : i, tok + at[i], lpv + at[i], rl[i]) != 0) {
+        if (store_response(x, I, j, i, tok + at[i], lpv + at[i], rl[i]) != 0) {
             free(at);
             ex_fail(x, "out of memory");
             return;
@@ -811,25 +1006,14 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
         if (!j->mig_state && !moved) ex_rollout_gen(x, r->rank, r->start_ns, r->end_ns, plen, rl, nresp);
     }
     st->tokens += at[nresp];
+    const int64_t tokens = at[nresp];
     free(at);
     st->done += stored;
     st->t_last_ns = ff_now_ns();
-    if (j->mig_state && r->start_ns > I->mig_t1_ns) I->mig_t1_ns = r->start_ns; /* on its survivor */
     if (moved) {
-        uint8_t *state = ff_malloc((size_t)moved_bytes);
-        int64_t *lens = ff_malloc((size_t)moved * sizeof *lens), *src = ff_malloc((size_t)moved * sizeof *src);
-        if (!state || !lens || !src) {
-            free(state), free(lens), free(src);
-            ex_fail(x, "out of memory for %" PRId64 " migrated samples", moved);
-            return;
-        }
-        memcpy(state, stt->data, (size_t)moved_bytes);
-        for (int64_t i = 0, q = 0; i < nresp; i++)
-            if (slv[i] > 0) lens[q] = slv[i], src[q++] = i;
         I->mig_moved += moved;
         I->mig_bytes += moved_bytes;
-        hand_over(x, I, j, &state, moved_bytes, &lens, &src, moved, j->id, r->rank);
-        free(state), free(lens), free(src); /* NULL when handed over */
+        hold_moved(x, I, j, r, slv, nresp, moved, tokens);
         return;
     }
     complete_tasks(x, I, j);
@@ -1312,6 +1496,11 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         json_object_set_new(mg, "predicted_s", I->plan.valid ? json_real(I->mig_predicted_s) : json_null());
         json_object_set_new(mg, "saved_s", I->plan.valid ? json_real(I->plan.fused_s - I->mig_predicted_s) : json_null());
         json_object_set_new(mg, "sources", json_integer(I->mig_sources));
+        /* how each move went (migrate_with, auto: the cost model's pick), and the state bytes
+         * that reached the controller (0: they went from worker to worker) */
+        json_object_set_new(mg, "kv", json_integer((json_int_t)I->mig_kv));
+        json_object_set_new(mg, "recompute", json_integer((json_int_t)I->mig_recompute));
+        json_object_set_new(mg, "via_controller", json_integer((json_int_t)I->mig_via_ctl));
         json_object_set_new(m, "migrate", mg);
     }
     if (klw > 0) json_object_set_new(m, "kl", json_real(klsum / klw));

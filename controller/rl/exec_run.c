@@ -911,6 +911,7 @@ static int start_workers(ex_run *x, const char *resume_dir) {
     if (join_workers(x, local) != 0 || place_by_host(x) != 0) return -1;
     if (make_groups(x) != 0) return -1;
     if (x->sync_group && ex_sync_group(x) != 0) return -1;
+    if (ex_migrate_group(x) != 0) return -1;
     if (init_workers(x, resume_dir[0] ? resume_dir : NULL) != 0) return -1;
     return 0;
 }

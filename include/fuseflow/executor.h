@@ -43,12 +43,14 @@ typedef struct ff_exec_event {
                                  prompts went out), "generated" (a prompt group's responses
                                  arrived), "training" (a train node's rl.train subtasks went
                                  out), "syncing" (a weight sync went out), "iteration" (one
-                                 finished), "checkpoint" (saved), "migrating" (a migrated
-                                 job's rl.migrate_in went out) */
+                                 finished), "checkpoint" (saved), "migrating" (a move's
+                                 rl.migrate_in went out to its survivor), "migrated" (a
+                                 migrated rl.generate came back: its moved samples continue on
+                                 the survivor) */
     int64_t iteration;
     int64_t count;            /* "generated": groups done so far in this iteration;
-                                 "training": optimizer steps of the node; "migrating": the
-                                 rank it went to */
+                                 "training": optimizer steps of the node; "migrating",
+                                 "migrated": the survivor's rank */
     struct ff_controller *controller;
 } ff_exec_event;
 

@@ -108,6 +108,8 @@ typedef struct ff_column {
 } ff_column;
 
 /* Settings of a generate node. */
+typedef enum { FF_MIGRATE_WITH_AUTO = 0, FF_MIGRATE_WITH_KV, FF_MIGRATE_WITH_RECOMPUTE } ff_migrate_with;
+
 typedef struct ff_gen_params {
     int64_t n;          /* responses per prompt (the group size) */
     double temperature; /* 1.0 */
@@ -117,11 +119,12 @@ typedef struct ff_gen_params {
     bool greedy;        /* argmax decoding (ReMax's baseline) */
     /* long-tail migration (`migrate: off | auto | R_t`, docs/run.md): 0 off, -1 auto, else the
      * fraction R_t in (0, 1] of the iteration's samples still decoding at which the workers
-     * with the fewest hand theirs to migrate_to survivors (0: 1); migrate_recompute: the
-     * survivors rebuild the KV rows by a prefill instead of receiving them */
+     * with the fewest hand theirs to migrate_to survivors (0: 1); migrate_with: auto (each
+     * move by migrate.h's cost model on measured costs), kv (send the KV rows) or recompute
+     * (the survivors rebuild them by a prefill) */
     double migrate;
     int64_t migrate_to;
-    bool migrate_recompute;
+    ff_migrate_with migrate_with;
 } ff_gen_params;
 
 /* RLHFuse's intra-stage fusion of the actor's and the critic's training (`fuse` of the actor's

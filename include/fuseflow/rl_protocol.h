@@ -42,16 +42,24 @@ extern "C" {
                                         ZeRO-1 to every DP rank of the role's group: they
                                         gather the optimizer state, rank 0 writes) */
 #define FF_RL_DIGEST "rl.digest"     /* a hash of a role's weights; role */
-/* Long-tail migration (docs/run.md "Migration"), DP generation workers only: */
-#define FF_RL_MIGRATE_OUT "rl.migrate_out" /* kv (1: with the KV rows, 0: the receiver recomputes):
-                                              at the worker's next step boundary with no sample
-                                              waiting for a slot, every open rl.generate job
-                                              completes with its finished samples and the
-                                              sequence states of the others ("state",
-                                              "state_len"); -> moved I64 [2] (sequences, bytes) */
-#define FF_RL_MIGRATE_IN "rl.migrate_in"   /* "state" U8, "state_len" I64 [m]: continue the m
-                                              sequences here (deferred, as rl.generate) -> rlen,
-                                              finish I32 [m], resp I32, logprob F32 */
+/* Long-tail migration (docs/run.md "Migration"), DP generation workers only. Both subtasks
+ * name the "migrate" group (a communicator over the generation workers); the states go from
+ * the source to the survivor over it, never through the controller. */
+#define FF_RL_MIGRATE_OUT "rl.migrate_out" /* peer (the survivor's member index), how (0 the KV rows,
+                                              1 recompute, 2 auto: the cost model with link_bps
+                                              and prefill_tps): at the worker's next step boundary
+                                              with no sample waiting for a slot, every open
+                                              rl.generate job's unfinished sequences go to the
+                                              peer and the job completes with its finished
+                                              samples and "state_len" (the moved ones' bytes);
+                                              -> moved I64 [4] (sequences, bytes, KV positions,
+                                              how: 0 kv or 1 recompute) */
+#define FF_RL_MIGRATE_IN "rl.migrate_in"   /* peer (the source's member index): receive its
+                                              sequences and continue them here (deferred, as
+                                              rl.generate) -> tag I64 [m, 2] (each one's
+                                              rl.generate subtask id and response index in it),
+                                              xfer F64 [3] (bytes, seconds of the receive, how),
+                                              rlen, finish I32 [m], resp I32, logprob F32 */
 
 /* ---- what a worker hosts (rl.init's `roles`, a bit mask; also rl.*'s `role`) ----------- */
 enum {
@@ -90,12 +98,17 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
  * and "logprob" (F32 [sum rlen]); rl.logprob "logprob" and, with entropy=1, "entropy";
  * rl.value "values" (F32 [sum rlen]); rl.score "score" (F32 [n]); rl.train "metrics"
  * (F64 [FF_RL_NM]). */
-/* A job migrated out adds "state" (U8 [bytes]: the moved sequences' ff_gen_seq_state bytes
- * one after the other) and "state_len" (I64 [k n]: each sample's bytes, 0 where it finished;
- * its rlen is then 0). */
+/* A job migrated out adds "state_len" (I64 [k n]: the bytes of each sample's state sent to
+ * the survivor, 0 where it finished; a moved one's rlen is 0). Every generation result adds
+ * "prefill" (F64 [2]: the tokens the worker's rollout prefilled and their seconds, the
+ * recompute rate of the cost model). "state" (U8) is not used by the run: states never travel
+ * through the controller (the name is kept for tests that count such bytes). */
 #define FF_RL_T_STATE "state"
 #define FF_RL_T_STATE_LEN "state_len"
 #define FF_RL_T_MOVED "moved"
+#define FF_RL_T_TAG "tag"
+#define FF_RL_T_XFER "xfer"
+#define FF_RL_T_PREFILL "prefill"
 #define FF_RL_T_FINISH "finish"
 #define FF_RL_T_LOGPROB "logprob"
 #define FF_RL_T_ENTROPY "entropy"

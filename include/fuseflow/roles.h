@@ -137,6 +137,8 @@ typedef struct ff_rollout_stats {
     int64_t recomputed_tokens; /* KV positions rebuilt by a prefill for imports without their rows */
     double recompute_s;        /* time of those imports: with recomputed_tokens, the prefill rate that
                                   migrate.h's cost model takes */
+    int64_t prefilled_tokens;  /* prompt tokens prefilled so far (ff_generator_prefill_stats), */
+    double prefill_s;          /* and the time of those forwards: the same rate measured on every prompt */
 } ff_rollout_stats;
 
 typedef struct ff_rollout ff_rollout;

@@ -11,10 +11,16 @@
  *      once, and races the controller's death detection; the run must stop naming the dead
  *      worker and the checkpoint with the exact --resume command, never with the
  *      collective's error alone. Five times: the old code lost the race 3 times in 4.
- *   5. long-tail migration forced at once (migrate: 1.0): the survivor that a migrated job's
- *      sequence states go to is SIGKILLed as they go out: the states go to the other worker,
- *      the dead one's own groups run again, every prompt gets its n responses exactly once,
- *      the same responses as case 1 (the same seeds without migration).
+ *   5. long-tail migration forced at once (migrate: 1.0): the survivor a move's sequence
+ *      states are for is SIGKILLed as the move goes out: the source's send fails (it keeps
+ *      the states and decodes them itself) or completes into the transport's buffers before
+ *      the death shows (the states are lost and the controller generates the moved groups
+ *      again; on a local run this is what usually happens), the dead one's own groups run
+ *      again, every prompt gets its n responses exactly once, the same responses as case 1
+ *      (the same seeds without migration);
+ *   6. the same, the survivor stopped as the move goes out and SIGKILLed once the states left
+ *      (the source's rl.generate came back migrated): the states are lost with it, and the
+ *      controller generates the moved groups again from their seeds: the same check.
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -29,7 +35,8 @@ static const char *bin;
 static char dir[256];
 
 typedef struct hook {
-    int mode; /* 1 kill a rollout worker, 2 kill the actor, 3 interrupt, 4 kill DP rank 1 mid all-reduce, 5 kill a migration's target */
+    int mode; /* 1 kill a rollout worker, 2 kill the actor, 3 interrupt, 4 kill DP rank 1 mid all-reduce, 5 kill a migration's
+                 target before the states leave, 6 after */
     bool done;
     int victim;
     int64_t redispatched;
@@ -87,6 +94,19 @@ static void on_event(void *ud, const ff_exec_event *e) {
         REQUIRE(ff_controller_worker_info(e->controller, (int)e->count, &wi) == 0);
         kill((pid_t)wi.pid, SIGKILL);
         h->victim = (int)e->count;
+        h->done = true;
+    }
+    if (h->mode == 6 && h->victim == 0 && !strcmp(e->what, "migrating")) { /* it cannot decode what it gets */
+        ff_worker_info wi;
+        REQUIRE(ff_controller_worker_info(e->controller, (int)e->count, &wi) == 0);
+        kill((pid_t)wi.pid, SIGSTOP);
+        h->victim = (int)e->count;
+    }
+    if (h->mode == 6 && !h->done && h->victim && !strcmp(e->what, "migrated")) { /* the states left the source */
+        CHECK_EQ_INT((int)e->count, h->victim);
+        ff_worker_info wi;
+        REQUIRE(ff_controller_worker_info(e->controller, h->victim, &wi) == 0);
+        kill((pid_t)wi.pid, SIGKILL);
         h->done = true;
     }
     if (h->mode == 3 && !h->done && !strcmp(e->what, "generated") && e->iteration == 2) {
@@ -205,6 +225,16 @@ int main(void) {
     if (rc < 0) fprintf(stderr, "run: %s\n", ff_error_message());
     CHECK_EQ_INT(rc, FF_EXEC_DONE);
     CHECK(h5.done); /* a migration happened and its target was killed */
+    check_samples(out, 4, resp1, true);
+
+    /* 6. a migration's target dies after the states left */
+    snprintf(out, sizeof out, "%s/o6", dir);
+    write_config(out, 2, 1, 4, ", migrate: 1.0");
+    hook h6 = {.mode = 6};
+    rc = run(&h6, &flag);
+    if (rc < 0) fprintf(stderr, "run: %s\n", ff_error_message());
+    CHECK_EQ_INT(rc, FF_EXEC_DONE);
+    CHECK(h6.done); /* the source's jobs came back migrated, then the survivor was killed */
     check_samples(out, 4, resp1, true);
 
     /* 2. the actor's worker dies after the checkpoint of iteration 1 */

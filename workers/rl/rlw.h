@@ -94,12 +94,9 @@ typedef struct rlw_gen_done {
     const int32_t *tokens; /* [total] */
     const float *logprobs; /* [total] */
     int64_t total;
-    /* a job migrated out (rlw_gen_migrate_out), else NULL: the moved samples' sequence states
-     * one after the other (FF_RL_T_STATE), each sample's bytes [k n] (0: it finished, rlen 0
-     * otherwise) */
-    const uint8_t *states;
-    const int64_t *state_len;
-    int64_t state_bytes;
+    /* a job migrated out (rlw_gen_migrate_out), else NULL: each sample's state bytes [k n]
+     * sent to the survivor (0: it finished here; > 0: moved, rlen 0) */
+    const int64_t *moved;
 } rlw_gen_done;
 typedef void (*rlw_gen_cb)(void *ctx, const rlw_gen_done *d);
 
@@ -122,12 +119,43 @@ void rlw_gen_clear(rlw *s);
 int rlw_gen_open(const rlw *s); /* jobs not finished */
 bool rlw_gen_waiting(const rlw *s); /* samples queued for a slot (no state to move yet) */
 int32_t rlw_gen_free_slots(const rlw *s); /* KV slots no sequence holds */
-/* Long-tail migration, between two steps when no sample waits for a slot (rlw_gen_waiting
- * false, else refused): hand every open job to cb as migrated (its finished samples and the
- * others' states, with their KV rows when with_kv) and forget it; the sequences leave the
- * rollout. *moved / *bytes: the
- * sequences and state bytes handed over. Refused under TP. 0 / -1 + error. */
-int rlw_gen_migrate_out(rlw *s, bool with_kv, rlw_gen_cb cb, void *ctx, int64_t *moved, int64_t *bytes);
+/* Long-tail migration (docs/run.md "Migration"), the source's side, between two steps when no
+ * sample waits for a slot (rlw_gen_waiting false, else refused): every open job's unfinished
+ * sequences leave the rollout as ff_gen_seq_state bytes, with their KV rows (RLW_MIG_KV) or
+ * without (RLW_MIG_RECOMPUTE: the survivor rebuilds them by a prefill), or, RLW_MIG_AUTO, the
+ * cheaper by migrate.h's cost model (ff_migrate_choose over the sequences' positions, with
+ * the measured link and the survivor's prefill rate; the rows while either is unknown).
+ * send(send_ctx, batch) carries them to the survivor; when it fails they go back into this
+ * rollout under their own ids and the jobs go on here (-1 + its error); when it succeeds each
+ * job is handed to cb as migrated (its finished samples and the others' `moved` marks) and
+ * forgotten. Refused under TP. 0 / -1 + error. */
+enum { RLW_MIG_KV = 0, RLW_MIG_RECOMPUTE = 1, RLW_MIG_AUTO = 2 };
+typedef struct rlw_mig_costs {
+    int how;                     /* RLW_MIG_* */
+    double link_bytes_per_s;     /* auto: source to survivor, measured (0: unknown) */
+    double prefill_tokens_per_s; /* auto: the survivor's prefill rate, measured (0: unknown) */
+} rlw_mig_costs;
+/* The sequences on their way: states one after the other, each one's bytes, its job (the
+ * owner given to rlw_gen_add) and its response in the job ([k n] order). */
+typedef struct rlw_mig_batch {
+    int32_t m;
+    const uint8_t *states; /* [bytes] */
+    const int64_t *lens;   /* [m] */
+    void *const *owners;   /* [m] */
+    const int32_t *index;  /* [m] */
+    int64_t bytes;
+} rlw_mig_batch;
+typedef int (*rlw_mig_send_fn)(void *ctx, const rlw_mig_batch *b);
+typedef struct rlw_mig_report {
+    int64_t moved, bytes; /* sequences and state bytes that left (0 after a failed send) */
+    int64_t positions;    /* the KV positions they stand for (prompt + generated - 1, summed) */
+    int how;              /* RLW_MIG_KV or RLW_MIG_RECOMPUTE: what was sent */
+} rlw_mig_report;
+int rlw_gen_migrate_out(rlw *s, const rlw_mig_costs *how, rlw_mig_send_fn send, void *send_ctx, rlw_gen_cb cb, void *ctx,
+                        rlw_mig_report *rep);
+/* The rollout's prefills so far (prompts and recomputes): tokens and seconds, the rate the
+ * cost model of a move takes (0, 0 without a rollout). */
+void rlw_gen_prefill_rate(const rlw *s, int64_t *tokens, double *seconds);
 /* Continue m sequence states (bytes one after the other, lens [m]) here as one job of owner,
  * m prompts x 1 sample in their order; finished, it comes to cb as any job. 0 / -1 + error
  * (nothing imported). */

@@ -20,6 +20,7 @@
 #include "fuseflow/coll.h"
 #include "fuseflow/error.h"
 #include "fuseflow/graph.h"
+#include "fuseflow/migrate.h"
 #include "fuseflow/model.h"
 #include "fuseflow/modelio.h"
 #include "fuseflow/pipe_exec.h"
@@ -665,7 +666,7 @@ static int find_job(const rlw *s, uint64_t req) {
     return -1;
 }
 
-static int deliver(rlw *s, int ji, rlw_gen_cb cb, void *ctx, const uint8_t *states, const int64_t *state_len, int64_t state_bytes) {
+static int deliver(rlw *s, int ji, rlw_gen_cb cb, void *ctx, const int64_t *moved) {
     gen_job *j = &s->jobs[ji];
     int32_t kn = j->k * j->n;
     int64_t total = 0;
@@ -686,7 +687,7 @@ static int deliver(rlw *s, int ji, rlw_gen_cb cb, void *ctx, const uint8_t *stat
             }
             off += o->n_tokens;
         }
-        rlw_gen_done d = {j->owner, j->k, j->n, rlen, fin, tok, lp, total, states, state_len, state_bytes};
+        rlw_gen_done d = {j->owner, j->k, j->n, rlen, fin, tok, lp, total, moved};
         cb(ctx, &d);
         rc = 0;
     }
@@ -711,7 +712,7 @@ int rlw_gen_step(rlw *s, rlw_gen_cb cb, void *ctx) {
         ff_gen_output_free(&j->outs[slot]); /* never filled twice, but be safe */
         j->outs[slot] = o;
         j->filled[slot] = true;
-        if (--j->remaining == 0 && deliver(s, ji, cb, ctx, NULL, NULL, 0) != 0) return -1;
+        if (--j->remaining == 0 && deliver(s, ji, cb, ctx, NULL) != 0) return -1;
     }
     return 0;
 }
@@ -733,67 +734,122 @@ void rlw_gen_clear(rlw *s) {
 
 int rlw_gen_open(const rlw *s) { return s->njobs; }
 bool rlw_gen_waiting(const rlw *s) { return s->ro && ff_rollout_pending(s->ro) != ff_rollout_running(s->ro); }
+void rlw_gen_prefill_rate(const rlw *s, int64_t *tokens, double *seconds) {
+    *tokens = 0, *seconds = 0;
+    if (!s->ro) return;
+    const ff_rollout_stats *st = ff_rollout_stats_of(s->ro);
+    *tokens = st->prefilled_tokens + st->recomputed_tokens;
+    *seconds = st->prefill_s + st->recompute_s;
+}
 int32_t rlw_gen_free_slots(const rlw *s) { return s->ro ? s->ro_cfg.max_slots - ff_rollout_running(s->ro) : 0; }
 
 /* ---- long-tail migration ------------------------------------------------------------------- */
-/* A job's unfinished samples' states into one buffer, [k n] lengths; NULL + error. */
-static uint8_t *export_job(rlw *s, gen_job *j, bool with_kv, int64_t *lens, int64_t *bytes) {
-    uint8_t *buf = NULL;
-    size_t cap = 0, used = 0;
-    for (int32_t i = 0; i < j->k * j->n; i++) {
-        lens[i] = 0;
-        if (j->filled[i]) continue;
-        ff_rollout_seq_state st;
-        if (ff_rollout_export(s->ro, j->first_req + (uint64_t)(i / j->n), i % j->n, with_kv, &st) != 0) {
-            free(buf);
-            return NULL;
-        }
-        size_t need = ff_gen_seq_state_size(&st);
-        if (used + need > cap) {
-            size_t c = 2 * (used + need);
-            uint8_t *b = ff_realloc(buf, c);
-            if (!b) {
-                ff_gen_seq_state_free(&st);
-                free(buf);
-                return NULL;
-            }
-            buf = b, cap = c;
-        }
-        size_t w = ff_gen_seq_state_write(&st, buf + used, cap - used);
-        ff_gen_seq_state_free(&st);
-        if (!w) {
-            free(buf);
-            return NULL;
-        }
-        lens[i] = (int64_t)w;
-        used += w;
-    }
-    *bytes = (int64_t)used;
-    return buf ? buf : ff_malloc(1);
+/* Every open job's unfinished sequences out of the rollout (the waiting ones have no state:
+ * the caller waits for none), in job order, each job's in [k n] order. with_kv false drops
+ * nothing here: the rows are exported so that auto can count positions, and cut before writing. */
+typedef struct mig_seq {
+    ff_rollout_seq_state st;
+    void *owner;
+    int32_t index;
+} mig_seq;
+
+static void mig_free(mig_seq *q, int32_t m) {
+    for (int32_t i = 0; i < m; i++) ff_gen_seq_state_free(&q[i].st);
+    free(q);
 }
 
-int rlw_gen_migrate_out(rlw *s, bool with_kv, rlw_gen_cb cb, void *ctx, int64_t *moved, int64_t *bytes) {
-    *moved = *bytes = 0;
+/* The sequences back into the rollout under their own ids (a failed send): the jobs go on here
+ * as if nothing had moved (bitwise with the rows; a recompute otherwise). */
+static void mig_restore(rlw *s, mig_seq *q, int32_t m) {
+    for (int32_t i = 0; i < m; i++)
+        if (ff_rollout_import(s->ro, &q[i].st) != 0) /* its slot was just freed: only memory can fail */
+            ff_warn("rl.migrate_out: sequence %d could not be put back: %s", i, ff_error_message());
+}
+
+int rlw_gen_migrate_out(rlw *s, const rlw_mig_costs *how, rlw_mig_send_fn send, void *send_ctx, rlw_gen_cb cb, void *ctx,
+                        rlw_mig_report *rep) {
+    memset(rep, 0, sizeof *rep);
     if (rlw_gen_lockstep(s))
         return ff_error_set("rl.migrate_out", "migrate with data-parallel generation workers (tp 1, pp 1)",
                             "a TP or PP generation replica does not migrate its samples");
-    if (!s->ro) return 0;
-    if (rlw_gen_waiting(s)) return ff_error_set("rl.migrate_out", "migrate once every sample decodes", "samples wait for a slot");
-    for (int ji = 0; ji < s->njobs;) {
+    if (s->ro && rlw_gen_waiting(s)) return ff_error_set("rl.migrate_out", "migrate once every sample decodes", "samples wait for a slot");
+    int32_t m = 0;
+    for (int ji = 0; s->ro && ji < s->njobs; ji++) m += s->jobs[ji].remaining;
+    mig_seq *q = ff_calloc((size_t)(m ? m : 1), sizeof *q);
+    if (!q) return -1;
+    /* auto exports the rows, then counts: the cost model needs the positions */
+    const bool export_kv = how->how != RLW_MIG_RECOMPUTE;
+    int32_t got = 0;
+    for (int ji = 0; s->ro && ji < s->njobs; ji++) {
         gen_job *j = &s->jobs[ji];
-        int64_t *lens = ff_malloc((size_t)(j->k * j->n) * sizeof *lens), nb = 0;
-        uint8_t *buf = lens ? export_job(s, j, with_kv, lens, &nb) : NULL;
-        if (!buf) {
-            free(lens);
-            return ff_error_wrap("rl.migrate_out");
+        for (int32_t i = 0; i < j->k * j->n; i++) {
+            if (j->filled[i]) continue;
+            if (got == m || ff_rollout_export(s->ro, j->first_req + (uint64_t)(i / j->n), i % j->n, export_kv, &q[got].st) != 0) {
+                mig_restore(s, q, got);
+                mig_free(q, got);
+                return got == m ? ff_error_set("rl.migrate_out", NULL, "more open sequences than the jobs count")
+                                : ff_error_wrap("rl.migrate_out");
+            }
+            q[got].owner = j->owner, q[got].index = i;
+            rep->positions += q[got].st.prompt_len + q[got].st.n_gen - 1;
+            got++;
         }
-        *moved += j->remaining;
-        *bytes += nb;
-        int rc = deliver(s, ji, cb, ctx, buf, lens, nb); /* removes the job: ji is the next one */
-        free(buf), free(lens);
-        if (rc) return -1;
     }
-    return 0;
+    rep->how = how->how == RLW_MIG_RECOMPUTE ? RLW_MIG_RECOMPUTE : RLW_MIG_KV;
+    if (how->how == RLW_MIG_AUTO && m && how->link_bytes_per_s > 0 && how->prefill_tokens_per_s > 0 && q[0].st.kv.data) {
+        const ff_gen_kv *kv = &q[0].st.kv; /* the same model: the same bytes per position for every sequence */
+        ff_migrate_costs c = {.kv_bytes_per_token = 2.0 * kv->layers * kv->kv_heads * kv->head_dim * 4.0,
+                              .link_bytes_per_s = how->link_bytes_per_s,
+                              .prefill_tokens_per_s = how->prefill_tokens_per_s};
+        rep->how = ff_migrate_choose(&c, rep->positions) == FF_MIGRATE_RECOMPUTE ? RLW_MIG_RECOMPUTE : RLW_MIG_KV;
+    }
+    /* the wire: one buffer of states, their lengths, each one's job and response */
+    size_t cap = 0;
+    for (int32_t i = 0; i < m; i++) {
+        if (rep->how == RLW_MIG_RECOMPUTE && q[i].st.kv.data) {
+            free(q[i].st.kv.data);
+            q[i].st.kv.data = NULL;
+        }
+        cap += ff_gen_seq_state_size(&q[i].st);
+    }
+    uint8_t *buf = ff_malloc(cap ? cap : 1);
+    int64_t *lens = ff_malloc((size_t)(m ? m : 1) * sizeof *lens);
+    void **owners = ff_malloc((size_t)(m ? m : 1) * sizeof *owners);
+    int32_t *index = ff_malloc((size_t)(m ? m : 1) * sizeof *index);
+    int rc = buf && lens && owners && index ? 0 : -1;
+    size_t used = 0;
+    for (int32_t i = 0; rc == 0 && i < m; i++) {
+        size_t w = ff_gen_seq_state_write(&q[i].st, buf + used, cap - used);
+        if (!w) rc = ff_error_wrap("rl.migrate_out");
+        lens[i] = (int64_t)w, owners[i] = q[i].owner, index[i] = q[i].index;
+        used += w;
+    }
+    rep->moved = m, rep->bytes = (int64_t)used;
+    if (rc == 0) {
+        rlw_mig_batch b = {m, buf, lens, owners, index, (int64_t)used};
+        rc = send(send_ctx, &b);
+    }
+    if (rc != 0) { /* nothing left: the sequences go on here */
+        mig_restore(s, q, m);
+        rep->moved = rep->bytes = 0;
+    }
+    mig_free(q, m);
+    free(buf);
+    /* each job out as migrated: its finished samples, the others' marks (their bytes) */
+    while (rc == 0 && s->njobs) {
+        gen_job *j = &s->jobs[0];
+        int64_t *mark = ff_calloc((size_t)(j->k * j->n), sizeof *mark);
+        if (!mark) {
+            rc = -1;
+            break;
+        }
+        for (int32_t i = 0; i < m; i++)
+            if (owners[i] == j->owner) mark[index[i]] = lens[i];
+        rc = deliver(s, 0, cb, ctx, mark); /* removes the job */
+        free(mark);
+    }
+    free(lens), free(owners), free(index);
+    return rc;
 }
 
 int rlw_gen_import(rlw *s, void *owner, const uint8_t *states, const int64_t *lens, int32_t m) {

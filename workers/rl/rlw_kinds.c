@@ -23,10 +23,13 @@
  *   rl.sync      mode (local|bcast)                              -> received I64 [1] (bytes from other ranks)
  *   rl.save      role, dir
  *   rl.digest    role                                           -> hash I64 [1], sum F64 [1]
- *   rl.migrate_out kv: open jobs whose samples all decode complete now as migrated (their
- *                finished samples, the others' "state" U8 and "state_len" I64 [k n])  -> moved I64 [2]
- *   rl.migrate_in  state U8, state_len I64 [m]: the m sequences continue here (deferred)
- *                                          -> rlen, finish I32 [m], resp I32, logprob F32
+ *   rl.migrate_out peer, how, link_bps, prefill_tps: at the next step boundary the open jobs'
+ *                unfinished sequences go to member `peer` of the subtask's group (ff_coll
+ *                send); each job completes with its finished samples and "state_len" I64
+ *                [k n] (the moved ones' bytes)       -> moved I64 [4]
+ *   rl.migrate_in  peer: receive member peer's sequences (in the handler), continue them here
+ *                (deferred)     -> tag I64 [m, 2], xfer F64 [3], rlen, finish I32 [m], resp I32, logprob F32
+ *   every generation result also carries prefill F64 [2] (tokens, seconds: the measured rate)
  *
  * "samples" are prompt I32 [sum plen], plen I32 [n], resp I32 [sum rlen], rlen I32 [n].
  * Under TP every TP rank of a replica gets the subtask and computes; only TP rank 0 returns
@@ -36,11 +39,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuseflow/coll.h"
 #include "fuseflow/error.h"
 #include "fuseflow/rl_worker.h"
 #include "fuseflow/util.h"
 #include "fuseflow/worker.h"
 #include "workers/rl/rlw.h"
+
+typedef struct mig_in {
+    ff_task *t;
+    uint8_t *states; /* [bytes] */
+    int64_t *lens;   /* [3 m]: each state's bytes, then the tags (ff_task_id, response) */
+    int32_t m;
+} mig_in;
+
+static void mig_in_free(mig_in *q) {
+    free(q->states), free(q->lens);
+    q->states = NULL, q->lens = NULL;
+}
 
 struct ff_rlworker {
     rlw *eng;
@@ -49,11 +65,14 @@ struct ff_rlworker {
     /* a deferred rl.migrate_out: done by the step hook between two steps once no sample waits
      * for a slot, so that the steps (and their batches) are those the worker would have run */
     ff_task *mig_out;
-    bool mig_kv;
-    /* deferred rl.migrate_in tasks not imported yet: they join at a step without a prefill
-     * (none waiting), so that their rows never share a forward with a prompt's (a prefill
-     * rounds by its row count; decode rows round alike whatever the batch) */
-    ff_task **mig_in;
+    ff_coll_comm *mig_comm; /* its group's, and the survivor's member index in it */
+    int mig_peer;
+    rlw_mig_costs mig_costs;
+    /* deferred rl.migrate_in tasks not imported yet, with the states received for each: they
+     * join at a step without a prefill (none waiting), so that their rows never share a
+     * forward with a prompt's (a prefill rounds by its row count; decode rows round alike
+     * whatever the batch) */
+    mig_in *mig_in;
     int nmig_in, mig_in_cap;
 };
 
@@ -72,6 +91,7 @@ void ff_rlworker_destroy(ff_rlworker **pr) {
     if (!pr || !*pr) return;
     rlw_destroy(&(*pr)->eng);
     free((*pr)->open);
+    for (int i = 0; i < (*pr)->nmig_in; i++) mig_in_free(&(*pr)->mig_in[i]);
     free((*pr)->mig_in);
     free(*pr);
     *pr = NULL;
@@ -283,32 +303,36 @@ static void forget_open(ff_rlworker *r, ff_task *t) {
         }
 }
 
-static int gen_outputs(ff_task *t, const rlw_gen_done *d) {
+static int gen_outputs(ff_task *t, const rlw *eng, const rlw_gen_done *d) {
     int64_t kn = (int64_t)d->k * d->n;
     int32_t *rlen = ff_task_output(t, FF_RL_T_RLEN, FF_DTYPE_I32, 1, &kn);
     int32_t *fin = ff_task_output(t, FF_RL_T_FINISH, FF_DTYPE_I32, 1, &kn);
     int32_t *resp = ff_task_output(t, FF_RL_T_RESP, FF_DTYPE_I32, 1, &d->total);
     float *lp = ff_task_output(t, FF_RL_T_LOGPROB, FF_DTYPE_F32, 1, &d->total);
-    if (!rlen || !fin || !resp || !lp) return -1;
-    memcpy(rlen, d->rlen, (size_t)kn * sizeof *rlen);
-    memcpy(fin, d->finish, (size_t)kn * sizeof *fin);
+    double *pf = ff_task_output(t, FF_RL_T_PREFILL, FF_DTYPE_F64, 1, (int64_t[]){2});
+    if (!rlen || !fin || !resp || !lp || !pf) return -1;
+    if (kn) { /* none: an rl.migrate_in whose source had nothing left */
+        memcpy(rlen, d->rlen, (size_t)kn * sizeof *rlen);
+        memcpy(fin, d->finish, (size_t)kn * sizeof *fin);
+    }
     if (d->total) {
         memcpy(resp, d->tokens, (size_t)d->total * sizeof *resp);
         memcpy(lp, d->logprobs, (size_t)d->total * sizeof *lp);
     }
-    if (!d->states) return 0;
-    uint8_t *st = ff_task_output(t, FF_RL_T_STATE, FF_DTYPE_U8, 1, &d->state_bytes);
+    int64_t ptok;
+    rlw_gen_prefill_rate(eng, &ptok, &pf[1]); /* the cost model's prefill rate, measured here */
+    pf[0] = (double)ptok;
+    if (!d->moved) return 0;
     int64_t *sl = ff_task_output(t, FF_RL_T_STATE_LEN, FF_DTYPE_I64, 1, &kn);
-    if (!st || !sl) return -1;
-    if (d->state_bytes) memcpy(st, d->states, (size_t)d->state_bytes);
-    memcpy(sl, d->state_len, (size_t)kn * sizeof *sl);
+    if (!sl) return -1;
+    memcpy(sl, d->moved, (size_t)kn * sizeof *sl);
     return 0;
 }
 
 static void on_gen_done(void *ctx, const rlw_gen_done *d) {
     ff_rlworker *r = ctx;
     ff_task *t = d->owner;
-    int rc = gen_outputs(t, d);
+    int rc = gen_outputs(t, r->eng, d);
     forget_open(r, t);
     ff_task_complete(t, rc);
 }
@@ -321,7 +345,7 @@ typedef struct gen_run {
 
 static void on_gen_run(void *ctx, const rlw_gen_done *d) {
     gen_run *g = ctx;
-    if (rlw_returns_outputs(g->r->eng, FF_RL_GEN)) g->rc = gen_outputs(d->owner, d);
+    if (rlw_returns_outputs(g->r->eng, FF_RL_GEN)) g->rc = gen_outputs(d->owner, g->r->eng, d);
 }
 
 static int k_generate(ff_task *t, void *ud) {
@@ -369,27 +393,85 @@ static int k_generate(ff_task *t, void *ud) {
 }
 
 /* ---- long-tail migration ------------------------------------------------------------------ */
+/* The states go from the source to the survivor over the subtasks' group ("migrate", a
+ * communicator over the generation workers), never through the controller: a header I64 [4]
+ * (magic, sequences m, state bytes, how), then in one grouped call I64 [3 m] (each state's
+ * bytes, its rl.generate subtask's id, its response in that job) and the U8 bytes. */
+#define MIG_MAGIC 0x46464d4947ll /* "FFMIG" */
+enum { MIG_HDR = 4 };
+
+typedef struct mig_send {
+    ff_coll_comm *comm;
+    int peer, how;
+} mig_send;
+
+static int mig_send_fn(void *ctx, const rlw_mig_batch *b) {
+    mig_send *ms = ctx;
+    int64_t hdr[MIG_HDR] = {MIG_MAGIC, b->m, b->bytes, ms->how};
+    int64_t *meta = ff_malloc((size_t)(3 * b->m + 1) * sizeof *meta);
+    if (!meta) return -1;
+    for (int32_t i = 0; i < b->m; i++)
+        meta[i] = b->lens[i], meta[b->m + i] = (int64_t)ff_task_id(b->owners[i]), meta[2 * b->m + i] = b->index[i];
+    int rc = ff_coll_group_start();
+    if (rc == 0) {
+        rc |= ff_coll_send(hdr, MIG_HDR, FF_DTYPE_I64, ms->peer, ms->comm, NULL);
+        if (b->m) {
+            rc |= ff_coll_send(meta, (size_t)(3 * b->m), FF_DTYPE_I64, ms->peer, ms->comm, NULL);
+            rc |= ff_coll_send(b->states, (size_t)b->bytes, FF_DTYPE_U8, ms->peer, ms->comm, NULL);
+        }
+        rc |= ff_coll_group_end();
+    }
+    free(meta);
+    return rc ? ff_error_wrap("rl.migrate_out: sending %d sequences to member %d", b->m, ms->peer) : 0;
+}
+
+/* The peer argument: a member of the subtask's group other than this one. */
+static bool peer_arg(ff_task *t, ff_coll_comm **comm, int *peer) {
+    int64_t p;
+    if (!arg_int(t, "peer", -1, &p)) return false;
+    *comm = ff_task_comm(t);
+    if (!*comm)
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: group '%s' has no communicator here (the controller makes the migrate group)",
+                            ff_task_kind(t), ff_task_group(t)),
+               false;
+    if (p < 0 || p >= ff_coll_comm_size(*comm) || p == ff_coll_comm_rank(*comm))
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s: peer %lld is not another member of the %d in group '%s'", ff_task_kind(t),
+                            (long long)p, ff_coll_comm_size(*comm), ff_task_group(t)),
+               false;
+    *peer = (int)p;
+    return true;
+}
+
 static void migrate_out_now(ff_rlworker *r) {
     ff_task *t = r->mig_out;
     r->mig_out = NULL;
-    int64_t moved = 0, bytes = 0;
-    int64_t *o = ff_task_output(t, FF_RL_T_MOVED, FF_DTYPE_I64, 1, (int64_t[]){2});
+    rlw_mig_report rep;
+    mig_send ms = {r->mig_comm, r->mig_peer, r->mig_costs.how};
+    int64_t *o = ff_task_output(t, FF_RL_T_MOVED, FF_DTYPE_I64, 1, (int64_t[]){4});
     /* each migrated job's rl.generate completes inside, through on_gen_done */
-    int rc = o && rlw_gen_migrate_out(r->eng, r->mig_kv, on_gen_done, r, &moved, &bytes) == 0 ? 0 : -1;
+    int rc = o && rlw_gen_migrate_out(r->eng, &r->mig_costs, mig_send_fn, &ms, on_gen_done, r, &rep) == 0 ? 0 : -1;
     if (rc) ff_task_fail(t, FF_STATUS_FAILED, "%s", ff_error_message());
-    else o[0] = moved, o[1] = bytes;
+    else o[0] = rep.moved, o[1] = rep.bytes, o[2] = rep.positions, o[3] = rep.how;
     ff_task_complete(t, rc);
 }
 
 static int k_migrate_out(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
-    int64_t kv;
-    if (!arg_int(t, "kv", 1, &kv)) return -1;
+    int64_t how;
+    double link, prefill;
+    ff_coll_comm *comm;
+    int peer;
+    if (!arg_int(t, "how", RLW_MIG_KV, &how) || !arg_float(t, "link_bps", 0, &link) || !arg_float(t, "prefill_tps", 0, &prefill) ||
+        !peer_arg(t, &comm, &peer))
+        return -1;
+    if (how < RLW_MIG_KV || how > RLW_MIG_AUTO)
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_out: how = %lld (0 kv, 1 recompute, 2 auto)", (long long)how);
     if (r->mig_out) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_out: one is already waiting for the next step");
     if (rlw_gen_lockstep(r->eng))
         return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_out: a TP or PP generation replica does not migrate its samples");
     if (ff_task_defer(t) != 0) return -1;
-    r->mig_out = t, r->mig_kv = kv != 0;
+    r->mig_out = t, r->mig_comm = comm, r->mig_peer = peer;
+    r->mig_costs = (rlw_mig_costs){(int)how, link, prefill};
     return 0;
 }
 
@@ -403,52 +485,95 @@ static bool grow_open(ff_rlworker *r) {
     return true;
 }
 
+/* The survivor's side, in the handler (between two steps): the states from the source, at
+ * once (the source sends at its next step boundary), kept until the engine takes them. */
 static int k_migrate_in(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
-    const ff_tensor *st = input(t, FF_RL_T_STATE, FF_DTYPE_U8, false), *sl = input(t, FF_RL_T_STATE_LEN, FF_DTYPE_I64, false);
-    if (!st || !sl) return -1;
-    const int64_t *lens = sl->data;
-    int64_t sum = 0;
-    bool ok = sl->shape[0] >= 1 && sl->shape[0] <= INT32_MAX;
-    for (int64_t i = 0; ok && i < sl->shape[0]; i++) {
-        ok = lens[i] >= 1 && lens[i] <= st->shape[0];
-        sum += ok ? lens[i] : 0;
-    }
-    if (!ok || sum != st->shape[0])
-        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_in: %lld state lengths do not add up to the %lld bytes",
-                            (long long)sl->shape[0], (long long)st->shape[0]);
+    ff_coll_comm *comm;
+    int peer;
+    if (!peer_arg(t, &comm, &peer)) return -1;
     if (rlw_gen_lockstep(r->eng))
         return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_in: a TP or PP generation replica does not take migrated samples");
     if (r->nmig_in == r->mig_in_cap) {
         int cap = r->mig_in_cap ? 2 * r->mig_in_cap : 8;
-        ff_task **v = ff_realloc(r->mig_in, (size_t)cap * sizeof *v);
+        mig_in *v = ff_realloc(r->mig_in, (size_t)cap * sizeof *v);
         if (!v) return -1;
         r->mig_in = v;
         r->mig_in_cap = cap;
     }
-    if (ff_task_defer(t) != 0) return -1;
-    r->mig_in[r->nmig_in++] = t;
+    int64_t hdr[MIG_HDR];
+    if (ff_coll_recv(hdr, MIG_HDR, FF_DTYPE_I64, peer, comm, NULL) != 0)
+        return ff_task_fail(t, FF_STATUS_FAILED, "rl.migrate_in: from member %d: %s", peer, ff_error_message());
+    const int64_t m = hdr[1], bytes = hdr[2];
+    if (hdr[0] != MIG_MAGIC || m < 0 || m > INT32_MAX || bytes < m || (m == 0) != (bytes == 0))
+        return ff_task_fail(t, FF_STATUS_FAILED, "rl.migrate_in: member %d sent a header of %lld sequences in %lld bytes (magic %llx)", peer,
+                            (long long)m, (long long)bytes, (unsigned long long)hdr[0]);
+    mig_in q = {t, ff_malloc((size_t)(bytes ? bytes : 1)), ff_malloc((size_t)(3 * m + 1) * sizeof *q.lens), (int32_t)m};
+    if (!q.states || !q.lens) {
+        mig_in_free(&q);
+        return -1;
+    }
+    int64_t t0 = ff_now_ns();
+    int rc = m ? ff_coll_group_start() : 0;
+    if (m && rc == 0) {
+        rc |= ff_coll_recv(q.lens, (size_t)(3 * m), FF_DTYPE_I64, peer, comm, NULL);
+        rc |= ff_coll_recv(q.states, (size_t)bytes, FF_DTYPE_U8, peer, comm, NULL);
+        rc |= ff_coll_group_end();
+    }
+    double secs = (double)(ff_now_ns() - t0) * 1e-9;
+    int64_t sum = 0;
+    bool ok = rc == 0;
+    for (int64_t i = 0; ok && i < m; i++) {
+        ok = q.lens[i] >= 1 && q.lens[i] <= bytes - sum;
+        sum += ok ? q.lens[i] : 0;
+    }
+    if (rc != 0 || !ok || sum != bytes) {
+        mig_in_free(&q);
+        return rc != 0 ? ff_task_fail(t, FF_STATUS_FAILED, "rl.migrate_in: from member %d: %s", peer, ff_error_message())
+                       : ff_task_fail(t, FF_STATUS_FAILED, "rl.migrate_in: member %d sent %lld state lengths that do not add up to %lld bytes",
+                                      peer, (long long)m, (long long)bytes);
+    }
+    /* what the controller gets instead of the states: whose they are, and what came */
+    int64_t *tag = ff_task_output(t, FF_RL_T_TAG, FF_DTYPE_I64, 2, (int64_t[]){m, 2});
+    double *xf = ff_task_output(t, FF_RL_T_XFER, FF_DTYPE_F64, 1, (int64_t[]){3});
+    if (!tag || !xf) {
+        mig_in_free(&q);
+        return -1;
+    }
+    for (int64_t i = 0; i < m; i++) tag[2 * i] = q.lens[m + i], tag[2 * i + 1] = q.lens[2 * m + i];
+    xf[0] = (double)bytes, xf[1] = secs, xf[2] = (double)hdr[3];
+    if (m == 0) { /* everything finished on the source before its step boundary */
+        mig_in_free(&q);
+        rlw_gen_done d = {t, 0, 1, NULL, NULL, NULL, NULL, 0, NULL};
+        return gen_outputs(t, r->eng, &d);
+    }
+    if (ff_task_defer(t) != 0) {
+        mig_in_free(&q);
+        return -1;
+    }
+    r->mig_in[r->nmig_in++] = q;
     return 0;
 }
 
-/* The waiting rl.migrate_in tasks into the engine, in order, each once the engine has the
+/* The waiting rl.migrate_in states into the engine, in order, each once the engine has the
  * slots for it (the step hook, no sample waiting): a survivor that took other work (a dead
  * worker's groups) takes the states as its sequences finish. */
 static void migrate_in_now(ff_rlworker *r) {
     int i = 0;
     for (; i < r->nmig_in; i++) {
-        ff_task *t = r->mig_in[i];
-        const ff_tensor *st = input(t, FF_RL_T_STATE, FF_DTYPE_U8, false), *sl = input(t, FF_RL_T_STATE_LEN, FF_DTYPE_I64, false);
-        if (!ff_task_cancelled(t) && sl->shape[0] > rlw_gen_free_slots(r->eng) && r->nopen) break; /* after some finish */
+        mig_in *q = &r->mig_in[i];
+        ff_task *t = q->t;
+        if (!ff_task_cancelled(t) && q->m > rlw_gen_free_slots(r->eng) && r->nopen) break; /* after some finish */
         if (ff_task_cancelled(t)) {
             ff_task_fail(t, FF_STATUS_CANCELLED, "rl.migrate_in: cancelled");
             ff_task_complete(t, -1);
-        } else if (!grow_open(r) || rlw_gen_import(r->eng, t, st->data, sl->data, (int32_t)sl->shape[0]) != 0) {
+        } else if (!grow_open(r) || rlw_gen_import(r->eng, t, q->states, q->lens, q->m) != 0) {
             ff_task_fail(t, FF_STATUS_FAILED, "%s", ff_error_message());
             ff_task_complete(t, -1);
         } else {
             r->open[r->nopen++] = t;
         }
+        mig_in_free(q);
     }
     memmove(r->mig_in, r->mig_in + i, (size_t)(r->nmig_in - i) * sizeof *r->mig_in);
     r->nmig_in -= i;
@@ -480,6 +605,7 @@ static int step(ff_worker *w, void *ud) {
         rlw_gen_clear(r->eng); /* the worker fails every open job with this error */
         r->nopen = 0;
         r->mig_out = NULL;
+        for (int i = 0; i < r->nmig_in; i++) mig_in_free(&r->mig_in[i]);
         r->nmig_in = 0;
         return -1;
     }

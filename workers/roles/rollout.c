@@ -35,6 +35,8 @@ struct ff_rollout {
     int64_t samples_added; /* since the table started over: arrival positions */
     int64_t untaken;       /* samples added and not yet taken or vanished */
     ff_rollout_stats stats;
+    int64_t pf_tokens0; /* the generator's prefill counters at the last stats reset */
+    double pf_s0;
 };
 
 void ff_rollout_config_default(ff_rollout_config *c) {
@@ -128,6 +130,10 @@ int ff_rollout_step(ff_rollout *r) {
     r->stats.steps++;
     if (running > r->stats.max_running) r->stats.max_running = running;
     r->stats.busy_s += (double)(ff_now_ns() - t0) * 1e-9;
+    int64_t pt;
+    double ps;
+    ff_generator_prefill_stats(r->g, &pt, &ps);
+    r->stats.prefilled_tokens = pt - r->pf_tokens0, r->stats.prefill_s = ps - r->pf_s0;
     return before - ff_generator_pending(r->g);
 }
 
@@ -173,7 +179,10 @@ int32_t ff_rollout_abort(ff_rollout *r, uint64_t id) {
 }
 
 const ff_rollout_stats *ff_rollout_stats_of(const ff_rollout *r) { return &r->stats; }
-void ff_rollout_stats_reset(ff_rollout *r) { memset(&r->stats, 0, sizeof r->stats); }
+void ff_rollout_stats_reset(ff_rollout *r) {
+    memset(&r->stats, 0, sizeof r->stats);
+    ff_generator_prefill_stats(r->g, &r->pf_tokens0, &r->pf_s0);
+}
 
 /* A finished sample's place in arrival order (o->id still the internal id). */
 static int64_t arrival(const ff_rollout *r, const ff_gen_output *o) {
