@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# scripts/slurm/fuseflow.sbatch under a real single-node Slurm: the test starts its own munged
+# (its own key and socket), slurmctld and slurmd (in the foreground, -D, with a slurm.conf, state
+# and logs in its temporary folder, ports of its own: nothing global changes), submits the
+# script for a short GRPO run with two tasks on the one node, waits for the job (every wait has
+# a deadline), and checks that
+#   - the job completed and the run wrote every iteration's metrics, with both workers joined
+#     from the node (the Slurm node name as their host) and a rank placed on each;
+#   - the job's keys (the controller's folder and the node-local worker.key) were removed.
+# The daemons are stopped at the end (trap). Skipped (exit 77, naming what failed) without root,
+# without the Debian packages (munge, slurmctld, slurmd, slurm-client), or where the daemons
+# cannot start.
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+set +e
+skip() { echo "SKIPPED: $*"; exit 77; }
+[[ $(id -u) -eq 0 ]] || skip "a Slurm of its own needs root (slurmd launches the job's tasks)"
+for b in munged munge mungekey slurmctld slurmd sbatch squeue scontrol sinfo srun sbcast; do
+    command -v "$b" > /dev/null || [[ -x /usr/sbin/$b ]] ||
+        skip "no $b (apt-get install munge slurmctld slurmd slurm-client; scripts/deps.sh does)"
+done
+PATH=$PATH:/usr/sbin
+sl=$work/slurm
+mkdir -p "$sl/state" "$sl/spool" "$work/keys"
+chmod 755 "$work" "$sl" # munged wants the socket's folders searchable by all
+id=$$
+ctld_port=$((30000 + id % 15000 * 2)) slurmd_port=$((30001 + id % 15000 * 2)) ff_port=$((20000 + id % 10000))
+node=$(hostname -s)
+dpids=()
+job=""
+slurm_cleanup() {
+    [[ -n "$job" ]] && scancel "$job" 2> /dev/null
+    for p in "${dpids[@]}"; do kill "$p" 2> /dev/null; done
+    for p in "${dpids[@]}"; do # the daemons stop within a second or two on SIGTERM
+        for _ in $(seq 50); do kill -0 "$p" 2> /dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2> /dev/null
+    done
+    wait 2> /dev/null
+    cleanup
+}
+trap slurm_cleanup EXIT
+tail_logs() { for f in "$sl"/*.log "$work/job.out"; do [[ -f $f ]] && { echo "== $f"; tail -n 30 "$f"; }; done >&2; }
+# until COMMAND succeeds, at most S seconds
+wait_for() { # S COMMAND...
+    local deadline=$((SECONDS + $1)); shift
+    until "$@"; do
+        [[ $SECONDS -lt $deadline ]] || return 1
+        sleep 0.2
+    done
+}
+
+# munge: a key and a socket of the test's own
+dd if=/dev/urandom of="$sl/munge.key" bs=1024 count=1 status=none && chmod 400 "$sl/munge.key" || fail "making the munge key"
+munged -F -S "$sl/munge.sock" --key-file="$sl/munge.key" --log-file="$sl/munged.log" --pid-file="$sl/munged.pid" \
+    --seed-file="$sl/munged.seed" > "$sl/munged.out" 2>&1 &
+dpids+=($!)
+munge_ok() { munge -S "$sl/munge.sock" -n 2> /dev/null | unmunge -S "$sl/munge.sock" > /dev/null 2>&1; }
+wait_for 10 munge_ok || { tail "$sl/munged.out" >&2; skip "munged did not start (its log above)"; }
+
+cat > "$sl/slurm.conf" << EOF
+ClusterName=ff$id
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$sl/munge.sock
+StateSaveLocation=$sl/state
+SlurmdSpoolDir=$sl/spool
+SlurmctldPidFile=$sl/slurmctld.pid
+SlurmdPidFile=$sl/slurmd.pid
+SlurmctldLogFile=$sl/slurmctld.log
+SlurmdLogFile=$sl/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+SwitchType=switch/none
+MailProg=/bin/true
+ReturnToService=2
+SlurmdParameters=config_overrides
+MinJobAge=600
+NodeName=$node NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=ff Nodes=ALL Default=YES MaxTime=10 State=UP
+EOF
+export SLURM_CONF=$sl/slurm.conf
+(cd "$sl" && exec slurmctld -D -f "$SLURM_CONF" > "$sl/slurmctld.out" 2>&1) &
+dpids+=($!)
+(cd "$sl" && exec slurmd -D -N "$node" -f "$SLURM_CONF" > "$sl/slurmd.out" 2>&1) &
+dpids+=($!)
+node_idle() { [[ $(sinfo -h -n "$node" -o %t 2> /dev/null) == idle ]]; }
+wait_for 30 node_idle || { tail_logs; skip "slurmctld/slurmd did not bring node $node up within 30 s (logs above)"; }
+echo "slurm: ff$id up in ${SECONDS} s (node $node, slurmctld port $ctld_port)"
+
+prepare_inputs
+M=$cache/tiny
+steps=3
+t0=$SECONDS
+# two tasks on the one node: the actor at DP 2, one rank per task
+job=$(FF_BIN=$bin FF_PORT=$ff_port FF_KEY_DIR=$work/keys sbatch --parsable --nodes 1 --ntasks-per-node 2 \
+    --time 5 --output "$work/job.out" --chdir "$work" "$src/scripts/slurm/fuseflow.sbatch" \
+    "$src/examples/grpo.yaml" $(small_run "$work/out") trainer.steps=$steps trainer.test_freq=0 trainer.save_freq=0 \
+    data.train_batch_size=4 roles.actor.model=$M roles.ref.model=$M roles.actor.workers=2 graph.train_actor.mini_batch_size=2 \
+    2> "$work/sbatch.err")
+[[ -n "$job" ]] || { cat "$work/sbatch.err" >&2; tail_logs; fail "sbatch refused the script"; }
+job=${job%%;*}
+state() { scontrol show job "$job" -o 2> /dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+done_state() { case $(state) in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE) return 0 ;; esac; return 1; }
+wait_for 120 done_state || { scontrol show job "$job" >&2; tail_logs; fail "job $job not done within 120 s (state $(state))"; }
+st=$(state) ec=$(scontrol show job "$job" -o | grep -o ' ExitCode=[0-9:]*')
+took=$((SECONDS - t0))
+[[ $st == COMPLETED ]] || { scontrol show job "$job" >&2; tail_logs; fail "job $job ended $st$ec"; }
+job_done=$job job="" # nothing to cancel at the end
+
+log=$work/job.out
+grep -q "^fuseflow: controller on $node:$ff_port, 2 workers on 1 nodes ($node)" "$log" ||
+    { cat "$log" >&2; fail "the script's first line does not name the controller and the workers"; }
+[[ $(grep -c "^run: worker joined: rank [01] from $node " "$log") -eq 2 ]] ||
+    { cat "$log" >&2; fail "not both workers joined from node $node"; }
+for r in 0 1; do
+    grep -q "^run: rank $r: host $node (actor gen ref; actor dp $r tp 0 pp 0)" "$log" ||
+        { cat "$log" >&2; fail "rank $r not placed on $node at actor dp $r"; }
+done
+[[ $(iterations "$work/out/metrics.jsonl") -eq $steps ]] ||
+    { cat "$log" >&2; fail "metrics.jsonl has $(iterations "$work/out/metrics.jsonl") iterations, not $steps"; }
+# the job's keys, where the script says it made them: the controller's folder (under
+# FF_KEY_DIR) and each node's worker.key (the workers joined over CURVE with it), both gone
+keyline=$(grep -m1 "^fuseflow: keys in " "$log")
+key_dir=$(sed -n 's/^fuseflow: keys in \([^,]*\),.*/\1/p' <<< "$keyline")
+node_key=$(sed -n 's/.*worker.key at \([^ ]*\) on each node.*/\1/p' <<< "$keyline")
+[[ $key_dir == "$work/keys/"* && -n $node_key ]] || { cat "$log" >&2; fail "the script does not say where the job's keys are"; }
+[[ ! -e $key_dir && -z $(ls -A "$work/keys") ]] || fail "the job's key folder is left: $key_dir"
+[[ ! -e $node_key ]] || fail "the node's worker.key is left: $node_key"
+echo "job $job_done: $steps iterations on 2 Slurm tasks, keys removed; the job took ${took} s, the test ${SECONDS} s"
