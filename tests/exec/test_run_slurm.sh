@@ -100,23 +100,36 @@ echo "slurm: ff$id up in ${SECONDS} s (node $node, slurmctld port $ctld_port)"
 prepare_inputs
 M=$cache/tiny
 steps=3
-t0=$SECONDS
-# two tasks on the one node: the actor at DP 2, one rank per task
-job=$(FF_BIN=$bin FF_PORT=$ff_port FF_KEY_DIR=$work/keys sbatch --parsable --nodes 1 --ntasks-per-node 2 \
-    --time 5 --output "$work/job.out" --chdir "$work" "$src/scripts/slurm/fuseflow.sbatch" \
-    "$src/examples/grpo.yaml" $(small_run "$work/out") trainer.steps=$steps trainer.test_freq=0 trainer.save_freq=0 \
-    data.train_batch_size=4 roles.actor.model=$M roles.ref.model=$M roles.actor.workers=2 graph.train_actor.mini_batch_size=2 \
-    2> "$work/sbatch.err")
-[[ -n "$job" ]] || { cat "$work/sbatch.err" >&2; tail_logs; fail "sbatch refused the script"; }
-job=${job%%;*}
 state() { scontrol show job "$job" -o 2> /dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
 done_state() { case $(state) in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE) return 0 ;; esac; return 1; }
-wait_for 120 done_state || { scontrol show job "$job" >&2; tail_logs; fail "job $job not done within 120 s (state $(state))"; }
-st=$(state) ec=$(scontrol show job "$job" -o | grep -o ' ExitCode=[0-9:]*')
-took=$((SECONDS - t0))
-[[ $st == COMPLETED ]] || { scontrol show job "$job" >&2; tail_logs; fail "job $job ended $st$ec"; }
-job_done=$job job="" # nothing to cancel at the end
+# submit the script with two tasks on the one node and wait for the job: sets $job_done, $st
+submit() { # OUT_NAME RUN_ARGS...
+    local name=$1; shift
+    job=$(FF_BIN=$bin FF_PORT=$ff_port FF_KEY_DIR=$work/keys sbatch --parsable --nodes 1 --ntasks-per-node 2 \
+        --time 5 --output "$work/$name.out" --chdir "$work" "$src/scripts/slurm/fuseflow.sbatch" "$@" 2> "$work/sbatch.err")
+    [[ -n "$job" ]] || { cat "$work/sbatch.err" >&2; tail_logs; fail "sbatch refused the script"; }
+    job=${job%%;*}
+    wait_for 120 done_state || { scontrol show job "$job" >&2; tail_logs; fail "job $job not done within 120 s (state $(state))"; }
+    st=$(state) job_done=$job job="" # nothing to cancel at the end
+}
+# the job's keys, where the script says it made them: the controller's folder (under
+# FF_KEY_DIR) and each node's worker.key, both gone
+keys_removed() { # LOG
+    local keyline key_dir node_key
+    keyline=$(grep -m1 "^fuseflow: keys in " "$1")
+    key_dir=$(sed -n 's/^fuseflow: keys in \([^,]*\),.*/\1/p' <<< "$keyline")
+    node_key=$(sed -n 's/.*worker.key at \([^ ]*\) on each node.*/\1/p' <<< "$keyline")
+    [[ $key_dir == "$work/keys/"* && -n $node_key ]] || { cat "$1" >&2; fail "the script does not say where the job's keys are"; }
+    [[ ! -e $key_dir && -z $(ls -A "$work/keys") ]] || fail "the job's key folder is left: $key_dir"
+    [[ ! -e $node_key ]] || fail "the node's worker.key is left: $node_key"
+}
 
+# the actor at DP 2, one rank per task
+t0=$SECONDS
+submit job "$src/examples/grpo.yaml" $(small_run "$work/out") trainer.steps=$steps trainer.test_freq=0 trainer.save_freq=0 \
+    data.train_batch_size=4 roles.actor.model=$M roles.ref.model=$M roles.actor.workers=2 graph.train_actor.mini_batch_size=2
+took=$((SECONDS - t0))
+[[ $st == COMPLETED ]] || { scontrol show job "$job_done" >&2; tail_logs; fail "job $job_done ended $st"; }
 log=$work/job.out
 grep -q "^fuseflow: controller on $node:$ff_port, 2 workers on 1 nodes ($node)" "$log" ||
     { cat "$log" >&2; fail "the script's first line does not name the controller and the workers"; }
@@ -128,12 +141,15 @@ for r in 0 1; do
 done
 [[ $(iterations "$work/out/metrics.jsonl") -eq $steps ]] ||
     { cat "$log" >&2; fail "metrics.jsonl has $(iterations "$work/out/metrics.jsonl") iterations, not $steps"; }
-# the job's keys, where the script says it made them: the controller's folder (under
-# FF_KEY_DIR) and each node's worker.key (the workers joined over CURVE with it), both gone
-keyline=$(grep -m1 "^fuseflow: keys in " "$log")
-key_dir=$(sed -n 's/^fuseflow: keys in \([^,]*\),.*/\1/p' <<< "$keyline")
-node_key=$(sed -n 's/.*worker.key at \([^ ]*\) on each node.*/\1/p' <<< "$keyline")
-[[ $key_dir == "$work/keys/"* && -n $node_key ]] || { cat "$log" >&2; fail "the script does not say where the job's keys are"; }
-[[ ! -e $key_dir && -z $(ls -A "$work/keys") ]] || fail "the job's key folder is left: $key_dir"
-[[ ! -e $node_key ]] || fail "the node's worker.key is left: $node_key"
-echo "job $job_done: $steps iterations on 2 Slurm tasks, keys removed; the job took ${took} s, the test ${SECONDS} s"
+keys_removed "$log" # (the workers joined over CURVE with the node's copy: it was there)
+ok=$job_done
+
+# a run the controller refuses (a key no config has): the job fails at once, the workers
+# stopped rather than left waiting for a controller (600 s), and the keys removed
+t1=$SECONDS
+submit bad "$src/examples/grpo.yaml" $(small_run "$work/bad") roles.actor.model=$M roles.ref.model=$M trainer.no_such_key=1
+[[ $st == FAILED ]] || { cat "$work/bad.out" >&2; fail "the job of a refused run ended $st, not FAILED"; }
+grep -q "no_such_key" "$work/bad.out" || { cat "$work/bad.out" >&2; fail "the refused run's job output does not name the bad key"; }
+[[ $((SECONDS - t1)) -le 30 ]] || fail "the job of a refused run took $((SECONDS - t1)) s to end"
+keys_removed "$work/bad.out"
+echo "job $ok: $steps iterations on 2 Slurm tasks, keys removed, in ${took} s; job $job_done (a refused run) failed in $((SECONDS - t1)) s, keys removed; the test ${SECONDS} s"
