@@ -61,6 +61,11 @@ typedef struct ff_worker_opts {
 
 void ff_worker_opts_default(ff_worker_opts *o);
 
+/* Fill d with what this process sees of its machine (workers/devices.c): never fails, what
+ * cannot be read is none; with no GPU, why (no driver, no device) goes to why. The hello
+ * carries d. */
+void ff_devices_probe(ff_devices *d, char *why, size_t cap);
+
 /* Create a worker (socket configured and connected, nothing sent yet). NULL + error. */
 ff_worker *ff_worker_new(const ff_worker_opts *o);
 void ff_worker_destroy(ff_worker **w);

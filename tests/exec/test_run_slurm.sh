@@ -5,7 +5,9 @@
 # script for a short GRPO run with two tasks on the one node, waits for the job (every wait has
 # a deadline), and checks that
 #   - the job completed and the run wrote every iteration's metrics, with both workers joined
-#     from the node (the Slurm node name as their host) and a rank placed on each;
+#     from the node (the Slurm node name as their host), each reporting the node's cores and
+#     the GPUs of a stand-in CUDA driver (tests/runtime/fake_libcuda.c, two "NVIDIA H200"),
+#     and a rank placed on each;
 #   - the job's keys (the controller's folder and the node-local worker.key) were removed.
 # The daemons are stopped at the end (trap). Skipped (exit 77, naming what failed) without root,
 # without the Debian packages (munge, slurmctld, slurmd, slurm-client), or where the daemons
@@ -20,6 +22,7 @@ for b in munged munge mungekey slurmctld slurmd sbatch squeue scontrol sinfo sru
         skip "no $b (apt-get install munge slurmctld slurmd slurm-client; scripts/deps.sh does)"
 done
 PATH=$PATH:/usr/sbin
+[[ -f ${FF_FAKE_LIBCUDA:-} ]] || fail "FF_FAKE_LIBCUDA (the stand-in CUDA driver the build makes) is not set: run through ctest"
 sl=$work/slurm
 mkdir -p "$sl/state" "$sl/spool" "$work/keys"
 chmod 755 "$work" "$sl" # munged wants the socket's folders searchable by all
@@ -39,7 +42,7 @@ slurm_cleanup() {
     cleanup
 }
 trap slurm_cleanup EXIT
-tail_logs() { for f in "$sl"/*.log "$work/job.out"; do [[ -f $f ]] && { echo "== $f"; tail -n 30 "$f"; }; done >&2; }
+tail_logs() { for f in "$sl"/*.log "$sl"/*.out "$work"/*.out; do [[ -f $f ]] && { echo "== $f"; tail -n 30 "$f"; }; done >&2; }
 # until COMMAND succeeds, at most S seconds
 wait_for() { # S COMMAND...
     local deadline=$((SECONDS + $1)); shift
@@ -93,6 +96,8 @@ export SLURM_CONF=$sl/slurm.conf
 dpids+=($!)
 (cd "$sl" && exec slurmd -D -N "$node" -f "$SLURM_CONF" > "$sl/slurmd.out" 2>&1) &
 dpids+=($!)
+# the clients retry for long when a daemon does not answer: bound each call
+for c in sinfo sbatch scontrol scancel; do eval "$c() { timeout 15 $(type -P $c) \"\$@\"; }"; done
 node_idle() { [[ $(sinfo -h -n "$node" -o %t 2> /dev/null) == idle ]]; }
 wait_for 30 node_idle || { tail_logs; skip "slurmctld/slurmd did not bring node $node up within 30 s (logs above)"; }
 echo "slurm: ff$id up in ${SECONDS} s (node $node, slurmctld port $ctld_port)"
@@ -105,11 +110,11 @@ done_state() { case $(state) in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_
 # submit the script with two tasks on the one node and wait for the job: sets $job_done, $st
 submit() { # OUT_NAME RUN_ARGS...
     local name=$1; shift
-    job=$(FF_BIN=$bin FF_PORT=$ff_port FF_KEY_DIR=$work/keys sbatch --parsable --nodes 1 --ntasks-per-node 2 \
-        --time 5 --output "$work/$name.out" --chdir "$work" "$src/scripts/slurm/fuseflow.sbatch" "$@" 2> "$work/sbatch.err")
+    job=$(FF_BIN=$bin FF_PORT=$ff_port FF_KEY_DIR=$work/keys FF_LIBCUDA=$FF_FAKE_LIBCUDA FAKE_CUDA_GPUS="NVIDIA H200,NVIDIA H200" sbatch --parsable --nodes 1 --ntasks-per-node 2 \
+        --time 2 --output "$work/$name.out" --chdir "$work" "$src/scripts/slurm/fuseflow.sbatch" "$@" 2> "$work/sbatch.err")
     [[ -n "$job" ]] || { cat "$work/sbatch.err" >&2; tail_logs; fail "sbatch refused the script"; }
     job=${job%%;*}
-    wait_for 120 done_state || { scontrol show job "$job" >&2; tail_logs; fail "job $job not done within 120 s (state $(state))"; }
+    wait_for 150 done_state || { scontrol show job "$job" >&2; tail_logs; fail "job $job not done within 150 s (state $(state))"; }
     st=$(state) job_done=$job job="" # nothing to cancel at the end
 }
 # the job's keys, where the script says it made them: the controller's folder (under
@@ -133,8 +138,10 @@ took=$((SECONDS - t0))
 log=$work/job.out
 grep -q "^fuseflow: controller on $node:$ff_port, 2 workers on 1 nodes ($node)" "$log" ||
     { cat "$log" >&2; fail "the script's first line does not name the controller and the workers"; }
-[[ $(grep -c "^run: worker joined: rank [01] from $node " "$log") -eq 2 ]] ||
-    { cat "$log" >&2; fail "not both workers joined from node $node"; }
+dev="\([0-9]* of \)\?$(getconf _NPROCESSORS_ONLN) cores, 2 GPUs: 2 x NVIDIA H200"
+[[ $(grep -c "^run: worker joined: rank [01] from $node (cpu; $dev)" "$log") -eq 2 ]] ||
+    { cat "$log" >&2; fail "not both workers joined from node $node with its devices"; }
+grep -q "^run: host $node: 2 workers; $dev$" "$log" || { cat "$log" >&2; fail "no devices line for node $node"; }
 for r in 0 1; do
     grep -q "^run: rank $r: host $node (actor gen ref; actor dp $r tp 0 pp 0)" "$log" ||
         { cat "$log" >&2; fail "rank $r not placed on $node at actor dp $r"; }
