@@ -427,7 +427,7 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
         if (h->ncaps < 0 || h->ncaps > FF_MSG_MAX_CAPS) return ff_error_set("hello", NULL, "%d capabilities", h->ncaps);
         const ff_devices *dv = &h->devices;
         if (dv->ngpus < 0 || dv->ngpus > FF_MSG_MAX_GPUS) return ff_error_set("hello", NULL, "%d GPUs", dv->ngpus);
-        msgpack_pack_array(&pk, 11);
+        msgpack_pack_array(&pk, 12);
         msgpack_pack_int(&pk, FF_PROTOCOL_VERSION);
         msgpack_pack_int(&pk, m->type);
         msgpack_pack_int32(&pk, h->rank);
@@ -447,6 +447,7 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
             if (check_name("hello GPU", dv->gpus[i])) return -1;
             pack_str(&pk, dv->gpus[i]);
         }
+        msgpack_pack_int32(&pk, dv->local_index);
         break;
     }
     case FF_MSG_WELCOME: {

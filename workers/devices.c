@@ -56,6 +56,7 @@ static void probe_gpus(ff_devices *d, char *why, size_t cap) {
 
 void ff_devices_probe(ff_devices *d, char *why, size_t cap) {
     memset(d, 0, sizeof *d);
+    d->local_index = -1;
     if (cap) why[0] = 0;
     long on = sysconf(_SC_NPROCESSORS_ONLN);
     d->cores = on > 0 ? (uint32_t)on : 1;

@@ -110,6 +110,7 @@ void ff_worker_opts_default(ff_worker_opts *o) {
     memset(o, 0, sizeof *o);
     o->rank = -1;
     o->device = "cpu";
+    o->local_index = -1;
     o->connect_timeout_s = 30;
 }
 
@@ -857,6 +858,7 @@ ff_worker *ff_worker_new(const ff_worker_opts *o) {
     snprintf(w->device, sizeof w->device, "%s", o->device ? o->device : "cpu");
     char why[160], seen[512];
     ff_devices_probe(&w->devices, why, sizeof why);
+    w->devices.local_index = o->local_index;
     ff_devices_describe(&w->devices, seen, sizeof seen);
     ff_debug("worker: %s%s%s", seen, why[0] ? ": " : "", why);
     w->o.connect = w->connect;

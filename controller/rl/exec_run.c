@@ -815,8 +815,9 @@ static void host_devices(const ex_run *x, const int *host_of, int h, char *buf, 
  * replicas and only DP (and PP where a host holds less) crosses hosts. With every worker on
  * one host this keeps the order as it is. */
 static int place_by_host(ex_run *x) {
-    int n = x->nranks, order[EX_MAX_RANKS], host_of[EX_MAX_RANKS], nhosts = 0;
+    int n = x->nranks, order[EX_MAX_RANKS], host_of[EX_MAX_RANKS], local_index[EX_MAX_RANKS], nhosts = 0;
     char hosts[EX_MAX_RANKS][FF_MSG_NAME_MAX];
+    bool rails = false; /* some worker gave its local index */
     for (int r = 0; r < n; r++) {
         ff_worker_info wi;
         if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_LIVE)
@@ -826,11 +827,10 @@ static int place_by_host(ex_run *x) {
         while (h < nhosts && strcmp(hosts[h], wi.host)) h++;
         if (h == nhosts) snprintf(hosts[nhosts++], sizeof hosts[0], "%s", wi.host);
         host_of[r] = h;
+        local_index[r] = wi.devices.local_index;
+        rails |= local_index[r] >= 0;
     }
-    int k = 0;
-    for (int h = 0; h < nhosts; h++)
-        for (int r = 0; r < n; r++)
-            if (host_of[r] == h) order[k++] = r;
+    ex_place_order(n, host_of, local_index, order);
     /* logical rank l becomes worker order[l] */
     unsigned roles[EX_MAX_RANKS];
     int pool[EX_MAX_RANKS];
@@ -867,7 +867,9 @@ static int place_by_host(ex_run *x) {
         fprintf(x->out, "run: host %s: %d worker%s; %s\n", hosts[h], on_host[h], on_host[h] == 1 ? "" : "s", d);
     }
     for (int r = 0; r < n; r++) {
-        fprintf(x->out, "run: rank %d: host %s (", r, hosts[host_of[r]]);
+        fprintf(x->out, "run: rank %d: host %s", r, hosts[host_of[r]]);
+        if (local_index[r] >= 0) fprintf(x->out, " index %d", local_index[r]);
+        fprintf(x->out, " (");
         const char *sep = "";
         for (int i = 0; i < FF_RL_NROLES; i++)
             if (x->rank_roles[r] & (1u << i)) fprintf(x->out, "%s%s", sep, ff_rl_role_names[i]), sep = " ";
@@ -887,6 +889,19 @@ static int place_by_host(ex_run *x) {
                             hosts[host_of[L->rep_ranks[r * L->mp]]], hosts[host_of[L->rep_ranks[r * L->mp + t]]], L->mp);
                     break;
                 }
+    }
+    for (int p = 0; rails && nhosts > 1 && p < POOL_COUNT; p++) { /* DP across hosts on rails */
+        const ex_layout *L = &x->lay[p];
+        if (!x->pool_n[p] || L->dp < 2 || (p != POOL_ACTOR && p != POOL_CRITIC)) continue; /* who all-reduces */
+        ex_rail_gap gap;
+        if (ex_rail_aligned(L->dp, L->mp, L->rep_ranks, host_of, local_index, &gap))
+            fprintf(x->out, "run: the %s's DP groups are rail-aligned: where one crosses hosts, its members there have the same "
+                    "local indices\n", ex_pool_names[p]);
+        else
+            fprintf(x->out, "run: warning: the %s's DP group at tp %d pp %d is not rail-aligned: local indices %s on %s, %s on %s "
+                    "(its traffic between hosts changes rails; give every host the same number of workers, a multiple of %d, "
+                    "with --local-index 0..N-1)\n", ex_pool_names[p], gap.group % L->tp, gap.group / L->tp, gap.on_a,
+                    hosts[gap.host_a], gap.on_b, hosts[gap.host_b], L->mp);
     }
     for (int h = 0; x->tr && h < nhosts; h++) { /* a track per host, its ranks at the start */
         char name[FF_MSG_NAME_MAX + 16], what[1024];

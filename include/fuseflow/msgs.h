@@ -33,7 +33,8 @@ extern "C" {
 
 #define FF_PROTOCOL_VERSION 3            /* 2: error texts up to 4 KiB, errors name the refused
                                             id, hello and welcome carry frame limits; 3: the
-                                            hello carries cores, CPUs and GPUs */
+                                            hello carries cores, CPUs, GPUs and the
+                                            worker's local index */
 #define FF_MSG_NAME_MAX 64               /* kind, group, tensor, host, device names (with NUL) */
 #define FF_MSG_TEXT_MAX 4096             /* error texts (with NUL); longer ones are cut in the
                                             middle (ff_text_fit) */
@@ -130,6 +131,9 @@ typedef struct ff_devices {
     uint32_t cpus;  /* the cores the worker may run on (its affinity: a Slurm task's binding) */
     int ngpus;      /* GPUs the CUDA driver lists, CUDA_VISIBLE_DEVICES applied */
     char gpus[FF_MSG_MAX_GPUS][FF_MSG_NAME_MAX]; /* their names, in CUDA's order */
+    int32_t local_index; /* its place among its host's workers, which on a cluster with rails
+                            is its rail (its GPU and NIC; a Slurm task's SLURM_LOCALID); -1:
+                            not given */
 } ff_devices;
 
 /* "4 of 16 cores, 8 GPUs: 8 x NVIDIA H200" (4: its affinity's) or "2 cores, no GPU", cut to

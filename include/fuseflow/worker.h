@@ -57,6 +57,9 @@ typedef struct ff_worker_opts {
     bool no_builtin_kinds;      /* do not register the generic kinds (sleep, echo, ...) */
     const char *host;           /* host name reported in the hello, by which `fuseflow run` places
                                    ranks (NULL: gethostname; a Slurm job passes its node name) */
+    int local_index;            /* its place among its host's workers (its rail where the hosts
+                                   have rails; a Slurm job passes SLURM_LOCALID); -1 (default):
+                                   not given */
 } ff_worker_opts;
 
 void ff_worker_opts_default(ff_worker_opts *o);

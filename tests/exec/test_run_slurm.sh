@@ -7,7 +7,7 @@
 #   - the job completed and the run wrote every iteration's metrics, with both workers joined
 #     from the node (the Slurm node name as their host), each reporting the node's cores and
 #     the GPUs of a stand-in CUDA driver (tests/runtime/fake_libcuda.c, two "NVIDIA H200"),
-#     and a rank placed on each;
+#     and a rank placed on each by its local index (SLURM_LOCALID);
 #   - the job's keys (the controller's folder and the node-local worker.key) were removed.
 # The daemons are stopped at the end (trap). Skipped (exit 77, naming what failed) without root,
 # without the Debian packages (munge, slurmctld, slurmd, slurm-client), or where the daemons
@@ -142,9 +142,9 @@ dev="\([0-9]* of \)\?$(getconf _NPROCESSORS_ONLN) cores, 2 GPUs: 2 x NVIDIA H200
 [[ $(grep -c "^run: worker joined: rank [01] from $node (cpu; $dev)" "$log") -eq 2 ]] ||
     { cat "$log" >&2; fail "not both workers joined from node $node with its devices"; }
 grep -q "^run: host $node: 2 workers; $dev$" "$log" || { cat "$log" >&2; fail "no devices line for node $node"; }
-for r in 0 1; do
-    grep -q "^run: rank $r: host $node (actor gen ref; actor dp $r tp 0 pp 0)" "$log" ||
-        { cat "$log" >&2; fail "rank $r not placed on $node at actor dp $r"; }
+for i in 0 1; do # the task of local index i holds the planner's rank i
+    grep -q "^run: rank [01]: host $node index $i (actor gen ref; actor dp $i tp 0 pp 0)" "$log" ||
+        { cat "$log" >&2; fail "the task of local index $i not placed on $node at actor dp $i"; }
 done
 [[ $(iterations "$work/out/metrics.jsonl") -eq $steps ]] ||
     { cat "$log" >&2; fail "metrics.jsonl has $(iterations "$work/out/metrics.jsonl") iterations, not $steps"; }

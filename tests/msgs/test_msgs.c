@@ -52,6 +52,7 @@ static void test_roundtrip_all_types(void) {
     m.u.hello.devices.cores = 16;
     m.u.hello.devices.cpus = 4;
     m.u.hello.devices.ngpus = 2;
+    m.u.hello.devices.local_index = 5;
     snprintf(m.u.hello.devices.gpus[0], FF_MSG_NAME_MAX, "NVIDIA H200");
     snprintf(m.u.hello.devices.gpus[1], FF_MSG_NAME_MAX, "NVIDIA H100 80GB HBM3");
     REQUIRE(roundtrip(d, &m, &o) == 0);
@@ -62,6 +63,7 @@ static void test_roundtrip_all_types(void) {
     CHECK_EQ_INT(o.u.hello.ncaps, 2);
     CHECK(!strcmp(o.u.hello.caps[1], "coll:cpu"));
     CHECK(o.u.hello.devices.cores == 16 && o.u.hello.devices.cpus == 4 && o.u.hello.devices.ngpus == 2);
+    CHECK_EQ_INT(o.u.hello.devices.local_index, 5);
     CHECK(!strcmp(o.u.hello.devices.gpus[1], "NVIDIA H100 80GB HBM3"));
     char text[256];
     ff_devices_describe(&o.u.hello.devices, text, sizeof text);
