@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "fuseflow/coll.h"
 #include "fuseflow/error.h"
 #include "fuseflow/rl_worker.h"
 #include "fuseflow/util.h"
@@ -133,6 +134,9 @@ int ff_cmd_worker(int argc, char **argv) {
     ff_worker_opts o;
     int pr = parse(argc, argv, &o);
     if (pr) return pr == 1 ? 0 : pr;
+    /* before any thread: NCCL's bootstrap on the interface the cpu collectives use */
+    const char *nccl_if = ff_coll_nccl_env();
+    if (nccl_if) ff_debug("worker: NCCL_SOCKET_IFNAME=%s (from FF_COLL_IFNAME)", nccl_if);
     ff_rlworker *r = ff_rlworker_new();
     if (!r) {
         fprintf(stderr, "fuseflow worker: %s\n", ff_error_message());
