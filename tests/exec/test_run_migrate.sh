@@ -65,7 +65,7 @@ for how in kv recompute; do
   for m in $(mig "$work/on_${how}_1.0" moved); do [[ $m -gt 0 && $m -lt 16 ]] || fail "$how at 1.0: moved $m of 16 samples"; done
   for t in $(mig "$work/on_${how}_1.0" time_s); do python3 -c "import sys; sys.exit(not 0 < $t < 10)" || fail "$how: time_s $t"; done
 done
-kv=$(mig "$work/on_kv_1.0" bytes | head -1) rc=$(mig "$work/on_recompute_1.0" bytes | head -1)
+kv=$(mig "$work/on_kv_1.0" bytes | sed -n 1p) rc=$(mig "$work/on_recompute_1.0" bytes | sed -n 1p) # sed reads all: head would end python with a broken pipe (pipefail)
 [[ $kv -gt $((2 * rc)) && $rc -gt 0 ]] || fail "the KV rows' states ($kv bytes) are not larger than the recompute's ($rc)"
 
 # 2. one sample per prompt, the KV rows, on 2 workers and on 4 (bit for bit in quiet runs; a
