@@ -33,7 +33,15 @@ sl=$work/slurm
 mkdir -p "$sl" "$work/keys"
 chmod 755 "$work" "$sl" # munged wants the socket's folders searchable by all
 id=$$
-ctld_port=$((30000 + id % 15000 * 2)) slurmd_port=$((30001 + id % 15000 * 2)) ff_port=$((20000 + id % 10000))
+# ports below the kernel's ephemeral range (32768 up), where another process's connection may
+# hold any port, and none that a socket on this machine uses now
+port_free() { [[ -z $(ss -Htan "( sport = :$1 )" 2> /dev/null) ]]; }
+p=$((10000 + id % 4000 * 2))
+for _ in $(seq 100); do
+    port_free $p && port_free $((p + 1)) && port_free $((p + 8000)) && break
+    p=$((10000 + (p - 10000 + 2) % 8000))
+done
+ctld_port=$p slurmd_port=$((p + 1)) ff_port=$((p + 8000))
 nsc=ffsc$id nsa=ffsa$id nsb=ffsb$id br=ffsbr$id
 subnet=10.$((id % 200 + 20)).$(((id / 200) % 250)).
 node=$(hostname -s)
