@@ -9,7 +9,14 @@
  *   throughput  many small subtasks streamed to 1, 4 and 16 workers (any member of a group,
  *               at most 64 in flight per worker), completions per second.
  * Targets: median round trip within 1.5x plain ZeroMQ; >= 100,000 subtasks/s with 16 workers.
- * The headline is the last line. Usage: bench_runtime [--quick]. */
+ * The headline is the last line. Usage: bench_runtime [--quick].
+ *
+ * Across hosts (bench/bench_runtime_netns.sh runs it between two network namespaces):
+ *   bench_runtime [--quick] --listen tcp://IP:PORT --plain tcp://IP:PORT2 --remote N [--curve controller.key]
+ * binds the controller and the plain ZeroMQ router there and waits for what the other host
+ * starts: `bench_runtime zmq-echo tcp://IP:PORT2` and N `bench_runtime worker --connect
+ * tcp://IP:PORT [--curve worker.key]`; the round trips go to rank 0, the throughput to all N
+ * (one controller: remote workers do not follow a controller that is gone). */
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -73,18 +80,21 @@ typedef struct plain {
     char ep[256];
 } plain;
 
-static void plain_start(plain *p) {
+/* bind (remote: tcp, the echo started on the other host; else a local ipc echo process) */
+static void plain_start(plain *p, const char *remote) {
     p->ctx = zmq_ctx_new();
     p->router = zmq_socket(p->ctx, ZMQ_ROUTER);
     int zero = 0;
     zmq_setsockopt(p->router, ZMQ_LINGER, &zero, sizeof zero);
-    snprintf(p->ep, sizeof p->ep, "ipc:///tmp/ff-bench-plain-%d.sock", (int)getpid());
+    if (remote) snprintf(p->ep, sizeof p->ep, "%s", remote);
+    else snprintf(p->ep, sizeof p->ep, "ipc:///tmp/ff-bench-plain-%d.sock", (int)getpid());
     if (zmq_bind(p->router, p->ep) != 0) {
         fprintf(stderr, "bind %s: %s\n", p->ep, zmq_strerror(zmq_errno()));
         exit(1);
     }
+    p->pid = 0;
     char *argv[] = {self, "zmq-echo", p->ep, NULL};
-    if (posix_spawn(&p->pid, self, NULL, NULL, argv, environ) != 0) exit(1);
+    if (!remote && posix_spawn(&p->pid, self, NULL, NULL, argv, environ) != 0) exit(1);
     int n = zmq_recv(p->router, p->peer, sizeof p->peer, 0);
     p->peer_len = (size_t)n;
     char hi[8];
@@ -114,7 +124,7 @@ static void plain_stop(plain *p) {
     zmq_send(p->router, p->peer, p->peer_len, ZMQ_SNDMORE);
     zmq_send(p->router, "stop", 4, 0);
     int st;
-    waitpid(p->pid, &st, 0);
+    if (p->pid > 0) waitpid(p->pid, &st, 0);
     zmq_close(p->router);
     zmq_ctx_term(p->ctx);
 }
@@ -188,13 +198,18 @@ static void on_stream(ff_controller *c, uint64_t job, const ff_result *r, int n,
     if (s->submitted < s->total) stream_submit(s);
 }
 
+static const char *listen_ep, *curve_key; /* across hosts: where, and CURVE's key */
+
+/* workers spawned here, or (listen_ep) the ones the other host starts */
 static ff_controller *start(int workers) {
     ff_controller_opts o;
     ff_controller_opts_default(&o);
     o.worker_bin = self;
     o.max_inflight = 64;
+    o.endpoint = listen_ep;
+    o.curve_key_file = curve_key;
     ff_controller *c = ff_controller_new(&o);
-    if (!c || ff_controller_spawn(c, workers) < 0 || ff_controller_wait_workers(c, workers, 60) != 0) {
+    if (!c || (!listen_ep && ff_controller_spawn(c, workers) < 0) || ff_controller_wait_workers(c, workers, 60) != 0) {
         fprintf(stderr, "bench: %s\n", ff_error_message());
         exit(1);
     }
@@ -207,8 +222,7 @@ static ff_controller *start(int workers) {
     return c;
 }
 
-static double throughput(int workers, const char *kind, int total) {
-    ff_controller *c = start(workers);
+static double throughput_on(ff_controller *c, int workers, const char *kind, int total) {
     stream s = {c, kind, total, 0, 0, 0};
     int64_t t0 = ff_now_ns();
     /* fill the pipeline: 64 per worker; each completion submits the next */
@@ -222,14 +236,39 @@ static double throughput(int workers, const char *kind, int total) {
         fprintf(stderr, "bench: %d subtasks failed\n", s.failed);
         exit(1);
     }
-    ff_controller_destroy(&c);
     return s.done / secs;
+}
+
+static double throughput(int workers, const char *kind, int total) {
+    ff_controller *c = start(workers);
+    double t = throughput_on(c, workers, kind, total);
+    ff_controller_destroy(&c);
+    return t;
 }
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "worker")) return rt_worker_main(argc - 1, argv + 1, NULL, NULL);
     if (argc > 2 && !strcmp(argv[1], "zmq-echo")) return zmq_echo_main(argv[2]);
-    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    bool quick = false;
+    const char *plain_ep = NULL;
+    int remote = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (v && !strcmp(argv[i], "--listen")) listen_ep = v, i++;
+        else if (v && !strcmp(argv[i], "--plain")) plain_ep = v, i++;
+        else if (v && !strcmp(argv[i], "--remote")) remote = atoi(v), i++;
+        else if (v && !strcmp(argv[i], "--curve")) curve_key = v, i++;
+        else {
+            fprintf(stderr, "usage: bench_runtime [--quick] [--listen tcp://IP:PORT --plain tcp://IP:PORT2 --remote N "
+                            "[--curve controller.key]]\n");
+            return 2;
+        }
+    }
+    if (listen_ep && (!plain_ep || remote < 1 || remote > 64)) {
+        fprintf(stderr, "bench_runtime: --listen needs --plain tcp://IP:PORT2 and --remote N (1 to 64 workers)\n");
+        return 2;
+    }
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return 1;
     self[n] = 0;
@@ -240,8 +279,8 @@ int main(int argc, char **argv) {
     int64_t *rt_plain = malloc(sizeof(int64_t) * (size_t)total), *rt_echo = malloc(sizeof(int64_t) * (size_t)total),
             *rt_sum = malloc(sizeof(int64_t) * (size_t)total);
     plain p;
-    plain_start(&p);
-    ff_controller *c = start(1);
+    plain_start(&p, listen_ep ? plain_ep : NULL);
+    ff_controller *c = start(listen_ep ? remote : 1);
     for (int i = 0; i < 200; i++) { /* warm up */
         plain_rtt(&p);
         runtime_rtt(c, "echo");
@@ -253,12 +292,13 @@ int main(int argc, char **argv) {
             rt_echo[r * per + i] = runtime_rtt(c, "echo");
             rt_sum[r * per + i] = runtime_rtt(c, "sum");
         }
-    ff_controller_destroy(&c);
+    if (!listen_ep) ff_controller_destroy(&c);
     plain_stop(&p);
     double p50_plain = pct(rt_plain, total, 0.5), p99_plain = pct(rt_plain, total, 0.99);
     double p50_echo = pct(rt_echo, total, 0.5), p99_echo = pct(rt_echo, total, 0.99);
     double p50_sum = pct(rt_sum, total, 0.5), p99_sum = pct(rt_sum, total, 0.99);
-    printf("round trip over ipc, one at a time (%d each, alternating):\n", total);
+    const char *over = !listen_ep ? "ipc" : curve_key ? "tcp with CURVE, between hosts" : "tcp, between hosts";
+    printf("round trip over %s, one at a time (%d each, alternating):\n", over, total);
     printf("  %-44s p50 %7.1f us   p99 %7.1f us\n", "plain ZeroMQ ROUTER/DEALER ping-pong", p50_plain, p99_plain);
     printf("  %-44s p50 %7.1f us   p99 %7.1f us   (%.2fx plain)\n", "subtask echo (worker loop thread)", p50_echo,
            p99_echo, p50_echo / p50_plain);
@@ -266,6 +306,20 @@ int main(int argc, char **argv) {
            p99_sum, p50_sum / p50_plain);
     fflush(stdout);
 
+    if (listen_ep) { /* the remote workers, one controller */
+        int m = quick ? 20000 * remote : 50000 * remote;
+        double t = throughput_on(c, remote, "echo", m), ts = throughput_on(c, remote, "sum", m);
+        ff_controller_destroy(&c);
+        printf("throughput, small subtasks streamed to any of %d remote workers (64 in flight per worker):\n", remote);
+        printf("  %2d workers  echo: %9.0f subtasks/s  (%d subtasks)\n", remote, t, m);
+        printf("  %2d workers  sum:  %9.0f subtasks/s  (through the compute threads)\n", remote, ts);
+        printf("runtime over %s: %.0f subtasks/s with %d workers; median round trip %.1f us vs %.1f us plain ZeroMQ = %.2fx\n",
+               over, t, remote, p50_echo, p50_plain, p50_echo / p50_plain);
+        free(rt_plain);
+        free(rt_echo);
+        free(rt_sum);
+        return 0;
+    }
     int counts[3] = {1, 4, 16};
     double tput[3], tput_sum16 = 0;
     printf("throughput, small subtasks streamed to any member (64 in flight per worker):\n");

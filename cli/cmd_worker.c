@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "fuseflow/coll.h"
 #include "fuseflow/error.h"
 #include "fuseflow/rl_worker.h"
 #include "fuseflow/util.h"
@@ -24,6 +25,9 @@ static void usage(FILE *out) {
             "  --device NAME        device this worker drives, reported to the controller (default cpu)\n"
             "  --host NAME          host name reported to the controller, which places ranks by it\n"
             "                       (default: this machine's host name)\n"
+            "  --local-index N      this worker's place among its host's workers: its rail (GPU and\n"
+            "                       NIC) where the hosts have rails; the controller gives the same\n"
+            "                       position in every host's ranks to the same N (Slurm: SLURM_LOCALID)\n"
             "  --curve FILE         worker.key from `fuseflow keygen` (needed when the controller uses CURVE)\n"
             "  --connect-timeout S  exit if no controller answers within S seconds (default 30)\n"
             "  --orphan-timeout S   exit after S seconds without a word from the controller\n"
@@ -69,6 +73,14 @@ static int parse(int argc, char **argv, ff_worker_opts *o) {
                 return 2;
             }
             o->rank = (int)r;
+        } else if (!strcmp(a, "--local-index")) {
+            char *end;
+            long r = strtol(v, &end, 10);
+            if (!v[0] || *end || r < 0 || r > INT32_MAX) {
+                fprintf(stderr, "fuseflow worker: --local-index wants a non-negative integer, got '%s'\n", v);
+                return 2;
+            }
+            o->local_index = (int)r;
         } else if (!strcmp(a, "--device")) {
             o->device = v;
         } else if (!strcmp(a, "--host")) {
@@ -122,6 +134,9 @@ int ff_cmd_worker(int argc, char **argv) {
     ff_worker_opts o;
     int pr = parse(argc, argv, &o);
     if (pr) return pr == 1 ? 0 : pr;
+    /* before any thread: NCCL's bootstrap on the interface the cpu collectives use */
+    const char *nccl_if = ff_coll_nccl_env();
+    if (nccl_if) ff_debug("worker: NCCL_SOCKET_IFNAME=%s (from FF_COLL_IFNAME)", nccl_if);
     ff_rlworker *r = ff_rlworker_new();
     if (!r) {
         fprintf(stderr, "fuseflow worker: %s\n", ff_error_message());

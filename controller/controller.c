@@ -443,6 +443,7 @@ static void on_hello(ff_controller *c, ff_msg *m) {
         snprintf(known->host, sizeof known->host, "%s", h->host);
         known->max_frame = h->max_frame ? (size_t)h->max_frame : (size_t)1 << 30;
         snprintf(known->device, sizeof known->device, "%s", h->device);
+        known->devices = h->devices;
         free(known->caps);
         known->caps = NULL;
         known->ncaps = 0;
@@ -943,6 +944,7 @@ int ff_controller_worker_info(const ff_controller *c, int rank, ff_worker_info *
     out->pid = w->pid;
     snprintf(out->host, sizeof out->host, "%s", w->host);
     snprintf(out->device, sizeof out->device, "%s", w->device);
+    out->devices = w->devices;
     out->ncaps = w->ncaps;
     for (int i = 0; i < w->ncaps; i++) snprintf(out->caps[i], sizeof out->caps[i], "%s", w->caps[i]);
     out->inflight = w->inflight;

@@ -109,6 +109,7 @@ typedef struct ctl_worker {
     size_t peer_len;
     uint64_t peer_key; /* hash of peer, key in ctl->peers */
     char host[FF_MSG_NAME_MAX], device[FF_MSG_NAME_MAX];
+    ff_devices devices; /* its hello's */
     int ncaps;
     char (*caps)[FF_MSG_NAME_MAX];
     size_t max_frame; /* the largest tensor frame it accepts (its hello) */

@@ -326,7 +326,7 @@ static int decode_header(ff_msg_decoder *d, ff_msg *m, int nframes, ff_reject *r
     if (type <= 0 || type >= FF_MSG_TYPE_END) REJECT(c, FF_REJECT_UNKNOWN_TYPE, "unknown message type %lld", (long long)type);
     cx.type = ff_msg_type_name((int)type);
     static const uint32_t fields[FF_MSG_TYPE_END] = {
-        [FF_MSG_HELLO] = 8, [FF_MSG_WELCOME] = 7, [FF_MSG_HEARTBEAT] = 9, [FF_MSG_SUBTASK] = 7, [FF_MSG_RESULT] = 9,
+        [FF_MSG_HELLO] = 12, [FF_MSG_WELCOME] = 7, [FF_MSG_HEARTBEAT] = 9, [FF_MSG_SUBTASK] = 7, [FF_MSG_RESULT] = 9,
         [FF_MSG_ERROR] = 5, [FF_MSG_CANCEL] = 3, [FF_MSG_SHUTDOWN] = 3, [FF_MSG_GROUP_SETUP] = 9,
     };
     if (nf != fields[type]) REJECT(c, FF_REJECT_MALFORMED, "%u header fields, expected %u", nf, fields[type]);
@@ -336,18 +336,23 @@ static int decode_header(ff_msg_decoder *d, ff_msg *m, int nframes, ff_reject *r
     switch (m->type) {
     case FF_MSG_HELLO: {
         ff_msg_hello *h = &m->u.hello;
-        uint32_t n;
-        const msgpack_object *caps;
+        uint32_t n, ng;
+        const msgpack_object *caps, *gpus;
         if (get_i32(c, &f[2], "rank", -1, INT32_MAX, &h->rank) ||
             get_i64(c, &f[3], "pid", 0, INT64_MAX, &h->pid) ||
             get_str(c, &f[4], "host", h->host, sizeof h->host) ||
             get_str(c, &f[5], "device", h->device, sizeof h->device) ||
             !(caps = expect_array(c, &f[6], "caps", FF_MSG_MAX_CAPS, &n)) ||
-            get_u64(c, &f[7], "max_frame", &h->max_frame))
+            get_u64(c, &f[7], "max_frame", &h->max_frame) || get_u32(c, &f[8], "cores", &h->devices.cores) ||
+            get_u32(c, &f[9], "cpus", &h->devices.cpus) || !(gpus = expect_array(c, &f[10], "gpus", FF_MSG_MAX_GPUS, &ng)) ||
+            get_i32(c, &f[11], "local_index", -1, INT32_MAX, &h->devices.local_index))
             return -1;
         h->ncaps = (int)n;
         for (uint32_t i = 0; i < n; i++)
             if (get_str(c, &caps[i], "capability", h->caps[i], sizeof h->caps[i])) return -1;
+        h->devices.ngpus = (int)ng;
+        for (uint32_t i = 0; i < ng; i++)
+            if (get_str(c, &gpus[i], "GPU", h->devices.gpus[i], sizeof h->devices.gpus[i])) return -1;
         break;
     }
     case FF_MSG_WELCOME: {

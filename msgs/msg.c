@@ -425,7 +425,9 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
         const ff_msg_hello *h = &m->u.hello;
         if (check_name("hello host", h->host) || check_name("hello device", h->device)) return -1;
         if (h->ncaps < 0 || h->ncaps > FF_MSG_MAX_CAPS) return ff_error_set("hello", NULL, "%d capabilities", h->ncaps);
-        msgpack_pack_array(&pk, 8);
+        const ff_devices *dv = &h->devices;
+        if (dv->ngpus < 0 || dv->ngpus > FF_MSG_MAX_GPUS) return ff_error_set("hello", NULL, "%d GPUs", dv->ngpus);
+        msgpack_pack_array(&pk, 12);
         msgpack_pack_int(&pk, FF_PROTOCOL_VERSION);
         msgpack_pack_int(&pk, m->type);
         msgpack_pack_int32(&pk, h->rank);
@@ -438,6 +440,14 @@ long ff_msg_pack(const ff_msg *m, void *buf, size_t cap) {
             pack_str(&pk, h->caps[i]);
         }
         msgpack_pack_uint64(&pk, h->max_frame);
+        msgpack_pack_uint32(&pk, dv->cores);
+        msgpack_pack_uint32(&pk, dv->cpus);
+        msgpack_pack_array(&pk, (size_t)dv->ngpus);
+        for (int i = 0; i < dv->ngpus; i++) {
+            if (check_name("hello GPU", dv->gpus[i])) return -1;
+            pack_str(&pk, dv->gpus[i]);
+        }
+        msgpack_pack_int32(&pk, dv->local_index);
         break;
     }
     case FF_MSG_WELCOME: {

@@ -9,9 +9,12 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 # libclang-rt-14-dev: clang's libFuzzer and sanitizer runtimes (only recommended by clang, so
 # --no-install-recommends leaves them out and the fuzz build of scripts/test.sh fails).
+# munge, slurmctld, slurmd, slurm-client: tests/exec/test_run_slurm.sh starts a Slurm of its own
+# (its own key, socket, ports and slurm.conf; the packages' services are not used).
 pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev
       libopenblas-dev libzmq3-dev libmsgpack-dev libev-dev libjansson-dev libyaml-dev libpcre2-dev libutf8proc-dev libpng-dev libcairo2-dev fonts-dejavu-core
-      python3 python3-zmq python3-msgpack iproute2 procps)
+      python3 python3-zmq python3-msgpack iproute2 procps
+      munge slurmctld slurmd slurm-client)
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(python3-torch python3-numpy python3-venv)
 fi

@@ -55,6 +55,7 @@ struct ff_task {
 struct ff_worker {
     ff_worker_opts o;
     char connect[1024], device[FF_MSG_NAME_MAX];
+    ff_devices devices; /* its machine's cores and GPUs, for the hello */
     void *ctx, *sock, *monitor;
     struct ev_loop *loop;
     rt_zwatch zw;
@@ -109,6 +110,7 @@ void ff_worker_opts_default(ff_worker_opts *o) {
     memset(o, 0, sizeof *o);
     o->rank = -1;
     o->device = "cpu";
+    o->local_index = -1;
     o->connect_timeout_s = 30;
 }
 
@@ -507,6 +509,7 @@ static void send_hello(ff_worker *w) {
     else if (gethostname(h->host, sizeof h->host) != 0) snprintf(h->host, sizeof h->host, "unknown");
     h->host[sizeof h->host - 1] = 0;
     snprintf(h->device, sizeof h->device, "%s", w->device);
+    h->devices = w->devices;
     for (int i = 0; i < w->nkinds && h->ncaps < FF_MSG_MAX_CAPS - 2; i++)
         snprintf(h->caps[h->ncaps++], FF_MSG_NAME_MAX, "%s", w->kinds[i].kind);
     h->ncaps += rt_coll_caps(h->caps + h->ncaps, FF_MSG_MAX_CAPS - h->ncaps);
@@ -853,6 +856,11 @@ ff_worker *ff_worker_new(const ff_worker_opts *o) {
     w->ctl_max_frame = (size_t)1 << 30; /* until the welcome says */
     snprintf(w->connect, sizeof w->connect, "%s", o->connect);
     snprintf(w->device, sizeof w->device, "%s", o->device ? o->device : "cpu");
+    char why[160], seen[512];
+    ff_devices_probe(&w->devices, why, sizeof why);
+    w->devices.local_index = o->local_index;
+    ff_devices_describe(&w->devices, seen, sizeof seen);
+    ff_debug("worker: %s%s%s", seen, why[0] ? ": " : "", why);
     w->o.connect = w->connect;
     w->o.device = w->device;
     w->o.curve_key_file = NULL; /* the path is not kept, only whether there was one */

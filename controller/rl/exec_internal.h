@@ -249,6 +249,22 @@ typedef struct ex_fuse {
     int n_plans;
 } ex_fuse;
 
+/* Placement across hosts (exec_place.c). host_of[w]: worker w's host, hosts numbered in the
+ * order of their lowest worker rank; local_index[w]: its hello's (-1: not given).
+ * order[l] = the worker that takes the planner's rank l: host by host, inside one by local
+ * index (those without one after, by rank), so that on hosts of one shape the ranks at the
+ * same place of each host's share sit on the same rail. */
+void ex_place_order(int n, const int *host_of, const int *local_index, int *order);
+/* 1 when each DP group of a layout (its members at one place g = pp_idx x tp + tp_idx of
+ * every replica; rep_ranks: workers, dp x mp) has the same local indices on every host it
+ * spans, so that its traffic between hosts stays on rails (the planner's a x y grid); 0 and
+ * the first group that does not, with its indices on two of its hosts ("-1": not given). */
+typedef struct ex_rail_gap {
+    int group, host_a, host_b;
+    char on_a[256], on_b[256]; /* "0 2" */
+} ex_rail_gap;
+int ex_rail_aligned(int dp, int mp, const int *rep_ranks, const int *host_of, const int *local_index, ex_rail_gap *gap);
+
 /* ---- the run --------------------------------------------------------------------------------- */
 struct ex_run {
     ff_exec_opts o;

@@ -787,8 +787,10 @@ static int join_workers(ex_run *x, int local) {
             ff_worker_info wi;
             if (shown[r] || ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_LIVE) continue;
             shown[r] = true;
-            fprintf(x->out, "run: worker joined: rank %d from %s (%s%s), %d of %d\n", r, wi.host, wi.device, wi.local ? ", local" : "",
-                    ++nshown, x->nranks);
+            char dev[512];
+            ff_devices_describe(&wi.devices, dev, sizeof dev);
+            fprintf(x->out, "run: worker joined: rank %d from %s (%s; %s%s), %d of %d\n", r, wi.host, wi.device, dev,
+                    wi.local ? "; local" : "", ++nshown, x->nranks);
             fflush(x->out);
         }
         if (live >= x->nranks) return 0;
@@ -802,14 +804,39 @@ static int join_workers(ex_run *x, int local) {
     }
 }
 
+/* A worker's cores and GPUs (its hello's); none for a rank no longer known. */
+static ff_devices devices_of(const ex_run *x, int rank) {
+    ff_worker_info wi;
+    if (ff_controller_worker_info(x->c, rank, &wi) != 0) {
+        ff_error_clear();
+        memset(&wi.devices, 0, sizeof wi.devices);
+    }
+    return wi.devices;
+}
+
+/* Host h's devices as the worker seeing the most GPUs there reports them (tasks bound to GPUs
+ * each see their own; the join lines have every worker's view). */
+static void host_devices(const ex_run *x, const int *host_of, int h, char *buf, size_t cap) {
+    ff_devices best = {0};
+    bool any = false;
+    for (int r = 0; r < x->nranks; r++) {
+        if (host_of[r] != h) continue;
+        ff_devices d = devices_of(x, r);
+        if (!any || d.ngpus > best.ngpus) best = d;
+        any = true;
+    }
+    ff_devices_describe(&best, buf, cap);
+}
+
 /* Ranks by host: the run's ranks in the planner's order (each pool's TP ranks innermost, then
  * PP, then DP) go to the workers sorted by host (hosts in the order of their lowest rank,
  * the controller's own first), so that a host with a multiple of tp x pp workers holds whole
  * replicas and only DP (and PP where a host holds less) crosses hosts. With every worker on
  * one host this keeps the order as it is. */
 static int place_by_host(ex_run *x) {
-    int n = x->nranks, order[EX_MAX_RANKS], host_of[EX_MAX_RANKS], nhosts = 0;
+    int n = x->nranks, order[EX_MAX_RANKS], host_of[EX_MAX_RANKS], local_index[EX_MAX_RANKS], nhosts = 0;
     char hosts[EX_MAX_RANKS][FF_MSG_NAME_MAX];
+    bool rails = false; /* some worker gave its local index */
     for (int r = 0; r < n; r++) {
         ff_worker_info wi;
         if (ff_controller_worker_info(x->c, r, &wi) != 0 || wi.state != FF_WORKER_LIVE)
@@ -819,11 +846,10 @@ static int place_by_host(ex_run *x) {
         while (h < nhosts && strcmp(hosts[h], wi.host)) h++;
         if (h == nhosts) snprintf(hosts[nhosts++], sizeof hosts[0], "%s", wi.host);
         host_of[r] = h;
+        local_index[r] = wi.devices.local_index;
+        rails |= local_index[r] >= 0;
     }
-    int k = 0;
-    for (int h = 0; h < nhosts; h++)
-        for (int r = 0; r < n; r++)
-            if (host_of[r] == h) order[k++] = r;
+    ex_place_order(n, host_of, local_index, order);
     /* logical rank l becomes worker order[l] */
     unsigned roles[EX_MAX_RANKS];
     int pool[EX_MAX_RANKS];
@@ -839,20 +865,30 @@ static int place_by_host(ex_run *x) {
         }
     }
     if (!x->o.listen) return 0;
-    /* threads per worker: this host's cores over the workers of the fullest host (hosts
-     * alike, as on a cluster), not over the whole run's */
-    int most = 0;
-    for (int h = 0; h < nhosts; h++) {
-        int on = 0;
-        for (int r = 0; r < n; r++) on += host_of[r] == h;
-        most = on > most ? on : most;
-    }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (x->o.threads <= 0) x->threads = cores / most > 0 ? (int)(cores / most) : 1;
-    fprintf(x->out, "run: %d worker%s on %d host%s, %d threads each (%s)\n", n, n == 1 ? "" : "s", nhosts, nhosts == 1 ? "" : "s",
-            x->threads, x->o.threads > 0 ? "--threads" : "this host's cores over the workers of the fullest host");
+    /* threads per worker: its host's cores over the workers there, or the cores its affinity
+     * allows (a Slurm task's binding) where fewer; the fewest of any worker, as every rank
+     * gets one backend (ranks in lockstep wait for the slowest anyway) */
+    int on_host[EX_MAX_RANKS] = {0}, fewest = 0;
+    for (int r = 0; r < n; r++) on_host[host_of[r]]++;
     for (int r = 0; r < n; r++) {
-        fprintf(x->out, "run: rank %d: host %s (", r, hosts[host_of[r]]);
+        ff_devices d = devices_of(x, r);
+        int t = (int)d.cores / on_host[host_of[r]];
+        if ((int)d.cpus < t) t = (int)d.cpus;
+        if (t < 1) t = 1;
+        if (r == 0 || t < fewest) fewest = t;
+    }
+    if (x->o.threads <= 0) x->threads = fewest;
+    fprintf(x->out, "run: %d worker%s on %d host%s, %d threads each (%s)\n", n, n == 1 ? "" : "s", nhosts, nhosts == 1 ? "" : "s",
+            x->threads, x->o.threads > 0 ? "--threads" : "each host's cores over its workers, or a worker's own CPUs where fewer");
+    for (int h = 0; h < nhosts; h++) {
+        char d[512];
+        host_devices(x, host_of, h, d, sizeof d);
+        fprintf(x->out, "run: host %s: %d worker%s; %s\n", hosts[h], on_host[h], on_host[h] == 1 ? "" : "s", d);
+    }
+    for (int r = 0; r < n; r++) {
+        fprintf(x->out, "run: rank %d: host %s", r, hosts[host_of[r]]);
+        if (local_index[r] >= 0) fprintf(x->out, " index %d", local_index[r]);
+        fprintf(x->out, " (");
         const char *sep = "";
         for (int i = 0; i < FF_RL_NROLES; i++)
             if (x->rank_roles[r] & (1u << i)) fprintf(x->out, "%s%s", sep, ff_rl_role_names[i]), sep = " ";
@@ -873,11 +909,26 @@ static int place_by_host(ex_run *x) {
                     break;
                 }
     }
+    for (int p = 0; rails && nhosts > 1 && p < POOL_COUNT; p++) { /* DP across hosts on rails */
+        const ex_layout *L = &x->lay[p];
+        if (!x->pool_n[p] || L->dp < 2 || (p != POOL_ACTOR && p != POOL_CRITIC)) continue; /* who all-reduces */
+        ex_rail_gap gap;
+        if (ex_rail_aligned(L->dp, L->mp, L->rep_ranks, host_of, local_index, &gap))
+            fprintf(x->out, "run: the %s's DP groups are rail-aligned: where one crosses hosts, its members there have the same "
+                    "local indices\n", ex_pool_names[p]);
+        else
+            fprintf(x->out, "run: warning: the %s's DP group at tp %d pp %d is not rail-aligned: local indices %s on %s, %s on %s "
+                    "(its traffic between hosts changes rails; give every host the same number of workers, a multiple of %d, "
+                    "with --local-index 0..N-1)\n", ex_pool_names[p], gap.group % L->tp, gap.group / L->tp, gap.on_a,
+                    hosts[gap.host_a], gap.on_b, hosts[gap.host_b], L->mp);
+    }
     for (int h = 0; x->tr && h < nhosts; h++) { /* a track per host, its ranks at the start */
-        char name[FF_MSG_NAME_MAX + 16], what[256];
+        char name[FF_MSG_NAME_MAX + 16], what[1024];
         size_t off = (size_t)snprintf(what, sizeof what, "ranks");
         for (int r = 0; r < n && off < sizeof what; r++)
             if (host_of[r] == h) off += (size_t)snprintf(what + off, sizeof what - off, " %d", r);
+        if (off < sizeof what) off += (size_t)snprintf(what + off, sizeof what - off, "; ");
+        if (off < sizeof what) host_devices(x, host_of, h, what + off, sizeof what - off);
         snprintf(name, sizeof name, "host %s", hosts[h]);
         int track = ff_controller_trace_track(x->c, name);
         if (track < 0 || !ff_controller_trace_instant(x->c, track, what, ff_now_ns())) return -1;

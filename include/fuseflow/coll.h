@@ -118,6 +118,15 @@ const char *ff_coll_id_backend(const ff_coll_id *id);
  * is visible)? When false and why != NULL, *why says why (a static string). */
 bool ff_coll_backend_available(const char *backend, const char **why);
 
+/* NCCL across hosts: NCCL_SOCKET_IFNAME from FF_COLL_IFNAME where the former is unset, so that
+ * the address NCCL puts in its unique id (its bootstrap root, member 0's) and its sockets are
+ * on the interface the cpu backend uses, the one every host reaches. NCCL reads the variable
+ * once, at its first call, and setenv is not safe beside threads that read the environment:
+ * call this at the start of a process, before any thread (`fuseflow worker` does). Returns the
+ * interface set, or NULL when nothing was set (FF_COLL_IFNAME empty, or NCCL_SOCKET_IFNAME
+ * given). */
+const char *ff_coll_nccl_env(void);
+
 /* ---- communicators ------------------------------------------------------------------- */
 
 typedef struct ff_coll_comm ff_coll_comm;

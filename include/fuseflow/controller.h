@@ -135,6 +135,7 @@ typedef struct ff_worker_info {
     int64_t pid;
     char host[FF_MSG_NAME_MAX];
     char device[FF_MSG_NAME_MAX];
+    ff_devices devices;       /* its cores and GPUs (its hello) */
     int ncaps;
     char caps[FF_MSG_MAX_CAPS][FF_MSG_NAME_MAX];
     int inflight;             /* subtasks in flight on it now */

@@ -31,8 +31,10 @@ extern "C" {
 #endif
 #pragma GCC visibility push(default) /* what libfuseflow.so exports (everything else is hidden) */
 
-#define FF_PROTOCOL_VERSION 2            /* 2: error texts up to 4 KiB, errors name the refused
-                                            id, hello and welcome carry frame limits */
+#define FF_PROTOCOL_VERSION 3            /* 2: error texts up to 4 KiB, errors name the refused
+                                            id, hello and welcome carry frame limits; 3: the
+                                            hello carries cores, CPUs, GPUs and the
+                                            worker's local index */
 #define FF_MSG_NAME_MAX 64               /* kind, group, tensor, host, device names (with NUL) */
 #define FF_MSG_TEXT_MAX 4096             /* error texts (with NUL); longer ones are cut in the
                                             middle (ff_text_fit) */
@@ -42,6 +44,7 @@ extern "C" {
 #define FF_MSG_MAX_ARGS 32               /* scalar arguments of a subtask */
 #define FF_MSG_ARG_KEY_MAX 32            /* argument key length (with NUL) */
 #define FF_MSG_MAX_CAPS 64               /* capability strings in a hello */
+#define FF_MSG_MAX_GPUS 16               /* GPU names in a hello */
 #define FF_MSG_MAX_MEMBERS 4096          /* ranks in a group */
 #define FF_MSG_MAX_UNIQUE_ID 512         /* bytes of a collective backend's unique id */
 #define FF_MSG_MAX_ROUTING_ID 255        /* ZeroMQ routing ids are at most 255 bytes */
@@ -121,6 +124,22 @@ typedef struct ff_tensor {
 
 int64_t ff_tensor_numel(const ff_tensor *t);
 
+/* What a worker sees of its machine, as its hello reports it (ff_devices_probe,
+ * include/fuseflow/worker.h, fills it). */
+typedef struct ff_devices {
+    uint32_t cores; /* online cores of the machine */
+    uint32_t cpus;  /* the cores the worker may run on (its affinity: a Slurm task's binding) */
+    int ngpus;      /* GPUs the CUDA driver lists, CUDA_VISIBLE_DEVICES applied */
+    char gpus[FF_MSG_MAX_GPUS][FF_MSG_NAME_MAX]; /* their names, in CUDA's order */
+    int32_t local_index; /* its place among its host's workers, which on a cluster with rails
+                            is its rail (its GPU and NIC; a Slurm task's SLURM_LOCALID); -1:
+                            not given */
+} ff_devices;
+
+/* "4 of 16 cores, 8 GPUs: 8 x NVIDIA H200" (4: its affinity's) or "2 cores, no GPU", cut to
+ * cap bytes. */
+void ff_devices_describe(const ff_devices *d, char *buf, size_t cap);
+
 /* ---- message bodies (positional fields of the header after [version, type]) ---------- */
 typedef struct ff_msg_hello {
     int32_t rank; /* requested rank, -1 = any */
@@ -131,6 +150,7 @@ typedef struct ff_msg_hello {
     char caps[FF_MSG_MAX_CAPS][FF_MSG_NAME_MAX]; /* subtask kinds and features */
     uint64_t max_frame; /* largest tensor frame it accepts (bytes; 0: 1 GiB): the controller
                            fails a subtask with a larger one instead of sending it */
+    ff_devices devices; /* its cores and GPUs */
 } ff_msg_hello;
 
 typedef struct ff_msg_welcome {

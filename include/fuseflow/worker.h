@@ -57,9 +57,17 @@ typedef struct ff_worker_opts {
     bool no_builtin_kinds;      /* do not register the generic kinds (sleep, echo, ...) */
     const char *host;           /* host name reported in the hello, by which `fuseflow run` places
                                    ranks (NULL: gethostname; a Slurm job passes its node name) */
+    int local_index;            /* its place among its host's workers (its rail where the hosts
+                                   have rails; a Slurm job passes SLURM_LOCALID); -1 (default):
+                                   not given */
 } ff_worker_opts;
 
 void ff_worker_opts_default(ff_worker_opts *o);
+
+/* Fill d with what this process sees of its machine (workers/devices.c): never fails, what
+ * cannot be read is none; with no GPU, why (no driver, no device) goes to why. The hello
+ * carries d. */
+void ff_devices_probe(ff_devices *d, char *why, size_t cap);
 
 /* Create a worker (socket configured and connected, nothing sent yet). NULL + error. */
 ff_worker *ff_worker_new(const ff_worker_opts *o);

@@ -71,12 +71,15 @@ worker "$nsa" hostA $p1
 worker "$nsb" hostB $p1
 wait $ctl || { cat "$work/two.log" "$work"/host*-$p1.log >&2; fail "the run across hosts"; }
 for h in hostA hostB; do
-    grep -q "^run: worker joined: rank [01] from $h (cpu)" "$work/two.log" || { cat "$work/two.log" >&2; fail "no join line for $h"; }
+    # its devices: the machine's cores (and its own where its affinity allows fewer), GPUs or none
+    dev="\([0-9]* of \)\?$(getconf _NPROCESSORS_ONLN) cores, "
+    grep -q "^run: worker joined: rank [01] from $h (cpu; $dev" "$work/two.log" || { cat "$work/two.log" >&2; fail "no join line for $h"; }
+    grep -q "^run: host $h: 1 worker; $dev" "$work/two.log" || { cat "$work/two.log" >&2; fail "no devices line for $h"; }
     grep -q "^run: rank [01]: host $h (actor gen ref; actor dp [01] tp 0 pp 0)" "$work/two.log" || { cat "$work/two.log" >&2; fail "no rank placed on $h"; }
 done
 grep -q "listening on tcp://$ctl_ip:$p1 for 2 workers" "$work/two.log" || fail "no listening line"
 # one worker per host: each gets all of this host's cores, not half
-grep -q "^run: 2 workers on 2 hosts, $(nproc) threads each (this host's cores over the workers of the fullest host)" "$work/two.log" ||
+grep -q "^run: 2 workers on 2 hosts, $(nproc) threads each (each host's cores over its workers, or a worker's own CPUs where fewer)" "$work/two.log" ||
     { grep threads "$work/two.log" >&2; fail "threads per worker not by host"; }
 grep -q "^run: .*: 2 workers (threads: once they join)" "$work/two.log" ||
     { grep "^run: " "$work/two.log" >&2; fail "the first line states a thread count before the hosts are known"; }

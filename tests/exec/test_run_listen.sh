@@ -6,6 +6,9 @@
 #     hostA hold replica 0), and the run samples and trains as the same run on local workers;
 #     a worker without the key is refused first and the run goes on;
 #   - one local worker and three from hostB: replica 0 spans two hosts, and the log says so;
+#   - workers giving their local index (their rail): each host's share goes by index, not by
+#     join order, so the DP groups keep to rails, and the log says so; indices that differ
+#     between the hosts are warned of, naming both;
 #   - --curve or --local without --listen, and more --local workers than the run has, are
 #     refused with a message naming the option.
 here=$(cd "$(dirname "$0")" && pwd)
@@ -80,6 +83,34 @@ done
 wait $ctl || { cat "$work/span.log" >&2; fail "the run with a spanning replica"; }
 grep -q "run: warning: replica 0 of the actor spans hosts $(hostname) and hostB" "$work/span.log" ||
   { cat "$work/span.log" >&2; fail "no warning for a replica across hosts"; }
+
+# local indices: joined as hostA 1, hostB 1, hostA 0, hostB 0, placed by index on each host
+rails_run() { # NAME INDEX_A1 INDEX_B1 INDEX_A2 INDEX_B2
+  local name=$1; shift
+  "$bin" run $(ppo_args "$work/$name") --stop-after 1 --listen tcp://127.0.0.1:0 --curve "$work/keys/controller.key" \
+    --expect-timeout 60 > "$work/$name.log" 2>&1 &
+  local c=$!
+  pids+=($c)
+  local e n=0
+  e=$(endpoint_of "$work/$name.log")
+  for h in hostA hostB hostA hostB; do
+    "$bin" worker --connect "$e" --curve "$work/keys/worker.key" --host $h --local-index $1 > "$work/$name$n.log" 2>&1 &
+    pids+=($!)
+    shift; n=$((n + 1))
+    joined "$work/$name.log" $n
+  done
+  wait $c || { cat "$work/$name.log" >&2; fail "the run $name"; }
+}
+rails_run rails 1 1 0 0
+for want in "rank 2: host hostA index 0 (actor gen critic ref; actor dp 0 tp 0" "rank 0: host hostA index 1 (actor gen critic ref; actor dp 0 tp 1" \
+            "rank 3: host hostB index 0 (actor gen critic ref; actor dp 1 tp 0" "rank 1: host hostB index 1 (actor gen critic ref; actor dp 1 tp 1" \
+            "the actor's DP groups are rail-aligned" "the critic's DP groups are rail-aligned"; do
+  grep -qF "run: $want" "$work/rails.log" || { cat "$work/rails.log" >&2; fail "not placed by local index: $want"; }
+done
+rails_run offrail 0 2 1 3
+grep -qF "run: warning: the actor's DP group at tp 0 pp 0 is not rail-aligned: local indices 0 on hostA, 2 on hostB" "$work/offrail.log" ||
+  { cat "$work/offrail.log" >&2; fail "no warning for DP groups off the rails"; }
+echo "local indices: placed by index on each host, rail-aligned; other indices on each host warned of"
 
 # refused options
 "$bin" run $(ppo_args "$work/u1") --curve "$work/keys/controller.key" > "$work/u1.log" 2>&1

@@ -27,6 +27,14 @@ static int roundtrip(ff_msg_decoder *d, const ff_msg *m, ff_msg *out) {
     return ff_msg_decode(d, out, fr, m->ntensors + 1, NULL);
 }
 
+#define CHECK_TEXT(got, want)                                                                      \
+    do {                                                                                           \
+        if (strcmp((got), (want))) {                                                               \
+            fprintf(stderr, "%s:%d: got \"%s\", want \"%s\"\n", __FILE__, __LINE__, (got), (want)); \
+            ff_test_failures++;                                                                    \
+        }                                                                                          \
+    } while (0)
+
 static void test_roundtrip_all_types(void) {
     ff_msg_decoder *d = ff_msg_decoder_new(0);
     ff_msg m, o;
@@ -41,6 +49,12 @@ static void test_roundtrip_all_types(void) {
     m.u.hello.ncaps = 2;
     snprintf(m.u.hello.caps[0], FF_MSG_NAME_MAX, "echo");
     snprintf(m.u.hello.caps[1], FF_MSG_NAME_MAX, "coll:cpu");
+    m.u.hello.devices.cores = 16;
+    m.u.hello.devices.cpus = 4;
+    m.u.hello.devices.ngpus = 2;
+    m.u.hello.devices.local_index = 5;
+    snprintf(m.u.hello.devices.gpus[0], FF_MSG_NAME_MAX, "NVIDIA H200");
+    snprintf(m.u.hello.devices.gpus[1], FF_MSG_NAME_MAX, "NVIDIA H100 80GB HBM3");
     REQUIRE(roundtrip(d, &m, &o) == 0);
     CHECK(o.type == FF_MSG_HELLO);
     CHECK_EQ_INT(o.u.hello.rank, -1);
@@ -48,6 +62,22 @@ static void test_roundtrip_all_types(void) {
     CHECK(!strcmp(o.u.hello.host, "node7") && !strcmp(o.u.hello.device, "cuda:3"));
     CHECK_EQ_INT(o.u.hello.ncaps, 2);
     CHECK(!strcmp(o.u.hello.caps[1], "coll:cpu"));
+    CHECK(o.u.hello.devices.cores == 16 && o.u.hello.devices.cpus == 4 && o.u.hello.devices.ngpus == 2);
+    CHECK_EQ_INT(o.u.hello.devices.local_index, 5);
+    CHECK(!strcmp(o.u.hello.devices.gpus[1], "NVIDIA H100 80GB HBM3"));
+    char text[256];
+    ff_devices_describe(&o.u.hello.devices, text, sizeof text);
+    CHECK_TEXT(text, "4 of 16 cores, 2 GPUs: NVIDIA H200, NVIDIA H100 80GB HBM3");
+    snprintf(o.u.hello.devices.gpus[1], FF_MSG_NAME_MAX, "NVIDIA H200");
+    o.u.hello.devices.cpus = 16;
+    ff_devices_describe(&o.u.hello.devices, text, sizeof text);
+    CHECK_TEXT(text, "16 cores, 2 GPUs: 2 x NVIDIA H200");
+    o.u.hello.devices = (ff_devices){.cores = 1, .cpus = 1};
+    ff_devices_describe(&o.u.hello.devices, text, sizeof text);
+    CHECK_TEXT(text, "1 core, no GPU");
+    m.u.hello.devices.ngpus = FF_MSG_MAX_GPUS + 1; /* more than the wire takes: refused when packed */
+    CHECK(ff_msg_pack(&m, text, sizeof text) < 0);
+    m.u.hello.devices.ngpus = 0;
 
     ff_msg_begin(&m, FF_MSG_WELCOME);
     m.u.welcome = (ff_msg_welcome){.rank = 3, .heartbeat_ms = 50, .timeout_ms = 400, .max_inflight = 64};

@@ -106,6 +106,13 @@ bool ff_coll_backend_available(const char *backend, const char **why) {
     return false;
 }
 
+const char *ff_coll_nccl_env(void) {
+    const char *ifname = getenv("FF_COLL_IFNAME"), *set = getenv("NCCL_SOCKET_IFNAME");
+    if (!ifname || !ifname[0] || (set && set[0])) return NULL;
+    if (setenv("NCCL_SOCKET_IFNAME", ifname, 1) != 0) return NULL;
+    return getenv("NCCL_SOCKET_IFNAME");
+}
+
 int ff_coll_get_unique_id(ff_coll_id *id, const char *backend, const ff_coll_options *opt) {
     memset(id, 0, sizeof *id);
     if (!backend || strcmp(backend, "cpu") == 0) return coll_cpu_make_id(id, opt);
