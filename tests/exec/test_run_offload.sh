@@ -16,7 +16,10 @@
 #   - at ZeRO-1 over 2 replicas each rank moves its half of the state: the AdamW bytes equal
 #     the gradient bytes; it trains as with offload off (within 1e-6 + 1%: two DP runs already
 #     differ in the last bits, test_run_zero.sh);
-#   - roles.critic.offload is refused, naming the actor.
+#   - a run checkpointing every iteration (while the actor is away: the state is brought back
+#     for the checkpoint, and goes away again, so each step reloads it) stopped after 2 and resumed with offload off (a harmless change,
+#     logged) ends as the straight run does;
+#   - roles.ref.offload is refused, naming the actor.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_tp
@@ -71,6 +74,23 @@ grpo "$work/on_z1" roles.actor.workers=2 roles.actor.layout.zero=1
 grpo "$work/off_z1" roles.actor.workers=2 roles.actor.layout.zero=1 roles.actor.offload=false
 moved "$work/on_z1/metrics.jsonl" 1
 same_metrics "$work/on_z1/metrics.jsonl" "$work/off_z1/metrics.jsonl" 1e-6 1e-2 || fail "ZeRO-1: offload on does not train as off"
+
+# a checkpoint while the actor is away (the sync comes after its step): its state back first;
+# resumed with offload off (a harmless change), the run ends as the straight one
+grpo "$work/res" roles.actor.workers=1 trainer.save_freq=1 --stop-after 2
+grpo "$work/res" roles.actor.workers=1 roles.actor.offload=false --resume
+grep -q "resuming with roles.actor.offload changed (harmless): (absent) -> false" "$work/res.log" ||
+  { cat "$work/res.log" >&2; fail "the change of roles.actor.offload is not logged as harmless"; }
+same_samples "$work/on1" "$work/res" "resumed with offload off"
+python3 - "$work/res/metrics.jsonl" <<'PY' || fail "checkpointing every iteration: the actor did not go away again after each checkpoint"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"samples"' in l]
+assert [r["iteration"] for r in rows] == [1, 2, 3], rows
+for r in rows[:2]:  # offload on: away again after each checkpoint, so every step reloads
+    assert r["offload"]["reload_bytes"] == r["offload"]["bytes"] > 0, r["offload"]
+assert "offload" not in rows[2], rows[2]  # resumed with offload off
+PY
+same_metrics "$work/on1/metrics.jsonl" "$work/res/metrics.jsonl" 1e-6 1e-2 || fail "resumed with offload off: not the straight run"
 
 if "$bin" run "$src/examples/grpo.yaml" $(small_run "$work/bad") trainer.steps=1 roles.actor.model=$S roles.ref.model=$S \
   roles.ref.offload=true --no-progress > "$work/bad.log" 2>&1; then fail "roles.ref.offload was accepted"; fi

@@ -1186,14 +1186,24 @@ static int gather_stages(ff_coll_comm *pp, ff_tensor_set *set) {
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
+static int save_role(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm);
+
+/* A checkpoint while the actor is away (it comes after the sync): its state back for the
+ * export, and away again for the generation that follows. */
 int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
+    const bool away = role == FF_RL_ACTOR && s->actor_away;
+    if (away && actor_back(s) != 0) return -1;
+    int rc = save_role(s, role, dir, comm);
+    if (away && actor_away(s) != 0) rc = -1;
+    return rc;
+}
+
+static int save_role(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
     if (role != FF_RL_ACTOR && role != FF_RL_CRITIC) return ff_error_set("rl.save", NULL, "only trained roles are saved");
     if (need(s, role)) return -1;
     ff_model *m = model_of(s, role);
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : s->t_critic;
     const char *name = role_name(role);
-    /* a checkpoint while the actor is away (generating): its state back first, until the next sync */
-    if (role == FF_RL_ACTOR && actor_back(s) != 0) return -1;
     /* a sharded optimizer's state is gathered by every replica first (so that a failure of
      * the writer cannot leave the others waiting in the gather); the weights are gathered
      * over the TP groups of replica 0, whose stages hand theirs to the first stage, whose TP
