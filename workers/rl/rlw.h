@@ -175,7 +175,8 @@ int64_t rlw_train_timeline(const rlw *s, const double **rows);
  * shard, no byte twice (docs/run.md "Memory of the colocated copy"). */
 /* With roles.actor.offload (the default) the train -> generate transition (a sync into the
  * colocated copy) first releases the actor's gradients and moves its AdamW state to host
- * memory, and the actor's next rl.train (or a checkpoint) brings them back before it steps:
+ * memory, and the actor's next rl.train brings them back before it steps (a checkpoint in
+ * between brings them back for its export and sends them away again):
  * while generating a rank holds the generation shard and the KV cache only. The last move:
  * reload false, the sync's; true, the last rl.train's (nothing when that step found them in
  * place): out {AdamW bytes, gradient bytes, seconds}; false when there was none. */
