@@ -27,6 +27,11 @@
  *
  *   bench_reshard [--hidden 1024] [--layers 8] [--reps 3]
  *
+ * Offload (roles.actor.offload): on every rank at once, its training shard (trainable, AdamW)
+ * gives its gradients back and moves its AdamW state to host memory, then takes both back:
+ * the bytes and the slowest rank's time each way (on the CPU backend a memcpy between two
+ * allocations; on a GPU the PCIe copy).
+ *
  * Not here: a separate generation pool (tests/reshard), the run around it (fuseflow run). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +71,10 @@ typedef struct result {
         double dense_s, delta_s, changed; /* changed: the share of compared elements */
         int64_t dense_bytes, delta_bytes, kept_bytes;
     } d[NDELTA];
+    /* roles.actor.offload on every rank at once: its training shard's AdamW state to host
+     * memory and back, the gradients released and restored (the slowest rank's median) */
+    double off_s, back_s;
+    int64_t off_bytes, grad_bytes; /* rank 0's */
 } result;
 
 static const struct { int tg, pg; } cases[NCASES] = {{2, 1}, {1, 1}};
@@ -213,6 +222,41 @@ static int delta_section(const opts *o, ff_coll_comm *world, ff_backend *be, con
     return 0;
 }
 
+/* The colocated actor's moves for generation (roles.actor.offload) on a trainable training
+ * shard: one untimed round first so that the state's pages are real (not calloc's zero pages),
+ * then --reps rounds, all ranks at once. */
+static int offload_section(const opts *o, ff_coll_comm *world, ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *w,
+                           ff_coll_comm *tp, int s, result *out) {
+    int32_t first = s * (cfg->num_hidden_layers / P), count = cfg->num_hidden_layers / P;
+    ff_model_stage st = {.n_chunks = 1, .first_layer = &first, .n_layers = &count};
+    ff_model_comm mc = {.rank = ff_coll_comm_rank(tp), .size = ff_coll_comm_size(tp), .ctx = tp, .all_reduce_sum = c_sum,
+                        .all_reduce_max = c_max, .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather};
+    ff_model_opts mo = {.comm = &mc, .stage = &st};
+    ff_model *m = ff_model_new_opts(be, cfg, w, &mo);
+    ff_adamw_config ac;
+    ff_adamw_config_default(&ac);
+    ff_optimizer *opt = m ? ff_optimizer_new(m, &ac) : NULL;
+    if (!opt) return 1;
+    ff_offload_stats os;
+    if (ff_optimizer_offload(opt, &os) || ff_optimizer_reload(opt, &os)) return 1;
+    double t_off[MAXREPS], t_back[MAXREPS];
+    for (int r = 0; r < o->reps; r++) {
+        barrier(world);
+        int64_t t0 = ff_now_ns();
+        if (ff_model_release_grads(m) || ff_optimizer_offload(opt, &os)) return 1;
+        t_off[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+        barrier(world);
+        t0 = ff_now_ns();
+        if (ff_model_restore_grads(m) || ff_optimizer_reload(opt, &os)) return 1;
+        t_back[r] = slowest(world, (double)(ff_now_ns() - t0) * 1e-9);
+    }
+    out->off_s = median(t_off, o->reps), out->back_s = median(t_back, o->reps);
+    if (ff_coll_comm_rank(world) == 0) out->off_bytes = os.bytes, out->grad_bytes = 4 * ff_model_param_count(m);
+    ff_optimizer_destroy(&opt);
+    ff_model_destroy(&m);
+    return 0;
+}
+
 static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out) {
     ff_coll_options co = {.timeout_s = 600};
     ff_coll_comm *world = NULL;
@@ -327,6 +371,10 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
         fprintf(stderr, "rank %d: delta: %s\n", rank, ff_error_message());
         return 1;
     }
+    if (offload_section(o, world, be, &cfg, w, tp, s, out)) {
+        fprintf(stderr, "rank %d: offload: %s\n", rank, ff_error_message());
+        return 1;
+    }
     free(full), free(part);
     ff_model_destroy(&whole);
     ff_tensor_set_destroy(&w), ff_tensor_set_destroy(&order);
@@ -421,6 +469,10 @@ int main(int argc, char **argv) {
            "(target: bytes ~ the changed share; faster where the wire, not host staging, is the bottleneck)\n",
            res->d[2].changed * 100, res->d[2].dense_s / res->d[2].delta_s, 100.0 * (double)res->d[2].delta_bytes / (double)res->d[2].dense_bytes,
            res->d[5].dense_s / res->d[5].delta_s);
+    printf("offload (roles.actor.offload), every rank at once: its training shard's AdamW %.1f MB to host memory and its "
+           "gradients (%.1f MB) released in %.1f ms (%.2f GB/s), back in %.1f ms (%.2f GB/s)\n",
+           (double)res->off_bytes / MB, (double)res->grad_bytes / MB, res->off_s * 1e3, (double)res->off_bytes / res->off_s / 1e9,
+           res->back_s * 1e3, (double)res->off_bytes / res->back_s / 1e9);
     const double f0 = M / (cases[0].tg * cases[0].pg) - M / (T * P);
     printf("reshard: %.2fx faster than the full gather, %.1f MB/rank (formula %.1f MB) (target: bytes = formula)\n",
            res->c[0].naive_s / res->c[0].hybrid_s, (double)res->c[0].hybrid_bytes / MB, f0 / MB);

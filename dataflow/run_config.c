@@ -212,6 +212,12 @@ static int read_role(ff_run_config *run, ff_role r) {
                                 "releases its weights after each sync, so a delta has nothing to patch",
                                 path);
     }
+    /* on by default: it only moves memory (the results are the same bits) and costs a host
+     * copy of the AdamW state per iteration, the colocated actor's peak being the point */
+    if (ff_cnode_find(base, "offload") && r != FF_ROLE_ACTOR)
+        return ff_error_set(ff_cnode_where(ff_cnode_find(base, "offload"), w, sizeof w), "drop it: the actor's optimizer state is the one moved",
+                            "'%s.offload' is only for the actor (its state while its colocated copy generates)", path);
+    if (ff_cnode_get_bool(base, "offload", r == FF_ROLE_ACTOR, &rc->offload) < 0) return -1;
     if (r == FF_ROLE_ACTOR || r == FF_ROLE_CRITIC) {
         ff_optim_cfg *o = &rc->optim;
         ff_cnode *ob = ff_cnode_find(base, "optim");

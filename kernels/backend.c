@@ -87,17 +87,34 @@ ff_buffer *ff_buffer_new(ff_backend *be, size_t bytes) {
         free(b);
         return NULL;
     }
+    const int64_t now = __atomic_add_fetch(&be->mem_in_use, (int64_t)bytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&be->mem_buffers, 1, __ATOMIC_RELAXED);
+    int64_t peak = __atomic_load_n(&be->mem_peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&be->mem_peak, &peak, now, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
     return b;
 }
 
 void ff_buffer_destroy(ff_buffer **pb) {
     if (!pb || !*pb) return;
+    __atomic_sub_fetch(&(*pb)->be->mem_in_use, (int64_t)(*pb)->size, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&(*pb)->be->mem_buffers, 1, __ATOMIC_RELAXED);
     (*pb)->be->ops->free((*pb)->be, (*pb)->data);
     free(*pb);
     *pb = NULL;
 }
 
 size_t ff_buffer_size(const ff_buffer *b) { return b->size; }
+
+void ff_backend_memory_of(ff_backend *be, ff_backend_memory *out) {
+    out->in_use = __atomic_load_n(&be->mem_in_use, __ATOMIC_RELAXED);
+    out->peak = __atomic_load_n(&be->mem_peak, __ATOMIC_RELAXED);
+    out->buffers = __atomic_load_n(&be->mem_buffers, __ATOMIC_RELAXED);
+}
+
+void ff_backend_memory_reset_peak(ff_backend *be) {
+    __atomic_store_n(&be->mem_peak, __atomic_load_n(&be->mem_in_use, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
 ff_backend *ff_buffer_backend(const ff_buffer *b) { return b->be; }
 
 /* p must address `bytes` bytes inside its buffer, on the stream's backend. */

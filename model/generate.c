@@ -278,6 +278,7 @@ void ff_generator_destroy(ff_generator **pg) {
 int32_t ff_generator_pending(const ff_generator *g) { return g->n_waiting + g->n_running; }
 int32_t ff_generator_running(const ff_generator *g) { return g->n_running; }
 int64_t ff_generator_kv_bytes(const ff_generator *g) { return (int64_t)ff_buffer_size(g->kv); }
+int64_t ff_generator_workspace_bytes(const ff_generator *g) { return (int64_t)ff_buffer_size(g->ws); }
 
 static int check_sampling(const ff_model *m, const ff_sampling *s) {
     const char *w = "sampling";

@@ -540,6 +540,27 @@ void ff_model_memory_of(const ff_model *m, ff_model_memory *out) {
         if (m->acts[i]->buf) out->workspace += (int64_t)ff_buffer_size(m->acts[i]->buf);
 }
 
+int ffm_grads_released(const ff_model *m, const char *what) {
+    if (m->inference || m->grads) return 0;
+    return ff_error_set(what, "call ff_model_restore_grads before training (the generation phase is over)",
+                        "the model's gradients are released (ff_model_release_grads)");
+}
+
+int ff_model_release_grads(ff_model *m) {
+    if (m->inference) return ffm_inference_only("release gradients");
+    ff_buffer_destroy(&m->grads);
+    return 0;
+}
+
+int ff_model_restore_grads(ff_model *m) {
+    if (m->inference) return ffm_inference_only("restore gradients");
+    if (m->grads) return 0;
+    m->grads = ff_buffer_new(m->be, (size_t)m->n_params * sizeof(float)); /* zeroed */
+    return m->grads ? 0 : ff_error_wrap("restoring the gradients (%lld floats)", (long long)m->n_params);
+}
+
+bool ff_model_grads_held(const ff_model *m) { return m->grads != NULL; }
+
 int ffm_inference_only(const char *what) {
     return ff_error_set(what, "create the model for training (ff_model_opts.inference = false)",
                         "this model was created for inference only: it has no gradients");
@@ -555,7 +576,8 @@ int ff_model_export_weights(ff_model *m, ff_tensor_set *out) {
     return not_for_views(m, "export weights") ? -1 : ffm_tp_export(m, m->params, "", out);
 }
 int ff_model_export_grads(ff_model *m, ff_tensor_set *out) {
-    return m->inference ? ffm_inference_only("ff_model_export_grads") : ffm_tp_export(m, m->grads, "", out);
+    if (m->inference) return ffm_inference_only("ff_model_export_grads");
+    return ffm_grads_released(m, "export gradients") ? -1 : ffm_tp_export(m, m->grads, "", out);
 }
 
 int ff_model_load_weights(ff_model *m, const ff_tensor_set *w) {
@@ -582,11 +604,13 @@ void ff_model_write_params(ff_model *m, const float *host) {
 }
 int ff_model_read_grads(ff_model *m, float *host) {
     if (m->inference) return ffm_inference_only("read gradients");
+    if (ffm_grads_released(m, "read gradients")) return -1;
     ff_memcpy_d2h(m->st, host, ff_dptr_of(m->grads, 0), (size_t)m->n_params * sizeof(float));
     return 0;
 }
 int ff_model_write_grads(ff_model *m, const float *host) {
     if (m->inference) return ffm_inference_only("write gradients");
+    if (ffm_grads_released(m, "write gradients")) return -1;
     ff_memcpy_h2d(m->st, ff_dptr_of(m->grads, 0), host, (size_t)m->n_params * sizeof(float));
     return 0;
 }
@@ -606,6 +630,7 @@ static const ff_param_tensor *held(const ff_model *m, const char *name, bool gra
     const ff_param_tensor *p = find_tensor(m, name);
     if (!p) ff_error_set(name, "ask the stage that holds it (ff_model_tensor_numel says)", "this model does not hold the tensor");
     else if (grad && m->inference) return ffm_inference_only(name), NULL;
+    else if (grad && ffm_grads_released(m, name)) return NULL;
     return p;
 }
 
@@ -692,6 +717,7 @@ int ff_model_copy_params(ff_model *dst, ff_model *src) {
 
 int ff_model_zero_grad(ff_model *m) {
     if (m->inference) return ffm_inference_only("zero gradients");
+    if (!m->grads) return 0; /* released: they come back zero (ff_model_restore_grads) */
     ff_memset_zero(m->st, ff_dptr_of(m->grads, 0), (size_t)m->n_params * sizeof(float));
     return 0;
 }
@@ -965,6 +991,7 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
     const bool train = opts && opts->train, embed = embed_chunk(m, c), head = head_chunk(m, c);
     float temp = opts && opts->temperature > 0 ? opts->temperature : 1.0f;
     if (train && m->inference) return ffm_inference_only("training forward");
+    if (train && ffm_grads_released(m, "training forward")) return -1;
     if (check_batch(m, b)) return -1;
     if (!embed && !hidden_in)
         return ff_error_set("stage forward", "give the previous chunk's output hidden states [T, H]",
@@ -1274,6 +1301,7 @@ done:
 
 int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entropy, const float *d_values) {
     if (m->inference) return ffm_inference_only("backward");
+    if (ffm_grads_released(m, "backward")) return -1;
     ffm_acts *a = ffm_whole(m) ? acts_held(m, 0, FFM_MAIN) : NULL;
     if (!a)
         return ff_error_set("backward", "run ff_model_forward with opts.train = true first (once per backward)",
@@ -1284,6 +1312,7 @@ int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entro
 int ff_model_stage_backward(ff_model *m, int chunk, int32_t micro, const float *d_hidden_out, const float *d_logprobs,
                             const float *d_entropy, const float *d_values, float *d_hidden_in) {
     if (m->inference) return ffm_inference_only("backward");
+    if (ffm_grads_released(m, "stage backward")) return -1;
     ffm_acts *a = micro >= 0 && chunk >= 0 && chunk < m->n_chunks ? acts_held(m, chunk, micro) : NULL;
     if (!a)
         return ff_error_set("stage backward", "run its training forward first (ff_model_stage_forward, opts.train)",

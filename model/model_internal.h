@@ -353,6 +353,9 @@ static inline ff_dptr ffm_grad(ff_model *m, size_t off) { return ff_dptr_f32(m->
 
 /* The error of asking an inference model for what only training needs: -1 + error. */
 int ffm_inference_only(const char *what);
+/* 0 when the gradient buffer is there (or the model has none: inference), else -1 + an error
+ * naming `what` and ff_model_restore_grads. */
+int ffm_grads_released(const ff_model *m, const char *what);
 
 /* Validate token ids (each in [0, V)) naming `what` in the message. 0 or -1 + error. */
 int ffm_check_tokens(const ff_model *m, const int32_t *tok, int64_t n, const char *what, bool allow_minus_one);

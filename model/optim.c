@@ -29,7 +29,8 @@ struct ff_optimizer {
     size_t *counts;         /* [d] scratch of the _v collectives */
     int64_t bucket;         /* floats per collective */
     float *host;            /* [2 bucket] staging of the collectives (d > 1) */
-    ff_buffer *mbuf, *vbuf; /* [hi - lo] each: exp_avg, exp_avg_sq */
+    ff_buffer *mbuf, *vbuf; /* [hi - lo] each: exp_avg, exp_avg_sq (NULL while offloaded) */
+    float *off;             /* [2 (hi - lo)] while offloaded: exp_avg then exp_avg_sq in host memory */
     int64_t step;           /* updates done */
 };
 
@@ -142,6 +143,7 @@ void ff_optimizer_destroy(ff_optimizer **po) {
     free(o->start);
     free(o->counts);
     free(o->host);
+    free(o->off);
     free(o);
     *po = NULL;
 }
@@ -153,7 +155,63 @@ void ff_optimizer_shard(const ff_optimizer *o, int64_t *lo, int64_t *hi) {
 
 int64_t ff_optimizer_steps_done(const ff_optimizer *o) { return o->step; }
 int64_t ff_optimizer_state_bytes(const ff_optimizer *o) {
-    return (int64_t)(ff_buffer_size(o->mbuf) + ff_buffer_size(o->vbuf));
+    return o->off ? 0 : (int64_t)(ff_buffer_size(o->mbuf) + ff_buffer_size(o->vbuf));
+}
+int64_t ff_optimizer_host_bytes(const ff_optimizer *o) { return o->off ? 2 * (o->hi - o->lo) * (int64_t)sizeof(float) : 0; }
+bool ff_optimizer_offloaded(const ff_optimizer *o) { return o->off != NULL; }
+
+static int offloaded(const ff_optimizer *o, const char *what) {
+    if (!o->off) return 0;
+    return ff_error_set(what, "call ff_optimizer_reload first (the generation phase is over)",
+                        "the optimizer state is offloaded to host memory (ff_optimizer_offload)");
+}
+
+/* Both directions copy through the backend's own d2h / h2d (a device backend's PCIe copy; on
+ * the CPU backend a memcpy between two allocations), so the backend's buffers are freed and its
+ * allocation counters drop by the state's bytes while it is away. */
+int ff_optimizer_offload(ff_optimizer *o, ff_offload_stats *stats) {
+    const int64_t t0 = ff_now_ns();
+    if (stats) *stats = (ff_offload_stats){0};
+    if (o->off) return 0;
+    const size_t n = (size_t)(o->hi - o->lo), bytes = n * sizeof(float);
+    float *h = ff_malloc(2 * (n ? bytes : 1));
+    if (!h) return ff_error_wrap("offloading the optimizer state (%zu bytes)", 2 * bytes);
+    ff_stream *st = o->m->st;
+    ff_memcpy_d2h(st, h, ff_dptr_of(o->mbuf, 0), bytes);
+    ff_memcpy_d2h(st, h + n, ff_dptr_of(o->vbuf, 0), bytes);
+    if (ff_stream_sync(st)) {
+        free(h);
+        return ff_error_wrap("offloading the optimizer state");
+    }
+    ff_buffer_destroy(&o->mbuf);
+    ff_buffer_destroy(&o->vbuf);
+    o->off = h;
+    if (stats) *stats = (ff_offload_stats){.bytes = 2 * (int64_t)bytes, .seconds = (double)(ff_now_ns() - t0) * 1e-9};
+    return 0;
+}
+
+int ff_optimizer_reload(ff_optimizer *o, ff_offload_stats *stats) {
+    const int64_t t0 = ff_now_ns();
+    if (stats) *stats = (ff_offload_stats){0};
+    if (!o->off) return 0;
+    const size_t n = (size_t)(o->hi - o->lo), bytes = n * sizeof(float);
+    o->mbuf = ff_buffer_new(o->m->be, bytes);
+    o->vbuf = o->mbuf ? ff_buffer_new(o->m->be, bytes) : NULL;
+    if (!o->vbuf) {
+        ff_buffer_destroy(&o->mbuf); /* still offloaded: a later reload may succeed */
+        return ff_error_wrap("reloading the optimizer state (%zu bytes)", 2 * bytes);
+    }
+    ff_stream *st = o->m->st;
+    ff_memcpy_h2d(st, ff_dptr_of(o->mbuf, 0), o->off, bytes);
+    ff_memcpy_h2d(st, ff_dptr_of(o->vbuf, 0), o->off + n, bytes);
+    if (ff_stream_sync(st)) { /* the host copy stays until the device holds it */
+        ff_buffer_destroy(&o->mbuf), ff_buffer_destroy(&o->vbuf);
+        return ff_error_wrap("reloading the optimizer state");
+    }
+    free(o->off);
+    o->off = NULL;
+    if (stats) *stats = (ff_offload_stats){.bytes = 2 * (int64_t)bytes, .seconds = (double)(ff_now_ns() - t0) * 1e-9};
+    return 0;
 }
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -200,6 +258,7 @@ int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats) {
     ff_model *m = o->m;
     ff_stream *st = m->st;
     const bool dp = o->dp.size > 1;
+    if (offloaded(o, "optimizer step") || ffm_grads_released(m, "optimizer step")) return -1;
     if (dp && reduce_scatter_grads(o)) return -1;
     double ss = ffm_grad_sumsq_range(m, o->lo, o->hi);
     if (ff_stream_sync(st)) return -1; /* a failed kernel, not a NaN gradient */
@@ -264,6 +323,7 @@ static int state_local(ff_optimizer *o, ff_buffer *buf, const ff_param_tensor *p
 
 int ff_optimizer_export_state(ff_optimizer *o, ff_tensor_set *out) {
     ff_model *m = o->m;
+    if (offloaded(o, "export the optimizer state")) return -1;
     size_t most = 0;
     for (int i = 0; i < m->n_tensors; i++)
         if ((size_t)m->tensors[i].numel > most) most = (size_t)m->tensors[i].numel;
@@ -294,6 +354,7 @@ int ff_optimizer_export_state(ff_optimizer *o, ff_tensor_set *out) {
 
 int ff_optimizer_import_state(ff_optimizer *o, const ff_tensor_set *in) {
     ff_model *m = o->m;
+    if (offloaded(o, "import the optimizer state")) return -1;
     char name[128];
     const ff_host_tensor *st = ff_tensor_set_find(in, "step");
     int64_t one = 1;

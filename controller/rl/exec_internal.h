@@ -186,6 +186,11 @@ typedef struct ex_iter {
     int64_t sync_ns;                    /* the syncs' subtasks, first start to last end */
     int64_t sync_delta[3];              /* delta syncs: elements compared, changed, bytes saved (all ranks) */
     bool sync_is_delta;
+    /* roles.actor.offload: the actor's moves for generation (0: at the sync, 1: back at its
+     * first step): AdamW bytes and gradient bytes summed over the ranks, the slowest rank's
+     * seconds */
+    double off_bytes[2], off_grads[2], off_s[2];
+    bool off_seen;
     int64_t prompts_drawn;
     bool training_started, announced;
     int64_t t0_ns;

@@ -1485,6 +1485,15 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         }
         json_object_set_new(m, "weight_sync", ws);
     }
+    if (I->off_seen) { /* roles.actor.offload: what left the backend for generation and came back */
+        json_t *o = json_object();
+        json_object_set_new(o, "bytes", json_integer((json_int_t)I->off_bytes[0]));
+        json_object_set_new(o, "grad_bytes", json_integer((json_int_t)I->off_grads[0]));
+        json_object_set_new(o, "time_s", json_real(I->off_s[0]));
+        json_object_set_new(o, "reload_bytes", json_integer((json_int_t)I->off_bytes[1]));
+        json_object_set_new(o, "reload_time_s", json_real(I->off_s[1]));
+        json_object_set_new(m, "offload", o);
+    }
     if (migrate_node(x) >= 0) { /* long-tail migration: what moved, from the decision to the last move's start */
         json_t *mg = json_object();
         json_object_set_new(mg, "moved", json_integer((json_int_t)I->mig_moved));

@@ -386,6 +386,17 @@ static void train_row(ex_run *x, ex_iter *I, int m, const ex_job *j, const doubl
     }
 }
 
+/* A rank's FF_RL_T_OFFLOAD (way 0: at the sync, 1: back at the actor's step) into I. */
+static void offload_of(ex_iter *I, const ff_result *r, int way) {
+    const ff_tensor *o = ex_out_named(r, FF_RL_T_OFFLOAD);
+    if (!o || o->dtype != FF_DTYPE_F64 || ff_tensor_numel(o) != 3) return;
+    const double *v = o->data;
+    I->off_bytes[way] += v[0];
+    I->off_grads[way] += v[1];
+    if (v[2] > I->off_s[way]) I->off_s[way] = v[2];
+    I->off_seen = true;
+}
+
 void ex_train_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
     const ff_result *r = ex_result_of(rs, n); /* TP ranks of a replica report the same metrics */
     ex_iter *I = x->cur;
@@ -406,7 +417,7 @@ void ex_train_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
         ex_fail(x, "node '%s': worker %d sent no training metrics", name, r[0].rank);
         return;
     }
-    for (int i = 0; i < n; i++) ex_trace_pipeline(x, &rs[i], name);
+    for (int i = 0; i < n; i++) ex_trace_pipeline(x, &rs[i], name), offload_of(I, &rs[i], 1);
     const double *v = mt->data;
     if (!j->fused) ex_fuse_measured(x, j->node, ex_out_named(&r[0], FF_RL_T_STAGE_TIMES));
     train_row(x, I, j->node, j, v);
@@ -550,6 +561,7 @@ void ex_sync_done(ex_run *x, ex_job *j, const ff_result *r, int n) {
             I->sync_is_delta = true;
         }
         if (b > most) most = b;
+        offload_of(I, &r[i], 0);
         if (r[i].start_ns && (!t0 || r[i].start_ns < t0)) t0 = r[i].start_ns;
         if (r[i].end_ns > t1) t1 = r[i].end_ns;
     }

@@ -68,6 +68,15 @@ ff_stream *ff_backend_stream(ff_backend *be);
 ff_buffer *ff_buffer_new(ff_backend *be, size_t bytes);
 void ff_buffer_destroy(ff_buffer **b);
 size_t ff_buffer_size(const ff_buffer *b);
+/* The backend's allocation counters, kept by ff_buffer_new and ff_buffer_destroy: the bytes
+ * of the buffers alive now (in_use), the most alive at once since the backend was made or
+ * the last reset (peak), and the count of buffers alive. Host memory a caller mallocs (an
+ * offloaded optimizer state, ff_optimizer_offload) is not in them. */
+typedef struct ff_backend_memory {
+    int64_t in_use, peak, buffers;
+} ff_backend_memory;
+void ff_backend_memory_of(ff_backend *be, ff_backend_memory *out);
+void ff_backend_memory_reset_peak(ff_backend *be); /* peak := in_use */
 ff_backend *ff_buffer_backend(const ff_buffer *b);
 
 /* The address `byte_offset` bytes into b (asserts offset <= size). */

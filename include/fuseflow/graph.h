@@ -252,6 +252,9 @@ typedef struct ff_role_cfg {
                                 fp32, the default, moves them exactly; a local copy is exact) */
     bool rollout_delta;      /* actor: `rollout: {sync_delta: true}`: a pool's sync sends only the
                                 elements whose wire value changed (ff_reshard_opts.delta) */
+    bool offload;            /* actor: `offload: true` (the default): while its colocated copy
+                                generates (train -> generate at the sync, back at rl.train), its
+                                gradients are released and its AdamW state waits in host memory */
 } ff_role_cfg;
 
 /* Bounds of sizes read from a run config. Token lengths (data.max_prompt_length,

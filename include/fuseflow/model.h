@@ -410,6 +410,20 @@ int ff_model_release_params(ff_model *m);
 int ff_model_restore_params(ff_model *m);
 bool ff_model_params_held(const ff_model *m);
 
+/* The gradient buffer of a trainable model, for the phases of a colocated actor
+ * (docs/run.md "Memory of the colocated copy"): after an optimizer step (and the trainer's
+ * ff_model_zero_grad) the gradients are zero and not needed until the next backward, so
+ * the generation phase gives them back (ff_model_release_grads: ff_model_memory_of's grads
+ * and the backend's counters drop by 4 ff_model_param_count() bytes) and training gets them
+ * again zeroed (ff_model_restore_grads; 0 at once when held). In between, ff_model_zero_grad
+ * does nothing and succeeds (they come back zero), and what needs them (a training forward, a
+ * backward, ff_optimizer_step, reading, writing or exporting gradients) fails with an error
+ * that names ff_model_restore_grads. Scoring forwards run. Both 0 or -1 + error (an
+ * inference model, which has none; out of memory). */
+int ff_model_release_grads(ff_model *m);
+int ff_model_restore_grads(ff_model *m);
+bool ff_model_grads_held(const ff_model *m);
+
 /* ---- optimizer ---------------------------------------------------------------------------- */
 
 /* AdamW with decoupled weight decay (torch.optim.AdamW semantics). Weight decay applies to
@@ -474,7 +488,7 @@ void ff_optimizer_destroy(ff_optimizer **o);
 /* The range [*lo, *hi) of the flat buffer whose state this rank holds ([0, n) at zero 0). */
 void ff_optimizer_shard(const ff_optimizer *o, int64_t *lo, int64_t *hi);
 /* The bytes of its state on the backend: exp_avg and exp_avg_sq, 2 x 4 bytes a parameter
- * of its range (the sizes of the two allocations). */
+ * of its range (the sizes of the two allocations); 0 while offloaded (ff_optimizer_offload). */
 int64_t ff_optimizer_state_bytes(const ff_optimizer *o);
 /* Clip the gradients to max_grad_norm (global norm; under TP the whole model's, each
  * replicated parameter counted once; a pipeline stage's summed over its pipeline group,
@@ -495,6 +509,24 @@ int64_t ff_optimizer_steps_done(const ff_optimizer *o);
  * tensor (no communication). 0 or -1 + error. */
 int ff_optimizer_export_state(ff_optimizer *o, ff_tensor_set *out);
 int ff_optimizer_import_state(ff_optimizer *o, const ff_tensor_set *in);
+
+/* Offloading the state (exp_avg, exp_avg_sq) to host memory for a colocated actor's
+ * generation phase (docs/run.md "Memory of the colocated copy"): offload copies it from the
+ * backend into one host allocation of its own and frees the two backend buffers
+ * (ff_optimizer_state_bytes and the backend's counters drop by its bytes; it is then counted
+ * in ff_optimizer_host_bytes); reload allocates them again and copies it back, bit for bit,
+ * and frees the host copy. Either is a no-op (0, stats zero) when already done. While
+ * offloaded, step, export and import fail with an error naming ff_optimizer_reload. stats
+ * (may be NULL): the bytes moved and the seconds the call took. 0 or -1 + error (out of
+ * memory: a failed reload keeps the host copy, a failed offload the backend's). */
+typedef struct ff_offload_stats {
+    int64_t bytes;
+    double seconds;
+} ff_offload_stats;
+int ff_optimizer_offload(ff_optimizer *o, ff_offload_stats *stats);
+int ff_optimizer_reload(ff_optimizer *o, ff_offload_stats *stats);
+bool ff_optimizer_offloaded(const ff_optimizer *o);
+int64_t ff_optimizer_host_bytes(const ff_optimizer *o); /* the offloaded state's bytes, 0 when on the backend */
 
 /* ---- generation ---------------------------------------------------------------------------- */
 
@@ -595,6 +627,10 @@ int32_t ff_generator_running(const ff_generator *g);
 /* The bytes of its KV cache (allocated at ff_generator_new: 2 x layers x max_slots x
  * max_seq_len x kv_heads (this rank's) x head_dim x 4). */
 int64_t ff_generator_kv_bytes(const ff_generator *g);
+/* The bytes of its decode workspace on the backend (the batch's activations, logits and
+ * sampling scratch for max_slots sequences and max_prefill_tokens; allocated with the KV cache).
+ * A generator holds these two on its backend and nothing else. */
+int64_t ff_generator_workspace_bytes(const ff_generator *g);
 /* Take one finished output (1), or 0 when none is ready. The caller owns out's arrays. */
 int ff_generator_pop(ff_generator *g, ff_gen_output *out);
 /* End every waiting and running sequence of request `id` now; running ones are returned

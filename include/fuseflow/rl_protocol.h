@@ -125,6 +125,12 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
 /* rl.sync, from every rank: I64 [1], the bytes of weights it received from other ranks */
 #define FF_RL_T_RECEIVED "received"
 #define FF_RL_T_SYNC_DELTA "sync_delta" /* rl.sync with sync_delta: I64 [3] elements compared, changed, bytes saved */
+/* roles.actor.offload on the actor's workers (docs/run.md "Memory of the colocated copy"):
+ * rl.sync, where the actor went away for generation, and the actor's rl.train or
+ * rl.train_fused, where it came back: F64 [3] the AdamW bytes moved (to host memory, or
+ * back), the gradient bytes released (or allocated again), the seconds it took. Absent when
+ * nothing moved. */
+#define FF_RL_T_OFFLOAD "offload"
 
 /* Per-token columns (F32 [sum rlen]) an rl.train subtask carries, aligned with "resp". */
 enum {

@@ -127,7 +127,8 @@ def load(p):
     for l in open(p):
         o = json.loads(l); o.pop("time", None); o.pop("eval_time_s", None); o.pop("memory", None)
         o.pop("actor_pipe_bubble", None); o.pop("critic_pipe_bubble", None); o.pop("weight_sync", None)
-        o.pop("fuse", None); out.append(o)  # whether the steps were fused (graph.<actor train>.fuse)
+        o.pop("fuse", None)  # whether the steps were fused (graph.<actor train>.fuse)
+        o.pop("offload", None); out.append(o)  # the actor's moves for generation (roles.actor.offload: bytes, times)
     return out
 A, B = load(a), load(b)
 bad = []

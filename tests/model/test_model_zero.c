@@ -1,4 +1,6 @@
-/* ZeRO-1 inside the optimizer, in-process: d = 1, 2 and 4 data-parallel ranks (threads, one
+/* ZeRO-1 inside the optimizer, in-process (and roles.actor.offload's moves between steps:
+ * gradients released, AdamW to host memory and back, bit for bit; the backend's counters drop
+ * by both and come back; a training forward and a step refused meanwhile): d = 1, 2 and 4 data-parallel ranks (threads, one
  * model and one cpu:1 backend each, tests/model/thread_comm.h) train a small model (2
  * layers, biases, untied, 164k parameters) for three AdamW steps with clipping, each rank on
  * its own batch, once at ZeRO-0 (the gradients all-reduced by the test, as the trainer's
@@ -69,6 +71,7 @@ typedef struct rank_out {
 
 struct run {
     int tp, dp, zero;
+    bool offload; /* between two steps, a colocated actor's generation phase (offload_mode) */
     int64_t bucket;
     const run *resume; /* start at step 3 from its w2, o2 */
     tc_group tpg[MAXW], dpg[MAXW];
@@ -80,6 +83,33 @@ typedef struct thread_arg {
     int tr, dr;
     tc_rank tpc, dpc;
 } thread_arg;
+
+static bool offload_mode; /* the next run_layout's runs[].offload */
+
+/* After a step: what a colocated actor does for generation (roles.actor.offload): gradients
+ * given back, AdamW to host memory, a scoring forward meanwhile (a training forward
+ * refused), then both back before the next step. */
+static void generation_phase(ff_model *m, ff_optimizer *opt, const ff_batch *bt, int64_t state_bytes) {
+    ff_backend_memory b0, b1;
+    ff_backend_memory_of(ff_model_backend(m), &b0);
+    REQUIRE(ff_model_zero_grad(m) == 0 && ff_model_release_grads(m) == 0 && ff_optimizer_offload(opt, NULL) == 0);
+    ff_backend_memory_of(ff_model_backend(m), &b1);
+    CHECK_EQ_INT(b0.in_use - b1.in_use, 4 * ff_model_param_count(m) + state_bytes);
+    CHECK_EQ_INT(ff_optimizer_state_bytes(opt), 0);
+    CHECK_EQ_INT(ff_optimizer_host_bytes(opt), state_bytes);
+    CHECK(ff_model_zero_grad(m) == 0); /* nothing to zero: they come back zero */
+    float lp[NT];
+    ff_forward_out fo = {.logprobs = lp};
+    CHECK(ff_model_forward(m, bt, NULL, &fo) == 0);
+    CHECK(ff_model_forward(m, bt, &(ff_forward_opts){.train = true}, &fo) != 0);
+    CHECK_STR_CONTAINS(ff_error_message(), "ff_model_restore_grads");
+    CHECK(ff_optimizer_step(opt, NULL) != 0);
+    CHECK_STR_CONTAINS(ff_error_message(), "ff_optimizer_reload");
+    ff_error_clear();
+    REQUIRE(ff_model_restore_grads(m) == 0 && ff_optimizer_reload(opt, NULL) == 0);
+    ff_backend_memory_of(ff_model_backend(m), &b1);
+    CHECK_EQ_INT(b1.in_use, b0.in_use);
+}
 
 static void *rank_main(void *p) {
     thread_arg *a = p;
@@ -132,6 +162,7 @@ static void *rank_main(void *p) {
         ff_optim_stats st;
         DIE_IF(ff_optimizer_step(opt, &st));
         a->dpc.counting = false;
+        if (R->offload) generation_phase(m, opt, &bt, o->state_bytes);
         o->norm[s] = st.grad_norm;
         o->clipped[s] = st.clipped;
         o->params[s] = malloc((size_t)o->n * sizeof(float));
@@ -156,7 +187,7 @@ static void *rank_main(void *p) {
 
 static void run_layout(run *R, int tp, int dp, int zero, int64_t bucket, const run *resume) {
     memset(R, 0, sizeof *R);
-    *R = (run){.tp = tp, .dp = dp, .zero = zero, .bucket = bucket, .resume = resume};
+    *R = (run){.tp = tp, .dp = dp, .zero = zero, .bucket = bucket, .resume = resume, .offload = offload_mode};
     for (int i = 0; i < dp; i++) tc_group_init(&R->tpg[i], tp);
     for (int i = 0; i < tp; i++) tc_group_init(&R->dpg[i], dp);
     thread_arg args[MAXW];
@@ -337,6 +368,26 @@ static void test_tp_dp(void) {
     free_run(&z0), free_run(&z1);
 }
 
+/* roles.actor.offload's moves between the steps change no bit: at ZeRO-0 and ZeRO-1 over 2
+ * replicas (each rank moving its range's state), and at TP 2 x DP 2 ZeRO-1 */
+static void test_offload(void) {
+    const int lay[3][4] = {{1, 2, 0, 0}, {1, 2, 1, 10007}, {2, 2, 1, 10007}};
+    for (int k = 0; k < 3; k++) {
+        run plain, moved;
+        offload_mode = false;
+        run_layout(&plain, lay[k][0], lay[k][1], lay[k][2], lay[k][3], NULL);
+        offload_mode = true;
+        run_layout(&moved, lay[k][0], lay[k][1], lay[k][2], lay[k][3], NULL);
+        offload_mode = false;
+        char what[64];
+        snprintf(what, sizeof what, "tp%d x dp%d zero%d offloaded between steps", lay[k][0], lay[k][1], lay[k][2]);
+        same_steps(what, &moved, &plain, 0);
+        for (int i = 0; i < lay[k][0] * lay[k][1]; i++) compare_sets(what, moved.out[i].o3, plain.out[i].o3, 0, -1);
+        printf("%s: the same parameters and state bit for bit\n", what);
+        free_run(&plain), free_run(&moved);
+    }
+}
+
 static void test_errors(void) {
     ff_backend *be = ff_backend_new("cpu:1");
     ff_model *m = ff_model_new(be, &cfg, w0);
@@ -371,6 +422,7 @@ int main(void) {
     test_dp(2);
     test_dp(4);
     test_tp_dp();
+    test_offload();
     ff_tensor_set_destroy(&w0);
     return ff_test_failures ? 1 : 0;
 }

@@ -201,6 +201,14 @@ int64_t rlw_train_timeline(const rlw *s, const double **rows);
  * (ff_model_opts.view_of): what it holds and gives back is only the part of its generation
  * shard that the training shard lacks, so the weights while generating are the generation
  * shard, no byte twice (docs/run.md "Memory of the colocated copy"). */
+/* With roles.actor.offload (the default) the train -> generate transition (a sync into the
+ * colocated copy) first releases the actor's gradients and moves its AdamW state to host
+ * memory, and the actor's next rl.train brings them back before it steps (a checkpoint in
+ * between brings them back for its export and sends them away again):
+ * while generating a rank holds the generation shard and the KV cache only. The last move:
+ * reload false, the sync's; true, the last rl.train's (nothing when that step found them in
+ * place): out {AdamW bytes, gradient bytes, seconds}; false when there was none. */
+bool rlw_offload(const rlw *s, bool reload, double out[3]);
 /* The trained actor's weights into the generating actor of this process (the same layout). */
 int rlw_sync_local(rlw *s);
 /* The bytes of weights this rank received from other ranks in its last sync (0 after a

@@ -81,6 +81,11 @@ struct rlw {
      * in a layout of its own its transition runs in xfer (the micro-DP group of HybridFlow's
      * mapping, else the training replica) by a plan made once (xplan) */
     bool gen_transient;
+    /* roles.actor.offload beside that copy: from the sync to the next actor step the actor's
+     * gradients are released and its AdamW state waits in host memory (actor_away); the last
+     * move each way, {AdamW bytes, gradient bytes, seconds} (rlw_offload) */
+    bool actor_away;
+    double off_out[3], off_in[3];
     ff_rollout_config ro_cfg;
     ff_coll_comm *xfer;
     ff_reshard_plan *xplan;
@@ -109,6 +114,7 @@ struct rlw {
 };
 
 static void lay_clear(rlw_lay *y);
+static int actor_away(rlw *s);
 static int gen_release(rlw *s);
 
 rlw *rlw_new(void) {
@@ -522,6 +528,8 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     if (a->roles & FF_RL_GEN) {
         /* beside a trained actor whose weights a sync brings over */
         s->gen_transient = s->t_actor && sync_node(s->run);
+        /* the first generation comes before any sync: the actor is away from the start */
+        if (actor_away(s) != 0) return -1;
         /* in a layout of its own and fp32 (HybridFlow's 3D-HybridEngine): a view of the training
          * shard, whose own memory is only the part of the generation shard that the training
          * shard lacks; a bf16 copy stays a copy of its own */
@@ -593,9 +601,11 @@ void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]) {
     ff_model_memory_of(m, &mm);
     out[FF_RL_RB_PARAMS] = mm.params + mm.viewed; /* its shard, of which the viewed part is the actor's */
     out[FF_RL_RB_VIEWED] = mm.viewed;
-    out[FF_RL_RB_GRADS] = mm.grads;
+    /* what the role needs to train: its gradients and AdamW state count while they are away
+     * for generation (roles.actor.offload) */
+    out[FF_RL_RB_GRADS] = ff_model_is_inference(m) ? 0 : 4 * ff_model_param_count(m);
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : role == FF_RL_CRITIC ? s->t_critic : NULL;
-    if (t) out[FF_RL_RB_OPTIM] = ff_optimizer_state_bytes(ff_trainer_optimizer(t));
+    if (t) out[FF_RL_RB_OPTIM] = ff_optimizer_state_bytes(ff_trainer_optimizer(t)) + ff_optimizer_host_bytes(ff_trainer_optimizer(t));
 }
 
 static int need(const rlw *s, unsigned role) {
@@ -1081,14 +1091,55 @@ bool rlw_sync_delta(const rlw *s, int64_t out[3]) {
     return s->run->roles[FF_ROLE_ACTOR].rollout_delta && !s->xfer;
 }
 
+/* train -> generate, before the copy takes its memory: the actor's gradients (zero after its
+ * step) given back and its AdamW state to host memory (roles.actor.offload), so that the
+ * rank holds the generation shard and the KV cache, not those beside them. Marked away first:
+ * a half-done move is finished by actor_back. */
+static int actor_away(rlw *s) {
+    memset(s->off_out, 0, sizeof s->off_out);
+    if (!s->gen_transient || !s->run->roles[FF_ROLE_ACTOR].offload || !s->t_actor || s->actor_away) return 0;
+    s->actor_away = true;
+    ff_offload_stats os;
+    const int64_t t0 = ff_now_ns();
+    const bool had = ff_model_grads_held(s->actor);
+    if (ff_model_release_grads(s->actor) != 0 || ff_optimizer_offload(ff_trainer_optimizer(s->t_actor), &os) != 0)
+        return ff_error_wrap("offloading the actor for generation");
+    s->off_out[0] = (double)os.bytes;
+    s->off_out[1] = had ? 4.0 * (double)ff_model_param_count(s->actor) : 0;
+    s->off_out[2] = (double)(ff_now_ns() - t0) * 1e-9;
+    return 0;
+}
+
+/* generate -> train, once the copy gave its memory back: zeroed gradients and AdamW again */
+static int actor_back(rlw *s) {
+    memset(s->off_in, 0, sizeof s->off_in);
+    if (!s->actor_away) return 0;
+    ff_offload_stats os;
+    const int64_t t0 = ff_now_ns();
+    if (ff_model_restore_grads(s->actor) != 0 || ff_optimizer_reload(ff_trainer_optimizer(s->t_actor), &os) != 0)
+        return ff_error_wrap("restoring the actor for training");
+    s->actor_away = false;
+    s->off_in[0] = (double)os.bytes;
+    s->off_in[1] = 4.0 * (double)ff_model_param_count(s->actor);
+    s->off_in[2] = (double)(ff_now_ns() - t0) * 1e-9;
+    return 0;
+}
+
+bool rlw_offload(const rlw *s, bool reload, double out[3]) {
+    memcpy(out, reload ? s->off_in : s->off_out, 3 * sizeof *out);
+    return out[0] > 0 || out[1] > 0;
+}
+
 /* generate -> train: the generating copy gives back its parameters and its rollout (the KV
- * cache, the decode workspace) until the next sync; the trained shard never moved */
+ * cache, the decode workspace) until the next sync; the trained shard never moved; then the
+ * actor's gradients and AdamW state come back (actor_back) */
 static int gen_release(rlw *s) {
-    if (!s->gen_transient || !ff_model_params_held(s->gen)) return 0;
+    memset(s->off_in, 0, sizeof s->off_in);
+    if (!s->gen_transient || !ff_model_params_held(s->gen)) return actor_back(s);
     if (s->njobs || (s->ro && ff_rollout_running(s->ro) > 0))
         return ff_error_set("rl.train", "the controller trains after generation ends", "%d generation jobs are open", s->njobs);
     ff_rollout_destroy(&s->ro);
-    return ff_model_release_params(s->gen);
+    return ff_model_release_params(s->gen) != 0 ? -1 : actor_back(s);
 }
 
 /* train -> generate, first half: the copy's parameter memory back (filled by the caller) */
@@ -1104,7 +1155,7 @@ int rlw_sync_local(rlw *s) {
     s->sync_received = 0;
     if (need(s, FF_RL_ACTOR) || need(s, FF_RL_GEN)) return -1;
     if (s->ro && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
-    if (gen_restore(s) != 0 || ff_model_copy_params(s->gen, s->actor) != 0) return ff_error_wrap("weight sync");
+    if (actor_away(s) != 0 || gen_restore(s) != 0 || ff_model_copy_params(s->gen, s->actor) != 0) return ff_error_wrap("weight sync");
     return gen_ready(s);
 }
 
@@ -1119,7 +1170,7 @@ int rlw_sync_reshard(rlw *s, ff_coll_comm *comm) {
     ff_model *src = s->actor && (colocated || s->lay.at.dp_rank == 0) ? s->actor : NULL, *dst = s->gen;
     if (!src && !dst) return need(s, FF_RL_GEN);
     if (dst && s->ro && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
-    if (dst && gen_restore(s) != 0) return -1;
+    if (dst && (actor_away(s) != 0 || gen_restore(s) != 0)) return -1;
     ff_reshard_plan **plan = colocated ? &s->xplan : &s->pplan;
     if (!colocated && (s->pplan_comm != group || s->pplan_size != ff_coll_comm_size(group))) ff_reshard_plan_destroy(plan);
     if (!*plan) {
@@ -1191,7 +1242,19 @@ static int gather_stages(ff_coll_comm *pp, ff_tensor_set *set) {
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
+static int save_role(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm);
+
+/* A checkpoint while the actor is away (it comes after the sync): its state back for the
+ * export, and away again for the generation that follows. */
 int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
+    const bool away = role == FF_RL_ACTOR && s->actor_away;
+    if (away && actor_back(s) != 0) return -1;
+    int rc = save_role(s, role, dir, comm);
+    if (away && actor_away(s) != 0) rc = -1;
+    return rc;
+}
+
+static int save_role(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
     if (role != FF_RL_ACTOR && role != FF_RL_CRITIC) return ff_error_set("rl.save", NULL, "only trained roles are saved");
     if (need(s, role)) return -1;
     ff_model *m = model_of(s, role);

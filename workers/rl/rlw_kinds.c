@@ -660,6 +660,16 @@ static int k_score(ff_task *t, void *ud) {
 }
 
 /* ---- training, sync, checkpoints ------------------------------------------------------------ */
+/* The actor's last move of its gradients and AdamW state (rlw_offload), when there was one. */
+static int offload_out(ff_task *t, ff_rlworker *r, bool reload) {
+    double v[3];
+    if (!rlw_offload(r->eng, reload, v)) return 0;
+    double *o = ff_task_output(t, FF_RL_T_OFFLOAD, FF_DTYPE_F64, 1, (int64_t[]){3});
+    if (!o) return -1;
+    memcpy(o, v, sizeof v);
+    return 0;
+}
+
 static int k_train(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     rlw_samples in;
@@ -675,6 +685,7 @@ static int k_train(ff_task *t, void *ud) {
     double *m = ff_task_output(t, FF_RL_T_METRICS, FF_DTYPE_F64, 1, (int64_t[]){FF_RL_NM});
     if (!m) return -1;
     if (rlw_train(r->eng, role, &in, mb->data, (int32_t)mb->shape[0] - 1, denom, ff_task_comm(t), m) != 0) return -1;
+    if (role == FF_RL_ACTOR && offload_out(t, r, true) != 0) return -1;
     const double *fwd, *bwd;
     const int32_t ns = want_times ? rlw_train_stage_times(r->eng, &fwd, &bwd) : 0;
     if (ns > 0) {
@@ -757,7 +768,7 @@ static int k_train_fused(ff_task *t, void *ud) {
     double *m = ff_task_output(t, FF_RL_T_METRICS, FF_DTYPE_F64, 2, (int64_t[]){2, FF_RL_NM});
     int rc = m ? rlw_train_fused(r->eng, in, mbv, nm, denom, &inst, &sched, ff_task_comm(t), m) : -1;
     ff_fuse_schedule_free(&sched);
-    if (rc) return -1;
+    if (rc || offload_out(t, r, true) != 0) return -1;
     const double *rows;
     int64_t n = timeline ? rlw_train_timeline(r->eng, &rows) : 0;
     if (n > 0) {
@@ -780,6 +791,7 @@ static int k_sync(ff_task *t, void *ud) {
     int64_t *got = ff_task_output(t, FF_RL_T_RECEIVED, FF_DTYPE_I64, 1, (int64_t[]){1});
     if (!got) return -1;
     *got = rlw_sync_received(r->eng);
+    if (offload_out(t, r, false) != 0) return -1;
     int64_t d[3];
     if (rlw_sync_delta(r->eng, d)) {
         int64_t *o = ff_task_output(t, FF_RL_T_SYNC_DELTA, FF_DTYPE_I64, 1, (int64_t[]){3});
