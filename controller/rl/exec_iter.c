@@ -1352,6 +1352,7 @@ void ex_dump_samples(ex_run *x, FILE *f) {
         json_object_set_new(o, "prompt", json_string(x->train.prompt[row]));
         const char *t = text_of(x, I, x->resp_col, s);
         json_object_set_new(o, "response", json_string(t ? t : ""));
+        json_object_set_new(o, "response_tokens", json_integer(cell(I, x->resp_col, s)->len));
         if (x->score_col >= 0) json_object_set_new(o, "score", json_real(cell(I, x->score_col, s)->v));
         char *line = json_dumps(o, JSON_COMPACT);
         if (line) fprintf(f, "%s\n", line);
