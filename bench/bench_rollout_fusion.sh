@@ -74,7 +74,7 @@ if [[ $workload == flat ]]; then
   if [[ ! -f $cache/repeat/train.jsonl ]]; then
     "$bin" dataset repeat --median 8 --p99-ratio 10 --max 96 --train 5000 --test 200 --seed 1 --out "$cache/repeat" > /dev/null
   fi
-  prompts=8 mini=8 micro=32
+  prompts=8 mini=8 micro=16 # micro divides the 16 samples per rank of a mini-batch on 4 workers
   lengths=", lengths: {median: 8, p99_ratio: 10, max: 96}"
 else
 model=$cache/sft_repeat/checkpoints/step-00000150

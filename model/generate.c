@@ -827,6 +827,7 @@ int ff_generator_export(ff_generator *g, uint64_t id, int32_t sample, bool with_
     /* here it would stop at its slot's end too: that limit travels inside the budget */
     int32_t room = g->c.max_seq_len - r->prompt_len;
     if (out->sampling.max_new_tokens > room) out->sampling.max_new_tokens = room;
+    if (out->sampling.min_new_tokens > out->sampling.max_new_tokens) out->sampling.min_new_tokens = out->sampling.max_new_tokens;
     out->sampling.stop_tokens = out->stop;
     out->sampling.n_stop = r->n_stop;
     out->rng = q->rng;
