@@ -11,17 +11,30 @@
 # on 2 and on 4 generation workers at 1 thread each, with the simulator's prediction of each
 # (time.rollout_sim, from the costs the run measured before that iteration) beside it.
 #
-# Workload: `fuseflow dataset repeat` (repeat counts log-normal, median 8, p99 about 10x),
-# a tiny model (1M parameters) fine-tuned 150 SFT steps as examples/grpo_repeat.yaml's header
-# says (cached under BUILD/bench_cache/rollout_fusion), whose response lengths then follow the
-# counts' tail. PPO with a critic: the inference the freed workers take is the critic's values
-# and the reference log-probs; actor, critic and reference colocated on the generation
-# workers (the RLHFuse setting), 32 prompts x 8 responses per iteration.
+# Workloads (--workload):
+#   flat (the default): a random-init `fuseflow init --preset small` model cut to 4 layers
+#     (13M parameters, 50 MB f32) whose response lengths the generate node's
+#     `lengths: {median: 8, p99_ratio: 10, max: 96}` draws (docs/run.md "Response lengths"),
+#     8 prompts x 8 responses per iteration. Why the default: RLHFuse's gain needs a decode
+#     step whose cost is nearly flat in the batch (memory-bound decoding, as on a GPU), so that
+#     a worker holding a few long samples wastes nearly a whole instance. On one CPU thread the
+#     tiny model's step grows about in proportion to the batch (it is compute, in cache), the
+#     small model's barely does between batch 2 and 8 (a matrix-vector product reads all the
+#     weights per step); docs/run.md "Migration" has the measured table.
+#   sft-tiny: `fuseflow dataset repeat` (repeat counts log-normal, median 8, p99 about 10x),
+#     the tiny model (1M parameters) fine-tuned 150 SFT steps as examples/grpo_repeat.yaml's
+#     header says (cached under BUILD/bench_cache/rollout_fusion), whose response lengths then
+#     follow the counts' tail; 32 prompts x 8 responses: the learned lengths, a step in
+#     proportion to the batch.
+# Both: PPO with a critic: the inference the freed workers take is the critic's values and
+# the reference log-probs; actor, critic and reference colocated on the generation workers
+# (the RLHFuse setting).
 #
-# The modes run in turn, twice (--rounds), so that a shared machine's load drifts over all of
+# The modes run in turn (--rounds times), so that a shared machine's load drifts over all of
 # them alike; each figure is the mean over the rounds' iterations 2..N.
 #
-# Usage: build/bench_rollout_fusion [--iterations N (default 6)] [--rounds R (default 2)] [--workers "2 4"]
+# Usage: build/bench_rollout_fusion [--workload flat|sft-tiny] [--iterations N (default 3)] [--rounds R (default 1)]
+#        [--workers "2 4"] [--modes "serial fused migrate forced"]
 # (CMake writes build/bench_rollout_fusion, which runs this with the built fuseflow.)
 # The last line is the headline on 2 workers:
 #   rollout_fusion: <serial/migrate> x over serial, <fused/migrate> x over fused (target: 1.3x over serial)
@@ -29,24 +42,43 @@ set -euo pipefail
 bin=${FF_BIN:?FF_BIN: the fuseflow binary (build/bench_rollout_fusion sets it)}
 build=${FF_BUILD_DIR:-$(dirname "$bin")}
 src=${FF_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
-iters=6
-rounds=2
+iters=3
+rounds=1
 workers="2 4"
+workload=flat
+modes="serial fused migrate forced"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --iterations) iters=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
-    *) echo "bench_rollout_fusion: unknown option $1 (--iterations N, --rounds R, --workers \"2 4\")" >&2; exit 2 ;;
+    --workload) workload=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
+    *) echo "bench_rollout_fusion: unknown option $1 (--workload flat|sft-tiny, --iterations N, --rounds R, --workers \"2 4\", --modes \"serial fused migrate forced\")" >&2; exit 2 ;;
   esac
 done
+[[ $workload == flat || $workload == sft-tiny ]] ||
+  { echo "bench_rollout_fusion: --workload is flat or sft-tiny, not $workload" >&2; exit 2; }
+[[ " $modes " == *" serial "* ]] || { echo "bench_rollout_fusion: --modes must include serial (the others compare with it)" >&2; exit 2; }
 [[ $iters -ge 2 ]] || { echo "bench_rollout_fusion: --iterations needs at least 2 (the first measures)" >&2; exit 2; }
 cache=$build/bench_cache/rollout_fusion
 mkdir -p "$cache"
 work=$(mktemp -d /tmp/bench_rollout_fusion.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
+if [[ $workload == flat ]]; then
+  model=$cache/small4
+  if [[ ! -f $model/config.json ]]; then
+    "$bin" init --preset small --out "$model" num_hidden_layers=4 --seed 1 > /dev/null
+  fi
+  if [[ ! -f $cache/repeat/train.jsonl ]]; then
+    "$bin" dataset repeat --median 8 --p99-ratio 10 --max 96 --train 5000 --test 200 --seed 1 --out "$cache/repeat" > /dev/null
+  fi
+  prompts=8 mini=8 micro=16 # micro divides the 16 samples per rank of a mini-batch on 4 workers
+  lengths=", lengths: {median: 8, p99_ratio: 10, max: 96}"
+else
 model=$cache/sft_repeat/checkpoints/step-00000150
+prompts=32 mini=32 micro=32 lengths=""
 if [[ ! -f $model/config.json ]]; then
   echo "bench_rollout_fusion: preparing the long-tail workload (about a minute of SFT) in $cache"
   rm -rf "$cache/tiny" "$cache/repeat" "$cache/sft_repeat"
@@ -57,31 +89,32 @@ if [[ ! -f $model/config.json ]]; then
     train.stop_after=150 train.batch_size=64 train.eval_every=0 train.save_every=150 train.log_every=1000 \
     > "$cache/sft.log" 2>&1 || { cat "$cache/sft.log" >&2; exit 1; }
 fi
+fi
 
 cat > "$work/ppo.yaml" <<EOF
 trainer: {steps: $iters, seed: 1, schedule: fused, save_freq: 0, test_freq: 0, acc_reward: repeat_match}
-data: {train_files: $cache/repeat/train.jsonl, val_files: $cache/repeat/test.jsonl, train_batch_size: 32,
+data: {train_files: $cache/repeat/train.jsonl, val_files: $cache/repeat/test.jsonl, train_batch_size: $prompts,
        max_prompt_length: 8, max_response_length: 100}
 roles:
   actor: {model: $model, workers: 2, optim: {lr: 5.0e-4, grad_clip: 1.0}}
   critic: {model: $model, colocate_with: actor, optim: {lr: 1.0e-3, grad_clip: 1.0}}
   ref: {model: $model, colocate_with: actor}
 graph:
-  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 8, temperature: 1.0}
+  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 8, temperature: 1.0$lengths}
   values: {op: value, role: critic, in: [prompt, response], out: [values], micro_batch_size: 64}
   ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob], micro_batch_size: 64}
   reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: repeat_match}
   advantage: {op: advantage, in: {score: score, values: values}, out: [advantages, returns], estimator: gae,
               gamma: 1.0, lam: 0.95}
   train_critic: {op: train, role: critic, in: [prompt, response, values, returns], cliprange_value: 0.5,
-                 mini_batch_size: 32, micro_batch_size: 32}
+                 mini_batch_size: $mini, micro_batch_size: $micro}
   train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], loss: vanilla,
-                mini_batch_size: 32, micro_batch_size: 32, kl_loss: {type: low_var_kl, coef: 0.001}}
+                mini_batch_size: $mini, micro_batch_size: $micro, kl_loss: {type: low_var_kl, coef: 0.001}}
 EOF
 
-echo "bench_rollout_fusion: PPO (critic values + reference log-probs) on the repeat task, 256 samples per iteration,"
+echo "bench_rollout_fusion: workload $workload: PPO (critic values + reference log-probs), $((prompts * 8)) samples per iteration,"
 echo "  $rounds rounds x $iters iterations per mode (means over iterations 2..$iters), 1 thread per worker, $(nproc) cores here"
-modes="serial fused migrate forced"
+echo "  load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for w in $workers; do
   for r in $(seq "$rounds"); do
     for mode in $modes; do
@@ -98,14 +131,15 @@ for w in $workers; do
   done
 done
 
-python3 - "$work" "$workers" "$rounds" <<'PY'
+echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+python3 - "$work" "$workers" "$rounds" "$modes" <<'PY'
 import json, sys, statistics as st
-work, workers, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+work, workers, rounds, modes = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4].split()
 key = {"serial": "serial_s", "fused": "fused_s", "migrate": "migrate_s", "forced": "migrate_s"}
 head = None
 for w in workers:
     res = {}
-    for mode in ("serial", "fused", "migrate", "forced"):
+    for mode in [m for m in ("serial", "fused", "migrate", "forced") if m in modes]:
         rows = [json.loads(l) for r in range(1, rounds + 1) for l in list(open(f"{work}/{mode}_{w}_{r}/metrics.jsonl"))[1:]]
         stage = [r["time"]["rollout_stage"] for r in rows]
         pred = [r["time"]["rollout_sim"][key[mode]] for r in rows if "rollout_sim" in r["time"]]
@@ -118,9 +152,10 @@ for w in workers:
                 st.mean(m.get("saved_s") or 0 for m in mig))
         print("  %s workers  %-8s stage %6.3f s (sd %.3f)  simulated %6.3f s%s" % (
             w, mode, res[mode], st.pstdev(stage), st.mean(pred) if pred else float("nan"), extra))
-    s, f, m, c = res["serial"], res["fused"], res["migrate"], res["forced"]
-    print("  %s workers: fused %.2fx over serial; auto migration %.2fx over serial, %.2fx over fused; forced R_t 0.1 %.2fx over fused" % (
-        w, s / f, s / m, f / m, f / c))
+    nan = float("nan")
+    s, f, m, c = (res.get(k, nan) for k in ("serial", "fused", "migrate", "forced"))
+    print("  %s workers: fused %.2fx over serial; auto migration %.2fx over serial, %.2fx over fused; forced R_t 0.1 %.2fx over serial, %.2fx over fused" % (
+        w, s / f, s / m, f / m, s / c, f / c))
     if head is None:
         head = (s / m, f / m)
 print("rollout_fusion: %.2f x over serial, %.2f x over fused (target: 1.3x over serial)" % head)

@@ -426,6 +426,51 @@ static int get_s(ff_node *n, const char *key, const char *dflt, const char **out
     return n->params && ff_cnode_get_str(n->params, key, dflt, out) < 0 ? -1 : 0;
 }
 
+/* `lengths: {median: M, p99_ratio: R, max: N}`: drawn response lengths (ff_gen_params). */
+static int read_lengths(ff_node *n) {
+    n->gen.len_median = n->gen.len_p99_ratio = 0;
+    n->gen.len_max = 0;
+    ff_cnode *sec = n->params ? ff_cnode_find(n->params, "lengths") : NULL;
+    if (!sec) return 0;
+    char w[256];
+    const char *hint = "write lengths: {median: 8, p99_ratio: 10, max: 96} (a log-normal; max 0 or absent: max_tokens)";
+    if (ff_cnode_kind_of(sec) != FF_CNODE_MAP)
+        return ff_error_set(ff_cnode_where(sec, w, sizeof w), hint, "node '%s': 'lengths' must be a map", n->name);
+    static const char *const keys[] = {"median", "p99_ratio", "max"};
+    for (size_t i = 0; i < ff_cnode_len(sec); i++) {
+        ff_cnode *e = ff_cnode_at(sec, i);
+        const char *k = ff_cnode_key(e);
+        bool known = false;
+        for (size_t j = 0; j < sizeof keys / sizeof *keys; j++) known |= !strcmp(k, keys[j]);
+        if (!known)
+            return ff_error_set(ff_cnode_where(e, w, sizeof w), hint, "node '%s': lengths has no key '%s'",
+                                n->name, k);
+    }
+    double med, ratio;
+    int64_t mx;
+    if (ff_cnode_get_double(sec, "median", 0, &med) < 0 || ff_cnode_get_double(sec, "p99_ratio", 10, &ratio) < 0 ||
+        ff_cnode_get_int(sec, "max", 0, &mx) < 0)
+        return -1;
+    ff_cnode_mark_used(sec);
+    if (!(med >= 1 && med <= 1e6))
+        return ff_error_set(ff_cnode_where(sec, w, sizeof w), hint, "node '%s': lengths.median %g must be in [1, 1e6] tokens",
+                            n->name, med);
+    if (!(ratio >= 1 && ratio <= 1e4))
+        return ff_error_set(ff_cnode_where(sec, w, sizeof w), hint,
+                            "node '%s': lengths.p99_ratio %g must be in [1, 1e4] (p99 / median; 1: every length the median)",
+                            n->name, ratio);
+    if (mx < 0 || mx > FF_RUN_MAX_TOKENS || (mx > 0 && mx < med))
+        return ff_error_set(ff_cnode_where(sec, w, sizeof w), hint, "node '%s': lengths.max %lld must be 0 or in [median, %d]",
+                            n->name, (long long)mx, FF_RUN_MAX_TOKENS);
+    if (n->gen.greedy)
+        return ff_error_set(ff_cnode_where(sec, w, sizeof w), "draw lengths on the sample-level generate node",
+                            "node '%s': a greedy (group-level) generate node draws no lengths", n->name);
+    n->gen.len_median = med;
+    n->gen.len_p99_ratio = ratio;
+    n->gen.len_max = mx;
+    return 0;
+}
+
 /* `migrate: off | auto | R_t` with `migrate_to: N` and `migrate_with: auto | kv | recompute`. */
 static int read_migrate(ff_node *n) {
     const char *m, *with;
@@ -523,7 +568,7 @@ static int resolve_node(ff_graph *g, int idx, const ff_registry *reg) {
         if (get_i(n, "n", 1, 1, 1 << 16, &n->gen.n) || get_d(n, "temperature", 1.0, 0, 100, &n->gen.temperature) ||
             get_d(n, "top_p", 1.0, 1e-9, 1, &n->gen.top_p) || get_i(n, "top_k", 0, 0, 1 << 30, &n->gen.top_k) ||
             get_i(n, "max_tokens", 0, 0, FF_RUN_MAX_TOKENS, &n->gen.max_tokens) || get_b(n, "greedy", false, &n->gen.greedy) ||
-            read_migrate(n))
+            read_migrate(n) || read_lengths(n))
             return -1;
         break;
     case FF_OP_REWARD_FN: {

@@ -117,6 +117,9 @@ void ff_node_sampling_of(const ff_run_config *run, const ff_node *gen, ff_node_s
     out->top_p = (float)gen->gen.top_p;
     int64_t mx = gen->gen.max_tokens > 0 ? gen->gen.max_tokens : run->data.max_response_length;
     out->max_new = (int32_t)(mx > 0 ? mx : 1);
+    out->len_median = (float)gen->gen.len_median;
+    out->len_p99_ratio = (float)gen->gen.len_p99_ratio;
+    out->len_max = (int32_t)gen->gen.len_max;
 }
 
 bool ff_node_filter_keep(const ff_node *n, const float *s, size_t count) {

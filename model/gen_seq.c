@@ -20,8 +20,8 @@
 #include "model/model_internal.h"
 
 #define MAGIC 0x51455346u /* "FSEQ" read as a little-endian u32 */
-#define VERSION 1u
-#define HDR 144
+#define VERSION 2u /* 2: the floor min_new_tokens */
+#define HDR 152
 #define SUM_AT 16 /* the checksum's offset; it covers [SUM_AT + 8, total) */
 #define MAX_STOP 4096
 
@@ -95,6 +95,8 @@ size_t ff_gen_seq_state_write(const ff_gen_seq_state *s, void *buf, size_t cap) 
     p = put_i32(p, sp->max_new_tokens);
     p = put_i32(p, (int32_t)sp->logprob_mode);
     p = put_i32(p, kv->data ? 1 : 0);
+    p = put_i32(p, sp->min_new_tokens);
+    p = put_i32(p, 0); /* reserved, keeps the rng words 8-aligned */
     for (int i = 0; i < 4; i++) p = put_u64(p, s->rng.s[i]);
     const int32_t dims[8] = {kv->layers, kv->kv_heads, kv->head_dim, kv->positions, kv->tp_rank, kv->tp_size, (int32_t)kv->dtype,
                              kv->first_layer};
@@ -136,7 +138,7 @@ int ff_gen_seq_state_read(const void *buf, size_t n, ff_gen_seq_state *out) {
     if (checksum(b + SUM_AT + 8, n - SUM_AT - 8) != sum)
         return ff_error_set(w, "send it again (the bytes changed on the way)", "checksum mismatch: the state is corrupt");
     ff_gen_seq_state s = {0};
-    int32_t n_stop, mode, has_kv, dims[8];
+    int32_t n_stop, mode, has_kv, reserved, dims[8];
     p = get(p, &s.id, 8);
     p = get(p, &s.seed, 8);
     p = get(p, &s.sample, 4);
@@ -149,6 +151,8 @@ int ff_gen_seq_state_read(const void *buf, size_t n, ff_gen_seq_state *out) {
     p = get(p, &s.sampling.max_new_tokens, 4);
     p = get(p, &mode, 4);
     p = get(p, &has_kv, 4);
+    p = get(p, &s.sampling.min_new_tokens, 4);
+    p = get(p, &reserved, 4);
     for (int i = 0; i < 4; i++) p = get(p, &s.rng.s[i], 8);
     p = get(p, dims, sizeof dims);
     assert(p - b == HDR);
@@ -158,9 +162,11 @@ int ff_gen_seq_state_read(const void *buf, size_t n, ff_gen_seq_state *out) {
                        .tp_rank = dims[4], .tp_size = dims[5], .dtype = (ff_dtype)dims[6], .first_layer = dims[7]};
     /* the checksum held: what is wrong now was wrong when it was written */
     if (s.sample < 0 || s.prompt_len < 1 || s.n_gen < 1 || n_stop < 0 || n_stop > MAX_STOP || (has_kv != 0 && has_kv != 1) ||
-        mode < 0 || mode > 2)
-        return ff_error_set(w, hint, "out of range: sample %d, prompt of %d tokens, %d generated, %d stop tokens, KV flag %d, logprob mode %d",
-                            s.sample, s.prompt_len, s.n_gen, n_stop, has_kv, mode);
+        mode < 0 || mode > 2 || s.sampling.min_new_tokens < 0 || s.sampling.min_new_tokens > s.sampling.max_new_tokens || reserved != 0)
+        return ff_error_set(w, hint,
+                            "out of range: sample %d, prompt of %d tokens, %d generated, %d stop tokens, KV flag %d, logprob mode %d, "
+                            "floor %d of a budget of %d",
+                            s.sample, s.prompt_len, s.n_gen, n_stop, has_kv, mode, s.sampling.min_new_tokens, s.sampling.max_new_tokens);
     if (has_kv) {
         const ff_gen_kv *kv = &s.kv;
         if (kv->layers < 1 || kv->first_layer < 0 || kv->kv_heads < 1 || kv->head_dim < 1 || kv->tp_size < 1 || kv->tp_rank < 0 ||

@@ -10,7 +10,12 @@
  * next waiting request joins on the following step.
  *
  * Randomness: sequence j of a request draws from its own ff_rng seeded from (seed, j), one
- * uniform per token, so the tokens do not depend on batch composition or slot order.
+ * uniform per token, so the tokens do not depend on batch composition or slot order. A drawn
+ * response length (ff_sampling.len_median) comes from another stream of (seed, j), once at
+ * admission, and becomes the sequence's own floor and budget (gen_seq.min_new, max_new), which
+ * a moved sequence carries in its sampling settings. Stop tokens under the floor are masked in
+ * the logits before the draw; the MODEL/TEMPERATURE log-prob is then corrected back to the
+ * unmasked softmax from the masked logits' raw values (sample_rows).
  *
  * Tensor parallelism: every rank of the group runs the same generator on the same requests.
  * Its KV cache holds the rank's key/value heads only; the last positions' logits (this rank's
@@ -59,6 +64,7 @@ typedef struct gen_seq {
     int32_t *tokens;  /* [max_seq_len], the slot's own, allocated with the generator */
     float *logprobs;  /* [max_seq_len] */
     ff_rng rng;
+    int32_t min_new, max_new; /* stop tokens masked while n_gen + 1 < min_new; done at max_new */
 } gen_seq;
 
 struct ff_generator {
@@ -82,6 +88,8 @@ struct ff_generator {
     ff_sample_params *h_sp;                                                /* [Rcap] */
     int32_t *h_stok;
     float *h_slp;
+    float *h_ban;      /* [ban_cap] raw logits of the masked stop tokens, row by row */
+    int32_t ban_cap;
     int32_t *batch; /* [Rcap] slots in the current batch */
     gen_seq *seqs;  /* [max_slots] by slot */
     int32_t *slot_tokens; /* [max_slots, max_seq_len] backing gen_seq.tokens */
@@ -263,6 +271,7 @@ void ff_generator_destroy(ff_generator **pg) {
     free(g->h_sp);
     free(g->h_stok);
     free(g->h_slp);
+    free(g->h_ban);
     free(g->h_tok_tp);
     free(g->h_lg);
     free(g->h_px);
@@ -293,7 +302,29 @@ static int check_sampling(const ff_model *m, const ff_sampling *s) {
     if (s->n_stop > 0 && ffm_check_tokens(m, s->stop_tokens, s->n_stop, "stop tokens", false)) return -1;
     if ((int)s->logprob_mode < 0 || (int)s->logprob_mode > 2)
         return ff_error_set(w, NULL, "unknown logprob_mode %d", (int)s->logprob_mode);
+    if (s->min_new_tokens < 0 || s->min_new_tokens > s->max_new_tokens)
+        return ff_error_set(w, "a floor between 0 (none) and max_new_tokens", "min_new_tokens %d is outside [0, %d]",
+                            s->min_new_tokens, s->max_new_tokens);
+    if (s->len_median != 0) {
+        if (!(s->len_median >= 1 && s->len_median <= 1e6))
+            return ff_error_set(w, "a median length of at least 1 token (0 turns the length draw off)",
+                                "len_median %g is outside [1, 1e6]", (double)s->len_median);
+        if (!(s->len_p99_ratio >= 1 && s->len_p99_ratio <= 1e4))
+            return ff_error_set(w, "p99 / median, at least 1 (1: every length the median)", "len_p99_ratio %g is outside [1, 1e4]",
+                                (double)s->len_p99_ratio);
+        if (s->len_max < 0) return ff_error_set(w, "0 caps the lengths at max_new_tokens", "len_max %d must be >= 0", s->len_max);
+    }
     return 0;
+}
+
+/* The response length of sample j of a request (ff_sampling.len_median), from its own stream. */
+static int32_t draw_length(const ff_sampling *sp, uint64_t seed, int32_t j) {
+    ff_rng r;
+    ff_rng_seed(&r, ff_seed_stream(seed, 0x4c454e47u /* "LENG" */, (uint64_t)j)); /* seed + j would collide across adjacent seeds */
+    const double sigma = log((double)sp->len_p99_ratio) / 2.3263478740408408; /* z of the 99th percentile */
+    double L = round((double)sp->len_median * exp(sigma * ff_rng_normal(&r)));
+    const int32_t cap = sp->len_max > 0 && sp->len_max < sp->max_new_tokens ? sp->len_max : sp->max_new_tokens;
+    return L < 1 ? 1 : L > cap ? cap : (int32_t)L;
 }
 
 int ff_generator_submit(ff_generator *g, const ff_gen_request *r) {
@@ -482,18 +513,79 @@ static int append(ff_generator *g, int32_t slot, int32_t tok, float lp) {
     q->n_gen++;
     for (int32_t i = 0; i < r->n_stop; i++)
         if (r->stop[i] == tok) return finish(g, slot, FF_FINISH_STOP);
-    if (q->n_gen >= r->sp.max_new_tokens || r->prompt_len + q->n_gen >= g->c.max_seq_len)
+    if (q->n_gen >= q->max_new || r->prompt_len + q->n_gen >= g->c.max_seq_len)
         return finish(g, slot, FF_FINISH_LENGTH);
     return 0;
 }
 
+static bool banned(const gen_seq *q) { return q->n_gen + 1 < q->min_new && q->req->n_stop > 0; }
+
+/* Rows [B, V] of logits for the sequences in g->batch: sample each, its stop tokens masked
+ * (-inf) first when it is under its floor. The masked raw logits x_e are kept so that a
+ * MODEL (TEMPERATURE: x / t) log-prob, which the kernel computes over the masked row, is
+ * brought back to the whole row's softmax: with lse_m = x_tok - lp_m (the masked row's
+ * log-sum-exp), lp = lp_m - log1p(sum_e exp(x_e - lse_m)). */
 static int sample_rows(ff_generator *g, ff_dptr logits, int32_t B) {
     ff_stream *st = g->m->st;
+    const size_t V = (size_t)g->V;
+    int32_t nban = 0;
+    for (int32_t b = 0; b < B; b++)
+        if (banned(&g->seqs[g->batch[b]])) nban += g->seqs[g->batch[b]].req->n_stop;
+    if (nban > g->ban_cap) { /* grows to the largest batch's need once, not per step */
+        float *v = ff_realloc(g->h_ban, (size_t)nban * 2 * sizeof *v);
+        if (!v) return ff_error_wrap("generator: masking %d stop-token logits", nban);
+        g->h_ban = v;
+        g->ban_cap = nban;
+    }
+    float *raw = g->h_ban, *tok_logit = g->h_ban + g->ban_cap; /* [nban], then [B <= nban] */
+    if (nban > 0) {
+        for (int32_t b = 0, k = 0; b < B; b++) {
+            const gen_seq *q = &g->seqs[g->batch[b]];
+            if (!banned(q)) continue;
+            for (int32_t i = 0; i < q->req->n_stop; i++, k++)
+                ff_memcpy_d2h(st, &raw[k], ff_dptr_add(logits, (size_t)b * V + (size_t)q->req->stop[i], 4), 4);
+        }
+        if (ff_stream_sync(st)) return -1;
+        const float ninf = -INFINITY;
+        for (int32_t b = 0; b < B; b++) {
+            const gen_seq *q = &g->seqs[g->batch[b]];
+            if (!banned(q)) continue;
+            for (int32_t i = 0; i < q->req->n_stop; i++)
+                ff_memcpy_h2d(st, ff_dptr_add(logits, (size_t)b * V + (size_t)q->req->stop[i], 4), &ninf, 4);
+        }
+    }
     ff_memcpy_h2d(st, GW(g, sparams), g->h_sp, (size_t)B * sizeof(ff_sample_params));
     ff_sample(st, logits, B, g->V, GW(g, sparams), GW(g, sws), GW(g, stok), GW(g, slp));
     ff_memcpy_d2h(st, g->h_stok, GW(g, stok), (size_t)B * 4);
     ff_memcpy_d2h(st, g->h_slp, GW(g, slp), (size_t)B * 4);
-    return ff_stream_sync(st);
+    if (ff_stream_sync(st)) return -1;
+    if (nban == 0) return 0;
+    for (int32_t b = 0, k = 0; b < B; b++) {
+        const gen_seq *q = &g->seqs[g->batch[b]];
+        if (!banned(q)) continue;
+        ff_memcpy_d2h(st, &tok_logit[k++], ff_dptr_add(logits, (size_t)b * V + (size_t)g->h_stok[b], 4), 4);
+    }
+    if (ff_stream_sync(st)) return -1;
+    for (int32_t b = 0, k = 0, e = 0; b < B; b++) {
+        const gen_seq *q = &g->seqs[g->batch[b]];
+        if (!banned(q)) continue;
+        const ff_sample_params *p = &g->h_sp[b];
+        const int32_t ns = q->req->n_stop;
+        const double t = p->logprob_mode == FF_LOGPROB_TEMPERATURE && p->temperature > 0 ? p->temperature : 1.0;
+        if (p->logprob_mode != FF_LOGPROB_SAMPLER) {
+            const double lse_m = tok_logit[k] / t - g->h_slp[b];
+            double mass = 0;
+            for (int32_t i = 0; i < ns; i++) {
+                bool dup = false; /* a stop id listed twice is one logit */
+                for (int32_t j = 0; j < i; j++) dup |= q->req->stop[j] == q->req->stop[i];
+                if (!dup) mass += exp(raw[e + i] / t - lse_m);
+            }
+            g->h_slp[b] = (float)(g->h_slp[b] - log1p(mass));
+        }
+        k++;
+        e += ns;
+    }
+    return 0;
 }
 
 /* Admit waiting requests into free slots and prefill them. */
@@ -519,6 +611,9 @@ static int admit(ff_generator *g) {
             q->sample = j;
             q->n_gen = 0;
             ff_rng_seed(&q->rng, r->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(j + 1)));
+            q->min_new = r->sp.min_new_tokens;
+            q->max_new = r->sp.max_new_tokens;
+            if (r->sp.len_median > 0) q->min_new = q->max_new = draw_length(&r->sp, r->seed, j);
             g->n_running++;
             g->n_waiting--;
             free_slots--;
@@ -736,9 +831,14 @@ int ff_generator_export(ff_generator *g, uint64_t id, int32_t sample, bool with_
     memcpy(out->logprobs, q->logprobs, (size_t)q->n_gen * 4);
     memcpy(out->stop, r->stop, (size_t)r->n_stop * 4);
     out->sampling = r->sp;
+    out->sampling.max_new_tokens = q->max_new; /* a drawn length is the sequence's own */
+    out->sampling.min_new_tokens = q->min_new;
+    out->sampling.len_median = out->sampling.len_p99_ratio = 0;
+    out->sampling.len_max = 0;
     /* here it would stop at its slot's end too: that limit travels inside the budget */
     int32_t room = g->c.max_seq_len - r->prompt_len;
     if (out->sampling.max_new_tokens > room) out->sampling.max_new_tokens = room;
+    if (out->sampling.min_new_tokens > out->sampling.max_new_tokens) out->sampling.min_new_tokens = out->sampling.max_new_tokens;
     out->sampling.stop_tokens = out->stop;
     out->sampling.n_stop = r->n_stop;
     out->rng = q->rng;
@@ -859,6 +959,8 @@ int ff_generator_import(ff_generator *g, const ff_gen_seq_state *s) {
     q->sample = s->sample;
     q->n_gen = s->n_gen;
     q->rng = s->rng;
+    q->min_new = s->sampling.min_new_tokens;
+    q->max_new = s->sampling.max_new_tokens;
     const int32_t positions = s->prompt_len + s->n_gen - 1;
     int rc;
     if (s->kv.data) {

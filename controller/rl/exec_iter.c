@@ -428,15 +428,17 @@ static int submit_gen(ex_run *x, ex_iter *I, int m, const int64_t *groups, int64
     };
     ff_node_sampling sp;
     ff_node_sampling_of(x->run, nd, &sp);
-    ff_arg args[5] = {ff_arg_int("n", per_group ? 1 : x->group_size), ff_arg_float("temperature", sp.temperature),
-                      ff_arg_float("top_p", sp.top_p), ff_arg_int("top_k", sp.top_k), ff_arg_int("max_new", sp.max_new)};
+    ff_arg args[8] = {ff_arg_int("n", per_group ? 1 : x->group_size), ff_arg_float("temperature", sp.temperature),
+                      ff_arg_float("top_p", sp.top_p), ff_arg_int("top_k", sp.top_k), ff_arg_int("max_new", sp.max_new),
+                      ff_arg_float("len_median", sp.len_median), ff_arg_float("len_p99_ratio", sp.len_p99_ratio),
+                      ff_arg_int("len_max", sp.len_max)};
     char label[128];
     if (k == 1) snprintf(label, sizeof label, "%s g%" PRId64, nd->name, groups[0]);
     else snprintf(label, sizeof label, "%s g%" PRId64 " +%" PRId64 " groups", nd->name, groups[0], k - 1);
     int nafter;
     const uint64_t *after = ex_trace_deps(x, m, j->samples, j->nsamples, POOL_GEN, NULL, 0, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_GENERATE, .target = FF_TARGET_ANY, .group = ex_pool_names[POOL_GEN], .args = args,
-                            .nargs = 5, .inputs = in, .ninputs = 3, .idempotent = true, .after = after, .nafter = nafter,
+                            .nargs = 8, .inputs = in, .ninputs = 3, .idempotent = true, .after = after, .nafter = nafter,
                             .label = label};
     if (replica >= 0) ex_target_replica(x, j, POOL_GEN, replica, &spec);
     uint64_t id = ex_submit(x, j, &spec);
@@ -1548,6 +1550,7 @@ void ex_dump_samples(ex_run *x, FILE *f) {
         json_object_set_new(o, "prompt", json_string(x->train.prompt[row]));
         const char *t = text_of(x, I, x->resp_col, s);
         json_object_set_new(o, "response", json_string(t ? t : ""));
+        json_object_set_new(o, "response_tokens", json_integer(cell(I, x->resp_col, s)->len));
         if (x->score_col >= 0) json_object_set_new(o, "score", json_real(cell(I, x->score_col, s)->v));
         char *line = json_dumps(o, JSON_COMPACT);
         if (line) fprintf(f, "%s\n", line);

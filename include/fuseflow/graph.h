@@ -125,6 +125,10 @@ typedef struct ff_gen_params {
     double migrate;
     int64_t migrate_to;
     ff_migrate_with migrate_with;
+    /* `lengths: {median, p99_ratio, max}` (docs/run.md "Response lengths"): each response's
+     * length drawn log-normal (ff_sampling.len_median); median 0: off */
+    double len_median, len_p99_ratio;
+    int64_t len_max;
 } ff_gen_params;
 
 /* RLHFuse's intra-stage fusion of the actor's and the critic's training (`fuse` of the actor's
@@ -371,12 +375,15 @@ int ff_node_critic_loss(ff_node *n, const ff_critic_loss_in *in, double *loss, f
 
 int ff_node_reward(ff_node *n, const ff_reward_item *items, size_t count, float *scores);
 
-/* Sampling of a generate node: temperature (0 with greedy: true), top_k, top_p, and the
+/* Sampling of a generate node: temperature (0 with greedy: true), top_k, top_p, the
  * tokens to generate at most (the node's max_tokens, else data.max_response_length, at
- * least 1). The engines turn it into their own settings (fuseflow/roles.h). */
+ * least 1), and its drawn lengths (len_median 0: none; len_max 0: max_new). The engines turn
+ * it into their own settings (fuseflow/roles.h). */
 typedef struct ff_node_sampling {
     float temperature, top_p;
     int32_t top_k, max_new;
+    float len_median, len_p99_ratio;
+    int32_t len_max;
 } ff_node_sampling;
 void ff_node_sampling_of(const ff_run_config *run, const ff_node *gen, ff_node_sampling *out);
 

@@ -548,8 +548,22 @@ typedef struct ff_sampling {
                                    included in the output. NULL/0: the config's eos ids */
     int32_t n_stop;
     ff_logprob_mode logprob_mode;
+    /* A user-set response length (a long-tail workload, docs/run.md "Response lengths"):
+     * len_median > 0 draws, per sequence when it is admitted, L = round(len_median x
+     * exp(sigma z)) clamped to [1, len_max] (0: max_new_tokens), sigma = ln(len_p99_ratio) /
+     * 2.326 so that the 99th percentile is len_p99_ratio x the median, z a standard normal
+     * from the sequence's own length stream (the request's seed and the sample's index, apart
+     * from its token draws). The sequence then generates min(L, max_new_tokens) tokens: its
+     * min_new_tokens and max_new_tokens both become that. 0: off. */
+    float len_median, len_p99_ratio;
+    int32_t len_max;
+    /* Stop tokens cannot be sampled before the sequence has this many tokens (0: no floor):
+     * their logits are masked for the draw. The log-prob stays the logprob_mode's: MODEL and
+     * TEMPERATURE are of the unmasked logits (what a training forward computes), SAMPLER of
+     * the masked distribution actually drawn from. */
+    int32_t min_new_tokens;
 } ff_sampling;
-void ff_sampling_default(ff_sampling *s); /* temperature 1, top_k 0, top_p 1, 64 tokens, eos */
+void ff_sampling_default(ff_sampling *s); /* temperature 1, top_k 0, top_p 1, 64 tokens, eos, no length draw */
 
 typedef struct ff_gen_request {
     uint64_t id;            /* the caller's, returned with each output */
@@ -663,8 +677,10 @@ typedef struct ff_gen_seq_state {
     float *logprobs;        /* [n_gen] per sampling.logprob_mode */
     ff_sampling sampling;   /* its settings. max_new_tokens: the whole budget (n_gen of it spent),
                                already capped by the source slot's capacity so that it stops
-                               where it would have; stop_tokens points at stop, n_stop its count
-                               (resolved: the model's eos when the request named none) */
+                               where it would have; min_new_tokens: its floor (a drawn length
+                               sets both; len_median is then 0: the draw is spent and is not
+                               drawn again where it lands); stop_tokens points at stop, n_stop
+                               its count (resolved: the model's eos when the request named none) */
     int32_t *stop;          /* [n_stop], owned by the state */
     ff_rng rng;             /* its stream's position: the next token's draw comes from here */
     ff_gen_kv kv;           /* rows 0..prompt_len+n_gen-2 (the last token is fed by the next

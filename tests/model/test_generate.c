@@ -2,7 +2,8 @@
  * response (continuous batching with fewer slots than sequences, prompts of different
  * lengths, n samples sharing a prefill), same seed => same output, batch composition does
  * not change a sequence, greedy follows the argmax, top-k 1 is greedy, stop tokens, length
- * limits, abort, and clear errors for bad requests. Over a pipeline (two stage models as
+ * limits, abort, a floor under the stop tokens and drawn (log-normal) response lengths, also
+ * across a move, and clear errors for bad requests. Over a pipeline (two stage models as
  * threads, ff_generator_config.pipe): every stage returns the whole model's tokens and
  * log-probs bit for bit (the stages run the same kernels on the same activations). */
 #include <pthread.h>
@@ -166,6 +167,134 @@ static void test_greedy_stop_length(ff_model *m) {
     free(lg), free(lp);
 }
 
+static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
+
+/* A floor (min_new_tokens): no stop token before it, and the log-probs stay the unmasked
+ * softmax's (MODEL, TEMPERATURE) or are the masked one's (SAMPLER). Drawn lengths
+ * (len_median): log-normal with the set median and p99, the same whatever the batch, and
+ * carried exactly by a moved sequence (ff_generator_export, bytes, ff_generator_import). */
+static void test_floor_and_lengths(ff_model *m) {
+    const int V = ff_model_config_of(m)->vocab_size;
+    int32_t p[] = {2, 7, 1};
+    /* the stop tokens: what an unfloored sample draws early, so that without a floor it stops */
+    ff_gen_request r0 = req(20, p, 3, 1, 1.0f, 12, 5);
+    ff_gen_output *o, *f;
+    int32_t n, nf;
+    REQUIRE(ff_model_generate(m, NULL, &r0, 1, &o, &n) == 0);
+    int32_t stop[4] = {o[0].tokens[0], o[0].tokens[1], o[0].tokens[2], o[0].tokens[0]}; /* one listed twice */
+    free_outs(o, n);
+    for (int mode = 0; mode < 3; mode++) {
+        ff_gen_request r = req(21, p, 3, 4, 1.3f, 12, 5);
+        r.sampling.stop_tokens = stop;
+        r.sampling.n_stop = 4;
+        r.sampling.min_new_tokens = 10;
+        r.sampling.logprob_mode = (ff_logprob_mode)mode;
+        REQUIRE(ff_model_generate(m, NULL, &r, 1, &f, &nf) == 0);
+        for (int32_t s = 0; s < nf; s++) {
+            REQUIRE(f[s].n_tokens >= 10);
+            for (int i = 0; i < 9; i++)
+                for (int k = 0; k < 3; k++) CHECK(f[s].tokens[i] != stop[k]);
+            float *lp = malloc((size_t)f[s].n_tokens * 4), *lg = malloc((size_t)f[s].n_tokens * V * 4);
+            full_logprobs(m, p, 3, f[s].tokens, f[s].n_tokens, mode == FF_LOGPROB_TEMPERATURE ? 1.3f : 1.0f, lp, lg);
+            if (mode == FF_LOGPROB_SAMPLER) /* at temperature t, no top-k/p: the masked softmax of logits / t */
+                for (int i = 0; i < f[s].n_tokens; i++) {
+                    const float *z = lg + (size_t)i * V;
+                    double mx = -1e30, sum = 0;
+                    for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+                    for (int v = 0; v < V; v++) {
+                        bool masked = i < 9 && (v == stop[0] || v == stop[1] || v == stop[2]);
+                        if (!masked) sum += exp((z[v] - mx) / 1.3);
+                    }
+                    lp[i] = (float)((z[f[s].tokens[i]] - mx) / 1.3 - log(sum));
+                }
+            char what[64];
+            snprintf(what, sizeof what, "floor, logprob mode %d, sample %d", mode, s);
+            check_tensor_close(what, f[s].logprobs, lp, f[s].n_tokens, 1e-4, 0);
+            free(lp), free(lg);
+        }
+        free_outs(f, nf);
+    }
+
+    /* drawn lengths: 8 requests x 40 samples, median 6, p99 8x the median, capped at 64 */
+    enum { NR = 8, NS = 40 };
+    ff_gen_request rs[NR];
+    for (int i = 0; i < NR; i++) {
+        rs[i] = req(100 + (uint64_t)i, p, 3, NS, 1.0f, 64, 1000 + (uint64_t)i);
+        rs[i].sampling.len_median = 6;
+        rs[i].sampling.len_p99_ratio = 8;
+    }
+    ff_generator_config gc = {.max_slots = NS, .max_seq_len = 80};
+    REQUIRE(ff_model_generate(m, &gc, rs, NR, &o, &n) == 0);
+    REQUIRE(n == NR * NS);
+    int32_t len[NR * NS];
+    for (int32_t i = 0; i < n; i++) {
+        len[i] = o[i].n_tokens; /* this config has no eos: each ends at its drawn length */
+        CHECK(len[i] >= 1 && len[i] <= 64);
+    }
+    qsort(len, (size_t)n, sizeof *len, cmp_i32);
+    const int32_t med = len[n / 2], p99 = len[(int)(0.99 * n)];
+    if (!(med >= 5 && med <= 7 && p99 >= 30 && p99 <= 64)) {
+        fprintf(stderr, "drawn lengths: median %d (want 6 +- 1), p99 %d (want about 48)\n", med, p99);
+        CHECK(false);
+    }
+    CHECK(len[n - 1] > 2 * med); /* a tail */
+    /* the same lengths with fewer slots (other batches), request 3 alone */
+    ff_generator_config few = {.max_slots = NS, .max_seq_len = 80};
+    REQUIRE(ff_model_generate(m, &few, &rs[3], 1, &f, &nf) == 0);
+    for (int32_t s = 0; s < NS; s++) CHECK_EQ_INT(f[s].n_tokens, o[3 * NS + s].n_tokens);
+    free_outs(f, nf);
+
+    /* moved halfway: request 5's longest sample leaves after 4 steps through bytes, and ends
+     * where it would have, with the same tokens and log-probs */
+    int32_t longest = 0;
+    for (int32_t s = 1; s < NS; s++)
+        if (o[5 * NS + s].n_tokens > o[5 * NS + longest].n_tokens) longest = s;
+    REQUIRE(o[5 * NS + longest].n_tokens > 6);
+    ff_generator *a = ff_generator_new(m, &gc), *b = ff_generator_new(m, &gc);
+    REQUIRE(a && b);
+    REQUIRE(ff_generator_submit(a, &rs[5]) == 0);
+    for (int i = 0; i < 4; i++) REQUIRE(ff_generator_step(a) == 0);
+    ff_gen_seq_state st, back;
+    REQUIRE(ff_generator_export(a, rs[5].id, longest, false, &st) == 0);
+    CHECK_EQ_INT(st.sampling.max_new_tokens, o[5 * NS + longest].n_tokens);
+    CHECK(st.sampling.len_median == 0); /* drawn once, not again where it lands */
+    size_t nb = ff_gen_seq_state_size(&st);
+    void *buf = malloc(nb);
+    REQUIRE(ff_gen_seq_state_write(&st, buf, nb) == nb);
+    REQUIRE(ff_gen_seq_state_read(buf, nb, &back) == 0);
+    CHECK_EQ_INT(back.sampling.min_new_tokens, st.sampling.min_new_tokens);
+    REQUIRE(ff_generator_import(b, &back) == 0);
+    while (ff_generator_pending(b)) REQUIRE(ff_generator_step(b) == 0);
+    ff_gen_output moved;
+    REQUIRE(ff_generator_pop(b, &moved) == 1);
+    const ff_gen_output *want = &o[5 * NS + longest];
+    CHECK_EQ_INT(moved.n_tokens, want->n_tokens);
+    CHECK(moved.finish == want->finish);
+    CHECK(!memcmp(moved.tokens, want->tokens, (size_t)want->n_tokens * 4));
+    check_tensor_close("moved sequence's log-probs", moved.logprobs, want->logprobs, want->n_tokens, 1e-5, 0);
+    ff_gen_output_free(&moved);
+    free(buf);
+    ff_gen_seq_state_free(&st);
+    ff_gen_seq_state_free(&back);
+    ff_generator_destroy(&a);
+    ff_generator_destroy(&b);
+    free_outs(o, n);
+
+    /* bad settings, named */
+    ff_gen_request bad = req(30, p, 3, 1, 1.0f, 12, 1);
+    ff_generator *g = ff_generator_new(m, &gc);
+    REQUIRE(g);
+    bad.sampling.min_new_tokens = 13;
+    CHECK(ff_generator_submit(g, &bad) == -1 && strstr(ff_error_message(), "min_new_tokens 13"));
+    bad.sampling.min_new_tokens = 0;
+    bad.sampling.len_median = 0.5f;
+    CHECK(ff_generator_submit(g, &bad) == -1 && strstr(ff_error_message(), "len_median"));
+    bad.sampling.len_median = 4;
+    bad.sampling.len_p99_ratio = 0.5f;
+    CHECK(ff_generator_submit(g, &bad) == -1 && strstr(ff_error_message(), "len_p99_ratio"));
+    ff_generator_destroy(&g);
+}
+
 static void test_step_api_abort_errors(ff_model *m) {
     ff_generator_config gc = {.max_slots = 2, .max_seq_len = 32, .max_prefill_tokens = 8};
     ff_generator *g = ff_generator_new(m, &gc);
@@ -319,6 +448,7 @@ int main(void) {
     test_reproducible_and_independent(m);
     test_greedy_stop_length(m);
     test_step_api_abort_errors(m);
+    test_floor_and_lengths(m);
     test_pipeline(&c, m);
     ff_model_destroy(&m);
     /* tied embeddings, no biases, MHA */

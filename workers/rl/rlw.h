@@ -82,6 +82,8 @@ typedef struct rlw_sampling {
     float top_p;
     int32_t top_k;
     int32_t max_new;
+    float len_median, len_p99_ratio; /* drawn lengths (ff_sampling.len_median; 0: off) */
+    int32_t len_max;
 } rlw_sampling;
 
 /* A finished job: k prompts x n samples in prompt-major order. Arrays live until the

@@ -642,6 +642,9 @@ int rlw_gen_add(rlw *s, void *owner, const int32_t *prompts, const int32_t *plen
     samp.top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
     samp.top_k = sp->top_k;
     samp.max_new_tokens = sp->max_new > 0 ? sp->max_new : 1;
+    samp.len_median = sp->len_median;
+    samp.len_p99_ratio = sp->len_p99_ratio;
+    samp.len_max = sp->len_max;
     int64_t off = 0;
     for (int32_t i = 0; i < k; i++) {
         ff_rollout_request q = {.id = s->next_req + (uint64_t)i, .prompt = prompts + off, .prompt_len = plens[i], .n = n,

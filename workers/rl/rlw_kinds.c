@@ -352,11 +352,16 @@ static int k_generate(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
     const ff_tensor *p = input(t, FF_RL_T_PROMPT, FF_DTYPE_I32, false), *pl = input(t, FF_RL_T_PLEN, FF_DTYPE_I32, false);
     const ff_tensor *sd = input(t, "seed", FF_DTYPE_I64, false);
-    int64_t n, top_k, max_new;
-    double temp, top_p;
+    int64_t n, top_k, max_new, len_max;
+    double temp, top_p, len_median, len_ratio;
     if (!p || !pl || !sd || !arg_int(t, "n", 1, &n) || !arg_int(t, "top_k", 0, &top_k) || !arg_int(t, "max_new", 16, &max_new) ||
-        !arg_float(t, "temperature", 1.0, &temp) || !arg_float(t, "top_p", 1.0, &top_p))
+        !arg_float(t, "temperature", 1.0, &temp) || !arg_float(t, "top_p", 1.0, &top_p) ||
+        !arg_float(t, "len_median", 0, &len_median) || !arg_float(t, "len_p99_ratio", 10, &len_ratio) ||
+        !arg_int(t, "len_max", 0, &len_max))
         return -1;
+    if (len_max < 0 || len_max > INT32_MAX)
+        return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.generate: len_max = %lld is outside [0, %d] (0: max_new)",
+                            (long long)len_max, INT32_MAX);
     /* the engine holds both as int32: a larger value must not wrap into a small one */
     if (max_new < 1 || max_new > INT32_MAX)
         return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.generate: max_new = %lld is outside [1, %d] (tokens per sample)",
@@ -377,7 +382,7 @@ static int k_generate(ff_task *t, void *ud) {
         r->open = v;
         r->cap = cap;
     }
-    rlw_sampling sp = {(float)temp, (float)top_p, (int32_t)top_k, (int32_t)max_new};
+    rlw_sampling sp = {(float)temp, (float)top_p, (int32_t)top_k, (int32_t)max_new, (float)len_median, (float)len_ratio, (int32_t)len_max};
     if (rlw_gen_lockstep(r->eng)) { /* in lockstep with the other TP ranks: to the end, here */
         gen_run g = {r, 0};
         if (rlw_gen_run(r->eng, t, p->data, pl->data, sd->data, (int32_t)pl->shape[0], (int32_t)n, &sp, on_gen_run, &g) != 0) return -1;

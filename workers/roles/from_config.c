@@ -15,6 +15,9 @@ void ff_roles_sampling_from_node(const ff_run_config *run, const ff_node *gen, f
     out->top_k = ns.top_k;
     out->top_p = ns.top_p;
     out->max_new_tokens = ns.max_new;
+    out->len_median = ns.len_median;
+    out->len_p99_ratio = ns.len_p99_ratio;
+    out->len_max = ns.len_max;
     out->logprob_mode = FF_LOGPROB_TEMPERATURE;
 }
 
