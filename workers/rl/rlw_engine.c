@@ -530,10 +530,11 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         s->gen_transient = s->t_actor && sync_node(s->run);
         /* the first generation comes before any sync: the actor is away from the start */
         if (actor_away(s) != 0) return -1;
-        /* in a layout of its own and fp32 (HybridFlow's 3D-HybridEngine): a view of the training
-         * shard, whose own memory is only the part of the generation shard that the training
-         * shard lacks; a bf16 copy stays a copy of its own */
-        const ff_model *view_of = s->gen_transient && s->glay == &s->lay_gen && !roles[FF_ROLE_ACTOR].rollout_bf16 ? s->actor : NULL;
+        /* fp32 beside the trained actor: a view of the training shard (HybridFlow's 3D-HybridEngine),
+         * whose own memory is only the part of the generation shard that the training shard lacks:
+         * in a layout of its own the gathered part, in the actor's layout nothing (the sync then
+         * copies nothing). A bf16 copy stays a copy of its own */
+        const ff_model *view_of = s->gen_transient && !roles[FF_ROLE_ACTOR].rollout_bf16 ? s->actor : NULL;
         if (!(s->gen = load_model(s, s->glay, actor_dir, false, false, view_of, "actor (generation)"))) return -1;
         ff_rollout_config rc;
         ff_rollout_config_default(&rc);
@@ -1158,7 +1159,9 @@ int rlw_sync_local(rlw *s) {
     s->sync_received = 0;
     if (need(s, FF_RL_ACTOR) || need(s, FF_RL_GEN)) return -1;
     if (s->ro && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
-    if (actor_away(s) != 0 || gen_restore(s) != 0 || ff_model_copy_params(s->gen, s->actor) != 0) return ff_error_wrap("weight sync");
+    if (actor_away(s) != 0 || gen_restore(s) != 0) return ff_error_wrap("weight sync");
+    /* a view in the actor's layout reads every weight where the actor keeps it */
+    if (ff_model_viewed(s->gen) != s->actor && ff_model_copy_params(s->gen, s->actor) != 0) return ff_error_wrap("weight sync");
     return gen_ready(s);
 }
 
