@@ -8,7 +8,12 @@
 #     missing and the command a host must run;
 #   - cutting hostB's link mid-run stops the run (it does not hang) with an error naming the
 #     lost rank, the last checkpoint left for --resume, and that --resume, on one host,
-#     finishes with the uninterrupted run's metrics.
+#     finishes with the uninterrupted run's metrics;
+#   - cutting the link of a host that holds only a generation worker (a pool of its own, 2
+#     workers: one on hostA beside the actor, one on hostB) does not stop the run: the lost
+#     worker's samples are generated again on the other (from their seeds, so the same
+#     responses), the sync group goes on without it, and the run ends with the metrics of the
+#     same run on one host.
 # Skipped (exit 77) where namespaces are not permitted.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
@@ -134,3 +139,31 @@ head -n 25 "$work/cut/metrics.jsonl" > "$work/cut25.jsonl"
 head -n 25 "$work/full/metrics.jsonl" > "$work/full25.jsonl"
 same_metrics "$work/cut25.jsonl" "$work/full25.jsonl" 1e-6 1e-4 || fail "the resumed run's metrics differ"
 echo "resumed on one host after the cut at iteration $cut_at: the uninterrupted run's metrics"
+
+# a generation-only host lost: its samples go to the live generation worker and the run ends
+p4=$((port + 3))
+steps=20 # enough that the cut comes mid-run; few enough that prefill rounding (timing) has not drifted past the tolerance
+ip -n "$nsc" link set v3$id up || fail "bringing hostB's link back"
+pool="roles.actor.rollout.workers=2 trainer.save_freq=0"
+"$bin" run $(grpo "$work/pool1" $pool) roles.actor.workers=1 > "$work/pool1.log" 2>&1 ||
+    { cat "$work/pool1.log" >&2; fail "the one-host run with a generation pool"; }
+ip netns exec "$nsc" "$bin" run $(grpo "$work/pool" $pool) roles.actor.workers=1 \
+  --listen "tcp://$ctl_ip:$p4" --curve "$work/keys/controller.key" --expect-timeout 60 > "$work/pool.log" 2>&1 &
+ctl=$!
+worker "$nsa" hostA $p4
+ip netns exec "$nsa" "$bin" worker --connect "tcp://$ctl_ip:$p4" --curve "$work/keys/worker.key" --host hostA \
+  --connect-timeout 60 > "$work/hostA2-$p4.log" 2>&1 &
+pids+=($!)
+worker "$nsb" hostB $p4
+for _ in $(seq 600); do [[ $(grep -c '^iter' "$work/pool.log" 2>/dev/null) -ge 3 ]] && break; sleep 0.05; done
+grep -q "^run: rank 2: host hostB (gen;" "$work/pool.log" || { cat "$work/pool.log" >&2; fail "the generation worker is not the one on hostB"; }
+ip -n "$nsc" link set v3$id down
+cut_at=$(grep -c '^iter' "$work/pool.log")
+wait $ctl || { cat "$work/pool.log" >&2; fail "the run stopped when a generation-only host was lost"; }
+[[ $cut_at -lt $steps ]] || fail "the link was cut after the last iteration ($cut_at)"
+grep -q "worker 2\b.*\(dead\|lost\|silent\)\|rank 2\b.*\(dead\|lost\|silent\)" "$work/pool.log" ||
+    { cat "$work/pool.log" >&2; fail "the log does not say the generation worker on hostB was lost"; }
+[[ $(grep -c '^iter' "$work/pool.log") -eq $steps ]] || { cat "$work/pool.log" >&2; fail "not every iteration ran after the loss"; }
+same_metrics "$work/pool/metrics.jsonl" "$work/pool1/metrics.jsonl" 1e-6 1e-4 ||
+    fail "the run that lost a generation host does not train as the one-host run"
+echo "generation-only host cut at iteration $cut_at: the run went on on hostA, the one-host metrics ($steps iterations)"
