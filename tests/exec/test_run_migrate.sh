@@ -104,7 +104,7 @@ done
 # 3. one sample per prompt, the cost model's pick (the default), on 2 workers and on 4 (bit for bit in quiet runs; a
 # loaded machine's timing changes prefill packing, so within the same tolerance)
 one="graph.rollout.n=1 graph.advantage.estimator=reinforce_plus_plus data.train_batch_size=4 graph.train_actor.mini_batch_size=4
-     graph.train_actor.micro_batch_size=4"
+     graph.train_actor.micro_batch_size=4 trainer.steps=4" # 4 iterations: some move even when a loaded machine lets short samples finish first
 for w in 2 4; do
   # shellcheck disable=SC2086
   run "$work/off1_$w" $one roles.actor.rollout.workers=$w
