@@ -23,6 +23,7 @@
 #include "fuseflow/coll.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
+#include "bench_util.h"
 
 #define MAX_SIZES 32
 
@@ -31,13 +32,6 @@ typedef struct result {
     double split_s;              /* [0] only: ff_coll_comm_split into two halves, on rank 0 */
     int ok;
 } result;
-
-static double now_s(void) { return (double)ff_now_ns() / 1e9; }
-
-static int barrier(ff_coll_comm *c) {
-    float x = 0;
-    return ff_coll_all_reduce(&x, &x, 1, FF_DTYPE_F32, FF_COLL_SUM, c, NULL);
-}
 
 /* gather to rank 0, reduce there, send the result back: all through the same transport */
 static int naive_all_reduce(float *buf, float *tmp, size_t count, ff_coll_comm *c) {
@@ -64,16 +58,6 @@ static int iters_for(size_t bytes, int quick) {
     int it = (int)(target / (double)bytes);
     int lo = quick ? 3 : 5, hi = quick ? 40 : 200;
     return it < lo ? lo : it > hi ? hi : it;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* Every iteration runs the three alternatives back to back (same conditions on a noisy

@@ -31,16 +31,7 @@
 #include <unistd.h>
 
 #include "tests/pipe/fuse_exec_util.h"
-
-static double median(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int k = i; k > 0 && v[k] < v[k - 1]; k--) {
-            double x = v[k];
-            v[k] = v[k - 1];
-            v[k - 1] = x;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "bench_util.h"
 
 /* The pipeline simulator's makespan of the streams with the instance's times. */
 static double streams_makespan(const ff_fuse_instance *in, const ff_pipe_schedule *p) {

@@ -19,22 +19,11 @@
 #include "fuseflow/model.h"
 #include "fuseflow/roles.h"
 #include "fuseflow/util.h"
+#include "bench_util.h"
 
 static void die(const char *what) {
     fprintf(stderr, "bench_migrate: %s: %s\n", what, ff_error_message());
     exit(1);
-}
-
-static double now_s(void) { return (double)ff_now_ns() * 1e-9; }
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* A plain memcpy's bandwidth over 64 MiB, bytes/s (the staging copies' and, in one process,

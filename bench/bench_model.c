@@ -26,6 +26,7 @@
 #include "fuseflow/kernels.h"
 #include "fuseflow/model.h"
 #include "fuseflow/util.h"
+#include "bench_util.h"
 
 typedef struct size_spec {
     const char *name;
@@ -45,8 +46,6 @@ typedef struct result {
     double dgemm_ours_s, dgemm_blas_s;       /* one decode step */
     double torch_train, torch_decode;
 } result;
-
-static double now_s(void) { return (double)ff_now_ns() * 1e-9; }
 
 static ff_model_config config_of(const size_spec *s) {
     ff_model_config c;

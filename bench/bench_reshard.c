@@ -46,6 +46,7 @@
 #include "fuseflow/model.h"
 #include "fuseflow/reshard.h"
 #include "fuseflow/util.h"
+#include "bench_util.h"
 
 enum { RANKS = 4, MAXREPS = 16, NCASES = 2, NDELTA = 7 };
 
@@ -104,19 +105,6 @@ static int64_t most(ff_coll_comm *c, int64_t b) {
     ff_coll_all_reduce(&b, &b, 1, FF_DTYPE_I64, FF_COLL_MAX, c, NULL);
     return b;
 }
-static int barrier(ff_coll_comm *c) {
-    float x = 0;
-    return ff_coll_all_reduce(&x, &x, 1, FF_DTYPE_F32, FF_COLL_SUM, c, NULL);
-}
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[n / 2];
-}
-
 /* dst's shard of every tensor out of a whole model on this rank (host copies, no checks) */
 static int slice_from(ff_model *whole, ff_model *dst, float *full, float *part) {
     for (int i = 0; i < ff_model_n_tensors(dst); i++) {

@@ -25,6 +25,7 @@
 #include "fuseflow/error.h"
 #include "fuseflow/model.h"
 #include "fuseflow/util.h"
+#include "bench_util.h"
 
 enum { MAXSTEPS = 64 };
 
@@ -33,22 +34,6 @@ typedef struct result {
     int64_t params, z0_bytes, z1_bytes;
     int ok;
 } result;
-
-static double now_s(void) { return (double)ff_now_ns() / 1e9; }
-
-static int barrier(ff_coll_comm *c) {
-    float x = 0;
-    return ff_coll_all_reduce(&x, &x, 1, FF_DTYPE_F32, FF_COLL_SUM, c, NULL);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* ZeRO-1's collectives on a communicator */
 static int c_sum64(void *ctx, double *buf, size_t n) { return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, ctx, NULL); }
