@@ -17,24 +17,7 @@
 # A survivor killed during a migration: tests/exec/test_run_kill.c (case 5).
 source "$(dirname "$0")/lib.sh"
 prepare_inputs
-data=$work/rep
-"$bin" dataset repeat --median 8 --p99-ratio 10 --max 40 --train 200 --test 20 --seed 1 --out "$data" > /dev/null
-cat > "$work/run.yaml" <<EOF
-trainer: {steps: 2, seed: 3, schedule: fused, save_freq: 0, test_freq: 0, acc_reward: repeat_match}
-data: {train_files: $data/train.jsonl, val_files: $data/test.jsonl, train_batch_size: 4, max_prompt_length: 8,
-       max_response_length: 40}
-roles:
-  actor: {model: $cache/tiny, workers: 1, rollout: {workers: 2}, optim: {lr: 1.0e-3}}
-  ref: {model: $cache/tiny, colocate_with: actor}
-graph:
-  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 4, temperature: 1.0}
-  ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob]}
-  reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: repeat_match}
-  advantage: {op: advantage, in: [score], out: [advantages], estimator: grpo}
-  train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], loss: vanilla,
-                mini_batch_size: 4, micro_batch_size: 16, kl_loss: {type: low_var_kl, coef: 0.001}}
-  sync: {op: sync_weights, role: actor, after: [train_actor]}
-EOF
+prepare_repeat_run 2
 
 run() { # OUT [overrides...]
   local out=$1; shift
