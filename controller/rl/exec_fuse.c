@@ -12,8 +12,9 @@
  * bytes per stage from its config and the measured tokens of a micro-batch
  * (ff_fuse_stage_activation). The solver runs once per pair of micro-batch counts, on one
  * thread with a fixed seed and a round budget, so the schedule is the same for the same instance
- * whatever the machine's load; `auto` fuses when the simulated makespan of the solver's schedule
- * is at least 5% below the serial baseline's (the actor's 1F1B, then the critic's).
+ * whatever the machine's load; `auto` fuses when the executor streams of the solver's schedule
+ * (ff_fuse_streams_makespan: their transfers block) run at least 5% shorter than the serial
+ * baseline's streams (the actor's 1F1B, then the critic's).
  *
  * Not here: planning the mini-batches and submitting the fused subtasks (exec_train.c), the
  * fused step itself (the workers: ff_trainer_step_fused). */

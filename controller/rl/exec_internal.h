@@ -236,7 +236,7 @@ typedef struct ex_fuse_plan {
     char *json;            /* the instance's JSON (rl.train_fused's fuse_instance) */
     int32_t *sched;        /* its schedule as FF_RL_T_FUSE_SCHEDULE */
     int64_t n_sched;
-    double serial, fused;  /* simulated makespans */
+    double serial, fused;  /* simulated makespans of the executor streams (ff_fuse_streams_makespan) */
     double gain;           /* 1 - fused / serial */
     bool use;              /* fuse these steps (on; auto: gain >= 5%) */
 } ex_fuse_plan;
