@@ -154,6 +154,9 @@ worker "$nsa" hostA $p4
 ip netns exec "$nsa" "$bin" worker --connect "tcp://$ctl_ip:$p4" --curve "$work/keys/worker.key" --host hostA \
   --connect-timeout 60 > "$work/hostA2-$p4.log" 2>&1 &
 pids+=($!)
+# hosts are placed in the order their first worker joined: hostB's comes last, so the actor
+# (the planner's rank 0) is on hostA and hostB holds only a generation worker
+for _ in $(seq 600); do grep -q "worker joined: .*2 of 3" "$work/pool.log" 2>/dev/null && break; sleep 0.05; done
 worker "$nsb" hostB $p4
 for _ in $(seq 600); do [[ $(grep -c '^iter' "$work/pool.log" 2>/dev/null) -ge 3 ]] && break; sleep 0.05; done
 grep -q "^run: rank 2: host hostB (gen;" "$work/pool.log" || { cat "$work/pool.log" >&2; fail "the generation worker is not the one on hostB"; }
