@@ -14,6 +14,7 @@
 
 #include "dataflow/internal.h"
 #include "fuseflow/error.h"
+#include "fuseflow/fuse.h"
 #include "fuseflow/graph.h"
 #include "fuseflow/plan.h"
 #include "fuseflow/util.h"
@@ -786,7 +787,8 @@ static bool depends_on(const ff_graph *g, int a, int b, int depth) {
 }
 
 /* `fuse` of the actor's train node: the critic's train node beside it, both roles on the same
- * workers in one pipeline layout, the same number of mini-batches. `on` refuses what breaks
+ * workers, the critic's pipeline nested in the actor's (its pp dividing the actor's, its dp the
+ * rest: ff_run_config_critic_place), the same number of mini-batches. `on` refuses what breaks
  * them (naming the key, and what to write instead); `auto` falls back to off with the reason
  * in fuse_note. */
 static int check_fuse(ff_graph *g, const ff_run_config *run) {
@@ -808,14 +810,21 @@ static int check_fuse(ff_graph *g, const ff_run_config *run) {
         } else if (rc->colocate_with != FF_ROLE_ACTOR) {
             hint = "set roles.critic.colocate_with: actor, or fuse: off";
             snprintf(why, sizeof why, "fuse needs the critic on the actor's workers (roles.critic.colocate_with: actor)");
-        } else if (A->pp < 2 || C->pp != A->pp) {
-            hint = "give roles.actor.layout and roles.critic.layout the same pp >= 2, or set fuse: off";
-            snprintf(why, sizeof why, "fuse needs the actor and the critic pipelined at the same pp >= 2 (actor pp %lld, critic pp %lld)",
+        } else if (A->pp < 2 || C->pp < 2 || A->pp % C->pp) {
+            hint = "give roles.critic.layout a pp >= 2 that divides the actor's (the same pp, or pp / 2, pp / 4 ...), or set fuse: off";
+            snprintf(why, sizeof why,
+                     "fuse needs the actor and the critic pipelined (pp >= 2), the critic's pp dividing the actor's (actor pp %lld, critic pp %lld)",
                      (long long)A->pp, (long long)C->pp);
-        } else if (A->tp != 1 || C->tp != 1 || A->dp != C->dp) {
-            hint = "use tp 1 and the same dp for both roles, or set fuse: off";
-            snprintf(why, sizeof why, "fuse runs tp 1 stages with the same dp for both roles (actor tp %lld dp %lld, critic tp %lld dp %lld)",
-                     (long long)A->tp, (long long)A->dp, (long long)C->tp, (long long)C->dp);
+        } else if (A->tp != 1 || C->tp != 1 || C->dp != A->dp * (A->pp / C->pp)) {
+            hint = "use tp 1 for both roles and critic dp = actor dp x actor pp / critic pp (the same workers), or set fuse: off";
+            snprintf(why, sizeof why,
+                     "fuse runs tp 1 stages, the critic as actor pp / critic pp replicas in each actor pipeline (actor tp %lld pp %lld dp %lld, "
+                     "critic tp %lld pp %lld dp %lld)",
+                     (long long)A->tp, (long long)A->pp, (long long)A->dp, (long long)C->tp, (long long)C->pp, (long long)C->dp);
+        } else if (A->pp / C->pp > FF_FUSE_MAX_MODELS - 1) {
+            hint = "give the critic a larger pp (fewer replicas in each actor pipeline), or set fuse: off";
+            snprintf(why, sizeof why, "a fused pipeline holds at most %d critic replicas (actor pp %lld / critic pp %lld = %lld)",
+                     FF_FUSE_MAX_MODELS - 1, (long long)A->pp, (long long)C->pp, (long long)(A->pp / C->pp));
         } else if (A->vpp > 1 || C->vpp > 1 || A->schedule == FF_PLAN_INTERLEAVED || C->schedule == FF_PLAN_INTERLEAVED) {
             hint = "use vpp 1 with the 1f1b schedule, or set fuse: off";
             snprintf(why, sizeof why, "the fused schedule has one stage of each model per rank (no interleaved chunks, vpp %lld / %lld)",
@@ -846,6 +855,24 @@ static int check_fuse(ff_graph *g, const ff_run_config *run) {
         snprintf(t->fuse_note, sizeof t->fuse_note, "%s", why);
     }
     return 0;
+}
+
+bool ff_run_config_critic_place(const ff_run_config *run, int64_t pp_rank, int64_t dp_rank, int64_t *c_pp_rank, int64_t *c_dp_rank) {
+    const ff_role_cfg *ra = &run->roles[FF_ROLE_ACTOR], *rc = &run->roles[FF_ROLE_CRITIC];
+    const ff_layout *A = &ra->layout, *C = &rc->layout;
+    if (!rc->present || rc->colocate_with != FF_ROLE_ACTOR || A->tp != 1 || C->tp != 1 || C->pp < 2 || A->pp % C->pp ||
+        C->dp != A->dp * (A->pp / C->pp))
+        return false;
+    bool fused = false;
+    for (size_t i = 0; run->graph && i < run->graph->n_nodes; i++) {
+        const ff_node *n = &run->graph->nodes[i];
+        fused = fused || (n->op == FF_OP_TRAIN && n->role == FF_ROLE_ACTOR && n->train.fuse != FF_FUSE_OFF);
+    }
+    if (C->pp == A->pp && !fused) return false;
+    const int64_t r = A->pp / C->pp, q = pp_rank % C->pp;
+    *c_pp_rank = fused ? C->pp - 1 - q : q;
+    *c_dp_rank = dp_rank * r + pp_rank / C->pp;
+    return true;
 }
 
 int ff_graph_validate(ff_graph *g, const ff_registry *reg, const ff_run_config *run) {

@@ -3,8 +3,10 @@
  * schedule the workers follow.
  *
  * The instance of a step: nodes = the actor's pipeline ranks, the actor's stages on 0..pp-1,
- * the critic's reversed (its stage k on rank pp-1-k: the workers lay it out so), each model's
- * micro-batches those of its share (the non-empty ones; 1 for an empty share). Times: `on`
+ * the critic's reversed: r = actor pp / critic pp replicas, replica b on the block of ranks
+ * b x critic pp .. with its stage k on the block's rank critic pp-1-k (the workers lay it out
+ * so: ff_run_config_critic_place), each model's micro-batches those of its share (the non-empty
+ * ones; 1 for an empty share). Times: `on`
  * fuses from the first step, with one micro-batch's forward 1 and backward 2 on every stage
  * and activation 1; `auto` trains its first iteration serially, the workers report each
  * stage's measured forward and backward seconds (rl.train's stage_times), and from then on the
@@ -18,6 +20,7 @@
  *
  * Not here: planning the mini-batches and submitting the fused subtasks (exec_train.c), the
  * fused step itself (the workers: ff_trainer_step_fused). */
+#include <assert.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,10 +91,17 @@ void ex_fuse_describe(ex_run *x) {
     if (f->note[0])
         fprintf(x->out, "run: fuse auto: the actor and the critic train one after the other (%s)\n", f->note);
     if (f->mode == FF_FUSE_OFF) return;
-    fprintf(x->out, "run: fuse %s: the critic's stage k on pipeline rank %d-k of the actor's pipeline; %s\n", mode_names[f->mode],
-            x->lay[POOL_ACTOR].pp - 1,
-            f->mode == FF_FUSE_ON ? "each mini-batch of both trains in one fused step"
-                                  : "fused steps where the simulator gains at least 5%");
+    const int R = ex_fuse_reps(x), Pc = x->lay[POOL_CRITIC].pp;
+    if (R > 1)
+        fprintf(x->out, "run: fuse %s: %d critic replicas in each actor pipeline, replica b's stage k on pipeline rank b x %d + %d-k; %s\n",
+                mode_names[f->mode], R, Pc, Pc - 1,
+                f->mode == FF_FUSE_ON ? "each mini-batch of both trains in one fused step"
+                                      : "fused steps where the simulator gains at least 5%");
+    else
+        fprintf(x->out, "run: fuse %s: the critic's stage k on pipeline rank %d-k of the actor's pipeline; %s\n", mode_names[f->mode],
+                Pc - 1,
+                f->mode == FF_FUSE_ON ? "each mini-batch of both trains in one fused step"
+                                      : "fused steps where the simulator gains at least 5%");
 }
 
 void ex_fuse_free(ex_run *x) {
@@ -142,35 +152,47 @@ static int32_t *schedule_tensor(const ff_fuse_schedule *s, int64_t *n) {
     return v;
 }
 
-const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, int32_t mc) {
+int ex_fuse_reps(const ex_run *x) {
+    const int pc = x->lay[POOL_CRITIC].pp;
+    return pc > 0 ? x->lay[POOL_ACTOR].pp / pc : 1;
+}
+
+const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, const int32_t *mc) {
     ex_fuse *f = &x->fuse;
+    const int R = ex_fuse_reps(x);
+    assert(R >= 1 && R < FF_FUSE_MAX_MODELS); /* validated with the config (graph.c check_fuse) */
     for (int i = 0; i < f->n_plans; i++)
-        if (f->plans[i].ma == ma && f->plans[i].mc == mc) return &f->plans[i];
+        if (f->plans[i].ma == ma && !memcmp(f->plans[i].mc, mc, (size_t)R * sizeof *mc)) return &f->plans[i];
     if (f->n_plans == EX_FUSE_PLANS)
         return ff_error_set("fuse", "use micro_batch_size values that divide each rank's share evenly",
                             "more than %d different micro-batch counts in one run", EX_FUSE_PLANS),
                NULL;
-    const int32_t P = x->lay[POOL_ACTOR].pp;
-    ff_fuse_instance in = {.nodes = P, .n_models = 2};
-    const char *names[2] = {"actor", "critic"};
+    const int32_t P = x->lay[POOL_ACTOR].pp, Pc = P / R;
+    /* the actor on 0..P-1; critic replica b on its block b x Pc .., reversed (its stage k on
+     * the block's rank Pc-1-k), as ff_run_config_critic_place lays it out */
+    ff_fuse_instance in = {.nodes = P, .n_models = 1 + R};
     const bool measured = f->mode == FF_FUSE_AUTO && !ex_fuse_measuring(x);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 1 + R; i++) {
         ff_fuse_model *m = &in.models[i];
-        snprintf(m->name, sizeof m->name, "%s", names[i]);
-        snprintf(m->family, sizeof m->family, "%s", names[i]);
-        m->n_stages = P;
-        for (int32_t k = 0; k < P; k++) m->stages[k] = i ? P - 1 - k : k;
-        m->micro = i ? mc : ma;
+        const int w = i > 0, b = i - 1;
+        if (!w) snprintf(m->name, sizeof m->name, "actor");
+        else if (R == 1) snprintf(m->name, sizeof m->name, "critic");
+        else snprintf(m->name, sizeof m->name, "critic%d", b);
+        snprintf(m->family, sizeof m->family, "%s", w ? "critic" : "actor");
+        m->n_stages = w ? Pc : P;
+        for (int32_t k = 0; k < m->n_stages; k++) m->stages[k] = w ? b * Pc + Pc - 1 - k : k;
+        m->micro = w ? mc[b] : ma;
         m->fwd = 1, m->bwd = 2, m->act = 1;
         if (measured) {
-            m->fwd = f->sum_fwd[i] / f->n_times[i], m->bwd = f->sum_bwd[i] / f->n_times[i];
-            m->act = ff_fuse_stage_activation((double)f->layers[i] / P, f->sum_tok[i] / f->n_tok[i], f->hidden[i]);
+            m->fwd = f->sum_fwd[w] / f->n_times[w], m->bwd = f->sum_bwd[w] / f->n_times[w];
+            m->act = ff_fuse_stage_activation((double)f->layers[w] / m->n_stages, f->sum_tok[w] / f->n_tok[w], f->hidden[w]);
         }
     }
     ff_fuse_schedule serial = {0}, fused = {0};
     ff_fuse_solve_opts so = {.seconds = FUSE_SECONDS, .seed = FUSE_SEED, .threads = 1, .max_rounds = FUSE_ROUNDS};
     ff_fuse_solve_stats st;
-    ex_fuse_plan p = {.ma = ma, .mc = mc, .in = in};
+    ex_fuse_plan p = {.ma = ma, .reps = R, .in = in};
+    memcpy(p.mc, mc, (size_t)R * sizeof *mc);
     int rc = -1;
     if (ff_fuse_serial(&in, &serial) || ff_fuse_solve(&in, &so, &fused, &st)) goto out;
     /* compare what runs: the streams' makespans (their transfers block), not the fused simulator's */
@@ -182,12 +204,17 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, int32_t mc) {
     /* measured: seconds and bytes per stage; else the unit instance */
     const double tu = measured ? 1e3 : 1, au = measured ? 1e-3 : 1;
     const char *tn = measured ? " ms" : "", *an = measured ? " KB" : "";
+    char crit[160] = "";
+    size_t co = 0;
+    for (int b = 0; b < R && co < sizeof crit; b++)
+        co += (size_t)snprintf(crit + co, sizeof crit - co, "%s%d on %d..%d", b ? ", " : "", (int)mc[b], (int)in.models[1 + b].stages[0],
+                               (int)in.models[1 + b].stages[Pc - 1]);
     fprintf(x->out,
             "run: fuse %s: pp %d, actor %d micro-batches on stages 0..%d (forward %.4g%s, backward %.4g%s, activation %.4g%s per "
-            "stage%s), critic %d on %d..0 (%.4g%s, %.4g%s, %.4g%s): simulated streams' makespan serial %.4g%s, fused %.4g%s (fused lower bound %s, "
+            "stage%s), critic %s%s (%.4g%s, %.4g%s, %.4g%s): simulated streams' makespan serial %.4g%s, fused %.4g%s (fused lower bound %s, "
             "%.2f s to solve): gain %.1f%%, %s\n",
             mode_names[f->mode], (int)P, (int)ma, (int)P - 1, in.models[0].fwd * tu, tn, in.models[0].bwd * tu, tn,
-            in.models[0].act * au, an, measured ? ", measured" : "", (int)mc, (int)P - 1, in.models[1].fwd * tu, tn,
+            in.models[0].act * au, an, measured ? ", measured" : "", R > 1 ? "replicas " : "", crit, in.models[1].fwd * tu, tn,
             in.models[1].bwd * tu, tn, in.models[1].act * au, an, p.serial * tu, tn, p.fused * tu, tn,
             st.optimal ? "reached" : "not reached", st.seconds, 100 * p.gain, p.use ? "fused steps" : "serial steps (under 5%)");
     fflush(x->out);
@@ -199,7 +226,7 @@ out:
     if (rc) {
         free(p.json);
         free(p.sched);
-        return ff_error_wrap("fuse: the fused schedule of %d actor and %d critic micro-batches", (int)ma, (int)mc), NULL;
+        return ff_error_wrap("fuse: the fused schedule of %d actor and %d (first replica's) critic micro-batches", (int)ma, (int)mc[0]), NULL;
     }
     return &f->plans[f->n_plans - 1];
 }

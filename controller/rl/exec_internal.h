@@ -229,9 +229,11 @@ typedef struct ex_layout {
     unsigned rr;
 } ex_layout;
 
-/* A fused step's problem and schedule for one pair of micro-batch counts (exec_fuse.c). */
+/* A fused step's problem and schedule for one set of micro-batch counts (exec_fuse.c). */
 typedef struct ex_fuse_plan {
-    int32_t ma, mc;        /* the actor's and the critic's micro-batches */
+    int32_t ma;            /* the actor's micro-batches */
+    int32_t mc[FF_FUSE_MAX_MODELS - 1]; /* [reps] each critic replica's in the actor's pipeline */
+    int reps;
     ff_fuse_instance in;
     char *json;            /* the instance's JSON (rl.train_fused's fuse_instance) */
     int32_t *sched;        /* its schedule as FF_RL_T_FUSE_SCHEDULE */
@@ -449,9 +451,11 @@ void ex_fuse_measured(ex_run *x, int node, const ff_tensor *times);
 void ex_fuse_tokens(ex_run *x, int which, double tokens_per_micro);
 void ex_fuse_describe(ex_run *x); /* the run's log lines about it */
 void ex_fuse_free(ex_run *x);
-/* The plan of a step with ma actor and mc critic micro-batches (solved once, then cached; its
- * log line printed then). NULL + error. */
-const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, int32_t mc);
+/* The critic's replicas in each actor pipeline (actor pp / critic pp: ff_run_config_critic_place). */
+int ex_fuse_reps(const ex_run *x);
+/* The plan of a step with ma actor micro-batches and mc[ex_fuse_reps] of each critic replica
+ * in the pipeline (solved once, then cached; its log line printed then). NULL + error. */
+const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, const int32_t *mc);
 
 /* exec_ckpt.c */
 int ex_ckpt_save(ex_run *x, int64_t iteration, const ff_data_order *order_at);

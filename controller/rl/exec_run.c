@@ -188,10 +188,19 @@ static int pool_layout(ex_run *x, int pool, ff_role role, bool rollout, bool own
     if (L->mp * L->dp != x->pool_n[pool])
         return ff_error_set("placement", NULL, "pool '%s': tp %d x pp %d x dp %d for %d ranks", ex_pool_names[pool], L->tp, L->pp, L->dp,
                             x->pool_n[pool]);
+    const ex_layout *A = &x->lay[POOL_ACTOR]; /* placed first */
+    int64_t cp, cd;
+    /* a critic nested in the actor's pipelines: its place from the worker's actor place, as the
+     * workers make its groups (ff_run_config_critic_place); its replicas' groups its own */
+    const bool nested = pool == POOL_CRITIC && x->run->roles[FF_ROLE_CRITIC].colocate_with == FF_ROLE_ACTOR &&
+                        ff_run_config_critic_place(x->run, 0, 0, &cp, &cd);
+    own_groups = own_groups || (nested && L->pp != A->pp);
     for (int k = 0; k < x->pool_n[pool]; k++) {
         ff_plan_rank c;
         ff_plan_rank_coords(&in, k, &c);
         L->tp_idx[k] = (int)c.idx[FF_PLAN_TP], L->pp_idx[k] = (int)c.idx[FF_PLAN_PP], L->dp_idx[k] = (int)c.idx[FF_PLAN_DP];
+        if (nested && ff_run_config_critic_place(x->run, A->pp_idx[k], A->dp_idx[k], &cp, &cd))
+            L->tp_idx[k] = 0, L->pp_idx[k] = (int)cp, L->dp_idx[k] = (int)cd;
         L->rep_ranks[L->dp_idx[k] * L->mp + L->pp_idx[k] * L->tp + L->tp_idx[k]] = x->pool_ranks[pool][k];
     }
     for (int r = 0; r < L->dp; r++) {
@@ -232,7 +241,11 @@ static int place(ex_run *x) {
         if (r == FF_ROLE_ACTOR && executable(x, (ff_role)r, true, &rc[r].rollout) != 0) return -1;
         char w[300];
         ff_role t = rc[r].colocate_with;
-        if (t && !same_layout(&rc[r].layout, &rc[t].layout))
+        int64_t cp, cd;
+        /* a critic nested in the actor's pipelines (ff_run_config_critic_place) shares its workers */
+        const bool nested = r == FF_ROLE_CRITIC && ff_run_config_critic_place(x->run, 0, 0, &cp, &cd) &&
+                            rc[r].layout.vpp == rc[t].layout.vpp && rc[r].layout.schedule == rc[t].layout.schedule;
+        if (t && !nested && !same_layout(&rc[r].layout, &rc[t].layout))
             return ff_error_set(layout_where(x, (ff_role)r, false, w, sizeof w), "give both the same layout, or the role workers of its own",
                                 "role '%s' is colocated with '%s' but has layout dp %lld x tp %lld, the %s dp %lld x tp %lld: roles on the "
                                 "same workers share their layout", role_keys[r], role_keys[t], (long long)rc[r].layout.dp,

@@ -12,8 +12,9 @@
  * finds the communicator; under TP the workers' own DP group of their TP rank). All steps
  * are submitted at once: each worker runs them in order, and every rank sees the same order,
  * which is what the all-reduces need. With graph.<actor train>.fuse (exec_fuse.c) the actor's
- * and the critic's nodes are planned alike, and once both are, each pair of k-th mini-batch
- * shares of a DP replica goes out as one rl.train_fused subtask, which completes both.
+ * and the critic's nodes are planned alike, and once both are, the k-th mini-batch share of
+ * each actor replica and those of the critic replicas in its pipeline (one, or actor pp / critic
+ * pp of them) go out as one rl.train_fused subtask, which completes both nodes' steps.
  *
  * Weight sync: rl.sync on every actor rank (colocated generation in the actor's layout: a local
  * copy), or resharding (ff_reshard, fuseflow/reshard.h): each generation rank receives only
@@ -152,35 +153,65 @@ static uint64_t submit_share(ex_run *x, ex_iter *I, int m, int pool, int step, i
     return ex_submit(x, j, &spec);
 }
 
-/* The actor's share a and the critic's c of their mini-batches `step` in one rl.train_fused
- * subtask to every rank of actor replica rank_i, with the plan's instance and schedule. */
-static uint64_t submit_fused(ex_run *x, ex_iter *I, int step, int rank_i, const ex_share *a, const ex_share *c,
+/* The critic's R shares c[0 .. R) (its replicas in one actor pipeline, the same step and
+ * normaliser) as one: the samples and micro-batch offsets one after the other, and split
+ * [R + 1] each replica's micro-batches in it. 0 or -1 (*out to free). */
+static int join_shares(const ex_share *c, int R, ex_share *out, int32_t *split) {
+    *out = (ex_share){.denom = c[0].denom};
+    int64_t n = 0;
+    int32_t nm = 0;
+    for (int b = 0; b < R; b++) n += c[b].n, nm += c[b].nm;
+    out->samples = ff_malloc((size_t)(n ? n : 1) * sizeof *out->samples);
+    out->mb = ff_malloc((size_t)(nm + 1) * sizeof *out->mb);
+    if (!out->samples || !out->mb) return -1;
+    out->mb[0] = 0;
+    split[0] = 0;
+    for (int b = 0; b < R; b++) {
+        for (int32_t q = 1; q <= c[b].nm; q++) out->mb[out->nm + q] = (int32_t)out->n + c[b].mb[q];
+        if (c[b].n) memcpy(out->samples + out->n, c[b].samples, (size_t)c[b].n * sizeof *out->samples);
+        out->n += c[b].n, out->nm += c[b].nm;
+        split[b + 1] = out->nm;
+    }
+    return 0;
+}
+
+/* The actor's share a and its pipeline's R critic replicas' c[0 .. R) of their mini-batches
+ * `step` in one rl.train_fused subtask to every rank of actor replica rank_i, with the plan's
+ * instance and schedule. */
+static uint64_t submit_fused(ex_run *x, ex_iter *I, int step, int rank_i, const ex_share *a, const ex_share *c, int R,
                              const ex_fuse_plan *p, uint64_t prev) {
     const int ma = x->fuse.actor, mc = x->fuse.critic;
     ff_input in[20];
     int64_t shapes[20];
     int nin = 0;
+    ex_share cj;
+    int32_t *split = ff_malloc((size_t)(R + 1) * sizeof *split);
     int32_t *sv = ff_malloc((size_t)p->n_sched * sizeof *sv);
-    if (!sv || pack_share(x, I, ma, a, 0, in, shapes, &nin) != 0 || pack_share(x, I, mc, c, 1, in, shapes, &nin) != 0) {
-        free(sv);
+    const int jrc = split ? join_shares(c, R, &cj, split) : -1;
+    if (!sv || jrc || pack_share(x, I, ma, a, 0, in, shapes, &nin) != 0 || pack_share(x, I, mc, &cj, 1, in, shapes, &nin) != 0) {
+        free(sv), free(split);
+        if (split) free(cj.samples), free(cj.mb);
         free_inputs(in, nin);
         return 0;
     }
     memcpy(sv, p->sched, (size_t)p->n_sched * sizeof *sv);
     in[nin] = (ff_input){.name = FF_RL_T_FUSE_SCHEDULE, .dtype = FF_DTYPE_I32, .ndim = 1, .data = sv, .free_fn = ex_free_buf};
     shapes[nin++] = p->n_sched;
+    in[nin] = (ff_input){.name = "critic.split", .dtype = FF_DTYPE_I32, .ndim = 1, .data = split, .free_fn = ex_free_buf};
+    shapes[nin++] = R + 1;
     for (int i = 0; i < nin; i++) in[i].shape = &shapes[i];
-    ex_job *j = train_job(x, ma, step, rank_i, a->samples, a->n, c->samples, c->n);
+    ex_job *j = train_job(x, ma, step, rank_i, a->samples, a->n, cj.samples, cj.n);
+    free(cj.samples), free(cj.mb);
     if (!j) {
         free_inputs(in, nin);
         return 0;
     }
     j->fused = true;
-    ff_arg args[4] = {ff_arg_float("denom_actor", a->denom), ff_arg_float("denom_critic", c->denom),
+    ff_arg args[4] = {ff_arg_float("denom_actor", a->denom), ff_arg_float("denom_critic", c[0].denom),
                       ff_arg_int("timeline", x->tr != NULL), ff_arg_str("fuse_instance", p->json)};
     char label[160];
     snprintf(label, sizeof label, "%s + %s step %d fused (dp %d, %" PRId64 " + %" PRId64 " samples)", node_of(x, ma)->name,
-             node_of(x, mc)->name, step, rank_i, a->n, c->n);
+             node_of(x, mc)->name, step, rank_i, a->n, j->nsamples - a->n);
     int nafter;
     const uint64_t *after = ex_trace_deps(x, ma, j->samples, j->nsamples, prev ? -1 : POOL_ACTOR, &prev, 1, &nafter);
     ff_subtask_spec spec = {.kind = FF_RL_TRAIN_FUSED, .args = args, .nargs = 4, .inputs = in, .ninputs = nin,
@@ -304,11 +335,22 @@ static int32_t scheduled_micro(const ex_share *s) {
     return k ? k : 1;
 }
 
+/* The plan of step `step` of actor replica d: its share's micro-batches and those of its
+ * pipeline's R critic replicas (d x R ..). NULL + error. */
+static const ex_fuse_plan *plan_of(ex_run *x, const ex_shares *A, const ex_shares *C, int step, int d) {
+    const int R = C->dp / A->dp;
+    int32_t mc[FF_FUSE_MAX_MODELS - 1];
+    for (int b = 0; b < R; b++) mc[b] = scheduled_micro(&C->v[step * C->dp + d * R + b]);
+    return ex_fuse_plan_for(x, scheduled_micro(&A->v[step * A->dp + d]), mc);
+}
+
 /* Both nodes planned: fused subtasks where the plans say so (on; auto: enough gain) for every
- * step, else the two nodes' serial subtasks (auto's first iteration: measured). */
+ * step, else the two nodes' serial subtasks (auto's first iteration: measured). The critic's
+ * replicas d x R .. (d + 1) x R - 1 train in actor replica d's pipeline. */
 static int submit_pair(ex_run *x, ex_iter *I) {
     const ex_shares *A = &I->fuse_sh[0], *C = &I->fuse_sh[1];
-    bool fuse = A->n_steps > 0 && A->n_steps == C->n_steps && A->dp == C->dp;
+    const int R = ex_fuse_reps(x);
+    bool fuse = A->n_steps > 0 && A->n_steps == C->n_steps && C->dp == A->dp * R;
     if (fuse && ex_fuse_measuring(x)) {
         for (int w = 0; w < 2; w++)
             for (int k = 0; k < I->fuse_sh[w].n_steps * I->fuse_sh[w].dp; k++) {
@@ -324,24 +366,26 @@ static int submit_pair(ex_run *x, ex_iter *I) {
         fprintf(x->out, "run: fuse: iteration %" PRId64 " has %d actor and %d critic mini-batches: trained one after the other\n", I->it,
                 A->n_steps, C->n_steps);
     double gain = 0;
-    for (int k = 0; fuse && k < A->n_steps * A->dp; k++) {
-        const ex_fuse_plan *p = ex_fuse_plan_for(x, scheduled_micro(&A->v[k]), scheduled_micro(&C->v[k]));
-        if (!p) return -1;
-        fuse = p->use;
-        gain += p->gain / (A->n_steps * A->dp);
-    }
+    for (int step = 0; fuse && step < A->n_steps; step++)
+        for (int d = 0; fuse && d < A->dp; d++) {
+            const ex_fuse_plan *p = plan_of(x, A, C, step, d);
+            if (!p) return -1;
+            fuse = p->use;
+            gain += p->gain / (A->n_steps * A->dp);
+        }
     I->fuse_used = fuse;
     I->fuse_gain = gain;
     if (!fuse) return submit_serial(x, I, x->fuse.actor, A) || submit_serial(x, I, x->fuse.critic, C) ? -1 : 0;
-    uint64_t prev[EX_MAX_RANKS] = {0};
+    uint64_t prev[EX_MAX_RANKS] = {0}, cprev[EX_MAX_RANKS] = {0};
     for (int step = 0; step < A->n_steps; step++)
         for (int r = 0; r < A->dp; r++) {
-            const int k = step * A->dp + r;
-            const ex_fuse_plan *p = ex_fuse_plan_for(x, scheduled_micro(&A->v[k]), scheduled_micro(&C->v[k]));
-            if (!p || !(prev[r] = submit_fused(x, I, step, r, &A->v[k], &C->v[k], p, prev[r]))) return -1;
+            const ex_fuse_plan *p = plan_of(x, A, C, step, r);
+            if (!p || !(prev[r] = submit_fused(x, I, step, r, &A->v[step * A->dp + r], &C->v[step * C->dp + r * R], R, p, prev[r])))
+                return -1;
         }
+    for (int r = 0; r < C->dp; r++) cprev[r] = prev[r / R];
     ex_trace_weights(x, POOL_ACTOR, prev, A->dp);
-    ex_trace_weights(x, POOL_CRITIC, prev, A->dp);
+    ex_trace_weights(x, POOL_CRITIC, cprev, C->dp);
     announce(x, I, A->n_steps);
     return 0;
 }
@@ -373,11 +417,11 @@ void ex_train_free(ex_iter *I) {
     shares_free(&I->fuse_sh[1]);
 }
 
-/* One train result's metrics row into node m's step (tokens counted; the node's task done
- * with its last step). */
-static void train_row(ex_run *x, ex_iter *I, int m, const ex_job *j, const double *row) {
+/* One train result's metrics row into node m's step (of DP replica `member`; tokens counted;
+ * the node's task done with its last step). */
+static void train_row(ex_run *x, ex_iter *I, int m, int step, int member, const double *row) {
     ex_train *tr = &I->train[m];
-    memcpy(tr->m[j->minibatch * tr->n_ranks + j->member], row, sizeof tr->m[0]);
+    memcpy(tr->m[step * tr->n_ranks + member], row, sizeof tr->m[0]);
     I->st[m].tokens += (int64_t)row[FF_RL_M_TOKENS];
     if (--tr->pending == 0) {
         I->st[m].done = I->st[m].dispatched;
@@ -395,6 +439,25 @@ static void offload_of(ex_iter *I, const ff_result *r, int way) {
     I->off_grads[way] += v[1];
     if (v[2] > I->off_s[way]) I->off_s[way] = v[2];
     I->off_seen = true;
+}
+
+/* A fused step's critic rows: each rank reports its critic replica's (the same on every rank
+ * of it), so one rank of each of the replicas in actor replica j->member's pipeline. */
+static void critic_rows(ex_run *x, ex_iter *I, const ex_job *j, const ff_result *rs, int n) {
+    const ex_layout *C = &x->lay[POOL_CRITIC];
+    const int R = ex_fuse_reps(x);
+    bool seen[FF_FUSE_MAX_MODELS - 1] = {false};
+    int got = 0;
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        while (k < x->pool_n[POOL_CRITIC] && x->pool_ranks[POOL_CRITIC][k] != rs[i].rank) k++;
+        const int cr = k < x->pool_n[POOL_CRITIC] ? C->dp_idx[k] : -1, b = cr - j->member * R;
+        const ff_tensor *mt = ex_out_named(&rs[i], FF_RL_T_METRICS);
+        if (b < 0 || b >= R || seen[b] || !mt || mt->dtype != FF_DTYPE_F64 || ff_tensor_numel(mt) < 2 * FF_RL_NM) continue;
+        seen[b] = true, got++;
+        train_row(x, I, x->fuse.critic, j->minibatch, cr, (const double *)mt->data + FF_RL_NM);
+    }
+    if (got != R) ex_fail(x, "fused step %d: %d of the %d critic replicas of actor replica %d reported metrics", j->minibatch, got, R, j->member);
 }
 
 void ex_train_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
@@ -420,8 +483,8 @@ void ex_train_done(ex_run *x, ex_job *j, const ff_result *rs, int n) {
     for (int i = 0; i < n; i++) ex_trace_pipeline(x, &rs[i], name), offload_of(I, &rs[i], 1);
     const double *v = mt->data;
     if (!j->fused) ex_fuse_measured(x, j->node, ex_out_named(&r[0], FF_RL_T_STAGE_TIMES));
-    train_row(x, I, j->node, j, v);
-    if (j->fused) train_row(x, I, x->fuse.critic, j, v + FF_RL_NM);
+    train_row(x, I, j->node, j->minibatch, j->member, v);
+    if (j->fused) critic_rows(x, I, j, rs, n);
 }
 
 /* Metrics of the iteration's train nodes, combined over ranks (loss parts add up: each rank's

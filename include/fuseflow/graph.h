@@ -324,6 +324,18 @@ int ff_run_config_check_layouts(const ff_run_config *run);
 struct ff_plan_input;
 int ff_run_config_plan_input(const ff_run_config *run, ff_role role, bool rollout, struct ff_plan_input *out);
 
+/* The critic's place on a worker at stage pp_rank of the actor's replica dp_rank, when the
+ * critic is colocated with the actor in a layout nested in the actor's: tp 1, the critic's pp
+ * (>= 2) dividing the actor's and its dp = actor dp x r (r = actor pp / critic pp), or the
+ * same layout with graph.<actor train>.fuse on or auto (after validation). Each actor
+ * pipeline's ranks then hold r critic replicas, replica b on the block of pp ranks b x critic
+ * pp ..., the critic's replica dp_rank x r + b; inside its block the critic's stage k sits on
+ * the block's rank k, or on rank (critic pp - 1 - k) when the actor's train node fuses
+ * (RLHFuse's bidirectional layout, docs/run.md "Fused actor and critic training"). The
+ * controller's placement and the workers' groups both come from here. false (the critic, if
+ * colocated, shares the actor's place) otherwise. */
+bool ff_run_config_critic_place(const ff_run_config *run, int64_t pp_rank, int64_t dp_rank, int64_t *c_pp_rank, int64_t *c_dp_rank);
+
 /* ---- node math (for the executor; plain host functions) ------------------------------------ */
 
 /* Inputs of an advantage node for a set of samples (packed as in rlhf.h). */

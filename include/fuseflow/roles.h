@@ -354,13 +354,17 @@ typedef struct ff_trainer_share {
     double denom;            /* the mini-batch's global normaliser (<= 0: the share's own) */
 } ff_trainer_share;
 
-/* One optimizer step of each: a is an actor trainer and c a critic trainer, both pipelined at
- * the same pp, one chunk per stage, without ZeRO; c's pipeline may be a's reversed (its stage
- * k on a's rank pp-1-k: in->models[1].stages). in: nodes = a's ranks, model 0 the actor
- * (stages 0..pp-1), model 1 the critic (stages[k] the actor rank of its stage k), micro =
- * each share's non-empty micro-batches (1 for an empty share: a filler, as ff_trainer_step);
- * sched: a valid schedule of in (ff_fuse_solve, ff_fuse_serial). The executor runs on a's
- * transport; its streams and executor are cached in a per (instance, schedule). The metrics
+/* One optimizer step of each: a is an actor trainer and c a critic trainer, both pipelined, the
+ * critic's pp dividing the actor's (r = actor pp / critic pp replicas of the critic in a's
+ * pipeline, c this rank's stage of one of them), one chunk per stage, without ZeRO; c's pipeline
+ * may be reversed in its block (its stage k on a's rank b x critic pp + critic pp - 1 - k:
+ * in->models[1 + b].stages). in: nodes = a's ranks, model 0 the actor (stages 0..pp-1), models
+ * 1..r the critic's replicas (stages[k] the actor rank of its stage k), micro = each share's
+ * non-empty micro-batches (1 for an empty share: a filler, as ff_trainer_step); cs is the
+ * share of the replica on this rank; sched: a valid schedule of in (ff_fuse_solve,
+ * ff_fuse_serial). The executor runs on a's transport; its streams and executor are cached in a
+ * per (instance, schedule). Each trainer's gradient hook runs at its step (the critic's sums
+ * over its replicas there: the streams place the replicas' steps at one time). The metrics
  * are each trainer's as ff_trainer_step gives them (pipe_bubble: the fused step's). 0 or -1 +
  * error (a failure after a model's step is its skipped update, as in ff_trainer_step). */
 int ff_trainer_step_fused(ff_trainer *a, ff_trainer *c, const ff_fuse_instance *in, const ff_fuse_schedule *sched,

@@ -178,12 +178,21 @@ int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom,
               ff_coll_comm *comm, double *m);
 
+/* The critic's replicas in a fused step's share (rl.train_fused's critic.split): replica b's
+ * micro-batches [at[b], at[b + 1]) of the critic's offsets, b < n. */
+typedef struct rlw_split {
+    const int32_t *at;
+    int32_t n;
+} rlw_split;
+
 /* rl.train_fused: one optimizer step of the actor and one of the critic in one fused pipeline
  * step (ff_trainer_step_fused) on the actor's pipeline: in[0] and mb[0] the actor's share, in[1]
- * and mb[1] the critic's, denom[2], the instance and its schedule; gradients summed as
- * rlw_train does. m [2 * FF_RL_NM]: the actor's metrics, then the critic's. 0 / -1 + error. */
-int rlw_train_fused(rlw *s, const rlw_samples in[2], const int32_t *const mb[2], const int32_t n_micro[2], const double denom[2],
-                    const ff_fuse_instance *inst, const ff_fuse_schedule *sched, ff_coll_comm *comm, double *m);
+ * and mb[1] the critic's (all its replicas in this pipeline: split, the one of this rank's
+ * block trains here), denom[2], the instance and its schedule; the actor's gradients summed as
+ * rlw_train does, the critic's over all its replicas (its DP group). m [2 * FF_RL_NM]: the
+ * actor's metrics, then this rank's critic replica's. 0 / -1 + error. */
+int rlw_train_fused(rlw *s, const rlw_samples in[2], const int32_t *const mb[2], const int32_t n_micro[2], const rlw_split *split,
+                    const double denom[2], const ff_fuse_instance *inst, const ff_fuse_schedule *sched, ff_coll_comm *comm, double *m);
 
 /* The last rl.train's mean seconds of one micro-batch's forward and backward through each
  * stage of the role's pipeline, over the pipeline (ff_pipe_exec_stage_times; the same on every

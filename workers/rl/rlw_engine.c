@@ -102,11 +102,12 @@ struct rlw {
     /* the layout of every role here but the generating copy's, and that copy's (glay: &lay,
      * or &lay_gen when it differs) */
     rlw_lay lay, lay_gen, *glay;
-    /* the critic's: &lay, or lay_critic when the actor's train node fuses (graph.h `fuse`):
-     * the critic's stage k on the actor's pipeline rank pp-1-k, RLHFuse's bidirectional
-     * layout, in a pipeline group of its own with its members in reverse order (the DP and
-     * TP groups hold the same ranks) */
+    /* the critic's: &lay, or lay_critic where it nests in the actor's pipelines
+     * (ff_run_config_critic_place: r replicas in each, on blocks of its pp neighbouring ranks;
+     * reversed inside its block when the actor's train node fuses, RLHFuse's bidirectional
+     * layout), with pipeline and DP groups of its own */
     rlw_lay lay_critic, *clay;
+    ff_coll_comm *ccomm; /* a fused step's: the critic's DP group (the hook's, beside s->comm) */
     struct dp_ctx {
         rlw *s;
         int size;
@@ -330,7 +331,8 @@ static float sampling_temperature(const ff_run_config *run) {
 static int grad_hook(void *user, ff_model *m, ff_buffer *grads, int64_t n) {
     (void)grads;
     rlw *s = user;
-    if (!s->comm || ff_coll_comm_size(s->comm) < 2) return 0;
+    ff_coll_comm *g = m == s->critic && s->ccomm ? s->ccomm : s->comm;
+    if (!g || ff_coll_comm_size(g) < 2) return 0;
     if (n > s->gcap) {
         float *b = ff_realloc(s->gbuf, (size_t)n * sizeof *b);
         if (!b) return -1;
@@ -339,7 +341,7 @@ static int grad_hook(void *user, ff_model *m, ff_buffer *grads, int64_t n) {
     }
     ff_model_read_grads(m, s->gbuf);
     /* SUM: every rank's loss already carries the mini-batch's global normaliser (roles.h) */
-    if (ff_coll_all_reduce(s->gbuf, s->gbuf, (size_t)n, FF_DTYPE_F32, FF_COLL_SUM, s->comm, NULL) != 0) return -1;
+    if (ff_coll_all_reduce(s->gbuf, s->gbuf, (size_t)n, FF_DTYPE_F32, FF_COLL_SUM, g, NULL) != 0) return -1;
     ff_model_write_grads(m, s->gbuf);
     return 0;
 }
@@ -457,20 +459,16 @@ static const ff_layout *hosted_layout(const rlw *s, unsigned roles) {
     return &rc[FF_ROLE_REWARD].layout;
 }
 
-/* Does the actor's train node fuse the critic's training into its steps (validated: both
- * roles on these workers in one pipeline layout)? */
-static bool critic_reversed(const ff_run_config *run) {
-    const ff_node *n = train_node(run, FF_ROLE_ACTOR);
-    return n && n->train.fuse != FF_FUSE_OFF;
-}
-
 static int layouts_setup(rlw *s, const rlw_init_args *a) {
     if (lay_setup(&s->lay, &a->main, hosted_layout(s, a->roles), a->group) != 0) return -1;
     s->glay = s->clay = &s->lay;
-    if ((a->roles & FF_RL_CRITIC) && s->lay.at.pp > 1 && critic_reversed(s->run)) {
-        rlw_place rev = s->lay.at;
-        rev.pp_rank = rev.pp - 1 - rev.pp_rank;
-        if (lay_setup(&s->lay_critic, &rev, &s->run->roles[FF_ROLE_CRITIC].layout, a->group) != 0) return -1;
+    int64_t cp, cd;
+    /* a critic nested in the actor's pipelines (reversed when fused): groups of its own */
+    if ((a->roles & FF_RL_CRITIC) && (a->roles & FF_RL_ACTOR) &&
+        ff_run_config_critic_place(s->run, s->lay.at.pp_rank, s->lay.at.dp_rank, &cp, &cd)) {
+        const ff_layout *C = &s->run->roles[FF_ROLE_CRITIC].layout;
+        const rlw_place at = {.tp = 1, .pp = (int)C->pp, .pp_rank = (int)cp, .dp = (int)C->dp, .dp_rank = (int)cd};
+        if (lay_setup(&s->lay_critic, &at, C, a->group) != 0) return -1;
         s->clay = &s->lay_critic;
     }
     if (a->gen.tp < 1 || !(a->roles & FF_RL_GEN)) return 0;
@@ -1061,27 +1059,41 @@ int32_t rlw_train_stage_times(const rlw *s, const double **fwd, const double **b
     return s->n_stage_times;
 }
 
-int rlw_train_fused(rlw *s, const rlw_samples in[2], const int32_t *const mb[2], const int32_t n_micro[2], const double denom[2],
-                    const ff_fuse_instance *inst, const ff_fuse_schedule *sched, ff_coll_comm *comm, double *m) {
+int rlw_train_fused(rlw *s, const rlw_samples in[2], const int32_t *const mb[2], const int32_t n_micro[2], const rlw_split *split,
+                    const double denom[2], const ff_fuse_instance *inst, const ff_fuse_schedule *sched, ff_coll_comm *comm, double *m) {
     const int64_t entry_ns = ff_now_ns();
+    const char *w = "rl.train_fused";
     if (!s->t_actor || !s->t_critic)
-        return ff_error_set("rl.train_fused", "the graph needs train nodes for the actor and the critic, both hosted here",
+        return ff_error_set(w, "the graph needs train nodes for the actor and the critic, both hosted here",
                             "this worker has no %s trainer", s->t_actor ? "critic" : "actor");
+    /* this rank's critic replica: its block of the actor's pipeline (ff_run_config_critic_place) */
+    const int32_t cpp = s->clay->at.pp, reps = cpp > 0 && s->lay.at.pp % cpp == 0 ? s->lay.at.pp / cpp : 0, b = reps ? s->lay.at.pp_rank / cpp : 0;
+    if (split->n != reps)
+        return ff_error_set(w, "split the critic's share into one part per critic replica of the actor's pipeline",
+                            "the share has %d critic replica(s); this worker's actor pipeline (pp %d) holds %d of critic pp %d", (int)split->n,
+                            (int)s->lay.at.pp, (int)reps, (int)cpp);
+    const int32_t q0 = split->at[b], q1 = split->at[b + 1];
+    if (q0 < 0 || q1 < q0 || q1 > n_micro[1])
+        return ff_error_set(w, NULL, "critic replica %d's micro-batches [%d, %d) of %d", (int)b, (int)q0, (int)q1, (int)n_micro[1]);
     if (gen_release(s) != 0) return -1;
     ff_rl_sample *va = views(&in[0], NULL, NULL, NULL, NULL), *vc = va ? views(&in[1], NULL, NULL, NULL, NULL) : NULL;
-    if (!vc) {
-        free(va);
+    int32_t *cmb = vc ? ff_malloc((size_t)(q1 - q0 + 1) * sizeof *cmb) : NULL; /* [q1 - q0 + 1] the replica's offsets from 0 */
+    if (!cmb) {
+        free(va), free(vc);
         return -1;
     }
+    const int32_t s0 = mb[1][q0];
+    for (int32_t q = q0; q <= q1; q++) cmb[q - q0] = mb[1][q] - s0;
     ff_train_metrics tm[2] = {{0}, {0}};
-    /* both models' DP sums on one group of the same ranks, in the order of the fused stream
-     * (the same on every replica) */
+    /* each model's DP sum on its own group (the critic's replicas span the actor's pipelines),
+     * where the fused streams place its step: at the same point on every rank of the model */
     s->comm = s->lay.dp_comm ? s->lay.dp_comm : comm;
-    const ff_trainer_share sa = {va, in[0].n, mb[0], n_micro[0], denom[0]}, sc = {vc, in[1].n, mb[1], n_micro[1], denom[1]};
+    s->ccomm = s->clay->dp_comm ? s->clay->dp_comm : s->comm;
+    const ff_trainer_share sa = {va, in[0].n, mb[0], n_micro[0], denom[0]}, sc = {vc + s0, cmb[q1 - q0], cmb, q1 - q0, denom[1]};
     const int64_t t0 = ff_now_ns();
     int rc = ff_trainer_step_fused(s->t_actor, s->t_critic, inst, sched, &sa, &sc, &tm[0], &tm[1]);
-    s->comm = NULL;
-    free(va), free(vc);
+    s->comm = s->ccomm = NULL;
+    free(va), free(vc), free(cmb);
     if (keep_timeline(s, s->t_actor, s->lay.at.pp_rank, (double)(t0 - entry_ns) * 1e-9) != 0) rc = -1;
     metrics_row(&tm[0], m);
     metrics_row(&tm[1], m + FF_RL_NM);

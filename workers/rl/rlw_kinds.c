@@ -18,7 +18,9 @@
  *                                          -> metrics F64 [, pipe_times F64 [n, 5] over a pipeline]
  *                                             [, stage_times F64 [2, pp] over a pipeline, when asked]
  *   rl.train_fused  the actor's and the critic's rl.train inputs, prefixed "actor." / "critic.";
- *                denom_actor, denom_critic, timeline, fuse_instance (JSON); fuse_schedule I32
+ *                denom_actor, denom_critic, timeline, fuse_instance (JSON); fuse_schedule I32;
+ *                critic.split I32 [r + 1]: the critic's r replicas in the actor's pipeline
+ *                (1: the same pp), replica b's micro-batches [split[b], split[b + 1]) of critic.mb
  *                                          -> metrics F64 [2, FF_RL_NM] [, pipe_times]
  *   rl.sync      mode (local|bcast)                              -> received I64 [1] (bytes from other ranks)
  *   rl.save      role, dir
@@ -768,10 +770,14 @@ static int k_train_fused(ff_task *t, void *ud) {
     const int prc = ff_fuse_instance_parse(json, "rl.train_fused fuse_instance", &inst);
     free(json);
     if (prc) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "%s", ff_error_message());
+    const ff_tensor *split = input(t, "critic.split", FF_DTYPE_I32, false);
+    if (!split) return -1;
+    if (split->shape[0] < 2) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.train_fused: 'critic.split' needs at least two bounds");
+    const rlw_split cs = {split->data, (int32_t)split->shape[0] - 1};
     ff_fuse_schedule sched;
     if (read_schedule(t, &inst, &sched)) return -1;
     double *m = ff_task_output(t, FF_RL_T_METRICS, FF_DTYPE_F64, 2, (int64_t[]){2, FF_RL_NM});
-    int rc = m ? rlw_train_fused(r->eng, in, mbv, nm, denom, &inst, &sched, ff_task_comm(t), m) : -1;
+    int rc = m ? rlw_train_fused(r->eng, in, mbv, nm, &cs, denom, &inst, &sched, ff_task_comm(t), m) : -1;
     ff_fuse_schedule_free(&sched);
     if (rc || offload_out(t, r, true) != 0) return -1;
     const double *rows;

@@ -12,8 +12,9 @@
  * schedule, calling the same loss on the last virtual stage's rank; the metrics are then
  * summed over the pipeline so every rank reports the same. A fused step
  * (ff_trainer_step_fused) packs the actor's and the critic's micro-batches the same way and runs
- * them in one executor of both stages on a fused schedule's streams; each trainer's callbacks,
- * hook and metrics are its own.
+ * them in one executor of both stages on a fused schedule's streams (the critic as one or
+ * several replicas in the actor's pipeline, this rank's stage of one of them); each trainer's
+ * callbacks, hook and metrics are its own.
  *
  * Not here: advantages (computed before training, by the advantage node), mini-batch
  * shuffling across ranks (the executor; ff_trainer_train_batch does it for one process). */
@@ -563,8 +564,8 @@ static uint64_t fused_key(const ff_fuse_instance *in, const ff_fuse_schedule *sc
 }
 
 /* The executor of a fused schedule on this rank: cached by (instance, schedule), the least
- * recently used replaced. */
-static ff_pipe_exec *fused_exec_for(ff_trainer *a, const ff_trainer *c, const ff_fuse_instance *in, const ff_fuse_schedule *sc) {
+ * recently used replaced. ci: the instance's model of the critic replica on this rank. */
+static ff_pipe_exec *fused_exec_for(ff_trainer *a, const ff_trainer *c, const ff_fuse_instance *in, const ff_fuse_schedule *sc, int ci) {
     const uint64_t key = fused_key(in, sc);
     fused_slot *sl = NULL;
     for (int i = 0; i < PIPE_SLOTS && !sl; i++)
@@ -574,13 +575,16 @@ static ff_pipe_exec *fused_exec_for(ff_trainer *a, const ff_trainer *c, const ff
         for (int i = 1; i < PIPE_SLOTS; i++)
             if (a->fslots[i].used < sl->used) sl = &a->fslots[i];
         fslot_clear(sl);
-        const int64_t layers[2] = {ff_model_config_of(a->m)->num_hidden_layers, ff_model_config_of(c->m)->num_hidden_layers};
+        int64_t layers[FF_FUSE_MAX_MODELS];
+        layers[0] = ff_model_config_of(a->m)->num_hidden_layers;
+        for (int i = 1; i < in->n_models; i++) layers[i] = ff_model_config_of(c->m)->num_hidden_layers;
         if (ff_fuse_to_pipe(in, sc, layers, &sl->s)) return NULL;
-        ff_pipe_exec_model em[2] = {
+        /* the other critic replicas have no instructions here: left zero */
+        ff_pipe_exec_model em[FF_FUSE_MAX_MODELS] = {
             {.model = a->m, .opt = a->opt, .temperature = a->c.temperature, .logprobs = true, .entropy = true, .loss = pipe_loss,
-             .loss_ctx = a, .before_step = pipe_before_step, .step_ctx = a},
-            {.model = c->m, .opt = c->opt, .values = true, .loss = pipe_loss, .loss_ctx = (void *)c,
-             .before_step = pipe_before_step, .step_ctx = (void *)c}};
+             .loss_ctx = a, .before_step = pipe_before_step, .step_ctx = a}};
+        em[ci] = (ff_pipe_exec_model){.model = c->m, .opt = c->opt, .values = true, .loss = pipe_loss, .loss_ctx = (void *)c,
+                                      .before_step = pipe_before_step, .step_ctx = (void *)c};
         if (!(sl->e = ff_pipe_exec_new(&sl->s, a->c.pipe.transport->rank, a->c.pipe.transport, em))) {
             fslot_clear(sl);
             return NULL;
@@ -590,6 +594,31 @@ static ff_pipe_exec *fused_exec_for(ff_trainer *a, const ff_trainer *c, const ff
     }
     sl->used = ++a->clock;
     return sl->e;
+}
+
+/* The instance's model of the critic replica whose stage is on actor rank r (c's pipeline rank
+ * there), checked against both pipelines; -1 + error. */
+static int fused_critic_model(const ff_trainer *a, const ff_trainer *c, const ff_fuse_instance *in, const char *w) {
+    const int32_t P = a->c.pipe.transport->size, r = a->c.pipe.transport->rank;
+    const int32_t Pc = c->c.pipe.transport->size, rc = c->c.pipe.transport->rank;
+    if (in->nodes != P || in->n_models < 2 || in->n_models != 1 + P / Pc || in->models[0].n_stages != P)
+        return ff_error_set(w, "an instance of the actor on every rank and one critic model per critic replica of the pipeline",
+                            "instance of %d nodes, %d models, for an actor at pp %d and a critic at pp %d", (int)in->nodes,
+                            (int)in->n_models, (int)P, (int)Pc);
+    int ci = -1;
+    for (int i = 1; i < in->n_models; i++) {
+        if (in->models[i].n_stages != Pc)
+            return ff_error_set(w, "give every critic replica the critic's stages", "model %s has %d stages, the critic's pipeline %d",
+                                in->models[i].name, (int)in->models[i].n_stages, (int)Pc);
+        for (int32_t k = 0; k < Pc; k++)
+            if (in->models[i].stages[k] == r) ci = ci < 0 && k == rc ? i : -2;
+    }
+    /* the stages on this rank must be the ones the instance places here */
+    if (in->models[0].stages[r] != r || ci < 0)
+        return ff_error_set(w, "lay the actor's stage k on rank k and each critic replica's as its pipeline places it",
+                            "rank %d holds actor stage %d and critic stage %d, and the instance places other stages there", (int)r, (int)r,
+                            (int)rc);
+    return ci;
 }
 
 int ff_trainer_step_fused(ff_trainer *a, ff_trainer *c, const ff_fuse_instance *in, const ff_fuse_schedule *sched,
@@ -603,20 +632,13 @@ int ff_trainer_step_fused(ff_trainer *a, ff_trainer *c, const ff_fuse_instance *
     if (a->c.kind != FF_TRAIN_ACTOR || c->c.kind != FF_TRAIN_CRITIC)
         return ff_error_set(w, "give the actor's trainer first, then the critic's", "trainers of kinds %d and %d", (int)a->c.kind,
                             (int)c->c.kind);
-    if (!a->piped || !c->piped || a->c.pipe.transport->size != c->c.pipe.transport->size || a->c.zero || c->c.zero ||
+    if (!a->piped || !c->piped || a->c.pipe.transport->size % c->c.pipe.transport->size || a->c.zero || c->c.zero ||
         rl_pipe_vpp(&a->c.pipe) != 1 || rl_pipe_vpp(&c->c.pipe) != 1)
-        return ff_error_set(w, "fuse two pipelined trainers of the same pp, one chunk per stage, without ZeRO",
+        return ff_error_set(w, "fuse two pipelined trainers, the critic's pp dividing the actor's, one chunk per stage, without ZeRO",
                             "the trainers' pipelines do not fuse (pp %d and %d)", a->piped ? a->c.pipe.transport->size : 1,
                             c->piped ? c->c.pipe.transport->size : 1);
-    const int32_t P = a->c.pipe.transport->size, r = a->c.pipe.transport->rank;
-    if (in->nodes != P || in->n_models != 2 || in->models[0].n_stages != P || in->models[1].n_stages != P)
-        return ff_error_set(w, "an instance of the actor and the critic, each with a stage on every rank", "instance of %d nodes, %d models",
-                            (int)in->nodes, (int)in->n_models);
-    /* the critic's stage on this rank must be the one the instance places here */
-    if (in->models[0].stages[r] != r || in->models[1].stages[c->c.pipe.transport->rank] != r)
-        return ff_error_set(w, "lay the actor's stage k on rank k and the critic's as its pipeline places it",
-                            "rank %d holds actor stage %d and critic stage %d, and the instance places other stages there", (int)r, (int)r,
-                            (int)c->c.pipe.transport->rank);
+    const int ci = fused_critic_model(a, c, in, w);
+    if (ci < 0) return -1;
     share sa = {.samples = as->samples, .n = as->n, .mb = as->mb_start, .n_micro = as->n_micro, .denom = as->denom};
     share sc = {.samples = cs->samples, .n = cs->n, .mb = cs->mb_start, .n_micro = cs->n_micro, .denom = cs->denom};
     if (share_check(a, &sa) || share_check(c, &sc)) return ff_error_wrap("%s", w);
@@ -628,19 +650,20 @@ int ff_trainer_step_fused(ff_trainer *a, ff_trainer *c, const ff_fuse_instance *
     if (pipe_pack(a, sa.samples, sa.mb, sa.n_micro, sa.denom, (int32_t)sa.n_sched, &na) ||
         pipe_pack(c, sc.samples, sc.mb, sc.n_micro, sc.denom, (int32_t)sc.n_sched, &nc))
         return ff_error_wrap("%s", w);
-    if (in->models[0].micro != na || in->models[1].micro != nc)
+    if (in->models[0].micro != na || in->models[ci].micro != nc)
         return ff_error_set(w, "make the instance with the micro-batches the shares have (non-empty ones, or 1 for an empty share)",
-                            "the instance has %d actor and %d critic micro-batches, the shares %d and %d", (int)in->models[0].micro,
-                            (int)in->models[1].micro, (int)na, (int)nc);
-    ff_pipe_exec *e = fused_exec_for(a, c, in, sched);
+                            "the instance has %d actor and %d %s micro-batches, the shares %d and %d", (int)in->models[0].micro,
+                            (int)in->models[ci].micro, in->models[ci].name, (int)na, (int)nc);
+    ff_pipe_exec *e = fused_exec_for(a, c, in, sched, ci);
     if (!e) return ff_error_wrap("%s", w);
-    ff_pipe_run run = {.micro = {a->batches, c->batches}};
+    ff_pipe_run run = {.micro = {a->batches}};
+    run.micro[ci] = c->batches;
     ff_pipe_exec_stats st;
     a->run_t0_ns = c->run_t0_ns = ff_now_ns();
     const int rc = ff_pipe_exec_run(e, &run, &st);
     a->last_e = e;
     a->last_s = ff_pipe_exec_schedule(e);
-    ff_optim_stats os[2] = {st.optim[0], st.optim[1]};
+    ff_optim_stats os[2] = {st.optim[0], st.optim[ci]};
     int orc[2] = {0, 0};
     if (rc) {
         /* a failure before a model's step fails the step; at or after it, it is that
