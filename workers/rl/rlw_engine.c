@@ -215,7 +215,7 @@ static const rlw_lay *lay_of(const rlw *s, unsigned role) {
 /* The first rank of the replica in the controller's order (its pipeline rank 0 in the layout
  * of the roles here: a reversed critic's scoring hands every stage the outputs alike). */
 bool rlw_returns_outputs(const rlw *s, unsigned role) {
-    const rlw_lay *y = role == FF_RL_GEN ? s->glay : &s->lay;
+    const rlw_lay *y = lay_of(s, role);
     return y->at.tp_rank == 0 && y->at.pp_rank == 0;
 }
 
