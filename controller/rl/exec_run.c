@@ -246,7 +246,9 @@ static int place(ex_run *x) {
         const bool nested = r == FF_ROLE_CRITIC && ff_run_config_critic_place(x->run, 0, 0, &cp, &cd) &&
                             rc[r].layout.vpp == rc[t].layout.vpp && rc[r].layout.schedule == rc[t].layout.schedule;
         if (t && !nested && !same_layout(&rc[r].layout, &rc[t].layout))
-            return ff_error_set(layout_where(x, (ff_role)r, false, w, sizeof w), "give both the same layout, or the role workers of its own",
+            return ff_error_set(layout_where(x, (ff_role)r, false, w, sizeof w),
+                                "give both the same layout, or the role workers of its own (a critic may also nest in the actor's "
+                                "pipelines: tp 1, its pp >= 2 dividing the actor's, its dp = actor dp x actor pp / its pp)",
                                 "role '%s' is colocated with '%s' but has layout dp %lld x tp %lld, the %s dp %lld x tp %lld: roles on the "
                                 "same workers share their layout", role_keys[r], role_keys[t], (long long)rc[r].layout.dp,
                                 (long long)rc[r].layout.tp, role_keys[t], (long long)rc[t].layout.dp, (long long)rc[t].layout.tp);

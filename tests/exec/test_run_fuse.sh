@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # RLHFuse's intra-stage fusion in `fuseflow run` (graph.train_actor.fuse, docs/run.md "Fused
 # actor and critic training"), PPO on a fresh 4-layer tiny model (vocabulary 260):
-#   - the actor and the critic at PP 4 on 4 workers (the critic's stages reversed), and at
-#     PP 2 x DP 2: `fuse: on` trains each mini-batch of both in one fused step
-#     (rl.train_fused), samples the same responses and gives the same metrics as `fuse: off`
-#     within the pipeline tests' 1e-6 + 1% (the critic's reversed stages sum its gradient norm in
-#     another order), and says it fused in metrics.jsonl ({"fuse": {"on": true, ...}});
+#   - the actor and the critic at PP 4 on 4 workers (the critic's stages reversed), at PP 2 x
+#     DP 2, and the actor at PP 4 with the critic as PP 2 x 2 replicas: `fuse: on` trains each
+#     mini-batch of both in one fused step (rl.train_fused), samples the same responses and
+#     gives the same metrics as `fuse: off` within the pipeline tests' 1e-6 + 1% (the critic's
+#     reversed stages sum its gradient norm in another order; with the critic replicas exactly:
+#     the same checkpoint bytes), and says it fused in metrics.jsonl ({"fuse": {"on": true, ...}});
 #   - `auto` logs the simulated serial and fused makespans and its choice, and trains the same;
 #   - the trace has one slice per rank for a fused step, labelled with both nodes;
 #   - a run stopped after 2 fused iterations resumes with fuse off (the critic's checkpoint is
 #     whole tensors, independent of its reversed stages) and ends as the fuse-off run does;
+#   - the same with the critic replicas (and `auto` where they cannot fuse: one line, serial);
 #   - bad configs are refused with the key named before any worker starts: fuse on at pp 1,
-#     without a critic train node, with different mini-batch sizes, and an unknown value.
+#     a critic pp not dividing the actor's, the critic at tp 2 or on workers of its own, without
+#     a critic train node, with different mini-batch sizes, interleaved stages, an unknown value.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_inputs
@@ -81,6 +84,52 @@ same_samples "$work/off22" "$work/on22" "fuse on at PP 2 x DP 2"
 same_metrics "$work/off22/metrics.jsonl" "$work/on22/metrics.jsonl" 1e-6 1e-2 || fail "fuse on at PP 2 x DP 2 does not train like fuse off"
 fused_in_metrics "$work/on22/metrics.jsonl" true "fuse on at PP 2 x DP 2"
 
+# the actor at PP 4 with the critic as PP 2 x 2 replicas on the same 4 workers: replica 0 on
+# ranks [1, 0] and replica 1 on [3, 2] when fused (each reversed in its half of the actor's
+# pipeline), [0, 1] and [2, 3] when not; the critic's share of each mini-batch split between
+# them, their gradients summed over both before the critic's step. Fused and serial train the
+# same bit for bit here (the final checkpoints' weights and AdamW states are the same bytes):
+# each stage runs the same micro-batches in the same order, and the gradient norm sums 2
+# stages (a + b = b + a in floating point; at PP 4 reversed the order of 4 terms changes).
+c22="--workers 4 roles.actor.layout.pp=4 roles.critic.layout.pp=2 roles.critic.layout.dp=2"
+ppo "$work/offc2" $c22
+ppo "$work/onc2" $c22 graph.train_actor.fuse=on
+grep -q "actor \[0 1 2 3\] tp 1 x pp 4 x dp 1, gen \[0 1 2 3\], critic \[0 1 2 3\] tp 1 x pp 2 x dp 2" "$work/onc2.log" ||
+  fail "not actor PP 4 with critic PP 2 x DP 2: $(head -1 "$work/onc2.log")"
+grep -q "run: fuse on: 2 critic replicas in each actor pipeline, replica b's stage k on pipeline rank b x 2 + 1-k" "$work/onc2.log" ||
+  { cat "$work/onc2.log" >&2; fail "fuse on does not say where the critic replicas are"; }
+grep -q "run: fuse on: pp 4, actor 4 micro-batches on stages 0..3 .*, critic replicas 2 on 1..0, 2 on 3..2 .* fused steps" "$work/onc2.log" ||
+  { cat "$work/onc2.log" >&2; fail "fuse on does not log the instance of the critic replicas"; }
+same_samples "$work/offc2" "$work/onc2" "fuse on, critic PP 2 x 2"
+same_metrics "$work/offc2/metrics.jsonl" "$work/onc2/metrics.jsonl" 0 0 || fail "fuse on with critic PP 2 x 2 does not train exactly like fuse off"
+fused_in_metrics "$work/onc2/metrics.jsonl" true "fuse on, critic PP 2 x 2"
+for f in actor/model critic/model actor.optim critic.optim; do
+  cmp -s "$work/offc2/checkpoints/step-00000003/$f.safetensors" "$work/onc2/checkpoints/step-00000003/$f.safetensors" ||
+    fail "fuse on with critic PP 2 x 2: $f.safetensors differs from fuse off's"
+done
+python3 - "$work/onc2/metrics.jsonl" <<'PY' || fail "the critic replicas' steps are not all in the metrics"
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1]) if '"samples"' in l]
+assert all(x["critic_steps"] == 2 and x["actor_steps"] == 2 and x["value_loss"] > 0 for x in m), m
+PY
+# auto on the same layout: measured from its serial first iteration, then its choice
+ppo "$work/autoc2" $c22 graph.train_actor.fuse=auto
+grep -q "run: fuse auto: pp 4, actor 4 micro-batches .* measured), critic replicas 2 on 1..0, 2 on 3..2 (.* ms, .* ms, .* KB): .*, \(fused\|serial\) steps" "$work/autoc2.log" ||
+  { cat "$work/autoc2.log" >&2; fail "fuse auto with critic replicas does not log its measured instance"; }
+same_samples "$work/offc2" "$work/autoc2" "fuse auto, critic PP 2 x 2"
+same_metrics "$work/offc2/metrics.jsonl" "$work/autoc2/metrics.jsonl" 0 0 || fail "fuse auto with critic PP 2 x 2 does not train like fuse off"
+# auto where the critic replicas cannot fuse (other mini-batch sizes): one line saying why, the
+# nested critic trained serially
+ppo "$work/autoc2m" $c22 graph.train_actor.fuse=auto graph.train_critic.mini_batch_size=4 graph.train_critic.micro_batch_size=4
+[[ $(grep -c "run: fuse auto: the actor and the critic train one after the other (node 'train_actor' has mini_batch_size 2 x epochs 1, node 'train_critic' 4 x 1)" "$work/autoc2m.log") == 1 ]] ||
+  { cat "$work/autoc2m.log" >&2; fail "fuse auto with other mini-batch sizes does not say once why it trains serially"; }
+! grep -q '"fuse"' "$work/autoc2m/metrics.jsonl" || fail "fuse auto with other mini-batch sizes reports fused steps"
+# stopped after 2 fused iterations, resumed with fuse off (the critic's blocks then forward)
+ppo "$work/resc2" $c22 graph.train_actor.fuse=on --stop-after 2
+ppo "$work/resc2" $c22 --resume
+grep -q "resuming from" "$work/resc2.log" || fail "the critic PP 2 x 2 run did not resume: $(head -2 "$work/resc2.log")"
+same_metrics "$work/offc2/metrics.jsonl" "$work/resc2/metrics.jsonl" 0 0 || fail "critic PP 2 x 2: fused iterations resumed with fuse off do not go on as fuse off"
+
 # auto: the first iteration serial, its stages' times measured; then the simulator's choice on
 # the measured instance, logged with its numbers, and the same training whichever it is
 ppo "$work/auto4" $pp4 graph.train_actor.fuse=auto
@@ -100,7 +149,7 @@ PY
 grep "run: fuse auto: pp" "$work/auto4.log"
 # auto where it cannot fuse (pp 1): one line saying why, trained serially
 ppo "$work/auto1" roles.actor.workers=1 graph.train_actor.fuse=auto
-grep -q "run: fuse auto: the actor and the critic train one after the other (fuse needs the actor and the critic pipelined at the same pp >= 2" \
+grep -q "run: fuse auto: the actor and the critic train one after the other (fuse needs the actor and the critic pipelined (pp >= 2)" \
   "$work/auto1.log" || { cat "$work/auto1.log" >&2; fail "fuse auto at pp 1 does not say why it trains serially"; }
 ! grep -q '"fuse"' "$work/auto1/metrics.jsonl" || fail "fuse auto at pp 1 reports fused steps"
 
@@ -126,7 +175,13 @@ refused() { # WHAT WANT OVERRIDES...
   grep -qF -- "$want" "$work/bad.log" || { cat "$work/bad.log" >&2; fail "the refusal of $what does not say: $want"; }
   [[ ! -e "$out" ]] || fail "workers started before the refusal of $what"
 }
-refused "fuse on at pp 1" "the same pp >= 2" roles.actor.workers=1 graph.train_actor.fuse=on
+refused "fuse on at pp 1" "pipelined (pp >= 2), the critic's pp dividing the actor's" roles.actor.workers=1 graph.train_actor.fuse=on
+refused "fuse on with a critic pp that does not divide the actor's" "the critic's pp dividing the actor's (actor pp 2, critic pp 4)" \
+  --workers 4 roles.actor.layout.pp=2 roles.critic.layout.pp=4 roles.critic.layout.dp=1 graph.train_actor.fuse=on
+refused "fuse on with the critic at tp 2" "critic tp 2 pp 2 dp 1" $c22 roles.critic.layout.tp=2 roles.critic.layout.dp=1 \
+  graph.train_actor.fuse=on
+refused "fuse on with the critic replicas on other workers" "roles.critic.colocate_with: actor" $c22 roles.critic.colocate_with=null \
+  roles.critic.workers=4 graph.train_actor.fuse=on
 refused "fuse on with other mini-batch sizes" "the same mini_batch_size and epochs" $pp4 graph.train_actor.fuse=on \
   graph.train_critic.mini_batch_size=4
 refused "fuse on with interleaved stages" "vpp 1 with the 1f1b schedule" --workers 4 roles.actor.layout.pp=2 roles.actor.layout.vpp=2 \
