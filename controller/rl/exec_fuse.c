@@ -93,7 +93,8 @@ void ex_fuse_describe(ex_run *x) {
     if (f->mode == FF_FUSE_OFF) return;
     const int R = ex_fuse_reps(x), Pc = x->lay[POOL_CRITIC].pp;
     if (R > 1)
-        fprintf(x->out, "run: fuse %s: %d critic replicas in each actor pipeline, replica b's stage k on pipeline rank b x %d + %d-k; %s\n",
+        fprintf(x->out,
+                "run: fuse %s: %d critic replicas in each actor pipeline, replica b's stage k on pipeline rank b x %d + %d-k; %s\n",
                 mode_names[f->mode], R, Pc, Pc - 1,
                 f->mode == FF_FUSE_ON ? "each mini-batch of both trains in one fused step"
                                       : "fused steps where the simulator gains at least 5%");
@@ -226,7 +227,9 @@ out:
     if (rc) {
         free(p.json);
         free(p.sched);
-        return ff_error_wrap("fuse: the fused schedule of %d actor and %d (first replica's) critic micro-batches", (int)ma, (int)mc[0]), NULL;
+        return ff_error_wrap("fuse: the fused schedule of %d actor micro-batches, %d of the first critic replica", (int)ma,
+                             (int)mc[0]),
+               NULL;
     }
     return &f->plans[f->n_plans - 1];
 }

@@ -134,7 +134,7 @@ static void *rank_main(void *p) {
     ff_policy_loss *pl = ff_policy_loss_new(w->reg, "vanilla", NULL);
     REQUIRE(pl);
     const int b = w->reps ? r / PC : 0, cr = w->reps ? PC - 1 - r % PC : P - 1 - r; /* the critic's replica and stage here */
-    dp_hook hook = {.c = &w->ctx[G_DP0 + cr][b]};
+    dp_hook hook = {.c = w->reps ? &w->ctx[G_DP0 + cr][b] : NULL};
     for (int i = 0; i < 2; i++) {
         tr[i] = transport_of(i ? &w->ctx[G_CRITIC + b][cr] : &w->ctx[G_ACTOR][r]);
         rp[i] = (ff_roles_pipe){.transport = &tr[i], .kind = FF_PIPE_1F1B, .vpp = 1};

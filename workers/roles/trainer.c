@@ -611,7 +611,7 @@ static int fused_critic_model(const ff_trainer *a, const ff_trainer *c, const ff
             return ff_error_set(w, "give every critic replica the critic's stages", "model %s has %d stages, the critic's pipeline %d",
                                 in->models[i].name, (int)in->models[i].n_stages, (int)Pc);
         for (int32_t k = 0; k < Pc; k++)
-            if (in->models[i].stages[k] == r) ci = ci < 0 && k == rc ? i : -2;
+            if (in->models[i].stages[k] == r) ci = ci == -1 && k == rc ? i : -2; /* -2: a wrong stage, or two, here */
     }
     /* the stages on this rank must be the ones the instance places here */
     if (in->models[0].stages[r] != r || ci < 0)
