@@ -811,7 +811,7 @@ static int check_fuse(ff_graph *g, const ff_run_config *run) {
             hint = "set roles.critic.colocate_with: actor, or fuse: off";
             snprintf(why, sizeof why, "fuse needs the critic on the actor's workers (roles.critic.colocate_with: actor)");
         } else if (A->pp < 2 || C->pp < 2 || A->pp % C->pp) {
-            hint = "give roles.critic.layout a pp >= 2 that divides the actor's (the same pp, or pp / 2, pp / 4 ...), or set fuse: off";
+            hint = "give roles.critic.layout a pp >= 2 that divides the actor's (the same pp, or the actor's / 2 or / 3), or set fuse: off";
             snprintf(why, sizeof why,
                      "fuse needs the actor and the critic pipelined (pp >= 2), the critic's pp dividing the actor's (actor pp %lld, critic pp %lld)",
                      (long long)A->pp, (long long)C->pp);
