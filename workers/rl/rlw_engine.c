@@ -728,7 +728,8 @@ void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]) {
     if (!m) return;
     ff_model_memory mm;
     ff_model_memory_of(m, &mm);
-    out[FF_RL_RB_PARAMS] = mm.params + mm.viewed; /* its shard, of which the viewed part is the actor's */
+    /* its shard, of which the viewed part is the actor's; on demand, what its inference loads */
+    out[FF_RL_RB_PARAMS] = mm.params + mm.viewed ? mm.params + mm.viewed : ff_model_params_host_bytes(m);
     out[FF_RL_RB_VIEWED] = mm.viewed;
     /* what the role needs to train: its gradients and AdamW state count while they are away
      * for generation (roles.actor.offload) */
