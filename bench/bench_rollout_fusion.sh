@@ -8,6 +8,10 @@
 #   migrate  schedule fused, migrate auto: R_t and survivors from the simulator on the run's
 #            measured costs (its first iteration measures, so it is left out of every mean)
 #   forced   schedule fused, migrate 0.1 (what a migration does here when auto declines one)
+#   half     schedule fused, migrate 0.5 (moves here in most iterations, where 0.1 and 1.0 seldom do)
+#   ondemand as half, with roles.ref.weights: on_demand (the reference's weights in host
+#            memory, loaded for its log-probs, prefetched by the migration's sources): its
+#            stage time beside half's, and the loads (weights.ref: seconds, hidden by overlap)
 # on 2 and on 4 generation workers at 1 thread each, with the simulator's prediction of each
 # (time.rollout_sim, from the costs the run measured before that iteration) beside it.
 #
@@ -34,7 +38,7 @@
 # them alike; each figure is the mean over the rounds' iterations 2..N.
 #
 # Usage: build/bench_rollout_fusion [--workload flat|sft-tiny] [--iterations N (default 3)] [--rounds R (default 1)]
-#        [--workers "2 4"] [--modes "serial fused migrate forced"]
+#        [--workers "2 4"] [--modes "serial fused migrate forced half ondemand"]
 # (CMake writes build/bench_rollout_fusion, which runs this with the built fuseflow.)
 # The last line is the headline on 2 workers:
 #   rollout_fusion: <serial/migrate> x over serial, <fused/migrate> x over fused (target: 1.3x over serial)
@@ -46,7 +50,7 @@ iters=3
 rounds=1
 workers="2 4"
 workload=flat
-modes="serial fused migrate forced"
+modes="serial fused migrate forced half ondemand"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --iterations) iters=$2; shift 2 ;;
@@ -54,7 +58,7 @@ while [[ $# -gt 0 ]]; do
     --workers) workers=$2; shift 2 ;;
     --workload) workload=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
-    *) echo "bench_rollout_fusion: unknown option $1 (--workload flat|sft-tiny, --iterations N, --rounds R, --workers \"2 4\", --modes \"serial fused migrate forced\")" >&2; exit 2 ;;
+    *) echo "bench_rollout_fusion: unknown option $1 (--workload flat|sft-tiny, --iterations N, --rounds R, --workers \"2 4\", --modes \"serial fused migrate forced half ondemand\")" >&2; exit 2 ;;
   esac
 done
 [[ $workload == flat || $workload == sft-tiny ]] ||
@@ -118,13 +122,16 @@ echo "  load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for w in $workers; do
   for r in $(seq "$rounds"); do
     for mode in $modes; do
-      sched=fused mig=off
+      sched=fused mig=off weights=resident
       [[ $mode == serial ]] && sched=serial
       [[ $mode == migrate ]] && mig=auto
       [[ $mode == forced ]] && mig=0.1
+      [[ $mode == half || $mode == ondemand ]] && mig=0.5
+      [[ $mode == ondemand ]] && weights=on_demand
       out=$work/${mode}_${w}_$r
       "$bin" run "$work/ppo.yaml" trainer.out_dir="$out" roles.actor.workers="$w" trainer.schedule=$sched \
-        graph.rollout.migrate=$mig --threads 1 --no-progress --dump-samples > "$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
+        graph.rollout.migrate=$mig roles.ref.weights=$weights --threads 1 --no-progress --dump-samples > "$out.log" 2>&1 ||
+        { cat "$out.log" >&2; exit 1; }
       cmp -s "$out/samples.jsonl" "$work/serial_${w}_1/samples.jsonl" ||
         echo "  note: $mode on $w workers (round $r) sampled other responses than serial (it should not)"
     done
@@ -135,18 +142,18 @@ echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$work" "$workers" "$rounds" "$modes" <<'PY'
 import json, sys, statistics as st
 work, workers, rounds, modes = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4].split()
-key = {"serial": "serial_s", "fused": "fused_s", "migrate": "migrate_s", "forced": "migrate_s"}
+key = {"serial": "serial_s", "fused": "fused_s", "migrate": "migrate_s", "forced": "migrate_s", "half": "migrate_s", "ondemand": "migrate_s"}
 head = None
 for w in workers:
     res = {}
-    for mode in [m for m in ("serial", "fused", "migrate", "forced") if m in modes]:
+    for mode in [m for m in ("serial", "fused", "migrate", "forced", "half", "ondemand") if m in modes]:
         rows = [json.loads(l) for r in range(1, rounds + 1) for l in list(open(f"{work}/{mode}_{w}_{r}/metrics.jsonl"))[1:]]
         stage = [r["time"]["rollout_stage"] for r in rows]
         pred = [r["time"]["rollout_sim"][key[mode]] for r in rows if "rollout_sim" in r["time"]]
         mig = [r.get("migrate", {}) for r in rows]
         res[mode] = st.mean(stage)
         extra = ""
-        if mode in ("migrate", "forced"):
+        if mode in ("migrate", "forced", "half", "ondemand"):
             extra = "  migrated in %d of %d iterations (%d samples), simulated saving %.3f s per iteration" % (
                 sum(1 for m in mig if m.get("moved", 0) > 0), len(mig), sum(m.get("moved", 0) for m in mig),
                 st.mean(m.get("saved_s") or 0 for m in mig))
@@ -156,6 +163,14 @@ for w in workers:
     s, f, m, c = (res.get(k, nan) for k in ("serial", "fused", "migrate", "forced"))
     print("  %s workers: fused %.2fx over serial; auto migration %.2fx over serial, %.2fx over fused; forced R_t 0.1 %.2fx over serial, %.2fx over fused" % (
         w, s / f, s / m, f / m, s / c, f / c))
+    if "ondemand" in res and "half" in res:
+        wr = [json.loads(l)["weights"]["ref"] for rr in range(1, rounds + 1)
+              for l in list(open(f"{work}/ondemand_{w}_{rr}/metrics.jsonl"))[1:]]
+        print("  %s workers: ref weights on demand: stage %.3f s against %.3f s resident (R_t 0.5, %+.1f%%); per iteration "
+              "%.1f MB loaded in %.2f ms, %.2f ms of it hidden by overlap (%d of %d loads prefetched)" % (
+              w, res["ondemand"], res["half"], 100 * (res["ondemand"] / res["half"] - 1), st.mean(x["bytes"] for x in wr) / 1e6,
+              1e3 * st.mean(x["load_s"] for x in wr), 1e3 * st.mean(x["hidden_s"] for x in wr),
+              sum(x["prefetched"] for x in wr), sum(x["loads"] for x in wr)))
     if head is None:
         head = (s / m, f / m)
 print("rollout_fusion: %.2f x over serial, %.2f x over fused (target: 1.3x over serial)" % head)

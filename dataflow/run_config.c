@@ -218,6 +218,15 @@ static int read_role(ff_run_config *run, ff_role r) {
         return ff_error_set(ff_cnode_where(ff_cnode_find(base, "offload"), w, sizeof w), "drop it: the actor's optimizer state is the one moved",
                             "'%s.offload' is only for the actor (its state while its colocated copy generates)", path);
     if (ff_cnode_get_bool(base, "offload", r == FF_ROLE_ACTOR, &rc->offload) < 0) return -1;
+    /* frozen roles only: a trained role's weights change every step and train where they are */
+    static const char *const residence[] = {"resident", "on_demand"};
+    int res = 0;
+    if (ff_cnode_get_enum(base, "weights", residence, 2, 0, &res) < 0) return -1;
+    if (res == 1 && r != FF_ROLE_REF && r != FF_ROLE_REWARD)
+        return ff_error_set(ff_cnode_where(ff_cnode_find(base, "weights"), w, sizeof w), "drop it, or set it on roles.ref or roles.reward",
+                            "'%s.weights: on_demand' is only for the frozen roles (ref, reward): the %s trains its weights", path,
+                            role_keys[r]);
+    rc->on_demand = res == 1;
     if (r == FF_ROLE_ACTOR || r == FF_ROLE_CRITIC) {
         ff_optim_cfg *o = &rc->optim;
         ff_cnode *ob = ff_cnode_find(base, "optim");

@@ -503,6 +503,7 @@ void ff_model_destroy(ff_model **pm) {
     ffm_tp_free(m);
     free(m->view_ids);
     ff_buffer_destroy(&m->params);
+    free(m->host_params);
     ff_buffer_destroy(&m->grads);
     ff_buffer_destroy(&m->rope_cos);
     ff_buffer_destroy(&m->rope_sin);
@@ -695,6 +696,60 @@ int ff_model_restore_params(ff_model *m) {
 }
 
 bool ff_model_params_held(const ff_model *m) { return m->params != NULL; }
+
+/* Only a whole inference model of its own: a trainable one keeps its weights with its
+ * gradients, and a view reads part of its weights from another model's buffer. */
+static int host_copy_ok(const ff_model *m, const char *what) {
+    if (!m->inference)
+        return ff_error_set(what, "only a frozen inference model (reference, reward) keeps its weights in host memory", "the model is trainable");
+    if (m->viewed) return ff_error_set(what, "a view model reads its weights from another model's", "the model is a view");
+    return 0;
+}
+
+int ff_model_params_to_host(ff_model *m, ff_offload_stats *stats) {
+    const int64_t t0 = ff_now_ns();
+    if (stats) *stats = (ff_offload_stats){0};
+    if (host_copy_ok(m, "weights to host memory")) return -1;
+    if (!m->params) return m->host_params ? 0 : ff_error_set("weights to host memory", NULL, "the model holds no weights");
+    const size_t bytes = (size_t)m->n_own * sizeof(float);
+    if (!m->host_params) {
+        float *h = ff_malloc(bytes ? bytes : 1);
+        if (!h) return ff_error_wrap("copying the weights to host memory (%zu bytes)", bytes);
+        ff_memcpy_d2h(m->st, h, ff_dptr_of(m->params, 0), bytes);
+        if (ff_stream_sync(m->st)) {
+            free(h);
+            return ff_error_wrap("copying the weights to host memory");
+        }
+        m->host_params = h;
+        if (stats) stats->bytes = (int64_t)bytes;
+    }
+    ff_model_release_params(m);
+    if (stats) stats->seconds = (double)(ff_now_ns() - t0) * 1e-9;
+    return 0;
+}
+
+int ff_model_params_load(ff_model *m, ff_stream *st, ff_offload_stats *stats) {
+    const int64_t t0 = ff_now_ns();
+    if (stats) *stats = (ff_offload_stats){0};
+    if (m->params) return 0;
+    if (host_copy_ok(m, "loading the weights")) return -1;
+    if (!m->host_params)
+        return ff_error_set("loading the weights", "call ff_model_params_to_host first", "the model has no host copy of its weights");
+    assert(ff_stream_backend(st) == m->be);
+    const size_t bytes = (size_t)m->n_own * sizeof(float);
+    ff_buffer *b = ff_buffer_new(m->be, bytes ? bytes : sizeof(float));
+    if (!b) return ff_error_wrap("loading the weights (%zu bytes) onto backend %s", bytes, ff_backend_name(m->be));
+    ff_memcpy_h2d(st, ff_dptr_of(b, 0), m->host_params, bytes);
+    if (ff_stream_sync(st)) {
+        ff_buffer_destroy(&b);
+        return ff_error_wrap("loading the weights (%zu bytes)", bytes);
+    }
+    m->params = b;
+    if (stats) *stats = (ff_offload_stats){.bytes = (int64_t)bytes, .seconds = (double)(ff_now_ns() - t0) * 1e-9};
+    return 0;
+}
+
+int64_t ff_model_params_host_bytes(const ff_model *m) { return m->host_params ? m->n_own * (int64_t)sizeof(float) : 0; }
 
 int ff_model_copy_params(ff_model *dst, ff_model *src) {
     if (not_for_views(dst, "copy params") || not_for_views(src, "copy params")) return -1;

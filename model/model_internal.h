@@ -135,6 +135,7 @@ struct ff_model {
     int64_t n_params;
     int64_t n_decay; /* parameters [0, n_decay) get weight decay, the rest (norms, biases) not */
     ff_buffer *params, *grads; /* [n_own] and [n_params] (grads NULL for inference) */
+    float *host_params; /* [n_own] the host copy of a frozen model's weights (ff_model_params_to_host), or NULL */
     size_t off_embed, off_lm, off_norm, off_score;
     int t_embed, t_lm, t_norm, t_score; /* their places in tensors (-1: not held; tied: t_lm = t_embed) */
     /* a view model (ff_model_opts.view_of, model/view.c): its tensors are pieces, some read in

@@ -164,6 +164,21 @@ typedef struct ex_mig_pair {
     float *lp;                /* [total] */
 } ex_mig_pair;
 
+/* Frozen weights on demand (exec_weights.c): per role (0 ref, 1 reward) what its workers
+ * loaded in the iteration, and the on-demand weight bytes they held when generation jobs began
+ * (the most) and during the role's inference (the least). */
+enum { EX_OD_N = 2 };
+typedef struct ex_weights_role {
+    int64_t loads, prefetched, bytes, held_infer_min;
+    double load_s, hidden_s; /* hidden: load seconds no subtask waited for */
+    bool infer_seen;
+} ex_weights_role;
+typedef struct ex_weights {
+    ex_weights_role role[EX_OD_N];
+    int64_t held_gen_max;
+    bool gen_seen;
+} ex_weights;
+
 typedef struct ex_iter {
     int64_t it;
     ff_sched *s;
@@ -213,6 +228,7 @@ typedef struct ex_iter {
     ex_job **mig_hold;
     int n_mig_hold, cap_mig_hold;
     int64_t mig_kv, mig_recompute, mig_via_ctl;
+    ex_weights weights; /* roles.*.weights: on_demand */
 } ex_iter;
 
 /* A pool's layout: tp x pp ranks per DP replica (mp, the model-parallel ranks), dp replicas
@@ -486,5 +502,18 @@ void ex_trace_lost(ex_run *x, int rank, const char *why);
 /* One weight sync on the "weight transitions" track: its ranks' span, the bytes they
  * received in all and the most one received. */
 void ex_trace_transition(ex_run *x, const char *label, int64_t start_ns, int64_t end_ns, int64_t bytes, int64_t bytes_max);
+/* A load of frozen weights onto a worker's backend, on its "rank R: weights" track. */
+void ex_trace_load(ex_run *x, int rank, const char *label, int64_t start_ns, int64_t end_ns, int64_t bytes);
+
+/* ---- frozen weights on demand (exec_weights.c) ---- */
+/* The FF_RL_REF | FF_RL_REWARD bits of the on-demand roles that rank hosts (rl.migrate_out's
+ * prefetch: the source, freed, takes their inference next). */
+unsigned ex_weights_prefetch_roles(const ex_run *x, int rank);
+/* A generation or inference job's results: their FF_RL_T_WEIGHTS_HELD and FF_RL_T_WEIGHTS into
+ * the iteration's ex_weights, each load on the trace. */
+void ex_weights_note(ex_run *x, const ex_job *j, const ff_result *r, int n);
+/* metrics.jsonl's "weights": {ref|reward: {loads, prefetched, bytes, load_s, hidden_s,
+ * resident_generating, resident_inferring}} for the roles on demand; nothing without one. */
+void ex_weights_metrics(const ex_run *x, const ex_iter *I, json_t *m);
 
 #endif

@@ -133,6 +133,7 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
             ex_check_workers(x);
             break;
         }
+    if (j->kind == JOB_GEN || j->kind == JOB_SCORE) ex_weights_note(x, j, r, n);
     switch (j->kind) {
     case JOB_GEN: gen_done(x, j, ex_result_of(r, n)); break;
     case JOB_SCORE: score_done(x, j, ex_result_of(r, n)); break;
@@ -621,11 +622,12 @@ static int submit_move(ex_run *x, ex_iter *I, int m, int src, int dst, int64_t o
         return -1;
     }
     const int how = nd->gen.migrate_with == FF_MIGRATE_WITH_KV ? 0 : nd->gen.migrate_with == FF_MIGRATE_WITH_RECOMPUTE ? 1 : 2;
-    ff_arg oa[4] = {ff_arg_int("peer", md), ff_arg_int("how", how), ff_arg_float("link_bps", x->mig_link_bps),
-                    ff_arg_float("prefill_tps", x->prefill_tps[dst])};
+    /* the source, freed, takes inference next: its on-demand weights start loading now */
+    ff_arg oa[5] = {ff_arg_int("peer", md), ff_arg_int("how", how), ff_arg_float("link_bps", x->mig_link_bps),
+                    ff_arg_float("prefill_tps", x->prefill_tps[dst]), ff_arg_int("prefetch", (int64_t)ex_weights_prefetch_roles(x, src))};
     char olabel[64];
     snprintf(olabel, sizeof olabel, "migrate out to %d (%" PRId64 ")", dst, open);
-    ff_subtask_spec so = {.kind = FF_RL_MIGRATE_OUT, .target = FF_TARGET_RANK, .rank = src, .group = "migrate", .args = oa, .nargs = 4,
+    ff_subtask_spec so = {.kind = FF_RL_MIGRATE_OUT, .target = FF_TARGET_RANK, .rank = src, .group = "migrate", .args = oa, .nargs = 5,
                           .label = olabel};
     if (!ex_submit(x, out, &so)) return -1;
     I->mig_sources++;
@@ -1487,6 +1489,7 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         }
         json_object_set_new(m, "weight_sync", ws);
     }
+    ex_weights_metrics(x, I, m);
     if (I->off_seen) { /* roles.actor.offload: what left the backend for generation and came back */
         json_t *o = json_object();
         json_object_set_new(o, "bytes", json_integer((json_int_t)I->off_bytes[0]));

@@ -688,7 +688,8 @@ static const char *const harmless_keys[] = {"trainer.test_freq", "trainer.save_f
                                             "trainer.acc_reward", "data.val_files", "data.val_batch_size", "roles.*.workers", "roles.*.colocate_with",
                                             "roles.*.layout", "roles.actor.rollout.workers", "roles.actor.rollout.layout",
                                             "graph.*.fuse" /* the same steps, fused or not */,
-                                            "roles.actor.offload" /* where AdamW waits while generating */, NULL};
+                                            "roles.actor.offload" /* where AdamW waits while generating */,
+                                            "roles.*.weights" /* where frozen weights wait between uses */, NULL};
 /* curves.png: `fuseflow run` draws it (cli/cmd_plot.c) from metrics.jsonl at the end */
 static const char *const samples_file[] = {"samples.jsonl", "curves.png", NULL}, *const run_files[] = {"curves.png", NULL};
 

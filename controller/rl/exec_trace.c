@@ -40,6 +40,7 @@ struct ex_trace {
     bool lost[EX_MAX_RANKS]; /* workers whose loss is on the timeline */
     int pipe_track[EX_MAX_RANKS]; /* "rank R: pipeline" (0: not made yet) */
     int sync_track;               /* "weight transitions" (0: not made yet) */
+    int load_track[EX_MAX_RANKS]; /* "rank R: weights": loads of frozen weights (0: not made yet) */
 };
 
 ex_trace *ex_trace_new(ff_controller *c) {
@@ -205,4 +206,18 @@ void ex_trace_lost(ex_run *x, int rank, const char *why) {
     char name[256];
     snprintf(name, sizeof name, "worker %d lost (%s)", rank, why);
     ff_controller_trace_instant(t->c, t->iter_track, name, ff_now_ns());
+}
+
+void ex_trace_load(ex_run *x, int rank, const char *label, int64_t start_ns, int64_t end_ns, int64_t bytes) {
+    ex_trace *t = x->tr;
+    if (!t || rank < 0 || rank >= EX_MAX_RANKS || end_ns < start_ns) return;
+    if (!t->load_track[rank]) {
+        char tn[64];
+        snprintf(tn, sizeof tn, "rank %d: weights", rank);
+        if ((t->load_track[rank] = ff_controller_trace_track(t->c, tn)) <= 0) return;
+    }
+    ff_arg a[1] = {ff_arg_int("bytes", bytes)};
+    ff_trace_slice s = {.track = t->load_track[rank], .name = label, .cat = "weights load", .start_ns = start_ns, .end_ns = end_ns,
+                        .args = a, .nargs = 1};
+    ff_controller_trace_slice(t->c, &s);
 }

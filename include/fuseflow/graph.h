@@ -259,6 +259,10 @@ typedef struct ff_role_cfg {
     bool offload;            /* actor: `offload: true` (the default): while its colocated copy
                                 generates (train -> generate at the sync, back at rl.train), its
                                 gradients are released and its AdamW state waits in host memory */
+    bool on_demand;          /* ref, reward: `weights: on_demand` (default `resident`): the
+                                worker keeps the frozen weights in host memory and loads them
+                                onto its backend for the role's inference subtasks only
+                                (docs/run.md "Weights on demand") */
 } ff_role_cfg;
 
 /* Bounds of sizes read from a run config. Token lengths (data.max_prompt_length,

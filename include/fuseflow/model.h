@@ -528,6 +528,24 @@ int ff_optimizer_reload(ff_optimizer *o, ff_offload_stats *stats);
 bool ff_optimizer_offloaded(const ff_optimizer *o);
 int64_t ff_optimizer_host_bytes(const ff_optimizer *o); /* the offloaded state's bytes, 0 when on the backend */
 
+/* A frozen inference model's weights kept in host memory between its uses (a reference or
+ * reward model loaded on demand, docs/run.md "Weights on demand"). ff_model_params_to_host
+ * copies the parameters from the backend into a host allocation of the model's own (the
+ * backend's d2h) and gives the backend buffer back (ff_model_release_params: the backend's
+ * counters drop by ff_model_params_host_bytes); the host copy then stays until the model is
+ * destroyed, the weights being frozen. ff_model_params_load allocates the backend buffer again
+ * and copies the host copy into it on stream st (the backend's h2d: a PCIe copy on a GPU, a
+ * memcpy between two allocations on the CPU backend), bit for bit, and waits for it; st may be
+ * a stream of the model's backend other than the model's, and the call may run on another
+ * thread than the model's as long as nothing uses the model meanwhile. After a load,
+ * ff_model_release_params gives the buffer back again (no copy: the host holds it). Loading
+ * held parameters does nothing (stats zero). stats (may be NULL): the bytes copied and the
+ * seconds the call took. 0 or -1 + error (a trainable or view model; out of memory, naming the
+ * bytes: the host copy stays and a later load may succeed). */
+int ff_model_params_to_host(ff_model *m, ff_offload_stats *stats);
+int ff_model_params_load(ff_model *m, ff_stream *st, ff_offload_stats *stats);
+int64_t ff_model_params_host_bytes(const ff_model *m); /* the host copy's bytes, 0 without one */
+
 /* ---- generation ---------------------------------------------------------------------------- */
 
 /* Which log-prob a generated token reports:

@@ -131,6 +131,19 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
  * back), the gradient bytes released (or allocated again), the seconds it took. Absent when
  * nothing moved. */
 #define FF_RL_T_OFFLOAD "offload"
+/* roles.<ref|reward>.weights: on_demand (docs/run.md "Weights on demand"). rl.migrate_out's
+ * argument prefetch (FF_RL_REF | FF_RL_REWARD bits, 0 none): the source, freed by the move,
+ * starts loading those roles' weights onto its backend now, on a helper thread. Every
+ * rl.generate result of a worker hosting such a role: "weights_held" I64 [1], those roles'
+ * weight bytes on its backend when the job began. Every rl.logprob (role ref) or rl.score
+ * on such a worker: "weights" F64 [FF_RL_W_N], the load it needed (bytes 0: the weights were
+ * there): bytes copied onto the backend, the copy's seconds, the seconds the subtask waited
+ * for it (load - waited: hidden by a prefetch), the role's bytes on the backend during the
+ * subtask, 1 when prefetched, and the copy's start and end in seconds after the handler began
+ * (a prefetch starts before it). */
+#define FF_RL_T_WEIGHTS "weights"
+#define FF_RL_T_WEIGHTS_HELD "weights_held"
+enum { FF_RL_W_BYTES = 0, FF_RL_W_LOAD_S, FF_RL_W_WAITED_S, FF_RL_W_HELD, FF_RL_W_PREFETCHED, FF_RL_W_START, FF_RL_W_END, FF_RL_W_N };
 
 /* Per-token columns (F32 [sum rlen]) an rl.train subtask carries, aligned with "resp". */
 enum {

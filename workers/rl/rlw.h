@@ -169,6 +169,35 @@ int rlw_logprob(rlw *s, unsigned role, const rlw_samples *in, int32_t micro_batc
 int rlw_values(rlw *s, const rlw_samples *in, int32_t micro_batch, float *values);
 int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *scores);
 
+/* ---- frozen weights on demand (roles.<ref|reward>.weights: on_demand) --------------------
+ * docs/run.md "Weights on demand". Such a role's weights wait in a host allocation of the
+ * model's own (ff_model_params_to_host at rl.init); its inference (rlw_logprob of FF_RL_REF,
+ * rlw_reward_model, rlw_digest) first brings them onto the backend: what a prefetch left, or the
+ * whole copy there. The policy: they stay while the role's inference subtasks keep coming and
+ * go when the worker's rollout stage is over (its next rl.train, rl.train_fused, rl.sync or
+ * rl.save: rlw_weights_release), so each iteration's generation starts without them. */
+/* Start loading those of `roles` (FF_RL_REF | FF_RL_REWARD bits) held on demand here and not on
+ * the backend, each on a helper thread, while the compute thread goes on (a worker freed by a
+ * migration, told ahead by rl.migrate_out). */
+void rlw_weights_prefetch(rlw *s, unsigned roles);
+/* Every on-demand role's weights off the backend (a load in flight finishes first). */
+void rlw_weights_release(rlw *s);
+bool rlw_weights_on_demand(const rlw *s, unsigned role);
+/* The on-demand roles' weight bytes on the backend now (a load in flight not counted). */
+int64_t rlw_weights_held(const rlw *s);
+/* What the role's last inference needed: bytes copied onto the backend (0: they were there),
+ * the copy's seconds, the seconds the subtask waited for it (a prefetch's remainder, or the
+ * whole copy), the role's weight bytes on the backend during the subtask, and the copy's start
+ * and end (ff_now_ns). NULL when the role is not on demand here. */
+typedef struct rlw_load {
+    int64_t bytes;
+    double load_s, waited_s;
+    int64_t held;
+    int64_t start_ns, end_ns;
+    bool prefetched;
+} rlw_load;
+const rlw_load *rlw_weights_last(const rlw *s, unsigned role);
+
 /* ---- training ------------------------------------------------------------------------------ */
 /* rl.train: one optimizer step of role FF_RL_ACTOR or FF_RL_CRITIC on this rank's share (micro-batch
  * offsets mb [n_micro + 1]) with the mini-batch's global normaliser; gradients summed over

@@ -13,6 +13,7 @@
  *
  * Not here: messages (rlw_kinds.c), what runs where (the executor). */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -33,6 +34,25 @@
 #include "fuseflow/util.h"
 #include "workers/rl/rlw.h"
 
+
+/* A frozen role whose weights wait in host memory (roles.<ref|reward>.weights: on_demand,
+ * docs/run.md "Weights on demand"): its model keeps a host copy (ff_model_params_to_host) and
+ * holds its backend buffer only from a load to the next release. A prefetch loads on a helper
+ * thread of its own, on a stream of its own, while the compute thread goes on; nothing touches
+ * the model until the thread is joined (by the role's next inference, a release or unload). */
+typedef struct od_role {
+    ff_model *m;       /* s->ref or s->rm; NULL: resident (or not hosted) */
+    ff_stream *st;     /* the loads' copies */
+    pthread_t th;
+    bool loading;      /* th runs ff_model_params_load */
+    bool prefetched;   /* the load in progress or last done was a prefetch */
+    int rc;            /* the load's status, and its error text (the thread's message) */
+    char err[512];
+    ff_offload_stats done; /* the last load's bytes and seconds */
+    int64_t t0_ns, t1_ns;  /* its start and end (ff_now_ns) */
+    rlw_load last;         /* what the role's last inference subtask needed */
+} od_role;
+enum { OD_REF = 0, OD_REWARD, OD_N };
 
 typedef struct gen_job {
     void *owner;
@@ -112,6 +132,7 @@ struct rlw {
         rlw *s;
         int size;
     } dpc;                    /* a ZeRO-1 optimizer's collectives (ff_model_comm) */
+    od_role od[OD_N];         /* the ref's and the reward model's weights on demand */
 };
 
 static void lay_clear(rlw_lay *y);
@@ -227,7 +248,14 @@ static void job_free(gen_job *j) {
     j->filled = NULL;
 }
 
+static void od_join(od_role *o);
+
 static void unload(rlw *s) {
+    for (int i = 0; i < OD_N; i++) { /* a load in flight finishes before its model goes */
+        od_join(&s->od[i]);
+        ff_stream_destroy(&s->od[i].st);
+        s->od[i] = (od_role){0};
+    }
     for (int i = 0; i < s->njobs; i++) job_free(&s->jobs[i]);
     s->njobs = 0;
     ff_rollout_destroy(&s->ro);
@@ -493,6 +521,104 @@ static int layouts_setup(rlw *s, const rlw_init_args *a) {
     return 0;
 }
 
+/* ---- frozen weights on demand ------------------------------------------------------------ */
+static const char *const od_names[OD_N] = {"ref", "reward"};
+
+static int od_setup(rlw *s, int i, ff_model *m) {
+    od_role *o = &s->od[i];
+    if (!(o->st = ff_stream_new(s->be)) || ff_model_params_to_host(m, NULL) != 0)
+        return ff_error_wrap("worker: roles.%s.weights: on_demand: keeping its weights in host memory", od_names[i]);
+    o->m = m;
+    return 0;
+}
+
+static void *od_thread(void *arg) {
+    od_role *o = arg;
+    o->rc = ff_model_params_load(o->m, o->st, &o->done);
+    if (o->rc) snprintf(o->err, sizeof o->err, "%s", ff_error_message()); /* the message is per thread */
+    o->t1_ns = ff_now_ns();
+    return NULL;
+}
+
+static void od_join(od_role *o) {
+    if (!o->loading) return;
+    pthread_join(o->th, NULL);
+    o->loading = false;
+}
+
+static int od_index(unsigned role) { return role == FF_RL_REF ? OD_REF : role == FF_RL_REWARD ? OD_REWARD : -1; }
+
+void rlw_weights_prefetch(rlw *s, unsigned roles) {
+    for (int i = 0; i < OD_N; i++) {
+        od_role *o = &s->od[i];
+        if (!o->m || !(roles & (i == OD_REF ? FF_RL_REF : FF_RL_REWARD)) || o->loading || ff_model_params_held(o->m)) continue;
+        o->prefetched = true, o->rc = 0, o->err[0] = 0;
+        o->t0_ns = ff_now_ns();
+        /* without a thread the role's inference loads it itself */
+        o->loading = pthread_create(&o->th, NULL, od_thread, o) == 0;
+    }
+}
+
+/* The role's weights onto the backend before its inference: what a prefetch left (waiting for
+ * its thread), or the whole load here. Fills o->last. 0 / -1 + error naming role and bytes. */
+static int od_acquire(rlw *s, unsigned role) {
+    const int i = od_index(role);
+    od_role *o = i >= 0 ? &s->od[i] : NULL;
+    if (!o || !o->m) return 0;
+    const int64_t want = ff_now_ns();
+    o->last = (rlw_load){0};
+    if (o->loading) {
+        od_join(o);
+    } else if (!ff_model_params_held(o->m)) {
+        o->prefetched = false, o->t0_ns = want;
+        o->rc = ff_model_params_load(o->m, o->st, &o->done);
+        if (o->rc) snprintf(o->err, sizeof o->err, "%s", ff_error_message());
+        o->t1_ns = ff_now_ns();
+    } else {
+        o->last.held = ff_model_params_host_bytes(o->m); /* still here from its last load */
+        return 0;
+    }
+    const int64_t now = ff_now_ns();
+    if (o->rc) {
+        o->rc = 0; /* the host copy stays: the next subtask tries again */
+        return ff_error_set("worker", "give the worker's device more free memory, or set the role's weights: resident",
+                            "roles.%s.weights: on_demand: loading its %" PRId64 " bytes of weights failed: %s", od_names[i],
+                            ff_model_params_host_bytes(o->m), o->err);
+    }
+    o->last = (rlw_load){.bytes = o->done.bytes, .load_s = o->done.seconds, .waited_s = (double)(now - want) * 1e-9,
+                         .held = ff_model_params_host_bytes(o->m), .start_ns = o->t0_ns, .end_ns = o->t1_ns,
+                         .prefetched = o->prefetched};
+    return 0;
+}
+
+void rlw_weights_release(rlw *s) {
+    for (int i = 0; i < OD_N; i++) {
+        od_role *o = &s->od[i];
+        if (!o->m) continue;
+        od_join(o);
+        if (ff_model_params_held(o->m)) ff_model_release_params(o->m); /* the host copy holds them */
+    }
+}
+
+bool rlw_weights_on_demand(const rlw *s, unsigned role) {
+    const int i = od_index(role);
+    return i >= 0 && s->od[i].m != NULL;
+}
+
+const rlw_load *rlw_weights_last(const rlw *s, unsigned role) {
+    const int i = od_index(role);
+    return i >= 0 && s->od[i].m ? &s->od[i].last : NULL;
+}
+
+int64_t rlw_weights_held(const rlw *s) {
+    int64_t n = 0;
+    for (int i = 0; i < OD_N; i++) {
+        const od_role *o = &s->od[i];
+        if (o->m && !o->loading && ff_model_params_held(o->m)) n += ff_model_params_host_bytes(o->m);
+    }
+    return n;
+}
+
 int rlw_init(rlw *s, const rlw_init_args *a) {
     unload(s);
     int n_over = 0;
@@ -557,10 +683,12 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     if (a->roles & FF_RL_REF) {
         if (!roles[FF_ROLE_REF].model) return ff_error_set("worker", "add roles.ref.model", "the run has no reference model");
         if (!(s->ref = load_model(s, &s->lay, roles[FF_ROLE_REF].model, false, false, NULL, "ref"))) return -1;
+        if (roles[FF_ROLE_REF].on_demand && od_setup(s, OD_REF, s->ref) != 0) return -1;
     }
     if (a->roles & FF_RL_REWARD) {
         if (!roles[FF_ROLE_REWARD].model) return ff_error_set("worker", "add roles.reward.model", "the run has no reward model");
         if (!(s->rm = load_model(s, &s->lay, roles[FF_ROLE_REWARD].model, true, false, NULL, "reward"))) return -1;
+        if (roles[FF_ROLE_REWARD].on_demand && od_setup(s, OD_REWARD, s->rm) != 0) return -1;
     }
     return 0;
 }
@@ -598,7 +726,8 @@ void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]) {
     if (!m) return;
     ff_model_memory mm;
     ff_model_memory_of(m, &mm);
-    out[FF_RL_RB_PARAMS] = mm.params + mm.viewed; /* its shard, of which the viewed part is the actor's */
+    /* its shard, of which the viewed part is the actor's; on demand, what its inference loads */
+    out[FF_RL_RB_PARAMS] = mm.params + mm.viewed ? mm.params + mm.viewed : ff_model_params_host_bytes(m);
     out[FF_RL_RB_VIEWED] = mm.viewed;
     /* what the role needs to train: its gradients and AdamW state count while they are away
      * for generation (roles.actor.offload) */
@@ -950,7 +1079,7 @@ static const ff_roles_pipe *pipe_of(const rlw *s, unsigned role) {
 }
 
 int rlw_logprob(rlw *s, unsigned role, const rlw_samples *in, int32_t micro_batch, float *logp, float *ent) {
-    if (need(s, role)) return -1;
+    if (need(s, role) || od_acquire(s, role)) return -1;
     if (!ff_model_params_held(model_of(s, role)))
         return ff_error_set("rl.logprob", "score with the generating copy after a weight sync, or with the actor",
                             "the %s gave its weights back for the actor's training", role_name(role));
@@ -976,7 +1105,7 @@ int rlw_values(rlw *s, const rlw_samples *in, int32_t micro_batch, float *values
 }
 
 int rlw_reward_model(rlw *s, const rlw_samples *in, int32_t micro_batch, float *scores) {
-    if (need(s, FF_RL_REWARD)) return -1;
+    if (need(s, FF_RL_REWARD) || od_acquire(s, FF_RL_REWARD)) return -1;
     ff_rl_sample *v = views(in, NULL, NULL, NULL, NULL);
     if (!v) return -1;
     ff_score_opts o = {.micro_batch_size = micro_batch, .pipe = pipe_of(s, FF_RL_REWARD)};
@@ -1032,6 +1161,7 @@ static void metrics_row(const ff_train_metrics *tm, double *m) {
 int rlw_train(rlw *s, unsigned role, const rlw_samples *in, const int32_t *mb, int32_t n_micro, double denom, ff_coll_comm *comm,
               double *m) {
     const int64_t entry_ns = ff_now_ns(); /* the handler calls this first */
+    rlw_weights_release(s); /* the rollout stage is over here: training needs the memory */
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : role == FF_RL_CRITIC ? s->t_critic : NULL;
     if (!t)
         return ff_error_set("rl.train", "the graph needs a train node for the role, and the worker must host it",
@@ -1063,6 +1193,7 @@ int rlw_train_fused(rlw *s, const rlw_samples in[2], const int32_t *const mb[2],
                     const double denom[2], const ff_fuse_instance *inst, const ff_fuse_schedule *sched, ff_coll_comm *comm, double *m) {
     const int64_t entry_ns = ff_now_ns();
     const char *w = "rl.train_fused";
+    rlw_weights_release(s);
     if (!s->t_actor || !s->t_critic)
         return ff_error_set(w, "the graph needs train nodes for the actor and the critic, both hosted here",
                             "this worker has no %s trainer", s->t_actor ? "critic" : "actor");
@@ -1169,6 +1300,7 @@ static int gen_ready(rlw *s) {
 
 int rlw_sync_local(rlw *s) {
     s->sync_received = 0;
+    rlw_weights_release(s);
     if (need(s, FF_RL_ACTOR) || need(s, FF_RL_GEN)) return -1;
     if (s->ro && ff_rollout_running(s->ro) > 0) return ff_error_set("weight sync", NULL, "sequences are still decoding");
     if (actor_away(s) != 0 || gen_restore(s) != 0) return ff_error_wrap("weight sync");
@@ -1179,6 +1311,7 @@ int rlw_sync_local(rlw *s) {
 
 int rlw_sync_reshard(rlw *s, ff_coll_comm *comm) {
     s->sync_received = 0;
+    rlw_weights_release(s);
     /* colocated: the group split at rl.init and a plan made once; a pool of its own: the sync
      * group (the actor's replica 0 and the live generation ranks), planned again when it
      * changed */
@@ -1265,6 +1398,7 @@ static int save_role(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm)
 /* A checkpoint while the actor is away (it comes after the sync): its state back for the
  * export, and away again for the generation that follows. */
 int rlw_save(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm) {
+    rlw_weights_release(s);
     const bool away = role == FF_RL_ACTOR && s->actor_away;
     if (away && actor_back(s) != 0) return -1;
     int rc = save_role(s, role, dir, comm);
@@ -1311,7 +1445,7 @@ static int save_role(rlw *s, unsigned role, const char *dir, ff_coll_comm *comm)
 }
 
 int rlw_digest(rlw *s, unsigned role, uint64_t *hash, double *sum) {
-    if (need(s, role)) return -1;
+    if (need(s, role) || od_acquire(s, role)) return -1;
     ff_model *m = model_of(s, role);
     if (!ff_model_params_held(m))
         return ff_error_set("rl.digest", "ask after a weight sync", "the %s holds no weights between its syncs", role_name(role));

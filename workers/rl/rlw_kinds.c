@@ -32,6 +32,11 @@
  *   rl.migrate_in  peer: receive member peer's sequences (in the handler), continue them here
  *                (deferred)     -> tag I64 [m, 2], xfer F64 [3], rlen, finish I32 [m], resp I32, logprob F32
  *   every generation result also carries prefill F64 [2] (tokens, seconds: the measured rate)
+ *   with roles.<ref|reward>.weights: on_demand (docs/run.md "Weights on demand"): rl.migrate_out
+ *                takes prefetch (role bits: start loading those weights now, on a helper
+ *                thread); every generation result carries weights_held I64 [1] (those roles'
+ *                weight bytes on the backend when the job began) and every inference of such
+ *                a role weights F64 [FF_RL_W_N] (the load it needed)
  *
  * "samples" are prompt I32 [sum plen], plen I32 [n], resp I32 [sum rlen], rlen I32 [n].
  * Under TP every TP rank of a replica gets the subtask and computes; only TP rank 0 returns
@@ -385,6 +390,11 @@ static int k_generate(ff_task *t, void *ud) {
         r->cap = cap;
     }
     rlw_sampling sp = {(float)temp, (float)top_p, (int32_t)top_k, (int32_t)max_new, (float)len_median, (float)len_ratio, (int32_t)len_max};
+    if (rlw_weights_on_demand(r->eng, FF_RL_REF) || rlw_weights_on_demand(r->eng, FF_RL_REWARD)) {
+        int64_t *held = ff_task_output(t, FF_RL_T_WEIGHTS_HELD, FF_DTYPE_I64, 1, (int64_t[]){1});
+        if (!held) return -1;
+        *held = rlw_weights_held(r->eng);
+    }
     if (rlw_gen_lockstep(r->eng)) { /* in lockstep with the other TP ranks: to the end, here */
         gen_run g = {r, 0};
         if (rlw_gen_run(r->eng, t, p->data, pl->data, sd->data, (int32_t)pl->shape[0], (int32_t)n, &sp, on_gen_run, &g) != 0) return -1;
@@ -464,12 +474,12 @@ static void migrate_out_now(ff_rlworker *r) {
 
 static int k_migrate_out(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
-    int64_t how;
+    int64_t how, prefetch;
     double link, prefill;
     ff_coll_comm *comm;
     int peer;
     if (!arg_int(t, "how", RLW_MIG_KV, &how) || !arg_float(t, "link_bps", 0, &link) || !arg_float(t, "prefill_tps", 0, &prefill) ||
-        !peer_arg(t, &comm, &peer))
+        !arg_int(t, "prefetch", 0, &prefetch) || !peer_arg(t, &comm, &peer))
         return -1;
     if (how < RLW_MIG_KV || how > RLW_MIG_AUTO)
         return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_out: how = %lld (0 kv, 1 recompute, 2 auto)", (long long)how);
@@ -477,6 +487,8 @@ static int k_migrate_out(ff_task *t, void *ud) {
     if (rlw_gen_lockstep(r->eng))
         return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "rl.migrate_out: a TP or PP generation replica does not migrate its samples");
     if (ff_task_defer(t) != 0) return -1;
+    /* freed by this move, the worker takes inference next: its weights load meanwhile */
+    rlw_weights_prefetch(r->eng, (unsigned)prefetch);
     r->mig_out = t, r->mig_comm = comm, r->mig_peer = peer;
     r->mig_costs = (rlw_mig_costs){(int)how, link, prefill};
     return 0;
@@ -628,8 +640,23 @@ static float *sample_output(ff_task *t, ff_rlworker *r, unsigned role, const cha
     return *scratch;
 }
 
+/* The load an on-demand role's inference needed (rlw_weights_last), its times relative to the
+ * handler's start t0 (the controller places them on the trace). */
+static int weights_out(ff_task *t, ff_rlworker *r, unsigned role, int64_t t0) {
+    const rlw_load *l = rlw_weights_last(r->eng, role);
+    if (!l) return 0;
+    double *o = ff_task_output(t, FF_RL_T_WEIGHTS, FF_DTYPE_F64, 1, (int64_t[]){FF_RL_W_N});
+    if (!o) return -1;
+    o[FF_RL_W_BYTES] = (double)l->bytes, o[FF_RL_W_LOAD_S] = l->load_s, o[FF_RL_W_WAITED_S] = l->waited_s;
+    o[FF_RL_W_HELD] = (double)l->held, o[FF_RL_W_PREFETCHED] = l->prefetched;
+    o[FF_RL_W_START] = l->bytes ? (double)(l->start_ns - t0) * 1e-9 : 0;
+    o[FF_RL_W_END] = l->bytes ? (double)(l->end_ns - t0) * 1e-9 : 0;
+    return 0;
+}
+
 static int k_logprob(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
+    const int64_t t0 = ff_now_ns();
     rlw_samples in;
     unsigned role;
     int64_t R, mb, want_ent;
@@ -641,7 +668,7 @@ static int k_logprob(ff_task *t, void *ud) {
     float *ent = want_ent ? sample_output(t, r, role, FF_RL_T_ENTROPY, R, &s2) : NULL;
     int rc = !lp || (want_ent && !ent) ? -1 : rlw_logprob(r->eng, role, &in, (int32_t)mb, lp, ent);
     free(s1), free(s2);
-    return rc;
+    return rc ? rc : weights_out(t, r, role, t0);
 }
 
 static int k_value(ff_task *t, void *ud) {
@@ -657,13 +684,14 @@ static int k_value(ff_task *t, void *ud) {
 
 static int k_score(ff_task *t, void *ud) {
     ff_rlworker *r = ud;
+    const int64_t t0 = ff_now_ns();
     rlw_samples in;
     int64_t mb;
     if (!read_samples(t, &in, NULL) || !arg_int(t, "mb", 0, &mb)) return -1;
     float *scratch = NULL, *s = sample_output(t, r, FF_RL_REWARD, FF_RL_T_SCORE, in.n, &scratch);
     int rc = s ? rlw_reward_model(r->eng, &in, (int32_t)mb, s) : -1;
     free(scratch);
-    return rc;
+    return rc ? rc : weights_out(t, r, FF_RL_REWARD, t0);
 }
 
 /* ---- training, sync, checkpoints ------------------------------------------------------------ */
