@@ -288,15 +288,15 @@ static void point_plain(const problem *p, point *x, int extra, bool least) {
  * nothing; the decoding search looks for the cap under a memory budget below the best peak
  * (begin_cycle), and the order search weighs the memory more, with the mean node peak to smooth
  * the plateaus of the max. At slack 0 the cap is the bound and a makespan over it costs what it
- * is over (the makespan-first energy less a constant); with a slack the cap is a wall (a step,
+ * is over (the makespan-first energy); with a slack the cap is a wall (a step,
  * then a slope back), and both searches weigh the memory so: on A of bench_fuse's family (8
  * nodes, 32 micro-batches, 5:2) at slack 0.02 it found peak 19.6 where the soft cap found 22.4. */
 static double energy(const worker *w, double mk, double pk, const double *node_peak) {
     const problem *p = w->p;
     const shared *sh = w->sh;
     if (!sh->memory_phase) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
-    double over = fmax(0, mk - sh->cap_exact) / p->lb;
-    if (sh->slack > 0 && over > 0) over = OVER_CAP + OVER_SLOPE * over;
+    double over = sh->slack == 0 ? mk / p->lb /* the same energy bit for bit as before the slack existed */
+                  : mk > sh->cap_exact ? OVER_CAP + OVER_SLOPE * (mk - sh->cap_exact) / p->lb : 0;
     if (w->mode == 0 && sh->slack == 0) return over + MEM_WEIGHT * pk / sh->cap_peak_lb;
     double mean = 0;
     for (int32_t n = 0; n < p->in->nodes; n++) mean += node_peak[n];
@@ -542,7 +542,7 @@ static void round_end(shared *sh) {
         sh->memory_phase = true;
         sh->cap_exact = at_bound(p, mk) && sh->slack == 0 ? p->lb : mk * (1 + sh->slack);
         sh->cap_mk = sh->cap_exact * (1 + 1e-9) + 1e-12;
-        sh->cap_peak_lb = ff_fuse_peak_bound(p->in, sh->cap_mk);
+        sh->cap_peak_lb = ff_fuse_peak_bound(p->in, sh->cap_exact);
         for (int t = 0; t < sh->n; t++) {
             worker *w = &sh->w[t];
             if (t != bi) {
