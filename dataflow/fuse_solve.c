@@ -18,9 +18,11 @@
  * in rounds of a fixed number of evaluations; after a round the threads compare. A thread whose
  * makespan has not improved for KICK_CYCLES decoding cycles starts its decoding afresh from a
  * random fixed point with random perturbations (the search has basins it does not leave by
- * small moves). Once the best makespan is the bound, all go on from it to lower the peak. They stop at both bounds, after
- * STALE_ROUNDS rounds without a lower peak at the makespan bound, or when the search's share of
- * the time (1 - POLISH_SHARE) is spent. Rounds of
+ * small moves). Once the best makespan is the bound, all go on from it to lower the peak (the
+ * memory phase); with a makespan slack F also once MK_SHARE of the rounds or the time is spent,
+ * and then the least peak within (1 + F) x the best makespan wins (better_under). They stop at
+ * both bounds (the peak's at the cap), after STALE_ROUNDS rounds without a lower peak in the
+ * memory phase, or when the search's share of the time (1 - POLISH_SHARE) is spent. Rounds of
  * fixed work make the result depend only on the seed and the thread count whenever it stops
  * before the time. Last, what runs: the executor's streams (ff_fuse_to_pipe) block in their
  * transfers, which the fused simulator does not model, so the best schedule's tasks are moved a
