@@ -159,6 +159,11 @@ static void usage_fused(FILE *out) {
             "  --seed N      fuse: the search's seed (default 0); same seed and threads, same answer\n"
             "                when it stops at the bounds\n"
             "  --threads N   fuse: search threads (default: the machine's cores)\n"
+            "  --makespan-slack F\n"
+            "                fuse: trade time for memory (0 to 1, default 0: makespan first): the\n"
+            "                least peak it finds among schedules within (1 + F) x its best makespan,\n"
+            "                e.g. 0.02 for up to 2%% longer (the peak bound printed is at the result's\n"
+            "                makespan)\n"
             "  --json        one JSON object: makespan, peak_activation, lower_bound {makespan,\n"
             "                peak_activation}, schedule, and per node busy time and peak\n"
             "  --svg FILE    also write the timeline (one row per node, one colour per family)\n");
@@ -211,18 +216,18 @@ static int cmd_fused(int argc, char **argv) {
     char cmd[32];
     snprintf(cmd, sizeof cmd, "schedule %s", sub);
     bool is_fuse = !strcmp(sub, "fuse"), is_check = !strcmp(sub, "check");
-    double seconds = 10;
+    double seconds = 10, slack = 0;
     int64_t seed = 0, threads = 0;
     bool json = false;
     const char *svg = NULL;
     const ffio_opt all[] = {
         {"json", FFIO_FLAG, &json, 0, 0},          {"svg", FFIO_STR, &svg, 0, 0},
         {"seconds", FFIO_DOUBLE, &seconds, 0.001, 86400}, {"seed", FFIO_INT, &seed, 0, 9007199254740992.0},
-        {"threads", FFIO_INT, &threads, 1, 256},
+        {"threads", FFIO_INT, &threads, 1, 256},          {"makespan-slack", FFIO_DOUBLE, &slack, 0, 1},
     };
     char *pos[2];
     int n_pos;
-    int rc = ffio_parse(cmd, argc, argv, all, is_fuse ? 5 : 2, pos, 2, &n_pos);
+    int rc = ffio_parse(cmd, argc, argv, all, is_fuse ? 6 : 2, pos, 2, &n_pos);
     if (rc == 1) {
         usage_fused(stdout);
         return 0;
@@ -239,7 +244,7 @@ static int cmd_fused(int argc, char **argv) {
     ff_fuse_sim sim;
     int status = 1;
     if (is_fuse) {
-        ff_fuse_solve_opts o = {.seconds = seconds, .seed = (uint64_t)seed, .threads = (int)threads};
+        ff_fuse_solve_opts o = {.seconds = seconds, .seed = (uint64_t)seed, .threads = (int)threads, .makespan_slack = slack};
         if (ff_fuse_solve(&in, &o, &s, &st)) goto done;
     } else if (is_check) {
         size_t len;

@@ -18,9 +18,11 @@
  * in rounds of a fixed number of evaluations; after a round the threads compare. A thread whose
  * makespan has not improved for KICK_CYCLES decoding cycles starts its decoding afresh from a
  * random fixed point with random perturbations (the search has basins it does not leave by
- * small moves). Once the best makespan is the bound, all go on from it to lower the peak. They stop at both bounds, after
- * STALE_ROUNDS rounds without a lower peak at the makespan bound, or when the search's share of
- * the time (1 - POLISH_SHARE) is spent. Rounds of
+ * small moves). Once the best makespan is the bound, all go on from it to lower the peak (the
+ * memory phase); with a makespan slack F also once MK_SHARE of the rounds or the time is spent,
+ * and then the least peak within (1 + F) x the best makespan wins (better_under). They stop at
+ * both bounds (the peak's at the cap), after STALE_ROUNDS rounds without a lower peak in the
+ * memory phase, or when the search's share of the time (1 - POLISH_SHARE) is spent. Rounds of
  * fixed work make the result depend only on the seed and the thread count whenever it stops
  * before the time. Last, what runs: the executor's streams (ff_fuse_to_pipe) block in their
  * transfers, which the fused simulator does not model, so the best schedule's tasks are moved a
@@ -42,7 +44,11 @@
 #define CYCLE_DECODES 1500    /* evaluations of one annealing cycle (hot to cold), then back to the thread's best */
 #define STALE_ROUNDS 2000     /* rounds without a better peak at the bound before stopping */
 #define MEM_WEIGHT 0.002      /* energy = makespan / LB + MEM_WEIGHT x peak / its bound */
-#define MEM_WEIGHT_AT_BOUND 0.05 /* the same once the makespan is at its bound */
+#define MEM_WEIGHT_AT_BOUND 0.05 /* the order search's in the memory phase, on (peak + MEAN_WEIGHT x mean node peak) / its bound */
+#define MEAN_WEIGHT 0.1       /* the mean node peak smooths the plateaus of the max */
+#define OVER_CAP 0.05         /* with a slack, in the memory phase: the energy of a makespan over the cap (5 x the hottest temperature) */
+#define OVER_SLOPE 2.0        /* and more per (makespan over the cap) / the bound: a way back under it */
+#define MK_SHARE 0.5          /* with a slack: the makespan search's share of the rounds or the time, unless at the bound sooner */
 #define KICK_CYCLES 3         /* decoding cycles without a shorter makespan before a thread starts afresh */
 #define POLISH_TRIES 1000      /* order moves tried on the executor's streams after the search */
 #define POLISH_SHARE 0.15     /* of the time budget kept for them */
@@ -80,6 +86,18 @@ static bool better(double mk, double pk, double bmk, double bpk) {
     if (mk < bmk - tol) return true;
     if (mk > bmk + tol) return false;
     return pk < bpk - 1e-9 * fmax(bpk, 1);
+}
+
+/* In the memory phase, of two schedules within the makespan cap the lower peak is better, and one
+ * within it beats one over it; over it (and with no cap: INFINITY) makespan first. */
+static bool better_under(double cap, double mk, double pk, double bmk, double bpk) {
+    if (isfinite(cap) && isfinite(bmk) && (mk <= cap) != (bmk <= cap)) return mk <= cap;
+    if (isfinite(cap) && mk <= cap && bmk <= cap) {
+        if (pk < bpk - 1e-9 * fmax(bpk, 1)) return true;
+        if (pk > bpk + 1e-9 * fmax(bpk, 1)) return false;
+        return mk < bmk - 1e-9 * fmax(bmk, 1);
+    }
+    return better(mk, pk, bmk, bpk);
 }
 
 static bool at_bound(const problem *p, double mk) { return mk <= p->lb * (1 + 1e-9) + 1e-12; }
@@ -220,7 +238,13 @@ struct shared {
     int64_t deadline_ns;
     int64_t rounds, max_rounds; /* done so far; the budget (0: none) */
     bool stop;
-    bool memory_phase;         /* the best makespan is at its bound: lower the memory */
+    bool memory_phase;         /* the best makespan is at its bound (or, with a slack, its search's share is
+                                * spent): lower the memory under cap_mk */
+    double slack;              /* ff_fuse_solve_opts.makespan_slack */
+    double cap_exact;          /* the memory phase's makespan cap: (1 + slack) x the best makespan then (the bound at slack 0) */
+    double cap_mk;             /* cap_exact and a rounding tolerance, what comparisons use (INFINITY before the phase) */
+    double cap_peak_lb;        /* the peak bound at cap_mk: the memory phase stops there */
+    int64_t switch_ns;         /* with a slack: the memory phase starts by this time at the latest */
     int stale;
     double round_mk, round_pk; /* the best over all threads after the last round */
     worker *w;
@@ -262,16 +286,24 @@ static void point_plain(const problem *p, point *x, int extra, bool least) {
     memset(x->nb, 0, (size_t)p->items * sizeof *x->nb);
 }
 
-/* Before the makespan reaches its bound, memory only breaks ties; after, the decoding search
- * looks for the bound under a memory budget below the best peak (begin_cycle), and the order
- * search weighs the memory more, with the mean node peak to smooth the plateaus of the max. */
+/* Before the memory phase, memory only breaks ties. In it, a makespan under the cap costs
+ * nothing; the decoding search looks for the cap under a memory budget below the best peak
+ * (begin_cycle), and the order search weighs the memory more, with the mean node peak to smooth
+ * the plateaus of the max. At slack 0 the cap is the bound and a makespan over it costs what it
+ * is over (the makespan-first energy); with a slack the cap is a wall (a step,
+ * then a slope back), and both searches weigh the memory so: on A of bench_fuse's family (8
+ * nodes, 32 micro-batches, 5:2) at slack 0.02 it found peak 19.6 where the soft cap found 22.4. */
 static double energy(const worker *w, double mk, double pk, const double *node_peak) {
     const problem *p = w->p;
-    if (!w->sh->memory_phase || w->mode == 0) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
+    const shared *sh = w->sh;
+    if (!sh->memory_phase) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
+    double over = sh->slack == 0 ? mk / p->lb /* the same energy bit for bit as before the slack existed */
+                  : mk > sh->cap_exact ? OVER_CAP + OVER_SLOPE * (mk - sh->cap_exact) / p->lb : 0;
+    if (w->mode == 0 && sh->slack == 0) return over + MEM_WEIGHT * pk / sh->cap_peak_lb;
     double mean = 0;
     for (int32_t n = 0; n < p->in->nodes; n++) mean += node_peak[n];
     mean /= p->in->nodes;
-    return mk / p->lb + MEM_WEIGHT_AT_BOUND * (pk + 0.1 * mean) / p->peak_lb;
+    return over + MEM_WEIGHT_AT_BOUND * (pk + MEAN_WEIGHT * mean) / sh->cap_peak_lb;
 }
 
 /* Caps down to what the decoded schedule used: it decodes to the same schedule (a cap that
@@ -293,7 +325,7 @@ static void copy_lists(ff_fuse_schedule *dst, const ff_fuse_schedule *src) {
 }
 
 static void keep_if_best(worker *w, const ff_fuse_schedule *s, double mk, double pk) {
-    if (!better(mk, pk, w->best_mk, w->best_pk)) return;
+    if (!better_under(w->sh->cap_mk, mk, pk, w->best_mk, w->best_pk)) return;
     w->best_mk = mk;
     w->best_pk = pk;
     copy_lists(&w->best_sched, s);
@@ -308,12 +340,12 @@ static int try_point(worker *w, const point *x, double *e) {
         return 0;
     }
     *e = energy(w, mk, pk, w->d.peak);
-    if (better(mk, pk, w->an_mk, w->an_pk)) {
+    if (better_under(w->sh->cap_mk, mk, pk, w->an_mk, w->an_pk)) {
         w->an_mk = mk;
         w->an_pk = pk;
         point_copy(&w->anchor, x, w->p->items);
     }
-    if (better(mk, pk, w->pt_mk, w->pt_pk)) {
+    if (better_under(w->sh->cap_mk, mk, pk, w->pt_mk, w->pt_pk)) {
         w->pt_mk = mk;
         w->pt_pk = pk;
         point_copy(&w->best_pt, x, w->p->items);
@@ -352,7 +384,7 @@ static int begin_cycle(worker *w) {
             for (int i = 0; i < w->p->in->n_models; i++)
                 if (w->p->in->models[i].act > 0) unit = fmin(unit, w->p->in->models[i].act);
             if (isfinite(unit)) {
-                w->cur.budget = w->best_pk - fmax(0.5 * unit, w->mem_step * (w->best_pk - w->p->peak_lb));
+                w->cur.budget = w->best_pk - fmax(0.5 * unit, w->mem_step * fmax(0, w->best_pk - w->sh->cap_peak_lb));
                 w->budget_from = w->best_pk;
             }
         }
@@ -495,37 +527,45 @@ static int anneal_round(worker *w) {
     return 0;
 }
 
-/* Between rounds, in one thread: the best so far; when its makespan first reaches the bound,
- * every thread goes on from it to lower the memory; stop at both bounds, when the memory has
- * not improved for STALE_ROUNDS rounds, or at the deadline. */
+/* Between rounds, in one thread: the best so far. When its makespan first reaches the bound
+ * (with a slack: or the makespan search's share of the rounds or the time is spent), the memory
+ * phase: the cap is (1 + slack) x that makespan and every thread goes on from the best to lower
+ * the memory under it. Stop at the cap's peak bound, when the memory has not improved for
+ * STALE_ROUNDS rounds, or at the deadline. */
 static void round_end(shared *sh) {
     const problem *p = sh->w[0].p;
     int bi = 0;
     for (int t = 1; t < sh->n; t++)
-        if (better(sh->w[t].best_mk, sh->w[t].best_pk, sh->w[bi].best_mk, sh->w[bi].best_pk)) bi = t;
+        if (better_under(sh->cap_mk, sh->w[t].best_mk, sh->w[t].best_pk, sh->w[bi].best_mk, sh->w[bi].best_pk)) bi = t;
     double mk = sh->w[bi].best_mk, pk = sh->w[bi].best_pk;
-    if (at_bound(p, mk)) {
-        if (!sh->memory_phase) {
-            sh->memory_phase = true;
-            for (int t = 0; t < sh->n; t++) {
-                worker *w = &sh->w[t];
-                if (t != bi) {
-                    point_copy(&w->best_pt, &sh->w[bi].best_pt, p->items);
-                    w->pt_mk = sh->w[bi].pt_mk, w->pt_pk = sh->w[bi].pt_pk;
-                    w->best_mk = mk, w->best_pk = pk;
-                    copy_lists(&w->best_sched, &sh->w[bi].best_sched);
-                }
-                w->restart = true;
+    sh->rounds++;
+    bool share_spent = sh->slack > 0 && (sh->max_rounds > 0 ? sh->rounds >= (int64_t)(MK_SHARE * (double)sh->max_rounds) : ff_now_ns() >= sh->switch_ns);
+    if (!sh->memory_phase && (at_bound(p, mk) || share_spent)) {
+        sh->memory_phase = true;
+        sh->cap_exact = at_bound(p, mk) && sh->slack == 0 ? p->lb : mk * (1 + sh->slack);
+        sh->cap_mk = sh->cap_exact * (1 + 1e-9) + 1e-12;
+        sh->cap_peak_lb = ff_fuse_peak_bound(p->in, sh->cap_exact);
+        for (int t = 0; t < sh->n; t++) {
+            worker *w = &sh->w[t];
+            if (t != bi) {
+                point_copy(&w->best_pt, &sh->w[bi].best_pt, p->items);
+                w->pt_mk = sh->w[bi].pt_mk, w->pt_pk = sh->w[bi].pt_pk;
+                w->best_mk = mk, w->best_pk = pk;
+                copy_lists(&w->best_sched, &sh->w[bi].best_sched);
             }
+            w->restart = true;
         }
-        sh->stale = better(mk, pk, sh->round_mk, sh->round_pk) ? 0 : sh->stale + 1;
-        if (pk <= p->peak_lb * (1 + 1e-9) || sh->stale >= STALE_ROUNDS) sh->stop = true;
+        sh->round_mk = sh->round_pk = INFINITY;
+    }
+    if (sh->memory_phase) {
+        sh->stale = better_under(sh->cap_mk, mk, pk, sh->round_mk, sh->round_pk) ? 0 : sh->stale + 1;
+        if ((mk <= sh->cap_mk && pk <= sh->cap_peak_lb * (1 + 1e-9)) || sh->stale >= STALE_ROUNDS) sh->stop = true;
     }
     sh->round_mk = mk;
     sh->round_pk = pk;
     for (int t = 0; t < sh->n; t++) sh->stop |= sh->w[t].failed != 0;
     if (ff_now_ns() >= sh->deadline_ns) sh->stop = true;
-    if (sh->max_rounds > 0 && ++sh->rounds >= sh->max_rounds) sh->stop = true;
+    if (sh->max_rounds > 0 && sh->rounds >= sh->max_rounds) sh->stop = true;
 }
 
 static void *thread_main(void *arg) {
@@ -578,7 +618,7 @@ static void *polish(void *arg) {
         if (len < 2 || to < 0 || to >= len) continue;
         move_task(s->tasks[n], from, to);
         w->decodes++;
-        if (!fuse_run(c, s, &r, NULL, NULL) && !better(r0.makespan, r0.peak, r.makespan, r.peak)) {
+        if (!fuse_run(c, s, &r, NULL, NULL) && !better_under(w->sh->cap_mk, r0.makespan, r0.peak, r.makespan, r.peak)) {
             double mk = ff_fuse_streams_makespan(in, s);
             if (mk >= 0 && mk <= cur) {
                 cur = mk;
@@ -672,8 +712,14 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
     if (threads < 1) threads = 1;
     if (threads > 256) threads = 256;
     uint64_t seed = o ? o->seed : 0;
+    double slack = o ? o->makespan_slack : 0;
+    if (!(slack >= 0 && slack <= 1)) { /* NaN too */
+        ff_error_set("fuse solver", "give a fraction from 0 (makespan first) to 1, e.g. 0.02 for 2%", "makespan slack %g is out of range", slack);
+        if (stats) *stats = st;
+        return -1;
+    }
     problem p;
-    shared sh = {.gate = PTHREAD_MUTEX_INITIALIZER, .open = PTHREAD_COND_INITIALIZER};
+    shared sh = {.gate = PTHREAD_MUTEX_INITIALIZER, .open = PTHREAD_COND_INITIALIZER, .slack = slack, .cap_mk = INFINITY};
     worker *w = NULL;
     int rc = -1, made = 0;
     if (problem_init(&p, in)) goto done;
@@ -694,7 +740,7 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
             point_plain(&p, &w[0].cur, extras[e], pass == 0);
             if (try_point(&w[0], &w[0].cur, &en)) goto done;
         }
-    bool done_early = at_bound(&p, w[0].best_mk) && w[0].best_pk <= p.peak_lb * (1 + 1e-9);
+    bool done_early = at_bound(&p, w[0].best_mk) && w[0].best_pk <= (slack > 0 ? ff_fuse_peak_bound(in, p.lb * (1 + slack)) : p.peak_lb) * (1 + 1e-9);
     for (int t = 1; t < threads; t++) { /* every thread anneals from the best fixed point */
         point_copy(&w[t].best_pt, &w[0].best_pt, p.items);
         w[t].pt_mk = w[0].pt_mk, w[t].pt_pk = w[0].pt_pk;
@@ -708,6 +754,7 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
     for (int t = 0; t < threads; t++) w[t].restart = true;
     if (!done_early) {
         sh.deadline_ns = t0 + (int64_t)((1 - POLISH_SHARE) * seconds * 1e9);
+        sh.switch_ns = t0 + (int64_t)(MK_SHARE * (1 - POLISH_SHARE) * seconds * 1e9);
         sh.max_rounds = o && o->max_rounds > 0 ? o->max_rounds : 0;
         sh.w = w;
         sh.n = threads;
@@ -743,13 +790,13 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
     }
     int bi = 0;
     for (int t = 1; t < threads; t++)
-        if (better(w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
+        if (better_under(sh.cap_mk, w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
     /* every thread polishes the best (its own where it ties it), in parallel; the fastest streams win */
     sh.deadline_ns = t0 + (int64_t)(seconds * 1e9);
     for (int t = 0; t < threads; t++) {
         w[t].sh = &sh;
         w[t].polish_seed = seed;
-        if (t != bi && better(w[bi].best_mk, w[bi].best_pk, w[t].best_mk, w[t].best_pk)) {
+        if (t != bi && better_under(sh.cap_mk, w[bi].best_mk, w[bi].best_pk, w[t].best_mk, w[t].best_pk)) {
             copy_lists(&w[t].best_sched, &w[bi].best_sched);
             w[t].best_mk = w[bi].best_mk, w[t].best_pk = w[bi].best_pk;
         }

@@ -123,6 +123,8 @@ typedef struct ff_fuse_solve_opts {
     int64_t max_rounds; /* 0: none; else stop after this many rounds of the search (a round: a fixed
                          * number of evaluations per thread), so that the schedule depends on the
                          * instance, the seed and the threads only, never on the machine's load */
+    double makespan_slack; /* 0 .. 1 (0: makespan first). F > 0: the least peak activation it finds among
+                            * the schedules within (1 + F) x its best makespan (dataflow/fuse_solve.c) */
 } ff_fuse_solve_opts;
 
 typedef struct ff_fuse_solve_stats {
@@ -132,7 +134,8 @@ typedef struct ff_fuse_solve_stats {
 } ff_fuse_solve_stats;
 
 /* A valid schedule, makespan first, peak activation memory second, into *out (initialised
- * here); of the schedules tied on both it looks for one whose executor streams (ff_fuse_to_pipe,
+ * here); with makespan_slack F > 0, the least peak among those within (1 + F) x the best makespan
+ * its makespan search found (a trade: a little time for memory). Of the schedules tied on both it looks for one whose executor streams (ff_fuse_to_pipe,
  * whose transfers block) run fastest. Deterministic for a seed and a thread count when it stops
  * before the time: at both bounds, when the peak at the makespan bound stopped improving, or
  * after max_rounds rounds. 0 or -1 + error. */

@@ -462,6 +462,39 @@ static void exhaustive(const char *json, bool solver_reaches_peak) {
     CHECK_CLOSE(sim.makespan, best_mk, 1e-9, 0);
     if (solver_reaches_peak) CHECK_CLOSE(sim.peak_activation, best_pk, 1e-9, 0);
     ff_fuse_schedule_free(&sol);
+    /* the trade: with a slack F, the exact least peak of the schedules that end by (1 + F) x the
+     * least makespan (a memory phase that ignored the cap, or the memory, misses it) */
+    static const double slacks[] = {0.1, 0.25, 0.5};
+    int traded = 0; /* slacks where the least peak under the cap is below the one at the least makespan */
+    for (size_t f = 0; f < sizeof slacks / sizeof *slacks; f++) {
+        double cap = best_mk * (1 + slacks[f]), least = INFINITY;
+        for (int u = 0; u < nv; u++)
+            if (mks[u] <= cap + 1e-12) least = fmin(least, pks[u]);
+        traded += least < best_pk - 1e-9;
+        ff_fuse_solve_opts os = opt;
+        os.makespan_slack = slacks[f];
+        DIE_IF(ff_fuse_solve(&in, &os, &sol, &st));
+        DIE_IF(ff_fuse_simulate(&in, &sol, &sim));
+        printf("  slack %g: least peak %g by makespan %g; the solver: peak %g at makespan %g\n", slacks[f], least, cap, sim.peak_activation, sim.makespan);
+        CHECK(sim.makespan <= cap + 1e-9);
+        CHECK_CLOSE(sim.peak_activation, least, 1e-9, 0);
+        ff_fuse_schedule_free(&sol);
+    }
+    CHECK(traded > 0);
+}
+
+/* makespan_slack outside 0..1 (or NaN) is refused with the range named */
+static void test_slack_errors(void) {
+    ff_fuse_instance in = parse_ok(TWO);
+    static const double bad[] = {-0.01, 1.5, NAN};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        ff_fuse_solve_opts o = {.seconds = 1, .seed = 1, .threads = 1, .makespan_slack = bad[k]};
+        ff_fuse_schedule s;
+        CHECK(ff_fuse_solve(&in, &o, &s, NULL) == -1);
+        CHECK_STR_CONTAINS(ff_error_message(), "makespan slack");
+        CHECK_STR_CONTAINS(ff_error_message(), "from 0");
+        ff_fuse_schedule_free(&s);
+    }
 }
 
 static void test_exhaustive(void) {
@@ -484,6 +517,7 @@ int main(void) {
     test_bounds_tight_on_1f1b();
     test_bounds_below_random_schedules();
     test_solver();
+    test_slack_errors();
     test_exhaustive();
     TEST_MAIN_END();
 }

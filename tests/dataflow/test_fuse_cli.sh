@@ -2,7 +2,8 @@
 # `fuseflow schedule fuse | 1f1b | check` end to end: the issue's instance solved to its lower
 # bound and faster than the serial baseline; --json read back by check, which scores it the
 # same; the SVG; and bad inputs (a missing file, an unknown key, a deadlocking or incomplete
-# schedule, bad flags) fail with a message naming the problem.
+# schedule, bad flags) fail with a message naming the problem; --makespan-slack trades a longer
+# makespan for less memory, and out of range it is refused.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"
 EX="$SRC/examples/fuse_actor_critic.json"
 
@@ -27,6 +28,17 @@ cp "$TMP/out" "$TMP/serial.json"
 grep -q '"makespan": 127' "$TMP/serial.json" && ok "serial makespan 127" || fail "1f1b json: $(head -c 300 "$TMP/serial.json")"
 expect_ok "check the serial schedule" "$FF_BIN" schedule check "$EX" "$TMP/serial.json"
 grep -q "^makespan 127, lower bound 102" "$TMP/out" && ok "check: 127 against 102" || fail "check text: $(head -3 "$TMP/out")"
+
+# the trade: at slack 0 the example's least peak found is 7 at the bound 102; within 10% of it,
+# the solver reaches the peak bound 4 (and stops there: the same answer however loaded)
+expect_ok "fuse --makespan-slack 0.1" "$FF_BIN" schedule fuse "$EX" --seconds 20 --threads 2 --makespan-slack 0.1
+mk=$(awk '/^makespan /{sub(",", "", $2); print $2}' "$TMP/out")
+awk -v m="$mk" 'BEGIN {exit !(m >= 102 && m <= 112.2)}' && ok "makespan $mk within 1.1 x 102" || fail "slack makespan: $(head -3 "$TMP/out")"
+grep -q "^peak activation 4, lower bound at this makespan 4" "$TMP/out" && ok "peak 4, its bound" || fail "slack peak: $(grep '^peak' "$TMP/out")"
+expect_error "slack above 1" "makespan-slack wants a number in \[0, 1\]" "$FF_BIN" schedule fuse "$EX" --makespan-slack 1.5
+expect_error "negative slack" "makespan-slack" "$FF_BIN" schedule fuse "$EX" --makespan-slack -0.1
+expect_error "slack not a number" "makespan-slack" "$FF_BIN" schedule fuse "$EX" --makespan-slack two
+expect_error "slack only for fuse" "unknown option '--makespan-slack'" "$FF_BIN" schedule 1f1b "$EX" --makespan-slack 0.1
 
 # bad inputs
 expect_error "missing instance" "no/such.json" "$FF_BIN" schedule fuse no/such.json
