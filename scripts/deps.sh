@@ -2,7 +2,8 @@
 # Installs what fuseflow builds and tests with, from Debian 12 packages. Run as root (or with
 # sudo available). `--bench` adds what the benchmarks compare against (PyTorch, numpy), and
 # tiktoken and Hugging Face tokenizers from PyPI into a venv for bench_tokenizer only
-# (FF_BENCH_VENV, default ~/.cache/fuseflow/bench-venv, which the benchmark finds by itself).
+# (FF_BENCH_VENV, default ~/.cache/fuseflow/bench-venv, which the benchmark finds by itself),
+# and OR-tools for bench/bench_fuse_exact.py (the fused solver against CP-SAT's exact optimum).
 # The package manager's output goes to a log (FF_DEPS_LOG, else a new /tmp/fuseflow-deps.*
 # file): here one line per step, and the log's last lines and its path when a step fails.
 set -euo pipefail
@@ -42,10 +43,10 @@ else
 fi
 if [[ "${1:-}" == "--bench" ]]; then
   venv=${FF_BENCH_VENV:-$HOME/.cache/fuseflow/bench-venv}
-  if "$venv/bin/python" -c "import tiktoken, tokenizers" 2>/dev/null; then
-    echo "deps: tiktoken and tokenizers ready in $venv"
+  if "$venv/bin/python" -c "import tiktoken, tokenizers, ortools" 2>/dev/null; then
+    echo "deps: tiktoken, tokenizers and ortools ready in $venv"
   else
     ff_step "$log" "deps: venv $venv" python3 -m venv "$venv"
-    ff_step "$log" "deps: pip install tiktoken tokenizers (bench only)" "$venv/bin/pip" install -q tiktoken tokenizers
+    ff_step "$log" "deps: pip install tiktoken tokenizers ortools (bench only)" "$venv/bin/pip" install -q tiktoken tokenizers ortools
   fi
 fi
