@@ -128,7 +128,7 @@ static void infer_layout(const char *name, const ff_model_config *cfg, const ff_
         snprintf(what, sizeof what, "%s inference stages values", name);
         pt_close(&pt_err_infer, what, j.val, ref->ival, N, 0, PT_TOL_AFTER);
     }
-    for (int r = 0; r < p; r++) free(ctx[r].tmp);
+    for (int r = 0; r < p; r++) rank_ctx_clear(&ctx[r]);
     free(j.lp), free(j.ent), free(j.val);
     group_free(&gr);
 }
@@ -163,7 +163,7 @@ static void run_layout(const char *name, const ff_model_config *cfg, const ff_pi
     ff_tensor_set_destroy(&trained);
     for (int r = 0; r < p; r++) {
         pt_result_free(&j->res[r]);
-        free(j->ctx[r].tmp);
+        rank_ctx_clear(&j->ctx[r]);
     }
     group_free(&gr);
     free(j);
@@ -391,7 +391,7 @@ static void fused(void) {
         pt_batch_free(&g[i]);
         ff_tensor_set_destroy(&w[i]);
     }
-    for (int r = 0; r < 2; r++) free(j->ctx[r].tmp);
+    for (int r = 0; r < 2; r++) rank_ctx_clear(&j->ctx[r]);
     group_free(&gr);
     free(j);
     ff_pipe_schedule_clear(&s);
@@ -581,7 +581,7 @@ static void tp_pp(const char *name, ff_model_config cfg, ff_pipe_config pc) {
     for (int t = 0; t < TP; t++) {
         for (int s = 0; s < p; s++) {
             pt_result_free(&j->res[t][s]);
-            free(j->pp[t][s].tmp);
+            rank_ctx_clear(&j->pp[t][s]);
         }
         group_free(&pg[t]);
     }
@@ -673,7 +673,7 @@ static void retry(void) {
     for (int r = 0; r < 2; r++) {
         CHECK(j.rc[r] == -1);
         CHECK(j.loss[r] == ref.loss[0]);
-        free(j.ctx[r].tmp);
+        rank_ctx_clear(&j.ctx[r]);
     }
     group_free(&gr);
     ff_pipe_schedule_clear(&s);

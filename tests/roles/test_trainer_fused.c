@@ -160,7 +160,7 @@ static world *run(int mode, const ff_model_config *cfg, ff_tensor_set *const *wt
     }
     for (int r = 0; r < P; r++) pthread_join(th[r], NULL);
     for (int i = 0; i < 2; i++) {
-        for (int r = 0; r < P; r++) free(w->ctx[i][r].tmp);
+        for (int r = 0; r < P; r++) rank_ctx_clear(&w->ctx[i][r]);
         group_free(&w->g[i]);
     }
     return w;
