@@ -140,6 +140,8 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
+static bool g_blocking; /* the transport without send_post: every send blocks in its call */
+
 static void run_layout(const char *name, const ff_model_config *cfg, const ff_pipe_config *pc, const ff_tensor_set *w,
                        const pt_batch *g, const pt_result *ref, int (*before_step)(void *, ff_model *), double loss_scale) {
     const int p = pc->pp;
@@ -147,6 +149,7 @@ static void run_layout(const char *name, const ff_model_config *cfg, const ff_pi
     REQUIRE(j);
     *j = (job){.pc = pc, .cfg = cfg, .w = w, .g = g, .before_step = before_step};
     group *gr = group_new(p);
+    gr->blocking_sends = g_blocking;
     pthread_t th[MAXR];
     targ args[MAXR];
     for (int r = 0; r < p; r++) {
@@ -181,8 +184,8 @@ static void parity(const char *cfg_name, ff_model_config cfg, const ff_pipe_conf
         pc.micro = NMICRO;
         pc.layers = cfg.num_hidden_layers;
         char name[128];
-        snprintf(name, sizeof name, "%s pp%d %s%s", cfg_name, pc.pp, ff_pipe_kind_name(pc.kind),
-                 pc.kind == FF_PIPE_INTERLEAVED ? " v2" : "");
+        snprintf(name, sizeof name, "%s pp%d %s%s%s", cfg_name, pc.pp, ff_pipe_kind_name(pc.kind),
+                 pc.kind == FF_PIPE_INTERLEAVED ? " v2" : "", g_blocking ? " (blocking sends)" : "");
         run_layout(name, &cfg, &pc, w, &g, &ref, NULL, 1);
     }
     pt_result_free(&ref);
@@ -686,6 +689,7 @@ static void retry(void) {
 
 static int no_call(void *ctx, const ff_pipe_xfer *x, int n) { (void)ctx, (void)x, (void)n; return 0; }
 static int no_sum(void *ctx, double *b, size_t n) { (void)ctx, (void)b, (void)n; return 0; }
+static int no_done(void *ctx, bool wait, uint64_t *done) { (void)ctx, (void)wait, *done = 0; return 0; }
 
 static void errors(void) {
     ff_model_config cfg = tiny_config(32, 16, 32, 4, 4, 2, false, false, false);
@@ -710,6 +714,15 @@ static void errors(void) {
     t.rank = 0;
     CHECK(ff_pipe_exec_new(&s, 1, &t, &em) == NULL); /* the transport's rank is another */
     CHECK_STR_CONTAINS(ff_error_message(), "the transport's group is the schedule's ranks");
+    /* streams that need sends that do not block, over a transport whose sends block */
+    s.eager_sends = true;
+    CHECK(ff_pipe_exec_new(&s, 0, &t, &em) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "need sends that do not block");
+    s.eager_sends = false;
+    t.sends_done = no_done; /* half of the pair */
+    CHECK(ff_pipe_exec_new(&s, 0, &t, &em) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "the transport has sends_done only");
+    t.sends_done = NULL;
     ff_pipe_exec *e = ff_pipe_exec_new(&s, 0, &t, &em);
     CHECK(e != NULL);
     ff_pipe_exec_destroy(&e);
@@ -753,6 +766,9 @@ int main(void) {
                                  {.pp = 2, .vpp = 2, .kind = FF_PIPE_INTERLEAVED}, {.pp = 4, .kind = FF_PIPE_1F1B},
                                  {.pp = 4, .kind = FF_PIPE_GPIPE}};
     parity("4 layers", tiny_config(64, 32, 48, 4, 4, 2, false, true, true), l4, 5);
+    g_blocking = true; /* the same through blocking calls (a transport without send_post) */
+    parity("4 layers", tiny_config(64, 32, 48, 4, 4, 2, false, true, true), l4, 5);
+    g_blocking = false;
     /* 8 layers, tied embeddings: 1F1B and interleaved at PP 2 and 4 */
     const ff_pipe_config l8[] = {{.pp = 2, .kind = FF_PIPE_1F1B}, {.pp = 2, .vpp = 2, .kind = FF_PIPE_INTERLEAVED},
                                  {.pp = 4, .kind = FF_PIPE_1F1B}, {.pp = 4, .vpp = 2, .kind = FF_PIPE_INTERLEAVED}};
