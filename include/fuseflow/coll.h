@@ -4,7 +4,8 @@
  * Two backends, chosen when the unique id is made:
  *   "cpu"   host buffers; shared memory between processes of one host, TCP across hosts
  *           (FF_COLL_SHM=0: TCP only). Every call is synchronous: when it returns 0 the
- *           result is in the receive buffer.
+ *           result is in the receive buffer (but ff_coll_send_post, a send that does not
+ *           block).
  *   "nccl"  device buffers; calls are enqueued on a cudaStream_t and complete
  *           asynchronously (ff_coll_synchronize waits, with the timeout). Compiled only
  *           where the CUDA toolkit and NCCL were found; ff_coll_backend_available says.
