@@ -495,7 +495,7 @@ static int run_with_posted(ff_coll_comm **comms, const coll_call *calls, size_t 
     if (!ch) return -1;
     size_t o = 0;
     for (size_t j = 0; j < nd; j++) {
-        memcpy(ch + o, distinct[j]->cpu.pend, distinct[j]->cpu.n_pend * sizeof *ch);
+        if (distinct[j]->cpu.n_pend) memcpy(ch + o, distinct[j]->cpu.pend, distinct[j]->cpu.n_pend * sizeof *ch);
         o += distinct[j]->cpu.n_pend;
     }
     for (size_t i = 0; i < n; i++) {

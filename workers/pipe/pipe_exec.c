@@ -137,8 +137,10 @@ static int fly_reclaim(ff_pipe_exec *e, bool wait) {
         if (pool_put(e, &e->fly[k])) return -1;
         k++;
     }
-    memmove(e->fly, e->fly + k, sizeof *e->fly * (size_t)(e->n_fly - k));
-    memmove(e->fly_no, e->fly_no + k, sizeof *e->fly_no * (size_t)(e->n_fly - k));
+    if (k && k < e->n_fly) {
+        memmove(e->fly, e->fly + k, sizeof *e->fly * (size_t)(e->n_fly - k));
+        memmove(e->fly_no, e->fly_no + k, sizeof *e->fly_no * (size_t)(e->n_fly - k));
+    }
     e->n_fly -= k;
     return 0;
 }
