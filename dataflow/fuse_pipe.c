@@ -35,8 +35,9 @@
 /* One transfer or step on one node, before it becomes an instruction. */
 typedef struct item {
     int64_t gap;   /* the node's computes before it */
-    int32_t cls;   /* in its gap: 0 sends, 1 optimizer steps, 2 receives */
-    double tau;    /* a step's time: steps of one gap in the same order on every rank */
+    int32_t cls;   /* in its gap: 0 sends, 1 optimizer steps (and receives held before one), 2 receives */
+    double tau;    /* cls 1: the step's time: steps of one gap in the same order on every rank */
+    int32_t sub;   /* cls 1: 0 a receive before the step of time tau, 1 the step */
     int64_t id;    /* transfers: channel and place in its order; steps: family and model */
     ff_pipe_instr in;
 } item;
@@ -54,6 +55,8 @@ typedef struct ctx {
     double *ts[FF_FUSE_MAX_NODES], *te[FF_FUSE_MAX_NODES]; /* [n_tasks] each node's task times, ascending */
     int32_t *mk[FF_FUSE_MAX_NODES];                         /* [n_tasks] each task's micro-batch */
     int32_t family[FF_FUSE_MAX_MODELS];                     /* the first model of its family */
+    double fam_tau[FF_FUSE_MAX_MODELS];                     /* [family] its steps' time */
+    int64_t step_gap[FF_FUSE_MAX_NODES][FF_FUSE_MAX_MODELS]; /* [node][family] its step's gap there, -1 */
     node_items items[FF_FUSE_MAX_NODES];
 } ctx;
 
@@ -211,8 +214,16 @@ static int add_transfers(ctx *c) {
         for (int64_t j = hi - 1; j >= lo; j--) v[j].cgap = rgap = v[j].cgap < rgap ? v[j].cgap : rgap;
         for (int64_t j = lo; j < hi && !rc; j++) {
             const int64_t id = ((int64_t)v[j].a * FF_FUSE_MAX_NODES + v[j].b) << 32 | (j - lo);
-            rc = add_item(c, v[j].a, (item){.gap = v[j].sgap, .id = id, .in = v[j].snd}) ||
-                 add_item(c, v[j].b, (item){.gap = v[j].cgap, .cls = 2, .id = id, .in = v[j].rcv});
+            item r = {.gap = v[j].cgap, .cls = 2, .id = id, .in = v[j].rcv};
+            /* sent before a step that both ends take, it is received before it too: the step's
+             * collectives (over the same connections) come after it on both sides */
+            for (int f = 0; f < c->in->n_models; f++) {
+                const int64_t sa = c->step_gap[v[j].a][f], sb = c->step_gap[v[j].b][f];
+                if (sa < 0 || sb < 0 || v[j].sgap > sa || v[j].cgap < sb) continue;
+                if (r.cls == 2 || sb < r.gap || (sb == r.gap && c->fam_tau[f] < r.tau))
+                    r.gap = sb, r.cls = 1, r.tau = c->fam_tau[f], r.sub = 0;
+            }
+            rc = add_item(c, v[j].a, (item){.gap = v[j].sgap, .id = id, .in = v[j].snd}) || add_item(c, v[j].b, r);
         }
     }
     free(v);
@@ -230,9 +241,12 @@ static int add_steps(ctx *c) {
                 const double e = t_end(c, i, st, k, true);
                 end[c->family[i]] = e > end[c->family[i]] ? e : end[c->family[i]];
             }
+    for (int32_t n = 0; n < FF_FUSE_MAX_NODES; n++)
+        for (int f = 0; f < FF_FUSE_MAX_MODELS; f++) c->step_gap[n][f] = -1;
     for (int i = 0; i < in->n_models; i++) {
         const ff_fuse_model *m = &in->models[i];
         const double tau = end[c->family[i]];
+        c->fam_tau[c->family[i]] = tau;
         for (int32_t st = 0; st < m->n_stages; st++) {
             const int32_t n = m->stages[st];
             int64_t last = 0, g = gap_of(c, n, tau);
@@ -240,8 +254,11 @@ static int add_steps(ctx *c) {
                 const int64_t j = c->bi[i][(size_t)st * (size_t)m->micro + (size_t)k];
                 last = j > last ? j : last;
             }
-            item it = {.gap = g <= last ? last + 1 : g, .cls = 1, .tau = tau, .id = (int64_t)c->family[i] * FF_FUSE_MAX_MODELS + i,
+            item it = {.gap = g <= last ? last + 1 : g, .cls = 1, .tau = tau, .sub = 1,
+                       .id = (int64_t)c->family[i] * FF_FUSE_MAX_MODELS + i,
                        .in = {.op = FF_PIPE_OPTIMIZER_STEP, .model = (uint8_t)i, .micro = -1, .peer = -1, .call = -1}};
+            int64_t *sg = &c->step_gap[n][c->family[i]];
+            *sg = *sg < 0 || it.gap < *sg ? it.gap : *sg;
             if (add_item(c, n, it)) return -1;
         }
     }
@@ -253,6 +270,7 @@ static int item_cmp(const void *pa, const void *pb) {
     if (a->gap != b->gap) return a->gap < b->gap ? -1 : 1;
     if (a->cls != b->cls) return a->cls < b->cls ? -1 : 1;
     if (a->tau != b->tau) return a->tau < b->tau ? -1 : 1;
+    if (a->sub != b->sub) return a->sub < b->sub ? -1 : 1;
     if (a->id != b->id) return a->id < b->id ? -1 : 1;
     return 0;
 }
@@ -310,7 +328,7 @@ static int build(ctx *c, const int64_t *layers, ff_pipe_schedule *out) {
         if (ff_pipe_model_set(out, i, m->micro, m->n_stages, m->stages, layers ? per : NULL, false)) return -1;
     }
     out->eager_sends = true; /* receives placed before their consumers: blocking sends could deadlock */
-    if (add_transfers(c) || add_steps(c)) return -1;
+    if (add_steps(c) || add_transfers(c)) return -1; /* the steps first: receives are held before those they cross */
     for (int32_t n = 0; n < in->nodes; n++)
         if (emit(c, n, out)) return -1;
     return 0;

@@ -495,6 +495,10 @@ static int do_call(ff_pipe_exec *e, int64_t i, int64_t end) {
 
 static int do_step(ff_pipe_exec *e, int64_t i) {
     exec_model *m = &e->em[e->st->instr[i].model];
+    /* a send still moving moves only while this rank calls the transport: the step's hook and
+     * sums may block on other groups whose ranks wait for it */
+    if (e->eager && fly_reclaim(e, true))
+        return ff_error_wrap("pipeline executor, rank %d: the sends before the optimizer step", e->rank);
     if (m->m.before_step && m->m.before_step(m->m.step_ctx, m->m.model))
         return ff_error_wrap("pipeline executor, rank %d: before the optimizer step", e->rank);
     if (m->tied_peer >= 0) {
