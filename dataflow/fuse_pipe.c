@@ -13,7 +13,10 @@
  * data leaves when it is sent); they cannot deadlock where the fused simulator finishes. Each
  * model's optimizer step goes where its family's last backward ends on the fused simulator's
  * timeline (tau), after the rank's own last backward of it; in its gap after the sends and
- * before the receives. Steps meet other ranks (the gradient norm's sum, the replicas' gradient
+ * before the receives. A message sent before a step that both its ends take is received before
+ * it too (the step's collectives share the connections), which can make the receiver wait for
+ * a compute that runs across tau: the one place the streams may run longer than the fused
+ * makespan. Steps meet other ranks (the gradient norm's sum, the replicas' gradient
  * sum, the tied embeddings): every rank of them reaches its step having run what starts before
  * tau on the timeline, which needs only what other ranks run before their own steps, and waits
  * for nothing made after tau, so the steps cannot deadlock with the transfers.

@@ -29,7 +29,9 @@
  *
  * Sends: over a transport with send_post a send instruction posts its transfer and the rank goes
  * on (Megatron's and NCCL's asynchronous sends); the buffer goes back to the pool once the send
- * is done, and the run waits for all of its sends before its closing sum. Receives block.
+ * is done, and the run waits for all of its sends before each optimizer step (whose hook and
+ * sums may block on other groups while a send moves only with this rank's calls) and before
+ * its closing sum. Receives block.
  *
  * Failure: a rank whose run fails (a bad batch, a broken transport) returns -1 + error naming
  * the instruction, drops its stages' forwards in flight (a later run starts clean) and leaves
