@@ -8,7 +8,7 @@
  * turn), the fused makespan, the makespan lower bound and the ratio, the peak activation over
  * its bound (at the fused makespan) and over the serial baseline's, the makespan of the
  * executor's streams for the fused schedule (ff_fuse_to_pipe, run by ff_pipe_simulate with the
- * same times and no latency: its blocking transfers can only add waiting) over the fused
+ * same times and no latency, sends not blocking as the executor makes them) over the fused
  * simulator's, the speed-up over serial of what runs (the serial baseline's streams over the
  * fused schedule's), and the solve time on the given threads. Then the same instance solved
  * with a makespan slack (ff_fuse_solve_opts.makespan_slack, --slack, default 0.02): its makespan

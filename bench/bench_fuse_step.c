@@ -15,9 +15,9 @@
  * there, and fused steps, which keep more ranks busy at once, make each compute slower. The CPU
  * seconds per step (all threads) and the cores' lower bound (CPU / cores) are printed with it.
  *
- * The transport is the tests' mailbox in its rendezvous mode (a call returns once its sends are
- * received, as blocking NCCL calls do: the pipeline simulator's model); --buffered lets sends
- * return at once.
+ * The transport is the tests' mailbox with sends that do not block, as the executor makes them
+ * over ff_coll (a posted send is done once received in its rendezvous mode, at once with
+ * --buffered).
  *
  * Usage: bench_fuse_step [--reps N] [--pp4] [--buffered] [--micro M] [--len T] [--hidden H]
  *        [--layers L] [--critic-layers L] [--quick]
@@ -142,7 +142,7 @@ int main(int argc, char **argv) {
                1e3 * med[q], 1e3 * wall[q][0], 1e3 * median(mk[q], reps), 1e3 * c, c / med[q], cores, 1e3 * c / (double)cores);
     }
     printf("fused simulator on the measured instance: serial %.1f ms, fused %.1f ms (%.3f x; schedule found in %.2f s); "
-           "pipeline simulator on the streams (blocking transfers): %.1f ms, %.1f ms (%.3f x)\n",
+           "pipeline simulator on the streams (sends not blocking): %.1f ms, %.1f ms (%.3f x)\n",
            1e3 * sim_serial, 1e3 * sim_fused, sim_serial / sim_fused, solve_s, 1e3 * st_serial, 1e3 * st_fused, st_serial / st_fused);
     printf("note: %s transfers; %d rank threads on %ld cores (one backend thread each): ranks share cores, so the serial step's "
            "bubbles are partly busy elsewhere and the fused step's computes slow each other down%s\n",

@@ -1,20 +1,25 @@
 /* A fused actor+critic schedule (fuseflow/fuse.h) as the pipeline executor's instruction
  * streams (ff_fuse_to_pipe): one ff_pipe model per instance model, each node's forwards and
- * backwards in the schedule's order, and the sends, receives and optimizer steps placed so that
- * blocking grouped calls cannot deadlock for any schedule that the fused simulator runs.
+ * backwards in the schedule's order, the sends and receives between them, and the optimizer
+ * steps.
  *
- * How the transfers are placed (docs/pipeline.md, "Executing a fused schedule"): on a timeline
- * of the schedule (first the fused simulator's: a task starts when its node is free and its
- * input is done), every transfer gets one time tau between its producer's end and its
- * consumer's start, chosen where both nodes are idle when possible, and every optimizer step
- * the time its family's last backward ends. Each node lists its transfers and steps by tau between the
- * computes whose starts surround tau; the transfers between two computes form one call. Both
- * ends of a transfer list it at the same tau, so every channel has one order on both sides,
- * and a rank waiting in a call at tau can only wait for a peer still short of tau: a cycle of
- * waits would need tau to fall all the way round, so there is none (the proof is in the doc).
- * Any valid timeline of the node orders will do for that, so the placement is made again on
- * the timeline the pipeline simulator gives the streams (where blocking calls wait), a few
- * times, and the streams with the shortest simulated makespan are kept.
+ * How the transfers are placed (docs/pipeline.md, "Executing a fused schedule"): the streams'
+ * sends do not block (ff_pipe_schedule.eager_sends: the executor posts them over a transport
+ * with send_post), so a send goes right after the compute that made its tensor, and a receive
+ * right before the compute that needs it, or earlier where the same channel's next message is
+ * needed first (both ends list a channel in one order, the k-th send carrying the k-th
+ * receive). A rank then waits only where the fused simulator's task waits for its input, and
+ * the streams run at its makespan (with no latency, exactly; with a hop latency too, since the
+ * data leaves when it is sent); they cannot deadlock where the fused simulator finishes. Each
+ * model's optimizer step goes where its family's last backward ends on the fused simulator's
+ * timeline (tau), after the rank's own last backward of it; in its gap after the sends and
+ * before the receives. A message sent before a step that both its ends take is received before
+ * it too (the step's collectives share the connections), which can make the receiver wait for
+ * a compute that runs across tau: the one place the streams may run longer than the fused
+ * makespan. Steps meet other ranks (the gradient norm's sum, the replicas' gradient
+ * sum, the tied embeddings): every rank of them reaches its step having run what starts before
+ * tau on the timeline, which needs only what other ranks run before their own steps, and waits
+ * for nothing made after tau, so the steps cannot deadlock with the transfers.
  *
  * Not here: scoring or solving schedules (fuse.c, fuse_solve.c: the timeline is fuse_run's),
  * running the streams (the executor, workers/pipe). */
@@ -33,9 +38,10 @@
 /* One transfer or step on one node, before it becomes an instruction. */
 typedef struct item {
     int64_t gap;   /* the node's computes before it */
-    double tau;    /* its time: the same on both ends of a transfer, on every node of a step */
-    int32_t cls;   /* 0: transfer, 1: optimizer step (after the transfers of the same time) */
-    int64_t id;    /* the message or the step's family: a common order for equal times */
+    int32_t cls;   /* in its gap: 0 sends, 1 optimizer steps (and receives held before one), 2 receives */
+    double tau;    /* cls 1: the step's time: steps of one gap in the same order on every rank */
+    int32_t sub;   /* cls 1: 0 a receive before the step of time tau, 1 the step */
+    int64_t id;    /* transfers: channel and place in its order; steps: family and model */
     ff_pipe_instr in;
 } item;
 
@@ -52,6 +58,8 @@ typedef struct ctx {
     double *ts[FF_FUSE_MAX_NODES], *te[FF_FUSE_MAX_NODES]; /* [n_tasks] each node's task times, ascending */
     int32_t *mk[FF_FUSE_MAX_NODES];                         /* [n_tasks] each task's micro-batch */
     int32_t family[FF_FUSE_MAX_MODELS];                     /* the first model of its family */
+    double fam_tau[FF_FUSE_MAX_MODELS];                     /* [family] its steps' time */
+    int64_t step_gap[FF_FUSE_MAX_NODES][FF_FUSE_MAX_MODELS]; /* [node][family] its step's gap there, -1 */
     node_items items[FF_FUSE_MAX_NODES];
 } ctx;
 
@@ -124,11 +132,7 @@ static int setup(ctx *c) {
     return rc ? ff_error_set(W, NULL, "node %d does not finish, though ff_fuse_simulate ran the schedule", (int)r.stuck) : 0;
 }
 
-/* Start and end of model i's forward (grad: backward) of micro-batch k at stage st. */
-static double t_start(const ctx *c, int i, int32_t st, int32_t k, bool back) {
-    const int64_t j = (back ? c->bi : c->fi)[i][(size_t)st * (size_t)c->in->models[i].micro + (size_t)k];
-    return c->ts[c->in->models[i].stages[st]][j];
-}
+/* End of model i's forward (back: backward) of micro-batch k at stage st, on the timeline. */
 static double t_end(const ctx *c, int i, int32_t st, int32_t k, bool back) {
     const int64_t j = (back ? c->bi : c->fi)[i][(size_t)st * (size_t)c->in->models[i].micro + (size_t)k];
     return c->te[c->in->models[i].stages[st]][j];
@@ -136,56 +140,15 @@ static double t_end(const ctx *c, int i, int32_t st, int32_t k, bool back) {
 
 /* ---- placing transfers and steps ---------------------------------------------------------- */
 
-/* Computes of node n that start before tau (the gap tau falls in), and how long the compute
- * running at tau still runs (0 when the node is idle there, at a start or at an end). */
-static int64_t gap_of(const ctx *c, int32_t n, double tau, double *rest) {
+/* Computes of node n that start before tau (the gap tau falls in). */
+static int64_t gap_of(const ctx *c, int32_t n, double tau) {
     int64_t lo = 0, hi = c->s->n_tasks[n];
     while (lo < hi) { /* first task starting at or after tau */
         int64_t mid = lo + (hi - lo) / 2;
         if (c->ts[n][mid] < tau) lo = mid + 1;
         else hi = mid;
     }
-    if (rest) *rest = lo > 0 && c->te[n][lo - 1] > tau ? c->te[n][lo - 1] - tau : 0;
     return lo;
-}
-
-/* How long nodes a and b wait at time tau in the timeline (the rest of the compute each runs). */
-static double cost_at(const ctx *c, int32_t a, int32_t b, double tau) {
-    double ra, rb;
-    gap_of(c, a, tau, &ra);
-    gap_of(c, b, tau, &rb);
-    return ra + rb;
-}
-
-typedef struct pick {
-    const ctx *c;
-    int32_t a, b;
-    double lo, hi, best, cost;
-} pick;
-
-static void consider(pick *p, double tau) {
-    if (tau < p->lo || tau > p->hi) return;
-    const double cost = cost_at(p->c, p->a, p->b, tau);
-    if (p->cost < 0 || cost < p->cost || (cost == p->cost && tau < p->best)) p->best = tau, p->cost = cost;
-}
-
-/* The transfer's time in [lo, hi] (its producer's end, its consumer's start) that keeps its two
- * nodes waiting least in the timeline: a time both are idle when there is one, the earliest of
- * the best. The candidates are the interval's ends and the two nodes' task bounds inside it. */
-static double pick_tau(const ctx *c, int32_t a, int32_t b, double lo, double hi) {
-    pick p = {.c = c, .a = a, .b = b, .lo = lo, .hi = hi, .best = hi, .cost = -1};
-    consider(&p, lo);
-    consider(&p, hi);
-    const int32_t nodes[2] = {a, b};
-    for (int q = 0; q < 2 && p.cost > 0; q++) {
-        const int32_t n = nodes[q];
-        int64_t j = gap_of(c, n, lo, NULL);
-        for (j = j > 0 ? j - 1 : 0; j < c->s->n_tasks[n] && c->ts[n][j] <= hi; j++) {
-            consider(&p, c->ts[n][j]);
-            consider(&p, c->te[n][j]);
-        }
-    }
-    return p.best;
 }
 
 static int add_item(ctx *c, int32_t n, item it) {
@@ -201,26 +164,73 @@ static int add_item(ctx *c, int32_t n, item it) {
     return 0;
 }
 
-/* Model i's transfer of micro-batch k from stage `from` to the neighbouring stage `to`:
- * activations forward (after the forward of `from`, before that of `to`), gradients back. */
-static int add_transfer(ctx *c, int i, int32_t from, int32_t to, int32_t k, bool grad) {
-    const ff_fuse_model *m = &c->in->models[i];
-    const size_t M = (size_t)m->micro, qf = (size_t)from * M + (size_t)k, qt = (size_t)to * M + (size_t)k;
-    const int32_t a = m->stages[from], b = m->stages[to];
-    const double lo = t_end(c, i, from, k, grad), hi = t_start(c, i, to, k, grad);
-    const int64_t ja = grad ? c->bi[i][qf] : c->fi[i][qf], jb = grad ? c->bi[i][qt] : c->fi[i][qt];
-    const double tau = pick_tau(c, a, b, lo, hi);
-    /* the sender after its compute, the receiver before its own (the gaps of tau, which only
-     * rounding could move) */
-    int64_t ga = gap_of(c, a, tau, NULL), gb = gap_of(c, b, tau, NULL);
-    ga = ga <= ja ? ja + 1 : ga;
-    gb = gb > jb ? jb : gb;
-    const int64_t id = ((((int64_t)i * 2 + grad) * FF_FUSE_MAX_NODES + from) << 32) + k;
-    item snd = {.gap = ga, .tau = tau, .id = id,
-                .in = {.op = grad ? FF_PIPE_SEND_GRAD : FF_PIPE_SEND_ACT, .model = (uint8_t)i, .micro = k, .peer = b}};
-    item rcv = {.gap = gb, .tau = tau, .id = id,
-                .in = {.op = grad ? FF_PIPE_RECV_GRAD : FF_PIPE_RECV_ACT, .model = (uint8_t)i, .micro = k, .peer = a}};
-    return add_item(c, a, snd) || add_item(c, b, rcv) ? -1 : 0;
+/* One activation or gradient from node a to node b: sent in the gap after its producer, needed
+ * in the gap before its consumer. */
+typedef struct msg {
+    int32_t a, b;
+    int64_t sgap, cgap;
+    ff_pipe_instr snd, rcv;
+} msg;
+
+static int msg_cmp(const void *pa, const void *pb) {
+    const msg *x = pa, *y = pb;
+    if (x->a != y->a) return x->a < y->a ? -1 : 1;
+    if (x->b != y->b) return x->b < y->b ? -1 : 1;
+    return x->sgap < y->sgap ? -1 : x->sgap > y->sgap;
+}
+
+/* Every transfer of every model. A send is posted right after its producer (sends do not
+ * block); a receive waits right before its consumer, or earlier where a later message of the
+ * same channel is needed first: both ends list a channel in its send order (k-th send, k-th
+ * receive), so a receive comes no later than the next one's. That earlier receive costs
+ * nothing: its message left before the one the rank waits for there. */
+static int add_transfers(ctx *c) {
+    const ff_fuse_instance *in = c->in;
+    int64_t n = 0;
+    for (int i = 0; i < in->n_models; i++) n += 2 * (int64_t)in->models[i].micro * (in->models[i].n_stages - 1);
+    if (!n) return 0;
+    msg *v = ff_malloc(sizeof *v * (size_t)n);
+    if (!v) return -1;
+    int64_t q = 0;
+    for (int i = 0; i < in->n_models; i++) {
+        const ff_fuse_model *m = &in->models[i];
+        const size_t M = (size_t)m->micro;
+        for (int32_t k = 0; k < m->micro; k++)
+            for (int32_t st = 0; st + 1 < m->n_stages; st++)
+                for (int grad = 0; grad < 2; grad++) {
+                    const int32_t from = grad ? st + 1 : st, to = grad ? st : st + 1;
+                    const int64_t *idx = grad ? c->bi[i] : c->fi[i];
+                    v[q++] = (msg){.a = m->stages[from], .b = m->stages[to], .sgap = idx[(size_t)from * M + (size_t)k] + 1,
+                                   .cgap = idx[(size_t)to * M + (size_t)k],
+                                   .snd = {.op = grad ? FF_PIPE_SEND_GRAD : FF_PIPE_SEND_ACT, .model = (uint8_t)i, .micro = k,
+                                           .peer = m->stages[to]},
+                                   .rcv = {.op = grad ? FF_PIPE_RECV_GRAD : FF_PIPE_RECV_ACT, .model = (uint8_t)i, .micro = k,
+                                           .peer = m->stages[from]}};
+                }
+    }
+    qsort(v, (size_t)n, sizeof *v, msg_cmp);
+    int rc = 0;
+    for (int64_t lo = 0, hi; lo < n && !rc; lo = hi) { /* one channel: [lo, hi) in send order */
+        for (hi = lo + 1; hi < n && v[hi].a == v[lo].a && v[hi].b == v[lo].b; hi++) {
+        }
+        int64_t rgap = INT64_MAX;
+        for (int64_t j = hi - 1; j >= lo; j--) v[j].cgap = rgap = v[j].cgap < rgap ? v[j].cgap : rgap;
+        for (int64_t j = lo; j < hi && !rc; j++) {
+            const int64_t id = ((int64_t)v[j].a * FF_FUSE_MAX_NODES + v[j].b) << 32 | (j - lo);
+            item r = {.gap = v[j].cgap, .cls = 2, .id = id, .in = v[j].rcv};
+            /* sent before a step that both ends take, it is received before it too: the step's
+             * collectives (over the same connections) come after it on both sides */
+            for (int f = 0; f < c->in->n_models; f++) {
+                const int64_t sa = c->step_gap[v[j].a][f], sb = c->step_gap[v[j].b][f];
+                if (sa < 0 || sb < 0 || v[j].sgap > sa || v[j].cgap < sb) continue;
+                if (r.cls == 2 || sb < r.gap || (sb == r.gap && c->fam_tau[f] < r.tau))
+                    r.gap = sb, r.cls = 1, r.tau = c->fam_tau[f], r.sub = 0;
+            }
+            rc = add_item(c, v[j].a, (item){.gap = v[j].sgap, .id = id, .in = v[j].snd}) || add_item(c, v[j].b, r);
+        }
+    }
+    free(v);
+    return rc ? -1 : 0;
 }
 
 /* Every model's step at the end of its family's last backward (replicas step together: a host's
@@ -234,18 +244,24 @@ static int add_steps(ctx *c) {
                 const double e = t_end(c, i, st, k, true);
                 end[c->family[i]] = e > end[c->family[i]] ? e : end[c->family[i]];
             }
+    for (int32_t n = 0; n < FF_FUSE_MAX_NODES; n++)
+        for (int f = 0; f < FF_FUSE_MAX_MODELS; f++) c->step_gap[n][f] = -1;
     for (int i = 0; i < in->n_models; i++) {
         const ff_fuse_model *m = &in->models[i];
         const double tau = end[c->family[i]];
+        c->fam_tau[c->family[i]] = tau;
         for (int32_t st = 0; st < m->n_stages; st++) {
             const int32_t n = m->stages[st];
-            int64_t last = 0, g = gap_of(c, n, tau, NULL);
+            int64_t last = 0, g = gap_of(c, n, tau);
             for (int32_t k = 0; k < m->micro; k++) {
                 const int64_t j = c->bi[i][(size_t)st * (size_t)m->micro + (size_t)k];
                 last = j > last ? j : last;
             }
-            item it = {.gap = g <= last ? last + 1 : g, .tau = tau, .cls = 1, .id = (int64_t)c->family[i] * FF_FUSE_MAX_MODELS + i,
+            item it = {.gap = g <= last ? last + 1 : g, .cls = 1, .tau = tau, .sub = 1,
+                       .id = (int64_t)c->family[i] * FF_FUSE_MAX_MODELS + i,
                        .in = {.op = FF_PIPE_OPTIMIZER_STEP, .model = (uint8_t)i, .micro = -1, .peer = -1, .call = -1}};
+            int64_t *sg = &c->step_gap[n][c->family[i]];
+            *sg = *sg < 0 || it.gap < *sg ? it.gap : *sg;
             if (add_item(c, n, it)) return -1;
         }
     }
@@ -255,8 +271,9 @@ static int add_steps(ctx *c) {
 static int item_cmp(const void *pa, const void *pb) {
     const item *a = pa, *b = pb;
     if (a->gap != b->gap) return a->gap < b->gap ? -1 : 1;
-    if (a->tau != b->tau) return a->tau < b->tau ? -1 : 1;
     if (a->cls != b->cls) return a->cls < b->cls ? -1 : 1;
+    if (a->tau != b->tau) return a->tau < b->tau ? -1 : 1;
+    if (a->sub != b->sub) return a->sub < b->sub ? -1 : 1;
     if (a->id != b->id) return a->id < b->id ? -1 : 1;
     return 0;
 }
@@ -312,48 +329,13 @@ static int build(ctx *c, const int64_t *layers, ff_pipe_schedule *out) {
         if (layers && ff_pipe_place_layers(layers[i], m->n_stages, 1, 0, 0, per))
             return ff_error_wrap(W ": the layers of %s", m->name);
         if (ff_pipe_model_set(out, i, m->micro, m->n_stages, m->stages, layers ? per : NULL, false)) return -1;
-        for (int32_t k = 0; k < m->micro; k++)
-            for (int32_t st = 0; st + 1 < m->n_stages; st++)
-                if (add_transfer(c, i, st, st + 1, k, false) || add_transfer(c, i, st + 1, st, k, true)) return -1;
     }
-    if (add_steps(c)) return -1;
+    out->eager_sends = true; /* receives placed before their consumers: blocking sends could deadlock */
+    if (add_steps(c) || add_transfers(c)) return -1; /* the steps first: receives are held before those they cross */
     for (int32_t n = 0; n < in->nodes; n++)
         if (emit(c, n, out)) return -1;
     return 0;
 }
-
-/* The streams' makespan in the pipeline simulator (transfers block until both ends are there),
- * and its timeline of the computes into c (ts, te): a valid timeline of the same node orders. */
-static int streams_time(ctx *c, const ff_pipe_schedule *p, double *makespan) {
-    const ff_fuse_instance *in = c->in;
-    double *t = ff_malloc(sizeof(double) * 2 * FF_FUSE_MAX_NODES * (size_t)in->n_models);
-    if (!t) return -1;
-    ff_pipe_sim_opts o = {.hop_s = in->hop_latency};
-    for (int i = 0; i < in->n_models; i++) {
-        double *f = t + (size_t)i * 2 * FF_FUSE_MAX_NODES;
-        for (int32_t k = 0; k < in->models[i].n_stages; k++) f[k] = in->models[i].fwd, f[FF_FUSE_MAX_NODES + k] = in->models[i].bwd;
-        o.fwd_stage_s[i] = f, o.bwd_stage_s[i] = f + FF_FUSE_MAX_NODES;
-    }
-    ff_pipe_sim sim;
-    int rc = ff_pipe_simulate(p, &o, &sim);
-    free(t);
-    if (rc) { /* the construction's promise broken: a bug here, not the caller's */
-        ff_pipe_sim_clear(&sim);
-        return ff_error_wrap(W ": the streams made of a valid schedule fail the pipeline simulator");
-    }
-    *makespan = sim.makespan_s;
-    for (int32_t n = 0; n < in->nodes; n++)
-        for (int64_t q = 0, j = 0; q < p->streams[n].n; q++) {
-            const uint8_t op = p->streams[n].instr[q].op;
-            if (op != FF_PIPE_FORWARD && op != FF_PIPE_BACKWARD) continue;
-            c->ts[n][j] = sim.start_s[n][q], c->te[n][j] = sim.end_s[n][q];
-            j++;
-        }
-    ff_pipe_sim_clear(&sim);
-    return 0;
-}
-
-enum { REFINE = 4 }; /* placements tried on the timelines the streams themselves run */
 
 int ff_fuse_to_pipe(const ff_fuse_instance *in, const ff_fuse_schedule *s, const int64_t *layers, ff_pipe_schedule *out) {
     memset(out, 0, sizeof *out);
@@ -362,30 +344,8 @@ int ff_fuse_to_pipe(const ff_fuse_instance *in, const ff_fuse_schedule *s, const
     if (!c) return -1;
     c->in = in;
     c->s = s;
-    int rc = -1;
     ff_fuse_sim sim;
-    double best = 0;
-    if (ff_fuse_simulate(in, s, &sim) || setup(c)) goto done; /* complete, and no deadlock */
-    /* Placed on the fused timeline, the transfers make some nodes wait for others (a call
-     * needs both ends); placed again on the timeline those streams run, they often wait less.
-     * Keep the best of a few rounds. */
-    if (build(c, layers, out) || streams_time(c, out, &best)) goto done;
-    for (int r = 1; r < REFINE; r++) {
-        ff_pipe_schedule cand;
-        double mk;
-        if (build(c, layers, &cand) || streams_time(c, &cand, &mk)) {
-            ff_pipe_schedule_clear(&cand);
-            goto done;
-        }
-        if (mk < best) {
-            ff_pipe_schedule_clear(out);
-            *out = cand, best = mk;
-        } else {
-            ff_pipe_schedule_clear(&cand);
-        }
-    }
-    rc = 0;
-done:
+    int rc = ff_fuse_simulate(in, s, &sim) || setup(c) || build(c, layers, out) ? -1 : 0; /* complete, no deadlock */
     if (rc) ff_pipe_schedule_clear(out);
     ctx_free(c);
     free(c);
@@ -398,7 +358,7 @@ double ff_fuse_streams_makespan(const ff_fuse_instance *in, const ff_fuse_schedu
     ff_pipe_schedule p;
     if (ff_fuse_to_pipe(in, s, NULL, &p)) return -1;
     double f[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES], b[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES];
-    ff_pipe_sim_opts o = {.hop_s = in->hop_latency};
+    ff_pipe_sim_opts o = {.hop_s = in->hop_latency, .eager_sends = true};
     for (int i = 0; i < in->n_models; i++) {
         for (int32_t k = 0; k < in->models[i].n_stages; k++) f[i][k] = in->models[i].fwd, b[i][k] = in->models[i].bwd;
         o.fwd_stage_s[i] = f[i], o.bwd_stage_s[i] = b[i];

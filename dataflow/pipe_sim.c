@@ -5,8 +5,9 @@
  * (pipe_schedule.c), printing them (pipe_report.c).
  *
  * Why the checks can be static: a rank runs its stream in order and a call returns only when
- * its transfers are done, so whether a forward has its input depends on that rank's stream
- * alone; and NCCL pairs the k-th send of a channel with its k-th receive, whenever posted. */
+ * its transfers are done (its receives, with eager sends), so whether a forward has its input
+ * depends on that rank's stream alone; and NCCL pairs the k-th send of a channel with its k-th
+ * receive, whenever posted. */
 #include "fuseflow/pipeline.h"
 
 #include <math.h>
@@ -300,9 +301,16 @@ static int run(sim *x, ff_pipe_sim *out, double *clock, int64_t *pc) {
             if (x->post[g] < 0)
                 for (int64_t j = i; j < e; j++) {
                     int64_t a = x->base[r] + j, b = x->partner[a];
+                    const bool snd = is_send(st->instr[j].op);
                     x->post[a] = clock[r];
+                    if (x->o.eager_sends && snd) x->done[a] = x->post[a]; /* the rank goes on */
                     if (x->post[b] < 0) continue;
-                    x->done[a] = x->done[b] = fmax(x->post[a], x->post[b]) + x->o.hop_s;
+                    if (x->o.eager_sends) { /* the data left at the send's post; the receive takes it when there */
+                        const int64_t sa = snd ? a : b, rb = snd ? b : a;
+                        x->done[rb] = fmax(x->post[sa] + x->o.hop_s, x->post[rb]);
+                    } else {
+                        x->done[a] = x->done[b] = fmax(x->post[a], x->post[b]) + x->o.hop_s;
+                    }
                     int32_t q = s->streams[r].instr[j].peer;
                     if (!queued[q]) stack[top++] = q, queued[q] = 1;
                 }
@@ -413,6 +421,7 @@ int ff_pipe_simulate(const ff_pipe_schedule *s, const ff_pipe_sim_opts *o, ff_pi
     memset(out, 0, sizeof *out);
     static const ff_pipe_sim_opts defaults = {.fwd_s = 1, .bwd_s = 2};
     sim x = {.s = s, .o = o ? *o : defaults};
+    x.o.eager_sends = x.o.eager_sends || s->eager_sends; /* such streams run no other way */
     if (check_opts(s, &x.o) != 0) return -1;
     int32_t P = s->n_ranks;
     int64_t n_state = 0;

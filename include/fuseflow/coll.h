@@ -4,7 +4,8 @@
  * Two backends, chosen when the unique id is made:
  *   "cpu"   host buffers; shared memory between processes of one host, TCP across hosts
  *           (FF_COLL_SHM=0: TCP only). Every call is synchronous: when it returns 0 the
- *           result is in the receive buffer.
+ *           result is in the receive buffer (but ff_coll_send_post, a send that does not
+ *           block).
  *   "nccl"  device buffers; calls are enqueued on a cudaStream_t and complete
  *           asynchronously (ff_coll_synchronize waits, with the timeout). Compiled only
  *           where the CUDA toolkit and NCCL were found; ff_coll_backend_available says.
@@ -57,6 +58,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "fuseflow/dtype.h"
 
@@ -224,6 +226,21 @@ int ff_coll_send(const void *buf, size_t count, ff_dtype dtype, int peer, ff_col
                  ff_coll_stream stream);
 int ff_coll_recv(void *buf, size_t count, ff_dtype dtype, int peer, ff_coll_comm *comm,
                  ff_coll_stream stream);
+
+/* A send that does not block: it takes its place in the channel's order when posted (the k-th
+ * send from a to b, posted or not, carries b's k-th receive from a) and moves while this rank
+ * makes any later call on the communicator; what the transport takes at once (the shared
+ * memory FIFO, a socket's buffer: small messages whole) leaves at once. The buffer stays valid
+ * and unchanged until the send is done (ff_coll_sends_done). A collective on the communicator
+ * first completes every posted send. Outside groups only. nccl: ff_coll_send on the default
+ * stream, which is asynchronous anyway. 0, or -1 + error (the communicator is then broken and
+ * its posted sends dropped: their buffers are the caller's again). */
+int ff_coll_send_post(const void *buf, size_t count, ff_dtype dtype, int peer, ff_coll_comm *comm);
+/* Move the posted sends (wait: until every one is done) and say in *done (may be NULL) how many
+ * are done counted from the first posted: every one up to there is, later ones may be. 0, or
+ * -1 + error naming the peer (one that died while a send to it was in flight, or the timeout)
+ * and the communicator is broken. A communicator destroyed with sends in flight drops them. */
+int ff_coll_sends_done(ff_coll_comm *comm, bool wait, uint64_t *done);
 
 /* Grouped calls (per thread, nestable; like ncclGroupStart/End). Calls between start and
  * the outermost end only validate their arguments and queue; at end, all queued sends and

@@ -149,17 +149,18 @@ int ff_fuse_write_svg(const ff_fuse_instance *in, const ff_fuse_schedule *s, con
 
 /* The executor's instruction streams for a valid schedule: one pipeline model per instance
  * model (model i of the schedule is model i of the instance), ranks = nodes, each node's
- * forwards and backwards in the schedule's order with the sends and receives between them in
- * grouped calls that cannot deadlock, and one OPTIMIZER_STEP per model on each of its ranks
- * after its last backward there. layers[i] (or NULL: none placed) splits model i's layers over
+ * forwards and backwards in the schedule's order, each send right after its producer and each
+ * receive before its consumer (sends that do not block: out->eager_sends; they cannot
+ * deadlock), and one OPTIMIZER_STEP per model on each of its ranks after its last backward
+ * there. layers[i] (or NULL: none placed) splits model i's layers over
  * its stages evenly. *out is initialised here. 0 or -1 + error. */
 int ff_fuse_to_pipe(const ff_fuse_instance *in, const ff_fuse_schedule *s, const int64_t *layers,
                     ff_pipe_schedule *out);
 
 /* What runs: the makespan of s's executor streams (ff_fuse_to_pipe) in the pipeline simulator
- * (ff_pipe_simulate) with the instance's times and hop latency. Its transfers block until both
- * ends are there, which ff_fuse_simulate (free transfers) does not see, so this is the figure to
- * compare fused against serial with. -1 + error. */
+ * (ff_pipe_simulate) with the instance's times and hop latency, sends not blocking as the
+ * executor makes them. It equals ff_fuse_simulate's makespan (the streams wait only where the
+ * fused schedule waits for an input; tests/dataflow/test_fuse_pipe.c). -1 + error. */
 double ff_fuse_streams_makespan(const ff_fuse_instance *in, const ff_fuse_schedule *s);
 
 /* ---- activation memory of a stage (dataflow/fuse_act.c) ------------------------------------- */

@@ -27,13 +27,21 @@
  * the executor keeps a pool of them sized by the largest micro-batch, so a step allocates
  * nothing once one step has run with micro-batches as large.
  *
+ * Sends: over a transport with send_post a send instruction posts its transfer and the rank goes
+ * on (Megatron's and NCCL's asynchronous sends); the buffer goes back to the pool once the send
+ * is done, and the run waits for all of its sends before each optimizer step (whose hook and
+ * sums may block on other groups while a send moves only with this rank's calls) and before
+ * its closing sum. Receives block.
+ *
  * Failure: a rank whose run fails (a bad batch, a broken transport) returns -1 + error naming
  * the instruction, drops its stages' forwards in flight (a later run starts clean) and leaves
  * the other ranks waiting in their next transfer; the host breaks the group
- * (ff_coll_comm_abort), as with any collective.
+ * (ff_coll_comm_abort), as with any collective. Buffers of sends still in flight stay out of
+ * the pool until the transport says they are done (a later run waits for them first); destroy
+ * the executor after its group is broken or destroyed.
  *
  * Not here: choosing the layout (the planner, fuseflow/plan.h), data parallelism across
- * pipelines (the trainer's all-reduce), overlapping transfers with compute, zero-bubble
+ * pipelines (the trainer's all-reduce), overlapping receives with compute, zero-bubble
  * schedules. docs/pipeline.md ("Execution") has the whole story.
  */
 #ifndef FUSEFLOW_PIPE_EXEC_H
@@ -73,13 +81,22 @@ typedef struct ff_pipe_transport {
     /* One grouped call: every transfer posted together (ncclGroupStart ... End), returning when
      * all are done. The k-th send from rank a to rank b carries the k-th receive of b from a. */
     int (*call)(void *ctx, const ff_pipe_xfer *x, int n);
+    /* Optional (both or neither): sends that do not block. send_post posts one send (x->buf is
+     * left unchanged until it is done), in the channel's order with the calls' transfers;
+     * sends_done moves them and says how many of the transport's posted sends are done counted
+     * from its first (wait: until all are). With them the executor posts a call's sends and
+     * waits in the call for its receives only, and returns a sent buffer to its pool once the
+     * send is done (at the latest at the end of the run). */
+    int (*send_post)(void *ctx, const ff_pipe_xfer *x);
+    int (*sends_done)(void *ctx, bool wait, uint64_t *done);
     /* buf [n] = its sum over the group, in place, the same bits on every rank */
     int (*all_reduce_sum_f64)(void *ctx, double *buf, size_t n);
 } ff_pipe_transport;
 
 /* A transport over comm, an ff_coll communicator of the pipeline group whose rank r is the
  * schedule's rank r: a call is ff_coll_send / ff_coll_recv of F32 inside ff_coll_group_start /
- * ff_coll_group_end. comm must outlive the transport's users. */
+ * ff_coll_group_end, send_post ff_coll_send_post, sends_done ff_coll_sends_done. comm must
+ * outlive the transport's users. */
 void ff_pipe_transport_coll(ff_coll_comm *comm, ff_pipe_transport *out);
 
 /* The communicator a stage model takes for its gradient norm (ff_model_stage.comm): the
@@ -171,7 +188,8 @@ void ff_pipe_exec_stage_times(const ff_pipe_exec *e, int model, double *fwd_s, d
 /* The schedule the executor follows (the one given to ff_pipe_exec_new). */
 const ff_pipe_schedule *ff_pipe_exec_schedule(const ff_pipe_exec *e);
 /* The simulator (ff_pipe_simulate) on the schedule with the last run's stage times, no transfer
- * latency and no step time: the bubble the schedule has with the measured compute alone.
+ * latency and no step time, sends as the transport makes them (eager with send_post): the
+ * bubble the schedule has with the measured compute alone.
  * 0 or -1 + error; clear *out either way. */
 int ff_pipe_exec_simulate(const ff_pipe_exec *e, ff_pipe_sim *out);
 

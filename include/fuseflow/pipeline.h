@@ -98,6 +98,10 @@ typedef struct ff_pipe_schedule {
     ff_pipe_config config;  /* kind FF_PIPE_CUSTOM when another generator built it */
     int32_t n_ranks;
     int32_t n_models;
+    /* The streams rely on sends that do not block (ff_pipe_sim_opts.eager_sends, which
+     * ff_pipe_simulate then sets whatever the options say): with blocking calls they may
+     * deadlock. The executor then needs a transport with send_post. */
+    bool eager_sends;
     ff_pipe_model models[FF_PIPE_MAX_MODELS];
     ff_pipe_stream *streams; /* [n_ranks], owned */
 } ff_pipe_schedule;
@@ -151,8 +155,13 @@ typedef struct ff_pipe_sim_opts {
     const double *fwd_stage_s[FF_PIPE_MAX_MODELS];
     const double *bwd_stage_s[FF_PIPE_MAX_MODELS];
     double fwd_s, bwd_s;
-    double hop_s;           /* from the later of a send and its receive being posted to both done */
+    double hop_s;           /* blocking: from the later of a send and its receive being posted to both
+                               done; eager: from the send's post to the data being there */
     double optimizer_s;
+    /* Sends do not block (the executor over a transport with send_post): a send is done for its
+     * rank when posted, its receive at max(send posted + hop_s, receive posted). Else a call
+     * waits until each of its transfers has met its partner (rendezvous). */
+    bool eager_sends;
 } ff_pipe_sim_opts;
 
 typedef struct ff_pipe_rank_stats {
@@ -187,7 +196,7 @@ int ff_pipe_times_by_layers(const ff_pipe_schedule *s, int model, double fwd_s, 
 
 /* Run every rank's stream in order against the others: compute takes its time; a call waits
  * until every transfer in it has met its partner (rendezvous: a send ends only when the
- * receive is posted). Checks as it goes that each forward has its input (received, or the
+ * receive is posted), or with eager_sends for its receives only. Checks as it goes that each forward has its input (received, or the
  * previous virtual stage's output on this rank), each backward its forward and its output's
  * gradient, each send the data it sends, that the k-th send of a channel and its k-th receive
  * name the same tensor (model, kind, micro-batch, consecutive virtual stages), that peers are

@@ -258,7 +258,7 @@ static inline int fx_run(fx_job *j) {
     for (int q = 0; q < FX_RANKS; q++) {
         pthread_join(th[q], NULL);
         failed += !j->ok[q];
-        free(j->ctx[q].tmp);
+        rank_ctx_clear(&j->ctx[q]);
     }
     if (R > 1) {
         for (int i = 1; i < M; i++) pthread_barrier_destroy(&j->norm[i].bar);

@@ -128,6 +128,15 @@ static inline int pg_pp_call(void *ctx, const ff_pipe_xfer *x, int n) {
         if (x[i].kind == FF_PIPE_XFER_SEND) r->cur.dim[PG_PP] += 4.0 * (double)x[i].count, r->cur.pp_sends++;
     return r->inner.call(r->inner.ctx, x, n);
 }
+static inline int pg_pp_post(void *ctx, const ff_pipe_xfer *x) {
+    pg_rank *r = ctx;
+    r->cur.dim[PG_PP] += 4.0 * (double)x->count, r->cur.pp_sends++;
+    return r->inner.send_post(r->inner.ctx, x);
+}
+static inline int pg_pp_done(void *ctx, bool wait, uint64_t *done) {
+    pg_rank *r = ctx;
+    return r->inner.sends_done(r->inner.ctx, wait, done);
+}
 static inline int pg_pp_sum64(void *ctx, double *buf, size_t n) {
     pg_rank *r = ctx;
     pg_ring(&r->cur.pp_sums, r->inner.size, n, 8, false);
@@ -224,7 +233,8 @@ static inline void *pg_rank_main(void *arg) {
     ff_pipe_schedule s;
     REQUIRE(ff_pipe_generate(&pc, &s) == 0);
     ff_pipe_transport_coll(r->ppc, &r->inner);
-    ff_pipe_transport t = {.rank = r->inner.rank, .size = r->inner.size, .ctx = r, .call = pg_pp_call, .all_reduce_sum_f64 = pg_pp_sum64};
+    ff_pipe_transport t = {.rank = r->inner.rank, .size = r->inner.size, .ctx = r, .call = pg_pp_call, .all_reduce_sum_f64 = pg_pp_sum64,
+                           .send_post = pg_pp_post, .sends_done = pg_pp_done};
     ff_model_comm nc, tc = {.rank = r->t, .size = j->tp, .ctx = r, .all_reduce_sum = pg_tp_sum, .all_reduce_max = pg_tp_max,
                             .all_reduce_sum_f64 = pg_tp_sum64, .all_gather = pg_tp_gather};
     ff_pipe_model_comm(&t, &nc);

@@ -3,8 +3,11 @@
  * receives (sends are buffered, so a call never waits for its partner's to be posted; with the
  * group's `rendezvous` set, a call also waits until its partners have taken every message it
  * sent, as a blocking grouped call of NCCL sends completes only once they are received), and
- * the f64 sum meets at a barrier and adds in rank order (the same bits on every rank). Each
- * rank counts its transfers and floats sent; fail_next breaks its next call on purpose.
+ * the f64 sum meets at a barrier and adds in rank order (the same bits on every rank). Sends
+ * that do not block (send_post, sends_done) post into the same mailboxes; one is done at once,
+ * or with `rendezvous` once taken; the group's `blocking_sends` leaves them out of the
+ * transport. Each rank counts its transfers and floats sent; fail_next breaks its next call
+ * (or post) on purpose.
  *
  * Not for: checking ff_coll's own transport (tests/pipe/test_pipe_coll.c runs it). */
 #ifndef FF_TEST_PIPE_MAILBOX_H
@@ -37,7 +40,8 @@ typedef struct chan {
 
 typedef struct group {
     int n;
-    bool rendezvous; /* a call returns once its sends are taken too */
+    bool rendezvous; /* a call returns once its sends are taken too; a posted send is done once taken */
+    bool blocking_sends; /* transport_of gives no send_post: every send goes through a call */
     chan ch[PM_MAXR][PM_MAXR]; /* [from][to] */
     pthread_barrier_t bar;
     const double *src[PM_MAXR];
@@ -51,7 +55,32 @@ typedef struct rank_ctx {
     double *tmp;
     size_t cap;
     bool fail_next; /* the next call fails before it posts anything */
+    /* posted sends: each one's peer and its number in that channel (ch.posted after it) */
+    int *post_peer;
+    int64_t *post_no;
+    uint64_t n_post, cap_post, n_done;
 } rank_ctx;
+
+/* One send into the mailbox of (c->rank, x->peer); its number in that channel. */
+static inline int64_t t_put(rank_ctx *c, const ff_pipe_xfer *x) {
+    group *g = c->g;
+    REQUIRE(x->peer >= 0 && x->peer < g->n && x->peer != c->rank);
+    msg *m = malloc(sizeof *m + sizeof(float) * x->count);
+    REQUIRE(m);
+    m->next = NULL;
+    m->n = x->count;
+    memcpy(m->data, x->buf, sizeof(float) * x->count);
+    chan *ch = &g->ch[c->rank][x->peer];
+    pthread_mutex_lock(&ch->mu);
+    if (ch->tail) ch->tail->next = m;
+    else ch->head = m;
+    ch->tail = m;
+    const int64_t no = ++ch->posted;
+    pthread_cond_broadcast(&ch->cv);
+    pthread_mutex_unlock(&ch->mu);
+    g->floats[c->rank] += (int64_t)x->count;
+    return no;
+}
 
 static inline int t_call(void *ctx, const ff_pipe_xfer *x, int n) {
     rank_ctx *c = ctx;
@@ -60,24 +89,8 @@ static inline int t_call(void *ctx, const ff_pipe_xfer *x, int n) {
         c->fail_next = false;
         return ff_error_set("test transport", NULL, "the group is broken (on purpose)");
     }
-    for (int i = 0; i < n; i++) { /* sends are buffered: post them all, then wait for the receives */
-        if (x[i].kind != FF_PIPE_XFER_SEND) continue;
-        REQUIRE(x[i].peer >= 0 && x[i].peer < g->n && x[i].peer != c->rank);
-        msg *m = malloc(sizeof *m + sizeof(float) * x[i].count);
-        REQUIRE(m);
-        m->next = NULL;
-        m->n = x[i].count;
-        memcpy(m->data, x[i].buf, sizeof(float) * x[i].count);
-        chan *ch = &g->ch[c->rank][x[i].peer];
-        pthread_mutex_lock(&ch->mu);
-        if (ch->tail) ch->tail->next = m;
-        else ch->head = m;
-        ch->tail = m;
-        ch->posted++;
-        pthread_cond_broadcast(&ch->cv);
-        pthread_mutex_unlock(&ch->mu);
-        g->floats[c->rank] += (int64_t)x[i].count;
-    }
+    for (int i = 0; i < n; i++) /* sends are buffered: post them all, then wait for the receives */
+        if (x[i].kind == FF_PIPE_XFER_SEND) t_put(c, &x[i]);
     for (int i = 0; i < n; i++) {
         g->calls[c->rank]++;
         if (x[i].kind != FF_PIPE_XFER_RECV) continue;
@@ -105,6 +118,39 @@ static inline int t_call(void *ctx, const ff_pipe_xfer *x, int n) {
         while (ch->taken < ch->posted) pthread_cond_wait(&ch->cv, &ch->mu);
         pthread_mutex_unlock(&ch->mu);
     }
+    return 0;
+}
+
+static inline int t_send_post(void *ctx, const ff_pipe_xfer *x) {
+    rank_ctx *c = ctx;
+    if (c->fail_next) {
+        c->fail_next = false;
+        return ff_error_set("test transport", NULL, "the group is broken (on purpose)");
+    }
+    if (c->n_post == c->cap_post) {
+        c->cap_post = c->cap_post ? 2 * c->cap_post : 64;
+        REQUIRE((c->post_peer = realloc(c->post_peer, sizeof(int) * c->cap_post)));
+        REQUIRE((c->post_no = realloc(c->post_no, sizeof(int64_t) * c->cap_post)));
+    }
+    c->g->calls[c->rank]++;
+    c->post_peer[c->n_post] = x->peer;
+    c->post_no[c->n_post++] = t_put(c, x);
+    return 0;
+}
+
+static inline int t_sends_done(void *ctx, bool wait, uint64_t *done) {
+    rank_ctx *c = ctx;
+    group *g = c->g;
+    while (c->n_done < c->n_post) {
+        chan *ch = &g->ch[c->rank][c->post_peer[c->n_done]];
+        pthread_mutex_lock(&ch->mu);
+        while (wait && g->rendezvous && ch->taken < c->post_no[c->n_done]) pthread_cond_wait(&ch->cv, &ch->mu);
+        const bool taken = !g->rendezvous || ch->taken >= c->post_no[c->n_done];
+        pthread_mutex_unlock(&ch->mu);
+        if (!taken) break;
+        c->n_done++;
+    }
+    *done = c->n_done;
     return 0;
 }
 
@@ -156,7 +202,17 @@ static inline void group_free(group **pg) {
 }
 
 static inline ff_pipe_transport transport_of(rank_ctx *c) {
-    return (ff_pipe_transport){.rank = c->rank, .size = c->g->n, .ctx = c, .call = t_call, .all_reduce_sum_f64 = t_sum64};
+    const bool post = !c->g->blocking_sends;
+    return (ff_pipe_transport){.rank = c->rank, .size = c->g->n, .ctx = c, .call = t_call, .all_reduce_sum_f64 = t_sum64,
+                               .send_post = post ? t_send_post : NULL, .sends_done = post ? t_sends_done : NULL};
+}
+
+/* What the rank's context holds (after its last use). */
+static inline void rank_ctx_clear(rank_ctx *c) {
+    free(c->tmp), free(c->post_peer), free(c->post_no);
+    c->tmp = NULL, c->cap = 0;
+    c->post_peer = NULL, c->post_no = NULL;
+    c->n_post = c->cap_post = c->n_done = 0;
 }
 
 #endif

@@ -1,7 +1,7 @@
 /* RLHFuse's fused training step, executed: an actor (PP 4, log-prob loss) and a critic (value
  * head, value loss) train together on 4 ranks (threads, the mailbox transport in its rendezvous
- * mode: a call returns once its sends are received, as blocking NCCL calls do, so a placement
- * that could deadlock would hang here; the steps' sums are barriers) by following
+ * mode: a posted send is done once received, a call's sends once received; the steps' sums are
+ * barriers, so a placement that could deadlock would hang here) by following
  * the streams ff_fuse_to_pipe makes of a fused schedule, in two layouts: the critic as PP 2 x 2
  * replicas in the reverse direction (critic0 on nodes [1, 0], critic1 on [3, 2], each its own
  * half of the critic's micro-batches, their gradients summed over the replicas in the

@@ -4,7 +4,8 @@
  * executor; the results go through files to the parent, which compares them with the
  * single-rank model as tests/pipe/test_pipe_exec.c does with threads (the same checks, the same
  * tolerances). Layouts: 1F1B at PP 2 and interleaved (v = 2) at PP 4 with tied embeddings over
- * 8 layers, GPipe at PP 2 over 5 layers with a value head. */
+ * 8 layers, GPipe at PP 2 over 5 layers with a value head (the sends posted: ff_coll_send_post).
+ * Also: rank 1 killed in the middle of a 1F1B step; rank 0's run fails promptly naming it. */
 #include "fuseflow/safetensors.h"
 #include "tests/coll/coll_test.h"
 #include "tests/pipe/pipe_test_util.h"
@@ -138,6 +139,66 @@ static void run_layout(layout *l) {
     ff_tensor_set_destroy(&w);
 }
 
+/* ---- a peer killed in the middle of a step ------------------------------------------------ */
+
+/* Rank 1's transport: ff_coll's, but the process dies at its third call (the steady state:
+ * rank 0 has posted sends to it and waits for its gradients). */
+static ff_pipe_transport g_inner;
+static int g_calls;
+
+static int dying_call(void *ctx, const ff_pipe_xfer *x, int n) {
+    if (++g_calls == 3) kill(getpid(), SIGKILL);
+    return g_inner.call(ctx, x, n);
+}
+
+static int killed_rank(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id *id, void *arg) {
+    (void)nranks, (void)id, (void)arg;
+    int fails = 0;
+    const ff_model_config cfg = tiny_config(64, 32, 48, 4, 4, 2, false, true, true);
+    layout l = {.cfg = cfg, .pc = {.pp = 2, .micro = NMICRO, .kind = FF_PIPE_1F1B, .layers = 4}};
+    ff_tensor_set *w;
+    pt_batch g;
+    inputs(&l, &w, &g);
+    ff_pipe_schedule s;
+    REQUIRE(ff_pipe_generate(&l.pc, &s) == 0);
+    ff_pipe_transport_coll(comm, &g_inner);
+    ff_pipe_transport t = g_inner;
+    if (rank == 1) t.call = dying_call;
+    ff_model_comm nc;
+    ff_pipe_model_comm(&t, &nc);
+    int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
+    ff_model_stage st;
+    REQUIRE(ff_pipe_stage_layers(&s, 0, rank, first, count, &st) == 0);
+    st.comm = &nc;
+    ff_backend *be = ff_backend_new("cpu:1");
+    ff_model *m = ff_model_new_opts(be, &cfg, w, &(ff_model_opts){.stage = &st});
+    ff_adamw_config ac;
+    pt_adamw(&ac);
+    ff_optimizer *opt = m ? ff_optimizer_new(m, &ac) : NULL;
+    REQUIRE(opt);
+    ff_pipe_exec_model em = {.model = m, .opt = opt, .temperature = PT_TEMP, .logprobs = true, .entropy = true, .values = cfg.value_head,
+                             .loss = pt_loss, .loss_ctx = &g};
+    ff_pipe_exec *e = ff_pipe_exec_new(&s, rank, &t, &em);
+    REQUIRE(e);
+    ff_pipe_exec_stats x;
+    const int64_t t0 = ff_now_ns();
+    RCHECK(ff_pipe_exec_run(e, &(ff_pipe_run){.micro = {g.b}}, &x) == -1, "the run succeeded without rank 1");
+    const double ms = (double)(ff_now_ns() - t0) / 1e6;
+    printf("rank 1 killed in its third call: rank 0 failed after %.1f ms: %s\n", ms, ff_error_message());
+    CHECK_STR_CONTAINS(ff_error_message(), "pipeline executor, rank 0");
+    CHECK_STR_CONTAINS(ff_error_message(), "rank 1 died");
+    RCHECK(ms < 10000, "it took %.0f ms (the timeout is 20 s)", ms);
+    ff_coll_comm_abort(comm, "rank 1 died"); /* as the host does */
+    ff_pipe_exec_destroy(&e);
+    ff_optimizer_destroy(&opt);
+    ff_model_destroy(&m);
+    ff_backend_destroy(&be);
+    ff_pipe_schedule_clear(&s);
+    pt_batch_free(&g);
+    ff_tensor_set_destroy(&w);
+    return fails;
+}
+
 int main(void) {
     layout ls[] = {
         {.name = "coll 8 layers tied pp2 1f1b", .cfg = tiny_config(64, 32, 48, 8, 4, 2, true, false, false),
@@ -153,6 +214,10 @@ int main(void) {
         run_layout(&ls[i]);
     }
     pt_print_errors("over ff_coll");
+    run_opts rk = default_run();
+    rk.comm_opt.timeout_s = 20;
+    rk.expect_killed_rank = 1;
+    CHECK_EQ_INT(run_ranks(2, &rk, killed_rank, NULL), 0);
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);
     return ff_test_failures ? 1 : 0;
 }

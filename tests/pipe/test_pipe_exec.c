@@ -128,7 +128,7 @@ static void infer_layout(const char *name, const ff_model_config *cfg, const ff_
         snprintf(what, sizeof what, "%s inference stages values", name);
         pt_close(&pt_err_infer, what, j.val, ref->ival, N, 0, PT_TOL_AFTER);
     }
-    for (int r = 0; r < p; r++) free(ctx[r].tmp);
+    for (int r = 0; r < p; r++) rank_ctx_clear(&ctx[r]);
     free(j.lp), free(j.ent), free(j.val);
     group_free(&gr);
 }
@@ -140,6 +140,8 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
+static bool g_blocking; /* the transport without send_post: every send blocks in its call */
+
 static void run_layout(const char *name, const ff_model_config *cfg, const ff_pipe_config *pc, const ff_tensor_set *w,
                        const pt_batch *g, const pt_result *ref, int (*before_step)(void *, ff_model *), double loss_scale) {
     const int p = pc->pp;
@@ -147,6 +149,7 @@ static void run_layout(const char *name, const ff_model_config *cfg, const ff_pi
     REQUIRE(j);
     *j = (job){.pc = pc, .cfg = cfg, .w = w, .g = g, .before_step = before_step};
     group *gr = group_new(p);
+    gr->blocking_sends = g_blocking;
     pthread_t th[MAXR];
     targ args[MAXR];
     for (int r = 0; r < p; r++) {
@@ -163,7 +166,7 @@ static void run_layout(const char *name, const ff_model_config *cfg, const ff_pi
     ff_tensor_set_destroy(&trained);
     for (int r = 0; r < p; r++) {
         pt_result_free(&j->res[r]);
-        free(j->ctx[r].tmp);
+        rank_ctx_clear(&j->ctx[r]);
     }
     group_free(&gr);
     free(j);
@@ -181,8 +184,8 @@ static void parity(const char *cfg_name, ff_model_config cfg, const ff_pipe_conf
         pc.micro = NMICRO;
         pc.layers = cfg.num_hidden_layers;
         char name[128];
-        snprintf(name, sizeof name, "%s pp%d %s%s", cfg_name, pc.pp, ff_pipe_kind_name(pc.kind),
-                 pc.kind == FF_PIPE_INTERLEAVED ? " v2" : "");
+        snprintf(name, sizeof name, "%s pp%d %s%s%s", cfg_name, pc.pp, ff_pipe_kind_name(pc.kind),
+                 pc.kind == FF_PIPE_INTERLEAVED ? " v2" : "", g_blocking ? " (blocking sends)" : "");
         run_layout(name, &cfg, &pc, w, &g, &ref, NULL, 1);
     }
     pt_result_free(&ref);
@@ -391,7 +394,7 @@ static void fused(void) {
         pt_batch_free(&g[i]);
         ff_tensor_set_destroy(&w[i]);
     }
-    for (int r = 0; r < 2; r++) free(j->ctx[r].tmp);
+    for (int r = 0; r < 2; r++) rank_ctx_clear(&j->ctx[r]);
     group_free(&gr);
     free(j);
     ff_pipe_schedule_clear(&s);
@@ -581,7 +584,7 @@ static void tp_pp(const char *name, ff_model_config cfg, ff_pipe_config pc) {
     for (int t = 0; t < TP; t++) {
         for (int s = 0; s < p; s++) {
             pt_result_free(&j->res[t][s]);
-            free(j->pp[t][s].tmp);
+            rank_ctx_clear(&j->pp[t][s]);
         }
         group_free(&pg[t]);
     }
@@ -673,7 +676,7 @@ static void retry(void) {
     for (int r = 0; r < 2; r++) {
         CHECK(j.rc[r] == -1);
         CHECK(j.loss[r] == ref.loss[0]);
-        free(j.ctx[r].tmp);
+        rank_ctx_clear(&j.ctx[r]);
     }
     group_free(&gr);
     ff_pipe_schedule_clear(&s);
@@ -686,6 +689,7 @@ static void retry(void) {
 
 static int no_call(void *ctx, const ff_pipe_xfer *x, int n) { (void)ctx, (void)x, (void)n; return 0; }
 static int no_sum(void *ctx, double *b, size_t n) { (void)ctx, (void)b, (void)n; return 0; }
+static int no_done(void *ctx, bool wait, uint64_t *done) { (void)ctx, (void)wait, *done = 0; return 0; }
 
 static void errors(void) {
     ff_model_config cfg = tiny_config(32, 16, 32, 4, 4, 2, false, false, false);
@@ -710,6 +714,15 @@ static void errors(void) {
     t.rank = 0;
     CHECK(ff_pipe_exec_new(&s, 1, &t, &em) == NULL); /* the transport's rank is another */
     CHECK_STR_CONTAINS(ff_error_message(), "the transport's group is the schedule's ranks");
+    /* streams that need sends that do not block, over a transport whose sends block */
+    s.eager_sends = true;
+    CHECK(ff_pipe_exec_new(&s, 0, &t, &em) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "need sends that do not block");
+    s.eager_sends = false;
+    t.sends_done = no_done; /* half of the pair */
+    CHECK(ff_pipe_exec_new(&s, 0, &t, &em) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "the transport has sends_done only");
+    t.sends_done = NULL;
     ff_pipe_exec *e = ff_pipe_exec_new(&s, 0, &t, &em);
     CHECK(e != NULL);
     ff_pipe_exec_destroy(&e);
@@ -753,6 +766,9 @@ int main(void) {
                                  {.pp = 2, .vpp = 2, .kind = FF_PIPE_INTERLEAVED}, {.pp = 4, .kind = FF_PIPE_1F1B},
                                  {.pp = 4, .kind = FF_PIPE_GPIPE}};
     parity("4 layers", tiny_config(64, 32, 48, 4, 4, 2, false, true, true), l4, 5);
+    g_blocking = true; /* the same through blocking calls (a transport without send_post) */
+    parity("4 layers", tiny_config(64, 32, 48, 4, 4, 2, false, true, true), l4, 5);
+    g_blocking = false;
     /* 8 layers, tied embeddings: 1F1B and interleaved at PP 2 and 4 */
     const ff_pipe_config l8[] = {{.pp = 2, .kind = FF_PIPE_1F1B}, {.pp = 2, .vpp = 2, .kind = FF_PIPE_INTERLEAVED},
                                  {.pp = 4, .kind = FF_PIPE_1F1B}, {.pp = 4, .vpp = 2, .kind = FF_PIPE_INTERLEAVED}};

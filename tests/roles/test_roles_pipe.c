@@ -443,7 +443,7 @@ static void run_layout(const layout *l, const ff_registry *reg) {
             for (int s = 0; s < l->pp; s++) {
                 ff_tensor_set_destroy(&wd->res[d][tt][s].after);
                 ff_policy_loss_destroy(&wd->pl[d][tt][s]);
-                free(wd->pp[d][tt][s].tmp);
+                rank_ctx_clear(&wd->pp[d][tt][s]);
             }
             group_free(&pg[d][tt]);
         }

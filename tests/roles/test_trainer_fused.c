@@ -206,7 +206,7 @@ static world *run(int mode, bool reps, const ff_model_config *cfg, ff_tensor_set
     }
     for (int r = 0; r < P; r++) pthread_join(th[r], NULL);
     for (int i = 0; i < NG; i++) {
-        for (int r = 0; r < P; r++) free(w->ctx[i][r].tmp);
+        for (int r = 0; r < P; r++) rank_ctx_clear(&w->ctx[i][r]);
         if (w->g[i]) group_free(&w->g[i]);
     }
     return w;

@@ -59,6 +59,7 @@ int coll_break(ff_coll_comm *c) { return coll_break_with(c, NULL); }
 int coll_break_with(ff_coll_comm *c, const char *why) {
     if (!c->error) {
         c->error = strdup(ff_error_message());
+        c->cpu.n_pend = 0; /* the posted sends will not move again: their buffers are the caller's */
         if (c->backend == COLL_BACKEND_CPU) {
             char reason[COLL_ABORT_MAX];
             const char *fwd = coll_take_forward_reason();
@@ -533,6 +534,45 @@ int ff_coll_send(const void *buf, size_t count, ff_dtype dtype, int peer, ff_col
 
 int ff_coll_recv(void *buf, size_t count, ff_dtype dtype, int peer, ff_coll_comm *comm, ff_coll_stream stream) {
     return p2p("ff_coll_recv", true, NULL, buf, count, dtype, peer, comm, stream);
+}
+
+int ff_coll_send_post(const void *buf, size_t count, ff_dtype dtype, int peer, ff_coll_comm *comm) {
+    const char *n = "ff_coll_send_post";
+    CHECK_COMM(comm, n);
+    if (check_dtype(n, dtype, false, FF_COLL_SUM)) return -1;
+    NEED(g_group.depth == 0, n, "post sends outside ff_coll_group_start / end", "called inside a group");
+    NEED(peer >= 0 && peer < comm->nranks && peer != comm->rank, n, "peer must be another rank of the communicator",
+         "peer %d is not a rank of 0..%d other than this rank (%d)", peer, comm->nranks - 1, comm->rank);
+    NEED(count == 0 || buf != NULL, n, NULL, "NULL buffer with count %zu", count);
+    if (coll_check_usable(comm, n)) return -1;
+    coll_call call = {.op = OP_SEND, .sendbuf = buf, .count = count, .dtype = dtype, .root = peer};
+    int rc;
+#ifdef FF_COLL_HAVE_NCCL
+    if (comm->backend == COLL_BACKEND_NCCL) { /* enqueued on the default stream: asynchronous already */
+        rc = coll_nccl_run(comm, &call, NULL);
+        if (rc == 0) comm->sends_posted++;
+        return rc ? coll_break(comm) : 0;
+    }
+#endif
+    rc = coll_cpu_send_post(comm, &call);
+    return rc ? coll_break(comm) : 0;
+}
+
+int ff_coll_sends_done(ff_coll_comm *comm, bool wait, uint64_t *done) {
+    CHECK_COMM(comm, "ff_coll_sends_done");
+    if (coll_check_usable(comm, "ff_coll_sends_done")) return -1;
+    int rc;
+#ifdef FF_COLL_HAVE_NCCL
+    if (comm->backend == COLL_BACKEND_NCCL) {
+        rc = wait ? coll_nccl_synchronize(comm, NULL) : 0;
+        if (rc == 0 && wait) comm->sends_done = comm->sends_posted;
+        if (done) *done = comm->sends_done;
+        return rc ? coll_break(comm) : 0;
+    }
+#endif
+    rc = coll_cpu_sends_progress(comm, wait);
+    if (done) *done = comm->sends_done;
+    return rc ? coll_break(comm) : 0;
 }
 
 int ff_coll_synchronize(ff_coll_comm *comm, ff_coll_stream stream) {

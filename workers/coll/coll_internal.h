@@ -133,6 +133,12 @@ typedef struct coll_cpu {
     size_t star_max;             /* auto: all_reduce by the star up to this many bytes */
     uint32_t coll_seq;           /* collectives called so far (every rank counts the same) */
     coll_work w;
+    /* posted sends (ff_coll_send_post) not yet done, in post order; each run of this
+     * communicator's sends and receives moves them too, a collective first completes them */
+    struct coll_chan *pend;
+    size_t n_pend, cap_pend;
+    struct coll_chan *run;       /* a p2p run's channels: the posted ones, then the group's */
+    size_t cap_run;
 } coll_cpu;
 
 struct ff_coll_comm {
@@ -141,6 +147,8 @@ struct ff_coll_comm {
     double timeout_s;
     int algo;
     char *error;  /* first error that broke the communicator (owned), NULL while healthy */
+    uint64_t sends_posted;  /* ff_coll_send_post calls so far */
+    uint64_t sends_done;    /* of those, how many from the first are done */
     coll_cpu cpu; /* backend "cpu" */
     void *nccl;   /* backend "nccl": ncclComm_t */
 };
@@ -212,6 +220,7 @@ struct coll_chan {
     void *ctx;
     uint8_t *buf;     /* coll_chan_simple's buffer and its size in bytes */
     size_t bytes;
+    uint64_t serial;  /* a posted send's number (ff_coll_comm.sends_posted when posted); 0 otherwise */
     /* engine state */
     size_t k;         /* frames completed */
     size_t off;       /* bytes of frame k done, header included */
@@ -229,6 +238,10 @@ const char *coll_take_forward_reason(void);
  * died, left, aborted, sent a mismatched call, or nothing moved for the timeout) returns -1
  * + error naming the peer and the call; the caller breaks the communicators involved. */
 int coll_engine_run(coll_chan *chans, size_t n);
+/* The same, but chans [0, optional) need not complete: they move as far as they can while the
+ * others do (a posted send), and the run returns once the rest are done. With nothing else
+ * (optional == n) one pass moves them without waiting. */
+int coll_engine_run_opt(coll_chan *chans, size_t n, size_t optional);
 /* -1 + error if a peer of c is known dead (a collective needs every rank). */
 int coll_check_peers(ff_coll_comm *c, const char *call);
 
@@ -254,8 +267,14 @@ int coll_cpu_run(ff_coll_comm *c, const coll_call *call);
 /* Allocate / free c->cpu.w for c->nranks ranks. */
 int coll_work_alloc(ff_coll_comm *c);
 void coll_work_free(ff_coll_comm *c);
-/* Sends and receives of a group, possibly on several communicators, all at once. */
+/* Sends and receives of a group, possibly on several communicators, all at once; the
+ * communicators' posted sends move with them. */
 int coll_cpu_run_p2p(ff_coll_comm **comms, const coll_call *calls, size_t n);
+/* A send that does not block (ff_coll_send_post): queued behind the posted ones, then moved
+ * as far as the transport takes without waiting. */
+int coll_cpu_send_post(ff_coll_comm *c, const coll_call *call);
+/* Move the posted sends: without waiting, or (wait) until all are done. Updates sends_done. */
+int coll_cpu_sends_progress(ff_coll_comm *c, bool wait);
 
 /* ---- reductions (reduce.c) ------------------------------------------------------------ */
 

@@ -433,6 +433,8 @@ void coll_work_free(ff_coll_comm *c) {
 
 int coll_cpu_run(ff_coll_comm *c, const coll_call *call) {
     if (call->op != OP_SEND) {
+        /* the posted sends' frames go first on their connections: complete them */
+        if (coll_cpu_sends_progress(c, true)) return -1;
         if (coll_check_peers(c, coll_op_name(call->op))) return -1;
         c->cpu.coll_seq++; /* make_hdr stamps it into every frame of this call */
     }
@@ -452,17 +454,92 @@ int coll_cpu_run(ff_coll_comm *c, const coll_call *call) {
     }
 }
 
-int coll_cpu_run_p2p(ff_coll_comm **comms, const coll_call *calls, size_t n) {
-    coll_chan stack[16];
-    coll_chan *ch = n <= 16 ? stack : ff_malloc(n * sizeof *ch);
+/* Room for n channels in c's run array. */
+static coll_chan *run_room(ff_coll_comm *c, size_t n) {
+    coll_cpu *p = &c->cpu;
+    if (n > p->cap_run) {
+        size_t cap = p->cap_run ? p->cap_run : 16;
+        while (cap < n) cap *= 2;
+        coll_chan *r = ff_realloc(p->run, cap * sizeof *r);
+        if (!r) return NULL;
+        p->run = r, p->cap_run = cap;
+    }
+    return p->run;
+}
+
+/* The posted sends' state back from a run (they were copied to run [0, n_pend) of c's slice),
+ * less the done ones, and sends_done: every send before the first one still moving. */
+static void pend_update(ff_coll_comm *c, const coll_chan *ran) {
+    coll_cpu *p = &c->cpu;
+    size_t keep = 0;
+    for (size_t i = 0; i < p->n_pend; i++)
+        if (ran[i].k < ran[i].nframes) p->pend[keep++] = ran[i];
+    p->n_pend = keep;
+    c->sends_done = keep ? p->pend[0].serial - 1 : c->sends_posted;
+}
+
+/* Runs the posted sends of every communicator involved first (optional: they move,
+ * nothing waits for them), then calls [n]. */
+static int run_with_posted(ff_coll_comm **comms, const coll_call *calls, size_t n, bool wait_posted) {
+    ff_coll_comm *distinct[16];
+    size_t nd = 0, np = 0;
+    for (size_t i = 0; i < (n ? n : 1); i++) { /* n == 0: comms[0]'s posted sends alone */
+        size_t j = 0;
+        while (j < nd && distinct[j] != comms[i]) j++;
+        if (j < nd) continue;
+        if (nd == 16) return ff_error_set("ff_coll_group_end", "split the group", "more than 16 communicators in one group");
+        distinct[nd++] = comms[i];
+        np += comms[i]->cpu.n_pend;
+    }
+    coll_chan *ch = run_room(comms[0], np + n);
     if (!ch) return -1;
+    size_t o = 0;
+    for (size_t j = 0; j < nd; j++) {
+        if (distinct[j]->cpu.n_pend) memcpy(ch + o, distinct[j]->cpu.pend, distinct[j]->cpu.n_pend * sizeof *ch);
+        o += distinct[j]->cpu.n_pend;
+    }
     for (size_t i = 0; i < n; i++) {
         const coll_call *k = &calls[i];
         coll_hdr h = {.op = OP_SEND, .dtype = (uint8_t)k->dtype, .count = k->count};
-        coll_chan_simple(&ch[i], comms[i], k->root, !k->is_recv, &h,
-                         k->is_recv ? k->recvbuf : (void *)k->sendbuf, k->count * ff_dtype_size(k->dtype));
+        coll_chan_simple(&ch[np + i], comms[i], k->root, !k->is_recv, &h, k->is_recv ? k->recvbuf : (void *)k->sendbuf,
+                         k->count * ff_dtype_size(k->dtype));
     }
-    int rc = coll_engine_run(ch, n);
-    if (ch != stack) free(ch);
+    int rc = coll_engine_run_opt(ch, np + n, wait_posted ? 0 : np);
+    if (rc == 0) { /* (a failure breaks the communicators, which drops their posted sends) */
+        o = 0;
+        for (size_t j = 0; j < nd; j++) {
+            const size_t k = distinct[j]->cpu.n_pend;
+            pend_update(distinct[j], ch + o);
+            o += k;
+        }
+    }
     return rc;
+}
+
+int coll_cpu_run_p2p(ff_coll_comm **comms, const coll_call *calls, size_t n) {
+    return n ? run_with_posted(comms, calls, n, false) : 0;
+}
+
+int coll_cpu_send_post(ff_coll_comm *c, const coll_call *call) {
+    coll_cpu *p = &c->cpu;
+    if (p->n_pend == p->cap_pend) {
+        size_t cap = p->cap_pend ? 2 * p->cap_pend : 16;
+        coll_chan *q = ff_realloc(p->pend, cap * sizeof *q);
+        if (!q) return -1;
+        p->pend = q, p->cap_pend = cap;
+    }
+    coll_hdr h = {.op = OP_SEND, .dtype = (uint8_t)call->dtype, .count = call->count};
+    coll_chan *ch = &p->pend[p->n_pend++];
+    coll_chan_simple(ch, c, call->root, true, &h, (void *)call->sendbuf, call->count * ff_dtype_size(call->dtype));
+    ch->serial = ++c->sends_posted;
+    return coll_cpu_sends_progress(c, false);
+}
+
+int coll_cpu_sends_progress(ff_coll_comm *c, bool wait) {
+    if (!c->cpu.n_pend) {
+        c->sends_done = c->sends_posted;
+        return 0;
+    }
+    ff_coll_comm *cs[1] = {c};
+    return run_with_posted(cs, NULL, 0, wait);
 }

@@ -537,7 +537,9 @@ static int timeout_error(double secs, const char *call) {
                         "nothing moved for %.1f s; waiting for %s", secs, list);
 }
 
-int coll_engine_run(coll_chan *chans, size_t n) {
+int coll_engine_run(coll_chan *chans, size_t n) { return coll_engine_run_opt(chans, n, 0); }
+
+int coll_engine_run_opt(coll_chan *chans, size_t n, size_t optional) {
     if (n == 0) return 0;
     ff_coll_comm *comms[MAX_COMMS];
     size_t ncomms = 0;
@@ -598,7 +600,7 @@ int coll_engine_run(coll_chan *chans, size_t n) {
         bool moved = false, all_done = true, any_io = false;
         for (size_t i = 0; i < n; i++) {
             if (chan_done(&chans[i])) continue;
-            all_done = false;
+            if (i >= optional) all_done = false;
             if (!eligible(chans, i)) continue;
             describe_local(call, sizeof call, &chans[i]);
             if (step(&chans[i], &moved, call) == STEP_ERROR) {

@@ -987,4 +987,8 @@ void coll_cpu_comm_free(ff_coll_comm *c) {
     free(c->cpu.scratch);
     c->cpu.scratch = NULL;
     c->cpu.scratch_cap = 0;
+    free(c->cpu.pend); /* posted sends not done are dropped (ff_coll_sends_done waits for them) */
+    free(c->cpu.run);
+    c->cpu.pend = c->cpu.run = NULL;
+    c->cpu.n_pend = c->cpu.cap_pend = c->cpu.cap_run = 0;
 }

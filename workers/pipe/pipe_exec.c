@@ -53,6 +53,12 @@ struct ff_pipe_exec {
     size_t pool_floats;
     ff_pipe_xfer *x; /* [max_call] */
     int max_call;
+    /* sends that do not block (the transport's send_post): the buffers of those in flight, in
+     * post order, each with its number among the transport's posted sends */
+    bool eager;
+    float **fly;
+    uint64_t *fly_no, posted;
+    int n_fly, cap_fly;
     double *t_start, *t_end; /* [st->n] */
     double *red;             /* the closing sum */
     size_t n_red;
@@ -104,6 +110,41 @@ static void pool_drop(ff_pipe_exec *e) {
     e->n_pool = 0;
 }
 
+/* A posted send's buffer, held until the transport says it is done. */
+static int fly_add(ff_pipe_exec *e, float **slot) {
+    if (e->n_fly == e->cap_fly) {
+        int c = e->cap_fly ? 2 * e->cap_fly : 16;
+        float **f = ff_realloc(e->fly, sizeof *f * (size_t)c);
+        if (f) e->fly = f;
+        uint64_t *no = f ? ff_realloc(e->fly_no, sizeof *no * (size_t)c) : NULL;
+        if (!no) return -1; /* the buffer stays in its slot: the next sweep takes it */
+        e->fly_no = no;
+        e->cap_fly = c;
+    }
+    e->fly[e->n_fly] = *slot;
+    e->fly_no[e->n_fly++] = ++e->posted;
+    *slot = NULL;
+    return 0;
+}
+
+/* The buffers of the sends that are done back to the pool (wait: every send). */
+static int fly_reclaim(ff_pipe_exec *e, bool wait) {
+    uint64_t done = 0;
+    if (e->t.sends_done(e->t.ctx, wait, &done)) return -1;
+    if (wait) e->posted = done; /* every send of the transport is done: count from there */
+    int k = 0;
+    while (k < e->n_fly && e->fly_no[k] <= done) {
+        if (pool_put(e, &e->fly[k])) return -1;
+        k++;
+    }
+    if (k && k < e->n_fly) {
+        memmove(e->fly, e->fly + k, sizeof *e->fly * (size_t)(e->n_fly - k));
+        memmove(e->fly_no, e->fly_no + k, sizeof *e->fly_no * (size_t)(e->n_fly - k));
+    }
+    e->n_fly -= k;
+    return 0;
+}
+
 /* ---- transport over ff_coll --------------------------------------------------------------- */
 
 static int coll_call(void *ctx, const ff_pipe_xfer *x, int n) {
@@ -121,9 +162,16 @@ static int coll_sum64(void *ctx, double *buf, size_t n) {
     return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, ctx, NULL);
 }
 
+static int coll_send_post(void *ctx, const ff_pipe_xfer *x) {
+    return ff_coll_send_post(x->buf, x->count, FF_DTYPE_F32, x->peer, ctx);
+}
+
+static int coll_sends_done(void *ctx, bool wait, uint64_t *done) { return ff_coll_sends_done(ctx, wait, done); }
+
 void ff_pipe_transport_coll(ff_coll_comm *comm, ff_pipe_transport *out) {
     *out = (ff_pipe_transport){.rank = ff_coll_comm_rank(comm), .size = ff_coll_comm_size(comm), .ctx = comm,
-                               .call = coll_call, .all_reduce_sum_f64 = coll_sum64};
+                               .call = coll_call, .all_reduce_sum_f64 = coll_sum64, .send_post = coll_send_post,
+                               .sends_done = coll_sends_done};
 }
 
 void ff_pipe_model_comm(const ff_pipe_transport *t, ff_model_comm *out) {
@@ -247,6 +295,9 @@ void ff_pipe_exec_destroy(ff_pipe_exec **pe) {
     if (e->s) sweep(e);
     pool_drop(e);
     free(e->pool);
+    for (int i = 0; i < e->n_fly; i++) free(e->fly[i]);
+    free(e->fly);
+    free(e->fly_no);
     for (int i = 0; i < FF_PIPE_MAX_MODELS; i++) {
         exec_model *m = &e->em[i];
         for (int k = 0; k < NBUF; k++) free(m->buf[k]);
@@ -272,6 +323,14 @@ ff_pipe_exec *ff_pipe_exec_new(const ff_pipe_schedule *s, int32_t rank, const ff
                                const ff_pipe_exec_model *models) {
     if (!t || !t->call || !t->all_reduce_sum_f64)
         return ff_error_set("pipeline executor", "give a transport with call and all_reduce_sum_f64", "no transport"), NULL;
+    if (!t->send_post != !t->sends_done)
+        return ff_error_set("pipeline executor", "give both send_post and sends_done, or neither",
+                            "the transport has %s only", t->send_post ? "send_post" : "sends_done"),
+               NULL;
+    if (s->eager_sends && !t->send_post)
+        return ff_error_set("pipeline executor", "run these streams over a transport with send_post (ff_pipe_transport_coll has it)",
+                            "the schedule's streams need sends that do not block, and the transport's block"),
+               NULL;
     if (t->size != s->n_ranks || t->rank != rank || rank < 0 || rank >= s->n_ranks)
         return ff_error_set("pipeline executor", "the transport's group is the schedule's ranks",
                             "rank %d of a transport of %d (rank %d) for a schedule of %d ranks", rank, t->size, t->rank,
@@ -282,6 +341,7 @@ ff_pipe_exec *ff_pipe_exec_new(const ff_pipe_schedule *s, int32_t rank, const ff
     e->s = s;
     e->rank = rank;
     e->t = *t;
+    e->eager = t->send_post != NULL;
     e->st = &s->streams[rank];
     const int64_t n = e->st->n;
     e->t_start = ff_calloc((size_t)n + 1, sizeof(double));
@@ -408,11 +468,23 @@ static int do_call(ff_pipe_exec *e, int64_t i, int64_t end) {
         if (send && !*b) return instr_error(e, q, "check the schedule with ff_pipe_simulate", "no %s to send", buf_name[k]);
         if (!send && *b) return instr_error(e, q, "check the schedule with ff_pipe_simulate", "%s received twice", buf_name[k]);
         if (!send && !(*b = pool_get(e))) return -1;
-        e->x[n++] = (ff_pipe_xfer){.kind = send ? FF_PIPE_XFER_SEND : FF_PIPE_XFER_RECV, .peer = in->peer, .buf = *b,
-                                   .count = count_of(m, in->micro)};
+        const ff_pipe_xfer x = {.kind = send ? FF_PIPE_XFER_SEND : FF_PIPE_XFER_RECV, .peer = in->peer, .buf = *b,
+                                .count = count_of(m, in->micro)};
+        if (send && e->eager) { /* posted now, in the channel's order; the rank goes on */
+            if (e->t.send_post(e->t.ctx, &x))
+                return ff_error_wrap("pipeline executor, rank %d: call %d, posting the send to rank %d", e->rank,
+                                     e->st->instr[i].call, in->peer);
+            if (fly_add(e, b)) return -1;
+            continue;
+        }
+        e->x[n++] = x;
     }
-    if (e->t.call(e->t.ctx, e->x, n))
+    if (n && e->t.call(e->t.ctx, e->x, n))
         return ff_error_wrap("pipeline executor, rank %d: call %d (%d transfers)", e->rank, e->st->instr[i].call, n);
+    if (e->eager) { /* the sends done by now give their buffers back */
+        if (fly_reclaim(e, false)) return ff_error_wrap("pipeline executor, rank %d: call %d's sends", e->rank, e->st->instr[i].call);
+        return 0;
+    }
     for (int64_t q = i; q < end; q++) { /* what was sent is done with */
         const ff_pipe_instr *in = &e->st->instr[q];
         if (in->op == FF_PIPE_SEND_ACT || in->op == FF_PIPE_SEND_GRAD)
@@ -423,6 +495,10 @@ static int do_call(ff_pipe_exec *e, int64_t i, int64_t end) {
 
 static int do_step(ff_pipe_exec *e, int64_t i) {
     exec_model *m = &e->em[e->st->instr[i].model];
+    /* a send still moving moves only while this rank calls the transport: the step's hook and
+     * sums may block on other groups whose ranks wait for it */
+    if (e->eager && fly_reclaim(e, true))
+        return ff_error_wrap("pipeline executor, rank %d: the sends before the optimizer step", e->rank);
     if (m->m.before_step && m->m.before_step(m->m.step_ctx, m->m.model))
         return ff_error_wrap("pipeline executor, rank %d: before the optimizer step", e->rank);
     if (m->tied_peer >= 0) {
@@ -487,6 +563,8 @@ static int prepare(ff_pipe_exec *e, const ff_pipe_run *r) {
 }
 
 int ff_pipe_exec_run(ff_pipe_exec *e, const ff_pipe_run *r, ff_pipe_exec_stats *stats) {
+    if (e->eager && fly_reclaim(e, true)) /* a failed run's sends, still in flight */
+        return ff_error_wrap("pipeline executor, rank %d: the sends of an earlier run", e->rank);
     if (prepare(e, r)) return -1;
     if (r->measure) {
         double z = 0;
@@ -528,6 +606,8 @@ int ff_pipe_exec_run(ff_pipe_exec *e, const ff_pipe_run *r, ff_pipe_exec_stats *
         }
         i = next;
     }
+    if (e->eager && fly_reclaim(e, true)) /* every send received before the closing sum */
+        return ff_error_wrap("pipeline executor, rank %d: waiting for the step's sends", e->rank);
     const double wall = (double)(ff_now_ns() - t0) * 1e-9;
     if (sweep(e))
         return ff_error_set("pipeline executor", "check the schedule with ff_pipe_simulate",
@@ -603,7 +683,7 @@ const ff_pipe_schedule *ff_pipe_exec_schedule(const ff_pipe_exec *e) { return e-
 
 int ff_pipe_exec_simulate(const ff_pipe_exec *e, ff_pipe_sim *out) {
     memset(out, 0, sizeof *out);
-    ff_pipe_sim_opts o = {0};
+    ff_pipe_sim_opts o = {.eager_sends = e->eager};
     double *t[FF_PIPE_MAX_MODELS] = {0};
     int rc = -1;
     for (int i = 0; i < e->s->n_models; i++) {
