@@ -14,8 +14,8 @@
  * then every worker decoded as without migration, so its jobs that ended before it are read,
  * except on a source (a job moved away ends early: no lockstep to read on its rank); the
  * survivors' jobs still open then are taken at their own rate to their ends, which the moved
- * samples slow (a small bias beside the reconstruction's). Not here: the decision's use (exec_iter.c maybe_migrate), any
- * measurement on the workers. */
+ * samples slow (a small bias beside the reconstruction's). Not here: the decision's use
+ * (exec_iter.c maybe_migrate), any measurement on the workers. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
