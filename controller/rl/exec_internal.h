@@ -149,6 +149,7 @@ typedef struct ex_rollout_plan {
     double step_a, step_b, step_c;       /* the decode step fit: a + b batch + c context tokens, seconds */
     double infer_per_tok;                /* the inference forwards, worker-seconds per token */
     double move_latency_s, move_per_sample_s; /* a migration: t = latency + per sample x moved */
+    int64_t step_jobs;                   /* the rl.generate jobs the step fit has read, over the run */
 } ex_rollout_plan;
 typedef struct ex_rollout ex_rollout;
 /* A move of long-tail migration (exec_iter.c): the source's rl.migrate_out and the
@@ -432,8 +433,9 @@ void ex_judge(ex_run *x);
 /* exec_rollout.c: the stage's measurements (from the result callbacks; a record lost to memory
  * is only a lost observation) and its simulation */
 void ex_rollout_free(ex_rollout **r);
-/* an rl.generate job that ran to its end on `rank`: its n response lengths, its prompts' mean */
-void ex_rollout_gen(ex_run *x, int rank, int64_t start_ns, int64_t end_ns, double plen, const int32_t *rl, int64_t n);
+/* an rl.generate job on `rank`: its n response lengths, its prompts' mean; `moved`: its open
+ * samples were migrated away (it ended early: its span marks its rank's lockstep as unreadable) */
+void ex_rollout_gen(ex_run *x, int rank, int64_t start_ns, int64_t end_ns, double plen, const int32_t *rl, int64_t n, bool moved);
 /* final response lengths of n samples (every sample once per iteration) */
 void ex_rollout_final(ex_run *x, double plen, const int32_t *rl, int64_t n);
 /* an inference subtask of scoring node `node` over `tokens` tokens */

@@ -1007,7 +1007,7 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
         plen /= (double)(j->ngroups > 0 ? j->ngroups : 1);
         for (int64_t i = 0; i < nresp; i++)
             if (!(slv && slv[i] > 0)) ex_rollout_final(x, plen, rl + i, 1);
-        if (!moved) ex_rollout_gen(x, r->rank, r->start_ns, r->end_ns, plen, rl, nresp);
+        ex_rollout_gen(x, r->rank, r->start_ns, r->end_ns, plen, rl, nresp, moved);
     }
     st->tokens += at[nresp];
     const int64_t tokens = at[nresp];

@@ -10,8 +10,12 @@
  * The step fit reconstructs batches from job ends only: a worker decodes its open jobs in
  * lockstep, so a job of longest response L took L steps, and each of its samples is taken to
  * finish at the share of the job's time its length is of L; the inference subtasks the worker
- * ran meanwhile are taken off. Not here: the decision's use (exec_iter.c maybe_migrate), any
- * measurement on the workers. */
+ * ran meanwhile are taken off. An iteration that migrated is read up to the decision: until
+ * then every worker decoded as without migration, so its jobs that ended before it are read,
+ * except on a source (a job moved away ends early: no lockstep to read on its rank); the
+ * survivors' jobs still open then are taken at their own rate to their ends, which the moved
+ * samples slow (a small bias beside the reconstruction's). Not here: the decision's use
+ * (exec_iter.c maybe_migrate), any measurement on the workers. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +33,7 @@ typedef struct gen_rec {
     double plen;       /* prompt tokens of its samples (their mean) */
     int64_t off, n;    /* its response lengths: lens[off .. off + n) */
     int32_t lmax;
+    bool moved; /* its open samples left at a migration: ended early, never read */
 } gen_rec;
 
 typedef struct busy_rec {
@@ -49,7 +54,7 @@ struct ex_rollout {
     int64_t nbusy, cap_busy;
     /* over the run: the step fit's weighted normal equations over (1, batch, context) */
     double xtx[3][3], xty[3];
-    int64_t nobs;
+    int64_t nobs; /* jobs read */
     double infer_s[EX_MAX_NODES], infer_tok[EX_MAX_NODES]; /* per scoring node */
     double mv[5];                                          /* past migrations: sums of 1, n, n^2, t, n t (n moved in t s) */
     /* the last finished iteration: its response lengths and mean prompt */
@@ -83,14 +88,14 @@ void ex_rollout_free(ex_rollout **pr) {
     *pr = NULL;
 }
 
-void ex_rollout_gen(ex_run *x, int rank, int64_t start_ns, int64_t end_ns, double plen, const int32_t *rl, int64_t n) {
+void ex_rollout_gen(ex_run *x, int rank, int64_t start_ns, int64_t end_ns, double plen, const int32_t *rl, int64_t n, bool moved) {
     ex_rollout *r = ro_of(x);
     if (!r || n < 1 || start_ns <= 0 || end_ns <= start_ns) return;
     if (grow((void **)&r->gen, &r->cap_gen, r->ngen + 1, sizeof *r->gen) ||
         grow((void **)&r->lens, &r->cap_len, r->nlen + n, sizeof *r->lens))
         return; /* a lost observation, not an error */
     gen_rec *g = &r->gen[r->ngen++];
-    *g = (gen_rec){.rank = rank, .start_ns = start_ns, .end_ns = end_ns, .plen = plen, .off = r->nlen, .n = n};
+    *g = (gen_rec){.rank = rank, .start_ns = start_ns, .end_ns = end_ns, .plen = plen, .off = r->nlen, .n = n, .moved = moved};
     for (int64_t i = 0; i < n; i++) {
         int32_t l = rl[i] > 0 ? rl[i] : 0;
         r->lens[r->nlen++] = l;
@@ -119,12 +124,16 @@ static double overlap_ns(int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
     return hi > lo ? (double)(hi - lo) : 0;
 }
 
-/* One observation per rl.generate job: its mean step time against the mean batch and context
- * of its worker over the job's time, into the normal equations. */
-static void fold_steps(ex_rollout *r) {
+/* One observation per rl.generate job that ended by `cut_ns` (a migration's decision; INT64_MAX
+ * without) on a worker none of whose jobs was moved away: its mean step time against the mean
+ * batch and context of its worker over the job's time, into the normal equations. */
+static void fold_steps(ex_rollout *r, int64_t cut_ns) {
     for (int64_t k = 0; k < r->ngen; k++) {
         const gen_rec *g = &r->gen[k];
-        if (g->lmax < 1) continue;
+        if (g->lmax < 1 || g->moved || g->end_ns > cut_ns) continue;
+        bool source = false;
+        for (int64_t o = 0; o < r->ngen && !source; o++) source = r->gen[o].moved && r->gen[o].rank == g->rank;
+        if (source) continue;
         double D = (double)(g->end_ns - g->start_ns), busy = 0, bsum = 0, csum = 0;
         for (int64_t q = 0; q < r->nbusy; q++)
             if (r->busy[q].rank == g->rank) busy += overlap_ns(g->start_ns, g->end_ns, r->busy[q].start_ns, r->busy[q].end_ns);
@@ -212,7 +221,7 @@ static void fit(ex_rollout *r) {
 void ex_rollout_finish(ex_run *x, const ex_iter *I) {
     ex_rollout *r = x->ro;
     if (!r) return;
-    if (I->mig_sources == 0) fold_steps(r); /* a migration's jobs end early: no lockstep to read */
+    fold_steps(r, I->mig_sources == 0 ? INT64_MAX : I->mig_t0_ns);
     if (I->mig_moved > 0 && I->mig_t1_ns > I->mig_t0_ns) {
         const double n = (double)I->mig_moved, t = (double)(I->mig_t1_ns - I->mig_t0_ns) * 1e-9;
         r->mv[0] += 1, r->mv[1] += n, r->mv[2] += n * n, r->mv[3] += t, r->mv[4] += n * t;
@@ -277,5 +286,6 @@ int ex_rollout_plan_stage(ex_run *x, int workers, int64_t samples, int32_t max_l
     p->migrate_s = out.migrate.total_s;
     p->step_a = r->a, p->step_b = r->b, p->step_c = r->c, p->infer_per_tok = r->infer_per_tok;
     p->move_latency_s = r->move_latency, p->move_per_sample_s = r->move_per_sample;
+    p->step_jobs = r->nobs;
     return 0;
 }

@@ -652,8 +652,9 @@ static void time_metrics(ex_run *x, json_t *m, int64_t t_end) {
         json_object_set_new(t, "rollout_stage", json_real((double)(last - I->st[x->gen_node].t_first_ns) * 1e-9));
         const ex_rollout_plan *p = &I->plan;
         if (p->valid)
-            json_object_set_new(t, "rollout_sim", json_pack("{s:f,s:f,s:f,s:f,s:i}", "serial_s", p->serial_s, "fused_s", p->fused_s,
-                                                            "migrate_s", p->migrate_s, "rt", p->rt, "survivors", p->survivors));
+            json_object_set_new(t, "rollout_sim", json_pack("{s:f,s:f,s:f,s:f,s:i,s:I}", "serial_s", p->serial_s, "fused_s", p->fused_s,
+                                                            "migrate_s", p->migrate_s, "rt", p->rt, "survivors", p->survivors,
+                                                            "step_jobs", (json_int_t)p->step_jobs));
     }
     json_object_set_new(m, "time", t);
     if (x->tr) {

@@ -2,7 +2,9 @@
  * timings: workers decoding their jobs in lockstep at a known step cost (a + b x batch
  * seconds), their results as the controller would receive them. Checks that
  *   - nothing is simulated before an iteration was measured, nor from an iteration that
- *     migrated (its jobs end early: no lockstep to read);
+ *     migrated before any job ended (its jobs end early: no lockstep to read);
+ *   - an iteration that migrated is read up to the decision, the sources' jobs left out (a
+ *     run that migrates every iteration still follows its costs);
  *   - the fit finds the step's fixed and per-sequence costs (within the reconstruction's error)
  *     and the inference forwards' seconds per token;
  *   - with a fixed cost per step (decoding memory bound, as on a GPU) and a long tail, auto
@@ -25,8 +27,11 @@
 /* One iteration on `workers` workers: every job starts at once; job lengths log-normal with a
  * long tail (median 8, a few near 90); each worker runs its jobs in lockstep, a step costing
  * a + b x running samples; each finished sample's forwards cost `inf` s per token after the
- * worker's last job (one inference subtask per job). */
-static void iteration(ex_run *x, int workers, double a, double b, double inf, uint64_t seed) {
+ * worker's last job (one inference subtask per job). `moved_rank` (-1: none) is a migration's
+ * source: its job that ends last is reported moved (its samples left it). Returns the time the
+ * first worker's last job ended. */
+static int64_t iteration(ex_run *x, int workers, double a, double b, double inf, uint64_t seed, int moved_rank) {
+    int64_t first_done = INT64_MAX;
     ff_rng rng;
     ff_rng_seed(&rng, seed);
     for (int w = 0; w < workers; w++) {
@@ -50,8 +55,12 @@ static void iteration(ex_run *x, int workers, double a, double b, double inf, ui
             for (int j = 0; j < JOBS; j++)
                 if (lmax[j] == step) end[j] = t;
         }
+        int last = 0;
+        for (int j = 1; j < JOBS; j++)
+            if (end[j] > end[last]) last = j;
+        if (end[last] < first_done) first_done = end[last];
         for (int j = 0; j < JOBS; j++) {
-            ex_rollout_gen(x, w, t0, end[j], PLEN, len[j], N);
+            ex_rollout_gen(x, w, t0, end[j], PLEN, len[j], N, w == moved_rank && j == last);
             ex_rollout_final(x, PLEN, len[j], N);
         }
         int64_t s = t;
@@ -63,6 +72,7 @@ static void iteration(ex_run *x, int workers, double a, double b, double inf, ui
             s = e;
         }
     }
+    return first_done;
 }
 
 static ex_run *run_new(void) {
@@ -83,10 +93,11 @@ int main(void) {
     ex_iter I;
     memset(&I, 0, sizeof I);
 
-    /* 1. nothing measured: no plan; an iteration that migrated teaches no step costs */
+    /* 1. nothing measured: no plan; an iteration that migrated before any job ended teaches no
+     * step costs */
     ex_run *x = run_new();
     CHECK(ex_rollout_plan_stage(x, 2, 256, 100, -1, -1, &p) == 0 && !p.valid);
-    iteration(x, 2, 2e-3, 1e-5, 2e-5, 1);
+    iteration(x, 2, 2e-3, 1e-5, 2e-5, 1, -1);
     I.mig_sources = 1, I.mig_moved = 8, I.mig_t0_ns = 1, I.mig_t1_ns = 1 + 1000000;
     ex_rollout_finish(x, &I);
     CHECK(ex_rollout_plan_stage(x, 2, 256, 100, -1, -1, &p) == 0 && !p.valid);
@@ -96,7 +107,7 @@ int main(void) {
      * both, and auto migrates the tail for a simulated gain */
     memset(&I, 0, sizeof I);
     x = run_new();
-    iteration(x, 2, 2e-3, 1e-5, 2e-5, 2);
+    iteration(x, 2, 2e-3, 1e-5, 2e-5, 2, -1);
     ex_rollout_finish(x, &I);
     REQUIRE(ex_rollout_plan_stage(x, 2, 256, 100, -1, -1, &p) == 0 && p.valid);
     CHECK(fabs(p.step_a - 2e-3) < 0.3 * 2e-3);
@@ -117,11 +128,11 @@ int main(void) {
     CHECK(q.migrate_s <= q.fused_s && q.fused_s < p.fused_s && (q.rt == 0) == (q.survivors == 0));
 
     /* migrations of 2 samples in 24 ms and of 7 in 28 ms: 22.4 ms + 0.8 ms a sample; the fit
-     * of the decode step is left as it was (those iterations migrated) */
+     * of the decode step is left as it was (those iterations migrated before any job ended) */
     const double a0 = p.step_a;
     memset(&I, 0, sizeof I);
     I.mig_sources = 1, I.mig_moved = 2, I.mig_t0_ns = 1000, I.mig_t1_ns = 1000 + 24000000;
-    iteration(x, 2, 1e-3, 1e-5, 2e-5, 4);
+    iteration(x, 2, 1e-3, 1e-5, 2e-5, 4, -1);
     ex_rollout_finish(x, &I);
     I.mig_moved = 7, I.mig_t1_ns = 1000 + 28000000;
     ex_rollout_finish(x, &I);
@@ -132,9 +143,36 @@ int main(void) {
     memset(&I, 0, sizeof I);
     run_free(&x);
 
+    /* 4. a run that migrates every iteration: the step costs halve (2 ms to 1 ms) after its
+     * first; each migrated iteration is read up to the decision, without the source's jobs */
+    x = run_new();
+    iteration(x, 2, 2e-3, 1e-5, 2e-5, 5, -1);
+    ex_rollout_finish(x, &I);
+    REQUIRE(ex_rollout_plan_stage(x, 2, 256, 100, -1, -1, &p) == 0 && p.valid);
+    CHECK(p.step_jobs == 2 * JOBS);
+    I.mig_sources = 1, I.mig_moved = 3;
+    int64_t done = iteration(x, 2, 1e-3, 1e-5, 2e-5, 6, 1);
+    I.mig_t0_ns = done - 1, I.mig_t1_ns = done + 1000000; /* just before a worker's last job ended */
+    ex_rollout_finish(x, &I);
+    REQUIRE(ex_rollout_plan_stage(x, 2, 256, 100, -1, -1, &q) == 0 && q.valid);
+    CHECK(q.step_jobs > 2 * JOBS && q.step_jobs < 3 * JOBS); /* worker 0's, all but its last */
+    for (uint64_t seed = 7; seed < 10; seed++) {
+        I.mig_t0_ns = INT64_MAX / 2; /* after every job: worker 0's all */
+        iteration(x, 2, 1e-3, 1e-5, 2e-5, seed, 1);
+        ex_rollout_finish(x, &I);
+    }
+    ex_rollout_plan q2;
+    REQUIRE(ex_rollout_plan_stage(x, 2, 256, 100, -1, -1, &q2) == 0 && q2.valid);
+    CHECK(q2.step_jobs == q.step_jobs + 3 * JOBS);
+    CHECK(q2.step_a < 0.85 * p.step_a && q2.step_a > 0.7e-3);
+    ff_log(FF_LOG_INFO, "migrating every iteration: a %.3g ms after the first, %.3g ms after four more at 1 ms", p.step_a * 1e3,
+           q2.step_a * 1e3);
+    memset(&I, 0, sizeof I);
+    run_free(&x);
+
     /* 3. a step in proportion to its batch and no inference: consolidating saves nothing */
     x = run_new();
-    iteration(x, 2, 0, 5e-5, 0, 3);
+    iteration(x, 2, 0, 5e-5, 0, 3, -1);
     ex_rollout_finish(x, &I);
     REQUIRE(ex_rollout_plan_stage(x, 2, 256, 100, -1, -1, &p) == 0 && p.valid);
     CHECK(p.step_a < 0.2 * 5e-5 * 64); /* the fixed part small beside a typical batch's */

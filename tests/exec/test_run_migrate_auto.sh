@@ -6,9 +6,13 @@
 #     auto decides: it moves samples exactly, docs/run.md "Exactness");
 #   - iteration 1 has nothing measured: threshold 0, predicted_s and saved_s null, no
 #     time.rollout_sim; from iteration 2 the simulation's figures: time.rollout_sim {serial_s,
-#     fused_s, migrate_s, rt, survivors} with fused_s <= serial_s, migrate.threshold its rt,
+#     fused_s, migrate_s, rt, survivors, step_jobs} with fused_s <= serial_s, migrate.threshold its rt,
 #     predicted_s its migrate_s, saved_s = fused_s - predicted_s >= 0 (and at least 1% of
 #     fused_s when a threshold was picked), a threshold from the simulator's sweep or 0;
+#   - step_jobs (the rl.generate jobs the decode step fit has read) grows with every iteration
+#     that did not migrate (all its jobs) and never shrinks; one that migrated is read up to
+#     the decision without the sources' jobs (which of them ended by then is timing: the exact
+#     counts are in test_rollout_fit.c), so a run that always migrates keeps fitting;
 #   - time.rollout_stage (generation's first dispatch to the last inference result) in every
 #     iteration, of both runs;
 #   - the choice logged once per iteration at debug level (FF_LOG=debug).
@@ -52,7 +56,7 @@ assert m1["threshold"] == 0 and m1["predicted_s"] is None and m1["saved_s"] is N
 assert "rollout_sim" not in auto[0]["time"], auto[0]["time"]
 for o in auto[1:]:
     m, s = o["migrate"], o["time"]["rollout_sim"]
-    assert set(s) == {"serial_s", "fused_s", "migrate_s", "rt", "survivors"}, s
+    assert set(s) == {"serial_s", "fused_s", "migrate_s", "rt", "survivors", "step_jobs"}, s
     assert 0 < s["fused_s"] <= s["serial_s"] + 1e-12 and 0 < s["migrate_s"] <= s["fused_s"] + 1e-12, s
     assert m["threshold"] == s["rt"] and abs(m["predicted_s"] - s["migrate_s"]) < 1e-12, (m, s)
     assert abs(m["saved_s"] - (s["fused_s"] - s["migrate_s"])) < 1e-9 and m["saved_s"] >= 0, (m, s)
@@ -60,6 +64,13 @@ for o in auto[1:]:
         assert m["threshold"] in grid and s["survivors"] == 1 and m["saved_s"] >= 0.01 * s["fused_s"] - 1e-12, (m, s)
     else:
         assert s["survivors"] == 0 and m["moved"] == 0 and m["saved_s"] == 0, (m, s)
+# the step fit's jobs: some after iteration 1, more after each iteration without a migration
+for run in (auto, off):
+    for prev, o in zip(run[1:], run[2:]):
+        a, b = prev["time"]["rollout_sim"]["step_jobs"], o["time"]["rollout_sim"]["step_jobs"]
+        assert 0 < a <= b, (a, b)
+        if prev.get("migrate", {}).get("moved", 0) == 0:
+            assert b > a, ("an iteration without a migration was not read", a, b)
 # with migration off the simulation still predicts (the stage serial, fused and with auto)
 for o in off[1:]:
     assert o["time"]["rollout_sim"]["fused_s"] > 0 and "migrate" not in o, o
