@@ -15,8 +15,8 @@
  * (ff_fuse_stage_activation). The solver runs once per pair of micro-batch counts, on one
  * thread with a fixed seed and a round budget, so the schedule is the same for the same instance
  * whatever the machine's load; `auto` fuses when the executor streams of the solver's schedule
- * (ff_fuse_streams_makespan: their transfers block) run at least 5% shorter than the serial
- * baseline's streams (the actor's 1F1B, then the critic's).
+ * (ff_fuse_streams_makespan: the executor's transfers, sends posted) run at least 5% shorter
+ * than the serial baseline's streams (the actor's 1F1B, then the critic's).
  *
  * Not here: planning the mini-batches and submitting the fused subtasks (exec_train.c), the
  * fused step itself (the workers: ff_trainer_step_fused). */
@@ -196,7 +196,7 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, const int32_t *mc) {
     memcpy(p.mc, mc, (size_t)R * sizeof *mc);
     int rc = -1;
     if (ff_fuse_serial(&in, &serial) || ff_fuse_solve(&in, &so, &fused, &st)) goto out;
-    /* compare what runs: the streams' makespans (their transfers block), not the fused simulator's */
+    /* compare what runs: the streams' makespans (the executor's transfers), not the fused simulator's */
     p.serial = ff_fuse_streams_makespan(&in, &serial), p.fused = ff_fuse_streams_makespan(&in, &fused);
     if (p.serial < 0 || p.fused < 0) goto out;
     p.gain = p.serial > 0 ? 1 - p.fused / p.serial : 0;
