@@ -31,6 +31,7 @@
 #include "fuseflow/fuse.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,8 @@
 #define KICK_CYCLES 3         /* decoding cycles without a shorter makespan before a thread starts afresh */
 #define POLISH_TRIES 1000      /* order moves tried on the executor's streams after the search */
 #define POLISH_SHARE 0.15     /* of the time budget kept for them */
+#define CAP_START 1.3         /* the capped search's first memory target: this x the peak bound at the cap */
+#define CAP_PATIENCE 3        /* capped cycles without a shorter makespan under the target before it rises */
 
 typedef struct problem {
     const ff_fuse_instance *in;
@@ -211,6 +214,11 @@ typedef struct worker {
     decoder d;
     point cur, best_pt;        /* the decoding search's point and its best */
     point anchor;              /* where decoding cycles start: the best since the last fresh start */
+    point cap_pt;              /* the capped search's best point under its target (budget = target) */
+    double cap_pt_mk, cap_pt_pk;
+    double cap_target;         /* its memory target P (0: not begun) */
+    int cap_stuck;             /* capped cycles since its makespan last improved */
+    double cap_last_mk;
     double an_mk, an_pk, last_mk;
     int stuck;                 /* decoding cycles since the thread's makespan last improved */
     double pt_mk, pt_pk;
@@ -220,7 +228,7 @@ typedef struct worker {
     ff_fuse_schedule best_sched; /* the thread's best of either search */
     double best_mk, best_pk;
     double cur_e;
-    int mode;                  /* this cycle: 0 decoding, 1 orders */
+    int mode;                  /* this cycle: 0 decoding, 1 orders, 2 capped decoding (the memory phase) */
     int64_t decodes, in_cycle, cycles;
     bool restart;              /* start a cycle from the best at the next round */
     double mem_step;           /* a budget cycle aims this fraction of the way from the best peak to its bound */
@@ -297,6 +305,7 @@ static double energy(const worker *w, double mk, double pk, const double *node_p
     const problem *p = w->p;
     const shared *sh = w->sh;
     if (!sh->memory_phase) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
+    if (w->mode == 2) return mk / p->lb + MEM_WEIGHT * pk / sh->cap_peak_lb; /* the budget holds the memory */
     double over = sh->slack == 0 ? mk / p->lb /* the same energy bit for bit as before the slack existed */
                   : mk > sh->cap_exact ? OVER_CAP + OVER_SLOPE * (mk - sh->cap_exact) / p->lb : 0;
     if (w->mode == 0 && sh->slack == 0) return over + MEM_WEIGHT * pk / sh->cap_peak_lb;
@@ -340,6 +349,11 @@ static int try_point(worker *w, const point *x, double *e) {
         return 0;
     }
     *e = energy(w, mk, pk, w->d.peak);
+    if (w->mode == 2 && better(mk, pk, w->cap_pt_mk, w->cap_pt_pk)) {
+        w->cap_pt_mk = mk;
+        w->cap_pt_pk = pk;
+        point_copy(&w->cap_pt, x, w->p->items);
+    }
     if (better_under(w->sh->cap_mk, mk, pk, w->an_mk, w->an_pk)) {
         w->an_mk = mk;
         w->an_pk = pk;
@@ -354,15 +368,64 @@ static int try_point(worker *w, const point *x, double *e) {
     return 0;
 }
 
+/* A capped cycle (the memory phase): the shortest makespan under a fixed memory budget, the
+ * target, from the capped search's best point under it. The high-memory points the makespan
+ * search ends at do not come down by budgets just under their peak (the decoder then waits where
+ * it ran ahead), so this search starts low: 1F1B's caps (S - s), whose schedules have the serial
+ * peak and a few percent more makespan, under a target of CAP_START x the peak bound (or just
+ * under the best peak, if lower), and raises caps and redraws perturbations to shorten it.
+ * Where it reaches the cap (the bound at slack 0) it is the thread's best (try_point, a lower
+ * peak) and the target drops to just under that peak; after CAP_PATIENCE cycles without a
+ * shorter makespan the target rises halfway to the best peak, or, there already, it starts
+ * afresh from 1F1B's caps with random perturbations. */
+static int begin_capped(worker *w) {
+    const problem *p = w->p;
+    double unit = INFINITY;
+    for (int i = 0; i < p->in->n_models; i++)
+        if (p->in->models[i].act > 0) unit = fmin(unit, p->in->models[i].act);
+    if (!isfinite(unit)) unit = 1;
+    double goal = w->best_pk - 0.5 * unit, target = w->cap_target;
+    if (target > 0) {
+        w->cap_stuck = w->cap_pt_mk < w->cap_last_mk * (1 - 1e-9) ? 0 : w->cap_stuck + 1;
+        w->cap_last_mk = w->cap_pt_mk;
+    }
+    bool fresh = target == 0;
+    if (fresh) {
+        target = fmin(goal, CAP_START * w->sh->cap_peak_lb);
+    } else if (w->cap_stuck >= CAP_PATIENCE) {
+        if (target < goal * (1 - 1e-9)) target = 0.5 * (target + goal);
+        else fresh = true;
+    }
+    if (target > goal) target = goal;
+    if (fresh) {
+        point_plain(p, &w->cap_pt, 0, false);
+        if (w->cap_target > 0)
+            for (int64_t it = 0; it < p->items; it++) {
+                w->cap_pt.nf[it] = 2 * p->scale * ff_rng_normal(&w->rng);
+                w->cap_pt.nb[it] = 2 * p->scale * ff_rng_normal(&w->rng);
+            }
+    }
+    if (fresh || target != w->cap_target) {
+        w->cap_target = target;
+        w->cap_pt.budget = target;
+        w->cap_pt_mk = w->cap_pt_pk = w->cap_last_mk = INFINITY;
+        w->cap_stuck = 0;
+    }
+    if (getenv("FF_CAPDBG")) fprintf(stderr, "t%d target %g cap_pt %g/%g best %g/%g stuck %d\n", w->id, w->cap_target, w->cap_pt_mk, w->cap_pt_pk, w->best_mk, w->best_pk, w->cap_stuck);
+    point_copy(&w->cur, &w->cap_pt, p->items);
+    return try_point(w, &w->cur, &w->cur_e);
+}
+
 /* A cycle starts from the thread's best: its best point (decoding) or best schedule (orders),
- * the two in turn, threads out of step. */
+ * the two in turn, threads out of step; in the memory phase a capped cycle (begin_capped) third. */
 static int begin_cycle(worker *w) {
     w->in_cycle = 0;
     if (w->budget_from > 0) { /* a budget cycle ended: bolder after a success, humbler after none */
         w->mem_step = w->best_pk < w->budget_from ? fmin(0.5, 1.5 * w->mem_step) : 0.5 * w->mem_step;
         w->budget_from = 0;
     }
-    w->mode = (int)((w->cycles++ + w->id) % 2);
+    w->mode = (int)((w->cycles++ + w->id) % (w->sh->memory_phase ? 3 : 2));
+    if (w->mode == 2) return begin_capped(w);
     if (w->mode == 0 && !w->sh->memory_phase) { /* stuck in one basin: start afresh elsewhere */
         w->stuck = w->best_mk < w->last_mk * (1 - 1e-9) ? 0 : w->stuck + 1;
         w->last_mk = w->best_mk;
@@ -410,7 +473,7 @@ static int step_decode(worker *w, double temp) {
     int32_t s = (int32_t)ff_rng_below(&w->rng, (uint64_t)in->models[i].n_stages), node = in->models[i].stages[s];
     int32_t dir = ff_rng_below(&w->rng, 2) ? 1 : -1, k0 = 0, len = 0;
     bool cap_move = ff_rng_below(&w->rng, 3) == 0, back = false;
-    if (w->sh->memory_phase && ff_rng_below(&w->rng, 2)) {
+    if (w->sh->memory_phase && w->mode == 0 && ff_rng_below(&w->rng, 2)) {
         node = 0;
         for (int32_t n = 1; n < in->nodes; n++)
             if (w->d.peak[n] > w->d.peak[node]) node = n;
@@ -522,7 +585,7 @@ static int anneal_round(worker *w) {
     for (int r = 0; r < ROUND_DECODES; r++) {
         if (w->in_cycle == CYCLE_DECODES && begin_cycle(w)) return -1; /* back to the best, hot again */
         double f = (double)w->in_cycle++ / CYCLE_DECODES, temp = 0.01 * pow(1e-3, f);
-        if ((w->mode ? step_order : step_decode)(w, temp)) return -1;
+        if ((w->mode == 1 ? step_order : step_decode)(w, temp)) return -1;
     }
     return 0;
 }
@@ -650,9 +713,9 @@ static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t
     w->sh = sh;
     w->id = id;
     ff_rng_seed(&w->rng, ff_seed_stream(seed, 0x66757365, (uint64_t)id)); /* "fuse" */
-    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = INFINITY;
+    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = w->cap_pt_mk = w->cap_pt_pk = INFINITY;
     w->mem_step = 0.5;
-    if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || point_init(&w->anchor, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
+    if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || point_init(&w->anchor, p->items) || point_init(&w->cap_pt, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
         schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched))
         return -1;
     return 0;
@@ -663,6 +726,7 @@ static void worker_free(worker *w) {
     point_free(&w->cur);
     point_free(&w->best_pt);
     point_free(&w->anchor);
+    point_free(&w->cap_pt);
     ff_fuse_schedule_free(&w->sched);
     ff_fuse_schedule_free(&w->osched);
     ff_fuse_schedule_free(&w->best_sched);
