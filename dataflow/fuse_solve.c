@@ -31,7 +31,6 @@
 #include "fuseflow/fuse.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,6 +215,8 @@ typedef struct worker {
     point anchor;              /* where decoding cycles start: the best since the last fresh start */
     point cap_pt;              /* the capped search's best point under its target (budget = target) */
     double cap_pt_mk, cap_pt_pk;
+    ff_fuse_schedule cap_sched; /* the capped search's best schedule (decoded or moved) under the target */
+    double cap_s_mk, cap_s_pk;
     double cap_target;         /* its memory target P (0: not begun) */
     int cap_stuck;             /* capped cycles since its makespan last improved */
     double cap_last_mk;
@@ -306,6 +307,7 @@ static double energy(const worker *w, double mk, double pk, const double *node_p
     const shared *sh = w->sh;
     if (!sh->memory_phase) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
     if (w->mode == 2) return mk / p->lb + MEM_WEIGHT * pk / sh->cap_peak_lb; /* the budget holds the memory */
+    if (w->mode == 3) return pk > w->cap_target * (1 + 1e-12) ? INFINITY : mk / p->lb + MEM_WEIGHT * pk / sh->cap_peak_lb; /* a hard cap */
     double over = sh->slack == 0 ? mk / p->lb /* the same energy bit for bit as before the slack existed */
                   : mk > sh->cap_exact ? OVER_CAP + OVER_SLOPE * (mk - sh->cap_exact) / p->lb : 0;
     if (w->mode == 0 && sh->slack == 0) return over + MEM_WEIGHT * pk / sh->cap_peak_lb;
@@ -354,6 +356,11 @@ static int try_point(worker *w, const point *x, double *e) {
         w->cap_pt_pk = pk;
         point_copy(&w->cap_pt, x, w->p->items);
     }
+    if (w->mode == 2 && better(mk, pk, w->cap_s_mk, w->cap_s_pk)) {
+        w->cap_s_mk = mk;
+        w->cap_s_pk = pk;
+        copy_lists(&w->cap_sched, &w->sched);
+    }
     if (better_under(w->sh->cap_mk, mk, pk, w->an_mk, w->an_pk)) {
         w->an_mk = mk;
         w->an_pk = pk;
@@ -386,8 +393,8 @@ static int begin_capped(worker *w) {
     if (!isfinite(unit)) unit = 1;
     double goal = w->best_pk - 0.5 * unit, target = w->cap_target;
     if (target > 0) {
-        w->cap_stuck = w->cap_pt_mk < w->cap_last_mk * (1 - 1e-9) ? 0 : w->cap_stuck + 1;
-        w->cap_last_mk = w->cap_pt_mk;
+        w->cap_stuck = w->cap_s_mk < w->cap_last_mk * (1 - 1e-9) ? 0 : w->cap_stuck + 1;
+        w->cap_last_mk = w->cap_s_mk;
     }
     bool fresh = target == 0;
     if (fresh) {
@@ -408,10 +415,9 @@ static int begin_capped(worker *w) {
     if (fresh || target != w->cap_target) {
         w->cap_target = target;
         w->cap_pt.budget = target;
-        w->cap_pt_mk = w->cap_pt_pk = w->cap_last_mk = INFINITY;
+        w->cap_pt_mk = w->cap_pt_pk = w->cap_s_mk = w->cap_s_pk = w->cap_last_mk = INFINITY;
         w->cap_stuck = 0;
     }
-    if (getenv("FF_CAPDBG")) fprintf(stderr, "t%d target %g cap_pt %g/%g best %g/%g stuck %d\n", w->id, w->cap_target, w->cap_pt_mk, w->cap_pt_pk, w->best_mk, w->best_pk, w->cap_stuck);
     point_copy(&w->cur, &w->cap_pt, p->items);
     return try_point(w, &w->cur, &w->cur_e);
 }
@@ -424,7 +430,8 @@ static int begin_cycle(worker *w) {
         w->mem_step = w->best_pk < w->budget_from ? fmin(0.5, 1.5 * w->mem_step) : 0.5 * w->mem_step;
         w->budget_from = 0;
     }
-    w->mode = (int)((w->cycles++ + w->id) % (w->sh->memory_phase ? 3 : 2));
+    w->mode = (int)((w->cycles++ + w->id) % (w->sh->memory_phase ? 4 : 2));
+    if (w->mode == 3 && !isfinite(w->cap_s_mk)) w->mode = 2; /* nothing under the target to move yet */
     if (w->mode == 2) return begin_capped(w);
     if (w->mode == 0 && !w->sh->memory_phase) { /* stuck in one basin: start afresh elsewhere */
         w->stuck = w->best_mk < w->last_mk * (1 - 1e-9) ? 0 : w->stuck + 1;
@@ -453,7 +460,7 @@ static int begin_cycle(worker *w) {
         }
         return try_point(w, &w->cur, &w->cur_e);
     }
-    copy_lists(&w->osched, &w->best_sched);
+    copy_lists(&w->osched, w->mode == 3 ? &w->cap_sched : &w->best_sched);
     fuse_score r;
     if (fuse_run(&w->d.ctx, &w->osched, &r, NULL, NULL)) return ff_error_set("fuse solver", "this is a bug", "the best schedule deadlocks");
     w->decodes++;
@@ -572,6 +579,11 @@ static int step_order(worker *w, double temp) {
             w->cur_e = e;
             memcpy(w->onode_peak, r.node_peak, sizeof w->onode_peak);
             keep_if_best(w, s, r.makespan, r.peak);
+            if (w->mode == 3 && better(r.makespan, r.peak, w->cap_s_mk, w->cap_s_pk)) {
+                w->cap_s_mk = r.makespan;
+                w->cap_s_pk = r.peak;
+                copy_lists(&w->cap_sched, s);
+            }
             return 0;
         }
     }
@@ -585,7 +597,7 @@ static int anneal_round(worker *w) {
     for (int r = 0; r < ROUND_DECODES; r++) {
         if (w->in_cycle == CYCLE_DECODES && begin_cycle(w)) return -1; /* back to the best, hot again */
         double f = (double)w->in_cycle++ / CYCLE_DECODES, temp = 0.01 * pow(1e-3, f);
-        if ((w->mode == 1 ? step_order : step_decode)(w, temp)) return -1;
+        if ((w->mode == 1 || w->mode == 3 ? step_order : step_decode)(w, temp)) return -1;
     }
     return 0;
 }
@@ -713,10 +725,10 @@ static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t
     w->sh = sh;
     w->id = id;
     ff_rng_seed(&w->rng, ff_seed_stream(seed, 0x66757365, (uint64_t)id)); /* "fuse" */
-    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = w->cap_pt_mk = w->cap_pt_pk = INFINITY;
+    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = w->cap_pt_mk = w->cap_pt_pk = w->cap_s_mk = w->cap_s_pk = INFINITY;
     w->mem_step = 0.5;
     if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || point_init(&w->anchor, p->items) || point_init(&w->cap_pt, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
-        schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched))
+        schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched) || schedule_room(&w->d.ctx, &w->cap_sched))
         return -1;
     return 0;
 }
@@ -730,6 +742,7 @@ static void worker_free(worker *w) {
     ff_fuse_schedule_free(&w->sched);
     ff_fuse_schedule_free(&w->osched);
     ff_fuse_schedule_free(&w->best_sched);
+    ff_fuse_schedule_free(&w->cap_sched);
 }
 
 static int problem_init(problem *p, const ff_fuse_instance *in) {
