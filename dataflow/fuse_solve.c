@@ -42,7 +42,10 @@
 
 #define ROUND_DECODES 48      /* evaluations of a thread between two comparisons */
 #define CYCLE_DECODES 1500    /* evaluations of one annealing cycle (hot to cold), then back to the thread's best */
-#define STALE_ROUNDS 2000     /* rounds without a better peak at the bound before stopping */
+#ifndef STALE_ROUNDS
+#define STALE_ROUNDS 2000
+#endif
+    /* rounds without a better peak at the bound before stopping */
 #define MEM_WEIGHT 0.002      /* energy = makespan / LB + MEM_WEIGHT x peak / its bound */
 #define MEM_WEIGHT_AT_BOUND 0.05 /* the order search's in the memory phase, on (peak + MEAN_WEIGHT x mean node peak) / its bound */
 #define MEAN_WEIGHT 0.1       /* the mean node peak smooths the plateaus of the max */
@@ -53,6 +56,14 @@
 #define POLISH_TRIES 1000      /* order moves tried on the executor's streams after the search */
 #define POLISH_SHARE 0.15     /* of the time budget kept for them */
 #define CAP_START 1.3         /* the capped search's first memory target: this x the peak bound at the cap */
+#define OVER_NODES 1.0        /* the capped decoding's energy: this x the mean over the nodes of (end - bound)+ / bound */
+#ifndef CAP_FIRST_EXTRA
+#define CAP_FIRST_EXTRA 2
+#endif
+#define REPAIR_WEIGHT 0.2
+#ifndef REP_STEP
+#define REP_STEP 0.5
+#endif
 #define CAP_PATIENCE 3        /* capped cycles without a shorter makespan under the target before it rises */
 
 typedef struct problem {
@@ -220,6 +231,7 @@ typedef struct worker {
     double cap_target;         /* its memory target P (0: not begun) */
     int cap_stuck;             /* capped cycles since its makespan last improved */
     double cap_last_mk;
+    double rep_target;
     double an_mk, an_pk, last_mk;
     int stuck;                 /* decoding cycles since the thread's makespan last improved */
     double pt_mk, pt_pk;
@@ -308,6 +320,11 @@ static double energy(const worker *w, double mk, double pk, const double *node_p
     if (!sh->memory_phase) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
     if (w->mode == 2) return mk / p->lb + MEM_WEIGHT * pk / sh->cap_peak_lb; /* the budget holds the memory */
     if (w->mode == 3) return pk > w->cap_target * (1 + 1e-12) ? INFINITY : mk / p->lb + MEM_WEIGHT * pk / sh->cap_peak_lb; /* a hard cap */
+    if (w->mode == 4) { /* repair: every node's excess over the target, the makespan as at slack 0 */
+        double ex = 0;
+        for (int32_t n = 0; n < p->in->nodes; n++) ex += fmax(0, node_peak[n] - w->rep_target);
+        return mk / p->lb + REPAIR_WEIGHT * ex / sh->cap_peak_lb;
+    }
     double over = sh->slack == 0 ? mk / p->lb /* the same energy bit for bit as before the slack existed */
                   : mk > sh->cap_exact ? OVER_CAP + OVER_SLOPE * (mk - sh->cap_exact) / p->lb : 0;
     if (w->mode == 0 && sh->slack == 0) return over + MEM_WEIGHT * pk / sh->cap_peak_lb;
@@ -351,6 +368,11 @@ static int try_point(worker *w, const point *x, double *e) {
         return 0;
     }
     *e = energy(w, mk, pk, w->d.peak);
+    if (w->mode == 2) { /* the makespan is a max, flat under most moves: also how far each node ends past the bound */
+        double over = 0;
+        for (int32_t n = 0; n < w->p->in->nodes; n++) over += fmax(0, w->d.free_at[n] - w->p->lb);
+        *e += OVER_NODES * over / (w->p->lb * w->p->in->nodes);
+    }
     if (w->mode == 2 && better(mk, pk, w->cap_pt_mk, w->cap_pt_pk)) {
         w->cap_pt_mk = mk;
         w->cap_pt_pk = pk;
@@ -385,12 +407,16 @@ static int try_point(worker *w, const point *x, double *e) {
  * peak) and the target drops to just under that peak; after CAP_PATIENCE cycles without a
  * shorter makespan the target rises halfway to the best peak, or, there already, it starts
  * afresh from 1F1B's caps with random perturbations. */
-static int begin_capped(worker *w) {
-    const problem *p = w->p;
+static double mem_unit(const problem *p) {
     double unit = INFINITY;
     for (int i = 0; i < p->in->n_models; i++)
         if (p->in->models[i].act > 0) unit = fmin(unit, p->in->models[i].act);
-    if (!isfinite(unit)) unit = 1;
+    return isfinite(unit) ? unit : 1;
+}
+
+static int begin_capped(worker *w) {
+    const problem *p = w->p;
+    double unit = mem_unit(p);
     double goal = w->best_pk - 0.5 * unit, target = w->cap_target;
     if (target > 0) {
         w->cap_stuck = w->cap_s_mk < w->cap_last_mk * (1 - 1e-9) ? 0 : w->cap_stuck + 1;
@@ -405,7 +431,8 @@ static int begin_capped(worker *w) {
     }
     if (target > goal) target = goal;
     if (fresh) {
-        point_plain(p, &w->cap_pt, 0, false);
+        static const int extras[] = {0, 1, 2, 4, -1};
+        point_plain(p, &w->cap_pt, extras[w->cap_target > 0 ? ff_rng_below(&w->rng, 5) : (uint64_t)CAP_FIRST_EXTRA], false);
         if (w->cap_target > 0)
             for (int64_t it = 0; it < p->items; it++) {
                 w->cap_pt.nf[it] = 2 * p->scale * ff_rng_normal(&w->rng);
@@ -431,7 +458,10 @@ static int begin_cycle(worker *w) {
         w->budget_from = 0;
     }
     w->mode = (int)((w->cycles++ + w->id) % (w->sh->memory_phase ? 4 : 2));
+    if (w->mode == 3) w->mode = 4; /* repair */
     if (w->mode == 3 && !isfinite(w->cap_s_mk)) w->mode = 2; /* nothing under the target to move yet */
+    if (w->mode == 4 && w->cap_target == 0) w->mode = 2;
+    if (w->mode == 4) w->rep_target = fmin(w->cap_target, w->best_pk - REP_STEP * mem_unit(w->p));
     if (w->mode == 2) return begin_capped(w);
     if (w->mode == 0 && !w->sh->memory_phase) { /* stuck in one basin: start afresh elsewhere */
         w->stuck = w->best_mk < w->last_mk * (1 - 1e-9) ? 0 : w->stuck + 1;
@@ -597,7 +627,7 @@ static int anneal_round(worker *w) {
     for (int r = 0; r < ROUND_DECODES; r++) {
         if (w->in_cycle == CYCLE_DECODES && begin_cycle(w)) return -1; /* back to the best, hot again */
         double f = (double)w->in_cycle++ / CYCLE_DECODES, temp = 0.01 * pow(1e-3, f);
-        if ((w->mode == 1 || w->mode == 3 ? step_order : step_decode)(w, temp)) return -1;
+        if ((w->mode == 1 || w->mode >= 3 ? step_order : step_decode)(w, temp)) return -1;
     }
     return 0;
 }
