@@ -42,10 +42,7 @@
 
 #define ROUND_DECODES 48      /* evaluations of a thread between two comparisons */
 #define CYCLE_DECODES 1500    /* evaluations of one annealing cycle (hot to cold), then back to the thread's best */
-#ifndef STALE_ROUNDS
-#define STALE_ROUNDS 2000
-#endif
-    /* rounds without a better peak at the bound before stopping */
+#define STALE_ROUNDS 2000     /* rounds without a better peak at the bound before stopping */
 #define MEM_WEIGHT 0.002      /* energy = makespan / LB + MEM_WEIGHT x peak / its bound */
 #define MEM_WEIGHT_AT_BOUND 0.05 /* the order search's in the memory phase, on (peak + MEAN_WEIGHT x mean node peak) / its bound */
 #define MEAN_WEIGHT 0.1       /* the mean node peak smooths the plateaus of the max */
@@ -56,15 +53,11 @@
 #define POLISH_TRIES 1000      /* order moves tried on the executor's streams after the search */
 #define POLISH_SHARE 0.15     /* of the time budget kept for them */
 #define CAP_START 1.3         /* the capped search's first memory target: this x the peak bound at the cap */
-#define OVER_NODES 1.0        /* the capped decoding's energy: this x the mean over the nodes of (end - bound)+ / bound */
-#ifndef CAP_FIRST_EXTRA
-#define CAP_FIRST_EXTRA 2
-#endif
-#define REPAIR_WEIGHT 0.2
-#ifndef REP_STEP
-#define REP_STEP 0.5
-#endif
+#define CAP_EXTRA 2           /* and its first caps: 1F1B's S - s plus this (the budget holds the memory) */
+#define OVER_NODES 1.0        /* its energy adds this x the mean over the nodes of (end - bound)+ / bound */
 #define CAP_PATIENCE 3        /* capped cycles without a shorter makespan under the target before it rises */
+#define REPAIR_WEIGHT 0.2     /* the repair's energy: makespan / LB + this x the nodes' summed excess over its target / the peak bound */
+#define REPAIR_STEP 0.5       /* its target: the capped target, at most the best peak less this x the least activation */
 
 typedef struct problem {
     const ff_fuse_instance *in;
@@ -224,14 +217,12 @@ typedef struct worker {
     decoder d;
     point cur, best_pt;        /* the decoding search's point and its best */
     point anchor;              /* where decoding cycles start: the best since the last fresh start */
-    point cap_pt;              /* the capped search's best point under its target (budget = target) */
+    point cap_pt;              /* the capped search's best point under its target (its budget: the target) */
     double cap_pt_mk, cap_pt_pk;
-    ff_fuse_schedule cap_sched; /* the capped search's best schedule (decoded or moved) under the target */
-    double cap_s_mk, cap_s_pk;
-    double cap_target;         /* its memory target P (0: not begun) */
+    double cap_target;         /* the capped search's memory target P (0: not begun) */
     int cap_stuck;             /* capped cycles since its makespan last improved */
     double cap_last_mk;
-    double rep_target;
+    double rep_target;         /* the repair cycle's memory target */
     double an_mk, an_pk, last_mk;
     int stuck;                 /* decoding cycles since the thread's makespan last improved */
     double pt_mk, pt_pk;
@@ -241,7 +232,7 @@ typedef struct worker {
     ff_fuse_schedule best_sched; /* the thread's best of either search */
     double best_mk, best_pk;
     double cur_e;
-    int mode;                  /* this cycle: 0 decoding, 1 orders, 2 capped decoding (the memory phase) */
+    int mode;                  /* this cycle: 0 decoding, 1 orders; in the memory phase also 2 capped decoding, 3 repair (orders) */
     int64_t decodes, in_cycle, cycles;
     bool restart;              /* start a cycle from the best at the next round */
     double mem_step;           /* a budget cycle aims this fraction of the way from the best peak to its bound */
@@ -319,8 +310,7 @@ static double energy(const worker *w, double mk, double pk, const double *node_p
     const shared *sh = w->sh;
     if (!sh->memory_phase) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
     if (w->mode == 2) return mk / p->lb + MEM_WEIGHT * pk / sh->cap_peak_lb; /* the budget holds the memory */
-    if (w->mode == 3) return pk > w->cap_target * (1 + 1e-12) ? INFINITY : mk / p->lb + MEM_WEIGHT * pk / sh->cap_peak_lb; /* a hard cap */
-    if (w->mode == 4) { /* repair: every node's excess over the target, the makespan as at slack 0 */
+    if (w->mode == 3) { /* repair: every node's excess over the target, not only the max's */
         double ex = 0;
         for (int32_t n = 0; n < p->in->nodes; n++) ex += fmax(0, node_peak[n] - w->rep_target);
         return mk / p->lb + REPAIR_WEIGHT * ex / sh->cap_peak_lb;
@@ -378,11 +368,6 @@ static int try_point(worker *w, const point *x, double *e) {
         w->cap_pt_pk = pk;
         point_copy(&w->cap_pt, x, w->p->items);
     }
-    if (w->mode == 2 && better(mk, pk, w->cap_s_mk, w->cap_s_pk)) {
-        w->cap_s_mk = mk;
-        w->cap_s_pk = pk;
-        copy_lists(&w->cap_sched, &w->sched);
-    }
     if (better_under(w->sh->cap_mk, mk, pk, w->an_mk, w->an_pk)) {
         w->an_mk = mk;
         w->an_pk = pk;
@@ -397,16 +382,7 @@ static int try_point(worker *w, const point *x, double *e) {
     return 0;
 }
 
-/* A capped cycle (the memory phase): the shortest makespan under a fixed memory budget, the
- * target, from the capped search's best point under it. The high-memory points the makespan
- * search ends at do not come down by budgets just under their peak (the decoder then waits where
- * it ran ahead), so this search starts low: 1F1B's caps (S - s), whose schedules have the serial
- * peak and a few percent more makespan, under a target of CAP_START x the peak bound (or just
- * under the best peak, if lower), and raises caps and redraws perturbations to shorten it.
- * Where it reaches the cap (the bound at slack 0) it is the thread's best (try_point, a lower
- * peak) and the target drops to just under that peak; after CAP_PATIENCE cycles without a
- * shorter makespan the target rises halfway to the best peak, or, there already, it starts
- * afresh from 1F1B's caps with random perturbations. */
+/* The least activation of a model (1 if none has any): the memory phase's step. */
 static double mem_unit(const problem *p) {
     double unit = INFINITY;
     for (int i = 0; i < p->in->n_models; i++)
@@ -414,13 +390,22 @@ static double mem_unit(const problem *p) {
     return isfinite(unit) ? unit : 1;
 }
 
+/* A capped cycle (the memory phase): the shortest makespan under a fixed memory budget, the
+ * target, from the capped search's best point under it. The high-memory points the makespan
+ * search ends at do not come down by budgets just under their peak (the decoder then waits where
+ * it ran ahead), so this search starts low: 1F1B's caps plus CAP_EXTRA, under a target of
+ * CAP_START x the peak bound (or just under the best peak, if lower), and raises caps and
+ * redraws perturbations to shorten it. Where it reaches the cap (the bound at slack 0) it is the
+ * thread's best (try_point: a lower peak) and the target drops to just under that peak; after
+ * CAP_PATIENCE cycles without a shorter makespan the target rises halfway to the best peak, or,
+ * there already, it starts afresh from random caps and perturbations. */
 static int begin_capped(worker *w) {
     const problem *p = w->p;
     double unit = mem_unit(p);
     double goal = w->best_pk - 0.5 * unit, target = w->cap_target;
     if (target > 0) {
-        w->cap_stuck = w->cap_s_mk < w->cap_last_mk * (1 - 1e-9) ? 0 : w->cap_stuck + 1;
-        w->cap_last_mk = w->cap_s_mk;
+        w->cap_stuck = w->cap_pt_mk < w->cap_last_mk * (1 - 1e-9) ? 0 : w->cap_stuck + 1;
+        w->cap_last_mk = w->cap_pt_mk;
     }
     bool fresh = target == 0;
     if (fresh) {
@@ -432,7 +417,7 @@ static int begin_capped(worker *w) {
     if (target > goal) target = goal;
     if (fresh) {
         static const int extras[] = {0, 1, 2, 4, -1};
-        point_plain(p, &w->cap_pt, extras[w->cap_target > 0 ? ff_rng_below(&w->rng, 5) : (uint64_t)CAP_FIRST_EXTRA], false);
+        point_plain(p, &w->cap_pt, w->cap_target > 0 ? extras[ff_rng_below(&w->rng, 5)] : CAP_EXTRA, false);
         if (w->cap_target > 0)
             for (int64_t it = 0; it < p->items; it++) {
                 w->cap_pt.nf[it] = 2 * p->scale * ff_rng_normal(&w->rng);
@@ -442,7 +427,7 @@ static int begin_capped(worker *w) {
     if (fresh || target != w->cap_target) {
         w->cap_target = target;
         w->cap_pt.budget = target;
-        w->cap_pt_mk = w->cap_pt_pk = w->cap_s_mk = w->cap_s_pk = w->cap_last_mk = INFINITY;
+        w->cap_pt_mk = w->cap_pt_pk = w->cap_last_mk = INFINITY;
         w->cap_stuck = 0;
     }
     point_copy(&w->cur, &w->cap_pt, p->items);
@@ -450,7 +435,10 @@ static int begin_capped(worker *w) {
 }
 
 /* A cycle starts from the thread's best: its best point (decoding) or best schedule (orders),
- * the two in turn, threads out of step; in the memory phase a capped cycle (begin_capped) third. */
+ * the two in turn, threads out of step. In the memory phase two more in the turn: a capped cycle
+ * (begin_capped) and a repair, the order search from the best schedule under an energy that
+ * counts every node's peak over a target a little under the best peak (the max alone has
+ * plateaus: on the lead's 8-node instance at its bound 261 most nodes sit near the peak). */
 static int begin_cycle(worker *w) {
     w->in_cycle = 0;
     if (w->budget_from > 0) { /* a budget cycle ended: bolder after a success, humbler after none */
@@ -458,10 +446,8 @@ static int begin_cycle(worker *w) {
         w->budget_from = 0;
     }
     w->mode = (int)((w->cycles++ + w->id) % (w->sh->memory_phase ? 4 : 2));
-    if (w->mode == 3) w->mode = 4; /* repair */
-    if (w->mode == 3 && !isfinite(w->cap_s_mk)) w->mode = 2; /* nothing under the target to move yet */
-    if (w->mode == 4 && w->cap_target == 0) w->mode = 2;
-    if (w->mode == 4) w->rep_target = fmin(w->cap_target, w->best_pk - REP_STEP * mem_unit(w->p));
+    if (w->mode == 3 && w->cap_target == 0) w->mode = 2; /* the capped search sets the target first */
+    if (w->mode == 3) w->rep_target = fmin(w->cap_target, w->best_pk - REPAIR_STEP * mem_unit(w->p));
     if (w->mode == 2) return begin_capped(w);
     if (w->mode == 0 && !w->sh->memory_phase) { /* stuck in one basin: start afresh elsewhere */
         w->stuck = w->best_mk < w->last_mk * (1 - 1e-9) ? 0 : w->stuck + 1;
@@ -490,7 +476,7 @@ static int begin_cycle(worker *w) {
         }
         return try_point(w, &w->cur, &w->cur_e);
     }
-    copy_lists(&w->osched, w->mode == 3 ? &w->cap_sched : &w->best_sched);
+    copy_lists(&w->osched, &w->best_sched);
     fuse_score r;
     if (fuse_run(&w->d.ctx, &w->osched, &r, NULL, NULL)) return ff_error_set("fuse solver", "this is a bug", "the best schedule deadlocks");
     w->decodes++;
@@ -609,11 +595,6 @@ static int step_order(worker *w, double temp) {
             w->cur_e = e;
             memcpy(w->onode_peak, r.node_peak, sizeof w->onode_peak);
             keep_if_best(w, s, r.makespan, r.peak);
-            if (w->mode == 3 && better(r.makespan, r.peak, w->cap_s_mk, w->cap_s_pk)) {
-                w->cap_s_mk = r.makespan;
-                w->cap_s_pk = r.peak;
-                copy_lists(&w->cap_sched, s);
-            }
             return 0;
         }
     }
@@ -627,7 +608,7 @@ static int anneal_round(worker *w) {
     for (int r = 0; r < ROUND_DECODES; r++) {
         if (w->in_cycle == CYCLE_DECODES && begin_cycle(w)) return -1; /* back to the best, hot again */
         double f = (double)w->in_cycle++ / CYCLE_DECODES, temp = 0.01 * pow(1e-3, f);
-        if ((w->mode == 1 || w->mode >= 3 ? step_order : step_decode)(w, temp)) return -1;
+        if ((w->mode == 1 || w->mode == 3 ? step_order : step_decode)(w, temp)) return -1;
     }
     return 0;
 }
@@ -755,10 +736,10 @@ static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t
     w->sh = sh;
     w->id = id;
     ff_rng_seed(&w->rng, ff_seed_stream(seed, 0x66757365, (uint64_t)id)); /* "fuse" */
-    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = w->cap_pt_mk = w->cap_pt_pk = w->cap_s_mk = w->cap_s_pk = INFINITY;
+    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = w->cap_pt_mk = w->cap_pt_pk = INFINITY;
     w->mem_step = 0.5;
     if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || point_init(&w->anchor, p->items) || point_init(&w->cap_pt, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
-        schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched) || schedule_room(&w->d.ctx, &w->cap_sched))
+        schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched))
         return -1;
     return 0;
 }
@@ -772,7 +753,6 @@ static void worker_free(worker *w) {
     ff_fuse_schedule_free(&w->sched);
     ff_fuse_schedule_free(&w->osched);
     ff_fuse_schedule_free(&w->best_sched);
-    ff_fuse_schedule_free(&w->cap_sched);
 }
 
 static int problem_init(problem *p, const ff_fuse_instance *in) {
