@@ -445,7 +445,9 @@ static int begin_cycle(worker *w) {
         w->mem_step = w->best_pk < w->budget_from ? fmin(0.5, 1.5 * w->mem_step) : 0.5 * w->mem_step;
         w->budget_from = 0;
     }
-    w->mode = (int)((w->cycles++ + w->id) % (w->sh->memory_phase ? 4 : 2));
+    int64_t turn = w->cycles++ + w->id;
+    w->mode = (int)(turn % 2);
+    if (w->sh->memory_phase && turn % 6 >= 4) w->mode = 2 + (int)(turn % 2); /* a third of the turns */
     if (w->mode == 3 && w->cap_target == 0) w->mode = 2; /* the capped search sets the target first */
     if (w->mode == 3) w->rep_target = fmin(w->cap_target, w->best_pk - REPAIR_STEP * mem_unit(w->p));
     if (w->mode == 2) return begin_capped(w);
