@@ -19,7 +19,10 @@
  * makespan has not improved for KICK_CYCLES decoding cycles starts its decoding afresh from a
  * random fixed point with random perturbations (the search has basins it does not leave by
  * small moves). Once the best makespan is the bound, all go on from it to lower the peak (the
- * memory phase); with a makespan slack F also once MK_SHARE of the rounds or the time is spent,
+ * memory phase: budgets under the best peak, orders weighing memory, and in a third of the turns
+ * a capped search, the shortest makespan under a fixed memory target from 1F1B-like caps, and a
+ * repair, orders against every node's excess over that target: begin_cycle, begin_capped);
+ * with a makespan slack F also once MK_SHARE of the rounds or the time is spent,
  * and then the least peak within (1 + F) x the best makespan wins (better_under). They stop at
  * both bounds (the peak's at the cap), after STALE_ROUNDS rounds without a lower peak in the
  * memory phase, or when the search's share of the time (1 - POLISH_SHARE) is spent. Rounds of
