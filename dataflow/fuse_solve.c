@@ -19,7 +19,10 @@
  * makespan has not improved for KICK_CYCLES decoding cycles starts its decoding afresh from a
  * random fixed point with random perturbations (the search has basins it does not leave by
  * small moves). Once the best makespan is the bound, all go on from it to lower the peak (the
- * memory phase); with a makespan slack F also once MK_SHARE of the rounds or the time is spent,
+ * memory phase: budgets under the best peak, orders weighing memory, and in a third of the turns
+ * a capped search, the shortest makespan under a fixed memory target from 1F1B-like caps, and a
+ * repair, orders against every node's excess over that target: begin_cycle, begin_capped);
+ * with a makespan slack F also once MK_SHARE of the rounds or the time is spent,
  * and then the least peak within (1 + F) x the best makespan wins (better_under). They stop at
  * both bounds (the peak's at the cap), after STALE_ROUNDS rounds without a lower peak in the
  * memory phase, or when the search's share of the time (1 - POLISH_SHARE) is spent. Rounds of
@@ -52,6 +55,12 @@
 #define KICK_CYCLES 3         /* decoding cycles without a shorter makespan before a thread starts afresh */
 #define POLISH_TRIES 1000      /* order moves tried on the executor's streams after the search */
 #define POLISH_SHARE 0.15     /* of the time budget kept for them */
+#define CAP_START 1.3         /* the capped search's first memory target: this x the peak bound at the cap */
+#define CAP_EXTRA 2           /* and its first caps: 1F1B's S - s plus this (the budget holds the memory) */
+#define OVER_NODES 1.0        /* its energy adds this x the mean over the nodes of (end - bound)+ / bound */
+#define CAP_PATIENCE 3        /* capped cycles without a shorter makespan under the target before it rises */
+#define REPAIR_WEIGHT 0.2     /* the repair's energy: makespan / LB + this x the nodes' summed excess over its target / the peak bound */
+#define REPAIR_STEP 0.5       /* its target: the capped target, at most the best peak less this x the least activation */
 
 typedef struct problem {
     const ff_fuse_instance *in;
@@ -211,6 +220,12 @@ typedef struct worker {
     decoder d;
     point cur, best_pt;        /* the decoding search's point and its best */
     point anchor;              /* where decoding cycles start: the best since the last fresh start */
+    point cap_pt;              /* the capped search's best point under its target (its budget: the target) */
+    double cap_pt_mk, cap_pt_pk;
+    double cap_target;         /* the capped search's memory target P (0: not begun) */
+    int cap_stuck;             /* capped cycles since its makespan last improved */
+    double cap_last_mk;
+    double rep_target;         /* the repair cycle's memory target */
     double an_mk, an_pk, last_mk;
     int stuck;                 /* decoding cycles since the thread's makespan last improved */
     double pt_mk, pt_pk;
@@ -220,7 +235,7 @@ typedef struct worker {
     ff_fuse_schedule best_sched; /* the thread's best of either search */
     double best_mk, best_pk;
     double cur_e;
-    int mode;                  /* this cycle: 0 decoding, 1 orders */
+    int mode;                  /* this cycle: 0 decoding, 1 orders; in the memory phase also 2 capped decoding, 3 repair (orders) */
     int64_t decodes, in_cycle, cycles;
     bool restart;              /* start a cycle from the best at the next round */
     double mem_step;           /* a budget cycle aims this fraction of the way from the best peak to its bound */
@@ -297,6 +312,12 @@ static double energy(const worker *w, double mk, double pk, const double *node_p
     const problem *p = w->p;
     const shared *sh = w->sh;
     if (!sh->memory_phase) return mk / p->lb + MEM_WEIGHT * pk / p->peak_lb;
+    if (w->mode == 2) return mk / p->lb + MEM_WEIGHT * pk / sh->cap_peak_lb; /* the budget holds the memory */
+    if (w->mode == 3) { /* repair: every node's excess over the target, not only the max's */
+        double ex = 0;
+        for (int32_t n = 0; n < p->in->nodes; n++) ex += fmax(0, node_peak[n] - w->rep_target);
+        return mk / p->lb + REPAIR_WEIGHT * ex / sh->cap_peak_lb;
+    }
     double over = sh->slack == 0 ? mk / p->lb /* the same energy bit for bit as before the slack existed */
                   : mk > sh->cap_exact ? OVER_CAP + OVER_SLOPE * (mk - sh->cap_exact) / p->lb : 0;
     if (w->mode == 0 && sh->slack == 0) return over + MEM_WEIGHT * pk / sh->cap_peak_lb;
@@ -340,6 +361,16 @@ static int try_point(worker *w, const point *x, double *e) {
         return 0;
     }
     *e = energy(w, mk, pk, w->d.peak);
+    if (w->mode == 2) { /* the makespan is a max, flat under most moves: also how far each node ends past the bound */
+        double over = 0;
+        for (int32_t n = 0; n < w->p->in->nodes; n++) over += fmax(0, w->d.free_at[n] - w->p->lb);
+        *e += OVER_NODES * over / (w->p->lb * w->p->in->nodes);
+    }
+    if (w->mode == 2 && better(mk, pk, w->cap_pt_mk, w->cap_pt_pk)) {
+        w->cap_pt_mk = mk;
+        w->cap_pt_pk = pk;
+        point_copy(&w->cap_pt, x, w->p->items);
+    }
     if (better_under(w->sh->cap_mk, mk, pk, w->an_mk, w->an_pk)) {
         w->an_mk = mk;
         w->an_pk = pk;
@@ -354,15 +385,75 @@ static int try_point(worker *w, const point *x, double *e) {
     return 0;
 }
 
+/* The least activation of a model (1 if none has any): the memory phase's step. */
+static double mem_unit(const problem *p) {
+    double unit = INFINITY;
+    for (int i = 0; i < p->in->n_models; i++)
+        if (p->in->models[i].act > 0) unit = fmin(unit, p->in->models[i].act);
+    return isfinite(unit) ? unit : 1;
+}
+
+/* A capped cycle (the memory phase): the shortest makespan under a fixed memory budget, the
+ * target, from the capped search's best point under it. The high-memory points the makespan
+ * search ends at do not come down by budgets just under their peak (the decoder then waits where
+ * it ran ahead), so this search starts low: 1F1B's caps plus CAP_EXTRA, under a target of
+ * CAP_START x the peak bound (or just under the best peak, if lower), and raises caps and
+ * redraws perturbations to shorten it. Where it reaches the cap (the bound at slack 0) it is the
+ * thread's best (try_point: a lower peak) and the target drops to just under that peak; after
+ * CAP_PATIENCE cycles without a shorter makespan the target rises halfway to the best peak, or,
+ * there already, it starts afresh from random caps and perturbations. */
+static int begin_capped(worker *w) {
+    const problem *p = w->p;
+    double unit = mem_unit(p);
+    double goal = w->best_pk - 0.5 * unit, target = w->cap_target;
+    if (target > 0) {
+        w->cap_stuck = w->cap_pt_mk < w->cap_last_mk * (1 - 1e-9) ? 0 : w->cap_stuck + 1;
+        w->cap_last_mk = w->cap_pt_mk;
+    }
+    bool fresh = target == 0;
+    if (fresh) {
+        target = fmin(goal, CAP_START * w->sh->cap_peak_lb);
+    } else if (w->cap_stuck >= CAP_PATIENCE) {
+        if (target < goal * (1 - 1e-9)) target = 0.5 * (target + goal);
+        else fresh = true;
+    }
+    if (target > goal) target = goal;
+    if (fresh) {
+        static const int extras[] = {0, 1, 2, 4, -1};
+        point_plain(p, &w->cap_pt, w->cap_target > 0 ? extras[ff_rng_below(&w->rng, 5)] : CAP_EXTRA, false);
+        if (w->cap_target > 0)
+            for (int64_t it = 0; it < p->items; it++) {
+                w->cap_pt.nf[it] = 2 * p->scale * ff_rng_normal(&w->rng);
+                w->cap_pt.nb[it] = 2 * p->scale * ff_rng_normal(&w->rng);
+            }
+    }
+    if (fresh || target != w->cap_target) {
+        w->cap_target = target;
+        w->cap_pt.budget = target;
+        w->cap_pt_mk = w->cap_pt_pk = w->cap_last_mk = INFINITY;
+        w->cap_stuck = 0;
+    }
+    point_copy(&w->cur, &w->cap_pt, p->items);
+    return try_point(w, &w->cur, &w->cur_e);
+}
+
 /* A cycle starts from the thread's best: its best point (decoding) or best schedule (orders),
- * the two in turn, threads out of step. */
+ * the two in turn, threads out of step. In the memory phase two more in the turn: a capped cycle
+ * (begin_capped) and a repair, the order search from the best schedule under an energy that
+ * counts every node's peak over a target a little under the best peak (the max alone has
+ * plateaus: on the lead's 8-node instance at its bound 261 most nodes sit near the peak). */
 static int begin_cycle(worker *w) {
     w->in_cycle = 0;
     if (w->budget_from > 0) { /* a budget cycle ended: bolder after a success, humbler after none */
         w->mem_step = w->best_pk < w->budget_from ? fmin(0.5, 1.5 * w->mem_step) : 0.5 * w->mem_step;
         w->budget_from = 0;
     }
-    w->mode = (int)((w->cycles++ + w->id) % 2);
+    int64_t turn = w->cycles++ + w->id;
+    w->mode = (int)(turn % 2);
+    if (w->sh->memory_phase && turn % 6 >= 4) w->mode = 2 + (int)(turn % 2); /* a third of the turns */
+    if (w->mode == 3 && w->cap_target == 0) w->mode = 2; /* the capped search sets the target first */
+    if (w->mode == 3) w->rep_target = fmin(w->cap_target, w->best_pk - REPAIR_STEP * mem_unit(w->p));
+    if (w->mode == 2) return begin_capped(w);
     if (w->mode == 0 && !w->sh->memory_phase) { /* stuck in one basin: start afresh elsewhere */
         w->stuck = w->best_mk < w->last_mk * (1 - 1e-9) ? 0 : w->stuck + 1;
         w->last_mk = w->best_mk;
@@ -410,7 +501,7 @@ static int step_decode(worker *w, double temp) {
     int32_t s = (int32_t)ff_rng_below(&w->rng, (uint64_t)in->models[i].n_stages), node = in->models[i].stages[s];
     int32_t dir = ff_rng_below(&w->rng, 2) ? 1 : -1, k0 = 0, len = 0;
     bool cap_move = ff_rng_below(&w->rng, 3) == 0, back = false;
-    if (w->sh->memory_phase && ff_rng_below(&w->rng, 2)) {
+    if (w->sh->memory_phase && w->mode == 0 && ff_rng_below(&w->rng, 2)) {
         node = 0;
         for (int32_t n = 1; n < in->nodes; n++)
             if (w->d.peak[n] > w->d.peak[node]) node = n;
@@ -522,7 +613,7 @@ static int anneal_round(worker *w) {
     for (int r = 0; r < ROUND_DECODES; r++) {
         if (w->in_cycle == CYCLE_DECODES && begin_cycle(w)) return -1; /* back to the best, hot again */
         double f = (double)w->in_cycle++ / CYCLE_DECODES, temp = 0.01 * pow(1e-3, f);
-        if ((w->mode ? step_order : step_decode)(w, temp)) return -1;
+        if ((w->mode == 1 || w->mode == 3 ? step_order : step_decode)(w, temp)) return -1;
     }
     return 0;
 }
@@ -650,9 +741,9 @@ static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t
     w->sh = sh;
     w->id = id;
     ff_rng_seed(&w->rng, ff_seed_stream(seed, 0x66757365, (uint64_t)id)); /* "fuse" */
-    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = INFINITY;
+    w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = w->cap_pt_mk = w->cap_pt_pk = INFINITY;
     w->mem_step = 0.5;
-    if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || point_init(&w->anchor, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
+    if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || point_init(&w->anchor, p->items) || point_init(&w->cap_pt, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
         schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched))
         return -1;
     return 0;
@@ -663,6 +754,7 @@ static void worker_free(worker *w) {
     point_free(&w->cur);
     point_free(&w->best_pt);
     point_free(&w->anchor);
+    point_free(&w->cap_pt);
     ff_fuse_schedule_free(&w->sched);
     ff_fuse_schedule_free(&w->osched);
     ff_fuse_schedule_free(&w->best_sched);

@@ -508,6 +508,30 @@ static void test_exhaustive(void) {
                true);
 }
 
+/* The memory at the makespan bound (issue 13): the lead's 8-node instance (critic PP 8 reversed,
+ * 8 micro-batches, 5:4, actor activation 1.6), whose bound 261 is optimal and where CP-SAT finds
+ * peak 13.2 at 261 (12.8 infeasible; the peak bound says 11.52). Before the capped and repair
+ * cycles of the memory phase this seed ended at peak 16 there (other seeds 16.6); now it must
+ * reach 15.6 or less at 261 within a round budget (deterministic: rounds, not time). Still far
+ * from 13.2: the search, not the instance, is what is weak. */
+static void test_memory_at_bound(void) {
+    ff_fuse_instance in;
+    DIE_IF(ff_fuse_instance_parse("{\"nodes\": 8, \"models\": ["
+                                  "{\"name\": \"actor\", \"stages\": [0, 1, 2, 3, 4, 5, 6, 7], \"micro_batches\": 8, \"forward\": 5, \"backward\": 10, \"activation\": 1.6},"
+                                  "{\"name\": \"critic0\", \"stages\": [7, 6, 5, 4, 3, 2, 1, 0], \"micro_batches\": 8, \"forward\": 4, \"backward\": 8, \"activation\": 1.0}]}",
+                                  "issue 13's b.json", &in));
+    ff_fuse_solve_opts o = {.seconds = 300, .seed = 1, .threads = 2, .max_rounds = 3000};
+    ff_fuse_schedule s;
+    ff_fuse_solve_stats st;
+    DIE_IF(ff_fuse_solve(&in, &o, &s, &st));
+    ff_fuse_sim sim;
+    DIE_IF(ff_fuse_simulate(&in, &s, &sim));
+    printf("memory at the bound: makespan %g, peak %g (its bound 11.52, CP-SAT's 13.2) in %.2f s\n", sim.makespan, sim.peak_activation, st.seconds);
+    CHECK_CLOSE(sim.makespan, 261, 1e-9, 0);
+    CHECK(sim.peak_activation <= 15.6 + 1e-9);
+    ff_fuse_schedule_free(&s);
+}
+
 int main(void) {
     test_parse();
     test_simulate_by_hand();
@@ -517,6 +541,7 @@ int main(void) {
     test_bounds_tight_on_1f1b();
     test_bounds_below_random_schedules();
     test_solver();
+    test_memory_at_bound();
     test_slack_errors();
     test_exhaustive();
     TEST_MAIN_END();
