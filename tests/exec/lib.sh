@@ -168,3 +168,16 @@ for m in bad[:20]: print(m, file=sys.stderr)
 sys.exit(1 if bad else 0)
 PY
 }
+
+# samples.jsonl of two runs byte for byte
+same_samples() { # A B WHAT
+  cmp -s "$1/samples.jsonl" "$2/samples.jsonl" || { diff "$1/samples.jsonl" "$2/samples.jsonl" | head -5 >&2; fail "$3: other samples"; }
+}
+
+tp_grpo() { # OUT EXTRA...: GRPO on prepare_tp's SFT model ($S), $steps iterations
+  local out=$1; shift
+  "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=$steps trainer.test_freq=$steps trainer.save_freq=0 \
+    data.train_batch_size=8 graph.rollout.n=4 roles.actor.model=$S roles.ref.model=$S graph.train_actor.mini_batch_size=4 \
+    roles.actor.optim.lr=1e-3 roles.actor.optim.eps=1e-5 --val-limit 64 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
+    { cat "$out.log" >&2; fail "grpo $* did not run"; }
+}

@@ -32,9 +32,6 @@ ppo() { # OUT EXTRA...
     roles.actor.optim.lr=1e-3 roles.critic.optim.lr=1e-3 $eps --val-limit 16 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
     { cat "$out.log" >&2; fail "ppo $* did not run"; }
 }
-same_samples() { # A B WHAT
-  cmp -s "$1/samples.jsonl" "$2/samples.jsonl" || { diff "$1/samples.jsonl" "$2/samples.jsonl" | head -5 >&2; fail "$3: other samples"; }
-}
 fused_in_metrics() { # METRICS WANT(true|false) WHAT
   python3 - "$1" "$2" <<'PY' || fail "$3: metrics.jsonl does not say fuse on = $2"
 import json, sys

@@ -25,16 +25,6 @@ source "$here/lib.sh"
 prepare_tp
 S=$tp_sft
 steps=3
-grpo() { # OUT EXTRA...
-  local out=$1; shift
-  "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=$steps trainer.test_freq=$steps trainer.save_freq=0 \
-    data.train_batch_size=8 graph.rollout.n=4 roles.actor.model=$S roles.ref.model=$S graph.train_actor.mini_batch_size=4 \
-    roles.actor.optim.lr=1e-3 roles.actor.optim.eps=1e-5 --val-limit 64 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
-    { cat "$out.log" >&2; fail "grpo $* did not run"; }
-}
-same_samples() { # A B WHAT
-  cmp -s "$1/samples.jsonl" "$2/samples.jsonl" || { diff "$1/samples.jsonl" "$2/samples.jsonl" | head -5 >&2; fail "$3: other samples"; }
-}
 moved() { # METRICS PER_PARAM_RATIO (AdamW bytes / gradient bytes): every iteration moved, both ways
   python3 - "$1" "$2" <<'PY' || fail "$1: the offload metrics are not as expected"
 import json, sys
@@ -55,30 +45,30 @@ alike() { # A B WHAT
   same_metrics "$1/metrics.jsonl" "$2/metrics.jsonl" 1e-6 1e-2 || fail "$3: offload on and off do not train alike"
 }
 
-grpo "$work/on1" roles.actor.workers=1
-grpo "$work/off1" roles.actor.workers=1 roles.actor.offload=false
+tp_grpo "$work/on1" roles.actor.workers=1
+tp_grpo "$work/off1" roles.actor.workers=1 roles.actor.offload=false
 moved "$work/on1/metrics.jsonl" 2
 none_moved "$work/off1/metrics.jsonl"
 alike "$work/on1" "$work/off1" "1 worker"
 
 hy="--workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.tp=1"
-grpo "$work/on_hy" $hy
-grpo "$work/off_hy" $hy roles.actor.offload=false
+tp_grpo "$work/on_hy" $hy
+tp_grpo "$work/off_hy" $hy roles.actor.offload=false
 grep -q "actor \[0 1 2 3\] tp 2 x pp 2 x dp 1, gen \[0 1 2 3\]," "$work/on_hy.log" ||
   fail "not at TP 2 x PP 2 generating at TP 1: $(head -1 "$work/on_hy.log")"
 moved "$work/on_hy/metrics.jsonl" 2
 none_moved "$work/off_hy/metrics.jsonl"
 alike "$work/on_hy" "$work/off_hy" "TP 2 x PP 2 -> TP 1"
 
-grpo "$work/on_z1" roles.actor.workers=2 roles.actor.layout.zero=1
-grpo "$work/off_z1" roles.actor.workers=2 roles.actor.layout.zero=1 roles.actor.offload=false
+tp_grpo "$work/on_z1" roles.actor.workers=2 roles.actor.layout.zero=1
+tp_grpo "$work/off_z1" roles.actor.workers=2 roles.actor.layout.zero=1 roles.actor.offload=false
 moved "$work/on_z1/metrics.jsonl" 1
 same_metrics "$work/on_z1/metrics.jsonl" "$work/off_z1/metrics.jsonl" 1e-6 1e-2 || fail "ZeRO-1: offload on does not train as off"
 
 # a checkpoint while the actor is away (the sync comes after its step): its state back first;
 # resumed with offload off (a harmless change), the run ends as the straight one
-grpo "$work/res" roles.actor.workers=1 trainer.save_freq=1 --stop-after 2
-grpo "$work/res" roles.actor.workers=1 roles.actor.offload=false --resume
+tp_grpo "$work/res" roles.actor.workers=1 trainer.save_freq=1 --stop-after 2
+tp_grpo "$work/res" roles.actor.workers=1 roles.actor.offload=false --resume
 grep -q "resuming with roles.actor.offload changed (harmless): (absent) -> false" "$work/res.log" ||
   { cat "$work/res.log" >&2; fail "the change of roles.actor.offload is not logged as harmless"; }
 same_samples "$work/on1" "$work/res" "resumed with offload off"

@@ -36,9 +36,6 @@ ppo() { # OUT EXTRA...
     roles.actor.optim.lr=1e-3 roles.critic.optim.lr=1e-3 $eps --val-limit 64 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
     { cat "$out.log" >&2; fail "ppo $* did not run"; }
 }
-same_samples() { # A B WHAT
-  cmp -s "$1/samples.jsonl" "$2/samples.jsonl" || { diff "$1/samples.jsonl" "$2/samples.jsonl" | head -5 >&2; fail "$3: other samples"; }
-}
 
 ppo "$work/one" roles.actor.workers=1
 ppo "$work/pp2" roles.actor.workers=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.dp=2

@@ -34,9 +34,6 @@ ppo() { # OUT EXTRA...
     graph.train_critic.micro_batch_size=8 roles.actor.optim.lr=1e-3 roles.critic.optim.lr=1e-3 $eps --val-limit 64 --no-progress \
     --dump-samples "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "ppo $* did not run"; }
 }
-same_samples() { # A B WHAT
-  cmp -s "$1/samples.jsonl" "$2/samples.jsonl" || { diff "$1/samples.jsonl" "$2/samples.jsonl" | head -5 >&2; fail "$3: other samples"; }
-}
 
 ppo "$work/tp1" roles.actor.workers=1
 ppo "$work/tp2" roles.actor.workers=2 roles.actor.layout.tp=2
@@ -84,30 +81,23 @@ same_metrics "$work/tp1/metrics.jsonl" "$work/res/metrics.jsonl" 1e-6 1e-2 || fa
   fail "the actor checkpointed at TP 2 does not load in fuseflow generate"
 
 # generation at another layout than training, on a pool of its own
-grpo() { # OUT EXTRA...
-  local out=$1; shift
-  "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=$steps trainer.test_freq=$steps trainer.save_freq=0 \
-    data.train_batch_size=8 graph.rollout.n=4 roles.actor.model=$S roles.ref.model=$S graph.train_actor.mini_batch_size=4 \
-    roles.actor.optim.lr=1e-3 roles.actor.optim.eps=1e-5 --val-limit 64 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
-    { cat "$out.log" >&2; fail "grpo $* did not run"; }
-}
-grpo "$work/g1" roles.actor.workers=1
-grpo "$work/gen_tp2" roles.actor.workers=1 roles.actor.rollout.workers=2 roles.actor.rollout.layout.tp=2
-grpo "$work/train_tp2" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor.rollout.workers=1
+tp_grpo "$work/g1" roles.actor.workers=1
+tp_grpo "$work/gen_tp2" roles.actor.workers=1 roles.actor.rollout.workers=2 roles.actor.rollout.layout.tp=2
+tp_grpo "$work/train_tp2" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor.rollout.workers=1
 grep -q "actor \[0\], gen \[1 2\] tp 2 x pp 1 x dp 1" "$work/gen_tp2.log" || fail "generation is not at TP 2 apart: $(head -1 "$work/gen_tp2.log")"
 same_samples "$work/g1" "$work/gen_tp2" "generation at TP 2"
 same_samples "$work/g1" "$work/train_tp2" "training at TP 2"
 same_metrics "$work/g1/metrics.jsonl" "$work/gen_tp2/metrics.jsonl" 1e-6 1e-2 || fail "generation at TP 2 does not train like TP 1"
 same_metrics "$work/g1/metrics.jsonl" "$work/train_tp2/metrics.jsonl" 1e-6 1e-2 || fail "training at TP 2 does not train like TP 1"
 # and on the same workers: training at TP 2, generation at DP 2 (each rank receiving the other TP half after each update)
-grpo "$work/relaid" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor.rollout.layout.tp=1 roles.actor.rollout.layout.dp=2
+tp_grpo "$work/relaid" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor.rollout.layout.tp=1 roles.actor.rollout.layout.dp=2
 grep -q "actor \[0 1\] tp 2 x pp 1 x dp 1, gen \[0 1\]" "$work/relaid.log" || fail "generation is not at DP 2 beside TP 2: $(head -1 "$work/relaid.log")"
 same_samples "$work/g1" "$work/relaid" "generation at DP 2 on the TP 2 workers"
 same_metrics "$work/g1/metrics.jsonl" "$work/relaid/metrics.jsonl" 1e-6 1e-2 || fail "generation at DP 2 on the TP 2 workers does not train like TP 1"
 # HybridFlow's TP 4 -> TP 2 on the same 4 workers: generation TP groups {0 2} and {1 3}, each rank
 # gathering the other half of its generation shard from its micro-DP neighbour (replicated
 # key/value heads at TP 4: 2 of them), the bytes per rank its generation shard minus its own
-grpo "$work/tp4to2" --workers 4 roles.actor.layout.tp=4 roles.actor.rollout.layout.tp=2
+tp_grpo "$work/tp4to2" --workers 4 roles.actor.layout.tp=4 roles.actor.rollout.layout.tp=2
 grep -q "actor \[0 1 2 3\] tp 4 x pp 1 x dp 1, gen \[0 1 2 3\] tp 2 x pp 1 x dp 2" "$work/tp4to2.log" ||
   fail "not at TP 4 generating at TP 2: $(head -1 "$work/tp4to2.log")"
 same_samples "$work/g1" "$work/tp4to2" "TP 4 generating at TP 2"
