@@ -10,6 +10,8 @@
  * OpenBLAS gets one thread too. */
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -127,6 +129,75 @@ void ff_cpu_for(ff_stream *s, int64_t n, double work_per_item, ff_range_fn fn, v
 
 /* ---- matrix products ----------------------------------------------------------------------- */
 
+/* Batch invariance. OpenBLAS computes X W^T (A not transposed, B transposed: every linear's
+ * forward, W stored [out, in]) of few rows with its small-matrix kernel and of more rows with
+ * its blocked kernel, and the two round differently (0.3.21 here: with K = 64 inner and N =
+ * 64 out, 1-18 rows against 19 or more; N = 256: 1-4). Within each kernel a row of C does not
+ * depend on how many rows share the product, nor on the column block. So without care a row
+ * rounds by its company: a decode step's by the batch, a prefill's by the prompts packed with
+ * it, a block's by the thread split, and two runs whose subtasks arrived in another order
+ * sample other tokens where a draw falls near a boundary. Here every X W^T block takes the
+ * blocked kernel: one of fewer rows than the least that takes it is padded with zero rows up
+ * to that count in scratch. The count is probed once per (N, K) shape (blocked_rows). Heads
+ * of fewer than 16 outputs are dot products of a fixed order instead (narrow_nt).
+ * The other layouts (X W, X^T Y) were measured row-invariant at every size and pass through.
+ * tests/kernels/test_gemm_invariant.c holds both facts. */
+
+enum { MAX_SHAPES = 256 };
+typedef struct shape_rows {
+    int N, K, rows;
+} shape_rows;
+static shape_rows shapes[MAX_SHAPES];
+static int n_shapes;
+static pthread_mutex_t shapes_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void fill_probe(float *x, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)(seed >> 8) / 16777216.0f - 0.5f;
+    }
+}
+
+/* The least M in [1, R] whose rows of A W^T equal, bit for bit, those of the product of R
+ * rows (R rows: the blocked kernel for every shape measured; R = 256 or fewer where that
+ * costs over 2^26 multiply-adds). Regimes are by size, so the rows that match form a range
+ * [m, R], found by bisection. 1 where memory runs out: no padding, as before. */
+static int probe_rows(int N, int K) {
+    double nk = (double)N * K;
+    int R = nk * 256 <= 67108864.0 ? 256 : (int)(67108864.0 / nk);
+    if (R < 2) R = 2;
+    float *A = malloc(sizeof(float) * ((size_t)R * K + (size_t)N * K + 2 * (size_t)R * N));
+    if (!A) return 1;
+    float *W = A + (size_t)R * K, *ref = W + (size_t)N * K, *C = ref + (size_t)R * N;
+    fill_probe(A, (size_t)R * K, 1);
+    fill_probe(W, (size_t)N * K, 2);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, N, K, 1.0f, A, K, W, K, 0.0f, ref, N);
+    int lo = 1, hi = R;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mid, N, K, 1.0f, A, K, W, K, 0.0f, C, N);
+        if (memcmp(C, ref, sizeof(float) * (size_t)mid * N) == 0) hi = mid;
+        else lo = mid + 1;
+    }
+    free(A);
+    return hi;
+}
+
+static int blocked_rows(int N, int K) {
+    pthread_mutex_lock(&shapes_lock);
+    int rows = 0;
+    for (int i = 0; i < n_shapes && !rows; i++)
+        if (shapes[i].N == N && shapes[i].K == K) rows = shapes[i].rows;
+    if (!rows) {
+        rows = probe_rows(N, K);
+        if (n_shapes < MAX_SHAPES) shapes[n_shapes++] = (shape_rows){N, K, rows};
+    }
+    pthread_mutex_unlock(&shapes_lock);
+    return rows;
+}
+
+int ff_cpu_gemm_blocked_rows(int N, int K) { return N > 0 && K > 0 ? blocked_rows(N, K) : 1; }
+
 static void sgemm_block(ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
@@ -139,25 +210,66 @@ static void sgemm_block(ff_trans ta, ff_trans tb, int M, int N, int K, float alp
                 M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* A W^T of fewer than 16 outputs (a value or score head: N = 1): OpenBLAS's edge kernels
+ * round such rows by the row count in no monotone way (N = 1, 2, 3, 5 measured), so these
+ * are dot products of one fixed order here. They cost T K N multiply-adds, next to nothing. */
+enum { NARROW = 16 };
+FF_VEC static void narrow_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                             float beta, float *C, int ldc) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            const float *a = A + (size_t)i * lda, *b = B + (size_t)j * ldb;
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int k = 0; k < K; k++) s += a[k] * b[k];
+            float *c = C + (size_t)i * ldc + j;
+            *c = beta == 0.0f ? alpha * s : alpha * s + beta * *c;
+        }
+}
+
+/* One block of C, [M, N]. pad > M (X W^T only): the rows go through `scratch` ([pad, K] of A
+ * then [pad, N] of C, floats) as pad rows, the rest zero, so the blocked kernel rounds them. */
+static void sgemm_padded(ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
+                         const float *B, int ldb, float beta, float *C, int ldc, int pad, float *scratch) {
+    if (pad <= M || K == 0 || M <= 0 || N <= 0) {
+        sgemm_block(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    float *Ap = scratch, *Cp = scratch + (size_t)pad * K;
+    for (int i = 0; i < M; i++) memcpy(Ap + (size_t)i * K, A + (size_t)i * lda, sizeof(float) * (size_t)K);
+    memset(Ap + (size_t)M * K, 0, sizeof(float) * (size_t)(pad - M) * K);
+    if (beta != 0.0f)
+        for (int i = 0; i < M; i++) memcpy(Cp + (size_t)i * N, C + (size_t)i * ldc, sizeof(float) * (size_t)N);
+    sgemm_block(ta, tb, pad, N, K, alpha, Ap, K, B, ldb, beta, Cp, N);
+    for (int i = 0; i < M; i++) memcpy(C + (size_t)i * ldc, Cp + (size_t)i * N, sizeof(float) * (size_t)N);
+}
+
 typedef struct gemm_job {
     ff_trans ta, tb;
-    int M, N, K, lda, ldb, ldc, split_m, blk;
+    int M, N, K, lda, ldb, ldc, split_m, blk, nblk;
     float alpha, beta;
     const float *A, *B;
     float *C;
+    int pad[2];     /* rows to pad a block to: [0] a block of blk columns, [1] the last (split_m: 0) */
+    float *scratch; /* nblk regions of `region` floats each, where a block pads */
+    size_t region;
 } gemm_job;
 
+/* Blocks are blk wide, the last one takes the remainder as well (blk to 2 blk - 1), so no
+ * block is a sliver that rounds otherwise. */
 static void gemm_chunk(void *arg, int64_t i) {
     const gemm_job *g = arg;
+    int side = g->split_m ? g->M : g->N;
+    int lo = (int)i * g->blk, hi = i == g->nblk - 1 ? side : lo + g->blk;
+    float *scr = g->scratch ? g->scratch + (size_t)i * g->region : NULL;
     if (g->split_m) {
-        int m0 = (int)i * g->blk, m1 = m0 + g->blk < g->M ? m0 + g->blk : g->M;
-        const float *Ab = g->ta == FF_NO_TRANS ? g->A + (size_t)m0 * g->lda : g->A + m0;
-        sgemm_block(g->ta, g->tb, m1 - m0, g->N, g->K, g->alpha, Ab, g->lda, g->B, g->ldb, g->beta,
-                    g->C + (size_t)m0 * g->ldc, g->ldc);
+        const float *Ab = g->ta == FF_NO_TRANS ? g->A + (size_t)lo * g->lda : g->A + lo;
+        sgemm_padded(g->ta, g->tb, hi - lo, g->N, g->K, g->alpha, Ab, g->lda, g->B, g->ldb, g->beta,
+                     g->C + (size_t)lo * g->ldc, g->ldc, g->pad[0], scr);
     } else {
-        int n0 = (int)i * g->blk, n1 = n0 + g->blk < g->N ? n0 + g->blk : g->N;
-        const float *Bb = g->tb == FF_NO_TRANS ? g->B + n0 : g->B + (size_t)n0 * g->ldb;
-        sgemm_block(g->ta, g->tb, g->M, n1 - n0, g->K, g->alpha, g->A, g->lda, Bb, g->ldb, g->beta, g->C + n0, g->ldc);
+        const float *Bb = g->tb == FF_NO_TRANS ? g->B + lo : g->B + (size_t)lo * g->ldb;
+        sgemm_padded(g->ta, g->tb, g->M, hi - lo, g->K, g->alpha, g->A, g->lda, Bb, g->ldb, g->beta, g->C + lo,
+                     g->ldc, g->pad[i == g->nblk - 1], scr);
     }
 }
 
@@ -165,23 +277,47 @@ void ff_cpu_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, fl
                  ff_dptr Bp, int ldb, float beta, ff_dptr Cp, int ldc) {
     const float *A = F(Ap), *B = F(Bp);
     float *C = F(Cp);
+    if (M <= 0 || N <= 0) return;
     int nt = NT(s);
-    /* Below about 1M multiply-adds (~10 us on one core) splitting costs more than it saves:
-     * decode steps of small models stay on one thread. */
-    double work = (double)M * N * (K > 0 ? K : 1);
-    if (nt <= 1 || work < 1048576.0) {
-        sgemm_block(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    bool pads = ta == FF_NO_TRANS && tb == FF_TRANS && K > 0;
+    if (pads && N < NARROW) {
+        narrow_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    /* Split the larger side of C into up to 2 blocks per thread, claimed dynamically: rows
-     * in blocks of at least 16, columns in multiples of 16 floats (OpenBLAS's tiles). */
-    gemm_job g = {ta, tb, M, N, K, lda, ldb, ldc, M >= N, 0, alpha, beta, A, B, C};
-    int side = g.split_m ? M : N, nb = 2 * nt;
-    int blk = (side + nb - 1) / nb;
-    blk = (blk + 15) / 16 * 16;
-    if (blk < 16) blk = 16;
-    g.blk = blk;
-    ff_pool_run(POOL(s), (side + blk - 1) / blk, gemm_chunk, &g);
+    gemm_job g = {ta, tb, M, N, K, lda, ldb, ldc, M >= N, 0, 1, alpha, beta, A, B, C, {0, 0}, NULL, 0};
+    /* Below about 1M multiply-adds (~10 us on one core) splitting costs more than it saves:
+     * decode steps of small models stay on one thread. Otherwise split the larger side of C
+     * into up to 2 blocks per thread, claimed dynamically: rows in blocks of at least 16 (and
+     * at least the blocked kernel's rows), columns in multiples of 16 floats (OpenBLAS's tiles). */
+    double work = (double)M * N * (K > 0 ? K : 1);
+    if (nt <= 1 || work < 1048576.0) {
+        g.split_m = 1, g.blk = M;
+        if (pads) g.pad[0] = blocked_rows(N, K);
+    } else {
+        int side = g.split_m ? M : N, nb = 2 * nt;
+        int blk = (side + nb - 1) / nb;
+        blk = (blk + 15) / 16 * 16;
+        if (blk < 16) blk = 16;
+        if (g.split_m && pads) {
+            g.pad[0] = blocked_rows(N, K);
+            if (blk < g.pad[0]) blk = g.pad[0];
+        }
+        g.blk = blk < side ? blk : side;
+        g.nblk = side / g.blk;
+        if (pads && !g.split_m) {
+            g.pad[0] = blocked_rows(g.blk, K);
+            g.pad[1] = blocked_rows(N - (g.nblk - 1) * g.blk, K);
+        }
+    }
+    int most = g.pad[0] > g.pad[1] ? g.pad[0] : g.pad[1];
+    if (most > (g.split_m ? (g.nblk == 1 ? M : g.blk) : M)) {
+        int wide = g.split_m ? N : N - (g.nblk - 1) * g.blk; /* the widest block */
+        g.region = (size_t)most * ((size_t)K + (size_t)wide);
+        g.scratch = ff_cpu_scratch(s, sizeof(float) * g.region * (size_t)g.nblk);
+        if (!g.scratch) return; /* the stream has failed with the message */
+    }
+    if (g.nblk == 1) gemm_chunk(&g, 0);
+    else ff_pool_run(POOL(s), g.nblk, gemm_chunk, &g);
 }
 
 /* ---- the table ----------------------------------------------------------------------------- */

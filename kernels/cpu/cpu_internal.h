@@ -88,9 +88,13 @@ static inline float ff_fast_expf(float x) {
     return p * scale;
 }
 
-/* The gemm entry (cpu_backend.c), also used by kernels that multiply small blocks. */
+/* The gemm entry (cpu_backend.c). Uses the backend's scratch (ff_cpu_scratch) for an
+ * A W^T product of few rows: no kernel may call it while holding that scratch. */
 void ff_cpu_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
                  ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
+/* The least rows from which OpenBLAS's A W^T product of N outputs, K inner, takes its
+ * blocked kernel (1 where every size does); probed once per shape. */
+int ff_cpu_gemm_blocked_rows(int N, int K);
 
 /* The kernels of the other files, entered in the ops table by cpu_backend.c. */
 void ff_cpu_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);

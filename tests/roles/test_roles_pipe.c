@@ -40,7 +40,8 @@ enum { NS = 16, RMAX = 6, STEPS = 3, NMB = 4, MAXP = 4, MAXT = 2, MAXD = 2, VOCA
 #define TOL_AFTER 3e-5
 #define ATOL_AFTER 1e-6
 #define TOL_SCORE 1e-5
-#define TOL_TP 1e-4 /* TP's and DP's sums run in another order (tests/model/test_model_tp.c) */
+#define TOL_TP 2e-4 /* TP's and DP's sums run in another order (tests/model/test_model_tp.c); measured 1.1e-4 on
+                     * approx_kl (-4.8e-3, a mean of log-ratios: the log-probs' own error, 5e-7) */
 #define TOL_REORDER_AFTER 2e-4 /* the weights after with TP or DP (measured up to 7e-5 under the sanitizers) */
 
 typedef struct toy {
