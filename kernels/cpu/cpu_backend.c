@@ -141,6 +141,8 @@ void ff_cpu_for(ff_stream *s, int64_t n, double work_per_item, ff_range_fn fn, v
  * to that count in scratch. The count is probed once per (N, K) shape (blocked_rows). Heads
  * of fewer than 16 outputs are dot products of a fixed order instead (narrow_nt).
  * The other layouts (X W, X^T Y) were measured row-invariant at every size and pass through.
+ * FF_BATCH_INVARIANT=0 turns the padding off (a tiny model's decode step costs 1.3x with it,
+ * bench_model; from hidden sizes of a few hundred the blocked kernel starts at 2-3 rows).
  * tests/kernels/test_gemm_invariant.c holds both facts. */
 
 enum { MAX_SHAPES = 256 };
@@ -279,7 +281,7 @@ void ff_cpu_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, fl
     float *C = F(Cp);
     if (M <= 0 || N <= 0) return;
     int nt = NT(s);
-    bool pads = ta == FF_NO_TRANS && tb == FF_TRANS && K > 0;
+    bool pads = ((cpu_impl *)s->be->impl)->invariant && ta == FF_NO_TRANS && tb == FF_TRANS && K > 0;
     if (pads && N < NARROW) {
         narrow_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
@@ -385,6 +387,14 @@ ff_backend *ff_backend_cpu_new_impl(int n_threads) {
     be->impl = c;
     be->n_threads = n_threads < 1 ? 1 : n_threads;
     snprintf(be->name, sizeof be->name, "cpu");
+    const char *inv = getenv("FF_BATCH_INVARIANT");
+    if (inv && *inv && strcmp(inv, "0") && strcmp(inv, "1")) {
+        ff_error_set("FF_BATCH_INVARIANT", "set 1 (the default: rows round alike whatever the batch) or 0 (OpenBLAS as it is)",
+                     "invalid value '%s'", inv);
+        cpu_destroy(be);
+        return NULL;
+    }
+    c->invariant = !inv || !*inv || !strcmp(inv, "1");
     c->pool = ff_pool_new(be->n_threads);
     if (!c->pool) {
         cpu_destroy(be);

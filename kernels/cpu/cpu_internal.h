@@ -12,6 +12,7 @@
 #endif
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -34,6 +35,7 @@ typedef struct cpu_impl {
     ff_pool *pool;
     void *scratch; /* host scratch for kernels' small tables, grown on demand */
     size_t scratch_cap;
+    bool invariant; /* FF_BATCH_INVARIANT (default on): A W^T rows round alike whatever the batch */
 } cpu_impl;
 
 static inline ff_pool *POOL(const ff_stream *s) { return ((cpu_impl *)s->be->impl)->pool; }

@@ -8,9 +8,10 @@
 #   - the states went from worker to worker: migrate.bytes > 0 while migrate.via_controller (state
 #     bytes that reached the controller) is 0; migrate.kv / migrate.recompute count the moves
 #     each way (a forced way only that one; auto one of them per move, and its log line);
-#   - the same metrics within 1e-6 + 1e-4 (the log-probs feed the losses; not bit for bit: a
-#     prefill's rounding depends on which prompts share it, which is timing, with or without
-#     migration), also with one sample per prompt on 2 and 4 workers;
+#   - the same metrics within 1e-6 + 1e-4 (not bit for bit: the trainer's micro-batches group
+#     the samples by completion, which is timing, and sum them in that order; the rollouts
+#     themselves are bitwise, docs/run.md "Exactness"), also with one sample per prompt on 2
+#     and 4 workers;
 #   - metrics.jsonl's migrate {moved, bytes, time_s} per iteration: moved > 0 when forced at
 #     once, the KV rows' bytes above the recompute's; the trace's "migrate" arrows;
 #   - bad values refused naming the key; a TP generation layout refused with the reason.

@@ -8,8 +8,8 @@
 #   - the same responses (samples.jsonl byte for byte) and the metrics the reference's
 #     log-probs feed bit for bit (kl_loss, and grad_norm and entropy of the steps it drives: the
 #     random model's rewards are all 0, so the KL term alone moves the actor), under the serial
-#     and the fused schedule. The rest within 1e-6 + 1e-4: those read the rollout's log-probs,
-#     whose prefill rounding is timing (docs/run.md "Migration", "Exactness"), on either side;
+#     and the fused schedule. The rest within 1e-6 + 1e-4: the trainer's micro-batches group
+#     the samples by completion, which is timing (docs/run.md "Determinism"), on either side;
 #   - every iteration's weights.ref: nothing of the reference on the backend when a generation
 #     job began (resident_generating 0), its whole weights during each of its inference subtasks
 #     (resident_inferring = the bytes of one load, > 0), each load's bytes;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fuseflow/backend.h"
+#include "fuseflow/error.h"
 #include "fuseflow/kernels.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "tests/test_util.h"
@@ -72,5 +73,18 @@ int main(void) {
         }
         ff_backend_destroy(&be);
     }
+    /* the padding is what makes it so: without it, where OpenBLAS switches kernels, rows vary */
+    setenv("FF_BATCH_INVARIANT", "0", 1);
+    ff_backend *plain = ff_backend_new("cpu:1");
+    REQUIRE(plain);
+    int off = varying(plain, FF_NO_TRANS, FF_TRANS, 64, 64);
+    printf("FF_BATCH_INVARIANT=0, N 64 K 64: sizes whose rows differ: %d\n", off);
+    if (ff_cpu_gemm_blocked_rows(64, 64) > 1) CHECK(off > 0);
+    ff_backend_destroy(&plain);
+    setenv("FF_BATCH_INVARIANT", "yes", 1);
+    CHECK(ff_backend_new("cpu:1") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "FF_BATCH_INVARIANT");
+    CHECK_STR_CONTAINS(ff_error_message(), "'yes'");
+    unsetenv("FF_BATCH_INVARIANT");
     TEST_MAIN_END();
 }

@@ -77,8 +77,8 @@ struct ff_rlworker {
     rlw_mig_costs mig_costs;
     /* deferred rl.migrate_in tasks not imported yet, with the states received for each: they
      * join at a step without a prefill (none waiting), so that their rows never share a
-     * forward with a prompt's (a prefill rounds by its row count; decode rows round alike
-     * whatever the batch) */
+     * forward with a prompt's (on a backend without batch invariance, FF_BATCH_INVARIANT=0 or
+     * CUDA, a prefill rounds by its row count) */
     mig_in *mig_in;
     int nmig_in, mig_in_cap;
 };
