@@ -142,7 +142,7 @@ echo "resumed on one host after the cut at iteration $cut_at: the uninterrupted 
 
 # a generation-only host lost: its samples go to the live generation worker and the run ends
 p4=$((port + 3))
-steps=20 # enough that the cut comes mid-run
+steps=40 # enough that the cut (after the 3rd) comes mid-run even when the machine is loaded
 ip -n "$nsc" link set v3$id up || fail "bringing hostB's link back"
 pool="roles.actor.rollout.workers=2 trainer.save_freq=0 --dump-samples"
 "$bin" run $(grpo "$work/pool1" $pool) roles.actor.workers=1 > "$work/pool1.log" 2>&1 ||
