@@ -139,7 +139,7 @@ done:
 
 static void usage_fused(FILE *out) {
     fprintf(out,
-            "usage: fuseflow schedule fuse FILE.json [--seconds S] [--seed N] [--threads N] [--json] [--svg OUT.svg]\n"
+            "usage: fuseflow schedule fuse FILE.json [--seconds S] [--seed N] [--threads N] [--makespan-slack F] [--json] [--svg OUT.svg]\n"
             "       fuseflow schedule 1f1b FILE.json [--json] [--svg OUT.svg]\n"
             "       fuseflow schedule check FILE.json SCHEDULE.json [--json] [--svg OUT.svg]\n\n"
             "RLHFuse's intra-stage fusion: the actor and the critic (its replicas laid out in the\n"
