@@ -1,0 +1,84 @@
+/* The fused solver's memory descent (fuse_internal.h fuse_mem_descend): a schedule's peak
+ * activation memory lowered at a fixed makespan cap by moving, on the node with the peak, a
+ * backward earlier or a forward later past the peak. Not here: the search that finds the
+ * schedule (fuse_solve.c), the simulator (fuse.c).
+ *
+ * Why it works where the annealing's order moves did not: a node's memory after each of its
+ * tasks depends on its own order alone, so moving a backward before a forward (or a forward
+ * after a backward) lowers that node's memory over the tasks it passes and raises it nowhere,
+ * on no node. Every move is then a pure gain in memory, and the simulator only has to say
+ * whether the makespan stays under the cap. The schedules the makespan search ends at run far
+ * ahead (forwards early, backwards late, many micro-batches in flight on every node), which
+ * leaves room for such moves almost everywhere but near the critical paths. Greedy and
+ * deterministic: the first move that keeps the makespan is kept. */
+#include <math.h>
+#include <string.h>
+
+#include "dataflow/fuse_internal.h"
+
+#define DESCEND_REACH 4 /* backwards after the peak (and forwards before it) a move may take */
+
+static void shift(ff_fuse_task *t, int64_t from, int64_t to) {
+    ff_fuse_task x = t[from];
+    if (from < to) memmove(t + from, t + from + 1, (size_t)(to - from) * sizeof *t);
+    else memmove(t + to + 1, t + to, (size_t)(from - to) * sizeof *t);
+    t[to] = x;
+}
+
+/* The first task of node n after which its memory is at its peak (-1: none). */
+static int64_t first_peak(const ff_fuse_instance *in, const ff_fuse_schedule *s, int32_t n, double peak) {
+    double mem = 0;
+    for (int64_t p = 0; p < s->n_tasks[n]; p++) {
+        ff_fuse_task t = s->tasks[n][p];
+        mem += t.backward ? -in->models[t.model].act : in->models[t.model].act;
+        if (!t.backward && mem >= peak - 1e-9 * fmax(1, peak)) return p;
+    }
+    return -1;
+}
+
+/* Try moving task `from` of node n to `to`: kept when the schedule runs and ends by cap. */
+static bool try_move(fuse_ctx *c, ff_fuse_schedule *s, int32_t n, int64_t from, int64_t to, double cap, fuse_score *r, int64_t *tries) {
+    shift(s->tasks[n], from, to);
+    ++*tries;
+    if (!fuse_run(c, s, r, NULL, NULL) && r->makespan <= cap) return true;
+    shift(s->tasks[n], to, from);
+    return false;
+}
+
+int fuse_mem_descend(fuse_ctx *c, ff_fuse_schedule *s, double cap, int64_t max_tries, int64_t *tries) {
+    const ff_fuse_instance *in = c->in;
+    fuse_score r;
+    *tries = 0;
+    if (fuse_run(c, s, &r, NULL, NULL) || r.makespan > cap) return 0;
+    int gains = 0;
+    while (*tries < max_tries) {
+        int32_t n = 0;
+        for (int32_t q = 1; q < in->nodes; q++)
+            if (r.node_peak[q] > r.node_peak[n]) n = q;
+        int64_t p = first_peak(in, s, n, r.node_peak[n]), len = s->n_tasks[n];
+        if (p < 0) break;
+        bool moved = false;
+        /* a backward after the peak to just before its forward: the nearest first */
+        for (int64_t q = p + 1, seen = 0; !moved && q < len && seen < DESCEND_REACH && *tries < max_tries; q++) {
+            if (!s->tasks[n][q].backward) continue;
+            seen++;
+            moved = try_move(c, s, n, q, p, cap, &r, tries);
+        }
+        /* or a forward up to the peak to just after the first task past it that is not the same
+         * task (the same model's forward: the move would change nothing) */
+        for (int64_t f = p, seen = 0; !moved && f >= 0 && seen < DESCEND_REACH && *tries < max_tries; f--) {
+            ff_fuse_task t = s->tasks[n][f];
+            if (t.backward) continue;
+            int64_t q = p + 1;
+            while (q < len && s->tasks[n][q].model == t.model && !s->tasks[n][q].backward) q++;
+            if (q >= len) continue;
+            seen++;
+            moved = try_move(c, s, n, f, q, cap, &r, tries);
+        }
+        if (!moved) break; /* the peak node's first peak cannot come down by these moves */
+        gains++;
+    }
+    if (fuse_run(c, s, &r, NULL, NULL)) return -1; /* every kept move ran */
+    return gains;
+}
+
