@@ -45,6 +45,31 @@ static bool try_move(fuse_ctx *c, ff_fuse_schedule *s, int32_t n, int64_t from, 
     return false;
 }
 
+/* One move that lowers node n's memory at its first peak, kept if the makespan stays under cap. */
+static bool lower_node(fuse_ctx *c, ff_fuse_schedule *s, int32_t n, double cap, fuse_score *r, int64_t max_tries, int64_t *tries) {
+    const ff_fuse_instance *in = c->in;
+    int64_t p = first_peak(in, s, n, r->node_peak[n]), len = s->n_tasks[n];
+    if (p < 0) return false;
+    /* a backward after the peak to just before its forward: the nearest first */
+    for (int64_t q = p + 1, seen = 0; q < len && seen < DESCEND_REACH && *tries < max_tries; q++) {
+        if (!s->tasks[n][q].backward) continue;
+        seen++;
+        if (try_move(c, s, n, q, p, cap, r, tries)) return true;
+    }
+    /* or a forward up to the peak to just after the first task past it that is not the same task
+     * (the same model's forward: the move would change nothing) */
+    for (int64_t f = p, seen = 0; f >= 0 && seen < DESCEND_REACH && *tries < max_tries; f--) {
+        ff_fuse_task t = s->tasks[n][f];
+        if (t.backward) continue;
+        int64_t q = p + 1;
+        while (q < len && s->tasks[n][q].model == t.model && !s->tasks[n][q].backward) q++;
+        if (q >= len) continue;
+        seen++;
+        if (try_move(c, s, n, f, q, cap, r, tries)) return true;
+    }
+    return false;
+}
+
 int fuse_mem_descend(fuse_ctx *c, ff_fuse_schedule *s, double cap, int64_t max_tries, int64_t *tries) {
     const ff_fuse_instance *in = c->in;
     fuse_score r;
@@ -52,33 +77,19 @@ int fuse_mem_descend(fuse_ctx *c, ff_fuse_schedule *s, double cap, int64_t max_t
     if (fuse_run(c, s, &r, NULL, NULL) || r.makespan > cap) return 0;
     int gains = 0;
     while (*tries < max_tries) {
-        int32_t n = 0;
-        for (int32_t q = 1; q < in->nodes; q++)
-            if (r.node_peak[q] > r.node_peak[n]) n = q;
-        int64_t p = first_peak(in, s, n, r.node_peak[n]), len = s->n_tasks[n];
-        if (p < 0) break;
+        /* the nodes by their peaks, highest first: where the highest is stuck, a lower one's move
+         * may free it (GPipe's first stage cannot start a backward before the later stages do) */
+        int32_t order[FF_FUSE_MAX_NODES];
+        for (int32_t n = 0; n < in->nodes; n++) {
+            int32_t j = n;
+            for (; j > 0 && r.node_peak[order[j - 1]] < r.node_peak[n]; j--) order[j] = order[j - 1];
+            order[j] = n;
+        }
         bool moved = false;
-        /* a backward after the peak to just before its forward: the nearest first */
-        for (int64_t q = p + 1, seen = 0; !moved && q < len && seen < DESCEND_REACH && *tries < max_tries; q++) {
-            if (!s->tasks[n][q].backward) continue;
-            seen++;
-            moved = try_move(c, s, n, q, p, cap, &r, tries);
-        }
-        /* or a forward up to the peak to just after the first task past it that is not the same
-         * task (the same model's forward: the move would change nothing) */
-        for (int64_t f = p, seen = 0; !moved && f >= 0 && seen < DESCEND_REACH && *tries < max_tries; f--) {
-            ff_fuse_task t = s->tasks[n][f];
-            if (t.backward) continue;
-            int64_t q = p + 1;
-            while (q < len && s->tasks[n][q].model == t.model && !s->tasks[n][q].backward) q++;
-            if (q >= len) continue;
-            seen++;
-            moved = try_move(c, s, n, f, q, cap, &r, tries);
-        }
-        if (!moved) break; /* the peak node's first peak cannot come down by these moves */
+        for (int32_t j = 0; !moved && j < in->nodes && *tries < max_tries; j++) moved = lower_node(c, s, order[j], cap, &r, max_tries, tries);
+        if (!moved) break; /* no node's first peak comes down by these moves */
         gains++;
     }
     if (fuse_run(c, s, &r, NULL, NULL)) return -1; /* every kept move ran */
     return gains;
 }
-

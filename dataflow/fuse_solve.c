@@ -27,7 +27,9 @@
  * both bounds (the peak's at the cap), after STALE_ROUNDS rounds without a lower peak in the
  * memory phase, or when the search's share of the time (1 - POLISH_SHARE) is spent. Rounds of
  * fixed work make the result depend only on the seed and the thread count whenever it stops
- * before the time. Last, what runs: the executor's streams (ff_fuse_to_pipe) block in their
+ * before the time. Then, in the memory phase, the memory descent on the best schedule (fuse_mem.c:
+ * moves that lower a node's memory and raise it nowhere, kept while the makespan stays under the
+ * cap; at most DESCEND_TRIES simulations). Last, what runs: the executor's streams (ff_fuse_to_pipe) block in their
  * transfers, which the fused simulator does not model, so the best schedule's tasks are moved a
  * little (polish) while the fused makespan and peak stay and the streams' simulated makespan does
  * not rise; that step has POLISH_SHARE of the time and at most POLISH_TRIES moves. */
@@ -896,7 +898,7 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
     int bi = 0;
     for (int t = 1; t < threads; t++)
         if (better_under(sh.cap_mk, w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
-    if (sh.memory_phase && !getenv("FM3_OLD") && descend_best(&w[bi], sh.cap_mk)) goto done;
+    if (sh.memory_phase && descend_best(&w[bi], sh.cap_mk)) goto done;
     /* every thread polishes the best (its own where it ties it), in parallel; the fastest streams win */
     sh.deadline_ns = t0 + (int64_t)(seconds * 1e9);
     for (int t = 0; t < threads; t++) {
