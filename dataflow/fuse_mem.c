@@ -49,10 +49,10 @@ static bool try_move(fuse_ctx *c, ff_fuse_schedule *s, int32_t n, int64_t from, 
 static bool lower_node(fuse_ctx *c, ff_fuse_schedule *s, int32_t n, double cap, fuse_score *r, int64_t max_tries, int64_t *tries) {
     const ff_fuse_instance *in = c->in;
     int64_t p = first_peak(in, s, n, r->node_peak[n]), len = s->n_tasks[n];
-    if (p < 0) return false;
+    if (p < 0 || !(r->node_peak[n] > 0)) return false;
     /* a backward after the peak to just before its forward: the nearest first */
     for (int64_t q = p + 1, seen = 0; q < len && seen < DESCEND_REACH && *tries < max_tries; q++) {
-        if (!s->tasks[n][q].backward) continue;
+        if (!s->tasks[n][q].backward || !(in->models[s->tasks[n][q].model].act > 0)) continue; /* no gain without memory */
         seen++;
         if (try_move(c, s, n, q, p, cap, r, tries)) return true;
     }
@@ -60,7 +60,7 @@ static bool lower_node(fuse_ctx *c, ff_fuse_schedule *s, int32_t n, double cap, 
      * (the same model's forward: the move would change nothing) */
     for (int64_t f = p, seen = 0; f >= 0 && seen < DESCEND_REACH && *tries < max_tries; f--) {
         ff_fuse_task t = s->tasks[n][f];
-        if (t.backward) continue;
+        if (t.backward || !(in->models[t.model].act > 0)) continue;
         int64_t q = p + 1;
         while (q < len && s->tasks[n][q].model == t.model && !s->tasks[n][q].backward) q++;
         if (q >= len) continue;

@@ -70,7 +70,30 @@ static void solver_descends(void) {
     ff_fuse_schedule_free(&s);
 }
 
+/* Without activation memory no move is a gain: none is made, and the schedule stays as it is. */
+static void no_memory_no_moves(void) {
+    ff_fuse_instance in;
+    DIE_IF(ff_fuse_instance_parse("{\"nodes\": 2, \"models\": [{\"name\": \"a\", \"stages\": [0, 1], \"micro_batches\": 4, \"forward\": 1, \"backward\": 2, \"activation\": 0}]}",
+                                  "no memory", &in));
+    ff_fuse_schedule s, before;
+    DIE_IF(ff_fuse_schedule_init(&s, 2));
+    for (int32_t n = 0; n < 2; n++)
+        for (int b = 0; b < 2; b++)
+            for (int32_t k = 0; k < 4; k++) DIE_IF(ff_fuse_schedule_push(&s, n, (ff_fuse_task){.model = 0, .backward = (uint8_t)b}));
+    DIE_IF(ff_fuse_schedule_copy(&s, &before));
+    fuse_ctx c;
+    DIE_IF(fuse_ctx_init(&c, &in));
+    int64_t tries = -1;
+    CHECK(fuse_mem_descend(&c, &s, 1000, 100000, &tries) == 0);
+    CHECK(tries == 0);
+    for (int32_t n = 0; n < 2; n++) CHECK(memcmp(before.tasks[n], s.tasks[n], (size_t)s.n_tasks[n] * sizeof **s.tasks) == 0);
+    fuse_ctx_free(&c);
+    ff_fuse_schedule_free(&before);
+    ff_fuse_schedule_free(&s);
+}
+
 int main(void) {
+    no_memory_no_moves();
     gpipe_to_1f1b(4, 8);
     gpipe_to_1f1b(3, 7);
     gpipe_to_1f1b(1, 5);
