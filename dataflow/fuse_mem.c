@@ -1,16 +1,17 @@
 /* The fused solver's memory descent (fuse_internal.h fuse_mem_descend): a schedule's peak
- * activation memory lowered at a fixed makespan cap by moving, on the node with the peak, a
- * backward earlier or a forward later past the peak. Not here: the search that finds the
- * schedule (fuse_solve.c), the simulator (fuse.c).
+ * activation memory lowered at a fixed makespan cap by moving, on a node, a backward earlier or
+ * a forward later past its peak. Not here: the search that finds the schedule (fuse_solve.c),
+ * the simulator (fuse.c).
  *
- * Why it works where the annealing's order moves did not: a node's memory after each of its
- * tasks depends on its own order alone, so moving a backward before a forward (or a forward
- * after a backward) lowers that node's memory over the tasks it passes and raises it nowhere,
- * on no node. Every move is then a pure gain in memory, and the simulator only has to say
- * whether the makespan stays under the cap. The schedules the makespan search ends at run far
- * ahead (forwards early, backwards late, many micro-batches in flight on every node), which
- * leaves room for such moves almost everywhere but near the critical paths. Greedy and
- * deterministic: the first move that keeps the makespan is kept. */
+ * A node's memory after each of its tasks depends on its own order alone, so moving a backward
+ * before a forward (or a forward after another task that is not the same model's forward)
+ * lowers that node's memory over the tasks it passes and raises it nowhere, on no node: every
+ * move is a pure gain in memory, and the simulator only has to say whether the makespan stays
+ * under the cap. Greedy and deterministic: the nodes by their peaks, highest first, and the
+ * first move that keeps the makespan is kept. What it cannot do (docs/pipeline.md "The memory
+ * descent"): the schedules the solver finds at the makespan bound peak before each node's first
+ * backward, on nodes that must stay busy until one arrives, and no move on one node changes
+ * when that is. */
 #include <math.h>
 #include <string.h>
 
