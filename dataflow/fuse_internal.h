@@ -42,4 +42,11 @@ void fuse_heads_tails(const ff_fuse_instance *in, int i, double *ef, double *eb,
  * there at some time in a schedule that ends by T (the peak bound's reason). 0 or -1 + error. */
 int fuse_least_in_flight(const ff_fuse_instance *in, double T, int32_t out[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]);
 
+/* Lower s's peak activation memory at a makespan cap (fuse_mem.c): on a node (the highest peak
+ * first), a backward moved before the forward that reaches its peak, or a forward moved past the
+ * next other task, kept when the schedule still ends by cap; until no such move is left or max_tries
+ * simulations are spent (*tries: how many). s must run by cap (else it is left as it is).
+ * The moves kept (>= 0), or -1 (a bug: the result does not run). */
+int fuse_mem_descend(fuse_ctx *c, ff_fuse_schedule *s, double cap, int64_t max_tries, int64_t *tries);
+
 #endif

@@ -27,7 +27,9 @@
  * both bounds (the peak's at the cap), after STALE_ROUNDS rounds without a lower peak in the
  * memory phase, or when the search's share of the time (1 - POLISH_SHARE) is spent. Rounds of
  * fixed work make the result depend only on the seed and the thread count whenever it stops
- * before the time. Last, what runs: the executor's streams (ff_fuse_to_pipe) block in their
+ * before the time. Then, in the memory phase, the memory descent on the best schedule (fuse_mem.c:
+ * moves that lower a node's memory and raise it nowhere, kept while the makespan stays under the
+ * cap; at most DESCEND_TRIES simulations). Last, what runs: the executor's streams (ff_fuse_to_pipe) block in their
  * transfers, which the fused simulator does not model, so the best schedule's tasks are moved a
  * little (polish) while the fused makespan and peak stay and the streams' simulated makespan does
  * not rise; that step has POLISH_SHARE of the time and at most POLISH_TRIES moves. */
@@ -60,7 +62,8 @@
 #define OVER_NODES 1.0        /* its energy adds this x the mean over the nodes of (end - bound)+ / bound */
 #define CAP_PATIENCE 3        /* capped cycles without a shorter makespan under the target before it rises */
 #define REPAIR_WEIGHT 0.2     /* the repair's energy: makespan / LB + this x the nodes' summed excess over its target / the peak bound */
-#define REPAIR_STEP 0.5       /* its target: the capped target, at most the best peak less this x the least activation */
+#define REPAIR_STEP 0.5
+#define DESCEND_TRIES 4000    /* simulations of the memory descent after the search (fuse_mem.c) */       /* its target: the capped target, at most the best peak less this x the least activation */
 
 typedef struct problem {
     const ff_fuse_instance *in;
@@ -723,6 +726,18 @@ static void *polish(void *arg) {
     return NULL;
 }
 
+/* After the search, on the best schedule: the memory descent (fuse_mem.c), every move a pure gain in
+ * memory that keeps the makespan under the memory phase's cap. Deterministic (a number of tries). */
+static int descend_best(worker *w, double cap) {
+    int64_t tries;
+    fuse_score r;
+    if (fuse_mem_descend(&w->d.ctx, &w->best_sched, cap, DESCEND_TRIES, &tries) < 0 || fuse_run(&w->d.ctx, &w->best_sched, &r, NULL, NULL))
+        return ff_error_set("fuse solver", "this is a bug: please report the instance", "the memory descent left a schedule that deadlocks");
+    w->decodes += tries;
+    w->best_mk = r.makespan, w->best_pk = r.peak;
+    return 0;
+}
+
 /* ---- the entry -------------------------------------------------------------------------- */
 
 static int schedule_room(const fuse_ctx *c, ff_fuse_schedule *s) {
@@ -883,6 +898,7 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
     int bi = 0;
     for (int t = 1; t < threads; t++)
         if (better_under(sh.cap_mk, w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
+    if (sh.memory_phase && descend_best(&w[bi], sh.cap_mk)) goto done;
     /* every thread polishes the best (its own where it ties it), in parallel; the fastest streams win */
     sh.deadline_ns = t0 + (int64_t)(seconds * 1e9);
     for (int t = 0; t < threads; t++) {
