@@ -1,0 +1,327 @@
+/* The fused solver's makespan repair (dataflow/fuse_lns.h): a large-neighbourhood search step on
+ * the node orders. Not here: the annealing that calls it (fuse_solve.c), memory (only carried).
+ *
+ * Why: the solver's two spaces move one thing at a time (a cap, the keys of a few micro-batches,
+ * one task a few places), and on the instances it missed (bench_fuse: 8 nodes PP4 x 2 at 16-64
+ * micro-batches, 16 nodes PP8 x 2) the last few units of makespan need several tasks on several
+ * nodes reordered together, each such move alone longer. A step here: run the schedule, follow
+ * its critical path back from the task that ends last (each task starts at the end of its node's
+ * previous task or of its micro-batch's previous step), pick a point of it and around it a window,
+ * a time span on the path's nodes there, or on that node and its neighbours, or on all nodes.
+ * Every task that starts inside the window is freed; the schedule is decoded again, each node
+ * following its list outside its window and, inside it, list scheduling among the freed tasks
+ * (of the ones that can start, the highest key: the task's tail plus noise; a small delay allowed
+ * now and then, which non-delay list scheduling never takes). Kept when not worse: the makespan,
+ * then the nodes' summed end past the bound (a flat max gives the walk a slope). */
+#include "dataflow/fuse_lns.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataflow/fuse_internal.h"
+#include "fuseflow/error.h"
+
+struct fuse_lns {
+    const ff_fuse_instance *in;
+    fuse_ctx ctx;
+    const double *qf, *qb;          /* [items] tails */
+    double lb, scale;
+    double *start[FF_FUSE_MAX_NODES], *end[FF_FUSE_MAX_NODES]; /* [tasks on n] times of the schedule stepped from */
+    int64_t *pos_f, *pos_b;         /* [items] position of each task in its node's list */
+    int32_t *micro_at[FF_FUSE_MAX_NODES]; /* [tasks on n] the micro-batch of each task of the schedule */
+    double *key_f, *key_b;          /* [items] keys of the freed tasks */
+    int64_t *chain_n, *chain_p;     /* [all tasks] the critical path, node and position */
+    ff_fuse_schedule out;           /* the decoded candidate */
+    int64_t total;
+};
+
+fuse_lns *fuse_lns_new(const ff_fuse_instance *in, const double *qf, const double *qb, double lb, double scale) {
+    fuse_lns *l = ff_calloc(1, sizeof *l);
+    if (!l) return NULL;
+    l->in = in, l->qf = qf, l->qb = qb, l->lb = lb, l->scale = scale;
+    if (fuse_ctx_init(&l->ctx, in)) {
+        free(l);
+        return NULL;
+    }
+    size_t items = (size_t)l->ctx.off[in->n_models];
+    for (int32_t n = 0; n < in->nodes; n++) l->total += l->ctx.tasks[n];
+    l->pos_f = ff_malloc(items * sizeof *l->pos_f);
+    l->pos_b = ff_malloc(items * sizeof *l->pos_b);
+    l->key_f = ff_calloc(items, sizeof *l->key_f);
+    l->key_b = ff_calloc(items, sizeof *l->key_b);
+    l->chain_n = ff_malloc(((size_t)l->total + 1) * sizeof *l->chain_n);
+    l->chain_p = ff_malloc(((size_t)l->total + 1) * sizeof *l->chain_p);
+    bool ok = l->pos_f && l->pos_b && l->key_f && l->key_b && l->chain_n && l->chain_p && !ff_fuse_schedule_init(&l->out, in->nodes);
+    for (int32_t n = 0; ok && n < in->nodes; n++) {
+        size_t k = (size_t)l->ctx.tasks[n] + 1;
+        l->start[n] = ff_malloc(k * sizeof **l->start);
+        l->end[n] = ff_malloc(k * sizeof **l->end);
+        l->micro_at[n] = ff_malloc(k * sizeof **l->micro_at);
+        l->out.tasks[n] = ff_malloc(k * sizeof **l->out.tasks);
+        ok = l->start[n] && l->end[n] && l->micro_at[n] && l->out.tasks[n];
+        if (ok) l->out.cap[n] = (int64_t)k;
+    }
+    if (!ok) fuse_lns_free(&l);
+    return l;
+}
+
+void fuse_lns_free(fuse_lns **lp) {
+    fuse_lns *l = *lp;
+    if (!l) return;
+    for (int32_t n = 0; n < l->in->nodes; n++) {
+        free(l->start[n]);
+        free(l->end[n]);
+        free(l->micro_at[n]);
+    }
+    free(l->pos_f);
+    free(l->pos_b);
+    free(l->key_f);
+    free(l->key_b);
+    free(l->chain_n);
+    free(l->chain_p);
+    ff_fuse_schedule_free(&l->out);
+    fuse_ctx_free(&l->ctx);
+    free(l);
+    *lp = NULL;
+}
+
+/* Item (fuse_ctx offsets) of task t on node n, micro-batch k. */
+static int64_t item_of(const fuse_ctx *c, ff_fuse_task t, int32_t n, int32_t k) {
+    return c->off[t.model] + (int64_t)c->stage_of[t.model][n] * c->in->models[t.model].micro + k;
+}
+
+/* Positions of every task in s (pos_f, pos_b). */
+static void index_positions(fuse_lns *l, const ff_fuse_schedule *s) {
+    const ff_fuse_instance *in = l->in;
+    for (int32_t n = 0; n < in->nodes; n++) {
+        int32_t cnt[FF_FUSE_MAX_MODELS][2] = {{0}};
+        for (int64_t p = 0; p < s->n_tasks[n]; p++) {
+            ff_fuse_task t = s->tasks[n][p];
+            int32_t k = cnt[t.model][t.backward]++;
+            l->micro_at[n][p] = k;
+            (t.backward ? l->pos_b : l->pos_f)[item_of(&l->ctx, t, n, k)] = p;
+        }
+    }
+}
+
+/* The critical path of s (its times in start/end), back from a task that ends at mk: into
+ * chain_n/chain_p, latest first. Its length. */
+static int64_t critical_path(fuse_lns *l, const ff_fuse_schedule *s, double mk, ff_rng *rng) {
+    const ff_fuse_instance *in = l->in;
+    const fuse_ctx *c = &l->ctx;
+    double tol = 1e-9 * fmax(1, mk);
+    int32_t n = -1;
+    int32_t ends_last[FF_FUSE_MAX_NODES], ne = 0;
+    for (int32_t q = 0; q < in->nodes; q++)
+        if (s->n_tasks[q] && l->end[q][s->n_tasks[q] - 1] >= mk - tol) ends_last[ne++] = q;
+    if (!ne) return 0;
+    n = ends_last[ff_rng_below(rng, (uint64_t)ne)];
+    int64_t p = s->n_tasks[n] - 1, len = 0;
+    while (len <= l->total) {
+        l->chain_n[len] = n, l->chain_p[len++] = p;
+        double st = l->start[n][p];
+        if (st <= tol) break;
+        ff_fuse_task t = s->tasks[n][p];
+        const ff_fuse_model *m = &in->models[t.model];
+        int32_t sg = c->stage_of[t.model][n];
+        int32_t k = l->micro_at[n][p];
+        int32_t dn = -1;
+        int64_t dp = -1;
+        double hop = 0;
+        if (!t.backward && sg > 0) dn = m->stages[sg - 1], dp = l->pos_f[c->off[t.model] + (int64_t)(sg - 1) * m->micro + k], hop = in->hop_latency;
+        else if (t.backward && sg == m->n_stages - 1) dn = n, dp = l->pos_f[c->off[t.model] + (int64_t)sg * m->micro + k];
+        else if (t.backward) dn = m->stages[sg + 1], dp = l->pos_b[c->off[t.model] + (int64_t)(sg + 1) * m->micro + k], hop = in->hop_latency;
+        bool by_node = p > 0 && fabs(l->end[n][p - 1] - st) <= tol;
+        bool by_dep = dn >= 0 && fabs(l->end[dn][dp] + hop - st) <= tol;
+        if (by_node && by_dep) by_node = ff_rng_below(rng, 2);
+        if (by_node) p--;
+        else if (by_dep) n = dn, p = dp;
+        else break; /* cannot happen in a semi-active schedule; stop rather than loop */
+    }
+    return len;
+}
+
+typedef struct window {
+    int64_t lo[FF_FUSE_MAX_NODES], hi[FF_FUSE_MAX_NODES]; /* freed positions [lo, hi) of each node */
+    double delay;                                         /* a task ready this long after the first may be taken */
+} window;
+
+/* Decode: each node follows s outside its window and list-schedules the freed tasks inside it.
+ * 0, or 1 when the fixed parts leave every node waiting (a deadlock). */
+static int decode(fuse_lns *l, const ff_fuse_schedule *s, const window *w, double *mk, double *pk, double *excess) {
+    const ff_fuse_instance *in = l->in;
+    fuse_ctx *c = &l->ctx;
+    const int32_t N = in->nodes;
+    int64_t items = c->off[in->n_models], pos[FF_FUSE_MAX_NODES] = {0};
+    int32_t fc[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES] = {{0}}, bc[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES] = {{0}};
+    int32_t rf[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES] = {{0}}, rb[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES] = {{0}}; /* freed left */
+    double free_at[FF_FUSE_MAX_NODES] = {0}, mem[FF_FUSE_MAX_NODES] = {0}, tn[FF_FUSE_MAX_NODES], ready[FF_FUSE_MAX_NODES];
+    int8_t ch_m[FF_FUSE_MAX_NODES], ch_b[FF_FUSE_MAX_NODES];
+    for (int64_t i = 0; i < items; i++) c->f_end[i] = c->b_end[i] = -1;
+    for (int32_t n = 0; n < N; n++) {
+        l->out.n_tasks[n] = 0;
+        for (int64_t p = w->lo[n]; p < w->hi[n]; p++) (s->tasks[n][p].backward ? rb : rf)[s->tasks[n][p].model][n]++;
+    }
+    double peak = 0;
+    /* when node n can start model i's next forward / backward there (-1: not yet known) */
+#define REL_F(i, n)                                                                                                          \
+    (c->stage_of[i][n] == 0 ? 0                                                                                              \
+     : c->f_end[c->off[i] + (int64_t)(c->stage_of[i][n] - 1) * in->models[i].micro + fc[i][n]] < 0                           \
+         ? -1                                                                                                                \
+         : c->f_end[c->off[i] + (int64_t)(c->stage_of[i][n] - 1) * in->models[i].micro + fc[i][n]] + in->hop_latency)
+#define REL_B(i, n)                                                                                                          \
+    (c->stage_of[i][n] == in->models[i].n_stages - 1 ? c->f_end[c->off[i] + (int64_t)c->stage_of[i][n] * in->models[i].micro + bc[i][n]] \
+     : c->b_end[c->off[i] + (int64_t)(c->stage_of[i][n] + 1) * in->models[i].micro + bc[i][n]] < 0                           \
+         ? -1                                                                                                                \
+         : c->b_end[c->off[i] + (int64_t)(c->stage_of[i][n] + 1) * in->models[i].micro + bc[i][n]] + in->hop_latency)
+    for (int32_t n = 0; n < N; n++) tn[n] = INFINITY;
+    int32_t todo[FF_FUSE_MAX_NODES + 1], nt = 0;
+    for (int32_t n = 0; n < N; n++) todo[nt++] = n;
+    for (int64_t step = 0;; step++) {
+        while (nt) { /* choose again on the nodes whose options changed */
+            int32_t n = todo[--nt];
+            tn[n] = INFINITY;
+            if (pos[n] >= s->n_tasks[n]) continue;
+            if (pos[n] < w->lo[n] || pos[n] >= w->hi[n]) {
+                ff_fuse_task t = s->tasks[n][pos[n]];
+                if (t.backward && bc[t.model][n] >= fc[t.model][n]) continue;
+                double r = t.backward ? REL_B(t.model, n) : REL_F(t.model, n);
+                if (r < 0) continue;
+                tn[n] = fmax(r, free_at[n]), ready[n] = r, ch_m[n] = (int8_t)t.model, ch_b[n] = (int8_t)t.backward;
+                continue;
+            }
+            double rel[2 * FF_FUSE_MAX_MODELS], key[2 * FF_FUSE_MAX_MODELS], first = INFINITY;
+            int8_t cm[2 * FF_FUSE_MAX_MODELS], cb[2 * FF_FUSE_MAX_MODELS];
+            int nc = 0;
+            for (int i = 0; i < in->n_models; i++) {
+                int32_t sg = c->stage_of[i][n];
+                if (sg < 0) continue;
+                int64_t base = c->off[i] + (int64_t)sg * in->models[i].micro;
+                if (rf[i][n] > 0) {
+                    double r = REL_F(i, n);
+                    if (r >= 0) rel[nc] = r, key[nc] = l->key_f[base + fc[i][n]], cm[nc] = (int8_t)i, cb[nc++] = 0;
+                }
+                if (rb[i][n] > 0 && bc[i][n] < fc[i][n]) {
+                    double r = REL_B(i, n);
+                    if (r >= 0) rel[nc] = r, key[nc] = l->key_b[base + bc[i][n]], cm[nc] = (int8_t)i, cb[nc++] = 1;
+                }
+            }
+            for (int j = 0; j < nc; j++) first = fmin(first, rel[j]);
+            if (!nc) continue;
+            double t = fmax(first, free_at[n]) + w->delay;
+            int best = -1;
+            for (int j = 0; j < nc; j++)
+                if (rel[j] <= t && (best < 0 || key[j] > key[best])) best = j;
+            tn[n] = fmax(rel[best], free_at[n]), ready[n] = rel[best], ch_m[n] = cm[best], ch_b[n] = cb[best];
+        }
+        int32_t n = -1;
+        for (int32_t q = 0; q < N; q++)
+            if (tn[q] < INFINITY && (n < 0 || tn[q] < tn[n])) n = q;
+        if (n < 0) break;
+        int i = ch_m[n];
+        const ff_fuse_model *m = &in->models[i];
+        int32_t sg = c->stage_of[i][n], next = -1;
+        bool freed = pos[n] >= w->lo[n] && pos[n] < w->hi[n];
+        double t0 = fmax(free_at[n], ready[n]);
+        if (!ch_b[n]) {
+            free_at[n] = t0 + m->fwd;
+            c->f_end[c->off[i] + (int64_t)sg * m->micro + fc[i][n]++] = free_at[n];
+            mem[n] += m->act;
+            peak = fmax(peak, mem[n]);
+            if (freed) rf[i][n]--;
+            if (sg + 1 < m->n_stages) next = m->stages[sg + 1];
+        } else {
+            free_at[n] = t0 + m->bwd;
+            c->b_end[c->off[i] + (int64_t)sg * m->micro + bc[i][n]++] = free_at[n];
+            mem[n] -= m->act;
+            if (freed) rb[i][n]--;
+            if (sg > 0) next = m->stages[sg - 1];
+        }
+        l->out.tasks[n][l->out.n_tasks[n]++] = (ff_fuse_task){.model = (uint8_t)i, .backward = (uint8_t)ch_b[n]};
+        pos[n]++;
+        todo[nt++] = n;
+        if (next >= 0 && next != n) todo[nt++] = next;
+    }
+#undef REL_F
+#undef REL_B
+    double end = 0, ex = 0;
+    for (int32_t n = 0; n < N; n++) {
+        if (pos[n] < s->n_tasks[n]) return 1;
+        end = fmax(end, free_at[n]);
+        ex += fmax(0, free_at[n] - l->lb);
+    }
+    *mk = end, *pk = peak, *excess = ex;
+    return 0;
+}
+
+/* The window around a point of the critical path: [t0, t1) on a set of nodes. */
+static void pick_window(fuse_lns *l, const ff_fuse_schedule *s, int64_t len, ff_rng *rng, window *w) {
+    const ff_fuse_instance *in = l->in;
+    int64_t at = (int64_t)ff_rng_below(rng, (uint64_t)len);
+    int32_t cn = (int32_t)l->chain_n[at];
+    double centre = l->start[cn][l->chain_p[at]];
+    double width = l->scale * (double)(3 + ff_rng_below(rng, 14));
+    double t0 = centre - ff_rng_uniform(rng) * width, t1 = t0 + width;
+    bool on[FF_FUSE_MAX_NODES] = {false};
+    int kind = (int)ff_rng_below(rng, 3);
+    if (kind == 0) { /* the path's nodes in the span */
+        for (int64_t j = 0; j < len; j++) {
+            double st = l->start[l->chain_n[j]][l->chain_p[j]];
+            if (st >= t0 && st < t1) on[l->chain_n[j]] = true;
+        }
+    } else if (kind == 1) { /* the node and its neighbours */
+        int32_t r = (int32_t)ff_rng_below(rng, 3);
+        for (int32_t q = cn - r; q <= cn + r; q++)
+            if (q >= 0 && q < in->nodes) on[q] = true;
+    } else {
+        for (int32_t q = 0; q < in->nodes; q++) on[q] = true;
+    }
+    on[cn] = true;
+    for (int32_t q = 0; q < in->nodes; q++) {
+        w->lo[q] = w->hi[q] = 0;
+        if (!on[q]) continue;
+        int64_t p = 0, n_t = s->n_tasks[q];
+        while (p < n_t && l->start[q][p] < t0) p++;
+        w->lo[q] = p;
+        while (p < n_t && l->start[q][p] < t1) p++;
+        w->hi[q] = p;
+    }
+    w->delay = ff_rng_below(rng, 4) == 0 ? l->scale * ff_rng_uniform(rng) : 0;
+}
+
+int fuse_lns_step(fuse_lns *l, ff_fuse_schedule *s, ff_rng *rng, double *mk, double *pk) {
+    const ff_fuse_instance *in = l->in;
+    fuse_score r;
+    if (fuse_run(&l->ctx, s, &r, l->start, l->end)) return ff_error_set("fuse repair", "this is a bug", "the schedule to repair deadlocks");
+    double ex = 0;
+    for (int32_t n = 0; n < in->nodes; n++) {
+        double e = s->n_tasks[n] ? l->end[n][s->n_tasks[n] - 1] : 0;
+        ex += fmax(0, e - l->lb);
+    }
+    *mk = r.makespan, *pk = r.peak;
+    index_positions(l, s);
+    int64_t len = critical_path(l, s, r.makespan, rng);
+    if (!len) return 0;
+    window w;
+    pick_window(l, s, len, rng, &w);
+    double sigma = l->scale * (ff_rng_below(rng, 2) ? 0.5 : 2.0);
+    for (int32_t n = 0; n < in->nodes; n++) { /* keys of the freed tasks: tail + noise */
+        if (w.hi[n] <= w.lo[n]) continue;
+        for (int64_t p = w.lo[n]; p < w.hi[n]; p++) {
+            ff_fuse_task t = s->tasks[n][p];
+            int64_t it = item_of(&l->ctx, t, n, l->micro_at[n][p]);
+            (t.backward ? l->key_b : l->key_f)[it] = (t.backward ? l->qb : l->qf)[it] + sigma * ff_rng_normal(rng);
+        }
+    }
+    double nmk, npk, nex;
+    if (decode(l, s, &w, &nmk, &npk, &nex)) return 0;
+    double tol = 1e-9 * fmax(1, r.makespan);
+    if (nmk > r.makespan + tol || (nmk > r.makespan - tol && nex > ex + tol)) return 0;
+    for (int32_t n = 0; n < in->nodes; n++) {
+        memcpy(s->tasks[n], l->out.tasks[n], (size_t)l->out.n_tasks[n] * sizeof **s->tasks);
+        s->n_tasks[n] = l->out.n_tasks[n];
+    }
+    *mk = nmk, *pk = npk;
+    return 1;
+}
