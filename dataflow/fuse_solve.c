@@ -612,10 +612,9 @@ static int step_order(worker *w, double temp) {
 
 /* The makespan repair (fuse_lns.c): a window of the best schedule's critical path re-decoded. */
 static int step_lns(worker *w, double temp) {
-    (void)temp;
     double mk, pk;
     w->decodes++;
-    int rc = fuse_lns_step(w->lns, &w->osched, &w->rng, &mk, &pk);
+    int rc = fuse_lns_step(w->lns, &w->osched, &w->rng, temp, &mk, &pk);
     if (rc > 0) keep_if_best(w, &w->osched, mk, pk);
     return rc < 0 ? -1 : 0;
 }
@@ -757,7 +756,7 @@ static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t
     w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = w->cap_pt_mk = w->cap_pt_pk = INFINITY;
     w->mem_step = 0.5;
     if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || point_init(&w->anchor, p->items) || point_init(&w->cap_pt, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
-        schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched) || !(w->lns = fuse_lns_new(p->in, p->qf, p->qb, p->lb, p->scale)))
+        schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched) || !(w->lns = fuse_lns_new(p->in, p->qf, p->qb, p->lb, p->peak_lb, p->scale)))
         return -1;
     return 0;
 }
