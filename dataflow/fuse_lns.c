@@ -43,6 +43,10 @@ struct fuse_lns {
     double *key_f, *key_b;          /* [items] keys of the freed tasks */
     int64_t *chain_n, *chain_p;     /* [all tasks] the critical path, node and position */
     ff_fuse_schedule out;           /* the decoded candidate */
+    ff_fuse_schedule seen;          /* the schedule start, end, pos_*, micro_at, r and ex describe (have) */
+    bool have;
+    fuse_score r;
+    double ex;                      /* its nodes' summed end past the bound */
     int64_t total;
 };
 
@@ -62,15 +66,17 @@ fuse_lns *fuse_lns_new(const ff_fuse_instance *in, const double *qf, const doubl
     l->key_b = ff_calloc(items, sizeof *l->key_b);
     l->chain_n = ff_malloc(((size_t)l->total + 1) * sizeof *l->chain_n);
     l->chain_p = ff_malloc(((size_t)l->total + 1) * sizeof *l->chain_p);
-    bool ok = l->pos_f && l->pos_b && l->key_f && l->key_b && l->chain_n && l->chain_p && !ff_fuse_schedule_init(&l->out, in->nodes);
+    bool ok = l->pos_f && l->pos_b && l->key_f && l->key_b && l->chain_n && l->chain_p && !ff_fuse_schedule_init(&l->out, in->nodes) &&
+              !ff_fuse_schedule_init(&l->seen, in->nodes);
     for (int32_t n = 0; ok && n < in->nodes; n++) {
         size_t k = (size_t)l->ctx.tasks[n] + 1;
         l->start[n] = ff_malloc(k * sizeof **l->start);
         l->end[n] = ff_malloc(k * sizeof **l->end);
         l->micro_at[n] = ff_malloc(k * sizeof **l->micro_at);
         l->out.tasks[n] = ff_malloc(k * sizeof **l->out.tasks);
-        ok = l->start[n] && l->end[n] && l->micro_at[n] && l->out.tasks[n];
-        if (ok) l->out.cap[n] = (int64_t)k;
+        l->seen.tasks[n] = ff_malloc(k * sizeof **l->seen.tasks);
+        ok = l->start[n] && l->end[n] && l->micro_at[n] && l->out.tasks[n] && l->seen.tasks[n];
+        if (ok) l->out.cap[n] = l->seen.cap[n] = (int64_t)k;
     }
     if (!ok) fuse_lns_free(&l);
     return l;
@@ -91,9 +97,23 @@ void fuse_lns_free(fuse_lns **lp) {
     free(l->chain_n);
     free(l->chain_p);
     ff_fuse_schedule_free(&l->out);
+    ff_fuse_schedule_free(&l->seen);
     fuse_ctx_free(&l->ctx);
     free(l);
     *lp = NULL;
+}
+
+static bool same_lists(const ff_fuse_schedule *a, const ff_fuse_schedule *b) {
+    for (int32_t n = 0; n < a->nodes; n++)
+        if (a->n_tasks[n] != b->n_tasks[n] || memcmp(a->tasks[n], b->tasks[n], (size_t)a->n_tasks[n] * sizeof *a->tasks[n])) return false;
+    return true;
+}
+
+static void copy_lists(ff_fuse_schedule *dst, const ff_fuse_schedule *src) {
+    for (int32_t n = 0; n < src->nodes; n++) {
+        memcpy(dst->tasks[n], src->tasks[n], (size_t)src->n_tasks[n] * sizeof **src->tasks);
+        dst->n_tasks[n] = src->n_tasks[n];
+    }
 }
 
 /* Item (fuse_ctx offsets) of task t on node n, micro-batch k. */
@@ -302,15 +322,20 @@ static void pick_window(fuse_lns *l, const ff_fuse_schedule *s, int64_t len, ff_
 
 int fuse_lns_step(fuse_lns *l, ff_fuse_schedule *s, ff_rng *rng, double temp, double *mk, double *pk) {
     const ff_fuse_instance *in = l->in;
-    fuse_score r;
-    if (fuse_run(&l->ctx, s, &r, l->start, l->end)) return ff_error_set("fuse repair", "this is a bug", "the schedule to repair deadlocks");
-    double ex = 0;
-    for (int32_t n = 0; n < in->nodes; n++) {
-        double e = s->n_tasks[n] ? l->end[n][s->n_tasks[n] - 1] : 0;
-        ex += fmax(0, e - l->lb);
+    if (!l->have || !same_lists(&l->seen, s)) { /* the times and positions of s (kept while steps fail) */
+        if (fuse_run(&l->ctx, s, &l->r, l->start, l->end)) return ff_error_set("fuse repair", "this is a bug", "the schedule to repair deadlocks");
+        l->ex = 0;
+        for (int32_t n = 0; n < in->nodes; n++) {
+            double e = s->n_tasks[n] ? l->end[n][s->n_tasks[n] - 1] : 0;
+            l->ex += fmax(0, e - l->lb);
+        }
+        index_positions(l, s);
+        copy_lists(&l->seen, s);
+        l->have = true;
     }
+    const fuse_score r = l->r;
+    const double ex = l->ex;
     *mk = r.makespan, *pk = r.peak;
-    index_positions(l, s);
     int64_t len = critical_path(l, s, r.makespan, rng);
     if (!len) return 0;
     window w;
@@ -329,10 +354,8 @@ int fuse_lns_step(fuse_lns *l, ff_fuse_schedule *s, ff_rng *rng, double temp, do
     if (decode(l, s, &w, &nmk, &npk, &nex)) return 0;
     double de = (nmk - r.makespan) / l->lb + EXCESS_WEIGHT * (nex - ex) / (l->lb * in->nodes) + PEAK_WEIGHT * (npk - r.peak) / l->peak_lb;
     if (de > 1e-12 && !(temp > 0 && ff_rng_uniform(rng) < exp(-de / temp))) return 0;
-    for (int32_t n = 0; n < in->nodes; n++) {
-        memcpy(s->tasks[n], l->out.tasks[n], (size_t)l->out.n_tasks[n] * sizeof **s->tasks);
-        s->n_tasks[n] = l->out.n_tasks[n];
-    }
+    copy_lists(s, &l->out);
     *mk = nmk, *pk = npk;
+    l->have = false;
     return 1;
 }
