@@ -48,9 +48,19 @@ struct fuse_lns {
     fuse_score r;
     double ex;                      /* its nodes' summed end past the bound */
     int64_t total;
+    /* The same problem backwards in time (each micro-batch's chain reversed: its backwards become
+     * forwards through the same stages, its forwards backwards; a node's list reversed with F and
+     * B swapped), whose windows list-schedule the drain the way this one schedules the ramp. A
+     * schedule and its mirror have the same longest path, so the same makespan. NULL in a mirror. */
+    struct fuse_lns *mirror;
+    ff_fuse_instance *mirror_in;
+    double *mirror_q;               /* [4 items] its heads and tails */
+    ff_fuse_schedule ms;            /* s mirrored */
 };
 
-fuse_lns *fuse_lns_new(const ff_fuse_instance *in, const double *qf, const double *qb, double lb, double peak_lb, double scale) {
+void fuse_lns_free(fuse_lns **lp);
+
+static fuse_lns *lns_new(const ff_fuse_instance *in, const double *qf, const double *qb, double lb, double peak_lb, double scale, bool mirror) {
     fuse_lns *l = ff_calloc(1, sizeof *l);
     if (!l) return NULL;
     l->in = in, l->qf = qf, l->qb = qb, l->lb = lb, l->peak_lb = peak_lb > 0 ? peak_lb : 1, l->scale = scale;
@@ -78,8 +88,46 @@ fuse_lns *fuse_lns_new(const ff_fuse_instance *in, const double *qf, const doubl
         ok = l->start[n] && l->end[n] && l->micro_at[n] && l->out.tasks[n] && l->seen.tasks[n];
         if (ok) l->out.cap[n] = l->seen.cap[n] = (int64_t)k;
     }
+    if (ok && mirror) { /* the mirror: forward and backward times swapped, no memory (its peak means nothing) */
+        ff_fuse_instance *mi = l->mirror_in = ff_malloc(sizeof *mi);
+        l->mirror_q = ff_malloc(4 * items * sizeof *l->mirror_q);
+        ok = mi && l->mirror_q && !ff_fuse_schedule_init(&l->ms, in->nodes);
+        for (int32_t n = 0; ok && n < in->nodes; n++) {
+            l->ms.tasks[n] = ff_malloc(((size_t)l->ctx.tasks[n] + 1) * sizeof **l->ms.tasks);
+            ok = l->ms.tasks[n] != NULL;
+            if (ok) l->ms.cap[n] = l->ctx.tasks[n] + 1;
+        }
+        if (ok) {
+            *mi = *in;
+            for (int i = 0; i < in->n_models; i++) {
+                mi->models[i].fwd = in->models[i].bwd, mi->models[i].bwd = in->models[i].fwd;
+                mi->models[i].act = 0;
+            }
+            double *q = l->mirror_q;
+            for (int i = 0; i < in->n_models; i++)
+                fuse_heads_tails(mi, i, q + 2 * items + l->ctx.off[i], q + 3 * items + l->ctx.off[i], q + l->ctx.off[i], q + items + l->ctx.off[i]);
+            ok = (l->mirror = lns_new(mi, q, q + items, lb, 1, scale, false)) != NULL;
+        }
+    }
     if (!ok) fuse_lns_free(&l);
     return l;
+}
+
+fuse_lns *fuse_lns_new(const ff_fuse_instance *in, const double *qf, const double *qb, double lb, double peak_lb, double scale) {
+    return lns_new(in, qf, qb, lb, peak_lb, scale, true);
+}
+
+/* dst = src backwards in time: each node's list reversed, forwards and backwards swapped. */
+static void mirror_lists(ff_fuse_schedule *dst, const ff_fuse_schedule *src) {
+    for (int32_t n = 0; n < src->nodes; n++) {
+        int64_t k = src->n_tasks[n];
+        for (int64_t p = 0; p < k; p++) {
+            ff_fuse_task t = src->tasks[n][k - 1 - p];
+            t.backward = !t.backward;
+            dst->tasks[n][p] = t;
+        }
+        dst->n_tasks[n] = k;
+    }
 }
 
 void fuse_lns_free(fuse_lns **lp) {
@@ -98,6 +146,10 @@ void fuse_lns_free(fuse_lns **lp) {
     free(l->chain_p);
     ff_fuse_schedule_free(&l->out);
     ff_fuse_schedule_free(&l->seen);
+    ff_fuse_schedule_free(&l->ms);
+    fuse_lns_free(&l->mirror);
+    free(l->mirror_in);
+    free(l->mirror_q);
     fuse_ctx_free(&l->ctx);
     free(l);
     *lp = NULL;
@@ -320,19 +372,34 @@ static void pick_window(fuse_lns *l, const ff_fuse_schedule *s, int64_t len, ff_
     w->delay = ff_rng_below(rng, 4) == 0 ? l->scale * ff_rng_uniform(rng) : 0;
 }
 
+/* The times and positions of s into the cache, unless they are there (kept while steps fail). */
+static int describe(fuse_lns *l, const ff_fuse_schedule *s) {
+    if (l->have && same_lists(&l->seen, s)) return 0;
+    if (fuse_run(&l->ctx, s, &l->r, l->start, l->end)) return ff_error_set("fuse repair", "this is a bug", "the schedule to repair deadlocks");
+    l->ex = 0;
+    for (int32_t n = 0; n < l->in->nodes; n++) {
+        double e = s->n_tasks[n] ? l->end[n][s->n_tasks[n] - 1] : 0;
+        l->ex += fmax(0, e - l->lb);
+    }
+    index_positions(l, s);
+    copy_lists(&l->seen, s);
+    l->have = true;
+    return 0;
+}
+
 int fuse_lns_step(fuse_lns *l, ff_fuse_schedule *s, ff_rng *rng, double temp, double *mk, double *pk) {
     const ff_fuse_instance *in = l->in;
-    if (!l->have || !same_lists(&l->seen, s)) { /* the times and positions of s (kept while steps fail) */
-        if (fuse_run(&l->ctx, s, &l->r, l->start, l->end)) return ff_error_set("fuse repair", "this is a bug", "the schedule to repair deadlocks");
-        l->ex = 0;
-        for (int32_t n = 0; n < in->nodes; n++) {
-            double e = s->n_tasks[n] ? l->end[n][s->n_tasks[n] - 1] : 0;
-            l->ex += fmax(0, e - l->lb);
-        }
-        index_positions(l, s);
-        copy_lists(&l->seen, s);
-        l->have = true;
+    if (l->mirror && ff_rng_below(rng, 2)) { /* half the steps backwards in time */
+        double mpk;
+        mirror_lists(&l->ms, s);
+        int rc = fuse_lns_step(l->mirror, &l->ms, rng, temp, mk, &mpk);
+        if (rc < 0) return -1;
+        if (rc) mirror_lists(s, &l->ms);
+        if (describe(l, s)) return -1;
+        *mk = l->r.makespan, *pk = l->r.peak;
+        return rc;
     }
+    if (describe(l, s)) return -1;
     const fuse_score r = l->r;
     const double ex = l->ex;
     *mk = r.makespan, *pk = r.peak;
