@@ -51,7 +51,9 @@ struct fuse_lns {
     /* The same problem backwards in time (each micro-batch's chain reversed: its backwards become
      * forwards through the same stages, its forwards backwards; a node's list reversed with F and
      * B swapped), whose windows list-schedule the drain the way this one schedules the ramp. A
-     * schedule and its mirror have the same longest path, so the same makespan. NULL in a mirror. */
+     * schedule and its mirror have the same longest path, so the same makespan, and the same peak
+     * (a mirror prefix holds what the rest of the list frees: the memory after the same cut, as
+     * each model has as many forwards as backwards on a node). NULL in a mirror. */
     struct fuse_lns *mirror;
     ff_fuse_instance *mirror_in;
     double *mirror_q;               /* [4 items] its heads and tails */
@@ -88,7 +90,7 @@ static fuse_lns *lns_new(const ff_fuse_instance *in, const double *qf, const dou
         ok = l->start[n] && l->end[n] && l->micro_at[n] && l->out.tasks[n] && l->seen.tasks[n];
         if (ok) l->out.cap[n] = l->seen.cap[n] = (int64_t)k;
     }
-    if (ok && mirror) { /* the mirror: forward and backward times swapped, no memory (its peak means nothing) */
+    if (ok && mirror) { /* the mirror: forward and backward times swapped */
         ff_fuse_instance *mi = l->mirror_in = ff_malloc(sizeof *mi);
         l->mirror_q = ff_malloc(4 * items * sizeof *l->mirror_q);
         ok = mi && l->mirror_q && !ff_fuse_schedule_init(&l->ms, in->nodes);
@@ -101,12 +103,11 @@ static fuse_lns *lns_new(const ff_fuse_instance *in, const double *qf, const dou
             *mi = *in;
             for (int i = 0; i < in->n_models; i++) {
                 mi->models[i].fwd = in->models[i].bwd, mi->models[i].bwd = in->models[i].fwd;
-                mi->models[i].act = 0;
             }
             double *q = l->mirror_q;
             for (int i = 0; i < in->n_models; i++)
                 fuse_heads_tails(mi, i, q + 2 * items + l->ctx.off[i], q + 3 * items + l->ctx.off[i], q + l->ctx.off[i], q + items + l->ctx.off[i]);
-            ok = (l->mirror = lns_new(mi, q, q + items, lb, 1, scale, false)) != NULL;
+            ok = (l->mirror = lns_new(mi, q, q + items, lb, peak_lb, scale, false)) != NULL;
         }
     }
     if (!ok) fuse_lns_free(&l);
@@ -390,13 +391,12 @@ static int describe(fuse_lns *l, const ff_fuse_schedule *s) {
 int fuse_lns_step(fuse_lns *l, ff_fuse_schedule *s, ff_rng *rng, double temp, double *mk, double *pk) {
     const ff_fuse_instance *in = l->in;
     if (l->mirror && ff_rng_below(rng, 2)) { /* half the steps backwards in time */
-        double mpk;
         mirror_lists(&l->ms, s);
-        int rc = fuse_lns_step(l->mirror, &l->ms, rng, temp, mk, &mpk);
-        if (rc < 0) return -1;
-        if (rc) mirror_lists(s, &l->ms);
-        if (describe(l, s)) return -1;
-        *mk = l->r.makespan, *pk = l->r.peak;
+        int rc = fuse_lns_step(l->mirror, &l->ms, rng, temp, mk, pk);
+        if (rc > 0) {
+            mirror_lists(s, &l->ms);
+            l->have = false;
+        }
         return rc;
     }
     if (describe(l, s)) return -1;
