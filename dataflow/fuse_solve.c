@@ -1,7 +1,7 @@
 /* The fused schedule's solver (fuseflow/fuse.h ff_fuse_solve): makespan first, then peak
  * activation memory. Not here: the simulator and the bounds it stops at (fuse.c).
  *
- * Two search spaces, the simulator's times in both:
+ * Three search spaces, the simulator's times in all:
  * - Decoding: a point (per model and node a cap, per task a perturbation, a memory budget)
  *   becomes a schedule by list scheduling. The nodes run in simulated time; a node that falls
  *   free takes, of its tasks that can start, the one with the highest key: its tail (the least
@@ -13,8 +13,10 @@
  *   finish alone); a budget can leave every node waiting, and that point is worth nothing.
  * - Orders: the node lists themselves, a task moved a few places (RLHFuse's move); a move that
  *   deadlocks is undone.
+ * - Windows: the makespan repair (fuse_lns.c), a window of the critical path re-decoded.
  * Fixed points first (caps at the fewest in flight the makespan bound allows, 1F1B's, looser,
- * none), then simulated annealing in each thread, cycles alternating between the two spaces,
+ * none), then simulated annealing in each thread, cycles alternating between the two spaces
+ * (until the makespan is at its bound, two cycles in three are the repair's),
  * in rounds of a fixed number of evaluations; after a round the threads compare. A thread whose
  * makespan has not improved for KICK_CYCLES decoding cycles starts its decoding afresh from a
  * random fixed point with random perturbations (the search has basins it does not leave by
@@ -452,7 +454,7 @@ static int begin_cycle(worker *w) {
     }
     int64_t turn = w->cycles++ + w->id;
     w->mode = (int)(turn % 2);
-    if (!w->sh->memory_phase && turn % 3 == 2) w->mode = 4; /* the makespan repair, on the best schedule */
+    if (!w->sh->memory_phase && turn % 3 != 2) w->mode = 4; /* two cycles in three: the makespan repair, on the best schedule */
     if (w->sh->memory_phase && turn % 6 >= 4) w->mode = 2 + (int)(turn % 2); /* a third of the turns */
     if (w->mode == 3 && w->cap_target == 0) w->mode = 2; /* the capped search sets the target first */
     if (w->mode == 3) w->rep_target = fmin(w->cap_target, w->best_pk - REPAIR_STEP * mem_unit(w->p));
