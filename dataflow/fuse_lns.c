@@ -15,11 +15,14 @@
  * by Metropolis at the caller's temperature on the makespan, plus a tenth of the nodes' mean end
  * past the bound (a flat max gives the walk a slope) and the solver's peak tie-break.
  *
- * Measured (bench_fuse, 9.5 s, 2 threads), the instances the search missed before it, CP-SAT
- * showing their bound reachable: 5 of 10 now at it (8 nodes PP4 x 2 16-64 micro-batches 2:2,
- * 16 micro-batches 5:4; 16 nodes PP16 16 5:2), the others 1-2 units over at 5:4 and 160 or 162
- * for 156 at 16 nodes PP8 x 2 8 2:2, whose optimum CP-SAT gives is a different structure on
- * every node (no window of a few nodes leads there: node by node its lists make ours worse). */
+ * Half the steps run on the schedule mirrored in time (below), so the drain gets windows
+ * list-scheduled the way the ramp does.
+ *
+ * Measured (fuseflow schedule fuse, 9.5 s, 2 threads, docs/pipeline.md): of the 10 bench_fuse
+ * instances the search missed where CP-SAT shows the bound reachable, 5 at it with the plain
+ * windows, 9 with the mirror as well (two cycles in three the repair's); the two whose bound is
+ * not reachable at 347 and 353 for the optima 346 and 353. Still missed: 8 nodes PP4 x 2 64
+ * micro-batches 2:2, 794 for 792. */
 #include "dataflow/fuse_lns.h"
 
 #include <math.h>
