@@ -231,6 +231,7 @@ static int64_t critical_path(fuse_lns *l, const ff_fuse_schedule *s, double mk, 
 typedef struct window {
     int64_t lo[FF_FUSE_MAX_NODES], hi[FF_FUSE_MAX_NODES]; /* freed positions [lo, hi) of each node */
     double delay;                                         /* a task ready this long after the first may be taken */
+    double cut;                                           /* the window's start: what starts before it stays as it was */
 } window;
 
 /* Decode: each node follows s outside its window and list-schedules the freed tasks inside it.
@@ -244,12 +245,11 @@ static int decode(fuse_lns *l, const ff_fuse_schedule *s, const window *w, doubl
     int32_t rf[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES] = {{0}}, rb[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES] = {{0}}; /* freed left */
     double free_at[FF_FUSE_MAX_NODES] = {0}, mem[FF_FUSE_MAX_NODES] = {0}, tn[FF_FUSE_MAX_NODES], ready[FF_FUSE_MAX_NODES];
     int8_t ch_m[FF_FUSE_MAX_NODES], ch_b[FF_FUSE_MAX_NODES];
+    double peak = 0;
     for (int64_t i = 0; i < items; i++) c->f_end[i] = c->b_end[i] = -1;
     for (int32_t n = 0; n < N; n++) {
-        l->out.n_tasks[n] = 0;
         for (int64_t p = w->lo[n]; p < w->hi[n]; p++) (s->tasks[n][p].backward ? rb : rf)[s->tasks[n][p].model][n]++;
     }
-    double peak = 0;
     /* when node n can start model i's next forward / backward there (-1: not yet known) */
 #define REL_F(i, n)                                                                                                          \
     (c->stage_of[i][n] == 0 ? 0                                                                                              \
@@ -261,6 +261,32 @@ static int decode(fuse_lns *l, const ff_fuse_schedule *s, const window *w, doubl
      : c->b_end[c->off[i] + (int64_t)(c->stage_of[i][n] + 1) * in->models[i].micro + bc[i][n]] < 0                           \
          ? -1                                                                                                                \
          : c->b_end[c->off[i] + (int64_t)(c->stage_of[i][n] + 1) * in->models[i].micro + bc[i][n]] + in->hop_latency)
+    /* Every task that started before the cut starts there again (its node's earlier tasks and its
+     * micro-batch's earlier steps started before it too, and no list changes before the window),
+     * so those come from the times of s, not from the event loop. */
+    for (int32_t n = 0; n < N; n++) {
+        ff_fuse_task *o = l->out.tasks[n];
+        int64_t p = 0;
+        for (; p < s->n_tasks[n] && l->start[n][p] < w->cut; p++) {
+            ff_fuse_task t = s->tasks[n][p];
+            const ff_fuse_model *m = &in->models[t.model];
+            int64_t it = item_of(c, t, n, l->micro_at[n][p]);
+            if (!t.backward) {
+                c->f_end[it] = l->end[n][p];
+                fc[t.model][n]++;
+                mem[n] += m->act;
+                peak = fmax(peak, mem[n]);
+            } else {
+                c->b_end[it] = l->end[n][p];
+                bc[t.model][n]++;
+                mem[n] -= m->act;
+            }
+            o[p] = t;
+        }
+        pos[n] = p;
+        l->out.n_tasks[n] = p;
+        free_at[n] = p ? l->end[n][p - 1] : 0;
+    }
     for (int32_t n = 0; n < N; n++) tn[n] = INFINITY;
     int32_t todo[FF_FUSE_MAX_NODES + 1], nt = 0;
     for (int32_t n = 0; n < N; n++) todo[nt++] = n;
@@ -349,6 +375,7 @@ static void pick_window(fuse_lns *l, const ff_fuse_schedule *s, int64_t len, ff_
     double centre = l->start[cn][l->chain_p[at]];
     double width = l->scale * (double)(3 + ff_rng_below(rng, 14));
     double t0 = centre - ff_rng_uniform(rng) * width, t1 = t0 + width;
+    w->cut = t0;
     bool on[FF_FUSE_MAX_NODES] = {false};
     int kind = (int)ff_rng_below(rng, 3);
     if (kind == 0) { /* the path's nodes in the span */
