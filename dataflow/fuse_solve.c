@@ -1,7 +1,7 @@
 /* The fused schedule's solver (fuseflow/fuse.h ff_fuse_solve): makespan first, then peak
  * activation memory. Not here: the simulator and the bounds it stops at (fuse.c).
  *
- * Two search spaces, the simulator's times in both:
+ * Three search spaces, the simulator's times in all:
  * - Decoding: a point (per model and node a cap, per task a perturbation, a memory budget)
  *   becomes a schedule by list scheduling. The nodes run in simulated time; a node that falls
  *   free takes, of its tasks that can start, the one with the highest key: its tail (the least
@@ -13,8 +13,10 @@
  *   finish alone); a budget can leave every node waiting, and that point is worth nothing.
  * - Orders: the node lists themselves, a task moved a few places (RLHFuse's move); a move that
  *   deadlocks is undone.
+ * - Windows: the makespan repair (fuse_lns.c), a window of the critical path re-decoded.
  * Fixed points first (caps at the fewest in flight the makespan bound allows, 1F1B's, looser,
- * none), then simulated annealing in each thread, cycles alternating between the two spaces,
+ * none), then simulated annealing in each thread, cycles alternating between the two spaces
+ * (until the makespan is at its bound, two cycles in three are the repair's),
  * in rounds of a fixed number of evaluations; after a round the threads compare. A thread whose
  * makespan has not improved for KICK_CYCLES decoding cycles starts its decoding afresh from a
  * random fixed point with random perturbations (the search has basins it does not leave by
@@ -42,6 +44,7 @@
 #include <unistd.h>
 
 #include "dataflow/fuse_internal.h"
+#include "dataflow/fuse_lns.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 
@@ -238,7 +241,7 @@ typedef struct worker {
     ff_fuse_schedule best_sched; /* the thread's best of either search */
     double best_mk, best_pk;
     double cur_e;
-    int mode;                  /* this cycle: 0 decoding, 1 orders; in the memory phase also 2 capped decoding, 3 repair (orders) */
+    int mode;                  /* this cycle: 0 decoding, 1 orders; in the memory phase also 2 capped decoding, 3 repair (orders); before it 4, the makespan repair (fuse_lns.c) */
     int64_t decodes, in_cycle, cycles;
     bool restart;              /* start a cycle from the best at the next round */
     double mem_step;           /* a budget cycle aims this fraction of the way from the best peak to its bound */
@@ -246,6 +249,7 @@ typedef struct worker {
     int failed;
     uint64_t polish_seed;
     double streams_mk;         /* after polish: the streams' makespan of best_sched */
+    fuse_lns *lns;             /* mode 4: the makespan repair (fuse_lns.c) */
 } worker;
 
 struct shared {
@@ -453,6 +457,7 @@ static int begin_cycle(worker *w) {
     }
     int64_t turn = w->cycles++ + w->id;
     w->mode = (int)(turn % 2);
+    if (!w->sh->memory_phase && turn % 3 != 2) w->mode = 4; /* two cycles in three: the makespan repair, on the best schedule */
     if (w->sh->memory_phase && turn % 6 >= 4) w->mode = 2 + (int)(turn % 2); /* a third of the turns */
     if (w->mode == 3 && w->cap_target == 0) w->mode = 2; /* the capped search sets the target first */
     if (w->mode == 3) w->rep_target = fmin(w->cap_target, w->best_pk - REPAIR_STEP * mem_unit(w->p));
@@ -610,13 +615,22 @@ static int step_order(worker *w, double temp) {
     return 0;
 }
 
+/* The makespan repair (fuse_lns.c): a window of the best schedule's critical path re-decoded. */
+static int step_lns(worker *w, double temp) {
+    double mk, pk;
+    w->decodes++;
+    int rc = fuse_lns_step(w->lns, &w->osched, &w->rng, temp, &mk, &pk);
+    if (rc > 0) keep_if_best(w, &w->osched, mk, pk);
+    return rc < 0 ? -1 : 0;
+}
+
 static int anneal_round(worker *w) {
     if (w->restart && begin_cycle(w)) return -1;
     w->restart = false;
     for (int r = 0; r < ROUND_DECODES; r++) {
         if (w->in_cycle == CYCLE_DECODES && begin_cycle(w)) return -1; /* back to the best, hot again */
         double f = (double)w->in_cycle++ / CYCLE_DECODES, temp = 0.01 * pow(1e-3, f);
-        if ((w->mode == 1 || w->mode == 3 ? step_order : step_decode)(w, temp)) return -1;
+        if ((w->mode == 4 ? step_lns : w->mode == 1 || w->mode == 3 ? step_order : step_decode)(w, temp)) return -1;
     }
     return 0;
 }
@@ -759,7 +773,7 @@ static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t
     w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = w->cap_pt_mk = w->cap_pt_pk = INFINITY;
     w->mem_step = 0.5;
     if (fuse_ctx_init(&w->d.ctx, p->in) || point_init(&w->cur, p->items) || point_init(&w->best_pt, p->items) || point_init(&w->anchor, p->items) || point_init(&w->cap_pt, p->items) || schedule_room(&w->d.ctx, &w->sched) ||
-        schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched))
+        schedule_room(&w->d.ctx, &w->osched) || schedule_room(&w->d.ctx, &w->best_sched) || !(w->lns = fuse_lns_new(p->in, p->qf, p->qb, p->lb, p->peak_lb, p->scale)))
         return -1;
     return 0;
 }
@@ -773,6 +787,7 @@ static void worker_free(worker *w) {
     ff_fuse_schedule_free(&w->sched);
     ff_fuse_schedule_free(&w->osched);
     ff_fuse_schedule_free(&w->best_sched);
+    fuse_lns_free(&w->lns);
 }
 
 static int problem_init(problem *p, const ff_fuse_instance *in) {
