@@ -65,8 +65,8 @@
 #define OVER_NODES 1.0        /* its energy adds this x the mean over the nodes of (end - bound)+ / bound */
 #define CAP_PATIENCE 3        /* capped cycles without a shorter makespan under the target before it rises */
 #define REPAIR_WEIGHT 0.2     /* the repair's energy: makespan / LB + this x the nodes' summed excess over its target / the peak bound */
-#define REPAIR_STEP 0.5
-#define DESCEND_TRIES 4000    /* simulations of the memory descent after the search (fuse_mem.c) */       /* its target: the capped target, at most the best peak less this x the least activation */
+#define REPAIR_STEP 0.5       /* its target: the capped target, at most the best peak less this x the least activation */
+#define DESCEND_TRIES 4000    /* simulations of the memory descent after the search (fuse_mem.c) */
 
 typedef struct problem {
     const ff_fuse_instance *in;

@@ -353,7 +353,8 @@ static void test_solver(void) {
     DIE_IF(ff_fuse_solve(&heavy, &ob, &b2, &s2));
     CHECK(s1.evaluations == s2.evaluations);
     CHECK(s1.seconds < 60);
-    CHECK(s1.evaluations < 3000); /* 3 rounds of 48 per thread, the fixed points and at most 1000 moves a thread on the streams, not the ~250k of a free run */
+    printf("3 rounds: %lld evaluations\n", (long long)s1.evaluations);
+    CHECK(s1.evaluations < 7000); /* 3 rounds of 48 per thread, the fixed points, at most 1000 moves a thread on the streams and the memory descent's 4000 tries, not the ~250k of a free run */
     same = true;
     for (int32_t n = 0; n < heavy.nodes; n++)
         same &= b1.n_tasks[n] == b2.n_tasks[n] && !memcmp(b1.tasks[n], b2.tasks[n], (size_t)b1.n_tasks[n] * sizeof *b1.tasks[n]);

@@ -50,23 +50,24 @@ static void gpipe_to_1f1b(int32_t S, int32_t m) {
 }
 
 /* bench_fuse's 8 nodes, critic PP 8 reversed, 32 micro-batches, forward 2:1, activation 1.8 (its
- * bounds: makespan 300, peak 10.8). With seed 1, 2 threads and 20 rounds the search ends at
- * peak 48 at 300 without the descent; with it the same search ends at 46.8. */
+ * bounds: makespan 300, peak 10.8). With seed 1, 2 threads and 40 rounds the search (with the
+ * makespan repair, fuse_lns.c) ends at peak 46.4 at 300 without the descent (DESCEND_TRIES 0);
+ * with it the same search ends at 45.4. */
 static void solver_descends(void) {
     char buf[1024] = "{\"nodes\": 8, \"models\": [{\"name\": \"actor\", \"stages\": [0, 1, 2, 3, 4, 5, 6, 7], \"micro_batches\": 32, "
                      "\"forward\": 2, \"backward\": 4, \"activation\": 1.8}, {\"name\": \"critic0\", \"stages\": [7, 6, 5, 4, 3, 2, 1, 0], "
                      "\"micro_batches\": 32, \"forward\": 1, \"backward\": 2, \"activation\": 1.0}]}";
     ff_fuse_instance in;
     DIE_IF(ff_fuse_instance_parse(buf, "bench instance", &in));
-    ff_fuse_solve_opts o = {.seconds = 300, .seed = 1, .threads = 2, .max_rounds = 20};
+    ff_fuse_solve_opts o = {.seconds = 300, .seed = 1, .threads = 2, .max_rounds = 40};
     ff_fuse_schedule s;
     ff_fuse_solve_stats st;
     DIE_IF(ff_fuse_solve(&in, &o, &s, &st));
     ff_fuse_sim sim;
     DIE_IF(ff_fuse_simulate(&in, &s, &sim));
-    printf("8 nodes, 32 micro-batches, 2:1: makespan %g, peak %g (without the descent: 48) in %.2f s\n", sim.makespan, sim.peak_activation, st.seconds);
+    printf("8 nodes, 32 micro-batches, 2:1: makespan %g, peak %g (without the descent: 46.4) in %.2f s\n", sim.makespan, sim.peak_activation, st.seconds);
     CHECK_CLOSE(sim.makespan, 300, 1e-9, 0);
-    CHECK(sim.peak_activation <= 46.8 + 1e-9);
+    CHECK(sim.peak_activation <= 45.4 + 1e-9);
     ff_fuse_schedule_free(&s);
 }
 
