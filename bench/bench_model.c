@@ -195,6 +195,24 @@ static int decode_shapes(const size_spec *s, gemm_shape *g) {
     return n;
 }
 
+/* The best of reps runs of g through one backend (its buffer holds A, B and C in that order),
+ * into *best. */
+static void best_of_backend(ff_backend *be, ff_buffer *buf, const gemm_shape *g, const float *A, const float *B,
+                            int lda, int ldb, int reps, double *best) {
+    size_t na = (size_t)g->M * g->K, nb = (size_t)g->K * g->N;
+    ff_stream *st = ff_backend_stream(be);
+    ff_dptr a = ff_dptr_of(buf, 0), b = ff_dptr_f32(buf, na), c = ff_dptr_f32(buf, na + nb);
+    ff_memcpy_h2d(st, a, A, na * 4);
+    ff_memcpy_h2d(st, b, B, nb * 4);
+    for (int k = 0; k < reps; k++) {
+        double t0 = now_s();
+        ff_gemm(st, g->ta, g->tb, g->M, g->N, g->K, 1.0f, a, lda, b, ldb, 0.0f, c, g->N);
+        ff_stream_sync(st);
+        double dt = now_s() - t0;
+        if (dt < *best) *best = dt;
+    }
+}
+
 /* Best-of time of one product through the backend and through cblas_sgemm alone. */
 static void time_gemm(ff_backend *be, ff_backend *plain, const gemm_shape *g, int threads, double *ours,
                       double *ours_plain, double *blas) {
@@ -203,32 +221,13 @@ static void time_gemm(ff_backend *be, ff_backend *plain, const gemm_shape *g, in
     float *A = malloc(na * 4), *B = malloc(nb * 4), *C = malloc(nc * 4);
     for (size_t i = 0; i < na; i++) A[i] = (float)((i * 7919) % 1000) * 1e-3f;
     for (size_t i = 0; i < nb; i++) B[i] = (float)((i * 104729) % 1000) * 1e-3f;
-    ff_stream *st = ff_backend_stream(be), *pst = ff_backend_stream(plain);
-    ff_dptr a = ff_dptr_of(buf, 0), b = ff_dptr_f32(buf, na), c = ff_dptr_f32(buf, na + nb);
-    ff_dptr pa = ff_dptr_of(pbuf, 0), pb = ff_dptr_f32(pbuf, na), pc = ff_dptr_f32(pbuf, na + nb);
-    ff_memcpy_h2d(st, a, A, na * 4);
-    ff_memcpy_h2d(st, b, B, nb * 4);
-    ff_memcpy_h2d(pst, pa, A, na * 4);
-    ff_memcpy_h2d(pst, pb, B, nb * 4);
     int lda = g->ta == FF_NO_TRANS ? g->K : g->M, ldb = g->tb == FF_NO_TRANS ? g->N : g->K;
     double flops = 2.0 * g->M * g->N * g->K;
     int reps = (int)fmin(50, fmax(3, 2e9 / flops));
     double best_ours = INFINITY, best_plain = INFINITY, best_blas = INFINITY;
-    for (int round = 0; round < 2; round++) { /* alternate, so both see the same noise */
-        for (int k = 0; k < reps; k++) {
-            double t0 = now_s();
-            ff_gemm(st, g->ta, g->tb, g->M, g->N, g->K, 1.0f, a, lda, b, ldb, 0.0f, c, g->N);
-            ff_stream_sync(st);
-            double dt = now_s() - t0;
-            if (dt < best_ours) best_ours = dt;
-        }
-        for (int k = 0; k < reps; k++) {
-            double t0 = now_s();
-            ff_gemm(pst, g->ta, g->tb, g->M, g->N, g->K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, g->N);
-            ff_stream_sync(pst);
-            double dt = now_s() - t0;
-            if (dt < best_plain) best_plain = dt;
-        }
+    for (int round = 0; round < 2; round++) { /* alternate, so all three see the same noise */
+        best_of_backend(be, buf, g, A, B, lda, ldb, reps, &best_ours);
+        best_of_backend(plain, pbuf, g, A, B, lda, ldb, reps, &best_plain);
         openblas_set_num_threads(threads);
         for (int k = 0; k < reps; k++) {
             double t0 = now_s();

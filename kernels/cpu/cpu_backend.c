@@ -11,6 +11,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <sched.h>
 #include <stdint.h>
@@ -150,7 +151,7 @@ typedef struct shape_rows {
     int N, K, rows;
 } shape_rows;
 static shape_rows shapes[MAX_SHAPES];
-static int n_shapes;
+static _Atomic int n_shapes; /* entries [0, n_shapes) are complete: readers take no lock */
 static pthread_mutex_t shapes_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void fill_probe(float *x, size_t n, uint32_t seed) {
@@ -185,14 +186,27 @@ static int probe_rows(int N, int K) {
     return hi;
 }
 
+static int find_rows(int N, int K) {
+    int n = atomic_load_explicit(&n_shapes, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (shapes[i].N == N && shapes[i].K == K) return shapes[i].rows;
+    return 0;
+}
+
+/* Every product asks: a known shape costs a scan without a lock; a new one is probed under it
+ * (another thread may have added it meanwhile). */
 static int blocked_rows(int N, int K) {
+    int rows = find_rows(N, K);
+    if (rows) return rows;
     pthread_mutex_lock(&shapes_lock);
-    int rows = 0;
-    for (int i = 0; i < n_shapes && !rows; i++)
-        if (shapes[i].N == N && shapes[i].K == K) rows = shapes[i].rows;
+    rows = find_rows(N, K);
     if (!rows) {
         rows = probe_rows(N, K);
-        if (n_shapes < MAX_SHAPES) shapes[n_shapes++] = (shape_rows){N, K, rows};
+        int n = atomic_load_explicit(&n_shapes, memory_order_relaxed);
+        if (n < MAX_SHAPES) {
+            shapes[n] = (shape_rows){N, K, rows};
+            atomic_store_explicit(&n_shapes, n + 1, memory_order_release);
+        }
     }
     pthread_mutex_unlock(&shapes_lock);
     return rows;
