@@ -49,4 +49,13 @@ int fuse_least_in_flight(const ff_fuse_instance *in, double T, int32_t out[FF_FU
  * The moves kept (>= 0), or -1 (a bug: the result does not run). */
 int fuse_mem_descend(fuse_ctx *c, ff_fuse_schedule *s, double cap, int64_t max_tries, int64_t *tries);
 
+/* Lower s's peak at a makespan cap by a random walk (fuse_mem.c): a task of a node moved up to 3
+ * places, or a micro-batch's forward or backward moved by the same 1-2 places on every stage of
+ * its model from one on; kept when the schedule still ends by cap and the peak plus a tenth of
+ * the mean node peak does not rise (plateaus are walked). Until peak_floor (the peak bound), 20000
+ * simulations without a lower energy, max_tries simulations, or deadline_ns (ff_now_ns; 0: none) (*tries: how many). Deterministic
+ * for a seed when the deadline does not stop it. s must run by cap (else left as it is). The
+ * times the peak came down (>= 0), or -1 (a bug: the result does not run or is higher). */
+int fuse_mem_walk(fuse_ctx *c, ff_fuse_schedule *s, double cap, double peak_floor, uint64_t seed, int64_t max_tries, int64_t deadline_ns, int64_t *tries);
+
 #endif
