@@ -135,7 +135,9 @@ typedef struct ff_fuse_solve_stats {
 
 /* A valid schedule, makespan first, peak activation memory second, into *out (initialised
  * here); with makespan_slack F > 0, the least peak among those within (1 + F) x the best makespan
- * its makespan search found (a trade: a little time for memory). Of the schedules tied on both it looks for one whose executor streams (ff_fuse_to_pipe,
+ * its makespan search found (a trade: a little time for memory). At the makespan bound (or the
+ * slack's cap) most of the time left goes to editing the best schedule's node lists while the peak
+ * falls (dataflow/fuse_mem.c). Of the schedules tied on both it looks for one whose executor streams (ff_fuse_to_pipe,
  * whose transfers block) run fastest. Deterministic for a seed and a thread count when it stops
  * before the time: at both bounds, when the peak at the makespan bound stopped improving, or
  * after max_rounds rounds. 0 or -1 + error. */
