@@ -254,7 +254,7 @@ typedef struct worker {
     double mem_step;           /* a budget cycle aims this fraction of the way from the best peak to its bound */
     double budget_from;        /* the best peak when the budget cycle now running began (0: none) */
     int failed;
-    uint64_t polish_seed;
+    uint64_t seed;             /* the solve's seed: the walk's and the polish's streams come from it */
     double streams_mk;         /* after polish: the streams' makespan of best_sched */
     fuse_lns *lns;             /* mode 4: the makespan repair (fuse_lns.c) */
 } worker;
@@ -643,6 +643,14 @@ static int anneal_round(worker *w) {
     return 0;
 }
 
+/* The thread whose best is best (makespan first, then the peak under the memory phase's cap). */
+static int best_worker(const shared *sh, const worker *w, int threads) {
+    int bi = 0;
+    for (int t = 1; t < threads; t++)
+        if (better_under(sh->cap_mk, w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
+    return bi;
+}
+
 /* Between rounds, in one thread: the best so far. When its makespan first reaches the bound
  * (with a slack: or the makespan search's share of the rounds or the time is spent), the memory
  * phase: the cap is (1 + slack) x that makespan and every thread goes on from the best to lower
@@ -650,9 +658,7 @@ static int anneal_round(worker *w) {
  * STALE_ROUNDS rounds, or at the deadline. */
 static void round_end(shared *sh) {
     const problem *p = sh->w[0].p;
-    int bi = 0;
-    for (int t = 1; t < sh->n; t++)
-        if (better_under(sh->cap_mk, sh->w[t].best_mk, sh->w[t].best_pk, sh->w[bi].best_mk, sh->w[bi].best_pk)) bi = t;
+    int bi = best_worker(sh, sh->w, sh->n);
     double mk = sh->w[bi].best_mk, pk = sh->w[bi].best_pk;
     sh->rounds++;
     bool share_spent = sh->slack > 0 && (sh->max_rounds > 0 ? sh->rounds >= (int64_t)(MK_SHARE * (double)sh->max_rounds) : ff_now_ns() >= sh->switch_ns);
@@ -728,7 +734,7 @@ static void *polish(void *arg) {
     double cur = ff_fuse_streams_makespan(in, s);
     if (cur < 0) return NULL; /* no streams: nothing to compare (the executor's own checks will say why) */
     ff_rng rng;
-    ff_rng_seed(&rng, ff_seed_stream(w->polish_seed, 0x706f6c69, (uint64_t)w->id)); /* "poli" */
+    ff_rng_seed(&rng, ff_seed_stream(w->seed, 0x706f6c69, (uint64_t)w->id)); /* "poli" */
     int64_t deadline_ns = w->sh->deadline_ns;
     for (int t = 0; t < POLISH_TRIES && ff_now_ns() < deadline_ns; t++) {
         int32_t n = (int32_t)ff_rng_below(&rng, (uint64_t)in->nodes);
@@ -758,7 +764,7 @@ static void *walk(void *arg) {
     worker *w = arg;
     const shared *sh = w->sh;
     int64_t tries = 0, max_tries = sh->max_rounds > 0 ? WALK_ROUND_TRIES * sh->max_rounds : INT64_MAX;
-    uint64_t seed = ff_seed_stream(w->polish_seed, 0x6d656d77, (uint64_t)w->id); /* "memw" */
+    uint64_t seed = ff_seed_stream(w->seed, 0x6d656d77, (uint64_t)w->id); /* "memw" */
     fuse_score r;
     if (fuse_mem_walk(&w->d.ctx, &w->best_sched, sh->cap_mk, sh->cap_peak_lb, seed, max_tries, sh->max_rounds > 0 ? 0 : sh->walk_deadline_ns, &tries) < 0 ||
         fuse_run(&w->d.ctx, &w->best_sched, &r, NULL, NULL))
@@ -783,6 +789,21 @@ static int descend_best(worker *w, double cap) {
 
 /* ---- the entry -------------------------------------------------------------------------- */
 
+/* fn on every worker at once: w[0] here, the others on threads of their own (one that cannot
+ * start runs here, after the others). */
+static void each_worker(worker *w, int threads, void *(*fn)(void *)) {
+    pthread_t *tid = ff_calloc((size_t)threads, sizeof *tid);
+    bool *run = ff_calloc((size_t)threads, sizeof *run);
+    for (int t = 1; tid && run && t < threads; t++) run[t] = pthread_create(&tid[t], NULL, fn, &w[t]) == 0;
+    fn(&w[0]);
+    for (int t = 1; t < threads; t++) {
+        if (run && run[t]) pthread_join(tid[t], NULL);
+        else fn(&w[t]);
+    }
+    free(tid);
+    free(run);
+}
+
 static int schedule_room(const fuse_ctx *c, ff_fuse_schedule *s) {
     if (ff_fuse_schedule_init(s, c->in->nodes)) return -1;
     for (int32_t n = 0; n < c->in->nodes; n++) {
@@ -798,6 +819,7 @@ static int worker_init(worker *w, const problem *p, shared *sh, int id, uint64_t
     w->p = p;
     w->sh = sh;
     w->id = id;
+    w->seed = seed;
     ff_rng_seed(&w->rng, ff_seed_stream(seed, 0x66757365, (uint64_t)id)); /* "fuse" */
     w->best_mk = w->best_pk = w->pt_mk = w->pt_pk = w->an_mk = w->an_pk = w->last_mk = w->cap_pt_mk = w->cap_pt_pk = INFINITY;
     w->mem_step = 0.5;
@@ -939,59 +961,30 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
                 goto done;
             }
     }
-    int bi = 0;
-    for (int t = 1; t < threads; t++)
-        if (better_under(sh.cap_mk, w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
+    int bi = best_worker(&sh, w, threads);
     if (sh.memory_phase && !(w[bi].best_pk <= sh.cap_peak_lb * (1 + 1e-9))) {
-        for (int t = 0; t < threads; t++) {
-            w[t].polish_seed = seed;
+        for (int t = 0; t < threads; t++) /* every thread walks from the best */
             if (t != bi) {
                 copy_lists(&w[t].best_sched, &w[bi].best_sched);
                 w[t].best_mk = w[bi].best_mk, w[t].best_pk = w[bi].best_pk;
             }
-        }
-        pthread_t *wtid = ff_calloc((size_t)threads, sizeof *wtid);
-        bool *run = ff_calloc((size_t)threads, sizeof *run);
-        for (int t = 1; wtid && run && t < threads; t++) run[t] = pthread_create(&wtid[t], NULL, walk, &w[t]) == 0;
-        walk(&w[0]);
-        for (int t = 1; t < threads; t++) {
-            if (run && run[t]) pthread_join(wtid[t], NULL);
-            else walk(&w[t]); /* no thread for it: here, after the others */
-        }
-        free(wtid);
-        free(run);
+        each_worker(w, threads, walk);
         for (int t = 0; t < threads; t++)
             if (w[t].failed) {
                 ff_error_set("fuse solver", "this is a bug: please report the instance", "the memory walk left a schedule that deadlocks in thread %d", t);
                 goto done;
             }
-        bi = 0;
-        for (int t = 1; t < threads; t++)
-            if (better_under(sh.cap_mk, w[t].best_mk, w[t].best_pk, w[bi].best_mk, w[bi].best_pk)) bi = t;
+        bi = best_worker(&sh, w, threads);
     }
     if (sh.memory_phase && descend_best(&w[bi], sh.cap_mk)) goto done;
     /* every thread polishes the best (its own where it ties it), in parallel; the fastest streams win */
     sh.deadline_ns = t0 + (int64_t)(seconds * 1e9);
-    for (int t = 0; t < threads; t++) {
-        w[t].sh = &sh;
-        w[t].polish_seed = seed;
+    for (int t = 0; t < threads; t++)
         if (t != bi && better_under(sh.cap_mk, w[bi].best_mk, w[bi].best_pk, w[t].best_mk, w[t].best_pk)) {
             copy_lists(&w[t].best_sched, &w[bi].best_sched);
             w[t].best_mk = w[bi].best_mk, w[t].best_pk = w[bi].best_pk;
         }
-    }
-    {
-        pthread_t *ptid = ff_calloc((size_t)threads, sizeof *ptid);
-        bool *run = ff_calloc((size_t)threads, sizeof *run);
-        for (int t = 1; ptid && run && t < threads; t++) run[t] = pthread_create(&ptid[t], NULL, polish, &w[t]) == 0;
-        polish(&w[0]);
-        for (int t = 1; t < threads; t++) {
-            if (run && run[t]) pthread_join(ptid[t], NULL);
-            else polish(&w[t]); /* no thread for it: here, after the others */
-        }
-        free(ptid);
-        free(run);
-    }
+    each_worker(w, threads, polish);
     for (int t = 0; t < threads; t++)
         if (w[t].streams_mk < w[bi].streams_mk) bi = t;
     if (ff_fuse_schedule_copy(&w[bi].best_sched, out)) goto done;
