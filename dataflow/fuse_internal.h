@@ -38,6 +38,10 @@ int fuse_run(fuse_ctx *c, const ff_fuse_schedule *s, fuse_score *r, double **sta
  * from its end to the end of the schedule. Each model alone (others only add waiting). */
 void fuse_heads_tails(const ff_fuse_instance *in, int i, double *ef, double *eb, double *qf, double *qb);
 
+/* Whether the bounds' propagation (fuse_bound.c) proves that no schedule ends by T: 1 yes, 0 no
+ * (some may), -1 out of memory (+ error). */
+int fuse_refutes(const ff_fuse_instance *in, double T);
+
 /* For every model and node of its stages, the fewest micro-batches of it that must be in flight
  * there at some time in a schedule that ends by T (the peak bound's reason). 0 or -1 + error. */
 int fuse_least_in_flight(const ff_fuse_instance *in, double T, int32_t out[FF_FUSE_MAX_MODELS][FF_FUSE_MAX_NODES]);
