@@ -24,40 +24,13 @@
  *   qf(s,k) = max(qf(s+1,k) + f + h  [b + qb(S-1,k) at the last stage], qf(s,k+1) + f,
  *                 (m-k) b + (m-1-k) f + qb(s,m-1))  (the node's later tasks of the model, then
  *                                                   the last backward's own tail) */
+static void chains(const ff_fuse_instance *in, int i, double *ef, double *eb, double *qf, double *qb);
+
+/* From zero, the chains are these rules exactly. */
 void fuse_heads_tails(const ff_fuse_instance *in, int i, double *ef, double *eb, double *qf, double *qb) {
-    const ff_fuse_model *md = &in->models[i];
-    const int32_t S = md->n_stages, m = md->micro;
-    const double f = md->fwd, b = md->bwd, h = in->hop_latency;
-#define AT(a, s, k) a[(int64_t)(s) * m + (k)]
-    for (int32_t s = 0; s < S; s++)
-        for (int32_t k = 0; k < m; k++) {
-            double v = 0;
-            if (s > 0) v = fmax(v, AT(ef, s - 1, k) + f + h);
-            if (k > 0) v = fmax(v, AT(ef, s, k - 1) + f);
-            AT(ef, s, k) = v;
-        }
-    for (int32_t s = S - 1; s >= 0; s--)
-        for (int32_t k = 0; k < m; k++) {
-            double v = s == S - 1 ? AT(ef, s, k) + f : AT(eb, s + 1, k) + b + h;
-            if (k > 0) v = fmax(v, AT(eb, s, k - 1) + b);
-            v = fmax(v, AT(ef, s, 0) + (k + 1) * f + k * b);
-            AT(eb, s, k) = v;
-        }
-    for (int32_t s = 0; s < S; s++)
-        for (int32_t k = m - 1; k >= 0; k--) {
-            double v = 0;
-            if (s > 0) v = fmax(v, AT(qb, s - 1, k) + b + h);
-            if (k < m - 1) v = fmax(v, AT(qb, s, k + 1) + b);
-            AT(qb, s, k) = v;
-        }
-    for (int32_t s = S - 1; s >= 0; s--)
-        for (int32_t k = m - 1; k >= 0; k--) {
-            double v = s == S - 1 ? b + AT(qb, s, k) : AT(qf, s + 1, k) + f + h;
-            if (k < m - 1) v = fmax(v, AT(qf, s, k + 1) + f);
-            v = fmax(v, (m - k) * b + (m - 1 - k) * f + AT(qb, s, m - 1));
-            AT(qf, s, k) = v;
-        }
-#undef AT
+    size_t n = (size_t)in->models[i].n_stages * (size_t)in->models[i].micro * sizeof(double);
+    memset(ef, 0, n), memset(eb, 0, n), memset(qf, 0, n), memset(qb, 0, n);
+    chains(in, i, ef, eb, qf, qb);
 }
 
 typedef struct job {
@@ -249,7 +222,8 @@ static int edge_find(bounds_work *w, int64_t n, double eps) {
     return 0;
 }
 
-/* The chains of model i over its current windows (see above); heads forward, tails backward. */
+/* The chains of model i over its current windows (fuse_heads_tails' rules, each a max with the
+ * value there); heads forward, tails backward. */
 static void chains(const ff_fuse_instance *in, int i, double *ef, double *eb, double *qf, double *qb) {
     const ff_fuse_model *md = &in->models[i];
     const int32_t S = md->n_stages, m = md->micro;
