@@ -130,21 +130,27 @@ void ff_cpu_for(ff_stream *s, int64_t n, double work_per_item, ff_range_fn fn, v
 
 /* ---- matrix products ----------------------------------------------------------------------- */
 
-/* Batch invariance. OpenBLAS computes X W^T (A not transposed, B transposed: every linear's
- * forward, W stored [out, in]) of few rows with its small-matrix kernel and of more rows with
- * its blocked kernel, and the two round differently (0.3.21 here: with K = 64 inner and N =
- * 64 out, 1-18 rows against 19 or more; N = 256: 1-4). Within each kernel a row of C does not
- * depend on how many rows share the product, nor on the column block. So without care a row
- * rounds by its company: a decode step's by the batch, a prefill's by the prompts packed with
- * it, a block's by the thread split, and two runs whose subtasks arrived in another order
- * sample other tokens where a draw falls near a boundary. Here every X W^T block takes the
- * blocked kernel: one of fewer rows than the least that takes it is padded with zero rows up
- * to that count in scratch. The count is probed once per (N, K) shape (blocked_rows). Heads
- * of fewer than 16 outputs are dot products of a fixed order instead (narrow_nt).
- * The other layouts (X W, X^T Y) were measured row-invariant at every size and pass through.
- * FF_BATCH_INVARIANT=0 turns the padding off (a tiny model's decode step costs 1.3x with it,
- * bench_model; from hidden sizes of a few hundred the blocked kernel starts at 2-3 rows).
- * tests/kernels/test_gemm_invariant.c holds both facts. */
+/* Batch invariance. Without care a row of X W^T (every linear's forward) rounds by its
+ * company: a decode step's by the batch, a prefill's by the prompts packed with it, a
+ * block's by the thread split, and two runs whose subtasks arrived in another order sample
+ * other tokens where a draw falls near a boundary. Three facts of OpenBLAS's kernels (0.3.21)
+ * cause it, all measured:
+ * - Small products. X W^T of few rows takes a small-matrix kernel on some CPUs (SkylakeX:
+ *   with K = 64 inner and N = 64 out, 1-18 rows against 19 or more; N = 256: 1-4).
+ * - Row tails. The blocked kernel computes C in tiles of a few rows, and the rows of a last,
+ *   partial tile go through edge kernels that round otherwise.
+ * - Places in a tile. With the Haswell/Zen kernels (12-row tiles) a row rounds by its place
+ *   in its tile too: a product whose rows start one row further down differs in every row.
+ * Where OpenBLAS's rows depend only on the first two (probe_unit finds a tile, the "unit",
+ * with no place effect: 1 with the SkylakeX and Sandybridge kernels), every block of X W^T
+ * is padded with zero rows in scratch to a multiple of the unit and to at least the floor of
+ * its shape (probe_floor, once per (N, K)), where the blocked kernel starts. Where not (Zen,
+ * Haswell), X W^T is the fixed-order product of cpu_gemm_fixed.c, whose rows depend on
+ * nothing but themselves. Heads of fewer than 16 outputs are dot products of a fixed order
+ * (narrow_nt). The backward's layouts (X W for dX, X^T W for weight gradients) pass through:
+ * nothing needs their rows invariant. FF_BATCH_INVARIANT=0 turns all of it off, =fixed takes
+ * the fixed-order product everywhere. tests/kernels/test_gemm_invariant.c holds these facts;
+ * bench_model prints the cost. */
 
 enum { MAX_SHAPES = 256 };
 typedef struct shape_rows {
@@ -152,6 +158,7 @@ typedef struct shape_rows {
 } shape_rows;
 static shape_rows shapes[MAX_SHAPES];
 static _Atomic int n_shapes; /* entries [0, n_shapes) are complete: readers take no lock */
+static _Atomic int row_unit; /* unit_rows() + 1; 0 until probed */
 static pthread_mutex_t shapes_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void fill_probe(float *x, size_t n, uint32_t seed) {
@@ -161,29 +168,84 @@ static void fill_probe(float *x, size_t n, uint32_t seed) {
     }
 }
 
-/* The least M in [1, R] whose rows of A W^T equal, bit for bit, those of the product of R
- * rows (R rows: the blocked kernel for every shape measured; R = 256 or fewer where that
- * costs over 2^26 multiply-adds). Regimes are by size, so the rows that match form a range
- * [m, R], found by bisection. 1 where memory runs out: no padding, as before. */
-static int probe_rows(int N, int K) {
+static int round_up(int n, int unit) { return (n + unit - 1) / unit * unit; }
+
+/* C [M, N] = A [M, K] W^T, W [N, K]: the probes' product. */
+static void probe_product(int M, int N, int K, const float *A, const float *W, float *C) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, W, K, 0.0f, C, N);
+}
+
+/* The least unit U (of the tiles kernels use) such that, for every M in [64, 160], the first M
+ * rows of the product of round_up(M, U) rows equal those of the product of 192 (a multiple of
+ * every candidate), and so do 96 rows that start 1-15 rows further down (a row's place in its
+ * tile must not count either: it does with the Haswell/Zen kernels). 64 rows and more are past
+ * every small-matrix regime measured at this shape (N = K = 64), so only the tiles are seen.
+ * 0 where none passes: OpenBLAS's rows are not invariant here. 1 where memory runs out. */
+static int probe_unit(void) {
+    static const int candidates[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64};
+    enum { N = 64, K = 64, REF = 192, LO = 64, HI = 160, SHIFTED = 96, SHIFTS = 15 };
+    float *A = malloc(sizeof(float) * ((size_t)REF * K + (size_t)N * K + 2 * (size_t)REF * N));
+    if (!A) return 1;
+    float *W = A + (size_t)REF * K, *ref = W + (size_t)N * K, *C = ref + (size_t)REF * N;
+    fill_probe(A, (size_t)REF * K, 3);
+    fill_probe(W, (size_t)N * K, 4);
+    probe_product(REF, N, K, A, W, ref);
+    int unit = 0;
+    for (size_t u = 0; u < sizeof candidates / sizeof candidates[0] && !unit; u++) {
+        int U = candidates[u], ok = 1;
+        for (int M = LO; M <= HI && ok; M++) {
+            probe_product(round_up(M, U), N, K, A, W, C);
+            ok = memcmp(C, ref, sizeof(float) * (size_t)M * N) == 0;
+        }
+        for (int sh = 1; sh <= SHIFTS && ok; sh++) {
+            probe_product(round_up(SHIFTED, U), N, K, A + (size_t)sh * K, W, C);
+            ok = memcmp(C, ref + (size_t)sh * N, sizeof(float) * (size_t)SHIFTED * N) == 0;
+        }
+        if (ok) unit = U;
+    }
+    free(A);
+    return unit;
+}
+
+/* The least M in [1, R] whose rows of A W^T, padded to the unit, equal bit for bit those of
+ * the product of R rows (R: 256 rounded down to the unit, fewer where that costs over 2^26
+ * multiply-adds). Regimes are by size, so the rows that match form a range [m, R], found by
+ * bisection. 1 where memory runs out: no floor, the unit alone. */
+static int probe_floor(int N, int K, int unit) {
     double nk = (double)N * K;
     int R = nk * 256 <= 67108864.0 ? 256 : (int)(67108864.0 / nk);
-    if (R < 2) R = 2;
+    R = R / unit * unit;
+    if (R < unit) R = unit;
     float *A = malloc(sizeof(float) * ((size_t)R * K + (size_t)N * K + 2 * (size_t)R * N));
     if (!A) return 1;
     float *W = A + (size_t)R * K, *ref = W + (size_t)N * K, *C = ref + (size_t)R * N;
     fill_probe(A, (size_t)R * K, 1);
     fill_probe(W, (size_t)N * K, 2);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, N, K, 1.0f, A, K, W, K, 0.0f, ref, N);
+    probe_product(R, N, K, A, W, ref);
     int lo = 1, hi = R;
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mid, N, K, 1.0f, A, K, W, K, 0.0f, C, N);
+        probe_product(round_up(mid, unit), N, K, A, W, C);
         if (memcmp(C, ref, sizeof(float) * (size_t)mid * N) == 0) hi = mid;
         else lo = mid + 1;
     }
     free(A);
     return hi;
+}
+
+/* The row unit, or 0 where OpenBLAS's rows are not invariant (the fixed-order products of
+ * cpu_gemm_fixed.c are used instead). Stored as unit + 1: 0 is "not probed yet". */
+static int unit_rows(void) {
+    int stored = atomic_load_explicit(&row_unit, memory_order_acquire);
+    if (stored) return stored - 1;
+    pthread_mutex_lock(&shapes_lock);
+    stored = atomic_load_explicit(&row_unit, memory_order_relaxed);
+    if (!stored) {
+        stored = probe_unit() + 1;
+        atomic_store_explicit(&row_unit, stored, memory_order_release);
+    }
+    pthread_mutex_unlock(&shapes_lock);
+    return stored - 1;
 }
 
 static int find_rows(int N, int K) {
@@ -193,15 +255,17 @@ static int find_rows(int N, int K) {
     return 0;
 }
 
-/* Every product asks: a known shape costs a scan without a lock; a new one is probed under it
+/* Every X W^T asks: a known shape costs a scan without a lock; a new one is probed under it
  * (another thread may have added it meanwhile). */
-static int blocked_rows(int N, int K) {
+static int floor_rows(int N, int K) {
     int rows = find_rows(N, K);
     if (rows) return rows;
+    int unit = unit_rows();
+    if (unit < 1) return 1; /* the fixed-order products: no floor */
     pthread_mutex_lock(&shapes_lock);
     rows = find_rows(N, K);
     if (!rows) {
-        rows = probe_rows(N, K);
+        rows = probe_floor(N, K, unit);
         int n = atomic_load_explicit(&n_shapes, memory_order_relaxed);
         if (n < MAX_SHAPES) {
             shapes[n] = (shape_rows){N, K, rows};
@@ -212,7 +276,14 @@ static int blocked_rows(int N, int K) {
     return rows;
 }
 
-int ff_cpu_gemm_blocked_rows(int N, int K) { return N > 0 && K > 0 ? blocked_rows(N, K) : 1; }
+int ff_cpu_gemm_floor_rows(int N, int K) { return N > 0 && K > 0 ? floor_rows(N, K) : 1; }
+int ff_cpu_gemm_row_unit(void) { return unit_rows(); }
+
+/* The rows a block of M rows is computed as: a multiple of the unit, at least the floor. */
+static int padded_rows(int M, int unit, int floor) {
+    int rows = round_up(M, unit);
+    return rows > floor ? rows : floor;
+}
 
 static void sgemm_block(ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C, int ldc) {
@@ -243,49 +314,68 @@ FF_VEC static void narrow_nt(int M, int N, int K, float alpha, const float *A, i
         }
 }
 
-/* One block of C, [M, N]. pad > M (X W^T only): the rows go through `scratch` ([pad, K] of A
- * then [pad, N] of C, floats) as pad rows, the rest zero, so the blocked kernel rounds them. */
-static void sgemm_padded(ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
-                         const float *B, int ldb, float beta, float *C, int ldc, int pad, float *scratch) {
-    if (pad <= M || K == 0 || M <= 0 || N <= 0) {
-        sgemm_block(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+/* One block of C = A B^T, [M, N]. rows > M: the rows go through `scratch` ([rows, K]
+ * of A then [rows, N] of C, floats) as `rows` rows, the rest zero, so that the kernel tiles
+ * them as it tiles every other block. */
+static void sgemm_padded(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                         float beta, float *C, int ldc, int rows, float *scratch) {
+    if (rows <= M || K == 0 || M <= 0 || N <= 0) {
+        sgemm_block(FF_NO_TRANS, FF_TRANS, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    float *Ap = scratch, *Cp = scratch + (size_t)pad * K;
+    float *Ap = scratch, *Cp = scratch + (size_t)rows * K;
     for (int i = 0; i < M; i++) memcpy(Ap + (size_t)i * K, A + (size_t)i * lda, sizeof(float) * (size_t)K);
-    memset(Ap + (size_t)M * K, 0, sizeof(float) * (size_t)(pad - M) * K);
+    memset(Ap + (size_t)M * K, 0, sizeof(float) * (size_t)(rows - M) * K);
     if (beta != 0.0f)
         for (int i = 0; i < M; i++) memcpy(Cp + (size_t)i * N, C + (size_t)i * ldc, sizeof(float) * (size_t)N);
-    sgemm_block(ta, tb, pad, N, K, alpha, Ap, K, B, ldb, beta, Cp, N);
+    sgemm_block(FF_NO_TRANS, FF_TRANS, rows, N, K, alpha, Ap, K, B, ldb, beta, Cp, N);
     for (int i = 0; i < M; i++) memcpy(C + (size_t)i * ldc, Cp + (size_t)i * N, sizeof(float) * (size_t)N);
 }
 
+/* C is cut into a grid of blocks, one product each: row blocks of rb rows (the thread split)
+ * and column blocks of cb columns; the last block of each kind takes the remainder as well
+ * (rb to 2 rb - 1), so none is a sliver. How C is computed (the kind):
+ * - GEMM_PLAIN: OpenBLAS as it is (FF_BATCH_INVARIANT=0, and the backward's layouts).
+ * - GEMM_PADDED: OpenBLAS, rows padded to the unit (and the floor). Rows are invariant, so
+ *   any split of them is, and rb is a multiple of the unit so that only the last row block
+ *   pads (it has a scratch region per column block). Column blocks are not invariant (a
+ *   block boundary changes the columns around it, measured up to 16 on Zen), so they are a
+ *   function of N alone (INV_COLS wide) and every product of N columns cuts them alike.
+ * - GEMM_FIXED: the fixed-order product, where OpenBLAS's rows are not invariant (or
+ *   FF_BATCH_INVARIANT=fixed): any split gives the same C. */
+enum { INV_COLS = 128 };
+typedef enum gemm_kind { GEMM_PLAIN, GEMM_PADDED, GEMM_FIXED } gemm_kind;
 typedef struct gemm_job {
     ff_trans ta, tb;
-    int M, N, K, lda, ldb, ldc, split_m, blk, nblk;
+    gemm_kind kind;
+    int M, N, K, lda, ldb, ldc;
+    int rb, nrb, cb, ncb;
     float alpha, beta;
     const float *A, *B;
     float *C;
-    int pad[2];     /* rows to pad a block to: [0] a block of blk columns, [1] the last (split_m: 0) */
-    float *scratch; /* nblk regions of `region` floats each, where a block pads */
+    int unit;       /* GEMM_PADDED: rows are padded to a multiple of it */
+    int floor[2];   /* and to at least: [0] a block of cb columns, [1] the last column block */
+    float *scratch; /* ncb regions of `region` floats each, where the last row block pads */
     size_t region;
 } gemm_job;
 
-/* Blocks are blk wide, the last one takes the remainder as well (blk to 2 blk - 1), so no
- * block is a sliver that rounds otherwise. */
 static void gemm_chunk(void *arg, int64_t i) {
     const gemm_job *g = arg;
-    int side = g->split_m ? g->M : g->N;
-    int lo = (int)i * g->blk, hi = i == g->nblk - 1 ? side : lo + g->blk;
-    float *scr = g->scratch ? g->scratch + (size_t)i * g->region : NULL;
-    if (g->split_m) {
-        const float *Ab = g->ta == FF_NO_TRANS ? g->A + (size_t)lo * g->lda : g->A + lo;
-        sgemm_padded(g->ta, g->tb, hi - lo, g->N, g->K, g->alpha, Ab, g->lda, g->B, g->ldb, g->beta,
-                     g->C + (size_t)lo * g->ldc, g->ldc, g->pad[0], scr);
+    int ri = (int)(i / g->ncb), ci = (int)(i % g->ncb);
+    int r0 = ri * g->rb, r1 = ri == g->nrb - 1 ? g->M : r0 + g->rb;
+    int c0 = ci * g->cb, c1 = ci == g->ncb - 1 ? g->N : c0 + g->cb;
+    int M = r1 - r0, N = c1 - c0;
+    const float *Ab = g->ta == FF_NO_TRANS ? g->A + (size_t)r0 * g->lda : g->A + r0;
+    const float *Bb = g->tb == FF_NO_TRANS ? g->B + c0 : g->B + (size_t)c0 * g->ldb;
+    float *Cb = g->C + (size_t)r0 * g->ldc + c0;
+    if (g->kind == GEMM_FIXED) {
+        ff_cpu_gemm_fixed_nt(M, N, g->K, g->alpha, Ab, g->lda, Bb, g->ldb, g->beta, Cb, g->ldc);
+    } else if (g->kind == GEMM_PLAIN) {
+        sgemm_block(g->ta, g->tb, M, N, g->K, g->alpha, Ab, g->lda, Bb, g->ldb, g->beta, Cb, g->ldc);
     } else {
-        const float *Bb = g->tb == FF_NO_TRANS ? g->B + lo : g->B + (size_t)lo * g->ldb;
-        sgemm_padded(g->ta, g->tb, g->M, hi - lo, g->K, g->alpha, g->A, g->lda, Bb, g->ldb, g->beta, g->C + lo,
-                     g->ldc, g->pad[i == g->nblk - 1], scr);
+        float *scr = g->scratch && ri == g->nrb - 1 ? g->scratch + (size_t)ci * g->region : NULL;
+        int rows = padded_rows(M, g->unit, g->floor[ci == g->ncb - 1]);
+        sgemm_padded(M, N, g->K, g->alpha, Ab, g->lda, Bb, g->ldb, g->beta, Cb, g->ldc, scr ? rows : M, scr);
     }
 }
 
@@ -295,45 +385,58 @@ void ff_cpu_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, fl
     float *C = F(Cp);
     if (M <= 0 || N <= 0) return;
     int nt = NT(s);
-    bool pads = ((cpu_impl *)s->be->impl)->invariant && ta == FF_NO_TRANS && tb == FF_TRANS && K > 0;
-    if (pads && N < NARROW) {
-        narrow_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
+    ff_cpu_invariance inv = ((cpu_impl *)s->be->impl)->invariance;
+    gemm_kind kind = GEMM_PLAIN;
+    int unit = 1;
+    if (inv != FF_CPU_INVARIANT_OFF && ta == FF_NO_TRANS && tb == FF_TRANS && K > 0) {
+        if (N < NARROW) {
+            narrow_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            return;
+        }
+        unit = inv == FF_CPU_INVARIANT_FIXED ? 0 : unit_rows();
+        kind = unit ? GEMM_PADDED : GEMM_FIXED;
     }
-    gemm_job g = {ta, tb, M, N, K, lda, ldb, ldc, M >= N, 0, 1, alpha, beta, A, B, C, {0, 0}, NULL, 0};
+    bool floors = kind == GEMM_PADDED;
+    gemm_job g = {ta, tb, kind, M, N, K, lda, ldb, ldc, M, 1, N, 1, alpha, beta, A, B, C, unit ? unit : 1,
+                  {1, 1}, NULL, 0};
     /* Below about 1M multiply-adds (~10 us on one core) splitting costs more than it saves:
-     * decode steps of small models stay on one thread. Otherwise split the larger side of C
-     * into up to 2 blocks per thread, claimed dynamically: rows in blocks of at least 16 (and
-     * at least the blocked kernel's rows), columns in multiples of 16 floats (OpenBLAS's tiles). */
+     * decode steps of small models stay on one thread. Otherwise aim at 2 blocks per thread,
+     * claimed dynamically: the larger side of C is split, rows in blocks of at least 16 (for
+     * GEMM_PADDED a multiple of the unit, at least the floor), columns in multiples of 16
+     * floats (OpenBLAS's tiles); for GEMM_PADDED the columns are cut alike whatever the
+     * threads. */
     double work = (double)M * N * (K > 0 ? K : 1);
-    if (nt <= 1 || work < 1048576.0) {
-        g.split_m = 1, g.blk = M;
-        if (pads) g.pad[0] = blocked_rows(N, K);
-    } else {
-        int side = g.split_m ? M : N, nb = 2 * nt;
-        int blk = (side + nb - 1) / nb;
-        blk = (blk + 15) / 16 * 16;
-        if (blk < 16) blk = 16;
-        if (g.split_m && pads) {
-            g.pad[0] = blocked_rows(N, K);
-            if (blk < g.pad[0]) blk = g.pad[0];
-        }
-        g.blk = blk < side ? blk : side;
-        g.nblk = side / g.blk;
-        if (pads && !g.split_m) {
-            g.pad[0] = blocked_rows(g.blk, K);
-            g.pad[1] = blocked_rows(N - (g.nblk - 1) * g.blk, K);
-        }
+    bool split = nt > 1 && work >= 1048576.0;
+    if (kind == GEMM_PADDED) g.cb = N < 2 * INV_COLS ? N : INV_COLS;
+    else if (split && M < N) g.cb = round_up((N + 2 * nt - 1) / (2 * nt), 16);
+    if (g.cb > N) g.cb = N;
+    g.ncb = N / g.cb;
+    if (floors) {
+        g.floor[0] = floor_rows(g.cb, K);
+        g.floor[1] = floor_rows(N - (g.ncb - 1) * g.cb, K);
     }
-    int most = g.pad[0] > g.pad[1] ? g.pad[0] : g.pad[1];
-    if (most > (g.split_m ? (g.nblk == 1 ? M : g.blk) : M)) {
-        int wide = g.split_m ? N : N - (g.nblk - 1) * g.blk; /* the widest block */
+    int fl = g.floor[0] > g.floor[1] ? g.floor[0] : g.floor[1];
+    if (split && (M >= N || g.ncb < 2 * nt)) {
+        int want = (2 * nt + g.ncb - 1) / g.ncb; /* row blocks */
+        int rb = round_up(round_up((M + want - 1) / want, 16), g.unit);
+        if (rb < fl) rb = fl;
+        g.rb = rb < M ? rb : M;
+        g.nrb = M / g.rb;
+    }
+    int last = M - (g.nrb - 1) * g.rb; /* rows of the last row block */
+    int most = padded_rows(last, g.unit, fl);
+    if (kind == GEMM_PADDED && most > last) {
+        int wide = N - (g.ncb - 1) * g.cb; /* the widest column block: the last */
         g.region = (size_t)most * ((size_t)K + (size_t)wide);
-        g.scratch = ff_cpu_scratch(s, sizeof(float) * g.region * (size_t)g.nblk);
+        g.scratch = ff_cpu_scratch(s, sizeof(float) * g.region * (size_t)g.ncb);
         if (!g.scratch) return; /* the stream has failed with the message */
     }
-    if (g.nblk == 1) gemm_chunk(&g, 0);
-    else ff_pool_run(POOL(s), g.nblk, gemm_chunk, &g);
+    int chunks = g.nrb * g.ncb;
+    if (chunks == 1 || !split) {
+        for (int i = 0; i < chunks; i++) gemm_chunk(&g, i);
+    } else {
+        ff_pool_run(POOL(s), chunks, gemm_chunk, &g);
+    }
 }
 
 /* ---- the table ----------------------------------------------------------------------------- */
@@ -402,13 +505,20 @@ ff_backend *ff_backend_cpu_new_impl(int n_threads) {
     be->n_threads = n_threads < 1 ? 1 : n_threads;
     snprintf(be->name, sizeof be->name, "cpu");
     const char *inv = getenv("FF_BATCH_INVARIANT");
-    if (inv && *inv && strcmp(inv, "0") && strcmp(inv, "1")) {
-        ff_error_set("FF_BATCH_INVARIANT", "set 1 (the default: rows round alike whatever the batch) or 0 (OpenBLAS as it is)",
+    if (!inv || !*inv || !strcmp(inv, "1")) {
+        c->invariance = FF_CPU_INVARIANT_ON;
+    } else if (!strcmp(inv, "0")) {
+        c->invariance = FF_CPU_INVARIANT_OFF;
+    } else if (!strcmp(inv, "fixed")) {
+        c->invariance = FF_CPU_INVARIANT_FIXED;
+    } else {
+        ff_error_set("FF_BATCH_INVARIANT",
+                     "set 1 (the default: rows round alike whatever the batch), fixed (always the fixed-order "
+                     "products) or 0 (OpenBLAS as it is)",
                      "invalid value '%s'", inv);
         cpu_destroy(be);
         return NULL;
     }
-    c->invariant = !inv || !*inv || !strcmp(inv, "1");
     c->pool = ff_pool_new(be->n_threads);
     if (!c->pool) {
         cpu_destroy(be);

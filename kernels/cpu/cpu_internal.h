@@ -30,12 +30,16 @@ static inline float *F(ff_dptr p) { return p.buf ? (float *)(void *)((char *)p.b
 static inline int32_t *I32(ff_dptr p) { return p.buf ? (int32_t *)(void *)((char *)p.buf->data + p.off) : NULL; }
 static inline int NT(const ff_stream *s) { return s->be->n_threads; }
 
+/* FF_BATCH_INVARIANT: 0, 1 (the default: OpenBLAS padded where the probe finds its rows
+ * invariant, else the fixed-order products), fixed (the fixed-order products always). */
+typedef enum ff_cpu_invariance { FF_CPU_INVARIANT_OFF, FF_CPU_INVARIANT_ON, FF_CPU_INVARIANT_FIXED } ff_cpu_invariance;
+
 /* The CPU backend's state. */
 typedef struct cpu_impl {
     ff_pool *pool;
     void *scratch; /* host scratch for kernels' small tables, grown on demand */
     size_t scratch_cap;
-    bool invariant; /* FF_BATCH_INVARIANT (default on): A W^T rows round alike whatever the batch */
+    ff_cpu_invariance invariance; /* FF_BATCH_INVARIANT: rows of X W^T round alike whatever the batch */
 } cpu_impl;
 
 static inline ff_pool *POOL(const ff_stream *s) { return ((cpu_impl *)s->be->impl)->pool; }
@@ -94,9 +98,20 @@ static inline float ff_fast_expf(float x) {
  * A W^T product of few rows: no kernel may call it while holding that scratch. */
 void ff_cpu_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
                  ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
-/* The least rows from which OpenBLAS's A W^T product of N outputs, K inner, takes its
- * blocked kernel (1 where every size does); probed once per shape. */
-int ff_cpu_gemm_blocked_rows(int N, int K);
+/* Batch invariance (cpu_backend.c): rows of X W^T are padded to a multiple of the row
+ * unit (the tile of OpenBLAS's blocked kernel here, probed once) and X W^T also to at least the
+ * floor rows of its shape, from which OpenBLAS takes its blocked kernel (1 where every size
+ * does; probed once per shape). */
+int ff_cpu_gemm_row_unit(void); /* 0: OpenBLAS's rows are not invariant, the fixed-order products are used */
+int ff_cpu_gemm_floor_rows(int N, int K);
+
+/* cpu_gemm_fixed.c: C = alpha A B^T + beta C, every element of one fixed order of operations
+ * (row-major; A [M, K], B [N, K]); single-threaded. */
+void ff_cpu_gemm_fixed_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                          float beta, float *C, int ldc);
+/* Tests: the portable path (fmaf per element) instead of AVX2 + FMA where the CPU has them; the
+ * two give the same bits. */
+void ff_cpu_gemm_fixed_portable(bool on);
 
 /* The kernels of the other files, entered in the ops table by cpu_backend.c. */
 void ff_cpu_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);

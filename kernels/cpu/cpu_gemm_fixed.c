@@ -1,0 +1,146 @@
+/* X W^T of a fixed order (every linear's forward), for batch invariance where OpenBLAS's
+ * kernels are not (cpu_backend.c decides). Every element of C is computed by the same sequence of correctly
+ * rounded operations whatever M, N, the block it falls in, its place in the block and the
+ * CPU, so a row of C is the same bit for bit whatever rows share the product, on every
+ * x86-64 machine. fma(a, b, s) is IEEE's fused multiply-add: the AVX2 + FMA path issues it
+ * 8 lanes at a time, the portable path calls fmaf, and the two agree bit for bit.
+ *
+ *   X W^T, C [M, N] = A [M, K] B [N, K]^T: 8 partial sums, lane l = fma over k = l mod 8 in
+ *   order for k < K8 = K - K mod 8; s = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7));
+ *   then s = fma(a_k, b_k, s) for k = K8..K-1.
+ * Then C = alpha s (beta = 0) or alpha s + beta C.
+ *
+ *
+ * Single-threaded: the caller splits C into blocks, and any split gives the same C. Not here:
+ * the other layouts (backward products stay with OpenBLAS: nothing needs their rows
+ * invariant). Speed: register tiles of 4 rows by 2 columns, B in panels of 64 rows that stay
+ * in cache (bench_model prints the cost against OpenBLAS). */
+#include <immintrin.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "kernels/cpu/cpu_internal.h"
+
+static inline void put(float *c, float s, float alpha, float beta) {
+    *c = beta == 0.0f ? alpha * s : alpha * s + beta * *c;
+}
+
+enum { PANEL = 64 }; /* rows of B kept in cache across the row tiles */
+
+/* ---- the definition, one element at a time (the portable path) ----------------------------- */
+
+static float dot_nt(const float *a, const float *b, int K) {
+    float lane[8] = {0};
+    int K8 = K / 8 * 8;
+    for (int k = 0; k < K8; k += 8)
+        for (int l = 0; l < 8; l++) lane[l] = fmaf(a[k + l], b[k + l], lane[l]);
+    float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (int k = K8; k < K; k++) s = fmaf(a[k], b[k], s);
+    return s;
+}
+
+static void nt_portable(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                        float *C, int ldc) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+            put(C + (size_t)i * ldc + j, dot_nt(A + (size_t)i * lda, B + (size_t)j * ldb, K), alpha, beta);
+}
+
+/* ---- AVX2 + FMA: the same operations, 8 lanes at a time ------------------------------------ */
+
+#define FMA_TARGET __attribute__((target("avx2,fma")))
+
+FMA_TARGET static inline float sum_lanes(__m256 v) {
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* rm <= 4 rows by rn <= 2 columns of X W^T; constant rm, rn unroll it */
+FMA_TARGET static inline __attribute__((always_inline)) void nt_tile(int rm, int rn, int K, float alpha,
+                                                                     const float *A, int lda, const float *B,
+                                                                     int ldb, float beta, float *C, int ldc) {
+    __m256 acc[4][2];
+    for (int r = 0; r < rm; r++)
+        for (int c = 0; c < rn; c++) acc[r][c] = _mm256_setzero_ps();
+    int K8 = K / 8 * 8;
+    for (int k = 0; k < K8; k += 8) {
+        __m256 b[2];
+        for (int c = 0; c < rn; c++) b[c] = _mm256_loadu_ps(B + (size_t)c * ldb + k);
+        for (int r = 0; r < rm; r++) {
+            __m256 a = _mm256_loadu_ps(A + (size_t)r * lda + k);
+            for (int c = 0; c < rn; c++) acc[r][c] = _mm256_fmadd_ps(a, b[c], acc[r][c]);
+        }
+    }
+    float sums[4][2];
+    if (rm == 4 && rn == 2) {
+        /* the 8 lane trees at once: hadd adds neighbours, so two rounds of it and the two
+         * halves give ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) for 4 sums a time */
+        for (int h = 0; h < 2; h++) {
+            __m256 q = _mm256_hadd_ps(_mm256_hadd_ps(acc[2 * h][0], acc[2 * h][1]),
+                                      _mm256_hadd_ps(acc[2 * h + 1][0], acc[2 * h + 1][1]));
+            __m128 t = _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
+            float f[4];
+            _mm_storeu_ps(f, t);
+            sums[2 * h][0] = f[0], sums[2 * h][1] = f[1], sums[2 * h + 1][0] = f[2], sums[2 * h + 1][1] = f[3];
+        }
+    } else {
+        for (int r = 0; r < rm; r++)
+            for (int c = 0; c < rn; c++) sums[r][c] = sum_lanes(acc[r][c]);
+    }
+    for (int r = 0; r < rm; r++)
+        for (int c = 0; c < rn; c++) {
+            const float *a = A + (size_t)r * lda, *b = B + (size_t)c * ldb;
+            float s = sums[r][c];
+            for (int k = K8; k < K; k++) s = fmaf(a[k], b[k], s);
+            put(C + (size_t)r * ldc + c, s, alpha, beta);
+        }
+}
+
+FMA_TARGET static void nt_fma(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                              float beta, float *C, int ldc) {
+    for (int j0 = 0; j0 < N; j0 += PANEL) {
+        int j1 = N - j0 < PANEL ? N : j0 + PANEL;
+        for (int i = 0; i < M; i += 4) {
+            const float *Ai = A + (size_t)i * lda;
+            float *Ci = C + (size_t)i * ldc;
+            int rm = M - i < 4 ? M - i : 4, j = j0;
+            if (rm == 4) {
+                for (; j + 2 <= j1; j += 2) nt_tile(4, 2, K, alpha, Ai, lda, B + (size_t)j * ldb, ldb, beta, Ci + j, ldc);
+                if (j < j1) nt_tile(4, 1, K, alpha, Ai, lda, B + (size_t)j * ldb, ldb, beta, Ci + j, ldc);
+            } else {
+                for (; j + 2 <= j1; j += 2)
+                    nt_tile(rm, 2, K, alpha, Ai, lda, B + (size_t)j * ldb, ldb, beta, Ci + j, ldc);
+                if (j < j1) nt_tile(rm, 1, K, alpha, Ai, lda, B + (size_t)j * ldb, ldb, beta, Ci + j, ldc);
+            }
+        }
+    }
+}
+
+/* ---- entry points -------------------------------------------------------------------------- */
+
+/* 1: AVX2 + FMA, 0: portable, -1: not asked yet (a race between threads is benign: all
+ * store the same value) */
+static _Atomic int fast = -1;
+
+static int use_fma(void) {
+    int f = atomic_load_explicit(&fast, memory_order_relaxed);
+    if (f < 0) {
+        f = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        atomic_store_explicit(&fast, f, memory_order_relaxed);
+    }
+    return f;
+}
+
+void ff_cpu_gemm_fixed_portable(bool on) {
+    atomic_store_explicit(&fast, on ? 0 : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")),
+                          memory_order_relaxed);
+}
+
+void ff_cpu_gemm_fixed_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                          float beta, float *C, int ldc) {
+    if (use_fma()) nt_fma(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else nt_portable(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
