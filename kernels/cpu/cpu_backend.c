@@ -1,5 +1,6 @@
 /* The CPU backend: host memory as "device" memory, synchronous streams, matrix products
- * through OpenBLAS, the other kernels in the cpu_*.c files beside this one.
+ * through OpenBLAS (or, for batch invariance where its kernels cannot give it, the fixed-order
+ * product of cpu_gemm_fixed.c), the other kernels in the cpu_*.c files beside this one.
  *
  * Threads: OpenBLAS is set to one thread and every product is split into row or column
  * blocks run by this backend's thread pool (cpu_pool.c), one single-threaded cblas_sgemm

@@ -1,7 +1,7 @@
 /* Batch invariance of the CPU backend's products: a row of A W^T (every linear's forward) is
- * the same bit for bit whatever the number of rows it shares the
- * product with (a decode batch, packed prompts), whatever its place among them and whatever
- * the thread split; and all layouts' products are right (against double sums). Checked in both modes
+ * the same bit for bit whatever the number of rows it shares the product with (a decode batch,
+ * packed prompts), whatever its place among them and whatever the thread split; and all
+ * layouts' products are right (against double sums). Checked in both modes
  * that keep rows invariant: the default (OpenBLAS padded where the backend's probe finds its
  * rows invariant, the fixed-order products of cpu_gemm_fixed.c where not) and
  * FF_BATCH_INVARIANT=fixed, so the fixed-order products are tested on every machine. The
@@ -191,15 +191,15 @@ int main(void) {
         REQUIRE(be);
         static const int odd[][3] = {{96, 768, 256}, {37, 40, 37}, {5, 19, 3}, {13, 100, 71}};
         for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
-                product p;
-                product_init(&p, be, FF_NO_TRANS, FF_TRANS, odd[i][1], odd[i][2]);
-                ff_cpu_gemm_fixed_portable(true);
-                run(&p, 1, odd[i][0], p.ref);
-                ff_cpu_gemm_fixed_portable(false);
-                run(&p, 1, odd[i][0], p.c);
-                CHECK(memcmp(p.ref, p.c, (size_t)odd[i][0] * odd[i][1] * 4) == 0);
-                product_fini(&p);
-            }
+            product p;
+            product_init(&p, be, FF_NO_TRANS, FF_TRANS, odd[i][1], odd[i][2]);
+            ff_cpu_gemm_fixed_portable(true);
+            run(&p, 1, odd[i][0], p.ref);
+            ff_cpu_gemm_fixed_portable(false);
+            run(&p, 1, odd[i][0], p.c);
+            CHECK(memcmp(p.ref, p.c, (size_t)odd[i][0] * odd[i][1] * 4) == 0);
+            product_fini(&p);
+        }
         ff_backend_destroy(&be);
     }
     REQUIRE(fixed_rows[0] && fixed_rows[1]);
