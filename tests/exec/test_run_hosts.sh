@@ -131,12 +131,17 @@ echo "link cut: stopped in ${took} s: $(grep -o 'fuseflow run: .\{0,160\}' "$wor
     { cat "$work/full.log" >&2; fail "the uninterrupted run"; }
 "$bin" run $(grpo "$work/cut" trainer.save_freq=5) --resume > "$work/resume.log" 2>&1 ||
     { cat "$work/resume.log" >&2; fail "--resume after the cut"; }
-# the first 25 iterations (the cut comes at about the 10th): later ones drift apart beyond the
-# tolerance, as any two DP runs whose sums differ in order do over a hundred updates
+# the iterations up to the cut and 4 past it (the cut comes at about the 10th; the run resumes
+# from the last checkpoint, every 5): later ones drift apart beyond the tolerance, as any two
+# DP runs whose sums differ in order do. On an AMD EPYC (session 11) training on the CPU
+# backend at cpu:1 and at cpu:2 differs from the second step (measured with sft; which kernel
+# rounds by the thread count is not traced), and kl (~1e-4, compared at 1e-6) left the
+# tolerance at iteration 16 in one run under the sanitizers, when 25 iterations were compared
 cut_at=$(grep -c '^iter' "$work/cut.log")
 [[ $cut_at -lt 25 ]] || fail "the link was cut at iteration $cut_at, after the iterations compared"
-head -n 25 "$work/cut/metrics.jsonl" > "$work/cut25.jsonl"
-head -n 25 "$work/full/metrics.jsonl" > "$work/full25.jsonl"
+n=$((cut_at + 4))
+head -n $n "$work/cut/metrics.jsonl" > "$work/cut25.jsonl"
+head -n $n "$work/full/metrics.jsonl" > "$work/full25.jsonl"
 same_metrics "$work/cut25.jsonl" "$work/full25.jsonl" 1e-6 1e-4 || fail "the resumed run's metrics differ"
 echo "resumed on one host after the cut at iteration $cut_at: the uninterrupted run's metrics"
 
