@@ -3,12 +3,17 @@
  * kind "count" that defers its task and a step hook that advances every deferred task by
  * one per step, like a decoding step over a batch of sequences:
  *   - many subtasks in flight are advanced together (one step serves several subtasks) and
- *     each completes once with the right output;
+ *     each completes once with the right output: the hook holds its steps until every task
+ *     sent to its worker is open ("gather"), so that this checks that the runtime hands new
+ *     tasks to a worker whose tasks are deferred, whatever the timing (a fast compute thread
+ *     finished each task alone before the next message came, on a CI machine);
  *   - ordinary subtasks run between steps while deferred ones wait;
  *   - a cancelled deferred task comes back CANCELLED, the others still finish;
  *   - a failing hook fails every deferred task with its message;
  *   - shutting down with deferred work: the hook completes the cancelled tasks, workers exit 0.
  */
+#include <time.h>
+
 #include "tests/runtime/rt_test.h"
 
 /* ---- worker side ---------------------------------------------------------------------- */
@@ -21,6 +26,9 @@ typedef struct open_task {
 
 static open_task open_tasks[MAX_OPEN];
 static int n_open, max_together;
+static int64_t gather;        /* steps wait until this many tasks are open (or GATHER_LIMIT_NS) */
+static int64_t gather_since;  /* when the first of them opened, ns */
+static const int64_t GATHER_LIMIT_NS = 20LL * 1000 * 1000 * 1000;
 
 static int count_kind(ff_task *t, void *ud) {
     (void)ud;
@@ -28,6 +36,9 @@ static int count_kind(ff_task *t, void *ud) {
     if (ff_msg_arg_int(ff_task_subtask(t), "steps", &goal) != 0) return ff_task_fail(t, FF_STATUS_BAD_REQUEST, "steps?");
     const ff_tensor *x = ff_task_input_named(t, "x");
     if (!x || n_open == MAX_OPEN) return -1;
+    int64_t g = 0;
+    (void)ff_msg_arg_int(ff_task_subtask(t), "gather", &g); /* optional */
+    if (g > 0 && n_open == 0) gather = g, gather_since = ff_now_ns();
     if (ff_task_defer(t) != 0) return -1;
     open_tasks[n_open++] = (open_task){t, goal, 0, ((const float *)x->data)[0]};
     return 0;
@@ -36,6 +47,13 @@ static int count_kind(ff_task *t, void *ud) {
 static int step_hook(ff_worker *w, void *ud) {
     (void)w;
     (void)ud;
+    if (gather > 0) {
+        if (n_open < gather && ff_now_ns() - gather_since < GATHER_LIMIT_NS) {
+            nanosleep(&(struct timespec){0, 200000}, NULL); /* the hook runs again at once */
+            return 0;
+        }
+        gather = 0;
+    }
     if (n_open > max_together) max_together = n_open;
     for (int i = 0; i < n_open;) {
         open_task *o = &open_tasks[i];
@@ -91,15 +109,19 @@ static void on_done(ff_controller *c, uint64_t job, const ff_result *r, int n, v
         fprintf(stderr, "unexpected status %s: %s\n", ff_status_name(r[0].status), r[0].error);
 }
 
-static uint64_t submit_count(ff_controller *c, int rank, float x, int64_t steps, rec *out) {
+static uint64_t submit_gathered(ff_controller *c, int rank, float x, int64_t steps, int64_t gather_n, rec *out) {
     int64_t one = 1;
     ff_input in = rt_f32("x", &one, x);
-    ff_arg a = ff_arg_int("steps", steps);
-    ff_subtask_spec s = {.kind = "count", .target = FF_TARGET_RANK, .rank = rank, .args = &a, .nargs = 1, .inputs = &in,
+    ff_arg a[2] = {ff_arg_int("steps", steps), ff_arg_int("gather", gather_n)};
+    ff_subtask_spec s = {.kind = "count", .target = FF_TARGET_RANK, .rank = rank, .args = a, .nargs = 2, .inputs = &in,
                          .ninputs = 1};
     uint64_t id = ff_controller_submit(c, &s, on_done, out);
     REQUIRE(id > 0);
     return id;
+}
+
+static uint64_t submit_count(ff_controller *c, int rank, float x, int64_t steps, rec *out) {
+    return submit_gathered(c, rank, x, steps, 0, out);
 }
 
 int main(int argc, char **argv) {
@@ -110,7 +132,7 @@ int main(int argc, char **argv) {
     /* 1. many deferred subtasks advance together; an ordinary one runs meanwhile */
     enum { N = 40 };
     static rec r[N];
-    for (int i = 0; i < N; i++) submit_count(c, i % 2, (float)i, 20 + i % 7, &r[i]);
+    for (int i = 0; i < N; i++) submit_gathered(c, i % 2, (float)i, 20 + i % 7, N / 2, &r[i]);
     rt_counter sum = {0};
     int64_t four = 4;
     ff_input xin = rt_f32("x", &four, 2.0f);
@@ -124,7 +146,7 @@ int main(int argc, char **argv) {
         CHECK_CLOSE(r[i].y, (float)i + (float)(20 + i % 7), 0, 0);
         if (r[i].together > together) together = r[i].together;
     }
-    CHECK(together > 1); /* one step served several subtasks */
+    CHECK_EQ_INT(together, N / 2); /* one step served every subtask of its worker */
     CHECK_EQ_INT(sum.ok, 1);
 
     /* 2. cancel one deferred task among others */
