@@ -229,7 +229,7 @@ static void set_overrides(const char *out) {
         OV("graph.reward.function=remote");
         OV("graph.reward.endpoint=%s", endpoint);
         OV("graph.reward.server_function=arith");
-        OV("graph.reward.timeout_ms=500");
+        OV("graph.reward.timeout_ms=1000"); /* a live server answers in ms; 500 left a loaded CI machine little room */
         OV("graph.reward.retries=1");
     }
 #undef OV

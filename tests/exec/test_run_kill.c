@@ -227,15 +227,22 @@ int main(void) {
     CHECK(h5.done); /* a migration happened and its target was killed */
     check_samples(out, 4, resp1, true);
 
-    /* 6. a migration's target dies after the states left */
-    snprintf(out, sizeof out, "%s/o6", dir);
-    write_config(out, 2, 1, 4, ", migrate: 1.0");
+    /* 6. a migration's target dies after the states left. The move can find the source's
+     * samples all ended (a loaded machine holds the controller back while the source decodes):
+     * then nothing leaves, the stopped survivor is found dead and its groups run again, and the
+     * run is tried again (every try still gives every prompt its responses exactly once) */
     hook h6 = {.mode = 6};
-    rc = run(&h6, &flag);
-    if (rc < 0) fprintf(stderr, "run: %s\n", ff_error_message());
-    CHECK_EQ_INT(rc, FF_EXEC_DONE);
+    for (int attempt = 0; attempt < 4 && !h6.done; attempt++) {
+        snprintf(out, sizeof out, "%s/o6_%d", dir, attempt);
+        write_config(out, 2, 1, 4, ", migrate: 1.0");
+        h6 = (hook){.mode = 6};
+        rc = run(&h6, &flag);
+        if (rc < 0) fprintf(stderr, "run: %s\n", ff_error_message());
+        CHECK_EQ_INT(rc, FF_EXEC_DONE);
+        check_samples(out, 4, resp1, true);
+        if (!h6.done) fprintf(stderr, "case 6, try %d: the move found nothing to send; again\n", attempt + 1);
+    }
     CHECK(h6.done); /* the source's jobs came back migrated, then the survivor was killed */
-    check_samples(out, 4, resp1, true);
 
     /* 2. the actor's worker dies after the checkpoint of iteration 1 */
     snprintf(out, sizeof out, "%s/o2", dir);
