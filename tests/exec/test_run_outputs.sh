@@ -27,6 +27,12 @@ base() { # OUT
 }
 run_ff() { "$bin" run "$cfg" "$@" --no-progress; }
 iters_in() { [[ -f "$1" ]] && iterations "$1" || echo 0; }
+# until FILE holds N iterations (120 s: a loaded, sanitized CI machine is slow to start a run; 8 s
+# fell through to the fault injected next, with another message), else fail
+wait_iters() { # FILE N WHAT
+  for _ in $(seq 1 6000); do [[ $(iters_in "$1") -ge $2 ]] && return 0; sleep 0.02; done
+  fail "$3: the run did not reach iteration $2 in 120 s"
+}
 
 # refused NAME PATTERN ARGS...: exit 1, the message matches, and no iteration ran
 refused() {
@@ -68,7 +74,7 @@ if ((can_mount)); then
   rc=0
   (run_ff $(base "$work/full/out") trainer.steps=400 > "$work/full.log" 2>&1) &
   pid=$!
-  for _ in $(seq 1 400); do [[ $(iters_in "$work/full/out/metrics.jsonl") -ge 1 ]] && break; sleep 0.02; done
+  wait_iters "$work/full/out/metrics.jsonl" 1 "disk full"
   dd if=/dev/zero of="$work/full/fill" bs=4k count=128 2>/dev/null || true
   wait $pid || rc=$?
   [[ $rc == 1 ]] || { cat "$work/full.log" >&2; fail "disk full: exit status $rc, expected 1"; }
@@ -94,7 +100,7 @@ mkdir -p "$work/tgone"
 rc=0
 (run_ff $(base "$work/t4") trainer.steps=60 --trace "$work/tgone/t.json" > "$work/tgone.log" 2>&1) &
 pid=$!
-for _ in $(seq 1 400); do [[ $(iters_in "$work/t4/metrics.jsonl") -ge 1 ]] && break; sleep 0.02; done
+wait_iters "$work/t4/metrics.jsonl" 1 "lost timeline"
 rm -rf "$work/tgone"
 wait $pid || rc=$?
 [[ $rc == 1 ]] || { cat "$work/tgone.log" >&2; fail "lost timeline: exit status $rc, expected 1"; }
@@ -122,7 +128,7 @@ d=$work/k
 mkdir -p "$d"
 (cd "$d" && exec "$bin" run "$cfg" $(base "$d/out") trainer.steps=5000 trainer.save_freq=1 --no-progress > "$d/log" 2>&1) &
 pid=$!
-for _ in $(seq 1 400); do [[ $(iters_in "$d/out/metrics.jsonl") -ge 2 ]] && break; sleep 0.02; done
+wait_iters "$d/out/metrics.jsonl" 2 "killed run"
 kill -KILL $pid
 wait $pid 2>/dev/null || true
 for p in /proc/[0-9]*; do [[ "$(readlink "$p/cwd" 2>/dev/null)" == "$d" ]] && kill -KILL "${p#/proc/}" 2>/dev/null; done
@@ -134,7 +140,8 @@ import os, socket, sys, time
 s = socket.socket(socket.AF_UNIX); s.bind(os.path.join(sys.argv[1], "fuseflow-%d-0.sock" % os.getpid())); s.listen(1)
 print(os.getpid(), flush=True); time.sleep(60)' "$TMPDIR" > "$work/live.pid" &
 live=$!
-for _ in $(seq 1 100); do [[ -S "$TMPDIR/fuseflow-$live-0.sock" ]] && break; sleep 0.02; done
+for _ in $(seq 1 6000); do [[ -S "$TMPDIR/fuseflow-$live-0.sock" ]] && break; sleep 0.02; done
+[[ -S "$TMPDIR/fuseflow-$live-0.sock" ]] || fail "the live process's socket did not appear in 120 s"
 (cd "$d" && "$bin" run "$cfg" $(base "$d/out") trainer.steps=5000 trainer.save_freq=1 --resume --stop-after 3 --no-progress > "$d/log2" 2>&1) \
   || { cat "$d/log2" >&2; fail "killed run: --resume failed"; }
 [[ ! -e "$sock" ]] || fail "killed run: its socket $sock is still there"
