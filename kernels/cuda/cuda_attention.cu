@@ -355,9 +355,11 @@ int ff_cuda_attention_init(void) {
              {(const void *)k_att_cached, cached_smem(MAXD)}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         cudaError_t e = cudaFuncSetAttribute(k[i].fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k[i].bytes);
-        if (e != cudaSuccess)
+        if (e != cudaSuccess) {
+            cudaGetLastError(); /* not left for the next launch check to report */
             return ff_error_set("cuda backend", "the attention kernels need a GPU with >= 96 KiB of shared memory per block",
                                 "cudaFuncSetAttribute(%zu bytes): %s", k[i].bytes, cudaGetErrorString(e));
+        }
     }
     return 0;
 }
@@ -539,17 +541,23 @@ static __global__ void k_sample(const float *logits, int V, const ff_sample_para
         __syncthreads();
     }
     if (mylast >= 0) atomicMax(&last_s, mylast);
-    float before = pre[tid] - local, acc = before;
+    /* thread i owns [pre[i-1], pre[i]): the same floats bound neighbours, so the ranges tile with
+     * no gap (pre[i] - local rounds, and could leave u in nobody's range); within it, its own sum
+     * may round below u, and then its last kept id is the one (not the row's last: far away) */
+    const float before = tid > 0 ? pre[tid - 1] : 0.0f;
     if (before <= u && u < pre[tid]) {
+        float acc = before;
+        int hit = mylast;
         for (int v = c0; v < c1; v++) {
             float pv = p[v];
             if (!(pv > 0.0f && order_key(pv, v) >= thr)) continue;
             acc += pv;
             if (acc > u) {
-                atomicMin(&pick_s, v);
+                hit = v;
                 break;
             }
         }
+        if (hit >= 0) atomicMin(&pick_s, hit);
     }
     __syncthreads();
     if (tid != 0) return;

@@ -110,6 +110,7 @@ static int load_blas(void) {
 /* ---- errors, device, scratch ------------------------------------------------------------------ */
 
 static int cuda_fail(cudaError_t e, const char *what, const char *hint) {
+    cudaGetLastError(); /* a recoverable error stays set otherwise, and the next launch check would report it as its own */
     return ff_error_set("cuda backend", hint, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
