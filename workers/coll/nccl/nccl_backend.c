@@ -169,9 +169,27 @@ void coll_nccl_comm_free(ff_coll_comm *c) {
     c->nccl = NULL;
 }
 
+/* Communicators used inside the current group (this thread): non-blocking communicators
+ * finish a group asynchronously, and nothing may be issued on them until they settle. */
+#define GROUP_MAX 64
+static _Thread_local struct {
+    bool open;
+    int n;
+    ncclComm_t comm[GROUP_MAX];
+    double timeout_s[GROUP_MAX];
+    bool doomed[GROUP_MAX]; /* broken inside the group: aborted after ncclGroupEnd, which still holds its calls */
+} g_grp;
+
 void coll_nccl_abort(ff_coll_comm *c) {
-    if (c->nccl) ncclCommAbort(comm_of(c));
+    ncclComm_t comm = comm_of(c);
     c->nccl = NULL;
+    if (!comm) return;
+    for (int i = 0; g_grp.open && i < g_grp.n; i++)
+        if (g_grp.comm[i] == comm) { /* calls of this group are queued on it: abort once the group is ended */
+            g_grp.doomed[i] = true;
+            return;
+        }
+    ncclCommAbort(comm);
 }
 
 static bool map_dtype(ff_dtype t, ncclDataType_t *out) {
@@ -198,15 +216,6 @@ static ncclRedOp_t map_op(ff_coll_redop op) {
     }
 }
 
-/* Communicators used inside the current group (this thread): non-blocking communicators
- * finish a group asynchronously, and nothing may be issued on them until they settle. */
-#define GROUP_MAX 64
-static _Thread_local struct {
-    bool open;
-    int n;
-    ncclComm_t comm[GROUP_MAX];
-    double timeout_s[GROUP_MAX];
-} g_grp;
 
 int coll_nccl_run(ff_coll_comm *c, const coll_call *call, ff_coll_stream stream) {
     ncclComm_t comm = comm_of(c);
@@ -218,6 +227,7 @@ int coll_nccl_run(ff_coll_comm *c, const coll_call *call, ff_coll_stream stream)
                 return ff_error_set("ff_coll_group", "use fewer communicators per group",
                                     "more than %d nccl communicators in one group", GROUP_MAX);
             g_grp.comm[g_grp.n] = comm;
+            g_grp.doomed[g_grp.n] = false;
             g_grp.timeout_s[g_grp.n++] = c->timeout_s;
         }
     } else if (wait_ready(comm, c->timeout_s, "nccl")) { /* a previous call may still settle */
@@ -292,8 +302,12 @@ int coll_nccl_group_end(void) {
     ncclResult_t r = ncclGroupEnd();
     g_grp.open = false;
     int rc = r == ncclSuccess || r == ncclInProgress ? 0 : nccl_error("ff_coll_group_end", r, NULL);
-    /* the calls are enqueued once every communicator of the group has settled */
-    for (int i = 0; i < g_grp.n && rc == 0; i++) rc = wait_ready(g_grp.comm[i], g_grp.timeout_s[i], "ff_coll_group_end");
+    /* the calls are enqueued once every communicator of the group has settled; a broken one (its
+     * ff_coll_comm already failed and forgot it) is aborted now, after the group let go of it */
+    for (int i = 0; i < g_grp.n; i++) {
+        if (g_grp.doomed[i]) ncclCommAbort(g_grp.comm[i]);
+        else if (rc == 0) rc = wait_ready(g_grp.comm[i], g_grp.timeout_s[i], "ff_coll_group_end");
+    }
     g_grp.n = 0;
     return rc;
 }
