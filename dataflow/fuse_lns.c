@@ -21,8 +21,10 @@
  * Measured (fuseflow schedule fuse, 9.5 s, 2 threads, docs/pipeline.md): of the 10 bench_fuse
  * instances the search missed where CP-SAT shows the bound reachable, 5 at it with the plain
  * windows, 8-9 with the mirror as well (two cycles in three the repair's); the two whose bound is
- * not reachable at 346-347 and 353 for the optima 346 and 353. Still missed: 8 nodes PP4 x 2 64
- * micro-batches 2:2 (794 for 792) and, in some runs, 16 nodes PP8 x 2 8 2:2 (158 for 156). */
+ * not reachable at 346-347 and 353 for the optima 346 and 353. Missed then in some runs: 8 nodes
+ * PP4 x 2 64 micro-batches 2:2 (794 for 792) and 16 nodes PP8 x 2 8 2:2 (158 for 156); both at
+ * their bounds in session 12's runs, the second in 0.5-3 s since the solver's repair cycles
+ * start where the last one ended on the plateau (fuse_solve.c). */
 #include "dataflow/fuse_lns.h"
 
 #include <math.h>

@@ -90,22 +90,29 @@ static void test_step_walks_down(void) {
     ff_fuse_schedule_free(&s);
 }
 
+/* Solve JSON (its makespan bound must be `bound`) with o into *out: at the bound, and said so. */
+static void solve_to_bound(const char *json, const char *name, double bound, const ff_fuse_solve_opts *o, ff_fuse_instance *in,
+                           ff_fuse_schedule *out) {
+    DIE_IF(ff_fuse_instance_parse(json, name, in));
+    double lb, plb;
+    ff_fuse_lower_bounds(in, &lb, &plb);
+    CHECK_CLOSE(lb, bound, 1e-9, 0);
+    ff_fuse_solve_stats st;
+    DIE_IF(ff_fuse_solve(in, o, out, &st));
+    ff_fuse_sim sim;
+    DIE_IF(ff_fuse_simulate(in, out, &sim));
+    printf("%s: makespan %g (bound %g), peak %g, %.2f s\n", name, sim.makespan, lb, sim.peak_activation, st.seconds);
+    CHECK_CLOSE(sim.makespan, bound, 1e-9, 0);
+    CHECK(st.optimal);
+}
+
 /* The solver with the repair: PP4X2's bound within 700 rounds, and the same schedule again. */
 static void test_solver_reaches_missed_bound(void) {
     ff_fuse_instance in;
-    DIE_IF(ff_fuse_instance_parse(PP4X2, "pp4x2.json", &in));
-    double lb, plb;
-    ff_fuse_lower_bounds(&in, &lb, &plb);
-    CHECK_CLOSE(lb, 216, 1e-9, 0);
     ff_fuse_solve_opts o = {.seconds = 600, .seed = 1, .threads = 2, .max_rounds = 700};
     ff_fuse_schedule a, b;
+    solve_to_bound(PP4X2, "pp4x2 16 2:2", 216, &o, &in, &a);
     ff_fuse_solve_stats st;
-    DIE_IF(ff_fuse_solve(&in, &o, &a, &st));
-    ff_fuse_sim sim;
-    DIE_IF(ff_fuse_simulate(&in, &a, &sim));
-    printf("pp4x2 16 2:2: makespan %g (bound %g), peak %g, %.2f s\n", sim.makespan, lb, sim.peak_activation, st.seconds);
-    CHECK_CLOSE(sim.makespan, 216, 1e-9, 0);
-    CHECK(st.optimal);
     DIE_IF(ff_fuse_solve(&in, &o, &b, &st));
     CHECK(same_lists(&a, &b));
     ff_fuse_schedule_free(&a);
@@ -115,19 +122,9 @@ static void test_solver_reaches_missed_bound(void) {
 /* The repair on the plateau: PP8X2's bound within 1000 rounds on 1 thread. */
 static void test_solver_walks_the_plateau(void) {
     ff_fuse_instance in;
-    DIE_IF(ff_fuse_instance_parse(PP8X2, "pp8x2.json", &in));
-    double lb, plb;
-    ff_fuse_lower_bounds(&in, &lb, &plb);
-    CHECK_CLOSE(lb, 156, 1e-9, 0);
     ff_fuse_solve_opts o = {.seconds = 600, .seed = 1, .threads = 1, .max_rounds = 1000};
     ff_fuse_schedule a;
-    ff_fuse_solve_stats st;
-    DIE_IF(ff_fuse_solve(&in, &o, &a, &st));
-    ff_fuse_sim sim;
-    DIE_IF(ff_fuse_simulate(&in, &a, &sim));
-    printf("pp8x2 8 2:2: makespan %g (bound %g), peak %g, %.2f s\n", sim.makespan, lb, sim.peak_activation, st.seconds);
-    CHECK_CLOSE(sim.makespan, 156, 1e-9, 0);
-    CHECK(st.optimal);
+    solve_to_bound(PP8X2, "pp8x2 8 2:2", 156, &o, &in, &a);
     ff_fuse_schedule_free(&a);
 }
 
