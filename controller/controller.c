@@ -190,7 +190,23 @@ static ctl_worker *worker_slot(ff_controller *c, int rank) {
     return c->workers[rank];
 }
 
-int64_t ctl_map_clock(const ctl_worker *w, int64_t worker_ns) { return worker_ns - w->offset_ns; }
+
+/* The offset estimate can be off by up to half a round trip, more than a short subtask
+ * lasts: clamping each end on its own into [dispatch, done] then squashed it to nothing.
+ * The worker measured the duration on one clock, so it is exact: the span is moved, whole,
+ * into the window and cut only where it is longer than the window. */
+void ctl_map_span(const ctl_worker *w, int64_t worker_start, int64_t worker_end, int64_t dispatch_ns, int64_t done_ns,
+                  int64_t *start_ns, int64_t *end_ns) {
+    int64_t d = worker_end > worker_start ? worker_end - worker_start : 0;
+    int64_t st = worker_start - w->offset_ns;
+    if (st > done_ns - d) st = done_ns - d;
+    if (st < dispatch_ns) st = dispatch_ns;
+    if (st > done_ns) st = done_ns;
+    int64_t en = st + d;
+    if (en > done_ns) en = done_ns;
+    *start_ns = st;
+    *end_ns = en;
+}
 
 static void forget_peer(ff_controller *c, ctl_worker *w) {
     if (w->peer_len) {

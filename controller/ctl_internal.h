@@ -255,7 +255,10 @@ ctl_worker *ctl_worker_get(ff_controller *c, int rank);
 /* Declare a worker dead: requeue or fail its subtasks, break its groups. Not from inside a
  * dispatch loop (sched.c defers it through w->disconnected). */
 void ctl_worker_died(ff_controller *c, ctl_worker *w, const char *fmt, ...) FF_PRINTF(3, 4);
-int64_t ctl_map_clock(const ctl_worker *w, int64_t worker_ns);
+/* A subtask's worker-clock span onto ours, inside [dispatch_ns, done_ns] (where it ran),
+ * keeping its measured duration where the window holds it. */
+void ctl_map_span(const ctl_worker *w, int64_t worker_start, int64_t worker_end, int64_t dispatch_ns, int64_t done_ns,
+                  int64_t *start_ns, int64_t *end_ns);
 ff_msg *ctl_msg_get(ff_controller *c);
 void ctl_msg_put(ff_controller *c, ff_msg *m);
 void ctl_start_deferred(ff_controller *c);

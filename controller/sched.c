@@ -325,14 +325,8 @@ void sched_on_result(ff_controller *c, ctl_worker *w, ff_msg *rx) {
     s->worker_start_ns = r->start_ns;
     s->worker_end_ns = r->end_ns;
     if (r->start_ns || r->end_ns) {
-        int64_t st = ctl_map_clock(w, r->start_ns), en = ctl_map_clock(w, r->end_ns);
         /* the subtask ran between its dispatch and its result: keep the mapped times there */
-        if (st < s->dispatch_ns) st = s->dispatch_ns;
-        if (st > s->done_ns) st = s->done_ns;
-        if (en < st) en = st;
-        if (en > s->done_ns) en = s->done_ns;
-        s->start_ns = st;
-        s->end_ns = en;
+        ctl_map_span(w, r->start_ns, r->end_ns, s->dispatch_ns, s->done_ns, &s->start_ns, &s->end_ns);
     }
     complete_sub(c, s, rx);
     sched_pump(c, w);

@@ -405,13 +405,7 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
         const trace_rec *rec = &t->recs[i];
         const ctl_worker *w = rec->rank >= 0 && rec->rank < c->nworkers ? c->workers[rec->rank] : NULL;
         if (!w || (!rec->worker_start_ns && !rec->worker_end_ns)) continue;
-        int64_t a = ctl_map_clock(w, rec->worker_start_ns), b = ctl_map_clock(w, rec->worker_end_ns);
-        if (a < rec->dispatch_ns) a = rec->dispatch_ns;
-        if (a > rec->done_ns) a = rec->done_ns;
-        if (b < a) b = a;
-        if (b > rec->done_ns) b = rec->done_ns;
-        st[i] = a;
-        en[i] = b;
+        ctl_map_span(w, rec->worker_start_ns, rec->worker_end_ns, rec->dispatch_ns, rec->done_ns, &st[i], &en[i]);
     }
     for (int r = 0; r < c->nworkers; r++) {
         size_t n = 0;
