@@ -59,7 +59,8 @@ static void on_timer(struct ev_loop *loop, ev_timer *t, int revents) {
 int main(int argc, char **argv) {
     RT_WORKER_MAIN(argc, argv);
     ff_controller_opts o = rt_opts();
-    o.timeout_s = 1.0;
+    o.timeout_s = 2.0; /* a hang is declared after it; a sanitized worker on a loaded machine can
+                        * miss a beat or two, so not much shorter */
     ff_controller *c = rt_start(&o, 3);
 
     /* what each hello told the controller */

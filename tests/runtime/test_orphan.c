@@ -77,7 +77,8 @@ static void killed_controller(void) {
     if (ctl == 0) {
         close(fds[0]);
         ff_controller_opts o = rt_opts();
-        o.timeout_s = 0.3;
+        o.timeout_s = 1.0; /* short, but long enough that a worker slow to start (sanitized, a
+                            * loaded machine) is not declared dead before the kill */
         ff_controller *c = rt_start(&o, 2);
         for (int r = 0; r < 2; r++) {
             ff_worker_info wi;
