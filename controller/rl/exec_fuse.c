@@ -200,6 +200,10 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, const int32_t *mc) {
     p.serial = ff_fuse_streams_makespan(&in, &serial), p.fused = ff_fuse_streams_makespan(&in, &fused);
     if (p.serial < 0 || p.fused < 0) goto out;
     p.gain = p.serial > 0 ? 1 - p.fused / p.serial : 0;
+    /* what fusing costs in memory: more micro-batches in flight where the pipelines overlap */
+    ff_fuse_sim sim_serial, sim_fused;
+    if (ff_fuse_simulate(&in, &serial, &sim_serial) || ff_fuse_simulate(&in, &fused, &sim_fused)) goto out;
+    p.peak_serial = sim_serial.peak_activation, p.peak_fused = sim_fused.peak_activation;
     p.use = f->mode == FF_FUSE_ON || p.gain >= FUSE_MIN_GAIN;
     if (!(p.json = instance_json(&in)) || !(p.sched = schedule_tensor(&fused, &p.n_sched))) goto out;
     /* measured: seconds and bytes per stage; else the unit instance */
@@ -213,11 +217,12 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, const int32_t *mc) {
     fprintf(x->out,
             "run: fuse %s: pp %d, actor %d micro-batches on stages 0..%d (forward %.4g%s, backward %.4g%s, activation %.4g%s per "
             "stage%s), critic %s%s (%.4g%s, %.4g%s, %.4g%s): simulated streams' makespan serial %.4g%s, fused %.4g%s (fused lower bound %s, "
-            "%.2f s to solve): gain %.1f%%, %s\n",
+            "%.2f s to solve), peak activation per rank serial %.4g%s, fused %.4g%s (%.2fx): gain %.1f%%, %s\n",
             mode_names[f->mode], (int)P, (int)ma, (int)P - 1, in.models[0].fwd * tu, tn, in.models[0].bwd * tu, tn,
             in.models[0].act * au, an, measured ? ", measured" : "", R > 1 ? "replicas " : "", crit, in.models[1].fwd * tu, tn,
             in.models[1].bwd * tu, tn, in.models[1].act * au, an, p.serial * tu, tn, p.fused * tu, tn,
-            st.optimal ? "reached" : "not reached", st.seconds, 100 * p.gain, p.use ? "fused steps" : "serial steps (under 5%)");
+            st.optimal ? "reached" : "not reached", st.seconds, p.peak_serial * au, an, p.peak_fused * au, an,
+            p.peak_serial > 0 ? p.peak_fused / p.peak_serial : 0, 100 * p.gain, p.use ? "fused steps" : "serial steps (under 5%)");
     fflush(x->out);
     f->plans[f->n_plans++] = p;
     rc = 0;

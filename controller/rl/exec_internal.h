@@ -197,6 +197,7 @@ typedef struct ex_iter {
     ex_shares fuse_sh[2];               /* fusion: the actor's and the critic's shares until both are planned */
     bool fuse_used;                     /* this iteration's steps were fused */
     double fuse_gain;                   /* their simulated gain over serial */
+    double fuse_peak_ratio;             /* the highest of their fused / serial peak activations, 0: not planned */
     double kl_sum[EX_MAX_NODES], kl_w[EX_MAX_NODES]; /* advantage nodes' KL penalty means */
     int64_t sync_bytes, sync_bytes_max; /* weights received by the sync's ranks: in all, the most by one */
     int64_t sync_ns;                    /* the syncs' subtasks, first start to last end */
@@ -257,6 +258,7 @@ typedef struct ex_fuse_plan {
     int64_t n_sched;
     double serial, fused;  /* simulated makespans of the executor streams (ff_fuse_streams_makespan) */
     double gain;           /* 1 - fused / serial */
+    double peak_serial, peak_fused; /* the simulated peak activation per rank of each schedule (the instance's units) */
     bool use;              /* fuse these steps (on; auto: gain >= 5%) */
 } ex_fuse_plan;
 

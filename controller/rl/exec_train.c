@@ -365,16 +365,18 @@ static int submit_pair(ex_run *x, ex_iter *I) {
     if (!fuse && A->n_steps && C->n_steps)
         fprintf(x->out, "run: fuse: iteration %" PRId64 " has %d actor and %d critic mini-batches: trained one after the other\n", I->it,
                 A->n_steps, C->n_steps);
-    double gain = 0;
+    double gain = 0, peak_ratio = 0;
     for (int step = 0; fuse && step < A->n_steps; step++)
         for (int d = 0; fuse && d < A->dp; d++) {
             const ex_fuse_plan *p = plan_of(x, A, C, step, d);
             if (!p) return -1;
             fuse = p->use;
             gain += p->gain / (A->n_steps * A->dp);
+            if (p->peak_serial > 0) peak_ratio = fmax(peak_ratio, p->peak_fused / p->peak_serial);
         }
     I->fuse_used = fuse;
     I->fuse_gain = gain;
+    I->fuse_peak_ratio = peak_ratio;
     if (!fuse) return submit_serial(x, I, x->fuse.actor, A) || submit_serial(x, I, x->fuse.critic, C) ? -1 : 0;
     uint64_t prev[EX_MAX_RANKS] = {0}, cprev[EX_MAX_RANKS] = {0};
     for (int step = 0; step < A->n_steps; step++)
@@ -494,6 +496,7 @@ void ex_train_metrics(ex_run *x, ex_iter *I, json_t *out) {
         json_t *f = json_object();
         json_object_set_new(f, "on", json_boolean(I->fuse_used));
         json_object_set_new(f, "predicted_gain", json_real(I->fuse_gain));
+        if (I->fuse_peak_ratio > 0) json_object_set_new(f, "predicted_peak_ratio", json_real(I->fuse_peak_ratio));
         json_object_set_new(out, "fuse", f);
     }
     for (int m = 0; m < x->n_nodes; m++) {

@@ -38,6 +38,8 @@ import json, sys
 m = [json.loads(l) for l in open(sys.argv[1]) if '"samples"' in l]
 want = sys.argv[2] == "true"
 assert m and all(x["fuse"]["on"] == want and x["fuse"]["predicted_gain"] > 0.05 for x in m), [x.get("fuse") for x in m]
+# planned iterations carry what the fused schedule costs in memory against serial's
+assert all(x["fuse"]["predicted_peak_ratio"] > 0 for x in m if x["fuse"]["on"]), [x.get("fuse") for x in m]
 print("fuse per iteration:", [x["fuse"] for x in m])
 PY
 }
@@ -53,6 +55,15 @@ grep -q "run: fuse on: pp 4, actor 4 micro-batches .* simulated streams' makespa
 same_samples "$work/off4" "$work/on4" "fuse on at PP 4"
 same_metrics "$work/off4/metrics.jsonl" "$work/on4/metrics.jsonl" 1e-6 1e-2 || fail "fuse on at PP 4 does not train like fuse off"
 fused_in_metrics "$work/on4/metrics.jsonl" true "fuse on at PP 4"
+# the memory cost, logged and in the metrics: the unit instance's serial 1F1B holds 4
+# micro-batches of activation 1 on rank 0 (the actor's first stage) and rank 3 (the critic's)
+ratio=$(grep -o "peak activation per rank serial 4, fused [0-9.]* ([0-9.]*x)" "$work/on4.log" | head -1 | sed 's/.*(\([0-9.]*\)x)/\1/')
+[[ -n "$ratio" ]] || { cat "$work/on4.log" >&2; fail "fuse on does not log the peak activation per rank (serial 4 on the unit instance)"; }
+python3 - "$work/on4/metrics.jsonl" "$ratio" <<'PY' || fail "the metrics' predicted_peak_ratio is not the logged one"
+import json, sys
+m = [json.loads(l)["fuse"] for l in open(sys.argv[1]) if '"samples"' in l]
+assert all(abs(x["predicted_peak_ratio"] - float(sys.argv[2])) < 0.006 for x in m), (m, sys.argv[2])
+PY
 # the trace: every fused step is one subtask slice on each of the 4 ranks, named after both nodes
 python3 - "$work/on4.trace.json" <<'PY' || fail "the trace does not show the fused steps per rank"
 import json, sys
@@ -138,7 +149,7 @@ python3 - "$work/auto4/metrics.jsonl" "$(grep -o 'gain -*[0-9.]*%, [a-z]* steps'
 import json, re, sys
 m = [json.loads(l)["fuse"] for l in open(sys.argv[1]) if '"samples"' in l]
 gain, choice = re.match(r"gain (-?[0-9.]+)%, (\w+) steps", sys.argv[2]).groups()
-assert m[0] == {"on": False, "predicted_gain": 0.0}, m  # the measured iteration
+assert m[0] == {"on": False, "predicted_gain": 0.0}, m  # the measured iteration: nothing planned
 assert all(x["on"] == (choice == "fused") and abs(100 * x["predicted_gain"] - float(gain)) < 0.06 for x in m[1:]), (m, gain, choice)
 assert (float(gain) >= 5) == (choice == "fused"), (gain, choice)
 print("fuse auto:", m, "choice", choice, "at a predicted gain of", gain, "%")
