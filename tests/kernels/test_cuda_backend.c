@@ -320,13 +320,36 @@ static void test_logits(void) {
     int32_t tc[B], tgpu[B];
     ff_memcpy_d2h(cst, tc, tok.c, sizeof tc);
     ff_memcpy_d2h(gst, tgpu, tok.g, sizeof tgpu);
-    for (int b = 0; b < B; b++)
-        if (tc[b] != tgpu[b]) {
-            fprintf(stderr, "sample row %d (temp %g top_k %d top_p %g): cuda picked %d, cpu %d\n", b,
-                    (double)sp[b].temperature, sp[b].top_k, (double)sp[b].top_p, tgpu[b], tc[b]);
-            ff_test_failures++;
+    int near_edge = 0;
+    for (int b = 0; b < B; b++) {
+        if (tc[b] == tgpu[b]) continue;
+        /* the two backends sum the row's probabilities in different orders, so a draw within a
+         * rounding error of a bucket's edge may land on either side: the CPU, its uniform moved
+         * by 2e-5 either way, must then pick the CUDA token; any other difference is a fault */
+        bool edge = false;
+        for (int sgn = -1; sgn <= 1 && !edge; sgn += 2) {
+            ff_sample_params q = sp[b];
+            q.uniform = fminf(fmaxf(q.uniform + 2e-5f * (float)sgn, 0.0f), 0.99999994f);
+            dual qp = dual_new(&q, sizeof q), qt = dual_new(NULL, 4), ql = dual_new(NULL, 4);
+            side = 0;
+            ff_sample(cst, ff_dptr_add(logits.c, (size_t)b * Vs, 4), 1, Vs, qp.c, ws.c, qt.c, ql.c);
+            int32_t got;
+            ff_memcpy_d2h(cst, &got, qt.c, sizeof got);
+            edge = got == tgpu[b];
+            dual_free(&qp), dual_free(&qt), dual_free(&ql);
         }
-    cmp_all("sample logprob", slp, 1e-4, 1e-5);
+        fprintf(stderr, "sample row %d (temp %g top_k %d top_p %g): cuda picked %d, cpu %d%s\n", b, (double)sp[b].temperature,
+                sp[b].top_k, (double)sp[b].top_p, tgpu[b], tc[b], edge ? " (a draw at a bucket's edge: the cpu picks it too 2e-5 away)" : "");
+        if (edge) near_edge++;
+        else ff_test_failures++;
+    }
+    CHECK(near_edge <= 1); /* an edge is rare (about 1e-4 of draws); more is a fault */
+    /* the logprob of the token each side picked (an edge row's differ: compared where they agree) */
+    float lc[B], lg[B];
+    ff_memcpy_d2h(cst, lc, slp.c, sizeof lc);
+    ff_memcpy_d2h(gst, lg, slp.g, sizeof lg);
+    for (int b = 0; b < B; b++)
+        if (tc[b] == tgpu[b]) CHECK_CLOSE(lg[b], lc[b], 1e-4, 1e-5);
     dual_free(&logits), dual_free(&params), dual_free(&ws), dual_free(&tok), dual_free(&slp);
 }
 
