@@ -36,6 +36,10 @@ static inline ff_controller_opts rt_opts(void) {
     o.heartbeat_s = 0.05;
     o.timeout_s = 3.0; /* deaths in these tests come from exits (seen at once) or set their own */
     o.worker_log = "error";
+    /* each worker in a process group of its own, as `fuseflow run` starts them: a test that
+     * stops one (SIGSTOP, a hang) must not find it killed by SIGHUP, which the kernel sends to
+     * a stopped process whose group is orphaned (a test run from a job whose shell is gone) */
+    o.worker_pgroup = true;
     return o;
 }
 
