@@ -630,6 +630,8 @@ static int resolve_node(ff_graph *g, int idx, const ff_registry *reg) {
             if (n->params && ff_cnode_get_enum(n->params, "fuse", fuses, 3, 0, &fuse) < 0) return -1;
             t->fuse = (ff_fuse_mode)fuse;
             t->fuse_partner = -1;
+            t->fuse_peak = 0;
+            if (n->params && ff_cnode_find(n->params, "fuse_peak") && get_d(n, "fuse_peak", 0, 0.1, 100, &t->fuse_peak)) return -1;
             if (t->kl_loss && n->in[FF_SLOT_REF_LOGPROB] < 0)
                 return ff_error_set(n->where, "bind ref_logprob (from a logprob node on role ref)",
                                     "node '%s': kl_loss needs the ref_logprob slot", n->name);

@@ -50,6 +50,7 @@ int ex_fuse_init(ex_run *x) {
         f->mode = n->train.fuse;
         f->actor = m;
         f->critic = n->train.fuse_partner;
+        f->peak_cap = n->train.fuse_peak;
     }
     if (f->mode != FF_FUSE_AUTO) return 0;
     const ff_role roles[2] = {FF_ROLE_ACTOR, FF_ROLE_CRITIC};
@@ -92,17 +93,17 @@ void ex_fuse_describe(ex_run *x) {
         fprintf(x->out, "run: fuse auto: the actor and the critic train one after the other (%s)\n", f->note);
     if (f->mode == FF_FUSE_OFF) return;
     const int R = ex_fuse_reps(x), Pc = x->lay[POOL_CRITIC].pp;
+    char when[256], cap[128] = "";
+    if (f->peak_cap > 0)
+        snprintf(cap, sizeof cap, ", where a schedule holds at most %g x the serial 1F1B's activation memory per rank (fuse_peak)", f->peak_cap);
+    snprintf(when, sizeof when, "%s%s",
+             f->mode == FF_FUSE_ON ? "each mini-batch of both trains in one fused step" : "fused steps where the simulator gains at least 5%", cap);
     if (R > 1)
-        fprintf(x->out,
-                "run: fuse %s: %d critic replicas in each actor pipeline, replica b's stage k on pipeline rank b x %d + %d-k; %s\n",
-                mode_names[f->mode], R, Pc, Pc - 1,
-                f->mode == FF_FUSE_ON ? "each mini-batch of both trains in one fused step"
-                                      : "fused steps where the simulator gains at least 5%");
+        fprintf(x->out, "run: fuse %s: %d critic replicas in each actor pipeline, replica b's stage k on pipeline rank b x %d + %d-k; %s\n",
+                mode_names[f->mode], R, Pc, Pc - 1, when);
     else
         fprintf(x->out, "run: fuse %s: the critic's stage k on pipeline rank %d-k of the actor's pipeline; %s\n", mode_names[f->mode],
-                Pc - 1,
-                f->mode == FF_FUSE_ON ? "each mini-batch of both trains in one fused step"
-                                      : "fused steps where the simulator gains at least 5%");
+                Pc - 1, when);
 }
 
 void ex_fuse_free(ex_run *x) {
@@ -195,16 +196,28 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, const int32_t *mc) {
     ex_fuse_plan p = {.ma = ma, .reps = R, .in = in};
     memcpy(p.mc, mc, (size_t)R * sizeof *mc);
     int rc = -1;
-    if (ff_fuse_serial(&in, &serial) || ff_fuse_solve(&in, &so, &fused, &st)) goto out;
+    /* what fusing costs in memory: more micro-batches in flight where the pipelines overlap */
+    ff_fuse_sim sim_serial, sim_fused;
+    if (ff_fuse_serial(&in, &serial) || ff_fuse_simulate(&in, &serial, &sim_serial)) goto out;
+    p.peak_serial = sim_serial.peak_activation;
+    /* the fastest schedule; under fuse_peak, where it holds more than the cap, the least peak
+     * the solver finds within ever larger makespan slacks, the first that fits */
+    static const double slacks[] = {0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};
+    const int n_slacks = f->peak_cap > 0 ? (int)(sizeof slacks / sizeof *slacks) : 1;
+    p.slack = -1;
+    for (int k = 0; k < n_slacks && p.slack < 0; k++) {
+        ff_fuse_schedule_free(&fused);
+        so.makespan_slack = slacks[k];
+        if (ff_fuse_solve(&in, &so, &fused, &st) || ff_fuse_simulate(&in, &fused, &sim_fused)) goto out;
+        p.peak_fused = sim_fused.peak_activation;
+        if (f->peak_cap <= 0 || p.peak_fused <= f->peak_cap * p.peak_serial * (1 + 1e-9)) p.slack = slacks[k];
+    }
     /* compare what runs: the streams' makespans (the executor's transfers), not the fused simulator's */
     p.serial = ff_fuse_streams_makespan(&in, &serial), p.fused = ff_fuse_streams_makespan(&in, &fused);
     if (p.serial < 0 || p.fused < 0) goto out;
     p.gain = p.serial > 0 ? 1 - p.fused / p.serial : 0;
-    /* what fusing costs in memory: more micro-batches in flight where the pipelines overlap */
-    ff_fuse_sim sim_serial, sim_fused;
-    if (ff_fuse_simulate(&in, &serial, &sim_serial) || ff_fuse_simulate(&in, &fused, &sim_fused)) goto out;
-    p.peak_serial = sim_serial.peak_activation, p.peak_fused = sim_fused.peak_activation;
-    p.use = f->mode == FF_FUSE_ON || p.gain >= FUSE_MIN_GAIN;
+    /* on: fused whatever the gain, but never over the memory cap; auto: also at least 5% faster */
+    p.use = p.slack >= 0 && (f->mode == FF_FUSE_ON || p.gain >= FUSE_MIN_GAIN);
     if (!(p.json = instance_json(&in)) || !(p.sched = schedule_tensor(&fused, &p.n_sched))) goto out;
     /* measured: seconds and bytes per stage; else the unit instance */
     const double tu = measured ? 1e3 : 1, au = measured ? 1e-3 : 1;
@@ -214,15 +227,23 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, const int32_t *mc) {
     for (int b = 0; b < R && co < sizeof crit; b++)
         co += (size_t)snprintf(crit + co, sizeof crit - co, "%s%d on %d..%d", b ? ", " : "", (int)mc[b], (int)in.models[1 + b].stages[0],
                                (int)in.models[1 + b].stages[Pc - 1]);
+    char cap[160] = "";
+    if (f->peak_cap > 0 && p.slack > 0)
+        snprintf(cap, sizeof cap, "; fuse_peak %g: the least peak within %g%% of the fastest schedule", f->peak_cap, 100 * p.slack);
+    else if (f->peak_cap > 0 && p.slack < 0)
+        snprintf(cap, sizeof cap, "; fuse_peak %g: no fused schedule found under it, the least within 100%% of the fastest", f->peak_cap);
+    const char *choice = p.use                                 ? "fused steps"
+                         : p.slack < 0                         ? "serial steps (over fuse_peak)"
+                                                               : "serial steps (under 5%)";
     fprintf(x->out,
             "run: fuse %s: pp %d, actor %d micro-batches on stages 0..%d (forward %.4g%s, backward %.4g%s, activation %.4g%s per "
             "stage%s), critic %s%s (%.4g%s, %.4g%s, %.4g%s): simulated streams' makespan serial %.4g%s, fused %.4g%s (fused lower bound %s, "
-            "%.2f s to solve), peak activation per rank serial %.4g%s, fused %.4g%s (%.2fx): gain %.1f%%, %s\n",
+            "%.2f s to solve), peak activation per rank serial %.4g%s, fused %.4g%s (%.2fx%s): gain %.1f%%, %s\n",
             mode_names[f->mode], (int)P, (int)ma, (int)P - 1, in.models[0].fwd * tu, tn, in.models[0].bwd * tu, tn,
             in.models[0].act * au, an, measured ? ", measured" : "", R > 1 ? "replicas " : "", crit, in.models[1].fwd * tu, tn,
             in.models[1].bwd * tu, tn, in.models[1].act * au, an, p.serial * tu, tn, p.fused * tu, tn,
             st.optimal ? "reached" : "not reached", st.seconds, p.peak_serial * au, an, p.peak_fused * au, an,
-            p.peak_serial > 0 ? p.peak_fused / p.peak_serial : 0, 100 * p.gain, p.use ? "fused steps" : "serial steps (under 5%)");
+            p.peak_serial > 0 ? p.peak_fused / p.peak_serial : 0, cap, 100 * p.gain, choice);
     fflush(x->out);
     f->plans[f->n_plans++] = p;
     rc = 0;

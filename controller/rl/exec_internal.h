@@ -259,12 +259,14 @@ typedef struct ex_fuse_plan {
     double serial, fused;  /* simulated makespans of the executor streams (ff_fuse_streams_makespan) */
     double gain;           /* 1 - fused / serial */
     double peak_serial, peak_fused; /* the simulated peak activation per rank of each schedule (the instance's units) */
+    double slack;          /* the makespan slack the schedule was solved at (fuse_peak: the least that fits), -1: none fits */
     bool use;              /* fuse these steps (on; auto: gain >= 5%) */
 } ex_fuse_plan;
 
 enum { EX_FUSE_PLANS = 16 };
 typedef struct ex_fuse {
     ff_fuse_mode mode;     /* the actor train node's, after validation (auto that cannot fuse: off) */
+    double peak_cap;       /* fuse_peak: fused peak activation per rank at most this x serial's; 0: none */
     int actor, critic;     /* the two train nodes, or -1 */
     char note[256];        /* auto that fell back to off: why */
     /* auto: what the serial steps measured (the actor's [0], the critic's [1]): sums of the

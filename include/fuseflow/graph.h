@@ -152,6 +152,8 @@ typedef struct ff_train_params {
      * have a critic train node (fuse_partner, its index) that meets the constraints */
     ff_fuse_mode fuse;
     int fuse_partner;        /* -1: none */
+    double fuse_peak;        /* `fuse_peak`: the most activation memory per rank a fused schedule may
+                              * hold, as a multiple of the serial 1F1B's (0.1..100); 0: no limit */
     char fuse_note[256];     /* auto that fell back to off: why (for the run's log line) */
     /* critic */
     ff_rlhf_value_cfg value; /* `cliprange_value`, `loss_agg_mode` */

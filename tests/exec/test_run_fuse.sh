@@ -14,7 +14,11 @@
 #   - the same with the critic replicas (and `auto` where they cannot fuse: one line, serial);
 #   - bad configs are refused with the key named before any worker starts: fuse on at pp 1,
 #     a critic pp not dividing the actor's, the critic at tp 2 or on workers of its own, without
-#     a critic train node, with different mini-batch sizes, interleaved stages, an unknown value.
+#     a critic train node, with different mini-batch sizes, interleaved stages, an unknown value,
+#     a fuse_peak out of range or not a number;
+#   - fuse_peak (a cap on the fused schedule's activation memory per rank, x serial 1F1B's):
+#     at 1 the unit instance fuses at the serial peak (the least peak within a makespan slack)
+#     and trains as fuse off; at 0.2 nothing fits and it trains serially, saying so.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 prepare_inputs
@@ -155,6 +159,34 @@ assert (float(gain) >= 5) == (choice == "fused"), (gain, choice)
 print("fuse auto:", m, "choice", choice, "at a predicted gain of", gain, "%")
 PY
 grep "run: fuse auto: pp" "$work/auto4.log"
+
+# fuse_peak: a memory cap per rank, as a multiple of the serial 1F1B's peak. On the unit
+# instance the fastest schedule holds 5 (1.25x); capped at 1, the least peak within a makespan
+# slack, the first slack that fits: fused steps with the serial peak, training as fuse off
+ppo "$work/cap4" $pp4 graph.train_actor.fuse=on graph.train_actor.fuse_peak=1
+grep -q "run: fuse on: the critic's stage k on pipeline rank 3-k of the actor's pipeline; each mini-batch of both trains in one fused step, where a schedule holds at most 1 x the serial 1F1B's activation memory per rank (fuse_peak)" "$work/cap4.log" ||
+  { cat "$work/cap4.log" >&2; fail "fuse_peak is not in fuse on's description"; }
+grep -q "peak activation per rank serial 4, fused [0-4] (\(0\.[0-9]*\|1\.00\)x; fuse_peak 1: the least peak within [0-9.]*% of the fastest schedule): gain [0-9.]*%, fused steps" "$work/cap4.log" ||
+  { cat "$work/cap4.log" >&2; fail "fuse on with fuse_peak 1 does not fit the serial peak (or does not say how)"; }
+same_samples "$work/off4" "$work/cap4" "fuse on at PP 4 under fuse_peak 1"
+same_metrics "$work/off4/metrics.jsonl" "$work/cap4/metrics.jsonl" 1e-6 1e-2 || fail "fuse on under fuse_peak 1 does not train like fuse off"
+fused_in_metrics "$work/cap4/metrics.jsonl" true "fuse on under fuse_peak 1"
+python3 - "$work/cap4/metrics.jsonl" <<'PY' || fail "fuse_peak 1: the metrics' predicted peak ratio is over the cap"
+import json, sys
+m = [json.loads(l)["fuse"] for l in open(sys.argv[1]) if '"samples"' in l]
+assert all(x["predicted_peak_ratio"] <= 1 + 1e-9 for x in m), m
+PY
+# a cap no fused schedule fits (a forward alone holds 1 of the serial 4): serial steps, said so
+ppo "$work/cap02" $pp4 graph.train_actor.fuse=on graph.train_actor.fuse_peak=0.2
+grep -q "fuse_peak 0.2: no fused schedule found under it, the least within 100% of the fastest): gain [-0-9.]*%, serial steps (over fuse_peak)" "$work/cap02.log" ||
+  { cat "$work/cap02.log" >&2; fail "fuse on under an unreachable fuse_peak does not train serially saying why"; }
+same_metrics "$work/off4/metrics.jsonl" "$work/cap02/metrics.jsonl" 0 0 || fail "fuse on over fuse_peak does not train exactly as fuse off"
+python3 - "$work/cap02/metrics.jsonl" <<'PY' || fail "fuse on over fuse_peak reports fused steps"
+import json, sys
+m = [json.loads(l)["fuse"] for l in open(sys.argv[1]) if '"samples"' in l]
+assert m and all(not x["on"] for x in m), m
+PY
+grep -h "run: fuse on: pp" "$work/cap4.log" "$work/cap02.log"
 # auto where it cannot fuse (pp 1): one line saying why, trained serially
 ppo "$work/auto1" roles.actor.workers=1 graph.train_actor.fuse=auto
 grep -q "run: fuse auto: the actor and the critic train one after the other (fuse needs the actor and the critic pipelined (pp >= 2)" \
@@ -195,6 +227,8 @@ refused "fuse on with other mini-batch sizes" "the same mini_batch_size and epoc
 refused "fuse on with interleaved stages" "vpp 1 with the 1f1b schedule" --workers 4 roles.actor.layout.pp=2 roles.actor.layout.vpp=2 \
   roles.actor.layout.schedule=interleaved graph.train_actor.fuse=on
 refused "an unknown fuse value" "off, on, auto" $pp4 graph.train_actor.fuse=sometimes
+refused "fuse_peak 0" "'fuse_peak' must be in [0.1, 100], got 0" $pp4 graph.train_actor.fuse=on graph.train_actor.fuse_peak=0
+refused "fuse_peak not a number" "fuse_peak" $pp4 graph.train_actor.fuse=on graph.train_actor.fuse_peak=lots
 # without a critic train node: GRPO's graph has none
 out=$work/bad
 if "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=1 data.train_batch_size=4 roles.ref.model=$M \
