@@ -1017,3 +1017,22 @@ done:
     if (stats) *stats = st;
     return rc;
 }
+
+int ff_fuse_solve_capped(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, double peak_cap, ff_fuse_schedule *out,
+                         ff_fuse_solve_stats *stats, double *slack) {
+    static const double slacks[] = {0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};
+    ff_fuse_solve_opts so = o ? *o : (ff_fuse_solve_opts){0};
+    *slack = -1;
+    memset(out, 0, sizeof *out);
+    for (size_t k = 0; k < sizeof slacks / sizeof *slacks; k++) {
+        ff_fuse_schedule_free(out);
+        so.makespan_slack = slacks[k];
+        ff_fuse_sim sim;
+        if (ff_fuse_solve(in, &so, out, stats) || ff_fuse_simulate(in, out, &sim)) return -1;
+        if (sim.peak_activation <= peak_cap * (1 + 1e-9)) {
+            *slack = slacks[k];
+            break;
+        }
+    }
+    return 0;
+}

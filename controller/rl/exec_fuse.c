@@ -202,16 +202,12 @@ const ex_fuse_plan *ex_fuse_plan_for(ex_run *x, int32_t ma, const int32_t *mc) {
     p.peak_serial = sim_serial.peak_activation;
     /* the fastest schedule; under fuse_peak, where it holds more than the cap, the least peak
      * the solver finds within ever larger makespan slacks, the first that fits */
-    static const double slacks[] = {0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};
-    const int n_slacks = f->peak_cap > 0 ? (int)(sizeof slacks / sizeof *slacks) : 1;
-    p.slack = -1;
-    for (int k = 0; k < n_slacks && p.slack < 0; k++) {
-        ff_fuse_schedule_free(&fused);
-        so.makespan_slack = slacks[k];
-        if (ff_fuse_solve(&in, &so, &fused, &st) || ff_fuse_simulate(&in, &fused, &sim_fused)) goto out;
-        p.peak_fused = sim_fused.peak_activation;
-        if (f->peak_cap <= 0 || p.peak_fused <= f->peak_cap * p.peak_serial * (1 + 1e-9)) p.slack = slacks[k];
-    }
+    p.slack = 0;
+    if (f->peak_cap > 0 ? ff_fuse_solve_capped(&in, &so, f->peak_cap * p.peak_serial, &fused, &st, &p.slack)
+                        : ff_fuse_solve(&in, &so, &fused, &st))
+        goto out;
+    if (ff_fuse_simulate(&in, &fused, &sim_fused)) goto out;
+    p.peak_fused = sim_fused.peak_activation;
     /* compare what runs: the streams' makespans (the executor's transfers), not the fused simulator's */
     p.serial = ff_fuse_streams_makespan(&in, &serial), p.fused = ff_fuse_streams_makespan(&in, &fused);
     if (p.serial < 0 || p.fused < 0) goto out;

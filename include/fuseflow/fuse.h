@@ -144,6 +144,15 @@ typedef struct ff_fuse_solve_stats {
 int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fuse_schedule *out,
                   ff_fuse_solve_stats *stats);
 
+/* Under a memory cap: the fastest schedule whose peak activation is at most peak_cap (the
+ * instance's units; e.g. a multiple of the serial 1F1B's peak). ff_fuse_solve at o's makespan
+ * slack 0, then, where its peak is over the cap, at slacks of 1%, 2%, 5%, 10%, 20%, 50% and 100%
+ * (o->makespan_slack is ignored), the first whose peak fits. *slack: the slack of the schedule
+ * in *out, or -1 where none fits (*out then holds the last one tried, the least peak found).
+ * 0 or -1 + error (the solver's). */
+int ff_fuse_solve_capped(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, double peak_cap, ff_fuse_schedule *out,
+                         ff_fuse_solve_stats *stats, double *slack);
+
 /* An SVG of the per-node timeline (one row per node, one colour per model family). */
 int ff_fuse_write_svg(const ff_fuse_instance *in, const ff_fuse_schedule *s, const char *path);
 
