@@ -139,7 +139,8 @@ done:
 
 static void usage_fused(FILE *out) {
     fprintf(out,
-            "usage: fuseflow schedule fuse FILE.json [--seconds S] [--seed N] [--threads N] [--makespan-slack F] [--json] [--svg OUT.svg]\n"
+            "usage: fuseflow schedule fuse FILE.json [--seconds S] [--seed N] [--threads N] [--makespan-slack F | --peak-cap R] [--json]\n"
+            "                                [--svg OUT.svg]\n"
             "       fuseflow schedule 1f1b FILE.json [--json] [--svg OUT.svg]\n"
             "       fuseflow schedule check FILE.json SCHEDULE.json [--json] [--svg OUT.svg]\n\n"
             "RLHFuse's intra-stage fusion: the actor and the critic (its replicas laid out in the\n"
@@ -164,8 +165,13 @@ static void usage_fused(FILE *out) {
             "                least peak it finds among schedules within (1 + F) x its best makespan,\n"
             "                e.g. 0.02 for up to 2%% longer (the peak bound printed is at the result's\n"
             "                makespan)\n"
+            "  --peak-cap R  fuse: the fastest schedule whose peak activation is at most R x the\n"
+            "                serial 1F1B's (0.1 to 100; fuseflow run's fuse_peak): where the fastest\n"
+            "                holds more, the least peak within makespan slacks of 1%% to 100%%, the\n"
+            "                first that fits (it says which, or that none did)\n"
             "  --json        one JSON object: makespan, peak_activation, lower_bound {makespan,\n"
-            "                peak_activation}, schedule, and per node busy time and peak\n"
+            "                peak_activation}, schedule, and per node busy time and peak (with\n"
+            "                --peak-cap also peak_cap and slack, -1 where nothing fits)\n"
             "  --svg FILE    also write the timeline (one row per node, one colour per family)\n");
 }
 
@@ -216,7 +222,7 @@ static int cmd_fused(int argc, char **argv) {
     char cmd[32];
     snprintf(cmd, sizeof cmd, "schedule %s", sub);
     bool is_fuse = !strcmp(sub, "fuse"), is_check = !strcmp(sub, "check");
-    double seconds = 10, slack = 0;
+    double seconds = 10, slack = 0, cap = 0;
     int64_t seed = 0, threads = 0;
     bool json = false;
     const char *svg = NULL;
@@ -224,15 +230,17 @@ static int cmd_fused(int argc, char **argv) {
         {"json", FFIO_FLAG, &json, 0, 0},          {"svg", FFIO_STR, &svg, 0, 0},
         {"seconds", FFIO_DOUBLE, &seconds, 0.001, 86400}, {"seed", FFIO_INT, &seed, 0, 9007199254740992.0},
         {"threads", FFIO_INT, &threads, 1, 256},          {"makespan-slack", FFIO_DOUBLE, &slack, 0, 1},
+        {"peak-cap", FFIO_DOUBLE, &cap, 0.1, 100},
     };
     char *pos[2];
     int n_pos;
-    int rc = ffio_parse(cmd, argc, argv, all, is_fuse ? 6 : 2, pos, 2, &n_pos);
+    int rc = ffio_parse(cmd, argc, argv, all, is_fuse ? 7 : 2, pos, 2, &n_pos);
     if (rc == 1) {
         usage_fused(stdout);
         return 0;
     }
     if (rc) return rc;
+    if (cap > 0 && slack > 0) return ffio_usage(cmd, "give --makespan-slack or --peak-cap, not both (the cap picks its own slack)");
     if (n_pos != (is_check ? 2 : 1))
         return ffio_usage(cmd, is_check ? "give the instance and the schedule: fuseflow schedule check FILE.json SCHEDULE.json"
                                         : "give one instance file: fuseflow %s FILE.json", cmd);
@@ -243,9 +251,19 @@ static int cmd_fused(int argc, char **argv) {
     ff_fuse_solve_stats st = {0};
     ff_fuse_sim sim;
     int status = 1;
+    double cap_slack = 0;
     if (is_fuse) {
         ff_fuse_solve_opts o = {.seconds = seconds, .seed = (uint64_t)seed, .threads = (int)threads, .makespan_slack = slack};
-        if (ff_fuse_solve(&in, &o, &s, &st)) goto done;
+        if (cap > 0) {
+            ff_fuse_schedule ser;
+            ff_fuse_sim ss;
+            if (ff_fuse_serial(&in, &ser)) goto done;
+            rc = ff_fuse_simulate(&in, &ser, &ss);
+            ff_fuse_schedule_free(&ser);
+            if (rc || ff_fuse_solve_capped(&in, &o, cap * ss.peak_activation, &s, &st, &cap_slack)) goto done;
+        } else if (ff_fuse_solve(&in, &o, &s, &st)) {
+            goto done;
+        }
     } else if (is_check) {
         size_t len;
         char *text = ff_read_file(pos[1], &len);
@@ -280,6 +298,10 @@ static int cmd_fused(int argc, char **argv) {
             json_object_set_new(extra, "seconds", json_real(st.seconds));
             json_object_set_new(extra, "evaluations", json_integer(st.evaluations));
             json_object_set_new(extra, "optimal", json_boolean(st.optimal));
+            if (cap > 0) {
+                json_object_set_new(extra, "peak_cap", json_real(cap));
+                json_object_set_new(extra, "slack", json_real(cap_slack));
+            }
         }
         rc = print_json(&in, &s, &sim, lb_mk, lb_pk, extra);
         json_decref(extra);
@@ -291,7 +313,14 @@ static int cmd_fused(int argc, char **argv) {
         printf("peak activation %.6g, lower bound at this makespan %.6g, ratio %.4f\n", sim.peak_activation, lb_pk, sim.peak_activation / lb_pk);
         printf("serial (1F1B one model after the other) makespan %.6g, peak activation %.6g: this schedule's speed-up %.4fx\n", serial_mk, serial_pk,
                serial_mk / sim.makespan);
-        if (is_fuse) printf("solve %.3f s, %lld schedules evaluated\n", st.seconds, (long long)st.evaluations);
+        if (is_fuse && cap > 0 && cap_slack >= 0)
+            printf("peak cap %g x serial (%.6g): met, the least peak within %g%% of the fastest schedule\n", cap, cap * serial_pk,
+                   100 * cap_slack);
+        else if (is_fuse && cap > 0)
+            printf("peak cap %g x serial (%.6g): not met by any schedule found; this is the least peak within 100%% of the fastest\n", cap,
+                   cap * serial_pk);
+        if (is_fuse) printf("solve %.3f s, %lld schedules evaluated%s\n", st.seconds, (long long)st.evaluations,
+                            cap > 0 ? " (the last solve)" : "");
         print_schedule_text(&in, &s);
     }
     if (svg) {

@@ -3,7 +3,8 @@
 # bound and faster than the serial baseline; --json read back by check, which scores it the
 # same; the SVG; and bad inputs (a missing file, an unknown key, a deadlocking or incomplete
 # schedule, bad flags) fail with a message naming the problem; --makespan-slack trades a longer
-# makespan for less memory, and out of range it is refused.
+# makespan for less memory, and out of range it is refused; --peak-cap R finds the fastest
+# schedule under R x the serial peak (or says none was found), refused with a slack or out of range.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"
 EX="$SRC/examples/fuse_actor_critic.json"
 
@@ -39,6 +40,21 @@ expect_error "slack above 1" "makespan-slack wants a number in \[0, 1\]" "$FF_BI
 expect_error "negative slack" "makespan-slack" "$FF_BIN" schedule fuse "$EX" --makespan-slack -0.1
 expect_error "slack not a number" "makespan-slack" "$FF_BIN" schedule fuse "$EX" --makespan-slack two
 expect_error "slack only for fuse" "unknown option '--makespan-slack'" "$FF_BIN" schedule 1f1b "$EX" --makespan-slack 0.1
+
+# a memory cap: the fastest schedule holding at most 1 x the serial 1F1B's peak (4) takes a
+# makespan slack of at most 10% (where the trade above reaches 4), and says which
+expect_ok "fuse --peak-cap 1" "$FF_BIN" schedule fuse "$EX" --seconds 3 --threads 2 --peak-cap 1 --json
+python3 - "$TMP/out" <<'PY' && ok "peak-cap 1: peak <= serial's 4 within 10% of the bound, its slack in the json" || fail "peak-cap json: $(head -c 300 "$TMP/out")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["peak_cap"] == 1 and 0 < d["slack"] <= 0.1, d["slack"]
+assert d["peak_activation"] <= d["serial_peak_activation"] == 4, d["peak_activation"]
+assert 102 <= d["makespan"] <= 102 * (1 + d["slack"]) + 1e-9 and d["makespan"] < d["serial_makespan"], d["makespan"]
+PY
+expect_ok "fuse --peak-cap 0.2 (nothing fits)" "$FF_BIN" schedule fuse "$EX" --seconds 0.3 --threads 2 --peak-cap 0.2
+grep -q "^peak cap 0.2 x serial (0.8): not met by any schedule found" "$TMP/out" && ok "an unmet cap is said" || fail "unmet cap: $(grep '^peak' "$TMP/out")"
+expect_error "peak-cap with a slack" "give --makespan-slack or --peak-cap, not both" "$FF_BIN" schedule fuse "$EX" --peak-cap 1 --makespan-slack 0.1
+expect_error "peak-cap out of range" "peak-cap wants a number in \[0.1, 100\]" "$FF_BIN" schedule fuse "$EX" --peak-cap 0
 
 # bad inputs
 expect_error "missing instance" "no/such.json" "$FF_BIN" schedule fuse no/such.json
