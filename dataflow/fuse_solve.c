@@ -1022,17 +1022,32 @@ int ff_fuse_solve_capped(const ff_fuse_instance *in, const ff_fuse_solve_opts *o
                          ff_fuse_solve_stats *stats, double *slack) {
     static const double slacks[] = {0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};
     ff_fuse_solve_opts so = o ? *o : (ff_fuse_solve_opts){0};
+    ff_fuse_schedule cur = {0}, least = {0}; /* least: the lowest peak so far, for when none fits */
+    double least_peak = INFINITY;
     *slack = -1;
     memset(out, 0, sizeof *out);
     for (size_t k = 0; k < sizeof slacks / sizeof *slacks; k++) {
-        ff_fuse_schedule_free(out);
         so.makespan_slack = slacks[k];
         ff_fuse_sim sim;
-        if (ff_fuse_solve(in, &so, out, stats) || ff_fuse_simulate(in, out, &sim)) return -1;
+        if (ff_fuse_solve(in, &so, &cur, stats) || ff_fuse_simulate(in, &cur, &sim)) {
+            ff_fuse_schedule_free(&cur);
+            ff_fuse_schedule_free(&least);
+            return -1;
+        }
         if (sim.peak_activation <= peak_cap * (1 + 1e-9)) {
             *slack = slacks[k];
-            break;
+            ff_fuse_schedule_free(&least);
+            *out = cur;
+            return 0;
+        }
+        if (sim.peak_activation < least_peak) {
+            ff_fuse_schedule_free(&least);
+            least = cur, least_peak = sim.peak_activation;
+            memset(&cur, 0, sizeof cur);
+        } else {
+            ff_fuse_schedule_free(&cur);
         }
     }
+    *out = least;
     return 0;
 }

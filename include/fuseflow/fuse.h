@@ -148,7 +148,7 @@ int ff_fuse_solve(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, ff_fu
  * instance's units; e.g. a multiple of the serial 1F1B's peak). ff_fuse_solve at o's makespan
  * slack 0, then, where its peak is over the cap, at slacks of 1%, 2%, 5%, 10%, 20%, 50% and 100%
  * (o->makespan_slack is ignored), the first whose peak fits. *slack: the slack of the schedule
- * in *out, or -1 where none fits (*out then holds the last one tried, the least peak found).
+ * in *out, or -1 where none fits (*out then holds the one with the least peak of those tried).
  * 0 or -1 + error (the solver's). */
 int ff_fuse_solve_capped(const ff_fuse_instance *in, const ff_fuse_solve_opts *o, double peak_cap, ff_fuse_schedule *out,
                          ff_fuse_solve_stats *stats, double *slack);
