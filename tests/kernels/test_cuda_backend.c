@@ -348,6 +348,10 @@ static void test_logits(void) {
     float lc[B], lg[B];
     ff_memcpy_d2h(cst, lc, slp.c, sizeof lc);
     ff_memcpy_d2h(gst, lg, slp.g, sizeof lg);
+    if (ff_stream_sync(gst)) {
+        fprintf(stderr, "sample: the cuda stream failed: %s\n", ff_error_message());
+        ff_test_failures++;
+    }
     for (int b = 0; b < B; b++)
         if (tc[b] == tgpu[b]) CHECK_CLOSE(lg[b], lc[b], 1e-4, 1e-5);
     dual_free(&logits), dual_free(&params), dual_free(&ws), dual_free(&tok), dual_free(&slp);
