@@ -1,13 +1,25 @@
-/* Generation: a continuous-batching decoder with a slot-based KV cache.
+/* Generation: a continuous-batching decoder with a paged KV cache.
  *
- * Each running sequence owns one KV-cache slot of max_seq_len rows per layer ([slots *
- * max_seq_len, Hkv D] for K and for V). A step (1) admits waiting requests in FIFO order
- * while enough slots are free, (2) prefills their prompts as one packed batch (each token
- * writes its K/V row into its slot and attends to its slot's rows 0..pos), copies the prompt
- * rows into the other sample slots of the request (one prefill for n samples) and samples
- * each sequence's first token, then (3) feeds every running sequence's last token (one
- * row each) and samples the next. Finished sequences free their slot immediately, so the
- * next waiting request joins on the following step.
+ * The cache is a pool of blocks of kv_block_rows rows per layer ([blocks * block_rows, Hkv D]
+ * for K and for V). Each running sequence holds a slot (its tokens, RNG, settings) and a
+ * block table: position p of it lives in row table[p / rows] * rows + p % rows. A step (1)
+ * admits waiting requests in FIFO order while a slot is free for each sample and the pool
+ * can promise every block the request may fill, (2) prefills their prompts as one packed
+ * batch (each token writes its K/V row into the first sample's blocks and attends to its
+ * positions 0..pos); the other samples of the request share the prompt's full blocks (one
+ * prefill and one copy of the prompt for n samples) and copy only its last, partial block;
+ * each sequence's first token is sampled, then (3) every running sequence's last token is fed
+ * (one row each; a sequence takes a new block when it crosses into one) and the next sampled.
+ * A finished sequence frees its slot and its blocks (a shared block when its last holder
+ * ends) at once, so the next waiting request joins on the following step.
+ *
+ * Promises: a request is admitted only when the free blocks, less those promised to running
+ * sequences, cover its need: the prompt's full blocks once, and per sample the blocks of
+ * min(prompt + its budget, max_seq_len) positions beyond them. So a running sequence never
+ * waits for a block, and nothing is preempted. The default pool (max_slots x blocks of
+ * max_seq_len) can always keep its promises to full slots; a smaller kv_blocks trades waiting
+ * requests for memory. One block of max_seq_len rows per sequence is the contiguous
+ * slot-per-sequence cache, with the prompt copied to every sample.
  *
  * Randomness: sequence j of a request draws from its own ff_rng seeded from (seed, j), one
  * uniform per token, so the tokens do not depend on batch composition or slot order. A drawn
@@ -29,12 +41,14 @@
  * time: simple and exact, but each stage idles (p - 1) / p of a step.
  *
  * Moving a sequence (ff_generator_export / ff_generator_import): a running sequence leaves
- * with its tokens, log-probs, RNG state, sampling settings and, optionally, its slot's KV
- * rows, and joins a free slot of another generator, its rows written or recomputed by
- * prefills of its tokens; model/gen_seq.c turns the state into bytes and back.
+ * with its tokens, log-probs, RNG state, sampling settings and, optionally, its KV rows
+ * (gathered block by block), and joins a free slot of another generator, in blocks of its
+ * own there, its rows written or recomputed by prefills of its tokens; model/gen_seq.c turns
+ * the state into bytes and back.
  *
- * Not here: paged KV / prefix sharing without copies, chunked prefill of a prompt,
- * speculative decoding, repetition penalties. */
+ * Not here: prefix sharing across requests (a cache of prompt blocks by content), preemption
+ * of running sequences, chunked prefill of a prompt, speculative decoding, repetition
+ * penalties. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +68,7 @@ typedef struct gen_req {
     int32_t n_stop;
     uint64_t seed;
     int32_t refs; /* sequences not yet finished (waiting ones included) */
+    int32_t need; /* KV blocks it may fill, its samples' together (the prompt's full blocks once) */
     struct gen_req *next;
 } gen_req;
 
@@ -65,20 +80,29 @@ typedef struct gen_seq {
     float *logprobs;  /* [max_seq_len] */
     ff_rng rng;
     int32_t min_new, max_new; /* stop tokens masked while n_gen + 1 < min_new; done at max_new */
+    int32_t *table;           /* [table_ld] its KV blocks in position order, the slot's own */
+    int32_t n_blocks;         /* entries of table held */
+    int32_t promise;          /* blocks it may still take from the pool */
 } gen_seq;
 
 struct ff_generator {
     ff_model *m;
     ff_generator_config c;
     int32_t Tcap, Rcap; /* tokens per forward, logit rows per forward */
-    ff_buffer *kv;      /* per layer: K [slots * max_len, Hkv D], then V */
+    ff_buffer *kv;      /* per layer: K [n_blocks * block_rows, Hkv D], then V */
     size_t kv_layer;    /* floats per layer (K and V) */
+    int32_t block_rows, table_ld, n_blocks; /* positions per block, blocks per sequence at most, the pool */
+    int32_t *blk_ref;   /* [n_blocks] holders of each block (0: free) */
+    int32_t *blk_free;  /* [n_blocks] a stack of the free ones */
+    int32_t n_free, promised, peak_used; /* promised: blocks running sequences may still take */
+    int32_t *slot_tables; /* [max_slots, table_ld] backing gen_seq.table */
     ff_buffer *ws;
     int32_t V; /* the whole vocabulary */
     size_t x, xn, qkv, att, gu, hm, rstd, xr, xrn, rstdr, logits_loc, logits, logits_rep, sws, sparams, stok, slp;
-    size_t i_tok, i_pos, i_wrow, i_row0, i_nkeys, i_rows, i_rowmap;
+    size_t i_tok, i_pos, i_wrow, i_seq, i_nkeys, i_rows, i_rowmap, i_table;
     /* host mirrors */
-    int32_t *h_tok, *h_pos, *h_wrow, *h_row0, *h_nkeys, *h_rows, *h_rowmap; /* [Tcap] / [Rcap] */
+    int32_t *h_tok, *h_pos, *h_wrow, *h_seq, *h_nkeys, *h_rows, *h_rowmap; /* [Tcap] / [Rcap] */
+    int32_t *h_table; /* [Rcap, table_ld] the block tables of a forward's sequences */
     int32_t *h_tok_tp; /* [Tcap] TP: token ids in this rank's vocabulary rows */
     float *h_lg;       /* TP: [R, V/tp] this rank's logits, then [tp, R, V/tp] gathered, then [R, V] */
     /* over a pipeline: the hidden states [Tcap, H] between the stages, the logits [Rcap, V] from the last */
@@ -163,10 +187,27 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
                      "max_seq_len %d must be in [2, max_position_embeddings = %d]", c.max_seq_len, m->max_pos);
         return NULL;
     }
+    if (c.kv_block_rows == 0) c.kv_block_rows = c.max_seq_len < 16 ? c.max_seq_len : 16;
+    if (c.kv_block_rows < 1 || c.kv_block_rows > c.max_seq_len) {
+        ff_error_set("generator", "0 picks 16 positions a block", "kv_block_rows %d must be in [1, max_seq_len = %d]",
+                     c.kv_block_rows, c.max_seq_len);
+        return NULL;
+    }
+    const int32_t table_ld = (c.max_seq_len + c.kv_block_rows - 1) / c.kv_block_rows;
+    const int64_t full = (int64_t)c.max_slots * table_ld; /* every slot at max_seq_len */
+    if (c.kv_blocks == 0) c.kv_blocks = full > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)full;
+    if (c.kv_blocks < 1 || (int64_t)c.kv_blocks * c.kv_block_rows > INT32_MAX) {
+        ff_error_set("generator", "0 sizes the pool for every slot at max_seq_len",
+                     "kv_blocks %d must be >= 1, and blocks x kv_block_rows (%d) < 2^31 rows", c.kv_blocks, c.kv_block_rows);
+        return NULL;
+    }
     ff_generator *g = ff_calloc(1, sizeof *g);
     if (!g) return NULL;
     g->m = m;
     g->c = c;
+    g->block_rows = c.kv_block_rows;
+    g->table_ld = table_ld;
+    g->n_blocks = c.kv_blocks;
     g->piped = c.pipe && c.pipe->size > 1;
     if (g->piped) g->pipe = *c.pipe;
     g->c.pipe = NULL; /* the copy above */
@@ -174,7 +215,7 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->Rcap = c.max_slots;
     g->V = m->cfg.vocab_size;
     const size_t f = 4, T = (size_t)g->Tcap, R = (size_t)g->Rcap, H = (size_t)m->H, V = (size_t)g->V;
-    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)c.max_slots * (size_t)c.max_seq_len;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)c.kv_blocks * (size_t)c.kv_block_rows;
     g->kv_layer = 2 * rows * KD;
     g->kv = ff_buffer_new(m->be, g->kv_layer * (size_t)m->L * f);
     size_t o = 0;
@@ -198,15 +239,20 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->i_tok = take(&o, T * 4);
     g->i_pos = take(&o, T * 4);
     g->i_wrow = take(&o, T * 4);
-    g->i_row0 = take(&o, T * 4);
+    g->i_seq = take(&o, T * 4);
     g->i_nkeys = take(&o, T * 4);
     g->i_rows = take(&o, R * 4);
     g->i_rowmap = take(&o, R * 4);
+    g->i_table = take(&o, R * (size_t)table_ld * 4);
     g->ws = ff_buffer_new(m->be, o);
     g->h_tok = ff_malloc(T * 4);
     g->h_pos = ff_malloc(T * 4);
     g->h_wrow = ff_malloc(T * 4);
-    g->h_row0 = ff_malloc(T * 4);
+    g->h_seq = ff_malloc(T * 4);
+    g->h_table = ff_calloc(R * (size_t)table_ld, 4);
+    g->slot_tables = ff_malloc(R * (size_t)table_ld * 4);
+    g->blk_ref = ff_calloc((size_t)c.kv_blocks, 4);
+    g->blk_free = ff_malloc((size_t)c.kv_blocks * 4);
     g->h_nkeys = ff_malloc(T * 4);
     g->h_rows = ff_malloc(R * 4);
     g->h_rowmap = ff_malloc(R * 4);
@@ -228,13 +274,17 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
         g->h_lg = ff_malloc((R * (size_t)m->V + 2 * R * V) * 4);
         tp_ok = g->h_tok_tp && g->h_lg && ffm_tp_host(m, T * H);
     }
-    if (!tp_ok || !g->kv || !g->ws || !g->h_tok || !g->h_pos || !g->h_wrow || !g->h_row0 || !g->h_nkeys || !g->h_rows ||
+    if (!tp_ok || !g->kv || !g->ws || !g->h_tok || !g->h_pos || !g->h_wrow || !g->h_seq || !g->h_nkeys || !g->h_rows ||
         !g->h_rowmap || !g->h_sp || !g->h_stok || !g->h_slp || !g->batch || !g->seqs || !g->slot_tokens ||
-        !g->slot_logprobs) {
-        ff_error_wrap("generator with %d slots of %d positions", c.max_slots, c.max_seq_len);
+        !g->slot_logprobs || !g->h_table || !g->slot_tables || !g->blk_ref || !g->blk_free) {
+        ff_error_wrap("generator with %d slots of %d positions, a KV cache of %d blocks of %d", c.max_slots,
+                      c.max_seq_len, c.kv_blocks, c.kv_block_rows);
         ff_generator_destroy(&g);
         return NULL;
     }
+    for (int32_t b = 0; b < c.kv_blocks; b++) g->blk_free[b] = c.kv_blocks - 1 - b; /* block 0 on top */
+    g->n_free = c.kv_blocks;
+    for (int32_t s = 0; s < c.max_slots; s++) g->seqs[s].table = g->slot_tables + (size_t)s * (size_t)table_ld;
     return g;
 }
 
@@ -264,7 +314,11 @@ void ff_generator_destroy(ff_generator **pg) {
     free(g->h_tok);
     free(g->h_pos);
     free(g->h_wrow);
-    free(g->h_row0);
+    free(g->h_seq);
+    free(g->h_table);
+    free(g->slot_tables);
+    free(g->blk_ref);
+    free(g->blk_free);
     free(g->h_nkeys);
     free(g->h_rows);
     free(g->h_rowmap);
@@ -287,6 +341,64 @@ void ff_generator_destroy(ff_generator **pg) {
 int32_t ff_generator_pending(const ff_generator *g) { return g->n_waiting + g->n_running; }
 int32_t ff_generator_running(const ff_generator *g) { return g->n_running; }
 int64_t ff_generator_kv_bytes(const ff_generator *g) { return (int64_t)ff_buffer_size(g->kv); }
+void ff_generator_kv_blocks(const ff_generator *g, int32_t *used, int32_t *peak, int32_t *total) {
+    *used = g->n_blocks - g->n_free;
+    *peak = g->peak_used;
+    *total = g->n_blocks;
+}
+
+/* ---- the block pool ------------------------------------------------------------------------ */
+
+static int32_t blocks_of(const ff_generator *g, int64_t positions) {
+    return (int32_t)((positions + g->block_rows - 1) / g->block_rows);
+}
+
+/* The blocks a sequence of this prompt and budget may fill. */
+static int32_t seq_blocks(const ff_generator *g, int32_t prompt_len, int32_t max_new) {
+    int64_t n = (int64_t)prompt_len + max_new;
+    return blocks_of(g, n < g->c.max_seq_len ? n : g->c.max_seq_len);
+}
+
+/* A block from the pool onto the end of the sequence's table, out of its promise. */
+static void blk_take(ff_generator *g, gen_seq *q) {
+    assert(g->n_free > 0 && q->promise > 0 && q->n_blocks < g->table_ld);
+    int32_t b = g->blk_free[--g->n_free];
+    g->blk_ref[b] = 1;
+    q->table[q->n_blocks++] = b;
+    q->promise--;
+    g->promised--;
+    if (g->n_blocks - g->n_free > g->peak_used) g->peak_used = g->n_blocks - g->n_free;
+}
+
+/* Another holder of block b (a shared prompt block) onto the end of q's table. */
+static void blk_share(ff_generator *g, gen_seq *q, int32_t b) {
+    assert(g->blk_ref[b] > 0 && q->n_blocks < g->table_ld);
+    g->blk_ref[b]++;
+    q->table[q->n_blocks++] = b;
+}
+
+/* The sequence lets go of its blocks (each back to the pool when it was the last holder) and
+ * of what remains of its promise. */
+static void seq_release(ff_generator *g, gen_seq *q) {
+    for (int32_t i = 0; i < q->n_blocks; i++) {
+        int32_t b = q->table[i];
+        assert(g->blk_ref[b] > 0);
+        if (--g->blk_ref[b] == 0) g->blk_free[g->n_free++] = b;
+    }
+    g->promised -= q->promise;
+    q->n_blocks = q->promise = 0;
+}
+
+/* The cache row of position p of q. */
+static int32_t seq_row(const ff_generator *g, const gen_seq *q, int32_t p) {
+    assert(p / g->block_rows < q->n_blocks);
+    return q->table[p / g->block_rows] * g->block_rows + p % g->block_rows;
+}
+
+/* Row s of the forward's block tables: q's. */
+static void put_table(ff_generator *g, int32_t s, const gen_seq *q) {
+    memcpy(g->h_table + (size_t)s * (size_t)g->table_ld, q->table, (size_t)q->n_blocks * 4);
+}
 int64_t ff_generator_workspace_bytes(const ff_generator *g) { return (int64_t)ff_buffer_size(g->ws); }
 
 static int check_sampling(const ff_model *m, const ff_sampling *s) {
@@ -343,6 +455,19 @@ int ff_generator_submit(ff_generator *g, const ff_gen_request *r) {
                             "n_samples %d must be in [1, max_slots = %d]", r->n_samples, g->c.max_slots);
     if (ffm_check_tokens(m, r->prompt, r->prompt_len, "prompt", false)) return -1;
     if (check_sampling(m, &r->sampling)) return -1;
+    /* the prompt's full blocks once (shared), then each sample's own */
+    const int32_t shared = r->prompt_len / g->block_rows;
+    int64_t need = shared;
+    for (int32_t j = 0; j < r->n_samples; j++) {
+        int32_t max_new = r->sampling.len_median > 0 ? draw_length(&r->sampling, r->seed, j) : r->sampling.max_new_tokens;
+        need += seq_blocks(g, r->prompt_len, max_new) - shared;
+    }
+    if (need > g->n_blocks)
+        return ff_error_set("generate request", "raise kv_blocks, or lower n_samples or max_new_tokens",
+                            "the request may fill %lld KV blocks of %d positions (prompt %d, %d samples of up to %d new "
+                            "tokens); the cache holds %d",
+                            (long long)need, g->block_rows, r->prompt_len, r->n_samples, r->sampling.max_new_tokens,
+                            g->n_blocks);
     gen_req *q = ff_calloc(1, sizeof *q);
     if (!q) return -1;
     q->id = r->id;
@@ -351,6 +476,7 @@ int ff_generator_submit(ff_generator *g, const ff_gen_request *r) {
     q->sp = r->sampling;
     q->seed = r->seed;
     q->refs = r->n_samples;
+    q->need = (int32_t)need;
     const int32_t *stop = r->sampling.stop_tokens;
     int32_t n_stop = r->sampling.n_stop;
     if (n_stop == 0) { /* the config's end-of-sequence ids */
@@ -393,21 +519,23 @@ static int gather_logits(ff_generator *g, int32_t R) {
     return 0;
 }
 
-/* Run the model over g->h_* inputs already uploaded for T tokens; logits of the R rows
- * listed in i_rows land in g->logits [R, V]. 0 or -1 + error (a failed collective). */
-static int infer(ff_generator *g, int32_t T, int32_t R) {
+/* Run the model over g->h_* inputs already uploaded for T tokens of S sequences (block
+ * tables); logits of the R rows listed in i_rows land in g->logits [R, V]. 0 or -1 + error
+ * (a failed collective). */
+static int infer(ff_generator *g, int32_t T, int32_t R, int32_t S) {
     ff_model *m = g->m;
     ff_stream *st = m->st;
     const int H = m->H;
     const float eps = (float)m->cfg.rms_norm_eps;
-    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->c.max_slots * (size_t)g->c.max_seq_len;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->n_blocks * (size_t)g->block_rows;
     ff_dptr x = GW(g, x);
     /* one set of activations for every layer, the residual x updated in place */
     const ffm_layer_acts a = {.x = x, .xn1 = GW(g, xn), .rstd1 = GW(g, rstd), .qkv = GW(g, qkv), .att = GW(g, att),
                               .mid = x, .xn2 = GW(g, xn), .rstd2 = GW(g, rstd), .gu = GW(g, gu), .hm = GW(g, hm),
                               .y = x};
-    ffm_layer_tokens tk = {.T = T, .pos = GW(g, i_pos), .kv_wrow = GW(g, i_wrow), .kv_row0 = GW(g, i_row0),
-                           .kv_nkeys = GW(g, i_nkeys)};
+    ffm_layer_tokens tk = {.T = T, .pos = GW(g, i_pos), .kv_wrow = GW(g, i_wrow), .kv_table = GW(g, i_table),
+                           .kv_S = S, .kv_table_ld = g->table_ld, .kv_block_rows = g->block_rows,
+                           .kv_seq = GW(g, i_seq), .kv_nkeys = GW(g, i_nkeys)};
     const ff_gen_pipe *pp = g->piped ? &g->pipe : NULL;
     const size_t TH = (size_t)T * H;
     if (m->has_embed) {
@@ -442,13 +570,14 @@ static int infer(ff_generator *g, int32_t T, int32_t R) {
     return 0;
 }
 
-static void upload_tokens(ff_generator *g, int32_t T, int32_t R) {
+static void upload_tokens(ff_generator *g, int32_t T, int32_t R, int32_t S) {
     ff_stream *st = g->m->st;
     if (g->h_tok_tp) ffm_tp_local_ids(g->m, g->h_tok, g->h_tok_tp, T, false);
     ff_memcpy_h2d(st, GW(g, i_tok), g->h_tok_tp ? g->h_tok_tp : g->h_tok, (size_t)T * 4);
     ff_memcpy_h2d(st, GW(g, i_pos), g->h_pos, (size_t)T * 4);
     ff_memcpy_h2d(st, GW(g, i_wrow), g->h_wrow, (size_t)T * 4);
-    ff_memcpy_h2d(st, GW(g, i_row0), g->h_row0, (size_t)T * 4);
+    ff_memcpy_h2d(st, GW(g, i_seq), g->h_seq, (size_t)T * 4);
+    ff_memcpy_h2d(st, GW(g, i_table), g->h_table, (size_t)S * (size_t)g->table_ld * 4);
     ff_memcpy_h2d(st, GW(g, i_nkeys), g->h_nkeys, (size_t)T * 4);
     ff_memcpy_h2d(st, GW(g, i_rows), g->h_rows, (size_t)R * 4);
 }
@@ -480,6 +609,14 @@ static int push_done(ff_generator *g, ff_gen_output *o) {
     return 0;
 }
 
+/* The slot is free again: its blocks back, its state gone (its table's memory stays). */
+static void seq_clear(ff_generator *g, gen_seq *q) {
+    seq_release(g, q);
+    int32_t *table = q->table;
+    memset(q, 0, sizeof *q);
+    q->table = table;
+}
+
 /* The sequence in `slot` is done: its output (copied out of the slot) joins the finished
  * FIFO and the slot is free. Out of memory loses this output, with an error. */
 static int finish(ff_generator *g, int32_t slot, ff_finish_reason why) {
@@ -499,7 +636,7 @@ static int finish(ff_generator *g, int32_t slot, ff_finish_reason why) {
         ff_error_wrap("generator: output of request %llu sample %d lost", (unsigned long long)q->req->id, q->sample);
     }
     req_release(q->req);
-    memset(q, 0, sizeof *q);
+    seq_clear(g, q);
     g->n_running--;
     return rc;
 }
@@ -592,21 +729,23 @@ static int sample_rows(ff_generator *g, ff_dptr logits, int32_t B) {
 static int admit(ff_generator *g) {
     ff_model *m = g->m;
     ff_stream *st = m->st;
-    const size_t KD = (size_t)m->Hkv * m->D, maxlen = (size_t)g->c.max_seq_len;
-    const size_t rows = (size_t)g->c.max_slots * maxlen;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->n_blocks * (size_t)g->block_rows;
+    const int32_t bs = g->block_rows;
     int32_t free_slots = g->c.max_slots - g->n_running, budget = g->c.max_prefill_tokens;
     int32_t T = 0, R = 0, B = 0;
-    while (g->q_head && g->q_head->n_samples <= free_slots && g->q_head->prompt_len <= budget) {
+    while (g->q_head && g->q_head->n_samples <= free_slots && g->q_head->prompt_len <= budget &&
+           g->q_head->need <= g->n_free - g->promised) {
         gen_req *r = g->q_head;
         g->q_head = r->next;
         if (!g->q_head) g->q_tail = NULL;
         r->next = NULL;
-        int32_t first_slot = -1;
+        const int32_t shared = r->prompt_len / bs;
+        gen_seq *first = NULL;
         for (int32_t j = 0, s = 0; j < r->n_samples; j++) {
             while (g->seqs[s].req) s++;
             gen_seq *q = &g->seqs[s];
-            q->tokens = g->slot_tokens + (size_t)s * maxlen;
-            q->logprobs = g->slot_logprobs + (size_t)s * maxlen;
+            q->tokens = g->slot_tokens + (size_t)s * (size_t)g->c.max_seq_len;
+            q->logprobs = g->slot_logprobs + (size_t)s * (size_t)g->c.max_seq_len;
             q->req = r;
             q->sample = j;
             q->n_gen = 0;
@@ -614,10 +753,17 @@ static int admit(ff_generator *g) {
             q->min_new = r->sp.min_new_tokens;
             q->max_new = r->sp.max_new_tokens;
             if (r->sp.len_median > 0) q->min_new = q->max_new = draw_length(&r->sp, r->seed, j);
+            /* what submit counted in r->need: sample 0 all its blocks, the others theirs beyond the shared ones */
+            q->promise = seq_blocks(g, r->prompt_len, q->max_new) - (j ? shared : 0);
+            g->promised += q->promise;
             g->n_running++;
             g->n_waiting--;
             free_slots--;
-            if (j == 0) first_slot = s;
+            if (j == 0) { /* the prompt's blocks, written by the prefill */
+                first = q;
+                for (int32_t k = blocks_of(g, r->prompt_len); k > 0; k--) blk_take(g, q);
+                put_table(g, R, q);
+            }
             g->batch[B] = s;
             g->h_rowmap[B] = R;
             B++;
@@ -625,8 +771,8 @@ static int admit(ff_generator *g) {
         for (int32_t i = 0; i < r->prompt_len; i++, T++) {
             g->h_tok[T] = r->prompt[i];
             g->h_pos[T] = i;
-            g->h_row0[T] = first_slot * (int32_t)maxlen;
-            g->h_wrow[T] = g->h_row0[T] + i;
+            g->h_seq[T] = R;
+            g->h_wrow[T] = seq_row(g, first, i);
             g->h_nkeys[T] = i + 1;
         }
         g->h_rows[R++] = T - 1;
@@ -634,19 +780,22 @@ static int admit(ff_generator *g) {
     }
     if (B == 0) return 0;
     const int64_t t0 = ff_now_ns();
-    upload_tokens(g, T, R);
-    if (infer(g, T, R)) return -1;
-    /* copy each prompt's K/V rows from its first slot into its other sample slots */
+    upload_tokens(g, T, R, R);
+    if (infer(g, T, R, R)) return -1;
+    /* the other samples share the prompt's full blocks and copy the rows of its partial one */
     for (int32_t b = 0; b < B; b++) {
         gen_seq *q = &g->seqs[g->batch[b]];
         if (q->sample == 0) continue;
-        int32_t src = g->batch[b - q->sample];
-        size_t n = (size_t)q->req->prompt_len * KD * 4;
+        const gen_seq *src = &g->seqs[g->batch[b - q->sample]];
+        const int32_t P = q->req->prompt_len, shared = P / bs, rest = P % bs;
+        for (int32_t k = 0; k < shared; k++) blk_share(g, q, src->table[k]);
+        if (rest == 0) continue;
+        blk_take(g, q);
+        const size_t from = (size_t)src->table[shared] * (size_t)bs * KD, to = (size_t)q->table[shared] * (size_t)bs * KD;
         for (int l = 0; l < m->L; l++)
             for (int kv = 0; kv < 2; kv++) {
                 size_t base = (size_t)l * g->kv_layer + (size_t)kv * rows * KD;
-                ff_memcpy_d2d(st, ff_dptr_f32(g->kv, base + (size_t)g->batch[b] * maxlen * KD),
-                              ff_dptr_f32(g->kv, base + (size_t)src * maxlen * KD), n);
+                ff_memcpy_d2d(st, ff_dptr_f32(g->kv, base + to), ff_dptr_f32(g->kv, base + from), (size_t)rest * KD * 4);
             }
     }
     ff_memcpy_h2d(st, GW(g, i_rowmap), g->h_rowmap, (size_t)B * 4);
@@ -667,25 +816,26 @@ void ff_generator_prefill_stats(const ff_generator *g, int64_t *tokens, double *
 
 int ff_generator_step(ff_generator *g) {
     if (admit(g)) return -1;
-    const int32_t maxlen = g->c.max_seq_len;
     int32_t B = 0;
     for (int32_t s = 0; s < g->c.max_slots; s++) {
         gen_seq *q = &g->seqs[s];
         if (!q->req) continue;
         int32_t pos = q->req->prompt_len + q->n_gen - 1; /* where the last token goes */
+        if (pos / g->block_rows == q->n_blocks) blk_take(g, q); /* promised at admission */
         g->batch[B] = s;
         g->h_tok[B] = q->tokens[q->n_gen - 1];
         g->h_pos[B] = pos;
-        g->h_row0[B] = s * maxlen;
-        g->h_wrow[B] = s * maxlen + pos;
+        g->h_seq[B] = B;
+        g->h_wrow[B] = seq_row(g, q, pos);
         g->h_nkeys[B] = pos + 1;
         g->h_rows[B] = B;
+        put_table(g, B, q);
         fill_params(g, B, q);
         B++;
     }
     if (B == 0) return 0;
-    upload_tokens(g, B, B);
-    if (infer(g, B, B)) return -1;
+    upload_tokens(g, B, B, B);
+    if (infer(g, B, B, B)) return -1;
     if (sample_rows(g, GW(g, logits), B)) return -1;
     for (int32_t b = 0; b < B; b++)
         if (append(g, g->batch[b], g->h_stok[b], g->h_slp[b])) return -1;
@@ -795,11 +945,18 @@ static int32_t running_slot(const ff_generator *g, uint64_t id, int32_t sample) 
     return -1;
 }
 
-/* Floats of layer l's K (kv 0) or V (kv 1) rows of `slot`, from its first position. */
-static ff_dptr slot_rows(ff_generator *g, int l, int kv, int32_t slot) {
-    const size_t KD = (size_t)g->m->Hkv * g->m->D, maxlen = (size_t)g->c.max_seq_len;
-    const size_t rows = (size_t)g->c.max_slots * maxlen;
-    return ff_dptr_f32(g->kv, (size_t)l * g->kv_layer + (size_t)kv * rows * KD + (size_t)slot * maxlen * KD);
+/* Between the host rows [positions, Hkv D] (one layer's K or V) and q's blocks, block by
+ * block: to the cache (up) or from it. */
+static void copy_rows(ff_generator *g, const gen_seq *q, int l, int kv, float *host, int32_t positions, bool up) {
+    ff_model *m = g->m;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->n_blocks * (size_t)g->block_rows;
+    const size_t base = (size_t)l * g->kv_layer + (size_t)kv * rows * KD;
+    for (int32_t p0 = 0; p0 < positions; p0 += g->block_rows) {
+        const int32_t n = positions - p0 < g->block_rows ? positions - p0 : g->block_rows;
+        ff_dptr at = ff_dptr_f32(g->kv, base + (size_t)seq_row(g, q, p0) * KD);
+        if (up) ff_memcpy_h2d(m->st, at, host + (size_t)p0 * KD, (size_t)n * KD * 4);
+        else ff_memcpy_d2h(m->st, host + (size_t)p0 * KD, at, (size_t)n * KD * 4);
+    }
 }
 
 int ff_generator_export(ff_generator *g, uint64_t id, int32_t sample, bool with_kv, ff_gen_seq_state *out) {
@@ -847,10 +1004,9 @@ int ff_generator_export(ff_generator *g, uint64_t id, int32_t sample, bool with_
                           .dtype = FF_DTYPE_F32, .data = out->kv.data};
     if (with_kv)
         for (int l = 0; l < m->L; l++)
-            for (int kv = 0; kv < 2; kv++)
-                ff_memcpy_d2h(m->st, out->kv.data + ((size_t)l * 2 + (size_t)kv) * per, slot_rows(g, l, kv, slot), per * 4);
+            for (int kv = 0; kv < 2; kv++) copy_rows(g, q, l, kv, out->kv.data + ((size_t)l * 2 + (size_t)kv) * per, positions, false);
     req_release(r);
-    memset(q, 0, sizeof *q);
+    seq_clear(g, q); /* ff_memcpy_d2h has waited: its blocks may be rewritten now */
     g->n_running--;
     return 0;
 }
@@ -898,25 +1054,32 @@ static int check_import(const ff_generator *g, const ff_gen_seq_state *s) {
     if (g->n_running >= g->c.max_slots)
         return ff_error_set(w, "import into an engine with a free slot, or wait for one to finish",
                             "no free slot: %d of %d slots are decoding", g->n_running, g->c.max_slots);
+    const int32_t need = seq_blocks(g, s->prompt_len, sp.max_new_tokens);
+    if (need > g->n_free - g->promised)
+        return ff_error_set(w, "import into an engine with room in its KV cache (raise kv_blocks), or wait for sequences to finish",
+                            "the sequence may fill %d KV blocks; %d are free and not promised to running sequences", need,
+                            g->n_free - g->promised);
     return 0;
 }
 
-/* The slot's rows 0..n-1 from its tokens, by prefills of up to max_prefill_tokens tokens
- * each attending to the rows before it (the logits of one row are computed and unused). */
-static int recompute(ff_generator *g, int32_t slot, const int32_t *tokens, int32_t n) {
-    const int32_t row0 = slot * g->c.max_seq_len, chunk = g->c.max_prefill_tokens;
+/* q's rows 0..n-1 (its blocks taken) from its tokens, by prefills of up to
+ * max_prefill_tokens tokens each attending to the rows before it (the logits of one row are
+ * computed and unused). */
+static int recompute(ff_generator *g, const gen_seq *q, const int32_t *tokens, int32_t n) {
+    const int32_t chunk = g->c.max_prefill_tokens;
+    put_table(g, 0, q);
     for (int32_t p0 = 0; p0 < n; p0 += chunk) {
         int32_t T = n - p0 < chunk ? n - p0 : chunk;
         for (int32_t i = 0; i < T; i++) {
             g->h_tok[i] = tokens[p0 + i];
             g->h_pos[i] = p0 + i;
-            g->h_row0[i] = row0;
-            g->h_wrow[i] = row0 + p0 + i;
+            g->h_seq[i] = 0;
+            g->h_wrow[i] = seq_row(g, q, p0 + i);
             g->h_nkeys[i] = p0 + i + 1;
         }
         g->h_rows[0] = T - 1;
-        upload_tokens(g, T, 1);
-        if (infer(g, T, 1)) return -1;
+        upload_tokens(g, T, 1, 1);
+        if (infer(g, T, 1, 1)) return -1;
     }
     return 0;
 }
@@ -962,21 +1125,23 @@ int ff_generator_import(ff_generator *g, const ff_gen_seq_state *s) {
     q->min_new = s->sampling.min_new_tokens;
     q->max_new = s->sampling.max_new_tokens;
     const int32_t positions = s->prompt_len + s->n_gen - 1;
+    q->promise = seq_blocks(g, s->prompt_len, q->max_new); /* check_import saw room for it */
+    g->promised += q->promise;
+    for (int32_t k = blocks_of(g, positions); k > 0; k--) blk_take(g, q);
     int rc;
     if (s->kv.data) {
         const size_t per = (size_t)positions * m->Hkv * m->D;
         for (int l = 0; l < m->L; l++)
-            for (int kv = 0; kv < 2; kv++)
-                ff_memcpy_h2d(m->st, slot_rows(g, l, kv, slot), s->kv.data + ((size_t)l * 2 + (size_t)kv) * per, per * 4);
+            for (int kv = 0; kv < 2; kv++) copy_rows(g, q, l, kv, s->kv.data + ((size_t)l * 2 + (size_t)kv) * per, positions, true);
         rc = ff_stream_sync(m->st); /* the caller may free s as soon as this returns */
     } else {
-        rc = recompute(g, slot, s->tokens, positions);
+        rc = recompute(g, q, s->tokens, positions);
     }
     if (rc) {
         free(r->prompt);
         free(r->stop);
         free(r);
-        memset(q, 0, sizeof *q);
+        seq_clear(g, q);
         return ff_error_wrap("generator import of request %llu sample %d (%d positions %s)", (unsigned long long)s->id,
                              s->sample, positions, s->kv.data ? "written" : "recomputed");
     }

@@ -105,7 +105,8 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
     } else {
         ff_scatter_rows(st, ff_dptr_add(a->qkv, (size_t)HD, 4), QKV, tk->kv_k, tk->kv_wrow, T, KD);
         ff_scatter_rows(st, ff_dptr_add(a->qkv, (size_t)(HD + KD), 4), QKV, tk->kv_v, tk->kv_wrow, T, KD);
-        ff_attention_cached(st, a->qkv, QKV, tk->kv_k, tk->kv_v, tk->kv_row0, tk->kv_nkeys, T, Hq, Hkv, D, a->att);
+        ff_attention_cached(st, a->qkv, QKV, tk->kv_k, tk->kv_v, tk->kv_table, tk->kv_S, tk->kv_table_ld,
+                            tk->kv_block_rows, tk->kv_seq, tk->kv_nkeys, T, Hq, Hkv, D, a->att);
     }
 
     /* row-parallel: mid [T, H] = x + att @ Wo^T, Wo [H, Hq D]. TP all-reduce #1, over the

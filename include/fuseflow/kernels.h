@@ -88,12 +88,17 @@ void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, cons
                       int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
                       ff_dptr dqkv);
 
-/* Attention of T query tokens against a KV cache (inference; no backward). Query token t
- * attends to cache rows kv_row0[t] .. kv_row0[t] + n_keys[t] - 1.
- *   q [T, Hq D] ldq; kcache, vcache [rows, Hkv D]; kv_row0, n_keys i32 [T] (n_keys >= 1);
- *   out [T, Hq D] */
-void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr kv_row0,
-                         ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out);
+/* Attention of T query tokens against a paged KV cache (inference; no backward). The cache
+ * is blocks of block_rows rows; position r of sequence s lives in cache row
+ *   table[s * table_ld + r / block_rows] * block_rows + r % block_rows,
+ * so sequences may share blocks (a common prompt) and grow block by block. Query token t
+ * belongs to sequence seq[t] and attends to its positions 0 .. n_keys[t] - 1. One block of
+ * max_seq rows per sequence (table_ld 1) is the contiguous, slot-per-sequence cache.
+ *   q [T, Hq D] ldq; kcache, vcache [blocks * block_rows, Hkv D]; table i32 [S, table_ld];
+ *   seq i32 [T] in [0, S); n_keys i32 [T] in [1, table_ld * block_rows]; out [T, Hq D] */
+void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
+                         int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
+                         ff_dptr out);
 /* Scatter rows: dst[rows[t], :] = src[t, :]. src [T, N] lds, dst [*, N], rows i32 [T]. */
 void ff_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N);
 /* Gather rows: dst[r, :] = src[rows[r], :]. src [*, N], rows i32 [R], dst [R, N]. */

@@ -631,9 +631,12 @@ typedef struct ff_gen_pipe {
 
 typedef struct ff_generator_config {
     int32_t max_slots;          /* concurrent sequences, >= 1 */
-    int32_t max_seq_len;        /* KV positions per slot; <= max_position_embeddings */
+    int32_t max_seq_len;        /* KV positions per sequence at most; <= max_position_embeddings */
     int32_t max_prefill_tokens; /* prompt tokens per step (0: max_seq_len) */
     const ff_gen_pipe *pipe;    /* a pipeline stage's (copied; its ctx outlives the generator), or NULL */
+    int32_t kv_block_rows;      /* positions per KV-cache block, 1..max_seq_len (0: 16, or max_seq_len if less) */
+    int32_t kv_blocks;          /* blocks in the pool (0: max_slots x ceil(max_seq_len / kv_block_rows),
+                                   enough for every slot at full length) */
 } ff_generator_config;
 
 typedef struct ff_generator ff_generator;
@@ -645,8 +648,8 @@ typedef struct ff_generator ff_generator;
 ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *c);
 void ff_generator_destroy(ff_generator **g);
 /* Queue a request. Checks it (token ids in range, prompt_len + 1 <= max_seq_len,
- * prompt_len <= max_prefill_tokens, n_samples <= max_slots, sampling values). 0 or -1 +
- * error. */
+ * prompt_len <= max_prefill_tokens, n_samples <= max_slots, sampling values, the KV blocks
+ * it may fill <= kv_blocks). 0 or -1 + error. */
 int ff_generator_submit(ff_generator *g, const ff_gen_request *r);
 /* Admit, prefill, and decode one token for every running sequence. 0 or -1 + error. */
 /* The prompt prefills of admissions so far: their tokens and the time of their forwards (with
@@ -656,9 +659,11 @@ int ff_generator_step(ff_generator *g);
 /* Sequences waiting or running (0: nothing to do). */
 int32_t ff_generator_pending(const ff_generator *g);
 int32_t ff_generator_running(const ff_generator *g);
-/* The bytes of its KV cache (allocated at ff_generator_new: 2 x layers x max_slots x
- * max_seq_len x kv_heads (this rank's) x head_dim x 4). */
+/* The bytes of its KV cache (allocated at ff_generator_new: 2 x layers x kv_blocks x
+ * kv_block_rows x kv_heads (this rank's) x head_dim x 4). */
 int64_t ff_generator_kv_bytes(const ff_generator *g);
+/* Its KV blocks: held by running sequences now, the most ever held at once, and the pool. */
+void ff_generator_kv_blocks(const ff_generator *g, int32_t *used, int32_t *peak, int32_t *total);
 /* The bytes of its decode workspace on the backend (the batch's activations, logits and
  * sampling scratch for max_slots sequences and max_prefill_tokens; allocated with the KV cache).
  * A generator holds these two on its backend and nothing else. */

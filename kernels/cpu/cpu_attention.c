@@ -266,21 +266,22 @@ void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const
     run_tasks(s, nb * Hkv, work, dkv_task, &j);
 }
 
-/* Query token t's rep heads of kv head g against its cache rows. */
-FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const float *vc, const int32_t *row0,
-                               const int32_t *nkeys, int t, int g, int rep, int D, int KD, int HD, float scale,
-                               float *out) {
+/* The cache row of position j of a sequence whose block table is tab (blocks of bs rows). */
+static inline size_t cache_row(const int32_t *tab, int bs, int j) { return (size_t)tab[j / bs] * (size_t)bs + (size_t)(j % bs); }
+
+/* Query token t's rep heads of kv head g against its n first positions. */
+FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const float *vc, const int32_t *tab, int bs,
+                               int n, int t, int g, int rep, int D, int KD, int HD, float scale, float *out) {
     float acc[MAX_REP * FF_ATT_MAX_D > 16384 ? 16384 : MAX_REP * FF_ATT_MAX_D];
     float sc[MAX_REP][BLK], m[MAX_REP], l[MAX_REP];
     assert((size_t)rep * D <= sizeof acc / sizeof acc[0]);
     const float *Qg = q + (size_t)t * ldq + (size_t)g * rep * D; /* rep heads, contiguous */
     memset(acc, 0, sizeof(float) * (size_t)rep * D);
     for (int r = 0; r < rep; r++) m[r] = -FLT_MAX, l[r] = 0.0f;
-    int n = nkeys[t];
     for (int j0 = 0; j0 < n; j0 += BLK) {
         int nk = n - j0 < BLK ? n - j0 : BLK;
         for (int c = 0; c < nk; c++) {
-            const float *K = kc + (size_t)(row0[t] + j0 + c) * KD + (size_t)g * D;
+            const float *K = kc + cache_row(tab, bs, j0 + c) * KD + (size_t)g * D;
             for (int r = 0; r < rep; r++) sc[r][c] = dot(Qg + (size_t)r * D, K, D) * scale;
         }
         for (int r = 0; r < rep; r++) {
@@ -301,7 +302,7 @@ FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const f
             m[r] = bm;
         }
         for (int c = 0; c < nk; c++) {
-            const float *V = vc + (size_t)(row0[t] + j0 + c) * KD + (size_t)g * D;
+            const float *V = vc + cache_row(tab, bs, j0 + c) * KD + (size_t)g * D;
             for (int r = 0; r < rep; r++) {
                 float p = sc[r][c];
                 float *a = acc + (size_t)r * D;
@@ -319,24 +320,28 @@ FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const f
 
 typedef struct cached_job {
     const float *q, *kc, *vc;
-    const int32_t *row0, *nkeys;
+    const int32_t *table, *seq, *nkeys;
     float *out;
-    int ldq, Hkv, rep, D;
+    int ldq, table_ld, block_rows, Hkv, rep, D;
     float scale;
 } cached_job;
 
 static void cached_part(void *arg, int64_t c0, int64_t c1) {
     const cached_job *j = arg;
-    for (int64_t c = c0; c < c1; c++)
-        cached_task(j->q, j->ldq, j->kc, j->vc, j->row0, j->nkeys, (int)(c / j->Hkv), (int)(c % j->Hkv), j->rep, j->D,
-                    j->Hkv * j->D, j->Hkv * j->rep * j->D, j->scale, j->out);
+    for (int64_t c = c0; c < c1; c++) {
+        const int t = (int)(c / j->Hkv);
+        cached_task(j->q, j->ldq, j->kc, j->vc, j->table + (size_t)j->seq[t] * (size_t)j->table_ld, j->block_rows,
+                    j->nkeys[t], t, (int)(c % j->Hkv), j->rep, j->D, j->Hkv * j->D, j->Hkv * j->rep * j->D, j->scale,
+                    j->out);
+    }
 }
 
-void ff_cpu_attention_cached(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr row0p,
-                             ff_dptr nkeysp, int T, int Hq, int Hkv, int D, ff_dptr outp) {
+void ff_cpu_attention_cached(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr tablep,
+                             int table_ld, int block_rows, ff_dptr seqp, ff_dptr nkeysp, int T, int Hq, int Hkv, int D,
+                             ff_dptr outp) {
     assert(D <= FF_ATT_MAX_D && Hq / Hkv <= MAX_REP);
-    cached_job j = {F(qp), F(kcp), F(vcp), I32(row0p), I32(nkeysp), F(outp), ldq, Hkv, Hq / Hkv, D,
-                    1.0f / sqrtf((float)D)};
+    cached_job j = {F(qp), F(kcp), F(vcp), I32(tablep), I32(seqp), I32(nkeysp), F(outp), ldq, table_ld, block_rows,
+                    Hkv, Hq / Hkv, D, 1.0f / sqrtf((float)D)};
     double keys = 0;
     for (int t = 0; t < T; t++) keys += j.nkeys[t];
     /* per (token, kv head): about 4 flops per key, head and dimension */

@@ -288,14 +288,28 @@ void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
 
 /* ---- against a KV cache ----------------------------------------------------------------------- */
 
+/* Stage n cache rows of positions p0 .. p0 + n - 1 of a sequence whose block table is tab
+ * (blocks of bs rows): sm[j] = src[row of p0 + j, col .. col + D). */
+static __device__ __forceinline__ void stage_paged(float *sm, const float *src, int64_t ld, int64_t col,
+                                                   const int32_t *tab, int bs, int p0, int n, int D, int tid,
+                                                   int nthreads) {
+    for (int i = tid; i < n * D; i += nthreads) {
+        int j = i / D, d = i - j * D, p = p0 + j;
+        int64_t row = (int64_t)tab[p / bs] * bs + p % bs;
+        sm[j * (D + 1) + d] = src[row * ld + col + d];
+    }
+}
+
 /* One warp per (query token, head); the warp stages its tiles of cache rows itself. */
-static __global__ void k_att_cached(const float *q, int ldq, const float *kc, const float *vc, const int32_t *row0,
-                                    const int32_t *nkeys, int Hq, int Hkv, int D, float scale, float *out) {
+static __global__ void k_att_cached(const float *q, int ldq, const float *kc, const float *vc, const int32_t *table,
+                                    int table_ld, int bs, const int32_t *seq, const int32_t *nkeys, int Hq, int Hkv,
+                                    int D, float scale, float *out) {
     extern __shared__ float sm[];
     float *q_s = sm, *k_s = q_s + D, *v_s = k_s + KT * (D + 1);
     const int t = blockIdx.x, h = blockIdx.y, g = h / (Hq / Hkv), lane = threadIdx.x;
     const int64_t KD = (int64_t)Hkv * D;
-    const int r0 = row0[t], n = nkeys[t];
+    const int32_t *tab = table + (int64_t)seq[t] * table_ld;
+    const int n = nkeys[t];
     for (int d = lane; d < D; d += 32) q_s[d] = q[(int64_t)t * ldq + (int64_t)h * D + d];
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
@@ -303,8 +317,8 @@ static __global__ void k_att_cached(const float *q, int ldq, const float *kc, co
     for (int k0 = 0; k0 < n; k0 += KT) {
         int nk = n - k0 < KT ? n - k0 : KT;
         __syncwarp();
-        stage(k_s, kc, KD, (int64_t)g * D, r0 + k0, nk, D, lane, 32);
-        stage(v_s, vc, KD, (int64_t)g * D, r0 + k0, nk, D, lane, 32);
+        stage_paged(k_s, kc, KD, (int64_t)g * D, tab, bs, k0, nk, D, lane, 32);
+        stage_paged(v_s, vc, KD, (int64_t)g * D, tab, bs, k0, nk, D, lane, 32);
         __syncwarp();
         bool ok = lane < nk;
         float sc = ok ? scale * dot_smem(q_s, k_s + lane * (D + 1), D) : -INFINITY;
@@ -331,8 +345,9 @@ static __global__ void k_att_cached(const float *q, int ldq, const float *kc, co
     }
 }
 
-void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr kv_row0,
-                              ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out) {
+void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table,
+                              int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
+                              ff_dptr out) {
     if (T <= 0) return;
     if (D > MAXD) {
         ff_error_set("cuda attention", "use a model with head_dim <= 256", "head_dim %d is above %d", D, (int)MAXD);
@@ -340,8 +355,9 @@ void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, 
         return;
     }
     ff_cuda_use_device(s);
-    k_att_cached<<<dim3(T, Hq), 32, cached_smem(D), CS(s)>>>(F(q), ldq, F(kcache), F(vcache), I32(kv_row0),
-                                                            I32(n_keys), Hq, Hkv, D, 1.0f / sqrtf((float)D), F(out));
+    k_att_cached<<<dim3(T, Hq), 32, cached_smem(D), CS(s)>>>(F(q), ldq, F(kcache), F(vcache), I32(table), table_ld,
+                                                            block_rows, I32(seq), I32(n_keys), Hq, Hkv, D,
+                                                            1.0f / sqrtf((float)D), F(out));
     ff_cuda_check_launch(s, "attention_cached");
 }
 

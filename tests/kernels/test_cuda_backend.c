@@ -262,15 +262,18 @@ static void test_attention(void) {
     int32_t d[] = {33};
     test_attention_case(d, 1, 2, 1, 128);
 
-    /* against a KV cache: rows of 3 slots of 60, queries at various lengths */
-    int Hq = 6, Hkv = 2, D = 40, rows = 180, T = 7;
-    int32_t row0[7] = {0, 0, 60, 60, 120, 120, 120}, nk[7] = {1, 17, 33, 60, 2, 32, 59};
+    /* against a paged KV cache: 15 blocks of 13 rows, 3 sequences whose tables name them out of
+     * order, the last two sharing their first two blocks (a common prompt) */
+    int Hq = 6, Hkv = 2, D = 40, bs = 13, rows = 15 * bs, T = 7, tld = 5;
+    int32_t table[15] = {14, 3, 7, 9, 0, /**/ 5, 11, 1, 12, 2, /**/ 5, 11, 4, 6, 8};
+    int32_t seq[7] = {0, 0, 1, 1, 2, 2, 2}, nk[7] = {1, 17, 33, 60, 2, 27, 59};
     dual q = dual_rand((size_t)T * (Hq * D + 8), 1), kc = dual_rand((size_t)rows * Hkv * D, 1);
-    dual vc = dual_rand((size_t)rows * Hkv * D, 1), dr0 = dual_i32(row0, 7), dnk = dual_i32(nk, 7);
-    dual o = dual_new(NULL, (size_t)T * Hq * D * 4);
-    BOTH(ff_attention_cached(S, P(q), Hq * D + 8, P(kc), P(vc), P(dr0), P(dnk), T, Hq, Hkv, D, P(o)));
+    dual vc = dual_rand((size_t)rows * Hkv * D, 1), dtab = dual_i32(table, 15), dseq = dual_i32(seq, 7);
+    dual dnk = dual_i32(nk, 7), o = dual_new(NULL, (size_t)T * Hq * D * 4);
+    BOTH(ff_attention_cached(S, P(q), Hq * D + 8, P(kc), P(vc), P(dtab), 3, tld, bs, P(dseq), P(dnk), T, Hq, Hkv, D, P(o)));
     cmp_all("attention_cached", o, 1e-5, 1e-4);
-    dual_free(&q), dual_free(&kc), dual_free(&vc), dual_free(&dr0), dual_free(&dnk), dual_free(&o);
+    dual_free(&dtab), dual_free(&dseq);
+    dual_free(&q), dual_free(&kc), dual_free(&vc), dual_free(&dnk), dual_free(&o);
 }
 
 /* ---- logits and sampling --------------------------------------------------------------------------- */

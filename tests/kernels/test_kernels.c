@@ -404,32 +404,75 @@ static void test_attention(void) {
     ff_buffer_destroy(&b1);
     ff_backend_destroy(&be1);
 
-    /* attention against a KV cache equals the packed forward: put each sequence's k, v in
-     * cache slots of 100 rows, in reverse slot order */
-    const int KD = Hkv * D, slot_len = 100;
-    size_t crow = (size_t)S * slot_len;
+    /* attention against a paged KV cache equals the packed forward: each sequence's k, v go
+     * into blocks of 7 rows taken from a shuffled pool, and a last sequence shares the first
+     * one's full blocks (a common prompt) with a block of its own for the rest */
+    const int KD = Hkv * D, bs = 7, tld = 100 / bs + 2;
+    int nblk = 0;
+    for (int s = 0; s < S; s++) nblk += (ss[s + 1] - ss[s] + bs - 1) / bs;
+    nblk += 2; /* the sharing sequence's own block, and one never used */
+    int32_t *perm = malloc((size_t)nblk * 4), *table = malloc((size_t)(S + 1) * tld * 4);
+    for (int i = 0; i < nblk; i++) perm[i] = i;
+    for (int i = nblk - 1; i > 0; i--) { /* a fixed shuffle */
+        int k = (int)((unsigned)(i * 2654435761u) % (unsigned)(i + 1)), x = perm[i];
+        perm[i] = perm[k], perm[k] = x;
+    }
+    for (int i = 0; i < (S + 1) * tld; i++) table[i] = -1; /* entries past a sequence's end are never read */
+    size_t crow = (size_t)nblk * bs;
     float *kc = calloc(crow * KD, 4), *vc = calloc(crow * KD, 4);
-    int32_t *row0 = malloc((size_t)T * 4), *nk = malloc((size_t)T * 4);
-    for (int s = 0; s < S; s++)
+    int32_t *seq = malloc((size_t)(T + bs) * 4), *nk = malloc((size_t)(T + bs) * 4);
+    int used = 0;
+    for (int s = 0; s < S; s++) {
+        for (int p = 0; p < ss[s + 1] - ss[s]; p += bs) table[s * tld + p / bs] = perm[used++];
         for (int t = ss[s]; t < ss[s + 1]; t++) {
-            int slot = S - 1 - s, p = t - ss[s];
-            memcpy(kc + ((size_t)slot * slot_len + p) * KD, qkv + (size_t)t * ld + (size_t)Hq * D, (size_t)KD * 4);
-            memcpy(vc + ((size_t)slot * slot_len + p) * KD, qkv + (size_t)t * ld + (size_t)(Hq + Hkv) * D, (size_t)KD * 4);
-            row0[t] = slot * slot_len;
+            int p = t - ss[s];
+            size_t row = (size_t)table[s * tld + p / bs] * bs + (size_t)(p % bs);
+            memcpy(kc + row * KD, qkv + (size_t)t * ld + (size_t)Hq * D, (size_t)KD * 4);
+            memcpy(vc + row * KD, qkv + (size_t)t * ld + (size_t)(Hq + Hkv) * D, (size_t)KD * 4);
+            seq[t] = s;
             nk[t] = p + 1;
         }
-    ff_dptr dkc = dev(kc, crow * KD * 4), dvc = dev(vc, crow * KD * 4), drow0 = dev(row0, (size_t)T * 4);
-    ff_dptr dnk = dev(nk, (size_t)T * 4), dco = dev(NULL, no * 4);
-    ff_attention_cached(st, dq, ld, dkc, dvc, drow0, dnk, T, Hq, Hkv, D, dco);
-    get(tmp, dco, no * 4);
+    }
+    /* sequence S: the longest sequence's blocks but its last, then a copy of the rows of that
+     * last block in a block of its own; its queries are that sequence's at those positions */
+    int big = 0;
+    for (int s = 0; s < S; s++)
+        if (ss[s + 1] - ss[s] > ss[big + 1] - ss[big]) big = s;
+    const int blen = ss[big + 1] - ss[big], full = (blen - 1) / bs;
+    for (int i = 0; i < full; i++) table[S * tld + i] = table[big * tld + i];
+    table[S * tld + full] = perm[used++];
+    const int T2 = T + blen - full * bs;
+    for (int t = T; t < T2; t++) {
+        int j = t - T;
+        size_t src = (size_t)table[big * tld + full] * bs + (size_t)j, dst = (size_t)table[S * tld + full] * bs + (size_t)j;
+        memcpy(kc + dst * KD, kc + src * KD, (size_t)KD * 4);
+        memcpy(vc + dst * KD, vc + src * KD, (size_t)KD * 4);
+        seq[t] = S;
+        nk[t] = full * bs + j + 1;
+    }
+    const size_t no2 = (size_t)T2 * Hq * D;
+    float *q2 = malloc((size_t)T2 * ld * 4), *got2 = malloc(no2 * 4);
+    double *ref2 = malloc(no2 * sizeof(double));
+    memcpy(q2, qkv, (size_t)T * ld * 4);
+    memcpy(ref2, ref, no * sizeof(double));
+    for (int t = T; t < T2; t++) { /* the same query as the shared sequence's at that position */
+        int src = ss[big] + nk[t] - 1;
+        memcpy(q2 + (size_t)t * ld, qkv + (size_t)src * ld, (size_t)ld * 4);
+        memcpy(ref2 + (size_t)t * Hq * D, ref + (size_t)src * Hq * D, (size_t)Hq * D * sizeof(double));
+    }
+    ff_dptr dkc = dev(kc, crow * KD * 4), dvc = dev(vc, crow * KD * 4), dtab = dev(table, (size_t)(S + 1) * tld * 4);
+    ff_dptr dseq = dev(seq, (size_t)T2 * 4), dnk = dev(nk, (size_t)T2 * 4), dco = dev(NULL, no2 * 4);
+    ff_dptr dq2 = dev(q2, (size_t)T2 * ld * 4);
+    ff_attention_cached(st, dq2, ld, dkc, dvc, dtab, S + 1, tld, bs, dseq, dnk, T2, Hq, Hkv, D, dco);
+    get(got2, dco, no2 * 4);
     worst = 0;
-    for (size_t i = 0; i < no; i++) worst = fmax(worst, fabs(tmp[i] - ref[i]));
+    for (size_t i = 0; i < no2; i++) worst = fmax(worst, fabs(got2[i] - ref2[i]));
     if (!(worst < 2e-5)) {
-        fprintf(stderr, "cached attention: max error %g\n", worst);
+        fprintf(stderr, "paged cached attention (blocks of %d, %d tokens): max error %g\n", bs, T2, worst);
         ff_test_failures++;
     }
-    dev_free(dkc), dev_free(dvc), dev_free(drow0), dev_free(dnk), dev_free(dco);
-    free(kc), free(vc), free(row0), free(nk);
+    dev_free(dkc), dev_free(dvc), dev_free(dtab), dev_free(dseq), dev_free(dnk), dev_free(dco), dev_free(dq2);
+    free(kc), free(vc), free(table), free(perm), free(seq), free(nk), free(q2), free(ref2), free(got2);
     dev_free(dq), dev_free(dss), dev_free(dout), dev_free(dlse), dev_free(dR), dev_free(ddelta), dev_free(dg);
     free(qkv), free(R), free(out), free(tmp), free(ref), free(an), free(o1), free(gg1), free(gg2);
 }

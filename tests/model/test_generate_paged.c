@@ -1,0 +1,248 @@
+/* The generator's paged KV cache: the same requests give bit-identical tokens and log-probs
+ * whatever the block size (1 position to a whole sequence) and pool size; the samples of a
+ * request share the prompt's full blocks (counted exactly); a pool smaller than the demand
+ * makes requests wait, never fail or change; and clear errors for a request or a moved
+ * sequence that cannot fit, and for bad block settings. */
+#include "tests/model/model_test_util.h"
+
+static ff_gen_request req(uint64_t id, const int32_t *prompt, int32_t n, int32_t samples, int32_t max_new, uint64_t seed) {
+    ff_gen_request r;
+    memset(&r, 0, sizeof r);
+    r.id = id;
+    r.prompt = prompt;
+    r.prompt_len = n;
+    r.n_samples = samples;
+    ff_sampling_default(&r.sampling);
+    r.sampling.max_new_tokens = max_new;
+    r.seed = seed;
+    return r;
+}
+
+static void free_outs(ff_gen_output *o, int32_t n) {
+    for (int32_t i = 0; i < n; i++) ff_gen_output_free(&o[i]);
+    free(o);
+}
+
+/* Every request to the end on a generator of this config; the outputs by request then
+ * sample, and the generator's peak of blocks held. */
+static ff_gen_output *run_all(ff_model *m, const ff_generator_config *gc, const ff_gen_request *r, int32_t nr,
+                              int32_t *n_out, int32_t *peak) {
+    ff_generator *g = ff_generator_new(m, gc);
+    REQUIRE(g);
+    int32_t total = 0, first[8];
+    for (int32_t i = 0; i < nr; i++) {
+        REQUIRE(ff_generator_submit(g, &r[i]) == 0);
+        first[i] = total;
+        total += r[i].n_samples;
+    }
+    ff_gen_output *o = calloc((size_t)total, sizeof *o), x;
+    while (ff_generator_pending(g) > 0) REQUIRE(ff_generator_step(g) == 0);
+    while (ff_generator_pop(g, &x)) o[first[x.id] + x.sample] = x;
+    int32_t used, total_blocks;
+    ff_generator_kv_blocks(g, &used, peak, &total_blocks);
+    CHECK_EQ_INT(used, 0); /* every block back in the pool */
+    CHECK(*peak <= total_blocks);
+    ff_generator_destroy(&g);
+    *n_out = total;
+    return o;
+}
+
+/* An upper bound of the blocks the largest request may fill (budgets at max_new_tokens). */
+static int32_t largest_need(const ff_gen_request *r, int nr, int32_t bs, int32_t max_seq) {
+    int32_t most = 0;
+    for (int i = 0; i < nr; i++) {
+        int32_t len = r[i].prompt_len + r[i].sampling.max_new_tokens, shared = r[i].prompt_len / bs;
+        if (len > max_seq) len = max_seq;
+        int32_t need = shared + r[i].n_samples * ((len + bs - 1) / bs - shared);
+        if (need > most) most = need;
+    }
+    return most;
+}
+
+static void test_any_layout_same_outputs(ff_model *m) {
+    int32_t p0[21], p1[16], p2[] = {3, 9, 4, 1, 5}, p3[] = {2};
+    for (int i = 0; i < 21; i++) p0[i] = (i * 7 + 3) % 40;
+    for (int i = 0; i < 16; i++) p1[i] = (i * 5 + 1) % 40;
+    ff_gen_request r[4] = {req(0, p0, 21, 4, 30, 11), req(1, p1, 16, 3, 20, 12), req(2, p2, 5, 2, 25, 13),
+                           req(3, p3, 1, 1, 40, 14)};
+    r[0].sampling.top_p = 0.9f;
+    r[2].sampling.len_median = 9; /* drawn lengths: each sample's own budget and promise */
+    r[2].sampling.len_p99_ratio = 2;
+    /* the reference: one block of max_seq_len per sequence, the prompt copied to every sample */
+    ff_generator_config ref = {.max_slots = 6, .max_seq_len = 64, .max_prefill_tokens = 32, .kv_block_rows = 64};
+    int32_t nref, peak_ref;
+    ff_gen_output *want = run_all(m, &ref, r, 4, &nref, &peak_ref);
+    CHECK_EQ_INT(nref, 10);
+    const int32_t rows[] = {0, 1, 3, 8, 16, 63};
+    for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
+        for (int small = 0; small < 2; small++) {
+            ff_generator_config gc = ref;
+            gc.kv_block_rows = rows[k];
+            /* a small pool: what the largest request may fill, so the others wait for it */
+            if (small) gc.kv_blocks = largest_need(r, 4, rows[k] ? rows[k] : 16, 64);
+            int32_t n, peak;
+            ff_gen_output *got = run_all(m, &gc, r, 4, &n, &peak);
+            REQUIRE(n == nref);
+            int same = 1;
+            for (int32_t i = 0; i < n; i++)
+                same &= got[i].n_tokens == want[i].n_tokens && got[i].finish == want[i].finish &&
+                        !memcmp(got[i].tokens, want[i].tokens, (size_t)want[i].n_tokens * 4) &&
+                        !memcmp(got[i].logprobs, want[i].logprobs, (size_t)want[i].n_tokens * 4);
+            if (!same) {
+                fprintf(stderr, "blocks of %d (%s pool): outputs differ from one block per sequence\n", rows[k],
+                        small ? "a small" : "the default");
+                ff_test_failures++;
+            }
+            if (small) CHECK(peak <= gc.kv_blocks);
+            free_outs(got, n);
+        }
+    free_outs(want, nref);
+}
+
+/* One request of 4 samples, a prompt of 40 positions, 8 new tokens each, blocks of 8: the
+ * prompt fills 5 blocks once; each sample then writes positions 40..46 into one block of its
+ * own: 9 blocks (72 rows), where one slot per sequence holds 4 x 64 rows. */
+static void test_prompt_blocks_shared(ff_model *m) {
+    int32_t p[41];
+    for (int i = 0; i < 41; i++) p[i] = (i * 3 + 2) % 40;
+    ff_generator_config gc = {.max_slots = 4, .max_seq_len = 64, .max_prefill_tokens = 48, .kv_block_rows = 8};
+    ff_generator *g = ff_generator_new(m, &gc);
+    REQUIRE(g);
+    int32_t used, peak, total;
+    ff_generator_kv_blocks(g, &used, &peak, &total);
+    CHECK_EQ_INT(total, 32); /* 4 slots x 64 / 8 */
+    CHECK_EQ_INT(used, 0);
+    ff_gen_request r = req(1, p, 40, 4, 8, 5);
+    REQUIRE(ff_generator_submit(g, &r) == 0);
+    REQUIRE(ff_generator_step(g) == 0); /* prefill (5 blocks) and the first decode (4 more) */
+    ff_generator_kv_blocks(g, &used, &peak, &total);
+    CHECK_EQ_INT(used, 9);
+    while (ff_generator_pending(g) > 0) REQUIRE(ff_generator_step(g) == 0);
+    ff_generator_kv_blocks(g, &used, &peak, &total);
+    CHECK_EQ_INT(used, 0);
+    CHECK_EQ_INT(peak, 9);
+    ff_gen_output o;
+    for (int i = 0; i < 4; i++) {
+        REQUIRE(ff_generator_pop(g, &o) == 1);
+        CHECK_EQ_INT(o.n_tokens, 8);
+        ff_gen_output_free(&o);
+    }
+    /* a partial last prompt block: 41 positions are 5 shared blocks, and each sample copies
+     * the 41st row into a block of its own, in which it also decodes */
+    r = req(2, p, 41, 4, 7, 6);
+    REQUIRE(ff_generator_submit(g, &r) == 0);
+    REQUIRE(ff_generator_step(g) == 0);
+    ff_generator_kv_blocks(g, &used, &peak, &total);
+    CHECK_EQ_INT(used, 9);
+    while (ff_generator_pending(g) > 0) REQUIRE(ff_generator_step(g) == 0);
+    while (ff_generator_pop(g, &o)) ff_gen_output_free(&o);
+    ff_generator_destroy(&g);
+}
+
+/* A pool of 9 blocks holds one such request at a time: the second waits for the first to
+ * finish, then runs; a request that needs more than the pool is refused at submit. */
+static void test_small_pool(ff_model *m) {
+    int32_t p[40];
+    for (int i = 0; i < 40; i++) p[i] = (i * 11 + 1) % 40;
+    ff_generator_config gc = {.max_slots = 8, .max_seq_len = 64, .max_prefill_tokens = 80, .kv_block_rows = 8, .kv_blocks = 9};
+    ff_generator *g = ff_generator_new(m, &gc);
+    REQUIRE(g);
+    ff_gen_request a = req(1, p, 40, 4, 8, 1), b = req(2, p, 40, 4, 8, 2);
+    REQUIRE(ff_generator_submit(g, &a) == 0);
+    REQUIRE(ff_generator_submit(g, &b) == 0);
+    REQUIRE(ff_generator_step(g) == 0);
+    CHECK_EQ_INT(ff_generator_running(g), 4); /* 8 slots free, but blocks for one request only */
+    CHECK_EQ_INT(ff_generator_pending(g), 8);
+    int steps = 0;
+    for (; ff_generator_pending(g) > 0 && steps < 100; steps++) REQUIRE(ff_generator_step(g) == 0);
+    CHECK_EQ_INT(ff_generator_pending(g), 0);
+    int32_t used, peak, total, n = 0;
+    ff_generator_kv_blocks(g, &used, &peak, &total);
+    CHECK_EQ_INT(peak, 9);
+    ff_gen_output o;
+    while (ff_generator_pop(g, &o)) n += o.n_tokens == 8, ff_gen_output_free(&o);
+    CHECK_EQ_INT(n, 8);
+
+    /* 5 shared + 5 x 1 = 10 blocks > 9: refused, naming the knob, nothing queued */
+    ff_gen_request c = req(3, p, 40, 5, 8, 3);
+    CHECK(ff_generator_submit(g, &c) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "kv_blocks");
+    CHECK_STR_CONTAINS(ff_error_message(), "10 KV blocks");
+    CHECK_EQ_INT(ff_generator_pending(g), 0);
+    ff_generator_destroy(&g);
+
+    /* bad settings */
+    ff_generator_config bad = {.max_slots = 2, .max_seq_len = 16, .kv_block_rows = 17};
+    CHECK(ff_generator_new(m, &bad) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "kv_block_rows 17");
+    bad.kv_block_rows = -1;
+    CHECK(ff_generator_new(m, &bad) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "kv_block_rows");
+    bad.kv_block_rows = 4;
+    bad.kv_blocks = -3;
+    CHECK(ff_generator_new(m, &bad) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "kv_blocks -3");
+}
+
+/* A moved sequence lands in blocks of its own; a receiver whose pool is promised away
+ * refuses it (naming kv_blocks), then takes it once room is back, and it ends as it would
+ * have where it started. */
+static void test_import_room(ff_model *m) {
+    int32_t p[20];
+    for (int i = 0; i < 20; i++) p[i] = (i * 13 + 5) % 40;
+    ff_generator_config big = {.max_slots = 4, .max_seq_len = 64, .max_prefill_tokens = 32, .kv_block_rows = 4};
+    ff_gen_request r = req(7, p, 20, 2, 24, 9);
+    int32_t nref, peak;
+    ff_gen_output *want = run_all(m, &big, &r, 1, &nref, &peak);
+    ff_generator *a = ff_generator_new(m, &big);
+    REQUIRE(a);
+    REQUIRE(ff_generator_submit(a, &r) == 0);
+    for (int i = 0; i < 5; i++) REQUIRE(ff_generator_step(a) == 0);
+    ff_gen_seq_state st;
+    REQUIRE(ff_generator_export(a, 7, 1, true, &st) == 0);
+    /* the receiver: blocks of 4, a pool of 12; a running request promises 11 of them */
+    ff_generator_config small = {.max_slots = 4, .max_seq_len = 64, .max_prefill_tokens = 32, .kv_block_rows = 4, .kv_blocks = 12};
+    ff_generator *b = ff_generator_new(m, &small);
+    REQUIRE(b);
+    ff_gen_request other = req(8, p, 4, 1, 40, 3);
+    REQUIRE(ff_generator_submit(b, &other) == 0);
+    REQUIRE(ff_generator_step(b) == 0);
+    CHECK(ff_generator_import(b, &st) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "kv_blocks");
+    while (ff_generator_pending(b) > 0) REQUIRE(ff_generator_step(b) == 0);
+    REQUIRE(ff_generator_import(b, &st) == 0);
+    ff_gen_seq_state_free(&st);
+    while (ff_generator_pending(b) > 0) REQUIRE(ff_generator_step(b) == 0);
+    ff_gen_output o;
+    int seen = 0;
+    while (ff_generator_pop(b, &o)) {
+        if (o.id == 7) {
+            seen++;
+            CHECK_EQ_INT(o.n_tokens, want[1].n_tokens);
+            CHECK(!memcmp(o.tokens, want[1].tokens, (size_t)o.n_tokens * 4));
+            CHECK(!memcmp(o.logprobs, want[1].logprobs, (size_t)o.n_tokens * 4));
+        }
+        ff_gen_output_free(&o);
+    }
+    CHECK_EQ_INT(seen, 1);
+    int32_t used, total;
+    ff_generator_kv_blocks(b, &used, &peak, &total);
+    CHECK_EQ_INT(used, 0);
+    ff_generator_destroy(&a);
+    ff_generator_destroy(&b);
+    free_outs(want, nref);
+}
+
+int main(void) {
+    ff_backend *be = ff_backend_cpu_new(2);
+    REQUIRE(be);
+    ff_model_config c = tiny_config(40, 32, 64, 2, 4, 2, false, true, false);
+    ff_model *m = tiny_model(be, &c, 7, 0.3);
+    test_any_layout_same_outputs(m);
+    test_prompt_blocks_shared(m);
+    test_small_pool(m);
+    test_import_room(m);
+    ff_model_destroy(&m);
+    ff_backend_destroy(&be);
+    TEST_MAIN_END();
+}
