@@ -4,7 +4,9 @@
  * is an error with a suggestion. The schema is documented in docs/graphs.md.
  *
  * Not here: the graph's own checks (graph.c). */
+#include <assert.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +182,8 @@ static int read_role(ff_run_config *run, ff_role r) {
         rc->rollout.pp = 1, rc->rollout.vpp = 1, rc->rollout.schedule = FF_PLAN_1F1B;
         rc->rollout.dp = rc->rollout.workers / rc->rollout.tp;
     }
+    rc->rollout_kv_block = 16;
+    rc->rollout_kv_memory = 1.0;
     ff_cnode *ro = ff_cnode_find(base, "rollout");
     if (ro) {
         if (r != FF_ROLE_ACTOR)
@@ -206,6 +210,10 @@ static int read_role(ff_run_config *run, ff_role r) {
         /* a delta patches the copy that the last sync wrote: only a pool keeps it (the
          * colocated copy gives its weights back after each sync) */
         if (ff_cnode_get_bool(ro, "sync_delta", false, &rc->rollout_delta) < 0) return -1;
+        /* the paged KV cache of generation (model/generate.c): block size and pool share */
+        if (ff_cnode_get_int_in(ro, "kv_block", 16, 1, 1 << 16, &rc->rollout_kv_block) < 0 ||
+            ff_cnode_get_double_in(ro, "kv_memory", 1.0, 1e-6, 1.0, &rc->rollout_kv_memory) < 0)
+            return -1;
         if (rc->rollout_delta && rw == 0)
             return ff_error_set(ff_cnode_where(ro, w, sizeof w), "give the generation a pool of its own (roles.actor.rollout.workers: N) or drop sync_delta",
                                 "'%s.rollout.sync_delta' needs generation workers of their own: the copy on the actor's workers "
@@ -468,6 +476,13 @@ ff_run_config *ff_run_config_load(const char *path, int n_overrides, char *const
 ff_run_config *ff_run_config_parse(const char *text, const char *name, int n_overrides, char *const *overrides,
                                    ff_registry *reg) {
     return finish(ff_config_parse(text, strlen(text), name), name, n_overrides, overrides, reg);
+}
+
+int32_t ff_rollout_kv_blocks(int32_t slots, int32_t max_seq, int32_t block_rows, double kv_memory) {
+    assert(slots >= 1 && max_seq >= 1 && block_rows >= 1 && kv_memory > 0 && kv_memory <= 1);
+    const double full = (double)slots * (double)((max_seq + block_rows - 1) / block_rows);
+    double n = ceil(full * kv_memory - 1e-9); /* 1e-9: a share that is exact in decimal stays exact */
+    return n < 1 ? 1 : n > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)n;
 }
 
 void ff_run_config_destroy(ff_run_config **pr) {

@@ -340,6 +340,10 @@ void ff_generator_destroy(ff_generator **pg) {
 
 int32_t ff_generator_pending(const ff_generator *g) { return g->n_waiting + g->n_running; }
 int32_t ff_generator_running(const ff_generator *g) { return g->n_running; }
+int32_t ff_generator_room(const ff_generator *g) {
+    int32_t slots = g->c.max_slots - g->n_running, blocks = (g->n_free - g->promised) / g->table_ld;
+    return slots < blocks ? slots : blocks;
+}
 int64_t ff_generator_kv_bytes(const ff_generator *g) { return (int64_t)ff_buffer_size(g->kv); }
 void ff_generator_kv_blocks(const ff_generator *g, int32_t *used, int32_t *peak, int32_t *total) {
     *used = g->n_blocks - g->n_free;

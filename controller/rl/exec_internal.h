@@ -370,7 +370,8 @@ struct ex_run {
 
     ex_fuse fuse;        /* graph.<actor train>.fuse (exec_fuse.c) */
     struct ex_trace *tr; /* --trace: what the executor adds to the controller's trace */
-    int64_t gen_slots;   /* KV-cache slots of each generation engine (rl.init's slots) */
+    int64_t gen_slots;   /* sequences of max_seq each generation engine holds at once: its slots
+                            (rl.init's), fewer when roles.actor.rollout.kv_memory < 1 */
     ex_rollout *ro;      /* the stage's measured costs and last lengths (exec_rollout.c), lazily */
     /* long-tail migration: the "migrate" group (a communicator over the generation ranks) is
      * rebuilt before the next move after a failed one; the link bandwidth measured by the last
@@ -383,6 +384,9 @@ struct ex_run {
 
 /* exec_run.c */
 bool ex_has_node(const ex_run *x, ff_op op, ff_role role); /* role FF_ROLE_COUNT: any role */
+/* The sequence slots of each generation engine (rl.init's slots): a replica's share of an
+ * iteration's samples, in [max(16, n), 256]. */
+int64_t ex_gen_slots(const ex_run *x);
 /* Address spec to replica r of pool: its rank (tp 1: FF_TARGET_RANK, the pool's group named
  * for its communicator), or all its TP ranks (a group job on the replica's group); j counts
  * in the replica's load until released. */

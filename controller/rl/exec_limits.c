@@ -10,6 +10,8 @@
  *              process may use (ff_memory_limit): the workers on the machine hold the models,
  *              and messages to them copy samples on top
  *   workers    the local worker processes fit the machine (ff_controller_local_worker_limit)
+ *   kv         each generation engine's KV pool (roles.actor.rollout.kv_memory) holds one group
+ *              of n samples at full length
  *   dataset    a batch of prompts fits the training set (after the data is read)
  *
  * Not here: the bounds of single values (int32 range and the like), which dataflow/run_config.c
@@ -118,7 +120,34 @@ static int check_workers(ex_run *x) {
                         most, why);
 }
 
-int ex_check_limits(ex_run *x) { return check_context(x) || check_memory(x) || check_workers(x) ? -1 : 0; }
+int64_t ex_gen_slots(const ex_run *x) {
+    int64_t slots = x->batch * x->group_size / (x->lay[POOL_GEN].dp ? x->lay[POOL_GEN].dp : 1); /* per replica */
+    if (slots < 16) slots = 16;
+    if (slots > 256) slots = 256;
+    if (slots < x->group_size) slots = x->group_size;
+    return slots;
+}
+
+/* A generation engine's KV pool (roles.actor.rollout.kv_memory of every slot at max_seq) holds
+ * at least one group of n samples at full length, so that no request is ever too big for it
+ * (model/generate.c refuses those at submit, mid-run). */
+static int check_kv(ex_run *x) {
+    if (!ex_has_node(x, FF_OP_GENERATE, FF_ROLE_COUNT)) return 0;
+    const ff_role_cfg *ac = &x->run->roles[FF_ROLE_ACTOR];
+    const int64_t slots = ex_gen_slots(x);
+    const int32_t ms = (int32_t)x->max_seq, bs = ac->rollout_kv_block < ms ? (int32_t)ac->rollout_kv_block : ms;
+    const int64_t per = (ms + bs - 1) / bs, pool = ff_rollout_kv_blocks((int32_t)slots, ms, bs, ac->rollout_kv_memory);
+    if (pool >= x->group_size * per) return 0;
+    char w[300], hint[200];
+    snprintf(hint, sizeof hint, "raise roles.actor.rollout.kv_memory to at least %.4g (or lower n or the lengths)",
+             (double)(x->group_size * per) / (double)(slots * per));
+    return ff_error_set(where_key(x, "roles.actor.rollout.kv_memory", w, sizeof w), hint,
+                        "roles.actor.rollout.kv_memory %g gives each generation engine %" PRId64 " KV blocks of %d positions (of %" PRId64
+                        " for its %" PRId64 " slots at %d positions); one group of n %" PRId64 " samples may fill %" PRId64,
+                        ac->rollout_kv_memory, pool, bs, slots * per, slots, ms, x->group_size, x->group_size * per);
+}
+
+int ex_check_limits(ex_run *x) { return check_context(x) || check_memory(x) || check_workers(x) || check_kv(x) ? -1 : 0; }
 
 /* The data order hands out every prompt once per epoch (exec_data.c); a batch larger than
  * the training set would hold a prompt twice, from two epochs, in one batch. Dynamic

@@ -258,6 +258,10 @@ typedef struct ff_role_cfg {
                                 fp32, the default, moves them exactly; a local copy is exact) */
     bool rollout_delta;      /* actor: `rollout: {sync_delta: true}`: a pool's sync sends only the
                                 elements whose wire value changed (ff_reshard_opts.delta) */
+    int64_t rollout_kv_block; /* actor: `rollout: {kv_block: N}`: positions per KV-cache block
+                                 (default 16; ff_generator_config.kv_block_rows) */
+    double rollout_kv_memory; /* actor: `rollout: {kv_memory: f}`, (0, 1]: the KV pool as a share of
+                                 every slot at full length (default 1); less memory, requests wait */
     bool offload;            /* actor: `offload: true` (the default): while its colocated copy
                                 generates (train -> generate at the sync, back at rl.train), its
                                 gradients are released and its AdamW state waits in host memory */
@@ -314,6 +318,10 @@ ff_run_config *ff_run_config_load(const char *path, int n_overrides, char *const
 ff_run_config *ff_run_config_parse(const char *text, const char *name, int n_overrides, char *const *overrides,
                                    ff_registry *reg);
 void ff_run_config_destroy(ff_run_config **run);
+/* The KV blocks of a rollout of `slots` sequences of max_seq positions in blocks of
+ * block_rows (the actor's rollout.kv_block, capped at max_seq): rollout.kv_memory of every slot
+ * at full length, at least 1. Worker and controller size the pool with it. */
+int32_t ff_rollout_kv_blocks(int32_t slots, int32_t max_seq, int32_t block_rows, double kv_memory);
 /* Checks that need the file system: the data files and model folders exist. Separate so a
  * config can be validated on a machine without them. 0, or -1 + error with the line. */
 int ff_run_config_check_files(const ff_run_config *run);

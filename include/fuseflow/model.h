@@ -659,6 +659,9 @@ int ff_generator_step(ff_generator *g);
 /* Sequences waiting or running (0: nothing to do). */
 int32_t ff_generator_pending(const ff_generator *g);
 int32_t ff_generator_running(const ff_generator *g);
+/* Sequences of max_seq_len positions it could take in now: free slots, and KV blocks that are
+ * free and not promised to running sequences, whichever is fewer. */
+int32_t ff_generator_room(const ff_generator *g);
 /* The bytes of its KV cache (allocated at ff_generator_new: 2 x layers x kv_blocks x
  * kv_block_rows x kv_heads (this rank's) x head_dim x 4). */
 int64_t ff_generator_kv_bytes(const ff_generator *g);

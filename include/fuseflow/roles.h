@@ -113,6 +113,8 @@ typedef struct ff_rollout_config {
     int32_t max_prefill_tokens; /* prompt tokens prefilled per step (0: max_seq_len) */
     ff_logprob_mode logprob_mode; /* applied to every request (FF_LOGPROB_TEMPERATURE: see top) */
     const ff_gen_pipe *pipe;    /* the model is a pipeline stage: its stages' pipeline (model.h), or NULL */
+    int32_t kv_block_rows;      /* KV-cache positions per block (0: the generator's default, 16) */
+    int32_t kv_blocks;          /* KV-cache blocks (0: every slot at max_seq_len) */
 } ff_rollout_config;
 void ff_rollout_config_default(ff_rollout_config *c); /* 64 slots, 256 positions, TEMPERATURE */
 
@@ -156,6 +158,9 @@ int ff_rollout_step(ff_rollout *r);
 /* Samples waiting or running. 0: idle. */
 int32_t ff_rollout_pending(const ff_rollout *r);
 int32_t ff_rollout_running(const ff_rollout *r);
+/* Sequences of max_seq_len it could take in now (free slots, and KV blocks not promised to
+ * running sequences: ff_generator_room). */
+int32_t ff_rollout_room(const ff_rollout *r);
 /* Take one finished sample in finishing order: 1 and *out (the caller owns its arrays; free
  * with ff_gen_output_free), or 0 when none is ready. out->id is the request id, out->sample
  * its index in [0, n); out->logprobs are per the config's logprob_mode. */

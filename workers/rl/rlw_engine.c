@@ -665,6 +665,11 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         rc.max_slots = a->slots > 0 ? a->slots : 64;
         rc.max_seq_len = a->max_seq_len > 0 ? a->max_seq_len : 256;
         rc.pipe = s->glay->at.pp > 1 ? &s->glay->gpipe : NULL; /* every stage decodes the same batch */
+        /* the paged KV cache: its block size, and its pool as a share of every slot at full
+         * length (ff_rollout_kv_blocks; the controller checked that one group fits) */
+        rc.kv_block_rows = (int32_t)roles[FF_ROLE_ACTOR].rollout_kv_block;
+        if (rc.kv_block_rows > rc.max_seq_len) rc.kv_block_rows = rc.max_seq_len;
+        rc.kv_blocks = ff_rollout_kv_blocks(rc.max_slots, rc.max_seq_len, rc.kv_block_rows, roles[FF_ROLE_ACTOR].rollout_kv_memory);
         s->ro_cfg = rc;
         if (!(s->ro = ff_rollout_new(s->gen, &rc))) return ff_error_wrap("worker");
     }
@@ -882,7 +887,7 @@ void rlw_gen_prefill_rate(const rlw *s, int64_t *tokens, double *seconds) {
     *tokens = st->prefilled_tokens + st->recomputed_tokens;
     *seconds = st->prefill_s + st->recompute_s;
 }
-int32_t rlw_gen_free_slots(const rlw *s) { return s->ro ? s->ro_cfg.max_slots - ff_rollout_running(s->ro) : 0; }
+int32_t rlw_gen_free_slots(const rlw *s) { return s->ro ? ff_rollout_room(s->ro) : 0; }
 
 /* ---- long-tail migration ------------------------------------------------------------------- */
 /* Every open job's unfinished sequences out of the rollout (the waiting ones have no state:

@@ -64,7 +64,8 @@ ff_rollout *ff_rollout_new(ff_model *m, const ff_rollout_config *cin) {
     r->m = m;
     r->c = c;
     ff_generator_config gc = {.max_slots = c.max_slots, .max_seq_len = c.max_seq_len,
-                              .max_prefill_tokens = c.max_prefill_tokens > 0 ? c.max_prefill_tokens : c.max_seq_len, .pipe = c.pipe};
+                              .max_prefill_tokens = c.max_prefill_tokens > 0 ? c.max_prefill_tokens : c.max_seq_len, .pipe = c.pipe,
+                              .kv_block_rows = c.kv_block_rows, .kv_blocks = c.kv_blocks};
     r->g = ff_generator_new(m, &gc);
     if (!r->g) {
         free(r);
@@ -139,6 +140,7 @@ int ff_rollout_step(ff_rollout *r) {
 
 int32_t ff_rollout_pending(const ff_rollout *r) { return ff_generator_pending(r->g); }
 int32_t ff_rollout_running(const ff_rollout *r) { return ff_generator_running(r->g); }
+int32_t ff_rollout_room(const ff_rollout *r) { return ff_generator_room(r->g); }
 
 /* Bookkeeping of a sample leaving the engine (taken or vanished). When nothing is left in
  * flight or untaken, the request table starts over. */

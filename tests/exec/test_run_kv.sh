@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The rollout's paged KV cache in `fuseflow run` (roles.actor.rollout.kv_block, kv_memory;
+# docs/run.md "KV cache"): GRPO with drawn response lengths (n 8, up to 96 tokens) on a
+# generation pool of 2 workers.
+#   - blocks of 8 positions and a pool of 0.2 of every slot at full length (requests wait for
+#     blocks), and blocks of 1: the samples equal the default run's byte for byte (the cache's
+#     layout and the waiting change no token: each sample draws from its own stream);
+#   - a pool too small for one group, kv_memory 0 and kv_block 0 are refused before any
+#     worker starts, naming the key (and, for the pool, the smallest share that works).
+source "$(dirname "$0")/lib.sh"
+prepare_inputs
+data=$work/rep
+"$bin" dataset repeat --median 8 --p99-ratio 10 --max 40 --train 200 --test 20 --seed 1 --out "$data" > /dev/null
+cat > "$work/run.yaml" <<EOF2
+trainer: {steps: 2, seed: 3, schedule: fused, save_freq: 0, test_freq: 0, acc_reward: repeat_match}
+data: {train_files: $data/train.jsonl, val_files: $data/test.jsonl, train_batch_size: 10, max_prompt_length: 8,
+       max_response_length: 100}
+roles:
+  actor: {model: $cache/tiny, workers: 1, rollout: {workers: 2}, optim: {lr: 1.0e-3}}
+  ref: {model: $cache/tiny, colocate_with: actor}
+graph:
+  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 8, temperature: 1.0,
+            lengths: {median: 8, p99_ratio: 10, max: 96}}
+  ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob]}
+  reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: repeat_match}
+  advantage: {op: advantage, in: [score], out: [advantages], estimator: grpo}
+  train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], loss: vanilla,
+                mini_batch_size: 10, micro_batch_size: 16, kl_loss: {type: low_var_kl, coef: 0.001}}
+  sync: {op: sync_weights, role: actor, after: [train_actor]}
+EOF2
+
+run() { # OUT [overrides...]
+  local out=$1; shift
+  "$bin" run "$work/run.yaml" trainer.out_dir="$out" --threads 1 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
+    { cat "$out.log" >&2; fail "run $* failed"; }
+}
+run "$work/default"
+[[ $(wc -l < "$work/default/samples.jsonl") -ge 160 ]] || fail "the default run dumped too few samples"
+for v in "kv_block=8 kv_memory=0.2" "kv_block=1"; do
+  ov=()
+  for kv in $v; do ov+=("roles.actor.rollout.$kv"); done
+  out=$work/kv_${v// /_}
+  out=${out//=/}
+  run "$out" "${ov[@]}"
+  cmp -s "$work/default/samples.jsonl" "$out/samples.jsonl" ||
+    { diff "$work/default/samples.jsonl" "$out/samples.jsonl" | head -4 >&2; fail "$v: the samples differ from the default cache's"; }
+done
+
+refused() { # WHAT GREP... -- OVERRIDES...
+  local what=$1; shift
+  local pats=()
+  while [[ $1 != -- ]]; do pats+=("$1"); shift; done
+  shift
+  local out=$work/bad
+  rm -rf "$out"
+  if "$bin" run "$work/run.yaml" trainer.out_dir="$out" --threads 1 --no-progress "$@" > "$out.log" 2>&1; then
+    fail "$what was not refused"
+  fi
+  for p in "${pats[@]}"; do
+    grep -qF -- "$p" "$out.log" || { cat "$out.log" >&2; fail "the refusal of $what does not say '$p'"; }
+  done
+  [[ ! -e "$out/metrics.jsonl" ]] || fail "the run of $what started before the refusal"
+  grep -q "worker" "$out.log" && grep -q "started" "$out.log" && fail "workers started before the refusal of $what"
+  return 0
+}
+# slots per engine: 10 x 8 / 2 = 40; blocks of 8 over 8 + 100 + 1 positions: 14 a sequence;
+# one group of 8 may fill 112 of the 560: a share of 0.2 at least
+refused "a pool below one group" "roles.actor.rollout.kv_memory" "at least 0.2" "112" -- roles.actor.rollout.kv_block=8 \
+  roles.actor.rollout.kv_memory=0.1
+refused "kv_memory 0" "kv_memory" "[1e-06, 1]" -- roles.actor.rollout.kv_memory=0
+refused "kv_block 0" "kv_block" -- roles.actor.rollout.kv_block=0
+echo "ok"
