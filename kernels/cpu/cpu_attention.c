@@ -266,22 +266,24 @@ void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const
     run_tasks(s, nb * Hkv, work, dkv_task, &j);
 }
 
-/* The cache row of position j of a sequence whose block table is tab (blocks of bs rows). */
-static inline size_t cache_row(const int32_t *tab, int bs, int j) { return (size_t)tab[j / bs] * (size_t)bs + (size_t)(j % bs); }
-
 /* Query token t's rep heads of kv head g against its n first positions. */
 FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const float *vc, const int32_t *tab, int bs,
                                int n, int t, int g, int rep, int D, int KD, int HD, float scale, float *out) {
     float acc[MAX_REP * FF_ATT_MAX_D > 16384 ? 16384 : MAX_REP * FF_ATT_MAX_D];
     float sc[MAX_REP][BLK], m[MAX_REP], l[MAX_REP];
+    size_t row[BLK]; /* the cache rows of a chunk's positions: position p is in row tab[p / bs] * bs + p % bs */
     assert((size_t)rep * D <= sizeof acc / sizeof acc[0]);
     const float *Qg = q + (size_t)t * ldq + (size_t)g * rep * D; /* rep heads, contiguous */
     memset(acc, 0, sizeof(float) * (size_t)rep * D);
     for (int r = 0; r < rep; r++) m[r] = -FLT_MAX, l[r] = 0.0f;
     for (int j0 = 0; j0 < n; j0 += BLK) {
         int nk = n - j0 < BLK ? n - j0 : BLK;
+        for (int c = 0, b = j0 / bs, o = j0 % bs; c < nk; c++) {
+            row[c] = (size_t)tab[b] * (size_t)bs + (size_t)o;
+            if (++o == bs) o = 0, b++;
+        }
         for (int c = 0; c < nk; c++) {
-            const float *K = kc + cache_row(tab, bs, j0 + c) * KD + (size_t)g * D;
+            const float *K = kc + row[c] * KD + (size_t)g * D;
             for (int r = 0; r < rep; r++) sc[r][c] = dot(Qg + (size_t)r * D, K, D) * scale;
         }
         for (int r = 0; r < rep; r++) {
@@ -302,7 +304,7 @@ FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const f
             m[r] = bm;
         }
         for (int c = 0; c < nk; c++) {
-            const float *V = vc + cache_row(tab, bs, j0 + c) * KD + (size_t)g * D;
+            const float *V = vc + row[c] * KD + (size_t)g * D;
             for (int r = 0; r < rep; r++) {
                 float p = sc[r][c];
                 float *a = acc + (size_t)r * D;

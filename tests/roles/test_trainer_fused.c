@@ -274,7 +274,7 @@ int main(void) {
     for (int i = 0; i < 2; i++) {
         ff_fuse_model *m = &in.models[i];
         snprintf(m->name, sizeof m->name, "%s", i ? "critic" : "actor");
-        snprintf(m->family, sizeof m->family, "%s", m->name);
+        snprintf(m->family, sizeof m->family, "%s", i ? "critic" : "actor");
         m->n_stages = P;
         for (int k = 0; k < P; k++) m->stages[k] = i ? P - 1 - k : k;
         m->micro = NMB, m->fwd = 1, m->bwd = 2, m->act = 1;
