@@ -35,7 +35,7 @@ static void help(void) {
            "  --n N                  completions of the prompt (default 1)\n"
            "  --raw                  do not apply the tokenizer's template (e.g. BOS)\n"
            "  --json                 one JSON line per completion: text, tokens, logprobs, finish\n"
-           "  --device D             cpu (default), cpu:N, cuda, cuda:N\n\n"
+           "  --device D             cpu (default), cpu:N, cuda, cuda:N (also --backend D)\n\n"
            "example:\n"
            "  fuseflow generate --model runs/sft/final --prompt '12+34=' --temperature 0 --max-new-tokens 8\n");
 }
@@ -68,6 +68,7 @@ int ff_cmd_generate(int argc, char **argv) {
         {"model", FFIO_STR, &model_dir, 0, 0},
         {"prompt", FFIO_STR, &prompt, 0, 0},
         {"device", FFIO_STR, &device, 0, 0},
+        {"backend", FFIO_STR, &device, 0, 0},
         {"max-new-tokens", FFIO_INT, &max_new, 1, 1 << 20},
         {"top-k", FFIO_INT, &top_k, 0, 1 << 30},
         {"seed", FFIO_INT, &seed, 0, 9e18},

@@ -35,7 +35,7 @@ static void help(void) {
            "  --output FILE        JSONL output (default: stdout); written whole or not at all\n"
            "  --add-special        encode \"text\" lines with the tokenizer's template (e.g. BOS)\n"
            "  --batch-tokens N     tokens per forward pass (default 8192)\n"
-           "  --device D           cpu (default), cpu:N (N threads), cuda, cuda:N\n\n"
+           "  --device D           cpu (default), cpu:N (N threads), cuda, cuda:N (also --backend D)\n\n"
            "example:\n"
            "  fuseflow logprobs --model runs/tiny --input seqs.jsonl --output logprobs.jsonl\n");
 }
@@ -171,7 +171,8 @@ int ff_cmd_logprobs(int argc, char **argv) {
     bool add_special = false;
     const ffio_opt opts[] = {
         {"model", FFIO_STR, &model_dir, 0, 0},   {"input", FFIO_STR, &input, 0, 0},     {"output", FFIO_STR, &output, 0, 0},
-        {"device", FFIO_STR, &device, 0, 0},     {"batch-tokens", FFIO_INT, &batch_tokens, 1, 1 << 24},
+        {"device", FFIO_STR, &device, 0, 0},     {"backend", FFIO_STR, &device, 0, 0},
+        {"batch-tokens", FFIO_INT, &batch_tokens, 1, 1 << 24},
         {"add-special", FFIO_FLAG, &add_special, 0, 0},
     };
     char *pos[1];

@@ -16,6 +16,11 @@ if ((gpu == 0)); then
   if grep -qE "cpu backend" "$TMP/err"; then ok "the error says to use the cpu backend"; else fail "no hint in: $(cat "$TMP/err")"; fi
   expect_error "generate --device cuda:7 without a GPU" "no CUDA device|built without the CUDA backend|requested but" \
     "$FF_BIN" generate --model "$M" --prompt "ab" --device cuda:7
+  expect_error "generate --backend cuda (the same option) without a GPU" "no CUDA device|built without the CUDA backend" \
+    "$FF_BIN" generate --model "$M" --prompt "ab" --backend cuda
+  printf '{"tokens": [1, 2, 3]}\n' > "$TMP/seqs.jsonl"
+  expect_error "logprobs --backend cuda without a GPU" "no CUDA device|built without the CUDA backend" \
+    "$FF_BIN" logprobs --model "$M" --input "$TMP/seqs.jsonl" --output "$TMP/lp.jsonl" --backend cuda
   finish
 fi
 
