@@ -173,6 +173,18 @@ static int read_role(ff_run_config *run, ff_role r) {
         return ff_error_set(rc->where, "colocated roles share their worker processes: give them the same number",
                             "role '%s' has %lld workers but is colocated with '%s', which has %lld", role_keys[r],
                             (long long)rc->layout.workers, names[colo_i], (long long)run->roles[rc->colocate_with].layout.workers);
+    /* the compute backend of the role's workers: a colocated role shares its target's processes,
+     * so it must name the same one (it defaults to it) */
+    static const char *const backends[] = {"cpu", "cuda"};
+    int be = 0;
+    const bool colo_cuda = rc->colocate_with && run->roles[rc->colocate_with].cuda;
+    if (ff_cnode_get_enum(base, "backend", backends, 2, colo_cuda, &be) < 0) return -1;
+    rc->cuda = be == 1;
+    if (rc->colocate_with && rc->cuda != colo_cuda)
+        return ff_error_set(ff_cnode_where(ff_cnode_find(base, "backend"), w, sizeof w),
+                            "give colocated roles the same backend (or drop the key: it follows the role it is colocated with)",
+                            "'%s.backend: %s', but it is colocated with '%s', whose backend is %s", path, backends[be], names[colo_i],
+                            backends[colo_cuda]);
     /* a colocated role shares the processes of its target and, unless it says otherwise, its layout */
     if (read_layout(base, rc->colocate_with ? &run->roles[rc->colocate_with].layout : NULL, &rc->layout, path) < 0) return -1;
     /* generation is not pipelined: on the actor's workers its layout defaults to the actor's

@@ -321,6 +321,7 @@ struct ex_run {
     bool sync_group; /* a "sync" group (the actor's replica 0 + generation ranks) with a communicator */
     ex_layout lay[POOL_COUNT];
     int rank_pool[EX_MAX_RANKS]; /* the pool that owns each rank (the others share it) */
+    int rank_gpu[EX_MAX_RANKS];  /* the CUDA device each rank computes on (roles.<role>.backend: cuda), or -1: cpu */
     int threads;
 
     ff_controller *c;

@@ -445,8 +445,6 @@ static int write_metrics(ex_run *x, json_t *m) {
 }
 
 static int init_workers(ex_run *x, const char *resume_dir) {
-    char backend[32];
-    snprintf(backend, sizeof backend, "cpu:%d", x->threads);
     const int64_t slots = ex_gen_slots(x);
     /* what a survivor of a migration has room for: its slots, or the full-length sequences
      * its KV pool holds (ex_check_limits saw that one group fits) */
@@ -457,6 +455,9 @@ static int init_workers(ex_run *x, const char *resume_dir) {
     size_t clen = strlen(x->config_text), olen = strlen(x->overrides_text);
     uint64_t load[EX_MAX_RANKS]; /* each rank's job: it loads the weights of every role there */
     for (int r = 0; r < x->nranks; r++) {
+        char backend[32];
+        if (x->rank_gpu[r] >= 0) snprintf(backend, sizeof backend, "cuda:%d", x->rank_gpu[r]);
+        else snprintf(backend, sizeof backend, "cpu:%d", x->threads);
         char *cfg = ff_strdup(x->config_text), *ov = ff_strdup(x->overrides_text);
         if (!cfg || !ov) {
             free(cfg), free(ov);
@@ -848,6 +849,51 @@ static void host_devices(const ex_run *x, const int *host_of, int h, char *buf, 
     ff_devices_describe(&best, buf, cap);
 }
 
+/* Whether rank r's roles compute on a GPU (colocated roles agree: dataflow/run_config.c; the
+ * generation pool follows the actor). */
+static bool rank_on_cuda(const ex_run *x, int r) {
+    static const ff_role of_bit[FF_RL_NROLES] = {FF_ROLE_ACTOR, FF_ROLE_ACTOR, FF_ROLE_CRITIC, FF_ROLE_REF, FF_ROLE_REWARD};
+    for (int i = 0; i < FF_RL_NROLES; i++)
+        if ((x->rank_roles[r] & (1u << i)) && x->run->roles[of_bit[i]].cuda) return true;
+    return false;
+}
+
+/* One GPU per rank whose roles say `backend: cuda`: on each host, the k-th such worker takes
+ * device k of those it sees (CUDA_VISIBLE_DEVICES applied), or device 0 when its launcher bound
+ * it to one GPU of its own (a local index given, one GPU seen: a Slurm task with
+ * --gpus-per-task=1). Too few GPUs on a host is an error naming the roles' keys, before any
+ * model loads. */
+static int assign_gpus(ex_run *x, const int *host_of, const int *local_index, char hosts[][FF_MSG_NAME_MAX]) {
+    int next[EX_MAX_RANKS] = {0}; /* per host: the cuda ranks placed so far */
+    int need[EX_MAX_RANKS] = {0};
+    for (int r = 0; r < x->nranks; r++) need[host_of[r]] += rank_on_cuda(x, r);
+    for (int r = 0; r < x->nranks; r++) {
+        x->rank_gpu[r] = -1;
+        if (!rank_on_cuda(x, r)) continue;
+        const ff_devices d = devices_of(x, r);
+        const int h = host_of[r], k = next[h]++;
+        char keys[200] = "";
+        for (int i = FF_ROLE_ACTOR; i < FF_ROLE_COUNT; i++)
+            if (x->run->roles[i].present && x->run->roles[i].cuda)
+                snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%sroles.%s.backend", keys[0] ? ", " : "", role_keys[i]);
+        if (d.ngpus >= need[h]) {
+            x->rank_gpu[r] = k;
+        } else if (d.ngpus == 1 && local_index[r] >= 0) {
+            x->rank_gpu[r] = 0;
+        } else {
+            char hint[300];
+            snprintf(hint, sizeof hint, "give the host a GPU per such worker, fewer workers (or roles) on cuda, or %s: cpu", keys);
+            return ff_error_set(keys, hint,
+                                "host %s runs %d worker%s on cuda (%s); worker %d there sees %d GPU%s (CUDA_VISIBLE_DEVICES applied)",
+                                hosts[h], need[h], need[h] == 1 ? "" : "s", keys, r, d.ngpus, d.ngpus == 1 ? "" : "s");
+        }
+        fprintf(x->out, "run: rank %d computes on cuda:%d (host %s, %d GPU%s seen there)\n", r, x->rank_gpu[r], hosts[h], d.ngpus,
+                d.ngpus == 1 ? "" : "s");
+    }
+    fflush(x->out);
+    return 0;
+}
+
 /* Ranks by host: the run's ranks in the planner's order (each pool's TP ranks innermost, then
  * PP, then DP) go to the workers sorted by host (hosts in the order of their lowest rank,
  * the controller's own first), so that a host with a multiple of tp x pp workers holds whole
@@ -884,6 +930,7 @@ static int place_by_host(ex_run *x) {
             if (at) snprintf(at + 1, sizeof L->rep_group[r] - (size_t)(at + 1 - L->rep_group[r]), "%d", L->rep_ranks[r * L->mp]);
         }
     }
+    if (assign_gpus(x, host_of, local_index, hosts) != 0) return -1;
     if (!x->o.listen) return 0;
     /* threads per worker: its host's cores over the workers there, or the cores its affinity
      * allows (a Slurm task's binding) where fewer; the fewest of any worker, as every rank

@@ -249,6 +249,9 @@ typedef struct ff_role_cfg {
     ff_layout rollout;    /* actor: generation layout (`rollout.layout`; defaults to layout, or to
                              data parallel over rollout_workers) */
     ff_role colocate_with; /* shares the worker processes of another role, or FF_ROLE_NONE */
+    bool cuda;            /* `backend: cuda` (default cpu): its workers compute on a GPU each
+                             (a colocated role's follows its target's; the actor's generation
+                             pool, `rollout.workers`, follows the actor's) */
     ff_optim_cfg optim;   /* actor and critic */
     char where[256];
     int64_t rollout_workers; /* actor: `rollout: {workers: N}` puts generation on N workers of its

@@ -629,8 +629,11 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
     if (s->reg) s->run = ff_run_config_parse(a->config, a->config_name, n_over, over, s->reg);
     free_lines(over, n_over);
     if (!s->run) return ff_error_wrap("worker: the run config");
-    s->be = ff_backend_new(a->backend && a->backend[0] ? a->backend : "cpu");
-    if (!s->be) return ff_error_wrap("worker");
+    const char *backend = a->backend && a->backend[0] ? a->backend : "cpu";
+    s->be = ff_backend_new(backend);
+    if (!s->be)
+        return ff_error_wrap("worker: backend %s%s", backend,
+                             strncmp(backend, "cuda", 4) ? "" : " (its roles' backend: cuda in the run config; cpu runs them without a GPU)");
     const ff_role_cfg *roles = s->run->roles;
     if (layouts_setup(s, a) != 0) return -1;
     char dir[FF_PATH_MAX];
