@@ -9,7 +9,8 @@
  *                only what they may fill, so more sequences decode at once
  *   every slot   both with a slot per sequence and the default pool: the block tables' lookups
  *                against the prompt rows that a prompt's samples share (the slot cache reads a
- *                copy per sample), in tokens/s, and the KV rows the paged cache actually held
+ *                copy per sample), in tokens/s, and the KV rows the paged cache actually held;
+ *                then the same with SEQS prompts of one sample each: the lookups alone
  * Each layout has one generator for all repetitions, the first untimed (its KV pages touched).
  * The last line is the headline: paged tokens/s over slot's at the same memory.
  *
@@ -24,14 +25,15 @@
 #include "fuseflow/util.h"
 #include "bench_util.h"
 
-enum { PROMPTS = 8, SAMPLES = 8, PROMPT = 128, NEW = 64, MAX_SEQ = PROMPT + NEW, SAME_MEM_SEQS = 16, BLOCK = 16 };
+enum { PROMPTS = 8, SAMPLES = 8, SEQS = PROMPTS * SAMPLES, PROMPT = 128, NEW = 64, MAX_SEQ = PROMPT + NEW, SAME_MEM_SEQS = 16, BLOCK = 16 };
 
 typedef struct run_result {
     double seconds;     /* best of the repetitions */
     int32_t most_running; /* sequences decoding at once, at most */
     int32_t peak_blocks, total_blocks, block_rows;
     int64_t kv_bytes;
-    ff_gen_output *outs; /* [PROMPTS x SAMPLES] of the last repetition */
+    ff_gen_output *outs; /* [SEQS] of the last repetition */
+    int samples;         /* per prompt: SAMPLES, or 1 (SEQS prompts, nothing shared) */
 } run_result;
 
 static int die(const char *what) {
@@ -41,7 +43,7 @@ static int die(const char *what) {
 
 static void free_outs(run_result *r) {
     if (!r->outs) return;
-    for (int i = 0; i < PROMPTS * SAMPLES; i++) ff_gen_output_free(&r->outs[i]);
+    for (int i = 0; i < SEQS; i++) ff_gen_output_free(&r->outs[i]);
     free(r->outs);
     r->outs = NULL;
 }
@@ -50,16 +52,16 @@ static void free_outs(run_result *r) {
  * first touch of its KV pages is not timed after the first repetition). */
 static int run_once(ff_generator *g, const ff_generator_config *gc, const int32_t *prompts, run_result *r) {
     free_outs(r);
-    r->outs = calloc(PROMPTS * SAMPLES, sizeof *r->outs);
+    r->outs = calloc(SEQS, sizeof *r->outs);
     int rc = r->outs ? 0 : -1;
     double t0 = now_s();
-    for (int i = 0; i < PROMPTS && !rc; i++) {
+    for (int i = 0; i < SEQS / r->samples && !rc; i++) {
         ff_gen_request q;
         memset(&q, 0, sizeof q);
         q.id = (uint64_t)i;
         q.prompt = prompts + (size_t)i * PROMPT;
         q.prompt_len = PROMPT;
-        q.n_samples = SAMPLES;
+        q.n_samples = r->samples;
         ff_sampling_default(&q.sampling);
         q.sampling.temperature = 1.0f;
         q.sampling.max_new_tokens = NEW;
@@ -75,7 +77,7 @@ static int run_once(ff_generator *g, const ff_generator_config *gc, const int32_
     ff_gen_output o;
     while (ff_generator_pop(g, &o)) {
         if (o.n_tokens != NEW) rc = -1;
-        r->outs[o.id * SAMPLES + (uint64_t)o.sample] = o;
+        r->outs[o.id * (uint64_t)r->samples + (uint64_t)o.sample] = o;
     }
     int32_t used;
     ff_generator_kv_blocks(g, &used, &r->peak_blocks, &r->total_blocks);
@@ -87,7 +89,7 @@ static int run_once(ff_generator *g, const ff_generator_config *gc, const int32_
 }
 
 static int same_outputs(const run_result *a, const run_result *b) {
-    for (int i = 0; i < PROMPTS * SAMPLES; i++)
+    for (int i = 0; i < SEQS; i++)
         if (memcmp(a->outs[i].tokens, b->outs[i].tokens, NEW * 4) || memcmp(a->outs[i].logprobs, b->outs[i].logprobs, NEW * 4))
             return 0;
     return 1;
@@ -97,7 +99,7 @@ static void report(const char *name, const run_result *r) {
     const double mib = (double)r->kv_bytes / 1048576.0;
     printf("  %-6s %7.0f tok/s  %5.2f s  decoding at once <= %2d  KV %5.1f MiB allocated, %5.1f MiB held at the peak "
            "(%d blocks of %d positions)\n",
-           name, PROMPTS * SAMPLES * NEW / r->seconds, r->seconds, r->most_running, mib, mib * r->peak_blocks / r->total_blocks,
+           name, SEQS * NEW / r->seconds, r->seconds, r->most_running, mib, mib * r->peak_blocks / r->total_blocks,
            r->peak_blocks, r->block_rows);
 }
 
@@ -131,10 +133,10 @@ int main(int argc, char **argv) {
     ff_model *m = ff_model_new(be, &c, w);
     ff_tensor_set_destroy(&w);
     if (!m) return die("model");
-    int32_t *prompts = malloc(PROMPTS * PROMPT * sizeof *prompts);
+    int32_t *prompts = malloc(SEQS * PROMPT * sizeof *prompts); /* enough for SEQS prompts of one sample */
     ff_rng rng;
     ff_rng_seed(&rng, 1);
-    for (int i = 0; i < PROMPTS * PROMPT; i++) prompts[i] = (int32_t)ff_rng_below(&rng, (uint64_t)c.vocab_size);
+    for (int i = 0; i < SEQS * PROMPT; i++) prompts[i] = (int32_t)ff_rng_below(&rng, (uint64_t)c.vocab_size);
     printf("bench_kv: %d threads; %.1fM parameters; %d prompts of %d tokens x %d samples x %d new tokens\n",
            ff_backend_threads(be), (double)ff_model_param_count(m) / 1e6, PROMPTS, PROMPT, SAMPLES, NEW);
 
@@ -148,37 +150,45 @@ int main(int argc, char **argv) {
                                           .kv_block_rows = MAX_SEQ};
     const ff_generator_config paged_all = {.max_slots = PROMPTS * SAMPLES, .max_seq_len = MAX_SEQ, .max_prefill_tokens = 4 * PROMPT,
                                            .kv_block_rows = BLOCK};
-    run_result r[4];
+    /* 0, 1: the same memory; 2, 3: every sequence a slot; 4, 5: the same with SEQS prompts of one
+     * sample each (nothing shared: the table lookups alone) */
+    enum { N = 6 };
+    run_result r[N];
     memset(r, 0, sizeof r);
-    const ff_generator_config *cfg[4] = {&slot_mem, &paged_mem, &slot_all, &paged_all};
-    ff_generator *g[4];
-    for (int i = 0; i < 4; i++)
+    const ff_generator_config *cfg[N] = {&slot_mem, &paged_mem, &slot_all, &paged_all, &slot_all, &paged_all};
+    ff_generator *g[N];
+    for (int i = 0; i < N; i++) {
+        r[i].samples = i < 4 ? SAMPLES : 1;
         if (!(g[i] = ff_generator_new(m, cfg[i]))) return die("generator");
+    }
     for (int k = 0; k <= reps; k++) /* the first repetition warms up, untimed */
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < N; i++) {
             double keep = r[i].seconds;
             if (run_once(g[i], cfg[i], prompts, &r[i])) return die("rollout");
             if (k == 0) r[i].seconds = keep;
         }
-    for (int i = 0; i < 4; i++) ff_generator_destroy(&g[i]);
-    for (int i = 1; i < 4; i++)
-        if (!same_outputs(&r[0], &r[i])) {
+    for (int i = 0; i < N; i++) ff_generator_destroy(&g[i]);
+    for (int i = 1; i < N; i++)
+        if (!same_outputs(&r[i < 4 ? 0 : 4], &r[i])) {
             fprintf(stderr, "bench_kv: layout %d returned other tokens than one slot per sequence\n", i);
             return 1;
         }
     printf("same KV memory (%d sequences at %d positions):\n", SAME_MEM_SEQS, MAX_SEQ);
     report("slot", &r[0]);
     report("paged", &r[1]);
-    printf("every sequence a slot (%d):\n", PROMPTS * SAMPLES);
+    printf("every sequence a slot (%d):\n", SEQS);
     report("slot", &r[2]);
     report("paged", &r[3]);
-    const double same = r[0].seconds / r[1].seconds, all = r[2].seconds / r[3].seconds;
+    printf("every sequence a slot, %d prompts of one sample (nothing shared):\n", SEQS);
+    report("slot", &r[4]);
+    report("paged", &r[5]);
+    const double same = r[0].seconds / r[1].seconds, all = r[2].seconds / r[3].seconds, alone = r[4].seconds / r[5].seconds;
     const double held = (double)r[2].peak_blocks * r[2].block_rows / ((double)r[3].peak_blocks * r[3].block_rows);
-    printf("every slot: paged %.2fx the tokens/s of slot (the table lookups' cost against the shared prompt rows read once "
-           "per step for its %d samples), holding %.2fx fewer KV rows at its peak\n",
-           all, SAMPLES, held);
+    printf("every slot: paged %.2fx the tokens/s of slot with %d samples a prompt (their prompt rows shared: read once a step, "
+           "%.2fx fewer KV rows held at the peak); %.2fx with nothing shared (the block tables' cost)\n",
+           all, SAMPLES, held, alone);
     printf("bench_kv: paged %.2fx the tokens/s of one slot per sequence at the same KV memory (target: >= 1.2x)\n", same);
-    free_outs(&r[0]), free_outs(&r[1]), free_outs(&r[2]), free_outs(&r[3]);
+    for (int i = 0; i < N; i++) free_outs(&r[i]);
     free(prompts);
     ff_model_destroy(&m);
     ff_backend_destroy(&be);
