@@ -350,6 +350,8 @@ void ff_generator_kv_blocks(const ff_generator *g, int32_t *used, int32_t *peak,
     *peak = g->peak_used;
     *total = g->n_blocks;
 }
+int32_t ff_generator_kv_block_rows(const ff_generator *g) { return g->block_rows; }
+void ff_generator_kv_peak_reset(ff_generator *g) { g->peak_used = g->n_blocks - g->n_free; }
 
 /* ---- the block pool ------------------------------------------------------------------------ */
 

@@ -826,6 +826,16 @@ static void finish_pair(ex_run *x, ex_iter *I, int pi) {
     redo_holders(x, I, pi); /* what did not come */
 }
 
+/* A generation result's KV use ("kv": the steps since that worker's previous result): the
+ * iteration keeps the most blocks any rollout held. */
+static void kv_use(ex_iter *I, const ff_result *r) {
+    const ff_tensor *kv = ex_out_named(r, FF_RL_T_KV);
+    if (!kv || kv->dtype != FF_DTYPE_I64 || ff_tensor_numel(kv) != 3) return;
+    const int64_t *v = kv->data;
+    if (v[1] <= 0 || v[0] < 0 || v[0] > v[1]) return;
+    if (v[0] >= I->kv_use[0]) memcpy(I->kv_use, v, sizeof I->kv_use);
+}
+
 static void migrate_out_done(ex_run *x, ex_job *j, const ff_result *r) {
     ex_iter *I = x->cur;
     if (!I || j->iteration != I->it || j->pair < 0) return;
@@ -866,6 +876,7 @@ static void migrate_in_done(ex_run *x, ex_job *j, const ff_result *r) {
     const ff_tensor *tag = ex_out_named(r, FF_RL_T_TAG), *xf = ex_out_named(r, FF_RL_T_XFER), *rlen = ex_out_named(r, FF_RL_T_RLEN);
     const ff_tensor *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB), *stt = ex_out_named(r, FF_RL_T_STATE);
     if (stt) I->mig_via_ctl += (int64_t)stt->nbytes;
+    kv_use(I, r);
     int64_t m = tag && tag->ndim == 2 ? tag->shape[0] : -1, total = 0;
     bool ok = m >= 0 && tag->dtype == FF_DTYPE_I64 && xf && xf->dtype == FF_DTYPE_F64 && ff_tensor_numel(xf) == 3 && rlen &&
               rlen->dtype == FF_DTYPE_I32 && ff_tensor_numel(rlen) == m && resp && resp->dtype == FF_DTYPE_I32 && lp &&
@@ -962,6 +973,7 @@ static void gen_done(ex_run *x, ex_job *j, const ff_result *r) {
     const ff_tensor *rlen = ex_out_named(r, FF_RL_T_RLEN), *resp = ex_out_named(r, FF_RL_T_RESP), *lp = ex_out_named(r, FF_RL_T_LOGPROB);
     const ff_tensor *sl = ex_out_named(r, FF_RL_T_STATE_LEN), *stt = ex_out_named(r, FF_RL_T_STATE), *pf = ex_out_named(r, FF_RL_T_PREFILL);
     if (stt) I->mig_via_ctl += (int64_t)stt->nbytes; /* states through the controller: none should come */
+    kv_use(I, r);
     if (pf && pf->dtype == FF_DTYPE_F64 && ff_tensor_numel(pf) == 2 && r->rank >= 0 && r->rank < EX_MAX_RANKS &&
         ((const double *)pf->data)[1] > 0)
         x->prefill_tps[r->rank] = ((const double *)pf->data)[0] / ((const double *)pf->data)[1];
@@ -1516,6 +1528,14 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         json_object_set_new(mg, "recompute", json_integer((json_int_t)I->mig_recompute));
         json_object_set_new(mg, "via_controller", json_integer((json_int_t)I->mig_via_ctl));
         json_object_set_new(m, "migrate", mg);
+    }
+    if (I->kv_use[1] > 0) { /* the rollouts' paged KV cache (roles.actor.rollout.kv_memory sizes the pool) */
+        json_t *kv = json_object();
+        json_object_set_new(kv, "peak_blocks", json_integer((json_int_t)I->kv_use[0]));
+        json_object_set_new(kv, "pool_blocks", json_integer((json_int_t)I->kv_use[1]));
+        json_object_set_new(kv, "block_positions", json_integer((json_int_t)I->kv_use[2]));
+        json_object_set_new(kv, "peak_share", json_real((double)I->kv_use[0] / (double)I->kv_use[1]));
+        json_object_set_new(m, "rollout_kv", kv);
     }
     if (klw > 0) json_object_set_new(m, "kl", json_real(klsum / klw));
     for (int k = 0; k < x->n_nodes; k++) {

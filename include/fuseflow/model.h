@@ -665,8 +665,11 @@ int32_t ff_generator_room(const ff_generator *g);
 /* The bytes of its KV cache (allocated at ff_generator_new: 2 x layers x kv_blocks x
  * kv_block_rows x kv_heads (this rank's) x head_dim x 4). */
 int64_t ff_generator_kv_bytes(const ff_generator *g);
-/* Its KV blocks: held by running sequences now, the most ever held at once, and the pool. */
+/* Its KV blocks: held by running sequences now, the most held at once (since it was made or
+ * the last ff_generator_kv_peak_reset), and the pool; and the positions per block. */
 void ff_generator_kv_blocks(const ff_generator *g, int32_t *used, int32_t *peak, int32_t *total);
+int32_t ff_generator_kv_block_rows(const ff_generator *g);
+void ff_generator_kv_peak_reset(ff_generator *g); /* the peak starts over from what is held now */
 /* The bytes of its decode workspace on the backend (the batch's activations, logits and
  * sampling scratch for max_slots sequences and max_prefill_tokens; allocated with the KV cache).
  * A generator holds these two on its backend and nothing else. */

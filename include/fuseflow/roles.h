@@ -161,6 +161,9 @@ int32_t ff_rollout_running(const ff_rollout *r);
 /* Sequences of max_seq_len it could take in now (free slots, and KV blocks not promised to
  * running sequences: ff_generator_room). */
 int32_t ff_rollout_room(const ff_rollout *r);
+/* The most KV blocks held at once since the previous call (or since it was made), which starts
+ * the measure over; *pool and *block_rows: its pool's blocks and their positions. */
+int32_t ff_rollout_kv_peak_take(ff_rollout *r, int32_t *pool, int32_t *block_rows);
 /* Take one finished sample in finishing order: 1 and *out (the caller owns its arrays; free
  * with ff_gen_output_free), or 0 when none is ready. out->id is the request id, out->sample
  * its index in [0, n); out->logprobs are per the config's logprob_mode. */

@@ -2,9 +2,12 @@
 # The rollout's paged KV cache in `fuseflow run` (roles.actor.rollout.kv_block, kv_memory;
 # docs/run.md "KV cache"): GRPO with drawn response lengths (n 8, up to 96 tokens) on a
 # generation pool of 2 workers.
-#   - blocks of 8 positions and a pool of 0.2 of every slot at full length (requests wait for
-#     blocks), and blocks of 1: the samples equal the default run's byte for byte (the cache's
+#   - blocks of 8 positions and a pool of 0.2 of every slot at full length (the least that holds
+#     one group at full length; whether requests wait depends on the drawn lengths, and
+#     tests/model/test_generate_paged.c makes them wait), and blocks of 1: the samples equal the default run's byte for byte (the cache's
 #     layout and the waiting change no token: each sample draws from its own stream);
+#   - metrics.jsonl's rollout_kv: the pool and block size each run asked for, the most blocks a
+#     rollout held within the pool, a larger share of the smaller pool;
 #   - a pool too small for one group, kv_memory 0 and kv_block 0 are refused before any
 #     worker starts, naming the key (and, for the pool, the smallest share that works).
 source "$(dirname "$0")/lib.sh"
@@ -45,6 +48,20 @@ for v in "kv_block=8 kv_memory=0.2" "kv_block=1"; do
   cmp -s "$work/default/samples.jsonl" "$out/samples.jsonl" ||
     { diff "$work/default/samples.jsonl" "$out/samples.jsonl" | head -4 >&2; fail "$v: the samples differ from the default cache's"; }
 done
+
+# metrics: each iteration's rollout_kv (the most blocks a rollout held, its pool: 40 slots x 7
+# blocks of 16 by default; 0.2 of 40 x 14 blocks of 8 = 112)
+python3 - "$work" <<'PY' || fail "the rollout_kv metrics are wrong"
+import json, sys
+def kv(run):
+    return [json.loads(l)["rollout_kv"] for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl") if '"samples"' in l]
+d, s = kv("default"), kv("kv_kv_block8_kv_memory0.2")
+assert len(d) == len(s) == 2, (d, s)
+for k in d: assert k["pool_blocks"] == 280 and k["block_positions"] == 16 and 0 < k["peak_blocks"] <= 280, k
+for k in s: assert k["pool_blocks"] == 112 and k["block_positions"] == 8 and 0 < k["peak_blocks"] <= 112, k
+assert max(k["peak_share"] for k in s) > max(k["peak_share"] for k in d), (d, s)
+print("rollout_kv peak share: default", [round(k["peak_share"], 3) for k in d], "kv_memory 0.2", [round(k["peak_share"], 3) for k in s])
+PY
 
 refused() { # WHAT GREP... -- OVERRIDES...
   local what=$1; shift

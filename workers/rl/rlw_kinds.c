@@ -32,6 +32,7 @@
  *   rl.migrate_in  peer: receive member peer's sequences (in the handler), continue them here
  *                (deferred)     -> tag I64 [m, 2], xfer F64 [3], rlen, finish I32 [m], resp I32, logprob F32
  *   every generation result also carries prefill F64 [2] (tokens, seconds: the measured rate)
+ *                and kv I64 [3] (the most KV blocks the rollout held since its previous result, its pool, positions per block)
  *   with roles.<ref|reward>.weights: on_demand (docs/run.md "Weights on demand"): rl.migrate_out
  *                takes prefetch (role bits: start loading those weights now, on a helper
  *                thread); every generation result carries weights_held I64 [1] (those roles'
@@ -310,14 +311,16 @@ static void forget_open(ff_rlworker *r, ff_task *t) {
         }
 }
 
-static int gen_outputs(ff_task *t, const rlw *eng, const rlw_gen_done *d) {
+static int gen_outputs(ff_task *t, rlw *eng, const rlw_gen_done *d) {
     int64_t kn = (int64_t)d->k * d->n;
     int32_t *rlen = ff_task_output(t, FF_RL_T_RLEN, FF_DTYPE_I32, 1, &kn);
     int32_t *fin = ff_task_output(t, FF_RL_T_FINISH, FF_DTYPE_I32, 1, &kn);
     int32_t *resp = ff_task_output(t, FF_RL_T_RESP, FF_DTYPE_I32, 1, &d->total);
     float *lp = ff_task_output(t, FF_RL_T_LOGPROB, FF_DTYPE_F32, 1, &d->total);
     double *pf = ff_task_output(t, FF_RL_T_PREFILL, FF_DTYPE_F64, 1, (int64_t[]){2});
-    if (!rlen || !fin || !resp || !lp || !pf) return -1;
+    int64_t *kv = ff_task_output(t, FF_RL_T_KV, FF_DTYPE_I64, 1, (int64_t[]){3});
+    if (!rlen || !fin || !resp || !lp || !pf || !kv) return -1;
+    rlw_gen_kv_take(eng, kv); /* the steps since the previous result: each step in one result */
     if (kn) { /* none: an rl.migrate_in whose source had nothing left */
         memcpy(rlen, d->rlen, (size_t)kn * sizeof *rlen);
         memcpy(fin, d->finish, (size_t)kn * sizeof *fin);

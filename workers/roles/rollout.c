@@ -141,6 +141,13 @@ int ff_rollout_step(ff_rollout *r) {
 int32_t ff_rollout_pending(const ff_rollout *r) { return ff_generator_pending(r->g); }
 int32_t ff_rollout_running(const ff_rollout *r) { return ff_generator_running(r->g); }
 int32_t ff_rollout_room(const ff_rollout *r) { return ff_generator_room(r->g); }
+int32_t ff_rollout_kv_peak_take(ff_rollout *r, int32_t *pool, int32_t *block_rows) {
+    int32_t used, peak;
+    ff_generator_kv_blocks(r->g, &used, &peak, pool);
+    *block_rows = ff_generator_kv_block_rows(r->g);
+    ff_generator_kv_peak_reset(r->g);
+    return peak;
+}
 
 /* Bookkeeping of a sample leaving the engine (taken or vanished). When nothing is left in
  * flight or untaken, the request table starts over. */
