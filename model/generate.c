@@ -49,6 +49,7 @@
  * Not here: prefix sharing across requests (a cache of prompt blocks by content), preemption
  * of running sequences, chunked prefill of a prompt, speculative decoding, repetition
  * penalties. */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -345,6 +346,7 @@ int32_t ff_generator_room(const ff_generator *g) {
     return slots < blocks ? slots : blocks;
 }
 int64_t ff_generator_kv_bytes(const ff_generator *g) { return (int64_t)ff_buffer_size(g->kv); }
+int64_t ff_generator_workspace_bytes(const ff_generator *g) { return (int64_t)ff_buffer_size(g->ws); }
 void ff_generator_kv_blocks(const ff_generator *g, int32_t *used, int32_t *peak, int32_t *total) {
     *used = g->n_blocks - g->n_free;
     *peak = g->peak_used;
@@ -405,7 +407,6 @@ static int32_t seq_row(const ff_generator *g, const gen_seq *q, int32_t p) {
 static void put_table(ff_generator *g, int32_t s, const gen_seq *q) {
     memcpy(g->h_table + (size_t)s * (size_t)g->table_ld, q->table, (size_t)q->n_blocks * 4);
 }
-int64_t ff_generator_workspace_bytes(const ff_generator *g) { return (int64_t)ff_buffer_size(g->ws); }
 
 static int check_sampling(const ff_model *m, const ff_sampling *s) {
     const char *w = "sampling";
