@@ -12,39 +12,15 @@
 #     worker starts, naming the key (and, for the pool, the smallest share that works).
 source "$(dirname "$0")/lib.sh"
 prepare_inputs
-data=$work/rep
-"$bin" dataset repeat --median 8 --p99-ratio 10 --max 40 --train 200 --test 20 --seed 1 --out "$data" > /dev/null
-cat > "$work/run.yaml" <<EOF2
-trainer: {steps: 2, seed: 3, schedule: fused, save_freq: 0, test_freq: 0, acc_reward: repeat_match}
-data: {train_files: $data/train.jsonl, val_files: $data/test.jsonl, train_batch_size: 10, max_prompt_length: 8,
-       max_response_length: 100}
-roles:
-  actor: {model: $cache/tiny, workers: 1, rollout: {workers: 2}, optim: {lr: 1.0e-3}}
-  ref: {model: $cache/tiny, colocate_with: actor}
-graph:
-  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 8, temperature: 1.0,
-            lengths: {median: 8, p99_ratio: 10, max: 96}}
-  ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob]}
-  reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: repeat_match}
-  advantage: {op: advantage, in: [score], out: [advantages], estimator: grpo}
-  train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], loss: vanilla,
-                mini_batch_size: 10, micro_batch_size: 16, kl_loss: {type: low_var_kl, coef: 0.001}}
-  sync: {op: sync_weights, role: actor, after: [train_actor]}
-EOF2
-
-run() { # OUT [overrides...]
-  local out=$1; shift
-  "$bin" run "$work/run.yaml" trainer.out_dir="$out" --threads 1 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
-    { cat "$out.log" >&2; fail "run $* failed"; }
-}
-run "$work/default"
+prepare_lengths_run 2
+lengths_run "$work/default"
 [[ $(wc -l < "$work/default/samples.jsonl") -ge 160 ]] || fail "the default run dumped too few samples"
 for v in "kv_block=8 kv_memory=0.2" "kv_block=1"; do
   ov=()
   for kv in $v; do ov+=("roles.actor.rollout.$kv"); done
   out=$work/kv_${v// /_}
   out=${out//=/}
-  run "$out" "${ov[@]}"
+  lengths_run "$out" "${ov[@]}"
   cmp -s "$work/default/samples.jsonl" "$out/samples.jsonl" ||
     { diff "$work/default/samples.jsonl" "$out/samples.jsonl" | head -4 >&2; fail "$v: the samples differ from the default cache's"; }
 done

@@ -10,31 +10,7 @@
 #   - bad values refused naming the key.
 source "$(dirname "$0")/lib.sh"
 prepare_inputs
-data=$work/rep
-"$bin" dataset repeat --median 8 --p99-ratio 10 --max 40 --train 200 --test 20 --seed 1 --out "$data" > /dev/null
-cat > "$work/run.yaml" <<EOF2
-trainer: {steps: 4, seed: 3, schedule: fused, save_freq: 0, test_freq: 0, acc_reward: repeat_match}
-data: {train_files: $data/train.jsonl, val_files: $data/test.jsonl, train_batch_size: 10, max_prompt_length: 8,
-       max_response_length: 100}
-roles:
-  actor: {model: $cache/tiny, workers: 1, rollout: {workers: 2}, optim: {lr: 1.0e-3}}
-  ref: {model: $cache/tiny, colocate_with: actor}
-graph:
-  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 8, temperature: 1.0,
-            lengths: {median: 8, p99_ratio: 10, max: 96}}
-  ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob]}
-  reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: repeat_match}
-  advantage: {op: advantage, in: [score], out: [advantages], estimator: grpo}
-  train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], loss: vanilla,
-                mini_batch_size: 10, micro_batch_size: 16, kl_loss: {type: low_var_kl, coef: 0.001}}
-  sync: {op: sync_weights, role: actor, after: [train_actor]}
-EOF2
-
-run() { # OUT [overrides...]
-  local out=$1; shift
-  "$bin" run "$work/run.yaml" trainer.out_dir="$out" --threads 1 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
-    { cat "$out.log" >&2; fail "run $* failed"; }
-}
+prepare_lengths_run 4
 # the median, p99 and maximum of the response lengths, and how many
 stats() { python3 - "$1/samples.jsonl" <<'PY'
 import json, sys
@@ -44,7 +20,7 @@ PY
 }
 
 # 1. the distribution
-run "$work/off"
+lengths_run "$work/off"
 read -r med p99 mx n <<< "$(stats "$work/off")"
 [[ $n -eq 320 ]] || fail "$n samples, expected 320"
 [[ $med -ge 7 && $med -le 9 ]] || fail "median length $med, expected 8 +- 1"
@@ -56,10 +32,10 @@ read -r med p99 mx n <<< "$(stats "$work/off")"
 # slots hold the others' samples
 small="data.train_batch_size=4 graph.rollout.n=4 graph.train_actor.mini_batch_size=4"
 # shellcheck disable=SC2086
-run "$work/off4" $small
+lengths_run "$work/off4" $small
 for with in kv recompute; do
   # shellcheck disable=SC2086
-  run "$work/mig_$with" $small graph.rollout.migrate=1.0 graph.rollout.migrate_with="$with"
+  lengths_run "$work/mig_$with" $small graph.rollout.migrate=1.0 graph.rollout.migrate_with="$with"
   cmp -s "$work/mig_$with/samples.jsonl" "$work/off4/samples.jsonl" ||
     { diff "$work/mig_$with/samples.jsonl" "$work/off4/samples.jsonl" | head -4 >&2; fail "migrate $with: other responses"; }
   # iterations that moved samples: a source can finish its last sequence before rl.migrate_out
