@@ -46,9 +46,13 @@
  * own there, its rows written or recomputed by prefills of its tokens; model/gen_seq.c turns
  * the state into bytes and back.
  *
+ * Chunked prefill: a prompt longer than max_prefill_tokens is admitted only as a step's first
+ * request; its chunks but the last are prefilled on their own (prefill_rows, as a moved
+ * sequence's rows are), and the last joins the step's packed forward.
+ *
  * Not here: prefix sharing across requests (a cache of prompt blocks by content), preemption
- * of running sequences, chunked prefill of a prompt, speculative decoding, repetition
- * penalties. */
+ * of running sequences, prefill chunks interleaved with decode steps, speculative decoding,
+ * repetition penalties. */
 #include <assert.h>
 #include <math.h>
 #include <stdio.h>
@@ -453,10 +457,6 @@ int ff_generator_submit(ff_generator *g, const ff_gen_request *r) {
     if (r->prompt_len + 1 > g->c.max_seq_len)
         return ff_error_set("generate request", "shorten the prompt or raise max_seq_len",
                             "prompt of %d tokens leaves no room in max_seq_len = %d", r->prompt_len, g->c.max_seq_len);
-    if (r->prompt_len > g->c.max_prefill_tokens)
-        return ff_error_set("generate request", "raise max_prefill_tokens",
-                            "prompt of %d tokens is longer than max_prefill_tokens = %d", r->prompt_len,
-                            g->c.max_prefill_tokens);
     if (r->n_samples < 1 || r->n_samples > g->c.max_slots)
         return ff_error_set("generate request", "raise max_slots or lower n_samples",
                             "n_samples %d must be in [1, max_slots = %d]", r->n_samples, g->c.max_slots);
@@ -732,16 +732,45 @@ static int sample_rows(ff_generator *g, ff_dptr logits, int32_t B) {
     return 0;
 }
 
+/* q's rows 0..n-1 (its blocks taken) from its tokens, by prefills of up to
+ * max_prefill_tokens tokens each attending to the rows before it (the logits of one row are
+ * computed and unused): a moved sequence's rows, or a long prompt's chunks before its last.
+ * It fills the host mirrors' first rows and the first table row itself. */
+static int prefill_rows(ff_generator *g, const gen_seq *q, const int32_t *tokens, int32_t n) {
+    const int32_t chunk = g->c.max_prefill_tokens;
+    put_table(g, 0, q);
+    for (int32_t p0 = 0; p0 < n; p0 += chunk) {
+        int32_t T = n - p0 < chunk ? n - p0 : chunk;
+        for (int32_t i = 0; i < T; i++) {
+            g->h_tok[i] = tokens[p0 + i];
+            g->h_pos[i] = p0 + i;
+            g->h_seq[i] = 0;
+            g->h_wrow[i] = seq_row(g, q, p0 + i);
+            g->h_nkeys[i] = p0 + i + 1;
+        }
+        g->h_rows[0] = T - 1;
+        upload_tokens(g, T, 1, 1);
+        if (infer(g, T, 1, 1)) return -1;
+    }
+    return 0;
+}
+
 /* Admit waiting requests into free slots and prefill them. */
 static int admit(ff_generator *g) {
     ff_model *m = g->m;
     ff_stream *st = m->st;
     const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->n_blocks * (size_t)g->block_rows;
     const int32_t bs = g->block_rows;
-    int32_t free_slots = g->c.max_slots - g->n_running, budget = g->c.max_prefill_tokens;
+    const int32_t chunk = g->c.max_prefill_tokens;
+    int32_t free_slots = g->c.max_slots - g->n_running, budget = chunk;
     int32_t T = 0, R = 0, B = 0;
-    while (g->q_head && g->q_head->n_samples <= free_slots && g->q_head->prompt_len <= budget &&
-           g->q_head->need <= g->n_free - g->promised) {
+    const int64_t t0 = ff_now_ns();
+    while (g->q_head && g->q_head->n_samples <= free_slots && g->q_head->need <= g->n_free - g->promised) {
+        /* the prompt's tokens in this step's packed forward: all of them, or for a prompt longer
+         * than a forward holds, its last chunk, its others prefilled first on their own (so only
+         * as the step's first request: those forwards use the host mirrors the batch fills) */
+        const int32_t P = g->q_head->prompt_len, tail = P <= chunk ? P : (P - 1) % chunk + 1;
+        if (tail > budget || (tail < P && T > 0)) break;
         gen_req *r = g->q_head;
         g->q_head = r->next;
         if (!g->q_head) g->q_tail = NULL;
@@ -775,18 +804,19 @@ static int admit(ff_generator *g) {
             g->h_rowmap[B] = R;
             B++;
         }
-        for (int32_t i = 0; i < r->prompt_len; i++, T++) {
+        if (tail < P && prefill_rows(g, first, r->prompt, P - tail)) return -1;
+        for (int32_t i = P - tail; i < P; i++, T++) {
             g->h_tok[T] = r->prompt[i];
             g->h_pos[T] = i;
             g->h_seq[T] = R;
             g->h_wrow[T] = seq_row(g, first, i);
             g->h_nkeys[T] = i + 1;
         }
+        put_table(g, R, first); /* prefill_rows used row 0 */
         g->h_rows[R++] = T - 1;
-        budget -= r->prompt_len;
+        budget -= tail;
     }
     if (B == 0) return 0;
-    const int64_t t0 = ff_now_ns();
     upload_tokens(g, T, R, R);
     if (infer(g, T, R, R)) return -1;
     /* the other samples share the prompt's full blocks and copy the rows of its partial one */
@@ -809,7 +839,8 @@ static int admit(ff_generator *g) {
     ff_gather_rows(st, GW(g, logits), GW(g, i_rowmap), GW(g, logits_rep), B, g->V);
     for (int32_t b = 0; b < B; b++) fill_params(g, b, &g->seqs[g->batch[b]]);
     if (sample_rows(g, GW(g, logits_rep), B)) return -1; /* the sampled tokens are on the host: the forward is done */
-    g->prefill_tokens += T;
+    for (int32_t b = 0; b < B; b++) /* the prompts' tokens, chunked ones whole */
+        if (g->seqs[g->batch[b]].sample == 0) g->prefill_tokens += g->seqs[g->batch[b]].req->prompt_len;
     g->prefill_s += (double)(ff_now_ns() - t0) * 1e-9;
     for (int32_t b = 0; b < B; b++)
         if (append(g, g->batch[b], g->h_stok[b], g->h_slp[b])) return -1;
@@ -1069,28 +1100,6 @@ static int check_import(const ff_generator *g, const ff_gen_seq_state *s) {
     return 0;
 }
 
-/* q's rows 0..n-1 (its blocks taken) from its tokens, by prefills of up to
- * max_prefill_tokens tokens each attending to the rows before it (the logits of one row are
- * computed and unused). */
-static int recompute(ff_generator *g, const gen_seq *q, const int32_t *tokens, int32_t n) {
-    const int32_t chunk = g->c.max_prefill_tokens;
-    put_table(g, 0, q);
-    for (int32_t p0 = 0; p0 < n; p0 += chunk) {
-        int32_t T = n - p0 < chunk ? n - p0 : chunk;
-        for (int32_t i = 0; i < T; i++) {
-            g->h_tok[i] = tokens[p0 + i];
-            g->h_pos[i] = p0 + i;
-            g->h_seq[i] = 0;
-            g->h_wrow[i] = seq_row(g, q, p0 + i);
-            g->h_nkeys[i] = p0 + i + 1;
-        }
-        g->h_rows[0] = T - 1;
-        upload_tokens(g, T, 1, 1);
-        if (infer(g, T, 1, 1)) return -1;
-    }
-    return 0;
-}
-
 int ff_generator_import(ff_generator *g, const ff_gen_seq_state *s) {
     if (check_import(g, s)) return -1;
     ff_model *m = g->m;
@@ -1142,7 +1151,7 @@ int ff_generator_import(ff_generator *g, const ff_gen_seq_state *s) {
             for (int kv = 0; kv < 2; kv++) copy_rows(g, q, l, kv, s->kv.data + ((size_t)l * 2 + (size_t)kv) * per, positions, true);
         rc = ff_stream_sync(m->st); /* the caller may free s as soon as this returns */
     } else {
-        rc = recompute(g, q, s->tokens, positions);
+        rc = prefill_rows(g, q, s->tokens, positions);
     }
     if (rc) {
         free(r->prompt);

@@ -605,15 +605,15 @@ typedef struct ff_gen_output {
 } ff_gen_output;
 void ff_gen_output_free(ff_gen_output *o); /* frees the arrays, zeroes *o */
 
-/* A continuous-batching generator: up to max_slots sequences decode together, each in its
- * own KV-cache slot of max_seq_len positions (prompt + response). Requests wait in a FIFO;
- * each step admits waiting requests while free slots remain (a request needs n_samples
- * slots), prefills their prompts (packed, up to max_prefill_tokens tokens per step; one
- * prefill per prompt, its KV copied into the n sample slots), then decodes one token for
- * every running sequence. A finished sequence frees its slot at once for the next request.
- * Sequences can also leave early (ff_generator_abort), e.g. to migrate them.
- * Implemented: all of the above. Not implemented: paged KV (prefix blocks shared without
- * copy), chunked prefill of a prompt longer than max_prefill_tokens (an error at submit). */
+/* A continuous-batching generator: up to max_slots sequences decode together, each of up to
+ * max_seq_len positions (prompt + response) in a paged KV cache (blocks of kv_block_rows
+ * positions from a pool of kv_blocks). Requests wait in a FIFO; each step admits waiting
+ * requests while free slots remain (a request needs n_samples slots) and the pool can promise
+ * the blocks they may fill, prefills their prompts (packed, up to max_prefill_tokens tokens per
+ * step; one prefill per prompt, whose full blocks the n samples share; a longer prompt is
+ * prefilled alone, in chunks of max_prefill_tokens), then decodes one token for every running
+ * sequence. A finished sequence frees its slot and blocks at once for the next request.
+ * Sequences can also leave early (ff_generator_abort), e.g. to migrate them. */
 /* Generation over a pipeline: every stage of it runs a generator on its stage model (one
  * chunk each: the stage of rank r holds the layers after rank r - 1's) with the same requests
  * in the same order, and each forward passes the hidden states [T, H] down the stages; the
@@ -632,7 +632,7 @@ typedef struct ff_gen_pipe {
 typedef struct ff_generator_config {
     int32_t max_slots;          /* concurrent sequences, >= 1 */
     int32_t max_seq_len;        /* KV positions per sequence at most; <= max_position_embeddings */
-    int32_t max_prefill_tokens; /* prompt tokens per step (0: max_seq_len) */
+    int32_t max_prefill_tokens; /* prompt tokens per forward (0: max_seq_len); a longer prompt in chunks */
     const ff_gen_pipe *pipe;    /* a pipeline stage's (copied; its ctx outlives the generator), or NULL */
     int32_t kv_block_rows;      /* positions per KV-cache block, 1..max_seq_len (0: 16, or max_seq_len if less) */
     int32_t kv_blocks;          /* blocks in the pool (0: max_slots x ceil(max_seq_len / kv_block_rows),
@@ -648,8 +648,8 @@ typedef struct ff_generator ff_generator;
 ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *c);
 void ff_generator_destroy(ff_generator **g);
 /* Queue a request. Checks it (token ids in range, prompt_len + 1 <= max_seq_len,
- * prompt_len <= max_prefill_tokens, n_samples <= max_slots, sampling values, the KV blocks
- * it may fill <= kv_blocks). 0 or -1 + error. */
+ * n_samples <= max_slots, sampling values, the KV blocks it may fill <= kv_blocks). 0 or -1 +
+ * error. */
 int ff_generator_submit(ff_generator *g, const ff_gen_request *r);
 /* Admit, prefill, and decode one token for every running sequence. 0 or -1 + error. */
 /* The prompt prefills of admissions so far: their tokens and the time of their forwards (with

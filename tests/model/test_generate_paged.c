@@ -1,8 +1,9 @@
 /* The generator's paged KV cache: the same requests give bit-identical tokens and log-probs
  * whatever the block size (1 position to a whole sequence) and pool size; the samples of a
  * request share the prompt's full blocks (counted exactly); a pool smaller than the demand
- * makes requests wait, never fail or change; and clear errors for a request or a moved
- * sequence that cannot fit, and for bad block settings. */
+ * makes requests wait, never fail or change; clear errors for a request or a moved sequence
+ * that cannot fit, and for bad block settings; a prompt longer than max_prefill_tokens
+ * prefilled in chunks gives what one prefill gives. */
 #include "tests/model/model_test_util.h"
 
 static ff_gen_request req(uint64_t id, const int32_t *prompt, int32_t n, int32_t samples, int32_t max_new, uint64_t seed) {
@@ -233,6 +234,50 @@ static void test_import_room(ff_model *m) {
     free_outs(want, nref);
 }
 
+/* A prompt longer than max_prefill_tokens is prefilled in chunks, alone in its step: the
+ * outputs equal one forward's bit for bit (chunks of 8 and of 7 positions, blocks of 4 and 16),
+ * with shorter requests before and after it in the queue; the prefill counters count its
+ * tokens once. */
+static void test_chunked_prefill(ff_model *m) {
+    int32_t longp[45], a[] = {3, 9, 4}, b[] = {7, 7, 1, 2, 5, 6};
+    for (int i = 0; i < 45; i++) longp[i] = (i * 17 + 4) % 40;
+    ff_gen_request r[3] = {req(0, a, 3, 2, 12, 21), req(1, longp, 45, 3, 10, 22), req(2, b, 6, 1, 14, 23)};
+    ff_generator_config one = {.max_slots = 6, .max_seq_len = 64, .max_prefill_tokens = 64};
+    int32_t n_ref, peak;
+    ff_gen_output *want = run_all(m, &one, r, 3, &n_ref, &peak);
+    const int32_t chunks[] = {8, 7}, rows[] = {4, 16};
+    for (int c = 0; c < 2; c++)
+        for (int k = 0; k < 2; k++) {
+            ff_generator_config gc = {.max_slots = 6, .max_seq_len = 64, .max_prefill_tokens = chunks[c], .kv_block_rows = rows[k]};
+            int32_t n;
+            ff_gen_output *got = run_all(m, &gc, r, 3, &n, &peak);
+            REQUIRE(n == n_ref);
+            int same = 1;
+            for (int32_t i = 0; i < n; i++)
+                same &= got[i].n_tokens == want[i].n_tokens && !memcmp(got[i].tokens, want[i].tokens, (size_t)want[i].n_tokens * 4) &&
+                        !memcmp(got[i].logprobs, want[i].logprobs, (size_t)want[i].n_tokens * 4);
+            if (!same) {
+                fprintf(stderr, "chunks of %d, blocks of %d: outputs differ from one prefill\n", chunks[c], rows[k]);
+                ff_test_failures++;
+            }
+            free_outs(got, n);
+        }
+    ff_generator_config gc = {.max_slots = 6, .max_seq_len = 64, .max_prefill_tokens = 8};
+    ff_generator *g = ff_generator_new(m, &gc);
+    REQUIRE(g);
+    REQUIRE(ff_generator_submit(g, &r[1]) == 0);
+    while (ff_generator_pending(g) > 0) REQUIRE(ff_generator_step(g) == 0);
+    int64_t tokens;
+    double secs;
+    ff_generator_prefill_stats(g, &tokens, &secs);
+    CHECK_EQ_INT((int)tokens, 45);
+    CHECK(secs > 0);
+    ff_gen_output o;
+    while (ff_generator_pop(g, &o)) ff_gen_output_free(&o);
+    ff_generator_destroy(&g);
+    free_outs(want, n_ref);
+}
+
 int main(void) {
     ff_backend *be = ff_backend_cpu_new(2);
     REQUIRE(be);
@@ -242,6 +287,7 @@ int main(void) {
     test_prompt_blocks_shared(m);
     test_small_pool(m);
     test_import_room(m);
+    test_chunked_prefill(m);
     ff_model_destroy(&m);
     ff_backend_destroy(&be);
     TEST_MAIN_END();
