@@ -389,6 +389,9 @@ bool ex_has_node(const ex_run *x, ff_op op, ff_role role); /* role FF_ROLE_COUNT
 /* The sequence slots of each generation engine (rl.init's slots): a replica's share of an
  * iteration's samples, in [max(16, n), 256]. */
 int64_t ex_gen_slots(const ex_run *x);
+/* Each generation engine's KV pool in blocks (as its worker sizes it: ff_rollout_kv_blocks),
+ * their positions (*block_rows) and the blocks of one sequence at full length (*per_seq). */
+int64_t ex_gen_kv_pool(const ex_run *x, int32_t *block_rows, int64_t *per_seq);
 /* Address spec to replica r of pool: its rank (tp 1: FF_TARGET_RANK, the pool's group named
  * for its communicator), or all its TP ranks (a group job on the replica's group); j counts
  * in the replica's load until released. */

@@ -128,6 +128,14 @@ int64_t ex_gen_slots(const ex_run *x) {
     return slots;
 }
 
+int64_t ex_gen_kv_pool(const ex_run *x, int32_t *block_rows, int64_t *per_seq) {
+    const ff_role_cfg *ac = &x->run->roles[FF_ROLE_ACTOR];
+    const int32_t ms = (int32_t)x->max_seq, bs = ac->rollout_kv_block < ms ? (int32_t)ac->rollout_kv_block : ms;
+    *block_rows = bs;
+    *per_seq = (ms + bs - 1) / bs;
+    return ff_rollout_kv_blocks((int32_t)ex_gen_slots(x), ms, bs, ac->rollout_kv_memory);
+}
+
 /* A generation engine's KV pool (roles.actor.rollout.kv_memory of every slot at max_seq) holds
  * at least one group of n samples at full length, so that no request is ever too big for it
  * (model/generate.c refuses those at submit, mid-run). */
@@ -135,8 +143,10 @@ static int check_kv(ex_run *x) {
     if (!ex_has_node(x, FF_OP_GENERATE, FF_ROLE_COUNT)) return 0;
     const ff_role_cfg *ac = &x->run->roles[FF_ROLE_ACTOR];
     const int64_t slots = ex_gen_slots(x);
-    const int32_t ms = (int32_t)x->max_seq, bs = ac->rollout_kv_block < ms ? (int32_t)ac->rollout_kv_block : ms;
-    const int64_t per = (ms + bs - 1) / bs, pool = ff_rollout_kv_blocks((int32_t)slots, ms, bs, ac->rollout_kv_memory);
+    const int32_t ms = (int32_t)x->max_seq;
+    int32_t bs;
+    int64_t per;
+    const int64_t pool = ex_gen_kv_pool(x, &bs, &per);
     if (pool >= x->group_size * per) return 0;
     char w[300], hint[200];
     snprintf(hint, sizeof hint, "raise roles.actor.rollout.kv_memory to at least %.4g (or lower n or the lengths)",

@@ -448,9 +448,9 @@ static int init_workers(ex_run *x, const char *resume_dir) {
     const int64_t slots = ex_gen_slots(x);
     /* what a survivor of a migration has room for: its slots, or the full-length sequences
      * its KV pool holds (ex_check_limits saw that one group fits) */
-    const ff_role_cfg *ac = &x->run->roles[FF_ROLE_ACTOR];
-    const int32_t ms = (int32_t)x->max_seq, bs = ac->rollout_kv_block < ms ? (int32_t)ac->rollout_kv_block : ms;
-    const int64_t held = ff_rollout_kv_blocks((int32_t)slots, ms, bs, ac->rollout_kv_memory) / ((ms + bs - 1) / bs);
+    int32_t bs;
+    int64_t per;
+    const int64_t held = ex_gen_kv_pool(x, &bs, &per) / per;
     x->gen_slots = held < slots ? held : slots;
     size_t clen = strlen(x->config_text), olen = strlen(x->overrides_text);
     uint64_t load[EX_MAX_RANKS]; /* each rank's job: it loads the weights of every role there */

@@ -114,60 +114,42 @@ small_run() { # OUT_DIR
        "data.max_prompt_length=16 data.max_response_length=6"
 }
 
-# The repeat task with drawn response lengths (graph.rollout.lengths {median 8, p99_ratio 10,
-# max 96}; 10 prompts x n 8; a generation pool of 2) for GRPO on the cached tiny model, written to
-# $work/run.yaml (test_run_lengths.sh, test_run_kv.sh); lengths_run OUT [overrides...] runs it,
-# dumping the samples.
-prepare_lengths_run() { # STEPS
+# The long-tail repeat task (`fuseflow dataset repeat`) for GRPO on the cached tiny model with a
+# generation pool of 2 workers, written to $work/run.yaml: STEPS iterations of BATCH prompts x
+# n N, responses up to MAX_RESPONSE tokens, EXTRA more keys of the generate node.
+write_repeat_run() { # STEPS BATCH N MAX_RESPONSE [EXTRA]
   data=$work/rep
   "$bin" dataset repeat --median 8 --p99-ratio 10 --max 40 --train 200 --test 20 --seed 1 --out "$data" > /dev/null ||
     fail "dataset repeat"
   cat > "$work/run.yaml" <<EOF
 trainer: {steps: $1, seed: 3, schedule: fused, save_freq: 0, test_freq: 0, acc_reward: repeat_match}
-data: {train_files: $data/train.jsonl, val_files: $data/test.jsonl, train_batch_size: 10, max_prompt_length: 8,
-       max_response_length: 100}
+data: {train_files: $data/train.jsonl, val_files: $data/test.jsonl, train_batch_size: $2, max_prompt_length: 8,
+       max_response_length: $4}
 roles:
   actor: {model: $cache/tiny, workers: 1, rollout: {workers: 2}, optim: {lr: 1.0e-3}}
   ref: {model: $cache/tiny, colocate_with: actor}
 graph:
-  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 8, temperature: 1.0,
-            lengths: {median: 8, p99_ratio: 10, max: 96}}
+  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: $3, temperature: 1.0${5:+, $5}}
   ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob]}
   reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: repeat_match}
   advantage: {op: advantage, in: [score], out: [advantages], estimator: grpo}
   train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], loss: vanilla,
-                mini_batch_size: 10, micro_batch_size: 16, kl_loss: {type: low_var_kl, coef: 0.001}}
+                mini_batch_size: $2, micro_batch_size: 16, kl_loss: {type: low_var_kl, coef: 0.001}}
   sync: {op: sync_weights, role: actor, after: [train_actor]}
 EOF
 }
+
+# The migration tests' run: 4 prompts x n 4, responses up to 40 tokens.
+prepare_repeat_run() { write_repeat_run "$1" 4 4 40; } # STEPS
+
+# Drawn response lengths (graph.rollout.lengths {median 8, p99_ratio 10, max 96}): 10 prompts x
+# n 8, up to 100 tokens (test_run_lengths.sh, test_run_kv.sh); lengths_run OUT [overrides...] runs
+# it, dumping the samples.
+prepare_lengths_run() { write_repeat_run "$1" 10 8 100 "lengths: {median: 8, p99_ratio: 10, max: 96}"; } # STEPS
 lengths_run() { # OUT [overrides...]
   local out=$1; shift
   "$bin" run "$work/run.yaml" trainer.out_dir="$out" --threads 1 --no-progress --dump-samples "$@" > "$out.log" 2>&1 ||
     { cat "$out.log" >&2; fail "run $* failed"; }
-}
-
-# The long-tail repeat task (`fuseflow dataset repeat`) for GRPO on the cached tiny model with a
-# generation pool of 2 workers, written to $work/run.yaml; the migration tests start from it.
-prepare_repeat_run() { # STEPS
-  data=$work/rep
-  "$bin" dataset repeat --median 8 --p99-ratio 10 --max 40 --train 200 --test 20 --seed 1 --out "$data" > /dev/null ||
-    fail "dataset repeat"
-  cat > "$work/run.yaml" <<EOF
-trainer: {steps: $1, seed: 3, schedule: fused, save_freq: 0, test_freq: 0, acc_reward: repeat_match}
-data: {train_files: $data/train.jsonl, val_files: $data/test.jsonl, train_batch_size: 4, max_prompt_length: 8,
-       max_response_length: 40}
-roles:
-  actor: {model: $cache/tiny, workers: 1, rollout: {workers: 2}, optim: {lr: 1.0e-3}}
-  ref: {model: $cache/tiny, colocate_with: actor}
-graph:
-  rollout: {op: generate, role: actor, in: [prompt], out: [response, old_logprob], n: 4, temperature: 1.0}
-  ref_logprob: {op: logprob, role: ref, in: [prompt, response], out: [ref_logprob]}
-  reward: {op: reward_fn, in: [prompt, response, answer], out: [score], function: repeat_match}
-  advantage: {op: advantage, in: [score], out: [advantages], estimator: grpo}
-  train_actor: {op: train, role: actor, in: [prompt, response, old_logprob, advantages, ref_logprob], loss: vanilla,
-                mini_batch_size: 4, micro_batch_size: 16, kl_loss: {type: low_var_kl, coef: 0.001}}
-  sync: {op: sync_weights, role: actor, after: [train_actor]}
-EOF
 }
 
 # The iteration lines of a metrics file (JSON lines with "samples").

@@ -50,7 +50,7 @@ done
 # 3. the option is what sets them: without it the random model runs on (its eos is rare)
 python3 - "$work/run.yaml" > "$work/plain.yaml" <<'PY'
 import sys
-print(open(sys.argv[1]).read().replace(",\n            lengths: {median: 8, p99_ratio: 10, max: 96}", ""))
+print(open(sys.argv[1]).read().replace(", lengths: {median: 8, p99_ratio: 10, max: 96}", ""))
 PY
 "$bin" run "$work/plain.yaml" trainer.out_dir="$work/plain" trainer.steps=1 --threads 1 --no-progress --dump-samples \
   > "$work/plain.log" 2>&1 || { cat "$work/plain.log" >&2; fail "the run without lengths failed"; }

@@ -163,4 +163,27 @@ static inline void check_tensor_bits(const char *name, const float *got, const f
     }
 }
 
+/* A generation request of n prompt tokens (the array stays the caller's), default sampling at
+ * temperature temp and max_new new tokens. */
+static inline ff_gen_request gen_request(uint64_t id, const int32_t *prompt, int32_t n, int32_t samples, float temp,
+                                         int32_t max_new, uint64_t seed) {
+    ff_gen_request r;
+    memset(&r, 0, sizeof r);
+    r.id = id;
+    r.prompt = prompt;
+    r.prompt_len = n;
+    r.n_samples = samples;
+    ff_sampling_default(&r.sampling);
+    r.sampling.temperature = temp;
+    r.sampling.max_new_tokens = max_new;
+    r.seed = seed;
+    return r;
+}
+
+/* n outputs of ff_model_generate (or gathered alike) and their array. */
+static inline void gen_outputs_free(ff_gen_output *o, int32_t n) {
+    for (int32_t i = 0; i < n; i++) ff_gen_output_free(&o[i]);
+    free(o);
+}
+
 #endif

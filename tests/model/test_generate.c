@@ -40,29 +40,9 @@ static int argmax(const float *z, int V) {
     return a;
 }
 
-static ff_gen_request req(uint64_t id, const int32_t *prompt, int32_t n, int32_t samples, float temp, int32_t max_new,
-                          uint64_t seed) {
-    ff_gen_request r;
-    memset(&r, 0, sizeof r);
-    r.id = id;
-    r.prompt = prompt;
-    r.prompt_len = n;
-    r.n_samples = samples;
-    ff_sampling_default(&r.sampling);
-    r.sampling.temperature = temp;
-    r.sampling.max_new_tokens = max_new;
-    r.seed = seed;
-    return r;
-}
-
-static void free_outs(ff_gen_output *o, int32_t n) {
-    for (int32_t i = 0; i < n; i++) ff_gen_output_free(&o[i]);
-    free(o);
-}
-
 static void test_kv_matches_full(ff_model *m) {
     int32_t p0[] = {1, 2, 3}, p1[] = {5}, p2[] = {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23};
-    ff_gen_request r[3] = {req(10, p0, 3, 2, 1.0f, 20, 1), req(11, p1, 1, 3, 1.0f, 15, 2), req(12, p2, 17, 1, 0.8f, 25, 3)};
+    ff_gen_request r[3] = {gen_request(10, p0, 3, 2, 1.0f, 20, 1), gen_request(11, p1, 1, 3, 1.0f, 15, 2), gen_request(12, p2, 17, 1, 0.8f, 25, 3)};
     r[2].sampling.logprob_mode = FF_LOGPROB_TEMPERATURE;
     r[1].sampling.top_p = 0.9f;
     r[1].sampling.top_k = 20;
@@ -89,12 +69,12 @@ static void test_kv_matches_full(ff_model *m) {
         }
     /* the samples of one prompt differ (own RNG streams) */
     CHECK(memcmp(o[0].tokens, o[1].tokens, 20 * 4) != 0);
-    free_outs(o, n);
+    gen_outputs_free(o, n);
 }
 
 static void test_reproducible_and_independent(ff_model *m) {
     int32_t p0[] = {4, 4, 2, 9}, p1[] = {3, 1};
-    ff_gen_request r[2] = {req(1, p0, 4, 2, 1.0f, 30, 77), req(2, p1, 2, 1, 1.2f, 30, 78)};
+    ff_gen_request r[2] = {gen_request(1, p0, 4, 2, 1.0f, 30, 77), gen_request(2, p1, 2, 1, 1.2f, 30, 78)};
     ff_gen_output *a, *b, *c;
     int32_t na, nb, nc;
     REQUIRE(ff_model_generate(m, NULL, r, 2, &a, &na) == 0);
@@ -110,26 +90,26 @@ static void test_reproducible_and_independent(ff_model *m) {
     REQUIRE(ff_model_generate(m, &one, &r[1], 1, &c, &nc) == 0);
     CHECK_EQ_INT(c[0].n_tokens, a[2].n_tokens);
     CHECK(memcmp(c[0].tokens, a[2].tokens, (size_t)c[0].n_tokens * 4) == 0);
-    free_outs(c, nc);
+    gen_outputs_free(c, nc);
     /* sample 0 of an n-sample request equals the same request with one sample */
     ff_gen_request single = r[0];
     single.n_samples = 1;
     REQUIRE(ff_model_generate(m, NULL, &single, 1, &c, &nc) == 0);
     CHECK(memcmp(c[0].tokens, a[0].tokens, (size_t)c[0].n_tokens * 4) == 0);
-    free_outs(c, nc);
+    gen_outputs_free(c, nc);
     /* another seed, another sequence */
     r[0].seed = 99;
     REQUIRE(ff_model_generate(m, NULL, r, 1, &c, &nc) == 0);
     CHECK(memcmp(c[0].tokens, a[0].tokens, (size_t)c[0].n_tokens * 4) != 0);
-    free_outs(c, nc);
-    free_outs(a, na);
-    free_outs(b, nb);
+    gen_outputs_free(c, nc);
+    gen_outputs_free(a, na);
+    gen_outputs_free(b, nb);
 }
 
 static void test_greedy_stop_length(ff_model *m) {
     int V = ff_model_config_of(m)->vocab_size;
     int32_t p[] = {2, 7, 1};
-    ff_gen_request r = req(5, p, 3, 1, 0.0f, 12, 0);
+    ff_gen_request r = gen_request(5, p, 3, 1, 0.0f, 12, 0);
     ff_gen_output *o, *k1;
     int32_t n, nk;
     REQUIRE(ff_model_generate(m, NULL, &r, 1, &o, &n) == 0);
@@ -139,11 +119,11 @@ static void test_greedy_stop_length(ff_model *m) {
     for (int i = 0; i < 12; i++) CHECK_EQ_INT(o[0].tokens[i], argmax(lg + (size_t)i * V, V));
     check_tensor_close("greedy log-probs", o[0].logprobs, lp, 12, 1e-4, 0);
     /* top-k 1 at any temperature is greedy */
-    ff_gen_request rk = req(6, p, 3, 1, 1.5f, 12, 1234);
+    ff_gen_request rk = gen_request(6, p, 3, 1, 1.5f, 12, 1234);
     rk.sampling.top_k = 1;
     REQUIRE(ff_model_generate(m, NULL, &rk, 1, &k1, &nk) == 0);
     CHECK(memcmp(k1[0].tokens, o[0].tokens, 12 * 4) == 0);
-    free_outs(k1, nk);
+    gen_outputs_free(k1, nk);
     /* a stop token ends the sequence where it first appears, and is included */
     int32_t stop = o[0].tokens[4];
     int first = 0;
@@ -155,15 +135,15 @@ static void test_greedy_stop_length(ff_model *m) {
     CHECK(k1[0].finish == FF_FINISH_STOP);
     CHECK_EQ_INT(k1[0].n_tokens, first + 1);
     CHECK_EQ_INT(k1[0].tokens[first], stop);
-    free_outs(k1, nk);
+    gen_outputs_free(k1, nk);
     /* the slot capacity ends a sequence at max_seq_len tokens in all */
     ff_generator_config gc = {.max_slots = 2, .max_seq_len = 8};
     REQUIRE(ff_model_generate(m, &gc, &r, 1, &k1, &nk) == 0);
     CHECK(k1[0].finish == FF_FINISH_LENGTH);
     CHECK_EQ_INT(k1[0].n_tokens, 8 - 3);
     CHECK(memcmp(k1[0].tokens, o[0].tokens, 5 * 4) == 0);
-    free_outs(k1, nk);
-    free_outs(o, n);
+    gen_outputs_free(k1, nk);
+    gen_outputs_free(o, n);
     free(lg), free(lp);
 }
 
@@ -177,14 +157,14 @@ static void test_floor_and_lengths(ff_model *m) {
     const int V = ff_model_config_of(m)->vocab_size;
     int32_t p[] = {2, 7, 1};
     /* the stop tokens: what an unfloored sample draws early, so that without a floor it stops */
-    ff_gen_request r0 = req(20, p, 3, 1, 1.0f, 12, 5);
+    ff_gen_request r0 = gen_request(20, p, 3, 1, 1.0f, 12, 5);
     ff_gen_output *o, *f;
     int32_t n, nf;
     REQUIRE(ff_model_generate(m, NULL, &r0, 1, &o, &n) == 0);
     int32_t stop[4] = {o[0].tokens[0], o[0].tokens[1], o[0].tokens[2], o[0].tokens[0]}; /* one listed twice */
-    free_outs(o, n);
+    gen_outputs_free(o, n);
     for (int mode = 0; mode < 3; mode++) {
-        ff_gen_request r = req(21, p, 3, 4, 1.3f, 12, 5);
+        ff_gen_request r = gen_request(21, p, 3, 4, 1.3f, 12, 5);
         r.sampling.stop_tokens = stop;
         r.sampling.n_stop = 4;
         r.sampling.min_new_tokens = 10;
@@ -212,14 +192,14 @@ static void test_floor_and_lengths(ff_model *m) {
             check_tensor_close(what, f[s].logprobs, lp, f[s].n_tokens, 1e-4, 0);
             free(lp), free(lg);
         }
-        free_outs(f, nf);
+        gen_outputs_free(f, nf);
     }
 
     /* drawn lengths: 8 requests x 40 samples, median 6, p99 8x the median, capped at 64 */
     enum { NR = 8, NS = 40 };
     ff_gen_request rs[NR];
     for (int i = 0; i < NR; i++) {
-        rs[i] = req(100 + (uint64_t)i, p, 3, NS, 1.0f, 64, 1000 + (uint64_t)i);
+        rs[i] = gen_request(100 + (uint64_t)i, p, 3, NS, 1.0f, 64, 1000 + (uint64_t)i);
         rs[i].sampling.len_median = 6;
         rs[i].sampling.len_p99_ratio = 8;
     }
@@ -242,7 +222,7 @@ static void test_floor_and_lengths(ff_model *m) {
     ff_generator_config few = {.max_slots = NS, .max_seq_len = 80};
     REQUIRE(ff_model_generate(m, &few, &rs[3], 1, &f, &nf) == 0);
     for (int32_t s = 0; s < NS; s++) CHECK_EQ_INT(f[s].n_tokens, o[3 * NS + s].n_tokens);
-    free_outs(f, nf);
+    gen_outputs_free(f, nf);
 
     /* moved halfway: request 5's longest sample leaves after 4 steps through bytes, and ends
      * where it would have, with the same tokens and log-probs */
@@ -278,10 +258,10 @@ static void test_floor_and_lengths(ff_model *m) {
     ff_gen_seq_state_free(&back);
     ff_generator_destroy(&a);
     ff_generator_destroy(&b);
-    free_outs(o, n);
+    gen_outputs_free(o, n);
 
     /* bad settings, named */
-    ff_gen_request bad = req(30, p, 3, 1, 1.0f, 12, 1);
+    ff_gen_request bad = gen_request(30, p, 3, 1, 1.0f, 12, 1);
     ff_generator *g = ff_generator_new(m, &gc);
     REQUIRE(g);
     bad.sampling.min_new_tokens = 13;
@@ -300,7 +280,7 @@ static void test_step_api_abort_errors(ff_model *m) {
     ff_generator *g = ff_generator_new(m, &gc);
     REQUIRE(g);
     int32_t p[] = {1, 2, 3, 4}, big[9] = {0}, bad[] = {1, 999};
-    ff_gen_request a = req(1, p, 4, 1, 1.0f, 20, 1), b = req(2, p, 2, 2, 1.0f, 20, 2), c = req(3, p, 1, 1, 1.0f, 3, 3);
+    ff_gen_request a = gen_request(1, p, 4, 1, 1.0f, 20, 1), b = gen_request(2, p, 2, 2, 1.0f, 20, 2), c = gen_request(3, p, 1, 1, 1.0f, 3, 3);
     REQUIRE(ff_generator_submit(g, &a) == 0);
     REQUIRE(ff_generator_submit(g, &b) == 0); /* needs 2 slots: waits behind a */
     REQUIRE(ff_generator_submit(g, &c) == 0);
@@ -321,22 +301,22 @@ static void test_step_api_abort_errors(ff_model *m) {
     ff_gen_output_free(&o);
 
     /* bad requests */
-    ff_gen_request e = req(9, p, 0, 1, 1.0f, 5, 0);
+    ff_gen_request e = gen_request(9, p, 0, 1, 1.0f, 5, 0);
     CHECK(ff_generator_submit(g, &e) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "empty prompt");
-    e = req(9, big, 9, 1, 1.0f, 5, 0); /* longer than max_prefill_tokens: prefilled in chunks (test_generate_paged.c) */
+    e = gen_request(9, big, 9, 1, 1.0f, 5, 0); /* longer than max_prefill_tokens: prefilled in chunks (test_generate_paged.c) */
     CHECK(ff_generator_submit(g, &e) == 0);
     CHECK_EQ_INT(ff_generator_abort(g, 9), 1);
-    e = req(9, bad, 2, 1, 1.0f, 5, 0);
+    e = gen_request(9, bad, 2, 1, 1.0f, 5, 0);
     CHECK(ff_generator_submit(g, &e) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "out of range");
-    e = req(9, p, 2, 3, 1.0f, 5, 0);
+    e = gen_request(9, p, 2, 3, 1.0f, 5, 0);
     CHECK(ff_generator_submit(g, &e) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "n_samples");
-    e = req(9, p, 2, 1, -1.0f, 5, 0);
+    e = gen_request(9, p, 2, 1, -1.0f, 5, 0);
     CHECK(ff_generator_submit(g, &e) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "temperature");
-    e = req(9, p, 2, 1, 1.0f, 5, 0);
+    e = gen_request(9, p, 2, 1, 1.0f, 5, 0);
     e.sampling.top_p = 0;
     CHECK(ff_generator_submit(g, &e) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "top_p");
@@ -392,7 +372,7 @@ static void test_pipeline(const ff_model_config *c, ff_model *whole) {
         REQUIRE(st[s]);
     }
     int32_t p0[] = {1, 2, 3}, p1[] = {5}, p2[] = {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23};
-    ff_gen_request r[3] = {req(10, p0, 3, 2, 1.0f, 20, 1), req(11, p1, 1, 3, 1.0f, 15, 2), req(12, p2, 17, 1, 0.8f, 25, 3)};
+    ff_gen_request r[3] = {gen_request(10, p0, 3, 2, 1.0f, 20, 1), gen_request(11, p1, 1, 3, 1.0f, 15, 2), gen_request(12, p2, 17, 1, 0.8f, 25, 3)};
     r[1].sampling.top_k = 5;
     ff_gen_output *ref = NULL;
     int32_t n_ref = 0;
@@ -422,10 +402,10 @@ static void test_pipeline(const ff_model_config *c, ff_model *whole) {
             }
             tokens += a->n_tokens;
         }
-        free_outs(sg[s].outs, sg[s].n_outs);
+        gen_outputs_free(sg[s].outs, sg[s].n_outs);
     }
     CHECK(tokens > 2 * 20); /* something was generated */
-    free_outs(ref, n_ref);
+    gen_outputs_free(ref, n_ref);
     /* a stage without its pipeline, or in the wrong place, is refused */
     ff_generator_config bad = {.max_slots = 2, .max_seq_len = 16};
     CHECK(ff_generator_new(st[1], &bad) == NULL);

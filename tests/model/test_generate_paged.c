@@ -6,24 +6,6 @@
  * prefilled in chunks gives what one prefill gives. */
 #include "tests/model/model_test_util.h"
 
-static ff_gen_request req(uint64_t id, const int32_t *prompt, int32_t n, int32_t samples, int32_t max_new, uint64_t seed) {
-    ff_gen_request r;
-    memset(&r, 0, sizeof r);
-    r.id = id;
-    r.prompt = prompt;
-    r.prompt_len = n;
-    r.n_samples = samples;
-    ff_sampling_default(&r.sampling);
-    r.sampling.max_new_tokens = max_new;
-    r.seed = seed;
-    return r;
-}
-
-static void free_outs(ff_gen_output *o, int32_t n) {
-    for (int32_t i = 0; i < n; i++) ff_gen_output_free(&o[i]);
-    free(o);
-}
-
 /* Every request to the end on a generator of this config; the outputs by request then
  * sample, and the generator's peak of blocks held. */
 static ff_gen_output *run_all(ff_model *m, const ff_generator_config *gc, const ff_gen_request *r, int32_t nr,
@@ -64,8 +46,8 @@ static void test_any_layout_same_outputs(ff_model *m) {
     int32_t p0[21], p1[16], p2[] = {3, 9, 4, 1, 5}, p3[] = {2};
     for (int i = 0; i < 21; i++) p0[i] = (i * 7 + 3) % 40;
     for (int i = 0; i < 16; i++) p1[i] = (i * 5 + 1) % 40;
-    ff_gen_request r[4] = {req(0, p0, 21, 4, 30, 11), req(1, p1, 16, 3, 20, 12), req(2, p2, 5, 2, 25, 13),
-                           req(3, p3, 1, 1, 40, 14)};
+    ff_gen_request r[4] = {gen_request(0, p0, 21, 4, 1.0f, 30, 11), gen_request(1, p1, 16, 3, 1.0f, 20, 12), gen_request(2, p2, 5, 2, 1.0f, 25, 13),
+                           gen_request(3, p3, 1, 1, 1.0f, 40, 14)};
     r[0].sampling.top_p = 0.9f;
     r[2].sampling.len_median = 9; /* drawn lengths: each sample's own budget and promise */
     r[2].sampling.len_p99_ratio = 2;
@@ -95,9 +77,9 @@ static void test_any_layout_same_outputs(ff_model *m) {
                 ff_test_failures++;
             }
             if (small) CHECK(peak <= gc.kv_blocks);
-            free_outs(got, n);
+            gen_outputs_free(got, n);
         }
-    free_outs(want, nref);
+    gen_outputs_free(want, nref);
 }
 
 /* One request of 4 samples, a prompt of 40 positions, 8 new tokens each, blocks of 8: the
@@ -113,7 +95,7 @@ static void test_prompt_blocks_shared(ff_model *m) {
     ff_generator_kv_blocks(g, &used, &peak, &total);
     CHECK_EQ_INT(total, 32); /* 4 slots x 64 / 8 */
     CHECK_EQ_INT(used, 0);
-    ff_gen_request r = req(1, p, 40, 4, 8, 5);
+    ff_gen_request r = gen_request(1, p, 40, 4, 1.0f, 8, 5);
     REQUIRE(ff_generator_submit(g, &r) == 0);
     REQUIRE(ff_generator_step(g) == 0); /* prefill (5 blocks) and the first decode (4 more) */
     ff_generator_kv_blocks(g, &used, &peak, &total);
@@ -130,7 +112,7 @@ static void test_prompt_blocks_shared(ff_model *m) {
     }
     /* a partial last prompt block: 41 positions are 5 shared blocks, and each sample copies
      * the 41st row into a block of its own, in which it also decodes */
-    r = req(2, p, 41, 4, 7, 6);
+    r = gen_request(2, p, 41, 4, 1.0f, 7, 6);
     REQUIRE(ff_generator_submit(g, &r) == 0);
     REQUIRE(ff_generator_step(g) == 0);
     ff_generator_kv_blocks(g, &used, &peak, &total);
@@ -148,7 +130,7 @@ static void test_small_pool(ff_model *m) {
     ff_generator_config gc = {.max_slots = 8, .max_seq_len = 64, .max_prefill_tokens = 80, .kv_block_rows = 8, .kv_blocks = 9};
     ff_generator *g = ff_generator_new(m, &gc);
     REQUIRE(g);
-    ff_gen_request a = req(1, p, 40, 4, 8, 1), b = req(2, p, 40, 4, 8, 2);
+    ff_gen_request a = gen_request(1, p, 40, 4, 1.0f, 8, 1), b = gen_request(2, p, 40, 4, 1.0f, 8, 2);
     REQUIRE(ff_generator_submit(g, &a) == 0);
     REQUIRE(ff_generator_submit(g, &b) == 0);
     REQUIRE(ff_generator_step(g) == 0);
@@ -165,7 +147,7 @@ static void test_small_pool(ff_model *m) {
     CHECK_EQ_INT(n, 8);
 
     /* 5 shared + 5 x 1 = 10 blocks > 9: refused, naming the knob, nothing queued */
-    ff_gen_request c = req(3, p, 40, 5, 8, 3);
+    ff_gen_request c = gen_request(3, p, 40, 5, 1.0f, 8, 3);
     CHECK(ff_generator_submit(g, &c) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "kv_blocks");
     CHECK_STR_CONTAINS(ff_error_message(), "10 KV blocks");
@@ -192,7 +174,7 @@ static void test_import_room(ff_model *m) {
     int32_t p[20];
     for (int i = 0; i < 20; i++) p[i] = (i * 13 + 5) % 40;
     ff_generator_config big = {.max_slots = 4, .max_seq_len = 64, .max_prefill_tokens = 32, .kv_block_rows = 4};
-    ff_gen_request r = req(7, p, 20, 2, 24, 9);
+    ff_gen_request r = gen_request(7, p, 20, 2, 1.0f, 24, 9);
     int32_t nref, peak;
     ff_gen_output *want = run_all(m, &big, &r, 1, &nref, &peak);
     ff_generator *a = ff_generator_new(m, &big);
@@ -205,7 +187,7 @@ static void test_import_room(ff_model *m) {
     ff_generator_config small = {.max_slots = 4, .max_seq_len = 64, .max_prefill_tokens = 32, .kv_block_rows = 4, .kv_blocks = 12};
     ff_generator *b = ff_generator_new(m, &small);
     REQUIRE(b);
-    ff_gen_request other = req(8, p, 4, 1, 40, 3);
+    ff_gen_request other = gen_request(8, p, 4, 1, 1.0f, 40, 3);
     REQUIRE(ff_generator_submit(b, &other) == 0);
     REQUIRE(ff_generator_step(b) == 0);
     CHECK(ff_generator_import(b, &st) == -1);
@@ -231,7 +213,7 @@ static void test_import_room(ff_model *m) {
     CHECK_EQ_INT(used, 0);
     ff_generator_destroy(&a);
     ff_generator_destroy(&b);
-    free_outs(want, nref);
+    gen_outputs_free(want, nref);
 }
 
 /* A prompt longer than max_prefill_tokens is prefilled in chunks, alone in its step: the
@@ -241,7 +223,7 @@ static void test_import_room(ff_model *m) {
 static void test_chunked_prefill(ff_model *m) {
     int32_t longp[45], a[] = {3, 9, 4}, b[] = {7, 7, 1, 2, 5, 6};
     for (int i = 0; i < 45; i++) longp[i] = (i * 17 + 4) % 40;
-    ff_gen_request r[3] = {req(0, a, 3, 2, 12, 21), req(1, longp, 45, 3, 10, 22), req(2, b, 6, 1, 14, 23)};
+    ff_gen_request r[3] = {gen_request(0, a, 3, 2, 1.0f, 12, 21), gen_request(1, longp, 45, 3, 1.0f, 10, 22), gen_request(2, b, 6, 1, 1.0f, 14, 23)};
     ff_generator_config one = {.max_slots = 6, .max_seq_len = 64, .max_prefill_tokens = 64};
     int32_t n_ref, peak;
     ff_gen_output *want = run_all(m, &one, r, 3, &n_ref, &peak);
@@ -260,7 +242,7 @@ static void test_chunked_prefill(ff_model *m) {
                 fprintf(stderr, "chunks of %d, blocks of %d: outputs differ from one prefill\n", chunks[c], rows[k]);
                 ff_test_failures++;
             }
-            free_outs(got, n);
+            gen_outputs_free(got, n);
         }
     ff_generator_config gc = {.max_slots = 6, .max_seq_len = 64, .max_prefill_tokens = 8};
     ff_generator *g = ff_generator_new(m, &gc);
@@ -275,7 +257,7 @@ static void test_chunked_prefill(ff_model *m) {
     ff_gen_output o;
     while (ff_generator_pop(g, &o)) ff_gen_output_free(&o);
     ff_generator_destroy(&g);
-    free_outs(want, n_ref);
+    gen_outputs_free(want, n_ref);
 }
 
 int main(void) {
