@@ -450,7 +450,7 @@ static int init_workers(ex_run *x, const char *resume_dir) {
      * its KV pool holds (ex_check_limits saw that one group fits) */
     int32_t bs;
     int64_t per;
-    const int64_t held = ex_gen_kv_pool(x, &bs, &per) / per;
+    const int64_t pool = ex_gen_kv_pool(x, &bs, &per), held = pool / per;
     x->gen_slots = held < slots ? held : slots;
     size_t clen = strlen(x->config_text), olen = strlen(x->overrides_text);
     uint64_t load[EX_MAX_RANKS]; /* each rank's job: it loads the weights of every role there */
