@@ -229,6 +229,38 @@ void ff_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float 
     PROF(gemm, s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+void ff_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta, ff_dptr C,
+                   int ldc) {
+    assert(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0) return;
+    if (K > 0) {
+        need_mat(s, A, M, K, lda);
+        assert(ldw >= K);
+        need(s, W, (((size_t)N - 1) * (size_t)ldw + (size_t)K) * 2);
+    }
+    need_mat(s, C, M, N, ldc);
+    PROF(gemm_bf16w, s, M, N, K, A, lda, W, ldw, beta, C, ldc);
+}
+
+void ff_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
+    need(s, tokens, (size_t)T * 4);
+    need_mat(s, out, T, H, H);
+    (void)table;
+    PROF(embedding_fwd_bf16, s, tokens, table, out, T, H);
+}
+void ff_cast_f32_bf16(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
+    assert(n >= 0);
+    need(s, src, (size_t)n * 4);
+    need(s, dst, (size_t)n * 2);
+    if (n) PROF(cast_f32_bf16, s, src, dst, n);
+}
+void ff_cast_bf16_f32(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
+    assert(n >= 0);
+    need(s, src, (size_t)n * 2);
+    need(s, dst, (size_t)n * 4);
+    if (n) PROF(cast_bf16_f32, s, src, dst, n);
+}
+
 void ff_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
     need(s, tokens, (size_t)T * 4);
     need_mat(s, out, T, H, H);

@@ -24,6 +24,11 @@ typedef struct ff_backend_ops {
     /* kernels: the signatures and contracts of include/fuseflow/kernels.h */
     void (*gemm)(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
                  ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
+    void (*gemm_bf16w)(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta, ff_dptr C,
+                       int ldc);
+    void (*embedding_fwd_bf16)(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
+    void (*cast_f32_bf16)(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
+    void (*cast_bf16_f32)(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
     void (*embedding_fwd)(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
     void (*embedding_bwd)(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dtable, int T, int H);
     void (*rmsnorm_fwd)(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, int T, int H, float eps);

@@ -35,6 +35,23 @@ typedef enum { FF_NO_TRANS = 0, FF_TRANS = 1 } ff_trans;
 void ff_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
              ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
 
+/* bf16 weights (an inference model's, ff_model_opts.bf16_weights): tensors marked bf16 hold
+ * uint16_t elements, the upper halves of fp32s, converted as include/fuseflow/dtype.h does
+ * (fp32 -> bf16 to nearest even, a NaN stays a NaN; bf16 -> fp32 exactly). */
+/* C [M, N] ldc = A [M, K] lda @ W^T + beta C, W bf16 [N, K] ldw: a linear's forward on bf16
+ * weights, fp32 activations in and out, fp32 accumulation (beta == 0 ignores C's contents).
+ * CPU: every element is the fixed-order product of cpu_gemm_fixed.c over the weights widened
+ * exactly to fp32, so it equals bit for bit that product on the rounded weights, and a row
+ * depends on nothing but itself (batch invariant). CUDA: A is rounded to bf16 as well (tensor
+ * cores). */
+void ff_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta, ff_dptr C,
+                   int ldc);
+/* ff_embedding_fwd from a bf16 table [V, H]: out [T, H] fp32, token -1 a zero row. */
+void ff_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
+/* dst bf16 [n] = src fp32 [n] rounded (ff_f32_to_bf16); and back, exactly. */
+void ff_cast_f32_bf16(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
+void ff_cast_bf16_f32(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
+
 /* out[t, :] = table[tokens[t], :]. tokens i32 [T] (each in [0, V), or -1: a token outside
  * this table, e.g. another rank's vocabulary rows under tensor parallelism, gives a zero
  * row), table [V, H], out [T, H]. */

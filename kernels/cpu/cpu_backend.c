@@ -440,6 +440,50 @@ void ff_cpu_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, fl
     }
 }
 
+/* ff_gemm_bf16w: the fixed-order product over bf16 weights (cpu_gemm_fixed.c), whose every
+ * element is computed alike whatever block it falls in, so any split is batch invariant. C is
+ * cut into column blocks of whole panels (the larger side when rows are few) and row blocks
+ * of 16, about 2 blocks per thread, as ff_cpu_gemm cuts its products. */
+typedef struct gemm16_job {
+    int M, N, K, lda, ldw, ldc, rb, nrb, cb, ncb;
+    float beta;
+    const float *A;
+    const uint16_t *W;
+    float *C;
+} gemm16_job;
+
+static void gemm16_chunk(void *arg, int64_t i) {
+    const gemm16_job *g = arg;
+    int ri = (int)(i / g->ncb), ci = (int)(i % g->ncb);
+    int r0 = ri * g->rb, r1 = ri == g->nrb - 1 ? g->M : r0 + g->rb;
+    int c0 = ci * g->cb, c1 = ci == g->ncb - 1 ? g->N : c0 + g->cb;
+    ff_cpu_gemm_fixed_nt_bf16(r1 - r0, c1 - c0, g->K, g->A + (size_t)r0 * g->lda, g->lda, g->W + (size_t)c0 * g->ldw,
+                              g->ldw, g->beta, g->C + (size_t)r0 * g->ldc + c0, g->ldc);
+}
+
+void ff_cpu_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr Ap, int lda, ff_dptr Wp, int ldw, float beta,
+                       ff_dptr Cp, int ldc) {
+    gemm16_job g = {M, N, K, lda, ldw, ldc, M, 1, N, 1, beta, F(Ap), (const uint16_t *)(const void *)F(Wp), F(Cp)};
+    const int nt = NT(s);
+    const double work = (double)M * N * (K > 0 ? K : 1);
+    if (nt > 1 && work >= 1048576.0) {
+        const int want = 2 * nt;
+        if (M < N) {
+            g.cb = round_up((N + want - 1) / want, 64);
+            g.ncb = g.cb < N ? N / g.cb : 1;
+            if (g.ncb == 1) g.cb = N;
+        }
+        if (g.ncb < want) {
+            int rows = round_up((M + (want / g.ncb) - 1) / (want / g.ncb), 16);
+            g.rb = rows < M ? rows : M;
+            g.nrb = M / g.rb;
+        }
+    }
+    const int chunks = g.nrb * g.ncb;
+    if (chunks == 1) gemm16_chunk(&g, 0);
+    else ff_pool_run(POOL(s), chunks, gemm16_chunk, &g);
+}
+
 /* ---- the table ----------------------------------------------------------------------------- */
 
 static const ff_backend_ops cpu_ops = {
@@ -454,6 +498,10 @@ static const ff_backend_ops cpu_ops = {
     .stream_sync = cpu_stream_sync,
     .destroy = cpu_destroy,
     .gemm = ff_cpu_gemm,
+    .gemm_bf16w = ff_cpu_gemm_bf16w,
+    .embedding_fwd_bf16 = ff_cpu_embedding_fwd_bf16,
+    .cast_f32_bf16 = ff_cpu_cast_f32_bf16,
+    .cast_bf16_f32 = ff_cpu_cast_bf16_f32,
     .embedding_fwd = ff_cpu_embedding_fwd,
     .embedding_bwd = ff_cpu_embedding_bwd,
     .rmsnorm_fwd = ff_cpu_rmsnorm_fwd,

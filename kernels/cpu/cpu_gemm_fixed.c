@@ -11,6 +11,10 @@
  * Then C = alpha s (beta = 0) or alpha s + beta C.
  *
  *
+ * The same product with W in bf16 (ff_gemm_bf16w: an inference model's bf16 weights) widens
+ * each weight exactly to fp32 where it is loaded, so it equals the fp32 product of the rounded
+ * weights bit for bit, batch invariant on every CPU alike.
+ *
  * Single-threaded: the caller splits C into blocks, and any split gives the same C. Not here:
  * the other layouts (backward products stay with OpenBLAS: nothing needs their rows
  * invariant). Speed: register tiles of 4 rows by 2 columns, B in panels of 64 rows that stay
@@ -30,21 +34,28 @@ enum { PANEL = 64 }; /* rows of B kept in cache across the row tiles */
 
 /* ---- the definition, one element at a time (the portable path) ----------------------------- */
 
-static float dot_nt(const float *a, const float *b, int K) {
+/* b[k] widened to fp32 (exact for bf16), for B of either type */
+static inline float b_at(const void *B, size_t i, bool b16) {
+    return b16 ? bf16_widen(((const uint16_t *)B)[i]) : ((const float *)B)[i];
+}
+
+static float dot_nt(const float *a, const void *b, int K, bool b16) {
     float lane[8] = {0};
     int K8 = K / 8 * 8;
     for (int k = 0; k < K8; k += 8)
-        for (int l = 0; l < 8; l++) lane[l] = fmaf(a[k + l], b[k + l], lane[l]);
+        for (int l = 0; l < 8; l++) lane[l] = fmaf(a[k + l], b_at(b, (size_t)(k + l), b16), lane[l]);
     float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-    for (int k = K8; k < K; k++) s = fmaf(a[k], b[k], s);
+    for (int k = K8; k < K; k++) s = fmaf(a[k], b_at(b, (size_t)k, b16), s);
     return s;
 }
 
-static void nt_portable(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
-                        float *C, int ldc) {
+static void nt_portable(int M, int N, int K, float alpha, const float *A, int lda, const void *B, int ldb, float beta,
+                        float *C, int ldc, bool b16) {
+    const size_t esz = b16 ? 2 : 4;
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++)
-            put(C + (size_t)i * ldc + j, dot_nt(A + (size_t)i * lda, B + (size_t)j * ldb, K), alpha, beta);
+            put(C + (size_t)i * ldc + j, dot_nt(A + (size_t)i * lda, (const char *)B + (size_t)j * ldb * esz, K, b16),
+                alpha, beta);
 }
 
 /* ---- AVX2 + FMA: the same operations, 8 lanes at a time ------------------------------------ */
@@ -57,17 +68,25 @@ FMA_TARGET static inline float sum_lanes(__m256 v) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-/* rm <= 4 rows by rn <= 2 columns of X W^T; constant rm, rn unroll it */
+/* 8 elements of B from i on, widened to fp32: a bf16 is the upper half of its fp32 */
+FMA_TARGET static inline __attribute__((always_inline)) __m256 load_b(const void *B, size_t i, bool b16) {
+    if (!b16) return _mm256_loadu_ps((const float *)B + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)B + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* rm <= 4 rows by rn <= 2 columns of X W^T; constant rm, rn and b16 unroll and specialise it */
 FMA_TARGET static inline __attribute__((always_inline)) void nt_tile(int rm, int rn, int K, float alpha,
-                                                                     const float *A, int lda, const float *B,
-                                                                     int ldb, float beta, float *C, int ldc) {
+                                                                     const float *A, int lda, const void *B,
+                                                                     int ldb, float beta, float *C, int ldc,
+                                                                     bool b16) {
     __m256 acc[4][2];
     for (int r = 0; r < rm; r++)
         for (int c = 0; c < rn; c++) acc[r][c] = _mm256_setzero_ps();
     int K8 = K / 8 * 8;
     for (int k = 0; k < K8; k += 8) {
         __m256 b[2];
-        for (int c = 0; c < rn; c++) b[c] = _mm256_loadu_ps(B + (size_t)c * ldb + k);
+        for (int c = 0; c < rn; c++) b[c] = load_b(B, (size_t)c * ldb + (size_t)k, b16);
         for (int r = 0; r < rm; r++) {
             __m256 a = _mm256_loadu_ps(A + (size_t)r * lda + k);
             for (int c = 0; c < rn; c++) acc[r][c] = _mm256_fmadd_ps(a, b[c], acc[r][c]);
@@ -91,15 +110,21 @@ FMA_TARGET static inline __attribute__((always_inline)) void nt_tile(int rm, int
     }
     for (int r = 0; r < rm; r++)
         for (int c = 0; c < rn; c++) {
-            const float *a = A + (size_t)r * lda, *b = B + (size_t)c * ldb;
+            const float *a = A + (size_t)r * lda;
             float s = sums[r][c];
-            for (int k = K8; k < K; k++) s = fmaf(a[k], b[k], s);
+            for (int k = K8; k < K; k++) s = fmaf(a[k], b_at(B, (size_t)c * ldb + (size_t)k, b16), s);
             put(C + (size_t)r * ldc + c, s, alpha, beta);
         }
 }
 
-FMA_TARGET static void nt_fma(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                              float beta, float *C, int ldc) {
+/* B + j rows, of either type */
+static inline const void *b_row(const void *B, int j, int ldb, bool b16) {
+    return (const char *)B + (size_t)j * (size_t)ldb * (b16 ? 2 : 4);
+}
+
+FMA_TARGET static inline __attribute__((always_inline)) void nt_fma(int M, int N, int K, float alpha, const float *A,
+                                                                    int lda, const void *B, int ldb, float beta,
+                                                                    float *C, int ldc, bool b16) {
     for (int j0 = 0; j0 < N; j0 += PANEL) {
         int j1 = N - j0 < PANEL ? N : j0 + PANEL;
         for (int i = 0; i < M; i += 4) {
@@ -107,15 +132,23 @@ FMA_TARGET static void nt_fma(int M, int N, int K, float alpha, const float *A, 
             float *Ci = C + (size_t)i * ldc;
             int rm = M - i < 4 ? M - i : 4, j = j0;
             if (rm == 4) {
-                for (; j + 2 <= j1; j += 2) nt_tile(4, 2, K, alpha, Ai, lda, B + (size_t)j * ldb, ldb, beta, Ci + j, ldc);
-                if (j < j1) nt_tile(4, 1, K, alpha, Ai, lda, B + (size_t)j * ldb, ldb, beta, Ci + j, ldc);
+                for (; j + 2 <= j1; j += 2) nt_tile(4, 2, K, alpha, Ai, lda, b_row(B, j, ldb, b16), ldb, beta, Ci + j, ldc, b16);
+                if (j < j1) nt_tile(4, 1, K, alpha, Ai, lda, b_row(B, j, ldb, b16), ldb, beta, Ci + j, ldc, b16);
             } else {
                 for (; j + 2 <= j1; j += 2)
-                    nt_tile(rm, 2, K, alpha, Ai, lda, B + (size_t)j * ldb, ldb, beta, Ci + j, ldc);
-                if (j < j1) nt_tile(rm, 1, K, alpha, Ai, lda, B + (size_t)j * ldb, ldb, beta, Ci + j, ldc);
+                    nt_tile(rm, 2, K, alpha, Ai, lda, b_row(B, j, ldb, b16), ldb, beta, Ci + j, ldc, b16);
+                if (j < j1) nt_tile(rm, 1, K, alpha, Ai, lda, b_row(B, j, ldb, b16), ldb, beta, Ci + j, ldc, b16);
             }
         }
     }
+}
+FMA_TARGET static void nt_fma32(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                                float beta, float *C, int ldc) {
+    nt_fma(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, false);
+}
+FMA_TARGET static void nt_fma16(int M, int N, int K, const float *A, int lda, const uint16_t *W, int ldw, float beta,
+                                float *C, int ldc) {
+    nt_fma(M, N, K, 1.0f, A, lda, W, ldw, beta, C, ldc, true);
 }
 
 /* ---- entry points -------------------------------------------------------------------------- */
@@ -140,7 +173,13 @@ void ff_cpu_gemm_fixed_portable(bool on) {
 
 void ff_cpu_gemm_fixed_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                           float beta, float *C, int ldc) {
-    if (use_fma()) nt_fma(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    else nt_portable(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (use_fma()) nt_fma32(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else nt_portable(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, false);
+}
+
+void ff_cpu_gemm_fixed_nt_bf16(int M, int N, int K, const float *A, int lda, const uint16_t *W, int ldw, float beta,
+                               float *C, int ldc) {
+    if (use_fma()) nt_fma16(M, N, K, A, lda, W, ldw, beta, C, ldc);
+    else nt_portable(M, N, K, 1.0f, A, lda, W, ldw, beta, C, ldc, true);
 }
 

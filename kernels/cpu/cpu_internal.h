@@ -27,6 +27,22 @@
 #include "kernels/cpu/cpu_pool.h"
 
 static inline float *F(ff_dptr p) { return p.buf ? (float *)(void *)((char *)p.buf->data + p.off) : NULL; }
+/* bf16 <-> fp32 inline for the hot loops, the same as include/fuseflow/dtype.h's functions */
+static inline float bf16_widen(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {(uint32_t)h << 16};
+    return v.f;
+}
+static inline uint16_t bf16_round(float x) {
+    union {
+        float f;
+        uint32_t u;
+    } v = {x};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN: quiet */
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);                /* nearest even */
+}
 static inline int32_t *I32(ff_dptr p) { return p.buf ? (int32_t *)(void *)((char *)p.buf->data + p.off) : NULL; }
 static inline int NT(const ff_stream *s) { return s->be->n_threads; }
 
@@ -109,12 +125,21 @@ int ff_cpu_gemm_floor_rows(int N, int K);
  * (row-major; A [M, K], B [N, K]); single-threaded. */
 void ff_cpu_gemm_fixed_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                           float beta, float *C, int ldc);
+/* The same with B in bf16 (alpha 1), widened exactly: equal to the fp32 product of the
+ * widened weights. And ff_gemm_bf16w's entry (cpu_backend.c), which splits it over the pool. */
+void ff_cpu_gemm_fixed_nt_bf16(int M, int N, int K, const float *A, int lda, const uint16_t *W, int ldw, float beta,
+                               float *C, int ldc);
+void ff_cpu_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta,
+                       ff_dptr C, int ldc);
 /* Tests: the portable path (fmaf per element) instead of AVX2 + FMA where the CPU has them; the
  * two give the same bits. */
 void ff_cpu_gemm_fixed_portable(bool on);
 
 /* The kernels of the other files, entered in the ops table by cpu_backend.c. */
 void ff_cpu_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
+void ff_cpu_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
+void ff_cpu_cast_f32_bf16(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
+void ff_cpu_cast_bf16_f32(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
 void ff_cpu_embedding_bwd(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dptr dtable, int T, int H);
 void ff_cpu_rmsnorm_fwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, int T, int H, float eps);
 void ff_cpu_rmsnorm_bwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr rstd, ff_dptr dout, ff_dptr dx, ff_dptr dw,

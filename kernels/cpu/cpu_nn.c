@@ -1,6 +1,7 @@
 /* CPU kernels of the transformer's elementwise and row-wise layers: embedding, RMSNorm,
  * rotary embedding, bias, SwiGLU, row gather/scatter, and the optimizer's vector
- * operations (AdamW, scale, add, sum of squares). fp32, run on the backend's thread pool
+ * operations (AdamW, scale, add, sum of squares), and the bf16 casts and embedding of bf16
+ * weights. fp32, run on the backend's thread pool
  * (ff_cpu_for). Contracts in include/fuseflow/kernels.h. Reductions over rows (weight
  * gradients) are split by column blocks of COLS, each summed over rows in order by one
  * chunk, so results do not depend on the thread count, the chunking or timing. */
@@ -36,6 +37,62 @@ static void emb_fwd_part(void *arg, int64_t t0, int64_t t1) {
 void ff_cpu_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
     emb_job j = {I32(tokens), F(table), F(out), T, H};
     ff_cpu_for(s, T, H, emb_fwd_part, &j);
+}
+
+/* The forward from a bf16 table: each row widened exactly. */
+typedef struct emb16_job {
+    const int32_t *tok;     /* [T] */
+    const uint16_t *table;  /* bf16 [V, H] */
+    float *out;             /* [T, H] */
+    int H;
+} emb16_job;
+
+FF_VEC static void emb16_fwd_part(void *arg, int64_t t0, int64_t t1) {
+    const emb16_job *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        float *o = j->out + (size_t)t * j->H;
+        if (j->tok[t] < 0) {
+            memset(o, 0, (size_t)j->H * sizeof(float));
+            continue;
+        }
+        const uint16_t *r = j->table + (size_t)j->tok[t] * j->H;
+#pragma omp simd
+        for (int c = 0; c < j->H; c++) o[c] = bf16_widen(r[c]);
+    }
+}
+
+void ff_cpu_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
+    emb16_job j = {I32(tokens), (const uint16_t *)(const void *)F(table), F(out), H};
+    ff_cpu_for(s, T, H, emb16_fwd_part, &j);
+}
+
+typedef struct cast_job {
+    const void *src;
+    void *dst;
+} cast_job;
+
+FF_VEC static void to_bf16_part(void *arg, int64_t i0, int64_t i1) {
+    const cast_job *j = arg;
+    const float *x = j->src;
+    uint16_t *y = j->dst;
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) y[i] = bf16_round(x[i]);
+}
+FF_VEC static void from_bf16_part(void *arg, int64_t i0, int64_t i1) {
+    const cast_job *j = arg;
+    const uint16_t *x = j->src;
+    float *y = j->dst;
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) y[i] = bf16_widen(x[i]);
+}
+
+void ff_cpu_cast_f32_bf16(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
+    cast_job j = {F(src), F(dst)};
+    ff_cpu_for(s, n, 1.0, to_bf16_part, &j);
+}
+void ff_cpu_cast_bf16_f32(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
+    cast_job j = {F(src), F(dst)};
+    ff_cpu_for(s, n, 1.0, from_bf16_part, &j);
 }
 
 FF_VEC static void emb_bwd_cols(void *arg, int64_t b0, int64_t b1) {

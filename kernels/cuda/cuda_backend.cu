@@ -318,6 +318,50 @@ static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int 
                M, N, K);
 }
 
+/* bf16 weights (ff_gemm_bf16w): W is stored bf16 [N, K] ldw and goes to cuBLAS as it is; A
+ * is rounded to bf16 in the stream's scratch ([M, K] dense); fp32 accumulation and C. */
+static void cuda_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta,
+                            ff_dptr C, int ldc) {
+    ff_cuda_use_device(s);
+    cuda_impl *c = CI(s);
+    if (K == 0) {
+        k_scale_mat<<<blocks_for((int64_t)M * N, TPB), TPB, 0, CS(s)>>>(F(C), M, N, ldc, beta);
+        ff_cuda_check_launch(s, "gemm_bf16w (K = 0)");
+        return;
+    }
+    size_t na = (size_t)M * K;
+    __nv_bfloat16 *a16 = (__nv_bfloat16 *)ff_cuda_scratch(s, na * sizeof(__nv_bfloat16));
+    if (!a16) return;
+    k_to_bf16<<<blocks_for((int64_t)na, TPB), TPB, 0, CS(s)>>>(F(A), lda, a16, M, K);
+    ff_cuda_check_launch(s, "gemm_bf16w (bf16 conversion)");
+    blas.set_stream(c->blas, CS(s));
+    const float alpha = 1.0f;
+    /* column-major C^T [N, M] = W [N, K] (stored [K, N] column-major: op T) x A^T [K, M] */
+    blas_check(s,
+               blas.gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, (const void *)F(W), CUDA_R_16BF, ldw, a16,
+                            CUDA_R_16BF, K, &beta, F(C), CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               M, N, K);
+}
+
+static __global__ void k_cast_f32_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16(x[i]); /* round to nearest even, as ff_bf16_of */
+}
+static __global__ void k_cast_bf16_f32(const __nv_bfloat16 *x, float *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(x[i]);
+}
+static void cuda_cast_f32_bf16(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
+    ff_cuda_use_device(s);
+    k_cast_f32_bf16<<<blocks_for(n, TPB), TPB, 0, CS(s)>>>(F(src), (__nv_bfloat16 *)(void *)F(dst), n);
+    ff_cuda_check_launch(s, "cast_f32_bf16");
+}
+static void cuda_cast_bf16_f32(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
+    ff_cuda_use_device(s);
+    k_cast_bf16_f32<<<blocks_for(n, TPB), TPB, 0, CS(s)>>>((const __nv_bfloat16 *)(const void *)F(src), F(dst), n);
+    ff_cuda_check_launch(s, "cast_bf16_f32");
+}
+
 /* ---- column reductions ------------------------------------------------------------------------ */
 
 /* Weight gradients sum over rows: chunk k of RCHUNK rows writes part[k, c]; a second kernel
@@ -372,6 +416,18 @@ static void cuda_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_d
     ff_cuda_use_device(s);
     k_embedding_fwd<<<T, TPB, 0, CS(s)>>>(I32(tokens), F(table), F(out), H);
     ff_cuda_check_launch(s, "embedding_fwd");
+}
+
+static __global__ void k_embedding_fwd_bf16(const int32_t *tok, const __nv_bfloat16 *table, float *out, int H) {
+    int t = blockIdx.x, v = tok[t];
+    float *o = out + (size_t)t * H;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) o[c] = v < 0 ? 0.0f : __bfloat162float(table[(size_t)v * H + c]);
+}
+static void cuda_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
+    if (T <= 0) return;
+    ff_cuda_use_device(s);
+    k_embedding_fwd_bf16<<<T, TPB, 0, CS(s)>>>(I32(tokens), (const __nv_bfloat16 *)(const void *)F(table), F(out), H);
+    ff_cuda_check_launch(s, "embedding_fwd_bf16");
 }
 
 /* Deterministic without atomics: thread (column c, group g) owns the rows v with v % G == g
@@ -639,6 +695,10 @@ static ff_backend_ops make_ops(void) {
     o.stream_sync = cuda_stream_sync;
     o.destroy = cuda_destroy;
     o.gemm = cuda_gemm;
+    o.gemm_bf16w = cuda_gemm_bf16w;
+    o.embedding_fwd_bf16 = cuda_embedding_fwd_bf16;
+    o.cast_f32_bf16 = cuda_cast_f32_bf16;
+    o.cast_bf16_f32 = cuda_cast_bf16_f32;
     o.embedding_fwd = cuda_embedding_fwd;
     o.embedding_bwd = cuda_embedding_bwd;
     o.rmsnorm_fwd = cuda_rmsnorm_fwd;

@@ -1,0 +1,207 @@
+/* The CPU backend's bf16-weight kernels (ff_gemm_bf16w, ff_embedding_fwd_bf16, the casts):
+ * - ff_gemm_bf16w equals, bit for bit, the fixed-order fp32 product (ff_cpu_gemm_fixed_nt) of
+ *   the same weights widened to fp32, on the AVX2 + FMA path and the portable one, at 1 and 2
+ *   threads, for the test models' shapes, odd widths and a value head of 1; beta 1 accumulates
+ *   and beta 0 ignores NaN in C; a row is the same whatever rows share its product (batch
+ *   invariance); and the whole is within fp32 rounding of a double-precision sum;
+ * - the casts round as include/fuseflow/dtype.h does (ties to even, NaN kept, Inf kept,
+ *   overflow to Inf) and widen exactly;
+ * - the bf16 embedding gives the widened rows, and zeros for token -1. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/backend.h"
+#include "fuseflow/dtype.h"
+#include "fuseflow/kernels.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "tests/test_util.h"
+
+static void fill(float *x, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 747796405u + 2891336453u;
+        x[i] = (float)(seed >> 9) / 8388608.0f - 0.5f;
+    }
+}
+
+static ff_dptr dev(ff_backend *be, const void *host, size_t bytes) {
+    ff_buffer *b = ff_buffer_new(be, bytes ? bytes : 1);
+    REQUIRE(b);
+    if (host && bytes) ff_memcpy_h2d(ff_backend_stream(be), ff_dptr_of(b, 0), host, bytes);
+    return ff_dptr_of(b, 0);
+}
+
+/* A [M, K] lda, W bf16 [N, K] ldw: C from the kernel against the fixed-order fp32 product of
+ * the widened weights (bit for bit) and a double sum (near). */
+static void gemm_case(ff_backend *be, int M, int N, int K, float beta) {
+    ff_stream *st = ff_backend_stream(be);
+    const int lda = K + 3, ldw = K + 5, ldc = N + 2;
+    size_t na = (size_t)M * lda, nw = (size_t)N * ldw, nc = (size_t)M * ldc;
+    float *a = malloc(na * 4 + 4), *w32 = malloc(nw * 4 + 4), *c0 = malloc(nc * 4 + 4), *want = malloc(nc * 4 + 4),
+          *got = malloc(nc * 4 + 4);
+    uint16_t *w = malloc(nw * 2 + 2);
+    REQUIRE(a && w32 && c0 && want && got && w);
+    fill(a, na, (uint32_t)(M * 7 + N)), fill(w32, nw, (uint32_t)(K * 3 + 1)), fill(c0, nc, 9);
+    for (size_t i = 0; i < nw; i++) w[i] = ff_f32_to_bf16(w32[i] * 3.0f), w32[i] = ff_bf16_to_f32(w[i]);
+    if (beta == 0.0f)
+        for (size_t i = 0; i < nc; i++) c0[i] = NAN;
+    memcpy(want, c0, nc * 4);
+    ff_cpu_gemm_fixed_nt(M, N, K, 1.0f, a, lda, w32, ldw, beta, want, ldc);
+    ff_dptr A = dev(be, a, na * 4), W = dev(be, w, nw * 2), C = dev(be, c0, nc * 4);
+    ff_gemm_bf16w(st, M, N, K, A, lda, W, ldw, beta, C, ldc);
+    ff_memcpy_d2h(st, got, C, nc * 4);
+    REQUIRE(ff_stream_sync(st) == 0);
+    int differ = 0;
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            size_t at = (size_t)i * ldc + j;
+            differ += memcmp(&got[at], &want[at], 4) != 0;
+            double acc = 0;
+            for (int k = 0; k < K; k++) acc += (double)a[(size_t)i * lda + k] * w32[(size_t)j * ldw + k];
+            if (beta != 0.0f) acc += (double)beta * c0[at];
+            double e = fabs(acc - got[at]);
+            worst = e > worst ? e : worst;
+        }
+    if (differ || !(worst < 1e-5 * (K + 1))) {
+        fprintf(stderr, "gemm_bf16w %dx%dx%d beta %g on %s: %d elements differ from the fixed-order product, "
+                        "max error against double %g\n",
+                M, N, K, (double)beta, ff_backend_name(be), differ, worst);
+        ff_test_failures++;
+    }
+    /* ld padding of C untouched */
+    for (int i = 0; i < M; i++)
+        for (int j = N; j < ldc && (size_t)i * ldc + j < nc; j++)
+            CHECK(memcmp(&got[(size_t)i * ldc + j], &c0[(size_t)i * ldc + j], 4) == 0);
+    ff_buffer_destroy(&A.buf), ff_buffer_destroy(&W.buf), ff_buffer_destroy(&C.buf);
+    free(a), free(w32), free(c0), free(want), free(got), free(w);
+}
+
+/* rows [r0, r0 + M) of A in one product against the same rows computed alone: a row depends on
+ * nothing but itself */
+static void invariance_case(ff_backend *be, int N, int K) {
+    enum { R = 70 };
+    ff_stream *st = ff_backend_stream(be);
+    float *a = malloc((size_t)R * K * 4), *w32 = malloc((size_t)N * K * 4), *all = malloc((size_t)R * N * 4),
+          *one = malloc((size_t)N * 4);
+    uint16_t *w = malloc((size_t)N * K * 2);
+    REQUIRE(a && w32 && all && one && w);
+    fill(a, (size_t)R * K, 5), fill(w32, (size_t)N * K, 6);
+    for (size_t i = 0; i < (size_t)N * K; i++) w[i] = ff_f32_to_bf16(w32[i]);
+    ff_dptr A = dev(be, a, (size_t)R * K * 4), W = dev(be, w, (size_t)N * K * 2), C = dev(be, NULL, (size_t)R * N * 4);
+    ff_gemm_bf16w(st, R, N, K, A, K, W, K, 0.0f, C, N);
+    ff_memcpy_d2h(st, all, C, (size_t)R * N * 4);
+    int differ = 0;
+    for (int r = 0; r < R; r += 7) {
+        ff_gemm_bf16w(st, 1, N, K, ff_dptr_add(A, (size_t)r * K, 4), K, W, K, 0.0f, C, N);
+        ff_memcpy_d2h(st, one, C, (size_t)N * 4);
+        differ += memcmp(one, all + (size_t)r * N, (size_t)N * 4) != 0;
+    }
+    if (differ) {
+        fprintf(stderr, "gemm_bf16w N %d K %d on %s: %d rows differ alone and in a product of %d\n", N, K,
+                ff_backend_name(be), differ, R);
+        ff_test_failures++;
+    }
+    ff_buffer_destroy(&A.buf), ff_buffer_destroy(&W.buf), ff_buffer_destroy(&C.buf);
+    free(a), free(w32), free(all), free(one), free(w);
+}
+
+static void test_gemm(void) {
+    static const int shapes[][3] = {{1, 64, 64},   {7, 192, 64}, {33, 256, 64}, {96, 768, 256}, {5, 19, 3},
+                                    {13, 100, 71}, {40, 1, 64},  {3, 5, 0},     {300, 130, 96}, {2, 600, 520}};
+    static const char *names[] = {"cpu:1", "cpu:2"};
+    for (int portable = 0; portable < 2; portable++) {
+        ff_cpu_gemm_fixed_portable(portable);
+        for (int b = 0; b < 2; b++) {
+            ff_backend *be = ff_backend_new(names[b]);
+            REQUIRE(be);
+            for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+                gemm_case(be, shapes[i][0], shapes[i][1], shapes[i][2], 0.0f);
+                gemm_case(be, shapes[i][0], shapes[i][1], shapes[i][2], 1.0f);
+            }
+            invariance_case(be, 64, 64);
+            invariance_case(be, 768, 256);
+            ff_backend_destroy(&be);
+        }
+    }
+    ff_cpu_gemm_fixed_portable(false);
+}
+
+static void test_casts(void) {
+    ff_backend *be = ff_backend_new("cpu:2");
+    REQUIRE(be);
+    ff_stream *st = ff_backend_stream(be);
+    enum { N = 100003 };
+    float *x = malloc(N * 4), *back = malloc(N * 4);
+    uint16_t *h = malloc(N * 2);
+    REQUIRE(x && back && h);
+    fill(x, N, 11);
+    for (int i = 0; i < N; i++) x[i] *= (float)(1 << (i % 40)) / 1024.0f;
+    /* exact ties: 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7 (to even: 1), and
+     * 1 + 3 * 2^-8 between 1 + 2^-7 and 1 + 2^-6 (to even: 1 + 2^-6); NaN, Inf, the largest
+     * finite fp32 (rounds up to Inf), a negative zero, a subnormal */
+    const float special[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, NAN, INFINITY, -INFINITY, 3.4028235e38f, -0.0f, 1e-40f};
+    const uint16_t special_want[] = {0x3f80, 0x3f82, 0, 0x7f80, 0xff80, 0x7f80, 0x8000, ff_f32_to_bf16(1e-40f)};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    memcpy(x, special, sizeof special);
+    ff_dptr X = dev(be, x, N * 4), H = dev(be, NULL, N * 2), B = dev(be, NULL, N * 4);
+    ff_cast_f32_bf16(st, X, H, N);
+    ff_cast_bf16_f32(st, H, B, N);
+    ff_memcpy_d2h(st, h, H, N * 2);
+    ff_memcpy_d2h(st, back, B, N * 4);
+    REQUIRE(ff_stream_sync(st) == 0);
+    int wrong = 0, inexact = 0;
+    for (int i = 0; i < N; i++) {
+        wrong += h[i] != ff_f32_to_bf16(x[i]);
+        inexact += memcmp(&back[i], &(float){ff_bf16_to_f32(h[i])}, 4) != 0;
+    }
+    CHECK(wrong == 0);
+    CHECK(inexact == 0);
+    for (int i = 0; i < ns; i++) {
+        if (isnan(special[i])) CHECK(isnan(back[i]));
+        else CHECK(h[i] == special_want[i]);
+    }
+    /* relative rounding error at most 2^-8 (8 significant bits) for normal numbers */
+    double worst = 0;
+    for (int i = ns; i < N; i++)
+        if (fabsf(x[i]) > 1e-30f) {
+            double e = fabs((double)back[i] - x[i]) / fabs((double)x[i]);
+            worst = e > worst ? e : worst;
+        }
+    CHECK(worst <= 0x1p-8);
+    CHECK(worst > 0x1p-10); /* and it does round */
+    ff_buffer_destroy(&X.buf), ff_buffer_destroy(&H.buf), ff_buffer_destroy(&B.buf);
+    free(x), free(back), free(h);
+    ff_backend_destroy(&be);
+}
+
+static void test_embedding(void) {
+    ff_backend *be = ff_backend_new("cpu:2");
+    REQUIRE(be);
+    ff_stream *st = ff_backend_stream(be);
+    enum { V = 50, H = 37, T = 9 };
+    float t32[V * H], out[T * H];
+    uint16_t t16[V * H];
+    fill(t32, V * H, 3);
+    for (int i = 0; i < V * H; i++) t16[i] = ff_f32_to_bf16(t32[i]);
+    const int32_t tok[T] = {0, 49, -1, 7, 7, 12, -1, 3, 48};
+    ff_dptr Tk = dev(be, tok, sizeof tok), Tb = dev(be, t16, sizeof t16), O = dev(be, NULL, sizeof out);
+    ff_embedding_fwd_bf16(st, Tk, Tb, O, T, H);
+    ff_memcpy_d2h(st, out, O, sizeof out);
+    REQUIRE(ff_stream_sync(st) == 0);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < H; c++) {
+            float want = tok[t] < 0 ? 0.0f : ff_bf16_to_f32(t16[tok[t] * H + c]);
+            CHECK(memcmp(&out[t * H + c], &want, 4) == 0);
+        }
+    ff_buffer_destroy(&Tk.buf), ff_buffer_destroy(&Tb.buf), ff_buffer_destroy(&O.buf);
+    ff_backend_destroy(&be);
+}
+
+int main(void) {
+    test_gemm();
+    test_casts();
+    test_embedding();
+    TEST_MAIN_END();
+}
