@@ -19,6 +19,7 @@
  * reduce-scattered to the rank's rows instead of all-reduced (the same bytes in a ring).
  *
  * A view model (model/view.c) reads its weights in pieces: the same products, one per piece.
+ * A model with bf16 weights multiplies by them with ff_gemm_bf16w (fp32 activations).
  *
  * Not here: the backward (model.c, which reads the activations this leaves), the
  * embedding, the final norm and the heads. */
@@ -70,6 +71,10 @@ static int norm_fwd(ff_model *m, const ffm_layer_tokens *tk, ff_dptr x, ff_dptr 
  * side by side are W [N, K] (q|k|v, gate|up): one product on the fused rows at fused_off of an
  * ordinary model's buffer; a view model's (model/view.c), per tensor into its columns of C. */
 static void col_parallel(ff_model *m, int first, int n, int T, int K, ff_dptr A, size_t fused_off, int N, ff_dptr C) {
+    if (m->w16) {
+        ff_gemm_bf16w(m->st, T, N, K, A, K, ffm_param16(m, fused_off), K, 0.0f, C, N);
+        return;
+    }
     if (!m->viewed) {
         ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, 1.0f, A, K, ffm_param(m, fused_off), K, 0.0f, C, N);
         return;

@@ -7,6 +7,9 @@
  * that gets weight decay (embeddings, lm_head, score, then per layer q|k|v, o, gate|up,
  * down), then the rest (per layer q|k|v biases and the two norms, the final norm). q, k
  * and v rows sit together so one matrix product computes all three (same for gate|up).
+ * With bf16 weights (an inference model, ff_model_opts.bf16_weights) the decay region is
+ * stored bf16 and the rest fp32 (model_internal.h, ffm_param16); every copy in and out below
+ * converts (store_range, fetch_range), so the flat fp32 layout callers see is the same.
  *
  * Under tensor parallelism (model/tp.c) the same code runs on this rank's shares of the
  * dimensions, with the collectives tp.c provides where the comments say; with sequence
@@ -22,11 +25,45 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fuseflow/dtype.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 #include "model/model_internal.h"
 
 #define LOGITS_BUDGET_BYTES (256u << 20) /* automatic LM-head chunk: logits of at most this */
+#define CONVERT_CHUNK 8192                  /* elements converted to or from bf16 at a time, on the stack */
+
+/* ---- one tensor's elements in and out, whatever its storage ----------------------------------- */
+
+/* Elements [from, from + n) of tensor p (not a view's) from host fp32 src. */
+static void store_range(ff_model *m, const ff_param_tensor *p, size_t from, const float *src, size_t n) {
+    if (!ffm_is16(m, p)) {
+        ff_memcpy_h2d(m->st, ffm_param(m, p->off + from), src, n * sizeof(float));
+        return;
+    }
+    uint16_t h[CONVERT_CHUNK]; /* h2d takes its own copy before returning (backend.h): reusable */
+    for (size_t done = 0; done < n;) {
+        const size_t k = n - done < CONVERT_CHUNK ? n - done : CONVERT_CHUNK;
+        ff_dtype_from_f32(FF_DTYPE_BF16, src + done, h, k);
+        ff_memcpy_h2d(m->st, ffm_param16(m, p->off + from + done), h, k * 2);
+        done += k;
+    }
+}
+
+/* The same out, into host fp32 dst (widened exactly). Waits for the stream. */
+static void fetch_range(ff_model *m, const ff_param_tensor *p, size_t from, float *dst, size_t n) {
+    if (!ffm_is16(m, p)) {
+        ff_memcpy_d2h(m->st, dst, ffm_param(m, p->off + from), n * sizeof(float));
+        return;
+    }
+    uint16_t h[CONVERT_CHUNK];
+    for (size_t done = 0; done < n;) {
+        const size_t k = n - done < CONVERT_CHUNK ? n - done : CONVERT_CHUNK;
+        ff_memcpy_d2h(m->st, h, ffm_param16(m, p->off + from + done), k * 2);
+        ff_dtype_to_f32(FF_DTYPE_BF16, h, dst + done, k);
+        done += k;
+    }
+}
 
 /* ---- configuration ------------------------------------------------------------------------ */
 
@@ -373,7 +410,7 @@ static void copy_giving_back(ff_model *m, const ff_param_tensor *p, float *src) 
     uintptr_t released = ((uintptr_t)src + page - 1) & ~(page - 1); /* whole pages only */
     for (size_t done = 0; done < (size_t)p->numel;) {
         size_t n = (size_t)p->numel - done < GIVE_BACK_CHUNK ? (size_t)p->numel - done : GIVE_BACK_CHUNK;
-        ff_memcpy_h2d(m->st, ffm_param(m, p->off + done), src + done, n * sizeof(float));
+        store_range(m, p, done, src + done, n);
         done += n;
         uintptr_t end = (uintptr_t)(src + done) & ~(page - 1);
         if (end > released && ff_stream_sync(m->st) == 0) { /* an async copy must have read it */
@@ -411,8 +448,11 @@ static int check_and_load(ff_model *m, const ff_tensor_set *w, ff_tensor_set *ow
             if (!mine || ffm_view_write(m, p, mine)) return -1;
         } else if (o && (p->split < 0 || ffm_tp_is_shard(p, t))) /* all of it is this rank's: give it back as it goes */
             copy_giving_back(m, p, o->data);
-        else if (ffm_tp_load_slice(m, p, t, ffm_param(m, p->off)))
-            return -1;
+        else {
+            const float *mine = ffm_tp_local_view(m, p, t);
+            if (!mine) return -1;
+            store_range(m, p, 0, mine, (size_t)p->numel);
+        }
         if (o) {
             if (ff_stream_sync(m->st)) return -1; /* an async copy must have read it */
             free(o->data);
@@ -443,8 +483,17 @@ static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_ten
         }
         if (ffm_view_setup(m, opts->view_of)) goto fail;
     }
+    if (opts && opts->bf16_weights) {
+        if (!m->inference || opts->view_of) {
+            ff_error_set("bf16 weights", "keep fp32 weights for a trainable model or a view (bf16 is for a model that only infers, with weights of its own)",
+                         "the model is %s", opts->view_of ? "a view of another model's fp32 weights" : "trainable");
+            goto fail;
+        }
+        m->w16 = true;
+        m->vec_base = ((size_t)m->n_decay * 2 + 63) / 64 * 64;
+    }
     /* a view that holds nothing of its own keeps a buffer of one float (held, 0 bytes counted) */
-    m->params = ff_buffer_new(be, (size_t)(m->n_own ? m->n_own : 1) * sizeof(float));
+    m->params = ff_buffer_new(be, m->n_own ? ffm_param_bytes(m) : sizeof(float));
     if (!m->params) goto fail;
     if (!m->inference && (!(m->grads = ff_buffer_new(be, (size_t)m->n_params * sizeof(float))) || ffm_tp_alloc(m))) goto fail;
     if (check_and_load(m, weights, own)) goto fail;
@@ -533,7 +582,7 @@ void ff_model_chunk_of(const ff_model *m, int c, ff_model_chunk_info *out) {
 }
 
 void ff_model_memory_of(const ff_model *m, ff_model_memory *out) {
-    out->params = m->params ? m->n_own * (int64_t)sizeof(float) : 0;
+    out->params = m->params ? (int64_t)ffm_param_bytes(m) : 0;
     out->viewed = (m->n_params - m->n_own) * (int64_t)sizeof(float);
     out->grads = m->grads ? m->n_params * (int64_t)sizeof(float) : 0;
     out->workspace = m->sc.buf ? (int64_t)ff_buffer_size(m->sc.buf) : 0;
@@ -573,8 +622,26 @@ static int not_for_views(const ff_model *m, const char *what) {
                         "a view model reads part of its weights in place from another model");
 }
 
+/* bf16 weights: each tensor's shard widened on the host, then made whole (under TP, gathered). */
+static int export_w16(ff_model *m, ff_tensor_set *out) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ff_param_tensor *p = &m->tensors[i];
+        if (p->copy) continue;
+        ff_host_tensor *t = ff_tensor_set_add(out, p->name, p->ndim, p->full);
+        if (!t) return -1;
+        float *mine = p->split < 0 ? t->data : ff_malloc((size_t)p->numel * sizeof(float));
+        if (!mine) return -1;
+        fetch_range(m, p, 0, mine, (size_t)p->numel);
+        int rc = ffm_tp_store_whole_host(m, p, mine, t->data);
+        if (mine != t->data) free(mine);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
 int ff_model_export_weights(ff_model *m, ff_tensor_set *out) {
-    return not_for_views(m, "export weights") ? -1 : ffm_tp_export(m, m->params, "", out);
+    if (not_for_views(m, "export weights")) return -1;
+    return m->w16 ? export_w16(m, out) : ffm_tp_export(m, m->params, "", out);
 }
 int ff_model_export_grads(ff_model *m, ff_tensor_set *out) {
     if (m->inference) return ffm_inference_only("ff_model_export_grads");
@@ -594,11 +661,21 @@ void ff_model_read_params(ff_model *m, float *host) {
         for (int i = 0; i < m->n_tensors; i++) ffm_view_read(m, &m->tensors[i], host + m->tensors[i].off);
         return;
     }
+    if (m->w16) {
+        for (int i = 0; i < m->n_tensors; i++)
+            fetch_range(m, &m->tensors[i], 0, host + m->tensors[i].off, (size_t)m->tensors[i].numel);
+        return;
+    }
     ff_memcpy_d2h(m->st, host, ff_dptr_of(m->params, 0), (size_t)m->n_params * sizeof(float));
 }
 void ff_model_write_params(ff_model *m, const float *host) {
     if (m->viewed) {
         for (int i = 0; i < m->n_tensors; i++) (void)ffm_view_write(m, &m->tensors[i], host + m->tensors[i].off);
+        return;
+    }
+    if (m->w16) {
+        for (int i = 0; i < m->n_tensors; i++)
+            store_range(m, &m->tensors[i], 0, host + m->tensors[i].off, (size_t)m->tensors[i].numel);
         return;
     }
     ff_memcpy_h2d(m->st, ff_dptr_of(m->params, 0), host, (size_t)m->n_params * sizeof(float));
@@ -639,7 +716,8 @@ int ff_model_read_tensor(ff_model *m, const char *name, bool grad, float *host) 
     const ff_param_tensor *p = held(m, name, grad);
     if (!p) return -1;
     if (p->npc && !grad) return ffm_view_read(m, p, host);
-    ff_memcpy_d2h(m->st, host, grad ? ffm_grad(m, p->off) : ffm_param(m, p->off), (size_t)p->numel * sizeof(float));
+    if (grad) ff_memcpy_d2h(m->st, host, ffm_grad(m, p->off), (size_t)p->numel * sizeof(float));
+    else fetch_range(m, p, 0, host, (size_t)p->numel);
     return 0;
 }
 
@@ -654,7 +732,7 @@ int ff_model_write_tensor(ff_model *m, const char *name, const float *host) {
     const ff_param_tensor *p = held(m, name, false);
     if (!p) return -1;
     if (p->npc) return ffm_view_write(m, p, host);
-    ff_memcpy_h2d(m->st, ffm_param(m, p->off), host, (size_t)p->numel * sizeof(float));
+    store_range(m, p, 0, host, (size_t)p->numel);
     return ff_stream_sync(m->st);
 }
 
@@ -691,7 +769,7 @@ int ff_model_release_params(ff_model *m) {
 int ff_model_restore_params(ff_model *m) {
     if (m->params) return 0;
     if (!m->inference) return ff_model_release_params(m);
-    m->params = ff_buffer_new(m->be, (size_t)(m->n_own ? m->n_own : 1) * sizeof(float));
+    m->params = ff_buffer_new(m->be, m->n_own ? ffm_param_bytes(m) : sizeof(float));
     return m->params ? 0 : ff_error_wrap("restoring the parameters (%lld floats)", (long long)m->n_own);
 }
 
@@ -711,7 +789,7 @@ int ff_model_params_to_host(ff_model *m, ff_offload_stats *stats) {
     if (stats) *stats = (ff_offload_stats){0};
     if (host_copy_ok(m, "weights to host memory")) return -1;
     if (!m->params) return m->host_params ? 0 : ff_error_set("weights to host memory", NULL, "the model holds no weights");
-    const size_t bytes = (size_t)m->n_own * sizeof(float);
+    const size_t bytes = ffm_param_bytes(m); /* as stored: bf16 weights stay bf16 in host memory */
     if (!m->host_params) {
         float *h = ff_malloc(bytes ? bytes : 1);
         if (!h) return ff_error_wrap("copying the weights to host memory (%zu bytes)", bytes);
@@ -736,7 +814,7 @@ int ff_model_params_load(ff_model *m, ff_stream *st, ff_offload_stats *stats) {
     if (!m->host_params)
         return ff_error_set("loading the weights", "call ff_model_params_to_host first", "the model has no host copy of its weights");
     assert(ff_stream_backend(st) == m->be);
-    const size_t bytes = (size_t)m->n_own * sizeof(float);
+    const size_t bytes = ffm_param_bytes(m);
     ff_buffer *b = ff_buffer_new(m->be, bytes ? bytes : sizeof(float));
     if (!b) return ff_error_wrap("loading the weights (%zu bytes) onto backend %s", bytes, ff_backend_name(m->be));
     ff_memcpy_h2d(st, ff_dptr_of(b, 0), m->host_params, bytes);
@@ -749,7 +827,7 @@ int ff_model_params_load(ff_model *m, ff_stream *st, ff_offload_stats *stats) {
     return 0;
 }
 
-int64_t ff_model_params_host_bytes(const ff_model *m) { return m->host_params ? m->n_own * (int64_t)sizeof(float) : 0; }
+int64_t ff_model_params_host_bytes(const ff_model *m) { return m->host_params ? (int64_t)ffm_param_bytes(m) : 0; }
 
 int ff_model_copy_params(ff_model *dst, ff_model *src) {
     if (not_for_views(dst, "copy params") || not_for_views(src, "copy params")) return -1;
@@ -758,6 +836,18 @@ int ff_model_copy_params(ff_model *dst, ff_model *src) {
                             "source has %lld parameters, destination %lld", (long long)src->n_params,
                             (long long)dst->n_params);
     size_t bytes = (size_t)src->n_params * sizeof(float);
+    if (dst->be == src->be && (dst->w16 || src->w16)) { /* tensor by tensor, cast on the device where the types differ */
+        for (int i = 0; i < dst->n_tensors; i++) {
+            const ff_param_tensor *d = &dst->tensors[i], *s = &src->tensors[i];
+            const bool d16 = ffm_is16(dst, d), s16 = ffm_is16(src, s);
+            const ff_dptr to = d16 ? ffm_param16(dst, d->off) : ffm_param(dst, d->off);
+            const ff_dptr from = s16 ? ffm_param16(src, s->off) : ffm_param(src, s->off);
+            if (d16 == s16) ff_memcpy_d2d(dst->st, to, from, (size_t)d->numel * (d16 ? 2 : 4));
+            else if (d16) ff_cast_f32_bf16(dst->st, from, to, d->numel);
+            else ff_cast_bf16_f32(dst->st, from, to, d->numel);
+        }
+        return 0;
+    }
     if (dst->be == src->be) {
         ff_memcpy_d2d(dst->st, ff_dptr_of(dst->params, 0), ff_dptr_of(src->params, 0), bytes);
         return 0;

@@ -129,6 +129,12 @@ struct ff_model {
     int H, Hq, Hkv, D, I, V, L, QKV;
     bool tied, bias, vhead, lm_head;
     bool inference; /* ff_model_opts.inference: grads is NULL, no training forward */
+    /* ff_model_opts.bf16_weights (an inference model of its own): the parameter buffer holds
+     * the weight matrices, elements [0, n_decay) of the flat layout, as bf16 (2 bytes each
+     * from byte 0), and the norms and biases, [n_decay, n_params), as fp32 from byte
+     * vec_base on (ffm_param, ffm_param16) */
+    bool w16;
+    size_t vec_base;
 
     ff_param_tensor *tensors; /* Hugging Face tensors, in expected order */
     int n_tensors;
@@ -303,8 +309,6 @@ bool ffm_tp_is_shard(const ff_param_tensor *p, const ff_host_tensor *t);
  * (p->full), or the shard itself (ffm_tp_is_shard). Points into t, or (a column split) into
  * the TP host staging, valid until its next use. NULL + error when out of memory. */
 const float *ffm_tp_local_view(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t);
-/* Copy that shard to dst [p->numel]. 0 or -1 + error. */
-int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t, ff_dptr dst);
 /* Tensor p from src [p->numel] (this rank's shard) into whole (host, p->full), gathered
  * from the group (a collective when p is sharded). 0 or -1 + error. */
 int ffm_tp_store_whole(ff_model *m, const ff_param_tensor *p, ff_dptr src, float *whole);
@@ -341,10 +345,24 @@ int ffm_view_write(ff_model *m, const ff_param_tensor *p, const float *host);
 /* Whole model: one chunk with every layer, the embedding and the heads. */
 static inline bool ffm_whole(const ff_model *m) { return m->n_chunks == 1 && m->has_embed && m->has_final; }
 
-/* A pointer into the flat parameter or gradient buffer. */
+/* A pointer into the flat parameter or gradient buffer: fp32 elements (with bf16 weights, of
+ * the norms and biases only). */
 static inline ff_dptr ffm_param(ff_model *m, size_t off) {
     assert(m->params); /* not between ff_model_release_params and ff_model_restore_params */
-    return ff_dptr_f32(m->params, off);
+    if (!m->w16) return ff_dptr_f32(m->params, off);
+    assert((int64_t)off >= m->n_decay);
+    return ff_dptr_of(m->params, m->vec_base + (off - (size_t)m->n_decay) * 4);
+}
+/* bf16 weights: element off of the weight matrices, stored bf16. */
+static inline ff_dptr ffm_param16(ff_model *m, size_t off) {
+    assert(m->params && m->w16 && (int64_t)off < m->n_decay);
+    return ff_dptr_of(m->params, off * 2);
+}
+/* Is tensor p stored bf16? (a weight matrix of a model with bf16 weights) */
+static inline bool ffm_is16(const ff_model *m, const ff_param_tensor *p) { return m->w16 && (int64_t)p->off < m->n_decay; }
+/* The bytes of the parameter buffer: n_own floats, or bf16 weights and fp32 vectors. */
+static inline size_t ffm_param_bytes(const ff_model *m) {
+    return m->w16 ? m->vec_base + (size_t)(m->n_params - m->n_decay) * 4 : (size_t)m->n_own * 4;
 }
 /* Where a view model's piece q starts. */
 static inline ff_dptr ffm_piece_ptr(ff_model *m, const ffm_piece *q) {

@@ -381,13 +381,6 @@ const float *ffm_tp_local_view(ff_model *m, const ff_param_tensor *p, const ff_h
     return h;
 }
 
-int ffm_tp_load_slice(ff_model *m, const ff_param_tensor *p, const ff_host_tensor *t, ff_dptr dst) {
-    const float *v = ffm_tp_local_view(m, p, t);
-    if (!v) return -1;
-    ff_memcpy_h2d(m->st, dst, v, (size_t)p->numel * sizeof(float));
-    return 0;
-}
-
 /* whole (p->full) from this rank's shard `mine` [numel], with `all` [tp, numel] as scratch */
 static int gather_whole(ff_model *m, const ff_param_tensor *p, const float *mine, float *all, float *whole) {
     const size_t n = (size_t)p->numel;

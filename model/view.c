@@ -13,6 +13,9 @@
  * a column-split product sums its input columns in pieces, so its rounding may differ from
  * one product's in the last bits (as tensor parallelism's all-reduce does).
  *
+ * The same entry points serve a model with bf16 weights (ff_model_opts.bf16_weights, never a
+ * view): its matrices go through ff_gemm_bf16w and ff_embedding_fwd_bf16.
+ *
  * Not here: the backward (a view model only infers), the viewed model's memory (it must
  * outlive the view and keep its parameter buffer: a trainable model does). */
 #include <string.h>
@@ -86,6 +89,10 @@ int ffm_view_setup(ff_model *m, const ff_model *src) {
 
 void ffm_w_out(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda, ff_dptr C, int ldc) {
     const int K = (int)row_width(p);
+    if (ffm_is16(m, p)) {
+        ff_gemm_bf16w(m->st, M, (int)p->shape[0], K, A, lda, ffm_param16(m, p->off), K, 0.0f, C, ldc);
+        return;
+    }
     if (!p->npc) {
         ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, M, (int)p->shape[0], K, 1.0f, A, lda, ffm_param(m, p->off), K, 0.0f, C, ldc);
         return;
@@ -101,6 +108,10 @@ void ffm_w_out(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda,
 
 void ffm_w_in(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda, float beta, ff_dptr C, int ldc) {
     const int N = (int)p->shape[0], K = (int)p->shape[1];
+    if (ffm_is16(m, p)) {
+        ff_gemm_bf16w(m->st, M, N, K, A, lda, ffm_param16(m, p->off), K, beta, C, ldc);
+        return;
+    }
     if (!p->npc) {
         ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, M, N, K, 1.0f, A, lda, ffm_param(m, p->off), K, beta, C, ldc);
         return;
@@ -133,6 +144,10 @@ ff_dptr ffm_w_vec(ff_model *m, const ff_param_tensor *p) {
 
 int ffm_w_embed(ff_model *m, const ff_param_tensor *p, const int32_t *ids, ff_dptr dev_ids, ff_dptr out, ff_dptr scratch, int T) {
     const int H = (int)row_width(p);
+    if (ffm_is16(m, p)) {
+        ff_embedding_fwd_bf16(m->st, dev_ids, ffm_param16(m, p->off), out, T, H);
+        return 0;
+    }
     if (!p->npc) {
         ff_embedding_fwd(m->st, dev_ids, ffm_param(m, p->off), out, T, H);
         return 0;

@@ -165,6 +165,14 @@ typedef struct ff_model_opts {
      * view_of's); reading gives every piece. Not for a view: exporting weights and
      * ff_model_copy_params (errors: use view_of, or a model of its own). */
     const ff_model *view_of;
+    /* bf16 weights (needs inference, not with view_of): the weight matrices (embedding, LM
+     * head, score, and every layer's projections) are stored as bf16, half their fp32 bytes;
+     * norms and biases stay fp32, and so do activations and every product's accumulation
+     * (ff_gemm_bf16w). Weights given or written in fp32 are rounded to nearest even; reading
+     * them gives the rounded values back, widened. On the CPU the products are the batch
+     * invariant fixed-order ones, so log-probs and generated tokens are those of an fp32
+     * model holding the rounded weights (docs/model.md "bf16 weights"). */
+    bool bf16_weights;
 } ff_model_opts;
 
 /* As ff_model_new, with options (NULL: as ff_model_new). The weights are copied. */
@@ -188,7 +196,8 @@ int64_t ff_model_param_count(const ff_model *m);
 bool ff_model_is_inference(const ff_model *m);
 
 /* The bytes a model holds on its backend: parameters (ff_model_param_count() x 4; a view
- * model's own pieces only), gradients (ff_model_param_count() x 4, 0 for an inference model)
+ * model's own pieces only; with bf16 weights 2 bytes a weight-matrix element, 4 a norm or bias
+ * element), gradients (ff_model_param_count() x 4, 0 for an inference model)
  * and the forward/backward workspace (grown by the largest batch so far; a training forward
  * keeps every layer's activations there). viewed: a view model's parameter bytes read in
  * place from the model it views (allocated there, not here; 0 for others). */
@@ -212,7 +221,7 @@ int ff_model_load_weights(ff_model *m, const ff_tensor_set *weights);
  * layout. For all-reduce of gradients and weight sync between models of one config. An
  * inference model has no gradient buffer (NULL); a view model's parameter buffer holds its
  * own pieces only (use ff_model_read_params for its flat layout). */
-ff_buffer *ff_model_param_buffer(ff_model *m);
+ff_buffer *ff_model_param_buffer(ff_model *m); /* bf16 weights: not the fp32 layout (ff_model_read_params is) */
 ff_buffer *ff_model_grad_buffer(ff_model *m);
 /* Flat copies to and from host memory (n = ff_model_param_count() floats). The gradient
  * copies return 0, or -1 + error on an inference model. */
