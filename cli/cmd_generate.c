@@ -35,7 +35,9 @@ static void help(void) {
            "  --n N                  completions of the prompt (default 1)\n"
            "  --raw                  do not apply the tokenizer's template (e.g. BOS)\n"
            "  --json                 one JSON line per completion: text, tokens, logprobs, finish\n"
-           "  --device D             cpu (default), cpu:N, cuda, cuda:N (also --backend D)\n\n"
+           "  --device D             cpu (default), cpu:N, cuda, cuda:N (also --backend D)\n"
+           "  --weights W            fp32 (default) or bf16: the weight matrices held in bf16, half the\n"
+           "                         memory; activations and sums stay fp32 (docs/model.md \"bf16 weights\")\n\n"
            "example:\n"
            "  fuseflow generate --model runs/sft/final --prompt '12+34=' --temperature 0 --max-new-tokens 8\n");
 }
@@ -60,7 +62,8 @@ static char *unescape(const char *s) {
 static const char *finish_name(ff_finish_reason f) { return f == FF_FINISH_STOP ? "stop" : f == FF_FINISH_LENGTH ? "length" : "aborted"; }
 
 int ff_cmd_generate(int argc, char **argv) {
-    const char *model_dir = NULL, *prompt = NULL, *device = "cpu";
+    const char *model_dir = NULL, *prompt = NULL, *device = "cpu", *weights = "fp32";
+    bool bf16 = false;
     int64_t max_new = 64, top_k = 0, seed = 0, n = 1;
     double temperature = 1.0, top_p = 1.0;
     bool raw = false, as_json = false;
@@ -69,6 +72,7 @@ int ff_cmd_generate(int argc, char **argv) {
         {"prompt", FFIO_STR, &prompt, 0, 0},
         {"device", FFIO_STR, &device, 0, 0},
         {"backend", FFIO_STR, &device, 0, 0},
+        {"weights", FFIO_STR, &weights, 0, 0},
         {"max-new-tokens", FFIO_INT, &max_new, 1, 1 << 20},
         {"top-k", FFIO_INT, &top_k, 0, 1 << 30},
         {"seed", FFIO_INT, &seed, 0, 9e18},
@@ -114,6 +118,10 @@ int ff_cmd_generate(int argc, char **argv) {
         free(stops);
         return ffio_usage(CMD, "--model DIR and --prompt TEXT are required");
     }
+    if (ffio_weights(CMD, weights, &bf16)) {
+        free(stops);
+        return 2;
+    }
 
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
@@ -158,7 +166,7 @@ int ff_cmd_generate(int argc, char **argv) {
         if (ns == 1) stop_ids[n_stop_ids++] = sid[0];
         free(sid);
     }
-    if (!(be = ff_backend_new(device)) || !(m = ff_model_new_from(be, &cfg, &w, &(ff_model_opts){.inference = true})))
+    if (!(be = ff_backend_new(device)) || !(m = ff_model_new_from(be, &cfg, &w, &(ff_model_opts){.inference = true, .bf16_weights = bf16})))
         goto out;
 
     ff_gen_request req = {0};

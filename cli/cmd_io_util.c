@@ -50,6 +50,15 @@ int ffio_double(const char *cmd, const char *opt, const char *s, double lo, doub
     return 0;
 }
 
+int ffio_weights(const char *cmd, const char *s, bool *bf16) {
+    if (strcmp(s, "fp32") && strcmp(s, "bf16")) {
+        ffio_usage(cmd, "--weights wants fp32 or bf16, got '%s'", s);
+        return -1;
+    }
+    *bf16 = !strcmp(s, "bf16");
+    return 0;
+}
+
 int ffio_parse(const char *cmd, int argc, char **argv, const ffio_opt *opts, int n_opts, char **pos, int max_pos, int *n_pos) {
     *n_pos = 0;
     for (int i = 1; i < argc; i++) {

@@ -35,7 +35,9 @@ static void help(void) {
            "  --output FILE        JSONL output (default: stdout); written whole or not at all\n"
            "  --add-special        encode \"text\" lines with the tokenizer's template (e.g. BOS)\n"
            "  --batch-tokens N     tokens per forward pass (default 8192)\n"
-           "  --device D           cpu (default), cpu:N (N threads), cuda, cuda:N (also --backend D)\n\n"
+           "  --device D           cpu (default), cpu:N (N threads), cuda, cuda:N (also --backend D)\n"
+           "  --weights W          fp32 (default) or bf16: the weight matrices held in bf16, half the\n"
+           "                       memory; activations and sums stay fp32 (docs/model.md \"bf16 weights\")\n\n"
            "example:\n"
            "  fuseflow logprobs --model runs/tiny --input seqs.jsonl --output logprobs.jsonl\n");
 }
@@ -166,12 +168,14 @@ static int write_line(sink *k, const float *lp, int32_t n, char **buf, size_t *c
 }
 
 int ff_cmd_logprobs(int argc, char **argv) {
-    const char *model_dir = NULL, *input = NULL, *output = NULL, *device = "cpu";
+    const char *model_dir = NULL, *input = NULL, *output = NULL, *device = "cpu", *weights = "fp32";
+    bool bf16 = false;
     int64_t batch_tokens = 8192;
     bool add_special = false;
     const ffio_opt opts[] = {
         {"model", FFIO_STR, &model_dir, 0, 0},   {"input", FFIO_STR, &input, 0, 0},     {"output", FFIO_STR, &output, 0, 0},
         {"device", FFIO_STR, &device, 0, 0},     {"backend", FFIO_STR, &device, 0, 0},
+        {"weights", FFIO_STR, &weights, 0, 0},
         {"batch-tokens", FFIO_INT, &batch_tokens, 1, 1 << 24},
         {"add-special", FFIO_FLAG, &add_special, 0, 0},
     };
@@ -181,6 +185,7 @@ int ff_cmd_logprobs(int argc, char **argv) {
     if (pr == 1) help();
     if (pr) return pr == 1 ? 0 : pr;
     if (!model_dir || !input) return ffio_usage(CMD, "--model DIR and --input FILE are required");
+    if (ffio_weights(CMD, weights, &bf16)) return 2;
 
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
@@ -206,7 +211,7 @@ int ff_cmd_logprobs(int argc, char **argv) {
         if (!(tok = ff_tokenizer_load_dir(model_dir))) goto out;
     }
     if (!(seqs = read_input(input, &cfg, tok, add_special, &n_seqs))) goto out;
-    if (!(be = ff_backend_new(device)) || !(m = ff_model_new_from(be, &cfg, &w, &(ff_model_opts){.inference = true})))
+    if (!(be = ff_backend_new(device)) || !(m = ff_model_new_from(be, &cfg, &w, &(ff_model_opts){.inference = true, .bf16_weights = bf16})))
         goto out;
     if (!ff_model_has_lm_head(m)) {
         ff_error_set(model_dir, "log-probs need a model with an LM head", "this is a value model without lm_head.weight");

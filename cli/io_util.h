@@ -17,6 +17,8 @@ int ffio_usage(const char *cmd, const char *fmt, ...) FF_PRINTF(2, 3);
 /* Parse an option value; on a bad value print a usage error and return -1. */
 int ffio_int(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int ffio_double(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out);
+/* --weights fp32|bf16 of the inference commands: *bf16 set, or a usage error printed and -1. */
+int ffio_weights(const char *cmd, const char *s, bool *bf16);
 /* Table-driven options: "--name VALUE", "--name=VALUE", or "--name" alone for flags. */
 typedef enum { FFIO_STR, FFIO_INT, FFIO_DOUBLE, FFIO_FLAG } ffio_kind;
 typedef struct ffio_opt {

@@ -20,6 +20,18 @@ sys.exit(got != want)
 PY
 done
 
+# --weights bf16 on a checkpoint stored in BF16 holds the same weights: transformers' greedy tokens
+mapfile -t g < <(python3 -c "
+import json; g=json.load(open('$D/qwen2_bf16.greedy.json'))
+print(g['prompt']); print('' if g['add_special'] else '--raw'); print(g['max_new_tokens'])")
+expect_ok "qwen2_bf16 greedy, bf16 weights" "$FF_BIN" generate --model "$D/qwen2_bf16" --prompt "${g[0]}" ${g[1]} --temperature 0 \
+  --max-new-tokens "${g[2]}" --json --weights bf16
+python3 - "$D/qwen2_bf16.greedy.json" "$TMP/out" <<'PY' && ok "bf16 weights: greedy tokens match transformers" || fail "bf16 weights: greedy differs"
+import json, sys
+sys.exit(json.loads(open(sys.argv[2]).readline())["tokens"] != json.load(open(sys.argv[1]))["tokens"])
+PY
+expect_error "bad --weights" "--weights wants fp32 or bf16, got 'int8'" "$FF_BIN" generate --model "$D/qwen2_bf16" --prompt a --weights int8
+
 M="$D/llama_f32"
 expect_ok "sample seed 3" "$FF_BIN" generate --model "$M" --prompt "ab" --seed 3 --n 3 --json --max-new-tokens 16
 cp "$TMP/out" "$TMP/s3a"

@@ -32,6 +32,26 @@ expect_ok "stdout, batches of 8 tokens" "$FF_BIN" logprobs --model "$D/llama_f32
 cp "$TMP/out" "$TMP/small_batches.out"
 if compare llama_f32 "$TMP/small_batches.out"; then ok "batching does not change results"; else fail "batched results differ"; fi
 
+# --weights bf16: a checkpoint stored in BF16 loses nothing (the transformers numbers to 1e-4);
+# an F32 one is rounded (near, not equal); a bad value is refused naming the choices
+expect_ok "bf16 weights of a BF16 checkpoint" "$FF_BIN" logprobs --model "$D/qwen2_bf16" --input "$D/qwen2_bf16.input.jsonl" \
+  --output "$TMP/qwen2_w16.out" --weights bf16
+if compare qwen2_bf16 "$TMP/qwen2_w16.out"; then ok "bf16 weights of a BF16 checkpoint match transformers"; else fail "bf16 weights of a BF16 checkpoint differ"; fi
+expect_ok "bf16 weights of an F32 checkpoint" "$FF_BIN" logprobs --model "$D/llama_f32" --input "$D/llama_f32.input.jsonl" \
+  --output "$TMP/llama_w16.out" --weights bf16
+if compare llama_f32 "$TMP/llama_w16.out" >/dev/null; then fail "rounding to bf16 changed nothing"; else ok "rounding to bf16 moves the log-probs"; fi
+python3 - "$TMP/llama_w16.out" "$TMP/llama_f32.out" <<'PY' && ok "bf16 weights: log-probs within 3% of their size of fp32" || fail "bf16 weights: log-probs too far from fp32"
+import json, sys
+a = [json.loads(l)["logprobs"] for l in open(sys.argv[1])]
+b = [json.loads(l)["logprobs"] for l in open(sys.argv[2])]
+worst = max(abs(x - y) for p, q in zip(a, b) for x, y in zip(p, q))
+big = max(abs(y) for q in b for y in q)
+print("bf16 weights against fp32: max |diff| %.3g (of log-probs up to %.3g)" % (worst, big))
+sys.exit(0 if 0 < worst < 0.03 * big else 1)  # bf16 keeps 8 significant bits
+PY
+expect_error "bad --weights" "--weights wants fp32 or bf16, got 'fp16'" "$FF_BIN" logprobs --model "$D/llama_f32" \
+  --input "$D/llama_f32.input.jsonl" --weights fp16
+
 # ---- bad input ----
 M="$TMP/model"
 fresh() { rm -rf "$M"; cp -r "$D/llama_f32" "$M"; }
