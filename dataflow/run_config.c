@@ -226,6 +226,15 @@ static int read_role(ff_run_config *run, ff_role r) {
         if (ff_cnode_get_int_in(ro, "kv_block", 16, 1, 1 << 16, &rc->rollout_kv_block) < 0 ||
             ff_cnode_get_double_in(ro, "kv_memory", 1.0, 1e-6, 1.0, &rc->rollout_kv_memory) < 0)
             return -1;
+        static const char *const dtypes[] = {"fp32", "bf16"};
+        int wd;
+        if (ff_cnode_get_enum(ro, "dtype", dtypes, 2, 0, &wd) < 0) return -1;
+        rc->rollout_w16 = wd == 1;
+        if (rc->rollout_w16 && rc->rollout_delta)
+            return ff_error_set(ff_cnode_where(ro, w, sizeof w), "drop sync_delta (each sync then sends the whole weights) or keep dtype: fp32",
+                                "'%s.rollout.sync_delta' patches the copy's fp32 weights; with 'dtype: bf16' they are rounded where "
+                                "they are stored, so the delta would be taken against other values than the ones sent",
+                                path);
         if (rc->rollout_delta && rw == 0)
             return ff_error_set(ff_cnode_where(ro, w, sizeof w), "give the generation a pool of its own (roles.actor.rollout.workers: N) or drop sync_delta",
                                 "'%s.rollout.sync_delta' needs generation workers of their own: the copy on the actor's workers "
@@ -247,6 +256,17 @@ static int read_role(ff_run_config *run, ff_role r) {
                             "'%s.weights: on_demand' is only for the frozen roles (ref, reward): the %s trains its weights", path,
                             role_keys[r]);
     rc->on_demand = res == 1;
+    /* the stored type of a frozen role's weight matrices; trained roles keep fp32 masters */
+    static const char *const dtypes[] = {"fp32", "bf16"};
+    int wd = 0;
+    if (ff_cnode_get_enum(base, "dtype", dtypes, 2, 0, &wd) < 0) return -1;
+    if (wd == 1 && r != FF_ROLE_REF && r != FF_ROLE_REWARD)
+        return ff_error_set(ff_cnode_where(ff_cnode_find(base, "dtype"), w, sizeof w),
+                            r == FF_ROLE_ACTOR ? "drop it; roles.actor.rollout.dtype: bf16 stores the generating copy in bf16"
+                                               : "drop it, or set it on roles.ref or roles.reward",
+                            "'%s.dtype: bf16' is only for the frozen roles (ref, reward): the %s trains fp32 weights", path,
+                            role_keys[r]);
+    rc->w16 = wd == 1;
     if (r == FF_ROLE_ACTOR || r == FF_ROLE_CRITIC) {
         ff_optim_cfg *o = &rc->optim;
         ff_cnode *ob = ff_cnode_find(base, "optim");

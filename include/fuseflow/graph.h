@@ -259,6 +259,10 @@ typedef struct ff_role_cfg {
     bool rollout_bf16;       /* actor: `rollout: {sync_dtype: bf16}`: a weight sync that reshards
                                 sends bf16 (the generating copy holds the weights rounded to bf16;
                                 fp32, the default, moves them exactly; a local copy is exact) */
+    bool rollout_w16;        /* actor: `rollout: {dtype: bf16}` (default fp32): the generating copy
+                                stores its weight matrices in bf16 (ff_model_opts.bf16_weights),
+                                half their memory; always a copy of its own, never a view of the
+                                training shard */
     bool rollout_delta;      /* actor: `rollout: {sync_delta: true}`: a pool's sync sends only the
                                 elements whose wire value changed (ff_reshard_opts.delta) */
     int64_t rollout_kv_block; /* actor: `rollout: {kv_block: N}`: positions per KV-cache block
@@ -272,6 +276,8 @@ typedef struct ff_role_cfg {
                                 worker keeps the frozen weights in host memory and loads them
                                 onto its backend for the role's inference subtasks only
                                 (docs/run.md "Weights on demand") */
+    bool w16;                /* ref, reward: `dtype: bf16` (default fp32): the frozen model stores
+                                its weight matrices in bf16 (ff_model_opts.bf16_weights) */
 } ff_role_cfg;
 
 /* Bounds of sizes read from a run config. Token lengths (data.max_prompt_length,

@@ -152,6 +152,14 @@ lengths_run() { # OUT [overrides...]
     { cat "$out.log" >&2; fail "run $* failed"; }
 }
 
+# $work/run.yaml with the overrides must fail, saying EXPECTED (a grep pattern).
+run_refused() { # WHAT EXPECTED overrides...
+  local what=$1 want=$2; shift 2
+  if "$bin" run "$work/run.yaml" trainer.out_dir="$work/bad" --no-progress "$@" > "$work/bad.log" 2>&1; then fail "$what: accepted"; fi
+  grep -q -- "$want" "$work/bad.log" || { cat "$work/bad.log" >&2; fail "$what: no message naming $want"; }
+  rm -rf "$work/bad"
+}
+
 # The iteration lines of a metrics file (JSON lines with "samples").
 iterations() { grep -c '"samples"' "$1" || true; }
 

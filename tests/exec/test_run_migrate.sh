@@ -124,16 +124,10 @@ PY
 done
 
 # 4. bad values, TP generation
-refused() { # WHAT EXPECTED overrides...
-  local what=$1 want=$2; shift 2
-  if "$bin" run "$work/run.yaml" trainer.out_dir="$work/bad" --no-progress "$@" > "$work/bad.log" 2>&1; then fail "$what: accepted"; fi
-  grep -q -- "$want" "$work/bad.log" || { cat "$work/bad.log" >&2; fail "$what: no message naming $want"; }
-  rm -rf "$work/bad"
-}
-refused "a fraction over 1" "'migrate' is neither off, auto nor a fraction" graph.rollout.migrate=2
-refused "a word" "'migrate' is neither off, auto nor a fraction" graph.rollout.migrate=sometimes
-refused "migrate_with" "'migrate_with' is neither auto, kv nor recompute" graph.rollout.migrate=auto graph.rollout.migrate_with=rows
+run_refused "a fraction over 1" "'migrate' is neither off, auto nor a fraction" graph.rollout.migrate=2
+run_refused "a word" "'migrate' is neither off, auto nor a fraction" graph.rollout.migrate=sometimes
+run_refused "migrate_with" "'migrate_with' is neither auto, kv nor recompute" graph.rollout.migrate=auto graph.rollout.migrate_with=rows
 "$bin" init --preset tiny --out "$work/v260" num_hidden_layers=2 hidden_size=64 intermediate_size=128 vocab_size=260 > /dev/null
-refused "TP generation" "migrate needs data-parallel generation workers" graph.rollout.migrate=auto \
+run_refused "TP generation" "migrate needs data-parallel generation workers" graph.rollout.migrate=auto \
   roles.actor.model="$work/v260" roles.ref.model="$work/v260" "roles.actor.rollout={workers: 2, layout: {tp: 2}}"
 echo "ok"

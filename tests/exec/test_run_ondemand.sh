@@ -101,11 +101,6 @@ PY
 run "$work/od_off" trainer.schedule=serial roles.ref.weights=on_demand graph.rollout.migrate=off
 loads "$work/od_off" none
 
-refused() { # WHAT EXPECTED overrides...
-  local what=$1 want=$2; shift 2
-  if "$bin" run "$work/run.yaml" trainer.out_dir="$work/bad" --no-progress "$@" > "$work/bad.log" 2>&1; then fail "$what: accepted"; fi
-  grep -q -- "$want" "$work/bad.log" || { cat "$work/bad.log" >&2; fail "$what: no message naming $want"; }
-}
-refused "the actor on demand" "'roles.actor.weights: on_demand' is only for the frozen roles (ref, reward)" roles.actor.weights=on_demand
-refused "a word" "'roles.ref.weights' must be one of: resident, on_demand" roles.ref.weights=sometimes
+run_refused "the actor on demand" "'roles.actor.weights: on_demand' is only for the frozen roles (ref, reward)" roles.actor.weights=on_demand
+run_refused "a word" "'roles.ref.weights' must be one of: resident, on_demand" roles.ref.weights=sometimes
 echo "ok"

@@ -312,7 +312,7 @@ static bool sync_node(const ff_run_config *run) {
  * only infers and holds its parameters alone (ff_model_opts.inference). Under TP it reads only
  * this rank's shards, and a pipeline stage only its layers' tensors (ff_model_read_shards). */
 static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head, bool train, const ff_model *view_of,
-                            const char *role) {
+                            bool w16, const char *role) {
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
     const rlw_place *at = &y->at;
@@ -340,7 +340,7 @@ static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head
         return NULL;
     }
     ff_model_opts mo = {.inference = !train, .comm = at->tp > 1 ? &y->mcomm : NULL, .sequence_parallel = at->tp > 1 && y->sp,
-                        .stage = at->pp > 1 ? &st : NULL, .view_of = view_of};
+                        .stage = at->pp > 1 ? &st : NULL, .view_of = view_of, .bf16_weights = w16};
     ff_model *m = ff_model_new_from(s->be, &cfg, &w, &mo);
     if (!m) ff_error_wrap("role %s: %s", role, dir);
     return m;
@@ -648,7 +648,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         if (!s->tok) ff_error_clear();
     }
     if (a->roles & FF_RL_ACTOR) {
-        if (!(s->actor = load_model(s, &s->lay, actor_dir, false, train_node(s->run, FF_ROLE_ACTOR) != NULL, NULL, "actor"))) return -1;
+        if (!(s->actor = load_model(s, &s->lay, actor_dir, false, train_node(s->run, FF_ROLE_ACTOR) != NULL, NULL, false, "actor"))) return -1;
         s->t_actor = make_trainer(s, s->actor, FF_ROLE_ACTOR, a->total_updates[0], a->resume_dir, "actor");
         if (!s->t_actor && train_node(s->run, FF_ROLE_ACTOR)) return -1;
     }
@@ -660,9 +660,10 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         /* fp32 beside the trained actor: a view of the training shard (HybridFlow's 3D-HybridEngine),
          * whose own memory is only the part of the generation shard that the training shard lacks:
          * in a layout of its own the gathered part, in the actor's layout nothing (the sync then
-         * copies nothing). A bf16 copy stays a copy of its own */
-        const ff_model *view_of = s->gen_transient && !roles[FF_ROLE_ACTOR].rollout_bf16 ? s->actor : NULL;
-        if (!(s->gen = load_model(s, s->glay, actor_dir, false, false, view_of, "actor (generation)"))) return -1;
+         * copies nothing). A copy synced in bf16, or stored in bf16, stays a copy of its own */
+        const ff_role_cfg *ac = &roles[FF_ROLE_ACTOR];
+        const ff_model *view_of = s->gen_transient && !ac->rollout_bf16 && !ac->rollout_w16 ? s->actor : NULL;
+        if (!(s->gen = load_model(s, s->glay, actor_dir, false, false, view_of, ac->rollout_w16, "actor (generation)"))) return -1;
         ff_rollout_config rc;
         ff_rollout_config_default(&rc);
         rc.max_slots = a->slots > 0 ? a->slots : 64;
@@ -684,18 +685,18 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
             cdir = cbuf;
         }
         if (!cdir) return ff_error_set("worker", "add roles.critic.model", "the run has no critic model");
-        if (!(s->critic = load_model(s, s->clay, cdir, true, train_node(s->run, FF_ROLE_CRITIC) != NULL, NULL, "critic"))) return -1;
+        if (!(s->critic = load_model(s, s->clay, cdir, true, train_node(s->run, FF_ROLE_CRITIC) != NULL, NULL, false, "critic"))) return -1;
         s->t_critic = make_trainer(s, s->critic, FF_ROLE_CRITIC, a->total_updates[1], a->resume_dir, "critic");
         if (!s->t_critic && train_node(s->run, FF_ROLE_CRITIC)) return -1;
     }
     if (a->roles & FF_RL_REF) {
         if (!roles[FF_ROLE_REF].model) return ff_error_set("worker", "add roles.ref.model", "the run has no reference model");
-        if (!(s->ref = load_model(s, &s->lay, roles[FF_ROLE_REF].model, false, false, NULL, "ref"))) return -1;
+        if (!(s->ref = load_model(s, &s->lay, roles[FF_ROLE_REF].model, false, false, NULL, roles[FF_ROLE_REF].w16, "ref"))) return -1;
         if (roles[FF_ROLE_REF].on_demand && od_setup(s, OD_REF, s->ref) != 0) return -1;
     }
     if (a->roles & FF_RL_REWARD) {
         if (!roles[FF_ROLE_REWARD].model) return ff_error_set("worker", "add roles.reward.model", "the run has no reward model");
-        if (!(s->rm = load_model(s, &s->lay, roles[FF_ROLE_REWARD].model, true, false, NULL, "reward"))) return -1;
+        if (!(s->rm = load_model(s, &s->lay, roles[FF_ROLE_REWARD].model, true, false, NULL, roles[FF_ROLE_REWARD].w16, "reward"))) return -1;
         if (roles[FF_ROLE_REWARD].on_demand && od_setup(s, OD_REWARD, s->rm) != 0) return -1;
     }
     return 0;

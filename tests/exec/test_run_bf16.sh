@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bf16 weights of the roles that only infer (docs/run.md "bf16 weights"): `roles.ref.dtype:
+# bf16` and `roles.actor.rollout.dtype: bf16`, GRPO on the repeat task with a KL term (the
+# reference colocated with the actor, generation on a pool of 2 workers that a resharding sync
+# writes into, then on the actor's own worker, where the copy is a copy, not a view):
+#   - the runs finish; the memory report gives the reference and the generating copies about
+#     half the actor's weight bytes (bf16 matrices, fp32 norms), the fp32 run the same bytes;
+#   - the KL term sees the rounding: the fp32 reference starts equal to the actor (KL about 0,
+#     below 1e-9), the bf16 one near it (above that, below 1e-4);
+#   - refused before any worker starts, naming the key: dtype on a trained role, bf16 generation
+#     with sync_delta, a word that is no dtype.
+# The numbers themselves (bit for bit those of an fp32 model on the rounded weights):
+# tests/model/test_model_bf16.c.
+source "$(dirname "$0")/lib.sh"
+prepare_inputs
+prepare_repeat_run 2
+run() { # OUT [overrides...]
+  local out=$1; shift
+  "$bin" run "$work/run.yaml" trainer.out_dir="$out" --threads 1 --no-progress "$@" > "$out.log" 2>&1 ||
+    { cat "$out.log" >&2; fail "run $* failed"; }
+}
+run "$work/fp32"
+run "$work/pool" roles.ref.dtype=bf16 roles.actor.rollout.dtype=bf16
+run "$work/local" roles.ref.dtype=bf16 roles.actor.rollout.dtype=bf16 roles.actor.rollout.workers=0
+grep -qE "^run: rank 0 holds .* ref [0-9.]+ KiB weights$" "$work/pool.log" || { cat "$work/pool.log" >&2; fail "no memory line"; }
+
+python3 - "$work" <<'PY' || fail "the bf16 runs' memory or KL are wrong"
+import json, sys
+def lines(run):
+    return [json.loads(l) for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl")]
+for run in ("fp32", "pool", "local"):
+    L = lines(run)
+    it = [o for o in L if "samples" in o]
+    assert len(it) == 2, (run, len(it))
+    mem = next(o["memory"] for o in L if "memory" in o)
+    actor = next(r["roles"]["actor"]["params_bytes"] for r in mem if "actor" in r["roles"])
+    for r in mem:
+        for role in ("ref", "gen"):
+            if role not in r["roles"]:
+                continue
+            o = r["roles"][role]
+            share = o["params_bytes"] / actor
+            print(f"{run}: rank {r['rank']} {role} holds {o['params_bytes']} bytes of weights, {share:.3f} of the actor's")
+            if run == "fp32":
+                assert o["params_bytes"] == actor, (run, r)
+            else:
+                assert 0.5 <= share < 0.51 and "in_place_bytes" not in o, (run, r)
+    kl = it[0]["kl_loss"]
+    print(f"{run}: first iteration's kl_loss {kl:.3g}")
+    assert (kl < 1e-9) if run == "fp32" else (1e-9 < kl < 1e-4), (run, kl)
+PY
+
+run_refused "dtype on the actor" "'roles.actor.dtype: bf16' is only for the frozen roles (ref, reward)" roles.actor.dtype=bf16
+run_refused "bf16 generation with sync_delta" "with 'dtype: bf16' they are rounded where they are stored" \
+  roles.actor.rollout.dtype=bf16 roles.actor.rollout.sync_delta=true
+run_refused "a word" "'roles.ref.dtype' must be one of: fp32, bf16" roles.ref.dtype=int8
+grep -q "started" "$work/bad.log" 2> /dev/null && fail "workers started before a refusal"
+echo "ok"
