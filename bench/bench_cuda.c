@@ -13,9 +13,11 @@
  *           --batches, 1,32,256), temperature-1 sampling, --new tokens per sequence, KV cache
  *           (ff_generator: continuous batching, one slot per sequence); the wall time from
  *           submit to the last token, prefill included.
- * Numbers: the backend keeps fp32 tensors (include/fuseflow/backend.h); ff_gemm multiplies
- * by FF_CUDA_MATH (tf32 by default, bf16 converts operands per call). So "bf16 model" means
- * the shapes of the bf16 checkpoints, not bf16 storage; say so beside any comparison.
+ * Numbers: training keeps fp32 tensors (include/fuseflow/backend.h); ff_gemm multiplies by
+ * FF_CUDA_MATH (tf32 by default, bf16 converts operands per call). The decoding model is an
+ * inference model with bf16 weights (ff_model_opts.bf16_weights, ff_gemm_bf16w: the weights
+ * stored bf16 and read as they are, activations rounded to bf16 per product, fp32 between
+ * kernels) unless --decode-weights fp32; say which beside any comparison.
  *
  * Each line is one measurement; the last lines are the headlines:
  *   bench_cuda_train MODEL: X tok/s, MFU Y % (target on llama1b: >= 40 %, >= PyTorch eager)
@@ -27,7 +29,7 @@
  *
  * Usage: bench_cuda [--device cuda:0] [--models qwen0.5b,llama1b] [--seq 2048] [--steps 5]
  *                   [--batches 1,32,256] [--prompt 32] [--new 64] [--budget SECONDS]
- *                   [--bf16-train 0|1]
+ *                   [--bf16-train 0|1] [--decode-weights bf16|fp32]
  * --budget: stop starting new measurements once this much wall time has passed (default
  * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed. */
 #include <math.h>
@@ -71,7 +73,7 @@ static ff_model_config base_cfg(int V, int H, int I, int L, int Hq, int Hkv, boo
 
 /* Fast random weights: ff_model_init_weights draws Box-Muller normals, about a minute for
  * a billion parameters; uniform with the same std from an xorshift is seconds. */
-static ff_model *random_model(ff_backend *be, const ff_model_config *c, bool inference) {
+static ff_model *random_model(ff_backend *be, const ff_model_config *c, bool inference, bool w16) {
     ff_tensor_set *w = ff_tensor_set_new();
     if (!w || ff_model_expected_tensors(c, w)) return NULL;
     uint64_t x = 0x9E3779B97F4A7C15ull;
@@ -85,7 +87,7 @@ static ff_model *random_model(ff_backend *be, const ff_model_config *c, bool inf
             t->data[j] = norm ? 1.0f : bias ? 0.0f : a * (float)((double)(x >> 11) * 0x1.0p-52 - 1.0);
         }
     }
-    ff_model_opts o = {.inference = inference};
+    ff_model_opts o = {.inference = inference, .bf16_weights = w16};
     return ff_model_new_from(be, c, &w, &o);
 }
 
@@ -116,7 +118,7 @@ static void head_decode(const char *name, int B, double tok_s) {
 #define TRAIN_NOTE "; target on llama1b: >= 40 %, >= PyTorch eager"
 
 static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double *tok_s, double *mfu) {
-    ff_model *m = random_model(be, &s->cfg, false);
+    ff_model *m = random_model(be, &s->cfg, false, false);
     if (!m) return -1;
     ff_adamw_config ac;
     ff_adamw_config_default(&ac);
@@ -209,6 +211,7 @@ out:
 int main(int argc, char **argv) {
     const char *device = "cuda", *models = "qwen0.5b,llama1b", *batches = "1,32,256";
     int seq = 2048, steps = 5, prompt = 32, n_new = 64, bf16_train = 1;
+    bool decode_w16 = true;
     double budget = 240;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -225,6 +228,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--new")) n_new = atoi(v);
         else if (!strcmp(a, "--budget")) budget = atof(v);
         else if (!strcmp(a, "--bf16-train")) bf16_train = atoi(v);
+        else if (!strcmp(a, "--decode-weights")) {
+            if (strcmp(v, "bf16") && strcmp(v, "fp32")) {
+                fprintf(stderr, "bench_cuda: --decode-weights wants bf16 or fp32, got '%s'\n", v);
+                return 2;
+            }
+            decode_w16 = !strcmp(v, "bf16");
+        }
         else {
             fprintf(stderr, "bench_cuda: unknown option %s (see the usage at the top of bench/bench_cuda.c)\n", a);
             return 2;
@@ -240,8 +250,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     const char *math = getenv("FF_CUDA_MATH");
-    printf("bench_cuda: %s, FF_CUDA_MATH=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens\n",
-           ff_backend_name(be), math && *math ? math : "tf32 (default)", seq, steps, prompt, n_new);
+    printf("bench_cuda: %s, FF_CUDA_MATH=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens, %s decode weights\n",
+           ff_backend_name(be), math && *math ? math : "tf32 (default)", seq, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32");
     spec specs[] = {
         {"qwen0.5b", base_cfg(151936, 896, 4864, 24, 14, 2, true, true, 1000000.0)},
         {"llama1b", base_cfg(128256, 2048, 8192, 16, 32, 8, true, false, 500000.0)},
@@ -277,7 +287,7 @@ int main(int argc, char **argv) {
                 printf("  %s decode batch %d: skipped (budget of %.0f s spent)\n", specs[k].name, bs[j], budget);
                 continue;
             }
-            if (!m && !(m = random_model(be, &specs[k].cfg, true))) {
+            if (!m && !(m = random_model(be, &specs[k].cfg, true, decode_w16))) {
                 fprintf(stderr, "bench_cuda: %s: %s\n", specs[k].name, ff_error_message());
                 failures++;
                 break;

@@ -6,7 +6,8 @@
  * aliasing where the interface allows it, leading dimensions wider than the rows, packed
  * sequences with an empty one, GQA, head dims that are not multiples of 32. ff_gemm is
  * checked in each FF_CUDA_MATH mode with its own tolerance (fp32 exact to rounding, TF32
- * 10-bit and bf16 8-bit mantissas).
+ * 10-bit and bf16 8-bit mantissas), and the bf16-weight entries (ff_gemm_bf16w, the bf16
+ * embedding, the casts).
  *
  * Needs a GPU: without CUDA in the build, or with no device, it exits 77 (SKIPPED, saying
  * which), and tests/kernels/test_cuda_skip.sh checks that it does exactly that here. */
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "fuseflow/backend.h"
+#include "fuseflow/dtype.h"
 #include "fuseflow/error.h"
 #include "fuseflow/kernels.h"
 #include "fuseflow/util.h"
@@ -145,6 +147,44 @@ static void test_gemm_on(ff_backend *g, const char *mode, double rtol) {
             }
     gpu = keep;
     gst = keep_st;
+}
+
+/* ---- bf16 weights ------------------------------------------------------------------------------------ */
+
+/* n random weights rounded to bf16, as bf16 bytes on both sides */
+static dual dual_bf16(size_t n, float scale) {
+    uint16_t *h = malloc(n * 2 + 2);
+    for (size_t i = 0; i < n; i++) h[i] = ff_f32_to_bf16(urand() * scale);
+    dual d = dual_new(h, n * 2);
+    free(h);
+    return d;
+}
+
+/* ff_gemm_bf16w (the CPU's fp32 activations against cuBLAS's bf16-rounded ones: 8-bit
+ * mantissas on one side, 2.5e-2 as the bf16 gemm mode), ff_embedding_fwd_bf16 and the casts
+ * (exact: the same rounding on both sides) */
+static void test_bf16(void) {
+    int shapes[][3] = {{1, 64, 64}, {7, 300, 33}, {67, 513, 129}, {256, 384, 512}, {40, 1, 64}, {5, 4, 0}};
+    char what[96];
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int beta = 0; beta < 2; beta++) {
+            int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = K + 3, ldw = K + 5, ldc = N + 2;
+            dual a = dual_rand((size_t)M * lda + 1, 1), w = dual_bf16((size_t)N * ldw + 1, 1), c = dual_rand((size_t)M * ldc, 1);
+            BOTH(ff_gemm_bf16w(S, M, N, K, P(a), lda, P(w), ldw, (float)beta, P(c), ldc));
+            snprintf(what, sizeof what, "gemm_bf16w %dx%dx%d beta %d", M, N, K, beta);
+            cmp_all(what, c, 1e-5, 2.5e-2);
+            dual_free(&a), dual_free(&w), dual_free(&c);
+        }
+    enum { V = 50, H = 70, T = 9, NC = 100003 };
+    const int32_t tok[T] = {0, 49, -1, 7, 7, 12, -1, 3, 48};
+    dual tk = dual_i32(tok, T), table = dual_bf16((size_t)V * H, 1), out = dual_rand((size_t)T * H, 1);
+    BOTH(ff_embedding_fwd_bf16(S, P(tk), P(table), P(out), T, H));
+    cmp_all("embedding_fwd_bf16", out, 0, 0);
+    dual x = dual_rand(NC, 1e3f), h = dual_new(NULL, (size_t)NC * 2), y = dual_new(NULL, (size_t)NC * 4);
+    BOTH(ff_cast_f32_bf16(S, P(x), P(h), NC));
+    BOTH(ff_cast_bf16_f32(S, P(h), P(y), NC));
+    cmp_all("cast f32 -> bf16 -> f32", y, 0, 0);
+    dual_free(&tk), dual_free(&table), dual_free(&out), dual_free(&x), dual_free(&h), dual_free(&y);
 }
 
 /* ---- embedding, rmsnorm, rope, bias, swiglu, rows -------------------------------------------------- */
@@ -452,6 +492,7 @@ int main(void) {
     CHECK(ff_backend_new("cuda:4095") == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "requested but");
 
+    test_bf16();
     test_rowwise();
     test_attention();
     test_logits();

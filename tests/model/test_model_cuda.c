@@ -4,7 +4,8 @@
  * default: 3e-2, 10-bit mantissa inputs), a critic's values, one SFT training step (loss,
  * gradient norm, every gradient, the parameters after AdamW), and generation: KV-cache
  * decoding's log-probs against a full forward over prompt + response on the GPU, and greedy
- * tokens equal to the CPU's (fp32 gemm, where near-ties cannot flip).
+ * tokens equal to the CPU's (fp32 gemm, where near-ties cannot flip); an inference model with
+ * bf16 weights against the CPU's (bf16 tolerance) and its KV-cache decoding.
  *
  * Needs a GPU: exits 77 (SKIPPED, saying why) without CUDA in the build or without a
  * device; tests/kernels/test_cuda_skip.sh checks that path here. */
@@ -181,6 +182,52 @@ int main(void) {
     ff_model_destroy(&mc);
     ff_model_destroy(&mg);
     ff_tensor_set_destroy(&w);
+
+    /* bf16 weights (an inference model): on the GPU the activations are rounded to bf16 in the
+     * products as well, so against the CPU's bf16-weight model (fp32 activations) within the
+     * bf16 gemm mode's tolerance; the KV-cache decoding against the GPU's own full forward */
+    {
+        ff_tensor_set *w16 = ff_tensor_set_new();
+        REQUIRE(w16 && ff_model_init_weights(&c, 10, 0.2, w16) == 0);
+        ff_model_opts o16 = {.inference = true, .bf16_weights = true};
+        ff_model *c16 = ff_model_new_opts(cpu, &c, w16, &o16), *g16 = ff_model_new_opts(g32, &c, w16, &o16);
+        REQUIRE(c16 && g16);
+        ff_model_memory mmc, mmg;
+        ff_model_memory_of(c16, &mmc);
+        ff_model_memory_of(g16, &mmg);
+        CHECK_EQ_INT(mmg.params, mmc.params);
+        forward_both(c16, g16, false, 1.0f, "forward bf16 weights", 3e-2);
+        int32_t p0[] = {3, 1, 4, 1, 5};
+        ff_gen_request r = req(3, p0, 5, 1.0f, 24, 4);
+        ff_generator_config gc = {.max_slots = 2, .max_seq_len = 64, .max_prefill_tokens = 16};
+        ff_gen_output *og = NULL;
+        int32_t ng = 0;
+        if (ff_model_generate(g16, &gc, &r, 1, &og, &ng) || ng != 2) {
+            fprintf(stderr, "cuda generate with bf16 weights failed: %s\n", ff_error_message());
+            ff_test_failures++;
+        } else {
+            for (int i = 0; i < ng; i++) {
+                int32_t T = 5 + og[i].n_tokens, ss[2] = {0, T};
+                int32_t *tok = malloc((size_t)T * 4), *tg = malloc((size_t)T * 4);
+                float *lp = malloc((size_t)T * 4);
+                memcpy(tok, p0, 5 * 4);
+                memcpy(tok + 5, og[i].tokens, (size_t)og[i].n_tokens * 4);
+                ff_batch_shift_targets(tok, ss, 1, tg);
+                ff_batch b = {.n_tokens = T, .n_seqs = 1, .tokens = tok, .seq_start = ss, .targets = tg};
+                ff_forward_opts fo = {0};
+                ff_forward_out out = {.logprobs = lp};
+                REQUIRE(ff_model_forward(g16, &b, &fo, &out) == 0);
+                /* the same bf16 products both ways, but cuBLAS may pick other kernels by shape */
+                check_tensor_close("bf16 weights: cached vs full log-probs (cuda)", og[i].logprobs, lp + 4, og[i].n_tokens, 2e-2, 0);
+                free(tok), free(tg), free(lp);
+                ff_gen_output_free(&og[i]);
+            }
+        }
+        free(og);
+        ff_model_destroy(&c16);
+        ff_model_destroy(&g16);
+        ff_tensor_set_destroy(&w16);
+    }
 
     /* a critic: values from the value head */
     ff_model_config cv = tiny_config(97, 64, 160, 2, 4, 4, true, false, true);
