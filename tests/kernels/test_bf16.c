@@ -137,7 +137,7 @@ static void test_casts(void) {
     uint16_t *h = malloc(N * 2);
     REQUIRE(x && back && h);
     fill(x, N, 11);
-    for (int i = 0; i < N; i++) x[i] *= (float)(1 << (i % 40)) / 1024.0f;
+    for (int i = 0; i < N; i++) x[i] = ldexpf(x[i], i % 40 - 10);
     /* exact ties: 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7 (to even: 1), and
      * 1 + 3 * 2^-8 between 1 + 2^-7 and 1 + 2^-6 (to even: 1 + 2^-6); NaN, Inf, the largest
      * finite fp32 (rounds up to Inf), a negative zero, a subnormal */
