@@ -131,9 +131,11 @@ void ff_cpu_gemm_fixed_nt_bf16(int M, int N, int K, const float *A, int lda, con
                                float *C, int ldc);
 void ff_cpu_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta,
                        ff_dptr C, int ldc);
-/* Tests: the portable path (fmaf per element) instead of AVX2 + FMA where the CPU has them; the
- * two give the same bits. */
-void ff_cpu_gemm_fixed_portable(bool on);
+/* The paths of the fixed-order products; all give the same bits. Tests pick one with
+ * ff_cpu_gemm_fixed_path (-1 or one the CPU lacks: the widest it has), which returns the one
+ * taken. */
+enum { FF_FIXED_PORTABLE = 0, FF_FIXED_AVX2 = 1, FF_FIXED_AVX512 = 2 };
+int ff_cpu_gemm_fixed_path(int want);
 
 /* The kernels of the other files, entered in the ops table by cpu_backend.c. */
 void ff_cpu_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);

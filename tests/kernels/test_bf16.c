@@ -1,6 +1,6 @@
 /* The CPU backend's bf16-weight kernels (ff_gemm_bf16w, ff_embedding_fwd_bf16, the casts):
  * - ff_gemm_bf16w equals, bit for bit, the fixed-order fp32 product (ff_cpu_gemm_fixed_nt) of
- *   the same weights widened to fp32, on the AVX2 + FMA path and the portable one, at 1 and 2
+ *   the same weights widened to fp32, on the AVX-512, AVX2 + FMA and portable paths, at 1 and 2
  *   threads, for the test models' shapes, odd widths and a value head of 1; beta 1 accumulates
  *   and beta 0 ignores NaN in C; a row is the same whatever rows share its product (batch
  *   invariance); and the whole is within fp32 rounding of a double-precision sum;
@@ -111,8 +111,8 @@ static void test_gemm(void) {
     static const int shapes[][3] = {{1, 64, 64},   {7, 192, 64}, {33, 256, 64}, {96, 768, 256}, {5, 19, 3},
                                     {13, 100, 71}, {40, 1, 64},  {3, 5, 0},     {300, 130, 96}, {2, 600, 520}};
     static const char *names[] = {"cpu:1", "cpu:2"};
-    for (int portable = 0; portable < 2; portable++) {
-        ff_cpu_gemm_fixed_portable(portable);
+    for (int path = FF_FIXED_PORTABLE; path <= FF_FIXED_AVX512; path++) {
+        if (ff_cpu_gemm_fixed_path(path) != path) continue; /* the CPU lacks it */
         for (int b = 0; b < 2; b++) {
             ff_backend *be = ff_backend_new(names[b]);
             REQUIRE(be);
@@ -125,7 +125,7 @@ static void test_gemm(void) {
             ff_backend_destroy(&be);
         }
     }
-    ff_cpu_gemm_fixed_portable(false);
+    ff_cpu_gemm_fixed_path(-1);
 }
 
 static void test_casts(void) {

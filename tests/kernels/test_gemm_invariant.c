@@ -184,20 +184,27 @@ int main(void) {
         }
     }
     /* the fixed-order products do not depend on the thread count either, nor on the path
-     * (AVX2 + FMA or fmaf per element) */
+     * (AVX-512, AVX2 + FMA or fmaf per element) */
     {
         setenv("FF_BATCH_INVARIANT", "fixed", 1);
         ff_backend *be = ff_backend_new("cpu:1");
         REQUIRE(be);
-        static const int odd[][3] = {{96, 768, 256}, {37, 40, 37}, {5, 19, 3}, {13, 100, 71}};
+        static const int odd[][3] = {{96, 768, 256}, {37, 40, 37}, {5, 19, 3}, {13, 100, 71}, {9, 67, 8}, {17, 3, 130}};
         for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
             product p;
             product_init(&p, be, FF_NO_TRANS, FF_TRANS, odd[i][1], odd[i][2]);
-            ff_cpu_gemm_fixed_portable(true);
+            ff_cpu_gemm_fixed_path(FF_FIXED_PORTABLE);
             run(&p, 1, odd[i][0], p.ref);
-            ff_cpu_gemm_fixed_portable(false);
-            run(&p, 1, odd[i][0], p.c);
-            CHECK(memcmp(p.ref, p.c, (size_t)odd[i][0] * odd[i][1] * 4) == 0);
+            for (int path = FF_FIXED_AVX2; path <= FF_FIXED_AVX512; path++) {
+                if (ff_cpu_gemm_fixed_path(path) != path) continue; /* the CPU lacks it */
+                run(&p, 1, odd[i][0], p.c);
+                if (memcmp(p.ref, p.c, (size_t)odd[i][0] * odd[i][1] * 4)) {
+                    fprintf(stderr, "fixed-order product %dx%dx%d: path %d differs from the portable one\n", odd[i][0],
+                            odd[i][1], odd[i][2], path);
+                    ff_test_failures++;
+                }
+            }
+            ff_cpu_gemm_fixed_path(-1);
             product_fini(&p);
         }
         ff_backend_destroy(&be);
