@@ -25,6 +25,7 @@ static void help(void) {
            "                     config (with its overrides) changes the run, listing the keys; only out,\n"
            "                     device, save_dtype, data.test, train.logger, log_every, eval_every,\n"
            "                     eval_samples, save_every, keep_checkpoints and stop_after may differ\n"
+           "  --backend D        the same as device=D: cpu, cpu:N, cuda, cuda:N\n"
            "  --resume-with-changes  resume anyway (e.g. a longer train.steps); the changes go to\n"
            "                     OUT/config_changes.jsonl, OUT/config.yaml stays the original\n"
            "  key=value          override a key, e.g. train.steps=50 optim.lr=1e-3\n\n"
@@ -102,19 +103,26 @@ static void on_event(void *ud, const ff_sft_event *e) {
 }
 
 int ff_cmd_sft(int argc, char **argv) {
-    const char *cfg_path = NULL;
+    const char *cfg_path = NULL, *backend = NULL;
     bool resume = false, with_changes = false;
     const ffio_opt opts[] = {{"config", FFIO_STR, &cfg_path, 0, 0},
                              {"resume", FFIO_FLAG, &resume, 0, 0},
-                             {"resume-with-changes", FFIO_FLAG, &with_changes, 0, 0}};
-    char *overrides[256];
+                             {"resume-with-changes", FFIO_FLAG, &with_changes, 0, 0},
+                             {"backend", FFIO_STR, &backend, 0, 0}};
+    char *overrides[257]; /* and --backend's device=D after them */
+    char device_kv[96];
     int n_over;
-    int pr = ffio_parse(CMD, argc, argv, opts, 3, overrides, 256, &n_over);
+    int pr = ffio_parse(CMD, argc, argv, opts, 4, overrides, 256, &n_over);
     if (pr == 1) help();
     if (pr) return pr == 1 ? 0 : pr;
     if (!cfg_path) return ffio_usage(CMD, "--config FILE is required");
     for (int i = 0; i < n_over; i++)
         if (!strchr(overrides[i], '=')) return ffio_usage(CMD, "'%s' is neither an option nor a key=value override", overrides[i]);
+    if (backend) { /* the last override: it wins over a device=... before it */
+        if ((size_t)snprintf(device_kv, sizeof device_kv, "device=%s", backend) >= sizeof device_kv)
+            return ffio_usage(CMD, "--backend '%s' is too long (cpu, cpu:N, cuda or cuda:N)", backend);
+        overrides[n_over++] = device_kv;
+    }
     console con = {isatty(fileno(stderr)), 0};
     ff_sft_opts o = {.config = cfg_path, .n_overrides = n_over, .overrides = overrides, .resume = resume || with_changes,
                      .resume_with_changes = with_changes, .interrupt = &g_interrupted, .on_event = on_event, .event_ud = &con};

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `--device cuda` on the commands that take it: without a GPU (or without CUDA in the build)
+# `--device cuda` / `--backend cuda` on the commands that take it (generate, logprobs, sft):
+# without a GPU (or without CUDA in the build)
 # a clear error that names what is missing and says to use the cpu backend; with one, greedy
 # decoding on the GPU gives the CPU's tokens and log-prob scoring agrees with the CPU's.
 source "$(dirname "$0")/lib.sh"
@@ -21,6 +22,13 @@ if ((gpu == 0)); then
   printf '{"tokens": [1, 2, 3]}\n' > "$TMP/seqs.jsonl"
   expect_error "logprobs --backend cuda without a GPU" "no CUDA device|built without the CUDA backend" \
     "$FF_BIN" logprobs --model "$M" --input "$TMP/seqs.jsonl" --output "$TMP/lp.jsonl" --backend cuda
+  printf '{"prompt": "1+2=", "response": "3"}\n' > "$TMP/sft.jsonl"
+  expect_error "sft --backend cuda without a GPU" "no CUDA device|built without the CUDA backend" \
+    "$FF_BIN" sft --config "$SRC/examples/sft_arith.yaml" model="$M" out="$TMP/sft_cuda" data.train="$TMP/sft.jsonl" \
+    data.test=null train.steps=1 --backend cuda
+  [[ ! -e "$TMP/sft_cuda/checkpoints" ]] || fail "sft wrote checkpoints before the backend failed"
+  expect_ok "sft --backend cpu:1 (the same as device=cpu:1)" "$FF_BIN" sft --config "$SRC/examples/sft_arith.yaml" model="$M" \
+    out="$TMP/sft_cpu" data.train="$TMP/sft.jsonl" data.test=null train.steps=1 train.batch_size=1 device=cuda --backend cpu:1
   finish
 fi
 
