@@ -48,6 +48,10 @@ typedef struct ff_backend_ops {
     void (*attention_cached)(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table,
                              int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                              ff_dptr out);
+    void (*attention_cached_bf16)(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table,
+                                  int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv,
+                                  int D, ff_dptr out);
+    void (*scatter_rows_bf16)(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N);
     void (*scatter_rows)(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N);
     void (*gather_rows)(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N);
     void (*logprob_fwd)(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V,

@@ -59,6 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuseflow/dtype.h"
 #include "fuseflow/error.h"
 #include "fuseflow/util.h"
 #include "model/model_internal.h"
@@ -95,7 +96,9 @@ struct ff_generator {
     ff_generator_config c;
     int32_t Tcap, Rcap; /* tokens per forward, logit rows per forward */
     ff_buffer *kv;      /* per layer: K [n_blocks * block_rows, Hkv D], then V */
-    size_t kv_layer;    /* floats per layer (K and V) */
+    size_t kv_layer;    /* elements per layer (K and V) */
+    size_t kv_esz;      /* bytes per element: 4, or 2 (ff_generator_config.kv_bf16) */
+    uint16_t *h_kv16;   /* kv_bf16: [block_rows, Hkv D] host staging of moved rows */
     int32_t block_rows, table_ld, n_blocks; /* positions per block, blocks per sequence at most, the pool */
     int32_t *blk_ref;   /* [n_blocks] holders of each block (0: free) */
     int32_t *blk_free;  /* [n_blocks] a stack of the free ones */
@@ -133,6 +136,8 @@ struct ff_generator {
 };
 
 #define GW(g, f) ff_dptr_of((g)->ws, (g)->f)
+/* element e of the KV cache, whatever its type */
+static ff_dptr kv_at(const ff_generator *g, size_t e) { return ff_dptr_of(g->kv, e * g->kv_esz); }
 
 static size_t take(size_t *o, size_t bytes) {
     size_t at = *o;
@@ -222,7 +227,9 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     const size_t f = 4, T = (size_t)g->Tcap, R = (size_t)g->Rcap, H = (size_t)m->H, V = (size_t)g->V;
     const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)c.kv_blocks * (size_t)c.kv_block_rows;
     g->kv_layer = 2 * rows * KD;
-    g->kv = ff_buffer_new(m->be, g->kv_layer * (size_t)m->L * f);
+    g->kv_esz = c.kv_bf16 ? 2 : 4;
+    if (c.kv_bf16) g->h_kv16 = ff_malloc((size_t)c.kv_block_rows * KD * 2);
+    g->kv = ff_buffer_new(m->be, g->kv_layer * (size_t)m->L * g->kv_esz);
     size_t o = 0;
     g->x = take(&o, T * H * f);
     g->xn = take(&o, T * H * f);
@@ -279,7 +286,7 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
         g->h_lg = ff_malloc((R * (size_t)m->V + 2 * R * V) * 4);
         tp_ok = g->h_tok_tp && g->h_lg && ffm_tp_host(m, T * H);
     }
-    if (!tp_ok || !g->kv || !g->ws || !g->h_tok || !g->h_pos || !g->h_wrow || !g->h_seq || !g->h_nkeys || !g->h_rows ||
+    if (!tp_ok || !g->kv || (c.kv_bf16 && !g->h_kv16) || !g->ws || !g->h_tok || !g->h_pos || !g->h_wrow || !g->h_seq || !g->h_nkeys || !g->h_rows ||
         !g->h_rowmap || !g->h_sp || !g->h_stok || !g->h_slp || !g->batch || !g->seqs || !g->slot_tokens ||
         !g->slot_logprobs || !g->h_table || !g->slot_tables || !g->blk_ref || !g->blk_free) {
         ff_error_wrap("generator with %d slots of %d positions, a KV cache of %d blocks of %d", c.max_slots,
@@ -315,6 +322,7 @@ void ff_generator_destroy(ff_generator **pg) {
     for (int32_t i = 0; i < g->d_len; i++) ff_gen_output_free(&g->done[(g->d_head + i) % g->d_cap]);
     free(g->done);
     ff_buffer_destroy(&g->kv);
+    free(g->h_kv16);
     ff_buffer_destroy(&g->ws);
     free(g->h_tok);
     free(g->h_pos);
@@ -553,8 +561,9 @@ static int infer(ff_generator *g, int32_t T, int32_t R, int32_t S) {
         ff_memcpy_h2d(st, x, g->h_px, TH * 4);
     }
     for (int l = 0; l < m->L; l++) {
-        tk.kv_k = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer);
-        tk.kv_v = ff_dptr_f32(g->kv, (size_t)l * g->kv_layer + rows * KD);
+        tk.kv_k = kv_at(g, (size_t)l * g->kv_layer);
+        tk.kv_v = kv_at(g, (size_t)l * g->kv_layer + rows * KD);
+        tk.kv16 = g->kv_esz == 2;
         if (ffm_layer_forward(m, l, &tk, &a)) return -1;
     }
     if (m->has_final) {
@@ -832,7 +841,7 @@ static int admit(ff_generator *g) {
         for (int l = 0; l < m->L; l++)
             for (int kv = 0; kv < 2; kv++) {
                 size_t base = (size_t)l * g->kv_layer + (size_t)kv * rows * KD;
-                ff_memcpy_d2d(st, ff_dptr_f32(g->kv, base + to), ff_dptr_f32(g->kv, base + from), (size_t)rest * KD * 4);
+                ff_memcpy_d2d(st, kv_at(g, base + to), kv_at(g, base + from), (size_t)rest * KD * g->kv_esz);
             }
     }
     ff_memcpy_h2d(st, GW(g, i_rowmap), g->h_rowmap, (size_t)B * 4);
@@ -983,17 +992,27 @@ static int32_t running_slot(const ff_generator *g, uint64_t id, int32_t sample) 
     return -1;
 }
 
-/* Between the host rows [positions, Hkv D] (one layer's K or V) and q's blocks, block by
- * block: to the cache (up) or from it. */
-static void copy_rows(ff_generator *g, const gen_seq *q, int l, int kv, float *host, int32_t positions, bool up) {
+/* Between the host rows [positions, Hkv D] fp32 (one layer's K or V) and q's blocks, block by
+ * block: to the cache (up) or from it. A bf16 cache converts through h16, a block's rows. */
+static void copy_rows(ff_generator *g, const gen_seq *q, int l, int kv, float *host, int32_t positions, bool up, uint16_t *h16) {
     ff_model *m = g->m;
     const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->n_blocks * (size_t)g->block_rows;
     const size_t base = (size_t)l * g->kv_layer + (size_t)kv * rows * KD;
     for (int32_t p0 = 0; p0 < positions; p0 += g->block_rows) {
         const int32_t n = positions - p0 < g->block_rows ? positions - p0 : g->block_rows;
-        ff_dptr at = ff_dptr_f32(g->kv, base + (size_t)seq_row(g, q, p0) * KD);
-        if (up) ff_memcpy_h2d(m->st, at, host + (size_t)p0 * KD, (size_t)n * KD * 4);
-        else ff_memcpy_d2h(m->st, host + (size_t)p0 * KD, at, (size_t)n * KD * 4);
+        const size_t count = (size_t)n * KD;
+        ff_dptr at = kv_at(g, base + (size_t)seq_row(g, q, p0) * KD);
+        float *h = host + (size_t)p0 * KD;
+        if (g->kv_esz == 4) {
+            if (up) ff_memcpy_h2d(m->st, at, h, count * 4);
+            else ff_memcpy_d2h(m->st, h, at, count * 4);
+        } else if (up) {
+            ff_dtype_from_f32(FF_DTYPE_BF16, h, h16, count);
+            ff_memcpy_h2d(m->st, at, h16, count * 2); /* h2d keeps its own copy: h16 is reusable */
+        } else {
+            ff_memcpy_d2h(m->st, h16, at, count * 2);
+            ff_dtype_to_f32(FF_DTYPE_BF16, h16, h, count);
+        }
     }
 }
 
@@ -1042,7 +1061,8 @@ int ff_generator_export(ff_generator *g, uint64_t id, int32_t sample, bool with_
                           .dtype = FF_DTYPE_F32, .data = out->kv.data};
     if (with_kv)
         for (int l = 0; l < m->L; l++)
-            for (int kv = 0; kv < 2; kv++) copy_rows(g, q, l, kv, out->kv.data + ((size_t)l * 2 + (size_t)kv) * per, positions, false);
+            for (int kv = 0; kv < 2; kv++)
+                copy_rows(g, q, l, kv, out->kv.data + ((size_t)l * 2 + (size_t)kv) * per, positions, false, g->h_kv16);
     req_release(r);
     seq_clear(g, q); /* ff_memcpy_d2h has waited: its blocks may be rewritten now */
     g->n_running--;
@@ -1148,7 +1168,8 @@ int ff_generator_import(ff_generator *g, const ff_gen_seq_state *s) {
     if (s->kv.data) {
         const size_t per = (size_t)positions * m->Hkv * m->D;
         for (int l = 0; l < m->L; l++)
-            for (int kv = 0; kv < 2; kv++) copy_rows(g, q, l, kv, s->kv.data + ((size_t)l * 2 + (size_t)kv) * per, positions, true);
+            for (int kv = 0; kv < 2; kv++)
+                copy_rows(g, q, l, kv, s->kv.data + ((size_t)l * 2 + (size_t)kv) * per, positions, true, g->h_kv16);
         rc = ff_stream_sync(m->st); /* the caller may free s as soon as this returns */
     } else {
         rc = prefill_rows(g, q, s->tokens, positions);

@@ -108,10 +108,13 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
     if (ff_dptr_null(tk->kv_k)) {
         ff_attention_fwd(st, a->qkv, QKV, tk->seq_start, tk->S, T, Hq, Hkv, D, a->att, a->lse);
     } else {
-        ff_scatter_rows(st, ff_dptr_add(a->qkv, (size_t)HD, 4), QKV, tk->kv_k, tk->kv_wrow, T, KD);
-        ff_scatter_rows(st, ff_dptr_add(a->qkv, (size_t)(HD + KD), 4), QKV, tk->kv_v, tk->kv_wrow, T, KD);
-        ff_attention_cached(st, a->qkv, QKV, tk->kv_k, tk->kv_v, tk->kv_table, tk->kv_S, tk->kv_table_ld,
-                            tk->kv_block_rows, tk->kv_seq, tk->kv_nkeys, T, Hq, Hkv, D, a->att);
+        /* the tokens' own k and v rows into the cache first (rounded there when it is bf16) */
+        void (*scatter)(ff_stream *, ff_dptr, int, ff_dptr, ff_dptr, int, int) = tk->kv16 ? ff_scatter_rows_bf16 : ff_scatter_rows;
+        scatter(st, ff_dptr_add(a->qkv, (size_t)HD, 4), QKV, tk->kv_k, tk->kv_wrow, T, KD);
+        scatter(st, ff_dptr_add(a->qkv, (size_t)(HD + KD), 4), QKV, tk->kv_v, tk->kv_wrow, T, KD);
+        (tk->kv16 ? ff_attention_cached_bf16 : ff_attention_cached)(st, a->qkv, QKV, tk->kv_k, tk->kv_v, tk->kv_table, tk->kv_S,
+                                                                   tk->kv_table_ld, tk->kv_block_rows, tk->kv_seq,
+                                                                   tk->kv_nkeys, T, Hq, Hkv, D, a->att);
     }
 
     /* row-parallel: mid [T, H] = x + att @ Wo^T, Wo [H, Hq D]. TP all-reduce #1, over the

@@ -220,10 +220,11 @@ typedef struct ffm_layer_tokens {
     ff_dptr pos;       /* i32 [T] position of each token in its sequence (RoPE) */
     int32_t S;         /* packed: sequences */
     ff_dptr seq_start; /* packed: i32 [S + 1] */
-    ff_dptr kv_k, kv_v;         /* cache: this layer's K and V, [blocks * block_rows, Hkv D] each */
+    ff_dptr kv_k, kv_v;         /* cache: this layer's K and V, [blocks * block_rows, Hkv D] each (fp32, or bf16) */
     ff_dptr kv_wrow;            /* cache: i32 [T] the row each token's k/v is written to */
     ff_dptr kv_table;           /* cache: i32 [kv_S, kv_table_ld] block tables (ff_attention_cached) */
     int32_t kv_S, kv_table_ld, kv_block_rows;
+    bool kv16;                  /* cache: K and V in bf16 (ff_generator_config.kv_bf16) */
     ff_dptr kv_seq, kv_nkeys;   /* cache: i32 [T] token t's table row; it attends positions 0 .. nkeys - 1 */
     /* sequence parallelism (packed only): x, mid, y, rstd1 and rstd2 hold this rank's rows
      * [r0, r0 + nr) of the T tokens only ([nr, H], [nr]); xn1 and xn2 are [T, H], gathered */

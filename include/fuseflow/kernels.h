@@ -116,8 +116,15 @@ void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, cons
 void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
                          int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                          ff_dptr out);
+/* The same against a cache held in bf16 (ff_generator_config.kv_bf16): kcache, vcache bf16
+ * [blocks * block_rows, Hkv D], widened exactly where they are read; the rest as above. */
+void ff_attention_cached_bf16(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
+                              int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
+                              ff_dptr out);
 /* Scatter rows: dst[rows[t], :] = src[t, :]. src [T, N] lds, dst [*, N], rows i32 [T]. */
 void ff_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N);
+/* The same into bf16 rows, rounded (ff_f32_to_bf16): dst bf16 [*, N]. */
+void ff_scatter_rows_bf16(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N);
 /* Gather rows: dst[r, :] = src[rows[r], :]. src [*, N], rows i32 [R], dst [R, N]. */
 void ff_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N);
 

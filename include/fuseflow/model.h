@@ -646,6 +646,9 @@ typedef struct ff_generator_config {
     int32_t kv_block_rows;      /* positions per KV-cache block, 1..max_seq_len (0: 16, or max_seq_len if less) */
     int32_t kv_blocks;          /* blocks in the pool (0: max_slots x ceil(max_seq_len / kv_block_rows),
                                    enough for every slot at full length) */
+    bool kv_bf16;               /* the KV cache in bf16 (false: fp32): half its bytes, each key and
+                                   value rounded when it is written (ff_scatter_rows_bf16) and
+                                   widened when attention reads it; moved rows travel as F32 */
 } ff_generator_config;
 
 typedef struct ff_generator ff_generator;
@@ -672,7 +675,7 @@ int32_t ff_generator_running(const ff_generator *g);
  * free and not promised to running sequences, whichever is fewer. */
 int32_t ff_generator_room(const ff_generator *g);
 /* The bytes of its KV cache (allocated at ff_generator_new: 2 x layers x kv_blocks x
- * kv_block_rows x kv_heads (this rank's) x head_dim x 4). */
+ * kv_block_rows x kv_heads (this rank's) x head_dim x 4, or x 2 with kv_bf16). */
 int64_t ff_generator_kv_bytes(const ff_generator *g);
 /* Its KV blocks: held by running sequences now, the most held at once (since it was made or
  * the last ff_generator_kv_peak_reset), and the pool; and the positions per block. */

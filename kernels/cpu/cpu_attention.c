@@ -266,9 +266,21 @@ void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const
     run_tasks(s, nb * Hkv, work, dkv_task, &j);
 }
 
-/* Query token t's rep heads of kv head g against its n first positions. */
-FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const float *vc, const int32_t *tab, int bs,
-                               int n, int t, int g, int rep, int D, int KD, int HD, float scale, float *out) {
+/* a . b, b a cache row of either type (bf16 widened exactly) */
+static inline __attribute__((always_inline)) float dot_row(const float *a, const void *b, size_t at, int n, bool b16) {
+    if (!b16) return dot(a, (const float *)b + at, n);
+    const uint16_t *h = (const uint16_t *)b + at;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += a[i] * bf16_widen(h[i]);
+    return s;
+}
+
+/* Query token t's rep heads of kv head g against its n first positions; the caches fp32 or
+ * (b16) bf16. */
+static inline __attribute__((always_inline)) void cached_body(const float *q, int ldq, const void *kc, const void *vc,
+                                                              const int32_t *tab, int bs, int n, int t, int g, int rep,
+                                                              int D, int KD, int HD, float scale, float *out, bool b16) {
     float acc[MAX_REP * FF_ATT_MAX_D > 16384 ? 16384 : MAX_REP * FF_ATT_MAX_D];
     float sc[MAX_REP][BLK], m[MAX_REP], l[MAX_REP];
     size_t row[BLK]; /* the cache rows of a chunk's positions: position p is in row tab[p / bs] * bs + p % bs */
@@ -283,8 +295,8 @@ FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const f
             if (++o == bs) o = 0, b++;
         }
         for (int c = 0; c < nk; c++) {
-            const float *K = kc + row[c] * KD + (size_t)g * D;
-            for (int r = 0; r < rep; r++) sc[r][c] = dot(Qg + (size_t)r * D, K, D) * scale;
+            const size_t k_at = row[c] * KD + (size_t)g * D;
+            for (int r = 0; r < rep; r++) sc[r][c] = dot_row(Qg + (size_t)r * D, kc, k_at, D, b16) * scale;
         }
         for (int r = 0; r < rep; r++) {
             float bm = m[r];
@@ -304,12 +316,19 @@ FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const f
             m[r] = bm;
         }
         for (int c = 0; c < nk; c++) {
-            const float *V = vc + row[c] * KD + (size_t)g * D;
+            const size_t v_at = row[c] * KD + (size_t)g * D;
+            const float *V = (const float *)vc + v_at;
+            const uint16_t *V16 = (const uint16_t *)vc + v_at;
             for (int r = 0; r < rep; r++) {
                 float p = sc[r][c];
                 float *a = acc + (size_t)r * D;
+                if (b16) {
 #pragma omp simd
-                for (int d = 0; d < D; d++) a[d] += p * V[d];
+                    for (int d = 0; d < D; d++) a[d] += p * bf16_widen(V16[d]);
+                } else {
+#pragma omp simd
+                    for (int d = 0; d < D; d++) a[d] += p * V[d];
+                }
             }
         }
     }
@@ -320,8 +339,19 @@ FF_VEC static void cached_task(const float *q, int ldq, const float *kc, const f
     }
 }
 
+FF_VEC static void cached_task32(const float *q, int ldq, const void *kc, const void *vc, const int32_t *tab, int bs, int n,
+                                 int t, int g, int rep, int D, int KD, int HD, float scale, float *out) {
+    cached_body(q, ldq, kc, vc, tab, bs, n, t, g, rep, D, KD, HD, scale, out, false);
+}
+FF_VEC static void cached_task16(const float *q, int ldq, const void *kc, const void *vc, const int32_t *tab, int bs, int n,
+                                 int t, int g, int rep, int D, int KD, int HD, float scale, float *out) {
+    cached_body(q, ldq, kc, vc, tab, bs, n, t, g, rep, D, KD, HD, scale, out, true);
+}
+
 typedef struct cached_job {
-    const float *q, *kc, *vc;
+    const float *q;
+    const void *kc, *vc; /* fp32 or (b16) bf16 */
+    bool b16;
     const int32_t *table, *seq, *nkeys;
     float *out;
     int ldq, table_ld, block_rows, Hkv, rep, D;
@@ -332,20 +362,32 @@ static void cached_part(void *arg, int64_t c0, int64_t c1) {
     const cached_job *j = arg;
     for (int64_t c = c0; c < c1; c++) {
         const int t = (int)(c / j->Hkv);
-        cached_task(j->q, j->ldq, j->kc, j->vc, j->table + (size_t)j->seq[t] * (size_t)j->table_ld, j->block_rows,
-                    j->nkeys[t], t, (int)(c % j->Hkv), j->rep, j->D, j->Hkv * j->D, j->Hkv * j->rep * j->D, j->scale,
-                    j->out);
+        (j->b16 ? cached_task16 : cached_task32)(j->q, j->ldq, j->kc, j->vc, j->table + (size_t)j->seq[t] * (size_t)j->table_ld,
+                                                  j->block_rows, j->nkeys[t], t, (int)(c % j->Hkv), j->rep, j->D, j->Hkv * j->D,
+                                                  j->Hkv * j->rep * j->D, j->scale, j->out);
     }
 }
 
-void ff_cpu_attention_cached(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr tablep,
+static void attention_cached(ff_stream *s, ff_dptr qp, int ldq, const void *kc, const void *vc, bool b16, ff_dptr tablep,
                              int table_ld, int block_rows, ff_dptr seqp, ff_dptr nkeysp, int T, int Hq, int Hkv, int D,
                              ff_dptr outp) {
     assert(D <= FF_ATT_MAX_D && Hq / Hkv <= MAX_REP);
-    cached_job j = {F(qp), F(kcp), F(vcp), I32(tablep), I32(seqp), I32(nkeysp), F(outp), ldq, table_ld, block_rows,
+    cached_job j = {F(qp), kc, vc, b16, I32(tablep), I32(seqp), I32(nkeysp), F(outp), ldq, table_ld, block_rows,
                     Hkv, Hq / Hkv, D, 1.0f / sqrtf((float)D)};
     double keys = 0;
     for (int t = 0; t < T; t++) keys += j.nkeys[t];
     /* per (token, kv head): about 4 flops per key, head and dimension */
     ff_cpu_for(s, (int64_t)T * Hkv, 4.0 * (keys / T) * j.rep * D, cached_part, &j);
+}
+
+void ff_cpu_attention_cached(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr tablep,
+                             int table_ld, int block_rows, ff_dptr seqp, ff_dptr nkeysp, int T, int Hq, int Hkv, int D,
+                             ff_dptr outp) {
+    attention_cached(s, qp, ldq, F(kcp), F(vcp), false, tablep, table_ld, block_rows, seqp, nkeysp, T, Hq, Hkv, D, outp);
+}
+
+void ff_cpu_attention_cached_bf16(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr tablep,
+                                  int table_ld, int block_rows, ff_dptr seqp, ff_dptr nkeysp, int T, int Hq, int Hkv, int D,
+                                  ff_dptr outp) {
+    attention_cached(s, qp, ldq, F(kcp), F(vcp), true, tablep, table_ld, block_rows, seqp, nkeysp, T, Hq, Hkv, D, outp);
 }

@@ -315,6 +315,21 @@ void ff_cpu_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dpt
     ff_cpu_for(s, T, N, scatter_part, &j);
 }
 
+FF_VEC static void scatter16_part(void *arg, int64_t t0, int64_t t1) {
+    const rows_job *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        uint16_t *d = (uint16_t *)(void *)j->dst + (size_t)j->rows[t] * j->N;
+        const float *x = j->src + (size_t)t * j->lds;
+#pragma omp simd
+        for (int c = 0; c < j->N; c++) d[c] = bf16_round(x[c]);
+    }
+}
+
+void ff_cpu_scatter_rows_bf16(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
+    rows_job j = {F(src), F(dst), I32(rows), lds, N};
+    ff_cpu_for(s, T, N, scatter16_part, &j);
+}
+
 static void gather_part(void *arg, int64_t r0, int64_t r1) {
     const rows_job *j = arg;
     for (int64_t r = r0; r < r1; r++)

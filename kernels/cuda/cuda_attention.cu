@@ -21,6 +21,7 @@
  * so the order is the CPU's: more probable first, lower id first on ties), counting or
  * summing over the row per bit; the pick is the inverse CDF over the kept tokens in
  * increasing id (a block-wide prefix sum), as the CPU's. */
+#include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -290,18 +291,22 @@ void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
 
 /* Stage n cache rows of positions p0 .. p0 + n - 1 of a sequence whose block table is tab
  * (blocks of bs rows): sm[j] = src[row of p0 + j, col .. col + D). */
-static __device__ __forceinline__ void stage_paged(float *sm, const float *src, int64_t ld, int64_t col,
-                                                   const int32_t *tab, int bs, int p0, int n, int D, int tid,
-                                                   int nthreads) {
+static __device__ __forceinline__ float widen(float x) { return x; }
+static __device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+static __device__ __forceinline__ void stage_paged(float *sm, const T *src, int64_t ld, int64_t col, const int32_t *tab,
+                                                   int bs, int p0, int n, int D, int tid, int nthreads) {
     for (int i = tid; i < n * D; i += nthreads) {
         int j = i / D, d = i - j * D, p = p0 + j;
         int64_t row = (int64_t)tab[p / bs] * bs + p % bs;
-        sm[j * (D + 1) + d] = src[row * ld + col + d];
+        sm[j * (D + 1) + d] = widen(src[row * ld + col + d]);
     }
 }
 
 /* One warp per (query token, head); the warp stages its tiles of cache rows itself. */
-static __global__ void k_att_cached(const float *q, int ldq, const float *kc, const float *vc, const int32_t *table,
+template <typename T>
+static __global__ void k_att_cached(const float *q, int ldq, const T *kc, const T *vc, const int32_t *table,
                                     int table_ld, int bs, const int32_t *seq, const int32_t *nkeys, int Hq, int Hkv,
                                     int D, float scale, float *out) {
     extern __shared__ float sm[];
@@ -345,20 +350,36 @@ static __global__ void k_att_cached(const float *q, int ldq, const float *kc, co
     }
 }
 
-void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table,
-                              int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
-                              ff_dptr out) {
-    if (T <= 0) return;
+template <typename T>
+static void attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int table_ld,
+                             int block_rows, ff_dptr seq, ff_dptr n_keys, int T_, int Hq, int Hkv, int D, ff_dptr out,
+                             const char *what) {
+    if (T_ <= 0) return;
     if (D > MAXD) {
         ff_error_set("cuda attention", "use a model with head_dim <= 256", "head_dim %d is above %d", D, (int)MAXD);
         ff_stream_fail(s);
         return;
     }
     ff_cuda_use_device(s);
-    k_att_cached<<<dim3(T, Hq), 32, cached_smem(D), CS(s)>>>(F(q), ldq, F(kcache), F(vcache), I32(table), table_ld,
-                                                            block_rows, I32(seq), I32(n_keys), Hq, Hkv, D,
-                                                            1.0f / sqrtf((float)D), F(out));
-    ff_cuda_check_launch(s, "attention_cached");
+    k_att_cached<T><<<dim3(T_, Hq), 32, cached_smem(D), CS(s)>>>(F(q), ldq, (const T *)(const void *)F(kcache),
+                                                                (const T *)(const void *)F(vcache), I32(table), table_ld,
+                                                                block_rows, I32(seq), I32(n_keys), Hq, Hkv, D,
+                                                                1.0f / sqrtf((float)D), F(out));
+    ff_cuda_check_launch(s, what);
+}
+
+void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table,
+                              int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
+                              ff_dptr out) {
+    attention_cached<float>(s, q, ldq, kcache, vcache, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out,
+                            "attention_cached");
+}
+
+void ff_cuda_attention_cached_bf16(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table,
+                                   int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
+                                   ff_dptr out) {
+    attention_cached<__nv_bfloat16>(s, q, ldq, kcache, vcache, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D,
+                                    out, "attention_cached_bf16");
 }
 
 int ff_cuda_attention_init(void) {
@@ -368,7 +389,8 @@ int ff_cuda_attention_init(void) {
     } k[] = {{(const void *)k_att_fwd, fwd_smem(MAXD)},
              {(const void *)k_att_dq, dq_smem(MAXD)},
              {(const void *)k_att_dkv, dkv_smem(MAXD)},
-             {(const void *)k_att_cached, cached_smem(MAXD)}};
+             {(const void *)k_att_cached<float>, cached_smem(MAXD)},
+             {(const void *)k_att_cached<__nv_bfloat16>, cached_smem(MAXD)}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         cudaError_t e = cudaFuncSetAttribute(k[i].fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k[i].bytes);
         if (e != cudaSuccess) {

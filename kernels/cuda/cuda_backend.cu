@@ -581,6 +581,18 @@ static void cuda_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, f
     k_rows<<<T, TPB, 0, CS(s)>>>(F(src), lds, F(dst), N, I32(rows), N, 1);
     ff_cuda_check_launch(s, "scatter_rows");
 }
+static __global__ void k_scatter_bf16(const float *src, int lds, __nv_bfloat16 *dst, const int32_t *rows, int N) {
+    int r = blockIdx.x;
+    const float *sr = src + (size_t)r * lds;
+    __nv_bfloat16 *dr = dst + (size_t)rows[r] * N;
+    for (int c = threadIdx.x; c < N; c += blockDim.x) dr[c] = __float2bfloat16(sr[c]);
+}
+static void cuda_scatter_rows_bf16(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
+    if (T <= 0) return;
+    ff_cuda_use_device(s);
+    k_scatter_bf16<<<T, TPB, 0, CS(s)>>>(F(src), lds, (__nv_bfloat16 *)(void *)F(dst), I32(rows), N);
+    ff_cuda_check_launch(s, "scatter_rows_bf16");
+}
 static void cuda_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N) {
     if (R <= 0) return;
     ff_cuda_use_device(s);
@@ -712,6 +724,8 @@ static ff_backend_ops make_ops(void) {
     o.attention_bwd = ff_cuda_attention_bwd;
     o.attention_cached = ff_cuda_attention_cached;
     o.scatter_rows = cuda_scatter_rows;
+    o.attention_cached_bf16 = ff_cuda_attention_cached_bf16;
+    o.scatter_rows_bf16 = cuda_scatter_rows_bf16;
     o.gather_rows = cuda_gather_rows;
     o.logprob_fwd = ff_cuda_logprob_fwd;
     o.logprob_bwd = ff_cuda_logprob_bwd;

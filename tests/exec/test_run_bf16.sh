@@ -7,8 +7,11 @@
 #     half the actor's weight bytes (bf16 matrices, fp32 norms), the fp32 run the same bytes;
 #   - the KL term sees the rounding: the fp32 reference starts equal to the actor (KL about 0,
 #     below 1e-9), the bf16 one near it (above that, below 1e-4);
+#   - `roles.actor.rollout.kv_dtype: bf16` (the KV cache in bf16) runs, its weights fp32, and
+#     its rollout log-probs move off the reference's full forward (|kl| of the first iteration,
+#     0 with identical weights: below 1e-7 with the fp32 cache, above with bf16);
 #   - refused before any worker starts, naming the key: dtype on a trained role, bf16 generation
-#     with sync_delta, a word that is no dtype.
+#     with sync_delta, a word that is no dtype (weights or KV cache).
 # The numbers themselves (bit for bit those of an fp32 model on the rounded weights):
 # tests/model/test_model_bf16.c.
 source "$(dirname "$0")/lib.sh"
@@ -22,13 +25,14 @@ run() { # OUT [overrides...]
 run "$work/fp32"
 run "$work/pool" roles.ref.dtype=bf16 roles.actor.rollout.dtype=bf16
 run "$work/local" roles.ref.dtype=bf16 roles.actor.rollout.dtype=bf16 roles.actor.rollout.workers=0
+run "$work/kv" roles.actor.rollout.kv_dtype=bf16
 grep -qE "^run: rank 0 holds .* ref [0-9.]+ KiB weights$" "$work/pool.log" || { cat "$work/pool.log" >&2; fail "no memory line"; }
 
 python3 - "$work" <<'PY' || fail "the bf16 runs' memory or KL are wrong"
 import json, sys
 def lines(run):
     return [json.loads(l) for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl")]
-for run in ("fp32", "pool", "local"):
+for run in ("fp32", "pool", "local", "kv"):
     L = lines(run)
     it = [o for o in L if "samples" in o]
     assert len(it) == 2, (run, len(it))
@@ -41,10 +45,15 @@ for run in ("fp32", "pool", "local"):
             o = r["roles"][role]
             share = o["params_bytes"] / actor
             print(f"{run}: rank {r['rank']} {role} holds {o['params_bytes']} bytes of weights, {share:.3f} of the actor's")
-            if run == "fp32":
+            if run in ("fp32", "kv"):
                 assert o["params_bytes"] == actor, (run, r)
             else:
                 assert 0.5 <= share < 0.51 and "in_place_bytes" not in o, (run, r)
+    if run == "kv":  # the rollout's log-probs (old_logprob) against the reference's full forward
+        kv, ref = abs(it[0]["kl"]), abs(next(o for o in lines("fp32") if "samples" in o)["kl"])
+        print(f"kv: first iteration's |kl| (old_logprob - ref_logprob) {kv:.3g}, with the fp32 cache {ref:.3g}")
+        assert ref < 1e-7 < kv, (ref, kv)
+        continue
     kl = it[0]["kl_loss"]
     print(f"{run}: first iteration's kl_loss {kl:.3g}")
     assert (kl < 1e-9) if run == "fp32" else (1e-9 < kl < 1e-4), (run, kl)
@@ -54,5 +63,6 @@ run_refused "dtype on the actor" "'roles.actor.dtype: bf16' is only for the froz
 run_refused "bf16 generation with sync_delta" "with 'dtype: bf16' they are rounded where they are stored" \
   roles.actor.rollout.dtype=bf16 roles.actor.rollout.sync_delta=true
 run_refused "a word" "'roles.ref.dtype' must be one of: fp32, bf16" roles.ref.dtype=int8
+run_refused "a KV word" "'roles.actor.rollout.kv_dtype' must be one of: fp32, bf16" roles.actor.rollout.kv_dtype=fp8
 grep -q "started" "$work/bad.log" 2> /dev/null && fail "workers started before a refusal"
 echo "ok"

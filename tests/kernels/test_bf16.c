@@ -1,4 +1,4 @@
-/* The CPU backend's bf16-weight kernels (ff_gemm_bf16w, ff_embedding_fwd_bf16, the casts):
+/* The CPU backend's bf16 kernels (ff_gemm_bf16w, ff_embedding_fwd_bf16, the casts, the KV cache's):
  * - ff_gemm_bf16w equals, bit for bit, the fixed-order fp32 product (ff_cpu_gemm_fixed_nt) of
  *   the same weights widened to fp32, on the AVX-512, AVX2 + FMA and portable paths, at 1 and 2
  *   threads, for the test models' shapes, odd widths and a value head of 1; beta 1 accumulates
@@ -6,7 +6,9 @@
  *   invariance); and the whole is within fp32 rounding of a double-precision sum;
  * - the casts round as include/fuseflow/dtype.h does (ties to even, NaN kept, Inf kept,
  *   overflow to Inf) and widen exactly;
- * - the bf16 embedding gives the widened rows, and zeros for token -1. */
+ * - the bf16 embedding gives the widened rows, and zeros for token -1;
+ * - a KV cache in bf16: its row scatter rounds, its paged attention equals the fp32 one on the
+ *   widened cache. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,9 +201,52 @@ static void test_embedding(void) {
     ff_backend_destroy(&be);
 }
 
+/* the KV cache in bf16: scatter_rows_bf16 rounds exactly, and attention through shuffled block
+ * tables (one sequence sharing another's blocks) on bf16 caches equals it on the same caches
+ * widened to fp32 (the sums may run in another vector order: 1e-6) */
+static void test_kv(void) {
+    ff_backend *be = ff_backend_new("cpu:2");
+    REQUIRE(be);
+    ff_stream *st = ff_backend_stream(be);
+    enum { Hq = 4, Hkv = 2, D = 24, KD = Hkv * D, BS = 5, NB = 9, ROWS = NB * BS, T = 3, S = 2, LD = 4 };
+    float q[T * Hq * D], k32[ROWS * KD], v32[ROWS * KD], src[ROWS * KD], o32[T * Hq * D], o16[T * Hq * D];
+    uint16_t k16[ROWS * KD], v16[ROWS * KD], got[ROWS * KD];
+    fill(q, T * Hq * D, 21), fill(k32, ROWS * KD, 22), fill(v32, ROWS * KD, 23), fill(src, ROWS * KD, 24);
+    for (int i = 0; i < ROWS * KD; i++) {
+        k16[i] = ff_f32_to_bf16(k32[i] * 4), k32[i] = ff_bf16_to_f32(k16[i]);
+        v16[i] = ff_f32_to_bf16(v32[i]), v32[i] = ff_bf16_to_f32(v16[i]);
+    }
+    const int32_t table[S * LD] = {7, 2, 5, 0, 7, 2, 8, 1}; /* sequence 1 shares sequence 0's first two blocks */
+    const int32_t seq[T] = {0, 1, 1}, nkeys[T] = {17, 12, 20};
+    int32_t rows[ROWS];
+    for (int i = 0; i < ROWS; i++) rows[i] = (i * 7) % ROWS;
+    ff_dptr Q = dev(be, q, sizeof q), K32 = dev(be, k32, sizeof k32), V32 = dev(be, v32, sizeof v32), K16 = dev(be, k16, sizeof k16),
+            V16 = dev(be, v16, sizeof v16), Tb = dev(be, table, sizeof table), Sq = dev(be, seq, sizeof seq),
+            Nk = dev(be, nkeys, sizeof nkeys), O32 = dev(be, NULL, sizeof o32), O16 = dev(be, NULL, sizeof o16),
+            Src = dev(be, src, sizeof src), Rw = dev(be, rows, sizeof rows), Dst = dev(be, NULL, sizeof got);
+    ff_attention_cached(st, Q, Hq * D, K32, V32, Tb, S, LD, BS, Sq, Nk, T, Hq, Hkv, D, O32);
+    ff_attention_cached_bf16(st, Q, Hq * D, K16, V16, Tb, S, LD, BS, Sq, Nk, T, Hq, Hkv, D, O16);
+    ff_scatter_rows_bf16(st, Src, KD, Dst, Rw, ROWS, KD);
+    ff_memcpy_d2h(st, o32, O32, sizeof o32);
+    ff_memcpy_d2h(st, o16, O16, sizeof o16);
+    ff_memcpy_d2h(st, got, Dst, sizeof got);
+    REQUIRE(ff_stream_sync(st) == 0);
+    double worst = 0, big = 0;
+    for (int i = 0; i < T * Hq * D; i++) worst = fmax(worst, fabs((double)o16[i] - o32[i])), big = fmax(big, fabs((double)o32[i]));
+    CHECK(big > 0.01 && worst <= 1e-6 * big);
+    int wrong = 0;
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < KD; c++) wrong += got[rows[r] * KD + c] != ff_f32_to_bf16(src[r * KD + c]);
+    CHECK(wrong == 0);
+    ff_dptr all[] = {Q, K32, V32, K16, V16, Tb, Sq, Nk, O32, O16, Src, Rw, Dst};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ff_buffer_destroy(&all[i].buf);
+    ff_backend_destroy(&be);
+}
+
 int main(void) {
     test_gemm();
     test_casts();
     test_embedding();
+    test_kv();
     TEST_MAIN_END();
 }

@@ -312,6 +312,17 @@ static void test_attention(void) {
     dual dnk = dual_i32(nk, 7), o = dual_new(NULL, (size_t)T * Hq * D * 4);
     BOTH(ff_attention_cached(S, P(q), Hq * D + 8, P(kc), P(vc), P(dtab), 3, tld, bs, P(dseq), P(dnk), T, Hq, Hkv, D, P(o)));
     cmp_all("attention_cached", o, 1e-5, 1e-4);
+    /* the same on a bf16 cache (the same bf16 bytes on both sides, widened alike), and the
+     * rounding scatter that fills one */
+    dual kc16 = dual_bf16((size_t)rows * Hkv * D, 1), vc16 = dual_bf16((size_t)rows * Hkv * D, 1);
+    BOTH(ff_attention_cached_bf16(S, P(q), Hq * D + 8, P(kc16), P(vc16), P(dtab), 3, tld, bs, P(dseq), P(dnk), T, Hq, Hkv, D,
+                                  P(o)));
+    cmp_all("attention_cached_bf16", o, 1e-5, 1e-4);
+    int32_t to[7] = {3, 190, 0, 17, 44, 101, 5};
+    dual dto = dual_i32(to, 7);
+    BOTH(ff_scatter_rows_bf16(S, P(q), Hq * D + 8, P(kc16), P(dto), T, Hkv * D));
+    cmp_all("scatter_rows_bf16 (the cache's bytes as floats)", kc16, 0, 0);
+    dual_free(&kc16), dual_free(&vc16), dual_free(&dto);
     dual_free(&dtab), dual_free(&dseq);
     dual_free(&q), dual_free(&kc), dual_free(&vc), dual_free(&dnk), dual_free(&o);
 }

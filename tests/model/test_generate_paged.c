@@ -3,7 +3,9 @@
  * request share the prompt's full blocks (counted exactly); a pool smaller than the demand
  * makes requests wait, never fail or change; clear errors for a request or a moved sequence
  * that cannot fit, and for bad block settings; a prompt longer than max_prefill_tokens
- * prefilled in chunks gives what one prefill gives. */
+ * prefilled in chunks gives what one prefill gives; a cache held in bf16 (kv_bf16). */
+#include <math.h>
+
 #include "tests/model/model_test_util.h"
 
 /* Every request to the end on a generator of this config; the outputs by request then
@@ -260,6 +262,103 @@ static void test_chunked_prefill(ff_model *m) {
     gen_outputs_free(want, n_ref);
 }
 
+/* Do two runs' outputs agree bit for bit? */
+static bool same_outputs(const ff_gen_output *a, const ff_gen_output *b, int32_t n) {
+    bool same = true;
+    for (int32_t i = 0; i < n; i++)
+        same &= a[i].n_tokens == b[i].n_tokens && a[i].finish == b[i].finish && !memcmp(a[i].tokens, b[i].tokens, (size_t)a[i].n_tokens * 4) &&
+                !memcmp(a[i].logprobs, b[i].logprobs, (size_t)a[i].n_tokens * 4);
+    return same;
+}
+
+/* The largest |cached log-prob - full forward's| over the outputs of requests r (temperature 1),
+ * and the largest |log-prob| in *big. */
+static double cached_vs_full(ff_model *m, const ff_gen_request *r, const ff_gen_output *o, int32_t n, double *big) {
+    double worst = 0;
+    *big = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const ff_gen_request *q = &r[o[i].id];
+        int32_t T = q->prompt_len + o[i].n_tokens, ss[2] = {0, T};
+        int32_t *tok = malloc((size_t)T * 4), *tg = malloc((size_t)T * 4);
+        float *lp = malloc((size_t)T * 4);
+        REQUIRE(tok && tg && lp);
+        memcpy(tok, q->prompt, (size_t)q->prompt_len * 4);
+        memcpy(tok + q->prompt_len, o[i].tokens, (size_t)o[i].n_tokens * 4);
+        ff_batch_shift_targets(tok, ss, 1, tg);
+        ff_batch b = {.n_tokens = T, .n_seqs = 1, .tokens = tok, .seq_start = ss, .targets = tg};
+        ff_forward_opts fo = {.temperature = 1.0f};
+        ff_forward_out out = {.logprobs = lp};
+        REQUIRE(ff_model_forward(m, &b, &fo, &out) == 0);
+        for (int32_t k = 0; k < o[i].n_tokens; k++) {
+            worst = fmax(worst, fabs((double)o[i].logprobs[k] - lp[q->prompt_len - 1 + k]));
+            *big = fmax(*big, fabs((double)lp[q->prompt_len - 1 + k]));
+        }
+        free(tok), free(tg), free(lp);
+    }
+    return worst;
+}
+
+/* A KV cache in bf16 (kv_bf16): half the bytes; every layout of it gives the same outputs bit
+ * for bit (the rows are rounded alike wherever they are); its log-probs near a full forward's
+ * (the fp32 cache's equal it to rounding); a sequence moved between two bf16 caches (its rows
+ * travel as F32, widened exactly) ends as it does unmoved, bit for bit. */
+static void test_kv_bf16(ff_model *m) {
+    int32_t p0[21], p1[16], p2[] = {3, 9, 4, 1, 5};
+    for (int i = 0; i < 21; i++) p0[i] = (i * 7 + 3) % 40;
+    for (int i = 0; i < 16; i++) p1[i] = (i * 5 + 1) % 40;
+    ff_gen_request r[3] = {gen_request(0, p0, 21, 3, 1.0f, 30, 11), gen_request(1, p1, 16, 2, 1.0f, 20, 12), gen_request(2, p2, 5, 2, 1.0f, 25, 13)};
+    ff_generator_config c32 = {.max_slots = 6, .max_seq_len = 64, .max_prefill_tokens = 32, .kv_block_rows = 16}, c16 = c32;
+    c16.kv_bf16 = true;
+    ff_generator *g32 = ff_generator_new(m, &c32), *g16 = ff_generator_new(m, &c16);
+    REQUIRE(g32 && g16);
+    CHECK_EQ_INT(ff_generator_kv_bytes(g16) * 2, ff_generator_kv_bytes(g32));
+    ff_generator_destroy(&g32), ff_generator_destroy(&g16);
+    int32_t n32, n16, n, peak;
+    ff_gen_output *o32 = run_all(m, &c32, r, 3, &n32, &peak), *o16 = run_all(m, &c16, r, 3, &n16, &peak);
+    REQUIRE(n32 == 7 && n16 == 7);
+    const int32_t rows[] = {1, 8, 64};
+    for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+        ff_generator_config gc = c16;
+        gc.kv_block_rows = rows[k];
+        gc.kv_blocks = largest_need(r, 3, rows[k], 64); /* the others wait */
+        ff_gen_output *got = run_all(m, &gc, r, 3, &n, &peak);
+        if (!same_outputs(got, o16, n)) {
+            fprintf(stderr, "bf16 KV cache, blocks of %d: outputs differ from blocks of 16\n", rows[k]);
+            ff_test_failures++;
+        }
+        gen_outputs_free(got, n);
+    }
+    double big32, big16, d32 = cached_vs_full(m, r, o32, n32, &big32), d16 = cached_vs_full(m, r, o16, n16, &big16);
+    printf("cached log-probs against a full forward: fp32 KV cache %.3g, bf16 KV cache %.3g (log-probs up to %.3g)\n", d32, d16,
+           big16);
+    CHECK(d32 < 1e-4);
+    CHECK(d16 > d32 && d16 < 0.03 * big16); /* bf16 keeps 8 significant bits of each key and value */
+
+    /* moved mid-decode from one bf16 cache into another (blocks of 4 there) */
+    ff_generator *a = ff_generator_new(m, &c16);
+    REQUIRE(a && ff_generator_submit(a, &r[0]) == 0);
+    for (int i = 0; i < 6; i++) REQUIRE(ff_generator_step(a) == 0);
+    ff_gen_seq_state st;
+    REQUIRE(ff_generator_export(a, 0, 2, true, &st) == 0);
+    ff_generator_config c4 = c16;
+    c4.kv_block_rows = 4;
+    ff_generator *b = ff_generator_new(m, &c4);
+    REQUIRE(b && ff_generator_import(b, &st) == 0);
+    ff_gen_seq_state_free(&st);
+    while (ff_generator_pending(b) > 0) REQUIRE(ff_generator_step(b) == 0);
+    ff_gen_output o;
+    REQUIRE(ff_generator_pop(b, &o) == 1);
+    CHECK(o.id == 0 && o.sample == 2);
+    CHECK(same_outputs(&o, &o16[2], 1));
+    ff_gen_output_free(&o);
+    while (ff_generator_pending(a) > 0) REQUIRE(ff_generator_step(a) == 0);
+    while (ff_generator_pop(a, &o)) ff_gen_output_free(&o);
+    ff_generator_destroy(&a);
+    ff_generator_destroy(&b);
+    gen_outputs_free(o32, n32);
+    gen_outputs_free(o16, n16);
+}
+
 int main(void) {
     ff_backend *be = ff_backend_cpu_new(2);
     REQUIRE(be);
@@ -270,6 +369,7 @@ int main(void) {
     test_small_pool(m);
     test_import_room(m);
     test_chunked_prefill(m);
+    test_kv_bf16(m);
     ff_model_destroy(&m);
     ff_backend_destroy(&be);
     TEST_MAIN_END();
