@@ -11,6 +11,9 @@
  *                against the prompt rows that a prompt's samples share (the slot cache reads a
  *                copy per sample), in tokens/s, and the KV rows the paged cache actually held;
  *                then the same with SEQS prompts of one sample each: the lookups alone
+ *   bf16 KV      the paged cache of the same memory in bf16 (kv_bf16): twice the blocks, so
+ *                twice the sequences at once (its tokens differ: the keys and values are
+ *                rounded), against the fp32 paged cache of that memory
  * Each layout has one generator for all repetitions, the first untimed (its KV pages touched).
  * The last line is the headline: paged tokens/s over slot's at the same memory.
  *
@@ -150,15 +153,18 @@ int main(int argc, char **argv) {
                                           .kv_block_rows = MAX_SEQ};
     const ff_generator_config paged_all = {.max_slots = PROMPTS * SAMPLES, .max_seq_len = MAX_SEQ, .max_prefill_tokens = 4 * PROMPT,
                                            .kv_block_rows = BLOCK};
+    /* the same bytes as paged_mem in bf16: twice its blocks */
+    const ff_generator_config paged16_mem = {.max_slots = PROMPTS * SAMPLES, .max_seq_len = MAX_SEQ, .max_prefill_tokens = 4 * PROMPT,
+                                             .kv_block_rows = BLOCK, .kv_blocks = 2 * SAME_MEM_SEQS * MAX_SEQ / BLOCK, .kv_bf16 = true};
     /* 0, 1: the same memory; 2, 3: every sequence a slot; 4, 5: the same with SEQS prompts of one
-     * sample each (nothing shared: the table lookups alone) */
-    enum { N = 6 };
+     * sample each (nothing shared: the table lookups alone); 6: 1's memory in bf16 */
+    enum { N = 7 };
     run_result r[N];
     memset(r, 0, sizeof r);
-    const ff_generator_config *cfg[N] = {&slot_mem, &paged_mem, &slot_all, &paged_all, &slot_all, &paged_all};
+    const ff_generator_config *cfg[N] = {&slot_mem, &paged_mem, &slot_all, &paged_all, &slot_all, &paged_all, &paged16_mem};
     ff_generator *g[N];
     for (int i = 0; i < N; i++) {
-        r[i].samples = i < 4 ? SAMPLES : 1;
+        r[i].samples = i < 4 || i == 6 ? SAMPLES : 1;
         if (!(g[i] = ff_generator_new(m, cfg[i]))) return die("generator");
     }
     for (int k = 0; k <= reps; k++) /* the first repetition warms up, untimed */
@@ -168,7 +174,7 @@ int main(int argc, char **argv) {
             if (k == 0) r[i].seconds = keep;
         }
     for (int i = 0; i < N; i++) ff_generator_destroy(&g[i]);
-    for (int i = 1; i < N; i++)
+    for (int i = 1; i < 6; i++) /* 6 rounds its keys and values: other tokens */
         if (!same_outputs(&r[i < 4 ? 0 : 4], &r[i])) {
             fprintf(stderr, "bench_kv: layout %d returned other tokens than one slot per sequence\n", i);
             return 1;
@@ -182,11 +188,15 @@ int main(int argc, char **argv) {
     printf("every sequence a slot, %d prompts of one sample (nothing shared):\n", SEQS);
     report("slot", &r[4]);
     report("paged", &r[5]);
+    printf("the same KV memory in bf16:\n");
+    report("bf16", &r[6]);
     const double same = r[0].seconds / r[1].seconds, all = r[2].seconds / r[3].seconds, alone = r[4].seconds / r[5].seconds;
     const double held = (double)r[2].peak_blocks * r[2].block_rows / ((double)r[3].peak_blocks * r[3].block_rows);
     printf("every slot: paged %.2fx the tokens/s of slot with %d samples a prompt (their prompt rows shared: read once a step, "
            "%.2fx fewer KV rows held at the peak); %.2fx with nothing shared (the block tables' cost)\n",
            all, SAMPLES, held, alone);
+    printf("bf16 KV cache: %.2fx the tokens/s of the fp32 paged cache in the same memory (%d decoding at once, not %d)\n",
+           r[1].seconds / r[6].seconds, r[6].most_running, r[1].most_running);
     printf("bench_kv: paged %.2fx the tokens/s of one slot per sequence at the same KV memory (target: >= 1.2x)\n", same);
     for (int i = 0; i < N; i++) free_outs(&r[i]);
     free(prompts);
