@@ -17,7 +17,8 @@
  * FF_CUDA_MATH (tf32 by default, bf16 converts operands per call). The decoding model is an
  * inference model with bf16 weights (ff_model_opts.bf16_weights, ff_gemm_bf16w: the weights
  * stored bf16 and read as they are, activations rounded to bf16 per product, fp32 between
- * kernels) unless --decode-weights fp32; say which beside any comparison.
+ * kernels) unless --decode-weights fp32, and a KV cache in bf16 (ff_generator_config.kv_bf16)
+ * unless --decode-kv fp32, as HF generate holds a bf16 model's; say which beside any comparison.
  *
  * Each line is one measurement; the last lines are the headlines:
  *   bench_cuda_train MODEL: X tok/s, MFU Y % (target on llama1b: >= 40 %, >= PyTorch eager)
@@ -29,7 +30,7 @@
  *
  * Usage: bench_cuda [--device cuda:0] [--models qwen0.5b,llama1b] [--seq 2048] [--steps 5]
  *                   [--batches 1,32,256] [--prompt 32] [--new 64] [--budget SECONDS]
- *                   [--bf16-train 0|1] [--decode-weights bf16|fp32]
+ *                   [--bf16-train 0|1] [--decode-weights bf16|fp32] [--decode-kv bf16|fp32]
  * --budget: stop starting new measurements once this much wall time has passed (default
  * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed. */
 #include <math.h>
@@ -168,9 +169,10 @@ out:
     return rc;
 }
 
-static int bench_decode(ff_model *m, const spec *s, int B, int prompt, int n_new, double *tok_s) {
+static int bench_decode(ff_model *m, const spec *s, int B, int prompt, int n_new, bool kv16, double *tok_s) {
     ff_generator_config gc = {.max_slots = B, .max_seq_len = prompt + n_new + 1,
-                              .max_prefill_tokens = B * prompt < 8192 ? B * prompt : 8192}; /* every prompt in one or a few steps */
+                              .max_prefill_tokens = B * prompt < 8192 ? B * prompt : 8192, /* every prompt in one or a few steps */
+                              .kv_bf16 = kv16};
     ff_generator *g = ff_generator_new(m, &gc);
     if (!g) return -1;
     int32_t *p = malloc((size_t)B * prompt * 4);
@@ -211,7 +213,7 @@ out:
 int main(int argc, char **argv) {
     const char *device = "cuda", *models = "qwen0.5b,llama1b", *batches = "1,32,256";
     int seq = 2048, steps = 5, prompt = 32, n_new = 64, bf16_train = 1;
-    bool decode_w16 = true;
+    bool decode_w16 = true, decode_kv16 = true;
     double budget = 240;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -234,6 +236,12 @@ int main(int argc, char **argv) {
                 return 2;
             }
             decode_w16 = !strcmp(v, "bf16");
+        } else if (!strcmp(a, "--decode-kv")) {
+            if (strcmp(v, "bf16") && strcmp(v, "fp32")) {
+                fprintf(stderr, "bench_cuda: --decode-kv wants bf16 or fp32, got '%s'\n", v);
+                return 2;
+            }
+            decode_kv16 = !strcmp(v, "bf16");
         }
         else {
             fprintf(stderr, "bench_cuda: unknown option %s (see the usage at the top of bench/bench_cuda.c)\n", a);
@@ -250,8 +258,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     const char *math = getenv("FF_CUDA_MATH");
-    printf("bench_cuda: %s, FF_CUDA_MATH=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens, %s decode weights\n",
-           ff_backend_name(be), math && *math ? math : "tf32 (default)", seq, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32");
+    printf("bench_cuda: %s, FF_CUDA_MATH=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
+           "%s KV cache\n",
+           ff_backend_name(be), math && *math ? math : "tf32 (default)", seq, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32",
+           decode_kv16 ? "bf16" : "fp32");
     spec specs[] = {
         {"qwen0.5b", base_cfg(151936, 896, 4864, 24, 14, 2, true, true, 1000000.0)},
         {"llama1b", base_cfg(128256, 2048, 8192, 16, 32, 8, true, false, 500000.0)},
@@ -292,7 +302,7 @@ int main(int argc, char **argv) {
                 failures++;
                 break;
             }
-            if (bench_decode(m, &specs[k], bs[j], prompt, n_new, &dec[k][j]) == 0) {
+            if (bench_decode(m, &specs[k], bs[j], prompt, n_new, decode_kv16, &dec[k][j]) == 0) {
                 ran_dec[k][j] = true;
                 head_decode(specs[k].name, bs[j], dec[k][j]);
             } else {
