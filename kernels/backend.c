@@ -352,30 +352,27 @@ void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, cons
     need_mat(s, dqkv, T, (Hq + 2 * Hkv) * D, ld);
     PROF(attention_bwd, s, qkv, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv);
 }
-void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
-                         int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
-                         ff_dptr out) {
+/* The arguments both cached attentions check (the caches' element type is the kernel's). */
+static void need_cached(const ff_stream *s, ff_dptr q, int ldq, ff_dptr table, int S, int table_ld, int block_rows, ff_dptr seq,
+                        ff_dptr n_keys, int T, int Hq, int Hkv, int D, ff_dptr out) {
     assert(Hkv > 0 && Hq % Hkv == 0 && S >= 1 && table_ld >= 1 && block_rows >= 1);
+    (void)block_rows, (void)Hkv; /* read by the assertion only */
     need_mat(s, q, T, Hq * D, ldq);
     need(s, table, (size_t)S * (size_t)table_ld * 4);
     need(s, seq, (size_t)T * 4);
     need(s, n_keys, (size_t)T * 4);
     need_mat(s, out, T, Hq * D, Hq * D);
-    (void)kcache;
-    (void)vcache;
+}
+void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
+                         int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
+                         ff_dptr out) {
+    need_cached(s, q, ldq, table, S, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
     PROF(attention_cached, s, q, ldq, kcache, vcache, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
 }
 void ff_attention_cached_bf16(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
                               int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                               ff_dptr out) {
-    assert(Hkv > 0 && Hq % Hkv == 0 && S >= 1 && table_ld >= 1 && block_rows >= 1);
-    need_mat(s, q, T, Hq * D, ldq);
-    need(s, table, (size_t)S * (size_t)table_ld * 4);
-    need(s, seq, (size_t)T * 4);
-    need(s, n_keys, (size_t)T * 4);
-    need_mat(s, out, T, Hq * D, Hq * D);
-    (void)kcache;
-    (void)vcache;
+    need_cached(s, q, ldq, table, S, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
     PROF(attention_cached_bf16, s, q, ldq, kcache, vcache, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
 }
 void ff_scatter_rows_bf16(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
