@@ -37,7 +37,8 @@ static void help(void) {
            "  --json                 one JSON line per completion: text, tokens, logprobs, finish\n"
            "  --device D             cpu (default), cpu:N, cuda, cuda:N (also --backend D)\n"
            "  --weights W            fp32 (default) or bf16: the weight matrices held in bf16, half the\n"
-           "                         memory; activations and sums stay fp32 (docs/model.md \"bf16 weights\")\n\n"
+           "                         memory; activations and sums stay fp32 (docs/model.md \"bf16 weights\")\n"
+           "  --kv-dtype D           fp32 (default) or bf16: the KV cache's keys and values, half its memory\n\n"
            "example:\n"
            "  fuseflow generate --model runs/sft/final --prompt '12+34=' --temperature 0 --max-new-tokens 8\n");
 }
@@ -62,8 +63,8 @@ static char *unescape(const char *s) {
 static const char *finish_name(ff_finish_reason f) { return f == FF_FINISH_STOP ? "stop" : f == FF_FINISH_LENGTH ? "length" : "aborted"; }
 
 int ff_cmd_generate(int argc, char **argv) {
-    const char *model_dir = NULL, *prompt = NULL, *device = "cpu", *weights = "fp32";
-    bool bf16 = false;
+    const char *model_dir = NULL, *prompt = NULL, *device = "cpu", *weights = "fp32", *kv_dtype = "fp32";
+    bool bf16 = false, kv16 = false;
     int64_t max_new = 64, top_k = 0, seed = 0, n = 1;
     double temperature = 1.0, top_p = 1.0;
     bool raw = false, as_json = false;
@@ -73,6 +74,7 @@ int ff_cmd_generate(int argc, char **argv) {
         {"device", FFIO_STR, &device, 0, 0},
         {"backend", FFIO_STR, &device, 0, 0},
         {"weights", FFIO_STR, &weights, 0, 0},
+        {"kv-dtype", FFIO_STR, &kv_dtype, 0, 0},
         {"max-new-tokens", FFIO_INT, &max_new, 1, 1 << 20},
         {"top-k", FFIO_INT, &top_k, 0, 1 << 30},
         {"seed", FFIO_INT, &seed, 0, 9e18},
@@ -122,6 +124,11 @@ int ff_cmd_generate(int argc, char **argv) {
         free(stops);
         return 2;
     }
+    if (strcmp(kv_dtype, "fp32") && strcmp(kv_dtype, "bf16")) {
+        free(stops);
+        return ffio_usage(CMD, "--kv-dtype wants fp32 or bf16, got '%s'", kv_dtype);
+    }
+    kv16 = !strcmp(kv_dtype, "bf16");
 
     ff_model_config cfg;
     ff_tensor_set *w = NULL;
@@ -183,7 +190,8 @@ int ff_cmd_generate(int argc, char **argv) {
     req.sampling.max_new_tokens = (int32_t)(max_new < room ? max_new : room);
     req.sampling.stop_tokens = n_stop_ids ? stop_ids : NULL;
     req.sampling.n_stop = n_stop_ids;
-    ff_generator_config gc = {.max_slots = (int32_t)n, .max_seq_len = n_ids + req.sampling.max_new_tokens, .max_prefill_tokens = n_ids};
+    ff_generator_config gc = {.max_slots = (int32_t)n, .max_seq_len = n_ids + req.sampling.max_new_tokens, .max_prefill_tokens = n_ids,
+                              .kv_bf16 = kv16};
     if (ff_model_generate(m, &gc, &req, 1, &outs, &n_outs) != 0) goto out;
 
     for (int32_t s = 0; s < n_outs; s++) {

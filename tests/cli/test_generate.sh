@@ -31,6 +31,20 @@ import json, sys
 sys.exit(json.loads(open(sys.argv[2]).readline())["tokens"] != json.load(open(sys.argv[1]))["tokens"])
 PY
 expect_error "bad --weights" "--weights wants fp32 or bf16, got 'int8'" "$FF_BIN" generate --model "$D/qwen2_bf16" --prompt a --weights int8
+# --kv-dtype bf16: the KV cache rounded; a sampled completion's log-probs move off the fp32 cache's, its length not
+expect_ok "fp32 KV cache" "$FF_BIN" generate --model "$D/llama_f32" --prompt "ab" --seed 5 --json --max-new-tokens 12
+cp "$TMP/out" "$TMP/kv32"
+expect_ok "bf16 KV cache" "$FF_BIN" generate --model "$D/llama_f32" --prompt "ab" --seed 5 --json --max-new-tokens 12 --kv-dtype bf16
+python3 - "$TMP/kv32" "$TMP/out" <<'PY' && ok "bf16 KV cache: other log-probs, near the fp32 cache's" || fail "bf16 KV cache: log-probs"
+import json, sys
+a, b = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+assert len(b["tokens"]) == 12 and all(x <= 0 for x in b["logprobs"]), b
+n = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), 12)  # compare up to the first other token
+d = [abs(x - y) for x, y in zip(a["logprobs"][:n], b["logprobs"][:n])]
+print("first %d tokens equal; max |d logprob| there %.3g" % (n, max(d) if d else 0))
+sys.exit(0 if n > 0 and 0 < max(d) < 0.1 else 1)
+PY
+expect_error "bad --kv-dtype" "--kv-dtype wants fp32 or bf16, got 'fp8'" "$FF_BIN" generate --model "$D/qwen2_bf16" --prompt a --kv-dtype fp8
 
 M="$D/llama_f32"
 expect_ok "sample seed 3" "$FF_BIN" generate --model "$M" --prompt "ab" --seed 3 --n 3 --json --max-new-tokens 16
