@@ -10,7 +10,8 @@
  * Numbers: the CPU backend computes everything in fp32. A CUDA backend is meant to keep
  * parameters, gradients and optimizer state as fp32 masters in its buffers and compute
  * activations in bf16 internally; the interface is the same (every ff_dptr a kernel takes
- * names fp32 or int32 elements, as each kernel documents).
+ * names fp32 or int32 elements, as each kernel documents, except the bf16 weights and KV
+ * cache of the kernels that say so: ff_gemm_bf16w, ff_attention_cached_bf16, ...).
  *
  * Streams: work on one stream runs in order. Kernels and copies are enqueued; on the CPU
  * backend they run before the call returns. ff_memcpy_d2h waits for the stream before it

@@ -6,7 +6,8 @@
  * - Matrices are row-major. A "[T, N] ld" operand has T rows of N used elements, row r
  *   starting at element r * ld (ld >= N), so a kernel can work on a column block of a wider
  *   matrix (the q, k, v parts of a fused qkv activation).
- * - Tensors are fp32 unless marked i32. Every pointer is an ff_dptr into device memory.
+ * - Tensors are fp32 unless marked i32 or bf16 (an inference model's weights, a bf16 KV
+ *   cache). Every pointer is an ff_dptr into device memory.
  * - Gradient outputs marked "+=" accumulate (gradient accumulation across micro-batches and
  *   the residual stream); outputs marked "=" are overwritten.
  * - Kernels do not allocate and do not fail; misuse (bad sizes) asserts. Token ids are
