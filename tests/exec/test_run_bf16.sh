@@ -7,6 +7,7 @@
 #     half the actor's weight bytes (bf16 matrices, fp32 norms), the fp32 run the same bytes;
 #   - the KL term sees the rounding: the fp32 reference starts equal to the actor (KL about 0,
 #     below 1e-9), the bf16 one near it (above that, below 1e-4);
+#   - with `roles.ref.weights: on_demand` each load of the bf16 reference moves half the bytes;
 #   - `roles.actor.rollout.kv_dtype: bf16` (the KV cache in bf16) runs, its weights fp32, and
 #     its rollout log-probs move off the reference's full forward (|kl| of the first iteration,
 #     0 with identical weights: below 1e-7 with the fp32 cache, above with bf16);
@@ -26,6 +27,8 @@ run "$work/fp32"
 run "$work/pool" roles.ref.dtype=bf16 roles.actor.rollout.dtype=bf16
 run "$work/local" roles.ref.dtype=bf16 roles.actor.rollout.dtype=bf16 roles.actor.rollout.workers=0
 run "$work/kv" roles.actor.rollout.kv_dtype=bf16
+run "$work/od32" roles.ref.weights=on_demand
+run "$work/od16" roles.ref.weights=on_demand roles.ref.dtype=bf16
 grep -qE "^run: rank 0 holds .* ref [0-9.]+ KiB weights$" "$work/pool.log" || { cat "$work/pool.log" >&2; fail "no memory line"; }
 
 python3 - "$work" <<'PY' || fail "the bf16 runs' memory or KL are wrong"
@@ -57,6 +60,19 @@ for run in ("fp32", "pool", "local", "kv"):
     kl = it[0]["kl_loss"]
     print(f"{run}: first iteration's kl_loss {kl:.3g}")
     assert (kl < 1e-9) if run == "fp32" else (1e-9 < kl < 1e-4), (run, kl)
+PY
+
+# on demand, the reference's host copy and each load are the bf16 bytes
+python3 - "$work/od32/metrics.jsonl" "$work/od16/metrics.jsonl" <<'PY' || fail "bf16 on-demand loads are not half the bytes"
+import json, sys
+def per_load(p):
+    w = [json.loads(l)["weights"]["ref"] for l in open(p) if '"samples"' in l]
+    assert w and all(x["loads"] >= 1 for x in w), w
+    return {x["bytes"] // x["loads"] for x in w}, {x["resident_inferring"] for x in w}
+(b32,), (r32,) = per_load(sys.argv[1])
+(b16,), (r16,) = per_load(sys.argv[2])
+print(f"on demand: a load of the reference is {b16} bytes in bf16, {b32} in fp32 ({b16 / b32:.3f})")
+assert 0.5 <= b16 / b32 < 0.51 and r16 == b16 and r32 == b32, (b32, b16, r32, r16)
 PY
 
 run_refused "dtype on the actor" "'roles.actor.dtype: bf16' is only for the frozen roles (ref, reward)" roles.actor.dtype=bf16
