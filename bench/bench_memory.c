@@ -13,6 +13,9 @@
  *              parameter, and the activations of the step)
  *   copy       as the model was loaded before ff_model_new_from: the host tensors copied,
  *              a gradient buffer zeroed (the comparison)
+ *   generate16 generate with bf16 weights (ff_model_opts.bf16_weights, `fuseflow generate
+ *              --weights bf16`): the checkpoint is still read whole into fp32 host tensors
+ *              first, so its peak is the fp32 set's; what it holds once loaded is half
  *
  * Without --model it writes a Qwen2-0.5B-shaped folder (hidden 896, 14 heads, 2 KV heads,
  * intermediate 4864, vocab 151936, tied embeddings, attention bias, bf16) of --layers layers
@@ -34,8 +37,8 @@
 
 enum { PH_START, PH_SET, PH_MODEL, PH_USED, PH_N };
 static const char *const phase_names[PH_N] = {"start", "read", "model", "used"};
-enum { M_GENERATE, M_LOGPROBS, M_TRAIN, M_COPY, M_N };
-static const char *const mode_names[M_N] = {"generate", "logprobs", "train", "copy"};
+enum { M_GENERATE, M_LOGPROBS, M_TRAIN, M_COPY, M_GENERATE16, M_N };
+static const char *const mode_names[M_N] = {"generate", "logprobs", "train", "copy", "generate16"};
 
 typedef struct report {
     int ok;
@@ -59,7 +62,8 @@ static int run_mode(int mode, const char *dir, int threads, int32_t prompt, int3
     ff_backend *be = ff_backend_cpu_new(threads);
     if (!be) return die("backend");
     ff_model *m = mode == M_COPY ? ff_model_new(be, &cfg, w)
-                                 : ff_model_new_from(be, &cfg, &w, &(ff_model_opts){.inference = mode != M_TRAIN});
+                                 : ff_model_new_from(be, &cfg, &w,
+                                                     &(ff_model_opts){.inference = mode != M_TRAIN, .bf16_weights = mode == M_GENERATE16});
     if (!m) return die("model");
     r.params = ff_model_param_count(m);
     if (mode == M_COPY && ff_model_zero_grad(m) != 0) return die("zero_grad"); /* then, a memset at allocation */
@@ -75,7 +79,7 @@ static int run_mode(int mode, const char *dir, int threads, int32_t prompt, int3
     ff_batch b = {.n_tokens = T, .n_seqs = 1, .tokens = tok, .seq_start = ss, .targets = tg};
     int rc = 0;
     ff_optimizer *o = NULL;
-    if (mode == M_GENERATE) {
+    if (mode == M_GENERATE || mode == M_GENERATE16) {
         ff_gen_request q = {.id = 1, .prompt = tok, .prompt_len = prompt, .n_samples = 1, .seed = 1};
         ff_sampling_default(&q.sampling);
         q.sampling.temperature = 0;
@@ -177,7 +181,7 @@ int main(int argc, char **argv) {
         }
         uint64_t wb = (uint64_t)r[k].params * 4;
         if (k == 0) printf("%s: %lld parameters, %.0f MiB as fp32 (resident MiB after each phase)\n", dir, (long long)r[k].params, (double)wb / MiB);
-        printf("%-9s", mode_names[k]);
+        printf("%-10s", mode_names[k]);
         for (int p = 0; p < PH_N; p++) printf(" | %s %6.0f", phase_names[p], (double)r[k].at[p].now / MiB);
         uint64_t peak = r[k].at[PH_USED].peak;
         printf(" | peak %6.0f = %.2f x weights\n", (double)peak / MiB, (double)peak / (double)wb);
