@@ -11,6 +11,8 @@
 #   - `roles.actor.rollout.kv_dtype: bf16` (the KV cache in bf16) runs, its weights fp32, and
 #     its rollout log-probs move off the reference's full forward (|kl| of the first iteration,
 #     0 with identical weights: below 1e-7 with the fp32 cache, above with bf16);
+#   - sharded: PPO at TP 2 x PP 2 on 4 workers with every bf16 key runs, each rank's reference
+#     shard half its actor shard;
 #   - refused before any worker starts, naming the key: dtype on a trained role, bf16 generation
 #     with sync_delta, a word that is no dtype (weights or KV cache).
 # The numbers themselves (bit for bit those of an fp32 model on the rounded weights):
@@ -73,6 +75,27 @@ def per_load(p):
 (b16,), (r16,) = per_load(sys.argv[2])
 print(f"on demand: a load of the reference is {b16} bytes in bf16, {b32} in fp32 ({b16 / b32:.3f})")
 assert 0.5 <= b16 / b32 < 0.51 and r16 == b16 and r32 == b32, (b32, b16, r32, r16)
+PY
+
+# sharded: PPO at TP 2 x PP 2 on 4 workers (the reference scored through the pipeline, generation
+# at TP 2 x DP 2, each weight sync resharding into the bf16 copy) with every bf16 key at once
+prepare_tp
+"$bin" run "$src/examples/ppo.yaml" $(small_run "$work/tp_pp") trainer.steps=2 trainer.test_freq=0 trainer.save_freq=0 \
+  data.train_batch_size=8 graph.rollout.n=4 roles.actor.model="$tp_sft" roles.ref.model="$tp_sft" roles.critic.model="$tp_sft" \
+  graph.train_actor.mini_batch_size=4 graph.train_actor.micro_batch_size=4 graph.train_critic.mini_batch_size=4 \
+  graph.train_critic.micro_batch_size=4 graph.ref_logprob.micro_batch_size=4 graph.values.micro_batch_size=4 \
+  roles.actor.workers=4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.ref.dtype=bf16 roles.actor.rollout.dtype=bf16 \
+  roles.actor.rollout.kv_dtype=bf16 --no-progress > "$work/tp_pp.log" 2>&1 || { cat "$work/tp_pp.log" >&2; fail "TP 2 x PP 2 with bf16 did not run"; }
+python3 - "$work/tp_pp/metrics.jsonl" <<'PY' || fail "TP 2 x PP 2: the bf16 reference's shards are not half the actor's"
+import json, sys
+L = [json.loads(l) for l in open(sys.argv[1])]
+assert sum("samples" in o for o in L) == 2, L
+mem = next(o["memory"] for o in L if "memory" in o)
+assert len(mem) == 4, mem
+for r in mem:  # the reference shares the actor's layout: its shard, half the bytes
+    share = r["roles"]["ref"]["params_bytes"] / r["roles"]["actor"]["params_bytes"]
+    assert 0.5 <= share < 0.52, (r["rank"], share)
+print("TP 2 x PP 2: each rank's bf16 reference shard is", [round(r["roles"]["ref"]["params_bytes"] / r["roles"]["actor"]["params_bytes"], 3) for r in mem], "of its actor shard")
 PY
 
 run_refused "dtype on the actor" "'roles.actor.dtype: bf16' is only for the frozen roles (ref, reward)" roles.actor.dtype=bf16
