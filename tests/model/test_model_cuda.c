@@ -5,7 +5,7 @@
  * gradient norm, every gradient, the parameters after AdamW), and generation: KV-cache
  * decoding's log-probs against a full forward over prompt + response on the GPU, and greedy
  * tokens equal to the CPU's (fp32 gemm, where near-ties cannot flip); an inference model with
- * bf16 weights against the CPU's (bf16 tolerance) and its KV-cache decoding.
+ * bf16 weights against the CPU's (0.1: bf16 activations on the GPU) and its KV-cache decoding.
  *
  * Needs a GPU: exits 77 (SKIPPED, saying why) without CUDA in the build or without a
  * device; tests/kernels/test_cuda_skip.sh checks that path here. */
@@ -196,7 +196,9 @@ int main(void) {
         ff_model_memory_of(c16, &mmc);
         ff_model_memory_of(g16, &mmg);
         CHECK_EQ_INT(mmg.params, mmc.params);
-        forward_both(c16, g16, false, 1.0f, "forward bf16 weights", 3e-2);
+        /* bf16 activations in every GPU product (8-bit mantissas against the CPU's fp32 ones),
+         * over 2 layers: about 2% of log-probs of about 5 nats */
+        forward_both(c16, g16, false, 1.0f, "forward bf16 weights", 1e-1);
         int32_t p0[] = {3, 1, 4, 1, 5};
         ff_gen_request r = req(3, p0, 5, 1.0f, 24, 4);
         ff_generator_config gc = {.max_slots = 2, .max_seq_len = 64, .max_prefill_tokens = 16};
