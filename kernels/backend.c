@@ -178,6 +178,43 @@ int ff_stream_sync(ff_stream *s) {
     s->error[0] = '\0';
     return -1;
 }
+/* ---- events, addresses ---------------------------------------------------------------------- */
+
+ff_event *ff_event_new(ff_backend *be) {
+    ff_event *e = ff_calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->be = be;
+    if (be->ops->event_new && be->ops->event_new(be, &e->impl)) {
+        free(e);
+        return NULL;
+    }
+    return e;
+}
+void ff_event_destroy(ff_event **pe) {
+    if (!pe || !*pe) return;
+    if ((*pe)->be->ops->event_free) (*pe)->be->ops->event_free((*pe)->be, (*pe)->impl);
+    free(*pe);
+    *pe = NULL;
+}
+void ff_event_record(ff_event *e, ff_stream *s) {
+    assert(e && s && e->be == s->be);
+    if (s->be->ops->event_record) s->be->ops->event_record(s, e->impl);
+}
+void ff_stream_wait(ff_stream *s, ff_event *e) {
+    assert(e && s && e->be == s->be);
+    if (s->be->ops->stream_wait) s->be->ops->stream_wait(s, e->impl);
+}
+void *ff_dptr_addr(ff_dptr p) {
+    assert(p.buf && p.off <= p.buf->size);
+    return (char *)p.buf->data + p.off;
+}
+void *ff_stream_native(ff_stream *s) { return s->be->ops->stream_native ? s->be->ops->stream_native(s) : NULL; }
+bool ff_backend_shares_memory_with(const ff_backend *be, const char *coll) {
+    if (!coll) return false;
+    if (!strcmp(coll, "cpu")) return !strcmp(be->name, "cpu");
+    return !strcmp(coll, "nccl") && !strncmp(be->name, "cuda", 4);
+}
+
 void ff_stream_fail(ff_stream *s) {
     if (!s->error[0]) snprintf(s->error, sizeof s->error, "%s", ff_error_message()); /* the first failure */
 }

@@ -19,6 +19,13 @@ typedef struct ff_backend_ops {
     int (*stream_init)(ff_stream *s);
     void (*stream_fini)(ff_stream *s);
     int (*stream_sync)(ff_stream *s);
+    /* events (NULL on a backend whose work is done when queued: recording and waiting do
+     * nothing); *ev is the backend's event */
+    int (*event_new)(ff_backend *be, void **ev);
+    void (*event_free)(ff_backend *be, void *ev);
+    void (*event_record)(ff_stream *s, void *ev);
+    void (*stream_wait)(ff_stream *s, void *ev);
+    void *(*stream_native)(ff_stream *s); /* NULL: none */
     void (*destroy)(ff_backend *be);
 
     /* kernels: the signatures and contracts of include/fuseflow/kernels.h */
@@ -89,6 +96,11 @@ struct ff_buffer {
     ff_backend *be;
     size_t size; /* bytes */
     void *data;  /* device address */
+};
+
+struct ff_event {
+    ff_backend *be;
+    void *impl;
 };
 
 struct ff_stream {

@@ -271,7 +271,8 @@ int ffm_sp_gather(ff_model *m, ff_dptr mine, ff_dptr full, int32_t T, int width)
 /* The same into host memory: full [T, width] host from mine [nr, width] device. */
 int ffm_sp_gather_host(ff_model *m, ff_dptr mine, float *full, int32_t T, int width);
 /* mine [nr, width] = the sum over the group of full [T, width]'s rows of this rank (device;
- * mine may point into full): a reduce-scatter. 0 or -1 + error. */
+ * mine may point into full): a reduce-scatter. full's contents are lost (on device buffers
+ * the collective runs in place, this rank's rows of full the result). 0 or -1 + error. */
 int ffm_sp_scatter(ff_model *m, ff_dptr full, ff_dptr mine, int32_t T, int width);
 /* Where one backward's partial gradient of a sequence-parallel weight goes (m->sp_dw):
  * layer l's ln1 (which 0) or ln2 (1), the final norm (l = L, which 0) or score (l = L, 1). */

@@ -82,6 +82,10 @@ static int check_opts(const ff_optimizer_opts *o) {
     if (!d->all_reduce_sum_f64 || !d->reduce_scatter_sum_v || !d->all_gather_v)
         return ff_error_set(w, "the host must supply all_reduce_sum_f64, reduce_scatter_sum_v and all_gather_v",
                             "ZeRO-1: a data-parallel communicator function is NULL");
+    const int n_dev = !!d->dev_all_reduce_sum + !!d->dev_all_gather_v + !!d->dev_reduce_scatter_sum_v;
+    if (n_dev != 0 && n_dev != 3)
+        return ff_error_set(w, "supply all three dev_ collectives of ff_model_comm, or none",
+                            "ZeRO-1: %d of the three device-buffer collectives are set", n_dev);
     return 0;
 }
 
@@ -121,7 +125,8 @@ ff_optimizer *ff_optimizer_new_opts(ff_model *m, const ff_adamw_config *c, const
     o->hi = n;
     o->bucket = opts->bucket > 0 ? opts->bucket : FF_ZERO_BUCKET_DEFAULT;
     if (o->bucket > n) o->bucket = n > 0 ? n : 1;
-    if (o->dp.size > 1 && (split_ranges(o, n) || !(o->host = ff_malloc(2 * (size_t)o->bucket * sizeof *o->host)))) {
+    if (o->dp.size > 1 &&
+        (split_ranges(o, n) || (!ff_model_comm_on_device(&o->dp) && !(o->host = ff_malloc(2 * (size_t)o->bucket * sizeof *o->host))))) {
         ff_optimizer_destroy(&o);
         return NULL;
     }
@@ -222,14 +227,21 @@ static void window_counts(ff_optimizer *o, int64_t a, int64_t b) {
     for (int r = 0; r < o->dp.size; r++) o->counts[r] = (size_t)max64(0, min64(b, o->start[r + 1]) - max64(a, o->start[r]));
 }
 
-/* Each bucket of the gradient buffer summed over dp into its owners' ranges. */
+/* Each bucket of the gradient buffer summed over dp into its owners' ranges (on device
+ * buffers: in place, this rank's range of the bucket at its displacement). */
 static int reduce_scatter_grads(ff_optimizer *o) {
     ff_model *m = o->m;
     const int64_t n = m->n_params, B = o->bucket;
-    float *send = o->host, *recv = o->host + B;
+    const bool dev = ff_model_comm_on_device(&o->dp);
+    float *send = o->host, *recv = dev ? NULL : o->host + B;
     for (int64_t a = 0; a < n; a += B) {
         const int64_t b = min64(a + B, n), x = max64(a, o->lo), y = min64(b, o->hi);
         window_counts(o, a, b);
+        if (dev) {
+            if (o->dp.dev_reduce_scatter_sum_v(o->dp.ctx, m->st, ffm_grad(m, (size_t)a), ffm_grad(m, (size_t)(y > x ? x : a)), o->counts))
+                return ff_error_wrap("ZeRO-1: reduce-scatter of the gradients [%lld, %lld)", (long long)a, (long long)b);
+            continue;
+        }
         ff_memcpy_d2h(m->st, send, ffm_grad(m, (size_t)a), (size_t)(b - a) * sizeof(float));
         if (o->dp.reduce_scatter_sum_v(o->dp.ctx, send, recv, o->counts))
             return ff_error_wrap("ZeRO-1: reduce-scatter of the gradients [%lld, %lld)", (long long)a, (long long)b);
@@ -242,10 +254,16 @@ static int reduce_scatter_grads(ff_optimizer *o) {
 static int all_gather_params(ff_optimizer *o) {
     ff_model *m = o->m;
     const int64_t n = m->n_params, B = o->bucket;
-    float *mine = o->host, *all = o->host + B;
+    const bool dev = ff_model_comm_on_device(&o->dp);
+    float *mine = o->host, *all = dev ? NULL : o->host + B;
     for (int64_t a = 0; a < n; a += B) {
         const int64_t b = min64(a + B, n), x = max64(a, o->lo), y = min64(b, o->hi);
         window_counts(o, a, b);
+        if (dev) {
+            if (o->dp.dev_all_gather_v(o->dp.ctx, m->st, ffm_param(m, (size_t)(y > x ? x : a)), ffm_param(m, (size_t)a), o->counts))
+                return ff_error_wrap("ZeRO-1: all-gather of the parameters [%lld, %lld)", (long long)a, (long long)b);
+            continue;
+        }
         if (y > x) ff_memcpy_d2h(m->st, mine, ffm_param(m, (size_t)x), (size_t)(y - x) * sizeof(float));
         if (o->dp.all_gather_v(o->dp.ctx, mine, all, o->counts))
             return ff_error_wrap("ZeRO-1: all-gather of the parameters [%lld, %lld)", (long long)a, (long long)b);

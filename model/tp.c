@@ -84,6 +84,10 @@ int ffm_tp_setup(ff_model *m, const ff_model_comm *comm, bool sp) {
         (!comm->all_reduce_sum || !comm->all_reduce_max || !comm->all_reduce_sum_f64 || !comm->all_gather))
         return ff_error_set("tensor parallelism", "the host must supply every collective of ff_model_comm",
                             "a communicator function is NULL");
+    const int n_dev = !!comm->dev_all_reduce_sum + !!comm->dev_all_gather_v + !!comm->dev_reduce_scatter_sum_v;
+    if (n_dev != 0 && n_dev != 3)
+        return ff_error_set("tensor parallelism", "supply all three dev_ collectives of ff_model_comm, or none",
+                            "%d of the three device-buffer collectives are set", n_dev);
     if (sp && (!comm->reduce_scatter_sum_v || !comm->all_gather_v))
         return ff_error_set("sequence parallelism", "supply reduce_scatter_sum_v and all_gather_v in ff_model_comm",
                             "a communicator function sequence parallelism needs is NULL");
@@ -132,7 +136,8 @@ void ffm_tp_shards(ff_model *m) {
 int ffm_tp_alloc(ff_model *m) {
     if (m->sp && !(m->sp_dw = ff_buffer_new(m->be, (2 * (size_t)m->L + 2) * (size_t)m->H * sizeof(float)))) return -1;
     if (m->kv_rep <= 1) return 0;
-    m->tp_dkv = ff_buffer_new(m->be, (size_t)(2 * m->D) * ((size_t)m->H + 1) * sizeof(float));
+    /* a [Hkv, 2 D (H + 1)] slot per key/value head (ffm_tp_kv_grads) */
+    m->tp_dkv = ff_buffer_new(m->be, (size_t)m->cfg.num_key_value_heads * (size_t)(2 * m->D) * ((size_t)m->H + 1) * sizeof(float));
     return m->tp_dkv ? 0 : -1;
 }
 
@@ -186,6 +191,10 @@ static int comm_failed(const char *what, size_t n) {
 }
 
 int ffm_tp_sum(ff_model *m, ff_dptr x, size_t n) {
+    if (ff_model_comm_on_device(&m->comm)) {
+        if (m->comm.dev_all_reduce_sum(m->comm.ctx, m->st, x, n)) return comm_failed("all-reduce (sum)", n);
+        return 0;
+    }
     float *h = ffm_tp_host(m, n);
     if (!h) return -1;
     ff_memcpy_d2h(m->st, h, x, n * sizeof(float));
@@ -219,6 +228,16 @@ int ffm_sp_gather_host(ff_model *m, ff_dptr mine, float *full, int32_t T, int wi
 }
 
 int ffm_sp_gather(ff_model *m, ff_dptr mine, ff_dptr full, int32_t T, int width) {
+    if (ff_model_comm_on_device(&m->comm)) { /* in place: mine moved to its rows of full first */
+        const size_t *counts = ffm_sp_counts(m, T, (size_t)width);
+        int32_t r0, nr;
+        ffm_sp_rows(m, T, m->tp_rank, &r0, &nr);
+        const ff_dptr at = ff_dptr_add(full, (size_t)r0 * (size_t)width, 4);
+        if (mine.buf != at.buf || mine.off != at.off) ff_memcpy_d2d(m->st, at, mine, counts[m->tp_rank] * sizeof(float));
+        if (m->comm.dev_all_gather_v(m->comm.ctx, m->st, at, full, counts))
+            return comm_failed("all-gather (sequence-parallel)", (size_t)T * (size_t)width);
+        return 0;
+    }
     const size_t N = (size_t)T * (size_t)width, n = (size_t)ffm_sp_max_rows(m, T) * (size_t)width;
     float *h = ffm_tp_host(m, N + n), *in = h + N;
     if (!h) return -1;
@@ -230,6 +249,16 @@ int ffm_sp_gather(ff_model *m, ff_dptr mine, ff_dptr full, int32_t T, int width)
 }
 
 int ffm_sp_scatter(ff_model *m, ff_dptr full, ff_dptr mine, int32_t T, int width) {
+    if (ff_model_comm_on_device(&m->comm)) { /* in place at this rank's rows of full, then moved to mine */
+        const size_t *counts = ffm_sp_counts(m, T, (size_t)width);
+        int32_t r0, nr;
+        ffm_sp_rows(m, T, m->tp_rank, &r0, &nr);
+        const ff_dptr at = ff_dptr_add(full, (size_t)r0 * (size_t)width, 4);
+        if (m->comm.dev_reduce_scatter_sum_v(m->comm.ctx, m->st, full, at, counts))
+            return comm_failed("reduce-scatter (sequence-parallel)", (size_t)T * (size_t)width);
+        if (mine.buf != at.buf || mine.off != at.off) ff_memcpy_d2d(m->st, mine, at, counts[m->tp_rank] * sizeof(float));
+        return 0;
+    }
     const size_t N = (size_t)T * (size_t)width, n = (size_t)ffm_sp_max_rows(m, T) * (size_t)width;
     float *h = ffm_tp_host(m, N + n), *out = h + N;
     if (!h) return -1;
@@ -318,23 +347,31 @@ int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr
     const int H = m->H, HD = m->Hq * m->D, KD2 = 2 * m->D; /* one k and one v head here */
     const size_t nw = (size_t)KD2 * H, n = nw + (m->bias ? (size_t)KD2 : 0);
     const size_t slots = (size_t)m->cfg.num_key_value_heads;
-    ff_dptr w = ff_dptr_f32(m->tp_dkv, 0), b = ff_dptr_f32(m->tp_dkv, nw);
+    /* the sharers of a head are a subgroup, and the communicator knows only the whole group:
+     * each rank puts its part in its head's slot of a zeroed [Hkv, n] buffer and the sum over
+     * the group fills every slot (Hkv / (t / Hkv) times the bytes a subgroup all-reduce of
+     * the sharers would move) */
+    const ff_dptr all = ff_dptr_f32(m->tp_dkv, 0), w = ff_dptr_f32(m->tp_dkv, (size_t)m->kv0 * n), b = ff_dptr_add(w, nw, 4);
     ff_gemm(st, FF_TRANS, FF_NO_TRANS, KD2, H, T, 1.0f, ff_dptr_add(dqkv, (size_t)HD, 4), m->QKV, xn1, H, 0.0f, w, H);
     if (m->bias) {
         ff_memset_zero(st, b, (size_t)KD2 * 4);
         ff_bias_bwd(st, ff_dptr_add(dqkv, (size_t)HD, 4), m->QKV, b, T, KD2);
     }
-    /* the sharers of a head are a subgroup, and the communicator knows only the whole group:
-     * each rank puts its part in its head's slot of a zeroed [Hkv, n] buffer and the sum over
-     * the group fills every slot (Hkv / (t / Hkv) times the bytes a subgroup all-reduce of
-     * the sharers would move) */
-    float *h = ffm_tp_host(m, slots * n);
-    if (!h) return -1;
-    memset(h, 0, slots * n * sizeof *h);
-    float *mine = h + (size_t)m->kv0 * n;
-    ff_memcpy_d2h(st, mine, w, n * 4);
-    if (m->comm.all_reduce_sum(m->comm.ctx, h, slots * n)) return comm_failed("all-reduce (sum) of k/v gradients", slots * n);
-    ff_memcpy_h2d(st, w, mine, n * 4);
+    if (ff_model_comm_on_device(&m->comm)) {
+        const size_t before = (size_t)m->kv0 * n, after = (slots - (size_t)m->kv0 - 1) * n;
+        ff_memset_zero(st, all, before * 4);
+        ff_memset_zero(st, ff_dptr_add(w, n, 4), after * 4);
+        if (m->comm.dev_all_reduce_sum(m->comm.ctx, st, all, slots * n))
+            return comm_failed("all-reduce (sum) of k/v gradients", slots * n);
+    } else {
+        float *h = ffm_tp_host(m, slots * n);
+        if (!h) return -1;
+        memset(h, 0, slots * n * sizeof *h);
+        float *mine = h + (size_t)m->kv0 * n;
+        ff_memcpy_d2h(st, mine, w, n * 4);
+        if (m->comm.all_reduce_sum(m->comm.ctx, h, slots * n)) return comm_failed("all-reduce (sum) of k/v gradients", slots * n);
+        ff_memcpy_h2d(st, w, mine, n * 4);
+    }
     ff_add(st, ffm_grad(m, p->wqkv + (size_t)HD * H), w, (int64_t)nw);
     if (m->bias) ff_add(st, ffm_grad(m, p->bqkv + (size_t)HD), b, KD2);
     return 0;

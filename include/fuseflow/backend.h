@@ -39,6 +39,7 @@ extern "C" {
 typedef struct ff_backend ff_backend; /* a device and its kernels */
 typedef struct ff_buffer ff_buffer;   /* one allocation in device memory */
 typedef struct ff_stream ff_stream;   /* an ordered queue of kernels and copies */
+typedef struct ff_event ff_event;     /* a point in a stream's queue that another stream can wait for */
 
 /* An address in device memory: a buffer and a byte offset into it. Plain value; the
  * buffer is not owned. {NULL, 0} is "no tensor" where a kernel accepts one. */
@@ -110,6 +111,32 @@ ff_backend *ff_stream_backend(const ff_stream *s);
 /* Wait until all work on s is done. 0, or -1 + error if a kernel failed since the last sync
  * (device errors; memory a kernel needed): kernels return nothing, the stream remembers. */
 int ff_stream_sync(ff_stream *s);
+
+/* ---- events: ordering between streams without a host wait ----------------------------------
+ *
+ *     ff_event_record(ready, compute);   // after the work queued on compute so far
+ *     ff_stream_wait(comm, ready);       // comm's later work starts after it
+ *     ... a collective on comm ...
+ *     ff_event_record(done, comm);
+ *     ff_stream_wait(compute, done);     // compute's later work sees the result
+ *
+ * On the CPU backend work is done when it is queued, so recording and waiting do nothing (and
+ * cost nothing). An event is re-recorded freely; a wait sees its latest record. */
+ff_event *ff_event_new(ff_backend *be); /* NULL + error */
+void ff_event_destroy(ff_event **e);
+void ff_event_record(ff_event *e, ff_stream *s);
+void ff_stream_wait(ff_stream *s, ff_event *e); /* s and e on the same backend */
+
+/* ---- handing device memory to another library --------------------------------------------
+ *
+ * A collectives library that reads the backend's memory (NCCL beside a cuda backend; the cpu
+ * ff_coll beside the cpu backend) takes raw addresses and the native stream. These give them;
+ * nothing else may use them (model code never dereferences device memory). */
+void *ff_dptr_addr(ff_dptr p);         /* the device address of p (a host address on the cpu backend) */
+void *ff_stream_native(ff_stream *s);  /* the cudaStream_t of a cuda stream; NULL on the cpu backend */
+/* Whether collectives library `coll` ("cpu", "nccl": ff_coll_comm_backend) reads this
+ * backend's memory: "cpu" with the cpu backend, "nccl" with a cuda one. */
+bool ff_backend_shares_memory_with(const ff_backend *be, const char *coll);
 
 #pragma GCC visibility pop
 #ifdef __cplusplus

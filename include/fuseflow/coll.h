@@ -148,6 +148,16 @@ int ff_coll_comm_init(ff_coll_comm **out, int nranks, const ff_coll_id *id, int 
 #define FF_COLL_SPLIT_NOCOLOR (-1)
 int ff_coll_comm_split(ff_coll_comm *comm, int color, int key, ff_coll_comm **out);
 
+/* The same ranks on another backend: the "nccl" twin of a "cpu" group, for collectives on
+ * device buffers beside the group's host ones (as PyTorch keeps gloo and NCCL process groups
+ * of the same ranks). Made at the first call, which is a collective on comm (every rank
+ * calls it at the same point: rank 0 makes the unique id and broadcasts it over comm, then
+ * every rank joins), and kept: later calls give the same one at once. comm owns it: it is
+ * aborted with comm and destroyed with it (never destroy it yourself). `backend` comm's own
+ * gives comm. 0 + *out, or -1 + error (an unavailable backend names why; comm is left
+ * usable unless the broadcast failed). */
+int ff_coll_comm_twin(ff_coll_comm *comm, const char *backend, ff_coll_comm **out);
+
 /* Free everything and NULL *comm. Tells the peers this rank left (they fail with "rank r
  * destroyed its communicator" if they still wait for it). Safe on a broken communicator
  * (then it waits at most 1 s for its abort notices to leave) and on NULL. Does not wait

@@ -77,7 +77,29 @@ typedef struct ff_model_comm {
      * holds N floats. all-gather: out [N] holds every rank's in [counts[r]] at displ r. */
     int (*reduce_scatter_sum_v)(void *ctx, const float *in, float *out, const size_t *counts);
     int (*all_gather_v)(void *ctx, const float *in, float *out, const size_t *counts);
+    /* Optional (all three or none): the same collectives on the model's device buffers, for a
+     * group whose library reads the backend's memory (NCCL beside a cuda backend, the cpu
+     * ff_coll beside the cpu backend: ff_backend_shares_memory_with). `st` is the model's
+     * stream: the collective comes after the work queued on it so far and before the work
+     * queued after it (enqueue it on st, or on a stream of the host's ordered with events,
+     * ff_event_record / ff_stream_wait); it may still be running when the call returns. Where
+     * these are set, the collectives that move activations and gradients (the row-parallel
+     * all-reduces, sequence parallelism's gathers and scatters, the k/v gradient sums, the
+     * sharded optimizer's gradient reduce-scatter and parameter all-gather) run on device
+     * buffers and nothing is copied through host memory; the rest (a few floats a token:
+     * the vocabulary's log-sum-exp, the gradient norm; exports) keep the host calls above,
+     * which stay required. In place: all_gather_v's in may be out + displ rank, and
+     * reduce_scatter_sum_v's out in + displ rank. */
+    int (*dev_all_reduce_sum)(void *ctx, ff_stream *st, ff_dptr buf, size_t n);
+    int (*dev_all_gather_v)(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts);
+    int (*dev_reduce_scatter_sum_v)(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts);
 } ff_model_comm;
+
+/* Whether comm supplies the device-buffer collectives (all three; checked where a model or
+ * optimizer takes the group: one or two of them is an error). */
+static inline bool ff_model_comm_on_device(const ff_model_comm *comm) {
+    return comm && comm->dev_all_reduce_sum && comm->dev_all_gather_v && comm->dev_reduce_scatter_sum_v;
+}
 
 /* Can `cfg` be split over tp_size ranks (Megatron-style, docs/model.md "Tensor
  * parallelism")? num_attention_heads, intermediate_size and vocab_size must be multiples of

@@ -238,6 +238,28 @@ static int cuda_stream_sync(ff_stream *s) {
     if (e != cudaSuccess) return cuda_fail(e, "a kernel failed", "run with CUDA_LAUNCH_BLOCKING=1 to find which");
     return 0;
 }
+/* events: timing off (cheaper, and only ordering is asked of them) */
+static int cuda_event_new(ff_backend *be, void **ev) {
+    use_device_of(be);
+    cudaEvent_t e;
+    cudaError_t rc = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (rc != cudaSuccess) return cuda_fail(rc, "creating an event", "check the device with nvidia-smi");
+    *ev = (void *)e;
+    return 0;
+}
+static void cuda_event_free(ff_backend *be, void *ev) {
+    use_device_of(be);
+    cudaEventDestroy((cudaEvent_t)ev);
+}
+static void cuda_event_record(ff_stream *s, void *ev) {
+    ff_cuda_use_device(s);
+    copy_check(s, cudaEventRecord((cudaEvent_t)ev, CS(s)), "recording an event");
+}
+static void cuda_stream_wait(ff_stream *s, void *ev) {
+    ff_cuda_use_device(s);
+    copy_check(s, cudaStreamWaitEvent(CS(s), (cudaEvent_t)ev, 0), "waiting for an event");
+}
+static void *cuda_stream_native(ff_stream *s) { return (void *)CS(s); }
 static void cuda_destroy(ff_backend *be) {
     cuda_impl *c = (cuda_impl *)be->impl;
     if (c) {
@@ -705,6 +727,11 @@ static ff_backend_ops make_ops(void) {
     o.stream_init = cuda_stream_init;
     o.stream_fini = cuda_stream_fini;
     o.stream_sync = cuda_stream_sync;
+    o.event_new = cuda_event_new;
+    o.event_free = cuda_event_free;
+    o.event_record = cuda_event_record;
+    o.stream_wait = cuda_stream_wait;
+    o.stream_native = cuda_stream_native;
     o.destroy = cuda_destroy;
     o.gemm = cuda_gemm;
     o.gemm_bf16w = cuda_gemm_bf16w;

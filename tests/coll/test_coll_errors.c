@@ -157,6 +157,28 @@ static int aborts(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, void *
     return fails;
 }
 
+/* ---- ff_coll_comm_twin: its own backend gives the group; an unavailable one fails on every
+ * rank alike, naming it, and the group stays usable ----------------------------------------- */
+static int twins(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, void *arg) {
+    (void)id;
+    (void)arg;
+    int fails = 0;
+    ff_coll_comm *t = NULL;
+    RCHECK(ff_coll_comm_twin(c, "cpu", &t) == 0 && t == c, "the cpu twin of a cpu group is the group");
+    const char *why = NULL;
+    if (!ff_coll_backend_available("nccl", &why)) {
+        RCHECK(ff_coll_comm_twin(c, "nccl", &t) != 0 && t == NULL, "an nccl twin without NCCL");
+        save_msg(rank, ff_error_message());
+        RCHECK(strstr(ff_error_message(), "nccl") != NULL, "the message names the backend: %s", ff_error_message());
+        RCHECK(rank == 0 || strstr(ff_error_message(), "rank 0 could not") != NULL, "the others learn it from rank 0: %s",
+               ff_error_message());
+    }
+    float v[3] = {(float)rank, 1, 2};
+    RCHECK(ff_coll_all_reduce(v, v, 3, FF_DTYPE_F32, FF_COLL_SUM, c, NULL) == 0, "the group after: %s", ff_error_message());
+    RCHECK(v[0] == (float)(n * (n - 1) / 2) && v[1] == (float)n, "the group's sum after");
+    return fails;
+}
+
 static void run_all(void);
 
 static int count_containing(int n, int skip, const char *a, const char *b) {
@@ -175,6 +197,12 @@ static void show(int n, int skip) {
 }
 
 int main(void) {
+    run_opts rt = default_run();
+    CHECK_EQ_INT(run_ranks(3, &rt, twins, NULL), 0);
+    if (!ff_coll_backend_available("nccl", NULL)) {
+        printf("an nccl twin without NCCL:\n");
+        show(3, -1);
+    }
     /* each failure is detected differently over shared memory (the default between
      * processes of one host) and over TCP (across hosts): run everything on both */
     for (int tcp = 0; tcp < 2; tcp++) {

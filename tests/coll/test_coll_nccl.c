@@ -120,6 +120,31 @@ static int nccl_rank(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, voi
     return fails;
 }
 
+/* ff_coll_comm_twin: a cpu group's NCCL twin (how a worker's models get device collectives)
+ * sums device buffers; asked again it is the same communicator; the group still works */
+static int twin_rank(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, void *arg) {
+    (void)id;
+    (void)arg;
+    int fails = 0;
+    ff_coll_comm *t = NULL, *t2 = NULL;
+    RCHECK(ff_coll_comm_twin(c, "nccl", &t) == 0 && t, "twin: %s", ff_error_message());
+    if (!t) return fails;
+    RCHECK(!strcmp(ff_coll_comm_backend(t), "nccl") && ff_coll_comm_rank(t) == rank && ff_coll_comm_size(t) == n, "twin's shape");
+    RCHECK(ff_coll_comm_twin(c, "nccl", &t2) == 0 && t2 == t, "the same twin again");
+    float h[64], *d = NULL;
+    for (int i = 0; i < 64; i++) h[i] = (float)(rank + i);
+    RCHECK(cudaMalloc((void **)&d, sizeof h) == cudaSuccess, "cudaMalloc");
+    cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice);
+    RCHECK(ff_coll_all_reduce(d, d, 64, FF_DTYPE_F32, FF_COLL_SUM, t, NULL) == 0 && ff_coll_synchronize(t, NULL) == 0, "%s",
+           ff_error_message());
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 64; i++) RCHECK(h[i] == (float)(n * (n - 1) / 2 + n * i), "twin sum at %d: %g", i, h[i]);
+    cudaFree(d);
+    float v = 1;
+    RCHECK(ff_coll_all_reduce(&v, &v, 1, FF_DTYPE_F32, FF_COLL_SUM, c, NULL) == 0 && v == (float)n, "the cpu group after");
+    return fails; /* the harness destroys c, and the twin with it */
+}
+
 int main(void) {
     /* probe in a child: the parent must not initialise CUDA before forking the ranks */
     int pfd[2];
@@ -150,6 +175,13 @@ int main(void) {
     ro.watchdog_s = 120;
     int f = run_ranks(n, &ro, nccl_rank, NULL);
     printf("nccl: %d rank(s), one per GPU: %s\n", n, f ? "FAILED" : "ok");
+    CHECK_EQ_INT(f, 0);
+    run_opts rt = default_run(); /* a cpu group, each rank on its GPU, and its NCCL twin */
+    rt.setup = set_device;
+    rt.comm_opt.timeout_s = 60;
+    rt.watchdog_s = 120;
+    f = run_ranks(n, &rt, twin_rank, NULL);
+    printf("nccl twin of a cpu group: %d rank(s): %s\n", n, f ? "FAILED" : "ok");
     CHECK_EQ_INT(f, 0);
     TEST_MAIN_END();
 }

@@ -7,7 +7,8 @@
 #     metrics within 1e-6 + 1% (TP sums partial products in another order; measured worst,
 #     relative: approx_kl 2.8e-4, pg_loss 1.3e-4, ratio_max 7e-5, kl 7e-5, the rest below;
 #     under the sanitizers grad_norm and approx_kl 5.6e-4);
-#   - the same at TP 2 with sequence parallelism;
+#   - the same at TP 2 with sequence parallelism; at TP 2 x DP 2 with it, the collectives on the
+#     models' buffers (the default) give the bits of those through host memory (FF_DEVICE_COLL=0);
 #   - a TP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
 #     tensors) and ends as the TP 1 run does; its checkpoint loads in `fuseflow generate`;
 #   - GRPO with generation at TP 2 on a pool of its own while training at TP 1 (weights synced
@@ -51,6 +52,15 @@ same_metrics "$work/tp1/metrics.jsonl" "$work/tp2dp2/metrics.jsonl" 1e-6 1e-2 ||
 ppo "$work/sp" roles.actor.workers=2 roles.actor.layout.tp=2 roles.actor.layout.sp=true
 same_samples "$work/tp1" "$work/sp" "TP 2 with SP"
 same_metrics "$work/tp1/metrics.jsonl" "$work/sp/metrics.jsonl" 1e-6 1e-2 || fail "TP 2 with SP does not train like TP 1"
+# the workers run the models' collectives on their buffers (ff_model_comm's dev_ calls, the cpu
+# ff_coll reading the cpu backend's memory); FF_DEVICE_COLL=0 copies them through host memory
+# instead: the same collectives on the same values, so the same bits (TP 2 x DP 2 with SP: the
+# all-reduces, gathers and scatters and the DP gradient sum)
+ppo "$work/sp_dp" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.sp=true
+FF_DEVICE_COLL=0 ppo "$work/sp_dp_host" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.sp=true
+same_samples "$work/sp_dp" "$work/sp_dp_host" "TP 2 x DP 2 with SP, collectives through host memory"
+same_metrics "$work/sp_dp/metrics.jsonl" "$work/sp_dp_host/metrics.jsonl" 0 0 ||
+  fail "the collectives on the models' buffers do not give the bits of those through host memory"
 
 # TP 4 above the 2 key-value heads: each head replicated on 2 ranks (the planner accepts it,
 # docs/planner.md "Replicated key-value heads"), and it trains as TP 1

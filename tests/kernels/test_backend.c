@@ -1,5 +1,6 @@
 /* The backend handles: selection by name (and clear errors for unknown or unbuilt ones),
- * thread counts from FF_NUM_THREADS, zeroed buffers, and the explicit copies. */
+ * thread counts from FF_NUM_THREADS, zeroed buffers, the explicit copies, events, and the
+ * addresses handed to a collectives library. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,21 @@ int main(void) {
     ff_stream *s2 = ff_stream_new(be);
     REQUIRE(s2);
     CHECK(ff_stream_sync(s2) == 0);
+    /* events: work is done when queued here, so they order nothing and cost nothing; the
+     * address of a dptr is host memory, the native stream none; the cpu ff_coll reads it */
+    ff_event *ev = ff_event_new(be);
+    REQUIRE(ev);
+    ff_event_record(ev, st);
+    ff_stream_wait(s2, ev);
+    ff_event_record(ev, s2); /* re-recorded */
+    ff_event_destroy(&ev);
+    CHECK(ev == NULL);
+    ff_event_destroy(&ev); /* NULL: nothing */
+    CHECK((unsigned char *)ff_dptr_addr(ff_dptr_of(a, 7)) == (unsigned char *)ff_dptr_addr(ff_dptr_of(a, 0)) + 7);
+    CHECK(*(unsigned char *)ff_dptr_addr(ff_dptr_of(a, 7)) == host[7]);
+    CHECK(ff_stream_native(st) == NULL && ff_stream_native(s2) == NULL);
+    CHECK(ff_backend_shares_memory_with(be, "cpu") && !ff_backend_shares_memory_with(be, "nccl") &&
+          !ff_backend_shares_memory_with(be, NULL));
     ff_stream_destroy(&s2);
     CHECK(s2 == NULL);
     ff_buffer_destroy(&a);

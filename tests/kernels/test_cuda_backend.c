@@ -467,6 +467,38 @@ static void test_vectors(void) {
     CHECK_STR_CONTAINS(ff_error_message(), "out of device memory");
 }
 
+/* Events order two streams with no host wait: 64 MiB copied on one, then read on the other
+ * after waiting for an event recorded behind the copy (without the wait the second stream
+ * could read the buffer before it is filled). The native stream is a real one, and NCCL
+ * reads this memory. */
+static void test_events(void) {
+    const size_t n = (size_t)16 << 20; /* floats */
+    float *h = malloc(n * 4), *back = malloc(n * 4);
+    REQUIRE(h && back);
+    for (size_t i = 0; i < n; i++) h[i] = (float)(i % 1009);
+    ff_buffer *a = ff_buffer_new(gpu, n * 4), *b = ff_buffer_new(gpu, n * 4);
+    ff_stream *s1 = ff_stream_new(gpu), *s2 = ff_stream_new(gpu);
+    ff_event *ev = ff_event_new(gpu);
+    REQUIRE(a && b && s1 && s2 && ev);
+    CHECK(ff_stream_native(s1) != NULL && ff_stream_native(s1) != ff_stream_native(s2));
+    CHECK(ff_backend_shares_memory_with(gpu, "nccl") && !ff_backend_shares_memory_with(gpu, "cpu"));
+    CHECK(ff_dptr_addr(ff_dptr_of(a, 0)) != NULL);
+    ff_memcpy_h2d(s1, ff_dptr_of(a, 0), h, n * 4);
+    ff_event_record(ev, s1);
+    ff_stream_wait(s2, ev);
+    ff_memcpy_d2d(s2, ff_dptr_of(b, 0), ff_dptr_of(a, 0), n * 4);
+    ff_memcpy_d2h(s2, back, ff_dptr_of(b, 0), n * 4);
+    CHECK(ff_stream_sync(s1) == 0 && ff_stream_sync(s2) == 0);
+    CHECK(!memcmp(back, h, n * 4));
+    ff_event_destroy(&ev);
+    ff_stream_destroy(&s1);
+    ff_stream_destroy(&s2);
+    ff_buffer_destroy(&a);
+    ff_buffer_destroy(&b);
+    free(h);
+    free(back);
+}
+
 int main(void) {
     ff_backend *probe = ff_backend_new("cuda");
     if (!probe) {
@@ -503,6 +535,7 @@ int main(void) {
     CHECK(ff_backend_new("cuda:4095") == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "requested but");
 
+    test_events();
     test_bf16();
     test_rowwise();
     test_attention();

@@ -180,12 +180,28 @@ static int c_ag_v(void *ctx, const float *in, float *out, const size_t *counts) 
     size_t off = 0;
     post(c, OP_AG_V, in, N, 0);
     for (int r = 0; r < c->g->n; r++) {
-        memcpy(out + off, c->g->src[r], counts[r] * 4);
+        if (out + off != c->g->src[r]) memcpy(out + off, c->g->src[r], counts[r] * 4); /* in place: already there */
         off += counts[r];
     }
     pthread_barrier_wait(&c->g->bar);
     count(c, OP_AG_V, N, 4);
     return 0;
+}
+
+/* The same collectives on the model's buffers (ff_model_comm's dev_ calls): on the cpu backend
+ * a buffer's address is host memory, as with the cpu ff_coll beside it in a worker. The same
+ * arithmetic, so a model given these must give the host calls' bits with no host copies. */
+static int d_sum(void *ctx, ff_stream *st, ff_dptr buf, size_t n) {
+    (void)st;
+    return c_sum(ctx, ff_dptr_addr(buf), n);
+}
+static int d_ag_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st;
+    return c_ag_v(ctx, ff_dptr_addr(in), ff_dptr_addr(out), counts);
+}
+static int d_rs_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st;
+    return c_rs_v(ctx, ff_dptr_addr(in), ff_dptr_addr(out), counts);
 }
 
 /* ---- one rank's run --------------------------------------------------------------------- */
@@ -209,6 +225,8 @@ typedef struct job {
     const ff_tensor_set *reload_w, *reload_o; /* whole tensors to load at the end, or NULL */
     bool lm;                /* the model has an LM head */
     bool sp;                /* sequence parallelism */
+    bool dev;               /* the communicator's dev_ calls (the model's buffers) too */
+    bool exact;             /* compare() bit for bit (against the same TP with host calls) */
     group *g;
     result res[MAXR];
 } job;
@@ -338,6 +356,7 @@ static void *rank_main(void *p) {
     ff_model_comm comm = {.rank = a->ctx.rank, .size = a->ctx.g->n, .ctx = &a->ctx, .all_reduce_sum = c_sum,
                           .all_reduce_max = c_max, .all_reduce_sum_f64 = c_sum64, .all_gather = c_gather,
                           .reduce_scatter_sum_v = c_rs_v, .all_gather_v = c_ag_v};
+    if (a->j->dev) comm.dev_all_reduce_sum = d_sum, comm.dev_all_gather_v = d_ag_v, comm.dev_reduce_scatter_sum_v = d_rs_v;
     run_rank(a->j, a->ctx.rank, &comm);
     return NULL;
 }
@@ -430,7 +449,7 @@ static void compare(const char *cfg_name, int tp, const job *j, const result *re
     const result *r = &j->res[0];
     const int T = j->b->n_tokens;
     snprintf(what, sizeof what, "%s tp%d", cfg_name, tp);
-    bool exact = tp == 1;
+    bool exact = tp == 1 || j->exact;
     double k = exact ? -1 : 1; /* rtol < 0: bit for bit */
     char w[192];
     snprintf(w, sizeof w, "%s export after load", what);
@@ -794,6 +813,24 @@ static void test_stages_sp(const char *name, const job *ref, int tp) {
     free(sj);
 }
 
+/* j again with the dev_ calls: every output, gradient, weight and state bit for bit the host
+ * calls' run, and the same collectives of the same sizes (base: check_traffic's) */
+static void same_on_device(const char *name, int tp, const job *j, double base) {
+    job *d = calloc(1, sizeof *d);
+    REQUIRE(d);
+    *d = *j;
+    memset(d->res, 0, sizeof d->res);
+    d->dev = d->exact = true;
+    run_group(d, tp);
+    char dn[128];
+    snprintf(dn, sizeof dn, "%s on device buffers against host", name);
+    compare(dn, tp, d, &j->res[0]);
+    check_traffic(dn, tp, d, base);
+    for (int r = 0; r < tp; r++) free_result(&d->res[r]);
+    free(d->g);
+    free(d);
+}
+
 static void test_config(const char *name, ff_model_config cfg, bool critic, const int *tps, int n_tps) {
     ff_tensor_set *all = ff_tensor_set_new(), *w = ff_tensor_set_new();
     REQUIRE(ff_model_init_weights(&cfg, 21, 0.1, all) == 0); /* 0.3: chaotic, log-probs to -12 */
@@ -835,6 +872,7 @@ static void test_config(const char *name, ff_model_config cfg, bool critic, cons
         run_group(j, tps[i]);
         compare(name, tps[i], j, rr);
         if (tps[i] > 1) check_traffic(name, tps[i], j, 0);
+        if (tps[i] > 1) same_on_device(name, tps[i], j, 0);
         if (tps[i] > 1) { /* sequence parallelism: the same model again, against TP 1 and this TP */
             job *s = calloc(1, sizeof *s);
             REQUIRE(s);
@@ -848,6 +886,7 @@ static void test_config(const char *name, ff_model_config cfg, bool critic, cons
             snprintf(sn, sizeof sn, "%s SP against TP", name);
             compare(sn, tps[i], s, &j->res[0]);
             check_traffic(name, tps[i], s, j->g->tr[0].ring_bytes);
+            same_on_device(sn, tps[i], s, j->g->tr[0].ring_bytes);
             printf("%s tp%d: workspace per rank after a training step of %d tokens: %lld bytes with SP, %lld without (%.3f)\n",
                    name, tps[i], NT, (long long)s->res[0].workspace, (long long)j->res[0].workspace,
                    (double)s->res[0].workspace / (double)j->res[0].workspace);

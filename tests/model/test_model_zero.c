@@ -72,6 +72,7 @@ typedef struct rank_out {
 struct run {
     int tp, dp, zero;
     bool offload; /* between two steps, a colocated actor's generation phase (offload_mode) */
+    bool dev;     /* the communicators' device-buffer calls too (dev_mode) */
     int64_t bucket;
     const run *resume; /* start at step 3 from its w2, o2 */
     tc_group tpg[MAXW], dpg[MAXW];
@@ -85,6 +86,7 @@ typedef struct thread_arg {
 } thread_arg;
 
 static bool offload_mode; /* the next run_layout's runs[].offload */
+static bool dev_mode;     /* the next run_layout's run.dev */
 
 /* After a step: what a colocated actor does for generation (roles.actor.offload): gradients
  * given back, AdamW to host memory, a scoring forward meanwhile (a training forward
@@ -117,7 +119,7 @@ static void *rank_main(void *p) {
     rank_out *o = &R->out[a->dr * R->tp + a->tr];
     ff_backend *be = ff_backend_new("cpu:1");
     REQUIRE(be);
-    ff_model_comm tpc = tc_comm(&a->tpc), dpc = tc_comm(&a->dpc);
+    ff_model_comm tpc = R->dev ? tc_comm_dev(&a->tpc) : tc_comm(&a->tpc), dpc = R->dev ? tc_comm_dev(&a->dpc) : tc_comm(&a->dpc);
     ff_model *m = R->tp > 1 ? ff_model_new_tp(be, &cfg, w0, &tpc) : ff_model_new(be, &cfg, w0);
     REQUIRE(m && ff_model_reserve(m, NT) == 0);
     ff_adamw_config ac;
@@ -187,7 +189,7 @@ static void *rank_main(void *p) {
 
 static void run_layout(run *R, int tp, int dp, int zero, int64_t bucket, const run *resume) {
     memset(R, 0, sizeof *R);
-    *R = (run){.tp = tp, .dp = dp, .zero = zero, .bucket = bucket, .resume = resume, .offload = offload_mode};
+    *R = (run){.tp = tp, .dp = dp, .zero = zero, .bucket = bucket, .resume = resume, .offload = offload_mode, .dev = dev_mode};
     for (int i = 0; i < dp; i++) tc_group_init(&R->tpg[i], tp);
     for (int i = 0; i < tp; i++) tc_group_init(&R->dpg[i], dp);
     thread_arg args[MAXW];
@@ -265,6 +267,20 @@ static void test_dp(int d) {
     same_steps(what, &z1, &z0, 0);
     snprintf(what, sizeof what, "dp%d zero1 bucket 10007", d);
     same_steps(what, &z1b, &z0, 0);
+    if (d > 1) { /* the reduce-scatter and all-gather in place on the model's buffers: the same bits, the same calls */
+        run zd;
+        dev_mode = true;
+        run_layout(&zd, 1, d, 1, 10007, NULL);
+        dev_mode = false;
+        snprintf(what, sizeof what, "dp%d zero1 bucket 10007 on device buffers", d);
+        same_steps(what, &zd, &z1b, 0);
+        for (int r = 0; r < d; r++) {
+            CHECK(zd.out[r].sent == z1b.out[r].sent);
+            CHECK(!memcmp(zd.out[r].calls, z1b.out[r].calls, sizeof zd.out[r].calls));
+            compare_sets(what, zd.out[r].o3, z1b.out[r].o3, 0, -1);
+        }
+        free_run(&zd);
+    }
     const int64_t n = z0.out[0].n;
     int64_t S = (n + d - 1) / d;
     S = (S + FF_ZERO_ALIGN - 1) / FF_ZERO_ALIGN * FF_ZERO_ALIGN;
@@ -365,6 +381,13 @@ static void test_tp_dp(void) {
     }
     printf("tp2 x dp2 zero1: parameters within %.3g of ZeRO-0 after 3 steps; optimizer bytes per rank %lld vs %lld\n", worst,
            (long long)z1.out[0].state_bytes, (long long)z0.out[0].state_bytes);
+    run zd; /* TP's and ZeRO's collectives on the model's buffers: ZeRO-1's bits */
+    dev_mode = true;
+    run_layout(&zd, 2, 2, 1, 10007, NULL);
+    dev_mode = false;
+    same_steps("tp2 x dp2 zero1 on device buffers", &zd, &z1, 0);
+    for (int i = 0; i < 4; i++) compare_sets("tp2 x dp2 zero1 on device buffers: exported state", zd.out[i].o3, z1.out[i].o3, 0, -1);
+    free_run(&zd);
     free_run(&z0), free_run(&z1);
 }
 

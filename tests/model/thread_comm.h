@@ -165,7 +165,7 @@ static inline int tc_ag_v(void *ctx, const float *in, float *out, const size_t *
     size_t N = tc_sum_counts(g, counts), off = 0;
     tc_post(c, TC_AG_V, in, N, counts, 0);
     for (int r = 0; r < g->n; r++) {
-        memcpy(out + off, g->src[r], counts[r] * 4);
+        if (out + off != g->src[r]) memcpy(out + off, g->src[r], counts[r] * 4); /* in place: already there */
         off += counts[r];
     }
     pthread_barrier_wait(&g->bar);
@@ -173,10 +173,33 @@ static inline int tc_ag_v(void *ctx, const float *in, float *out, const size_t *
     return 0;
 }
 
+/* The device-buffer calls (ff_model_comm's dev_): on the cpu backend an address is host
+ * memory, as with the cpu ff_coll beside it in a worker; the same arithmetic as above. */
+static inline int tc_dev_sum(void *ctx, ff_stream *st, ff_dptr buf, size_t n) {
+    (void)st;
+    return tc_sum(ctx, ff_dptr_addr(buf), n);
+}
+static inline int tc_dev_rs_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st;
+    return tc_rs_v(ctx, ff_dptr_addr(in), ff_dptr_addr(out), counts);
+}
+static inline int tc_dev_ag_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st;
+    return tc_ag_v(ctx, ff_dptr_addr(in), ff_dptr_addr(out), counts);
+}
+
 static inline ff_model_comm tc_comm(tc_rank *c) {
     return (ff_model_comm){.rank = c->rank, .size = c->g->n, .ctx = c, .all_reduce_sum = tc_sum, .all_reduce_max = tc_max,
                            .all_reduce_sum_f64 = tc_sum64, .all_gather = tc_gather, .reduce_scatter_sum_v = tc_rs_v,
                            .all_gather_v = tc_ag_v};
+}
+/* tc_comm with the device-buffer calls too */
+static inline ff_model_comm tc_comm_dev(tc_rank *c) {
+    ff_model_comm m = tc_comm(c);
+    m.dev_all_reduce_sum = tc_dev_sum;
+    m.dev_reduce_scatter_sum_v = tc_dev_rs_v;
+    m.dev_all_gather_v = tc_dev_ag_v;
+    return m;
 }
 
 #endif

@@ -232,9 +232,42 @@ int ff_coll_comm_split(ff_coll_comm *comm, int color, int key, ff_coll_comm **ou
     return rc;
 }
 
+int ff_coll_comm_twin(ff_coll_comm *comm, const char *backend, ff_coll_comm **out) {
+    const char *where = "ff_coll_comm_twin";
+    if (!comm || !out || !backend) return ff_error_set(where, NULL, "NULL communicator, backend or output");
+    *out = NULL;
+    if (!strcmp(backend, ff_coll_comm_backend(comm))) {
+        *out = comm;
+        return 0;
+    }
+    if (comm->twin) {
+        *out = comm->twin;
+        return 0;
+    }
+    if (coll_check_usable(comm, where)) return -1;
+    /* every rank learns whether rank 0 could make the id (a failure there would otherwise
+     * leave the others waiting in comm_init until the timeout) */
+    ff_coll_id id;
+    memset(&id, 0, sizeof id);
+    const char *why = NULL;
+    if (comm->rank == 0 && (!ff_coll_backend_available(backend, &why) || ff_coll_get_unique_id(&id, backend, NULL) != 0)) {
+        if (why) ff_error_set(where, "use the cpu backend's collectives (host memory)", "backend \"%s\": %s", backend, why);
+        snprintf(id.text, sizeof id.text, "!%s", ff_error_message());
+    }
+    if (ff_coll_broadcast(&id, &id, sizeof id.text, FF_DTYPE_U8, 0, comm, NULL) != 0) return ff_error_wrap("%s: sharing the unique id", where);
+    id.text[sizeof id.text - 1] = '\0';
+    if (id.text[0] == '!') return ff_error_set(where, NULL, "rank 0 could not make a \"%s\" id: %s", backend, id.text + 1);
+    ff_coll_options o = {.timeout_s = comm->timeout_s};
+    if (ff_coll_comm_init(&comm->twin, comm->nranks, &id, comm->rank, &o) != 0)
+        return ff_error_wrap("%s: joining the \"%s\" twin of a group of %d", where, backend, comm->nranks);
+    *out = comm->twin;
+    return 0;
+}
+
 void ff_coll_comm_destroy(ff_coll_comm **comm) {
     if (!comm || !*comm) return;
     ff_coll_comm *c = *comm;
+    ff_coll_comm_destroy(&c->twin);
     if (c->backend == COLL_BACKEND_CPU) {
         coll_cpu_comm_free(c);
         coll_work_free(c);
@@ -251,6 +284,8 @@ void ff_coll_comm_abort(ff_coll_comm *comm, const char *reason) {
     char why[COLL_ABORT_MAX];
     snprintf(why, sizeof why, "rank %d called ff_coll_comm_abort: %s", comm->rank,
              reason && *reason ? reason : "no reason given");
+    ff_error_set("ff_coll_comm_abort", NULL, "%s", why);
+    if (comm->twin) ff_coll_comm_abort(comm->twin, reason);
     ff_error_set("ff_coll_comm_abort", NULL, "%s", why);
     coll_break_with(comm, why);
 }

@@ -151,6 +151,7 @@ struct ff_coll_comm {
     uint64_t sends_done;    /* of those, how many from the first are done */
     coll_cpu cpu; /* backend "cpu" */
     void *nccl;   /* backend "nccl": ncclComm_t */
+    struct ff_coll_comm *twin; /* ff_coll_comm_twin's, owned; NULL until asked for */
 };
 
 /* Record the current ff_error_message() as the communicator's error (first one wins),

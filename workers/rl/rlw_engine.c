@@ -69,7 +69,11 @@ typedef struct gen_job {
 typedef struct rlw_lay {
     rlw_place at;
     ff_coll_comm *tp_comm, *pp_comm, *dp_comm;
-    ff_model_comm mcomm;
+    struct tp_ctx {
+        rlw *s;
+        ff_coll_comm *c; /* tp_comm */
+    } tpc;
+    ff_model_comm mcomm; /* ctx: &tpc */
     ff_pipe_transport pt;
     ff_roles_pipe pipe;
     ff_model_comm norm;
@@ -133,6 +137,11 @@ struct rlw {
         int size;
     } dpc;                    /* a ZeRO-1 optimizer's collectives (ff_model_comm) */
     od_role od[OD_N];         /* the ref's and the reward model's weights on demand */
+    /* collectives on the models' device buffers (dev_coll): on a device backend their own
+     * stream, ordered after the model's by cq_ready and before its next work by cq_done */
+    bool dev_coll;
+    ff_stream *cq;
+    ff_event *cq_ready, *cq_done;
 };
 
 static void lay_clear(rlw_lay *y);
@@ -150,19 +159,79 @@ rlw *rlw_new(void) {
     return s;
 }
 
-/* ---- ff_model_comm on ff_coll (the model may not use ff_coll itself) --------------------- */
-static int tp_sum(void *ctx, float *buf, size_t n) { return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_SUM, ctx, NULL); }
-static int tp_max(void *ctx, float *buf, size_t n) { return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_MAX, ctx, NULL); }
-static int tp_sum64(void *ctx, double *buf, size_t n) {
-    return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, ctx, NULL);
+/* ---- collectives on the models' device buffers (ff_model_comm's dev_ calls) ----------------
+ * The group's library must read the backend's memory: the group itself beside the cpu backend
+ * (the cpu ff_coll reads host memory), its NCCL twin beside a cuda one (ff_coll_comm_twin,
+ * made at the first call, every rank of the group there together). On a device backend the
+ * collective runs on a stream of its own (cq), after the model's queued work and before its
+ * next. FF_DEVICE_COLL=0 keeps every model collective copied through host memory (the host
+ * calls), for comparison or as a way around a fault; so does a cuda backend without NCCL. */
+static bool dev_coll_wanted(const ff_backend *be) {
+    const char *e = getenv("FF_DEVICE_COLL");
+    if (e && !strcmp(e, "0")) return false;
+    return ff_backend_shares_memory_with(be, "cpu") ||
+           (ff_backend_shares_memory_with(be, "nccl") && ff_coll_backend_available("nccl", NULL));
 }
-static int tp_gather(void *ctx, const float *in, float *out, size_t n) { return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, ctx, NULL); }
+
+enum { DC_SUM, DC_GATHER_V, DC_SCATTER_V };
+
+/* op on group g's device twin: in place (DC_SUM: out ignored), or as ff_model_comm says */
+static int dev_coll(rlw *s, ff_coll_comm *g, int op, ff_stream *st, ff_dptr in, ff_dptr out, size_t n, const size_t *counts) {
+    ff_coll_comm *d;
+    if (ff_coll_comm_twin(g, ff_backend_shares_memory_with(s->be, "cpu") ? "cpu" : "nccl", &d) != 0) return -1;
+    ff_stream *q = st;
+    if (ff_stream_native(st)) {
+        if (!s->cq) {
+            s->cq = ff_stream_new(s->be);
+            s->cq_ready = s->cq ? ff_event_new(s->be) : NULL;
+            s->cq_done = s->cq_ready ? ff_event_new(s->be) : NULL;
+            if (!s->cq_done) {
+                ff_event_destroy(&s->cq_ready);
+                ff_stream_destroy(&s->cq);
+                return ff_error_wrap("worker: the collectives' stream");
+            }
+        }
+        ff_event_record(s->cq_ready, st);
+        ff_stream_wait(s->cq, s->cq_ready);
+        q = s->cq;
+    }
+    void *a = ff_dptr_addr(in), *b = op == DC_SUM ? a : ff_dptr_addr(out), *ns = ff_stream_native(q);
+    int rc = op == DC_SUM       ? ff_coll_all_reduce(a, a, n, FF_DTYPE_F32, FF_COLL_SUM, d, ns)
+             : op == DC_GATHER_V ? ff_coll_all_gather_v(a, b, counts, FF_DTYPE_F32, d, ns)
+                                 : ff_coll_reduce_scatter_v(a, b, counts, FF_DTYPE_F32, FF_COLL_SUM, d, ns);
+    if (q != st) {
+        ff_event_record(s->cq_done, q);
+        ff_stream_wait(st, s->cq_done);
+    }
+    return rc;
+}
+
+/* ---- ff_model_comm on ff_coll (the model may not use ff_coll itself) --------------------- */
+#define TPC(ctx) (((struct tp_ctx *)(ctx))->c)
+static int tp_sum(void *ctx, float *buf, size_t n) { return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_SUM, TPC(ctx), NULL); }
+static int tp_max(void *ctx, float *buf, size_t n) { return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F32, FF_COLL_MAX, TPC(ctx), NULL); }
+static int tp_sum64(void *ctx, double *buf, size_t n) {
+    return ff_coll_all_reduce(buf, buf, n, FF_DTYPE_F64, FF_COLL_SUM, TPC(ctx), NULL);
+}
+static int tp_gather(void *ctx, const float *in, float *out, size_t n) { return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, TPC(ctx), NULL); }
 /* sequence parallelism's: rows of [T, H] split over the TP group */
 static int tp_reduce_scatter_v(void *ctx, const float *in, float *out, const size_t *counts) {
-    return ff_coll_reduce_scatter_v(in, out, counts, FF_DTYPE_F32, FF_COLL_SUM, ctx, NULL);
+    return ff_coll_reduce_scatter_v(in, out, counts, FF_DTYPE_F32, FF_COLL_SUM, TPC(ctx), NULL);
 }
 static int tp_gather_v(void *ctx, const float *in, float *out, const size_t *counts) {
-    return ff_coll_all_gather_v(in, out, counts, FF_DTYPE_F32, ctx, NULL);
+    return ff_coll_all_gather_v(in, out, counts, FF_DTYPE_F32, TPC(ctx), NULL);
+}
+static int tp_dev_sum(void *ctx, ff_stream *st, ff_dptr buf, size_t n) {
+    struct tp_ctx *t = ctx;
+    return dev_coll(t->s, t->c, DC_SUM, st, buf, buf, n, NULL);
+}
+static int tp_dev_gather_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    struct tp_ctx *t = ctx;
+    return dev_coll(t->s, t->c, DC_GATHER_V, st, in, out, 0, counts);
+}
+static int tp_dev_scatter_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    struct tp_ctx *t = ctx;
+    return dev_coll(t->s, t->c, DC_SCATTER_V, st, in, out, 0, counts);
 }
 
 /* generation's transfers on the pipeline group (ff_gen_pipe) */
@@ -190,7 +259,7 @@ static int split(ff_coll_comm *group, int color, int key, int size, int rank, co
 /* Split the pool's communicator into this layout's TP, pipeline and DP groups: collectives
  * every rank of the pool calls in this order (the same layouts everywhere). L: the config's
  * layout of the role (the pipeline's schedule and chunks). */
-static int lay_setup(rlw_lay *y, const rlw_place *at, const ff_layout *L, ff_coll_comm *group) {
+static int lay_setup(rlw *s, rlw_lay *y, const rlw_place *at, const ff_layout *L, ff_coll_comm *group) {
     y->at = *at;
     if (y->at.tp < 1) y->at.tp = 1;
     if (y->at.pp < 1) y->at.pp = 1;
@@ -205,9 +274,15 @@ static int lay_setup(rlw_lay *y, const rlw_place *at, const ff_layout *L, ff_col
                             p->tp, p->pp);
     if (p->tp > 1) {
         if (split(group, p->dp_rank * p->pp + p->pp_rank, p->tp_rank, p->tp, p->tp_rank, "TP", &y->tp_comm) != 0) return -1;
-        y->mcomm = (ff_model_comm){.rank = p->tp_rank, .size = p->tp, .ctx = y->tp_comm, .all_reduce_sum = tp_sum,
+        y->tpc = (struct tp_ctx){s, y->tp_comm};
+        y->mcomm = (ff_model_comm){.rank = p->tp_rank, .size = p->tp, .ctx = &y->tpc, .all_reduce_sum = tp_sum,
                                    .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather,
                                    .reduce_scatter_sum_v = tp_reduce_scatter_v, .all_gather_v = tp_gather_v};
+        if (s->dev_coll) {
+            y->mcomm.dev_all_reduce_sum = tp_dev_sum;
+            y->mcomm.dev_all_gather_v = tp_dev_gather_v;
+            y->mcomm.dev_reduce_scatter_sum_v = tp_dev_scatter_v;
+        }
         y->sp = L->sp;
     }
     if (p->pp > 1) {
@@ -277,6 +352,9 @@ static void unload(rlw *s) {
     lay_clear(&s->lay);
     lay_clear(&s->lay_gen);
     s->glay = s->clay = &s->lay;
+    ff_event_destroy(&s->cq_ready);
+    ff_event_destroy(&s->cq_done);
+    ff_stream_destroy(&s->cq);
     ff_backend_destroy(&s->be);
     ff_run_config_destroy(&s->run);
     ff_registry_destroy(&s->reg);
@@ -357,10 +435,11 @@ static float sampling_temperature(const ff_run_config *run) {
 }
 
 static int grad_hook(void *user, ff_model *m, ff_buffer *grads, int64_t n) {
-    (void)grads;
     rlw *s = user;
     ff_coll_comm *g = m == s->critic && s->ccomm ? s->ccomm : s->comm;
     if (!g || ff_coll_comm_size(g) < 2) return 0;
+    /* SUM: every rank's loss already carries the mini-batch's global normaliser (roles.h) */
+    if (s->dev_coll) return dev_coll(s, g, DC_SUM, ff_backend_stream(s->be), ff_dptr_of(grads, 0), ff_dptr_of(grads, 0), (size_t)n, NULL);
     if (n > s->gcap) {
         float *b = ff_realloc(s->gbuf, (size_t)n * sizeof *b);
         if (!b) return -1;
@@ -368,7 +447,6 @@ static int grad_hook(void *user, ff_model *m, ff_buffer *grads, int64_t n) {
         s->gcap = n;
     }
     ff_model_read_grads(m, s->gbuf);
-    /* SUM: every rank's loss already carries the mini-batch's global normaliser (roles.h) */
     if (ff_coll_all_reduce(s->gbuf, s->gbuf, (size_t)n, FF_DTYPE_F32, FF_COLL_SUM, g, NULL) != 0) return -1;
     ff_model_write_grads(m, s->gbuf);
     return 0;
@@ -399,6 +477,18 @@ static int dp_all_gather(void *ctx, const float *in, float *out, const size_t *c
     ff_coll_comm *g = dp_group(ctx);
     return g ? ff_coll_all_gather_v(in, out, counts, FF_DTYPE_F32, g, NULL) : -1;
 }
+static int dp_dev_sum(void *ctx, ff_stream *st, ff_dptr buf, size_t n) {
+    ff_coll_comm *g = dp_group(ctx);
+    return g ? dev_coll(((struct dp_ctx *)ctx)->s, g, DC_SUM, st, buf, buf, n, NULL) : -1;
+}
+static int dp_dev_scatter_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    ff_coll_comm *g = dp_group(ctx);
+    return g ? dev_coll(((struct dp_ctx *)ctx)->s, g, DC_SCATTER_V, st, in, out, 0, counts) : -1;
+}
+static int dp_dev_gather_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    ff_coll_comm *g = dp_group(ctx);
+    return g ? dev_coll(((struct dp_ctx *)ctx)->s, g, DC_GATHER_V, st, in, out, 0, counts) : -1;
+}
 
 /* How a trained role's gradients meet over DP: the hook's all-reduce (zero 0) or the
  * optimizer's reduce-scatter (zero 1, the run config's roles.<role>.layout.zero); over the
@@ -413,6 +503,11 @@ static void set_dp(rlw *s, ff_role role, ff_trainer_config *tc) {
     s->dpc = (struct dp_ctx){s, s->lay.at.dp};
     tc->dp = (ff_model_comm){.rank = s->lay.at.dp_rank, .size = s->lay.at.dp, .ctx = &s->dpc, .all_reduce_sum_f64 = dp_sum64,
                              .reduce_scatter_sum_v = dp_reduce_scatter, .all_gather_v = dp_all_gather};
+    if (s->dev_coll) {
+        tc->dp.dev_all_reduce_sum = dp_dev_sum;
+        tc->dp.dev_reduce_scatter_sum_v = dp_dev_scatter_v;
+        tc->dp.dev_all_gather_v = dp_dev_gather_v;
+    }
 }
 
 static ff_trainer *make_trainer(rlw *s, ff_model *m, ff_role role, int64_t updates, const char *resume_dir, const char *name) {
@@ -488,7 +583,7 @@ static const ff_layout *hosted_layout(const rlw *s, unsigned roles) {
 }
 
 static int layouts_setup(rlw *s, const rlw_init_args *a) {
-    if (lay_setup(&s->lay, &a->main, hosted_layout(s, a->roles), a->group) != 0) return -1;
+    if (lay_setup(s, &s->lay, &a->main, hosted_layout(s, a->roles), a->group) != 0) return -1;
     s->glay = s->clay = &s->lay;
     int64_t cp, cd;
     /* a critic nested in the actor's pipelines (reversed when fused): groups of its own */
@@ -496,11 +591,11 @@ static int layouts_setup(rlw *s, const rlw_init_args *a) {
         ff_run_config_critic_place(s->run, s->lay.at.pp_rank, s->lay.at.dp_rank, &cp, &cd)) {
         const ff_layout *C = &s->run->roles[FF_ROLE_CRITIC].layout;
         const rlw_place at = {.tp = 1, .pp = (int)C->pp, .pp_rank = (int)cp, .dp = (int)C->dp, .dp_rank = (int)cd};
-        if (lay_setup(&s->lay_critic, &at, C, a->group) != 0) return -1;
+        if (lay_setup(s, &s->lay_critic, &at, C, a->group) != 0) return -1;
         s->clay = &s->lay_critic;
     }
     if (a->gen.tp < 1 || !(a->roles & FF_RL_GEN)) return 0;
-    if (lay_setup(&s->lay_gen, &a->gen, &s->run->roles[FF_ROLE_ACTOR].rollout, a->group) != 0) return -1;
+    if (lay_setup(s, &s->lay_gen, &a->gen, &s->run->roles[FF_ROLE_ACTOR].rollout, a->group) != 0) return -1;
     s->glay = &s->lay_gen;
     if (!(a->roles & FF_RL_ACTOR)) return 0;
     /* the transition's group, split from the pool's communicator by every rank of it: the
@@ -635,6 +730,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         return ff_error_wrap("worker: backend %s%s", backend,
                              strncmp(backend, "cuda", 4) ? "" : " (its roles' backend: cuda in the run config; cpu runs them without a GPU)");
     const ff_role_cfg *roles = s->run->roles;
+    s->dev_coll = dev_coll_wanted(s->be);
     if (layouts_setup(s, a) != 0) return -1;
     char dir[FF_PATH_MAX];
     const char *actor_dir = roles[FF_ROLE_ACTOR].model;
