@@ -8,6 +8,9 @@
  * reduce-scatter in buckets, AdamW on 1/d, the all-gather of the parameters). Both
  * optimizers live on the same model and alternate step by step, so a noisy machine treats
  * them alike; times are rank 0's medians, each phase bracketed by a one-float all-reduce.
+ * Both run their collectives on the model's buffers, as a worker does (ff_model_comm's dev_
+ * calls, the hook's all-reduce in place), and, alternating with those, through host memory
+ * (what FF_DEVICE_COLL=0 keeps: the gradients copied out and back around each collective).
  * Also printed: the optimizer bytes per rank from the allocations.
  *
  *   bench_zero [--ranks 2] [--tokens 256] [--steps 8] [--threads T] [--bucket FLOATS]
@@ -30,7 +33,8 @@
 enum { MAXSTEPS = 64 };
 
 typedef struct result {
-    double fwdbwd_s, z0_s, z1_s; /* medians, rank 0 */
+    double fwdbwd_s, z0_s, z1_s; /* medians, rank 0: the collectives on the model's buffers (as workers run them) */
+    double z0h_s, z1h_s;         /* the same through host memory (FF_DEVICE_COLL=0's way) */
     int64_t params, z0_bytes, z1_bytes;
     int ok;
 } result;
@@ -43,6 +47,19 @@ static int c_rs(void *ctx, const float *in, float *out, const size_t *counts) {
 static int c_ag(void *ctx, const float *in, float *out, const size_t *counts) {
     return ff_coll_all_gather_v(in, out, counts, FF_DTYPE_F32, ctx, NULL);
 }
+/* the same on the model's buffers (the cpu backend's are host memory the cpu ff_coll reads) */
+static int d_sum(void *ctx, ff_stream *st, ff_dptr buf, size_t n) {
+    (void)st;
+    return ff_coll_all_reduce(ff_dptr_addr(buf), ff_dptr_addr(buf), n, FF_DTYPE_F32, FF_COLL_SUM, ctx, NULL);
+}
+static int d_rs(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st;
+    return ff_coll_reduce_scatter_v(ff_dptr_addr(in), ff_dptr_addr(out), counts, FF_DTYPE_F32, FF_COLL_SUM, ctx, NULL);
+}
+static int d_ag(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st;
+    return ff_coll_all_gather_v(ff_dptr_addr(in), ff_dptr_addr(out), counts, FF_DTYPE_F32, ctx, NULL);
+}
 
 typedef struct opts {
     int ranks, tokens, steps, threads;
@@ -54,7 +71,7 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
     ff_coll_comm *c = NULL;
     ff_backend *be = NULL;
     ff_model *m = NULL;
-    ff_optimizer *z0 = NULL, *z1 = NULL;
+    ff_optimizer *z0 = NULL, *z1 = NULL, *z1h = NULL;
     ff_tensor_set *w = NULL;
     float *g = NULL;
     char spec[32];
@@ -71,10 +88,13 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
         goto fail;
     ff_adamw_config ac;
     ff_adamw_config_default(&ac);
-    ff_model_comm dp = {.rank = rank, .size = o->ranks, .ctx = c, .all_reduce_sum_f64 = c_sum64, .reduce_scatter_sum_v = c_rs,
-                        .all_gather_v = c_ag};
+    ff_model_comm dph = {.rank = rank, .size = o->ranks, .ctx = c, .all_reduce_sum_f64 = c_sum64, .reduce_scatter_sum_v = c_rs,
+                         .all_gather_v = c_ag},
+                  dp = dph;
+    dp.dev_all_reduce_sum = d_sum, dp.dev_reduce_scatter_sum_v = d_rs, dp.dev_all_gather_v = d_ag;
     if (!(z0 = ff_optimizer_new(m, &ac)) ||
-        !(z1 = ff_optimizer_new_opts(m, &ac, &(ff_optimizer_opts){.zero = 1, .dp = &dp, .bucket = o->bucket})))
+        !(z1 = ff_optimizer_new_opts(m, &ac, &(ff_optimizer_opts){.zero = 1, .dp = &dp, .bucket = o->bucket})) ||
+        !(z1h = ff_optimizer_new_opts(m, &ac, &(ff_optimizer_opts){.zero = 1, .dp = &dph, .bucket = o->bucket})))
         goto fail;
     const int64_t n = ff_model_param_count(m);
     if (!(g = malloc((size_t)n * sizeof *g))) goto fail;
@@ -87,10 +107,11 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
     int32_t ss[2] = {0, o->tokens};
     ff_batch_shift_targets(tok, ss, 1, tgt);
     ff_batch b = {.n_tokens = o->tokens, .n_seqs = 1, .tokens = tok, .seq_start = ss, .targets = tgt};
-    double fb[2 * MAXSTEPS], t0v[MAXSTEPS], t1v[MAXSTEPS];
-    int k0 = 0, k1 = 0, kf = 0;
-    for (int s = 0; s < 2 * o->steps + 2; s++) { /* two warm-up steps (first touch, scratch) */
-        const bool zero1 = s % 2;
+    double fb[4 * MAXSTEPS], tv[4][MAXSTEPS];
+    int kv[4] = {0}, kf = 0;
+    for (int s = 0; s < 4 * o->steps + 4; s++) { /* a warm-up step each (first touch, scratch) */
+        const int kind = s % 4;                   /* ZeRO-0, ZeRO-1, each on the buffers and through host memory */
+        const bool zero1 = kind & 1, host = kind & 2;
         if (barrier(c)) goto fail;
         double t0 = now_s();
         ff_forward_out fo = {.logprobs = lps};
@@ -99,26 +120,28 @@ static int rank_main(const opts *o, int rank, const ff_coll_id *id, result *out)
             goto fail;
         if (barrier(c)) goto fail;
         double t1 = now_s();
-        if (!zero1) { /* the trainer's hook, then a whole optimizer */
+        if (!zero1 && host) { /* the trainer's hook, then a whole optimizer */
             if (ff_model_read_grads(m, g) || ff_coll_all_reduce(g, g, (size_t)n, FF_DTYPE_F32, FF_COLL_SUM, c, NULL) ||
                 ff_model_write_grads(m, g) || ff_optimizer_step(z0, NULL))
                 goto fail;
-        } else if (ff_optimizer_step(z1, NULL)) {
+        } else if (!zero1) { /* the worker's hook now: in place on the gradient buffer */
+            if (d_sum(c, NULL, ff_dptr_of(ff_model_grad_buffer(m), 0), (size_t)n) || ff_optimizer_step(z0, NULL)) goto fail;
+        } else if (ff_optimizer_step(host ? z1h : z1, NULL)) {
             goto fail;
         }
         if (barrier(c)) goto fail;
         double t2 = now_s();
-        if (s >= 2) {
+        if (s >= 4) {
             fb[kf++] = t1 - t0;
-            if (zero1) t1v[k1++] = t2 - t1;
-            else t0v[k0++] = t2 - t1;
+            tv[kind][kv[kind]++] = t2 - t1;
         }
     }
     if (rank == 0)
-        *out = (result){.fwdbwd_s = median(fb, kf), .z0_s = median(t0v, k0), .z1_s = median(t1v, k1), .params = n,
+        *out = (result){.fwdbwd_s = median(fb, kf), .z0_s = median(tv[0], kv[0]), .z1_s = median(tv[1], kv[1]),
+                        .z0h_s = median(tv[2], kv[2]), .z1h_s = median(tv[3], kv[3]), .params = n,
                         .z0_bytes = ff_optimizer_state_bytes(z0), .z1_bytes = ff_optimizer_state_bytes(z1), .ok = 1};
     free(tok), free(tgt), free(dlp), free(lps), free(g);
-    ff_optimizer_destroy(&z0), ff_optimizer_destroy(&z1);
+    ff_optimizer_destroy(&z0), ff_optimizer_destroy(&z1), ff_optimizer_destroy(&z1h);
     ff_model_destroy(&m);
     ff_backend_destroy(&be);
     ff_coll_comm_destroy(&c);
@@ -200,6 +223,10 @@ int main(int argc, char **argv) {
     char what[64];
     snprintf(what, sizeof what, "ZeRO-1: reduce-scatter + AdamW on 1/%d + all-gather", o.ranks);
     printf("%-52s %8.1f ms   optimizer %6.1f MiB per rank\n", what, res->z1_s * 1e3, (double)res->z1_bytes / 1048576.0);
+    printf("%-52s %8.1f ms   (%.2fx on the buffers)\n", "ZeRO-0 through host memory (FF_DEVICE_COLL=0)", res->z0h_s * 1e3,
+           res->z0_s / res->z0h_s);
+    printf("%-52s %8.1f ms   (%.2fx on the buffers)\n", "ZeRO-1 through host memory (FF_DEVICE_COLL=0)", res->z1h_s * 1e3,
+           res->z1_s / res->z1h_s);
     printf("step (forward + backward + the above): ZeRO-0 %.1f ms, ZeRO-1 %.1f ms\n", (res->fwdbwd_s + res->z0_s) * 1e3,
            (res->fwdbwd_s + res->z1_s) * 1e3);
     printf("bench_zero: ZeRO-1 gradient sync + optimizer %.1f ms (%.2fx ZeRO-0's), optimizer bytes per rank %.2fx "

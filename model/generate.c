@@ -107,12 +107,16 @@ struct ff_generator {
     ff_buffer *ws;
     int32_t V; /* the whole vocabulary */
     size_t x, xn, qkv, att, gu, hm, rstd, xr, xrn, rstdr, logits_loc, logits, logits_rep, sws, sparams, stok, slp;
-    size_t i_tok, i_pos, i_wrow, i_seq, i_nkeys, i_rows, i_rowmap, i_table;
+    size_t i_tok, i_pos, i_wrow, i_seq, i_nkeys, i_rows, i_rowmap, i_table, i_perm;
     /* host mirrors */
     int32_t *h_tok, *h_pos, *h_wrow, *h_seq, *h_nkeys, *h_rows, *h_rowmap; /* [Tcap] / [Rcap] */
     int32_t *h_table; /* [Rcap, table_ld] the block tables of a forward's sequences */
     int32_t *h_tok_tp; /* [Tcap] TP: token ids in this rank's vocabulary rows */
     float *h_lg;       /* TP: [R, V/tp] this rank's logits, then [tp, R, V/tp] gathered, then [R, V] */
+    /* TP with the comm's device calls instead: the gather's counts [tp] and the rows [R tp]
+     * that put the gathered [tp, R, V/tp] in [R, V] order (gather_logits) */
+    size_t *lg_counts;
+    int32_t *h_perm;
     /* over a pipeline: the hidden states [Tcap, H] between the stages, the logits [Rcap, V] from the last */
     bool piped;
     ff_gen_pipe pipe;
@@ -256,6 +260,7 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->i_rows = take(&o, R * 4);
     g->i_rowmap = take(&o, R * 4);
     g->i_table = take(&o, R * (size_t)table_ld * 4);
+    g->i_perm = take(&o, R * (size_t)m->tp * 4);
     g->ws = ff_buffer_new(m->be, o);
     g->h_tok = ff_malloc(T * 4);
     g->h_pos = ff_malloc(T * 4);
@@ -283,8 +288,14 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     }
     if (tp_ok && m->tp > 1) { /* host staging now, so that steps do not allocate */
         g->h_tok_tp = ff_malloc(T * 4);
-        g->h_lg = ff_malloc((R * (size_t)m->V + 2 * R * V) * 4);
-        tp_ok = g->h_tok_tp && g->h_lg && ffm_tp_host(m, T * H);
+        if (ff_model_comm_on_device(&m->comm)) {
+            g->lg_counts = ff_malloc((size_t)m->tp * sizeof *g->lg_counts);
+            g->h_perm = ff_malloc(R * (size_t)m->tp * 4);
+            tp_ok = g->h_tok_tp && g->lg_counts && g->h_perm;
+        } else {
+            g->h_lg = ff_malloc((R * (size_t)m->V + 2 * R * V) * 4);
+            tp_ok = g->h_tok_tp && g->h_lg && ffm_tp_host(m, T * H);
+        }
     }
     if (!tp_ok || !g->kv || (c.kv_bf16 && !g->h_kv16) || !g->ws || !g->h_tok || !g->h_pos || !g->h_wrow || !g->h_seq || !g->h_nkeys || !g->h_rows ||
         !g->h_rowmap || !g->h_sp || !g->h_stok || !g->h_slp || !g->batch || !g->seqs || !g->slot_tokens ||
@@ -341,6 +352,8 @@ void ff_generator_destroy(ff_generator **pg) {
     free(g->h_ban);
     free(g->h_tok_tp);
     free(g->h_lg);
+    free(g->lg_counts);
+    free(g->h_perm);
     free(g->h_px);
     free(g->h_plg);
     free(g->batch);
@@ -519,10 +532,23 @@ int ff_generator_submit(ff_generator *g, const ff_gen_request *r) {
     return 0;
 }
 
-/* TP: this rank's logits [R, V/tp] into the whole [R, V] on every rank. */
+/* TP: this rank's logits [R, V/tp] into the whole [R, V] on every rank. With the comm's
+ * device calls: gathered as [tp, R, V/tp] into logits_rep (free until sampling), whose rows of
+ * V/tp are then put in [R, V] order by one row gather (row b tp + r of the result is row
+ * r R + b of the gathered); else through host memory. */
 static int gather_logits(ff_generator *g, int32_t R) {
     ff_model *m = g->m;
     const size_t Vl = (size_t)m->V, n = (size_t)R * Vl, tp = (size_t)m->tp;
+    if (ff_model_comm_on_device(&m->comm)) {
+        for (size_t r = 0; r < tp; r++) g->lg_counts[r] = n;
+        if (m->comm.dev_all_gather_v(m->comm.ctx, m->st, GW(g, logits_loc), GW(g, logits_rep), g->lg_counts))
+            return ff_error_wrap("tensor parallelism: all-gather of %d rows of logits", R);
+        for (int32_t b = 0; b < R; b++)
+            for (size_t r = 0; r < tp; r++) g->h_perm[(size_t)b * tp + r] = (int32_t)(r * (size_t)R + (size_t)b);
+        ff_memcpy_h2d(m->st, GW(g, i_perm), g->h_perm, (size_t)R * tp * 4);
+        ff_gather_rows(m->st, GW(g, logits_rep), GW(g, i_perm), GW(g, logits), R * (int)tp, (int)Vl);
+        return 0;
+    }
     float *mine = g->h_lg, *all = mine + n, *whole = all + tp * n; /* [R, Vl], [tp, R, Vl], [R, V] */
     ff_memcpy_d2h(m->st, mine, GW(g, logits_loc), n * 4);
     if (m->comm.all_gather(m->comm.ctx, mine, all, n))
