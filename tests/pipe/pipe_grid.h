@@ -72,6 +72,8 @@ typedef struct pg_job {
     int steps;          /* measured steps, after one warm-up step when warmup */
     bool warmup;
     bool keep;          /* export the pg_out tensors (pg_job_clear frees them) */
+    bool host_coll;     /* TP's and DP's collectives through host memory (FF_DEVICE_COLL=0's way), else on the
+                         * models' buffers (ff_model_comm's dev_ calls, the hook's all-reduce in place) as workers run them */
     ff_coll_id id;
     pg_out out[PG_MAXR];
 } pg_job;
@@ -122,6 +124,20 @@ static inline int pg_tp_gather(void *ctx, const float *in, float *out, size_t n)
     return ff_coll_all_gather(in, out, n, FF_DTYPE_F32, r->tpc, NULL);
 }
 
+/* the same on the model's buffers (the cpu backend's are host memory the cpu ff_coll reads) */
+static inline int pg_tp_dev_sum(void *ctx, ff_stream *st, ff_dptr buf, size_t n) {
+    (void)st;
+    return pg_tp_sum(ctx, ff_dptr_addr(buf), n);
+}
+static inline int pg_tp_dev_gather_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st; /* sequence parallelism and generation only, which these grids do not run: not tallied */
+    return ff_coll_all_gather_v(ff_dptr_addr(in), ff_dptr_addr(out), counts, FF_DTYPE_F32, ((pg_rank *)ctx)->tpc, NULL);
+}
+static inline int pg_tp_dev_rs_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st;
+    return ff_coll_reduce_scatter_v(ff_dptr_addr(in), ff_dptr_addr(out), counts, FF_DTYPE_F32, FF_COLL_SUM, ((pg_rank *)ctx)->tpc, NULL);
+}
+
 static inline int pg_pp_call(void *ctx, const ff_pipe_xfer *x, int n) {
     pg_rank *r = ctx;
     for (int i = 0; i < n; i++)
@@ -148,9 +164,13 @@ static inline int pg_pp_sum64(void *ctx, double *buf, size_t n) {
 static inline int pg_dp_step(void *ctx, ff_model *m) {
     pg_rank *r = ctx;
     const size_t n = (size_t)ff_model_param_count(m);
-    if (ff_model_read_grads(m, r->grads)) return -1;
     pg_ring(&r->cur.dim[PG_DP], ff_coll_comm_size(r->dpc), n, 4, false);
     r->cur.dp_calls++;
+    if (!r->j->host_coll) {
+        void *g = ff_dptr_addr(ff_dptr_of(ff_model_grad_buffer(m), 0));
+        return ff_coll_all_reduce(g, g, n, FF_DTYPE_F32, FF_COLL_SUM, r->dpc, NULL);
+    }
+    if (ff_model_read_grads(m, r->grads)) return -1;
     if (ff_coll_all_reduce(r->grads, r->grads, n, FF_DTYPE_F32, FF_COLL_SUM, r->dpc, NULL)) return -1;
     return ff_model_write_grads(m, r->grads);
 }
@@ -175,6 +195,19 @@ static inline int pg_dp_ag(void *ctx, const float *in, float *out, const size_t 
     pg_rank *r = ctx;
     r->cur.dim[PG_DP] += 4.0 * (double)(pg_total(r, counts) - counts[r->d]), r->cur.dp_calls++;
     return ff_coll_all_gather_v(in, out, counts, FF_DTYPE_F32, r->dpc, NULL);
+}
+static inline int pg_dp_dev_sum(void *ctx, ff_stream *st, ff_dptr buf, size_t n) {
+    (void)st, (void)ctx, (void)buf, (void)n;
+    REQUIRE(!"ZeRO-1 sums no device buffer over DP");
+    return -1;
+}
+static inline int pg_dp_dev_rs(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st;
+    return pg_dp_rs(ctx, ff_dptr_addr(in), ff_dptr_addr(out), counts);
+}
+static inline int pg_dp_dev_ag(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
+    (void)st;
+    return pg_dp_ag(ctx, ff_dptr_addr(in), ff_dptr_addr(out), counts);
 }
 
 /* the replica's micro-batch `micro` is the global batch's m0 + micro */
@@ -237,6 +270,7 @@ static inline void *pg_rank_main(void *arg) {
                            .send_post = pg_pp_post, .sends_done = pg_pp_done};
     ff_model_comm nc, tc = {.rank = r->t, .size = j->tp, .ctx = r, .all_reduce_sum = pg_tp_sum, .all_reduce_max = pg_tp_max,
                             .all_reduce_sum_f64 = pg_tp_sum64, .all_gather = pg_tp_gather};
+    if (!j->host_coll) tc.dev_all_reduce_sum = pg_tp_dev_sum, tc.dev_all_gather_v = pg_tp_dev_gather_v, tc.dev_reduce_scatter_sum_v = pg_tp_dev_rs_v;
     ff_pipe_model_comm(&t, &nc);
     int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
     ff_model_stage st;
@@ -252,6 +286,7 @@ static inline void *pg_rank_main(void *arg) {
     pt_adamw(&ac);
     ff_model_comm dc = {.rank = r->d, .size = j->dp, .ctx = r, .all_reduce_sum_f64 = pg_dp_sum64,
                         .reduce_scatter_sum_v = pg_dp_rs, .all_gather_v = pg_dp_ag};
+    if (!j->host_coll) dc.dev_all_reduce_sum = pg_dp_dev_sum, dc.dev_reduce_scatter_sum_v = pg_dp_dev_rs, dc.dev_all_gather_v = pg_dp_dev_ag;
     ff_optimizer *opt = ff_optimizer_new_opts(m, &ac, &(ff_optimizer_opts){.zero = j->zero, .dp = j->zero ? &dc : NULL});
     ff_pipe_exec_model em = {.model = m, .opt = opt, .temperature = j->temperature, .logprobs = true, .entropy = true,
                              .loss = pg_loss, .loss_ctx = r, .before_step = j->dp > 1 && !j->zero ? pg_dp_step : NULL,

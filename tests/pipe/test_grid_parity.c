@@ -38,6 +38,10 @@
  * (ZeRO-0 adds its two copies' gradients after the DP sum, ZeRO-1 before it) 2e-5 [4.6e-6]
  * and the norms 1e-5 [4.2e-7].
  *
+ * The grid runs TP's and DP's collectives on the models' buffers (ff_model_comm's dev_ calls,
+ * the DP hook's all-reduce in place), as workers do; at TP 2 x PP 2 (DP 1 and 2, ZeRO-0 and 1)
+ * the same layout through host memory gives every loss, norm, weight and AdamW state bit for bit.
+ *
  * Not here: GPipe and uneven layer splits (test_pipe_exec), sequence parallelism, the bytes
  * sent (test_traffic), values (the grid's ranks ask for log-probs and entropy). */
 #include "tests/pipe/pipe_grid.h"
@@ -58,12 +62,13 @@ static pt_batch gb; /* the grid's global batch (pg_inputs) */
 static pt_err err_out, err_grad, err_after, err_state, err_zero, err_zero_tied;
 static double err_loss, err_norm, err_zero_norm, err_zero_norm_tied, zero_ratio_max;
 static int n_layouts;
+static bool grid_host; /* the next grid's collectives through host memory (pg_job.host_coll) */
 
 static pg_job *grid(int tp, int pp, int dp, int vpp, bool tied, int zero) {
     pg_job *j = calloc(1, sizeof *j);
     REQUIRE(j);
     *j = (pg_job){.cfg = &cfgs[tied], .tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .zero = zero, .micro = M / dp, .max_len = MAXLEN,
-                  .init_std = 0.2, .temperature = PT_TEMP, .steps = PT_STEPS, .keep = true};
+                  .init_std = 0.2, .temperature = PT_TEMP, .steps = PT_STEPS, .keep = true, .host_coll = grid_host};
     if (pg_run(j)) {
         fprintf(stderr, "tp %d pp %d dp %d vpp %d zero %d: a rank failed\n", tp, pp, dp, vpp, zero);
         ff_test_failures++;
@@ -215,6 +220,31 @@ static void against_zero0(const char *name, const pg_job *z1, const pg_job *z0) 
     printf("%-34s optimizer state per rank at most %.3f of ZeRO-0's\n", name, ratio);
 }
 
+/* dev, run with TP's and DP's collectives on the models' buffers (as workers run them), against
+ * the same layout through host memory: every loss, norm, weight and AdamW state bit for bit */
+static void against_host(const char *name, const pg_job *dev) {
+    grid_host = true;
+    pg_job *h = grid(dev->tp, dev->pp, dev->dp, dev->vpp > 1 ? dev->vpp : 1, dev->cfg->tie_word_embeddings, dev->zero);
+    grid_host = false;
+    char what[200];
+    for (int k = 0; k < PT_STEPS; k++)
+        for (int q = 0; q < dev->tp * dev->pp * dev->dp; q++) {
+            CHECK(dev->out[q].stats[k].loss[0] == h->out[q].stats[k].loss[0]);
+            CHECK(dev->out[q].stats[k].optim[0].grad_norm == h->out[q].stats[k].optim[0].grad_norm);
+        }
+    pt_err e = {0};
+    for (int which = 1; which <= 2; which++) {
+        ff_tensor_set *a = stages(dev, 0, which), *b = stages(h, 0, which);
+        snprintf(what, sizeof what, "%s %s on the buffers against through host memory", name, which == 1 ? "weights" : "AdamW state");
+        pt_compare_sets(&e, what, a, b, 0, 0);
+        ff_tensor_set_destroy(&a), ff_tensor_set_destroy(&b);
+    }
+    CHECK(!e.differs);
+    printf("%-34s the same bits with the collectives through host memory\n", name);
+    pg_job_clear(h);
+    free(h);
+}
+
 int main(void) {
     cfgs[0] = tiny_config(V, H, FFN, L, NH, NKV, false, true, false);
     cfgs[1] = tiny_config(V, H, FFN, L, NH, NKV, true, false, false);
@@ -239,11 +269,13 @@ int main(void) {
                              tied ? " tied" : "");
                     pg_job *z0 = grid(tp, pp, dp, vpp, tied, 0);
                     against_reference(name, z0, tied);
+                    if (tp == 2 && pp == 2 && vpp == 1) against_host(name, z0); /* TP's all-reduces and DP's hook */
                     if (dp > 1 && vpp == 1) {
                         char zn[128];
                         snprintf(zn, sizeof zn, "%s zero1", name);
                         pg_job *z1 = grid(tp, pp, dp, vpp, tied, 1);
                         against_zero0(zn, z1, z0);
+                        if (tp == 2 && pp == 2) against_host(zn, z1); /* ZeRO-1's reduce-scatter and all-gather */
                         pg_job_clear(z1);
                         free(z1);
                     }
