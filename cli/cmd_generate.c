@@ -16,6 +16,7 @@
 #include "fuseflow/model.h"
 #include "fuseflow/modelio.h"
 #include "fuseflow/tokenizer.h"
+#include "fuseflow/train_dir.h"
 #include "fuseflow/util.h"
 
 static const char *CMD = "generate";
@@ -131,7 +132,6 @@ int ff_cmd_generate(int argc, char **argv) {
     kv16 = !strcmp(kv_dtype, "bf16");
 
     ff_model_config cfg;
-    ff_tensor_set *w = NULL;
     ff_tokenizer *tok = NULL;
     ff_backend *be = NULL;
     ff_model *m = NULL;
@@ -141,7 +141,12 @@ int ff_cmd_generate(int argc, char **argv) {
     int32_t n_outs = 0;
     int rc = 1;
 
-    if (ff_model_dir_load(model_dir, &cfg, &w) != 0) goto out;
+    char cfg_path[FF_PATH_MAX];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model_dir);
+    if (ff_hf_config_load(cfg_path, &cfg) != 0) { /* the weights are read straight into the model, below */
+        ff_checkpoint_error(model_dir);
+        goto out;
+    }
     if (!(tok = ff_tokenizer_load_dir(model_dir))) {
         ff_error_wrap("%s: generate needs the model folder's tokenizer", model_dir);
         goto out;
@@ -173,7 +178,8 @@ int ff_cmd_generate(int argc, char **argv) {
         if (ns == 1) stop_ids[n_stop_ids++] = sid[0];
         free(sid);
     }
-    if (!(be = ff_backend_new(device)) || !(m = ff_model_new_from(be, &cfg, &w, &(ff_model_opts){.inference = true, .bf16_weights = bf16})))
+    if (!(be = ff_backend_new(device)) ||
+        !(m = ff_model_load_dir(be, model_dir, &(ff_model_opts){.inference = true, .bf16_weights = bf16}, &cfg)))
         goto out;
 
     ff_gen_request req = {0};
@@ -266,6 +272,5 @@ out:
     ff_model_destroy(&m);
     ff_backend_destroy(&be);
     ff_tokenizer_destroy(&tok);
-    ff_tensor_set_destroy(&w);
     return rc;
 }

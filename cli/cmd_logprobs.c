@@ -20,6 +20,7 @@
 #include "fuseflow/model.h"
 #include "fuseflow/modelio.h"
 #include "fuseflow/tokenizer.h"
+#include "fuseflow/train_dir.h"
 #include "fuseflow/util.h"
 
 static const char *CMD = "logprobs";
@@ -188,7 +189,6 @@ int ff_cmd_logprobs(int argc, char **argv) {
     if (ffio_weights(CMD, weights, &bf16)) return 2;
 
     ff_model_config cfg;
-    ff_tensor_set *w = NULL;
     ff_tokenizer *tok = NULL;
     ff_backend *be = NULL;
     ff_model *m = NULL;
@@ -202,7 +202,12 @@ int ff_cmd_logprobs(int argc, char **argv) {
     bool file_open = false;
     int rc = 1;
 
-    if (ff_model_dir_load(model_dir, &cfg, &w) != 0) goto out;
+    char cfg_path[FF_PATH_MAX];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model_dir);
+    if (ff_hf_config_load(cfg_path, &cfg) != 0) { /* the weights are read straight into the model, below */
+        ff_checkpoint_error(model_dir);
+        goto out;
+    }
     char tp[FF_PATH_MAX];
     snprintf(tp, sizeof tp, "%s/tokenizer.json", model_dir);
     FILE *tf = fopen(tp, "r");
@@ -211,7 +216,8 @@ int ff_cmd_logprobs(int argc, char **argv) {
         if (!(tok = ff_tokenizer_load_dir(model_dir))) goto out;
     }
     if (!(seqs = read_input(input, &cfg, tok, add_special, &n_seqs))) goto out;
-    if (!(be = ff_backend_new(device)) || !(m = ff_model_new_from(be, &cfg, &w, &(ff_model_opts){.inference = true, .bf16_weights = bf16})))
+    if (!(be = ff_backend_new(device)) ||
+        !(m = ff_model_load_dir(be, model_dir, &(ff_model_opts){.inference = true, .bf16_weights = bf16}, &cfg)))
         goto out;
     if (!ff_model_has_lm_head(m)) {
         ff_error_set(model_dir, "log-probs need a model with an LM head", "this is a value model without lm_head.weight");
@@ -271,6 +277,5 @@ out:
     ff_model_destroy(&m);
     ff_backend_destroy(&be);
     ff_tokenizer_destroy(&tok);
-    ff_tensor_set_destroy(&w);
     return rc;
 }

@@ -27,6 +27,9 @@
 
 #include "fuseflow/dtype.h"
 #include "fuseflow/error.h"
+#include "fuseflow/modelio.h"
+#include "fuseflow/safetensors.h"
+#include "fuseflow/train_dir.h"
 #include "fuseflow/util.h"
 #include "model/model_internal.h"
 
@@ -462,8 +465,8 @@ static int check_and_load(ff_model *m, const ff_tensor_set *w, ff_tensor_set *ow
     return 0;
 }
 
-static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights, ff_tensor_set *own,
-                        const ff_model_opts *opts) {
+/* A model with its buffers and no weights yet (lm: it has an LM head). */
+static ff_model *create_shell(ff_backend *be, const ff_model_config *cfg, bool lm, const ff_model_opts *opts) {
     const ff_model_comm *comm = opts ? opts->comm : NULL;
     if (ff_model_config_check(cfg, NULL)) return NULL;
     ff_model *m = ff_calloc(1, sizeof *m);
@@ -471,7 +474,6 @@ static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_ten
     m->be = be;
     m->st = ff_backend_stream(be);
     m->inference = opts && opts->inference;
-    bool lm = !cfg->value_head || cfg->tie_word_embeddings || ff_tensor_set_find(weights, "lm_head.weight");
     set_dims(m, cfg, lm);
     const bool sp = opts && opts->sequence_parallel;
     if (set_stage(m, opts ? opts->stage : NULL) || ffm_tp_setup(m, comm, sp) || build_table(m) || make_rope(m)) goto fail;
@@ -496,11 +498,85 @@ static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_ten
     m->params = ff_buffer_new(be, m->n_own ? ffm_param_bytes(m) : sizeof(float));
     if (!m->params) goto fail;
     if (!m->inference && (!(m->grads = ff_buffer_new(be, (size_t)m->n_params * sizeof(float))) || ffm_tp_alloc(m))) goto fail;
-    if (check_and_load(m, weights, own)) goto fail;
     return m;
 fail:
     ff_model_destroy(&m);
     return NULL;
+}
+
+static ff_model *create(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights, ff_tensor_set *own,
+                        const ff_model_opts *opts) {
+    const bool lm = !cfg->value_head || cfg->tie_word_embeddings || ff_tensor_set_find(weights, "lm_head.weight");
+    ff_model *m = create_shell(be, cfg, lm, opts);
+    if (m && check_and_load(m, weights, own)) ff_model_destroy(&m);
+    return m;
+}
+
+/* ---- straight from a model folder ------------------------------------------------------------ */
+
+#define STREAM_CHUNK (1u << 20) /* floats read from the file at a time (4 MiB of staging) */
+
+/* Tensor p's block of the whole checkpoint tensor e (this rank's shard; all of it without TP),
+ * a few rows at a time through buf [STREAM_CHUNK]: converted, checked, stored. */
+static int stream_tensor(ff_model *m, const ff_param_tensor *p, const ff_safetensors *f, const ff_st_entry *e, float *buf) {
+    const int64_t cols = p->ndim > 1 ? p->full[1] : 1;
+    int64_t r0 = 0, nr = p->full[0], c0 = 0, nc = cols;
+    if (p->split == 0) r0 = p->start, nr = p->shape[0];
+    else if (p->split == 1) c0 = p->start, nc = p->shape[1];
+    const int64_t step = nc >= (int64_t)STREAM_CHUNK ? 1 : (int64_t)STREAM_CHUNK / nc;
+    for (int64_t r = 0; r < nr; r += step) {
+        const int64_t k = nr - r < step ? nr - r : step;
+        if (ff_safetensors_read_rows(f, e, r0 + r, k, c0, nc, buf)) return -1;
+        for (int64_t i = 0; i < k * nc; i++)
+            if (!isfinite(buf[i]))
+                return ff_error_set(p->name, "the checkpoint is damaged (a diverged run?)", "element %lld is %g",
+                                    (long long)((r0 + r + i / nc) * cols + c0 + i % nc), (double)buf[i]);
+        store_range(m, p, (size_t)(r * nc), buf, (size_t)(k * nc));
+        if (ff_stream_sync(m->st)) return -1; /* buf is reused: an async copy must have read it */
+    }
+    return 0;
+}
+
+ff_model *ff_model_load_dir(ff_backend *be, const char *dir, const ff_model_opts *opts, ff_model_config *cfg) {
+    if (opts && opts->view_of)
+        return ff_error_set("view model", "give a view its weights as a host set (ff_model_new_from)",
+                            "ff_model_load_dir reads a model's own weights"),
+               NULL;
+    char path[FF_PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (ff_hf_config_load(path, cfg) != 0) return ff_checkpoint_error(dir), NULL;
+    ff_st_dir *d = ff_st_dir_open(dir);
+    if (!d) return NULL;
+    ff_model *m = NULL;
+    float *buf = NULL;
+    if (ff_hf_check_dir(cfg, d, dir) != 0) {
+        ff_checkpoint_error(dir);
+        goto out;
+    }
+    /* a tied checkpoint's lm_head.weight passed the check only as the embedding's copy: unused */
+    const bool lm = !cfg->value_head || cfg->tie_word_embeddings || ff_st_dir_find(d, "lm_head.weight", NULL);
+    if (!(m = create_shell(be, cfg, lm, opts)) || !(buf = ff_malloc(STREAM_CHUNK * sizeof *buf))) goto fail;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ff_param_tensor *p = &m->tensors[i];
+        const ff_safetensors *f;
+        const ff_st_entry *e = ff_st_dir_find(d, p->name, &f);
+        if (!e) { /* ff_hf_check_dir knows the config's tensors; the model's come from the same list */
+            ff_error_set(p->name, "check that the checkpoint matches config.json", "tensor is missing from the weights");
+            goto fail;
+        }
+        if (stream_tensor(m, p, f, e, buf)) {
+            ff_error_wrap("%s", dir);
+            ff_checkpoint_error(dir);
+            goto fail;
+        }
+    }
+    goto out;
+fail:
+    ff_model_destroy(&m);
+out:
+    free(buf);
+    ff_st_dir_close(&d);
+    return m;
 }
 
 ff_model *ff_model_new(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *weights) {

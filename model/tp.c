@@ -500,7 +500,8 @@ static bool stage_holds(const ff_model_stage *st, int32_t layers, bool tied, con
 static void shard_block(void *ctx, const ff_st_entry *e, int64_t *r0, int64_t *nr, int64_t *c0, int64_t *nc) {
     const shard_reader *rd = ctx;
     const ff_model *m = rd->layout;
-    if (!stage_holds(rd->stage, m->cfg.num_hidden_layers, m->cfg.tie_word_embeddings, e->name)) {
+    if (!stage_holds(rd->stage, m->cfg.num_hidden_layers, m->cfg.tie_word_embeddings, e->name) ||
+        (m->cfg.tie_word_embeddings && !strcmp(e->name, "lm_head.weight"))) { /* a tied checkpoint's copy of the embedding */
         *nr = -1; /* not read */
         return;
     }

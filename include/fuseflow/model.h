@@ -206,6 +206,18 @@ ff_model *ff_model_new_opts(ff_backend *be, const ff_model_config *cfg, const ff
  * copied onto the backend, so the host copy and the model's parameters never both exist
  * whole (the peak of loading is the parameters and a few MiB, not twice the parameters). */
 ff_model *ff_model_new_from(ff_backend *be, const ff_model_config *cfg, ff_tensor_set **weights, const ff_model_opts *opts);
+
+/* A model straight from a model folder (config.json into *cfg, then model.safetensors or the
+ * sharded index): the checkpoint's headers are checked as ff_model_dir_load checks its
+ * tensors (ff_hf_check_dir), the model's buffers are made (opts as ff_model_new_from takes
+ * them: inference, bf16 weights, a TP group, a pipeline stage; not a view), and each tensor
+ * it holds (under TP only this rank's block) is read from the mapped files a few rows at a
+ * time, checked for non-finite values, and stored, bf16 where the model keeps bf16. So
+ * loading holds the model's own bytes and 4 MiB of staging: no fp32 copy of the checkpoint
+ * (ff_model_dir_load's set, 4 bytes a parameter, held whole before ff_model_new_from gives it
+ * back). Tensors the model does not hold (another stage's, a tied checkpoint's copy of the
+ * embedding as lm_head.weight) are not read. NULL + error naming the folder and the tensor. */
+ff_model *ff_model_load_dir(ff_backend *be, const char *dir, const ff_model_opts *opts, ff_model_config *cfg);
 void ff_model_destroy(ff_model **m);
 
 const ff_model_config *ff_model_config_of(const ff_model *m);

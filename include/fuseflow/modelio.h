@@ -59,6 +59,12 @@ int ff_hf_expected_tensors(const ff_model_config *cfg, ff_tensor_set *out);
  * expected [..]" / "unexpected tensor '...'". */
 int ff_hf_check_weights(const ff_model_config *cfg, ff_tensor_set *w, const char *where);
 
+/* The same checks on an open checkpoint's headers alone (names, shapes; a tied checkpoint's
+ * own lm_head.weight is accepted when its bytes are the embedding's, and is then not used),
+ * before anything is read: what ff_model_load_dir checks. 0 or -1 + the same errors. */
+struct ff_st_dir;
+int ff_hf_check_dir(const ff_model_config *cfg, const struct ff_st_dir *d, const char *where);
+
 /* ---- model folders ------------------------------------------------------------------------ */
 
 /* Read DIR/config.json and the weights (model.safetensors or the sharded index), checked

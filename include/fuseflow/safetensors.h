@@ -83,6 +83,25 @@ int ff_safetensors_read(const ff_safetensors *f, const ff_st_entry *e, ff_tensor
 int ff_safetensors_read_block(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0,
                               int64_t nc, ff_tensor_set *out, const char *as);
 
+/* The same block into out [nr, nc] (caller memory, fp32), the mapped pages it read then
+ * dropped from this process's resident memory (as ff_safetensors_read does). 0 or -1 + error. */
+int ff_safetensors_read_rows(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                             float *out);
+
+/* A model folder's checkpoint open as a whole, read nothing yet: DIR/model.safetensors, or
+ * DIR/model.safetensors.index.json and every shard it names (each mapped and its header
+ * checked, every listed tensor found in its shard). For a reader that takes the tensors it
+ * wants, when it wants them (ff_model_load_dir: a block at a time, straight into a model),
+ * so that no whole fp32 copy of the checkpoint is ever held. NULL + error. */
+typedef struct ff_st_dir ff_st_dir;
+ff_st_dir *ff_st_dir_open(const char *dir);
+void ff_st_dir_close(ff_st_dir **d);
+size_t ff_st_dir_count(const ff_st_dir *d);
+/* Tensor i (0 <= i < count), and in *file the open file that holds it. */
+const ff_st_entry *ff_st_dir_entry(const ff_st_dir *d, size_t i, const ff_safetensors **file);
+/* Tensor `name`, and its file, or NULL (no error set). */
+const ff_st_entry *ff_st_dir_find(const ff_st_dir *d, const char *name, const ff_safetensors **file);
+
 /* Which block of tensor e a reader wants: *r0, *nr, *c0, *nc come preset to the whole tensor
  * (as 2-D, a vector one column) and may be narrowed; *nr -1: the tensor is not read at all.
  * Called for tensors of 1 or 2 dims. */

@@ -137,6 +137,57 @@ out:
     return rc;
 }
 
+/* an entry as a host tensor without data, for ff_host_tensor_expect's message */
+static ff_host_tensor header_of(const ff_st_entry *e) {
+    ff_host_tensor t = {.name = (char *)e->name, .ndim = e->ndim};
+    for (int d = 0; d < e->ndim && d < FF_MAX_DIMS; d++) t.shape[d] = e->shape[d];
+    return t;
+}
+
+int ff_hf_check_dir(const ff_model_config *cfg, const ff_st_dir *d, const char *where) {
+    const char *hint = "the weights do not match config.json";
+    size_t n = expected(cfg, NULL, 0);
+    expect *ex = ff_malloc(n * sizeof *ex);
+    if (!ex) return -1;
+    expected(cfg, ex, n);
+    int rc = -1;
+    for (size_t i = 0; i < n; i++) {
+        const ff_st_entry *e = ff_st_dir_find(d, ex[i].name, NULL);
+        if (!e) {
+            if (ex[i].optional) continue;
+            ff_error_set(where, hint, "missing tensor '%s'", ex[i].name);
+            goto out;
+        }
+        const ff_host_tensor t = header_of(e);
+        if (ff_host_tensor_expect(&t, ex[i].ndim, ex[i].shape, where) != 0) goto out;
+    }
+    for (size_t i = 0; i < ff_st_dir_count(d); i++) {
+        const ff_safetensors *f;
+        const ff_st_entry *e = ff_st_dir_entry(d, i, &f);
+        bool known = false;
+        for (size_t k = 0; k < n && !known; k++) known = !strcmp(ex[k].name, e->name);
+        if (known || ends_with(e->name, ".rotary_emb.inv_freq")) continue;
+        if (cfg->tie_word_embeddings && !strcmp(e->name, "lm_head.weight")) { /* accepted when it is the embedding's bytes */
+            const ff_safetensors *fe;
+            const ff_st_entry *emb = ff_st_dir_find(d, "model.embed_tokens.weight", &fe);
+            const ff_host_tensor t = header_of(e);
+            if (emb && emb->dtype == e->dtype && ff_host_tensor_expect(&t, emb->ndim, emb->shape, NULL) == 0 &&
+                !memcmp(ff_safetensors_bytes(f, e), ff_safetensors_bytes(fe, emb), (size_t)(e->end - e->begin)))
+                continue;
+            ff_error_set(where, "set tie_word_embeddings to false in config.json if the checkpoint has its own LM head",
+                         "config.json ties the embeddings but the weights have a different 'lm_head.weight'");
+            goto out;
+        }
+        ff_error_set(where, hint, "unexpected tensor '%.200s' (the config has %d layers%s)", e->name, cfg->num_hidden_layers,
+                     cfg->tie_word_embeddings ? ", tied embeddings" : "");
+        goto out;
+    }
+    rc = 0;
+out:
+    free(ex);
+    return rc;
+}
+
 int ff_model_dir_load(const char *dir, ff_model_config *cfg, ff_tensor_set **weights) {
     *weights = NULL;
     char path[FF_PATH_MAX];

@@ -4,6 +4,7 @@
  * against the file's size. */
 #include "fuseflow/safetensors.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -318,6 +319,164 @@ int ff_safetensors_read_block(const ff_safetensors *f, const ff_st_entry *e, int
             convert_to_f32(e->dtype, base + (size_t)((r0 + r) * cols + c0) * sz, t->data + (size_t)(r * nc), (size_t)nc);
     }
     return 0;
+}
+
+int ff_safetensors_read_rows(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                             float *out) {
+    if (e->ndim < 1 || e->ndim > 2)
+        return ff_error_set(f->name, "read the whole tensor", "tensor '%.200s' has %d dimensions; a block needs 1 or 2",
+                            e->name, e->ndim);
+    const int64_t rows = e->shape[0], cols = e->ndim > 1 ? e->shape[1] : 1;
+    if (r0 < 0 || nr < 0 || r0 > rows - nr || c0 < 0 || nc < 0 || c0 > cols - nc)
+        return ff_error_set(f->name, NULL, "block rows [%lld, +%lld) columns [%lld, +%lld) is outside tensor '%.200s' [%lld, %lld]",
+                            (long long)r0, (long long)nr, (long long)c0, (long long)nc, e->name, (long long)rows,
+                            (long long)cols);
+    const size_t sz = ff_dtype_size(e->dtype);
+    const uint8_t *base = f->data + e->begin;
+    if (nc == cols) {
+        convert_to_f32(e->dtype, base + (size_t)(r0 * cols) * sz, out, (size_t)(nr * nc));
+    } else {
+        for (int64_t r = 0; r < nr; r++)
+            convert_to_f32(e->dtype, base + (size_t)((r0 + r) * cols + c0) * sz, out + (size_t)(r * nc), (size_t)nc);
+    }
+    if (nr > 0) drop_pages(f, base + (size_t)(r0 * cols + c0) * sz, (size_t)((nr - 1) * cols + nc) * sz);
+    return 0;
+}
+
+/* ---- a model folder's checkpoint, open ------------------------------------------------------ */
+
+static char *dir_of(const char *path);
+
+struct ff_st_dir {
+    ff_safetensors **files; /* [n_files] */
+    size_t n_files;
+    struct st_dir_item {
+        const ff_safetensors *f;
+        const ff_st_entry *e;
+    } *items;
+    size_t n;
+};
+
+static int dir_add_file(ff_st_dir *d, ff_safetensors *f) {
+    ff_safetensors **fs = ff_realloc(d->files, (d->n_files + 1) * sizeof *fs);
+    if (!fs) {
+        ff_safetensors_close(&f);
+        return -1;
+    }
+    d->files = fs;
+    d->files[d->n_files++] = f;
+    return 0;
+}
+
+static int dir_add_item(ff_st_dir *d, const ff_safetensors *f, const ff_st_entry *e) {
+    struct st_dir_item *it = ff_realloc(d->items, (d->n + 1) * sizeof *it);
+    if (!it) return -1;
+    d->items = it;
+    d->items[d->n++] = (struct st_dir_item){f, e};
+    return 0;
+}
+
+static int dir_open_index(ff_st_dir *d, const char *index_path) {
+    json_error_t jerr;
+    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        if (access(index_path, R_OK) != 0) return ff_error_set(index_path, "check the path", "cannot open: %s", strerror(errno));
+        return ff_error_set(index_path, NULL, "malformed JSON at line %d: %s", jerr.line, jerr.text);
+    }
+    int rc = -1;
+    char *dir = NULL;
+    json_t *wm = json_object_get(root, "weight_map"), *v;
+    const char *name;
+    if (!json_is_object(wm) || json_object_size(wm) == 0) {
+        ff_error_set(index_path, NULL, "no \"weight_map\" object (name -> shard file)");
+        goto out;
+    }
+    if (!(dir = dir_of(index_path))) goto out;
+    json_object_foreach(wm, name, v) {
+        const char *file = json_string_value(v);
+        if (!file || !*file || strchr(file, '/') || !strcmp(file, "..") || !strcmp(file, ".")) {
+            ff_error_set(index_path, "shards must be plain file names in the index's folder", "weight_map entry '%.200s' has a bad shard name", name);
+            goto out;
+        }
+        const ff_safetensors *f = NULL;
+        for (size_t i = 0; i < d->n_files && !f; i++) {
+            const char *fn = strrchr(d->files[i]->name, '/');
+            if (!strcmp(fn ? fn + 1 : d->files[i]->name, file)) f = d->files[i];
+        }
+        if (!f) {
+            char path[FF_PATH_MAX];
+            snprintf(path, sizeof path, "%s/%s", dir, file);
+            ff_safetensors *nf = ff_safetensors_open(path);
+            if (!nf) {
+                ff_error_wrap("%s (shard of tensor '%.200s')", index_path, name);
+                goto out;
+            }
+            if (dir_add_file(d, nf)) goto out;
+            f = nf;
+        }
+        const ff_st_entry *e = ff_safetensors_find(f, name);
+        if (!e) {
+            ff_error_set(f->name, damaged_hint(f->name, k_copy_again), "tensor '%.200s' is listed in %s but not in this shard", name, index_path);
+            goto out;
+        }
+        if (dir_add_item(d, f, e)) goto out;
+    }
+    rc = 0;
+out:
+    free(dir);
+    json_decref(root);
+    return rc;
+}
+
+ff_st_dir *ff_st_dir_open(const char *dir) {
+    ff_st_dir *d = ff_calloc(1, sizeof *d);
+    if (!d) return NULL;
+    char path[FF_PATH_MAX];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int rc;
+    if (access(path, F_OK) == 0) {
+        ff_safetensors *f = ff_safetensors_open(path);
+        rc = !f || dir_add_file(d, f) ? -1 : 0;
+        for (size_t i = 0; rc == 0 && i < f->n; i++) rc = dir_add_item(d, f, &f->entries[i]);
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        if (access(path, F_OK) == 0) rc = dir_open_index(d, path);
+        else
+            rc = ff_error_set(dir, "a model folder holds model.safetensors (or model.safetensors.index.json and its shards)",
+                              "no model.safetensors or model.safetensors.index.json");
+    }
+    if (rc) {
+        ff_checkpoint_error(path);
+        ff_st_dir_close(&d);
+    }
+    return d;
+}
+
+void ff_st_dir_close(ff_st_dir **pd) {
+    if (!pd || !*pd) return;
+    ff_st_dir *d = *pd;
+    for (size_t i = 0; i < d->n_files; i++) ff_safetensors_close(&d->files[i]);
+    free(d->files);
+    free(d->items);
+    free(d);
+    *pd = NULL;
+}
+
+size_t ff_st_dir_count(const ff_st_dir *d) { return d->n; }
+
+const ff_st_entry *ff_st_dir_entry(const ff_st_dir *d, size_t i, const ff_safetensors **file) {
+    assert(i < d->n);
+    if (file) *file = d->items[i].f;
+    return d->items[i].e;
+}
+
+const ff_st_entry *ff_st_dir_find(const ff_st_dir *d, const char *name, const ff_safetensors **file) {
+    for (size_t i = 0; i < d->n; i++)
+        if (!strcmp(d->items[i].e->name, name)) {
+            if (file) *file = d->items[i].f;
+            return d->items[i].e;
+        }
+    return NULL;
 }
 
 /* ff_safetensors_read, or the block a chooser wants (the whole tensor when it leaves the

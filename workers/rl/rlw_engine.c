@@ -387,8 +387,11 @@ static bool sync_node(const ff_run_config *run) {
 
 /* ---- loading --------------------------------------------------------------------------------- */
 /* A role's model in layout y; train: it gets gradients (a role with a train node), else it
- * only infers and holds its parameters alone (ff_model_opts.inference). Under TP it reads only
- * this rank's shards, and a pipeline stage only its layers' tensors (ff_model_read_shards). */
+ * only infers and holds its parameters alone (ff_model_opts.inference). It reads its weights
+ * straight from the folder into the model (ff_model_load_dir: under TP only this rank's block
+ * of each tensor, a pipeline stage only its layers' tensors, no fp32 copy of the checkpoint);
+ * a view, or a critic or reward model whose checkpoint has no value head yet (one is added
+ * to the host tensors, ff_roles_add_value_head), reads them into host tensors first. */
 static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head, bool train, const ff_model *view_of,
                             bool w16, const char *role) {
     ff_model_config cfg;
@@ -396,14 +399,23 @@ static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head
     const rlw_place *at = &y->at;
     int32_t first[FF_MODEL_MAX_CHUNKS], count[FF_MODEL_MAX_CHUNKS];
     ff_model_stage st;
+    char path[FF_PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    /* the norm communicator is the layout's: every stage model of it shares the one group */
+    if (ff_hf_config_load(path, &cfg) != 0 ||
+        (at->pp > 1 && ff_roles_pipe_stage(&cfg, &y->pipe, at->pp_rank, first, count, &y->norm, &st) != 0)) {
+        ff_error_wrap("role %s (TP rank %d of %d, stage %d of %d)", role, at->tp_rank, at->tp, at->pp_rank, at->pp);
+        return NULL;
+    }
+    ff_model_opts mo = {.inference = !train, .comm = at->tp > 1 ? &y->mcomm : NULL, .sequence_parallel = at->tp > 1 && y->sp,
+                        .stage = at->pp > 1 ? &st : NULL, .view_of = view_of, .bf16_weights = w16};
+    if (!view_of && !(value_head && !cfg.value_head)) {
+        ff_model *m = ff_model_load_dir(s->be, dir, &mo, &cfg);
+        if (!m) ff_error_wrap("role %s (TP rank %d of %d, stage %d of %d)", role, at->tp_rank, at->tp, at->pp_rank, at->pp);
+        return m;
+    }
     if (at->tp > 1 || at->pp > 1) { /* this rank's shards of its stage's tensors only */
-        char path[FF_PATH_MAX];
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        /* the norm communicator is the layout's: every stage model of it shares the one group */
-        if (ff_hf_config_load(path, &cfg) != 0 ||
-            (at->pp > 1 && ff_roles_pipe_stage(&cfg, &y->pipe, at->pp_rank, first, count, &y->norm, &st) != 0) ||
-            !(w = ff_tensor_set_new()) ||
-            ff_model_read_shards(dir, &cfg, at->tp_rank, at->tp, at->pp > 1 ? &st : NULL, w) != 0) {
+        if (!(w = ff_tensor_set_new()) || ff_model_read_shards(dir, &cfg, at->tp_rank, at->tp, at->pp > 1 ? &st : NULL, w) != 0) {
             ff_tensor_set_destroy(&w);
             ff_error_wrap("role %s (TP rank %d of %d, stage %d of %d)", role, at->tp_rank, at->tp, at->pp_rank, at->pp);
             return NULL;
@@ -417,8 +429,6 @@ static ff_model *load_model(rlw *s, rlw_lay *y, const char *dir, bool value_head
         ff_error_wrap("role %s: %s", role, dir);
         return NULL;
     }
-    ff_model_opts mo = {.inference = !train, .comm = at->tp > 1 ? &y->mcomm : NULL, .sequence_parallel = at->tp > 1 && y->sp,
-                        .stage = at->pp > 1 ? &st : NULL, .view_of = view_of, .bf16_weights = w16};
     ff_model *m = ff_model_new_from(s->be, &cfg, &w, &mo);
     if (!m) ff_error_wrap("role %s: %s", role, dir);
     return m;
