@@ -1202,11 +1202,20 @@ static void lm_logits(ff_model *m, const ffm_acts *a, int32_t c0, int32_t n) {
     ffm_w_out(m, &m->tensors[m->t_lm], n, ff_dptr_add(AW(a, xf), (size_t)c0 * m->H, 4), m->H, SC(logits), m->V);
 }
 
+/* A stage's [T, H] hidden states in or out: in host memory (h) or on the model's backend (d),
+ * or neither. */
+typedef struct hio {
+    float *h;
+    ff_dptr d;
+} hio;
+static bool hio_none(hio x) { return !x.h && ff_dptr_null(x.d); }
+static hio hio_host(const float *h) { return (hio){.h = (float *)h}; } /* an input is only read */
+
 /* One forward of b through chunk c: from token ids (the embedding chunk) or hidden_in [T, H],
  * through the chunk's layers, to the heads' outputs (the head chunk) or hidden_out [T, H].
  * Kept (train) under (c, micro) for its backward. */
-static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, const float *hidden_in,
-                       const ff_forward_opts *opts, const ff_forward_out *out_opt, float *hidden_out) {
+static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio hidden_in,
+                       const ff_forward_opts *opts, const ff_forward_out *out_opt, hio hidden_out) {
     const ff_forward_out none = {0};
     const ff_forward_out *out = out_opt ? out_opt : &none;
     const bool train = opts && opts->train, embed = embed_chunk(m, c), head = head_chunk(m, c);
@@ -1214,10 +1223,10 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
     if (train && m->inference) return ffm_inference_only("training forward");
     if (train && ffm_grads_released(m, "training forward")) return -1;
     if (check_batch(m, b)) return -1;
-    if (!embed && !hidden_in)
+    if (!embed && hio_none(hidden_in))
         return ff_error_set("stage forward", "give the previous chunk's output hidden states [T, H]",
                             "chunk %d starts at layer %d and needs its input", c, m->layer_global[m->chunk_l0[c]]);
-    if (!head && !hidden_out)
+    if (!head && hio_none(hidden_out))
         return ff_error_set("stage forward", "give room for the output hidden states [T, H]",
                             "chunk %d ends before the last layer", c);
     bool want_lm = head && (out->logprobs || out->entropy || out->logits || (train && m->lm_head && b->targets));
@@ -1282,8 +1291,10 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
         ff_dptr e = sp ? AW(a, part) : RESID(a, 0);
         if (ffm_w_embed(m, &m->tensors[m->t_embed], ids ? ids : b->tokens, AW(a, tokens), e, layer_acts(a, 0, train).xn1, T)) goto done;
         if (sp ? ffm_sp_scatter(m, e, RESID(a, 0), T, H) : m->tp > 1 && ffm_tp_sum(m, e, (size_t)T * H)) goto done;
+    } else if (hidden_in.h) {
+        ff_memcpy_h2d(st, RESID(a, 0), hidden_in.h + (size_t)r0 * H, (size_t)nr * H * 4);
     } else {
-        ff_memcpy_h2d(st, RESID(a, 0), hidden_in + (size_t)r0 * H, (size_t)nr * H * 4);
+        ff_memcpy_d2d(st, RESID(a, 0), ff_dptr_add(hidden_in.d, (size_t)r0 * H, 4), (size_t)nr * H * 4);
     }
     const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start),
                                  .sp = sp, .r0 = r0, .nr = nr};
@@ -1297,9 +1308,11 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, con
     if (!head) {
         /* SP: the next stage gets the whole [T, H] (gathered), as without SP */
         if (sp) {
-            if (ffm_sp_gather_host(m, xL, hidden_out, T, H)) goto done;
+            if (hidden_out.h ? ffm_sp_gather_host(m, xL, hidden_out.h, T, H) : ffm_sp_gather(m, xL, hidden_out.d, T, H)) goto done;
+        } else if (hidden_out.h) {
+            ff_memcpy_d2h(st, hidden_out.h, xL, (size_t)T * H * 4);
         } else {
-            ff_memcpy_d2h(st, hidden_out, xL, (size_t)T * H * 4);
+            ff_memcpy_d2d(st, hidden_out.d, xL, (size_t)T * H * 4);
         }
     } else {
         /* the final norm and the value head on the rank's rows; SP gathers the norm's output
@@ -1359,7 +1372,7 @@ int ff_model_forward(ff_model *m, const ff_batch *b, const ff_forward_opts *opts
     if (!ffm_whole(m))
         return ff_error_set("forward", "run a pipeline stage's chunks with ff_model_stage_forward",
                             "this model is a pipeline stage, not the whole model");
-    return run_forward(m, 0, FFM_MAIN, b, NULL, opts, out, NULL);
+    return run_forward(m, 0, FFM_MAIN, b, (hio){0}, opts, out, (hio){0});
 }
 
 int ff_model_stage_forward(ff_model *m, int chunk, int32_t micro, const ff_batch *b, const float *hidden_in,
@@ -1367,15 +1380,30 @@ int ff_model_stage_forward(ff_model *m, int chunk, int32_t micro, const ff_batch
     if (chunk < 0 || chunk >= m->n_chunks)
         return ff_error_set("stage forward", NULL, "chunk %d: the model has %d", chunk, m->n_chunks);
     if (micro < 0) return ff_error_set("stage forward", NULL, "micro-batch %d must be >= 0", micro);
-    return run_forward(m, chunk, micro, b, hidden_in, opts, out, hidden_out);
+    return run_forward(m, chunk, micro, b, hio_host(hidden_in), opts, out, (hio){.h = hidden_out});
+}
+
+/* a [T, H] buffer on the model's backend, or none */
+static int dev_io(const ff_model *m, ff_dptr p, const char *what) {
+    if (ff_dptr_null(p) || ff_buffer_backend(p.buf) == m->be) return 0;
+    return ff_error_set(what, "give a buffer of the model's backend", "the hidden states' buffer is on another backend");
+}
+
+int ff_model_stage_forward_dev(ff_model *m, int chunk, int32_t micro, const ff_batch *b, ff_dptr hidden_in,
+                               const ff_forward_opts *opts, ff_forward_out *out, ff_dptr hidden_out) {
+    if (chunk < 0 || chunk >= m->n_chunks)
+        return ff_error_set("stage forward", NULL, "chunk %d: the model has %d", chunk, m->n_chunks);
+    if (micro < 0) return ff_error_set("stage forward", NULL, "micro-batch %d must be >= 0", micro);
+    if (dev_io(m, hidden_in, "stage forward") || dev_io(m, hidden_out, "stage forward")) return -1;
+    return run_forward(m, chunk, micro, b, (hio){.d = hidden_in}, opts, out, (hio){.d = hidden_out});
 }
 
 /* ---- backward ----------------------------------------------------------------------------- */
 
 /* The backward of a's training forward through chunk c: from d_hidden_out [T, H] or the heads'
  * output gradients to d_hidden_in [T, H] or the embedding's gradient. Releases a. */
-static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, const float *d_logprobs,
-                        const float *d_entropy, const float *d_values, float *d_hidden_in) {
+static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float *d_logprobs,
+                        const float *d_entropy, const float *d_values, hio d_hidden_in) {
     const int c = a->chunk;
     const bool embed = embed_chunk(m, c), head = head_chunk(m, c);
     if ((d_logprobs && !(a->lm && a->has_targets)) || (d_entropy && !a->has_entropy))
@@ -1383,9 +1411,9 @@ static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, con
                             "gradient given for log-probs or entropy that the forward did not compute");
     if (d_values && !a->has_values)
         return ff_error_set("backward", "the model needs a value head", "gradient given for values that do not exist");
-    if (!head && !d_hidden_out)
+    if (!head && hio_none(d_hidden_out))
         return ff_error_set("stage backward", "give the gradient of the chunk's output [T, H]", "chunk %d has no heads", c);
-    if (!embed && !d_hidden_in)
+    if (!embed && hio_none(d_hidden_in))
         return ff_error_set("stage backward", "give room for the gradient of the chunk's input [T, H]",
                             "chunk %d has no embedding", c);
     ff_stream *st = m->st;
@@ -1458,8 +1486,10 @@ static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, con
         ff_memset_zero(st, dres, (size_t)nr * H * 4);
         ff_rmsnorm_bwd(st, RESID(a, nl), ffm_param(m, m->off_norm), AW(a, rstdf), dxn, dres,
                        NORM_DW(m->off_norm, m->L, 0), nr, H);
+    } else if (d_hidden_out.h) {
+        ff_memcpy_h2d(st, dres, d_hidden_out.h + (size_t)r0 * H, (size_t)nr * H * 4);
     } else {
-        ff_memcpy_h2d(st, dres, d_hidden_out + (size_t)r0 * H, (size_t)nr * H * 4);
+        ff_memcpy_d2d(st, dres, ff_dptr_add(d_hidden_out.d, (size_t)r0 * H, 4), (size_t)nr * H * 4);
     }
 
     for (int i = nl - 1; i >= 0; i--) {
@@ -1509,9 +1539,11 @@ static int run_backward(ff_model *m, ffm_acts *a, const float *d_hidden_out, con
         if (sp && ffm_sp_gather(m, dres, dxn, T, H)) goto done;
         ff_embedding_bwd(st, AW(a, tokens), sp ? dxn : dres, ffm_grad(m, m->off_embed), T, H);
     } else if (sp) { /* the previous stage gets the whole [T, H], as without SP */
-        if (ffm_sp_gather_host(m, dres, d_hidden_in, T, H)) goto done;
+        if (d_hidden_in.h ? ffm_sp_gather_host(m, dres, d_hidden_in.h, T, H) : ffm_sp_gather(m, dres, d_hidden_in.d, T, H)) goto done;
+    } else if (d_hidden_in.h) {
+        ff_memcpy_d2h(st, d_hidden_in.h, dres, (size_t)T * H * 4);
     } else {
-        ff_memcpy_d2h(st, d_hidden_in, dres, (size_t)T * H * 4);
+        ff_memcpy_d2d(st, d_hidden_in.d, dres, (size_t)T * H * 4);
     }
     if (sp && ffm_sp_finish_grads(m, l0, nl, head)) goto done;
     rc = ff_stream_sync(st);
@@ -1527,7 +1559,7 @@ int ff_model_backward(ff_model *m, const float *d_logprobs, const float *d_entro
     if (!a)
         return ff_error_set("backward", "run ff_model_forward with opts.train = true first (once per backward)",
                             "no training forward to go back through");
-    return run_backward(m, a, NULL, d_logprobs, d_entropy, d_values, NULL);
+    return run_backward(m, a, (hio){0}, d_logprobs, d_entropy, d_values, (hio){0});
 }
 
 int ff_model_stage_backward(ff_model *m, int chunk, int32_t micro, const float *d_hidden_out, const float *d_logprobs,
@@ -1538,7 +1570,19 @@ int ff_model_stage_backward(ff_model *m, int chunk, int32_t micro, const float *
     if (!a)
         return ff_error_set("stage backward", "run its training forward first (ff_model_stage_forward, opts.train)",
                             "micro-batch %d has no training forward in flight through chunk %d", micro, chunk);
-    return run_backward(m, a, d_hidden_out, d_logprobs, d_entropy, d_values, d_hidden_in);
+    return run_backward(m, a, hio_host(d_hidden_out), d_logprobs, d_entropy, d_values, (hio){.h = d_hidden_in});
+}
+
+int ff_model_stage_backward_dev(ff_model *m, int chunk, int32_t micro, ff_dptr d_hidden_out, const float *d_logprobs,
+                                const float *d_entropy, const float *d_values, ff_dptr d_hidden_in) {
+    if (m->inference) return ffm_inference_only("backward");
+    if (ffm_grads_released(m, "stage backward")) return -1;
+    if (dev_io(m, d_hidden_out, "stage backward") || dev_io(m, d_hidden_in, "stage backward")) return -1;
+    ffm_acts *a = micro >= 0 && chunk >= 0 && chunk < m->n_chunks ? acts_held(m, chunk, micro) : NULL;
+    if (!a)
+        return ff_error_set("stage backward", "run its training forward first (ff_model_stage_forward, opts.train)",
+                            "micro-batch %d has no training forward in flight through chunk %d", micro, chunk);
+    return run_backward(m, a, (hio){.d = d_hidden_out}, d_logprobs, d_entropy, d_values, (hio){.d = d_hidden_in});
 }
 
 double ff_sft_loss(const float *logprobs, const float *mask, int32_t T, float scale, float *d_logprobs) {

@@ -395,6 +395,14 @@ int ff_model_stage_forward(ff_model *m, int chunk, int32_t micro, const ff_batch
  * chunk: may be NULL). Parameter gradients accumulate (+=). 0 or -1 + error. */
 int ff_model_stage_backward(ff_model *m, int chunk, int32_t micro, const float *d_hidden_out, const float *d_logprobs,
                             const float *d_entropy, const float *d_values, float *d_hidden_in);
+/* The same with the hidden states and their gradients in buffers of the model's backend
+ * ([T, H] floats each; {NULL, 0} where the host forms take NULL): what a pipeline executor
+ * whose transport moves device memory gives (ff_pipe_transport.device), so that a stage's
+ * input and output never cross host memory. 0 or -1 + error (a buffer of another backend). */
+int ff_model_stage_forward_dev(ff_model *m, int chunk, int32_t micro, const ff_batch *b, ff_dptr hidden_in,
+                               const ff_forward_opts *opts, ff_forward_out *out, ff_dptr hidden_out);
+int ff_model_stage_backward_dev(ff_model *m, int chunk, int32_t micro, ff_dptr d_hidden_out, const float *d_logprobs,
+                                const float *d_entropy, const float *d_values, ff_dptr d_hidden_in);
 /* Room for in_flight[c] training forwards of up to max_tokens tokens through each chunk c
  * (in_flight NULL: one each; an inference model: one forward), so that a step allocates
  * nothing. 0 or -1 + error. */

@@ -23,9 +23,10 @@
  *     ff_pipe_exec_stats stats;
  *     ff_pipe_exec_run(e, &r, &stats);          // one training step
  *
- * Buffers: activations and gradients cross as host fp32 [T, H] per micro-batch (T its tokens);
- * the executor keeps a pool of them sized by the largest micro-batch, so a step allocates
- * nothing once one step has run with micro-batches as large.
+ * Buffers: activations and gradients cross as fp32 [T, H] per micro-batch (T its tokens), in
+ * host memory, or in the models' backend's memory when the transport moves device memory
+ * (ff_pipe_transport.device); the executor keeps a pool of them sized by the largest
+ * micro-batch, so a step allocates nothing once one step has run with micro-batches as large.
  *
  * Sends: over a transport with send_post a send instruction posts its transfer and the rank goes
  * on (Megatron's and NCCL's asynchronous sends); the buffer goes back to the pool once the send
@@ -68,7 +69,9 @@ typedef enum { FF_PIPE_XFER_SEND = 0, FF_PIPE_XFER_RECV } ff_pipe_xfer_kind;
 typedef struct ff_pipe_xfer {
     ff_pipe_xfer_kind kind;
     int32_t peer;   /* rank in the pipeline group */
-    float *buf;     /* [count]: read (send) or written (receive) */
+    float *buf;     /* [count]: read (send) or written (receive); host memory, or with the
+                     * transport's device a device address of that backend (never dereferenced
+                     * on the host there) */
     size_t count;   /* floats */
 } ff_pipe_xfer;
 
@@ -91,6 +94,13 @@ typedef struct ff_pipe_transport {
     int (*sends_done)(void *ctx, bool wait, uint64_t *done);
     /* buf [n] = its sum over the group, in place, the same bits on every rank */
     int (*all_reduce_sum_f64)(void *ctx, double *buf, size_t n);
+    /* NULL: transfers move host memory, and the executor keeps the activations and gradients
+     * it sends and receives in host buffers. Else the stage models' backend: the transfers
+     * move its memory (ff_dptr_addr addresses), and the executor keeps them in buffers there
+     * (ff_model_stage_forward_dev), so they never cross host memory. The transport orders its
+     * transfers after the work queued on that backend's stream and before the work queued
+     * after them. */
+    ff_backend *device;
 } ff_pipe_transport;
 
 /* A transport over comm, an ff_coll communicator of the pipeline group whose rank r is the
@@ -98,6 +108,22 @@ typedef struct ff_pipe_transport {
  * ff_coll_group_end, send_post ff_coll_send_post, sends_done ff_coll_sends_done. comm must
  * outlive the transport's users. */
 void ff_pipe_transport_coll(ff_coll_comm *comm, ff_pipe_transport *out);
+
+/* A transport over comm that moves device memory of `be` (ff_pipe_transport.device): on the
+ * cpu backend ff_pipe_transport_coll's calls (its memory is host memory, which the cpu ff_coll
+ * reads); on a cuda backend each call's sends and receives on comm's NCCL twin
+ * (ff_coll_comm_twin, made at the first call on every rank of comm together) on a stream of
+ * its own, ordered after be's stream by an event and before its next work by another; no
+ * send_post there. d holds that state: it must outlive the transport's users, then
+ * ff_pipe_coll_dev_fini. 0 or -1 + error. */
+typedef struct ff_pipe_coll_dev {
+    ff_coll_comm *comm;
+    ff_backend *be;
+    ff_stream *q;
+    ff_event *ready, *done;
+} ff_pipe_coll_dev;
+int ff_pipe_transport_coll_dev(ff_pipe_coll_dev *d, ff_coll_comm *comm, ff_backend *be, ff_pipe_transport *out);
+void ff_pipe_coll_dev_fini(ff_pipe_coll_dev *d);
 
 /* The communicator a stage model takes for its gradient norm (ff_model_stage.comm): the
  * transport's sum. */

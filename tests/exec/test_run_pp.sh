@@ -8,6 +8,8 @@
 #     parallelism, GPipe, and interleaved 1F1B (a 4-layer model), sample the same
 #     responses as on 1 worker for 3 iterations with float metrics within 1e-6 + 1% (the
 #     stages sum the gradient norm and the tied embedding's two gradients in another order);
+#   - at TP 2 x PP 2 with SP the transfers and collectives on the models' buffers (the default)
+#     give the bits of those through host memory (FF_DEVICE_COLL=0);
 #   - the timeline has every rank's forwards, backwards and transfers, and `fuseflow trace
 #     summary` its bubble; the metrics carry the executor's bubble per step;
 #   - a PP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
@@ -57,6 +59,13 @@ for r in pp2 tp2pp2 gpipe tp2pp2sp genpp2 gentp2pp2; do
   same_samples "$work/one" "$work/$r" "$r"
   same_metrics "$work/one/metrics.jsonl" "$work/$r/metrics.jsonl" 1e-6 1e-2 || fail "$r does not train like one worker"
 done
+# the stages' activations and gradients move in the backend's memory (ff_pipe_transport_coll_dev)
+# and TP's collectives run on the models' buffers; FF_DEVICE_COLL=0 moves both through host
+# memory: the same bits
+FF_DEVICE_COLL=0 ppo "$work/tp2pp2sp_host" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.layout.sp=true
+same_samples "$work/tp2pp2sp" "$work/tp2pp2sp_host" "TP 2 x PP 2 with SP through host memory"
+same_metrics "$work/tp2pp2sp/metrics.jsonl" "$work/tp2pp2sp_host/metrics.jsonl" 0 0 ||
+  fail "TP 2 x PP 2 with SP: the transfers and collectives on the models' buffers do not give the host memory's bits"
 
 # interleaved 1F1B (2 chunks per stage) needs 4 layers: a fresh 4-layer model, the same
 # samples and metrics as one worker

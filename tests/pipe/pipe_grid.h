@@ -72,8 +72,9 @@ typedef struct pg_job {
     int steps;          /* measured steps, after one warm-up step when warmup */
     bool warmup;
     bool keep;          /* export the pg_out tensors (pg_job_clear frees them) */
-    bool host_coll;     /* TP's and DP's collectives through host memory (FF_DEVICE_COLL=0's way), else on the
-                         * models' buffers (ff_model_comm's dev_ calls, the hook's all-reduce in place) as workers run them */
+    bool host_coll;     /* TP's and DP's collectives and PP's transfers through host memory (FF_DEVICE_COLL=0's
+                         * way), else on the models' buffers (ff_model_comm's dev_ calls, the hook's all-reduce in
+                         * place, ff_pipe_transport_coll_dev) as workers run them */
     ff_coll_id id;
     pg_out out[PG_MAXR];
 } pg_job;
@@ -84,7 +85,8 @@ typedef struct pg_rank {
     const pt_batch *g; /* the global batch; this replica's micro-batches from m0 */
     int32_t m0;
     ff_coll_comm *world, *tpc, *ppc, *dpc;
-    ff_pipe_transport inner; /* ff_pipe_transport_coll on ppc */
+    ff_pipe_transport inner; /* ff_pipe_transport_coll on ppc (host_coll), else its device form */
+    ff_pipe_coll_dev dev;
     pg_bytes cur;
     float *grads; /* [params]: the DP hook's staging, allocated once */
 } pg_rank;
@@ -265,9 +267,13 @@ static inline void *pg_rank_main(void *arg) {
                          .kind = j->vpp > 1 ? FF_PIPE_INTERLEAVED : FF_PIPE_1F1B, .layers = j->cfg->num_hidden_layers};
     ff_pipe_schedule s;
     REQUIRE(ff_pipe_generate(&pc, &s) == 0);
-    ff_pipe_transport_coll(r->ppc, &r->inner);
+    ff_backend *be = ff_backend_new("cpu:1");
+    REQUIRE(be);
+    if (j->host_coll) ff_pipe_transport_coll(r->ppc, &r->inner);
+    else REQUIRE(ff_pipe_transport_coll_dev(&r->dev, r->ppc, be, &r->inner) == 0);
     ff_pipe_transport t = {.rank = r->inner.rank, .size = r->inner.size, .ctx = r, .call = pg_pp_call, .all_reduce_sum_f64 = pg_pp_sum64,
-                           .send_post = pg_pp_post, .sends_done = pg_pp_done};
+                           .send_post = r->inner.send_post ? pg_pp_post : NULL, .sends_done = r->inner.sends_done ? pg_pp_done : NULL,
+                           .device = r->inner.device};
     ff_model_comm nc, tc = {.rank = r->t, .size = j->tp, .ctx = r, .all_reduce_sum = pg_tp_sum, .all_reduce_max = pg_tp_max,
                             .all_reduce_sum_f64 = pg_tp_sum64, .all_gather = pg_tp_gather};
     if (!j->host_coll) tc.dev_all_reduce_sum = pg_tp_dev_sum, tc.dev_all_gather_v = pg_tp_dev_gather_v, tc.dev_reduce_scatter_sum_v = pg_tp_dev_rs_v;
@@ -276,7 +282,6 @@ static inline void *pg_rank_main(void *arg) {
     ff_model_stage st;
     REQUIRE(ff_pipe_stage_layers(&s, 0, r->s, first, count, &st) == 0);
     st.comm = &nc;
-    ff_backend *be = ff_backend_new("cpu:1");
     ff_model *m = ff_model_new_opts(be, j->cfg, w, &(ff_model_opts){.stage = &st, .comm = j->tp > 1 ? &tc : NULL});
     if (!m) fprintf(stderr, "rank %d: %s\n", r->rank, ff_error_message());
     REQUIRE(m);
@@ -336,6 +341,7 @@ static inline void *pg_rank_main(void *arg) {
     ff_pipe_exec_destroy(&e);
     ff_optimizer_destroy(&opt);
     ff_model_destroy(&m);
+    if (!j->host_coll) ff_pipe_coll_dev_fini(&r->dev);
     ff_backend_destroy(&be);
     ff_pipe_schedule_clear(&s);
     pt_batch_free(&g);

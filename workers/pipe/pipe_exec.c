@@ -1,5 +1,6 @@
 /* The pipeline executor (fuseflow/pipe_exec.h): one rank's instruction stream followed on its
- * stage models, with the activations and gradients in a pool of host buffers, the transfers
+ * stage models, with the activations and gradients in a pool of buffers (host memory, or the
+ * models' backend's when the transport moves device memory), the transfers
  * through the host's transport, the tied embeddings' gradient sum, the optimizer step, and the
  * time of every instruction. Not here: making schedules (ff_dataflow), the model's math
  * (ff_model), moving bytes (the transport: pipe_transport.c for ff_coll). */
@@ -14,7 +15,8 @@
 
 #define TIED "model.embed_tokens.weight"
 
-/* Host tensors of one (chunk, micro-batch): the input activation (received, or handed over by
+/* The tensors of one (chunk, micro-batch), each a pool buffer (float * in host memory, or an
+ * ff_buffer * of the transport's device backend): the input activation (received, or handed over by
  * the previous chunk on this rank), the output activation, the gradient of the output
  * (received, or handed over), the gradient of the input. */
 enum { ACT_IN = 0, ACT_OUT, GRAD_IN, GRAD_OUT, NBUF };
@@ -27,7 +29,7 @@ typedef struct exec_model {
     int32_t n_chunks, micro, H;
     int32_t *vstage;    /* [n_chunks] the virtual stage of each chunk here */
     int32_t *in_flight; /* [n_chunks] most training forwards a chunk holds at once in the stream */
-    float **buf[NBUF];  /* [n_chunks * micro] */
+    void **buf[NBUF];   /* [n_chunks * micro] */
     /* per run */
     int64_t *tok_off;   /* [micro + 1] first token of each micro-batch in the step */
     float *dmem, *omem; /* [3, tokens]: the loss's gradients; outputs when the caller gives none */
@@ -39,6 +41,7 @@ typedef struct exec_model {
     int32_t tied_peer;  /* -1: nothing to sum here */
     int64_t tied_n;
     float *tied_a, *tied_b;
+    ff_buffer *tied_da, *tied_db; /* device transport: the two gradients on the way */
     double *stage_s;    /* [2, n_stages] forward and backward seconds summed over micro-batches */
 } exec_model;
 
@@ -48,7 +51,7 @@ struct ff_pipe_exec {
     ff_pipe_transport t;
     exec_model em[FF_PIPE_MAX_MODELS];
     const ff_pipe_stream *st;
-    float **pool; /* free host buffers of pool_floats floats each */
+    void **pool; /* free buffers of pool_floats floats each */
     int n_pool, cap_pool;
     size_t pool_floats;
     ff_pipe_xfer *x; /* [max_call] */
@@ -56,7 +59,7 @@ struct ff_pipe_exec {
     /* sends that do not block (the transport's send_post): the buffers of those in flight, in
      * post order, each with its number among the transport's posted sends */
     bool eager;
-    float **fly;
+    void **fly;
     uint64_t *fly_no, posted;
     int n_fly, cap_fly;
     double *t_start, *t_end; /* [st->n] */
@@ -67,18 +70,32 @@ struct ff_pipe_exec {
 
 /* ---- the pool ----------------------------------------------------------------------------- */
 
-static float *pool_get(ff_pipe_exec *e) {
+static void *pool_get(ff_pipe_exec *e) {
     if (e->n_pool) return e->pool[--e->n_pool];
+    if (e->t.device) return ff_buffer_new(e->t.device, e->pool_floats * sizeof(float));
     return ff_malloc(e->pool_floats * sizeof(float));
 }
 
-static int pool_put(ff_pipe_exec *e, float **slot) {
+static void buf_free(const ff_pipe_exec *e, void *b) {
+    if (!e->t.device) {
+        free(b);
+        return;
+    }
+    ff_buffer *d = b;
+    ff_buffer_destroy(&d);
+}
+
+/* what the transport and the model take: the host pointer, or the device buffer's address */
+static float *buf_addr(const ff_pipe_exec *e, void *b) { return e->t.device ? ff_dptr_addr(ff_dptr_of(b, 0)) : b; }
+static ff_dptr buf_dev(void **b) { return b && *b ? ff_dptr_of(*b, 0) : (ff_dptr){0}; }
+
+static int pool_put(ff_pipe_exec *e, void **slot) {
     if (!*slot) return 0;
     if (e->n_pool == e->cap_pool) {
         int c = e->cap_pool ? 2 * e->cap_pool : 16;
-        float **p = ff_realloc(e->pool, sizeof *p * (size_t)c);
+        void **p = ff_realloc(e->pool, sizeof *p * (size_t)c);
         if (!p) {
-            free(*slot);
+            buf_free(e, *slot);
             *slot = NULL;
             return -1;
         }
@@ -106,15 +123,15 @@ static int sweep(ff_pipe_exec *e) {
 }
 
 static void pool_drop(ff_pipe_exec *e) {
-    for (int i = 0; i < e->n_pool; i++) free(e->pool[i]);
+    for (int i = 0; i < e->n_pool; i++) buf_free(e, e->pool[i]);
     e->n_pool = 0;
 }
 
 /* A posted send's buffer, held until the transport says it is done. */
-static int fly_add(ff_pipe_exec *e, float **slot) {
+static int fly_add(ff_pipe_exec *e, void **slot) {
     if (e->n_fly == e->cap_fly) {
         int c = e->cap_fly ? 2 * e->cap_fly : 16;
-        float **f = ff_realloc(e->fly, sizeof *f * (size_t)c);
+        void **f = ff_realloc(e->fly, sizeof *f * (size_t)c);
         if (f) e->fly = f;
         uint64_t *no = f ? ff_realloc(e->fly_no, sizeof *no * (size_t)c) : NULL;
         if (!no) return -1; /* the buffer stays in its slot: the next sweep takes it */
@@ -174,6 +191,51 @@ void ff_pipe_transport_coll(ff_coll_comm *comm, ff_pipe_transport *out) {
                                .sends_done = coll_sends_done};
 }
 
+/* The same on device memory: on a backend whose work is done when queued (the cpu one, whose
+ * memory the cpu ff_coll reads) the calls above; else each call on the group's NCCL twin, on a
+ * stream of its own ordered after the backend's stream and before its next work by events. */
+static int dev_call(void *ctx, const ff_pipe_xfer *x, int n) {
+    ff_pipe_coll_dev *d = ctx;
+    ff_coll_comm *twin;
+    if (ff_coll_comm_twin(d->comm, "nccl", &twin)) return -1;
+    ff_stream *st = ff_backend_stream(d->be);
+    ff_event_record(d->ready, st);
+    ff_stream_wait(d->q, d->ready);
+    void *ns = ff_stream_native(d->q);
+    if (ff_coll_group_start()) return -1;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        rc = x[i].kind == FF_PIPE_XFER_SEND ? ff_coll_send(x[i].buf, x[i].count, FF_DTYPE_F32, x[i].peer, twin, ns)
+                                            : ff_coll_recv(x[i].buf, x[i].count, FF_DTYPE_F32, x[i].peer, twin, ns);
+    int end = ff_coll_group_end();
+    ff_event_record(d->done, d->q);
+    ff_stream_wait(st, d->done);
+    return rc || end ? -1 : 0;
+}
+static int dev_sum64(void *ctx, double *buf, size_t n) { return coll_sum64(((ff_pipe_coll_dev *)ctx)->comm, buf, n); }
+
+int ff_pipe_transport_coll_dev(ff_pipe_coll_dev *d, ff_coll_comm *comm, ff_backend *be, ff_pipe_transport *out) {
+    *d = (ff_pipe_coll_dev){.comm = comm, .be = be};
+    if (!ff_stream_native(ff_backend_stream(be))) { /* the cpu backend: host addresses, the calls as they are */
+        ff_pipe_transport_coll(comm, out);
+        out->device = be;
+        return 0;
+    }
+    if (!(d->q = ff_stream_new(be)) || !(d->ready = ff_event_new(be)) || !(d->done = ff_event_new(be))) {
+        ff_pipe_coll_dev_fini(d);
+        return ff_error_wrap("pipeline transport on %s", ff_backend_name(be));
+    }
+    *out = (ff_pipe_transport){.rank = ff_coll_comm_rank(comm), .size = ff_coll_comm_size(comm), .ctx = d, .call = dev_call,
+                               .all_reduce_sum_f64 = dev_sum64, .device = be};
+    return 0;
+}
+
+void ff_pipe_coll_dev_fini(ff_pipe_coll_dev *d) {
+    ff_event_destroy(&d->ready);
+    ff_event_destroy(&d->done);
+    ff_stream_destroy(&d->q);
+}
+
 void ff_pipe_model_comm(const ff_pipe_transport *t, ff_model_comm *out) {
     *out = (ff_model_comm){.rank = t->rank, .size = t->size, .ctx = t->ctx, .all_reduce_sum_f64 = t->all_reduce_sum_f64};
 }
@@ -227,6 +289,10 @@ static int model_setup(ff_pipe_exec *e, int i, const ff_pipe_exec_model *given) 
     m->train = !pm->forward_only;
     if (!given->model) return ff_error_set(w, "give the rank's stage model (ff_pipe_exec_model.model)", "no model");
     ff_model *md = given->model;
+    if (e->t.device && ff_model_backend(md) != e->t.device)
+        return ff_error_set(w, "give the transport the stage models' backend (ff_pipe_transport.device)",
+                            "the model is on backend %s, the transport moves memory of %s", ff_backend_name(ff_model_backend(md)),
+                            ff_backend_name(e->t.device));
     if (ff_model_n_chunks(md) != m->n_chunks)
         return ff_error_set(w, "create the stage with ff_pipe_stage_layers", "the model has %d chunks, the schedule %d here",
                             ff_model_n_chunks(md), m->n_chunks);
@@ -236,7 +302,7 @@ static int model_setup(ff_pipe_exec *e, int i, const ff_pipe_exec_model *given) 
     m->dmask = ff_calloc((size_t)m->micro, 1);
     if (!m->vstage || !m->in_flight || !m->tok_off || !m->dmask) return -1;
     for (int k = 0; k < NBUF; k++)
-        if (!(m->buf[k] = ff_calloc((size_t)m->n_chunks * (size_t)m->micro, sizeof(float *)))) return -1;
+        if (!(m->buf[k] = ff_calloc((size_t)m->n_chunks * (size_t)m->micro, sizeof(void *)))) return -1;
     int64_t layer = 0;
     bool head_here = false;
     for (int32_t k = 0, c = 0; k < S; k++) {
@@ -273,6 +339,9 @@ static int model_setup(ff_pipe_exec *e, int i, const ff_pipe_exec_model *given) 
             m->tied_a = ff_malloc(sizeof(float) * (size_t)m->tied_n);
             m->tied_b = ff_malloc(sizeof(float) * (size_t)m->tied_n);
             if (!m->tied_n || !m->tied_a || !m->tied_b) return ff_error_wrap("%s: tied embeddings", w);
+            if (e->t.device && (!(m->tied_da = ff_buffer_new(e->t.device, sizeof(float) * (size_t)m->tied_n)) ||
+                                !(m->tied_db = ff_buffer_new(e->t.device, sizeof(float) * (size_t)m->tied_n))))
+                return ff_error_wrap("%s: tied embeddings", w);
         }
     }
     /* the most training forwards each chunk holds before their backwards */
@@ -295,7 +364,7 @@ void ff_pipe_exec_destroy(ff_pipe_exec **pe) {
     if (e->s) sweep(e);
     pool_drop(e);
     free(e->pool);
-    for (int i = 0; i < e->n_fly; i++) free(e->fly[i]);
+    for (int i = 0; i < e->n_fly; i++) buf_free(e, e->fly[i]);
     free(e->fly);
     free(e->fly_no);
     for (int i = 0; i < FF_PIPE_MAX_MODELS; i++) {
@@ -310,6 +379,8 @@ void ff_pipe_exec_destroy(ff_pipe_exec **pe) {
         free(m->dmask);
         free(m->tied_a);
         free(m->tied_b);
+        ff_buffer_destroy(&m->tied_da);
+        ff_buffer_destroy(&m->tied_db);
     }
     free(e->x);
     free(e->t_start);
@@ -377,7 +448,7 @@ static int instr_error(const ff_pipe_exec *e, int64_t i, const char *hint, const
     return ff_error_set(w, hint, fmt, what);
 }
 
-static float **slot(exec_model *m, int k, int32_t chunk, int32_t micro) {
+static void **slot(exec_model *m, int k, int32_t chunk, int32_t micro) {
     return &m->buf[k][(size_t)chunk * (size_t)m->micro + (size_t)micro];
 }
 
@@ -392,7 +463,7 @@ static int32_t local_chunk(const ff_pipe_exec *e, const exec_model *m, int32_t k
 }
 
 /* The buffer an instruction reads: its own (received), or the neighbouring chunk's on this rank. */
-static float **input(ff_pipe_exec *e, exec_model *m, int k, int32_t chunk, int32_t micro, int32_t neighbour) {
+static void **input(ff_pipe_exec *e, exec_model *m, int k, int32_t chunk, int32_t micro, int32_t neighbour) {
     int32_t c = local_chunk(e, m, neighbour);
     return c >= 0 ? slot(m, k == ACT_IN ? ACT_OUT : GRAD_OUT, c, micro) : slot(m, k, chunk, micro);
 }
@@ -402,9 +473,9 @@ static int do_forward(ff_pipe_exec *e, int64_t i, const ff_pipe_run *r) {
     exec_model *m = &e->em[in->model];
     const int32_t c = in->chunk, j = in->micro, k = m->vstage[c], S = m->pm->n_stages, T = (int32_t)(m->tok_off[j + 1] - m->tok_off[j]);
     const ff_batch *b = &r->micro[in->model][j];
-    float **src = k > 0 ? input(e, m, ACT_IN, c, j, k - 1) : NULL;
+    void **src = k > 0 ? input(e, m, ACT_IN, c, j, k - 1) : NULL;
     if (src && !*src) return instr_error(e, i, "check the schedule with ff_pipe_simulate", "no %s", buf_name[ACT_IN]);
-    float **dst = slot(m, ACT_OUT, c, j);
+    void **dst = slot(m, ACT_OUT, c, j);
     ff_forward_out o = {0};
     const bool head = k == S - 1;
     if (head) {
@@ -418,7 +489,8 @@ static int do_forward(ff_pipe_exec *e, int64_t i, const ff_pipe_run *r) {
         if (!(*dst = pool_get(e))) return -1;
     }
     ff_forward_opts fo = {.train = m->train, .temperature = m->m.temperature};
-    if (ff_model_stage_forward(m->m.model, c, j, b, src ? *src : NULL, &fo, &o, head ? NULL : *dst))
+    if (e->t.device ? ff_model_stage_forward_dev(m->m.model, c, j, b, buf_dev(src), &fo, &o, head ? (ff_dptr){0} : buf_dev(dst))
+                    : ff_model_stage_forward(m->m.model, c, j, b, src ? *src : NULL, &fo, &o, head ? NULL : *dst))
         return ff_error_wrap("pipeline executor, rank %d: forward of micro-batch %d through virtual stage %d", e->rank, j, k);
     if (src && pool_put(e, src)) return -1;
     if (!head || !m->train) return 0;
@@ -439,16 +511,17 @@ static int do_backward(ff_pipe_exec *e, int64_t i) {
     exec_model *m = &e->em[in->model];
     const int32_t c = in->chunk, j = in->micro, k = m->vstage[c], S = m->pm->n_stages;
     const bool head = k == S - 1;
-    float **src = head ? NULL : input(e, m, GRAD_IN, c, j, k + 1);
+    void **src = head ? NULL : input(e, m, GRAD_IN, c, j, k + 1);
     if (src && !*src) return instr_error(e, i, "check the schedule with ff_pipe_simulate", "no %s", buf_name[GRAD_IN]);
-    float **dst = k > 0 ? slot(m, GRAD_OUT, c, j) : NULL;
+    void **dst = k > 0 ? slot(m, GRAD_OUT, c, j) : NULL;
     if (dst && *dst) return instr_error(e, i, "check the schedule with ff_pipe_simulate", "%s already there", buf_name[GRAD_OUT]);
     if (dst && !(*dst = pool_get(e))) return -1;
     const int64_t off = m->tok_off[j], tot = m->tok_off[m->micro];
     const uint8_t dm = head ? m->dmask[j] : 0;
-    if (ff_model_stage_backward(m->m.model, c, j, src ? *src : NULL, dm & 1 ? m->dmem + off : NULL,
-                                dm & 2 ? m->dmem + tot + off : NULL, dm & 4 ? m->dmem + 2 * tot + off : NULL,
-                                dst ? *dst : NULL))
+    const float *dl = dm & 1 ? m->dmem + off : NULL, *de = dm & 2 ? m->dmem + tot + off : NULL,
+                *dv = dm & 4 ? m->dmem + 2 * tot + off : NULL;
+    if (e->t.device ? ff_model_stage_backward_dev(m->m.model, c, j, buf_dev(src), dl, de, dv, buf_dev(dst))
+                    : ff_model_stage_backward(m->m.model, c, j, src ? *src : NULL, dl, de, dv, dst ? *dst : NULL))
         return ff_error_wrap("pipeline executor, rank %d: backward of micro-batch %d through virtual stage %d", e->rank, j, k);
     return src ? pool_put(e, src) : 0;
 }
@@ -464,11 +537,11 @@ static int do_call(ff_pipe_exec *e, int64_t i, int64_t end) {
         const bool send = in->op == FF_PIPE_SEND_ACT || in->op == FF_PIPE_SEND_GRAD;
         const int k = in->op == FF_PIPE_SEND_ACT ? ACT_OUT : in->op == FF_PIPE_RECV_ACT ? ACT_IN
                     : in->op == FF_PIPE_SEND_GRAD ? GRAD_OUT : GRAD_IN;
-        float **b = slot(m, k, in->chunk, in->micro);
+        void **b = slot(m, k, in->chunk, in->micro);
         if (send && !*b) return instr_error(e, q, "check the schedule with ff_pipe_simulate", "no %s to send", buf_name[k]);
         if (!send && *b) return instr_error(e, q, "check the schedule with ff_pipe_simulate", "%s received twice", buf_name[k]);
         if (!send && !(*b = pool_get(e))) return -1;
-        const ff_pipe_xfer x = {.kind = send ? FF_PIPE_XFER_SEND : FF_PIPE_XFER_RECV, .peer = in->peer, .buf = *b,
+        const ff_pipe_xfer x = {.kind = send ? FF_PIPE_XFER_SEND : FF_PIPE_XFER_RECV, .peer = in->peer, .buf = buf_addr(e, *b),
                                 .count = count_of(m, in->micro)};
         if (send && e->eager) { /* posted now, in the channel's order; the rank goes on */
             if (e->t.send_post(e->t.ctx, &x))
@@ -505,11 +578,17 @@ static int do_step(ff_pipe_exec *e, int64_t i) {
         /* the two copies' gradients summed on both ranks: a + b there, b + a here, the same
          * bits, so both copies take the same update and stay equal */
         if (ff_model_read_tensor(m->m.model, TIED, true, m->tied_a)) return -1;
-        ff_pipe_xfer x[2] = {{.kind = FF_PIPE_XFER_SEND, .peer = m->tied_peer, .buf = m->tied_a, .count = (size_t)m->tied_n},
-                             {.kind = FF_PIPE_XFER_RECV, .peer = m->tied_peer, .buf = m->tied_b, .count = (size_t)m->tied_n}};
+        ff_stream *ds = e->t.device ? ff_backend_stream(e->t.device) : NULL;
+        const size_t bytes = sizeof(float) * (size_t)m->tied_n;
+        if (ds) ff_memcpy_h2d(ds, ff_dptr_of(m->tied_da, 0), m->tied_a, bytes);
+        ff_pipe_xfer x[2] = {{.kind = FF_PIPE_XFER_SEND, .peer = m->tied_peer, .buf = ds ? buf_addr(e, m->tied_da) : m->tied_a,
+                              .count = (size_t)m->tied_n},
+                             {.kind = FF_PIPE_XFER_RECV, .peer = m->tied_peer, .buf = ds ? buf_addr(e, m->tied_db) : m->tied_b,
+                              .count = (size_t)m->tied_n}};
         if (e->t.call(e->t.ctx, x, 2))
             return ff_error_wrap("pipeline executor, rank %d: exchange of the tied embeddings' gradients with rank %d",
                                  e->rank, m->tied_peer);
+        if (ds) ff_memcpy_d2h(ds, m->tied_b, ff_dptr_of(m->tied_db, 0), bytes);
         for (int64_t q = 0; q < m->tied_n; q++) m->tied_a[q] += m->tied_b[q];
         if (ff_model_write_tensor_grad(m->m.model, TIED, m->tied_a)) return -1;
     }

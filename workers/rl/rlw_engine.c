@@ -75,6 +75,8 @@ typedef struct rlw_lay {
     } tpc;
     ff_model_comm mcomm; /* ctx: &tpc */
     ff_pipe_transport pt;
+    ff_pipe_coll_dev ptd; /* pt's state when it moves the models' memory (dev_coll) */
+    bool ptd_on;
     ff_roles_pipe pipe;
     ff_model_comm norm;
     bool sp; /* sequence parallelism in the TP group (training and scoring; generation decodes replicated) */
@@ -287,7 +289,12 @@ static int lay_setup(rlw *s, rlw_lay *y, const rlw_place *at, const ff_layout *L
     }
     if (p->pp > 1) {
         if (split(group, p->dp_rank * p->tp + p->tp_rank, p->pp_rank, p->pp, p->pp_rank, "pipeline", &y->pp_comm) != 0) return -1;
-        ff_pipe_transport_coll(y->pp_comm, &y->pt);
+        if (s->dev_coll) { /* the stages' activations and gradients stay in the backend's memory */
+            if (ff_pipe_transport_coll_dev(&y->ptd, y->pp_comm, s->be, &y->pt) != 0) return ff_error_wrap("worker: the pipeline transport");
+            y->ptd_on = true;
+        } else {
+            ff_pipe_transport_coll(y->pp_comm, &y->pt);
+        }
         y->pipe = (ff_roles_pipe){.transport = &y->pt, .kind = pipe_kind(L->schedule), .vpp = L->vpp > 1 ? (int32_t)L->vpp : 1};
         y->gpipe = (ff_gen_pipe){.rank = p->pp_rank, .size = p->pp, .ctx = y->pp_comm, .send = gp_send, .recv = gp_recv, .broadcast = gp_bcast};
     }
@@ -295,6 +302,7 @@ static int lay_setup(rlw *s, rlw_lay *y, const rlw_place *at, const ff_layout *L
 }
 
 static void lay_clear(rlw_lay *y) {
+    if (y->ptd_on) ff_pipe_coll_dev_fini(&y->ptd);
     ff_coll_comm_destroy(&y->tp_comm);
     ff_coll_comm_destroy(&y->pp_comm);
     ff_coll_comm_destroy(&y->dp_comm);
