@@ -112,7 +112,7 @@ void ff_pipe_transport_coll(ff_coll_comm *comm, ff_pipe_transport *out);
 /* A transport over comm that moves device memory of `be` (ff_pipe_transport.device): on the
  * cpu backend ff_pipe_transport_coll's calls (its memory is host memory, which the cpu ff_coll
  * reads); on a cuda backend each call's sends and receives on comm's NCCL twin
- * (ff_coll_comm_twin, made at the first call on every rank of comm together) on a stream of
+ * (ff_coll_comm_twin, made here: a collective of comm, every rank calls this together) on a stream of
  * its own, ordered after be's stream by an event and before its next work by another; no
  * send_post there. d holds that state: it must outlive the transport's users, then
  * ff_pipe_coll_dev_fini. 0 or -1 + error. */

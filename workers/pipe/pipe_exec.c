@@ -221,7 +221,9 @@ int ff_pipe_transport_coll_dev(ff_pipe_coll_dev *d, ff_coll_comm *comm, ff_backe
         out->device = be;
         return 0;
     }
-    if (!(d->q = ff_stream_new(be)) || !(d->ready = ff_event_new(be)) || !(d->done = ff_event_new(be))) {
+    ff_coll_comm *twin; /* made now, while every rank of comm makes its transport: a call's peers need not all meet */
+    if (ff_coll_comm_twin(comm, "nccl", &twin) || !(d->q = ff_stream_new(be)) || !(d->ready = ff_event_new(be)) ||
+        !(d->done = ff_event_new(be))) {
         ff_pipe_coll_dev_fini(d);
         return ff_error_wrap("pipeline transport on %s", ff_backend_name(be));
     }

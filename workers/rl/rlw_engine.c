@@ -280,6 +280,9 @@ static int lay_setup(rlw *s, rlw_lay *y, const rlw_place *at, const ff_layout *L
         y->mcomm = (ff_model_comm){.rank = p->tp_rank, .size = p->tp, .ctx = &y->tpc, .all_reduce_sum = tp_sum,
                                    .all_reduce_max = tp_max, .all_reduce_sum_f64 = tp_sum64, .all_gather = tp_gather,
                                    .reduce_scatter_sum_v = tp_reduce_scatter_v, .all_gather_v = tp_gather_v};
+        ff_coll_comm *twin; /* a device backend's NCCL twin now, every rank of the pool here together */
+        if (s->dev_coll && ff_stream_native(ff_backend_stream(s->be)) && ff_coll_comm_twin(y->tp_comm, "nccl", &twin) != 0)
+            return ff_error_wrap("worker: the TP group's NCCL communicator");
         if (s->dev_coll) {
             y->mcomm.dev_all_reduce_sum = tp_dev_sum;
             y->mcomm.dev_all_gather_v = tp_dev_gather_v;
