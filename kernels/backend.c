@@ -147,6 +147,19 @@ void ff_memcpy_d2d(ff_stream *s, ff_dptr dst, ff_dptr src, size_t bytes) {
     need(s, src, bytes);
     if (bytes) s->be->ops->d2d(s, dst, src, bytes);
 }
+void ff_memcpy_2d(ff_stream *s, ff_dptr dst, size_t dpitch, ff_dptr src, size_t spitch, size_t width, size_t rows) {
+    assert(dpitch >= width && spitch >= width);
+    if (!rows || !width) return;
+    need(s, dst, (rows - 1) * dpitch + width);
+    need(s, src, (rows - 1) * spitch + width);
+    if (rows == 1 || (dpitch == width && spitch == width)) {
+        s->be->ops->d2d(s, dst, src, rows * width);
+    } else if (s->be->ops->d2d_2d) {
+        s->be->ops->d2d_2d(s, dst, dpitch, src, spitch, width, rows);
+    } else {
+        for (size_t r = 0; r < rows; r++) s->be->ops->d2d(s, ff_dptr_add(dst, r * dpitch, 1), ff_dptr_add(src, r * spitch, 1), width);
+    }
+}
 void ff_memset_zero(ff_stream *s, ff_dptr dst, size_t bytes) {
     need(s, dst, bytes);
     if (bytes) s->be->ops->memset0(s, dst, bytes);

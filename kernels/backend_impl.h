@@ -16,6 +16,8 @@ typedef struct ff_backend_ops {
     void (*d2h)(ff_stream *s, void *dst, ff_dptr src, size_t bytes);
     void (*d2d)(ff_stream *s, ff_dptr dst, ff_dptr src, size_t bytes);
     void (*memset0)(ff_stream *s, ff_dptr dst, size_t bytes);
+    /* NULL: one d2d per row */
+    void (*d2d_2d)(ff_stream *s, ff_dptr dst, size_t dpitch, ff_dptr src, size_t spitch, size_t width, size_t rows);
     int (*stream_init)(ff_stream *s);
     void (*stream_fini)(ff_stream *s);
     int (*stream_sync)(ff_stream *s);

@@ -788,6 +788,16 @@ static const ff_param_tensor *held(const ff_model *m, const char *name, bool gra
     return p;
 }
 
+int ff_model_tensor_storage(ff_model *m, const char *name, ff_dptr *out, ff_dtype *dtype) {
+    const ff_param_tensor *p = held(m, name, false);
+    if (!p) return -1;
+    if (p->npc) return ff_error_set(name, "read and write a view's tensors through the host (ff_model_read_tensor)", "a view's tensor is in pieces");
+    if (!m->params) return ff_error_set(name, "restore the parameters first (ff_model_restore_params)", "the model's parameters are released");
+    *dtype = ffm_is16(m, p) ? FF_DTYPE_BF16 : FF_DTYPE_F32;
+    *out = *dtype == FF_DTYPE_BF16 ? ffm_param16(m, p->off) : ffm_param(m, p->off);
+    return 0;
+}
+
 int ff_model_read_tensor(ff_model *m, const char *name, bool grad, float *host) {
     const ff_param_tensor *p = held(m, name, grad);
     if (!p) return -1;

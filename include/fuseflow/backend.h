@@ -102,6 +102,9 @@ void ff_memcpy_h2d(ff_stream *s, ff_dptr dst, const void *src, size_t bytes);
 void ff_memcpy_d2h(ff_stream *s, void *dst, ff_dptr src, size_t bytes);
 void ff_memcpy_d2d(ff_stream *s, ff_dptr dst, ff_dptr src, size_t bytes);
 void ff_memset_zero(ff_stream *s, ff_dptr dst, size_t bytes);
+/* rows rows of `width` bytes: dst + r dpitch <- src + r spitch (pitches in bytes, >= width; the
+ * two ranges do not overlap): a block of a row-major matrix to or from a packed buffer. */
+void ff_memcpy_2d(ff_stream *s, ff_dptr dst, size_t dpitch, ff_dptr src, size_t spitch, size_t width, size_t rows);
 
 /* ---- streams --------------------------------------------------------------------------- */
 

@@ -423,6 +423,13 @@ int ff_model_write_tensor_grad(ff_model *m, const char *name, const float *host)
 /* Replace one tensor's parameters (this rank's shard) from host [numel]. No checks of the
  * values (ff_model_load_weights checks). -1 + error for a tensor it does not hold. */
 int ff_model_write_tensor(ff_model *m, const char *name, const float *host);
+/* Where one tensor's parameters (this rank's shard, row-major, numel elements) live on the
+ * model's backend, and in which type (FF_DTYPE_F32, or FF_DTYPE_BF16 for a weight matrix of
+ * a bf16-weight model): for moving weights between models on device memory (the weight sync,
+ * fuseflow/reshard.h) without a host copy. The address stays valid while the parameters do
+ * (not across ff_model_release_params). -1 + error: a tensor it does not hold, a view's
+ * tensor (its pieces are not one range), parameters released. */
+int ff_model_tensor_storage(ff_model *m, const char *name, ff_dptr *out, ff_dtype *dtype);
 
 /* Where tensor i (0 <= i < ff_model_n_tensors) of this model sits in the Hugging Face tensor
  * it is part of, for moving weights between layouts (workers/reshard): the whole tensor is

@@ -78,6 +78,16 @@ typedef struct ff_reshard_opts {
                              a tensor larger than it is a bucket of its own) */
     bool delta;           /* send only what changed since the last run (above); every rank of
                              the group must give the same value */
+    bool device;          /* move the models' memory itself: every piece packed, sent, received
+                             and unpacked on the models' backend (ff_model_tensor_storage,
+                             ff_memcpy_2d, the bf16 casts), no host copy of a shard. The
+                             communicator's library must read that memory: the cpu ff_coll
+                             beside the cpu backend, else comm's NCCL twin (ff_coll_comm_twin,
+                             made at the first run). The same bits as without it. Not with delta
+                             (its hashes are computed on the host) nor into a view. Where the
+                             ranks of the group would not all move device memory with the same
+                             library (a rank without it, a cpu beside a cuda backend), every
+                             rank goes through host memory. */
 } ff_reshard_opts;
 #define FF_RESHARD_BUCKET_BYTES ((int64_t)64 << 20)
 /* NULL + error also: a view destination (ff_model_viewed) whose model is not src, or with bf16. */

@@ -206,6 +206,11 @@ static void cuda_d2d(ff_stream *s, ff_dptr dst, ff_dptr src, size_t n) {
     }
     copy_check(s, cudaMemcpyAsync(d, sr, n, cudaMemcpyDeviceToDevice, CS(s)), "device copy");
 }
+static void cuda_d2d_2d(ff_stream *s, ff_dptr dst, size_t dpitch, ff_dptr src, size_t spitch, size_t width, size_t rows) {
+    ff_cuda_use_device(s);
+    copy_check(s, cudaMemcpy2DAsync(addr(dst), dpitch, addr(src), spitch, width, rows, cudaMemcpyDeviceToDevice, CS(s)),
+               "device 2-D copy");
+}
 static void cuda_memset0(ff_stream *s, ff_dptr dst, size_t n) {
     ff_cuda_use_device(s);
     copy_check(s, cudaMemsetAsync(addr(dst), 0, n, CS(s)), "memset");
@@ -724,6 +729,7 @@ static ff_backend_ops make_ops(void) {
     o.d2h = cuda_d2h;
     o.d2d = cuda_d2d;
     o.memset0 = cuda_memset0;
+    o.d2d_2d = cuda_d2d_2d;
     o.stream_init = cuda_stream_init;
     o.stream_fini = cuda_stream_fini;
     o.stream_sync = cuda_stream_sync;

@@ -33,6 +33,15 @@ int main(void) {
     ff_memcpy_d2h(st, back, ff_dptr_of(b, 0), sizeof back);
     CHECK(back[0] == 0 && back[49] == 0);
     CHECK(memcmp(back + 100, host, 900) == 0);
+    /* a 2-D block: 3 rows of 5 bytes from a pitch of 40 into a pitch of 8, the rest left alone */
+    ff_memset_zero(st, ff_dptr_of(b, 0), 1000);
+    ff_memcpy_2d(st, ff_dptr_of(b, 2), 8, ff_dptr_of(a, 7), 40, 5, 3);
+    ff_memcpy_d2h(st, back, ff_dptr_of(b, 0), 32);
+    int ok2d = back[0] == 0 && back[1] == 0;
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 8; c++) ok2d &= back[2 + r * 8 + c] == (c < 5 ? host[7 + r * 40 + c] : 0);
+    CHECK(ok2d);
+    ff_memcpy_2d(st, ff_dptr_of(b, 0), 5, ff_dptr_of(a, 0), 5, 5, 0); /* no rows: nothing */
     ff_dptr p = ff_dptr_add(ff_dptr_f32(a, 2), 3, 4);
     CHECK(p.buf == a && p.off == 20);
     CHECK(!ff_dptr_null(p) && ff_dptr_null((ff_dptr){0}));

@@ -490,6 +490,18 @@ static void test_events(void) {
     ff_memcpy_d2h(s2, back, ff_dptr_of(b, 0), n * 4);
     CHECK(ff_stream_sync(s1) == 0 && ff_stream_sync(s2) == 0);
     CHECK(!memcmp(back, h, n * 4));
+    /* a 2-D block on the device (cudaMemcpy2DAsync): 100 rows of 37 floats from a pitch of 513
+     * floats into a pitch of 40, against the CPU's loop */
+    ff_memset_zero(s2, ff_dptr_of(b, 0), 4000 * 4);
+    ff_memcpy_2d(s2, ff_dptr_f32(b, 3), 40 * 4, ff_dptr_f32(a, 11), 513 * 4, 37 * 4, 100);
+    ff_memcpy_d2h(s2, back, ff_dptr_of(b, 0), 4000 * 4);
+    int ok2d = 1;
+    for (int i = 0; i < 4000; i++) {
+        const int r = (i - 3) / 40, c = (i - 3) % 40;
+        const float want = i >= 3 && r < 100 && c < 37 ? h[11 + (size_t)r * 513 + (size_t)c] : 0.0f;
+        ok2d &= back[i] == want;
+    }
+    CHECK(ok2d);
     ff_event_destroy(&ev);
     ff_stream_destroy(&s1);
     ff_stream_destroy(&s2);

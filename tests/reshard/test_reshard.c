@@ -24,7 +24,12 @@
  * changed, a receiver's copy corrupted) the delta copy equals a dense sync's bit for bit;
  * the stats show the first sync dense, an unchanged one sparse with nothing changed and the
  * bytes saved, small updates sparse, a large one dense by choice, and the corrupted copy
- * caught by the hash and resent dense (the next sync clean again). */
+ * caught by the hash and resent dense (the next sync clean again).
+ *
+ * Every case runs twice: through host memory, and with opts.device (each piece packed, moved
+ * and unpacked in the models' buffers; the cpu ff_coll reads the cpu backend's memory): the
+ * same bits and bytes. Two cases sync into a generation copy with bf16 weights (fp32 and
+ * bf16 on the wire). opts.device with delta is refused. */
 #include <inttypes.h>
 
 #include "fuseflow/backend.h"
@@ -41,6 +46,8 @@ typedef struct tcase {
     bool tied, bf16;
     bool bad;          /* a generation layout the training shards do not cover inside the groups */
     int64_t bucket;    /* staging per bucket (0: the default, one bucket for these models) */
+    bool w16;          /* the generation copy holds bf16 weights (ff_model_opts.bf16_weights) */
+    bool device;       /* opts.device: every piece moved on the models' backend (run_cases sets it) */
 } tcase;
 
 /* ff_model_comm on ff_coll */
@@ -56,11 +63,12 @@ static ff_model_comm mcomm(ff_coll_comm *c) {
 
 /* A model of layout (tp rank of tp, stage s of pp: layers split evenly) from whole weights. */
 static ff_model *shard_model(ff_backend *be, const ff_model_config *cfg, const ff_tensor_set *w, ff_coll_comm *tp, int s, int pp,
-                             bool inference) {
+                             bool inference, bool w16) {
     int32_t first = s * (cfg->num_hidden_layers / pp), count = cfg->num_hidden_layers / pp;
     ff_model_stage st = {.n_chunks = 1, .first_layer = &first, .n_layers = &count};
     ff_model_comm mc = mcomm(tp);
-    ff_model_opts o = {.inference = inference, .comm = tp && ff_coll_comm_size(tp) > 1 ? &mc : NULL, .stage = pp > 1 ? &st : NULL};
+    ff_model_opts o = {.inference = inference, .comm = tp && ff_coll_comm_size(tp) > 1 ? &mc : NULL, .stage = pp > 1 ? &st : NULL,
+                       .bf16_weights = w16};
     return ff_model_new_opts(be, cfg, w, &o);
 }
 
@@ -109,9 +117,9 @@ static int rank_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     /* the transition's group: the micro-DP group (colocated), everyone (a pool of its own) */
     if (c->pool) group = comm;
     else REQUIRE(ff_coll_comm_split(comm, sg * c->tg + ig, rep, &group) == 0);
-    ff_model *src = trains ? shard_model(be, &cfg, w1, tp, s, c->p, false) : NULL;
-    ff_model *dst = gens ? shard_model(be, &cfg, w0, gtp, sg, c->pg, true) : NULL;
-    ff_model *ref = gens ? shard_model(be, &cfg, w1, gtp, sg, c->pg, true) : NULL;
+    ff_model *src = trains ? shard_model(be, &cfg, w1, tp, s, c->p, false, false) : NULL;
+    ff_model *dst = gens ? shard_model(be, &cfg, w0, gtp, sg, c->pg, true, c->w16) : NULL;
+    ff_model *ref = gens ? shard_model(be, &cfg, w1, gtp, sg, c->pg, true, c->w16) : NULL; /* w16: rounded as it loads */
     REQUIRE((!trains || src) && (!gens || (dst && ref)));
     ff_optimizer *opt = NULL;
     if (src) {
@@ -133,7 +141,7 @@ static int rank_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
     if (src) RCHECK(ff_model_release_params(src) != 0, "a trainable model gave its parameters back");
     ff_error_clear();
 
-    const ff_reshard_opts ro = {.bf16 = c->bf16, .bucket_bytes = c->bucket};
+    const ff_reshard_opts ro = {.bf16 = c->bf16, .bucket_bytes = c->bucket, .device = c->device};
     ff_reshard_plan *plan = ff_reshard_plan_new(group, src, dst, &ro);
     if (c->bad) {
         /* a rank whose generation shard lies partly outside its group's training shards */
@@ -173,7 +181,7 @@ static int rank_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id 
         /* peak weight memory: the training shard + gradients + optimizer, or those + the
          * generation shard, which is a whole model only at tg pg = 1 */
         const int64_t whole = 4 * own_params(ref) * c->tg * c->pg; /* about: norms are replicated */
-        RCHECK(md.params == 4 * ff_model_param_count(ref), "the copy holds %" PRId64 " bytes", md.params);
+        if (!c->w16) RCHECK(md.params == 4 * ff_model_param_count(ref), "the copy holds %" PRId64 " bytes", md.params);
         if (c->tg * c->pg > 1) RCHECK(md.params < 4 * ff_model_param_count(ref) * c->tg * c->pg && md.params < whole + 1,
                                       "the generation shard is %" PRId64 " bytes", md.params);
         if (getenv("FF_TEST_VERBOSE"))
@@ -227,13 +235,17 @@ static int delta_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id
     const bool trains = rank < 2; /* TP 2 on ranks 0, 1; generation replicas TP 1 on 2, 3 */
     ff_coll_comm *tp = NULL;
     REQUIRE(ff_coll_comm_split(comm, trains ? 0 : FF_COLL_SPLIT_NOCOLOR, rank, &tp) == 0);
-    ff_model *src = trains ? shard_model(be, &cfg, w1, tp, 0, 1, false) : NULL;
-    ff_model *dd = trains ? NULL : shard_model(be, &cfg, w0, NULL, 0, 1, true); /* delta-synced */
-    ff_model *dn = trains ? NULL : shard_model(be, &cfg, w0, NULL, 0, 1, true); /* dense-synced */
+    ff_model *src = trains ? shard_model(be, &cfg, w1, tp, 0, 1, false, false) : NULL;
+    ff_model *dd = trains ? NULL : shard_model(be, &cfg, w0, NULL, 0, 1, true, false); /* delta-synced */
+    ff_model *dn = trains ? NULL : shard_model(be, &cfg, w0, NULL, 0, 1, true, false); /* dense-synced */
     REQUIRE(trains ? src != NULL : dd && dn);
     /* the delta plan in small buckets: senders (TP 2 shards) and receivers (whole tensors) cut
      * their own at different tensors, the plan at the union, so each round pairs up */
     ff_reshard_opts od = {.bf16 = bf16, .delta = true, .bucket_bytes = 4096}, on = {.bf16 = bf16};
+    /* a delta sync's hashes are the host's: not on the device (refused on every rank before any collective) */
+    ff_reshard_plan *pv = ff_reshard_plan_new(comm, src, dd, &(ff_reshard_opts){.delta = true, .device = true});
+    RCHECK(!pv && strstr(ff_error_message(), "opts.device with delta"), "device with delta: %s", pv ? "planned" : ff_error_message());
+    ff_reshard_plan_destroy(&pv);
     ff_reshard_plan *pd = ff_reshard_plan_new(comm, src, dd, &od), *pn = ff_reshard_plan_new(comm, src, dn, &on);
     REQUIRE(pd && pn);
     RCHECK(ff_reshard_plan_buckets(pd) > 4, "%" PRId64 " buckets", ff_reshard_plan_buckets(pd));
@@ -303,26 +315,32 @@ static int delta_main(ff_coll_comm *comm, int rank, int nranks, const ff_coll_id
 
 int main(void) {
     const tcase cases[] = {
-        {"TP2 PP2 -> TP1", 2, 2, 1, 1, 0, 4, 4, false, false, false, 0},
-        {"TP2 PP2 -> TP1 in buckets of 8 KiB", 2, 2, 1, 1, 0, 4, 4, false, false, false, 8192},
-        {"TP2 PP2 -> 2 x TP2 on a pool of its own in buckets of 8 KiB", 2, 2, 2, 1, 4, 4, 4, false, false, false, 8192},
-        {"TP4 -> TP2", 4, 1, 2, 1, 0, 4, 4, false, false, false, 0},
-        {"TP2 PP2 -> TP2", 2, 2, 2, 1, 0, 4, 4, false, false, false, 0},
-        {"TP2 PP2 -> TP1 PP2", 2, 2, 1, 2, 0, 4, 4, false, false, false, 0},
-        {"TP4 -> TP1, replicated KV heads", 4, 1, 1, 1, 0, 2, 2, false, false, false, 0},
-        {"TP2 PP2 -> TP1, tied embeddings", 2, 2, 1, 1, 0, 4, 4, true, false, false, 0},
-        {"TP2 -> TP1, bf16 on the wire", 2, 1, 1, 1, 0, 2, 4, false, true, false, 0},
-        {"TP2 PP2 -> 2 x TP2 on a pool of its own", 2, 2, 2, 1, 4, 4, 4, false, false, false, 0},
-        {"TP4 -> TP2 in contiguous groups (not covered)", 4, 1, 2, 1, 0, 2, 4, false, false, true, 0},
+        {"TP2 PP2 -> TP1", 2, 2, 1, 1, 0, 4, 4, false, false, false, 0, false, false},
+        {"TP2 PP2 -> TP1 in buckets of 8 KiB", 2, 2, 1, 1, 0, 4, 4, false, false, false, 8192, false, false},
+        {"TP2 PP2 -> 2 x TP2 on a pool of its own in buckets of 8 KiB", 2, 2, 2, 1, 4, 4, 4, false, false, false, 8192, false, false},
+        {"TP4 -> TP2", 4, 1, 2, 1, 0, 4, 4, false, false, false, 0, false, false},
+        {"TP2 PP2 -> TP2", 2, 2, 2, 1, 0, 4, 4, false, false, false, 0, false, false},
+        {"TP2 PP2 -> TP1 PP2", 2, 2, 1, 2, 0, 4, 4, false, false, false, 0, false, false},
+        {"TP4 -> TP1, replicated KV heads", 4, 1, 1, 1, 0, 2, 2, false, false, false, 0, false, false},
+        {"TP2 PP2 -> TP1, tied embeddings", 2, 2, 1, 1, 0, 4, 4, true, false, false, 0, false, false},
+        {"TP2 -> TP1, bf16 on the wire", 2, 1, 1, 1, 0, 2, 4, false, true, false, 0, false, false},
+        {"TP2 PP2 -> 2 x TP2 on a pool of its own", 2, 2, 2, 1, 4, 4, 4, false, false, false, 0, false, false},
+        {"TP4 -> TP2 in contiguous groups (not covered)", 4, 1, 2, 1, 0, 2, 4, false, false, true, 0, false, false},
+        {"TP2 PP2 -> TP1 into bf16 weights", 2, 2, 1, 1, 0, 4, 4, false, false, false, 0, true, false},
+        {"TP2 PP2 -> TP2 into bf16 weights, bf16 on the wire, buckets of 8 KiB", 2, 2, 2, 1, 0, 4, 4, true, true, false, 8192, true, false},
     };
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        const tcase *c = &cases[k];
-        run_opts ro = default_run();
-        const int n = c->t * c->p + c->pool;
-        int failed = run_ranks(n, &ro, rank_main, (void *)c);
-        CHECK(failed == 0);
-        if (failed) fprintf(stderr, "case '%s': %d of %d ranks failed\n", c->name, failed, n);
-    }
+    /* each case through host memory, then on the models' backend (opts.device: the same bits,
+     * the same bytes) */
+    for (int dev = 0; dev < 2; dev++)
+        for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+            tcase c = cases[k];
+            c.device = dev;
+            run_opts ro = default_run();
+            const int n = c.t * c.p + c.pool;
+            int failed = run_ranks(n, &ro, rank_main, &c);
+            CHECK(failed == 0);
+            if (failed) fprintf(stderr, "case '%s'%s: %d of %d ranks failed\n", c.name, dev ? " on the device" : "", failed, n);
+        }
     for (int k = 0; k < 2; k++) {
         const bool bf16 = k == 1;
         run_opts ro = default_run();

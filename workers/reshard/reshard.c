@@ -36,6 +36,7 @@
 
 #include "fuseflow/dtype.h"
 #include "fuseflow/error.h"
+#include "fuseflow/kernels.h"
 #include "fuseflow/util.h"
 
 enum { OP_LOCAL, OP_SEND, OP_RECV };
@@ -55,6 +56,10 @@ struct ff_reshard_plan {
     ff_coll_comm *comm;
     int size, rank;
     bool bf16;
+    /* opts.device: the models' backend, its packed pieces (send_cap, recv_cap elements of the
+     * wire type) and the conversions' scratch (CONV elements in fp32 and in bf16) */
+    ff_backend *be;
+    ff_buffer *send_dev, *recv_dev, *conv32, *conv16;
     int nslots;
     op *ops; /* this rank's, in plan order (grouped by slot, ascending) */
     int64_t nops;
@@ -157,6 +162,7 @@ void ff_reshard_plan_destroy(ff_reshard_plan **pp) {
     free(p->src_host), free(p->dst_host), free(p->send_pack), free(p->recv_pack);
     free(p->src_at), free(p->dst_at), free(p->bucket_end), free(p->src_off), free(p->dst_off);
     free(p->kept), free(p->kept_ok), free(p->kept_off), free(p->hdr), free(p->verdict);
+    ff_buffer_destroy(&p->send_dev), ff_buffer_destroy(&p->recv_dev), ff_buffer_destroy(&p->conv32), ff_buffer_destroy(&p->conv16);
     free(p);
     *pp = NULL;
 }
@@ -240,7 +246,8 @@ static int size_staging(ff_reshard_plan *p, const ff_model *src, const ff_model 
             } else if (o->kind == OP_RECV) {
                 piece pc = piece_of(&td, o->lo, o->hi);
                 p->received += piece_numel(&pc) * (int64_t)es;
-                if (p->bf16 || p->delta || !contiguous(&pc)) rpack += piece_numel(&pc);
+                /* on the device a piece is received packed also where the destination stores bf16 */
+                if (p->be || p->bf16 || p->delta || !contiguous(&pc)) rpack += piece_numel(&pc);
                 need_dst = true;
             } else {
                 need_src = need_dst = true;
@@ -277,6 +284,8 @@ static int size_staging(ff_reshard_plan *p, const ff_model *src, const ff_model 
     return 0;
 }
 
+enum { CONV = 1 << 20 }; /* elements converted at a time on the device (opts.device) */
+
 /* The staging buffers, and a delta sync's kept copy and per-op messages. */
 static int alloc_staging(ff_reshard_plan *p, const ff_model *src) {
     const size_t es = p->bf16 ? 2 : 4;
@@ -296,6 +305,13 @@ static int alloc_staging(ff_reshard_plan *p, const ff_model *src) {
             p->kept_bytes += piece_numel(&pc) * (int64_t)es;
         }
         if (!(p->kept = ff_malloc((size_t)(p->kept_bytes ? p->kept_bytes : 1)))) return -1;
+    }
+    if (p->be) { /* on the models' backend: the packed pieces and the conversions' scratch */
+        p->send_dev = ff_buffer_new(p->be, (size_t)(p->send_cap ? p->send_cap : 1) * es);
+        p->recv_dev = ff_buffer_new(p->be, (size_t)(p->recv_cap ? p->recv_cap : 1) * es);
+        p->conv32 = ff_buffer_new(p->be, (size_t)CONV * 4);
+        p->conv16 = ff_buffer_new(p->be, (size_t)CONV * 2);
+        return p->send_dev && p->recv_dev && p->conv32 && p->conv16 ? 0 : -1;
     }
     p->src_host = ff_malloc((size_t)(p->src_cap ? p->src_cap : 1) * sizeof(float));
     p->dst_host = ff_malloc((size_t)(p->dst_cap ? p->dst_cap : 1) * sizeof(float));
@@ -318,13 +334,22 @@ ff_reshard_plan *ff_reshard_plan_new(ff_coll_comm *comm, const ff_model *src, co
         return ff_error_set("reshard", "sync in fp32 into a view, or give the bf16 copy a model of its own",
                             "bf16 on the wire into a destination that reads the fp32 source in place"),
                NULL;
+    if (opts && opts->device && (opts->delta || (dst && ff_model_viewed(dst))))
+        return ff_error_set("reshard", "move a delta sync or a view's pieces through host memory (opts.device false)",
+                            "opts.device with %s", opts->delta ? "delta" : "a destination that views the source"),
+               NULL;
     ff_reshard_plan *p = ff_calloc(1, sizeof *p);
     if (!p) return NULL;
     p->comm = comm, p->size = ff_coll_comm_size(comm), p->rank = ff_coll_comm_rank(comm), p->bf16 = opts && opts->bf16;
+    if (opts && opts->device) p->be = ff_model_backend(src ? src : dst);
     p->delta = opts && opts->delta;
     p->bucket_bytes = opts && opts->bucket_bytes > 0 ? opts->bucket_bytes : FF_RESHARD_BUCKET_BYTES;
     p->nslots = ff_model_tensor_slots(cfg);
-    int64_t key[3] = {p->nslots, cfg->hidden_size, p->delta}, *keys = ff_malloc((size_t)p->size * sizeof key);
+    /* key[3]: the library this rank would move device memory with (0: host memory; 1: the cpu
+     * ff_coll, 2: NCCL); the plan moves device memory only where every rank of the group would
+     * with the same one (the other ranks' backends are not known here), else host memory */
+    const int64_t lib = !p->be ? 0 : ff_backend_shares_memory_with(p->be, "cpu") ? 1 : 2;
+    int64_t key[4] = {p->nslots, cfg->hidden_size, p->delta, lib}, *keys = ff_malloc((size_t)p->size * sizeof key);
     const size_t nd = (size_t)p->nslots * DESC;
     int64_t *mine = ff_malloc(nd * sizeof *mine), *all = ff_malloc((size_t)p->size * nd * sizeof *all);
     p->src_at = ff_malloc((size_t)p->nslots * sizeof *p->src_at);
@@ -333,16 +358,18 @@ ff_reshard_plan *ff_reshard_plan_new(ff_coll_comm *comm, const ff_model *src, co
     p->dst_off = ff_calloc((size_t)p->nslots, sizeof *p->dst_off);
     int rc = keys && mine && all && p->src_at && p->dst_at && p->src_off && p->dst_off ? 0 : -1;
     if (rc == 0) index_slots(src, p->src_at, p->nslots), index_slots(dst, p->dst_at, p->nslots);
-    if (rc == 0) rc = ff_coll_all_gather(key, keys, 3, FF_DTYPE_I64, comm, NULL);
-    for (int r = 0; rc == 0 && r < p->size; r++)
-        if (keys[3 * r + 2] != key[2])
+    if (rc == 0) rc = ff_coll_all_gather(key, keys, 4, FF_DTYPE_I64, comm, NULL);
+    for (int r = 0; rc == 0 && r < p->size; r++) {
+        if (keys[4 * r + 2] != key[2])
             rc = ff_error_set("reshard", "give every rank of the group the same delta option", "rank %d plans %s syncs, this rank %s", r,
-                              keys[3 * r + 2] ? "delta" : "dense", key[2] ? "delta" : "dense");
-        else if (keys[3 * r] != key[0] || keys[3 * r + 1] != key[1])
+                              keys[4 * r + 2] ? "delta" : "dense", key[2] ? "delta" : "dense");
+        else if (keys[4 * r] != key[0] || keys[4 * r + 1] != key[1])
             rc = ff_error_set("reshard", "every model of the group loads the same checkpoint",
                               "rank %d's model has %" PRId64 " tensor slots and hidden size %" PRId64 ", this rank's %" PRId64
                               " and %" PRId64,
-                              r, keys[3 * r], keys[3 * r + 1], key[0], key[1]);
+                              r, keys[4 * r], keys[4 * r + 1], key[0], key[1]);
+        if (keys[4 * r + 3] != lib) p->be = NULL; /* not every rank moves device memory with this library */
+    }
     if (rc == 0) {
         for (size_t i = 0; i < nd; i++) mine[i] = -1;
         describe(src, false, mine, p->nslots);
@@ -704,8 +731,141 @@ static int move_dense(ff_reshard_plan *p, ff_model *src, ff_model *dst, int64_t 
     return rc;
 }
 
+/* ---- on the models' backend (opts.device) ------------------------------------------------ */
+
+/* a piece laid out packed: rows x width at stride width from 0 */
+static piece packed(const piece *pc) { return (piece){pc->rows, pc->width, pc->width, 0}; }
+
+static size_t esize(ff_dtype t) { return t == FF_DTYPE_BF16 ? 2 : 4; }
+
+/* n rows of w elements, a (type ta, row stride sa elements) -> b (tb, sb), through the scratch:
+ * gathered packed in ta, converted (rounded to bf16 on the way when `round`), scattered. */
+static void convert_rows(ff_reshard_plan *p, ff_stream *st, ff_dptr a, ff_dtype ta, int64_t sa, ff_dptr b, ff_dtype tb,
+                         int64_t sb, int64_t w, int64_t n, bool round) {
+    const int64_t k = w * n;
+    const ff_dptr c32 = ff_dptr_of(p->conv32, 0), c16 = ff_dptr_of(p->conv16, 0);
+    ff_dptr at = ta == FF_DTYPE_BF16 ? c16 : c32;
+    ff_memcpy_2d(st, at, (size_t)w * esize(ta), a, (size_t)sa * esize(ta), (size_t)w * esize(ta), (size_t)n);
+    if (ta == FF_DTYPE_F32 && (tb == FF_DTYPE_BF16 || round)) ff_cast_f32_bf16(st, c32, c16, k), at = c16;
+    if (tb == FF_DTYPE_F32 && at.buf == p->conv16) ff_cast_bf16_f32(st, c16, c32, k), at = c32;
+    ff_memcpy_2d(st, b, (size_t)sb * esize(tb), at, (size_t)w * esize(tb), (size_t)w * esize(tb), (size_t)n);
+}
+
+/* piece pa of a (type ta) into piece pb of b (type tb), the same rows x width; round: the
+ * values pass through bf16 (the wire's rounding, for a local piece under bf16) */
+static void copy_piece(ff_reshard_plan *p, ff_stream *st, ff_dptr a, ff_dtype ta, const piece *pa, ff_dptr b, ff_dtype tb,
+                       const piece *pb, bool round) {
+    const size_t ea = esize(ta), eb = esize(tb);
+    if (ta == tb && !(round && ta == FF_DTYPE_F32)) {
+        ff_memcpy_2d(st, ff_dptr_add(b, (size_t)pb->off, eb), (size_t)pb->stride * eb, ff_dptr_add(a, (size_t)pa->off, ea),
+                     (size_t)pa->stride * ea, (size_t)pa->width * ea, (size_t)pa->rows);
+        return;
+    }
+    if (pa->width <= CONV) {
+        const int64_t step = CONV / pa->width;
+        for (int64_t r = 0; r < pa->rows; r += step) {
+            const int64_t n = pa->rows - r < step ? pa->rows - r : step;
+            convert_rows(p, st, ff_dptr_add(a, (size_t)(pa->off + r * pa->stride), ea), ta, pa->stride,
+                         ff_dptr_add(b, (size_t)(pb->off + r * pb->stride), eb), tb, pb->stride, pa->width, n, round);
+        }
+        return;
+    }
+    for (int64_t r = 0; r < pa->rows; r++) /* rows longer than the scratch (a whole tensor as one row) */
+        for (int64_t c = 0; c < pa->width; c += CONV) {
+            const int64_t w = pa->width - c < CONV ? pa->width - c : CONV;
+            convert_rows(p, st, ff_dptr_add(a, (size_t)(pa->off + r * pa->stride + c), ea), ta, w,
+                         ff_dptr_add(b, (size_t)(pb->off + r * pb->stride + c), eb), tb, w, w, 1, round);
+        }
+}
+
+/* a tensor's storage in a model, for the ops [i, j) of one tensor */
+typedef struct stored {
+    ff_dptr at;
+    ff_dtype type;
+} stored;
+
+static int run_device(ff_reshard_plan *p, ff_model *src, ff_model *dst, ff_reshard_stats *s) {
+    ff_coll_comm *c;
+    if (ff_coll_comm_twin(p->comm, ff_backend_shares_memory_with(p->be, "cpu") ? "cpu" : "nccl", &c)) return -1;
+    ff_stream *st = ff_backend_stream(p->be);
+    void *ns = ff_stream_native(st);
+    const ff_dtype wire = p->bf16 ? FF_DTYPE_BF16 : FF_DTYPE_F32;
+    const size_t es = esize(wire);
+    ff_model_tensor_info ts = {0}, td = {0};
+    bool has_src, has_dst;
+    int rc = 0;
+    for (int64_t b = 0, i0 = 0; b < p->nbuckets && rc == 0; i0 = p->bucket_end[b++]) {
+        const int64_t i1 = p->bucket_end[b];
+        int64_t so = 0, ro = 0;
+        rc = ff_coll_group_start();
+        for (int64_t i = i0, j; i < i1 && rc == 0; i = j) {
+            stored a = {0}, d = {0};
+            if ((rc = tensor_at_op(p, src, dst, i, &j, &ts, &td, &has_src, &has_dst)) != 0) break;
+            if (has_src && (rc = ff_model_tensor_storage(src, ts.name, &a.at, &a.type)) != 0) break;
+            if (has_dst && (rc = ff_model_tensor_storage(dst, td.name, &d.at, &d.type)) != 0) break;
+            for (int64_t k = i; k < j && rc == 0; k++) {
+                const op *o = &p->ops[k];
+                if (o->kind == OP_SEND) {
+                    const piece pc = piece_of(&ts, o->lo, o->hi), pk = packed(&pc);
+                    ff_dptr buf = ff_dptr_add(a.at, (size_t)pc.off, esize(a.type));
+                    if (a.type != wire || !contiguous(&pc)) {
+                        buf = ff_dptr_add(ff_dptr_of(p->send_dev, 0), (size_t)so, es);
+                        copy_piece(p, st, a.at, a.type, &pc, buf, wire, &pk, false);
+                        so += piece_numel(&pc);
+                    }
+                    rc = ff_coll_send(ff_dptr_addr(buf), (size_t)piece_numel(&pc), wire, o->peer, c, ns);
+                    s->sent += piece_numel(&pc) * (int64_t)es;
+                } else if (o->kind == OP_RECV) {
+                    const piece pc = piece_of(&td, o->lo, o->hi);
+                    ff_dptr buf = ff_dptr_add(d.at, (size_t)pc.off, esize(d.type));
+                    if (d.type != wire || !contiguous(&pc)) {
+                        buf = ff_dptr_add(ff_dptr_of(p->recv_dev, 0), (size_t)ro, es);
+                        ro += piece_numel(&pc);
+                    }
+                    rc = ff_coll_recv(ff_dptr_addr(buf), (size_t)piece_numel(&pc), wire, o->peer, c, ns);
+                    s->received += piece_numel(&pc) * (int64_t)es;
+                    s->messages++;
+                }
+            }
+        }
+        if (ff_coll_group_end() != 0 && rc == 0) rc = -1;
+        /* the packed receives into place, in the same order; the local pieces */
+        ro = 0;
+        for (int64_t i = i0, j; i < i1 && rc == 0; i = j) {
+            stored a = {0}, d = {0};
+            if ((rc = tensor_at_op(p, src, dst, i, &j, &ts, &td, &has_src, &has_dst)) != 0) break;
+            if (has_src && (rc = ff_model_tensor_storage(src, ts.name, &a.at, &a.type)) != 0) break;
+            if (has_dst && (rc = ff_model_tensor_storage(dst, td.name, &d.at, &d.type)) != 0) break;
+            for (int64_t k = i; k < j; k++) {
+                const op *o = &p->ops[k];
+                if (o->kind == OP_RECV) {
+                    const piece pc = piece_of(&td, o->lo, o->hi), pk = packed(&pc);
+                    if (d.type == wire && contiguous(&pc)) continue; /* received in place */
+                    copy_piece(p, st, ff_dptr_add(ff_dptr_of(p->recv_dev, 0), (size_t)ro, es), wire, &pk, d.at, d.type, &pc, false);
+                    ro += piece_numel(&pc);
+                } else if (o->kind == OP_LOCAL) {
+                    const piece ps = piece_of(&ts, o->lo, o->hi), pd = piece_of(&td, o->lo, o->hi);
+                    copy_piece(p, st, a.at, a.type, &ps, d.at, d.type, &pd, p->bf16);
+                    s->local += piece_numel(&ps) * (int64_t)sizeof(float);
+                }
+            }
+        }
+        if (rc == 0) rc = ff_stream_sync(st); /* the bucket's staging is reused by the next */
+    }
+    return rc;
+}
+
 int ff_reshard_run(ff_reshard_plan *p, ff_model *src, ff_model *dst, ff_reshard_stats *st) {
     const int64_t t0 = ff_now_ns();
+    if (p->be) {
+        ff_reshard_stats s = {0};
+        if ((src && ff_model_backend(src) != p->be) || (dst && ff_model_backend(dst) != p->be))
+            return ff_error_set("reshard", "run the plan with models on the backend it was made for", "opts.device: another backend");
+        int rc = run_device(p, src, dst, &s);
+        s.time_s = (double)(ff_now_ns() - t0) * 1e-9;
+        if (st) *st = s;
+        return rc ? ff_error_wrap("resharding the weights on %s (rank %d of %d)", ff_backend_name(p->be), p->rank, p->size) : 0;
+    }
     if (dst && ff_model_viewed(dst) && ff_model_viewed(dst) != src)
         return ff_error_set("reshard", "give the model the destination views as this rank's source",
                             "rank %d: the destination reads part of its weights in place from a model that is not the source", p->rank);

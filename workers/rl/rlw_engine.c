@@ -1460,8 +1460,10 @@ int rlw_sync_reshard(rlw *s, ff_coll_comm *comm) {
     if (!colocated && (s->pplan_comm != group || s->pplan_size != ff_coll_comm_size(group))) ff_reshard_plan_destroy(plan);
     if (!*plan) {
         /* a delta only into a pool (its copy keeps the weights between syncs) */
-        const ff_reshard_opts ro = {.bf16 = s->run->roles[FF_ROLE_ACTOR].rollout_bf16,
-                                    .delta = s->run->roles[FF_ROLE_ACTOR].rollout_delta && !colocated};
+        /* on the models' buffers (dev_coll) unless a delta (hashed on the host) or into a view */
+        const bool delta = s->run->roles[FF_ROLE_ACTOR].rollout_delta && !colocated;
+        const ff_reshard_opts ro = {.bf16 = s->run->roles[FF_ROLE_ACTOR].rollout_bf16, .delta = delta,
+                                    .device = s->dev_coll && !delta && !(dst && ff_model_viewed(dst))};
         if (!(*plan = ff_reshard_plan_new(group, src, dst, &ro)))
             return ff_error_wrap("weight sync");
         if (!colocated) s->pplan_comm = group, s->pplan_size = ff_coll_comm_size(group);
