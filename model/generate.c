@@ -120,6 +120,7 @@ struct ff_generator {
     /* over a pipeline: the hidden states [Tcap, H] between the stages, the logits [Rcap, V] from the last */
     bool piped;
     ff_gen_pipe pipe;
+    bool pipe_dev; /* the pipe's device calls: h_px, h_plg unused */
     float *h_px, *h_plg;
     ff_sample_params *h_sp;                                                /* [Rcap] */
     int32_t *h_stok;
@@ -224,6 +225,7 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->n_blocks = c.kv_blocks;
     g->piped = c.pipe && c.pipe->size > 1;
     if (g->piped) g->pipe = *c.pipe;
+    g->pipe_dev = g->piped && g->pipe.dev_send && g->pipe.dev_recv && g->pipe.dev_broadcast;
     g->c.pipe = NULL; /* the copy above */
     g->Tcap = c.max_prefill_tokens > c.max_slots ? c.max_prefill_tokens : c.max_slots;
     g->Rcap = c.max_slots;
@@ -281,7 +283,7 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->slot_tokens = ff_malloc(R * (size_t)c.max_seq_len * 4);
     g->slot_logprobs = ff_malloc(R * (size_t)c.max_seq_len * 4);
     bool tp_ok = true;
-    if (g->piped) {
+    if (g->piped && !g->pipe_dev) {
         g->h_px = ff_malloc(T * H * 4);
         g->h_plg = ff_malloc(R * V * 4);
         tp_ok = g->h_px && g->h_plg;
@@ -582,7 +584,10 @@ static int infer(ff_generator *g, int32_t T, int32_t R, int32_t S) {
     if (m->has_embed) {
         if (ffm_w_embed(m, &m->tensors[m->t_embed], g->h_tok_tp ? g->h_tok_tp : g->h_tok, GW(g, i_tok), x, GW(g, xn), T)) return -1;
         if (m->tp > 1 && ffm_tp_sum(m, x, TH)) return -1; /* vocabulary-parallel embedding */
-    } else { /* the previous stage's output */
+    } else if (g->pipe_dev) { /* the previous stage's output */
+        if (pp->dev_recv(pp->ctx, st, pp->rank - 1, x, TH))
+            return ff_error_wrap("pipeline: the hidden states of %d tokens from stage %d", T, pp->rank - 1);
+    } else {
         if (pp->recv(pp->ctx, pp->rank - 1, g->h_px, TH)) return ff_error_wrap("pipeline: the hidden states of %d tokens from stage %d", T, pp->rank - 1);
         ff_memcpy_h2d(st, x, g->h_px, TH * 4);
     }
@@ -597,6 +602,9 @@ static int infer(ff_generator *g, int32_t T, int32_t R, int32_t S) {
         ff_rmsnorm_fwd(st, GW(g, xr), ffm_w_vec(m, &m->tensors[m->t_norm]), GW(g, xrn), GW(g, rstdr), R, H, eps);
         ffm_w_out(m, &m->tensors[m->t_lm], R, GW(g, xrn), H, GW(g, logits_loc), m->V);
         if (m->tp > 1 && gather_logits(g, R)) return -1;
+    } else if (g->pipe_dev) {
+        if (pp->dev_send(pp->ctx, st, pp->rank + 1, x, TH))
+            return ff_error_wrap("pipeline: the hidden states of %d tokens to stage %d", T, pp->rank + 1);
     } else {
         ff_memcpy_d2h(st, g->h_px, x, TH * 4);
         if (ff_stream_sync(st) || pp->send(pp->ctx, pp->rank + 1, g->h_px, TH))
@@ -605,6 +613,11 @@ static int infer(ff_generator *g, int32_t T, int32_t R, int32_t S) {
     if (!pp) return 0;
     /* the last stage's logits to every stage: all sample the same tokens */
     const size_t RV = (size_t)R * (size_t)g->V;
+    if (g->pipe_dev) {
+        if (pp->dev_broadcast(pp->ctx, st, pp->size - 1, GW(g, logits), RV))
+            return ff_error_wrap("pipeline: the logits of %d rows from the last stage", R);
+        return 0;
+    }
     if (m->has_final) ff_memcpy_d2h(st, g->h_plg, GW(g, logits), RV * 4);
     if (ff_stream_sync(st) || pp->broadcast(pp->ctx, pp->size - 1, g->h_plg, RV))
         return ff_error_wrap("pipeline: the logits of %d rows from the last stage", R);

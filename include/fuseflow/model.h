@@ -685,6 +685,12 @@ typedef struct ff_gen_pipe {
     int (*send)(void *ctx, int peer, const float *buf, size_t n);
     int (*recv)(void *ctx, int peer, float *buf, size_t n);
     int (*broadcast)(void *ctx, int root, float *buf, size_t n); /* root's buf to every rank's */
+    /* Optional (all three or none): the same on buffers of the model's backend, ordered after
+     * the work queued on st and before the work queued after it (as ff_model_comm's dev_
+     * calls): the hidden states and logits then never cross host memory. */
+    int (*dev_send)(void *ctx, ff_stream *st, int peer, ff_dptr buf, size_t n);
+    int (*dev_recv)(void *ctx, ff_stream *st, int peer, ff_dptr buf, size_t n);
+    int (*dev_broadcast)(void *ctx, ff_stream *st, int root, ff_dptr buf, size_t n);
 } ff_gen_pipe;
 
 typedef struct ff_generator_config {

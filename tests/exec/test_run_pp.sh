@@ -9,7 +9,8 @@
 #     responses as on 1 worker for 3 iterations with float metrics within 1e-6 + 1% (the
 #     stages sum the gradient norm and the tied embedding's two gradients in another order);
 #   - at TP 2 x PP 2 with SP the transfers and collectives on the models' buffers (the default)
-#     give the bits of those through host memory (FF_DEVICE_COLL=0);
+#     give the bits of those through host memory (FF_DEVICE_COLL=0), and so does generation
+#     pipelined at TP 2 x PP 2 (its hidden states and logits);
 #   - the timeline has every rank's forwards, backwards and transfers, and `fuseflow trace
 #     summary` its bubble; the metrics carry the executor's bubble per step;
 #   - a PP 2 run stopped after 2 iterations resumes on 1 worker (the checkpoint holds whole
@@ -66,6 +67,11 @@ FF_DEVICE_COLL=0 ppo "$work/tp2pp2sp_host" --workers 4 roles.actor.layout.tp=2 r
 same_samples "$work/tp2pp2sp" "$work/tp2pp2sp_host" "TP 2 x PP 2 with SP through host memory"
 same_metrics "$work/tp2pp2sp/metrics.jsonl" "$work/tp2pp2sp_host/metrics.jsonl" 0 0 ||
   fail "TP 2 x PP 2 with SP: the transfers and collectives on the models' buffers do not give the host memory's bits"
+# generation pipelined at TP 2 x PP 2: its hidden states and logits too (ff_gen_pipe's device calls)
+FF_DEVICE_COLL=0 ppo "$work/gentp2pp2_host" --workers 4 roles.actor.layout.tp=2 roles.actor.layout.pp=2 roles.actor.rollout.layout.pp=2
+same_samples "$work/gentp2pp2" "$work/gentp2pp2_host" "generation at TP 2 x PP 2 through host memory"
+same_metrics "$work/gentp2pp2/metrics.jsonl" "$work/gentp2pp2_host/metrics.jsonl" 0 0 ||
+  fail "generation at TP 2 x PP 2: on the models' buffers it does not give the host memory's bits"
 
 # interleaved 1F1B (2 chunks per stage) needs 4 layers: a fresh 4-layer model, the same
 # samples and metrics as one worker

@@ -380,11 +380,14 @@ static void test_pipeline(const ff_model_config *c, ff_model *whole) {
     REQUIRE(ff_model_generate(whole, &c1, r, 3, &ref, &n_ref) == 0);
     two_stages t;
     ts_init(&t);
+    /* through host memory, then with the pipe's device calls (the hidden states and logits
+     * moved in the generators' buffers): the whole model's tokens and log-probs both times */
+    for (int dev = 0; dev < 2; dev++) {
     stage_gen sg[2];
     pthread_t th[2];
     for (int s = 0; s < 2; s++) {
         sg[s] = (stage_gen){.m = st[s], .r = r, .nr = 3};
-        sg[s].pipe = ts_pipe(&t, s);
+        sg[s].pipe = dev ? ts_pipe_dev(&t, s) : ts_pipe(&t, s);
         REQUIRE(pthread_create(&th[s], NULL, stage_main, &sg[s]) == 0);
     }
     for (int s = 0; s < 2; s++) pthread_join(th[s], NULL);
@@ -405,6 +408,7 @@ static void test_pipeline(const ff_model_config *c, ff_model *whole) {
         gen_outputs_free(sg[s].outs, sg[s].n_outs);
     }
     CHECK(tokens > 2 * 20); /* something was generated */
+    }
     gen_outputs_free(ref, n_ref);
     /* a stage without its pipeline, or in the wrong place, is refused */
     ff_generator_config bad = {.max_slots = 2, .max_seq_len = 16};

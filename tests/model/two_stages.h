@@ -71,9 +71,32 @@ static inline void ts_destroy(two_stages *t) {
     pthread_barrier_destroy(&t->bar);
 }
 
-/* Stage s's side of the pair. */
+/* The device calls on the cpu backend: its buffers are host memory */
+static inline int ts_dsend(void *ctx, ff_stream *st, int peer, ff_dptr buf, size_t n) {
+    (void)st;
+    return ts_send(ctx, peer, ff_dptr_addr(buf), n);
+}
+static inline int ts_drecv(void *ctx, ff_stream *st, int peer, ff_dptr buf, size_t n) {
+    (void)st;
+    return ts_recv(ctx, peer, ff_dptr_addr(buf), n);
+}
+static inline int ts_dbcast0(void *ctx, ff_stream *st, int root, ff_dptr buf, size_t n) {
+    (void)st;
+    return ts_bcast(ctx, root, ff_dptr_addr(buf), n, 0);
+}
+static inline int ts_dbcast1(void *ctx, ff_stream *st, int root, ff_dptr buf, size_t n) {
+    (void)st;
+    return ts_bcast(ctx, root, ff_dptr_addr(buf), n, 1);
+}
+
+/* Stage s's side of the pair (dev: with the device calls too). */
 static inline ff_gen_pipe ts_pipe(two_stages *t, int s) {
     return (ff_gen_pipe){.rank = s, .size = 2, .ctx = t, .send = ts_send, .recv = ts_recv, .broadcast = s ? ts_bcast1 : ts_bcast0};
+}
+static inline ff_gen_pipe ts_pipe_dev(two_stages *t, int s) {
+    ff_gen_pipe p = ts_pipe(t, s);
+    p.dev_send = ts_dsend, p.dev_recv = ts_drecv, p.dev_broadcast = s ? ts_dbcast1 : ts_dbcast0;
+    return p;
 }
 
 #endif

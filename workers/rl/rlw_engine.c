@@ -81,6 +81,7 @@ typedef struct rlw_lay {
     ff_model_comm norm;
     bool sp; /* sequence parallelism in the TP group (training and scoring; generation decodes replicated) */
     ff_gen_pipe gpipe; /* generation over the pipeline group (ff_rollout_config.pipe) */
+    struct tp_ctx ppc; /* its device calls' context (dev_coll): pp_comm */
 } rlw_lay;
 
 struct rlw {
@@ -175,36 +176,57 @@ static bool dev_coll_wanted(const ff_backend *be) {
            (ff_backend_shares_memory_with(be, "nccl") && ff_coll_backend_available("nccl", NULL));
 }
 
-enum { DC_SUM, DC_GATHER_V, DC_SCATTER_V };
+enum { DC_SUM, DC_GATHER_V, DC_SCATTER_V, DC_SEND, DC_RECV, DC_BCAST };
 
-/* op on group g's device twin: in place (DC_SUM: out ignored), or as ff_model_comm says */
-static int dev_coll(rlw *s, ff_coll_comm *g, int op, ff_stream *st, ff_dptr in, ff_dptr out, size_t n, const size_t *counts) {
+/* group g's library that reads the backend's memory: g itself, or its NCCL twin */
+static ff_coll_comm *dev_group(rlw *s, ff_coll_comm *g) {
     ff_coll_comm *d;
-    if (ff_coll_comm_twin(g, ff_backend_shares_memory_with(s->be, "cpu") ? "cpu" : "nccl", &d) != 0) return -1;
-    ff_stream *q = st;
-    if (ff_stream_native(st)) {
-        if (!s->cq) {
-            s->cq = ff_stream_new(s->be);
-            s->cq_ready = s->cq ? ff_event_new(s->be) : NULL;
-            s->cq_done = s->cq_ready ? ff_event_new(s->be) : NULL;
-            if (!s->cq_done) {
-                ff_event_destroy(&s->cq_ready);
-                ff_stream_destroy(&s->cq);
-                return ff_error_wrap("worker: the collectives' stream");
-            }
+    return ff_coll_comm_twin(g, ff_backend_shares_memory_with(s->be, "cpu") ? "cpu" : "nccl", &d) ? NULL : d;
+}
+
+/* The stream a collective goes on: st itself on a backend whose work is done when queued,
+ * else cq, after st's queued work (NULL + error: cq could not be made). */
+static ff_stream *dev_begin(rlw *s, ff_stream *st) {
+    if (!ff_stream_native(st)) return st;
+    if (!s->cq) {
+        s->cq = ff_stream_new(s->be);
+        s->cq_ready = s->cq ? ff_event_new(s->be) : NULL;
+        s->cq_done = s->cq_ready ? ff_event_new(s->be) : NULL;
+        if (!s->cq_done) {
+            ff_event_destroy(&s->cq_ready);
+            ff_stream_destroy(&s->cq);
+            return ff_error_wrap("worker: the collectives' stream"), NULL;
         }
-        ff_event_record(s->cq_ready, st);
-        ff_stream_wait(s->cq, s->cq_ready);
-        q = s->cq;
     }
-    void *a = ff_dptr_addr(in), *b = op == DC_SUM ? a : ff_dptr_addr(out), *ns = ff_stream_native(q);
-    int rc = op == DC_SUM       ? ff_coll_all_reduce(a, a, n, FF_DTYPE_F32, FF_COLL_SUM, d, ns)
-             : op == DC_GATHER_V ? ff_coll_all_gather_v(a, b, counts, FF_DTYPE_F32, d, ns)
-                                 : ff_coll_reduce_scatter_v(a, b, counts, FF_DTYPE_F32, FF_COLL_SUM, d, ns);
-    if (q != st) {
-        ff_event_record(s->cq_done, q);
-        ff_stream_wait(st, s->cq_done);
+    ff_event_record(s->cq_ready, st);
+    ff_stream_wait(s->cq, s->cq_ready);
+    return s->cq;
+}
+/* st's later work after what went on q */
+static void dev_end(rlw *s, ff_stream *st, ff_stream *q) {
+    if (q == st) return;
+    ff_event_record(s->cq_done, q);
+    ff_stream_wait(st, s->cq_done);
+}
+
+/* op on group g's device library: in place (DC_SUM: out ignored), or as ff_model_comm says;
+ * DC_SEND, DC_RECV, DC_BCAST: n floats of in with peer (the root for DC_BCAST) */
+static int dev_coll(rlw *s, ff_coll_comm *g, int op, ff_stream *st, ff_dptr in, ff_dptr out, size_t n, const size_t *counts,
+                    int peer) {
+    ff_coll_comm *d = dev_group(s, g);
+    ff_stream *q = d ? dev_begin(s, st) : NULL;
+    if (!q) return -1;
+    void *a = ff_dptr_addr(in), *b = op == DC_GATHER_V || op == DC_SCATTER_V ? ff_dptr_addr(out) : a, *ns = ff_stream_native(q);
+    int rc;
+    switch (op) {
+    case DC_SUM: rc = ff_coll_all_reduce(a, a, n, FF_DTYPE_F32, FF_COLL_SUM, d, ns); break;
+    case DC_GATHER_V: rc = ff_coll_all_gather_v(a, b, counts, FF_DTYPE_F32, d, ns); break;
+    case DC_SCATTER_V: rc = ff_coll_reduce_scatter_v(a, b, counts, FF_DTYPE_F32, FF_COLL_SUM, d, ns); break;
+    case DC_SEND: rc = ff_coll_send(a, n, FF_DTYPE_F32, peer, d, ns); break;
+    case DC_RECV: rc = ff_coll_recv(a, n, FF_DTYPE_F32, peer, d, ns); break;
+    default: rc = ff_coll_broadcast(a, a, n, FF_DTYPE_F32, peer, d, ns); break;
     }
+    dev_end(s, st, q);
     return rc;
 }
 
@@ -225,21 +247,34 @@ static int tp_gather_v(void *ctx, const float *in, float *out, const size_t *cou
 }
 static int tp_dev_sum(void *ctx, ff_stream *st, ff_dptr buf, size_t n) {
     struct tp_ctx *t = ctx;
-    return dev_coll(t->s, t->c, DC_SUM, st, buf, buf, n, NULL);
+    return dev_coll(t->s, t->c, DC_SUM, st, buf, buf, n, NULL, 0);
 }
 static int tp_dev_gather_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
     struct tp_ctx *t = ctx;
-    return dev_coll(t->s, t->c, DC_GATHER_V, st, in, out, 0, counts);
+    return dev_coll(t->s, t->c, DC_GATHER_V, st, in, out, 0, counts, 0);
 }
 static int tp_dev_scatter_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
     struct tp_ctx *t = ctx;
-    return dev_coll(t->s, t->c, DC_SCATTER_V, st, in, out, 0, counts);
+    return dev_coll(t->s, t->c, DC_SCATTER_V, st, in, out, 0, counts, 0);
 }
 
 /* generation's transfers on the pipeline group (ff_gen_pipe) */
-static int gp_send(void *ctx, int peer, const float *buf, size_t n) { return ff_coll_send(buf, n, FF_DTYPE_F32, peer, ctx, NULL); }
-static int gp_recv(void *ctx, int peer, float *buf, size_t n) { return ff_coll_recv(buf, n, FF_DTYPE_F32, peer, ctx, NULL); }
-static int gp_bcast(void *ctx, int root, float *buf, size_t n) { return ff_coll_broadcast(buf, buf, n, FF_DTYPE_F32, root, ctx, NULL); }
+static int gp_send(void *ctx, int peer, const float *buf, size_t n) { return ff_coll_send(buf, n, FF_DTYPE_F32, peer, TPC(ctx), NULL); }
+static int gp_recv(void *ctx, int peer, float *buf, size_t n) { return ff_coll_recv(buf, n, FF_DTYPE_F32, peer, TPC(ctx), NULL); }
+static int gp_bcast(void *ctx, int root, float *buf, size_t n) { return ff_coll_broadcast(buf, buf, n, FF_DTYPE_F32, root, TPC(ctx), NULL); }
+/* ... and on the generator's buffers (dev_coll); ctx: the layout's ppc */
+static int gp_dsend(void *ctx, ff_stream *st, int peer, ff_dptr buf, size_t n) {
+    struct tp_ctx *t = ctx;
+    return dev_coll(t->s, t->c, DC_SEND, st, buf, buf, n, NULL, peer);
+}
+static int gp_drecv(void *ctx, ff_stream *st, int peer, ff_dptr buf, size_t n) {
+    struct tp_ctx *t = ctx;
+    return dev_coll(t->s, t->c, DC_RECV, st, buf, buf, n, NULL, peer);
+}
+static int gp_dbcast(void *ctx, ff_stream *st, int root, ff_dptr buf, size_t n) {
+    struct tp_ctx *t = ctx;
+    return dev_coll(t->s, t->c, DC_BCAST, st, buf, buf, n, NULL, root);
+}
 
 static ff_pipe_kind pipe_kind(int plan_schedule) {
     switch (plan_schedule) {
@@ -299,7 +334,10 @@ static int lay_setup(rlw *s, rlw_lay *y, const rlw_place *at, const ff_layout *L
             ff_pipe_transport_coll(y->pp_comm, &y->pt);
         }
         y->pipe = (ff_roles_pipe){.transport = &y->pt, .kind = pipe_kind(L->schedule), .vpp = L->vpp > 1 ? (int32_t)L->vpp : 1};
-        y->gpipe = (ff_gen_pipe){.rank = p->pp_rank, .size = p->pp, .ctx = y->pp_comm, .send = gp_send, .recv = gp_recv, .broadcast = gp_bcast};
+        y->ppc = (struct tp_ctx){s, y->pp_comm};
+        y->gpipe = (ff_gen_pipe){.rank = p->pp_rank, .size = p->pp, .ctx = &y->ppc, .send = gp_send, .recv = gp_recv, .broadcast = gp_bcast};
+        if (s->dev_coll) /* the hidden states and logits stay in the generator's buffers */
+            y->gpipe.dev_send = gp_dsend, y->gpipe.dev_recv = gp_drecv, y->gpipe.dev_broadcast = gp_dbcast;
     }
     return split(group, p->pp_rank * p->tp + p->tp_rank, p->dp_rank, p->dp, p->dp_rank, "DP", &y->dp_comm);
 }
@@ -460,7 +498,7 @@ static int grad_hook(void *user, ff_model *m, ff_buffer *grads, int64_t n) {
     ff_coll_comm *g = m == s->critic && s->ccomm ? s->ccomm : s->comm;
     if (!g || ff_coll_comm_size(g) < 2) return 0;
     /* SUM: every rank's loss already carries the mini-batch's global normaliser (roles.h) */
-    if (s->dev_coll) return dev_coll(s, g, DC_SUM, ff_backend_stream(s->be), ff_dptr_of(grads, 0), ff_dptr_of(grads, 0), (size_t)n, NULL);
+    if (s->dev_coll) return dev_coll(s, g, DC_SUM, ff_backend_stream(s->be), ff_dptr_of(grads, 0), ff_dptr_of(grads, 0), (size_t)n, NULL, 0);
     if (n > s->gcap) {
         float *b = ff_realloc(s->gbuf, (size_t)n * sizeof *b);
         if (!b) return -1;
@@ -500,15 +538,15 @@ static int dp_all_gather(void *ctx, const float *in, float *out, const size_t *c
 }
 static int dp_dev_sum(void *ctx, ff_stream *st, ff_dptr buf, size_t n) {
     ff_coll_comm *g = dp_group(ctx);
-    return g ? dev_coll(((struct dp_ctx *)ctx)->s, g, DC_SUM, st, buf, buf, n, NULL) : -1;
+    return g ? dev_coll(((struct dp_ctx *)ctx)->s, g, DC_SUM, st, buf, buf, n, NULL, 0) : -1;
 }
 static int dp_dev_scatter_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
     ff_coll_comm *g = dp_group(ctx);
-    return g ? dev_coll(((struct dp_ctx *)ctx)->s, g, DC_SCATTER_V, st, in, out, 0, counts) : -1;
+    return g ? dev_coll(((struct dp_ctx *)ctx)->s, g, DC_SCATTER_V, st, in, out, 0, counts, 0) : -1;
 }
 static int dp_dev_gather_v(void *ctx, ff_stream *st, ff_dptr in, ff_dptr out, const size_t *counts) {
     ff_coll_comm *g = dp_group(ctx);
-    return g ? dev_coll(((struct dp_ctx *)ctx)->s, g, DC_GATHER_V, st, in, out, 0, counts) : -1;
+    return g ? dev_coll(((struct dp_ctx *)ctx)->s, g, DC_GATHER_V, st, in, out, 0, counts, 0) : -1;
 }
 
 /* How a trained role's gradients meet over DP: the hook's all-reduce (zero 0) or the
