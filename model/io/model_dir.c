@@ -87,8 +87,19 @@ int ff_hf_expected_tensors(const ff_model_config *cfg, ff_tensor_set *out) {
     return rc;
 }
 
+/* ff_hf_check_weights' and ff_hf_check_dir's refusals */
+static const char *k_mismatch = "the weights do not match config.json";
+static int missing(const char *where, const char *name) { return ff_error_set(where, k_mismatch, "missing tensor '%s'", name); }
+static int tied_head(const char *where) {
+    return ff_error_set(where, "set tie_word_embeddings to false in config.json if the checkpoint has its own LM head",
+                        "config.json ties the embeddings but the weights have a different 'lm_head.weight'");
+}
+static int unexpected(const char *where, const ff_model_config *cfg, const char *name) {
+    return ff_error_set(where, k_mismatch, "unexpected tensor '%.200s' (the config has %d layers%s)", name, cfg->num_hidden_layers,
+                        cfg->tie_word_embeddings ? ", tied embeddings" : "");
+}
+
 int ff_hf_check_weights(const ff_model_config *cfg, ff_tensor_set *w, const char *where) {
-    const char *hint = "the weights do not match config.json";
     size_t n = expected(cfg, NULL, 0);
     expect *ex = ff_malloc(n * sizeof *ex);
     if (!ex) return -1;
@@ -98,7 +109,7 @@ int ff_hf_check_weights(const ff_model_config *cfg, ff_tensor_set *w, const char
         ff_host_tensor *t = ff_tensor_set_find(w, ex[i].name);
         if (!t) {
             if (ex[i].optional) continue;
-            ff_error_set(where, hint, "missing tensor '%s'", ex[i].name);
+            missing(where, ex[i].name);
             goto out;
         }
         if (ff_host_tensor_expect(t, ex[i].ndim, ex[i].shape, where) != 0) goto out;
@@ -123,12 +134,10 @@ int ff_hf_check_weights(const ff_model_config *cfg, ff_tensor_set *w, const char
                 remove_tensor(w, i);
                 continue;
             }
-            ff_error_set(where, "set tie_word_embeddings to false in config.json if the checkpoint has its own LM head",
-                         "config.json ties the embeddings but the weights have a different 'lm_head.weight'");
+            tied_head(where);
             goto out;
         }
-        ff_error_set(where, hint, "unexpected tensor '%.200s' (the config has %d layers%s)", t->name, cfg->num_hidden_layers,
-                     cfg->tie_word_embeddings ? ", tied embeddings" : "");
+        unexpected(where, cfg, t->name);
         goto out;
     }
     rc = 0;
@@ -145,7 +154,6 @@ static ff_host_tensor header_of(const ff_st_entry *e) {
 }
 
 int ff_hf_check_dir(const ff_model_config *cfg, const ff_st_dir *d, const char *where) {
-    const char *hint = "the weights do not match config.json";
     size_t n = expected(cfg, NULL, 0);
     expect *ex = ff_malloc(n * sizeof *ex);
     if (!ex) return -1;
@@ -155,7 +163,7 @@ int ff_hf_check_dir(const ff_model_config *cfg, const ff_st_dir *d, const char *
         const ff_st_entry *e = ff_st_dir_find(d, ex[i].name, NULL);
         if (!e) {
             if (ex[i].optional) continue;
-            ff_error_set(where, hint, "missing tensor '%s'", ex[i].name);
+            missing(where, ex[i].name);
             goto out;
         }
         const ff_host_tensor t = header_of(e);
@@ -174,12 +182,10 @@ int ff_hf_check_dir(const ff_model_config *cfg, const ff_st_dir *d, const char *
             if (emb && emb->dtype == e->dtype && ff_host_tensor_expect(&t, emb->ndim, emb->shape, NULL) == 0 &&
                 !memcmp(ff_safetensors_bytes(f, e), ff_safetensors_bytes(fe, emb), (size_t)(e->end - e->begin)))
                 continue;
-            ff_error_set(where, "set tie_word_embeddings to false in config.json if the checkpoint has its own LM head",
-                         "config.json ties the embeddings but the weights have a different 'lm_head.weight'");
+            tied_head(where);
             goto out;
         }
-        ff_error_set(where, hint, "unexpected tensor '%.200s' (the config has %d layers%s)", e->name, cfg->num_hidden_layers,
-                     cfg->tie_word_embeddings ? ", tied embeddings" : "");
+        unexpected(where, cfg, e->name);
         goto out;
     }
     rc = 0;

@@ -296,9 +296,8 @@ int ff_safetensors_read(const ff_safetensors *f, const ff_st_entry *e, ff_tensor
     return 0;
 }
 
-int ff_safetensors_read_block(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0,
-                              int64_t nc, ff_tensor_set *out, const char *as) {
-    const char *name = as ? as : e->name;
+/* rows [r0, r0 + nr) x columns [c0, c0 + nc) of e seen as 2-D: 0, or -1 + error naming the file */
+static int block_check(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
     if (e->ndim < 1 || e->ndim > 2)
         return ff_error_set(f->name, "read the whole tensor", "tensor '%.200s' has %d dimensions; a block needs 1 or 2",
                             e->name, e->ndim);
@@ -307,39 +306,38 @@ int ff_safetensors_read_block(const ff_safetensors *f, const ff_st_entry *e, int
         return ff_error_set(f->name, NULL, "block rows [%lld, +%lld) columns [%lld, +%lld) is outside tensor '%.200s' [%lld, %lld]",
                             (long long)r0, (long long)nr, (long long)c0, (long long)nc, e->name, (long long)rows,
                             (long long)cols);
-    int64_t shape[2] = {nr, nc};
-    ff_host_tensor *t = ff_tensor_set_add(out, name, e->ndim, shape);
-    if (!t) return ff_error_wrap("%s", f->name);
-    const size_t sz = ff_dtype_size(e->dtype);
-    const uint8_t *base = f->data + e->begin;
-    if (nc == cols) { /* whole rows: one range */
-        convert_to_f32(e->dtype, base + (size_t)(r0 * cols) * sz, t->data, (size_t)(nr * nc));
-    } else {
-        for (int64_t r = 0; r < nr; r++)
-            convert_to_f32(e->dtype, base + (size_t)((r0 + r) * cols + c0) * sz, t->data + (size_t)(r * nc), (size_t)nc);
-    }
     return 0;
 }
 
-int ff_safetensors_read_rows(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                             float *out) {
-    if (e->ndim < 1 || e->ndim > 2)
-        return ff_error_set(f->name, "read the whole tensor", "tensor '%.200s' has %d dimensions; a block needs 1 or 2",
-                            e->name, e->ndim);
-    const int64_t rows = e->shape[0], cols = e->ndim > 1 ? e->shape[1] : 1;
-    if (r0 < 0 || nr < 0 || r0 > rows - nr || c0 < 0 || nc < 0 || c0 > cols - nc)
-        return ff_error_set(f->name, NULL, "block rows [%lld, +%lld) columns [%lld, +%lld) is outside tensor '%.200s' [%lld, %lld]",
-                            (long long)r0, (long long)nr, (long long)c0, (long long)nc, e->name, (long long)rows,
-                            (long long)cols);
+/* that block (checked) to fp32 out [nr, nc]; drop: its mapped pages then dropped */
+static void block_convert(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out,
+                          bool drop) {
+    const int64_t cols = e->ndim > 1 ? e->shape[1] : 1;
     const size_t sz = ff_dtype_size(e->dtype);
     const uint8_t *base = f->data + e->begin;
-    if (nc == cols) {
+    if (nc == cols) { /* whole rows: one range */
         convert_to_f32(e->dtype, base + (size_t)(r0 * cols) * sz, out, (size_t)(nr * nc));
     } else {
         for (int64_t r = 0; r < nr; r++)
             convert_to_f32(e->dtype, base + (size_t)((r0 + r) * cols + c0) * sz, out + (size_t)(r * nc), (size_t)nc);
     }
-    if (nr > 0) drop_pages(f, base + (size_t)(r0 * cols + c0) * sz, (size_t)((nr - 1) * cols + nc) * sz);
+    if (drop && nr > 0) drop_pages(f, base + (size_t)(r0 * cols + c0) * sz, (size_t)((nr - 1) * cols + nc) * sz);
+}
+
+int ff_safetensors_read_block(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0,
+                              int64_t nc, ff_tensor_set *out, const char *as) {
+    if (block_check(f, e, r0, nr, c0, nc)) return -1;
+    int64_t shape[2] = {nr, nc};
+    ff_host_tensor *t = ff_tensor_set_add(out, as ? as : e->name, e->ndim, shape);
+    if (!t) return ff_error_wrap("%s", f->name);
+    block_convert(f, e, r0, nr, c0, nc, t->data, false);
+    return 0;
+}
+
+int ff_safetensors_read_rows(const ff_safetensors *f, const ff_st_entry *e, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                             float *out) {
+    if (block_check(f, e, r0, nr, c0, nc)) return -1;
+    block_convert(f, e, r0, nr, c0, nc, out, true);
     return 0;
 }
 
