@@ -5,7 +5,9 @@
  * gradient norm, every gradient, the parameters after AdamW), and generation: KV-cache
  * decoding's log-probs against a full forward over prompt + response on the GPU, and greedy
  * tokens equal to the CPU's (fp32 gemm, where near-ties cannot flip); an inference model with
- * bf16 weights against the CPU's (0.1: bf16 activations on the GPU) and its KV-cache decoding.
+ * bf16 weights against the CPU's (0.1: bf16 activations on the GPU) and its KV-cache decoding;
+ * the same bf16 model loaded straight from a folder onto the GPU (ff_model_load_dir) holds
+ * the CPU's parameter bytes.
  *
  * Needs a GPU: exits 77 (SKIPPED, saying why) without CUDA in the build or without a
  * device; tests/kernels/test_cuda_skip.sh checks that path here. */
@@ -17,8 +19,10 @@ int main(void) {
     SKIP("cuda model test: fuseflow was built without CUDA (no CUDA toolkit at configure time, or FF_CUDA=OFF)");
 }
 #else
+#include <unistd.h>
 
 #include "fuseflow/error.h"
+#include "fuseflow/modelio.h"
 
 /* A packed batch of three sequences (one of length 1), tokens from a fixed pattern. */
 enum { NS = 3, NT = 61 };
@@ -192,6 +196,27 @@ int main(void) {
         ff_model_opts o16 = {.inference = true, .bf16_weights = true};
         ff_model *c16 = ff_model_new_opts(cpu, &c, w16, &o16), *g16 = ff_model_new_opts(g32, &c, w16, &o16);
         REQUIRE(c16 && g16);
+        /* straight from a folder onto the GPU (ff_model_load_dir, rows converted and stored a
+         * block at a time): the same parameter bytes as the CPU's bf16 model, read back */
+        {
+            char dir[256];
+            snprintf(dir, sizeof dir, "%s/ff_cuda_load_%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+            REQUIRE(ff_model_dir_save(dir, &c, w16, NULL, FF_DTYPE_F32) == 0);
+            ff_model_config cl;
+            ff_model *gl = ff_model_load_dir(g32, dir, &o16, &cl);
+            REQUIRE(gl);
+            const int64_t n = ff_model_param_count(gl);
+            float *a = malloc((size_t)n * 4), *b2 = malloc((size_t)n * 4);
+            REQUIRE(a && b2 && n == ff_model_param_count(c16));
+            ff_model_read_params(gl, a);
+            ff_model_read_params(c16, b2);
+            CHECK(!memcmp(a, b2, (size_t)n * 4));
+            free(a), free(b2);
+            ff_model_destroy(&gl);
+            char cmd[300];
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+            CHECK(system(cmd) == 0);
+        }
         ff_model_memory mmc, mmg;
         ff_model_memory_of(c16, &mmc);
         ff_model_memory_of(g16, &mmg);
