@@ -6,7 +6,8 @@
 #               this machine lacks fuseflow's libraries (ZeroMQ, msgpack, ...), against the
 #               folder .gpu-deps that scripts/gpu-deps.sh packed elsewhere and the run carried
 #   3. tests    ctest -R 'cuda|nccl' (not exec/test_run_cuda, CI's): the CUDA backend against the CPU one, entry by entry
-#               and at model level, `generate --device cuda`, the NCCL collectives
+#               and at model level, `generate --device cuda`, the NCCL collectives and a cpu
+#               group's NCCL twin, GRPO end to end with the actor on cuda (exec/test_run_cuda_gpu)
 #   4. bench    bench/bench_cuda.c: training tokens/s and MFU at seq 2048, decode tokens/s
 #               at batch 1/32/256, Qwen2.5-0.5B- and Llama-3.2-1B-shaped random models
 #   5. torch    bench/bench_cuda_torch.py: the same work in PyTorch eager bf16 (SDPA) and HF
@@ -163,7 +164,7 @@ step build-compile 200 cmake --build "$BUILD" -j16 --target "${TARGETS[@]}" || f
 # exec/test_run_cuda: it checks the controller's GPU assignment against a stand-in driver
 # (ff_fake_libcuda, not built here) and expects the workers to find no device, which is CI's
 # machine, not this one.
-step tests 100 ctest --test-dir "$BUILD" -R 'cuda|nccl|kernels/test_backend' -E 'exec/test_run_cuda' --output-on-failure --timeout 90
+step tests 130 ctest --test-dir "$BUILD" -R 'cuda|nccl|kernels/test_backend' -E 'exec/test_run_cuda$' --output-on-failure --timeout 90
 
 # ---- 4. the benchmark ------------------------------------------------------------------------
 step bench 110 "$BUILD/bench_cuda" --budget 75

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `fuseflow run` with its roles on a real GPU (docs/run.md "Backends"), end to end: GRPO on the
+# tiny model for 2 iterations with the actor (and its colocated reference) on cuda, one worker,
+# beside the same run on the CPU:
+#   - the run says its rank computes on cuda:0, ends, and writes 2 iterations of metrics, every
+#     number finite, the same keys as the CPU run's;
+#   - its checkpoint loads in `fuseflow generate` on the CPU (the weights came back whole);
+#   - FF_DEVICE_COLL=0 (collectives through host memory) runs too.
+# The samples are not compared: the GPU's TF32 products round otherwise, so sampling may part.
+#
+# Skips (exit 77, saying why) where no GPU answers: no nvidia-smi or none listed, a build without
+# CUDA, or a runtime that sees no device (CI and the development machines).
+# scripts/gpu-check.sh runs it where a GPU is lent.
+source "$(dirname "$0")/lib.sh"
+if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then
+  echo "SKIPPED: no GPU (nvidia-smi is missing or lists none)"
+  exit 77
+fi
+prepare_inputs
+if ! "$bin" generate --model "$cache/tiny" --prompt "1+1=" --max-new-tokens 1 --device cuda > "$work/probe.log" 2>&1; then
+  echo "SKIPPED: the cuda backend does not run here: $(head -c 300 "$work/probe.log")"
+  exit 77
+fi
+
+grpo() { # OUT EXTRA...
+  local out=$1; shift
+  timeout 80 "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=2 trainer.test_freq=2 trainer.save_freq=2 \
+    data.train_batch_size=8 graph.rollout.n=4 roles.actor.model="$cache/tiny" roles.ref.model="$cache/tiny" \
+    --val-limit 16 --no-progress "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "grpo $* did not run"; }
+}
+grpo "$work/cpu"
+grpo "$work/gpu" roles.actor.backend=cuda
+grep -q "rank 0 computes on cuda:0" "$work/gpu.log" || fail "the actor is not on cuda:0: $(head -3 "$work/gpu.log")"
+[[ $(iterations "$work/gpu/metrics.jsonl") == 2 ]] || fail "the GPU run wrote $(iterations "$work/gpu/metrics.jsonl") iterations, not 2"
+python3 - "$work/cpu/metrics.jsonl" "$work/gpu/metrics.jsonl" <<'PY' || fail "the GPU run's metrics"
+import json, math, sys
+cpu = [json.loads(l) for l in open(sys.argv[1])]
+gpu = [json.loads(l) for l in open(sys.argv[2])]
+def walk(x, path):
+    if isinstance(x, dict):
+        for k, v in x.items(): walk(v, path + "." + k)
+    elif isinstance(x, list):
+        for i, v in enumerate(x): walk(v, "%s[%d]" % (path, i))
+    elif isinstance(x, float) and not math.isfinite(x):
+        sys.exit("%s is %r" % (path, x))
+for i, (a, b) in enumerate(zip(cpu, gpu)):
+    walk(b, "iteration %d" % (i + 1))
+    missing = sorted(set(a) - set(b) - {"memory"})
+    if missing: sys.exit("iteration %d lacks %s" % (i + 1, missing))
+PY
+ck=$(ls -d "$work/gpu/checkpoints/"step-* | tail -1)
+"$bin" generate --model "$ck/actor" --prompt "12+34=" --max-new-tokens 4 --device cpu > "$work/gen.log" 2>&1 ||
+  { cat "$work/gen.log" >&2; fail "the GPU run's checkpoint does not load on the CPU"; }
+FF_DEVICE_COLL=0 grpo "$work/gpu_host" roles.actor.backend=cuda
+[[ $(iterations "$work/gpu_host/metrics.jsonl") == 2 ]] || fail "FF_DEVICE_COLL=0: not 2 iterations"
+echo "ok: GRPO on cuda:0, 2 iterations, finite metrics, its checkpoint loads on the CPU"
