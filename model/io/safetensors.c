@@ -374,28 +374,37 @@ static int dir_add_item(ff_st_dir *d, const ff_safetensors *f, const ff_st_entry
     return 0;
 }
 
-static int dir_open_index(ff_st_dir *d, const char *index_path) {
+/* The index file's JSON and its "weight_map" (name -> shard file), every shard name a plain
+ * file name of the index's folder: *root (the caller json_decref's it) and *wm, or -1 + error. */
+static int index_read(const char *index_path, json_t **root, json_t **wm) {
     json_error_t jerr;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
+    *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!*root) {
         if (access(index_path, R_OK) != 0) return ff_error_set(index_path, "check the path", "cannot open: %s", strerror(errno));
         return ff_error_set(index_path, NULL, "malformed JSON at line %d: %s", jerr.line, jerr.text);
     }
+    *wm = json_object_get(*root, "weight_map");
+    if (!json_is_object(*wm) || json_object_size(*wm) == 0)
+        return ff_error_set(index_path, NULL, "no \"weight_map\" object (name -> shard file)");
+    const char *name;
+    json_t *v;
+    json_object_foreach(*wm, name, v) {
+        const char *file = json_string_value(v);
+        if (!file || !*file || strchr(file, '/') || !strcmp(file, "..") || !strcmp(file, "."))
+            return ff_error_set(index_path, "shards must be plain file names in the index's folder",
+                                "weight_map entry '%.200s' has a bad shard name", name);
+    }
+    return 0;
+}
+
+static int dir_open_index(ff_st_dir *d, const char *index_path) {
     int rc = -1;
     char *dir = NULL;
-    json_t *wm = json_object_get(root, "weight_map"), *v;
+    json_t *root = NULL, *wm = NULL, *v;
     const char *name;
-    if (!json_is_object(wm) || json_object_size(wm) == 0) {
-        ff_error_set(index_path, NULL, "no \"weight_map\" object (name -> shard file)");
-        goto out;
-    }
-    if (!(dir = dir_of(index_path))) goto out;
+    if (index_read(index_path, &root, &wm) || !(dir = dir_of(index_path))) goto out;
     json_object_foreach(wm, name, v) {
         const char *file = json_string_value(v);
-        if (!file || !*file || strchr(file, '/') || !strcmp(file, "..") || !strcmp(file, ".")) {
-            ff_error_set(index_path, "shards must be plain file names in the index's folder", "weight_map entry '%.200s' has a bad shard name", name);
-            goto out;
-        }
         const ff_safetensors *f = NULL;
         for (size_t i = 0; i < d->n_files && !f; i++) {
             const char *fn = strrchr(d->files[i]->name, '/');
@@ -521,31 +530,14 @@ static char *dir_of(const char *path) {
 }
 
 static int load_index(const char *index_path, const reader *rd, ff_tensor_set *out) {
-    json_error_t jerr;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        if (access(index_path, R_OK) != 0) return ff_error_set(index_path, "check the path", "cannot open: %s", strerror(errno));
-        return ff_error_set(index_path, NULL, "malformed JSON at line %d: %s", jerr.line, jerr.text);
-    }
     int rc = -1;
     char *dir = NULL;
     ff_safetensors *shard = NULL;
     json_t *done = NULL; /* shard files read */
-    json_t *wm = json_object_get(root, "weight_map");
-    if (!json_is_object(wm) || json_object_size(wm) == 0) {
-        ff_error_set(index_path, NULL, "no \"weight_map\" object (name -> shard file)");
-        goto out;
-    }
+    json_t *root = NULL, *wm = NULL;
     const char *name;
     json_t *v;
-    json_object_foreach(wm, name, v) {
-        const char *file = json_string_value(v);
-        if (!file || !*file || strchr(file, '/') || !strcmp(file, "..") || !strcmp(file, ".")) {
-            ff_error_set(index_path, "shards must be plain file names in the index's folder", "weight_map entry '%.200s' has a bad shard name", name);
-            goto out;
-        }
-    }
-    if (!(dir = dir_of(index_path))) goto out;
+    if (index_read(index_path, &root, &wm) || !(dir = dir_of(index_path))) goto out;
     /* Open each shard once: walk the map, and for each shard not opened yet, load all of its
      * tensors (those the reader wants) */
     if (!(done = json_object())) goto out;
