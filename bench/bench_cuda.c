@@ -25,6 +25,11 @@
  *   bench_cuda_decode MODEL batch B: X tok/s (target at batch 32: >= 3x HF generate)
  * bench/bench_cuda_torch.py prints the same lines for PyTorch; scripts/gpu-check.sh runs both.
  *
+ * Before them, the training attention alone (fwd + bwd, one sequence of --seq tokens with each
+ * model's heads) on the tensor-core kernels and on the fp32 CUDA-core ones side by side:
+ *   bench_cuda_attention MODEL: fwd+bwd X ms on tensor cores, ... fp32 cores Y ms (X/Y)
+ * The training step's attention is FF_CUDA_ATTENTION's (bf16 tensor cores by default).
+ *
  * Then, time left, the training step again with bf16 products (FF_CUDA_MATH=bf16):
  *   bench_cuda_train_bf16 MODEL: X tok/s, MFU Y %
  *
@@ -40,6 +45,7 @@
 
 #include "fuseflow/backend.h"
 #include "fuseflow/error.h"
+#include "fuseflow/kernels.h"
 #include "fuseflow/model.h"
 #include "fuseflow/util.h"
 
@@ -117,6 +123,81 @@ static void head_decode(const char *name, int B, double tok_s) {
     fflush(stdout);
 }
 #define TRAIN_NOTE "; target on llama1b: >= 40 %, >= PyTorch eager"
+
+/* Training attention alone, fwd + bwd over one sequence of seq tokens with the model's
+ * heads: the median of 5 timed calls (after one warm-up) in ms. flops: the FLOP model's
+ * causal attention, 6 Hq D seq^2 (the backward's recomputation of P not counted). */
+static int bench_attention(ff_backend *be, const spec *s, int seq, double *ms) {
+    const ff_model_config *c = &s->cfg;
+    const int Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, D = c->head_dim, T = seq;
+    const int ld = (Hq + 2 * Hkv) * D;
+    ff_stream *st = ff_backend_stream(be);
+    ff_buffer *qkv = ff_buffer_new(be, (size_t)T * ld * 4), *dqkv = ff_buffer_new(be, (size_t)T * ld * 4);
+    ff_buffer *out = ff_buffer_new(be, (size_t)T * Hq * D * 4), *dout = ff_buffer_new(be, (size_t)T * Hq * D * 4);
+    ff_buffer *lse = ff_buffer_new(be, (size_t)T * Hq * 4), *delta = ff_buffer_new(be, (size_t)T * Hq * 4);
+    ff_buffer *ssb = ff_buffer_new(be, 8);
+    int rc = -1;
+    if (qkv && dqkv && out && dout && lse && delta && ssb) {
+        float *h = malloc((size_t)T * ld * 4);
+        ff_rng rng;
+        ff_rng_seed(&rng, 3);
+        for (size_t i = 0; h && i < (size_t)T * ld; i++) h[i] = (float)(ff_rng_uniform(&rng) * 2 - 1);
+        int32_t ss[2] = {0, T};
+        if (h) {
+            ff_memcpy_h2d(st, ff_dptr_of(qkv, 0), h, (size_t)T * ld * 4);
+            ff_memcpy_h2d(st, ff_dptr_of(dout, 0), h, (size_t)T * Hq * D * 4);
+            ff_memcpy_h2d(st, ff_dptr_of(ssb, 0), ss, 8);
+            double t[6];
+            for (int i = 0; i < 6; i++) {
+                int64_t t0 = ff_now_ns();
+                ff_attention_fwd(st, ff_dptr_of(qkv, 0), ld, ff_dptr_of(ssb, 0), 1, T, Hq, Hkv, D, ff_dptr_of(out, 0),
+                                 ff_dptr_of(lse, 0));
+                ff_attention_bwd(st, ff_dptr_of(qkv, 0), ld, ff_dptr_of(ssb, 0), ss, 1, T, Hq, Hkv, D, ff_dptr_of(out, 0),
+                                 ff_dptr_of(lse, 0), ff_dptr_of(dout, 0), ff_dptr_of(delta, 0), ff_dptr_of(dqkv, 0));
+                if (ff_stream_sync(st)) break;
+                t[i] = (double)(ff_now_ns() - t0) * 1e-6;
+                if (i == 5) {
+                    qsort(t + 1, 5, sizeof t[0], cmp_double);
+                    *ms = t[3];
+                    rc = 0;
+                }
+            }
+            free(h);
+        }
+    }
+    if (rc) fprintf(stderr, "bench_cuda: %s attention on %s: %s\n", s->name, ff_backend_name(be), ff_error_message());
+    ff_buffer *all[] = {qkv, dqkv, out, dout, lse, delta, ssb};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ff_buffer_destroy(&all[i]);
+    return rc;
+}
+
+/* Both attention kernels side by side (FF_CUDA_ATTENTION=fp32 and bf16 backends, the same
+ * device) on each model's heads: one line each, the ratio against the fp32 CUDA cores. */
+static void attention_side_by_side(const char *device, const spec *specs, int n, const char *models, int seq) {
+    const char *keep = getenv("FF_CUDA_ATTENTION");
+    char saved[32] = "";
+    if (keep) snprintf(saved, sizeof saved, "%s", keep);
+    setenv("FF_CUDA_ATTENTION", "fp32", 1);
+    ff_backend *b32 = ff_backend_new(device);
+    setenv("FF_CUDA_ATTENTION", "bf16", 1);
+    ff_backend *btc = ff_backend_new(device);
+    if (keep) setenv("FF_CUDA_ATTENTION", saved, 1);
+    else unsetenv("FF_CUDA_ATTENTION");
+    for (int k = 0; b32 && btc && k < n; k++) {
+        if (!strstr(models, specs[k].name)) continue;
+        double m32 = 0, mtc = 0;
+        if (bench_attention(b32, &specs[k], seq, &m32) || bench_attention(btc, &specs[k], seq, &mtc)) continue;
+        const ff_model_config *c = &specs[k].cfg;
+        double fl = 6.0 * c->num_attention_heads * c->head_dim * (double)seq * seq;
+        printf("bench_cuda_attention %s: fwd+bwd %.2f ms on tensor cores, %.1f TFLOP/s; fp32 cores %.2f ms, %.1f TFLOP/s "
+               "(%.2fx the fp32 kernels' time; seq %d, %d/%d heads, head_dim %d)\n",
+               specs[k].name, mtc, fl / mtc * 1e-9, m32, fl / m32 * 1e-9, mtc / m32, seq, c->num_attention_heads,
+               c->num_key_value_heads, c->head_dim);
+        fflush(stdout);
+    }
+    ff_backend_destroy(&b32);
+    ff_backend_destroy(&btc);
+}
 
 static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double *tok_s, double *mfu) {
     ff_model *m = random_model(be, &s->cfg, false, false);
@@ -257,10 +338,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_cuda: %s\n", ff_error_message());
         return 1;
     }
-    const char *math = getenv("FF_CUDA_MATH");
-    printf("bench_cuda: %s, FF_CUDA_MATH=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
+    const char *math = getenv("FF_CUDA_MATH"), *att = getenv("FF_CUDA_ATTENTION");
+    printf("bench_cuda: %s, FF_CUDA_MATH=%s, FF_CUDA_ATTENTION=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
            "%s KV cache\n",
-           ff_backend_name(be), math && *math ? math : "tf32 (default)", seq, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32",
+           ff_backend_name(be), math && *math ? math : "tf32 (default)",
+           att && *att ? att : (math && !strcmp(math, "fp32") ? "fp32 (as the products)" : "bf16 (default)"), seq, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32",
            decode_kv16 ? "bf16" : "fp32");
     spec specs[] = {
         {"qwen0.5b", base_cfg(151936, 896, 4864, 24, 14, 2, true, true, 1000000.0)},
@@ -274,6 +356,7 @@ int main(int argc, char **argv) {
         if (!c) break;
         c++;
     }
+    attention_side_by_side(device, specs, NSPEC, models, seq);
     double tr[NSPEC] = {0}, mfu[NSPEC] = {0}, dec[NSPEC][MAXB] = {{0}};
     bool ran_tr[NSPEC] = {0}, ran_dec[NSPEC][MAXB] = {{0}};
     int64_t start = ff_now_ns();

@@ -22,7 +22,7 @@ import sys
 
 TRANSPORT_HEADERS = {"zmq.h", "ev.h", "msgpack.h", "sys/socket.h", "netinet/in.h", "netinet/tcp.h",
                      "arpa/inet.h", "spawn.h", "sys/wait.h", "netdb.h"}
-SOURCE_EXT = (".c", ".h", ".cu", ".cuh")
+SOURCE_EXT = (".c", ".h", ".cu", ".cuh", ".cpp")
 
 
 def fail_table(msg):

@@ -8,7 +8,8 @@
 #   3. tests    ctest -R 'cuda|nccl' (not exec/test_run_cuda, CI's): the CUDA backend against the CPU one, entry by entry
 #               and at model level, `generate --device cuda`, the NCCL collectives and a cpu
 #               group's NCCL twin, GRPO end to end with the actor on cuda (exec/test_run_cuda_gpu)
-#   4. bench    bench/bench_cuda.c: training tokens/s and MFU at seq 2048, decode tokens/s
+#   4. bench    bench/bench_cuda.c: the training attention on tensor cores beside the fp32
+#               kernels, training tokens/s and MFU at seq 2048, decode tokens/s
 #               at batch 1/32/256, Qwen2.5-0.5B- and Llama-3.2-1B-shaped random models
 #   5. torch    bench/bench_cuda_torch.py: the same work in PyTorch eager bf16 (SDPA) and HF
 #               generate, where python3 has torch
@@ -169,7 +170,7 @@ step tests 130 ctest --test-dir "$BUILD" -R 'cuda|nccl|kernels/test_backend' -E 
 # ---- 4. the benchmark ------------------------------------------------------------------------
 step bench 110 "$BUILD/bench_cuda" --budget 75
 # headlines come as measured and again at the end: keep each once (a run cut short keeps some)
-grep -E '^bench_cuda_(train|decode)' "$OUTDIR/bench.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
+grep -E '^bench_cuda_(attention|train|decode)' "$OUTDIR/bench.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
 
 # ---- 5. PyTorch beside it --------------------------------------------------------------------
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then

@@ -14,7 +14,9 @@
  * of the group, so each output row has one writer (no atomics). Memory is O(T) per head.
  *
  * This is the straightforward version: fp32 CUDA cores, no tensor cores, no pipelining of
- * the tile loads. It is correct first; FlashAttention-class speed is not claimed (docs/cuda.md).
+ * the tile loads: the exact reference, and what runs under FF_CUDA_ATTENTION=fp32 (the
+ * default with FF_CUDA_MATH=fp32) or for head dims the tensor-core kernels of
+ * cuda_attention_tc.cu lack.
  *
  * Sampling: one block per row. Greedy is an argmax (lowest id on ties); top-k and top-p find
  * their cut by a bitwise search over a 64-bit key (probability bits, then the inverted id,
@@ -119,6 +121,10 @@ static __global__ void k_att_fwd(const float *qkv, int ld, const int32_t *ss, in
 void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
                            ff_dptr out, ff_dptr lse) {
     if (T <= 0) return;
+    if (CI(s)->attention == CUDA_ATT_BF16 && ff_cuda_attention_tc_fits(D)) {
+        ff_cuda_attention_fwd_tc(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse);
+        return;
+    }
     if (D > MAXD) {
         ff_error_set("cuda attention", "use a model with head_dim <= 256", "head_dim %d is above %d", D, (int)MAXD);
         ff_stream_fail(s);
@@ -271,6 +277,10 @@ void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
                            ff_dptr dqkv) {
     (void)seq_start_host; /* the kernels find sequences on the device */
     if (T <= 0) return;
+    if (CI(s)->attention == CUDA_ATT_BF16 && ff_cuda_attention_tc_fits(D)) {
+        ff_cuda_attention_bwd_tc(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv);
+        return;
+    }
     if (D > MAXD) {
         ff_error_set("cuda attention", "use a model with head_dim <= 256", "head_dim %d is above %d", D, (int)MAXD);
         ff_stream_fail(s);
@@ -399,7 +409,7 @@ int ff_cuda_attention_init(void) {
                                 "cudaFuncSetAttribute(%zu bytes): %s", k[i].bytes, cudaGetErrorString(e));
         }
     }
-    return 0;
+    return ff_cuda_attention_tc_init();
 }
 
 /* ---- log-probs and entropy -------------------------------------------------------------------- */

@@ -1,7 +1,8 @@
 /* The CUDA backend: device memory (cudaMalloc), one CUDA stream per ff_stream, matrix
  * products through cuBLAS, and plain kernels for the elementwise and row-wise entries of the
  * table (embedding, RMSNorm, RoPE, bias, SwiGLU, rows, vectors, AdamW, the sum of squares).
- * Attention, the logits kernels and sampling are in cuda_attention.cu.
+ * Attention, the logits kernels and sampling are in cuda_attention.cu (and the tensor-core
+ * training attention in cuda_attention_tc.cu).
  *
  * Numbers: every tensor the interface names is fp32 (include/fuseflow/kernels.h), so the
  * parameters, gradients and AdamW state are fp32 masters by construction. ff_gemm multiplies
@@ -780,6 +781,20 @@ static int math_from_env(int *math) {
     return 0;
 }
 
+/* FF_CUDA_ATTENTION: bf16 (tensor cores) unless the products are exact fp32, where the
+ * attention is too. */
+static int attention_from_env(int math, int *att) {
+    const char *a = getenv("FF_CUDA_ATTENTION");
+    if (!a || !*a) *att = math == CUDA_MATH_FP32 ? CUDA_ATT_FP32 : CUDA_ATT_BF16;
+    else if (!strcmp(a, "fp32")) *att = CUDA_ATT_FP32;
+    else if (!strcmp(a, "bf16")) *att = CUDA_ATT_BF16;
+    else
+        return ff_error_set("FF_CUDA_ATTENTION",
+                            "use bf16 (tensor cores; the default unless FF_CUDA_MATH=fp32) or fp32 (CUDA cores, exact)",
+                            "unknown value '%s'", a);
+    return 0;
+}
+
 extern "C" ff_backend *ff_backend_cuda_new(int device) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -795,8 +810,8 @@ extern "C" ff_backend *ff_backend_cuda_new(int device) {
                      "device cuda:%d requested but %d CUDA device%s visible", device, n, n == 1 ? " is" : "s are");
         return NULL;
     }
-    int math = 0;
-    if (math_from_env(&math)) return NULL;
+    int math = 0, att = 0;
+    if (math_from_env(&math) || attention_from_env(math, &att)) return NULL;
     e = cudaSetDevice(device);
     if (e != cudaSuccess) {
         cuda_fail(e, "selecting the device", "check the device with nvidia-smi");
@@ -815,6 +830,7 @@ extern "C" ff_backend *ff_backend_cuda_new(int device) {
     snprintf(be->name, sizeof be->name, "cuda:%d", device);
     c->device = device;
     c->math = math;
+    c->attention = att;
     cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device);
     if (load_blas()) {
         cuda_destroy(be);

@@ -20,10 +20,14 @@ typedef struct cuda_impl {
     int device;
     cublasHandle_t blas;
     int math; /* CUDA_MATH_*: how ff_gemm multiplies (FF_CUDA_MATH) */
+    int attention; /* CUDA_ATT_*: which training attention kernels run (FF_CUDA_ATTENTION) */
     int sm_count;
 } cuda_impl;
 
 enum { CUDA_MATH_TF32 = 0, CUDA_MATH_FP32 = 1, CUDA_MATH_BF16 = 2 };
+/* CUDA_ATT_FP32: the CUDA-core kernels (cuda_attention.cu), exact fp32; CUDA_ATT_BF16: the
+ * tensor-core ones (cuda_attention_tc.cu) where the head dim has one, else the fp32 ones. */
+enum { CUDA_ATT_FP32 = 0, CUDA_ATT_BF16 = 1 };
 
 /* A stream's state (ff_stream.impl): the CUDA stream and a scratch buffer on the device
  * that kernels of this stream use (per stream, so streams running concurrently never share
@@ -67,6 +71,16 @@ void ff_cuda_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float in
                          ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
 void ff_cuda_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
                     ff_dptr logprob);
+/* cuda_attention_tc.cu: the training attention on tensor cores (bf16 operands, fp32
+ * accumulation) for head dims ff_cuda_attention_tc_fits (multiples of 16 up to 128); the
+ * arguments as ff_attention_fwd / ff_attention_bwd's. */
+int ff_cuda_attention_tc_fits(int D);
+void ff_cuda_attention_fwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
+                              int D, ff_dptr out, ff_dptr lse);
+void ff_cuda_attention_bwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
+                              int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta, ff_dptr dqkv);
+/* Raise the tensor-core attention kernels' dynamic shared memory limit. 0 or -1 + error. */
+int ff_cuda_attention_tc_init(void);
 /* Raise the dynamic shared memory limit of the attention kernels (once, at backend creation).
  * 0 or -1 + error. */
 int ff_cuda_attention_init(void);

@@ -270,37 +270,80 @@ static void test_rowwise(void) {
 
 /* ---- attention ------------------------------------------------------------------------------------ */
 
-static void test_attention_case(const int32_t *lens, int S_, int Hq, int Hkv, int D) {
+/* tol: 0 for the fp32 kernels (1e-5 relative), else the relative tolerance of the tensor-core
+ * ones (bf16 operands). */
+static void test_attention_case(const int32_t *lens, int S_, int Hq, int Hkv, int D, double tol) {
     int32_t ss[16];
     ss[0] = 0;
     for (int s = 0; s < S_; s++) ss[s + 1] = ss[s] + lens[s];
     int T = ss[S_], W = (Hq + 2 * Hkv) * D, ld = W + 6, HD = Hq * D;
-    char what[128];
+    const char *kind = tol ? "tensor cores" : "fp32";
+    char what[160];
     dual qkv = dual_rand((size_t)T * ld, 1.5f), dss = dual_i32(ss, (size_t)S_ + 1);
     dual out = dual_new(NULL, (size_t)T * HD * 4), lse = dual_new(NULL, (size_t)T * Hq * 4);
     BOTH(ff_attention_fwd(S, P(qkv), ld, P(dss), S_, T, Hq, Hkv, D, P(out), P(lse)));
-    snprintf(what, sizeof what, "attention_fwd out T=%d Hq=%d Hkv=%d D=%d", T, Hq, Hkv, D);
-    cmp_all(what, out, 1e-5, 1e-4);
-    snprintf(what, sizeof what, "attention_fwd lse T=%d Hq=%d Hkv=%d D=%d", T, Hq, Hkv, D);
-    cmp_all(what, lse, 1e-5, 1e-5);
+    snprintf(what, sizeof what, "attention_fwd (%s) out T=%d Hq=%d Hkv=%d D=%d", kind, T, Hq, Hkv, D);
+    cmp_all(what, out, 1e-5, tol ? tol : 1e-4);
+    snprintf(what, sizeof what, "attention_fwd (%s) lse T=%d Hq=%d Hkv=%d D=%d", kind, T, Hq, Hkv, D);
+    cmp_all(what, lse, 1e-5, tol ? tol : 1e-5);
     dual dout = dual_rand((size_t)T * HD, 1), delta = dual_new(NULL, (size_t)T * Hq * 4);
     dual dqkv = dual_rand((size_t)T * ld, 1); /* the ld padding must stay as it is on both */
     BOTH(ff_attention_bwd(S, P(qkv), ld, P(dss), ss, S_, T, Hq, Hkv, D, P(out), P(lse), P(dout), P(delta), P(dqkv)));
-    snprintf(what, sizeof what, "attention_bwd dqkv T=%d Hq=%d Hkv=%d D=%d", T, Hq, Hkv, D);
-    cmp_all(what, dqkv, 1e-5, 2e-4);
+    snprintf(what, sizeof what, "attention_bwd (%s) dqkv T=%d Hq=%d Hkv=%d D=%d", kind, T, Hq, Hkv, D);
+    cmp_all(what, dqkv, 1e-5, tol ? 2 * tol : 2e-4);
+    if (tol) { /* one writer per row, sums in a fixed order: a second run gives the same bits */
+        size_t n = (size_t)T * ld;
+        float *a = malloc(n * 4), *b = malloc(n * 4);
+        ff_memcpy_d2h(gst, a, dqkv.g, n * 4);
+        side = 1;
+        ff_attention_bwd(S, P(qkv), ld, P(dss), ss, S_, T, Hq, Hkv, D, P(out), P(lse), P(dout), P(delta), P(dqkv));
+        ff_memcpy_d2h(gst, b, dqkv.g, n * 4);
+        CHECK(ff_stream_sync(gst) == 0);
+        snprintf(what, sizeof what, "attention_bwd (%s) repeats bit for bit T=%d D=%d", kind, T, D);
+        if (memcmp(a, b, n * 4)) {
+            fprintf(stderr, "%s: it does not\n", what);
+            ff_test_failures++;
+        }
+        free(a), free(b);
+    }
     dual_free(&qkv), dual_free(&dss), dual_free(&out), dual_free(&lse), dual_free(&dout), dual_free(&delta);
     dual_free(&dqkv);
 }
 
-static void test_attention(void) {
+/* Every case on the fp32 kernels, and with tol on the tensor-core ones (the kernels of
+ * tests/kernels/test_attention_tc_emu.c's emulator), through a backend made with
+ * FF_CUDA_ATTENTION=bf16. */
+static void attention_cases(double tol) {
     int32_t a[] = {37, 0, 70, 1, 100};
-    test_attention_case(a, 5, 4, 2, 16);
+    test_attention_case(a, 5, 4, 2, 16, tol);
     int32_t b[] = {130, 3};
-    test_attention_case(b, 2, 2, 1, 64);
+    test_attention_case(b, 2, 2, 1, 64, tol);
     int32_t c[] = {45, 64};
-    test_attention_case(c, 2, 3, 3, 80); /* head_dim not a multiple of 32 */
+    test_attention_case(c, 2, 3, 3, 80, tol); /* head_dim not a multiple of 32 */
     int32_t d[] = {33};
-    test_attention_case(d, 1, 2, 1, 128);
+    test_attention_case(d, 1, 2, 1, 128, tol);
+    int32_t e[] = {5, 9, 1, 17, 0, 12, 3, 30, 8, 2, 21, 11, 6};
+    test_attention_case(e, 13, 2, 2, 48, tol); /* tiles start and end inside sequences */
+}
+
+static void test_attention(void) {
+    attention_cases(0);
+    setenv("FF_CUDA_ATTENTION", "bf16", 1);
+    ff_backend *g_tc = ff_backend_new("cuda");
+    unsetenv("FF_CUDA_ATTENTION");
+    REQUIRE(g_tc);
+    ff_backend *keep = gpu;
+    ff_stream *keep_st = gst;
+    gpu = g_tc;
+    gst = ff_backend_stream(g_tc);
+    attention_cases(2e-2); /* bf16 Q, K, V, dO and probabilities: ~0.4 % each */
+    gpu = keep;
+    gst = keep_st;
+    ff_backend_destroy(&g_tc);
+    setenv("FF_CUDA_ATTENTION", "fp16", 1);
+    CHECK(ff_backend_new("cuda") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "FF_CUDA_ATTENTION");
+    unsetenv("FF_CUDA_ATTENTION");
 
     /* against a paged KV cache: 15 blocks of 13 rows, 3 sequences whose tables name them out of
      * order, the last two sharing their first two blocks (a common prompt) */

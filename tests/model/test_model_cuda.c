@@ -88,6 +88,40 @@ static void train_step_both(ff_model *mc, ff_model *mg, double tol) {
     free(gg);
 }
 
+/* One SFT step's loss and gradients on a GPU model whose attention runs on tensor cores
+ * (FF_CUDA_ATTENTION=bf16, exact fp32 products otherwise) against the CPU's: the loss within
+ * 1e-2, every gradient within 3 % of the largest one (bf16 rounding of Q, K, V, dO and the
+ * probabilities, ~0.4 % each, through two layers). */
+static void train_step_tc(ff_model *mc, ff_model *mg) {
+    float lpc[NT], lpg[NT], dc[NT], dg[NT], mask[NT];
+    for (int t = 0; t < NT; t++) mask[t] = targets[t] >= 0 ? 1.0f : 0.0f;
+    ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
+    ff_forward_opts o = {.train = true};
+    ff_forward_out oc = {.logprobs = lpc}, og = {.logprobs = lpg};
+    REQUIRE(ff_model_forward(mc, &b, &o, &oc) == 0 && ff_model_forward(mg, &b, &o, &og) == 0);
+    double lc = ff_sft_loss(lpc, mask, NT, 1.0f / NT, dc), lg = ff_sft_loss(lpg, mask, NT, 1.0f / NT, dg);
+    CHECK_CLOSE(lg, lc, 1e-2, 0);
+    REQUIRE(ff_model_zero_grad(mc) == 0 && ff_model_zero_grad(mg) == 0);
+    REQUIRE(ff_model_backward(mc, dc, NULL, NULL) == 0);
+    if (ff_model_backward(mg, dg, NULL, NULL)) {
+        fprintf(stderr, "cuda backward (tensor-core attention) failed: %s\n", ff_error_message());
+        ff_test_failures++;
+        return;
+    }
+    int64_t n = ff_model_param_count(mc);
+    float *gc = malloc((size_t)n * 4), *gg = malloc((size_t)n * 4);
+    REQUIRE(ff_model_read_grads(mc, gc) == 0 && ff_model_read_grads(mg, gg) == 0);
+    double mx = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(gc[i]));
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, isnan(gg[i]) ? INFINITY : fabs((double)gg[i] - gc[i]));
+    if (!(worst <= 3e-2 * mx)) {
+        fprintf(stderr, "tensor-core attention: gradients differ by %.3g, above 3%% of the largest %.3g\n", worst, mx);
+        ff_test_failures++;
+    }
+    free(gc);
+    free(gg);
+}
+
 static ff_gen_request req(uint64_t id, const int32_t *prompt, int32_t n, float temp, int32_t max_new, uint64_t seed) {
     ff_gen_request r;
     memset(&r, 0, sizeof r);
@@ -171,6 +205,20 @@ int main(void) {
     forward_both(mc, m32, false, 0.7f, "forward fp32 temperature 0.7", 2e-4);
     forward_both(mc, mtf, false, 1.0f, "forward tf32", 3e-2);
     train_step_both(mc, m32, 2e-4);
+    {
+        setenv("FF_CUDA_MATH", "fp32", 1);
+        setenv("FF_CUDA_ATTENTION", "bf16", 1);
+        ff_backend *gtc = ff_backend_new("cuda");
+        unsetenv("FF_CUDA_MATH");
+        unsetenv("FF_CUDA_ATTENTION");
+        REQUIRE(gtc);
+        ff_model *mc2 = tiny_model(cpu, &c, 5, 0.1), *mtc = tiny_model(gtc, &c, 5, 0.1);
+        forward_both(mc2, mtc, false, 1.0f, "forward, tensor-core attention", 3e-2);
+        train_step_tc(mc2, mtc);
+        ff_model_destroy(&mc2);
+        ff_model_destroy(&mtc);
+        ff_backend_destroy(&gtc);
+    }
     ff_model_destroy(&mc);
     ff_model_destroy(&m32);
     ff_model_destroy(&mtf);

@@ -1,0 +1,161 @@
+/* The tensor-core attention kernels (kernels/cuda/attention_tc_kernels.cuh), run on the host by
+ * their emulator (kernels/cuda/emu/), against the CPU backend's ff_attention_fwd / _bwd on the
+ * same inputs: packed sequences with empty ones and sequences that cross the kernels' 64-row
+ * tiles, GQA, every tile-size relation (shorter than a tile, many tiles), head dims 16 to 128.
+ * The inputs are bf16 values already (so the kernels' rounding of Q, K, V and dO is exact) and
+ * what remains is the probabilities' and dS's rounding to bf16 and the sums' order: out, lse and
+ * every column of dqkv within 1.5 % of their largest magnitude, the ld padding untouched. A
+ * head dim without a kernel is refused, naming it.
+ *
+ * Without a C++ compiler at configure time the emulator is not built and this exits 77. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuseflow/backend.h"
+#include "fuseflow/dtype.h"
+#include "fuseflow/error.h"
+#include "fuseflow/kernels.h"
+#include "fuseflow/util.h"
+#include "tests/test_util.h"
+
+#ifndef FF_HAVE_CUDA_EMU
+int main(void) {
+    (void)ff_test_failures;
+    SKIP("attention_tc_emu: no C++ compiler at configure time, so the emulator was not built");
+}
+#else
+#include "kernels/cuda/emu/attention_tc_emu.h"
+
+static ff_rng rng;
+
+static float *bf16_rand(size_t n, float scale) {
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = ff_bf16_to_f32(ff_f32_to_bf16((float)(ff_rng_uniform(&rng) * 2 - 1) * scale));
+    return x;
+}
+
+/* Run f on the CPU backend: the host arrays copied in and the outputs copied out. */
+static void cpu_attention(ff_backend *be, const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv,
+                          int D, float *out, float *lse, const float *dout, float *dqkv) {
+    ff_stream *st = ff_backend_stream(be);
+    const size_t nq = (size_t)T * ld, no = (size_t)T * Hq * D, nl = (size_t)T * Hq;
+    ff_buffer *b_qkv = ff_buffer_new(be, nq * 4), *b_ss = ff_buffer_new(be, (size_t)(S + 1) * 4);
+    ff_buffer *b_out = ff_buffer_new(be, no * 4), *b_lse = ff_buffer_new(be, nl * 4);
+    ff_buffer *b_dout = ff_buffer_new(be, no * 4), *b_delta = ff_buffer_new(be, nl * 4), *b_dqkv = ff_buffer_new(be, nq * 4);
+    REQUIRE(b_qkv && b_ss && b_out && b_lse && b_dout && b_delta && b_dqkv);
+    ff_dptr qd = ff_dptr_of(b_qkv, 0), sd = ff_dptr_of(b_ss, 0), od = ff_dptr_of(b_out, 0), ldp = ff_dptr_of(b_lse, 0);
+    ff_dptr dod = ff_dptr_of(b_dout, 0), dld = ff_dptr_of(b_delta, 0), dqd = ff_dptr_of(b_dqkv, 0);
+    ff_memcpy_h2d(st, qd, qkv, nq * 4);
+    ff_memcpy_h2d(st, sd, ss, (size_t)(S + 1) * 4);
+    ff_memcpy_h2d(st, dod, dout, no * 4);
+    ff_memcpy_h2d(st, dqd, dqkv, nq * 4);
+    ff_attention_fwd(st, qd, ld, sd, S, T, Hq, Hkv, D, od, ldp);
+    ff_attention_bwd(st, qd, ld, sd, ss, S, T, Hq, Hkv, D, od, ldp, dod, dld, dqd);
+    ff_memcpy_d2h(st, out, od, no * 4);
+    ff_memcpy_d2h(st, lse, ldp, nl * 4);
+    ff_memcpy_d2h(st, dqkv, dqd, nq * 4);
+    REQUIRE(ff_stream_sync(st) == 0);
+    ff_buffer *all[] = {b_qkv, b_ss, b_out, b_lse, b_dout, b_delta, b_dqkv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ff_buffer_destroy(&all[i]);
+}
+
+/* max |a - b| over rows x cols (row stride ld, from column c0) within rtol of max |a|. */
+static void check_close(const char *what, const float *a, const float *b, int rows, int ld, int c0, int cols, double rtol) {
+    double mx = 0, worst = -1;
+    int wr = 0, wc = 0;
+    for (int r = 0; r < rows; r++)
+        for (int c = c0; c < c0 + cols; c++) mx = fmax(mx, fabs(a[(size_t)r * ld + c]));
+    for (int r = 0; r < rows; r++)
+        for (int c = c0; c < c0 + cols; c++) {
+            double e = fabs((double)a[(size_t)r * ld + c] - (double)b[(size_t)r * ld + c]);
+            if (isnan(e) || e > worst) {
+                worst = isnan(e) ? INFINITY : e;
+                wr = r, wc = c;
+            }
+        }
+    if (!(worst <= rtol * mx)) {
+        fprintf(stderr, "%s: max |emu - cpu| %.3g at row %d col %d (emu %.7g, cpu %.7g), tolerance %.3g\n", what, worst,
+                wr, wc, (double)b[(size_t)wr * ld + wc], (double)a[(size_t)wr * ld + wc], rtol * mx);
+        ff_test_failures++;
+    } else if (getenv("FF_TEST_VERBOSE")) {
+        printf("%-40s max err %.3g (max %.3g)\n", what, worst, mx);
+    }
+}
+
+static void run_case(ff_backend *cpu, const int32_t *lens, int S, int Hq, int Hkv, int D) {
+    int32_t ss[64];
+    ss[0] = 0;
+    for (int s = 0; s < S; s++) ss[s + 1] = ss[s] + lens[s];
+    const int T = ss[S], W = (Hq + 2 * Hkv) * D, ld = W + 6, HD = Hq * D;
+    char what[96];
+    float *qkv = bf16_rand((size_t)T * ld, 1.5f), *dout = bf16_rand((size_t)T * HD, 1.0f);
+    float *dq0 = bf16_rand((size_t)T * ld, 1.0f); /* the padding must survive both */
+    float *out_c = malloc((size_t)T * HD * 4), *lse_c = malloc((size_t)T * Hq * 4), *dqkv_c = malloc((size_t)T * ld * 4);
+    float *out_e = malloc((size_t)T * HD * 4), *lse_e = malloc((size_t)T * Hq * 4), *dqkv_e = malloc((size_t)T * ld * 4);
+    float *delta = malloc((size_t)T * Hq * 4);
+    memcpy(dqkv_c, dq0, (size_t)T * ld * 4);
+    memcpy(dqkv_e, dq0, (size_t)T * ld * 4);
+    cpu_attention(cpu, qkv, ld, ss, S, T, Hq, Hkv, D, out_c, lse_c, dout, dqkv_c);
+    int rc = ff_emu_attention_fwd_tc(qkv, ld, ss, S, T, Hq, Hkv, D, out_e, lse_e);
+    if (!rc) rc = ff_emu_attention_bwd_tc(qkv, ld, ss, S, T, Hq, Hkv, D, out_e, lse_e, dout, delta, dqkv_e);
+    snprintf(what, sizeof what, "T=%d S=%d Hq=%d Hkv=%d D=%d", T, S, Hq, Hkv, D);
+    if (rc) {
+        fprintf(stderr, "%s: the emulator refused: %s\n", what, ff_error_message());
+        ff_test_failures++;
+    } else {
+        char w2[160];
+        snprintf(w2, sizeof w2, "%s out", what);
+        check_close(w2, out_c, out_e, T, HD, 0, HD, 1.5e-2);
+        snprintf(w2, sizeof w2, "%s lse", what);
+        check_close(w2, lse_c, lse_e, T, Hq, 0, Hq, 1e-2);
+        snprintf(w2, sizeof w2, "%s dq", what);
+        check_close(w2, dqkv_c, dqkv_e, T, ld, 0, HD, 1.5e-2);
+        snprintf(w2, sizeof w2, "%s dk", what);
+        check_close(w2, dqkv_c, dqkv_e, T, ld, HD, Hkv * D, 1.5e-2);
+        snprintf(w2, sizeof w2, "%s dv", what);
+        check_close(w2, dqkv_c, dqkv_e, T, ld, HD + Hkv * D, Hkv * D, 1.5e-2);
+        int pad_ok = 1;
+        for (int t = 0; t < T; t++)
+            pad_ok &= !memcmp(dqkv_e + (size_t)t * ld + W, dq0 + (size_t)t * ld + W, (size_t)(ld - W) * 4);
+        if (!pad_ok) {
+            fprintf(stderr, "%s: the emulated backward wrote into the ld padding\n", what);
+            ff_test_failures++;
+        }
+    }
+    free(qkv), free(dout), free(dq0), free(out_c), free(lse_c), free(dqkv_c), free(out_e), free(lse_e), free(dqkv_e);
+    free(delta);
+}
+
+int main(void) {
+    ff_rng_seed(&rng, 41);
+    ff_backend *cpu = ff_backend_cpu_new(2);
+    REQUIRE(cpu);
+
+    /* test_cuda_backend's cases: empty sequences, a one-token one, GQA, D 16 / 64 / 80 / 128 */
+    int32_t a[] = {37, 0, 70, 1, 100};
+    run_case(cpu, a, 5, 4, 2, 16);
+    int32_t b[] = {130, 3};
+    run_case(cpu, b, 2, 2, 1, 64);
+    int32_t c[] = {45, 64};
+    run_case(cpu, c, 2, 3, 3, 80);
+    int32_t d[] = {33};
+    run_case(cpu, d, 1, 2, 1, 128);
+    /* one sequence over four tiles, 4 query heads a kv head */
+    int32_t e[] = {200};
+    run_case(cpu, e, 1, 4, 1, 32);
+    /* many short sequences, so that tiles start and end inside sequences everywhere */
+    int32_t f[] = {5, 9, 1, 17, 0, 12, 3, 30, 8, 2, 21, 11, 6};
+    run_case(cpu, f, 13, 2, 2, 48);
+
+    /* a head dim without a kernel */
+    float x[4] = {0};
+    int32_t ss[2] = {0, 1};
+    CHECK(ff_emu_attention_fwd_tc(x, 4, ss, 1, 1, 1, 1, 24, x, x) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "head_dim 24");
+
+    ff_backend_destroy(&cpu);
+    TEST_MAIN_END();
+}
+#endif
