@@ -5,7 +5,8 @@
 #   2. build    cmake -DFF_CUDA=ON Release into build-gpu (-j16), only the targets below; when
 #               this machine lacks fuseflow's libraries (ZeroMQ, msgpack, ...), against the
 #               folder .gpu-deps that scripts/gpu-deps.sh packed elsewhere and the run carried
-#   3. tests    ctest -R 'cuda|nccl' (not exec/test_run_cuda, CI's): the CUDA backend against the CPU one, entry by entry
+#   3. tests    ctest -R 'cuda|nccl' (not exec/test_run_cuda nor the emulator's copies of the
+#               CUDA tests: CI runs those): the CUDA backend against the CPU one, entry by entry
 #               and at model level, `generate --device cuda`, the NCCL collectives and a cpu
 #               group's NCCL twin, GRPO end to end with the actor on cuda (exec/test_run_cuda_gpu)
 #   4. bench    bench/bench_cuda.c: the training attention on tensor cores beside the fp32
@@ -165,7 +166,7 @@ step build-compile 200 cmake --build "$BUILD" -j16 --target "${TARGETS[@]}" || f
 # exec/test_run_cuda: it checks the controller's GPU assignment against a stand-in driver
 # (ff_fake_libcuda, not built here) and expects the workers to find no device, which is CI's
 # machine, not this one.
-step tests 130 ctest --test-dir "$BUILD" -R 'cuda|nccl|kernels/test_backend' -E 'exec/test_run_cuda$' --output-on-failure --timeout 90
+step tests 130 ctest --test-dir "$BUILD" -R 'cuda|nccl|kernels/test_backend' -E 'exec/test_run_cuda$|_emu$' --output-on-failure --timeout 90
 
 # ---- 4. the benchmark ------------------------------------------------------------------------
 step bench 110 "$BUILD/bench_cuda" --budget 75

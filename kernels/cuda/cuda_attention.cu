@@ -70,7 +70,7 @@ static __device__ __forceinline__ void stage(float *sm, const float *src, int64_
 
 static __global__ void k_att_fwd(const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
                                  float scale, float *out, float *lse) {
-    extern __shared__ float sm[];
+    FF_DYN_SHARED(float, sm);
     float *q_s = sm, *k_s = q_s + AW * D, *v_s = k_s + KT * (D + 1);
     const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t0 = blockIdx.x * AW, t = t0 + warp;
@@ -132,7 +132,7 @@ void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
     }
     ff_cuda_use_device(s);
     dim3 grid((T + AW - 1) / AW, Hq);
-    k_att_fwd<<<grid, AW * 32, fwd_smem(D), CS(s)>>>(F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
+    FF_LAUNCH(k_att_fwd, grid, AW * 32, fwd_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
                                                      1.0f / sqrtf((float)D), F(out), F(lse));
     ff_cuda_check_launch(s, "attention_fwd");
 }
@@ -153,7 +153,7 @@ static __global__ void k_att_delta(const float *out, const float *dout, float *d
 
 static __global__ void k_att_dq(const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
                                 float scale, const float *lse, const float *dout, const float *delta, float *dqkv) {
-    extern __shared__ float sm[];
+    FF_DYN_SHARED(float, sm);
     float *q_s = sm, *do_s = q_s + AW * D, *k_s = do_s + AW * D, *v_s = k_s + KT * (D + 1);
     const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t0 = blockIdx.x * AW, t = t0 + warp;
@@ -210,7 +210,7 @@ static __global__ void k_att_dq(const float *qkv, int ld, const int32_t *ss, int
  * from the first key row to the end of the last key row's sequence. */
 static __global__ void k_att_dkv(const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
                                  float scale, const float *lse, const float *dout, const float *delta, float *dqkv) {
-    extern __shared__ float sm[];
+    FF_DYN_SHARED(float, sm);
     float *kr_s = sm, *vr_s = kr_s + AW * D, *q_s = vr_s + AW * D, *do_s = q_s + KT * (D + 1);
     float *lse_s = do_s + KT * (D + 1), *dl_s = lse_s + KT;
     const int g = blockIdx.y, rep = Hq / Hkv, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -289,10 +289,10 @@ void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
     ff_cuda_use_device(s);
     float scale = 1.0f / sqrtf((float)D);
     int64_t warps = (int64_t)T * Hq;
-    k_att_delta<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, CS(s)>>>(F(out), F(dout), F(delta), T, Hq, D);
-    k_att_dq<<<dim3((T + AW - 1) / AW, Hq), AW * 32, dq_smem(D), CS(s)>>>(F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
+    FF_LAUNCH(k_att_delta, (unsigned)((warps * 32 + 255) / 256), 256, 0, CS(s), F(out), F(dout), F(delta), T, Hq, D);
+    FF_LAUNCH(k_att_dq, dim3((T + AW - 1) / AW, Hq), AW * 32, dq_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
                                                                           scale, F(lse), F(dout), F(delta), F(dqkv));
-    k_att_dkv<<<dim3((T + AW - 1) / AW, Hkv), AW * 32, dkv_smem(D), CS(s)>>>(
+    FF_LAUNCH(k_att_dkv, dim3((T + AW - 1) / AW, Hkv), AW * 32, dkv_smem(D), CS(s), 
         F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D, scale, F(lse), F(dout), F(delta), F(dqkv));
     ff_cuda_check_launch(s, "attention_bwd");
 }
@@ -319,7 +319,7 @@ template <typename T>
 static __global__ void k_att_cached(const float *q, int ldq, const T *kc, const T *vc, const int32_t *table,
                                     int table_ld, int bs, const int32_t *seq, const int32_t *nkeys, int Hq, int Hkv,
                                     int D, float scale, float *out) {
-    extern __shared__ float sm[];
+    FF_DYN_SHARED(float, sm);
     float *q_s = sm, *k_s = q_s + D, *v_s = k_s + KT * (D + 1);
     const int t = blockIdx.x, h = blockIdx.y, g = h / (Hq / Hkv), lane = threadIdx.x;
     const int64_t KD = (int64_t)Hkv * D;
@@ -371,7 +371,7 @@ static void attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, f
         return;
     }
     ff_cuda_use_device(s);
-    k_att_cached<T><<<dim3(T_, Hq), 32, cached_smem(D), CS(s)>>>(F(q), ldq, (const T *)(const void *)F(kcache),
+    FF_LAUNCH(k_att_cached<T>, dim3(T_, Hq), 32, cached_smem(D), CS(s), F(q), ldq, (const T *)(const void *)F(kcache),
                                                                 (const T *)(const void *)F(vcache), I32(table), table_ld,
                                                                 block_rows, I32(seq), I32(n_keys), Hq, Hkv, D,
                                                                 1.0f / sqrtf((float)D), F(out));
@@ -444,7 +444,7 @@ void ff_cuda_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float in
                          ff_dptr entropy, ff_dptr lse) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    k_logprob_fwd<<<T, LOGIT_TPB, 0, CS(s)>>>(F(logits), I32(targets), inv_temp, V, F(logprob), F(entropy), F(lse));
+    FF_LAUNCH(k_logprob_fwd, T, LOGIT_TPB, 0, CS(s), F(logits), I32(targets), inv_temp, V, F(logprob), F(entropy), F(lse));
     ff_cuda_check_launch(s, "logprob_fwd");
 }
 
@@ -472,7 +472,7 @@ void ff_cuda_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float in
                          ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    k_logprob_bwd<<<T, LOGIT_TPB, 0, CS(s)>>>(F(logits), I32(targets), inv_temp, V, F(lse), F(dlogprob), F(dentropy),
+    FF_LAUNCH(k_logprob_bwd, T, LOGIT_TPB, 0, CS(s), F(logits), I32(targets), inv_temp, V, F(lse), F(dlogprob), F(dentropy),
                                               F(entropy));
     ff_cuda_check_launch(s, "logprob_bwd");
 }
@@ -622,7 +622,7 @@ void ff_cuda_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, 
                     ff_dptr logprob) {
     if (B <= 0) return;
     ff_cuda_use_device(s);
-    k_sample<<<B, SAMPLE_TPB, 0, CS(s)>>>(F(logits), V, (const ff_sample_params *)(void *)I32(params), F(workspace),
+    FF_LAUNCH(k_sample, B, SAMPLE_TPB, 0, CS(s), F(logits), V, (const ff_sample_params *)(void *)I32(params), F(workspace),
                                           I32(tokens), F(logprob));
     ff_cuda_check_launch(s, "sample");
 }

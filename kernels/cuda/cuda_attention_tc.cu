@@ -1,8 +1,30 @@
-/* Training attention on tensor cores: the launchers of the kernels of
- * attention_tc_kernels.cuh (which says how they tile), the delta kernel the backward starts
- * with, and the shared-memory set-up. FF_CUDA_ATTENTION picks these (cuda_backend.cu); the
- * CUDA-core kernels of cuda_attention.cu remain the exact fp32 reference and serve the other
- * head dims. Not here: the KV-cache attention of decoding. */
+/* Training attention on tensor cores: the forward and backward of ff_attention_fwd /
+ * ff_attention_bwd (causal GQA over packed variable-length sequences) with the products
+ * Q K^T, P V, dO V^T, dS K, P^T dO and dS^T Q done by WMMA (bf16 operands, fp32
+ * accumulation), for head dims that are multiples of 16 up to 128. They compute what the
+ * CUDA-core kernels of cuda_attention.cu compute, with Q, K, V, dO and the probabilities
+ * rounded to bf16.
+ *
+ * FF_CUDA_ATTENTION picks these (cuda_backend.cu); the CUDA-core kernels of cuda_attention.cu
+ * remain the exact fp32 reference and serve the other head dims. Not here: the KV-cache
+ * attention of decoding.
+ *
+ * Tiling (FlashAttention-2's, deterministic): a block is 4 warps, each owning 16 rows.
+ *  - forward: a block holds 64 query rows of one head and walks tiles of 64 keys of its kv
+ *    head (staged as bf16 in shared memory). Each warp scores its rows (S = Q K^T into
+ *    shared fp32), two lanes per row update the running max and sum and write P in bf16, the
+ *    warp rescales its output rows (fp32 in shared memory) and adds P V. Memory O(T) per
+ *    head: no [T, T] matrix, only a [16, 64] tile per warp.
+ *  - dq: a block holds 64 query rows of one head; per key tile it recomputes P from the
+ *    saved log-sum-exp, dP = dO V^T, dS = P (dP - delta), and adds dS K into accumulator
+ *    fragments that stay in registers across tiles.
+ *  - dk, dv: a block holds 64 key rows of one kv head; it walks every query head of the group
+ *    and the query tiles from its first key to the end of its last key's sequence: P^T and
+ *    dS^T as above, dV += P^T dO, dK += dS^T Q in registers.
+ * Each output row has one writer; the sums run in a fixed order, so runs repeat bit for bit.
+ *
+ * Shared memory tiles are padded (bf16 rows of D + 8, fp32 rows of 64 + 4) so that every
+ * fragment pointer is 32-byte aligned, as WMMA requires. */
 #include <cuda_bf16.h>
 #include <math.h>
 #include <mma.h>
@@ -10,8 +32,326 @@
 
 #include "kernels/cuda/cuda_internal.h"
 
-#define FF_TC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#include "kernels/cuda/attention_tc_kernels.cuh"
+using namespace nvcuda;
+
+typedef __nv_bfloat16 bf16;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b;    /* B as stored */
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_b_t;  /* B from rows of B^T */
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+
+/* TB: rows of a tile (queries or keys); NW warps of 16 rows each; SP, PP: row strides of
+ * the per-warp fp32 score and bf16 probability tiles. */
+/* The head dims the kernels are instantiated for: X(d) once each. */
+#define FF_TC_DIMS(X) X(16) X(32) X(48) X(64) X(80) X(96) X(112) X(128)
+
+enum { TB = 64, NW = 4, TPB = NW * 32, SP = TB + 4, PP = TB + 8 };
+
+static __device__ int tc_seq_of(const int32_t *ss, int S, int t) {
+    int lo = 0, hi = S - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (ss[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Rows r0 .. r0 + TB - 1 of a [*, D] slice (row stride ld, from column col) into sm
+ * [TB, D + 8] as bf16; rows at or past lim are zero (so that masked products read zeros,
+ * never stale or non-finite data). */
+template <int D>
+static __device__ __forceinline__ void stage_bf16(bf16 *sm, const float *src, int64_t ld, int64_t col, int r0,
+                                                  int lim) {
+    constexpr int DP = D + 8, HD = D / 2;
+    for (int i = threadIdx.x; i < TB * HD; i += blockDim.x) {
+        int j = i / HD, d = (i - j * HD) * 2, row = r0 + j;
+        float x = 0.0f, y = 0.0f;
+        if (row < lim) {
+            const float *p = src + (int64_t)row * ld + col + d;
+            x = p[0];
+            y = p[1];
+        }
+        *(__nv_bfloat162 *)(sm + j * DP + d) = __floats2bfloat162_rn(x, y);
+    }
+}
+
+/* c[16, N] (fp32, row stride ldc) = a[16, K] b[N, K]^T, a and b bf16 row-major. */
+template <int K>
+static __device__ __forceinline__ void mm_abt(float *c, int ldc, int N, const bf16 *a, int lda, const bf16 *b,
+                                              int ldb) {
+    for (int n = 0; n < N; n += 16) {
+        frag_c acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int k = 0; k < K; k += 16) {
+            frag_a fa;
+            frag_b_t fb;
+            wmma::load_matrix_sync(fa, a + k, lda);
+            wmma::load_matrix_sync(fb, b + (int64_t)n * ldb + k, ldb);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(c + n, acc, ldc, wmma::mem_row_major);
+    }
+}
+
+/* acc[n] += a[16, K] b[K, 16 n .. 16 n + 15] for each of the N / 16 fragments; a and b
+ * bf16 row-major. */
+template <int N, int K>
+static __device__ __forceinline__ void mm_ab_acc(frag_c (&acc)[N / 16], const bf16 *a, int lda, const bf16 *b,
+                                                 int ldb) {
+#pragma unroll
+    for (int k = 0; k < K; k += 16) {
+        frag_a fa;
+        wmma::load_matrix_sync(fa, a + k, lda);
+#pragma unroll
+        for (int n = 0; n < N / 16; n++) {
+            frag_b fb;
+            wmma::load_matrix_sync(fb, b + (int64_t)k * ldb + n * 16, ldb);
+            wmma::mma_sync(acc[n], fa, fb, acc[n]);
+        }
+    }
+}
+
+/* ---- forward ---------------------------------------------------------------------------------- */
+
+template <int D>
+static inline size_t fwd_tc_smem() {
+    return (size_t)3 * TB * (D + 8) * sizeof(bf16) + (size_t)NW * 16 * SP * sizeof(float) +
+           (size_t)NW * 16 * PP * sizeof(bf16) + (size_t)NW * 16 * (D + 4) * sizeof(float);
+}
+
+template <int D>
+static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const float *qkv, int ld, const int32_t *ss, int S, int T,
+                                                           int Hq, int Hkv, float scale, float *out, float *lse) {
+    constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
+    FF_DYN_SHARED(unsigned char, smem);
+    bf16 *q_s = (bf16 *)smem, *k_s = q_s + TB * DP, *v_s = k_s + TB * DP;
+    float *s_all = (float *)(v_s + TB * DP);
+    bf16 *p_all = (bf16 *)(s_all + NW * 16 * SP);
+    float *o_all = (float *)(p_all + NW * 16 * PP);
+    const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float *s_w = s_all + warp * 16 * SP, *o_w = o_all + warp * 16 * OP;
+    bf16 *p_w = p_all + warp * 16 * PP;
+    const int t0 = blockIdx.x * TB, kbeg = ss[tc_seq_of(ss, S, t0)], kend = min(t0 + TB, T);
+    /* the warp's rows w0 .. wlast (none when wlast < w0); lanes 2r and 2r + 1 share row r,
+     * each half of its columns */
+    const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[tc_seq_of(ss, S, w0)] : 0;
+    const int r = lane >> 1, half = lane & 1, t = w0 + r;
+    const bool valid = t < T;
+    const int my0 = valid ? ss[tc_seq_of(ss, S, t)] : 0;
+    float *orow = o_w + r * OP;
+    const float *srow = s_w + r * SP;
+    bf16 *prow = p_w + r * PP;
+
+    stage_bf16<D>(q_s, qkv, ld, (int64_t)h * D, t0, T);
+    for (int c = half * HDC; c < (half + 1) * HDC; c++) orow[c] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int k0 = kbeg; k0 < kend; k0 += TB) {
+        __syncthreads(); /* the previous tile is consumed */
+        stage_bf16<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, k0, kend);
+        stage_bf16<D>(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, kend);
+        __syncthreads();
+        if (w0 > wlast || k0 > wlast || k0 + TB <= wmy0) continue; /* warp-uniform: no key visible */
+        mm_abt<D>(s_w, SP, TB, q_s + warp * 16 * DP, DP, k_s, DP);
+        __syncwarp();
+        float mx = -INFINITY;
+        for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
+            int key = k0 + c;
+            if (valid && key >= my0 && key <= t) mx = fmaxf(mx, srow[c] * scale);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        const float mnew = fmaxf(m, mx), alpha = mnew == -INFINITY ? 1.0f : expf(m - mnew);
+        float sum = 0.0f;
+        for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
+            int key = k0 + c;
+            float p = valid && key >= my0 && key <= t ? expf(srow[c] * scale - mnew) : 0.0f;
+            prow[c] = __float2bfloat16_rn(p);
+            sum += p;
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        l = l * alpha + sum;
+        m = mnew;
+        for (int c = half * HDC; c < (half + 1) * HDC; c++) orow[c] *= alpha;
+        __syncwarp();
+#pragma unroll
+        for (int n = 0; n < D; n += 16) {
+            frag_c acc;
+            wmma::load_matrix_sync(acc, o_w + n, OP, wmma::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < TB; kk += 16) {
+                frag_a fa;
+                frag_b fb;
+                wmma::load_matrix_sync(fa, p_w + kk, PP);
+                wmma::load_matrix_sync(fb, v_s + kk * DP + n, DP);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(o_w + n, acc, OP, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (!valid) return; /* every valid row saw at least its own key: l > 0 */
+    const float inv = 1.0f / l;
+    for (int c = half * HDC; c < (half + 1) * HDC; c++) out[(int64_t)t * Hq * D + (int64_t)h * D + c] = orow[c] * inv;
+    if (half == 0) lse[(int64_t)t * Hq + h] = m + logf(l);
+}
+
+/* ---- backward: dq ----------------------------------------------------------------------------- */
+
+template <int D>
+static inline size_t dq_tc_smem() {
+    return (size_t)4 * TB * (D + 8) * sizeof(bf16) + (size_t)NW * 2 * 16 * SP * sizeof(float) +
+           (size_t)NW * 16 * PP * sizeof(bf16);
+}
+
+template <int D>
+static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const float *qkv, int ld, const int32_t *ss, int S, int T,
+                                                          int Hq, int Hkv, float scale, const float *lse,
+                                                          const float *dout, const float *delta, float *dqkv) {
+    constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
+    static_assert(16 * OP <= 2 * 16 * SP, "the accumulators' spill tile fits the warp's two score tiles");
+    FF_DYN_SHARED(unsigned char, smem);
+    bf16 *q_s = (bf16 *)smem, *do_s = q_s + TB * DP, *k_s = do_s + TB * DP, *v_s = k_s + TB * DP;
+    float *f_all = (float *)(v_s + TB * DP);
+    bf16 *ds_all = (bf16 *)(f_all + NW * 2 * 16 * SP);
+    const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float *s_w = f_all + warp * 2 * 16 * SP, *dp_w = s_w + 16 * SP;
+    bf16 *ds_w = ds_all + warp * 16 * PP;
+    const int64_t HD = (int64_t)Hq * D;
+    const int t0 = blockIdx.x * TB, kbeg = ss[tc_seq_of(ss, S, t0)], kend = min(t0 + TB, T);
+    const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[tc_seq_of(ss, S, w0)] : 0;
+    const int r = lane >> 1, half = lane & 1, t = w0 + r;
+    const bool valid = t < T;
+    const int my0 = valid ? ss[tc_seq_of(ss, S, t)] : 0;
+    const float lse_t = valid ? lse[(int64_t)t * Hq + h] : 0.0f, delta_t = valid ? delta[(int64_t)t * Hq + h] : 0.0f;
+
+    stage_bf16<D>(q_s, qkv, ld, (int64_t)h * D, t0, T);
+    stage_bf16<D>(do_s, dout, HD, (int64_t)h * D, t0, T);
+    frag_c acc[D / 16];
+#pragma unroll
+    for (int n = 0; n < D / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
+    for (int k0 = kbeg; k0 < kend; k0 += TB) {
+        __syncthreads();
+        stage_bf16<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, k0, kend);
+        stage_bf16<D>(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, kend);
+        __syncthreads();
+        if (w0 > wlast || k0 > wlast || k0 + TB <= wmy0) continue;
+        mm_abt<D>(s_w, SP, TB, q_s + warp * 16 * DP, DP, k_s, DP);
+        mm_abt<D>(dp_w, SP, TB, do_s + warp * 16 * DP, DP, v_s, DP);
+        __syncwarp();
+        for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
+            int key = k0 + c;
+            float ds = 0.0f;
+            if (valid && key >= my0 && key <= t) {
+                float p = expf(s_w[r * SP + c] * scale - lse_t);
+                ds = p * (dp_w[r * SP + c] - delta_t);
+            }
+            ds_w[r * PP + c] = __float2bfloat16_rn(ds);
+        }
+        __syncwarp();
+        mm_ab_acc<D, TB>(acc, ds_w, PP, k_s, DP);
+    }
+    __syncwarp(); /* the last tile's score reads are done before the spill overwrites them */
+#pragma unroll
+    for (int n = 0; n < D / 16; n++) wmma::store_matrix_sync(s_w + n * 16, acc[n], OP, wmma::mem_row_major);
+    __syncwarp();
+    if (!valid) return;
+    for (int c = half * HDC; c < (half + 1) * HDC; c++)
+        dqkv[(int64_t)t * ld + (int64_t)h * D + c] = scale * s_w[r * OP + c];
+}
+
+/* ---- backward: dk, dv ------------------------------------------------------------------------- */
+
+template <int D>
+static inline size_t dkv_tc_smem() {
+    return (size_t)4 * TB * (D + 8) * sizeof(bf16) + (size_t)NW * 2 * 16 * SP * sizeof(float) +
+           (size_t)NW * 16 * PP * sizeof(bf16) + (size_t)2 * TB * sizeof(float);
+}
+
+template <int D>
+static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const float *qkv, int ld, const int32_t *ss, int S, int T,
+                                                           int Hq, int Hkv, float scale, const float *lse,
+                                                           const float *dout, const float *delta, float *dqkv) {
+    constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
+    static_assert(16 * OP <= 2 * 16 * SP, "the accumulators' spill tile fits the warp's two score tiles");
+    FF_DYN_SHARED(unsigned char, smem);
+    bf16 *k_s = (bf16 *)smem, *v_s = k_s + TB * DP, *q_s = v_s + TB * DP, *do_s = q_s + TB * DP;
+    float *f_all = (float *)(do_s + TB * DP);
+    bf16 *p_all = (bf16 *)(f_all + NW * 2 * 16 * SP);
+    float *lse_s = (float *)(p_all + NW * 16 * PP), *dl_s = lse_s + TB;
+    const int g = blockIdx.y, rep = Hq / Hkv, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float *s_w = f_all + warp * 2 * 16 * SP, *dp_w = s_w + 16 * SP;
+    bf16 *p_w = p_all + warp * 16 * PP;
+    const int64_t HD = (int64_t)Hq * D;
+    const int j0 = blockIdx.x * TB, last = min(j0 + TB, T) - 1;
+    const int qbeg = j0, qend = ss[tc_seq_of(ss, S, last) + 1];
+    /* the warp's keys jw0 .. jwlast; lanes 2r, 2r + 1 share key row r; queries j .. my_end - 1
+     * see key j */
+    const int jw0 = j0 + warp * 16, jwlast = min(jw0 + 16, T) - 1;
+    const int r = lane >> 1, half = lane & 1, j = jw0 + r;
+    const bool valid = j < T;
+    const int my_end = valid ? ss[tc_seq_of(ss, S, j) + 1] : 0;
+    const int wend = (int)__reduce_max_sync(0xffffffffu, (unsigned)my_end);
+
+    stage_bf16<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, j0, T);
+    stage_bf16<D>(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, j0, T);
+    frag_c dk[D / 16], dv[D / 16];
+#pragma unroll
+    for (int n = 0; n < D / 16; n++) {
+        wmma::fill_fragment(dk[n], 0.0f);
+        wmma::fill_fragment(dv[n], 0.0f);
+    }
+    for (int h = g * rep; h < (g + 1) * rep; h++) {
+        for (int q0 = qbeg; q0 < qend; q0 += TB) {
+            __syncthreads();
+            stage_bf16<D>(q_s, qkv, ld, (int64_t)h * D, q0, qend);
+            stage_bf16<D>(do_s, dout, HD, (int64_t)h * D, q0, qend);
+            for (int i = threadIdx.x; i < TB; i += blockDim.x) {
+                bool in = q0 + i < qend;
+                lse_s[i] = in ? lse[(int64_t)(q0 + i) * Hq + h] : 0.0f;
+                dl_s[i] = in ? delta[(int64_t)(q0 + i) * Hq + h] : 0.0f;
+            }
+            __syncthreads();
+            if (jw0 > jwlast || q0 + TB <= jw0 || q0 >= wend) continue; /* warp-uniform */
+            /* S^T [16 keys, TB queries] = K_w Q^T, then P^T in place (fp32) and in bf16 */
+            mm_abt<D>(s_w, SP, TB, k_s + warp * 16 * DP, DP, q_s, DP);
+            __syncwarp();
+            for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
+                int tq = q0 + c;
+                float p = valid && tq >= j && tq < my_end ? expf(s_w[r * SP + c] * scale - lse_s[c]) : 0.0f;
+                s_w[r * SP + c] = p;
+                p_w[r * PP + c] = __float2bfloat16_rn(p);
+            }
+            __syncwarp();
+            mm_ab_acc<D, TB>(dv, p_w, PP, do_s, DP);
+            /* dP^T = V_w dO^T, dS^T = P^T (dP^T - delta) into the bf16 tile P^T occupied */
+            mm_abt<D>(dp_w, SP, TB, v_s + warp * 16 * DP, DP, do_s, DP);
+            __syncwarp();
+            for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
+                int tq = q0 + c;
+                float ds = valid && tq >= j && tq < my_end ? s_w[r * SP + c] * (dp_w[r * SP + c] - dl_s[c]) : 0.0f;
+                p_w[r * PP + c] = __float2bfloat16_rn(ds);
+            }
+            __syncwarp();
+            mm_ab_acc<D, TB>(dk, p_w, PP, q_s, DP);
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < D / 16; n++) wmma::store_matrix_sync(s_w + n * 16, dk[n], OP, wmma::mem_row_major);
+    __syncwarp();
+    if (valid)
+        for (int c = half * HDC; c < (half + 1) * HDC; c++)
+            dqkv[(int64_t)j * ld + (int64_t)(Hq + g) * D + c] = scale * s_w[r * OP + c];
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < D / 16; n++) wmma::store_matrix_sync(s_w + n * 16, dv[n], OP, wmma::mem_row_major);
+    __syncwarp();
+    if (valid)
+        for (int c = half * HDC; c < (half + 1) * HDC; c++)
+            dqkv[(int64_t)j * ld + (int64_t)(Hq + Hkv + g) * D + c] = s_w[r * OP + c];
+}
+
 
 /* ---- launchers -------------------------------------------------------------------------------- */
 
@@ -30,7 +370,7 @@ static __global__ void k_att_delta_tc(const float *out, const float *dout, float
 template <int D>
 static void fwd_tc(ff_stream *s, const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv,
                    float *out, float *lse) {
-    k_att_fwd_tc<D><<<dim3((T + TB - 1) / TB, Hq), TPB, fwd_tc_smem<D>(), CS(s)>>>(
+    FF_LAUNCH(k_att_fwd_tc<D>, dim3((T + TB - 1) / TB, Hq), TPB, fwd_tc_smem<D>(), CS(s), 
         qkv, ld, ss, S, T, Hq, Hkv, 1.0f / sqrtf((float)D), out, lse);
 }
 
@@ -38,9 +378,9 @@ template <int D>
 static void bwd_tc(ff_stream *s, const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv,
                    const float *lse, const float *dout, const float *delta, float *dqkv) {
     const float scale = 1.0f / sqrtf((float)D);
-    k_att_dq_tc<D><<<dim3((T + TB - 1) / TB, Hq), TPB, dq_tc_smem<D>(), CS(s)>>>(qkv, ld, ss, S, T, Hq, Hkv, scale,
+    FF_LAUNCH(k_att_dq_tc<D>, dim3((T + TB - 1) / TB, Hq), TPB, dq_tc_smem<D>(), CS(s), qkv, ld, ss, S, T, Hq, Hkv, scale,
                                                                                 lse, dout, delta, dqkv);
-    k_att_dkv_tc<D><<<dim3((T + TB - 1) / TB, Hkv), TPB, dkv_tc_smem<D>(), CS(s)>>>(qkv, ld, ss, S, T, Hq, Hkv, scale,
+    FF_LAUNCH(k_att_dkv_tc<D>, dim3((T + TB - 1) / TB, Hkv), TPB, dkv_tc_smem<D>(), CS(s), qkv, ld, ss, S, T, Hq, Hkv, scale,
                                                                                    lse, dout, delta, dqkv);
 }
 
@@ -79,7 +419,7 @@ void ff_cuda_attention_bwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_sta
     if (T <= 0) return;
     ff_cuda_use_device(s);
     const int64_t rows = (int64_t)T * Hq;
-    k_att_delta_tc<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, CS(s)>>>(F(out), F(dout), F(delta), rows, D);
+    FF_LAUNCH(k_att_delta_tc, (unsigned)((rows * 32 + 255) / 256), 256, 0, CS(s), F(out), F(dout), F(delta), rows, D);
     switch (D) {
 #define X(d)                                                                                             \
     case d:                                                                                              \

@@ -67,6 +67,14 @@ static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* 0, or -1 + error naming the library and where it was looked for. */
 static int load_blas(void) {
+#ifdef FF_CUDA_EMU /* the emulator's cuBLAS (kernels/cuda/emu/cuda_emu.cpp) */
+    blas_api e = {ff_emu_cublasCreate, ff_emu_cublasDestroy, ff_emu_cublasSetStream, ff_emu_cublasSetMathMode,
+                  ff_emu_cublasGemmEx, ff_emu_cublasGetStatusString};
+    pthread_mutex_lock(&blas_mu);
+    blas = e;
+    pthread_mutex_unlock(&blas_mu);
+    return 0;
+#endif
     pthread_mutex_lock(&blas_mu);
     if (blas.gemm_ex) {
         pthread_mutex_unlock(&blas_mu);
@@ -316,7 +324,7 @@ static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int 
     ff_cuda_use_device(s);
     cuda_impl *c = CI(s);
     if (K == 0) {
-        k_scale_mat<<<blocks_for((int64_t)M * N, TPB), TPB, 0, CS(s)>>>(F(C), M, N, ldc, beta);
+        FF_LAUNCH(k_scale_mat, blocks_for((int64_t)M * N, TPB), TPB, 0, CS(s), F(C), M, N, ldc, beta);
         ff_cuda_check_launch(s, "gemm (K = 0)");
         return;
     }
@@ -337,8 +345,8 @@ static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int 
     __nv_bfloat16 *ws = (__nv_bfloat16 *)ff_cuda_scratch(s, (na + nb) * sizeof(__nv_bfloat16) + 256);
     if (!ws) return;
     __nv_bfloat16 *a16 = ws, *b16 = ws + ((na + 127) / 128) * 128;
-    k_to_bf16<<<blocks_for((int64_t)na, TPB), TPB, 0, CS(s)>>>(F(A), lda, a16, ar, ac);
-    k_to_bf16<<<blocks_for((int64_t)nb, TPB), TPB, 0, CS(s)>>>(F(B), ldb, b16, br, bc);
+    FF_LAUNCH(k_to_bf16, blocks_for((int64_t)na, TPB), TPB, 0, CS(s), F(A), lda, a16, ar, ac);
+    FF_LAUNCH(k_to_bf16, blocks_for((int64_t)nb, TPB), TPB, 0, CS(s), F(B), ldb, b16, br, bc);
     ff_cuda_check_launch(s, "gemm (bf16 conversion)");
     blas_check(s,
                blas.gemm_ex(c->blas, ob, oa, N, M, K, &alpha, b16, CUDA_R_16BF, bc, a16, CUDA_R_16BF, ac, &beta, F(C),
@@ -353,14 +361,14 @@ static void cuda_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int ld
     ff_cuda_use_device(s);
     cuda_impl *c = CI(s);
     if (K == 0) {
-        k_scale_mat<<<blocks_for((int64_t)M * N, TPB), TPB, 0, CS(s)>>>(F(C), M, N, ldc, beta);
+        FF_LAUNCH(k_scale_mat, blocks_for((int64_t)M * N, TPB), TPB, 0, CS(s), F(C), M, N, ldc, beta);
         ff_cuda_check_launch(s, "gemm_bf16w (K = 0)");
         return;
     }
     size_t na = (size_t)M * K;
     __nv_bfloat16 *a16 = (__nv_bfloat16 *)ff_cuda_scratch(s, na * sizeof(__nv_bfloat16));
     if (!a16) return;
-    k_to_bf16<<<blocks_for((int64_t)na, TPB), TPB, 0, CS(s)>>>(F(A), lda, a16, M, K);
+    FF_LAUNCH(k_to_bf16, blocks_for((int64_t)na, TPB), TPB, 0, CS(s), F(A), lda, a16, M, K);
     ff_cuda_check_launch(s, "gemm_bf16w (bf16 conversion)");
     blas.set_stream(c->blas, CS(s));
     const float alpha = 1.0f;
@@ -381,12 +389,12 @@ static __global__ void k_cast_bf16_f32(const __nv_bfloat16 *x, float *y, int64_t
 }
 static void cuda_cast_f32_bf16(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
     ff_cuda_use_device(s);
-    k_cast_f32_bf16<<<blocks_for(n, TPB), TPB, 0, CS(s)>>>(F(src), (__nv_bfloat16 *)(void *)F(dst), n);
+    FF_LAUNCH(k_cast_f32_bf16, blocks_for(n, TPB), TPB, 0, CS(s), F(src), (__nv_bfloat16 *)(void *)F(dst), n);
     ff_cuda_check_launch(s, "cast_f32_bf16");
 }
 static void cuda_cast_bf16_f32(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
     ff_cuda_use_device(s);
-    k_cast_bf16_f32<<<blocks_for(n, TPB), TPB, 0, CS(s)>>>((const __nv_bfloat16 *)(const void *)F(src), F(dst), n);
+    FF_LAUNCH(k_cast_bf16_f32, blocks_for(n, TPB), TPB, 0, CS(s), (const __nv_bfloat16 *)(const void *)F(src), F(dst), n);
     ff_cuda_check_launch(s, "cast_bf16_f32");
 }
 
@@ -427,8 +435,8 @@ static void col_reduce(ff_stream *s, col_kind kind, const float *y, int ld, cons
     float *part = (float *)ff_cuda_scratch(s, (size_t)nchunks * N * sizeof(float));
     if (!part) return;
     dim3 g((N + TPB - 1) / TPB, nchunks);
-    k_col_part<<<g, TPB, 0, CS(s)>>>(kind, y, ld, x, rstd, T, N, part);
-    k_col_finish<<<(N + TPB - 1) / TPB, TPB, 0, CS(s)>>>(part, nchunks, N, out);
+    FF_LAUNCH(k_col_part, g, TPB, 0, CS(s), kind, y, ld, x, rstd, T, N, part);
+    FF_LAUNCH(k_col_finish, (N + TPB - 1) / TPB, TPB, 0, CS(s), part, nchunks, N, out);
     ff_cuda_check_launch(s, what);
 }
 
@@ -442,7 +450,7 @@ static __global__ void k_embedding_fwd(const int32_t *tok, const float *table, f
 static void cuda_embedding_fwd(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    k_embedding_fwd<<<T, TPB, 0, CS(s)>>>(I32(tokens), F(table), F(out), H);
+    FF_LAUNCH(k_embedding_fwd, T, TPB, 0, CS(s), I32(tokens), F(table), F(out), H);
     ff_cuda_check_launch(s, "embedding_fwd");
 }
 
@@ -454,7 +462,7 @@ static __global__ void k_embedding_fwd_bf16(const int32_t *tok, const __nv_bfloa
 static void cuda_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    k_embedding_fwd_bf16<<<T, TPB, 0, CS(s)>>>(I32(tokens), (const __nv_bfloat16 *)(const void *)F(table), F(out), H);
+    FF_LAUNCH(k_embedding_fwd_bf16, T, TPB, 0, CS(s), I32(tokens), (const __nv_bfloat16 *)(const void *)F(table), F(out), H);
     ff_cuda_check_launch(s, "embedding_fwd_bf16");
 }
 
@@ -473,7 +481,7 @@ static void cuda_embedding_bwd(ff_stream *s, ff_dptr tokens, ff_dptr dout, ff_dp
     if (T <= 0 || H <= 0) return;
     ff_cuda_use_device(s);
     dim3 g((H + TPB - 1) / TPB, EMB_GROUPS);
-    k_embedding_bwd<<<g, TPB, 0, CS(s)>>>(I32(tokens), F(dout), F(dtable), T, H);
+    FF_LAUNCH(k_embedding_bwd, g, TPB, 0, CS(s), I32(tokens), F(dout), F(dtable), T, H);
     ff_cuda_check_launch(s, "embedding_bwd");
 }
 
@@ -494,7 +502,7 @@ static __global__ void k_rmsnorm_fwd(const float *x, const float *w, float *out,
 static void cuda_rmsnorm_fwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr out, ff_dptr rstd, int T, int H, float eps) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    k_rmsnorm_fwd<<<T, TPB, 0, CS(s)>>>(F(x), F(w), F(out), F(rstd), H, eps);
+    FF_LAUNCH(k_rmsnorm_fwd, T, TPB, 0, CS(s), F(x), F(w), F(out), F(rstd), H, eps);
     ff_cuda_check_launch(s, "rmsnorm_fwd");
 }
 
@@ -515,7 +523,7 @@ static void cuda_rmsnorm_bwd(ff_stream *s, ff_dptr x, ff_dptr w, ff_dptr rstd, f
                              int T, int H) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    k_rmsnorm_bwd_dx<<<T, TPB, 0, CS(s)>>>(F(x), F(w), F(rstd), F(dout), F(dx), H);
+    FF_LAUNCH(k_rmsnorm_bwd_dx, T, TPB, 0, CS(s), F(x), F(w), F(rstd), F(dout), F(dx), H);
     ff_cuda_check_launch(s, "rmsnorm_bwd");
     col_reduce(s, COL_RMS, F(dout), H, F(x), F(rstd), T, H, F(dw), "rmsnorm_bwd (dw)");
 }
@@ -541,7 +549,7 @@ static void cuda_rope(ff_stream *s, ff_dptr x, int ld, ff_dptr pos, ff_dptr cos_
     int64_t n = (int64_t)T * n_heads * (D / 2);
     if (n <= 0) return;
     ff_cuda_use_device(s);
-    k_rope<<<blocks_for(n, TPB), TPB, 0, CS(s)>>>(F(x), ld, I32(pos), F(cos_t), F(sin_t), T, n_heads, D,
+    FF_LAUNCH(k_rope, blocks_for(n, TPB), TPB, 0, CS(s), F(x), ld, I32(pos), F(cos_t), F(sin_t), T, n_heads, D,
                                                  inverse ? -1.0f : 1.0f);
     ff_cuda_check_launch(s, "rope");
 }
@@ -554,7 +562,7 @@ static __global__ void k_bias_add(float *x, int ld, const float *b, int T, int N
 static void cuda_bias_add(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N) {
     if ((int64_t)T * N <= 0) return;
     ff_cuda_use_device(s);
-    k_bias_add<<<blocks_for((int64_t)T * N, TPB), TPB, 0, CS(s)>>>(F(x), ld, F(b), T, N);
+    FF_LAUNCH(k_bias_add, blocks_for((int64_t)T * N, TPB), TPB, 0, CS(s), F(x), ld, F(b), T, N);
     ff_cuda_check_launch(s, "bias_add");
 }
 static void cuda_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N) {
@@ -573,7 +581,7 @@ static __global__ void k_swiglu_fwd(const float *gu, float *h, int T, int inter)
 static void cuda_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter) {
     if ((int64_t)T * inter <= 0) return;
     ff_cuda_use_device(s);
-    k_swiglu_fwd<<<blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s)>>>(F(gu), F(h), T, inter);
+    FF_LAUNCH(k_swiglu_fwd, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s), F(gu), F(h), T, inter);
     ff_cuda_check_launch(s, "swiglu_fwd");
 }
 /* dgu may alias gu: each thread reads its g, u before writing its dg, du. */
@@ -590,7 +598,7 @@ static __global__ void k_swiglu_bwd(const float *gu, const float *dh, float *dgu
 static void cuda_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter) {
     if ((int64_t)T * inter <= 0) return;
     ff_cuda_use_device(s);
-    k_swiglu_bwd<<<blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s)>>>(F(gu), F(dh), F(dgu), T, inter);
+    FF_LAUNCH(k_swiglu_bwd, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s), F(gu), F(dh), F(dgu), T, inter);
     ff_cuda_check_launch(s, "swiglu_bwd");
 }
 
@@ -606,7 +614,7 @@ static __global__ void k_rows(const float *src, int lds, float *dst, int ldd, co
 static void cuda_scatter_rows(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    k_rows<<<T, TPB, 0, CS(s)>>>(F(src), lds, F(dst), N, I32(rows), N, 1);
+    FF_LAUNCH(k_rows, T, TPB, 0, CS(s), F(src), lds, F(dst), N, I32(rows), N, 1);
     ff_cuda_check_launch(s, "scatter_rows");
 }
 static __global__ void k_scatter_bf16(const float *src, int lds, __nv_bfloat16 *dst, const int32_t *rows, int N) {
@@ -618,13 +626,13 @@ static __global__ void k_scatter_bf16(const float *src, int lds, __nv_bfloat16 *
 static void cuda_scatter_rows_bf16(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    k_scatter_bf16<<<T, TPB, 0, CS(s)>>>(F(src), lds, (__nv_bfloat16 *)(void *)F(dst), I32(rows), N);
+    FF_LAUNCH(k_scatter_bf16, T, TPB, 0, CS(s), F(src), lds, (__nv_bfloat16 *)(void *)F(dst), I32(rows), N);
     ff_cuda_check_launch(s, "scatter_rows_bf16");
 }
 static void cuda_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N) {
     if (R <= 0) return;
     ff_cuda_use_device(s);
-    k_rows<<<R, TPB, 0, CS(s)>>>(F(src), N, F(dst), N, I32(rows), N, 0);
+    FF_LAUNCH(k_rows, R, TPB, 0, CS(s), F(src), N, F(dst), N, I32(rows), N, 0);
     ff_cuda_check_launch(s, "gather_rows");
 }
 
@@ -637,7 +645,7 @@ static __global__ void k_add(float *y, const float *x, int64_t n) {
 static void cuda_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n) {
     if (n <= 0) return;
     ff_cuda_use_device(s);
-    k_add<<<blocks_for(n, TPB), TPB, 0, CS(s)>>>(F(y), F(x), n);
+    FF_LAUNCH(k_add, blocks_for(n, TPB), TPB, 0, CS(s), F(y), F(x), n);
     ff_cuda_check_launch(s, "add");
 }
 static __global__ void k_scale(float *x, int64_t n, float alpha) {
@@ -647,7 +655,7 @@ static __global__ void k_scale(float *x, int64_t n, float alpha) {
 static void cuda_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha) {
     if (n <= 0) return;
     ff_cuda_use_device(s);
-    k_scale<<<blocks_for(n, TPB), TPB, 0, CS(s)>>>(F(x), n, alpha);
+    FF_LAUNCH(k_scale, blocks_for(n, TPB), TPB, 0, CS(s), F(x), n, alpha);
     ff_cuda_check_launch(s, "scale");
 }
 
@@ -684,8 +692,8 @@ static double cuda_sumsq(ff_stream *s, ff_dptr x, int64_t n) {
     ff_cuda_use_device(s);
     double *part = (double *)ff_cuda_scratch(s, SUMSQ_BLOCKS * sizeof(double));
     if (!part) return NAN;
-    k_sumsq_part<<<SUMSQ_BLOCKS, TPB, 0, CS(s)>>>(F(x), n, part);
-    k_sumsq_finish<<<1, TPB, 0, CS(s)>>>(part, SUMSQ_BLOCKS);
+    FF_LAUNCH(k_sumsq_part, SUMSQ_BLOCKS, TPB, 0, CS(s), F(x), n, part);
+    FF_LAUNCH(k_sumsq_finish, 1, TPB, 0, CS(s), part, SUMSQ_BLOCKS);
     ff_cuda_check_launch(s, "sumsq");
     double r = NAN;
     cudaError_t e = cudaMemcpyAsync(&r, part, sizeof r, cudaMemcpyDeviceToHost, CS(s));
@@ -714,7 +722,7 @@ static void cuda_adamw(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_
                        float b2, float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
     if (n <= 0) return;
     ff_cuda_use_device(s);
-    k_adamw<<<blocks_for(n, TPB), TPB, 0, CS(s)>>>(F(param), F(grad), F(m), F(v), n, 1.0f - lr * weight_decay, b1, b2,
+    FF_LAUNCH(k_adamw, blocks_for(n, TPB), TPB, 0, CS(s), F(param), F(grad), F(m), F(v), n, 1.0f - lr * weight_decay, b1, b2,
                                                   lr / bc1, sqrtf(bc2), eps, grad_scale);
     ff_cuda_check_launch(s, "adamw");
 }

@@ -85,9 +85,19 @@ int ff_cuda_attention_tc_init(void);
  * 0 or -1 + error. */
 int ff_cuda_attention_init(void);
 
-/* ---- device helpers (both files) ------------------------------------------------------------ */
+/* ---- launches and dynamic shared memory ------------------------------------------------------ */
 
-#ifdef __CUDACC__
+/* Every kernel launch is FF_LAUNCH(kernel, grid, block, shared bytes, stream, args...) and every
+ * dynamic shared array FF_DYN_SHARED(type, name), so that the host emulator
+ * (kernels/cuda/emu/, which defines both itself) compiles these same files with a C++ compiler. */
+#ifndef FF_CUDA_EMU
+#define FF_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define FF_DYN_SHARED(type, name) extern __shared__ __align__(128) type name[]
+#endif
+
+/* ---- device helpers (all files) ------------------------------------------------------------- */
+
+#if defined(__CUDACC__) || defined(FF_CUDA_EMU)
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -316,6 +316,13 @@ char *ff_hf_config_dump(const ff_model_config *c, const char *torch_dtype) {
         ff_error_set(NULL, k_supported, "unsupported model_type '%.32s'", c->model_type);
         return NULL;
     }
+    /* config.json says q/k/v biases only through Qwen2's model_type: written as another, such a
+     * model would load without them (or, here, be refused) */
+    if (c->attention_bias && strcmp(f->model_type, "qwen2")) {
+        ff_error_set(NULL, "use model_type qwen2 for a model with q/k/v biases",
+                     "model_type '%s' cannot carry q/k/v biases in config.json", f->model_type);
+        return NULL;
+    }
     char arch[96];
     snprintf(arch, sizeof arch, "%s%s", f->prefix, c->value_head ? "ForSequenceClassification" : "ForCausalLM");
     json_t *o = json_object();

@@ -23,12 +23,24 @@
 #include "fuseflow/util.h"
 #include "tests/test_util.h"
 
-#ifndef FF_HAVE_CUDA
+#if !defined(FF_HAVE_CUDA) && !defined(FF_TEST_CUDA_EMU)
 int main(void) {
     (void)ff_test_failures;
     SKIP("cuda backend: fuseflow was built without CUDA (no CUDA toolkit at configure time, or FF_CUDA=OFF)");
 }
 #else
+#ifdef FF_TEST_CUDA_EMU
+/* This copy runs the CUDA backend's source in the emulator (kernels/cuda/emu/): the same
+ * checks, on the CPU, for the kernels' and the host code's logic (not the device's speed or
+ * its streams' concurrency). */
+#include "kernels/cuda/emu/cuda_emu.h"
+static ff_backend *gpu_new(const char *name) {
+    const char *c = strchr(name, ':');
+    return ff_backend_cuda_emu_new(c ? atoi(c + 1) : 0);
+}
+#else
+#define gpu_new ff_backend_new
+#endif
 
 static ff_backend *cpu, *gpu;
 static ff_stream *cst, *gst;
@@ -329,7 +341,7 @@ static void attention_cases(double tol) {
 static void test_attention(void) {
     attention_cases(0);
     setenv("FF_CUDA_ATTENTION", "bf16", 1);
-    ff_backend *g_tc = ff_backend_new("cuda");
+    ff_backend *g_tc = gpu_new("cuda");
     unsetenv("FF_CUDA_ATTENTION");
     REQUIRE(g_tc);
     ff_backend *keep = gpu;
@@ -341,7 +353,7 @@ static void test_attention(void) {
     gst = keep_st;
     ff_backend_destroy(&g_tc);
     setenv("FF_CUDA_ATTENTION", "fp16", 1);
-    CHECK(ff_backend_new("cuda") == NULL);
+    CHECK(gpu_new("cuda") == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "FF_CUDA_ATTENTION");
     unsetenv("FF_CUDA_ATTENTION");
 
@@ -555,7 +567,7 @@ static void test_events(void) {
 }
 
 int main(void) {
-    ff_backend *probe = ff_backend_new("cuda");
+    ff_backend *probe = gpu_new("cuda");
     if (!probe) {
         const char *msg = ff_error_message();
         if (strstr(msg, "no CUDA device")) SKIP("no CUDA device (%s)", msg);
@@ -566,7 +578,7 @@ int main(void) {
     ff_rng_seed(&rng, 7);
     cpu = ff_backend_cpu_new(2);
     setenv("FF_CUDA_MATH", "fp32", 1); /* the kernels other than gemm do not depend on it */
-    gpu = ff_backend_new("cuda:0");
+    gpu = gpu_new("cuda:0");
     REQUIRE(cpu && gpu);
     CHECK(!strcmp(ff_backend_name(gpu), "cuda:0"));
     cst = ff_backend_stream(cpu);
@@ -574,9 +586,9 @@ int main(void) {
 
     test_gemm_on(gpu, "fp32", 1e-5);
     setenv("FF_CUDA_MATH", "tf32", 1);
-    ff_backend *g_tf32 = ff_backend_new("cuda");
+    ff_backend *g_tf32 = gpu_new("cuda");
     setenv("FF_CUDA_MATH", "bf16", 1);
-    ff_backend *g_bf16 = ff_backend_new("cuda");
+    ff_backend *g_bf16 = gpu_new("cuda");
     unsetenv("FF_CUDA_MATH");
     REQUIRE(g_tf32 && g_bf16);
     test_gemm_on(g_tf32, "tf32", 5e-3);  /* 10-bit mantissa inputs, fp32 sums: ~1e-3 relative at K 512 */
@@ -584,10 +596,10 @@ int main(void) {
     ff_backend_destroy(&g_tf32);
     ff_backend_destroy(&g_bf16);
     setenv("FF_CUDA_MATH", "int4", 1);
-    CHECK(ff_backend_new("cuda") == NULL);
+    CHECK(gpu_new("cuda") == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "FF_CUDA_MATH");
     unsetenv("FF_CUDA_MATH");
-    CHECK(ff_backend_new("cuda:4095") == NULL);
+    CHECK(gpu_new("cuda:4095") == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "requested but");
 
     test_events();

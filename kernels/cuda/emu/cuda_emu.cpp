@@ -1,0 +1,712 @@
+/* The CUDA emulator's runtime: the CUDA runtime calls, launches and device built-ins that the
+ * headers of kernels/cuda/emu/include/ declare, and the cuBLAS gemm, all on the CPU. With it,
+ * the CUDA backend's own source (the .cu files of kernels/cuda/, compiled by g++ in the emu_
+ * files) runs in tests on machines without a GPU and is checked against the CPU backend
+ * (docs/cuda.md "The emulator").
+ *
+ * Launches: one at a time (a process-wide lock), blocks one after another, each CUDA thread a
+ * fiber on its own guarded stack, all on the calling thread. The highest runnable thread always
+ * runs, until it waits (even the last to arrive at a barrier yields), so a thread that races
+ * ahead of lower ones without a barrier is seen doing so. __syncthreads and __syncwarp are
+ * barriers that count exited threads as arrived (as the hardware does); shuffles go through a
+ * per-warp exchange between two warp barriers, and reading a lane that exited is a fault. A
+ * block where every live thread waits is a deadlock: the launch fails, naming the barrier.
+ *
+ * Errors: a bad launch configuration sets the error cudaGetLastError returns; a fault inside a
+ * kernel (deadlock, a WMMA tile out of place, a shuffle with a partial mask) is printed and
+ * becomes sticky, as a device fault is: every later call returns cudaErrorLaunchFailure.
+ * Memory copies check their direction against the tracked device allocations.
+ *
+ * Not here: concurrency between streams (every call completes when made), the device's
+ * rounding order, speed, register and occupancy limits. */
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
+/* the emulated device: an H100-sized one */
+enum { EMU_SMS = 132, EMU_MAX_THREADS = 1024, EMU_SMEM_DEFAULT = 48 * 1024, EMU_SMEM_OPTIN = 232448 };
+static const size_t EMU_DEVICE_BYTES = (size_t)80 << 30;
+static const size_t EMU_STACK = 256 * 1024;
+
+/* ---- errors ------------------------------------------------------------------------------------ */
+
+static std::recursive_mutex emu_mu; /* every call: one launch or copy at a time */
+static cudaError_t last_error = cudaSuccess, sticky = cudaSuccess;
+static int current_device = 0;
+
+static cudaError_t fail(cudaError_t e) {
+    last_error = e;
+    return e;
+}
+#define EMU_ENTER()                                     \
+    std::lock_guard<std::recursive_mutex> emu_lock_(emu_mu); \
+    if (sticky != cudaSuccess) return sticky
+
+struct err_name {
+    cudaError_t e;
+    const char *name, *text;
+};
+static const err_name err_names[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+    {cudaErrorInvalidPitchValue, "cudaErrorInvalidPitchValue", "invalid pitch argument"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure (the emulator printed why)"},
+};
+static const err_name *find_err(cudaError_t e) {
+    for (const err_name &n : err_names)
+        if (n.e == e) return &n;
+    return NULL;
+}
+const char *cudaGetErrorString(cudaError_t e) {
+    const err_name *n = find_err(e);
+    return n ? n->text : "unknown error";
+}
+const char *cudaGetErrorName(cudaError_t e) {
+    const err_name *n = find_err(e);
+    return n ? n->name : "cudaErrorUnknown";
+}
+cudaError_t cudaGetLastError(void) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    cudaError_t e = sticky != cudaSuccess ? sticky : last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+/* ---- device ------------------------------------------------------------------------------------ */
+
+cudaError_t cudaGetDeviceCount(int *n) {
+    *n = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+    EMU_ENTER();
+    if (d != 0) return fail(cudaErrorInvalidDevice);
+    current_device = d;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *d) {
+    *d = current_device;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
+    if (d != 0) return fail(cudaErrorInvalidDevice);
+    if (a != cudaDevAttrMultiProcessorCount) return fail(cudaErrorInvalidValue);
+    *v = EMU_SMS;
+    return cudaSuccess;
+}
+
+/* ---- memory ------------------------------------------------------------------------------------ */
+
+static std::map<uintptr_t, size_t> allocs; /* base -> bytes */
+static size_t alloc_total;
+
+/* Is [p, p + n) inside one device allocation? */
+static bool on_device(const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = allocs.upper_bound(a);
+    if (it == allocs.begin()) return false;
+    --it;
+    return a >= it->first && a + n <= it->first + it->second && (n > 0 || a < it->first + it->second);
+}
+/* Does [p, p + n) touch device memory at all? (a host range must not) */
+static bool touches_device(const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = allocs.upper_bound(a + (n ? n - 1 : 0));
+    if (it == allocs.begin()) return false;
+    --it;
+    return it->first + it->second > a;
+}
+
+cudaError_t cudaMalloc(void **p, size_t n) {
+    EMU_ENTER();
+    *p = NULL;
+    if (n == 0) return cudaSuccess;
+    if (n > EMU_DEVICE_BYTES - alloc_total) return fail(cudaErrorMemoryAllocation);
+    void *m = malloc(n);
+    if (!m) return fail(cudaErrorMemoryAllocation);
+    memset(m, 0xff, n); /* device memory starts as garbage: NaN bytes show a read of unwritten data */
+    allocs[(uintptr_t)m] = n;
+    alloc_total += n;
+    *p = m;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) {
+    EMU_ENTER();
+    if (!p) return cudaSuccess;
+    auto it = allocs.find((uintptr_t)p);
+    if (it == allocs.end()) return fail(cudaErrorInvalidValue);
+    alloc_total -= it->second;
+    allocs.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+    EMU_ENTER();
+    if (n && !on_device(p, n)) return fail(cudaErrorInvalidValue);
+    memset(p, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int v, size_t n) { return cudaMemsetAsync(p, v, n, NULL); }
+
+static cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
+    if (!n) return cudaSuccess;
+    bool dd = on_device(dst, n), sd = on_device(src, n);
+    bool dh = !touches_device(dst, n), sh = !touches_device(src, n);
+    bool ok = (k == cudaMemcpyHostToDevice && dd && sh) || (k == cudaMemcpyDeviceToHost && dh && sd) ||
+              (k == cudaMemcpyDeviceToDevice && dd && sd) || (k == cudaMemcpyHostToHost && dh && sh) ||
+              (k == cudaMemcpyDefault && (dd || dh) && (sd || sh));
+    if (!ok) {
+        fprintf(stderr, "cuda emulator: a copy of %zu bytes of kind %d from %p (%s) to %p (%s) does not match its pointers\n",
+                n, (int)k, src, sd ? "device" : sh ? "host" : "partly device", dst, dd ? "device" : dh ? "host" : "partly device");
+        return fail(cudaErrorInvalidMemcpyDirection);
+    }
+    const char *d = (const char *)dst, *s = (const char *)src;
+    if (d < s + n && s < d + n && d != s) {
+        fprintf(stderr, "cuda emulator: a copy of %zu bytes between overlapping ranges (%p, %p): undefined on a device\n",
+                n, src, dst);
+        return fail(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t) {
+    EMU_ENTER();
+    cudaError_t e = check_copy(dst, src, n, k);
+    if (e != cudaSuccess) return e;
+    if (n && dst != src) memcpy(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
+    return cudaMemcpyAsync(dst, src, n, k, NULL);
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind k, cudaStream_t) {
+    EMU_ENTER();
+    if (width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
+    for (size_t r = 0; r < height; r++) {
+        cudaError_t e = check_copy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, k);
+        if (e != cudaSuccess) return e;
+    }
+    for (size_t r = 0; r < height && width; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return cudaSuccess;
+}
+
+/* ---- streams and events: markers only (every call completes when made) ------------------------ */
+
+struct ff_emu_stream {
+    int magic;
+};
+struct ff_emu_event {
+    int magic;
+};
+enum { STREAM_MAGIC = 0x5743, EVENT_MAGIC = 0x4576 };
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    EMU_ENTER();
+    *s = new ff_emu_stream{STREAM_MAGIC};
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    if (!s || s->magic != STREAM_MAGIC) return fail(cudaErrorInvalidResourceHandle);
+    s->magic = 0;
+    delete s;
+    return sticky;
+}
+static bool stream_ok(cudaStream_t s) { return !s || s->magic == STREAM_MAGIC; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    EMU_ENTER();
+    return stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+    EMU_ENTER();
+    *e = new ff_emu_event{EVENT_MAGIC};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    if (!e || e->magic != EVENT_MAGIC) return fail(cudaErrorInvalidResourceHandle);
+    e->magic = 0;
+    delete e;
+    return sticky;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    EMU_ENTER();
+    return e && e->magic == EVENT_MAGIC && stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+    EMU_ENTER();
+    return e && e->magic == EVENT_MAGIC && stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+/* ---- launches: fibers -------------------------------------------------------------------------- */
+
+static std::map<const void *, int> smem_limit; /* kernel -> dynamic shared memory it may ask for */
+
+cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute a, int v) {
+    EMU_ENTER();
+    if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > EMU_SMEM_OPTIN)
+        return fail(cudaErrorInvalidValue);
+    smem_limit[fn] = v;
+    return cudaSuccess;
+}
+
+/* ---- context switches ----
+ * On x86-64, a switch saves and restores the callee-saved registers and the floating-point
+ * control words and nothing else (ucontext's swapcontext also makes a system call for the
+ * signal mask each time: most of the emulator's time). Elsewhere, ucontext. */
+struct emu_ctx {
+#if defined(__x86_64__)
+    void *sp;
+#else
+    ucontext_t uc;
+#endif
+};
+static void fiber_main(void);
+
+#if defined(__x86_64__)
+extern "C" void ff_emu_switch(void **save_sp, void *load_sp);
+extern "C" void ff_emu_fiber_entry(void);
+extern "C" void ff_emu_fiber_start(void) { fiber_main(); }
+asm(".text\n"
+    ".globl ff_emu_switch\n"
+    ".type ff_emu_switch, @function\n"
+    "ff_emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size ff_emu_switch, .-ff_emu_switch\n"
+    ".globl ff_emu_fiber_entry\n"
+    ".type ff_emu_fiber_entry, @function\n"
+    "ff_emu_fiber_entry:\n"
+    "  call ff_emu_fiber_start\n"
+    "  ud2\n"
+    ".size ff_emu_fiber_entry, .-ff_emu_fiber_entry\n");
+
+/* A fresh fiber's stack, laid out as ff_emu_switch leaves a switched-out one: its first switch
+ * "returns" into ff_emu_fiber_entry with the stack 16-byte aligned for the call it makes. */
+static void ctx_init(emu_ctx *c, char *stack, size_t size) {
+    uintptr_t top = ((uintptr_t)stack + size) & ~(uintptr_t)15;
+    uint64_t *sp = (uint64_t *)(top - 80);
+    uint32_t mxcsr;
+    uint16_t fpucw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpucw));
+    memset(sp, 0, 80);
+    memcpy(sp, &mxcsr, 4);
+    memcpy((char *)sp + 4, &fpucw, 2);
+    sp[7] = (uint64_t)(uintptr_t)ff_emu_fiber_entry; /* at top - 24 */
+    c->sp = sp;
+}
+static void ctx_switch(emu_ctx *from, emu_ctx *to) { ff_emu_switch(&from->sp, to->sp); }
+#else
+static void ctx_init(emu_ctx *c, char *stack, size_t size) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = NULL;
+    makecontext(&c->uc, fiber_main, 0);
+}
+static void ctx_switch(emu_ctx *from, emu_ctx *to) { swapcontext(&from->uc, &to->uc); }
+#endif
+
+enum fiber_state { RUNNABLE, WAIT_BLOCK, WAIT_WARP, DONE };
+struct fiber {
+    emu_ctx ctx;
+    ff_emu_thread_ids ids;
+    int tid, lane, warp;
+    fiber_state state;
+    const char *waits_at;
+    void *fake_stack; /* ASan's, while switched out */
+};
+struct block_state {
+    int n;           /* threads */
+    int block_arrived, exited;
+    int warp_arrived[EMU_MAX_THREADS / 32], warp_exited[EMU_MAX_THREADS / 32], warp_size[EMU_MAX_THREADS / 32];
+    uint64_t xchg[EMU_MAX_THREADS / 32][32];
+    unsigned char *dyn;
+    size_t dyn_bytes;
+    const std::function<void()> *body;
+};
+
+static char *stacks[EMU_MAX_THREADS]; /* mapped once, a guard page below each */
+static fiber fibers[EMU_MAX_THREADS];
+static block_state blk;
+static fiber *cur_fiber;
+static emu_ctx sched_ctx;
+[[maybe_unused]] static const void *sched_stack_bottom;
+[[maybe_unused]] static size_t sched_stack_size;
+static bool launch_faulted;
+static const char *launch_name;
+
+void ff_emu_fault(const char *fmt, ...) {
+    if (launch_faulted) return;
+    launch_faulted = true;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "cuda emulator: kernel %s, block (%u, %u, %u), thread %d: %s\n", launch_name ? launch_name : "?",
+            cur_fiber ? cur_fiber->ids.block_idx.x : 0, cur_fiber ? cur_fiber->ids.block_idx.y : 0,
+            cur_fiber ? cur_fiber->ids.block_idx.z : 0, cur_fiber ? cur_fiber->tid : -1, msg);
+}
+int ff_emu_lane(void) { return cur_fiber ? cur_fiber->lane : 0; }
+int ff_emu_check_smem(const void *p, size_t bytes) {
+    const unsigned char *b = (const unsigned char *)p;
+    return !(b >= blk.dyn && b + bytes <= blk.dyn + blk.dyn_bytes);
+}
+const ff_emu_thread_ids *ff_emu_ids(void) { return &cur_fiber->ids; }
+unsigned char *ff_emu_dyn_smem(void) { return blk.dyn; }
+
+/* The runnable threads of the block, one bit each: the scheduler always resumes the highest. */
+static uint64_t runnable[EMU_MAX_THREADS / 64];
+static void set_state(fiber *f, fiber_state st) {
+    f->state = st;
+    if (st == RUNNABLE) runnable[f->tid / 64] |= 1ull << (f->tid % 64);
+    else runnable[f->tid / 64] &= ~(1ull << (f->tid % 64));
+}
+static int highest_runnable(void) {
+    for (int w = EMU_MAX_THREADS / 64 - 1; w >= 0; w--)
+        if (runnable[w]) return w * 64 + 63 - __builtin_clzll(runnable[w]);
+    return -1;
+}
+
+/* Switch from the running fiber to the scheduler, which resumes the highest runnable thread
+ * (this one again, if it still is). */
+static void to_scheduler(bool finishing) {
+    fiber *f = cur_fiber;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(finishing ? NULL : &f->fake_stack, sched_stack_bottom, sched_stack_size);
+#else
+    (void)finishing;
+#endif
+    ctx_switch(&f->ctx, &sched_ctx);
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(f->fake_stack, NULL, NULL);
+#endif
+}
+
+/* Release the block's or a warp's barrier when every thread of it arrived or exited. */
+static void release_block(void) {
+    if (!blk.block_arrived || blk.block_arrived + blk.exited != blk.n) return;
+    blk.block_arrived = 0;
+    for (int i = 0; i < blk.n; i++)
+        if (fibers[i].state == WAIT_BLOCK) set_state(&fibers[i], RUNNABLE);
+}
+static void release_warp(int w) {
+    if (!blk.warp_arrived[w] || blk.warp_arrived[w] + blk.warp_exited[w] != blk.warp_size[w]) return;
+    blk.warp_arrived[w] = 0;
+    for (int i = w * 32; i < w * 32 + blk.warp_size[w]; i++)
+        if (fibers[i].state == WAIT_WARP) set_state(&fibers[i], RUNNABLE);
+}
+
+static void fiber_main(void) {
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &sched_stack_bottom, &sched_stack_size);
+#endif
+    if (!launch_faulted) (*blk.body)();
+    fiber *f = cur_fiber;
+    set_state(f, DONE);
+    blk.exited++;
+    blk.warp_exited[f->warp]++;
+    release_block(); /* exited threads count as arrived */
+    release_warp(f->warp);
+    to_scheduler(true);
+}
+
+/* Wait at a barrier: every waiter, the last to arrive too, goes back to the scheduler, so that
+ * after the barrier the highest thread runs first. */
+static void wait_at(fiber_state st, const char *what) {
+    fiber *f = cur_fiber;
+    set_state(f, st);
+    f->waits_at = what;
+    if (st == WAIT_BLOCK) {
+        blk.block_arrived++;
+        release_block();
+    } else {
+        blk.warp_arrived[f->warp]++;
+        release_warp(f->warp);
+    }
+    to_scheduler(false);
+}
+
+void __syncthreads(void) { wait_at(WAIT_BLOCK, "__syncthreads"); }
+static void warp_barrier(const char *what) { wait_at(WAIT_WARP, what); }
+
+void __syncwarp(unsigned mask) {
+    if (mask != 0xffffffffu) ff_emu_fault("__syncwarp with the partial mask %#x (the kernels use whole warps)", mask);
+    warp_barrier("__syncwarp");
+}
+
+uint64_t ff_emu_shfl(unsigned mask, uint64_t v, int src, int xr) {
+    fiber *f = cur_fiber;
+    if (mask != 0xffffffffu) ff_emu_fault("a shuffle with the partial mask %#x (the kernels use whole warps)", mask);
+    if (blk.warp_size[f->warp] != 32) ff_emu_fault("a shuffle in a warp of %d threads", blk.warp_size[f->warp]);
+    blk.xchg[f->warp][f->lane] = v;
+    warp_barrier("a shuffle");
+    int from = src >= 0 ? (src & 31) : (f->lane ^ xr) & 31;
+    if (fibers[f->warp * 32 + from].state == DONE) ff_emu_fault("a shuffle reads lane %d, which has exited", from);
+    uint64_t r = blk.xchg[f->warp][from];
+    warp_barrier("a shuffle");
+    return r;
+}
+
+unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+    fiber *f = cur_fiber;
+    if (mask != 0xffffffffu) ff_emu_fault("__reduce_max_sync with the partial mask %#x", mask);
+    blk.xchg[f->warp][f->lane] = v;
+    warp_barrier("__reduce_max_sync");
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) {
+        if (fibers[f->warp * 32 + i].state == DONE) ff_emu_fault("__reduce_max_sync over lane %d, which has exited", i);
+        r = (unsigned)blk.xchg[f->warp][i] > r ? (unsigned)blk.xchg[f->warp][i] : r;
+    }
+    warp_barrier("__reduce_max_sync");
+    return r;
+}
+
+static bool map_stacks(void) {
+    if (stacks[0]) return true;
+    long page = sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < EMU_MAX_THREADS; i++) {
+        void *m = mmap(NULL, EMU_STACK + (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return false;
+        mprotect(m, (size_t)page, PROT_NONE); /* an overflowing fiber faults here, not in its neighbour */
+        stacks[i] = (char *)m + page;
+    }
+    return true;
+}
+
+static void run_block(dim3 grid, dim3 block, dim3 bidx) {
+    const int n = (int)(block.x * block.y * block.z);
+    blk.n = n;
+    blk.block_arrived = blk.exited = 0;
+    for (int w = 0; w < (n + 31) / 32; w++) {
+        blk.warp_arrived[w] = blk.warp_exited[w] = 0;
+        blk.warp_size[w] = n - w * 32 < 32 ? n - w * 32 : 32;
+    }
+    if (blk.dyn_bytes) memset(blk.dyn, 0xff, blk.dyn_bytes); /* shared memory starts as garbage */
+    memset(runnable, 0, sizeof runnable);
+    for (int t = 0; t < n; t++) {
+        fiber &f = fibers[t];
+        f.tid = t;
+        f.lane = t % 32;
+        f.warp = t / 32;
+        set_state(&f, RUNNABLE);
+        f.waits_at = NULL;
+        f.fake_stack = NULL;
+        f.ids.thread_idx = dim3((unsigned)t % block.x, (unsigned)t / block.x % block.y, (unsigned)t / (block.x * block.y));
+        f.ids.block_idx = bidx;
+        f.ids.block_dim = block;
+        f.ids.grid_dim = grid;
+        ctx_init(&f.ctx, stacks[t], EMU_STACK);
+    }
+    for (;;) {
+        int t = highest_runnable();
+        if (t < 0) break;
+        fiber &f = fibers[t];
+        cur_fiber = &f;
+        void *save = NULL;
+#if EMU_ASAN
+        __sanitizer_start_switch_fiber(&save, stacks[t], EMU_STACK);
+#endif
+        ctx_switch(&sched_ctx, &f.ctx);
+#if EMU_ASAN
+        __sanitizer_finish_switch_fiber(save, NULL, NULL);
+#endif
+        (void)save;
+        cur_fiber = NULL;
+    }
+    if (blk.exited == n) return;
+    for (int t = 0; t < n; t++) /* every live thread waits: report the first, abandon the block */
+        if (fibers[t].state != DONE) {
+            cur_fiber = &fibers[t];
+            ff_emu_fault("deadlock: every live thread waits; this one at %s while %d of %d threads have exited",
+                         fibers[t].waits_at ? fibers[t].waits_at : "?", blk.exited, n);
+            cur_fiber = NULL;
+            return;
+        }
+}
+
+void ff_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   const std::function<void()> &body) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    if (sticky != cudaSuccess) return;
+    const uint64_t nt = (uint64_t)block.x * block.y * block.z;
+    auto lim = smem_limit.find(fn);
+    const size_t limit = lim == smem_limit.end() ? (size_t)EMU_SMEM_DEFAULT : (size_t)lim->second;
+    if (!stream_ok(s) || nt == 0 || nt > EMU_MAX_THREADS || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+        grid.z == 0 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu) {
+        fprintf(stderr, "cuda emulator: kernel %s: bad launch configuration: grid (%u, %u, %u), block (%u, %u, %u)\n",
+                name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+        last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    if (smem > limit) {
+        fprintf(stderr, "cuda emulator: kernel %s asks for %zu bytes of dynamic shared memory, above its limit of %zu "
+                        "(cudaFuncSetAttribute raises it)\n", name, smem, limit);
+        last_error = cudaErrorInvalidValue;
+        return;
+    }
+    if (!map_stacks()) {
+        last_error = cudaErrorMemoryAllocation;
+        return;
+    }
+    static unsigned char *dyn;
+    static size_t dyn_cap;
+    if (smem > dyn_cap) {
+        free(dyn);
+        dyn = (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128);
+        dyn_cap = dyn ? smem : 0;
+        if (!dyn) {
+            last_error = cudaErrorMemoryAllocation;
+            return;
+        }
+    }
+    blk.dyn = dyn;
+    blk.dyn_bytes = smem;
+    blk.body = &body;
+    launch_faulted = false;
+    launch_name = name;
+    for (unsigned z = 0; z < grid.z && !launch_faulted; z++)
+        for (unsigned y = 0; y < grid.y && !launch_faulted; y++)
+            for (unsigned x = 0; x < grid.x && !launch_faulted; x++) run_block(grid, block, dim3(x, y, z));
+    if (launch_faulted) sticky = cudaErrorLaunchFailure;
+    launch_name = NULL;
+}
+
+/* ---- cuBLAS ------------------------------------------------------------------------------------ */
+
+struct ff_emu_blas {
+    cudaStream_t stream;
+    cublasMath_t math;
+};
+
+cublasStatus_t ff_emu_cublasCreate(cublasHandle_t *h) {
+    *h = new ff_emu_blas{NULL, CUBLAS_DEFAULT_MATH};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t ff_emu_cublasDestroy(cublasHandle_t h) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t ff_emu_cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t ff_emu_cublasSetMathMode(cublasHandle_t h, cublasMath_t m) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    h->math = m;
+    return CUBLAS_STATUS_SUCCESS;
+}
+const char *ff_emu_cublasGetStatusString(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+
+/* TF32: the 10-bit mantissa of the tensor cores' inputs, rounded to nearest even */
+static float tf32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x;
+    u += 0xfffu + ((u >> 13) & 1u);
+    u &= ~0x1fffu;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static float elem(const void *p, cudaDataType t, size_t i) {
+    if (t == CUDA_R_16BF) {
+        __nv_bfloat16 h;
+        memcpy(&h, (const char *)p + i * 2, 2);
+        return __bfloat162float(h);
+    }
+    return ((const float *)p)[i];
+}
+
+/* Column-major, as cuBLAS: C[m, n] (ldc) = alpha op(A)[m, k] op(B)[k, n] + beta C; C is not
+ * read when beta is 0. Operands must be device memory; sums in fp32, in k order. */
+cublasStatus_t ff_emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                   const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                                   cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
+                                   cublasComputeType_t comp, cublasGemmAlgo_t) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (sticky != cudaSuccess) return CUBLAS_STATUS_NOT_INITIALIZED;
+    const int arows = ta == CUBLAS_OP_N ? m : k, acols = ta == CUBLAS_OP_N ? k : m;
+    const int brows = tb == CUBLAS_OP_N ? k : n, bcols = tb == CUBLAS_OP_N ? n : k;
+    if (m < 0 || n < 0 || k < 0 || lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) ||
+        ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const bool f32 = at == CUDA_R_32F && bt == CUDA_R_32F, b16 = at == CUDA_R_16BF && bt == CUDA_R_16BF;
+    if (ct != CUDA_R_32F || !(f32 || b16) || (b16 && comp != CUBLAS_COMPUTE_32F) ||
+        (comp != CUBLAS_COMPUTE_32F && comp != CUBLAS_COMPUTE_32F_FAST_TF32))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    const size_t ae = at == CUDA_R_16BF ? 2 : 4, be = bt == CUDA_R_16BF ? 2 : 4;
+    if ((k && (!on_device(A, ((size_t)(acols - 1) * lda + arows) * ae) ||
+               !on_device(B, ((size_t)(bcols - 1) * ldb + brows) * be))) ||
+        !on_device(C, ((size_t)(n - 1) * ldc + m) * 4)) {
+        fprintf(stderr, "cuda emulator: cublasGemmEx %dx%dx%d: an operand is not (wholly) device memory\n", m, n, k);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    const bool round = f32 && comp == CUBLAS_COMPUTE_32F_FAST_TF32;
+    const float al = *(const float *)alpha, bet = *(const float *)beta;
+    std::vector<float> a((size_t)m * k), b((size_t)n * k); /* op(A) row i, op(B) column j, contiguous in k */
+    for (int i = 0; i < m; i++)
+        for (int l = 0; l < k; l++) {
+            float x = elem(A, at, ta == CUBLAS_OP_N ? (size_t)l * lda + i : (size_t)i * lda + l);
+            a[(size_t)i * k + l] = round ? tf32(x) : x;
+        }
+    for (int j = 0; j < n; j++)
+        for (int l = 0; l < k; l++) {
+            float x = elem(B, bt, tb == CUBLAS_OP_N ? (size_t)j * ldb + l : (size_t)l * ldb + j);
+            b[(size_t)j * k + l] = round ? tf32(x) : x;
+        }
+    float *c = (float *)C;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            float s = 0.0f;
+            const float *ai = &a[(size_t)i * k], *bj = &b[(size_t)j * k];
+            for (int l = 0; l < k; l++) s += ai[l] * bj[l];
+            float *cij = c + (size_t)j * ldc + i;
+            *cij = bet == 0.0f ? al * s : al * s + bet * *cij;
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
