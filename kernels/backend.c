@@ -43,10 +43,12 @@ static int parse_suffix(const char *s, int *out) {
     return 0;
 }
 
+ff_backend *(*ff_backend_cuda_ctor)(int device) = ff_backend_cuda_new;
+
 ff_backend *ff_backend_new(const char *name) {
     int n = 0;
     if (name && !strncmp(name, "cpu", 3) && !parse_suffix(name + 3, &n)) return ff_backend_cpu_new(n);
-    if (name && !strncmp(name, "cuda", 4) && !parse_suffix(name + 4, &n)) return ff_backend_cuda_new(n);
+    if (name && !strncmp(name, "cuda", 4) && !parse_suffix(name + 4, &n)) return ff_backend_cuda_ctor(n);
     ff_error_set("backend", "use cpu, cpu:THREADS, cuda or cuda:DEVICE", "unknown backend '%s'", name ? name : "(null)");
     return NULL;
 }

@@ -121,5 +121,9 @@ int ff_backend_finish_init(ff_backend **pbe);
 
 /* The CUDA backend's constructor (kernels/cuda/), or NULL + error where it is not built. */
 ff_backend *ff_backend_cuda_new(int device);
+/* What ff_backend_new("cuda[:N]") calls: ff_backend_cuda_new, unless a program replaced it
+ * before making any backend (the CUDA emulator's build of the command, tests/exec/fuseflow_emu.c,
+ * puts ff_backend_cuda_emu_new here). */
+extern ff_backend *(*ff_backend_cuda_ctor)(int device);
 
 #endif

@@ -1,35 +1,46 @@
 #!/usr/bin/env bash
-# `fuseflow run` with its roles on a real GPU (docs/run.md "Backends"), end to end: GRPO on the
-# tiny model for 2 iterations with the actor (and its colocated reference) on cuda, one worker,
-# beside the same run on the CPU:
+# `fuseflow run` with its roles on a GPU (docs/run.md "Backends"), end to end: GRPO on the tiny
+# model for 2 iterations with the actor (and its colocated reference) on cuda, one worker (one
+# GPU: the machine gpu-check.sh runs on has one), beside
+# the same run on the CPU:
 #   - the run says its rank computes on cuda:0, ends, and writes 2 iterations of metrics, every
 #     number finite, the same keys as the CPU run's;
 #   - its checkpoint loads in `fuseflow generate` on the CPU (the weights came back whole);
 #   - FF_DEVICE_COLL=0 (collectives through host memory) runs too.
 # The samples are not compared: the GPU's TF32 products round otherwise, so sampling may part.
 #
-# Skips (exit 77, saying why) where no GPU answers: no nvidia-smi or none listed, a build without
-# CUDA, or a runtime that sees no device (CI and the development machines).
-# scripts/gpu-check.sh runs it where a GPU is lent.
+# Two ways: on a real GPU (scripts/gpu-check.sh runs it where one is lent; it skips, exit 77,
+# saying why, where none answers: no nvidia-smi or none listed, a build without CUDA, a runtime
+# that sees no device); or, with FF_CUDA_EMU_BIN (ctest's exec/test_run_cuda_emu), the GPU runs
+# use that build of the command, whose cuda backend is the emulator (kernels/cuda/emu/), and the
+# controller counts one GPU through the stand-in driver (FF_FAKE_LIBCUDA).
 source "$(dirname "$0")/lib.sh"
-if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then
+gbin=$bin
+genv=()
+if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
+  gbin=$FF_CUDA_EMU_BIN
+  [[ -f ${FF_FAKE_LIBCUDA:-} ]] || fail "FF_FAKE_LIBCUDA (the stand-in CUDA driver the build makes) is not set: run through ctest"
+  genv=(FF_LIBCUDA=$FF_FAKE_LIBCUDA "FAKE_CUDA_GPUS=emulated GPU")
+elif ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then
   echo "SKIPPED: no GPU (nvidia-smi is missing or lists none)"
   exit 77
 fi
 prepare_inputs
-if ! "$bin" generate --model "$cache/tiny" --prompt "1+1=" --max-new-tokens 1 --device cuda > "$work/probe.log" 2>&1; then
+if ! "$gbin" generate --model "$cache/tiny" --prompt "1+1=" --max-new-tokens 1 --device cuda > "$work/probe.log" 2>&1; then
   echo "SKIPPED: the cuda backend does not run here: $(head -c 300 "$work/probe.log")"
   exit 77
 fi
 
-grpo() { # OUT EXTRA...
+grpo() { # OUT EXTRA... (GPU_RUN=1: the GPU build and its environment)
   local out=$1; shift
-  timeout 80 "$bin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=2 trainer.test_freq=2 trainer.save_freq=2 \
+  local b=$bin e=()
+  [[ -z ${GPU_RUN:-} ]] || { b=$gbin; e=("${genv[@]}" FF_BIN="$gbin"); } # FF_BIN: the workers the run starts
+  env "${e[@]}" timeout 240 "$b" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=2 trainer.test_freq=2 trainer.save_freq=2 \
     data.train_batch_size=8 graph.rollout.n=4 roles.actor.model="$cache/tiny" roles.ref.model="$cache/tiny" \
-    --val-limit 16 --no-progress "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "grpo $* did not run"; }
+    --workers 1 --val-limit 16 --no-progress "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "grpo $* did not run"; }
 }
 grpo "$work/cpu"
-grpo "$work/gpu" roles.actor.backend=cuda
+GPU_RUN=1 grpo "$work/gpu" roles.actor.backend=cuda
 grep -q "rank 0 computes on cuda:0" "$work/gpu.log" || fail "the actor is not on cuda:0: $(head -3 "$work/gpu.log")"
 [[ $(iterations "$work/gpu/metrics.jsonl") == 2 ]] || fail "the GPU run wrote $(iterations "$work/gpu/metrics.jsonl") iterations, not 2"
 python3 - "$work/cpu/metrics.jsonl" "$work/gpu/metrics.jsonl" <<'PY' || fail "the GPU run's metrics"
@@ -51,6 +62,6 @@ PY
 ck=$(ls -d "$work/gpu/checkpoints/"step-* | tail -1)
 "$bin" generate --model "$ck/actor" --prompt "12+34=" --max-new-tokens 4 --device cpu > "$work/gen.log" 2>&1 ||
   { cat "$work/gen.log" >&2; fail "the GPU run's checkpoint does not load on the CPU"; }
-FF_DEVICE_COLL=0 grpo "$work/gpu_host" roles.actor.backend=cuda
+GPU_RUN=1 FF_DEVICE_COLL=0 grpo "$work/gpu_host" roles.actor.backend=cuda
 [[ $(iterations "$work/gpu_host/metrics.jsonl") == 2 ]] || fail "FF_DEVICE_COLL=0: not 2 iterations"
 echo "ok: GRPO on cuda:0, 2 iterations, finite metrics, its checkpoint loads on the CPU"
