@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # `--device cuda` / `--backend cuda` on the commands that take it (generate, logprobs, sft):
-# without a GPU (or without CUDA in the build)
-# a clear error that names what is missing and says to use the cpu backend; with one, greedy
-# decoding on the GPU gives the CPU's tokens and log-prob scoring agrees with the CPU's.
+# without a GPU (or without CUDA in the build) a clear error that names what is missing and says
+# to use the cpu backend; with one, in exact fp32 (FF_CUDA_MATH=fp32), greedy decoding gives the
+# CPU's tokens, log-prob scoring the CPU's within 1e-4, and two SFT steps the CPU's losses and
+# gradient norms within 1e-4 relative, their model loading on the CPU.
+# With FF_CUDA_EMU_BIN (ctest's cli/test_generate_cuda_emu) the cuda runs use that build of the
+# command, whose cuda backend is the CUDA emulator (kernels/cuda/emu/): the GPU half, on the CPU.
 source "$(dirname "$0")/lib.sh"
 M="$SRC/tests/cli/data/llama_f32"
+GBIN=${FF_CUDA_EMU_BIN:-$FF_BIN}
 
-if "$FF_BIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 4 --device cuda >"$TMP/probe" 2>"$TMP/probe.err"; then
+if "$GBIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 4 --device cuda >"$TMP/probe" 2>"$TMP/probe.err"; then
   gpu=1
 else
   gpu=0
 fi
+[[ -z ${FF_CUDA_EMU_BIN:-} ]] || ((gpu == 1)) || fail "the emulator's build does not run generate --device cuda: $(cat "$TMP/probe.err")"
 if ((gpu == 0)); then
   expect_error "generate --device cuda without a GPU" "no CUDA device|built without the CUDA backend" \
     "$FF_BIN" generate --model "$M" --prompt "ab" --device cuda
@@ -34,7 +39,7 @@ fi
 
 expect_ok "greedy on cpu" "$FF_BIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 24 --json --device cpu
 cp "$TMP/out" "$TMP/cpu.json"
-expect_ok "greedy on cuda" env FF_CUDA_MATH=fp32 "$FF_BIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 24 --json --device cuda
+expect_ok "greedy on cuda" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 24 --json --device cuda
 if python3 - "$TMP/cpu.json" "$TMP/out" <<'PY'; then
 import json, sys
 a = json.loads(open(sys.argv[1]).readline())["tokens"]
@@ -46,4 +51,44 @@ PY
 else
   fail "cuda greedy tokens differ from the cpu's"
 fi
+
+printf '{"tokens": [1, 2, 3, 4, 5, 6]}\n{"tokens": [7, 8, 9]}\n' > "$TMP/seqs.jsonl"
+expect_ok "logprobs on cpu" "$FF_BIN" logprobs --model "$M" --input "$TMP/seqs.jsonl" --output "$TMP/lp_cpu.jsonl" --backend cpu
+expect_ok "logprobs on cuda" env FF_CUDA_MATH=fp32 "$GBIN" logprobs --model "$M" --input "$TMP/seqs.jsonl" \
+  --output "$TMP/lp_cuda.jsonl" --backend cuda
+if python3 - "$TMP/lp_cpu.jsonl" "$TMP/lp_cuda.jsonl" <<'PY'; then
+import json, sys
+a = [json.loads(l)["logprobs"] for l in open(sys.argv[1])]
+b = [json.loads(l)["logprobs"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 2 and all(len(x) == len(y) for x, y in zip(a, b)), (a, b)
+worst = max(abs(x - y) for u, v in zip(a, b) for x, y in zip(u, v))
+print("max |cuda - cpu| log-prob", worst)
+sys.exit(worst > 1e-4)
+PY
+  ok "cuda log-probs equal the cpu's within 1e-4"
+else
+  fail "cuda log-probs differ from the cpu's"
+fi
+
+printf '{"prompt": "1+2=", "response": "3"}\n{"prompt": "2+2=", "response": "4"}\n' > "$TMP/sft.jsonl"
+sft_args=(--config "$SRC/examples/sft_arith.yaml" model="$M" data.train="$TMP/sft.jsonl" data.test=null train.steps=2
+          train.batch_size=1)
+expect_ok "sft on cpu" "$FF_BIN" sft "${sft_args[@]}" out="$TMP/sft_cpu" --backend cpu
+expect_ok "sft on cuda" env FF_CUDA_MATH=fp32 "$GBIN" sft "${sft_args[@]}" out="$TMP/sft_cuda" --backend cuda
+if python3 - "$TMP/sft_cpu/metrics.jsonl" "$TMP/sft_cuda/metrics.jsonl" <<'PY'; then
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 2, (len(a), len(b))
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm"):
+        print("step", x["step"], k, "cpu", x[k], "cuda", y[k])
+        if abs(x[k] - y[k]) > 1e-4 * abs(x[k]): sys.exit(1)
+PY
+  ok "cuda SFT losses and gradient norms equal the cpu's within 1e-4"
+else
+  fail "cuda SFT steps differ from the cpu's"
+fi
+expect_ok "the cuda SFT model generates on the cpu" "$FF_BIN" generate --model "$TMP/sft_cuda/final" --prompt "1+2=" \
+  --max-new-tokens 2 --device cpu
 finish
