@@ -37,7 +37,9 @@
  *                   [--batches 1,32,256] [--prompt 32] [--new 64] [--budget SECONDS]
  *                   [--bf16-train 0|1] [--decode-weights bf16|fp32] [--decode-kv bf16|fp32]
  * --budget: stop starting new measurements once this much wall time has passed (default
- * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed. */
+ * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed.
+ * --models tiny (a 2-layer, 128-wide model) is for smoke tests: tests/kernels/test_bench_cuda_emu.sh
+ * runs this program on the CUDA emulator with it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -347,8 +349,10 @@ int main(int argc, char **argv) {
     spec specs[] = {
         {"qwen0.5b", base_cfg(151936, 896, 4864, 24, 14, 2, true, true, 1000000.0)},
         {"llama1b", base_cfg(128256, 2048, 8192, 16, 32, 8, true, false, 500000.0)},
+        /* only when named: a smoke test of this program (tests/kernels/test_bench_cuda_emu.sh) */
+        {"tiny", base_cfg(512, 128, 256, 2, 4, 2, true, false, 10000.0)},
     };
-    enum { NSPEC = 2, MAXB = 8 };
+    enum { NSPEC = 3, MAXB = 8 };
     int bs[MAXB], nb = 0;
     for (const char *c = batches; *c && nb < MAXB;) {
         bs[nb++] = atoi(c);
