@@ -37,18 +37,6 @@ static size_t dq_smem(int D) { return (2 * (size_t)AW * D + 2 * (size_t)KT * (D 
 static size_t dkv_smem(int D) { return (2 * (size_t)AW * D + 2 * (size_t)KT * (D + 1) + 2 * KT) * sizeof(float); }
 static size_t cached_smem(int D) { return ((size_t)D + 2 * (size_t)KT * (D + 1)) * sizeof(float); }
 
-/* The sequence of token t: the last s in [0, S) with ss[s] <= t (empty sequences before it
- * share its start). */
-static __device__ int seq_of(const int32_t *ss, int S, int t) {
-    int lo = 0, hi = S - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (ss[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 static __device__ __forceinline__ float dot_smem(const float *a, const float *b, int D) {
     float s = 0.0f;
     for (int d = 0; d < D; d++) s += a[d] * b[d];

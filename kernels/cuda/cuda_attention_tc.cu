@@ -47,16 +47,6 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
 enum { TB = 64, NW = 4, TPB = NW * 32, SP = TB + 4, PP = TB + 8 };
 
-static __device__ int tc_seq_of(const int32_t *ss, int S, int t) {
-    int lo = 0, hi = S - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (ss[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 /* Rows r0 .. r0 + TB - 1 of a [*, D] slice (row stride ld, from column col) into sm
  * [TB, D + 8] as bf16; rows at or past lim are zero (so that masked products read zeros,
  * never stale or non-finite data). */
@@ -133,13 +123,13 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const float *qkv, int
     const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float *s_w = s_all + warp * 16 * SP, *o_w = o_all + warp * 16 * OP;
     bf16 *p_w = p_all + warp * 16 * PP;
-    const int t0 = blockIdx.x * TB, kbeg = ss[tc_seq_of(ss, S, t0)], kend = min(t0 + TB, T);
+    const int t0 = blockIdx.x * TB, kbeg = ss[seq_of(ss, S, t0)], kend = min(t0 + TB, T);
     /* the warp's rows w0 .. wlast (none when wlast < w0); lanes 2r and 2r + 1 share row r,
      * each half of its columns */
-    const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[tc_seq_of(ss, S, w0)] : 0;
+    const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[seq_of(ss, S, w0)] : 0;
     const int r = lane >> 1, half = lane & 1, t = w0 + r;
     const bool valid = t < T;
-    const int my0 = valid ? ss[tc_seq_of(ss, S, t)] : 0;
+    const int my0 = valid ? ss[seq_of(ss, S, t)] : 0;
     float *orow = o_w + r * OP;
     const float *srow = s_w + r * SP;
     bf16 *prow = p_w + r * PP;
@@ -218,11 +208,11 @@ static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const float *qkv, int 
     float *s_w = f_all + warp * 2 * 16 * SP, *dp_w = s_w + 16 * SP;
     bf16 *ds_w = ds_all + warp * 16 * PP;
     const int64_t HD = (int64_t)Hq * D;
-    const int t0 = blockIdx.x * TB, kbeg = ss[tc_seq_of(ss, S, t0)], kend = min(t0 + TB, T);
-    const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[tc_seq_of(ss, S, w0)] : 0;
+    const int t0 = blockIdx.x * TB, kbeg = ss[seq_of(ss, S, t0)], kend = min(t0 + TB, T);
+    const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[seq_of(ss, S, w0)] : 0;
     const int r = lane >> 1, half = lane & 1, t = w0 + r;
     const bool valid = t < T;
-    const int my0 = valid ? ss[tc_seq_of(ss, S, t)] : 0;
+    const int my0 = valid ? ss[seq_of(ss, S, t)] : 0;
     const float lse_t = valid ? lse[(int64_t)t * Hq + h] : 0.0f, delta_t = valid ? delta[(int64_t)t * Hq + h] : 0.0f;
 
     stage_bf16<D>(q_s, qkv, ld, (int64_t)h * D, t0, T);
@@ -284,13 +274,13 @@ static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const float *qkv, int
     bf16 *p_w = p_all + warp * 16 * PP;
     const int64_t HD = (int64_t)Hq * D;
     const int j0 = blockIdx.x * TB, last = min(j0 + TB, T) - 1;
-    const int qbeg = j0, qend = ss[tc_seq_of(ss, S, last) + 1];
+    const int qbeg = j0, qend = ss[seq_of(ss, S, last) + 1];
     /* the warp's keys jw0 .. jwlast; lanes 2r, 2r + 1 share key row r; queries j .. my_end - 1
      * see key j */
     const int jw0 = j0 + warp * 16, jwlast = min(jw0 + 16, T) - 1;
     const int r = lane >> 1, half = lane & 1, j = jw0 + r;
     const bool valid = j < T;
-    const int my_end = valid ? ss[tc_seq_of(ss, S, j) + 1] : 0;
+    const int my_end = valid ? ss[seq_of(ss, S, j) + 1] : 0;
     const int wend = (int)__reduce_max_sync(0xffffffffu, (unsigned)my_end);
 
     stage_bf16<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, j0, T);

@@ -98,6 +98,17 @@ int ff_cuda_attention_init(void);
 /* ---- device helpers (all files) ------------------------------------------------------------- */
 
 #if defined(__CUDACC__) || defined(FF_CUDA_EMU)
+/* The sequence of packed token t: the last s in [0, S) with ss[s] <= t (empty sequences before
+ * it share its start). ss: i32 [S + 1] sequence starts. */
+static __device__ __forceinline__ int seq_of(const int32_t *ss, int S, int t) {
+    int lo = 0, hi = S - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (ss[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

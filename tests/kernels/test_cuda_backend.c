@@ -29,18 +29,7 @@ int main(void) {
     SKIP("cuda backend: fuseflow was built without CUDA (no CUDA toolkit at configure time, or FF_CUDA=OFF)");
 }
 #else
-#ifdef FF_TEST_CUDA_EMU
-/* This copy runs the CUDA backend's source in the emulator (kernels/cuda/emu/): the same
- * checks, on the CPU, for the kernels' and the host code's logic (not the device's speed or
- * its streams' concurrency). */
-#include "kernels/cuda/emu/cuda_emu.h"
-static ff_backend *gpu_new(const char *name) {
-    const char *c = strchr(name, ':');
-    return ff_backend_cuda_emu_new(c ? atoi(c + 1) : 0);
-}
-#else
-#define gpu_new ff_backend_new
-#endif
+#include "tests/cuda_test_util.h"
 
 static ff_backend *cpu, *gpu;
 static ff_stream *cst, *gst;

@@ -19,18 +19,7 @@ int main(void) {
     SKIP("cuda model test: fuseflow was built without CUDA (no CUDA toolkit at configure time, or FF_CUDA=OFF)");
 }
 #else
-#ifdef FF_TEST_CUDA_EMU
-/* This copy runs the CUDA backend's source in the emulator (kernels/cuda/emu/): the same
- * checks, on the CPU, for the kernels' and the host code's logic (not the device's speed or
- * its streams' concurrency). */
-#include "kernels/cuda/emu/cuda_emu.h"
-static ff_backend *gpu_new(const char *name) {
-    const char *c = strchr(name, ':');
-    return ff_backend_cuda_emu_new(c ? atoi(c + 1) : 0);
-}
-#else
-#define gpu_new ff_backend_new
-#endif
+#include "tests/cuda_test_util.h"
 #include <unistd.h>
 
 #include "fuseflow/error.h"
@@ -59,26 +48,39 @@ static void forward_both(ff_model *mc, ff_model *mg, bool train, float temp, con
     check_tensor_close(w, eg, ec, NT, tol, 0);
 }
 
-/* One SFT step on both: loss, gradient norm, gradients, updated parameters. */
-static void train_step_both(ff_model *mc, ff_model *mg, double tol) {
+/* An SFT step's forward, loss and backward on both models: the losses, and the flat gradients
+ * (malloc'd, n floats each; NULL when the GPU's backward failed, counted as a failure). */
+static float *sft_grads(ff_model *mc, ff_model *mg, double *lc, double *lg, float **gc_out, int64_t *n) {
     float lpc[NT], lpg[NT], dc[NT], dg[NT], mask[NT];
     for (int t = 0; t < NT; t++) mask[t] = targets[t] >= 0 ? 1.0f : 0.0f;
     ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
     ff_forward_opts o = {.train = true};
     ff_forward_out oc = {.logprobs = lpc}, og = {.logprobs = lpg};
     REQUIRE(ff_model_forward(mc, &b, &o, &oc) == 0 && ff_model_forward(mg, &b, &o, &og) == 0);
-    double lc = ff_sft_loss(lpc, mask, NT, 1.0f / NT, dc), lg = ff_sft_loss(lpg, mask, NT, 1.0f / NT, dg);
-    CHECK_CLOSE(lg, lc, tol, 0);
+    *lc = ff_sft_loss(lpc, mask, NT, 1.0f / NT, dc);
+    *lg = ff_sft_loss(lpg, mask, NT, 1.0f / NT, dg);
     REQUIRE(ff_model_zero_grad(mc) == 0 && ff_model_zero_grad(mg) == 0);
     REQUIRE(ff_model_backward(mc, dc, NULL, NULL) == 0);
     if (ff_model_backward(mg, dg, NULL, NULL)) {
         fprintf(stderr, "cuda backward failed: %s\n", ff_error_message());
         ff_test_failures++;
-        return;
+        return NULL;
     }
-    int64_t n = ff_model_param_count(mc);
-    float *gc = malloc((size_t)n * 4), *gg = malloc((size_t)n * 4);
+    *n = ff_model_param_count(mc);
+    float *gc = malloc((size_t)*n * 4), *gg = malloc((size_t)*n * 4);
     REQUIRE(ff_model_read_grads(mc, gc) == 0 && ff_model_read_grads(mg, gg) == 0);
+    *gc_out = gc;
+    return gg;
+}
+
+/* One SFT step on both: loss, gradient norm, gradients, updated parameters. */
+static void train_step_both(ff_model *mc, ff_model *mg, double tol) {
+    double lc, lg;
+    float *gc = NULL;
+    int64_t n = 0;
+    float *gg = sft_grads(mc, mg, &lc, &lg, &gc, &n);
+    CHECK_CLOSE(lg, lc, tol, 0);
+    if (!gg) return;
     check_tensor_close("gradients (flat buffer)", gg, gc, n, tol * 1e-2, 20 * tol);
     ff_adamw_config ac;
     ff_adamw_config_default(&ac);
@@ -105,24 +107,12 @@ static void train_step_both(ff_model *mc, ff_model *mg, double tol) {
  * 1e-2, every gradient within 3 % of the largest one (bf16 rounding of Q, K, V, dO and the
  * probabilities, ~0.4 % each, through two layers). */
 static void train_step_tc(ff_model *mc, ff_model *mg) {
-    float lpc[NT], lpg[NT], dc[NT], dg[NT], mask[NT];
-    for (int t = 0; t < NT; t++) mask[t] = targets[t] >= 0 ? 1.0f : 0.0f;
-    ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
-    ff_forward_opts o = {.train = true};
-    ff_forward_out oc = {.logprobs = lpc}, og = {.logprobs = lpg};
-    REQUIRE(ff_model_forward(mc, &b, &o, &oc) == 0 && ff_model_forward(mg, &b, &o, &og) == 0);
-    double lc = ff_sft_loss(lpc, mask, NT, 1.0f / NT, dc), lg = ff_sft_loss(lpg, mask, NT, 1.0f / NT, dg);
+    double lc, lg;
+    float *gc = NULL;
+    int64_t n = 0;
+    float *gg = sft_grads(mc, mg, &lc, &lg, &gc, &n);
     CHECK_CLOSE(lg, lc, 1e-2, 0);
-    REQUIRE(ff_model_zero_grad(mc) == 0 && ff_model_zero_grad(mg) == 0);
-    REQUIRE(ff_model_backward(mc, dc, NULL, NULL) == 0);
-    if (ff_model_backward(mg, dg, NULL, NULL)) {
-        fprintf(stderr, "cuda backward (tensor-core attention) failed: %s\n", ff_error_message());
-        ff_test_failures++;
-        return;
-    }
-    int64_t n = ff_model_param_count(mc);
-    float *gc = malloc((size_t)n * 4), *gg = malloc((size_t)n * 4);
-    REQUIRE(ff_model_read_grads(mc, gc) == 0 && ff_model_read_grads(mg, gg) == 0);
+    if (!gg) return;
     double mx = 0, worst = 0;
     for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(gc[i]));
     for (int64_t i = 0; i < n; i++) worst = fmax(worst, isnan(gg[i]) ? INFINITY : fabs((double)gg[i] - gc[i]));
