@@ -13,14 +13,16 @@
 # saying why, where none answers: no nvidia-smi or none listed, a build without CUDA, a runtime
 # that sees no device); or, with FF_CUDA_EMU_BIN (ctest's exec/test_run_cuda_emu), the GPU runs
 # use that build of the command, whose cuda backend is the emulator (kernels/cuda/emu/), and the
-# controller counts one GPU through the stand-in driver (FF_FAKE_LIBCUDA).
+# controller counts two GPUs through the stand-in driver (FF_FAKE_LIBCUDA); there a run of 2
+# workers, data parallel on cuda:0 and cuda:1 (collectives through host memory: NCCL is not
+# emulated), runs as well.
 source "$(dirname "$0")/lib.sh"
 gbin=$bin
 genv=()
 if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
   gbin=$FF_CUDA_EMU_BIN
   [[ -f ${FF_FAKE_LIBCUDA:-} ]] || fail "FF_FAKE_LIBCUDA (the stand-in CUDA driver the build makes) is not set: run through ctest"
-  genv=(FF_LIBCUDA=$FF_FAKE_LIBCUDA "FAKE_CUDA_GPUS=emulated GPU")
+  genv=(FF_LIBCUDA=$FF_FAKE_LIBCUDA "FAKE_CUDA_GPUS=emulated GPU,emulated GPU" FF_CUDA_EMU_DEVICES=2)
 elif ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then
   echo "SKIPPED: no GPU (nvidia-smi is missing or lists none)"
   exit 77
@@ -37,7 +39,7 @@ grpo() { # OUT EXTRA... (GPU_RUN=1: the GPU build and its environment)
   [[ -z ${GPU_RUN:-} ]] || { b=$gbin; e=("${genv[@]}" FF_BIN="$gbin"); } # FF_BIN: the workers the run starts
   env "${e[@]}" timeout 240 "$b" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=2 trainer.test_freq=2 trainer.save_freq=2 \
     data.train_batch_size=8 graph.rollout.n=4 roles.actor.model="$cache/tiny" roles.ref.model="$cache/tiny" \
-    --workers 1 --val-limit 16 --no-progress "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "grpo $* did not run"; }
+    --workers "${WORKERS:-1}" --val-limit 16 --no-progress "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "grpo $* did not run"; }
 }
 grpo "$work/cpu"
 GPU_RUN=1 grpo "$work/gpu" roles.actor.backend=cuda
@@ -64,4 +66,9 @@ ck=$(ls -d "$work/gpu/checkpoints/"step-* | tail -1)
   { cat "$work/gen.log" >&2; fail "the GPU run's checkpoint does not load on the CPU"; }
 GPU_RUN=1 FF_DEVICE_COLL=0 grpo "$work/gpu_host" roles.actor.backend=cuda
 [[ $(iterations "$work/gpu_host/metrics.jsonl") == 2 ]] || fail "FF_DEVICE_COLL=0: not 2 iterations"
+if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then # the emulator has GPUs to spare: 2 workers, data parallel over cuda:0 and cuda:1
+  GPU_RUN=1 WORKERS=2 grpo "$work/gpu2" roles.actor.backend=cuda
+  grep -q "rank 1 computes on cuda:1" "$work/gpu2.log" || fail "2 workers: rank 1 is not on cuda:1: $(head -3 "$work/gpu2.log")"
+  [[ $(iterations "$work/gpu2/metrics.jsonl") == 2 ]] || fail "2 workers on cuda: not 2 iterations"
+fi
 echo "ok: GRPO on cuda:0, 2 iterations, finite metrics, its checkpoint loads on the CPU"

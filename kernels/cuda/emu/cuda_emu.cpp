@@ -101,13 +101,20 @@ cudaError_t cudaGetLastError(void) {
 
 /* ---- device ------------------------------------------------------------------------------------ */
 
+/* FF_CUDA_EMU_DEVICES (1 to 16, default 1) devices, all this process's memory: a label, so that
+ * the workers of a run, each given cuda:N, find their device. */
+static int device_count(void) {
+    const char *e = getenv("FF_CUDA_EMU_DEVICES");
+    int n = e && *e ? atoi(e) : 1;
+    return n < 1 ? 1 : n > 16 ? 16 : n;
+}
 cudaError_t cudaGetDeviceCount(int *n) {
-    *n = 1;
+    *n = device_count();
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
     EMU_ENTER();
-    if (d != 0) return fail(cudaErrorInvalidDevice);
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
     current_device = d;
     return cudaSuccess;
 }
@@ -116,7 +123,7 @@ cudaError_t cudaGetDevice(int *d) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
-    if (d != 0) return fail(cudaErrorInvalidDevice);
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
     if (a != cudaDevAttrMultiProcessorCount) return fail(cudaErrorInvalidValue);
     *v = EMU_SMS;
     return cudaSuccess;
