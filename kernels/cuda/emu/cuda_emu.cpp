@@ -17,8 +17,9 @@
  * becomes sticky, as a device fault is: every later call returns cudaErrorLaunchFailure.
  * Memory copies check their direction against the tracked device allocations.
  *
- * Not here: concurrency between streams (every call completes when made), the device's
- * rounding order, speed, register and occupancy limits. */
+ * Streams: each queues its work, which runs only when something waits for it (below), so a
+ * missing event wait between streams shows as stale data. Not here: the device's rounding
+ * order, speed, register and occupancy limits. */
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,7 +29,9 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -151,6 +154,127 @@ static bool touches_device(const void *p, size_t n) {
     return it->first + it->second > a;
 }
 
+/* ---- streams and events: work deferred until something waits for it -------------------------
+ * Each stream keeps a queue of its work (kernels, copies, gemms, host work). Nothing runs until
+ * something needs it: a stream synchronization, a copy to host memory, an event another stream
+ * waits for (then the recording stream runs up to that record), a free or a legacy-stream call
+ * (then every stream runs). So a stream that reads what another wrote without waiting for its
+ * event reads what was there before, as a device racing would. */
+
+struct emu_op {
+    uint64_t seq;
+    std::function<void()> run;    /* or, when wait_on is set, a wait */
+    struct ff_emu_stream *wait_on;
+    uint64_t wait_seq;
+};
+struct ff_emu_stream {
+    int magic;
+    std::deque<emu_op> q;
+    uint64_t enq_seq, done_seq;
+};
+struct ff_emu_event {
+    int magic;
+    ff_emu_stream *s; /* the stream of the last record (NULL: none, or the legacy stream) */
+    uint64_t seq;
+};
+enum { STREAM_MAGIC = 0x5743, EVENT_MAGIC = 0x4576 };
+static std::vector<ff_emu_stream *> streams; /* live, in creation order */
+
+static bool stream_ok(cudaStream_t s) { return !s || s->magic == STREAM_MAGIC; }
+
+/* Run s's work up to and including op `seq` (waits first run what they wait for). */
+static void run_until(ff_emu_stream *s, uint64_t seq) {
+    while (s->done_seq < seq && !s->q.empty()) {
+        emu_op op = std::move(s->q.front());
+        s->q.pop_front();
+        if (op.wait_on) {
+            if (op.wait_on->magic == STREAM_MAGIC) run_until(op.wait_on, op.wait_seq);
+        } else if (sticky == cudaSuccess) {
+            op.run();
+        }
+        s->done_seq = op.seq;
+    }
+}
+static void run_stream(ff_emu_stream *s) { run_until(s, s->enq_seq); }
+static void run_all(void) {
+    for (size_t i = 0; i < streams.size(); i++) run_stream(streams[i]);
+}
+/* Queue work on s; on the legacy stream (NULL), everything before it runs, then it does. */
+static void enqueue(cudaStream_t s, std::function<void()> f) {
+    if (!s) {
+        run_all();
+        if (sticky == cudaSuccess) f();
+        return;
+    }
+    s->q.push_back(emu_op{++s->enq_seq, std::move(f), NULL, 0});
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    EMU_ENTER();
+    *s = new ff_emu_stream{STREAM_MAGIC, {}, 0, 0};
+    streams.push_back(*s);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    if (!s || s->magic != STREAM_MAGIC) return fail(cudaErrorInvalidResourceHandle);
+    run_stream(s); /* its work still completes, as on a device */
+    for (size_t i = 0; i < streams.size(); i++)
+        if (streams[i] == s) streams.erase(streams.begin() + (long)i);
+    for (ff_emu_stream *o : streams) /* waits for its work: that work is done */
+        for (emu_op &op : o->q)
+            if (op.wait_on == s) op.wait_on = NULL, op.run = [] {};
+    s->magic = 0;
+    delete s;
+    return sticky;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    EMU_ENTER();
+    if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (s) run_stream(s);
+    else run_all();
+    return sticky;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+    EMU_ENTER();
+    *e = new ff_emu_event{EVENT_MAGIC, NULL, 0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    if (!e || e->magic != EVENT_MAGIC) return fail(cudaErrorInvalidResourceHandle);
+    e->magic = 0;
+    delete e;
+    return sticky;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    EMU_ENTER();
+    if (!e || e->magic != EVENT_MAGIC || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (!s) run_all(); /* the legacy stream: complete once everything before it is */
+    e->s = s;
+    e->seq = s ? s->enq_seq : 0;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+    EMU_ENTER();
+    if (!e || e->magic != EVENT_MAGIC || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (!e->s) return cudaSuccess; /* never recorded, or complete */
+    if (!s) {
+        run_until(e->s, e->seq);
+        return cudaSuccess;
+    }
+    s->q.push_back(emu_op{++s->enq_seq, std::function<void()>(), e->s, e->seq});
+    return cudaSuccess;
+}
+
+/* Host work on a stream, in its order (the emulator's NCCL stand-in puts collectives there). */
+void ff_emu_stream_enqueue(cudaStream_t s, std::function<void()> f) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    enqueue(s, std::move(f));
+}
+
+/* ---- memory ------------------------------------------------------------------------------------ */
+
 cudaError_t cudaMalloc(void **p, size_t n) {
     EMU_ENTER();
     *p = NULL;
@@ -169,15 +293,17 @@ cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
     auto it = allocs.find((uintptr_t)p);
     if (it == allocs.end()) return fail(cudaErrorInvalidValue);
+    run_all(); /* cudaFree waits for the device */
     alloc_total -= it->second;
     allocs.erase(it);
     free(p);
-    return cudaSuccess;
+    return sticky;
 }
-cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
     EMU_ENTER();
+    if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     if (n && !on_device(p, n)) return fail(cudaErrorInvalidValue);
-    memset(p, v, n);
+    enqueue(s, [p, v, n] { memset(p, v, n); });
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *p, int v, size_t n) { return cudaMemsetAsync(p, v, n, NULL); }
@@ -202,74 +328,43 @@ static cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKi
     }
     return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t) {
+/* Host memory here is pageable, as fuseflow's is: a copy from it is staged at once (the caller
+ * may reuse it on return); a copy into it returns once done, after the stream's earlier work. */
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s) {
     EMU_ENTER();
+    if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     cudaError_t e = check_copy(dst, src, n, k);
-    if (e != cudaSuccess) return e;
-    if (n && dst != src) memcpy(dst, src, n);
-    return cudaSuccess;
+    if (e != cudaSuccess || !n || dst == src) return e;
+    if (on_device(dst, n) && !on_device(src, n)) {
+        std::shared_ptr<std::vector<char>> stage = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
+        enqueue(s, [dst, stage] { memcpy(dst, stage->data(), stage->size()); });
+    } else if (!on_device(dst, n)) {
+        if (s) run_stream(s);
+        else run_all();
+        if (sticky == cudaSuccess) memcpy(dst, src, n);
+    } else {
+        enqueue(s, [dst, src, n] { memcpy(dst, src, n); });
+    }
+    return sticky;
 }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
     return cudaMemcpyAsync(dst, src, n, k, NULL);
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind k, cudaStream_t) {
+                              cudaMemcpyKind k, cudaStream_t s) {
     EMU_ENTER();
+    if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     if (width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
+    if (k != cudaMemcpyDeviceToDevice) return fail(cudaErrorInvalidMemcpyDirection); /* the backend's only use */
     for (size_t r = 0; r < height; r++) {
         cudaError_t e = check_copy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, k);
         if (e != cudaSuccess) return e;
     }
-    for (size_t r = 0; r < height && width; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    enqueue(s, [=] {
+        for (size_t r = 0; r < height && width; r++)
+            memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    });
     return cudaSuccess;
-}
-
-/* ---- streams and events: markers only (every call completes when made) ------------------------ */
-
-struct ff_emu_stream {
-    int magic;
-};
-struct ff_emu_event {
-    int magic;
-};
-enum { STREAM_MAGIC = 0x5743, EVENT_MAGIC = 0x4576 };
-
-cudaError_t cudaStreamCreate(cudaStream_t *s) {
-    EMU_ENTER();
-    *s = new ff_emu_stream{STREAM_MAGIC};
-    return cudaSuccess;
-}
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    std::lock_guard<std::recursive_mutex> lk(emu_mu);
-    if (!s || s->magic != STREAM_MAGIC) return fail(cudaErrorInvalidResourceHandle);
-    s->magic = 0;
-    delete s;
-    return sticky;
-}
-static bool stream_ok(cudaStream_t s) { return !s || s->magic == STREAM_MAGIC; }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    EMU_ENTER();
-    return stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
-    EMU_ENTER();
-    *e = new ff_emu_event{EVENT_MAGIC};
-    return cudaSuccess;
-}
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-    std::lock_guard<std::recursive_mutex> lk(emu_mu);
-    if (!e || e->magic != EVENT_MAGIC) return fail(cudaErrorInvalidResourceHandle);
-    e->magic = 0;
-    delete e;
-    return sticky;
-}
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    EMU_ENTER();
-    return e && e->magic == EVENT_MAGIC && stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
-    EMU_ENTER();
-    return e && e->magic == EVENT_MAGIC && stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
 }
 
 /* ---- launches: fibers -------------------------------------------------------------------------- */
@@ -565,8 +660,34 @@ static void run_block(dim3 grid, dim3 block, dim3 bidx) {
         }
 }
 
+/* Run a launch's blocks now (its stream's turn came). */
+static void run_launch(const char *name, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body) {
+    static unsigned char *dyn;
+    static size_t dyn_cap;
+    if (smem > dyn_cap) {
+        free(dyn);
+        dyn = (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128);
+        dyn_cap = dyn ? smem : 0;
+        if (!dyn) {
+            fprintf(stderr, "cuda emulator: kernel %s: no memory for %zu bytes of shared memory\n", name, smem);
+            sticky = cudaErrorLaunchFailure;
+            return;
+        }
+    }
+    blk.dyn = dyn;
+    blk.dyn_bytes = smem;
+    blk.body = &body;
+    launch_faulted = false;
+    launch_name = name;
+    for (unsigned z = 0; z < grid.z && !launch_faulted; z++)
+        for (unsigned y = 0; y < grid.y && !launch_faulted; y++)
+            for (unsigned x = 0; x < grid.x && !launch_faulted; x++) run_block(grid, block, dim3(x, y, z));
+    if (launch_faulted) sticky = cudaErrorLaunchFailure;
+    launch_name = NULL;
+}
+
 void ff_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                   const std::function<void()> &body) {
+                   std::function<void()> body) {
     std::lock_guard<std::recursive_mutex> lk(emu_mu);
     if (sticky != cudaSuccess) return;
     const uint64_t nt = (uint64_t)block.x * block.y * block.z;
@@ -589,27 +710,7 @@ void ff_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size
         last_error = cudaErrorMemoryAllocation;
         return;
     }
-    static unsigned char *dyn;
-    static size_t dyn_cap;
-    if (smem > dyn_cap) {
-        free(dyn);
-        dyn = (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128);
-        dyn_cap = dyn ? smem : 0;
-        if (!dyn) {
-            last_error = cudaErrorMemoryAllocation;
-            return;
-        }
-    }
-    blk.dyn = dyn;
-    blk.dyn_bytes = smem;
-    blk.body = &body;
-    launch_faulted = false;
-    launch_name = name;
-    for (unsigned z = 0; z < grid.z && !launch_faulted; z++)
-        for (unsigned y = 0; y < grid.y && !launch_faulted; y++)
-            for (unsigned x = 0; x < grid.x && !launch_faulted; x++) run_block(grid, block, dim3(x, y, z));
-    if (launch_faulted) sticky = cudaErrorLaunchFailure;
-    launch_name = NULL;
+    enqueue(s, [name, grid, block, smem, body] { run_launch(name, grid, block, smem, body); });
 }
 
 /* ---- cuBLAS ------------------------------------------------------------------------------------ */
@@ -629,7 +730,7 @@ cublasStatus_t ff_emu_cublasDestroy(cublasHandle_t h) {
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t ff_emu_cublasSetStream(cublasHandle_t h, cudaStream_t s) {
-    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!h || !stream_ok(s)) return CUBLAS_STATUS_NOT_INITIALIZED;
     h->stream = s;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -695,25 +796,27 @@ cublasStatus_t ff_emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
     }
     const bool round = f32 && comp == CUBLAS_COMPUTE_32F_FAST_TF32;
     const float al = *(const float *)alpha, bet = *(const float *)beta;
-    std::vector<float> a((size_t)m * k), b((size_t)n * k); /* op(A) row i, op(B) column j, contiguous in k */
-    for (int i = 0; i < m; i++)
-        for (int l = 0; l < k; l++) {
-            float x = elem(A, at, ta == CUBLAS_OP_N ? (size_t)l * lda + i : (size_t)i * lda + l);
-            a[(size_t)i * k + l] = round ? tf32(x) : x;
-        }
-    for (int j = 0; j < n; j++)
-        for (int l = 0; l < k; l++) {
-            float x = elem(B, bt, tb == CUBLAS_OP_N ? (size_t)j * ldb + l : (size_t)l * ldb + j);
-            b[(size_t)j * k + l] = round ? tf32(x) : x;
-        }
-    float *c = (float *)C;
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            float s = 0.0f;
-            const float *ai = &a[(size_t)i * k], *bj = &b[(size_t)j * k];
-            for (int l = 0; l < k; l++) s += ai[l] * bj[l];
-            float *cij = c + (size_t)j * ldc + i;
-            *cij = bet == 0.0f ? al * s : al * s + bet * *cij;
-        }
+    enqueue(h->stream, [=] { /* in the handle's stream's order, as cuBLAS */
+        std::vector<float> a((size_t)m * k), b((size_t)n * k); /* op(A) row i, op(B) column j, contiguous in k */
+        for (int i = 0; i < m; i++)
+            for (int l = 0; l < k; l++) {
+                float x = elem(A, at, ta == CUBLAS_OP_N ? (size_t)l * lda + i : (size_t)i * lda + l);
+                a[(size_t)i * k + l] = round ? tf32(x) : x;
+            }
+        for (int j = 0; j < n; j++)
+            for (int l = 0; l < k; l++) {
+                float x = elem(B, bt, tb == CUBLAS_OP_N ? (size_t)j * ldb + l : (size_t)l * ldb + j);
+                b[(size_t)j * k + l] = round ? tf32(x) : x;
+            }
+        float *c = (float *)C;
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                float sum = 0.0f;
+                const float *ai = &a[(size_t)i * k], *bj = &b[(size_t)j * k];
+                for (int l = 0; l < k; l++) sum += ai[l] * bj[l];
+                float *cij = c + (size_t)j * ldc + i;
+                *cij = bet == 0.0f ? al * sum : al * sum + bet * *cij;
+            }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -3,10 +3,11 @@
  * folder first on the include path) and they run on the CPU. kernels/cuda/emu/cuda_emu.cpp
  * implements it; docs/cuda.md "The emulator" says what it checks and what it cannot show.
  *
- * The model: one emulated device. Memory is host memory, tracked, so a copy whose direction
- * does not match its pointers is refused. Every call and launch runs to completion when it is
- * made, so streams and events order nothing (and so cannot show a missing wait). A launch
- * runs its blocks one after another; each CUDA thread of a block is a fiber, and the highest
+ * The model: emulated devices whose memory is host memory, tracked, so a copy whose direction
+ * does not match its pointers is refused. Work on a stream is queued and runs only when
+ * something waits for it (a stream sync, a copy to the host, an event another stream waits
+ * for, a free), so a stream that reads another's results without waiting for its event reads
+ * stale data, as on a device. A launch runs its blocks one after another; each CUDA thread of a block is a fiber, and the highest
  * runnable one always runs until it waits at a barrier, so a thread that reads what a lower
  * thread writes, or overwrites what a lower thread still reads, without a barrier between, does
  * so in the wrong order here. Not a general CUDA: only the names fuseflow's kernels use. */
@@ -172,17 +173,25 @@ static inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* ---- launches -------------------------------------------------------------------------------- */
 
-/* Run body once per thread of grid x block with `smem` bytes of dynamic shared memory; a bad
- * configuration (block over 1024 threads, dynamic shared memory over the kernel's limit, an
- * empty grid) sets the error cudaGetLastError returns, as a failed launch does. */
+/* Queue body, to run once per thread of grid x block with `smem` bytes of dynamic shared memory
+ * when stream s's turn comes; a bad configuration (block over 1024 threads, dynamic shared
+ * memory over the kernel's limit, an empty grid) sets the error cudaGetLastError returns at
+ * once, as a failed launch does. */
 void ff_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                   const std::function<void()> &body);
+                   std::function<void()> body);
 /* the running block's dynamic shared memory (128-byte aligned, starting as 0xff bytes) */
 unsigned char *ff_emu_dyn_smem(void);
+/* Host work queued on stream s, in its order (NULL: the legacy stream: after all queued work). */
+void ff_emu_stream_enqueue(cudaStream_t s, std::function<void()> f);
 
-#define FF_LAUNCH(kernel, grid, block, smem, stream, ...)                                                    \
-    ff_emu_launch(#kernel, (const void *)(kernel), dim3(grid), dim3(block), (size_t)(smem), (stream),          \
-                  [&]() { kernel(__VA_ARGS__); })
+/* The arguments are evaluated at the launch, as CUDA does, and kept by value until it runs. */
+template <typename K, typename... A>
+static inline void ff_emu_launch_args(const char *name, K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                      A... args) {
+    ff_emu_launch(name, (const void *)kernel, grid, block, smem, s, [kernel, args...]() { kernel(args...); });
+}
+#define FF_LAUNCH(kernel, grid, block, smem, stream, ...) \
+    ff_emu_launch_args(#kernel, kernel, dim3(grid), dim3(block), (size_t)(smem), (stream), __VA_ARGS__)
 #define FF_DYN_SHARED(type, name) type *name = (type *)ff_emu_dyn_smem()
 
 #endif
