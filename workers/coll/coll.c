@@ -71,9 +71,7 @@ int coll_break_with(ff_coll_comm *c, const char *why) {
                 snprintf(reason, sizeof reason, "rank %d failed: %s", c->rank, ff_error_message());
             coll_cpu_notify_abort(c, reason);
         }
-#ifdef FF_COLL_HAVE_NCCL
-        if (c->backend == COLL_BACKEND_NCCL) coll_nccl_abort(c);
-#endif
+        if (c->backend == COLL_BACKEND_NCCL && coll_nccl) coll_nccl->abort(c);
     }
     return -1;
 }
@@ -84,6 +82,12 @@ int coll_check_usable(const ff_coll_comm *c, const char *call) {
                         "the communicator (rank %d of %d) is broken by an earlier error: %s", c->rank, c->nranks,
                         c->error);
 }
+
+#ifdef FF_COLL_HAVE_NCCL
+const coll_nccl_ops *coll_nccl = &coll_nccl_real;
+#else
+const coll_nccl_ops *coll_nccl = NULL;
+#endif
 
 /* ---- ids ------------------------------------------------------------------------------- */
 
@@ -96,12 +100,9 @@ static int backend_of_text(const char *text) {
 bool ff_coll_backend_available(const char *backend, const char **why) {
     if (backend && strcmp(backend, "cpu") == 0) return true;
     if (backend && strcmp(backend, "nccl") == 0) {
-#ifdef FF_COLL_HAVE_NCCL
-        return coll_nccl_available(why);
-#else
+        if (coll_nccl) return coll_nccl->available(why);
         if (why) *why = "fuseflow was built without NCCL (no CUDA toolkit or NCCL found at configure time)";
         return false;
-#endif
     }
     if (why) *why = "unknown backend (use \"cpu\" or \"nccl\")";
     return false;
@@ -118,12 +119,9 @@ int ff_coll_get_unique_id(ff_coll_id *id, const char *backend, const ff_coll_opt
     memset(id, 0, sizeof *id);
     if (!backend || strcmp(backend, "cpu") == 0) return coll_cpu_make_id(id, opt);
     if (strcmp(backend, "nccl") == 0) {
-#ifdef FF_COLL_HAVE_NCCL
-        return coll_nccl_make_id(id);
-#else
+        if (coll_nccl) return coll_nccl->make_id(id);
         return ff_error_set("ff_coll_get_unique_id", "use the \"cpu\" backend, or rebuild with CUDA and NCCL",
                             "backend \"nccl\" is not available: fuseflow was built without NCCL");
-#endif
     }
     return ff_error_set("ff_coll_get_unique_id", "use \"cpu\" or \"nccl\"", "unknown backend \"%s\"", backend);
 }
@@ -188,12 +186,9 @@ int ff_coll_comm_init(ff_coll_comm **out, int nranks, const ff_coll_id *id, int 
             coll_work_free(c);
         }
     } else {
-#ifdef FF_COLL_HAVE_NCCL
-        rc = coll_nccl_comm_init(c, &copy);
-#else
-        rc = ff_error_set(where, "use the \"cpu\" backend, or rebuild with CUDA and NCCL",
-                          "this id is for backend \"nccl\", which this build does not have");
-#endif
+        rc = coll_nccl ? coll_nccl->comm_init(c, &copy)
+                       : ff_error_set(where, "use the \"cpu\" backend, or rebuild with CUDA and NCCL",
+                                      "this id is for backend \"nccl\", which this build does not have");
     }
     if (rc) {
         coll_comm_free_shell(c);
@@ -214,20 +209,17 @@ int ff_coll_comm_split(ff_coll_comm *comm, int color, int key, ff_coll_comm **ou
     if (comm->backend == COLL_BACKEND_CPU) {
         rc = coll_cpu_comm_split(comm, color, key, out);
     } else {
-#ifdef FF_COLL_HAVE_NCCL
+        if (!coll_nccl) return ff_error_set("ff_coll_comm_split", NULL, "this build has no NCCL");
         ff_coll_comm *child = coll_comm_alloc(COLL_BACKEND_NCCL, 0, 0, NULL);
         if (!child) return -1;
         child->timeout_s = comm->timeout_s;
         child->algo = comm->algo;
-        rc = coll_nccl_comm_split(comm, color, key, child);
+        rc = coll_nccl->comm_split(comm, color, key, child);
         if (rc || !child->nccl) {
             coll_comm_free_shell(child);
             child = NULL;
         }
         *out = child;
-#else
-        rc = -1;
-#endif
     }
     return rc;
 }
@@ -272,9 +264,7 @@ void ff_coll_comm_destroy(ff_coll_comm **comm) {
         coll_cpu_comm_free(c);
         coll_work_free(c);
     }
-#ifdef FF_COLL_HAVE_NCCL
-    if (c->backend == COLL_BACKEND_NCCL) coll_nccl_comm_free(c);
-#endif
+    if (c->backend == COLL_BACKEND_NCCL && coll_nccl) coll_nccl->comm_free(c);
     coll_comm_free_shell(c);
     *comm = NULL;
 }
@@ -395,16 +385,14 @@ int ff_coll_group_end(void) {
         if (r && rc == 0) rc = r;
     }
     group_free_queue();
-#ifdef FF_COLL_HAVE_NCCL
     if (g_group.nccl_started) {
         g_group.nccl_started = false;
         char keep[2048];
         snprintf(keep, sizeof keep, "%s", ff_error_message());
-        int r = coll_nccl_group_end();
+        int r = coll_nccl->group_end();
         if (r && rc == 0) rc = r;
         else if (rc) ff_error_set(NULL, NULL, "%s", keep);
     }
-#endif
     g_group.first_rc = 0;
     return rc;
 }
@@ -446,17 +434,14 @@ static int dispatch(ff_coll_comm *c, coll_call *call, ff_coll_stream stream) {
     const char *name = call->op == OP_SEND && call->is_recv ? "ff_coll_recv" : coll_op_name(call->op);
     if (coll_check_usable(c, name)) return -1;
     if (c->backend == COLL_BACKEND_NCCL) {
-#ifdef FF_COLL_HAVE_NCCL
+        if (!coll_nccl) return -1;
         if (g_group.depth > 0 && !g_group.nccl_started) {
-            if (coll_nccl_group_start()) return -1;
+            if (coll_nccl->group_start()) return -1;
             g_group.nccl_started = true;
         }
-        int rc = coll_nccl_run(c, call, stream);
+        int rc = coll_nccl->run(c, call, stream);
         if (rc) coll_break(c);
         return rc;
-#else
-        return -1;
-#endif
     }
     (void)stream;
     if (g_group.depth > 0) return enqueue(c, call);
@@ -582,13 +567,11 @@ int ff_coll_send_post(const void *buf, size_t count, ff_dtype dtype, int peer, f
     if (coll_check_usable(comm, n)) return -1;
     coll_call call = {.op = OP_SEND, .sendbuf = buf, .count = count, .dtype = dtype, .root = peer};
     int rc;
-#ifdef FF_COLL_HAVE_NCCL
-    if (comm->backend == COLL_BACKEND_NCCL) { /* enqueued on the default stream: asynchronous already */
-        rc = coll_nccl_run(comm, &call, NULL);
+    if (comm->backend == COLL_BACKEND_NCCL && coll_nccl) { /* enqueued on the default stream: asynchronous already */
+        rc = coll_nccl->run(comm, &call, NULL);
         if (rc == 0) comm->sends_posted++;
         return rc ? coll_break(comm) : 0;
     }
-#endif
     rc = coll_cpu_send_post(comm, &call);
     return rc ? coll_break(comm) : 0;
 }
@@ -597,14 +580,12 @@ int ff_coll_sends_done(ff_coll_comm *comm, bool wait, uint64_t *done) {
     CHECK_COMM(comm, "ff_coll_sends_done");
     if (coll_check_usable(comm, "ff_coll_sends_done")) return -1;
     int rc;
-#ifdef FF_COLL_HAVE_NCCL
-    if (comm->backend == COLL_BACKEND_NCCL) {
-        rc = wait ? coll_nccl_synchronize(comm, NULL) : 0;
+    if (comm->backend == COLL_BACKEND_NCCL && coll_nccl) {
+        rc = wait ? coll_nccl->synchronize(comm, NULL) : 0;
         if (rc == 0 && wait) comm->sends_done = comm->sends_posted;
         if (done) *done = comm->sends_done;
         return rc ? coll_break(comm) : 0;
     }
-#endif
     rc = coll_cpu_sends_progress(comm, wait);
     if (done) *done = comm->sends_done;
     return rc ? coll_break(comm) : 0;
@@ -613,13 +594,11 @@ int ff_coll_sends_done(ff_coll_comm *comm, bool wait, uint64_t *done) {
 int ff_coll_synchronize(ff_coll_comm *comm, ff_coll_stream stream) {
     CHECK_COMM(comm, "ff_coll_synchronize");
     if (coll_check_usable(comm, "ff_coll_synchronize")) return -1;
-#ifdef FF_COLL_HAVE_NCCL
-    if (comm->backend == COLL_BACKEND_NCCL) {
-        int rc = coll_nccl_synchronize(comm, stream);
+    if (comm->backend == COLL_BACKEND_NCCL && coll_nccl) {
+        int rc = coll_nccl->synchronize(comm, stream);
         if (rc) coll_break(comm);
         return rc;
     }
-#endif
     (void)stream;
     return 0;
 }

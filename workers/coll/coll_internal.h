@@ -285,19 +285,26 @@ bool coll_redop_supported(ff_dtype dtype);
 void coll_reduce(void *out, const void *a, const void *b, size_t n, ff_dtype dtype,
                  ff_coll_redop op, int div);
 
-/* ---- nccl backend (nccl/nccl_backend.c, compiled with FF_COLL_HAVE_NCCL) ---------------- */
-
+/* ---- nccl backend ----------------------------------------------------------------------
+ * Its entry points, one table: nccl/nccl_backend.c's (compiled with FF_COLL_HAVE_NCCL), or NULL
+ * where this build has no NCCL. A test program may put a stand-in in coll_nccl before it makes
+ * any communicator (tests/exec/fuseflow_emu.c: collectives of the CUDA emulator's streams run by
+ * the cpu backend, in stream order). */
+typedef struct coll_nccl_ops {
+    bool (*available)(const char **why);
+    int (*make_id)(ff_coll_id *id);
+    int (*comm_init)(ff_coll_comm *c, const ff_coll_id *id);
+    int (*comm_split)(ff_coll_comm *c, int color, int key, ff_coll_comm *child);
+    void (*comm_free)(ff_coll_comm *c);
+    void (*abort)(ff_coll_comm *c);
+    int (*run)(ff_coll_comm *c, const coll_call *call, ff_coll_stream stream);
+    int (*group_start)(void);
+    int (*group_end)(void);
+    int (*synchronize)(ff_coll_comm *c, ff_coll_stream stream);
+} coll_nccl_ops;
+extern const coll_nccl_ops *coll_nccl;
 #ifdef FF_COLL_HAVE_NCCL
-bool coll_nccl_available(const char **why);
-int coll_nccl_make_id(ff_coll_id *id);
-int coll_nccl_comm_init(ff_coll_comm *c, const ff_coll_id *id);
-int coll_nccl_comm_split(ff_coll_comm *c, int color, int key, ff_coll_comm *child);
-void coll_nccl_comm_free(ff_coll_comm *c);
-void coll_nccl_abort(ff_coll_comm *c);
-int coll_nccl_run(ff_coll_comm *c, const coll_call *call, ff_coll_stream stream);
-int coll_nccl_group_start(void);
-int coll_nccl_group_end(void);
-int coll_nccl_synchronize(ff_coll_comm *c, ff_coll_stream stream);
+extern const coll_nccl_ops coll_nccl_real;
 #endif
 
 #endif

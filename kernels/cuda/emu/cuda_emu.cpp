@@ -35,6 +35,10 @@
 #include <mutex>
 #include <vector>
 
+extern "C" {
+#include "fuseflow/error.h"
+}
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -267,10 +271,22 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     return cudaSuccess;
 }
 
-/* Host work on a stream, in its order (the emulator's NCCL stand-in puts collectives there). */
+/* Host work on a stream, in its order. */
 void ff_emu_stream_enqueue(cudaStream_t s, std::function<void()> f) {
     std::lock_guard<std::recursive_mutex> lk(emu_mu);
     enqueue(s, std::move(f));
+}
+
+extern "C" int ff_emu_stream_run_host(void *stream, int (*fn)(void *), void *ctx) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (!stream_ok(s)) return ff_error_set("cuda emulator", NULL, "host work on an invalid stream %p", stream);
+    if (s) run_stream(s);
+    else run_all();
+    if (sticky != cudaSuccess)
+        return ff_error_set("cuda emulator", "see the fault printed above", "work queued before it failed: %s",
+                            cudaGetErrorString(sticky));
+    return fn ? fn(ctx) : 0;
 }
 
 /* ---- memory ------------------------------------------------------------------------------------ */

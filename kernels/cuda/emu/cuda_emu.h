@@ -16,6 +16,14 @@ extern "C" {
  * backend is named "cuda:N"; only device 0 exists. NULL + error otherwise. */
 ff_backend *ff_backend_cuda_emu_new(int device);
 
+/* Host work in an emulated stream's order, now: the stream's queued work runs (and what it
+ * waits for), then fn(ctx), whose result this returns; -1 + error when queued work had failed
+ * or the stream is not one. stream: the cudaStream_t of ff_stream_native (NULL: the legacy
+ * stream, after everything queued). What the emulator's NCCL stand-in runs a collective with
+ * (tests/exec/fuseflow_emu.c): at once, as NCCL would start it, so peers never wait on work an
+ * emulated stream has not been asked for yet. */
+int ff_emu_stream_run_host(void *stream, int (*fn)(void *), void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

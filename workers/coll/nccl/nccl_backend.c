@@ -85,7 +85,7 @@ static ncclConfig_t make_config(void) {
     return cfg;
 }
 
-bool coll_nccl_available(const char **why) {
+static bool coll_nccl_available(const char **why) {
     static _Thread_local char msg[256];
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -98,7 +98,7 @@ bool coll_nccl_available(const char **why) {
     return true;
 }
 
-int coll_nccl_make_id(ff_coll_id *id) {
+static int coll_nccl_make_id(ff_coll_id *id) {
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess) return nccl_error("ff_coll_get_unique_id", r, NULL);
@@ -108,7 +108,7 @@ int coll_nccl_make_id(ff_coll_id *id) {
     return 0;
 }
 
-int coll_nccl_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
+static int coll_nccl_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
     const char *where = "ff_coll_comm_init";
     ncclUniqueId u;
     const char *hex = id->text + strlen(NCCL_HEX_PREFIX);
@@ -133,7 +133,7 @@ int coll_nccl_comm_init(ff_coll_comm *c, const ff_coll_id *id) {
     return 0;
 }
 
-int coll_nccl_comm_split(ff_coll_comm *c, int color, int key, ff_coll_comm *child) {
+static int coll_nccl_comm_split(ff_coll_comm *c, int color, int key, ff_coll_comm *child) {
     ncclConfig_t cfg = make_config();
     ncclComm_t nc = NULL;
     ncclResult_t r = ncclCommSplit(comm_of(c), color == FF_COLL_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color, key, &nc,
@@ -151,7 +151,7 @@ int coll_nccl_comm_split(ff_coll_comm *c, int color, int key, ff_coll_comm *chil
     return 0;
 }
 
-void coll_nccl_comm_free(ff_coll_comm *c) {
+static void coll_nccl_comm_free(ff_coll_comm *c) {
     ncclComm_t comm = comm_of(c);
     if (!comm) return;
     if (!c->error) {
@@ -180,7 +180,7 @@ static _Thread_local struct {
     bool doomed[GROUP_MAX]; /* broken inside the group: aborted after ncclGroupEnd, which still holds its calls */
 } g_grp;
 
-void coll_nccl_abort(ff_coll_comm *c) {
+static void coll_nccl_abort(ff_coll_comm *c) {
     ncclComm_t comm = comm_of(c);
     c->nccl = NULL;
     if (!comm) return;
@@ -217,7 +217,7 @@ static ncclRedOp_t map_op(ff_coll_redop op) {
 }
 
 
-int coll_nccl_run(ff_coll_comm *c, const coll_call *call, ff_coll_stream stream) {
+static int coll_nccl_run(ff_coll_comm *c, const coll_call *call, ff_coll_stream stream) {
     ncclComm_t comm = comm_of(c);
     if (g_grp.open) {
         int i = 0;
@@ -290,7 +290,7 @@ int coll_nccl_run(ff_coll_comm *c, const coll_call *call, ff_coll_stream stream)
     return settle(c, r, where);
 }
 
-int coll_nccl_group_start(void) {
+static int coll_nccl_group_start(void) {
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) return nccl_error("ff_coll_group_start", r, NULL);
     g_grp.open = true;
@@ -298,7 +298,7 @@ int coll_nccl_group_start(void) {
     return 0;
 }
 
-int coll_nccl_group_end(void) {
+static int coll_nccl_group_end(void) {
     ncclResult_t r = ncclGroupEnd();
     g_grp.open = false;
     int rc = r == ncclSuccess || r == ncclInProgress ? 0 : nccl_error("ff_coll_group_end", r, NULL);
@@ -312,7 +312,7 @@ int coll_nccl_group_end(void) {
     return rc;
 }
 
-int coll_nccl_synchronize(ff_coll_comm *c, ff_coll_stream stream) {
+static int coll_nccl_synchronize(ff_coll_comm *c, ff_coll_stream stream) {
     ncclComm_t comm = comm_of(c);
     int64_t deadline = ff_now_ns() + (int64_t)(c->timeout_s * 1e9);
     for (;;) {
@@ -330,3 +330,7 @@ int coll_nccl_synchronize(ff_coll_comm *c, ff_coll_stream stream) {
         nap_us(50);
     }
 }
+
+const coll_nccl_ops coll_nccl_real = {coll_nccl_available, coll_nccl_make_id, coll_nccl_comm_init, coll_nccl_comm_split,
+                                      coll_nccl_comm_free,  coll_nccl_abort,   coll_nccl_run,       coll_nccl_group_start,
+                                      coll_nccl_group_end,  coll_nccl_synchronize};

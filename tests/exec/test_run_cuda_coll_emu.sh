@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The workers' collectives on GPU buffers (NCCL twins on streams of their own, ordered by events:
+# docs/run.md "Backends") run end to end on the CUDA emulator (kernels/cuda/emu/) with
+# fuseflow_emu's NCCL stand-in, which runs each collective with the cpu backend in its stream's
+# order. Each layout, with its roles on cuda, gives the same samples and the same metrics bit for
+# bit as with FF_DEVICE_COLL=0 (the same collectives through host memory on the cpu group):
+#   - PPO at TP 2 x DP 2 with sequence parallelism (the TP all-reduces, SP gathers and scatters,
+#     the DP gradient sum) and ZeRO-1 (reduce-scatter and all-gather in the flat buffers);
+#   - PPO at PP 2 (the pipeline's activations and gradients between stages);
+#   - GRPO training at TP 2 and generating at TP 1 on a pool of its own (the weight sync).
+# The emulator runs queued kernels only when waited for, so a collective whose stream does not
+# wait for the kernels that wrote its input would read stale data and part from the host run.
+# Skips (77) without FF_CUDA_EMU_BIN (ctest sets it where the emulator is built).
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+[[ -n ${FF_CUDA_EMU_BIN:-} ]] || { echo "SKIPPED: FF_CUDA_EMU_BIN is not set (the emulator is not built)"; exit 77; }
+[[ -f ${FF_FAKE_LIBCUDA:-} ]] || fail "FF_FAKE_LIBCUDA (the stand-in CUDA driver the build makes) is not set: run through ctest"
+prepare_tp
+S=$tp_sft
+steps=2
+gpus="FAKE_CUDA_GPUS=emu,emu,emu,emu"
+cuda=(roles.actor.backend=cuda roles.critic.backend=cuda)
+
+run() { # CONFIG OUT EXTRA...
+  local cfg=$1 out=$2; shift 2
+  env FF_BIN="$FF_CUDA_EMU_BIN" FF_LIBCUDA="$FF_FAKE_LIBCUDA" "$gpus" FF_CUDA_EMU_DEVICES=4 FF_CUDA_MATH=fp32 \
+    timeout 400 "$FF_CUDA_EMU_BIN" run "$src/examples/$cfg.yaml" $(small_run "$out") trainer.steps=$steps \
+    trainer.test_freq=0 trainer.save_freq=0 data.train_batch_size=8 graph.rollout.n=4 roles.actor.model=$S \
+    roles.ref.model=$S roles.actor.optim.lr=1e-3 roles.actor.optim.eps=1e-5 --no-progress --dump-samples "$@" \
+    > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "$cfg $* did not run"; }
+}
+both() { # WHAT CONFIG NAME EXTRA...: the run on the models' buffers and through host memory, the same bits
+  local what=$1 cfg=$2 name=$3; shift 3
+  run "$cfg" "$work/$name" "$@"
+  FF_DEVICE_COLL=0 run "$cfg" "$work/${name}_host" "$@"
+  grep -q "computes on cuda:" "$work/$name.log" || fail "$what: no rank computes on cuda"
+  [[ $(iterations "$work/$name/metrics.jsonl") == "$steps" ]] || fail "$what: not $steps iterations"
+  same_samples "$work/$name" "$work/${name}_host" "$what"
+  same_metrics "$work/$name/metrics.jsonl" "$work/${name}_host/metrics.jsonl" 0 0 ||
+    fail "$what: the collectives on the GPU buffers do not give the bits of those through host memory"
+  echo "ok: $what"
+}
+ppo_args=(roles.critic.model=$S graph.train_actor.mini_batch_size=4 graph.train_actor.micro_batch_size=8
+          graph.train_critic.mini_batch_size=4 graph.train_critic.micro_batch_size=8 roles.critic.optim.lr=1e-3
+          roles.critic.optim.eps=1e-5)
+
+both "TP 2 x DP 2 with SP and ZeRO-1 on cuda" ppo tpdp --workers 4 "${ppo_args[@]}" "${cuda[@]}" roles.actor.layout.tp=2 \
+  roles.actor.layout.sp=true roles.actor.layout.zero=1
+both "PP 2 on cuda" ppo pp --workers 2 "${ppo_args[@]}" "${cuda[@]}" roles.actor.layout.pp=2
+both "GRPO at TP 2, generating at TP 1 on a pool of 2, all on cuda" grpo sync roles.actor.backend=cuda \
+  roles.actor.layout.tp=2 roles.actor.workers=2 roles.actor.rollout.workers=2 roles.actor.rollout.layout.tp=1
+echo "all checks passed"
