@@ -6,11 +6,14 @@
  * emulated devices and their NCCL twins are the stand-in's.
  *
  * The NCCL stand-in: a "nccl" communicator wraps a cpu one (its id carries the cpu id), and
- * each call runs the cpu collective on the emulated device buffers (host memory) in its
- * stream's order, at once (ff_emu_stream_run_host): the stream's queued work first, and what
- * that waits for, as if the device were infinitely fast. So the workers' events and streams
- * around their collectives take part: a collective whose stream does not wait for the kernels
- * that wrote its input reads stale data. Grouped calls run as one cpu group at the group's end.
+ * each call runs the cpu collective on the emulated device buffers (host memory) at once
+ * (ff_emu_stream_run_host: its stream's queued work first, and what that waits for), so that
+ * peers never wait on work an emulated stream has not been asked for, into a scratch copy of
+ * its output; the copy into the real output is queued on the stream (ff_emu_stream_defer) and
+ * lands only when something waits for that stream. So the workers' events around their
+ * collectives take part both ways: a collective whose stream does not wait for the kernels that
+ * wrote its input reads stale data, and kernels that read its output without waiting for its
+ * stream read what was there before. Grouped calls run as one cpu group at the group's end.
  * Not NCCL: nothing of nccl_backend.c runs here, nor NCCL's own behaviour (its kernels, its
  * asynchronous errors). Not installed: a test tool only. */
 #undef main
@@ -19,6 +22,7 @@
 #include <string.h>
 
 #include "fuseflow/coll.h"
+#include "fuseflow/dtype.h"
 #include "fuseflow/error.h"
 #include "kernels/backend_impl.h"
 #include "kernels/cuda/emu/cuda_emu.h"
@@ -84,33 +88,82 @@ static void enccl_abort(ff_coll_comm *c) {
     if (inner(c)) ff_coll_comm_abort(inner(c), c->error ? c->error : "the nccl communicator broke");
 }
 
-/* one call on the cpu communicator, its counts copied (the caller's array may go) */
+/* one call on the cpu communicator, its counts copied (the caller's array may go), its output
+ * written to `scratch` and moved to `out` when the stream gets there */
 typedef struct call {
     ff_coll_comm *comm;
     coll_call call;
     size_t counts[64];
+    void *out, *scratch;
+    size_t out_bytes;
 } call;
 
 static int run_call(const call *k) {
     const coll_call *c = &k->call;
     ff_coll_comm *in = inner(k->comm);
+    void *o = k->scratch;
     switch (c->op) {
-    case OP_ALL_REDUCE: return ff_coll_all_reduce(c->sendbuf, c->recvbuf, c->count, c->dtype, c->redop, in, NULL);
-    case OP_BROADCAST: return ff_coll_broadcast(c->sendbuf, c->recvbuf, c->count, c->dtype, c->root, in, NULL);
-    case OP_ALL_GATHER: return ff_coll_all_gather(c->sendbuf, c->recvbuf, c->count, c->dtype, in, NULL);
-    case OP_REDUCE_SCATTER: return ff_coll_reduce_scatter(c->sendbuf, c->recvbuf, c->count, c->dtype, c->redop, in, NULL);
-    case OP_ALL_GATHER_V: return ff_coll_all_gather_v(c->sendbuf, c->recvbuf, k->counts, c->dtype, in, NULL);
-    case OP_REDUCE_SCATTER_V:
-        return ff_coll_reduce_scatter_v(c->sendbuf, c->recvbuf, k->counts, c->dtype, c->redop, in, NULL);
+    case OP_ALL_REDUCE: return ff_coll_all_reduce(c->sendbuf, o, c->count, c->dtype, c->redop, in, NULL);
+    case OP_BROADCAST: return ff_coll_broadcast(c->sendbuf, o, c->count, c->dtype, c->root, in, NULL);
+    case OP_ALL_GATHER: return ff_coll_all_gather(c->sendbuf, o, c->count, c->dtype, in, NULL);
+    case OP_REDUCE_SCATTER: return ff_coll_reduce_scatter(c->sendbuf, o, c->count, c->dtype, c->redop, in, NULL);
+    case OP_ALL_GATHER_V: return ff_coll_all_gather_v(c->sendbuf, o, k->counts, c->dtype, in, NULL);
+    case OP_REDUCE_SCATTER_V: return ff_coll_reduce_scatter_v(c->sendbuf, o, k->counts, c->dtype, c->redop, in, NULL);
     case OP_SEND:
-        return c->is_recv ? ff_coll_recv(c->recvbuf, c->count, c->dtype, c->root, in, NULL)
+        return c->is_recv ? ff_coll_recv(o, c->count, c->dtype, c->root, in, NULL)
                           : ff_coll_send(c->sendbuf, c->count, c->dtype, c->root, in, NULL);
     default: return ff_error_set("nccl stand-in", NULL, "call %d is not one NCCL makes", c->op);
     }
 }
 
+/* a reduce-scatter_v's input elements: every rank's part */
+static size_t out_count_v(const call *k) {
+    size_t n = 0;
+    for (int r = 0; r < k->comm->nranks; r++) n += k->counts[r];
+    return n;
+}
+
+/* the output's elements */
+static size_t out_count(const call *k) {
+    const coll_call *c = &k->call;
+    size_t n = 0;
+    switch (c->op) {
+    case OP_ALL_GATHER: return c->count * (size_t)k->comm->nranks;
+    case OP_ALL_GATHER_V:
+        for (int r = 0; r < k->comm->nranks; r++) n += k->counts[r];
+        return n;
+    case OP_REDUCE_SCATTER_V: return k->counts[k->comm->rank];
+    case OP_SEND: return c->is_recv ? c->count : 0;
+    default: return c->count;
+    }
+}
+
+typedef struct landing {
+    void *out, *scratch;
+    size_t bytes;
+} landing;
+static void land(void *ctx) {
+    landing *l = ctx;
+    memcpy(l->out, l->scratch, l->bytes);
+    free(l->scratch);
+    free(l);
+}
+/* After the call ran: its output lands when the stream gets there; or, failed, nothing does. */
+static void finish(call *k, ff_coll_stream stream, bool ok) {
+    if (!k->scratch) return;
+    landing *l = ok ? malloc(sizeof *l) : NULL;
+    if (!l) {
+        free(k->scratch);
+        k->scratch = NULL;
+        return;
+    }
+    *l = (landing){k->out, k->scratch, k->out_bytes};
+    k->scratch = NULL;
+    ff_emu_stream_defer(stream, land, l);
+}
+
 static struct {
-    bool open;
+    bool open, failed; /* failed: a call was refused; the group then runs nothing */
     call *calls;
     size_t n, cap;
     ff_coll_stream stream;
@@ -119,10 +172,28 @@ static struct {
 static int set_call(call *k, ff_coll_comm *c, const coll_call *cc) {
     k->comm = c;
     k->call = *cc;
+    k->scratch = k->out = NULL;
     if (cc->counts) {
         if (c->nranks > 64) return ff_error_set("nccl stand-in", NULL, "groups of more than 64 ranks");
         memcpy(k->counts, cc->counts, (size_t)c->nranks * sizeof k->counts[0]);
         k->call.counts = k->counts;
+    }
+    /* NCCL moves device memory only: a host pointer here would fault on a GPU */
+    const size_t esz = ff_dtype_size(cc->dtype), in_count = cc->op == OP_ALL_GATHER || cc->op == OP_SEND ? cc->count
+                                                           : cc->op == OP_ALL_GATHER_V ? k->counts[c->rank]
+                                                           : cc->op == OP_REDUCE_SCATTER ? cc->count * (size_t)c->nranks
+                                                           : cc->op == OP_REDUCE_SCATTER_V ? out_count_v(k) : cc->count;
+    if (cc->sendbuf && in_count && !ff_emu_is_device(cc->sendbuf, in_count * esz))
+        return ff_error_set("nccl stand-in", "NCCL moves device memory only (a GPU would fault here)",
+                            "%s of %zu elements from %p: not device memory", coll_op_name(cc->op), in_count, cc->sendbuf);
+    k->out_bytes = out_count(k) * esz;
+    if (k->out_bytes && !ff_emu_is_device(cc->recvbuf, k->out_bytes))
+        return ff_error_set("nccl stand-in", "NCCL moves device memory only (a GPU would fault here)",
+                            "%s of %zu bytes into %p: not device memory", cc->is_recv ? "recv" : coll_op_name(cc->op),
+                            k->out_bytes, cc->recvbuf);
+    if (k->out_bytes) {
+        k->out = cc->recvbuf;
+        if (!(k->scratch = malloc(k->out_bytes))) return ff_error_set("nccl stand-in", NULL, "out of memory");
     }
     return 0;
 }
@@ -133,7 +204,9 @@ static int enccl_run(ff_coll_comm *c, const coll_call *cc, ff_coll_stream stream
     if (!group.open) {
         call k;
         if (set_call(&k, c, cc)) return -1;
-        return ff_emu_stream_run_host(stream, run_one, &k);
+        int rc = ff_emu_stream_run_host(stream, run_one, &k);
+        finish(&k, stream, rc == 0);
+        return rc;
     }
     if (group.n && stream != group.stream)
         return ff_error_set("nccl stand-in", "put a group's calls on one stream", "a group on two streams");
@@ -145,11 +218,17 @@ static int enccl_run(ff_coll_comm *c, const coll_call *cc, ff_coll_stream stream
         group.cap = nc;
     }
     group.stream = stream;
-    return set_call(&group.calls[group.n++], c, cc);
+    if (set_call(&group.calls[group.n], c, cc)) {
+        group.failed = true;
+        return -1;
+    }
+    group.n++;
+    return 0;
 }
 
 static int enccl_group_start(void) {
     group.open = true;
+    group.failed = false;
     group.n = 0;
     return 0;
 }
@@ -165,7 +244,8 @@ static int run_group(void *ctx) {
 
 static int enccl_group_end(void) {
     group.open = false;
-    int rc = group.n ? ff_emu_stream_run_host(group.stream, run_group, NULL) : 0;
+    int rc = group.failed ? -1 : group.n ? ff_emu_stream_run_host(group.stream, run_group, NULL) : 0;
+    for (size_t i = 0; i < group.n; i++) finish(&group.calls[i], group.stream, rc == 0);
     group.n = 0;
     return rc;
 }

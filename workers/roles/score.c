@@ -228,6 +228,26 @@ static int score_whole(ff_model *m, const ff_rl_sample *samples, int32_t n, cons
  * interleaved one padded with one-token micro-batches to a multiple of pp), the outputs of the
  * last virtual stage's rank sent to the others in one grouped call, the results taken on
  * every rank. */
+/* The last stage's results [count floats at res] to the other stages, as the transfers x say.
+ * A device transport moves device memory only (NCCL): there the results go through a buffer of
+ * its backend, the copy back waiting for the transfers. */
+static int exchange_results(const ff_pipe_transport *tr, ff_pipe_xfer *x, int nx, float *res, size_t count) {
+    if (!tr->device) return tr->call(tr->ctx, x, nx);
+    ff_buffer *buf = ff_buffer_new(tr->device, sizeof(float) * count);
+    if (!buf) return -1;
+    ff_stream *st = ff_backend_stream(tr->device);
+    ff_dptr d = ff_dptr_of(buf, 0);
+    ff_memcpy_h2d(st, d, res, sizeof(float) * count);
+    for (int i = 0; i < nx; i++) x[i].buf = ff_dptr_addr(d);
+    int rc = tr->call(tr->ctx, x, nx);
+    if (rc == 0) {
+        ff_memcpy_d2h(st, res, d, sizeof(float) * count);
+        rc = ff_stream_sync(st);
+    }
+    ff_buffer_destroy(&buf);
+    return rc;
+}
+
 static int score_pipe(ff_model *m, const ff_rl_sample *samples, int32_t n, const ff_score_opts *o, score_kind kind,
                       float *const *a, float *const *b, float *scores) {
     const ff_roles_pipe *pp = o->pipe;
@@ -285,7 +305,7 @@ static int score_pipe(ff_model *m, const ff_rl_sample *samples, int32_t n, const
     } else {
         x[nx++] = (ff_pipe_xfer){.kind = FF_PIPE_XFER_RECV, .peer = last, .buf = res, .count = count};
     }
-    if (count > 0 && tr->call(tr->ctx, x, nx)) {
+    if (count > 0 && exchange_results(tr, x, nx, res, count)) {
         ff_error_wrap("score: the results from the last stage (rank %d)", last);
         goto done;
     }

@@ -277,6 +277,16 @@ void ff_emu_stream_enqueue(cudaStream_t s, std::function<void()> f) {
     enqueue(s, std::move(f));
 }
 
+extern "C" int ff_emu_is_device(const void *p, size_t bytes) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    return on_device(p, bytes);
+}
+
+extern "C" void ff_emu_stream_defer(void *stream, void (*fn)(void *), void *ctx) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    enqueue((cudaStream_t)stream, [fn, ctx] { fn(ctx); });
+}
+
 extern "C" int ff_emu_stream_run_host(void *stream, int (*fn)(void *), void *ctx) {
     std::lock_guard<std::recursive_mutex> lk(emu_mu);
     cudaStream_t s = (cudaStream_t)stream;

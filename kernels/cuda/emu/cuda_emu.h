@@ -23,6 +23,11 @@ ff_backend *ff_backend_cuda_emu_new(int device);
  * (tests/exec/fuseflow_emu.c): at once, as NCCL would start it, so peers never wait on work an
  * emulated stream has not been asked for yet. */
 int ff_emu_stream_run_host(void *stream, int (*fn)(void *), void *ctx);
+/* 1 when [p, p + bytes) lies inside one emulated device allocation, else 0. */
+int ff_emu_is_device(const void *p, size_t bytes);
+/* fn(ctx) queued on an emulated stream, to run when its turn comes (with the stream's other work:
+ * when something waits for it); fn owns ctx. NULL stream: at once, after everything queued. */
+void ff_emu_stream_defer(void *stream, void (*fn)(void *), void *ctx);
 
 #ifdef __cplusplus
 }
