@@ -1,8 +1,8 @@
-/* The CUDA backend run by the emulator (kernels/cuda/emu/): the .cu files of kernels/cuda/ compiled by a
- * C++ compiler against the stand-in headers of include/ and run on the CPU, one device. For
- * tests only (tests/kernels/test_cuda_backend.c and tests/model/test_model_cuda.c build a copy
- * against it): it checks the backend's kernels and host logic without a GPU, not its speed nor
- * the ordering between streams (docs/cuda.md "The emulator"). */
+/* The CUDA backend run by the emulator (kernels/cuda/emu/): the .cu files of kernels/cuda/
+ * compiled by a C++ compiler against the stand-in headers of include/ and run on the CPU. For
+ * tests only (the CUDA tests' emulator copies, tests/exec/fuseflow_emu.c, bench_cuda_emu): it
+ * checks the backend's kernels and host logic, streams and events included, without a GPU; not
+ * its speed (docs/cuda.md "The emulator"). */
 #ifndef FF_KERNELS_CUDA_EMU_CUDA_EMU_H
 #define FF_KERNELS_CUDA_EMU_CUDA_EMU_H
 
@@ -13,7 +13,8 @@ extern "C" {
 #endif
 
 /* As ff_backend_new("cuda:N"): FF_CUDA_MATH and FF_CUDA_ATTENTION read the same way; the
- * backend is named "cuda:N"; only device 0 exists. NULL + error otherwise. */
+ * backend is named "cuda:N"; FF_CUDA_EMU_DEVICES devices exist (1 by default). NULL + error
+ * otherwise. */
 ff_backend *ff_backend_cuda_emu_new(int device);
 
 /* Host work in an emulated stream's order, now: the stream's queued work runs (and what it
