@@ -103,6 +103,24 @@ static __device__ __forceinline__ void mm_ab_acc(frag_c (&acc)[N / 16], const bf
     }
 }
 
+/* The warp's 16 accumulated rows [16, D] out through its spill tile (fp32, row stride D + 4):
+ * lanes 2r and 2r + 1 write halves of row r to dst (the row's first element; nothing when the
+ * row is past the tokens), times mul. The warp's reads of the tile before are done; after, the
+ * tile may be used again. */
+template <int D>
+static __device__ __forceinline__ void write_rows(frag_c (&acc)[D / 16], float *spill, bool valid, float *dst,
+                                                  float mul) {
+    constexpr int OP = D + 4, HDC = D / 2;
+    const int lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < D / 16; n++) wmma::store_matrix_sync(spill + n * 16, acc[n], OP, wmma::mem_row_major);
+    __syncwarp();
+    if (valid)
+        for (int c = half * HDC; c < (half + 1) * HDC; c++) dst[c] = mul * spill[r * OP + c];
+    __syncwarp();
+}
+
 /* ---- forward ---------------------------------------------------------------------------------- */
 
 template <int D>
@@ -198,7 +216,7 @@ template <int D>
 static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const float *qkv, int ld, const int32_t *ss, int S, int T,
                                                           int Hq, int Hkv, float scale, const float *lse,
                                                           const float *dout, const float *delta, float *dqkv) {
-    constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
+    constexpr int DP = D + 8, OP = D + 4;
     static_assert(16 * OP <= 2 * 16 * SP, "the accumulators' spill tile fits the warp's two score tiles");
     FF_DYN_SHARED(unsigned char, smem);
     bf16 *q_s = (bf16 *)smem, *do_s = q_s + TB * DP, *k_s = do_s + TB * DP, *v_s = k_s + TB * DP;
@@ -241,13 +259,7 @@ static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const float *qkv, int 
         __syncwarp();
         mm_ab_acc<D, TB>(acc, ds_w, PP, k_s, DP);
     }
-    __syncwarp(); /* the last tile's score reads are done before the spill overwrites them */
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) wmma::store_matrix_sync(s_w + n * 16, acc[n], OP, wmma::mem_row_major);
-    __syncwarp();
-    if (!valid) return;
-    for (int c = half * HDC; c < (half + 1) * HDC; c++)
-        dqkv[(int64_t)t * ld + (int64_t)h * D + c] = scale * s_w[r * OP + c];
+    write_rows<D>(acc, s_w, valid, dqkv + (int64_t)t * ld + (int64_t)h * D, scale);
 }
 
 /* ---- backward: dk, dv ------------------------------------------------------------------------- */
@@ -262,7 +274,7 @@ template <int D>
 static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const float *qkv, int ld, const int32_t *ss, int S, int T,
                                                            int Hq, int Hkv, float scale, const float *lse,
                                                            const float *dout, const float *delta, float *dqkv) {
-    constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
+    constexpr int DP = D + 8, OP = D + 4;
     static_assert(16 * OP <= 2 * 16 * SP, "the accumulators' spill tile fits the warp's two score tiles");
     FF_DYN_SHARED(unsigned char, smem);
     bf16 *k_s = (bf16 *)smem, *v_s = k_s + TB * DP, *q_s = v_s + TB * DP, *do_s = q_s + TB * DP;
@@ -326,22 +338,9 @@ static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const float *qkv, int
             mm_ab_acc<D, TB>(dk, p_w, PP, q_s, DP);
         }
     }
-    __syncwarp();
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) wmma::store_matrix_sync(s_w + n * 16, dk[n], OP, wmma::mem_row_major);
-    __syncwarp();
-    if (valid)
-        for (int c = half * HDC; c < (half + 1) * HDC; c++)
-            dqkv[(int64_t)j * ld + (int64_t)(Hq + g) * D + c] = scale * s_w[r * OP + c];
-    __syncwarp();
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) wmma::store_matrix_sync(s_w + n * 16, dv[n], OP, wmma::mem_row_major);
-    __syncwarp();
-    if (valid)
-        for (int c = half * HDC; c < (half + 1) * HDC; c++)
-            dqkv[(int64_t)j * ld + (int64_t)(Hq + Hkv + g) * D + c] = s_w[r * OP + c];
+    write_rows<D>(dk, s_w, valid, dqkv + (int64_t)j * ld + (int64_t)(Hq + g) * D, scale);
+    write_rows<D>(dv, s_w, valid, dqkv + (int64_t)j * ld + (int64_t)(Hq + Hkv + g) * D, 1.0f);
 }
-
 
 /* ---- launchers -------------------------------------------------------------------------------- */
 
