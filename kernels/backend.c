@@ -81,6 +81,11 @@ ff_stream *ff_backend_stream(ff_backend *be) { return be->stream; }
 /* ---- memory ------------------------------------------------------------------------------ */
 
 ff_buffer *ff_buffer_new(ff_backend *be, size_t bytes) {
+    if (__atomic_load_n(&be->capturing, __ATOMIC_RELAXED) > 0) {
+        ff_error_set("ff_buffer_new", "allocate before the capture (ff_stream_capture_begin) or after it ends",
+                     "a new buffer of %zu bytes while a stream of the %s backend captures a graph", bytes, be->name);
+        return NULL;
+    }
     ff_buffer *b = ff_calloc(1, sizeof *b);
     if (!b) return NULL;
     b->be = be;
@@ -136,12 +141,25 @@ static void need_opt(const ff_stream *s, ff_dptr p, size_t bytes) {
     if (!ff_dptr_null(p)) need(s, p, bytes);
 }
 
+/* A call a graph capture cannot hold, made on a capturing stream: it fails the capture (the
+ * first such call is what ff_stream_capture_end reports) and does nothing. True if so. */
+static bool refused_in_capture(ff_stream *s, const char *call) {
+    if (!s->capturing) return false;
+    if (!s->capture_error[0])
+        snprintf(s->capture_error, sizeof s->capture_error,
+                 "%s inside a graph capture (a graph holds kernels and device copies only: do it before or after the capture)",
+                 call);
+    return true;
+}
+
 void ff_memcpy_h2d(ff_stream *s, ff_dptr dst, const void *src, size_t bytes) {
     need(s, dst, bytes);
+    if (refused_in_capture(s, "ff_memcpy_h2d")) return;
     if (bytes) s->be->ops->h2d(s, dst, src, bytes);
 }
 void ff_memcpy_d2h(ff_stream *s, void *dst, ff_dptr src, size_t bytes) {
     need(s, src, bytes);
+    if (refused_in_capture(s, "ff_memcpy_d2h")) return;
     if (bytes) s->be->ops->d2h(s, dst, src, bytes);
 }
 void ff_memcpy_d2d(ff_stream *s, ff_dptr dst, ff_dptr src, size_t bytes) {
@@ -187,6 +205,8 @@ void ff_stream_destroy(ff_stream **ps) {
 }
 ff_backend *ff_stream_backend(const ff_stream *s) { return s->be; }
 int ff_stream_sync(ff_stream *s) {
+    if (refused_in_capture(s, "ff_stream_sync"))
+        return ff_error_set("ff_stream_sync", "end the capture first (ff_stream_capture_end)", "the stream is capturing a graph");
     int rc = s->be->ops->stream_sync(s);
     if (!s->error[0]) return rc;
     ff_error_set(NULL, NULL, "%s", s->error);
@@ -213,10 +233,12 @@ void ff_event_destroy(ff_event **pe) {
 }
 void ff_event_record(ff_event *e, ff_stream *s) {
     assert(e && s && e->be == s->be);
+    if (refused_in_capture(s, "ff_event_record")) return;
     if (s->be->ops->event_record) s->be->ops->event_record(s, e->impl);
 }
 void ff_stream_wait(ff_stream *s, ff_event *e) {
     assert(e && s && e->be == s->be);
+    if (refused_in_capture(s, "ff_stream_wait")) return;
     if (s->be->ops->stream_wait) s->be->ops->stream_wait(s, e->impl);
 }
 void *ff_dptr_addr(ff_dptr p) {
@@ -232,6 +254,69 @@ bool ff_backend_shares_memory_with(const ff_backend *be, const char *coll) {
 
 void ff_stream_fail(ff_stream *s) {
     if (!s->error[0]) snprintf(s->error, sizeof s->error, "%s", ff_error_message()); /* the first failure */
+}
+
+/* ---- graphs ---------------------------------------------------------------------------------- */
+
+struct ff_stream_graph {
+    ff_stream *s; /* captured on, and replayed on */
+    void *impl;
+};
+
+bool ff_backend_has_stream_graphs(const ff_backend *be) { return be->ops->capture_begin != NULL; }
+
+int ff_stream_capture_begin(ff_stream *s) {
+    assert(!s->capturing);
+    const char *where = "ff_stream_capture_begin";
+    if (!s->be->ops->capture_begin)
+        return ff_error_set(where, "run the work as it is queued (ff_backend_has_stream_graphs says where graphs exist)",
+                            "the %s backend has no graphs", s->be->name);
+    if (s->be->profile)
+        return ff_error_set(where, "unset FF_PROFILE_KERNELS to capture graphs",
+                            "kernel profiling waits for every kernel, which a graph cannot hold");
+    if (s->error[0]) return ff_stream_sync(s); /* an earlier failure: reported, not captured */
+    if (s->be->ops->capture_begin(s)) return -1;
+    s->capturing = true;
+    s->capture_error[0] = '\0';
+    __atomic_add_fetch(&s->be->capturing, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+int ff_stream_capture_end(ff_stream *s, ff_stream_graph **out) {
+    assert(s->capturing && out);
+    *out = NULL;
+    void *impl = NULL;
+    int rc = s->be->ops->capture_end(s, &impl);
+    s->capturing = false;
+    __atomic_sub_fetch(&s->be->capturing, 1, __ATOMIC_RELAXED);
+    if (s->capture_error[0] || s->error[0]) { /* a refused call, or a kernel that failed while captured */
+        if (impl) s->be->ops->graph_free(s, impl);
+        ff_error_set("graph capture", NULL, "%s", s->capture_error[0] ? s->capture_error : s->error);
+        s->capture_error[0] = s->error[0] = '\0';
+        return -1;
+    }
+    if (rc) return -1;
+    ff_stream_graph *g = ff_calloc(1, sizeof *g);
+    if (!g) {
+        s->be->ops->graph_free(s, impl);
+        return -1;
+    }
+    g->s = s;
+    g->impl = impl;
+    *out = g;
+    return 0;
+}
+
+int ff_stream_graph_launch(ff_stream_graph *g, ff_stream *s) {
+    assert(g && s == g->s && !s->capturing);
+    return s->be->ops->graph_launch(s, g->impl);
+}
+
+void ff_stream_graph_destroy(ff_stream_graph **pg) {
+    if (!pg || !*pg) return;
+    (*pg)->s->be->ops->graph_free((*pg)->s, (*pg)->impl);
+    free(*pg);
+    *pg = NULL;
 }
 
 /* ---- kernels ----------------------------------------------------------------------------- */
@@ -477,6 +562,7 @@ void ff_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha) {
 }
 double ff_sumsq(ff_stream *s, ff_dptr x, int64_t n) {
     need(s, x, (size_t)n * 4);
+    if (refused_in_capture(s, "ff_sumsq")) return 0.0;
     int64_t t0 = s->be->profile ? ff_now_ns() : 0;
     double r = s->be->ops->sumsq(s, x, n);
     if (s->be->profile) prof_add(s->be, "sumsq", t0);

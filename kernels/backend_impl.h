@@ -28,6 +28,12 @@ typedef struct ff_backend_ops {
     void (*event_record)(ff_stream *s, void *ev);
     void (*stream_wait)(ff_stream *s, void *ev);
     void *(*stream_native)(ff_stream *s); /* NULL: none */
+    /* graphs (NULL: none, ff_backend_has_stream_graphs): capture_end always ends the capture, and
+     * returns -1 + error when it could not make the graph; *graph is the backend's */
+    int (*capture_begin)(ff_stream *s);
+    int (*capture_end)(ff_stream *s, void **graph);
+    int (*graph_launch)(ff_stream *s, void *graph);
+    void (*graph_free)(ff_stream *s, void *graph); /* s: the stream it was captured on */
     void (*destroy)(ff_backend *be);
 
     /* kernels: the signatures and contracts of include/fuseflow/kernels.h */
@@ -92,6 +98,7 @@ struct ff_backend {
      * (updated with __atomic builtins, a buffer may be destroyed on another thread than the one
      * that computes; plain fields, as this header is also C++'s in kernels/cuda/) */
     int64_t mem_in_use, mem_peak, mem_buffers;
+    int capturing; /* streams of this backend in a graph capture (__atomic): no new buffers then */
 };
 
 struct ff_buffer {
@@ -109,6 +116,8 @@ struct ff_stream {
     ff_backend *be;
     void *impl;
     char error[512]; /* a kernel's failure (kernels return nothing): the next ff_stream_sync reports and clears it */
+    bool capturing;  /* between ff_stream_capture_begin and _end */
+    char capture_error[256]; /* the first call a capture could not hold (ff_stream_capture_end reports it) */
 };
 
 /* Keep the current error message (ff_error_message) as the stream's failure, for the next

@@ -95,7 +95,9 @@ struct ff_generator {
     ff_model *m;
     ff_generator_config c;
     int32_t Tcap, Rcap; /* tokens per forward, logit rows per forward */
-    ff_buffer *kv;      /* per layer: K [n_blocks * block_rows, Hkv D], then V */
+    ff_buffer *kv;      /* per layer: K [kv_rows, Hkv D], then V */
+    size_t kv_rows;     /* rows of K (and of V) per layer: the pool's blocks x block_rows, and with
+                           graphs one more block, the sink that padding rows write */
     size_t kv_layer;    /* elements per layer (K and V) */
     size_t kv_esz;      /* bytes per element: 4, or 2 (ff_generator_config.kv_bf16) */
     uint16_t *h_kv16;   /* kv_bf16: [block_rows, Hkv D] host staging of moved rows */
@@ -138,7 +140,20 @@ struct ff_generator {
     int32_t d_head, d_len, d_cap;
     int64_t prefill_tokens;   /* prompt tokens prefilled by admit, and the time of those forwards */
     double prefill_s;
+    /* decode graphs (ff_generator_graph_stats): graph[P] replays the forward of a batch padded to
+     * P rows; seen[P], an eager step of that size ran (its scratch sized); graph_key, the device
+     * addresses the graphs were captured with (weights, RoPE tables): others, captured again */
+    bool graphs_on;
+    int32_t graph_cap; /* padded sizes 1..graph_cap have graphs */
+    ff_stream_graph **graph; /* [graph_cap + 1] */
+    bool *seen;              /* [graph_cap + 1] */
+    void *graph_key[3];
+    int32_t graph_captures;
+    int64_t graph_replays, eager_steps;
+    char graph_off_why[256];
 };
+
+enum { GRAPH_MAX_BATCH = 512 };
 
 #define GW(g, f) ff_dptr_of((g)->ws, (g)->f)
 /* element e of the KV cache, whatever its type */
@@ -231,7 +246,17 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->Rcap = c.max_slots;
     g->V = m->cfg.vocab_size;
     const size_t f = 4, T = (size_t)g->Tcap, R = (size_t)g->Rcap, H = (size_t)m->H, V = (size_t)g->V;
-    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)c.kv_blocks * (size_t)c.kv_block_rows;
+    /* graphs: a whole model of one rank on a backend that has them (ff_generator_graph_stats) */
+    g->graphs_on = !c.eager && ff_backend_has_stream_graphs(m->be) && m->tp == 1 && !g->piped && !m->viewed && m->has_embed &&
+                   m->has_final;
+    if (!g->graphs_on)
+        snprintf(g->graph_off_why, sizeof g->graph_off_why, "%s",
+                 c.eager                                  ? "eager steps asked for (ff_generator_config.eager)"
+                 : !ff_backend_has_stream_graphs(m->be)   ? "the backend has no graphs"
+                                                          : "tensor or pipeline parallelism, or a view model");
+    g->graph_cap = c.max_slots < GRAPH_MAX_BATCH ? c.max_slots : GRAPH_MAX_BATCH;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = ((size_t)c.kv_blocks + g->graphs_on) * (size_t)c.kv_block_rows;
+    g->kv_rows = rows;
     g->kv_layer = 2 * rows * KD;
     g->kv_esz = c.kv_bf16 ? 2 : 4;
     if (c.kv_bf16) g->h_kv16 = ff_malloc((size_t)c.kv_block_rows * KD * 2);
@@ -283,6 +308,11 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->slot_tokens = ff_malloc(R * (size_t)c.max_seq_len * 4);
     g->slot_logprobs = ff_malloc(R * (size_t)c.max_seq_len * 4);
     bool tp_ok = true;
+    if (g->graphs_on) {
+        g->graph = ff_calloc((size_t)g->graph_cap + 1, sizeof *g->graph);
+        g->seen = ff_calloc((size_t)g->graph_cap + 1, sizeof *g->seen);
+        tp_ok = g->graph && g->seen;
+    }
     if (g->piped && !g->pipe_dev) {
         g->h_px = ff_malloc(T * H * 4);
         g->h_plg = ff_malloc(R * V * 4);
@@ -334,6 +364,9 @@ void ff_generator_destroy(ff_generator **pg) {
     }
     for (int32_t i = 0; i < g->d_len; i++) ff_gen_output_free(&g->done[(g->d_head + i) % g->d_cap]);
     free(g->done);
+    for (int32_t p = 0; g->graph && p <= g->graph_cap; p++) ff_stream_graph_destroy(&g->graph[p]);
+    free(g->graph);
+    free(g->seen);
     ff_buffer_destroy(&g->kv);
     free(g->h_kv16);
     ff_buffer_destroy(&g->ws);
@@ -570,7 +603,7 @@ static int infer(ff_generator *g, int32_t T, int32_t R, int32_t S) {
     ff_stream *st = m->st;
     const int H = m->H;
     const float eps = (float)m->cfg.rms_norm_eps;
-    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->n_blocks * (size_t)g->block_rows;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = g->kv_rows;
     ff_dptr x = GW(g, x);
     /* one set of activations for every layer, the residual x updated in place */
     const ffm_layer_acts a = {.x = x, .xn1 = GW(g, xn), .rstd1 = GW(g, rstd), .qkv = GW(g, qkv), .att = GW(g, att),
@@ -807,7 +840,7 @@ static int prefill_rows(ff_generator *g, const gen_seq *q, const int32_t *tokens
 static int admit(ff_generator *g) {
     ff_model *m = g->m;
     ff_stream *st = m->st;
-    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->n_blocks * (size_t)g->block_rows;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = g->kv_rows;
     const int32_t bs = g->block_rows;
     const int32_t chunk = g->c.max_prefill_tokens;
     int32_t free_slots = g->c.max_slots - g->n_running, budget = chunk;
@@ -900,6 +933,80 @@ void ff_generator_prefill_stats(const ff_generator *g, int64_t *tokens, double *
     *seconds = g->prefill_s;
 }
 
+/* The rows a decode step of B sequences runs: B eagerly; with graphs, B padded to 1, 2, 4, 8 or
+ * a multiple of 8 (at most graph_cap), so that a few graphs serve every batch size. */
+static int32_t padded(const ff_generator *g, int32_t B) {
+    if (!g->graphs_on || B > g->graph_cap) return B;
+    int32_t p = B <= 8 ? 1 : (B + 7) / 8 * 8;
+    while (p < B) p *= 2;
+    return p < g->graph_cap ? p : g->graph_cap;
+}
+
+static void graphs_drop(ff_generator *g) {
+    for (int32_t p = 0; p <= g->graph_cap; p++) {
+        ff_stream_graph_destroy(&g->graph[p]);
+        g->seen[p] = false;
+    }
+}
+
+static void graphs_off(ff_generator *g, const char *why) {
+    graphs_drop(g);
+    g->graphs_on = false;
+    snprintf(g->graph_off_why, sizeof g->graph_off_why, "%s", why);
+}
+
+/* The forward of a decode step of P rows (inputs uploaded): a graph's replay when there is one
+ * for P, else kernel by kernel (the first step of a size; then its capture). The graphs hold
+ * the addresses of the weights and RoPE tables (compared, never dereferenced here): when the
+ * model's parameters were released and restored elsewhere, they are captured again. */
+static int decode_forward(ff_generator *g, int32_t P) {
+    ff_model *m = g->m;
+    if (!g->graphs_on || P > g->graph_cap) {
+        g->eager_steps++;
+        return infer(g, P, P, P);
+    }
+    void *key[3] = {ff_dptr_addr(ff_dptr_of(m->params, 0)), ff_dptr_addr(ff_dptr_of(m->rope_cos, 0)),
+                    ff_dptr_addr(ff_dptr_of(m->rope_sin, 0))};
+    if (memcmp(key, g->graph_key, sizeof key)) {
+        graphs_drop(g);
+        memcpy(g->graph_key, key, sizeof key);
+    }
+    ff_stream *st = m->st;
+    if (!g->graph[P]) {
+        if (!g->seen[P]) {
+            g->seen[P] = true;
+            g->eager_steps++;
+            return infer(g, P, P, P);
+        }
+        if (ff_stream_capture_begin(st)) {
+            graphs_off(g, ff_error_message());
+            g->eager_steps++;
+            return infer(g, P, P, P);
+        }
+        int rc = infer(g, P, P, P);
+        ff_stream_graph *gr = NULL;
+        if (ff_stream_capture_end(st, &gr) || rc) { /* nothing ran: the step again, eagerly */
+            ff_stream_graph_destroy(&gr);
+            graphs_off(g, ff_error_message());
+            g->eager_steps++;
+            return infer(g, P, P, P);
+        }
+        g->graph[P] = gr;
+        g->graph_captures++;
+    }
+    g->graph_replays++;
+    return ff_stream_graph_launch(g->graph[P], st) ? ff_error_wrap("generator: a decode step's graph (%d rows)", P) : 0;
+}
+
+void ff_generator_graph_stats_of(const ff_generator *g, ff_generator_graph_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->on = g->graphs_on;
+    out->captures = g->graph_captures;
+    out->replays = g->graph_replays;
+    out->eager_steps = g->eager_steps;
+    snprintf(out->off_why, sizeof out->off_why, "%s", g->graph_off_why);
+}
+
 int ff_generator_step(ff_generator *g) {
     if (admit(g)) return -1;
     int32_t B = 0;
@@ -920,8 +1027,18 @@ int ff_generator_step(ff_generator *g) {
         B++;
     }
     if (B == 0) return 0;
-    upload_tokens(g, B, B, B);
-    if (infer(g, B, B, B)) return -1;
+    const int32_t P = padded(g, B);
+    for (int32_t b = B; b < P; b++) { /* padding: position 0 of a sequence that owns the sink block */
+        g->h_tok[b] = 0;
+        g->h_pos[b] = 0;
+        g->h_seq[b] = b;
+        g->h_wrow[b] = g->n_blocks * g->block_rows;
+        g->h_nkeys[b] = 1;
+        g->h_rows[b] = b;
+        g->h_table[(size_t)b * (size_t)g->table_ld] = g->n_blocks;
+    }
+    upload_tokens(g, P, P, P);
+    if (decode_forward(g, P)) return -1;
     if (sample_rows(g, GW(g, logits), B)) return -1;
     for (int32_t b = 0; b < B; b++)
         if (append(g, g->batch[b], g->h_stok[b], g->h_slp[b])) return -1;
@@ -1035,7 +1152,7 @@ static int32_t running_slot(const ff_generator *g, uint64_t id, int32_t sample) 
  * block: to the cache (up) or from it. A bf16 cache converts through h16, a block's rows. */
 static void copy_rows(ff_generator *g, const gen_seq *q, int l, int kv, float *host, int32_t positions, bool up, uint16_t *h16) {
     ff_model *m = g->m;
-    const size_t KD = (size_t)m->Hkv * m->D, rows = (size_t)g->n_blocks * (size_t)g->block_rows;
+    const size_t KD = (size_t)m->Hkv * m->D, rows = g->kv_rows;
     const size_t base = (size_t)l * g->kv_layer + (size_t)kv * rows * KD;
     for (int32_t p0 = 0; p0 < positions; p0 += g->block_rows) {
         const int32_t n = positions - p0 < g->block_rows ? positions - p0 : g->block_rows;

@@ -130,6 +130,31 @@ void ff_event_destroy(ff_event **e);
 void ff_event_record(ff_event *e, ff_stream *s);
 void ff_stream_wait(ff_stream *s, ff_event *e); /* s and e on the same backend */
 
+/* ---- graphs: a stream's work recorded once, replayed with one launch -------------------------
+ *
+ *     ff_stream_capture_begin(s);        // from here, work queued on s is recorded, not run
+ *     ... kernels and device-to-device copies on s ...
+ *     ff_stream_capture_end(s, &g);      // 0: g holds them; -1 + error: nothing was run, redo it
+ *     ff_stream_graph_launch(g, s);             // queues all of it again: one launch instead of many
+ *
+ * A replay runs the same kernels with the same arguments at the same addresses: what changes
+ * between replays is only the contents of the buffers they read (upload new inputs with
+ * ff_memcpy_h2d before the launch). So a graph is valid while every buffer it touches is alive
+ * and the caller's shapes are the captured ones. A capture holds kernels and device copies
+ * only: a host copy (either way), ff_stream_sync, ff_sumsq, an event, or a new buffer on the
+ * backend during a capture fails it (the call does nothing; ff_stream_capture_end returns -1
+ * naming the first). Kernels whose scratch must grow fail it too: run the same work once
+ * before capturing it. On the cuda backend a graph is a CUDA graph (cudaStreamBeginCapture);
+ * the cpu backend runs work as it is queued and has none (ff_backend_has_stream_graphs), and kernel
+ * profiling (FF_PROFILE_KERNELS) turns them off. A graph replays on the stream it was captured
+ * on, and is destroyed before that stream. */
+typedef struct ff_stream_graph ff_stream_graph;
+bool ff_backend_has_stream_graphs(const ff_backend *be);
+int ff_stream_capture_begin(ff_stream *s);              /* 0, or -1 + error (no graphs here) */
+int ff_stream_capture_end(ff_stream *s, ff_stream_graph **out); /* 0, or -1 + error and *out NULL */
+int ff_stream_graph_launch(ff_stream_graph *g, ff_stream *s);         /* 0, or -1 + error */
+void ff_stream_graph_destroy(ff_stream_graph **g);
+
 /* ---- handing device memory to another library --------------------------------------------
  *
  * A collectives library that reads the backend's memory (NCCL beside a cuda backend; the cpu

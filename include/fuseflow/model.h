@@ -704,7 +704,26 @@ typedef struct ff_generator_config {
     bool kv_bf16;               /* the KV cache in bf16 (false: fp32): half its bytes, each key and
                                    value rounded when it is written (ff_scatter_rows_bf16) and
                                    widened when attention reads it; moved rows travel as F32 */
+    bool eager;                 /* decode steps launch kernel by kernel, never as graphs (below) */
 } ff_generator_config;
+
+/* Graphs of decode steps: on a backend with graphs (ff_backend_has_stream_graphs: cuda), a
+ * whole model of one rank (no tensor or pipeline parallelism, not a view) runs each decode
+ * step's forward as one replayed graph instead of hundreds of kernel launches. The batch is
+ * padded to a size of 1, 2, 4, 8, then a multiple of 8 (at most max_slots, up to 512; larger
+ * batches run eagerly), with rows that write a KV block of their own and are not sampled;
+ * the first step at a size runs eagerly (the kernels' scratch takes its size), the second
+ * captures its graph, the later ones replay it. Prefills, sampling and the host's work stay
+ * outside. Graphs are captured again when the model's weights move to other device addresses
+ * (ff_model_restore_params). A failed capture turns them off for the generator, which goes
+ * on eagerly; ff_generator_graph_stats says why. */
+typedef struct ff_generator_graph_stats {
+    bool on;              /* graphs are used (false: eager, the backend has none, or off_why) */
+    int32_t captures;     /* graphs captured (sizes, and again after the weights moved) */
+    int64_t replays;      /* decode steps run as a replay */
+    int64_t eager_steps;  /* decode steps launched kernel by kernel */
+    char off_why[256];    /* why they are off ("" when on) */
+} ff_generator_graph_stats;
 
 typedef struct ff_generator ff_generator;
 
@@ -722,6 +741,8 @@ int ff_generator_submit(ff_generator *g, const ff_gen_request *r);
 /* The prompt prefills of admissions so far: their tokens and the time of their forwards (with
  * the sampling of each prompt's first token), the rate a recompute of moved rows runs at. */
 void ff_generator_prefill_stats(const ff_generator *g, int64_t *tokens, double *seconds);
+/* Its decode graphs so far (ff_generator_config.eager). */
+void ff_generator_graph_stats_of(const ff_generator *g, ff_generator_graph_stats *out);
 int ff_generator_step(ff_generator *g);
 /* Sequences waiting or running (0: nothing to do). */
 int32_t ff_generator_pending(const ff_generator *g);

@@ -24,7 +24,10 @@
  *
  * cuBLAS is loaded at run time (dlopen, below), not linked.
  *
- * Not here: cuBLASLt epilogues, CUDA graphs, bf16 storage of activations, a memory pool
+ * Graphs (ff_stream_capture_begin): CUDA stream capture, instantiated once, replayed with
+ * cudaGraphLaunch; the stream's scratch is kept while graphs captured with it are alive.
+ *
+ * Not here: cuBLASLt epilogues, bf16 storage of activations, a memory pool
  * (allocation happens when a model or its workspace grows, not per step). None of this file
  * has run on a GPU yet (docs/cuda.md). */
 #include <math.h>
@@ -143,8 +146,24 @@ void ff_cuda_check_launch(ff_stream *s, const char *kernel) {
 void *ff_cuda_scratch(ff_stream *s, size_t bytes) {
     cuda_stream *cs = (cuda_stream *)s->impl;
     if (bytes <= cs->scratch_cap) return cs->scratch;
-    cudaStreamSynchronize(cs->st); /* queued kernels may still read the old block */
-    cudaFree(cs->scratch);
+    if (cs->capturing) { /* growing allocates and waits: neither can be in a graph */
+        ff_error_set("cuda backend", "run the same work once before capturing it, so that the scratch has its size",
+                     "kernel scratch must grow to %zu bytes during a graph capture", bytes);
+        ff_stream_fail(s);
+        return NULL;
+    }
+    if (cs->graphs > 0 && cs->scratch) { /* a graph replays kernels that use the old block */
+        void **r = (void **)ff_realloc(cs->retired, (size_t)(cs->n_retired + 1) * sizeof *r);
+        if (!r) {
+            ff_stream_fail(s);
+            return NULL;
+        }
+        cs->retired = r;
+        cs->retired[cs->n_retired++] = cs->scratch;
+    } else {
+        cudaStreamSynchronize(cs->st); /* queued kernels may still read the old block */
+        cudaFree(cs->scratch);
+    }
     cs->scratch = NULL;
     cs->scratch_cap = 0;
     size_t want = bytes < 1u << 20 ? 1u << 20 : bytes;
@@ -242,6 +261,8 @@ static void cuda_stream_fini(ff_stream *s) {
     ff_cuda_use_device(s);
     cudaStreamSynchronize(cs->st);
     cudaFree(cs->scratch);
+    for (int i = 0; i < cs->n_retired; i++) cudaFree(cs->retired[i]); /* graphs outlived their stream (a caller's bug) */
+    free(cs->retired);
     cudaStreamDestroy(cs->st);
     free(cs);
     s->impl = NULL;
@@ -274,6 +295,52 @@ static void cuda_stream_wait(ff_stream *s, void *ev) {
     copy_check(s, cudaStreamWaitEvent(CS(s), (cudaEvent_t)ev, 0), "waiting for an event");
 }
 static void *cuda_stream_native(ff_stream *s) { return (void *)CS(s); }
+
+/* Graphs: CUDA stream capture in thread-local mode (this thread's unsafe calls, a sync or an
+ * allocation, invalidate it; other threads' work, a collective thread's, does not). */
+static int cuda_capture_begin(ff_stream *s) {
+    ff_cuda_use_device(s);
+    cuda_stream *cs = (cuda_stream *)s->impl;
+    cudaError_t e = cudaStreamBeginCapture(cs->st, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return cuda_fail(e, "beginning a graph capture", "check the device with nvidia-smi");
+    cs->capturing = true;
+    return 0;
+}
+static int cuda_capture_end(ff_stream *s, void **graph) {
+    ff_cuda_use_device(s);
+    cuda_stream *cs = (cuda_stream *)s->impl;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(cs->st, &g);
+    cs->capturing = false;
+    *graph = NULL;
+    if (e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        return cuda_fail(e, "ending a graph capture",
+                         "something in the capture could not be captured (a host copy, a wait, an allocation)");
+    }
+    cudaGraphExec_t x = NULL;
+    e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g); /* the executable graph keeps what it needs */
+    if (e != cudaSuccess) return cuda_fail(e, "instantiating a captured graph", "check the device with nvidia-smi");
+    cs->graphs++;
+    *graph = (void *)x;
+    return 0;
+}
+static int cuda_graph_launch(ff_stream *s, void *graph) {
+    ff_cuda_use_device(s);
+    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)graph, CS(s));
+    if (e != cudaSuccess) return cuda_fail(e, "launching a graph", "run with CUDA_LAUNCH_BLOCKING=1 to find which kernel failed");
+    return 0;
+}
+static void cuda_graph_free(ff_stream *s, void *graph) {
+    ff_cuda_use_device(s);
+    cuda_stream *cs = (cuda_stream *)s->impl;
+    cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    if (--cs->graphs > 0 || !cs->n_retired) return;
+    cudaStreamSynchronize(cs->st); /* a replay queued before may still use a retired block */
+    for (int i = 0; i < cs->n_retired; i++) cudaFree(cs->retired[i]);
+    cs->n_retired = 0;
+}
 static void cuda_destroy(ff_backend *be) {
     cuda_impl *c = (cuda_impl *)be->impl;
     if (c) {
@@ -747,6 +814,10 @@ static ff_backend_ops make_ops(void) {
     o.event_record = cuda_event_record;
     o.stream_wait = cuda_stream_wait;
     o.stream_native = cuda_stream_native;
+    o.capture_begin = cuda_capture_begin;
+    o.capture_end = cuda_capture_end;
+    o.graph_launch = cuda_graph_launch;
+    o.graph_free = cuda_graph_free;
     o.destroy = cuda_destroy;
     o.gemm = cuda_gemm;
     o.gemm_bf16w = cuda_gemm_bf16w;

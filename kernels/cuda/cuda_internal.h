@@ -36,6 +36,10 @@ typedef struct cuda_stream {
     cudaStream_t st;
     void *scratch; /* device */
     size_t scratch_cap; /* bytes */
+    bool capturing;    /* a graph capture is open on st: the scratch cannot grow */
+    int graphs;        /* graphs captured on st and alive: they hold the scratch they were captured with */
+    void **retired;    /* [n_retired] scratch blocks outgrown while graphs hold them: freed with the last graph */
+    int n_retired;
 } cuda_stream;
 
 static inline cudaStream_t CS(const ff_stream *s) { return ((cuda_stream *)s->impl)->st; }
@@ -47,8 +51,9 @@ static inline int32_t *I32(ff_dptr p) { return p.buf ? (int32_t *)((char *)p.buf
  * and used on another, e.g. a worker's compute thread). */
 void ff_cuda_use_device(const ff_stream *s);
 /* Device scratch of at least `bytes` for kernels on s (grown, never shrunk). NULL + the
- * stream failed when out of memory. Growing waits for the stream (the old block may be in
- * use by queued kernels). */
+ * stream failed when out of memory, or when it must grow during a graph capture. Growing waits
+ * for the stream (the old block may be in use by queued kernels); a block that graphs alive on
+ * s were captured with is kept until the last of them is destroyed. */
 void *ff_cuda_scratch(ff_stream *s, size_t bytes);
 /* After a launch: a launch error becomes the stream's failure (ff_stream_fail). */
 void ff_cuda_check_launch(ff_stream *s, const char *kernel);

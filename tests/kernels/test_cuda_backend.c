@@ -555,6 +555,110 @@ static void test_events(void) {
     free(back);
 }
 
+/* Graphs (ff_stream_capture_begin): a capture runs nothing; a replay gives the eager run's bits
+ * on whatever inputs the buffers hold at launch; what a capture cannot hold fails it, naming
+ * the call, and leaves the stream usable; a scratch outgrown after a capture is kept for the
+ * graph. The cpu backend has none. */
+enum { GM = 24, GN = 40, GK = 64, HUGE_M = 9000 };
+static void graph_work(ff_stream *s, ff_buffer *a, ff_buffer *w16, ff_buffer *w, ff_buffer *c, ff_buffer *o, int m) {
+    /* c [m, GN] = a [m, GK] w16^T (bf16 weights, a rounded in the scratch); c += a w^T; o = rmsnorm(c) */
+    ff_gemm_bf16w(s, m, GN, GK, ff_dptr_of(a, 0), GK, ff_dptr_of(w16, 0), GK, 0.0f, ff_dptr_of(c, 0), GN);
+    ff_gemm(s, FF_NO_TRANS, FF_TRANS, m, GN, GK, 1.0f, ff_dptr_of(a, 0), GK, ff_dptr_of(w, 0), GK, 1.0f, ff_dptr_of(c, 0), GN);
+    ff_rmsnorm_fwd(s, ff_dptr_of(c, 0), ff_dptr_f32(w, 0), ff_dptr_f32(o, 0), ff_dptr_f32(o, (size_t)m * GN), m, GN, 1e-5f);
+    ff_memcpy_d2d(s, ff_dptr_f32(o, (size_t)m * (GN + 1)), ff_dptr_of(c, 0), (size_t)m * GN * 4);
+}
+static void test_graphs(void) {
+    CHECK(!ff_backend_has_stream_graphs(cpu) && ff_backend_has_stream_graphs(gpu));
+    CHECK(ff_stream_capture_begin(cst) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "has no graphs");
+
+    ff_stream *s = ff_stream_new(gpu);
+    const size_t big = 4 * GM; /* rows of the largest eager call */
+    /* a bf16w product of HUGE_M rows outgrows the scratch's first 1 MiB; the capture's asks twice that */
+    ff_buffer *ha_big = ff_buffer_new(gpu, (size_t)2 * HUGE_M * GK * 4), *hc_big = ff_buffer_new(gpu, (size_t)2 * HUGE_M * GN * 4);
+    REQUIRE(ha_big && hc_big);
+    ff_buffer *a = ff_buffer_new(gpu, big * GK * 4), *w = ff_buffer_new(gpu, GN * GK * 4), *w16 = ff_buffer_new(gpu, GN * GK * 2),
+              *c = ff_buffer_new(gpu, big * GN * 4), *o = ff_buffer_new(gpu, big * (2 * GN + 1) * 4);
+    const size_t no = (size_t)GM * (2 * GN + 1); /* floats of o one call writes */
+    float *ha = malloc(big * GK * 4), *hw = malloc(GN * GK * 4), *eager = malloc(no * 4), *replay = malloc(no * 4);
+    REQUIRE(s && a && w && w16 && c && o && ha && hw && eager && replay);
+    for (size_t i = 0; i < (size_t)GN * GK; i++) hw[i] = urand();
+    ff_memcpy_h2d(s, ff_dptr_of(w, 0), hw, GN * GK * 4);
+    ff_cast_f32_bf16(s, ff_dptr_of(w, 0), ff_dptr_of(w16, 0), GN * GK);
+
+    /* the eager run first: the scratch takes its size */
+    graph_work(s, a, w16, w, c, o, GM);
+    CHECK(ff_stream_sync(s) == 0);
+    ff_memset_zero(s, ff_dptr_of(o, 0), no * 4);
+    ff_stream_graph *g = NULL;
+    REQUIRE(ff_stream_capture_begin(s) == 0);
+    graph_work(s, a, w16, w, c, o, GM);
+    REQUIRE(ff_stream_capture_end(s, &g) == 0 && g);
+    ff_memcpy_d2h(s, replay, ff_dptr_of(o, 0), no * 4);
+    int untouched = 1;
+    for (size_t i = 0; i < no; i++) untouched &= replay[i] == 0.0f;
+    CHECK(untouched); /* captured, not run */
+
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < (size_t)GM * GK; i++) ha[i] = urand() * (float)(round + 1);
+        ff_memcpy_h2d(s, ff_dptr_of(a, 0), ha, (size_t)GM * GK * 4);
+        graph_work(s, a, w16, w, c, o, GM);
+        ff_memcpy_d2h(s, eager, ff_dptr_of(o, 0), no * 4);
+        ff_memset_zero(s, ff_dptr_of(o, 0), no * 4);
+        ff_memset_zero(s, ff_dptr_of(c, 0), (size_t)GM * GN * 4);
+        if (round == 2) /* the scratch outgrown between capture and replay: the graph keeps its block */
+            ff_gemm_bf16w(s, HUGE_M, GN, GK, ff_dptr_of(ha_big, 0), GK, ff_dptr_of(w16, 0), GK, 0.0f, ff_dptr_of(hc_big, 0), GN);
+        CHECK(ff_stream_graph_launch(g, s) == 0);
+        ff_memcpy_d2h(s, replay, ff_dptr_of(o, 0), no * 4);
+        CHECK(ff_stream_sync(s) == 0);
+        CHECK(!memcmp(eager, replay, no * 4));
+        float mx = 0;
+        for (size_t i = 0; i < no; i++) mx = fmaxf(mx, fabsf(replay[i]));
+        CHECK(mx > 0.1f); /* it computed something */
+    }
+
+    /* what a capture cannot hold: it fails, naming the call; nothing ran; the stream goes on */
+    ff_stream_graph *bad = NULL;
+    REQUIRE(ff_stream_capture_begin(s) == 0);
+    ff_memcpy_h2d(s, ff_dptr_of(a, 0), hw, 4);
+    CHECK(ff_stream_capture_end(s, &bad) == -1 && !bad);
+    CHECK_STR_CONTAINS(ff_error_message(), "ff_memcpy_h2d inside a graph capture");
+    float first = 0;
+    ff_memcpy_d2h(s, &first, ff_dptr_of(a, 0), 4);
+    CHECK(first == ha[0]);
+    REQUIRE(ff_stream_capture_begin(s) == 0);
+    CHECK(ff_stream_sync(s) == -1);
+    CHECK(ff_stream_capture_end(s, &bad) == -1 && !bad);
+    CHECK_STR_CONTAINS(ff_error_message(), "ff_stream_sync inside");
+    REQUIRE(ff_stream_capture_begin(s) == 0);
+    CHECK(ff_buffer_new(gpu, 64) == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "captures a graph");
+    CHECK(ff_stream_capture_end(s, &bad) == 0 && bad);
+    ff_stream_graph_destroy(&bad);
+    CHECK(bad == NULL);
+    REQUIRE(ff_stream_capture_begin(s) == 0);
+    graph_work(s, a, w16, w, c, o, 4 * GM); /* fits the scratch */
+    ff_gemm_bf16w(s, 2 * HUGE_M, GN, GK, ff_dptr_of(ha_big, 0), GK, ff_dptr_of(w16, 0), GK, 0.0f, ff_dptr_of(hc_big, 0), GN); /* grows it */
+    CHECK(ff_stream_capture_end(s, &bad) == -1 && !bad);
+    CHECK_STR_CONTAINS(ff_error_message(), "scratch must grow");
+    graph_work(s, a, w16, w, c, o, GM);
+    CHECK(ff_stream_sync(s) == 0);
+
+    ff_stream_graph_destroy(&g);
+    ff_stream_destroy(&s);
+    ff_buffer_destroy(&ha_big);
+    ff_buffer_destroy(&hc_big);
+    ff_buffer_destroy(&a);
+    ff_buffer_destroy(&w);
+    ff_buffer_destroy(&w16);
+    ff_buffer_destroy(&c);
+    ff_buffer_destroy(&o);
+    free(ha);
+    free(hw);
+    free(eager);
+    free(replay);
+}
+
 int main(void) {
     ff_backend *probe = gpu_new("cuda");
     if (!probe) {
@@ -592,6 +696,7 @@ int main(void) {
     CHECK_STR_CONTAINS(ff_error_message(), "requested but");
 
     test_events();
+    test_graphs();
     test_bf16();
     test_rowwise();
     test_attention();

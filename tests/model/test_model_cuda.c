@@ -182,6 +182,88 @@ static void test_generation(ff_model *mc, ff_model *mg) {
     free(oc);
 }
 
+/* Decode steps as graphs (the default on cuda) against kernel-by-kernel steps (.eager): batches
+ * of 6 down to 2 sequences (padded to 8, 4, 2 rows), greedy and sampled, the same tokens and
+ * log-probs; the statistics show graphs captured per size and replayed. Then the weights are
+ * released and restored at another address, and the same generator gives the same outputs with
+ * graphs captured again. */
+enum { GR_REQS = 4 };
+static int gen_round(ff_generator *g, uint64_t id0, ff_gen_output *out /* [6], by id and sample */) {
+    static const int32_t p0[] = {3, 1, 4, 1, 5}, p1[] = {9}, p2[] = {2, 7, 1}, p3[] = {8, 8, 3, 6, 2, 5, 4};
+    const int32_t *prompt[GR_REQS] = {p0, p1, p2, p3}, len[GR_REQS] = {5, 1, 3, 7}, samples[GR_REQS] = {2, 1, 2, 1},
+                  max_new[GR_REQS] = {20, 9, 14, 5}, first[GR_REQS] = {0, 2, 3, 5};
+    const float temp[GR_REQS] = {0.0f, 0.8f, 0.0f, 1.0f};
+    for (int i = 0; i < GR_REQS; i++) {
+        ff_gen_request r = req(id0 + (uint64_t)i, prompt[i], len[i], temp[i], max_new[i], 40 + (uint64_t)i);
+        r.n_samples = samples[i];
+        if (ff_generator_submit(g, &r)) return -1;
+    }
+    int done = 0;
+    while (ff_generator_pending(g) > 0) {
+        if (ff_generator_step(g)) return -1;
+        ff_gen_output o;
+        while (ff_generator_pop(g, &o) == 1) {
+            const int i = (int)(o.id - id0);
+            REQUIRE(i >= 0 && i < GR_REQS && o.sample < samples[i]);
+            out[first[i] + o.sample] = o;
+            done++;
+        }
+    }
+    return done == 6 ? 0 : -1;
+}
+static void test_generation_graphs(ff_model *mg, const float *weights) {
+    ff_generator_config gc = {.max_slots = 8, .max_seq_len = 48, .max_prefill_tokens = 16};
+    ff_generator_config ge = gc;
+    ge.eager = true;
+    ff_generator *gg = ff_generator_new(mg, &gc), *g0 = ff_generator_new(mg, &ge);
+    REQUIRE(gg && g0);
+    ff_gen_output og[6], oe[6], o2[6];
+    memset(og, 0, sizeof og), memset(oe, 0, sizeof oe), memset(o2, 0, sizeof o2);
+    if (gen_round(gg, 100, og) || gen_round(g0, 100, oe)) {
+        fprintf(stderr, "generation with and without graphs: %s\n", ff_error_message());
+        ff_test_failures++;
+    }
+    ff_generator_graph_stats sg, se;
+    ff_generator_graph_stats_of(gg, &sg);
+    ff_generator_graph_stats_of(g0, &se);
+    CHECK(sg.on && !strcmp(sg.off_why, ""));
+    if (!sg.on) fprintf(stderr, "graphs off: %s\n", sg.off_why);
+    /* 19 decode steps: 4 of 6 sequences and 4 of 5 (both padded to 8), 5 of 4, 6 of 2; the first
+     * step of each size eager, the rest replays of its graph */
+    CHECK_EQ_INT(sg.captures, 3);
+    CHECK(sg.eager_steps == 3 && sg.replays == 16);
+    CHECK(!se.on && se.replays == 0 && se.captures == 0);
+    CHECK_STR_CONTAINS(se.off_why, "eager");
+    for (int i = 0; i < 6; i++) {
+        CHECK_EQ_INT(og[i].n_tokens, oe[i].n_tokens);
+        if (og[i].n_tokens != oe[i].n_tokens) continue;
+        CHECK(!memcmp(og[i].tokens, oe[i].tokens, (size_t)og[i].n_tokens * 4));
+        check_tensor_close("graph vs eager decode log-probs", og[i].logprobs, oe[i].logprobs, og[i].n_tokens, 1e-4, 0);
+    }
+    /* the weights at another address: a buffer takes the old one while they are restored */
+    const int64_t n = ff_model_param_count(mg);
+    REQUIRE(ff_model_release_params(mg) == 0);
+    ff_buffer *squat = ff_buffer_new(ff_model_backend(mg), (size_t)n * 4);
+    REQUIRE(squat && ff_model_restore_params(mg) == 0);
+    ff_model_write_params(mg, weights);
+    ff_buffer_destroy(&squat);
+    if (gen_round(gg, 200, o2)) {
+        fprintf(stderr, "generation after the weights moved: %s\n", ff_error_message());
+        ff_test_failures++;
+    }
+    ff_generator_graph_stats s2;
+    ff_generator_graph_stats_of(gg, &s2);
+    CHECK(s2.on && s2.captures > sg.captures && s2.replays > sg.replays);
+    for (int i = 0; i < 6; i++) {
+        CHECK(o2[i].n_tokens == og[i].n_tokens && !memcmp(o2[i].tokens, og[i].tokens, (size_t)og[i].n_tokens * 4));
+        ff_gen_output_free(&og[i]);
+        ff_gen_output_free(&oe[i]);
+        ff_gen_output_free(&o2[i]);
+    }
+    ff_generator_destroy(&gg);
+    ff_generator_destroy(&g0);
+}
+
 int main(void) {
     ff_backend *probe = gpu_new("cuda");
     if (!probe) {
@@ -233,6 +315,14 @@ int main(void) {
     ff_model *mg = ff_model_new_opts(g32, &c, w, &inf);
     REQUIRE(mc && mg);
     test_generation(mc, mg);
+    {
+        const int64_t n = ff_model_param_count(mg);
+        float *wts = malloc((size_t)n * 4);
+        REQUIRE(wts);
+        ff_model_read_params(mg, wts);
+        test_generation_graphs(mg, wts);
+        free(wts);
+    }
     ff_model_destroy(&mc);
     ff_model_destroy(&mg);
     ff_tensor_set_destroy(&w);

@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 extern "C" {
@@ -85,6 +86,10 @@ static const err_name err_names[] = {
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure (the emulator printed why)"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureIsolation, "cudaErrorStreamCaptureIsolation", "dependency created on uncaptured work in another stream"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit", "operation would make the legacy stream depend on a capturing blocking stream"},
 };
 static const err_name *find_err(cudaError_t e) {
     for (const err_name &n : err_names)
@@ -175,6 +180,11 @@ struct ff_emu_stream {
     int magic;
     std::deque<emu_op> q;
     uint64_t enq_seq, done_seq;
+    /* a graph capture: work recorded here instead of queued */
+    bool capturing;
+    std::thread::id capture_thread;
+    cudaError_t capture_err; /* the capture was invalidated */
+    std::vector<std::function<void()>> captured;
 };
 struct ff_emu_event {
     int magic;
@@ -203,25 +213,109 @@ static void run_stream(ff_emu_stream *s) { run_until(s, s->enq_seq); }
 static void run_all(void) {
     for (size_t i = 0; i < streams.size(); i++) run_stream(streams[i]);
 }
-/* Queue work on s; on the legacy stream (NULL), everything before it runs, then it does. */
+/* Queue work on s (record it, while s captures); on the legacy stream (NULL), everything
+ * before it runs, then it does. */
 static void enqueue(cudaStream_t s, std::function<void()> f) {
     if (!s) {
         run_all();
         if (sticky == cudaSuccess) f();
         return;
     }
+    if (s->capturing) {
+        s->captured.push_back(std::move(f));
+        return;
+    }
     s->q.push_back(emu_op{++s->enq_seq, std::move(f), NULL, 0});
 }
 
+/* ---- graph captures ----
+ * A call that a capture cannot hold, made on a thread that captures: on stream s (NULL: any
+ * call, as a sync, an allocation or a legacy-stream call is), it invalidates the captures of
+ * this thread and returns the error the call then returns (cudaSuccess: no capture concerned). */
+static int n_capturing;
+static cudaError_t capture_refuse(cudaStream_t s, cudaError_t err) {
+    if (n_capturing == 0) return cudaSuccess;
+    bool hit = false;
+    for (ff_emu_stream *c : streams)
+        if (c->capturing && c->capture_thread == std::this_thread::get_id() && (!s || c == s)) {
+            if (c->capture_err == cudaSuccess) c->capture_err = cudaErrorStreamCaptureInvalidated;
+            hit = true;
+        }
+    return hit ? fail(err) : cudaSuccess;
+}
+#define CAPTURE_REFUSE(s, err)                          \
+    do {                                                \
+        cudaError_t ce_ = capture_refuse((s), (err));   \
+        if (ce_ != cudaSuccess) return ce_;             \
+    } while (0)
+
+struct ff_emu_graph {
+    int magic;
+    std::shared_ptr<std::vector<std::function<void()>>> ops;
+};
+enum { GRAPH_MAGIC = 0x4772 };
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+    EMU_ENTER();
+    if (!s || s->magic != STREAM_MAGIC) return fail(cudaErrorStreamCaptureUnsupported); /* not the legacy stream */
+    if (s->capturing) return fail(cudaErrorInvalidValue);
+    s->capturing = true;
+    s->capture_thread = std::this_thread::get_id();
+    s->capture_err = cudaSuccess;
+    s->captured.clear();
+    n_capturing++;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    EMU_ENTER();
+    *g = NULL;
+    if (!s || s->magic != STREAM_MAGIC || !s->capturing) return fail(cudaErrorInvalidValue);
+    s->capturing = false;
+    n_capturing--;
+    std::vector<std::function<void()>> ops = std::move(s->captured);
+    s->captured.clear();
+    if (s->capture_err != cudaSuccess) return fail(cudaErrorStreamCaptureInvalidated);
+    *g = new ff_emu_graph{GRAPH_MAGIC, std::make_shared<std::vector<std::function<void()>>>(std::move(ops))};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long) {
+    EMU_ENTER();
+    if (!g || g->magic != GRAPH_MAGIC) return fail(cudaErrorInvalidValue);
+    *x = new ff_emu_graph{GRAPH_MAGIC, std::make_shared<std::vector<std::function<void()>>>(*g->ops)};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s) {
+    EMU_ENTER();
+    if (!x || x->magic != GRAPH_MAGIC || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    CAPTURE_REFUSE(s, cudaErrorStreamCaptureUnsupported); /* the emulator does not nest graphs */
+    std::shared_ptr<std::vector<std::function<void()>>> ops = x->ops; /* a replay outlives a destroyed exec */
+    enqueue(s, [ops] {
+        for (const std::function<void()> &op : *ops)
+            if (sticky == cudaSuccess) op();
+    });
+    return cudaSuccess;
+}
+static cudaError_t graph_destroy(ff_emu_graph *g) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    if (!g || g->magic != GRAPH_MAGIC) return fail(cudaErrorInvalidValue);
+    g->magic = 0;
+    delete g;
+    return sticky;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { return graph_destroy(g); }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) { return graph_destroy(x); }
+
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
     EMU_ENTER();
-    *s = new ff_emu_stream{STREAM_MAGIC, {}, 0, 0};
+    CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureUnsupported);
+    *s = new ff_emu_stream{STREAM_MAGIC, {}, 0, 0, false, std::thread::id(), cudaSuccess, {}};
     streams.push_back(*s);
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     std::lock_guard<std::recursive_mutex> lk(emu_mu);
     if (!s || s->magic != STREAM_MAGIC) return fail(cudaErrorInvalidResourceHandle);
+    if (s->capturing) n_capturing--;
     run_stream(s); /* its work still completes, as on a device */
     for (size_t i = 0; i < streams.size(); i++)
         if (streams[i] == s) streams.erase(streams.begin() + (long)i);
@@ -235,6 +329,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     EMU_ENTER();
     if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureUnsupported);
     if (s) run_stream(s);
     else run_all();
     return sticky;
@@ -254,6 +349,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     EMU_ENTER();
     if (!e || e->magic != EVENT_MAGIC || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    CAPTURE_REFUSE(s, cudaErrorStreamCaptureUnsupported); /* the emulator does not model forked captures */
     if (!s) run_all(); /* the legacy stream: complete once everything before it is */
     e->s = s;
     e->seq = s ? s->enq_seq : 0;
@@ -262,6 +358,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     EMU_ENTER();
     if (!e || e->magic != EVENT_MAGIC || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    CAPTURE_REFUSE(s, cudaErrorStreamCaptureIsolation); /* a dependency on uncaptured work */
     if (!e->s) return cudaSuccess; /* never recorded, or complete */
     if (!s) {
         run_until(e->s, e->seq);
@@ -291,6 +388,8 @@ extern "C" int ff_emu_stream_run_host(void *stream, int (*fn)(void *), void *ctx
     std::lock_guard<std::recursive_mutex> lk(emu_mu);
     cudaStream_t s = (cudaStream_t)stream;
     if (!stream_ok(s)) return ff_error_set("cuda emulator", NULL, "host work on an invalid stream %p", stream);
+    if (capture_refuse(s, cudaErrorStreamCaptureUnsupported) != cudaSuccess)
+        return ff_error_set("cuda emulator", "do host work before or after a graph capture", "host work on a capturing stream");
     if (s) run_stream(s);
     else run_all();
     if (sticky != cudaSuccess)
@@ -304,6 +403,7 @@ extern "C" int ff_emu_stream_run_host(void *stream, int (*fn)(void *), void *ctx
 cudaError_t cudaMalloc(void **p, size_t n) {
     EMU_ENTER();
     *p = NULL;
+    CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureUnsupported);
     if (n == 0) return cudaSuccess;
     if (n > EMU_DEVICE_BYTES - alloc_total) return fail(cudaErrorMemoryAllocation);
     void *m = malloc(n);
@@ -317,6 +417,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 cudaError_t cudaFree(void *p) {
     EMU_ENTER();
     if (!p) return cudaSuccess;
+    CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureUnsupported);
     auto it = allocs.find((uintptr_t)p);
     if (it == allocs.end()) return fail(cudaErrorInvalidValue);
     run_all(); /* cudaFree waits for the device */
@@ -329,6 +430,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
     EMU_ENTER();
     if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     if (n && !on_device(p, n)) return fail(cudaErrorInvalidValue);
+    if (!s) CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureImplicit);
     enqueue(s, [p, v, n] { memset(p, v, n); });
     return cudaSuccess;
 }
@@ -361,6 +463,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     cudaError_t e = check_copy(dst, src, n, k);
     if (e != cudaSuccess || !n || dst == src) return e;
+    if (!s) CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureImplicit);
+    if (!on_device(dst, n) || !on_device(src, n)) CAPTURE_REFUSE(s, cudaErrorStreamCaptureUnsupported); /* pageable host memory */
     if (on_device(dst, n) && !on_device(src, n)) {
         std::shared_ptr<std::vector<char>> stage = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
         enqueue(s, [dst, stage] { memcpy(dst, stage->data(), stage->size()); });

@@ -55,10 +55,17 @@ typedef enum cudaError {
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorLaunchOutOfResources = 701,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureIsolation = 905,
+    cudaErrorStreamCaptureImplicit = 906,
 } cudaError_t;
 
 typedef struct ff_emu_stream *cudaStream_t;
 typedef struct ff_emu_event *cudaEvent_t;
+typedef struct ff_emu_graph *cudaGraph_t;
+typedef struct ff_emu_graph *cudaGraphExec_t;
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
 
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -96,6 +103,16 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute a, int v);
+/* Graphs: while a stream captures, its work is recorded, not queued; on the capturing thread a
+ * call a capture cannot hold (a sync, an allocation or free, a copy to or from host memory on
+ * the capturing stream, a legacy-stream call, an event) invalidates it, as in thread-local
+ * mode, and cudaStreamEndCapture then fails. A launched graph queues its recorded work again. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
 
 /* ---- device built-ins ------------------------------------------------------------------------ */
 
