@@ -39,7 +39,9 @@ static void help(void) {
            "  --device D             cpu (default), cpu:N, cuda, cuda:N (also --backend D)\n"
            "  --weights W            fp32 (default) or bf16: the weight matrices held in bf16, half the\n"
            "                         memory; activations and sums stay fp32 (docs/model.md \"bf16 weights\")\n"
-           "  --kv-dtype D           fp32 (default) or bf16: the KV cache's keys and values, half its memory\n\n"
+           "  --kv-dtype D           fp32 (default) or bf16: the KV cache's keys and values, half its memory\n"
+           "  --eager                decode kernel by kernel: no CUDA graphs (on cuda each decode step is\n"
+           "                         otherwise one replayed graph; docs/cuda.md \"Graphs\")\n\n"
            "example:\n"
            "  fuseflow generate --model runs/sft/final --prompt '12+34=' --temperature 0 --max-new-tokens 8\n");
 }
@@ -68,7 +70,7 @@ int ff_cmd_generate(int argc, char **argv) {
     bool bf16 = false, kv16 = false;
     int64_t max_new = 64, top_k = 0, seed = 0, n = 1;
     double temperature = 1.0, top_p = 1.0;
-    bool raw = false, as_json = false;
+    bool raw = false, as_json = false, eager = false;
     const ffio_opt opts[] = {
         {"model", FFIO_STR, &model_dir, 0, 0},
         {"prompt", FFIO_STR, &prompt, 0, 0},
@@ -84,6 +86,7 @@ int ff_cmd_generate(int argc, char **argv) {
         {"top-p", FFIO_DOUBLE, &top_p, 1e-9, 1},
         {"raw", FFIO_FLAG, &raw, 0, 0},
         {"json", FFIO_FLAG, &as_json, 0, 0},
+        {"eager", FFIO_FLAG, &eager, 0, 0},
     };
     /* --stop may repeat: take it out before the table parser sees it */
     char **rest = ff_malloc((size_t)argc * sizeof *rest);
@@ -197,7 +200,7 @@ int ff_cmd_generate(int argc, char **argv) {
     req.sampling.stop_tokens = n_stop_ids ? stop_ids : NULL;
     req.sampling.n_stop = n_stop_ids;
     ff_generator_config gc = {.max_slots = (int32_t)n, .max_seq_len = n_ids + req.sampling.max_new_tokens, .max_prefill_tokens = n_ids,
-                              .kv_bf16 = kv16};
+                              .kv_bf16 = kv16, .eager = eager};
     if (ff_model_generate(m, &gc, &req, 1, &outs, &n_outs) != 0) goto out;
 
     for (int32_t s = 0; s < n_outs; s++) {

@@ -232,6 +232,9 @@ static int read_role(ff_run_config *run, ff_role r) {
         rc->rollout_w16 = wd == 1;
         if (ff_cnode_get_enum(ro, "kv_dtype", dtypes, 2, 0, &wd) < 0) return -1;
         rc->rollout_kv16 = wd == 1;
+        bool graphs = true;
+        if (ff_cnode_get_bool(ro, "graphs", true, &graphs) < 0) return -1;
+        rc->rollout_eager = !graphs;
         if (rc->rollout_w16 && rc->rollout_delta)
             return ff_error_set(ff_cnode_where(ro, w, sizeof w), "drop sync_delta (each sync then sends the whole weights) or keep dtype: fp32",
                                 "'%s.rollout.sync_delta' patches the copy's fp32 weights; with 'dtype: bf16' they are rounded where "

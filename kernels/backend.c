@@ -80,10 +80,15 @@ ff_stream *ff_backend_stream(ff_backend *be) { return be->stream; }
 
 /* ---- memory ------------------------------------------------------------------------------ */
 
+/* The stream this thread is capturing a graph on, if any: captures are per thread (CUDA's
+ * thread-local mode), so another thread may allocate meanwhile, this one may not. */
+static _Thread_local ff_stream *tl_capture;
+static bool refused_in_capture(ff_stream *s, const char *call);
+
 ff_buffer *ff_buffer_new(ff_backend *be, size_t bytes) {
-    if (__atomic_load_n(&be->capturing, __ATOMIC_RELAXED) > 0) {
+    if (tl_capture && tl_capture->be == be && refused_in_capture(tl_capture, "ff_buffer_new")) {
         ff_error_set("ff_buffer_new", "allocate before the capture (ff_stream_capture_begin) or after it ends",
-                     "a new buffer of %zu bytes while a stream of the %s backend captures a graph", bytes, be->name);
+                     "a new buffer of %zu bytes while this thread captures a graph on the %s backend", bytes, be->name);
         return NULL;
     }
     ff_buffer *b = ff_calloc(1, sizeof *b);
@@ -266,7 +271,7 @@ struct ff_stream_graph {
 bool ff_backend_has_stream_graphs(const ff_backend *be) { return be->ops->capture_begin != NULL; }
 
 int ff_stream_capture_begin(ff_stream *s) {
-    assert(!s->capturing);
+    assert(!s->capturing && !tl_capture); /* one capture per thread at a time */
     const char *where = "ff_stream_capture_begin";
     if (!s->be->ops->capture_begin)
         return ff_error_set(where, "run the work as it is queued (ff_backend_has_stream_graphs says where graphs exist)",
@@ -278,17 +283,17 @@ int ff_stream_capture_begin(ff_stream *s) {
     if (s->be->ops->capture_begin(s)) return -1;
     s->capturing = true;
     s->capture_error[0] = '\0';
-    __atomic_add_fetch(&s->be->capturing, 1, __ATOMIC_RELAXED);
+    tl_capture = s;
     return 0;
 }
 
 int ff_stream_capture_end(ff_stream *s, ff_stream_graph **out) {
-    assert(s->capturing && out);
+    assert(s->capturing && out && tl_capture == s); /* ended on the thread that began it */
     *out = NULL;
     void *impl = NULL;
     int rc = s->be->ops->capture_end(s, &impl);
     s->capturing = false;
-    __atomic_sub_fetch(&s->be->capturing, 1, __ATOMIC_RELAXED);
+    tl_capture = NULL;
     if (s->capture_error[0] || s->error[0]) { /* a refused call, or a kernel that failed while captured */
         if (impl) s->be->ops->graph_free(s, impl);
         ff_error_set("graph capture", NULL, "%s", s->capture_error[0] ? s->capture_error : s->error);

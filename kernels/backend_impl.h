@@ -98,7 +98,6 @@ struct ff_backend {
      * (updated with __atomic builtins, a buffer may be destroyed on another thread than the one
      * that computes; plain fields, as this header is also C++'s in kernels/cuda/) */
     int64_t mem_in_use, mem_peak, mem_buffers;
-    int capturing; /* streams of this backend in a graph capture (__atomic): no new buffers then */
 };
 
 struct ff_buffer {

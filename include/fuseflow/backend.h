@@ -141,9 +141,10 @@ void ff_stream_wait(ff_stream *s, ff_event *e); /* s and e on the same backend *
  * between replays is only the contents of the buffers they read (upload new inputs with
  * ff_memcpy_h2d before the launch). So a graph is valid while every buffer it touches is alive
  * and the caller's shapes are the captured ones. A capture holds kernels and device copies
- * only: a host copy (either way), ff_stream_sync, ff_sumsq, an event, or a new buffer on the
- * backend during a capture fails it (the call does nothing; ff_stream_capture_end returns -1
- * naming the first). Kernels whose scratch must grow fail it too: run the same work once
+ * only: a host copy (either way), ff_stream_sync, ff_sumsq or an event on the stream, or a new
+ * buffer made by the capturing thread, fails it (the call does nothing; ff_stream_capture_end
+ * returns -1 naming the first). A capture belongs to its thread: one at a time per thread,
+ * ended where it began; other threads go on meanwhile. Kernels whose scratch must grow fail it too: run the same work once
  * before capturing it. On the cuda backend a graph is a CUDA graph (cudaStreamBeginCapture);
  * the cpu backend runs work as it is queued and has none (ff_backend_has_stream_graphs), and kernel
  * profiling (FF_PROFILE_KERNELS) turns them off. A graph replays on the stream it was captured

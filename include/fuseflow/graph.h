@@ -269,6 +269,9 @@ typedef struct ff_role_cfg {
                                  (default 16; ff_generator_config.kv_block_rows) */
     bool rollout_kv16;        /* actor: `rollout: {kv_dtype: bf16}` (default fp32): the KV cache in
                                  bf16, half its bytes (ff_generator_config.kv_bf16) */
+    bool rollout_eager;       /* actor: `rollout: {graphs: false}` (default true): decode steps
+                                 kernel by kernel, not replayed as CUDA graphs
+                                 (ff_generator_config.eager) */
     double rollout_kv_memory; /* actor: `rollout: {kv_memory: f}`, (0, 1]: the KV pool as a share of
                                  every slot at full length (default 1); less memory, requests wait */
     bool offload;            /* actor: `offload: true` (the default): while its colocated copy

@@ -116,6 +116,7 @@ typedef struct ff_rollout_config {
     int32_t kv_block_rows;      /* KV-cache positions per block (0: the generator's default, 16) */
     int32_t kv_blocks;          /* KV-cache blocks (0: every slot at max_seq_len) */
     bool kv_bf16;               /* the KV cache in bf16 (ff_generator_config.kv_bf16) */
+    bool eager;                 /* decode steps without graphs (ff_generator_config.eager) */
 } ff_rollout_config;
 void ff_rollout_config_default(ff_rollout_config *c); /* 64 slots, 256 positions, TEMPERATURE */
 

@@ -2,7 +2,7 @@
 # `--device cuda` / `--backend cuda` on the commands that take it (generate, logprobs, sft):
 # without a GPU (or without CUDA in the build) a clear error that names what is missing and says
 # to use the cpu backend; with one, in exact fp32 (FF_CUDA_MATH=fp32), greedy decoding gives the
-# CPU's tokens, log-prob scoring the CPU's within 1e-4, and two SFT steps the CPU's losses and
+# CPU's tokens (and with CUDA graphs the tokens of --eager steps), log-prob scoring the CPU's within 1e-4, and two SFT steps the CPU's losses and
 # gradient norms within 1e-4 relative, their model loading on the CPU.
 # With FF_CUDA_EMU_BIN (ctest's cli/test_generate_cuda_emu) the cuda runs use that build of the
 # command, whose cuda backend is the CUDA emulator (kernels/cuda/emu/): the GPU half, on the CPU.
@@ -51,6 +51,27 @@ PY
 else
   fail "cuda greedy tokens differ from the cpu's"
 fi
+
+# decode steps as CUDA graphs (the default; 3 sequences padded to 4 rows) against --eager
+expect_ok "3 greedy samples on cuda (graphs)" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" \
+  --temperature 0 --max-new-tokens 24 --n 3 --json --device cuda
+cp "$TMP/out" "$TMP/graphs.json"
+expect_ok "3 greedy samples on cuda --eager" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" \
+  --temperature 0 --max-new-tokens 24 --n 3 --json --device cuda --eager
+if python3 - "$TMP/graphs.json" "$TMP/out" "$TMP/cpu.json" <<'PY'; then
+import json, sys
+g = [json.loads(l)["tokens"] for l in open(sys.argv[1])]
+e = [json.loads(l)["tokens"] for l in open(sys.argv[2])]
+c = json.loads(open(sys.argv[3]).readline())["tokens"]
+print("graphs", g, "\neager ", e)
+sys.exit(not (len(g) == len(e) == 3 and g == e and g[0] == c))
+PY
+  ok "decoding with graphs gives the eager steps' tokens (and the cpu's)"
+else
+  fail "decoding with graphs differs from the eager steps"
+fi
+expect_ok "--eager on cpu (nothing to turn off)" "$FF_BIN" generate --model "$M" --prompt "ab" --temperature 0 \
+  --max-new-tokens 4 --eager --device cpu
 
 printf '{"tokens": [1, 2, 3, 4, 5, 6]}\n{"tokens": [7, 8, 9]}\n' > "$TMP/seqs.jsonl"
 expect_ok "logprobs on cpu" "$FF_BIN" logprobs --model "$M" --input "$TMP/seqs.jsonl" --output "$TMP/lp_cpu.jsonl" --backend cpu

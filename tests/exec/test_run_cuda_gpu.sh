@@ -6,7 +6,9 @@
 #   - the run says its rank computes on cuda:0, ends, and writes 2 iterations of metrics, every
 #     number finite, the same keys as the CPU run's;
 #   - its checkpoint loads in `fuseflow generate` on the CPU (the weights came back whole);
-#   - FF_DEVICE_COLL=0 (collectives through host memory) runs too.
+#   - FF_DEVICE_COLL=0 (collectives through host memory) runs too, and so does
+#     roles.actor.rollout.graphs: false (decode steps without CUDA graphs; on the emulator, the
+#     samples of the graphs' run byte for byte).
 # The samples are not compared: the GPU's TF32 products round otherwise, so sampling may part.
 #
 # Two ways: on a real GPU (scripts/gpu-check.sh runs it where one is lent; it skips, exit 77,
@@ -66,6 +68,15 @@ ck=$(ls -d "$work/gpu/checkpoints/"step-* | tail -1)
   { cat "$work/gen.log" >&2; fail "the GPU run's checkpoint does not load on the CPU"; }
 GPU_RUN=1 FF_DEVICE_COLL=0 grpo "$work/gpu_host" roles.actor.backend=cuda
 [[ $(iterations "$work/gpu_host/metrics.jsonl") == 2 ]] || fail "FF_DEVICE_COLL=0: not 2 iterations"
+# decode steps kernel by kernel (roles.actor.rollout.graphs: false) against the CUDA graphs of
+# the default: on the emulator the same samples byte for byte (on a GPU a padded batch may pick
+# other cuBLAS kernels, so only that it runs)
+GPU_RUN=1 grpo "$work/gpu_eager" roles.actor.backend=cuda roles.actor.rollout.graphs=false --dump-samples
+[[ $(iterations "$work/gpu_eager/metrics.jsonl") == 2 ]] || fail "rollout.graphs=false: not 2 iterations"
+if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
+  GPU_RUN=1 grpo "$work/gpu_graphs" roles.actor.backend=cuda --dump-samples
+  same_samples "$work/gpu_graphs" "$work/gpu_eager" "rollout.graphs=false against the graphs"
+fi
 if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then # the emulator has GPUs to spare: 2 workers, data parallel over cuda:0 and cuda:1
   GPU_RUN=1 WORKERS=2 grpo "$work/gpu2" roles.actor.backend=cuda
   grep -q "rank 1 computes on cuda:1" "$work/gpu2.log" || fail "2 workers: rank 1 is not on cuda:1: $(head -3 "$work/gpu2.log")"

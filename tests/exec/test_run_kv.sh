@@ -8,8 +8,8 @@
 #     layout and the waiting change no token: each sample draws from its own stream);
 #   - metrics.jsonl's rollout_kv: the pool and block size each run asked for, the most blocks a
 #     rollout held within the pool, a larger share of the smaller pool;
-#   - a pool too small for one group, kv_memory 0 and kv_block 0 are refused before any
-#     worker starts, naming the key (and, for the pool, the smallest share that works).
+#   - a pool too small for one group, kv_memory 0, kv_block 0 and a word for graphs (decode steps
+#     as CUDA graphs, docs/cuda.md) are refused before any worker starts, naming the key (and, for the pool, the smallest share that works).
 source "$(dirname "$0")/lib.sh"
 prepare_inputs
 prepare_lengths_run 2
@@ -62,4 +62,5 @@ refused "a pool below one group" "roles.actor.rollout.kv_memory" "at least 0.2" 
   roles.actor.rollout.kv_memory=0.1
 refused "kv_memory 0" "kv_memory" "[1e-06, 1]" -- roles.actor.rollout.kv_memory=0
 refused "kv_block 0" "kv_block" -- roles.actor.rollout.kv_block=0
+refused "graphs: maybe" "roles.actor.rollout.graphs" -- roles.actor.rollout.graphs=maybe
 echo "ok"

@@ -830,6 +830,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         if (rc.kv_block_rows > rc.max_seq_len) rc.kv_block_rows = rc.max_seq_len;
         rc.kv_blocks = ff_rollout_kv_blocks(rc.max_slots, rc.max_seq_len, rc.kv_block_rows, roles[FF_ROLE_ACTOR].rollout_kv_memory);
         rc.kv_bf16 = roles[FF_ROLE_ACTOR].rollout_kv16;
+        rc.eager = roles[FF_ROLE_ACTOR].rollout_eager;
         s->ro_cfg = rc;
         if (!(s->ro = ff_rollout_new(s->gen, &rc))) return ff_error_wrap("worker");
     }

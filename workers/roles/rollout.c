@@ -65,7 +65,7 @@ ff_rollout *ff_rollout_new(ff_model *m, const ff_rollout_config *cin) {
     r->c = c;
     ff_generator_config gc = {.max_slots = c.max_slots, .max_seq_len = c.max_seq_len,
                               .max_prefill_tokens = c.max_prefill_tokens > 0 ? c.max_prefill_tokens : c.max_seq_len, .pipe = c.pipe,
-                              .kv_block_rows = c.kv_block_rows, .kv_blocks = c.kv_blocks, .kv_bf16 = c.kv_bf16};
+                              .kv_block_rows = c.kv_block_rows, .kv_blocks = c.kv_blocks, .kv_bf16 = c.kv_bf16, .eager = c.eager};
     r->g = ff_generator_new(m, &gc);
     if (!r->g) {
         free(r);
