@@ -12,7 +12,10 @@
  *   decode  generated tokens/s of a batch of B prompts (--prompt tokens each, B in
  *           --batches, 1,32,256), temperature-1 sampling, --new tokens per sequence, KV cache
  *           (ff_generator: continuous batching, one slot per sequence); the wall time from
- *           submit to the last token, prefill included.
+ *           submit to the last token, prefill included. Each decode step is a replayed CUDA
+ *           graph (the default; ff_generator_graph_stats), and the same decode runs again
+ *           kernel by kernel (ff_generator_config.eager) beside it:
+ *             MODEL decode batch B: X tok/s with graphs (...), Y tok/s kernel by kernel (X/Y x)
  * Numbers: training keeps fp32 tensors (include/fuseflow/backend.h); ff_gemm multiplies by
  * FF_CUDA_MATH (tf32 by default, bf16 converts operands per call). The decoding model is an
  * inference model with bf16 weights (ff_model_opts.bf16_weights, ff_gemm_bf16w: the weights
@@ -252,10 +255,11 @@ out:
     return rc;
 }
 
-static int bench_decode(ff_model *m, const spec *s, int B, int prompt, int n_new, bool kv16, double *tok_s) {
+static int bench_decode(ff_model *m, const spec *s, int B, int prompt, int n_new, bool kv16, bool eager, double *tok_s,
+                        ff_generator_graph_stats *gs) {
     ff_generator_config gc = {.max_slots = B, .max_seq_len = prompt + n_new + 1,
                               .max_prefill_tokens = B * prompt < 8192 ? B * prompt : 8192, /* every prompt in one or a few steps */
-                              .kv_bf16 = kv16};
+                              .kv_bf16 = kv16, .eager = eager};
     ff_generator *g = ff_generator_new(m, &gc);
     if (!g) return -1;
     int32_t *p = malloc((size_t)B * prompt * 4);
@@ -285,9 +289,10 @@ static int bench_decode(ff_model *m, const spec *s, int B, int prompt, int n_new
         }
     }
     *tok_s = (double)made / ((double)(ff_now_ns() - t0) * 1e-9);
+    ff_generator_graph_stats_of(g, gs);
     rc = 0;
 out:
-    if (rc) fprintf(stderr, "bench_cuda: %s decode batch %d: %s\n", s->name, B, ff_error_message());
+    if (rc) fprintf(stderr, "bench_cuda: %s decode batch %d%s: %s\n", s->name, B, eager ? " (eager)" : "", ff_error_message());
     ff_generator_destroy(&g);
     free(p);
     return rc;
@@ -389,8 +394,19 @@ int main(int argc, char **argv) {
                 failures++;
                 break;
             }
-            if (bench_decode(m, &specs[k], bs[j], prompt, n_new, decode_kv16, &dec[k][j]) == 0) {
+            /* the default (decode steps as CUDA graphs), then kernel by kernel, side by side */
+            ff_generator_graph_stats gs, ge;
+            double eager_tok_s = 0;
+            if (bench_decode(m, &specs[k], bs[j], prompt, n_new, decode_kv16, false, &dec[k][j], &gs) == 0) {
                 ran_dec[k][j] = true;
+                if (!gs.on) printf("  %s decode batch %d: graphs off: %s\n", specs[k].name, bs[j], gs.off_why);
+                if (bench_decode(m, &specs[k], bs[j], prompt, n_new, decode_kv16, true, &eager_tok_s, &ge) == 0)
+                    printf("  %s decode batch %d: %.0f tok/s with graphs (%d captured, %lld steps replayed, %lld eager), "
+                           "%.0f tok/s kernel by kernel (%.2fx)\n",
+                           specs[k].name, bs[j], dec[k][j], gs.captures, (long long)gs.replays, (long long)gs.eager_steps,
+                           eager_tok_s, eager_tok_s > 0 ? dec[k][j] / eager_tok_s : 0.0);
+                else
+                    failures++;
                 head_decode(specs[k].name, bs[j], dec[k][j]);
             } else {
                 failures++;

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # bench/bench_cuda.c's own code on the CUDA emulator (build/bench_cuda_emu, --models tiny), so that
 # the one GPU run of scripts/gpu-check.sh does not find its bugs: the attention side by side, a
-# training measurement with its MFU line, decoding at two batch sizes, the bf16-products pass and
+# training measurement with its MFU line, decoding at two batch sizes (with CUDA graphs, beside
+# kernel by kernel: a graph captured and replayed), the bf16-products pass and
 # the headlines, exit 0. Skips (77) where the emulator is not built (no C++ compiler).
 set -euo pipefail
 bin=${FF_BUILD_DIR:?run through ctest}/bench_cuda_emu
 [[ -x $bin ]] || { echo "SKIPPED: $bin is not built (no C++ compiler at configure time)"; exit 77; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-"$bin" --models tiny --seq 64 --steps 1 --batches 1,4 --prompt 4 --new 3 --budget 120 > "$out" 2>&1 ||
+"$bin" --models tiny --seq 64 --steps 1 --batches 1,4 --prompt 4 --new 4 --budget 120 > "$out" 2>&1 ||
   { cat "$out" >&2; echo "FAIL: bench_cuda_emu exited $?"; exit 1; }
 for want in '^bench_cuda: cuda:0, FF_CUDA_MATH=' '^bench_cuda_attention tiny: fwd\+bwd .* ms on tensor cores' \
             '^bench_cuda_train tiny: [0-9]+ tok/s, MFU' '^bench_cuda_decode tiny batch 1: [0-9]+ tok/s' \
-            '^bench_cuda_decode tiny batch 4: [0-9]+ tok/s' '^bench_cuda_train_bf16 tiny: [0-9]+ tok/s' \
+            '^bench_cuda_decode tiny batch 4: [0-9]+ tok/s' \
+            '^  tiny decode batch 4: [0-9]+ tok/s with graphs \(1 captured, 2 steps replayed, 1 eager\), [0-9]+ tok/s kernel by kernel' '^bench_cuda_train_bf16 tiny: [0-9]+ tok/s' \
             '^bench_cuda: headlines'; do
   grep -Eq "$want" "$out" || { cat "$out" >&2; echo "FAIL: no line matching '$want'"; exit 1; }
 done
