@@ -1,7 +1,9 @@
 /* The nccl backend: one process per visible GPU (up to 4), device buffers, every call
  * checked against the serial result after ff_coll_synchronize. Skips, saying why, where
  * fuseflow was built without NCCL or no CUDA device is visible. CUDA does not survive
- * fork(), so the parent never touches CUDA: a probe child counts the devices. */
+ * fork(), so the parent never touches CUDA: a probe child counts the devices.
+ * Built with FF_TEST_NCCL_EMU (coll/test_coll_nccl_emu), the same nccl_backend.c runs on the
+ * NCCL stand-in (tests/coll/nccl_emu/) over 4 emulated devices. */
 #ifndef FF_COLL_HAVE_NCCL
 #include "tests/test_util.h"
 int main(void) {
@@ -10,8 +12,14 @@ int main(void) {
 }
 #else
 #include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
 
 #include "coll_test.h"
+#ifdef FF_TEST_NCCL_EMU
+#include "workers/coll/coll_internal.h"
+extern const coll_nccl_ops coll_nccl_emu_ops; /* nccl_backend.c built against tests/coll/nccl_emu/ */
+#endif
 
 #define COUNT 100003 /* not divisible by 2, 3 or 4 */
 
@@ -87,6 +95,63 @@ static int nccl_rank(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, voi
             }
         o += counts[r];
     }
+    /* reduce_scatter_v (grouped reduces) with the same uneven counts: rank r's part is the sum
+     * over ranks of its slice of their full buffers */
+    for (size_t i = 0; i < off; i++) h[i] = (float)(rank + 1) * (float)(i % 13);
+    cudaMemcpy(d, h, off * 4, cudaMemcpyHostToDevice);
+    RCHECK(ff_coll_reduce_scatter_v(d, d2, counts, FF_DTYPE_F32, FF_COLL_SUM, c, st) == 0, "%s", ff_error_message());
+    RCHECK(ff_coll_synchronize(c, st) == 0, "%s", ff_error_message());
+    size_t mine = 0;
+    for (int r = 0; r < rank; r++) mine += counts[r];
+    cudaMemcpy(h, d2, counts[rank] * 4 + 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < counts[rank]; i++)
+        if (h[i] != (float)(n * (n + 1) / 2) * (float)((mine + i) % 13)) {
+            RCHECK(0, "reduce_scatter_v i=%zu got %g", i, h[i]);
+            break;
+        }
+    /* the other reductions and types: max over int32, avg over fp32, and an int16 broadcast
+     * (NCCL has no int16: moved as bytes) */
+    int32_t *hi = (int32_t *)h;
+    for (size_t i = 0; i < COUNT; i++) hi[i] = (int32_t)(i % 1000) * (rank + 1) - 500 * rank;
+    cudaMemcpy(d, hi, COUNT * 4, cudaMemcpyHostToDevice);
+    RCHECK(ff_coll_all_reduce(d, d2, COUNT, FF_DTYPE_I32, FF_COLL_MAX, c, st) == 0, "%s", ff_error_message());
+    RCHECK(ff_coll_synchronize(c, st) == 0, "%s", ff_error_message());
+    cudaMemcpy(hi, d2, COUNT * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < COUNT; i++) {
+        int32_t want = INT32_MIN;
+        for (int r = 0; r < n; r++) {
+            int32_t x = (int32_t)(i % 1000) * (r + 1) - 500 * r;
+            want = x > want ? x : want;
+        }
+        if (hi[i] != want) {
+            RCHECK(0, "all_reduce max i=%zu got %d want %d", i, hi[i], want);
+            break;
+        }
+    }
+    for (size_t i = 0; i < COUNT; i++) h[i] = v(rank, i);
+    cudaMemcpy(d, h, COUNT * 4, cudaMemcpyHostToDevice);
+    RCHECK(ff_coll_all_reduce(d, d2, COUNT, FF_DTYPE_F32, FF_COLL_AVG, c, st) == 0, "%s", ff_error_message());
+    RCHECK(ff_coll_synchronize(c, st) == 0, "%s", ff_error_message());
+    cudaMemcpy(h, d2, COUNT * 4, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < COUNT; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++) want += v(r, i);
+        if (fabsf(h[i] - want / (float)n) > 1e-5f * (1.0f + want)) {
+            RCHECK(0, "all_reduce avg i=%zu got %g want %g", i, h[i], want / (float)n);
+            break;
+        }
+    }
+    int16_t *hs = (int16_t *)h;
+    for (size_t i = 0; i < COUNT; i++) hs[i] = (int16_t)(rank == 0 ? (int)(i % 30000) - 15000 : 7);
+    cudaMemcpy(d, hs, COUNT * 2, cudaMemcpyHostToDevice);
+    RCHECK(ff_coll_broadcast(d, d2, COUNT, FF_DTYPE_I16, 0, c, st) == 0, "%s", ff_error_message());
+    RCHECK(ff_coll_synchronize(c, st) == 0, "%s", ff_error_message());
+    cudaMemcpy(hs, d2, COUNT * 2, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < COUNT; i++)
+        if (hs[i] != (int16_t)((int)(i % 30000) - 15000)) {
+            RCHECK(0, "int16 broadcast i=%zu got %d", i, hs[i]);
+            break;
+        }
     /* grouped ring of sends and receives */
     if (n > 1) {
         int next = (rank + 1) % n, prev = (rank + n - 1) % n;
@@ -146,6 +211,10 @@ static int twin_rank(ff_coll_comm *c, int rank, int n, const ff_coll_id *id, voi
 }
 
 int main(void) {
+#ifdef FF_TEST_NCCL_EMU
+    coll_nccl = &coll_nccl_emu_ops;        /* nccl_backend.c on the NCCL stand-in and the CUDA emulator */
+    setenv("FF_CUDA_EMU_DEVICES", "4", 1); /* 4 emulated devices: 4 ranks */
+#endif
     /* probe in a child: the parent must not initialise CUDA before forking the ranks */
     int pfd[2];
     REQUIRE(pipe(pfd) == 0);

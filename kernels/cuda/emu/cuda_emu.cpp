@@ -398,6 +398,24 @@ extern "C" int ff_emu_stream_run_host(void *stream, int (*fn)(void *), void *ctx
     return fn ? fn(ctx) : 0;
 }
 
+cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); } /* nothing runs in the background */
+
+/* The C entry points of tests/coll/nccl_emu/cuda_runtime_api.h (C files built against the
+ * emulator: nccl_backend.c, test_coll_nccl.c), under names of their own. */
+extern "C" {
+int ff_emu_c_cudaGetDeviceCount(int *n) { return cudaGetDeviceCount(n); }
+int ff_emu_c_cudaSetDevice(int d) { return cudaSetDevice(d); }
+int ff_emu_c_cudaMalloc(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
+int ff_emu_c_cudaFree(void *p) { return cudaFree(p); }
+int ff_emu_c_cudaMemcpy(void *dst, const void *src, size_t bytes, int kind) {
+    return cudaMemcpy(dst, src, bytes, (cudaMemcpyKind)kind);
+}
+int ff_emu_c_cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreate(s); }
+int ff_emu_c_cudaStreamDestroy(cudaStream_t s) { return cudaStreamDestroy(s); }
+int ff_emu_c_cudaStreamQuery(cudaStream_t s) { return cudaStreamQuery(s); }
+const char *ff_emu_c_cudaGetErrorString(int e) { return cudaGetErrorString((cudaError_t)e); }
+}
+
 /* ---- memory ------------------------------------------------------------------------------------ */
 
 cudaError_t cudaMalloc(void **p, size_t n) {
