@@ -322,6 +322,26 @@ int main(void) {
         ff_model_read_params(mg, wts);
         test_generation_graphs(mg, wts);
         free(wts);
+        /* kernel profiling waits after every kernel: the first capture fails, naming it, and the
+         * generator goes on eagerly (the 19 steps, all of them) */
+        setenv("FF_PROFILE_KERNELS", "1", 1);
+        ff_backend *gprof = gpu_new("cuda");
+        unsetenv("FF_PROFILE_KERNELS");
+        REQUIRE(gprof);
+        ff_model *mp = ff_model_new_opts(gprof, &c, w, &inf);
+        ff_generator_config gcp = {.max_slots = 8, .max_seq_len = 48, .max_prefill_tokens = 16};
+        ff_generator *gp = mp ? ff_generator_new(mp, &gcp) : NULL;
+        REQUIRE(mp && gp);
+        ff_gen_output op[6];
+        CHECK(gen_round(gp, 300, op) == 0);
+        ff_generator_graph_stats sp;
+        ff_generator_graph_stats_of(gp, &sp);
+        CHECK(!sp.on && sp.captures == 0 && sp.replays == 0 && sp.eager_steps == 19);
+        CHECK_STR_CONTAINS(sp.off_why, "FF_PROFILE_KERNELS");
+        for (int i = 0; i < 6; i++) ff_gen_output_free(&op[i]);
+        ff_generator_destroy(&gp);
+        ff_model_destroy(&mp);
+        ff_backend_destroy(&gprof);
     }
     ff_model_destroy(&mc);
     ff_model_destroy(&mg);
