@@ -147,7 +147,7 @@ struct ff_generator {
     int32_t graph_cap; /* padded sizes 1..graph_cap have graphs */
     ff_stream_graph **graph; /* [graph_cap + 1] */
     bool *seen;              /* [graph_cap + 1] */
-    void *graph_key[3];
+    void *graph_key[4];
     int32_t graph_captures;
     int64_t graph_replays, eager_steps;
     char graph_off_why[256];
@@ -247,13 +247,13 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->V = m->cfg.vocab_size;
     const size_t f = 4, T = (size_t)g->Tcap, R = (size_t)g->Rcap, H = (size_t)m->H, V = (size_t)g->V;
     /* graphs: a whole model of one rank on a backend that has them (ff_generator_graph_stats) */
-    g->graphs_on = !c.eager && ff_backend_has_stream_graphs(m->be) && m->tp == 1 && !g->piped && !m->viewed && m->has_embed &&
-                   m->has_final;
+    g->graphs_on = !c.eager && ff_backend_has_stream_graphs(m->be) && m->tp == 1 && !g->piped && ffm_embed_on_device(m) &&
+                   m->has_embed && m->has_final;
     if (!g->graphs_on)
         snprintf(g->graph_off_why, sizeof g->graph_off_why, "%s",
                  c.eager                                  ? "eager steps asked for (ff_generator_config.eager)"
                  : !ff_backend_has_stream_graphs(m->be)   ? "the backend has no graphs"
-                                                          : "tensor or pipeline parallelism, or a view model");
+                                                          : "tensor or pipeline parallelism, or a view whose embedding is in pieces");
     g->graph_cap = c.max_slots < GRAPH_MAX_BATCH ? c.max_slots : GRAPH_MAX_BATCH;
     const size_t KD = (size_t)m->Hkv * m->D, rows = ((size_t)c.kv_blocks + g->graphs_on) * (size_t)c.kv_block_rows;
     g->kv_rows = rows;
@@ -957,7 +957,7 @@ static void graphs_off(ff_generator *g, const char *why) {
 
 /* The forward of a decode step of P rows (inputs uploaded): a graph's replay when there is one
  * for P, else kernel by kernel (the first step of a size; then its capture). The graphs hold
- * the addresses of the weights and RoPE tables (compared, never dereferenced here): when the
+ * the addresses of the weights (a view's and the viewed model's) and RoPE tables (compared, never dereferenced here): when the
  * model's parameters were released and restored elsewhere, they are captured again. */
 static int decode_forward(ff_generator *g, int32_t P) {
     ff_model *m = g->m;
@@ -965,8 +965,9 @@ static int decode_forward(ff_generator *g, int32_t P) {
         g->eager_steps++;
         return infer(g, P, P, P);
     }
-    void *key[3] = {ff_dptr_addr(ff_dptr_of(m->params, 0)), ff_dptr_addr(ff_dptr_of(m->rope_cos, 0)),
-                    ff_dptr_addr(ff_dptr_of(m->rope_sin, 0))};
+    void *key[4] = {ff_dptr_addr(ff_dptr_of(m->params, 0)), ff_dptr_addr(ff_dptr_of(m->rope_cos, 0)),
+                    ff_dptr_addr(ff_dptr_of(m->rope_sin, 0)),
+                    m->viewed ? ff_dptr_addr(ff_dptr_of(m->viewed->params, 0)) : NULL}; /* a view reads the viewed weights */
     if (memcmp(key, g->graph_key, sizeof key)) {
         graphs_drop(g);
         memcpy(g->graph_key, key, sizeof key);

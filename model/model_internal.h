@@ -339,6 +339,9 @@ ff_dptr ffm_w_vec(ff_model *m, const ff_param_tensor *p);
  * dev_ids i32 [T] device, already holding them for an ordinary model); a view: each piece's
  * rows from its own ids into scratch [T, H], added. 0 or -1 + error (out of memory). */
 int ffm_w_embed(ff_model *m, const ff_param_tensor *p, const int32_t *ids, ff_dptr dev_ids, ff_dptr out, ff_dptr scratch, int T);
+/* Whether ffm_w_embed does device work only (no host copy of remapped ids): not a view, or a view
+ * whose embedding is one piece of every row. What a decode step captured as a graph needs. */
+bool ffm_embed_on_device(const ff_model *m);
 /* Tensor p to and from host [p->numel] (this model's shard of it): a view reads every piece
  * and writes its own pieces only (the viewed ones are another model's memory). 0 or -1. */
 int ffm_view_read(ff_model *m, const ff_param_tensor *p, float *host);

@@ -142,14 +142,26 @@ ff_dptr ffm_w_vec(ff_model *m, const ff_param_tensor *p) {
     return ffm_piece_ptr(m, &p->pc[0]);
 }
 
+/* A view's embedding that is one piece of every row (the common case: a whole model viewed
+ * whole): the token ids index it as they are. */
+static bool embed_whole_piece(const ff_param_tensor *p) {
+    return p->npc == 1 && p->axis == 0 && p->pc[0].lo == 0 && p->pc[0].hi == units(p);
+}
+
+bool ffm_embed_on_device(const ff_model *m) {
+    if (!m->has_embed) return true;
+    const ff_param_tensor *p = &m->tensors[m->t_embed];
+    return !p->npc || embed_whole_piece(p);
+}
+
 int ffm_w_embed(ff_model *m, const ff_param_tensor *p, const int32_t *ids, ff_dptr dev_ids, ff_dptr out, ff_dptr scratch, int T) {
     const int H = (int)row_width(p);
     if (ffm_is16(m, p)) {
         ff_embedding_fwd_bf16(m->st, dev_ids, ffm_param16(m, p->off), out, T, H);
         return 0;
     }
-    if (!p->npc) {
-        ff_embedding_fwd(m->st, dev_ids, ffm_param(m, p->off), out, T, H);
+    if (!p->npc || embed_whole_piece(p)) {
+        ff_embedding_fwd(m->st, dev_ids, p->npc ? ffm_piece_ptr(m, &p->pc[0]) : ffm_param(m, p->off), out, T, H);
         return 0;
     }
     if ((size_t)T > m->view_ids_cap) {

@@ -231,6 +231,7 @@ typedef struct ex_iter {
     int n_mig_hold, cap_mig_hold;
     int64_t mig_kv, mig_recompute, mig_via_ctl;
     int64_t kv_use[3]; /* the rollouts' KV cache: the most blocks one held at once, its pool, positions per block */
+    int64_t decode_steps[2]; /* the rollouts' decode steps: replayed as a CUDA graph, kernel by kernel */
     ex_weights weights; /* roles.*.weights: on_demand */
 } ex_iter;
 

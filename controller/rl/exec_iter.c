@@ -826,12 +826,13 @@ static void finish_pair(ex_run *x, ex_iter *I, int pi) {
     redo_holders(x, I, pi); /* what did not come */
 }
 
-/* A generation result's KV use ("kv": the steps since that worker's previous result): the
- * iteration keeps the most blocks any rollout held. */
+/* A generation result's KV use and decode steps ("kv": the steps since that worker's previous
+ * result): the iteration keeps the most blocks any rollout held, and sums the steps. */
 static void kv_use(ex_iter *I, const ff_result *r) {
     const ff_tensor *kv = ex_out_named(r, FF_RL_T_KV);
-    if (!kv || kv->dtype != FF_DTYPE_I64 || ff_tensor_numel(kv) != 3) return;
+    if (!kv || kv->dtype != FF_DTYPE_I64 || ff_tensor_numel(kv) != 5) return;
     const int64_t *v = kv->data;
+    if (v[3] >= 0 && v[4] >= 0) I->decode_steps[0] += v[3], I->decode_steps[1] += v[4];
     if (v[1] <= 0 || v[0] < 0 || v[0] > v[1]) return;
     if (v[0] >= I->kv_use[0]) memcpy(I->kv_use, v, sizeof I->kv_use);
 }
@@ -1536,6 +1537,12 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         json_object_set_new(kv, "block_positions", json_integer((json_int_t)I->kv_use[2]));
         json_object_set_new(kv, "peak_share", json_real((double)I->kv_use[0] / (double)I->kv_use[1]));
         json_object_set_new(m, "rollout_kv", kv);
+    }
+    if (I->decode_steps[0] + I->decode_steps[1] > 0) { /* decode steps as CUDA graphs (docs/cuda.md "Graphs") */
+        json_t *ds = json_object();
+        json_object_set_new(ds, "graph_steps", json_integer((json_int_t)I->decode_steps[0]));
+        json_object_set_new(ds, "eager_steps", json_integer((json_int_t)I->decode_steps[1]));
+        json_object_set_new(m, "rollout_decode", ds);
     }
     if (klw > 0) json_object_set_new(m, "kl", json_real(klsum / klw));
     for (int k = 0; k < x->n_nodes; k++) {

@@ -174,6 +174,9 @@ int ff_rollout_take(ff_rollout *r, ff_gen_output *out);
  * what they have; waiting ones vanish). Returns the number ended. */
 int32_t ff_rollout_abort(ff_rollout *r, uint64_t id);
 const ff_rollout_stats *ff_rollout_stats_of(const ff_rollout *r);
+/* Decode steps since the previous call (or the engine's start): replayed as a CUDA graph, and
+ * launched kernel by kernel (ff_generator_graph_stats; the cpu backend's are all eager). */
+void ff_rollout_decode_steps_take(ff_rollout *r, int64_t *graph_steps, int64_t *eager_steps);
 void ff_rollout_stats_reset(ff_rollout *r);
 
 /* Run everything queued to completion. *outs (malloc'd; free each with ff_gen_output_free,

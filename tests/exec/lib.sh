@@ -177,6 +177,7 @@ def load(p):
         o.pop("actor_pipe_bubble", None); o.pop("critic_pipe_bubble", None); o.pop("weight_sync", None)
         o.pop("fuse", None)  # whether the steps were fused (graph.<actor train>.fuse)
         o.pop("rollout_kv", None)  # the KV blocks the busiest rollout held: which worker took which jobs
+        o.pop("rollout_decode", None)  # decode steps per engine (graphs or not): how the work was split
         o.pop("offload", None); out.append(o)  # the actor's moves for generation (roles.actor.offload: bytes, times)
     return out
 A, B = load(a), load(b)

@@ -73,6 +73,14 @@ GPU_RUN=1 FF_DEVICE_COLL=0 grpo "$work/gpu_host" roles.actor.backend=cuda
 # other cuBLAS kernels, so only that it runs)
 GPU_RUN=1 grpo "$work/gpu_eager" roles.actor.backend=cuda roles.actor.rollout.graphs=false --dump-samples
 [[ $(iterations "$work/gpu_eager/metrics.jsonl") == 2 ]] || fail "rollout.graphs=false: not 2 iterations"
+python3 - "$work/gpu/metrics.jsonl" "$work/gpu_eager/metrics.jsonl" <<'PY' || fail "rollout_decode: graphs not replayed on cuda, or replayed with graphs: false"
+import json, sys
+g = [json.loads(l)["rollout_decode"] for l in open(sys.argv[1]) if '"samples"' in l]
+e = [json.loads(l)["rollout_decode"] for l in open(sys.argv[2]) if '"samples"' in l]
+print("rollout_decode with graphs", g, "graphs: false", e)
+assert all(x["graph_steps"] > 0 and x["eager_steps"] > 0 for x in g), g  # the first step of each size is eager
+assert all(x["graph_steps"] == 0 and x["eager_steps"] > 0 for x in e), e
+PY
 if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
   GPU_RUN=1 grpo "$work/gpu_graphs" roles.actor.backend=cuda --dump-samples
   same_samples "$work/gpu_graphs" "$work/gpu_eager" "rollout.graphs=false against the graphs"

@@ -26,7 +26,8 @@ for v in "kv_block=8 kv_memory=0.2" "kv_block=1"; do
 done
 
 # metrics: each iteration's rollout_kv (the most blocks a rollout held, its pool: 40 slots x 7
-# blocks of 16 by default; 0.2 of 40 x 14 blocks of 8 = 112)
+# blocks of 16 by default; 0.2 of 40 x 14 blocks of 8 = 112) and rollout_decode (on the cpu, all
+# eager: at least the longest response's 96 steps)
 python3 - "$work" <<'PY' || fail "the rollout_kv metrics are wrong"
 import json, sys
 def kv(run):
@@ -37,6 +38,10 @@ for k in d: assert k["pool_blocks"] == 280 and k["block_positions"] == 16 and 0 
 for k in s: assert k["pool_blocks"] == 112 and k["block_positions"] == 8 and 0 < k["peak_blocks"] <= 112, k
 assert max(k["peak_share"] for k in s) > max(k["peak_share"] for k in d), (d, s)
 print("rollout_kv peak share: default", [round(k["peak_share"], 3) for k in d], "kv_memory 0.2", [round(k["peak_share"], 3) for k in s])
+# rollout_decode: the cpu backend has no graphs, so every decode step is eager
+ds = [json.loads(l)["rollout_decode"] for l in open(f"{sys.argv[1]}/default/metrics.jsonl") if '"samples"' in l]
+assert len(ds) == 2 and all(x["graph_steps"] == 0 and x["eager_steps"] >= 96 for x in ds), ds
+print("rollout_decode:", ds)
 PY
 
 refused() { # WHAT GREP... -- OVERRIDES...

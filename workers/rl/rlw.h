@@ -160,7 +160,7 @@ int rlw_gen_migrate_out(rlw *s, const rlw_mig_costs *how, rlw_mig_send_fn send, 
 void rlw_gen_prefill_rate(const rlw *s, int64_t *tokens, double *seconds);
 /* The rollout's KV use since the previous call: out[0] the most blocks held at once, out[1]
  * the pool's blocks, out[2] positions per block (all 0 without a rollout). */
-void rlw_gen_kv_take(rlw *s, int64_t out[3]);
+void rlw_gen_kv_take(rlw *s, int64_t out[5]);
 /* Continue m sequence states (bytes one after the other, lens [m]) here as one job of owner,
  * m prompts x 1 sample in their order; finished, it comes to cb as any job. 0 / -1 + error
  * (nothing imported). */

@@ -1048,12 +1048,13 @@ void rlw_gen_prefill_rate(const rlw *s, int64_t *tokens, double *seconds) {
     *tokens = st->prefilled_tokens + st->recomputed_tokens;
     *seconds = st->prefill_s + st->recompute_s;
 }
-void rlw_gen_kv_take(rlw *s, int64_t out[3]) {
-    out[0] = out[1] = out[2] = 0;
+void rlw_gen_kv_take(rlw *s, int64_t out[5]) {
+    out[0] = out[1] = out[2] = out[3] = out[4] = 0;
     if (!s->ro) return;
     int32_t pool, rows;
     out[0] = ff_rollout_kv_peak_take(s->ro, &pool, &rows);
     out[1] = pool, out[2] = rows;
+    ff_rollout_decode_steps_take(s->ro, &out[3], &out[4]);
 }
 int32_t rlw_gen_free_slots(const rlw *s) { return s->ro ? ff_rollout_room(s->ro) : 0; }
 

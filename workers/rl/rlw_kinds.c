@@ -318,7 +318,7 @@ static int gen_outputs(ff_task *t, rlw *eng, const rlw_gen_done *d) {
     int32_t *resp = ff_task_output(t, FF_RL_T_RESP, FF_DTYPE_I32, 1, &d->total);
     float *lp = ff_task_output(t, FF_RL_T_LOGPROB, FF_DTYPE_F32, 1, &d->total);
     double *pf = ff_task_output(t, FF_RL_T_PREFILL, FF_DTYPE_F64, 1, (int64_t[]){2});
-    int64_t *kv = ff_task_output(t, FF_RL_T_KV, FF_DTYPE_I64, 1, (int64_t[]){3});
+    int64_t *kv = ff_task_output(t, FF_RL_T_KV, FF_DTYPE_I64, 1, (int64_t[]){5});
     if (!rlen || !fin || !resp || !lp || !pf || !kv) return -1;
     rlw_gen_kv_take(eng, kv); /* the steps since the previous result: each step in one result */
     if (kn) { /* none: an rl.migrate_in whose source had nothing left */

@@ -37,6 +37,7 @@ struct ff_rollout {
     ff_rollout_stats stats;
     int64_t pf_tokens0; /* the generator's prefill counters at the last stats reset */
     double pf_s0;
+    int64_t graph0, eager0; /* the generator's decode steps at the last ff_rollout_decode_steps_take */
 };
 
 void ff_rollout_config_default(ff_rollout_config *c) {
@@ -188,6 +189,14 @@ int32_t ff_rollout_abort(ff_rollout *r, uint64_t id) {
 }
 
 const ff_rollout_stats *ff_rollout_stats_of(const ff_rollout *r) { return &r->stats; }
+void ff_rollout_decode_steps_take(ff_rollout *r, int64_t *graph_steps, int64_t *eager_steps) {
+    ff_generator_graph_stats gs;
+    ff_generator_graph_stats_of(r->g, &gs);
+    *graph_steps = gs.replays - r->graph0;
+    *eager_steps = gs.eager_steps - r->eager0;
+    r->graph0 = gs.replays;
+    r->eager0 = gs.eager_steps;
+}
 void ff_rollout_stats_reset(ff_rollout *r) {
     memset(&r->stats, 0, sizeof r->stats);
     ff_generator_prefill_stats(r->g, &r->pf_tokens0, &r->pf_s0);
