@@ -16,9 +16,11 @@
  * chunks summed in a fixed order, so they do not depend on timing (no atomics), as the CPU
  * backend's.
  *
- * Streams: ff_stream_new makes a CUDA stream that synchronises with the legacy default
- * stream (cudaStreamCreate), so the zero-fill of a new buffer (cudaMemset on that stream) is
- * ordered before any later use. Kernels are enqueued and return; ff_memcpy_d2h and ff_sumsq
+ * Streams: ff_stream_new makes a CUDA stream (cudaStreamCreate). A new buffer is zero-filled on
+ * a non-blocking stream of the backend's own and waited for before ff_buffer_new returns, so
+ * the fill is done before any use, and nothing touches the legacy default stream: a legacy-
+ * stream call from one thread would break another thread's graph capture on a blocking stream
+ * (cudaErrorStreamCaptureImplicit). Kernels are enqueued and return; ff_memcpy_d2h and ff_sumsq
  * wait for their stream, as the interface says. h2d returns once CUDA has staged the
  * pageable source (cudaMemcpyAsync's rule for pageable memory), so the source is reusable.
  *
@@ -193,7 +195,9 @@ static int cuda_alloc(ff_backend *be, size_t bytes, void **data) {
         return ff_error_set("cuda backend", "use a smaller model or batch, or a GPU with more memory",
                             "out of device memory allocating %zu bytes (%s)", bytes, cudaGetErrorString(e));
     }
-    e = cudaMemset(*data, 0, bytes); /* the legacy default stream: ordered before every stream's later work */
+    cudaStream_t fill = ((cuda_impl *)be->impl)->fill;
+    e = cudaMemsetAsync(*data, 0, bytes, fill);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(fill); /* done before any stream's use */
     if (e != cudaSuccess) {
         cudaFree(*data);
         *data = NULL;
@@ -346,6 +350,7 @@ static void cuda_destroy(ff_backend *be) {
     if (c) {
         use_device_of(be);
         if (c->blas) blas.destroy(c->blas);
+        if (c->fill) cudaStreamDestroy(c->fill);
         free(c);
     }
     free(be);
@@ -911,6 +916,13 @@ extern "C" ff_backend *ff_backend_cuda_new(int device) {
     c->math = math;
     c->attention = att;
     cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device);
+    e = cudaStreamCreateWithFlags(&c->fill, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        c->fill = NULL;
+        cuda_fail(e, "creating the zero-fill stream", "check the device with nvidia-smi");
+        cuda_destroy(be);
+        return NULL;
+    }
     if (load_blas()) {
         cuda_destroy(be);
         return NULL;

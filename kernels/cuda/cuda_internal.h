@@ -22,6 +22,7 @@ typedef struct cuda_impl {
     int math; /* CUDA_MATH_*: how ff_gemm multiplies (FF_CUDA_MATH) */
     int attention; /* CUDA_ATT_*: which training attention kernels run (FF_CUDA_ATTENTION) */
     int sm_count;
+    cudaStream_t fill; /* non-blocking: zero-fills new buffers, waited for at once (cuda_alloc) */
 } cuda_impl;
 
 enum { CUDA_MATH_TF32 = 0, CUDA_MATH_FP32 = 1, CUDA_MATH_BF16 = 2 };

@@ -12,6 +12,7 @@
  * Needs a GPU: without CUDA in the build, or with no device, it exits 77 (SKIPPED, saying
  * which), and tests/kernels/test_cuda_skip.sh checks that it does exactly that here. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -567,6 +568,16 @@ static void graph_work(ff_stream *s, ff_buffer *a, ff_buffer *w16, ff_buffer *w,
     ff_rmsnorm_fwd(s, ff_dptr_of(c, 0), ff_dptr_f32(w, 0), ff_dptr_f32(o, 0), ff_dptr_f32(o, (size_t)m * GN), m, GN, 1e-5f);
     ff_memcpy_d2d(s, ff_dptr_f32(o, (size_t)m * (GN + 1)), ff_dptr_of(c, 0), (size_t)m * GN * 4);
 }
+/* a buffer made on another thread while the main one captures (a worker's other threads) */
+typedef struct alloc_job {
+    ff_buffer *b;
+    char err[512];
+} alloc_job;
+static void *alloc_elsewhere(void *arg) {
+    alloc_job *j = arg;
+    if (!(j->b = ff_buffer_new(gpu, (size_t)1 << 20))) snprintf(j->err, sizeof j->err, "%s", ff_error_message());
+    return NULL;
+}
 static void test_graphs(void) {
     CHECK(!ff_backend_has_stream_graphs(cpu) && ff_backend_has_stream_graphs(gpu));
     CHECK(ff_stream_capture_begin(cst) == -1);
@@ -615,6 +626,28 @@ static void test_graphs(void) {
         float mx = 0;
         for (size_t i = 0; i < no; i++) mx = fmaxf(mx, fabsf(replay[i]));
         CHECK(mx > 0.1f); /* it computed something */
+    }
+
+    /* another thread allocates (and zero-fills) during a capture: both go on */
+    {
+        ff_stream_graph *g2 = NULL;
+        alloc_job job = {NULL, ""};
+        pthread_t th;
+        REQUIRE(ff_stream_capture_begin(s) == 0);
+        graph_work(s, a, w16, w, c, o, GM);
+        REQUIRE(pthread_create(&th, NULL, alloc_elsewhere, &job) == 0);
+        pthread_join(th, NULL);
+        if (!job.b) fprintf(stderr, "a buffer made on another thread during a capture: %s\n", job.err);
+        CHECK(job.b != NULL);
+        CHECK(ff_stream_capture_end(s, &g2) == 0 && g2);
+        if (!g2) fprintf(stderr, "the capture beside another thread's allocation: %s\n", ff_error_message());
+        if (job.b) {
+            float z[4] = {1, 1, 1, 1};
+            ff_memcpy_d2h(s, z, ff_dptr_of(job.b, (1 << 20) - 16), 16);
+            CHECK(z[0] == 0 && z[1] == 0 && z[2] == 0 && z[3] == 0);
+        }
+        ff_stream_graph_destroy(&g2);
+        ff_buffer_destroy(&job.b);
     }
 
     /* what a capture cannot hold: it fails, naming the call; nothing ran; the stream goes on */

@@ -180,6 +180,7 @@ struct ff_emu_stream {
     int magic;
     std::deque<emu_op> q;
     uint64_t enq_seq, done_seq;
+    bool nonblocking; /* cudaStreamNonBlocking: outside the legacy stream's implicit ordering */
     /* a graph capture: work recorded here instead of queued */
     bool capturing;
     std::thread::id capture_thread;
@@ -243,6 +244,18 @@ static cudaError_t capture_refuse(cudaStream_t s, cudaError_t err) {
         }
     return hit ? fail(err) : cudaSuccess;
 }
+/* A legacy-stream call, from any thread: it would order itself after every blocking stream, and
+ * a blocking stream that captures cannot be waited for, so its capture is invalidated and the
+ * call fails (cudaErrorStreamCaptureImplicit), whichever thread captures. */
+static cudaError_t legacy_refuse(void) {
+    bool hit = false;
+    for (ff_emu_stream *c : streams)
+        if (c->capturing && !c->nonblocking) {
+            if (c->capture_err == cudaSuccess) c->capture_err = cudaErrorStreamCaptureInvalidated;
+            hit = true;
+        }
+    return hit ? fail(cudaErrorStreamCaptureImplicit) : capture_refuse(NULL, cudaErrorStreamCaptureImplicit);
+}
 #define CAPTURE_REFUSE(s, err)                          \
     do {                                                \
         cudaError_t ce_ = capture_refuse((s), (err));   \
@@ -305,13 +318,14 @@ static cudaError_t graph_destroy(ff_emu_graph *g) {
 cudaError_t cudaGraphDestroy(cudaGraph_t g) { return graph_destroy(g); }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) { return graph_destroy(x); }
 
-cudaError_t cudaStreamCreate(cudaStream_t *s) {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     EMU_ENTER();
     CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureUnsupported);
-    *s = new ff_emu_stream{STREAM_MAGIC, {}, 0, 0, false, std::thread::id(), cudaSuccess, {}};
+    *s = new ff_emu_stream{STREAM_MAGIC, {}, 0, 0, (flags & cudaStreamNonBlocking) != 0, false, std::thread::id(), cudaSuccess, {}};
     streams.push_back(*s);
     return cudaSuccess;
 }
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     std::lock_guard<std::recursive_mutex> lk(emu_mu);
     if (!s || s->magic != STREAM_MAGIC) return fail(cudaErrorInvalidResourceHandle);
@@ -448,7 +462,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
     EMU_ENTER();
     if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     if (n && !on_device(p, n)) return fail(cudaErrorInvalidValue);
-    if (!s) CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureImplicit);
+    if (!s && legacy_refuse() != cudaSuccess) return cudaErrorStreamCaptureImplicit;
     enqueue(s, [p, v, n] { memset(p, v, n); });
     return cudaSuccess;
 }
@@ -481,7 +495,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     cudaError_t e = check_copy(dst, src, n, k);
     if (e != cudaSuccess || !n || dst == src) return e;
-    if (!s) CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureImplicit);
+    if (!s && legacy_refuse() != cudaSuccess) return cudaErrorStreamCaptureImplicit;
     if (!on_device(dst, n) || !on_device(src, n)) CAPTURE_REFUSE(s, cudaErrorStreamCaptureUnsupported); /* pageable host memory */
     if (on_device(dst, n) && !on_device(src, n)) {
         std::shared_ptr<std::vector<char>> stage = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);

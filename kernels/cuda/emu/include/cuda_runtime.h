@@ -96,6 +96,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind k, cudaStream_t s);
 cudaError_t cudaStreamCreate(cudaStream_t *s);
+#define cudaStreamNonBlocking 0x01u
+/* A non-blocking stream does not take part in the legacy stream's implicit ordering, so a
+ * legacy-stream call does not conflict with its capture. */
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s); /* the stream's work runs now: cudaSuccess, or its fault */
