@@ -751,7 +751,8 @@ int32_t ff_generator_running(const ff_generator *g);
  * free and not promised to running sequences, whichever is fewer. */
 int32_t ff_generator_room(const ff_generator *g);
 /* The bytes of its KV cache (allocated at ff_generator_new: 2 x layers x kv_blocks x
- * kv_block_rows x kv_heads (this rank's) x head_dim x 4, or x 2 with kv_bf16). */
+ * kv_block_rows x kv_heads (this rank's) x head_dim x 4, or x 2 with kv_bf16; with decode
+ * graphs, kv_blocks + 1 blocks: the sink that padding rows write). */
 int64_t ff_generator_kv_bytes(const ff_generator *g);
 /* Its KV blocks: held by running sequences now, the most held at once (since it was made or
  * the last ff_generator_kv_peak_reset), and the pool; and the positions per block. */
