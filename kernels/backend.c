@@ -76,6 +76,7 @@ void ff_backend_destroy(ff_backend **pbe) {
 
 const char *ff_backend_name(const ff_backend *be) { return be->name; }
 int ff_backend_threads(const ff_backend *be) { return be->n_threads; }
+bool ff_backend_bf16_products(const ff_backend *be) { return be->bf16_products; }
 ff_stream *ff_backend_stream(ff_backend *be) { return be->stream; }
 
 /* ---- memory ------------------------------------------------------------------------------ */
@@ -137,11 +138,12 @@ static void need(const ff_stream *s, ff_dptr p, size_t bytes) {
     assert(p.buf && p.buf->be == s->be);
     assert(p.off <= p.buf->size && bytes <= p.buf->size - p.off);
 }
-/* A [rows, cols] ld float matrix at p. */
-static void need_mat(const ff_stream *s, ff_dptr p, int rows, int cols, int ld) {
+/* A [rows, cols] ld matrix of elem-byte elements at p; need_mat: of floats. */
+static void need_mat_of(const ff_stream *s, ff_dptr p, int rows, int cols, int ld, size_t elem) {
     assert(rows >= 0 && cols >= 0 && ld >= cols);
-    if (rows > 0 && cols > 0) need(s, p, (((size_t)rows - 1) * (size_t)ld + (size_t)cols) * 4);
+    if (rows > 0 && cols > 0) need(s, p, (((size_t)rows - 1) * (size_t)ld + (size_t)cols) * elem);
 }
+static void need_mat(const ff_stream *s, ff_dptr p, int rows, int cols, int ld) { need_mat_of(s, p, rows, cols, ld, 4); }
 static void need_opt(const ff_stream *s, ff_dptr p, size_t bytes) {
     if (!ff_dptr_null(p)) need(s, p, bytes);
 }
@@ -382,6 +384,21 @@ void ff_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dpt
     }
     need_mat(s, C, M, N, ldc);
     PROF(gemm_bf16w, s, M, N, K, A, lda, W, ldw, beta, C, ldc);
+}
+
+void ff_gemm_bf16(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, bool a16, int lda,
+                  ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc) {
+    assert(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0) return;
+    if (K > 0) {
+        const size_t ea = a16 ? 2 : 4, eb = b16 ? 2 : 4;
+        if (ta == FF_NO_TRANS) need_mat_of(s, A, M, K, lda, ea);
+        else need_mat_of(s, A, K, M, lda, ea);
+        if (tb == FF_NO_TRANS) need_mat_of(s, B, K, N, ldb, eb);
+        else need_mat_of(s, B, N, K, ldb, eb);
+    }
+    need_mat(s, C, M, N, ldc);
+    PROF(gemm_bf16, s, ta, tb, M, N, K, alpha, A, a16, lda, B, b16, ldb, beta, C, ldc);
 }
 
 void ff_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {

@@ -41,6 +41,8 @@ typedef struct ff_backend_ops {
                  ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
     void (*gemm_bf16w)(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta, ff_dptr C,
                        int ldc);
+    void (*gemm_bf16)(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, bool a16,
+                      int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc);
     void (*embedding_fwd_bf16)(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
     void (*cast_f32_bf16)(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
     void (*cast_bf16_f32)(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
@@ -88,6 +90,7 @@ struct ff_backend {
     int n_threads;
     ff_stream *stream; /* the default stream */
     void *impl;        /* the backend's own state */
+    bool bf16_products; /* ff_backend_bf16_products: set by the constructor */
     bool profile;      /* FF_PROFILE_KERNELS: time every kernel (kernels/backend.c) */
     int n_prof;
     struct {

@@ -47,6 +47,15 @@ void ff_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float 
  * cores). */
 void ff_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta, ff_dptr C,
                    int ldc);
+/* C [M, N] = alpha op(A) op(B) + beta C (as ff_gemm) as a bf16 product: a16 / b16 say that A / B
+ * hold bf16 elements (ld in elements), and an fp32 operand is rounded to bf16 first, so every
+ * backend sums bf16(a) bf16(b), widened exactly, in fp32 (each in its own order). What a
+ * trainable model multiplies with when its backend's products are bf16
+ * (ff_backend_bf16_products): its weights' bf16 copy, made once per forward, and a gradient
+ * rounded once for the two products that read it (docs/model.md "bf16 products"). CPU: a plain
+ * loop, for tests; the cpu backend's own products are fp32. */
+void ff_gemm_bf16(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, bool a16, int lda,
+                  ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc);
 /* ff_embedding_fwd from a bf16 table [V, H]: out [T, H] fp32, token -1 a zero row. */
 void ff_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
 /* dst bf16 [n] = src fp32 [n] rounded (ff_f32_to_bf16); and back, exactly. */

@@ -484,6 +484,47 @@ void ff_cpu_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr Ap, int lda, f
     else ff_pool_run(POOL(s), chunks, gemm16_chunk, &g);
 }
 
+/* ff_gemm_bf16 on the CPU: the definition as a loop, for tests (the cpu backend's own products
+ * are fp32, ff_backend_bf16_products). Each element of C sums bf16(a) bf16(b) over k in order in
+ * fp32; rows of C are split over the pool. */
+typedef struct gemmbf_job {
+    ff_trans ta, tb;
+    int M, N, K, lda, ldb, ldc;
+    bool a16, b16;
+    float alpha, beta;
+    const void *A, *B;
+    float *C;
+} gemmbf_job;
+
+/* element (r, c) of a stored matrix, as bf16 widened */
+static inline float bf_at(const void *X, bool x16, int ld, int r, int c) {
+    const size_t i = (size_t)r * (size_t)ld + (size_t)c;
+    return x16 ? bf16_widen(((const uint16_t *)X)[i]) : bf16_widen(bf16_round(((const float *)X)[i]));
+}
+
+static void gemmbf_rows(void *arg, int64_t i) {
+    const gemmbf_job *g = arg;
+    const int r = (int)i;
+    for (int j = 0; j < g->N; j++) {
+        float acc = 0.0f;
+        for (int k = 0; k < g->K; k++) {
+            const float a = g->ta == FF_NO_TRANS ? bf_at(g->A, g->a16, g->lda, r, k) : bf_at(g->A, g->a16, g->lda, k, r);
+            const float b = g->tb == FF_NO_TRANS ? bf_at(g->B, g->b16, g->ldb, k, j) : bf_at(g->B, g->b16, g->ldb, j, k);
+            acc += a * b;
+        }
+        float *c = g->C + (size_t)r * g->ldc + j;
+        *c = g->beta == 0.0f ? g->alpha * acc : g->alpha * acc + g->beta * *c;
+    }
+}
+
+static void cpu_gemm_bf16(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, bool a16,
+                          int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc) {
+    gemmbf_job g = {ta, tb, M, N, K, lda, ldb, ldc, a16, b16, alpha, beta, F(A), F(B), F(C)};
+    if (NT(s) > 1 && (double)M * N * (K > 0 ? K : 1) >= 65536.0) ff_pool_run(POOL(s), M, gemmbf_rows, &g);
+    else
+        for (int r = 0; r < M; r++) gemmbf_rows(&g, r);
+}
+
 /* ---- the table ----------------------------------------------------------------------------- */
 
 static const ff_backend_ops cpu_ops = {
@@ -499,6 +540,7 @@ static const ff_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
     .gemm = ff_cpu_gemm,
     .gemm_bf16w = ff_cpu_gemm_bf16w,
+    .gemm_bf16 = cpu_gemm_bf16,
     .embedding_fwd_bf16 = ff_cpu_embedding_fwd_bf16,
     .cast_f32_bf16 = ff_cpu_cast_f32_bf16,
     .cast_bf16_f32 = ff_cpu_cast_bf16_f32,

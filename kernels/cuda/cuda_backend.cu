@@ -391,10 +391,56 @@ static void blas_check(ff_stream *s, cublasStatus_t st, int M, int N, int K) {
 
 /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets the operands
  * swapped, each with its own transpose flag, m = N and n = M. */
-static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
-                      ff_dptr B, int ldb, float beta, ff_dptr C, int ldc) {
+
+/* The bf16 product (ff_gemm_bf16, and ff_gemm under FF_CUDA_MATH=bf16): an operand stored bf16
+ * goes to cuBLAS as it is; an fp32 one is rounded into a dense bf16 copy in the stream's scratch
+ * (A stored [M, K] or [K, M], B [K, N] or [N, K]); fp32 accumulation and C. */
+static void gemm16(ff_stream *s, const char *what, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A,
+                   bool a16, int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc) {
     ff_cuda_use_device(s);
     cuda_impl *c = CI(s);
+    if (K == 0) {
+        FF_LAUNCH(k_scale_mat, blocks_for((int64_t)M * N, TPB), TPB, 0, CS(s), F(C), M, N, ldc, beta);
+        ff_cuda_check_launch(s, what);
+        return;
+    }
+    const int ar = ta == FF_TRANS ? K : M, ac = ta == FF_TRANS ? M : K;
+    const int br = tb == FF_TRANS ? N : K, bc = tb == FF_TRANS ? K : N;
+    const size_t na = a16 ? 0 : (size_t)ar * ac, nb = b16 ? 0 : (size_t)br * bc;
+    const void *pa = F(A), *pb = F(B);
+    int la = lda, lb = ldb;
+    if (na + nb) {
+        __nv_bfloat16 *ws = (__nv_bfloat16 *)ff_cuda_scratch(s, (na + nb) * sizeof(__nv_bfloat16) + 256);
+        if (!ws) return;
+        __nv_bfloat16 *a_16 = ws, *b_16 = ws + ((na + 127) / 128) * 128;
+        if (na) {
+            FF_LAUNCH(k_to_bf16, blocks_for((int64_t)na, TPB), TPB, 0, CS(s), F(A), lda, a_16, ar, ac);
+            pa = a_16;
+            la = ac;
+        }
+        if (nb) {
+            FF_LAUNCH(k_to_bf16, blocks_for((int64_t)nb, TPB), TPB, 0, CS(s), F(B), ldb, b_16, br, bc);
+            pb = b_16;
+            lb = bc;
+        }
+        ff_cuda_check_launch(s, what);
+    }
+    blas.set_stream(c->blas, CS(s));
+    const cublasOperation_t oa = ta == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
+    blas_check(s,
+               blas.gemm_ex(c->blas, ob, oa, N, M, K, &alpha, pb, CUDA_R_16BF, lb, pa, CUDA_R_16BF, la, &beta, F(C),
+                            CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               M, N, K);
+}
+
+static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, int lda,
+                      ff_dptr B, int ldb, float beta, ff_dptr C, int ldc) {
+    cuda_impl *c = CI(s);
+    if (c->math == CUDA_MATH_BF16) {
+        gemm16(s, "gemm (bf16)", ta, tb, M, N, K, alpha, A, false, lda, B, false, ldb, beta, C, ldc);
+        return;
+    }
+    ff_cuda_use_device(s);
     if (K == 0) {
         FF_LAUNCH(k_scale_mat, blocks_for((int64_t)M * N, TPB), TPB, 0, CS(s), F(C), M, N, ldc, beta);
         ff_cuda_check_launch(s, "gemm (K = 0)");
@@ -402,53 +448,22 @@ static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int 
     }
     blas.set_stream(c->blas, CS(s));
     cublasOperation_t oa = ta == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
-    if (c->math != CUDA_MATH_BF16) {
-        cublasComputeType_t ct = c->math == CUDA_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-        blas_check(s,
-                   blas.gemm_ex(c->blas, ob, oa, N, M, K, &alpha, F(B), CUDA_R_32F, ldb, F(A), CUDA_R_32F, lda, &beta,
-                                F(C), CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT),
-                   M, N, K);
-        return;
-    }
-    /* bf16: dense copies of the stored operands (A stored [M, K] or [K, M], B [K, N] or [N, K]) */
-    int ar = ta == FF_TRANS ? K : M, ac = ta == FF_TRANS ? M : K;
-    int br = tb == FF_TRANS ? N : K, bc = tb == FF_TRANS ? K : N;
-    size_t na = (size_t)ar * ac, nb = (size_t)br * bc;
-    __nv_bfloat16 *ws = (__nv_bfloat16 *)ff_cuda_scratch(s, (na + nb) * sizeof(__nv_bfloat16) + 256);
-    if (!ws) return;
-    __nv_bfloat16 *a16 = ws, *b16 = ws + ((na + 127) / 128) * 128;
-    FF_LAUNCH(k_to_bf16, blocks_for((int64_t)na, TPB), TPB, 0, CS(s), F(A), lda, a16, ar, ac);
-    FF_LAUNCH(k_to_bf16, blocks_for((int64_t)nb, TPB), TPB, 0, CS(s), F(B), ldb, b16, br, bc);
-    ff_cuda_check_launch(s, "gemm (bf16 conversion)");
+    cublasComputeType_t ct = c->math == CUDA_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     blas_check(s,
-               blas.gemm_ex(c->blas, ob, oa, N, M, K, &alpha, b16, CUDA_R_16BF, bc, a16, CUDA_R_16BF, ac, &beta, F(C),
-                            CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               blas.gemm_ex(c->blas, ob, oa, N, M, K, &alpha, F(B), CUDA_R_32F, ldb, F(A), CUDA_R_32F, lda, &beta, F(C),
+                            CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT),
                M, N, K);
 }
 
-/* bf16 weights (ff_gemm_bf16w): W is stored bf16 [N, K] ldw and goes to cuBLAS as it is; A
- * is rounded to bf16 in the stream's scratch ([M, K] dense); fp32 accumulation and C. */
+static void cuda_gemm_bf16(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, bool a16,
+                           int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc) {
+    gemm16(s, "gemm_bf16", ta, tb, M, N, K, alpha, A, a16, lda, B, b16, ldb, beta, C, ldc);
+}
+
+/* bf16 weights (ff_gemm_bf16w): C = A W^T with W stored bf16 [N, K] ldw, A rounded. */
 static void cuda_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta,
                             ff_dptr C, int ldc) {
-    ff_cuda_use_device(s);
-    cuda_impl *c = CI(s);
-    if (K == 0) {
-        FF_LAUNCH(k_scale_mat, blocks_for((int64_t)M * N, TPB), TPB, 0, CS(s), F(C), M, N, ldc, beta);
-        ff_cuda_check_launch(s, "gemm_bf16w (K = 0)");
-        return;
-    }
-    size_t na = (size_t)M * K;
-    __nv_bfloat16 *a16 = (__nv_bfloat16 *)ff_cuda_scratch(s, na * sizeof(__nv_bfloat16));
-    if (!a16) return;
-    FF_LAUNCH(k_to_bf16, blocks_for((int64_t)na, TPB), TPB, 0, CS(s), F(A), lda, a16, M, K);
-    ff_cuda_check_launch(s, "gemm_bf16w (bf16 conversion)");
-    blas.set_stream(c->blas, CS(s));
-    const float alpha = 1.0f;
-    /* column-major C^T [N, M] = W [N, K] (stored [K, N] column-major: op T) x A^T [K, M] */
-    blas_check(s,
-               blas.gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, (const void *)F(W), CUDA_R_16BF, ldw, a16,
-                            CUDA_R_16BF, K, &beta, F(C), CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               M, N, K);
+    gemm16(s, "gemm_bf16w", FF_NO_TRANS, FF_TRANS, M, N, K, 1.0f, A, false, lda, W, true, ldw, beta, C, ldc);
 }
 
 static __global__ void k_cast_f32_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
@@ -826,6 +841,7 @@ static ff_backend_ops make_ops(void) {
     o.destroy = cuda_destroy;
     o.gemm = cuda_gemm;
     o.gemm_bf16w = cuda_gemm_bf16w;
+    o.gemm_bf16 = cuda_gemm_bf16;
     o.embedding_fwd_bf16 = cuda_embedding_fwd_bf16;
     o.cast_f32_bf16 = cuda_cast_f32_bf16;
     o.cast_bf16_f32 = cuda_cast_bf16_f32;
@@ -914,6 +930,7 @@ extern "C" ff_backend *ff_backend_cuda_new(int device) {
     snprintf(be->name, sizeof be->name, "cuda:%d", device);
     c->device = device;
     c->math = math;
+    be->bf16_products = math == CUDA_MATH_BF16;
     c->attention = att;
     cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device);
     e = cudaStreamCreateWithFlags(&c->fill, cudaStreamNonBlocking);

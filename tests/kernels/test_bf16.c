@@ -4,6 +4,10 @@
  *   threads, for the test models' shapes, odd widths and a value head of 1; beta 1 accumulates
  *   and beta 0 ignores NaN in C; a row is the same whatever rows share its product (batch
  *   invariance); and the whole is within fp32 rounding of a double-precision sum;
+ * - ff_gemm_bf16 (a bf16 product with either operand stored bf16) is within fp32 rounding of the
+ *   double sum of the rounded operands' products, for each transpose and storage of A and B,
+ *   with alpha and beta; an fp32 operand gives the bits of its rounded bf16 copy (so it is
+ *   rounded), and beta 0 ignores NaN in C;
  * - the casts round as include/fuseflow/dtype.h does (ties to even, NaN kept, Inf kept,
  *   overflow to Inf) and widen exactly;
  * - the bf16 embedding gives the widened rows, and zeros for token -1;
@@ -130,6 +134,77 @@ static void test_gemm(void) {
     ff_cpu_gemm_fixed_path(-1);
 }
 
+/* ff_gemm_bf16, C [M, N] ldc = alpha op(A) op(B) + beta C: each transpose, each operand fp32 or
+ * bf16, against the double sum over the rounded operands; an fp32 operand and its bf16 copy give
+ * the same bits. */
+static void gemm16_case(ff_backend *be, int M, int N, int K, ff_trans ta, ff_trans tb, float alpha, float beta) {
+    ff_stream *st = ff_backend_stream(be);
+    const int ar = ta == FF_TRANS ? K : M, ac = ta == FF_TRANS ? M : K, br = tb == FF_TRANS ? N : K,
+              bc = tb == FF_TRANS ? K : N;
+    const int lda = ac + 2, ldb = bc + 3, ldc = N + 1;
+    const size_t na = (size_t)ar * lda, nb = (size_t)br * ldb, nc = (size_t)M * ldc;
+    float *a = malloc(na * 4 + 4), *b = malloc(nb * 4 + 4), *c0 = malloc(nc * 4 + 4), *got[4];
+    uint16_t *a16 = malloc(na * 2 + 2), *b16 = malloc(nb * 2 + 2);
+    REQUIRE(a && b && c0 && a16 && b16);
+    fill(a, na, (uint32_t)(M + 3 * K)), fill(b, nb, (uint32_t)(N * 5 + 1)), fill(c0, nc, 11);
+    for (size_t i = 0; i < na; i++) a[i] *= 3.0f, a16[i] = ff_f32_to_bf16(a[i]);
+    for (size_t i = 0; i < nb; i++) b16[i] = ff_f32_to_bf16(b[i]);
+    if (beta == 0.0f)
+        for (size_t i = 0; i < nc; i++) c0[i] = NAN;
+    ff_dptr da = dev(be, a, na * 4), db = dev(be, b, nb * 4), dah = dev(be, a16, na * 2), dbh = dev(be, b16, nb * 2);
+    ff_dptr dc = dev(be, NULL, nc * 4);
+    char what[128];
+    snprintf(what, sizeof what, "gemm_bf16 %dx%dx%d %c%c alpha %g beta %g", M, N, K, ta ? 'T' : 'N', tb ? 'T' : 'N',
+             (double)alpha, (double)beta);
+    for (int v = 0; v < 4; v++) { /* v bit 0: A as bf16, bit 1: B as bf16 */
+        const bool x16 = v & 1, y16 = v & 2;
+        got[v] = malloc(nc * 4 + 4);
+        REQUIRE(got[v]);
+        ff_memcpy_h2d(st, dc, c0, nc * 4);
+        ff_gemm_bf16(st, ta, tb, M, N, K, alpha, x16 ? dah : da, x16, lda, y16 ? dbh : db, y16, ldb, beta, dc, ldc);
+        ff_memcpy_d2h(st, got[v], dc, nc * 4);
+        if (v && memcmp(got[v], got[0], nc * 4)) {
+            fprintf(stderr, "%s: A%s B%s differs from the product of fp32 operands (not rounded alike)\n", what,
+                    x16 ? " bf16" : "", y16 ? " bf16" : "");
+            ff_test_failures++;
+        }
+    }
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double sum = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                const uint16_t x = ta == FF_TRANS ? a16[(size_t)k * lda + i] : a16[(size_t)i * lda + k];
+                const uint16_t y = tb == FF_TRANS ? b16[(size_t)j * ldb + k] : b16[(size_t)k * ldb + j];
+                const double t = (double)ff_bf16_to_f32(x) * (double)ff_bf16_to_f32(y);
+                sum += t, mag += fabs(t);
+            }
+            const double want = alpha * sum + (beta == 0.0f ? 0.0 : beta * (double)c0[(size_t)i * ldc + j]);
+            const double g = got[0][(size_t)i * ldc + j];
+            if (!(fabs(g - want) <= 1e-6 * (fabs(alpha) * mag + fabs(beta) + 1e-3))) bad++;
+        }
+    if (bad) {
+        fprintf(stderr, "%s: %d elements off the double sum of the rounded operands\n", what, bad);
+        ff_test_failures++;
+    }
+    for (int v = 0; v < 4; v++) free(got[v]);
+    ff_buffer *bufs[] = {da.buf, db.buf, dah.buf, dbh.buf, dc.buf};
+    for (int i = 0; i < 5; i++) ff_buffer_destroy(&bufs[i]);
+    free(a), free(b), free(c0), free(a16), free(b16);
+}
+
+static void test_gemm16(void) {
+    ff_backend *be = ff_backend_cpu_new(2);
+    REQUIRE(be);
+    CHECK(!ff_backend_bf16_products(be)); /* the cpu backend's own products stay fp32 */
+    const int shapes[][3] = {{1, 1, 1}, {5, 7, 33}, {17, 40, 64}, {64, 48, 96}, {3, 5, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            gemm16_case(be, shapes[s][0], shapes[s][1], shapes[s][2], (ff_trans)(t & 1), (ff_trans)(t >> 1),
+                        t == 3 ? 0.5f : 1.0f, t == 1 || t == 2 ? 1.0f : 0.0f);
+    ff_backend_destroy(&be);
+}
+
 static void test_casts(void) {
     ff_backend *be = ff_backend_new("cpu:2");
     REQUIRE(be);
@@ -245,6 +320,7 @@ static void test_kv(void) {
 
 int main(void) {
     test_gemm();
+    test_gemm16();
     test_casts();
     test_embedding();
     test_kv();

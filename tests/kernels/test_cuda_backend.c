@@ -7,7 +7,8 @@
  * sequences with an empty one, GQA, head dims that are not multiples of 32. ff_gemm is
  * checked in each FF_CUDA_MATH mode with its own tolerance (fp32 exact to rounding, TF32
  * 10-bit and bf16 8-bit mantissas), and the bf16-weight entries (ff_gemm_bf16w, the bf16
- * embedding, the casts).
+ * embedding, the casts), and ff_gemm_bf16 (bf16 products, either operand stored bf16: only the
+ * summation order differs).
  *
  * Needs a GPU: without CUDA in the build, or with no device, it exits 77 (SKIPPED, saying
  * which), and tests/kernels/test_cuda_skip.sh checks that it does exactly that here. */
@@ -177,6 +178,21 @@ static void test_bf16(void) {
             cmp_all(what, c, 1e-5, 2.5e-2);
             dual_free(&a), dual_free(&w), dual_free(&c);
         }
+    /* ff_gemm_bf16: both sides round alike, so only the fp32 summation order differs */
+    for (int t = 0; t < 8; t++) {
+        const ff_trans ta = (ff_trans)(t & 1), tb = (ff_trans)((t >> 1) & 1);
+        const bool x16 = t & 4, y16 = (t & 4) == 0 || t == 7;
+        const int M = 37 + t, N = 70 - t, K = t == 5 ? 0 : 129, ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K,
+                  bc = tb ? K : N, lda = ac + 1, ldb = bc + 2, ldc = N + 3;
+        dual a = x16 ? dual_bf16((size_t)ar * lda + 1, 2) : dual_rand((size_t)ar * lda + 1, 2),
+             b = y16 ? dual_bf16((size_t)br * ldb + 1, 1) : dual_rand((size_t)br * ldb + 1, 1),
+             c = dual_rand((size_t)M * ldc, 1);
+        BOTH(ff_gemm_bf16(S, ta, tb, M, N, K, 0.75f, P(a), x16, lda, P(b), y16, ldb, t & 1 ? 1.0f : 0.0f, P(c), ldc));
+        snprintf(what, sizeof what, "gemm_bf16 %dx%dx%d %c%c A%s B%s", M, N, K, ta ? 'T' : 'N', tb ? 'T' : 'N',
+                 x16 ? "16" : "32", y16 ? "16" : "32");
+        cmp_all(what, c, 1e-5, 1e-4);
+        dual_free(&a), dual_free(&b), dual_free(&c);
+    }
     enum { V = 50, H = 70, T = 9, NC = 100003 };
     const int32_t tok[T] = {0, 49, -1, 7, 7, 12, -1, 3, 48};
     dual tk = dual_i32(tok, T), table = dual_bf16((size_t)V * H, 1), out = dual_rand((size_t)T * H, 1);
