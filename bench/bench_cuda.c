@@ -16,8 +16,9 @@
  *           graph (the default; ff_generator_graph_stats), and the same decode runs again
  *           kernel by kernel (ff_generator_config.eager) beside it:
  *             MODEL decode batch B: X tok/s with graphs (...), Y tok/s kernel by kernel (X/Y x)
- * Numbers: training keeps fp32 tensors (include/fuseflow/backend.h); ff_gemm multiplies by
- * FF_CUDA_MATH (tf32 by default, bf16 converts operands per call). The decoding model is an
+ * Numbers: training keeps fp32 tensors between kernels (include/fuseflow/backend.h) and multiplies
+ * in bf16 (FF_CUDA_MATH=bf16 unless FF_CUDA_MATH is set: bf16 products, the model's bf16 copy of
+ * its weights made each forward, docs/model.md "bf16 products"). The decoding model is an
  * inference model with bf16 weights (ff_model_opts.bf16_weights, ff_gemm_bf16w: the weights
  * stored bf16 and read as they are, activations rounded to bf16 per product, fp32 between
  * kernels) unless --decode-weights fp32, and a KV cache in bf16 (ff_generator_config.kv_bf16)
@@ -33,12 +34,21 @@
  *   bench_cuda_attention MODEL: fwd+bwd X ms on tensor cores, ... fp32 cores Y ms (X/Y)
  * The training step's attention is FF_CUDA_ATTENTION's (bf16 tensor cores by default).
  *
- * Then, time left, the training step again with bf16 products (FF_CUDA_MATH=bf16):
- *   bench_cuda_train_bf16 MODEL: X tok/s, MFU Y %
+ * With bf16 products, each training measurement is followed by the same model with them off
+ * (every operand rounded per product instead of the weights' copy and gradients rounded once),
+ * side by side:
+ *   MODEL train with bf16 products: X tok/s with the weights' bf16 copy, Y tok/s rounding every
+ *   operand per product (X/Y)
+ * Then, time left, the training step again with TF32 products (FF_CUDA_MATH=tf32, fp32 operands):
+ *   bench_cuda_train_tf32 MODEL: X tok/s, MFU Y %
+ *
+ * Last, time left, the kernels of the largest model's training step (bf16 products) timed one
+ * by one (FF_PROFILE_KERNELS): "bench_cuda_profile MODEL: ...", then the backend's table of
+ * calls, ms and share per kernel (on stderr; gpu-check keeps it): where the step's time goes.
  *
  * Usage: bench_cuda [--device cuda:0] [--models qwen0.5b,llama1b] [--seq 2048] [--steps 5]
  *                   [--batches 1,32,256] [--prompt 32] [--new 64] [--budget SECONDS]
- *                   [--bf16-train 0|1] [--decode-weights bf16|fp32] [--decode-kv bf16|fp32]
+ *                   [--tf32-train 0|1] [--profile 0|1] [--decode-weights bf16|fp32] [--decode-kv bf16|fp32]
  * --budget: stop starting new measurements once this much wall time has passed (default
  * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed.
  * --models tiny (a 2-layer, 128-wide model) is for smoke tests: tests/kernels/test_bench_cuda_emu.sh
@@ -204,7 +214,34 @@ static void attention_side_by_side(const char *device, const spec *specs, int n,
     ff_backend_destroy(&btc);
 }
 
-static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double *tok_s, double *mfu) {
+/* The median tokens/s of `steps` timed training steps (after two warm-up steps) of model m, its
+ * optimizer o on batch b; 0 or -1. */
+static int time_steps(ff_model *m, ff_optimizer *o, const spec *s, const ff_batch *b, const float *mask, int steps,
+                      const char *label, float *lp, float *dlp, double *dt, double *tok_s) {
+    const int seq = b->n_tokens;
+    ff_forward_opts fo = {.train = true};
+    for (int i = 0; i < steps + 2; i++) {
+        int64_t t0 = ff_now_ns();
+        ff_forward_out out = {.logprobs = lp};
+        if (ff_model_zero_grad(m) || ff_model_forward(m, b, &fo, &out)) return -1;
+        double loss = ff_sft_loss(lp, mask, seq, 1.0f / (float)(seq - 1), dlp);
+        ff_optim_stats st;
+        if (ff_model_backward(m, dlp, NULL, NULL) || ff_optimizer_step(o, &st)) return -1; /* the norm syncs */
+        dt[i] = (double)(ff_now_ns() - t0) * 1e-9;
+        printf("  %s train step %d%s: %.1f ms, loss %.4f, grad norm %.3f%s\n", s->name, i, label, dt[i] * 1e3, loss,
+               st.grad_norm, i < 2 ? " (warm-up)" : "");
+        fflush(stdout);
+    }
+    qsort(dt + 2, (size_t)steps, sizeof(double), cmp_double);
+    *tok_s = seq / dt[2 + steps / 2];
+    return 0;
+}
+
+/* Training tokens/s and MFU of an SFT step (the file's comment). With bf16 products on the
+ * backend (FF_CUDA_MATH=bf16), the same model then trains again with them off (every operand
+ * rounded per product instead of the weights' copy and gradients rounded once): *tok_s_off, the
+ * side-by-side figure (0 when not measured; tok_s_off NULL: not run). */
+static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double *tok_s, double *mfu, double *tok_s_off) {
     ff_model *m = random_model(be, &s->cfg, false, false);
     if (!m) return -1;
     ff_adamw_config ac;
@@ -222,23 +259,9 @@ static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double
     ff_batch_shift_targets(tok, ss, 1, tg);
     for (int t = 0; t < seq; t++) mask[t] = tg[t] >= 0 ? 1.0f : 0.0f;
     ff_batch b = {.n_tokens = seq, .n_seqs = 1, .tokens = tok, .seq_start = ss, .targets = tg};
-    ff_forward_opts fo = {.train = true};
-    double loss = 0;
-    for (int i = 0; i < steps + 2; i++) {
-        int64_t t0 = ff_now_ns();
-        ff_forward_out out = {.logprobs = lp};
-        if (ff_model_zero_grad(m) || ff_model_forward(m, &b, &fo, &out)) goto out;
-        loss = ff_sft_loss(lp, mask, seq, 1.0f / (float)(seq - 1), dlp);
-        ff_optim_stats st;
-        if (ff_model_backward(m, dlp, NULL, NULL) || ff_optimizer_step(o, &st)) goto out; /* the norm syncs */
-        dt[i] = (double)(ff_now_ns() - t0) * 1e-9;
-        printf("  %s train step %d: %.1f ms, loss %.4f, grad norm %.3f%s\n", s->name, i, dt[i] * 1e3, loss,
-               st.grad_norm, i < 2 ? " (warm-up)" : "");
-        fflush(stdout);
-    }
-    qsort(dt + 2, (size_t)steps, sizeof(double), cmp_double);
-    double med = dt[2 + steps / 2];
-    *tok_s = seq / med;
+    if (time_steps(m, o, s, &b, mask, steps, ff_model_bf16_products(m) ? " (bf16 products, the weights' copy)" : "", lp, dlp,
+                   dt, tok_s))
+        goto out;
     *mfu = 100.0 * flops_per_token(&s->cfg, seq) * *tok_s / (PEAK_TFLOPS * 1e12);
     ff_model_memory mm;
     ff_model_memory_of(m, &mm);
@@ -246,6 +269,15 @@ static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double
            "AdamW %.2f GiB\n",
            s->name, ff_model_param_count(m) * 1e-6, flops_per_token(&s->cfg, seq) * 1e-9, mm.params / 1073741824.0,
            mm.grads / 1073741824.0, mm.workspace / 1073741824.0, ff_optimizer_state_bytes(o) / 1073741824.0);
+    if (tok_s_off) *tok_s_off = 0;
+    if (tok_s_off && ff_model_bf16_products(m)) {
+        if (ff_model_set_bf16_products(m, false) ||
+            time_steps(m, o, s, &b, mask, steps, " (every operand rounded per product)", lp, dlp, dt, tok_s_off))
+            goto out;
+        printf("  %s train with bf16 products: %.0f tok/s with the weights' bf16 copy, %.0f tok/s rounding every operand "
+               "per product (%.2fx)\n",
+               s->name, *tok_s, *tok_s_off, *tok_s / *tok_s_off);
+    }
     rc = 0;
 out:
     if (rc) fprintf(stderr, "bench_cuda: %s train: %s\n", s->name, ff_error_message());
@@ -300,7 +332,7 @@ out:
 
 int main(int argc, char **argv) {
     const char *device = "cuda", *models = "qwen0.5b,llama1b", *batches = "1,32,256";
-    int seq = 2048, steps = 5, prompt = 32, n_new = 64, bf16_train = 1;
+    int seq = 2048, steps = 5, prompt = 32, n_new = 64, tf32_train = 1, profile = 1;
     bool decode_w16 = true, decode_kv16 = true;
     double budget = 240;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
@@ -317,7 +349,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--prompt")) prompt = atoi(v);
         else if (!strcmp(a, "--new")) n_new = atoi(v);
         else if (!strcmp(a, "--budget")) budget = atof(v);
-        else if (!strcmp(a, "--bf16-train")) bf16_train = atoi(v);
+        else if (!strcmp(a, "--tf32-train")) tf32_train = atoi(v);
+        else if (!strcmp(a, "--profile")) profile = atoi(v);
         else if (!strcmp(a, "--decode-weights")) {
             if (strcmp(v, "bf16") && strcmp(v, "fp32")) {
                 fprintf(stderr, "bench_cuda: --decode-weights wants bf16 or fp32, got '%s'\n", v);
@@ -346,9 +379,23 @@ int main(int argc, char **argv) {
         return 1;
     }
     const char *math = getenv("FF_CUDA_MATH"), *att = getenv("FF_CUDA_ATTENTION");
-    printf("bench_cuda: %s, FF_CUDA_MATH=%s, FF_CUDA_ATTENTION=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
+    /* training's products: FF_CUDA_MATH where it is set, else bf16 (what the targets are about) */
+    const char *train_math = math && *math ? math : "bf16";
+    ff_backend *bt = be;
+    if (!(math && *math)) {
+        setenv("FF_CUDA_MATH", "bf16", 1);
+        bt = ff_backend_new(device);
+        unsetenv("FF_CUDA_MATH");
+        if (!bt) {
+            fprintf(stderr, "bench_cuda: %s\n", ff_error_message());
+            return 1;
+        }
+    }
+    char train_note[160];
+    snprintf(train_note, sizeof train_note, ", FF_CUDA_MATH=%s%s", train_math, TRAIN_NOTE);
+    printf("bench_cuda: %s, training's FF_CUDA_MATH=%s, decoding's %s, FF_CUDA_ATTENTION=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
            "%s KV cache\n",
-           ff_backend_name(be), math && *math ? math : "tf32 (default)",
+           ff_backend_name(be), train_math, math && *math ? math : "tf32 (default)",
            att && *att ? att : (math && !strcmp(math, "fp32") ? "fp32 (as the products)" : "bf16 (default)"), seq, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32",
            decode_kv16 ? "bf16" : "fp32");
     spec specs[] = {
@@ -377,9 +424,10 @@ int main(int argc, char **argv) {
             printf("  %s: skipped (budget of %.0f s spent)\n", specs[k].name, budget);
             continue;
         }
-        if (bench_train(be, &specs[k], seq, steps, &tr[k], &mfu[k]) == 0) {
+        double unused;
+        if (bench_train(bt, &specs[k], seq, steps, &tr[k], &mfu[k], &unused) == 0) {
             ran_tr[k] = true;
-            head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, TRAIN_NOTE);
+            head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, train_note);
         } else {
             failures++;
         }
@@ -414,38 +462,62 @@ int main(int argc, char **argv) {
         }
         ff_model_destroy(&m);
     }
-    /* The training step again with bf16 products (FF_CUDA_MATH=bf16: operands converted per
-     * call, fp32 accumulation), where the main run was not already that and time is left. */
-    double tr16[NSPEC] = {0}, mfu16[NSPEC] = {0};
-    bool ran16[NSPEC] = {0};
-    if (bf16_train && !(math && !strcmp(math, "bf16"))) {
-        setenv("FF_CUDA_MATH", "bf16", 1);
-        ff_backend *b16 = ff_backend_new(device);
+    /* The training step again with TF32 products (fp32 operands, FF_CUDA_MATH=tf32), where the main
+     * run was not already that and time is left. */
+    double tr32[NSPEC] = {0}, mfu32[NSPEC] = {0};
+    bool ran32[NSPEC] = {0};
+    if (tf32_train && strcmp(train_math, "tf32")) {
+        setenv("FF_CUDA_MATH", "tf32", 1);
+        ff_backend *b32 = ff_backend_new(device);
         if (math) setenv("FF_CUDA_MATH", math, 1);
         else unsetenv("FF_CUDA_MATH");
-        for (int k = 0; b16 && k < NSPEC; k++) {
+        for (int k = 0; b32 && k < NSPEC; k++) {
             if (!strstr(models, specs[k].name)) continue;
             if (OVER_BUDGET()) {
-                printf("  %s train with bf16 products: skipped (budget of %.0f s spent)\n", specs[k].name, budget);
+                printf("  %s train with TF32 products: skipped (budget of %.0f s spent)\n", specs[k].name, budget);
                 continue;
             }
-            printf("  %s train with bf16 products (FF_CUDA_MATH=bf16):\n", specs[k].name);
-            if (bench_train(b16, &specs[k], seq, steps, &tr16[k], &mfu16[k]) == 0) {
-                ran16[k] = true;
-                head_train("bench_cuda_train_bf16", specs[k].name, tr16[k], mfu16[k], seq, ", FF_CUDA_MATH=bf16");
+            printf("  %s train with TF32 products (FF_CUDA_MATH=tf32):\n", specs[k].name);
+            if (bench_train(b32, &specs[k], seq, steps, &tr32[k], &mfu32[k], NULL) == 0) {
+                ran32[k] = true;
+                head_train("bench_cuda_train_tf32", specs[k].name, tr32[k], mfu32[k], seq, ", FF_CUDA_MATH=tf32");
             } else {
                 failures++;
             }
         }
-        ff_backend_destroy(&b16);
+        ff_backend_destroy(&b32);
+    }
+    /* Where the time of a training step goes: one step (after two warm-up steps, all three
+     * counted) of the largest model asked for, bf16 products, every kernel timed to its end
+     * (FF_PROFILE_KERNELS: a sync after each, so the sum is above a step's time). */
+    int big = -1;
+    for (int k = 0; k < NSPEC; k++)
+        if (strstr(models, specs[k].name)) big = k;
+    if (profile && big >= 0 && OVER_BUDGET()) printf("  kernel profile: skipped (budget of %.0f s spent)\n", budget);
+    if (profile && big >= 0 && !OVER_BUDGET()) {
+        setenv("FF_PROFILE_KERNELS", "1", 1);
+        setenv("FF_CUDA_MATH", "bf16", 1);
+        ff_backend *bp = ff_backend_new(device);
+        unsetenv("FF_PROFILE_KERNELS");
+        if (math) setenv("FF_CUDA_MATH", math, 1);
+        else unsetenv("FF_CUDA_MATH");
+        double tp = 0, mp = 0;
+        printf("bench_cuda_profile %s: the kernels of 3 training steps (seq %d, FF_CUDA_MATH=bf16), printed when the "
+               "backend goes:\n", specs[big].name, seq);
+        fflush(stdout);
+        if (!bp || bench_train(bp, &specs[big], seq, 1, &tp, &mp, NULL)) failures++;
+        fflush(stdout);
+        ff_backend_destroy(&bp); /* prints the profile on stderr */
+        fflush(stderr);
     }
     printf("bench_cuda: headlines\n");
     for (int k = 0; k < NSPEC; k++) {
-        if (ran_tr[k]) head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, TRAIN_NOTE);
-        if (ran16[k]) head_train("bench_cuda_train_bf16", specs[k].name, tr16[k], mfu16[k], seq, ", FF_CUDA_MATH=bf16");
+        if (ran_tr[k]) head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, train_note);
+        if (ran32[k]) head_train("bench_cuda_train_tf32", specs[k].name, tr32[k], mfu32[k], seq, ", FF_CUDA_MATH=tf32");
         for (int j = 0; j < nb; j++)
             if (ran_dec[k][j]) head_decode(specs[k].name, bs[j], dec[k][j]);
     }
+    if (bt != be) ff_backend_destroy(&bt);
     ff_backend_destroy(&be);
     return failures ? 1 : 0;
 }

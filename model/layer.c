@@ -19,7 +19,9 @@
  * reduce-scattered to the rank's rows instead of all-reduced (the same bytes in a ring).
  *
  * A view model (model/view.c) reads its weights in pieces: the same products, one per piece.
- * A model with bf16 weights multiplies by them with ff_gemm_bf16w (fp32 activations).
+ * A model with bf16 weights multiplies by them with ff_gemm_bf16w (fp32 activations); one with
+ * bf16 products, inside its training and scoring forwards, with ff_gemm_bf16 by the bf16 copy
+ * of its weights (model_internal.h, w16c).
  *
  * Not here: the backward (model.c, which reads the activations this leaves), the
  * embedding, the final norm and the heads. */
@@ -73,6 +75,10 @@ static int norm_fwd(ff_model *m, const ffm_layer_tokens *tk, ff_dptr x, ff_dptr 
 static void col_parallel(ff_model *m, int first, int n, int T, int K, ff_dptr A, size_t fused_off, int N, ff_dptr C) {
     if (m->w16) {
         ff_gemm_bf16w(m->st, T, N, K, A, K, ffm_param16(m, fused_off), K, 0.0f, C, N);
+        return;
+    }
+    if (m->w16c_live) {
+        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, 1.0f, A, false, K, ffm_copy16(m, fused_off), true, K, 0.0f, C, N);
         return;
     }
     if (!m->viewed) {

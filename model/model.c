@@ -494,6 +494,7 @@ static ff_model *create_shell(ff_backend *be, const ff_model_config *cfg, bool l
         m->w16 = true;
         m->vec_base = ((size_t)m->n_decay * 2 + 63) / 64 * 64;
     }
+    m->p16 = !m->inference && ff_backend_bf16_products(be);
     /* a view that holds nothing of its own keeps a buffer of one float (held, 0 bytes counted) */
     m->params = ff_buffer_new(be, m->n_own ? ffm_param_bytes(m) : sizeof(float));
     if (!m->params) goto fail;
@@ -628,6 +629,7 @@ void ff_model_destroy(ff_model **pm) {
     ffm_tp_free(m);
     free(m->view_ids);
     ff_buffer_destroy(&m->params);
+    ff_buffer_destroy(&m->w16c);
     free(m->host_params);
     ff_buffer_destroy(&m->grads);
     ff_buffer_destroy(&m->rope_cos);
@@ -662,6 +664,7 @@ void ff_model_memory_of(const ff_model *m, ff_model_memory *out) {
     out->viewed = (m->n_params - m->n_own) * (int64_t)sizeof(float);
     out->grads = m->grads ? m->n_params * (int64_t)sizeof(float) : 0;
     out->workspace = m->sc.buf ? (int64_t)ff_buffer_size(m->sc.buf) : 0;
+    if (m->w16c) out->workspace += (int64_t)ff_buffer_size(m->w16c);
     for (int i = 0; i < m->n_acts; i++)
         if (m->acts[i]->buf) out->workspace += (int64_t)ff_buffer_size(m->acts[i]->buf);
 }
@@ -953,6 +956,17 @@ int ff_model_zero_grad(ff_model *m) {
     return 0;
 }
 
+int ff_model_set_bf16_products(ff_model *m, bool on) {
+    if (on && (m->inference || m->w16 || m->viewed))
+        return ff_error_set("bf16 products", "set them on a trainable model (an inference model's products follow its backend, or its bf16 weights)",
+                            "the model is for inference only");
+    m->p16 = on;
+    if (!on) ff_buffer_destroy(&m->w16c);
+    return 0;
+}
+
+bool ff_model_bf16_products(const ff_model *m) { return m->p16; }
+
 void ff_model_set_logits_chunk(ff_model *m, int32_t max_tokens) {
     m->logits_chunk = max_tokens > 0 ? max_tokens : 0;
     free_ws(m); /* re-laid out on the next forward */
@@ -1090,7 +1104,8 @@ static void acts_release(ff_model *m, ffm_acts *a) {
 /* The scratch for T tokens (bwd: with the backward's gradients). */
 static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
     ffm_scratch *w = &m->sc;
-    if (w->buf && T <= w->cap && (!bwd || w->bwd)) return 0;
+    const bool p16 = bwd && m->p16;
+    if (w->buf && T <= w->cap && (!bwd || w->bwd) && (!p16 || w->p16)) return 0;
     int32_t cap = T > w->cap ? T : w->cap;
     bwd = bwd || w->bwd;
     ff_buffer_destroy(&w->buf);
@@ -1110,6 +1125,12 @@ static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
         w->delta = take(&o, Tz * (size_t)m->Hq * f);
         w->dgu = take(&o, Tz * 2 * (size_t)m->I * f);
         w->dh = take(&o, Tz * (size_t)m->I * f);
+        if (p16) {
+            size_t n = H > (size_t)m->QKV ? H : (size_t)m->QKV;
+            if (HD > n) n = HD;
+            if (2 * (size_t)m->I > n) n = 2 * (size_t)m->I;
+            w->dy16 = take(&o, Tz * n * 2);
+        }
     }
     w->buf = ff_buffer_new(m->be, o ? o : 64);
     w->pos_host = ff_malloc(Tz * sizeof(int32_t));
@@ -1121,6 +1142,7 @@ static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
     }
     w->cap = cap;
     w->bwd = bwd;
+    w->p16 = p16;
     return 0;
 }
 
@@ -1265,6 +1287,8 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
     }
     const int32_t T = b->n_tokens, S = b->n_seqs;
     if (scratch_ensure(m, T, !m->inference)) return -1;
+    if (m->p16 && !m->w16c && !(m->w16c = ff_buffer_new(m->be, (size_t)m->n_decay * 2)))
+        return ff_error_wrap("the bf16 copy of the weights (%lld elements) for bf16 products", (long long)m->n_decay);
     ffm_acts *a = acts_take(m, c, train, T);
     if (!a) return -1;
     int32_t *ids = m->tp > 1 ? ffm_tp_ids(m, 2 * (size_t)T) : NULL; /* [2, T] this rank's token, target ids */
@@ -1308,6 +1332,10 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
     }
     const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start),
                                  .sp = sp, .r0 = r0, .nr = nr};
+    if (m->p16) { /* the weights as they are now, rounded once for this forward's products (and its backward's) */
+        ff_cast_f32_bf16(st, ff_dptr_of(m->params, 0), ff_dptr_of(m->w16c, 0), m->n_decay);
+        m->w16c_live = true;
+    }
     for (int i = 0; i < nl; i++) {
         ffm_layer_acts la = layer_acts(a, i, train);
         if (ffm_layer_forward(m, l0 + i, &tk, &la)) goto done;
@@ -1374,6 +1402,7 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
         a->inv_temp = 1.0f / temp;
     }
 done:
+    m->w16c_live = false;
     if (rc || !train) acts_release(m, a);
     return rc;
 }
@@ -1412,6 +1441,34 @@ int ff_model_stage_forward_dev(ff_model *m, int chunk, int32_t micro, const ff_b
 
 /* The backward of a's training forward through chunk c: from d_hidden_out [T, H] or the heads'
  * output gradients to d_hidden_in [T, H] or the embedding's gradient. Releases a. */
+/* An operand of a backward product: fp32, or bf16 (the weights' copy; an output gradient rounded
+ * once for its two products) while the model's products are bf16 (w16c_live). */
+typedef struct opnd {
+    ff_dptr p;
+    bool b16;
+    int ld;
+} opnd;
+static opnd f32op(ff_dptr p, int ld) { return (opnd){p, false, ld}; }
+/* the weight matrix at element off, rows of ld */
+static opnd wop(ff_model *m, size_t off, int ld) {
+    return m->w16c_live ? (opnd){ffm_copy16(m, off), true, ld} : f32op(ffm_param(m, off), ld);
+}
+/* dy [T, N] dense, for the input-gradient and weight-gradient products that read it */
+static opnd gradop(ff_model *m, ff_dptr dy, int T, int N) {
+    if (!m->w16c_live) return f32op(dy, N);
+    ff_cast_f32_bf16(m->st, dy, SC(dy16), (int64_t)T * N);
+    return (opnd){SC(dy16), true, N};
+}
+/* C [M, N] = op(A) op(B) + beta C */
+static void prod(ff_model *m, ff_trans ta, ff_trans tb, int M, int N, int K, opnd A, opnd B, float beta, ff_dptr C,
+                 int ldc) {
+    if (m->w16c_live) ff_gemm_bf16(m->st, ta, tb, M, N, K, 1.0f, A.p, A.b16, A.ld, B.p, B.b16, B.ld, beta, C, ldc);
+    else {
+        assert(!A.b16 && !B.b16);
+        ff_gemm(m->st, ta, tb, M, N, K, 1.0f, A.p, A.ld, B.p, B.ld, beta, C, ldc);
+    }
+}
+
 static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float *d_logprobs,
                         const float *d_entropy, const float *d_values, hio d_hidden_in) {
     const int c = a->chunk;
@@ -1431,6 +1488,8 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
     const int H = m->H, QKV = m->QKV, HD = m->Hq * m->D, I = m->I, l0 = m->chunk_l0[c], nl = m->chunk_nl[c];
     ff_dptr dres = SC(dres), dxn = SC(dxn), dqkv = SC(dqkv), datt = SC(datt), dgu = SC(dgu), dh = SC(dh);
     int rc = -1;
+    /* bf16 products: the copy the forward made (none when they were turned on since) */
+    m->w16c_live = m->p16 && m->w16c && m->sc.p16;
     /* SP: dres and the norms' inputs and output gradients are the rank's rows [r0, r0 + nr)
      * (dxn's first nr rows after a reduce-scatter), the products' output gradients dy [T, H]
      * the all-gather of dres into dxn; the norms' and the value head's weight gradients are
@@ -1454,10 +1513,9 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
         if (d_values && !sp) {
             ff_memcpy_h2d(st, SC(dvalues), d_values, (size_t)T * 4);
             if (!reduce_dxn || m->tp_rank == 0)
-                ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 1, 1.0f, SC(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f,
-                        dxn, H);
-            ff_gemm(st, FF_TRANS, FF_NO_TRANS, 1, H, T, 1.0f, SC(dvalues), 1, AW(a, xf), H, 1.0f,
-                    ffm_grad(m, m->off_score), H);
+                prod(m, FF_NO_TRANS, FF_NO_TRANS, T, H, 1, f32op(SC(dvalues), 1), wop(m, m->off_score, H), 1.0f, dxn, H);
+            prod(m, FF_TRANS, FF_NO_TRANS, 1, H, T, f32op(SC(dvalues), 1), f32op(AW(a, xf), H), 1.0f,
+                 ffm_grad(m, m->off_score), H);
         }
         if (lm_grad) {
             if (d_logprobs) ff_memcpy_h2d(st, SC(dlogprob), d_logprobs, (size_t)T * 4);
@@ -1473,10 +1531,10 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
                                d_entropy ? ff_dptr_add(SC(dentropy), (size_t)c0, 4) : (ff_dptr){0},
                                d_entropy ? ff_dptr_add(AW(a, entropy), (size_t)c0, 4) : (ff_dptr){0});
                 /* dxf += dlogits [n, V] @ W [V, H];  dW += dlogits^T @ xf */
-                ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, n, H, m->V, 1.0f, SC(logits), m->V, ffm_param(m, m->off_lm), H,
-                        1.0f, ff_dptr_add(dxn, (size_t)c0 * H, 4), H);
-                ff_gemm(st, FF_TRANS, FF_NO_TRANS, m->V, H, n, 1.0f, SC(logits), m->V,
-                        ff_dptr_add(AW(a, xf), (size_t)c0 * H, 4), H, 1.0f, ffm_grad(m, m->off_lm), H);
+                prod(m, FF_NO_TRANS, FF_NO_TRANS, n, H, m->V, f32op(SC(logits), m->V), wop(m, m->off_lm, H), 1.0f,
+                     ff_dptr_add(dxn, (size_t)c0 * H, 4), H);
+                prod(m, FF_TRANS, FF_NO_TRANS, m->V, H, n, f32op(SC(logits), m->V),
+                     f32op(ff_dptr_add(AW(a, xf), (size_t)c0 * H, 4), H), 1.0f, ffm_grad(m, m->off_lm), H);
             }
             m->sc.logits_of = NULL; /* the logits buffer now holds dlogits */
         }
@@ -1485,10 +1543,9 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
             if (d_values) {
                 ff_dptr xf_mine = ff_dptr_add(AW(a, xf), (size_t)r0 * H, 4);
                 ff_memcpy_h2d(st, SC(dvalues), d_values + r0, (size_t)nr * 4);
-                ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, nr, H, 1, 1.0f, SC(dvalues), 1, ffm_param(m, m->off_score), H, 1.0f,
-                        dxn, H);
-                ff_gemm(st, FF_TRANS, FF_NO_TRANS, 1, H, nr, 1.0f, SC(dvalues), 1, xf_mine, H, 1.0f, ffm_sp_dw(m, m->L, 1),
-                        H);
+                prod(m, FF_NO_TRANS, FF_NO_TRANS, nr, H, 1, f32op(SC(dvalues), 1), wop(m, m->off_score, H), 1.0f, dxn, H);
+                prod(m, FF_TRANS, FF_NO_TRANS, 1, H, nr, f32op(SC(dvalues), 1), f32op(xf_mine, H), 1.0f,
+                     ffm_sp_dw(m, m->L, 1), H);
             }
         } else if (reduce_dxn && ffm_tp_sum(m, dxn, (size_t)T * H)) {
             goto done;
@@ -1511,11 +1568,13 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
             if (ffm_sp_gather(m, dres, dxn, T, H)) goto done;
             dy = dxn;
         }
-        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, I, H, 1.0f, dy, H, ffm_param(m, p->wdown), I, 0.0f, dh, I);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, I, T, 1.0f, dy, H, la.hm, I, 1.0f, ffm_grad(m, p->wdown), I);
+        opnd g = gradop(m, dy, T, H);
+        prod(m, FF_NO_TRANS, FF_NO_TRANS, T, I, H, g, wop(m, p->wdown, I), 0.0f, dh, I);
+        prod(m, FF_TRANS, FF_NO_TRANS, H, I, T, g, f32op(la.hm, I), 1.0f, ffm_grad(m, p->wdown), I);
         ff_swiglu_bwd(st, la.gu, dh, dgu, T, I);
-        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, 2 * I, 1.0f, dgu, 2 * I, ffm_param(m, p->wgu), H, 0.0f, dxn, H);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, 1.0f, dgu, 2 * I, la.xn2, H, 1.0f, ffm_grad(m, p->wgu), H);
+        g = gradop(m, dgu, T, 2 * I);
+        prod(m, FF_NO_TRANS, FF_NO_TRANS, T, H, 2 * I, g, wop(m, p->wgu, H), 0.0f, dxn, H);
+        prod(m, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, g, f32op(la.xn2, H), 1.0f, ffm_grad(m, p->wgu), H);
         /* f: gate|up is column-parallel (SP: the backward of the all-gather) */
         if (sp ? ffm_sp_scatter(m, dxn, dxn, T, H) : m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done;
         ff_rmsnorm_bwd(st, la.mid, ffm_param(m, p->ln2), la.rstd2, dxn, dres, NORM_DW(p->ln2, l0 + i, 1), nr, H);
@@ -1525,20 +1584,22 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
             if (ffm_sp_gather(m, dres, dxn, T, H)) goto done;
             dy = dxn;
         }
-        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, 1.0f, dy, H, ffm_param(m, p->wo), HD, 0.0f, datt, HD);
-        ff_gemm(st, FF_TRANS, FF_NO_TRANS, H, HD, T, 1.0f, dy, H, la.att, HD, 1.0f, ffm_grad(m, p->wo), HD);
+        g = gradop(m, dy, T, H);
+        prod(m, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, g, wop(m, p->wo, HD), 0.0f, datt, HD);
+        prod(m, FF_TRANS, FF_NO_TRANS, H, HD, T, g, f32op(la.att, HD), 1.0f, ffm_grad(m, p->wo), HD);
         ff_attention_bwd(st, la.qkv, QKV, AW(a, seq_start), a->seq_start_host, S, T, m->Hq, m->Hkv, m->D, la.att,
                          la.lse, datt, SC(delta), dqkv);
         ff_rope_bwd(st, dqkv, QKV, AW(a, pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T,
                     m->Hq + m->Hkv, m->D);
-        ff_gemm(st, FF_NO_TRANS, FF_NO_TRANS, T, H, QKV, 1.0f, dqkv, QKV, ffm_param(m, p->wqkv), H, 0.0f, dxn, H);
+        g = gradop(m, dqkv, T, QKV);
+        prod(m, FF_NO_TRANS, FF_NO_TRANS, T, H, QKV, g, wop(m, p->wqkv, H), 0.0f, dxn, H);
         if (m->kv_rep > 1) { /* TP: q rows here; the k|v head is shared, its gradient summed over the sharers */
             if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, HD);
-            ff_gemm(st, FF_TRANS, FF_NO_TRANS, HD, H, T, 1.0f, dqkv, QKV, la.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
+            prod(m, FF_TRANS, FF_NO_TRANS, HD, H, T, g, f32op(la.xn1, H), 1.0f, ffm_grad(m, p->wqkv), H);
             if (ffm_tp_kv_grads(m, p, dqkv, la.xn1, T)) goto done;
         } else {
             if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, QKV);
-            ff_gemm(st, FF_TRANS, FF_NO_TRANS, QKV, H, T, 1.0f, dqkv, QKV, la.xn1, H, 1.0f, ffm_grad(m, p->wqkv), H);
+            prod(m, FF_TRANS, FF_NO_TRANS, QKV, H, T, g, f32op(la.xn1, H), 1.0f, ffm_grad(m, p->wqkv), H);
         }
         /* f: q|k|v is column-parallel */
         if (sp ? ffm_sp_scatter(m, dxn, dxn, T, H) : m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done;
@@ -1558,6 +1619,7 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
     if (sp && ffm_sp_finish_grads(m, l0, nl, head)) goto done;
     rc = ff_stream_sync(st);
 done:
+    m->w16c_live = false;
     acts_release(m, a);
     return rc;
 }

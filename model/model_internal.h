@@ -115,6 +115,8 @@ typedef struct ffm_scratch {
     size_t logits;                            /* [chunk, V] */
     size_t dlogprob, dentropy, dvalues;       /* [T] each */
     size_t dres, dxn, dqkv, datt, delta, dgu, dh; /* backward */
+    size_t dy16;                              /* bf16 products: [T, max(H, QKV, HD, 2I)] bf16 */
+    bool p16;                                 /* laid out with dy16 */
     int32_t *pos_host;                        /* [cap] */
     const ffm_acts *logits_of;
 } ffm_scratch;
@@ -135,6 +137,13 @@ struct ff_model {
      * vec_base on (ffm_param, ffm_param16) */
     bool w16;
     size_t vec_base;
+    /* bf16 products (ff_model_set_bf16_products; a trainable model's default on a backend whose
+     * products are bf16): each forward rounds the weight matrices, [0, n_decay), into w16c, and
+     * while w16c_live (inside a forward or backward, never generation's) every product of the
+     * layers and heads is ff_gemm_bf16 reading it; the backward rounds each output gradient
+     * once (the scratch's dy16) for its two products */
+    bool p16, w16c_live;
+    ff_buffer *w16c; /* bf16 [n_decay], NULL until the first forward with p16 */
 
     ff_param_tensor *tensors; /* Hugging Face tensors, in expected order */
     int n_tensors;
@@ -362,6 +371,11 @@ static inline ff_dptr ffm_param(ff_model *m, size_t off) {
 static inline ff_dptr ffm_param16(ff_model *m, size_t off) {
     assert(m->params && m->w16 && (int64_t)off < m->n_decay);
     return ff_dptr_of(m->params, off * 2);
+}
+/* bf16 products: element off of the weight matrices' bf16 copy (while w16c_live). */
+static inline ff_dptr ffm_copy16(ff_model *m, size_t off) {
+    assert(m->w16c_live && m->w16c && (int64_t)off < m->n_decay);
+    return ff_dptr_of(m->w16c, off * 2);
 }
 /* Is tensor p stored bf16? (a weight matrix of a model with bf16 weights) */
 static inline bool ffm_is16(const ff_model *m, const ff_param_tensor *p) { return m->w16 && (int64_t)p->off < m->n_decay; }

@@ -93,6 +93,11 @@ void ffm_w_out(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda,
         ff_gemm_bf16w(m->st, M, (int)p->shape[0], K, A, lda, ffm_param16(m, p->off), K, 0.0f, C, ldc);
         return;
     }
+    if (m->w16c_live) {
+        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, M, (int)p->shape[0], K, 1.0f, A, false, lda, ffm_copy16(m, p->off), true,
+                     K, 0.0f, C, ldc);
+        return;
+    }
     if (!p->npc) {
         ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, M, (int)p->shape[0], K, 1.0f, A, lda, ffm_param(m, p->off), K, 0.0f, C, ldc);
         return;
@@ -110,6 +115,10 @@ void ffm_w_in(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda, 
     const int N = (int)p->shape[0], K = (int)p->shape[1];
     if (ffm_is16(m, p)) {
         ff_gemm_bf16w(m->st, M, N, K, A, lda, ffm_param16(m, p->off), K, beta, C, ldc);
+        return;
+    }
+    if (m->w16c_live) {
+        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, M, N, K, 1.0f, A, false, lda, ffm_copy16(m, p->off), true, K, beta, C, ldc);
         return;
     }
     if (!p->npc) {

@@ -11,7 +11,9 @@
 #               group's NCCL twin, GRPO end to end with the actor on cuda (exec/test_run_cuda_gpu)
 #   4. bench    bench/bench_cuda.c: the training attention on tensor cores beside the fp32
 #               kernels, training tokens/s and MFU at seq 2048, decode tokens/s
-#               at batch 1/32/256, Qwen2.5-0.5B- and Llama-3.2-1B-shaped random models
+#               at batch 1/32/256, Qwen2.5-0.5B- and Llama-3.2-1B-shaped random models; bf16
+#               products with the weights' copy beside per-product rounding; the kernel
+#               profile of the 1B model's training step
 #   5. torch    bench/bench_cuda_torch.py: the same work in PyTorch eager bf16 (SDPA) and HF
 #               generate, where python3 has torch
 # Everything goes to OUTDIR, 8 files at most (what a device run brings back): gpu-check.log
@@ -171,7 +173,7 @@ step tests 130 ctest --test-dir "$BUILD" -R 'cuda|nccl|kernels/test_backend' -E 
 # ---- 4. the benchmark ------------------------------------------------------------------------
 step bench 110 "$BUILD/bench_cuda" --budget 75
 # headlines come as measured and again at the end: keep each once (a run cut short keeps some)
-grep -E '^bench_cuda_(attention|train|decode)|^  [a-z0-9.]+ decode batch [0-9]+: .* with graphs|graphs off' "$OUTDIR/bench.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
+grep -E '^bench_cuda_(attention|train|decode|profile)|^  [a-z0-9.]+ decode batch [0-9]+: .* with graphs|graphs off|^  [a-z0-9.]+ train with bf16 products|^kernel profile|^  [a-z_0-9]+ +[0-9]+ calls' "$OUTDIR/bench.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
 
 # ---- 5. PyTorch beside it --------------------------------------------------------------------
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then

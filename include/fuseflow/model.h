@@ -322,6 +322,19 @@ int ff_model_zero_grad(ff_model *m); /* 0, or -1 + error on an inference model *
  * scoring forward while a training forward waits for its backward takes room of its own.) */
 int ff_model_reserve(ff_model *m, int32_t max_tokens);
 
+/* bf16 products (docs/model.md "bf16 products"): every product of a forward's layers and heads
+ * multiplies by a bf16 copy of the weight matrices that the forward makes from the fp32 masters
+ * (2 bytes an element, counted in ff_model_memory_of's workspace), and the backward's products
+ * read that copy and each output gradient rounded to bf16 once (ff_gemm_bf16, fp32
+ * accumulation); the masters, gradients and everything between the products stay fp32. On by
+ * default for a trainable model on a backend whose products are bf16 (ff_backend_bf16_products:
+ * cuda with FF_CUDA_MATH=bf16), where the numbers are those of rounding every operand per product,
+ * without rounding the weights twice and each gradient twice a step. Off: every product is
+ * ff_gemm. Setting it on an inference model is an error (0 or -1 + error); takes effect at the
+ * next forward. Generation never uses the copy. */
+int ff_model_set_bf16_products(ff_model *m, bool on);
+bool ff_model_bf16_products(const ff_model *m);
+
 /* The LM head runs over chunks of at most max_tokens tokens, so the logits of a batch never
  * take more than max_tokens * vocab_size floats; with more than one chunk the backward
  * recomputes each chunk's logits. 0 (the default): chunks of 256 MiB of logits. */

@@ -124,6 +124,91 @@ static void train_step_tc(ff_model *mc, ff_model *mg) {
     free(gg);
 }
 
+/* bf16 products (FF_CUDA_MATH=bf16: ff_model_bf16_products on by default): the weights' bf16
+ * copy made each forward and each output gradient rounded once give the numbers of rounding
+ * every operand per product (the same model with them off): losses and gradients bit for bit on
+ * the emulator (the same cuBLAS calls on the same bf16 bytes; within 1e-6 on a GPU, whose
+ * kernels may differ by address), over two SFT steps with an AdamW step between (a copy not made
+ * again from the updated weights would differ). The CPU's definition (ff_gemm_bf16 as a loop,
+ * set on a CPU model) against them within fp32 summation order, and away from the CPU's fp32
+ * products (so the rounding happens). An inference model refuses them. */
+static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
+    setenv("FF_CUDA_MATH", "bf16", 1);
+    setenv("FF_CUDA_ATTENTION", "fp32", 1);
+    ff_backend *gbf = gpu_new("cuda");
+    unsetenv("FF_CUDA_MATH");
+    unsetenv("FF_CUDA_ATTENTION");
+    REQUIRE(gbf);
+    CHECK(ff_backend_bf16_products(gbf));
+    ff_model *mon = tiny_model(gbf, c, 5, 0.1), *moff = tiny_model(gbf, c, 5, 0.1);
+    ff_model *cp16 = tiny_model(cpu, c, 5, 0.1), *c32 = tiny_model(cpu, c, 5, 0.1);
+    REQUIRE(mon && moff && cp16 && c32);
+    CHECK(ff_model_bf16_products(mon) && !ff_model_bf16_products(cp16));
+    REQUIRE(ff_model_set_bf16_products(moff, false) == 0 && ff_model_set_bf16_products(cp16, true) == 0);
+    ff_adamw_config ac;
+    ff_adamw_config_default(&ac);
+    ac.lr = 1e-2;
+    ff_optimizer *oon = ff_optimizer_new(mon, &ac), *ooff = ff_optimizer_new(moff, &ac), *ocp = ff_optimizer_new(cp16, &ac),
+                 *o32 = ff_optimizer_new(c32, &ac);
+    REQUIRE(oon && ooff && ocp && o32);
+    for (int step = 0; step < 2; step++) {
+        double lon, loff, lcp, l32;
+        float *goff = NULL, *gcp = NULL, *g32 = NULL;
+        int64_t n = 0;
+        float *gon = sft_grads(moff, mon, &loff, &lon, &goff, &n);
+        float *gcpu = sft_grads(c32, cp16, &l32, &lcp, &g32, &n);
+        REQUIRE(gon && gcpu);
+        gcp = gcpu;
+        char what[96];
+#ifdef FF_TEST_CUDA_EMU
+        if (lon != loff || memcmp(gon, goff, (size_t)n * 4)) {
+            fprintf(stderr, "bf16 products step %d: loss %.9g against %.9g with them off, gradients %s\n", step, lon, loff,
+                    memcmp(gon, goff, (size_t)n * 4) ? "differ" : "equal");
+            ff_test_failures++;
+        }
+#else
+        CHECK_CLOSE(lon, loff, 1e-6, 0);
+        snprintf(what, sizeof what, "bf16 products step %d: gradients against them off", step);
+        check_tensor_close(what, gon, goff, n, 1e-7, 1e-5);
+#endif
+        /* the CPU's definition: the same roundings, another summation order (step 0: the same
+         * weights; after a step they differ by that order, and so may their bf16 copies) */
+        if (step == 0) {
+            CHECK_CLOSE(lcp, lon, 2e-5, 0);
+            snprintf(what, sizeof what, "bf16 products step %d: the cpu's against the gpu's gradients", step);
+            check_tensor_close(what, gcp, gon, n, 1e-6, 2e-3);
+        }
+        /* and not the CPU's fp32 products */
+        double diff = 0;
+        for (int64_t i = 0; i < n; i++) diff = fmax(diff, fabs((double)gcp[i] - g32[i]));
+        CHECK(lcp != l32 && diff > 0);
+        CHECK_CLOSE(lcp, l32, 2e-2, 0);
+        ff_optim_stats st;
+        REQUIRE(ff_optimizer_step(oon, &st) == 0 && ff_optimizer_step(ooff, &st) == 0 && ff_optimizer_step(ocp, &st) == 0 &&
+                ff_optimizer_step(o32, &st) == 0);
+        free(gon), free(goff), free(gcp), free(g32);
+    }
+    ff_model_memory mon_m, moff_m;
+    ff_model_memory_of(mon, &mon_m);
+    ff_model_memory_of(moff, &moff_m);
+    /* the copy counted: 2 bytes a weight-matrix element, most of the parameters */
+    CHECK(mon_m.workspace - moff_m.workspace >= ff_model_param_count(mon));
+    ff_optimizer_destroy(&oon), ff_optimizer_destroy(&ooff), ff_optimizer_destroy(&ocp), ff_optimizer_destroy(&o32);
+    ff_model_destroy(&mon), ff_model_destroy(&moff), ff_model_destroy(&cp16), ff_model_destroy(&c32);
+    /* an inference model's products follow its backend or its bf16 weights */
+    ff_tensor_set *w = ff_tensor_set_new();
+    REQUIRE(w && ff_model_init_weights(c, 9, 0.2, w) == 0);
+    ff_model_opts inf = {.inference = true};
+    ff_model *mi = ff_model_new_opts(gbf, c, w, &inf);
+    REQUIRE(mi);
+    CHECK(!ff_model_bf16_products(mi));
+    CHECK(ff_model_set_bf16_products(mi, true) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "inference");
+    ff_model_destroy(&mi);
+    ff_tensor_set_destroy(&w);
+    ff_backend_destroy(&gbf);
+}
+
 static ff_gen_request req(uint64_t id, const int32_t *prompt, int32_t n, float temp, int32_t max_new, uint64_t seed) {
     ff_gen_request r;
     memset(&r, 0, sizeof r);
@@ -306,6 +391,7 @@ int main(void) {
     ff_model_destroy(&mc);
     ff_model_destroy(&m32);
     ff_model_destroy(&mtf);
+    test_bf16_products(cpu, &c);
 
     /* generation on an inference model (no gradients, as `fuseflow generate` makes it) */
     ff_tensor_set *w = ff_tensor_set_new();
