@@ -261,10 +261,13 @@ static int read_role(ff_run_config *run, ff_role r) {
                             "'%s.weights: on_demand' is only for the frozen roles (ref, reward): the %s trains its weights", path,
                             role_keys[r]);
     rc->on_demand = res == 1;
-    /* the stored type of a frozen role's weight matrices; trained roles keep fp32 masters */
+    /* the stored type of a frozen role's weight matrices; trained roles keep fp32 masters. A
+     * frozen role on cuda holds bf16 unless told otherwise (as GPU RLHF frameworks hold their
+     * reference): half the bytes; on the cpu, fp32 */
     static const char *const dtypes[] = {"fp32", "bf16"};
     int wd = 0;
-    if (ff_cnode_get_enum(base, "dtype", dtypes, 2, 0, &wd) < 0) return -1;
+    const bool frozen = r == FF_ROLE_REF || r == FF_ROLE_REWARD;
+    if (ff_cnode_get_enum(base, "dtype", dtypes, 2, frozen && rc->cuda, &wd) < 0) return -1;
     if (wd == 1 && r != FF_ROLE_REF && r != FF_ROLE_REWARD)
         return ff_error_set(ff_cnode_where(ff_cnode_find(base, "dtype"), w, sizeof w),
                             r == FF_ROLE_ACTOR ? "drop it; roles.actor.rollout.dtype: bf16 stores the generating copy in bf16"

@@ -890,6 +890,11 @@ static int assign_gpus(ex_run *x, const int *host_of, const int *local_index, ch
         fprintf(x->out, "run: rank %d computes on cuda:%d (host %s, %d GPU%s seen there)\n", r, x->rank_gpu[r], hosts[h], d.ngpus,
                 d.ngpus == 1 ? "" : "s");
     }
+    /* a frozen role on cuda holds bf16 weights by default (docs/run.md "bf16 weights"): say so */
+    for (int i = FF_ROLE_ACTOR; i < FF_ROLE_COUNT; i++)
+        if (x->run->roles[i].present && x->run->roles[i].cuda && x->run->roles[i].w16)
+            fprintf(x->out, "run: the %s holds bf16 weights on cuda (roles.%s.dtype; fp32 keeps fp32)\n", role_keys[i],
+                    role_keys[i]);
     fflush(x->out);
     return 0;
 }

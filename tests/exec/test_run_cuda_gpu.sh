@@ -6,6 +6,8 @@
 #   - the run says its rank computes on cuda:0, ends, and writes 2 iterations of metrics, every
 #     number finite, the same keys as the CPU run's;
 #   - its checkpoint loads in `fuseflow generate` on the CPU (the weights came back whole);
+#   - its reference (colocated, so on cuda) holds bf16 weights, about half the actor's bytes,
+#     and the run says so; roles.ref.dtype: fp32 keeps them fp32;
 #   - FF_DEVICE_COLL=0 (collectives through host memory) runs too, and so does
 #     roles.actor.rollout.graphs: false (decode steps without CUDA graphs; on the emulator, the
 #     samples of the graphs' run byte for byte).
@@ -66,8 +68,20 @@ PY
 ck=$(ls -d "$work/gpu/checkpoints/"step-* | tail -1)
 "$bin" generate --model "$ck/actor" --prompt "12+34=" --max-new-tokens 4 --device cpu > "$work/gen.log" 2>&1 ||
   { cat "$work/gen.log" >&2; fail "the GPU run's checkpoint does not load on the CPU"; }
-GPU_RUN=1 FF_DEVICE_COLL=0 grpo "$work/gpu_host" roles.actor.backend=cuda
+GPU_RUN=1 FF_DEVICE_COLL=0 grpo "$work/gpu_host" roles.actor.backend=cuda roles.ref.dtype=fp32
 [[ $(iterations "$work/gpu_host/metrics.jsonl") == 2 ]] || fail "FF_DEVICE_COLL=0: not 2 iterations"
+# the reference on cuda holds bf16 weights unless roles.ref.dtype says fp32, and the run says so
+grep -q "run: the ref holds bf16 weights on cuda (roles.ref.dtype" "$work/gpu.log" || fail "the default run does not say its reference is bf16"
+! grep -q "holds bf16 weights" "$work/gpu_host.log" || fail "roles.ref.dtype=fp32: the run says bf16"
+python3 - "$work/gpu/metrics.jsonl" "$work/gpu_host/metrics.jsonl" <<'PY' || fail "the reference's weight bytes on cuda"
+import json, sys
+for path, lo, hi in ((sys.argv[1], 0.5, 0.51), (sys.argv[2], 1.0, 1.0)):
+    mem = next(json.loads(l)["memory"] for l in open(path) if '"memory"' in l)
+    r = mem[0]["roles"]
+    share = r["ref"]["params_bytes"] / r["actor"]["params_bytes"]
+    print(f"{path}: the reference holds {share:.3f} of the actor's weight bytes")
+    assert lo <= share <= hi, (path, share)
+PY
 # decode steps kernel by kernel (roles.actor.rollout.graphs: false) against the CUDA graphs of
 # the default: on the emulator the same samples byte for byte (on a GPU a padded batch may pick
 # other cuBLAS kernels, so only that it runs)
