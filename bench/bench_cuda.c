@@ -4,7 +4,7 @@
  * weights, std 0.02, norms 1, biases 0) it measures:
  *   train   tokens/s of one SFT step on one sequence of --seq tokens (2048): training
  *           forward, token-mean cross-entropy on the host, backward, grad-norm clipping,
- *           AdamW; the median of --steps steps after two warm-up steps. Model FLOP
+ *           AdamW (the logits [seq, V] kept whole for the backward: ff_model_set_logits_chunk); the median of --steps steps after two warm-up steps. Model FLOP
  *           utilisation = flops per token x tokens/s / 989 TFLOP/s (the H200's dense bf16
  *           peak; what the issue measures against), with flops per token = 6 x the matrix
  *           parameters (every projection and the LM head, embeddings' gather excluded) +
@@ -42,13 +42,18 @@
  * Then, time left, the training step again with TF32 products (FF_CUDA_MATH=tf32, fp32 operands):
  *   bench_cuda_train_tf32 MODEL: X tok/s, MFU Y %
  *
+ * Then, time left, decoding at a long context (--long BATCH:PROMPT, 4:4032): few sequences of
+ * thousands of keys, the first model asked for, its attention's keys split over blocks (the
+ * default) beside one block a head group (FF_CUDA_DECODE_SPLIT=0); decode tokens/s, the prefills'
+ * time taken out:
+ *   bench_cuda_decode_long MODEL batch B, context C: X decode tok/s with the keys split, Y ... (X/Y)
  * Last, time left, the kernels of the largest model's training step (bf16 products) timed one
  * by one (FF_PROFILE_KERNELS): "bench_cuda_profile MODEL: ...", then the backend's table of
  * calls, ms and share per kernel (on stderr; gpu-check keeps it): where the step's time goes.
  *
  * Usage: bench_cuda [--device cuda:0] [--models qwen0.5b,llama1b] [--seq 2048] [--steps 5]
  *                   [--batches 1,32,256] [--prompt 32] [--new 64] [--budget SECONDS]
- *                   [--tf32-train 0|1] [--profile 0|1] [--decode-weights bf16|fp32] [--decode-kv bf16|fp32]
+ *                   [--tf32-train 0|1] [--profile 0|1] [--long BATCH:PROMPT] [--decode-weights bf16|fp32] [--decode-kv bf16|fp32]
  * --budget: stop starting new measurements once this much wall time has passed (default
  * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed.
  * --models tiny (a 2-layer, 128-wide model) is for smoke tests: tests/kernels/test_bench_cuda_emu.sh
@@ -244,6 +249,9 @@ static int time_steps(ff_model *m, ff_optimizer *o, const spec *s, const ff_batc
 static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double *tok_s, double *mfu, double *tok_s_off) {
     ff_model *m = random_model(be, &s->cfg, false, false);
     if (!m) return -1;
+    /* the step's logits [seq, V] kept whole for the backward (1-1.2 GiB fp32 here), as PyTorch
+     * keeps them: the default chunks of 256 MiB would compute them again in the backward */
+    ff_model_set_logits_chunk(m, seq);
     ff_adamw_config ac;
     ff_adamw_config_default(&ac);
     ac.max_grad_norm = 1.0;
@@ -287,8 +295,11 @@ out:
     return rc;
 }
 
+/* Decoding B prompts of `prompt` tokens, n_new tokens each: *tok_s over the wall time from
+ * submit to the last token; *dec_tok_s (NULL: not wanted) the tokens after each sequence's
+ * first over that time less the prefills' (ff_generator_prefill_stats). */
 static int bench_decode(ff_model *m, const spec *s, int B, int prompt, int n_new, bool kv16, bool eager, double *tok_s,
-                        ff_generator_graph_stats *gs) {
+                        ff_generator_graph_stats *gs, double *dec_tok_s) {
     ff_generator_config gc = {.max_slots = B, .max_seq_len = prompt + n_new + 1,
                               .max_prefill_tokens = B * prompt < 8192 ? B * prompt : 8192, /* every prompt in one or a few steps */
                               .kv_bf16 = kv16, .eager = eager};
@@ -320,8 +331,15 @@ static int bench_decode(ff_model *m, const spec *s, int B, int prompt, int n_new
             ff_gen_output_free(&o);
         }
     }
-    *tok_s = (double)made / ((double)(ff_now_ns() - t0) * 1e-9);
+    const double wall = (double)(ff_now_ns() - t0) * 1e-9;
+    *tok_s = (double)made / wall;
     ff_generator_graph_stats_of(g, gs);
+    if (dec_tok_s) {
+        int64_t ptok;
+        double psec;
+        ff_generator_prefill_stats(g, &ptok, &psec);
+        *dec_tok_s = wall > psec ? (double)(made - B) / (wall - psec) : 0.0;
+    }
     rc = 0;
 out:
     if (rc) fprintf(stderr, "bench_cuda: %s decode batch %d%s: %s\n", s->name, B, eager ? " (eager)" : "", ff_error_message());
@@ -332,7 +350,7 @@ out:
 
 int main(int argc, char **argv) {
     const char *device = "cuda", *models = "qwen0.5b,llama1b", *batches = "1,32,256";
-    int seq = 2048, steps = 5, prompt = 32, n_new = 64, tf32_train = 1, profile = 1;
+    int seq = 2048, steps = 5, prompt = 32, n_new = 64, tf32_train = 1, profile = 1, long_b = 4, long_prompt = 4032;
     bool decode_w16 = true, decode_kv16 = true;
     double budget = 240;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
@@ -351,6 +369,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--budget")) budget = atof(v);
         else if (!strcmp(a, "--tf32-train")) tf32_train = atoi(v);
         else if (!strcmp(a, "--profile")) profile = atoi(v);
+        else if (!strcmp(a, "--long")) {
+            if (sscanf(v, "%d:%d", &long_b, &long_prompt) != 2 || long_b < 0 || long_prompt < 1) {
+                fprintf(stderr, "bench_cuda: --long wants BATCH:PROMPT (0:1 for none), got '%s'\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--decode-weights")) {
             if (strcmp(v, "bf16") && strcmp(v, "fp32")) {
                 fprintf(stderr, "bench_cuda: --decode-weights wants bf16 or fp32, got '%s'\n", v);
@@ -445,10 +469,10 @@ int main(int argc, char **argv) {
             /* the default (decode steps as CUDA graphs), then kernel by kernel, side by side */
             ff_generator_graph_stats gs, ge;
             double eager_tok_s = 0;
-            if (bench_decode(m, &specs[k], bs[j], prompt, n_new, decode_kv16, false, &dec[k][j], &gs) == 0) {
+            if (bench_decode(m, &specs[k], bs[j], prompt, n_new, decode_kv16, false, &dec[k][j], &gs, NULL) == 0) {
                 ran_dec[k][j] = true;
                 if (!gs.on) printf("  %s decode batch %d: graphs off: %s\n", specs[k].name, bs[j], gs.off_why);
-                if (bench_decode(m, &specs[k], bs[j], prompt, n_new, decode_kv16, true, &eager_tok_s, &ge) == 0)
+                if (bench_decode(m, &specs[k], bs[j], prompt, n_new, decode_kv16, true, &eager_tok_s, &ge, NULL) == 0)
                     printf("  %s decode batch %d: %.0f tok/s with graphs (%d captured, %lld steps replayed, %lld eager), "
                            "%.0f tok/s kernel by kernel (%.2fx)\n",
                            specs[k].name, bs[j], dec[k][j], gs.captures, (long long)gs.replays, (long long)gs.eager_steps,
@@ -510,6 +534,46 @@ int main(int argc, char **argv) {
         ff_backend_destroy(&bp); /* prints the profile on stderr */
         fflush(stderr);
     }
+    /* Decoding at a long context (the long tail of a rollout: few sequences, thousands of keys
+     * each), the first model asked for: its attention with the keys split over blocks (the
+     * default) beside one block a head group (FF_CUDA_DECODE_SPLIT=0), each on a backend and
+     * model of its own. Decode tokens/s: the time of the prefills taken out. */
+    int small = -1;
+    for (int k = NSPEC - 1; k >= 0; k--)
+        if (strstr(models, specs[k].name)) small = k;
+    double lt[2] = {0, 0};
+    bool long_ran = false;
+    if (long_b > 0 && small >= 0) {
+        const char *keep = getenv("FF_CUDA_DECODE_SPLIT");
+        char saved[8] = "";
+        if (keep) snprintf(saved, sizeof saved, "%s", keep);
+        long_ran = true;
+        for (int split = 1; split >= 0 && long_ran; split--) {
+            if (OVER_BUDGET()) {
+                printf("  %s decode at a long context: skipped (budget of %.0f s spent)\n", specs[small].name, budget);
+                long_ran = false;
+                break;
+            }
+            setenv("FF_CUDA_DECODE_SPLIT", split ? "1" : "0", 1);
+            ff_backend *bl = ff_backend_new(device);
+            if (keep) setenv("FF_CUDA_DECODE_SPLIT", saved, 1);
+            else unsetenv("FF_CUDA_DECODE_SPLIT");
+            ff_model *ml = bl ? random_model(bl, &specs[small].cfg, true, decode_w16) : NULL;
+            double all = 0;
+            ff_generator_graph_stats gl;
+            if (!ml || bench_decode(ml, &specs[small], long_b, long_prompt, n_new, decode_kv16, false, &all, &gl, &lt[split])) {
+                fprintf(stderr, "bench_cuda: %s decode at a long context: %s\n", specs[small].name, ff_error_message());
+                failures++;
+                long_ran = false;
+            }
+            ff_model_destroy(&ml);
+            ff_backend_destroy(&bl);
+        }
+        if (long_ran)
+            printf("bench_cuda_decode_long %s batch %d, context %d: %.0f decode tok/s with the keys split, %.0f in one block a "
+                   "head group (%.2fx)\n",
+                   specs[small].name, long_b, long_prompt + n_new, lt[1], lt[0], lt[0] > 0 ? lt[1] / lt[0] : 0.0);
+    }
     printf("bench_cuda: headlines\n");
     for (int k = 0; k < NSPEC; k++) {
         if (ran_tr[k]) head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, train_note);
@@ -517,6 +581,10 @@ int main(int argc, char **argv) {
         for (int j = 0; j < nb; j++)
             if (ran_dec[k][j]) head_decode(specs[k].name, bs[j], dec[k][j]);
     }
+    if (long_ran)
+        printf("bench_cuda_decode_long %s batch %d, context %d: %.0f decode tok/s with the keys split, %.0f in one block a head "
+               "group (%.2fx)\n",
+               specs[small].name, long_b, long_prompt + n_new, lt[1], lt[0], lt[0] > 0 ? lt[1] / lt[0] : 0.0);
     if (bt != be) ff_backend_destroy(&bt);
     ff_backend_destroy(&be);
     return failures ? 1 : 0;

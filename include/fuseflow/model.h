@@ -750,12 +750,12 @@ void ff_generator_destroy(ff_generator **g);
  * n_samples <= max_slots, sampling values, the KV blocks it may fill <= kv_blocks). 0 or -1 +
  * error. */
 int ff_generator_submit(ff_generator *g, const ff_gen_request *r);
-/* Admit, prefill, and decode one token for every running sequence. 0 or -1 + error. */
 /* The prompt prefills of admissions so far: their tokens and the time of their forwards (with
  * the sampling of each prompt's first token), the rate a recompute of moved rows runs at. */
 void ff_generator_prefill_stats(const ff_generator *g, int64_t *tokens, double *seconds);
 /* Its decode graphs so far (ff_generator_config.eager). */
 void ff_generator_graph_stats_of(const ff_generator *g, ff_generator_graph_stats *out);
+/* Admit, prefill, and decode one token for every running sequence. 0 or -1 + error. */
 int ff_generator_step(ff_generator *g);
 /* Sequences waiting or running (0: nothing to do). */
 int32_t ff_generator_pending(const ff_generator *g);

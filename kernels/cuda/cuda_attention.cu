@@ -35,7 +35,7 @@ enum { AW = 8, KT = 32, MAXD = 256, DPL = MAXD / 32, LOGIT_TPB = 512, SAMPLE_TPB
 static size_t fwd_smem(int D) { return ((size_t)AW * D + 2 * (size_t)KT * (D + 1)) * sizeof(float); }
 static size_t dq_smem(int D) { return (2 * (size_t)AW * D + 2 * (size_t)KT * (D + 1)) * sizeof(float); }
 static size_t dkv_smem(int D) { return (2 * (size_t)AW * D + 2 * (size_t)KT * (D + 1) + 2 * KT) * sizeof(float); }
-static size_t cached_smem(int D) { return ((size_t)D + 2 * (size_t)KT * (D + 1)) * sizeof(float); }
+static size_t cached_smem(int WG, int D) { return ((size_t)WG * D + 2 * (size_t)KT * (D + 1)) * sizeof(float); }
 
 static __device__ __forceinline__ float dot_smem(const float *a, const float *b, int D) {
     float s = 0.0f;
@@ -302,29 +302,40 @@ static __device__ __forceinline__ void stage_paged(float *sm, const T *src, int6
     }
 }
 
-/* One warp per (query token, head); the warp stages its tiles of cache rows itself. */
+/* Decoding's attention (flash-decoding): a block per (query token, WG query heads of one kv
+ * head, key split). Its warps are the heads, and they share each tile of KT cache rows that all
+ * its threads stage once. So a GQA group reads its keys and values once, not once a head. The
+ * split's keys [sp * chunk, min(n, (sp + 1) * chunk)) are walked with an online softmax.
+ * - One split (nsplit == 1): the block writes the normalised output.
+ * - Several: it writes its running max and sum, part_ml [T, Hq, nsplit, 2], and its
+ *   unnormalised sum of P V, part_acc [T, Hq, nsplit, D], and k_att_combine adds the splits
+ *   in order. That order is fixed, so runs repeat bit for bit.
+ * Splits keep a few sequences with long contexts (the long tail of a rollout) from running a
+ * few warps over thousands of keys each; attention_cached chooses their number. */
 template <typename T>
 static __global__ void k_att_cached(const float *q, int ldq, const T *kc, const T *vc, const int32_t *table,
                                     int table_ld, int bs, const int32_t *seq, const int32_t *nkeys, int Hq, int Hkv,
-                                    int D, float scale, float *out) {
+                                    int D, int WG, float scale, int chunk, int nsplit, float *out, float *part_ml,
+                                    float *part_acc) {
     FF_DYN_SHARED(float, sm);
-    float *q_s = sm, *k_s = q_s + D, *v_s = k_s + KT * (D + 1);
-    const int t = blockIdx.x, h = blockIdx.y, g = h / (Hq / Hkv), lane = threadIdx.x;
+    float *q_s = sm, *k_s = q_s + WG * D, *v_s = k_s + KT * (D + 1);
+    const int t = blockIdx.x, sp = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = blockIdx.y * WG + warp, g = h / (Hq / Hkv);
     const int64_t KD = (int64_t)Hkv * D;
     const int32_t *tab = table + (int64_t)seq[t] * table_ld;
-    const int n = nkeys[t];
-    for (int d = lane; d < D; d += 32) q_s[d] = q[(int64_t)t * ldq + (int64_t)h * D + d];
+    const int n = nkeys[t], k_lo = sp * chunk, k_hi = n < k_lo + chunk ? n : k_lo + chunk;
+    for (int d = lane; d < D; d += 32) q_s[warp * D + d] = q[(int64_t)t * ldq + (int64_t)h * D + d];
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
-    for (int k0 = 0; k0 < n; k0 += KT) {
-        int nk = n - k0 < KT ? n - k0 : KT;
-        __syncwarp();
-        stage_paged(k_s, kc, KD, (int64_t)g * D, tab, bs, k0, nk, D, lane, 32);
-        stage_paged(v_s, vc, KD, (int64_t)g * D, tab, bs, k0, nk, D, lane, 32);
-        __syncwarp();
+    for (int k0 = k_lo; k0 < k_hi; k0 += KT) { /* block-uniform bounds: every thread reaches the barriers */
+        int nk = k_hi - k0 < KT ? k_hi - k0 : KT;
+        __syncthreads(); /* the previous tile is consumed (and q_s written) */
+        stage_paged(k_s, kc, KD, (int64_t)g * D, tab, bs, k0, nk, D, threadIdx.x, blockDim.x);
+        stage_paged(v_s, vc, KD, (int64_t)g * D, tab, bs, k0, nk, D, threadIdx.x, blockDim.x);
+        __syncthreads();
         bool ok = lane < nk;
-        float sc = ok ? scale * dot_smem(q_s, k_s + lane * (D + 1), D) : -INFINITY;
+        float sc = ok ? scale * dot_smem(q_s + warp * D, k_s + lane * (D + 1), D) : -INFINITY;
         float mnew = fmaxf(m, warp_max(sc));
         float p = ok ? expf(sc - mnew) : 0.0f, alpha = expf(m - mnew);
         l = l * alpha + warp_sum(p);
@@ -340,12 +351,67 @@ static __global__ void k_att_cached(const float *q, int ldq, const T *kc, const 
             }
         }
     }
-    float inv = 1.0f / l;
+    if (nsplit == 1) {
+        float inv = 1.0f / l;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < D) out[(int64_t)t * Hq * D + (int64_t)h * D + d] = acc[i] * inv;
+        }
+        return;
+    }
+    const int64_t part = ((int64_t)t * Hq + h) * nsplit + sp; /* a split past the keys: m -inf, l 0 */
+    if (lane == 0) part_ml[2 * part] = m, part_ml[2 * part + 1] = l;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
-        if (d < D) out[(int64_t)t * Hq * D + (int64_t)h * D + d] = acc[i] * inv;
+        if (d < D) part_acc[part * D + d] = acc[i];
     }
+}
+
+/* out [t, h] = sum_sp e^(m_sp - M) acc_sp / sum_sp e^(m_sp - M) l_sp, M = max_sp m_sp (split 0
+ * always has keys: n >= 1). A warp per (token, head). */
+static __global__ void k_att_combine(const float *part_ml, const float *part_acc, int Hq, int D, int nsplit, float *out) {
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int64_t p0 = ((int64_t)t * Hq + h) * nsplit;
+    float M = -INFINITY;
+    for (int sp = 0; sp < nsplit; sp++) M = fmaxf(M, part_ml[2 * (p0 + sp)]);
+    float L = 0.0f;
+    for (int sp = 0; sp < nsplit; sp++) L += expf(part_ml[2 * (p0 + sp)] - M) * part_ml[2 * (p0 + sp) + 1];
+    const float inv = 1.0f / L;
+    for (int d = lane; d < D; d += 32) {
+        float a = 0.0f;
+        for (int sp = 0; sp < nsplit; sp++) a += expf(part_ml[2 * (p0 + sp)] - M) * part_acc[(p0 + sp) * D + d];
+        out[(int64_t)t * Hq * D + (int64_t)h * D + d] = a * inv;
+    }
+}
+
+/* Warps a block of k_att_cached gives its heads: the largest divisor of the group size
+ * Hq / Hkv up to 16. */
+static int cached_heads_per_block(int Hq, int Hkv) {
+    const int G = Hq / Hkv;
+    int wg = G < 16 ? G : 16;
+    while (G % wg) wg--;
+    return wg;
+}
+
+/* The key splits: none while the blocks (T x Hq / WG) fill the GPU four times over; else
+ * enough to, in chunks of at least 128 keys of the longest context the table can hold
+ * (table_ld x block_rows), whole tiles each. So the count depends on the shapes only, never on
+ * n_keys (a decode step captured as a graph replays with the same), and a prefill of many
+ * tokens runs unsplit. sms 0 (FF_CUDA_DECODE_SPLIT=0): no splits. */
+static void cached_splits(int T, int Hq, int WG, int max_keys, int sms, int *nsplit, int *chunk) {
+    const int64_t blocks = (int64_t)T * (Hq / WG), want = 4 * (int64_t)sms;
+    int n = 1;
+    if (sms > 0 && blocks < want) {
+        int64_t by_fill = (want + blocks - 1) / blocks, by_len = (max_keys + 127) / 128;
+        n = (int)(by_fill < by_len ? by_fill : by_len);
+        if (n < 1) n = 1;
+    }
+    int c = (max_keys + n - 1) / n;
+    c = (c + KT - 1) / KT * KT;
+    *chunk = c;
+    *nsplit = (max_keys + c - 1) / c;
 }
 
 template <typename T>
@@ -359,10 +425,20 @@ static void attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, f
         return;
     }
     ff_cuda_use_device(s);
-    FF_LAUNCH(k_att_cached<T>, dim3(T_, Hq), 32, cached_smem(D), CS(s), F(q), ldq, (const T *)(const void *)F(kcache),
-                                                                (const T *)(const void *)F(vcache), I32(table), table_ld,
-                                                                block_rows, I32(seq), I32(n_keys), Hq, Hkv, D,
-                                                                1.0f / sqrtf((float)D), F(out));
+    const int WG = cached_heads_per_block(Hq, Hkv);
+    int nsplit, chunk;
+    cached_splits(T_, Hq, WG, table_ld * block_rows, CI(s)->decode_split ? CI(s)->sm_count : 0, &nsplit, &chunk);
+    float *part_ml = NULL, *part_acc = NULL;
+    if (nsplit > 1) {
+        const size_t parts = (size_t)T_ * Hq * nsplit;
+        part_ml = (float *)ff_cuda_scratch(s, parts * (2 + (size_t)D) * sizeof(float));
+        if (!part_ml) return;
+        part_acc = part_ml + 2 * parts;
+    }
+    FF_LAUNCH(k_att_cached<T>, dim3(T_, Hq / WG, nsplit), 32 * WG, cached_smem(WG, D), CS(s), F(q), ldq,
+              (const T *)(const void *)F(kcache), (const T *)(const void *)F(vcache), I32(table), table_ld, block_rows,
+              I32(seq), I32(n_keys), Hq, Hkv, D, WG, 1.0f / sqrtf((float)D), chunk, nsplit, F(out), part_ml, part_acc);
+    if (nsplit > 1) FF_LAUNCH(k_att_combine, dim3(T_, Hq), 32, 0, CS(s), part_ml, part_acc, Hq, D, nsplit, F(out));
     ff_cuda_check_launch(s, what);
 }
 
@@ -387,8 +463,8 @@ int ff_cuda_attention_init(void) {
     } k[] = {{(const void *)k_att_fwd, fwd_smem(MAXD)},
              {(const void *)k_att_dq, dq_smem(MAXD)},
              {(const void *)k_att_dkv, dkv_smem(MAXD)},
-             {(const void *)k_att_cached<float>, cached_smem(MAXD)},
-             {(const void *)k_att_cached<__nv_bfloat16>, cached_smem(MAXD)}};
+             {(const void *)k_att_cached<float>, cached_smem(16, MAXD)},
+             {(const void *)k_att_cached<__nv_bfloat16>, cached_smem(16, MAXD)}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         cudaError_t e = cudaFuncSetAttribute(k[i].fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k[i].bytes);
         if (e != cudaSuccess) {

@@ -895,6 +895,16 @@ static int attention_from_env(int math, int *att) {
     return 0;
 }
 
+/* FF_CUDA_DECODE_SPLIT: 1 (the default) lets decoding's attention split its keys over blocks
+ * (cuda_attention.cu, k_att_cached); 0 keeps one block a (token, head group), for comparison. */
+static int split_from_env(int *split) {
+    const char *v = getenv("FF_CUDA_DECODE_SPLIT");
+    if (!v || !*v || !strcmp(v, "1")) *split = 1;
+    else if (!strcmp(v, "0")) *split = 0;
+    else return ff_error_set("FF_CUDA_DECODE_SPLIT", "use 1 (the default: split long contexts' keys) or 0", "unknown value '%s'", v);
+    return 0;
+}
+
 extern "C" ff_backend *ff_backend_cuda_new(int device) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -910,8 +920,8 @@ extern "C" ff_backend *ff_backend_cuda_new(int device) {
                      "device cuda:%d requested but %d CUDA device%s visible", device, n, n == 1 ? " is" : "s are");
         return NULL;
     }
-    int math = 0, att = 0;
-    if (math_from_env(&math) || attention_from_env(math, &att)) return NULL;
+    int math = 0, att = 0, split = 1;
+    if (math_from_env(&math) || attention_from_env(math, &att) || split_from_env(&split)) return NULL;
     e = cudaSetDevice(device);
     if (e != cudaSuccess) {
         cuda_fail(e, "selecting the device", "check the device with nvidia-smi");
@@ -932,6 +942,7 @@ extern "C" ff_backend *ff_backend_cuda_new(int device) {
     c->math = math;
     be->bf16_products = math == CUDA_MATH_BF16;
     c->attention = att;
+    c->decode_split = split;
     cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device);
     e = cudaStreamCreateWithFlags(&c->fill, cudaStreamNonBlocking);
     if (e != cudaSuccess) {

@@ -22,6 +22,7 @@ typedef struct cuda_impl {
     int math; /* CUDA_MATH_*: how ff_gemm multiplies (FF_CUDA_MATH) */
     int attention; /* CUDA_ATT_*: which training attention kernels run (FF_CUDA_ATTENTION) */
     int sm_count;
+    int decode_split; /* FF_CUDA_DECODE_SPLIT: decoding's attention may split its keys (cuda_attention.cu) */
     cudaStream_t fill; /* non-blocking: zero-fills new buffers, waited for at once (cuda_alloc) */
 } cuda_impl;
 

@@ -386,6 +386,27 @@ static void test_attention(void) {
     dual_free(&kc16), dual_free(&vc16), dual_free(&dto);
     dual_free(&dtab), dual_free(&dseq);
     dual_free(&q), dual_free(&kc), dual_free(&vc), dual_free(&dnk), dual_free(&o);
+
+    /* decoding's long contexts: 2 sequences of up to 40 blocks of 16 rows (640 keys: the keys
+     * split over blocks, combined after), a GQA group of 7 heads sharing each staged tile,
+     * contexts that end on a split's edge, just past it, and at the table's end; fp32 and bf16
+     * caches */
+    {
+        enum { BS = 16, NB = 80, TLD = 40, T2 = 6, HQ = 14, HKV = 2, D2 = 64 };
+        int32_t tab2[2 * TLD], seq2[T2] = {0, 0, 1, 1, 1, 0}, nk2[T2] = {1, 128, 129, 640, 301, 33};
+        for (int i = 0; i < 2 * TLD; i++) tab2[i] = (i * 37 + 5) % NB; /* a permutation of the 80 blocks */
+        dual q2 = dual_rand((size_t)T2 * HQ * D2, 1), k2 = dual_rand((size_t)NB * BS * HKV * D2, 1),
+             v2 = dual_rand((size_t)NB * BS * HKV * D2, 1), t2 = dual_i32(tab2, 2 * TLD), s2 = dual_i32(seq2, T2),
+             n2 = dual_i32(nk2, T2), o2 = dual_new(NULL, (size_t)T2 * HQ * D2 * 4);
+        BOTH(ff_attention_cached(S, P(q2), HQ * D2, P(k2), P(v2), P(t2), 2, TLD, BS, P(s2), P(n2), T2, HQ, HKV, D2, P(o2)));
+        cmp_all("attention_cached, long contexts (keys split)", o2, 1e-5, 1e-4);
+        dual k16 = dual_bf16((size_t)NB * BS * HKV * D2, 1), v16 = dual_bf16((size_t)NB * BS * HKV * D2, 1);
+        BOTH(ff_attention_cached_bf16(S, P(q2), HQ * D2, P(k16), P(v16), P(t2), 2, TLD, BS, P(s2), P(n2), T2, HQ, HKV, D2,
+                                      P(o2)));
+        cmp_all("attention_cached_bf16, long contexts (keys split)", o2, 1e-5, 1e-4);
+        dual_free(&q2), dual_free(&k2), dual_free(&v2), dual_free(&t2), dual_free(&s2), dual_free(&n2), dual_free(&o2);
+        dual_free(&k16), dual_free(&v16);
+    }
 }
 
 /* ---- logits and sampling --------------------------------------------------------------------------- */
