@@ -526,13 +526,13 @@ void ff_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dp
                          int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                          ff_dptr out) {
     need_cached(s, q, ldq, table, S, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
-    PROF(attention_cached, s, q, ldq, kcache, vcache, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
+    PROF(attention_cached, s, q, ldq, kcache, vcache, table, S, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
 }
 void ff_attention_cached_bf16(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
                               int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                               ff_dptr out) {
     need_cached(s, q, ldq, table, S, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
-    PROF(attention_cached_bf16, s, q, ldq, kcache, vcache, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
+    PROF(attention_cached_bf16, s, q, ldq, kcache, vcache, table, S, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out);
 }
 void ff_scatter_rows_bf16(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
     need_mat(s, src, T, N, lds);

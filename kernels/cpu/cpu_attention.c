@@ -380,14 +380,16 @@ static void attention_cached(ff_stream *s, ff_dptr qp, int ldq, const void *kc, 
     ff_cpu_for(s, (int64_t)T * Hkv, 4.0 * (keys / T) * j.rep * D, cached_part, &j);
 }
 
-void ff_cpu_attention_cached(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr tablep,
+void ff_cpu_attention_cached(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr tablep, int S,
                              int table_ld, int block_rows, ff_dptr seqp, ff_dptr nkeysp, int T, int Hq, int Hkv, int D,
                              ff_dptr outp) {
+    (void)S;
     attention_cached(s, qp, ldq, F(kcp), F(vcp), false, tablep, table_ld, block_rows, seqp, nkeysp, T, Hq, Hkv, D, outp);
 }
 
-void ff_cpu_attention_cached_bf16(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr tablep,
+void ff_cpu_attention_cached_bf16(ff_stream *s, ff_dptr qp, int ldq, ff_dptr kcp, ff_dptr vcp, ff_dptr tablep, int S,
                                   int table_ld, int block_rows, ff_dptr seqp, ff_dptr nkeysp, int T, int Hq, int Hkv, int D,
                                   ff_dptr outp) {
+    (void)S;
     attention_cached(s, qp, ldq, F(kcp), F(vcp), true, tablep, table_ld, block_rows, seqp, nkeysp, T, Hq, Hkv, D, outp);
 }

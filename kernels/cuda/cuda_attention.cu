@@ -442,16 +442,33 @@ static void attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, f
     ff_cuda_check_launch(s, what);
 }
 
-void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table,
+/* A prefill (at least 64 tokens, 8 a sequence on average, rows of a sequence mostly together)
+ * on tensor cores where the training attention runs there (FF_CUDA_ATTENTION=bf16 and its head
+ * dims); decoding's steps (a token a sequence) on the CUDA-core kernel above. */
+static bool cached_on_tc(ff_stream *s, int T, int S, int D) {
+    return CI(s)->attention == CUDA_ATT_BF16 && ff_cuda_attention_tc_fits(D) && T >= 64 && T >= 8 * S;
+}
+
+void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
                               int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                               ff_dptr out) {
+    if (cached_on_tc(s, T, S, D)) {
+        ff_cuda_attention_cached_tc(s, q, ldq, kcache, vcache, false, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv,
+                                    D, out);
+        return;
+    }
     attention_cached<float>(s, q, ldq, kcache, vcache, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D, out,
                             "attention_cached");
 }
 
-void ff_cuda_attention_cached_bf16(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table,
+void ff_cuda_attention_cached_bf16(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
                                    int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                                    ff_dptr out) {
+    if (cached_on_tc(s, T, S, D)) {
+        ff_cuda_attention_cached_tc(s, q, ldq, kcache, vcache, true, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv,
+                                    D, out);
+        return;
+    }
     attention_cached<__nv_bfloat16>(s, q, ldq, kcache, vcache, table, table_ld, block_rows, seq, n_keys, T, Hq, Hkv, D,
                                     out, "attention_cached_bf16");
 }

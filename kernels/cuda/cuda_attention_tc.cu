@@ -6,8 +6,9 @@
  * rounded to bf16.
  *
  * FF_CUDA_ATTENTION picks these (cuda_backend.cu); the CUDA-core kernels of cuda_attention.cu
- * remain the exact fp32 reference and serve the other head dims. Not here: the KV-cache
- * attention of decoding.
+ * remain the exact fp32 reference and serve the other head dims. A prefill's attention against
+ * the paged KV cache runs here too (k_att_cached_tc, the forward's tiling over the cache's
+ * blocks); decoding's steps, a token a sequence, run on cuda_attention.cu's kernel.
  *
  * Tiling (FlashAttention-2's, deterministic): a block is 4 warps, each owning 16 rows.
  *  - forward: a block holds 64 query rows of one head and walks tiles of 64 keys of its kv
@@ -202,6 +203,140 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const float *qkv, int
     const float inv = 1.0f / l;
     for (int c = half * HDC; c < (half + 1) * HDC; c++) out[(int64_t)t * Hq * D + (int64_t)h * D + c] = orow[c] * inv;
     if (half == 0) lse[(int64_t)t * Hq + h] = m + logf(l);
+}
+
+/* ---- a prefill against the paged KV cache ------------------------------------------------------ */
+
+static __device__ __forceinline__ float to_f32(float x) { return x; }
+static __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+
+/* Cache rows of positions p0 .. p0 + TB - 1 of a sequence (block table tab, blocks of bs rows)
+ * into sm [TB, D + 8] as bf16; positions at or past lim are zero. */
+template <int D, typename KV>
+static __device__ __forceinline__ void stage_paged_bf16(bf16 *sm, const KV *src, int64_t ld, int64_t col,
+                                                        const int32_t *tab, int bs, int p0, int lim) {
+    constexpr int DP = D + 8;
+    for (int i = threadIdx.x; i < TB * D; i += blockDim.x) {
+        int j = i / D, d = i - j * D, p = p0 + j;
+        float x = 0.0f;
+        if (p < lim) x = to_f32(src[((int64_t)tab[p / bs] * bs + p % bs) * ld + col + d]);
+        sm[j * DP + d] = __float2bfloat16_rn(x);
+    }
+}
+
+/* The forward of k_att_fwd_tc for 64 query rows of one head whose keys are in a paged cache:
+ * row t attends to positions 0 .. n_keys[t] - 1 of sequence seq[t]. The block takes the
+ * sequences of its rows one after another (in the order their first rows come): for each, it
+ * walks tiles of 64 of its positions up to the longest of its rows' key counts, each warp with
+ * a row of that sequence scoring, the others' rows masked (their running max, sum and output
+ * unchanged). A prefill's rows of one prompt are together, so a block sees one sequence, or a
+ * few where short prompts are packed. */
+enum { TCC_SMALL = 2 * TB + NW + 2 }; /* ints of the block's row table */
+
+template <int D>
+static inline size_t cached_tc_smem() {
+    return (size_t)3 * TB * (D + 8) * sizeof(bf16) + (size_t)NW * 16 * SP * sizeof(float) +
+           (size_t)NW * 16 * PP * sizeof(bf16) + (size_t)NW * 16 * (D + 4) * sizeof(float) + TCC_SMALL * sizeof(int);
+}
+
+template <int D, typename KV>
+static __global__ void __launch_bounds__(TPB)
+    k_att_cached_tc(const float *q, int ldq, const KV *kc, const KV *vc, const int32_t *table, int table_ld, int bs,
+                    const int32_t *seq, const int32_t *nkeys, int T, int Hq, int Hkv, float scale, float *out) {
+    constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
+    FF_DYN_SHARED(unsigned char, smem);
+    bf16 *q_s = (bf16 *)smem, *k_s = q_s + TB * DP, *v_s = k_s + TB * DP;
+    float *s_all = (float *)(v_s + TB * DP);
+    bf16 *p_all = (bf16 *)(s_all + NW * 16 * SP);
+    float *o_all = (float *)(p_all + NW * 16 * PP);
+    int *row_seq = (int *)(o_all + NW * 16 * OP), *row_n = row_seq + TB, *warp_in = row_n + TB, *cur_s = warp_in + NW;
+    const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t KD = (int64_t)Hkv * D;
+    float *s_w = s_all + warp * 16 * SP, *o_w = o_all + warp * 16 * OP;
+    bf16 *p_w = p_all + warp * 16 * PP;
+    const int t0 = blockIdx.x * TB;
+    const int r = lane >> 1, half = lane & 1, rb = warp * 16 + r, t = t0 + rb;
+    const bool valid = t < T;
+    float *orow = o_w + r * OP;
+    const float *srow = s_w + r * SP;
+    bf16 *prow = p_w + r * PP;
+
+    for (int i = threadIdx.x; i < TB; i += blockDim.x) {
+        row_seq[i] = t0 + i < T ? seq[t0 + i] : -1; /* -1: no row, or a row done */
+        row_n[i] = t0 + i < T ? nkeys[t0 + i] : 0;
+    }
+    stage_bf16<D>(q_s, q, ldq, (int64_t)h * D, t0, T);
+    for (int c = half * HDC; c < (half + 1) * HDC; c++) orow[c] = 0.0f;
+    const int my_seq = valid ? seq[t] : -1, my_n = valid ? nkeys[t] : 0;
+    float m = -INFINITY, l = 0.0f;
+    for (;;) {
+        __syncthreads(); /* row_seq final for this round, the previous tiles consumed */
+        if (threadIdx.x == 0) { /* the next sequence: the first row not done; its rows marked done */
+            int cur = -1, kmax = 0;
+            for (int i = 0; i < TB; i++)
+                if (row_seq[i] >= 0) {
+                    cur = row_seq[i];
+                    break;
+                }
+            for (int w = 0; w < NW; w++) warp_in[w] = 0;
+            for (int i = 0; cur >= 0 && i < TB; i++)
+                if (row_seq[i] == cur) {
+                    kmax = max(kmax, row_n[i]);
+                    warp_in[i / 16] = 1;
+                    row_seq[i] = -1;
+                }
+            cur_s[0] = cur;
+            cur_s[1] = kmax;
+        }
+        __syncthreads();
+        const int cur = cur_s[0], kmax = cur_s[1];
+        if (cur < 0) break;
+        const int32_t *tab = table + (int64_t)cur * table_ld;
+        const bool mine = my_seq == cur, wmine = warp_in[warp] != 0;
+        for (int k0 = 0; k0 < kmax; k0 += TB) {
+            __syncthreads(); /* the previous tile is consumed */
+            stage_paged_bf16<D>(k_s, kc, KD, (int64_t)g * D, tab, bs, k0, kmax);
+            stage_paged_bf16<D>(v_s, vc, KD, (int64_t)g * D, tab, bs, k0, kmax);
+            __syncthreads();
+            if (!wmine) continue; /* warp-uniform: none of its rows is of this sequence */
+            mm_abt<D>(s_w, SP, TB, q_s + warp * 16 * DP, DP, k_s, DP);
+            __syncwarp();
+            float mx = -INFINITY;
+            for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++)
+                if (mine && k0 + c < my_n) mx = fmaxf(mx, srow[c] * scale);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            const float mnew = fmaxf(m, mx), alpha = mnew == -INFINITY ? 1.0f : expf(m - mnew);
+            float sum = 0.0f;
+            for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
+                float p = mine && k0 + c < my_n ? expf(srow[c] * scale - mnew) : 0.0f;
+                prow[c] = __float2bfloat16_rn(p);
+                sum += p;
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            l = l * alpha + sum;
+            m = mnew;
+            for (int c = half * HDC; c < (half + 1) * HDC; c++) orow[c] *= alpha;
+            __syncwarp();
+#pragma unroll
+            for (int n = 0; n < D; n += 16) {
+                frag_c acc;
+                wmma::load_matrix_sync(acc, o_w + n, OP, wmma::mem_row_major);
+#pragma unroll
+                for (int kk = 0; kk < TB; kk += 16) {
+                    frag_a fa;
+                    frag_b fb;
+                    wmma::load_matrix_sync(fa, p_w + kk, PP);
+                    wmma::load_matrix_sync(fb, v_s + kk * DP + n, DP);
+                    wmma::mma_sync(acc, fa, fb, acc);
+                }
+                wmma::store_matrix_sync(o_w + n, acc, OP, wmma::mem_row_major);
+            }
+            __syncwarp();
+        }
+    }
+    if (!valid) return; /* every row saw at least one key: n_keys >= 1, l > 0 */
+    const float inv = 1.0f / l;
+    for (int c = half * HDC; c < (half + 1) * HDC; c++) out[(int64_t)t * Hq * D + (int64_t)h * D + c] = orow[c] * inv;
 }
 
 /* ---- backward: dq ----------------------------------------------------------------------------- */
@@ -424,6 +559,34 @@ void ff_cuda_attention_bwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_sta
     ff_cuda_check_launch(s, "attention_bwd (tensor cores)");
 }
 
+void ff_cuda_attention_cached_tc(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, bool kv16, ff_dptr table,
+                                 int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
+                                 ff_dptr out) {
+    if (T <= 0) return;
+    ff_cuda_use_device(s);
+    const float scale = 1.0f / sqrtf((float)D);
+    const dim3 grid((T + TB - 1) / TB, Hq);
+    switch (D) {
+#define X(d)                                                                                                             \
+    case d:                                                                                                              \
+        if (kv16)                                                                                                        \
+            FF_LAUNCH((k_att_cached_tc<d, bf16>), grid, TPB, cached_tc_smem<d>(), CS(s), F(q), ldq,                      \
+                      (const bf16 *)(const void *)F(kcache), (const bf16 *)(const void *)F(vcache), I32(table), table_ld, \
+                      block_rows, I32(seq), I32(n_keys), T, Hq, Hkv, scale, F(out));                                     \
+        else                                                                                                             \
+            FF_LAUNCH((k_att_cached_tc<d, float>), grid, TPB, cached_tc_smem<d>(), CS(s), F(q), ldq, F(kcache),          \
+                      F(vcache), I32(table), table_ld, block_rows, I32(seq), I32(n_keys), T, Hq, Hkv, scale, F(out));    \
+        break;
+        FF_TC_DIMS(X)
+#undef X
+    default:
+        ff_error_set("cuda attention", "use FF_CUDA_ATTENTION=fp32", "no tensor-core kernel for head_dim %d", D);
+        ff_stream_fail(s);
+        return;
+    }
+    ff_cuda_check_launch(s, kv16 ? "attention_cached_bf16 (tensor cores)" : "attention_cached (tensor cores)");
+}
+
 int ff_cuda_attention_tc_init(void) {
     struct {
         const void *fn;
@@ -432,7 +595,9 @@ int ff_cuda_attention_tc_init(void) {
 #define X(d)                                                      \
     {(const void *)k_att_fwd_tc<d>, fwd_tc_smem<d>()},           \
         {(const void *)k_att_dq_tc<d>, dq_tc_smem<d>()},         \
-        {(const void *)k_att_dkv_tc<d>, dkv_tc_smem<d>()},
+        {(const void *)k_att_dkv_tc<d>, dkv_tc_smem<d>()},                                 \
+        {(const void *)k_att_cached_tc<d, float>, cached_tc_smem<d>()},                  \
+        {(const void *)k_att_cached_tc<d, bf16>, cached_tc_smem<d>()},
         FF_TC_DIMS(X)
 #undef X
     };

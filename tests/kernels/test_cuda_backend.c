@@ -344,8 +344,43 @@ static void attention_cases(double tol) {
     test_attention_case(e, 13, 2, 2, 48, tol); /* tiles start and end inside sequences */
 }
 
+/* A prefill against the paged KV cache: 179 query rows of 3 sequences (70 of one, 9 of
+ * another, 100 of a third whose first 30 positions were cached before: a second chunk), the
+ * 9-row one and the last rows interleaved with the third inside 64-row tiles, on a cache of 40
+ * blocks of 16 rows named out of order; fp32 and bf16 caches. On a backend with tensor-core
+ * attention this is k_att_cached_tc (Q, K, V and the probabilities rounded to bf16), else
+ * the CUDA-core kernel. */
+static void cached_prefill_case(double tol, const char *what) {
+    enum { BS = 16, NB = 40, TLD = 10, T = 179, S3 = 3, HQ = 8, HKV = 2, D = 64 };
+    int32_t tab[S3 * TLD], sq[T], nk[T], pos[S3] = {0, 0, 30};
+    for (int i = 0; i < S3 * TLD; i++) tab[i] = (i * 7 + 3) % NB;
+    int t = 0;
+    for (int i = 0; i < 70; i++) sq[t] = 1, nk[t++] = ++pos[1];
+    for (int i = 0; i < 9; i++) sq[t] = 0, nk[t++] = ++pos[0];
+    for (int i = 0; i < 80; i++) sq[t] = 2, nk[t++] = ++pos[2];
+    for (int i = 0; i < 20; i++) { /* interleaved: sequence 2's last rows with sequence 1's next ones */
+        const int which = i % 2 ? 1 : 2;
+        sq[t] = which, nk[t++] = ++pos[which];
+    }
+    REQUIRE(t == T);
+    dual q = dual_rand((size_t)T * HQ * D, 1), kc = dual_rand((size_t)NB * BS * HKV * D, 1),
+         vc = dual_rand((size_t)NB * BS * HKV * D, 1), dt = dual_i32(tab, S3 * TLD), ds = dual_i32(sq, T), dn = dual_i32(nk, T),
+         o = dual_new(NULL, (size_t)T * HQ * D * 4);
+    char w[128];
+    BOTH(ff_attention_cached(S, P(q), HQ * D, P(kc), P(vc), P(dt), S3, TLD, BS, P(ds), P(dn), T, HQ, HKV, D, P(o)));
+    snprintf(w, sizeof w, "attention_cached, a prefill (%s)", what);
+    cmp_all(w, o, tol * 1e-1, tol);
+    dual k16 = dual_bf16((size_t)NB * BS * HKV * D, 1), v16 = dual_bf16((size_t)NB * BS * HKV * D, 1);
+    BOTH(ff_attention_cached_bf16(S, P(q), HQ * D, P(k16), P(v16), P(dt), S3, TLD, BS, P(ds), P(dn), T, HQ, HKV, D, P(o)));
+    snprintf(w, sizeof w, "attention_cached_bf16, a prefill (%s)", what);
+    cmp_all(w, o, tol * 1e-1, tol);
+    dual_free(&q), dual_free(&kc), dual_free(&vc), dual_free(&dt), dual_free(&ds), dual_free(&dn), dual_free(&o);
+    dual_free(&k16), dual_free(&v16);
+}
+
 static void test_attention(void) {
     attention_cases(0);
+    cached_prefill_case(1e-4, "CUDA cores");
     setenv("FF_CUDA_ATTENTION", "bf16", 1);
     ff_backend *g_tc = gpu_new("cuda");
     unsetenv("FF_CUDA_ATTENTION");
@@ -355,6 +390,7 @@ static void test_attention(void) {
     gpu = g_tc;
     gst = ff_backend_stream(g_tc);
     attention_cases(2e-2); /* bf16 Q, K, V, dO and probabilities: ~0.4 % each */
+    cached_prefill_case(2e-2, "tensor cores");
     gpu = keep;
     gst = keep_st;
     ff_backend_destroy(&g_tc);
