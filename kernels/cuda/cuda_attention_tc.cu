@@ -122,6 +122,51 @@ static __device__ __forceinline__ void write_rows(frag_c (&acc)[D / 16], float *
     __syncwarp();
 }
 
+/* One tile of 64 keys in the forward's online softmax, for the warp's 16 rows (lanes 2r and
+ * 2r + 1 share row r, each half of its columns): with the warp's unscaled scores S = Q K^T in
+ * srow and seen(c) saying whether key c of the tile is visible to the lane's row, update the
+ * row's running max m and sum l, write P (bf16) to prow, rescale the warp's output rows o_w and
+ * add P V (v_s: the tile's values). A row that sees no key of the tile keeps m, l and its output
+ * exactly (alpha 1, P 0). */
+template <int D, typename Seen>
+static __device__ __forceinline__ void online_tile(const float *srow, bf16 *prow, float *o_w, const bf16 *p_w, const bf16 *v_s,
+                                                   float scale, float &m, float &l, Seen seen) {
+    constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
+    const int lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
+    float *orow = o_w + r * OP;
+    float mx = -INFINITY;
+    for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++)
+        if (seen(c)) mx = fmaxf(mx, srow[c] * scale);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float mnew = fmaxf(m, mx), alpha = mnew == -INFINITY ? 1.0f : expf(m - mnew);
+    float sum = 0.0f;
+    for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
+        float p = seen(c) ? expf(srow[c] * scale - mnew) : 0.0f;
+        prow[c] = __float2bfloat16_rn(p);
+        sum += p;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * alpha + sum;
+    m = mnew;
+    for (int c = half * HDC; c < (half + 1) * HDC; c++) orow[c] *= alpha;
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < D; n += 16) {
+        frag_c acc;
+        wmma::load_matrix_sync(acc, o_w + n, OP, wmma::mem_row_major);
+#pragma unroll
+        for (int kk = 0; kk < TB; kk += 16) {
+            frag_a fa;
+            frag_b fb;
+            wmma::load_matrix_sync(fa, p_w + kk, PP);
+            wmma::load_matrix_sync(fb, v_s + kk * DP + n, DP);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(o_w + n, acc, OP, wmma::mem_row_major);
+    }
+    __syncwarp();
+}
+
 /* ---- forward ---------------------------------------------------------------------------------- */
 
 template <int D>
@@ -164,40 +209,10 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const float *qkv, int
         if (w0 > wlast || k0 > wlast || k0 + TB <= wmy0) continue; /* warp-uniform: no key visible */
         mm_abt<D>(s_w, SP, TB, q_s + warp * 16 * DP, DP, k_s, DP);
         __syncwarp();
-        float mx = -INFINITY;
-        for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
-            int key = k0 + c;
-            if (valid && key >= my0 && key <= t) mx = fmaxf(mx, srow[c] * scale);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        const float mnew = fmaxf(m, mx), alpha = mnew == -INFINITY ? 1.0f : expf(m - mnew);
-        float sum = 0.0f;
-        for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
-            int key = k0 + c;
-            float p = valid && key >= my0 && key <= t ? expf(srow[c] * scale - mnew) : 0.0f;
-            prow[c] = __float2bfloat16_rn(p);
-            sum += p;
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l = l * alpha + sum;
-        m = mnew;
-        for (int c = half * HDC; c < (half + 1) * HDC; c++) orow[c] *= alpha;
-        __syncwarp();
-#pragma unroll
-        for (int n = 0; n < D; n += 16) {
-            frag_c acc;
-            wmma::load_matrix_sync(acc, o_w + n, OP, wmma::mem_row_major);
-#pragma unroll
-            for (int kk = 0; kk < TB; kk += 16) {
-                frag_a fa;
-                frag_b fb;
-                wmma::load_matrix_sync(fa, p_w + kk, PP);
-                wmma::load_matrix_sync(fb, v_s + kk * DP + n, DP);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(o_w + n, acc, OP, wmma::mem_row_major);
-        }
-        __syncwarp();
+        online_tile<D>(srow, prow, o_w, p_w, v_s, scale, m, l, [&](int c) {
+            const int key = k0 + c;
+            return valid && key >= my0 && key <= t;
+        });
     }
     if (!valid) return; /* every valid row saw at least its own key: l > 0 */
     const float inv = 1.0f / l;
@@ -301,37 +316,7 @@ static __global__ void __launch_bounds__(TPB)
             if (!wmine) continue; /* warp-uniform: none of its rows is of this sequence */
             mm_abt<D>(s_w, SP, TB, q_s + warp * 16 * DP, DP, k_s, DP);
             __syncwarp();
-            float mx = -INFINITY;
-            for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++)
-                if (mine && k0 + c < my_n) mx = fmaxf(mx, srow[c] * scale);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            const float mnew = fmaxf(m, mx), alpha = mnew == -INFINITY ? 1.0f : expf(m - mnew);
-            float sum = 0.0f;
-            for (int c = half * (TB / 2); c < (half + 1) * (TB / 2); c++) {
-                float p = mine && k0 + c < my_n ? expf(srow[c] * scale - mnew) : 0.0f;
-                prow[c] = __float2bfloat16_rn(p);
-                sum += p;
-            }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            l = l * alpha + sum;
-            m = mnew;
-            for (int c = half * HDC; c < (half + 1) * HDC; c++) orow[c] *= alpha;
-            __syncwarp();
-#pragma unroll
-            for (int n = 0; n < D; n += 16) {
-                frag_c acc;
-                wmma::load_matrix_sync(acc, o_w + n, OP, wmma::mem_row_major);
-#pragma unroll
-                for (int kk = 0; kk < TB; kk += 16) {
-                    frag_a fa;
-                    frag_b fb;
-                    wmma::load_matrix_sync(fa, p_w + kk, PP);
-                    wmma::load_matrix_sync(fb, v_s + kk * DP + n, DP);
-                    wmma::mma_sync(acc, fa, fb, acc);
-                }
-                wmma::store_matrix_sync(o_w + n, acc, OP, wmma::mem_row_major);
-            }
-            __syncwarp();
+            online_tile<D>(srow, prow, o_w, p_w, v_s, scale, m, l, [&](int c) { return mine && k0 + c < my_n; });
         }
     }
     if (!valid) return; /* every row saw at least one key: n_keys >= 1, l > 0 */
