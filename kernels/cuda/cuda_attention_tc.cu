@@ -504,6 +504,12 @@ int ff_cuda_attention_tc_fits(int D) {
     }
 }
 
+/* A head dim without tensor-core kernels (callers check ff_cuda_attention_tc_fits first). */
+static void no_tc_kernel(ff_stream *s, int D) {
+    ff_error_set("cuda attention", "use FF_CUDA_ATTENTION=fp32", "no tensor-core kernel for head_dim %d", D);
+    ff_stream_fail(s);
+}
+
 void ff_cuda_attention_fwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
                               int D, ff_dptr out, ff_dptr lse) {
     if (T <= 0) return;
@@ -516,8 +522,7 @@ void ff_cuda_attention_fwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_sta
         FF_TC_DIMS(X)
 #undef X
     default:
-        ff_error_set("cuda attention", "use FF_CUDA_ATTENTION=fp32", "no tensor-core kernel for head_dim %d", D);
-        ff_stream_fail(s);
+        no_tc_kernel(s, D);
         return;
     }
     ff_cuda_check_launch(s, "attention_fwd (tensor cores)");
@@ -537,8 +542,7 @@ void ff_cuda_attention_bwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_sta
         FF_TC_DIMS(X)
 #undef X
     default:
-        ff_error_set("cuda attention", "use FF_CUDA_ATTENTION=fp32", "no tensor-core kernel for head_dim %d", D);
-        ff_stream_fail(s);
+        no_tc_kernel(s, D);
         return;
     }
     ff_cuda_check_launch(s, "attention_bwd (tensor cores)");
@@ -565,8 +569,7 @@ void ff_cuda_attention_cached_tc(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcach
         FF_TC_DIMS(X)
 #undef X
     default:
-        ff_error_set("cuda attention", "use FF_CUDA_ATTENTION=fp32", "no tensor-core kernel for head_dim %d", D);
-        ff_stream_fail(s);
+        no_tc_kernel(s, D);
         return;
     }
     ff_cuda_check_launch(s, kv16 ? "attention_cached_bf16 (tensor cores)" : "attention_cached (tensor cores)");
