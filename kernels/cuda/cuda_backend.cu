@@ -51,12 +51,13 @@ extern "C" {
 
 /* cuBLAS is opened with dlopen rather than linked: its libraries are hundreds of MiB, and
  * linked, every fuseflow process paged in part of them, CPU-only runs too (a CPU generate
- * peaked at 259 MiB against tests/cli/test_memory.sh's 138 MiB). Only the six functions
+ * peaked at 259 MiB against tests/cli/test_memory.sh's 138 MiB). Only the seven functions
  * used here. */
 typedef struct blas_api {
     cublasStatus_t (*create)(cublasHandle_t *);
     cublasStatus_t (*destroy)(cublasHandle_t);
     cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*set_workspace)(cublasHandle_t, void *, size_t);
     cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
     cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
                               const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
@@ -73,8 +74,8 @@ static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
 /* 0, or -1 + error naming the library and where it was looked for. */
 static int load_blas(void) {
 #ifdef FF_CUDA_EMU /* the emulator's cuBLAS (kernels/cuda/emu/cuda_emu.cpp) */
-    blas_api e = {ff_emu_cublasCreate, ff_emu_cublasDestroy, ff_emu_cublasSetStream, ff_emu_cublasSetMathMode,
-                  ff_emu_cublasGemmEx, ff_emu_cublasGetStatusString};
+    blas_api e = {ff_emu_cublasCreate,      ff_emu_cublasDestroy, ff_emu_cublasSetStream,      ff_emu_cublasSetWorkspace,
+                  ff_emu_cublasSetMathMode, ff_emu_cublasGemmEx,  ff_emu_cublasGetStatusString};
     pthread_mutex_lock(&blas_mu);
     blas = e;
     pthread_mutex_unlock(&blas_mu);
@@ -108,10 +109,11 @@ static int load_blas(void) {
     *(void **)&b.create = dlsym(h, "cublasCreate_v2");
     *(void **)&b.destroy = dlsym(h, "cublasDestroy_v2");
     *(void **)&b.set_stream = dlsym(h, "cublasSetStream_v2");
+    *(void **)&b.set_workspace = dlsym(h, "cublasSetWorkspace_v2");
     *(void **)&b.set_math_mode = dlsym(h, "cublasSetMathMode");
     *(void **)&b.gemm_ex = dlsym(h, "cublasGemmEx");
     *(void **)&b.status_string = dlsym(h, "cublasGetStatusString");
-    if (!b.create || !b.destroy || !b.set_stream || !b.set_math_mode || !b.gemm_ex || !b.status_string) {
+    if (!b.create || !b.destroy || !b.set_stream || !b.set_workspace || !b.set_math_mode || !b.gemm_ex || !b.status_string) {
         pthread_mutex_unlock(&blas_mu);
         return ff_error_set("cuda backend", "install the cuBLAS of the CUDA toolkit fuseflow was built with",
                             "%s lacks a function fuseflow uses (cublasCreate_v2, cublasGemmEx, ...)", CUBLAS_SONAME);
@@ -265,6 +267,7 @@ static void cuda_stream_fini(ff_stream *s) {
     ff_cuda_use_device(s);
     cudaStreamSynchronize(cs->st);
     cudaFree(cs->scratch);
+    cudaFree(cs->blas_ws);
     for (int i = 0; i < cs->n_retired; i++) cudaFree(cs->retired[i]); /* graphs outlived their stream (a caller's bug) */
     free(cs->retired);
     cudaStreamDestroy(cs->st);
@@ -382,6 +385,38 @@ static __global__ void k_to_bf16(const float *src, int ld, __nv_bfloat16 *dst, i
         dst[i] = __float2bfloat16(src[(i / cols) * ld + i % cols]);
 }
 
+/* cuBLAS's workspace on a stream: a block of the stream's own, made at its first product (the
+ * size NVIDIA gives for Hopper), so that cuBLAS never allocates by itself, which a graph capture
+ * could not hold; set again with the stream at every call (cublasSetStream puts back the default
+ * pool). 0, or -1 with the stream failed: out of memory, or a first product inside a capture. */
+enum { BLAS_WS_BYTES = 32 << 20 };
+static int blas_on(ff_stream *s) {
+    cuda_impl *c = CI(s);
+    cuda_stream *cs = (cuda_stream *)s->impl;
+    if (!cs->blas_ws) {
+        if (cs->capturing) {
+            ff_error_set("cuda backend", "run the same work once before capturing it, so that cuBLAS has its workspace",
+                         "a stream's first matrix product is inside a graph capture");
+            ff_stream_fail(s);
+            return -1;
+        }
+        cudaError_t e = cudaMalloc(&cs->blas_ws, BLAS_WS_BYTES);
+        if (e != cudaSuccess) {
+            cs->blas_ws = NULL;
+            cuda_fail(e, "allocating cuBLAS's workspace (32 MiB)", "free device memory");
+            ff_stream_fail(s);
+            return -1;
+        }
+    }
+    if (blas.set_stream(c->blas, CS(s)) != CUBLAS_STATUS_SUCCESS ||
+        blas.set_workspace(c->blas, cs->blas_ws, BLAS_WS_BYTES) != CUBLAS_STATUS_SUCCESS) {
+        ff_error_set("cuda backend", "check the device with nvidia-smi", "cuBLAS refused the stream or its workspace");
+        ff_stream_fail(s);
+        return -1;
+    }
+    return 0;
+}
+
 static void blas_check(ff_stream *s, cublasStatus_t st, int M, int N, int K) {
     if (st == CUBLAS_STATUS_SUCCESS) return;
     ff_error_set("cuda backend", "check the shapes and the device (nvidia-smi)", "cuBLAS gemm %dx%dx%d failed: %s", M, N,
@@ -425,7 +460,7 @@ static void gemm16(ff_stream *s, const char *what, ff_trans ta, ff_trans tb, int
         }
         ff_cuda_check_launch(s, what);
     }
-    blas.set_stream(c->blas, CS(s));
+    if (blas_on(s)) return;
     const cublasOperation_t oa = ta == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
     blas_check(s,
                blas.gemm_ex(c->blas, ob, oa, N, M, K, &alpha, pb, CUDA_R_16BF, lb, pa, CUDA_R_16BF, la, &beta, F(C),
@@ -446,7 +481,7 @@ static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int 
         ff_cuda_check_launch(s, "gemm (K = 0)");
         return;
     }
-    blas.set_stream(c->blas, CS(s));
+    if (blas_on(s)) return;
     cublasOperation_t oa = ta == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasComputeType_t ct = c->math == CUDA_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     blas_check(s,

@@ -37,6 +37,7 @@ enum { CUDA_ATT_FP32 = 0, CUDA_ATT_BF16 = 1 };
 typedef struct cuda_stream {
     cudaStream_t st;
     void *scratch; /* device */
+    void *blas_ws;  /* device: cuBLAS's workspace on this stream (32 MiB, made at its first product) */
     size_t scratch_cap; /* bytes */
     bool capturing;    /* a graph capture is open on st: the scratch cannot grow */
     int graphs;        /* graphs captured on st and alive: they hold the scratch they were captured with */

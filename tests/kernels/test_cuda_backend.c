@@ -751,6 +751,25 @@ static void test_graphs(void) {
     CHECK_STR_CONTAINS(ff_error_message(), "scratch must grow");
     graph_work(s, a, w16, w, c, o, GM);
     CHECK(ff_stream_sync(s) == 0);
+    /* a stream whose first product is inside a capture: cuBLAS has no workspace of the
+     * stream's yet, and making one cannot be held (the emulator's cuBLAS would allocate its
+     * pool); once a product ran eagerly, the same capture holds */
+    ff_stream *fresh = ff_stream_new(gpu);
+    REQUIRE(fresh);
+#define FRESH_GEMM() \
+    ff_gemm(fresh, FF_NO_TRANS, FF_TRANS, GM, GN, GK, 1.0f, ff_dptr_of(a, 0), GK, ff_dptr_of(w, 0), GK, 0.0f, ff_dptr_of(c, 0), GN)
+    REQUIRE(ff_stream_capture_begin(fresh) == 0);
+    FRESH_GEMM(); /* fp32 products (this backend's): no scratch */
+    CHECK(ff_stream_capture_end(fresh, &bad) == -1 && !bad);
+    CHECK_STR_CONTAINS(ff_error_message(), "first matrix product is inside a graph capture");
+    FRESH_GEMM();
+    CHECK(ff_stream_sync(fresh) == 0);
+    REQUIRE(ff_stream_capture_begin(fresh) == 0);
+    FRESH_GEMM();
+    CHECK(ff_stream_capture_end(fresh, &bad) == 0 && bad);
+#undef FRESH_GEMM
+    ff_stream_graph_destroy(&bad);
+    ff_stream_destroy(&fresh);
 
     ff_stream_graph_destroy(&g);
     ff_stream_destroy(&s);

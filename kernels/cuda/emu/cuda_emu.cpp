@@ -877,13 +877,18 @@ void ff_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size
 
 /* ---- cuBLAS ------------------------------------------------------------------------------------ */
 
+/* ws: the workspace the caller gave (cublasSetWorkspace); NULL: cuBLAS's own pool, which it
+ * grows by allocating, so a product on a capturing stream without one invalidates the capture
+ * here (cuBLAS may have its pool from earlier products; fuseflow never counts on it).
+ * cublasSetStream puts the pool back, as cuBLAS does. */
 struct ff_emu_blas {
     cudaStream_t stream;
     cublasMath_t math;
+    void *ws;
 };
 
 cublasStatus_t ff_emu_cublasCreate(cublasHandle_t *h) {
-    *h = new ff_emu_blas{NULL, CUBLAS_DEFAULT_MATH};
+    *h = new ff_emu_blas{NULL, CUBLAS_DEFAULT_MATH, NULL};
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t ff_emu_cublasDestroy(cublasHandle_t h) {
@@ -894,6 +899,14 @@ cublasStatus_t ff_emu_cublasDestroy(cublasHandle_t h) {
 cublasStatus_t ff_emu_cublasSetStream(cublasHandle_t h, cudaStream_t s) {
     if (!h || !stream_ok(s)) return CUBLAS_STATUS_NOT_INITIALIZED;
     h->stream = s;
+    h->ws = NULL;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t ff_emu_cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (bytes && !on_device(ws, bytes)) return CUBLAS_STATUS_INVALID_VALUE;
+    h->ws = bytes ? ws : NULL;
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t ff_emu_cublasSetMathMode(cublasHandle_t h, cublasMath_t m) {
@@ -905,6 +918,7 @@ const char *ff_emu_cublasGetStatusString(cublasStatus_t s) {
     switch (s) {
     case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
     case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     }
@@ -949,6 +963,8 @@ cublasStatus_t ff_emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
         (comp != CUBLAS_COMPUTE_32F && comp != CUBLAS_COMPUTE_32F_FAST_TF32))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    if (!h->ws && h->stream && h->stream->capturing && capture_refuse(h->stream, cudaErrorStreamCaptureInvalidated) != cudaSuccess)
+        return CUBLAS_STATUS_ALLOC_FAILED; /* its pool would grow: an allocation the capture cannot hold */
     const size_t ae = at == CUDA_R_16BF ? 2 : 4, be = bt == CUDA_R_16BF ? 2 : 4;
     if ((k && (!on_device(A, ((size_t)(acols - 1) * lda + arows) * ae) ||
                !on_device(B, ((size_t)(bcols - 1) * ldb + brows) * be))) ||

@@ -13,6 +13,7 @@ typedef struct ff_emu_blas *cublasHandle_t;
 typedef enum {
     CUBLAS_STATUS_SUCCESS = 0,
     CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
     CUBLAS_STATUS_INVALID_VALUE = 7,
     CUBLAS_STATUS_NOT_SUPPORTED = 15
 } cublasStatus_t;
@@ -25,6 +26,7 @@ typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 cublasStatus_t ff_emu_cublasCreate(cublasHandle_t *h);
 cublasStatus_t ff_emu_cublasDestroy(cublasHandle_t h);
 cublasStatus_t ff_emu_cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t ff_emu_cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes);
 cublasStatus_t ff_emu_cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
 cublasStatus_t ff_emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                                    const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
