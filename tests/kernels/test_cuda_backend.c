@@ -398,6 +398,10 @@ static void test_attention(void) {
     CHECK(gpu_new("cuda") == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "FF_CUDA_ATTENTION");
     unsetenv("FF_CUDA_ATTENTION");
+    setenv("FF_CUDA_DECODE_SPLIT", "yes", 1);
+    CHECK(gpu_new("cuda") == NULL);
+    CHECK_STR_CONTAINS(ff_error_message(), "FF_CUDA_DECODE_SPLIT");
+    unsetenv("FF_CUDA_DECODE_SPLIT");
 
     /* against a paged KV cache: 15 blocks of 13 rows, 3 sequences whose tables name them out of
      * order, the last two sharing their first two blocks (a common prompt) */
