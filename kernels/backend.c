@@ -330,8 +330,9 @@ void ff_stream_graph_destroy(ff_stream_graph **pg) {
 
 /* FF_PROFILE_KERNELS=1: wall time per kernel (after a stream sync), printed to stderr when
  * the backend is destroyed. Off by default; then it costs one branch per kernel. */
-static void prof_add(ff_backend *be, const char *name, int64_t t0) {
-    be->ops->stream_sync(be->stream); /* the wait alone: a kernel's failure stays for the caller's sync */
+static void prof_add(ff_stream *s, const char *name, int64_t t0) {
+    ff_backend *be = s->be;
+    be->ops->stream_sync(s); /* the wait alone: a kernel's failure stays for the caller's sync */
     int64_t dt = ff_now_ns() - t0;
     int i = 0;
     while (i < be->n_prof && be->prof[i].name != name) i++;
@@ -343,12 +344,16 @@ static void prof_add(ff_backend *be, const char *name, int64_t t0) {
     be->prof[i].calls++;
 }
 
-#define PROF(op, ...)                                              \
+#define PROF_AS(op, name, ...)                                     \
     do {                                                           \
         int64_t t0_ = s->be->profile ? ff_now_ns() : 0;            \
         s->be->ops->op(__VA_ARGS__);                               \
-        if (s->be->profile) prof_add(s->be, #op, t0_);             \
+        if (s->be->profile) prof_add(s, (name), t0_);              \
     } while (0)
+#define PROF(op, ...) PROF_AS(op, #op, __VA_ARGS__)
+/* products by their transposes (a layer's forward NT, input gradients NN, weight gradients TN) */
+static const char *const gemm_names[2][2] = {{"gemm NN", "gemm NT"}, {"gemm TN", "gemm TT"}};
+static const char *const gemm16_names[2][2] = {{"gemm_bf16 NN", "gemm_bf16 NT"}, {"gemm_bf16 TN", "gemm_bf16 TT"}};
 
 static void prof_print(const ff_backend *be) {
     int64_t total = 0;
@@ -370,7 +375,7 @@ void ff_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float 
         else need_mat(s, B, N, K, ldb);
     }
     need_mat(s, C, M, N, ldc);
-    PROF(gemm, s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    PROF_AS(gemm, gemm_names[ta][tb], s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void ff_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta, ff_dptr C,
@@ -398,7 +403,7 @@ void ff_gemm_bf16(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, f
         else need_mat_of(s, B, N, K, ldb, eb);
     }
     need_mat(s, C, M, N, ldc);
-    PROF(gemm_bf16, s, ta, tb, M, N, K, alpha, A, a16, lda, B, b16, ldb, beta, C, ldc);
+    PROF_AS(gemm_bf16, gemm16_names[ta][tb], s, ta, tb, M, N, K, alpha, A, a16, lda, B, b16, ldb, beta, C, ldc);
 }
 
 void ff_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
@@ -587,7 +592,7 @@ double ff_sumsq(ff_stream *s, ff_dptr x, int64_t n) {
     if (refused_in_capture(s, "ff_sumsq")) return 0.0;
     int64_t t0 = s->be->profile ? ff_now_ns() : 0;
     double r = s->be->ops->sumsq(s, x, n);
-    if (s->be->profile) prof_add(s->be, "sumsq", t0);
+    if (s->be->profile) prof_add(s, "sumsq", t0);
     return r;
 }
 void ff_adamw(ff_stream *s, ff_dptr param, ff_dptr grad, ff_dptr m, ff_dptr v, int64_t n, float lr, float b1,

@@ -96,7 +96,7 @@ struct ff_backend {
     struct {
         const char *name;
         int64_t ns, calls;
-    } prof[40];
+    } prof[48];
     /* ff_backend_memory: the bytes of the buffers alive, their most so far, their count
      * (updated with __atomic builtins, a buffer may be destroyed on another thread than the one
      * that computes; plain fields, as this header is also C++'s in kernels/cuda/) */
