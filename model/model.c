@@ -678,6 +678,7 @@ int ffm_grads_released(const ff_model *m, const char *what) {
 int ff_model_release_grads(ff_model *m) {
     if (m->inference) return ffm_inference_only("release gradients");
     ff_buffer_destroy(&m->grads);
+    ff_buffer_destroy(&m->w16c); /* made again by the next forward */
     return 0;
 }
 

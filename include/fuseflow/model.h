@@ -489,8 +489,10 @@ bool ff_model_params_held(const ff_model *m);
  * again zeroed (ff_model_restore_grads; 0 at once when held). In between, ff_model_zero_grad
  * does nothing and succeeds (they come back zero), and what needs them (a training forward, a
  * backward, ff_optimizer_step, reading, writing or exporting gradients) fails with an error
- * that names ff_model_restore_grads. Scoring forwards run. Both 0 or -1 + error (an
- * inference model, which has none; out of memory). */
+ * that names ff_model_restore_grads. Scoring forwards run. Releasing also gives back the bf16
+ * copy of the weights that bf16 products keep (ff_model_set_bf16_products), which the next
+ * forward makes again. Both 0 or -1 + error (an inference model, which has none; out of
+ * memory). */
 int ff_model_release_grads(ff_model *m);
 int ff_model_restore_grads(ff_model *m);
 bool ff_model_grads_held(const ff_model *m);

@@ -191,8 +191,24 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
     ff_model_memory mon_m, moff_m;
     ff_model_memory_of(mon, &mon_m);
     ff_model_memory_of(moff, &moff_m);
-    /* the copy counted: 2 bytes a weight-matrix element, most of the parameters */
+    /* the copy counted: 2 bytes a weight-matrix element, most of the parameters; given back with
+     * the gradients (a colocated actor's generation phase), made again by the next forward */
     CHECK(mon_m.workspace - moff_m.workspace >= ff_model_param_count(mon));
+    ff_backend_memory b0, b1;
+    ff_backend_memory_of(gbf, &b0);
+    REQUIRE(ff_model_release_grads(mon) == 0);
+    ff_backend_memory_of(gbf, &b1);
+    CHECK(b0.in_use - b1.in_use >= 4 * ff_model_param_count(mon) + ff_model_param_count(mon));
+    ff_model_memory_of(mon, &mon_m);
+    CHECK(mon_m.workspace - moff_m.workspace < ff_model_param_count(mon));
+    {
+        float lp[NT];
+        ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
+        ff_forward_out fo = {.logprobs = lp};
+        CHECK(ff_model_forward(mon, &b, NULL, &fo) == 0); /* a scoring forward: the copy is back */
+        ff_model_memory_of(mon, &mon_m);
+        CHECK(mon_m.workspace - moff_m.workspace >= ff_model_param_count(mon));
+    }
     ff_optimizer_destroy(&oon), ff_optimizer_destroy(&ooff), ff_optimizer_destroy(&ocp), ff_optimizer_destroy(&o32);
     ff_model_destroy(&mon), ff_model_destroy(&moff), ff_model_destroy(&cp16), ff_model_destroy(&c32);
     /* an inference model's products follow its backend or its bf16 weights */
