@@ -6,6 +6,7 @@
 # bit as with FF_DEVICE_COLL=0 (the same collectives through host memory on the cpu group):
 #   - PPO at TP 2 x DP 2 with sequence parallelism (the TP all-reduces, SP gathers and scatters,
 #     the DP gradient sum) and ZeRO-1 (reduce-scatter and all-gather in the flat buffers);
+#   - the same with bf16 products (FF_CUDA_MATH=bf16: the weights' bf16 copies, docs/model.md);
 #   - PPO at PP 2 (the pipeline's activations and gradients between stages);
 #   - GRPO training at TP 2 and generating at TP 1 on a pool of its own (the weight sync).
 # The emulator runs queued kernels only when waited for, so a collective whose stream does not
@@ -23,7 +24,7 @@ cuda=(roles.actor.backend=cuda roles.critic.backend=cuda)
 
 run() { # CONFIG OUT EXTRA...
   local cfg=$1 out=$2; shift 2
-  env FF_BIN="$FF_CUDA_EMU_BIN" FF_LIBCUDA="$FF_FAKE_LIBCUDA" "$gpus" FF_CUDA_EMU_DEVICES=4 FF_CUDA_MATH=fp32 \
+  env FF_BIN="$FF_CUDA_EMU_BIN" FF_LIBCUDA="$FF_FAKE_LIBCUDA" "$gpus" FF_CUDA_EMU_DEVICES=4 FF_CUDA_MATH="${MATH:-fp32}" \
     timeout 400 "$FF_CUDA_EMU_BIN" run "$src/examples/$cfg.yaml" $(small_run "$out") trainer.steps=$steps \
     trainer.test_freq=0 trainer.save_freq=0 data.train_batch_size=8 graph.rollout.n=4 roles.actor.model=$S \
     roles.ref.model=$S roles.actor.optim.lr=1e-3 roles.actor.optim.eps=1e-5 --no-progress --dump-samples "$@" \
@@ -46,6 +47,10 @@ ppo_args=(roles.critic.model=$S graph.train_actor.mini_batch_size=4 graph.train_
 
 both "TP 2 x DP 2 with SP and ZeRO-1 on cuda" ppo tpdp --workers 4 "${ppo_args[@]}" "${cuda[@]}" roles.actor.layout.tp=2 \
   roles.actor.layout.sp=true roles.actor.layout.zero=1
+# bf16 products (FF_CUDA_MATH=bf16): the trained models' bf16 copies of their TP shards, and the
+# gradients rounded once, under SP and ZeRO-1
+MATH=bf16 both "TP 2 x DP 2 with SP and ZeRO-1 on cuda, bf16 products" ppo tpdp16 --workers 4 "${ppo_args[@]}" "${cuda[@]}" \
+  roles.actor.layout.tp=2 roles.actor.layout.sp=true roles.actor.layout.zero=1
 both "PP 2 on cuda" ppo pp --workers 2 "${ppo_args[@]}" "${cuda[@]}" roles.actor.layout.pp=2
 both "GRPO at TP 2, generating at TP 1 on a pool of 2, all on cuda" grpo sync roles.actor.backend=cuda \
   roles.actor.layout.tp=2 roles.actor.workers=2 roles.actor.rollout.workers=2 roles.actor.rollout.layout.tp=1
