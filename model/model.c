@@ -1440,8 +1440,6 @@ int ff_model_stage_forward_dev(ff_model *m, int chunk, int32_t micro, const ff_b
 
 /* ---- backward ----------------------------------------------------------------------------- */
 
-/* The backward of a's training forward through chunk c: from d_hidden_out [T, H] or the heads'
- * output gradients to d_hidden_in [T, H] or the embedding's gradient. Releases a. */
 /* An operand of a backward product: fp32, or bf16 (the weights' copy; an output gradient rounded
  * once for its two products) while the model's products are bf16 (w16c_live). */
 typedef struct opnd {
@@ -1470,6 +1468,8 @@ static void prod(ff_model *m, ff_trans ta, ff_trans tb, int M, int N, int K, opn
     }
 }
 
+/* The backward of a's training forward through chunk c: from d_hidden_out [T, H] or the heads'
+ * output gradients to d_hidden_in [T, H] or the embedding's gradient. Releases a. */
 static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float *d_logprobs,
                         const float *d_entropy, const float *d_values, hio d_hidden_in) {
     const int c = a->chunk;
