@@ -169,6 +169,24 @@ static __device__ __forceinline__ void online_tile(const float *srow, bf16 *prow
 
 /* ---- forward ---------------------------------------------------------------------------------- */
 
+/* The forward's shared memory (fwd_tc_smem), as the training forward and the cached prefill
+ * lay it out: Q, K and V tiles in bf16, then per warp its scores (fp32), probabilities (bf16)
+ * and output rows (fp32); end: what follows them. */
+template <int D>
+struct fwd_tiles {
+    bf16 *q, *k, *v, *p;
+    float *s, *o;
+    unsigned char *end;
+    __device__ explicit fwd_tiles(unsigned char *smem) {
+        constexpr int DP = D + 8, OP = D + 4;
+        q = (bf16 *)smem, k = q + TB * DP, v = k + TB * DP;
+        s = (float *)(v + TB * DP);
+        p = (bf16 *)(s + NW * 16 * SP);
+        o = (float *)(p + NW * 16 * PP);
+        end = (unsigned char *)(o + NW * 16 * OP);
+    }
+};
+
 template <int D>
 static inline size_t fwd_tc_smem() {
     return (size_t)3 * TB * (D + 8) * sizeof(bf16) + (size_t)NW * 16 * SP * sizeof(float) +
@@ -180,10 +198,9 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const float *qkv, int
                                                            int Hq, int Hkv, float scale, float *out, float *lse) {
     constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
     FF_DYN_SHARED(unsigned char, smem);
-    bf16 *q_s = (bf16 *)smem, *k_s = q_s + TB * DP, *v_s = k_s + TB * DP;
-    float *s_all = (float *)(v_s + TB * DP);
-    bf16 *p_all = (bf16 *)(s_all + NW * 16 * SP);
-    float *o_all = (float *)(p_all + NW * 16 * PP);
+    const fwd_tiles<D> tl(smem);
+    bf16 *q_s = tl.q, *k_s = tl.k, *v_s = tl.v, *p_all = tl.p;
+    float *s_all = tl.s, *o_all = tl.o;
     const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float *s_w = s_all + warp * 16 * SP, *o_w = o_all + warp * 16 * OP;
     bf16 *p_w = p_all + warp * 16 * PP;
@@ -260,11 +277,10 @@ static __global__ void __launch_bounds__(TPB)
                     const int32_t *seq, const int32_t *nkeys, int T, int Hq, int Hkv, float scale, float *out) {
     constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
     FF_DYN_SHARED(unsigned char, smem);
-    bf16 *q_s = (bf16 *)smem, *k_s = q_s + TB * DP, *v_s = k_s + TB * DP;
-    float *s_all = (float *)(v_s + TB * DP);
-    bf16 *p_all = (bf16 *)(s_all + NW * 16 * SP);
-    float *o_all = (float *)(p_all + NW * 16 * PP);
-    int *row_seq = (int *)(o_all + NW * 16 * OP), *row_n = row_seq + TB, *warp_in = row_n + TB, *cur_s = warp_in + NW;
+    const fwd_tiles<D> tl(smem);
+    bf16 *q_s = tl.q, *k_s = tl.k, *v_s = tl.v, *p_all = tl.p;
+    float *s_all = tl.s, *o_all = tl.o;
+    int *row_seq = (int *)tl.end, *row_n = row_seq + TB, *warp_in = row_n + TB, *cur_s = warp_in + NW;
     const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t KD = (int64_t)Hkv * D;
     float *s_w = s_all + warp * 16 * SP, *o_w = o_all + warp * 16 * OP;
