@@ -273,18 +273,22 @@ static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double
     *mfu = 100.0 * flops_per_token(&s->cfg, seq) * *tok_s / (PEAK_TFLOPS * 1e12);
     ff_model_memory mm;
     ff_model_memory_of(m, &mm);
-    printf("  %s: %.0f M params, %.2f GFLOP/token, device memory: params %.2f GiB, grads %.2f GiB, workspace %.2f GiB, "
-           "AdamW %.2f GiB\n",
+    printf("  %s: %.0f M params, %.2f GFLOP/token, device memory: params %.2f GiB, grads %.2f GiB, workspace %.2f GiB "
+           "(activations %.2f GiB), AdamW %.2f GiB\n",
            s->name, ff_model_param_count(m) * 1e-6, flops_per_token(&s->cfg, seq) * 1e-9, mm.params / 1073741824.0,
-           mm.grads / 1073741824.0, mm.workspace / 1073741824.0, ff_optimizer_state_bytes(o) / 1073741824.0);
+           mm.grads / 1073741824.0, mm.workspace / 1073741824.0, mm.activations / 1073741824.0,
+           ff_optimizer_state_bytes(o) / 1073741824.0);
     if (tok_s_off) *tok_s_off = 0;
     if (tok_s_off && ff_model_bf16_products(m)) {
         if (ff_model_set_bf16_products(m, false) ||
             time_steps(m, o, s, &b, mask, steps, " (every operand rounded per product)", lp, dlp, dt, tok_s_off))
             goto out;
-        printf("  %s train with bf16 products: %.0f tok/s with the weights' bf16 copy, %.0f tok/s rounding every operand "
-               "per product (%.2fx)\n",
-               s->name, *tok_s, *tok_s_off, *tok_s / *tok_s_off);
+        ff_model_memory off;
+        ff_model_memory_of(m, &off);
+        printf("  %s train with bf16 products: %.0f tok/s with the weights' bf16 copy and bf16 saved inputs (activations "
+               "%.2f GiB), %.0f tok/s rounding every operand per product (%.2f GiB) (%.2fx)\n",
+               s->name, *tok_s, mm.activations / 1073741824.0, *tok_s_off, off.activations / 1073741824.0,
+               *tok_s / *tok_s_off);
     }
     rc = 0;
 out:

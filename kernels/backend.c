@@ -403,7 +403,20 @@ void ff_gemm_bf16(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, f
         else need_mat_of(s, B, N, K, ldb, eb);
     }
     need_mat(s, C, M, N, ldc);
-    PROF_AS(gemm_bf16, gemm16_names[ta][tb], s, ta, tb, M, N, K, alpha, A, a16, lda, B, b16, ldb, beta, C, ldc);
+    PROF_AS(gemm_bf16, gemm16_names[ta][tb], s, ta, tb, M, N, K, alpha, A, a16, lda, B, b16, ldb, beta, C, false, ldc);
+}
+
+void ff_gemm_bf16_out(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, ff_dptr A, bool a16, int lda,
+                      ff_dptr B, bool b16, int ldb, ff_dptr C16, int ldc) {
+    assert(M >= 0 && N >= 0 && K > 0);
+    if (M == 0 || N == 0) return;
+    const size_t ea = a16 ? 2 : 4, eb = b16 ? 2 : 4;
+    if (ta == FF_NO_TRANS) need_mat_of(s, A, M, K, lda, ea);
+    else need_mat_of(s, A, K, M, lda, ea);
+    if (tb == FF_NO_TRANS) need_mat_of(s, B, K, N, ldb, eb);
+    else need_mat_of(s, B, N, K, ldb, eb);
+    need_mat_of(s, C16, M, N, ldc, 2);
+    PROF_AS(gemm_bf16, gemm16_names[ta][tb], s, ta, tb, M, N, K, 1.0f, A, a16, lda, B, b16, ldb, 0.0f, C16, true, ldc);
 }
 
 void ff_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
@@ -485,13 +498,24 @@ void ff_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N) {
 void ff_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter) {
     need_mat(s, gu, T, 2 * inter, 2 * inter);
     need_mat(s, h, T, inter, inter);
-    PROF(swiglu_fwd, s, gu, h, T, inter);
+    PROF(swiglu_fwd, s, gu, h, T, inter, false);
 }
 void ff_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter) {
     need_mat(s, gu, T, 2 * inter, 2 * inter);
     need_mat(s, dh, T, inter, inter);
     need_mat(s, dgu, T, 2 * inter, 2 * inter);
-    PROF(swiglu_bwd, s, gu, dh, dgu, T, inter);
+    PROF(swiglu_bwd, s, gu, dh, dgu, T, inter, false);
+}
+void ff_swiglu_fwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr h16, int T, int inter) {
+    need_mat_of(s, gu16, T, 2 * inter, 2 * inter, 2);
+    need_mat_of(s, h16, T, inter, inter, 2);
+    PROF_AS(swiglu_fwd, "swiglu_fwd_bf16", s, gu16, h16, T, inter, true);
+}
+void ff_swiglu_bwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr dh, ff_dptr dgu, int T, int inter) {
+    need_mat_of(s, gu16, T, 2 * inter, 2 * inter, 2);
+    need_mat(s, dh, T, inter, inter);
+    need_mat(s, dgu, T, 2 * inter, 2 * inter);
+    PROF_AS(swiglu_bwd, "swiglu_bwd_bf16", s, gu16, dh, dgu, T, inter, true);
 }
 
 void ff_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,

@@ -41,8 +41,9 @@ typedef struct ff_backend_ops {
                  ff_dptr B, int ldb, float beta, ff_dptr C, int ldc);
     void (*gemm_bf16w)(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta, ff_dptr C,
                        int ldc);
+    /* c16: C holds bf16 (ff_gemm_bf16_out: alpha 1, beta 0, K >= 1) */
     void (*gemm_bf16)(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, bool a16,
-                      int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc);
+                      int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, bool c16, int ldc);
     void (*embedding_fwd_bf16)(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
     void (*cast_f32_bf16)(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
     void (*cast_bf16_f32)(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n);
@@ -55,8 +56,9 @@ typedef struct ff_backend_ops {
                  int D, int inverse);
     void (*bias_add)(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N);
     void (*bias_bwd)(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N);
-    void (*swiglu_fwd)(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter);
-    void (*swiglu_bwd)(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter);
+    /* b16: gu (and the forward's h) hold bf16 (ff_swiglu_fwd_bf16, ff_swiglu_bwd_bf16) */
+    void (*swiglu_fwd)(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter, bool b16);
+    void (*swiglu_bwd)(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter, bool b16);
     void (*attention_fwd)(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
                           int D, ff_dptr out, ff_dptr lse);
     void (*attention_bwd)(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host,

@@ -21,7 +21,9 @@
  * A view model (model/view.c) reads its weights in pieces: the same products, one per piece.
  * A model with bf16 weights multiplies by them with ff_gemm_bf16w (fp32 activations); one with
  * bf16 products, inside its training and scoring forwards, with ff_gemm_bf16 by the bf16 copy
- * of its weights (model_internal.h, w16c).
+ * of its weights (model_internal.h, w16c), and a kept (training) forward keeps the products'
+ * inputs (xn1, xn2 rounded once; hm) and gate|up's output gu in bf16 alone, for its own
+ * products and its backward's (in16): gate|up writes gu in bf16, SwiGLU reads and writes bf16.
  *
  * Not here: the backward (model.c, which reads the activations this leaves), the
  * embedding, the final norm and the heads. */
@@ -29,17 +31,17 @@
 
 static bool same(ff_dptr a, ff_dptr b) { return a.buf == b.buf && a.off == b.off; }
 
-/* out [T, H] = res + A [T, K] @ W^T (W [H, K]); out may be res. Under TP (the g operator)
+/* out [T, H] = res + A [T, K] @ W^T (W [H, K]); out may be res; A fp32, or bf16 (a16). Under TP (the g operator)
  * the product is a partial sum: computed alone (into out, or into scratch [T, H] when out is
  * res), summed over the group, then added to res. Under SP out and res are the rank's rows
  * [nr, H]: the partial sum goes to part [T, H], and its reduce-scatter back into part's
  * first rows. */
-static int row_parallel(ff_model *m, const ffm_layer_tokens *tk, int K, ff_dptr A, const ff_param_tensor *W, ff_dptr res,
+static int row_parallel(ff_model *m, const ffm_layer_tokens *tk, int K, ff_dptr A, bool a16, const ff_param_tensor *W, ff_dptr res,
                         ff_dptr out, ff_dptr scratch, ff_dptr part) {
     ff_stream *st = m->st;
     const int H = m->H, T = tk->T;
     if (tk->sp) {
-        ffm_w_in(m, W, T, A, K, 0.0f, part, H);
+        ffm_w_in(m, W, T, A, a16, K, 0.0f, part, H);
         if (ffm_sp_scatter(m, part, part, T, H)) return -1;
         if (!same(out, res)) ff_memcpy_d2d(st, out, res, (size_t)tk->nr * H * 4);
         ff_add(st, out, part, (int64_t)tk->nr * H);
@@ -47,11 +49,11 @@ static int row_parallel(ff_model *m, const ffm_layer_tokens *tk, int K, ff_dptr 
     }
     if (m->tp == 1) {
         if (!same(out, res)) ff_memcpy_d2d(st, out, res, (size_t)T * H * 4);
-        ffm_w_in(m, W, T, A, K, 1.0f, out, H);
+        ffm_w_in(m, W, T, A, a16, K, 1.0f, out, H);
         return 0;
     }
     ff_dptr p = same(out, res) ? scratch : out;
-    ffm_w_in(m, W, T, A, K, 0.0f, p, H);
+    ffm_w_in(m, W, T, A, a16, K, 0.0f, p, H);
     if (ffm_tp_sum(m, p, (size_t)T * H)) return -1;
     ff_add(st, out, same(p, out) ? res : p, (int64_t)T * H);
     return 0;
@@ -71,14 +73,21 @@ static int norm_fwd(ff_model *m, const ffm_layer_tokens *tk, ff_dptr x, ff_dptr 
 
 /* C [T, N] = A [T, K] @ W^T over n consecutive tensors of the table from `first`, whose rows
  * side by side are W [N, K] (q|k|v, gate|up): one product on the fused rows at fused_off of an
- * ordinary model's buffer; a view model's (model/view.c), per tensor into its columns of C. */
-static void col_parallel(ff_model *m, int first, int n, int T, int K, ff_dptr A, size_t fused_off, int N, ff_dptr C) {
+ * ordinary model's buffer; a view model's (model/view.c), per tensor into its columns of C.
+ * With bf16 products A may be bf16 (a16), and C (c16: C is then bf16, rounded from the sums). */
+static void col_parallel(ff_model *m, int first, int n, int T, int K, ff_dptr A, bool a16, size_t fused_off, int N, ff_dptr C,
+                         bool c16) {
+    assert(!(a16 || c16) || m->w16c_live);
+    if (c16) {
+        ff_gemm_bf16_out(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, A, a16, K, ffm_copy16(m, fused_off), true, K, C, N);
+        return;
+    }
     if (m->w16) {
         ff_gemm_bf16w(m->st, T, N, K, A, K, ffm_param16(m, fused_off), K, 0.0f, C, N);
         return;
     }
     if (m->w16c_live) {
-        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, 1.0f, A, false, K, ffm_copy16(m, fused_off), true, K, 0.0f, C, N);
+        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, 1.0f, A, a16, K, ffm_copy16(m, fused_off), true, K, 0.0f, C, N);
         return;
     }
     if (!m->viewed) {
@@ -87,6 +96,16 @@ static void col_parallel(ff_model *m, int first, int n, int T, int K, ff_dptr A,
     }
     for (int i = 0, c0 = 0; i < n; c0 += (int)m->tensors[first + i].shape[0], i++)
         ffm_w_out(m, &m->tensors[first + i], T, A, K, ff_dptr_add(C, (size_t)c0, 4), N);
+}
+
+/* The input [T, K] of a product, as the product reads it: x, or (bf16 products and a kept
+ * forward: x16 not null) x rounded once into x16, which the backward's weight gradient reads
+ * too (the normed rows; SwiGLU writes its bf16 output itself). */
+static ff_dptr product_input(ff_model *m, ff_dptr x, ff_dptr x16, int T, int K, bool *a16) {
+    *a16 = !ff_dptr_null(x16);
+    if (!*a16) return x;
+    ff_cast_f32_bf16(m->st, x, x16, (int64_t)T * K);
+    return x16;
 }
 
 int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_layer_acts *a) {
@@ -103,7 +122,9 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
     if (norm_fwd(m, tk, a->x, ffm_w_vec(m, &tt[p->t_ln1]), a->xn1, a->rstd1, eps)) return -1;
 
     /* column-parallel: qkv [T, QKV] = xn1 @ Wqkv^T (+ b), Wqkv [QKV, H] = q|k|v rows */
-    col_parallel(m, p->t_q, 3, T, H, a->xn1, p->wqkv, QKV, a->qkv);
+    bool a16;
+    ff_dptr in = product_input(m, a->xn1, a->xn1_16, T, H, &a16);
+    col_parallel(m, p->t_q, 3, T, H, in, a16, p->wqkv, QKV, a->qkv, false);
     if (m->bias && !m->viewed) ff_bias_add(st, a->qkv, QKV, ffm_param(m, p->bqkv), T, QKV);
     for (int i = 0, c0 = 0; m->bias && m->viewed && i < 3; c0 += (int)tt[p->t_bq + i].numel, i++)
         ffm_w_bias(m, &tt[p->t_bq + i], ff_dptr_add(a->qkv, (size_t)c0, 4), QKV, T);
@@ -125,16 +146,19 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
 
     /* row-parallel: mid [T, H] = x + att @ Wo^T, Wo [H, Hq D]. TP all-reduce #1, over the
      * rank's heads (scratch: xn1, which in place of x is no longer needed) */
-    if (row_parallel(m, tk, HD, a->att, &tt[p->t_o], a->x, a->mid, a->xn1, a->part)) return -1;
+    if (row_parallel(m, tk, HD, a->att, false, &tt[p->t_o], a->x, a->mid, a->xn1, a->part)) return -1;
 
     /* MLP block: xn2 = norm(mid) [T, H] (replicated under TP; SP: gathered) */
     if (norm_fwd(m, tk, a->mid, ffm_w_vec(m, &tt[p->t_ln2]), a->xn2, a->rstd2, eps)) return -1;
 
     /* column-parallel: gu [T, 2I] = xn2 @ Wgu^T, Wgu [2I, H] = gate|up rows; hm [T, I] */
-    col_parallel(m, p->t_gate, 2, T, H, a->xn2, p->wgu, 2 * I, a->gu);
-    ff_swiglu_fwd(st, a->gu, a->hm, T, I);
+    in = product_input(m, a->xn2, a->xn2_16, T, H, &a16);
+    const bool mlp16 = !ff_dptr_null(a->gu_16); /* gu and hm kept in bf16 alone */
+    col_parallel(m, p->t_gate, 2, T, H, in, a16, p->wgu, 2 * I, mlp16 ? a->gu_16 : a->gu, mlp16);
+    if (mlp16) ff_swiglu_fwd_bf16(st, a->gu_16, a->hm_16, T, I);
+    else ff_swiglu_fwd(st, a->gu, a->hm, T, I);
 
     /* row-parallel: y [T, H] = mid + hm @ Wdown^T, Wdown [H, I]. TP all-reduce #2, over the
      * rank's intermediate rows (scratch: xn2, read by gate|up above) */
-    return row_parallel(m, tk, I, a->hm, &tt[p->t_down], a->mid, a->y, a->xn2, a->part);
+    return row_parallel(m, tk, I, mlp16 ? a->hm_16 : a->hm, mlp16, &tt[p->t_down], a->mid, a->y, a->xn2, a->part);
 }

@@ -665,8 +665,10 @@ void ff_model_memory_of(const ff_model *m, ff_model_memory *out) {
     out->grads = m->grads ? m->n_params * (int64_t)sizeof(float) : 0;
     out->workspace = m->sc.buf ? (int64_t)ff_buffer_size(m->sc.buf) : 0;
     if (m->w16c) out->workspace += (int64_t)ff_buffer_size(m->w16c);
+    out->activations = 0;
     for (int i = 0; i < m->n_acts; i++)
-        if (m->acts[i]->buf) out->workspace += (int64_t)ff_buffer_size(m->acts[i]->buf);
+        if (m->acts[i]->buf) out->activations += (int64_t)ff_buffer_size(m->acts[i]->buf);
+    out->workspace += out->activations;
 }
 
 int ffm_grads_released(const ff_model *m, const char *what) {
@@ -961,6 +963,10 @@ int ff_model_set_bf16_products(ff_model *m, bool on) {
     if (on && (m->inference || m->w16 || m->viewed))
         return ff_error_set("bf16 products", "set them on a trainable model (an inference model's products follow its backend, or its bf16 weights)",
                             "the model is for inference only");
+    for (int i = 0; on != m->p16 && i < m->n_acts; i++) /* its backward reads the products' inputs as they were kept */
+        if (m->acts[i]->kept && m->acts[i]->micro != FFM_FREE)
+            return ff_error_set("bf16 products", "run the backward of the training forward first (or ff_model_stage_drop)",
+                                "a training forward is held (micro-batch %d)", m->acts[i]->micro);
     m->p16 = on;
     if (!on) ff_buffer_destroy(&m->w16c);
     return 0;
@@ -1011,15 +1017,18 @@ static int acts_alloc(ff_model *m, ffm_acts *a, int32_t cap) {
     size_t o = 0;
     a->resid_stride = (Tl * H * f + 63) & ~(size_t)63;
     a->resid = take(&o, a->resid_stride * (a->kept ? (size_t)a->n_slots + 1 : 1));
+    a->in16 = a->kept && m->p16;
+    const size_t in_bytes = a->in16 ? 2 : f; /* xn1, xn2, gu, hm: bf16 (in16, and no fp32 copy kept), or fp32 */
     size_t lo = 0; /* one layer's activations */
-    size_t xn1 = take(&lo, Tz * H * f), rstd1 = take(&lo, Tz * f), qkv = take(&lo, Tz * (size_t)m->QKV * f);
+    size_t xn1 = take(&lo, Tz * H * in_bytes), rstd1 = take(&lo, Tz * f), qkv = take(&lo, Tz * (size_t)m->QKV * f);
     size_t att = take(&lo, Tz * HD * f), lse = take(&lo, Tz * (size_t)m->Hq * f), mid = take(&lo, Tl * H * f);
-    size_t xn2 = take(&lo, Tz * H * f), rstd2 = take(&lo, Tz * f), gu = take(&lo, Tz * 2 * (size_t)m->I * f);
-    size_t hm = take(&lo, Tz * (size_t)m->I * f);
+    size_t xn2 = take(&lo, Tz * H * in_bytes), rstd2 = take(&lo, Tz * f), gu = take(&lo, Tz * 2 * (size_t)m->I * in_bytes);
+    size_t hm = take(&lo, Tz * (size_t)m->I * in_bytes);
     a->layer_stride = lo;
     size_t base = take(&o, lo * (size_t)a->n_slots);
     a->xn1 = base + xn1, a->rstd1 = base + rstd1, a->qkv = base + qkv, a->att = base + att, a->lse = base + lse;
     a->mid = base + mid, a->xn2 = base + xn2, a->rstd2 = base + rstd2, a->gu = base + gu, a->hm = base + hm;
+    if (a->in16) a->xn1_16 = a->xn1, a->xn2_16 = a->xn2, a->hm_16 = a->hm, a->gu_16 = a->gu;
     a->part = take(&o, m->sp ? Tz * H * f : 0);
     if (a->head) {
         a->xf = take(&o, Tz * H * f);
@@ -1069,8 +1078,15 @@ static void shape_for(const ff_model *m, int c, bool kept, int32_t *n_slots, boo
     *head = kept ? head_chunk(m, c) : m->has_final; /* an unkept set serves every chunk */
 }
 
+/* Can set a hold a forward of T tokens as it is laid out? (A kept set keeps bf16 product
+ * inputs exactly while the model's products are bf16.) */
+static bool acts_fits(const ff_model *m, const ffm_acts *a, int32_t T) {
+    return a->cap >= T && a->in16 == (a->kept && m->p16);
+}
+
 /* A free set for a forward of T tokens through chunk c: one of the exact shape first, then
- * any that fits; a fitting one too small is regrown, and only when none fits is one added. */
+ * any that fits; a fitting one too small (or laid out for other products) is made again, and
+ * only when none fits is one added. */
 static ffm_acts *acts_take(ff_model *m, int c, bool kept, int32_t T) {
     int32_t ns;
     bool hd;
@@ -1081,7 +1097,7 @@ static ffm_acts *acts_take(ff_model *m, int c, bool kept, int32_t T) {
             ffm_acts *a = m->acts[i];
             if (a->micro != FFM_FREE || (kept && !a->kept) || a->n_slots < ns || (head_chunk(m, c) && !a->head)) continue;
             if (pass == 0 && (a->n_slots != ns || a->head != hd || a->kept != kept)) continue;
-            if (a->cap >= T) return a;
+            if (acts_fits(m, a, T)) return a;
             if (!grow) grow = a;
         }
     if (grow) {
@@ -1160,7 +1176,7 @@ int ff_model_stage_reserve(ff_model *m, int32_t max_tokens, const int32_t *in_fl
             for (int i = 0; i < m->n_acts; i++) {
                 ffm_acts *a = m->acts[i];
                 if (!a->kept || a->n_slots != ns || a->head != hd || have >= want) continue;
-                if (a->cap < max_tokens && a->micro == FFM_FREE && acts_alloc(m, a, max_tokens)) return -1;
+                if (!acts_fits(m, a, max_tokens) && a->micro == FFM_FREE && acts_alloc(m, a, max_tokens)) return -1;
                 have++;
             }
             for (; have < want; have++)
@@ -1191,13 +1207,22 @@ void ff_model_stage_drop(ff_model *m) {
 #define SC(field) ff_dptr_of(m->sc.buf, m->sc.field)
 
 /* Where the i-th layer of a forward puts its activations. Kept: slot i, reading residual i
- * and writing residual i + 1. Otherwise slot 0 for every layer, the residual in place. */
-static ffm_layer_acts layer_acts(const ffm_acts *w, int i, bool kept) {
+ * and writing residual i + 1. Otherwise slot 0 for every layer, the residual in place. A set
+ * that keeps bf16 product inputs (in16) has no room for their fp32 forms: the forward writes
+ * the norms' outputs into the backward's scratch (dxn [T, H]), free while a forward runs, and
+ * the MLP's gu and hm exist in bf16 only. */
+static ffm_layer_acts layer_acts(const ff_model *m, const ffm_acts *w, int i, bool kept) {
     int a = kept ? i : 0;
     ffm_layer_acts r = {.x = RESID(w, a), .xn1 = AWL(w, xn1, a), .rstd1 = AWL(w, rstd1, a), .qkv = AWL(w, qkv, a),
                         .att = AWL(w, att, a), .lse = AWL(w, lse, a), .mid = kept ? AWL(w, mid, a) : RESID(w, 0),
                         .xn2 = AWL(w, xn2, a), .rstd2 = AWL(w, rstd2, a), .gu = AWL(w, gu, a), .hm = AWL(w, hm, a),
                         .y = RESID(w, kept ? i + 1 : 0), .part = AW(w, part)};
+    if (w->in16) {
+        assert(m->sc.bwd);
+        r.xn1_16 = r.xn1, r.xn2_16 = r.xn2, r.hm_16 = r.hm, r.gu_16 = r.gu;
+        r.xn1 = r.xn2 = SC(dxn);
+        r.gu = r.hm = (ff_dptr){0};
+    }
     return r;
 }
 
@@ -1324,7 +1349,7 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
         /* vocabulary-parallel: a token outside this rank's rows embeds to zeros, and the sum
          * over the group has every row (SP: the reduce-scatter of it, the rank's rows) */
         ff_dptr e = sp ? AW(a, part) : RESID(a, 0);
-        if (ffm_w_embed(m, &m->tensors[m->t_embed], ids ? ids : b->tokens, AW(a, tokens), e, layer_acts(a, 0, train).xn1, T)) goto done;
+        if (ffm_w_embed(m, &m->tensors[m->t_embed], ids ? ids : b->tokens, AW(a, tokens), e, layer_acts(m, a, 0, train).xn1, T)) goto done;
         if (sp ? ffm_sp_scatter(m, e, RESID(a, 0), T, H) : m->tp > 1 && ffm_tp_sum(m, e, (size_t)T * H)) goto done;
     } else if (hidden_in.h) {
         ff_memcpy_h2d(st, RESID(a, 0), hidden_in.h + (size_t)r0 * H, (size_t)nr * H * 4);
@@ -1338,7 +1363,7 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
         m->w16c_live = true;
     }
     for (int i = 0; i < nl; i++) {
-        ffm_layer_acts la = layer_acts(a, i, train);
+        ffm_layer_acts la = layer_acts(m, a, i, train);
         if (ffm_layer_forward(m, l0 + i, &tk, &la)) goto done;
     }
     ff_dptr xL = RESID(a, train ? nl : 0);
@@ -1452,6 +1477,8 @@ static opnd f32op(ff_dptr p, int ld) { return (opnd){p, false, ld}; }
 static opnd wop(ff_model *m, size_t off, int ld) {
     return m->w16c_live ? (opnd){ffm_copy16(m, off), true, ld} : f32op(ffm_param(m, off), ld);
 }
+/* a product input the forward kept [T, ld]: its bf16 copy (in16), or fp32 */
+static opnd actop(ff_dptr f32, ff_dptr b16, int ld) { return ff_dptr_null(b16) ? f32op(f32, ld) : (opnd){b16, true, ld}; }
 /* dy [T, N] dense, for the input-gradient and weight-gradient products that read it */
 static opnd gradop(ff_model *m, ff_dptr dy, int T, int N) {
     if (!m->w16c_live) return f32op(dy, N);
@@ -1491,6 +1518,7 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
     int rc = -1;
     /* bf16 products: the copy the forward made (none when they were turned on since) */
     m->w16c_live = m->p16 && m->w16c && m->sc.p16;
+    assert(!a->in16 || m->w16c_live); /* ff_model_set_bf16_products refuses while a forward is held */
     /* SP: dres and the norms' inputs and output gradients are the rank's rows [r0, r0 + nr)
      * (dxn's first nr rows after a reduce-scatter), the products' output gradients dy [T, H]
      * the all-gather of dres into dxn; the norms' and the value head's weight gradients are
@@ -1562,7 +1590,7 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
 
     for (int i = nl - 1; i >= 0; i--) {
         const ff_layer_params *p = &m->layers[l0 + i];
-        const ffm_layer_acts la = layer_acts(a, i, true);
+        const ffm_layer_acts la = layer_acts(m, a, i, true);
         /* y = mid + hm @ Wdown^T: dres is d y and, after the norm below, d mid */
         ff_dptr dy = dres;
         if (sp) { /* the backward of the forward's reduce-scatter */
@@ -1571,11 +1599,12 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
         }
         opnd g = gradop(m, dy, T, H);
         prod(m, FF_NO_TRANS, FF_NO_TRANS, T, I, H, g, wop(m, p->wdown, I), 0.0f, dh, I);
-        prod(m, FF_TRANS, FF_NO_TRANS, H, I, T, g, f32op(la.hm, I), 1.0f, ffm_grad(m, p->wdown), I);
-        ff_swiglu_bwd(st, la.gu, dh, dgu, T, I);
+        prod(m, FF_TRANS, FF_NO_TRANS, H, I, T, g, actop(la.hm, la.hm_16, I), 1.0f, ffm_grad(m, p->wdown), I);
+        if (ff_dptr_null(la.gu_16)) ff_swiglu_bwd(st, la.gu, dh, dgu, T, I);
+        else ff_swiglu_bwd_bf16(st, la.gu_16, dh, dgu, T, I);
         g = gradop(m, dgu, T, 2 * I);
         prod(m, FF_NO_TRANS, FF_NO_TRANS, T, H, 2 * I, g, wop(m, p->wgu, H), 0.0f, dxn, H);
-        prod(m, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, g, f32op(la.xn2, H), 1.0f, ffm_grad(m, p->wgu), H);
+        prod(m, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, g, actop(la.xn2, la.xn2_16, H), 1.0f, ffm_grad(m, p->wgu), H);
         /* f: gate|up is column-parallel (SP: the backward of the all-gather) */
         if (sp ? ffm_sp_scatter(m, dxn, dxn, T, H) : m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done;
         ff_rmsnorm_bwd(st, la.mid, ffm_param(m, p->ln2), la.rstd2, dxn, dres, NORM_DW(p->ln2, l0 + i, 1), nr, H);
@@ -1594,13 +1623,14 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
                     m->Hq + m->Hkv, m->D);
         g = gradop(m, dqkv, T, QKV);
         prod(m, FF_NO_TRANS, FF_NO_TRANS, T, H, QKV, g, wop(m, p->wqkv, H), 0.0f, dxn, H);
+        const opnd xn1 = actop(la.xn1, la.xn1_16, H);
         if (m->kv_rep > 1) { /* TP: q rows here; the k|v head is shared, its gradient summed over the sharers */
             if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, HD);
-            prod(m, FF_TRANS, FF_NO_TRANS, HD, H, T, g, f32op(la.xn1, H), 1.0f, ffm_grad(m, p->wqkv), H);
-            if (ffm_tp_kv_grads(m, p, dqkv, la.xn1, T)) goto done;
+            prod(m, FF_TRANS, FF_NO_TRANS, HD, H, T, g, xn1, 1.0f, ffm_grad(m, p->wqkv), H);
+            if (ffm_tp_kv_grads(m, p, dqkv, xn1.p, xn1.b16, T)) goto done;
         } else {
             if (m->bias) ff_bias_bwd(st, dqkv, QKV, ffm_grad(m, p->bqkv), T, QKV);
-            prod(m, FF_TRANS, FF_NO_TRANS, QKV, H, T, g, f32op(la.xn1, H), 1.0f, ffm_grad(m, p->wqkv), H);
+            prod(m, FF_TRANS, FF_NO_TRANS, QKV, H, T, g, xn1, 1.0f, ffm_grad(m, p->wqkv), H);
         }
         /* f: q|k|v is column-parallel */
         if (sp ? ffm_sp_scatter(m, dxn, dxn, T, H) : m->tp > 1 && ffm_tp_sum(m, dxn, (size_t)T * H)) goto done;

@@ -93,6 +93,12 @@ typedef struct ffm_acts {
     int32_t chunk, micro; /* the forward it holds; micro FFM_FREE: none */
     size_t resid, resid_stride;                                       /* [T, H] each (SP: [ceil(T/tp), H]) */
     size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot (SP: mid as resid) */
+    /* in16 (a kept set of a model with bf16 products): the products' saved inputs xn1, xn2
+     * [T, H] and hm [T, I] and gate|up's output gu [T, 2I] are kept as bf16 (xn1_16, xn2_16,
+     * hm_16, gu_16 per layer slot) and not as fp32 (the forward writes the norms' fp32 outputs
+     * into the backward's scratch, which is free then) */
+    bool in16;
+    size_t xn1_16, xn2_16, hm_16, gu_16;
     size_t part;                                                      /* SP: [T, H] row-parallel partial sums */
     size_t xf, rstdf;                                                 /* head: [T, H], [T] */
     size_t tok_lse, logprob, entropy, values;                         /* head: [T] each */
@@ -217,6 +223,11 @@ typedef struct ffm_layer_acts {
     ff_dptr rstd2; /* [T] */
     ff_dptr gu;    /* [T, 2I] gate|up */
     ff_dptr hm;    /* [T, I] silu(gate) * up */
+    /* bf16 products, a kept forward (null otherwise): where xn1 and xn2 are kept rounded to
+     * bf16 for the backward (the forward rounds each once there and its product reads that
+     * copy), and the MLP's gu and hm kept in bf16 alone (gate|up writes gu_16, SwiGLU reads it
+     * and writes hm_16; gu and hm are then null) */
+    ff_dptr xn1_16, xn2_16, hm_16, gu_16; /* bf16 [T, H], [T, H], [T, I], [T, 2I] */
     ff_dptr y;     /* [T, H] mid + down_proj(hm), the layer's output; may be mid */
     ff_dptr part;  /* sequence parallelism: [T, H] scratch for the row-parallel partial sums */
 } ffm_layer_acts;
@@ -305,8 +316,8 @@ void ffm_tp_local_ids(const ff_model *m, const int32_t *ids, int32_t *out, int64
  * all-reduces (max, then one sum of the packed sums). 0 or -1 + error. */
 int ffm_tp_vocab_combine(ff_model *m, ff_dptr lse, ff_dptr entropy, ff_dptr logprob, const int32_t *targets, int32_t T);
 /* Layer p's k|v weight (and bias) gradient of this backward, from dqkv [T, QKV] and xn1
- * [T, H], summed over the kv_rep ranks sharing the head and added to the gradients. */
-int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr xn1, int32_t T);
+ * [T, H] (fp32, or bf16: xn1_b16, with bf16 products), summed over the kv_rep ranks sharing the head and added to the gradients. */
+int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr xn1, bool xn1_b16, int32_t T);
 /* This rank's part of the sum of squares of the gradients in [lo, hi) of the flat buffer:
  * under TP each element replicated over TP ranks counted by one of them, so the sum over
  * the TP group (ffm_tp_sum_f64) is the whole model's. Waits for the stream; NaN when a
@@ -338,8 +349,9 @@ int ffm_view_setup(ff_model *m, const ff_model *src);
  * output features are its rows); a view: one product per piece into its output columns. */
 void ffm_w_out(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda, ff_dptr C, int ldc);
 /* C [M, shape[0]] ldc = beta C + A [M, shape[1]] lda @ W^T for W = tensor p split by its input
- * columns (axis 1); a view: one product per piece over its columns of A, accumulating. */
-void ffm_w_in(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda, float beta, ff_dptr C, int ldc);
+ * columns (axis 1); a view: one product per piece over its columns of A, accumulating. A is
+ * fp32, or bf16 (a16: only while the products are bf16, w16c_live). */
+void ffm_w_in(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, bool a16, int lda, float beta, ff_dptr C, int ldc);
 /* x [T, ld] columns [0, shape[0]) += bias tensor p, per piece. */
 void ffm_w_bias(ff_model *m, const ff_param_tensor *p, ff_dptr x, int ld, int T);
 /* A tensor that is one piece (norm weights; any tensor of an ordinary model). */

@@ -342,7 +342,7 @@ int ffm_tp_vocab_combine(ff_model *m, ff_dptr lse, ff_dptr entropy, ff_dptr logp
     return 0;
 }
 
-int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr xn1, int32_t T) {
+int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr xn1, bool xn1_b16, int32_t T) {
     ff_stream *st = m->st;
     const int H = m->H, HD = m->Hq * m->D, KD2 = 2 * m->D; /* one k and one v head here */
     const size_t nw = (size_t)KD2 * H, n = nw + (m->bias ? (size_t)KD2 : 0);
@@ -352,7 +352,13 @@ int ffm_tp_kv_grads(ff_model *m, const ff_layer_params *p, ff_dptr dqkv, ff_dptr
      * the group fills every slot (Hkv / (t / Hkv) times the bytes a subgroup all-reduce of
      * the sharers would move) */
     const ff_dptr all = ff_dptr_f32(m->tp_dkv, 0), w = ff_dptr_f32(m->tp_dkv, (size_t)m->kv0 * n), b = ff_dptr_add(w, nw, 4);
-    ff_gemm(st, FF_TRANS, FF_NO_TRANS, KD2, H, T, 1.0f, ff_dptr_add(dqkv, (size_t)HD, 4), m->QKV, xn1, H, 0.0f, w, H);
+    const ff_dptr dkv = ff_dptr_add(dqkv, (size_t)HD, 4);
+    if (m->w16c_live) /* bf16 products: as the layer's other weight gradients */
+        ff_gemm_bf16(st, FF_TRANS, FF_NO_TRANS, KD2, H, T, 1.0f, dkv, false, m->QKV, xn1, xn1_b16, H, 0.0f, w, H);
+    else {
+        assert(!xn1_b16);
+        ff_gemm(st, FF_TRANS, FF_NO_TRANS, KD2, H, T, 1.0f, dkv, m->QKV, xn1, H, 0.0f, w, H);
+    }
     if (m->bias) {
         ff_memset_zero(st, b, (size_t)KD2 * 4);
         ff_bias_bwd(st, ff_dptr_add(dqkv, (size_t)HD, 4), m->QKV, b, T, KD2);

@@ -56,6 +56,12 @@ void ff_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dpt
  * loop, for tests; the cpu backend's own products are fp32. */
 void ff_gemm_bf16(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, bool a16, int lda,
                   ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc);
+/* C16 bf16 [M, N] ldc = op(A) op(B) rounded to bf16: ff_gemm_bf16's fp32 sums (alpha 1, beta 0,
+ * K >= 1), stored as bf16. A product whose output is kept in bf16 (gate|up's in a training
+ * forward with bf16 products, docs/model.md "bf16 products"): cuBLAS writes it so, without an
+ * fp32 pass over memory. */
+void ff_gemm_bf16_out(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, ff_dptr A, bool a16, int lda,
+                      ff_dptr B, bool b16, int ldb, ff_dptr C16, int ldc);
 /* ff_embedding_fwd from a bf16 table [V, H]: out [T, H] fp32, token -1 a zero row. */
 void ff_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H);
 /* dst bf16 [n] = src fp32 [n] rounded (ff_f32_to_bf16); and back, exactly. */
@@ -99,6 +105,11 @@ void ff_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N);
 void ff_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter);
 /* Backward: dgu [T, 2 inter] = (dg | du) given dh [T, inter]. dgu may alias gu (in place). */
 void ff_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter);
+/* The same on a bf16 gu16 [T, 2 inter]: the forward computes in fp32 on the widened values and
+ * rounds h16 [T, inter] to bf16; the backward gives dgu [T, 2 inter] fp32 from dh [T, inter] fp32
+ * (dgu does not alias gu16). */
+void ff_swiglu_fwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr h16, int T, int inter);
+void ff_swiglu_bwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr dh, ff_dptr dgu, int T, int inter);
 
 /* Causal grouped-query attention over packed variable-length sequences: token t of sequence
  * s (seq_start[s] <= t < seq_start[s+1]) attends to tokens seq_start[s] .. t only, never

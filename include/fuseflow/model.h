@@ -233,10 +233,13 @@ bool ff_model_is_inference(const ff_model *m);
  * model's own pieces only; with bf16 weights 2 bytes a weight-matrix element, 4 a norm or bias
  * element), gradients (ff_model_param_count() x 4, 0 for an inference model)
  * and the forward/backward workspace (grown by the largest batch so far; a training forward
- * keeps every layer's activations there). viewed: a view model's parameter bytes read in
- * place from the model it views (allocated there, not here; 0 for others). */
+ * keeps every layer's activations there: `activations`, the part of workspace that the sets
+ * of activations hold; with bf16 products the inputs of the products they keep are bf16).
+ * viewed: a view model's parameter bytes read in place from the model it views (allocated
+ * there, not here; 0 for others). */
 typedef struct ff_model_memory {
     int64_t params, grads, workspace;
+    int64_t activations;
     int64_t viewed;
 } ff_model_memory;
 void ff_model_memory_of(const ff_model *m, ff_model_memory *out);
@@ -324,14 +327,18 @@ int ff_model_reserve(ff_model *m, int32_t max_tokens);
 
 /* bf16 products (docs/model.md "bf16 products"): every product of a forward's layers and heads
  * multiplies by a bf16 copy of the weight matrices that the forward makes from the fp32 masters
- * (2 bytes an element, counted in ff_model_memory_of's workspace), and the backward's products
- * read that copy and each output gradient rounded to bf16 once (ff_gemm_bf16, fp32
- * accumulation); the masters, gradients and everything between the products stay fp32. On by
- * default for a trainable model on a backend whose products are bf16 (ff_backend_bf16_products:
- * cuda with FF_CUDA_MATH=bf16), where the numbers are those of rounding every operand per product,
- * without rounding the weights twice and each gradient twice a step. Off: every product is
- * ff_gemm. Setting it on an inference model is an error (0 or -1 + error); takes effect at the
- * next forward. Generation never uses the copy. */
+ * (2 bytes an element, counted in ff_model_memory_of's workspace); a training forward keeps the
+ * layers' normed rows, gate|up's output and SwiGLU's output as bf16 only (gate|up written in
+ * bf16, SwiGLU on bf16: half their bytes in ff_model_memory_of's activations); the backward's
+ * products read those, the weights' copy and each output gradient rounded to bf16 once
+ * (ff_gemm_bf16, fp32 accumulation). The masters, gradients, the residual stream, q|k|v, the
+ * attention output and the gradients between kernels stay fp32. On by default for a trainable
+ * model on a backend whose products are bf16 (ff_backend_bf16_products: cuda with
+ * FF_CUDA_MATH=bf16). Against rounding every operand per product (off there) the numbers
+ * differ only in the MLP (gate|up rounded before SwiGLU, as autocast does). Off: every product
+ * is ff_gemm. 0 or -1 + error: setting it on an inference model, or changing it while a
+ * training forward waits for its backward. Takes effect at the next forward. Generation never
+ * uses the copy. */
 int ff_model_set_bf16_products(ff_model *m, bool on);
 bool ff_model_bf16_products(const ff_model *m);
 

@@ -490,10 +490,10 @@ void ff_cpu_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr Ap, int lda, f
 typedef struct gemmbf_job {
     ff_trans ta, tb;
     int M, N, K, lda, ldb, ldc;
-    bool a16, b16;
+    bool a16, b16, c16;
     float alpha, beta;
     const void *A, *B;
-    float *C;
+    void *C; /* fp32, or bf16 (c16: alpha 1, beta 0) */
 } gemmbf_job;
 
 /* element (r, c) of a stored matrix, as bf16 widened */
@@ -512,14 +512,19 @@ static void gemmbf_rows(void *arg, int64_t i) {
             const float b = g->tb == FF_NO_TRANS ? bf_at(g->B, g->b16, g->ldb, k, j) : bf_at(g->B, g->b16, g->ldb, j, k);
             acc += a * b;
         }
-        float *c = g->C + (size_t)r * g->ldc + j;
+        const size_t at = (size_t)r * g->ldc + j;
+        if (g->c16) {
+            ((uint16_t *)g->C)[at] = bf16_round(acc);
+            continue;
+        }
+        float *c = (float *)g->C + at;
         *c = g->beta == 0.0f ? g->alpha * acc : g->alpha * acc + g->beta * *c;
     }
 }
 
 static void cpu_gemm_bf16(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, bool a16,
-                          int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc) {
-    gemmbf_job g = {ta, tb, M, N, K, lda, ldb, ldc, a16, b16, alpha, beta, F(A), F(B), F(C)};
+                          int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, bool c16, int ldc) {
+    gemmbf_job g = {ta, tb, M, N, K, lda, ldb, ldc, a16, b16, c16, alpha, beta, F(A), F(B), F(C)};
     if (NT(s) > 1 && (double)M * N * (K > 0 ? K : 1) >= 65536.0) ff_pool_run(POOL(s), M, gemmbf_rows, &g);
     else
         for (int r = 0; r < M; r++) gemmbf_rows(&g, r);

@@ -254,8 +254,43 @@ void ff_cpu_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N)
 typedef struct swiglu_job {
     const float *gu, *dh; /* [T, 2I] (g | u), [T, I] */
     float *h, *dgu;       /* [T, I], [T, 2I] (may alias gu) */
+    const uint16_t *gu16; /* bf16: gu [T, 2I] */
+    uint16_t *h16;        /* bf16: h [T, I] */
     int inter;
 } swiglu_job;
+
+/* the bf16 forms: the fp32 formulas on the widened values, the forward's output rounded */
+FF_VEC static void swiglu_fwd16_rows(void *arg, int64_t t0, int64_t t1) {
+    const swiglu_job *j = arg;
+    const int n = j->inter;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint16_t *g = j->gu16 + (size_t)t * 2 * n, *u = g + n;
+        uint16_t *o = j->h16 + (size_t)t * n;
+#pragma omp simd
+        for (int c = 0; c < n; c++) {
+            const float gc = bf16_widen(g[c]);
+            o[c] = bf16_round(gc / (1.0f + ff_fast_expf(-gc)) * bf16_widen(u[c]));
+        }
+    }
+}
+
+FF_VEC static void swiglu_bwd16_rows(void *arg, int64_t t0, int64_t t1) {
+    const swiglu_job *j = arg;
+    const int n = j->inter;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint16_t *g = j->gu16 + (size_t)t * 2 * n, *u = g + n;
+        const float *d = j->dh + (size_t)t * n;
+        float *dg = j->dgu + (size_t)t * 2 * n, *du = dg + n;
+#pragma omp simd
+        for (int c = 0; c < n; c++) {
+            const float gc = bf16_widen(g[c]), uc = bf16_widen(u[c]);
+            const float sg = 1.0f / (1.0f + ff_fast_expf(-gc));
+            const float silu = gc * sg;
+            dg[c] = d[c] * uc * sg * (1.0f + gc * (1.0f - sg));
+            du[c] = d[c] * silu;
+        }
+    }
+}
 
 FF_VEC static void swiglu_fwd_rows(void *arg, int64_t t0, int64_t t1) {
     const swiglu_job *j = arg;
@@ -268,9 +303,11 @@ FF_VEC static void swiglu_fwd_rows(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
-void ff_cpu_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter) {
-    swiglu_job j = {.gu = F(gu), .h = F(h), .inter = inter};
-    ff_cpu_for(s, T, 12.0 * inter, swiglu_fwd_rows, &j);
+void ff_cpu_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter, bool b16) {
+    swiglu_job j = {.inter = inter};
+    if (b16) j.gu16 = (const uint16_t *)(void *)F(gu), j.h16 = (uint16_t *)(void *)F(h);
+    else j.gu = F(gu), j.h = F(h);
+    ff_cpu_for(s, T, 12.0 * inter, b16 ? swiglu_fwd16_rows : swiglu_fwd_rows, &j);
 }
 
 FF_VEC static void swiglu_bwd_rows(void *arg, int64_t t0, int64_t t1) {
@@ -290,9 +327,11 @@ FF_VEC static void swiglu_bwd_rows(void *arg, int64_t t0, int64_t t1) {
     }
 }
 
-void ff_cpu_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter) {
-    swiglu_job j = {.gu = F(gu), .dh = F(dh), .dgu = F(dgu), .inter = inter};
-    ff_cpu_for(s, T, 16.0 * inter, swiglu_bwd_rows, &j);
+void ff_cpu_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter, bool b16) {
+    swiglu_job j = {.dh = F(dh), .dgu = F(dgu), .inter = inter};
+    if (b16) j.gu16 = (const uint16_t *)(void *)F(gu);
+    else j.gu = F(gu);
+    ff_cpu_for(s, T, 16.0 * inter, b16 ? swiglu_bwd16_rows : swiglu_bwd_rows, &j);
 }
 
 /* ---- rows ------------------------------------------------------------------------------------ */

@@ -289,8 +289,6 @@ void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
 
 /* Stage n cache rows of positions p0 .. p0 + n - 1 of a sequence whose block table is tab
  * (blocks of bs rows): sm[j] = src[row of p0 + j, col .. col + D). */
-static __device__ __forceinline__ float widen(float x) { return x; }
-static __device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <typename T>
 static __device__ __forceinline__ void stage_paged(float *sm, const T *src, int64_t ld, int64_t col, const int32_t *tab,

@@ -32,6 +32,7 @@
  * Not here: cuBLASLt epilogues, bf16 storage of activations, a memory pool
  * (allocation happens when a model or its workspace grows, not per step). None of this file
  * has run on a GPU yet (docs/cuda.md). */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -431,9 +432,10 @@ static void blas_check(ff_stream *s, cublasStatus_t st, int M, int N, int K) {
  * goes to cuBLAS as it is; an fp32 one is rounded into a dense bf16 copy in the stream's scratch
  * (A stored [M, K] or [K, M], B [K, N] or [N, K]); fp32 accumulation and C. */
 static void gemm16(ff_stream *s, const char *what, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A,
-                   bool a16, int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc) {
+                   bool a16, int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, bool c16, int ldc) {
     ff_cuda_use_device(s);
     cuda_impl *c = CI(s);
+    assert(!c16 || (K > 0 && alpha == 1.0f && beta == 0.0f)); /* ff_gemm_bf16_out */
     if (K == 0) {
         FF_LAUNCH(k_scale_mat, blocks_for((int64_t)M * N, TPB), TPB, 0, CS(s), F(C), M, N, ldc, beta);
         ff_cuda_check_launch(s, what);
@@ -464,7 +466,7 @@ static void gemm16(ff_stream *s, const char *what, ff_trans ta, ff_trans tb, int
     const cublasOperation_t oa = ta == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb == FF_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
     blas_check(s,
                blas.gemm_ex(c->blas, ob, oa, N, M, K, &alpha, pb, CUDA_R_16BF, lb, pa, CUDA_R_16BF, la, &beta, F(C),
-                            CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                            c16 ? CUDA_R_16BF : CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                M, N, K);
 }
 
@@ -472,7 +474,7 @@ static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int 
                       ff_dptr B, int ldb, float beta, ff_dptr C, int ldc) {
     cuda_impl *c = CI(s);
     if (c->math == CUDA_MATH_BF16) {
-        gemm16(s, "gemm (bf16)", ta, tb, M, N, K, alpha, A, false, lda, B, false, ldb, beta, C, ldc);
+        gemm16(s, "gemm (bf16)", ta, tb, M, N, K, alpha, A, false, lda, B, false, ldb, beta, C, false, ldc);
         return;
     }
     ff_cuda_use_device(s);
@@ -491,14 +493,14 @@ static void cuda_gemm(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int 
 }
 
 static void cuda_gemm_bf16(ff_stream *s, ff_trans ta, ff_trans tb, int M, int N, int K, float alpha, ff_dptr A, bool a16,
-                           int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, int ldc) {
-    gemm16(s, "gemm_bf16", ta, tb, M, N, K, alpha, A, a16, lda, B, b16, ldb, beta, C, ldc);
+                           int lda, ff_dptr B, bool b16, int ldb, float beta, ff_dptr C, bool c16, int ldc) {
+    gemm16(s, c16 ? "gemm_bf16_out" : "gemm_bf16", ta, tb, M, N, K, alpha, A, a16, lda, B, b16, ldb, beta, C, c16, ldc);
 }
 
 /* bf16 weights (ff_gemm_bf16w): C = A W^T with W stored bf16 [N, K] ldw, A rounded. */
 static void cuda_gemm_bf16w(ff_stream *s, int M, int N, int K, ff_dptr A, int lda, ff_dptr W, int ldw, float beta,
                             ff_dptr C, int ldc) {
-    gemm16(s, "gemm_bf16w", FF_NO_TRANS, FF_TRANS, M, N, K, 1.0f, A, false, lda, W, true, ldw, beta, C, ldc);
+    gemm16(s, "gemm_bf16w", FF_NO_TRANS, FF_TRANS, M, N, K, 1.0f, A, false, lda, W, true, ldw, beta, C, false, ldc);
 }
 
 static __global__ void k_cast_f32_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
@@ -692,35 +694,44 @@ static void cuda_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, i
     col_reduce(s, COL_BIAS, F(dy), ld, NULL, NULL, T, N, F(db), "bias_bwd");
 }
 
-static __global__ void k_swiglu_fwd(const float *gu, float *h, int T, int inter) {
+/* E: float, or __nv_bfloat16 (ff_swiglu_*_bf16: gu, and the forward's h, in bf16; fp32 math) */
+template <typename E>
+static __global__ void k_swiglu_fwd(const E *gu, E *h, int T, int inter) {
     int64_t n = (int64_t)T * inter;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / inter, c = i % inter;
-        float g = gu[t * 2 * inter + c], u = gu[t * 2 * inter + inter + c];
-        h[i] = g / (1.0f + expf(-g)) * u;
+        float g = widen(gu[t * 2 * inter + c]), u = widen(gu[t * 2 * inter + inter + c]);
+        store_as(h + i, g / (1.0f + expf(-g)) * u);
     }
 }
-static void cuda_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter) {
+static void cuda_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter, bool b16) {
     if ((int64_t)T * inter <= 0) return;
     ff_cuda_use_device(s);
-    FF_LAUNCH(k_swiglu_fwd, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s), F(gu), F(h), T, inter);
+    if (b16)
+        FF_LAUNCH(k_swiglu_fwd<__nv_bfloat16>, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s), (const __nv_bfloat16 *)F(gu),
+                  (__nv_bfloat16 *)F(h), T, inter);
+    else FF_LAUNCH(k_swiglu_fwd<float>, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s), F(gu), F(h), T, inter);
     ff_cuda_check_launch(s, "swiglu_fwd");
 }
-/* dgu may alias gu: each thread reads its g, u before writing its dg, du. */
-static __global__ void k_swiglu_bwd(const float *gu, const float *dh, float *dgu, int T, int inter) {
+/* dgu may alias gu (fp32): each thread reads its g, u before writing its dg, du. */
+template <typename E>
+static __global__ void k_swiglu_bwd(const E *gu, const float *dh, float *dgu, int T, int inter) {
     int64_t n = (int64_t)T * inter;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / inter, c = i % inter, gi = t * 2 * inter + c;
-        float g = gu[gi], u = gu[gi + inter], d = dh[i];
+        float g = widen(gu[gi]), u = widen(gu[gi + inter]), d = dh[i];
         float sg = 1.0f / (1.0f + expf(-g));
         dgu[gi] = d * u * sg * (1.0f + g * (1.0f - sg));
         dgu[gi + inter] = d * g * sg;
     }
 }
-static void cuda_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter) {
+static void cuda_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter, bool b16) {
     if ((int64_t)T * inter <= 0) return;
     ff_cuda_use_device(s);
-    FF_LAUNCH(k_swiglu_bwd, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s), F(gu), F(dh), F(dgu), T, inter);
+    if (b16)
+        FF_LAUNCH(k_swiglu_bwd<__nv_bfloat16>, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s),
+                  (const __nv_bfloat16 *)F(gu), F(dh), F(dgu), T, inter);
+    else FF_LAUNCH(k_swiglu_bwd<float>, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s), F(gu), F(dh), F(dgu), T, inter);
     ff_cuda_check_launch(s, "swiglu_bwd");
 }
 

@@ -6,6 +6,7 @@
 #define FF_KERNELS_CUDA_INTERNAL_H
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -122,6 +123,12 @@ static __device__ __forceinline__ int seq_of(const int32_t *ss, int S, int t) {
     }
     return lo;
 }
+/* an element of fp32 or bf16 storage, as fp32 (bf16: widened exactly), and stored back (bf16:
+ * rounded to nearest even) */
+static __device__ __forceinline__ float widen(float x) { return x; }
+static __device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ void store_as(float *p, float x) { *p = x; }
+static __device__ __forceinline__ void store_as(__nv_bfloat16 *p, float x) { *p = __float2bfloat16(x); }
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

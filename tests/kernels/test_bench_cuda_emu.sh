@@ -16,7 +16,7 @@ for want in '^bench_cuda: cuda:0, training.s FF_CUDA_MATH=bf16' '^bench_cuda_att
             '^bench_cuda_decode tiny batch 4: [0-9]+ tok/s' \
             '^  tiny decode batch 4: [0-9]+ tok/s with graphs \(1 captured, 2 steps replayed, 1 eager\), [0-9]+ tok/s kernel by kernel' '^bench_cuda_train tiny: [0-9]+ tok/s, MFU .*FF_CUDA_MATH=bf16' '^bench_cuda_train_tf32 tiny: [0-9]+ tok/s' \
             '^bench_cuda_profile tiny: ' '^bench_cuda_decode_long tiny batch 2, context 304: [0-9]+ decode tok/s with the keys split, [0-9]+ in one block' '^kernel profile \(cuda:0 backend' '^  gemm_bf16 NT +[0-9]+ calls' '^  gemm_bf16 NN +[0-9]+ calls' '^  gemm_bf16 TN +[0-9]+ calls' \
-            "^  tiny train with bf16 products: [0-9]+ tok/s with the weights' bf16 copy, [0-9]+ tok/s rounding every operand per product" \
+            "^  tiny train with bf16 products: [0-9]+ tok/s with the weights' bf16 copy and bf16 saved inputs \(activations [0-9.]+ GiB\), [0-9]+ tok/s rounding every operand per product \([0-9.]+ GiB\)" \
             '^bench_cuda: headlines'; do
   grep -Eq "$want" "$out" || { cat "$out" >&2; echo "FAIL: no line matching '$want'"; exit 1; }
 done

@@ -7,7 +7,8 @@
  * - ff_gemm_bf16 (a bf16 product with either operand stored bf16) is within fp32 rounding of the
  *   double sum of the rounded operands' products, for each transpose and storage of A and B,
  *   with alpha and beta; an fp32 operand gives the bits of its rounded bf16 copy (so it is
- *   rounded), and beta 0 ignores NaN in C;
+ *   rounded), and beta 0 ignores NaN in C; ff_gemm_bf16_out stores those sums rounded;
+ * - SwiGLU on bf16 gate|up: the fp32 kernels' bits on the widened values (the forward rounded);
  * - the casts round as include/fuseflow/dtype.h does (ties to even, NaN kept, Inf kept,
  *   overflow to Inf) and widen exactly;
  * - the bf16 embedding gives the widened rows, and zeros for token -1;
@@ -187,6 +188,29 @@ static void gemm16_case(ff_backend *be, int M, int N, int K, ff_trans ta, ff_tra
         fprintf(stderr, "%s: %d elements off the double sum of the rounded operands\n", what, bad);
         ff_test_failures++;
     }
+    if (alpha == 1.0f && beta == 0.0f && K > 0) { /* ff_gemm_bf16_out: the same sums, stored rounded */
+        uint16_t *g16 = malloc(nc * 2 + 2);
+        REQUIRE(g16);
+        for (int v = 0; v < 4; v += 3) {
+            memset(g16, 0xff, nc * 2);
+            ff_dptr dc16 = dev(be, g16, nc * 2);
+            ff_gemm_bf16_out(st, ta, tb, M, N, K, v ? dah : da, v, lda, v ? dbh : db, v, ldb, dc16, ldc);
+            ff_memcpy_d2h(st, g16, dc16, nc * 2);
+            REQUIRE(ff_stream_sync(st) == 0);
+            int off = 0;
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) off += g16[(size_t)i * ldc + j] != ff_f32_to_bf16(got[0][(size_t)i * ldc + j]);
+            for (int i = 0; i + 1 < M; i++) /* the padding of each row untouched */
+                for (int j = N; j < ldc; j++) off += g16[(size_t)i * ldc + j] != 0xffff;
+            if (off) {
+                fprintf(stderr, "%s: gemm_bf16_out (operands %s) differs from the rounded fp32 result in %d elements\n", what,
+                        v ? "bf16" : "fp32", off);
+                ff_test_failures++;
+            }
+            ff_buffer_destroy(&dc16.buf);
+        }
+        free(g16);
+    }
     for (int v = 0; v < 4; v++) free(got[v]);
     ff_buffer *bufs[] = {da.buf, db.buf, dah.buf, dbh.buf, dc.buf};
     for (int i = 0; i < 5; i++) ff_buffer_destroy(&bufs[i]);
@@ -202,6 +226,36 @@ static void test_gemm16(void) {
         for (int t = 0; t < 4; t++)
             gemm16_case(be, shapes[s][0], shapes[s][1], shapes[s][2], (ff_trans)(t & 1), (ff_trans)(t >> 1),
                         t == 3 ? 0.5f : 1.0f, t == 1 || t == 2 ? 1.0f : 0.0f);
+    ff_backend_destroy(&be);
+}
+
+/* SwiGLU on bf16 storage (ff_swiglu_fwd_bf16, ff_swiglu_bwd_bf16): the fp32 kernels on the
+ * widened gate|up, bit for bit, the forward's output rounded. */
+static void test_swiglu16(void) {
+    ff_backend *be = ff_backend_new("cpu:2");
+    REQUIRE(be);
+    ff_stream *st = ff_backend_stream(be);
+    enum { T = 37, I = 45 };
+    float gu[T * 2 * I], dh[T * I], h32[T * I], dgu32[T * 2 * I], dgu16[T * 2 * I];
+    uint16_t gu16[T * 2 * I], h16[T * I];
+    fill(gu, (size_t)T * 2 * I, 5), fill(dh, (size_t)T * I, 6);
+    for (int i = 0; i < T * 2 * I; i++) gu16[i] = ff_f32_to_bf16(gu[i] * 8.0f), gu[i] = ff_bf16_to_f32(gu16[i]);
+    ff_dptr dgu = dev(be, gu, sizeof gu), dgu_16 = dev(be, gu16, sizeof gu16), ddh = dev(be, dh, sizeof dh);
+    ff_dptr dh32 = dev(be, NULL, sizeof h32), dh16 = dev(be, NULL, sizeof h16), dg32 = dev(be, NULL, sizeof dgu32),
+            dg16 = dev(be, NULL, sizeof dgu16);
+    ff_swiglu_fwd(st, dgu, dh32, T, I);
+    ff_swiglu_fwd_bf16(st, dgu_16, dh16, T, I);
+    ff_swiglu_bwd(st, dgu, ddh, dg32, T, I);
+    ff_swiglu_bwd_bf16(st, dgu_16, ddh, dg16, T, I);
+    ff_memcpy_d2h(st, h32, dh32, sizeof h32), ff_memcpy_d2h(st, h16, dh16, sizeof h16);
+    ff_memcpy_d2h(st, dgu32, dg32, sizeof dgu32), ff_memcpy_d2h(st, dgu16, dg16, sizeof dgu16);
+    REQUIRE(ff_stream_sync(st) == 0);
+    int off = 0;
+    for (int i = 0; i < T * I; i++) off += h16[i] != ff_f32_to_bf16(h32[i]);
+    CHECK_EQ_INT(off, 0);
+    CHECK(!memcmp(dgu16, dgu32, sizeof dgu32));
+    ff_buffer *bufs[] = {dgu.buf, dgu_16.buf, ddh.buf, dh32.buf, dh16.buf, dg32.buf, dg16.buf};
+    for (int i = 0; i < 7; i++) ff_buffer_destroy(&bufs[i]);
     ff_backend_destroy(&be);
 }
 
@@ -321,6 +375,7 @@ static void test_kv(void) {
 int main(void) {
     test_gemm();
     test_gemm16();
+    test_swiglu16();
     test_casts();
     test_embedding();
     test_kv();

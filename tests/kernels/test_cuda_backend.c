@@ -8,7 +8,8 @@
  * checked in each FF_CUDA_MATH mode with its own tolerance (fp32 exact to rounding, TF32
  * 10-bit and bf16 8-bit mantissas), and the bf16-weight entries (ff_gemm_bf16w, the bf16
  * embedding, the casts), and ff_gemm_bf16 (bf16 products, either operand stored bf16: only the
- * summation order differs).
+ * summation order differs; ff_gemm_bf16_out's bf16 output and SwiGLU on bf16 gate|up a bf16
+ * step apart at most).
  *
  * Needs a GPU: without CUDA in the build, or with no device, it exits 77 (SKIPPED, saying
  * which), and tests/kernels/test_cuda_skip.sh checks that it does exactly that here. */
@@ -193,6 +194,23 @@ static void test_bf16(void) {
         cmp_all(what, c, 1e-5, 1e-4);
         dual_free(&a), dual_free(&b), dual_free(&c);
     }
+    /* ff_gemm_bf16_out: the same sums stored rounded to bf16 (widened here to compare; a bf16
+     * step, 2^-8, apart where the two sums straddle a rounding boundary) */
+    for (int t = 0; t < 4; t++) {
+        const ff_trans ta = (ff_trans)(t & 1), tb = (ff_trans)(t >> 1);
+        const bool x16 = t == 3, y16 = t >= 2;
+        const int M = 41 + t, N = 66 - t, K = 131, ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N,
+                  lda = ac + 1, ldb = bc + 2, ldc = N + 3;
+        dual a = x16 ? dual_bf16((size_t)ar * lda + 1, 2) : dual_rand((size_t)ar * lda + 1, 2),
+             b = y16 ? dual_bf16((size_t)br * ldb + 1, 1) : dual_rand((size_t)br * ldb + 1, 1),
+             c16 = dual_new(NULL, (size_t)M * ldc * 2), c = dual_new(NULL, (size_t)M * ldc * 4);
+        BOTH(ff_gemm_bf16_out(S, ta, tb, M, N, K, P(a), x16, lda, P(b), y16, ldb, P(c16), ldc));
+        BOTH(ff_cast_bf16_f32(S, P(c16), P(c), (int64_t)M * ldc));
+        snprintf(what, sizeof what, "gemm_bf16_out %dx%dx%d %c%c A%s B%s", M, N, K, ta ? 'T' : 'N', tb ? 'T' : 'N',
+                 x16 ? "16" : "32", y16 ? "16" : "32");
+        cmp_all(what, c, 1e-6, 8e-3);
+        dual_free(&a), dual_free(&b), dual_free(&c16), dual_free(&c);
+    }
     enum { V = 50, H = 70, T = 9, NC = 100003 };
     const int32_t tok[T] = {0, 49, -1, 7, 7, 12, -1, 3, 48};
     dual tk = dual_i32(tok, T), table = dual_bf16((size_t)V * H, 1), out = dual_rand((size_t)T * H, 1);
@@ -270,6 +288,15 @@ static void test_rowwise(void) {
     cmp_all("swiglu_bwd", dgu, 1e-5, 1e-5);
     BOTH(ff_swiglu_bwd(S, P(gu), P(dh), P(gu), T, I));
     cmp_all("swiglu_bwd in place", gu, 1e-5, 1e-5);
+    /* on bf16 gate|up (the forward's output bf16 too: widened to compare, a bf16 step apart at
+     * most where the two exps straddle a rounding boundary) */
+    dual gu16 = dual_bf16((size_t)T * 2 * I, 4), h16 = dual_new(NULL, (size_t)T * I * 2);
+    BOTH(ff_swiglu_fwd_bf16(S, P(gu16), P(h16), T, I));
+    BOTH(ff_cast_bf16_f32(S, P(h16), P(h), (int64_t)T * I));
+    cmp_all("swiglu_fwd_bf16", h, 1e-6, 8e-3);
+    BOTH(ff_swiglu_bwd_bf16(S, P(gu16), P(dh), P(dgu), T, I));
+    cmp_all("swiglu_bwd_bf16", dgu, 1e-5, 1e-5);
+    dual_free(&gu16), dual_free(&h16);
 
     /* rows */
     int32_t rows[40];

@@ -124,14 +124,16 @@ static void train_step_tc(ff_model *mc, ff_model *mg) {
     free(gg);
 }
 
-/* bf16 products (FF_CUDA_MATH=bf16: ff_model_bf16_products on by default): the weights' bf16
- * copy made each forward and each output gradient rounded once give the numbers of rounding
- * every operand per product (the same model with them off): losses and gradients bit for bit on
- * the emulator (the same cuBLAS calls on the same bf16 bytes; within 1e-6 on a GPU, whose
- * kernels may differ by address), over two SFT steps with an AdamW step between (a copy not made
- * again from the updated weights would differ). The CPU's definition (ff_gemm_bf16 as a loop,
- * set on a CPU model) against them within fp32 summation order, and away from the CPU's fp32
- * products (so the rounding happens). An inference model refuses them. */
+/* bf16 products (FF_CUDA_MATH=bf16: ff_model_bf16_products on by default) against the same model
+ * with them off (every operand rounded per product), over two SFT steps with an AdamW step
+ * between. The weights' bf16 copy made each forward, each output gradient rounded once and the
+ * normed rows kept in bf16 give the same roundings as off; what differs is the MLP, whose
+ * gate|up output is kept in bf16 (rounded before SwiGLU, as autocast does) and SwiGLU's output
+ * rounded where it is written. So: the loss within 1e-4 relative, the gradients within 2e-2 of
+ * the largest at step 0 (measured 8.7e-6, 5.1e-3; step 1 after AdamW 2e-3, 0.1); a copy not made again from the updated weights would put step
+ * 1's loss at step 0's (5.05 against 3.71). The CPU's definition (ff_gemm_bf16 as a loop, set on
+ * a CPU model) against them within fp32 summation order and the bf16 steps it can flip, and away
+ * from the CPU's fp32 products (so the rounding happens). An inference model refuses them. */
 static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
     setenv("FF_CUDA_MATH", "bf16", 1);
     setenv("FF_CUDA_ATTENTION", "fp32", 1);
@@ -160,17 +162,21 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
         REQUIRE(gon && gcpu);
         gcp = gcpu;
         char what[96];
-#ifdef FF_TEST_CUDA_EMU
-        if (lon != loff || memcmp(gon, goff, (size_t)n * 4)) {
-            fprintf(stderr, "bf16 products step %d: loss %.9g against %.9g with them off, gradients %s\n", step, lon, loff,
-                    memcmp(gon, goff, (size_t)n * 4) ? "differ" : "equal");
-            ff_test_failures++;
+        {
+            double mx = 0, worst = 0;
+            for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(goff[i]));
+            for (int64_t i = 0; i < n; i++) worst = fmax(worst, isnan(gon[i]) ? INFINITY : fabs((double)gon[i] - goff[i]));
+            printf("bf16 products step %d: loss %.9g, %.9g with them off (%.2g relative); gradients %.2g of the largest "
+                   "apart\n", step, lon, loff, fabs(lon - loff) / fabs(loff), worst / mx);
+            /* step 1 after an AdamW step from gradients that differ so (Adam moves elements near
+             * zero by a whole step either way): measured 3e-4 and 0.025 */
+            const double lt = step ? 2e-3 : 1e-4, gt = step ? 0.1 : 2e-2;
+            if (!(fabs(lon - loff) <= lt * fabs(loff)) || !(worst <= gt * mx)) {
+                fprintf(stderr, "bf16 products step %d: loss %.9g against %.9g with them off, gradients %.3g of the largest "
+                        "apart (at most %g relative, %g)\n", step, lon, loff, worst / mx, lt, gt);
+                ff_test_failures++;
+            }
         }
-#else
-        CHECK_CLOSE(lon, loff, 1e-6, 0);
-        snprintf(what, sizeof what, "bf16 products step %d: gradients against them off", step);
-        check_tensor_close(what, gon, goff, n, 1e-7, 1e-5);
-#endif
         /* the CPU's definition: the same roundings, another summation order (step 0: the same
          * weights; after a step they differ by that order, and so may their bf16 copies) */
         if (step == 0) {
@@ -191,23 +197,54 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
     ff_model_memory mon_m, moff_m;
     ff_model_memory_of(mon, &mon_m);
     ff_model_memory_of(moff, &moff_m);
+    /* the training forward's kept product inputs (xn1, xn2 [T, H], hm [T, I] a layer) and
+     * gate|up's output (gu [T, 2I]) are bf16 alone: half their bytes (each region 64-byte
+     * aligned), everything else the same */
+    {
+        const int64_t H = c->hidden_size, I = c->intermediate_size, L = c->num_hidden_layers;
+#define A64(x) (((x) + 63) / 64 * 64)
+        const int64_t saved = L * (2 * (A64(NT * H * 4) - A64(NT * H * 2)) + A64(NT * I * 4) - A64(NT * I * 2) +
+                                   A64(NT * 2 * I * 4) - A64(NT * 2 * I * 2));
+#undef A64
+        if (moff_m.activations - mon_m.activations != saved) {
+            fprintf(stderr, "bf16 products: activations %lld bytes against %lld with them off, %lld expected fewer\n",
+                    (long long)mon_m.activations, (long long)moff_m.activations, (long long)saved);
+            ff_test_failures++;
+        }
+        CHECK(mon_m.activations > 0 && mon_m.workspace > mon_m.activations);
+    }
     /* the copy counted: 2 bytes a weight-matrix element, most of the parameters; given back with
      * the gradients (a colocated actor's generation phase), made again by the next forward */
-    CHECK(mon_m.workspace - moff_m.workspace >= ff_model_param_count(mon));
+#define REST(mm) ((mm).workspace - (mm).activations)
+    CHECK(REST(mon_m) - REST(moff_m) >= ff_model_param_count(mon));
     ff_backend_memory b0, b1;
     ff_backend_memory_of(gbf, &b0);
     REQUIRE(ff_model_release_grads(mon) == 0);
     ff_backend_memory_of(gbf, &b1);
     CHECK(b0.in_use - b1.in_use >= 4 * ff_model_param_count(mon) + ff_model_param_count(mon));
     ff_model_memory_of(mon, &mon_m);
-    CHECK(mon_m.workspace - moff_m.workspace < ff_model_param_count(mon));
+    CHECK(REST(mon_m) - REST(moff_m) < ff_model_param_count(mon));
     {
         float lp[NT];
         ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
         ff_forward_out fo = {.logprobs = lp};
         CHECK(ff_model_forward(mon, &b, NULL, &fo) == 0); /* a scoring forward: the copy is back */
         ff_model_memory_of(mon, &mon_m);
-        CHECK(mon_m.workspace - moff_m.workspace >= ff_model_param_count(mon));
+        CHECK(REST(mon_m) - REST(moff_m) >= ff_model_param_count(mon));
+    }
+#undef REST
+    /* a training forward's backward reads its inputs as it kept them: no switching between */
+    {
+        float lp[NT];
+        ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
+        ff_forward_opts o = {.train = true};
+        ff_forward_out fo = {.logprobs = lp};
+        REQUIRE(ff_model_restore_grads(mon) == 0 && ff_model_forward(mon, &b, &o, &fo) == 0);
+        CHECK(ff_model_set_bf16_products(mon, false) == -1);
+        CHECK_STR_CONTAINS(ff_error_message(), "backward");
+        CHECK(ff_model_set_bf16_products(mon, true) == 0); /* no change: fine */
+        ff_model_stage_drop(mon);
+        CHECK(ff_model_set_bf16_products(mon, false) == 0 && ff_model_set_bf16_products(mon, true) == 0);
     }
     ff_optimizer_destroy(&oon), ff_optimizer_destroy(&ooff), ff_optimizer_destroy(&ocp), ff_optimizer_destroy(&o32);
     ff_model_destroy(&mon), ff_model_destroy(&moff), ff_model_destroy(&cp16), ff_model_destroy(&c32);

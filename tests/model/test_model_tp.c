@@ -227,6 +227,7 @@ typedef struct job {
     bool sp;                /* sequence parallelism */
     bool dev;               /* the communicator's dev_ calls (the model's buffers) too */
     bool exact;             /* compare() bit for bit (against the same TP with host calls) */
+    bool p16;               /* bf16 products (ff_model_set_bf16_products) */
     group *g;
     result res[MAXR];
 } job;
@@ -243,6 +244,7 @@ static void run_rank(job *j, int rank, const ff_model_comm *comm) {
     ff_model *m = comm ? ff_model_new_opts(be, j->cfg, w, &mo) : ff_model_new(be, j->cfg, w);
     if (!m) fprintf(stderr, "%s\n", ff_error_message());
     REQUIRE(m);
+    if (j->p16) REQUIRE(ff_model_set_bf16_products(m, true) == 0);
     REQUIRE(ff_model_reserve(m, NT) == 0);
     r->w0 = ff_tensor_set_new();
     REQUIRE(ff_model_export_weights(m, r->w0) == 0);
@@ -303,7 +305,7 @@ static void run_rank(job *j, int rank, const ff_model_comm *comm) {
         ff_forward_opts sc = {.temperature = 0.7f};
         ff_forward_out o = {.logprobs = r->lp07, .entropy = r->ent07};
         REQUIRE(ff_model_forward(m, b, &sc, &o) == 0);
-        if (comm) { /* the same rank as an inference-only model taking its weights: the same bits */
+        if (comm && !j->p16) { /* the same rank as an inference-only model taking its weights: the same bits */
             ff_tensor_set *mine = ff_tensor_set_new();
             REQUIRE(mine && ff_model_export_weights(m, mine) == 0);
             ff_model_opts io = {.inference = true, .comm = comm, .sequence_parallel = j->sp};
@@ -831,6 +833,61 @@ static void same_on_device(const char *name, int tp, const job *j, double base) 
     free(d);
 }
 
+/* the largest difference of two tensor sets' elements (as compare_tensor_sets pairs them) */
+static void pair_diff(void *ctx, const char *name, const float *got, const float *want, int64_t n) {
+    (void)name;
+    double *d = ctx;
+    for (int64_t i = 0; i < n; i++) d[0] = fmax(d[0], fabs((double)got[i] - want[i])), d[1] = fmax(d[1], fabs(want[i]));
+}
+static double rel_diff(const char *what, const ff_tensor_set *got, const ff_tensor_set *want) {
+    double d[2] = {0, 0};
+    compare_tensor_sets(what, got, want, pair_diff, d);
+    return d[1] > 0 ? d[0] / d[1] : d[0];
+}
+
+/* bf16 products (ff_model_set_bf16_products, the CPU's definition of ff_gemm_bf16): TP (and
+ * SP) split the sums of the same rounded products over ranks, so the log-probs, the loss and
+ * the gradients are those of TP 1 with bf16 products within bf16 noise (a sum's last bit can
+ * flip a later rounding, 2^-8 of an element: measured 4.2e-3 .. 5.7e-3 of the largest, against
+ * 1e-2 allowed), and away from fp32 products. Its backward reads the product inputs the forward
+ * kept in bf16: the q|k|v weight gradient of key/value heads that ranks share (ffm_tp_kv_grads)
+ * and SP's gathered norm outputs among them. The bound catches a wrong buffer or layout (0.2 ..
+ * 2.3 with the backward reading the forward's fp32 scratch, or the kept bf16 bytes as fp32),
+ * not a rank that multiplies in fp32 (5e-3 .. 1.1e-2 from bf16 products). */
+static void test_bf16_products_tp(const char *name, const job *ref32, int tp, bool sp) {
+    job *r = calloc(1, sizeof *r), *j = calloc(1, sizeof *j);
+    REQUIRE(r && j);
+    *r = (job){.cfg = ref32->cfg, .w = ref32->w, .b = ref32->b, .a = ref32->a, .c = ref32->c, .d = ref32->d,
+               .lm = ref32->lm, .p16 = true};
+    run_rank(r, 0, NULL);
+    *j = *r;
+    memset(j->res, 0, sizeof j->res);
+    j->sp = sp;
+    run_group(j, tp);
+    const result *g = &j->res[0], *one = &r->res[0], *f32 = &ref32->res[0];
+    const int T = j->b->n_tokens;
+    char w[160];
+    snprintf(w, sizeof w, "%s tp%d%s bf16 products", name, tp, sp ? " SP" : "");
+    CHECK_CLOSE(g->loss, one->loss, 1e-3, 1e-2);
+    if (j->lm) check_tensor_close(w, g->lp, one->lp, T, 2e-2, 0);
+    const double dg = rel_diff(w, g->grads, one->grads), d32 = rel_diff(w, one->grads, f32->grads);
+    printf("%s: gradients %.2g of the largest from TP 1's with bf16 products, TP 1's %.2g from fp32 products\n", w, dg, d32);
+    if (!(dg <= 1e-2) || !(d32 > 1e-5)) {
+        fprintf(stderr, "%s: gradients %.3g from TP 1's (at most 1e-2), TP 1's %.3g from fp32 products' (above 1e-5)\n", w,
+                dg, d32);
+        ff_test_failures++;
+    }
+    for (int q = 1; q < tp; q++) {
+        snprintf(w, sizeof w, "%s tp%d bf16 products rank %d", name, tp, q);
+        compare_sets(K_AFTER, w, j->res[q].after, g->after, 0, -1);
+    }
+    for (int q = 0; q < tp; q++) free_result(&j->res[q]);
+    free_result(&r->res[0]);
+    free(j->g);
+    free(j);
+    free(r);
+}
+
 static void test_config(const char *name, ff_model_config cfg, bool critic, const int *tps, int n_tps) {
     ff_tensor_set *all = ff_tensor_set_new(), *w = ff_tensor_set_new();
     REQUIRE(ff_model_init_weights(&cfg, 21, 0.1, all) == 0); /* 0.3: chaotic, log-probs to -12 */
@@ -902,6 +959,7 @@ static void test_config(const char *name, ff_model_config cfg, bool critic, cons
         for (int i = 0; i < n_tps; i++)
             if (tps[i] > 1) test_stages_sp(name, ref, tps[i]);
     test_read_shards(name, &cfg, w, j, ref, tps[n_tps - 1]);
+    test_bf16_products_tp(name, ref, tps[n_tps - 1], !cfg.attention_bias); /* half the configs with SP */
     free_result(&ref->res[0]);
     free(ref);
     free(j);

@@ -945,7 +945,8 @@ static float elem(const void *p, cudaDataType t, size_t i) {
 }
 
 /* Column-major, as cuBLAS: C[m, n] (ldc) = alpha op(A)[m, k] op(B)[k, n] + beta C; C is not
- * read when beta is 0. Operands must be device memory; sums in fp32, in k order. */
+ * read when beta is 0. Operands must be device memory; sums in fp32, in k order. C is fp32, or
+ * bf16 with bf16 operands (the result rounded to nearest even). */
 cublasStatus_t ff_emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                                    const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
                                    cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
@@ -959,7 +960,7 @@ cublasStatus_t ff_emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
         ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
     const bool f32 = at == CUDA_R_32F && bt == CUDA_R_32F, b16 = at == CUDA_R_16BF && bt == CUDA_R_16BF;
-    if (ct != CUDA_R_32F || !(f32 || b16) || (b16 && comp != CUBLAS_COMPUTE_32F) ||
+    if (!(ct == CUDA_R_32F || (b16 && ct == CUDA_R_16BF)) || !(f32 || b16) || (b16 && comp != CUBLAS_COMPUTE_32F) ||
         (comp != CUBLAS_COMPUTE_32F && comp != CUBLAS_COMPUTE_32F_FAST_TF32))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
@@ -968,7 +969,7 @@ cublasStatus_t ff_emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
     const size_t ae = at == CUDA_R_16BF ? 2 : 4, be = bt == CUDA_R_16BF ? 2 : 4;
     if ((k && (!on_device(A, ((size_t)(acols - 1) * lda + arows) * ae) ||
                !on_device(B, ((size_t)(bcols - 1) * ldb + brows) * be))) ||
-        !on_device(C, ((size_t)(n - 1) * ldc + m) * 4)) {
+        !on_device(C, ((size_t)(n - 1) * ldc + m) * (ct == CUDA_R_16BF ? 2 : 4))) {
         fprintf(stderr, "cuda emulator: cublasGemmEx %dx%dx%d: an operand is not (wholly) device memory\n", m, n, k);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
@@ -986,14 +987,19 @@ cublasStatus_t ff_emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
                 float x = elem(B, bt, tb == CUBLAS_OP_N ? (size_t)j * ldb + l : (size_t)l * ldb + j);
                 b[(size_t)j * k + l] = round ? tf32(x) : x;
             }
-        float *c = (float *)C;
         for (int j = 0; j < n; j++)
             for (int i = 0; i < m; i++) {
                 float sum = 0.0f;
                 const float *ai = &a[(size_t)i * k], *bj = &b[(size_t)j * k];
                 for (int l = 0; l < k; l++) sum += ai[l] * bj[l];
-                float *cij = c + (size_t)j * ldc + i;
-                *cij = bet == 0.0f ? al * sum : al * sum + bet * *cij;
+                const size_t at = (size_t)j * ldc + i;
+                const float v = bet == 0.0f ? al * sum : al * sum + bet * elem(C, ct, at);
+                if (ct == CUDA_R_16BF) {
+                    const __nv_bfloat16 h16 = __float2bfloat16(v);
+                    memcpy((char *)C + at * 2, &h16, 2);
+                } else {
+                    ((float *)C)[at] = v;
+                }
             }
     });
     return CUBLAS_STATUS_SUCCESS;
