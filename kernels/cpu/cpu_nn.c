@@ -259,47 +259,45 @@ typedef struct swiglu_job {
     int inter;
 } swiglu_job;
 
-/* the bf16 forms: the fp32 formulas on the widened values, the forward's output rounded */
-FF_VEC static void swiglu_fwd16_rows(void *arg, int64_t t0, int64_t t1) {
-    const swiglu_job *j = arg;
-    const int n = j->inter;
-    for (int64_t t = t0; t < t1; t++) {
-        const uint16_t *g = j->gu16 + (size_t)t * 2 * n, *u = g + n;
-        uint16_t *o = j->h16 + (size_t)t * n;
-#pragma omp simd
-        for (int c = 0; c < n; c++) {
-            const float gc = bf16_widen(g[c]);
-            o[c] = bf16_round(gc / (1.0f + ff_fast_expf(-gc)) * bf16_widen(u[c]));
-        }
-    }
-}
-
-FF_VEC static void swiglu_bwd16_rows(void *arg, int64_t t0, int64_t t1) {
-    const swiglu_job *j = arg;
-    const int n = j->inter;
-    for (int64_t t = t0; t < t1; t++) {
-        const uint16_t *g = j->gu16 + (size_t)t * 2 * n, *u = g + n;
-        const float *d = j->dh + (size_t)t * n;
-        float *dg = j->dgu + (size_t)t * 2 * n, *du = dg + n;
-#pragma omp simd
-        for (int c = 0; c < n; c++) {
-            const float gc = bf16_widen(g[c]), uc = bf16_widen(u[c]);
-            const float sg = 1.0f / (1.0f + ff_fast_expf(-gc));
-            const float silu = gc * sg;
-            dg[c] = d[c] * uc * sg * (1.0f + gc * (1.0f - sg));
-            du[c] = d[c] * silu;
-        }
-    }
+/* one element: h = silu(g) u, and its gradients (dg, du) given dh; the fp32 and bf16 forms
+ * below run these same formulas (bf16: on the widened values, the forward's output rounded) */
+static inline float swiglu_h(float g, float u) { return g / (1.0f + ff_fast_expf(-g)) * u; }
+static inline void swiglu_d(float g, float u, float d, float *dg, float *du) {
+    const float sg = 1.0f / (1.0f + ff_fast_expf(-g));
+    *dg = d * u * sg * (1.0f + g * (1.0f - sg));
+    *du = d * (g * sg);
 }
 
 FF_VEC static void swiglu_fwd_rows(void *arg, int64_t t0, int64_t t1) {
     const swiglu_job *j = arg;
     const int n = j->inter;
     for (int64_t t = t0; t < t1; t++) {
-        const float *g = j->gu + (size_t)t * 2 * n, *u = g + n;
-        float *o = j->h + (size_t)t * n;
+        const size_t r = (size_t)t * 2 * n, o = (size_t)t * n;
+        if (j->gu16) {
 #pragma omp simd
-        for (int c = 0; c < n; c++) o[c] = g[c] / (1.0f + ff_fast_expf(-g[c])) * u[c];
+            for (int c = 0; c < n; c++) j->h16[o + c] = bf16_round(swiglu_h(bf16_widen(j->gu16[r + c]), bf16_widen(j->gu16[r + n + c])));
+        } else {
+#pragma omp simd
+            for (int c = 0; c < n; c++) j->h[o + c] = swiglu_h(j->gu[r + c], j->gu[r + n + c]);
+        }
+    }
+}
+
+/* dgu may alias gu (fp32): each element's g, u are read before its dg, du are written */
+FF_VEC static void swiglu_bwd_rows(void *arg, int64_t t0, int64_t t1) {
+    const swiglu_job *j = arg;
+    const int n = j->inter;
+    for (int64_t t = t0; t < t1; t++) {
+        const size_t r = (size_t)t * 2 * n;
+        const float *d = j->dh + (size_t)t * n;
+        float *dg = j->dgu + r, *du = dg + n;
+        if (j->gu16) {
+#pragma omp simd
+            for (int c = 0; c < n; c++) swiglu_d(bf16_widen(j->gu16[r + c]), bf16_widen(j->gu16[r + n + c]), d[c], dg + c, du + c);
+        } else {
+#pragma omp simd
+            for (int c = 0; c < n; c++) swiglu_d(j->gu[r + c], j->gu[r + n + c], d[c], dg + c, du + c);
+        }
     }
 }
 
@@ -307,31 +305,14 @@ void ff_cpu_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter, bo
     swiglu_job j = {.inter = inter};
     if (b16) j.gu16 = (const uint16_t *)(void *)F(gu), j.h16 = (uint16_t *)(void *)F(h);
     else j.gu = F(gu), j.h = F(h);
-    ff_cpu_for(s, T, 12.0 * inter, b16 ? swiglu_fwd16_rows : swiglu_fwd_rows, &j);
-}
-
-FF_VEC static void swiglu_bwd_rows(void *arg, int64_t t0, int64_t t1) {
-    const swiglu_job *j = arg;
-    const int n = j->inter;
-    for (int64_t t = t0; t < t1; t++) {
-        const float *g = j->gu + (size_t)t * 2 * n, *u = g + n, *d = j->dh + (size_t)t * n;
-        float *dg = j->dgu + (size_t)t * 2 * n, *du = dg + n;
-#pragma omp simd
-        for (int c = 0; c < n; c++) {
-            float gc = g[c], uc = u[c];
-            float sg = 1.0f / (1.0f + ff_fast_expf(-gc));
-            float silu = gc * sg;
-            dg[c] = d[c] * uc * sg * (1.0f + gc * (1.0f - sg));
-            du[c] = d[c] * silu;
-        }
-    }
+    ff_cpu_for(s, T, 12.0 * inter, swiglu_fwd_rows, &j);
 }
 
 void ff_cpu_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter, bool b16) {
     swiglu_job j = {.dh = F(dh), .dgu = F(dgu), .inter = inter};
     if (b16) j.gu16 = (const uint16_t *)(void *)F(gu);
     else j.gu = F(gu);
-    ff_cpu_for(s, T, 16.0 * inter, b16 ? swiglu_bwd16_rows : swiglu_bwd_rows, &j);
+    ff_cpu_for(s, T, 16.0 * inter, swiglu_bwd_rows, &j);
 }
 
 /* ---- rows ------------------------------------------------------------------------------------ */
