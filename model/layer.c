@@ -31,9 +31,9 @@
 
 static bool same(ff_dptr a, ff_dptr b) { return a.buf == b.buf && a.off == b.off; }
 
-/* out [T, H] = res + A [T, K] @ W^T (W [H, K]); out may be res; A fp32, or bf16 (a16). Under TP (the g operator)
- * the product is a partial sum: computed alone (into out, or into scratch [T, H] when out is
- * res), summed over the group, then added to res. Under SP out and res are the rank's rows
+/* out [T, H] = res + A [T, K] @ W^T (W [H, K]); out may be res; A fp32, or bf16 (a16). Under
+ * TP (the g operator) the product is a partial sum: computed alone (into out, or into scratch
+ * [T, H] when out is res), summed over the group, then added to res. Under SP out and res are the rank's rows
  * [nr, H]: the partial sum goes to part [T, H], and its reduce-scatter back into part's
  * first rows. */
 static int row_parallel(ff_model *m, const ffm_layer_tokens *tk, int K, ff_dptr A, bool a16, const ff_param_tensor *W, ff_dptr res,

@@ -1163,6 +1163,13 @@ static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
     return 0;
 }
 
+/* bf16 products: the buffer of the weights' bf16 copy (made by each forward). 0 or -1 + error. */
+static int w16c_ensure(ff_model *m) {
+    if (m->p16 && !m->w16c && !(m->w16c = ff_buffer_new(m->be, (size_t)m->n_decay * 2)))
+        return ff_error_wrap("the bf16 copy of the weights (%lld elements) for bf16 products", (long long)m->n_decay);
+    return 0;
+}
+
 int ff_model_stage_reserve(ff_model *m, int32_t max_tokens, const int32_t *in_flight) {
     if (max_tokens < 1) return ff_error_set("reserve", NULL, "max_tokens %d must be >= 1", max_tokens);
     if (m->inference) {
@@ -1183,7 +1190,7 @@ int ff_model_stage_reserve(ff_model *m, int32_t max_tokens, const int32_t *in_fl
                 if (!acts_add(m, ns, true, hd, max_tokens)) return -1;
         }
     }
-    if (scratch_ensure(m, max_tokens, !m->inference)) return -1;
+    if (scratch_ensure(m, max_tokens, !m->inference) || w16c_ensure(m)) return -1;
     return ffm_tp_reserve(m, max_tokens);
 }
 
@@ -1313,8 +1320,7 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
     }
     const int32_t T = b->n_tokens, S = b->n_seqs;
     if (scratch_ensure(m, T, !m->inference)) return -1;
-    if (m->p16 && !m->w16c && !(m->w16c = ff_buffer_new(m->be, (size_t)m->n_decay * 2)))
-        return ff_error_wrap("the bf16 copy of the weights (%lld elements) for bf16 products", (long long)m->n_decay);
+    if (w16c_ensure(m)) return -1;
     ffm_acts *a = acts_take(m, c, train, T);
     if (!a) return -1;
     int32_t *ids = m->tp > 1 ? ffm_tp_ids(m, 2 * (size_t)T) : NULL; /* [2, T] this rank's token, target ids */

@@ -321,7 +321,8 @@ int ff_model_zero_grad(ff_model *m); /* 0, or -1 + error on an inference model *
 
 /* Size the workspace for batches of up to max_tokens tokens now (0 or -1 + error when out
  * of memory), so that the first forward does not allocate: a trainable model's for a
- * training forward (every layer's activations), an inference model's for a forward. (A
+ * training forward (every layer's activations, and with bf16 products the weights' bf16
+ * copy), an inference model's for a forward. (A
  * scoring forward while a training forward waits for its backward takes room of its own.) */
 int ff_model_reserve(ff_model *m, int32_t max_tokens);
 

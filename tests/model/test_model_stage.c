@@ -9,7 +9,9 @@
  * count per chunk; room reserved for them is not grown by the step; an inference stage gives
  * the trainable stage's outputs; the stages' exports are the whole model's tensors, each from
  * one stage (the tied LM head's copy left out), and loading whole tensors takes each stage's;
- * tensors by name; and bad stages and calls get errors naming the problem. */
+ * tensors by name; and bad stages and calls get errors naming the problem. The same split with
+ * bf16 products: the stages' forwards in flight, each keeping its bf16 activations, still give
+ * the whole model's outputs and gradients bit for bit. */
 #include "tests/model/model_test_util.h"
 
 static ff_backend *be;
@@ -47,8 +49,10 @@ static ff_model *stage(const ff_model_config *c, const ff_tensor_set *w, int n, 
     return m;
 }
 
-/* Layers 0..7: stage A holds [0, 2) and [5, 6) (chunks 0 and 1), B [2, 5), C [6, 8). */
-static void split(bool tied) {
+/* Layers 0..7: stage A holds [0, 2) and [5, 6) (chunks 0 and 1), B [2, 5), C [6, 8). p16: every
+ * model with bf16 products (the CPU's definition), whose forwards in flight keep their MLP and
+ * normed rows in bf16. */
+static void split(bool tied, bool p16) {
     ff_model_config c = tiny_config(48, 32, 40, 8, 4, 2, tied, !tied, !tied);
     ff_tensor_set *w = ff_tensor_set_new();
     REQUIRE(w && ff_model_init_weights(&c, 3, 0.3, w) == 0);
@@ -56,6 +60,8 @@ static void split(bool tied) {
     REQUIRE(whole);
     const int32_t fa[] = {0, 5}, na[] = {2, 1}, fb[] = {2}, nb[] = {3}, fc[] = {6}, nc[] = {2};
     ff_model *A = stage(&c, w, 2, fa, na, false), *B = stage(&c, w, 1, fb, nb, false), *C = stage(&c, w, 1, fc, nc, false);
+    ff_model *all[] = {whole, A, B, C};
+    for (int k = 0; p16 && k < 4; k++) REQUIRE(ff_model_set_bf16_products(all[k], true) == 0);
     CHECK(!ff_model_is_whole(A) && ff_model_is_whole(whole) && ff_model_n_chunks(A) == 2);
     ff_model_chunk_info ci;
     ff_model_chunk_of(A, 1, &ci);
@@ -149,6 +155,11 @@ static void split(bool tied) {
     CHECK(ff_model_read_tensor(B, "model.norm.weight", false, one) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "this model does not hold the tensor");
     REQUIRE(ff_model_load_weights(B, w) == 0); /* whole tensors in: B takes its own */
+    if (p16) { /* an inference stage's products follow its backend: fp32 here */
+        ff_model_destroy(&A), ff_model_destroy(&B), ff_model_destroy(&C), ff_model_destroy(&whole);
+        ff_tensor_set_destroy(&ws), ff_tensor_set_destroy(&gw), ff_tensor_set_destroy(&gs), ff_tensor_set_destroy(&w);
+        return;
+    }
     /* an inference stage: the trainable stage's outputs, bit for bit */
     ff_model *Ci = stage(&c, w, 1, fc, nc, true);
     float ilp[MAXT], tlp[MAXT];
@@ -220,8 +231,9 @@ static void errors(void) {
 int main(void) {
     be = ff_backend_new("cpu:1");
     REQUIRE(be);
-    split(false);
-    split(true);
+    split(false, false);
+    split(true, false);
+    split(false, true);
     errors();
     ff_backend_destroy(&be);
     if (ff_test_failures) fprintf(stderr, "%d check(s) failed\n", ff_test_failures);
