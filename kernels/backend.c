@@ -589,8 +589,8 @@ void ff_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_tem
     assert(ff_dptr_null(logprob) || !ff_dptr_null(targets));
     PROF(logprob_fwd, s, logits, targets, inv_temp, T, V, logprob, entropy, lse);
 }
-void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
-                    ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
+static void logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy, bool b16) {
     need_mat(s, logits, T, V, V);
     need_opt(s, targets, (size_t)T * 4);
     need(s, lse, (size_t)T * 4);
@@ -599,7 +599,16 @@ void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_tem
     assert(ff_dptr_null(dlogprob) || !ff_dptr_null(targets));
     assert(ff_dptr_null(dentropy) || !ff_dptr_null(entropy));
     need_opt(s, entropy, (size_t)T * 4);
-    PROF(logprob_bwd, s, logits, targets, inv_temp, T, V, lse, dlogprob, dentropy, entropy);
+    PROF_AS(logprob_bwd, b16 ? "logprob_bwd_bf16" : "logprob_bwd", s, logits, targets, inv_temp, T, V, lse, dlogprob,
+            dentropy, entropy, b16);
+}
+void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                    ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
+    logprob_bwd(s, logits, targets, inv_temp, T, V, lse, dlogprob, dentropy, entropy, false);
+}
+void ff_logprob_bwd_bf16(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                         ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
+    logprob_bwd(s, logits, targets, inv_temp, T, V, lse, dlogprob, dentropy, entropy, true);
 }
 
 void ff_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n) {

@@ -75,8 +75,9 @@ typedef struct ff_backend_ops {
     void (*gather_rows)(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N);
     void (*logprob_fwd)(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V,
                         ff_dptr logprob, ff_dptr entropy, ff_dptr lse);
+    /* b16: dlogits left in bf16 in each row's first half (ff_logprob_bwd_bf16) */
     void (*logprob_bwd)(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
-                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
+                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy, bool b16);
     void (*add)(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n);
     void (*scale)(ff_stream *s, ff_dptr x, int64_t n, float alpha);
     double (*sumsq)(ff_stream *s, ff_dptr x, int64_t n);

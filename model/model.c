@@ -1560,16 +1560,20 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
             for (int32_t c0 = 0; c0 < T; c0 += chunk) {
                 int32_t n = T - c0 < chunk ? T - c0 : chunk;
                 if (recompute) lm_logits(m, a, c0, n);
-                ff_logprob_bwd(st, SC(logits), a->has_targets ? ff_dptr_add(AW(a, targets), (size_t)c0, 4) : (ff_dptr){0},
-                               a->inv_temp, n, m->V, ff_dptr_add(AW(a, tok_lse), (size_t)c0, 4),
-                               d_logprobs ? ff_dptr_add(SC(dlogprob), (size_t)c0, 4) : (ff_dptr){0},
-                               d_entropy ? ff_dptr_add(SC(dentropy), (size_t)c0, 4) : (ff_dptr){0},
-                               d_entropy ? ff_dptr_add(AW(a, entropy), (size_t)c0, 4) : (ff_dptr){0});
+                /* bf16 products: dlogits rounded where they are made, in each row's first half
+                 * (a bf16 [n, V] of ld 2V), for both products below */
+                (m->w16c_live ? ff_logprob_bwd_bf16 : ff_logprob_bwd)(
+                    st, SC(logits), a->has_targets ? ff_dptr_add(AW(a, targets), (size_t)c0, 4) : (ff_dptr){0}, a->inv_temp,
+                    n, m->V, ff_dptr_add(AW(a, tok_lse), (size_t)c0, 4),
+                    d_logprobs ? ff_dptr_add(SC(dlogprob), (size_t)c0, 4) : (ff_dptr){0},
+                    d_entropy ? ff_dptr_add(SC(dentropy), (size_t)c0, 4) : (ff_dptr){0},
+                    d_entropy ? ff_dptr_add(AW(a, entropy), (size_t)c0, 4) : (ff_dptr){0});
+                const opnd dl = m->w16c_live ? (opnd){SC(logits), true, 2 * m->V} : f32op(SC(logits), m->V);
                 /* dxf += dlogits [n, V] @ W [V, H];  dW += dlogits^T @ xf */
-                prod(m, FF_NO_TRANS, FF_NO_TRANS, n, H, m->V, f32op(SC(logits), m->V), wop(m, m->off_lm, H), 1.0f,
+                prod(m, FF_NO_TRANS, FF_NO_TRANS, n, H, m->V, dl, wop(m, m->off_lm, H), 1.0f,
                      ff_dptr_add(dxn, (size_t)c0 * H, 4), H);
-                prod(m, FF_TRANS, FF_NO_TRANS, m->V, H, n, f32op(SC(logits), m->V),
-                     f32op(ff_dptr_add(AW(a, xf), (size_t)c0 * H, 4), H), 1.0f, ffm_grad(m, m->off_lm), H);
+                prod(m, FF_TRANS, FF_NO_TRANS, m->V, H, n, dl, f32op(ff_dptr_add(AW(a, xf), (size_t)c0 * H, 4), H), 1.0f,
+                     ffm_grad(m, m->off_lm), H);
             }
             m->sc.logits_of = NULL; /* the logits buffer now holds dlogits */
         }

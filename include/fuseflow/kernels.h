@@ -164,6 +164,12 @@ void ff_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_tem
  * vocabulary under tensor parallelism): dlogits is then this shard's part of its gradient. */
 void ff_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
                     ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
+/* The same, dlogits rounded to bf16 and left in place in the first half of each fp32 row's
+ * bytes: a bf16 matrix [T, V] with ld 2V elements, each element the fp32 result's rounding. For
+ * the LM head's two backward products under bf16 products, which read it as it is (rounding
+ * the fp32 dlogits in each product passes over [T, V] twice more). */
+void ff_logprob_bwd_bf16(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
+                         ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
 
 /* Elementwise: y[i] += x[i] (n elements). */
 void ff_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n);

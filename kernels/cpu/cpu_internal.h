@@ -169,7 +169,7 @@ void ff_cpu_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, in
 void ff_cpu_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V,
                         ff_dptr logprob, ff_dptr entropy, ff_dptr lse);
 void ff_cpu_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
-                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
+                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy, bool b16);
 void ff_cpu_add(ff_stream *s, ff_dptr y, ff_dptr x, int64_t n);
 void ff_cpu_scale(ff_stream *s, ff_dptr x, int64_t n, float alpha);
 double ff_cpu_sumsq(ff_stream *s, ff_dptr x, int64_t n);

@@ -34,6 +34,7 @@ typedef struct lp_job {
     int V;
     float *lp, *ent, *lse;  /* [T] each; lp, ent may be NULL */
     const float *dlp, *dent; /* [T] or NULL */
+    bool b16;                /* bwd: dlogits in bf16, each row's first half (ff_logprob_bwd_bf16) */
 } lp_job;
 
 static void lp_fwd_rows(void *arg, int64_t t0, int64_t t1) {
@@ -61,13 +62,28 @@ void ff_cpu_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv
     ff_cpu_for(s, T, 12.0 * V, lp_fwd_rows, &j);
 }
 
-/* z <- (-a p - b p (log p + H)) * it, p = exp(z*it - L) */
-FF_VEC static void logprob_bwd_row(float *z, int V, float it, float L, float a, float b, float H) {
+/* out <- (-a p - b p (log p + H)) * it, p = exp(z*it - L); out may be z */
+FF_VEC static void logprob_bwd_row(const float *z, float *out, int V, float it, float L, float a, float b, float H) {
 #pragma omp simd
     for (int v = 0; v < V; v++) {
         float logp = z[v] * it - L;
         float p = ff_fast_expf(logp);
-        z[v] = (-a * p - b * p * (logp + H)) * it;
+        out[v] = (-a * p - b * p * (logp + H)) * it;
+    }
+}
+
+/* The bf16 form, in place: blocks of LP16 elements in order, each computed in fp32 (with the
+ * target's term) before its bf16 values are stored over the row's first half; a block's stores
+ * land on fp32 elements of itself or of earlier blocks, all read by then. */
+enum { LP16 = 256 };
+static void logprob_bwd_row16(float *z, int V, float it, float L, float a, int y, float b, float H) {
+    uint16_t *o = (uint16_t *)(void *)z;
+    float d[LP16];
+    for (int v0 = 0; v0 < V; v0 += LP16) {
+        const int n = V - v0 < LP16 ? V - v0 : LP16;
+        logprob_bwd_row(z + v0, d, n, it, L, a, b, H);
+        if (y >= v0 && y < v0 + n) d[y - v0] += a * it;
+        for (int k = 0; k < n; k++) o[v0 + k] = bf16_round(d[k]);
     }
 }
 
@@ -83,15 +99,20 @@ static void lp_bwd_rows(void *arg, int64_t t0, int64_t t1) {
             a = j->dlp[t];
             y = j->targets[t];
         }
-        logprob_bwd_row(z, j->V, j->it, j->lse[t], a, j->dent ? j->dent[t] : 0.0f, j->dent ? j->ent[t] : 0.0f);
+        const float b = j->dent ? j->dent[t] : 0.0f, H = j->dent ? j->ent[t] : 0.0f;
+        if (j->b16) {
+            logprob_bwd_row16(z, j->V, j->it, j->lse[t], a, y, b, H);
+            continue;
+        }
+        logprob_bwd_row(z, z, j->V, j->it, j->lse[t], a, b, H);
         if (y >= 0) z[y] += a * j->it;
     }
 }
 
 void ff_cpu_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
-                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
+                        ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy, bool b16) {
     lp_job j = {.logits = F(logits), .targets = I32(targets), .it = inv_temp, .V = V, .lse = F(lse),
-                .dlp = F(dlogprob), .dent = F(dentropy), .ent = F(entropy)};
+                .dlp = F(dlogprob), .dent = F(dentropy), .ent = F(entropy), .b16 = b16};
     ff_cpu_for(s, T, 12.0 * V, lp_bwd_rows, &j);
 }
 

@@ -547,12 +547,51 @@ static __global__ void k_logprob_bwd(float *logits, const int32_t *targets, floa
     if (threadIdx.x == 0 && y >= 0) z[y] += a * it;
 }
 
+/* The bf16 form (ff_logprob_bwd_bf16), in place: the row in blocks of LP16_PER elements a
+ * thread, in order; each block read and computed (the target's term too) before a barrier, then
+ * stored as bf16 over the row's first half. A block's stores land on fp32 elements of itself or
+ * of earlier blocks, all read by then; a later block's elements are never written before it is
+ * read. The values are the fp32 kernel's, rounded. */
+enum { LP16_PER = 8 };
+static __global__ void k_logprob_bwd16(float *logits, const int32_t *targets, float it, int V, const float *lse,
+                                       const float *dlp, const float *dent, const float *ent) {
+    const int t = blockIdx.x;
+    float *z = logits + (int64_t)t * V;
+    __nv_bfloat16 *o = (__nv_bfloat16 *)z;
+    float a = 0.0f;
+    int y = -1;
+    if (dlp && targets && targets[t] != -1) {
+        a = dlp[t];
+        y = targets[t];
+    }
+    const float L = lse[t], b = dent ? dent[t] : 0.0f, H = dent ? ent[t] : 0.0f;
+    const int chunk = LP16_PER * blockDim.x;
+    for (int v0 = 0; v0 < V; v0 += chunk) {
+        float d[LP16_PER];
+        for (int k = 0; k < LP16_PER; k++) {
+            const int v = v0 + k * blockDim.x + threadIdx.x;
+            if (v >= V) continue;
+            float logp = z[v] * it - L, p = expf(logp);
+            d[k] = (-a * p - b * p * (logp + H)) * it;
+            if (v == y) d[k] += a * it;
+        }
+        __syncthreads(); /* the block read before any of it is written */
+        for (int k = 0; k < LP16_PER; k++) {
+            const int v = v0 + k * blockDim.x + threadIdx.x;
+            if (v < V) o[v] = __float2bfloat16(d[k]);
+        }
+    }
+}
+
 void ff_cuda_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
-                         ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy) {
+                         ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy, bool b16) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    FF_LAUNCH(k_logprob_bwd, T, LOGIT_TPB, 0, CS(s), F(logits), I32(targets), inv_temp, V, F(lse), F(dlogprob), F(dentropy),
-                                              F(entropy));
+    if (b16)
+        FF_LAUNCH(k_logprob_bwd16, T, LOGIT_TPB, 0, CS(s), F(logits), I32(targets), inv_temp, V, F(lse), F(dlogprob),
+                  F(dentropy), F(entropy));
+    else FF_LAUNCH(k_logprob_bwd, T, LOGIT_TPB, 0, CS(s), F(logits), I32(targets), inv_temp, V, F(lse), F(dlogprob), F(dentropy),
+                   F(entropy));
     ff_cuda_check_launch(s, "logprob_bwd");
 }
 

@@ -77,7 +77,7 @@ void ff_cuda_attention_cached_bf16(ff_stream *s, ff_dptr q, int ldq, ff_dptr kca
 void ff_cuda_logprob_fwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr logprob,
                          ff_dptr entropy, ff_dptr lse);
 void ff_cuda_logprob_bwd(ff_stream *s, ff_dptr logits, ff_dptr targets, float inv_temp, int T, int V, ff_dptr lse,
-                         ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy);
+                         ff_dptr dlogprob, ff_dptr dentropy, ff_dptr entropy, bool b16);
 void ff_cuda_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, ff_dptr workspace, ff_dptr tokens,
                     ff_dptr logprob);
 /* cuda_attention_tc.cu: the training attention on tensor cores (bf16 operands, fp32

@@ -9,6 +9,7 @@
  *   with alpha and beta; an fp32 operand gives the bits of its rounded bf16 copy (so it is
  *   rounded), and beta 0 ignores NaN in C; ff_gemm_bf16_out stores those sums rounded;
  * - SwiGLU on bf16 gate|up: the fp32 kernels' bits on the widened values (the forward rounded);
+ * - the LM head's gradient left in bf16 (ff_logprob_bwd_bf16): the fp32 kernel's, rounded;
  * - the casts round as include/fuseflow/dtype.h does (ties to even, NaN kept, Inf kept,
  *   overflow to Inf) and widen exactly;
  * - the bf16 embedding gives the widened rows, and zeros for token -1;
@@ -259,6 +260,48 @@ static void test_swiglu16(void) {
     ff_backend_destroy(&be);
 }
 
+/* ff_logprob_bwd_bf16: the fp32 kernel's dlogits, rounded, in each row's first half (ld 2V):
+ * with log-prob and entropy gradients, targets in the row, -1 (none) and -2 (another shard's),
+ * rows of several of the kernel's blocks and of fewer columns than one. */
+static void test_logprob16(void) {
+    ff_backend *be = ff_backend_new("cpu:2");
+    REQUIRE(be);
+    ff_stream *st = ff_backend_stream(be);
+    const int Vs[] = {7, 1000};
+    for (int vi = 0; vi < 2; vi++) {
+        enum { T = 5 };
+        const int V = Vs[vi];
+        const int32_t tg[T] = {3, -1, -2, V - 1, 0};
+        float *z = malloc((size_t)T * V * 4), *want = malloc((size_t)T * V * 4), *got = malloc((size_t)T * V * 4);
+        float lse[T], ent[T], dlp[T] = {0.7f, 1.0f, -0.4f, 1.3f, 0.2f}, dent[T] = {0.1f, -0.3f, 0.05f, 0.0f, 0.6f};
+        REQUIRE(z && want && got);
+        fill(z, (size_t)T * V, (uint32_t)V);
+        for (int i = 0; i < T * V; i++) z[i] *= 6.0f;
+        ff_dptr dz = dev(be, z, (size_t)T * V * 4), dt = dev(be, tg, sizeof tg), dl = dev(be, NULL, sizeof lse),
+                de = dev(be, NULL, sizeof ent), ddl = dev(be, dlp, sizeof dlp), dde = dev(be, dent, sizeof dent);
+        ff_logprob_fwd(st, dz, dt, 0.8f, T, V, (ff_dptr){0}, de, dl);
+        ff_logprob_bwd(st, dz, dt, 0.8f, T, V, dl, ddl, dde, de);
+        ff_memcpy_d2h(st, want, dz, (size_t)T * V * 4);
+        ff_memcpy_h2d(st, dz, z, (size_t)T * V * 4);
+        ff_logprob_bwd_bf16(st, dz, dt, 0.8f, T, V, dl, ddl, dde, de);
+        ff_memcpy_d2h(st, got, dz, (size_t)T * V * 4);
+        REQUIRE(ff_stream_sync(st) == 0);
+        int off = 0;
+        for (int t = 0; t < T; t++) {
+            const uint16_t *row = (const uint16_t *)(const void *)(got + (size_t)t * V);
+            for (int v = 0; v < V; v++) off += row[v] != ff_f32_to_bf16(want[(size_t)t * V + v]);
+        }
+        if (off) {
+            fprintf(stderr, "logprob_bwd_bf16 V %d: %d of %d elements are not the fp32 gradient rounded\n", V, off, T * V);
+            ff_test_failures++;
+        }
+        ff_buffer *bufs[] = {dz.buf, dt.buf, dl.buf, de.buf, ddl.buf, dde.buf};
+        for (int i = 0; i < 6; i++) ff_buffer_destroy(&bufs[i]);
+        free(z), free(want), free(got);
+    }
+    ff_backend_destroy(&be);
+}
+
 static void test_casts(void) {
     ff_backend *be = ff_backend_new("cpu:2");
     REQUIRE(be);
@@ -376,6 +419,7 @@ int main(void) {
     test_gemm();
     test_gemm16();
     test_swiglu16();
+    test_logprob16();
     test_casts();
     test_embedding();
     test_kv();

@@ -501,6 +501,18 @@ static void test_logits(void) {
     BOTH(ff_logprob_fwd(S, P(z2), P(dt), 1.0f, T, V, P(lp), none, P(lse)));
     BOTH(ff_logprob_bwd(S, P(z2), P(dt), 1.0f, T, V, P(lse), P(dlp), none, none));
     cmp_all("logprob_bwd (logprob only)", z2, 1e-6, 1e-4);
+    /* dlogits left in bf16 in each row's first half (two of the CUDA kernel's blocks a row):
+     * widened, the first V of each 2V; a bf16 step apart where the sums straddle a rounding */
+    dual z3 = dual_rand((size_t)T * V, 6), wide = dual_new(NULL, (size_t)T * 2 * V * 4);
+    BOTH(ff_logprob_fwd(S, P(z3), P(dt), 0.7f, T, V, P(lp), P(ent), P(lse)));
+    BOTH(ff_logprob_bwd_bf16(S, P(z3), P(dt), 0.7f, T, V, P(lse), P(dlp), P(dent), P(ent)));
+    BOTH(ff_cast_bf16_f32(S, P(z3), P(wide), (int64_t)T * 2 * V));
+    for (int t = 0; t < T; t++) {
+        char what[64];
+        snprintf(what, sizeof what, "logprob_bwd_bf16 row %d", t);
+        cmp(what, wide, (size_t)t * 2 * V, (size_t)V, 1e-6, 8e-3);
+    }
+    dual_free(&z3), dual_free(&wide);
     dual_free(&z), dual_free(&dt), dual_free(&lp), dual_free(&ent), dual_free(&lse), dual_free(&lse2);
     dual_free(&dlp), dual_free(&dent), dual_free(&z2);
 
