@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,6 +207,24 @@ void ctl_map_span(const ctl_worker *w, int64_t worker_start, int64_t worker_end,
     if (en > done_ns) en = done_ns;
     *start_ns = st;
     *end_ns = en;
+}
+
+static int cmp_span(const void *a, const void *b) {
+    const ctl_span *x = a, *y = b;
+    return x->wstart < y->wstart ? -1 : x->wstart > y->wstart ? 1 : (x->id > y->id) - (x->id < y->id);
+}
+
+void ctl_keep_worker_order(ctl_span *s, size_t n) {
+    qsort(s, n, sizeof *s, cmp_span);
+    size_t prev = SIZE_MAX; /* of the spans before, the one whose run ended last on the worker */
+    for (size_t k = 0; k < n; k++) {
+        if (prev != SIZE_MAX && s[k].wstart >= s[prev].wend && s[k].st < s[prev].en) {
+            const int64_t d = s[k].en - s[k].st;
+            s[k].st = s[prev].en;
+            s[k].en = s[k].st + d > s[k].done && s[k].st <= s[k].done ? s[k].done : s[k].st + d;
+        }
+        if (prev == SIZE_MAX || s[k].wend > s[prev].wend) prev = k;
+    }
 }
 
 static void forget_peer(ff_controller *c, ctl_worker *w) {

@@ -259,6 +259,22 @@ void ctl_worker_died(ff_controller *c, ctl_worker *w, const char *fmt, ...) FF_P
  * keeping its measured duration where the window holds it. */
 void ctl_map_span(const ctl_worker *w, int64_t worker_start, int64_t worker_end, int64_t dispatch_ns, int64_t done_ns,
                   int64_t *start_ns, int64_t *end_ns);
+/* One worker's subtask spans as ctl_map_span put them (st, en on our clock) with their times
+ * on the worker's clock (wstart, wend) and their results' (done, ours), put back in the order
+ * the worker ran them. The one offset estimate maps them in order, but keeping each inside its
+ * own [dispatch, result] window moves one span and not the next where the estimate is off by
+ * more than a short subtask (a subtask dispatched while the one before it still ran), and a
+ * span that started after another ended, on the worker's clock, could start before that one's
+ * end on ours: a train step drawn before the step it followed. Such a span is moved later,
+ * whole, to start at that end (its result came after the other's, so it stays inside its
+ * window, cut only where it is longer than what is left of it). Spans that overlapped on the
+ * worker (an inline handler beside a compute one) keep their places. Sorts s by wstart. */
+typedef struct ctl_span {
+    int64_t wstart, wend, done; /* worker clock; done: ours */
+    int64_t st, en;             /* ours, in and out */
+    size_t id;                  /* the caller's */
+} ctl_span;
+void ctl_keep_worker_order(ctl_span *s, size_t n);
 ff_msg *ctl_msg_get(ff_controller *c);
 void ctl_msg_put(ff_controller *c, ff_msg *m);
 void ctl_start_deferred(ff_controller *c);

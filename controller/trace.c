@@ -395,10 +395,11 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
     int *max_lane = ff_calloc((size_t)(c->nworkers ? c->nworkers : 1), sizeof *max_lane);
     int *track_tid = ff_calloc((size_t)t->ntracks + 1, sizeof *track_tid); /* first tid of each track; [ntracks]: the end */
     int64_t *st = ff_calloc(nr, sizeof *st), *en = ff_calloc(nr, sizeof *en), *ev_end = ff_calloc(ne, sizeof *ev_end);
+    ctl_span *spans = ff_malloc(sizeof *spans * nr);
     node_at *nodes = ff_calloc(t->n + t->nev + 1, sizeof *nodes);
     u64map where = {0}; /* job or slice id -> index in nodes + 1 */
     int rc = -1;
-    if (!lane || !ev_lane || !refs || !max_lane || !track_tid || !st || !en || !ev_end || !nodes) goto out;
+    if (!lane || !ev_lane || !refs || !max_lane || !track_tid || !st || !en || !ev_end || !spans || !nodes) goto out;
     /* worker times onto our clock with the best offset estimate we have now (it improves as
      * heartbeats come in), kept between the dispatch and the result, where they happened */
     for (size_t i = 0; i < t->n; i++) {
@@ -409,8 +410,16 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
     }
     for (int r = 0; r < c->nworkers; r++) {
         size_t n = 0;
-        for (size_t i = 0; i < t->n; i++)
-            if (t->recs[i].rank == r && st[i]) refs[n++] = (lane_ref){i, st[i]};
+        for (size_t i = 0; i < t->n; i++) {
+            const trace_rec *rec = &t->recs[i];
+            if (rec->rank == r && st[i])
+                spans[n++] = (ctl_span){rec->worker_start_ns, rec->worker_end_ns, rec->done_ns, st[i], en[i], i};
+        }
+        ctl_keep_worker_order(spans, n); /* in the order the worker ran them */
+        for (size_t k = 0; k < n; k++) {
+            st[spans[k].id] = spans[k].st, en[spans[k].id] = spans[k].en;
+            refs[k] = (lane_ref){spans[k].id, spans[k].st};
+        }
         max_lane[r] = assign_lanes(refs, n, en, lane);
     }
     /* the client's tracks: threads 1, 2, ... of process 0, a track with overlapping slices
@@ -527,7 +536,7 @@ out:
     if (rc == 0) rc = ff_write_file_atomic(path, buf, len);
     free(buf);
     free(lane), free(ev_lane), free(refs), free(max_lane), free(track_tid);
-    free(st), free(en), free(ev_end), free(nodes);
+    free(st), free(en), free(ev_end), free(spans), free(nodes);
     u64map_free(&where);
     return rc;
 }
