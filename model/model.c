@@ -1028,7 +1028,6 @@ static int acts_alloc(ff_model *m, ffm_acts *a, int32_t cap) {
     size_t base = take(&o, lo * (size_t)a->n_slots);
     a->xn1 = base + xn1, a->rstd1 = base + rstd1, a->qkv = base + qkv, a->att = base + att, a->lse = base + lse;
     a->mid = base + mid, a->xn2 = base + xn2, a->rstd2 = base + rstd2, a->gu = base + gu, a->hm = base + hm;
-    if (a->in16) a->xn1_16 = a->xn1, a->xn2_16 = a->xn2, a->hm_16 = a->hm, a->gu_16 = a->gu;
     a->part = take(&o, m->sp ? Tz * H * f : 0);
     if (a->head) {
         a->xf = take(&o, Tz * H * f);

@@ -93,12 +93,11 @@ typedef struct ffm_acts {
     int32_t chunk, micro; /* the forward it holds; micro FFM_FREE: none */
     size_t resid, resid_stride;                                       /* [T, H] each (SP: [ceil(T/tp), H]) */
     size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot (SP: mid as resid) */
-    /* in16 (a kept set of a model with bf16 products): the products' saved inputs xn1, xn2
-     * [T, H] and hm [T, I] and gate|up's output gu [T, 2I] are kept as bf16 (xn1_16, xn2_16,
-     * hm_16, gu_16 per layer slot) and not as fp32 (the forward writes the norms' fp32 outputs
-     * into the backward's scratch, which is free then) */
+    /* in16 (a kept set of a model with bf16 products): the slots xn1, xn2 [T, H], hm [T, I]
+     * and gu [T, 2I] hold bf16 and not fp32 (layer_acts gives them as ffm_layer_acts'
+     * xn1_16 ...; the forward writes the norms' fp32 outputs into the backward's scratch,
+     * which is free then) */
     bool in16;
-    size_t xn1_16, xn2_16, hm_16, gu_16;
     size_t part;                                                      /* SP: [T, H] row-parallel partial sums */
     size_t xf, rstdf;                                                 /* head: [T, H], [T] */
     size_t tok_lse, logprob, entropy, values;                         /* head: [T] each */
