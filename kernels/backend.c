@@ -518,27 +518,47 @@ void ff_swiglu_bwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr dh, ff_dptr dgu, int
     PROF_AS(swiglu_bwd, "swiglu_bwd_bf16", s, gu16, dh, dgu, T, inter, true);
 }
 
+/* The arguments both training attentions check; e: the bytes of an element of qkv and out. */
+static void need_att(const ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
+                     ff_dptr out, ff_dptr lse, size_t e) {
+    assert(Hkv > 0 && Hq % Hkv == 0);
+    need_mat_of(s, qkv, T, (Hq + 2 * Hkv) * D, ld, e);
+    need(s, seq_start, ((size_t)S + 1) * 4);
+    need_mat_of(s, out, T, Hq * D, Hq * D, e);
+    need(s, lse, (size_t)T * (size_t)Hq * 4);
+}
+static void need_att_bwd(const ff_stream *s, const int32_t *seq_start_host, int S, int T, int Hq, int Hkv, int D,
+                         ff_dptr dout, ff_dptr delta, ff_dptr dqkv, int ld) {
+    assert(seq_start_host[0] == 0 && seq_start_host[S] == T);
+    (void)seq_start_host, (void)S; /* read by the assertion alone */
+    need_mat(s, dout, T, Hq * D, Hq * D);
+    need(s, delta, (size_t)T * (size_t)Hq * 4);
+    need_mat(s, dqkv, T, (Hq + 2 * Hkv) * D, ld);
+}
 void ff_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
                       ff_dptr out, ff_dptr lse) {
-    assert(Hkv > 0 && Hq % Hkv == 0);
-    need_mat(s, qkv, T, (Hq + 2 * Hkv) * D, ld);
-    need(s, seq_start, ((size_t)S + 1) * 4);
-    need_mat(s, out, T, Hq * D, Hq * D);
-    need(s, lse, (size_t)T * (size_t)Hq * 4);
-    PROF(attention_fwd, s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse);
+    need_att(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse, 4);
+    PROF(attention_fwd, s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse, false);
+}
+void ff_attention_fwd_bf16(ff_stream *s, ff_dptr qkv16, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
+                           ff_dptr out16, ff_dptr lse) {
+    need_att(s, qkv16, ld, seq_start, S, T, Hq, Hkv, D, out16, lse, 2);
+    PROF_AS(attention_fwd, "attention_fwd_bf16", s, qkv16, ld, seq_start, S, T, Hq, Hkv, D, out16, lse, true);
 }
 void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
                       int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
                       ff_dptr dqkv) {
-    assert(Hkv > 0 && Hq % Hkv == 0 && seq_start_host[0] == 0 && seq_start_host[S] == T);
-    need_mat(s, qkv, T, (Hq + 2 * Hkv) * D, ld);
-    need(s, seq_start, ((size_t)S + 1) * 4);
-    need_mat(s, out, T, Hq * D, Hq * D);
-    need(s, lse, (size_t)T * (size_t)Hq * 4);
-    need_mat(s, dout, T, Hq * D, Hq * D);
-    need(s, delta, (size_t)T * (size_t)Hq * 4);
-    need_mat(s, dqkv, T, (Hq + 2 * Hkv) * D, ld);
-    PROF(attention_bwd, s, qkv, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv);
+    need_att(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse, 4);
+    need_att_bwd(s, seq_start_host, S, T, Hq, Hkv, D, dout, delta, dqkv, ld);
+    PROF(attention_bwd, s, qkv, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv, false);
+}
+void ff_attention_bwd_bf16(ff_stream *s, ff_dptr qkv16, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
+                           int T, int Hq, int Hkv, int D, ff_dptr out16, ff_dptr lse, ff_dptr dout, ff_dptr delta,
+                           ff_dptr dqkv) {
+    need_att(s, qkv16, ld, seq_start, S, T, Hq, Hkv, D, out16, lse, 2);
+    need_att_bwd(s, seq_start_host, S, T, Hq, Hkv, D, dout, delta, dqkv, ld);
+    PROF_AS(attention_bwd, "attention_bwd_bf16", s, qkv16, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out16, lse, dout,
+            delta, dqkv, true);
 }
 /* The arguments both cached attentions check (the caches' element type is the kernel's). */
 static void need_cached(const ff_stream *s, ff_dptr q, int ldq, ff_dptr table, int S, int table_ld, int block_rows, ff_dptr seq,

@@ -59,11 +59,12 @@ typedef struct ff_backend_ops {
     /* b16: gu (and the forward's h) hold bf16 (ff_swiglu_fwd_bf16, ff_swiglu_bwd_bf16) */
     void (*swiglu_fwd)(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter, bool b16);
     void (*swiglu_bwd)(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter, bool b16);
+    /* b16: qkv and out hold bf16 (ff_attention_fwd_bf16, ff_attention_bwd_bf16) */
     void (*attention_fwd)(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
-                          int D, ff_dptr out, ff_dptr lse);
+                          int D, ff_dptr out, ff_dptr lse, bool b16);
     void (*attention_bwd)(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host,
                           int S, int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout,
-                          ff_dptr delta, ff_dptr dqkv);
+                          ff_dptr delta, ff_dptr dqkv, bool b16);
     void (*attention_cached)(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
                              int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                              ff_dptr out);
@@ -99,7 +100,7 @@ struct ff_backend {
     struct {
         const char *name;
         int64_t ns, calls;
-    } prof[48];
+    } prof[64];
     /* ff_backend_memory: the bytes of the buffers alive, their most so far, their count
      * (updated with __atomic builtins, a buffer may be destroyed on another thread than the one
      * that computes; plain fields, as this header is also C++'s in kernels/cuda/) */

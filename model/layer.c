@@ -22,8 +22,10 @@
  * A model with bf16 weights multiplies by them with ff_gemm_bf16w (fp32 activations); one with
  * bf16 products, inside its training and scoring forwards, with ff_gemm_bf16 by the bf16 copy
  * of its weights (model_internal.h, w16c), and a kept (training) forward keeps the products'
- * inputs (xn1, xn2 rounded once; hm) and gate|up's output gu in bf16 alone, for its own
- * products and its backward's (in16): gate|up writes gu in bf16, SwiGLU reads and writes bf16.
+ * inputs (xn1, xn2 rounded once; att, hm), q|k|v (rounded once after its bias and rotation) and
+ * gate|up's output gu in bf16 alone, for its own products, attention and its backward's (in16):
+ * attention reads q|k|v and writes att in bf16, gate|up writes gu in bf16, SwiGLU reads and
+ * writes bf16.
  *
  * Not here: the backward (model.c, which reads the activations this leaves), the
  * embedding, the final norm and the heads. */
@@ -132,7 +134,12 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
     ff_rope_fwd(st, a->qkv, QKV, tk->pos, ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T, Hq + Hkv, D);
 
     /* att [T, Hq D], per head: local to the rank's heads under TP */
-    if (ff_dptr_null(tk->kv_k)) {
+    const bool att16 = !ff_dptr_null(a->qkv_16); /* q|k|v rounded once, here; att kept in bf16 alone */
+    if (att16) {
+        assert(ff_dptr_null(tk->kv_k)); /* a kept (training) forward: never against a cache */
+        ff_cast_f32_bf16(st, a->qkv, a->qkv_16, (int64_t)T * QKV);
+        ff_attention_fwd_bf16(st, a->qkv_16, QKV, tk->seq_start, tk->S, T, Hq, Hkv, D, a->att_16, a->lse);
+    } else if (ff_dptr_null(tk->kv_k)) {
         ff_attention_fwd(st, a->qkv, QKV, tk->seq_start, tk->S, T, Hq, Hkv, D, a->att, a->lse);
     } else {
         /* the tokens' own k and v rows into the cache first (rounded there when it is bf16) */
@@ -146,7 +153,7 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
 
     /* row-parallel: mid [T, H] = x + att @ Wo^T, Wo [H, Hq D]. TP all-reduce #1, over the
      * rank's heads (scratch: xn1, which in place of x is no longer needed) */
-    if (row_parallel(m, tk, HD, a->att, false, &tt[p->t_o], a->x, a->mid, a->xn1, a->part)) return -1;
+    if (row_parallel(m, tk, HD, att16 ? a->att_16 : a->att, att16, &tt[p->t_o], a->x, a->mid, a->xn1, a->part)) return -1;
 
     /* MLP block: xn2 = norm(mid) [T, H] (replicated under TP; SP: gathered) */
     if (norm_fwd(m, tk, a->mid, ffm_w_vec(m, &tt[p->t_ln2]), a->xn2, a->rstd2, eps)) return -1;

@@ -1018,10 +1018,10 @@ static int acts_alloc(ff_model *m, ffm_acts *a, int32_t cap) {
     a->resid_stride = (Tl * H * f + 63) & ~(size_t)63;
     a->resid = take(&o, a->resid_stride * (a->kept ? (size_t)a->n_slots + 1 : 1));
     a->in16 = a->kept && m->p16;
-    const size_t in_bytes = a->in16 ? 2 : f; /* xn1, xn2, gu, hm: bf16 (in16, and no fp32 copy kept), or fp32 */
+    const size_t in_bytes = a->in16 ? 2 : f; /* xn1, qkv, att, xn2, gu, hm: bf16 (in16, and no fp32 copy kept), or fp32 */
     size_t lo = 0; /* one layer's activations */
-    size_t xn1 = take(&lo, Tz * H * in_bytes), rstd1 = take(&lo, Tz * f), qkv = take(&lo, Tz * (size_t)m->QKV * f);
-    size_t att = take(&lo, Tz * HD * f), lse = take(&lo, Tz * (size_t)m->Hq * f), mid = take(&lo, Tl * H * f);
+    size_t xn1 = take(&lo, Tz * H * in_bytes), rstd1 = take(&lo, Tz * f), qkv = take(&lo, Tz * (size_t)m->QKV * in_bytes);
+    size_t att = take(&lo, Tz * HD * in_bytes), lse = take(&lo, Tz * (size_t)m->Hq * f), mid = take(&lo, Tl * H * f);
     size_t xn2 = take(&lo, Tz * H * in_bytes), rstd2 = take(&lo, Tz * f), gu = take(&lo, Tz * 2 * (size_t)m->I * in_bytes);
     size_t hm = take(&lo, Tz * (size_t)m->I * in_bytes);
     a->layer_stride = lo;
@@ -1214,9 +1214,9 @@ void ff_model_stage_drop(ff_model *m) {
 
 /* Where the i-th layer of a forward puts its activations. Kept: slot i, reading residual i
  * and writing residual i + 1. Otherwise slot 0 for every layer, the residual in place. A set
- * that keeps bf16 product inputs (in16) has no room for their fp32 forms: the forward writes
- * the norms' outputs into the backward's scratch (dxn [T, H]), free while a forward runs, and
- * the MLP's gu and hm exist in bf16 only. */
+ * that keeps bf16 activations (in16) has no room for their fp32 forms: the forward writes
+ * the norms' outputs and q|k|v into the backward's scratch (dxn [T, H], dqkv [T, QKV]), free
+ * while a forward runs, and the attention output and the MLP's gu and hm exist in bf16 only. */
 static ffm_layer_acts layer_acts(const ff_model *m, const ffm_acts *w, int i, bool kept) {
     int a = kept ? i : 0;
     ffm_layer_acts r = {.x = RESID(w, a), .xn1 = AWL(w, xn1, a), .rstd1 = AWL(w, rstd1, a), .qkv = AWL(w, qkv, a),
@@ -1225,9 +1225,10 @@ static ffm_layer_acts layer_acts(const ff_model *m, const ffm_acts *w, int i, bo
                         .y = RESID(w, kept ? i + 1 : 0), .part = AW(w, part)};
     if (w->in16) {
         assert(m->sc.bwd);
-        r.xn1_16 = r.xn1, r.xn2_16 = r.xn2, r.hm_16 = r.hm, r.gu_16 = r.gu;
+        r.xn1_16 = r.xn1, r.xn2_16 = r.xn2, r.qkv_16 = r.qkv, r.att_16 = r.att, r.hm_16 = r.hm, r.gu_16 = r.gu;
         r.xn1 = r.xn2 = SC(dxn);
-        r.gu = r.hm = (ff_dptr){0};
+        r.qkv = SC(dqkv);
+        r.att = r.gu = r.hm = (ff_dptr){0};
     }
     return r;
 }
@@ -1625,9 +1626,13 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
         }
         g = gradop(m, dy, T, H);
         prod(m, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, g, wop(m, p->wo, HD), 0.0f, datt, HD);
-        prod(m, FF_TRANS, FF_NO_TRANS, H, HD, T, g, f32op(la.att, HD), 1.0f, ffm_grad(m, p->wo), HD);
-        ff_attention_bwd(st, la.qkv, QKV, AW(a, seq_start), a->seq_start_host, S, T, m->Hq, m->Hkv, m->D, la.att,
-                         la.lse, datt, SC(delta), dqkv);
+        prod(m, FF_TRANS, FF_NO_TRANS, H, HD, T, g, actop(la.att, la.att_16, HD), 1.0f, ffm_grad(m, p->wo), HD);
+        if (ff_dptr_null(la.qkv_16))
+            ff_attention_bwd(st, la.qkv, QKV, AW(a, seq_start), a->seq_start_host, S, T, m->Hq, m->Hkv, m->D, la.att,
+                             la.lse, datt, SC(delta), dqkv);
+        else /* the kept bf16 q|k|v and output; dqkv overwrites the forward's fp32 q|k|v scratch, long unused */
+            ff_attention_bwd_bf16(st, la.qkv_16, QKV, AW(a, seq_start), a->seq_start_host, S, T, m->Hq, m->Hkv, m->D,
+                                  la.att_16, la.lse, datt, SC(delta), dqkv);
         ff_rope_bwd(st, dqkv, QKV, AW(a, pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T,
                     m->Hq + m->Hkv, m->D);
         g = gradop(m, dqkv, T, QKV);

@@ -93,10 +93,10 @@ typedef struct ffm_acts {
     int32_t chunk, micro; /* the forward it holds; micro FFM_FREE: none */
     size_t resid, resid_stride;                                       /* [T, H] each (SP: [ceil(T/tp), H]) */
     size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot (SP: mid as resid) */
-    /* in16 (a kept set of a model with bf16 products): the slots xn1, xn2 [T, H], hm [T, I]
-     * and gu [T, 2I] hold bf16 and not fp32 (layer_acts gives them as ffm_layer_acts'
-     * xn1_16 ...; the forward writes the norms' fp32 outputs into the backward's scratch,
-     * which is free then) */
+    /* in16 (a kept set of a model with bf16 products): the slots xn1, xn2 [T, H], qkv [T, QKV],
+     * att [T, Hq D], gu [T, 2I] and hm [T, I] hold bf16 and not fp32 (layer_acts gives them as
+     * ffm_layer_acts' xn1_16 ...; the forward writes the norms' and q|k|v's fp32 outputs into
+     * the backward's scratch, which is free then) */
     bool in16;
     size_t part;                                                      /* SP: [T, H] row-parallel partial sums */
     size_t xf, rstdf;                                                 /* head: [T, H], [T] */
@@ -224,9 +224,11 @@ typedef struct ffm_layer_acts {
     ff_dptr hm;    /* [T, I] silu(gate) * up */
     /* bf16 products, a kept forward (null otherwise): where xn1 and xn2 are kept rounded to
      * bf16 for the backward (the forward rounds each once there and its product reads that
-     * copy), and the MLP's gu and hm kept in bf16 alone (gate|up writes gu_16, SwiGLU reads it
-     * and writes hm_16; gu and hm are then null) */
-    ff_dptr xn1_16, xn2_16, hm_16, gu_16; /* bf16 [T, H], [T, H], [T, I], [T, 2I] */
+     * copy); q|k|v rounded once after its bias and rotation (qkv is then fp32 scratch) for
+     * attention's forward and backward; the attention output and the MLP's gu and hm kept in
+     * bf16 alone (attention writes att_16, o_proj reads it; gate|up writes gu_16, SwiGLU reads
+     * it and writes hm_16; att, gu and hm are then null) */
+    ff_dptr xn1_16, xn2_16, qkv_16, att_16, hm_16, gu_16; /* bf16 [T, H], [T, H], [T, QKV], [T, Hq D], [T, I], [T, 2I] */
     ff_dptr y;     /* [T, H] mid + down_proj(hm), the layer's output; may be mid */
     ff_dptr part;  /* sequence parallelism: [T, H] scratch for the row-parallel partial sums */
 } ffm_layer_acts;

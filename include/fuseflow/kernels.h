@@ -125,6 +125,16 @@ void ff_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int 
 void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
                       int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
                       ff_dptr dqkv);
+/* The same on bf16 storage (a training forward's kept activations under bf16 products):
+ * qkv16 [T, (Hq + 2 Hkv) D] ld and out16 [T, Hq D] hold bf16. Each computes what the fp32
+ * kernel computes on the widened values (scores, softmax and sums in fp32); the forward rounds
+ * out16 from its fp32 result, lse stays fp32. The backward reads qkv16 and out16 as the forward
+ * left them; dout, delta and dqkv are fp32. */
+void ff_attention_fwd_bf16(ff_stream *s, ff_dptr qkv16, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
+                           ff_dptr out16, ff_dptr lse);
+void ff_attention_bwd_bf16(ff_stream *s, ff_dptr qkv16, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
+                           int T, int Hq, int Hkv, int D, ff_dptr out16, ff_dptr lse, ff_dptr dout, ff_dptr delta,
+                           ff_dptr dqkv);
 
 /* Attention of T query tokens against a paged KV cache (inference; no backward). The cache
  * is blocks of block_rows rows; position r of sequence s lives in cache row

@@ -329,14 +329,15 @@ int ff_model_reserve(ff_model *m, int32_t max_tokens);
 /* bf16 products (docs/model.md "bf16 products"): every product of a forward's layers and heads
  * multiplies by a bf16 copy of the weight matrices that the forward makes from the fp32 masters
  * (2 bytes an element, counted in ff_model_memory_of's workspace); a training forward keeps the
- * layers' normed rows, gate|up's output and SwiGLU's output as bf16 only (gate|up written in
- * bf16, SwiGLU on bf16: half their bytes in ff_model_memory_of's activations); the backward's
- * products read those, the weights' copy and each output gradient rounded to bf16 once
- * (ff_gemm_bf16, fp32 accumulation). The masters, gradients, the residual stream, q|k|v, the
- * attention output and the gradients between kernels stay fp32. On by default for a trainable
- * model on a backend whose products are bf16 (ff_backend_bf16_products: cuda with
- * FF_CUDA_MATH=bf16). Against rounding every operand per product (off there) the numbers
- * differ only in the MLP (gate|up rounded before SwiGLU, as autocast does). Off: every product
+ * layers' normed rows, q|k|v (rounded after RoPE), the attention output, gate|up's output and
+ * SwiGLU's output as bf16 only (attention and SwiGLU on bf16: half their bytes in
+ * ff_model_memory_of's activations); the backward's products and attention read those, the
+ * weights' copy and each output gradient rounded to bf16 once (ff_gemm_bf16, fp32
+ * accumulation). The masters, gradients, the residual stream and the gradients between
+ * kernels stay fp32. On by default for a trainable model on a backend whose products are bf16
+ * (ff_backend_bf16_products: cuda with FF_CUDA_MATH=bf16). Against rounding every operand per
+ * product (off there) the numbers differ in the MLP (gate|up rounded before SwiGLU) and in
+ * attention (on bf16 q|k|v, its output rounded), as autocast does. Off: every product
  * is ff_gemm. 0 or -1 + error: setting it on an inference model, or changing it while a
  * training forward waits for its backward. Takes effect at the next forward. Generation never
  * uses the copy. */

@@ -86,10 +86,13 @@ typedef struct att_job {
 } att_job;
 
 /* Fill cum (scratch) and return the number of 64-blocks; -1 when the scratch cannot grow
- * (the stream has failed). */
-static int64_t make_blocks(ff_stream *s, const int32_t *ss, int S, int64_t **cum_out) {
-    int64_t *cum = ff_cpu_scratch(s, ((size_t)S + 1) * sizeof(int64_t));
+ * (the stream has failed). *extra_out: `extra` bytes of the same scratch after cum (64-byte
+ * aligned), for the bf16 entries' widened copies; NULL may be given when extra is 0. */
+static int64_t make_blocks(ff_stream *s, const int32_t *ss, int S, int64_t **cum_out, size_t extra, float **extra_out) {
+    const size_t cum_bytes = (((size_t)S + 1) * sizeof(int64_t) + 63) & ~(size_t)63;
+    int64_t *cum = ff_cpu_scratch(s, cum_bytes + extra);
     if (!cum) return -1;
+    if (extra_out) *extra_out = (float *)(void *)((char *)cum + cum_bytes);
     cum[0] = 0;
     for (int q = 0; q < S; q++) cum[q + 1] = cum[q] + (ss[q + 1] - ss[q] + BLK - 1) / BLK;
     *cum_out = cum;
@@ -147,16 +150,36 @@ static void fwd_task(void *arg, int64_t task) {
     }
 }
 
+/* dst [T, n] (row stride ld) = the bf16 src [T, n] (ld) widened (exact). */
+static void widen_rows(float *dst, const uint16_t *src, int T, int n, int ld) {
+    for (size_t t = 0; t < (size_t)T; t++)
+        for (int c = 0; c < n; c++) dst[t * (size_t)ld + (size_t)c] = bf16_widen(src[t * (size_t)ld + (size_t)c]);
+}
+
+/* b16 (ff_attention_fwd_bf16): qkv and out bf16; the fp32 tasks run on qkv widened into
+ * scratch [T, ld] and write out into scratch [T, Hq D], rounded into out at the end. The
+ * reference the CUDA kernels are tested against, not a fast path. */
 void ff_cpu_attention_fwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, int S, int T, int Hq, int Hkv, int D,
-                          ff_dptr outp, ff_dptr lsep) {
+                          ff_dptr outp, ff_dptr lsep, bool b16) {
     assert(D <= FF_ATT_MAX_D);
+    const size_t HD = (size_t)Hq * D, n_qkv = (size_t)T * (size_t)ld;
     att_job j = {.qkv = F(qkvp), .o = F(outp), .l = F(lsep), .ss = I32(ssp), .S = S, .ld = ld, .Hq = Hq, .Hkv = Hkv,
                  .D = D, .rep = Hq / Hkv, .scale = 1.0f / sqrtf((float)D)};
     int64_t *cum;
-    int64_t nb = make_blocks(s, j.ss, S, &cum);
+    float *wide = NULL; /* b16: qkv [T, ld], then out [T, Hq D], fp32 */
+    int64_t nb = make_blocks(s, j.ss, S, &cum, b16 ? (n_qkv + (size_t)T * HD) * sizeof(float) : 0, &wide);
     if (nb < 0) return;
     j.cum = cum;
+    if (b16) {
+        widen_rows(wide, (const uint16_t *)(const void *)F(qkvp), T, (Hq + 2 * Hkv) * D, ld);
+        j.qkv = wide;
+        j.o = wide + n_qkv;
+    }
     run_tasks(s, nb * Hq, 2.0 * T * BLK * Hq * D, fwd_task, &j);
+    if (b16) {
+        uint16_t *o16 = (uint16_t *)(void *)F(outp);
+        for (size_t i = 0; i < (size_t)T * HD; i++) o16[i] = bf16_round(j.o[i]);
+    }
 }
 
 /* dS = P * (dP - delta_row) in place on the dP tile. */
@@ -248,18 +271,27 @@ static void dkv_task(void *arg, int64_t task) {
     }
 }
 
+/* b16 (ff_attention_bwd_bf16): the fp32 tasks on qkv and out widened into scratch. */
 void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const int32_t *ss_host, int S, int T,
                           int Hq, int Hkv, int D, ff_dptr outp, ff_dptr lsep, ff_dptr doutp, ff_dptr deltap,
-                          ff_dptr dqkvp) {
+                          ff_dptr dqkvp, bool b16) {
     (void)ssp;
     assert(D <= FF_ATT_MAX_D);
+    const size_t HD = (size_t)Hq * D, n_qkv = (size_t)T * (size_t)ld;
     att_job j = {.qkv = F(qkvp), .out = F(outp), .lse = F(lsep), .dout = F(doutp), .delta = F(deltap),
                  .dqkv = F(dqkvp), .ss = ss_host, .S = S, .ld = ld, .Hq = Hq, .Hkv = Hkv, .D = D, .rep = Hq / Hkv,
                  .scale = 1.0f / sqrtf((float)D)};
     int64_t *cum;
-    int64_t nb = make_blocks(s, ss_host, S, &cum);
+    float *wide = NULL; /* b16: qkv [T, ld], then out [T, Hq D], fp32 */
+    int64_t nb = make_blocks(s, ss_host, S, &cum, b16 ? (n_qkv + (size_t)T * HD) * sizeof(float) : 0, &wide);
     if (nb < 0) return;
     j.cum = cum;
+    if (b16) {
+        widen_rows(wide, (const uint16_t *)(const void *)F(qkvp), T, (Hq + 2 * Hkv) * D, ld);
+        widen_rows(wide + n_qkv, (const uint16_t *)(const void *)F(outp), T, (int)HD, (int)HD);
+        j.qkv = wide;
+        j.out = wide + n_qkv;
+    }
     double work = 4.0 * T * BLK * Hq * D;
     ff_cpu_for(s, T, 2.0 * Hq * D, delta_rows, &j);
     run_tasks(s, nb * Hq, work, dq_task, &j);

@@ -153,10 +153,10 @@ void ff_cpu_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N)
 void ff_cpu_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter, bool b16);
 void ff_cpu_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter, bool b16);
 void ff_cpu_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
-                          int D, ff_dptr out, ff_dptr lse);
+                          int D, ff_dptr out, ff_dptr lse, bool b16);
 void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host,
                           int S, int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout,
-                          ff_dptr delta, ff_dptr dqkv);
+                          ff_dptr delta, ff_dptr dqkv, bool b16);
 void ff_cpu_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
                              int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                              ff_dptr out);

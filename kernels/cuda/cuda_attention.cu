@@ -1,6 +1,7 @@
 /* CUDA kernels of attention (training forward and backward over packed variable-length
  * sequences, decoding against a KV cache), of the logits (per-token log-probs and entropy,
- * forward and backward into the logits) and of sampling. fp32 throughout. Contracts in
+ * forward and backward into the logits) and of sampling. fp32 arithmetic throughout; the
+ * training attention reads and writes fp32 or bf16 storage (ff_attention_*_bf16). Contracts in
  * include/fuseflow/kernels.h; the CPU backend (kernels/cpu/cpu_attention.c, cpu_logits.c)
  * is the reference these are tested against (tests/kernels/test_cuda_backend.c).
  *
@@ -46,18 +47,22 @@ static __device__ __forceinline__ float dot_smem(const float *a, const float *b,
 /* Stage rows [r0, r0 + n) of a [*, D] slice (row stride ld, starting at `col`) into sm
  * [n, D + 1] (padded: lane j reading row j, column d hits bank (j (D+1) + d) % 32, distinct
  * for the 32 lanes since D + 1 is odd). */
-static __device__ __forceinline__ void stage(float *sm, const float *src, int64_t ld, int64_t col, int r0, int n,
-                                             int D, int tid, int nthreads) {
+template <typename E>
+static __device__ __forceinline__ void stage(float *sm, const E *src, int64_t ld, int64_t col, int r0, int n, int D,
+                                             int tid, int nthreads) {
     for (int i = tid; i < n * D; i += nthreads) {
         int j = i / D, d = i - j * D;
-        sm[j * (D + 1) + d] = src[(int64_t)(r0 + j) * ld + col + d];
+        sm[j * (D + 1) + d] = widen(src[(int64_t)(r0 + j) * ld + col + d]);
     }
 }
 
 /* ---- forward ---------------------------------------------------------------------------------- */
 
-static __global__ void k_att_fwd(const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
-                                 float scale, float *out, float *lse) {
+/* E: the element of qkv and out, float or __nv_bfloat16 (ff_attention_fwd_bf16: widened on load,
+ * out rounded on store; the sums fp32 either way). */
+template <typename E>
+static __global__ void k_att_fwd(const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
+                                 float scale, E *out, float *lse) {
     FF_DYN_SHARED(float, sm);
     float *q_s = sm, *k_s = q_s + AW * D, *v_s = k_s + KT * (D + 1);
     const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -67,7 +72,7 @@ static __global__ void k_att_fwd(const float *qkv, int ld, const int32_t *ss, in
     const int kbeg = ss[seq_of(ss, S, t0)], kend = last + 1;
     const int my0 = valid ? ss[seq_of(ss, S, t)] : 0;
     if (valid)
-        for (int d = lane; d < D; d += 32) q_s[warp * D + d] = qkv[(int64_t)t * ld + (int64_t)h * D + d];
+        for (int d = lane; d < D; d += 32) q_s[warp * D + d] = widen(qkv[(int64_t)t * ld + (int64_t)h * D + d]);
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
@@ -101,16 +106,18 @@ static __global__ void k_att_fwd(const float *qkv, int ld, const int32_t *ss, in
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
-        if (d < D) out[(int64_t)t * Hq * D + (int64_t)h * D + d] = acc[i] * inv;
+        if (d < D) store_as(out + (int64_t)t * Hq * D + (int64_t)h * D + d, acc[i] * inv);
     }
     if (lane == 0) lse[(int64_t)t * Hq + h] = m + logf(l);
 }
 
+static __nv_bfloat16 *BF(ff_dptr p) { return (__nv_bfloat16 *)(void *)F(p); }
+
 void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
-                           ff_dptr out, ff_dptr lse) {
+                           ff_dptr out, ff_dptr lse, bool b16) {
     if (T <= 0) return;
     if (CI(s)->attention == CUDA_ATT_BF16 && ff_cuda_attention_tc_fits(D)) {
-        ff_cuda_attention_fwd_tc(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse);
+        ff_cuda_attention_fwd_tc(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse, b16);
         return;
     }
     if (D > MAXD) {
@@ -120,26 +127,34 @@ void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
     }
     ff_cuda_use_device(s);
     dim3 grid((T + AW - 1) / AW, Hq);
-    FF_LAUNCH(k_att_fwd, grid, AW * 32, fwd_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
-                                                     1.0f / sqrtf((float)D), F(out), F(lse));
-    ff_cuda_check_launch(s, "attention_fwd");
+    const float scale = 1.0f / sqrtf((float)D);
+    if (b16)
+        FF_LAUNCH(k_att_fwd<__nv_bfloat16>, grid, AW * 32, fwd_smem(D), CS(s), BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv,
+                  D, scale, BF(out), F(lse));
+    else
+        FF_LAUNCH(k_att_fwd<float>, grid, AW * 32, fwd_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D, scale,
+                  F(out), F(lse));
+    ff_cuda_check_launch(s, b16 ? "attention_fwd_bf16" : "attention_fwd");
 }
 
 /* ---- backward --------------------------------------------------------------------------------- */
 
-/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]), one warp per (t, h) */
-static __global__ void k_att_delta(const float *out, const float *dout, float *delta, int T, int Hq, int D) {
+/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]), one warp per (t, h); out fp32 or bf16 (E) */
+template <typename E>
+static __global__ void k_att_delta(const E *out, const float *dout, float *delta, int T, int Hq, int D) {
     int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (w >= (int64_t)T * Hq) return;
-    const float *o = out + w * D, *g = dout + w * D; /* [T, Hq, D] contiguous */
+    const E *o = out + w * D;
+    const float *g = dout + w * D; /* [T, Hq, D] contiguous */
     float sdot = 0.0f;
-    for (int d = lane; d < D; d += 32) sdot += o[d] * g[d];
+    for (int d = lane; d < D; d += 32) sdot += widen(o[d]) * g[d];
     sdot = warp_sum(sdot);
     if (lane == 0) delta[w] = sdot;
 }
 
-static __global__ void k_att_dq(const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
+template <typename E>
+static __global__ void k_att_dq(const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
                                 float scale, const float *lse, const float *dout, const float *delta, float *dqkv) {
     FF_DYN_SHARED(float, sm);
     float *q_s = sm, *do_s = q_s + AW * D, *k_s = do_s + AW * D, *v_s = k_s + KT * (D + 1);
@@ -153,7 +168,7 @@ static __global__ void k_att_dq(const float *qkv, int ld, const int32_t *ss, int
     float lse_t = 0.0f, delta_t = 0.0f;
     if (valid) {
         for (int d = lane; d < D; d += 32) {
-            q_s[warp * D + d] = qkv[(int64_t)t * ld + (int64_t)h * D + d];
+            q_s[warp * D + d] = widen(qkv[(int64_t)t * ld + (int64_t)h * D + d]);
             do_s[warp * D + d] = dout[(int64_t)t * HD + (int64_t)h * D + d];
         }
         lse_t = lse[(int64_t)t * Hq + h];
@@ -196,7 +211,8 @@ static __global__ void k_att_dq(const float *qkv, int ld, const int32_t *ss, int
 
 /* Block = AW consecutive key rows of kv head g; every query head of the group, query tiles
  * from the first key row to the end of the last key row's sequence. */
-static __global__ void k_att_dkv(const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
+template <typename E>
+static __global__ void k_att_dkv(const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
                                  float scale, const float *lse, const float *dout, const float *delta, float *dqkv) {
     FF_DYN_SHARED(float, sm);
     float *kr_s = sm, *vr_s = kr_s + AW * D, *q_s = vr_s + AW * D, *do_s = q_s + KT * (D + 1);
@@ -210,8 +226,8 @@ static __global__ void k_att_dkv(const float *qkv, int ld, const int32_t *ss, in
     const int64_t HD = (int64_t)Hq * D;
     if (valid)
         for (int d = lane; d < D; d += 32) {
-            kr_s[warp * D + d] = qkv[(int64_t)j * ld + (int64_t)(Hq + g) * D + d];
-            vr_s[warp * D + d] = qkv[(int64_t)j * ld + (int64_t)(Hq + Hkv + g) * D + d];
+            kr_s[warp * D + d] = widen(qkv[(int64_t)j * ld + (int64_t)(Hq + g) * D + d]);
+            vr_s[warp * D + d] = widen(qkv[(int64_t)j * ld + (int64_t)(Hq + Hkv + g) * D + d]);
         }
     float dk[DPL], dv[DPL];
 #pragma unroll
@@ -262,11 +278,11 @@ static __global__ void k_att_dkv(const float *qkv, int ld, const int32_t *ss, in
 
 void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
                            int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
-                           ff_dptr dqkv) {
+                           ff_dptr dqkv, bool b16) {
     (void)seq_start_host; /* the kernels find sequences on the device */
     if (T <= 0) return;
     if (CI(s)->attention == CUDA_ATT_BF16 && ff_cuda_attention_tc_fits(D)) {
-        ff_cuda_attention_bwd_tc(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv);
+        ff_cuda_attention_bwd_tc(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv, b16);
         return;
     }
     if (D > MAXD) {
@@ -277,12 +293,22 @@ void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
     ff_cuda_use_device(s);
     float scale = 1.0f / sqrtf((float)D);
     int64_t warps = (int64_t)T * Hq;
-    FF_LAUNCH(k_att_delta, (unsigned)((warps * 32 + 255) / 256), 256, 0, CS(s), F(out), F(dout), F(delta), T, Hq, D);
-    FF_LAUNCH(k_att_dq, dim3((T + AW - 1) / AW, Hq), AW * 32, dq_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
-                                                                          scale, F(lse), F(dout), F(delta), F(dqkv));
-    FF_LAUNCH(k_att_dkv, dim3((T + AW - 1) / AW, Hkv), AW * 32, dkv_smem(D), CS(s), 
-        F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D, scale, F(lse), F(dout), F(delta), F(dqkv));
-    ff_cuda_check_launch(s, "attention_bwd");
+    const unsigned dblocks = (unsigned)((warps * 32 + 255) / 256);
+    const dim3 gq((T + AW - 1) / AW, Hq), gkv((T + AW - 1) / AW, Hkv);
+    if (b16) {
+        FF_LAUNCH(k_att_delta<__nv_bfloat16>, dblocks, 256, 0, CS(s), BF(out), F(dout), F(delta), T, Hq, D);
+        FF_LAUNCH(k_att_dq<__nv_bfloat16>, gq, AW * 32, dq_smem(D), CS(s), BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
+                  scale, F(lse), F(dout), F(delta), F(dqkv));
+        FF_LAUNCH(k_att_dkv<__nv_bfloat16>, gkv, AW * 32, dkv_smem(D), CS(s), BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
+                  scale, F(lse), F(dout), F(delta), F(dqkv));
+    } else {
+        FF_LAUNCH(k_att_delta<float>, dblocks, 256, 0, CS(s), F(out), F(dout), F(delta), T, Hq, D);
+        FF_LAUNCH(k_att_dq<float>, gq, AW * 32, dq_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D, scale,
+                  F(lse), F(dout), F(delta), F(dqkv));
+        FF_LAUNCH(k_att_dkv<float>, gkv, AW * 32, dkv_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D, scale,
+                  F(lse), F(dout), F(delta), F(dqkv));
+    }
+    ff_cuda_check_launch(s, b16 ? "attention_bwd_bf16" : "attention_bwd");
 }
 
 /* ---- against a KV cache ----------------------------------------------------------------------- */
@@ -475,9 +501,12 @@ int ff_cuda_attention_init(void) {
     struct {
         const void *fn;
         size_t bytes;
-    } k[] = {{(const void *)k_att_fwd, fwd_smem(MAXD)},
-             {(const void *)k_att_dq, dq_smem(MAXD)},
-             {(const void *)k_att_dkv, dkv_smem(MAXD)},
+    } k[] = {{(const void *)k_att_fwd<float>, fwd_smem(MAXD)},
+             {(const void *)k_att_fwd<__nv_bfloat16>, fwd_smem(MAXD)},
+             {(const void *)k_att_dq<float>, dq_smem(MAXD)},
+             {(const void *)k_att_dq<__nv_bfloat16>, dq_smem(MAXD)},
+             {(const void *)k_att_dkv<float>, dkv_smem(MAXD)},
+             {(const void *)k_att_dkv<__nv_bfloat16>, dkv_smem(MAXD)},
              {(const void *)k_att_cached<float>, cached_smem(16, MAXD)},
              {(const void *)k_att_cached<__nv_bfloat16>, cached_smem(16, MAXD)}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {

@@ -3,7 +3,8 @@
  * Q K^T, P V, dO V^T, dS K, P^T dO and dS^T Q done by WMMA (bf16 operands, fp32
  * accumulation), for head dims that are multiples of 16 up to 128. They compute what the
  * CUDA-core kernels of cuda_attention.cu compute, with Q, K, V, dO and the probabilities
- * rounded to bf16.
+ * rounded to bf16. qkv and out are fp32 or bf16 storage (ff_attention_*_bf16: read without a
+ * rounding of their own, out rounded once on store).
  *
  * FF_CUDA_ATTENTION picks these (cuda_backend.cu); the CUDA-core kernels of cuda_attention.cu
  * remain the exact fp32 reference and serve the other head dims. A prefill's attention against
@@ -48,20 +49,19 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
 enum { TB = 64, NW = 4, TPB = NW * 32, SP = TB + 4, PP = TB + 8 };
 
-/* Rows r0 .. r0 + TB - 1 of a [*, D] slice (row stride ld, from column col) into sm
- * [TB, D + 8] as bf16; rows at or past lim are zero (so that masked products read zeros,
- * never stale or non-finite data). */
-template <int D>
-static __device__ __forceinline__ void stage_bf16(bf16 *sm, const float *src, int64_t ld, int64_t col, int r0,
-                                                  int lim) {
+/* Rows r0 .. r0 + TB - 1 of a [*, D] slice (row stride ld, from column col; E: fp32 or bf16
+ * storage) into sm [TB, D + 8] as bf16; rows at or past lim are zero (so that masked products
+ * read zeros, never stale or non-finite data). */
+template <int D, typename E>
+static __device__ __forceinline__ void stage_bf16(bf16 *sm, const E *src, int64_t ld, int64_t col, int r0, int lim) {
     constexpr int DP = D + 8, HD = D / 2;
     for (int i = threadIdx.x; i < TB * HD; i += blockDim.x) {
         int j = i / HD, d = (i - j * HD) * 2, row = r0 + j;
         float x = 0.0f, y = 0.0f;
         if (row < lim) {
-            const float *p = src + (int64_t)row * ld + col + d;
-            x = p[0];
-            y = p[1];
+            const E *p = src + (int64_t)row * ld + col + d;
+            x = widen(p[0]);
+            y = widen(p[1]);
         }
         *(__nv_bfloat162 *)(sm + j * DP + d) = __floats2bfloat162_rn(x, y);
     }
@@ -193,9 +193,10 @@ static inline size_t fwd_tc_smem() {
            (size_t)NW * 16 * PP * sizeof(bf16) + (size_t)NW * 16 * (D + 4) * sizeof(float);
 }
 
-template <int D>
-static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const float *qkv, int ld, const int32_t *ss, int S, int T,
-                                                           int Hq, int Hkv, float scale, float *out, float *lse) {
+/* E: the storage of qkv and out, float or bf16 (ff_attention_fwd_bf16) */
+template <int D, typename E>
+static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq,
+                                                           int Hkv, float scale, E *out, float *lse) {
     constexpr int DP = D + 8, OP = D + 4, HDC = D / 2;
     FF_DYN_SHARED(unsigned char, smem);
     const fwd_tiles<D> tl(smem);
@@ -233,14 +234,11 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const float *qkv, int
     }
     if (!valid) return; /* every valid row saw at least its own key: l > 0 */
     const float inv = 1.0f / l;
-    for (int c = half * HDC; c < (half + 1) * HDC; c++) out[(int64_t)t * Hq * D + (int64_t)h * D + c] = orow[c] * inv;
+    for (int c = half * HDC; c < (half + 1) * HDC; c++) store_as(out + (int64_t)t * Hq * D + (int64_t)h * D + c, orow[c] * inv);
     if (half == 0) lse[(int64_t)t * Hq + h] = m + logf(l);
 }
 
 /* ---- a prefill against the paged KV cache ------------------------------------------------------ */
-
-static __device__ __forceinline__ float to_f32(float x) { return x; }
-static __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 
 /* Cache rows of positions p0 .. p0 + TB - 1 of a sequence (block table tab, blocks of bs rows)
  * into sm [TB, D + 8] as bf16; positions at or past lim are zero. */
@@ -251,7 +249,7 @@ static __device__ __forceinline__ void stage_paged_bf16(bf16 *sm, const KV *src,
     for (int i = threadIdx.x; i < TB * D; i += blockDim.x) {
         int j = i / D, d = i - j * D, p = p0 + j;
         float x = 0.0f;
-        if (p < lim) x = to_f32(src[((int64_t)tab[p / bs] * bs + p % bs) * ld + col + d]);
+        if (p < lim) x = widen(src[((int64_t)tab[p / bs] * bs + p % bs) * ld + col + d]);
         sm[j * DP + d] = __float2bfloat16_rn(x);
     }
 }
@@ -348,8 +346,8 @@ static inline size_t dq_tc_smem() {
            (size_t)NW * 16 * PP * sizeof(bf16);
 }
 
-template <int D>
-static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const float *qkv, int ld, const int32_t *ss, int S, int T,
+template <int D, typename E>
+static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const E *qkv, int ld, const int32_t *ss, int S, int T,
                                                           int Hq, int Hkv, float scale, const float *lse,
                                                           const float *dout, const float *delta, float *dqkv) {
     constexpr int DP = D + 8, OP = D + 4;
@@ -406,8 +404,8 @@ static inline size_t dkv_tc_smem() {
            (size_t)NW * 16 * PP * sizeof(bf16) + (size_t)2 * TB * sizeof(float);
 }
 
-template <int D>
-static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const float *qkv, int ld, const int32_t *ss, int S, int T,
+template <int D, typename E>
+static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const E *qkv, int ld, const int32_t *ss, int S, int T,
                                                            int Hq, int Hkv, float scale, const float *lse,
                                                            const float *dout, const float *delta, float *dqkv) {
     constexpr int DP = D + 8, OP = D + 4;
@@ -480,32 +478,35 @@ static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const float *qkv, int
 
 /* ---- launchers -------------------------------------------------------------------------------- */
 
-/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]) (fp32, as the CUDA-core backward's). */
-static __global__ void k_att_delta_tc(const float *out, const float *dout, float *delta, int64_t rows, int D) {
+/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]) (fp32, as the CUDA-core backward's; out fp32
+ * or bf16). */
+template <typename E>
+static __global__ void k_att_delta_tc(const E *out, const float *dout, float *delta, int64_t rows, int D) {
     int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (w >= rows) return;
-    const float *o = out + w * D, *gr = dout + w * D;
+    const E *o = out + w * D;
+    const float *gr = dout + w * D;
     float sdot = 0.0f;
-    for (int d = lane; d < D; d += 32) sdot += o[d] * gr[d];
+    for (int d = lane; d < D; d += 32) sdot += widen(o[d]) * gr[d];
     sdot = warp_sum(sdot);
     if (lane == 0) delta[w] = sdot;
 }
 
-template <int D>
-static void fwd_tc(ff_stream *s, const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv,
-                   float *out, float *lse) {
-    FF_LAUNCH(k_att_fwd_tc<D>, dim3((T + TB - 1) / TB, Hq), TPB, fwd_tc_smem<D>(), CS(s), 
+template <int D, typename E>
+static void fwd_tc(ff_stream *s, const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, E *out,
+                   float *lse) {
+    FF_LAUNCH((k_att_fwd_tc<D, E>), dim3((T + TB - 1) / TB, Hq), TPB, fwd_tc_smem<D>(), CS(s), 
         qkv, ld, ss, S, T, Hq, Hkv, 1.0f / sqrtf((float)D), out, lse);
 }
 
-template <int D>
-static void bwd_tc(ff_stream *s, const float *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv,
+template <int D, typename E>
+static void bwd_tc(ff_stream *s, const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv,
                    const float *lse, const float *dout, const float *delta, float *dqkv) {
     const float scale = 1.0f / sqrtf((float)D);
-    FF_LAUNCH(k_att_dq_tc<D>, dim3((T + TB - 1) / TB, Hq), TPB, dq_tc_smem<D>(), CS(s), qkv, ld, ss, S, T, Hq, Hkv, scale,
+    FF_LAUNCH((k_att_dq_tc<D, E>), dim3((T + TB - 1) / TB, Hq), TPB, dq_tc_smem<D>(), CS(s), qkv, ld, ss, S, T, Hq, Hkv, scale,
                                                                                 lse, dout, delta, dqkv);
-    FF_LAUNCH(k_att_dkv_tc<D>, dim3((T + TB - 1) / TB, Hkv), TPB, dkv_tc_smem<D>(), CS(s), qkv, ld, ss, S, T, Hq, Hkv, scale,
+    FF_LAUNCH((k_att_dkv_tc<D, E>), dim3((T + TB - 1) / TB, Hkv), TPB, dkv_tc_smem<D>(), CS(s), qkv, ld, ss, S, T, Hq, Hkv, scale,
                                                                                    lse, dout, delta, dqkv);
 }
 
@@ -526,14 +527,17 @@ static void no_tc_kernel(ff_stream *s, int D) {
     ff_stream_fail(s);
 }
 
+static bf16 *BF(ff_dptr p) { return (bf16 *)(void *)F(p); }
+
 void ff_cuda_attention_fwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
-                              int D, ff_dptr out, ff_dptr lse) {
+                              int D, ff_dptr out, ff_dptr lse, bool b16) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
     switch (D) {
-#define X(d)                                                                               \
-    case d:                                                                                \
-        fwd_tc<d>(s, F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, F(out), F(lse));          \
+#define X(d)                                                                         \
+    case d:                                                                          \
+        if (b16) fwd_tc<d>(s, BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, BF(out), F(lse)); \
+        else fwd_tc<d>(s, F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, F(out), F(lse));       \
         break;
         FF_TC_DIMS(X)
 #undef X
@@ -541,19 +545,22 @@ void ff_cuda_attention_fwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_sta
         no_tc_kernel(s, D);
         return;
     }
-    ff_cuda_check_launch(s, "attention_fwd (tensor cores)");
+    ff_cuda_check_launch(s, b16 ? "attention_fwd_bf16 (tensor cores)" : "attention_fwd (tensor cores)");
 }
 
 void ff_cuda_attention_bwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
-                              int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta, ff_dptr dqkv) {
+                              int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta, ff_dptr dqkv, bool b16) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
     const int64_t rows = (int64_t)T * Hq;
-    FF_LAUNCH(k_att_delta_tc, (unsigned)((rows * 32 + 255) / 256), 256, 0, CS(s), F(out), F(dout), F(delta), rows, D);
+    const unsigned dblocks = (unsigned)((rows * 32 + 255) / 256);
+    if (b16) FF_LAUNCH(k_att_delta_tc<bf16>, dblocks, 256, 0, CS(s), BF(out), F(dout), F(delta), rows, D);
+    else FF_LAUNCH(k_att_delta_tc<float>, dblocks, 256, 0, CS(s), F(out), F(dout), F(delta), rows, D);
     switch (D) {
-#define X(d)                                                                                             \
-    case d:                                                                                              \
-        bwd_tc<d>(s, F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, F(lse), F(dout), F(delta), F(dqkv));    \
+#define X(d)                                                                                                  \
+    case d:                                                                                                   \
+        if (b16) bwd_tc<d>(s, BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, F(lse), F(dout), F(delta), F(dqkv)); \
+        else bwd_tc<d>(s, F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, F(lse), F(dout), F(delta), F(dqkv));     \
         break;
         FF_TC_DIMS(X)
 #undef X
@@ -561,7 +568,7 @@ void ff_cuda_attention_bwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_sta
         no_tc_kernel(s, D);
         return;
     }
-    ff_cuda_check_launch(s, "attention_bwd (tensor cores)");
+    ff_cuda_check_launch(s, b16 ? "attention_bwd_bf16 (tensor cores)" : "attention_bwd (tensor cores)");
 }
 
 void ff_cuda_attention_cached_tc(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, bool kv16, ff_dptr table,
@@ -597,9 +604,12 @@ int ff_cuda_attention_tc_init(void) {
         size_t bytes;
     } k[] = {
 #define X(d)                                                      \
-    {(const void *)k_att_fwd_tc<d>, fwd_tc_smem<d>()},           \
-        {(const void *)k_att_dq_tc<d>, dq_tc_smem<d>()},         \
-        {(const void *)k_att_dkv_tc<d>, dkv_tc_smem<d>()},                                 \
+    {(const void *)k_att_fwd_tc<d, float>, fwd_tc_smem<d>()},                           \
+        {(const void *)k_att_fwd_tc<d, bf16>, fwd_tc_smem<d>()},                        \
+        {(const void *)k_att_dq_tc<d, float>, dq_tc_smem<d>()},                         \
+        {(const void *)k_att_dq_tc<d, bf16>, dq_tc_smem<d>()},                          \
+        {(const void *)k_att_dkv_tc<d, float>, dkv_tc_smem<d>()},                       \
+        {(const void *)k_att_dkv_tc<d, bf16>, dkv_tc_smem<d>()},                        \
         {(const void *)k_att_cached_tc<d, float>, cached_tc_smem<d>()},                  \
         {(const void *)k_att_cached_tc<d, bf16>, cached_tc_smem<d>()},
         FF_TC_DIMS(X)

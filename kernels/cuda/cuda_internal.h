@@ -62,12 +62,12 @@ void *ff_cuda_scratch(ff_stream *s, size_t bytes);
 /* After a launch: a launch error becomes the stream's failure (ff_stream_fail). */
 void ff_cuda_check_launch(ff_stream *s, const char *kernel);
 
-/* cuda_attention.cu */
+/* cuda_attention.cu (b16: qkv and out hold bf16) */
 void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
-                           ff_dptr out, ff_dptr lse);
+                           ff_dptr out, ff_dptr lse, bool b16);
 void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
                            int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
-                           ff_dptr dqkv);
+                           ff_dptr dqkv, bool b16);
 void ff_cuda_attention_cached(ff_stream *s, ff_dptr q, int ldq, ff_dptr kcache, ff_dptr vcache, ff_dptr table, int S,
                               int table_ld, int block_rows, ff_dptr seq, ff_dptr n_keys, int T, int Hq, int Hkv, int D,
                               ff_dptr out);
@@ -85,9 +85,9 @@ void ff_cuda_sample(ff_stream *s, ff_dptr logits, int B, int V, ff_dptr params, 
  * arguments as ff_attention_fwd / ff_attention_bwd's. */
 int ff_cuda_attention_tc_fits(int D);
 void ff_cuda_attention_fwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
-                              int D, ff_dptr out, ff_dptr lse);
+                              int D, ff_dptr out, ff_dptr lse, bool b16);
 void ff_cuda_attention_bwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
-                              int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta, ff_dptr dqkv);
+                              int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta, ff_dptr dqkv, bool b16);
 /* Raise the tensor-core attention kernels' dynamic shared memory limit. 0 or -1 + error. */
 /* ff_attention_cached(_bf16) of a prefill on tensor cores (k_att_cached_tc: Q, K, V rounded to
  * bf16 as the training forward's; kv16: the cache holds bf16). */

@@ -315,6 +315,69 @@ static void test_rowwise(void) {
 
 /* ---- attention ------------------------------------------------------------------------------------ */
 
+/* The bytes of d (side `side`) to the host. */
+static void *host_of(dual d, int on) {
+    void *h = malloc(d.bytes);
+    ff_stream *st = on ? gst : cst;
+    ff_memcpy_d2h(st, h, on ? d.g : d.c, d.bytes);
+    REQUIRE(ff_stream_sync(st) == 0);
+    return h;
+}
+static void same_bits(const char *what, int on, dual a, dual b) {
+    void *x = host_of(a, on), *y = host_of(b, on);
+    if (a.bytes != b.bytes || memcmp(x, y, a.bytes)) {
+        fprintf(stderr, "%s (%s): not bit for bit\n", what, on ? "cuda" : "cpu");
+        ff_test_failures++;
+    }
+    free(x), free(y);
+}
+
+/* ff_attention_fwd_bf16 / _bwd_bf16 on each side against that side's fp32 kernels on the widened
+ * values, bit for bit: out16 the fp32 output rounded, lse and dqkv the same bits (widening is
+ * exact, and the kernels sum alike for either storage). And the two sides' bf16 entries against
+ * each other (dqkv from the same out16 on both: the CPU's, copied). */
+static void attention_bf16_case(const char *kind, dual qkv, int ld, dual dss, const int32_t *ss, int S_, int T, int Hq,
+                                int Hkv, int D, dual dout, double tol) {
+    const size_t HD = (size_t)Hq * D, nq = (size_t)T * ld;
+    char what[160];
+    dual q16 = dual_new(NULL, nq * 2), qw = dual_new(NULL, nq * 4), o32 = dual_new(NULL, (size_t)T * HD * 4),
+         l32 = dual_new(NULL, (size_t)T * Hq * 4), o16 = dual_new(NULL, (size_t)T * HD * 2),
+         l16 = dual_new(NULL, (size_t)T * Hq * 4), r16 = dual_new(NULL, (size_t)T * HD * 2),
+         ow = dual_new(NULL, (size_t)T * HD * 4), delta = dual_new(NULL, (size_t)T * Hq * 4),
+         g32 = dual_rand(nq, 1), g16 = dual_new(NULL, nq * 4);
+    BOTH(ff_cast_f32_bf16(S, P(qkv), P(q16), (int64_t)nq));
+    BOTH(ff_cast_bf16_f32(S, P(q16), P(qw), (int64_t)nq));
+    BOTH(ff_attention_fwd(S, P(qw), ld, P(dss), S_, T, Hq, Hkv, D, P(o32), P(l32)));
+    BOTH(ff_attention_fwd_bf16(S, P(q16), ld, P(dss), S_, T, Hq, Hkv, D, P(o16), P(l16)));
+    BOTH(ff_cast_f32_bf16(S, P(o32), P(r16), (int64_t)(T * HD)));
+    for (int on = 0; on < 2; on++) {
+        snprintf(what, sizeof what, "attention_fwd_bf16 (%s) out16 T=%d D=%d: the fp32 output rounded", kind, T, D);
+        same_bits(what, on, o16, r16);
+        snprintf(what, sizeof what, "attention_fwd_bf16 (%s) lse T=%d D=%d", kind, T, D);
+        same_bits(what, on, l16, l32);
+    }
+    BOTH(ff_cast_bf16_f32(S, P(o16), P(ow), (int64_t)(T * HD)));
+    snprintf(what, sizeof what, "attention_fwd_bf16 (%s) out16 T=%d Hq=%d Hkv=%d D=%d", kind, T, Hq, Hkv, D);
+    cmp_all(what, ow, 1e-5, (tol ? tol : 0) + 8e-3); /* and a bf16 step where the sums round across one */
+    /* the backward from the same out16 on both sides */
+    void *o16c = host_of(o16, 0);
+    ff_memcpy_h2d(gst, o16.g, o16c, o16.bytes);
+    free(o16c);
+    BOTH(ff_cast_bf16_f32(S, P(o16), P(ow), (int64_t)(T * HD)));
+    BOTH(ff_memcpy_d2d(S, P(g16), P(g32), nq * 4)); /* the same ld padding on both outputs */
+    BOTH(ff_attention_bwd(S, P(qw), ld, P(dss), ss, S_, T, Hq, Hkv, D, P(ow), P(l32), P(dout), P(delta), P(g32)));
+    BOTH(ff_attention_bwd_bf16(S, P(q16), ld, P(dss), ss, S_, T, Hq, Hkv, D, P(o16), P(l32), P(dout), P(delta), P(g16)));
+    for (int on = 0; on < 2; on++) {
+        snprintf(what, sizeof what, "attention_bwd_bf16 (%s) dqkv T=%d D=%d: the fp32 kernel's on the widened values", kind,
+                 T, D);
+        same_bits(what, on, g16, g32);
+    }
+    snprintf(what, sizeof what, "attention_bwd_bf16 (%s) dqkv T=%d Hq=%d Hkv=%d D=%d", kind, T, Hq, Hkv, D);
+    cmp_all(what, g16, 1e-5, tol ? 2 * tol : 2e-4);
+    dual *all[] = {&q16, &qw, &o32, &l32, &o16, &l16, &r16, &ow, &delta, &g32, &g16};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
+}
+
 /* tol: 0 for the fp32 kernels (1e-5 relative), else the relative tolerance of the tensor-core
  * ones (bf16 operands). */
 static void test_attention_case(const int32_t *lens, int S_, int Hq, int Hkv, int D, double tol) {
@@ -351,6 +414,7 @@ static void test_attention_case(const int32_t *lens, int S_, int Hq, int Hkv, in
         }
         free(a), free(b);
     }
+    attention_bf16_case(kind, qkv, ld, dss, ss, S_, T, Hq, Hkv, D, dout, tol);
     dual_free(&qkv), dual_free(&dss), dual_free(&out), dual_free(&lse), dual_free(&dout), dual_free(&delta);
     dual_free(&dqkv);
 }

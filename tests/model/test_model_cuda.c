@@ -95,7 +95,10 @@ static void train_step_both(ff_model *mc, ff_model *mg, double tol) {
     CHECK(sg.clipped == sc.clipped);
     ff_model_read_params(mc, gc);
     ff_model_read_params(mg, gg);
-    check_tensor_close("parameters after one AdamW step", gg, gc, n, 1e-5 + tol * 1e-2, 0);
+    /* Adam's first step moves each element by about lr g / |g|: where |g| is near its eps the
+     * two gradients' last bits show (measured 1.4e-5 on an AVX-512 EPYC's BLAS); a wrong update
+     * is off by a step's size */
+    check_tensor_close("parameters after one AdamW step", gg, gc, n, 1e-5 + 5e-2 * ac.lr, 0);
     ff_optimizer_destroy(&oc_);
     ff_optimizer_destroy(&og_);
     free(gc);
@@ -127,13 +130,17 @@ static void train_step_tc(ff_model *mc, ff_model *mg) {
 /* bf16 products (FF_CUDA_MATH=bf16: ff_model_bf16_products on by default) against the same model
  * with them off (every operand rounded per product), over two SFT steps with an AdamW step
  * between. The weights' bf16 copy made each forward, each output gradient rounded once and the
- * normed rows kept in bf16 give the same roundings as off; what differs is the MLP, whose
- * gate|up output is kept in bf16 (rounded before SwiGLU, as autocast does) and SwiGLU's output
- * rounded where it is written. So: the loss within 1e-4 relative, the gradients within 2e-2 of
- * the largest at step 0 (measured 8.7e-6, 5.1e-3; step 1 after AdamW 2e-3, 0.1); a copy not made again from the updated weights would put step
- * 1's loss at step 0's (5.05 against 3.71). The CPU's definition (ff_gemm_bf16 as a loop, set on
- * a CPU model) against them within fp32 summation order and the bf16 steps it can flip, and away
- * from the CPU's fp32 products (so the rounding happens). An inference model refuses them. */
+ * normed rows kept in bf16 give the same roundings as off; what differs is what a training
+ * forward keeps in bf16 besides: q|k|v (rounded after RoPE, so attention runs on bf16 inputs)
+ * and the attention output, the MLP's gate|up output (rounded before SwiGLU, as autocast does)
+ * and SwiGLU's output. So: the loss within 5e-4 relative, the gradients within 2e-2 of the
+ * largest at step 0 (measured 1.6e-4, 7.1e-3; step 1 after AdamW 5e-3, 0.1, measured 1.1e-3,
+ * 0.026); a copy not made again from the updated weights would put step 1's loss at step 0's
+ * (5.05 against 3.71). The CPU's definition (ff_gemm_bf16 as a loop and the bf16 attention, set
+ * on a CPU model) against them within fp32 summation order and the bf16 steps it can flip
+ * (measured 5.5e-5 of loss, 2.6e-3 of the largest gradient, where the CPU's fp32 model is 1.6e-3
+ * and 1.1e-2 away), and away from the CPU's fp32 products (so the rounding happens). An
+ * inference model refuses them. */
 static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
     setenv("FF_CUDA_MATH", "bf16", 1);
     setenv("FF_CUDA_ATTENTION", "fp32", 1);
@@ -169,8 +176,8 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
             printf("bf16 products step %d: loss %.9g, %.9g with them off (%.2g relative); gradients %.2g of the largest "
                    "apart\n", step, lon, loff, fabs(lon - loff) / fabs(loff), worst / mx);
             /* step 1 after an AdamW step from gradients that differ so (Adam moves elements near
-             * zero by a whole step either way): measured 3e-4 and 0.025 */
-            const double lt = step ? 2e-3 : 1e-4, gt = step ? 0.1 : 2e-2;
+             * zero by a whole step either way): measured 1.1e-3 and 0.026 */
+            const double lt = step ? 5e-3 : 5e-4, gt = step ? 0.1 : 2e-2;
             if (!(fabs(lon - loff) <= lt * fabs(loff)) || !(worst <= gt * mx)) {
                 fprintf(stderr, "bf16 products step %d: loss %.9g against %.9g with them off, gradients %.3g of the largest "
                         "apart (at most %g relative, %g)\n", step, lon, loff, worst / mx, lt, gt);
@@ -180,9 +187,9 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
         /* the CPU's definition: the same roundings, another summation order (step 0: the same
          * weights; after a step they differ by that order, and so may their bf16 copies) */
         if (step == 0) {
-            CHECK_CLOSE(lcp, lon, 2e-5, 0);
+            CHECK_CLOSE(lcp, lon, 3e-4, 0);
             snprintf(what, sizeof what, "bf16 products step %d: the cpu's against the gpu's gradients", step);
-            check_tensor_close(what, gcp, gon, n, 1e-6, 2e-3);
+            check_tensor_close(what, gcp, gon, n, 1e-6, 5e-3);
         }
         /* and not the CPU's fp32 products */
         double diff = 0;
@@ -197,15 +204,18 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
     ff_model_memory mon_m, moff_m;
     ff_model_memory_of(mon, &mon_m);
     ff_model_memory_of(moff, &moff_m);
-    /* the training forward's kept product inputs (xn1, xn2 [T, H], hm [T, I] a layer) and
-     * gate|up's output (gu [T, 2I]) are bf16 alone: half their bytes (each region 64-byte
-     * aligned), everything else the same */
+    /* the training forward's kept product inputs (xn1, xn2 [T, H], att [T, Hq D], hm [T, I] a
+     * layer), q|k|v ([T, QKV]) and gate|up's output (gu [T, 2I]) are bf16 alone: half their bytes
+     * (each region 64-byte aligned), everything else the same */
     {
         const int64_t H = c->hidden_size, I = c->intermediate_size, L = c->num_hidden_layers;
-#define A64(x) (((x) + 63) / 64 * 64)
-        const int64_t saved = L * (2 * (A64(NT * H * 4) - A64(NT * H * 2)) + A64(NT * I * 4) - A64(NT * I * 2) +
-                                   A64(NT * 2 * I * 4) - A64(NT * 2 * I * 2));
-#undef A64
+        const int64_t D = H / c->num_attention_heads, HD = c->num_attention_heads * D,
+                      QKV = (c->num_attention_heads + 2 * c->num_key_value_heads) * D;
+#define HALF(n) ((((n) * 4 + 63) / 64 - ((n) * 2 + 63) / 64) * 64) /* bytes of n fp32 elements less n bf16 */
+        const int64_t saved = L * (2 * HALF(NT * H) + HALF(NT * QKV) + HALF(NT * HD) + HALF(NT * I) + HALF(NT * 2 * I));
+#undef HALF
+        printf("bf16 products: activations %lld bytes against %lld with them off\n", (long long)mon_m.activations,
+               (long long)moff_m.activations);
         if (moff_m.activations - mon_m.activations != saved) {
             fprintf(stderr, "bf16 products: activations %lld bytes against %lld with them off, %lld expected fewer\n",
                     (long long)mon_m.activations, (long long)moff_m.activations, (long long)saved);
