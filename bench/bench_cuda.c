@@ -2,9 +2,14 @@
  *
  * For a Qwen2.5-0.5B-shaped and a Llama-3.2-1B-shaped model (the published configs; random
  * weights, std 0.02, norms 1, biases 0) it measures:
- *   train   tokens/s of one SFT step on one sequence of --seq tokens (2048): training
- *           forward, token-mean cross-entropy on the host, backward, grad-norm clipping,
- *           AdamW (the logits [seq, V] kept whole for the backward: ff_model_set_logits_chunk); the median of --steps steps after two warm-up steps. Model FLOP
+ *   train   tokens/s of an SFT step on --accum sequences (4) of --seq tokens (2048) each: per
+ *           sequence a training forward, token-mean cross-entropy on the host and a backward
+ *           that adds to the gradients, then grad-norm clipping and AdamW once (an RLHF
+ *           mini-batch of several micro-batches per optimizer step; --accum 1: the optimizer
+ *           every sequence, where AdamW's pass over the fp32 masters and states, about 35 GB
+ *           for the 1B shape, costs as much as a third of a sequence's forward and backward).
+ *           The logits [seq, V] kept whole for the backward (ff_model_set_logits_chunk); the
+ *           median of --steps steps after two warm-up steps. Model FLOP
  *           utilisation = flops per token x tokens/s / 989 TFLOP/s (the H200's dense bf16
  *           peak; what the issue measures against), with flops per token = 6 x the matrix
  *           parameters (every projection and the LM head, embeddings' gather excluded) +
@@ -51,7 +56,7 @@
  * by one (FF_PROFILE_KERNELS): "bench_cuda_profile MODEL: ...", then the backend's table of
  * calls, ms and share per kernel (on stderr; gpu-check keeps it): where the step's time goes.
  *
- * Usage: bench_cuda [--device cuda:0] [--models qwen0.5b,llama1b] [--seq 2048] [--steps 5]
+ * Usage: bench_cuda [--device cuda:0] [--models qwen0.5b,llama1b] [--seq 2048] [--accum 4] [--steps 5]
  *                   [--batches 1,32,256] [--prompt 32] [--new 64] [--budget SECONDS]
  *                   [--tf32-train 0|1] [--profile 0|1] [--long BATCH:PROMPT] [--decode-weights bf16|fp32] [--decode-kv bf16|fp32]
  * --budget: stop starting new measurements once this much wall time has passed (default
@@ -134,8 +139,12 @@ static double flops_per_token(const ff_model_config *c, int seq) {
 
 /* The headline lines, printed as soon as measured (a run stopped by a time limit keeps them)
  * and again together at the end. */
+/* sequences a training step (--accum): each its forward and backward, one optimizer step after */
+static int accum = 4;
+
 static void head_train(const char *tag, const char *name, double tok_s, double mfu, int seq, const char *note) {
-    printf("%s %s: %.0f tok/s, MFU %.1f %% of %.0f TFLOP/s (seq %d%s)\n", tag, name, tok_s, mfu, PEAK_TFLOPS, seq, note);
+    printf("%s %s: %.0f tok/s, MFU %.1f %% of %.0f TFLOP/s (seq %d, %d a step%s)\n", tag, name, tok_s, mfu, PEAK_TFLOPS, seq,
+           accum, note);
     fflush(stdout);
 }
 static void head_decode(const char *name, int B, double tok_s) {
@@ -220,7 +229,8 @@ static void attention_side_by_side(const char *device, const spec *specs, int n,
 }
 
 /* The median tokens/s of `steps` timed training steps (after two warm-up steps) of model m, its
- * optimizer o on batch b; 0 or -1. */
+ * optimizer o: each step `accum` forwards and backwards of batch b, then one optimizer step;
+ * 0 or -1. */
 static int time_steps(ff_model *m, ff_optimizer *o, const spec *s, const ff_batch *b, const float *mask, int steps,
                       const char *label, float *lp, float *dlp, double *dt, double *tok_s) {
     const int seq = b->n_tokens;
@@ -228,17 +238,22 @@ static int time_steps(ff_model *m, ff_optimizer *o, const spec *s, const ff_batc
     for (int i = 0; i < steps + 2; i++) {
         int64_t t0 = ff_now_ns();
         ff_forward_out out = {.logprobs = lp};
-        if (ff_model_zero_grad(m) || ff_model_forward(m, b, &fo, &out)) return -1;
-        double loss = ff_sft_loss(lp, mask, seq, 1.0f / (float)(seq - 1), dlp);
+        if (ff_model_zero_grad(m)) return -1;
+        double loss = 0;
+        for (int a = 0; a < accum; a++) { /* the gradients add up over the step's sequences */
+            if (ff_model_forward(m, b, &fo, &out)) return -1;
+            loss += ff_sft_loss(lp, mask, seq, 1.0f / (float)accum, dlp) / accum; /* the token mean already */
+            if (ff_model_backward(m, dlp, NULL, NULL)) return -1;
+        }
         ff_optim_stats st;
-        if (ff_model_backward(m, dlp, NULL, NULL) || ff_optimizer_step(o, &st)) return -1; /* the norm syncs */
+        if (ff_optimizer_step(o, &st)) return -1; /* the norm syncs */
         dt[i] = (double)(ff_now_ns() - t0) * 1e-9;
         printf("  %s train step %d%s: %.1f ms, loss %.4f, grad norm %.3f%s\n", s->name, i, label, dt[i] * 1e3, loss,
                st.grad_norm, i < 2 ? " (warm-up)" : "");
         fflush(stdout);
     }
     qsort(dt + 2, (size_t)steps, sizeof(double), cmp_double);
-    *tok_s = seq / dt[2 + steps / 2];
+    *tok_s = (double)seq * accum / dt[2 + steps / 2];
     return 0;
 }
 
@@ -368,6 +383,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batches")) batches = v;
         else if (!strcmp(a, "--seq")) seq = atoi(v);
         else if (!strcmp(a, "--steps")) steps = atoi(v);
+        else if (!strcmp(a, "--accum")) accum = atoi(v);
         else if (!strcmp(a, "--prompt")) prompt = atoi(v);
         else if (!strcmp(a, "--new")) n_new = atoi(v);
         else if (!strcmp(a, "--budget")) budget = atof(v);
@@ -397,8 +413,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (seq < 2 || steps < 1 || prompt < 1 || n_new < 1) {
-        fprintf(stderr, "bench_cuda: --seq >= 2, --steps, --prompt and --new >= 1\n");
+    if (seq < 2 || steps < 1 || accum < 1 || prompt < 1 || n_new < 1) {
+        fprintf(stderr, "bench_cuda: --seq >= 2, --steps, --accum, --prompt and --new >= 1\n");
         return 2;
     }
     ff_backend *be = ff_backend_new(device);
@@ -421,10 +437,10 @@ int main(int argc, char **argv) {
     }
     char train_note[160];
     snprintf(train_note, sizeof train_note, ", FF_CUDA_MATH=%s%s", train_math, TRAIN_NOTE);
-    printf("bench_cuda: %s, training's FF_CUDA_MATH=%s, decoding's %s, FF_CUDA_ATTENTION=%s, seq %d, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
+    printf("bench_cuda: %s, training's FF_CUDA_MATH=%s, decoding's %s, FF_CUDA_ATTENTION=%s, seq %d, %d a step, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
            "%s KV cache\n",
            ff_backend_name(be), train_math, math && *math ? math : "tf32 (default)",
-           att && *att ? att : (math && !strcmp(math, "fp32") ? "fp32 (as the products)" : "bf16 (default)"), seq, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32",
+           att && *att ? att : (math && !strcmp(math, "fp32") ? "fp32 (as the products)" : "bf16 (default)"), seq, accum, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32",
            decode_kv16 ? "bf16" : "fp32");
     spec specs[] = {
         {"qwen0.5b", base_cfg(151936, 896, 4864, 24, 14, 2, true, true, 1000000.0)},
@@ -530,8 +546,8 @@ int main(int argc, char **argv) {
         if (math) setenv("FF_CUDA_MATH", math, 1);
         else unsetenv("FF_CUDA_MATH");
         double tp = 0, mp = 0;
-        printf("bench_cuda_profile %s: the kernels of 3 training steps (seq %d, FF_CUDA_MATH=bf16), printed when the "
-               "backend goes:\n", specs[big].name, seq);
+        printf("bench_cuda_profile %s: the kernels of 3 training steps (%d sequences of %d tokens each, FF_CUDA_MATH=bf16), "
+               "printed when the backend goes:\n", specs[big].name, accum, seq);
         fflush(stdout);
         if (!bp || bench_train(bp, &specs[big], seq, 1, &tp, &mp, NULL)) failures++;
         fflush(stdout);

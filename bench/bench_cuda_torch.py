@@ -4,9 +4,10 @@
 train   a straightforward Llama/Qwen2 module (what a user writes without fuseflow): fp32
         parameters under torch.autocast(bfloat16), F.scaled_dot_product_attention(is_causal)
         with the kv heads repeated (GQA), F.cross_entropy, clip_grad_norm_(1.0),
-        torch.optim.AdamW (fused where this torch has it). One sequence of --seq tokens per
-        step; the median of --steps steps after two warm-up steps; MFU by bench_cuda.c's
-        formula against 989 TFLOP/s.
+        torch.optim.AdamW (fused where this torch has it). --accum sequences (4) of --seq
+        tokens a step, each its forward and backward (gradients accumulated), one clipping and
+        optimizer step after; the median of --steps steps after two warm-up steps; MFU by
+        bench_cuda.c's formula against 989 TFLOP/s.
 decode  Hugging Face transformers' generate on the same config (random init, bfloat16),
         do_sample with temperature 1, exactly --new tokens (min_new_tokens), batch B of
         --prompt random tokens: the wall time of the call. Skipped, saying so, without
@@ -16,7 +17,7 @@ Prints, like bench_cuda:
     torch_train MODEL: X tok/s, MFU Y %
     hf_decode MODEL batch B: X tok/s
 Exit 77 without torch or without a CUDA device. Usage: the flags of bench_cuda.c
-(--models --seq --steps --batches --prompt --new --budget).
+(--models --seq --accum --steps --batches --prompt --new --budget).
 """
 import argparse
 import statistics
@@ -104,7 +105,7 @@ class Model(torch.nn.Module):
         return F.linear(self.rms(x, self.norm), self.embed)
 
 
-def bench_train(name, c, seq, steps):
+def bench_train(name, c, seq, steps, accum):
     torch.manual_seed(0)
     m = Model(c, max_pos=max(4096, seq))
     decay = [p for p in m.parameters() if p.dim() == 2]
@@ -122,20 +123,24 @@ def bench_train(name, c, seq, steps):
     for i in range(steps + 2):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = m(tok)
-        loss = F.cross_entropy(logits[0, :-1].float(), tok[0, 1:])
-        loss.backward()
+        total = 0.0
+        for _ in range(accum):  # the gradients add up over the step's sequences
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = m(tok)
+            loss = F.cross_entropy(logits[0, :-1].float(), tok[0, 1:]) / accum
+            loss.backward()
+            total += loss.detach()
+            del logits, loss
         norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         times.append(dt)
-        print(f"  {name} torch train step {i}: {dt * 1e3:.1f} ms, loss {loss.item():.4f}, grad norm {norm.item():.3f}"
+        print(f"  {name} torch train step {i}: {dt * 1e3:.1f} ms, loss {total.item():.4f}, grad norm {norm.item():.3f}"
               + (" (warm-up)" if i < 2 else ""), flush=True)
     med = statistics.median(times[2:])
-    tok_s = seq / med
+    tok_s = seq * accum / med
     mfu = 100.0 * flops_per_token(c, seq) * tok_s / (PEAK_TFLOPS * 1e12)
     del m, opt
     torch.cuda.empty_cache()
@@ -175,13 +180,14 @@ def main():
     ap.add_argument("--models", default="qwen0.5b,llama1b")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--accum", type=int, default=4)
     ap.add_argument("--batches", default="1,32,256")
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--budget", type=float, default=150)
     a = ap.parse_args()
     start = time.time()
-    print(f"bench_cuda_torch: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, seq {a.seq}", flush=True)
+    print(f"bench_cuda_torch: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, seq {a.seq}, {a.accum} a step", flush=True)
     try:
         import transformers
 
@@ -202,9 +208,9 @@ def main():
             print(f"  {name}: skipped (budget of {a.budget:.0f} s spent)")
             continue
         try:  # one failing part (an API change, memory) must not lose the others
-            tok_s, mfu = bench_train(name, c, a.seq, a.steps)
+            tok_s, mfu = bench_train(name, c, a.seq, a.steps, a.accum)
             head(f"torch_train {name}: {tok_s:.0f} tok/s, MFU {mfu:.1f} % of {PEAK_TFLOPS:.0f} TFLOP/s "
-                 f"(seq {a.seq}, eager + autocast bf16 + SDPA)")
+                 f"(seq {a.seq}, {a.accum} a step, eager + autocast bf16 + SDPA)")
         except Exception as e:  # noqa: BLE001
             print(f"bench_cuda_torch: {name} train failed: {type(e).__name__}: {e}", flush=True)
             failures += 1

@@ -9,7 +9,7 @@ bin=${FF_BUILD_DIR:?run through ctest}/bench_cuda_emu
 [[ -x $bin ]] || { echo "SKIPPED: $bin is not built (no C++ compiler at configure time)"; exit 77; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-"$bin" --models tiny --seq 64 --steps 1 --batches 1,4 --prompt 4 --new 4 --long 2:300 --budget 120 > "$out" 2>&1 ||
+"$bin" --models tiny --seq 64 --accum 2 --steps 1 --batches 1,4 --prompt 4 --new 4 --long 2:300 --budget 120 > "$out" 2>&1 ||
   { cat "$out" >&2; echo "FAIL: bench_cuda_emu exited $?"; exit 1; }
 for want in '^bench_cuda: cuda:0, training.s FF_CUDA_MATH=bf16' '^bench_cuda_attention tiny: fwd\+bwd .* ms on tensor cores' \
             '^bench_cuda_train tiny: [0-9]+ tok/s, MFU' '^bench_cuda_decode tiny batch 1: [0-9]+ tok/s' \
