@@ -511,11 +511,11 @@ void ff_swiglu_fwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr h16, int T, int inte
     need_mat_of(s, h16, T, inter, inter, 2);
     PROF_AS(swiglu_fwd, "swiglu_fwd_bf16", s, gu16, h16, T, inter, true);
 }
-void ff_swiglu_bwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr dh, ff_dptr dgu, int T, int inter) {
+void ff_swiglu_bwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr dh16, ff_dptr dgu16, int T, int inter) {
     need_mat_of(s, gu16, T, 2 * inter, 2 * inter, 2);
-    need_mat(s, dh, T, inter, inter);
-    need_mat(s, dgu, T, 2 * inter, 2 * inter);
-    PROF_AS(swiglu_bwd, "swiglu_bwd_bf16", s, gu16, dh, dgu, T, inter, true);
+    need_mat_of(s, dh16, T, inter, inter, 2);
+    need_mat_of(s, dgu16, T, 2 * inter, 2 * inter, 2);
+    PROF_AS(swiglu_bwd, "swiglu_bwd_bf16", s, gu16, dh16, dgu16, T, inter, true);
 }
 
 /* The arguments both training attentions check; e: the bytes of an element of qkv and out. */
@@ -528,10 +528,10 @@ static void need_att(const ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
     need(s, lse, (size_t)T * (size_t)Hq * 4);
 }
 static void need_att_bwd(const ff_stream *s, const int32_t *seq_start_host, int S, int T, int Hq, int Hkv, int D,
-                         ff_dptr dout, ff_dptr delta, ff_dptr dqkv, int ld) {
+                         ff_dptr dout, ff_dptr delta, ff_dptr dqkv, int ld, size_t e) {
     assert(seq_start_host[0] == 0 && seq_start_host[S] == T);
     (void)seq_start_host, (void)S; /* read by the assertion alone */
-    need_mat(s, dout, T, Hq * D, Hq * D);
+    need_mat_of(s, dout, T, Hq * D, Hq * D, e);
     need(s, delta, (size_t)T * (size_t)Hq * 4);
     need_mat(s, dqkv, T, (Hq + 2 * Hkv) * D, ld);
 }
@@ -549,15 +549,15 @@ void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, cons
                       int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
                       ff_dptr dqkv) {
     need_att(s, qkv, ld, seq_start, S, T, Hq, Hkv, D, out, lse, 4);
-    need_att_bwd(s, seq_start_host, S, T, Hq, Hkv, D, dout, delta, dqkv, ld);
+    need_att_bwd(s, seq_start_host, S, T, Hq, Hkv, D, dout, delta, dqkv, ld, 4);
     PROF(attention_bwd, s, qkv, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out, lse, dout, delta, dqkv, false);
 }
 void ff_attention_bwd_bf16(ff_stream *s, ff_dptr qkv16, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
-                           int T, int Hq, int Hkv, int D, ff_dptr out16, ff_dptr lse, ff_dptr dout, ff_dptr delta,
+                           int T, int Hq, int Hkv, int D, ff_dptr out16, ff_dptr lse, ff_dptr dout16, ff_dptr delta,
                            ff_dptr dqkv) {
     need_att(s, qkv16, ld, seq_start, S, T, Hq, Hkv, D, out16, lse, 2);
-    need_att_bwd(s, seq_start_host, S, T, Hq, Hkv, D, dout, delta, dqkv, ld);
-    PROF_AS(attention_bwd, "attention_bwd_bf16", s, qkv16, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out16, lse, dout,
+    need_att_bwd(s, seq_start_host, S, T, Hq, Hkv, D, dout16, delta, dqkv, ld, 2);
+    PROF_AS(attention_bwd, "attention_bwd_bf16", s, qkv16, ld, seq_start, seq_start_host, S, T, Hq, Hkv, D, out16, lse, dout16,
             delta, dqkv, true);
 }
 /* The arguments both cached attentions check (the caches' element type is the kernel's). */

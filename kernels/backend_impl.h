@@ -56,10 +56,10 @@ typedef struct ff_backend_ops {
                  int D, int inverse);
     void (*bias_add)(ff_stream *s, ff_dptr x, int ld, ff_dptr b, int T, int N);
     void (*bias_bwd)(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N);
-    /* b16: gu (and the forward's h) hold bf16 (ff_swiglu_fwd_bf16, ff_swiglu_bwd_bf16) */
+    /* b16: every tensor but none holds bf16 (ff_swiglu_fwd_bf16, ff_swiglu_bwd_bf16) */
     void (*swiglu_fwd)(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter, bool b16);
     void (*swiglu_bwd)(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter, bool b16);
-    /* b16: qkv and out hold bf16 (ff_attention_fwd_bf16, ff_attention_bwd_bf16) */
+    /* b16: qkv, out and dout hold bf16 (ff_attention_fwd_bf16, ff_attention_bwd_bf16) */
     void (*attention_fwd)(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
                           int D, ff_dptr out, ff_dptr lse, bool b16);
     void (*attention_bwd)(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, const int32_t *seq_start_host,

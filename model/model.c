@@ -1608,11 +1608,19 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
             dy = dxn;
         }
         opnd g = gradop(m, dy, T, H);
-        prod(m, FF_NO_TRANS, FF_NO_TRANS, T, I, H, g, wop(m, p->wdown, I), 0.0f, dh, I);
-        prod(m, FF_TRANS, FF_NO_TRANS, H, I, T, g, actop(la.hm, la.hm_16, I), 1.0f, ffm_grad(m, p->wdown), I);
-        if (ff_dptr_null(la.gu_16)) ff_swiglu_bwd(st, la.gu, dh, dgu, T, I);
-        else ff_swiglu_bwd_bf16(st, la.gu_16, dh, dgu, T, I);
-        g = gradop(m, dgu, T, 2 * I);
+        if (ff_dptr_null(la.gu_16)) {
+            prod(m, FF_NO_TRANS, FF_NO_TRANS, T, I, H, g, wop(m, p->wdown, I), 0.0f, dh, I);
+            prod(m, FF_TRANS, FF_NO_TRANS, H, I, T, g, actop(la.hm, la.hm_16, I), 1.0f, ffm_grad(m, p->wdown), I);
+            ff_swiglu_bwd(st, la.gu, dh, dgu, T, I);
+            g = gradop(m, dgu, T, 2 * I);
+        } else { /* the MLP's backward in bf16 as its forward: dh [T, I] written in bf16 into dh's
+                  * room, SwiGLU's gradient dgu [T, 2I] in bf16 into dy16 (whose dy the down
+                  * products have read), read as it is by gate|up's products */
+            ff_gemm_bf16_out(st, FF_NO_TRANS, FF_NO_TRANS, T, I, H, g.p, g.b16, g.ld, ffm_copy16(m, p->wdown), true, I, dh, I);
+            prod(m, FF_TRANS, FF_NO_TRANS, H, I, T, g, actop(la.hm, la.hm_16, I), 1.0f, ffm_grad(m, p->wdown), I);
+            ff_swiglu_bwd_bf16(st, la.gu_16, dh, SC(dy16), T, I);
+            g = (opnd){SC(dy16), true, 2 * I};
+        }
         prod(m, FF_NO_TRANS, FF_NO_TRANS, T, H, 2 * I, g, wop(m, p->wgu, H), 0.0f, dxn, H);
         prod(m, FF_TRANS, FF_NO_TRANS, 2 * I, H, T, g, actop(la.xn2, la.xn2_16, H), 1.0f, ffm_grad(m, p->wgu), H);
         /* f: gate|up is column-parallel (SP: the backward of the all-gather) */
@@ -1625,14 +1633,19 @@ static int run_backward(ff_model *m, ffm_acts *a, hio d_hidden_out, const float 
             dy = dxn;
         }
         g = gradop(m, dy, T, H);
-        prod(m, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, g, wop(m, p->wo, HD), 0.0f, datt, HD);
-        prod(m, FF_TRANS, FF_NO_TRANS, H, HD, T, g, actop(la.att, la.att_16, HD), 1.0f, ffm_grad(m, p->wo), HD);
-        if (ff_dptr_null(la.qkv_16))
+        if (ff_dptr_null(la.qkv_16)) {
+            prod(m, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, g, wop(m, p->wo, HD), 0.0f, datt, HD);
+            prod(m, FF_TRANS, FF_NO_TRANS, H, HD, T, g, actop(la.att, la.att_16, HD), 1.0f, ffm_grad(m, p->wo), HD);
             ff_attention_bwd(st, la.qkv, QKV, AW(a, seq_start), a->seq_start_host, S, T, m->Hq, m->Hkv, m->D, la.att,
                              la.lse, datt, SC(delta), dqkv);
-        else /* the kept bf16 q|k|v and output; dqkv overwrites the forward's fp32 q|k|v scratch, long unused */
+        } else { /* attention's backward on bf16 as its forward: the output gradient datt [T, Hq D]
+                  * written in bf16 into its room, read with the kept q|k|v and output; dqkv (fp32)
+                  * overwrites the forward's fp32 q|k|v scratch, long unused */
+            ff_gemm_bf16_out(st, FF_NO_TRANS, FF_NO_TRANS, T, HD, H, g.p, g.b16, g.ld, ffm_copy16(m, p->wo), true, HD, datt, HD);
+            prod(m, FF_TRANS, FF_NO_TRANS, H, HD, T, g, actop(la.att, la.att_16, HD), 1.0f, ffm_grad(m, p->wo), HD);
             ff_attention_bwd_bf16(st, la.qkv_16, QKV, AW(a, seq_start), a->seq_start_host, S, T, m->Hq, m->Hkv, m->D,
                                   la.att_16, la.lse, datt, SC(delta), dqkv);
+        }
         ff_rope_bwd(st, dqkv, QKV, AW(a, pos), ff_dptr_of(m->rope_cos, 0), ff_dptr_of(m->rope_sin, 0), T,
                     m->Hq + m->Hkv, m->D);
         g = gradop(m, dqkv, T, QKV);

@@ -105,11 +105,11 @@ void ff_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N);
 void ff_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter);
 /* Backward: dgu [T, 2 inter] = (dg | du) given dh [T, inter]. dgu may alias gu (in place). */
 void ff_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter);
-/* The same on a bf16 gu16 [T, 2 inter]: the forward computes in fp32 on the widened values and
- * rounds h16 [T, inter] to bf16; the backward gives dgu [T, 2 inter] fp32 from dh [T, inter] fp32
- * (dgu does not alias gu16). */
+/* The same on bf16 storage: gu16 [T, 2 inter], h16 [T, inter], dh16 [T, inter] and dgu16
+ * [T, 2 inter] hold bf16. Each computes in fp32 on the widened values and rounds its output
+ * (dgu16 does not alias gu16). */
 void ff_swiglu_fwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr h16, int T, int inter);
-void ff_swiglu_bwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr dh, ff_dptr dgu, int T, int inter);
+void ff_swiglu_bwd_bf16(ff_stream *s, ff_dptr gu16, ff_dptr dh16, ff_dptr dgu16, int T, int inter);
 
 /* Causal grouped-query attention over packed variable-length sequences: token t of sequence
  * s (seq_start[s] <= t < seq_start[s+1]) attends to tokens seq_start[s] .. t only, never
@@ -126,14 +126,14 @@ void ff_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, cons
                       int T, int Hq, int Hkv, int D, ff_dptr out, ff_dptr lse, ff_dptr dout, ff_dptr delta,
                       ff_dptr dqkv);
 /* The same on bf16 storage (a training forward's kept activations under bf16 products):
- * qkv16 [T, (Hq + 2 Hkv) D] ld and out16 [T, Hq D] hold bf16. Each computes what the fp32
- * kernel computes on the widened values (scores, softmax and sums in fp32); the forward rounds
- * out16 from its fp32 result, lse stays fp32. The backward reads qkv16 and out16 as the forward
- * left them; dout, delta and dqkv are fp32. */
+ * qkv16 [T, (Hq + 2 Hkv) D] ld, out16 and dout16 [T, Hq D] hold bf16. Each computes what the
+ * fp32 kernel computes on the widened values (scores, softmax and sums in fp32); the forward
+ * rounds out16 from its fp32 result, lse stays fp32. The backward reads qkv16 and out16 as the
+ * forward left them; delta and dqkv are fp32. */
 void ff_attention_fwd_bf16(ff_stream *s, ff_dptr qkv16, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
                            ff_dptr out16, ff_dptr lse);
 void ff_attention_bwd_bf16(ff_stream *s, ff_dptr qkv16, int ld, ff_dptr seq_start, const int32_t *seq_start_host, int S,
-                           int T, int Hq, int Hkv, int D, ff_dptr out16, ff_dptr lse, ff_dptr dout, ff_dptr delta,
+                           int T, int Hq, int Hkv, int D, ff_dptr out16, ff_dptr lse, ff_dptr dout16, ff_dptr delta,
                            ff_dptr dqkv);
 
 /* Attention of T query tokens against a paged KV cache (inference; no backward). The cache

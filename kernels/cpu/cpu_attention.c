@@ -271,7 +271,7 @@ static void dkv_task(void *arg, int64_t task) {
     }
 }
 
-/* b16 (ff_attention_bwd_bf16): the fp32 tasks on qkv and out widened into scratch. */
+/* b16 (ff_attention_bwd_bf16): the fp32 tasks on qkv, out and dout widened into scratch. */
 void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const int32_t *ss_host, int S, int T,
                           int Hq, int Hkv, int D, ff_dptr outp, ff_dptr lsep, ff_dptr doutp, ff_dptr deltap,
                           ff_dptr dqkvp, bool b16) {
@@ -282,15 +282,17 @@ void ff_cpu_attention_bwd(ff_stream *s, ff_dptr qkvp, int ld, ff_dptr ssp, const
                  .dqkv = F(dqkvp), .ss = ss_host, .S = S, .ld = ld, .Hq = Hq, .Hkv = Hkv, .D = D, .rep = Hq / Hkv,
                  .scale = 1.0f / sqrtf((float)D)};
     int64_t *cum;
-    float *wide = NULL; /* b16: qkv [T, ld], then out [T, Hq D], fp32 */
-    int64_t nb = make_blocks(s, ss_host, S, &cum, b16 ? (n_qkv + (size_t)T * HD) * sizeof(float) : 0, &wide);
+    float *wide = NULL; /* b16: qkv [T, ld], then out and dout [T, Hq D], fp32 */
+    int64_t nb = make_blocks(s, ss_host, S, &cum, b16 ? (n_qkv + 2 * (size_t)T * HD) * sizeof(float) : 0, &wide);
     if (nb < 0) return;
     j.cum = cum;
     if (b16) {
         widen_rows(wide, (const uint16_t *)(const void *)F(qkvp), T, (Hq + 2 * Hkv) * D, ld);
         widen_rows(wide + n_qkv, (const uint16_t *)(const void *)F(outp), T, (int)HD, (int)HD);
+        widen_rows(wide + n_qkv + (size_t)T * HD, (const uint16_t *)(const void *)F(doutp), T, (int)HD, (int)HD);
         j.qkv = wide;
         j.out = wide + n_qkv;
+        j.dout = wide + n_qkv + (size_t)T * HD;
     }
     double work = 4.0 * T * BLK * Hq * D;
     ff_cpu_for(s, T, 2.0 * Hq * D, delta_rows, &j);

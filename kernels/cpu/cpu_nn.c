@@ -254,8 +254,8 @@ void ff_cpu_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, int N)
 typedef struct swiglu_job {
     const float *gu, *dh; /* [T, 2I] (g | u), [T, I] */
     float *h, *dgu;       /* [T, I], [T, 2I] (may alias gu) */
-    const uint16_t *gu16; /* bf16: gu [T, 2I] */
-    uint16_t *h16;        /* bf16: h [T, I] */
+    const uint16_t *gu16, *dh16; /* bf16: gu [T, 2I], dh [T, I] */
+    uint16_t *h16, *dgu16;       /* bf16: h [T, I], dgu [T, 2I] */
     int inter;
 } swiglu_job;
 
@@ -289,12 +289,20 @@ FF_VEC static void swiglu_bwd_rows(void *arg, int64_t t0, int64_t t1) {
     const int n = j->inter;
     for (int64_t t = t0; t < t1; t++) {
         const size_t r = (size_t)t * 2 * n;
+        if (j->gu16) {
+            const uint16_t *d16 = j->dh16 + (size_t)t * n;
+            uint16_t *dg16 = j->dgu16 + r, *du16 = dg16 + n;
+#pragma omp simd
+            for (int c = 0; c < n; c++) {
+                float dg, du;
+                swiglu_d(bf16_widen(j->gu16[r + c]), bf16_widen(j->gu16[r + n + c]), bf16_widen(d16[c]), &dg, &du);
+                dg16[c] = bf16_round(dg), du16[c] = bf16_round(du);
+            }
+            continue;
+        }
         const float *d = j->dh + (size_t)t * n;
         float *dg = j->dgu + r, *du = dg + n;
-        if (j->gu16) {
-#pragma omp simd
-            for (int c = 0; c < n; c++) swiglu_d(bf16_widen(j->gu16[r + c]), bf16_widen(j->gu16[r + n + c]), d[c], dg + c, du + c);
-        } else {
+        {
 #pragma omp simd
             for (int c = 0; c < n; c++) swiglu_d(j->gu[r + c], j->gu[r + n + c], d[c], dg + c, du + c);
         }
@@ -309,9 +317,13 @@ void ff_cpu_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inter, bo
 }
 
 void ff_cpu_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter, bool b16) {
-    swiglu_job j = {.dh = F(dh), .dgu = F(dgu), .inter = inter};
-    if (b16) j.gu16 = (const uint16_t *)(void *)F(gu);
-    else j.gu = F(gu);
+    swiglu_job j = {.inter = inter};
+    if (b16) {
+        j.gu16 = (const uint16_t *)(void *)F(gu), j.dh16 = (const uint16_t *)(void *)F(dh);
+        j.dgu16 = (uint16_t *)(void *)F(dgu);
+    } else {
+        j.gu = F(gu), j.dh = F(dh), j.dgu = F(dgu);
+    }
     ff_cpu_for(s, T, 16.0 * inter, swiglu_bwd_rows, &j);
 }
 

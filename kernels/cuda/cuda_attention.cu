@@ -139,23 +139,23 @@ void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
 
 /* ---- backward --------------------------------------------------------------------------------- */
 
-/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]), one warp per (t, h); out fp32 or bf16 (E) */
+/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]), one warp per (t, h); out and dout fp32 or bf16 (E) */
 template <typename E>
-static __global__ void k_att_delta(const E *out, const float *dout, float *delta, int T, int Hq, int D) {
+static __global__ void k_att_delta(const E *out, const E *dout, float *delta, int T, int Hq, int D) {
     int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (w >= (int64_t)T * Hq) return;
     const E *o = out + w * D;
-    const float *g = dout + w * D; /* [T, Hq, D] contiguous */
+    const E *g = dout + w * D; /* [T, Hq, D] contiguous */
     float sdot = 0.0f;
-    for (int d = lane; d < D; d += 32) sdot += widen(o[d]) * g[d];
+    for (int d = lane; d < D; d += 32) sdot += widen(o[d]) * widen(g[d]);
     sdot = warp_sum(sdot);
     if (lane == 0) delta[w] = sdot;
 }
 
 template <typename E>
 static __global__ void k_att_dq(const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
-                                float scale, const float *lse, const float *dout, const float *delta, float *dqkv) {
+                                float scale, const float *lse, const E *dout, const float *delta, float *dqkv) {
     FF_DYN_SHARED(float, sm);
     float *q_s = sm, *do_s = q_s + AW * D, *k_s = do_s + AW * D, *v_s = k_s + KT * (D + 1);
     const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -169,7 +169,7 @@ static __global__ void k_att_dq(const E *qkv, int ld, const int32_t *ss, int S, 
     if (valid) {
         for (int d = lane; d < D; d += 32) {
             q_s[warp * D + d] = widen(qkv[(int64_t)t * ld + (int64_t)h * D + d]);
-            do_s[warp * D + d] = dout[(int64_t)t * HD + (int64_t)h * D + d];
+            do_s[warp * D + d] = widen(dout[(int64_t)t * HD + (int64_t)h * D + d]);
         }
         lse_t = lse[(int64_t)t * Hq + h];
         delta_t = delta[(int64_t)t * Hq + h];
@@ -213,7 +213,7 @@ static __global__ void k_att_dq(const E *qkv, int ld, const int32_t *ss, int S, 
  * from the first key row to the end of the last key row's sequence. */
 template <typename E>
 static __global__ void k_att_dkv(const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
-                                 float scale, const float *lse, const float *dout, const float *delta, float *dqkv) {
+                                 float scale, const float *lse, const E *dout, const float *delta, float *dqkv) {
     FF_DYN_SHARED(float, sm);
     float *kr_s = sm, *vr_s = kr_s + AW * D, *q_s = vr_s + AW * D, *do_s = q_s + KT * (D + 1);
     float *lse_s = do_s + KT * (D + 1), *dl_s = lse_s + KT;
@@ -296,11 +296,11 @@ void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
     const unsigned dblocks = (unsigned)((warps * 32 + 255) / 256);
     const dim3 gq((T + AW - 1) / AW, Hq), gkv((T + AW - 1) / AW, Hkv);
     if (b16) {
-        FF_LAUNCH(k_att_delta<__nv_bfloat16>, dblocks, 256, 0, CS(s), BF(out), F(dout), F(delta), T, Hq, D);
+        FF_LAUNCH(k_att_delta<__nv_bfloat16>, dblocks, 256, 0, CS(s), BF(out), BF(dout), F(delta), T, Hq, D);
         FF_LAUNCH(k_att_dq<__nv_bfloat16>, gq, AW * 32, dq_smem(D), CS(s), BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
-                  scale, F(lse), F(dout), F(delta), F(dqkv));
+                  scale, F(lse), BF(dout), F(delta), F(dqkv));
         FF_LAUNCH(k_att_dkv<__nv_bfloat16>, gkv, AW * 32, dkv_smem(D), CS(s), BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
-                  scale, F(lse), F(dout), F(delta), F(dqkv));
+                  scale, F(lse), BF(dout), F(delta), F(dqkv));
     } else {
         FF_LAUNCH(k_att_delta<float>, dblocks, 256, 0, CS(s), F(out), F(dout), F(delta), T, Hq, D);
         FF_LAUNCH(k_att_dq<float>, gq, AW * 32, dq_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D, scale,

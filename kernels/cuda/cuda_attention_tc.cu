@@ -3,8 +3,8 @@
  * Q K^T, P V, dO V^T, dS K, P^T dO and dS^T Q done by WMMA (bf16 operands, fp32
  * accumulation), for head dims that are multiples of 16 up to 128. They compute what the
  * CUDA-core kernels of cuda_attention.cu compute, with Q, K, V, dO and the probabilities
- * rounded to bf16. qkv and out are fp32 or bf16 storage (ff_attention_*_bf16: read without a
- * rounding of their own, out rounded once on store).
+ * rounded to bf16. qkv, out and dout are fp32 or bf16 storage (ff_attention_*_bf16: read
+ * without a rounding of their own, out rounded once on store).
  *
  * FF_CUDA_ATTENTION picks these (cuda_backend.cu); the CUDA-core kernels of cuda_attention.cu
  * remain the exact fp32 reference and serve the other head dims. A prefill's attention against
@@ -349,7 +349,7 @@ static inline size_t dq_tc_smem() {
 template <int D, typename E>
 static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const E *qkv, int ld, const int32_t *ss, int S, int T,
                                                           int Hq, int Hkv, float scale, const float *lse,
-                                                          const float *dout, const float *delta, float *dqkv) {
+                                                          const E *dout, const float *delta, float *dqkv) {
     constexpr int DP = D + 8, OP = D + 4;
     static_assert(16 * OP <= 2 * 16 * SP, "the accumulators' spill tile fits the warp's two score tiles");
     FF_DYN_SHARED(unsigned char, smem);
@@ -407,7 +407,7 @@ static inline size_t dkv_tc_smem() {
 template <int D, typename E>
 static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const E *qkv, int ld, const int32_t *ss, int S, int T,
                                                            int Hq, int Hkv, float scale, const float *lse,
-                                                           const float *dout, const float *delta, float *dqkv) {
+                                                           const E *dout, const float *delta, float *dqkv) {
     constexpr int DP = D + 8, OP = D + 4;
     static_assert(16 * OP <= 2 * 16 * SP, "the accumulators' spill tile fits the warp's two score tiles");
     FF_DYN_SHARED(unsigned char, smem);
@@ -478,17 +478,17 @@ static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const E *qkv, int ld,
 
 /* ---- launchers -------------------------------------------------------------------------------- */
 
-/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]) (fp32, as the CUDA-core backward's; out fp32
- * or bf16). */
+/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]) (fp32, as the CUDA-core backward's; out and
+ * dout fp32 or bf16). */
 template <typename E>
-static __global__ void k_att_delta_tc(const E *out, const float *dout, float *delta, int64_t rows, int D) {
+static __global__ void k_att_delta_tc(const E *out, const E *dout, float *delta, int64_t rows, int D) {
     int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (w >= rows) return;
     const E *o = out + w * D;
-    const float *gr = dout + w * D;
+    const E *gr = dout + w * D;
     float sdot = 0.0f;
-    for (int d = lane; d < D; d += 32) sdot += widen(o[d]) * gr[d];
+    for (int d = lane; d < D; d += 32) sdot += widen(o[d]) * widen(gr[d]);
     sdot = warp_sum(sdot);
     if (lane == 0) delta[w] = sdot;
 }
@@ -502,7 +502,7 @@ static void fwd_tc(ff_stream *s, const E *qkv, int ld, const int32_t *ss, int S,
 
 template <int D, typename E>
 static void bwd_tc(ff_stream *s, const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv,
-                   const float *lse, const float *dout, const float *delta, float *dqkv) {
+                   const float *lse, const E *dout, const float *delta, float *dqkv) {
     const float scale = 1.0f / sqrtf((float)D);
     FF_LAUNCH((k_att_dq_tc<D, E>), dim3((T + TB - 1) / TB, Hq), TPB, dq_tc_smem<D>(), CS(s), qkv, ld, ss, S, T, Hq, Hkv, scale,
                                                                                 lse, dout, delta, dqkv);
@@ -554,12 +554,12 @@ void ff_cuda_attention_bwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_sta
     ff_cuda_use_device(s);
     const int64_t rows = (int64_t)T * Hq;
     const unsigned dblocks = (unsigned)((rows * 32 + 255) / 256);
-    if (b16) FF_LAUNCH(k_att_delta_tc<bf16>, dblocks, 256, 0, CS(s), BF(out), F(dout), F(delta), rows, D);
+    if (b16) FF_LAUNCH(k_att_delta_tc<bf16>, dblocks, 256, 0, CS(s), BF(out), BF(dout), F(delta), rows, D);
     else FF_LAUNCH(k_att_delta_tc<float>, dblocks, 256, 0, CS(s), F(out), F(dout), F(delta), rows, D);
     switch (D) {
 #define X(d)                                                                                                  \
     case d:                                                                                                   \
-        if (b16) bwd_tc<d>(s, BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, F(lse), F(dout), F(delta), F(dqkv)); \
+        if (b16) bwd_tc<d>(s, BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, F(lse), BF(dout), F(delta), F(dqkv)); \
         else bwd_tc<d>(s, F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, F(lse), F(dout), F(delta), F(dqkv));     \
         break;
         FF_TC_DIMS(X)

@@ -694,7 +694,7 @@ static void cuda_bias_bwd(ff_stream *s, ff_dptr dy, int ld, ff_dptr db, int T, i
     col_reduce(s, COL_BIAS, F(dy), ld, NULL, NULL, T, N, F(db), "bias_bwd");
 }
 
-/* E: float, or __nv_bfloat16 (ff_swiglu_*_bf16: gu, and the forward's h, in bf16; fp32 math) */
+/* E: float, or __nv_bfloat16 (ff_swiglu_*_bf16: every tensor in bf16; fp32 math) */
 template <typename E>
 static __global__ void k_swiglu_fwd(const E *gu, E *h, int T, int inter) {
     int64_t n = (int64_t)T * inter;
@@ -715,14 +715,14 @@ static void cuda_swiglu_fwd(ff_stream *s, ff_dptr gu, ff_dptr h, int T, int inte
 }
 /* dgu may alias gu (fp32): each thread reads its g, u before writing its dg, du. */
 template <typename E>
-static __global__ void k_swiglu_bwd(const E *gu, const float *dh, float *dgu, int T, int inter) {
+static __global__ void k_swiglu_bwd(const E *gu, const E *dh, E *dgu, int T, int inter) {
     int64_t n = (int64_t)T * inter;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / inter, c = i % inter, gi = t * 2 * inter + c;
-        float g = widen(gu[gi]), u = widen(gu[gi + inter]), d = dh[i];
+        float g = widen(gu[gi]), u = widen(gu[gi + inter]), d = widen(dh[i]);
         float sg = 1.0f / (1.0f + expf(-g));
-        dgu[gi] = d * u * sg * (1.0f + g * (1.0f - sg));
-        dgu[gi + inter] = d * g * sg;
+        store_as(dgu + gi, d * u * sg * (1.0f + g * (1.0f - sg)));
+        store_as(dgu + gi + inter, d * (g * sg));
     }
 }
 static void cuda_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, int T, int inter, bool b16) {
@@ -730,7 +730,7 @@ static void cuda_swiglu_bwd(ff_stream *s, ff_dptr gu, ff_dptr dh, ff_dptr dgu, i
     ff_cuda_use_device(s);
     if (b16)
         FF_LAUNCH(k_swiglu_bwd<__nv_bfloat16>, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s),
-                  (const __nv_bfloat16 *)F(gu), F(dh), F(dgu), T, inter);
+                  (const __nv_bfloat16 *)F(gu), (const __nv_bfloat16 *)F(dh), (__nv_bfloat16 *)F(dgu), T, inter);
     else FF_LAUNCH(k_swiglu_bwd<float>, blocks_for((int64_t)T * inter, TPB), TPB, 0, CS(s), F(gu), F(dh), F(dgu), T, inter);
     ff_cuda_check_launch(s, "swiglu_bwd");
 }

@@ -294,9 +294,11 @@ static void test_rowwise(void) {
     BOTH(ff_swiglu_fwd_bf16(S, P(gu16), P(h16), T, I));
     BOTH(ff_cast_bf16_f32(S, P(h16), P(h), (int64_t)T * I));
     cmp_all("swiglu_fwd_bf16", h, 1e-6, 8e-3);
-    BOTH(ff_swiglu_bwd_bf16(S, P(gu16), P(dh), P(dgu), T, I));
-    cmp_all("swiglu_bwd_bf16", dgu, 1e-5, 1e-5);
-    dual_free(&gu16), dual_free(&h16);
+    dual dh16 = dual_bf16((size_t)T * I, 1), dgu16 = dual_new(NULL, (size_t)T * 2 * I * 2);
+    BOTH(ff_swiglu_bwd_bf16(S, P(gu16), P(dh16), P(dgu16), T, I));
+    BOTH(ff_cast_bf16_f32(S, P(dgu16), P(dgu), (int64_t)T * 2 * I));
+    cmp_all("swiglu_bwd_bf16", dgu, 1e-6, 8e-3);
+    dual_free(&gu16), dual_free(&h16), dual_free(&dh16), dual_free(&dgu16);
 
     /* rows */
     int32_t rows[40];
@@ -334,8 +336,9 @@ static void same_bits(const char *what, int on, dual a, dual b) {
 
 /* ff_attention_fwd_bf16 / _bwd_bf16 on each side against that side's fp32 kernels on the widened
  * values, bit for bit: out16 the fp32 output rounded, lse and dqkv the same bits (widening is
- * exact, and the kernels sum alike for either storage). And the two sides' bf16 entries against
- * each other (dqkv from the same out16 on both: the CPU's, copied). */
+ * exact, and the kernels sum alike for either storage; dout rounded to bf16 for both). And the
+ * two sides' bf16 entries against each other (dqkv from the same out16 on both: the CPU's,
+ * copied). */
 static void attention_bf16_case(const char *kind, dual qkv, int ld, dual dss, const int32_t *ss, int S_, int T, int Hq,
                                 int Hkv, int D, dual dout, double tol) {
     const size_t HD = (size_t)Hq * D, nq = (size_t)T * ld;
@@ -344,7 +347,8 @@ static void attention_bf16_case(const char *kind, dual qkv, int ld, dual dss, co
          l32 = dual_new(NULL, (size_t)T * Hq * 4), o16 = dual_new(NULL, (size_t)T * HD * 2),
          l16 = dual_new(NULL, (size_t)T * Hq * 4), r16 = dual_new(NULL, (size_t)T * HD * 2),
          ow = dual_new(NULL, (size_t)T * HD * 4), delta = dual_new(NULL, (size_t)T * Hq * 4),
-         g32 = dual_rand(nq, 1), g16 = dual_new(NULL, nq * 4);
+         g32 = dual_rand(nq, 1), g16 = dual_new(NULL, nq * 4), do16 = dual_new(NULL, (size_t)T * HD * 2),
+         dow = dual_new(NULL, (size_t)T * HD * 4);
     BOTH(ff_cast_f32_bf16(S, P(qkv), P(q16), (int64_t)nq));
     BOTH(ff_cast_bf16_f32(S, P(q16), P(qw), (int64_t)nq));
     BOTH(ff_attention_fwd(S, P(qw), ld, P(dss), S_, T, Hq, Hkv, D, P(o32), P(l32)));
@@ -365,8 +369,10 @@ static void attention_bf16_case(const char *kind, dual qkv, int ld, dual dss, co
     free(o16c);
     BOTH(ff_cast_bf16_f32(S, P(o16), P(ow), (int64_t)(T * HD)));
     BOTH(ff_memcpy_d2d(S, P(g16), P(g32), nq * 4)); /* the same ld padding on both outputs */
-    BOTH(ff_attention_bwd(S, P(qw), ld, P(dss), ss, S_, T, Hq, Hkv, D, P(ow), P(l32), P(dout), P(delta), P(g32)));
-    BOTH(ff_attention_bwd_bf16(S, P(q16), ld, P(dss), ss, S_, T, Hq, Hkv, D, P(o16), P(l32), P(dout), P(delta), P(g16)));
+    BOTH(ff_cast_f32_bf16(S, P(dout), P(do16), (int64_t)(T * HD)));
+    BOTH(ff_cast_bf16_f32(S, P(do16), P(dow), (int64_t)(T * HD)));
+    BOTH(ff_attention_bwd(S, P(qw), ld, P(dss), ss, S_, T, Hq, Hkv, D, P(ow), P(l32), P(dow), P(delta), P(g32)));
+    BOTH(ff_attention_bwd_bf16(S, P(q16), ld, P(dss), ss, S_, T, Hq, Hkv, D, P(o16), P(l32), P(do16), P(delta), P(g16)));
     for (int on = 0; on < 2; on++) {
         snprintf(what, sizeof what, "attention_bwd_bf16 (%s) dqkv T=%d D=%d: the fp32 kernel's on the widened values", kind,
                  T, D);
@@ -374,7 +380,7 @@ static void attention_bf16_case(const char *kind, dual qkv, int ld, dual dss, co
     }
     snprintf(what, sizeof what, "attention_bwd_bf16 (%s) dqkv T=%d Hq=%d Hkv=%d D=%d", kind, T, Hq, Hkv, D);
     cmp_all(what, g16, 1e-5, tol ? 2 * tol : 2e-4);
-    dual *all[] = {&q16, &qw, &o32, &l32, &o16, &l16, &r16, &ow, &delta, &g32, &g16};
+    dual *all[] = {&q16, &qw, &o32, &l32, &o16, &l16, &r16, &ow, &delta, &g32, &g16, &do16, &dow};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
 }
 
