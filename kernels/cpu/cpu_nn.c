@@ -302,10 +302,8 @@ FF_VEC static void swiglu_bwd_rows(void *arg, int64_t t0, int64_t t1) {
         }
         const float *d = j->dh + (size_t)t * n;
         float *dg = j->dgu + r, *du = dg + n;
-        {
 #pragma omp simd
-            for (int c = 0; c < n; c++) swiglu_d(j->gu[r + c], j->gu[r + n + c], d[c], dg + c, du + c);
-        }
+        for (int c = 0; c < n; c++) swiglu_d(j->gu[r + c], j->gu[r + n + c], d[c], dg + c, du + c);
     }
 }
 
