@@ -23,7 +23,7 @@
  *             MODEL decode batch B: X tok/s with graphs (...), Y tok/s kernel by kernel (X/Y x)
  * Numbers: training keeps fp32 tensors between kernels (include/fuseflow/backend.h) and multiplies
  * in bf16 (FF_CUDA_MATH=bf16 unless FF_CUDA_MATH is set: bf16 products, the model's bf16 copy of
- * its weights made each forward, docs/model.md "bf16 products"). The decoding model is an
+ * its weights made once an optimizer step, docs/model.md "bf16 products"). The decoding model is an
  * inference model with bf16 weights (ff_model_opts.bf16_weights, ff_gemm_bf16w: the weights
  * stored bf16 and read as they are, activations rounded to bf16 per product, fp32 between
  * kernels) unless --decode-weights fp32, and a KV cache in bf16 (ff_generator_config.kv_bf16)
@@ -286,6 +286,9 @@ static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double
                    dt, tok_s))
         goto out;
     *mfu = 100.0 * flops_per_token(&s->cfg, seq) * *tok_s / (PEAK_TFLOPS * 1e12);
+    if (ff_model_bf16_products(m))
+        printf("  %s: the weights' bf16 copy made %lld times in %d forwards (once an optimizer step)\n", s->name,
+               (long long)ff_model_bf16_copies(m), (steps + 2) * accum);
     ff_model_memory mm;
     ff_model_memory_of(m, &mm);
     printf("  %s: %.0f M params, %.2f GFLOP/token, device memory: params %.2f GiB, grads %.2f GiB, workspace %.2f GiB "

@@ -40,6 +40,7 @@
 
 /* Elements [from, from + n) of tensor p (not a view's) from host fp32 src. */
 static void store_range(ff_model *m, const ff_param_tensor *p, size_t from, const float *src, size_t n) {
+    ffm_params_written(m);
     if (!ffm_is16(m, p)) {
         ff_memcpy_h2d(m->st, ffm_param(m, p->off + from), src, n * sizeof(float));
         return;
@@ -646,7 +647,10 @@ int64_t ff_model_param_count(const ff_model *m) { return m->n_params; }
 int ff_model_tp_size(const ff_model *m) { return m->tp; }
 int ff_model_tp_rank(const ff_model *m) { return m->tp_rank; }
 bool ff_model_is_inference(const ff_model *m) { return m->inference; }
-ff_buffer *ff_model_param_buffer(ff_model *m) { return m->params; }
+ff_buffer *ff_model_param_buffer(ff_model *m) {
+    ffm_params_written(m); /* the caller may write through it */
+    return m->params;
+}
 ff_buffer *ff_model_grad_buffer(ff_model *m) { return m->grads; }
 int ff_model_n_chunks(const ff_model *m) { return m->n_chunks; }
 bool ff_model_is_whole(const ff_model *m) { return ffm_whole(m); }
@@ -681,6 +685,7 @@ int ff_model_release_grads(ff_model *m) {
     if (m->inference) return ffm_inference_only("release gradients");
     ff_buffer_destroy(&m->grads);
     ff_buffer_destroy(&m->w16c); /* made again by the next forward */
+    m->w16c_gen = 0;
     return 0;
 }
 
@@ -760,6 +765,7 @@ void ff_model_write_params(ff_model *m, const float *host) {
             store_range(m, &m->tensors[i], 0, host + m->tensors[i].off, (size_t)m->tensors[i].numel);
         return;
     }
+    ffm_params_written(m);
     ff_memcpy_h2d(m->st, ff_dptr_of(m->params, 0), host, (size_t)m->n_params * sizeof(float));
 }
 int ff_model_read_grads(ff_model *m, float *host) {
@@ -801,6 +807,7 @@ int ff_model_tensor_storage(ff_model *m, const char *name, ff_dptr *out, ff_dtyp
     if (!m->params) return ff_error_set(name, "restore the parameters first (ff_model_restore_params)", "the model's parameters are released");
     *dtype = ffm_is16(m, p) ? FF_DTYPE_BF16 : FF_DTYPE_F32;
     *out = *dtype == FF_DTYPE_BF16 ? ffm_param16(m, p->off) : ffm_param(m, p->off);
+    ffm_params_written(m); /* the caller may write through it */
     return 0;
 }
 
@@ -862,6 +869,7 @@ int ff_model_restore_params(ff_model *m) {
     if (m->params) return 0;
     if (!m->inference) return ff_model_release_params(m);
     m->params = ff_buffer_new(m->be, m->n_own ? ffm_param_bytes(m) : sizeof(float));
+    ffm_params_written(m);
     return m->params ? 0 : ff_error_wrap("restoring the parameters (%lld floats)", (long long)m->n_own);
 }
 
@@ -915,6 +923,7 @@ int ff_model_params_load(ff_model *m, ff_stream *st, ff_offload_stats *stats) {
         return ff_error_wrap("loading the weights (%zu bytes)", bytes);
     }
     m->params = b;
+    ffm_params_written(m);
     if (stats) *stats = (ff_offload_stats){.bytes = (int64_t)bytes, .seconds = (double)(ff_now_ns() - t0) * 1e-9};
     return 0;
 }
@@ -928,6 +937,7 @@ int ff_model_copy_params(ff_model *dst, ff_model *src) {
                             "source has %lld parameters, destination %lld", (long long)src->n_params,
                             (long long)dst->n_params);
     size_t bytes = (size_t)src->n_params * sizeof(float);
+    ffm_params_written(dst);
     if (dst->be == src->be && (dst->w16 || src->w16)) { /* tensor by tensor, cast on the device where the types differ */
         for (int i = 0; i < dst->n_tensors; i++) {
             const ff_param_tensor *d = &dst->tensors[i], *s = &src->tensors[i];
@@ -968,11 +978,12 @@ int ff_model_set_bf16_products(ff_model *m, bool on) {
             return ff_error_set("bf16 products", "run the backward of the training forward first (or ff_model_stage_drop)",
                                 "a training forward is held (micro-batch %d)", m->acts[i]->micro);
     m->p16 = on;
-    if (!on) ff_buffer_destroy(&m->w16c);
+    if (!on) ff_buffer_destroy(&m->w16c), m->w16c_gen = 0;
     return 0;
 }
 
 bool ff_model_bf16_products(const ff_model *m) { return m->p16; }
+int64_t ff_model_bf16_copies(const ff_model *m) { return m->w16c_made; }
 
 void ff_model_set_logits_chunk(ff_model *m, int32_t max_tokens) {
     m->logits_chunk = max_tokens > 0 ? max_tokens : 0;
@@ -1162,9 +1173,11 @@ static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
     return 0;
 }
 
-/* bf16 products: the buffer of the weights' bf16 copy (made by each forward). 0 or -1 + error. */
+/* bf16 products: the buffer of the weights' bf16 copy (made by a forward after the weights change). 0 or -1 + error. */
 static int w16c_ensure(ff_model *m) {
-    if (m->p16 && !m->w16c && !(m->w16c = ff_buffer_new(m->be, (size_t)m->n_decay * 2)))
+    if (!m->p16 || m->w16c) return 0;
+    m->w16c_gen = 0; /* a new buffer holds no copy yet */
+    if (!(m->w16c = ff_buffer_new(m->be, (size_t)m->n_decay * 2)))
         return ff_error_wrap("the bf16 copy of the weights (%lld elements) for bf16 products", (long long)m->n_decay);
     return 0;
 }
@@ -1364,8 +1377,13 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
     }
     const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start),
                                  .sp = sp, .r0 = r0, .nr = nr};
-    if (m->p16) { /* the weights as they are now, rounded once for this forward's products (and its backward's) */
-        ff_cast_f32_bf16(st, ff_dptr_of(m->params, 0), ff_dptr_of(m->w16c, 0), m->n_decay);
+    if (m->p16) { /* the weights as they are now, rounded for this forward's products (and its backward's) once
+                   * after each change of them: forwards between two optimizer steps share the copy */
+        if (m->w16c_gen != m->params_gen + 1) {
+            ff_cast_f32_bf16(st, ff_dptr_of(m->params, 0), ff_dptr_of(m->w16c, 0), m->n_decay);
+            m->w16c_gen = m->params_gen + 1;
+            m->w16c_made++;
+        }
         m->w16c_live = true;
     }
     for (int i = 0; i < nl; i++) {

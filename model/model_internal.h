@@ -143,12 +143,17 @@ struct ff_model {
     bool w16;
     size_t vec_base;
     /* bf16 products (ff_model_set_bf16_products; a trainable model's default on a backend whose
-     * products are bf16): each forward rounds the weight matrices, [0, n_decay), into w16c, and
-     * while w16c_live (inside a forward or backward, never generation's) every product of the
-     * layers and heads is ff_gemm_bf16 reading it; the backward rounds each output gradient
-     * once (the scratch's dy16) for its two products */
+     * products are bf16): a forward rounds the weight matrices, [0, n_decay), into w16c where
+     * the weights changed since it was made (params_gen), and while w16c_live (inside a forward
+     * or backward, never generation's) every product of the layers and heads is ff_gemm_bf16
+     * reading it; the backward rounds each output gradient once (the scratch's dy16) for its
+     * two products */
     bool p16, w16c_live;
     ff_buffer *w16c; /* bf16 [n_decay], NULL until the first forward with p16 */
+    /* params_gen: bumped by every write of the weights (ffm_params_written); w16c_gen: params_gen
+     * + 1 as it was when w16c was made (0: not made since the buffer was); w16c_made: copies made */
+    uint64_t params_gen, w16c_gen;
+    int64_t w16c_made;
 
     ff_param_tensor *tensors; /* Hugging Face tensors, in expected order */
     int n_tensors;
@@ -385,6 +390,10 @@ static inline ff_dptr ffm_param16(ff_model *m, size_t off) {
     assert(m->params && m->w16 && (int64_t)off < m->n_decay);
     return ff_dptr_of(m->params, off * 2);
 }
+/* Every path that writes m's weights (or hands out memory to write them) calls this first, so
+ * that the next forward makes the bf16 products' copy again. */
+static inline void ffm_params_written(ff_model *m) { m->params_gen++; }
+
 /* bf16 products: element off of the weight matrices' bf16 copy (while w16c_live). */
 static inline ff_dptr ffm_copy16(ff_model *m, size_t off) {
     assert(m->w16c_live && m->w16c && (int64_t)off < m->n_decay);

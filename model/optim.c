@@ -304,6 +304,7 @@ int ff_optimizer_step(ff_optimizer *o, ff_optim_stats *stats) {
     const int64_t lo = o->lo, hi = o->hi, nd = min64(max64(m->n_decay, lo), hi);
     ff_dptr p = ffm_param(m, (size_t)lo), g = ffm_grad(m, (size_t)lo), mo = ff_dptr_of(o->mbuf, 0), vo = ff_dptr_of(o->vbuf, 0);
     const size_t k0 = (size_t)(nd - lo);
+    ffm_params_written(m);
     if (nd > lo)
         ff_adamw(st, p, g, mo, vo, nd - lo, (float)lr, b1, b2, eps, (float)o->c.weight_decay, (float)bc1, (float)bc2, (float)coef);
     if (hi > nd)

@@ -215,6 +215,7 @@ int ffm_view_read(ff_model *m, const ff_param_tensor *p, float *host) {
 
 int ffm_view_write(ff_model *m, const ff_param_tensor *p, const float *host) {
     assert(p->npc);
+    ffm_params_written(m); /* its own pieces alone: those it reads in place stay the viewed model's */
     for (int k = 0; k < p->npc; k++)
         if (!p->pc[k].buf) piece_copy(m, p, &p->pc[k], NULL, host);
     return ff_stream_sync(m->st);

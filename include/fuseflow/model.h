@@ -257,7 +257,9 @@ int ff_model_load_weights(ff_model *m, const ff_tensor_set *weights);
 /* The flat parameter and gradient buffers: ff_model_param_count() floats each, same
  * layout. For all-reduce of gradients and weight sync between models of one config. An
  * inference model has no gradient buffer (NULL); a view model's parameter buffer holds its
- * own pieces only (use ff_model_read_params for its flat layout). */
+ * own pieces only (use ff_model_read_params for its flat layout). Asking for the parameter
+ * buffer counts as writing the weights (bf16 products: the next forward makes its copy again);
+ * write through a buffer kept from an earlier call only after asking again. */
 ff_buffer *ff_model_param_buffer(ff_model *m); /* bf16 weights: not the fp32 layout (ff_model_read_params is) */
 ff_buffer *ff_model_grad_buffer(ff_model *m);
 /* Flat copies to and from host memory (n = ff_model_param_count() floats). The gradient
@@ -327,8 +329,9 @@ int ff_model_zero_grad(ff_model *m); /* 0, or -1 + error on an inference model *
 int ff_model_reserve(ff_model *m, int32_t max_tokens);
 
 /* bf16 products (docs/model.md "bf16 products"): every product of a forward's layers and heads
- * multiplies by a bf16 copy of the weight matrices that the forward makes from the fp32 masters
- * (2 bytes an element, counted in ff_model_memory_of's workspace); a training forward keeps the
+ * multiplies by a bf16 copy of the weight matrices that a forward makes from the fp32 masters
+ * after they change (2 bytes an element, counted in ff_model_memory_of's workspace;
+ * ff_model_bf16_copies below); a training forward keeps the
  * layers' normed rows, q|k|v (rounded after RoPE), the attention output, gate|up's output and
  * SwiGLU's output as bf16 only (attention and SwiGLU on bf16: half their bytes in
  * ff_model_memory_of's activations); the backward's products and attention read those, the
@@ -343,6 +346,12 @@ int ff_model_reserve(ff_model *m, int32_t max_tokens);
  * uses the copy. */
 int ff_model_set_bf16_products(ff_model *m, bool on);
 bool ff_model_bf16_products(const ff_model *m);
+/* bf16 products: how many times a forward has made the weights' bf16 copy. A forward makes it
+ * only where the weights changed since the last one was made (an optimizer step, a load or a
+ * write of them, a weight sync into them) or the copy was given back (ff_model_release_grads,
+ * turning the products off): forwards between two optimizer steps (micro-batches, a pipeline's
+ * chunks, scoring) share one copy. */
+int64_t ff_model_bf16_copies(const ff_model *m);
 
 /* The LM head runs over chunks of at most max_tokens tokens, so the logits of a batch never
  * take more than max_tokens * vocab_size floats; with more than one chunk the backward
@@ -449,8 +458,9 @@ int ff_model_write_tensor(ff_model *m, const char *name, const float *host);
  * model's backend, and in which type (FF_DTYPE_F32, or FF_DTYPE_BF16 for a weight matrix of
  * a bf16-weight model): for moving weights between models on device memory (the weight sync,
  * fuseflow/reshard.h) without a host copy. The address stays valid while the parameters do
- * (not across ff_model_release_params). -1 + error: a tensor it does not hold, a view's
- * tensor (its pieces are not one range), parameters released. */
+ * (not across ff_model_release_params). Asking counts as writing the weights, as
+ * ff_model_param_buffer. -1 + error: a tensor it does not hold, a view's tensor (its pieces are
+ * not one range), parameters released. */
 int ff_model_tensor_storage(ff_model *m, const char *name, ff_dptr *out, ff_dtype *dtype);
 
 /* Where tensor i (0 <= i < ff_model_n_tensors) of this model sits in the Hugging Face tensor

@@ -129,7 +129,7 @@ static void train_step_tc(ff_model *mc, ff_model *mg) {
 
 /* bf16 products (FF_CUDA_MATH=bf16: ff_model_bf16_products on by default) against the same model
  * with them off (every operand rounded per product), over two SFT steps with an AdamW step
- * between. The weights' bf16 copy made each forward, each output gradient rounded once and the
+ * between. The weights' bf16 copy made after each change of them, each output gradient rounded once and the
  * normed rows kept in bf16 give the same roundings as off; what differs is what a training
  * forward keeps in bf16 besides: q|k|v (rounded after RoPE, so attention runs on bf16 inputs)
  * and the attention output, the MLP's gate|up output (rounded before SwiGLU, as autocast does)

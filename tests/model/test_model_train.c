@@ -3,7 +3,8 @@
  * (a packed batch gives each sequence exactly what it gets alone, so nothing attends across
  * sequences), training and scoring forwards agreeing bit for bit, the learning-rate
  * schedule, the weight-decay rule, optimizer state export/import resuming bit-exactly,
- * weight export/import and copy. */
+ * weight export/import and copy, bf16 products' weight copy following every write of the
+ * weights. */
 #include "tests/model/model_test_util.h"
 
 static ff_backend *be;
@@ -297,6 +298,108 @@ static void test_learns(void) {
     ff_model_destroy(&m);
 }
 
+/* bf16 products (the CPU's definition of ff_gemm_bf16): the weights' bf16 copy is made once a
+ * change of the weights and is never stale. Forwards that change nothing (scoring, a training
+ * forward and its backward) share one copy; after each way of writing the weights the next
+ * forward gives the log-probs of a new model made with the new weights, bit for bit, and makes
+ * one copy more. */
+static const int32_t c16_ss[3] = {0, 9, 23};
+static int32_t c16_tok[23], c16_tg[23];
+static void score16(ff_model *m, float *lp) {
+    ff_batch b = {.n_tokens = 23, .n_seqs = 2, .tokens = c16_tok, .seq_start = c16_ss, .targets = c16_tg};
+    ff_forward_out o = {.logprobs = lp};
+    REQUIRE(ff_model_forward(m, &b, NULL, &o) == 0);
+}
+/* m's log-probs against those of a new model with m's weights as they are (read back) */
+static void same_as_new16(const char *what, ff_model *m, const ff_model_config *c, int64_t copies) {
+    const int64_t P = ff_model_param_count(m);
+    float *w = malloc((size_t)P * 4), lp[23], want[23];
+    REQUIRE(w);
+    ff_model_read_params(m, w);
+    score16(m, lp);
+    ff_model *n = tiny_model(be, c, 99, 0.3);
+    ff_model_write_params(n, w);
+    REQUIRE(ff_model_set_bf16_products(n, true) == 0);
+    score16(n, want);
+    if (memcmp(lp, want, sizeof lp)) {
+        fprintf(stderr, "bf16 copy after %s: log-probs are not a new model's with the same weights (a stale copy)\n", what);
+        ff_test_failures++;
+    }
+    if (ff_model_bf16_copies(m) != copies) {
+        fprintf(stderr, "bf16 copy after %s: %lld copies made, %lld expected\n", what, (long long)ff_model_bf16_copies(m),
+                (long long)copies);
+        ff_test_failures++;
+    }
+    ff_model_destroy(&n);
+    free(w);
+}
+
+static void test_bf16_copy_follows_weights(void) {
+    ff_model_config c = tiny_config(32, 32, 48, 2, 4, 2, false, true, false);
+    ff_rng r;
+    ff_rng_seed(&r, 4);
+    for (int t = 0; t < 23; t++) c16_tok[t] = (int32_t)ff_rng_below(&r, 32);
+    ff_batch_shift_targets(c16_tok, c16_ss, 2, c16_tg);
+    ff_model *m = tiny_model(be, &c, 5, 0.3), *other = tiny_model(be, &c, 6, 0.3);
+    REQUIRE(ff_model_set_bf16_products(m, true) == 0);
+    CHECK(ff_model_bf16_copies(m) == 0);
+    float lp0[23], lp[23], d[23];
+    score16(m, lp0);
+    score16(m, lp);
+    CHECK(!memcmp(lp, lp0, sizeof lp) && ff_model_bf16_copies(m) == 1);
+    ff_batch b = {.n_tokens = 23, .n_seqs = 2, .tokens = c16_tok, .seq_start = c16_ss, .targets = c16_tg};
+    ff_forward_opts tr = {.train = true};
+    ff_forward_out o = {.logprobs = lp};
+    for (int t = 0; t < 23; t++) d[t] = 0.1f;
+    REQUIRE(ff_model_forward(m, &b, &tr, &o) == 0 && ff_model_backward(m, d, NULL, NULL) == 0);
+    CHECK(ff_model_bf16_copies(m) == 1); /* the same copy (its log-probs differ: it keeps bf16 activations) */
+    same_as_new16("nothing", m, &c, 1);
+
+    const int64_t P = ff_model_param_count(m);
+    float *w = malloc((size_t)P * 4);
+    REQUIRE(w);
+    ff_model_read_params(other, w);
+    ff_model_write_params(m, w);
+    same_as_new16("ff_model_write_params", m, &c, 2);
+    const char *name = "model.layers.1.mlp.down_proj.weight";
+    const int64_t n = ff_model_tensor_numel(m, name);
+    REQUIRE(n > 0);
+    for (int64_t i = 0; i < n; i++) w[i] = (float)ff_rng_normal(&r) * 0.3f;
+    REQUIRE(ff_model_write_tensor(m, name, w) == 0);
+    same_as_new16("ff_model_write_tensor", m, &c, 3);
+    ff_dptr at;
+    ff_dtype ty;
+    REQUIRE(ff_model_tensor_storage(m, "model.layers.0.self_attn.q_proj.weight", &at, &ty) == 0 && ty == FF_DTYPE_F32);
+    for (int64_t i = 0; i < 64; i++) w[i] = (float)ff_rng_normal(&r);
+    ff_memcpy_h2d(ff_backend_stream(be), at, w, 64 * 4);
+    same_as_new16("a write through ff_model_tensor_storage", m, &c, 4);
+    ff_memcpy_h2d(ff_backend_stream(be), ff_dptr_of(ff_model_param_buffer(m), 0), w, 64 * 4);
+    same_as_new16("a write through ff_model_param_buffer", m, &c, 5);
+    ff_tensor_set *ws = ff_tensor_set_new();
+    REQUIRE(ws && ff_model_export_weights(other, ws) == 0 && ff_model_load_weights(m, ws) == 0);
+    ff_tensor_set_destroy(&ws);
+    same_as_new16("ff_model_load_weights", m, &c, 6);
+    REQUIRE(ff_model_write_tensor(other, name, w) == 0 && ff_model_copy_params(m, other) == 0);
+    same_as_new16("ff_model_copy_params", m, &c, 7);
+    ff_adamw_config ac;
+    ff_adamw_config_default(&ac);
+    ac.lr = 1e-2;
+    ff_optimizer *opt = ff_optimizer_new(m, &ac);
+    REQUIRE(opt);
+    ff_optim_stats st;
+    REQUIRE(ff_model_zero_grad(m) == 0 && ff_model_forward(m, &b, &tr, &o) == 0 && ff_model_backward(m, d, NULL, NULL) == 0);
+    REQUIRE(ff_optimizer_step(opt, &st) == 0);
+    same_as_new16("an optimizer step", m, &c, 8);
+    REQUIRE(ff_model_release_grads(m) == 0 && ff_model_restore_grads(m) == 0); /* the copy given back */
+    same_as_new16("the gradients released and restored", m, &c, 9);
+    REQUIRE(ff_model_set_bf16_products(m, false) == 0 && ff_model_set_bf16_products(m, true) == 0);
+    same_as_new16("bf16 products off and on", m, &c, 10);
+    ff_optimizer_destroy(&opt);
+    free(w);
+    ff_model_destroy(&m);
+    ff_model_destroy(&other);
+}
+
 int main(void) {
     be = ff_backend_cpu_new(2);
     REQUIRE(be);
@@ -306,6 +409,7 @@ int main(void) {
     test_schedule();
     test_optimizer_resume_and_decay();
     test_learns();
+    test_bf16_copy_follows_weights();
     ff_backend_destroy(&be);
     TEST_MAIN_END();
 }
