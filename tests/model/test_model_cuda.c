@@ -139,7 +139,7 @@ static void train_step_tc(ff_model *mc, ff_model *mg) {
  * 0.036); a copy not made again from the updated weights would put step 1's loss at step 0's
  * (5.05 against 3.71). The CPU's definition (ff_gemm_bf16 as a loop and the bf16 attention, set
  * on a CPU model) against them within fp32 summation order and the bf16 steps it can flip
- * (measured 5.5e-5 of loss, 2.6e-3 of the largest gradient, where the CPU's fp32 model is 1.6e-3
+ * (measured 5.5e-5 of loss, 2.2e-3 of the largest gradient, where the CPU's fp32 model is 1.6e-3
  * and 1.1e-2 away), and away from the CPU's fp32 products (so the rounding happens). An
  * inference model refuses them. */
 static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
