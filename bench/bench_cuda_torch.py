@@ -186,6 +186,8 @@ def main():
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--budget", type=float, default=150)
     a = ap.parse_args()
+    if a.seq < 2 or a.steps < 1 or a.accum < 1:
+        ap.error("--seq >= 2, --steps and --accum >= 1")
     start = time.time()
     print(f"bench_cuda_torch: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, seq {a.seq}, {a.accum} a step", flush=True)
     try:
