@@ -7,7 +7,8 @@
  * Launches: one at a time (a process-wide lock), blocks one after another, each CUDA thread a
  * fiber on its own guarded stack, all on the calling thread. The highest runnable thread always
  * runs, until it waits (even the last to arrive at a barrier yields), so a thread that races
- * ahead of lower ones without a barrier is seen doing so. __syncthreads and __syncwarp are
+ * ahead of lower ones without a barrier is seen doing so; FF_CUDA_EMU_ORDER=low runs the lowest,
+ * for races with higher ones. __syncthreads and __syncwarp are
  * barriers that count exited threads as arrived (as the hardware does); shuffles go through a
  * per-warp exchange between two warp barriers, and reading a lane that exited is a fault. A
  * block where every live thread waits is a deadlock: the launch fails, naming the barrier.
@@ -652,21 +653,31 @@ int ff_emu_check_smem(const void *p, size_t bytes) {
 const ff_emu_thread_ids *ff_emu_ids(void) { return &cur_fiber->ids; }
 unsigned char *ff_emu_dyn_smem(void) { return blk.dyn; }
 
-/* The runnable threads of the block, one bit each: the scheduler always resumes the highest. */
+/* The runnable threads of the block, one bit each: the scheduler resumes the highest, or with
+ * FF_CUDA_EMU_ORDER=low the lowest. One order shows a thread reading, without a barrier, what a
+ * lower thread writes (it reads first), the other what a higher one writes: a kernel's tests
+ * run in both orders (CMakeLists.txt: the _emu_low copies), so a race either way changes
+ * results that they check. */
 static uint64_t runnable[EMU_MAX_THREADS / 64];
+static bool order_low;
 static void set_state(fiber *f, fiber_state st) {
     f->state = st;
     if (st == RUNNABLE) runnable[f->tid / 64] |= 1ull << (f->tid % 64);
     else runnable[f->tid / 64] &= ~(1ull << (f->tid % 64));
 }
-static int highest_runnable(void) {
+static int next_runnable(void) {
+    if (order_low) {
+        for (int w = 0; w < EMU_MAX_THREADS / 64; w++)
+            if (runnable[w]) return w * 64 + __builtin_ctzll(runnable[w]);
+        return -1;
+    }
     for (int w = EMU_MAX_THREADS / 64 - 1; w >= 0; w--)
         if (runnable[w]) return w * 64 + 63 - __builtin_clzll(runnable[w]);
     return -1;
 }
 
-/* Switch from the running fiber to the scheduler, which resumes the highest runnable thread
- * (this one again, if it still is). */
+/* Switch from the running fiber to the scheduler, which resumes the next runnable thread in the
+ * order (this one again, if it still is first). */
 static void to_scheduler(bool finishing) {
     fiber *f = cur_fiber;
 #if EMU_ASAN
@@ -709,7 +720,7 @@ static void fiber_main(void) {
 }
 
 /* Wait at a barrier: every waiter, the last to arrive too, goes back to the scheduler, so that
- * after the barrier the highest thread runs first. */
+ * after the barrier the first thread in the order runs first. */
 static void wait_at(fiber_state st, const char *what) {
     fiber *f = cur_fiber;
     set_state(f, st);
@@ -796,7 +807,7 @@ static void run_block(dim3 grid, dim3 block, dim3 bidx) {
         ctx_init(&f.ctx, stacks[t], EMU_STACK);
     }
     for (;;) {
-        int t = highest_runnable();
+        int t = next_runnable();
         if (t < 0) break;
         fiber &f = fibers[t];
         cur_fiber = &f;
@@ -872,7 +883,17 @@ void ff_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size
         last_error = cudaErrorMemoryAllocation;
         return;
     }
-    enqueue(s, [name, grid, block, smem, body] { run_launch(name, grid, block, smem, body); });
+    const char *order = getenv("FF_CUDA_EMU_ORDER");
+    if (order && *order && strcmp(order, "high") != 0 && strcmp(order, "low") != 0) {
+        fprintf(stderr, "cuda emulator: FF_CUDA_EMU_ORDER is '%s': set it to high (the default) or low\n", order);
+        last_error = cudaErrorInvalidValue;
+        return;
+    }
+    const bool low = order && strcmp(order, "low") == 0;
+    enqueue(s, [name, grid, block, smem, body, low] {
+        order_low = low;
+        run_launch(name, grid, block, smem, body);
+    });
 }
 
 /* ---- cuBLAS ------------------------------------------------------------------------------------ */

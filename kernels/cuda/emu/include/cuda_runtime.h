@@ -7,10 +7,12 @@
  * does not match its pointers is refused. Work on a stream is queued and runs only when
  * something waits for it (a stream sync, a copy to the host, an event another stream waits
  * for, a free), so a stream that reads another's results without waiting for its event reads
- * stale data, as on a device. A launch runs its blocks one after another; each CUDA thread of a block is a fiber, and the highest
- * runnable one always runs until it waits at a barrier, so a thread that reads what a lower
- * thread writes, or overwrites what a lower thread still reads, without a barrier between, does
- * so in the wrong order here. Not a general CUDA: only the names fuseflow's kernels use. */
+ * stale data, as on a device. A launch runs its blocks one after another; each CUDA thread of
+ * a block is a fiber, and the highest runnable one always runs until it waits at a barrier, so
+ * a thread that reads what a lower thread writes, or overwrites what a lower thread still
+ * reads, without a barrier between, does so in the wrong order here (FF_CUDA_EMU_ORDER=low:
+ * the lowest runs, for the other direction). Not a general CUDA: only the names fuseflow's
+ * kernels use. */
 #ifndef FF_CUDA_EMU_CUDA_RUNTIME_H
 #define FF_CUDA_EMU_CUDA_RUNTIME_H
 
