@@ -111,7 +111,6 @@ static __global__ void k_att_fwd(const E *qkv, int ld, const int32_t *ss, int S,
     if (lane == 0) lse[(int64_t)t * Hq + h] = m + logf(l);
 }
 
-static __nv_bfloat16 *BF(ff_dptr p) { return (__nv_bfloat16 *)(void *)F(p); }
 
 void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv, int D,
                            ff_dptr out, ff_dptr lse, bool b16) {
@@ -138,20 +137,6 @@ void ff_cuda_attention_fwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
 }
 
 /* ---- backward --------------------------------------------------------------------------------- */
-
-/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]), one warp per (t, h); out and dout fp32 or bf16 (E) */
-template <typename E>
-static __global__ void k_att_delta(const E *out, const E *dout, float *delta, int T, int Hq, int D) {
-    int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (w >= (int64_t)T * Hq) return;
-    const E *o = out + w * D;
-    const E *g = dout + w * D; /* [T, Hq, D] contiguous */
-    float sdot = 0.0f;
-    for (int d = lane; d < D; d += 32) sdot += widen(o[d]) * widen(g[d]);
-    sdot = warp_sum(sdot);
-    if (lane == 0) delta[w] = sdot;
-}
 
 template <typename E>
 static __global__ void k_att_dq(const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, int D,
@@ -296,13 +281,13 @@ void ff_cuda_attention_bwd(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start,
     const unsigned dblocks = (unsigned)((warps * 32 + 255) / 256);
     const dim3 gq((T + AW - 1) / AW, Hq), gkv((T + AW - 1) / AW, Hkv);
     if (b16) {
-        FF_LAUNCH(k_att_delta<__nv_bfloat16>, dblocks, 256, 0, CS(s), BF(out), BF(dout), F(delta), T, Hq, D);
+        FF_LAUNCH(k_att_delta<__nv_bfloat16>, dblocks, 256, 0, CS(s), BF(out), BF(dout), F(delta), warps, D);
         FF_LAUNCH(k_att_dq<__nv_bfloat16>, gq, AW * 32, dq_smem(D), CS(s), BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
                   scale, F(lse), BF(dout), F(delta), F(dqkv));
         FF_LAUNCH(k_att_dkv<__nv_bfloat16>, gkv, AW * 32, dkv_smem(D), CS(s), BF(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D,
                   scale, F(lse), BF(dout), F(delta), F(dqkv));
     } else {
-        FF_LAUNCH(k_att_delta<float>, dblocks, 256, 0, CS(s), F(out), F(dout), F(delta), T, Hq, D);
+        FF_LAUNCH(k_att_delta<float>, dblocks, 256, 0, CS(s), F(out), F(dout), F(delta), warps, D);
         FF_LAUNCH(k_att_dq<float>, gq, AW * 32, dq_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D, scale,
                   F(lse), F(dout), F(delta), F(dqkv));
         FF_LAUNCH(k_att_dkv<float>, gkv, AW * 32, dkv_smem(D), CS(s), F(qkv), ld, I32(seq_start), S, T, Hq, Hkv, D, scale,

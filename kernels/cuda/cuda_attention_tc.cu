@@ -478,21 +478,6 @@ static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const E *qkv, int ld,
 
 /* ---- launchers -------------------------------------------------------------------------------- */
 
-/* delta[t, h] = dot(dout[t, h, :], out[t, h, :]) (fp32, as the CUDA-core backward's; out and
- * dout fp32 or bf16). */
-template <typename E>
-static __global__ void k_att_delta_tc(const E *out, const E *dout, float *delta, int64_t rows, int D) {
-    int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (w >= rows) return;
-    const E *o = out + w * D;
-    const E *gr = dout + w * D;
-    float sdot = 0.0f;
-    for (int d = lane; d < D; d += 32) sdot += widen(o[d]) * widen(gr[d]);
-    sdot = warp_sum(sdot);
-    if (lane == 0) delta[w] = sdot;
-}
-
 template <int D, typename E>
 static void fwd_tc(ff_stream *s, const E *qkv, int ld, const int32_t *ss, int S, int T, int Hq, int Hkv, E *out,
                    float *lse) {
@@ -527,7 +512,6 @@ static void no_tc_kernel(ff_stream *s, int D) {
     ff_stream_fail(s);
 }
 
-static bf16 *BF(ff_dptr p) { return (bf16 *)(void *)F(p); }
 
 void ff_cuda_attention_fwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_start, int S, int T, int Hq, int Hkv,
                               int D, ff_dptr out, ff_dptr lse, bool b16) {
@@ -554,8 +538,8 @@ void ff_cuda_attention_bwd_tc(ff_stream *s, ff_dptr qkv, int ld, ff_dptr seq_sta
     ff_cuda_use_device(s);
     const int64_t rows = (int64_t)T * Hq;
     const unsigned dblocks = (unsigned)((rows * 32 + 255) / 256);
-    if (b16) FF_LAUNCH(k_att_delta_tc<bf16>, dblocks, 256, 0, CS(s), BF(out), BF(dout), F(delta), rows, D);
-    else FF_LAUNCH(k_att_delta_tc<float>, dblocks, 256, 0, CS(s), F(out), F(dout), F(delta), rows, D);
+    if (b16) FF_LAUNCH(k_att_delta<bf16>, dblocks, 256, 0, CS(s), BF(out), BF(dout), F(delta), rows, D);
+    else FF_LAUNCH(k_att_delta<float>, dblocks, 256, 0, CS(s), F(out), F(dout), F(delta), rows, D);
     switch (D) {
 #define X(d)                                                                                                  \
     case d:                                                                                                   \

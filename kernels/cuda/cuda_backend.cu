@@ -513,12 +513,12 @@ static __global__ void k_cast_bf16_f32(const __nv_bfloat16 *x, float *y, int64_t
 }
 static void cuda_cast_f32_bf16(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
     ff_cuda_use_device(s);
-    FF_LAUNCH(k_cast_f32_bf16, blocks_for(n, TPB), TPB, 0, CS(s), F(src), (__nv_bfloat16 *)(void *)F(dst), n);
+    FF_LAUNCH(k_cast_f32_bf16, blocks_for(n, TPB), TPB, 0, CS(s), F(src), BF(dst), n);
     ff_cuda_check_launch(s, "cast_f32_bf16");
 }
 static void cuda_cast_bf16_f32(ff_stream *s, ff_dptr src, ff_dptr dst, int64_t n) {
     ff_cuda_use_device(s);
-    FF_LAUNCH(k_cast_bf16_f32, blocks_for(n, TPB), TPB, 0, CS(s), (const __nv_bfloat16 *)(const void *)F(src), F(dst), n);
+    FF_LAUNCH(k_cast_bf16_f32, blocks_for(n, TPB), TPB, 0, CS(s), BF(src), F(dst), n);
     ff_cuda_check_launch(s, "cast_bf16_f32");
 }
 
@@ -586,7 +586,7 @@ static __global__ void k_embedding_fwd_bf16(const int32_t *tok, const __nv_bfloa
 static void cuda_embedding_fwd_bf16(ff_stream *s, ff_dptr tokens, ff_dptr table, ff_dptr out, int T, int H) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    FF_LAUNCH(k_embedding_fwd_bf16, T, TPB, 0, CS(s), I32(tokens), (const __nv_bfloat16 *)(const void *)F(table), F(out), H);
+    FF_LAUNCH(k_embedding_fwd_bf16, T, TPB, 0, CS(s), I32(tokens), BF(table), F(out), H);
     ff_cuda_check_launch(s, "embedding_fwd_bf16");
 }
 
@@ -759,7 +759,7 @@ static __global__ void k_scatter_bf16(const float *src, int lds, __nv_bfloat16 *
 static void cuda_scatter_rows_bf16(ff_stream *s, ff_dptr src, int lds, ff_dptr dst, ff_dptr rows, int T, int N) {
     if (T <= 0) return;
     ff_cuda_use_device(s);
-    FF_LAUNCH(k_scatter_bf16, T, TPB, 0, CS(s), F(src), lds, (__nv_bfloat16 *)(void *)F(dst), I32(rows), N);
+    FF_LAUNCH(k_scatter_bf16, T, TPB, 0, CS(s), F(src), lds, BF(dst), I32(rows), N);
     ff_cuda_check_launch(s, "scatter_rows_bf16");
 }
 static void cuda_gather_rows(ff_stream *s, ff_dptr src, ff_dptr rows, ff_dptr dst, int R, int N) {

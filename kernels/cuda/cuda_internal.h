@@ -1,7 +1,8 @@
-/* What the two files of the CUDA backend share (cuda_backend.cu: device, memory, streams,
- * matrix products, the elementwise and row-wise kernels, the optimizer; cuda_attention.cu:
- * attention, the logits kernels and sampling). Not a public header: only kernels/cuda/
- * includes it. Device code only through the launch wrappers declared here. */
+/* What the files of the CUDA backend share (cuda_backend.cu: device, memory, streams, matrix
+ * products, the elementwise and row-wise kernels, the optimizer; cuda_attention.cu: attention
+ * on CUDA cores, the logits kernels and sampling; cuda_attention_tc.cu: attention on tensor
+ * cores). Not a public header: only kernels/cuda/ includes it. Device code only through the
+ * launch wrappers declared here, and the device helpers at its end. */
 #ifndef FF_KERNELS_CUDA_INTERNAL_H
 #define FF_KERNELS_CUDA_INTERNAL_H
 
@@ -50,6 +51,7 @@ static inline cudaStream_t CS(const ff_stream *s) { return ((cuda_stream *)s->im
 static inline cuda_impl *CI(const ff_stream *s) { return (cuda_impl *)s->be->impl; }
 static inline float *F(ff_dptr p) { return p.buf ? (float *)((char *)p.buf->data + p.off) : NULL; }
 static inline int32_t *I32(ff_dptr p) { return p.buf ? (int32_t *)((char *)p.buf->data + p.off) : NULL; }
+static inline __nv_bfloat16 *BF(ff_dptr p) { return (__nv_bfloat16 *)(void *)F(p); }
 
 /* Make the backend's device the calling thread's (a backend may be created on one thread
  * and used on another, e.g. a worker's compute thread). */
@@ -147,6 +149,20 @@ static __device__ __forceinline__ float block_sum(float v, float *red) {
     __syncthreads();
     v = lane < nw ? red[lane] : 0.0f;
     return warp_sum(v);
+}
+/* delta[w] = dot(dout[w, :], out[w, :]) over rows w < rows of D elements (fp32 sums; out and
+ * dout fp32 or bf16, E): the attention backward's per-row term, one warp a row, both attention
+ * files' (blocks of 256 threads). */
+template <typename E>
+static __global__ void k_att_delta(const E *out, const E *dout, float *delta, int64_t rows, int D) {
+    int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= rows) return;
+    const E *o = out + w * D, *g = dout + w * D;
+    float sdot = 0.0f;
+    for (int d = lane; d < D; d += 32) sdot += widen(o[d]) * widen(g[d]);
+    sdot = warp_sum(sdot);
+    if (lane == 0) delta[w] = sdot;
 }
 static __device__ __forceinline__ float block_max(float v, float *red) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
