@@ -35,6 +35,16 @@ if [[ -x "${FF_BUILD_DIR:-}/bench_cuda" ]]; then
   expect_error "bench_cuda without a GPU" "no CUDA device|without the CUDA backend" "$FF_BUILD_DIR/bench_cuda" --steps 1
   expect_error "bench_cuda bad option" "unknown option --nope" "$FF_BUILD_DIR/bench_cuda" --nope 1
 fi
+# the tests gpu-check runs on the GPU: only those of the targets it builds (a test added under a
+# name its selection picks, and not built there, would fail that one run as "Not Run")
+if [[ -f "${FF_BUILD_DIR:-}/CTestTestfile.cmake" ]]; then
+  eval "$(grep -E "^GPU_TESTS_[RE]='[^']*'$" "$G")"
+  picked=$(ctest --test-dir "$FF_BUILD_DIR" -N -R "${GPU_TESTS_R:?}" -E "${GPU_TESTS_E:?}" | sed -n 's/^ *Test *#[0-9]*: //p')
+  meant=" cli/test_generate_cuda coll/test_coll_nccl exec/test_run_cuda_gpu kernels/test_backend kernels/test_cuda_backend kernels/test_cuda_skip model/test_model_cuda "
+  other=$(for t in $picked; do [[ "$meant" == *" $t "* ]] || echo "$t"; done)
+  [[ -z "$other" && "$picked" == *kernels/test_backend* ]] && ok "gpu-check's tests: $(echo $picked)" ||
+    fail "gpu-check's test selection picks tests it does not build: ${other:-none} (picked: $(echo $picked))"
+fi
 expect_ok "bench_cuda_torch.py compiles" python3 -m py_compile "$SRC/bench/bench_cuda_torch.py"
 expect_ok "gpu-deps.sh parses" bash -n "$SRC/scripts/gpu-deps.sh"
 if command -v shellcheck >/dev/null; then
