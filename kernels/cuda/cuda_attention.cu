@@ -56,6 +56,30 @@ static __device__ __forceinline__ void stage(float *sm, const E *src, int64_t ld
     }
 }
 
+/* One tile of nk <= 32 staged keys (k_s, v_s [nk, D + 1]) in a warp's online softmax for its
+ * query row q_w [D]: lane j scores key j when `ok` (its key visible), the warp's running max m,
+ * sum l and unnormalised output acc (lane + 32 i: element i) take the tile in. Every lane of
+ * the warp calls it (shuffles). */
+static __device__ __forceinline__ void online_tile(const float *q_w, const float *k_s, const float *v_s, int nk, int D,
+                                                   bool ok, float scale, float &m, float &l, float (&acc)[DPL]) {
+    const int lane = threadIdx.x & 31;
+    float sc = ok ? scale * dot_smem(q_w, k_s + lane * (D + 1), D) : -INFINITY;
+    float mnew = fmaxf(m, warp_max(sc));
+    float p = ok ? expf(sc - mnew) : 0.0f, alpha = expf(m - mnew);
+    l = l * alpha + warp_sum(p);
+    m = mnew;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) acc[i] *= alpha;
+    for (int jj = 0; jj < nk; jj++) {
+        float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < D) acc[i] += pj * v_s[jj * (D + 1) + d];
+        }
+    }
+}
+
 /* ---- forward ---------------------------------------------------------------------------------- */
 
 /* E: the element of qkv and out, float or __nv_bfloat16 (ff_attention_fwd_bf16: widened on load,
@@ -83,23 +107,8 @@ static __global__ void k_att_fwd(const E *qkv, int ld, const int32_t *ss, int S,
         stage(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, nk, D, threadIdx.x, blockDim.x);
         __syncthreads();
         if (!valid || k0 > t || k0 + nk <= my0) continue; /* warp-uniform: no key of this tile is visible */
-        int key = k0 + lane;
-        bool ok = lane < nk && key >= my0 && key <= t;
-        float sc = ok ? scale * dot_smem(q_s + warp * D, k_s + lane * (D + 1), D) : -INFINITY;
-        float mnew = fmaxf(m, warp_max(sc));
-        float p = ok ? expf(sc - mnew) : 0.0f, alpha = expf(m - mnew);
-        l = l * alpha + warp_sum(p);
-        m = mnew;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] *= alpha;
-        for (int jj = 0; jj < nk; jj++) {
-            float pj = __shfl_sync(0xffffffffu, p, jj);
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                int d = lane + 32 * i;
-                if (d < D) acc[i] += pj * v_s[jj * (D + 1) + d];
-            }
-        }
+        const int key = k0 + lane;
+        online_tile(q_s + warp * D, k_s, v_s, nk, D, lane < nk && key >= my0 && key <= t, scale, m, l, acc);
     }
     if (!valid) return;
     float inv = 1.0f / l;
@@ -343,22 +352,7 @@ static __global__ void k_att_cached(const float *q, int ldq, const T *kc, const 
         stage_paged(k_s, kc, KD, (int64_t)g * D, tab, bs, k0, nk, D, threadIdx.x, blockDim.x);
         stage_paged(v_s, vc, KD, (int64_t)g * D, tab, bs, k0, nk, D, threadIdx.x, blockDim.x);
         __syncthreads();
-        bool ok = lane < nk;
-        float sc = ok ? scale * dot_smem(q_s + warp * D, k_s + lane * (D + 1), D) : -INFINITY;
-        float mnew = fmaxf(m, warp_max(sc));
-        float p = ok ? expf(sc - mnew) : 0.0f, alpha = expf(m - mnew);
-        l = l * alpha + warp_sum(p);
-        m = mnew;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] *= alpha;
-        for (int jj = 0; jj < nk; jj++) {
-            float pj = __shfl_sync(0xffffffffu, p, jj);
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                int d = lane + 32 * i;
-                if (d < D) acc[i] += pj * v_s[jj * (D + 1) + d];
-            }
-        }
+        online_tile(q_s + warp * D, k_s, v_s, nk, D, lane < nk, scale, m, l, acc);
     }
     if (nsplit == 1) {
         float inv = 1.0f / l;
