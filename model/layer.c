@@ -21,11 +21,11 @@
  * A view model (model/view.c) reads its weights in pieces: the same products, one per piece.
  * A model with bf16 weights multiplies by them with ff_gemm_bf16w (fp32 activations); one with
  * bf16 products, inside its training and scoring forwards, with ff_gemm_bf16 by the bf16 copy
- * of its weights (model_internal.h, w16c), and a kept (training) forward keeps the products'
- * inputs (xn1, xn2 rounded once; att, hm), q|k|v (rounded once after its bias and rotation) and
- * gate|up's output gu in bf16 alone, for its own products, attention and its backward's (in16):
- * attention reads q|k|v and writes att in bf16, gate|up writes gu in bf16, SwiGLU reads and
- * writes bf16.
+ * of its weights (model_internal.h, w16c), and its forwards, training and scoring alike (in16;
+ * a training forward keeps them for its backward), hold the products' inputs (xn1, xn2 rounded
+ * once; att, hm), q|k|v (rounded once after its bias and rotation) and gate|up's output gu in
+ * bf16 alone: attention reads q|k|v and writes att in bf16, gate|up writes gu in bf16, SwiGLU
+ * reads and writes bf16. Generation (a forward against the KV cache) does not.
  *
  * Not here: the backward (model.c, which reads the activations this leaves), the
  * embedding, the final norm and the heads. */
@@ -136,7 +136,7 @@ int ffm_layer_forward(ff_model *m, int l, const ffm_layer_tokens *tk, const ffm_
     /* att [T, Hq D], per head: local to the rank's heads under TP */
     const bool att16 = !ff_dptr_null(a->qkv_16); /* q|k|v rounded once, here; att kept in bf16 alone */
     if (att16) {
-        assert(ff_dptr_null(tk->kv_k)); /* a kept (training) forward: never against a cache */
+        assert(ff_dptr_null(tk->kv_k)); /* a training or scoring forward: never against a cache */
         ff_cast_f32_bf16(st, a->qkv, a->qkv_16, (int64_t)T * QKV);
         ff_attention_fwd_bf16(st, a->qkv_16, QKV, tk->seq_start, tk->S, T, Hq, Hkv, D, a->att_16, a->lse);
     } else if (ff_dptr_null(tk->kv_k)) {

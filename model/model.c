@@ -1028,7 +1028,7 @@ static int acts_alloc(ff_model *m, ffm_acts *a, int32_t cap) {
     size_t o = 0;
     a->resid_stride = (Tl * H * f + 63) & ~(size_t)63;
     a->resid = take(&o, a->resid_stride * (a->kept ? (size_t)a->n_slots + 1 : 1));
-    a->in16 = a->kept && m->p16;
+    a->in16 = m->p16;
     const size_t in_bytes = a->in16 ? 2 : f; /* xn1, qkv, att, xn2, gu, hm: bf16 (in16, and no fp32 copy kept), or fp32 */
     size_t lo = 0; /* one layer's activations */
     size_t xn1 = take(&lo, Tz * H * in_bytes), rstd1 = take(&lo, Tz * f), qkv = take(&lo, Tz * (size_t)m->QKV * in_bytes);
@@ -1088,10 +1088,10 @@ static void shape_for(const ff_model *m, int c, bool kept, int32_t *n_slots, boo
     *head = kept ? head_chunk(m, c) : m->has_final; /* an unkept set serves every chunk */
 }
 
-/* Can set a hold a forward of T tokens as it is laid out? (A kept set keeps bf16 product
- * inputs exactly while the model's products are bf16.) */
+/* Can set a hold a forward of T tokens as it is laid out? (Under bf16 products every set
+ * holds the bf16 forms, and no set does otherwise.) */
 static bool acts_fits(const ff_model *m, const ffm_acts *a, int32_t T) {
-    return a->cap >= T && a->in16 == (a->kept && m->p16);
+    return a->cap >= T && a->in16 == m->p16;
 }
 
 /* A free set for a forward of T tokens through chunk c: one of the exact shape first, then
@@ -1227,9 +1227,11 @@ void ff_model_stage_drop(ff_model *m) {
 
 /* Where the i-th layer of a forward puts its activations. Kept: slot i, reading residual i
  * and writing residual i + 1. Otherwise slot 0 for every layer, the residual in place. A set
- * that keeps bf16 activations (in16) has no room for their fp32 forms: the forward writes
- * the norms' outputs and q|k|v into the backward's scratch (dxn [T, H], dqkv [T, QKV]), free
- * while a forward runs, and the attention output and the MLP's gu and hm exist in bf16 only. */
+ * of a model with bf16 products (in16), kept or not, holds the bf16 forms and no room for the
+ * fp32 ones: the forward writes the norms' outputs and q|k|v into the backward's scratch (dxn
+ * [T, H], dqkv [T, QKV]; such a model is trainable, so it has one, free while a forward runs),
+ * and the attention output and the MLP's gu and hm exist in bf16 only. So a scoring forward
+ * rounds where a training forward does, and gives its log-probs and values bit for bit. */
 static ffm_layer_acts layer_acts(const ff_model *m, const ffm_acts *w, int i, bool kept) {
     int a = kept ? i : 0;
     ffm_layer_acts r = {.x = RESID(w, a), .xn1 = AWL(w, xn1, a), .rstd1 = AWL(w, rstd1, a), .qkv = AWL(w, qkv, a),

@@ -93,10 +93,10 @@ typedef struct ffm_acts {
     int32_t chunk, micro; /* the forward it holds; micro FFM_FREE: none */
     size_t resid, resid_stride;                                       /* [T, H] each (SP: [ceil(T/tp), H]) */
     size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot (SP: mid as resid) */
-    /* in16 (a kept set of a model with bf16 products): the slots xn1, xn2 [T, H], qkv [T, QKV],
-     * att [T, Hq D], gu [T, 2I] and hm [T, I] hold bf16 and not fp32 (layer_acts gives them as
-     * ffm_layer_acts' xn1_16 ...; the forward writes the norms' and q|k|v's fp32 outputs into
-     * the backward's scratch, which is free then) */
+    /* in16 (any set of a model with bf16 products, kept or not): the slots xn1, xn2 [T, H], qkv
+     * [T, QKV], att [T, Hq D], gu [T, 2I] and hm [T, I] hold bf16 and not fp32 (layer_acts gives
+     * them as ffm_layer_acts' xn1_16 ...; the forward writes the norms' and q|k|v's fp32 outputs
+     * into the backward's scratch, which is free then) */
     bool in16;
     size_t part;                                                      /* SP: [T, H] row-parallel partial sums */
     size_t xf, rstdf;                                                 /* head: [T, H], [T] */

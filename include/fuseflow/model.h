@@ -331,9 +331,10 @@ int ff_model_reserve(ff_model *m, int32_t max_tokens);
 /* bf16 products (docs/model.md "bf16 products"): every product of a forward's layers and heads
  * multiplies by a bf16 copy of the weight matrices that a forward makes from the fp32 masters
  * after they change (2 bytes an element, counted in ff_model_memory_of's workspace;
- * ff_model_bf16_copies below); a training forward keeps the
+ * ff_model_bf16_copies below); a forward, training or scoring alike (so the two give the same
+ * log-probs and values bit for bit), holds the
  * layers' normed rows, q|k|v (rounded after RoPE), the attention output, gate|up's output and
- * SwiGLU's output as bf16 only (attention and SwiGLU on bf16: half their bytes in
+ * SwiGLU's output as bf16 only, and a training forward keeps them so (attention and SwiGLU on bf16: half their bytes in
  * ff_model_memory_of's activations); the backward's products and attention read those, the
  * weights' copy and each output gradient rounded to bf16 once (ff_gemm_bf16, fp32
  * accumulation). The masters, gradients, the residual stream and the gradients between

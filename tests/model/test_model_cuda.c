@@ -251,6 +251,11 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
         ff_forward_opts o = {.train = true};
         ff_forward_out fo = {.logprobs = lp};
         REQUIRE(ff_model_restore_grads(mon) == 0 && ff_model_forward(mon, &b, &o, &fo) == 0);
+        /* a scoring forward (on a set of its own: the training one is held) rounds where the
+         * training forward does: the same log-probs, bit for bit */
+        float lps[NT];
+        ff_forward_out fs = {.logprobs = lps};
+        CHECK(ff_model_forward(mon, &b, NULL, &fs) == 0 && memcmp(lps, lp, sizeof lp) == 0);
         CHECK(ff_model_set_bf16_products(mon, false) == -1);
         CHECK_STR_CONTAINS(ff_error_message(), "backward");
         CHECK(ff_model_set_bf16_products(mon, true) == 0); /* no change: fine */

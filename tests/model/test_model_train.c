@@ -1,7 +1,7 @@
 /* Training through the model API, independent of the PyTorch fixtures: whole-model
  * finite-difference gradients (every tensor, log-prob + entropy + value losses), packing
  * (a packed batch gives each sequence exactly what it gets alone, so nothing attends across
- * sequences), training and scoring forwards agreeing bit for bit, the learning-rate
+ * sequences), training and scoring forwards agreeing bit for bit (bf16 products too), the learning-rate
  * schedule, the weight-decay rule, optimizer state export/import resuming bit-exactly,
  * weight export/import and copy, bf16 products' weight copy following every write of the
  * weights. */
@@ -119,9 +119,12 @@ static void test_packing(void) {
  * forward between a training forward and its backward takes a set of activations of its
  * own, so the kept ones stay: the gradients equal those of a model that never scored. One
  * backward per training forward. */
-static void test_train_and_score_agree(void) {
+/* p16: with bf16 products set (ff_model_set_bf16_products), where a scoring forward rounds as
+ * the training forward does (q|k|v, the attention output, gate|up and SwiGLU in bf16) */
+static void test_train_and_score_agree(bool p16) {
     ff_model_config c = tiny_config(32, 32, 48, 3, 4, 2, false, true, true);
     ff_model *m = tiny_model(be, &c, 21, 0.3), *m2 = tiny_model(be, &c, 21, 0.3);
+    REQUIRE(ff_model_set_bf16_products(m, p16) == 0 && ff_model_set_bf16_products(m2, p16) == 0);
     int32_t len[3] = {67, 1, 12}, ss[4] = {0};
     for (int s = 0; s < 3; s++) ss[s + 1] = ss[s] + len[s];
     const int32_t T = ss[3];
@@ -137,7 +140,14 @@ static void test_train_and_score_agree(void) {
         ff_forward_out o = {.logprobs = out[run][0], .entropy = out[run][1], .values = out[run][2]};
         REQUIRE(ff_model_forward(m, &b, run == 1 ? &tr : NULL, &o) == 0); /* score, train, score */
     }
-    for (int run = 1; run < 3; run++) CHECK(memcmp(out[0], out[run], sizeof out[0]) == 0);
+    for (int run = 1; run < 3; run++)
+        if (memcmp(out[0], out[run], sizeof out[0]) != 0) {
+            fprintf(stderr, "bf16 products %s: the %s forward's outputs are not the first scoring forward's\n", p16 ? "on" : "off",
+                    run == 1 ? "training" : "second scoring");
+            ff_test_failures++;
+        }
+    /* the scoring forward on a set of its own (the first) and on the training forward's
+     * (unkept, after its backward below) agree too: no scoring result depends on which set it got */
     for (int t = 0; t < T; t++) d[t] = (float)ff_rng_normal(&r);
     /* m scored before and after its training forward, m2 never scored: same gradients */
     int64_t P = ff_model_param_count(m);
@@ -153,6 +163,12 @@ static void test_train_and_score_agree(void) {
     CHECK(memcmp(g, g2, (size_t)P * 4) == 0);
     CHECK(ff_model_backward(m, d, NULL, NULL) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "no training forward");
+    {
+        float again[3][80];
+        ff_forward_out o = {.logprobs = again[0], .entropy = again[1], .values = again[2]};
+        REQUIRE(ff_model_forward(m2, &b, NULL, &o) == 0); /* m2's only set is the training one */
+        CHECK(memcmp(again, out[0], sizeof again) == 0);
+    }
     double norm = 0;
     for (int64_t i = 0; i < P; i++) norm += (double)g[i] * g[i];
     CHECK(norm > 0);
@@ -352,7 +368,7 @@ static void test_bf16_copy_follows_weights(void) {
     ff_forward_out o = {.logprobs = lp};
     for (int t = 0; t < 23; t++) d[t] = 0.1f;
     REQUIRE(ff_model_forward(m, &b, &tr, &o) == 0 && ff_model_backward(m, d, NULL, NULL) == 0);
-    CHECK(ff_model_bf16_copies(m) == 1); /* the same copy (its log-probs differ: it keeps bf16 activations) */
+    CHECK(ff_model_bf16_copies(m) == 1 && !memcmp(lp, lp0, sizeof lp)); /* the same copy, and the scoring log-probs */
     same_as_new16("nothing", m, &c, 1);
 
     const int64_t P = ff_model_param_count(m);
@@ -405,7 +421,8 @@ int main(void) {
     REQUIRE(be);
     test_finite_differences();
     test_packing();
-    test_train_and_score_agree();
+    test_train_and_score_agree(false);
+    test_train_and_score_agree(true);
     test_schedule();
     test_optimizer_resume_and_decay();
     test_learns();
