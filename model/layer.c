@@ -76,12 +76,15 @@ static int norm_fwd(ff_model *m, const ffm_layer_tokens *tk, ff_dptr x, ff_dptr 
 /* C [T, N] = A [T, K] @ W^T over n consecutive tensors of the table from `first`, whose rows
  * side by side are W [N, K] (q|k|v, gate|up): one product on the fused rows at fused_off of an
  * ordinary model's buffer; a view model's (model/view.c), per tensor into its columns of C.
- * With bf16 products A may be bf16 (a16), and C (c16: C is then bf16, rounded from the sums). */
+ * Where the forwards hold bf16 activations (ffm_act16) A may be bf16 (a16), and C (c16: C is
+ * then bf16, rounded from the sums); the weights are then the bf16 operand of ffm_w16_operand. */
 static void col_parallel(ff_model *m, int first, int n, int T, int K, ff_dptr A, bool a16, size_t fused_off, int N, ff_dptr C,
                          bool c16) {
-    assert(!(a16 || c16) || m->w16c_live);
-    if (c16) {
-        ff_gemm_bf16_out(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, A, a16, K, ffm_copy16(m, fused_off), true, K, C, N);
+    if (a16 || c16) {
+        bool b16;
+        const ff_dptr W = ffm_w16_operand(m, fused_off, &b16);
+        if (c16) ff_gemm_bf16_out(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, A, a16, K, W, b16, K, C, N);
+        else ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, 1.0f, A, a16, K, W, b16, K, 0.0f, C, N);
         return;
     }
     if (m->w16) {
@@ -89,7 +92,7 @@ static void col_parallel(ff_model *m, int first, int n, int T, int K, ff_dptr A,
         return;
     }
     if (m->w16c_live) {
-        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, 1.0f, A, a16, K, ffm_copy16(m, fused_off), true, K, 0.0f, C, N);
+        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, T, N, K, 1.0f, A, false, K, ffm_copy16(m, fused_off), true, K, 0.0f, C, N);
         return;
     }
     if (!m->viewed) {

@@ -1028,7 +1028,7 @@ static int acts_alloc(ff_model *m, ffm_acts *a, int32_t cap) {
     size_t o = 0;
     a->resid_stride = (Tl * H * f + 63) & ~(size_t)63;
     a->resid = take(&o, a->resid_stride * (a->kept ? (size_t)a->n_slots + 1 : 1));
-    a->in16 = m->p16;
+    a->in16 = ffm_act16(m);
     const size_t in_bytes = a->in16 ? 2 : f; /* xn1, qkv, att, xn2, gu, hm: bf16 (in16, and no fp32 copy kept), or fp32 */
     size_t lo = 0; /* one layer's activations */
     size_t xn1 = take(&lo, Tz * H * in_bytes), rstd1 = take(&lo, Tz * f), qkv = take(&lo, Tz * (size_t)m->QKV * in_bytes);
@@ -1088,10 +1088,10 @@ static void shape_for(const ff_model *m, int c, bool kept, int32_t *n_slots, boo
     *head = kept ? head_chunk(m, c) : m->has_final; /* an unkept set serves every chunk */
 }
 
-/* Can set a hold a forward of T tokens as it is laid out? (Under bf16 products every set
- * holds the bf16 forms, and no set does otherwise.) */
+/* Can set a hold a forward of T tokens as it is laid out? (Where the forwards hold bf16
+ * activations every set holds the bf16 forms, and no set does otherwise.) */
 static bool acts_fits(const ff_model *m, const ffm_acts *a, int32_t T) {
-    return a->cap >= T && a->in16 == m->p16;
+    return a->cap >= T && a->in16 == ffm_act16(m);
 }
 
 /* A free set for a forward of T tokens through chunk c: one of the exact shape first, then
@@ -1132,9 +1132,11 @@ static void acts_release(ff_model *m, ffm_acts *a) {
 static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
     ffm_scratch *w = &m->sc;
     const bool p16 = bwd && m->p16;
-    if (w->buf && T <= w->cap && (!bwd || w->bwd) && (!p16 || w->p16)) return 0;
+    bool f16 = ffm_act16(m); /* a forward's fp32 forms of its bf16 activations go to dxn and dqkv */
+    if (w->buf && T <= w->cap && (!bwd || w->bwd) && (!p16 || w->p16) && (!f16 || w->f16)) return 0;
     int32_t cap = T > w->cap ? T : w->cap;
     bwd = bwd || w->bwd;
+    f16 = f16 || w->f16;
     ff_buffer_destroy(&w->buf);
     free(w->pos_host);
     memset(w, 0, sizeof *w);
@@ -1144,10 +1146,12 @@ static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
     w->dlogprob = take(&o, Tz * f);
     w->dentropy = take(&o, Tz * f);
     w->dvalues = take(&o, Tz * f);
-    if (bwd) {
-        w->dres = take(&o, (m->sp ? (size_t)ffm_sp_max_rows(m, cap) : Tz) * H * f); /* SP: the rank's rows */
+    if (bwd || f16) {
         w->dxn = take(&o, Tz * H * f);
         w->dqkv = take(&o, Tz * (size_t)m->QKV * f);
+    }
+    if (bwd) {
+        w->dres = take(&o, (m->sp ? (size_t)ffm_sp_max_rows(m, cap) : Tz) * H * f); /* SP: the rank's rows */
         w->datt = take(&o, Tz * HD * f);
         w->delta = take(&o, Tz * (size_t)m->Hq * f);
         w->dgu = take(&o, Tz * 2 * (size_t)m->I * f);
@@ -1170,6 +1174,7 @@ static int scratch_ensure(ff_model *m, int32_t T, bool bwd) {
     w->cap = cap;
     w->bwd = bwd;
     w->p16 = p16;
+    w->f16 = f16 || bwd;
     return 0;
 }
 
@@ -1227,11 +1232,13 @@ void ff_model_stage_drop(ff_model *m) {
 
 /* Where the i-th layer of a forward puts its activations. Kept: slot i, reading residual i
  * and writing residual i + 1. Otherwise slot 0 for every layer, the residual in place. A set
- * of a model with bf16 products (in16), kept or not, holds the bf16 forms and no room for the
- * fp32 ones: the forward writes the norms' outputs and q|k|v into the backward's scratch (dxn
- * [T, H], dqkv [T, QKV]; such a model is trainable, so it has one, free while a forward runs),
- * and the attention output and the MLP's gu and hm exist in bf16 only. So a scoring forward
- * rounds where a training forward does, and gives its log-probs and values bit for bit. */
+ * of a model whose forwards hold bf16 activations (in16, ffm_act16), kept or not, holds the
+ * bf16 forms and no room for the fp32 ones: the forward writes the norms' outputs and q|k|v into
+ * the scratch's dxn [T, H] and dqkv [T, QKV] (the backward's, free while a forward runs; an
+ * inference model's scratch has them for this alone), and the attention output and the MLP's gu
+ * and hm exist in bf16 only. So a scoring forward rounds where a training forward does, and
+ * gives its log-probs and values bit for bit; and so does an inference model's on a backend
+ * whose products are bf16, holding the same weights. */
 static ffm_layer_acts layer_acts(const ff_model *m, const ffm_acts *w, int i, bool kept) {
     int a = kept ? i : 0;
     ffm_layer_acts r = {.x = RESID(w, a), .xn1 = AWL(w, xn1, a), .rstd1 = AWL(w, rstd1, a), .qkv = AWL(w, qkv, a),
@@ -1239,7 +1246,7 @@ static ffm_layer_acts layer_acts(const ff_model *m, const ffm_acts *w, int i, bo
                         .xn2 = AWL(w, xn2, a), .rstd2 = AWL(w, rstd2, a), .gu = AWL(w, gu, a), .hm = AWL(w, hm, a),
                         .y = RESID(w, kept ? i + 1 : 0), .part = AW(w, part)};
     if (w->in16) {
-        assert(m->sc.bwd);
+        assert(m->sc.f16);
         r.xn1_16 = r.xn1, r.xn2_16 = r.xn2, r.qkv_16 = r.qkv, r.att_16 = r.att, r.hm_16 = r.hm, r.gu_16 = r.gu;
         r.xn1 = r.xn2 = SC(dxn);
         r.qkv = SC(dqkv);

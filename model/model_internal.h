@@ -93,7 +93,7 @@ typedef struct ffm_acts {
     int32_t chunk, micro; /* the forward it holds; micro FFM_FREE: none */
     size_t resid, resid_stride;                                       /* [T, H] each (SP: [ceil(T/tp), H]) */
     size_t xn1, rstd1, qkv, att, lse, mid, xn2, rstd2, gu, hm, layer_stride; /* per layer slot (SP: mid as resid) */
-    /* in16 (any set of a model with bf16 products, kept or not): the slots xn1, xn2 [T, H], qkv
+    /* in16 (any set of a model whose forwards hold bf16 activations, ffm_act16): the slots xn1, xn2 [T, H], qkv
      * [T, QKV], att [T, Hq D], gu [T, 2I] and hm [T, I] hold bf16 and not fp32 (layer_acts gives
      * them as ffm_layer_acts' xn1_16 ...; the forward writes the norms' and q|k|v's fp32 outputs
      * into the backward's scratch, which is free then) */
@@ -122,6 +122,7 @@ typedef struct ffm_scratch {
     size_t dres, dxn, dqkv, datt, delta, dgu, dh; /* backward */
     size_t dy16;                              /* bf16 products: [T, max(H, QKV, HD, 2I)] bf16 */
     bool p16;                                 /* laid out with dy16 */
+    bool f16;                                 /* laid out with dxn and dqkv: a backward's, or a forward's fp32 forms (ffm_act16) */
     int32_t *pos_host;                        /* [cap] */
     const ffm_acts *logits_of;
 } ffm_scratch;
@@ -356,7 +357,8 @@ int ffm_view_setup(ff_model *m, const ff_model *src);
 void ffm_w_out(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda, ff_dptr C, int ldc);
 /* C [M, shape[0]] ldc = beta C + A [M, shape[1]] lda @ W^T for W = tensor p split by its input
  * columns (axis 1); a view: one product per piece over its columns of A, accumulating. A is
- * fp32, or bf16 (a16: only while the products are bf16, w16c_live). */
+ * fp32, or bf16 (a16: where the forwards hold bf16 activations, ffm_act16; then the weights are
+ * the bf16 operand of ffm_w16_operand). */
 void ffm_w_in(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, bool a16, int lda, float beta, ff_dptr C, int ldc);
 /* x [T, ld] columns [0, shape[0]) += bias tensor p, per piece. */
 void ffm_w_bias(ff_model *m, const ff_param_tensor *p, ff_dptr x, int ld, int T);
@@ -398,6 +400,22 @@ static inline void ffm_params_written(ff_model *m) { m->params_gen++; }
 static inline ff_dptr ffm_copy16(ff_model *m, size_t off) {
     assert(m->w16c_live && m->w16c && (int64_t)off < m->n_decay);
     return ff_dptr_of(m->w16c, off * 2);
+}
+/* Do this model's forwards, training and scoring (not generation's), hold the layers'
+ * activations in bf16 (in16 sets; docs/model.md "bf16 products")? A trainable model's with bf16
+ * products, and an inference model's on a backend whose products are bf16, so that a reference
+ * scores as the actor it was copied from does (not a view: the colocated generating copy only
+ * generates, and its pieces are multiplied one by one). */
+static inline bool ffm_act16(const ff_model *m) {
+    return m->p16 || (m->inference && !m->viewed && ff_backend_bf16_products(m->be));
+}
+/* The weight matrix at element off as the operand of a product whose activations are bf16:
+ * the bf16 copy (bf16 products), the bf16 weights, or the fp32 weights, which the product
+ * rounds (*b16 false). Not a view's. */
+static inline ff_dptr ffm_w16_operand(ff_model *m, size_t off, bool *b16) {
+    assert(!m->viewed);
+    *b16 = m->w16c_live || m->w16;
+    return m->w16c_live ? ffm_copy16(m, off) : m->w16 ? ffm_param16(m, off) : ffm_param(m, off);
 }
 /* Is tensor p stored bf16? (a weight matrix of a model with bf16 weights) */
 static inline bool ffm_is16(const ff_model *m, const ff_param_tensor *p) { return m->w16 && (int64_t)p->off < m->n_decay; }

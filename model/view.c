@@ -113,13 +113,18 @@ void ffm_w_out(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda,
 
 void ffm_w_in(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, bool a16, int lda, float beta, ff_dptr C, int ldc) {
     const int N = (int)p->shape[0], K = (int)p->shape[1];
-    assert(!a16 || m->w16c_live);
+    if (a16) { /* bf16 activations (ffm_act16): the weights as a bf16 operand */
+        bool b16;
+        const ff_dptr W = ffm_w16_operand(m, p->off, &b16);
+        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, M, N, K, 1.0f, A, true, lda, W, b16, K, beta, C, ldc);
+        return;
+    }
     if (ffm_is16(m, p)) {
         ff_gemm_bf16w(m->st, M, N, K, A, lda, ffm_param16(m, p->off), K, beta, C, ldc);
         return;
     }
     if (m->w16c_live) {
-        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, M, N, K, 1.0f, A, a16, lda, ffm_copy16(m, p->off), true, K, beta, C, ldc);
+        ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, M, N, K, 1.0f, A, false, lda, ffm_copy16(m, p->off), true, K, beta, C, ldc);
         return;
     }
     if (!p->npc) {

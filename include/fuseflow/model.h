@@ -189,8 +189,11 @@ typedef struct ff_model_opts {
     const ff_model *view_of;
     /* bf16 weights (needs inference, not with view_of): the weight matrices (embedding, LM
      * head, score, and every layer's projections) are stored as bf16, half their fp32 bytes;
-     * norms and biases stay fp32, and so do activations and every product's accumulation
-     * (ff_gemm_bf16w). Weights given or written in fp32 are rounded to nearest even; reading
+     * norms and biases stay fp32, and so does every product's accumulation (ff_gemm_bf16w);
+     * activations are fp32, except on a backend whose products are bf16, where any inference
+     * model's forwards (not generation's) hold the layers' activations in bf16 as a trainable
+     * model's with bf16 products do, so that the two score alike (docs/model.md "bf16
+     * products"). Weights given or written in fp32 are rounded to nearest even; reading
      * them gives the rounded values back, widened. On the CPU the products are the batch
      * invariant fixed-order ones, so log-probs and generated tokens are those of an fp32
      * model holding the rounded weights (docs/model.md "bf16 weights"). */

@@ -99,6 +99,22 @@ if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
   GPU_RUN=1 grpo "$work/gpu_graphs" roles.actor.backend=cuda --dump-samples
   same_samples "$work/gpu_graphs" "$work/gpu_eager" "rollout.graphs=false against the graphs"
 fi
+if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
+  # bf16 products (FF_CUDA_MATH=bf16) from a bf16 checkpoint: the reference (bf16 weights, on
+  # cuda) scores as the actor's training forward does, so the first iteration's KL loss, taken
+  # before any update, is 0 exactly, and the second's, after one, is not (the emulator's
+  # products are batch invariant, so micro-batches grouped otherwise give the same rows; a
+  # GPU's cuBLAS need not be)
+  "$bin" init --preset tiny --out "$work/tiny16" --dtype bf16 num_hidden_layers=2 hidden_size=64 intermediate_size=128 > /dev/null
+  FF_CUDA_MATH=bf16 GPU_RUN=1 grpo "$work/gpu_bf16" roles.actor.backend=cuda roles.actor.model="$work/tiny16" \
+    roles.ref.model="$work/tiny16" roles.actor.optim.lr=1e-3 graph.train_actor.entropy_coeff=0.01 # a gradient though every reward is 0
+  python3 - "$work/gpu_bf16/metrics.jsonl" <<'PY' || fail "bf16 products: the reference does not score as the actor trains"
+import json, sys
+kl = [json.loads(l)["kl_loss"] for l in open(sys.argv[1]) if '"kl_loss"' in l]
+print("bf16 products, a bf16 reference: kl_loss by iteration", kl)
+assert len(kl) == 2 and kl[0] == 0.0 and kl[1] > 0, kl
+PY
+fi
 if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then # the emulator has GPUs to spare: 2 workers, data parallel over cuda:0 and cuda:1
   GPU_RUN=1 WORKERS=2 grpo "$work/gpu2" roles.actor.backend=cuda
   grep -q "rank 1 computes on cuda:1" "$work/gpu2.log" || fail "2 workers: rank 1 is not on cuda:1: $(head -3 "$work/gpu2.log")"

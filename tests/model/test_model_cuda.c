@@ -274,6 +274,32 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
     CHECK(ff_model_set_bf16_products(mi, true) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "inference");
     ff_model_destroy(&mi);
+    /* A reference: inference models of the same weights on this backend, with bf16 weights (a
+     * colocated reference's default on cuda) and with fp32 ones, score as the trainable model
+     * does, bit for bit: their forwards hold the same activations in bf16 (ffm_act16). The
+     * weights are bf16 values, as a bf16 checkpoint's are, so that the embedding rows the
+     * trainable model reads from its fp32 masters are the bf16 model's. On the CPU's fp32
+     * products nothing rounds, so this is the CUDA code's (the emulator's in CI). */
+    for (size_t i = 0; i < w->n; i++)
+        for (int64_t e = 0; e < ff_host_tensor_numel(&w->items[i]); e++)
+            w->items[i].data[e] = ff_bf16_to_f32(ff_f32_to_bf16(w->items[i].data[e]));
+    ff_model_opts inf16 = {.inference = true, .bf16_weights = true};
+    ff_model *mt = ff_model_new(gbf, c, w), *mi16 = ff_model_new_opts(gbf, c, w, &inf16);
+    mi = ff_model_new_opts(gbf, c, w, &inf);
+    REQUIRE(mt && mi16 && mi && ff_model_bf16_products(mt));
+    {
+        float lt[NT], l16[NT], l32[NT], vt[NT], v16[NT];
+        ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
+        ff_forward_out ot = {.logprobs = lt, .entropy = vt}, o16 = {.logprobs = l16, .entropy = v16}, o32 = {.logprobs = l32};
+        REQUIRE(ff_model_forward(mt, &b, NULL, &ot) == 0 && ff_model_forward(mi16, &b, NULL, &o16) == 0 &&
+                ff_model_forward(mi, &b, NULL, &o32) == 0);
+        CHECK(memcmp(l16, lt, sizeof lt) == 0 && memcmp(v16, vt, sizeof vt) == 0);
+        CHECK(memcmp(l32, lt, sizeof lt) == 0);
+        double kl = 0;
+        for (int t = 0; t < NT; t++) kl = fmax(kl, fabs((double)l16[t] - lt[t]));
+        printf("bf16 products: a bf16-weight reference's log-probs %.3g from the trainable model's at most\n", kl);
+    }
+    ff_model_destroy(&mt), ff_model_destroy(&mi16), ff_model_destroy(&mi);
     ff_tensor_set_destroy(&w);
     ff_backend_destroy(&gbf);
 }
