@@ -56,6 +56,20 @@ static __device__ __forceinline__ void stage(float *sm, const E *src, int64_t ld
     }
 }
 
+/* acc (lane + 32 i: element i of a [D] row) += sum over j < nk of w_j rows[j, :], where lane j
+ * holds w_j and rows is [nk, D + 1] in shared memory. Every lane of the warp calls it. */
+static __device__ __forceinline__ void add_rows(float (&acc)[DPL], float w, const float *rows, int nk, int D) {
+    const int lane = threadIdx.x & 31;
+    for (int jj = 0; jj < nk; jj++) {
+        float wj = __shfl_sync(0xffffffffu, w, jj);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < D) acc[i] += wj * rows[jj * (D + 1) + d];
+        }
+    }
+}
+
 /* One tile of nk <= 32 staged keys (k_s, v_s [nk, D + 1]) in a warp's online softmax for its
  * query row q_w [D]: lane j scores key j when `ok` (its key visible), the warp's running max m,
  * sum l and unnormalised output acc (lane + 32 i: element i) take the tile in. Every lane of
@@ -70,14 +84,7 @@ static __device__ __forceinline__ void online_tile(const float *q_w, const float
     m = mnew;
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] *= alpha;
-    for (int jj = 0; jj < nk; jj++) {
-        float pj = __shfl_sync(0xffffffffu, p, jj);
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            if (d < D) acc[i] += pj * v_s[jj * (D + 1) + d];
-        }
-    }
+    add_rows(acc, p, v_s, nk, D);
 }
 
 /* ---- forward ---------------------------------------------------------------------------------- */
@@ -186,14 +193,7 @@ static __global__ void k_att_dq(const E *qkv, int ld, const int32_t *ss, int S, 
             float dp = dot_smem(do_s + warp * D, v_s + lane * (D + 1), D);
             ds = p * (dp - delta_t);
         }
-        for (int jj = 0; jj < nk; jj++) {
-            float dsj = __shfl_sync(0xffffffffu, ds, jj);
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                int d = lane + 32 * i;
-                if (d < D) acc[i] += dsj * k_s[jj * (D + 1) + d];
-            }
-        }
+        add_rows(acc, ds, k_s, nk, D);
     }
     if (!valid) return;
 #pragma unroll
