@@ -49,12 +49,36 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
 enum { TB = 64, NW = 4, TPB = NW * 32, SP = TB + 4, PP = TB + 8 };
 
+/* 16 bytes of a staged row: 8 bf16 copied as they are, or 4 fp32 rounded (src NULL: zeros) */
+static __device__ __forceinline__ void stage16(bf16 *dst, const bf16 *src) {
+    uint4 v = {0u, 0u, 0u, 0u};
+    if (src) v = *(const uint4 *)src;
+    *(uint4 *)dst = v;
+}
+static __device__ __forceinline__ void stage16(bf16 *dst, const float *src) {
+    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (src) v = *(const float4 *)src;
+    *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(v.x, v.y);
+    *(__nv_bfloat162 *)(dst + 2) = __floats2bfloat162_rn(v.z, v.w);
+}
+
 /* Rows r0 .. r0 + TB - 1 of a [*, D] slice (row stride ld, from column col; E: fp32 or bf16
  * storage) into sm [TB, D + 8] as bf16; rows at or past lim are zero (so that masked products
- * read zeros, never stale or non-finite data). */
+ * read zeros, never stale or non-finite data). Where the slice's rows start on 16 bytes (a
+ * 16-byte aligned src, ld and col whole 16-byte units; the layers' q|k|v and attention
+ * gradients are laid out so), each thread moves 16 bytes a load; else 2 elements. The same
+ * values either way. */
 template <int D, typename E>
 static __device__ __forceinline__ void stage_bf16(bf16 *sm, const E *src, int64_t ld, int64_t col, int r0, int lim) {
-    constexpr int DP = D + 8, HD = D / 2;
+    constexpr int DP = D + 8, HD = D / 2, V = 16 / (int)sizeof(E), NV = D / V;
+    static_assert(D % V == 0 && (DP * sizeof(bf16)) % 16 == 0, "whole 16-byte units in a row and in a staged row");
+    if ((uintptr_t)src % 16 == 0 && ld % V == 0 && col % V == 0) { /* uniform over the block */
+        for (int i = threadIdx.x; i < TB * NV; i += blockDim.x) {
+            const int j = i / NV, d = (i - j * NV) * V, row = r0 + j;
+            stage16(sm + j * DP + d, row < lim ? src + (int64_t)row * ld + col + d : (const E *)nullptr);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < TB * HD; i += blockDim.x) {
         int j = i / HD, d = (i - j * HD) * 2, row = r0 + j;
         float x = 0.0f, y = 0.0f;

@@ -43,6 +43,16 @@ struct dim3 {
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
+/* vector types (the toolkit's vector_types.h), aligned as on the device, so that a vector
+ * access through a misaligned pointer is undefined here too (the sanitizer build's UBSan reports
+ * it) */
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+
 /* ---- runtime types --------------------------------------------------------------------------- */
 
 typedef enum cudaError {
