@@ -8,10 +8,10 @@
  * fiber on its own guarded stack, all on the calling thread. The highest runnable thread always
  * runs, until it waits (even the last to arrive at a barrier yields), so a thread that races
  * ahead of lower ones without a barrier is seen doing so; FF_CUDA_EMU_ORDER=low runs the lowest,
- * for races with higher ones. __syncthreads and __syncwarp are
- * barriers that count exited threads as arrived (as the hardware does); shuffles go through a
- * per-warp exchange between two warp barriers, and reading a lane that exited is a fault. A
- * block where every live thread waits is a deadlock: the launch fails, naming the barrier.
+ * for races with higher ones. __syncthreads and __syncwarp are barriers that count exited
+ * threads as arrived (as the hardware does); shuffles go through a per-warp exchange between
+ * two warp barriers, and reading a lane that exited is a fault. A block where every live
+ * thread waits is a deadlock: the launch fails, naming the barrier.
  *
  * Errors: a bad launch configuration sets the error cudaGetLastError returns; a fault inside a
  * kernel (deadlock, a WMMA tile out of place, a shuffle with a partial mask) is printed and
