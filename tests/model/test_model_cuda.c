@@ -294,7 +294,13 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
         REQUIRE(ff_model_forward(mt, &b, NULL, &ot) == 0 && ff_model_forward(mi16, &b, NULL, &o16) == 0 &&
                 ff_model_forward(mi, &b, NULL, &o32) == 0);
         CHECK(memcmp(l16, lt, sizeof lt) == 0 && memcmp(v16, vt, sizeof vt) == 0);
+#ifdef FF_TEST_CUDA_EMU
         CHECK(memcmp(l32, lt, sizeof lt) == 0);
+#else
+        /* fp32 weights are rounded into the stream's scratch for each product: on a GPU cuBLAS
+         * may take another kernel for that operand, so the sums may run in another order */
+        check_tensor_close("an fp32-weight reference's log-probs against the trainable model's", l32, lt, NT, 1e-4, 0);
+#endif
         double kl = 0;
         for (int t = 0; t < NT; t++) kl = fmax(kl, fabs((double)l16[t] - lt[t]));
         printf("bf16 products: a bf16-weight reference's log-probs %.3g from the trainable model's at most\n", kl);
