@@ -8,8 +8,9 @@
  *           mini-batch of several micro-batches per optimizer step; --accum 1: the optimizer
  *           every sequence, where AdamW's pass over the fp32 masters and states, about 35 GB
  *           for the 1B shape, costs as much as a third of a sequence's forward and backward).
- *           The logits [seq, V] kept whole for the backward (ff_model_set_logits_chunk); the
- *           median of --steps steps after two warm-up steps. Model FLOP
+ *           The LM head's chunk is the default (ff_model_logits_chunk_of: on a GPU of 80 GB
+ *           a sequence's [seq, V] logits stay whole for the backward, as PyTorch keeps them;
+ *           the memory line says which); the median of --steps steps after two warm-up steps. Model FLOP
  *           utilisation = flops per token x tokens/s / 989 TFLOP/s (the H200's dense bf16
  *           peak; what the issue measures against), with flops per token = 6 x the matrix
  *           parameters (every projection and the LM head, embeddings' gather excluded) +
@@ -264,9 +265,6 @@ static int time_steps(ff_model *m, ff_optimizer *o, const spec *s, const ff_batc
 static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double *tok_s, double *mfu, double *tok_s_off) {
     ff_model *m = random_model(be, &s->cfg, false, false);
     if (!m) return -1;
-    /* the step's logits [seq, V] kept whole for the backward (1-1.2 GiB fp32 here), as PyTorch
-     * keeps them: the default chunks of 256 MiB would compute them again in the backward */
-    ff_model_set_logits_chunk(m, seq);
     ff_adamw_config ac;
     ff_adamw_config_default(&ac);
     ac.max_grad_norm = 1.0;
@@ -291,11 +289,13 @@ static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double
                (long long)ff_model_bf16_copies(m), (steps + 2) * accum);
     ff_model_memory mm;
     ff_model_memory_of(m, &mm);
+    const int32_t chunk = ff_model_logits_chunk_of(m, seq);
     printf("  %s: %.0f M params, %.2f GFLOP/token, device memory: params %.2f GiB, grads %.2f GiB, workspace %.2f GiB "
-           "(activations %.2f GiB), AdamW %.2f GiB\n",
+           "(activations %.2f GiB), AdamW %.2f GiB; LM head in chunks of %d tokens (%s)\n",
            s->name, ff_model_param_count(m) * 1e-6, flops_per_token(&s->cfg, seq) * 1e-9, mm.params / 1073741824.0,
            mm.grads / 1073741824.0, mm.workspace / 1073741824.0, mm.activations / 1073741824.0,
-           ff_optimizer_state_bytes(o) / 1073741824.0);
+           ff_optimizer_state_bytes(o) / 1073741824.0, chunk,
+           chunk == seq ? "the logits kept for the backward" : "the backward computes them again");
     if (tok_s_off) *tok_s_off = 0;
     if (tok_s_off && ff_model_bf16_products(m)) {
         if (ff_model_set_bf16_products(m, false) ||

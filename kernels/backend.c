@@ -123,6 +123,7 @@ void ff_backend_memory_of(ff_backend *be, ff_backend_memory *out) {
     out->in_use = __atomic_load_n(&be->mem_in_use, __ATOMIC_RELAXED);
     out->peak = __atomic_load_n(&be->mem_peak, __ATOMIC_RELAXED);
     out->buffers = __atomic_load_n(&be->mem_buffers, __ATOMIC_RELAXED);
+    out->capacity = be->mem_capacity;
 }
 
 void ff_backend_memory_reset_peak(ff_backend *be) {

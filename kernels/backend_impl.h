@@ -105,6 +105,7 @@ struct ff_backend {
      * (updated with __atomic builtins, a buffer may be destroyed on another thread than the one
      * that computes; plain fields, as this header is also C++'s in kernels/cuda/) */
     int64_t mem_in_use, mem_peak, mem_buffers;
+    int64_t mem_capacity; /* ff_backend_memory's capacity: set by the constructor (0: host memory) */
 };
 
 struct ff_buffer {

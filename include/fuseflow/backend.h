@@ -77,9 +77,11 @@ size_t ff_buffer_size(const ff_buffer *b);
 /* The backend's allocation counters, kept by ff_buffer_new and ff_buffer_destroy: the bytes
  * of the buffers alive now (in_use), the most alive at once since the backend was made or
  * the last reset (peak), and the count of buffers alive. Host memory a caller mallocs (an
- * offloaded optimizer state, ff_optimizer_offload) is not in them. */
+ * offloaded optimizer state, ff_optimizer_offload) is not in them. capacity: the device's
+ * memory in bytes (cudaMemGetInfo's total, whatever else holds some of it); 0 where the
+ * buffers are host memory (cpu). */
 typedef struct ff_backend_memory {
-    int64_t in_use, peak, buffers;
+    int64_t in_use, peak, buffers, capacity;
 } ff_backend_memory;
 void ff_backend_memory_of(ff_backend *be, ff_backend_memory *out);
 void ff_backend_memory_reset_peak(ff_backend *be); /* peak := in_use */

@@ -359,8 +359,14 @@ int64_t ff_model_bf16_copies(const ff_model *m);
 
 /* The LM head runs over chunks of at most max_tokens tokens, so the logits of a batch never
  * take more than max_tokens * vocab_size floats; with more than one chunk the backward
- * recomputes each chunk's logits. 0 (the default): chunks of 256 MiB of logits. */
+ * recomputes each chunk's logits. 0 (the default): chunks of 256 MiB of logits, or for a
+ * trainable model on a device (a backend whose ff_backend_memory has a capacity: cuda) of
+ * 1/32 of the device's memory where that is more (2.5 GB at 80 GB), so that a GPU micro-batch
+ * keeps its logits for the backward. */
 void ff_model_set_logits_chunk(ff_model *m, int32_t max_tokens);
+/* The chunk, in tokens, the LM head of a forward of `tokens` tokens takes (at most tokens):
+ * the batch's logits are kept for the backward when it is `tokens`. */
+int32_t ff_model_logits_chunk_of(const ff_model *m, int32_t tokens);
 
 /* Supervised loss helper: loss = -sum_t mask[t] * logprobs[t] / max(1, sum_t mask[t]) over
  * T tokens (token-mean cross-entropy), d_logprobs[t] = -mask[t] / max(1, sum mask) scaled by

@@ -990,6 +990,9 @@ extern "C" ff_backend *ff_backend_cuda_new(int device) {
     c->attention = att;
     c->decode_split = split;
     cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) be->mem_capacity = (int64_t)total_bytes;
+    else cudaGetLastError(); /* unknown: the model's LM head keeps its host-memory budget */
     e = cudaStreamCreateWithFlags(&c->fill, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         c->fill = NULL;

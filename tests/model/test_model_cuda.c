@@ -327,6 +327,39 @@ static ff_gen_request req(uint64_t id, const int32_t *prompt, int32_t n, float t
 /* KV-cache decoding on the GPU against a full GPU forward; greedy tokens against the CPU's. The
  * greedy request runs to 145 positions of a cache of 320, so its attention's keys are split
  * (chunks of 128: k_att_cached) and combined. */
+/* The automatic LM-head chunk: 256 MiB of logits in host memory and for inference; a trainable
+ * model on the device takes 1/32 of its memory (the emulator's 80 GiB: 2.5 GiB, 5120 tokens
+ * here), so that a micro-batch's logits stay for the backward instead of being computed again. */
+static void test_logits_chunk(ff_backend *cpu, ff_backend *gpu) {
+    ff_backend_memory mem;
+    ff_backend_memory_of(cpu, &mem);
+    CHECK_EQ_INT(mem.capacity, 0);
+    ff_backend_memory_of(gpu, &mem);
+    REQUIRE(mem.capacity >= (int64_t)16 << 30); /* cudaMemGetInfo's total: a GPU that trains */
+    const int64_t dev = mem.capacity / 32 / (512 << 10), most = dev > 512 ? dev : 512;
+    /* a vocabulary of 128 Ki: a token's fp32 logits are 512 KiB */
+    ff_model_config c = tiny_config(131072, 16, 32, 1, 2, 1, true, false, false);
+    ff_model *mc = tiny_model(cpu, &c, 3, 0.02), *mg = tiny_model(gpu, &c, 3, 0.02);
+    ff_tensor_set *w = ff_tensor_set_new();
+    REQUIRE(w && ff_model_init_weights(&c, 3, 0.02, w) == 0);
+    ff_model_opts inf = {.inference = true};
+    ff_model *mi = ff_model_new_opts(gpu, &c, w, &inf);
+    REQUIRE(mi);
+    CHECK_EQ_INT(ff_model_logits_chunk_of(mc, 4096), 512);  /* 256 MiB */
+    CHECK_EQ_INT(ff_model_logits_chunk_of(mc, 300), 300);
+    CHECK_EQ_INT(ff_model_logits_chunk_of(mg, 1000), 1000); /* kept whole */
+    CHECK_EQ_INT(ff_model_logits_chunk_of(mg, 1 << 20), most);
+    CHECK_EQ_INT(ff_model_logits_chunk_of(mi, 4096), 512); /* no backward to keep them for */
+    ff_model_set_logits_chunk(mg, 100);
+    CHECK_EQ_INT(ff_model_logits_chunk_of(mg, 4096), 100);
+    ff_model_set_logits_chunk(mg, 0);
+    CHECK_EQ_INT(ff_model_logits_chunk_of(mg, 1 << 20), most);
+    ff_model_destroy(&mi);
+    ff_model_destroy(&mg);
+    ff_model_destroy(&mc);
+    ff_tensor_set_destroy(&w);
+}
+
 static void test_generation(ff_model *mc, ff_model *mg) {
     int32_t p0[] = {3, 1, 4, 1, 5}, p1[] = {9};
     ff_gen_request r[2] = {req(1, p0, 5, 0.0f, 140, 1), req(2, p1, 1, 1.0f, 24, 2)};
@@ -533,6 +566,7 @@ int main(void) {
     ff_model_destroy(&m32);
     ff_model_destroy(&mtf);
     test_bf16_products(cpu, &c);
+    test_logits_chunk(cpu, gtf);
 
     /* generation on an inference model (no gradients, as `fuseflow generate` makes it) */
     ff_tensor_set *w = ff_tensor_set_new();

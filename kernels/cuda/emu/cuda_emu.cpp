@@ -447,6 +447,12 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     *p = m;
     return cudaSuccess;
 }
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    EMU_ENTER();
+    *free_bytes = EMU_DEVICE_BYTES - alloc_total;
+    *total_bytes = EMU_DEVICE_BYTES;
+    return cudaSuccess;
+}
 cudaError_t cudaFree(void *p) {
     EMU_ENTER();
     if (!p) return cudaSuccess;
