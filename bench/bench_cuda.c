@@ -442,7 +442,7 @@ int main(int argc, char **argv) {
     snprintf(train_note, sizeof train_note, ", FF_CUDA_MATH=%s%s", train_math, TRAIN_NOTE);
     printf("bench_cuda: %s, training's FF_CUDA_MATH=%s, decoding's %s, FF_CUDA_ATTENTION=%s, seq %d, %d a step, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
            "%s KV cache\n",
-           ff_backend_name(be), train_math, math && *math ? math : "tf32 (default)",
+           ff_backend_name(be), train_math, math && *math ? math : "bf16 (default)",
            att && *att ? att : (math && !strcmp(math, "fp32") ? "fp32 (as the products)" : "bf16 (default)"), seq, accum, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32",
            decode_kv16 ? "bf16" : "fp32");
     spec specs[] = {

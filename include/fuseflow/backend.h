@@ -60,8 +60,8 @@ void ff_backend_destroy(ff_backend **be);
 
 const char *ff_backend_name(const ff_backend *be); /* "cpu", "cuda:0" */
 int ff_backend_threads(const ff_backend *be);      /* CPU threads the kernels use */
-/* Whether the backend's matrix products are bf16 (fp32 accumulation): the cuda backend under
- * FF_CUDA_MATH=bf16. A trainable model then keeps a bf16 copy of its weights for its products
+/* Whether the backend's matrix products are bf16 (fp32 accumulation): the cuda backend unless
+ * FF_CUDA_MATH says tf32 or fp32. A trainable model then keeps a bf16 copy of its weights for its products
  * (ff_gemm_bf16; docs/model.md "bf16 products"). The cpu backend's products are fp32: false. */
 bool ff_backend_bf16_products(const ff_backend *be);
 /* The stream the backend was created with; valid until the backend is destroyed. */

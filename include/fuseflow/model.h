@@ -342,7 +342,7 @@ int ff_model_reserve(ff_model *m, int32_t max_tokens);
  * weights' copy and each output gradient rounded to bf16 once (ff_gemm_bf16, fp32
  * accumulation). The masters, gradients, the residual stream and the gradients between
  * kernels stay fp32. On by default for a trainable model on a backend whose products are bf16
- * (ff_backend_bf16_products: cuda with FF_CUDA_MATH=bf16). Against rounding every operand per
+ * (ff_backend_bf16_products: cuda, unless FF_CUDA_MATH says tf32 or fp32). Against rounding every operand per
  * product (off there) the numbers differ in the MLP (gate|up rounded before SwiGLU) and in
  * attention (on bf16 q|k|v, its output rounded), as autocast does. Off: every product
  * is ff_gemm. 0 or -1 + error: setting it on an inference model, or changing it while a

@@ -5,10 +5,11 @@
  * training attention in cuda_attention_tc.cu).
  *
  * Numbers: every tensor the interface names is fp32 (include/fuseflow/kernels.h), so the
- * parameters, gradients and AdamW state are fp32 masters by construction. ff_gemm multiplies
- * fp32 operands with TF32 tensor cores by default (FF_CUDA_MATH=tf32), or in exact fp32
- * (FF_CUDA_MATH=fp32), or converts both operands to bf16 in the stream's scratch and
- * multiplies them with fp32 accumulation (FF_CUDA_MATH=bf16). Every other kernel computes in
+ * parameters, gradients and AdamW state are fp32 masters by construction. ff_gemm converts
+ * both operands to bf16 in the stream's scratch and multiplies them with fp32 accumulation by
+ * default (FF_CUDA_MATH=bf16; the models then hold bf16 copies and activations, docs/model.md
+ * "bf16 products"), or multiplies fp32 operands with TF32 tensor cores (FF_CUDA_MATH=tf32), or
+ * in exact fp32 (FF_CUDA_MATH=fp32). Every other kernel computes in
  * fp32. Results differ from the CPU backend's by rounding only (tests/kernels/
  * test_cuda_backend.c states the tolerances).
  *
@@ -918,12 +919,15 @@ static ff_backend_ops make_ops(void) {
 }
 static const ff_backend_ops cuda_ops = make_ops();
 
+/* FF_CUDA_MATH: bf16 (the default, the issue's "matrix products in bf16 with fp32
+ * accumulation": a trainable model's weights' bf16 copy, its activations in bf16; what RL
+ * frameworks train in), tf32 (fp32 operands on TF32 tensor cores) or fp32 (exact). */
 static int math_from_env(int *math) {
     const char *m = getenv("FF_CUDA_MATH");
-    if (!m || !*m || !strcmp(m, "tf32")) *math = CUDA_MATH_TF32;
+    if (!m || !*m || !strcmp(m, "bf16")) *math = CUDA_MATH_BF16;
+    else if (!strcmp(m, "tf32")) *math = CUDA_MATH_TF32;
     else if (!strcmp(m, "fp32")) *math = CUDA_MATH_FP32;
-    else if (!strcmp(m, "bf16")) *math = CUDA_MATH_BF16;
-    else return ff_error_set("FF_CUDA_MATH", "use tf32 (the default), fp32 or bf16", "unknown value '%s'", m);
+    else return ff_error_set("FF_CUDA_MATH", "use bf16 (the default), tf32 or fp32", "unknown value '%s'", m);
     return 0;
 }
 

@@ -11,7 +11,8 @@
 #   - FF_DEVICE_COLL=0 (collectives through host memory) runs too, and so does
 #     roles.actor.rollout.graphs: false (decode steps without CUDA graphs; on the emulator, the
 #     samples of the graphs' run byte for byte).
-# The samples are not compared: the GPU's TF32 products round otherwise, so sampling may part.
+# The samples are not compared: the GPU's bf16 products (the default) round otherwise, so sampling
+# may part.
 #
 # Two ways: on a real GPU (scripts/gpu-check.sh runs it where one is lent; it skips, exit 77,
 # saying why, where none answers: no nvidia-smi or none listed, a build without CUDA, a runtime

@@ -926,8 +926,13 @@ int main(void) {
     REQUIRE(g_tf32 && g_bf16);
     test_gemm_on(g_tf32, "tf32", 5e-3);  /* 10-bit mantissa inputs, fp32 sums: ~1e-3 relative at K 512 */
     test_gemm_on(g_bf16, "bf16", 2.5e-2); /* 8-bit mantissa inputs */
+    CHECK(ff_backend_bf16_products(g_bf16) && !ff_backend_bf16_products(g_tf32) && !ff_backend_bf16_products(gpu));
     ff_backend_destroy(&g_tf32);
     ff_backend_destroy(&g_bf16);
+    ff_backend *g_default = gpu_new("cuda"); /* FF_CUDA_MATH unset: bf16 products */
+    REQUIRE(g_default);
+    CHECK(ff_backend_bf16_products(g_default));
+    ff_backend_destroy(&g_default);
     setenv("FF_CUDA_MATH", "int4", 1);
     CHECK(gpu_new("cuda") == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "FF_CUDA_MATH");

@@ -1,7 +1,7 @@
 /* The model on the CUDA backend against the same model on the CPU backend (the reference):
  * a tiny Llama-shaped model with biases, GQA and an untied head, the same random weights on
- * both. Checks: a packed forward's log-probs and entropy (fp32 gemm: 2e-4; TF32, the
- * default: 3e-2, 10-bit mantissa inputs), a critic's values, one SFT training step (loss,
+ * both. Checks: a packed forward's log-probs and entropy (fp32 gemm: 2e-4; TF32: 3e-2,
+ * 10-bit mantissa inputs; bf16 products, the default, in test_bf16_products), a critic's values, one SFT training step (loss,
  * gradient norm, every gradient, the parameters after AdamW), and generation: KV-cache
  * decoding's log-probs against a full forward over prompt + response on the GPU, and greedy
  * tokens equal to the CPU's (fp32 gemm, where near-ties cannot flip); an inference model with
@@ -537,8 +537,9 @@ int main(void) {
     ff_backend *cpu = ff_backend_cpu_new(2);
     setenv("FF_CUDA_MATH", "fp32", 1);
     ff_backend *g32 = gpu_new("cuda");
-    unsetenv("FF_CUDA_MATH");
+    setenv("FF_CUDA_MATH", "tf32", 1);
     ff_backend *gtf = gpu_new("cuda");
+    unsetenv("FF_CUDA_MATH");
     REQUIRE(cpu && g32 && gtf);
 
     ff_model_config c = tiny_config(97, 64, 160, 2, 4, 2, false, true, false);
