@@ -142,12 +142,13 @@ struct ff_generator {
     double prefill_s;
     /* decode graphs (ff_generator_graph_stats): graph[P] replays the forward of a batch padded to
      * P rows; seen[P], an eager step of that size ran (its scratch sized); graph_key, the device
-     * addresses the graphs were captured with (weights, RoPE tables): others, captured again */
+     * addresses the graphs were captured with (weights, a view's viewed weights or their bf16 copy,
+ * RoPE tables): others, captured again */
     bool graphs_on;
     int32_t graph_cap; /* padded sizes 1..graph_cap have graphs */
     ff_stream_graph **graph; /* [graph_cap + 1] */
     bool *seen;              /* [graph_cap + 1] */
-    void *graph_key[4];
+    void *graph_key[5];
     int32_t graph_captures;
     int64_t graph_replays, eager_steps;
     char graph_off_why[256];
@@ -658,7 +659,11 @@ static int infer(ff_generator *g, int32_t T, int32_t R, int32_t S) {
     return 0;
 }
 
-static void upload_tokens(ff_generator *g, int32_t T, int32_t R, int32_t S) {
+/* A step's inputs, before its forward (and outside any graph capture): the tokens' positions,
+ * rows and tables uploaded, and a view's weights as its products will read them (ffm_view_bf16:
+ * the viewed model's bf16 copy made fresh where it is used). 0 or -1 + error. */
+static int step_inputs(ff_generator *g, int32_t T, int32_t R, int32_t S) {
+    if (ffm_view_bf16(g->m)) return -1;
     ff_stream *st = g->m->st;
     if (g->h_tok_tp) ffm_tp_local_ids(g->m, g->h_tok, g->h_tok_tp, T, false);
     ff_memcpy_h2d(st, GW(g, i_tok), g->h_tok_tp ? g->h_tok_tp : g->h_tok, (size_t)T * 4);
@@ -668,6 +673,7 @@ static void upload_tokens(ff_generator *g, int32_t T, int32_t R, int32_t S) {
     ff_memcpy_h2d(st, GW(g, i_table), g->h_table, (size_t)S * (size_t)g->table_ld * 4);
     ff_memcpy_h2d(st, GW(g, i_nkeys), g->h_nkeys, (size_t)T * 4);
     ff_memcpy_h2d(st, GW(g, i_rows), g->h_rows, (size_t)R * 4);
+    return 0;
 }
 
 static float draw(ff_rng *r) { return (float)(ff_rng_u64(r) >> 40) * 0x1p-24f; } /* [0, 1) in float */
@@ -830,8 +836,7 @@ static int prefill_rows(ff_generator *g, const gen_seq *q, const int32_t *tokens
             g->h_nkeys[i] = p0 + i + 1;
         }
         g->h_rows[0] = T - 1;
-        upload_tokens(g, T, 1, 1);
-        if (infer(g, T, 1, 1)) return -1;
+        if (step_inputs(g, T, 1, 1) || infer(g, T, 1, 1)) return -1;
     }
     return 0;
 }
@@ -898,8 +903,7 @@ static int admit(ff_generator *g) {
         budget -= tail;
     }
     if (B == 0) return 0;
-    upload_tokens(g, T, R, R);
-    if (infer(g, T, R, R)) return -1;
+    if (step_inputs(g, T, R, R) || infer(g, T, R, R)) return -1;
     /* the other samples share the prompt's full blocks and copy the rows of its partial one */
     for (int32_t b = 0; b < B; b++) {
         gen_seq *q = &g->seqs[g->batch[b]];
@@ -957,7 +961,7 @@ static void graphs_off(ff_generator *g, const char *why) {
 
 /* The forward of a decode step of P rows (inputs uploaded): a graph's replay when there is one
  * for P, else kernel by kernel (the first step of a size; then its capture). The graphs hold
- * the addresses of the weights (a view's and the viewed model's) and RoPE tables (compared, never dereferenced here): when the
+ * the addresses of the weights (a view's and the viewed model's, or its bf16 copy) and RoPE tables (compared, never dereferenced here): when the
  * model's parameters were released and restored elsewhere, they are captured again. */
 static int decode_forward(ff_generator *g, int32_t P) {
     ff_model *m = g->m;
@@ -965,9 +969,10 @@ static int decode_forward(ff_generator *g, int32_t P) {
         g->eager_steps++;
         return infer(g, P, P, P);
     }
-    void *key[4] = {ff_dptr_addr(ff_dptr_of(m->params, 0)), ff_dptr_addr(ff_dptr_of(m->rope_cos, 0)),
+    void *key[5] = {ff_dptr_addr(ff_dptr_of(m->params, 0)), ff_dptr_addr(ff_dptr_of(m->rope_cos, 0)),
                     ff_dptr_addr(ff_dptr_of(m->rope_sin, 0)),
-                    m->viewed ? ff_dptr_addr(ff_dptr_of(m->viewed->params, 0)) : NULL}; /* a view reads the viewed weights */
+                    m->viewed ? ff_dptr_addr(ff_dptr_of(m->viewed->params, 0)) : NULL, /* a view reads the viewed weights */
+                    m->v16 ? ff_dptr_addr(ff_dptr_of(m->viewed->w16c, 0)) : NULL};  /* or their bf16 copy */
     if (memcmp(key, g->graph_key, sizeof key)) {
         graphs_drop(g);
         memcpy(g->graph_key, key, sizeof key);
@@ -1038,8 +1043,7 @@ int ff_generator_step(ff_generator *g) {
         g->h_rows[b] = b;
         g->h_table[(size_t)b * (size_t)g->table_ld] = g->n_blocks;
     }
-    upload_tokens(g, P, P, P);
-    if (decode_forward(g, P)) return -1;
+    if (step_inputs(g, P, P, P) || decode_forward(g, P)) return -1;
     if (sample_rows(g, GW(g, logits), B)) return -1;
     for (int32_t b = 0; b < B; b++)
         if (append(g, g->batch[b], g->h_stok[b], g->h_slp[b])) return -1;

@@ -1202,6 +1202,17 @@ static int w16c_ensure(ff_model *m) {
     return 0;
 }
 
+int ffm_bf16_copy_fresh(ff_model *m) {
+    assert(m->p16);
+    if (w16c_ensure(m)) return -1;
+    if (m->w16c_gen != m->params_gen + 1) {
+        ff_cast_f32_bf16(m->st, ff_dptr_of(m->params, 0), ff_dptr_of(m->w16c, 0), m->n_decay);
+        m->w16c_gen = m->params_gen + 1;
+        m->w16c_made++;
+    }
+    return 0;
+}
+
 int ff_model_stage_reserve(ff_model *m, int32_t max_tokens, const int32_t *in_flight) {
     if (max_tokens < 1) return ff_error_set("reserve", NULL, "max_tokens %d must be >= 1", max_tokens);
     if (m->inference) {
@@ -1401,13 +1412,8 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
     }
     const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start),
                                  .sp = sp, .r0 = r0, .nr = nr};
-    if (m->p16) { /* the weights as they are now, rounded for this forward's products (and its backward's) once
-                   * after each change of them: forwards between two optimizer steps share the copy */
-        if (m->w16c_gen != m->params_gen + 1) {
-            ff_cast_f32_bf16(st, ff_dptr_of(m->params, 0), ff_dptr_of(m->w16c, 0), m->n_decay);
-            m->w16c_gen = m->params_gen + 1;
-            m->w16c_made++;
-        }
+    if (m->p16) { /* the weights as they are now, rounded for this forward's products (and its backward's) */
+        if (ffm_bf16_copy_fresh(m)) goto done;
         m->w16c_live = true;
     }
     for (int i = 0; i < nl; i++) {

@@ -168,6 +168,9 @@ struct ff_model {
      * place from `viewed`'s parameter buffer, the rest (n_own floats) from its own params.
      * An ordinary model: n_own = n_params, every npc 0. */
     const ff_model *viewed;
+    /* a view whose generation step reads its in-place pieces from the viewed model's bf16 copy
+     * (ffm_view_bf16) */
+    bool v16;
     int64_t n_own;
     int32_t *view_ids; /* [view_ids_cap] host staging of one piece's embedding ids */
     size_t view_ids_cap;
@@ -348,6 +351,17 @@ int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *
 
 /* ---- view models (model/view.c) ---- */
 
+/* bf16 products (m->p16): the weights' bf16 copy as they are now, made where they changed since
+ * it was; the forwards between two optimizer steps, and a colocated view's generation between
+ * them, share one. 0 or -1 + error (its buffer could not be made). */
+int ffm_bf16_copy_fresh(ff_model *m);
+/* Before a view's generation step (model/generate.c): on a backend whose products are bf16,
+ * where the viewed model has bf16 products and holds its gradients (not given back for
+ * generation, roles.actor.offload), the step's products read the viewed pieces from that
+ * model's bf16 copy, made fresh here (v16): half the bytes a decode step reads, the same
+ * numbers as rounding the fp32 pieces per product; otherwise they do that. A no-op for a model
+ * that is not a view. 0 or -1 + error. */
+int ffm_view_bf16(ff_model *m);
 /* Lay out m's pieces against src (same config and backend; after the table and the shards):
  * each tensor's units that src holds are read there, the rest are m's own; sets n_own. 0 or
  * -1 + error (src of another config or backend, or itself a view). */

@@ -87,6 +87,26 @@ int ffm_view_setup(ff_model *m, const ff_model *src) {
     return 0;
 }
 
+int ffm_view_bf16(ff_model *m) {
+    m->v16 = false;
+    /* the viewed model's bf16 copy is a cache of its weights: made here as its next forward
+     * would make it, and that forward then finds it made */
+    ff_model *src = (ff_model *)m->viewed;
+    if (!src || !src->p16 || !src->grads || !ff_backend_bf16_products(m->be)) return 0;
+    if (ffm_bf16_copy_fresh(src)) return ff_error_wrap("generation on the viewed model's bf16 weights");
+    m->v16 = true;
+    return 0;
+}
+
+/* A piece read in place from the viewed model's bf16 copy (v16), as an ff_gemm_bf16 operand;
+ * {0}: the piece is the view's own (fp32, rounded by its product). */
+static ff_dptr piece16(ff_model *m, const ffm_piece *q, int64_t numel) {
+    if (!m->v16 || q->buf != m->viewed->params) return (ff_dptr){0};
+    assert((int64_t)q->off + numel <= m->viewed->n_decay); /* a weight matrix: inside the copy */
+    (void)numel;
+    return ff_dptr_of(m->viewed->w16c, q->off * 2);
+}
+
 void ffm_w_out(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda, ff_dptr C, int ldc) {
     const int K = (int)row_width(p);
     if (ffm_is16(m, p)) {
@@ -106,8 +126,11 @@ void ffm_w_out(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, int lda,
     for (int k = 0; k < p->npc; k++) {
         const ffm_piece *q = &p->pc[k];
         const int64_t r0 = p->axis == 0 ? q->lo : 0, nr = p->axis == 0 ? q->hi - q->lo : p->shape[0];
-        ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, M, (int)nr, K, 1.0f, A, lda, ffm_piece_ptr(m, q), (int)q->ld, 0.0f,
-                ff_dptr_add(C, (size_t)r0, 4), ldc);
+        const ff_dptr w16 = piece16(m, q, nr * q->ld), out = ff_dptr_add(C, (size_t)r0, 4);
+        if (w16.buf)
+            ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, M, (int)nr, K, 1.0f, A, false, lda, w16, true, (int)q->ld, 0.0f, out, ldc);
+        else
+            ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, M, (int)nr, K, 1.0f, A, lda, ffm_piece_ptr(m, q), (int)q->ld, 0.0f, out, ldc);
     }
 }
 
@@ -134,8 +157,12 @@ void ffm_w_in(ff_model *m, const ff_param_tensor *p, int M, ff_dptr A, bool a16,
     assert(p->axis == 1);
     for (int k = 0; k < p->npc; k++) {
         const ffm_piece *q = &p->pc[k];
-        ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, M, N, (int)(q->hi - q->lo), 1.0f, ff_dptr_add(A, (size_t)q->lo, 4), lda,
-                ffm_piece_ptr(m, q), (int)q->ld, k ? 1.0f : beta, C, ldc);
+        const int kq = (int)(q->hi - q->lo);
+        const ff_dptr Aq = ff_dptr_add(A, (size_t)q->lo, 4), w16 = piece16(m, q, (int64_t)(N - 1) * q->ld + kq);
+        if (w16.buf)
+            ff_gemm_bf16(m->st, FF_NO_TRANS, FF_TRANS, M, N, kq, 1.0f, Aq, false, lda, w16, true, (int)q->ld, k ? 1.0f : beta, C, ldc);
+        else
+            ff_gemm(m->st, FF_NO_TRANS, FF_TRANS, M, N, kq, 1.0f, Aq, lda, ffm_piece_ptr(m, q), (int)q->ld, k ? 1.0f : beta, C, ldc);
     }
 }
 
