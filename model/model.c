@@ -1399,6 +1399,11 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
     const bool sp = m->sp;
     int32_t r0 = 0, nr = T;
     if (sp) ffm_sp_rows(m, T, m->tp_rank, &r0, &nr);
+    if (m->p16) { /* the weights as they are now, rounded for this forward's embedding rows and products (and
+                   * its backward's products) */
+        if (ffm_bf16_copy_fresh(m)) goto done;
+        m->w16c_live = true;
+    }
     if (embed) {
         /* vocabulary-parallel: a token outside this rank's rows embeds to zeros, and the sum
          * over the group has every row (SP: the reduce-scatter of it, the rank's rows) */
@@ -1412,10 +1417,6 @@ static int run_forward(ff_model *m, int c, int32_t micro, const ff_batch *b, hio
     }
     const ffm_layer_tokens tk = {.T = T, .pos = AW(a, pos), .S = S, .seq_start = AW(a, seq_start),
                                  .sp = sp, .r0 = r0, .nr = nr};
-    if (m->p16) { /* the weights as they are now, rounded for this forward's products (and its backward's) */
-        if (ffm_bf16_copy_fresh(m)) goto done;
-        m->w16c_live = true;
-    }
     for (int i = 0; i < nl; i++) {
         ffm_layer_acts la = layer_acts(m, a, i, train);
         if (ffm_layer_forward(m, l0 + i, &tk, &la)) goto done;

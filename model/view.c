@@ -198,8 +198,8 @@ bool ffm_embed_on_device(const ff_model *m) {
 
 int ffm_w_embed(ff_model *m, const ff_param_tensor *p, const int32_t *ids, ff_dptr dev_ids, ff_dptr out, ff_dptr scratch, int T) {
     const int H = (int)row_width(p);
-    if (ffm_is16(m, p)) {
-        ff_embedding_fwd_bf16(m->st, dev_ids, ffm_param16(m, p->off), out, T, H);
+    if (ffm_is16(m, p) || m->w16c_live) { /* bf16 weights, or bf16 products: the rows of the copy */
+        ff_embedding_fwd_bf16(m->st, dev_ids, ffm_is16(m, p) ? ffm_param16(m, p->off) : ffm_copy16(m, p->off), out, T, H);
         return 0;
     }
     if (!p->npc || embed_whole_piece(p)) {

@@ -276,10 +276,23 @@ static void test_bf16_products(ff_backend *cpu, const ff_model_config *c) {
     ff_model_destroy(&mi);
     /* A reference: inference models of the same weights on this backend, with bf16 weights (a
      * colocated reference's default on cuda) and with fp32 ones, score as the trainable model
-     * does, bit for bit: their forwards hold the same activations in bf16 (ffm_act16). The
-     * weights are bf16 values, as a bf16 checkpoint's are, so that the embedding rows the
-     * trainable model reads from its fp32 masters are the bf16 model's. On the CPU's fp32
-     * products nothing rounds, so this is the CUDA code's (the emulator's in CI). */
+     * does, bit for bit: their forwards hold the same activations in bf16 (ffm_act16), and the
+     * trainable model's embedding rows are its bf16 copy's, as the bf16 model's are. From fp32
+     * weights first (an fp32 checkpoint) with the bf16 reference; then the weights are bf16
+     * values, as a bf16 checkpoint's are, so that the fp32 reference's embedding rows (fp32,
+     * read as they are) are the others' too. On the CPU's fp32 products nothing rounds, so this
+     * is the CUDA code's (the emulator's in CI). */
+    {
+        ff_model_opts o16 = {.inference = true, .bf16_weights = true};
+        ff_model *t0 = ff_model_new(gbf, c, w), *r0 = ff_model_new_opts(gbf, c, w, &o16);
+        REQUIRE(t0 && r0);
+        float lt[NT], lr[NT];
+        ff_batch b = {.n_tokens = NT, .n_seqs = NS, .tokens = tokens, .seq_start = seq_start, .targets = targets};
+        ff_forward_out ot = {.logprobs = lt}, orf = {.logprobs = lr};
+        REQUIRE(ff_model_forward(t0, &b, NULL, &ot) == 0 && ff_model_forward(r0, &b, NULL, &orf) == 0);
+        CHECK(memcmp(lt, lr, sizeof lt) == 0); /* KL 0 before the first update, from fp32 weights */
+        ff_model_destroy(&t0), ff_model_destroy(&r0);
+    }
     for (size_t i = 0; i < w->n; i++)
         for (int64_t e = 0; e < ff_host_tensor_numel(&w->items[i]); e++)
             w->items[i].data[e] = ff_bf16_to_f32(ff_f32_to_bf16(w->items[i].data[e]));
