@@ -101,14 +101,15 @@ if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
   same_samples "$work/gpu_graphs" "$work/gpu_eager" "rollout.graphs=false against the graphs"
 fi
 if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
-  # bf16 products (FF_CUDA_MATH=bf16) from a bf16 checkpoint: the reference (bf16 weights, on
-  # cuda) scores as the actor's training forward does, so the first iteration's KL loss, taken
-  # before any update, is 0 exactly, and the second's, after one, is not (the emulator's
-  # products are batch invariant, so micro-batches grouped otherwise give the same rows; a
-  # GPU's cuBLAS need not be)
-  "$bin" init --preset tiny --out "$work/tiny16" --dtype bf16 num_hidden_layers=2 hidden_size=64 intermediate_size=128 > /dev/null
-  FF_CUDA_MATH=bf16 GPU_RUN=1 grpo "$work/gpu_bf16" roles.actor.backend=cuda roles.actor.model="$work/tiny16" \
-    roles.ref.model="$work/tiny16" roles.actor.optim.lr=1e-3 graph.train_actor.entropy_coeff=0.01 # a gradient though every reward is 0
+  # bf16 products (the default) from the fp32 checkpoint: the reference (bf16 weights, on cuda)
+  # scores as the actor's training forward does (the actor's bf16 copy of its weights, its
+  # embedding rows too), so the first iteration's KL loss, taken before any update, is 0
+  # exactly, and the second's, after one, is not (the emulator's products are batch invariant,
+  # so micro-batches grouped otherwise give the same rows; a GPU's cuBLAS need not be)
+  GPU_RUN=1 grpo "$work/gpu_bf16" roles.actor.backend=cuda roles.actor.optim.lr=1e-3 \
+    graph.train_actor.entropy_coeff=0.01 # a gradient though every reward is 0
+  grep -q "run: the cuda workers multiply in bf16 (FF_CUDA_MATH unset: the default" "$work/gpu_bf16.log" ||
+    fail "the run does not say its cuda products are bf16: $(head -5 "$work/gpu_bf16.log")"
   python3 - "$work/gpu_bf16/metrics.jsonl" <<'PY' || fail "bf16 products: the reference does not score as the actor trains"
 import json, sys
 kl = [json.loads(l)["kl_loss"] for l in open(sys.argv[1]) if '"kl_loss"' in l]
