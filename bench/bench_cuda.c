@@ -22,8 +22,12 @@
  *           graph (the default; ff_generator_graph_stats), and the same decode runs again
  *           kernel by kernel (ff_generator_config.eager) beside it:
  *             MODEL decode batch B: X tok/s with graphs (...), Y tok/s kernel by kernel (X/Y x)
+ *           At the batch nearest 32, the same decode on a view of a trained model (what a
+ *           colocated RL run generates with; under bf16 products it reads the model's bf16 copy):
+ *             MODEL decode batch B on a colocated view of the trained model: X tok/s (...), Y
+ *             tok/s with bf16 weights of its own (X/Y x)
  * Numbers: training keeps fp32 tensors between kernels (include/fuseflow/backend.h) and multiplies
- * in bf16 (FF_CUDA_MATH=bf16 unless FF_CUDA_MATH is set: bf16 products, the model's bf16 copy of
+ * in bf16 (the backend's default unless FF_CUDA_MATH says otherwise: bf16 products, the model's bf16 copy of
  * its weights made once an optimizer step, docs/model.md "bf16 products"). The decoding model is an
  * inference model with bf16 weights (ff_model_opts.bf16_weights, ff_gemm_bf16w: the weights
  * stored bf16 and read as they are, activations rounded to bf16 per product, fp32 between
@@ -106,9 +110,12 @@ static ff_model_config base_cfg(int V, int H, int I, int L, int Hq, int Hkv, boo
 
 /* Fast random weights: ff_model_init_weights draws Box-Muller normals, about a minute for
  * a billion parameters; uniform with the same std from an xorshift is seconds. */
-static ff_model *random_model(ff_backend *be, const ff_model_config *c, bool inference, bool w16) {
+static ff_tensor_set *random_weights(const ff_model_config *c) {
     ff_tensor_set *w = ff_tensor_set_new();
-    if (!w || ff_model_expected_tensors(c, w)) return NULL;
+    if (!w || ff_model_expected_tensors(c, w)) {
+        ff_tensor_set_destroy(&w);
+        return NULL;
+    }
     uint64_t x = 0x9E3779B97F4A7C15ull;
     const float a = 0.02f * sqrtf(3.0f);
     for (size_t i = 0; i < w->n; i++) {
@@ -120,6 +127,12 @@ static ff_model *random_model(ff_backend *be, const ff_model_config *c, bool inf
             t->data[j] = norm ? 1.0f : bias ? 0.0f : a * (float)((double)(x >> 11) * 0x1.0p-52 - 1.0);
         }
     }
+    return w;
+}
+
+static ff_model *random_model(ff_backend *be, const ff_model_config *c, bool inference, bool w16) {
+    ff_tensor_set *w = random_weights(c);
+    if (!w) return NULL;
     ff_model_opts o = {.inference = inference, .bf16_weights = w16};
     return ff_model_new_from(be, c, &w, &o);
 }
@@ -370,6 +383,33 @@ out:
     return rc;
 }
 
+/* A colocated RL run decodes on a view of the trained model (docs/run.md "Memory of the
+ * colocated copy"); under bf16 products the view's products read the model's bf16 copy of its
+ * weights, the bytes an inference model's bf16 weights are. The same decode as bench_decode's
+ * with graphs, on such a view, beside own_tok_s (an inference model's with bf16 weights). */
+static int bench_colocated(ff_backend *be, const spec *s, int B, int prompt, int n_new, bool kv16, double own_tok_s) {
+    ff_tensor_set *w = random_weights(&s->cfg);
+    ff_model *mt = w ? ff_model_new(be, &s->cfg, w) : NULL;
+    const ff_model_opts ov = {.inference = true, .view_of = mt};
+    ff_model *mv = mt ? ff_model_new_opts(be, &s->cfg, w, &ov) : NULL;
+    ff_tensor_set_destroy(&w);
+    int rc = -1;
+    double tok_s = 0;
+    ff_generator_graph_stats gs;
+    if (mv && bench_decode(mv, s, B, prompt, n_new, kv16, false, &tok_s, &gs, NULL) == 0) {
+        printf("  %s decode batch %d on a colocated view of the trained model: %.0f tok/s (%s, made %lld time%s), %.0f tok/s "
+               "with bf16 weights of its own (%.2fx)\n",
+               s->name, B, tok_s, ff_model_bf16_copies(mt) ? "the model's bf16 copy" : "its fp32 weights rounded per product",
+               (long long)ff_model_bf16_copies(mt), ff_model_bf16_copies(mt) == 1 ? "" : "s", own_tok_s,
+               own_tok_s > 0 ? tok_s / own_tok_s : 0.0);
+        rc = 0;
+    }
+    if (rc) fprintf(stderr, "bench_cuda: %s decode on a colocated view: %s\n", s->name, ff_error_message());
+    ff_model_destroy(&mv);
+    ff_model_destroy(&mt);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     const char *device = "cuda", *models = "qwen0.5b,llama1b", *batches = "1,32,256";
     int seq = 2048, steps = 5, prompt = 32, n_new = 64, tf32_train = 1, profile = 1, long_b = 4, long_prompt = 4032;
@@ -426,18 +466,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     const char *math = getenv("FF_CUDA_MATH"), *att = getenv("FF_CUDA_ATTENTION");
-    /* training's products: FF_CUDA_MATH where it is set, else bf16 (what the targets are about) */
+    /* the products: FF_CUDA_MATH where it is set, else the backend's default, bf16 (what the
+     * targets are about) */
     const char *train_math = math && *math ? math : "bf16";
-    ff_backend *bt = be;
-    if (!(math && *math)) {
-        setenv("FF_CUDA_MATH", "bf16", 1);
-        bt = ff_backend_new(device);
-        unsetenv("FF_CUDA_MATH");
-        if (!bt) {
-            fprintf(stderr, "bench_cuda: %s\n", ff_error_message());
-            return 1;
-        }
-    }
     char train_note[160];
     snprintf(train_note, sizeof train_note, ", FF_CUDA_MATH=%s%s", train_math, TRAIN_NOTE);
     printf("bench_cuda: %s, training's FF_CUDA_MATH=%s, decoding's %s, FF_CUDA_ATTENTION=%s, seq %d, %d a step, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
@@ -472,7 +503,7 @@ int main(int argc, char **argv) {
             continue;
         }
         double unused;
-        if (bench_train(bt, &specs[k], seq, steps, &tr[k], &mfu[k], &unused) == 0) {
+        if (bench_train(be, &specs[k], seq, steps, &tr[k], &mfu[k], &unused) == 0) {
             ran_tr[k] = true;
             head_train("bench_cuda_train", specs[k].name, tr[k], mfu[k], seq, train_note);
         } else {
@@ -508,6 +539,13 @@ int main(int argc, char **argv) {
             }
         }
         ff_model_destroy(&m);
+        /* the colocated copy's decode at the batch nearest 32, beside the one above */
+        int near = 0;
+        for (int j = 1; j < nb; j++)
+            if (abs(bs[j] - 32) < abs(bs[near] - 32)) near = j;
+        if (nb > 0 && ran_dec[k][near] && !OVER_BUDGET() &&
+            bench_colocated(be, &specs[k], bs[near], prompt, n_new, decode_kv16, dec[k][near]))
+            failures++;
     }
     /* The training step again with TF32 products (fp32 operands, FF_CUDA_MATH=tf32), where the main
      * run was not already that and time is left. */
@@ -608,7 +646,6 @@ int main(int argc, char **argv) {
         printf("bench_cuda_decode_long %s batch %d, context %d: %.0f decode tok/s with the keys split, %.0f in one block a head "
                "group (%.2fx)\n",
                specs[small].name, long_b, long_prompt + n_new, lt[1], lt[0], lt[0] > 0 ? lt[1] / lt[0] : 0.0);
-    if (bt != be) ff_backend_destroy(&bt);
     ff_backend_destroy(&be);
     return failures ? 1 : 0;
 }
