@@ -356,11 +356,11 @@ int ffm_tp_export(ff_model *m, ff_buffer *b, const char *prefix, ff_tensor_set *
  * them, share one. 0 or -1 + error (its buffer could not be made). */
 int ffm_bf16_copy_fresh(ff_model *m);
 /* Before a view's generation step (model/generate.c): on a backend whose products are bf16,
- * where the viewed model has bf16 products and holds its gradients (not given back for
- * generation, roles.actor.offload), the step's products read the viewed pieces from that
- * model's bf16 copy, made fresh here (v16): half the bytes a decode step reads, the same
- * numbers as rounding the fp32 pieces per product; otherwise they do that. A no-op for a model
- * that is not a view. 0 or -1 + error. */
+ * where the viewed model has bf16 products, the step's products read the viewed pieces from
+ * that model's bf16 copy, made fresh here (v16; made again where ff_model_release_grads gave it
+ * back): 2 bytes a weight where rounding the fp32 pieces for each product reads 4 and writes
+ * and reads 2 more, the same numbers; otherwise they do that. A no-op for a model that is not a
+ * view. 0 or -1 + error. */
 int ffm_view_bf16(ff_model *m);
 /* Lay out m's pieces against src (same config and backend; after the table and the shards):
  * each tensor's units that src holds are read there, the rest are m's own; sets n_own. 0 or

@@ -92,7 +92,7 @@ int ffm_view_bf16(ff_model *m) {
     /* the viewed model's bf16 copy is a cache of its weights: made here as its next forward
      * would make it, and that forward then finds it made */
     ff_model *src = (ff_model *)m->viewed;
-    if (!src || !src->p16 || !src->grads || !ff_backend_bf16_products(m->be)) return 0;
+    if (!src || !src->p16 || !ff_backend_bf16_products(m->be)) return 0;
     if (ffm_bf16_copy_fresh(src)) return ff_error_wrap("generation on the viewed model's bf16 weights");
     m->v16 = true;
     return 0;

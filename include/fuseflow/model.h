@@ -520,7 +520,8 @@ bool ff_model_params_held(const ff_model *m);
  * backward, ff_optimizer_step, reading, writing or exporting gradients) fails with an error
  * that names ff_model_restore_grads. Scoring forwards run. Releasing also gives back the bf16
  * copy of the weights that bf16 products keep (ff_model_set_bf16_products), which the next
- * forward makes again. Both 0 or -1 + error (an inference model, which has none; out of
+ * forward, or the first generation step of a view of the model on a bf16-products backend
+ * (ff_model_opts.view_of: the colocated generating copy decodes on it), makes again. Both 0 or -1 + error (an inference model, which has none; out of
  * memory). */
 int ff_model_release_grads(ff_model *m);
 int ff_model_restore_grads(ff_model *m);
