@@ -226,9 +226,12 @@ static int read_role(ff_run_config *run, ff_role r) {
         if (ff_cnode_get_int_in(ro, "kv_block", 16, 1, 1 << 16, &rc->rollout_kv_block) < 0 ||
             ff_cnode_get_double_in(ro, "kv_memory", 1.0, 1e-6, 1.0, &rc->rollout_kv_memory) < 0)
             return -1;
+        /* a pool of its own on cuda holds bf16 unless told otherwise (or a delta patches it): its
+         * decode steps then read 2 bytes a weight, where fp32 ones are rounded into scratch for
+         * every product under bf16 products; the colocated copy is a view (fp32, in place) */
         static const char *const dtypes[] = {"fp32", "bf16"};
         int wd;
-        if (ff_cnode_get_enum(ro, "dtype", dtypes, 2, 0, &wd) < 0) return -1;
+        if (ff_cnode_get_enum(ro, "dtype", dtypes, 2, rc->cuda && rw > 0 && !rc->rollout_delta, &wd) < 0) return -1;
         rc->rollout_w16 = wd == 1;
         if (ff_cnode_get_enum(ro, "kv_dtype", dtypes, 2, 0, &wd) < 0) return -1;
         rc->rollout_kv16 = wd == 1;

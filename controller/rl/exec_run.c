@@ -905,6 +905,9 @@ static int assign_gpus(ex_run *x, const int *host_of, const int *local_index, ch
         if (x->run->roles[i].present && x->run->roles[i].cuda && x->run->roles[i].w16)
             fprintf(x->out, "run: the %s holds bf16 weights on cuda (roles.%s.dtype; fp32 keeps fp32)\n", role_keys[i],
                     role_keys[i]);
+    const ff_role_cfg *ac = &x->run->roles[FF_ROLE_ACTOR];
+    if (ac->present && ac->cuda && ac->rollout_workers > 0 && ac->rollout_w16)
+        fprintf(x->out, "run: the generation pool holds bf16 weights on cuda (roles.actor.rollout.dtype; fp32 keeps fp32)\n");
     fflush(x->out);
     return 0;
 }

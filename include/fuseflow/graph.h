@@ -259,10 +259,11 @@ typedef struct ff_role_cfg {
     bool rollout_bf16;       /* actor: `rollout: {sync_dtype: bf16}`: a weight sync that reshards
                                 sends bf16 (the generating copy holds the weights rounded to bf16;
                                 fp32, the default, moves them exactly; a local copy is exact) */
-    bool rollout_w16;        /* actor: `rollout: {dtype: bf16}` (default fp32): the generating copy
-                                stores its weight matrices in bf16 (ff_model_opts.bf16_weights),
-                                half their memory; always a copy of its own, never a view of the
-                                training shard */
+    bool rollout_w16;        /* actor: `rollout: {dtype: bf16}`: the generating copy stores its
+                                weight matrices in bf16 (ff_model_opts.bf16_weights), half their
+                                memory; always a copy of its own, never a view of the training
+                                shard. The default: bf16 for a pool of its own on cuda without
+                                sync_delta, else fp32 */
     bool rollout_delta;      /* actor: `rollout: {sync_delta: true}`: a pool's sync sends only the
                                 elements whose wire value changed (ff_reshard_opts.delta) */
     int64_t rollout_kv_block; /* actor: `rollout: {kv_block: N}`: positions per KV-cache block

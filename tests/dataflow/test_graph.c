@@ -114,6 +114,29 @@ static void test_base_and_examples(ff_registry *reg) {
     CHECK_EQ_INT(run->roles[FF_ROLE_REF].layout.workers, 2); /* inherited from the colocation */
     CHECK_EQ_INT(run->roles[FF_ROLE_REF].colocate_with, FF_ROLE_ACTOR);
     CHECK_EQ_INT(run->roles[FF_ROLE_ACTOR].layout.zero, 0); /* the default */
+    CHECK(!run->roles[FF_ROLE_ACTOR].rollout_w16 && !run->roles[FF_ROLE_REF].w16); /* cpu: fp32 */
+    ff_run_config_destroy(&run);
+    /* on cuda a frozen role and a generation pool of its own hold bf16 weights unless told
+     * otherwise; the colocated copy (a view) and a pool patched by deltas keep fp32 */
+    {
+        char *o_pool[] = {"roles.actor.backend=cuda", "roles.actor.rollout.workers=2"};
+        char *o_colo[] = {"roles.actor.backend=cuda"};
+        char *o_delta[] = {"roles.actor.backend=cuda", "roles.actor.rollout.workers=2", "roles.actor.rollout.sync_delta=true"};
+        char *o_fp32[] = {"roles.actor.backend=cuda", "roles.actor.rollout.workers=2", "roles.actor.rollout.dtype=fp32"};
+        char **os[] = {o_pool, o_colo, o_delta, o_fp32};
+        const int ns[] = {2, 1, 3, 3};
+        const bool want[] = {true, false, false, false};
+        for (int i = 0; i < 4; i++) {
+            run = load_text(reg, base, ns[i], os[i]);
+            if (!run) fprintf(stderr, "%s\n", ff_error_message());
+            REQUIRE(run);
+            CHECK_EQ_INT(run->roles[FF_ROLE_ACTOR].rollout_w16, want[i]);
+            CHECK(run->roles[FF_ROLE_REF].w16); /* colocated with the actor: on cuda too */
+            ff_run_config_destroy(&run);
+        }
+    }
+    run = load_text(reg, base, 0, NULL);
+    REQUIRE(run);
     /* topological order: gen first, sync last */
     const int *order = ff_graph_order(g);
     CHECK_EQ_INT(order[0], ff_graph_find_node(g, "gen"));

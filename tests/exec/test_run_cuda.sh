@@ -4,7 +4,9 @@
 #   - one GPU per cuda worker: with the stand-in driver listing 4 GPUs (FF_LIBCUDA,
 #     FAKE_CUDA_GPUS), the 4 workers of actor + ref (colocated) + a generation pool of 2 take
 #     cuda:0..3, and each then fails to make its backend with the CUDA runtime's own error
-#     (no device here, or a build without CUDA), naming the backend and the config;
+#     (no device here, or a build without CUDA), naming the backend and the config; the run
+#     says its cuda workers multiply in bf16 and its generation pool holds bf16 weights (the
+#     defaults on cuda);
 #   - too few GPUs (none; one for 4 workers): refused once the workers join, before any model
 #     loads, naming the roles' backend keys;
 #   - colocated roles on other backends, and an unknown backend: refused before any worker
@@ -37,7 +39,8 @@ fake=(FF_LIBCUDA=$FF_FAKE_LIBCUDA)
 run four "${fake[@]}" "FAKE_CUDA_GPUS=NVIDIA H200,NVIDIA H200,NVIDIA H200,NVIDIA H200" -- roles.actor.backend=cuda \
   roles.actor.rollout.workers=2
 says four "rank 0 computes on cuda:0" "rank 1 computes on cuda:1" "rank 2 computes on cuda:2" "rank 3 computes on cuda:3" \
-  "backend cuda:" "backend: cuda in the run config"
+  "backend cuda:" "backend: cuda in the run config" \
+  "run: the generation pool holds bf16 weights on cuda (roles.actor.rollout.dtype" "run: the cuda workers multiply in bf16"
 grep -qE "no CUDA device|built without the CUDA backend" "$work/four.log" || { cat "$work/four.log" >&2; fail "four: not the runtime's error"; }
 grep -q "iter 1" "$work/four.log" && fail "four: an iteration ran"
 
