@@ -196,6 +196,9 @@ static int read_role(ff_run_config *run, ff_role r) {
     }
     rc->rollout_kv_block = 16;
     rc->rollout_kv_memory = 1.0;
+    /* the KV cache in bf16 on cuda unless told otherwise, as a bf16 model's is in HF and vLLM
+     * (bf16 products, the cuda default, round the rollout's log-probs there anyway) */
+    rc->rollout_kv16 = rc->cuda;
     ff_cnode *ro = ff_cnode_find(base, "rollout");
     if (ro) {
         if (r != FF_ROLE_ACTOR)
@@ -233,7 +236,7 @@ static int read_role(ff_run_config *run, ff_role r) {
         int wd;
         if (ff_cnode_get_enum(ro, "dtype", dtypes, 2, rc->cuda && rw > 0 && !rc->rollout_delta, &wd) < 0) return -1;
         rc->rollout_w16 = wd == 1;
-        if (ff_cnode_get_enum(ro, "kv_dtype", dtypes, 2, 0, &wd) < 0) return -1;
+        if (ff_cnode_get_enum(ro, "kv_dtype", dtypes, 2, rc->rollout_kv16, &wd) < 0) return -1;
         rc->rollout_kv16 = wd == 1;
         bool graphs = true;
         if (ff_cnode_get_bool(ro, "graphs", true, &graphs) < 0) return -1;

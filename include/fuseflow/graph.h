@@ -268,8 +268,9 @@ typedef struct ff_role_cfg {
                                 elements whose wire value changed (ff_reshard_opts.delta) */
     int64_t rollout_kv_block; /* actor: `rollout: {kv_block: N}`: positions per KV-cache block
                                  (default 16; ff_generator_config.kv_block_rows) */
-    bool rollout_kv16;        /* actor: `rollout: {kv_dtype: bf16}` (default fp32): the KV cache in
-                                 bf16, half its bytes (ff_generator_config.kv_bf16) */
+    bool rollout_kv16;        /* actor: `rollout: {kv_dtype: bf16}` (default: bf16 on cuda, fp32 on
+                                 the cpu): the KV cache in bf16, half its bytes
+                                 (ff_generator_config.kv_bf16) */
     bool rollout_eager;       /* actor: `rollout: {graphs: false}` (default true): decode steps
                                  kernel by kernel, not replayed as CUDA graphs
                                  (ff_generator_config.eager) */

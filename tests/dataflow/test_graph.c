@@ -115,9 +115,11 @@ static void test_base_and_examples(ff_registry *reg) {
     CHECK_EQ_INT(run->roles[FF_ROLE_REF].colocate_with, FF_ROLE_ACTOR);
     CHECK_EQ_INT(run->roles[FF_ROLE_ACTOR].layout.zero, 0); /* the default */
     CHECK(!run->roles[FF_ROLE_ACTOR].rollout_w16 && !run->roles[FF_ROLE_REF].w16); /* cpu: fp32 */
+    CHECK(!run->roles[FF_ROLE_ACTOR].rollout_kv16);
     ff_run_config_destroy(&run);
     /* on cuda a frozen role and a generation pool of its own hold bf16 weights unless told
-     * otherwise; the colocated copy (a view) and a pool patched by deltas keep fp32 */
+     * otherwise; the colocated copy (a view) and a pool patched by deltas keep fp32; the KV
+     * cache is bf16 (kv_dtype: fp32 keeps fp32) */
     {
         char *o_pool[] = {"roles.actor.backend=cuda", "roles.actor.rollout.workers=2"};
         char *o_colo[] = {"roles.actor.backend=cuda"};
@@ -131,9 +133,15 @@ static void test_base_and_examples(ff_registry *reg) {
             if (!run) fprintf(stderr, "%s\n", ff_error_message());
             REQUIRE(run);
             CHECK_EQ_INT(run->roles[FF_ROLE_ACTOR].rollout_w16, want[i]);
+            CHECK(run->roles[FF_ROLE_ACTOR].rollout_kv16); /* a bf16 KV cache on cuda, with or without a rollout section */
             CHECK(run->roles[FF_ROLE_REF].w16); /* colocated with the actor: on cuda too */
             ff_run_config_destroy(&run);
         }
+        char *o_kv[] = {"roles.actor.backend=cuda", "roles.actor.rollout.kv_dtype=fp32"};
+        run = load_text(reg, base, 2, o_kv);
+        REQUIRE(run);
+        CHECK(!run->roles[FF_ROLE_ACTOR].rollout_kv16);
+        ff_run_config_destroy(&run);
     }
     run = load_text(reg, base, 0, NULL);
     REQUIRE(run);
