@@ -142,8 +142,8 @@ struct ff_generator {
     double prefill_s;
     /* decode graphs (ff_generator_graph_stats): graph[P] replays the forward of a batch padded to
      * P rows; seen[P], an eager step of that size ran (its scratch sized); graph_key, the device
-     * addresses the graphs were captured with (weights, a view's viewed weights or their bf16 copy,
- * RoPE tables): others, captured again */
+     * addresses the graphs were captured with (weights, a view's viewed weights or their bf16
+     * copy, RoPE tables): others, captured again */
     bool graphs_on;
     int32_t graph_cap; /* padded sizes 1..graph_cap have graphs */
     ff_stream_graph **graph; /* [graph_cap + 1] */
@@ -961,8 +961,9 @@ static void graphs_off(ff_generator *g, const char *why) {
 
 /* The forward of a decode step of P rows (inputs uploaded): a graph's replay when there is one
  * for P, else kernel by kernel (the first step of a size; then its capture). The graphs hold
- * the addresses of the weights (a view's and the viewed model's, or its bf16 copy) and RoPE tables (compared, never dereferenced here): when the
- * model's parameters were released and restored elsewhere, they are captured again. */
+ * the addresses of the weights (a view's and the viewed model's, or its bf16 copy) and RoPE
+ * tables (compared, never dereferenced here): when the model's parameters were released and
+ * restored elsewhere, or the copy made in another buffer, they are captured again. */
 static int decode_forward(ff_generator *g, int32_t P) {
     ff_model *m = g->m;
     if (!g->graphs_on || P > g->graph_cap) {

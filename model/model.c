@@ -33,11 +33,12 @@
 #include "fuseflow/util.h"
 #include "model/model_internal.h"
 
-/* The automatic LM-head chunk: logits of at most LOGITS_BUDGET_BYTES, or, for a model that trains
- * on a device, 1/LOGITS_DEVICE_SHARE of the device's memory where that is more. A batch over one
- * chunk recomputes its logits in the backward: on a GPU that is a third more of the LM head's
- * products (2 T H V flops, 7 % more of a Llama-3.2-1B step), worth the memory there (at 80 GB:
- * 2.5 GB, a 4.9k-token micro-batch at a 128k vocabulary). Host memory keeps the small budget. */
+/* The automatic LM-head chunk: logits of at most LOGITS_BUDGET_BYTES, or, for a model that
+ * trains on a device, 1/LOGITS_DEVICE_SHARE of the device's memory where that is more. A batch
+ * of more than one chunk computes its logits again in the backward: on a GPU a third more of
+ * the LM head's products (2 T H V flops, 7 % more of a Llama-3.2-1B step), worth the memory
+ * there (at 80 GB: 2.5 GB, a 4.9k-token micro-batch at a 128k vocabulary). Host memory keeps
+ * the small budget. */
 #define LOGITS_BUDGET_BYTES ((size_t)256 << 20)
 #define LOGITS_DEVICE_SHARE 32
 #define CONVERT_CHUNK 8192                  /* elements converted to or from bf16 at a time, on the stack */
