@@ -38,9 +38,10 @@ static void help(void) {
            "  --json                 one JSON line per completion: text, tokens, logprobs, finish\n"
            "  --device D             cpu (default), cpu:N, cuda, cuda:N (also --backend D); cuda\n"
            "                         multiplies in bf16 unless FF_CUDA_MATH=tf32 or fp32 (exact)\n"
-           "  --weights W            fp32 (default) or bf16: the weight matrices held in bf16, half the\n"
-           "                         memory; activations and sums stay fp32 (docs/model.md \"bf16 weights\")\n"
-           "  --kv-dtype D           fp32 (default) or bf16: the KV cache's keys and values, half its memory\n"
+           "  --weights W            fp32 or bf16 (the default on cuda, fp32 on the cpu): the weight\n"
+           "                         matrices held in bf16, half the memory (docs/model.md \"bf16 weights\")\n"
+           "  --kv-dtype D           fp32 or bf16 (the default on cuda, fp32 on the cpu): the KV cache's\n"
+           "                         keys and values, half its memory\n"
            "  --eager                decode kernel by kernel: no CUDA graphs (on cuda each decode step is\n"
            "                         otherwise one replayed graph; docs/cuda.md \"Graphs\")\n\n"
            "example:\n"
@@ -67,7 +68,7 @@ static char *unescape(const char *s) {
 static const char *finish_name(ff_finish_reason f) { return f == FF_FINISH_STOP ? "stop" : f == FF_FINISH_LENGTH ? "length" : "aborted"; }
 
 int ff_cmd_generate(int argc, char **argv) {
-    const char *model_dir = NULL, *prompt = NULL, *device = "cpu", *weights = "fp32", *kv_dtype = "fp32";
+    const char *model_dir = NULL, *prompt = NULL, *device = "cpu", *weights = NULL, *kv_dtype = NULL;
     bool bf16 = false, kv16 = false;
     int64_t max_new = 64, top_k = 0, seed = 0, n = 1;
     double temperature = 1.0, top_p = 1.0;
@@ -125,6 +126,10 @@ int ff_cmd_generate(int argc, char **argv) {
         free(stops);
         return ffio_usage(CMD, "--model DIR and --prompt TEXT are required");
     }
+    /* on a GPU as HF holds a bf16 model: bf16 weights and KV cache unless told otherwise */
+    const bool cuda = !strncmp(device, "cuda", 4);
+    if (!weights) weights = cuda ? "bf16" : "fp32";
+    if (!kv_dtype) kv_dtype = cuda ? "bf16" : "fp32";
     if (ffio_weights(CMD, weights, &bf16)) {
         free(stops);
         return 2;

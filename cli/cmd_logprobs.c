@@ -38,8 +38,8 @@ static void help(void) {
            "  --batch-tokens N     tokens per forward pass (default 8192)\n"
            "  --device D           cpu (default), cpu:N (N threads), cuda, cuda:N (also --backend D);\n"
            "                       cuda multiplies in bf16 unless FF_CUDA_MATH=tf32 or fp32 (exact)\n"
-           "  --weights W          fp32 (default) or bf16: the weight matrices held in bf16, half the\n"
-           "                       memory; activations and sums stay fp32 (docs/model.md \"bf16 weights\")\n\n"
+           "  --weights W          fp32 or bf16 (the default on cuda, fp32 on the cpu): the weight\n"
+           "                       matrices held in bf16, half the memory (docs/model.md \"bf16 weights\")\n\n"
            "example:\n"
            "  fuseflow logprobs --model runs/tiny --input seqs.jsonl --output logprobs.jsonl\n");
 }
@@ -170,7 +170,7 @@ static int write_line(sink *k, const float *lp, int32_t n, char **buf, size_t *c
 }
 
 int ff_cmd_logprobs(int argc, char **argv) {
-    const char *model_dir = NULL, *input = NULL, *output = NULL, *device = "cpu", *weights = "fp32";
+    const char *model_dir = NULL, *input = NULL, *output = NULL, *device = "cpu", *weights = NULL;
     bool bf16 = false;
     int64_t batch_tokens = 8192;
     bool add_special = false;
@@ -187,6 +187,7 @@ int ff_cmd_logprobs(int argc, char **argv) {
     if (pr == 1) help();
     if (pr) return pr == 1 ? 0 : pr;
     if (!model_dir || !input) return ffio_usage(CMD, "--model DIR and --input FILE are required");
+    if (!weights) weights = strncmp(device, "cuda", 4) ? "fp32" : "bf16"; /* a GPU's default, as HF holds a bf16 model */
     if (ffio_weights(CMD, weights, &bf16)) return 2;
 
     ff_model_config cfg;

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `--device cuda` / `--backend cuda` on the commands that take it (generate, logprobs, sft):
 # without a GPU (or without CUDA in the build) a clear error that names what is missing and says
-# to use the cpu backend; with one, in exact fp32 (FF_CUDA_MATH=fp32), greedy decoding gives the
-# CPU's tokens (and with CUDA graphs the tokens of --eager steps), log-prob scoring the CPU's within 1e-4, and two SFT steps the CPU's losses and
-# gradient norms within 1e-4 relative, their model loading on the CPU.
+# to use the cpu backend; with one, in exact fp32 (FF_CUDA_MATH=fp32, --weights fp32, --kv-dtype
+# fp32), greedy decoding gives the CPU's tokens (and with CUDA graphs the tokens of --eager
+# steps), log-prob scoring the CPU's within 1e-4, and two SFT steps the CPU's losses and
+# gradient norms within 1e-4 relative, their model loading on the CPU; the commands' defaults on
+# cuda are bf16 weights and a bf16 KV cache (the outputs of asking for them, not fp32's).
 # With FF_CUDA_EMU_BIN (ctest's cli/test_generate_cuda_emu) the cuda runs use that build of the
 # command, whose cuda backend is the CUDA emulator (kernels/cuda/emu/): the GPU half, on the CPU.
 source "$(dirname "$0")/lib.sh"
@@ -39,7 +41,8 @@ fi
 
 expect_ok "greedy on cpu" "$FF_BIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 24 --json --device cpu
 cp "$TMP/out" "$TMP/cpu.json"
-expect_ok "greedy on cuda" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 24 --json --device cuda
+f32=(--weights fp32 --kv-dtype fp32) # exact fp32 on cuda (the defaults there are bf16)
+expect_ok "greedy on cuda" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" --temperature 0 --max-new-tokens 24 --json --device cuda "${f32[@]}"
 if python3 - "$TMP/cpu.json" "$TMP/out" <<'PY'; then
 import json, sys
 a = json.loads(open(sys.argv[1]).readline())["tokens"]
@@ -54,10 +57,10 @@ fi
 
 # decode steps as CUDA graphs (the default; 3 sequences padded to 4 rows) against --eager
 expect_ok "3 greedy samples on cuda (graphs)" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" \
-  --temperature 0 --max-new-tokens 24 --n 3 --json --device cuda
+  --temperature 0 --max-new-tokens 24 --n 3 --json --device cuda "${f32[@]}"
 cp "$TMP/out" "$TMP/graphs.json"
 expect_ok "3 greedy samples on cuda --eager" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" \
-  --temperature 0 --max-new-tokens 24 --n 3 --json --device cuda --eager
+  --temperature 0 --max-new-tokens 24 --n 3 --json --device cuda --eager "${f32[@]}"
 if python3 - "$TMP/graphs.json" "$TMP/out" "$TMP/cpu.json" <<'PY'; then
 import json, sys
 g = [json.loads(l)["tokens"] for l in open(sys.argv[1])]
@@ -76,7 +79,7 @@ expect_ok "--eager on cpu (nothing to turn off)" "$FF_BIN" generate --model "$M"
 printf '{"tokens": [1, 2, 3, 4, 5, 6]}\n{"tokens": [7, 8, 9]}\n' > "$TMP/seqs.jsonl"
 expect_ok "logprobs on cpu" "$FF_BIN" logprobs --model "$M" --input "$TMP/seqs.jsonl" --output "$TMP/lp_cpu.jsonl" --backend cpu
 expect_ok "logprobs on cuda" env FF_CUDA_MATH=fp32 "$GBIN" logprobs --model "$M" --input "$TMP/seqs.jsonl" \
-  --output "$TMP/lp_cuda.jsonl" --backend cuda
+  --output "$TMP/lp_cuda.jsonl" --backend cuda --weights fp32
 if python3 - "$TMP/lp_cpu.jsonl" "$TMP/lp_cuda.jsonl" <<'PY'; then
 import json, sys
 a = [json.loads(l)["logprobs"] for l in open(sys.argv[1])]
@@ -89,6 +92,33 @@ PY
   ok "cuda log-probs equal the cpu's within 1e-4"
 else
   fail "cuda log-probs differ from the cpu's"
+fi
+
+# on cuda the defaults are bf16 weights and a bf16 KV cache (as HF holds a bf16 model): the same
+# outputs as asking for them, not the fp32 ones
+expect_ok "sampling on cuda, the defaults" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" \
+  --max-new-tokens 24 --json --device cuda --seed 3
+cp "$TMP/out" "$TMP/def.json"
+expect_ok "sampling on cuda, bf16 asked for" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" \
+  --max-new-tokens 24 --json --device cuda --seed 3 --weights bf16 --kv-dtype bf16
+cp "$TMP/out" "$TMP/b16.json"
+expect_ok "sampling on cuda, fp32 asked for" env FF_CUDA_MATH=fp32 "$GBIN" generate --model "$M" --prompt "ab" \
+  --max-new-tokens 24 --json --device cuda --seed 3 "${f32[@]}"
+cp "$TMP/out" "$TMP/f32.json"
+expect_ok "logprobs on cuda, the default weights" env FF_CUDA_MATH=fp32 "$GBIN" logprobs --model "$M" \
+  --input "$TMP/seqs.jsonl" --output "$TMP/lp_def.jsonl" --backend cuda
+expect_ok "logprobs on cuda, bf16 weights" env FF_CUDA_MATH=fp32 "$GBIN" logprobs --model "$M" \
+  --input "$TMP/seqs.jsonl" --output "$TMP/lp_b16.jsonl" --backend cuda --weights bf16
+if python3 - "$TMP/def.json" "$TMP/b16.json" "$TMP/f32.json" "$TMP/lp_def.jsonl" "$TMP/lp_b16.jsonl" "$TMP/lp_cuda.jsonl" <<'PY'; then
+import json, sys
+d, b, f = (json.loads(open(p).readline())["logprobs"] for p in sys.argv[1:4])
+ld, lb, lf = ([json.loads(l)["logprobs"] for l in open(p)] for p in sys.argv[4:7])
+print("generate: default == bf16", d == b, ", default != fp32", d != f, "; logprobs: default == bf16", ld == lb, ", != fp32", ld != lf)
+sys.exit(not (d == b and d != f and ld == lb and ld != lf))
+PY
+  ok "on cuda generate and logprobs default to bf16 weights (and generate to a bf16 KV cache)"
+else
+  fail "the cuda defaults of generate / logprobs are not bf16"
 fi
 
 printf '{"prompt": "1+2=", "response": "3"}\n{"prompt": "2+2=", "response": "4"}\n' > "$TMP/sft.jsonl"
