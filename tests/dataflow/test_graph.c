@@ -145,6 +145,7 @@ static void test_base_and_examples(ff_registry *reg) {
     }
     run = load_text(reg, base, 0, NULL);
     REQUIRE(run);
+    g = run->graph;
     /* topological order: gen first, sync last */
     const int *order = ff_graph_order(g);
     CHECK_EQ_INT(order[0], ff_graph_find_node(g, "gen"));
