@@ -891,13 +891,16 @@ static int assign_gpus(ex_run *x, const int *host_of, const int *local_index, ch
                 d.ngpus == 1 ? "" : "s");
     }
     /* how the cuda workers multiply: each reads FF_CUDA_MATH, which the workers this run starts
-     * inherit (a bad value fails their backend, naming it) */
+     * inherit; a word their backend would refuse is refused here, before any model loads */
     bool any_cuda = false;
     for (int r = 0; r < x->nranks; r++) any_cuda = any_cuda || x->rank_gpu[r] >= 0;
     const char *math = getenv("FF_CUDA_MATH");
     if (any_cuda && (!math || !*math))
         fprintf(x->out, "run: the cuda workers multiply in bf16 (FF_CUDA_MATH unset: the default; tf32 or fp32 for fp32 "
                         "operands, docs/run.md \"Backends\")\n");
+    else if (any_cuda && strcmp(math, "bf16") && strcmp(math, "tf32") && strcmp(math, "fp32"))
+        return ff_error_set("FF_CUDA_MATH", "use bf16 (the default), tf32 or fp32, or unset it",
+                            "unknown value '%s' for the run's cuda workers", math);
     else if (any_cuda)
         fprintf(x->out, "run: the cuda workers multiply in %s (FF_CUDA_MATH)\n", math);
     /* a frozen role on cuda holds bf16 weights by default (docs/run.md "bf16 weights"): say so */

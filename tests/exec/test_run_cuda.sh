@@ -7,8 +7,8 @@
 #     (no device here, or a build without CUDA), naming the backend and the config; the run
 #     says its cuda workers multiply in bf16 and its generation pool holds bf16 weights (the
 #     defaults on cuda);
-#   - too few GPUs (none; one for 4 workers): refused once the workers join, before any model
-#     loads, naming the roles' backend keys;
+#   - too few GPUs (none; one for 4 workers), and an unknown FF_CUDA_MATH: refused once the
+#     workers join, before any model loads, naming the roles' backend keys or the variable;
 #   - colocated roles on other backends, and an unknown backend: refused before any worker
 #     starts, naming the key.
 source "$(dirname "$0")/lib.sh"
@@ -50,6 +50,10 @@ grep -q "computes on cuda" "$work/none.log" && fail "none: a GPU was assigned"
 
 run one "${fake[@]}" "FAKE_CUDA_GPUS=NVIDIA H200" -- roles.actor.backend=cuda roles.actor.rollout.workers=2
 says one "runs 4 workers on cuda" "sees 1 GPU"
+
+run math "${fake[@]}" "FAKE_CUDA_GPUS=NVIDIA H200,NVIDIA H200" FF_CUDA_MATH=int4 -- roles.actor.backend=cuda
+says math "FF_CUDA_MATH" "unknown value 'int4'" "use bf16 (the default), tf32 or fp32"
+grep -qE "no CUDA device|built without the CUDA backend" "$work/math.log" && fail "math: the workers loaded before the refusal"
 
 run mixed -- roles.actor.backend=cuda roles.ref.backend=cpu
 says mixed "roles.ref.backend: cpu" "colocated with 'actor', whose backend is cuda"
