@@ -283,8 +283,9 @@ typedef struct ff_role_cfg {
                                 worker keeps the frozen weights in host memory and loads them
                                 onto its backend for the role's inference subtasks only
                                 (docs/run.md "Weights on demand") */
-    bool w16;                /* ref, reward: `dtype: bf16` (default fp32): the frozen model stores
-                                its weight matrices in bf16 (ff_model_opts.bf16_weights) */
+    bool w16;                /* ref, reward: `dtype: bf16` (the default on cuda, fp32 on the cpu):
+                                the frozen model stores its weight matrices in bf16
+                                (ff_model_opts.bf16_weights) */
 } ff_role_cfg;
 
 /* Bounds of sizes read from a run config. Token lengths (data.max_prompt_length,
