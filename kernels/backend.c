@@ -100,17 +100,21 @@ ff_buffer *ff_buffer_new(ff_backend *be, size_t bytes) {
         free(b);
         return NULL;
     }
-    const int64_t now = __atomic_add_fetch(&be->mem_in_use, (int64_t)bytes, __ATOMIC_RELAXED);
     __atomic_add_fetch(&be->mem_buffers, 1, __ATOMIC_RELAXED);
+    ff_backend_count_bytes(be, (int64_t)bytes);
+    return b;
+}
+
+void ff_backend_count_bytes(ff_backend *be, int64_t delta) {
+    const int64_t now = __atomic_add_fetch(&be->mem_in_use, delta, __ATOMIC_RELAXED);
     int64_t peak = __atomic_load_n(&be->mem_peak, __ATOMIC_RELAXED);
     while (now > peak && !__atomic_compare_exchange_n(&be->mem_peak, &peak, now, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
-    return b;
 }
 
 void ff_buffer_destroy(ff_buffer **pb) {
     if (!pb || !*pb) return;
-    __atomic_sub_fetch(&(*pb)->be->mem_in_use, (int64_t)(*pb)->size, __ATOMIC_RELAXED);
+    ff_backend_count_bytes((*pb)->be, -(int64_t)(*pb)->size);
     __atomic_sub_fetch(&(*pb)->be->mem_buffers, 1, __ATOMIC_RELAXED);
     (*pb)->be->ops->free((*pb)->be, (*pb)->data);
     free(*pb);

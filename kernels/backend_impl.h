@@ -101,7 +101,8 @@ struct ff_backend {
         const char *name;
         int64_t ns, calls;
     } prof[64];
-    /* ff_backend_memory: the bytes of the buffers alive, their most so far, their count
+    /* ff_backend_memory: the bytes of the buffers alive (and of the backend's own workspace,
+     * ff_backend_count_bytes), their most so far, the count of buffers
      * (updated with __atomic builtins, a buffer may be destroyed on another thread than the one
      * that computes; plain fields, as this header is also C++'s in kernels/cuda/) */
     int64_t mem_in_use, mem_peak, mem_buffers;
@@ -130,6 +131,10 @@ struct ff_stream {
 /* Keep the current error message (ff_error_message) as the stream's failure, for the next
  * ff_stream_sync to return: how a kernel that cannot run (out of memory) fails. */
 void ff_stream_fail(ff_stream *s);
+/* Device memory a backend holds outside buffers (a CUDA stream's kernel scratch and cuBLAS
+ * workspace) counted in ff_backend_memory's in_use and peak: delta bytes more (negative:
+ * fewer). Any thread. */
+void ff_backend_count_bytes(ff_backend *be, int64_t delta);
 
 /* Finish a backend whose ops, name, n_threads and impl are set: create its default
  * stream. 0 or -1 + error (the backend is then destroyed and *pbe NULLed). */

@@ -75,8 +75,9 @@ ff_buffer *ff_buffer_new(ff_backend *be, size_t bytes);
 void ff_buffer_destroy(ff_buffer **b);
 size_t ff_buffer_size(const ff_buffer *b);
 /* The backend's allocation counters, kept by ff_buffer_new and ff_buffer_destroy: the bytes
- * of the buffers alive now (in_use), the most alive at once since the backend was made or
- * the last reset (peak), and the count of buffers alive. Host memory a caller mallocs (an
+ * of the buffers alive now (in_use) with the device workspace the backend holds itself (on
+ * cuda each stream's kernel scratch and cuBLAS workspace), the most of them at once since the
+ * backend was made or the last reset (peak), and the count of buffers alive. Host memory a caller mallocs (an
  * offloaded optimizer state, ff_optimizer_offload) is not in them. capacity: the device's
  * memory in bytes (cudaMemGetInfo's total, whatever else holds some of it); 0 where the
  * buffers are host memory (cpu). */

@@ -127,6 +127,8 @@ static int load_blas(void) {
 
 /* ---- errors, device, scratch ------------------------------------------------------------------ */
 
+enum { BLAS_WS_BYTES = 32 << 20 }; /* cuBLAS's workspace on a stream (blas_on) */
+
 static int cuda_fail(cudaError_t e, const char *what, const char *hint) {
     cudaGetLastError(); /* a recoverable error stays set otherwise, and the next launch check would report it as its own */
     return ff_error_set("cuda backend", hint, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
@@ -149,6 +151,23 @@ void ff_cuda_check_launch(ff_stream *s, const char *kernel) {
     ff_stream_fail(s);
 }
 
+/* What an out-of-memory error adds: "cuda:0: fuseflow holds 75.2 GiB of its 79.6 GiB, 1.1 GiB
+ * free" (the rest is other processes' and the CUDA context's). */
+static const char *device_held(ff_backend *be, char *out, size_t cap) {
+    ff_backend_memory m;
+    ff_backend_memory_of(be, &m);
+    char a[32], b[32], c[32];
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(out, cap, "%s: fuseflow holds %s", be->name, ff_fmt_bytes((uint64_t)m.in_use, a, sizeof a));
+        return out;
+    }
+    snprintf(out, cap, "%s: fuseflow holds %s of its %s, %s free", be->name, ff_fmt_bytes((uint64_t)m.in_use, a, sizeof a),
+             ff_fmt_bytes((uint64_t)total_bytes, b, sizeof b), ff_fmt_bytes((uint64_t)free_bytes, c, sizeof c));
+    return out;
+}
+
 void *ff_cuda_scratch(ff_stream *s, size_t bytes) {
     cuda_stream *cs = (cuda_stream *)s->impl;
     if (bytes <= cs->scratch_cap) return cs->scratch;
@@ -166,9 +185,11 @@ void *ff_cuda_scratch(ff_stream *s, size_t bytes) {
         }
         cs->retired = r;
         cs->retired[cs->n_retired++] = cs->scratch;
-    } else {
+        cs->retired_bytes += cs->scratch_cap;
+    } else if (cs->scratch) {
         cudaStreamSynchronize(cs->st); /* queued kernels may still read the old block */
         cudaFree(cs->scratch);
+        ff_backend_count_bytes(s->be, -(int64_t)cs->scratch_cap);
     }
     cs->scratch = NULL;
     cs->scratch_cap = 0;
@@ -177,12 +198,15 @@ void *ff_cuda_scratch(ff_stream *s, size_t bytes) {
     if (e != cudaSuccess) {
         cudaGetLastError();
         cs->scratch = NULL;
+        char held[160];
         ff_error_set("cuda backend", "use smaller batches (fewer sequences or tokens)",
-                     "out of device memory for %zu bytes of kernel scratch (%s)", bytes, cudaGetErrorString(e));
+                     "out of device memory for %zu bytes of kernel scratch (%s; %s)", bytes, cudaGetErrorString(e),
+                     device_held(s->be, held, sizeof held));
         ff_stream_fail(s);
         return NULL;
     }
     cs->scratch_cap = want;
+    ff_backend_count_bytes(s->be, (int64_t)want);
     return cs->scratch;
 }
 
@@ -196,8 +220,10 @@ static int cuda_alloc(ff_backend *be, size_t bytes, void **data) {
     if (e != cudaSuccess) {
         cudaGetLastError(); /* clear it: out of memory is recoverable */
         *data = NULL;
+        char held[160], want[32];
         return ff_error_set("cuda backend", "use a smaller model or batch, or a GPU with more memory",
-                            "out of device memory allocating %zu bytes (%s)", bytes, cudaGetErrorString(e));
+                            "out of device memory allocating %s (%s; %s)", ff_fmt_bytes((uint64_t)bytes, want, sizeof want),
+                            cudaGetErrorString(e), device_held(be, held, sizeof held));
     }
     cudaStream_t fill = ((cuda_impl *)be->impl)->fill;
     e = cudaMemsetAsync(*data, 0, bytes, fill);
@@ -272,6 +298,7 @@ static void cuda_stream_fini(ff_stream *s) {
     cudaFree(cs->blas_ws);
     for (int i = 0; i < cs->n_retired; i++) cudaFree(cs->retired[i]); /* graphs outlived their stream (a caller's bug) */
     free(cs->retired);
+    ff_backend_count_bytes(s->be, -(int64_t)(cs->scratch_cap + cs->retired_bytes + (cs->blas_ws ? BLAS_WS_BYTES : 0)));
     cudaStreamDestroy(cs->st);
     free(cs);
     s->impl = NULL;
@@ -349,6 +376,8 @@ static void cuda_graph_free(ff_stream *s, void *graph) {
     cudaStreamSynchronize(cs->st); /* a replay queued before may still use a retired block */
     for (int i = 0; i < cs->n_retired; i++) cudaFree(cs->retired[i]);
     cs->n_retired = 0;
+    ff_backend_count_bytes(s->be, -(int64_t)cs->retired_bytes);
+    cs->retired_bytes = 0;
 }
 static void cuda_destroy(ff_backend *be) {
     cuda_impl *c = (cuda_impl *)be->impl;
@@ -391,7 +420,6 @@ static __global__ void k_to_bf16(const float *src, int ld, __nv_bfloat16 *dst, i
  * size NVIDIA gives for Hopper), so that cuBLAS never allocates by itself, which a graph capture
  * could not hold; set again with the stream at every call (cublasSetStream puts back the default
  * pool). 0, or -1 with the stream failed: out of memory, or a first product inside a capture. */
-enum { BLAS_WS_BYTES = 32 << 20 };
 static int blas_on(ff_stream *s) {
     cuda_impl *c = CI(s);
     cuda_stream *cs = (cuda_stream *)s->impl;
@@ -409,6 +437,7 @@ static int blas_on(ff_stream *s) {
             ff_stream_fail(s);
             return -1;
         }
+        ff_backend_count_bytes(s->be, BLAS_WS_BYTES);
     }
     if (blas.set_stream(c->blas, CS(s)) != CUBLAS_STATUS_SUCCESS ||
         blas.set_workspace(c->blas, cs->blas_ws, BLAS_WS_BYTES) != CUBLAS_STATUS_SUCCESS) {

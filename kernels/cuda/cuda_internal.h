@@ -45,6 +45,7 @@ typedef struct cuda_stream {
     int graphs;        /* graphs captured on st and alive: they hold the scratch they were captured with */
     void **retired;    /* [n_retired] scratch blocks outgrown while graphs hold them: freed with the last graph */
     int n_retired;
+    size_t retired_bytes; /* their bytes together (ff_backend_count_bytes counts every block of the stream) */
 } cuda_stream;
 
 static inline cudaStream_t CS(const ff_stream *s) { return ((cuda_stream *)s->impl)->st; }

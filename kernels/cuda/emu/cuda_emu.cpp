@@ -52,9 +52,8 @@ extern "C" {
 #define EMU_ASAN 0
 #endif
 
-/* the emulated device: an H100-sized one */
+/* the emulated device: an H100-sized one (its memory: device_bytes) */
 enum { EMU_SMS = 132, EMU_MAX_THREADS = 1024, EMU_SMEM_DEFAULT = 48 * 1024, EMU_SMEM_OPTIN = 232448 };
-static const size_t EMU_DEVICE_BYTES = (size_t)80 << 30;
 static const size_t EMU_STACK = 256 * 1024;
 
 /* ---- errors ------------------------------------------------------------------------------------ */
@@ -146,6 +145,18 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
 
 static std::map<uintptr_t, size_t> allocs; /* base -> bytes */
 static size_t alloc_total;
+
+/* The device's memory: 80 GiB, or FF_CUDA_EMU_MEMORY bytes (at least 1 MiB; for tests of what a
+ * smaller GPU refuses). Read once. */
+static size_t device_bytes(void) {
+    static size_t n;
+    if (!n) {
+        const char *e = getenv("FF_CUDA_EMU_MEMORY");
+        long long v = e && *e ? atoll(e) : 0;
+        n = v >= (1 << 20) ? (size_t)v : (size_t)80 << 30;
+    }
+    return n;
+}
 
 /* Is [p, p + n) inside one device allocation? */
 static bool on_device(const void *p, size_t n) {
@@ -438,7 +449,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     *p = NULL;
     CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureUnsupported);
     if (n == 0) return cudaSuccess;
-    if (n > EMU_DEVICE_BYTES - alloc_total) return fail(cudaErrorMemoryAllocation);
+    if (n > device_bytes() - alloc_total) return fail(cudaErrorMemoryAllocation);
     void *m = malloc(n);
     if (!m) return fail(cudaErrorMemoryAllocation);
     memset(m, 0xff, n); /* device memory starts as garbage: NaN bytes show a read of unwritten data */
@@ -449,8 +460,8 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     EMU_ENTER();
-    *free_bytes = EMU_DEVICE_BYTES - alloc_total;
-    *total_bytes = EMU_DEVICE_BYTES;
+    *free_bytes = device_bytes() - alloc_total;
+    *total_bytes = device_bytes();
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
