@@ -370,6 +370,9 @@ struct ex_run {
         int64_t role[FF_RL_NROLES][FF_RL_RB_N];
     } loaded[EX_MAX_RANKS];
     bool memory_pending;
+    /* each device rank's most held on its device since the last iteration's metrics (the
+     * results' FF_RL_T_DEVICE_PEAK), 0 where none reported */
+    int64_t device_peak[EX_MAX_RANKS];
 
     ex_fuse fuse;        /* graph.<actor train>.fuse (exec_fuse.c) */
     struct ex_trace *tr; /* --trace: what the executor adds to the controller's trace */
@@ -419,6 +422,8 @@ int ex_check_dataset(ex_run *x); /* the batch against the training set (after th
 int ex_iteration(ex_run *x, int64_t it);
 void ex_iter_free(ex_run *x, ex_iter **pi);
 void ex_iter_metrics(ex_run *x, json_t *m);
+/* A result's device peak (FF_RL_T_DEVICE_PEAK) into x->device_peak. */
+void ex_device_peak_note(ex_run *x, const ff_result *r);
 void ex_iter_finish(ex_run *x);
 void ex_dump_samples(ex_run *x, FILE *f);
 void ex_fail(ex_run *x, const char *fmt, ...) FF_PRINTF(2, 3);

@@ -134,6 +134,7 @@ static void on_done(ff_controller *c, uint64_t id, const ff_result *r, int n, vo
             break;
         }
     if (j->kind == JOB_GEN || j->kind == JOB_SCORE) ex_weights_note(x, j, r, n);
+    for (int i = 0; i < n; i++) ex_device_peak_note(x, &r[i]);
     switch (j->kind) {
     case JOB_GEN: gen_done(x, j, ex_result_of(r, n)); break;
     case JOB_SCORE: score_done(x, j, ex_result_of(r, n)); break;
@@ -1446,6 +1447,27 @@ int ex_iteration(ex_run *x, int64_t it) {
 }
 
 /* ---- the iteration's metrics --------------------------------------------------------------------- */
+void ex_device_peak_note(ex_run *x, const ff_result *r) {
+    const ff_tensor *t = r->status == FF_STATUS_OK ? ex_out_named(r, FF_RL_T_DEVICE_PEAK) : NULL;
+    if (!t || t->dtype != FF_DTYPE_I64 || ff_tensor_numel(t) != 2 || r->rank < 0 || r->rank >= x->nranks) return;
+    const int64_t peak = ((const int64_t *)t->data)[0];
+    if (peak > x->device_peak[r->rank]) x->device_peak[r->rank] = peak;
+}
+
+/* "device_memory": [{"rank", "peak_bytes", "capacity_bytes"}, ...], the ranks on a device that
+ * reported since the previous metrics line; their peaks start again. */
+static void device_metrics(ex_run *x, json_t *m) {
+    json_t *a = NULL;
+    for (int r = 0; r < x->nranks; r++) {
+        if (x->device_peak[r] <= 0) continue;
+        if (!a && !(a = json_array())) return;
+        json_array_append_new(a, json_pack("{s:i, s:I, s:I}", "rank", r, "peak_bytes", (json_int_t)x->device_peak[r], "capacity_bytes",
+                                           (json_int_t)x->loaded[r].mem[FF_RL_MEM_DEV_CAP]));
+        x->device_peak[r] = 0;
+    }
+    if (a) json_object_set_new(m, "device_memory", a);
+}
+
 void ex_iter_metrics(ex_run *x, json_t *m) {
     ex_iter *I = x->cur;
     double rsum = 0, lsum = 0, acc = 0, klsum = 0, klw = 0, n = 0;
@@ -1545,6 +1567,7 @@ void ex_iter_metrics(ex_run *x, json_t *m) {
         json_object_set_new(m, "rollout_decode", ds);
     }
     if (klw > 0) json_object_set_new(m, "kl", json_real(klsum / klw));
+    device_metrics(x, m);
     for (int k = 0; k < x->n_nodes; k++) {
         ff_node *nd = ff_graph_node_mut(x->run->graph, (size_t)k);
         if (nd->op == FF_OP_ADVANTAGE && nd->kl_penalty) {

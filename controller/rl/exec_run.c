@@ -392,10 +392,12 @@ static void print_memory(ex_run *x) {
         int64_t need = 0;
         for (int i = 0; i < FF_RL_NROLES; i++)
             for (int k = 0; k < FF_RL_RB_N; k++) need += k == FF_RL_RB_VIEWED ? -x->loaded[r].role[i][k] : x->loaded[r].role[i][k];
-        fprintf(x->out, "run: rank %d holds %s after loading (peak %s); its roles need %s:", r,
-                ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_RSS], b[0], sizeof b[0]),
-                ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_PEAK], b[1], sizeof b[1]),
-                ff_fmt_bytes((uint64_t)need, b[2], sizeof b[2]));
+        fprintf(x->out, "run: rank %d holds %s after loading (peak %s)", r, ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_RSS], b[0], sizeof b[0]),
+                ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_PEAK], b[1], sizeof b[1]));
+        if (x->loaded[r].mem[FF_RL_MEM_DEV_CAP] > 0) /* a device: its buffers and workspace there */
+            fprintf(x->out, ", cuda:%d %s of its %s", x->rank_gpu[r], ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_DEV], b[0], sizeof b[0]),
+                    ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_DEV_CAP], b[1], sizeof b[1]));
+        fprintf(x->out, "; its roles need %s:", ff_fmt_bytes((uint64_t)need, b[2], sizeof b[2]));
         const char *sep = " ";
         for (int i = 0; i < FF_RL_NROLES; i++) {
             const int64_t *v = x->loaded[r].role[i];
@@ -414,7 +416,8 @@ static void print_memory(ex_run *x) {
 
 /* "memory": [{"rank", "resident_bytes", "peak_bytes", "roles": {"actor": {"params_bytes",
  * "grads_bytes", "optimizer_bytes"}, ...}}, ...]; a generating copy that reads the actor's
- * training shard in place also "in_place_bytes" (of its params_bytes) */
+ * training shard in place also "in_place_bytes" (of its params_bytes); a rank on a device also
+ * "device_bytes" (what its backend holds there after loading) and "device_capacity_bytes" */
 static json_t *memory_json(const ex_run *x) {
     json_t *a = json_array();
     for (int r = 0; r < x->nranks && a; r++) {
@@ -428,9 +431,13 @@ static json_t *memory_json(const ex_run *x) {
             if (o && v[FF_RL_RB_VIEWED]) json_object_set_new(o, "in_place_bytes", json_integer((json_int_t)v[FF_RL_RB_VIEWED]));
             json_object_set_new(roles, ff_rl_role_names[i], o);
         }
-        json_array_append_new(a, json_pack("{s:i, s:I, s:I, s:o}", "rank", r, "resident_bytes",
-                                           (json_int_t)x->loaded[r].mem[FF_RL_MEM_RSS], "peak_bytes",
-                                           (json_int_t)x->loaded[r].mem[FF_RL_MEM_PEAK], "roles", roles));
+        json_t *o = json_pack("{s:i, s:I, s:I, s:o}", "rank", r, "resident_bytes", (json_int_t)x->loaded[r].mem[FF_RL_MEM_RSS],
+                              "peak_bytes", (json_int_t)x->loaded[r].mem[FF_RL_MEM_PEAK], "roles", roles);
+        if (o && x->loaded[r].mem[FF_RL_MEM_DEV_CAP] > 0) {
+            json_object_set_new(o, "device_bytes", json_integer((json_int_t)x->loaded[r].mem[FF_RL_MEM_DEV]));
+            json_object_set_new(o, "device_capacity_bytes", json_integer((json_int_t)x->loaded[r].mem[FF_RL_MEM_DEV_CAP]));
+        }
+        json_array_append_new(a, o);
     }
     return a;
 }
@@ -612,7 +619,16 @@ static void print_metrics(ex_run *x, json_t *m) {
     json_t *t = json_object_get(m, "time");
     off += snprintf(line + off, sizeof line - (size_t)off, " | %.2fs", num(t, "iteration"));
     json_t *gt = json_object_get(t, "gen_tokens_per_s");
-    if (gt) snprintf(line + off, sizeof line - (size_t)off, " | %.0f tok/s", json_number_value(gt));
+    if (gt) off += snprintf(line + off, sizeof line - (size_t)off, " | %.0f tok/s", json_number_value(gt));
+    json_t *dm = json_object_get(m, "device_memory"), *e;
+    size_t i;
+    int64_t peak = 0, cap = 0;
+    json_array_foreach(dm, i, e) { /* the fullest device: its peak of its capacity */
+        const int64_t p = (int64_t)json_integer_value(json_object_get(e, "peak_bytes")), c = (int64_t)json_integer_value(json_object_get(e, "capacity_bytes"));
+        if (c > 0 && (!cap || (double)p / (double)c > (double)peak / (double)cap)) peak = p, cap = c;
+    }
+    char b[2][32];
+    if (cap) snprintf(line + off, sizeof line - (size_t)off, " | gpu %s/%s", ff_fmt_bytes((uint64_t)peak, b[0], sizeof b[0]), ff_fmt_bytes((uint64_t)cap, b[1], sizeof b[1]));
     fprintf(x->out, "%s\n", line);
     fflush(x->out);
 }

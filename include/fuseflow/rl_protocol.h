@@ -73,7 +73,9 @@ enum {
 /* rl.init's outputs, with one row per role in the order of the bits above (actor, gen,
  * critic, ref, reward), zero where the worker does not host it:
  *   "params"     I64 [FF_RL_NROLES]: the role's parameter count
- *   "memory"     I64 [FF_RL_MEM_N]: the worker's resident memory once loaded, in bytes
+ *   "memory"     I64 [FF_RL_MEM_N]: the worker's resident memory once loaded, in bytes, and
+ *                its backend's: the bytes it holds there (ff_backend_memory's in_use) and the
+ *                device's capacity (0 on the cpu)
  *   "role_bytes" I64 [FF_RL_NROLES, FF_RL_RB_N]: the bytes the role's parameters, gradients
  *                and optimizer state need (0 gradients and optimizer: it only infers), and of
  *                its parameters' those it reads in place from another role's memory on the
@@ -83,7 +85,7 @@ enum {
 #define FF_RL_T_PARAMS "params"
 #define FF_RL_T_MEMORY "memory"
 #define FF_RL_T_ROLE_BYTES "role_bytes"
-enum { FF_RL_MEM_RSS = 0, FF_RL_MEM_PEAK, FF_RL_MEM_N };       /* VmRSS now, VmHWM (the peak so far) */
+enum { FF_RL_MEM_RSS = 0, FF_RL_MEM_PEAK, FF_RL_MEM_DEV, FF_RL_MEM_DEV_CAP, FF_RL_MEM_N }; /* VmRSS now, VmHWM (the peak so far), backend in_use, capacity */
 enum { FF_RL_RB_PARAMS = 0, FF_RL_RB_GRADS, FF_RL_RB_OPTIM, FF_RL_RB_VIEWED, FF_RL_RB_N };
 /* The roles' names, indexed by row ("actor", "gen", "critic", "ref", "reward"). */
 extern const char *const ff_rl_role_names[FF_RL_NROLES];
@@ -146,6 +148,14 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
 #define FF_RL_T_WEIGHTS "weights"
 #define FF_RL_T_WEIGHTS_HELD "weights_held"
 enum { FF_RL_W_BYTES = 0, FF_RL_W_LOAD_S, FF_RL_W_WAITED_S, FF_RL_W_HELD, FF_RL_W_PREFETCHED, FF_RL_W_START, FF_RL_W_END, FF_RL_W_N };
+
+/* A worker on a device (its backend has a capacity: cuda), on every result of rl.generate (each
+ * rank of a TP replica too), rl.logprob, rl.value, rl.score, rl.train, rl.train_fused and rl.sync:
+ * "device_peak" I64 [2], the most its backend held at once since its previous such result (or
+ * since loading), and what it holds now, in bytes (ff_backend_memory: buffers and the backend's
+ * own workspace). The controller keeps each rank's most per iteration (metrics.jsonl
+ * "device_memory"). */
+#define FF_RL_T_DEVICE_PEAK "device_peak"
 
 /* Per-token columns (F32 [sum rlen]) an rl.train subtask carries, aligned with "resp". */
 enum {

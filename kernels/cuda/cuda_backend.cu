@@ -198,10 +198,10 @@ void *ff_cuda_scratch(ff_stream *s, size_t bytes) {
     if (e != cudaSuccess) {
         cudaGetLastError();
         cs->scratch = NULL;
-        char held[160];
+        char held[160], wb[32];
         ff_error_set("cuda backend", "use smaller batches (fewer sequences or tokens)",
-                     "out of device memory for %zu bytes of kernel scratch (%s; %s)", bytes, cudaGetErrorString(e),
-                     device_held(s->be, held, sizeof held));
+                     "out of device memory for %s of kernel scratch (%s; %s)", ff_fmt_bytes((uint64_t)want, wb, sizeof wb),
+                     cudaGetErrorString(e), device_held(s->be, held, sizeof held));
         ff_stream_fail(s);
         return NULL;
     }

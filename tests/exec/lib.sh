@@ -163,7 +163,7 @@ run_refused() { # WHAT EXPECTED overrides...
 # The iteration lines of a metrics file (JSON lines with "samples").
 iterations() { grep -c '"samples"' "$1" || true; }
 
-# Compare two metrics.jsonl files without the times, the workers' memory, the pipeline bubbles, the fuse decision, the KV use and
+# Compare two metrics.jsonl files without the times, the workers' (and devices') memory, the pipeline bubbles, the fuse decision, the KV use and
 # the weight sync's bytes (they depend on the layout): the same lines and keys, integers equal,
 # floats within atol + rtol |b| (exact when both are 0).
 same_metrics() { # A B ATOL RTOL
@@ -174,6 +174,7 @@ def load(p):
     out = []
     for l in open(p):
         o = json.loads(l); o.pop("time", None); o.pop("eval_time_s", None); o.pop("memory", None)
+        o.pop("device_memory", None)  # each device's peak: the layout's and the collectives' buffers
         o.pop("actor_pipe_bubble", None); o.pop("critic_pipe_bubble", None); o.pop("weight_sync", None)
         o.pop("fuse", None)  # whether the steps were fused (graph.<actor train>.fuse)
         o.pop("rollout_kv", None)  # the KV blocks the busiest rollout held: which worker took which jobs

@@ -223,6 +223,9 @@ int main(int argc, char **argv) {
     /* resident memory: at least the three copies of the weights, the peak at least that */
     CHECK(r0.memory[FF_RL_MEM_RSS] >= 12 * np && r0.memory[FF_RL_MEM_PEAK] >= r0.memory[FF_RL_MEM_RSS]);
     CHECK(r1.memory[FF_RL_MEM_RSS] >= 12 * np && r1.memory[FF_RL_MEM_PEAK] >= r1.memory[FF_RL_MEM_RSS]);
+    /* the backend's: on the cpu its buffers (the three copies of the weights at least: the
+     * actor's, its generating copy's, the reference's), and no device capacity */
+    CHECK(r0.memory[FF_RL_MEM_DEV] >= 12 * np && r0.memory[FF_RL_MEM_DEV_CAP] == 0);
 
     /* the same request on both workers, and batched with others on worker 0 */
     generate(0, 11, 4, &g0);

@@ -46,6 +46,15 @@ grpo() { # OUT EXTRA... (GPU_RUN=1: the GPU build and its environment)
     data.train_batch_size=8 graph.rollout.n=4 roles.actor.model="$cache/tiny" roles.ref.model="$cache/tiny" \
     --workers "${WORKERS:-1}" --val-limit 16 --no-progress "$@" > "$out.log" 2>&1 || { cat "$out.log" >&2; fail "grpo $* did not run"; }
 }
+grpo_fails() { # OUT EXTRA...: the GPU run, which must stop with an error (not hang)
+  local out=$1; shift
+  local rc=0
+  env "${genv[@]}" FF_BIN="$gbin" timeout 240 "$gbin" run "$src/examples/grpo.yaml" $(small_run "$out") trainer.steps=2 \
+    data.train_batch_size=8 graph.rollout.n=4 roles.actor.model="$cache/tiny" roles.ref.model="$cache/tiny" --workers 1 \
+    --val-limit 16 --no-progress "$@" > "$out.log" 2>&1 || rc=$?
+  ((rc != 0)) || fail "$out: the run succeeded"
+  ((rc != 124)) || fail "$out: the run hung"
+}
 grpo "$work/cpu"
 GPU_RUN=1 grpo "$work/gpu" roles.actor.backend=cuda
 grep -q "rank 0 computes on cuda:0" "$work/gpu.log" || fail "the actor is not on cuda:0: $(head -3 "$work/gpu.log")"
@@ -83,6 +92,29 @@ for path, lo, hi in ((sys.argv[1], 0.5, 0.51), (sys.argv[2], 1.0, 1.0)):
     print(f"{path}: the reference holds {share:.3f} of the actor's weight bytes")
     assert lo <= share <= hi, (path, share)
 PY
+# device memory: the load line says what the rank holds on its GPU of its capacity; the first
+# metrics line has it as device_bytes / device_capacity_bytes; every iteration has the rank's
+# peak on the device since the last (above what it held after loading: the training step's
+# gradients, moments, activations and workspace), within the capacity, and the console says it
+grep -qE "run: rank 0 holds .* after loading \(peak .*\), cuda:0 .* of its .*; its roles need" "$work/gpu.log" ||
+  fail "the load line does not say what rank 0 holds on cuda:0: $(grep 'after loading' "$work/gpu.log")"
+grep -qE "^iter 1/2 .* \| gpu [0-9.]+ [KMG]iB/[0-9.]+ [KMG]iB$" "$work/gpu.log" || fail "the iteration line has no gpu peak: $(grep '^iter 1' "$work/gpu.log")"
+python3 - "$work/gpu/metrics.jsonl" "$work/cpu/metrics.jsonl" <<'PY' || fail "the device memory in metrics.jsonl"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+m = next(l["memory"][0] for l in lines if "memory" in l)
+held, cap = m["device_bytes"], m["device_capacity_bytes"]
+assert 0 < held < cap, m
+its = [l for l in lines if "samples" in l]
+assert len(its) == 2, len(its)
+for l in its:
+    d = l["device_memory"]
+    assert [e["rank"] for e in d] == [0] and d[0]["capacity_bytes"] == cap, d
+    assert held < d[0]["peak_bytes"] <= cap, (held, d)
+print("cuda:0 held", held, "after loading; peaks", [l["device_memory"][0]["peak_bytes"] for l in its], "of", cap)
+cpu = [json.loads(l) for l in open(sys.argv[2])]
+assert not any("device_memory" in l for l in cpu) and "device_bytes" not in next(l["memory"][0] for l in cpu if "memory" in l)
+PY
 # decode steps kernel by kernel (roles.actor.rollout.graphs: false) against the CUDA graphs of
 # the default: on the emulator the same samples byte for byte (on a GPU a padded batch may pick
 # other cuBLAS kernels, so only that it runs)
@@ -116,6 +148,25 @@ kl = [json.loads(l)["kl_loss"] for l in open(sys.argv[1]) if '"kl_loss"' in l]
 print("bf16 products, a bf16 reference: kl_loss by iteration", kl)
 assert len(kl) == 2 and kl[0] == 0.0 and kl[1] > 0, kl
 PY
+fi
+if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
+  # a GPU too small to train on (the emulator's FF_CUDA_EMU_MEMORY: 1.5 MiB, which holds the
+  # weights, not the actor's weights, gradients, AdamW moments and bf16 copy with the
+  # reference's weights beside them): refused once loaded, before any iteration, naming what
+  # the step needs and what to change
+  FF_CUDA_EMU_MEMORY=1572864 grpo_fails "$work/small_gpu" roles.actor.backend=cuda
+  for t in "cuda:0 cannot train the actor: its optimizer step needs on the device at once the actor's weights" \
+           "AdamW moments" "bf16 copy for the products" "the ref's weights" "over the device's 1.5 MiB" "roles.ref.weights: on_demand"; do
+    grep -qF -- "$t" "$work/small_gpu.log" || fail "the small GPU's refusal does not say '$t': $(tail -3 "$work/small_gpu.log")"
+  done
+  ! grep -q "^iter 1" "$work/small_gpu.log" || fail "the small GPU ran an iteration"
+  # the reference in host memory between its uses (weights: on_demand) is not on the device at
+  # the step: at 1.6 MiB the check lets the run start, and the first allocation that does not
+  # fit (cuBLAS's workspace) stops it with the device's own account
+  FF_CUDA_EMU_MEMORY=1677722 grpo_fails "$work/small_gpu_od" roles.actor.backend=cuda roles.ref.weights=on_demand
+  ! grep -q "cannot train the actor" "$work/small_gpu_od.log" || fail "on demand: the reference's weights were counted"
+  grep -qE "out of device memory .*cuda:0: fuseflow holds .* of its 1.6 MiB, .* free" "$work/small_gpu_od.log" ||
+    fail "on demand: not the device's out-of-memory account: $(tail -3 "$work/small_gpu_od.log")"
 fi
 if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then # the emulator has GPUs to spare: 2 workers, data parallel over cuda:0 and cuda:1
   GPU_RUN=1 WORKERS=2 grpo "$work/gpu2" roles.actor.backend=cuda

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fuseflow/backend.h"
 #include "fuseflow/dtype.h"
 #include "fuseflow/fuse.h"
 #include "fuseflow/rl_protocol.h"
@@ -75,6 +76,10 @@ int64_t rlw_param_count(const rlw *s, unsigned role);
 /* The bytes a hosted role's parameters, gradients and optimizer state need, indexed by
  * FF_RL_RB_*; zeros when not hosted, 0 gradients and optimizer for a role that only infers. */
 void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]);
+/* The backend's memory counters (ff_backend_memory_of); all 0 before rlw_init made it. */
+void rlw_backend_memory(const rlw *s, ff_backend_memory *out);
+/* The backend's peak := what it holds now (ff_backend_memory_reset_peak); nothing before rlw_init. */
+void rlw_backend_reset_peak(rlw *s);
 
 /* ---- generation (continuous batching) -------------------------------------------------- */
 typedef struct rlw_sampling {

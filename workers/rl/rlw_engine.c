@@ -773,6 +773,67 @@ int64_t rlw_weights_held(const rlw *s) {
     return n;
 }
 
+/* Before any work, on a device (a backend with a capacity): what must be on it at once at a
+ * trained role's optimizer step, if that alone is over the device's memory, the run cannot
+ * train, so it stops now, not after its first generation. A floor, never an estimate: every
+ * trained role's weights, the stepping role's gradients, AdamW moments (at ZeRO-1 its range;
+ * offloaded ones come back for the step) and bf16 copy for the products, and the frozen roles'
+ * weights that stay on the device (not roles.<role>.weights: on_demand). Not counted (so a run
+ * may still run out later, with the allocation's own error): activations, the KV cache, the
+ * generating copy's own weights (given back for training when transient), workspace. */
+static int check_device_memory(const rlw *s) {
+    ff_backend_memory bm;
+    ff_backend_memory_of(s->be, &bm);
+    ff_model *trained[2] = {s->t_actor ? s->actor : NULL, s->t_critic ? s->critic : NULL};
+    ff_trainer *tr[2] = {s->t_actor, s->t_critic};
+    if (bm.capacity <= 0 || (!trained[0] && !trained[1])) return 0;
+    static const char *const tname[2] = {"actor", "critic"};
+    int64_t weights[2] = {0, 0}, step[2][3] = {{0}}; /* per trained role: gradients, moments, bf16 copy */
+    int64_t base = 0, frozen[2] = {0, 0};
+    int worst = -1;
+    for (int i = 0; i < 2; i++) {
+        if (!trained[i]) continue;
+        ff_model_memory mm;
+        ff_model_memory_of(trained[i], &mm);
+        const int64_t n = ff_model_param_count(trained[i]);
+        weights[i] = mm.params;
+        ff_optimizer *o = ff_trainer_optimizer(tr[i]);
+        step[i][0] = 4 * n;
+        step[i][1] = ff_optimizer_state_bytes(o) + ff_optimizer_host_bytes(o);
+        step[i][2] = ff_model_bf16_products(trained[i]) ? 2 * n : 0;
+        base += weights[i];
+        if (worst < 0 || step[i][0] + step[i][1] + step[i][2] > step[worst][0] + step[worst][1] + step[worst][2]) worst = i;
+    }
+    ff_model *fz[2] = {s->ref, s->rm};
+    for (int i = 0; i < 2; i++) {
+        if (!fz[i]) continue;
+        ff_model_memory mm;
+        ff_model_memory_of(fz[i], &mm);
+        frozen[i] = mm.params; /* 0 on demand: in host memory between its uses */
+        base += frozen[i];
+    }
+    const int64_t need = base + step[worst][0] + step[worst][1] + step[worst][2];
+    if (need <= bm.capacity) return 0;
+    char b[9][32], what[512];
+    int at = snprintf(what, sizeof what, "the %s's weights %s, gradients %s, AdamW moments %s", tname[worst],
+                      ff_fmt_bytes((uint64_t)weights[worst], b[0], sizeof b[0]), ff_fmt_bytes((uint64_t)step[worst][0], b[1], sizeof b[1]),
+                      ff_fmt_bytes((uint64_t)step[worst][1], b[2], sizeof b[2]));
+    if (step[worst][2]) at += snprintf(what + at, sizeof what - (size_t)at, ", its bf16 copy for the products %s", ff_fmt_bytes((uint64_t)step[worst][2], b[3], sizeof b[3]));
+    if (trained[1 - worst])
+        at += snprintf(what + at, sizeof what - (size_t)at, ", the %s's weights %s", tname[1 - worst], ff_fmt_bytes((uint64_t)weights[1 - worst], b[4], sizeof b[4]));
+    static const char *const fname[2] = {"ref", "reward"};
+    for (int i = 0; i < 2; i++)
+        if (frozen[i] && at < (int)sizeof what)
+            at += snprintf(what + at, sizeof what - (size_t)at, ", the %s's weights %s", fname[i], ff_fmt_bytes((uint64_t)frozen[i], b[5 + i], sizeof b[5 + i]));
+    return ff_error_set("worker", "give the trained roles more GPUs (roles.<role>.workers with layout: {tp: N} or {pp: N}; zero: 1 shards the "
+                                  "AdamW moments over the data-parallel ranks), keep frozen roles in host memory between their uses "
+                                  "(roles.ref.weights: on_demand), or use GPUs with more memory",
+                        "%s cannot train the %s: its optimizer step needs on the device at once %s: %s in all, over the device's %s "
+                        "(activations, the KV cache and workspace come on top)",
+                        ff_backend_name(s->be), tname[worst], what, ff_fmt_bytes((uint64_t)need, b[7], sizeof b[7]),
+                        ff_fmt_bytes((uint64_t)bm.capacity, b[8], sizeof b[8]));
+}
+
 int rlw_init(rlw *s, const rlw_init_args *a) {
     unload(s);
     int n_over = 0;
@@ -856,7 +917,7 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         if (!(s->rm = load_model(s, &s->lay, roles[FF_ROLE_REWARD].model, true, false, NULL, roles[FF_ROLE_REWARD].w16, "reward"))) return -1;
         if (roles[FF_ROLE_REWARD].on_demand && od_setup(s, OD_REWARD, s->rm) != 0) return -1;
     }
-    return 0;
+    return check_device_memory(s);
 }
 
 static ff_model *model_of(const rlw *s, unsigned role) {
@@ -900,6 +961,15 @@ void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]) {
     out[FF_RL_RB_GRADS] = ff_model_is_inference(m) ? 0 : 4 * ff_model_param_count(m);
     ff_trainer *t = role == FF_RL_ACTOR ? s->t_actor : role == FF_RL_CRITIC ? s->t_critic : NULL;
     if (t) out[FF_RL_RB_OPTIM] = ff_optimizer_state_bytes(ff_trainer_optimizer(t)) + ff_optimizer_host_bytes(ff_trainer_optimizer(t));
+}
+
+void rlw_backend_memory(const rlw *s, ff_backend_memory *out) {
+    memset(out, 0, sizeof *out);
+    if (s->be) ff_backend_memory_of(s->be, out);
+}
+
+void rlw_backend_reset_peak(rlw *s) {
+    if (s->be) ff_backend_memory_reset_peak(s->be);
 }
 
 static int need(const rlw *s, unsigned role) {

@@ -31,6 +31,10 @@
  *                [k n] (the moved ones' bytes)       -> moved I64 [4]
  *   rl.migrate_in  peer: receive member peer's sequences (in the handler), continue them here
  *                (deferred)     -> tag I64 [m, 2], xfer F64 [3], rlen, finish I32 [m], resp I32, logprob F32
+ *   on a device, every result of rl.generate, rl.logprob, rl.value, rl.score, rl.train,
+ *                rl.train_fused and rl.sync carries device_peak I64 [2] (the backend's most held
+ *                since the previous one, what it holds now); rl.init checks that the trained
+ *                roles' optimizer steps fit on the device (rlw_engine.c, check_device_memory)
  *   every generation result also carries prefill F64 [2] (tokens, seconds: the measured rate)
  *                and kv I64 [3] (the most KV blocks the rollout held since its previous result, its pool, positions per block)
  *   with roles.<ref|reward>.weights: on_demand (docs/run.md "Weights on demand"): rl.migrate_out
@@ -299,6 +303,10 @@ static int k_init(ff_task *t, void *ud) {
     ff_resident res = ff_resident_memory();
     mem[FF_RL_MEM_RSS] = (int64_t)res.now;
     mem[FF_RL_MEM_PEAK] = (int64_t)res.peak;
+    ff_backend_memory bm;
+    rlw_backend_memory(r->eng, &bm);
+    mem[FF_RL_MEM_DEV] = bm.in_use;
+    mem[FF_RL_MEM_DEV_CAP] = bm.capacity;
     return 0;
 }
 
@@ -339,10 +347,24 @@ static int gen_outputs(ff_task *t, rlw *eng, const rlw_gen_done *d) {
     return 0;
 }
 
+/* On a device, the most its backend held since the previous report (FF_RL_T_DEVICE_PEAK). The
+ * peak is reset here: each report covers the work since the last. */
+static int device_peak_out(ff_task *t, ff_rlworker *r) {
+    ff_backend_memory bm;
+    rlw_backend_memory(r->eng, &bm);
+    if (bm.capacity <= 0) return 0;
+    int64_t *o = ff_task_output(t, FF_RL_T_DEVICE_PEAK, FF_DTYPE_I64, 1, (int64_t[]){2});
+    if (!o) return -1;
+    o[0] = bm.peak, o[1] = bm.in_use;
+    rlw_backend_reset_peak(r->eng);
+    return 0;
+}
+
 static void on_gen_done(void *ctx, const rlw_gen_done *d) {
     ff_rlworker *r = ctx;
     ff_task *t = d->owner;
     int rc = gen_outputs(t, r->eng, d);
+    if (rc == 0) rc = device_peak_out(t, r);
     forget_open(r, t);
     ff_task_complete(t, rc);
 }
@@ -401,7 +423,7 @@ static int k_generate(ff_task *t, void *ud) {
     if (rlw_gen_lockstep(r->eng)) { /* in lockstep with the other TP ranks: to the end, here */
         gen_run g = {r, 0};
         if (rlw_gen_run(r->eng, t, p->data, pl->data, sd->data, (int32_t)pl->shape[0], (int32_t)n, &sp, on_gen_run, &g) != 0) return -1;
-        return g.rc;
+        return g.rc ? g.rc : device_peak_out(t, r);
     }
     if (rlw_gen_add(r->eng, t, p->data, pl->data, sd->data, (int32_t)pl->shape[0], (int32_t)n, &sp) != 0) return -1;
     if (ff_task_defer(t) != 0) {
@@ -671,7 +693,7 @@ static int k_logprob(ff_task *t, void *ud) {
     float *ent = want_ent ? sample_output(t, r, role, FF_RL_T_ENTROPY, R, &s2) : NULL;
     int rc = !lp || (want_ent && !ent) ? -1 : rlw_logprob(r->eng, role, &in, (int32_t)mb, lp, ent);
     free(s1), free(s2);
-    return rc ? rc : weights_out(t, r, role, t0);
+    return rc || weights_out(t, r, role, t0) ? -1 : device_peak_out(t, r);
 }
 
 static int k_value(ff_task *t, void *ud) {
@@ -682,7 +704,7 @@ static int k_value(ff_task *t, void *ud) {
     float *scratch = NULL, *v = sample_output(t, r, FF_RL_CRITIC, FF_RL_T_VALUES, R, &scratch);
     int rc = v ? rlw_values(r->eng, &in, (int32_t)mb, v) : -1;
     free(scratch);
-    return rc;
+    return rc ? rc : device_peak_out(t, r);
 }
 
 static int k_score(ff_task *t, void *ud) {
@@ -694,7 +716,7 @@ static int k_score(ff_task *t, void *ud) {
     float *scratch = NULL, *s = sample_output(t, r, FF_RL_REWARD, FF_RL_T_SCORE, in.n, &scratch);
     int rc = s ? rlw_reward_model(r->eng, &in, (int32_t)mb, s) : -1;
     free(scratch);
-    return rc ? rc : weights_out(t, r, FF_RL_REWARD, t0);
+    return rc || weights_out(t, r, FF_RL_REWARD, t0) ? -1 : device_peak_out(t, r);
 }
 
 /* ---- training, sync, checkpoints ------------------------------------------------------------ */
@@ -739,7 +761,7 @@ static int k_train(ff_task *t, void *ud) {
         if (!o) return -1;
         memcpy(o, rows, (size_t)n * 5 * sizeof *o);
     }
-    return 0;
+    return device_peak_out(t, r);
 }
 
 /* The fused schedule tensor (rl_protocol.h) of an instance's nodes into *out. */
@@ -818,7 +840,7 @@ static int k_train_fused(ff_task *t, void *ud) {
         if (!o) return -1;
         memcpy(o, rows, (size_t)n * 5 * sizeof *o);
     }
-    return 0;
+    return device_peak_out(t, r);
 }
 
 static int k_sync(ff_task *t, void *ud) {
@@ -840,7 +862,7 @@ static int k_sync(ff_task *t, void *ud) {
         if (!o) return -1;
         memcpy(o, d, sizeof d);
     }
-    return 0;
+    return device_peak_out(t, r);
 }
 
 static int k_save(ff_task *t, void *ud) {
