@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/io_util.h"
 #include "fuseflow/sft.h"
+#include "fuseflow/util.h"
 
 static const char *CMD = "sft";
 
@@ -86,9 +87,13 @@ static void on_event(void *ud, const ff_sft_event *e) {
         c->ema_step = c->ema_step == 0 ? e->step_s : 0.9 * c->ema_step + 0.1 * e->step_s;
         ffio_duration(c->ema_step * (double)(e->steps - e->step), a, sizeof a);
         ffio_human((double)e->tokens / (e->step_s > 0 ? e->step_s : 1e-9), b, sizeof b);
+        char gpu[80] = "", p[32], q[32];
+        if (e->device_capacity > 0)
+            snprintf(gpu, sizeof gpu, " | gpu %s/%s", ff_fmt_bytes((uint64_t)e->device_peak, p, sizeof p),
+                     ff_fmt_bytes((uint64_t)e->device_capacity, q, sizeof q));
         if (e->console && (e->log_line || c->tty))
-            fprintf(stderr, "%sstep %6lld/%lld | loss %.4f | lr %.2e | grad %.3f | %s tok/s | ETA %s%s", clear(c), (long long)e->step,
-                    (long long)e->steps, e->loss, e->lr, e->grad_norm, b, a, e->log_line ? "\n" : "");
+            fprintf(stderr, "%sstep %6lld/%lld | loss %.4f | lr %.2e | grad %.3f | %s tok/s%s | ETA %s%s", clear(c), (long long)e->step,
+                    (long long)e->steps, e->loss, e->lr, e->grad_norm, b, gpu, a, e->log_line ? "\n" : "");
         break;
     }
     case FF_SFT_EVAL:

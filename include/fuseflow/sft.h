@@ -55,6 +55,9 @@ typedef struct ff_sft_event {
     double step_s;             /* this step's seconds */
     int64_t tokens;            /* this step's tokens */
     bool log_line;             /* a line of its own is due (train.log_every, the first, the last) */
+    int64_t device_peak, device_capacity; /* on a device: the most the backend held in the step, the
+                                             device's memory, in bytes (metrics.jsonl's
+                                             device_peak_bytes); 0 on the cpu */
     /* EVAL */
     double eval_loss, eval_s;
     int64_t hits;              /* exact matches among n_test */

@@ -545,13 +545,22 @@ static int step(run *r) {
     r->ts.tokens_seen += step_tokens;
     double dt = (double)(ff_now_ns() - t0) / 1e9;
     double tps = (double)step_tokens / (dt > 0 ? dt : 1e-9);
-    if (metrics(r, json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:f}", "step", (json_int_t)r->ts.step, "loss", loss, "lr", st.lr, "grad_norm",
-                             st.grad_norm, "tokens", (json_int_t)step_tokens, "tokens_per_s", tps, "elapsed_s",
-                             (double)(ff_now_ns() - r->t_start) / 1e9)) != 0)
-        return -1;
+    /* on a device, the most its backend held during the step (the next step's peak starts here) */
+    ff_backend_memory bm;
+    ff_backend_memory_of(r->be, &bm);
+    ff_backend_memory_reset_peak(r->be);
+    json_t *mj = json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:f}", "step", (json_int_t)r->ts.step, "loss", loss, "lr", st.lr, "grad_norm",
+                           st.grad_norm, "tokens", (json_int_t)step_tokens, "tokens_per_s", tps, "elapsed_s",
+                           (double)(ff_now_ns() - r->t_start) / 1e9);
+    if (mj && bm.capacity > 0) {
+        json_object_set_new(mj, "device_peak_bytes", json_integer((json_int_t)bm.peak));
+        json_object_set_new(mj, "device_capacity_bytes", json_integer((json_int_t)bm.capacity));
+    }
+    if (metrics(r, mj) != 0) return -1;
     int64_t t = r->ts.step;
     ff_sft_event e = {.kind = FF_SFT_STEP, .loss = loss, .lr = st.lr, .grad_norm = st.grad_norm, .step_s = dt, .tokens = step_tokens,
-                      .log_line = t % s->log_every == 0 || t == s->steps || t == 1};
+                      .log_line = t % s->log_every == 0 || t == s->steps || t == 1,
+                      .device_peak = bm.capacity > 0 ? bm.peak : 0, .device_capacity = bm.capacity};
     emit(r, &e);
     return 0;
 }

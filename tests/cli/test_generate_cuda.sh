@@ -126,6 +126,20 @@ sft_args=(--config "$SRC/examples/sft_arith.yaml" model="$M" data.train="$TMP/sf
           train.batch_size=1)
 expect_ok "sft on cpu" "$FF_BIN" sft "${sft_args[@]}" out="$TMP/sft_cpu" --backend cpu
 expect_ok "sft on cuda" env FF_CUDA_MATH=fp32 "$GBIN" sft "${sft_args[@]}" out="$TMP/sft_cuda" --backend cuda
+# on a device each step's line and metrics say the most the backend held in it, of the device's memory
+if grep -qE "tok/s \| gpu [0-9.]+ [KMG]?i?B/[0-9.]+ [KMG]?i?B \| ETA" "$TMP/err" && python3 - "$TMP/sft_cpu/metrics.jsonl" "$TMP/sft_cuda/metrics.jsonl" <<'PY'; then
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert not any("device_peak_bytes" in x for x in a), a
+for y in b:
+    assert 0 < y["device_peak_bytes"] <= y["device_capacity_bytes"], y
+print("cuda SFT device peaks", [y["device_peak_bytes"] for y in b], "of", b[0]["device_capacity_bytes"])
+PY
+  ok "cuda SFT steps report their device peak (console and metrics.jsonl), cpu steps none"
+else
+  fail "cuda SFT steps do not report their device peak: $(grep step "$TMP/err" | head -2)"
+fi
 if python3 - "$TMP/sft_cpu/metrics.jsonl" "$TMP/sft_cuda/metrics.jsonl" <<'PY'; then
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
