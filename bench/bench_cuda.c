@@ -276,6 +276,9 @@ static int time_steps(ff_model *m, ff_optimizer *o, const spec *s, const ff_batc
  * rounded per product instead of the weights' copy and gradients rounded once): *tok_s_off, the
  * side-by-side figure (0 when not measured; tok_s_off NULL: not run). */
 static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double *tok_s, double *mfu, double *tok_s_off) {
+    ff_backend_memory before, after;
+    ff_backend_memory_of(be, &before);
+    ff_backend_memory_reset_peak(be); /* the training's peak, less what was held before (as bench_cuda_torch.py takes it) */
     ff_model *m = random_model(be, &s->cfg, false, false);
     if (!m) return -1;
     ff_adamw_config ac;
@@ -297,6 +300,11 @@ static int bench_train(ff_backend *be, const spec *s, int seq, int steps, double
                    dt, tok_s))
         goto out;
     *mfu = 100.0 * flops_per_token(&s->cfg, seq) * *tok_s / (PEAK_TFLOPS * 1e12);
+    ff_backend_memory_of(be, &after);
+    printf("  %s train peak device memory: %.2f GiB (the backend's buffers and workspace: weights, gradients, AdamW, "
+           "activations; %d x %d tokens a step; %s)\n",
+           s->name, (double)(after.peak - before.in_use) / 1073741824.0, accum, seq,
+           ff_model_bf16_products(m) ? "bf16 products" : "fp32 operands");
     if (ff_model_bf16_products(m))
         printf("  %s: the weights' bf16 copy made %lld times in %d forwards (once an optimizer step)\n", s->name,
                (long long)ff_model_bf16_copies(m), (steps + 2) * accum);

@@ -107,6 +107,8 @@ class Model(torch.nn.Module):
 
 def bench_train(name, c, seq, steps, accum):
     torch.manual_seed(0)
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()  # the training's peak, less what was held before (as bench_cuda.c takes it)
     m = Model(c, max_pos=max(4096, seq))
     decay = [p for p in m.parameters() if p.dim() == 2]
     rest = [p for p in m.parameters() if p.dim() != 2]
@@ -139,6 +141,8 @@ def bench_train(name, c, seq, steps, accum):
         times.append(dt)
         print(f"  {name} torch train step {i}: {dt * 1e3:.1f} ms, loss {total.item():.4f}, grad norm {norm.item():.3f}"
               + (" (warm-up)" if i < 2 else ""), flush=True)
+    print(f"  {name} torch train peak device memory: {(torch.cuda.max_memory_allocated() - held) / 2**30:.2f} GiB "
+          f"(torch.cuda.max_memory_allocated: weights, gradients, AdamW, activations; {accum} x {seq} tokens a step)", flush=True)
     med = statistics.median(times[2:])
     tok_s = seq * accum / med
     mfu = 100.0 * flops_per_token(c, seq) * tok_s / (PEAK_TFLOPS * 1e12)

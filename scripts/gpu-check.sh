@@ -179,12 +179,12 @@ step tests 130 ctest --test-dir "$BUILD" -R "$GPU_TESTS_R" -E "$GPU_TESTS_E" --o
 # ---- 4. the benchmark ------------------------------------------------------------------------
 step bench 110 "$BUILD/bench_cuda" --budget 75
 # headlines come as measured and again at the end: keep each once (a run cut short keeps some)
-grep -E '^bench_cuda_(attention|train|decode|decode_long|profile)|^  [a-z0-9.]+ decode batch [0-9]+: .* with graphs|^  [a-z0-9.]+ decode batch [0-9]+ on a colocated view|graphs off|^  [a-z0-9.]+ train with bf16 products|device memory: params|bf16 copy made|^kernel profile|^  [a-z_0-9]+( [A-Z]{2})? +[0-9]+ calls' "$OUTDIR/bench.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
+grep -E '^bench_cuda_(attention|train|decode|decode_long|profile)|^  [a-z0-9.]+ decode batch [0-9]+: .* with graphs|^  [a-z0-9.]+ decode batch [0-9]+ on a colocated view|graphs off|^  [a-z0-9.]+ train with bf16 products|device memory: params|train peak device memory|bf16 copy made|^kernel profile|^  [a-z_0-9]+( [A-Z]{2})? +[0-9]+ calls' "$OUTDIR/bench.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
 
 # ---- 5. PyTorch beside it --------------------------------------------------------------------
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   step torch 90 env PYTHONUNBUFFERED=1 python3 "$SRC/bench/bench_cuda_torch.py" --budget 55
-  grep -E '^(torch_train|hf_decode)' "$OUTDIR/torch.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
+  grep -E '^(torch_train|hf_decode)|torch train peak device memory' "$OUTDIR/torch.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
 else
   echo "== torch: skipped: python3 has no torch that sees the GPU"
   echo "torch skipped (no torch with CUDA)" >>"$SUMMARY"

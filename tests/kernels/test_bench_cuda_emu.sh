@@ -5,7 +5,7 @@
 # kernel by kernel: a graph captured and replayed), the bf16-products pass (2 sequences a step:
 # the weights' bf16 copy made once a step, 3 times in the 3 steps' 6 forwards) and the
 # headlines, exit 0, the memory line's LM-head chunk (the default keeps a sequence's logits on
-# a device), and the decode of a colocated view of a trained model (on its bf16 copy). Skips (77) where the emulator is not built (no C++ compiler).
+# a device), the training's peak device memory (above 0: cuBLAS's workspace alone is 0.03 GiB), and the decode of a colocated view of a trained model (on its bf16 copy). Skips (77) where the emulator is not built (no C++ compiler).
 set -euo pipefail
 bin=${FF_BUILD_DIR:?run through ctest}/bench_cuda_emu
 [[ -x $bin ]] || { echo "SKIPPED: $bin is not built (no C++ compiler at configure time)"; exit 77; }
@@ -21,6 +21,7 @@ for want in '^bench_cuda: cuda:0, training.s FF_CUDA_MATH=bf16' '^bench_cuda_att
             "^  tiny train with bf16 products: [0-9]+ tok/s with the weights' bf16 copy and bf16 saved inputs \(activations [0-9.]+ GiB\), [0-9]+ tok/s rounding every operand per product \([0-9.]+ GiB\)" \
             "^  tiny: the weights' bf16 copy made 3 times in 6 forwards" \
             '^  tiny: .* device memory: .*; LM head in chunks of 64 tokens \(the logits kept for the backward\)' \
+            "^  tiny train peak device memory: (0\\.0[1-9]|0\\.[1-9][0-9]|[1-9][0-9.]*) GiB \\(the backend's buffers and workspace: .*; 2 x 64 tokens a step; bf16 products\\)" \
             "^  tiny decode batch 4 on a colocated view of the trained model: [0-9]+ tok/s \(the model's bf16 copy, made 1 time\), [0-9]+ tok/s with bf16 weights of its own" \
             '^bench_cuda: headlines'; do
   grep -Eq "$want" "$out" || { cat "$out" >&2; echo "FAIL: no line matching '$want'"; exit 1; }
