@@ -277,6 +277,8 @@ struct ff_stream_graph {
 
 bool ff_backend_has_stream_graphs(const ff_backend *be) { return be->ops->capture_begin != NULL; }
 
+bool ff_stream_capturing(const ff_stream *s) { return s->capturing; }
+
 int ff_stream_capture_begin(ff_stream *s) {
     assert(!s->capturing && !tl_capture); /* one capture per thread at a time */
     const char *where = "ff_stream_capture_begin";

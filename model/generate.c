@@ -248,13 +248,18 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->V = m->cfg.vocab_size;
     const size_t f = 4, T = (size_t)g->Tcap, R = (size_t)g->Rcap, H = (size_t)m->H, V = (size_t)g->V;
     /* graphs: a whole model of one rank on a backend that has them (ff_generator_graph_stats) */
-    g->graphs_on = !c.eager && ff_backend_has_stream_graphs(m->be) && m->tp == 1 && !g->piped && ffm_embed_on_device(m) &&
+    /* graphs: a whole model on a backend that has them (ff_generator_graph_stats); under TP when
+     * its collectives run on device buffers (ff_model_comm_on_device: they are captured with the
+     * kernels; through host memory they could not be) */
+    const bool comm_ok = m->tp == 1 || ff_model_comm_on_device(&m->comm);
+    g->graphs_on = !c.eager && ff_backend_has_stream_graphs(m->be) && comm_ok && !g->piped && ffm_embed_on_device(m) &&
                    m->has_embed && m->has_final;
     if (!g->graphs_on)
         snprintf(g->graph_off_why, sizeof g->graph_off_why, "%s",
-                 c.eager                                  ? "eager steps asked for (ff_generator_config.eager)"
-                 : !ff_backend_has_stream_graphs(m->be)   ? "the backend has no graphs"
-                                                          : "tensor or pipeline parallelism, or a view whose embedding is in pieces");
+                 c.eager                                ? "eager steps asked for (ff_generator_config.eager)"
+                 : !ff_backend_has_stream_graphs(m->be) ? "the backend has no graphs"
+                 : !comm_ok                             ? "tensor parallelism with its collectives through host memory"
+                                                        : "pipeline parallelism, or a view whose embedding is in pieces");
     g->graph_cap = c.max_slots < GRAPH_MAX_BATCH ? c.max_slots : GRAPH_MAX_BATCH;
     const size_t KD = (size_t)m->Hkv * m->D, rows = ((size_t)c.kv_blocks + g->graphs_on) * (size_t)c.kv_block_rows;
     g->kv_rows = rows;
@@ -579,10 +584,7 @@ static int gather_logits(ff_generator *g, int32_t R) {
         for (size_t r = 0; r < tp; r++) g->lg_counts[r] = n;
         if (m->comm.dev_all_gather_v(m->comm.ctx, m->st, GW(g, logits_loc), GW(g, logits_rep), g->lg_counts))
             return ff_error_wrap("tensor parallelism: all-gather of %d rows of logits", R);
-        for (int32_t b = 0; b < R; b++)
-            for (size_t r = 0; r < tp; r++) g->h_perm[(size_t)b * tp + r] = (int32_t)(r * (size_t)R + (size_t)b);
-        ff_memcpy_h2d(m->st, GW(g, i_perm), g->h_perm, (size_t)R * tp * 4);
-        ff_gather_rows(m->st, GW(g, logits_rep), GW(g, i_perm), GW(g, logits), R * (int)tp, (int)Vl);
+        ff_gather_rows(m->st, GW(g, logits_rep), GW(g, i_perm), GW(g, logits), R * (int)tp, (int)Vl); /* i_perm: step_inputs */
         return 0;
     }
     float *mine = g->h_lg, *all = mine + n, *whole = all + tp * n; /* [R, Vl], [tp, R, Vl], [R, V] */
@@ -673,6 +675,12 @@ static int step_inputs(ff_generator *g, int32_t T, int32_t R, int32_t S) {
     ff_memcpy_h2d(st, GW(g, i_table), g->h_table, (size_t)S * (size_t)g->table_ld * 4);
     ff_memcpy_h2d(st, GW(g, i_nkeys), g->h_nkeys, (size_t)T * 4);
     ff_memcpy_h2d(st, GW(g, i_rows), g->h_rows, (size_t)R * 4);
+    if (g->m->tp > 1 && ff_model_comm_on_device(&g->m->comm)) { /* gather_logits' row order */
+        const size_t tp = (size_t)g->m->tp;
+        for (int32_t b = 0; b < R; b++)
+            for (size_t r = 0; r < tp; r++) g->h_perm[(size_t)b * tp + r] = (int32_t)(r * (size_t)R + (size_t)b);
+        ff_memcpy_h2d(st, GW(g, i_perm), g->h_perm, (size_t)R * tp * 4);
+    }
     return 0;
 }
 

@@ -155,12 +155,15 @@ void ff_stream_wait(ff_stream *s, ff_event *e); /* s and e on the same backend *
  * before capturing it. On the cuda backend a graph is a CUDA graph (cudaStreamBeginCapture);
  * the cpu backend runs work as it is queued and has none (ff_backend_has_stream_graphs), and kernel
  * profiling (FF_PROFILE_KERNELS) turns them off. A graph replays on the stream it was captured
- * on, and is destroyed before that stream. */
+ * on, and is destroyed before that stream. A library that enqueues on ff_stream_native(s) while
+ * s captures (NCCL's collectives: ff_stream_capturing says when) is recorded with the rest and
+ * replayed in its place; it must enqueue on s itself then, not on a stream ordered by events. */
 typedef struct ff_stream_graph ff_stream_graph;
 bool ff_backend_has_stream_graphs(const ff_backend *be);
 int ff_stream_capture_begin(ff_stream *s);              /* 0, or -1 + error (no graphs here) */
 int ff_stream_capture_end(ff_stream *s, ff_stream_graph **out); /* 0, or -1 + error and *out NULL */
 int ff_stream_graph_launch(ff_stream_graph *g, ff_stream *s);         /* 0, or -1 + error */
+bool ff_stream_capturing(const ff_stream *s); /* between ff_stream_capture_begin and _end */
 void ff_stream_graph_destroy(ff_stream_graph **g);
 
 /* ---- handing device memory to another library --------------------------------------------

@@ -82,7 +82,9 @@ typedef struct ff_model_comm {
      * ff_coll beside the cpu backend: ff_backend_shares_memory_with). `st` is the model's
      * stream: the collective comes after the work queued on it so far and before the work
      * queued after it (enqueue it on st, or on a stream of the host's ordered with events,
-     * ff_event_record / ff_stream_wait); it may still be running when the call returns. Where
+     * ff_event_record / ff_stream_wait; but on st itself while st captures a graph,
+     * ff_stream_capturing: a generator's decode graphs record them); it may still be running
+     * when the call returns. Where
      * these are set, the collectives that move activations and gradients (the row-parallel
      * all-reduces, sequence parallelism's gathers and scatters, the k/v gradient sums, the
      * sharded optimizer's gradient reduce-scatter and parameter all-gather) run on device
@@ -753,8 +755,11 @@ typedef struct ff_generator_config {
 } ff_generator_config;
 
 /* Graphs of decode steps: on a backend with graphs (ff_backend_has_stream_graphs: cuda), a
- * whole model of one rank (no tensor or pipeline parallelism, not a view) runs each decode
- * step's forward as one replayed graph instead of hundreds of kernel launches. The batch is
+ * model (not a pipeline stage, not a view whose embedding is in pieces; under tensor
+ * parallelism only where its comm has the device calls, ff_model_comm_on_device, whose
+ * collectives are then enqueued on the model's stream while it captures and recorded in the
+ * graph) runs each decode step's forward as one replayed graph instead of hundreds of kernel
+ * launches. The batch is
  * padded to a size of 1, 2, 4, 8, then a multiple of 8 (at most max_slots, up to 512; larger
  * batches run eagerly), with rows that write a KV block of their own and are not sampled;
  * the first step at a size runs eagerly (the kernels' scratch takes its size), the second

@@ -5,7 +5,8 @@
 # order. Each layout, with its roles on cuda, gives the same samples and the same metrics bit for
 # bit as with FF_DEVICE_COLL=0 (the same collectives through host memory on the cpu group):
 #   - PPO at TP 2 x DP 2 with sequence parallelism (the TP all-reduces, SP gathers and scatters,
-#     the DP gradient sum) and ZeRO-1 (reduce-scatter and all-gather in the flat buffers);
+#     the DP gradient sum) and ZeRO-1 (reduce-scatter and all-gather in the flat buffers), its
+#     TP 2 generation's decode steps replayed as CUDA graphs that hold their collectives;
 #   - the same with bf16 products (FF_CUDA_MATH=bf16: the weights' bf16 copies, docs/model.md);
 #   - PPO at PP 2 (the pipeline's activations and gradients between stages);
 #   - GRPO training at TP 2 and generating at TP 1 on a pool of its own (the weight sync).
@@ -47,6 +48,19 @@ ppo_args=(roles.critic.model=$S graph.train_actor.mini_batch_size=4 graph.train_
 
 both "TP 2 x DP 2 with SP and ZeRO-1 on cuda" ppo tpdp --workers 4 "${ppo_args[@]}" "${cuda[@]}" roles.actor.layout.tp=2 \
   roles.actor.layout.sp=true roles.actor.layout.zero=1
+# its generation (the actor's colocated copy at TP 2) decodes in CUDA graphs that hold the TP
+# all-reduces and the logits' all-gather (recorded by the NCCL stand-in, run at each replay), the
+# same samples as kernel by kernel through host memory (no graphs there: its collectives cannot
+# be captured)
+python3 - "$work/tpdp/metrics.jsonl" "$work/tpdp_host/metrics.jsonl" <<'PY' || fail "TP 2 on cuda: decode steps not replayed as graphs"
+import json, sys
+dev = [json.loads(l)["rollout_decode"] for l in open(sys.argv[1]) if '"samples"' in l]
+host = [json.loads(l)["rollout_decode"] for l in open(sys.argv[2]) if '"samples"' in l]
+print("TP 2 rollout_decode on the buffers", dev, "through host memory", host)
+assert dev and all(d["graph_steps"] > 0 for d in dev), dev
+assert host and all(h["graph_steps"] == 0 and h["eager_steps"] > 0 for h in host), host
+PY
+echo "ok: TP 2 decode steps as graphs with their collectives"
 # bf16 products (FF_CUDA_MATH=bf16): the trained models' bf16 copies of their TP shards, and the
 # gradients rounded once, under SP and ZeRO-1
 MATH=bf16 both "TP 2 x DP 2 with SP and ZeRO-1 on cuda, bf16 products" ppo tpdp16 --workers 4 "${ppo_args[@]}" "${cuda[@]}" \

@@ -184,10 +184,12 @@ static ff_coll_comm *dev_group(rlw *s, ff_coll_comm *g) {
     return ff_coll_comm_twin(g, ff_backend_shares_memory_with(s->be, "cpu") ? "cpu" : "nccl", &d) ? NULL : d;
 }
 
-/* The stream a collective goes on: st itself on a backend whose work is done when queued,
- * else cq, after st's queued work (NULL + error: cq could not be made). */
+/* The stream a collective goes on: st itself on a backend whose work is done when queued, or
+ * while st captures a graph (a decode step's: the collective is recorded in its place, where
+ * events to another stream would fail the capture), else cq, after st's queued work (NULL +
+ * error: cq could not be made). */
 static ff_stream *dev_begin(rlw *s, ff_stream *st) {
-    if (!ff_stream_native(st)) return st;
+    if (!ff_stream_native(st) || ff_stream_capturing(st)) return st;
     if (!s->cq) {
         s->cq = ff_stream_new(s->be);
         s->cq_ready = s->cq ? ff_event_new(s->be) : NULL;

@@ -410,6 +410,18 @@ extern "C" void ff_emu_stream_defer(void *stream, void (*fn)(void *), void *ctx)
     enqueue((cudaStream_t)stream, [fn, ctx] { fn(ctx); });
 }
 
+extern "C" int ff_emu_stream_capturing(void *stream) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    cudaStream_t s = (cudaStream_t)stream;
+    return s && stream_ok(s) && s->capturing;
+}
+
+extern "C" void ff_emu_stream_record(void *stream, void (*fn)(void *), void *ctx, void (*free_ctx)(void *)) {
+    std::lock_guard<std::recursive_mutex> lk(emu_mu);
+    std::shared_ptr<void> held(ctx, free_ctx); /* freed with the last graph (or queue entry) holding it */
+    enqueue((cudaStream_t)stream, [fn, held] { fn(held.get()); });
+}
+
 extern "C" int ff_emu_stream_run_host(void *stream, int (*fn)(void *), void *ctx) {
     std::lock_guard<std::recursive_mutex> lk(emu_mu);
     cudaStream_t s = (cudaStream_t)stream;

@@ -11,7 +11,8 @@
  * does not wait for the kernels that wrote its input reads stale data, and kernels that read its
  * output without waiting for its stream read what was there before. Calls between
  * ncclGroupStart and the outermost ncclGroupEnd run as one cpu group at the end (sends and
- * receives progress together), on one stream.
+ * receives progress together), on one stream. A call (or group) on a stream that captures a graph
+ * is recorded in it instead and runs at each replay, in the graph's order (below).
  *
  * Non-blocking communicators (ncclConfig_t.blocking = 0) behave as NCCL's do: init, split,
  * finalize and a group's end return ncclInProgress, and ncclCommGetAsyncError answers
@@ -227,6 +228,57 @@ static void finish(call *k, cudaStream_t stream, bool ok) {
     ff_emu_stream_defer(stream, land, l);
 }
 
+/* ---- calls recorded in a graph capture ----
+ * NCCL records a collective enqueued on a capturing stream in the graph, to run at each replay.
+ * So does the stand-in: the calls (one, or a group's) are kept with their scratch, and each
+ * replay runs them as one cpu group in the graph's order (after its earlier kernels, the stream
+ * being a queue) and copies their outputs in at once. A failed replay leaves the communicators'
+ * asynchronous error, as NCCL reports a failure inside a graph. */
+typedef struct replay {
+    call *calls;
+    size_t n;
+} replay;
+
+static void replay_run(void *ctx) {
+    replay *p = ctx;
+    int rc = 0;
+    if (p->n > 1) ff_coll_group_start();
+    for (size_t i = 0; i < p->n; i++)
+        if (run_call(&p->calls[i]) && !rc) rc = -1;
+    if (p->n > 1 && ff_coll_group_end()) rc = -1;
+    for (size_t i = 0; i < p->n; i++) {
+        call *k = &p->calls[i];
+        if (rc) {
+            k->comm->async = ncclRemoteError;
+            fail_comm(k->comm, ncclRemoteError, ff_error_message());
+        } else if (k->out) {
+            memcpy(k->out, k->scratch, k->out_bytes);
+        }
+    }
+}
+
+static void replay_free(void *ctx) {
+    replay *p = ctx;
+    for (size_t i = 0; i < p->n; i++) free(p->calls[i].scratch);
+    free(p->calls);
+    free(p);
+}
+
+/* Record n calls (copied; their scratch now the recording's) on a capturing stream. */
+static ncclResult_t record(const call *calls, size_t n, cudaStream_t stream) {
+    replay *p = malloc(sizeof *p);
+    call *c = p ? malloc(n * sizeof *c) : NULL;
+    if (!c) {
+        free(p);
+        for (size_t i = 0; i < n; i++) free(calls[i].scratch);
+        return fail_comm(calls[0].comm, ncclSystemError, "out of memory");
+    }
+    memcpy(c, calls, n * sizeof *c);
+    *p = (replay){c, n};
+    ff_emu_stream_record(stream, replay_run, p, replay_free);
+    return ncclSuccess;
+}
+
 /* Fill k; its buffers checked (device memory, as NCCL needs), its scratch allocated. */
 static ncclResult_t make_call(call *k, int op, const void *send, void *recv, size_t count, ncclDataType_t dt,
                               ncclRedOp_t redop, int root, ncclComm_t comm) {
@@ -301,6 +353,7 @@ static ncclResult_t submit(int op, const void *send, void *recv, size_t count, n
         g.calls[g.n++] = k;
         return ncclSuccess;
     }
+    if (ff_emu_stream_capturing(stream)) return record(&k, 1, stream);
     int rc = ff_emu_stream_run_host(stream, run_one, &k);
     finish(&k, stream, rc == 0);
     if (rc == 0) return ncclSuccess;
@@ -358,6 +411,16 @@ static int run_group(void *ctx) {
 ncclResult_t ncclGroupEnd(void) {
     if (g.depth <= 0) return fail_comm(NULL, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
     if (--g.depth > 0) return ncclSuccess;
+    if (!g.failed && g.n && ff_emu_stream_capturing(g.stream)) { /* the group, recorded as one */
+        ncclResult_t r = record(g.calls, g.n, g.stream);
+        for (size_t i = 0; r == ncclSuccess && i < g.n; i++)
+            if (in_progress(g.calls[i].comm) == ncclInProgress) r = ncclInProgress;
+        g.n = 0;
+        free(g.calls);
+        g.calls = NULL;
+        g.cap = 0;
+        return r;
+    }
     int rc = g.failed ? -1 : g.n ? ff_emu_stream_run_host(g.stream, run_group, NULL) : 0;
     ncclResult_t r = ncclSuccess;
     for (size_t i = 0; i < g.n; i++) {
