@@ -248,18 +248,19 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
     g->V = m->cfg.vocab_size;
     const size_t f = 4, T = (size_t)g->Tcap, R = (size_t)g->Rcap, H = (size_t)m->H, V = (size_t)g->V;
     /* graphs: a whole model of one rank on a backend that has them (ff_generator_graph_stats) */
-    /* graphs: a whole model on a backend that has them (ff_generator_graph_stats); under TP when
-     * its collectives run on device buffers (ff_model_comm_on_device: they are captured with the
-     * kernels; through host memory they could not be) */
-    const bool comm_ok = m->tp == 1 || ff_model_comm_on_device(&m->comm);
-    g->graphs_on = !c.eager && ff_backend_has_stream_graphs(m->be) && comm_ok && !g->piped && ffm_embed_on_device(m) &&
-                   m->has_embed && m->has_final;
+    /* graphs: on a backend that has them (ff_generator_graph_stats); under TP or PP when the
+     * collectives and the stages' transfers run on device buffers (ff_model_comm_on_device,
+     * ff_gen_pipe's device calls: they are captured with the kernels; through host memory they
+     * could not be) */
+    const bool comm_ok = (m->tp == 1 || ff_model_comm_on_device(&m->comm)) && (!g->piped || g->pipe_dev);
+    g->graphs_on = !c.eager && ff_backend_has_stream_graphs(m->be) && comm_ok && ffm_embed_on_device(m) &&
+                   (g->piped || (m->has_embed && m->has_final));
     if (!g->graphs_on)
         snprintf(g->graph_off_why, sizeof g->graph_off_why, "%s",
                  c.eager                                ? "eager steps asked for (ff_generator_config.eager)"
                  : !ff_backend_has_stream_graphs(m->be) ? "the backend has no graphs"
-                 : !comm_ok                             ? "tensor parallelism with its collectives through host memory"
-                                                        : "pipeline parallelism, or a view whose embedding is in pieces");
+                 : !comm_ok                             ? "tensor or pipeline parallelism through host memory"
+                                                        : "a view whose embedding is in pieces");
     g->graph_cap = c.max_slots < GRAPH_MAX_BATCH ? c.max_slots : GRAPH_MAX_BATCH;
     const size_t KD = (size_t)m->Hkv * m->D, rows = ((size_t)c.kv_blocks + g->graphs_on) * (size_t)c.kv_block_rows;
     g->kv_rows = rows;

@@ -734,7 +734,8 @@ typedef struct ff_gen_pipe {
     int (*broadcast)(void *ctx, int root, float *buf, size_t n); /* root's buf to every rank's */
     /* Optional (all three or none): the same on buffers of the model's backend, ordered after
      * the work queued on st and before the work queued after it (as ff_model_comm's dev_
-     * calls): the hidden states and logits then never cross host memory. */
+     * calls, on st itself while it captures): the hidden states and logits then never cross
+     * host memory, and the decode steps run as graphs. */
     int (*dev_send)(void *ctx, ff_stream *st, int peer, ff_dptr buf, size_t n);
     int (*dev_recv)(void *ctx, ff_stream *st, int peer, ff_dptr buf, size_t n);
     int (*dev_broadcast)(void *ctx, ff_stream *st, int root, ff_dptr buf, size_t n);
@@ -755,10 +756,10 @@ typedef struct ff_generator_config {
 } ff_generator_config;
 
 /* Graphs of decode steps: on a backend with graphs (ff_backend_has_stream_graphs: cuda), a
- * model (not a pipeline stage, not a view whose embedding is in pieces; under tensor
- * parallelism only where its comm has the device calls, ff_model_comm_on_device, whose
- * collectives are then enqueued on the model's stream while it captures and recorded in the
- * graph) runs each decode step's forward as one replayed graph instead of hundreds of kernel
+ * model (not a view whose embedding is in pieces; under tensor parallelism only where its comm
+ * has the device calls, ff_model_comm_on_device, and a pipeline stage only where ff_gen_pipe
+ * has them: those collectives and transfers are then enqueued on the model's stream while it
+ * captures, and recorded in the graph) runs each decode step's forward as one replayed graph instead of hundreds of kernel
  * launches. The batch is
  * padded to a size of 1, 2, 4, 8, then a multiple of 8 (at most max_slots, up to 512; larger
  * batches run eagerly), with rows that write a KV block of their own and are not sampled;

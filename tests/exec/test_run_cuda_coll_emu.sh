@@ -9,6 +9,8 @@
 #     TP 2 generation's decode steps replayed as CUDA graphs that hold their collectives;
 #   - the same with bf16 products (FF_CUDA_MATH=bf16: the weights' bf16 copies, docs/model.md);
 #   - PPO at PP 2 (the pipeline's activations and gradients between stages);
+#   - GRPO at PP 2 generating pipelined over both stages (its decode steps as graphs holding the
+#     stages' sends, receives and the logits' broadcast);
 #   - GRPO training at TP 2 and generating at TP 1 on a pool of its own (the weight sync).
 # The emulator runs queued kernels only when waited for, so a collective whose stream does not
 # wait for the kernels that wrote its input would read stale data and part from the host run.
@@ -48,24 +50,34 @@ ppo_args=(roles.critic.model=$S graph.train_actor.mini_batch_size=4 graph.train_
 
 both "TP 2 x DP 2 with SP and ZeRO-1 on cuda" ppo tpdp --workers 4 "${ppo_args[@]}" "${cuda[@]}" roles.actor.layout.tp=2 \
   roles.actor.layout.sp=true roles.actor.layout.zero=1
-# its generation (the actor's colocated copy at TP 2) decodes in CUDA graphs that hold the TP
-# all-reduces and the logits' all-gather (recorded by the NCCL stand-in, run at each replay), the
-# same samples as kernel by kernel through host memory (no graphs there: its collectives cannot
-# be captured)
-python3 - "$work/tpdp/metrics.jsonl" "$work/tpdp_host/metrics.jsonl" <<'PY' || fail "TP 2 on cuda: decode steps not replayed as graphs"
+# the run NAME's generation decoded in CUDA graphs that hold its collectives (recorded by the
+# NCCL stand-in, run at each replay), with the samples of NAME_host (checked by both), which
+# decodes kernel by kernel (its collectives through host memory cannot be captured)
+graphs_replayed() { # WHAT NAME
+  python3 - "$work/$2/metrics.jsonl" "$work/$2_host/metrics.jsonl" "$1" <<'PY' || fail "$1: decode steps not replayed as graphs"
 import json, sys
 dev = [json.loads(l)["rollout_decode"] for l in open(sys.argv[1]) if '"samples"' in l]
 host = [json.loads(l)["rollout_decode"] for l in open(sys.argv[2]) if '"samples"' in l]
-print("TP 2 rollout_decode on the buffers", dev, "through host memory", host)
-assert dev and all(d["graph_steps"] > 0 for d in dev), dev
+print(sys.argv[3], "rollout_decode on the buffers", dev, "through host memory", host)
+assert dev and sum(d["graph_steps"] for d in dev) > 0, dev  # the first step of each size runs eagerly
 assert host and all(h["graph_steps"] == 0 and h["eager_steps"] > 0 for h in host), host
 PY
-echo "ok: TP 2 decode steps as graphs with their collectives"
+  echo "ok: $1: decode steps as graphs with their collectives"
+}
+# the actor's colocated generating copy at TP 2: the TP all-reduces and the logits' all-gather
+graphs_replayed "TP 2 generation" tpdp
 # bf16 products (FF_CUDA_MATH=bf16): the trained models' bf16 copies of their TP shards, and the
 # gradients rounded once, under SP and ZeRO-1
 MATH=bf16 both "TP 2 x DP 2 with SP and ZeRO-1 on cuda, bf16 products" ppo tpdp16 --workers 4 "${ppo_args[@]}" "${cuda[@]}" \
   roles.actor.layout.tp=2 roles.actor.layout.sp=true roles.actor.layout.zero=1
 both "PP 2 on cuda" ppo pp --workers 2 "${ppo_args[@]}" "${cuda[@]}" roles.actor.layout.pp=2
+# generation pipelined over the 2 stages: the hidden states sent and received between them and
+# the last stage's logits broadcast, in each stage's decode graphs
+# (the random tiny model: it never stops early, so each iteration decodes to the response limit
+# and its batch sizes come again, the second time as a replay)
+both "GRPO at PP 2, generating at PP 2 on cuda" grpo ppgen --workers 2 roles.actor.backend=cuda roles.actor.layout.pp=2 \
+  roles.actor.rollout.layout.pp=2 roles.actor.model="$cache/tiny_v260" roles.ref.model="$cache/tiny_v260"
+graphs_replayed "PP 2 generation" ppgen
 both "GRPO at TP 2, generating at TP 1 on a pool of 2, all on cuda" grpo sync roles.actor.backend=cuda \
   roles.actor.layout.tp=2 roles.actor.workers=2 roles.actor.rollout.workers=2 roles.actor.rollout.layout.tp=1
 echo "all checks passed"
