@@ -161,13 +161,13 @@ typedef struct trace_rec {
 } trace_rec;
 
 /* What a client added (ff_controller_trace_*): slices and instants on its tracks, arrows. */
-typedef enum trace_ev_type { TRACE_SLICE = 0, TRACE_INSTANT, TRACE_FLOW } trace_ev_type;
+typedef enum trace_ev_type { TRACE_SLICE = 0, TRACE_INSTANT, TRACE_FLOW, TRACE_COUNTER } trace_ev_type;
 
 typedef struct trace_ev {
     uint64_t id;
     trace_ev_type type;
     bool job;
-    int track;                /* index into ctl_trace.tracks */
+    int track;                /* index into ctl_trace.tracks (TRACE_COUNTER: the worker's rank) */
     int name, cat, kind;      /* string ids */
     int64_t start_ns, end_ns; /* controller clock */
     uint64_t from, to;        /* TRACE_FLOW: the slices or jobs it joins */

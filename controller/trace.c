@@ -12,7 +12,8 @@
  * two others is not drawn). Subtask slices carry cat "subtask" and args id, job, kind,
  * group, member, status, attempts, queued, dispatch_us, result_us, after; client slices
  * that are jobs carry id, job, kind and after. Times are microseconds since the controller
- * started, on the controller's clock.
+ * started, on the controller's clock. A client's counters (ph C, ff_controller_trace_counter) are
+ * series of a worker's process.
  *
  * Not here: reading trace files back (controller/tracesum: `fuseflow trace summary`). */
 #include <assert.h>
@@ -266,6 +267,30 @@ uint64_t ff_controller_trace_instant(ff_controller *c, int track, const char *na
     return e->id;
 }
 
+int ff_controller_trace_counter(ff_controller *c, int rank, const char *name, int64_t t_ns, const ff_arg *values, int n) {
+    assert(name && values && n > 0);
+    if (need_trace(c, "trace counter") != 0) return -1;
+    ctl_trace *t = &c->trace;
+    if (rank < 0 || rank >= c->nworkers)
+        return ff_error_set("trace counter", "name a worker's rank", "'%s': no worker %d (of %d)", name, rank, c->nworkers);
+    for (int i = 0; i < n; i++)
+        if (values[i].type != FF_ARG_INT && values[i].type != FF_ARG_FLOAT)
+            return ff_error_set("trace counter", "give numbers", "'%s': series '%s' is not a number", name, values[i].key);
+    size_t nev = t->nev, nargs = t->nargs;
+    trace_ev *e = new_ev(c, TRACE_COUNTER);
+    if (!e) return -1;
+    e->track = rank;
+    e->name = trace_intern(t, name);
+    e->cat = e->kind = e->name;
+    e->start_ns = e->end_ns = t_ns;
+    if (e->name < 0 || put_args(t, values, n, e) != 0) {
+        t->nev = nev, t->nargs = nargs;
+        return -1;
+    }
+    t->nev++;
+    return 0;
+}
+
 int ff_controller_trace_flow(ff_controller *c, uint64_t from, uint64_t to, const char *name) {
     assert(name);
     if (need_trace(c, "trace flow") != 0) return -1;
@@ -500,6 +525,13 @@ int ff_controller_trace_write(const ff_controller *c, const char *path) {
     for (size_t i = 0; i < t->nev; i++) {
         const trace_ev *e = &t->evs[i];
         if (e->type == TRACE_FLOW) continue;
+        if (e->type == TRACE_COUNTER) { /* a series of the worker's process */
+            fprintf(f, ",\n{\"ph\":\"C\",\"name\":");
+            json_str(f, str_of(t, e->name));
+            fprintf(f, ",\"pid\":%d,\"ts\":%.3f,\"args\":{%.*s}}", e->track + 1, us(t, e->start_ns), (int)e->args_len,
+                    t->args + e->args_off);
+            continue;
+        }
         node_at at = {0, track_tid[e->track] + (e->type == TRACE_SLICE ? ev_lane[i] : 0), us(t, e->start_ns), us(t, e->end_ns),
                       e->after_off, e->job ? e->nafter : 0};
         nodes[nn++] = at;

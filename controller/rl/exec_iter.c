@@ -1450,8 +1450,14 @@ int ex_iteration(ex_run *x, int64_t it) {
 void ex_device_peak_note(ex_run *x, const ff_result *r) {
     const ff_tensor *t = r->status == FF_STATUS_OK ? ex_out_named(r, FF_RL_T_DEVICE_PEAK) : NULL;
     if (!t || t->dtype != FF_DTYPE_I64 || ff_tensor_numel(t) != 2 || r->rank < 0 || r->rank >= x->nranks) return;
-    const int64_t peak = ((const int64_t *)t->data)[0];
+    const int64_t peak = ((const int64_t *)t->data)[0], held = ((const int64_t *)t->data)[1];
     if (peak > x->device_peak[r->rank]) x->device_peak[r->rank] = peak;
+    if (!x->tr) return;
+    /* --trace: the worker's device memory as a counter on its process, at each result */
+    const ff_arg v[2] = {ff_arg_float("peak since its last result", (double)peak / 1048576.0),
+                         ff_arg_float("held at the result", (double)held / 1048576.0)};
+    if (ff_controller_trace_counter(x->c, r->rank, "device memory (MiB)", ff_now_ns(), v, 2) != 0)
+        ff_warn("run: trace: %s", ff_error_message());
 }
 
 /* "device_memory": [{"rank", "peak_bytes", "capacity_bytes"}, ...], the ranks on a device that

@@ -303,6 +303,10 @@ typedef struct ff_trace_slice {
 uint64_t ff_controller_trace_slice(ff_controller *c, const ff_trace_slice *s);
 /* Record an instant event on a track: its id, or 0 + error. */
 uint64_t ff_controller_trace_instant(ff_controller *c, int track, const char *name, int64_t t_ns);
+/* A sample of counters in worker `rank`'s process (Trace Event ph C: Perfetto draws each
+ * series as a graph over time): values are numbers (FF_ARG_INT or FF_ARG_FLOAT), one series
+ * per key, under `name`. 0 / -1 + error (no such worker, a value that is not a number). */
+int ff_controller_trace_counter(ff_controller *c, int rank, const char *name, int64_t t_ns, const ff_arg *values, int n);
 /* An arrow from the end of `from` to the start of `to`, each a job (drawn at its first
  * subtask that ran) or a recorded slice. Arrows to things that never ran are left out of
  * the file. 0 / -1 + error (an id never given out). */

@@ -8,6 +8,8 @@
 #   - its checkpoint loads in `fuseflow generate` on the CPU (the weights came back whole);
 #   - its reference (colocated, so on cuda) holds bf16 weights, about half the actor's bytes,
 #     and the run says so; roles.ref.dtype: fp32 keeps them fp32;
+#   - the device memory: the load line, each iteration's device_memory peak and the console's, a
+#     counter on the --trace timeline; a GPU too small to train on refused (on the emulator);
 #   - FF_DEVICE_COLL=0 (collectives through host memory) runs too, and so does
 #     roles.actor.rollout.graphs: false (decode steps without CUDA graphs; on the emulator, the
 #     samples of the graphs' run byte for byte).
@@ -56,7 +58,7 @@ grpo_fails() { # OUT EXTRA...: the GPU run, which must stop with an error (not h
   ((rc != 124)) || fail "$out: the run hung"
 }
 grpo "$work/cpu"
-GPU_RUN=1 grpo "$work/gpu" roles.actor.backend=cuda
+GPU_RUN=1 grpo "$work/gpu" roles.actor.backend=cuda --trace "$work/gpu.trace.json"
 grep -q "rank 0 computes on cuda:0" "$work/gpu.log" || fail "the actor is not on cuda:0: $(head -3 "$work/gpu.log")"
 [[ $(iterations "$work/gpu/metrics.jsonl") == 2 ]] || fail "the GPU run wrote $(iterations "$work/gpu/metrics.jsonl") iterations, not 2"
 python3 - "$work/cpu/metrics.jsonl" "$work/gpu/metrics.jsonl" <<'PY' || fail "the GPU run's metrics"
@@ -115,6 +117,18 @@ print("cuda:0 held", held, "after loading; peaks", [l["device_memory"][0]["peak_
 cpu = [json.loads(l) for l in open(sys.argv[2])]
 assert not any("device_memory" in l for l in cpu) and "device_bytes" not in next(l["memory"][0] for l in cpu if "memory" in l)
 PY
+# --trace: the device memory as a counter of the worker's process, sampled at each result
+python3 - "$work/gpu.trace.json" <<'PY' || fail "the trace has no device memory counter"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+c = [e for e in ev if e["ph"] == "C" and e["name"] == "device memory (MiB)"]
+assert len(c) >= 4 and all(e["pid"] == 1 for e in c), c[:3]
+for e in c:
+    a = e["args"]
+    assert a["peak since its last result"] >= a["held at the result"] > 0, e
+print(len(c), "device memory samples, the highest peak", max(e["args"]["peak since its last result"] for e in c), "MiB")
+PY
+"$bin" trace summary "$work/gpu.trace.json" > /dev/null || fail "trace summary of the GPU run's trace"
 # decode steps kernel by kernel (roles.actor.rollout.graphs: false) against the CUDA graphs of
 # the default: on the emulator the same samples byte for byte (on a GPU a padded batch may pick
 # other cuBLAS kernels, so only that it runs)

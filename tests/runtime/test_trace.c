@@ -348,6 +348,14 @@ static void test_client_events(void) {
     CHECK_STR_CONTAINS(ff_error_message(), "ends 5 ns before it starts");
     CHECK(ff_controller_trace_flow(c, A, 1u << 30, "x") == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "no job or slice");
+    /* counters on worker 1's process; misuse: no such worker, a value that is not a number */
+    const ff_arg mem[2] = {ff_arg_float("peak", 12.5), ff_arg_int("held", 7)};
+    CHECK(ff_controller_trace_counter(c, 1, "device memory (MiB)", t1, mem, 2) == 0);
+    CHECK(ff_controller_trace_counter(c, 2, "device memory (MiB)", t1, mem, 2) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "no worker 2 (of 2)");
+    const ff_arg word = ff_arg_str("peak", "high");
+    CHECK(ff_controller_trace_counter(c, 0, "device memory (MiB)", t1, &word, 1) == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "series 'peak' is not a number");
     uint64_t after_c[2] = {B, A}; /* A -> C is implied by A -> B -> C: no arrow of its own */
     ff_subtask_spec sc = {.kind = "sleep", .target = FF_TARGET_RANK, .rank = 1, .args = &a10, .nargs = 1, .label = "train C",
                           .after = after_c, .nafter = 2};
@@ -380,6 +388,17 @@ static void test_client_events(void) {
     CHECK(t2d != t1d && t2d != tb && thread_name(ev, 0, t2d) && !strcmp(thread_name(ev, 0, t2d), "stages (lane 2)"));
     CHECK_EQ_INT(json_integer_value(json_object_get(xi, "tid")), t1d);
     CHECK(!strcmp(json_string_value(json_object_get(xi, "s")), "t"));
+    /* the counter: ph C in worker 1's process (pid 2), at its time, one series per value; the
+     * refused ones absent */
+    json_t *xm = find_event(ev, "C", NULL, "device memory (MiB)");
+    REQUIRE(xm);
+    CHECK_EQ_INT(json_integer_value(json_object_get(xm, "pid")), 2);
+    CHECK_CLOSE(ts_of(xm), ts_of(xi), 0.002, 0);
+    CHECK_CLOSE(num(json_object_get(xm, "args"), "peak"), 12.5, 0, 0);
+    CHECK_EQ_INT(arg_int(xm, "held"), 7);
+    int n_counters = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++) n_counters += !strcmp(json_string_value(json_object_get(json_array_get(ev, i), "ph")), "C");
+    CHECK_EQ_INT(n_counters, 1);
     /* times on the controller's clock, in the same frame as the subtasks */
     double disp_a = num(json_object_get(xa, "args"), "dispatch_us");
     CHECK_CLOSE(ts_of(xb) - disp_a, (double)(t0 - ra.r.dispatch_ns) / 1e3, 0.002, 0);
