@@ -969,6 +969,14 @@ int ff_controller_count_workers(const ff_controller *c, int state) {
     return n;
 }
 
+int ff_controller_set_worker_device(ff_controller *c, int rank, const char *device) {
+    assert(device);
+    ctl_worker *w = ctl_worker_get(c, rank);
+    if (!w) return ff_error_set("controller", NULL, "no worker with rank %d (%d ranks)", rank, c->nworkers);
+    snprintf(w->device, sizeof w->device, "%s", device);
+    return 0;
+}
+
 int ff_controller_worker_info(const ff_controller *c, int rank, ff_worker_info *out) {
     ctl_worker *w = ctl_worker_get((ff_controller *)c, rank);
     if (!w) return ff_error_set("controller", NULL, "no worker with rank %d (%d ranks)", rank, c->nworkers);

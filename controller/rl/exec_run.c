@@ -905,6 +905,9 @@ static int assign_gpus(ex_run *x, const int *host_of, const int *local_index, ch
         }
         fprintf(x->out, "run: rank %d computes on cuda:%d (host %s, %d GPU%s seen there)\n", r, x->rank_gpu[r], hosts[h], d.ngpus,
                 d.ngpus == 1 ? "" : "s");
+        char dev[32];
+        snprintf(dev, sizeof dev, "cuda:%d", x->rank_gpu[r]);
+        if (ff_controller_set_worker_device(x->c, r, dev) != 0) ff_error_clear(); /* a label of the trace only */
     }
     /* how the cuda workers multiply: each reads FF_CUDA_MATH, which the workers this run starts
      * inherit; a word their backend would refuse is refused here, before any model loads */

@@ -156,6 +156,10 @@ int ff_controller_nranks(const ff_controller *c);
 int ff_controller_count_workers(const ff_controller *c, int state);
 /* 0 and *out, or -1 + error for a rank never seen. */
 int ff_controller_worker_info(const ff_controller *c, int rank, ff_worker_info *out);
+/* What the worker computes on, as its client knows it once it has placed its work (`fuseflow run`
+ * gives a worker that said "cpu" in its hello a GPU): ff_worker_info.device and the trace's
+ * process name say it from then on. 0, or -1 + error for a rank never seen. */
+int ff_controller_set_worker_device(ff_controller *c, int rank, const char *device);
 
 /* ---- groups ----------------------------------------------------------------------------- */
 typedef struct ff_group_opts {

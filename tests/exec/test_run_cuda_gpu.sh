@@ -127,6 +127,8 @@ for e in c:
     a = e["args"]
     assert a["peak since its last result"] >= a["held at the result"] > 0, e
 print(len(c), "device memory samples, the highest peak", max(e["args"]["peak since its last result"] for e in c), "MiB")
+names = [e["args"]["name"] for e in ev if e["ph"] == "M" and e["pid"] == 1 and e["name"] == "process_name"]
+assert names and names[0].endswith(", cuda:0)"), names  # the worker's process says its GPU, not its hello's cpu
 PY
 "$bin" trace summary "$work/gpu.trace.json" > /dev/null || fail "trace summary of the GPU run's trace"
 # decode steps kernel by kernel (roles.actor.rollout.graphs: false) against the CUDA graphs of

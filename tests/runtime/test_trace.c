@@ -356,6 +356,12 @@ static void test_client_events(void) {
     const ff_arg word = ff_arg_str("peak", "high");
     CHECK(ff_controller_trace_counter(c, 0, "device memory (MiB)", t1, &word, 1) == -1);
     CHECK_STR_CONTAINS(ff_error_message(), "series 'peak' is not a number");
+    /* what worker 1 computes on, as the client placed it: its process name says it */
+    CHECK(ff_controller_set_worker_device(c, 1, "cuda:1") == 0);
+    CHECK(ff_controller_set_worker_device(c, 7, "cuda:7") == -1);
+    CHECK_STR_CONTAINS(ff_error_message(), "no worker with rank 7");
+    ff_worker_info wi;
+    CHECK(ff_controller_worker_info(c, 1, &wi) == 0 && !strcmp(wi.device, "cuda:1"));
     uint64_t after_c[2] = {B, A}; /* A -> C is implied by A -> B -> C: no arrow of its own */
     ff_subtask_spec sc = {.kind = "sleep", .target = FF_TARGET_RANK, .rank = 1, .args = &a10, .nargs = 1, .label = "train C",
                           .after = after_c, .nafter = 2};
@@ -399,6 +405,14 @@ static void test_client_events(void) {
     int n_counters = 0;
     for (size_t i = 0; i < json_array_size(ev); i++) n_counters += !strcmp(json_string_value(json_object_get(json_array_get(ev, i), "ph")), "C");
     CHECK_EQ_INT(n_counters, 1);
+    bool named = false;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *x = json_array_get(ev, i);
+        const char *n = json_string_value(json_object_get(json_object_get(x, "args"), "name"));
+        named |= !strcmp(json_string_value(json_object_get(x, "ph")), "M") && json_integer_value(json_object_get(x, "pid")) == 2 &&
+                 n && strstr(n, "worker 1 (") && strstr(n, ", cuda:1)");
+    }
+    CHECK(named);
     /* times on the controller's clock, in the same frame as the subtasks */
     double disp_a = num(json_object_get(xa, "args"), "dispatch_us");
     CHECK_CLOSE(ts_of(xb) - disp_a, (double)(t0 - ra.r.dispatch_ns) / 1e3, 0.002, 0);
