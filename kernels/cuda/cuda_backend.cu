@@ -432,8 +432,12 @@ static int blas_on(ff_stream *s) {
         }
         cudaError_t e = cudaMalloc(&cs->blas_ws, BLAS_WS_BYTES);
         if (e != cudaSuccess) {
+            cudaGetLastError(); /* out of memory is recoverable */
             cs->blas_ws = NULL;
-            cuda_fail(e, "allocating cuBLAS's workspace (32 MiB)", "free device memory");
+            char held[160];
+            ff_error_set("cuda backend", "use a smaller model or batch, or a GPU with more memory",
+                         "out of device memory for cuBLAS's 32 MiB workspace of a stream (%s; %s)", cudaGetErrorString(e),
+                         device_held(s->be, held, sizeof held));
             ff_stream_fail(s);
             return -1;
         }

@@ -178,11 +178,19 @@ if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
   ! grep -q "^iter 1" "$work/small_gpu.log" || fail "the small GPU ran an iteration"
   # the reference in host memory between its uses (weights: on_demand) is not on the device at
   # the step: at 1.6 MiB the check lets the run start, and the first allocation that does not
-  # fit (cuBLAS's workspace) stops it with the device's own account
+  # fit (a stream's kernel scratch) stops it with the device's own account
   FF_CUDA_EMU_MEMORY=1677722 grpo_fails "$work/small_gpu_od" roles.actor.backend=cuda roles.ref.weights=on_demand
   ! grep -q "cannot train the actor" "$work/small_gpu_od.log" || fail "on demand: the reference's weights were counted"
   grep -qE "out of device memory .*cuda:0: fuseflow holds .* of its 1.6 MiB, .* free" "$work/small_gpu_od.log" ||
     fail "on demand: not the device's out-of-memory account: $(tail -3 "$work/small_gpu_od.log")"
+  # a generation engine whose KV cache does not fit (every slot at 241 positions on a 2.1 MiB
+  # device) names the key that sizes it, beside the device's account
+  FF_CUDA_EMU_MEMORY=2200000 grpo_fails "$work/small_gpu_kv" roles.actor.backend=cuda data.max_prompt_length=120 \
+    data.max_response_length=120
+  for t in "the actor's generation engine, whose KV cache is roles.actor.rollout.kv_memory 1 of its" "lower kv_memory" \
+           "out of device memory allocating"; do
+    grep -qF -- "$t" "$work/small_gpu_kv.log" || fail "the KV cache's refusal does not say '$t': $(tail -3 "$work/small_gpu_kv.log")"
+  done
 fi
 if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then # the emulator has GPUs to spare: 2 workers, data parallel over cuda:0 and cuda:1
   GPU_RUN=1 WORKERS=2 grpo "$work/gpu2" roles.actor.backend=cuda

@@ -715,6 +715,43 @@ static void test_vectors(void) {
     CHECK_STR_CONTAINS(ff_error_message(), "out of device memory allocating 1.0 PiB");
     CHECK_STR_CONTAINS(ff_error_message(), "fuseflow holds");
     CHECK_STR_CONTAINS(ff_error_message(), " free");
+
+    /* a stream's cuBLAS workspace that does not fit: the product fails its stream with the
+     * same account, and the device works again once memory is freed. Filling the device takes
+     * its whole memory (the emulator's in host memory: only where FF_CUDA_EMU_MEMORY makes it
+     * small, as the _emu_low variant does). */
+    ff_backend_memory_of(gpu, &m0);
+#ifdef FF_TEST_CUDA_EMU
+    const bool fill = m0.capacity <= ((int64_t)2 << 30);
+#else
+    const bool fill = true;
+#endif
+    if (!fill) return;
+    ff_stream *s3 = ff_stream_new(gpu);
+    ff_buffer *a16 = ff_buffer_new(gpu, 16 * 16 * 2), *c32 = ff_buffer_new(gpu, 16 * 16 * 4);
+    REQUIRE(s3 && a16 && c32);
+    enum { MAX_FILL = 1024 };
+    ff_buffer *hold[MAX_FILL];
+    int nh = 0;
+    for (size_t chunk = (size_t)1 << 30; chunk >= (1u << 20) && nh < MAX_FILL;) {
+        if ((hold[nh] = ff_buffer_new(gpu, chunk)) != NULL) nh++;
+        else chunk /= 2;
+    }
+    CHECK(nh < MAX_FILL); /* filled: under 1 MiB is left */
+    ff_gemm_bf16(s3, FF_NO_TRANS, FF_TRANS, 16, 16, 16, 1.0f, ff_dptr_of(a16, 0), true, 16, ff_dptr_of(a16, 0), true, 16, 0.0f,
+                 ff_dptr_of(c32, 0), 16);
+    CHECK(ff_stream_sync(s3) != 0);
+    CHECK_STR_CONTAINS(ff_error_message(), "out of device memory for cuBLAS's 32 MiB workspace");
+    CHECK_STR_CONTAINS(ff_error_message(), "fuseflow holds");
+    ff_stream_destroy(&s3);
+    for (int i = 0; i < nh; i++) ff_buffer_destroy(&hold[i]);
+    s3 = ff_stream_new(gpu);
+    REQUIRE(s3);
+    ff_gemm_bf16(s3, FF_NO_TRANS, FF_TRANS, 16, 16, 16, 1.0f, ff_dptr_of(a16, 0), true, 16, ff_dptr_of(a16, 0), true, 16, 0.0f,
+                 ff_dptr_of(c32, 0), 16);
+    CHECK(ff_stream_sync(s3) == 0);
+    ff_stream_destroy(&s3);
+    ff_buffer_destroy(&a16), ff_buffer_destroy(&c32);
 }
 
 /* Events order two streams with no host wait: 64 MiB copied on one, then read on the other

@@ -816,24 +816,26 @@ static int check_device_memory(const rlw *s) {
     }
     const int64_t need = base + step[worst][0] + step[worst][1] + step[worst][2];
     if (need <= bm.capacity) return 0;
-    char b[9][32], what[512];
-    int at = snprintf(what, sizeof what, "the %s's weights %s, gradients %s, AdamW moments %s", tname[worst],
-                      ff_fmt_bytes((uint64_t)weights[worst], b[0], sizeof b[0]), ff_fmt_bytes((uint64_t)step[worst][0], b[1], sizeof b[1]),
-                      ff_fmt_bytes((uint64_t)step[worst][1], b[2], sizeof b[2]));
-    if (step[worst][2]) at += snprintf(what + at, sizeof what - (size_t)at, ", its bf16 copy for the products %s", ff_fmt_bytes((uint64_t)step[worst][2], b[3], sizeof b[3]));
+    char b[9][32];
+    ff_strbuf what = {0};
+    ff_strbuf_printf(&what, "the %s's weights %s, gradients %s, AdamW moments %s", tname[worst],
+                     ff_fmt_bytes((uint64_t)weights[worst], b[0], sizeof b[0]), ff_fmt_bytes((uint64_t)step[worst][0], b[1], sizeof b[1]),
+                     ff_fmt_bytes((uint64_t)step[worst][1], b[2], sizeof b[2]));
+    if (step[worst][2]) ff_strbuf_printf(&what, ", its bf16 copy for the products %s", ff_fmt_bytes((uint64_t)step[worst][2], b[3], sizeof b[3]));
     if (trained[1 - worst])
-        at += snprintf(what + at, sizeof what - (size_t)at, ", the %s's weights %s", tname[1 - worst], ff_fmt_bytes((uint64_t)weights[1 - worst], b[4], sizeof b[4]));
+        ff_strbuf_printf(&what, ", the %s's weights %s", tname[1 - worst], ff_fmt_bytes((uint64_t)weights[1 - worst], b[4], sizeof b[4]));
     static const char *const fname[2] = {"ref", "reward"};
     for (int i = 0; i < 2; i++)
-        if (frozen[i] && at < (int)sizeof what)
-            at += snprintf(what + at, sizeof what - (size_t)at, ", the %s's weights %s", fname[i], ff_fmt_bytes((uint64_t)frozen[i], b[5 + i], sizeof b[5 + i]));
-    return ff_error_set("worker", "give the trained roles more GPUs (roles.<role>.workers with layout: {tp: N} or {pp: N}; zero: 1 shards the "
-                                  "AdamW moments over the data-parallel ranks), keep frozen roles in host memory between their uses "
-                                  "(roles.ref.weights: on_demand), or use GPUs with more memory",
-                        "%s cannot train the %s: its optimizer step needs on the device at once %s: %s in all, over the device's %s "
-                        "(activations, the KV cache and workspace come on top)",
-                        ff_backend_name(s->be), tname[worst], what, ff_fmt_bytes((uint64_t)need, b[7], sizeof b[7]),
-                        ff_fmt_bytes((uint64_t)bm.capacity, b[8], sizeof b[8]));
+        if (frozen[i]) ff_strbuf_printf(&what, ", the %s's weights %s", fname[i], ff_fmt_bytes((uint64_t)frozen[i], b[5 + i], sizeof b[5 + i]));
+    ff_error_set("worker", "give the trained roles more GPUs (roles.<role>.workers with layout: {tp: N} or {pp: N}; zero: 1 shards the "
+                           "AdamW moments over the data-parallel ranks), keep frozen roles in host memory between their uses "
+                           "(roles.ref.weights: on_demand), or use GPUs with more memory",
+                 "%s cannot train the %s: its optimizer step needs on the device at once %s: %s in all, over the device's %s "
+                 "(activations, the KV cache and workspace come on top)",
+                 ff_backend_name(s->be), tname[worst], what.failed || !what.p ? "(out of host memory)" : what.p, ff_fmt_bytes((uint64_t)need, b[7], sizeof b[7]),
+                 ff_fmt_bytes((uint64_t)bm.capacity, b[8], sizeof b[8]));
+    free(what.p);
+    return -1;
 }
 
 int rlw_init(rlw *s, const rlw_init_args *a) {
@@ -895,7 +897,11 @@ int rlw_init(rlw *s, const rlw_init_args *a) {
         rc.kv_bf16 = roles[FF_ROLE_ACTOR].rollout_kv16;
         rc.eager = roles[FF_ROLE_ACTOR].rollout_eager;
         s->ro_cfg = rc;
-        if (!(s->ro = ff_rollout_new(s->gen, &rc))) return ff_error_wrap("worker");
+        if (!(s->ro = ff_rollout_new(s->gen, &rc)))
+            return ff_error_wrap("worker: the actor's generation engine, whose KV cache is roles.actor.rollout.kv_memory %g of its %d "
+                                 "slots at %d positions (lower kv_memory, down to one group of n at full length%s)",
+                                 roles[FF_ROLE_ACTOR].rollout_kv_memory, rc.max_slots, rc.max_seq_len,
+                                 rc.kv_bf16 ? "" : "; kv_dtype: bf16 halves it");
     }
     if (a->roles & FF_RL_CRITIC) {
         const char *cdir = roles[FF_ROLE_CRITIC].model;
