@@ -130,6 +130,8 @@ void ff_backend_memory_of(ff_backend *be, ff_backend_memory *out) {
     out->capacity = be->mem_capacity;
 }
 
+int64_t ff_backend_device_free(ff_backend *be) { return be->ops->mem_free ? be->ops->mem_free(be) : -1; }
+
 void ff_backend_memory_reset_peak(ff_backend *be) {
     __atomic_store_n(&be->mem_peak, __atomic_load_n(&be->mem_in_use, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }

@@ -16,6 +16,8 @@ typedef struct ff_backend_ops {
     void (*d2h)(ff_stream *s, void *dst, ff_dptr src, size_t bytes);
     void (*d2d)(ff_stream *s, ff_dptr dst, ff_dptr src, size_t bytes);
     void (*memset0)(ff_stream *s, ff_dptr dst, size_t bytes);
+    /* the device's free bytes now, or -1 when it cannot say (NULL: the buffers are host memory) */
+    int64_t (*mem_free)(ff_backend *be);
     /* NULL: one d2d per row */
     void (*d2d_2d)(ff_stream *s, ff_dptr dst, size_t dpitch, ff_dptr src, size_t spitch, size_t width, size_t rows);
     int (*stream_init)(ff_stream *s);

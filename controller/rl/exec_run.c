@@ -395,8 +395,9 @@ static void print_memory(ex_run *x) {
         fprintf(x->out, "run: rank %d holds %s after loading (peak %s)", r, ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_RSS], b[0], sizeof b[0]),
                 ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_PEAK], b[1], sizeof b[1]));
         if (x->loaded[r].mem[FF_RL_MEM_DEV_CAP] > 0) /* a device: its buffers and workspace there */
-            fprintf(x->out, ", cuda:%d %s of its %s", x->rank_gpu[r], ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_DEV], b[0], sizeof b[0]),
-                    ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_DEV_CAP], b[1], sizeof b[1]));
+            fprintf(x->out, ", cuda:%d %s of its %s (%s free)", x->rank_gpu[r], ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_DEV], b[0], sizeof b[0]),
+                    ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_DEV_CAP], b[1], sizeof b[1]),
+                    x->loaded[r].mem[FF_RL_MEM_DEV_FREE] >= 0 ? ff_fmt_bytes((uint64_t)x->loaded[r].mem[FF_RL_MEM_DEV_FREE], b[2], sizeof b[2]) : "unknown");
         fprintf(x->out, "; its roles need %s:", ff_fmt_bytes((uint64_t)need, b[2], sizeof b[2]));
         const char *sep = " ";
         for (int i = 0; i < FF_RL_NROLES; i++) {
@@ -436,6 +437,7 @@ static json_t *memory_json(const ex_run *x) {
         if (o && x->loaded[r].mem[FF_RL_MEM_DEV_CAP] > 0) {
             json_object_set_new(o, "device_bytes", json_integer((json_int_t)x->loaded[r].mem[FF_RL_MEM_DEV]));
             json_object_set_new(o, "device_capacity_bytes", json_integer((json_int_t)x->loaded[r].mem[FF_RL_MEM_DEV_CAP]));
+            json_object_set_new(o, "device_free_bytes", json_integer((json_int_t)x->loaded[r].mem[FF_RL_MEM_DEV_FREE]));
         }
         json_array_append_new(a, o);
     }

@@ -86,6 +86,11 @@ typedef struct ff_backend_memory {
 } ff_backend_memory;
 void ff_backend_memory_of(ff_backend *be, ff_backend_memory *out);
 void ff_backend_memory_reset_peak(ff_backend *be); /* peak := in_use */
+/* The device's free memory now (cudaMemGetInfo's free): what fuseflow can still allocate, all
+ * else on the device (other processes, the CUDA context, NCCL's buffers) left out. -1 where
+ * the buffers are host memory (cpu) or the device cannot say. A query of the driver: not for
+ * hot loops. */
+int64_t ff_backend_device_free(ff_backend *be);
 ff_backend *ff_buffer_backend(const ff_buffer *b);
 
 /* The address `byte_offset` bytes into b (asserts offset <= size). */

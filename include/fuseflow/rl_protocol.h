@@ -74,8 +74,9 @@ enum {
  * critic, ref, reward), zero where the worker does not host it:
  *   "params"     I64 [FF_RL_NROLES]: the role's parameter count
  *   "memory"     I64 [FF_RL_MEM_N]: the worker's resident memory once loaded, in bytes, and
- *                its backend's: the bytes it holds there (ff_backend_memory's in_use) and the
- *                device's capacity (0 on the cpu)
+ *                its backend's: the bytes it holds there (ff_backend_memory's in_use), the
+ *                device's capacity (0 on the cpu) and its free bytes (ff_backend_device_free;
+ *                -1 on the cpu)
  *   "role_bytes" I64 [FF_RL_NROLES, FF_RL_RB_N]: the bytes the role's parameters, gradients
  *                and optimizer state need (0 gradients and optimizer: it only infers), and of
  *                its parameters' those it reads in place from another role's memory on the
@@ -85,7 +86,7 @@ enum {
 #define FF_RL_T_PARAMS "params"
 #define FF_RL_T_MEMORY "memory"
 #define FF_RL_T_ROLE_BYTES "role_bytes"
-enum { FF_RL_MEM_RSS = 0, FF_RL_MEM_PEAK, FF_RL_MEM_DEV, FF_RL_MEM_DEV_CAP, FF_RL_MEM_N }; /* VmRSS now, VmHWM (the peak so far), backend in_use, capacity */
+enum { FF_RL_MEM_RSS = 0, FF_RL_MEM_PEAK, FF_RL_MEM_DEV, FF_RL_MEM_DEV_CAP, FF_RL_MEM_DEV_FREE, FF_RL_MEM_N }; /* VmRSS now, VmHWM (the peak so far), backend in_use, capacity, free */
 enum { FF_RL_RB_PARAMS = 0, FF_RL_RB_GRADS, FF_RL_RB_OPTIM, FF_RL_RB_VIEWED, FF_RL_RB_N };
 /* The roles' names, indexed by row ("actor", "gen", "critic", "ref", "reward"). */
 extern const char *const ff_rl_role_names[FF_RL_NROLES];

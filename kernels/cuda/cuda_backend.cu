@@ -151,20 +151,29 @@ void ff_cuda_check_launch(ff_stream *s, const char *kernel) {
     ff_stream_fail(s);
 }
 
+static int64_t cuda_mem_free(ff_backend *be) {
+    use_device_of(be);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return (int64_t)free_bytes;
+}
+
 /* What an out-of-memory error adds: "cuda:0: fuseflow holds 75.2 GiB of its 79.6 GiB, 1.1 GiB
  * free" (the rest is other processes' and the CUDA context's). */
 static const char *device_held(ff_backend *be, char *out, size_t cap) {
     ff_backend_memory m;
     ff_backend_memory_of(be, &m);
     char a[32], b[32], c[32];
-    size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-        cudaGetLastError();
+    const int64_t free_bytes = cuda_mem_free(be);
+    if (free_bytes < 0 || m.capacity <= 0) {
         snprintf(out, cap, "%s: fuseflow holds %s", be->name, ff_fmt_bytes((uint64_t)m.in_use, a, sizeof a));
         return out;
     }
     snprintf(out, cap, "%s: fuseflow holds %s of its %s, %s free", be->name, ff_fmt_bytes((uint64_t)m.in_use, a, sizeof a),
-             ff_fmt_bytes((uint64_t)total_bytes, b, sizeof b), ff_fmt_bytes((uint64_t)free_bytes, c, sizeof c));
+             ff_fmt_bytes((uint64_t)m.capacity, b, sizeof b), ff_fmt_bytes((uint64_t)free_bytes, c, sizeof c));
     return out;
 }
 
@@ -905,6 +914,7 @@ static ff_backend_ops make_ops(void) {
     o.d2h = cuda_d2h;
     o.d2d = cuda_d2d;
     o.memset0 = cuda_memset0;
+    o.mem_free = cuda_mem_free;
     o.d2d_2d = cuda_d2d_2d;
     o.stream_init = cuda_stream_init;
     o.stream_fini = cuda_stream_fini;

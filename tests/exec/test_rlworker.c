@@ -225,7 +225,7 @@ int main(int argc, char **argv) {
     CHECK(r1.memory[FF_RL_MEM_RSS] >= 12 * np && r1.memory[FF_RL_MEM_PEAK] >= r1.memory[FF_RL_MEM_RSS]);
     /* the backend's: on the cpu its buffers (the three copies of the weights at least: the
      * actor's, its generating copy's, the reference's), and no device capacity */
-    CHECK(r0.memory[FF_RL_MEM_DEV] >= 12 * np && r0.memory[FF_RL_MEM_DEV_CAP] == 0);
+    CHECK(r0.memory[FF_RL_MEM_DEV] >= 12 * np && r0.memory[FF_RL_MEM_DEV_CAP] == 0 && r0.memory[FF_RL_MEM_DEV_FREE] == -1);
 
     /* the same request on both workers, and batched with others on worker 0 */
     generate(0, 11, 4, &g0);

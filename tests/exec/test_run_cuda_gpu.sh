@@ -94,19 +94,20 @@ for path, lo, hi in ((sys.argv[1], 0.5, 0.51), (sys.argv[2], 1.0, 1.0)):
     print(f"{path}: the reference holds {share:.3f} of the actor's weight bytes")
     assert lo <= share <= hi, (path, share)
 PY
-# device memory: the load line says what the rank holds on its GPU of its capacity; the first
-# metrics line has it as device_bytes / device_capacity_bytes; every iteration has the rank's
+# device memory: the load line says what the rank holds on its GPU of its capacity, and what is
+# free; the first metrics line has them as device_bytes / device_capacity_bytes /
+# device_free_bytes (held + free within the capacity); every iteration has the rank's
 # peak on the device since the last (above what it held after loading: the training step's
 # gradients, moments, activations and workspace), within the capacity, and the console says it
-grep -qE "run: rank 0 holds .* after loading \(peak .*\), cuda:0 .* of its .*; its roles need" "$work/gpu.log" ||
+grep -qE "run: rank 0 holds .* after loading \(peak .*\), cuda:0 .* of its .* \([0-9.]+ [KMG]iB free\); its roles need" "$work/gpu.log" ||
   fail "the load line does not say what rank 0 holds on cuda:0: $(grep 'after loading' "$work/gpu.log")"
 grep -qE "^iter 1/2 .* \| gpu [0-9.]+ [KMG]iB/[0-9.]+ [KMG]iB$" "$work/gpu.log" || fail "the iteration line has no gpu peak: $(grep '^iter 1' "$work/gpu.log")"
 python3 - "$work/gpu/metrics.jsonl" "$work/cpu/metrics.jsonl" <<'PY' || fail "the device memory in metrics.jsonl"
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 m = next(l["memory"][0] for l in lines if "memory" in l)
-held, cap = m["device_bytes"], m["device_capacity_bytes"]
-assert 0 < held < cap, m
+held, cap, free = m["device_bytes"], m["device_capacity_bytes"], m["device_free_bytes"]
+assert 0 < held < cap and 0 < free and held + free <= cap, m
 its = [l for l in lines if "samples" in l]
 assert len(its) == 2, len(its)
 for l in its:
@@ -176,6 +177,13 @@ if [[ -n ${FF_CUDA_EMU_BIN:-} ]]; then
     grep -qF -- "$t" "$work/small_gpu.log" || fail "the small GPU's refusal does not say '$t': $(tail -3 "$work/small_gpu.log")"
   done
   ! grep -q "^iter 1" "$work/small_gpu.log" || fail "the small GPU ran an iteration"
+  # a GPU big enough, but other processes hold 1 MiB of its 2.5 MiB (FF_CUDA_EMU_OTHERS): refused
+  # the same way, over what fuseflow can have of it, saying who holds the rest
+  FF_CUDA_EMU_MEMORY=2621440 FF_CUDA_EMU_OTHERS=1048576 grpo_fails "$work/shared_gpu" roles.actor.backend=cuda
+  for t in "cuda:0 cannot train the actor" "1.7 MiB in all, over the 1.5 MiB it can have of the device's 2.5 MiB (it holds" \
+           "other processes, the CUDA context and NCCL hold the rest, nvidia-smi lists them" "free of other processes"; do
+    grep -qF -- "$t" "$work/shared_gpu.log" || fail "the shared GPU's refusal does not say '$t': $(tail -3 "$work/shared_gpu.log")"
+  done
   # the reference in host memory between its uses (weights: on_demand) is not on the device at
   # the step: at 1.6 MiB the check lets the run start, and the first allocation that does not
   # fit (a stream's kernel scratch) stops it with the device's own account

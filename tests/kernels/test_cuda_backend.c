@@ -710,6 +710,17 @@ static void test_vectors(void) {
     CHECK(m2.in_use == m0.in_use);
     ff_buffer_destroy(&A), ff_buffer_destroy(&C);
 
+    /* the device's free memory: within its capacity beside what fuseflow holds, and 64 MiB less
+     * (at least) with a 64 MiB buffer alive; none on the cpu */
+    const int64_t free0 = ff_backend_device_free(gpu);
+    ff_backend_memory_of(gpu, &m0);
+    CHECK(free0 > 0 && m0.in_use + free0 <= m0.capacity);
+    ff_buffer *big = ff_buffer_new(gpu, (size_t)64 << 20);
+    REQUIRE(big);
+    CHECK(ff_backend_device_free(gpu) <= free0 - ((int64_t)64 << 20));
+    ff_buffer_destroy(&big);
+    CHECK(ff_backend_device_free(cpu) == -1);
+
     /* out of memory is an error, not a crash, and says what fuseflow holds of the device */
     CHECK(ff_buffer_new(gpu, (size_t)1 << 50) == NULL);
     CHECK_STR_CONTAINS(ff_error_message(), "out of device memory allocating 1.0 PiB");

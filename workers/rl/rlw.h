@@ -78,6 +78,8 @@ int64_t rlw_param_count(const rlw *s, unsigned role);
 void rlw_role_bytes(const rlw *s, unsigned role, int64_t out[FF_RL_RB_N]);
 /* The backend's memory counters (ff_backend_memory_of); all 0 before rlw_init made it. */
 void rlw_backend_memory(const rlw *s, ff_backend_memory *out);
+/* The device's free bytes now (ff_backend_device_free); -1 on the cpu and before rlw_init. */
+int64_t rlw_device_free(const rlw *s);
 /* The backend's peak := what it holds now (ff_backend_memory_reset_peak); nothing before rlw_init. */
 void rlw_backend_reset_peak(rlw *s);
 

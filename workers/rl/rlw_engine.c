@@ -782,7 +782,9 @@ int64_t rlw_weights_held(const rlw *s) {
  * offloaded ones come back for the step) and bf16 copy for the products, and the frozen roles'
  * weights that stay on the device (not roles.<role>.weights: on_demand). Not counted (so a run
  * may still run out later, with the allocation's own error): activations, the KV cache, the
- * generating copy's own weights (given back for training when transient), workspace. */
+ * generating copy's own weights (given back for training when transient), workspace. Over
+ * what fuseflow can have of the device: what it holds and what is free, not what other
+ * processes, the CUDA context and NCCL hold. */
 static int check_device_memory(const rlw *s) {
     ff_backend_memory bm;
     ff_backend_memory_of(s->be, &bm);
@@ -815,8 +817,19 @@ static int check_device_memory(const rlw *s) {
         base += frozen[i];
     }
     const int64_t need = base + step[worst][0] + step[worst][1] + step[worst][2];
-    if (need <= bm.capacity) return 0;
-    char b[9][32];
+    /* the most fuseflow can hold: what it holds and what is free (other processes, the CUDA
+     * context and NCCL's buffers keep the rest) */
+    const int64_t free_now = ff_backend_device_free(s->be);
+    const int64_t room = free_now >= 0 && bm.in_use + free_now < bm.capacity ? bm.in_use + free_now : bm.capacity;
+    if (need <= room) return 0;
+    char b[12][32], over[256];
+    if (room < bm.capacity)
+        snprintf(over, sizeof over, "the %s it can have of the device's %s (it holds %s and %s is free; other processes, the CUDA context "
+                 "and NCCL hold the rest, nvidia-smi lists them)", ff_fmt_bytes((uint64_t)room, b[9], sizeof b[9]),
+                 ff_fmt_bytes((uint64_t)bm.capacity, b[8], sizeof b[8]), ff_fmt_bytes((uint64_t)bm.in_use, b[10], sizeof b[10]),
+                 ff_fmt_bytes((uint64_t)free_now, b[11], sizeof b[11]));
+    else
+        snprintf(over, sizeof over, "the device's %s", ff_fmt_bytes((uint64_t)bm.capacity, b[8], sizeof b[8]));
     ff_strbuf what = {0};
     ff_strbuf_printf(&what, "the %s's weights %s, gradients %s, AdamW moments %s", tname[worst],
                      ff_fmt_bytes((uint64_t)weights[worst], b[0], sizeof b[0]), ff_fmt_bytes((uint64_t)step[worst][0], b[1], sizeof b[1]),
@@ -829,11 +842,11 @@ static int check_device_memory(const rlw *s) {
         if (frozen[i]) ff_strbuf_printf(&what, ", the %s's weights %s", fname[i], ff_fmt_bytes((uint64_t)frozen[i], b[5 + i], sizeof b[5 + i]));
     ff_error_set("worker", "give the trained roles more GPUs (roles.<role>.workers with layout: {tp: N} or {pp: N}; zero: 1 shards the "
                            "AdamW moments over the data-parallel ranks), keep frozen roles in host memory between their uses "
-                           "(roles.ref.weights: on_demand), or use GPUs with more memory",
-                 "%s cannot train the %s: its optimizer step needs on the device at once %s: %s in all, over the device's %s "
+                           "(roles.ref.weights: on_demand), or use GPUs with more memory, free of other processes",
+                 "%s cannot train the %s: its optimizer step needs on the device at once %s: %s in all, over %s "
                  "(activations, the KV cache and workspace come on top)",
                  ff_backend_name(s->be), tname[worst], what.failed || !what.p ? "(out of host memory)" : what.p, ff_fmt_bytes((uint64_t)need, b[7], sizeof b[7]),
-                 ff_fmt_bytes((uint64_t)bm.capacity, b[8], sizeof b[8]));
+                 over);
     free(what.p);
     return -1;
 }
@@ -975,6 +988,8 @@ void rlw_backend_memory(const rlw *s, ff_backend_memory *out) {
     memset(out, 0, sizeof *out);
     if (s->be) ff_backend_memory_of(s->be, out);
 }
+
+int64_t rlw_device_free(const rlw *s) { return s->be ? ff_backend_device_free(s->be) : -1; }
 
 void rlw_backend_reset_peak(rlw *s) {
     if (s->be) ff_backend_memory_reset_peak(s->be);

@@ -307,6 +307,7 @@ static int k_init(ff_task *t, void *ud) {
     rlw_backend_memory(r->eng, &bm);
     mem[FF_RL_MEM_DEV] = bm.in_use;
     mem[FF_RL_MEM_DEV_CAP] = bm.capacity;
+    mem[FF_RL_MEM_DEV_FREE] = rlw_device_free(r->eng);
     return 0;
 }
 

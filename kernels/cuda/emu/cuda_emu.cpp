@@ -157,6 +157,19 @@ static size_t device_bytes(void) {
     }
     return n;
 }
+/* What other processes hold of it: FF_CUDA_EMU_OTHERS bytes (0 by default; at most the device).
+ * cudaMemGetInfo's free leaves it out, and allocations cannot have it. Read once. */
+static size_t others_bytes(void) {
+    static size_t n;
+    static bool read;
+    if (!read) {
+        const char *e = getenv("FF_CUDA_EMU_OTHERS");
+        long long v = e && *e ? atoll(e) : 0;
+        n = v <= 0 ? 0 : (size_t)v < device_bytes() ? (size_t)v : device_bytes();
+        read = true;
+    }
+    return n;
+}
 
 /* Is [p, p + n) inside one device allocation? */
 static bool on_device(const void *p, size_t n) {
@@ -461,7 +474,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     *p = NULL;
     CAPTURE_REFUSE(NULL, cudaErrorStreamCaptureUnsupported);
     if (n == 0) return cudaSuccess;
-    if (n > device_bytes() - alloc_total) return fail(cudaErrorMemoryAllocation);
+    if (n > device_bytes() - others_bytes() - alloc_total) return fail(cudaErrorMemoryAllocation);
     void *m = malloc(n);
     if (!m) return fail(cudaErrorMemoryAllocation);
     memset(m, 0xff, n); /* device memory starts as garbage: NaN bytes show a read of unwritten data */
@@ -472,7 +485,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     EMU_ENTER();
-    *free_bytes = device_bytes() - alloc_total;
+    *free_bytes = device_bytes() - others_bytes() - alloc_total;
     *total_bytes = device_bytes();
     return cudaSuccess;
 }
