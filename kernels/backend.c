@@ -281,6 +281,11 @@ bool ff_backend_has_stream_graphs(const ff_backend *be) { return be->ops->captur
 
 bool ff_stream_capturing(const ff_stream *s) { return s->capturing; }
 
+bool ff_stream_capture_failed(ff_stream *s) {
+    if (!s->capturing) return false;
+    return s->capture_error[0] || s->error[0] || (s->be->ops->capture_invalidated && s->be->ops->capture_invalidated(s));
+}
+
 int ff_stream_capture_begin(ff_stream *s) {
     assert(!s->capturing && !tl_capture); /* one capture per thread at a time */
     const char *where = "ff_stream_capture_begin";

@@ -35,6 +35,7 @@ typedef struct ff_backend_ops {
     int (*capture_begin)(ff_stream *s);
     int (*capture_end)(ff_stream *s, void **graph);
     int (*graph_launch)(ff_stream *s, void *graph);
+    bool (*capture_invalidated)(ff_stream *s); /* the device's capture on s can no longer make a graph */
     void (*graph_free)(ff_stream *s, void *graph); /* s: the stream it was captured on */
     void (*destroy)(ff_backend *be);
 

@@ -169,6 +169,11 @@ int ff_stream_capture_begin(ff_stream *s);              /* 0, or -1 + error (no 
 int ff_stream_capture_end(ff_stream *s, ff_stream_graph **out); /* 0, or -1 + error and *out NULL */
 int ff_stream_graph_launch(ff_stream_graph *g, ff_stream *s);         /* 0, or -1 + error */
 bool ff_stream_capturing(const ff_stream *s); /* between ff_stream_capture_begin and _end */
+/* While s captures: whether the capture has already failed (a call it refused, a kernel that
+ * failed, or the device's capture invalidated), so that _end will fail. A library about to
+ * enqueue on s (a collective) should not: work on an invalidated capture fails, and NCCL would
+ * take its communicator down with it. false when s does not capture. */
+bool ff_stream_capture_failed(ff_stream *s);
 void ff_stream_graph_destroy(ff_stream_graph **g);
 
 /* ---- handing device memory to another library --------------------------------------------

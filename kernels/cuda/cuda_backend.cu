@@ -371,6 +371,14 @@ static int cuda_capture_end(ff_stream *s, void **graph) {
     *graph = (void *)x;
     return 0;
 }
+static bool cuda_capture_invalidated(ff_stream *s) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(CS(s), &st) != cudaSuccess) {
+        cudaGetLastError();
+        return true; /* a capturing stream it cannot even ask about */
+    }
+    return st == cudaStreamCaptureStatusInvalidated;
+}
 static int cuda_graph_launch(ff_stream *s, void *graph) {
     ff_cuda_use_device(s);
     cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)graph, CS(s));
@@ -927,6 +935,7 @@ static ff_backend_ops make_ops(void) {
     o.capture_begin = cuda_capture_begin;
     o.capture_end = cuda_capture_end;
     o.graph_launch = cuda_graph_launch;
+    o.capture_invalidated = cuda_capture_invalidated;
     o.graph_free = cuda_graph_free;
     o.destroy = cuda_destroy;
     o.gemm = cuda_gemm;

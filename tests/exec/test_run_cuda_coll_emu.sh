@@ -6,7 +6,9 @@
 # bit as with FF_DEVICE_COLL=0 (the same collectives through host memory on the cpu group):
 #   - PPO at TP 2 x DP 2 with sequence parallelism (the TP all-reduces, SP gathers and scatters,
 #     the DP gradient sum) and ZeRO-1 (reduce-scatter and all-gather in the flat buffers), its
-#     TP 2 generation's decode steps replayed as CUDA graphs that hold their collectives;
+#     TP 2 generation's decode steps replayed as CUDA graphs that hold their collectives, and the
+#     same with every capture failing (FF_CUDA_EMU_CAPTURE_FAIL=all): eager decoding, its
+#     collectives kept out of the failed captures;
 #   - the same with bf16 products (FF_CUDA_MATH=bf16: the weights' bf16 copies, docs/model.md);
 #   - PPO at PP 2 (the pipeline's activations and gradients between stages);
 #   - GRPO at PP 2 generating pipelined over both stages (its decode steps as graphs holding the
@@ -66,6 +68,22 @@ PY
 }
 # the actor's colocated generating copy at TP 2: the TP all-reduces and the logits' all-gather
 graphs_replayed "TP 2 generation" tpdp
+# every capture failing (FF_CUDA_EMU_CAPTURE_FAIL=all: invalidated from its start, as by a call a
+# capture cannot hold): the collectives stay out of the failed captures (NCCL's launch onto one
+# fails and takes the communicator down: the stand-in's does), every rank decodes eagerly from
+# then on, saying why, with the same samples and metrics
+FF_CUDA_EMU_CAPTURE_FAIL=all run ppo "$work/tpdp_nocap" --workers 4 "${ppo_args[@]}" "${cuda[@]}" roles.actor.layout.tp=2 \
+  roles.actor.layout.sp=true roles.actor.layout.zero=1
+same_samples "$work/tpdp_nocap" "$work/tpdp_host" "failed captures"
+same_metrics "$work/tpdp_nocap/metrics.jsonl" "$work/tpdp_host/metrics.jsonl" 0 0 || fail "failed captures: not the metrics of the eager run"
+grep -q "decode steps run kernel by kernel from now on, not as CUDA graphs: graph capture" "$work/tpdp_nocap.log" ||
+  fail "failed captures: no warning naming why: $(grep -i graph "$work/tpdp_nocap.log" | head -3)"
+python3 - "$work/tpdp_nocap/metrics.jsonl" <<'PY' || fail "failed captures: decode steps replayed"
+import json, sys
+d = [json.loads(l)["rollout_decode"] for l in open(sys.argv[1]) if '"samples"' in l]
+assert d and all(x["graph_steps"] == 0 and x["eager_steps"] > 0 for x in d), d
+PY
+echo "ok: failed captures on every rank: eager decoding, the same samples"
 # bf16 products (FF_CUDA_MATH=bf16): the trained models' bf16 copies of their TP shards, and the
 # gradients rounded once, under SP and ZeRO-1
 MATH=bf16 both "TP 2 x DP 2 with SP and ZeRO-1 on cuda, bf16 products" ppo tpdp16 --workers 4 "${ppo_args[@]}" "${cuda[@]}" \

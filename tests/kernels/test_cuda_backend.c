@@ -903,12 +903,27 @@ static void test_graphs(void) {
         ff_buffer_destroy(&job.b);
     }
 
-    /* what a capture cannot hold: it fails, naming the call; nothing ran; the stream goes on */
+    /* what a capture cannot hold: it fails, naming the call; nothing ran; the stream goes on;
+     * ff_stream_capture_failed says so before the end (and not on a capture that is fine) */
     ff_stream_graph *bad = NULL;
+    CHECK(!ff_stream_capture_failed(s));
     REQUIRE(ff_stream_capture_begin(s) == 0);
+    graph_work(s, a, w16, w, c, o, GM);
+    CHECK(!ff_stream_capture_failed(s));
     ff_memcpy_h2d(s, ff_dptr_of(a, 0), hw, 4);
+    CHECK(ff_stream_capture_failed(s));
     CHECK(ff_stream_capture_end(s, &bad) == -1 && !bad);
+    CHECK(!ff_stream_capture_failed(s));
     CHECK_STR_CONTAINS(ff_error_message(), "ff_memcpy_h2d inside a graph capture");
+#ifdef FF_TEST_CUDA_EMU
+    /* a capture CUDA invalidated that fuseflow has not seen fail yet (nothing queued in it):
+     * the device's own answer (the emulator's FF_CUDA_EMU_CAPTURE_FAIL invalidates it at once) */
+    setenv("FF_CUDA_EMU_CAPTURE_FAIL", "all", 1);
+    REQUIRE(ff_stream_capture_begin(s) == 0);
+    CHECK(ff_stream_capture_failed(s));
+    CHECK(ff_stream_capture_end(s, &bad) == -1 && !bad);
+    unsetenv("FF_CUDA_EMU_CAPTURE_FAIL");
+#endif
     float first = 0;
     ff_memcpy_d2h(s, &first, ff_dptr_of(a, 0), 4);
     CHECK(first == ha[0]);

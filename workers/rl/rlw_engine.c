@@ -215,6 +215,10 @@ static void dev_end(rlw *s, ff_stream *st, ff_stream *q) {
  * DC_SEND, DC_RECV, DC_BCAST: n floats of in with peer (the root for DC_BCAST) */
 static int dev_coll(rlw *s, ff_coll_comm *g, int op, ff_stream *st, ff_dptr in, ff_dptr out, size_t n, const size_t *counts,
                     int peer) {
+    /* a capture that already failed gets no collective: NCCL's enqueue on it would fail and
+     * take the communicator down, when the generator only wants to run the step again eagerly */
+    if (ff_stream_capture_failed(st))
+        return ff_error_set("worker", NULL, "a collective left out of a graph capture that had already failed");
     ff_coll_comm *d = dev_group(s, g);
     ff_stream *q = d ? dev_begin(s, st) : NULL;
     if (!q) return -1;

@@ -38,6 +38,7 @@ struct ff_rollout {
     int64_t pf_tokens0; /* the generator's prefill counters at the last stats reset */
     double pf_s0;
     int64_t graph0, eager0; /* the generator's decode steps at the last ff_rollout_decode_steps_take */
+    bool graphs_on;         /* the generator's decode graphs, until a failed capture turned them off (a warning) */
 };
 
 void ff_rollout_config_default(ff_rollout_config *c) {
@@ -74,6 +75,9 @@ ff_rollout *ff_rollout_new(ff_model *m, const ff_rollout_config *cin) {
         return NULL;
     }
     r->base = r->next_id = 1;
+    ff_generator_graph_stats gs;
+    ff_generator_graph_stats_of(r->g, &gs);
+    r->graphs_on = gs.on;
     return r;
 }
 
@@ -192,6 +196,10 @@ const ff_rollout_stats *ff_rollout_stats_of(const ff_rollout *r) { return &r->st
 void ff_rollout_decode_steps_take(ff_rollout *r, int64_t *graph_steps, int64_t *eager_steps) {
     ff_generator_graph_stats gs;
     ff_generator_graph_stats_of(r->g, &gs);
+    if (r->graphs_on && !gs.on) { /* a capture failed */
+        ff_warn("rollout: decode steps run kernel by kernel from now on, not as CUDA graphs: %s", gs.off_why);
+        r->graphs_on = false;
+    }
     *graph_steps = gs.replays - r->graph0;
     *eager_steps = gs.eager_steps - r->eager0;
     r->graph0 = gs.replays;

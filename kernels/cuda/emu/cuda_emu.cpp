@@ -286,6 +286,19 @@ static cudaError_t legacy_refuse(void) {
         cudaError_t ce_ = capture_refuse((s), (err));   \
         if (ce_ != cudaSuccess) return ce_;             \
     } while (0)
+/* Work on a stream whose capture was invalidated fails, as CUDA's does, and is not recorded. */
+static bool capture_broken(cudaStream_t s) { return s && s->capturing && s->capture_err != cudaSuccess; }
+#define CAPTURE_BROKEN(s)                                                       \
+    do {                                                                        \
+        if (capture_broken(s)) return fail(cudaErrorStreamCaptureInvalidated); \
+    } while (0)
+
+/* FF_CUDA_EMU_CAPTURE_FAIL=N (or all): every capture begun on device N (on any) is invalidated
+ * at once, as if its first call were one a capture cannot hold (for tests of failed captures). */
+static bool capture_fails_here(void) {
+    const char *e = getenv("FF_CUDA_EMU_CAPTURE_FAIL");
+    return e && *e && (!strcmp(e, "all") || atoi(e) == current_device);
+}
 
 struct ff_emu_graph {
     int magic;
@@ -299,9 +312,17 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
     if (s->capturing) return fail(cudaErrorInvalidValue);
     s->capturing = true;
     s->capture_thread = std::this_thread::get_id();
-    s->capture_err = cudaSuccess;
+    s->capture_err = capture_fails_here() ? cudaErrorStreamCaptureInvalidated : cudaSuccess;
     s->captured.clear();
     n_capturing++;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
+    EMU_ENTER();
+    if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    *status = !s || !s->capturing                ? cudaStreamCaptureStatusNone
+              : s->capture_err != cudaSuccess    ? cudaStreamCaptureStatusInvalidated
+                                                 : cudaStreamCaptureStatusActive;
     return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
@@ -388,6 +409,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     EMU_ENTER();
     if (!e || e->magic != EVENT_MAGIC || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    CAPTURE_BROKEN(s);
     CAPTURE_REFUSE(s, cudaErrorStreamCaptureUnsupported); /* the emulator does not model forked captures */
     if (!s) run_all(); /* the legacy stream: complete once everything before it is */
     e->s = s;
@@ -397,6 +419,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     EMU_ENTER();
     if (!e || e->magic != EVENT_MAGIC || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    CAPTURE_BROKEN(s);
     CAPTURE_REFUSE(s, cudaErrorStreamCaptureIsolation); /* a dependency on uncaptured work */
     if (!e->s) return cudaSuccess; /* never recorded, or complete */
     if (!s) {
@@ -426,7 +449,7 @@ extern "C" void ff_emu_stream_defer(void *stream, void (*fn)(void *), void *ctx)
 extern "C" int ff_emu_stream_capturing(void *stream) {
     std::lock_guard<std::recursive_mutex> lk(emu_mu);
     cudaStream_t s = (cudaStream_t)stream;
-    return s && stream_ok(s) && s->capturing;
+    return !s || !stream_ok(s) || !s->capturing ? 0 : s->capture_err != cudaSuccess ? 2 : 1;
 }
 
 extern "C" void ff_emu_stream_record(void *stream, void (*fn)(void *), void *ctx, void (*free_ctx)(void *)) {
@@ -506,6 +529,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
     if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     if (n && !on_device(p, n)) return fail(cudaErrorInvalidValue);
     if (!s && legacy_refuse() != cudaSuccess) return cudaErrorStreamCaptureImplicit;
+    CAPTURE_BROKEN(s);
     enqueue(s, [p, v, n] { memset(p, v, n); });
     return cudaSuccess;
 }
@@ -539,6 +563,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     cudaError_t e = check_copy(dst, src, n, k);
     if (e != cudaSuccess || !n || dst == src) return e;
     if (!s && legacy_refuse() != cudaSuccess) return cudaErrorStreamCaptureImplicit;
+    CAPTURE_BROKEN(s);
     if (!on_device(dst, n) || !on_device(src, n)) CAPTURE_REFUSE(s, cudaErrorStreamCaptureUnsupported); /* pageable host memory */
     if (on_device(dst, n) && !on_device(src, n)) {
         std::shared_ptr<std::vector<char>> stage = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
@@ -565,6 +590,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
         cudaError_t e = check_copy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, k);
         if (e != cudaSuccess) return e;
     }
+    CAPTURE_BROKEN(s);
     enqueue(s, [=] {
         for (size_t r = 0; r < height && width; r++)
             memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
@@ -932,6 +958,10 @@ void ff_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block, size
         return;
     }
     const bool low = order && strcmp(order, "low") == 0;
+    if (capture_broken(s)) {
+        last_error = cudaErrorStreamCaptureInvalidated;
+        return;
+    }
     enqueue(s, [name, grid, block, smem, body, low] {
         order_low = low;
         run_launch(name, grid, block, smem, body);
@@ -983,6 +1013,7 @@ const char *ff_emu_cublasGetStatusString(cublasStatus_t s) {
     case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
     case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     }
     return "CUBLAS_STATUS_UNKNOWN";
@@ -1027,6 +1058,7 @@ cublasStatus_t ff_emu_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
         (comp != CUBLAS_COMPUTE_32F && comp != CUBLAS_COMPUTE_32F_FAST_TF32))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    if (capture_broken(h->stream)) return CUBLAS_STATUS_EXECUTION_FAILED; /* its launch fails */
     if (!h->ws && h->stream && h->stream->capturing && capture_refuse(h->stream, cudaErrorStreamCaptureInvalidated) != cudaSuccess)
         return CUBLAS_STATUS_ALLOC_FAILED; /* its pool would grow: an allocation the capture cannot hold */
     const size_t ae = at == CUDA_R_16BF ? 2 : 4, be = bt == CUDA_R_16BF ? 2 : 4;

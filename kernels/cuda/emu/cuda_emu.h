@@ -29,7 +29,8 @@ int ff_emu_is_device(const void *p, size_t bytes);
 /* fn(ctx) queued on an emulated stream, to run when its turn comes (with the stream's other work:
  * when something waits for it); fn owns ctx. NULL stream: at once, after everything queued. */
 void ff_emu_stream_defer(void *stream, void (*fn)(void *), void *ctx);
-/* 1 while the emulated stream captures a graph, else 0. */
+/* 1 while the emulated stream captures a graph, 2 while that capture is invalidated (work on the
+ * stream then fails), else 0. */
 int ff_emu_stream_capturing(void *stream);
 /* fn(ctx) as the stream's work: queued (run once), or, while the stream captures, recorded in
  * the graph and run at each of its replays, in its place among the graph's kernels (what NCCL

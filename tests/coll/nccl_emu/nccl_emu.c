@@ -12,7 +12,10 @@
  * output without waiting for its stream read what was there before. Calls between
  * ncclGroupStart and the outermost ncclGroupEnd run as one cpu group at the end (sends and
  * receives progress together), on one stream. A call (or group) on a stream that captures a graph
- * is recorded in it instead and runs at each replay, in the graph's order (below).
+ * is recorded in it instead and runs at each replay, in the graph's order (below). As NCCL
+ * requires, a collective must run from a graph on every rank of it or on none: a mix is refused
+ * (check_uniform; NCCL may hang). A call on a stream whose capture was invalidated fails and
+ * takes its communicator down, as NCCL's launch onto it would.
  *
  * Non-blocking communicators (ncclConfig_t.blocking = 0) behave as NCCL's do: init, split,
  * finalize and a group's end return ncclInProgress, and ncclCommGetAsyncError answers
@@ -203,7 +206,48 @@ static int run_call(const call *k) {
     }
 }
 
-static int run_one(void *ctx) { return run_call((const call *)ctx); }
+/* NCCL requires every rank to launch a collective the same way: all from a graph's replay, or
+ * all directly (its docs: graph capture is a collective property of the operation; mixing may
+ * hang). Before the calls run, each rank gives whether they run in a graph: an all-reduce (max)
+ * of {in graph, not in graph} per collective, an exchange with the peer per send or receive (one
+ * group for them all, as NCCL's own group); both set anywhere is the mix, refused on every rank
+ * it reaches. 0, or -1 + error. */
+static int check_uniform(const call *calls, size_t n, bool in_graph) {
+    int32_t mine = in_graph ? 1 : 0;
+    bool p2p = false, mixed = false;
+    for (size_t i = 0; i < n; i++) {
+        if (calls[i].op == C_SEND || calls[i].op == C_RECV) {
+            p2p = true;
+            continue;
+        }
+        int32_t f[2] = {mine, 1 - mine};
+        if (ff_coll_all_reduce(f, f, 2, FF_DTYPE_I32, FF_COLL_MAX, calls[i].comm->cpu, NULL)) return -1;
+        mixed |= f[0] && f[1];
+    }
+    if (p2p) {
+        int32_t *theirs = calloc(n, sizeof *theirs);
+        if (!theirs) return ff_error_set("nccl emulator", NULL, "out of memory");
+        ff_coll_group_start();
+        for (size_t i = 0; i < n; i++)
+            if (calls[i].op == C_SEND || calls[i].op == C_RECV) {
+                ff_coll_send(&mine, 1, FF_DTYPE_I32, calls[i].root, calls[i].comm->cpu, NULL);
+                ff_coll_recv(&theirs[i], 1, FF_DTYPE_I32, calls[i].root, calls[i].comm->cpu, NULL);
+            }
+        const int rc = ff_coll_group_end();
+        for (size_t i = 0; i < n; i++)
+            if (calls[i].op == C_SEND || calls[i].op == C_RECV) mixed |= theirs[i] != mine;
+        free(theirs);
+        if (rc) return -1;
+    }
+    if (mixed)
+        return ff_error_set("nccl emulator", "capture a collective on every rank of its group, or on none",
+                            "%s launched from a graph's replay on some ranks and directly on others", call_name[calls[0].op]);
+    return 0;
+}
+static int run_one(void *ctx) {
+    const call *k = ctx;
+    return check_uniform(k, 1, false) ? -1 : run_call(k);
+}
 
 typedef struct landing {
     void *out, *scratch;
@@ -241,11 +285,13 @@ typedef struct replay {
 
 static void replay_run(void *ctx) {
     replay *p = ctx;
-    int rc = 0;
-    if (p->n > 1) ff_coll_group_start();
-    for (size_t i = 0; i < p->n; i++)
-        if (run_call(&p->calls[i]) && !rc) rc = -1;
-    if (p->n > 1 && ff_coll_group_end()) rc = -1;
+    int rc = check_uniform(p->calls, p->n, true);
+    if (rc == 0) {
+        if (p->n > 1) ff_coll_group_start();
+        for (size_t i = 0; i < p->n; i++)
+            if (run_call(&p->calls[i]) && !rc) rc = -1;
+        if (p->n > 1 && ff_coll_group_end()) rc = -1;
+    }
     for (size_t i = 0; i < p->n; i++) {
         call *k = &p->calls[i];
         if (rc) {
@@ -277,6 +323,19 @@ static ncclResult_t record(const call *calls, size_t n, cudaStream_t stream) {
     *p = (replay){c, n};
     ff_emu_stream_record(stream, replay_run, p, replay_free);
     return ncclSuccess;
+}
+
+/* Calls on a stream whose graph capture was invalidated: NCCL's launch onto it fails, and with
+ * it the communicator (its asynchronous error, for good), as NCCL's does. */
+static ncclResult_t capture_invalid(call *calls, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        free(calls[i].scratch);
+        calls[i].scratch = NULL;
+        calls[i].comm->async = ncclUnhandledCudaError;
+        fail_comm(calls[i].comm, ncclUnhandledCudaError,
+                  "a call on a stream whose graph capture was invalidated (cudaErrorStreamCaptureInvalidated)");
+    }
+    return ncclUnhandledCudaError;
 }
 
 /* Fill k; its buffers checked (device memory, as NCCL needs), its scratch allocated. */
@@ -353,6 +412,7 @@ static ncclResult_t submit(int op, const void *send, void *recv, size_t count, n
         g.calls[g.n++] = k;
         return ncclSuccess;
     }
+    if (ff_emu_stream_capturing(stream) == 2) return capture_invalid(&k, 1);
     if (ff_emu_stream_capturing(stream)) return record(&k, 1, stream);
     int rc = ff_emu_stream_run_host(stream, run_one, &k);
     finish(&k, stream, rc == 0);
@@ -401,6 +461,7 @@ ncclResult_t ncclGroupStart(void) {
 
 static int run_group(void *ctx) {
     (void)ctx;
+    if (check_uniform(g.calls, g.n, false)) return -1;
     ff_coll_group_start();
     int rc = 0;
     for (size_t i = 0; i < g.n; i++)
@@ -411,6 +472,14 @@ static int run_group(void *ctx) {
 ncclResult_t ncclGroupEnd(void) {
     if (g.depth <= 0) return fail_comm(NULL, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
     if (--g.depth > 0) return ncclSuccess;
+    if (!g.failed && g.n && ff_emu_stream_capturing(g.stream) == 2) {
+        ncclResult_t r = capture_invalid(g.calls, g.n);
+        g.n = 0;
+        free(g.calls);
+        g.calls = NULL;
+        g.cap = 0;
+        return r;
+    }
     if (!g.failed && g.n && ff_emu_stream_capturing(g.stream)) { /* the group, recorded as one */
         ncclResult_t r = record(g.calls, g.n, g.stream);
         for (size_t i = 0; r == ncclSuccess && i < g.n; i++)

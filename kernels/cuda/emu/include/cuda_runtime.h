@@ -78,6 +78,7 @@ typedef struct ff_emu_event *cudaEvent_t;
 typedef struct ff_emu_graph *cudaGraph_t;
 typedef struct ff_emu_graph *cudaGraphExec_t;
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1, cudaStreamCaptureStatusInvalidated = 2 };
 
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -124,8 +125,12 @@ cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute a, int v);
 /* Graphs: while a stream captures, its work is recorded, not queued; on the capturing thread a
  * call a capture cannot hold (a sync, an allocation or free, a copy to or from host memory on
  * the capturing stream, a legacy-stream call, an event) invalidates it, as in thread-local
- * mode, and cudaStreamEndCapture then fails. A launched graph queues its recorded work again. */
+ * mode: later work on the stream fails (cudaErrorStreamCaptureInvalidated) and
+ * cudaStreamEndCapture then fails. A launched graph queues its recorded work again.
+ * FF_CUDA_EMU_CAPTURE_FAIL=N (or all) invalidates every capture on device N (on any) from its
+ * start. */
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s);
