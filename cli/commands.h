@@ -53,8 +53,9 @@ int ffplot_curves(const char *out_dir, const char *png, char *info, size_t cap);
  * why there is none (a missing picture does not fail the command). */
 void ffplot_after_run(const char *cmd, const char *out_dir);
 
-/* the runtime: workers, CURVE keys, timelines, a driver (cli/cmd_worker.c, cmd_keygen.c,
- * cmd_trace.c, cmd_runtime_demo.c) */
+/* the runtime: this machine's devices, workers, CURVE keys, timelines, a driver
+ * (cli/cmd_devices.c, cmd_worker.c, cmd_keygen.c, cmd_trace.c, cmd_runtime_demo.c) */
+int ff_cmd_devices(int argc, char **argv);
 int ff_cmd_worker(int argc, char **argv);
 int ff_cmd_keygen(int argc, char **argv);
 int ff_cmd_trace(int argc, char **argv);

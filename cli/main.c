@@ -17,6 +17,7 @@ static const ff_command commands[] = {
     {"run", ff_cmd_run, "run an RLHF algorithm graph on local workers (PPO, GRPO, ...; checkpoints, --resume)"},
     {"plot", ff_cmd_plot, "draw a run folder's learning curves (metrics.jsonl) as a PNG (cairo)"},
     {"graph", ff_cmd_graph, "check a run config and print its algorithm graph; --simulate its schedule; --list"},
+    {"devices", ff_cmd_devices, "what a worker here would see: cores, GPUs (memory, free), NCCL"},
     {"worker", ff_cmd_worker, "join a controller and run its subtasks (--connect ENDPOINT)"},
     {"keygen", ff_cmd_keygen, "write CURVE keys for a controller and its remote workers"},
     {"trace", ff_cmd_trace, "summarise a timeline: busy/idle per worker and group, longest chain"},

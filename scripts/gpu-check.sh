@@ -4,7 +4,8 @@
 #   1. gpu      nvidia-smi: the GPU, driver and memory (fails at once, exit 3, without a GPU)
 #   2. build    cmake -DFF_CUDA=ON Release into build-gpu (-j16; warnings not errors there), only the targets below; when
 #               this machine lacks fuseflow's libraries (ZeroMQ, msgpack, ...), against the
-#               folder .gpu-deps that scripts/gpu-deps.sh packed elsewhere and the run carried
+#               folder .gpu-deps that scripts/gpu-deps.sh packed elsewhere and the run carried;
+#               then `fuseflow devices` (the GPU as the cuda backend opens it, NCCL)
 #   3. tests    ctest -R 'cuda|nccl' (not exec/test_run_cuda nor the emulator's copies of the
 #               CUDA tests: CI runs those): the CUDA backend against the CPU one, entry by entry
 #               and at model level, `generate --device cuda`, the NCCL collectives and a cpu
@@ -172,6 +173,9 @@ GPU_TESTS_E='exec/test_run_cuda$|_emu$|_emu_'
 TARGETS=(kernels_test_cuda_backend kernels_test_backend model_test_model_cuda coll_test_coll_nccl fuseflow_cli bench_cuda)
 step build-configure 60 cmake "${CM_ARGS[@]}" || finish
 step build-compile 200 cmake --build "$BUILD" -j16 --target "${TARGETS[@]}" || finish
+# what a worker here sees (each GPU as the cuda backend opens it, its memory and what is free,
+# NCCL): into build.log, and results.txt
+step build-devices 20 "$BUILD/fuseflow" devices && sed -n '/^machine: /,/^nccl: /p' "$OUTDIR/build.log" >>"$OUTDIR/results.txt"
 
 # ---- 3. the CUDA tests -----------------------------------------------------------------------
 step tests 130 ctest --test-dir "$BUILD" -R "$GPU_TESTS_R" -E "$GPU_TESTS_E" --output-on-failure --timeout 90
