@@ -17,6 +17,8 @@
 #               profile of the 1B model's training step
 #   5. torch    bench/bench_cuda_torch.py: the same work in PyTorch eager bf16 (SDPA) and HF
 #               generate, where python3 has torch
+#   6. verdict  scripts/gpu-verdict.py: each fuseflow figure beside its PyTorch one, their
+#               ratio, and the targets met or not in this run (into results.txt)
 # Everything goes to OUTDIR, 8 files at most (what a device run brings back): gpu-check.log
 # (all output), one log per step (gpu build tests bench torch), summary.txt (each step's
 # status and time) and results.txt (the headline lines of both benchmarks).
@@ -193,4 +195,8 @@ else
   echo "== torch: skipped: python3 has no torch that sees the GPU"
   echo "torch skipped (no torch with CUDA)" >>"$SUMMARY"
 fi
+
+# ---- 6. the targets, from this run's side-by-side lines --------------------------------
+python3 "$SRC/scripts/gpu-verdict.py" "$OUTDIR/results.txt" >"$OUTDIR/verdict.tmp" 2>&1 && cat "$OUTDIR/verdict.tmp" >>"$OUTDIR/results.txt"
+rm -f "$OUTDIR/verdict.tmp"
 finish

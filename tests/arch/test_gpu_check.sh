@@ -46,6 +46,28 @@ if [[ -f "${FF_BUILD_DIR:-}/CTestTestfile.cmake" ]]; then
     fail "gpu-check's test selection picks tests it does not build: ${other:-none} (picked: $(echo $picked))"
 fi
 expect_ok "bench_cuda_torch.py compiles" python3 -m py_compile "$SRC/bench/bench_cuda_torch.py"
+# the verdict (step 6) on a results.txt written as the two benchmarks print: each pair's ratio,
+# a target met, one missed, one whose other side was not measured, and the headline
+V="$SRC/scripts/gpu-verdict.py"
+cat >"$TMP/results.txt" <<'EOF'
+machine: 16 of 16 cores, 1 GPU: 1 x NVIDIA H100 80GB HBM3
+bench_cuda_train llama1b: 41000 tok/s, MFU 43.0 % of 989 TFLOP/s (seq 2048, 4 a step; target on llama1b: >= 40 %, >= PyTorch eager)
+bench_cuda_decode llama1b batch 32: 7000 tok/s (target at batch 32: >= 3x HF generate)
+bench_cuda_decode qwen0.5b batch 32: 9000 tok/s (target at batch 32: >= 3x HF generate)
+bench_cuda_train llama1b: 41000 tok/s, MFU 43.0 % of 989 TFLOP/s (seq 2048, 4 a step; target on llama1b: >= 40 %, >= PyTorch eager)
+torch_train llama1b: 38000 tok/s, MFU 39.9 % of 989 TFLOP/s (seq 2048, 4 a step, eager + autocast bf16 + SDPA)
+hf_decode llama1b batch 32: 2500 tok/s (HF generate, bf16, sampling)
+EOF
+expect_ok "the verdict" python3 "$V" "$TMP/results.txt"
+for t in "train llama1b: fuseflow 41000 tok/s, MFU 43.0 %; PyTorch eager 38000 tok/s; 1.08x; target >= 1x PyTorch: met; target MFU >= 40 %: met" \
+         "decode llama1b batch 32: fuseflow 7000 tok/s; HF generate 2500 tok/s; 2.80x; target >= 3x HF: NOT met" \
+         "decode qwen0.5b batch 32: fuseflow 9000 tok/s; HF generate not measured; target >= 3x HF: not measured" \
+         "gpu_verdict: 2 of 4 targets met (target: 4 of 4; not measured: decode qwen0.5b batch 32)"; do
+  grep -qxF -- "$t" "$TMP/out" && ok "verdict: ${t%%;*}" || fail "the verdict lacks '$t': $(cat "$TMP/out")"
+done
+[[ $(tail -1 "$TMP/out") == gpu_verdict:* ]] && ok "verdict: the headline last" || fail "verdict: not the headline last"
+python3 "$V" "$TMP/none.txt" >"$TMP/out" 2>&1
+(($? == 2)) && grep -q "cannot read" "$TMP/out" && ok "verdict: a missing file, exit 2" || fail "verdict, a missing file: $(cat "$TMP/out")"
 expect_ok "gpu-deps.sh parses" bash -n "$SRC/scripts/gpu-deps.sh"
 if command -v shellcheck >/dev/null; then
   expect_ok "shellcheck, the scripts" shellcheck "$G" "$SRC/scripts/gpu-deps.sh" "$SRC/tests/kernels/test_cuda_skip.sh"
