@@ -371,8 +371,9 @@ struct ex_run {
     } loaded[EX_MAX_RANKS];
     bool memory_pending;
     /* each device rank's most held on its device since the last iteration's metrics (the
-     * results' FF_RL_T_DEVICE_PEAK), 0 where none reported */
-    int64_t device_peak[EX_MAX_RANKS];
+     * results' FF_RL_T_DEVICE_PEAK), 0 where none reported, and the least free there then (-1:
+     * none known; ff_rl_device_least_free of each result) */
+    int64_t device_peak[EX_MAX_RANKS], device_min_free[EX_MAX_RANKS];
 
     ex_fuse fuse;        /* graph.<actor train>.fuse (exec_fuse.c) */
     struct ex_trace *tr; /* --trace: what the executor adds to the controller's trace */

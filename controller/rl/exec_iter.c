@@ -1449,9 +1449,11 @@ int ex_iteration(ex_run *x, int64_t it) {
 /* ---- the iteration's metrics --------------------------------------------------------------------- */
 void ex_device_peak_note(ex_run *x, const ff_result *r) {
     const ff_tensor *t = r->status == FF_STATUS_OK ? ex_out_named(r, FF_RL_T_DEVICE_PEAK) : NULL;
-    if (!t || t->dtype != FF_DTYPE_I64 || ff_tensor_numel(t) != 2 || r->rank < 0 || r->rank >= x->nranks) return;
-    const int64_t peak = ((const int64_t *)t->data)[0], held = ((const int64_t *)t->data)[1];
+    if (!t || t->dtype != FF_DTYPE_I64 || ff_tensor_numel(t) != FF_RL_DP_N || r->rank < 0 || r->rank >= x->nranks) return;
+    const int64_t *d = t->data, peak = d[FF_RL_DP_PEAK], held = d[FF_RL_DP_HELD], least = ff_rl_device_least_free(d);
     if (peak > x->device_peak[r->rank]) x->device_peak[r->rank] = peak;
+    int64_t *mf = &x->device_min_free[r->rank];
+    if (least >= 0 && (*mf < 0 || least < *mf)) *mf = least;
     if (!x->tr) return;
     /* --trace: the worker's device memory as a counter on its process, at each result */
     const ff_arg v[2] = {ff_arg_float("peak since its last result", (double)peak / 1048576.0),
@@ -1467,9 +1469,12 @@ static void device_metrics(ex_run *x, json_t *m) {
     for (int r = 0; r < x->nranks; r++) {
         if (x->device_peak[r] <= 0) continue;
         if (!a && !(a = json_array())) return;
-        json_array_append_new(a, json_pack("{s:i, s:I, s:I}", "rank", r, "peak_bytes", (json_int_t)x->device_peak[r], "capacity_bytes",
-                                           (json_int_t)x->loaded[r].mem[FF_RL_MEM_DEV_CAP]));
+        json_t *e = json_pack("{s:i, s:I, s:I}", "rank", r, "peak_bytes", (json_int_t)x->device_peak[r], "capacity_bytes",
+                              (json_int_t)x->loaded[r].mem[FF_RL_MEM_DEV_CAP]);
+        if (e && x->device_min_free[r] >= 0) json_object_set_new(e, "min_free_bytes", json_integer((json_int_t)x->device_min_free[r]));
+        json_array_append_new(a, e);
         x->device_peak[r] = 0;
+        x->device_min_free[r] = -1;
     }
     if (a) json_object_set_new(m, "device_memory", a);
 }

@@ -624,13 +624,16 @@ static void print_metrics(ex_run *x, json_t *m) {
     if (gt) off += snprintf(line + off, sizeof line - (size_t)off, " | %.0f tok/s", json_number_value(gt));
     json_t *dm = json_object_get(m, "device_memory"), *e;
     size_t i;
-    int64_t peak = 0, cap = 0;
-    json_array_foreach(dm, i, e) { /* the fullest device: its peak of its capacity */
+    int64_t peak = 0, cap = 0, least = -1;
+    json_array_foreach(dm, i, e) { /* the fullest device: its peak of its capacity; the least free of any */
         const int64_t p = (int64_t)json_integer_value(json_object_get(e, "peak_bytes")), c = (int64_t)json_integer_value(json_object_get(e, "capacity_bytes"));
         if (c > 0 && (!cap || (double)p / (double)c > (double)peak / (double)cap)) peak = p, cap = c;
+        json_t *mf = json_object_get(e, "min_free_bytes");
+        if (mf && (least < 0 || json_integer_value(mf) < least)) least = (int64_t)json_integer_value(mf);
     }
-    char b[2][32];
-    if (cap) snprintf(line + off, sizeof line - (size_t)off, " | gpu %s/%s", ff_fmt_bytes((uint64_t)peak, b[0], sizeof b[0]), ff_fmt_bytes((uint64_t)cap, b[1], sizeof b[1]));
+    char b[3][32];
+    if (cap) off += snprintf(line + off, sizeof line - (size_t)off, " | gpu %s/%s", ff_fmt_bytes((uint64_t)peak, b[0], sizeof b[0]), ff_fmt_bytes((uint64_t)cap, b[1], sizeof b[1]));
+    if (cap && least >= 0) snprintf(line + off, sizeof line - (size_t)off, " (%s free at least)", ff_fmt_bytes((uint64_t)least, b[2], sizeof b[2]));
     fprintf(x->out, "%s\n", line);
     fflush(x->out);
 }
@@ -1240,6 +1243,7 @@ int ff_exec_run(const ff_exec_opts *o) {
     if (!x) return -1;
     x->o = *o;
     x->td.checkpoint_step = -1;
+    for (int r = 0; r < EX_MAX_RANKS; r++) x->device_min_free[r] = -1;
     x->out = o->out ? o->out : stdout;
     x->tty = o->progress == 1 || (o->progress < 0 && isatty(fileno(x->out)));
     char **over = NULL;

@@ -8,6 +8,8 @@
 #ifndef FUSEFLOW_RL_PROTOCOL_H
 #define FUSEFLOW_RL_PROTOCOL_H
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -152,10 +154,20 @@ enum { FF_RL_W_BYTES = 0, FF_RL_W_LOAD_S, FF_RL_W_WAITED_S, FF_RL_W_HELD, FF_RL_
 
 /* A worker on a device (its backend has a capacity: cuda), on every result of rl.generate (each
  * rank of a TP replica too), rl.logprob, rl.value, rl.score, rl.train, rl.train_fused and rl.sync:
- * "device_peak" I64 [2], the most its backend held at once since its previous such result (or
- * since loading), and what it holds now, in bytes (ff_backend_memory: buffers and the backend's
- * own workspace). The controller keeps each rank's most per iteration (metrics.jsonl
- * "device_memory"). */
+ * "device_peak" I64 [FF_RL_DP_N]: the most its backend held at once since its previous such
+ * result (or since loading), what it holds now (ff_backend_memory: buffers and the backend's
+ * own workspace) and what is free on the device now (ff_backend_device_free; -1 unknown), in
+ * bytes. The controller keeps each rank's most held, and its least free, per iteration
+ * (metrics.jsonl "device_memory"). */
+enum { FF_RL_DP_PEAK = 0, FF_RL_DP_HELD, FF_RL_DP_FREE, FF_RL_DP_N };
+/* The least that was free on the device since the previous result, from a "device_peak": what
+ * is free now less what fuseflow held above what it holds now (at its peak; the others' use
+ * taken as now), at least 0; -1 where the free figure is unknown. */
+static inline int64_t ff_rl_device_least_free(const int64_t dp[FF_RL_DP_N]) {
+    if (dp[FF_RL_DP_FREE] < 0) return -1;
+    const int64_t above = dp[FF_RL_DP_PEAK] - dp[FF_RL_DP_HELD];
+    return dp[FF_RL_DP_FREE] > above ? dp[FF_RL_DP_FREE] - above : 0;
+}
 #define FF_RL_T_DEVICE_PEAK "device_peak"
 
 /* Per-token columns (F32 [sum rlen]) an rl.train subtask carries, aligned with "resp". */

@@ -164,8 +164,18 @@ static void train(int rank, const out *g, int a, int b, double denom, const floa
     submit("rl.train", rank, "actor", args, 2, in, 7, o);
 }
 
+/* the least free on a device since a result's previous one: what is free less what was held
+ * above what is held now, 0 at least, -1 where the free figure is unknown */
+static void test_least_free(void) {
+    CHECK(ff_rl_device_least_free((int64_t[FF_RL_DP_N]){100, 100, 50}) == 50);
+    CHECK(ff_rl_device_least_free((int64_t[FF_RL_DP_N]){130, 100, 50}) == 20);
+    CHECK(ff_rl_device_least_free((int64_t[FF_RL_DP_N]){200, 100, 50}) == 0);
+    CHECK(ff_rl_device_least_free((int64_t[FF_RL_DP_N]){100, 100, -1}) == -1);
+}
+
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
+    test_least_free();
     bin = getenv("FF_BIN");
     if (!bin) SKIP("FF_BIN (the fuseflow binary) is not set; run through ctest");
     snprintf(dir, sizeof dir, "/tmp/ff_rlworker_%d", (int)getpid());

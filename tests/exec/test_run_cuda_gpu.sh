@@ -58,7 +58,10 @@ grpo_fails() { # OUT EXTRA...: the GPU run, which must stop with an error (not h
   ((rc != 124)) || fail "$out: the run hung"
 }
 grpo "$work/cpu"
-GPU_RUN=1 grpo "$work/gpu" roles.actor.backend=cuda --trace "$work/gpu.trace.json"
+# (on the emulator, other processes hold 1 GiB of each GPU: FF_CUDA_EMU_OTHERS; a GPU ignores it)
+others=0
+[[ -z ${FF_CUDA_EMU_BIN:-} ]] || others=1073741824
+FF_CUDA_EMU_OTHERS=$others GPU_RUN=1 grpo "$work/gpu" roles.actor.backend=cuda --trace "$work/gpu.trace.json"
 grep -q "rank 0 computes on cuda:0" "$work/gpu.log" || fail "the actor is not on cuda:0: $(head -3 "$work/gpu.log")"
 [[ $(iterations "$work/gpu/metrics.jsonl") == 2 ]] || fail "the GPU run wrote $(iterations "$work/gpu/metrics.jsonl") iterations, not 2"
 python3 - "$work/cpu/metrics.jsonl" "$work/gpu/metrics.jsonl" <<'PY' || fail "the GPU run's metrics"
@@ -101,8 +104,9 @@ PY
 # gradients, moments, activations and workspace), within the capacity, and the console says it
 grep -qE "run: rank 0 holds .* after loading \(peak .*\), cuda:0 .* of its .* \([0-9.]+ [KMG]iB free\); its roles need" "$work/gpu.log" ||
   fail "the load line does not say what rank 0 holds on cuda:0: $(grep 'after loading' "$work/gpu.log")"
-grep -qE "^iter 1/2 .* \| gpu [0-9.]+ [KMG]iB/[0-9.]+ [KMG]iB$" "$work/gpu.log" || fail "the iteration line has no gpu peak: $(grep '^iter 1' "$work/gpu.log")"
-python3 - "$work/gpu/metrics.jsonl" "$work/cpu/metrics.jsonl" <<'PY' || fail "the device memory in metrics.jsonl"
+grep -qE "^iter 1/2 .* \| gpu [0-9.]+ [KMG]iB/[0-9.]+ [KMG]iB \([0-9.]+ [KMG]iB free at least\)$" "$work/gpu.log" ||
+  fail "the iteration line has no gpu peak and least free: $(grep '^iter 1' "$work/gpu.log")"
+python3 - "$work/gpu/metrics.jsonl" "$work/cpu/metrics.jsonl" "$others" <<'PY' || fail "the device memory in metrics.jsonl"
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 m = next(l["memory"][0] for l in lines if "memory" in l)
@@ -110,10 +114,18 @@ held, cap, free = m["device_bytes"], m["device_capacity_bytes"], m["device_free_
 assert 0 < held < cap and 0 < free and held + free <= cap, m
 its = [l for l in lines if "samples" in l]
 assert len(its) == 2, len(its)
+others = int(sys.argv[3])
+assert free <= cap - held - others, (m, others)
 for l in its:
     d = l["device_memory"]
     assert [e["rank"] for e in d] == [0] and d[0]["capacity_bytes"] == cap, d
     assert held < d[0]["peak_bytes"] <= cap, (held, d)
+    # the least free: at most what the peak left beside what the others hold (the emulator's
+    # exactly that: no CUDA context there)
+    mf = d[0]["min_free_bytes"]
+    assert 0 <= mf <= cap - d[0]["peak_bytes"] - others, (d, others)
+    if others:
+        assert mf == cap - d[0]["peak_bytes"] - others, (d, others)
 print("cuda:0 held", held, "after loading; peaks", [l["device_memory"][0]["peak_bytes"] for l in its], "of", cap)
 cpu = [json.loads(l) for l in open(sys.argv[2])]
 assert not any("device_memory" in l for l in cpu) and "device_bytes" not in next(l["memory"][0] for l in cpu if "memory" in l)

@@ -354,9 +354,9 @@ static int device_peak_out(ff_task *t, ff_rlworker *r) {
     ff_backend_memory bm;
     rlw_backend_memory(r->eng, &bm);
     if (bm.capacity <= 0) return 0;
-    int64_t *o = ff_task_output(t, FF_RL_T_DEVICE_PEAK, FF_DTYPE_I64, 1, (int64_t[]){2});
+    int64_t *o = ff_task_output(t, FF_RL_T_DEVICE_PEAK, FF_DTYPE_I64, 1, (int64_t[]){FF_RL_DP_N});
     if (!o) return -1;
-    o[0] = bm.peak, o[1] = bm.in_use;
+    o[FF_RL_DP_PEAK] = bm.peak, o[FF_RL_DP_HELD] = bm.in_use, o[FF_RL_DP_FREE] = rlw_device_free(r->eng);
     rlw_backend_reset_peak(r->eng);
     return 0;
 }
