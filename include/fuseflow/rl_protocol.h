@@ -106,8 +106,9 @@ extern const char *const ff_rl_role_names[FF_RL_NROLES];
 /* A job migrated out adds "state_len" (I64 [k n]: the bytes of each sample's state sent to
  * the survivor, 0 where it finished; a moved one's rlen is 0). Every generation result adds
  * "prefill" (F64 [2]: the tokens the worker's rollout prefilled and their seconds, the
- * recompute rate of the cost model) and "kv" (I64 [3]: the most KV blocks its rollout held
- * since its previous result, the blocks of its pool, the positions per block). "state" (U8) is not used by the run: states never travel
+ * recompute rate of the cost model) and "kv" (I64 [5]: the most KV blocks its rollout held
+ * since its previous result, the blocks of its pool, the positions per block, and the decode
+ * steps it replayed as graphs and launched eagerly since then). "state" (U8) is not used by the run: states never travel
  * through the controller (the name is kept for tests that count such bytes). */
 #define FF_RL_T_STATE "state"
 #define FF_RL_T_STATE_LEN "state_len"
