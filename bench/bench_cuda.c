@@ -16,7 +16,7 @@
  *           parameters (every projection and the LM head, embeddings' gather excluded) +
  *           6 x layers x hidden x seq / 2 x 2 (causal attention's QK^T and PV, fwd + bwd).
  *   decode  generated tokens/s of a batch of B prompts (--prompt tokens each, B in
- *           --batches, 1,32,256), temperature-1 sampling, --new tokens per sequence, KV cache
+ *           --batches, 32,1,256), temperature-1 sampling, --new tokens per sequence, KV cache
  *           (ff_generator: continuous batching, one slot per sequence); the wall time from
  *           submit to the last token, prefill included. Each decode step is a replayed CUDA
  *           graph (the default; ff_generator_graph_stats), and the same decode runs again
@@ -61,11 +61,17 @@
  * by one (FF_PROFILE_KERNELS): "bench_cuda_profile MODEL: ...", then the backend's table of
  * calls, ms and share per kernel (on stderr; gpu-check keeps it): where the step's time goes.
  *
- * Usage: bench_cuda [--device cuda:0] [--models qwen0.5b,llama1b] [--seq 2048] [--accum 4] [--steps 5]
- *                   [--batches 1,32,256] [--prompt 32] [--new 64] [--budget SECONDS]
+ * Usage: bench_cuda [--device cuda:0] [--models llama1b,qwen0.5b] [--seq 2048] [--accum 4] [--steps 5]
+ *                   [--batches 32,1,256] [--prompt 32] [--new 64] [--budget SECONDS]
  *                   [--tf32-train 0|1] [--profile 0|1] [--long BATCH:PROMPT] [--decode-weights bf16|fp32] [--decode-kv bf16|fp32]
  * --budget: stop starting new measurements once this much wall time has passed (default
- * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed.
+ * 240), so a slow kernel cannot make the GPU check overrun; what was skipped is printed. The
+ * models go in the order --models names them, each its training then its decode batches in
+ * --batches' order: by default what the issue's targets are about comes first (the 1B model's
+ * training, then its decoding at batch 32), so a budget spent early cuts the rest. Each model's
+ * decoding starts after one untimed decode (batch 1, 4 new tokens) that loads its kernels and
+ * makes its stream's workspace, so no measured batch pays for them (bench_cuda_torch.py warms
+ * HF generate the same way).
  * --models tiny (a 2-layer, 128-wide model) is for smoke tests: tests/kernels/test_bench_cuda_emu.sh
  * runs this program on the CUDA emulator with it. */
 #include <math.h>
@@ -216,7 +222,7 @@ static int bench_attention(ff_backend *be, const spec *s, int seq, double *ms) {
 
 /* Both attention kernels side by side (FF_CUDA_ATTENTION=fp32 and bf16 backends, the same
  * device) on each model's heads: one line each, the ratio against the fp32 CUDA cores. */
-static void attention_side_by_side(const char *device, const spec *specs, int n, const char *models, int seq) {
+static void attention_side_by_side(const char *device, const spec *specs, const bool *chosen, int n, int seq) {
     const char *keep = getenv("FF_CUDA_ATTENTION");
     char saved[32] = "";
     if (keep) snprintf(saved, sizeof saved, "%s", keep);
@@ -227,7 +233,7 @@ static void attention_side_by_side(const char *device, const spec *specs, int n,
     if (keep) setenv("FF_CUDA_ATTENTION", saved, 1);
     else unsetenv("FF_CUDA_ATTENTION");
     for (int k = 0; b32 && btc && k < n; k++) {
-        if (!strstr(models, specs[k].name)) continue;
+        if (!chosen[k]) continue;
         double m32 = 0, mtc = 0;
         if (bench_attention(b32, &specs[k], seq, &m32) || bench_attention(btc, &specs[k], seq, &mtc)) continue;
         const ff_model_config *c = &specs[k].cfg;
@@ -419,7 +425,7 @@ static int bench_colocated(ff_backend *be, const spec *s, int B, int prompt, int
 }
 
 int main(int argc, char **argv) {
-    const char *device = "cuda", *models = "qwen0.5b,llama1b", *batches = "1,32,256";
+    const char *device = "cuda", *models = "llama1b,qwen0.5b", *batches = "32,1,256";
     int seq = 2048, steps = 5, prompt = 32, n_new = 64, tf32_train = 1, profile = 1, long_b = 4, long_prompt = 4032;
     bool decode_w16 = true, decode_kv16 = true;
     double budget = 240;
@@ -468,6 +474,45 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_cuda: --seq >= 2, --steps, --accum, --prompt and --new >= 1\n");
         return 2;
     }
+    spec specs[] = {
+        {"qwen0.5b", base_cfg(151936, 896, 4864, 24, 14, 2, true, true, 1000000.0)},
+        {"llama1b", base_cfg(128256, 2048, 8192, 16, 32, 8, true, false, 500000.0)},
+        /* only when named: a smoke test of this program (tests/kernels/test_bench_cuda_emu.sh) */
+        {"tiny", base_cfg(512, 128, 256, 2, 4, 2, true, false, 10000.0)},
+    };
+    enum { NSPEC = 3, MAXB = 8 };
+    int order[NSPEC], norder = 0; /* --models, in its order */
+    bool chosen[NSPEC] = {0};
+    for (const char *c = models; *c;) {
+        const size_t len = strcspn(c, ",");
+        int k = 0;
+        while (k < NSPEC && (strlen(specs[k].name) != len || strncmp(specs[k].name, c, len))) k++;
+        if (k == NSPEC || chosen[k]) {
+            fprintf(stderr, "bench_cuda: --models: %s '%.*s' (known: qwen0.5b, llama1b, tiny)\n",
+                    k == NSPEC ? "unknown model" : "a model named twice:", (int)len, c);
+            return 2;
+        }
+        chosen[k] = true;
+        order[norder++] = k;
+        c += len;
+        if (*c) c++;
+    }
+    int bs[MAXB], nb = 0;
+    for (const char *c = batches; *c;) {
+        char *end;
+        const long b = strtol(c, &end, 10);
+        if (end == c || (*end && *end != ',') || b < 1 || b > 4096 || nb == MAXB) {
+            fprintf(stderr, "bench_cuda: --batches wants up to %d batch sizes of 1 to 4096 separated by commas, got '%s'\n",
+                    MAXB, batches);
+            return 2;
+        }
+        bs[nb++] = (int)b;
+        c = *end ? end + 1 : end;
+    }
+    if (norder == 0 || nb == 0) {
+        fprintf(stderr, "bench_cuda: --models and --batches each want at least one entry\n");
+        return 2;
+    }
     ff_backend *be = ff_backend_new(device);
     if (!be) {
         fprintf(stderr, "bench_cuda: %s\n", ff_error_message());
@@ -484,28 +529,14 @@ int main(int argc, char **argv) {
            ff_backend_name(be), train_math, math && *math ? math : "bf16 (default)",
            att && *att ? att : (math && !strcmp(math, "fp32") ? "fp32 (as the products)" : "bf16 (default)"), seq, accum, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32",
            decode_kv16 ? "bf16" : "fp32");
-    spec specs[] = {
-        {"qwen0.5b", base_cfg(151936, 896, 4864, 24, 14, 2, true, true, 1000000.0)},
-        {"llama1b", base_cfg(128256, 2048, 8192, 16, 32, 8, true, false, 500000.0)},
-        /* only when named: a smoke test of this program (tests/kernels/test_bench_cuda_emu.sh) */
-        {"tiny", base_cfg(512, 128, 256, 2, 4, 2, true, false, 10000.0)},
-    };
-    enum { NSPEC = 3, MAXB = 8 };
-    int bs[MAXB], nb = 0;
-    for (const char *c = batches; *c && nb < MAXB;) {
-        bs[nb++] = atoi(c);
-        c = strchr(c, ',');
-        if (!c) break;
-        c++;
-    }
-    attention_side_by_side(device, specs, NSPEC, models, seq);
+    attention_side_by_side(device, specs, chosen, NSPEC, seq);
     double tr[NSPEC] = {0}, mfu[NSPEC] = {0}, dec[NSPEC][MAXB] = {{0}};
     bool ran_tr[NSPEC] = {0}, ran_dec[NSPEC][MAXB] = {{0}};
     int64_t start = ff_now_ns();
     int failures = 0;
 #define OVER_BUDGET() ((double)(ff_now_ns() - start) * 1e-9 > budget)
-    for (int k = 0; k < NSPEC; k++) {
-        if (!strstr(models, specs[k].name)) continue;
+    for (int oi = 0; oi < norder; oi++) {
+        const int k = order[oi];
         if (OVER_BUDGET()) {
             printf("  %s: skipped (budget of %.0f s spent)\n", specs[k].name, budget);
             continue;
@@ -523,10 +554,16 @@ int main(int argc, char **argv) {
                 printf("  %s decode batch %d: skipped (budget of %.0f s spent)\n", specs[k].name, bs[j], budget);
                 continue;
             }
-            if (!m && !(m = random_model(be, &specs[k].cfg, true, decode_w16))) {
-                fprintf(stderr, "bench_cuda: %s: %s\n", specs[k].name, ff_error_message());
-                failures++;
-                break;
+            if (!m) {
+                ff_generator_graph_stats gw;
+                double unused_tok_s;
+                if (!(m = random_model(be, &specs[k].cfg, true, decode_w16)) ||
+                    bench_decode(m, &specs[k], 1, prompt, 4, decode_kv16, false, &unused_tok_s, &gw, NULL)) {
+                    fprintf(stderr, "bench_cuda: %s (the untimed warm-up decode): %s\n", specs[k].name, ff_error_message());
+                    failures++;
+                    break;
+                }
+                printf("  %s decode warm-up (untimed): batch 1, 4 new tokens\n", specs[k].name);
             }
             /* the default (decode steps as CUDA graphs), then kernel by kernel, side by side */
             ff_generator_graph_stats gs, ge;
@@ -565,7 +602,7 @@ int main(int argc, char **argv) {
         if (math) setenv("FF_CUDA_MATH", math, 1);
         else unsetenv("FF_CUDA_MATH");
         for (int k = 0; b32 && k < NSPEC; k++) {
-            if (!strstr(models, specs[k].name)) continue;
+            if (!chosen[k]) continue;
             if (OVER_BUDGET()) {
                 printf("  %s train with TF32 products: skipped (budget of %.0f s spent)\n", specs[k].name, budget);
                 continue;
@@ -585,7 +622,7 @@ int main(int argc, char **argv) {
      * (FF_PROFILE_KERNELS: a sync after each, so the sum is above a step's time). */
     int big = -1;
     for (int k = 0; k < NSPEC; k++)
-        if (strstr(models, specs[k].name)) big = k;
+        if (chosen[k]) big = k;
     if (profile && big >= 0 && OVER_BUDGET()) printf("  kernel profile: skipped (budget of %.0f s spent)\n", budget);
     if (profile && big >= 0 && !OVER_BUDGET()) {
         setenv("FF_PROFILE_KERNELS", "1", 1);
@@ -609,7 +646,7 @@ int main(int argc, char **argv) {
      * model of its own. Decode tokens/s: the time of the prefills taken out. */
     int small = -1;
     for (int k = NSPEC - 1; k >= 0; k--)
-        if (strstr(models, specs[k].name)) small = k;
+        if (chosen[k]) small = k;
     double lt[2] = {0, 0};
     bool long_ran = false;
     if (long_b > 0 && small >= 0) {

@@ -10,14 +10,22 @@ train   a straightforward Llama/Qwen2 module (what a user writes without fuseflo
         bench_cuda.c's formula against 989 TFLOP/s.
 decode  Hugging Face transformers' generate on the same config (random init, bfloat16),
         do_sample with temperature 1, exactly --new tokens (min_new_tokens), batch B of
-        --prompt random tokens: the wall time of the call. Skipped, saying so, without
+        --prompt random tokens: the wall time of the call, after one untimed call (batch 1,
+        4 new tokens) per model, as bench_cuda warms its decoding. Skipped, saying so, without
         transformers.
 
 Prints, like bench_cuda:
     torch_train MODEL: X tok/s, MFU Y %
     hf_decode MODEL batch B: X tok/s
 Exit 77 without torch or without a CUDA device. Usage: the flags of bench_cuda.c
-(--models --seq --accum --steps --batches --prompt --new --budget).
+(--models --seq --accum --steps --batches --prompt --new --budget), with its defaults and its
+order: the models as --models names them (llama1b first), each's training then its decode
+batches in --batches' order (32 first), so a spent budget cuts what the targets need last.
+
+--device cpu --models tiny (a 2-layer, 128-wide model, bench_cuda's own smoke-test model) runs
+the same code on the CPU (autocast to bf16 there too): a smoke test of this script against the
+torch and transformers it will meet on the GPU machine (tests/arch/test_gpu_check.sh, where
+python3 has torch 2), whose figures mean nothing.
 """
 import argparse
 import statistics
@@ -30,14 +38,21 @@ try:
 except ImportError:
     print("bench_cuda_torch: SKIPPED: no torch for this python3")
     sys.exit(77)
-if not torch.cuda.is_available():
-    print("bench_cuda_torch: SKIPPED: torch sees no CUDA device")
-    sys.exit(77)
+
+DEV = "cuda"  # --device
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
 
 PEAK_TFLOPS = 989.0
 CONFIGS = {
     "qwen0.5b": dict(V=151936, H=896, I=4864, L=24, Hq=14, Hkv=2, tied=True, bias=True, theta=1e6),
     "llama1b": dict(V=128256, H=2048, I=8192, L=16, Hq=32, Hkv=8, tied=True, bias=False, theta=5e5),
+    # only when named: bench_cuda.c's "tiny", for the smoke test
+    "tiny": dict(V=512, H=128, I=256, L=2, Hq=4, Hkv=2, tied=True, bias=False, theta=1e4),
 }
 
 
@@ -54,7 +69,7 @@ class Model(torch.nn.Module):
         V, H, I, L, Hq, Hkv = c["V"], c["H"], c["I"], c["L"], c["Hq"], c["Hkv"]
         self.Hq, self.Hkv, self.D = Hq, Hkv, H // Hq
         D = self.D
-        dev = "cuda"
+        dev = DEV
         init = lambda *s: torch.nn.Parameter(torch.randn(*s, device=dev) * 0.02)
         self.embed = init(V, H)
         self.layers = torch.nn.ModuleList()
@@ -107,27 +122,29 @@ class Model(torch.nn.Module):
 
 def bench_train(name, c, seq, steps, accum):
     torch.manual_seed(0)
-    held = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()  # the training's peak, less what was held before (as bench_cuda.c takes it)
+    cuda = DEV == "cuda"
+    held = torch.cuda.memory_allocated() if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()  # the training's peak, less what was held before (as bench_cuda.c takes it)
     m = Model(c, max_pos=max(4096, seq))
     decay = [p for p in m.parameters() if p.dim() == 2]
     rest = [p for p in m.parameters() if p.dim() != 2]
     kw = {}
     try:
-        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1, device="cuda"))], fused=True)
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1, device=DEV))], fused=True)
         kw["fused"] = True
     except (TypeError, RuntimeError):
         pass
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
                             lr=1e-5, **kw)
-    tok = torch.randint(0, c["V"], (1, seq), device="cuda")
+    tok = torch.randint(0, c["V"], (1, seq), device=DEV)
     times = []
     for i in range(steps + 2):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         total = 0.0
         for _ in range(accum):  # the gradients add up over the step's sequences
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(DEV, dtype=torch.bfloat16):
                 logits = m(tok)
             loss = F.cross_entropy(logits[0, :-1].float(), tok[0, 1:]) / accum
             loss.backward()
@@ -136,18 +153,21 @@ def bench_train(name, c, seq, steps, accum):
         norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        sync()
         dt = time.perf_counter() - t0
         times.append(dt)
         print(f"  {name} torch train step {i}: {dt * 1e3:.1f} ms, loss {total.item():.4f}, grad norm {norm.item():.3f}"
               + (" (warm-up)" if i < 2 else ""), flush=True)
-    print(f"  {name} torch train peak device memory: {(torch.cuda.max_memory_allocated() - held) / 2**30:.2f} GiB "
-          f"(torch.cuda.max_memory_allocated: weights, gradients, AdamW, activations; {accum} x {seq} tokens a step)", flush=True)
+    if cuda:
+        print(f"  {name} torch train peak device memory: {(torch.cuda.max_memory_allocated() - held) / 2**30:.2f} GiB "
+              f"(torch.cuda.max_memory_allocated: weights, gradients, AdamW, activations; {accum} x {seq} tokens a step)",
+              flush=True)
     med = statistics.median(times[2:])
     tok_s = seq * accum / med
     mfu = 100.0 * flops_per_token(c, seq) * tok_s / (PEAK_TFLOPS * 1e12)
     del m, opt
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     return tok_s, mfu
 
 
@@ -158,7 +178,7 @@ def hf_model(c):
                   num_attention_heads=c["Hq"], num_key_value_heads=c["Hkv"], rope_theta=c["theta"],
                   tie_word_embeddings=c["tied"], max_position_embeddings=4096, rms_norm_eps=1e-6)
     cfg = transformers.Qwen2Config(**common) if c["bias"] else transformers.LlamaConfig(**common)
-    with torch.device("cuda"):
+    with torch.device(DEV):
         try:  # transformers 5 names it dtype; 4.x torch_dtype
             m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         except TypeError:
@@ -167,33 +187,43 @@ def hf_model(c):
 
 
 def bench_decode(m, c, B, prompt, n_new):
-    ids = torch.randint(0, c["V"], (B, prompt), device="cuda")
+    ids = torch.randint(0, c["V"], (B, prompt), device=DEV)
     att = torch.ones_like(ids)
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = m.generate(input_ids=ids, attention_mask=att, max_new_tokens=n_new, min_new_tokens=n_new,
                          do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
-    torch.cuda.synchronize()
+    sync()
     dt = time.perf_counter() - t0
     return (out.shape[1] - prompt) * B / dt
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="qwen0.5b,llama1b")
+    ap.add_argument("--models", default="llama1b,qwen0.5b")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--accum", type=int, default=4)
-    ap.add_argument("--batches", default="1,32,256")
+    ap.add_argument("--batches", default="32,1,256")
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--budget", type=float, default=150)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     a = ap.parse_args()
     if a.seq < 2 or a.steps < 1 or a.accum < 1:
         ap.error("--seq >= 2, --steps and --accum >= 1")
+    unknown = [n for n in a.models.split(",") if n not in CONFIGS]
+    if unknown:
+        ap.error(f"--models: unknown model {unknown[0]!r} (known: {', '.join(CONFIGS)})")
+    global DEV
+    DEV = a.device
+    if DEV == "cuda" and not torch.cuda.is_available():
+        print("bench_cuda_torch: SKIPPED: torch sees no CUDA device")
+        return 77
     start = time.time()
-    print(f"bench_cuda_torch: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, seq {a.seq}, {a.accum} a step", flush=True)
+    where = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (a smoke test: its figures mean nothing)"
+    print(f"bench_cuda_torch: torch {torch.__version__}, {where}, seq {a.seq}, {a.accum} a step", flush=True)
     try:
         import transformers
 
@@ -224,6 +254,7 @@ def main():
             continue
         try:
             m = hf_model(c)
+            bench_decode(m, c, 1, a.prompt, 4)  # untimed: the first call's one-time costs
             for B in [int(b) for b in a.batches.split(",")]:
                 if time.time() - start > a.budget:
                     print(f"  {name} hf decode batch {B}: skipped (budget of {a.budget:.0f} s spent)")
@@ -234,7 +265,8 @@ def main():
         except Exception as e:  # noqa: BLE001
             print(f"bench_cuda_torch: {name} HF generate failed: {type(e).__name__}: {e}", flush=True)
             failures += 1
-        torch.cuda.empty_cache()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
     print("bench_cuda_torch: headlines")
     for h in heads:
         print(h)

@@ -11,8 +11,9 @@
 #               and at model level, `generate --device cuda`, the NCCL collectives and a cpu
 #               group's NCCL twin, GRPO end to end with the actor on cuda (exec/test_run_cuda_gpu)
 #   4. bench    bench/bench_cuda.c: the training attention on tensor cores beside the fp32
-#               kernels, training tokens/s and MFU at seq 2048, decode tokens/s
-#               at batch 1/32/256, Qwen2.5-0.5B- and Llama-3.2-1B-shaped random models; bf16
+#               kernels, training tokens/s and MFU at seq 2048, decode tokens/s at
+#               batch 32/1/256 (after an untimed warm-up), Llama-3.2-1B- then
+#               Qwen2.5-0.5B-shaped random models (what the targets need first); bf16
 #               products with the weights' copy beside per-product rounding; the kernel
 #               profile of the 1B model's training step
 #   5. torch    bench/bench_cuda_torch.py: the same work in PyTorch eager bf16 (SDPA) and HF

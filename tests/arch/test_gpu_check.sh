@@ -2,7 +2,8 @@
 # scripts/gpu-check.sh, the one prepared run for a GPU machine, where there is none: bad
 # usage exits 2; without nvidia-smi, or with one that lists no GPU, it stops at once (exit 3)
 # saying so, with its log and summary in OUTDIR and nothing built. bench_cuda refuses clearly
-# without a device, the PyTorch side and the scripts parse, and shellcheck (where installed)
+# without a device, the PyTorch side and the scripts parse (and the PyTorch side runs on the
+# CPU where a python has torch 2), and shellcheck (where installed)
 # finds nothing in the scripts of the GPU path.
 source "$(dirname "$0")/../cli/lib.sh"
 G="$SRC/scripts/gpu-check.sh"
@@ -46,6 +47,32 @@ if [[ -f "${FF_BUILD_DIR:-}/CTestTestfile.cmake" ]]; then
     fail "gpu-check's test selection picks tests it does not build: ${other:-none} (picked: $(echo $picked))"
 fi
 expect_ok "bench_cuda_torch.py compiles" python3 -m py_compile "$SRC/bench/bench_cuda_torch.py"
+# The PyTorch side run for real, on the CPU (--device cpu --models tiny), where a python has
+# torch 2 (FF_TORCH_PYTHON, else python3; CI's has none): otherwise the GPU machine's torch and
+# transformers would meet this script first in the one GPU run, and an API change there would
+# lose the comparison the verdict needs.
+PY=${FF_TORCH_PYTHON:-python3}
+if "$PY" -c 'import sys, torch; sys.exit(0 if hasattr(torch.nn.functional, "scaled_dot_product_attention") else 1)' 2>/dev/null; then
+  T="$SRC/bench/bench_cuda_torch.py"
+  "$PY" "$T" --device cpu --models tiny --seq 64 --accum 2 --steps 1 --batches 4,1 --prompt 4 --new 4 --budget 120 >"$TMP/torch.out" 2>&1
+  rc=$?
+  ((rc == 0)) && ok "bench_cuda_torch.py on the cpu: exit 0" || fail "bench_cuda_torch.py on the cpu: exit $rc: $(tail -c 600 "$TMP/torch.out")"
+  grep -Eq '^torch_train tiny: [0-9]+ tok/s, MFU [0-9.]+ % of 989 TFLOP/s \(seq 64, 2 a step' "$TMP/torch.out" &&
+    ok "its training line" || fail "no torch_train line: $(cat "$TMP/torch.out")"
+  if "$PY" -c 'import transformers' 2>/dev/null; then
+    got=$(grep -E '^hf_decode tiny batch [0-9]+: [0-9]+ tok/s \(HF generate, bf16, sampling\)$' "$TMP/torch.out" | head -2 | sed 's/:.*//' | tr '\n' '|')
+    [[ "$got" == "hf_decode tiny batch 4|hf_decode tiny batch 1|" ]] && ok "its HF generate lines, in --batches' order" ||
+      fail "HF generate lines: '$got': $(cat "$TMP/torch.out")"
+  else
+    ok "this python has no transformers: the HF generate part not checked"
+  fi
+  "$PY" "$T" --device cpu --models tiny,nope >"$TMP/torch.out" 2>&1
+  rc=$?
+  ((rc == 2)) && grep -q "unknown model 'nope'" "$TMP/torch.out" && ok "an unknown model refused (exit 2)" ||
+    fail "an unknown model: exit $rc: $(cat "$TMP/torch.out")"
+else
+  ok "no python with torch 2 here (FF_TORCH_PYTHON): the PyTorch side's cpu run skipped"
+fi
 # the verdict (step 6) on a results.txt written as the two benchmarks print: each pair's ratio,
 # a target met, one missed, one whose other side was not measured, and the headline
 V="$SRC/scripts/gpu-verdict.py"

@@ -5,13 +5,15 @@
 # kernel by kernel: a graph captured and replayed), the bf16-products pass (2 sequences a step:
 # the weights' bf16 copy made once a step, 3 times in the 3 steps' 6 forwards) and the
 # headlines, exit 0, the memory line's LM-head chunk (the default keeps a sequence's logits on
-# a device), the training's peak device memory (above 0: cuBLAS's workspace alone is 0.03 GiB), and the decode of a colocated view of a trained model (on its bf16 copy). Skips (77) where the emulator is not built (no C++ compiler).
+# a device), the training's peak device memory (above 0: cuBLAS's workspace alone is 0.03 GiB), and the decode of a colocated view of a trained model (on its bf16 copy); the decode batches in
+# --batches' order after one untimed warm-up decode; a bad --models or --batches refused (exit 2)
+# naming the value. Skips (77) where the emulator is not built (no C++ compiler).
 set -euo pipefail
 bin=${FF_BUILD_DIR:?run through ctest}/bench_cuda_emu
 [[ -x $bin ]] || { echo "SKIPPED: $bin is not built (no C++ compiler at configure time)"; exit 77; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-"$bin" --models tiny --seq 64 --accum 2 --steps 1 --batches 1,4 --prompt 4 --new 4 --long 2:300 --budget 120 > "$out" 2>&1 ||
+"$bin" --models tiny --seq 64 --accum 2 --steps 1 --batches 4,1 --prompt 4 --new 4 --long 2:300 --budget 120 > "$out" 2>&1 ||
   { cat "$out" >&2; echo "FAIL: bench_cuda_emu exited $?"; exit 1; }
 for want in '^bench_cuda: cuda:0, training.s FF_CUDA_MATH=bf16' '^bench_cuda_attention tiny: fwd\+bwd .* ms on tensor cores' \
             '^bench_cuda_train tiny: [0-9]+ tok/s, MFU' '^bench_cuda_decode tiny batch 1: [0-9]+ tok/s' \
@@ -23,7 +25,24 @@ for want in '^bench_cuda: cuda:0, training.s FF_CUDA_MATH=bf16' '^bench_cuda_att
             '^  tiny: .* device memory: .*; LM head in chunks of 64 tokens \(the logits kept for the backward\)' \
             "^  tiny train peak device memory: (0\\.0[1-9]|0\\.[1-9][0-9]|[1-9][0-9.]*) GiB \\(the backend's buffers and workspace: .*; 2 x 64 tokens a step; bf16 products\\)" \
             "^  tiny decode batch 4 on a colocated view of the trained model: [0-9]+ tok/s \(the model's bf16 copy, made 1 time\), [0-9]+ tok/s with bf16 weights of its own" \
-            '^bench_cuda: headlines'; do
+            '^  tiny decode warm-up \(untimed\): batch 1, 4 new tokens' '^bench_cuda: headlines'; do
   grep -Eq "$want" "$out" || { cat "$out" >&2; echo "FAIL: no line matching '$want'"; exit 1; }
+done
+# the order asked for: the decode batches as --batches names them, after the warm-up
+grep -E '^(  tiny decode warm-up|bench_cuda_decode tiny batch)' "$out" | head -3 | sed 's/:.*//' | tr '\n' '|' > "$out.order"
+[[ $(cat "$out.order") == "  tiny decode warm-up (untimed)|bench_cuda_decode tiny batch 4|bench_cuda_decode tiny batch 1|" ]] ||
+  { cat "$out" >&2; echo "FAIL: decode order: $(cat "$out.order")"; exit 1; }
+rm -f "$out.order"
+# bad --models and --batches: refused before any work, naming the value
+for bad in "--models tiny,nope:unknown model 'nope'" "--models tiny,tiny:a model named twice: 'tiny'" \
+           "--batches 1,0:--batches wants up to 8 batch sizes of 1 to 4096" "--batches 4x:got '4x'"; do
+  flag=${bad%%:*}
+  want=${bad#*:}
+  set +e
+  # shellcheck disable=SC2086
+  msg=$("$bin" $flag 2>&1)
+  rc=$?
+  set -e
+  [[ $rc == 2 && $msg == *"$want"* ]] || { echo "FAIL: '$flag': exit $rc, '$msg' (wanted exit 2 and '$want')"; exit 1; }
 done
 echo "ok: bench_cuda ran on the emulator: $(grep -c '^bench_cuda_' "$out") headline lines"
