@@ -20,6 +20,9 @@
 #               generate, where python3 has torch
 #   6. verdict  scripts/gpu-verdict.py: each fuseflow figure beside its PyTorch one, their
 #               ratio, and the targets met or not in this run (into results.txt)
+#   7. sanitize only when tests of step 3 failed, and with the budget left after the rest:
+#               those tests again under compute-sanitizer's memcheck (into tests.log), so
+#               that the one run also brings back the kernel and address of a bad access
 # Everything goes to OUTDIR, 8 files at most (what a device run brings back): gpu-check.log
 # (all output), one log per step (gpu build tests bench torch), summary.txt (each step's
 # status and time) and results.txt (the headline lines of both benchmarks).
@@ -181,6 +184,8 @@ step build-compile 200 cmake --build "$BUILD" -j16 --target "${TARGETS[@]}" || f
 step build-devices 20 "$BUILD/fuseflow" devices && sed -n '/^machine: /,/^nccl: /p' "$OUTDIR/build.log" >>"$OUTDIR/results.txt"
 
 # ---- 3. the CUDA tests -----------------------------------------------------------------------
+FAILED_LIST="$BUILD/Testing/Temporary/LastTestsFailed.log" # ctest's list of the failed tests (step 7)
+rm -f "$FAILED_LIST"
 step tests 130 ctest --test-dir "$BUILD" -R "$GPU_TESTS_R" -E "$GPU_TESTS_E" --output-on-failure --timeout 90
 
 # ---- 4. the benchmark ------------------------------------------------------------------------
@@ -200,4 +205,21 @@ fi
 # ---- 6. the targets, from this run's side-by-side lines --------------------------------
 python3 "$SRC/scripts/gpu-verdict.py" "$OUTDIR/results.txt" >"$OUTDIR/verdict.tmp" 2>&1 && cat "$OUTDIR/verdict.tmp" >>"$OUTDIR/results.txt"
 rm -f "$OUTDIR/verdict.tmp"
+
+# ---- 7. a failed CUDA test again under compute-sanitizer ----------------------------------------
+# Last, so that it takes only what the benchmarks left. memcheck names the kernel, the thread and
+# the address of an out-of-bounds or misaligned access, and the CUDA call that failed first; a
+# wrong number with no bad access shows nothing here (tests.log has the test's own account).
+# --target-processes all: the shell tests and the run's workers are child processes. On a
+# machine where the tool cannot attach (gVisor) it says so, in tests.log.
+if [[ -s "$FAILED_LIST" ]]; then
+  failed=$(sed -n 's/^[0-9]*://p' "$FAILED_LIST" | paste -sd'|' -)
+  if command -v compute-sanitizer >/dev/null 2>&1; then
+    step tests-sanitize 150 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+      ctest --test-dir "$BUILD" -R "^($failed)\$" --output-on-failure --timeout 140
+  else
+    echo "== tests-sanitize: skipped: no compute-sanitizer on PATH (failed: $failed)"
+    echo "tests-sanitize skipped (no compute-sanitizer)" >>"$SUMMARY"
+  fi
+fi
 finish
