@@ -24,8 +24,8 @@ batches in --batches' order (32 first), so a spent budget cuts what the targets 
 
 --device cpu --models tiny (a 2-layer, 128-wide model, bench_cuda's own smoke-test model) runs
 the same code on the CPU (autocast to bf16 there too): a smoke test of this script against the
-torch and transformers it will meet on the GPU machine (tests/arch/test_gpu_check.sh, where
-python3 has torch 2), whose figures mean nothing.
+torch and transformers it will meet on the GPU machine (tests/arch/test_gpu_check.sh runs it
+where python3, or FF_TORCH_PYTHON, has torch 2), whose figures mean nothing.
 """
 import argparse
 import statistics

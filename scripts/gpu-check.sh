@@ -210,8 +210,8 @@ rm -f "$OUTDIR/verdict.tmp"
 # Last, so that it takes only what the benchmarks left. memcheck names the kernel, the thread and
 # the address of an out-of-bounds or misaligned access, and the CUDA call that failed first; a
 # wrong number with no bad access shows nothing here (tests.log has the test's own account).
-# --target-processes all: the shell tests and the run's workers are child processes. On a
-# machine where the tool cannot attach (gVisor) it says so, in tests.log.
+# --target-processes all: the shell tests and the run's workers are child processes. Where the
+# tool cannot attach to the GPU (seen under gVisor), what it prints instead is in tests.log.
 if [[ -s "$FAILED_LIST" ]]; then
   failed=$(sed -n 's/^[0-9]*://p' "$FAILED_LIST" | paste -sd'|' -)
   if command -v compute-sanitizer >/dev/null 2>&1; then
