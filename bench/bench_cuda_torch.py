@@ -14,8 +14,14 @@ decode  Hugging Face transformers' generate on the same config (random init, bfl
         4 new tokens) per model, as bench_cuda warms its decoding. Skipped, saying so, without
         transformers.
 
+attention  the training attention alone, as bench_cuda's side by side: one sequence of --seq
+        tokens with the model's heads, causal F.scaled_dot_product_attention forward and
+        backward in bf16 (the key and value heads repeated for GQA before the timed calls), the
+        median of 5 calls after one warm-up, at bench_cuda's FLOP count (6 Hq D seq^2).
+
 Prints, like bench_cuda:
     torch_train MODEL: X tok/s, MFU Y %
+    torch_attention MODEL: fwd+bwd X ms with SDPA, Y TFLOP/s
     hf_decode MODEL batch B: X tok/s
 Exit 77 without torch or without a CUDA device. Usage: the flags of bench_cuda.c
 (--models --seq --accum --steps --batches --prompt --new --budget), with its defaults and its
@@ -171,6 +177,28 @@ def bench_train(name, c, seq, steps, accum):
     return tok_s, mfu
 
 
+def bench_attention(c, seq):
+    """fwd+bwd of causal SDPA on one sequence with the model's heads: (ms, TFLOP/s)."""
+    Hq, Hkv, D = c["Hq"], c["Hkv"], c["H"] // c["Hq"]
+    g = torch.Generator(device=DEV).manual_seed(3)
+    shape = (1, Hq, seq, D)
+    q = torch.rand(shape, device=DEV, generator=g, dtype=torch.bfloat16) * 2 - 1
+    kv = [(torch.rand((1, Hkv, seq, D), device=DEV, generator=g, dtype=torch.bfloat16) * 2 - 1).repeat_interleave(Hq // Hkv, 1)
+          for _ in range(2)]
+    q, k, v = (t.detach().requires_grad_() for t in (q, *kv))
+    dout = torch.rand(shape, device=DEV, generator=g, dtype=torch.bfloat16) * 2 - 1
+    times = []
+    for _ in range(6):
+        sync()
+        t0 = time.perf_counter()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+        q.grad = k.grad = v.grad = None
+    ms = statistics.median(times[1:])
+    return ms, 6.0 * Hq * D * seq * seq / ms * 1e-9
+
+
 def hf_model(c):
     import transformers
 
@@ -249,6 +277,13 @@ def main():
                  f"(seq {a.seq}, {a.accum} a step, eager + autocast bf16 + SDPA)")
         except Exception as e:  # noqa: BLE001
             print(f"bench_cuda_torch: {name} train failed: {type(e).__name__}: {e}", flush=True)
+            failures += 1
+        try:
+            ms, tflops = bench_attention(c, a.seq)
+            head(f"torch_attention {name}: fwd+bwd {ms:.2f} ms with SDPA, {tflops:.1f} TFLOP/s (seq {a.seq}, "
+                 f"{c['Hq']}/{c['Hkv']} heads, head_dim {c['H'] // c['Hq']}, bf16)")
+        except Exception as e:  # noqa: BLE001
+            print(f"bench_cuda_torch: {name} attention failed: {type(e).__name__}: {e}", flush=True)
             failures += 1
         if not have_hf:
             continue

@@ -196,7 +196,7 @@ grep -E '^bench_cuda_(attention|train|decode|decode_long|profile)|^  [a-z0-9.]+ 
 # ---- 5. PyTorch beside it --------------------------------------------------------------------
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   step torch 90 env PYTHONUNBUFFERED=1 python3 "$SRC/bench/bench_cuda_torch.py" --budget 55
-  grep -E '^(torch_train|hf_decode)|torch train peak device memory' "$OUTDIR/torch.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
+  grep -E '^(torch_train|torch_attention|hf_decode)|torch train peak device memory' "$OUTDIR/torch.log" 2>/dev/null | awk '!seen[$0]++' >>"$OUTDIR/results.txt"
 else
   echo "== torch: skipped: python3 has no torch that sees the GPU"
   echo "torch skipped (no torch with CUDA)" >>"$SUMMARY"

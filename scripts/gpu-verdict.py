@@ -4,6 +4,8 @@
 Pairs the lines bench_cuda and bench_cuda_torch.py printed in the same run on the same GPU:
   bench_cuda_train MODEL: X tok/s, MFU Y % ...      with  torch_train MODEL: X tok/s, MFU Y % ...
   bench_cuda_decode MODEL batch B: X tok/s ...     with  hf_decode MODEL batch B: X tok/s ...
+and, not a target but where the training's time may go, the attention alone:
+  bench_cuda_attention MODEL: fwd+bwd X ms ...   with  torch_attention MODEL: fwd+bwd X ms ...
 and prints, per model (and batch), fuseflow's figure, the other's and their ratio; for the
 targets (training on llama1b: >= PyTorch eager's tokens/s and >= 40 % MFU; decoding at batch
 32, both models: >= 3x HF generate) whether this run met them, or that a side was not measured. The last
@@ -15,12 +17,13 @@ import sys
 
 TRAIN = re.compile(r"^(bench_cuda_train|torch_train) (\S+): ([0-9.]+) tok/s, MFU ([0-9.]+) %")
 DECODE = re.compile(r"^(bench_cuda_decode|hf_decode) (\S+) batch (\d+): ([0-9.]+) tok/s")
+ATTENTION = re.compile(r"^(bench_cuda_attention|torch_attention) (\S+): fwd\+bwd ([0-9.]+) ms")
 MFU_TARGET, TRAIN_RATIO_TARGET, DECODE_RATIO_TARGET, DECODE_BATCH, TARGET_MODEL = 40.0, 1.0, 3.0, 32, "llama1b"
 DECODE_MODELS = ("qwen0.5b", "llama1b")  # the issue names no model for decoding: both of the bench
 
 
 def read(path):
-    train, decode = {}, {}
+    train, decode, attention = {}, {}, {}
     for line in open(path, encoding="utf-8", errors="replace"):
         m = TRAIN.match(line)
         if m:  # the last of repeated headlines wins (they are the same figures)
@@ -31,7 +34,12 @@ def read(path):
         if m:
             side = "ff" if m.group(1) == "bench_cuda_decode" else "hf"
             decode.setdefault((m.group(2), int(m.group(3))), {})[side] = float(m.group(4))
-    return train, decode
+            continue
+        m = ATTENTION.match(line)
+        if m:
+            side = "ff" if m.group(1) == "bench_cuda_attention" else "torch"
+            attention.setdefault(m.group(2), {})[side] = float(m.group(3))
+    return train, decode, attention
 
 
 def main(argv):
@@ -39,7 +47,7 @@ def main(argv):
         print("usage: scripts/gpu-verdict.py RESULTS (a gpu-check run's results.txt)", file=sys.stderr)
         return 2
     try:
-        train, decode = read(argv[1])
+        train, decode, attention = read(argv[1])
     except OSError as e:
         print(f"gpu-verdict: cannot read {argv[1]}: {e.strerror}", file=sys.stderr)
         return 2
@@ -66,6 +74,14 @@ def main(argv):
             parts.append(f"target >= {TRAIN_RATIO_TARGET:g}x PyTorch: " +
                          target("train vs PyTorch", None if not (ff and th) else ff[0] >= TRAIN_RATIO_TARGET * th[0]))
             parts.append(f"target MFU >= {MFU_TARGET:g} %: " + target("train MFU", None if not ff else ff[1] >= MFU_TARGET))
+        print("; ".join(parts))
+    for model in sorted(attention):  # where the training's time may go; no target
+        a = attention[model]
+        ff, th = a.get("ff"), a.get("torch")
+        parts = [f"attention {model} (fwd+bwd, no target): fuseflow " + (f"{ff:.2f} ms" if ff else "not measured"),
+                 "PyTorch SDPA " + (f"{th:.2f} ms" if th else "not measured")]
+        if ff and th:
+            parts.append(f"{ff / th:.2f}x SDPA's time")
         print("; ".join(parts))
     keys = set(decode) | {(m, DECODE_BATCH) for m in DECODE_MODELS}
     for model, batch in sorted(keys):

@@ -59,6 +59,8 @@ if "$PY" -c 'import sys, torch; sys.exit(0 if hasattr(torch.nn.functional, "scal
   ((rc == 0)) && ok "bench_cuda_torch.py on the cpu: exit 0" || fail "bench_cuda_torch.py on the cpu: exit $rc: $(tail -c 600 "$TMP/torch.out")"
   grep -Eq '^torch_train tiny: [0-9]+ tok/s, MFU [0-9.]+ % of 989 TFLOP/s \(seq 64, 2 a step' "$TMP/torch.out" &&
     ok "its training line" || fail "no torch_train line: $(cat "$TMP/torch.out")"
+  grep -Eq '^torch_attention tiny: fwd\+bwd [0-9.]+ ms with SDPA, [0-9.]+ TFLOP/s \(seq 64, 4/2 heads, head_dim 32, bf16\)$' "$TMP/torch.out" &&
+    ok "its attention line" || fail "no torch_attention line: $(cat "$TMP/torch.out")"
   if "$PY" -c 'import transformers' 2>/dev/null; then
     got=$(grep -E '^hf_decode tiny batch [0-9]+: [0-9]+ tok/s \(HF generate, bf16, sampling\)$' "$TMP/torch.out" | head -2 | sed 's/:.*//' | tr '\n' '|')
     [[ "$got" == "hf_decode tiny batch 4|hf_decode tiny batch 1|" ]] && ok "its HF generate lines, in --batches' order" ||
@@ -84,11 +86,16 @@ bench_cuda_decode qwen0.5b batch 32: 9000 tok/s (target at batch 32: >= 3x HF ge
 bench_cuda_train llama1b: 41000 tok/s, MFU 43.0 % of 989 TFLOP/s (seq 2048, 4 a step; target on llama1b: >= 40 %, >= PyTorch eager)
 torch_train llama1b: 38000 tok/s, MFU 39.9 % of 989 TFLOP/s (seq 2048, 4 a step, eager + autocast bf16 + SDPA)
 hf_decode llama1b batch 32: 2500 tok/s (HF generate, bf16, sampling)
+bench_cuda_attention llama1b: fwd+bwd 3.10 ms on tensor cores, 155.0 TFLOP/s; fp32 cores 9.00 ms, 53.4 TFLOP/s (0.34x the fp32 kernels' time; seq 2048, 32/8 heads, head_dim 64)
+torch_attention llama1b: fwd+bwd 1.24 ms with SDPA, 387.5 TFLOP/s (seq 2048, 32/8 heads, head_dim 64, bf16)
+torch_attention qwen0.5b: fwd+bwd 0.50 ms with SDPA, 300.0 TFLOP/s (seq 2048, 14/2 heads, head_dim 64, bf16)
 EOF
 expect_ok "the verdict" python3 "$V" "$TMP/results.txt"
 for t in "train llama1b: fuseflow 41000 tok/s, MFU 43.0 %; PyTorch eager 38000 tok/s; 1.08x; target >= 1x PyTorch: met; target MFU >= 40 %: met" \
          "decode llama1b batch 32: fuseflow 7000 tok/s; HF generate 2500 tok/s; 2.80x; target >= 3x HF: NOT met" \
          "decode qwen0.5b batch 32: fuseflow 9000 tok/s; HF generate not measured; target >= 3x HF: not measured" \
+         "attention llama1b (fwd+bwd, no target): fuseflow 3.10 ms; PyTorch SDPA 1.24 ms; 2.50x SDPA's time" \
+         "attention qwen0.5b (fwd+bwd, no target): fuseflow not measured; PyTorch SDPA 0.50 ms" \
          "gpu_verdict: 2 of 4 targets met (target: 4 of 4; not measured: decode qwen0.5b batch 32)"; do
   grep -qxF -- "$t" "$TMP/out" && ok "verdict: ${t%%;*}" || fail "the verdict lacks '$t': $(cat "$TMP/out")"
 done
