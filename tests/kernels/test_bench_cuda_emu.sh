@@ -29,10 +29,9 @@ for want in '^bench_cuda: cuda:0, training.s FF_CUDA_MATH=bf16' '^bench_cuda_att
   grep -Eq "$want" "$out" || { cat "$out" >&2; echo "FAIL: no line matching '$want'"; exit 1; }
 done
 # the order asked for: the decode batches as --batches names them, after the warm-up
-grep -E '^(  tiny decode warm-up|bench_cuda_decode tiny batch)' "$out" | head -3 | sed 's/:.*//' | tr '\n' '|' > "$out.order"
-[[ $(cat "$out.order") == "  tiny decode warm-up (untimed)|bench_cuda_decode tiny batch 4|bench_cuda_decode tiny batch 1|" ]] ||
-  { cat "$out" >&2; echo "FAIL: decode order: $(cat "$out.order")"; exit 1; }
-rm -f "$out.order"
+order=$(grep -E '^(  tiny decode warm-up|bench_cuda_decode tiny batch)' "$out" | head -3 | sed 's/:.*//' | tr '\n' '|')
+[[ $order == "  tiny decode warm-up (untimed)|bench_cuda_decode tiny batch 4|bench_cuda_decode tiny batch 1|" ]] ||
+  { cat "$out" >&2; echo "FAIL: decode order: $order"; exit 1; }
 # bad --models and --batches: refused before any work, naming the value
 for bad in "--models tiny,nope:unknown model 'nope'" "--models tiny,tiny:a model named twice: 'tiny'" \
            "--batches 1,0:--batches wants up to 8 batch sizes of 1 to 4096" "--batches 4x:got '4x'"; do
