@@ -14,7 +14,7 @@
  * thread waits is a deadlock: the launch fails, naming the barrier.
  *
  * Errors: a bad launch configuration sets the error cudaGetLastError returns; a fault inside a
- * kernel (deadlock, a WMMA tile out of place, a shuffle with a partial mask) is printed and
+ * kernel (deadlock, an ldmatrix row out of place, a shuffle with a partial mask) is printed and
  * becomes sticky, as a device fault is: every later call returns cudaErrorLaunchFailure.
  * Memory copies check their direction against the tracked device allocations.
  *
@@ -686,6 +686,7 @@ struct block_state {
     int block_arrived, exited;
     int warp_arrived[EMU_MAX_THREADS / 32], warp_exited[EMU_MAX_THREADS / 32], warp_size[EMU_MAX_THREADS / 32];
     uint64_t xchg[EMU_MAX_THREADS / 32][32];
+    uint32_t mma_ab[EMU_MAX_THREADS / 32][32][6]; /* each lane's A and B registers (ff_emu_mma_m16n8k16_bf16) */
     unsigned char *dyn;
     size_t dyn_bytes;
     const std::function<void()> *body;
@@ -836,6 +837,76 @@ unsigned __reduce_max_sync(unsigned mask, unsigned v) {
     }
     warp_barrier("__reduce_max_sync");
     return r;
+}
+
+/* The warp's lanes all here, none exited and none short (what the warp-wide matrix
+ * instructions require); else a fault naming what. */
+static bool whole_warp(const char *what) {
+    fiber *f = cur_fiber;
+    if (blk.warp_size[f->warp] != 32 || blk.warp_exited[f->warp]) {
+        ff_emu_fault("%s in a warp of %d threads, %d of them exited (it needs all 32)", what, blk.warp_size[f->warp],
+                     blk.warp_exited[f->warp]);
+        return false;
+    }
+    return true;
+}
+
+void ff_emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
+    fiber *f = cur_fiber;
+    const char *what = trans ? "ldmatrix.x4.trans" : "ldmatrix.x4";
+    if ((uintptr_t)row % 16) {
+        ff_emu_fault("%s: lane %d's row address %p is not 16-byte aligned", what, f->lane, row);
+        row = NULL;
+    } else if (ff_emu_check_smem(row, 16)) {
+        ff_emu_fault("%s: lane %d's row %p is not inside the block's shared memory", what, f->lane, row);
+        row = NULL;
+    }
+    blk.xchg[f->warp][f->lane] = (uint64_t)(uintptr_t)row;
+    warp_barrier(what);
+    const bool ok = whole_warp(what);
+    const int g = f->lane >> 2, q = f->lane & 3;
+    for (int j = 0; j < 4; j++) { /* matrix j: rows given by lanes 8j .. 8j + 7 */
+        uint32_t v = 0;
+        for (int i = 0; i < 2 && ok; i++) {
+            const int src = trans ? 8 * j + 2 * q + i : 8 * j + g, col = trans ? g : 2 * q + i;
+            const uint16_t *p = (const uint16_t *)(uintptr_t)blk.xchg[f->warp][src];
+            v |= (uint32_t)(p ? p[col] : 0) << (16 * i);
+        }
+        r[j] = v;
+    }
+    warp_barrier(what);
+}
+
+static float bf16_bits(uint32_t reg, int half) {
+    uint32_t u = (reg >> (16 * half) & 0xffffu) << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+void ff_emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    fiber *f = cur_fiber;
+    uint32_t *mine = blk.mma_ab[f->warp][f->lane];
+    memcpy(mine, a, 4 * sizeof *a);
+    mine[4] = b0, mine[5] = b1;
+    warp_barrier("mma.m16n8k16");
+    if (whole_warp("mma.m16n8k16")) {
+        const uint32_t(*ab)[6] = blk.mma_ab[f->warp];
+        const int g = f->lane >> 2, q = f->lane & 3;
+        for (int i = 0; i < 4; i++) { /* d[i]: row g (i < 2) or g + 8, column 2q + i % 2 */
+            const int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
+            float sum = d[i];
+            for (int k = 0; k < 16; k++) {
+                /* A(row, k): lane 4 (row % 8) + (k % 8) / 2, register (row >= 8) + 2 (k >= 8);
+                 * B(k, col): lane 4 col + (k % 8) / 2, register 4 + (k >= 8); low half: k even */
+                const float x = bf16_bits(ab[4 * (row & 7) + (k & 7) / 2][(row >> 3) + 2 * (k >> 3)], k & 1);
+                const float y = bf16_bits(ab[4 * col + (k & 7) / 2][4 + (k >> 3)], k & 1);
+                sum += x * y;
+            }
+            d[i] = sum;
+        }
+    }
+    warp_barrier("mma.m16n8k16");
 }
 
 static bool map_stacks(void) {

@@ -174,6 +174,14 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 3
     return ff_emu_shfl_t(mask, v, -1, lane_mask);
 }
 unsigned __reduce_max_sync(unsigned mask, unsigned v);
+/* The warp-wide matrix instructions cuda_attention_tc.cu issues by inline assembly on the device
+ * (its comment gives their register layouts), lane by lane: every lane of a whole warp gives its
+ * part, then takes its own. ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: row is the lane's
+ * row address (16-byte aligned, inside the block's dynamic shared memory, else a fault naming
+ * it). mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with d as C and D: its sums in fp32
+ * in k order, not the tensor cores' order. */
+void ff_emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
+void ff_emu_mma_m16n8k16_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
 
 /* One host thread runs every fiber and fibers switch only at barriers: a read-modify-write is
  * atomic as it stands. */
