@@ -6,7 +6,8 @@
  * what remains is the probabilities' and dS's rounding to bf16 and the sums' order: out, lse and
  * every column of dqkv within 1.5 % of their largest magnitude (tighter than
  * test_cuda_backend's 2e-2, whose inputs are not bf16 values), the ld padding untouched. A head
- * dim without a tensor-core kernel (24) takes the fp32 kernels: within 1e-5.
+ * dim without a tensor-core kernel (24) takes the fp32 kernels: within 1e-5. And a backward
+ * whose kernel scratch cannot be had fails its stream with the reason (scratch_refused).
  *
  * Without a C++ compiler at configure time the emulator is not built and this exits 77. */
 #include <math.h>
@@ -128,6 +129,54 @@ static void run_case(ff_backend *cpu, ff_backend *emu, const int32_t *lens, int 
     free(qkv), free(dout), free(dq0), free(out_c), free(lse_c), free(dqkv_c), free(out_e), free(lse_e), free(dqkv_e);
 }
 
+/* A GQA backward's dk/dv partial rows live in the stream's kernel scratch (2 x T x Hq x D
+ * fp32): with the device full, the backward fails its stream, naming the scratch and what
+ * fuseflow holds, and a new stream runs it once memory is free again. Filling the device takes
+ * its whole memory (host memory here): only where FF_CUDA_EMU_MEMORY makes it small, as the
+ * _emu_low copy does. */
+static void scratch_refused(ff_backend *emu) {
+    ff_backend_memory m0;
+    ff_backend_memory_of(emu, &m0);
+    if (m0.capacity > ((int64_t)2 << 30)) return;
+    enum { T = 512, HQ = 8, HKV = 1, D = 64, LD = (HQ + 2 * HKV) * D, MAX_FILL = 1024 }; /* partials: 2 MiB */
+    const int32_t ss[2] = {0, T};
+    float *qkv = bf16_rand((size_t)T * LD, 1.0f), *dout = bf16_rand((size_t)T * HQ * D, 1.0f);
+    ff_buffer *b_qkv = ff_buffer_new(emu, (size_t)T * LD * 4), *b_ss = ff_buffer_new(emu, sizeof ss);
+    ff_buffer *b_out = ff_buffer_new(emu, (size_t)T * HQ * D * 4), *b_dout = ff_buffer_new(emu, (size_t)T * HQ * D * 4);
+    ff_buffer *b_lse = ff_buffer_new(emu, (size_t)T * HQ * 4), *b_delta = ff_buffer_new(emu, (size_t)T * HQ * 4);
+    ff_buffer *b_dqkv = ff_buffer_new(emu, (size_t)T * LD * 4);
+    ff_stream *st = ff_stream_new(emu);
+    REQUIRE(qkv && dout && b_qkv && b_ss && b_out && b_dout && b_lse && b_delta && b_dqkv && st);
+    ff_dptr qd = ff_dptr_of(b_qkv, 0), sd = ff_dptr_of(b_ss, 0), od = ff_dptr_of(b_out, 0), ldp = ff_dptr_of(b_lse, 0);
+    ff_dptr dod = ff_dptr_of(b_dout, 0), dld = ff_dptr_of(b_delta, 0), dqd = ff_dptr_of(b_dqkv, 0);
+    ff_memcpy_h2d(st, qd, qkv, (size_t)T * LD * 4);
+    ff_memcpy_h2d(st, sd, ss, sizeof ss);
+    ff_memcpy_h2d(st, dod, dout, (size_t)T * HQ * D * 4);
+    ff_attention_fwd(st, qd, LD, sd, 1, T, HQ, HKV, D, od, ldp);
+    CHECK(ff_stream_sync(st) == 0);
+    ff_buffer *hold[MAX_FILL];
+    int nh = 0;
+    for (size_t chunk = (size_t)1 << 30; chunk >= (1u << 20) && nh < MAX_FILL;) {
+        if ((hold[nh] = ff_buffer_new(emu, chunk)) != NULL) nh++;
+        else chunk /= 2;
+    }
+    CHECK(nh < MAX_FILL); /* filled: under 1 MiB is left */
+    ff_attention_bwd(st, qd, LD, sd, ss, 1, T, HQ, HKV, D, od, ldp, dod, dld, dqd);
+    CHECK(ff_stream_sync(st) != 0);
+    CHECK_STR_CONTAINS(ff_error_message(), "of kernel scratch");
+    CHECK_STR_CONTAINS(ff_error_message(), "fuseflow holds");
+    ff_stream_destroy(&st);
+    for (int i = 0; i < nh; i++) ff_buffer_destroy(&hold[i]);
+    st = ff_stream_new(emu);
+    REQUIRE(st);
+    ff_attention_bwd(st, qd, LD, sd, ss, 1, T, HQ, HKV, D, od, ldp, dod, dld, dqd);
+    CHECK(ff_stream_sync(st) == 0);
+    ff_stream_destroy(&st);
+    ff_buffer *all[] = {b_qkv, b_ss, b_out, b_dout, b_lse, b_delta, b_dqkv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ff_buffer_destroy(&all[i]);
+    free(qkv), free(dout);
+}
+
 int main(void) {
     ff_rng_seed(&rng, 41);
     ff_backend *cpu = ff_backend_cpu_new(2);
@@ -156,6 +205,7 @@ int main(void) {
     /* a head dim without a tensor-core kernel takes the fp32 ones */
     int32_t g[] = {20, 31};
     run_case(cpu, emu, g, 2, 2, 1, 24, 1e-5);
+    scratch_refused(emu);
 
     ff_backend_destroy(&emu);
     ff_backend_destroy(&cpu);

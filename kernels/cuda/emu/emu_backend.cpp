@@ -12,7 +12,6 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 extern "C" {
 #include "fuseflow/error.h"
