@@ -39,6 +39,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/cuda_internal.h"
 
 typedef __nv_bfloat16 bf16;
@@ -220,9 +222,16 @@ static __device__ __forceinline__ void stage_bf16(bf16 *sm, const E *src, int64_
  * warp's query rows and k_s, v_s the tile's keys and values (staged, row stride D + 8), and
  * seen(r, c) whether key c of the tile is visible to the lane's row slot r, update each row's
  * running max m and sum l and its output rows o (unnormalised): rescale, add P V. A row that
- * sees no key of the tile keeps m, l and its output exactly (alpha 1, P 0). */
-template <int D, typename Seen>
-static __device__ __forceinline__ void online_tile(const bf16 *q_w, const bf16 *k_s, const bf16 *v_s, float scale,
+ * sees no key of the tile keeps m, l and its output exactly (alpha 1, P 0). MASK false: every
+ * key of the tile is visible to every row of the warp (seen is not asked: a tile below the
+ * diagonal, inside one sequence, as most are).
+ *
+ * In base 2 (FlashAttention-2's): sl2 is the softmax scale times log2(e) and m the running max
+ * of the scores times sl2, so that each probability is one exp2f (the SFU's instruction, where
+ * expf first multiplies by log2(e) in two parts for its accuracy): at head dim 64 a tile has as
+ * many exponentials as 256 FLOPs of products each, the ratio of the H100's two peaks. */
+template <int D, bool MASK, typename Seen>
+static __device__ __forceinline__ void online_tile(const bf16 *q_w, const bf16 *k_s, const bf16 *v_s, float sl2,
                                                    float (&m)[2], float (&l)[2], float (&o)[D / 8][4], Seen seen) {
     constexpr int DP = D + 8;
     float s[TB / 8][4]; /* scores, then probabilities */
@@ -232,18 +241,18 @@ static __device__ __forceinline__ void online_tile(const bf16 *q_w, const bf16 *
     for (int n = 0; n < TB / 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            if (seen(i >> 1, acc_col(n, i))) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i] * scale);
+            if (!MASK || seen(i >> 1, acc_col(n, i))) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i] * sl2);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float mnew = fmaxf(m[r], quad_max(mx[r]));
-        alpha[r] = mnew == -INFINITY ? 1.0f : expf(m[r] - mnew);
+        alpha[r] = mnew == -INFINITY ? 1.0f : exp2f(m[r] - mnew);
         m[r] = mnew;
     }
 #pragma unroll
     for (int n = 0; n < TB / 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float p = seen(i >> 1, acc_col(n, i)) ? expf(s[n][i] * scale - m[i >> 1]) : 0.0f;
+            const float p = !MASK || seen(i >> 1, acc_col(n, i)) ? exp2f(s[n][i] * sl2 - m[i >> 1]) : 0.0f;
             s[n][i] = p;
             sum[i >> 1] += p;
         }
@@ -275,6 +284,11 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const E *qkv, int ld,
     const int t0 = blockIdx.x * TB, kbeg = ss[seq_of(ss, S, t0)], kend = min(t0 + TB, T);
     /* the warp's rows w0 .. wlast (none when wlast < w0); the lane's rows t[r] = w0 + lane / 4 + 8 r */
     const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[seq_of(ss, S, w0)] : 0;
+    /* a tile of keys k0 .. k0 + 63 is visible whole to the warp's 16 rows when they all exist
+     * and the tile lies inside the last row's sequence, at or before the first row */
+    const int wmy_last = w0 <= wlast ? ss[seq_of(ss, S, wlast)] : 0;
+    const bool w_whole = wlast == w0 + 15;
+    const float sl2 = scale * (float)M_LOG2E;
     int t[2], my0[2];
     bool valid[2];
 #pragma unroll
@@ -292,10 +306,14 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const E *qkv, int ld,
         stage_bf16<D>(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, kend);
         __syncthreads();
         if (w0 > wlast || k0 > wlast || k0 + TB <= wmy0) continue; /* warp-uniform: no key visible */
-        online_tile<D>(q_s + warp * 16 * DP, k_s, v_s, scale, m, l, o, [&](int r, int c) {
+        auto seen = [&](int r, int c) {
             const int key = k0 + c;
             return valid[r] && key >= my0[r] && key <= t[r];
-        });
+        };
+        if (w_whole && k0 >= wmy_last && k0 + TB - 1 <= w0) /* warp-uniform */
+            online_tile<D, false>(q_s + warp * 16 * DP, k_s, v_s, sl2, m, l, o, seen);
+        else
+            online_tile<D, true>(q_s + warp * 16 * DP, k_s, v_s, sl2, m, l, o, seen);
     }
     /* every valid row saw at least its own key: l > 0 */
     E *dst[2];
@@ -304,7 +322,7 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const E *qkv, int ld,
     for (int r = 0; r < 2; r++) {
         dst[r] = valid[r] ? out + (int64_t)t[r] * Hq * D + (int64_t)h * D : nullptr;
         inv[r] = valid[r] ? 1.0f / l[r] : 0.0f;
-        if (valid[r] && (lane & 3) == 0) lse[(int64_t)t[r] * Hq + h] = m[r] + logf(l[r]);
+        if (valid[r] && (lane & 3) == 0) lse[(int64_t)t[r] * Hq + h] = m[r] * (float)M_LN2 + logf(l[r]);
     }
     write_rows<D>(o, dst, inv);
 }
@@ -396,8 +414,8 @@ static __global__ void __launch_bounds__(TPB)
             stage_paged_bf16<D>(v_s, vc, KD, (int64_t)g * D, tab, bs, k0, kmax);
             __syncthreads();
             if (!wmine) continue; /* warp-uniform: none of its rows is of this sequence */
-            online_tile<D>(q_s + warp * 16 * DP, k_s, v_s, scale, m, l, o,
-                           [&](int r, int c) { return my_seq[r] == cur && k0 + c < my_n[r]; });
+            online_tile<D, true>(q_s + warp * 16 * DP, k_s, v_s, scale * (float)M_LOG2E, m, l, o,
+                                 [&](int r, int c) { return my_seq[r] == cur && k0 + c < my_n[r]; });
         }
     }
     /* every row saw at least one key: n_keys >= 1, l > 0 */
@@ -430,15 +448,18 @@ static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const E *qkv, int ld, 
     const int64_t HD = (int64_t)Hq * D;
     const int t0 = blockIdx.x * TB, kbeg = ss[seq_of(ss, S, t0)], kend = min(t0 + TB, T);
     const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[seq_of(ss, S, w0)] : 0;
+    const int wmy_last = w0 <= wlast ? ss[seq_of(ss, S, wlast)] : 0; /* as the forward's */
+    const bool w_whole = wlast == w0 + 15;
+    const float sl2 = scale * (float)M_LOG2E; /* P = exp2(S sl2 - lse log2(e)), as the forward's */
     int t[2], my0[2];
     bool valid[2];
-    float lse_t[2], delta_t[2];
+    float lse2[2], delta_t[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         t[r] = w0 + (lane >> 2) + 8 * r;
         valid[r] = t[r] < T;
         my0[r] = valid[r] ? ss[seq_of(ss, S, t[r])] : 0;
-        lse_t[r] = valid[r] ? lse[(int64_t)t[r] * Hq + h] : 0.0f;
+        lse2[r] = valid[r] ? lse[(int64_t)t[r] * Hq + h] * (float)M_LOG2E : 0.0f;
         delta_t[r] = valid[r] ? delta[(int64_t)t[r] * Hq + h] : 0.0f;
     }
 
@@ -454,18 +475,20 @@ static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const E *qkv, int ld, 
         float s[TB / 8][4], dp[TB / 8][4]; /* S = Q K^T, dP = dO V^T; then dS in s */
         mm_nt<D, TB>(s, q_s + warp * 16 * DP, DP, k_s, DP);
         mm_nt<D, TB>(dp, do_s + warp * 16 * DP, DP, v_s, DP);
+        auto to_ds = [&](auto masked) { /* masked: std::bool_constant, the forward's MASK */
 #pragma unroll
-        for (int n = 0; n < TB / 8; n++)
+            for (int n = 0; n < TB / 8; n++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = i >> 1, key = k0 + acc_col(n, i);
-                float ds = 0.0f;
-                if (valid[r] && key >= my0[r] && key <= t[r]) {
-                    const float p = expf(s[n][i] * scale - lse_t[r]);
-                    ds = p * (dp[n][i] - delta_t[r]);
+                for (int i = 0; i < 4; i++) {
+                    const int r = i >> 1, key = k0 + acc_col(n, i);
+                    float ds = 0.0f;
+                    if (!decltype(masked)::value || (valid[r] && key >= my0[r] && key <= t[r]))
+                        ds = exp2f(s[n][i] * sl2 - lse2[r]) * (dp[n][i] - delta_t[r]);
+                    s[n][i] = ds;
                 }
-                s[n][i] = ds;
-            }
+        };
+        if (w_whole && k0 >= wmy_last && k0 + TB - 1 <= w0) to_ds(std::false_type{}); /* warp-uniform */
+        else to_ds(std::true_type{});
         mm_acc_pb<TB, D>(acc, s, k_s, DP);
     }
     float *dst[2];
@@ -504,6 +527,11 @@ static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const E *qkv, int ld,
     /* the warp's keys jw0 .. jwlast; the lane's keys j[r] = jw0 + lane / 4 + 8 r; queries
      * j .. my_end - 1 see key j */
     const int jw0 = j0 + warp * 16, jwlast = min(jw0 + 16, T) - 1;
+    /* queries q .. q + NQ - 1 see the warp's 16 keys whole when the keys all exist and the
+     * queries lie at or after the last key, inside the first key's sequence */
+    const bool w_whole = jwlast == jw0 + 15;
+    const int wend_first = jw0 <= jwlast ? ss[seq_of(ss, S, jw0) + 1] : 0;
+    const float sl2 = scale * (float)M_LOG2E; /* P = exp2(S sl2 - lse log2(e)), as the forward's */
     int j[2], my_end[2];
     bool valid[2];
 #pragma unroll
@@ -524,7 +552,7 @@ static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const E *qkv, int ld,
         stage_bf16<D>(do_s, dout, HD, (int64_t)h * D, q0, qend);
         for (int i = threadIdx.x; i < TB; i += blockDim.x) {
             bool in = q0 + i < qend;
-            lse_s[i] = in ? lse[(int64_t)(q0 + i) * Hq + h] : 0.0f;
+            lse_s[i] = in ? lse[(int64_t)(q0 + i) * Hq + h] * (float)M_LOG2E : 0.0f;
             dl_s[i] = in ? delta[(int64_t)(q0 + i) * Hq + h] : 0.0f;
         }
         __syncthreads();
@@ -533,13 +561,19 @@ static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const E *qkv, int ld,
         for (int c0 = 0; c0 < TB; c0 += NQ) {
             float st[NQ / 8][4], dpt[NQ / 8][4]; /* S^T = K_w Q^T, then P^T; dP^T = V_w dO^T, then dS^T */
             mm_nt<D, NQ>(st, k_w, DP, q_s + c0 * DP, DP);
+            auto to_p = [&](auto masked) { /* masked: std::bool_constant, the forward's MASK */
 #pragma unroll
-            for (int n = 0; n < NQ / 8; n++)
+                for (int n = 0; n < NQ / 8; n++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int r = i >> 1, c = c0 + acc_col(n, i), tq = q0 + c;
-                    st[n][i] = valid[r] && tq >= j[r] && tq < my_end[r] ? expf(st[n][i] * scale - lse_s[c]) : 0.0f;
-                }
+                    for (int i = 0; i < 4; i++) {
+                        const int r = i >> 1, c = c0 + acc_col(n, i), tq = q0 + c;
+                        st[n][i] = !decltype(masked)::value || (valid[r] && tq >= j[r] && tq < my_end[r])
+                                       ? exp2f(st[n][i] * sl2 - lse_s[c])
+                                       : 0.0f;
+                    }
+            };
+            if (w_whole && q0 + c0 >= jw0 + 15 && q0 + c0 + NQ <= wend_first) to_p(std::false_type{}); /* warp-uniform */
+            else to_p(std::true_type{});
             mm_acc_pb<NQ, D>(dv, st, do_s + c0 * DP, DP);
             mm_nt<D, NQ>(dpt, v_w, DP, do_s + c0 * DP, DP);
 #pragma unroll

@@ -7,7 +7,9 @@
  * every column of dqkv within 1.5 % of their largest magnitude (tighter than
  * test_cuda_backend's 2e-2, whose inputs are not bf16 values), the ld padding untouched. A head
  * dim without a tensor-core kernel (24) takes the fp32 kernels: within 1e-5. And a backward
- * whose kernel scratch cannot be had fails its stream with the reason (scratch_refused).
+ * whose kernel scratch cannot be had fails its stream with the reason (scratch_refused). And
+ * causality and sequence isolation exactly (isolation_case): what a row may not see, changed,
+ * moves none of its outputs by a bit.
  *
  * Without a C++ compiler at configure time the emulator is not built and this exits 77. */
 #include <math.h>
@@ -129,6 +131,55 @@ static void run_case(ff_backend *cpu, ff_backend *emu, const int32_t *lens, int 
     free(qkv), free(dout), free(dq0), free(out_c), free(lse_c), free(dqkv_c), free(out_e), free(lse_e), free(dqkv_e);
 }
 
+/* Causality and sequence isolation, bit for bit (the kernels are deterministic): with the K and
+ * V columns of rows [lo, hi) changed, out, lse and dq of rows [clo, chi) must not move; with the
+ * Q columns and dout of rows [lo, hi) changed (kv false), dk and dv of rows [clo, chi) must not.
+ * A tile taken as visible whole where one of its keys (or, for dk/dv, queries) is not moves
+ * them, however little that key weighs, which a tolerance might miss. */
+static void isolation_case(ff_backend *emu, const int32_t *lens, int S, int Hq, int Hkv, int D, bool kv, int lo, int hi,
+                           int clo, int chi) {
+    int32_t ss[64];
+    ss[0] = 0;
+    for (int s = 0; s < S; s++) ss[s + 1] = ss[s] + lens[s];
+    const int T = ss[S], ld = (Hq + 2 * Hkv) * D, HD = Hq * D;
+    float *qkv = bf16_rand((size_t)T * ld, 1.5f), *dout = bf16_rand((size_t)T * HD, 1.0f);
+    float *qkv2 = malloc((size_t)T * ld * 4), *dout2 = malloc((size_t)T * HD * 4);
+    float *out[2], *lse[2], *dqkv[2];
+    REQUIRE(qkv2 && dout2);
+    memcpy(qkv2, qkv, (size_t)T * ld * 4);
+    memcpy(dout2, dout, (size_t)T * HD * 4);
+    for (int t = lo; t < hi; t++) {
+        if (kv)
+            for (int c = HD; c < ld; c++) qkv2[(size_t)t * ld + c] = -qkv[(size_t)t * ld + c] + 0.25f;
+        else {
+            for (int c = 0; c < HD; c++) qkv2[(size_t)t * ld + c] = -qkv[(size_t)t * ld + c] + 0.25f;
+            for (int c = 0; c < HD; c++) dout2[(size_t)t * HD + c] = -dout[(size_t)t * HD + c] + 0.5f;
+        }
+    }
+    for (int v = 0; v < 2; v++) {
+        out[v] = malloc((size_t)T * HD * 4), lse[v] = malloc((size_t)T * Hq * 4), dqkv[v] = calloc((size_t)T * ld, 4);
+        REQUIRE(out[v] && lse[v] && dqkv[v]);
+        REQUIRE(run_attention(emu, v ? qkv2 : qkv, ld, ss, S, T, Hq, Hkv, D, out[v], lse[v], v ? dout2 : dout, dqkv[v]) == 0);
+    }
+    bool same = true;
+    for (int t = clo; t < chi; t++) {
+        if (kv) {
+            same &= !memcmp(out[0] + (size_t)t * HD, out[1] + (size_t)t * HD, (size_t)HD * 4);
+            same &= !memcmp(lse[0] + (size_t)t * Hq, lse[1] + (size_t)t * Hq, (size_t)Hq * 4);
+            same &= !memcmp(dqkv[0] + (size_t)t * ld, dqkv[1] + (size_t)t * ld, (size_t)HD * 4);
+        } else {
+            same &= !memcmp(dqkv[0] + (size_t)t * ld + HD, dqkv[1] + (size_t)t * ld + HD, (size_t)(ld - HD) * 4);
+        }
+    }
+    if (!same) {
+        fprintf(stderr, "T=%d S=%d Hq=%d Hkv=%d D=%d: with the %s of rows [%d, %d) changed, %s of rows [%d, %d) moved\n", T, S,
+                Hq, Hkv, D, kv ? "K and V" : "Q and dout", lo, hi, kv ? "out, lse or dq" : "dk or dv", clo, chi);
+        ff_test_failures++;
+    }
+    free(qkv), free(dout), free(qkv2), free(dout2);
+    for (int v = 0; v < 2; v++) free(out[v]), free(lse[v]), free(dqkv[v]);
+}
+
 /* A GQA backward's dk/dv partial rows live in the stream's kernel scratch (2 x T x Hq x D
  * fp32): with the device full, the backward fails its stream, naming the scratch and what
  * fuseflow holds, and a new stream runs it once memory is free again. Filling the device takes
@@ -205,6 +256,22 @@ int main(void) {
     /* a head dim without a tensor-core kernel takes the fp32 ones */
     int32_t g[] = {20, 31};
     run_case(cpu, emu, g, 2, 2, 1, 24, 1e-5);
+
+    /* causality at a tile's edge: a sequence from row 2, so that a 64-key tile ends one key past
+     * the first row of a warp (keys 2 .. 65 against rows 64 .. 79); and dk/dv's query passes
+     * of 32 (head dim 64) and 64 (head dim 32), GQA's partial rows */
+    int32_t h[] = {2, 300};
+    isolation_case(emu, h, 2, 4, 1, 64, true, 65, 302, 0, 65);
+    isolation_case(emu, h, 2, 4, 1, 32, true, 65, 302, 0, 65);
+    isolation_case(emu, h, 2, 4, 1, 64, false, 0, 80, 80, 302);
+    isolation_case(emu, h, 2, 4, 1, 32, false, 0, 80, 80, 302);
+    /* two sequences meeting inside a block (at row 63, where a 32-query pass of the block's
+     * first warp ends one query into the second), both ways */
+    int32_t k2[] = {63, 100};
+    isolation_case(emu, k2, 2, 2, 1, 64, true, 0, 63, 63, 163);
+    isolation_case(emu, k2, 2, 2, 1, 64, true, 63, 163, 0, 63);
+    isolation_case(emu, k2, 2, 2, 1, 64, false, 63, 163, 0, 63);
+    isolation_case(emu, k2, 2, 2, 1, 64, false, 0, 63, 63, 163);
     scratch_refused(emu);
 
     ff_backend_destroy(&emu);
