@@ -281,7 +281,9 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const E *qkv, int ld,
     FF_DYN_SHARED(unsigned char, smem);
     bf16 *q_s = (bf16 *)smem, *k_s = q_s + TB * DP, *v_s = k_s + TB * DP;
     const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t0 = blockIdx.x * TB, kbeg = ss[seq_of(ss, S, t0)], kend = min(t0 + TB, T);
+    /* the last query blocks (the most key tiles under the causal mask) first, so that the
+     * grid's tail is its shortest blocks */
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * TB, kbeg = ss[seq_of(ss, S, t0)], kend = min(t0 + TB, T);
     /* the warp's rows w0 .. wlast (none when wlast < w0); the lane's rows t[r] = w0 + lane / 4 + 8 r */
     const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[seq_of(ss, S, w0)] : 0;
     /* a tile of keys k0 .. k0 + 63 is visible whole to the warp's 16 rows when they all exist
@@ -446,7 +448,8 @@ static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const E *qkv, int ld, 
     bf16 *q_s = (bf16 *)smem, *do_s = q_s + TB * DP, *k_s = do_s + TB * DP, *v_s = k_s + TB * DP;
     const int h = blockIdx.y, g = h / (Hq / Hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t HD = (int64_t)Hq * D;
-    const int t0 = blockIdx.x * TB, kbeg = ss[seq_of(ss, S, t0)], kend = min(t0 + TB, T);
+    /* the last query blocks first, as the forward's */
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * TB, kbeg = ss[seq_of(ss, S, t0)], kend = min(t0 + TB, T);
     const int w0 = t0 + warp * 16, wlast = min(w0 + 16, T) - 1, wmy0 = w0 <= wlast ? ss[seq_of(ss, S, w0)] : 0;
     const int wmy_last = w0 <= wlast ? ss[seq_of(ss, S, wlast)] : 0; /* as the forward's */
     const bool w_whole = wlast == w0 + 15;
