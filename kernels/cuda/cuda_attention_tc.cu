@@ -175,33 +175,78 @@ static __device__ __forceinline__ void write_rows(const float (&acc)[D / 8][4], 
             if (dst[i >> 1]) store_as(dst[i >> 1] + acc_col(n, i), mul[i >> 1] * acc[n][i]);
 }
 
-/* 16 bytes of a staged row: 8 bf16 copied as they are, or 4 fp32 rounded (src NULL: zeros) */
-static __device__ __forceinline__ void stage16(bf16 *dst, const bf16 *src) {
-    uint4 v = {0u, 0u, 0u, 0u};
-    if (src) v = *(const uint4 *)src;
-    *(uint4 *)dst = v;
-}
-static __device__ __forceinline__ void stage16(bf16 *dst, const float *src) {
-    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (src) v = *(const float4 *)src;
+/* 16 bytes of a staged row from their load (raw): 8 bf16 as they are, or 4 fp32 rounded (the
+ * pointer's type says which) */
+static __device__ __forceinline__ void put16(bf16 *dst, uint4 raw, const bf16 *) { *(uint4 *)dst = raw; }
+static __device__ __forceinline__ void put16(bf16 *dst, uint4 raw, const float *) {
+    float4 v;
+    memcpy(&v, &raw, sizeof v);
     *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(v.x, v.y);
     *(__nv_bfloat162 *)(dst + 2) = __floats2bfloat162_rn(v.z, v.w);
 }
 
+/* Whether a slice's rows start on 16 bytes: a 16-byte aligned src, ld and col whole 16-byte
+ * units (the layers' q|k|v and attention gradients are laid out so). Uniform over the block. */
+template <typename E>
+static __device__ __forceinline__ bool rows_on_16(const E *src, int64_t ld, int64_t col) {
+    constexpr int V = 16 / (int)sizeof(E);
+    return (uintptr_t)src % 16 == 0 && ld % V == 0 && col % V == 0;
+}
+
 /* Rows r0 .. r0 + TB - 1 of a [*, D] slice (row stride ld, from column col; E: fp32 or bf16
  * storage) into sm [TB, D + 8] as bf16; rows at or past lim are zero (so that masked products
- * read zeros, never stale or non-finite data). Where the slice's rows start on 16 bytes (a
- * 16-byte aligned src, ld and col whole 16-byte units; the layers' q|k|v and attention
- * gradients are laid out so), each thread moves 16 bytes a load; else 2 elements. The same
- * values either way. */
+ * read zeros, never stale or non-finite data). Where the slice's rows start on 16 bytes, each
+ * thread moves 16 bytes a load (stage_two); else 2 elements. The same values either way. */
+template <int D, typename E>
+static __device__ __forceinline__ void stage_bf16(bf16 *sm, const E *src, int64_t ld, int64_t col, int r0, int lim);
+
+/* Two tiles of the same rows (K and V, or Q and dO) as stage_bf16 stages each, with every load
+ * of a group (up to 4 16-byte chunks a thread a tile) issued before its stores: the loads of a
+ * tile are in flight together, where one load, then its store, then the next would wait for
+ * memory once a chunk (the compiler cannot move a global load past a store through a generic
+ * pointer it cannot tell from shared memory). */
+template <int D, typename E>
+static __device__ __forceinline__ void stage_two(bf16 *sm0, const E *src0, int64_t ld0, int64_t col0, bf16 *sm1,
+                                                 const E *src1, int64_t ld1, int64_t col1, int r0, int lim) {
+    constexpr int DP = D + 8, V = 16 / (int)sizeof(E), NV = D / V, PER = TB * NV / TPB, G = PER < 4 ? PER : 4;
+    static_assert(D % V == 0 && (DP * sizeof(bf16)) % 16 == 0, "whole 16-byte units in a row and in a staged row");
+    static_assert((TB * NV) % TPB == 0, "whole chunks a thread");
+    if (!rows_on_16(src0, ld0, col0) || !rows_on_16(src1, ld1, col1)) {
+        stage_bf16<D>(sm0, src0, ld0, col0, r0, lim);
+        stage_bf16<D>(sm1, src1, ld1, col1, r0, lim);
+        return;
+    }
+#pragma unroll
+    for (int k0 = 0; k0 < PER; k0 += G) {
+        uint4 v0[G] = {}, v1[G] = {};
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            const int i = threadIdx.x + (k0 + k) * TPB, j = i / NV, d = (i - j * NV) * V, row = r0 + j;
+            if (k0 + k < PER && row < lim) {
+                v0[k] = *(const uint4 *)(src0 + (int64_t)row * ld0 + col0 + d);
+                v1[k] = *(const uint4 *)(src1 + (int64_t)row * ld1 + col1 + d);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            const int i = threadIdx.x + (k0 + k) * TPB, j = i / NV, d = (i - j * NV) * V;
+            if (k0 + k < PER) {
+                put16(sm0 + j * DP + d, v0[k], src0);
+                put16(sm1 + j * DP + d, v1[k], src1);
+            }
+        }
+    }
+}
+
 template <int D, typename E>
 static __device__ __forceinline__ void stage_bf16(bf16 *sm, const E *src, int64_t ld, int64_t col, int r0, int lim) {
     constexpr int DP = D + 8, HD = D / 2, V = 16 / (int)sizeof(E), NV = D / V;
-    static_assert(D % V == 0 && (DP * sizeof(bf16)) % 16 == 0, "whole 16-byte units in a row and in a staged row");
-    if ((uintptr_t)src % 16 == 0 && ld % V == 0 && col % V == 0) { /* uniform over the block */
+    if (rows_on_16(src, ld, col)) {
         for (int i = threadIdx.x; i < TB * NV; i += blockDim.x) {
             const int j = i / NV, d = (i - j * NV) * V, row = r0 + j;
-            stage16(sm + j * DP + d, row < lim ? src + (int64_t)row * ld + col + d : (const E *)nullptr);
+            uint4 v = uint4{0u, 0u, 0u, 0u};
+            if (row < lim) v = *(const uint4 *)(src + (int64_t)row * ld + col + d);
+            put16(sm + j * DP + d, v, src);
         }
         return;
     }
@@ -216,7 +261,6 @@ static __device__ __forceinline__ void stage_bf16(bf16 *sm, const E *src, int64_
         *(__nv_bfloat162 *)(sm + j * DP + d) = __floats2bfloat162_rn(x, y);
     }
 }
-
 
 /* One tile of 64 keys in the forward's online softmax, for the warp's 16 rows: with q_w the
  * warp's query rows and k_s, v_s the tile's keys and values (staged, row stride D + 8), and
@@ -304,8 +348,7 @@ static __global__ void __launch_bounds__(TPB) k_att_fwd_tc(const E *qkv, int ld,
     float o[D / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     for (int k0 = kbeg; k0 < kend; k0 += TB) {
         __syncthreads(); /* the previous tile is consumed */
-        stage_bf16<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, k0, kend);
-        stage_bf16<D>(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, kend);
+        stage_two<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, kend);
         __syncthreads();
         if (w0 > wlast || k0 > wlast || k0 + TB <= wmy0) continue; /* warp-uniform: no key visible */
         auto seen = [&](int r, int c) {
@@ -466,13 +509,11 @@ static __global__ void __launch_bounds__(TPB) k_att_dq_tc(const E *qkv, int ld, 
         delta_t[r] = valid[r] ? delta[(int64_t)t[r] * Hq + h] : 0.0f;
     }
 
-    stage_bf16<D>(q_s, qkv, ld, (int64_t)h * D, t0, T);
-    stage_bf16<D>(do_s, dout, HD, (int64_t)h * D, t0, T);
+    stage_two<D>(q_s, qkv, ld, (int64_t)h * D, do_s, dout, HD, (int64_t)h * D, t0, T);
     float acc[D / 8][4] = {};
     for (int k0 = kbeg; k0 < kend; k0 += TB) {
         __syncthreads();
-        stage_bf16<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, k0, kend);
-        stage_bf16<D>(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, kend);
+        stage_two<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, k0, kend);
         __syncthreads();
         if (w0 > wlast || k0 > wlast || k0 + TB <= wmy0) continue; /* warp-uniform */
         float s[TB / 8][4], dp[TB / 8][4]; /* S = Q K^T, dP = dO V^T; then dS in s */
@@ -545,14 +586,12 @@ static __global__ void __launch_bounds__(TPB) k_att_dkv_tc(const E *qkv, int ld,
     }
     const int wend = (int)__reduce_max_sync(0xffffffffu, (unsigned)max(my_end[0], my_end[1]));
 
-    stage_bf16<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, j0, T);
-    stage_bf16<D>(v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, j0, T);
+    stage_two<D>(k_s, qkv, ld, (int64_t)(Hq + g) * D, v_s, qkv, ld, (int64_t)(Hq + Hkv + g) * D, j0, T);
     const bf16 *k_w = k_s + warp * 16 * DP, *v_w = v_s + warp * 16 * DP;
     float dk[D / 8][4] = {}, dv[D / 8][4] = {};
     for (int q0 = qbeg; q0 < qend; q0 += TB) {
         __syncthreads();
-        stage_bf16<D>(q_s, qkv, ld, (int64_t)h * D, q0, qend);
-        stage_bf16<D>(do_s, dout, HD, (int64_t)h * D, q0, qend);
+        stage_two<D>(q_s, qkv, ld, (int64_t)h * D, do_s, dout, HD, (int64_t)h * D, q0, qend);
         for (int i = threadIdx.x; i < TB; i += blockDim.x) {
             bool in = q0 + i < qend;
             lse_s[i] = in ? lse[(int64_t)(q0 + i) * Hq + h] * (float)M_LOG2E : 0.0f;

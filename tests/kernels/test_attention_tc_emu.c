@@ -90,11 +90,14 @@ static void check_close(const char *what, const float *a, const float *b, int ro
     }
 }
 
-static void run_case(ff_backend *cpu, ff_backend *emu, const int32_t *lens, int S, int Hq, int Hkv, int D, double tol) {
+/* pad: qkv's and dqkv's columns past q|k|v (6: rows off 16 bytes, the kernels' staging 2
+ * elements a load; 8: on 16 bytes, 16 bytes a load, K and V or Q and dO together) */
+static void run_case_ld(ff_backend *cpu, ff_backend *emu, const int32_t *lens, int S, int Hq, int Hkv, int D, int pad,
+                        double tol) {
     int32_t ss[64];
     ss[0] = 0;
     for (int s = 0; s < S; s++) ss[s + 1] = ss[s] + lens[s];
-    const int T = ss[S], W = (Hq + 2 * Hkv) * D, ld = W + 6, HD = Hq * D;
+    const int T = ss[S], W = (Hq + 2 * Hkv) * D, ld = W + pad, HD = Hq * D;
     char what[96];
     float *qkv = bf16_rand((size_t)T * ld, 1.5f), *dout = bf16_rand((size_t)T * HD, 1.0f);
     float *dq0 = bf16_rand((size_t)T * ld, 1.0f); /* the padding must survive both */
@@ -104,7 +107,7 @@ static void run_case(ff_backend *cpu, ff_backend *emu, const int32_t *lens, int 
     memcpy(dqkv_e, dq0, (size_t)T * ld * 4);
     REQUIRE(run_attention(cpu, qkv, ld, ss, S, T, Hq, Hkv, D, out_c, lse_c, dout, dqkv_c) == 0);
     int rc = run_attention(emu, qkv, ld, ss, S, T, Hq, Hkv, D, out_e, lse_e, dout, dqkv_e);
-    snprintf(what, sizeof what, "T=%d S=%d Hq=%d Hkv=%d D=%d", T, S, Hq, Hkv, D);
+    snprintf(what, sizeof what, "T=%d S=%d Hq=%d Hkv=%d D=%d ld+%d", T, S, Hq, Hkv, D, pad);
     if (rc) {
         fprintf(stderr, "%s: the emulated stream failed: %s\n", what, ff_error_message());
         ff_test_failures++;
@@ -129,6 +132,10 @@ static void run_case(ff_backend *cpu, ff_backend *emu, const int32_t *lens, int 
         }
     }
     free(qkv), free(dout), free(dq0), free(out_c), free(lse_c), free(dqkv_c), free(out_e), free(lse_e), free(dqkv_e);
+}
+
+static void run_case(ff_backend *cpu, ff_backend *emu, const int32_t *lens, int S, int Hq, int Hkv, int D, double tol) {
+    run_case_ld(cpu, emu, lens, S, Hq, Hkv, D, 6, tol);
 }
 
 /* Causality and sequence isolation, bit for bit (the kernels are deterministic): with the K and
@@ -256,6 +263,10 @@ int main(void) {
     /* a head dim without a tensor-core kernel takes the fp32 ones */
     int32_t g[] = {20, 31};
     run_case(cpu, emu, g, 2, 2, 1, 24, 1e-5);
+    /* rows on 16 bytes: the staging's 16-byte loads */
+    run_case_ld(cpu, emu, b, 2, 2, 1, 64, 8, 1.5e-2);
+    run_case_ld(cpu, emu, e, 1, 4, 1, 32, 8, 1.5e-2);
+    run_case_ld(cpu, emu, f, 13, 2, 2, 48, 8, 1.5e-2);
 
     /* causality at a tile's edge: a sequence from row 2, so that a 64-key tile ends one key past
      * the first row of a warp (keys 2 .. 65 against rows 64 .. 79); and dk/dv's query passes
