@@ -31,6 +31,7 @@ int main(void) {
 }
 #else
 #include "kernels/cuda/emu/cuda_emu.h"
+#include "tests/cuda_test_util.h"
 
 static ff_rng rng;
 
@@ -213,11 +214,7 @@ static void scratch_refused(ff_backend *emu) {
     ff_attention_fwd(st, qd, LD, sd, 1, T, HQ, HKV, D, od, ldp);
     CHECK(ff_stream_sync(st) == 0);
     ff_buffer *hold[MAX_FILL];
-    int nh = 0;
-    for (size_t chunk = (size_t)1 << 30; chunk >= (1u << 20) && nh < MAX_FILL;) {
-        if ((hold[nh] = ff_buffer_new(emu, chunk)) != NULL) nh++;
-        else chunk /= 2;
-    }
+    const int nh = gpu_fill(emu, hold, MAX_FILL);
     CHECK(nh < MAX_FILL); /* filled: under 1 MiB is left */
     ff_attention_bwd(st, qd, LD, sd, ss, 1, T, HQ, HKV, D, od, ldp, dod, dld, dqd);
     CHECK(ff_stream_sync(st) != 0);

@@ -743,11 +743,7 @@ static void test_vectors(void) {
     REQUIRE(s3 && a16 && c32);
     enum { MAX_FILL = 1024 };
     ff_buffer *hold[MAX_FILL];
-    int nh = 0;
-    for (size_t chunk = (size_t)1 << 30; chunk >= (1u << 20) && nh < MAX_FILL;) {
-        if ((hold[nh] = ff_buffer_new(gpu, chunk)) != NULL) nh++;
-        else chunk /= 2;
-    }
+    const int nh = gpu_fill(gpu, hold, MAX_FILL);
     CHECK(nh < MAX_FILL); /* filled: under 1 MiB is left */
     ff_gemm_bf16(s3, FF_NO_TRANS, FF_TRANS, 16, 16, 16, 1.0f, ff_dptr_of(a16, 0), true, 16, ff_dptr_of(a16, 0), true, 16, 0.0f,
                  ff_dptr_of(c32, 0), 16);
