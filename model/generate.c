@@ -141,13 +141,17 @@ struct ff_generator {
     int64_t prefill_tokens;   /* prompt tokens prefilled by admit, and the time of those forwards */
     double prefill_s;
     /* decode graphs (ff_generator_graph_stats): graph[P] replays the forward of a batch padded to
-     * P rows; seen[P], an eager step of that size ran (its scratch sized); graph_key, the device
-     * addresses the graphs were captured with (weights, a view's viewed weights or their bf16
-     * copy, RoPE tables): others, captured again */
+     * P rows; seen[P], an eager step of that size ran (its scratch sized); graph_made, the
+     * model's and the viewed model's buffers_moved when the graphs were captured: when either
+     * moved (weights, a view's viewed weights or their bf16 copy made anew or given back),
+     * captured again;
+     * graph_key, the device addresses they hold (weights, bf16 copy, RoPE tables), which move
+     * only with it */
     bool graphs_on;
     int32_t graph_cap; /* padded sizes 1..graph_cap have graphs */
     ff_stream_graph **graph; /* [graph_cap + 1] */
     bool *seen;              /* [graph_cap + 1] */
+    uint64_t graph_made[2];
     void *graph_key[5];
     int32_t graph_captures;
     int64_t graph_replays, eager_steps;
@@ -319,6 +323,7 @@ ff_generator *ff_generator_new(ff_model *m, const ff_generator_config *cin) {
         g->graph = ff_calloc((size_t)g->graph_cap + 1, sizeof *g->graph);
         g->seen = ff_calloc((size_t)g->graph_cap + 1, sizeof *g->seen);
         tp_ok = g->graph && g->seen;
+        g->graph_made[0] = UINT64_MAX; /* the first step takes the model's count */
     }
     if (g->piped && !g->pipe_dev) {
         g->h_px = ff_malloc(T * H * 4);
@@ -968,11 +973,36 @@ static void graphs_off(ff_generator *g, const char *why) {
     snprintf(g->graph_off_why, sizeof g->graph_off_why, "%s", why);
 }
 
+/* Whether every rank of the model's tensor-parallel group and pipeline captured its step (ok,
+ * this rank's answer in, the group's out). A rank whose capture failed goes on eagerly; were
+ * the others to replay, its collectives would be launched directly against theirs from a
+ * graph, which NCCL does not pair (a collective runs from a graph on every rank of it or on
+ * none). So all go eagerly when one failed. Through the host calls (a float each), once per
+ * capture, never per replay. 0 or -1 + error (the group is broken). */
+static int captures_agree(ff_generator *g, bool *ok) {
+    const ff_model *m = g->m;
+    float failed = *ok ? 0.0f : 1.0f;
+    if (m->tp > 1 && m->comm.all_reduce_max(m->comm.ctx, &failed, 1))
+        return ff_error_wrap("tensor parallelism: whether every rank captured its decode graph");
+    if (g->piped) {
+        float any = failed;
+        for (int r = 0; r < g->pipe.size; r++) {
+            float theirs = failed;
+            if (g->pipe.broadcast(g->pipe.ctx, r, &theirs, 1))
+                return ff_error_wrap("pipeline: whether stage %d captured its decode graph", r);
+            any = fmaxf(any, theirs);
+        }
+        failed = any;
+    }
+    *ok = failed == 0.0f;
+    return 0;
+}
+
 /* The forward of a decode step of P rows (inputs uploaded): a graph's replay when there is one
  * for P, else kernel by kernel (the first step of a size; then its capture). The graphs hold
  * the addresses of the weights (a view's and the viewed model's, or its bf16 copy) and RoPE
- * tables (compared, never dereferenced here): when the model's parameters were released and
- * restored elsewhere, or the copy made in another buffer, they are captured again. */
+ * tables: when the model's parameters were released and restored, or the copy made in a new
+ * buffer or given back, they are captured again. */
 static int decode_forward(ff_generator *g, int32_t P) {
     ff_model *m = g->m;
     if (!g->graphs_on || P > g->graph_cap) {
@@ -983,10 +1013,15 @@ static int decode_forward(ff_generator *g, int32_t P) {
                     ff_dptr_addr(ff_dptr_of(m->rope_sin, 0)),
                     m->viewed ? ff_dptr_addr(ff_dptr_of(m->viewed->params, 0)) : NULL, /* a view reads the viewed weights */
                     m->v16 ? ff_dptr_addr(ff_dptr_of(m->viewed->w16c, 0)) : NULL};  /* or their bf16 copy */
-    if (memcmp(key, g->graph_key, sizeof key)) {
+    /* the count, not the addresses, decides: a buffer made anew may land at its old address on
+     * one rank and not on another, and every rank must capture at the same steps (below) */
+    const uint64_t made[2] = {m->buffers_moved, m->viewed ? m->viewed->buffers_moved : 0};
+    if (memcmp(made, g->graph_made, sizeof made)) {
         graphs_drop(g);
+        memcpy(g->graph_made, made, sizeof made);
         memcpy(g->graph_key, key, sizeof key);
     }
+    assert(!memcmp(key, g->graph_key, sizeof key)); /* an address moved without a buffer made anew */
     ff_stream *st = m->st;
     if (!g->graph[P]) {
         if (!g->seen[P]) {
@@ -994,16 +1029,21 @@ static int decode_forward(ff_generator *g, int32_t P) {
             g->eager_steps++;
             return infer(g, P, P, P);
         }
-        if (ff_stream_capture_begin(st)) {
-            graphs_off(g, ff_error_message());
-            g->eager_steps++;
-            return infer(g, P, P, P);
-        }
-        int rc = infer(g, P, P, P);
         ff_stream_graph *gr = NULL;
-        if (ff_stream_capture_end(st, &gr) || rc) { /* nothing ran: the step again, eagerly */
+        bool ok = !ff_stream_capture_begin(st);
+        if (ok) {
+            const int rc = infer(g, P, P, P);
+            ok = !ff_stream_capture_end(st, &gr) && !rc;
+        }
+        char why[sizeof g->graph_off_why] = "";
+        if (!ok) snprintf(why, sizeof why, "%s", ff_error_message());
+        if (captures_agree(g, &ok)) {
             ff_stream_graph_destroy(&gr);
-            graphs_off(g, ff_error_message());
+            return -1;
+        }
+        if (!ok) { /* nothing ran: the step again, eagerly, on every rank */
+            ff_stream_graph_destroy(&gr);
+            graphs_off(g, *why ? why : "graph capture: it failed on another rank of the tensor-parallel group or pipeline");
             g->eager_steps++;
             return infer(g, P, P, P);
         }

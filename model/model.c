@@ -693,6 +693,7 @@ int ff_model_release_grads(ff_model *m) {
     ff_buffer_destroy(&m->grads);
     ff_buffer_destroy(&m->w16c); /* made again by the next forward */
     m->w16c_gen = 0;
+    ffm_buffers_moved(m);
     return 0;
 }
 
@@ -869,6 +870,7 @@ int ff_model_release_params(ff_model *m) {
                             "the model is trainable");
     free_ws(m);
     ff_buffer_destroy(&m->params);
+    ffm_buffers_moved(m);
     return 0;
 }
 
@@ -877,6 +879,7 @@ int ff_model_restore_params(ff_model *m) {
     if (!m->inference) return ff_model_release_params(m);
     m->params = ff_buffer_new(m->be, m->n_own ? ffm_param_bytes(m) : sizeof(float));
     ffm_params_written(m);
+    ffm_buffers_moved(m);
     return m->params ? 0 : ff_error_wrap("restoring the parameters (%lld floats)", (long long)m->n_own);
 }
 
@@ -931,6 +934,7 @@ int ff_model_params_load(ff_model *m, ff_stream *st, ff_offload_stats *stats) {
     }
     m->params = b;
     ffm_params_written(m);
+    ffm_buffers_moved(m);
     if (stats) *stats = (ff_offload_stats){.bytes = (int64_t)bytes, .seconds = (double)(ff_now_ns() - t0) * 1e-9};
     return 0;
 }
@@ -985,7 +989,7 @@ int ff_model_set_bf16_products(ff_model *m, bool on) {
             return ff_error_set("bf16 products", "run the backward of the training forward first (or ff_model_stage_drop)",
                                 "a training forward is held (micro-batch %d)", m->acts[i]->micro);
     m->p16 = on;
-    if (!on) ff_buffer_destroy(&m->w16c), m->w16c_gen = 0;
+    if (!on) ff_buffer_destroy(&m->w16c), m->w16c_gen = 0, ffm_buffers_moved(m);
     return 0;
 }
 
@@ -1200,6 +1204,7 @@ static int w16c_ensure(ff_model *m) {
     m->w16c_gen = 0; /* a new buffer holds no copy yet */
     if (!(m->w16c = ff_buffer_new(m->be, (size_t)m->n_decay * 2)))
         return ff_error_wrap("the bf16 copy of the weights (%lld elements) for bf16 products", (long long)m->n_decay);
+    ffm_buffers_moved(m);
     return 0;
 }
 

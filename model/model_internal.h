@@ -155,6 +155,11 @@ struct ff_model {
      * + 1 as it was when w16c was made (0: not made since the buffer was); w16c_made: copies made */
     uint64_t params_gen, w16c_gen;
     int64_t w16c_made;
+    /* buffers_moved: bumped each time params or w16c is made anew or given back
+     * (ffm_buffers_moved). A decode graph holds their addresses (generate.c): every rank of a
+     * group makes them at the same calls, so this count, unlike the addresses, moves alike on
+     * every rank */
+    uint64_t buffers_moved;
 
     ff_param_tensor *tensors; /* Hugging Face tensors, in expected order */
     int n_tensors;
@@ -409,6 +414,7 @@ static inline ff_dptr ffm_param16(ff_model *m, size_t off) {
 /* Every path that writes m's weights (or hands out memory to write them) calls this first, so
  * that the next forward makes the bf16 products' copy again. */
 static inline void ffm_params_written(ff_model *m) { m->params_gen++; }
+static inline void ffm_buffers_moved(ff_model *m) { m->buffers_moved++; }
 
 /* bf16 products: element off of the weight matrices' bf16 copy (while w16c_live). */
 static inline ff_dptr ffm_copy16(ff_model *m, size_t off) {

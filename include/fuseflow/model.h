@@ -765,9 +765,11 @@ typedef struct ff_generator_config {
  * batches run eagerly), with rows that write a KV block of their own and are not sampled;
  * the first step at a size runs eagerly (the kernels' scratch takes its size), the second
  * captures its graph, the later ones replay it. Prefills, sampling and the host's work stay
- * outside. Graphs are captured again when the model's weights move to other device addresses
- * (ff_model_restore_params). A failed capture turns them off for the generator, which goes
- * on eagerly; ff_generator_graph_stats says why. */
+ * outside. Graphs are captured again when the model's weights (or the viewed model's, or its
+ * bf16 copy) are made anew or given back (ff_model_restore_params), wherever the new buffer
+ * lands. A failed capture turns them off for the generator, which goes on eagerly; under
+ * tensor or pipeline parallelism the ranks agree after each capture (the host calls), and a
+ * capture that failed on one turns them off on all; ff_generator_graph_stats says why. */
 typedef struct ff_generator_graph_stats {
     bool on;              /* graphs are used (false: eager, the backend has none, or off_why) */
     int32_t captures;     /* graphs captured (sizes, and again after the weights moved) */

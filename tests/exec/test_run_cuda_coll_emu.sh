@@ -8,11 +8,13 @@
 #     the DP gradient sum) and ZeRO-1 (reduce-scatter and all-gather in the flat buffers), its
 #     TP 2 generation's decode steps replayed as CUDA graphs that hold their collectives, and the
 #     same with every capture failing (FF_CUDA_EMU_CAPTURE_FAIL=all): eager decoding, its
-#     collectives kept out of the failed captures;
+#     collectives kept out of the failed captures; and with the captures of one rank of each
+#     TP pair alone failing (=1,3): each pair agrees, every rank decodes eagerly;
 #   - the same with bf16 products (FF_CUDA_MATH=bf16: the weights' bf16 copies, docs/model.md);
 #   - PPO at PP 2 (the pipeline's activations and gradients between stages);
 #   - GRPO at PP 2 generating pipelined over both stages (its decode steps as graphs holding the
-#     stages' sends, receives and the logits' broadcast);
+#     stages' sends, receives and the logits' broadcast), and with the second stage's captures
+#     alone failing;
 #   - GRPO training at TP 2 and generating at TP 1 on a pool of its own (the weight sync).
 # The emulator runs queued kernels only when waited for, so a collective whose stream does not
 # wait for the kernels that wrote its input would read stale data and part from the host run.
@@ -78,12 +80,27 @@ same_samples "$work/tpdp_nocap" "$work/tpdp_host" "failed captures"
 same_metrics "$work/tpdp_nocap/metrics.jsonl" "$work/tpdp_host/metrics.jsonl" 0 0 || fail "failed captures: not the metrics of the eager run"
 grep -q "decode steps run kernel by kernel from now on, not as CUDA graphs: graph capture" "$work/tpdp_nocap.log" ||
   fail "failed captures: no warning naming why: $(grep -i graph "$work/tpdp_nocap.log" | head -3)"
-python3 - "$work/tpdp_nocap/metrics.jsonl" <<'PY' || fail "failed captures: decode steps replayed"
+no_replays() { # WHAT NAME
+  python3 - "$work/$2/metrics.jsonl" <<'PY' || fail "$1: decode steps replayed"
 import json, sys
 d = [json.loads(l)["rollout_decode"] for l in open(sys.argv[1]) if '"samples"' in l]
 assert d and all(x["graph_steps"] == 0 and x["eager_steps"] > 0 for x in d), d
 PY
+}
+no_replays "failed captures" tpdp_nocap
 echo "ok: failed captures on every rank: eager decoding, the same samples"
+# the captures of one rank alone failing in each TP pair (devices 1 and 3: ranks 1 and 3). Left
+# eager while its partner replayed, its collectives would meet theirs launched from a graph,
+# which NCCL does not pair (the stand-in refuses the mix: the run stopped). Each pair agrees
+# after each capture, and both decode eagerly, the partner saying why
+FF_CUDA_EMU_CAPTURE_FAIL=1,3 run ppo "$work/tpdp_cap1" --workers 4 "${ppo_args[@]}" "${cuda[@]}" roles.actor.layout.tp=2 \
+  roles.actor.layout.sp=true roles.actor.layout.zero=1
+same_samples "$work/tpdp_cap1" "$work/tpdp_host" "one rank's failed captures"
+same_metrics "$work/tpdp_cap1/metrics.jsonl" "$work/tpdp_host/metrics.jsonl" 0 0 || fail "one rank's failed captures: not the metrics of the eager run"
+grep -q "not as CUDA graphs: graph capture: it failed on another rank of the tensor-parallel group" "$work/tpdp_cap1.log" ||
+  fail "one rank's failed captures: its partner did not say why it decodes eagerly: $(grep -i graph "$work/tpdp_cap1.log" | head -3)"
+no_replays "one rank's failed captures" tpdp_cap1
+echo "ok: failed captures on one rank of a TP pair: both decode eagerly, the same samples"
 # bf16 products (FF_CUDA_MATH=bf16): the trained models' bf16 copies of their TP shards, and the
 # gradients rounded once, under SP and ZeRO-1
 MATH=bf16 both "TP 2 x DP 2 with SP and ZeRO-1 on cuda, bf16 products" ppo tpdp16 --workers 4 "${ppo_args[@]}" "${cuda[@]}" \
@@ -96,6 +113,13 @@ both "PP 2 on cuda" ppo pp --workers 2 "${ppo_args[@]}" "${cuda[@]}" roles.actor
 both "GRPO at PP 2, generating at PP 2 on cuda" grpo ppgen --workers 2 roles.actor.backend=cuda roles.actor.layout.pp=2 \
   roles.actor.rollout.layout.pp=2 roles.actor.model="$cache/tiny_v260" roles.ref.model="$cache/tiny_v260"
 graphs_replayed "PP 2 generation" ppgen
+# the second stage's captures alone failing: the stages agree, both decode eagerly
+FF_CUDA_EMU_CAPTURE_FAIL=1 run grpo "$work/ppgen_cap1" --workers 2 roles.actor.backend=cuda roles.actor.layout.pp=2 \
+  roles.actor.rollout.layout.pp=2 roles.actor.model="$cache/tiny_v260" roles.ref.model="$cache/tiny_v260"
+same_samples "$work/ppgen_cap1" "$work/ppgen_host" "one stage's failed captures"
+same_metrics "$work/ppgen_cap1/metrics.jsonl" "$work/ppgen_host/metrics.jsonl" 0 0 || fail "one stage's failed captures: not the metrics of the eager run"
+no_replays "one stage's failed captures" ppgen_cap1
+echo "ok: failed captures on one pipeline stage: both decode eagerly, the same samples"
 both "GRPO at TP 2, generating at TP 1 on a pool of 2, all on cuda" grpo sync roles.actor.backend=cuda \
   roles.actor.layout.tp=2 roles.actor.workers=2 roles.actor.rollout.workers=2 roles.actor.rollout.layout.tp=1
 echo "all checks passed"

@@ -293,11 +293,21 @@ static bool capture_broken(cudaStream_t s) { return s && s->capturing && s->capt
         if (capture_broken(s)) return fail(cudaErrorStreamCaptureInvalidated); \
     } while (0)
 
-/* FF_CUDA_EMU_CAPTURE_FAIL=N (or all): every capture begun on device N (on any) is invalidated
- * at once, as if its first call were one a capture cannot hold (for tests of failed captures). */
+/* FF_CUDA_EMU_CAPTURE_FAIL=N[,M...] (or all): every capture begun on device N, M ... (on any)
+ * is invalidated at once, as if its first call were one a capture cannot hold (for tests of
+ * failed captures). */
 static bool capture_fails_here(void) {
     const char *e = getenv("FF_CUDA_EMU_CAPTURE_FAIL");
-    return e && *e && (!strcmp(e, "all") || atoi(e) == current_device);
+    if (!e || !*e) return false;
+    if (!strcmp(e, "all")) return true;
+    for (const char *p = e; *p; p += *p == ',') {
+        char *end;
+        const long d = strtol(p, &end, 10);
+        if (end == p) return false; /* not a list of numbers: none */
+        if (d == current_device) return true;
+        p = end;
+    }
+    return false;
 }
 
 struct ff_emu_graph {

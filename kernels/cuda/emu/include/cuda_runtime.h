@@ -127,8 +127,8 @@ cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute a, int v);
  * the capturing stream, a legacy-stream call, an event) invalidates it, as in thread-local
  * mode: later work on the stream fails (cudaErrorStreamCaptureInvalidated) and
  * cudaStreamEndCapture then fails. A launched graph queues its recorded work again.
- * FF_CUDA_EMU_CAPTURE_FAIL=N (or all) invalidates every capture on device N (on any) from its
- * start. */
+ * FF_CUDA_EMU_CAPTURE_FAIL=N[,M...] (or all) invalidates every capture on device N, M ... (on
+ * any) from its start. */
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
