@@ -42,7 +42,10 @@
  * Before them, the training attention alone (fwd + bwd, one sequence of --seq tokens with each
  * model's heads) on the tensor-core kernels and on the fp32 CUDA-core ones side by side:
  *   bench_cuda_attention MODEL: fwd+bwd X ms on tensor cores, ... fp32 cores Y ms (X/Y)
- * The training step's attention is FF_CUDA_ATTENTION's (bf16 tensor cores by default).
+ * The training step's attention is FF_CUDA_ATTENTION's (bf16 tensor cores by default). With
+ * FF_CUDA_ATTENTION=fp32 set, the tensor-core kernels are not run at all (no such lines) and
+ * the training headline says FF_CUDA_ATTENTION=fp32: gpu-check's second run, where the first
+ * one failed on the device.
  *
  * With bf16 products, each training measurement is followed by the same model with them off
  * (every operand rounded per product instead of the weights' copy and gradients rounded once),
@@ -522,14 +525,21 @@ int main(int argc, char **argv) {
     /* the products: FF_CUDA_MATH where it is set, else the backend's default, bf16 (what the
      * targets are about) */
     const char *train_math = math && *math ? math : "bf16";
-    char train_note[160];
-    snprintf(train_note, sizeof train_note, ", FF_CUDA_MATH=%s%s", train_math, TRAIN_NOTE);
+    /* FF_CUDA_ATTENTION=fp32 asked for (gpu-check's second run where the first failed): the
+     * tensor-core kernels stay unrun, and the headline says which attention trained */
+    const bool att_fp32 = att && !strcmp(att, "fp32");
+    char train_note[192];
+    snprintf(train_note, sizeof train_note, ", FF_CUDA_MATH=%s%s%s", train_math, att_fp32 ? ", FF_CUDA_ATTENTION=fp32" : "",
+             TRAIN_NOTE);
     printf("bench_cuda: %s, training's FF_CUDA_MATH=%s, decoding's %s, FF_CUDA_ATTENTION=%s, seq %d, %d a step, %d timed steps, decode prompt %d + %d new tokens, %s decode weights, "
            "%s KV cache\n",
            ff_backend_name(be), train_math, math && *math ? math : "bf16 (default)",
            att && *att ? att : (math && !strcmp(math, "fp32") ? "fp32 (as the products)" : "bf16 (default)"), seq, accum, steps, prompt, n_new, decode_w16 ? "bf16" : "fp32",
            decode_kv16 ? "bf16" : "fp32");
-    attention_side_by_side(device, specs, chosen, NSPEC, seq);
+    if (att_fp32)
+        printf("bench_cuda: the tensor-core attention not run (FF_CUDA_ATTENTION=fp32): no bench_cuda_attention lines\n");
+    else
+        attention_side_by_side(device, specs, chosen, NSPEC, seq);
     double tr[NSPEC] = {0}, mfu[NSPEC] = {0}, dec[NSPEC][MAXB] = {{0}};
     bool ran_tr[NSPEC] = {0}, ran_dec[NSPEC][MAXB] = {{0}};
     int64_t start = ff_now_ns();

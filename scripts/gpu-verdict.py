@@ -23,12 +23,14 @@ DECODE_MODELS = ("qwen0.5b", "llama1b")  # the issue names no model for decoding
 
 
 def read(path):
-    train, decode, attention = {}, {}, {}
+    train, decode, attention, fp32_attention = {}, {}, {}, set()
     for line in open(path, encoding="utf-8", errors="replace"):
         m = TRAIN.match(line)
         if m:  # the last of repeated headlines wins (they are the same figures)
             side = "ff" if m.group(1) == "bench_cuda_train" else "torch"
             train.setdefault(m.group(2), {})[side] = (float(m.group(3)), float(m.group(4)))
+            if side == "ff":  # gpu-check's second run (the first failed): not the tensor-core kernels
+                (fp32_attention.add if "FF_CUDA_ATTENTION=fp32" in line else fp32_attention.discard)(m.group(2))
             continue
         m = DECODE.match(line)
         if m:
@@ -39,7 +41,7 @@ def read(path):
         if m:
             side = "ff" if m.group(1) == "bench_cuda_attention" else "torch"
             attention.setdefault(m.group(2), {})[side] = float(m.group(3))
-    return train, decode, attention
+    return train, decode, attention, fp32_attention
 
 
 def main(argv):
@@ -47,7 +49,7 @@ def main(argv):
         print("usage: scripts/gpu-verdict.py RESULTS (a gpu-check run's results.txt)", file=sys.stderr)
         return 2
     try:
-        train, decode, attention = read(argv[1])
+        train, decode, attention, fp32_attention = read(argv[1])
     except OSError as e:
         print(f"gpu-verdict: cannot read {argv[1]}: {e.strerror}", file=sys.stderr)
         return 2
@@ -66,7 +68,8 @@ def main(argv):
     for model in sorted(set(train) | {TARGET_MODEL}):
         t = train.get(model, {})
         ff, th = t.get("ff"), t.get("torch")
-        parts = [f"train {model}: fuseflow " + (f"{ff[0]:.0f} tok/s, MFU {ff[1]:.1f} %" if ff else "not measured"),
+        parts = [f"train {model}: fuseflow " + (f"{ff[0]:.0f} tok/s, MFU {ff[1]:.1f} %" if ff else "not measured") +
+                 (" (attention on CUDA cores, FF_CUDA_ATTENTION=fp32)" if model in fp32_attention else ""),
                  "PyTorch eager " + (f"{th[0]:.0f} tok/s" if th else "not measured")]
         if ff and th:
             parts.append(f"{ff[0] / th[0]:.2f}x")

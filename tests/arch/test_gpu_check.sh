@@ -100,6 +100,17 @@ for t in "train llama1b: fuseflow 41000 tok/s, MFU 43.0 %; PyTorch eager 38000 t
   grep -qxF -- "$t" "$TMP/out" && ok "verdict: ${t%%;*}" || fail "the verdict lacks '$t': $(cat "$TMP/out")"
 done
 [[ $(tail -1 "$TMP/out") == gpu_verdict:* ]] && ok "verdict: the headline last" || fail "verdict: not the headline last"
+# gpu-check's second bench run (the first failed before a training figure): its headline names
+# the CUDA-core attention, and the verdict says so beside the figure
+cat >"$TMP/results2.txt" <<'EOF'
+bench_cuda_train llama1b: 30000 tok/s, MFU 31.0 % of 989 TFLOP/s (seq 2048, 4 a step, FF_CUDA_MATH=bf16, FF_CUDA_ATTENTION=fp32; target on llama1b: >= 40 %, >= PyTorch eager)
+bench_cuda_train qwen0.5b: 60000 tok/s, MFU 33.0 % of 989 TFLOP/s (seq 2048, 4 a step, FF_CUDA_MATH=bf16; target on llama1b: >= 40 %, >= PyTorch eager)
+torch_train llama1b: 38000 tok/s, MFU 39.9 % of 989 TFLOP/s (seq 2048, 4 a step, eager + autocast bf16 + SDPA)
+EOF
+python3 "$V" "$TMP/results2.txt" >"$TMP/out" 2>&1
+grep -qF "train llama1b: fuseflow 30000 tok/s, MFU 31.0 % (attention on CUDA cores, FF_CUDA_ATTENTION=fp32); PyTorch eager 38000 tok/s; 0.79x" "$TMP/out" &&
+  grep -qxF "train qwen0.5b: fuseflow 60000 tok/s, MFU 33.0 %; PyTorch eager not measured" "$TMP/out" &&
+  ok "verdict: a training figure with the attention on CUDA cores says so" || fail "verdict, FF_CUDA_ATTENTION=fp32: $(cat "$TMP/out")"
 python3 "$V" "$TMP/none.txt" >"$TMP/out" 2>&1
 (($? == 2)) && grep -q "cannot read" "$TMP/out" && ok "verdict: a missing file, exit 2" || fail "verdict, a missing file: $(cat "$TMP/out")"
 expect_ok "gpu-deps.sh parses" bash -n "$SRC/scripts/gpu-deps.sh"

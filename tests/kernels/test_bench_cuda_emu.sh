@@ -6,8 +6,9 @@
 # the weights' bf16 copy made once a step, 3 times in the 3 steps' 6 forwards) and the
 # headlines, exit 0, the memory line's LM-head chunk (the default keeps a sequence's logits on
 # a device), the training's peak device memory (above 0: cuBLAS's workspace alone is 0.03 GiB), and the decode of a colocated view of a trained model (on its bf16 copy); the decode batches in
-# --batches' order after one untimed warm-up decode; a bad --models or --batches refused (exit 2)
-# naming the value. Skips (77) where the emulator is not built (no C++ compiler).
+# --batches' order after one untimed warm-up decode; with FF_CUDA_ATTENTION=fp32 (gpu-check's
+# second run, where the first failed) no tensor-core attention line and the training headline
+# naming it; a bad --models or --batches refused (exit 2) naming the value. Skips (77) where the emulator is not built (no C++ compiler).
 set -euo pipefail
 bin=${FF_BUILD_DIR:?run through ctest}/bench_cuda_emu
 [[ -x $bin ]] || { echo "SKIPPED: $bin is not built (no C++ compiler at configure time)"; exit 77; }
@@ -32,6 +33,12 @@ done
 order=$(grep -E '^(  tiny decode warm-up|bench_cuda_decode tiny batch)' "$out" | head -3 | sed 's/:.*//' | tr '\n' '|')
 [[ $order == "  tiny decode warm-up (untimed)|bench_cuda_decode tiny batch 4|bench_cuda_decode tiny batch 1|" ]] ||
   { cat "$out" >&2; echo "FAIL: decode order: $order"; exit 1; }
+# the attention on CUDA cores asked for: the tensor-core kernels not run, the headline says so
+FF_CUDA_ATTENTION=fp32 "$bin" --models tiny --seq 64 --accum 2 --steps 1 --batches 1 --prompt 4 --new 4 --tf32-train 0 \
+  --profile 0 --long 0:1 --budget 60 > "$out" 2>&1 || { cat "$out" >&2; echo "FAIL: bench_cuda_emu with FF_CUDA_ATTENTION=fp32 exited $?"; exit 1; }
+grep -q '^bench_cuda: the tensor-core attention not run (FF_CUDA_ATTENTION=fp32)' "$out" && ! grep -q '^bench_cuda_attention' "$out" &&
+  grep -Eq '^bench_cuda_train tiny: [0-9]+ tok/s, MFU .*, FF_CUDA_ATTENTION=fp32; target' "$out" ||
+  { cat "$out" >&2; echo "FAIL: FF_CUDA_ATTENTION=fp32: the tensor-core attention ran, or the headline does not say which attention trained"; exit 1; }
 # bad --models and --batches: refused before any work, naming the value
 for bad in "--models tiny,nope:unknown model 'nope'" "--models tiny,tiny:a model named twice: 'tiny'" \
            "--batches 1,0:--batches wants up to 8 batch sizes of 1 to 4096" "--batches 4x:got '4x'"; do
