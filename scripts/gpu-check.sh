@@ -15,8 +15,8 @@
 #               batch 32/1/256 (after an untimed warm-up), Llama-3.2-1B- then
 #               Qwen2.5-0.5B-shaped random models (what the targets need first); bf16
 #               products with the weights' copy beside per-product rounding; the kernel
-#               profile of the 1B model's training step; where it failed before a training
-#               figure (a kernel that faulted), once more with FF_CUDA_ATTENTION=fp32
+#               profile of the 1B model's training step; where it failed before the 1B
+#               model's headlines (a kernel that faulted), once more with FF_CUDA_ATTENTION=fp32
 #   5. torch    bench/bench_cuda_torch.py: the same work in PyTorch eager bf16 (SDPA) and HF
 #               generate, where python3 has torch
 #   6. verdict  scripts/gpu-verdict.py: each fuseflow figure beside its PyTorch one, their
@@ -194,11 +194,14 @@ step bench 110 "$BUILD/bench_cuda" --budget 75
 rc=$?
 # A kernel that faults on the device (an illegal or misaligned address) leaves the process's
 # CUDA context unusable: every later figure of that run is lost. The tensor-core attention's
-# inline PTX is what no GPU ran before this script, so where the run failed or timed out
-# before a training headline, once more with the attention on CUDA cores (in what the budget
-# has left); its headline says FF_CUDA_ATTENTION=fp32, and so does the verdict
-if ((rc != 0)) && ! grep -q '^bench_cuda_train ' "$OUTDIR/bench.log"; then
-  { echo "gpu-check: bench failed (exit $rc) before a training figure: again with the attention on CUDA cores (FF_CUDA_ATTENTION=fp32); the first run's last lines:"
+# inline PTX (the training's, and the prefills' before decoding) is what no GPU ran before this
+# script, so where the run failed or timed out before the 1B model's training or batch-32
+# decode headline, once more with the attention on CUDA cores (in what the budget has left);
+# its training headline says FF_CUDA_ATTENTION=fp32, and so does the verdict, which keeps a
+# first run's figure over it
+if ((rc != 0)) && ! { grep -q '^bench_cuda_train llama1b: ' "$OUTDIR/bench.log" &&
+  grep -q '^bench_cuda_decode llama1b batch 32: ' "$OUTDIR/bench.log"; }; then
+  { echo "gpu-check: bench failed (exit $rc) before the 1B model's training and batch-32 decode figures: again with the attention on CUDA cores (FF_CUDA_ATTENTION=fp32); the first run's last lines:"
     tail -n 3 "$OUTDIR/bench.log" | sed 's/^/  | /'; } | tee -a "$OUTDIR/results.txt"
   step bench-fp32attention 100 env FF_CUDA_ATTENTION=fp32 "$BUILD/bench_cuda" --budget 60
 fi

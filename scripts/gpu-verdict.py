@@ -28,9 +28,14 @@ def read(path):
         m = TRAIN.match(line)
         if m:  # the last of repeated headlines wins (they are the same figures)
             side = "ff" if m.group(1) == "bench_cuda_train" else "torch"
-            train.setdefault(m.group(2), {})[side] = (float(m.group(3)), float(m.group(4)))
-            if side == "ff":  # gpu-check's second run (the first failed): not the tensor-core kernels
-                (fp32_attention.add if "FF_CUDA_ATTENTION=fp32" in line else fp32_attention.discard)(m.group(2))
+            model, cores = m.group(2), side == "ff" and "FF_CUDA_ATTENTION=fp32" in line
+            if cores and "ff" in train.get(model, {}) and model not in fp32_attention:
+                continue  # gpu-check's second run (the first failed later): the first run's figure stands
+            train.setdefault(model, {})[side] = (float(m.group(3)), float(m.group(4)))
+            if cores:  # the attention on CUDA cores, not the tensor-core kernels
+                fp32_attention.add(model)
+            elif side == "ff":
+                fp32_attention.discard(model)
             continue
         m = DECODE.match(line)
         if m:
